@@ -1,0 +1,3 @@
+from nodeagent.cli.daemon import main
+
+raise SystemExit(main())

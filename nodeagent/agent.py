@@ -1,0 +1,361 @@
+"""The agent's loop: observe (supervisor, Redis), decide (node.decide, leader.plan), act.
+
+This is the only place that executes decisions. Each tick:
+1. reap worker exits (turned into events);
+2. sync with Redis: publish this node's report, renew the lease, read the job record
+   (and, as leader, the whole cluster);
+3. run node.decide() and execute its actions;
+4. as leader, run leader.plan() and commit the result, fenced by the leader token.
+A tick runs on every wake-up (stream entry, worker exit, signal) and at least every heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any, Protocol
+
+from nodeagent.config import Config
+from nodeagent.coord.store import JobStore, Snapshot
+from nodeagent.errors import CoordinationError, FencedError
+from nodeagent.launch import WorkerSpec, worker_specs
+from nodeagent.leader import LeaderMemory, Policy, plan
+from nodeagent.model import Event, JobRecord, NodeReport, WorkerInfo
+from nodeagent.node import (
+    Acknowledge,
+    GroupPhase,
+    GroupStatus,
+    Leave,
+    LocalView,
+    NodeDecision,
+    StartWorkers,
+    StopWorkers,
+    decide,
+)
+from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
+from nodeagent.supervisor import WorkerExit
+from nodeagent.wakeup import Waker
+
+log = logging.getLogger(__name__)
+
+
+class WorkerGroup(Protocol):
+    """What the agent needs from the supervisor (a seam for tests)."""
+
+    def start(self, generation: int, node: str, specs: list[WorkerSpec]) -> None: ...
+    def stop(self, grace_s: float) -> None: ...
+    def kill(self) -> None: ...
+    def poll(self) -> list[WorkerExit]: ...
+    def status(self) -> GroupStatus: ...
+    def next_deadline(self) -> float | None: ...
+    def workers(self) -> tuple[WorkerInfo, ...]: ...
+
+
+def pick_free_port(address: str) -> int:
+    """A TCP port free on `address` now; offered as MASTER_PORT if this node becomes rank 0."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((address, 0))
+            return int(sock.getsockname()[1])
+    except OSError:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return int(sock.getsockname()[1])
+
+
+def policy_from(config: Config) -> Policy:
+    job, timing = config.job, config.timing
+    return Policy(
+        min_nodes=job.min_nodes,
+        max_nodes=job.max_nodes,
+        target_nodes=job.target_nodes,
+        nproc_per_node=job.nproc_per_node,
+        max_restarts=job.max_restarts,
+        join_settle_ms=int(timing.join_settle * 1000),
+        rendezvous_timeout_ms=int(timing.rendezvous_timeout * 1000),
+    )
+
+
+class _Stamped(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Stamps every line with node, job and generation."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(log, {})
+        self._agent = agent
+
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
+        a = self._agent
+        gen = a.record.generation if a.record else 0
+        return f"node={a.name} job={a.config.job.id} gen={gen} {msg}", kwargs
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        store: JobStore,
+        workers: WorkerGroup,
+        waker: Waker,
+        base_env: Mapping[str, str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.name = config.node.name
+        self.state = NodeState.JOINING
+        self.record: JobRecord | None = None
+        self._store = store
+        self._workers = workers
+        self._waker = waker
+        self._base_env = base_env
+        self._clock = clock
+        self._policy = policy_from(config)
+        self._memory = LeaderMemory()
+        self._log = _Stamped(self)
+        self._leader: str | None = None
+        self._rev = 0
+        self._acked = 0
+        self._fenced_generation: int | None = None
+        self._free_port = pick_free_port(config.node.address)
+        self._events: list[Event] = [Event("node_joined", node=self.name, message="agent started")]
+        self._last_ok_send: float | None = None
+        self._retry_at = 0.0
+        self._next_sync = 0.0
+        self._dirty = True
+        self._shutting_down = False
+        self._force = False
+        self._left = False
+        self._last_error: str | None = None
+        self._last_reason = ""
+
+    # -- control, safe from signal handlers (flags only) -------------------------------------
+
+    def request_stop(self) -> None:
+        """First call: stop workers gracefully and leave. Second call: kill workers now."""
+        if self._shutting_down:
+            self._force = True
+        self._shutting_down = True
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader is not None
+
+    def run(self) -> None:
+        """Loop until the agent has left the job (after request_stop)."""
+        self._log.info("agent started (address %s)", self.config.node.address)
+        while not self._left:
+            if self._force:
+                self._workers.kill()
+            self.tick()
+            if self._left:
+                break
+            timeout = 0.0 if self._dirty else self._next_wakeup() - self._clock()
+            self._waker.wait(timeout)
+        self._log.info("agent left the job")
+
+    def tick(self) -> None:
+        now = self._clock()
+        for ended in self._workers.poll():
+            self._events.append(_exit_event(self.name, ended))
+        self._dirty = False
+        snapshot = self._sync(now) if now >= self._retry_at else None
+        self._apply(decide(self._local_view(now)), now)
+        if snapshot is not None and self._leader is not None and not self._shutting_down:
+            self._lead(snapshot)
+
+    # -- observe -----------------------------------------------------------------------------
+
+    def _report(self) -> NodeReport:
+        group = self._workers.status()
+        record = self.record
+        return NodeReport(
+            name=self.name,
+            address=self.config.node.address,
+            state=self.state,
+            acked_generation=self._acked,
+            worker_generation=group.generation,
+            group_rank=record.group_rank(self.name) if record and group.active else None,
+            free_port=self._free_port,
+            restart_count=record.restart_count if record else 0,
+            lease_ttl_ms=int(self.config.timing.lease_ttl * 1000),
+            workers=self._workers.workers(),
+            failure=group.failure,
+            succeeded_generation=group.generation
+            if group.succeeded and group.phase is GroupPhase.EXITED
+            else None,
+            last_error=self._last_error,
+        )
+
+    def _sync(self, now: float) -> Snapshot | None:
+        events, self._events = self._events, []
+        try:
+            snapshot = self._store.sync(self._report(), events)
+        except CoordinationError as exc:
+            self._events = events + self._events
+            self._retry_at = now + self.config.timing.heartbeat_interval / 2
+            self._leader = None
+            if self._last_error != str(exc):
+                self._log.warning("cannot reach Redis: %s", exc)
+            self._last_error = str(exc)
+            return None
+        self._last_ok_send = now
+        self._next_sync = now + self.config.timing.heartbeat_interval
+        if self._last_error is not None:
+            self._log.info("Redis reachable again")
+            self._last_error = None
+        if snapshot.record_error:
+            self._log.error("job record in Redis is unreadable: %s", snapshot.record_error)
+        self.record = snapshot.record
+        self._rev = snapshot.rev
+        leader = snapshot.leader if snapshot.leader_name == self.name else None
+        if leader != self._leader:
+            self._log.info(
+                "leadership %s", "acquired" if leader else f"held by {snapshot.leader_name}"
+            )
+        self._leader = leader
+        return snapshot
+
+    def _fence_due(self, now: float) -> bool:
+        """Renewal failed for half the lease: stop workers before the lease expires (decision 5)."""
+        last = self._last_ok_send
+        return last is not None and now - last >= self.config.timing.lease_ttl / 2
+
+    def _local_view(self, now: float) -> LocalView:
+        return LocalView(
+            name=self.name,
+            acked_generation=self._acked,
+            group=self._workers.status(),
+            record=self.record,
+            shutting_down=self._shutting_down,
+            fence=self._fence_due(now),
+            fenced_generation=self._fenced_generation,
+        )
+
+    def _next_wakeup(self) -> float:
+        deadlines = [self._next_sync if self._last_error is None else self._retry_at]
+        if (stop_deadline := self._workers.next_deadline()) is not None:
+            deadlines.append(stop_deadline)
+        if self._last_ok_send is not None and self._fenced_generation is None:
+            deadlines.append(self._last_ok_send + self.config.timing.lease_ttl / 2)
+        return min(deadlines)
+
+    # -- act ---------------------------------------------------------------------------------
+
+    def _apply(self, decision: NodeDecision, now: float) -> None:
+        if decision.state is not self.state:
+            check_transition(NODE_TRANSITIONS, self.state, decision.state)
+            self._log.info("%s -> %s: %s", self.state.value, decision.state.value, decision.reason)
+            self.state = decision.state
+            self._dirty = True
+        if decision.state is NodeState.FENCED and self._fenced_generation is None:
+            group_gen = self._workers.status().generation or 0
+            self._fenced_generation = max(
+                self._acked, group_gen, self.record.generation if self.record else 0
+            )
+            self._leader = None
+        for action in decision.actions:
+            self._dirty = True
+            if isinstance(action, StopWorkers):
+                self._stop_workers(action, now)
+            elif isinstance(action, Acknowledge):
+                self._acknowledge(action.generation)
+            elif isinstance(action, StartWorkers):
+                self._start_workers(action)
+            elif isinstance(action, Leave):
+                self._leave()
+
+    def _stop_workers(self, action: StopWorkers, now: float) -> None:
+        grace = self.config.timing.stop_grace_period
+        if action.fence and self._last_ok_send is not None:
+            lease_end = self._last_ok_send + self.config.timing.lease_ttl * 0.9
+            grace = max(0.0, min(grace, lease_end - now))
+        self._log.info("stopping workers (%s), grace %.1fs", action.reason, grace)
+        self._workers.stop(grace)
+
+    def _acknowledge(self, generation: int) -> None:
+        self._acked = generation
+        if self._fenced_generation is not None and generation > self._fenced_generation:
+            self._fenced_generation = None
+        self._free_port = pick_free_port(self.config.node.address)
+        self._events.append(
+            Event("node_ready", generation=generation, node=self.name, message="no workers running")
+        )
+
+    def _start_workers(self, action: StartWorkers) -> None:
+        record = action.record
+        specs = worker_specs(self._base_env, self.config, record, action.group_rank)
+        self._log.info(
+            "starting %d workers: ranks %d-%d of %d, master %s:%d",
+            len(specs),
+            specs[0].rank,
+            specs[-1].rank,
+            record.world_size,
+            record.master_addr,
+            record.master_port,
+        )
+        self._workers.start(record.generation, self.name, specs)
+        self._events.append(
+            Event(
+                "workers_started",
+                generation=record.generation,
+                node=self.name,
+                message=f"ranks {specs[0].rank}-{specs[-1].rank}",
+                data={"ranks": [s.rank for s in specs]},
+            )
+        )
+
+    def _leave(self) -> None:
+        try:
+            self._store.leave(
+                self.name, Event("node_left", node=self.name, message="agent stopped")
+            )
+        except CoordinationError as exc:
+            self._log.warning("could not remove the lease (%s); it will expire", exc)
+        self._left = True
+
+    def _lead(self, snapshot: Snapshot) -> None:
+        assert self._leader is not None
+        for error in snapshot.errors:
+            self._log.warning("ignoring unreadable data in Redis: %s", error)
+        decision = plan(snapshot.cluster_view(), self._policy, self._memory)
+        self._memory = decision.memory
+        if decision.reason != self._last_reason:
+            self._log.info("leader: %s", decision.reason)
+            self._last_reason = decision.reason
+        if decision.record is None and not decision.events and not decision.reap:
+            return
+        try:
+            self._rev = self._store.commit(self._leader, snapshot.rev, decision)
+        except FencedError as exc:
+            self._log.info("leader write refused, re-reading: %s", exc)
+            self._dirty = True
+            return
+        except CoordinationError as exc:
+            self._log.warning("leader write failed: %s", exc)
+            return
+        if decision.record is not None:
+            self.record = decision.record
+        self._dirty = True
+
+
+def _exit_event(node: str, ended: WorkerExit) -> Event:
+    how = f"signal {ended.signal}" if ended.signal else f"exit code {ended.exit_code}"
+    failed = not ended.expected and ended.exit_code != 0
+    return Event(
+        "worker_failed" if failed else "worker_exited",
+        generation=ended.generation,
+        node=node,
+        message=f"rank {ended.rank} ended with {how}"
+        + (" (stopped by agent)" if ended.expected else ""),
+        data={
+            "rank": ended.rank,
+            "local_rank": ended.local_rank,
+            "exit_code": ended.exit_code,
+            "signal": ended.signal,
+            "expected": ended.expected,
+        },
+    )

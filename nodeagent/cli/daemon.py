@@ -1,0 +1,118 @@
+"""`nodeagent`: the per-node daemon (`nodeagent run`) and `nodeagent config check`.
+
+Exit codes: 0 after a clean shutdown, 78 (EX_CONFIG) for a configuration error (systemd's
+RestartPreventExitStatus=78 keeps it from restart-looping), 1 for anything unexpected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from nodeagent import __version__
+from nodeagent.agent import Agent
+from nodeagent.config import EX_CONFIG, Config, read_config
+from nodeagent.coord.client import connect
+from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.listener import StreamListener
+from nodeagent.coord.store import JobStore
+from nodeagent.errors import ConfigError
+from nodeagent.supervisor import Supervisor
+from nodeagent.wakeup import Waker
+
+DEFAULT_CONFIG = "/etc/nodeagent/config.yaml"
+LISTEN_BLOCK_MS = 5000
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nodeagent", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"nodeagent {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the agent in the foreground (what systemd runs)")
+    run.add_argument(
+        "--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})"
+    )
+    run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    config = commands.add_parser("config", help="configuration tools")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    check = config_commands.add_parser("check", help="validate a config file; exit 0 or 78")
+    check.add_argument("path")
+    return parser
+
+
+class _Echo:
+    """Writes worker output lines to stdout whole, from many pump threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        with self._lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+
+def _load(path: str) -> Config | None:
+    try:
+        return read_config(path)
+    except ConfigError as exc:
+        print(f"nodeagent: invalid configuration: {exc}", file=sys.stderr)
+        return None
+
+
+def run_agent(config: Config) -> int:
+    timing = config.timing
+    timeout = max(0.2, min(2.0, timing.lease_ttl / 4))
+    keys = JobKeys(config.redis.key_prefix, config.job.id)
+    store = JobStore(connect(config.redis.url, timeout, f"nodeagent-{config.node.name}"), keys)
+    listen_client = connect(config.redis.url, LISTEN_BLOCK_MS / 1000 + timeout)
+    waker = Waker()
+    supervisor = Supervisor(echo=_Echo(), wake=waker.wake)
+    agent = Agent(config, store, supervisor, waker, base_env=dict(os.environ))
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        agent.request_stop()  # sets flags only; the wakeup fd ends the loop's wait
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.set_wakeup_fd(waker.signal_fd, warn_on_full_buffer=False)
+    listener = StreamListener(JobStore(listen_client, keys), waker.wake, LISTEN_BLOCK_MS)
+    listener.start()
+    try:
+        agent.run()
+    finally:
+        listener.stop()
+        signal.set_wakeup_fd(-1)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "config":
+        config = _load(args.path)
+        if config is None:
+            return EX_CONFIG
+        print(
+            f"{args.path}: OK (job {config.job.id}, node {config.node.name}, "
+            f"{config.job.min_nodes}-{config.job.max_nodes} nodes x {config.job.nproc_per_node})"
+        )
+        return 0
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    config = _load(args.config)
+    if config is None:
+        return EX_CONFIG
+    return run_agent(config)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

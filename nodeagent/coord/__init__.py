@@ -1,0 +1,1 @@
+"""Everything that talks to Redis. No other package imports redis."""

@@ -1,0 +1,64 @@
+"""A thread that blocks on the job's event and command streams and wakes the agent's loop.
+
+This is what makes re-forming take milliseconds instead of a heartbeat: every write that matters
+(a worker failure, an acknowledgement, a new generation, an operator command) appends to a stream,
+and every agent is woken by it. A missed wake-up only costs one heartbeat, since the agent also
+syncs on its own schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from nodeagent.coord.store import JobStore
+from nodeagent.errors import CoordinationError
+
+log = logging.getLogger(__name__)
+
+
+class StreamListener:
+    def __init__(
+        self,
+        store: JobStore,
+        on_entry: Callable[[], None],
+        block_ms: int = 5000,
+        retry_s: float = 0.5,
+    ) -> None:
+        self._store = store
+        self._on_entry = on_entry
+        self._block_ms = block_ms
+        self._retry_s = retry_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stream-listener", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end; it exits after its current blocking read (a daemon thread)."""
+        self._stopped.set()
+
+    def _cursors(self) -> dict[str, str]:
+        keys = self._store.keys
+        return {
+            stream: self._store.last_event_id(stream) for stream in (keys.events, keys.commands)
+        }
+
+    def _run(self) -> None:
+        cursors: dict[str, str] | None = None
+        while not self._stopped.is_set():
+            try:
+                if cursors is None:
+                    cursors = self._cursors()
+                entries = self._store.wait_events(cursors, self._block_ms)
+            except CoordinationError as exc:
+                log.debug("stream listener: %s; retrying in %.1fs", exc, self._retry_s)
+                cursors = None  # the streams may be gone after a Redis restart
+                self._stopped.wait(self._retry_s)
+                continue
+            for stream, entry_id, _ in entries:
+                cursors[stream] = entry_id
+            if entries:
+                self._on_entry()

@@ -1,0 +1,254 @@
+"""JobStore: the job's state in Redis, read and written through the scripts in scripts.py.
+
+Turns Redis replies into model objects and Redis failures into CoordinationError / FencedError.
+Values that are not what nodeagent writes are reported (never trusted): a corrupt job record is
+returned as `record=None` with `record_error` set, so the leader rewrites it from what the nodes
+remember; a corrupt node report makes that node count as absent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import redis
+
+from nodeagent.coord import scripts
+from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, JobKeys
+from nodeagent.errors import CoordinationError, CorruptStateError, FencedError
+from nodeagent.leader import ClusterView, Plan
+from nodeagent.model import Command, Event, JobRecord, NodeReport
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NodeLease:
+    name: str
+    deadline_ms: int
+    report: NodeReport | None  # None: missing or unreadable
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What Redis holds about a job at server time `now_ms`."""
+
+    now_ms: int
+    leader: str | None
+    rev: int
+    record: JobRecord | None
+    record_error: str | None = None
+    leases: tuple[NodeLease, ...] = ()
+    commands: tuple[Command, ...] = ()
+    command_cursor: str | None = None  # last command entry read, valid or not
+    errors: tuple[str, ...] = field(default=())
+
+    @property
+    def leader_name(self) -> str | None:
+        return self.leader.split(" ", 1)[0] if self.leader else None
+
+    def cluster_view(self) -> ClusterView:
+        live = {
+            lease.name: lease.report
+            for lease in self.leases
+            if lease.report is not None and lease.deadline_ms > self.now_ms
+        }
+        expired = tuple(lease.name for lease in self.leases if lease.deadline_ms <= self.now_ms)
+        return ClusterView(
+            now_ms=self.now_ms,
+            record=self.record,
+            nodes=live,
+            expired=expired,
+            commands=self.commands,
+            command_cursor=self.command_cursor,
+        )
+
+
+@contextmanager
+def _redis_errors(what: str) -> Iterator[None]:
+    try:
+        yield
+    except redis.ResponseError as exc:
+        if str(exc).startswith("FENCED"):
+            raise FencedError(f"{what}: {exc}") from exc
+        raise CoordinationError(f"{what}: Redis answered {exc}") from exc
+    except redis.RedisError as exc:
+        raise CoordinationError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+class JobStore:
+    """One job's keys in one Redis, for one agent or one nodeagentctl."""
+
+    def __init__(self, client: redis.Redis, keys: JobKeys) -> None:
+        self.client = client
+        self.keys = keys
+        self._sync = client.register_script(scripts.SYNC)
+        self._snapshot = client.register_script(scripts.SNAPSHOT)
+        self._commit = client.register_script(scripts.COMMIT)
+        self._leave = client.register_script(scripts.LEAVE)
+
+    def sync(self, report: NodeReport, events: Sequence[Event] = ()) -> Snapshot:
+        """Heartbeat: renew the lease, take or keep the leader lease, append events, read.
+
+        The leader gets the whole cluster (leases, reports, new commands); others the record.
+        """
+        keys = self.keys
+        with _redis_errors("heartbeat"):
+            reply = self._sync(
+                keys=[
+                    keys.node(report.name),
+                    keys.leases,
+                    keys.leader,
+                    keys.leader_epoch,
+                    keys.record,
+                    keys.events,
+                    keys.commands,
+                ],
+                args=[
+                    report.name,
+                    report.to_json(),
+                    report.lease_ttl_ms,
+                    EVENTS_MAXLEN,
+                    keys.node_prefix(),
+                    *(e.to_json() for e in events),
+                ],
+            )
+        return _parse_snapshot(reply)
+
+    def snapshot(self) -> Snapshot:
+        """A read-only, consistent snapshot (for status)."""
+        keys = self.keys
+        with _redis_errors("status"):
+            reply = self._snapshot(
+                keys=[keys.leases, keys.leases, keys.leader, keys.record],
+                args=["", "", "", "", keys.node_prefix()],
+            )
+        return _parse_snapshot(reply)
+
+    def commit(self, leader: str, rev: int, plan: Plan) -> int:
+        """Write the leader's plan, fenced by leader token and record revision.
+
+        Raises:
+            FencedError: another agent leads, the record moved, or a reaped node came back.
+        """
+        record = plan.record
+        cursor = record.command_cursor if record else ""
+        with _redis_errors("leader write"):
+            new_rev = self._commit(
+                keys=[self.keys.leader, self.keys.record, self.keys.leases, self.keys.events],
+                args=[
+                    leader,
+                    rev,
+                    record.to_json() if record else "",
+                    record.generation if record else 0,
+                    cursor,
+                    EVENTS_MAXLEN,
+                    self.keys.node_prefix(),
+                    len(plan.reap),
+                    *plan.reap,
+                    *(e.to_json() for e in plan.events),
+                ],
+            )
+        return int(new_rev)
+
+    def leave(self, name: str, event: Event) -> None:
+        keys = self.keys
+        with _redis_errors("leave"):
+            self._leave(
+                keys=[keys.node(name), keys.leases, keys.leader, keys.events],
+                args=[name, EVENTS_MAXLEN, event.to_json()],
+            )
+
+    def send_command(self, command: Command) -> str:
+        with _redis_errors("send command"):
+            entry_id = self.client.xadd(
+                self.keys.commands,
+                {"command": command.to_json()},
+                maxlen=COMMANDS_MAXLEN,
+                approximate=True,
+            )
+        return str(entry_id)
+
+    def events(self, after: str = "-", count: int = 100) -> list[Event]:
+        """Events after ID `after` (exclusive; "-" for the oldest kept), oldest first."""
+        start = "-" if after == "-" else f"({after}"
+        with _redis_errors("read events"):
+            entries: Any = self.client.xrange(self.keys.events, start, "+", count=count)
+        return [_event(entry_id, fields) for entry_id, fields in entries]
+
+    def events_tail(self, count: int) -> list[Event]:
+        """The newest `count` events, oldest first."""
+        with _redis_errors("read events"):
+            entries: Any = self.client.xrevrange(self.keys.events, "+", "-", count=count)
+        return [_event(entry_id, fields) for entry_id, fields in reversed(entries)]
+
+    @staticmethod
+    def parse_event(entry_id: str, fields: dict[str, str]) -> Event:
+        return _event(entry_id, fields)
+
+    def last_event_id(self, stream: str | None = None) -> str:
+        with _redis_errors("read events"):
+            last: Any = self.client.xrevrange(stream or self.keys.events, "+", "-", count=1)
+        return str(last[0][0]) if last else "0-0"
+
+    def wait_events(self, after: dict[str, str], block_ms: int) -> list[tuple[str, str, Any]]:
+        """Block until an entry arrives on one of the streams in `after` (stream -> last ID)."""
+        with _redis_errors("wait for events"):
+            reply: Any = self.client.xread(after, block=block_ms)  # type: ignore[arg-type]
+        return [
+            (stream, entry_id, fields) for stream, entries in reply for entry_id, fields in entries
+        ]
+
+
+def _event(entry_id: str, fields: dict[str, str]) -> Event:
+    try:
+        return Event.from_stream(entry_id, fields.get("event", ""))
+    except CorruptStateError as exc:
+        return Event(
+            "corrupt_event", message=str(exc), at_ms=int(entry_id.split("-")[0]), id=entry_id
+        )
+
+
+def _parse(parse: Callable[[str], T], raw: str, errors: list[str]) -> T | None:
+    try:
+        return parse(raw)
+    except CorruptStateError as exc:
+        errors.append(str(exc))
+        return None
+
+
+def _parse_snapshot(reply: Sequence[Any]) -> Snapshot:
+    now_ms, leader, rev, raw_record = (int(reply[0]), reply[1] or None, int(reply[2]), reply[3])
+    errors: list[str] = []
+    record = _parse(JobRecord.from_json, raw_record, errors) if raw_record else None
+    record_error = errors[0] if errors else None
+    leases: list[NodeLease] = []
+    commands: list[Command] = []
+    if len(reply) > 4:
+        flat, reports = reply[4], reply[5]
+        for i, raw in enumerate(reports):
+            report = _parse(NodeReport.from_json, raw, errors) if raw else None
+            leases.append(NodeLease(str(flat[2 * i]), int(float(flat[2 * i + 1])), report))
+    cursor = None
+    for entry_id, fields in reply[6] if len(reply) > 6 else ():
+        cursor = str(entry_id)
+        pairs = dict(zip(fields[::2], fields[1::2], strict=False))
+        try:
+            commands.append(Command.from_stream(cursor, pairs.get("command", "")))
+        except CorruptStateError as exc:
+            errors.append(f"skipped: {exc}")
+    return Snapshot(
+        now_ms=now_ms,
+        leader=leader,
+        rev=rev,
+        record=record,
+        record_error=record_error,
+        leases=tuple(leases),
+        commands=tuple(commands),
+        command_cursor=cursor,
+        errors=tuple(errors),
+    )

@@ -1,0 +1,85 @@
+"""What each worker process is started with: torchrun's environment, argv, cwd, log file. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodeagent.config import Config
+from nodeagent.model import JobRecord
+
+# Inherited from systemd; a worker that sees them could ping or notify as if it were the agent.
+STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    rank: int
+    local_rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str | None
+    log_path: Path
+
+
+def log_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
+    return Path(log_dir) / job / str(generation) / f"rank-{rank}.log"
+
+
+def worker_env(
+    base: Mapping[str, str],
+    config: Config,
+    record: JobRecord,
+    group_rank: int,
+    local_rank: int,
+) -> dict[str, str]:
+    """The environment torchrun would give this worker, plus NODEAGENT_* and job.env."""
+    nproc = record.nproc_per_node
+    rank = group_rank * nproc + local_rank
+    world = record.world_size
+    env = {k: v for k, v in base.items() if k not in STRIPPED_ENV}
+    env.update(config.job.env)
+    env.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "GROUP_RANK": str(group_rank),
+            "GROUP_WORLD_SIZE": str(len(record.members)),
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(world),
+            "ROLE_NAME": "default",
+            "MASTER_ADDR": record.master_addr,
+            "MASTER_PORT": str(record.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(record.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(record.max_restarts),
+            "TORCHELASTIC_RUN_ID": config.job.id,
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "NODEAGENT_JOB_ID": config.job.id,
+            "NODEAGENT_GENERATION": str(record.generation),
+            "NODEAGENT_NODE": config.node.name,
+            "NODEAGENT_STOP_GRACE_S": f"{config.timing.stop_grace_period:g}",
+        }
+    )
+    return env
+
+
+def worker_specs(
+    base_env: Mapping[str, str], config: Config, record: JobRecord, group_rank: int
+) -> list[WorkerSpec]:
+    nproc = record.nproc_per_node
+    return [
+        WorkerSpec(
+            rank=group_rank * nproc + local_rank,
+            local_rank=local_rank,
+            argv=config.job.entrypoint,
+            env=worker_env(base_env, config, record, group_rank, local_rank),
+            cwd=config.job.working_dir,
+            log_path=log_path(
+                config.log_dir, config.job.id, record.generation, group_rank * nproc + local_rank
+            ),
+        )
+        for local_rank in range(nproc)
+    ]

@@ -1,0 +1,361 @@
+"""The leader's decisions, as a pure function of a snapshot.
+
+`plan(view, policy, memory)` looks at what Redis holds (the job record, live node reports, expired
+leases, new operator commands) and returns the record to write, the events to append, the leases
+to reap, and why. No I/O: the agent executes the plan, fenced by the leader token in Lua.
+
+The protocol it drives: to change anything, the leader announces generation g+1 (RESTARTING);
+every live agent stops its workers and acknowledges g+1; only when all have (or their leases have
+expired) does the leader choose members and write RUNNING. Workers of two generations therefore
+never run at the same time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from nodeagent.model import Command, CommandType, Event, Failure, JobRecord, NodeReport
+from nodeagent.state import JobState, NodeState
+
+UNAVAILABLE = frozenset({NodeState.FENCED, NodeState.LEAVING})
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The job section of the leader's config, in the units the planner uses."""
+
+    min_nodes: int
+    max_nodes: int
+    target_nodes: int
+    nproc_per_node: int
+    max_restarts: int
+    join_settle_ms: int
+    rendezvous_timeout_ms: int
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """One consistent snapshot, read in a single Lua call at Redis server time `now_ms`."""
+
+    now_ms: int
+    record: JobRecord | None
+    nodes: Mapping[str, NodeReport]  # live nodes: lease deadline in the future, report present
+    expired: tuple[str, ...] = ()  # lease deadlines in the past: to reap
+    commands: tuple[Command, ...] = ()  # after record.command_cursor
+    command_cursor: str | None = None  # the last command entry read, valid or not
+
+
+@dataclass(frozen=True)
+class LeaderMemory:
+    """What a leader remembers between plans (lost on failover, which only restarts settling)."""
+
+    eligible: frozenset[str] = frozenset()
+    changed_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    record: JobRecord | None  # the record to write; None when nothing changes
+    events: tuple[Event, ...]
+    reap: tuple[str, ...]
+    memory: LeaderMemory
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Requests:
+    restart: bool = False
+    stop: bool = False
+    scaled: bool = False
+
+
+@dataclass(frozen=True)
+class _Context:
+    view: ClusterView
+    policy: Policy
+    memory: LeaderMemory
+    eligible: tuple[str, ...]
+    requests: _Requests
+
+
+_Step = tuple[JobRecord, list[Event], str]
+
+
+def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
+    """Decide what the job record should become. Pure."""
+    events = [
+        Event("node_lost", node=name, message=f"lease of {name} expired") for name in view.expired
+    ]
+    base = view.record or _initial_record(view, policy)
+    record = _refresh_policy(base, policy)
+    record, requests, command_events = _apply_commands(record, view.commands)
+    if view.command_cursor is not None:
+        record = replace(record, command_cursor=view.command_cursor)
+    events += command_events
+    eligible = tuple(
+        sorted(name for name, report in view.nodes.items() if report.state not in UNAVAILABLE)
+    )
+    memory = _remember(memory, eligible, view.now_ms)
+    ctx = _Context(view, policy, memory, eligible, requests)
+    record, step_events, reason = _step(record, ctx)
+    events += step_events
+    changed = view.record is None or record != view.record
+    return Plan(
+        record=record if changed else None,
+        events=tuple(events),
+        reap=view.expired,
+        memory=memory,
+        reason=reason,
+    )
+
+
+def _initial_record(view: ClusterView, policy: Policy) -> JobRecord:
+    """A fresh WAITING record. Generation and restart count continue from what nodes remember,
+    so a Redis restart without persistence never reuses a generation number."""
+    return JobRecord(
+        generation=_highest_generation(view, 0),
+        state=JobState.WAITING,
+        reason="waiting for nodes",
+        target_nodes=policy.target_nodes,
+        min_nodes=policy.min_nodes,
+        max_nodes=policy.max_nodes,
+        nproc_per_node=policy.nproc_per_node,
+        max_restarts=policy.max_restarts,
+        restart_count=max((r.restart_count for r in view.nodes.values()), default=0),
+        since_ms=view.now_ms,
+    )
+
+
+def _highest_generation(view: ClusterView, recorded: int) -> int:
+    seen = [max(r.acked_generation, r.worker_generation or 0) for r in view.nodes.values()]
+    return max([recorded, *seen])
+
+
+def _refresh_policy(record: JobRecord, policy: Policy) -> JobRecord:
+    """The leader's config is the truth for bounds; an older target is clamped into them."""
+    return replace(
+        record,
+        min_nodes=policy.min_nodes,
+        max_nodes=policy.max_nodes,
+        nproc_per_node=policy.nproc_per_node,
+        max_restarts=policy.max_restarts,
+        target_nodes=min(max(record.target_nodes, policy.min_nodes), policy.max_nodes),
+    )
+
+
+def _apply_commands(
+    record: JobRecord, commands: Sequence[Command]
+) -> tuple[JobRecord, _Requests, list[Event]]:
+    requests = _Requests()
+    events: list[Event] = []
+    for cmd in commands:
+        record = replace(record, command_cursor=cmd.id)
+        if cmd.type is CommandType.SCALE:
+            target = cmd.target if cmd.target is not None else -1
+            if record.min_nodes <= target <= record.max_nodes:
+                events.append(
+                    Event(
+                        "scale_requested",
+                        message=f"target {record.target_nodes} -> {target} (by {cmd.by})",
+                        data={"from": record.target_nodes, "to": target},
+                    )
+                )
+                record = replace(record, target_nodes=target)
+                requests = replace(requests, scaled=True)
+            else:
+                events.append(
+                    Event(
+                        "scale_rejected",
+                        message=f"target {cmd.target} outside "
+                        f"[{record.min_nodes}, {record.max_nodes}] (by {cmd.by})",
+                    )
+                )
+        elif cmd.type is CommandType.RESTART:
+            requests = replace(requests, restart=True)
+            events.append(Event("restart_requested", message=f"by {cmd.by}"))
+        elif cmd.type is CommandType.STOP:
+            requests = replace(requests, stop=True)
+            events.append(Event("stop_requested", message=f"by {cmd.by}"))
+    return record, requests, events
+
+
+def _remember(memory: LeaderMemory, eligible: Sequence[str], now_ms: int) -> LeaderMemory:
+    names = frozenset(eligible)
+    if names == memory.eligible:
+        return memory
+    return LeaderMemory(eligible=names, changed_ms=now_ms)
+
+
+def _step(record: JobRecord, ctx: _Context) -> _Step:
+    if ctx.requests.stop and record.state is not JobState.STOPPED:
+        stopped = record.moved_to(
+            JobState.STOPPED, reason="operator", since_ms=ctx.view.now_ms, pending_failure=None
+        )
+        return stopped, [_job_event("job_stopped", stopped, "stopped by operator")], "stop"
+    if record.state.terminal:
+        if ctx.requests.restart:
+            reset = record.state is JobState.FAILED
+            return _begin(record, ctx, "operator", reset_restarts=reset)
+        return record, [], f"job {record.state.value}"
+    if record.state is JobState.RUNNING:
+        return _step_running(record, ctx)
+    if record.state is JobState.RESTARTING:
+        return _step_restarting(record, ctx)
+    return _step_waiting(record, ctx)
+
+
+def _begin(
+    record: JobRecord,
+    ctx: _Context,
+    reason: str,
+    failure: Failure | None = None,
+    reset_restarts: bool = False,
+) -> _Step:
+    """Announce generation g+1: every live agent stops its workers and acknowledges it."""
+    generation = _highest_generation(ctx.view, record.generation) + 1
+    new = record.moved_to(
+        JobState.RESTARTING,
+        generation=generation,
+        reason=reason,
+        since_ms=ctx.view.now_ms,
+        pending_failure=failure,
+        restart_count=0 if reset_restarts else record.restart_count,
+        detail=failure.describe() if failure else "",
+    )
+    message = f"generation {generation} announced ({reason})"
+    return new, [_job_event("generation_announced", new, message)], reason
+
+
+def _settled(ctx: _Context) -> bool:
+    return ctx.view.now_ms - ctx.memory.changed_ms >= ctx.policy.join_settle_ms
+
+
+def _step_running(record: JobRecord, ctx: _Context) -> _Step:
+    nodes = ctx.view.nodes
+    failures = sorted(
+        (
+            r.failure
+            for r in nodes.values()
+            if r.failure and r.failure.generation == record.generation
+        ),
+        key=lambda f: f.rank,
+    )
+    if failures:
+        return _begin(record, ctx, "worker_failed", failure=failures[0])
+    gone = [m for m in record.members if m not in ctx.eligible]
+    if gone:
+        left = all(m in nodes and nodes[m].state is NodeState.LEAVING for m in gone)
+        return _begin(record, ctx, "node_left" if left else "node_lost")
+    if all(
+        m in nodes and nodes[m].succeeded_generation == record.generation for m in record.members
+    ):
+        done = record.moved_to(JobState.SUCCEEDED, reason="completed", since_ms=ctx.view.now_ms)
+        return done, [_job_event("job_succeeded", done, "every worker exited 0")], "succeeded"
+    if ctx.requests.restart:
+        return _begin(record, ctx, "operator")
+    desired = min(record.target_nodes, len(ctx.eligible))
+    if desired < len(record.members):
+        return _begin(record, ctx, "scale")
+    if desired > len(record.members) and (desired == record.target_nodes or _settled(ctx)):
+        return _begin(record, ctx, "scale" if ctx.requests.scaled else "node_joined")
+    return record, [], "running"
+
+
+def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
+    nodes = ctx.view.nodes
+    waiting = sorted(n for n, r in nodes.items() if r.acked_generation < record.generation)
+    if waiting:
+        return (
+            record,
+            [],
+            f"waiting for {', '.join(waiting)} to stop generation < {record.generation}",
+        )
+    restart_count = record.restart_count
+    failure = record.pending_failure
+    # A worker failure while a previous member was lost is blamed on the loss (decision 11):
+    # a dead peer makes the survivors' collectives fail too.
+    if failure is not None and all(m in ctx.eligible for m in record.members):
+        restart_count += 1
+        if restart_count > record.max_restarts:
+            failed = record.moved_to(
+                JobState.FAILED,
+                reason="max_restarts exceeded",
+                restart_count=restart_count,
+                since_ms=ctx.view.now_ms,
+                detail=f"{failure.describe()}; {restart_count - 1} restarts already used",
+            )
+            return failed, [_job_event("job_failed", failed, failed.detail)], "failed"
+    chosen = _choose_members(record.members, ctx.eligible, record.target_nodes)
+    if len(chosen) < record.min_nodes:
+        waiting_record = record.moved_to(
+            JobState.WAITING,
+            members=(),
+            restart_count=restart_count,
+            pending_failure=None,
+            since_ms=ctx.view.now_ms,
+            reason="below min_nodes",
+            detail=f"{len(chosen)} eligible nodes, min_nodes is {record.min_nodes}",
+        )
+        return (
+            waiting_record,
+            [_job_event("job_waiting", waiting_record, waiting_record.detail)],
+            "waiting",
+        )
+    master = nodes[chosen[0]]
+    running = record.moved_to(
+        JobState.RUNNING,
+        members=chosen,
+        master_addr=master.address,
+        master_port=master.free_port,
+        restart_count=restart_count,
+        pending_failure=None,
+        since_ms=ctx.view.now_ms,
+    )
+    message = (
+        f"generation {running.generation} started: "
+        f"world {running.world_size} on {', '.join(chosen)}"
+    )
+    return running, [_job_event("generation_started", running, message)], "started"
+
+
+def _step_waiting(record: JobRecord, ctx: _Context) -> _Step:
+    count = len(ctx.eligible)
+    if count >= record.min_nodes and (count >= record.target_nodes or _settled(ctx)):
+        return _begin(record, ctx, "node_joined")
+    waited_ms = ctx.view.now_ms - record.since_ms
+    if waited_ms > ctx.policy.rendezvous_timeout_ms:
+        failed = record.moved_to(
+            JobState.FAILED,
+            reason="rendezvous_timeout",
+            since_ms=ctx.view.now_ms,
+            detail=f"only {count} of min_nodes={record.min_nodes} nodes "
+            f"after {waited_ms / 1000:.0f}s",
+        )
+        return failed, [_job_event("job_failed", failed, failed.detail)], "failed"
+    return record, [], f"waiting for nodes: {count} eligible, min_nodes {record.min_nodes}"
+
+
+def _choose_members(
+    previous: Sequence[str], eligible: Sequence[str], target: int
+) -> tuple[str, ...]:
+    """Survivors keep their order (and so their group ranks); newcomers go last, by name."""
+    survivors = [name for name in previous if name in eligible]
+    newcomers = sorted(name for name in eligible if name not in survivors)
+    return tuple((survivors + newcomers)[:target])
+
+
+def _job_event(kind: str, record: JobRecord, message: str) -> Event:
+    return Event(
+        kind,
+        generation=record.generation,
+        message=message,
+        data={
+            "state": record.state.value,
+            "reason": record.reason,
+            "members": list(record.members),
+            "world_size": record.world_size,
+            "restart_count": record.restart_count,
+            "target_nodes": record.target_nodes,
+        },
+    )

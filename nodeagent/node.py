@@ -1,0 +1,156 @@
+"""One agent's decisions about its own workers, as a pure function.
+
+`decide(view)` looks at the job record (as last read from Redis) and the local worker group and
+returns the node's next state and the actions to take: stop workers, acknowledge a generation,
+start workers, leave. Only `Agent` executes them.
+
+The two rules that keep generations apart:
+- an agent acknowledges generation g only when none of its workers run, and after that never
+  starts a generation older than g;
+- it starts workers of g only when the record says g is RUNNING with this node as a member.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from nodeagent.model import Failure, JobRecord
+from nodeagent.state import JobState, NodeState
+
+
+class GroupPhase(str, Enum):
+    """The local worker group.
+
+    NONE      no workers were started (or the last group was forgotten).
+    RUNNING   at least one worker of the group is running and no stop was requested.
+    STOPPING  a stop was requested; some process of the group is still alive.
+    EXITED    every process of the group is gone.
+    """
+
+    NONE = "none"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    EXITED = "exited"
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    generation: int | None = None
+    phase: GroupPhase = GroupPhase.NONE
+    failure: Failure | None = None
+    succeeded: bool = False  # every worker exited 0
+
+    @property
+    def active(self) -> bool:
+        return self.phase in (GroupPhase.RUNNING, GroupPhase.STOPPING)
+
+
+@dataclass(frozen=True)
+class LocalView:
+    name: str
+    acked_generation: int
+    group: GroupStatus
+    record: JobRecord | None
+    shutting_down: bool = False
+    fence: bool = False  # the lease could not be renewed in time
+    fenced_generation: int | None = None  # set once fenced: wait for a newer generation
+
+
+@dataclass(frozen=True)
+class StopWorkers:
+    reason: str
+    fence: bool = False  # shorten the grace period so workers die before the lease expires
+
+
+@dataclass(frozen=True)
+class Acknowledge:
+    generation: int
+
+
+@dataclass(frozen=True)
+class StartWorkers:
+    record: JobRecord
+    group_rank: int
+
+
+@dataclass(frozen=True)
+class Leave:
+    pass
+
+
+Action = StopWorkers | Acknowledge | StartWorkers | Leave
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    state: NodeState
+    actions: tuple[Action, ...]
+    reason: str
+
+
+def decide(view: LocalView) -> NodeDecision:
+    """The node's next state and actions. Pure."""
+    group = view.group
+    if view.shutting_down:
+        if group.phase is GroupPhase.RUNNING:
+            return NodeDecision(NodeState.LEAVING, (StopWorkers("agent shutting down"),), "leaving")
+        if group.active:
+            return NodeDecision(NodeState.LEAVING, (), "waiting for workers to stop")
+        return NodeDecision(NodeState.LEAVING, (Leave(),), "workers stopped")
+    if view.fence:
+        stop = (StopWorkers("lease not renewed", fence=True),)
+        return NodeDecision(
+            NodeState.FENCED, stop if group.phase is GroupPhase.RUNNING else (), "fenced"
+        )
+    record = view.record
+    if record is None:
+        return NodeDecision(NodeState.JOINING, (), "no job record yet")
+    if view.fenced_generation is not None and record.generation <= view.fenced_generation:
+        return NodeDecision(NodeState.FENCED, (), "fenced: waiting for a new generation")
+    if group.phase is GroupPhase.RUNNING:
+        return _decide_running(view, record)
+    if group.phase is GroupPhase.STOPPING:
+        failed = group.failure is not None and group.generation == record.generation
+        return NodeDecision(
+            NodeState.FAILED if failed else NodeState.STOPPING, (), "workers stopping"
+        )
+    return _decide_idle(view, record)
+
+
+def _decide_running(view: LocalView, record: JobRecord) -> NodeDecision:
+    group = view.group
+    if group.failure is not None:
+        return NodeDecision(
+            NodeState.FAILED, (StopWorkers("a local worker failed"),), group.failure.describe()
+        )
+    if record.generation != group.generation:
+        reason = f"generation {record.generation} replaces {group.generation}"
+    elif record.state is not JobState.RUNNING:
+        reason = f"job is {record.state.value}"
+    elif view.name not in record.members:
+        reason = "no longer a member"
+    else:
+        return NodeDecision(NodeState.RUNNING, (), "running")
+    return NodeDecision(NodeState.STOPPING, (StopWorkers(reason),), reason)
+
+
+def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
+    group = view.group
+    actions: list[Action] = []
+    acked = view.acked_generation
+    if record.generation > acked:
+        actions.append(Acknowledge(record.generation))
+        acked = record.generation
+    this_generation = group.generation == record.generation
+    if this_generation and group.succeeded:
+        return NodeDecision(NodeState.SUCCEEDED, tuple(actions), "workers succeeded")
+    if this_generation and group.failure is not None:
+        return NodeDecision(NodeState.FAILED, tuple(actions), group.failure.describe())
+    rank = record.group_rank(view.name)
+    if record.state is JobState.RUNNING and rank is None:
+        return NodeDecision(NodeState.STANDBY, tuple(actions), "standby")
+    if record.state is JobState.RUNNING and rank is not None and not this_generation:
+        actions.append(StartWorkers(record, rank))
+        return NodeDecision(NodeState.READY, tuple(actions), "starting workers")
+    return NodeDecision(NodeState.READY, tuple(actions), f"job is {record.state.value}")

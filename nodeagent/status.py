@@ -1,0 +1,72 @@
+"""The job's status as a plain document (what `nodeagentctl status --json` prints). Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodeagent.coord.store import NodeLease, Snapshot
+from nodeagent.state import JobState
+
+
+def _node(lease: NodeLease, now_ms: int, group_rank: int | None) -> dict[str, Any]:
+    report = lease.report
+    if report is None:
+        return {
+            "name": lease.name,
+            "address": None,
+            "state": "unreadable",
+            "group_rank": None,
+            "generation": None,
+            "heartbeat_age_s": None,
+            "workers": [],
+        }
+    heartbeat_ms = lease.deadline_ms - report.lease_ttl_ms
+    expired = lease.deadline_ms <= now_ms
+    return {
+        "name": lease.name,
+        "address": report.address,
+        "state": "lost" if expired else report.state.value,
+        "group_rank": group_rank,
+        "generation": report.acked_generation,
+        "heartbeat_age_s": round(max(0, now_ms - heartbeat_ms) / 1000, 3),
+        "restart_count": report.restart_count,
+        "last_error": report.last_error,
+        "workers": [
+            {
+                "rank": w.rank,
+                "local_rank": w.local_rank,
+                "pid": w.pid,
+                "state": w.state,
+                "exit_code": w.exit_code,
+            }
+            for w in report.workers
+        ],
+    }
+
+
+def status_document(snapshot: Snapshot, job: str) -> dict[str, Any]:
+    record = snapshot.record
+    running = record is not None and record.state is JobState.RUNNING
+    nodes = [
+        _node(lease, snapshot.now_ms, record.group_rank(lease.name) if record and running else None)
+        for lease in sorted(snapshot.leases, key=lambda lease: lease.name)
+    ]
+    return {
+        "job": job,
+        "state": record.state.value if record else JobState.WAITING.value,
+        "reason": record.reason if record else "no agent has formed the job yet",
+        "detail": record.detail if record else "",
+        "generation": record.generation if record else 0,
+        "world_size": record.world_size if record else 0,
+        "target_nodes": record.target_nodes if record else None,
+        "min_nodes": record.min_nodes if record else None,
+        "max_nodes": record.max_nodes if record else None,
+        "nproc_per_node": record.nproc_per_node if record else None,
+        "restart_count": record.restart_count if record else 0,
+        "max_restarts": record.max_restarts if record else None,
+        "members": list(record.members) if record and running else [],
+        "master": f"{record.master_addr}:{record.master_port}" if record and running else None,
+        "leader": snapshot.leader_name,
+        "record_error": snapshot.record_error,
+        "nodes": nodes,
+    }

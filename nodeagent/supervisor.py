@@ -1,0 +1,281 @@
+"""The node's worker processes: spawn, watch, stop. The only module that starts processes.
+
+Each worker gets its own session and process group, so a stop reaches everything it forked.
+Stopping never blocks the agent's loop: `stop()` sends SIGTERM and sets a deadline, `poll()`
+escalates to SIGKILL once it passes, so heartbeats go on while workers save a checkpoint.
+A group counts as gone only when its main processes are reaped and no live (non-zombie)
+process is left in their process groups or among the descendants seen at stop time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import IO
+
+import psutil
+
+from nodeagent.launch import WorkerSpec
+from nodeagent.model import Failure, WorkerInfo
+from nodeagent.node import GroupPhase, GroupStatus
+
+log = logging.getLogger(__name__)
+SPAWN_FAILED = 127  # the shell's "command not found"
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """A worker's main process ended. `expected` when the agent had asked it to stop."""
+
+    generation: int
+    rank: int
+    local_rank: int
+    exit_code: int | None
+    signal: str | None
+    expected: bool
+
+
+@dataclass
+class _Worker:
+    spec: WorkerSpec
+    popen: subprocess.Popen[bytes] | None
+    returncode: int | None = None
+    descendants: list[psutil.Process] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+
+def _signal_name(returncode: int) -> str | None:
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False  # only zombies are left: they run nothing
+
+
+def _process_alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _pump(stream: IO[bytes], log_file: IO[bytes], prefix: str, echo: Callable[[str], None]) -> None:
+    with stream, log_file:
+        for line in iter(stream.readline, b""):
+            log_file.write(line)
+            log_file.flush()
+            echo(prefix + line.decode("utf-8", "replace").rstrip("\n"))
+
+
+class Supervisor:
+    """One generation's worker group at a time."""
+
+    def __init__(
+        self,
+        echo: Callable[[str], None],
+        wake: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._echo = echo
+        self._wake = wake
+        self._clock = clock
+        self._generation: int | None = None
+        self._workers: list[_Worker] = []
+        self._stop_deadline: float | None = None
+        self._killed = False
+        self._failure: Failure | None = None
+        self._node = ""
+
+    # -- starting --------------------------------------------------------------------------
+
+    def start(self, generation: int, node: str, specs: Sequence[WorkerSpec]) -> None:
+        if self.status().active:
+            raise RuntimeError("start() while the previous group is still active")
+        self._generation, self._node = generation, node
+        self._stop_deadline, self._killed, self._failure = None, False, None
+        self._workers = [self._spawn(spec) for spec in specs]
+
+    def _spawn(self, spec: WorkerSpec) -> _Worker:
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(spec.log_path, "ab")  # noqa: SIM115 - closed by the pump thread
+        try:
+            popen = subprocess.Popen(
+                spec.argv,
+                env=dict(spec.env),
+                cwd=spec.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            message = f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"
+            log_file.write(message.encode() + b"\n")
+            log_file.close()
+            self._echo(f"[rank {spec.rank}]: {message}")
+            worker = _Worker(spec, None, returncode=SPAWN_FAILED)
+            self._note_failure(worker)
+            self._wake()
+            return worker
+        assert popen.stdout is not None
+        threading.Thread(
+            target=_pump,
+            args=(popen.stdout, log_file, f"[rank {spec.rank}]: ", self._echo),
+            name=f"log-rank-{spec.rank}",
+            daemon=True,
+        ).start()
+        threading.Thread(
+            target=self._await_exit, args=(popen,), name=f"wait-rank-{spec.rank}", daemon=True
+        ).start()
+        return _Worker(spec, popen)
+
+    def _await_exit(self, popen: subprocess.Popen[bytes]) -> None:
+        popen.wait()
+        self._wake()
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM every worker's process group now; SIGKILL what is left after `grace_s`."""
+        deadline = self._clock() + grace_s
+        if self._stop_deadline is not None:
+            self._stop_deadline = min(self._stop_deadline, deadline)
+            return
+        self._stop_deadline = deadline
+        for worker in self._workers:
+            if worker.popen is None:
+                continue
+            try:
+                worker.descendants = psutil.Process(worker.popen.pid).children(recursive=True)
+            except psutil.Error:
+                worker.descendants = []
+            _signal_group(worker.popen.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL everything at once (a second SIGTERM to the agent, or fencing at the limit)."""
+        if self._stop_deadline is None:
+            self.stop(0.0)
+        self._stop_deadline = self._clock()
+        self._escalate()
+
+    def _escalate(self) -> None:
+        self._killed = True
+        for worker in self._workers:
+            if worker.popen is None:
+                continue
+            _signal_group(worker.popen.pid, signal.SIGKILL)
+            for proc in worker.descendants:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+
+    # -- watching --------------------------------------------------------------------------
+
+    def poll(self) -> list[WorkerExit]:
+        """Reap exited workers, escalate overdue stops; return exits not reported before."""
+        exits = []
+        for worker in self._workers:
+            if worker.popen is None or worker.returncode is not None:
+                continue
+            code = worker.popen.poll()
+            if code is None:
+                continue
+            worker.returncode = code
+            expected = self._stop_deadline is not None
+            if not expected and code != 0:
+                self._note_failure(worker)
+            exits.append(
+                WorkerExit(
+                    generation=self._generation or 0,
+                    rank=worker.spec.rank,
+                    local_rank=worker.spec.local_rank,
+                    exit_code=code if code >= 0 else None,
+                    signal=_signal_name(code),
+                    expected=expected,
+                )
+            )
+        overdue = self._stop_deadline is not None and self._clock() >= self._stop_deadline
+        mains_done = all(w.returncode is not None for w in self._workers)
+        if self._workers and not self._killed and (overdue or mains_done) and self._alive():
+            if mains_done and not overdue:
+                log.warning("worker processes left children behind; killing them")
+            self._escalate()
+        return exits
+
+    def _note_failure(self, worker: _Worker) -> None:
+        if self._failure is not None or worker.returncode is None:
+            return
+        code = worker.returncode
+        self._failure = Failure(
+            generation=self._generation or 0,
+            node=self._node,
+            rank=worker.spec.rank,
+            kind="signal" if code < 0 else "exit_code",
+            exit_code=code if code >= 0 else None,
+            signal=_signal_name(code),
+        )
+
+    def _alive(self) -> bool:
+        for worker in self._workers:
+            if worker.popen is None:
+                continue
+            if worker.returncode is None or _group_alive(worker.popen.pid):
+                return True
+            if any(_process_alive(p) for p in worker.descendants):
+                return True
+        return False
+
+    def status(self) -> GroupStatus:
+        if not self._workers:
+            return GroupStatus()
+        if self._alive():
+            phase = GroupPhase.STOPPING if self._stop_deadline is not None else GroupPhase.RUNNING
+        else:
+            phase = GroupPhase.EXITED
+        succeeded = all(w.returncode == 0 for w in self._workers)
+        return GroupStatus(self._generation, phase, self._failure, succeeded)
+
+    def next_deadline(self) -> float | None:
+        """When poll() must run next to escalate a stop, if a stop is pending."""
+        return None if self._stop_deadline is None or self._killed else self._stop_deadline
+
+    def workers(self) -> tuple[WorkerInfo, ...]:
+        infos = []
+        for w in self._workers:
+            if w.returncode is None:
+                state = "stopping" if self._stop_deadline is not None else "running"
+            else:
+                state = "exited" if w.returncode == 0 else "failed"
+            infos.append(WorkerInfo(w.spec.rank, w.spec.local_rank, w.pid, state, w.returncode))
+        return tuple(infos)

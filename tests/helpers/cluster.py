@@ -1,0 +1,268 @@
+"""Test harness: a real redis-server on a free port and real agent processes on this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import redis
+import yaml
+
+from nodeagent.coord.client import connect
+from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.store import JobStore
+from nodeagent.status import status_document
+
+WORKER = Path(__file__).with_name("worker.py")
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A private redis-server on a free loopback port, no persistence."""
+
+    def __init__(self, directory: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        self.directory = directory
+        self.binary = binary
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        for _ in range(5):
+            self.port = self.port or free_port()
+            self.proc = subprocess.Popen(
+                [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(self.directory)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            if self._ready():
+                return
+            self.stop()
+            self.port = 0
+        raise RuntimeError("redis-server did not start")
+
+    def _ready(self) -> bool:
+        client = redis.Redis(port=self.port, socket_timeout=0.5)
+        for _ in range(100):
+            if self.proc is not None and self.proc.poll() is not None:
+                return False
+            with contextlib.suppress(redis.RedisError):
+                if client.ping():
+                    return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, decode_responses=True)
+
+
+def wait_for(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Poll until `predicate` returns something truthy; fail with `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class AgentProcess:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class LocalCluster:
+    """Several agents of one job on this machine, each with its own config file."""
+
+    redis_url: str
+    directory: Path
+    job: str
+    nproc: int = 1
+    min_nodes: int = 1
+    max_nodes: int = 3
+    target_nodes: int | None = None
+    max_restarts: int = 3
+    timing: dict[str, str] = field(default_factory=dict)
+    entrypoint: list[str] = field(default_factory=lambda: [sys.executable, str(WORKER)])
+    agents: dict[str, AgentProcess] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.records_dir = self.directory / "records"
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        self.store = JobStore(connect(self.redis_url, 5.0), JobKeys("nodeagent", self.job))
+
+    def config(self, name: str) -> dict[str, Any]:
+        timing = {"heartbeat_interval": "200ms", "lease_ttl": "1s", "stop_grace_period": "3s",
+                  "join_settle": "300ms", "rendezvous_timeout": "2m", **self.timing}
+        return {
+            "node": {"name": name, "address": "127.0.0.1"},
+            "redis": {"url": self.redis_url},
+            "job": {
+                "id": self.job,
+                "entrypoint": self.entrypoint,
+                "nproc_per_node": self.nproc,
+                "min_nodes": self.min_nodes,
+                "max_nodes": self.max_nodes,
+                "target_nodes": self.target_nodes or self.max_nodes,
+                "max_restarts": self.max_restarts,
+                "env": {"RECORD_DIR": str(self.records_dir), "PYTHONUNBUFFERED": "1"},
+            },
+            "timing": timing,
+            "log_dir": str(self.directory / "logs"),
+        }
+
+    def config_path(self, name: str) -> Path:
+        path = self.directory / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(self.config(name)))
+        return path
+
+    def start(self, *names: str) -> None:
+        for name in names:
+            log_path = self.directory / f"agent-{name}.log"
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "nodeagent", "run", "--config", str(self.config_path(name))],
+                stdout=log_path.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            self.agents[name] = AgentProcess(name, proc, log_path)
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "nodeagent.cli.ctl", "--redis", self.redis_url, "--job", self.job,
+             *args],
+            capture_output=True, text=True, timeout=60,
+        )
+
+    def status(self) -> dict[str, Any]:
+        return status_document(self.store.snapshot(), self.job)
+
+    def wait_status(self, check: Callable[[dict[str, Any]], bool], timeout: float, what: str
+                    ) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            doc = self.status()
+            return doc if check(doc) else None
+        try:
+            return wait_for(probe, timeout, what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnostics()}") from None
+
+    def wait_running(self, world: int, timeout: float = 30.0, after_generation: int = 0
+                     ) -> dict[str, Any]:
+        """Wait until the job runs at `world` and every member's workers have started."""
+        def ok(doc: dict[str, Any]) -> bool:
+            if doc["state"] != "running" or doc["world_size"] != world:
+                return False
+            if doc["generation"] <= after_generation:
+                return False
+            starts = self.starts(doc["generation"])
+            return len(starts) == world
+        return self.wait_status(ok, timeout, f"world {world} running after gen {after_generation}")
+
+    def records(self) -> list[dict[str, Any]]:
+        path = self.records_dir / "records.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def starts(self, generation: int) -> list[dict[str, Any]]:
+        return [r for r in self.records() if r["event"] == "start" and r["generation"] == generation]
+
+    def exit_generation(self, generation: int, code: int) -> None:
+        (self.records_dir / f"exit-{generation}").write_text(str(code))
+
+    def worker_pids(self, name: str) -> list[int]:
+        agent = psutil.Process(self.agents[name].proc.pid)
+        return [p.pid for p in agent.children()]
+
+    def kill_tree(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Send `sig` to an agent and every process under it, like a node losing power."""
+        agent = psutil.Process(self.agents[name].proc.pid)
+        procs = [agent, *agent.children(recursive=True)]
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+        if sig is signal.SIGKILL:
+            self.agents[name].proc.wait(10)
+
+    def events(self) -> list[dict[str, Any]]:
+        return [
+            {"type": e.type, "generation": e.generation, "node": e.node, "at_ms": e.at_ms,
+             "message": e.message, "data": dict(e.data)}
+            for e in self.store.events("-", count=10_000)
+        ]
+
+    def diagnostics(self) -> str:
+        lines = ["--- status", json.dumps(self.status(), indent=1)[:3000], "--- events"]
+        lines += [f"{e['type']} gen={e['generation']} node={e['node']} {e['message']}"
+                  for e in self.events()[-40:]]
+        for agent in self.agents.values():
+            lines += [f"--- agent {agent.name} (alive={agent.alive()})", agent.log()[-3000:]]
+        return "\n".join(lines)
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            if agent.alive():
+                agent.proc.send_signal(signal.SIGTERM)
+        for agent in self.agents.values():
+            try:
+                agent.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill_tree(agent.name)
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if str(WORKER) in proc.cmdline() and self.records_dir.as_posix() in proc.environ().get(
+                        "RECORD_DIR", ""):
+                    proc.kill()
+
+
+@contextlib.contextmanager
+def local_cluster(redis_url: str, directory: Path, **options: Any) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(redis_url, directory, **options)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def env_without_pythonpath() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

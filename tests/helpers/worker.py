@@ -1,0 +1,102 @@
+"""A tiny worker for integration tests: checks its torchrun environment and records its life.
+
+Appends JSON lines to $RECORD_DIR/records.jsonl: a "start" record (pid, process start time,
+generation, ranks), an "overlap" record if any worker of an older generation is still alive when
+it starts, a "stop" record when SIGTERM arrives. It exits with the code written to
+$RECORD_DIR/exit-<generation> (all workers of that generation), else runs until stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+REQUIRED = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+    "NODEAGENT_JOB_ID", "NODEAGENT_GENERATION", "NODEAGENT_NODE",
+)
+
+
+def record(directory: Path, **fields: object) -> None:
+    line = json.dumps({"time": time.time(), "pid": os.getpid(), **fields}) + "\n"
+    fd = os.open(directory / "records.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def check_env() -> list[str]:
+    env = os.environ
+    problems = [f"{name} missing" for name in REQUIRED if name not in env]
+    if problems:
+        return problems
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    local, nlocal = int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
+    group, ngroups = int(env["GROUP_RANK"]), int(env["GROUP_WORLD_SIZE"])
+    if not 0 <= rank < world or rank != group * nlocal + local or world != ngroups * nlocal:
+        problems.append(f"inconsistent ranks {rank}/{world} {local}/{nlocal} {group}/{ngroups}")
+    if any(name in env for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")):
+        problems.append("systemd variables leaked into the worker")
+    return problems
+
+
+def older_alive(directory: Path, generation: int) -> list[dict[str, object]]:
+    alive = []
+    path = directory / "records.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else ():
+        entry = json.loads(line)
+        if entry["event"] != "start" or entry["generation"] >= generation:
+            continue
+        try:
+            proc = psutil.Process(int(entry["pid"]))
+            if proc.create_time() == entry["create_time"] and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(entry)
+        except psutil.Error:
+            continue
+    return alive
+
+
+def main() -> int:
+    directory = Path(os.environ["RECORD_DIR"])
+    generation = int(os.environ.get("NODEAGENT_GENERATION", "0"))
+    problems = check_env()
+    base = {"generation": generation, "rank": int(os.environ.get("RANK", -1)),
+            "world_size": int(os.environ.get("WORLD_SIZE", -1)),
+            "node": os.environ.get("NODEAGENT_NODE"),
+            "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", -1)),
+            "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"}
+    if problems:
+        record(directory, event="bad_env", problems=problems, **base)
+        return 3
+    for older in older_alive(directory, generation):
+        record(directory, event="overlap", other_pid=older["pid"], other_generation=older["generation"], **base)
+    record(directory, event="start", create_time=psutil.Process().create_time(), **base)
+    stopping = False
+
+    def on_term(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    exit_file = directory / f"exit-{generation}"
+    while not stopping:
+        if exit_file.exists():
+            code = int(exit_file.read_text().strip() or 0)
+            record(directory, event="exit", code=code, **base)
+            return code
+        time.sleep(0.02)
+    record(directory, event="stop", **base)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
