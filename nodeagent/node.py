@@ -105,6 +105,9 @@ def decide(view: LocalView) -> NodeDecision:
         )
     record = view.record
     if record is None:
+        if group.active:  # Redis lost the record: keep training until a leader re-forms the job
+            state = NodeState.RUNNING if group.phase is GroupPhase.RUNNING else NodeState.STOPPING
+            return NodeDecision(state, (), "no job record in Redis; keeping workers")
         return NodeDecision(NodeState.JOINING, (), "no job record yet")
     if view.fenced_generation is not None and record.generation <= view.fenced_generation:
         return NodeDecision(NodeState.FENCED, (), "fenced: waiting for a new generation")
@@ -139,6 +142,9 @@ def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
     group = view.group
     actions: list[Action] = []
     acked = view.acked_generation
+    if record.generation < acked:
+        # Redis went back in time (a failover to a lagging replica, a restore): never act on it.
+        return NodeDecision(NodeState.READY, (), f"record generation {record.generation} < {acked}")
     if record.generation > acked:
         actions.append(Acknowledge(record.generation))
         acked = record.generation

@@ -78,17 +78,18 @@ _ANYWHERE = {NodeState.FENCED, NodeState.LEAVING}
 _IDLE = {NodeState.JOINING, NodeState.STANDBY, NodeState.READY}
 _OUTCOMES = {NodeState.SUCCEEDED, NodeState.FAILED}
 NODE_TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
-    NodeState.JOINING: frozenset({NodeState.STANDBY, NodeState.READY, *_ANYWHERE}),
-    NodeState.STANDBY: frozenset({NodeState.READY, *_ANYWHERE}),
+    NodeState.JOINING: frozenset({NodeState.STANDBY, NodeState.READY, *_OUTCOMES, *_ANYWHERE}),
+    NodeState.STANDBY: frozenset({NodeState.JOINING, NodeState.READY, *_ANYWHERE}),
     # A worker can start, fail or finish between two ticks: READY may lead anywhere.
     NodeState.READY: frozenset(
-        {NodeState.STANDBY, NodeState.RUNNING, NodeState.STOPPING, *_OUTCOMES, *_ANYWHERE}
+        {*_IDLE, NodeState.RUNNING, NodeState.STOPPING, *_OUTCOMES, *_ANYWHERE}
     ),
-    NodeState.RUNNING: frozenset({NodeState.STOPPING, *_OUTCOMES, *_ANYWHERE}),
+    # Workers may all exit on their own before the next tick sees a new generation.
+    NodeState.RUNNING: frozenset({*_IDLE, NodeState.STOPPING, *_OUTCOMES, *_ANYWHERE}),
     NodeState.STOPPING: frozenset({*_IDLE, *_OUTCOMES, *_ANYWHERE}),
     NodeState.SUCCEEDED: frozenset({*_IDLE, *_ANYWHERE}),
     NodeState.FAILED: frozenset({*_IDLE, NodeState.STOPPING, *_ANYWHERE}),
-    NodeState.FENCED: frozenset({*_IDLE, NodeState.LEAVING}),
+    NodeState.FENCED: frozenset({*_IDLE, NodeState.STOPPING, NodeState.LEAVING}),
     NodeState.LEAVING: frozenset(),
 }
 

@@ -55,9 +55,21 @@ class RedisServer:
         for _ in range(5):
             self.port = self.port or free_port()
             self.proc = subprocess.Popen(
-                [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", str(self.directory)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    self.binary,
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.directory),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             if self._ready():
                 return
@@ -133,8 +145,14 @@ class LocalCluster:
         self.store = JobStore(connect(self.redis_url, 5.0), JobKeys("nodeagent", self.job))
 
     def config(self, name: str) -> dict[str, Any]:
-        timing = {"heartbeat_interval": "200ms", "lease_ttl": "1s", "stop_grace_period": "3s",
-                  "join_settle": "300ms", "rendezvous_timeout": "2m", **self.timing}
+        timing = {
+            "heartbeat_interval": "200ms",
+            "lease_ttl": "1s",
+            "stop_grace_period": "3s",
+            "join_settle": "300ms",
+            "rendezvous_timeout": "2m",
+            **self.timing,
+        }
         return {
             "node": {"name": name, "address": "127.0.0.1"},
             "redis": {"url": self.redis_url},
@@ -160,35 +178,59 @@ class LocalCluster:
     def start(self, *names: str) -> None:
         for name in names:
             log_path = self.directory / f"agent-{name}.log"
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "nodeagent", "run", "--config", str(self.config_path(name))],
-                stdout=log_path.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
-            )
+            with log_path.open("ab") as log_file:
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "nodeagent",
+                        "run",
+                        "--config",
+                        str(self.config_path(name)),
+                    ],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             self.agents[name] = AgentProcess(name, proc, log_path)
 
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "nodeagent.cli.ctl", "--redis", self.redis_url, "--job", self.job,
-             *args],
-            capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "nodeagent.cli.ctl",
+                "--redis",
+                self.redis_url,
+                "--job",
+                self.job,
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
 
     def status(self) -> dict[str, Any]:
         return status_document(self.store.snapshot(), self.job)
 
-    def wait_status(self, check: Callable[[dict[str, Any]], bool], timeout: float, what: str
-                    ) -> dict[str, Any]:
+    def wait_status(
+        self, check: Callable[[dict[str, Any]], bool], timeout: float, what: str
+    ) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
             doc = self.status()
             return doc if check(doc) else None
+
         try:
             return wait_for(probe, timeout, what)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.diagnostics()}") from None
 
-    def wait_running(self, world: int, timeout: float = 30.0, after_generation: int = 0
-                     ) -> dict[str, Any]:
+    def wait_running(
+        self, world: int, timeout: float = 30.0, after_generation: int = 0
+    ) -> dict[str, Any]:
         """Wait until the job runs at `world` and every member's workers have started."""
+
         def ok(doc: dict[str, Any]) -> bool:
             if doc["state"] != "running" or doc["world_size"] != world:
                 return False
@@ -196,6 +238,7 @@ class LocalCluster:
                 return False
             starts = self.starts(doc["generation"])
             return len(starts) == world
+
         return self.wait_status(ok, timeout, f"world {world} running after gen {after_generation}")
 
     def records(self) -> list[dict[str, Any]]:
@@ -205,7 +248,9 @@ class LocalCluster:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def starts(self, generation: int) -> list[dict[str, Any]]:
-        return [r for r in self.records() if r["event"] == "start" and r["generation"] == generation]
+        return [
+            r for r in self.records() if r["event"] == "start" and r["generation"] == generation
+        ]
 
     def exit_generation(self, generation: int, code: int) -> None:
         (self.records_dir / f"exit-{generation}").write_text(str(code))
@@ -226,15 +271,23 @@ class LocalCluster:
 
     def events(self) -> list[dict[str, Any]]:
         return [
-            {"type": e.type, "generation": e.generation, "node": e.node, "at_ms": e.at_ms,
-             "message": e.message, "data": dict(e.data)}
+            {
+                "type": e.type,
+                "generation": e.generation,
+                "node": e.node,
+                "at_ms": e.at_ms,
+                "message": e.message,
+                "data": dict(e.data),
+            }
             for e in self.store.events("-", count=10_000)
         ]
 
     def diagnostics(self) -> str:
         lines = ["--- status", json.dumps(self.status(), indent=1)[:3000], "--- events"]
-        lines += [f"{e['type']} gen={e['generation']} node={e['node']} {e['message']}"
-                  for e in self.events()[-40:]]
+        lines += [
+            f"{e['type']} gen={e['generation']} node={e['node']} {e['message']}"
+            for e in self.events()[-40:]
+        ]
         for agent in self.agents.values():
             lines += [f"--- agent {agent.name} (alive={agent.alive()})", agent.log()[-3000:]]
         return "\n".join(lines)
@@ -250,8 +303,11 @@ class LocalCluster:
                 self.kill_tree(agent.name)
         for proc in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
-                if str(WORKER) in proc.cmdline() and self.records_dir.as_posix() in proc.environ().get(
-                        "RECORD_DIR", ""):
+                if str(
+                    WORKER
+                ) in proc.cmdline() and self.records_dir.as_posix() in proc.environ().get(
+                    "RECORD_DIR", ""
+                ):
                     proc.kill()
 
 

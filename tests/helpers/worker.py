@@ -18,10 +18,23 @@ from pathlib import Path
 import psutil
 
 REQUIRED = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-    "NODEAGENT_JOB_ID", "NODEAGENT_GENERATION", "NODEAGENT_NODE",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "NODEAGENT_JOB_ID",
+    "NODEAGENT_GENERATION",
+    "NODEAGENT_NODE",
 )
 
 
@@ -69,16 +82,25 @@ def main() -> int:
     directory = Path(os.environ["RECORD_DIR"])
     generation = int(os.environ.get("NODEAGENT_GENERATION", "0"))
     problems = check_env()
-    base = {"generation": generation, "rank": int(os.environ.get("RANK", -1)),
-            "world_size": int(os.environ.get("WORLD_SIZE", -1)),
-            "node": os.environ.get("NODEAGENT_NODE"),
-            "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", -1)),
-            "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"}
+    base = {
+        "generation": generation,
+        "rank": int(os.environ.get("RANK", -1)),
+        "world_size": int(os.environ.get("WORLD_SIZE", -1)),
+        "node": os.environ.get("NODEAGENT_NODE"),
+        "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", -1)),
+        "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+    }
     if problems:
         record(directory, event="bad_env", problems=problems, **base)
         return 3
     for older in older_alive(directory, generation):
-        record(directory, event="overlap", other_pid=older["pid"], other_generation=older["generation"], **base)
+        record(
+            directory,
+            event="overlap",
+            other_pid=older["pid"],
+            other_generation=older["generation"],
+            **base,
+        )
     record(directory, event="start", create_time=psutil.Process().create_time(), **base)
     stopping = False
 

@@ -1,0 +1,159 @@
+"""The supervisor against real child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nodeagent.launch import WorkerSpec
+from nodeagent.node import GroupPhase
+from nodeagent.supervisor import SPAWN_FAILED, Supervisor
+from tests.helpers.cluster import wait_for
+
+IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+
+
+class Harness:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.lines: list[str] = []
+        self.woken = threading.Event()
+        self.sup = Supervisor(echo=self.lines.append, wake=self.woken.set)
+
+    def specs(self, code: str, n: int = 2, argv: tuple[str, ...] | None = None) -> list[WorkerSpec]:
+        return [
+            WorkerSpec(
+                rank=10 + i,
+                local_rank=i,
+                argv=argv or (sys.executable, "-c", code),
+                env={**os.environ, "LOCAL_RANK": str(i)},
+                cwd=str(self.tmp_path),
+                log_path=self.tmp_path / "logs" / f"rank-{10 + i}.log",
+            )
+            for i in range(n)
+        ]
+
+    def settle(self, phase: GroupPhase, timeout: float = 15) -> None:
+        def done() -> bool:
+            self.sup.poll()
+            return self.sup.status().phase is phase
+
+        wait_for(done, timeout, f"group {phase.value}")
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(tmp_path)
+    yield harness
+    harness.sup.kill()
+
+
+def test_success_logs_and_echo(h: Harness) -> None:
+    code = "import os; print('hello from', os.environ['LOCAL_RANK'], flush=True)"
+    h.sup.start(1, "n", h.specs(code))
+    h.settle(GroupPhase.EXITED)
+    status = h.sup.status()
+    assert status.succeeded and status.failure is None and status.generation == 1
+    assert h.woken.is_set()
+    assert (h.tmp_path / "logs" / "rank-11.log").read_text() == "hello from 1\n"
+    wait_for(lambda: "[rank 10]: hello from 0" in h.lines, 5, "echoed line")
+    assert [w.state for w in h.sup.workers()] == ["exited", "exited"]
+
+
+def test_failure_by_exit_code_and_by_signal(h: Harness) -> None:
+    code = (
+        "import os, sys, time; r = int(os.environ['LOCAL_RANK']); time.sleep(0.3 * r); sys.exit(3)"
+    )
+    h.sup.start(2, "n", h.specs(code))
+    h.settle(GroupPhase.EXITED)
+    failure = h.sup.status().failure
+    assert failure is not None
+    assert (failure.rank, failure.kind, failure.exit_code, failure.node) == (
+        10,
+        "exit_code",
+        3,
+        "n",
+    )
+    h.sup.start(3, "n", h.specs("import time; time.sleep(60)", n=1))
+    pid = h.sup.workers()[0].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    h.settle(GroupPhase.EXITED)
+    failure = h.sup.status().failure
+    assert failure is not None and failure.signal == "SIGKILL" and failure.generation == 3
+
+
+def test_stop_escalates_to_sigkill_after_grace(h: Harness) -> None:
+    stubborn = IGNORE_TERM + "print('up', flush=True); time.sleep(60)"
+    h.sup.start(4, "n", h.specs(stubborn, n=1))
+    wait_for(lambda: h.lines, 10, "worker up")
+    h.sup.stop(grace_s=0.5)
+    assert h.sup.status().phase is GroupPhase.STOPPING
+    deadline = h.sup.next_deadline()
+    assert deadline is not None
+    exits = []
+
+    def stopped() -> bool:
+        exits.extend(h.sup.poll())
+        return h.sup.status().phase is GroupPhase.EXITED
+
+    wait_for(stopped, 10, "group killed")
+    assert exits[0].signal == "SIGKILL" and exits[0].expected
+    assert h.sup.status().failure is None  # a stop we asked for is not a failure
+
+
+def test_graceful_stop_lets_workers_exit(h: Harness) -> None:
+    polite = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('saving', flush=True), sys.exit(0)))\n"
+        "print('up', flush=True)\ntime.sleep(60)"
+    )
+    h.sup.start(5, "n", h.specs(polite, n=1))
+    wait_for(lambda: h.lines, 10, "worker up")
+    h.sup.stop(grace_s=30)
+    h.settle(GroupPhase.EXITED)
+    assert h.sup.workers()[0].exit_code == 0
+    wait_for(lambda: "[rank 10]: saving" in h.lines, 5, "the worker's last words")
+
+
+def test_grandchildren_do_not_outlive_the_group(h: Harness, tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    code = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {IGNORE_TERM + 'time.sleep(60)'!r}])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(60)"
+    )
+    h.sup.start(6, "n", h.specs(code, n=1))
+    wait_for(lambda: pidfile.exists() and pidfile.read_text(), 10, "grandchild")
+    grandchild = psutil.Process(int(pidfile.read_text()))
+    h.sup.stop(grace_s=0.5)
+    h.settle(GroupPhase.EXITED)
+    assert not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE
+
+
+def test_missing_entrypoint_is_a_clear_failure(h: Harness) -> None:
+    h.sup.start(7, "n", h.specs("", n=1, argv=("/nonexistent/train",)))
+    h.sup.poll()
+    status = h.sup.status()
+    assert status.phase is GroupPhase.EXITED
+    assert status.failure is not None and status.failure.exit_code == SPAWN_FAILED
+    assert "cannot start '/nonexistent/train'" in (h.tmp_path / "logs" / "rank-10.log").read_text()
+
+
+def test_start_refuses_while_a_group_is_active(h: Harness) -> None:
+    h.sup.start(8, "n", h.specs("import time; time.sleep(60)", n=1))
+    with pytest.raises(RuntimeError):
+        h.sup.start(9, "n", h.specs("pass", n=1))
+    h.sup.kill()
+    h.settle(GroupPhase.EXITED)
+    h.sup.start(9, "n", h.specs("pass", n=1))
+    h.settle(GroupPhase.EXITED)
+    assert h.sup.status().generation == 9 and h.sup.status().succeeded

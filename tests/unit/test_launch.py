@@ -1,0 +1,97 @@
+"""The environment workers get: torchrun's, so scripts run unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nodeagent.config import load_config
+from nodeagent.launch import worker_specs
+from nodeagent.model import JobRecord
+from nodeagent.state import JobState
+
+CONFIG = load_config(
+    {
+        "node": {"name": "b", "address": "10.0.0.2"},
+        "redis": {"url": "redis://10.0.0.9:6379/0"},
+        "job": {
+            "id": "llama",
+            "entrypoint": ["python", "train.py"],
+            "nproc_per_node": 4,
+            "min_nodes": 1,
+            "max_nodes": 4,
+            "env": {"NCCL_DEBUG": "WARN"},
+            "working_dir": "/opt/t",
+        },
+        "timing": {"stop_grace_period": "45s"},
+        "log_dir": "/var/log/na",
+    }
+)
+RECORD = JobRecord(
+    generation=7,
+    state=JobState.RUNNING,
+    reason="x",
+    target_nodes=3,
+    min_nodes=1,
+    max_nodes=4,
+    nproc_per_node=4,
+    max_restarts=5,
+    restart_count=2,
+    members=("a", "b", "c"),
+    master_addr="10.0.0.1",
+    master_port=29411,
+)
+
+
+def test_torchrun_environment_for_every_local_rank() -> None:
+    base = {
+        "PATH": "/usr/bin",
+        "NOTIFY_SOCKET": "/run/systemd/notify",
+        "WATCHDOG_USEC": "1",
+        "WATCHDOG_PID": "1",
+        "NCCL_DEBUG": "INFO",
+    }
+    specs = worker_specs(base, CONFIG, RECORD, group_rank=1)
+    assert [s.rank for s in specs] == [4, 5, 6, 7]
+    env = specs[2].env
+    assert {
+        k: env[k]
+        for k in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "GROUP_WORLD_SIZE",
+            "ROLE_RANK",
+            "ROLE_WORLD_SIZE",
+            "ROLE_NAME",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "TORCHELASTIC_RESTART_COUNT",
+            "TORCHELASTIC_MAX_RESTARTS",
+            "TORCHELASTIC_RUN_ID",
+        )
+    } == {
+        "RANK": "6",
+        "LOCAL_RANK": "2",
+        "WORLD_SIZE": "12",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "3",
+        "ROLE_RANK": "6",
+        "ROLE_WORLD_SIZE": "12",
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29411",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "TORCHELASTIC_MAX_RESTARTS": "5",
+        "TORCHELASTIC_RUN_ID": "llama",
+    }
+    assert env["NODEAGENT_JOB_ID"] == "llama" and env["NODEAGENT_GENERATION"] == "7"
+    assert env["NODEAGENT_NODE"] == "b" and env["NODEAGENT_STOP_GRACE_S"] == "45"
+    assert env["NCCL_DEBUG"] == "WARN"  # job.env wins over the inherited environment
+    assert env["PATH"] == "/usr/bin"
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        assert name not in env
+    assert specs[2].log_path == Path("/var/log/na/llama/7/rank-6.log")
+    assert specs[2].cwd == "/opt/t" and specs[2].argv == ("python", "train.py")

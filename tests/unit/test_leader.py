@@ -1,0 +1,381 @@
+"""The leader's pure decisions, table by table. No I/O."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from nodeagent.leader import ClusterView, LeaderMemory, Plan, Policy, plan
+from nodeagent.model import Command, CommandType, Failure, JobRecord, NodeReport
+from nodeagent.state import JobState, NodeState
+
+POLICY = Policy(
+    min_nodes=2,
+    max_nodes=4,
+    target_nodes=3,
+    nproc_per_node=2,
+    max_restarts=2,
+    join_settle_ms=1000,
+    rendezvous_timeout_ms=60_000,
+)
+NOW = 1_000_000
+SETTLED = LeaderMemory(frozenset(), 0)  # eligible set "changed" long ago -> settled once seen
+
+
+def node(name: str, state: NodeState = NodeState.READY, acked: int = 0, **kw: object) -> NodeReport:
+    fields: dict[str, object] = {
+        "address": f"10.0.0.{ord(name[0]) - 96}",
+        "free_port": 29000 + ord(name[0]),
+        "acked_generation": acked,
+        "lease_ttl_ms": 5000,
+        **kw,
+    }
+    return NodeReport(name=name, state=state, **fields)  # type: ignore[arg-type]
+
+
+def record(
+    state: JobState, generation: int, members: tuple[str, ...] = (), **kw: object
+) -> JobRecord:
+    base = JobRecord(
+        generation=generation,
+        state=state,
+        reason="test",
+        target_nodes=3,
+        min_nodes=2,
+        max_nodes=4,
+        nproc_per_node=2,
+        max_restarts=2,
+        members=members,
+        since_ms=NOW - 10,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def run(
+    rec: JobRecord | None,
+    *nodes: NodeReport,
+    expired: tuple[str, ...] = (),
+    commands: tuple[Command, ...] = (),
+    memory: LeaderMemory | None = None,
+    now: int = NOW,
+) -> Plan:
+    view = ClusterView(
+        now_ms=now,
+        record=rec,
+        nodes={n.name: n for n in nodes},
+        expired=expired,
+        commands=commands,
+    )
+    if memory is None:  # pretend the current eligible set has been stable for a long time
+        memory = LeaderMemory(
+            frozenset(
+                n.name for n in nodes if n.state not in (NodeState.FENCED, NodeState.LEAVING)
+            ),
+            0,
+        )
+    return plan(view, POLICY, memory)
+
+
+def running(gen: int = 5, members: tuple[str, ...] = ("a", "b", "c"), **kw: object) -> JobRecord:
+    return record(JobState.RUNNING, gen, members, master_addr="10.0.0.1", master_port=29097, **kw)
+
+
+def members_running(gen: int = 5, names: str = "abc") -> list[NodeReport]:
+    return [node(n, NodeState.RUNNING, acked=gen, worker_generation=gen) for n in names]
+
+
+# -- forming -----------------------------------------------------------------------------------
+
+
+def test_first_leader_writes_a_waiting_record() -> None:
+    result = run(None, node("a"))
+    assert result.record is not None
+    assert result.record.state is JobState.WAITING
+    assert result.record.generation == 0
+    assert result.record.target_nodes == 3
+
+
+def test_forms_once_min_nodes_are_present_and_settled() -> None:
+    result = run(record(JobState.WAITING, 0), node("a"), node("b"))
+    assert result.record is not None
+    assert result.record.state is JobState.RESTARTING
+    assert result.record.generation == 1
+    assert [e.type for e in result.events] == ["generation_announced"]
+
+
+def test_waits_for_join_settle_below_target() -> None:
+    fresh = LeaderMemory(frozenset({"a"}), NOW - 100)  # "b" just appeared
+    result = run(record(JobState.WAITING, 0), node("a"), node("b"), memory=fresh)
+    assert result.record is None
+    assert result.memory.changed_ms == NOW
+    assert "waiting for nodes" in result.reason
+
+
+def test_does_not_wait_to_settle_when_target_is_reached() -> None:
+    fresh = LeaderMemory(frozenset(), NOW)
+    result = run(record(JobState.WAITING, 0), node("a"), node("b"), node("c"), memory=fresh)
+    assert result.record is not None and result.record.state is JobState.RESTARTING
+
+
+def test_barrier_waits_for_every_live_node_to_acknowledge() -> None:
+    rec = record(JobState.RESTARTING, 1)
+    result = run(rec, node("a", acked=1), node("b", acked=0), node("c", acked=1))
+    assert result.record is None
+    assert result.reason == "waiting for b to stop generation < 1"
+
+
+def test_barrier_complete_starts_members_in_name_order() -> None:
+    rec = record(JobState.RESTARTING, 1)
+    result = run(rec, node("c", acked=1), node("a", acked=1), node("b", acked=1))
+    new = result.record
+    assert new is not None and new.state is JobState.RUNNING
+    assert new.members == ("a", "b", "c")
+    assert new.world_size == 6
+    assert (new.master_addr, new.master_port) == ("10.0.0.1", 29097)
+    assert [e.type for e in result.events] == ["generation_started"]
+
+
+def test_standby_beyond_target() -> None:
+    rec = record(JobState.RESTARTING, 1)
+    nodes = [node(n, acked=1) for n in "abcd"]
+    new = run(rec, *nodes).record
+    assert new is not None and new.members == ("a", "b", "c")
+
+
+def test_below_min_nodes_after_barrier_waits() -> None:
+    rec = record(JobState.RESTARTING, 3, members=("a", "b", "c"))
+    new = run(rec, node("a", acked=3)).record
+    assert new is not None and new.state is JobState.WAITING and new.members == ()
+
+
+# -- rank stability ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("previous", "live", "target", "expected"),
+    [
+        (("c", "a", "b"), "abc", 3, ("c", "a", "b")),  # survivors keep their order
+        (("c", "a", "b"), "ab", 3, ("a", "b")),  # a loss closes the gap, order kept
+        (("c", "a"), "abcz", 4, ("c", "a", "b", "z")),  # newcomers last, by name
+        (("b", "a", "c"), "abcd", 2, ("b", "a")),  # shrinking drops the last ranks
+        ((), "dcba", 3, ("a", "b", "c")),
+    ],
+)
+def test_member_order_is_stable(
+    previous: tuple[str, ...], live: str, target: int, expected: tuple[str, ...]
+) -> None:
+    rec = record(JobState.RESTARTING, 7, members=previous, target_nodes=target)
+    new = run(rec, *(node(n, acked=7) for n in live)).record
+    assert new is not None and new.members == expected
+    assert new.master_addr == f"10.0.0.{ord(expected[0][0]) - 96}"
+
+
+# -- failures, restarts, success ----------------------------------------------------------------
+
+
+def failure(gen: int, name: str = "b", rank: int = 2) -> Failure:
+    return Failure(generation=gen, node=name, rank=rank, kind="signal", signal="SIGKILL")
+
+
+def test_worker_failure_announces_next_generation() -> None:
+    nodes = members_running(5)
+    nodes[1] = replace(nodes[1], state=NodeState.FAILED, failure=failure(5))
+    new = run(running(5), *nodes).record
+    assert new is not None
+    assert (new.state, new.generation, new.reason) == (JobState.RESTARTING, 6, "worker_failed")
+    assert new.pending_failure == failure(5)
+    assert new.restart_count == 0  # charged when the barrier completes
+
+
+def test_failure_from_an_older_generation_is_ignored() -> None:
+    nodes = members_running(5)
+    nodes[1] = replace(nodes[1], failure=failure(4))
+    assert run(running(5), *nodes).record is None
+
+
+def test_failure_is_charged_when_every_member_survived() -> None:
+    rec = record(JobState.RESTARTING, 6, ("a", "b", "c"), pending_failure=failure(5))
+    new = run(rec, *(node(n, acked=6) for n in "abc")).record
+    assert new is not None and new.state is JobState.RUNNING and new.restart_count == 1
+
+
+def test_failure_caused_by_a_lost_peer_is_not_charged() -> None:
+    """Decision 11: when a node dies, its peers' collectives fail too; that is node loss."""
+    rec = record(JobState.RESTARTING, 6, ("a", "b", "c"), pending_failure=failure(5, "a", 0))
+    new = run(rec, node("a", acked=6), node("b", acked=6)).record
+    assert new is not None and new.state is JobState.RUNNING
+    assert new.restart_count == 0 and new.members == ("a", "b")
+
+
+def test_exceeding_max_restarts_fails_the_job() -> None:
+    rec = record(
+        JobState.RESTARTING, 9, ("a", "b", "c"), pending_failure=failure(8), restart_count=2
+    )
+    result = run(rec, *(node(n, acked=9) for n in "abc"))
+    new = result.record
+    assert new is not None and new.state is JobState.FAILED
+    assert new.restart_count == 3 and new.reason == "max_restarts exceeded"
+    assert "rank 2 on b failed (signal SIGKILL)" in new.detail
+    assert [e.type for e in result.events] == ["job_failed"]
+
+
+def test_failed_job_stays_failed() -> None:
+    rec = record(JobState.FAILED, 9, restart_count=3)
+    assert run(rec, *(node(n, acked=9) for n in "abc")).record is None
+
+
+def test_all_members_succeeded() -> None:
+    nodes = [node(n, NodeState.SUCCEEDED, acked=5, succeeded_generation=5) for n in "abc"]
+    result = run(running(5), *nodes)
+    assert result.record is not None and result.record.state is JobState.SUCCEEDED
+    assert [e.type for e in result.events] == ["job_succeeded"]
+
+
+def test_partial_success_keeps_running() -> None:
+    nodes = members_running(5)
+    nodes[0] = replace(nodes[0], succeeded_generation=5)
+    assert run(running(5), *nodes).record is None
+
+
+# -- membership changes ---------------------------------------------------------------------------
+
+
+def test_lost_member_is_reaped_and_job_reforms_without_charge() -> None:
+    result = run(running(5), *members_running(5, "ab"), expired=("c",))
+    assert result.reap == ("c",)
+    assert [e.type for e in result.events] == ["node_lost", "generation_announced"]
+    new = result.record
+    assert new is not None and new.reason == "node_lost" and new.restart_count == 0
+
+
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [(NodeState.LEAVING, "node_left"), (NodeState.FENCED, "node_lost")],
+)
+def test_member_leaving_or_fenced_reforms_at_once(state: NodeState, reason: str) -> None:
+    nodes = members_running(5)
+    nodes[2] = replace(nodes[2], state=state)
+    new = run(running(5), *nodes).record
+    assert new is not None and new.reason == reason and new.generation == 6
+
+
+def test_lost_standby_only_reaps() -> None:
+    result = run(running(5), *members_running(5), expired=("d",))
+    assert result.record is None and result.reap == ("d",)
+
+
+def test_joining_node_below_target_grows_the_job() -> None:
+    rec = running(5, ("a", "b"))
+    new = run(rec, *members_running(5, "ab"), node("c")).record
+    assert new is not None and new.reason == "node_joined"
+
+
+def test_join_waits_to_settle_when_still_below_target() -> None:
+    rec = running(5, ("a", "b"), target_nodes=4)
+    fresh = LeaderMemory(frozenset({"a", "b"}), NOW - 5)
+    result = run(rec, *members_running(5, "ab"), node("c"), memory=fresh)
+    assert result.record is None
+
+
+def test_standby_at_target_does_not_reform() -> None:
+    assert (
+        run(running(5), *members_running(5), node("d", NodeState.STANDBY, acked=5)).record is None
+    )
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+
+def scale(n: int, entry: str = "5-0") -> Command:
+    return Command(CommandType.SCALE, target=n, by="ops", id=entry)
+
+
+def test_scale_up_promotes_standby() -> None:
+    nodes = [*members_running(5), node("d", NodeState.STANDBY, acked=5)]
+    result = run(running(5), *nodes, commands=(scale(4),))
+    new = result.record
+    assert new is not None and new.target_nodes == 4 and new.reason == "scale"
+    assert new.command_cursor == "5-0"
+    assert [e.type for e in result.events] == ["scale_requested", "generation_announced"]
+
+
+def test_scale_down_reforms_smaller() -> None:
+    new = run(running(5), *members_running(5), commands=(scale(2),)).record
+    assert new is not None and new.target_nodes == 2 and new.state is JobState.RESTARTING
+
+
+def test_scale_outside_bounds_is_rejected_by_the_leader_too() -> None:
+    result = run(running(5), *members_running(5), commands=(scale(9),))
+    assert result.record is not None
+    assert result.record.target_nodes == 3 and result.record.command_cursor == "5-0"
+    assert [e.type for e in result.events] == ["scale_rejected"]
+
+
+def test_scale_up_without_spare_nodes_only_records_the_target() -> None:
+    new = run(running(5), *members_running(5), commands=(scale(4),)).record
+    assert new is not None and new.state is JobState.RUNNING and new.target_nodes == 4
+
+
+def test_restart_command_starts_a_new_generation_without_charge() -> None:
+    cmd = Command(CommandType.RESTART, by="ops", id="7-0")
+    new = run(running(5), *members_running(5), commands=(cmd,)).record
+    assert new is not None and new.reason == "operator" and new.generation == 6
+    assert new.pending_failure is None
+
+
+def test_stop_then_restart_of_a_failed_job_resets_restarts() -> None:
+    stop = Command(CommandType.STOP, id="8-0")
+    stopped = run(running(5), *members_running(5), commands=(stop,)).record
+    assert stopped is not None and stopped.state is JobState.STOPPED
+    failed = record(JobState.FAILED, 9, restart_count=3)
+    again = run(
+        failed,
+        *(node(n, acked=9) for n in "abc"),
+        commands=(Command(CommandType.RESTART, id="9-0"),),
+    ).record
+    assert again is not None and again.state is JobState.RESTARTING and again.restart_count == 0
+
+
+def test_command_cursor_advances_past_unreadable_commands() -> None:
+    view = ClusterView(
+        now_ms=NOW,
+        record=running(5),
+        nodes={n.name: n for n in members_running(5)},
+        command_cursor="12-0",
+    )
+    result = plan(view, POLICY, SETTLED)
+    assert result.record is not None and result.record.command_cursor == "12-0"
+
+
+# -- timeouts, continuity -------------------------------------------------------------------------
+
+
+def test_rendezvous_timeout_fails_the_job() -> None:
+    rec = record(JobState.WAITING, 0, since_ms=NOW - 61_000)
+    new = run(rec, node("a")).record
+    assert new is not None and new.state is JobState.FAILED and new.reason == "rendezvous_timeout"
+
+
+def test_generation_continues_from_nodes_after_redis_lost_its_data() -> None:
+    """A Redis restart without persistence must never reuse a generation number."""
+    nodes = [
+        node(n, NodeState.RUNNING, acked=41, worker_generation=41, restart_count=2) for n in "abc"
+    ]
+    first = run(None, *nodes).record
+    assert first is not None and first.restart_count == 2
+    # Nothing vouches for generation 41 any more: re-form, with a number never used before.
+    assert first.state is JobState.RESTARTING and first.generation == 42
+
+
+def test_policy_refresh_clamps_target() -> None:
+    rec = running(5, target_nodes=9, max_nodes=9)
+    new = run(rec, *members_running(5)).record
+    assert new is not None and new.target_nodes == 4 and new.max_nodes == 4
+
+
+def test_illegal_transitions_raise() -> None:
+    from nodeagent.errors import IllegalTransition
+
+    with pytest.raises(IllegalTransition):
+        record(JobState.WAITING, 1).moved_to(JobState.SUCCEEDED)

@@ -1,0 +1,245 @@
+"""One agent's pure decisions about its own workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodeagent.model import Failure, JobRecord
+from nodeagent.node import (
+    Acknowledge,
+    GroupPhase,
+    GroupStatus,
+    Leave,
+    LocalView,
+    StartWorkers,
+    StopWorkers,
+    decide,
+)
+from nodeagent.state import NODE_TRANSITIONS, JobState, NodeState
+
+
+def rec(state: JobState, gen: int, members: tuple[str, ...] = ("a", "b")) -> JobRecord:
+    return JobRecord(
+        generation=gen,
+        state=state,
+        reason="t",
+        target_nodes=2,
+        min_nodes=1,
+        max_nodes=3,
+        nproc_per_node=1,
+        max_restarts=3,
+        members=members,
+    )
+
+
+RUNNING_G = GroupStatus(4, GroupPhase.RUNNING)
+STOPPING_G = GroupStatus(4, GroupPhase.STOPPING)
+EXITED_G = GroupStatus(4, GroupPhase.EXITED)
+NONE = GroupStatus()
+FAIL = Failure(generation=4, node="a", rank=0, kind="exit_code", exit_code=1)
+
+
+def view(
+    record: JobRecord | None,
+    group: GroupStatus = NONE,
+    acked: int = 0,
+    name: str = "a",
+    **kw: object,
+) -> LocalView:
+    return LocalView(name=name, acked_generation=acked, group=group, record=record, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("local", "state", "actions"),
+    [
+        # no job yet; or Redis lost the record while workers run: keep them
+        (view(None), NodeState.JOINING, []),
+        (view(None, RUNNING_G, acked=4), NodeState.RUNNING, []),
+        # a new generation: ack (no workers), then start once RUNNING with us as member
+        (view(rec(JobState.RESTARTING, 4), acked=3), NodeState.READY, [Acknowledge]),
+        (view(rec(JobState.RUNNING, 4), acked=4), NodeState.READY, [StartWorkers]),
+        (view(rec(JobState.RUNNING, 4), acked=3), NodeState.READY, [Acknowledge, StartWorkers]),
+        (view(rec(JobState.RUNNING, 4), acked=4, name="z"), NodeState.STANDBY, []),
+        (view(rec(JobState.RUNNING, 4), RUNNING_G, acked=4), NodeState.RUNNING, []),
+        # anything that replaces the generation stops the workers, acked only when stopped
+        (view(rec(JobState.RESTARTING, 5), RUNNING_G, acked=4), NodeState.STOPPING, [StopWorkers]),
+        (view(rec(JobState.RESTARTING, 5), STOPPING_G, acked=4), NodeState.STOPPING, []),
+        (view(rec(JobState.RESTARTING, 5), EXITED_G, acked=4), NodeState.READY, [Acknowledge]),
+        (
+            view(rec(JobState.RUNNING, 4, ("b",)), RUNNING_G, acked=4),
+            NodeState.STOPPING,
+            [StopWorkers],
+        ),
+        (view(rec(JobState.STOPPED, 4), RUNNING_G, acked=4), NodeState.STOPPING, [StopWorkers]),
+        # local failure: stop the rest at once, stay FAILED until a new generation
+        (
+            view(rec(JobState.RUNNING, 4), GroupStatus(4, GroupPhase.RUNNING, FAIL), acked=4),
+            NodeState.FAILED,
+            [StopWorkers],
+        ),
+        (
+            view(rec(JobState.RUNNING, 4), GroupStatus(4, GroupPhase.EXITED, FAIL), acked=4),
+            NodeState.FAILED,
+            [],
+        ),
+        (
+            view(
+                rec(JobState.RUNNING, 4), GroupStatus(4, GroupPhase.EXITED, succeeded=True), acked=4
+            ),
+            NodeState.SUCCEEDED,
+            [],
+        ),
+        # an old group that succeeded does not hold back a new generation
+        (
+            view(
+                rec(JobState.RUNNING, 5), GroupStatus(4, GroupPhase.EXITED, succeeded=True), acked=4
+            ),
+            NodeState.READY,
+            [Acknowledge, StartWorkers],
+        ),
+        # shutting down
+        (
+            view(rec(JobState.RUNNING, 4), RUNNING_G, acked=4, shutting_down=True),
+            NodeState.LEAVING,
+            [StopWorkers],
+        ),
+        (
+            view(rec(JobState.RUNNING, 4), STOPPING_G, acked=4, shutting_down=True),
+            NodeState.LEAVING,
+            [],
+        ),
+        (
+            view(rec(JobState.RUNNING, 4), EXITED_G, acked=4, shutting_down=True),
+            NodeState.LEAVING,
+            [Leave],
+        ),
+        # fencing: stop workers, then stay fenced until a newer generation comes
+        (
+            view(rec(JobState.RUNNING, 4), RUNNING_G, acked=4, fence=True),
+            NodeState.FENCED,
+            [StopWorkers],
+        ),
+        (
+            view(rec(JobState.RUNNING, 4), EXITED_G, acked=4, fenced_generation=4),
+            NodeState.FENCED,
+            [],
+        ),
+        (
+            view(rec(JobState.RESTARTING, 5), EXITED_G, acked=4, fenced_generation=4),
+            NodeState.READY,
+            [Acknowledge],
+        ),
+    ],
+)
+def test_decide(local: LocalView, state: NodeState, actions: list[type]) -> None:
+    decision = decide(local)
+    assert decision.state is state, decision.reason
+    assert [type(a) for a in decision.actions] == actions
+
+
+def test_start_carries_group_rank() -> None:
+    decision = decide(view(rec(JobState.RUNNING, 4, ("b", "a")), acked=4))
+    start = decision.actions[0]
+    assert isinstance(start, StartWorkers) and start.group_rank == 1
+
+
+def test_fence_stop_is_marked_to_shorten_grace() -> None:
+    decision = decide(view(rec(JobState.RUNNING, 4), RUNNING_G, acked=4, fence=True))
+    stop = decision.actions[0]
+    assert isinstance(stop, StopWorkers) and stop.fence
+
+
+def test_never_starts_an_older_generation_after_acknowledging_a_newer_one() -> None:
+    """Even with a stale RUNNING record in hand, a node that acked g+1 starts nothing of g."""
+    for group in (NONE, EXITED_G):
+        decision = decide(view(rec(JobState.RUNNING, 4), group, acked=5))
+        assert not any(isinstance(a, StartWorkers) for a in decision.actions)
+
+
+def test_random_histories_only_make_legal_transitions() -> None:
+    """The agent raises on an illegal transition, so no history may produce one.
+
+    A seeded random walk: the leader's record only moves forward, actions are applied as the
+    agent applies them, workers fail, succeed or exit on their own, leases lapse, agents stop.
+    """
+    import random
+    from dataclasses import replace as copy
+
+    from nodeagent.state import check_transition
+
+    rng = random.Random(1234)
+    for _ in range(3000):
+        record: JobRecord | None = None
+        gen, acked, fenced, fence, leaving = 0, 0, None, False, False
+        group = NONE
+        state = NodeState.JOINING
+        for _ in range(25):
+            event = rng.choice(
+                [
+                    "record",
+                    "record",
+                    "fail",
+                    "succeed",
+                    "exit",
+                    "fence",
+                    "unfence",
+                    "tick",
+                    "tick",
+                    "lost_record",
+                    "leave",
+                ]
+            )
+            if event == "record":
+                if rng.random() < 0.5:
+                    gen += 1
+                members = rng.choice([("a", "b"), ("b",), ("a",)])
+                record = rec(rng.choice(list(JobState)), gen, members)
+            elif event == "lost_record":
+                record = None
+            elif event == "fail" and group.phase is GroupPhase.RUNNING:
+                failure = copy(FAIL, generation=group.generation or 0)
+                group = copy(
+                    group,
+                    failure=failure,
+                    phase=rng.choice([GroupPhase.RUNNING, GroupPhase.EXITED]),
+                )
+            elif event == "succeed" and group.phase is GroupPhase.RUNNING:
+                group = copy(group, phase=GroupPhase.EXITED, succeeded=True)
+            elif event == "exit" and group.phase is GroupPhase.STOPPING:
+                group = copy(group, phase=GroupPhase.EXITED)
+            elif event == "fence":
+                fence = True
+            elif event == "unfence":
+                fence = False
+            elif event == "leave":
+                leaving = True
+            local = LocalView(
+                name="a",
+                acked_generation=acked,
+                group=group,
+                record=record,
+                shutting_down=leaving,
+                fence=fence,
+                fenced_generation=fenced,
+            )
+            decision = decide(local)
+            check_transition(NODE_TRANSITIONS, state, decision.state)
+            state = decision.state
+            if state is NodeState.FENCED and fenced is None:
+                fenced = max(acked, group.generation or 0, record.generation if record else 0)
+            for action in decision.actions:
+                if isinstance(action, Acknowledge):
+                    acked = action.generation
+                    if fenced is not None and acked > fenced:
+                        fenced = None
+                elif isinstance(action, StartWorkers):
+                    group = GroupStatus(action.record.generation, GroupPhase.RUNNING)
+                elif isinstance(action, StopWorkers) and group.phase is GroupPhase.RUNNING:
+                    group = copy(group, phase=GroupPhase.STOPPING)
+            if state is NodeState.LEAVING and any(isinstance(a, Leave) for a in decision.actions):
+                break
+
+
+def test_transition_table_covers_every_state() -> None:
+    assert set(NODE_TRANSITIONS) == set(NodeState)
+    assert NODE_TRANSITIONS[NodeState.LEAVING] == frozenset()
