@@ -18,7 +18,11 @@ from dataclasses import dataclass, replace
 from nodeagent.model import Command, CommandType, Event, Failure, JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
 
-UNAVAILABLE = frozenset({NodeState.FENCED, NodeState.LEAVING})
+# Not eligible for a new generation.
+UNAVAILABLE = frozenset({NodeState.LEAVING})
+# No longer part of the generation that runs: a fenced node stopped its workers, a joining one
+# restarted and lost them. Both may join the next generation.
+DROPPED_OUT = frozenset({NodeState.FENCED, NodeState.JOINING, NodeState.LEAVING})
 
 
 @dataclass(frozen=True)
@@ -243,7 +247,7 @@ def _step_running(record: JobRecord, ctx: _Context) -> _Step:
     )
     if failures:
         return _begin(record, ctx, "worker_failed", failure=failures[0])
-    gone = [m for m in record.members if m not in ctx.eligible]
+    gone = [m for m in record.members if m not in nodes or nodes[m].state in DROPPED_OUT]
     if gone:
         left = all(m in nodes and nodes[m].state is NodeState.LEAVING for m in gone)
         return _begin(record, ctx, "node_left" if left else "node_lost")

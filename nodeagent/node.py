@@ -104,13 +104,14 @@ def decide(view: LocalView) -> NodeDecision:
             NodeState.FENCED, stop if group.phase is GroupPhase.RUNNING else (), "fenced"
         )
     record = view.record
+    fenced = view.fenced_generation
+    if fenced is not None and (record is None or record.generation <= fenced):
+        return NodeDecision(NodeState.FENCED, (), "fenced: waiting for a new generation")
     if record is None:
         if group.active:  # Redis lost the record: keep training until a leader re-forms the job
             state = NodeState.RUNNING if group.phase is GroupPhase.RUNNING else NodeState.STOPPING
             return NodeDecision(state, (), "no job record in Redis; keeping workers")
         return NodeDecision(NodeState.JOINING, (), "no job record yet")
-    if view.fenced_generation is not None and record.generation <= view.fenced_generation:
-        return NodeDecision(NodeState.FENCED, (), "fenced: waiting for a new generation")
     if group.phase is GroupPhase.RUNNING:
         return _decide_running(view, record)
     if group.phase is GroupPhase.STOPPING:

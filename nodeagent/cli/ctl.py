@@ -118,7 +118,7 @@ def _event_json(event: Event) -> str:
 
 def _events(store: JobStore, args: argparse.Namespace) -> int:
     show = _event_json if args.json else _format_event
-    last = store.events_tail(args.last)
+    last = store.events_tail(args.last) if args.last > 0 else []
     for event in last:
         print(show(event), flush=True)
     cursor = last[-1].id if last else store.last_event_id()

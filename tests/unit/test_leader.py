@@ -69,9 +69,7 @@ def run(
     )
     if memory is None:  # pretend the current eligible set has been stable for a long time
         memory = LeaderMemory(
-            frozenset(
-                n.name for n in nodes if n.state not in (NodeState.FENCED, NodeState.LEAVING)
-            ),
+            frozenset(n.name for n in nodes if n.state is not NodeState.LEAVING),
             0,
         )
     return plan(view, POLICY, memory)
@@ -251,13 +249,24 @@ def test_lost_member_is_reaped_and_job_reforms_without_charge() -> None:
 
 @pytest.mark.parametrize(
     ("state", "reason"),
-    [(NodeState.LEAVING, "node_left"), (NodeState.FENCED, "node_lost")],
+    [
+        (NodeState.LEAVING, "node_left"),
+        (NodeState.FENCED, "node_lost"),
+        (NodeState.JOINING, "node_lost"),  # its agent restarted: its workers are gone
+    ],
 )
 def test_member_leaving_or_fenced_reforms_at_once(state: NodeState, reason: str) -> None:
     nodes = members_running(5)
     nodes[2] = replace(nodes[2], state=state)
     new = run(running(5), *nodes).record
     assert new is not None and new.reason == reason and new.generation == 6
+
+
+def test_fenced_nodes_rejoin_the_next_generation() -> None:
+    """After a Redis outage every node may be fenced; they must be able to form a job again."""
+    fenced = [node(n, NodeState.FENCED, acked=5, worker_generation=5) for n in "ab"]
+    first = run(None, *fenced).record
+    assert first is not None and first.state is JobState.RESTARTING and first.generation == 6
 
 
 def test_lost_standby_only_reaps() -> None:

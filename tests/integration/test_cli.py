@@ -1,0 +1,118 @@
+"""The command-line entry points as a user runs them: exit codes and messages."""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.helpers.cluster import RedisServer, free_port, local_cluster, wait_for
+
+EX_CONFIG = 78
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_version() -> None:
+    result = run("nodeagent", "--version")
+    assert result.returncode == 0 and result.stdout.startswith("nodeagent ")
+
+
+def test_config_check(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "config" / "nodeagent.example.yaml"
+    ok = run("nodeagent", "config", "check", str(example))
+    assert ok.returncode == 0 and "OK" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    data = yaml.safe_load(example.read_text())
+    data["timing"]["lease_ttl"] = "1s"
+    bad.write_text(yaml.safe_dump(data))
+    result = run("nodeagent", "config", "check", str(bad))
+    assert result.returncode == EX_CONFIG
+    assert "timing.lease_ttl" in result.stderr and "twice heartbeat_interval" in result.stderr
+
+
+def test_run_exits_78_on_a_bad_config_without_touching_redis(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "redis: {url: redis://127.0.0.1:1/0}\n"
+        "job: {id: x, entrypoint: [true], min_nodes: 3, max_nodes: 2}\n"
+    )
+    result = run("nodeagent", "run", "--config", str(bad))
+    assert result.returncode == EX_CONFIG and "job.min_nodes" in result.stderr
+    missing = run("nodeagent", "run", "--config", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == EX_CONFIG and "cannot read config file" in missing.stderr
+
+
+def test_ctl_errors() -> None:
+    unreachable = run(
+        "nodeagent.cli.ctl", "--redis", f"redis://127.0.0.1:{free_port()}/0", "--job", "x", "status"
+    )
+    assert unreachable.returncode == 69 and "cannot reach Redis" in unreachable.stderr
+    nowhere = run("nodeagent.cli.ctl", "status")
+    assert nowhere.returncode == 2 and "--config" in nowhere.stderr
+
+
+def test_scale_before_the_job_formed(redis_server: RedisServer, job_id: str) -> None:
+    result = run("nodeagent.cli.ctl", "--redis", redis_server.url, "--job", job_id, "scale", "2")
+    assert result.returncode == 2 and "has not formed yet" in result.stderr
+
+
+def test_status_table_and_events(redis_server: RedisServer, job_id: str, tmp_path: Path) -> None:
+    with local_cluster(redis_server.url, tmp_path, job=job_id, max_nodes=2) as cluster:
+        cluster.start("a", "b")
+        cluster.wait_running(2)
+        table = cluster.ctl("status")
+        assert table.returncode == 0
+        assert f"job {job_id}: running" in table.stdout
+        lines = [line.split() for line in table.stdout.splitlines()]
+        assert ["a", "running", "0"] in [line[:3] for line in lines]
+        assert ["b", "running", "1"] in [line[:3] for line in lines]
+        events = cluster.ctl("events")
+        assert "generation_started" in events.stdout and "world 2 on a, b" in events.stdout
+        via_config = run(
+            "nodeagent.cli.ctl", "--config", str(cluster.config_path("a")), "status", "--json"
+        )
+        assert via_config.returncode == 0 and '"world_size": 2' in via_config.stdout
+        follow = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "nodeagent.cli.ctl",
+                "--redis",
+                redis_server.url,
+                "--job",
+                job_id,
+                "events",
+                "--follow",
+                "--last",
+                "0",
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            out = follow.stdout
+            assert out is not None
+            seen: list[str] = []
+
+            def restart_seen() -> bool:
+                cluster.ctl("restart")  # until the follower, started concurrently, sees one
+                ready, _, _ = select.select([out], [], [], 1.0)
+                if ready:
+                    seen.append(out.readline())
+                return any("restart_requested" in line for line in seen)
+
+            wait_for(restart_seen, 30, "events --follow to print restart_requested")
+            assert all("type" in json.loads(line) for line in seen)  # --json: one object a line
+        finally:
+            follow.kill()
+            follow.wait()
+            if follow.stdout:
+                follow.stdout.close()
