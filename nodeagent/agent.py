@@ -131,6 +131,7 @@ class Agent:
         self._left = False
         self._last_error: str | None = None
         self._last_reason = ""
+        self._next_expiry: float | None = None  # leader: when the earliest known lease lapses
 
     # -- control, safe from signal handlers (flags only) -------------------------------------
 
@@ -239,6 +240,8 @@ class Agent:
         deadlines = [self._next_sync if self._last_error is None else self._retry_at]
         if (stop_deadline := self._workers.next_deadline()) is not None:
             deadlines.append(stop_deadline)
+        if self._leader is not None and self._next_expiry is not None:
+            deadlines.append(self._next_expiry)
         if self._last_ok_send is not None and self._fenced_generation is None:
             deadlines.append(self._last_ok_send + self.config.timing.lease_ttl / 2)
         return min(deadlines)
@@ -321,7 +324,14 @@ class Agent:
         assert self._leader is not None
         for error in snapshot.errors:
             self._log.warning("ignoring unreadable data in Redis: %s", error)
-        decision = plan(snapshot.cluster_view(), self._policy, self._memory)
+        view = snapshot.cluster_view()
+        # Wake when the earliest lease lapses (converted from server to local time), so a dead
+        # node is noticed at its deadline, not up to one heartbeat later.
+        deadlines = [lease.deadline_ms for lease in snapshot.leases if lease.name in view.nodes]
+        self._next_expiry = (
+            self._clock() + (min(deadlines) - snapshot.now_ms) / 1000 + 0.005 if deadlines else None
+        )
+        decision = plan(view, self._policy, self._memory)
         self._memory = decision.memory
         if decision.reason != self._last_reason:
             self._log.info("leader: %s", decision.reason)
