@@ -34,6 +34,7 @@ from nodeagent.node import (
     StopWorkers,
     decide,
 )
+from nodeagent.progress import HangWatch
 from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
 from nodeagent.supervisor import WorkerExit
 from nodeagent.wakeup import Waker
@@ -48,6 +49,8 @@ class WorkerGroup(Protocol):
     def stop(self, grace_s: float) -> None: ...
     def kill(self) -> None: ...
     def poll(self) -> list[WorkerExit]: ...
+    def mark_hung(self, local_rank: int) -> None: ...
+    def dump_stacks(self, local_rank: int) -> str: ...
     def status(self) -> GroupStatus: ...
     def next_deadline(self) -> float | None: ...
     def workers(self) -> tuple[WorkerInfo, ...]: ...
@@ -132,6 +135,7 @@ class Agent:
         self._last_error: str | None = None
         self._last_reason = ""
         self._next_expiry: float | None = None  # leader: when the earliest known lease lapses
+        self._hangs = HangWatch(config.timing.hang_timeout)
 
     # -- control, safe from signal handlers (flags only) -------------------------------------
 
@@ -162,6 +166,7 @@ class Agent:
         now = self._clock()
         for ended in self._workers.poll():
             self._events.append(_exit_event(self.name, ended))
+        self._check_hangs(now)
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
         self._apply(decide(self._local_view(now)), now)
@@ -220,6 +225,30 @@ class Agent:
         self._leader = leader
         return snapshot
 
+    def _check_hangs(self, now: float) -> None:
+        """A rank that beat and then made no progress for hang_timeout has hung: dump its stacks
+        and report it as a failure (the job re-forms as for a crash)."""
+        group = self._workers.status()
+        if group.phase is not GroupPhase.RUNNING or group.failure is not None:
+            return
+        for local_rank in self._hangs.hung(now):
+            dump = self._workers.dump_stacks(local_rank)
+            self._workers.mark_hung(local_rank)
+            self._log.warning(
+                "local rank %d made no progress for %.0fs", local_rank, self._hangs.timeout_s
+            )
+            self._events.append(
+                Event(
+                    "worker_hung",
+                    generation=group.generation,
+                    node=self.name,
+                    message=f"local rank {local_rank}: no progress for {self._hangs.timeout_s:g}s",
+                    data={"local_rank": local_rank, "stacks": dump[-4000:]},
+                )
+            )
+            self._dirty = True
+            return
+
     def _fence_due(self, now: float) -> bool:
         """Renewal failed for half the lease: stop workers before the lease expires (decision 5)."""
         last = self._last_ok_send
@@ -242,6 +271,8 @@ class Agent:
             deadlines.append(stop_deadline)
         if self._leader is not None and self._next_expiry is not None:
             deadlines.append(self._next_expiry)
+        if (hang_check := self._hangs.next_check()) is not None:
+            deadlines.append(hang_check)
         if self._last_ok_send is not None and self._fenced_generation is None:
             deadlines.append(self._last_ok_send + self.config.timing.lease_ttl / 2)
         return min(deadlines)
@@ -301,6 +332,7 @@ class Agent:
             record.master_port,
         )
         self._workers.start(record.generation, self.name, specs)
+        self._hangs.watch({s.local_rank: s.progress_path for s in specs}, self._clock())
         self._events.append(
             Event(
                 "workers_started",

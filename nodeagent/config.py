@@ -61,6 +61,7 @@ class TimingConfig:
     stop_grace_period: float = 30.0
     join_settle: float = 1.0
     rendezvous_timeout: float = 600.0
+    hang_timeout: float = 0.0  # 0: off
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ def _load_timing(section: _Section) -> TimingConfig:
     defaults = TimingConfig()
     values = {
         name: parse_duration(section.raw(name), section.key(name))
-        if section.raw(name) is not None
+        if section.raw(name) not in (None, "off", False)
         else getattr(defaults, name)
         for name in (
             "heartbeat_interval",
@@ -234,6 +235,7 @@ def _load_timing(section: _Section) -> TimingConfig:
             "stop_grace_period",
             "join_settle",
             "rendezvous_timeout",
+            "hang_timeout",
         )
     }
     section.reject_unknown()

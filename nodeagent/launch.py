@@ -21,10 +21,15 @@ class WorkerSpec:
     env: Mapping[str, str]
     cwd: str | None
     log_path: Path
+    progress_path: Path
 
 
 def log_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
     return Path(log_dir) / job / str(generation) / f"rank-{rank}.log"
+
+
+def progress_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
+    return Path(log_dir) / job / str(generation) / f"rank-{rank}.progress"
 
 
 def worker_env(
@@ -61,6 +66,9 @@ def worker_env(
             "NODEAGENT_GENERATION": str(record.generation),
             "NODEAGENT_NODE": config.node.name,
             "NODEAGENT_STOP_GRACE_S": f"{config.timing.stop_grace_period:g}",
+            "NODEAGENT_PROGRESS_FILE": str(
+                progress_path(config.log_dir, config.job.id, record.generation, rank)
+            ),
         }
     )
     return env
@@ -70,16 +78,19 @@ def worker_specs(
     base_env: Mapping[str, str], config: Config, record: JobRecord, group_rank: int
 ) -> list[WorkerSpec]:
     nproc = record.nproc_per_node
-    return [
-        WorkerSpec(
-            rank=group_rank * nproc + local_rank,
-            local_rank=local_rank,
-            argv=config.job.entrypoint,
-            env=worker_env(base_env, config, record, group_rank, local_rank),
-            cwd=config.job.working_dir,
-            log_path=log_path(
-                config.log_dir, config.job.id, record.generation, group_rank * nproc + local_rank
-            ),
+    specs = []
+    for local_rank in range(nproc):
+        rank = group_rank * nproc + local_rank
+        env = worker_env(base_env, config, record, group_rank, local_rank)
+        specs.append(
+            WorkerSpec(
+                rank=rank,
+                local_rank=local_rank,
+                argv=config.job.entrypoint,
+                env=env,
+                cwd=config.job.working_dir,
+                log_path=log_path(config.log_dir, config.job.id, record.generation, rank),
+                progress_path=Path(env["NODEAGENT_PROGRESS_FILE"]),
+            )
         )
-        for local_rank in range(nproc)
-    ]
+    return specs

@@ -61,6 +61,8 @@ class Failure:
     signal: str | None = None
 
     def describe(self) -> str:
+        if self.kind == "hang":
+            return f"rank {self.rank} on {self.node} hung (no progress beat)"
         how = f"signal {self.signal}" if self.signal else f"exit code {self.exit_code}"
         return f"rank {self.rank} on {self.node} failed ({how})"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -22,6 +23,7 @@ from typing import IO
 
 import psutil
 
+from nodeagent import progress
 from nodeagent.launch import WorkerSpec
 from nodeagent.model import Failure, WorkerInfo
 from nodeagent.node import GroupPhase, GroupStatus
@@ -129,6 +131,7 @@ class Supervisor:
 
     def _spawn(self, spec: WorkerSpec) -> _Worker:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        progress.create(spec.progress_path)
         log_file = open(spec.log_path, "ab")  # noqa: SIM115 - closed by the pump thread
         try:
             popen = subprocess.Popen(
@@ -182,6 +185,7 @@ class Supervisor:
             except psutil.Error:
                 worker.descendants = []
             _signal_group(worker.popen.pid, signal.SIGTERM)
+            _signal_group(worker.popen.pid, signal.SIGCONT)  # a stopped process must see TERM
 
     def kill(self) -> None:
         """SIGKILL everything at once (a second SIGTERM to the agent, or fencing at the limit)."""
@@ -233,6 +237,44 @@ class Supervisor:
             self._escalate()
         return exits
 
+    def mark_hung(self, local_rank: int) -> None:
+        """Record that a worker stopped making progress: a failure of kind "hang"."""
+        worker = next(w for w in self._workers if w.spec.local_rank == local_rank)
+        if self._failure is None:
+            self._failure = Failure(
+                generation=self._generation or 0,
+                node=self._node,
+                rank=worker.spec.rank,
+                kind="hang",
+            )
+
+    def dump_stacks(self, local_rank: int) -> str:
+        """Capture a hung worker's stacks into its log: py-spy if installed, else SIGUSR1
+        (the worker helper registers faulthandler on it)."""
+        worker = next(w for w in self._workers if w.spec.local_rank == local_rank)
+        if worker.popen is None or worker.returncode is not None:
+            return "worker already exited"
+        pid = worker.popen.pid
+        py_spy = shutil.which("py-spy")
+        if py_spy:
+            try:
+                result = subprocess.run(
+                    [py_spy, "dump", "--pid", str(pid)],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                    check=False,
+                )
+                dump = result.stdout or result.stderr
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                dump = f"py-spy failed: {exc}"
+            with open(worker.spec.log_path, "a", encoding="utf-8") as log_file:
+                log_file.write(f"--- nodeagent: no progress; py-spy dump of pid {pid}\n{dump}\n")
+            return dump
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+        return "py-spy not installed; sent SIGUSR1 (faulthandler dump in the rank's log)"
+
     def _note_failure(self, worker: _Worker) -> None:
         if self._failure is not None or worker.returncode is None:
             return
@@ -263,7 +305,8 @@ class Supervisor:
             phase = GroupPhase.STOPPING if self._stop_deadline is not None else GroupPhase.RUNNING
         else:
             phase = GroupPhase.EXITED
-        succeeded = all(w.returncode == 0 for w in self._workers)
+        # Workers that exit 0 because we asked them to stop have not finished the job.
+        succeeded = self._stop_deadline is None and all(w.returncode == 0 for w in self._workers)
         return GroupStatus(self._generation, phase, self._failure, succeeded)
 
     def next_deadline(self) -> float | None:

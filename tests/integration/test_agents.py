@@ -64,7 +64,11 @@ def test_job_forms_with_unique_consistent_ranks(cluster: LocalCluster) -> None:
     assert doc["leader"] in nodes and doc["restart_count"] == 0
     assert all(n["workers"][0]["state"] == "running" for n in nodes.values())
     log_dir = cluster.directory / "logs" / cluster.job / str(doc["generation"])
-    assert sorted(p.name for p in log_dir.iterdir()) == ["rank-0.log", "rank-1.log", "rank-2.log"]
+    assert sorted(p.name for p in log_dir.glob("*.log")) == [
+        "rank-0.log",
+        "rank-1.log",
+        "rank-2.log",
+    ]
 
 
 def test_worker_sigkill_reforms_everyone_and_counts_a_restart(cluster: LocalCluster) -> None:

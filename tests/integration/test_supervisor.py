@@ -36,6 +36,7 @@ class Harness:
                 env={**os.environ, "LOCAL_RANK": str(i)},
                 cwd=str(self.tmp_path),
                 log_path=self.tmp_path / "logs" / f"rank-{10 + i}.log",
+                progress_path=self.tmp_path / "logs" / f"rank-{10 + i}.progress",
             )
             for i in range(n)
         ]

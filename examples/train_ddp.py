@@ -1,0 +1,173 @@
+"""DDP training on synthetic data that survives faults: the job nodeagent's demo and tests run.
+
+Runs unchanged under nodeagent or plain torchrun (gloo on CPU, nccl on GPUs):
+
+    torchrun --standalone --nproc-per-node 2 examples/train_ddp.py --checkpoint-dir /tmp/ck
+
+What it shows of nodeagent.worker:
+- resumes from the newest checkpoint whose checksum verifies (CheckpointManager);
+- rescales the per-rank batch when the world size differs from the checkpoint's (rescale);
+- on SIGTERM every rank stops at the same step and rank 0 saves it (GracefulExit), so a
+  graceful stop loses no step;
+- beats every step, so the agent can detect a hang (beat).
+
+Each rank prints one JSON line per step: {"t", "event": "step", "step", "loss", "rank",
+"world", "gen"}. The data of a step depends only on the step, so a run is reproducible whatever
+the world sizes it went through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from nodeagent.worker import CheckpointManager, GracefulExit, beat, rescale
+
+FEATURES = 16
+
+
+def emit(**fields: Any) -> None:
+    print(json.dumps({"t": round(time.time(), 6), **fields}), flush=True)
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--checkpoint-dir", required=True)
+    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--global-batch", type=int, default=60)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
+    parser.add_argument("--final-dir", help="where each rank writes its final parameter hash")
+    return parser.parse_args()
+
+
+def batch(step: int, global_batch: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's slice of the step's global batch; the same data whatever the world size."""
+    gen = torch.Generator().manual_seed(step)
+    x = torch.randn(global_batch, FEATURES, generator=gen)
+    w_true = torch.linspace(-1.0, 1.0, FEATURES)
+    y = x @ w_true + 0.01 * torch.randn(global_batch, generator=gen)
+    per_rank = global_batch // world
+    part = slice(rank * per_rank, (rank + 1) * per_rank)
+    return x[part], y[part].unsqueeze(1)
+
+
+def params_sha256(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def main() -> int:
+    args = parse()
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    generation = int(os.environ.get("NODEAGENT_GENERATION", 0))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    checkpoints = CheckpointManager(args.checkpoint_dir, keep=3, rank=rank)
+    start, global_batch = 1, args.global_batch
+    latest = checkpoints.load_latest(map_location=device)
+    if latest is not None:
+        model.load_state_dict(latest.state["model"])
+        optimizer.load_state_dict(latest.state["optimizer"])
+        start = latest.step + 1
+        saved_world = latest.state["world_size"]
+        if saved_world != world:  # same global batch at the new size; the lr stays
+            per_rank = rescale(
+                args.lr, global_batch // saved_world, saved_world, world, policy="keep_global_batch"
+            ).per_rank_batch
+            global_batch = per_rank * world
+        emit(
+            event="resumed",
+            step=latest.step,
+            rank=rank,
+            world=world,
+            gen=generation,
+            from_world=saved_world,
+            from_gen=latest.generation,
+        )
+    ddp = DistributedDataParallel(model)
+    loss_fn = nn.MSELoss()
+
+    def save(step: int) -> None:
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "world_size": world,
+        }
+        checkpoints.save(state, step=step, world_size=world)
+
+    step = start - 1
+    with GracefulExit() as guard:
+        emit(event="started", step=step, rank=rank, world=world, gen=generation)
+        for step in range(start, args.steps + 1):
+            x, y = batch(step, global_batch, rank, world)
+            optimizer.zero_grad()
+            loss = loss_fn(ddp(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.step()
+            beat(step)
+            emit(
+                event="step",
+                step=step,
+                loss=round(loss.item(), 6),
+                rank=rank,
+                world=world,
+                gen=generation,
+            )
+            if args.step_time:
+                time.sleep(args.step_time)
+            if step % args.checkpoint_every == 0:
+                save(step)
+            if guard.should_stop_all():
+                began = time.monotonic()
+                if step % args.checkpoint_every:
+                    save(step)
+                emit(
+                    event="emergency_checkpoint",
+                    step=step,
+                    rank=rank,
+                    world=world,
+                    gen=generation,
+                    seconds=round(time.monotonic() - began, 4),
+                )
+                dist.destroy_process_group()
+                return 0
+        if step % args.checkpoint_every:
+            save(step)
+        if args.final_dir:
+            Path(args.final_dir).mkdir(parents=True, exist_ok=True)
+            final = {
+                "step": step,
+                "sha256": params_sha256(model),
+                "world": world,
+                "gen": generation,
+            }
+            (Path(args.final_dir) / f"rank-{rank}.json").write_text(json.dumps(final))
+        emit(event="finished", step=step, rank=rank, world=world, gen=generation)
+        dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

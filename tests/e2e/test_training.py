@@ -1,0 +1,143 @@
+"""End to end: three agents, a real Redis, real torch.distributed (gloo) training, real faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+from tests.helpers.training import check_history, latest_step, training_entrypoint
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+STEPS, EVERY = 40, 5
+TIMING = {
+    "heartbeat_interval": "250ms",
+    "lease_ttl": "1500ms",
+    "stop_grace_period": "15s",
+    "hang_timeout": "4s",
+}
+
+
+@pytest.fixture
+def training(redis_server: RedisServer, job_id: str, tmp_path: Path) -> Iterator[LocalCluster]:
+    with local_cluster(
+        redis_server.url,
+        tmp_path,
+        job=job_id,
+        max_nodes=3,
+        target_nodes=3,
+        max_restarts=5,
+        timing=TIMING,
+        entrypoint=training_entrypoint(tmp_path, STEPS, EVERY),
+    ) as cluster:
+        yield cluster
+
+
+def run_until_step(cluster: LocalCluster, step: int) -> None:
+    wait_for(lambda: latest_step(cluster) >= step, 120, f"training to reach step {step}")
+
+
+def finish(cluster: LocalCluster) -> None:
+    cluster.wait_status(lambda d: d["state"] == "succeeded", 180, "the job to succeed")
+
+
+def worker_of(cluster: LocalCluster, node: str) -> psutil.Process:
+    return psutil.Process(cluster.worker_pids(node)[0])
+
+
+def test_worker_kill(training: LocalCluster) -> None:
+    training.start("a", "b", "c")
+    run_until_step(training, 12)
+    worker_of(training, "b").kill()
+    finish(training)
+    gens = check_history(training, STEPS, EVERY)
+    assert [g.world for g in gens] == [3, 3]
+    assert training.status()["restart_count"] == 1
+
+
+def test_agent_kill(training: LocalCluster) -> None:
+    training.start("a", "b", "c")
+    run_until_step(training, 12)
+    training.kill_tree("c")
+    finish(training)
+    gens = check_history(training, STEPS, EVERY)
+    assert [g.world for g in gens] == [3, 2]
+    assert training.status()["restart_count"] == 0  # a lost node costs no restart
+
+
+def test_hung_worker_is_detected(training: LocalCluster) -> None:
+    training.start("a", "b", "c")
+    run_until_step(training, 12)
+    frozen = worker_of(training, "c")
+    frozen.suspend()  # SIGSTOP: no crash, no exit, no TCP reset; only the beats stop
+    finish(training)
+    gens = check_history(training, STEPS, EVERY)
+    assert [g.world for g in gens] == [3, 3]
+    hung = [e for e in training.events() if e["type"] == "worker_hung"]
+    assert hung and "no progress" in hung[0]["message"]
+    assert not frozen.is_running() or frozen.status() == psutil.STATUS_ZOMBIE
+
+
+def test_sigterm_saves_an_emergency_checkpoint(training: LocalCluster) -> None:
+    training.start("a", "b", "c")
+    run_until_step(training, 12)
+    training.agents["c"].proc.send_signal(signal.SIGTERM)
+    finish(training)
+    gens = check_history(training, STEPS, EVERY, graceful=True)  # 0 steps lost
+    assert [g.world for g in gens] == [3, 2]
+    emergency = gens[0].of("emergency_checkpoint")
+    assert emergency and {e["step"] for e in emergency} == {gens[1].resumed_from}
+    assert training.agents["c"].proc.wait(10) == 0
+
+
+def test_scale_two_three_two(redis_server: RedisServer, job_id: str, tmp_path: Path) -> None:
+    steps = 60
+    with local_cluster(
+        redis_server.url,
+        tmp_path,
+        job=job_id,
+        max_nodes=3,
+        target_nodes=2,
+        timing=TIMING,
+        entrypoint=training_entrypoint(tmp_path, steps, EVERY),
+    ) as cluster:
+        cluster.start("a", "b", "c")
+        run_until_step(cluster, 8)
+        up = cluster.ctl("scale", "3", "--wait", "--timeout", "60s")
+        assert up.returncode == 0, up.stderr
+        run_until_step(cluster, latest_step(cluster) + 5)
+        down = cluster.ctl("scale", "2", "--wait", "--timeout", "60s")
+        assert down.returncode == 0, down.stderr
+        finish(cluster)
+        gens = check_history(cluster, steps, EVERY, graceful=True)
+        assert [g.world for g in gens] == [2, 3, 2]
+        assert cluster.status()["restart_count"] == 0
+
+
+def test_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    result = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            *training_entrypoint(tmp_path, 12)[1:],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert '"event": "finished"' in result.stdout
