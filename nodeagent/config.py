@@ -25,6 +25,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+EMBEDDED = "embedded"  # a private redis-server for a one-node job (coord/embedded.py)
 
 
 @dataclass(frozen=True)
@@ -163,8 +164,8 @@ def _positive_int(section: _Section, name: str, default: int, minimum: int = 1) 
 
 
 def _check_redis_url(url: str, key: str) -> str:
-    if url == "embedded":
-        raise ConfigError(key, "'embedded' Redis is not supported yet; give a redis:// URL")
+    if url == EMBEDDED:
+        return url
     scheme = urlsplit(url).scheme
     if scheme not in REDIS_SCHEMES:
         raise ConfigError(
@@ -277,7 +278,7 @@ class Resolver:
         A UDP connect() sends no packet; it only asks the kernel which source address it would use.
         """
         parts = urlsplit(redis_url.split(",")[0])
-        if parts.scheme == "unix" or not parts.hostname:
+        if redis_url == EMBEDDED or parts.scheme == "unix" or not parts.hostname:
             return "127.0.0.1"
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -297,8 +298,14 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
     root = _Section(data, "")
     redis_section = root.section("redis")
     url = redis_section.get("url", str, "")
+    job_data = root.raw("job")
+    one_node = isinstance(job_data, Mapping) and job_data.get("max_nodes", 1) == 1
+    if not url and one_node:
+        url = EMBEDDED  # standalone, as torchrun --standalone
     if not url:
-        raise ConfigError("redis.url", "required: a URL such as redis://127.0.0.1:6379/0")
+        raise ConfigError(
+            "redis.url", "required for a multi-node job: a URL such as redis://10.0.0.2:6379/0"
+        )
     redis = RedisConfig(
         url=_check_redis_url(url, "redis.url"),
         key_prefix=_check_name(
@@ -315,6 +322,12 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
         log_dir=root.get("log_dir", str, "/var/log/nodeagent"),
     )
     root.reject_unknown()
+    if config.redis.url == EMBEDDED and config.job.max_nodes > 1:
+        raise ConfigError(
+            "redis.url",
+            f"'embedded' Redis serves one node, but job.max_nodes is {config.job.max_nodes}; "
+            "give a Redis URL all nodes reach",
+        )
     return config
 
 

@@ -277,9 +277,14 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
         )
     restart_count = record.restart_count
     failure = record.pending_failure
+    reason, detail = record.reason, record.detail
+    lost = [m for m in record.members if m not in ctx.eligible]
     # A worker failure while a previous member was lost is blamed on the loss (decision 11):
     # a dead peer makes the survivors' collectives fail too.
-    if failure is not None and all(m in ctx.eligible for m in record.members):
+    if failure is not None and lost:
+        reason = "node_lost"
+        detail = f"{failure.describe()} after losing {', '.join(lost)}: not charged"
+    elif failure is not None:
         restart_count += 1
         if restart_count > record.max_restarts:
             failed = record.moved_to(
@@ -309,6 +314,8 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
     master = nodes[chosen[0]]
     running = record.moved_to(
         JobState.RUNNING,
+        reason=reason,
+        detail=detail,
         members=chosen,
         master_addr=master.address,
         master_port=master.free_port,

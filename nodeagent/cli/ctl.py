@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from nodeagent.config import EX_CONFIG, Config, parse_duration, read_config
+from nodeagent.config import EMBEDDED, EX_CONFIG, Config, parse_duration, read_config
 from nodeagent.coord.client import connect
+from nodeagent.coord.embedded import embedded_url
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, CoordinationError, UsageError
@@ -57,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
 def _store(args: argparse.Namespace) -> tuple[JobStore, Config | None]:
     config = read_config(args.config) if args.config else None
     url = args.redis or (config.redis.url if config else None)
+    if url == EMBEDDED and config is not None:
+        url = embedded_url(config.job.id)
     job = args.job or (config.job.id if config else None)
     if not url or not job:
         raise UsageError("give --config PATH, or both --redis URL and --job ID")

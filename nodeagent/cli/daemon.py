@@ -13,12 +13,14 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from types import FrameType
 
 from nodeagent import __version__
 from nodeagent.agent import Agent
-from nodeagent.config import EX_CONFIG, Config, read_config
+from nodeagent.config import EMBEDDED, EX_CONFIG, Config, read_config
 from nodeagent.coord.client import connect
+from nodeagent.coord.embedded import EmbeddedRedis
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.listener import StreamListener
 from nodeagent.coord.store import JobStore
@@ -67,6 +69,18 @@ def _load(path: str) -> Config | None:
 
 
 def run_agent(config: Config) -> int:
+    if config.redis.url != EMBEDDED:
+        return _run(config)
+    embedded = EmbeddedRedis(config.job.id)
+    embedded.start()
+    logging.getLogger(__name__).info("embedded redis-server at %s", embedded.url)
+    try:
+        return _run(replace(config, redis=replace(config.redis, url=embedded.url)))
+    finally:
+        embedded.stop()
+
+
+def _run(config: Config) -> int:
     timing = config.timing
     timeout = max(0.2, min(2.0, timing.lease_ttl / 4))
     keys = JobKeys(config.redis.key_prefix, config.job.id)
@@ -111,7 +125,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = _load(args.config)
     if config is None:
         return EX_CONFIG
-    return run_agent(config)
+    try:
+        return run_agent(config)
+    except ConfigError as exc:  # e.g. an embedded Redis that cannot start
+        print(f"nodeagent: {exc}", file=sys.stderr)
+        return EX_CONFIG
 
 
 if __name__ == "__main__":

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
+from nodeagent.coord import embedded
+from nodeagent.errors import ConfigError
 from tests.helpers.cluster import RedisServer, free_port, local_cluster, wait_for
 
 EX_CONFIG = 78
@@ -116,3 +121,57 @@ def test_status_table_and_events(redis_server: RedisServer, job_id: str, tmp_pat
             follow.wait()
             if follow.stdout:
                 follow.stdout.close()
+
+
+def test_standalone_with_embedded_redis(tmp_path: Path) -> None:
+    """A one-node job with no Redis configured runs on a private redis-server, like
+    torchrun --standalone; nodeagentctl --config finds it."""
+    job = f"standalone-{os.getpid()}"
+    config = tmp_path / "one.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "node": {"name": "solo", "address": "127.0.0.1"},
+                "job": {"id": job, "entrypoint": [sys.executable, "-c", "print('trained')"]},
+                "timing": {"heartbeat_interval": "200ms", "lease_ttl": "1s"},
+                "log_dir": str(tmp_path / "logs"),
+            }
+        )
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "nodeagent", "run", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+
+        def succeeded() -> bool:
+            result = run("nodeagent.cli.ctl", "--config", str(config), "status", "--json")
+            return result.returncode == 0 and json.loads(result.stdout)["state"] == "succeeded"
+
+        wait_for(succeeded, 30, "the standalone job to succeed")
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        output, _ = agent.communicate(timeout=30)
+    assert agent.returncode == 0
+    assert "[rank 0]: trained" in output and "embedded redis-server" in output
+    assert not embedded.socket_path(job).exists()  # cleaned up with the agent
+
+
+def test_embedded_redis_is_refused_for_multi_node_jobs(tmp_path: Path) -> None:
+    config = tmp_path / "multi.yaml"
+    config.write_text("redis: {url: embedded}\njob: {id: x, entrypoint: [t], max_nodes: 2}\n")
+    result = run("nodeagent", "config", "check", str(config))
+    assert result.returncode == EX_CONFIG and "serves one node" in result.stderr
+    missing = tmp_path / "nourl.yaml"
+    missing.write_text("job: {id: x, entrypoint: [t], max_nodes: 2}\n")
+    result = run("nodeagent", "config", "check", str(missing))
+    assert result.returncode == EX_CONFIG and "required for a multi-node job" in result.stderr
+
+
+def test_embedded_redis_needs_the_binary() -> None:
+    server = embedded.EmbeddedRedis("nobinary", binary="")
+    server.binary = None
+    with pytest.raises(ConfigError, match="apt-get install redis-server"):
+        server.start()

@@ -204,6 +204,7 @@ def test_failure_caused_by_a_lost_peer_is_not_charged() -> None:
     new = run(rec, node("a", acked=6), node("b", acked=6)).record
     assert new is not None and new.state is JobState.RUNNING
     assert new.restart_count == 0 and new.members == ("a", "b")
+    assert new.reason == "node_lost" and "after losing c: not charged" in new.detail
 
 
 def test_exceeding_max_restarts_fails_the_job() -> None:
