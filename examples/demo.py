@@ -245,9 +245,7 @@ class Demo:
             )
         firsts = self.first_steps()
         rows = [recovery(label, t0, events, firsts) for label, t0 in self.faults]
-        print(
-            "\nRecoveries (seconds, until every rank of the new generation made its first step):"
-        )
+        print("\nRecoveries (seconds, until every rank of the new generation made its first step):")
         print(
             f"  {'fault':<52} {'detect':>7} {'stop':>6} {'rendez':>7} {'start-up':>9} "
             f"{'total':>6} {'world':>5} {'lost':>5}"
