@@ -303,7 +303,8 @@ class Agent:
                 self._leave()
 
     def _stop_workers(self, action: StopWorkers, now: float) -> None:
-        grace = self.config.timing.stop_grace_period
+        timing = self.config.timing
+        grace = timing.failure_stop_grace_period if action.broken else timing.stop_grace_period
         if action.fence and self._last_ok_send is not None:
             lease_end = self._last_ok_send + self.config.timing.lease_ttl * 0.9
             grace = max(0.0, min(grace, lease_end - now))

@@ -60,6 +60,7 @@ class TimingConfig:
     heartbeat_interval: float = 1.0
     lease_ttl: float = 5.0
     stop_grace_period: float = 30.0
+    failure_stop_grace_period: float = 5.0
     join_settle: float = 1.0
     rendezvous_timeout: float = 600.0
     hang_timeout: float = 0.0  # 0: off
@@ -234,6 +235,7 @@ def _load_timing(section: _Section) -> TimingConfig:
             "heartbeat_interval",
             "lease_ttl",
             "stop_grace_period",
+            "failure_stop_grace_period",
             "join_settle",
             "rendezvous_timeout",
             "hang_timeout",

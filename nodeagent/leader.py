@@ -20,6 +20,8 @@ from nodeagent.state import JobState, NodeState
 
 # Not eligible for a new generation.
 UNAVAILABLE = frozenset({NodeState.LEAVING})
+# Generations replaced for these reasons are broken: their collectives cannot complete.
+FAILURE_REASONS = frozenset({"worker_failed", "worker_hung", "node_lost"})
 # No longer part of the generation that runs: a fenced node stopped its workers, a joining one
 # restarted and lost them. Both may join the next generation.
 DROPPED_OUT = frozenset({NodeState.FENCED, NodeState.JOINING, NodeState.LEAVING})
@@ -246,7 +248,8 @@ def _step_running(record: JobRecord, ctx: _Context) -> _Step:
         key=lambda f: f.rank,
     )
     if failures:
-        return _begin(record, ctx, "worker_failed", failure=failures[0])
+        reason = "worker_hung" if failures[0].kind == "hang" else "worker_failed"
+        return _begin(record, ctx, reason, failure=failures[0])
     gone = [m for m in record.members if m not in nodes or nodes[m].state in DROPPED_OUT]
     if gone:
         left = all(m in nodes and nodes[m].state is NodeState.LEAVING for m in gone)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from nodeagent.leader import FAILURE_REASONS
 from nodeagent.model import Failure, JobRecord
 from nodeagent.state import JobState, NodeState
 
@@ -61,6 +62,7 @@ class LocalView:
 class StopWorkers:
     reason: str
     fence: bool = False  # shorten the grace period so workers die before the lease expires
+    broken: bool = False  # the generation failed: its collectives cannot complete
 
 
 @dataclass(frozen=True)
@@ -125,18 +127,19 @@ def decide(view: LocalView) -> NodeDecision:
 def _decide_running(view: LocalView, record: JobRecord) -> NodeDecision:
     group = view.group
     if group.failure is not None:
-        return NodeDecision(
-            NodeState.FAILED, (StopWorkers("a local worker failed"),), group.failure.describe()
-        )
+        stop = StopWorkers("a local worker failed", broken=True)
+        return NodeDecision(NodeState.FAILED, (stop,), group.failure.describe())
+    broken = False
     if record.generation != group.generation:
-        reason = f"generation {record.generation} replaces {group.generation}"
+        reason = f"generation {record.generation} replaces {group.generation} ({record.reason})"
+        broken = record.reason in FAILURE_REASONS
     elif record.state is not JobState.RUNNING:
         reason = f"job is {record.state.value}"
     elif view.name not in record.members:
         reason = "no longer a member"
     else:
         return NodeDecision(NodeState.RUNNING, (), "running")
-    return NodeDecision(NodeState.STOPPING, (StopWorkers(reason),), reason)
+    return NodeDecision(NodeState.STOPPING, (StopWorkers(reason, broken=broken),), reason)
 
 
 def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:

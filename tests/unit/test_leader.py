@@ -186,6 +186,15 @@ def test_worker_failure_announces_next_generation() -> None:
     assert new.restart_count == 0  # charged when the barrier completes
 
 
+def test_a_hang_is_reported_as_such() -> None:
+    nodes = members_running(5)
+    hang = Failure(generation=5, node="b", rank=2, kind="hang")
+    nodes[1] = replace(nodes[1], state=NodeState.FAILED, failure=hang)
+    new = run(running(5), *nodes).record
+    assert new is not None and new.reason == "worker_hung"
+    assert new.detail == "rank 2 on b hung (no progress beat)"
+
+
 def test_failure_from_an_older_generation_is_ignored() -> None:
     nodes = members_running(5)
     nodes[1] = replace(nodes[1], failure=failure(4))

@@ -243,3 +243,27 @@ def test_random_histories_only_make_legal_transitions() -> None:
 def test_transition_table_covers_every_state() -> None:
     assert set(NODE_TRANSITIONS) == set(NodeState)
     assert NODE_TRANSITIONS[NodeState.LEAVING] == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("reason", "broken"),
+    [
+        ("worker_failed", True),
+        ("worker_hung", True),
+        ("node_lost", True),
+        ("scale", False),
+        ("node_left", False),
+        ("operator", False),
+        ("node_joined", False),
+    ],
+)
+def test_stops_of_failed_generations_are_marked_broken(reason: str, broken: bool) -> None:
+    """A failed generation's collectives cannot complete: its workers get the short grace."""
+    from dataclasses import replace
+
+    record = replace(rec(JobState.RESTARTING, 5), reason=reason)
+    stop = decide(view(record, RUNNING_G, acked=4)).actions[0]
+    assert isinstance(stop, StopWorkers) and stop.broken is broken
+    local_failure = GroupStatus(4, GroupPhase.RUNNING, FAIL)
+    stop = decide(view(rec(JobState.RUNNING, 4), local_failure, acked=4)).actions[0]
+    assert isinstance(stop, StopWorkers) and stop.broken
