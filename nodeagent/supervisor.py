@@ -15,10 +15,12 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
 
 import psutil
@@ -91,6 +93,26 @@ def _process_alive(proc: psutil.Process) -> bool:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _py_spy_dump(pid: int) -> str | None:
+    """py-spy's dump of `pid`, or None if py-spy is missing or cannot read it (a stopped
+    process, no ptrace permission)."""
+    beside = Path(sys.executable).with_name("py-spy")  # installed in the agent's virtualenv
+    py_spy = shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+    if py_spy is None:
+        return None
+    try:
+        result = subprocess.run(
+            [py_spy, "dump", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout if result.returncode == 0 and result.stdout else None
 
 
 def _pump(stream: IO[bytes], log_file: IO[bytes], prefix: str, echo: Callable[[str], None]) -> None:
@@ -249,31 +271,21 @@ class Supervisor:
             )
 
     def dump_stacks(self, local_rank: int) -> str:
-        """Capture a hung worker's stacks into its log: py-spy if installed, else SIGUSR1
-        (the worker helper registers faulthandler on it)."""
+        """Capture a hung worker's stacks into its log: py-spy if installed and able, else
+        SIGUSR1 (the worker helper registers faulthandler on it; a stopped process dumps when
+        it is continued)."""
         worker = next(w for w in self._workers if w.spec.local_rank == local_rank)
         if worker.popen is None or worker.returncode is not None:
             return "worker already exited"
         pid = worker.popen.pid
-        py_spy = shutil.which("py-spy")
-        if py_spy:
-            try:
-                result = subprocess.run(
-                    [py_spy, "dump", "--pid", str(pid)],
-                    capture_output=True,
-                    text=True,
-                    timeout=10,
-                    check=False,
-                )
-                dump = result.stdout or result.stderr
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                dump = f"py-spy failed: {exc}"
+        dump = _py_spy_dump(pid)
+        if dump is not None:
             with open(worker.spec.log_path, "a", encoding="utf-8") as log_file:
                 log_file.write(f"--- nodeagent: no progress; py-spy dump of pid {pid}\n{dump}\n")
             return dump
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
-        return "py-spy not installed; sent SIGUSR1 (faulthandler dump in the rank's log)"
+        return "sent SIGUSR1: faulthandler's dump is in the rank's log"
 
     def _note_failure(self, worker: _Worker) -> None:
         if self._failure is not None or worker.returncode is None:

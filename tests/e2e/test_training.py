@@ -83,6 +83,14 @@ def test_hung_worker_is_detected(training: LocalCluster) -> None:
     hung = [e for e in training.events() if e["type"] == "worker_hung"]
     assert hung and "no progress" in hung[0]["message"]
     assert not frozen.is_running() or frozen.status() == psutil.STATUS_ZOMBIE
+    assert training.status()["restart_count"] == 1
+    # Every hung rank that was caught left its stacks in its log (py-spy for a rank blocked in
+    # the all-reduce; faulthandler via SIGUSR1 for the stopped one, which py-spy cannot read).
+    rank_of = {"a": 0, "b": 1, "c": 2}  # members in name order, one worker each
+    logs = training.directory / "logs" / training.job / str(hung[0]["generation"])
+    for event in hung:
+        text = (logs / f"rank-{rank_of[event['node']]}.log").read_text(errors="replace")
+        assert "py-spy dump" in text or "most recent call first" in text, event
 
 
 def test_sigterm_saves_an_emergency_checkpoint(training: LocalCluster) -> None:

@@ -33,7 +33,13 @@ class Harness:
                 rank=10 + i,
                 local_rank=i,
                 argv=argv or (sys.executable, "-c", code),
-                env={**os.environ, "LOCAL_RANK": str(i)},
+                env={
+                    **os.environ,
+                    "LOCAL_RANK": str(i),
+                    "NODEAGENT_PROGRESS_FILE": str(
+                        self.tmp_path / "logs" / f"rank-{10 + i}.progress"
+                    ),
+                },
                 cwd=str(self.tmp_path),
                 log_path=self.tmp_path / "logs" / f"rank-{10 + i}.log",
                 progress_path=self.tmp_path / "logs" / f"rank-{10 + i}.progress",
@@ -158,3 +164,44 @@ def test_start_refuses_while_a_group_is_active(h: Harness) -> None:
     h.sup.start(9, "n", h.specs("pass", n=1))
     h.settle(GroupPhase.EXITED)
     assert h.sup.status().generation == 9 and h.sup.status().succeeded
+
+
+STALLS = (  # a worker using the real helpers, stuck where a collective would block
+    "import time\nfrom nodeagent.worker import GracefulExit, beat\n"
+    "guard = GracefulExit().install()\nbeat(1)\n"
+    "def stalled_in_collective():\n    time.sleep(60)\n"
+    "print('up', flush=True)\nstalled_in_collective()\n"
+)
+
+
+@pytest.mark.skipif(
+    not Path(sys.executable).with_name("py-spy").exists(), reason="py-spy not installed"
+)
+def test_stack_dump_of_a_blocked_worker_with_py_spy(h: Harness) -> None:
+    h.sup.start(10, "n", h.specs(STALLS, n=1))
+    wait_for(lambda: h.lines, 10, "worker up")
+    dump = h.sup.dump_stacks(0)
+    assert "stalled_in_collective" in dump
+    assert "py-spy dump" in (h.tmp_path / "logs" / "rank-10.log").read_text()
+
+
+def test_stack_dump_of_a_stopped_worker_via_faulthandler(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """py-spy cannot read a SIGSTOPped process: the fallback is SIGUSR1, dumped once the stop
+    (SIGTERM + SIGCONT) lets the process run."""
+    monkeypatch.setattr("nodeagent.supervisor._py_spy_dump", lambda pid: None)  # as if absent
+    h.sup.start(11, "n", h.specs(STALLS, n=1))
+    wait_for(lambda: h.lines, 10, "worker up")
+    pid = h.sup.workers()[0].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    assert "SIGUSR1" in h.sup.dump_stacks(0)
+    h.sup.mark_hung(0)
+    h.sup.stop(grace_s=1)
+    h.settle(GroupPhase.EXITED)
+    log = h.tmp_path / "logs" / "rank-10.log"
+    wait_for(lambda: "stalled_in_collective" in log.read_text(), 10, "the faulthandler dump")
+    assert "most recent call first" in log.read_text()
+    failure = h.sup.status().failure
+    assert failure is not None and failure.kind == "hang" and failure.rank == 10

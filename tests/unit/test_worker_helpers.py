@@ -154,3 +154,26 @@ def test_corrupt_progress_file_reads_as_none(tmp_path: Path) -> None:
     path.write_bytes(b"garbage" * 5)
     assert progress.read(path) is None
     assert progress.read(tmp_path / "missing") is None
+
+
+def test_first_beat_makes_sigusr1_dump_stacks(tmp_path: Path) -> None:
+    """Beating opts into hang detection; SIGUSR1 must then dump stacks, not kill the rank."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "p"
+    progress.create(path)
+    code = (
+        "import os, signal, time\nfrom nodeagent.worker import beat\nbeat(1)\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\ntime.sleep(0.2)\nprint('alive')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NODEAGENT_PROGRESS_FILE": str(path)},
+    )
+    assert result.returncode == 0 and "alive" in result.stdout
+    assert "most recent call first" in result.stderr
+    assert progress.read(path) is not None and progress.read(path).step == 1  # type: ignore[union-attr]
