@@ -55,20 +55,25 @@ def worker(cluster: LocalCluster, node: str) -> psutil.Process:
     return psutil.Process(cluster.worker_pids(node)[0])
 
 
-FAULTS: dict[str, tuple[int, int, Callable[[LocalCluster], None]]] = {
-    # name: (initial world, world after, injection)
-    "worker_sigkill": (3, 3, lambda c: worker(c, other_node(c)).kill()),
-    "worker_sigstop_hang": (3, 3, lambda c: worker(c, other_node(c)).suspend()),
-    "node_sigkill_rank0": (3, 2, lambda c: c.kill_tree(rank0_node(c))),
-    "node_sigkill_other": (3, 2, lambda c: c.kill_tree(other_node(c))),
-    "node_sigstop_other": (3, 2, lambda c: c.kill_tree(other_node(c), signal.SIGSTOP)),
-    "node_sigterm": (3, 2, lambda c: c.agents[other_node(c)].proc.send_signal(signal.SIGTERM)),
-    "scale_up_join": (2, 3, lambda c: c.start("d")),
+FAULTS: dict[str, tuple[int, int, str, Callable[[LocalCluster], None]]] = {
+    # name: (initial world, world after, the event that identifies it, injection)
+    "worker_sigkill": (3, 3, "worker_failed", lambda c: worker(c, other_node(c)).kill()),
+    "worker_sigstop_hang": (3, 3, "worker_hung", lambda c: worker(c, other_node(c)).suspend()),
+    "node_sigkill_rank0": (3, 2, "node_lost", lambda c: c.kill_tree(rank0_node(c))),
+    "node_sigkill_other": (3, 2, "node_lost", lambda c: c.kill_tree(other_node(c))),
+    "node_sigstop_other": (3, 2, "node_lost", lambda c: c.kill_tree(other_node(c), signal.SIGSTOP)),
+    "node_sigterm": (
+        3,
+        2,
+        "node_leaving",
+        lambda c: c.agents[other_node(c)].proc.send_signal(signal.SIGTERM),
+    ),
+    "scale_up_join": (2, 3, "node_joined", lambda c: c.start("c")),
 }
 
 
 def one_run(server: RedisServer, tmp: Path, fault: str, rep: int) -> dict[str, Any]:
-    before, after, inject = FAULTS[fault]
+    before, after, cause, inject = FAULTS[fault]
     directory = tmp / f"{fault}-{rep}"
     job = f"bench-{fault}-{rep}-{os.getpid()}".replace("_", "-")
     with local_cluster(
@@ -98,7 +103,7 @@ def one_run(server: RedisServer, tmp: Path, fault: str, rep: int) -> dict[str, A
         )
         gens = {g.number: g for g in generations(cluster)}
         firsts = {n: g.first_step_time for n, g in gens.items() if g.of("step")}
-        row = recovery(fault, t0, cluster.store.events("-", count=10_000), firsts)
+        row = recovery(fault, t0, cluster.store.events("-", count=10_000), firsts, cause)
         new = gens.get(row.generation) if row.generation is not None else None
         old_last = max(
             (max(g.steps) for n, g in gens.items() if n <= generation and g.steps), default=0

@@ -46,7 +46,7 @@ class Demo:
         self.steps = steps
         self.redis = EmbeddedRedis(f"{JOB}-{os.getpid()}")
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
-        self.faults: list[tuple[str, float]] = []
+        self.faults: list[tuple[str, float, str]] = []  # label, time, the event it causes
         self.started = time.time()
         self.store: JobStore | None = None
 
@@ -183,9 +183,9 @@ class Demo:
         )
         return int(doc["generation"])
 
-    def inject(self, label: str, action: Callable[[], None]) -> None:
+    def inject(self, label: str, cause: str, action: Callable[[], None]) -> None:
         self.say(f"FAULT: {label}")
-        self.faults.append((label, time.time()))
+        self.faults.append((label, time.time(), cause))
         action()
 
     def kill_tree(self, name: str) -> None:
@@ -207,11 +207,15 @@ class Demo:
         print(self.ctl("status"), flush=True)
 
         worker = psutil.Process(self.agents["b"].pid).children()[0]
-        self.inject(f"kill -9 the worker on node b (pid {worker.pid})", worker.kill)
+        self.inject(
+            f"kill -9 the worker on node b (pid {worker.pid})", "worker_failed", worker.kill
+        )
         gen = self.wait_training(world=2, after_generation=gen)
 
         self.inject(
-            "kill -9 node a (agent and workers): a lost machine", lambda: self.kill_tree("a")
+            "kill -9 node a (agent and workers): a lost machine",
+            "node_lost",
+            lambda: self.kill_tree("a"),
         )
         gen = self.wait_training(world=2, after_generation=gen)
         print(self.ctl("status"), flush=True)
@@ -223,7 +227,11 @@ class Demo:
                 n["name"] == "d" and n["state"] == "standby" for n in self.status()["nodes"]
             ),
         )
-        self.inject("nodeagentctl scale 3", lambda: self.say(self.ctl("scale", "3").strip()))
+        self.inject(
+            "nodeagentctl scale 3",
+            "scale_requested",
+            lambda: self.say(self.ctl("scale", "3").strip()),
+        )
         self.wait_training(world=3, after_generation=gen)
 
         self.wait("the job to finish", lambda: self.status()["state"] == "succeeded", timeout=300)
@@ -244,7 +252,7 @@ class Demo:
                 f"  {event.type:<21} {event.node or '':<3} {event.message}"
             )
         firsts = self.first_steps()
-        rows = [recovery(label, t0, events, firsts) for label, t0 in self.faults]
+        rows = [recovery(label, t0, events, firsts, cause) for label, t0, cause in self.faults]
         print("\nRecoveries (seconds, until every rank of the new generation made its first step):")
         print(
             f"  {'fault':<52} {'detect':>7} {'stop':>6} {'rendez':>7} {'start-up':>9} "

@@ -12,7 +12,6 @@ A tick runs on every wake-up (stream entry, worker exit, signal) and at least ev
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Protocol
@@ -20,8 +19,8 @@ from typing import Any, Protocol
 from nodeagent.config import Config
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import CoordinationError, FencedError
-from nodeagent.launch import WorkerSpec, worker_specs
-from nodeagent.leader import LeaderMemory, Policy, plan
+from nodeagent.launch import WorkerSpec, pick_free_port, worker_specs
+from nodeagent.leader import LeaderMemory, plan, policy_from
 from nodeagent.model import Event, JobRecord, NodeReport, WorkerInfo
 from nodeagent.node import (
     Acknowledge,
@@ -54,32 +53,6 @@ class WorkerGroup(Protocol):
     def status(self) -> GroupStatus: ...
     def next_deadline(self) -> float | None: ...
     def workers(self) -> tuple[WorkerInfo, ...]: ...
-
-
-def pick_free_port(address: str) -> int:
-    """A TCP port free on `address` now; offered as MASTER_PORT if this node becomes rank 0."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.bind((address, 0))
-            return int(sock.getsockname()[1])
-    except OSError:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            return int(sock.getsockname()[1])
-
-
-def policy_from(config: Config) -> Policy:
-    job, timing = config.job, config.timing
-    return Policy(
-        min_nodes=job.min_nodes,
-        max_nodes=job.max_nodes,
-        target_nodes=job.target_nodes,
-        nproc_per_node=job.nproc_per_node,
-        max_restarts=job.max_restarts,
-        join_settle_ms=int(timing.join_settle * 1000),
-        rendezvous_timeout_ms=int(timing.rendezvous_timeout * 1000),
-    )
 
 
 class _Stamped(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -285,6 +258,10 @@ class Agent:
             self._log.info("%s -> %s: %s", self.state.value, decision.state.value, decision.reason)
             self.state = decision.state
             self._dirty = True
+            if decision.state in _ANNOUNCED:  # the leader must act on these at once: wake it
+                self._events.append(
+                    Event(_ANNOUNCED[decision.state], node=self.name, message=decision.reason)
+                )
         if decision.state is NodeState.FENCED and self._fenced_generation is None:
             group_gen = self._workers.status().generation or 0
             self._fenced_generation = max(
@@ -383,6 +360,9 @@ class Agent:
         if decision.record is not None:
             self.record = decision.record
         self._dirty = True
+
+
+_ANNOUNCED = {NodeState.LEAVING: "node_leaving", NodeState.FENCED: "node_fenced"}
 
 
 def _exit_event(node: str, ended: WorkerExit) -> Event:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,23 @@ from pathlib import Path
 from nodeagent.config import Config
 from nodeagent.model import JobRecord
 
+# What torchrun sets for every worker (decision 8): a torchrun script needs nothing else.
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+)
 # Inherited from systemd; a worker that sees them could ping or notify as if it were the agent.
 STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
@@ -22,6 +40,19 @@ class WorkerSpec:
     cwd: str | None
     log_path: Path
     progress_path: Path
+
+
+def pick_free_port(address: str) -> int:
+    """A TCP port free on `address` now; offered as MASTER_PORT if this node becomes rank 0."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((address, 0))
+            return int(sock.getsockname()[1])
+    except OSError:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return int(sock.getsockname()[1])
 
 
 def log_path(log_dir: str, job: str, generation: int, rank: int) -> Path:

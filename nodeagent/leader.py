@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from nodeagent.config import Config
 from nodeagent.model import Command, CommandType, Event, Failure, JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
 
@@ -38,6 +39,19 @@ class Policy:
     max_restarts: int
     join_settle_ms: int
     rendezvous_timeout_ms: int
+
+
+def policy_from(config: Config) -> Policy:
+    job, timing = config.job, config.timing
+    return Policy(
+        min_nodes=job.min_nodes,
+        max_nodes=job.max_nodes,
+        target_nodes=job.target_nodes,
+        nproc_per_node=job.nproc_per_node,
+        max_restarts=job.max_restarts,
+        join_settle_ms=int(timing.join_settle * 1000),
+        rendezvous_timeout_ms=int(timing.rendezvous_timeout * 1000),
+    )
 
 
 @dataclass(frozen=True)
@@ -330,7 +344,11 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
         f"generation {running.generation} started: "
         f"world {running.world_size} on {', '.join(chosen)}"
     )
-    return running, [_job_event("generation_started", running, message)], "started"
+    events = [_job_event("generation_started", running, message)]
+    if running.reason == "scale":
+        applied = f"running on {len(chosen)} nodes (target {running.target_nodes})"
+        events.append(_job_event("scale_applied", running, applied))
+    return running, events, "started"
 
 
 def _step_waiting(record: JobRecord, ctx: _Context) -> _Step:

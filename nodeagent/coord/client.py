@@ -2,7 +2,9 @@
 
 Sentinel URLs follow the common form
 ``redis+sentinel://[[user]:password@]host1:26379,host2:26379/<service-name>[/<db>]``
-(``rediss+sentinel://`` for TLS); the password is used for the primary and the sentinels.
+(``rediss+sentinel://`` for TLS, with ``?ssl_ca_certs=/path/ca.pem`` for a private CA); the
+password is used for the primary and the sentinels. Plain URLs take redis-py's query options
+(e.g. ``rediss://host:6380/0?ssl_ca_certs=/etc/nodeagent/ca.pem``).
 
 Timeouts are short and retries few on purpose: an agent must notice a Redis outage within a
 fraction of its lease so it can fence itself (decision 5), not sit in a client's backoff loop.
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -32,6 +34,7 @@ class SentinelTarget:
     username: str | None
     password: str | None
     tls: bool
+    ca_certs: str | None = None  # ?ssl_ca_certs=/path, for rediss+sentinel://
 
 
 def parse_sentinel_url(url: str) -> SentinelTarget:
@@ -62,6 +65,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
         username=unquote(username) or None,
         password=unquote(password) or None,
         tls=parts.scheme.startswith("rediss"),
+        ca_certs=next(iter(parse_qs(parts.query).get("ssl_ca_certs", [])), None),
     )
 
 
@@ -77,10 +81,13 @@ def connect(url: str, timeout_s: float, client_name: str = "nodeagent") -> Redis
     if "+sentinel" in url.split("://", 1)[0]:
         target = parse_sentinel_url(url)
         auth = {"username": target.username, "password": target.password}
+        tls: dict[str, Any] = {"ssl": target.tls}
+        if target.ca_certs:
+            tls["ssl_ca_certs"] = target.ca_certs
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
             list(target.hosts),
-            sentinel_kwargs={**auth, "socket_timeout": timeout_s, "ssl": target.tls},
-            ssl=target.tls,
+            sentinel_kwargs={**auth, "socket_timeout": timeout_s, **tls},
+            **tls,
             **{k: v for k, v in options.items() if k != "client_name"},
         )
         client: Redis = sentinel.master_for(  # type: ignore[no-untyped-call]

@@ -17,25 +17,9 @@ from pathlib import Path
 
 import psutil
 
-REQUIRED = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "ROLE_NAME",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_RUN_ID",
-    "NODEAGENT_JOB_ID",
-    "NODEAGENT_GENERATION",
-    "NODEAGENT_NODE",
-)
+from nodeagent.launch import TORCHRUN_VARIABLES
+
+REQUIRED = (*TORCHRUN_VARIABLES, "NODEAGENT_JOB_ID", "NODEAGENT_GENERATION", "NODEAGENT_NODE")
 
 
 def record(directory: Path, **fields: object) -> None:

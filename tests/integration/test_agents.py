@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
@@ -221,3 +223,57 @@ def test_operator_stop_and_restart(cluster: LocalCluster) -> None:
     events = cluster.ctl("events", "--json")
     assert events.returncode == 0 and '"type": "stop_requested"' in events.stdout
     assert [e["type"] for e in events_of(cluster, "job_stopped")] == ["job_stopped"]
+
+
+def test_killing_the_leader_hands_leadership_over(cluster: LocalCluster) -> None:
+    cluster.start("a", "b", "c")
+    before = cluster.wait_running(3)
+    leader = before["leader"]
+    cluster.kill_tree(leader)
+    after = cluster.wait_running(2, after_generation=before["generation"])
+    assert after["leader"] not in (None, leader)
+    assert leader not in {n["name"] for n in after["nodes"]}
+    lost = events_of(cluster, "node_lost")
+    assert [e["node"] for e in lost] == [leader]
+
+
+def test_second_sigterm_kills_workers_that_ignore_the_first(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    stubborn = [
+        sys.executable,
+        "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ignoring SIGTERM', flush=True); time.sleep(600)",
+    ]
+    timing = {**TIMING, "stop_grace_period": "10m"}
+    with local_cluster(
+        redis_server.url, tmp_path, job=job_id, max_nodes=1, timing=timing, entrypoint=stubborn
+    ) as cluster:
+        cluster.start("a")
+        rank_log = tmp_path / "logs" / job_id / "1" / "rank-0.log"
+        wait_for(
+            lambda: rank_log.exists() and "ignoring SIGTERM" in rank_log.read_text(),
+            20,
+            "the worker to ignore SIGTERM",
+        )
+        worker = psutil.Process(cluster.worker_pids("a")[0])
+        agent = cluster.agents["a"].proc
+        agent.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert agent.poll() is None and worker.is_running()  # waiting out the 10 min grace
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(15) == 0
+        assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+
+
+def test_scale_wait_times_out_and_rolls_back(cluster: LocalCluster) -> None:
+    cluster.start("a", "b", "c")
+    cluster.wait_running(3)
+    result = cluster.ctl("scale", "4", "--wait", "--timeout", "2s", "--rollback")
+    assert result.returncode == 1  # only three nodes exist
+    assert (
+        "does not run on 4 nodes" in result.stderr and "rolled back: target 4 -> 3" in result.stderr
+    )
+    cluster.wait_status(lambda d: d["target_nodes"] == 3, 10, "the target to be restored")
+    assert [e["data"]["to"] for e in events_of(cluster, "scale_requested")] == [4, 3]

@@ -15,6 +15,7 @@ from nodeagent.leader import LeaderMemory, Plan
 from nodeagent.model import Command, CommandType, Event, JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
 from tests.helpers.cluster import RedisServer, free_port
+from tests.helpers.factories import make_record
 
 
 def store_for(server: RedisServer, job: str) -> JobStore:
@@ -33,16 +34,7 @@ def report(name: str, ttl_ms: int = 1000, acked: int = 0) -> NodeReport:
 
 
 def job_record(gen: int, state: JobState = JobState.RESTARTING) -> JobRecord:
-    return JobRecord(
-        generation=gen,
-        state=state,
-        reason="t",
-        target_nodes=2,
-        min_nodes=1,
-        max_nodes=3,
-        nproc_per_node=1,
-        max_restarts=3,
-    )
+    return make_record(state, gen, target_nodes=2, max_nodes=3)
 
 
 def write(
@@ -186,6 +178,7 @@ def test_sentinel_urls() -> None:
         "s3cret",
         False,
     )
-    assert parse_sentinel_url("rediss+sentinel://s1/m").tls
+    tls = parse_sentinel_url("rediss+sentinel://s1/m?ssl_ca_certs=/etc/ca.pem")
+    assert tls.tls and tls.ca_certs == "/etc/ca.pem" and tls.hosts == (("s1", 26379),)
     with pytest.raises(ConfigError, match="sentinel URL looks like"):
         parse_sentinel_url("redis+sentinel://s1:26379")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nodeagent.config import load_config
-from nodeagent.launch import worker_specs
+from nodeagent.launch import TORCHRUN_VARIABLES, worker_specs
 from nodeagent.model import JobRecord
 from nodeagent.state import JobState
 
@@ -53,25 +53,8 @@ def test_torchrun_environment_for_every_local_rank() -> None:
     specs = worker_specs(base, CONFIG, RECORD, group_rank=1)
     assert [s.rank for s in specs] == [4, 5, 6, 7]
     env = specs[2].env
-    assert {
-        k: env[k]
-        for k in (
-            "RANK",
-            "LOCAL_RANK",
-            "WORLD_SIZE",
-            "LOCAL_WORLD_SIZE",
-            "GROUP_RANK",
-            "GROUP_WORLD_SIZE",
-            "ROLE_RANK",
-            "ROLE_WORLD_SIZE",
-            "ROLE_NAME",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "TORCHELASTIC_RESTART_COUNT",
-            "TORCHELASTIC_MAX_RESTARTS",
-            "TORCHELASTIC_RUN_ID",
-        )
-    } == {
+    # The expected mapping spells out decision 8; the launcher must set exactly these.
+    assert {k: env[k] for k in TORCHRUN_VARIABLES} == {
         "RANK": "6",
         "LOCAL_RANK": "2",
         "WORLD_SIZE": "12",

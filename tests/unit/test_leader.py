@@ -9,6 +9,7 @@ import pytest
 from nodeagent.leader import ClusterView, LeaderMemory, Plan, Policy, plan
 from nodeagent.model import Command, CommandType, Failure, JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
+from tests.helpers.factories import make_record
 
 POLICY = Policy(
     min_nodes=2,
@@ -37,19 +38,8 @@ def node(name: str, state: NodeState = NodeState.READY, acked: int = 0, **kw: ob
 def record(
     state: JobState, generation: int, members: tuple[str, ...] = (), **kw: object
 ) -> JobRecord:
-    base = JobRecord(
-        generation=generation,
-        state=state,
-        reason="test",
-        target_nodes=3,
-        min_nodes=2,
-        max_nodes=4,
-        nproc_per_node=2,
-        max_restarts=2,
-        members=members,
-        since_ms=NOW - 10,
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
+    defaults = {"min_nodes": 2, "nproc_per_node": 2, "max_restarts": 2, "since_ms": NOW - 10}
+    return make_record(state, generation, members, **{**defaults, **kw})
 
 
 def run(
@@ -317,6 +307,13 @@ def test_scale_up_promotes_standby() -> None:
     assert new is not None and new.target_nodes == 4 and new.reason == "scale"
     assert new.command_cursor == "5-0"
     assert [e.type for e in result.events] == ["scale_requested", "generation_announced"]
+
+
+def test_scale_applied_when_the_generation_starts() -> None:
+    rec = record(JobState.RESTARTING, 6, ("a", "b", "c"), reason="scale", target_nodes=4)
+    result = run(rec, *(node(n, acked=6) for n in "abcd"))
+    assert [e.type for e in result.events] == ["generation_started", "scale_applied"]
+    assert result.events[1].data["world_size"] == 8
 
 
 def test_scale_down_reforms_smaller() -> None:

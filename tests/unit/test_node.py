@@ -16,20 +16,11 @@ from nodeagent.node import (
     decide,
 )
 from nodeagent.state import NODE_TRANSITIONS, JobState, NodeState
+from tests.helpers.factories import make_record
 
 
 def rec(state: JobState, gen: int, members: tuple[str, ...] = ("a", "b")) -> JobRecord:
-    return JobRecord(
-        generation=gen,
-        state=state,
-        reason="t",
-        target_nodes=2,
-        min_nodes=1,
-        max_nodes=3,
-        nproc_per_node=1,
-        max_restarts=3,
-        members=members,
-    )
+    return make_record(state, gen, members, target_nodes=2, max_nodes=3)
 
 
 RUNNING_G = GroupStatus(4, GroupPhase.RUNNING)

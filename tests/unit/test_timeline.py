@@ -30,6 +30,21 @@ def test_phases_of_a_recovery() -> None:
     assert r.total_s == pytest.approx(2.0)
 
 
+def test_the_cause_decides_detection_when_symptoms_come_first() -> None:
+    """A lost node's peers crash at once; the loss itself is known when its lease expires."""
+    events = [
+        ev("worker_failed", 10.05, 1),
+        ev("generation_announced", 10.06, 2),
+        ev("node_ready", 10.1, 2),
+        ev("node_lost", 14.9, None),
+        ev("generation_started", 14.91, 2, world_size=2),
+    ]
+    r = recovery("node kill", 10.0, events, {2: 16.0}, cause="node_lost")
+    assert r.detection_s == pytest.approx(4.9)
+    assert r.stopping_s == 0 and r.rendezvous_s == pytest.approx(0.01)
+    assert r.total_s == pytest.approx(6.0)
+
+
 def test_unfinished_recoveries_say_so() -> None:
     assert recovery("x", 11.0, EVENTS, {}).total_s is None
     partial = recovery("x", 10.0, EVENTS[:3], {})

@@ -1,0 +1,27 @@
+"""Small builders of model objects for tests."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from nodeagent.model import JobRecord
+from nodeagent.state import JobState
+
+
+def make_record(
+    state: JobState, generation: int, members: tuple[str, ...] = (), **changes: Any
+) -> JobRecord:
+    """A job record with small defaults: target 3 of [1, 4], one process per node."""
+    base = JobRecord(
+        generation=generation,
+        state=state,
+        reason="test",
+        target_nodes=3,
+        min_nodes=1,
+        max_nodes=4,
+        nproc_per_node=1,
+        max_restarts=3,
+        members=members,
+    )
+    return replace(base, **changes)
