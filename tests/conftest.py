@@ -11,6 +11,27 @@ from tests.helpers.cluster import RedisServer
 _jobs = itertools.count(1)
 
 
+def _nvml_works() -> bool:
+    from nodeagent.gpu.nvml import GpuUnavailable, NvmlBackend, load_pynvml
+
+    try:
+        backend = NvmlBackend(load_pynvml())
+        backend.open()
+    except GpuUnavailable:
+        return False
+    backend.close()
+    return True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked gpu need a real GPU and driver; skip them where NVML does not open."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_tests and not _nvml_works():
+        skip = pytest.mark.skip(reason="no NVIDIA GPU/driver here (NVML does not open)")
+        for item in gpu_tests:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One real redis-server for the session; tests keep apart by job id."""

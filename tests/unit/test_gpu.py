@@ -1,0 +1,320 @@
+"""GPU health without a GPU: the classifier, kmsg parsing, and the NVML backend run against
+FakeNvml, which raises NVML's real error types (pynvml.NVMLError(code))."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+import yaml
+
+from nodeagent.gpu import kmsg
+from nodeagent.gpu.classify import Action, Health, Thresholds, classify
+from nodeagent.gpu.fake import FakeNvml
+from nodeagent.gpu.monitor import GpuMonitor
+from nodeagent.gpu.nvml import GpuUnavailable, NvmlBackend, load_pynvml
+from nodeagent.gpu.readings import DeviceError, GpuReading
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+OK = GpuReading(
+    index=0,
+    temperature_c=50,
+    slowdown_temperature_c=90,
+    ecc_uncorrected_volatile=0,
+    remapped_rows_pending=False,
+    remapped_rows_failure=False,
+    pcie_replays=0,
+    recovery_action=0,
+    clocks_event_reasons=0,
+)
+T = Thresholds()
+
+
+def healthy_gpu(**changes: Any) -> dict[str, Any]:
+    gpu = {
+        "uuid": "GPU-fake-0",
+        "bus_id": "00000000:3B:00.0",
+        "temperature_c": 50,
+        "slowdown_temperature_c": 90,
+        "power_w": 300.5,
+        "clocks_event_reasons": 0,
+        "ecc_uncorrected_volatile": 0,
+        "remapped_rows": [0, 0, False, False],
+        "retired_pages_pending": False,
+        "pcie_replays": 0,
+        "nvlinks": [1, 1],
+        "recovery_action": 0,
+    }
+    gpu.update(changes)
+    return gpu
+
+
+# -- classifier ------------------------------------------------------------------------------
+
+
+def test_healthy() -> None:
+    verdict = classify(OK, T)
+    assert (verdict.health, verdict.action, verdict.reason) == (Health.HEALTHY, Action.NONE, "ok")
+
+
+@pytest.mark.parametrize("xid", [13, 31, 43, 45, 68, 94, 109])
+def test_application_xids_restart_workers(xid: int) -> None:
+    verdict = classify(replace(OK, xids=(xid,)), T)
+    assert verdict.action is Action.RESTART_WORKERS and not verdict.drains
+    assert f"XID {xid} (application-level)" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    "xid", [48, 61, 62, 64, 74, 92, 95, 119, 120, 140, 143, 144, 150, 154, 155, 156, 158]
+)
+def test_node_xids_drain(xid: int) -> None:
+    verdict = classify(replace(OK, xids=(xid,)), T)
+    assert (
+        verdict.health is Health.UNHEALTHY
+        and verdict.action is Action.DRAIN_NODE
+        and verdict.drains
+    )
+
+
+def test_xid_79_fell_off_the_bus_needs_a_reboot() -> None:
+    assert classify(replace(OK, xids=(79,)), T).action is Action.REBOOT_NODE
+
+
+def test_unclassified_xid_is_only_degraded() -> None:
+    verdict = classify(replace(OK, xids=(999,)), T)
+    assert (verdict.health, verdict.action) == (Health.DEGRADED, Action.NONE)
+
+
+@pytest.mark.parametrize(
+    ("changes", "thresholds", "health", "action", "words"),
+    [
+        ({"temperature_c": 91}, T, Health.UNHEALTHY, Action.DRAIN_NODE, "91 C >= limit 90 C"),
+        (
+            {"temperature_c": 80},
+            Thresholds(max_temperature_c=75),
+            Health.UNHEALTHY,
+            Action.DRAIN_NODE,
+            "limit 75",
+        ),
+        ({"temperature_c": 80}, T, Health.HEALTHY, Action.NONE, "ok"),
+        (
+            {"ecc_uncorrected_volatile": 1},
+            T,
+            Health.UNHEALTHY,
+            Action.DRAIN_NODE,
+            "1 uncorrected ECC",
+        ),
+        (
+            {"ecc_uncorrected_volatile": 1},
+            Thresholds(max_ecc_uncorrected=2),
+            Health.HEALTHY,
+            Action.NONE,
+            "ok",
+        ),
+        (
+            {"remapped_rows_pending": True},
+            T,
+            Health.UNHEALTHY,
+            Action.RESET_GPU,
+            "remapping pending",
+        ),
+        (
+            {"remapped_rows_failure": True},
+            T,
+            Health.UNHEALTHY,
+            Action.RESET_GPU,
+            "remapping failed",
+        ),
+        ({"retired_pages_pending": True}, T, Health.UNHEALTHY, Action.RESET_GPU, "page retirement"),
+        ({"recovery_action": 1}, T, Health.UNHEALTHY, Action.RESET_GPU, "recovery action 1"),
+        ({"recovery_action": 2}, T, Health.UNHEALTHY, Action.REBOOT_NODE, "reboot"),
+        ({"recovery_action": 3}, T, Health.UNHEALTHY, Action.DRAIN_NODE, "peer-to-peer"),
+        ({"recovery_action": 4}, T, Health.UNHEALTHY, Action.RESET_GPU, "reset"),
+        ({"recovery_action": 7}, T, Health.UNHEALTHY, Action.REBOOT_NODE, "reboot"),
+        ({"clocks_event_reasons": 0x8}, T, Health.DEGRADED, Action.NONE, "HW slowdown"),
+        ({"clocks_event_reasons": 0x40}, T, Health.DEGRADED, Action.NONE, "HW thermal slowdown"),
+        ({"clocks_event_reasons": 0x80}, T, Health.DEGRADED, Action.NONE, "power brake"),
+        ({"nvlinks_down": (2, 5)}, T, Health.UNHEALTHY, Action.DRAIN_NODE, "NVLink down: 2, 5"),
+        ({"pcie_replays": 12}, T, Health.DEGRADED, Action.NONE, "12 PCIe replays"),
+        (
+            {"pcie_replays": 12},
+            Thresholds(max_pcie_replays=10),
+            Health.UNHEALTHY,
+            Action.DRAIN_NODE,
+            "max 10",
+        ),
+        (
+            {"error": DeviceError.GPU_LOST},
+            T,
+            Health.UNHEALTHY,
+            Action.REBOOT_NODE,
+            "fell off the bus",
+        ),
+        (
+            {"error": DeviceError.RESET_REQUIRED},
+            T,
+            Health.UNHEALTHY,
+            Action.RESET_GPU,
+            "requires a reset",
+        ),
+        (
+            {"error": DeviceError.UNKNOWN, "error_detail": "boom"},
+            T,
+            Health.UNHEALTHY,
+            Action.DRAIN_NODE,
+            "boom",
+        ),
+    ],
+)
+def test_thresholds_and_device_errors(
+    changes: dict[str, Any], thresholds: Thresholds, health: Health, action: Action, words: str
+) -> None:
+    verdict = classify(replace(OK, **changes), thresholds)
+    assert (verdict.health, verdict.action) == (health, action)
+    assert words in verdict.reason
+
+
+def test_the_strongest_action_wins_and_every_reason_is_kept() -> None:
+    verdict = classify(replace(OK, xids=(13, 79), clocks_event_reasons=0x40), T)
+    assert verdict.action is Action.REBOOT_NODE
+    assert "XID 13" in verdict.reason and "XID 79" in verdict.reason and "thermal" in verdict.reason
+
+
+def test_unsupported_readings_are_not_zero() -> None:
+    assert classify(GpuReading(index=3), T).health is Health.HEALTHY
+
+
+# -- kernel log ------------------------------------------------------------------------------
+
+
+def test_kmsg_fixture() -> None:
+    found = kmsg.parse((FIXTURES / "kmsg.txt").read_text().splitlines())
+    assert [(x.bus_id, x.xid) for x in found] == [
+        ("0000:3b:00", 79),
+        ("0000:5e:00", 13),
+        ("0000:5e:00", 94),
+        ("0001:af:00", 48),
+    ]
+
+
+@pytest.mark.parametrize("bus", ["PCI:0000:3B:00", "00000000:3B:00.0", "0000:3b:00"])
+def test_bus_ids_normalize(bus: str) -> None:
+    assert kmsg.normalize_bus_id(bus) == "0000:3b:00"
+
+
+def test_read_kmsg_of_a_file_and_of_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "kmsg"
+    path.write_text("a\n")
+    assert kmsg.read_kmsg(path) == ["a\n"]
+    assert kmsg.read_kmsg(tmp_path / "missing") == []
+
+
+# -- the NVML backend over FakeNvml ----------------------------------------------------------
+
+
+def test_backend_reads_every_field() -> None:
+    backend = NvmlBackend(FakeNvml({"gpus": [healthy_gpu(recovery_action=1, nvlinks=[1, 0, 1])]}))
+    assert backend.open() == 1
+    reading = backend.sample()[0]
+    assert reading.uuid == "GPU-fake-0" and reading.bus_id == "00000000:3B:00.0"
+    assert (reading.temperature_c, reading.slowdown_temperature_c, reading.power_w) == (
+        50,
+        90,
+        300.5,
+    )
+    assert reading.recovery_action == 1 and reading.nvlinks_down == (1,)
+    assert reading.remapped_rows_pending is False and reading.ecc_uncorrected_volatile == 0
+
+
+@pytest.mark.parametrize(
+    ("code", "meaning"),
+    [
+        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "no NVIDIA driver library"),
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "driver is not loaded"),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "no permission"),
+        (pynvml.NVML_ERROR_UNKNOWN, "NVML failed to start"),
+    ],
+)
+def test_init_errors_mean_unavailable(code: int, meaning: str) -> None:
+    with pytest.raises(GpuUnavailable, match=meaning) as err:
+        NvmlBackend(FakeNvml({"init_error": code, "gpus": [healthy_gpu()]})).open()
+    assert isinstance(err.value.__cause__, pynvml.NVMLError)
+    assert type(err.value.__cause__) is type(pynvml.NVMLError(code))  # the real subclass
+
+
+@pytest.mark.parametrize(
+    ("errors", "expect"),
+    [
+        ({"all": pynvml.NVML_ERROR_GPU_IS_LOST}, DeviceError.GPU_LOST),
+        ({"temperature_c": pynvml.NVML_ERROR_GPU_IS_LOST}, DeviceError.GPU_LOST),
+        ({"power_w": pynvml.NVML_ERROR_RESET_REQUIRED}, DeviceError.RESET_REQUIRED),
+    ],
+)
+def test_per_call_errors_taint_the_device(errors: dict[str, int], expect: DeviceError) -> None:
+    backend = NvmlBackend(FakeNvml({"gpus": [healthy_gpu(errors=errors)]}))
+    backend.open()
+    reading = backend.sample()[0]
+    assert reading.error is expect
+
+
+def test_not_supported_skips_only_that_reading() -> None:
+    gpu = healthy_gpu(errors={"temperature_c": pynvml.NVML_ERROR_NOT_SUPPORTED})
+    del gpu["recovery_action"], gpu["nvlinks"]
+    backend = NvmlBackend(FakeNvml({"gpus": [gpu]}))
+    backend.open()
+    reading = backend.sample()[0]
+    assert reading.error is None and reading.temperature_c is None and reading.power_w == 300.5
+    assert reading.recovery_action is None and reading.nvlinks_down == ()
+
+
+def test_real_pynvml_without_a_driver_is_unavailable() -> None:
+    """On this machine there is no NVIDIA driver: the real library must say so, not crash."""
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    with pytest.raises(GpuUnavailable, match="NVIDIA driver"):
+        NvmlBackend(load_pynvml()).open()
+
+
+# -- the monitor -----------------------------------------------------------------------------
+
+
+def test_monitor_samples_in_the_background_and_sees_new_xids(tmp_path: Path) -> None:
+    path = tmp_path / "gpus.yaml"
+    state = {"gpus": [healthy_gpu(), healthy_gpu(uuid="GPU-fake-1", bus_id="00000000:5E:00.0")]}
+    path.write_text(yaml.safe_dump(state))
+    kernel = (FIXTURES / "kmsg.txt").read_text().splitlines()
+    monitor = GpuMonitor(NvmlBackend(FakeNvml(path)), 0.05, T, kernel_log=lambda: kernel)
+    changes: list[int] = []
+    monitor.on_change = lambda: changes.append(1)
+    try:
+        snap = monitor.start()
+        assert snap.available and len(snap.gpus) == 2
+        verdicts = monitor.verdicts()
+        # XIDs from before the start, matched by bus id: 79 on GPU 0, 13 and 94 on GPU 1
+        assert (
+            verdicts[0].action is Action.REBOOT_NODE
+            and verdicts[1].action is Action.RESTART_WORKERS
+        )
+        state["gpus"][1]["temperature_c"] = 95
+        state["xids"] = [{"gpu": 1, "xid": 48}]
+        time.sleep(0.01)  # a new mtime
+        path.write_text(yaml.safe_dump(state))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (1, 48) not in monitor.take_new_xids():
+            time.sleep(0.05)
+        verdict = monitor.verdicts()[1]
+        assert "XID 48" in verdict.reason and verdict.drains
+        assert changes
+    finally:
+        monitor.stop()
+
+
+def test_monitor_without_nvml_reports_why() -> None:
+    monitor = GpuMonitor(NvmlBackend(FakeNvml({"init_error": 9})), 1.0, T)
+    snap = monitor.start()
+    assert not snap.available and "driver is not loaded" in snap.reason
+    assert monitor.verdicts() == ()
