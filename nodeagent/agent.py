@@ -19,9 +19,10 @@ from typing import Any, Protocol
 from nodeagent.config import Config
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import CoordinationError, FencedError
+from nodeagent.health import NodeHealth
 from nodeagent.launch import WorkerSpec, pick_free_port, worker_specs
 from nodeagent.leader import LeaderMemory, plan, policy_from
-from nodeagent.model import Event, JobRecord, NodeReport, WorkerInfo
+from nodeagent.model import Cordon, Event, JobRecord, NodeReport, WorkerInfo
 from nodeagent.node import (
     Acknowledge,
     GroupPhase,
@@ -48,7 +49,7 @@ class WorkerGroup(Protocol):
     def stop(self, grace_s: float) -> None: ...
     def kill(self) -> None: ...
     def poll(self) -> list[WorkerExit]: ...
-    def mark_hung(self, local_rank: int) -> None: ...
+    def mark_failed(self, local_rank: int, kind: str, code: int | None = None) -> None: ...
     def dump_stacks(self, local_rank: int) -> str: ...
     def status(self) -> GroupStatus: ...
     def next_deadline(self) -> float | None: ...
@@ -78,6 +79,7 @@ class Agent:
         workers: WorkerGroup,
         waker: Waker,
         base_env: Mapping[str, str],
+        health: NodeHealth | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -109,6 +111,9 @@ class Agent:
         self._last_reason = ""
         self._next_expiry: float | None = None  # leader: when the earliest known lease lapses
         self._hangs = HangWatch(config.timing.hang_timeout)
+        self._health = health
+        self._cordon: Cordon | None = None
+        self._gpus_by_rank: dict[int, tuple[int, ...]] = {}
 
     # -- control, safe from signal handlers (flags only) -------------------------------------
 
@@ -140,6 +145,7 @@ class Agent:
         for ended in self._workers.poll():
             self._events.append(_exit_event(self.name, ended))
         self._check_hangs(now)
+        self._check_gpus()
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
         self._apply(decide(self._local_view(now)), now)
@@ -167,6 +173,9 @@ class Agent:
             if group.succeeded and group.phase is GroupPhase.EXITED
             else None,
             last_error=self._last_error,
+            cordon=self._cordon,
+            unfit=self._health.unfit if self._health else None,
+            gpu=self._health.summary() if self._health else None,
         )
 
     def _sync(self, now: float) -> Snapshot | None:
@@ -190,6 +199,9 @@ class Agent:
             self._log.error("job record in Redis is unreadable: %s", snapshot.record_error)
         self.record = snapshot.record
         self._rev = snapshot.rev
+        if self._cordon is not None and snapshot.cordon is None and self._health is not None:
+            self._health.uncordoned(self._cordon)
+        self._cordon = snapshot.cordon
         leader = snapshot.leader if snapshot.leader_name == self.name else None
         if leader != self._leader:
             self._log.info(
@@ -206,7 +218,7 @@ class Agent:
             return
         for local_rank in self._hangs.hung(now):
             dump = self._workers.dump_stacks(local_rank)
-            self._workers.mark_hung(local_rank)
+            self._workers.mark_failed(local_rank, "hang")
             self._log.warning(
                 "local rank %d made no progress for %.0fs", local_rank, self._hangs.timeout_s
             )
@@ -222,6 +234,32 @@ class Agent:
             self._dirty = True
             return
 
+    def _check_gpus(self) -> None:
+        """Act on GPU verdicts: cordon and drain on a node-level fault, fail the workers on an
+        application XID, lift a GPU cordon with auto_uncordon (see gpu/policy.py)."""
+        if self._health is None:
+            return
+        running = self._workers.status().phase is GroupPhase.RUNNING
+        check = self._health.check(self._cordon, self._gpus_by_rank if running else {})
+        self._events += check.events
+        try:
+            if check.cordon is not None:
+                self._log.warning("cordoning this node: %s", check.cordon.reason)
+                self._store.cordon(self.name, check.cordon)
+                self._cordon = check.cordon
+            if check.uncordon:
+                self._log.info("GPU condition cleared: lifting this node's cordon")
+                self._store.uncordon(self.name, by="gpu (auto_uncordon)")
+                self._cordon = None
+        except CoordinationError as exc:
+            self._log.warning("cannot update this node's cordon now: %s", exc)
+        if check.fail_rank is not None:
+            local_rank, xid = check.fail_rank
+            self._log.warning("application XID %d on local rank %d's GPU", xid, local_rank)
+            self._workers.mark_failed(local_rank, "xid", xid)
+        if check.events or check.cordon or check.fail_rank:
+            self._dirty = True
+
     def _fence_due(self, now: float) -> bool:
         """Renewal failed for half the lease: stop workers before the lease expires (decision 5)."""
         last = self._last_ok_send
@@ -236,6 +274,8 @@ class Agent:
             shutting_down=self._shutting_down,
             fence=self._fence_due(now),
             fenced_generation=self._fenced_generation,
+            cordon=self._cordon,
+            unfit=self._health.unfit if self._health else None,
         )
 
     def _next_wakeup(self) -> float:
@@ -299,7 +339,9 @@ class Agent:
 
     def _start_workers(self, action: StartWorkers) -> None:
         record = action.record
-        specs = worker_specs(self._base_env, self.config, record, action.group_rank)
+        usable = self._health.usable if self._health else None
+        specs = worker_specs(self._base_env, self.config, record, action.group_rank, usable)
+        self._gpus_by_rank = {s.local_rank: s.gpus for s in specs if s.gpus}
         self._log.info(
             "starting %d workers: ranks %d-%d of %d, master %s:%d",
             len(specs),

@@ -51,6 +51,7 @@ class JobConfig:
     max_restarts: int = 3
     working_dir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    gpus_per_worker: int = 1
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,20 @@ class TimingConfig:
     hang_timeout: float = 0.0  # 0: off
 
 
+GPU_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    gpu: str = "auto"  # auto: use NVML if it works; on: required; off: never
+    interval: float = 5.0
+    max_temperature_c: float | None = None  # None: each GPU's own slowdown threshold
+    max_ecc_uncorrected: int = 0
+    max_pcie_replays: int | None = None
+    auto_uncordon: bool = False
+    fake_gpus: str | None = None  # a FakeNvml file instead of the real NVML
+
+
 @dataclass(frozen=True)
 class MetricsConfig:
     listen: str = "127.0.0.1:9400"
@@ -78,6 +93,7 @@ class Config:
     job: JobConfig
     timing: TimingConfig
     metrics: MetricsConfig
+    health: HealthConfig = field(default_factory=HealthConfig)
     log_dir: str = "/var/log/nodeagent"
 
 
@@ -220,6 +236,7 @@ def _load_job(section: _Section) -> JobConfig:
         max_restarts=_positive_int(section, "max_restarts", 3, minimum=0),
         working_dir=section.get("working_dir", str, "") or None,
         env={str(k): str(v) for k, v in env.items()},
+        gpus_per_worker=_positive_int(section, "gpus_per_worker", 1, minimum=0),
     )
     section.reject_unknown()
     return job
@@ -255,6 +272,31 @@ def _load_timing(section: _Section) -> TimingConfig:
             f"heartbeat does not expire the lease, got {timing.lease_ttl}s",
         )
     return timing
+
+
+def _load_health(section: _Section) -> HealthConfig:
+    gpu = section.get("gpu", str, "auto")
+    if gpu not in GPU_MODES:
+        raise ConfigError(section.key("gpu"), f"must be one of {', '.join(GPU_MODES)}, got {gpu!r}")
+    interval = parse_duration(section.raw("interval") or "5s", section.key("interval"))
+    if interval < 0.05:
+        raise ConfigError(section.key("interval"), f"must be at least 50ms, got {interval}s")
+    max_temp = section.get("max_temperature_c", float, -1.0)
+    max_replays = section.get("max_pcie_replays", int, -1)
+    fake = section.get("fake_gpus", str, "") or None
+    if fake is not None and not Path(fake).is_file():
+        raise ConfigError(section.key("fake_gpus"), f"no such file: {fake}")
+    health = HealthConfig(
+        gpu=gpu,
+        interval=interval,
+        max_temperature_c=max_temp if max_temp >= 0 else None,
+        max_ecc_uncorrected=_positive_int(section, "max_ecc_uncorrected", 0, minimum=0),
+        max_pcie_replays=max_replays if max_replays >= 0 else None,
+        auto_uncordon=section.get("auto_uncordon", bool, False),
+        fake_gpus=fake,
+    )
+    section.reject_unknown()
+    return health
 
 
 def _load_metrics(section: _Section) -> MetricsConfig:
@@ -321,6 +363,7 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
         job=_load_job(root.section("job")),
         timing=_load_timing(root.section("timing")),
         metrics=_load_metrics(root.section("metrics")),
+        health=_load_health(root.section("health")),
         log_dir=root.get("log_dir", str, "/var/log/nodeagent"),
     )
     root.reject_unknown()

@@ -40,6 +40,7 @@ class WorkerSpec:
     cwd: str | None
     log_path: Path
     progress_path: Path
+    gpus: tuple[int, ...] = ()
 
 
 def pick_free_port(address: str) -> int:
@@ -106,13 +107,24 @@ def worker_env(
 
 
 def worker_specs(
-    base_env: Mapping[str, str], config: Config, record: JobRecord, group_rank: int
+    base_env: Mapping[str, str],
+    config: Config,
+    record: JobRecord,
+    group_rank: int,
+    usable_gpus: tuple[int, ...] | None = None,
 ) -> list[WorkerSpec]:
+    """One spec per local rank. With GPU monitoring, local rank i gets the i-th slice of
+    `gpus_per_worker` usable GPUs as CUDA_VISIBLE_DEVICES."""
     nproc = record.nproc_per_node
+    per_worker = config.job.gpus_per_worker
     specs = []
     for local_rank in range(nproc):
         rank = group_rank * nproc + local_rank
         env = worker_env(base_env, config, record, group_rank, local_rank)
+        gpus: tuple[int, ...] = ()
+        if usable_gpus is not None and per_worker > 0:
+            gpus = usable_gpus[local_rank * per_worker : (local_rank + 1) * per_worker]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         specs.append(
             WorkerSpec(
                 rank=rank,
@@ -122,6 +134,7 @@ def worker_specs(
                 cwd=config.job.working_dir,
                 log_path=log_path(config.log_dir, config.job.id, record.generation, rank),
                 progress_path=Path(env["NODEAGENT_PROGRESS_FILE"]),
+                gpus=gpus,
             )
         )
     return specs

@@ -20,12 +20,14 @@ from nodeagent.model import Command, CommandType, Event, Failure, JobRecord, Nod
 from nodeagent.state import JobState, NodeState
 
 # Not eligible for a new generation.
-UNAVAILABLE = frozenset({NodeState.LEAVING})
+UNAVAILABLE = frozenset({NodeState.LEAVING, NodeState.DRAINING, NodeState.CORDONED})
 # Generations replaced for these reasons are broken: their collectives cannot complete.
 FAILURE_REASONS = frozenset({"worker_failed", "worker_hung", "node_lost"})
 # No longer part of the generation that runs: a fenced node stopped its workers, a joining one
 # restarted and lost them. Both may join the next generation.
-DROPPED_OUT = frozenset({NodeState.FENCED, NodeState.JOINING, NodeState.LEAVING})
+DROPPED_OUT = frozenset(
+    {NodeState.FENCED, NodeState.JOINING, NodeState.LEAVING, NodeState.DRAINING, NodeState.CORDONED}
+)
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,11 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
         record = replace(record, command_cursor=view.command_cursor)
     events += command_events
     eligible = tuple(
-        sorted(name for name, report in view.nodes.items() if report.state not in UNAVAILABLE)
+        sorted(
+            name
+            for name, report in view.nodes.items()
+            if report.state not in UNAVAILABLE and report.eligible
+        )
     )
     memory = _remember(memory, eligible, view.now_ms)
     ctx = _Context(view, policy, memory, eligible, requests)
@@ -247,6 +253,19 @@ def _begin(
     return new, [_job_event("generation_announced", new, message)], reason
 
 
+def _why_gone(reports: Sequence[NodeReport | None]) -> str:
+    """The restart reason for members that dropped out: a drain is gpu_fault when the agent
+    cordoned itself for a GPU fault, operator when a person did; leaving is node_left."""
+    if reports and all(r is not None and r.state is NodeState.LEAVING for r in reports):
+        return "node_left"
+    drains = [
+        r.cordon for r in reports if r is not None and r.cordon is not None and r.cordon.drain
+    ]
+    if drains and len(drains) == len(reports):
+        return "gpu_fault" if all(c.by == "gpu" for c in drains) else "operator"
+    return "node_lost"
+
+
 def _settled(ctx: _Context) -> bool:
     return ctx.view.now_ms - ctx.memory.changed_ms >= ctx.policy.join_settle_ms
 
@@ -266,8 +285,7 @@ def _step_running(record: JobRecord, ctx: _Context) -> _Step:
         return _begin(record, ctx, reason, failure=failures[0])
     gone = [m for m in record.members if m not in nodes or nodes[m].state in DROPPED_OUT]
     if gone:
-        left = all(m in nodes and nodes[m].state is NodeState.LEAVING for m in gone)
-        return _begin(record, ctx, "node_left" if left else "node_lost")
+        return _begin(record, ctx, _why_gone([nodes.get(m) for m in gone]))
     if all(
         m in nodes and nodes[m].succeeded_generation == record.generation for m in record.members
     ):
@@ -275,9 +293,11 @@ def _step_running(record: JobRecord, ctx: _Context) -> _Step:
         return done, [_job_event("job_succeeded", done, "every worker exited 0")], "succeeded"
     if ctx.requests.restart:
         return _begin(record, ctx, "operator")
-    desired = min(record.target_nodes, len(ctx.eligible))
-    if desired < len(record.members):
+    # A cordoned member keeps running until the next generation (cordon is not drain).
+    if record.target_nodes < len(record.members):
         return _begin(record, ctx, "scale")
+    standby = [n for n in ctx.eligible if n not in record.members]
+    desired = min(record.target_nodes, len(record.members) + len(standby))
     if desired > len(record.members) and (desired == record.target_nodes or _settled(ctx)):
         return _begin(record, ctx, "scale" if ctx.requests.scaled else "node_joined")
     return record, [], "running"

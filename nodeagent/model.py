@@ -63,8 +63,49 @@ class Failure:
     def describe(self) -> str:
         if self.kind == "hang":
             return f"rank {self.rank} on {self.node} hung (no progress beat)"
+        if self.kind == "xid":
+            return f"rank {self.rank} on {self.node}: application XID {self.exit_code} on its GPU"
         how = f"signal {self.signal}" if self.signal else f"exit code {self.exit_code}"
         return f"rank {self.rank} on {self.node} failed ({how})"
+
+
+@dataclass(frozen=True)
+class Cordon:
+    """A node kept out of new generations; with `drain` it also leaves the running one."""
+
+    reason: str
+    by: str  # "gpu" when the agent cordoned itself, else who ran nodeagentctl
+    drain: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Cordon:
+        data = _decode(raw, "cordon")
+        try:
+            return cls(reason=str(data["reason"]), by=str(data["by"]), drain=bool(data["drain"]))
+        except KeyError as exc:
+            raise CorruptStateError(f"cordon is malformed: missing {exc}") from exc
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU's verdict as a node reports it."""
+
+    index: int
+    health: str
+    action: str
+    reason: str
+    temperature_c: float | None = None
+    power_w: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuSummary:
+    available: bool
+    reason: str = ""  # why monitoring is unavailable
+    gpus: tuple[GpuInfo, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +125,14 @@ class NodeReport:
     failure: Failure | None = None
     succeeded_generation: int | None = None
     last_error: str | None = None
+    cordon: Cordon | None = None
+    unfit: str | None = None  # why this node cannot take part (too few usable GPUs)
+    gpu: GpuSummary | None = None
+
+    @property
+    def eligible(self) -> bool:
+        """May be chosen for a new generation."""
+        return self.cordon is None and self.unfit is None
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -111,9 +160,19 @@ class NodeReport:
                 failure=Failure(**failure) if failure else None,
                 succeeded_generation=_optional_int(data, "succeeded_generation", what),
                 last_error=data.get("last_error"),
+                cordon=Cordon(**data["cordon"]) if data.get("cordon") else None,
+                unfit=data.get("unfit"),
+                gpu=_gpu_summary(data.get("gpu")),
             )
         except (TypeError, ValueError) as exc:
             raise CorruptStateError(f"{what} is malformed: {exc}") from exc
+
+
+def _gpu_summary(data: Any) -> GpuSummary | None:
+    if not data:
+        return None
+    gpus = tuple(GpuInfo(**g) for g in data.get("gpus") or ())
+    return GpuSummary(bool(data["available"]), str(data.get("reason", "")), gpus)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from nodeagent.leader import FAILURE_REASONS
-from nodeagent.model import Failure, JobRecord
+from nodeagent.model import Cordon, Failure, JobRecord
 from nodeagent.state import JobState, NodeState
 
 
@@ -56,6 +56,8 @@ class LocalView:
     shutting_down: bool = False
     fence: bool = False  # the lease could not be renewed in time
     fenced_generation: int | None = None  # set once fenced: wait for a newer generation
+    cordon: Cordon | None = None  # this node's cordon, as last read from Redis
+    unfit: str | None = None  # why this node cannot take part (too few usable GPUs)
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,13 @@ def decide(view: LocalView) -> NodeDecision:
             state = NodeState.RUNNING if group.phase is GroupPhase.RUNNING else NodeState.STOPPING
             return NodeDecision(state, (), "no job record in Redis; keeping workers")
         return NodeDecision(NodeState.JOINING, (), "no job record yet")
+    draining = view.cordon is not None and view.cordon.drain
+    if draining and group.phase is GroupPhase.RUNNING:
+        assert view.cordon is not None
+        drain = StopWorkers(f"drained: {view.cordon.reason}")  # full grace: a checkpoint
+        return NodeDecision(NodeState.DRAINING, (drain,), "drained")
+    if draining and group.phase is GroupPhase.STOPPING:
+        return NodeDecision(NodeState.DRAINING, (), "drained: workers stopping")
     if group.phase is GroupPhase.RUNNING:
         return _decide_running(view, record)
     if group.phase is GroupPhase.STOPPING:
@@ -157,6 +166,9 @@ def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
         return NodeDecision(NodeState.SUCCEEDED, tuple(actions), "workers succeeded")
     if this_generation and group.failure is not None:
         return NodeDecision(NodeState.FAILED, tuple(actions), group.failure.describe())
+    if view.cordon is not None or view.unfit is not None:
+        why = f"cordoned: {view.cordon.reason}" if view.cordon else f"unfit: {view.unfit}"
+        return NodeDecision(NodeState.CORDONED, tuple(actions), why)
     rank = record.group_rank(view.name)
     if record.state is JobState.RUNNING and rank is None:
         return NodeDecision(NodeState.STANDBY, tuple(actions), "standby")

@@ -60,6 +60,8 @@ class NodeState(str, Enum):
     SUCCEEDED  all of this node's workers of the generation exited 0.
     FAILED     a local worker failed; reported to the leader, waiting for the next generation.
     FENCED     could not renew its lease; stopped its workers; waits for a new generation.
+    DRAINING   drained (by an operator or a GPU fault): stopping its workers to leave the job.
+    CORDONED   not taking part in new generations: cordoned, or too few usable GPUs.
     LEAVING    shutting down: stopping workers, then removing its lease.
     """
 
@@ -71,25 +73,30 @@ class NodeState(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     FENCED = "fenced"
+    DRAINING = "draining"
+    CORDONED = "cordoned"
     LEAVING = "leaving"
 
 
-_ANYWHERE = {NodeState.FENCED, NodeState.LEAVING}
+_ANYWHERE = {NodeState.FENCED, NodeState.LEAVING, NodeState.CORDONED}
 _IDLE = {NodeState.JOINING, NodeState.STANDBY, NodeState.READY}
 _OUTCOMES = {NodeState.SUCCEEDED, NodeState.FAILED}
+_WORKING = {NodeState.RUNNING, NodeState.STOPPING, NodeState.DRAINING}
 NODE_TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
     NodeState.JOINING: frozenset({NodeState.STANDBY, NodeState.READY, *_OUTCOMES, *_ANYWHERE}),
     NodeState.STANDBY: frozenset({NodeState.JOINING, NodeState.READY, *_ANYWHERE}),
     # A worker can start, fail or finish between two ticks: READY may lead anywhere.
-    NodeState.READY: frozenset(
-        {*_IDLE, NodeState.RUNNING, NodeState.STOPPING, *_OUTCOMES, *_ANYWHERE}
-    ),
+    NodeState.READY: frozenset({*_IDLE, *_WORKING, *_OUTCOMES, *_ANYWHERE}),
     # Workers may all exit on their own before the next tick sees a new generation.
-    NodeState.RUNNING: frozenset({*_IDLE, NodeState.STOPPING, *_OUTCOMES, *_ANYWHERE}),
-    NodeState.STOPPING: frozenset({*_IDLE, *_OUTCOMES, *_ANYWHERE}),
+    NodeState.RUNNING: frozenset({*_IDLE, *_WORKING, *_OUTCOMES, *_ANYWHERE}),
+    NodeState.STOPPING: frozenset({*_IDLE, *_WORKING, *_OUTCOMES, *_ANYWHERE}),
     NodeState.SUCCEEDED: frozenset({*_IDLE, *_ANYWHERE}),
-    NodeState.FAILED: frozenset({*_IDLE, NodeState.STOPPING, *_ANYWHERE}),
-    NodeState.FENCED: frozenset({*_IDLE, NodeState.STOPPING, NodeState.LEAVING}),
+    NodeState.FAILED: frozenset({*_IDLE, *_WORKING, *_ANYWHERE}),
+    NodeState.FENCED: frozenset({*_IDLE, *_WORKING, NodeState.LEAVING, NodeState.CORDONED}),
+    NodeState.DRAINING: frozenset({*_IDLE, NodeState.STOPPING, NodeState.FAILED, *_ANYWHERE}),
+    NodeState.CORDONED: frozenset(
+        {*_IDLE, *_WORKING, *_OUTCOMES, NodeState.FENCED, NodeState.LEAVING}
+    ),
     NodeState.LEAVING: frozenset(),
 }
 

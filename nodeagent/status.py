@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from nodeagent.coord.store import NodeLease, Snapshot
@@ -19,6 +20,9 @@ def _node(lease: NodeLease, now_ms: int, group_rank: int | None) -> dict[str, An
             "generation": None,
             "heartbeat_age_s": None,
             "workers": [],
+            "cordon": None,
+            "unfit": None,
+            "gpu": None,
         }
     heartbeat_ms = lease.deadline_ms - report.lease_ttl_ms
     expired = lease.deadline_ms <= now_ms
@@ -31,6 +35,9 @@ def _node(lease: NodeLease, now_ms: int, group_rank: int | None) -> dict[str, An
         "heartbeat_age_s": round(max(0, now_ms - heartbeat_ms) / 1000, 3),
         "restart_count": report.restart_count,
         "last_error": report.last_error,
+        "cordon": asdict(report.cordon) if report.cordon else None,
+        "unfit": report.unfit,
+        "gpu": asdict(report.gpu) if report.gpu else None,
         "workers": [
             {
                 "rank": w.rank,

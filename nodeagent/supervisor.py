@@ -259,15 +259,17 @@ class Supervisor:
             self._escalate()
         return exits
 
-    def mark_hung(self, local_rank: int) -> None:
-        """Record that a worker stopped making progress: a failure of kind "hang"."""
+    def mark_failed(self, local_rank: int, kind: str, code: int | None = None) -> None:
+        """Record a failure the exit code does not show: kind "hang" (no progress) or "xid"
+        (an application XID on its GPU; `code` is the XID)."""
         worker = next(w for w in self._workers if w.spec.local_rank == local_rank)
         if self._failure is None:
             self._failure = Failure(
                 generation=self._generation or 0,
                 node=self._node,
                 rank=worker.spec.rank,
-                kind="hang",
+                kind=kind,
+                exit_code=code,
             )
 
     def dump_stacks(self, local_rank: int) -> str:

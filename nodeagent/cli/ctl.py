@@ -23,7 +23,7 @@ from nodeagent.coord.embedded import embedded_url
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, CoordinationError, UsageError
-from nodeagent.model import Command, CommandType, Event
+from nodeagent.model import Command, CommandType, Cordon, Event
 from nodeagent.state import JobState
 from nodeagent.status import status_document
 
@@ -52,6 +52,21 @@ def _parser() -> argparse.ArgumentParser:
     events.add_argument("--last", type=int, default=50, help="how many past events (default 50)")
     commands.add_parser("restart", help="force a new generation (also restarts a finished job)")
     commands.add_parser("stop", help="stop the job's workers everywhere")
+    cordon = commands.add_parser("cordon", help="keep a node out of the next generations")
+    cordon.add_argument("node")
+    cordon.add_argument("--reason", default="cordoned by an operator")
+    drain = commands.add_parser(
+        "drain", help="cordon a node and take it out of the job now (its workers checkpoint)"
+    )
+    drain.add_argument("node")
+    drain.add_argument("--reason", default="drained by an operator")
+    drain.add_argument("--wait", action="store_true", help="wait until its workers are stopped")
+    drain.add_argument("--timeout", default="10m", help="how long --wait waits (default 10m)")
+    uncordon = commands.add_parser("uncordon", help="let a node take part again")
+    uncordon.add_argument("node")
+    health = commands.add_parser("health", help="a node's GPU verdicts (default: this node)")
+    health.add_argument("--node", help="node name (default: node.name of --config)")
+    health.add_argument("--json", action="store_true")
     return parser
 
 
@@ -95,6 +110,10 @@ def _print_status(doc: dict[str, Any]) -> None:
             f"{node['name']:<20} {node['state']:<10} {rank!s:>4} {node['generation']!s:>4} "
             f"{age:>7}  {node['address'] or '-':<16} {workers}"
         )
+        if node["cordon"]:
+            print(f"{'':<20} cordoned: {node['cordon']['reason']} (by {node['cordon']['by']})")
+        if node["unfit"]:
+            print(f"{'':<20} cannot take part: {node['unfit']}")
 
 
 def _format_event(event: Event) -> str:
@@ -183,6 +202,60 @@ def _command(store: JobStore, kind: CommandType) -> int:
     return 0
 
 
+def _drain(store: JobStore, args: argparse.Namespace) -> int:
+    store.cordon(args.node, Cordon(reason=args.reason, by=_by(), drain=True))
+    print(f"node {args.node}: drained ({args.reason})")
+    if not args.wait:
+        return 0
+    deadline = time.monotonic() + parse_duration(args.timeout, "--timeout")
+    while time.monotonic() < deadline:
+        nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
+        node = nodes.get(args.node)
+        if node is None or (
+            node["state"] in ("cordoned", "lost")
+            and not any(w["state"] in ("running", "stopping") for w in node["workers"])
+        ):
+            print(f"node {args.node}: workers stopped, out of the job")
+            return 0
+        time.sleep(0.2)
+    print(f"timed out after {args.timeout}: node {args.node} still has workers", file=sys.stderr)
+    return 1
+
+
+def _health(store: JobStore, config: Config | None, args: argparse.Namespace) -> int:
+    name = args.node or (config.node.name if config else None)
+    if name is None:
+        raise UsageError("give --node NAME, or --config of the node")
+    nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
+    if name not in nodes:
+        raise UsageError(f"node {name} is not in job {store.keys.job} (no live lease)")
+    node = nodes[name]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "node": name,
+                    "cordon": node["cordon"],
+                    "unfit": node["unfit"],
+                    "gpu": node["gpu"],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    gpu = node["gpu"] or {"available": False, "reason": "not reported", "gpus": []}
+    if not gpu["available"]:
+        print(f"node {name}: GPU monitoring unavailable ({gpu['reason']})")
+    for g in gpu["gpus"]:
+        temp = f"{g['temperature_c']:.0f}C" if g["temperature_c"] is not None else "-"
+        print(f"GPU {g['index']}: {g['health']:<9} {temp:>5}  {g['action']:<15} {g['reason']}")
+    if node["cordon"]:
+        print(f"node {name} is cordoned: {node['cordon']['reason']} (by {node['cordon']['by']})")
+    if node["unfit"]:
+        print(f"node {name} cannot take part: {node['unfit']}")
+    return 0
+
+
 def dispatch(args: argparse.Namespace) -> int:
     store, config = _store(args)
     if args.command == "status":
@@ -196,6 +269,18 @@ def dispatch(args: argparse.Namespace) -> int:
         return _scale(store, config, args)
     if args.command == "events":
         return _events(store, args)
+    if args.command == "cordon":
+        store.cordon(args.node, Cordon(reason=args.reason, by=_by()))
+        print(f"node {args.node}: cordoned ({args.reason})")
+        return 0
+    if args.command == "drain":
+        return _drain(store, args)
+    if args.command == "uncordon":
+        lifted = store.uncordon(args.node, by=_by())
+        print(f"node {args.node}: " + ("uncordoned" if lifted else "was not cordoned"))
+        return 0
+    if args.command == "health":
+        return _health(store, config, args)
     return _command(store, CommandType(args.command))
 
 

@@ -25,6 +25,7 @@ from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.listener import StreamListener
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError
+from nodeagent.health import NodeHealth, build_monitor, start_monitor
 from nodeagent.supervisor import Supervisor
 from nodeagent.wakeup import Waker
 
@@ -88,7 +89,11 @@ def _run(config: Config) -> int:
     listen_client = connect(config.redis.url, LISTEN_BLOCK_MS / 1000 + timeout)
     waker = Waker()
     supervisor = Supervisor(echo=_Echo(), wake=waker.wake)
-    agent = Agent(config, store, supervisor, waker, base_env=dict(os.environ))
+    monitor = build_monitor(config.health)
+    start_monitor(monitor, config.health)  # ConfigError (exit 78) when gpu: on and no NVML
+    monitor.on_change = waker.wake
+    health = NodeHealth(config, monitor)
+    agent = Agent(config, store, supervisor, waker, base_env=dict(os.environ), health=health)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         agent.request_stop()  # sets flags only; the wakeup fd ends the loop's wait
@@ -102,6 +107,7 @@ def _run(config: Config) -> int:
         agent.run()
     finally:
         listener.stop()
+        monitor.stop()
         signal.set_wakeup_fd(-1)
     return 0
 

@@ -15,6 +15,7 @@ LEADER_EPOCH_KEY = "%s:{%s}:leader-epoch"  # INCR counter: fencing tokens
 JOB_KEY = "%s:{%s}:job"  # HASH gen=<int>, record=<JSON JobRecord>
 EVENTS_KEY = "%s:{%s}:events"  # STREAM of events, capped
 COMMANDS_KEY = "%s:{%s}:commands"  # STREAM of operator commands, capped
+CORDONS_KEY = "%s:{%s}:cordons"  # HASH node name -> JSON Cordon
 
 EVENTS_MAXLEN = 10_000
 COMMANDS_MAXLEN = 1_000
@@ -57,3 +58,7 @@ class JobKeys:
     @property
     def commands(self) -> str:
         return COMMANDS_KEY % (self.prefix, self.job)
+
+    @property
+    def cordons(self) -> str:
+        return CORDONS_KEY % (self.prefix, self.job)

@@ -23,10 +23,10 @@ SYNC = (
     """
 -- Heartbeat: renew this node's lease, take or renew the leader lease, append events, read.
 -- KEYS[1] node key    KEYS[2] leases zset    KEYS[3] leader      KEYS[4] leader epoch
--- KEYS[5] job hash    KEYS[6] events stream  KEYS[7] commands stream
+-- KEYS[5] job hash    KEYS[6] events stream  KEYS[7] commands stream  KEYS[8] cordons hash
 -- ARGV[1] node name   ARGV[2] report JSON    ARGV[3] lease ttl ms
 -- ARGV[4] events maxlen  ARGV[5] node key prefix  ARGV[6..] event JSONs to append
--- Returns {now_ms, leader, rev, record} and, for the leader only,
+-- Returns {now_ms, leader, rev, record, this node's cordon} and, for the leader only,
 --   {..., leases (name, deadline, ...), reports (one per lease, '' if missing), commands}.
 """
     + _NOW
@@ -48,15 +48,16 @@ for i = 6, #ARGV do
 end
 local rev = redis.call('HGET', KEYS[5], 'rev') or '0'
 local record = redis.call('HGET', KEYS[5], 'record') or false
+local cordon = redis.call('HGET', KEYS[8], name) or false
 if string.sub(leader, 1, #mine) ~= mine then
-  return {now, leader, rev, record}
+  return {now, leader, rev, record, cordon}
 end
 """
     + _CLUSTER
     + """
 local cursor = redis.call('HGET', KEYS[5], 'cursor') or '0-0'
 local commands = redis.call('XRANGE', KEYS[7], '(' .. cursor, '+', 'COUNT', 100)
-return {now, leader, rev, record, leases, reports, commands}
+return {now, leader, rev, record, cordon, leases, reports, commands}
 """
 )
 
@@ -65,7 +66,7 @@ SNAPSHOT = (
 -- Read-only snapshot for nodeagentctl.
 -- KEYS[1] unused      KEYS[2] leases zset    KEYS[3] leader     KEYS[4] job hash
 -- ARGV[1..4] unused   ARGV[5] node key prefix
--- Returns {now_ms, leader, rev, record, leases, reports}.
+-- Returns {now_ms, leader, rev, record, false (no node's cordon), leases, reports}.
 """
     + _NOW
     + """
@@ -75,7 +76,7 @@ local record = redis.call('HGET', KEYS[4], 'record') or false
 """
     + _CLUSTER
     + """
-return {now, leader, rev, record, leases, reports}
+return {now, leader, rev, record, false, leases, reports}
 """
 )
 

@@ -20,7 +20,7 @@ from nodeagent.coord import scripts
 from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, JobKeys
 from nodeagent.errors import CoordinationError, CorruptStateError, FencedError
 from nodeagent.leader import ClusterView, Plan
-from nodeagent.model import Command, Event, JobRecord, NodeReport
+from nodeagent.model import Command, Cordon, Event, JobRecord, NodeReport
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -42,6 +42,7 @@ class Snapshot:
     rev: int
     record: JobRecord | None
     record_error: str | None = None
+    cordon: Cordon | None = None  # the syncing node's own cordon
     leases: tuple[NodeLease, ...] = ()
     commands: tuple[Command, ...] = ()
     command_cursor: str | None = None  # last command entry read, valid or not
@@ -107,6 +108,7 @@ class JobStore:
                     keys.record,
                     keys.events,
                     keys.commands,
+                    keys.cordons,
                 ],
                 args=[
                     report.name,
@@ -162,6 +164,46 @@ class JobStore:
                 keys=[keys.node(name), keys.leases, keys.leader, keys.events],
                 args=[name, EVENTS_MAXLEN, event.to_json()],
             )
+
+    def cordon(self, name: str, cordon: Cordon) -> None:
+        """Keep `name` out of new generations (and, with drain, out of the running one)."""
+        verb = "drained" if cordon.drain else "cordoned"
+        event = Event(
+            f"node_{verb}",
+            node=name,
+            message=f"{cordon.reason} (by {cordon.by})",
+            data={"by": cordon.by, "drain": cordon.drain},
+        )
+        with _redis_errors("cordon"):
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hset(self.keys.cordons, name, cordon.to_json())
+            pipe.xadd(
+                self.keys.events, {"event": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True
+            )
+            pipe.execute()
+
+    def uncordon(self, name: str, by: str) -> bool:
+        """Lift `name`'s cordon; False if it had none."""
+        event = Event("node_uncordoned", node=name, message=f"by {by}", data={"by": by})
+        with _redis_errors("uncordon"):
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hdel(self.keys.cordons, name)
+            pipe.xadd(
+                self.keys.events, {"event": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True
+            )
+            removed, _ = pipe.execute()
+        return bool(removed)
+
+    def cordons(self) -> dict[str, Cordon]:
+        with _redis_errors("read cordons"):
+            raw: Any = self.client.hgetall(self.keys.cordons)
+        found = {}
+        for name, value in raw.items():
+            try:
+                found[str(name)] = Cordon.from_json(value)
+            except CorruptStateError as exc:
+                log.warning("ignoring cordon of %s: %s", name, exc)
+        return found
 
     def send_command(self, command: Command) -> str:
         with _redis_errors("send command"):
@@ -226,15 +268,16 @@ def _parse_snapshot(reply: Sequence[Any]) -> Snapshot:
     errors: list[str] = []
     record = _parse(JobRecord.from_json, raw_record, errors) if raw_record else None
     record_error = errors[0] if errors else None
+    cordon = _parse(Cordon.from_json, reply[4], errors) if len(reply) > 4 and reply[4] else None
     leases: list[NodeLease] = []
     commands: list[Command] = []
-    if len(reply) > 4:
-        flat, reports = reply[4], reply[5]
+    if len(reply) > 5:
+        flat, reports = reply[5], reply[6]
         for i, raw in enumerate(reports):
             report = _parse(NodeReport.from_json, raw, errors) if raw else None
             leases.append(NodeLease(str(flat[2 * i]), int(float(flat[2 * i + 1])), report))
     cursor = None
-    for entry_id, fields in reply[6] if len(reply) > 6 else ():
+    for entry_id, fields in reply[7] if len(reply) > 7 else ():
         cursor = str(entry_id)
         pairs = dict(zip(fields[::2], fields[1::2], strict=False))
         try:
@@ -247,6 +290,7 @@ def _parse_snapshot(reply: Sequence[Any]) -> Snapshot:
         rev=rev,
         record=record,
         record_error=record_error,
+        cordon=cordon,
         leases=tuple(leases),
         commands=tuple(commands),
         command_cursor=cursor,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from nodeagent.gpu import kmsg
-from nodeagent.gpu.classify import Thresholds, Verdict, classify
+from nodeagent.gpu.classify import APPLICATION_XIDS, Thresholds, Verdict, classify
 from nodeagent.gpu.nvml import GpuUnavailable, NvmlBackend
 from nodeagent.gpu.readings import GpuSnapshot
 
@@ -80,10 +80,13 @@ class GpuMonitor:
         return new
 
     def clear_xids(self) -> None:
-        """Forget past XIDs (after an operator uncordons: they were dealt with)."""
+        """Forget past XIDs (after an operator uncordons: they were dealt with). Recomputes the
+        verdicts from the cached readings: no NVML call on the caller's thread."""
         with self._lock:
             self._xids.clear()
-        self.sample()
+            gpus = tuple(replace(r, xids=()) for r in self._snapshot.gpus)
+            self._snapshot = replace(self._snapshot, gpus=gpus)
+            self._verdicts = tuple(classify(r, self._thresholds) for r in gpus)
 
     def sample(self) -> None:
         assert self._backend is not None
@@ -98,8 +101,12 @@ class GpuMonitor:
             self.on_change()
 
     def _record_xid(self, index: int, xid: int) -> None:
+        """Every XID is acted on once (take_new_xids); only those that say something about
+        the GPU itself stay in its verdict. An application-level XID is over once the
+        workers restart."""
         with self._lock:
-            self._xids.setdefault(index, []).append(xid)
+            if xid not in APPLICATION_XIDS:
+                self._xids.setdefault(index, []).append(xid)
             self._new_xids.append((index, xid))
         log.warning("XID %d on GPU %d", xid, index)
 
@@ -108,7 +115,7 @@ class GpuMonitor:
             kmsg.normalize_bus_id(r.bus_id): r.index for r in self.snapshot().gpus if r.bus_id
         }
         for found in kmsg.parse(self._kernel_log()):
-            if found.bus_id in by_bus:
+            if found.bus_id in by_bus and found.xid not in APPLICATION_XIDS:
                 with self._lock:
                     self._xids.setdefault(by_bus[found.bus_id], []).append(found.xid)
         self.sample()

@@ -197,7 +197,7 @@ def test_stack_dump_of_a_stopped_worker_via_faulthandler(
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     assert "SIGUSR1" in h.sup.dump_stacks(0)
-    h.sup.mark_hung(0)
+    h.sup.mark_failed(0, "hang")
     h.sup.stop(grace_s=1)
     h.settle(GroupPhase.EXITED)
     log = h.tmp_path / "logs" / "rank-10.log"

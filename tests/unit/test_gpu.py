@@ -294,11 +294,9 @@ def test_monitor_samples_in_the_background_and_sees_new_xids(tmp_path: Path) -> 
         snap = monitor.start()
         assert snap.available and len(snap.gpus) == 2
         verdicts = monitor.verdicts()
-        # XIDs from before the start, matched by bus id: 79 on GPU 0, 13 and 94 on GPU 1
-        assert (
-            verdicts[0].action is Action.REBOOT_NODE
-            and verdicts[1].action is Action.RESTART_WORKERS
-        )
+        # XIDs from before the start, matched by bus id: 79 on GPU 0 stays in its verdict; 13
+        # and 94 on GPU 1 were application-level, over once those workers ended
+        assert verdicts[0].action is Action.REBOOT_NODE and verdicts[1].action is Action.NONE
         state["gpus"][1]["temperature_c"] = 95
         state["xids"] = [{"gpu": 1, "xid": 48}]
         time.sleep(0.01)  # a new mtime
@@ -318,3 +316,51 @@ def test_monitor_without_nvml_reports_why() -> None:
     snap = monitor.start()
     assert not snap.available and "driver is not loaded" in snap.reason
     assert monitor.verdicts() == ()
+
+
+# -- what verdicts mean for the node (pure) --------------------------------------------------
+
+from nodeagent.gpu.policy import GPU_CORDON, decide_gpus  # noqa: E402
+from nodeagent.model import Cordon  # noqa: E402
+
+HEALTHY = [classify(replace(OK, index=i), T) for i in range(4)]
+
+
+def test_no_monitoring_changes_nothing() -> None:
+    decision = decide_gpus(False, [], [], None, [], 8, False)
+    assert decision.usable is None and decision.unfit is None and decision.cordon is None
+
+
+def test_node_level_fault_cordons_and_drains() -> None:
+    verdicts = [*HEALTHY[:3], classify(replace(OK, index=3, xids=(79,)), T)]
+    decision = decide_gpus(True, verdicts, [(3, 79)], None, [0, 1], 2, False)
+    assert (
+        decision.cordon is not None and decision.cordon.drain and decision.cordon.by == GPU_CORDON
+    )
+    assert "GPU 3: XID 79" in decision.cordon.reason and "reboot_node" in decision.cordon.reason
+    assert decision.usable == (0, 1, 2) and decision.xid_failure is None
+    again = decide_gpus(True, verdicts, [], decision.cordon, [0, 1], 2, False)
+    assert again.cordon is None  # already cordoned: not again
+
+
+def test_application_xid_fails_only_the_workers_that_use_that_gpu() -> None:
+    verdicts = [classify(replace(OK, index=i, xids=(13,) if i == 1 else ()), T) for i in range(2)]
+    hit = decide_gpus(True, verdicts, [(1, 13)], None, [0, 1], 2, False)
+    assert hit.xid_failure == (1, 13) and hit.cordon is None
+    assert decide_gpus(True, verdicts, [(1, 13)], None, [0], 2, False).xid_failure is None
+
+
+def test_too_few_usable_gpus_make_the_node_unfit() -> None:
+    verdicts = [*HEALTHY[:3], classify(replace(OK, index=3, temperature_c=99), T)]
+    decision = decide_gpus(True, verdicts, [], Cordon("x", GPU_CORDON, True), [], 4, False)
+    assert decision.unfit == "3 usable GPUs of 4, the job needs 4"
+    assert decide_gpus(True, HEALTHY, [], None, [], 4, False).unfit is None
+
+
+def test_auto_uncordon_only_lifts_a_gpu_cordon_once_clear() -> None:
+    gpu_cordon, ops_cordon = Cordon("XID 48", GPU_CORDON, True), Cordon("maint", "ops", True)
+    assert decide_gpus(True, HEALTHY, [], gpu_cordon, [], 4, True).uncordon
+    assert not decide_gpus(True, HEALTHY, [], gpu_cordon, [], 4, False).uncordon
+    assert not decide_gpus(True, HEALTHY, [], ops_cordon, [], 4, True).uncordon
+    sick = [*HEALTHY[:3], classify(replace(OK, index=3, remapped_rows_pending=True), T)]
+    assert not decide_gpus(True, sick, [], gpu_cordon, [], 4, True).uncordon

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from nodeagent.leader import ClusterView, LeaderMemory, Plan, Policy, plan
-from nodeagent.model import Command, CommandType, Failure, JobRecord, NodeReport
+from nodeagent.model import Command, CommandType, Cordon, Failure, JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
 from tests.helpers.factories import make_record
 
@@ -395,3 +395,38 @@ def test_illegal_transitions_raise() -> None:
 
     with pytest.raises(IllegalTransition):
         record(JobState.WAITING, 1).moved_to(JobState.SUCCEEDED)
+
+
+# -- cordons and GPUs -----------------------------------------------------------------------------
+
+
+def cordoned(name: str, state: NodeState, acked: int, by: str = "ops") -> NodeReport:
+    return node(name, state, acked, cordon=Cordon(reason="maintenance", by=by))
+
+
+@pytest.mark.parametrize(("by", "reason"), [("gpu", "gpu_fault"), ("alice@host", "operator")])
+def test_a_draining_member_reforms_without_charge(by: str, reason: str) -> None:
+    nodes = members_running(5)
+    nodes[2] = replace(
+        nodes[2], state=NodeState.DRAINING, cordon=Cordon(reason="XID 79", by=by, drain=True)
+    )
+    new = run(running(5), *nodes, node("d", NodeState.STANDBY, acked=5)).record
+    assert new is not None and new.reason == reason and new.pending_failure is None
+
+
+def test_cordoned_and_unfit_nodes_are_not_chosen() -> None:
+    rec = record(JobState.RESTARTING, 6, ("a", "b", "c"))
+    nodes = [
+        node("a", acked=6),
+        cordoned("b", NodeState.CORDONED, 6),
+        node("c", acked=6, unfit="3 usable GPUs of 8, the job needs 8"),
+        node("d", acked=6),
+    ]
+    new = run(rec, *nodes).record
+    assert new is not None and new.members == ("a", "d")
+
+
+def test_a_cordoned_member_keeps_running_until_the_next_generation() -> None:
+    nodes = members_running(5)
+    nodes[1] = replace(nodes[1], cordon=Cordon(reason="soon", by="ops"))
+    assert run(running(5), *nodes).record is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.model import Failure, JobRecord
+from nodeagent.model import Cordon, Failure, JobRecord
 from nodeagent.node import (
     Acknowledge,
     GroupPhase,
@@ -162,6 +162,8 @@ def test_random_histories_only_make_legal_transitions() -> None:
     for _ in range(3000):
         record: JobRecord | None = None
         gen, acked, fenced, fence, leaving = 0, 0, None, False, False
+        cordon: Cordon | None = None
+        unfit: str | None = None
         group = NONE
         state = NodeState.JOINING
         for _ in range(25):
@@ -178,6 +180,11 @@ def test_random_histories_only_make_legal_transitions() -> None:
                     "tick",
                     "lost_record",
                     "leave",
+                    "cordon",
+                    "drain",
+                    "uncordon",
+                    "unfit",
+                    "fit",
                 ]
             )
             if event == "record":
@@ -204,6 +211,12 @@ def test_random_histories_only_make_legal_transitions() -> None:
                 fence = False
             elif event == "leave":
                 leaving = True
+            elif event in ("cordon", "drain"):
+                cordon = Cordon(reason="r", by="ops", drain=event == "drain")
+            elif event == "uncordon":
+                cordon = None
+            elif event in ("unfit", "fit"):
+                unfit = "too few GPUs" if event == "unfit" else None
             local = LocalView(
                 name="a",
                 acked_generation=acked,
@@ -212,6 +225,8 @@ def test_random_histories_only_make_legal_transitions() -> None:
                 shutting_down=leaving,
                 fence=fence,
                 fenced_generation=fenced,
+                cordon=cordon,
+                unfit=unfit,
             )
             decision = decide(local)
             check_transition(NODE_TRANSITIONS, state, decision.state)
@@ -258,3 +273,46 @@ def test_stops_of_failed_generations_are_marked_broken(reason: str, broken: bool
     local_failure = GroupStatus(4, GroupPhase.RUNNING, FAIL)
     stop = decide(view(rec(JobState.RUNNING, 4), local_failure, acked=4)).actions[0]
     assert isinstance(stop, StopWorkers) and stop.broken
+
+
+DRAIN = Cordon(reason="XID 79", by="gpu", drain=True)
+CORDON = Cordon(reason="maintenance", by="ops")
+
+
+@pytest.mark.parametrize(
+    ("local", "state", "actions"),
+    [
+        (
+            view(rec(JobState.RUNNING, 4), RUNNING_G, acked=4, cordon=DRAIN),
+            NodeState.DRAINING,
+            [StopWorkers],
+        ),
+        (view(rec(JobState.RUNNING, 4), STOPPING_G, acked=4, cordon=DRAIN), NodeState.DRAINING, []),
+        (
+            view(rec(JobState.RESTARTING, 5), EXITED_G, acked=4, cordon=DRAIN),
+            NodeState.CORDONED,
+            [Acknowledge],
+        ),
+        # a plain cordon keeps the running generation; the next one goes on without the node
+        (view(rec(JobState.RUNNING, 4), RUNNING_G, acked=4, cordon=CORDON), NodeState.RUNNING, []),
+        (
+            view(rec(JobState.RUNNING, 5), EXITED_G, acked=4, cordon=CORDON),
+            NodeState.CORDONED,
+            [Acknowledge],
+        ),
+        (
+            view(rec(JobState.RUNNING, 5), NONE, acked=5, unfit="1 usable GPU"),
+            NodeState.CORDONED,
+            [],
+        ),
+    ],
+)
+def test_cordons_and_drains(local: LocalView, state: NodeState, actions: list[type]) -> None:
+    decision = decide(local)
+    assert decision.state is state, decision.reason
+    assert [type(a) for a in decision.actions] == actions
+
+
+def test_a_drain_stop_gets_the_full_grace() -> None:
+    stop = decide(view(rec(JobState.RUNNING, 4), RUNNING_G, acked=4, cordon=DRAIN)).actions[0]
+    assert isinstance(stop, StopWorkers) and not stop.broken and not stop.fence
