@@ -175,3 +175,23 @@ def test_embedded_redis_needs_the_binary() -> None:
     server.binary = None
     with pytest.raises(ConfigError, match="apt-get install redis-server"):
         server.start()
+
+
+def test_gpu_on_without_nvml_refuses_to_start(tmp_path: Path) -> None:
+    """health.gpu: on is a promise that GPUs are monitored; with no driver it is a config error."""
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    config = tmp_path / "gpu-on.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "node": {"name": "g", "address": "127.0.0.1"},
+                "job": {"id": f"gpu-on-{os.getpid()}", "entrypoint": ["true"]},
+                "health": {"gpu": "on"},
+                "log_dir": str(tmp_path / "logs"),
+            }
+        )
+    )
+    result = run("nodeagent", "run", "--config", str(config))
+    assert result.returncode == EX_CONFIG
+    assert "health.gpu" in result.stderr and "NVIDIA driver" in result.stderr

@@ -154,3 +154,36 @@ def test_operator_drain_waits_for_the_workers(gpu_cluster: tuple[LocalCluster, F
     assert c["cordon"]["reason"] == "upgrade" and not any(
         w["state"] == "running" for w in c["workers"]
     )
+
+
+def test_auto_uncordon_once_the_condition_clears(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    fakes = FakeGpus(tmp_path)
+    for node in "ab":
+        fakes.write(node, {"gpus": [gpu(0)]})
+
+    class AutoCluster(LocalCluster):
+        def config(self, name: str) -> dict[str, Any]:
+            data = super().config(name)
+            data["health"] = {
+                "gpu": "on",
+                "interval": "100ms",
+                "auto_uncordon": True,
+                "fake_gpus": str(fakes.path(name)),
+            }
+            return data
+
+    cluster = AutoCluster(redis_server.url, tmp_path, job=job_id, max_nodes=2, timing=TIMING)
+    try:
+        cluster.start("a", "b")
+        before = cluster.wait_running(2)
+        fakes.write("b", {"gpus": [gpu(0) | {"temperature_c": 97}]})  # overheating: drain
+        during = cluster.wait_running(1, after_generation=before["generation"])
+        assert nodes_of(during)["b"]["cordon"]["by"] == "gpu"
+        fakes.write("b", {"gpus": [gpu(0)]})  # cooled down: it lifts its own cordon
+        after = cluster.wait_running(2, after_generation=during["generation"])
+        assert nodes_of(after)["b"]["cordon"] is None and after["restart_count"] == 0
+        assert any(e["type"] == "node_uncordoned" and e["node"] == "b" for e in cluster.events())
+    finally:
+        cluster.stop()
