@@ -3,10 +3,10 @@
     bash examples/demo.sh          # sets everything up, then runs this
 
 What happens (about two minutes on two cores):
-1. agents a, b, c start; the job's target is 2 nodes, so c is a standby;
-2. a worker on b is killed with SIGKILL   -> the job re-forms at world 2 (restart 1 of 3);
-3. node a (agent and workers) is SIGKILLed -> its lease expires, standby c is promoted;
-4. node d joins and `nodeagentctl scale 3` -> the job grows to world 3 and finishes.
+1. agents a, b, c start; the job's target is 2 nodes, so the last to join is a standby;
+2. a worker is killed with SIGKILL          -> the job re-forms at world 2 (restart 1 of 3);
+3. the node holding rank 0 is SIGKILLed     -> its lease expires, the standby is promoted;
+4. node d joins and `nodeagentctl scale 3`  -> the job grows to world 3 and finishes.
 Then it prints a timeline of each recovery, split into phases, and cleans up every process.
 """
 
@@ -206,16 +206,18 @@ class Demo:
         gen = self.wait_training(world=2, after_generation=0, min_steps=10)
         print(self.ctl("status"), flush=True)
 
-        worker = psutil.Process(self.agents["b"].pid).children()[0]
+        last = self.status()["members"][-1]
+        worker = psutil.Process(self.agents[last].pid).children()[0]
         self.inject(
-            f"kill -9 the worker on node b (pid {worker.pid})", "worker_failed", worker.kill
+            f"kill -9 the worker on node {last} (pid {worker.pid})", "worker_failed", worker.kill
         )
         gen = self.wait_training(world=2, after_generation=gen)
 
+        rank0 = self.status()["members"][0]
         self.inject(
-            "kill -9 node a (agent and workers): a lost machine",
+            f"kill -9 node {rank0} (agent and workers; it holds rank 0)",
             "node_lost",
-            lambda: self.kill_tree("a"),
+            lambda: self.kill_tree(rank0),
         )
         gen = self.wait_training(world=2, after_generation=gen)
         print(self.ctl("status"), flush=True)
