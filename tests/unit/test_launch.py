@@ -6,8 +6,8 @@ from pathlib import Path
 
 from nodeagent.config import load_config
 from nodeagent.launch import TORCHRUN_VARIABLES, worker_specs
-from nodeagent.model import JobRecord
 from nodeagent.state import JobState
+from tests.helpers.factories import make_record
 
 CONFIG = load_config(
     {
@@ -26,17 +26,13 @@ CONFIG = load_config(
         "log_dir": "/var/log/na",
     }
 )
-RECORD = JobRecord(
-    generation=7,
-    state=JobState.RUNNING,
-    reason="x",
-    target_nodes=3,
-    min_nodes=1,
-    max_nodes=4,
+RECORD = make_record(
+    JobState.RUNNING,
+    7,
+    ("a", "b", "c"),
     nproc_per_node=4,
     max_restarts=5,
     restart_count=2,
-    members=("a", "b", "c"),
     master_addr="10.0.0.1",
     master_port=29411,
 )

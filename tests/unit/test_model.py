@@ -7,6 +7,7 @@ import pytest
 from nodeagent.errors import CorruptStateError
 from nodeagent.model import Command, CommandType, Event, Failure, JobRecord, NodeReport, WorkerInfo
 from nodeagent.state import JobState, NodeState
+from tests.helpers.factories import make_record
 
 REPORT = NodeReport(
     name="a",
@@ -21,16 +22,14 @@ REPORT = NodeReport(
     workers=(WorkerInfo(0, 0, 123, "running"),),
     failure=Failure(generation=4, node="a", rank=0, kind="signal", signal="SIGKILL"),
 )
-RECORD = JobRecord(
-    generation=4,
-    state=JobState.RUNNING,
+RECORD = make_record(
+    JobState.RUNNING,
+    4,
+    ("a", "b"),
     reason="scale",
     target_nodes=2,
-    min_nodes=1,
     max_nodes=3,
     nproc_per_node=8,
-    max_restarts=3,
-    members=("a", "b"),
     master_addr="10.0.0.1",
     master_port=29500,
 )
