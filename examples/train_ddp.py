@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -62,6 +62,15 @@ def batch(step: int, global_batch: int, rank: int, world: int) -> tuple[torch.Te
     per_rank = global_batch // world
     part = slice(rank * per_rank, (rank + 1) * per_rank)
     return x[part], y[part].unsqueeze(1)
+
+
+def leave(code: int) -> NoReturn:
+    """Exit without tearing down gloo and the rank-0 TCPStore. torch can abort during that
+    teardown at interpreter exit ("terminate called without an active exception"), turning a
+    finished or checkpointed rank into a failure; everything is saved and flushed by now."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def params_sha256(model: nn.Module) -> str:
@@ -150,8 +159,7 @@ def main() -> int:
                     gen=generation,
                     seconds=round(time.monotonic() - began, 4),
                 )
-                dist.destroy_process_group()
-                return 0
+                leave(0)
         if step % args.checkpoint_every:
             save(step)
         if args.final_dir:
@@ -165,8 +173,7 @@ def main() -> int:
             (Path(args.final_dir) / f"rank-{rank}.json").write_text(json.dumps(final))
         emit(event="finished", step=step, rank=rank, world=world, gen=generation)
         dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    leave(0)
 
 
 if __name__ == "__main__":
