@@ -91,6 +91,7 @@ class Demo:
                         "stop_grace_period": "15s",
                         "hang_timeout": "30s",
                     },
+                    "metrics": {"listen": "127.0.0.1:0"},  # four agents, one machine
                     "log_dir": str(self.workdir / "logs"),
                 }
             )

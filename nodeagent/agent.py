@@ -16,12 +16,14 @@ import time
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Protocol
 
+from nodeagent import __version__
 from nodeagent.config import Config
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import CoordinationError, FencedError
 from nodeagent.health import NodeHealth
 from nodeagent.launch import WorkerSpec, pick_free_port, worker_specs
 from nodeagent.leader import LeaderMemory, plan, policy_from
+from nodeagent.metrics import AgentMetrics
 from nodeagent.model import Cordon, Event, JobRecord, NodeReport, WorkerInfo
 from nodeagent.node import (
     Acknowledge,
@@ -80,6 +82,7 @@ class Agent:
         waker: Waker,
         base_env: Mapping[str, str],
         health: NodeHealth | None = None,
+        metrics: AgentMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -112,6 +115,9 @@ class Agent:
         self._next_expiry: float | None = None  # leader: when the earliest known lease lapses
         self._hangs = HangWatch(config.timing.hang_timeout)
         self._health = health
+        self._metrics = metrics or AgentMetrics(config.job.id, __version__)
+        self.metrics_address: str | None = None  # set once the metrics server listens
+        self._last_tick = clock()
         self._cordon: Cordon | None = None
         self._gpus_by_rank: dict[int, tuple[int, ...]] = {}
 
@@ -140,15 +146,37 @@ class Agent:
             self._waker.wait(timeout)
         self._log.info("agent left the job")
 
+    def healthz(self) -> tuple[bool, str]:
+        """For /healthz: the loop ticks and the lease is being renewed. Any thread."""
+        now, timing = self._clock(), self.config.timing
+        stalled = now - self._last_tick
+        if stalled > max(5 * timing.heartbeat_interval, 5.0):
+            return False, f"agent loop stalled for {stalled:.1f}s"
+        if self._last_ok_send is None:
+            return False, f"not connected to Redis yet: {self._last_error or 'starting'}"
+        if now - self._last_ok_send > timing.lease_ttl:
+            return (
+                False,
+                f"no lease renewal for {now - self._last_ok_send:.1f}s: {self._last_error}",
+            )
+        return (
+            True,
+            f"ok: {self.state.value}, generation {self.record.generation if self.record else 0}",
+        )
+
     def tick(self) -> None:
-        now = self._clock()
+        now = self._last_tick = self._clock()
         for ended in self._workers.poll():
             self._events.append(_exit_event(self.name, ended))
+            if not ended.expected and ended.exit_code != 0:
+                self._metrics.worker_failed("signal" if ended.signal else "exit_code")
         self._check_hangs(now)
         self._check_gpus()
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
         self._apply(decide(self._local_view(now)), now)
+        self._metrics.worker_states(self._workers.workers())
+        self._metrics.beats(self._hangs.last_progress())
         if snapshot is not None and self._leader is not None and not self._shutting_down:
             self._lead(snapshot)
 
@@ -173,6 +201,7 @@ class Agent:
             if group.succeeded and group.phase is GroupPhase.EXITED
             else None,
             last_error=self._last_error,
+            metrics=self.metrics_address,
             cordon=self._cordon,
             unfit=self._health.unfit if self._health else None,
             gpu=self._health.summary() if self._health else None,
@@ -183,6 +212,7 @@ class Agent:
         try:
             snapshot = self._store.sync(self._report(), events)
         except CoordinationError as exc:
+            self._metrics.sync_failed()
             self._events = events + self._events
             self._retry_at = now + self.config.timing.heartbeat_interval / 2
             self._leader = None
@@ -208,6 +238,7 @@ class Agent:
                 "leadership %s", "acquired" if leader else f"held by {snapshot.leader_name}"
             )
         self._leader = leader
+        self._metrics.synced(self._clock() - now, snapshot.record, leader is not None, now)
         return snapshot
 
     def _check_hangs(self, now: float) -> None:
@@ -219,6 +250,8 @@ class Agent:
         for local_rank in self._hangs.hung(now):
             dump = self._workers.dump_stacks(local_rank)
             self._workers.mark_failed(local_rank, "hang")
+            self._metrics.worker_failed("hang")
+            self._metrics.detected("hang", self._hangs.stalled_for(local_rank, now))
             self._log.warning(
                 "local rank %d made no progress for %.0fs", local_rank, self._hangs.timeout_s
             )
@@ -257,6 +290,7 @@ class Agent:
             local_rank, xid = check.fail_rank
             self._log.warning("application XID %d on local rank %d's GPU", xid, local_rank)
             self._workers.mark_failed(local_rank, "xid", xid)
+            self._metrics.worker_failed("xid")
         if check.events or check.cordon or check.fail_rank:
             self._dirty = True
 
@@ -297,6 +331,7 @@ class Agent:
             check_transition(NODE_TRANSITIONS, self.state, decision.state)
             self._log.info("%s -> %s: %s", self.state.value, decision.state.value, decision.reason)
             self.state = decision.state
+            self._metrics.state(decision.state)
             self._dirty = True
             if decision.state in _ANNOUNCED:  # the leader must act on these at once: wake it
                 self._events.append(
@@ -352,6 +387,7 @@ class Agent:
             record.master_port,
         )
         self._workers.start(record.generation, self.name, specs)
+        self._metrics.workers_started(record.generation, self._clock())
         self._hangs.watch({s.local_rank: s.progress_path for s in specs}, self._clock())
         self._events.append(
             Event(
@@ -398,7 +434,13 @@ class Agent:
             return
         except CoordinationError as exc:
             self._log.warning("leader write failed: %s", exc)
+            self._metrics.sync_failed()
             return
+        ttl_ms = int(self.config.timing.lease_ttl * 1000)
+        for lease in snapshot.leases:
+            if lease.name in decision.reap:  # last heartbeat -> noticed, in server time
+                lost_for = snapshot.now_ms - (lease.deadline_ms - ttl_ms)
+                self._metrics.detected("node_lost", lost_for / 1000)
         if decision.record is not None:
             self.record = decision.record
         self._dirty = True

@@ -301,6 +301,9 @@ def _load_health(section: _Section) -> HealthConfig:
 
 def _load_metrics(section: _Section) -> MetricsConfig:
     listen = section.get("listen", str, MetricsConfig.listen)
+    if listen == "off":
+        section.reject_unknown()
+        return MetricsConfig(listen="off")
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(

@@ -128,6 +128,7 @@ class NodeReport:
     cordon: Cordon | None = None
     unfit: str | None = None  # why this node cannot take part (too few usable GPUs)
     gpu: GpuSummary | None = None
+    metrics: str | None = None  # host:port of this agent's /metrics
 
     @property
     def eligible(self) -> bool:
@@ -163,6 +164,7 @@ class NodeReport:
                 cordon=Cordon(**data["cordon"]) if data.get("cordon") else None,
                 unfit=data.get("unfit"),
                 gpu=_gpu_summary(data.get("gpu")),
+                metrics=data.get("metrics"),
             )
         except (TypeError, ValueError) as exc:
             raise CorruptStateError(f"{what} is malformed: {exc}") from exc

@@ -111,6 +111,11 @@ class HangWatch:
                 hung.append(rank)
         return hung
 
+    def stalled_for(self, rank: int, now: float) -> float:
+        """Seconds since `rank` last made progress (0 if it never beat)."""
+        seen = self._seen.get(rank)
+        return now - seen.changed_at if seen is not None and seen.beats else 0.0
+
     def next_check(self) -> float | None:
         """When a rank that is beating would first count as hung."""
         times = [s.changed_at + self.timeout_s for s in self._seen.values() if s.beats > 0]

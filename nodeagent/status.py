@@ -38,6 +38,7 @@ def _node(lease: NodeLease, now_ms: int, group_rank: int | None) -> dict[str, An
         "cordon": asdict(report.cordon) if report.cordon else None,
         "unfit": report.unfit,
         "gpu": asdict(report.gpu) if report.gpu else None,
+        "metrics": report.metrics,
         "workers": [
             {
                 "rank": w.rank,

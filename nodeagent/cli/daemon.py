@@ -26,6 +26,7 @@ from nodeagent.coord.listener import StreamListener
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError
 from nodeagent.health import NodeHealth, build_monitor, start_monitor
+from nodeagent.metrics import AgentMetrics, MetricsServer
 from nodeagent.supervisor import Supervisor
 from nodeagent.wakeup import Waker
 
@@ -93,7 +94,17 @@ def _run(config: Config) -> int:
     start_monitor(monitor, config.health)  # ConfigError (exit 78) when gpu: on and no NVML
     monitor.on_change = waker.wake
     health = NodeHealth(config, monitor)
-    agent = Agent(config, store, supervisor, waker, base_env=dict(os.environ), health=health)
+    metrics = AgentMetrics(config.job.id, __version__)
+    metrics.watch_gpus(monitor.snapshot, monitor.verdicts, monitor.xid_counts)
+    agent = Agent(
+        config, store, supervisor, waker, base_env=dict(os.environ), health=health, metrics=metrics
+    )
+    server = None
+    if config.metrics.listen != "off":
+        server = MetricsServer(config.metrics.listen, metrics.registry, agent.healthz)
+        server.start()
+        agent.metrics_address = server.address
+        logging.getLogger(__name__).info("metrics on http://%s/metrics", server.address)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         agent.request_stop()  # sets flags only; the wakeup fd ends the loop's wait
@@ -108,6 +119,8 @@ def _run(config: Config) -> int:
     finally:
         listener.stop()
         monitor.stop()
+        if server is not None:
+            server.stop()
         signal.set_wakeup_fd(-1)
     return 0
 

@@ -41,6 +41,7 @@ class GpuMonitor:
         self._verdicts: tuple[Verdict, ...] = ()
         self._xids: dict[int, list[int]] = {}
         self._new_xids: list[tuple[int, int]] = []
+        self._xid_counts: dict[tuple[int, int], int] = {}
         self.on_change: Callable[[], None] = lambda: None  # e.g. wake the agent's loop
 
     def start(self) -> GpuSnapshot:
@@ -72,6 +73,11 @@ class GpuMonitor:
     def verdicts(self) -> tuple[Verdict, ...]:
         with self._lock:
             return self._verdicts
+
+    def xid_counts(self) -> dict[tuple[int, int], int]:
+        """How many times each (GPU, XID) was seen since the agent started (NVML events)."""
+        with self._lock:
+            return dict(self._xid_counts)
 
     def take_new_xids(self) -> list[tuple[int, int]]:
         """(GPU index, XID) pairs seen since the last call, for the agent to act on once."""
@@ -108,6 +114,7 @@ class GpuMonitor:
             if xid not in APPLICATION_XIDS:
                 self._xids.setdefault(index, []).append(xid)
             self._new_xids.append((index, xid))
+            self._xid_counts[index, xid] = self._xid_counts.get((index, xid), 0) + 1
         log.warning("XID %d on GPU %d", xid, index)
 
     def _scan_kernel_log(self) -> None:

@@ -167,6 +167,7 @@ class LocalCluster:
                 "env": {"RECORD_DIR": str(self.records_dir), "PYTHONUNBUFFERED": "1"},
             },
             "timing": timing,
+            "metrics": {"listen": "127.0.0.1:0"},  # several agents on one machine
             "log_dir": str(self.directory / "logs"),
         }
 

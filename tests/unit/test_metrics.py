@@ -1,0 +1,103 @@
+"""The exported metric families, read back with registry.get_sample_value."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from prometheus_client import generate_latest
+
+from nodeagent.gpu.classify import Thresholds, classify
+from nodeagent.gpu.readings import GpuReading, GpuSnapshot
+from nodeagent.metrics import AgentMetrics
+from nodeagent.model import WorkerInfo
+from nodeagent.progress import Beat
+from nodeagent.state import JobState, NodeState
+from tests.helpers.factories import make_record
+
+J = {"job_id": "llama"}
+
+
+def value(m: AgentMetrics, name: str, **labels: str) -> float | None:
+    return m.registry.get_sample_value(name, {**J, **labels})
+
+
+def test_job_gauges_and_restarts_by_reason() -> None:
+    m = AgentMetrics("llama", "1.2.3")
+    record = make_record(JobState.RUNNING, 4, ("a", "b"), nproc_per_node=8, restart_count=1)
+    m.synced(0.003, record, leader=True, now=100.0)
+    assert value(m, "nodeagent_generation") == 4
+    assert value(m, "nodeagent_world_size") == 16
+    assert value(m, "nodeagent_target_nodes") == 3
+    assert value(m, "nodeagent_job_restart_count") == 1
+    assert value(m, "nodeagent_job_max_restarts") == 3
+    assert value(m, "nodeagent_is_leader") == 1
+    assert value(m, "nodeagent_job_state", nodeagent_job_state="running") == 1
+    assert value(m, "nodeagent_heartbeat_seconds_count") == 1
+    assert value(m, "nodeagent_restarts_total", reason="worker_failed") == 0  # the first one seen
+    m.synced(0.004, replace(record, generation=5, reason="worker_failed"), leader=False, now=101.0)
+    m.synced(0.004, replace(record, generation=5, reason="worker_failed"), leader=False, now=102.0)
+    assert value(m, "nodeagent_restarts_total", reason="worker_failed") == 1  # once per generation
+    assert value(m, "nodeagent_is_leader") == 0
+    m.workers_started(5, now=104.5)
+    assert value(m, "nodeagent_recovery_seconds_count") == 1
+    assert value(m, "nodeagent_recovery_seconds_sum") == 3.5
+    assert m.registry.get_sample_value("nodeagent_build_info", {"version": "1.2.3"}) == 1
+
+
+def test_node_workers_failures_detection_progress() -> None:
+    m = AgentMetrics("llama", "0")
+    m.state(NodeState.DRAINING)
+    assert value(m, "nodeagent_node_state", nodeagent_node_state="draining") == 1
+    assert value(m, "nodeagent_node_state", nodeagent_node_state="running") == 0
+    m.worker_states(
+        [
+            WorkerInfo(0, 0, 1, "running"),
+            WorkerInfo(1, 1, 2, "running"),
+            WorkerInfo(2, 2, 3, "failed", 1),
+        ]
+    )
+    assert value(m, "nodeagent_workers", state="running") == 2
+    assert value(m, "nodeagent_workers", state="failed") == 1
+    m.worker_failed("signal")
+    m.worker_failed("hang")
+    assert value(m, "nodeagent_worker_failures_total", kind="signal") == 1
+    m.detected("node_lost", 5.2)
+    assert value(m, "nodeagent_detection_seconds_sum", kind="node_lost") == 5.2
+    m.sync_failed()
+    assert value(m, "nodeagent_redis_errors_total") == 1
+    m.beats({0: Beat(10, 99, 1700000000.5)})
+    assert (
+        value(m, "nodeagent_worker_last_progress_timestamp_seconds", local_rank="0") == 1700000000.5
+    )
+
+
+def test_gpu_families_and_no_created_series() -> None:
+    m = AgentMetrics("llama", "0")
+    hot = GpuReading(
+        index=1,
+        temperature_c=95,
+        slowdown_temperature_c=90,
+        power_w=410.5,
+        ecc_uncorrected_volatile=2,
+        remapped_rows_pending=True,
+    )
+    snap = GpuSnapshot(True, gpus=(GpuReading(index=0, temperature_c=50, power_w=300.0), hot))
+    verdicts = tuple(classify(r, Thresholds()) for r in snap.gpus)
+    m.watch_gpus(lambda: snap, lambda: verdicts, lambda: {(1, 79): 2})
+    assert value(m, "nodeagent_gpu_monitoring_available") == 1
+    assert value(m, "nodeagent_gpu_healthy", gpu="0") == 1
+    assert value(m, "nodeagent_gpu_healthy", gpu="1") == 0
+    assert value(m, "nodeagent_gpu_temperature_celsius", gpu="1") == 95
+    assert value(m, "nodeagent_gpu_power_watts", gpu="1") == 410.5
+    assert value(m, "nodeagent_gpu_ecc_uncorrected_errors_total", gpu="1") == 2
+    assert value(m, "nodeagent_gpu_remapped_rows_pending", gpu="1") == 1
+    assert value(m, "nodeagent_gpu_xid_errors_total", gpu="1", xid="79") == 2
+    text = generate_latest(m.registry).decode()
+    assert "_created" not in text
+
+
+def test_gpu_monitoring_unavailable() -> None:
+    m = AgentMetrics("llama", "0")
+    m.watch_gpus(lambda: GpuSnapshot(False, "no driver"), lambda: (), dict)
+    assert value(m, "nodeagent_gpu_monitoring_available") == 0
+    assert value(m, "nodeagent_gpu_healthy", gpu="0") is None
