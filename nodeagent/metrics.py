@@ -44,6 +44,8 @@ RESTART_REASONS = (
     "operator",
     "gpu_fault",
 )
+FAILURE_KINDS = ("exit_code", "signal", "hang", "xid")
+DETECTION_KINDS = ("node_lost", "hang")
 RECOVERY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 DETECTION_BUCKETS = (0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900)
 HEARTBEAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -203,8 +205,16 @@ class AgentMetrics:
             registry=r,
         )
         Info("nodeagent_build", "nodeagent's version", registry=r).info({"version": version})
+        # Every series exists from the start, at zero: rate() and increase() need a sample
+        # before the first event to see it.
         for reason in RESTART_REASONS:
             self.restarts.labels(job_id, reason)
+        for kind in FAILURE_KINDS:
+            self.worker_failures.labels(job_id, kind)
+        for kind in DETECTION_KINDS:
+            self.detection.labels(job_id, kind)
+        for metric in (self.recovery, self.heartbeat, self.redis_errors, self.is_leader):
+            metric.labels(job_id)
         self._generation_seen = 0
         self._announced_at: dict[int, float] = {}
 

@@ -34,6 +34,8 @@ def test_job_gauges_and_restarts_by_reason() -> None:
     assert value(m, "nodeagent_job_state", nodeagent_job_state="running") == 1
     assert value(m, "nodeagent_heartbeat_seconds_count") == 1
     assert value(m, "nodeagent_restarts_total", reason="worker_failed") == 0  # the first one seen
+    assert value(m, "nodeagent_recovery_seconds_count") == 0  # exists before any recovery
+    assert value(m, "nodeagent_worker_failures_total", kind="hang") == 0
     m.synced(0.004, replace(record, generation=5, reason="worker_failed"), leader=False, now=101.0)
     m.synced(0.004, replace(record, generation=5, reason="worker_failed"), leader=False, now=102.0)
     assert value(m, "nodeagent_restarts_total", reason="worker_failed") == 1  # once per generation
