@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from nodeagent import __version__
 from nodeagent.config import Config
@@ -23,6 +23,7 @@ from nodeagent.errors import CoordinationError, FencedError
 from nodeagent.health import NodeHealth
 from nodeagent.launch import WorkerSpec, pick_free_port, worker_specs
 from nodeagent.leader import LeaderMemory, plan, policy_from
+from nodeagent.logs import LogContext
 from nodeagent.metrics import AgentMetrics
 from nodeagent.model import Cordon, Event, JobRecord, NodeReport, WorkerInfo
 from nodeagent.node import (
@@ -58,21 +59,6 @@ class WorkerGroup(Protocol):
     def workers(self) -> tuple[WorkerInfo, ...]: ...
 
 
-class _Stamped(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """Stamps every line with node, job and generation."""
-
-    def __init__(self, agent: Agent) -> None:
-        super().__init__(log, {})
-        self._agent = agent
-
-    def process(
-        self, msg: Any, kwargs: MutableMapping[str, Any]
-    ) -> tuple[Any, MutableMapping[str, Any]]:
-        a = self._agent
-        gen = a.record.generation if a.record else 0
-        return f"node={a.name} job={a.config.job.id} gen={gen} {msg}", kwargs
-
-
 class Agent:
     def __init__(
         self,
@@ -83,6 +69,7 @@ class Agent:
         base_env: Mapping[str, str],
         health: NodeHealth | None = None,
         metrics: AgentMetrics | None = None,
+        log_context: LogContext | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -96,7 +83,8 @@ class Agent:
         self._clock = clock
         self._policy = policy_from(config)
         self._memory = LeaderMemory()
-        self._log = _Stamped(self)
+        self._log = log
+        self.log_context = log_context or LogContext(self.name, config.job.id)
         self._leader: str | None = None
         self._rev = 0
         self._acked = 0
@@ -229,6 +217,7 @@ class Agent:
             self._log.error("job record in Redis is unreadable: %s", snapshot.record_error)
         self.record = snapshot.record
         self._rev = snapshot.rev
+        self.log_context.generation = snapshot.record.generation if snapshot.record else 0
         if self._cordon is not None and snapshot.cordon is None and self._health is not None:
             self._health.uncordoned(self._cordon)
         self._cordon = snapshot.cordon
@@ -443,6 +432,7 @@ class Agent:
                 self._metrics.detected("node_lost", lost_for / 1000)
         if decision.record is not None:
             self.record = decision.record
+            self.log_context.generation = decision.record.generation
         self._dirty = True
 
 

@@ -81,6 +81,16 @@ class HealthConfig:
     fake_gpus: str | None = None  # a FakeNvml file instead of the real NVML
 
 
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    format: str = "text"  # text: key=value; json: one object a line
+    level: str = "INFO"
+
+
 @dataclass(frozen=True)
 class MetricsConfig:
     listen: str = "127.0.0.1:9400"
@@ -94,6 +104,7 @@ class Config:
     timing: TimingConfig
     metrics: MetricsConfig
     health: HealthConfig = field(default_factory=HealthConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     log_dir: str = "/var/log/nodeagent"
 
 
@@ -299,6 +310,19 @@ def _load_health(section: _Section) -> HealthConfig:
     return health
 
 
+def _load_logging(section: _Section) -> LoggingConfig:
+    fmt = section.get("format", str, "text")
+    if fmt not in LOG_FORMATS:
+        raise ConfigError(section.key("format"), f"must be text or json, got {fmt!r}")
+    level = section.get("level", str, "INFO").upper()
+    if level not in LOG_LEVELS:
+        raise ConfigError(
+            section.key("level"), f"must be one of {', '.join(LOG_LEVELS)}, got {level!r}"
+        )
+    section.reject_unknown()
+    return LoggingConfig(format=fmt, level=level)
+
+
 def _load_metrics(section: _Section) -> MetricsConfig:
     listen = section.get("listen", str, MetricsConfig.listen)
     if listen == "off":
@@ -367,6 +391,7 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
         timing=_load_timing(root.section("timing")),
         metrics=_load_metrics(root.section("metrics")),
         health=_load_health(root.section("health")),
+        logging=_load_logging(root.section("logging")),
         log_dir=root.get("log_dir", str, "/var/log/nodeagent"),
     )
     root.reject_unknown()

@@ -27,6 +27,7 @@ import psutil
 
 from nodeagent import progress
 from nodeagent.launch import WorkerSpec
+from nodeagent.logs import Echo
 from nodeagent.model import Failure, WorkerInfo
 from nodeagent.node import GroupPhase, GroupStatus
 
@@ -115,12 +116,12 @@ def _py_spy_dump(pid: int) -> str | None:
     return result.stdout if result.returncode == 0 and result.stdout else None
 
 
-def _pump(stream: IO[bytes], log_file: IO[bytes], prefix: str, echo: Callable[[str], None]) -> None:
+def _pump(stream: IO[bytes], log_file: IO[bytes], rank: int, echo: Echo) -> None:
     with stream, log_file:
         for line in iter(stream.readline, b""):
             log_file.write(line)
             log_file.flush()
-            echo(prefix + line.decode("utf-8", "replace").rstrip("\n"))
+            echo(rank, line.decode("utf-8", "replace").rstrip("\n"))
 
 
 class Supervisor:
@@ -128,7 +129,7 @@ class Supervisor:
 
     def __init__(
         self,
-        echo: Callable[[str], None],
+        echo: Echo,
         wake: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -169,7 +170,7 @@ class Supervisor:
             message = f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"
             log_file.write(message.encode() + b"\n")
             log_file.close()
-            self._echo(f"[rank {spec.rank}]: {message}")
+            self._echo(spec.rank, message)
             worker = _Worker(spec, None, returncode=SPAWN_FAILED)
             self._note_failure(worker)
             self._wake()
@@ -177,7 +178,7 @@ class Supervisor:
         assert popen.stdout is not None
         threading.Thread(
             target=_pump,
-            args=(popen.stdout, log_file, f"[rank {spec.rank}]: ", self._echo),
+            args=(popen.stdout, log_file, spec.rank, self._echo),
             name=f"log-rank-{spec.rank}",
             daemon=True,
         ).start()

@@ -11,12 +11,11 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from types import FrameType
 
-from nodeagent import __version__
+from nodeagent import __version__, logs
 from nodeagent.agent import Agent
 from nodeagent.config import EMBEDDED, EX_CONFIG, Config, read_config
 from nodeagent.coord.client import connect
@@ -26,6 +25,7 @@ from nodeagent.coord.listener import StreamListener
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError
 from nodeagent.health import NodeHealth, build_monitor, start_monitor
+from nodeagent.logs import LogContext, WorkerEcho
 from nodeagent.metrics import AgentMetrics, MetricsServer
 from nodeagent.supervisor import Supervisor
 from nodeagent.wakeup import Waker
@@ -42,24 +42,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})"
     )
-    run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    run.add_argument(
+        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides logging.level"
+    )
     config = commands.add_parser("config", help="configuration tools")
     config_commands = config.add_subparsers(dest="config_command", required=True)
     check = config_commands.add_parser("check", help="validate a config file; exit 0 or 78")
     check.add_argument("path")
     return parser
-
-
-class _Echo:
-    """Writes worker output lines to stdout whole, from many pump threads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-
-    def __call__(self, line: str) -> None:
-        with self._lock:
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
 
 
 def _load(path: str) -> Config | None:
@@ -70,26 +60,26 @@ def _load(path: str) -> Config | None:
         return None
 
 
-def run_agent(config: Config) -> int:
+def run_agent(config: Config, context: LogContext) -> int:
     if config.redis.url != EMBEDDED:
-        return _run(config)
+        return _run(config, context)
     embedded = EmbeddedRedis(config.job.id)
     embedded.start()
     logging.getLogger(__name__).info("embedded redis-server at %s", embedded.url)
     try:
-        return _run(replace(config, redis=replace(config.redis, url=embedded.url)))
+        return _run(replace(config, redis=replace(config.redis, url=embedded.url)), context)
     finally:
         embedded.stop()
 
 
-def _run(config: Config) -> int:
+def _run(config: Config, context: LogContext) -> int:
     timing = config.timing
     timeout = max(0.2, min(2.0, timing.lease_ttl / 4))
     keys = JobKeys(config.redis.key_prefix, config.job.id)
     store = JobStore(connect(config.redis.url, timeout, f"nodeagent-{config.node.name}"), keys)
     listen_client = connect(config.redis.url, LISTEN_BLOCK_MS / 1000 + timeout)
     waker = Waker()
-    supervisor = Supervisor(echo=_Echo(), wake=waker.wake)
+    supervisor = Supervisor(echo=WorkerEcho(config.logging.format, context), wake=waker.wake)
     monitor = build_monitor(config.health)
     start_monitor(monitor, config.health)  # ConfigError (exit 78) when gpu: on and no NVML
     monitor.on_change = waker.wake
@@ -97,7 +87,14 @@ def _run(config: Config) -> int:
     metrics = AgentMetrics(config.job.id, __version__)
     metrics.watch_gpus(monitor.snapshot, monitor.verdicts, monitor.xid_counts)
     agent = Agent(
-        config, store, supervisor, waker, base_env=dict(os.environ), health=health, metrics=metrics
+        config,
+        store,
+        supervisor,
+        waker,
+        base_env=dict(os.environ),
+        health=health,
+        metrics=metrics,
+        log_context=context,
     )
     server = None
     if config.metrics.listen != "off":
@@ -136,16 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{config.job.min_nodes}-{config.job.max_nodes} nodes x {config.job.nproc_per_node})"
         )
         return 0
-    logging.basicConfig(
-        level=args.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
     config = _load(args.config)
     if config is None:
         return EX_CONFIG
+    context = LogContext(config.node.name, config.job.id)
+    logs.configure(config.logging.format, args.log_level or config.logging.level, context)
     try:
-        return run_agent(config)
+        return run_agent(config, context)
     except ConfigError as exc:  # e.g. an embedded Redis that cannot start
         print(f"nodeagent: {exc}", file=sys.stderr)
         return EX_CONFIG

@@ -25,7 +25,9 @@ class Harness:
         self.tmp_path = tmp_path
         self.lines: list[str] = []
         self.woken = threading.Event()
-        self.sup = Supervisor(echo=self.lines.append, wake=self.woken.set)
+        self.sup = Supervisor(
+            echo=lambda rank, line: self.lines.append(f"[rank {rank}]: {line}"), wake=self.woken.set
+        )
 
     def specs(self, code: str, n: int = 2, argv: tuple[str, ...] | None = None) -> list[WorkerSpec]:
         return [

@@ -146,7 +146,7 @@ def test_example_config_is_valid_and_documents_every_key() -> None:
         if isinstance(body, dict)
         for key in body
     }
-    for section in ("node", "redis", "job", "timing", "metrics"):
+    for section in ("node", "redis", "job", "timing", "metrics", "health", "logging"):
         fields = getattr(config, section).__dataclass_fields__
         missing = {f"{section}.{name}" for name in fields} - documented
         assert not missing, f"config/nodeagent.example.yaml does not document {missing}"
@@ -155,3 +155,12 @@ def test_example_config_is_valid_and_documents_every_key() -> None:
 def test_resolver_picks_loopback_for_local_redis() -> None:
     assert Resolver().address_towards("redis://127.0.0.1:6379/0") == "127.0.0.1"
     assert Resolver().address_towards("unix:///tmp/redis.sock") == "127.0.0.1"
+
+
+def test_logging_section() -> None:
+    config = load_config(
+        with_change("logging", {"format": "json", "level": "debug"}), FixedResolver()
+    )
+    assert (config.logging.format, config.logging.level) == ("json", "DEBUG")
+    with pytest.raises(ConfigError, match="text or json"):
+        load_config(with_change("logging.format", "xml"), FixedResolver())

@@ -1,0 +1,130 @@
+"""Structured logs for journald and log shippers: key=value text or one JSON object a line.
+
+Every line, the agent's and its workers' (echoed), carries node, job and generation. The values
+come from a small context the agent keeps current; a logging.Filter stamps them on each record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+FORMATS = ("text", "json")
+
+
+@dataclass
+class LogContext:
+    """What every line is stamped with; the agent updates `generation`."""
+
+    node: str
+    job: str
+    generation: int = 0
+
+
+class ContextFilter(logging.Filter):
+    def __init__(self, context: LogContext) -> None:
+        super().__init__()
+        self._context = context
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.node = self._context.node
+        record.job = self._context.job
+        record.generation = self._context.generation
+        return True
+
+
+def _quote(value: object) -> str:
+    text = str(value)
+    if not text or any(c in text for c in ' "=\n'):
+        return json.dumps(text)
+    return text
+
+
+def _timestamp(created: float) -> str:
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
+        + f".{int(created % 1 * 1000):03d}Z"
+    )
+
+
+class KeyValueFormatter(logging.Formatter):
+    """ts=... level=INFO logger=nodeagent.agent node=a job=llama gen=3 msg="...\""""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {
+            "ts": _timestamp(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "node": getattr(record, "node", "-"),
+            "job": getattr(record, "job", "-"),
+            "gen": getattr(record, "generation", 0),
+            "msg": record.getMessage(),
+        }
+        line = " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
+        if record.exc_info:
+            line += " exc=" + _quote(self.formatException(record.exc_info))
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        data = {
+            "ts": _timestamp(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "node": getattr(record, "node", None),
+            "job": getattr(record, "job", None),
+            "generation": getattr(record, "generation", None),
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data)
+
+
+def configure(fmt: str, level: str, context: LogContext, stream: TextIO = sys.stderr) -> None:
+    """Install the handler on the root logger (the daemon's only logging set-up)."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
+    handler.addFilter(ContextFilter(context))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+class WorkerEcho:
+    """Writes worker output lines to stdout whole, stamped like the agent's own lines."""
+
+    def __init__(self, fmt: str, context: LogContext, stream: TextIO = sys.stdout) -> None:
+        self._fmt = fmt
+        self._context = context
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def __call__(self, rank: int, line: str) -> None:
+        c = self._context
+        if self._fmt == "json":
+            text = json.dumps(
+                {
+                    "ts": _timestamp(time.time()),
+                    "node": c.node,
+                    "job": c.job,
+                    "generation": c.generation,
+                    "rank": rank,
+                    "msg": line,
+                }
+            )
+        else:
+            text = f"node={c.node} job={c.job} gen={c.generation} [rank {rank}]: {line}"
+        with self._lock:
+            self._stream.write(text + "\n")
+            self._stream.flush()
+
+
+Echo = Callable[[int, str], None]
