@@ -37,10 +37,10 @@ from nodeagent.node import (
     StopWorkers,
     decide,
 )
-from nodeagent.progress import HangWatch
 from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
 from nodeagent.supervisor import WorkerExit
 from nodeagent.wakeup import Waker
+from nodeagent.watch import WorkerWatch
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +101,11 @@ class Agent:
         self._last_error: str | None = None
         self._last_reason = ""
         self._next_expiry: float | None = None  # leader: when the earliest known lease lapses
-        self._hangs = HangWatch(config.timing.hang_timeout)
-        self._health = health
+        self._watchers = WorkerWatch(self.name, config.timing.hang_timeout, health)
         self._metrics = metrics or AgentMetrics(config.job.id, __version__)
         self.metrics_address: str | None = None  # set once the metrics server listens
         self._last_tick = clock()
         self._cordon: Cordon | None = None
-        self._gpus_by_rank: dict[int, tuple[int, ...]] = {}
 
     # -- control, safe from signal handlers (flags only) -------------------------------------
 
@@ -158,13 +156,12 @@ class Agent:
             self._events.append(_exit_event(self.name, ended))
             if not ended.expected and ended.exit_code != 0:
                 self._metrics.worker_failed("signal" if ended.signal else "exit_code")
-        self._check_hangs(now)
-        self._check_gpus()
+        self._watch(now)
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
         self._apply(decide(self._local_view(now)), now)
         self._metrics.worker_states(self._workers.workers())
-        self._metrics.beats(self._hangs.last_progress())
+        self._metrics.beats(self._watchers.last_progress())
         if snapshot is not None and self._leader is not None and not self._shutting_down:
             self._lead(snapshot)
 
@@ -191,8 +188,8 @@ class Agent:
             last_error=self._last_error,
             metrics=self.metrics_address,
             cordon=self._cordon,
-            unfit=self._health.unfit if self._health else None,
-            gpu=self._health.summary() if self._health else None,
+            unfit=self._watchers.unfit,
+            gpu=self._watchers.gpu_summary(),
         )
 
     def _sync(self, now: float) -> Snapshot | None:
@@ -218,8 +215,8 @@ class Agent:
         self.record = snapshot.record
         self._rev = snapshot.rev
         self.log_context.generation = snapshot.record.generation if snapshot.record else 0
-        if self._cordon is not None and snapshot.cordon is None and self._health is not None:
-            self._health.uncordoned(self._cordon)
+        if self._cordon is not None and snapshot.cordon is None:
+            self._watchers.uncordoned(self._cordon)
         self._cordon = snapshot.cordon
         leader = snapshot.leader if snapshot.leader_name == self.name else None
         if leader != self._leader:
@@ -230,57 +227,31 @@ class Agent:
         self._metrics.synced(self._clock() - now, snapshot.record, leader is not None, now)
         return snapshot
 
-    def _check_hangs(self, now: float) -> None:
-        """A rank that beat and then made no progress for hang_timeout has hung: dump its stacks
-        and report it as a failure (the job re-forms as for a crash)."""
-        group = self._workers.status()
-        if group.phase is not GroupPhase.RUNNING or group.failure is not None:
-            return
-        for local_rank in self._hangs.hung(now):
-            dump = self._workers.dump_stacks(local_rank)
-            self._workers.mark_failed(local_rank, "hang")
-            self._metrics.worker_failed("hang")
-            self._metrics.detected("hang", self._hangs.stalled_for(local_rank, now))
-            self._log.warning(
-                "local rank %d made no progress for %.0fs", local_rank, self._hangs.timeout_s
-            )
-            self._events.append(
-                Event(
-                    "worker_hung",
-                    generation=group.generation,
-                    node=self.name,
-                    message=f"local rank {local_rank}: no progress for {self._hangs.timeout_s:g}s",
-                    data={"local_rank": local_rank, "stacks": dump[-4000:]},
-                )
-            )
-            self._dirty = True
-            return
-
-    def _check_gpus(self) -> None:
-        """Act on GPU verdicts: cordon and drain on a node-level fault, fail the workers on an
-        application XID, lift a GPU cordon with auto_uncordon (see gpu/policy.py)."""
-        if self._health is None:
-            return
-        running = self._workers.status().phase is GroupPhase.RUNNING
-        check = self._health.check(self._cordon, self._gpus_by_rank if running else {})
-        self._events += check.events
+    def _watch(self, now: float) -> None:
+        """Execute what the watch found: fail a hung rank or one hit by an application XID,
+        cordon (and drain) on a node-level GPU fault, lift a GPU cordon (gpu/policy.py)."""
+        found = self._watchers.check(
+            now, self._workers.status(), self._cordon, self._workers.dump_stacks
+        )
+        self._events += found.events
+        for kind, seconds in found.detected:
+            self._metrics.detected(kind, seconds)
+        if found.fail is not None:
+            self._log.warning("local rank %d failed: %s", found.fail.local_rank, found.fail.message)
+            self._workers.mark_failed(found.fail.local_rank, found.fail.kind, found.fail.code)
+            self._metrics.worker_failed(found.fail.kind)
         try:
-            if check.cordon is not None:
-                self._log.warning("cordoning this node: %s", check.cordon.reason)
-                self._store.cordon(self.name, check.cordon)
-                self._cordon = check.cordon
-            if check.uncordon:
+            if found.cordon is not None:
+                self._log.warning("cordoning this node: %s", found.cordon.reason)
+                self._store.cordon(self.name, found.cordon)
+                self._cordon = found.cordon
+            if found.uncordon:
                 self._log.info("GPU condition cleared: lifting this node's cordon")
                 self._store.uncordon(self.name, by="gpu (auto_uncordon)")
                 self._cordon = None
         except CoordinationError as exc:
             self._log.warning("cannot update this node's cordon now: %s", exc)
-        if check.fail_rank is not None:
-            local_rank, xid = check.fail_rank
-            self._log.warning("application XID %d on local rank %d's GPU", xid, local_rank)
-            self._workers.mark_failed(local_rank, "xid", xid)
-            self._metrics.worker_failed("xid")
-        if check.events or check.cordon or check.fail_rank:
+        if found.anything:
             self._dirty = True
 
     def _fence_due(self, now: float) -> bool:
@@ -298,7 +269,7 @@ class Agent:
             fence=self._fence_due(now),
             fenced_generation=self._fenced_generation,
             cordon=self._cordon,
-            unfit=self._health.unfit if self._health else None,
+            unfit=self._watchers.unfit,
         )
 
     def _next_wakeup(self) -> float:
@@ -307,7 +278,7 @@ class Agent:
             deadlines.append(stop_deadline)
         if self._leader is not None and self._next_expiry is not None:
             deadlines.append(self._next_expiry)
-        if (hang_check := self._hangs.next_check()) is not None:
+        if (hang_check := self._watchers.next_check()) is not None:
             deadlines.append(hang_check)
         if self._last_ok_send is not None and self._fenced_generation is None:
             deadlines.append(self._last_ok_send + self.config.timing.lease_ttl / 2)
@@ -363,9 +334,8 @@ class Agent:
 
     def _start_workers(self, action: StartWorkers) -> None:
         record = action.record
-        usable = self._health.usable if self._health else None
+        usable = self._watchers.usable_gpus
         specs = worker_specs(self._base_env, self.config, record, action.group_rank, usable)
-        self._gpus_by_rank = {s.local_rank: s.gpus for s in specs if s.gpus}
         self._log.info(
             "starting %d workers: ranks %d-%d of %d, master %s:%d",
             len(specs),
@@ -377,7 +347,7 @@ class Agent:
         )
         self._workers.start(record.generation, self.name, specs)
         self._metrics.workers_started(record.generation, self._clock())
-        self._hangs.watch({s.local_rank: s.progress_path for s in specs}, self._clock())
+        self._watchers.started(specs, self._clock())
         self._events.append(
             Event(
                 "workers_started",
