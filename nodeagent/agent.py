@@ -37,6 +37,7 @@ from nodeagent.node import (
     StopWorkers,
     decide,
 )
+from nodeagent.sdnotify import Notifier
 from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
 from nodeagent.supervisor import WorkerExit
 from nodeagent.wakeup import Waker
@@ -70,6 +71,7 @@ class Agent:
         health: NodeHealth | None = None,
         metrics: AgentMetrics | None = None,
         log_context: LogContext | None = None,
+        notifier: Notifier | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -105,6 +107,9 @@ class Agent:
         self._metrics = metrics or AgentMetrics(config.job.id, __version__)
         self.metrics_address: str | None = None  # set once the metrics server listens
         self._last_tick = clock()
+        self._notify = notifier or Notifier(None)
+        self._ready_sent = False
+        self._stopping_sent = False
         self._cordon: Cordon | None = None
 
     # -- control, safe from signal handlers (flags only) -------------------------------------
@@ -131,6 +136,25 @@ class Agent:
             timeout = 0.0 if self._dirty else self._next_wakeup() - self._clock()
             self._waker.wait(timeout)
         self._log.info("agent left the job")
+
+    def _notify_systemd(self) -> None:
+        """After the sync, so READY=1 (sent once joined) comes before any WATCHDOG=1."""
+        if not self._ready_sent:
+            return
+        self._notify.ping()  # a wedged loop stops pinging: systemd's watchdog restarts us
+        if self._shutting_down:
+            if not self._stopping_sent:
+                self._notify.stopping()
+                self._stopping_sent = True
+        else:
+            self._notify.status(self._status_line())
+
+    def _status_line(self) -> str:
+        record = self.record
+        job = (
+            f"job {record.state.value}, generation {record.generation}" if record else "no job yet"
+        )
+        return f"{self.state.value}; {job}{' (leader)' if self._leader else ''}"
 
     def healthz(self) -> tuple[bool, str]:
         """For /healthz: the loop ticks and the lease is being renewed. Any thread."""
@@ -161,6 +185,7 @@ class Agent:
         snapshot = self._sync(now) if now >= self._retry_at else None
         self._apply(decide(self._local_view(now)), now)
         self._metrics.worker_states(self._workers.workers())
+        self._notify_systemd()
         self._metrics.beats(self._watchers.last_progress())
         if snapshot is not None and self._leader is not None and not self._shutting_down:
             self._lead(snapshot)
@@ -225,6 +250,9 @@ class Agent:
             )
         self._leader = leader
         self._metrics.synced(self._clock() - now, snapshot.record, leader is not None, now)
+        if not self._ready_sent:  # joined Redis: systemd may consider the service started
+            self._notify.ready(self._status_line())
+            self._ready_sent = True
         return snapshot
 
     def _watch(self, now: float) -> None:
@@ -278,6 +306,8 @@ class Agent:
             deadlines.append(stop_deadline)
         if self._leader is not None and self._next_expiry is not None:
             deadlines.append(self._next_expiry)
+        if (ping := self._notify.next_ping()) is not None:
+            deadlines.append(ping)
         if (hang_check := self._watchers.next_check()) is not None:
             deadlines.append(hang_check)
         if self._last_ok_send is not None and self._fenced_generation is None:

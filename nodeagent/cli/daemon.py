@@ -27,6 +27,7 @@ from nodeagent.errors import ConfigError
 from nodeagent.health import NodeHealth, build_monitor, start_monitor
 from nodeagent.logs import LogContext, WorkerEcho
 from nodeagent.metrics import AgentMetrics, MetricsServer
+from nodeagent.sdnotify import Notifier
 from nodeagent.supervisor import Supervisor
 from nodeagent.wakeup import Waker
 
@@ -95,6 +96,7 @@ def _run(config: Config, context: LogContext) -> int:
         health=health,
         metrics=metrics,
         log_context=context,
+        notifier=Notifier.from_environ(os.environ),
     )
     server = None
     if config.metrics.listen != "off":

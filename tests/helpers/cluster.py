@@ -176,7 +176,7 @@ class LocalCluster:
         path.write_text(yaml.safe_dump(self.config(name)))
         return path
 
-    def start(self, *names: str) -> None:
+    def start(self, *names: str, env: dict[str, str] | None = None) -> None:
         for name in names:
             log_path = self.directory / f"agent-{name}.log"
             with log_path.open("ab") as log_file:
@@ -192,6 +192,7 @@ class LocalCluster:
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    env={**os.environ, **(env or {})},
                 )
             self.agents[name] = AgentProcess(name, proc, log_path)
 

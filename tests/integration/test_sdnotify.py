@@ -1,0 +1,101 @@
+"""The sd_notify protocol against real sockets, and `nodeagent run` under a fake systemd."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeagent.sdnotify import Notifier
+from tests.helpers.cluster import RedisServer, local_cluster, wait_for
+
+
+class FakeSystemd:
+    """The receiving end of NOTIFY_SOCKET: collects every datagram."""
+
+    def __init__(self, address: str | bytes) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(address)
+        self.sock.settimeout(0.1)
+        self.messages: list[str] = []
+
+    def receive(self) -> list[str]:
+        try:
+            while True:
+                self.messages.append(self.sock.recv(4096).decode())
+        except (TimeoutError, BlockingIOError):
+            pass
+        return self.messages
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def systemd(tmp_path: Path) -> Iterator[FakeSystemd]:
+    fake = FakeSystemd(str(tmp_path / "notify.sock"))
+    yield fake
+    fake.close()
+
+
+def test_messages_reach_a_path_socket(systemd: FakeSystemd, tmp_path: Path) -> None:
+    notifier = Notifier(str(tmp_path / "notify.sock"), "2000000")
+    assert notifier.enabled and notifier.watchdog_interval_s == 1.0
+    notifier.ready("running")
+    notifier.status("running")  # unchanged: not sent again
+    notifier.status("restarting")
+    notifier.ping()
+    notifier.ping()  # within half the watchdog interval: not sent again
+    notifier.stopping()
+    assert systemd.receive() == [
+        "READY=1\nSTATUS=running",
+        "STATUS=restarting",
+        "WATCHDOG=1",
+        "STOPPING=1\nSTATUS=stopping workers and leaving the job",
+    ]
+
+
+def test_abstract_namespace_socket() -> None:
+    name = f"nodeagent-test-{os.getpid()}"
+    fake = FakeSystemd(b"\0" + name.encode())
+    try:
+        assert Notifier(f"@{name}").send("READY=1")
+        assert fake.receive() == ["READY=1"]
+    finally:
+        fake.close()
+
+
+def test_no_socket_is_a_no_op() -> None:
+    notifier = Notifier.from_environ({})
+    assert not notifier.enabled and not notifier.send("READY=1") and notifier.next_ping() is None
+
+
+def test_agent_under_systemd(
+    systemd: FakeSystemd, redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    with local_cluster(redis_server.url, tmp_path / "job", job=job_id, max_nodes=1) as cluster:
+        cluster.start(
+            "a",
+            env={
+                "NOTIFY_SOCKET": str(tmp_path / "notify.sock"),
+                "WATCHDOG_USEC": "400000",
+                "WATCHDOG_PID": "1",
+            },
+        )
+        cluster.wait_running(1)
+        wait_for(lambda: sum(m == "WATCHDOG=1" for m in systemd.receive()) >= 3, 10, "pings")
+        messages = systemd.receive()
+        assert messages[0].startswith("READY=1\nSTATUS=")
+        assert any(m.startswith("STATUS=running; job running, generation 1") for m in messages)
+        cluster.agents["a"].proc.send_signal(signal.SIGTERM)
+        assert cluster.agents["a"].proc.wait(15) == 0
+        time.sleep(0.2)
+        assert any(m.startswith("STOPPING=1") for m in systemd.receive())
+        # the worker never saw NOTIFY_SOCKET or WATCHDOG_* (it records bad_env if it does)
+        assert [r["event"] for r in cluster.records()].count("bad_env") == 0
+        assert cluster.starts(1)

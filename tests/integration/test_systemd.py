@@ -1,0 +1,78 @@
+"""The systemd unit: verified by systemd-analyze (failing on any complaint), runnable as written."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "systemd" / "nodeagent.service"
+PREFIX = "/opt/nodeagent/venv"
+
+
+def installed_unit(tmp_path: Path, extra: str = "") -> Path:
+    """The unit as the Ansible role installs it, with the venv at this test's interpreter."""
+    venv = Path(sys.executable).parent.parent
+    text = UNIT.read_text().replace(PREFIX, str(venv)) + extra
+    path = tmp_path / "nodeagent.service"  # systemd-analyze wants the .service suffix
+    path.write_text(text)
+    return path
+
+
+def verify(path: Path) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("systemd-analyze")
+    if binary is None:
+        pytest.fail("systemd-analyze is missing (Debian: apt-get install systemd)")
+    return subprocess.run(
+        [binary, "verify", "--man=no", str(path)], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_unit_verifies_without_a_word(tmp_path: Path) -> None:
+    result = verify(installed_unit(tmp_path))
+    # systemd-analyze exits 0 on unknown keys and bad values: any output is a failure.
+    assert result.returncode == 0 and result.stderr == "" and result.stdout == "", result.stderr
+
+
+def test_the_check_catches_mistakes(tmp_path: Path) -> None:
+    result = verify(installed_unit(tmp_path, "\n[Service]\nRestartt=always\n"))
+    assert result.stderr != ""
+
+
+def test_exec_start_runs_the_installed_agent(tmp_path: Path) -> None:
+    unit = installed_unit(tmp_path).read_text()
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    argv = shlex.split(line.removeprefix("ExecStart="))
+    assert Path(argv[0]).is_file() and argv[1:3] == ["run", "--config"]
+    version = subprocess.run([argv[0], "--version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and version.stdout.startswith("nodeagent ")
+    bad = tmp_path / "config.yaml"
+    bad.write_text("job: {id: x}\n")
+    result = subprocess.run(
+        [argv[0], "run", "--config", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 78  # RestartPreventExitStatus=78: systemd will not loop on it
+    assert "RestartPreventExitStatus=78" in unit and "Type=notify" in unit
+
+
+def test_unit_settings_the_agent_relies_on() -> None:
+    unit = UNIT.read_text()
+    for setting in (
+        "KillMode=mixed",
+        "TimeoutStopSec=90s",
+        "LimitMEMLOCK=infinity",
+        "WatchdogSec=30s",
+        "DevicePolicy=closed",
+        "DeviceAllow=char-nvidiactl rw",
+    ):
+        assert setting in unit
+    assert "ProtectKernelLogs=" not in unit  # it would hide /dev/kmsg (XIDs before start)
+    # the agent's default stop grace (30 s) must fit inside TimeoutStopSec
+    from nodeagent.config import TimingConfig
+
+    assert TimingConfig().stop_grace_period < 90
