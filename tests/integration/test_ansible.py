@@ -1,0 +1,117 @@
+"""The Ansible role, linted and applied for real to localhost (into a prefix directory)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nodeagent.coord.client import connect
+from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.store import JobStore
+from tests.helpers.cluster import RedisServer, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE = ROOT / "ansible"
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    path = BIN / name
+    if not path.exists():
+        pytest.fail(f"{name} is missing: pip install -e '.[test]' (.ci/setup does)")
+    return subprocess.run(
+        [str(path), *args], cwd=ANSIBLE, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_lint_production_profile() -> None:
+    result = tool("ansible-lint", "--profile", "production", "--nocolor", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("playbook", ["site.yml", "rolling-upgrade.yml", "redis.yml"])
+def test_syntax(playbook: str) -> None:
+    result = tool("ansible-playbook", "--syntax-check", playbook)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_role_applied_to_localhost_runs_a_job(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    wheel_dir = tmp_path / "dist"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheel_dir), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    wheel = next(wheel_dir.glob("nodeagent-*.whl"))
+    prefix = tmp_path / "root"
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        json.dumps(
+            {
+                "nodeagent_nodes": {
+                    "hosts": {
+                        "localhost": {
+                            "ansible_connection": "local",
+                            "ansible_python_interpreter": sys.executable,
+                        }
+                    }
+                }
+            }
+        )
+    )
+    extra = {
+        "ansible_become": False,
+        "nodeagent_prefix": str(prefix),
+        "nodeagent_package": str(wheel),
+        "nodeagent_python": sys.executable,
+        "nodeagent_node_name": "ansible-node",
+        "nodeagent_node_address": "127.0.0.1",
+        "nodeagent_redis_url": redis_server.url,
+        "nodeagent_metrics_listen": "127.0.0.1:0",
+        "nodeagent_job": {
+            "id": job_id,
+            "entrypoint": [sys.executable, "-c", "print('trained')"],
+            "nproc_per_node": 1,
+            "max_nodes": 1,
+        },
+        "nodeagent_timing": {"heartbeat_interval": "200ms", "lease_ttl": "1s"},
+        "nodeagent_health": {"gpu": "auto"},
+    }
+    applied = tool("ansible-playbook", "-i", str(inventory), "site.yml", "-e", json.dumps(extra))
+    assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-2000:]
+    assert "skipping: [localhost]" in applied.stdout  # no systemd as PID 1 here: no service
+    unit = prefix / "etc/systemd/system/nodeagent.service"
+    config = prefix / "etc/nodeagent/config.yaml"
+    assert unit.is_file() and config.is_file()
+    exec_start = next(x for x in unit.read_text().splitlines() if x.startswith("ExecStart="))
+    argv = shlex.split(exec_start.removeprefix("ExecStart="))
+    assert argv[0] == str(prefix / "opt/nodeagent/venv/bin/nodeagent") and argv[-1] == str(config)
+    with (tmp_path / "agent.log").open("w") as log:
+        agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        store = JobStore(connect(redis_server.url, 5.0), JobKeys("nodeagent", job_id))
+
+        def succeeded() -> bool:
+            record = store.snapshot().record
+            return record is not None and record.state.value == "succeeded"
+
+        wait_for(succeeded, 60, "the installed agent to run the job")
+    finally:
+        agent.terminate()
+        agent.wait(30)
+    time.sleep(0.1)
+    assert "[rank 0]: trained" in (tmp_path / "agent.log").read_text()
+    again = tool("ansible-playbook", "-i", str(inventory), "site.yml", "-e", json.dumps(extra))
+    assert again.returncode == 0 and "changed=0" in again.stdout  # idempotent
