@@ -115,3 +115,36 @@ def test_role_applied_to_localhost_runs_a_job(
     assert "[rank 0]: trained" in (tmp_path / "agent.log").read_text()
     again = tool("ansible-playbook", "-i", str(inventory), "site.yml", "-e", json.dumps(extra))
     assert again.returncode == 0 and "changed=0" in again.stdout  # idempotent
+
+
+def test_rolling_upgrade_drain_step_against_running_agents(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """The playbook's own pre_task, rendered for one node, drains it from a live job."""
+    import yaml
+
+    from tests.helpers.cluster import local_cluster
+
+    play = yaml.safe_load((ANSIBLE / "rolling-upgrade.yml").read_text())[0]
+    command = play["pre_tasks"][0]["ansible.builtin.command"]["cmd"]
+    with local_cluster(
+        redis_server.url,
+        tmp_path,
+        job=job_id,
+        max_nodes=3,
+        timing={"heartbeat_interval": "200ms", "lease_ttl": "1s"},
+    ) as cluster:
+        cluster.start("a", "b", "c")
+        before = cluster.wait_running(3)
+        ctl = f"{BIN / 'nodeagentctl'} --config {cluster.config_path('c')}"
+        rendered = command.replace("{{ nodeagent_ctl }}", ctl).replace(
+            "{{ nodeagent_node_name }}", "c"
+        )
+        drained = subprocess.run(shlex.split(rendered), capture_output=True, text=True, timeout=120)
+        assert drained.returncode == 0, drained.stderr
+        after = cluster.wait_running(2, after_generation=before["generation"])
+        assert after["members"] == ["a", "b"] and after["restart_count"] == 0
+        # c's worker got SIGTERM and exited within the grace period (it records "stop")
+        assert any(r["event"] == "stop" and r["node"] == "c" for r in cluster.records())
+        c = next(n for n in after["nodes"] if n["name"] == "c")
+        assert c["cordon"]["reason"] == "rolling upgrade"
