@@ -31,7 +31,7 @@ def tool(name: str, *args: str, timeout: int = 300) -> subprocess.CompletedProce
 
 
 def test_lint_production_profile() -> None:
-    result = tool("ansible-lint", "--profile", "production", "--nocolor", ".")
+    result = tool("ansible-lint", "--profile", "production", "--offline", "--nocolor", ".")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -148,3 +148,33 @@ def test_rolling_upgrade_drain_step_against_running_agents(
         assert any(r["event"] == "stop" and r["node"] == "c" for r in cluster.records())
         c = next(n for n in after["nodes"] if n["name"] == "c")
         assert c["cordon"]["reason"] == "rolling upgrade"
+
+
+def test_the_roles_unit_validation_rejects_a_bad_unit(tmp_path: Path) -> None:
+    """The template's validate command, run as Ansible runs it (on a temp file without the
+    .service suffix systemd-analyze wants): a good unit passes, a misspelled key fails."""
+    import yaml
+
+    tasks = yaml.safe_load((ANSIBLE / "roles/nodeagent/tasks/main.yml").read_text())
+    validate = next(
+        t["ansible.builtin.template"]["validate"]
+        for t in tasks
+        if t.get("ansible.builtin.template", {}).get("dest", "").endswith(".service")
+    )
+    venv = Path(sys.executable).parent.parent
+    good = (
+        (ROOT / "systemd/nodeagent.service").read_text().replace("/opt/nodeagent/venv", str(venv))
+    )
+    for name, text, ok in (
+        ("good", good, True),
+        ("bad", good + "\n[Service]\nRestartt=always\n", False),
+    ):
+        source = tmp_path / f"tmp{name}"  # no .service suffix, like Ansible's temp file
+        source.write_text(text)
+        result = subprocess.run(
+            shlex.split(validate.replace("%s", str(source))),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (result.returncode == 0) is ok, (name, result.stdout, result.stderr)
