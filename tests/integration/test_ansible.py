@@ -15,6 +15,7 @@ from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
 from tests.helpers.cluster import RedisServer, wait_for
+from tests.helpers.packaging import build_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = ROOT / "ansible"
@@ -46,15 +47,7 @@ def test_syntax(playbook: str) -> None:
 def test_role_applied_to_localhost_runs_a_job(
     redis_server: RedisServer, job_id: str, tmp_path: Path
 ) -> None:
-    wheel_dir = tmp_path / "dist"
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheel_dir), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, built.stderr
-    wheel = next(wheel_dir.glob("nodeagent-*.whl"))
+    wheel = build_wheel(tmp_path / "dist")
     prefix = tmp_path / "root"
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
