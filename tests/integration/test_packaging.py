@@ -9,8 +9,6 @@ import pytest
 
 from tests.helpers.packaging import build_wheel
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
 def test_wheel_contents(tmp_path: Path) -> None:
