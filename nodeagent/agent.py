@@ -19,10 +19,11 @@ from typing import Protocol
 from nodeagent import __version__
 from nodeagent.config import Config
 from nodeagent.coord.store import JobStore, Snapshot
-from nodeagent.errors import CoordinationError, FencedError
+from nodeagent.errors import CoordinationError
 from nodeagent.health import NodeHealth
 from nodeagent.launch import WorkerSpec, pick_free_port, worker_specs
-from nodeagent.leader import LeaderMemory, plan, policy_from
+from nodeagent.leader import policy_from
+from nodeagent.leading import Leadership
 from nodeagent.logs import LogContext
 from nodeagent.metrics import AgentMetrics
 from nodeagent.model import Cordon, Event, JobRecord, NodeReport, WorkerInfo
@@ -83,8 +84,6 @@ class Agent:
         self._waker = waker
         self._base_env = base_env
         self._clock = clock
-        self._policy = policy_from(config)
-        self._memory = LeaderMemory()
         self._log = log
         self.log_context = log_context or LogContext(self.name, config.job.id)
         self._leader: str | None = None
@@ -101,10 +100,11 @@ class Agent:
         self._force = False
         self._left = False
         self._last_error: str | None = None
-        self._last_reason = ""
-        self._next_expiry: float | None = None  # leader: when the earliest known lease lapses
         self._watchers = WorkerWatch(self.name, config.timing.hang_timeout, health)
         self._metrics = metrics or AgentMetrics(config.job.id, __version__)
+        self._leadership = Leadership(
+            store, policy_from(config), self._metrics, config.timing.lease_ttl, clock
+        )
         self.metrics_address: str | None = None  # set once the metrics server listens
         self._last_tick = clock()
         self._notify = notifier or Notifier(None)
@@ -304,8 +304,9 @@ class Agent:
         deadlines = [self._next_sync if self._last_error is None else self._retry_at]
         if (stop_deadline := self._workers.next_deadline()) is not None:
             deadlines.append(stop_deadline)
-        if self._leader is not None and self._next_expiry is not None:
-            deadlines.append(self._next_expiry)
+        expiry = self._leadership.next_expiry
+        if self._leader is not None and expiry is not None:
+            deadlines.append(expiry)
         if (ping := self._notify.next_ping()) is not None:
             deadlines.append(ping)
         if (hang_check := self._watchers.next_check()) is not None:
@@ -399,41 +400,14 @@ class Agent:
 
     def _lead(self, snapshot: Snapshot) -> None:
         assert self._leader is not None
-        for error in snapshot.errors:
-            self._log.warning("ignoring unreadable data in Redis: %s", error)
-        view = snapshot.cluster_view()
-        # Wake when the earliest lease lapses (converted from server to local time), so a dead
-        # node is noticed at its deadline, not up to one heartbeat later.
-        deadlines = [lease.deadline_ms for lease in snapshot.leases if lease.name in view.nodes]
-        self._next_expiry = (
-            self._clock() + (min(deadlines) - snapshot.now_ms) / 1000 + 0.005 if deadlines else None
-        )
-        decision = plan(view, self._policy, self._memory)
-        self._memory = decision.memory
-        if decision.reason != self._last_reason:
-            self._log.info("leader: %s", decision.reason)
-            self._last_reason = decision.reason
-        if decision.record is None and not decision.events and not decision.reap:
-            return
-        try:
-            self._rev = self._store.commit(self._leader, snapshot.rev, decision)
-        except FencedError as exc:
-            self._log.info("leader write refused, re-reading: %s", exc)
+        led = self._leadership.lead(self._leader, snapshot)
+        if led.rev is not None:
+            self._rev = led.rev
+        if led.record is not None:
+            self.record = led.record
+            self.log_context.generation = led.record.generation
+        if led.again:
             self._dirty = True
-            return
-        except CoordinationError as exc:
-            self._log.warning("leader write failed: %s", exc)
-            self._metrics.sync_failed()
-            return
-        ttl_ms = int(self.config.timing.lease_ttl * 1000)
-        for lease in snapshot.leases:
-            if lease.name in decision.reap:  # last heartbeat -> noticed, in server time
-                lost_for = snapshot.now_ms - (lease.deadline_ms - ttl_ms)
-                self._metrics.detected("node_lost", lost_for / 1000)
-        if decision.record is not None:
-            self.record = decision.record
-            self.log_context.generation = decision.record.generation
-        self._dirty = True
 
 
 _ANNOUNCED = {NodeState.LEAVING: "node_leaving", NodeState.FENCED: "node_fenced"}
