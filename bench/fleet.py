@@ -25,9 +25,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nodeagent.coord import scripts  # noqa: E402
 from nodeagent.coord.client import connect  # noqa: E402
-from nodeagent.coord.keys import EVENTS_MAXLEN, JobKeys  # noqa: E402
+from nodeagent.coord.keys import JobKeys  # noqa: E402
 from nodeagent.coord.store import JobStore  # noqa: E402
 from nodeagent.leader import LeaderMemory, Policy, plan  # noqa: E402
 from nodeagent.model import NodeReport  # noqa: E402
@@ -61,7 +60,6 @@ def run(server: RedisServer, nodes: int, kill: int, seconds: float) -> dict[str,
     keys = JobKeys("nodeagent", f"fleet-{nodes}")
     client = connect(server.url, 10.0)
     store = JobStore(client, keys)
-    sync = client.register_script(scripts.SYNC)
     policy = Policy(
         min_nodes=1,
         max_nodes=nodes,
@@ -73,7 +71,7 @@ def run(server: RedisServer, nodes: int, kill: int, seconds: float) -> dict[str,
     )
     names = [f"n{i:05d}" for i in range(nodes)]
     leader_name = names[0]
-    reports = {name: report(name, 0).to_json() for name in names}
+    reports = {name: report(name, 0) for name in names}
     memory = LeaderMemory()
     dead: set[str] = set()
     killed_at: float | None = None
@@ -101,30 +99,7 @@ def run(server: RedisServer, nodes: int, kill: int, seconds: float) -> dict[str,
             for name in decision.reap:
                 lease = next(x for x in snapshot.leases if x.name == name)
                 lost[name] = snapshot.now_ms - lease.deadline_ms  # deadline -> noticed
-        pipe = client.pipeline(transaction=False)
-        for name in names[1:]:
-            if name not in dead:
-                sync(
-                    keys=[
-                        keys.node(name),
-                        keys.leases,
-                        keys.leader,
-                        keys.leader_epoch,
-                        keys.record,
-                        keys.events,
-                        keys.commands,
-                        keys.cordons,
-                    ],
-                    args=[
-                        name,
-                        reports[name],
-                        int(LEASE_S * 1000),
-                        EVENTS_MAXLEN,
-                        keys.node_prefix(),
-                    ],
-                    client=pipe,
-                )
-        pipe.execute()
+        store.sync_many([reports[name] for name in names[1:] if name not in dead])
         tick += 1
         time.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - begin)))
     elapsed = time.monotonic() - started

@@ -97,29 +97,45 @@ class JobStore:
 
         The leader gets the whole cluster (leases, reports, new commands); others the record.
         """
-        keys = self.keys
+        keys, args = self._sync_call(report, events)
         with _redis_errors("heartbeat"):
-            reply = self._sync(
-                keys=[
-                    keys.node(report.name),
-                    keys.leases,
-                    keys.leader,
-                    keys.leader_epoch,
-                    keys.record,
-                    keys.events,
-                    keys.commands,
-                    keys.cordons,
-                ],
-                args=[
-                    report.name,
-                    report.to_json(),
-                    report.lease_ttl_ms,
-                    EVENTS_MAXLEN,
-                    keys.node_prefix(),
-                    *(e.to_json() for e in events),
-                ],
-            )
+            reply = self._sync(keys=keys, args=args)
         return _parse_snapshot(reply)
+
+    def sync_many(self, reports: Sequence[NodeReport]) -> None:
+        """Heartbeats of many nodes in one pipeline (the fleet simulator, bench/fleet.py)."""
+        pipe = self.client.pipeline(transaction=False)
+        for report in reports:
+            keys, args = self._sync_call(report, ())
+            self._sync(keys=keys, args=args, client=pipe)
+        with _redis_errors("heartbeats"):
+            pipe.execute()
+
+    def _sync_call(
+        self, report: NodeReport, events: Sequence[Event]
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of the SYNC script (see its header in scripts.py)."""
+        keys = self.keys
+        return (
+            [
+                keys.node(report.name),
+                keys.leases,
+                keys.leader,
+                keys.leader_epoch,
+                keys.record,
+                keys.events,
+                keys.commands,
+                keys.cordons,
+            ],
+            [
+                report.name,
+                report.to_json(),
+                report.lease_ttl_ms,
+                EVENTS_MAXLEN,
+                keys.node_prefix(),
+                *(e.to_json() for e in events),
+            ],
+        )
 
     def snapshot(self) -> Snapshot:
         """A read-only, consistent snapshot (for status)."""
