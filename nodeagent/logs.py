@@ -53,20 +53,27 @@ def _timestamp(created: float) -> str:
     )
 
 
+def _fields(record: logging.LogRecord) -> dict[str, object]:
+    """What every line says, in the order it says it."""
+    return {
+        "ts": _timestamp(record.created),
+        "level": record.levelname,
+        "logger": record.name,
+        "node": getattr(record, "node", None),
+        "job": getattr(record, "job", None),
+        "generation": getattr(record, "generation", None),
+        "msg": record.getMessage(),
+    }
+
+
 class KeyValueFormatter(logging.Formatter):
     """ts=... level=INFO logger=nodeagent.agent node=a job=llama gen=3 msg="...\""""
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = {
-            "ts": _timestamp(record.created),
-            "level": record.levelname,
-            "logger": record.name,
-            "node": getattr(record, "node", "-"),
-            "job": getattr(record, "job", "-"),
-            "gen": getattr(record, "generation", 0),
-            "msg": record.getMessage(),
-        }
-        line = " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
+        fields = _fields(record)
+        fields["gen"] = fields.pop("generation") or 0
+        fields["msg"] = fields.pop("msg")  # last, after gen
+        line = " ".join(f"{k}={_quote('-' if v is None else v)}" for k, v in fields.items())
         if record.exc_info:
             line += " exc=" + _quote(self.formatException(record.exc_info))
         return line
@@ -74,15 +81,7 @@ class KeyValueFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        data = {
-            "ts": _timestamp(record.created),
-            "level": record.levelname,
-            "logger": record.name,
-            "node": getattr(record, "node", None),
-            "job": getattr(record, "job", None),
-            "generation": getattr(record, "generation", None),
-            "msg": record.getMessage(),
-        }
+        data = _fields(record)
         if record.exc_info:
             data["exc"] = self.formatException(record.exc_info)
         return json.dumps(data)
