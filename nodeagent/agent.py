@@ -120,10 +120,6 @@ class Agent:
             self._force = True
         self._shutting_down = True
 
-    @property
-    def is_leader(self) -> bool:
-        return self._leader is not None
-
     def run(self) -> None:
         """Loop until the agent has left the job (after request_stop)."""
         self._log.info("agent started (address %s)", self.config.node.address)

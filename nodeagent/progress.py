@@ -73,11 +73,15 @@ class BeatWriter:
 class _Seen:
     beats: int
     changed_at: float
-    step: int
+    last: Beat | None = None
 
 
 class HangWatch:
-    """The agent's end: which ranks that have beaten made no progress for `timeout_s`."""
+    """The agent's end: which ranks that have beaten made no progress for `timeout_s`.
+
+    `hung()` reads each rank's file once and keeps the beat, so `last_progress()` (for metrics)
+    costs no I/O.
+    """
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
@@ -87,27 +91,22 @@ class HangWatch:
     def watch(self, files: dict[int, Path], now: float) -> None:
         """Start watching a new generation's files (local rank -> path)."""
         self._files = dict(files)
-        self._seen = {rank: _Seen(0, now, -1) for rank in files}
-
-    def clear(self) -> None:
-        self._files, self._seen = {}, {}
+        self._seen = {rank: _Seen(0, now) for rank in files}
 
     def last_progress(self) -> dict[int, Beat]:
-        """The latest beat of each rank that has beaten."""
-        beats = {rank: read(path) for rank, path in self._files.items()}
-        return {rank: beat for rank, beat in beats.items() if beat is not None and beat.beats}
+        """The latest beat, as last read by hung(), of each rank that has beaten."""
+        return {rank: s.last for rank, s in self._seen.items() if s.last is not None and s.beats}
 
     def hung(self, now: float) -> list[int]:
-        """Local ranks that have beaten at least once and not since `timeout_s`."""
-        if self.timeout_s <= 0:
-            return []
+        """Read every rank's beat; return the ranks that have beaten at least once and not
+        since `timeout_s` (none when hang detection is off)."""
         hung = []
         for rank, path in self._files.items():
             beat = read(path)
             seen = self._seen[rank]
             if beat is not None and beat.beats != seen.beats:
-                self._seen[rank] = _Seen(beat.beats, now, beat.step)
-            elif seen.beats > 0 and now - seen.changed_at >= self.timeout_s:
+                self._seen[rank] = _Seen(beat.beats, now, beat)
+            elif self.timeout_s > 0 and seen.beats > 0 and now - seen.changed_at >= self.timeout_s:
                 hung.append(rank)
         return hung
 

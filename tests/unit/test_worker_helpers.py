@@ -146,7 +146,9 @@ def test_beats_and_hang_watch(tmp_path: Path) -> None:
     writer.beat(43)
     assert watch.hung(now=111.0) == []
     writer.close()
-    assert HangWatch(timeout_s=0).hung(now=1e9) == []  # off
+    off = HangWatch(timeout_s=0)  # hang detection off: nobody is hung, beats still read
+    off.watch({0: path}, now=0.0)
+    assert off.hung(now=1e9) == [] and off.last_progress()[0].step == 43
 
 
 def test_corrupt_progress_file_reads_as_none(tmp_path: Path) -> None:
