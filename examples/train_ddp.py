@@ -11,34 +11,41 @@ What it shows of nodeagent.worker:
   graceful stop loses no step;
 - beats every step, so the agent can detect a hang (beat).
 
-Each rank prints one JSON line per step: {"t", "event": "step", "step", "loss", "rank",
-"world", "gen"}. The data of a step depends only on the step, so a run is reproducible whatever
+Each rank prints one JSON line per step: {"t", "pid", "event": "step", "step", "loss", "rank",
+"world", "gen"}, and one "initialized" line with when the script began and finished its imports.
+The data of a step depends only on the step, so a run is reproducible whatever
 the world sizes it went through.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
-import os
-import sys
 import time
-from pathlib import Path
-from typing import Any, NoReturn
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+BEGAN = time.time()  # before the heavy imports: benchmarks split start-up into import and init
 
-from nodeagent.worker import CheckpointManager, GracefulExit, beat, rescale
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from datetime import timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, NoReturn  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+from nodeagent.worker import CheckpointManager, GracefulExit, beat, rescale  # noqa: E402
+
+IMPORTED = time.time()
 
 FEATURES = 16
 
 
 def emit(**fields: Any) -> None:
-    print(json.dumps({"t": round(time.time(), 6), **fields}), flush=True)
+    print(json.dumps({"t": round(time.time(), 6), "pid": os.getpid(), **fields}), flush=True)
 
 
 def parse() -> argparse.Namespace:
@@ -50,6 +57,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
     parser.add_argument("--final-dir", help="where each rank writes its final parameter hash")
+    parser.add_argument(
+        "--pg-timeout",
+        type=float,
+        help="seconds a collective may wait for a peer before failing (torch's default: 30 min)",
+    )
     return parser.parse_args()
 
 
@@ -83,11 +95,15 @@ def params_sha256(model: nn.Module) -> str:
 def main() -> int:
     args = parse()
     cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
+    timeout = timedelta(seconds=args.pg_timeout) if args.pg_timeout else None
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     generation = int(os.environ.get("NODEAGENT_GENERATION", 0))
+    emit(
+        event="initialized", rank=rank, world=world, gen=generation, began=BEGAN, imported=IMPORTED
+    )
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
