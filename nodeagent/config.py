@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from nodeagent.entrypoint import NotPython, split_python
 from nodeagent.errors import ConfigError
 
 EX_CONFIG = 78
@@ -52,6 +53,7 @@ class JobConfig:
     working_dir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     gpus_per_worker: int = 1
+    preload: tuple[str, ...] = ()  # modules spare worker interpreters import ahead of time
 
 
 @dataclass(frozen=True)
@@ -248,9 +250,30 @@ def _load_job(section: _Section) -> JobConfig:
         working_dir=section.get("working_dir", str, "") or None,
         env={str(k): str(v) for k, v in env.items()},
         gpus_per_worker=_positive_int(section, "gpus_per_worker", 1, minimum=0),
+        preload=_preload(section, tuple(str(arg) for arg in entrypoint)),
     )
     section.reject_unknown()
     return job
+
+
+def _preload(section: _Section, entrypoint: tuple[str, ...]) -> tuple[str, ...]:
+    modules = section.raw("preload") or []
+    if not isinstance(modules, list) or not all(
+        isinstance(m, str) and all(part.isidentifier() for part in m.split(".")) for m in modules
+    ):
+        raise ConfigError(
+            section.key("preload"), "expected a list of module names such as [torch, torch._dynamo]"
+        )
+    if modules:
+        try:
+            split_python(entrypoint)
+        except NotPython as exc:
+            raise ConfigError(
+                section.key("preload"),
+                f"needs a Python entrypoint, [python, script.py, ...] or [python, -m, module, ...]:"
+                f" {exc}",
+            ) from None
+    return tuple(modules)
 
 
 def _load_timing(section: _Section) -> TimingConfig:

@@ -30,6 +30,7 @@ from nodeagent.launch import WorkerSpec
 from nodeagent.logs import Echo
 from nodeagent.model import Failure, WorkerInfo
 from nodeagent.node import GroupPhase, GroupStatus
+from nodeagent.preload import PRESTART_DELAY_S, Spawner
 
 log = logging.getLogger(__name__)
 SPAWN_FAILED = 127  # the shell's "command not found"
@@ -132,10 +133,12 @@ class Supervisor:
         echo: Echo,
         wake: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
+        spawner: Spawner | None = None,
     ) -> None:
         self._echo = echo
         self._wake = wake
         self._clock = clock
+        self._spawner = spawner or Spawner()
         self._generation: int | None = None
         self._workers: list[_Worker] = []
         self._stop_deadline: float | None = None
@@ -151,21 +154,14 @@ class Supervisor:
         self._generation, self._node = generation, node
         self._stop_deadline, self._killed, self._failure = None, False, None
         self._workers = [self._spawn(spec) for spec in specs]
+        self._spawner.plan(specs, self._clock() + PRESTART_DELAY_S)
 
     def _spawn(self, spec: WorkerSpec) -> _Worker:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         progress.create(spec.progress_path)
         log_file = open(spec.log_path, "ab")  # noqa: SIM115 - closed by the pump thread
         try:
-            popen = subprocess.Popen(
-                spec.argv,
-                env=dict(spec.env),
-                cwd=spec.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            popen = self._spawner.spawn(spec)
         except OSError as exc:
             message = f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"
             log_file.write(message.encode() + b"\n")
@@ -231,6 +227,7 @@ class Supervisor:
 
     def poll(self) -> list[WorkerExit]:
         """Reap exited workers, escalate overdue stops; return exits not reported before."""
+        self._spawner.tick(self._clock())
         exits = []
         for worker in self._workers:
             if worker.popen is None or worker.returncode is not None:
@@ -323,6 +320,10 @@ class Supervisor:
         # Workers that exit 0 because we asked them to stop have not finished the job.
         succeeded = self._stop_deadline is None and all(w.returncode == 0 for w in self._workers)
         return GroupStatus(self._generation, phase, self._failure, succeeded)
+
+    def close(self) -> None:
+        """Release what outlives a group (preloaded interpreters); the agent is leaving."""
+        self._spawner.close()
 
     def next_deadline(self) -> float | None:
         """When poll() must run next to escalate a stop, if a stop is pending."""

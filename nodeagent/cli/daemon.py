@@ -27,6 +27,7 @@ from nodeagent.errors import ConfigError
 from nodeagent.health import NodeHealth, build_monitor, start_monitor
 from nodeagent.logs import LogContext, WorkerEcho
 from nodeagent.metrics import AgentMetrics, MetricsServer
+from nodeagent.preload import Spawner
 from nodeagent.sdnotify import Notifier
 from nodeagent.supervisor import Supervisor
 from nodeagent.wakeup import Waker
@@ -80,7 +81,11 @@ def _run(config: Config, context: LogContext) -> int:
     store = JobStore(connect(config.redis.url, timeout, f"nodeagent-{config.node.name}"), keys)
     listen_client = connect(config.redis.url, LISTEN_BLOCK_MS / 1000 + timeout)
     waker = Waker()
-    supervisor = Supervisor(echo=WorkerEcho(config.logging.format, context), wake=waker.wake)
+    supervisor = Supervisor(
+        echo=WorkerEcho(config.logging.format, context),
+        wake=waker.wake,
+        spawner=Spawner(config.job.preload),
+    )
     monitor = build_monitor(config.health)
     start_monitor(monitor, config.health)  # ConfigError (exit 78) when gpu: on and no NVML
     monitor.on_change = waker.wake
@@ -116,6 +121,7 @@ def _run(config: Config, context: LogContext) -> int:
     try:
         agent.run()
     finally:
+        supervisor.close()
         listener.stop()
         monitor.stop()
         if server is not None:

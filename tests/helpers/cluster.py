@@ -137,6 +137,7 @@ class LocalCluster:
     max_restarts: int = 3
     timing: dict[str, str] = field(default_factory=dict)
     entrypoint: list[str] = field(default_factory=lambda: [sys.executable, str(WORKER)])
+    job_options: dict[str, Any] = field(default_factory=dict)  # more of the job section
     agents: dict[str, AgentProcess] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -165,6 +166,7 @@ class LocalCluster:
                 "target_nodes": self.target_nodes or self.max_nodes,
                 "max_restarts": self.max_restarts,
                 "env": {"RECORD_DIR": str(self.records_dir), "PYTHONUNBUFFERED": "1"},
+                **self.job_options,
             },
             "timing": timing,
             "metrics": {"listen": "127.0.0.1:0"},  # several agents on one machine

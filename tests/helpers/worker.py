@@ -74,6 +74,7 @@ def main() -> int:
         "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", -1)),
         "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
         "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "preloaded": os.environ.get("NODEAGENT_PRELOADED"),
     }
     if problems:
         record(directory, event="bad_env", problems=problems, **base)

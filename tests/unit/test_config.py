@@ -23,7 +23,13 @@ class FixedResolver(Resolver):
 
 VALID: dict[str, Any] = {
     "redis": {"url": "redis://127.0.0.1:6379/0"},
-    "job": {"id": "llama-ft", "entrypoint": ["python", "train.py"], "min_nodes": 2, "max_nodes": 4},
+    "job": {
+        "id": "llama-ft",
+        "entrypoint": ["python", "train.py"],
+        "min_nodes": 2,
+        "max_nodes": 4,
+        "preload": ["torch"],
+    },
 }
 
 
@@ -86,6 +92,9 @@ def test_bad_durations_name_the_key(text: object) -> None:
         ("job.id", "my job", "job.id", "letters"),
         ("job.id", "{x}", "job.id", "letters"),
         ("job.env", ["A=1"], "job.env", "mapping"),
+        ("job.preload", "torch", "job.preload", "list of module names"),
+        ("job.preload", ["torch nn"], "job.preload", "list of module names"),
+        ("job.entrypoint", ["bash", "run.sh"], "job.preload", "needs a Python entrypoint"),
         ("job.colour", "blue", "job.colour", "unknown key"),
         ("timing.lease_ttl", "1s", "timing.lease_ttl", "twice heartbeat_interval"),
         ("timing.heartbeat_interval", "10ms", "timing.heartbeat_interval", "50ms"),

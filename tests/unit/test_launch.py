@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from nodeagent.config import load_config
+from nodeagent.entrypoint import NotPython, split_python
 from nodeagent.launch import TORCHRUN_VARIABLES, worker_specs
+from nodeagent.preload import static_env
 from nodeagent.state import JobState
 from tests.helpers.factories import make_record
 
@@ -74,3 +78,47 @@ def test_torchrun_environment_for_every_local_rank() -> None:
         assert name not in env
     assert specs[2].log_path == Path("/var/log/na/llama/7/rank-6.log")
     assert specs[2].cwd == "/opt/t" and specs[2].argv == ("python", "train.py")
+
+
+@pytest.mark.parametrize(
+    ("argv", "interpreter", "target"),
+    [
+        (["python", "train.py", "--lr", "1"], ["python"], ["train.py", "--lr", "1"]),
+        (["/venv/bin/python3.11", "-u", "t.py"], ["/venv/bin/python3.11", "-u"], ["t.py"]),
+        (
+            ["python", "-X", "importtime", "-m", "pkg.train"],
+            ["python", "-X", "importtime"],
+            ["-m", "pkg.train"],
+        ),
+        (["python", "-W", "ignore", "t.py", "-m"], ["python", "-W", "ignore"], ["t.py", "-m"]),
+    ],
+)
+def test_split_python(argv: list[str], interpreter: list[str], target: list[str]) -> None:
+    assert split_python(argv) == (tuple(interpreter), tuple(target))
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["bash", "run.sh"], "not a python interpreter"),
+        (["python", "-c", "print()"], "runs no script"),
+        (["python", "-m"], "without a module"),
+        (["python", "-u"], "no script"),
+        ([], "nothing"),
+    ],
+)
+def test_split_python_rejects(argv: list[str], words: str) -> None:
+    with pytest.raises(NotPython, match=words):
+        split_python(argv)
+
+
+def test_static_env_drops_what_changes_every_generation() -> None:
+    env = {
+        "PATH": "/bin",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "RANK": "3",
+        "MASTER_PORT": "1",
+        "NODEAGENT_GENERATION": "7",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+    }
+    assert static_env(env) == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0"}

@@ -1,0 +1,144 @@
+"""Worker interpreters started before they are needed (`job.preload`), so a restart skips imports.
+
+Importing torch takes seconds (1.5 s here, and torch.optim pulls in torch._dynamo for 1.4 s
+more), paid again by every worker of every generation. With `job.preload: [torch,
+torch._dynamo]` the agent keeps one spare interpreter per local rank that has already imported
+them (nodeagent/worker/preloaded.py) and hands it the next generation's environment instead of
+starting a fresh process.
+
+A spare is used only if it was started with the same interpreter, options, working directory and
+environment, apart from the variables that change every generation (rank, world size, master,
+generation...). Anything else (a GPU left CUDA_VISIBLE_DEVICES, a dead spare) means a cold start,
+never a worker with the wrong environment. Spares are started a few seconds after a group starts,
+not beside it, so their imports do not slow the group's own start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from nodeagent.entrypoint import split_python
+from nodeagent.launch import TORCHRUN_VARIABLES, WorkerSpec
+
+log = logging.getLogger(__name__)
+PRESTART_DELAY_S = 5.0
+_PER_GENERATION = frozenset(TORCHRUN_VARIABLES) | {"TORCHELASTIC_USE_AGENT_STORE"}
+
+
+def static_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What a spare must have been started with: everything but the per-generation variables."""
+    return {
+        k: v for k, v in env.items() if k not in _PER_GENERATION and not k.startswith("NODEAGENT_")
+    }
+
+
+@dataclass
+class _Spare:
+    popen: subprocess.Popen[bytes]
+    interpreter: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str | None
+
+    def fits(self, spec: WorkerSpec) -> bool:
+        return (
+            self.interpreter == split_python(spec.argv)[0]
+            and self.env == static_env(spec.env)
+            and self.cwd == spec.cwd
+        )
+
+    def discard(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait()
+        if self.popen.stdin:
+            self.popen.stdin.close()
+        if self.popen.stdout:
+            self.popen.stdout.close()
+
+
+class Spawner:
+    """Starts a worker process: a fresh one, or a preloaded spare when `modules` is not empty."""
+
+    def __init__(self, modules: Sequence[str] = ()) -> None:
+        self._modules = tuple(modules)
+        self._spares: dict[int, _Spare] = {}
+        self._planned: tuple[float, Sequence[WorkerSpec]] | None = None
+
+    def spawn(self, spec: WorkerSpec) -> subprocess.Popen[bytes]:
+        """The worker for `spec`, stdout and stderr on one pipe. Raises OSError if it cannot
+        be started."""
+        spare = self._spares.pop(spec.local_rank, None)
+        if spare is not None:
+            if spare.popen.poll() is None and spare.fits(spec):
+                return self._adopt(spare, spec)
+            reason = "exited" if spare.popen.poll() is not None else "started for another setup"
+            log.warning(
+                "preloaded interpreter of local rank %d %s; starting cold", spec.local_rank, reason
+            )
+            spare.discard()
+        return subprocess.Popen(
+            spec.argv,
+            env=dict(spec.env),
+            cwd=spec.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def _adopt(self, spare: _Spare, spec: WorkerSpec) -> subprocess.Popen[bytes]:
+        order = {"args": split_python(spec.argv)[1], "env": dict(spec.env), "cwd": spec.cwd}
+        assert spare.popen.stdin is not None
+        try:
+            spare.popen.stdin.write(json.dumps(order).encode() + b"\n")
+            spare.popen.stdin.close()
+        except OSError:  # it died just now: its exit is reported like any worker's
+            pass
+        return spare.popen
+
+    def plan(self, specs: Sequence[WorkerSpec], at: float) -> None:
+        """Have spares for the next generation of these local ranks ready, starting at `at`."""
+        if self._modules:
+            self._planned = (at, specs)
+
+    def tick(self, now: float) -> None:
+        """Start the planned spares once their time has come."""
+        if self._planned is None or now < self._planned[0]:
+            return
+        specs, self._planned = self._planned[1], None
+        for spec in specs:
+            if spec.local_rank not in self._spares:
+                try:
+                    self._spares[spec.local_rank] = self._start_spare(spec)
+                except OSError as exc:
+                    log.warning("cannot preload an interpreter: %s", exc)
+                    return
+
+    def _start_spare(self, spec: WorkerSpec) -> _Spare:
+        interpreter = split_python(spec.argv)[0]
+        env = static_env(spec.env)
+        popen = subprocess.Popen(
+            [*interpreter, "-m", "nodeagent.worker.preloaded", *self._modules],
+            env=env,
+            cwd=spec.cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return _Spare(popen, interpreter, env, spec.cwd)
+
+    def spare_pids(self) -> list[int]:
+        """The spare interpreters started and not used yet."""
+        return [spare.popen.pid for spare in self._spares.values()]
+
+    def close(self) -> None:
+        """Stop every spare (the agent is leaving)."""
+        self._planned = None
+        for spare in self._spares.values():
+            spare.discard()
+        self._spares.clear()
