@@ -1,20 +1,32 @@
 """Coordination at fleet scale: M simulated agents against one real redis-server.
 
-The real coordination code (the SYNC and COMMIT Lua scripts, leader.plan) drives M simulated
-nodes from this one process (their heartbeats pipelined, one heartbeat per node per interval;
-no workers). After a warm-up, `--kill` nodes stop heartbeating; the simulated leader notices
-them at its own heartbeats. Measured: detection (lease deadline -> node_lost, server time), the
-leader's sync round trip, Redis CPU and commands per second.
+The real coordination code, no workers. The leader runs in this process as an agent does: the
+SYNC script every heartbeat, `Leadership` (leader.plan and the fenced COMMIT script), and a
+wake-up at the earliest lease deadline. The M-1 followers run in a second process: one SYNC per
+node per heartbeat, pipelined; they watch the record every 50 ms and acknowledge a new generation
+at once, in one more round (they have no workers to stop); while a generation waits for them, the
+leader re-reads every 50 ms (a real one is woken by the node_ready events). After a warm-up,
+`--kill` followers stop heartbeating.
 
-    .venv/bin/python bench/fleet.py --nodes 100,1000,5000
+Measured per M, in Redis server time:
+- detection: a dead node's lease deadline -> node_lost (a fault is noticed within the lease
+  plus this);
+- announced: deadline -> the next generation announced;
+- started:   deadline -> the next generation started (every survivor acknowledged, members and
+  ranks written);
+- the leader's sync round trip (it reads every report), Redis CPU, commands per second (counting
+  those inside the Lua scripts), memory and bytes per node.
 
-Writes bench/results/fleet.json. Partial work for the benchmark issue (7): this is its part 3.
+    .venv/bin/python bench/fleet.py --nodes 100,1000,5000,10000
+
+Writes bench/results/fleet.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -28,9 +40,11 @@ sys.path.insert(0, str(ROOT))
 from nodeagent.coord.client import connect  # noqa: E402
 from nodeagent.coord.keys import JobKeys  # noqa: E402
 from nodeagent.coord.store import JobStore  # noqa: E402
-from nodeagent.leader import LeaderMemory, Policy, plan  # noqa: E402
-from nodeagent.model import NodeReport  # noqa: E402
-from nodeagent.state import NodeState  # noqa: E402
+from nodeagent.leader import Policy  # noqa: E402
+from nodeagent.leading import Leadership  # noqa: E402
+from nodeagent.metrics import AgentMetrics  # noqa: E402
+from nodeagent.model import JobRecord, NodeReport  # noqa: E402
+from nodeagent.state import JobState, NodeState  # noqa: E402
 from tests.helpers.cluster import RedisServer  # noqa: E402
 
 HEARTBEAT_S, LEASE_S = 1.0, 5.0
@@ -47,6 +61,26 @@ def report(name: str, acked: int) -> NodeReport:
     )
 
 
+def followers(
+    url: str, job: str, names: list[str], dead: list[str], kill_at: float, end: float
+) -> None:
+    """The M-1 followers: heartbeat every node each interval. A new generation is acknowledged
+    at once, in one more round (a real agent is woken by the stream and has workers to stop)."""
+    client = connect(url, 30.0)
+    keys = JobKeys("nodeagent", job)
+    store = JobStore(client, keys)
+    acked, next_beat = 0, 0.0
+    gone = set(dead)
+    while time.time() < end:
+        raw = client.hget(keys.record, "record")
+        generation = JobRecord.from_json(raw).generation if raw else 0
+        if generation != acked or time.monotonic() >= next_beat:
+            acked, next_beat = generation, time.monotonic() + HEARTBEAT_S
+            alive = names if time.time() < kill_at else [n for n in names if n not in gone]
+            store.sync_many([report(name, acked) for name in alive])
+        time.sleep(0.05)
+
+
 def redis_totals(client: Any) -> tuple[float, int]:
     cpu = client.info("cpu")
     stats = client.info("commandstats")
@@ -57,8 +91,9 @@ def redis_totals(client: Any) -> tuple[float, int]:
 
 
 def run(server: RedisServer, nodes: int, kill: int, seconds: float) -> dict[str, Any]:
-    keys = JobKeys("nodeagent", f"fleet-{nodes}")
-    client = connect(server.url, 10.0)
+    job = f"fleet-{nodes}"
+    keys = JobKeys("nodeagent", job)
+    client = connect(server.url, 30.0)
     store = JobStore(client, keys)
     policy = Policy(
         min_nodes=1,
@@ -69,66 +104,81 @@ def run(server: RedisServer, nodes: int, kill: int, seconds: float) -> dict[str,
         join_settle_ms=0,
         rendezvous_timeout_ms=600_000,
     )
+    leadership = Leadership(store, policy, AgentMetrics(job, "bench"), LEASE_S, time.monotonic)
     names = [f"n{i:05d}" for i in range(nodes)]
-    leader_name = names[0]
-    reports = {name: report(name, 0) for name in names}
-    memory = LeaderMemory()
-    dead: set[str] = set()
-    killed_at: float | None = None
-    leader_rtts: list[float] = []
-    lost: dict[str, int] = {}
-    cpu0, calls0 = redis_totals(client)
-    started = time.monotonic()
-    tick = 0
-    while time.monotonic() - started < seconds:
-        begin = time.monotonic()
-        if killed_at is None and begin - started > seconds / 3:
-            dead = set(names[1 : 1 + kill])
-            killed_at = time.time()
-        t = time.monotonic()
-        snapshot = store.sync(report(leader_name, 0))
-        leader_rtts.append(time.monotonic() - t)
-        if snapshot.leader_name == leader_name and snapshot.leader:
-            decision = plan(snapshot.cluster_view(), policy, memory)
-            memory = decision.memory
-            if decision.record is not None or decision.reap or decision.events:
-                try:
-                    store.commit(snapshot.leader, snapshot.rev, decision)
-                except Exception as exc:  # a refused write is retried next heartbeat
-                    print("commit:", exc)
-            for name in decision.reap:
-                lease = next(x for x in snapshot.leases if x.name == name)
-                lost[name] = snapshot.now_ms - lease.deadline_ms  # deadline -> noticed
-        store.sync_many([reports[name] for name in names[1:] if name not in dead])
-        tick += 1
-        time.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - begin)))
-    elapsed = time.monotonic() - started
+    leader_name, dead = names[0], names[1 : 1 + kill]
+    memory0 = int(client.info("memory")["used_memory"])
+    start = time.time()
+    kill_at, end = start + seconds / 2, start + seconds
+    others = multiprocessing.get_context("fork").Process(
+        target=followers, args=(server.url, job, names[1:], dead, kill_at, end)
+    )
+    others.start()
+    acked, rtts, next_beat = 0, [], time.monotonic()
+    deadlines: dict[str, float] = {}
+    cpu0, calls0, t0 = *redis_totals(client), time.monotonic()
+    while time.time() < end:
+        if not deadlines and time.time() > kill_at + HEARTBEAT_S + 0.5:  # final, not reaped yet
+            deadlines = {n: float(client.zscore(keys.leases, n) or 0) / 1000 for n in dead}
+        began = time.monotonic()
+        snapshot = store.sync(report(leader_name, acked))
+        rtts.append(time.monotonic() - began)
+        if snapshot.record is not None:
+            acked = snapshot.record.generation
+        if began >= next_beat:
+            next_beat = began + HEARTBEAT_S
+        leading = snapshot.leader and snapshot.leader_name == leader_name
+        if leading and leadership.lead(snapshot.leader or "", snapshot).again:
+            continue
+        wake = min(next_beat, leadership.next_expiry or next_beat)
+        if snapshot.record is not None and snapshot.record.state is JobState.RESTARTING:
+            wake = min(wake, time.monotonic() + 0.05)  # the real one is woken by each node_ready
+        time.sleep(max(0.0, wake - time.monotonic()))
+    elapsed = time.monotonic() - t0
     cpu1, calls1 = redis_totals(client)
-    memory_bytes = int(client.info("memory")["used_memory"])
-    detections = sorted(lost[n] / 1000 for n in dead if n in lost)
+    memory1 = int(client.info("memory")["used_memory"])
+    others.join()
     return {
         "nodes": nodes,
         "killed": kill,
-        "detected": f"{len(detections)}/{kill}",
+        **phases(store, deadlines, kill_at),
+        "leader_sync_ms": {
+            "median": round(statistics.median(rtts) * 1000, 2),
+            "max": round(max(rtts) * 1000, 2),
+        },
+        "redis_cpu_percent": round((cpu1 - cpu0) / elapsed * 100, 1),
+        "redis_commands_per_s_incl_lua": round((calls1 - calls0) / elapsed),
+        "redis_commands_per_node_per_s": round((calls1 - calls0) / elapsed / nodes, 2),
+        "redis_bytes_per_node": round((memory1 - memory0) / nodes),
+        "report_bytes": len(report(names[-1], 1).to_json()),
+    }
+
+
+def phases(store: JobStore, deadlines: dict[str, float], kill_at: float) -> dict[str, Any]:
+    """Deadline -> noticed, -> next generation announced, -> started (server time)."""
+    events = [e for e in store.events("-", count=100_000) if (e.at_ms or 0) / 1000 >= kill_at]
+    first = min(deadlines.values(), default=0.0)
+    lost = {e.node: (e.at_ms or 0) / 1000 for e in events if e.type == "node_lost"}
+    detections = [lost[n] - d for n, d in deadlines.items() if n in lost]
+
+    def after(kind: str) -> float | None:
+        at = [(e.at_ms or 0) / 1000 for e in events if e.type == kind]
+        return round(min(at) - first, 3) if at else None
+
+    return {
+        "detected": f"{len(detections)}/{len(deadlines)}",
         "detection_after_deadline_s": {
             "median": round(statistics.median(detections), 3) if detections else None,
             "max": round(max(detections), 3) if detections else None,
         },
-        "leader_sync_ms": {
-            "median": round(statistics.median(leader_rtts) * 1000, 2),
-            "max": round(max(leader_rtts) * 1000, 2),
-        },
-        "heartbeats_per_s": round((nodes - kill / 2) / HEARTBEAT_S, 1),
-        "redis_cpu_percent": round((cpu1 - cpu0) / elapsed * 100, 1),
-        "redis_commands_per_s_incl_lua": round((calls1 - calls0) / elapsed),
-        "redis_used_memory_mib": round(memory_bytes / 2**20, 1),
-        "achieved_heartbeat_period_s": round(elapsed / tick, 3),
+        "announced_after_deadline_s": after("generation_announced"),
+        "started_after_deadline_s": after("generation_started"),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", default="100,1000,5000")
+    parser.add_argument("--nodes", default="100,1000,5000,10000")
     parser.add_argument("--kill", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=24.0)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "fleet.json"))
