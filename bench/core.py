@@ -8,8 +8,10 @@ Figures:
   Python start-up of the worker is included), and -> generation started (agents only);
 - agent SIGKILL (whole tree) -> the re-formed job's workers started, with the lease and
   heartbeat given (default timing: 1s heartbeat, 5s lease);
-- agents idle-running a job: CPU % of one core and RSS per agent, over --idle seconds;
-- Redis commands per node per second over the same window (INFO commandstats): those the agents
+- agent overhead while a job runs, over --overhead seconds (default 60), with the trivial worker
+  and with the DDP training job (examples/train_ddp.py, a progress beat every step, hang
+  detection on, preload on): CPU % of one core and RSS per agent, the RSS of each preloaded
+  interpreter, and Redis commands per node per second (INFO commandstats): those the agents
   send (EVALSHA, XREAD) and all executed, counting the ones inside the Lua scripts.
 """
 
@@ -34,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster  # noqa: E402
+from tests.helpers.training import training_entrypoint  # noqa: E402
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -92,9 +95,10 @@ def commands_total(client: redis.Redis) -> tuple[int, int]:
     return sent, sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
 
 
-def idle(cluster: LocalCluster, server: RedisServer, seconds: float) -> dict[str, Any]:
-    cluster.wait_running(3)
-    time.sleep(2)  # let start-up settle
+def overhead(cluster: LocalCluster, server: RedisServer, seconds: float) -> dict[str, Any]:
+    """The agents' own CPU, RSS and Redis commands while their job runs."""
+    cluster.wait_running(3, timeout=120)
+    time.sleep(10)  # let start-up settle (and preloaded interpreters finish their imports)
     agents = {name: psutil.Process(a.proc.pid) for name, a in cluster.agents.items()}
     client = server.client()
     cpu0 = {n: p.cpu_times() for n, p in agents.items()}
@@ -107,6 +111,12 @@ def idle(cluster: LocalCluster, server: RedisServer, seconds: float) -> dict[str
         n: (sum(p.cpu_times()[:2]) - sum(cpu0[n][:2])) / elapsed * 100 for n, p in agents.items()
     }
     rss = {n: p.memory_info().rss / 2**20 for n, p in agents.items()}
+    spares = [
+        c.memory_info().rss / 2**20
+        for p in agents.values()
+        for c in p.children()
+        if "nodeagent.worker.preloaded" in c.cmdline()
+    ]
     sent, executed = ((b - a) / elapsed / len(agents) for a, b in zip(calls0, calls1, strict=True))
     return {
         "window_s": round(elapsed, 1),
@@ -114,13 +124,14 @@ def idle(cluster: LocalCluster, server: RedisServer, seconds: float) -> dict[str
         "agent_rss_mib": {n: round(v, 1) for n, v in rss.items()},
         "redis_commands_sent_per_node_per_s": round(sent, 3),
         "redis_commands_executed_per_node_per_s_incl_lua": round(executed, 3),
+        "preloaded_interpreter_rss_mib": [round(v, 1) for v in spares],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle measurement")
+    parser.add_argument("--overhead", type=float, default=60.0, help="seconds of overhead window")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "core.json"))
     args = parser.parse_args()
     results: dict[str, Any] = {
@@ -148,10 +159,22 @@ def main() -> None:
                 cluster.start("a", "b", "c")
                 print("worker SIGKILL ...", flush=True)
                 results["worker_sigkill"] = worker_kill(cluster, args.reps)
-                print(f"idle for {args.idle:.0f}s ...", flush=True)
-                results["idle"] = idle(cluster, server, args.idle)
+                print(f"overhead, trivial worker, {args.overhead:.0f}s ...", flush=True)
+                results["overhead_trivial_worker"] = overhead(cluster, server, args.overhead)
                 print("agent SIGKILL (heartbeat 1s, lease 5s) ...", flush=True)
                 results["agent_sigkill_hb1s_lease5s"] = agent_kill(cluster, args.reps)
+            with local_cluster(
+                server.url,
+                Path(tmp) / "t",
+                job="bench-training",
+                max_nodes=3,
+                timing={**fast, "hang_timeout": "10s"},
+                entrypoint=training_entrypoint(Path(tmp) / "t", 10**6, 10, 0.03),
+                job_options={"preload": ["torch", "torch._dynamo"]},
+            ) as cluster:
+                cluster.start("a", "b", "c")
+                print(f"overhead, DDP training job, {args.overhead:.0f}s ...", flush=True)
+                results["overhead_training"] = overhead(cluster, server, args.overhead)
         finally:
             server.stop()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
