@@ -3,6 +3,8 @@
 K=3 simulated nodes on this machine, one worker each, run examples/train_ddp.py (DDP, gloo, CPU,
 ~30 ms a step, a checkpoint every 10 steps), launched by
 - `nodeagent`: three agents and a real redis-server (heartbeat 1 s, lease 5 s, hang_timeout 10 s);
+- `nodeagent+preload`: the same with `job.preload: [torch, torch._dynamo]`, the fault injected
+  once the spare interpreters are ready (a job's steady state);
 - `torchrun`: three `torchrun --nnodes=1:3 --rdzv-backend=c10d` launchers at their defaults
   (monitor interval 0.1 s);
 - `torchrun-best`: the same with the best settings a torchrun user has: the rendezvous store not
@@ -72,6 +74,7 @@ NODEAGENT_TIMING = {
 }
 TORCHRUN_BEST_RDZV = "keep_alive_interval=1,keep_alive_max_attempt=5,last_call_timeout=1"
 TORCHRUN_BEST_PG_TIMEOUT = "10"
+PRELOAD = ("torch", "torch._dynamo")  # torch.optim imports torch._dynamo: 1.4 s more
 
 
 # -- what a launcher must offer the harness ------------------------------------------------------
@@ -79,6 +82,7 @@ TORCHRUN_BEST_PG_TIMEOUT = "10"
 
 class Launch(Protocol):
     def start(self, *names: str) -> None: ...
+    def settle(self) -> None: ...
     def lines(self) -> list[dict[str, Any]]: ...
     def noticed(self, t0: float, cause: str) -> float | None: ...
     def all_exited(self) -> bool: ...
@@ -104,9 +108,26 @@ def rank_of_pid(lines: list[dict[str, Any]]) -> dict[int, int]:
 @dataclass
 class NodeagentLaunch:
     cluster: LocalCluster
+    preload: bool = False
 
     def start(self, *names: str) -> None:
         self.cluster.start(*names)
+
+    def settle(self) -> None:
+        """With preload, the steady state of a job: every node's spare interpreter is ready."""
+        if not self.preload:
+            return
+
+        def spares() -> list[psutil.Process]:
+            return [
+                child
+                for agent in self.cluster.agents.values()
+                for child in psutil.Process(agent.proc.pid).children()
+                if "nodeagent.worker.preloaded" in child.cmdline()
+            ]
+
+        wait_for(lambda: len(spares()) == len(self.cluster.agents), 60, "spare interpreters")
+        wait_for(lambda: all(p.cpu_percent(0.3) < 5 for p in spares()), 60, "preloading done")
 
     def lines(self) -> list[dict[str, Any]]:
         root = self.cluster.directory / "logs" / self.cluster.job
@@ -204,6 +225,9 @@ class TorchrunLaunch:
                 daemon=True,
             ).start()
             self.launchers[name] = launcher
+
+    def settle(self) -> None:
+        pass
 
     def lines(self) -> list[dict[str, Any]]:
         return workload_lines(text for lr in self.launchers.values() for text in list(lr.stdout))
@@ -398,8 +422,9 @@ def launched(system: str, server: RedisServer, directory: Path, job: str) -> Ite
             max_restarts=10,
             timing=NODEAGENT_TIMING,
             entrypoint=training_entrypoint(directory, 100_000, EVERY, STEP_TIME),
+            job_options={"preload": list(PRELOAD)} if system == "nodeagent+preload" else {},
         ) as cluster:
-            yield NodeagentLaunch(cluster)
+            yield NodeagentLaunch(cluster, preload=system == "nodeagent+preload")
     else:
         launch = TorchrunLaunch(directory, best=system == "torchrun-best")
         try:
@@ -418,6 +443,7 @@ def one_run(
     with launched(system, server, directory, job) as launch:
         launch.start(*NODES[: fault.before])
         wait_for(lambda: _training(launch, fault.before), 180, f"{system} training")
+        launch.settle()
         t0 = time.time()
         frozen = fault.inject(launch)
         row = None
