@@ -38,6 +38,7 @@ from nodeagent.timeline import Recovery, recovery
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = "demo"
+PRELOADED = "nodeagent.worker.preloaded"  # the spare interpreters job.preload keeps
 
 
 class Demo:
@@ -84,6 +85,8 @@ class Demo:
                         "target_nodes": 2,
                         "max_restarts": 3,
                         "env": {"OMP_NUM_THREADS": "1"},
+                        # Restarts run in interpreters that imported these already.
+                        "preload": ["torch", "torch._dynamo"],
                     },
                     "timing": {
                         "heartbeat_interval": "500ms",
@@ -189,6 +192,25 @@ class Demo:
         self.faults.append((label, time.time(), cause))
         action()
 
+    def workers(self, name: str) -> list[psutil.Process]:
+        children = psutil.Process(self.agents[name].pid).children()
+        return [c for c in children if PRELOADED not in c.cmdline()]
+
+    def wait_preloaded(self) -> None:
+        """Until every member has its spare interpreter (started a few seconds after workers)."""
+
+        def ready() -> bool:
+            members = self.status()["members"]
+            spares = [
+                c
+                for name in members
+                for c in psutil.Process(self.agents[name].pid).children()
+                if PRELOADED in c.cmdline()
+            ]
+            return len(spares) == len(members) and all(c.cpu_percent(0.2) < 5 for c in spares)
+
+        self.wait("the preloaded interpreters", ready)
+
     def kill_tree(self, name: str) -> None:
         proc = psutil.Process(self.agents[name].pid)
         for p in [proc, *proc.children(recursive=True)]:
@@ -206,13 +228,15 @@ class Demo:
             self.start_agent(name)
         gen = self.wait_training(world=2, after_generation=0, min_steps=10)
         print(self.ctl("status"), flush=True)
+        self.wait_preloaded()
 
         last = self.status()["members"][-1]
-        worker = psutil.Process(self.agents[last].pid).children()[0]
+        worker = self.workers(last)[0]
         self.inject(
             f"kill -9 the worker on node {last} (pid {worker.pid})", "worker_failed", worker.kill
         )
         gen = self.wait_training(world=2, after_generation=gen)
+        self.wait_preloaded()
 
         rank0 = self.status()["members"][0]
         self.inject(
