@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,18 @@ class _Spare:
             and self.cwd == spec.cwd
         )
 
+    def last_words(self) -> str:
+        """The last line a spare that died wrote (an ImportError, say), without blocking."""
+        if self.popen.stdout is None:
+            return ""
+        os.set_blocking(self.popen.stdout.fileno(), False)
+        try:
+            out = self.popen.stdout.read(65536) or b""
+        except OSError:
+            return ""
+        lines = out.decode("utf-8", "replace").strip().splitlines()
+        return lines[-1] if lines else ""
+
     def discard(self) -> None:
         if self.popen.poll() is None:
             self.popen.kill()
@@ -75,7 +88,10 @@ class Spawner:
         if spare is not None:
             if spare.popen.poll() is None and spare.fits(spec):
                 return self._adopt(spare, spec)
-            reason = "exited" if spare.popen.poll() is not None else "started for another setup"
+            if spare.popen.poll() is None:
+                reason = "was started for another environment"
+            else:
+                reason = f"had exited ({spare.last_words() or spare.popen.returncode})"
             log.warning(
                 "preloaded interpreter of local rank %d %s; starting cold", spec.local_rank, reason
             )

@@ -42,10 +42,10 @@ sys.exit(int(sys.argv[-1]) if sys.argv[-2] == "--exit" else 0)
 
 
 class Harness:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, modules: tuple[str, ...] = (MODULE,)) -> None:
         self.tmp = tmp_path
         self.now = 0.0
-        self.spawner = Spawner([MODULE])
+        self.spawner = Spawner(modules)
         self.sup = Supervisor(
             echo=lambda rank, line: None,
             wake=threading.Event().set,
@@ -206,3 +206,25 @@ def test_agents_restart_workers_from_spares(tmp_path: Path) -> None:
             assert {s["pid"] for s in starts} == spare_pids
     finally:
         server.stop()
+
+
+def test_a_spare_that_cannot_import_says_why_and_the_worker_starts_cold(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness(tmp_path, modules=("no_such_module_for_nodeagent",))
+    try:
+        h.run(h.spec(1), 1)
+        h.now += PRESTART_DELAY_S + 0.1
+        h.sup.poll()
+        (pid,) = h.spawner.spare_pids()
+        wait_for(
+            lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie",
+            30,
+            "the spare to fail",
+        )
+        record, code = h.run(h.spec(2), 2)
+        assert record["preloaded"] is False and code == 0
+        assert "No module named 'no_such_module_for_nodeagent'" in caplog.text
+    finally:
+        h.sup.kill()
+        h.sup.close()
