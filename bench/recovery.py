@@ -26,7 +26,8 @@ outcome: recovered, job lost (every launcher exited) or not recovered within the
 
     .venv/bin/python bench/recovery.py [--reps 5] [--faults worker_sigkill,...] [--systems ...]
 
-Writes bench/results/recovery.json and prints a table for docs/benchmarks.md.
+Writes bench/results/recovery.json (after each fault) and prints a table for docs/benchmarks.md;
+`--table FILE` prints the table of a results file again.
 """
 
 from __future__ import annotations
@@ -535,7 +536,11 @@ def main() -> None:
     parser.add_argument("--systems", default="nodeagent,torchrun,torchrun-best")
     parser.add_argument("--bound", type=float, default=90.0, help="seconds to wait for recovery")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "recovery.json"))
+    parser.add_argument("--table", metavar="JSON", help="only print the table of a results file")
     args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return
     systems = args.systems.split(",")
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
