@@ -62,7 +62,7 @@ def report(name: str, acked: int) -> NodeReport:
 
 
 def followers(
-    url: str, job: str, names: list[str], dead: list[str], kill_at: float, end: float
+    url: str, job: str, names: list[str], dead: list[str], kill_at: float, end: float, rounds: Any
 ) -> None:
     """The M-1 followers: heartbeat every node each interval. A new generation is acknowledged
     at once, in one more round (a real agent is woken by the stream and has workers to stop)."""
@@ -78,6 +78,7 @@ def followers(
             acked, next_beat = generation, time.monotonic() + HEARTBEAT_S
             alive = names if time.time() < kill_at else [n for n in names if n not in gone]
             store.sync_many([report(name, acked) for name in alive])
+            rounds.value += 1
         time.sleep(0.05)
 
 
@@ -110,8 +111,10 @@ def run(server: RedisServer, nodes: int, kill: int, seconds: float) -> dict[str,
     memory0 = int(client.info("memory")["used_memory"])
     start = time.time()
     kill_at, end = start + seconds / 2, start + seconds
-    others = multiprocessing.get_context("fork").Process(
-        target=followers, args=(server.url, job, names[1:], dead, kill_at, end)
+    context = multiprocessing.get_context("fork")
+    rounds = context.Value("i", 0)
+    others = context.Process(
+        target=followers, args=(server.url, job, names[1:], dead, kill_at, end, rounds)
     )
     others.start()
     acked, rtts, next_beat = 0, [], time.monotonic()
@@ -151,6 +154,7 @@ def run(server: RedisServer, nodes: int, kill: int, seconds: float) -> dict[str,
         "redis_commands_per_node_per_s": round((calls1 - calls0) / elapsed / nodes, 2),
         "redis_bytes_per_node": round((memory1 - memory0) / nodes),
         "report_bytes": len(report(names[-1], 1).to_json()),
+        "follower_rounds_per_s": round(rounds.value / seconds, 2),  # >= 1: they kept up
     }
 
 
