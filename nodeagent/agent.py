@@ -245,6 +245,10 @@ class Agent:
                 "leadership %s", "acquired" if leader else f"held by {snapshot.leader_name}"
             )
         self._leader = leader
+        if leader is None and snapshot.leader_deadline_ms is not None:
+            # A dead leader is replaced when its lease lapses, not up to a heartbeat later.
+            lapse = now + (snapshot.leader_deadline_ms - snapshot.now_ms) / 1000 + 0.005
+            self._next_sync = min(self._next_sync, max(lapse, now + 0.01))
         self._metrics.synced(self._clock() - now, snapshot.record, leader is not None, now)
         if not self._ready_sent:  # joined Redis: systemd may consider the service started
             self._notify.ready(self._status_line())

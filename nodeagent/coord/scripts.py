@@ -26,8 +26,9 @@ SYNC = (
 -- KEYS[5] job hash    KEYS[6] events stream  KEYS[7] commands stream  KEYS[8] cordons hash
 -- ARGV[1] node name   ARGV[2] report JSON    ARGV[3] lease ttl ms
 -- ARGV[4] events maxlen  ARGV[5] node key prefix  ARGV[6..] event JSONs to append
--- Returns {now_ms, leader, rev, record, this node's cordon} and, for the leader only,
---   {..., leases (name, deadline, ...), reports (one per lease, '' if missing), commands}.
+-- Returns {now_ms, leader, rev, record, this node's cordon, leader lease deadline (ms)} and,
+--   for the leader only, {..., leases (name, deadline, ...), reports (one per lease, '' if
+--   missing), commands}. Followers wake at the leader's deadline to take over at once.
 """
     + _NOW
     + """
@@ -49,15 +50,16 @@ end
 local rev = redis.call('HGET', KEYS[5], 'rev') or '0'
 local record = redis.call('HGET', KEYS[5], 'record') or false
 local cordon = redis.call('HGET', KEYS[8], name) or false
+local leader_deadline = now + redis.call('PTTL', KEYS[3])
 if string.sub(leader, 1, #mine) ~= mine then
-  return {now, leader, rev, record, cordon}
+  return {now, leader, rev, record, cordon, leader_deadline}
 end
 """
     + _CLUSTER
     + """
 local cursor = redis.call('HGET', KEYS[5], 'cursor') or '0-0'
 local commands = redis.call('XRANGE', KEYS[7], '(' .. cursor, '+', 'COUNT', 100)
-return {now, leader, rev, record, cordon, leases, reports, commands}
+return {now, leader, rev, record, cordon, leader_deadline, leases, reports, commands}
 """
 )
 
@@ -66,7 +68,7 @@ SNAPSHOT = (
 -- Read-only snapshot for nodeagentctl.
 -- KEYS[1] unused      KEYS[2] leases zset    KEYS[3] leader     KEYS[4] job hash
 -- ARGV[1..4] unused   ARGV[5] node key prefix
--- Returns {now_ms, leader, rev, record, false (no node's cordon), leases, reports}.
+-- Returns {now_ms, leader, rev, record, false (no node's cordon), false, leases, reports}.
 """
     + _NOW
     + """
@@ -76,7 +78,7 @@ local record = redis.call('HGET', KEYS[4], 'record') or false
 """
     + _CLUSTER
     + """
-return {now, leader, rev, record, false, leases, reports}
+return {now, leader, rev, record, false, false, leases, reports}
 """
 )
 

@@ -43,6 +43,7 @@ class Snapshot:
     record: JobRecord | None
     record_error: str | None = None
     cordon: Cordon | None = None  # the syncing node's own cordon
+    leader_deadline_ms: int | None = None  # when the leader lease lapses unless renewed
     leases: tuple[NodeLease, ...] = ()
     commands: tuple[Command, ...] = ()
     command_cursor: str | None = None  # last command entry read, valid or not
@@ -287,13 +288,14 @@ def _parse_snapshot(reply: Sequence[Any]) -> Snapshot:
     cordon = _parse(Cordon.from_json, reply[4], errors) if len(reply) > 4 and reply[4] else None
     leases: list[NodeLease] = []
     commands: list[Command] = []
-    if len(reply) > 5:
-        flat, reports = reply[5], reply[6]
+    leader_deadline = int(reply[5]) if len(reply) > 5 and reply[5] else None
+    if len(reply) > 6:
+        flat, reports = reply[6], reply[7]
         for i, raw in enumerate(reports):
             report = _parse(NodeReport.from_json, raw, errors) if raw else None
             leases.append(NodeLease(str(flat[2 * i]), int(float(flat[2 * i + 1])), report))
     cursor = None
-    for entry_id, fields in reply[7] if len(reply) > 7 else ():
+    for entry_id, fields in reply[8] if len(reply) > 8 else ():
         cursor = str(entry_id)
         pairs = dict(zip(fields[::2], fields[1::2], strict=False))
         try:
@@ -307,6 +309,7 @@ def _parse_snapshot(reply: Sequence[Any]) -> Snapshot:
         record=record,
         record_error=record_error,
         cordon=cordon,
+        leader_deadline_ms=leader_deadline,
         leases=tuple(leases),
         commands=tuple(commands),
         command_cursor=cursor,

@@ -56,6 +56,19 @@ def test_first_node_leads_and_others_follow(redis_server: RedisServer, job_id: s
     assert all(lease.deadline_ms > again.now_ms for lease in again.leases)
 
 
+def test_followers_learn_when_the_leader_lease_lapses(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    store = store_for(redis_server, job_id)
+    store.sync(report("a", ttl_ms=1000))
+    time.sleep(0.3)
+    follower = store.sync(report("b", ttl_ms=1000))
+    assert follower.leader_deadline_ms is not None
+    # Set by a's renewal 0.3 s earlier, not by b's own heartbeat.
+    assert follower.now_ms < follower.leader_deadline_ms <= follower.now_ms + 750
+    assert store.snapshot().leader_deadline_ms is None
+
+
 def test_every_key_of_a_job_shares_one_hash_tag(redis_server: RedisServer, job_id: str) -> None:
     store = store_for(redis_server, job_id)
     snap = store.sync(report("a"), [Event("hello")])
