@@ -63,7 +63,7 @@ class TimingConfig:
     heartbeat_interval: float = 1.0
     lease_ttl: float = 5.0
     stop_grace_period: float = 30.0
-    failure_stop_grace_period: float = 5.0
+    failure_stop_grace_period: float = 1.0
     join_settle: float = 1.0
     rendezvous_timeout: float = 600.0
     hang_timeout: float = 0.0  # 0: off
