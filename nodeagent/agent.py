@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 class WorkerGroup(Protocol):
     """What the agent needs from the supervisor (a seam for tests)."""
 
-    def start(self, generation: int, node: str, specs: list[WorkerSpec]) -> None: ...
+    def start(self, generation: int, node: str, specs: list[WorkerSpec]) -> int: ...
     def stop(self, grace_s: float) -> None: ...
     def kill(self) -> None: ...
     def poll(self) -> list[WorkerExit]: ...
@@ -376,7 +376,7 @@ class Agent:
             record.master_addr,
             record.master_port,
         )
-        self._workers.start(record.generation, self.name, specs)
+        preloaded = self._workers.start(record.generation, self.name, specs)
         self._metrics.workers_started(record.generation, self._clock())
         self._watchers.started(specs, self._clock())
         self._events.append(
@@ -384,8 +384,9 @@ class Agent:
                 "workers_started",
                 generation=record.generation,
                 node=self.name,
-                message=f"ranks {specs[0].rank}-{specs[-1].rank}",
-                data={"ranks": [s.rank for s in specs]},
+                message=f"ranks {specs[0].rank}-{specs[-1].rank}"
+                + (f" ({preloaded} in preloaded interpreters)" if preloaded else ""),
+                data={"ranks": [s.rank for s in specs], "preloaded": preloaded},
             )
         )
 

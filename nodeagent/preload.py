@@ -81,13 +81,13 @@ class Spawner:
         self._spares: dict[int, _Spare] = {}
         self._planned: tuple[float, Sequence[WorkerSpec]] | None = None
 
-    def spawn(self, spec: WorkerSpec) -> subprocess.Popen[bytes]:
-        """The worker for `spec`, stdout and stderr on one pipe. Raises OSError if it cannot
-        be started."""
+    def spawn(self, spec: WorkerSpec) -> tuple[subprocess.Popen[bytes], bool]:
+        """The worker for `spec`, stdout and stderr on one pipe, and whether it runs in a
+        preloaded interpreter. Raises OSError if it cannot be started."""
         spare = self._spares.pop(spec.local_rank, None)
         if spare is not None:
             if spare.popen.poll() is None and spare.fits(spec):
-                return self._adopt(spare, spec)
+                return self._adopt(spare, spec), True
             if spare.popen.poll() is None:
                 reason = "was started for another environment"
             else:
@@ -96,7 +96,7 @@ class Spawner:
                 "preloaded interpreter of local rank %d %s; starting cold", spec.local_rank, reason
             )
             spare.discard()
-        return subprocess.Popen(
+        popen = subprocess.Popen(
             spec.argv,
             env=dict(spec.env),
             cwd=spec.cwd,
@@ -105,6 +105,7 @@ class Spawner:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        return popen, False
 
     def _adopt(self, spare: _Spare, spec: WorkerSpec) -> subprocess.Popen[bytes]:
         order = {"args": split_python(spec.argv)[1], "env": dict(spec.env), "cwd": spec.cwd}

@@ -54,6 +54,7 @@ class _Worker:
     popen: subprocess.Popen[bytes] | None
     returncode: int | None = None
     descendants: list[psutil.Process] = field(default_factory=list)
+    preloaded: bool = False  # runs in an interpreter started ahead of time (job.preload)
 
     @property
     def pid(self) -> int | None:
@@ -148,20 +149,22 @@ class Supervisor:
 
     # -- starting --------------------------------------------------------------------------
 
-    def start(self, generation: int, node: str, specs: Sequence[WorkerSpec]) -> None:
+    def start(self, generation: int, node: str, specs: Sequence[WorkerSpec]) -> int:
+        """Start one generation's workers; how many run in preloaded interpreters."""
         if self.status().active:
             raise RuntimeError("start() while the previous group is still active")
         self._generation, self._node = generation, node
         self._stop_deadline, self._killed, self._failure = None, False, None
         self._workers = [self._spawn(spec) for spec in specs]
         self._spawner.plan(specs, self._clock() + PRESTART_DELAY_S)
+        return sum(w.preloaded for w in self._workers)
 
     def _spawn(self, spec: WorkerSpec) -> _Worker:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         progress.create(spec.progress_path)
         log_file = open(spec.log_path, "ab")  # noqa: SIM115 - closed by the pump thread
         try:
-            popen = self._spawner.spawn(spec)
+            popen, preloaded = self._spawner.spawn(spec)
         except OSError as exc:
             message = f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"
             log_file.write(message.encode() + b"\n")
@@ -181,7 +184,7 @@ class Supervisor:
         threading.Thread(
             target=self._await_exit, args=(popen,), name=f"wait-rank-{spec.rank}", daemon=True
         ).start()
-        return _Worker(spec, popen)
+        return _Worker(spec, popen, preloaded=preloaded)
 
     def _await_exit(self, popen: subprocess.Popen[bytes]) -> None:
         popen.wait()

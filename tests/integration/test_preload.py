@@ -204,6 +204,13 @@ def test_agents_restart_workers_from_spares(tmp_path: Path) -> None:
             starts = cluster.starts(second)
             assert {s["preloaded"] for s in starts} == {MODULE}
             assert {s["pid"] for s in starts} == spare_pids
+            started = [
+                e
+                for e in cluster.events()
+                if e["type"] == "workers_started" and e["generation"] == second
+            ]
+            assert [e["data"]["preloaded"] for e in started] == [1, 1]
+            assert all("1 in preloaded interpreters" in e["message"] for e in started)
     finally:
         server.stop()
 
