@@ -119,16 +119,20 @@ class NodeagentLaunch:
         if not self.preload:
             return
 
-        def spares() -> list[psutil.Process]:
-            return [
-                child
-                for agent in self.cluster.agents.values()
-                for child in psutil.Process(agent.proc.pid).children()
-                if "nodeagent.worker.preloaded" in child.cmdline()
-            ]
+        def ready() -> bool:
+            try:
+                spares = [
+                    child
+                    for agent in self.cluster.agents.values()
+                    for child in psutil.Process(agent.proc.pid).children()
+                    if "nodeagent.worker.preloaded" in child.cmdline()
+                ]
+                idle = all(p.cpu_percent(0.3) < 5 for p in spares)
+            except psutil.Error:  # a process exited meanwhile
+                return False
+            return len(spares) == len(self.cluster.agents) and idle
 
-        wait_for(lambda: len(spares()) == len(self.cluster.agents), 60, "spare interpreters")
-        wait_for(lambda: all(p.cpu_percent(0.3) < 5 for p in spares()), 60, "preloading done")
+        wait_for(ready, 60, "spare interpreters ready")
 
     def lines(self) -> list[dict[str, Any]]:
         root = self.cluster.directory / "logs" / self.cluster.job

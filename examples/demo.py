@@ -192,22 +192,30 @@ class Demo:
         self.faults.append((label, time.time(), cause))
         action()
 
-    def workers(self, name: str) -> list[psutil.Process]:
-        children = psutil.Process(self.agents[name].pid).children()
-        return [c for c in children if PRELOADED not in c.cmdline()]
+    def children(self, name: str, preloaded: bool) -> list[psutil.Process]:
+        """The agent's workers, or its spare interpreters (job.preload). A worker that runs in
+        a spare keeps the spare's command line, so workers are told apart by the agent's pids."""
+        workers = {
+            w["pid"] for n in self.status()["nodes"] if n["name"] == name for w in n["workers"]
+        }
+        found = []
+        for child in psutil.Process(self.agents[name].pid).children():
+            with contextlib.suppress(psutil.Error):  # one may exit meanwhile
+                spare = child.pid not in workers and PRELOADED in child.cmdline()
+                if (spare if preloaded else child.pid in workers) and child.is_running():
+                    found.append(child)
+        return found
 
     def wait_preloaded(self) -> None:
         """Until every member has its spare interpreter (started a few seconds after workers)."""
 
         def ready() -> bool:
             members = self.status()["members"]
-            spares = [
-                c
-                for name in members
-                for c in psutil.Process(self.agents[name].pid).children()
-                if PRELOADED in c.cmdline()
-            ]
-            return len(spares) == len(members) and all(c.cpu_percent(0.2) < 5 for c in spares)
+            spares = [c for name in members for c in self.children(name, preloaded=True)]
+            try:
+                return len(spares) == len(members) and all(c.cpu_percent(0.2) < 5 for c in spares)
+            except psutil.Error:
+                return False
 
         self.wait("the preloaded interpreters", ready)
 
@@ -231,7 +239,7 @@ class Demo:
         self.wait_preloaded()
 
         last = self.status()["members"][-1]
-        worker = self.workers(last)[0]
+        worker = self.children(last, preloaded=False)[0]
         self.inject(
             f"kill -9 the worker on node {last} (pid {worker.pid})", "worker_failed", worker.kill
         )
@@ -337,7 +345,7 @@ def _s(value: float | None, width: int = 7) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=250, help="training steps (default 250)")
+    parser.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="nodeagent-demo-"))
