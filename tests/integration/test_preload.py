@@ -172,47 +172,44 @@ def test_a_spare_exits_when_the_agent_goes_away(tmp_path: Path) -> None:
     assert proc.wait(30) == 0
 
 
-def test_agents_restart_workers_from_spares(tmp_path: Path) -> None:
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        with local_cluster(
-            server.url,
-            tmp_path,
-            job="preload",
-            max_nodes=2,
-            timing={"heartbeat_interval": "200ms", "lease_ttl": "1s"},
-            job_options={"preload": [MODULE]},
-        ) as cluster:
-            cluster.start("a", "b")
-            first = cluster.wait_running(2)["generation"]
-            assert {s["preloaded"] for s in cluster.starts(first)} == {None}
+def test_agents_restart_workers_from_spares(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    with local_cluster(
+        redis_server.url,
+        tmp_path,
+        job=job_id,
+        max_nodes=2,
+        timing={"heartbeat_interval": "200ms", "lease_ttl": "1s"},
+        job_options={"preload": [MODULE]},
+    ) as cluster:
+        cluster.start("a", "b")
+        first = cluster.wait_running(2)["generation"]
+        assert {s["preloaded"] for s in cluster.starts(first)} == {None}
 
-            def spares() -> list[psutil.Process]:
-                return [
-                    p
-                    for name in ("a", "b")
-                    for p in psutil.Process(cluster.agents[name].proc.pid).children()
-                    if "nodeagent.worker.preloaded" in p.cmdline()
-                ]
-
-            wait_for(lambda: len(spares()) == 2, 30, "a spare on each node")
-            victim = psutil.Process(cluster.worker_pids("b")[0])
-            spare_pids = {p.pid for p in spares()}
-            victim.kill()
-            second = cluster.wait_running(2, after_generation=first)["generation"]
-            starts = cluster.starts(second)
-            assert {s["preloaded"] for s in starts} == {MODULE}
-            assert {s["pid"] for s in starts} == spare_pids
-            started = [
-                e
-                for e in cluster.events()
-                if e["type"] == "workers_started" and e["generation"] == second
+        def spares() -> list[psutil.Process]:
+            return [
+                p
+                for name in ("a", "b")
+                for p in psutil.Process(cluster.agents[name].proc.pid).children()
+                if "nodeagent.worker.preloaded" in p.cmdline()
             ]
-            assert [e["data"]["preloaded"] for e in started] == [1, 1]
-            assert all("1 in preloaded interpreters" in e["message"] for e in started)
-    finally:
-        server.stop()
+
+        wait_for(lambda: len(spares()) == 2, 30, "a spare on each node")
+        spare_pids = {p.pid for p in spares()}
+        (victim,) = [pid for pid in cluster.worker_pids("b") if pid not in spare_pids]
+        psutil.Process(victim).kill()
+        second = cluster.wait_running(2, after_generation=first)["generation"]
+        starts = cluster.starts(second)
+        assert {s["preloaded"] for s in starts} == {MODULE}
+        assert {s["pid"] for s in starts} == spare_pids
+        started = [
+            e
+            for e in cluster.events()
+            if e["type"] == "workers_started" and e["generation"] == second
+        ]
+        assert [e["data"]["preloaded"] for e in started] == [1, 1]
+        assert all("1 in preloaded interpreters" in e["message"] for e in started)
 
 
 def test_a_spare_that_cannot_import_says_why_and_the_worker_starts_cold(
