@@ -35,6 +35,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from nodeagent.preload import SPARE_MODULE  # noqa: E402
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster  # noqa: E402
 from tests.helpers.training import training_entrypoint  # noqa: E402
 
@@ -115,7 +116,7 @@ def overhead(cluster: LocalCluster, server: RedisServer, seconds: float) -> dict
         c.memory_info().rss / 2**20
         for p in agents.values()
         for c in p.children()
-        if "nodeagent.worker.preloaded" in c.cmdline()
+        if SPARE_MODULE in c.cmdline()
     ]
     sent, executed = ((b - a) / elapsed / len(agents) for a, b in zip(calls0, calls1, strict=True))
     return {

@@ -55,6 +55,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from nodeagent.preload import SPARE_MODULE  # noqa: E402
 from tests.helpers.cluster import (  # noqa: E402
     LocalCluster,
     RedisServer,
@@ -125,7 +126,7 @@ class NodeagentLaunch:
                     child
                     for agent in self.cluster.agents.values()
                     for child in psutil.Process(agent.proc.pid).children()
-                    if "nodeagent.worker.preloaded" in child.cmdline()
+                    if SPARE_MODULE in child.cmdline()
                 ]
                 idle = all(p.cpu_percent(0.3) < 5 for p in spares)
             except psutil.Error:  # a process exited meanwhile

@@ -33,12 +33,12 @@ from nodeagent.coord.client import connect
 from nodeagent.coord.embedded import EmbeddedRedis
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
+from nodeagent.preload import SPARE_MODULE
 from nodeagent.status import status_document
 from nodeagent.timeline import Recovery, recovery
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = "demo"
-PRELOADED = "nodeagent.worker.preloaded"  # the spare interpreters job.preload keeps
 
 
 class Demo:
@@ -201,7 +201,7 @@ class Demo:
         found = []
         for child in psutil.Process(self.agents[name].pid).children():
             with contextlib.suppress(psutil.Error):  # one may exit meanwhile
-                spare = child.pid not in workers and PRELOADED in child.cmdline()
+                spare = child.pid not in workers and SPARE_MODULE in child.cmdline()
                 if (spare if preloaded else child.pid in workers) and child.is_running():
                     found.append(child)
         return found

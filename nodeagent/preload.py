@@ -27,6 +27,7 @@ from nodeagent.launch import TORCHRUN_VARIABLES, WorkerSpec
 
 log = logging.getLogger(__name__)
 PRESTART_DELAY_S = 5.0
+SPARE_MODULE = "nodeagent.worker.preloaded"  # what a spare runs: `python -m SPARE_MODULE ...`
 _PER_GENERATION = frozenset(TORCHRUN_VARIABLES) | {"TORCHELASTIC_USE_AGENT_STORE"}
 
 
@@ -35,6 +36,21 @@ def static_env(env: Mapping[str, str]) -> dict[str, str]:
     return {
         k: v for k, v in env.items() if k not in _PER_GENERATION and not k.startswith("NODEAGENT_")
     }
+
+
+def _start(
+    argv: Sequence[str], env: dict[str, str], cwd: str | None, stdin: int
+) -> subprocess.Popen[bytes]:
+    """A worker-to-be in its own session (so a stop reaches all it forks), output on one pipe."""
+    return subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 @dataclass
@@ -96,16 +112,7 @@ class Spawner:
                 "preloaded interpreter of local rank %d %s; starting cold", spec.local_rank, reason
             )
             spare.discard()
-        popen = subprocess.Popen(
-            spec.argv,
-            env=dict(spec.env),
-            cwd=spec.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        return popen, False
+        return _start(spec.argv, dict(spec.env), spec.cwd, subprocess.DEVNULL), False
 
     def _adopt(self, spare: _Spare, spec: WorkerSpec) -> subprocess.Popen[bytes]:
         order = {"args": split_python(spec.argv)[1], "env": dict(spec.env), "cwd": spec.cwd}
@@ -138,16 +145,8 @@ class Spawner:
     def _start_spare(self, spec: WorkerSpec) -> _Spare:
         interpreter = split_python(spec.argv)[0]
         env = static_env(spec.env)
-        popen = subprocess.Popen(
-            [*interpreter, "-m", "nodeagent.worker.preloaded", *self._modules],
-            env=env,
-            cwd=spec.cwd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        return _Spare(popen, interpreter, env, spec.cwd)
+        argv = [*interpreter, "-m", SPARE_MODULE, *self._modules]
+        return _Spare(_start(argv, env, spec.cwd, subprocess.PIPE), interpreter, env, spec.cwd)
 
     def spare_pids(self) -> list[int]:
         """The spare interpreters started and not used yet."""

@@ -15,7 +15,7 @@ import pytest
 
 from nodeagent.launch import WorkerSpec
 from nodeagent.node import GroupPhase
-from nodeagent.preload import PRESTART_DELAY_S, Spawner
+from nodeagent.preload import PRESTART_DELAY_S, SPARE_MODULE, Spawner
 from nodeagent.supervisor import Supervisor
 from tests.helpers.cluster import RedisServer, local_cluster, wait_for
 
@@ -163,7 +163,7 @@ def test_close_stops_the_spares(h: Harness) -> None:
 
 def test_a_spare_exits_when_the_agent_goes_away(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nodeagent.worker.preloaded", MODULE],
+        [sys.executable, "-m", SPARE_MODULE, MODULE],
         stdin=subprocess.PIPE,
         cwd=tmp_path,
     )
@@ -192,7 +192,7 @@ def test_agents_restart_workers_from_spares(
                 p
                 for name in ("a", "b")
                 for p in psutil.Process(cluster.agents[name].proc.pid).children()
-                if "nodeagent.worker.preloaded" in p.cmdline()
+                if SPARE_MODULE in p.cmdline()
             ]
 
         wait_for(lambda: len(spares()) == 2, 30, "a spare on each node")
