@@ -1,8 +1,7 @@
-"""The worker-side helpers: checkpoints, graceful exit, progress beats, rescaling."""
+"""The worker-side helpers: graceful exit, progress beats, rescaling (checkpoints elsewhere)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
@@ -12,87 +11,8 @@ import pytest
 from nodeagent import progress
 from nodeagent.progress import BeatWriter, HangWatch
 from nodeagent.worker import GracefulExit, rescale
-from nodeagent.worker.checkpoint import CheckpointManager
 
 torch = pytest.importorskip("torch")
-
-
-def state(value: float) -> dict[str, object]:
-    return {"w": torch.full((4,), value), "step": int(value)}
-
-
-def test_checkpoint_round_trip_and_manifest(tmp_path: Path) -> None:
-    manager = CheckpointManager(tmp_path, keep=3, rank=0)
-    manifest_path = manager.save(state(7), step=7, generation=3, world_size=4)
-    assert manifest_path is not None
-    manifest = json.loads(manifest_path.read_text())
-    assert (manifest["step"], manifest["generation"], manifest["world_size"]) == (7, 3, 4)
-    assert len(manifest["sha256"]) == 64
-    loaded = manager.load_latest()
-    assert loaded is not None and loaded.step == 7 and loaded.generation == 3
-    assert torch.equal(loaded.state["w"], torch.full((4,), 7.0))
-    assert not list(tmp_path.glob(".*.tmp"))  # no temporary files left behind
-
-
-def test_keeps_the_newest_n(tmp_path: Path) -> None:
-    manager = CheckpointManager(tmp_path, keep=2, rank=0)
-    for step in (1, 2, 3, 4):
-        manager.save(state(step), step=step)
-    assert sorted(p.name for p in tmp_path.glob("*.pt")) == [
-        "step-0000000003.pt",
-        "step-0000000004.pt",
-    ]
-
-
-@pytest.mark.parametrize(
-    "damage",
-    [
-        lambda p: p.with_suffix(".pt").write_bytes(
-            p.with_suffix(".pt").read_bytes()[:-10]
-        ),  # truncated
-        lambda p: p.with_suffix(".pt").write_bytes(
-            b"X" + p.with_suffix(".pt").read_bytes()[1:]
-        ),  # flipped
-        lambda p: p.with_suffix(".pt").unlink(),  # data lost
-        lambda p: p.write_text("{half a manif"),  # manifest torn
-    ],
-)
-def test_corrupt_latest_falls_back_to_the_previous(
-    tmp_path: Path, damage: object, caplog: pytest.LogCaptureFixture
-) -> None:
-    manager = CheckpointManager(tmp_path, keep=3, rank=0)
-    manager.save(state(1), step=1)
-    latest = manager.save(state(2), step=2)
-    assert latest is not None
-    damage(latest)  # type: ignore[operator]
-    loaded = manager.load_latest()
-    assert loaded is not None and loaded.step == 1
-    assert "skipping checkpoint step-0000000002.json" in caplog.text
-
-
-def test_a_write_that_died_before_its_manifest_is_invisible(tmp_path: Path) -> None:
-    manager = CheckpointManager(tmp_path, rank=0)
-    manager.save(state(1), step=1)
-    (tmp_path / "step-0000000002.pt").write_bytes(b"partial")  # crashed before the manifest
-    (tmp_path / ".step-0000000003.pt.123.tmp").write_bytes(b"partial")  # crashed mid-write
-    loaded = manager.load_latest()
-    assert loaded is not None and loaded.step == 1
-
-
-def test_only_rank_zero_writes_a_shared_checkpoint(tmp_path: Path) -> None:
-    assert CheckpointManager(tmp_path, rank=1).save(state(1), step=1) is None
-    assert not list(tmp_path.iterdir())
-    per_rank = CheckpointManager(tmp_path, rank=1, per_rank=True)
-    per_rank.save(state(5), step=5)
-    assert [p.name for p in tmp_path.glob("*.json")] == ["step-0000000005-rank-1.json"]
-    assert CheckpointManager(tmp_path, rank=0).load_latest() is None  # shared view ignores it
-    assert CheckpointManager(tmp_path, rank=2, per_rank=True).load_latest() is None
-    loaded = per_rank.load_latest()
-    assert loaded is not None and loaded.step == 5
-
-
-def test_no_checkpoint_yet(tmp_path: Path) -> None:
-    assert CheckpointManager(tmp_path / "new", rank=0).load_latest() is None
 
 
 def test_graceful_exit_only_sets_a_flag(monkeypatch: pytest.MonkeyPatch) -> None:
