@@ -40,6 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from nodeagent.bounded import unbounded  # noqa: E402
 from nodeagent.coord.client import connect  # noqa: E402
 from nodeagent.coord.keys import JobKeys  # noqa: E402
 from nodeagent.coord.store import JobStore  # noqa: E402
@@ -108,7 +109,9 @@ def run(server: RedisServer, nodes: int, kill: int, seconds: float) -> dict[str,
         join_settle_ms=0,
         rendezvous_timeout_ms=600_000,
     )
-    leadership = Leadership(store, policy, AgentMetrics(job, "bench"), LEASE_S, time.monotonic)
+    leadership = Leadership(
+        store, policy, AgentMetrics(job, "bench"), LEASE_S, time.monotonic, unbounded
+    )
     names = [f"n{i:05d}" for i in range(nodes)]
     leader_name, dead = names[0], names[1 : 1 + kill]
     memory0 = int(client.info("memory")["used_memory"])

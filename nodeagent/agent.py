@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from nodeagent import __version__
+from nodeagent.bounded import BoundedCalls
 from nodeagent.config import Config
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import CoordinationError
+from nodeagent.fencing import Group, Keeper
 from nodeagent.health import NodeHealth
 from nodeagent.launch import WorkerSpec, pick_free_port, worker_specs
 from nodeagent.leader import policy_from
@@ -45,6 +47,14 @@ from nodeagent.wakeup import Waker
 from nodeagent.watch import WorkerWatch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+# Fractions of lease_ttl after the last renewal was sent: the agent stops its workers at
+# FENCE_AT; its fence keeper SIGTERMs them at KEEPER_TERM_AT if the agent did not (it is frozen
+# or dead; a little later, so a renewal that lands just in time is not raced); both SIGKILL
+# what is left at KILL_AT, before the lease can lapse on the server.
+FENCE_AT = 0.5
+KEEPER_TERM_AT = 0.55
+KILL_AT = 0.9
 
 
 class WorkerGroup(Protocol):
@@ -59,6 +69,7 @@ class WorkerGroup(Protocol):
     def status(self) -> GroupStatus: ...
     def next_deadline(self) -> float | None: ...
     def workers(self) -> tuple[WorkerInfo, ...]: ...
+    def groups(self) -> tuple[Group, ...]: ...
 
 
 class Agent:
@@ -73,6 +84,7 @@ class Agent:
         metrics: AgentMetrics | None = None,
         log_context: LogContext | None = None,
         notifier: Notifier | None = None,
+        keeper: Keeper | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -102,8 +114,11 @@ class Agent:
         self._last_error: str | None = None
         self._watchers = WorkerWatch(self.name, config.timing.hang_timeout, health)
         self._metrics = metrics or AgentMetrics(config.job.id, __version__)
+        self._calls = BoundedCalls(clock)
+        self._keeper = keeper
+        self._keeper_down = False
         self._leadership = Leadership(
-            store, policy_from(config), self._metrics, config.timing.lease_ttl, clock
+            store, policy_from(config), self._metrics, config.timing.lease_ttl, clock, self._call
         )
         self.metrics_address: str | None = None  # set once the metrics server listens
         self._last_tick = clock()
@@ -172,6 +187,11 @@ class Agent:
 
     def tick(self) -> None:
         now = self._last_tick = self._clock()
+        if self._fence_due(now) and self._fenced_generation is None:
+            # The loop ran late (the agent was frozen, the machine starved it): the lease may be
+            # lapsing and the keeper may have acted. Fence before reaping, so that these exits
+            # count as fenced, not as failures, whatever the next sync says.
+            self._apply(decide(self._local_view(now)), now)
         for ended in self._workers.poll():
             self._events.append(_exit_event(self.name, ended))
             if not ended.expected and ended.exit_code != 0:
@@ -179,12 +199,50 @@ class Agent:
         self._watch(now)
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
+        now = self._clock()  # the sync may have used its whole budget: decide on a fresh clock
         self._apply(decide(self._local_view(now)), now)
+        self._guard()
         self._metrics.worker_states(self._workers.workers())
         self._notify_systemd()
         self._metrics.beats(self._watchers.last_progress())
         if snapshot is not None and self._leader is not None and not self._shutting_down:
             self._lead(snapshot)
+
+    def _call(self, fn: Callable[[], T], what: str) -> T:
+        """A Redis call that returns (or fails) before the loop has anything more urgent to do:
+        the fence point while this node's workers run on its lease, a pending SIGKILL."""
+        now = self._clock()
+        timing = self.config.timing
+        deadline = now + timing.lease_ttl * FENCE_AT
+        if self._last_ok_send is not None and self._fenced_generation is None:
+            deadline = min(deadline, self._last_ok_send + timing.lease_ttl * FENCE_AT)
+        if (stop := self._workers.next_deadline()) is not None:
+            deadline = min(deadline, stop)
+        return self._calls.run(fn, deadline, what)
+
+    def _guard(self) -> None:
+        """Keep the fence keeper alive and told when to fence the running worker groups."""
+        keeper = self._keeper
+        if keeper is None:
+            return
+        if not keeper.alive():
+            self._log.error("fence keeper exited (%s); restarting it", keeper.exit_status())
+            try:
+                keeper.start()
+                keeper.restarts += 1
+                self._keeper_down = False
+            except OSError as exc:
+                if not self._keeper_down:
+                    self._log.error("cannot start the fence keeper: %s; fencing", exc)
+                self._keeper_down = True
+                self._dirty = True
+                return
+        last, lease = self._last_ok_send, self.config.timing.lease_ttl
+        keeper.update(
+            None if last is None else last + lease * KEEPER_TERM_AT,
+            None if last is None else last + lease * KILL_AT,
+            self._workers.groups(),
+        )
 
     # -- observe -----------------------------------------------------------------------------
 
@@ -215,12 +273,14 @@ class Agent:
 
     def _sync(self, now: float) -> Snapshot | None:
         events, self._events = self._events, []
+        report = self._report()
+        now = self._clock()  # when the call is sent: the lease lasts at least lease_ttl from here
         try:
-            snapshot = self._store.sync(self._report(), events)
+            snapshot = self._call(lambda: self._store.sync(report, events), "heartbeat")
         except CoordinationError as exc:
             self._metrics.sync_failed()
             self._events = events + self._events
-            self._retry_at = now + self.config.timing.heartbeat_interval / 2
+            self._retry_at = self._clock() + self.config.timing.heartbeat_interval / 2
             self._leader = None
             if self._last_error != str(exc):
                 self._log.warning("cannot reach Redis: %s", exc)
@@ -271,11 +331,13 @@ class Agent:
         try:
             if found.cordon is not None:
                 self._log.warning("cordoning this node: %s", found.cordon.reason)
-                self._store.cordon(self.name, found.cordon)
+                cordon = found.cordon
+                self._call(lambda: self._store.cordon(self.name, cordon), "cordon")
                 self._cordon = found.cordon
             if found.uncordon:
                 self._log.info("GPU condition cleared: lifting this node's cordon")
-                self._store.uncordon(self.name, by="gpu (auto_uncordon)")
+                by = "gpu (auto_uncordon)"
+                self._call(lambda: self._store.uncordon(self.name, by), "uncordon")
                 self._cordon = None
         except CoordinationError as exc:
             self._log.warning("cannot update this node's cordon now: %s", exc)
@@ -283,9 +345,15 @@ class Agent:
             self._dirty = True
 
     def _fence_due(self, now: float) -> bool:
-        """Renewal failed for half the lease: stop workers before the lease expires (decision 5)."""
+        """Stop workers before the lease can expire (decision 5): no renewal for half the lease,
+        the fence keeper about to act on what it was last told, or no keeper at all."""
         last = self._last_ok_send
-        return last is not None and now - last >= self.config.timing.lease_ttl / 2
+        if last is None:
+            return False
+        if now - last >= self.config.timing.lease_ttl * FENCE_AT or self._keeper_down:
+            return True
+        keeper_term = self._keeper.term_at if self._keeper is not None else None
+        return keeper_term is not None and now >= keeper_term
 
     def _local_view(self, now: float) -> LocalView:
         return LocalView(
@@ -312,7 +380,7 @@ class Agent:
         if (hang_check := self._watchers.next_check()) is not None:
             deadlines.append(hang_check)
         if self._last_ok_send is not None and self._fenced_generation is None:
-            deadlines.append(self._last_ok_send + self.config.timing.lease_ttl / 2)
+            deadlines.append(self._last_ok_send + self.config.timing.lease_ttl * FENCE_AT)
         return min(deadlines)
 
     # -- act ---------------------------------------------------------------------------------
@@ -349,8 +417,8 @@ class Agent:
         timing = self.config.timing
         grace = timing.failure_stop_grace_period if action.broken else timing.stop_grace_period
         if action.fence and self._last_ok_send is not None:
-            lease_end = self._last_ok_send + self.config.timing.lease_ttl * 0.9
-            grace = max(0.0, min(grace, lease_end - now))
+            kill_at = self._last_ok_send + self.config.timing.lease_ttl * KILL_AT
+            grace = max(0.0, min(grace, kill_at - self._clock()))
         self._log.info("stopping workers (%s), grace %.1fs", action.reason, grace)
         self._workers.stop(grace)
 
@@ -392,9 +460,8 @@ class Agent:
 
     def _leave(self) -> None:
         try:
-            self._store.leave(
-                self.name, Event("node_left", node=self.name, message="agent stopped")
-            )
+            event = Event("node_left", node=self.name, message="agent stopped")
+            self._call(lambda: self._store.leave(self.name, event), "leave")
         except CoordinationError as exc:
             self._log.warning("could not remove the lease (%s); it will expire", exc)
         self._left = True

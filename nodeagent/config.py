@@ -108,6 +108,10 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     log_dir: str = "/var/log/nodeagent"
+    state_dir: str | None = None  # None: DEFAULT_STATE_DIR, used only if it can be written
+
+
+DEFAULT_STATE_DIR = "/var/lib/nodeagent"  # systemd's StateDirectory=nodeagent
 
 
 def parse_duration(value: object, key: str) -> float:
@@ -416,6 +420,7 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
         health=_load_health(root.section("health")),
         logging=_load_logging(root.section("logging")),
         log_dir=root.get("log_dir", str, "/var/log/nodeagent"),
+        state_dir=root.get("state_dir", str, "") or None,
     )
     root.reject_unknown()
     if config.redis.url == EMBEDDED and config.job.max_nodes > 1:

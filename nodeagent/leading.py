@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from nodeagent.bounded import CallRunner
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import CoordinationError, FencedError
 from nodeagent.leader import LeaderMemory, Plan, Policy, plan
@@ -35,8 +36,10 @@ class Leadership:
         metrics: AgentMetrics,
         lease_ttl_s: float,
         clock: Callable[[], float],
+        call: CallRunner,
     ) -> None:
         self._store = store
+        self._call = call
         self._policy = policy
         self._metrics = metrics
         self._lease_ttl_ms = int(lease_ttl_s * 1000)
@@ -63,7 +66,9 @@ class Leadership:
         if decision.record is None and not decision.events and not decision.reap:
             return Led()
         try:
-            rev = self._store.commit(token, snapshot.rev, decision)
+            rev = self._call(
+                lambda: self._store.commit(token, snapshot.rev, decision), "leader write"
+            )
         except FencedError as exc:
             log.info("leader write refused, re-reading: %s", exc)
             return Led(again=True)

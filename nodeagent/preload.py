@@ -15,11 +15,13 @@ not beside it, so their imports do not slow the group's own start-up.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
+import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nodeagent.entrypoint import split_python
@@ -38,10 +40,27 @@ def static_env(env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """Runs in the child before exec: the kernel SIGKILLs it when the agent dies, even by
+    SIGKILL (PR_SET_PDEATHSIG survives exec). Only async-signal-safe calls here."""
+
+    def preexec() -> None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the agent died before prctl: it would never fire
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
 def _start(
     argv: Sequence[str], env: dict[str, str], cwd: str | None, stdin: int
 ) -> subprocess.Popen[bytes]:
-    """A worker-to-be in its own session (so a stop reaches all it forks), output on one pipe."""
+    """A worker-to-be in its own session (so a stop reaches all it forks), output on one pipe,
+    killed by the kernel if the agent dies."""
     return subprocess.Popen(
         argv,
         env=env,
@@ -50,6 +69,7 @@ def _start(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=_die_with(os.getpid()),  # only prctl and getppid run there
     )
 
 

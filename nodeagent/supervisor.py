@@ -26,6 +26,7 @@ from typing import IO
 import psutil
 
 from nodeagent import progress
+from nodeagent.fencing import Group, start_ticks
 from nodeagent.launch import WorkerSpec
 from nodeagent.logs import Echo
 from nodeagent.model import Failure, WorkerInfo
@@ -55,6 +56,7 @@ class _Worker:
     returncode: int | None = None
     descendants: list[psutil.Process] = field(default_factory=list)
     preloaded: bool = False  # runs in an interpreter started ahead of time (job.preload)
+    group: Group | None = None  # its process group, for the fence keeper
 
     @property
     def pid(self) -> int | None:
@@ -184,7 +186,9 @@ class Supervisor:
         threading.Thread(
             target=self._await_exit, args=(popen,), name=f"wait-rank-{spec.rank}", daemon=True
         ).start()
-        return _Worker(spec, popen, preloaded=preloaded)
+        started = start_ticks(popen.pid)
+        group = Group(popen.pid, started) if started is not None else None
+        return _Worker(spec, popen, preloaded=preloaded, group=group)
 
     def _await_exit(self, popen: subprocess.Popen[bytes]) -> None:
         popen.wait()
@@ -330,7 +334,15 @@ class Supervisor:
 
     def next_deadline(self) -> float | None:
         """When poll() must run next to escalate a stop, if a stop is pending."""
-        return None if self._stop_deadline is None or self._killed else self._stop_deadline
+        if self._stop_deadline is None or self._killed or not self._alive():
+            return None
+        return self._stop_deadline
+
+    def groups(self) -> tuple[Group, ...]:
+        """The process groups of this generation that may still run (for the fence keeper)."""
+        if not self._workers or not self._alive():
+            return ()
+        return tuple(w.group for w in self._workers if w.group is not None)
 
     def workers(self) -> tuple[WorkerInfo, ...]:
         infos = []

@@ -23,6 +23,18 @@ def _nvml_works() -> bool:
     return True
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reps", type=int, default=1, help="repetitions of each chaos scenario (tests/chaos)"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "rep" in metafunc.fixturenames:
+        reps = int(metafunc.config.getoption("--reps"))
+        metafunc.parametrize("rep", range(reps), ids=[f"rep{i}" for i in range(reps)])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked gpu need a real GPU and driver; skip them where NVML does not open."""
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]

@@ -11,19 +11,22 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from types import FrameType
 
 from nodeagent import __version__, logs
 from nodeagent.agent import Agent
-from nodeagent.config import EMBEDDED, EX_CONFIG, Config, read_config
+from nodeagent.config import DEFAULT_STATE_DIR, EMBEDDED, EX_CONFIG, Config, read_config
 from nodeagent.coord.client import connect
 from nodeagent.coord.embedded import EmbeddedRedis
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.listener import StreamListener
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError
+from nodeagent.fencing import Keeper, group_alive, kill_leftovers
 from nodeagent.health import NodeHealth, build_monitor, start_monitor
 from nodeagent.logs import LogContext, WorkerEcho
 from nodeagent.metrics import AgentMetrics, MetricsServer
@@ -74,7 +77,56 @@ def run_agent(config: Config, context: LogContext) -> int:
         embedded.stop()
 
 
+def _worker_record(config: Config) -> Path | None:
+    """Where this node's worker process groups are recorded (fencing.Keeper), None if nowhere.
+
+    Raises:
+        ConfigError: naming state_dir, when a state_dir set in the config cannot be written.
+    """
+    directory = Path(config.state_dir or DEFAULT_STATE_DIR)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not os.access(directory, os.W_OK):
+            raise PermissionError(f"{directory} is not writable")
+    except OSError as exc:
+        if config.state_dir is not None:
+            raise ConfigError("state_dir", f"cannot use {directory}: {exc}") from exc
+        logging.getLogger(__name__).warning(
+            "no state directory (%s): a restarted agent cannot find workers a crashed one left; "
+            "set state_dir to a writable directory",
+            exc,
+        )
+        return None
+    return directory / f"{config.node.name}.workers.json"
+
+
+def _clean_leftovers(record: Path | None) -> None:
+    """Kill what a previous agent of this node left running (it died with its keeper)."""
+    if record is None:
+        return
+    killed = kill_leftovers(record)
+    if not killed:
+        return
+    logging.getLogger(__name__).warning(
+        "killed worker process groups %s left by a previous agent", killed
+    )
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(group_alive(g) for g in killed):
+        time.sleep(0.01)
+
+
 def _run(config: Config, context: LogContext) -> int:
+    record = _worker_record(config)
+    _clean_leftovers(record)
+    keeper = Keeper(record)
+    keeper.start()
+    try:
+        return _run_agent(config, context, keeper)
+    finally:
+        keeper.close()
+
+
+def _run_agent(config: Config, context: LogContext, keeper: Keeper) -> int:
     timing = config.timing
     timeout = max(0.2, min(2.0, timing.lease_ttl / 4))
     keys = JobKeys(config.redis.key_prefix, config.job.id)
@@ -102,6 +154,7 @@ def _run(config: Config, context: LogContext) -> int:
         metrics=metrics,
         log_context=context,
         notifier=Notifier.from_environ(os.environ),
+        keeper=keeper,
     )
     server = None
     if config.metrics.listen != "off":

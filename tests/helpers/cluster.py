@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import yaml
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
+from nodeagent.fencing import KEEPER_MODULE
 from nodeagent.status import status_document
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -139,11 +141,20 @@ class LocalCluster:
     entrypoint: list[str] = field(default_factory=lambda: [sys.executable, str(WORKER)])
     job_options: dict[str, Any] = field(default_factory=dict)  # more of the job section
     agents: dict[str, AgentProcess] = field(default_factory=dict)
+    # Nodes in network namespaces (tests/chaos): each node's address and command prefix, and
+    # the URL the test itself reaches Redis by (a unix socket) when it differs from the agents'.
+    addresses: dict[str, str] = field(default_factory=dict)
+    prefixes: dict[str, list[str]] = field(default_factory=dict)
+    control_url: str | None = None
 
     def __post_init__(self) -> None:
         self.records_dir = self.directory / "records"
         self.records_dir.mkdir(parents=True, exist_ok=True)
-        self.store = JobStore(connect(self.redis_url, 5.0), JobKeys("nodeagent", self.job))
+        self.connect_control(self.control_url or self.redis_url)
+
+    def connect_control(self, url: str) -> None:
+        """Read the job through `url` from now on (after a failover, say)."""
+        self.store = JobStore(connect(url, 5.0), JobKeys("nodeagent", self.job))
 
     def config(self, name: str) -> dict[str, Any]:
         timing = {
@@ -155,7 +166,7 @@ class LocalCluster:
             **self.timing,
         }
         return {
-            "node": {"name": name, "address": "127.0.0.1"},
+            "node": {"name": name, "address": self.addresses.get(name, "127.0.0.1")},
             "redis": {"url": self.redis_url},
             "job": {
                 "id": self.job,
@@ -171,6 +182,7 @@ class LocalCluster:
             "timing": timing,
             "metrics": {"listen": "127.0.0.1:0"},  # several agents on one machine
             "log_dir": str(self.directory / "logs"),
+            "state_dir": str(self.directory / "state"),
         }
 
     def config_path(self, name: str) -> Path:
@@ -184,6 +196,7 @@ class LocalCluster:
             with log_path.open("ab") as log_file:
                 proc = subprocess.Popen(
                     [
+                        *self.prefixes.get(name, []),
                         sys.executable,
                         "-m",
                         "nodeagent",
@@ -262,8 +275,15 @@ class LocalCluster:
         (self.records_dir / f"exit-{generation}").write_text(str(code))
 
     def worker_pids(self, name: str) -> list[int]:
+        """The agent's children but its fence keeper."""
         agent = psutil.Process(self.agents[name].proc.pid)
-        return [p.pid for p in agent.children()]
+        return [p.pid for p in agent.children() if not is_keeper(p)]
+
+    def keeper_pid(self, name: str) -> int | None:
+        """The agent's fence keeper, None while it has none (e.g. it just died)."""
+        agent = psutil.Process(self.agents[name].proc.pid)
+        keepers = [p.pid for p in agent.children() if is_keeper(p)]
+        return keepers[0] if keepers else None
 
     def kill_tree(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
         """Send `sig` to an agent and every process under it, like a node losing power."""
@@ -326,5 +346,55 @@ def local_cluster(redis_url: str, directory: Path, **options: Any) -> Iterator[L
         cluster.stop()
 
 
+def is_keeper(proc: psutil.Process) -> bool:
+    try:
+        return KEEPER_MODULE in proc.cmdline()
+    except psutil.Error:
+        return False
+
+
 def env_without_pythonpath() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+class LeaseSampler:
+    """Reads a job's lease deadlines (Redis server time) every `period_s` on a thread.
+
+    `deadline_at(node, t)` is the deadline of the node's lease as last seen at or before time
+    `t` (this machine's clock, the one Redis uses too): a worker of that node must be dead
+    before it, or it ran while the server could already hand its place to someone else.
+    """
+
+    def __init__(self, client: redis.Redis, keys: JobKeys, period_s: float = 0.05) -> None:
+        self._client = client
+        self._keys = keys
+        self._period = period_s
+        self._stop = threading.Event()
+        self.history: list[tuple[float, str, float]] = []  # (seen at, node, deadline), seconds
+        self._thread = threading.Thread(target=self._run, name="lease-sampler", daemon=True)
+
+    def __enter__(self) -> LeaseSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        last: dict[str, float] = {}
+        while not self._stop.wait(self._period):
+            with contextlib.suppress(redis.RedisError):
+                leases: Any = self._client.zrange(self._keys.leases, 0, -1, withscores=True)
+                seen = time.time()
+                for name, raw_score in leases:
+                    node = name.decode() if isinstance(name, bytes) else str(name)
+                    score = float(raw_score)
+                    if last.get(node) != score:
+                        last[node] = score
+                        self.history.append((seen, node, score / 1000))
+
+    def deadline_at(self, node: str, t: float) -> float | None:
+        """The latest deadline of `node` seen at or before `t`, None if none was."""
+        seen = [deadline for at, name, deadline in self.history if name == node and at <= t]
+        return max(seen) if seen else None

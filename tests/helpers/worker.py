@@ -4,6 +4,8 @@ Appends JSON lines to $RECORD_DIR/records.jsonl: a "start" record (pid, process 
 generation, ranks), an "overlap" record if any worker of an older generation is still alive when
 it starts, a "stop" record when SIGTERM arrives. It exits with the code written to
 $RECORD_DIR/exit-<generation> (all workers of that generation), else runs until stopped.
+With SPAWN_CHILD=1 it first starts a child process (like a data loader) that sleeps for ever,
+and names it in the start record.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -87,7 +90,12 @@ def main() -> int:
             other_generation=older["generation"],
             **base,
         )
-    record(directory, event="start", create_time=psutil.Process().create_time(), **base)
+    child = None
+    if os.environ.get("SPAWN_CHILD") == "1":
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
+    record(
+        directory, event="start", create_time=psutil.Process().create_time(), child=child, **base
+    )
     stopping = False
 
     def on_term(signum: int, frame: object) -> None:

@@ -1,0 +1,209 @@
+"""The core promise under real faults: no two generations ever train at once, and the job recovers.
+
+Each scenario runs three agents in network namespaces against redis-server in a hub namespace
+(lease 3 s with heartbeat 0.5 s, and the defaults 5 s / 1 s), injects one fault, and asserts:
+- recovery: the job runs again, at full size once the fault is gone;
+- zero overlap between generations, within the probes' 20 ms resolution;
+- for a node cut off or frozen: its worker was SIGTERMed (a grace to checkpoint) and dead
+  before its lease deadline in Redis time.
+`pytest -m chaos --reps N` repeats every scenario N times.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent.agent import KEEPER_TERM_AT, KILL_AT
+from nodeagent.coord.keys import JobKeys
+from tests.chaos import netns
+from tests.chaos.harness import ChaosJob, Life, RedisInHub, Sentinels, network
+from tests.helpers.cluster import wait_for
+
+WHY_NOT = netns.unavailable()
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.slow,
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(WHY_NOT is not None, reason=f"chaos suite: {WHY_NOT}"),
+]
+LEASES = [pytest.param(3.0, id="lease3s"), pytest.param(5.0, id="lease5s")]
+
+
+@pytest.fixture
+def chaos(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[ChaosJob, RedisInHub]]:
+    lease = float(request.param)
+    with network() as net:
+        server = RedisInHub(net, tmp_path)
+        server.start()
+        job = ChaosJob(net, tmp_path, server.url, server.control_url, lease)
+        try:
+            yield job, server
+        finally:
+            job.close()
+            server.kill()
+
+
+def _assert_fenced_in_time(job: ChaosJob, life: Life, scenario: str) -> None:
+    """SIGTERM came first, with a real grace when the lease allows one, and death came before
+    the lease could lapse."""
+    job.note(scenario, life)
+    margin = job.margin(life)
+    assert margin > 0, f"{life.node}'s worker outlived its lease by {-margin:.3f}s"
+    assert life.grace is not None, f"{life.node}'s worker was killed without a SIGTERM"
+    # The agent fences at FENCE_AT, its keeper (for a frozen agent) at KEEPER_TERM_AT; both
+    # SIGKILL at KILL_AT. 0.1 s: the loop and the probe's own resolution on a busy machine.
+    expected = min(job.failure_grace_s, (KILL_AT - KEEPER_TERM_AT) * job.lease_s)
+    assert life.grace >= expected - 0.1, f"grace {life.grace:.3f}s < {expected:.3f}s"
+
+
+def _partition(job: ChaosJob, role: str) -> None:
+    gen = job.start()
+    victim = job.leader() if role == "leader" else job.follower()
+    job.net.cut(victim)
+    life = job.wait_probe_dead(victim, gen)
+    survivors_gen = job.wait_world(2, after=gen)
+    _assert_fenced_in_time(job, life, f"partition of the {role}")
+    job.net.heal(victim)
+    job.wait_world(3, after=survivors_gen)
+    job.check_no_overlap()
+
+
+@pytest.mark.parametrize("chaos", LEASES, indirect=True)
+def test_silent_partition_of_a_follower(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
+    job, _ = chaos
+    _partition(job, "follower")
+
+
+@pytest.mark.parametrize("chaos", LEASES, indirect=True)
+def test_silent_partition_of_the_leader(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
+    job, _ = chaos
+    _partition(job, "leader")
+
+
+@pytest.mark.parametrize("chaos", LEASES, indirect=True)
+def test_agent_frozen_for_three_leases(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
+    """SIGSTOP of the leader's agent alone: its fence keeper stops its worker in time."""
+    job, _ = chaos
+    gen = job.start()
+    victim = job.leader()
+    os.kill(job.agent_pid(victim), signal.SIGSTOP)
+    frozen = time.monotonic()
+    try:
+        life = job.wait_probe_dead(victim, gen)
+        survivors_gen = job.wait_world(2, after=gen)
+        time.sleep(max(0.0, 3 * job.lease_s - (time.monotonic() - frozen)))
+    finally:
+        os.kill(job.agent_pid(victim), signal.SIGCONT)
+    _assert_fenced_in_time(job, life, "agent frozen")
+    job.wait_world(3, after=survivors_gen)
+    job.check_no_overlap()
+
+
+@pytest.mark.parametrize("chaos", LEASES, indirect=True)
+def test_agent_killed_and_restarted_without_systemd(
+    chaos: tuple[ChaosJob, RedisInHub], rep: int
+) -> None:
+    """SIGKILL of a follower's agent alone, started again by hand 5 s later."""
+    job, _ = chaos
+    gen = job.start()
+    victim = job.follower()
+    job.cluster.agents[victim].proc.kill()
+    job.cluster.agents[victim].proc.wait(10)
+    killed = time.time()
+    life = job.wait_probe_dead(victim, gen)
+    assert life.end - killed < 0.5, "the worker outlived its agent"
+    assert job.margin(life) > 0
+    survivors_gen = job.wait_world(2, after=gen)
+    time.sleep(max(0.0, 5.0 - (time.time() - killed)))
+    job.cluster.start(victim)
+    job.wait_world(3, after=survivors_gen)
+    job.check_no_overlap()
+
+
+def _all_fenced(job: ChaosJob, gen: int, scenario: str) -> None:
+    for node in ("a", "b", "c"):
+        _assert_fenced_in_time(job, job.wait_probe_dead(node, gen), scenario)
+
+
+@pytest.mark.parametrize("chaos", LEASES, indirect=True)
+def test_redis_frozen(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
+    """SIGSTOP of redis-server for two leases: every agent fences itself, then all re-form."""
+    job, server = chaos
+    gen = job.start()
+    server.signal(signal.SIGSTOP)
+    try:
+        time.sleep(2 * job.lease_s)
+        # Redis time stood still: the deadlines last seen are the ones it will apply.
+        _all_fenced(job, gen, "redis frozen")
+    finally:
+        server.signal(signal.SIGCONT)
+    job.wait_world(3, after=gen)
+    job.check_no_overlap()
+
+
+@pytest.mark.parametrize("chaos", LEASES, indirect=True)
+def test_redis_down_and_restarted_empty(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
+    job, server = chaos
+    gen = job.start()
+    server.kill()
+    _all_fenced(job, gen, "redis down")
+    time.sleep(job.lease_s)
+    server.start()  # same address, no data
+    after = job.wait_world(3, after=gen)
+    assert after > gen  # generation numbers are never reused
+    job.check_no_overlap()
+
+
+@pytest.mark.parametrize("lease", [3.0, 5.0], ids=["lease3s", "lease5s"])
+def test_sentinel_failover(tmp_path: Path, lease: float, rep: int) -> None:
+    """A primary, a replica and three sentinels: the primary is killed, a sentinel promotes
+    the replica, and the agents follow it."""
+    with network() as net:
+        primary = RedisInHub(net, tmp_path, port=6379)
+        primary.start()
+        replica = RedisInHub(
+            net, tmp_path, port=6380, extra=("--replicaof", net.hub_address, "6379")
+        )
+        replica.start()
+        sentinels = Sentinels(net, tmp_path, primary)
+        sentinels.start()
+        job = ChaosJob(net, tmp_path, sentinels.url, primary.control_url, lease)
+        try:
+            gen = job.start()
+            wait_for(
+                lambda: replica.client().info("replication").get("master_link_status") == "up",
+                20,
+                "the replica to sync",
+            )
+            primary.kill()
+            wait_for(
+                lambda: replica.client().info("replication").get("role") == "master",
+                30,
+                "a sentinel to promote the replica",
+            )
+            promoted = time.time()
+            job.cluster.connect_control(replica.control_url)
+            # Every agent renews its lease on the new primary, and the job runs at full size
+            # (re-formed if the agents fenced themselves before the failover completed).
+            keys = JobKeys("nodeagent", "chaos")
+
+            def renewed_on_new_primary() -> bool:
+                leases: Any = replica.client().zrange(keys.leases, 0, -1, withscores=True)
+                fresh = [float(score) / 1000 > promoted + lease for _, score in leases]
+                return len(fresh) == 3 and all(fresh)
+
+            wait_for(renewed_on_new_primary, 60, "every agent to renew its lease there")
+            job.wait_world(3, after=gen - 1, timeout=60)
+            job.check_no_overlap()
+        finally:
+            job.close()
+            sentinels.stop()
+            replica.kill()
+            primary.kill()
