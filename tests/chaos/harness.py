@@ -39,6 +39,7 @@ class Life:
     start: float
     end: float  # last seen running: it died within RESOLUTION_S after
     term: float | None  # when SIGTERM reached it, if it did
+    world: int = 0  # its generation's WORLD_SIZE
 
     @property
     def grace(self) -> float | None:
@@ -61,7 +62,15 @@ def read_lives(directory: Path) -> list[Life]:
         text = alive.read_text().strip() if alive.exists() else ""
         end = float(text) if text else entry["time"]
         lives.append(
-            Life(entry["node"], entry["generation"], pid, entry["time"], end, terms.get(pid))
+            Life(
+                entry["node"],
+                entry["generation"],
+                pid,
+                entry["time"],
+                end,
+                terms.get(pid),
+                entry.get("world", 0),
+            )
         )
     return sorted(lives, key=lambda life: life.start)
 
@@ -196,7 +205,13 @@ class ChaosJob:
     """Three agents (a, b, c) of one job, each in its own namespace, running probe workers."""
 
     def __init__(
-        self, net: Network, directory: Path, redis_url: str, control_url: str, lease_s: float
+        self,
+        net: Network,
+        directory: Path,
+        redis_url: str,
+        control_url: str,
+        lease_s: float,
+        hang_timeout_s: float = 0.0,
     ):
         self.net, self.directory, self.lease_s = net, directory, lease_s
         self.probes = directory / "probes"
@@ -210,12 +225,15 @@ class ChaosJob:
             job="chaos",
             max_nodes=3,
             entrypoint=[sys.executable, str(PROBE)],
-            job_options={"env": {"PROBE_DIR": str(self.probes)}},
+            job_options={
+                "env": {"PROBE_DIR": str(self.probes), "PROBE_BEAT": "1" if hang_timeout_s else "0"}
+            },
             timing={
                 "heartbeat_interval": f"{self.heartbeat_s}s",
                 "lease_ttl": f"{lease_s}s",
                 "stop_grace_period": "3s",
                 "failure_stop_grace_period": "1s",
+                "hang_timeout": f"{hang_timeout_s}s",
             },
             addresses=addresses,
             prefixes={name: net.prefix(net.nodes[name][0]) for name in names},

@@ -4,7 +4,9 @@ Appends a "start" line (generation, node, pid, time) to $PROBE_DIR/lives.jsonl, 
 time to $PROBE_DIR/alive-<pid> every 20 ms: the last value is when it was last seen running, so
 its death lies within 20 ms after. SIGTERM is recorded ("term") and otherwise ignored, as by a
 worker busy saving a checkpoint, so the grace a stop allows is measured to its end. Optionally
-beats (`nodeagent.worker.beat`) so that hang detection sees progress.
+beats (`nodeagent.worker.beat`, PROBE_BEAT=1) so that hang detection sees progress, until a
+file $PROBE_DIR/hang-<pid> appears: then it stops beating but keeps running, like a rank stuck
+in a collective.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def main() -> int:
         "generation": int(os.environ.get("NODEAGENT_GENERATION", "0")),
         "node": os.environ.get("NODEAGENT_NODE", ""),
         "rank": int(os.environ.get("RANK", "-1")),
+        "world": int(os.environ.get("WORLD_SIZE", "0")),
         "pid": os.getpid(),
     }
 
@@ -45,7 +48,7 @@ def main() -> int:
     step = 0
     while True:
         os.pwrite(alive, f"{time.time():20.6f}".encode(), 0)
-        if beating and not (directory / "hang").exists():
+        if beating and not (directory / f"hang-{os.getpid()}").exists():
             step += 1
             beat(step)
         time.sleep(PERIOD_S)
