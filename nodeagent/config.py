@@ -1,31 +1,41 @@
 """Configuration: frozen dataclasses, loaded and validated once.
 
-This is the only module that reads YAML or the environment. Every invalid value is rejected with
-the dotted name of its key and what would be right, so `nodeagent config check` and
-`nodeagent run` can exit 78 (EX_CONFIG) and systemd does not restart-loop on a typo.
+This is the only module that reads YAML or the environment (configvalues.py holds the rules
+every section shares, strictyaml.py the loader, redisurl.py what a Redis URL may be). Every
+invalid value is rejected with the dotted name of its key and what would be right, so
+`nodeagent config check` and `nodeagent run` can exit 78 (EX_CONFIG) and systemd does not
+restart-loop on a typo. What only this node can tell (directories, the entrypoint's program,
+the metrics address) is checked by nodeagent.preflight.
 """
 
 from __future__ import annotations
 
-import math
-import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
 
+from nodeagent import redisurl, strictyaml
+from nodeagent.configvalues import (
+    YAML_BOOLEANS,
+    Section,
+    check_name,
+    duration,
+    optional_limit,
+    optional_path,
+    path_value,
+    positive_int,
+)
+from nodeagent.configvalues import parse_duration as parse_duration  # nodeagentctl's --timeout
 from nodeagent.entrypoint import NotPython, split_python
 from nodeagent.errors import ConfigError
 
 EX_CONFIG = 78
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+REDIS_SCHEMES = redisurl.SCHEMES
 EMBEDDED = "embedded"  # a private redis-server for a one-node job (coord/embedded.py)
 
 
@@ -114,130 +124,35 @@ class Config:
 DEFAULT_STATE_DIR = "/var/lib/nodeagent"  # systemd's StateDirectory=nodeagent
 
 
-def parse_duration(value: object, key: str) -> float:
-    """Seconds from a number or a string such as "500ms", "5s", "2m", "1h".
-
-    Raises:
-        ConfigError: naming `key` when the value is not a non-negative duration.
-    """
-    if isinstance(value, bool):
-        raise ConfigError(key, f"expected a duration such as 5s or 500ms, got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str) and (match := _DURATION_RE.match(value)):
-        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    else:
-        raise ConfigError(key, f"expected a duration such as 5s, 500ms or 2m, got {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ConfigError(key, f"expected a non-negative duration, got {value!r}")
-    return seconds
-
-
-T = TypeVar("T")
-
-
-class _Section:
-    """Typed access to one mapping of the YAML document; remembers which keys were used."""
-
-    def __init__(self, data: object, path: str) -> None:
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            raise ConfigError(path, f"expected a mapping, got {type(data).__name__}")
-        self._data: Mapping[str, Any] = data
-        self._path = path
-        self._known: set[str] = set()
-
-    def key(self, name: str) -> str:
-        return f"{self._path}.{name}" if self._path else name
-
-    def get(self, name: str, kind: type[T], default: T) -> T:
-        self._known.add(name)
-        if name not in self._data or self._data[name] is None:
-            return default
-        value = self._data[name]
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)  # type: ignore[return-value]
-        if not ok:
-            raise ConfigError(
-                self.key(name), f"expected {kind.__name__}, got {type(value).__name__} {value!r}"
-            )
-        return value  # type: ignore[no-any-return]
-
-    def raw(self, name: str) -> object:
-        self._known.add(name)
-        return self._data.get(name)
-
-    def section(self, name: str) -> _Section:
-        self._known.add(name)
-        return _Section(self._data.get(name), self.key(name))
-
-    def reject_unknown(self) -> None:
-        unknown = sorted(set(map(str, self._data)) - self._known)
-        if unknown:
-            raise ConfigError(
-                self.key(unknown[0]),
-                f"unknown key; known keys here are: {', '.join(sorted(self._known))}",
-            )
-
-
-def _check_name(value: str, key: str) -> str:
-    if not _NAME_RE.match(value):
-        raise ConfigError(
-            key, f"{value!r} must be 1-63 letters, digits, '.', '_' or '-' (no spaces, braces)"
-        )
-    return value
-
-
-def _positive_int(section: _Section, name: str, default: int, minimum: int = 1) -> int:
-    value = section.get(name, int, default)
-    if value < minimum:
-        raise ConfigError(section.key(name), f"must be >= {minimum}, got {value}")
-    return value
-
-
 def _check_redis_url(url: str, key: str) -> str:
     if url == EMBEDDED:
         return url
-    scheme = urlsplit(url).scheme
-    if scheme not in REDIS_SCHEMES:
-        raise ConfigError(
-            key, f"{url!r} must start with one of {', '.join(s + '://' for s in REDIS_SCHEMES)}"
-        )
+    problem = redisurl.problem(url)
+    if problem is not None:
+        raise ConfigError(key, problem)
     return url
 
 
-def _load_node(section: _Section, redis_url: str, resolve: Resolver) -> NodeConfig:
-    name = _check_name(section.get("name", str, resolve.hostname()), section.key("name"))
+def _load_node(section: Section, redis_url: str, resolve: Resolver) -> NodeConfig:
+    name = check_name(section.get("name", str, resolve.hostname()), section.key("name"))
     address = section.get("address", str, "") or resolve.address_towards(redis_url)
     section.reject_unknown()
     return NodeConfig(name=name, address=address)
 
 
-def _load_job(section: _Section) -> JobConfig:
+def _load_job(section: Section) -> JobConfig:
     job_id = section.get("id", str, "")
     if not job_id:
         raise ConfigError(section.key("id"), "required: a job id such as llama-ft")
-    _check_name(job_id, section.key("id"))
-    entrypoint = section.raw("entrypoint")
-    if isinstance(entrypoint, str) or not isinstance(entrypoint, list) or not entrypoint:
-        raise ConfigError(
-            section.key("entrypoint"),
-            "required: a non-empty list such as [python, train.py] (it is exec'd, no shell)",
-        )
-    if not all(isinstance(arg, str | int | float) for arg in entrypoint):
-        raise ConfigError(section.key("entrypoint"), "every element must be a string")
-    env = section.raw("env") or {}
-    if not isinstance(env, Mapping) or not all(isinstance(k, str) for k in env):
-        raise ConfigError(section.key("env"), "expected a mapping of variable names to strings")
-    min_nodes = _positive_int(section, "min_nodes", 1)
-    max_nodes = _positive_int(section, "max_nodes", max(min_nodes, 1))
+    check_name(job_id, section.key("id"))
+    entrypoint = _entrypoint(section)
+    min_nodes = positive_int(section, "min_nodes", 1)
+    max_nodes = positive_int(section, "max_nodes", max(min_nodes, 1))
     if min_nodes > max_nodes:
         raise ConfigError(
             section.key("min_nodes"), f"min_nodes ({min_nodes}) > max_nodes ({max_nodes})"
         )
-    target = _positive_int(section, "target_nodes", max_nodes)
+    target = positive_int(section, "target_nodes", max_nodes)
     if not min_nodes <= target <= max_nodes:
         raise ConfigError(
             section.key("target_nodes"),
@@ -245,22 +160,64 @@ def _load_job(section: _Section) -> JobConfig:
         )
     job = JobConfig(
         id=job_id,
-        entrypoint=tuple(str(arg) for arg in entrypoint),
-        nproc_per_node=_positive_int(section, "nproc_per_node", 1),
+        entrypoint=entrypoint,
+        nproc_per_node=positive_int(section, "nproc_per_node", 1),
         min_nodes=min_nodes,
         max_nodes=max_nodes,
         target_nodes=target,
-        max_restarts=_positive_int(section, "max_restarts", 3, minimum=0),
-        working_dir=section.get("working_dir", str, "") or None,
-        env={str(k): str(v) for k, v in env.items()},
-        gpus_per_worker=_positive_int(section, "gpus_per_worker", 1, minimum=0),
-        preload=_preload(section, tuple(str(arg) for arg in entrypoint)),
+        max_restarts=positive_int(section, "max_restarts", 3, minimum=0),
+        working_dir=optional_path(section, "working_dir"),
+        env=_env(section),
+        gpus_per_worker=positive_int(section, "gpus_per_worker", 1, minimum=0),
+        preload=_preload(section, entrypoint),
     )
     section.reject_unknown()
     return job
 
 
-def _preload(section: _Section, entrypoint: tuple[str, ...]) -> tuple[str, ...]:
+def _entrypoint(section: Section) -> tuple[str, ...]:
+    entrypoint = section.raw("entrypoint")
+    if isinstance(entrypoint, str) or not isinstance(entrypoint, list) or not entrypoint:
+        raise ConfigError(
+            section.key("entrypoint"),
+            "required: a non-empty list such as [python, train.py] (it is exec'd, no shell)",
+        )
+    for i, arg in enumerate(entrypoint):
+        if not _env_scalar(arg) or "\0" in str(arg):
+            raise ConfigError(f"{section.key('entrypoint')}[{i}]", _not_a_string(arg))
+    return tuple(str(arg) for arg in entrypoint)
+
+
+def _not_a_string(value: object) -> str:
+    hint = f"; quote it ({YAML_BOOLEANS})" if isinstance(value, bool) else ""
+    return f"expected a string, got {type(value).__name__} {value!r}{hint}"
+
+
+def _env_scalar(value: object) -> bool:
+    """A string, or a number that stands for its own text; not a boolean, null or collection."""
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
+
+
+def _env(section: Section) -> dict[str, str]:
+    """job.env: variable names to strings; lists, maps, null and booleans are refused rather
+    than passed on as "[1, 2]", "None" or "True"."""
+    env = section.raw("env")
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ConfigError(section.key("env"), "expected a mapping of variable names to strings")
+    result = {}
+    for name, value in env.items():
+        key = f"{section.key('env')}.{name}"
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise ConfigError(key, "a variable name is a non-empty string without '='")
+        if not _env_scalar(value) or "\0" in str(value):
+            raise ConfigError(key, _not_a_string(value))
+        result[name] = str(value)
+    return result
+
+
+def _preload(section: Section, entrypoint: tuple[str, ...]) -> tuple[str, ...]:
     modules = section.raw("preload") or []
     if not isinstance(modules, list) or not all(
         isinstance(m, str) and all(part.isidentifier() for part in m.split(".")) for m in modules
@@ -280,29 +237,25 @@ def _preload(section: _Section, entrypoint: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(modules)
 
 
-def _load_timing(section: _Section) -> TimingConfig:
+def _load_timing(section: Section) -> TimingConfig:
+    """0 is zero where zero makes sense: a stop grace of 0 kills at once, a join_settle of 0
+    forms as soon as min_nodes are there, a hang_timeout of 0 (or off) watches nothing. A
+    heartbeat, a lease or a rendezvous timeout of 0 cannot work and is an error."""
     defaults = TimingConfig()
-    values = {
-        name: parse_duration(section.raw(name), section.key(name))
-        if section.raw(name) not in (None, "off", False)
-        else getattr(defaults, name)
-        for name in (
-            "heartbeat_interval",
-            "lease_ttl",
-            "stop_grace_period",
-            "failure_stop_grace_period",
-            "join_settle",
-            "rendezvous_timeout",
-            "hang_timeout",
-        )
-    }
+
+    def timed(name: str, **rules: Any) -> float:
+        return duration(section.raw(name), section.key(name), getattr(defaults, name), **rules)
+
+    timing = TimingConfig(
+        heartbeat_interval=timed("heartbeat_interval", minimum=0.05),
+        lease_ttl=timed("lease_ttl", positive=True),
+        stop_grace_period=timed("stop_grace_period"),
+        failure_stop_grace_period=timed("failure_stop_grace_period"),
+        join_settle=timed("join_settle"),
+        rendezvous_timeout=timed("rendezvous_timeout", positive=True),
+        hang_timeout=timed("hang_timeout", off=True),
+    )
     section.reject_unknown()
-    timing = TimingConfig(**values)
-    if timing.heartbeat_interval < 0.05:
-        raise ConfigError(
-            section.key("heartbeat_interval"),
-            f"must be at least 50ms, got {timing.heartbeat_interval}s",
-        )
     if timing.lease_ttl < 2 * timing.heartbeat_interval:
         raise ConfigError(
             section.key("lease_ttl"),
@@ -312,24 +265,25 @@ def _load_timing(section: _Section) -> TimingConfig:
     return timing
 
 
-def _load_health(section: _Section) -> HealthConfig:
-    gpu = section.get("gpu", str, "auto")
+def _load_health(section: Section) -> HealthConfig:
+    raw_gpu = section.raw("gpu")  # YAML makes a bare on/off a boolean
+    gpu = (
+        ("on" if raw_gpu else "off")
+        if isinstance(raw_gpu, bool)
+        else section.get("gpu", str, "auto")
+    )
     if gpu not in GPU_MODES:
         raise ConfigError(section.key("gpu"), f"must be one of {', '.join(GPU_MODES)}, got {gpu!r}")
-    interval = parse_duration(section.raw("interval") or "5s", section.key("interval"))
-    if interval < 0.05:
-        raise ConfigError(section.key("interval"), f"must be at least 50ms, got {interval}s")
-    max_temp = section.get("max_temperature_c", float, -1.0)
-    max_replays = section.get("max_pcie_replays", int, -1)
-    fake = section.get("fake_gpus", str, "") or None
+    interval = duration(section.raw("interval"), section.key("interval"), 5.0, minimum=0.05)
+    fake = optional_path(section, "fake_gpus")
     if fake is not None and not Path(fake).is_file():
         raise ConfigError(section.key("fake_gpus"), f"no such file: {fake}")
     health = HealthConfig(
         gpu=gpu,
         interval=interval,
-        max_temperature_c=max_temp if max_temp >= 0 else None,
-        max_ecc_uncorrected=_positive_int(section, "max_ecc_uncorrected", 0, minimum=0),
-        max_pcie_replays=max_replays if max_replays >= 0 else None,
+        max_temperature_c=optional_limit(section, "max_temperature_c", float),
+        max_ecc_uncorrected=positive_int(section, "max_ecc_uncorrected", 0, minimum=0),
+        max_pcie_replays=optional_limit(section, "max_pcie_replays", int),
         auto_uncordon=section.get("auto_uncordon", bool, False),
         fake_gpus=fake,
     )
@@ -337,7 +291,7 @@ def _load_health(section: _Section) -> HealthConfig:
     return health
 
 
-def _load_logging(section: _Section) -> LoggingConfig:
+def _load_logging(section: Section) -> LoggingConfig:
     fmt = section.get("format", str, "text")
     if fmt not in LOG_FORMATS:
         raise ConfigError(section.key("format"), f"must be text or json, got {fmt!r}")
@@ -350,13 +304,16 @@ def _load_logging(section: _Section) -> LoggingConfig:
     return LoggingConfig(format=fmt, level=level)
 
 
-def _load_metrics(section: _Section) -> MetricsConfig:
+def _load_metrics(section: Section) -> MetricsConfig:
+    if section.raw("listen") is False:  # a bare `off` in YAML
+        section.reject_unknown()
+        return MetricsConfig(listen="off")
     listen = section.get("listen", str, MetricsConfig.listen)
     if listen == "off":
         section.reject_unknown()
         return MetricsConfig(listen="off")
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or "\0" in host:
         raise ConfigError(
             section.key("listen"), f"expected HOST:PORT such as 127.0.0.1:9400, got {listen!r}"
         )
@@ -393,7 +350,7 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
         ConfigError: the first invalid key, by its dotted name.
     """
     resolve = resolve or Resolver()
-    root = _Section(data, "")
+    root = Section(data, "")
     redis_section = root.section("redis")
     url = redis_section.get("url", str, "")
     job_data = root.raw("job")
@@ -406,7 +363,7 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
         )
     redis = RedisConfig(
         url=_check_redis_url(url, "redis.url"),
-        key_prefix=_check_name(
+        key_prefix=check_name(
             redis_section.get("key_prefix", str, "nodeagent"), "redis.key_prefix"
         ),
     )
@@ -419,8 +376,8 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
         metrics=_load_metrics(root.section("metrics")),
         health=_load_health(root.section("health")),
         logging=_load_logging(root.section("logging")),
-        log_dir=root.get("log_dir", str, "/var/log/nodeagent"),
-        state_dir=root.get("state_dir", str, "") or None,
+        log_dir=path_value(root, "log_dir", "/var/log/nodeagent"),
+        state_dir=optional_path(root, "state_dir"),
     )
     root.reject_unknown()
     if config.redis.url == EMBEDDED and config.job.max_nodes > 1:
@@ -436,14 +393,22 @@ def read_config(path: str | Path, resolve: Resolver | None = None) -> Config:
     """Read and validate a YAML config file.
 
     Raises:
-        ConfigError: the file is missing, unreadable, not YAML, or invalid.
+        ConfigError: the file is missing, unreadable, not UTF-8, not YAML (or has a key twice),
+            or invalid.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError("", f"cannot read config file {path}: {exc.strerror}") from exc
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            "", f"{path} is not UTF-8 text: byte {raw[exc.start]:#04x} on line {line}"
+        ) from None
+    try:
+        data = strictyaml.load(text)
     except yaml.YAMLError as exc:
         raise ConfigError("", f"{path} is not valid YAML: {exc}") from exc
     return load_config(data, resolve)

@@ -108,6 +108,62 @@ def test_bad_durations_name_the_key(text: object) -> None:
         ("metrics.listen", "9400", "metrics.listen", "HOST:PORT"),
         ("log_dir", 5, "log_dir", "expected str"),
         ("surprise", 1, "surprise", "unknown key"),
+        # 0 is an error where zero cannot work; `off` only where the docs say so
+        ("timing.heartbeat_interval", 0, "timing.heartbeat_interval", "at least 50ms"),
+        ("timing.heartbeat_interval", "off", "timing.heartbeat_interval", "cannot be off"),
+        ("timing.heartbeat_interval", False, "timing.heartbeat_interval", "bare yes/no/on/off"),
+        ("timing.lease_ttl", 0, "timing.lease_ttl", "more than 0"),
+        ("timing.lease_ttl", "0s", "timing.lease_ttl", "more than 0"),
+        ("timing.lease_ttl", "off", "timing.lease_ttl", "cannot be off"),
+        ("timing.rendezvous_timeout", 0, "timing.rendezvous_timeout", "more than 0"),
+        ("timing.rendezvous_timeout", False, "timing.rendezvous_timeout", "cannot be off"),
+        ("timing.stop_grace_period", "off", "timing.stop_grace_period", "cannot be off"),
+        ("timing.failure_stop_grace_period", False, "timing.failure_stop_grace_period", "off"),
+        ("timing.join_settle", "off", "timing.join_settle", "cannot be off"),
+        ("timing.hang_timeout", "-1s", "timing.hang_timeout", "duration"),
+        ("health.interval", 0, "health.interval", "at least 50ms"),
+        ("health.interval", "off", "health.interval", "cannot be off"),
+        ("health.gpu", "maybe", "health.gpu", "auto, on, off"),
+        ("health.max_temperature_c", -5, "health.max_temperature_c", ">= 0"),
+        ("health.max_pcie_replays", -1, "health.max_pcie_replays", ">= 0"),
+        # Redis URLs: what redis-py would crash on or silently misread
+        ("redis.url", "redis://h:abc/0", "redis.url", "port"),
+        ("redis.url", "redis://h:99999/0", "redis.url", "port"),
+        ("redis.url", "redis://h:0/0", "redis.url", "not 0"),
+        ("redis.url", "redis://h/abc", "redis.url", "database must be a number"),
+        ("redis.url", "redis://h/0?db=x", "redis.url", "database must be a number"),
+        ("redis.url", "redis:///0", "redis.url", "names no host"),
+        ("redis.url", "unix://", "redis.url", "names its socket"),
+        ("redis.url", "unix:///r.sock?db=one", "redis.url", "database must be a number"),
+        ("redis.url", "redis+sentinel://s1:26379", "redis.url", "names its service"),
+        ("redis.url", "redis+sentinel://s1:26379/", "redis.url", "names its service"),
+        ("redis.url", "redis+sentinel://s1:26379/m/abc", "redis.url", "database"),
+        ("redis.url", "redis+sentinel://s1:26379/m/0/x", "redis.url", "too many parts"),
+        ("redis.url", "redis+sentinel://s1:abc/m", "redis.url", "bad sentinel address"),
+        ("redis.url", "redis+sentinel://s1:99999/m", "redis.url", "bad sentinel address"),
+        ("redis.url", "redis+sentinel://s1,,s2/m", "redis.url", "bad sentinel address"),
+        ("redis.url", "redis:/h:6379", "redis.url", "must start with"),
+        # env: strings only; lists, maps, null and booleans are refused, naming the variable
+        ("job.env", {"A": [1, 2]}, "job.env.A", "expected a string, got list"),
+        ("job.env", {"A": None}, "job.env.A", "expected a string, got NoneType"),
+        ("job.env", {"A": {"b": 1}}, "job.env.A", "expected a string, got dict"),
+        ("job.env", {"A": True}, "job.env.A", "quote it"),
+        ("job.env", {"A": "x\0y"}, "job.env.A", "expected a string"),
+        ("job.env", {"": "x"}, "job.env.", "non-empty string without '='"),
+        ("job.env", {"A=B": "x"}, "job.env.A=B", "without '='"),
+        ("job.env", [], "job.env", "mapping"),
+        ("job.env", "A=1", "job.env", "mapping"),
+        ("job.entrypoint", [True], "job.entrypoint[0]", "quote it"),
+        ("job.entrypoint", ["python", None], "job.entrypoint[1]", "expected a string"),
+        ("job.entrypoint", ["python", ["x"]], "job.entrypoint[1]", "expected a string"),
+        # paths
+        ("job.working_dir", "", "job.working_dir", "expected a path"),
+        ("job.working_dir", 7, "job.working_dir", "expected str"),
+        ("log_dir", "", "log_dir", "expected a path"),
+        ("log_dir", "/var/log/a\0b", "log_dir", "expected a path"),
+        ("state_dir", "", "state_dir", "expected a path"),
+        ("metrics.listen", "h:99999", "metrics.listen", "HOST:PORT"),
+        ("metrics.listen", True, "metrics.listen", "expected str"),
     ],
 )
 def test_invalid_values_name_key_and_fix(path: str, value: object, key: str, words: str) -> None:
@@ -173,3 +229,106 @@ def test_logging_section() -> None:
     assert (config.logging.format, config.logging.level) == ("json", "DEBUG")
     with pytest.raises(ConfigError, match="text or json"):
         load_config(with_change("logging.format", "xml"), FixedResolver())
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field", "expected"),
+    [
+        # 0 is zero where zero makes sense
+        ("timing.stop_grace_period", 0, "timing.stop_grace_period", 0.0),
+        ("timing.stop_grace_period", "0s", "timing.stop_grace_period", 0.0),
+        ("timing.failure_stop_grace_period", 0, "timing.failure_stop_grace_period", 0.0),
+        ("timing.join_settle", 0, "timing.join_settle", 0.0),
+        ("timing.hang_timeout", 0, "timing.hang_timeout", 0.0),
+        ("timing.hang_timeout", "off", "timing.hang_timeout", 0.0),
+        ("timing.hang_timeout", False, "timing.hang_timeout", 0.0),  # YAML's bare off
+        ("timing.hang_timeout", "5m", "timing.hang_timeout", 300.0),
+        ("timing.stop_grace_period", None, "timing.stop_grace_period", 30.0),  # null: default
+        ("health.max_temperature_c", 0, "health.max_temperature_c", 0.0),
+        ("health.max_temperature_c", None, "health.max_temperature_c", None),
+        ("health.max_pcie_replays", 0, "health.max_pcie_replays", 0),
+        ("health.gpu", False, "health.gpu", "off"),  # YAML's bare off
+        ("health.gpu", True, "health.gpu", "on"),  # YAML's bare on
+        ("health.gpu", "off", "health.gpu", "off"),
+        ("metrics.listen", False, "metrics.listen", "off"),  # as the example documents it
+        ("metrics.listen", "off", "metrics.listen", "off"),
+        ("metrics.listen", ":9400", "metrics.listen", ":9400"),
+        ("job.env", {"A": 1, "B": 0.5, "C": "x"}, "job.env", {"A": "1", "B": "0.5", "C": "x"}),
+        ("job.env", None, "job.env", {}),
+        ("job.entrypoint", ["python", "t.py", 2], "job.entrypoint", ("python", "t.py", "2")),
+        ("redis.url", "redis://h:6380", "redis.url", "redis://h:6380"),
+        ("redis.url", "redis://h/3?db=3", "redis.url", "redis://h/3?db=3"),
+        ("redis.url", "redis://[::1]:6379/0", "redis.url", "redis://[::1]:6379/0"),
+        ("redis.url", "unix:///r.sock?db=2", "redis.url", "unix:///r.sock?db=2"),
+        ("redis.url", "redis+sentinel://s1,s2:2/m", "redis.url", "redis+sentinel://s1,s2:2/m"),
+        ("redis.url", "redis+sentinel://[::1]:2/m/1", "redis.url", "redis+sentinel://[::1]:2/m/1"),
+    ],
+)
+def test_zero_off_and_scalars_mean_what_they_say(
+    path: str, value: object, field: str, expected: object
+) -> None:
+    config = load_config(with_change(path, value), FixedResolver())
+    section, name = field.split(".")
+    got = getattr(getattr(config, section), name)
+    assert (dict(got) if isinstance(got, dict) else got) == expected
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:s3cret@h:abc/0",
+        "http://u:s3cret@h/0",
+        "redis://u:s3cret@h/x",
+        "redis://h/?password=s3cret&db=x",
+    ],
+)
+def test_url_errors_never_show_the_password(url: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(with_change("redis.url", url), FixedResolver())
+    assert err.value.key == "redis.url" and "s3cret" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "key", "words"),
+    [
+        (b"job:\n  id: caf\xe9\n", "", "not UTF-8 text: byte 0xe9 on line 2"),
+        (b"\xff\xfe", "", "not UTF-8"),
+        (b"timing:\n  lease_ttl: 5s\n  lease_ttl: 1s\n", "timing.lease_ttl", "given twice"),
+        (b"timing:\n  lease_ttl: 5s\n  lease_ttl: 1s\n", "timing.lease_ttl", "on line 3"),
+        (b"job: {id: a}\njob: {id: b}\n", "job", "given twice"),
+        (b"job:\n  env: {A: 1, A: 2}\n", "job.env.A", "given twice"),
+        (b"x: [{a: 1, a: 2}]\n", "x[0].a", "given twice"),
+        (b"job: [unclosed\n", "", "not valid YAML"),
+    ],
+)
+def test_file_errors_name_key_and_fix(tmp_path: Path, content: bytes, key: str, words: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as err:
+        read_config(path, FixedResolver())
+    assert err.value.key == key
+    assert words in str(err.value)
+
+
+def test_bare_off_where_off_is_documented(tmp_path: Path) -> None:
+    """`off` written bare, as config/nodeagent.example.yaml documents it, is YAML's false."""
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump(VALID)
+        + "metrics: {listen: off}\nhealth: {gpu: off}\ntiming: {hang_timeout: off}\n"
+    )
+    config = read_config(path, FixedResolver())
+    assert config.metrics.listen == "off" and config.health.gpu == "off"
+    assert config.timing.hang_timeout == 0.0
+
+
+def test_aliases_and_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump(VALID)
+        + "base: &b {heartbeat_interval: 1s, lease_ttl: 5s}\n"
+        + "timing: {<<: *b, lease_ttl: 4s}\n"
+    )
+    with pytest.raises(ConfigError) as err:  # `base` is no key of ours: the document got this far
+        read_config(path, FixedResolver())
+    assert err.value.key == "base" and "unknown key" in str(err.value)

@@ -1,0 +1,158 @@
+"""The value rules every section of the config shares, and typed access to one mapping.
+
+Each rule rejects a bad value with the dotted name of its key (ConfigError), so the daemons can
+exit 78 naming what to fix.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from nodeagent.errors import ConfigError
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+YAML_BOOLEANS = "YAML reads a bare yes/no/on/off/true/false as a boolean"
+
+
+def parse_duration(value: object, key: str) -> float:
+    """Seconds from a number or a string such as "500ms", "5s", "2m", "1h".
+
+    Raises:
+        ConfigError: naming `key` when the value is not a non-negative duration.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(key, f"expected a duration such as 5s or 500ms, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := _DURATION_RE.match(value)):
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    else:
+        raise ConfigError(key, f"expected a duration such as 5s, 500ms or 2m, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(key, f"expected a non-negative duration, got {value!r}")
+    return seconds
+
+
+def duration(
+    raw: object,
+    key: str,
+    default: float,
+    *,
+    minimum: float = 0.0,
+    positive: bool = False,
+    off: bool = False,
+) -> float:
+    """A duration key: absent or null is `default`, 0 is zero (an error where `positive`),
+    `off` (or the false YAML makes of a bare off) is 0 where `off` is documented and an error
+    elsewhere; a value below `minimum` is an error.
+
+    Raises:
+        ConfigError: naming `key`.
+    """
+    if raw is None:
+        return default
+    if raw is False or raw == "off":
+        if off:
+            return 0.0
+        raise ConfigError(
+            key,
+            f"cannot be off; give a duration such as 5s or 500ms (got {raw!r}; {YAML_BOOLEANS})",
+        )
+    seconds = parse_duration(raw, key)
+    if positive and seconds == 0:
+        raise ConfigError(key, f"must be more than 0, got {raw!r}")
+    if seconds < minimum:
+        raise ConfigError(key, f"must be at least {minimum * 1000:g}ms, got {raw!r}")
+    return seconds
+
+
+T = TypeVar("T")
+
+
+class Section:
+    """Typed access to one mapping of the YAML document; remembers which keys were used."""
+
+    def __init__(self, data: object, path: str) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(path, f"expected a mapping, got {type(data).__name__}")
+        self._data: Mapping[str, Any] = data
+        self.path = path
+        self._known: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def get(self, name: str, kind: type[T], default: T) -> T:
+        self._known.add(name)
+        if name not in self._data or self._data[name] is None:
+            return default
+        value = self._data[name]
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)  # type: ignore[return-value]
+        if not ok:
+            raise ConfigError(
+                self.key(name), f"expected {kind.__name__}, got {type(value).__name__} {value!r}"
+            )
+        return value  # type: ignore[no-any-return]
+
+    def raw(self, name: str) -> object:
+        self._known.add(name)
+        return self._data.get(name)
+
+    def section(self, name: str) -> Section:
+        self._known.add(name)
+        return Section(self._data.get(name), self.key(name))
+
+    def reject_unknown(self) -> None:
+        unknown = sorted(set(map(str, self._data)) - self._known)
+        if unknown:
+            raise ConfigError(
+                self.key(unknown[0]),
+                f"unknown key; known keys here are: {', '.join(sorted(self._known))}",
+            )
+
+
+def check_name(value: str, key: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ConfigError(
+            key, f"{value!r} must be 1-63 letters, digits, '.', '_' or '-' (no spaces, braces)"
+        )
+    return value
+
+
+def positive_int(section: Section, name: str, default: int, minimum: int = 1) -> int:
+    value = section.get(name, int, default)
+    if value < minimum:
+        raise ConfigError(section.key(name), f"must be >= {minimum}, got {value}")
+    return value
+
+
+def path_value(section: Section, name: str, default: str) -> str:
+    """A file system path: a non-empty string without NUL (which no system call takes)."""
+    value = section.get(name, str, default)
+    if not value or "\0" in value:
+        raise ConfigError(section.key(name), f"expected a path, got {value!r}")
+    return value
+
+
+def optional_path(section: Section, name: str) -> str | None:
+    """A path key whose absence (or null) means "the default"; an empty string is an error."""
+    return None if section.raw(name) is None else path_value(section, name, "")
+
+
+def optional_limit(section: Section, name: str, kind: type[T]) -> T | None:
+    """A limit that is absent (None: the default) or a finite number >= 0."""
+    if section.raw(name) is None:
+        return None
+    value = section.get(name, kind, kind())
+    if not 0 <= value < math.inf:  # type: ignore[operator]
+        raise ConfigError(section.key(name), f"must be a number >= 0, got {value!r}")
+    return value
