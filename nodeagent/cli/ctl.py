@@ -1,8 +1,21 @@
-"""`nodeagentctl`: inspect a job and change it (status, scale, events, restart, stop).
+"""`nodeagentctl`: inspect a job and change it (status, scale, events, restart, stop, cordon).
 
-Exit codes: 0 done; 1 a --wait timed out; 2 a request that can never succeed as given (bad
-arguments, a target outside [min_nodes, max_nodes]); 69 (EX_UNAVAILABLE) Redis unreachable;
-78 (EX_CONFIG) the --config file is invalid.
+Every argument is checked before anything is written to Redis: a node that holds no lease and
+is not a member of the job record, a job with neither a record nor a lease, a bad duration,
+count, name or Redis URL all exit 2 and change nothing.
+
+Exit codes:
+  0   done (also `uncordon` of a node that was not cordoned: nothing to do)
+  1   a --wait timed out
+  2   a request that can never succeed as given: bad arguments, an unknown node or job, a
+      target outside [min_nodes, max_nodes], an unreadable --redis-password-file
+  69  (EX_UNAVAILABLE) Redis unreachable, or it answered with an error (e.g. WRONGTYPE: a key of
+      the job holds something nodeagent did not write)
+  78  (EX_CONFIG) the --config file is invalid, or Redis refused the credentials or (ACL) the
+      command: a fix in configuration, not a retry, helps
+
+The password: `--redis-password-file PATH` (its first line), else the one in the URL, else the
+environment variable NODEAGENT_REDIS_PASSWORD. The file and the variable keep it out of `ps`.
 """
 
 from __future__ import annotations
@@ -10,25 +23,30 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
-from datetime import datetime, timezone
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from nodeagent.config import EMBEDDED, EX_CONFIG, Config, parse_duration, read_config
+from nodeagent import redisurl
+from nodeagent.cli import ctlargs, ctlshow
+from nodeagent.config import EMBEDDED, EX_CONFIG, Config, read_config
+from nodeagent.coord import eventlog
 from nodeagent.coord.client import connect
 from nodeagent.coord.embedded import embedded_url
+from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.coord.keys import JobKeys
-from nodeagent.coord.store import JobStore
+from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import ConfigError, CoordinationError, UsageError
-from nodeagent.model import Command, CommandType, Cordon, Event
+from nodeagent.model import Command, CommandType, Cordon
 from nodeagent.state import JobState
 from nodeagent.status import status_document
 
 EX_UNAVAILABLE = 69
 EX_USAGE = 2
+WRITES = frozenset({"scale", "restart", "stop", "cordon", "drain", "uncordon"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,123 +54,165 @@ def _parser() -> argparse.ArgumentParser:
     where = parser.add_argument_group("which job (either --config, or --redis and --job)")
     where.add_argument("--config", help="an agent's config file")
     where.add_argument("--redis", help="Redis URL, e.g. redis://10.0.0.2:6379/0")
-    where.add_argument("--job", help="job id")
-    where.add_argument("--key-prefix", default=None, help="Redis key prefix (default nodeagent)")
+    where.add_argument(
+        "--redis-password-file",
+        metavar="PATH",
+        help=f"read the Redis password from this file (or set {ctlargs.PASSWORD_ENV})",
+    )
+    where.add_argument("--job", type=ctlargs.name, help="job id")
+    where.add_argument(
+        "--key-prefix", type=ctlargs.name, default=None, help="Redis key prefix (default nodeagent)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status", help="show the job and its nodes")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     scale = commands.add_parser("scale", help="change the job's target number of nodes")
     scale.add_argument("nodes", type=int, help="new target, within [min_nodes, max_nodes]")
     scale.add_argument("--wait", action="store_true", help="wait until the job runs at that size")
-    scale.add_argument("--timeout", default="10m", help="how long --wait waits (default 10m)")
+    _timeout(scale)
     scale.add_argument("--rollback", action="store_true", help="on timeout restore the old target")
     events = commands.add_parser("events", help="show the job's event log")
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
-    events.add_argument("--last", type=int, default=50, help="how many past events (default 50)")
+    events.add_argument(
+        "--last", type=ctlargs.count, default=50, help="how many past events (default 50)"
+    )
     commands.add_parser("restart", help="force a new generation (also restarts a finished job)")
     commands.add_parser("stop", help="stop the job's workers everywhere")
     cordon = commands.add_parser("cordon", help="keep a node out of the next generations")
-    cordon.add_argument("node")
+    cordon.add_argument("node", type=ctlargs.name)
     cordon.add_argument("--reason", default="cordoned by an operator")
     drain = commands.add_parser(
         "drain", help="cordon a node and take it out of the job now (its workers checkpoint)"
     )
-    drain.add_argument("node")
+    drain.add_argument("node", type=ctlargs.name)
     drain.add_argument("--reason", default="drained by an operator")
     drain.add_argument("--wait", action="store_true", help="wait until its workers are stopped")
-    drain.add_argument("--timeout", default="10m", help="how long --wait waits (default 10m)")
+    _timeout(drain)
     uncordon = commands.add_parser("uncordon", help="let a node take part again")
-    uncordon.add_argument("node")
+    uncordon.add_argument("node", type=ctlargs.name)
     health = commands.add_parser("health", help="a node's GPU verdicts (default: this node)")
-    health.add_argument("--node", help="node name (default: node.name of --config)")
+    health.add_argument(
+        "--node", type=ctlargs.name, help="node name (default: node.name of --config)"
+    )
     health.add_argument("--json", action="store_true")
     return parser
 
 
-def _store(args: argparse.Namespace) -> tuple[JobStore, Config | None]:
+def _timeout(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--timeout",
+        type=ctlargs.duration,
+        default="10m",
+        help="how long --wait waits, e.g. 30s or 10m (default 10m)",
+    )
+
+
+def _password(args: argparse.Namespace, url: str, environ: Mapping[str, str]) -> str | None:
+    """The password to use: --redis-password-file, else the URL's, else the environment's."""
+    in_url = ctlargs.url_password(url)
+    if args.redis_password_file is not None:
+        if in_url is not None:
+            raise UsageError(
+                "the Redis password is given twice (in the URL and --redis-password-file); "
+                "drop it from the URL"
+            )
+        return ctlargs.read_password_file(args.redis_password_file)
+    if in_url is not None:
+        return None  # the URL carries it already
+    return environ.get(ctlargs.PASSWORD_ENV) or None
+
+
+@dataclass(frozen=True)
+class Target:
+    """The job nodeagentctl acts on, and how it reaches it."""
+
+    store: JobStore
+    config: Config | None
+    password_given: bool  # from a file, the URL or the environment
+
+
+def _target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
+    """Connect to the job's Redis (lazily: nothing is sent yet), with every argument checked.
+
+    Raises:
+        UsageError: a bad --redis URL, a missing job, an unreadable password file.
+        ConfigError: the --config file, or its redis.url, is invalid.
+    """
     config = read_config(args.config) if args.config else None
     url = args.redis or (config.redis.url if config else None)
     if url == EMBEDDED and config is not None:
         url = embedded_url(config.job.id)
     job = args.job or (config.job.id if config else None)
+    if args.redis is not None and not args.redis:
+        raise UsageError("--redis: empty; give a URL such as redis://10.0.0.2:6379/0")
     if not url or not job:
         raise UsageError("give --config PATH, or both --redis URL and --job ID")
+    problem = redisurl.problem(url)
+    if problem and args.redis:
+        raise UsageError(f"--redis: {problem}")
+    if problem:
+        raise ConfigError("redis.url", f"{problem} (in {args.config})")
+    password = _password(args, url, environ)
+    password_given = password is not None or ctlargs.url_password(url) is not None
+    if password is not None:
+        url = ctlargs.with_password(url, password)
     prefix = args.key_prefix or (config.redis.key_prefix if config else "nodeagent")
-    return JobStore(
-        connect(url, timeout_s=5.0, client_name="nodeagentctl"), JobKeys(prefix, job)
-    ), config
+    try:
+        client = connect(url, timeout_s=5.0, client_name="nodeagentctl")
+    except (ValueError, ConfigError) as exc:
+        origin = "--redis" if args.redis else f"redis.url in {args.config}"
+        raise UsageError(f"{origin}: {redisurl.redact(url)}: {exc}") from None
+    return Target(JobStore(client, JobKeys(prefix, job)), config, password_given)
 
 
 def _by() -> str:
     return f"{getpass.getuser()}@{socket.gethostname().split('.')[0]}"
 
 
-def _print_status(doc: dict[str, Any]) -> None:
-    print(
-        f"job {doc['job']}: {doc['state']} ({doc['reason']})  generation {doc['generation']}  "
-        f"world {doc['world_size']}  target {doc['target_nodes']} "
-        f"[{doc['min_nodes']}-{doc['max_nodes']}]  restarts {doc['restart_count']}/"
-        f"{doc['max_restarts']}  leader {doc['leader'] or '-'}"
-    )
-    if doc["detail"]:
-        print(f"  {doc['detail']}")
-    if doc["record_error"]:
-        print(f"  WARNING: {doc['record_error']}")
-    print(
-        f"{'NODE':<20} {'STATE':<10} {'RANK':>4} {'GEN':>4} {'HB AGE':>7}  {'ADDRESS':<16} WORKERS"
-    )
-    for node in doc["nodes"]:
-        rank = "-" if node["group_rank"] is None else node["group_rank"]
-        age = "-" if node["heartbeat_age_s"] is None else f"{node['heartbeat_age_s']:.1f}s"
-        workers = " ".join(f"{w['rank']}:{w['state']}" for w in node["workers"]) or "-"
-        print(
-            f"{node['name']:<20} {node['state']:<10} {rank!s:>4} {node['generation']!s:>4} "
-            f"{age:>7}  {node['address'] or '-':<16} {workers}"
+def _require_job(store: JobStore, snapshot: Snapshot) -> None:
+    """A job exists when it has a record (readable or not) or a node holds a lease."""
+    if snapshot.record is None and snapshot.record_error is None and not snapshot.leases:
+        raise UsageError(
+            f"job {store.keys.job!r} does not exist under key prefix {store.keys.prefix!r}: it "
+            "has not formed yet (no job record) and no node holds a lease; check --job, "
+            "--key-prefix and --redis, or start its agents first"
         )
-        if node["cordon"]:
-            print(f"{'':<20} cordoned: {node['cordon']['reason']} (by {node['cordon']['by']})")
-        if node["unfit"]:
-            print(f"{'':<20} cannot take part: {node['unfit']}")
 
 
-def _format_event(event: Event) -> str:
-    at = datetime.fromtimestamp((event.at_ms or 0) / 1000, tz=timezone.utc)
-    gen = f"gen={event.generation}" if event.generation is not None else "gen=-"
-    node = f"node={event.node}" if event.node else ""
-    stamp = at.isoformat(timespec="milliseconds")
-    return f"{stamp} {gen} {event.type} {node} {event.message}".rstrip()
-
-
-def _event_json(event: Event) -> str:
-    return json.dumps(
-        {
-            "id": event.id,
-            "at_ms": event.at_ms,
-            "type": event.type,
-            "generation": event.generation,
-            "node": event.node,
-            "message": event.message,
-            "data": dict(event.data),
-        }
-    )
+def _require_node(store: JobStore, snapshot: Snapshot, name: str, more: set[str]) -> None:
+    """A node is known when it holds a lease, is named by the job record, or is in `more`."""
+    known = {lease.name for lease in snapshot.leases} | more
+    record = snapshot.record
+    if record is not None:
+        known |= set(record.members)
+        if record.pending_failure is not None:
+            known.add(record.pending_failure.node)
+    if name not in known:
+        listed = ", ".join(sorted(known)) or "none"
+        raise UsageError(
+            f"node {name!r} is not in job {store.keys.job}: it holds no lease and the job "
+            f"record does not name it (known nodes: {listed})"
+        )
 
 
 def _events(store: JobStore, args: argparse.Namespace) -> int:
-    show = _event_json if args.json else _format_event
-    last = store.events_tail(args.last) if args.last > 0 else []
-    for event in last:
-        print(show(event), flush=True)
-    cursor = last[-1].id if last else store.last_event_id()
+    show = ctlshow.event_json if args.json else ctlshow.event_line
+    last = eventlog.tail(store, args.last) if args.last > 0 else []
+    for entry_id, fields in last:
+        print(show(entry_id, fields), flush=True)
+    cursor = last[-1][0] if last else store.last_event_id()
     while args.follow:
-        for _, entry_id, fields in store.wait_events({store.keys.events: cursor or "0-0"}, 2000):
+        for _, entry_id, fields in store.wait_events({store.keys.events: cursor}, 2000):
             cursor = entry_id
-            print(show(store.parse_event(entry_id, fields)), flush=True)
+            print(show(entry_id, fields), flush=True)
     return 0
 
 
-def _scale(store: JobStore, config: Config | None, args: argparse.Namespace) -> int:
-    record = store.snapshot().record
+def _scale(
+    store: JobStore, snapshot: Snapshot, config: Config | None, args: argparse.Namespace
+) -> int:
+    record = snapshot.record
     if record is not None:
         low, high, before = record.min_nodes, record.max_nodes, record.target_nodes
     elif config is not None:
@@ -167,12 +227,11 @@ def _scale(store: JobStore, config: Config | None, args: argparse.Namespace) -> 
             f"cannot scale job {store.keys.job} to {args.nodes}: the target must be "
             f"within [min_nodes, max_nodes] = [{low}, {high}]"
         )
-    timeout = parse_duration(args.timeout, "--timeout")
     store.send_command(Command(CommandType.SCALE, target=args.nodes, by=_by()))
     print(f"job {store.keys.job}: target {before} -> {args.nodes} requested")
     if not args.wait:
         return 0
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         record = store.snapshot().record
         if (
@@ -187,7 +246,8 @@ def _scale(store: JobStore, config: Config | None, args: argparse.Namespace) -> 
             return 0
         time.sleep(0.2)
     print(
-        f"timed out after {args.timeout}: job {store.keys.job} does not run on {args.nodes} nodes",
+        f"timed out after {args.timeout:g}s: job {store.keys.job} does not run on "
+        f"{args.nodes} nodes",
         file=sys.stderr,
     )
     if args.rollback:
@@ -207,7 +267,7 @@ def _drain(store: JobStore, args: argparse.Namespace) -> int:
     print(f"node {args.node}: drained ({args.reason})")
     if not args.wait:
         return 0
-    deadline = time.monotonic() + parse_duration(args.timeout, "--timeout")
+    deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
         node = nodes.get(args.node)
@@ -218,76 +278,99 @@ def _drain(store: JobStore, args: argparse.Namespace) -> int:
             print(f"node {args.node}: workers stopped, out of the job")
             return 0
         time.sleep(0.2)
-    print(f"timed out after {args.timeout}: node {args.node} still has workers", file=sys.stderr)
+    print(f"timed out after {args.timeout:g}s: node {args.node} still has workers", file=sys.stderr)
     return 1
 
 
-def _health(store: JobStore, config: Config | None, args: argparse.Namespace) -> int:
+def _uncordon(store: JobStore, snapshot: Snapshot, args: argparse.Namespace) -> int:
+    cordoned = set(store.cordons())
+    _require_node(store, snapshot, args.node, cordoned)
+    if args.node not in cordoned:
+        print(f"node {args.node}: was not cordoned")
+        return 0
+    lifted = store.uncordon(args.node, by=_by())
+    print(f"node {args.node}: " + ("uncordoned" if lifted else "was not cordoned"))
+    return 0
+
+
+def _read(store: JobStore, config: Config | None, args: argparse.Namespace) -> int:
+    """The commands that only read: status, events, health."""
+    if args.command == "status":
+        doc = status_document(store.snapshot(), store.keys.job)
+        if args.json:
+            print(json.dumps(doc, indent=2))
+        else:
+            ctlshow.print_status(doc)
+        return 0
+    if args.command == "events":
+        return _events(store, args)
     name = args.node or (config.node.name if config else None)
     if name is None:
         raise UsageError("give --node NAME, or --config of the node")
     nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
     if name not in nodes:
         raise UsageError(f"node {name} is not in job {store.keys.job} (no live lease)")
-    node = nodes[name]
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "node": name,
-                    "cordon": node["cordon"],
-                    "unfit": node["unfit"],
-                    "gpu": node["gpu"],
-                },
-                indent=2,
-            )
-        )
-        return 0
-    gpu = node["gpu"] or {"available": False, "reason": "not reported", "gpus": []}
-    if not gpu["available"]:
-        print(f"node {name}: GPU monitoring unavailable ({gpu['reason']})")
-    for g in gpu["gpus"]:
-        temp = f"{g['temperature_c']:.0f}C" if g["temperature_c"] is not None else "-"
-        print(f"GPU {g['index']}: {g['health']:<9} {temp:>5}  {g['action']:<15} {g['reason']}")
-    if node["cordon"]:
-        print(f"node {name} is cordoned: {node['cordon']['reason']} (by {node['cordon']['by']})")
-    if node["unfit"]:
-        print(f"node {name} cannot take part: {node['unfit']}")
+    ctlshow.print_health(name, nodes[name], args.json)
     return 0
 
 
-def dispatch(args: argparse.Namespace) -> int:
-    store, config = _store(args)
-    if args.command == "status":
-        doc = status_document(store.snapshot(), store.keys.job)
-        if args.json:
-            print(json.dumps(doc, indent=2))
-        else:
-            _print_status(doc)
-        return 0
+def _write(store: JobStore, config: Config | None, args: argparse.Namespace) -> int:
+    """The commands that write, each after checking that its job and node exist."""
+    snapshot = store.snapshot()
+    _require_job(store, snapshot)
     if args.command == "scale":
-        return _scale(store, config, args)
-    if args.command == "events":
-        return _events(store, args)
+        return _scale(store, snapshot, config, args)
+    if args.command == "uncordon":
+        return _uncordon(store, snapshot, args)
+    if args.command in ("cordon", "drain"):
+        _require_node(store, snapshot, args.node, set())
     if args.command == "cordon":
         store.cordon(args.node, Cordon(reason=args.reason, by=_by()))
         print(f"node {args.node}: cordoned ({args.reason})")
         return 0
     if args.command == "drain":
         return _drain(store, args)
-    if args.command == "uncordon":
-        lifted = store.uncordon(args.node, by=_by())
-        print(f"node {args.node}: " + ("uncordoned" if lifted else "was not cordoned"))
-        return 0
-    if args.command == "health":
-        return _health(store, config, args)
     return _command(store, CommandType(args.command))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def dispatch(target: Target, args: argparse.Namespace) -> int:
+    if args.command in WRITES:
+        return _write(target.store, target.config, args)
+    return _read(target.store, target.config, args)
+
+
+def _redis_failure(exc: CoordinationError, target: Target | None) -> int:
+    """Say what kind of Redis failure `exc` is; its exit code."""
+    kind = classify(exc)
+    if kind is RedisFailure.CREDENTIALS:
+        given = "" if target is None or target.password_given else "; no password was given"
+        print(
+            f"nodeagentctl: Redis refused the credentials ({exc}{given}); give the password "
+            f"with --redis-password-file PATH or {ctlargs.PASSWORD_ENV}, and an ACL user in "
+            "the URL (redis://USER@host:6379/0)",
+            file=sys.stderr,
+        )
+        return EX_CONFIG
+    if kind is RedisFailure.PERMISSION:
+        print(
+            f"nodeagentctl: Redis refused the command for this user (ACL): {exc}; use an "
+            "operator user allowed the job's keys and these commands",
+            file=sys.stderr,
+        )
+        return EX_CONFIG
+    if kind is RedisFailure.UNREACHABLE:
+        print(f"nodeagentctl: cannot reach Redis: {exc}", file=sys.stderr)
+    else:
+        print(f"nodeagentctl: Redis answered with an error: {exc}", file=sys.stderr)
+    return EX_UNAVAILABLE
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    target: Target | None = None
     try:
-        return dispatch(args)
+        target = _target(args, os.environ if environ is None else environ)
+        return dispatch(target, args)
     except ConfigError as exc:
         print(f"nodeagentctl: invalid configuration: {exc}", file=sys.stderr)
         return EX_CONFIG
@@ -295,8 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"nodeagentctl: {exc}", file=sys.stderr)
         return EX_USAGE
     except CoordinationError as exc:
-        print(f"nodeagentctl: cannot reach Redis: {exc}", file=sys.stderr)
-        return EX_UNAVAILABLE
+        return _redis_failure(exc, target)
     except KeyboardInterrupt:
         return 0
 

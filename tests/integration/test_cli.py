@@ -46,7 +46,7 @@ def test_run_exits_78_on_a_bad_config_without_touching_redis(tmp_path: Path) -> 
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "redis: {url: redis://127.0.0.1:1/0}\n"
-        "job: {id: x, entrypoint: [true], min_nodes: 3, max_nodes: 2}\n"
+        'job: {id: x, entrypoint: ["true"], min_nodes: 3, max_nodes: 2}\n'
     )
     result = run("nodeagent", "run", "--config", str(bad))
     assert result.returncode == EX_CONFIG and "job.min_nodes" in result.stderr

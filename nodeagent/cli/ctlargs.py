@@ -1,0 +1,82 @@
+"""Checks of nodeagentctl's arguments, made before it connects or writes anything.
+
+Each check either returns the value or raises `argparse.ArgumentTypeError` / `UsageError` with
+a message that names what would be right, so a typo exits 2 and leaves Redis untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
+
+from nodeagent.config import parse_duration
+from nodeagent.configvalues import check_name
+from nodeagent.errors import ConfigError, UsageError
+
+PASSWORD_ENV = "NODEAGENT_REDIS_PASSWORD"
+
+
+def name(value: str) -> str:
+    """argparse type of node names, job ids and key prefixes: what the config accepts."""
+    try:
+        return check_name(value, "")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
+
+
+def duration(value: str) -> float:
+    """argparse type of --timeout: seconds from "30s", "500ms", "10m", "1h"."""
+    try:
+        return parse_duration(value, "")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
+
+
+def count(value: str) -> int:
+    """argparse type of --last: a whole number >= 0."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}")
+    return number
+
+
+def url_password(url: str) -> str | None:
+    """The password a URL carries (in its user part or as ?password=), if any."""
+    parts = urlsplit(url)
+    auth, at, _ = parts.netloc.rpartition("@")
+    if at and ":" in auth:
+        return auth.split(":", 1)[1]
+    found = parse_qs(parts.query).get("password")
+    return found[0] if found else None
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` carrying `password` (percent-encoded), keeping its user name if it has one."""
+    parts = urlsplit(url)
+    auth, at, hosts = parts.netloc.rpartition("@")
+    user = auth.split(":", 1)[0] if at else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{hosts}"))
+
+
+def read_password_file(path: str) -> str:
+    """The password in `path`: its first line, without the line end.
+
+    Raises:
+        UsageError: the file cannot be read, or holds no password.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError(
+            f"--redis-password-file: cannot read {path}: {reason}; give a file that holds the "
+            "password on its first line"
+        ) from None
+    password = text.splitlines()[0] if text else ""
+    if not password:
+        raise UsageError(f"--redis-password-file: {path} is empty; write the password in it")
+    return password

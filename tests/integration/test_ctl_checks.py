@@ -1,0 +1,263 @@
+"""nodeagentctl checks every argument before it writes: a bad one exits 2 with a message that
+names it, and Redis is left exactly as it was. Against a real redis-server and real agents."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster
+from tests.helpers.fingerprint import fingerprint
+
+DB = 11  # this module's own database of the session's redis-server: every key in it is ours
+EX_USAGE = 2
+
+
+def ctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k != "NODEAGENT_REDIS_PASSWORD"}
+    return subprocess.run(
+        [sys.executable, "-m", "nodeagent.cli.ctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**environ, **(env or {})},
+    )
+
+
+@pytest.fixture(scope="module")
+def db_url(redis_server: RedisServer) -> Iterator[str]:
+    url = f"redis://127.0.0.1:{redis_server.port}/{DB}"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def db(db_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(db_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Nodes a and b running job `checks`; nobody else writes to this database."""
+    with local_cluster(
+        db_url, tmp_path_factory.mktemp("checks"), job="checks", max_nodes=2
+    ) as running:
+        running.start("a", "b")
+        running.wait_running(2, timeout=60)
+        yield running
+
+
+def where(cluster: LocalCluster) -> list[str]:
+    return ["--redis", cluster.redis_url, "--job", cluster.job]
+
+
+# (id, arguments after --redis URL --job checks, the message's fragments)
+BAD_REQUESTS = [
+    ("drain-unknown-wait", ["drain", "ghost", "--wait", "--timeout", "5s"], ["'ghost'", "not in"]),
+    ("drain-unknown", ["drain", "ghost"], ["'ghost'", "known nodes: a, b"]),
+    ("cordon-unknown", ["cordon", "ghost"], ["'ghost'", "known nodes: a, b"]),
+    ("uncordon-unknown", ["uncordon", "ghost"], ["'ghost'", "known nodes: a, b"]),
+    ("cordon-empty", ["cordon", ""], ["argument node", "'' must be 1-63 letters"]),
+    ("uncordon-empty", ["uncordon", ""], ["argument node", "'' must be 1-63 letters"]),
+    ("drain-empty", ["drain", "", "--wait"], ["argument node", "'' must be 1-63 letters"]),
+    ("cordon-braces", ["cordon", "a}"], ["argument node", "must be 1-63 letters"]),
+    ("health-unknown", ["health", "--node", "ghost"], ["ghost", "not in job"]),
+    (
+        "drain-timeout-abc",
+        ["drain", "a", "--wait", "--timeout", "abc"],
+        ["argument --timeout", "abc"],
+    ),
+    (
+        "drain-timeout-negative",
+        ["drain", "a", "--wait", "--timeout=-5s"],
+        ["argument --timeout", "-5s"],
+    ),
+    (
+        "scale-timeout-abc",
+        ["scale", "2", "--wait", "--timeout", "abc"],
+        ["argument --timeout", "abc"],
+    ),
+    ("scale-timeout-abc-nowait", ["scale", "1", "--timeout", "abc"], ["argument --timeout", "abc"]),
+    ("scale-fraction", ["scale", "2.9"], ["argument nodes", "invalid int value: '2.9'"]),
+    ("scale-above-max", ["scale", "9"], ["[min_nodes, max_nodes] = [1, 2]"]),
+    ("scale-zero", ["scale", "0"], ["[min_nodes, max_nodes] = [1, 2]"]),
+    ("events-last-negative", ["events", "--last", "-5"], ["--last", "whole number >= 0"]),
+    ("events-last-abc", ["events", "--last", "abc"], ["--last", "whole number >= 0"]),
+    ("events-last-fraction", ["events", "--last", "2.5"], ["--last", "whole number >= 0"]),
+    ("stop-unknown-job", ["--job", "typo", "stop"], ["job 'typo' does not exist", "--job"]),
+    ("restart-unknown-job", ["--job", "typo", "restart"], ["job 'typo' does not exist"]),
+    ("scale-unknown-job", ["--job", "typo", "scale", "1"], ["job 'typo' does not exist"]),
+    ("cordon-unknown-job", ["--job", "typo", "cordon", "a"], ["job 'typo' does not exist"]),
+    ("drain-unknown-job", ["--job", "typo", "drain", "a", "--wait"], ["'typo' does not exist"]),
+    ("uncordon-unknown-job", ["--job", "typo", "uncordon", "a"], ["'typo' does not exist"]),
+    ("stop-other-prefix", ["--key-prefix", "other", "stop"], ["prefix 'other'", "--key-prefix"]),
+    ("job-empty", ["--job", "", "stop"], ["argument --job", "'' must be 1-63 letters"]),
+    ("job-space", ["--job", "a b", "stop"], ["argument --job", "'a b' must be 1-63 letters"]),
+    (
+        "prefix-braces",
+        ["--key-prefix", "x{y}", "stop"],
+        ["argument --key-prefix", "must be 1-63 letters"],
+    ),
+    (
+        "password-file-missing",
+        ["--redis-password-file", "/nonexistent/pw", "stop"],
+        [
+            "--redis-password-file",
+            "cannot read /nonexistent/pw",
+        ],
+    ),
+    (
+        "password-file-empty-name",
+        ["--redis-password-file", "", "stop"],
+        [
+            "--redis-password-file",
+            "cannot read",
+        ],
+    ),
+]
+
+# (id, --redis value, the message's fragments); the job and command are valid
+BAD_URLS = [
+    ("http", "http://127.0.0.1:6379/0", ["--redis", "must start with one of redis://"]),
+    ("no-scheme", "127.0.0.1:6379", ["--redis", "must start with one of"]),
+    ("port-abc", "redis://127.0.0.1:abc/0", ["--redis", "port", "1 to 65535"]),
+    ("port-too-big", "redis://127.0.0.1:99999/0", ["--redis", "port", "1 to 65535"]),
+    ("port-zero", "redis://127.0.0.1:0/0", ["--redis", "port", "not 0"]),
+    ("no-host", "redis:///0", ["--redis", "names no host"]),
+    ("db-abc", "redis://127.0.0.1:6379/abc", ["--redis", "database must be a number"]),
+    ("db-query", "redis://127.0.0.1:6379?db=x", ["--redis", "database must be a number"]),
+    ("sentinel-no-service", "redis+sentinel://127.0.0.1:26379", ["--redis", "names its service"]),
+    ("sentinel-bad-port", "redis+sentinel://h:x/mymaster", ["--redis", "bad sentinel address"]),
+    ("sentinel-db-abc", "redis+sentinel://h:26379/m/abc", ["--redis", "database must be a"]),
+    ("unix-no-path", "unix://", ["--redis", "names its socket"]),
+    ("empty", "", ["--redis", "empty"]),
+    ("bad-query", "redis://127.0.0.1:6379/0?socket_timeout=soon", ["--redis", "socket_timeout"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"), [c[1:] for c in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS]
+)
+def test_a_bad_request_exits_2_and_writes_nothing(
+    cluster: LocalCluster, db: redis.Redis, args: list[str], fragments: list[str]
+) -> None:
+    before = fingerprint(db)
+    result = ctl(*where(cluster), *args)
+    assert (result.returncode, result.stdout) == (EX_USAGE, ""), result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+    assert fingerprint(db) == before
+
+
+@pytest.mark.parametrize(
+    ("url", "fragments"), [c[1:] for c in BAD_URLS], ids=[c[0] for c in BAD_URLS]
+)
+def test_a_bad_url_exits_2_without_a_traceback(
+    cluster: LocalCluster, db: redis.Redis, url: str, fragments: list[str]
+) -> None:
+    before = fingerprint(db)
+    result = ctl("--redis", url, "--job", cluster.job, "stop")
+    assert result.returncode == EX_USAGE, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+    assert fingerprint(db) == before
+
+
+def test_a_password_in_the_url_and_a_file_is_refused(
+    cluster: LocalCluster, db: redis.Redis, tmp_path: Path
+) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("hunter2\n")
+    url = cluster.redis_url.replace("redis://", "redis://:hunter2@")
+    before = fingerprint(db)
+    result = ctl("--redis", url, "--redis-password-file", str(secret), "--job", cluster.job, "stop")
+    assert result.returncode == EX_USAGE and "given twice" in result.stderr
+    assert "hunter2" not in result.stderr
+    assert fingerprint(db) == before
+
+
+def test_a_bad_redis_url_in_the_config_is_a_config_error(
+    cluster: LocalCluster, db: redis.Redis, tmp_path: Path
+) -> None:
+    path = cluster.config_path("a")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(path.read_text().replace(cluster.redis_url, "redis://127.0.0.1:6379/abc"))
+    before = fingerprint(db)
+    result = ctl("--config", str(bad), "stop")
+    if result.returncode == 78:  # read_config itself may reject it
+        assert "redis.url" in result.stderr
+    else:
+        assert result.returncode == EX_USAGE and "redis.url" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert fingerprint(db) == before
+
+
+def test_uncordon_of_a_node_that_is_not_cordoned_writes_nothing(
+    cluster: LocalCluster, db: redis.Redis
+) -> None:
+    before = fingerprint(db)
+    result = ctl(*where(cluster), "uncordon", "b")
+    assert result.returncode == 0 and "was not cordoned" in result.stdout
+    assert fingerprint(db) == before
+
+
+def test_events_print_entries_as_they_are(db_url: str, db: redis.Redis) -> None:
+    """An event whose `data` is not an object, or an entry that is no event at all, is printed
+    with what it holds (as a decoded event, or as a corrupt_event with the entry as `raw`)."""
+    stream = "nodeagent:{odd-events}:events"
+    stored: list[Any] = [
+        {"type": "t", "message": "m", "data": data} for data in ([1, 2], "text", 7, None)
+    ]
+    stored += [{"type": "fine", "message": "m", "data": {"k": "v"}}, "not json {", [1]]
+    for document in stored:
+        text = document if isinstance(document, str) else json.dumps(document)
+        db.xadd(stream, {"event": text})
+    db.xadd(stream, {"event": json.dumps({"type": "far"})}, id="99999999999999999-0")
+    result = ctl("--redis", db_url, "--job", "odd-events", "events", "--json", "--last", "20")
+    assert result.returncode == 0, result.stderr
+    printed = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(printed) == len(stored) + 1
+    for document, shown in zip(stored, printed, strict=False):
+        if shown["type"] == "corrupt_event":
+            assert shown["raw"] == document and shown["message"]
+        else:
+            assert shown["data"] == (document["data"] or {})
+    assert printed[4]["type"] == "fine" and printed[4]["data"] == {"k": "v"}
+    assert printed[5]["type"] == printed[6]["type"] == "corrupt_event"
+    assert printed[-1]["type"] == "far"
+    table = ctl("--redis", db_url, "--job", "odd-events", "events")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert len(lines) == len(stored) + 1 and "not json {" in lines[5]
+    assert lines[-1].startswith("99999999999999999-0 gen=- far")
+
+
+def test_the_commands_still_work_on_known_nodes(cluster: LocalCluster, db: redis.Redis) -> None:
+    """Runs last in this module: it changes the job."""
+    cordon = ctl(*where(cluster), "cordon", "a", "--reason", "test")
+    assert cordon.returncode == 0 and "node a: cordoned (test)" in cordon.stdout
+    assert "a" in db.hgetall(f"nodeagent:{{{cluster.job}}}:cordons")
+    uncordon = ctl(*where(cluster), "uncordon", "a")
+    assert uncordon.returncode == 0 and "node a: uncordoned" in uncordon.stdout
+    assert "a" not in db.hgetall(f"nodeagent:{{{cluster.job}}}:cordons")
+    generation = cluster.status()["generation"]
+    drain = ctl(*where(cluster), "drain", "b", "--wait", "--timeout", "60s")
+    assert drain.returncode == 0, drain.stderr
+    assert "node b: workers stopped, out of the job" in drain.stdout
+    doc = cluster.wait_running(1, timeout=60, after_generation=generation)
+    assert [n["name"] for n in doc["nodes"] if n["group_rank"] is not None] == ["a"]
