@@ -247,6 +247,22 @@ def test_events_print_entries_as_they_are(db_url: str, db: redis.Redis) -> None:
     assert lines[-1].startswith("99999999999999999-0 gen=- far")
 
 
+def test_a_key_of_the_wrong_type_is_not_called_unreachable(db_url: str, db: redis.Redis) -> None:
+    """A job whose leases key is a string: Redis answers WRONGTYPE, it is not unreachable."""
+    db.set("nodeagent:{wrong-type}:leases", "garbage")
+    before = fingerprint(db)
+    for command in (["status"], ["stop"], ["cordon", "a"]):
+        result = ctl("--redis", db_url, "--job", "wrong-type", *command)
+        assert "cannot reach Redis" not in result.stderr and "Traceback" not in result.stderr
+        if command == ["status"] and result.returncode == 0:
+            continue  # a store that reads around the garbage may show the status
+        assert result.returncode in (EX_USAGE, 69), result.stderr
+        if result.returncode == 69:
+            assert "Redis answered with an error" in result.stderr
+            assert "WRONGTYPE" in result.stderr
+    assert fingerprint(db) == before
+
+
 def test_the_commands_still_work_on_known_nodes(cluster: LocalCluster, db: redis.Redis) -> None:
     """Runs last in this module: it changes the job."""
     cordon = ctl(*where(cluster), "cordon", "a", "--reason", "test")
