@@ -15,7 +15,8 @@ Exit codes:
       command: a fix in configuration, not a retry, helps
 
 The password: `--redis-password-file PATH` (its first line), else the one in the URL, else the
-environment variable NODEAGENT_REDIS_PASSWORD. The file and the variable keep it out of `ps`.
+environment variable NODEAGENT_REDIS_PASSWORD (a file and a URL password together are an
+error). The file and the variable keep it out of `ps`; an ACL user name goes in the URL.
 """
 
 from __future__ import annotations
