@@ -2,6 +2,9 @@
 
 Exit codes: 0 after a clean shutdown, 78 (EX_CONFIG) for a configuration error (systemd's
 RestartPreventExitStatus=78 keeps it from restart-looping), 1 for anything unexpected.
+`config check` and `run` check the same things (nodeagent.preflight), so a config that passes
+the check does not fail at start-up on this node; `run` also exits 78 when Redis refuses the
+credentials.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from types import FrameType
 
 from nodeagent import __version__, logs
 from nodeagent.agent import Agent
-from nodeagent.config import DEFAULT_STATE_DIR, EMBEDDED, EX_CONFIG, Config, read_config
-from nodeagent.coord.client import connect
+from nodeagent.config import EMBEDDED, EX_CONFIG, Config, read_config
+from nodeagent.coord.client import check_credentials, connect
 from nodeagent.coord.embedded import EmbeddedRedis
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.listener import StreamListener
@@ -30,8 +33,10 @@ from nodeagent.fencing import Keeper, group_alive, kill_leftovers
 from nodeagent.health import NodeHealth, build_monitor, start_monitor
 from nodeagent.logs import LogContext, WorkerEcho
 from nodeagent.metrics import AgentMetrics, MetricsServer
+from nodeagent.preflight import NodeCheck, check_node
 from nodeagent.preload import Spawner
 from nodeagent.sdnotify import Notifier
+from nodeagent.signalwatch import SignalWatch
 from nodeagent.supervisor import Supervisor
 from nodeagent.wakeup import Waker
 
@@ -52,8 +57,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     config = commands.add_parser("config", help="configuration tools")
     config_commands = config.add_subparsers(dest="config_command", required=True)
-    check = config_commands.add_parser("check", help="validate a config file; exit 0 or 78")
+    check = config_commands.add_parser(
+        "check",
+        help="validate a config file and this node's part of it (directories, the entrypoint's "
+        "program, the metrics address); exit 0 or 78",
+    )
     check.add_argument("path")
+    check.add_argument(
+        "--syntax-only",
+        action="store_true",
+        help="only the file and its values, not this node (for a config written for others)",
+    )
     return parser
 
 
@@ -65,39 +79,36 @@ def _load(path: str) -> Config | None:
         return None
 
 
-def run_agent(config: Config, context: LogContext) -> int:
+def run_agent(config: Config, context: LogContext, node: NodeCheck) -> int:
+    """Run until stopped. `node`: what check_node(config, create=True) found.
+
+    Raises:
+        ConfigError: the embedded Redis cannot start, or Redis refused the credentials.
+    """
+    record = _worker_record(config, node)
     if config.redis.url != EMBEDDED:
-        return _run(config, context)
-    embedded = EmbeddedRedis(config.job.id)
+        return _run(config, context, record)
+    embedded = EmbeddedRedis(config.job.id, base=_runtime_directory())
     embedded.start()
     logging.getLogger(__name__).info("embedded redis-server at %s", embedded.url)
     try:
-        return _run(replace(config, redis=replace(config.redis, url=embedded.url)), context)
+        return _run(replace(config, redis=replace(config.redis, url=embedded.url)), context, record)
     finally:
         embedded.stop()
 
 
-def _worker_record(config: Config) -> Path | None:
-    """Where this node's worker process groups are recorded (fencing.Keeper), None if nowhere.
+def _runtime_directory() -> Path | None:
+    """The service's runtime directory, when systemd made one (RuntimeDirectory=)."""
+    value = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    return Path(value) if value else None
 
-    Raises:
-        ConfigError: naming state_dir, when a state_dir set in the config cannot be written.
-    """
-    directory = Path(config.state_dir or DEFAULT_STATE_DIR)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        if not os.access(directory, os.W_OK):
-            raise PermissionError(f"{directory} is not writable")
-    except OSError as exc:
-        if config.state_dir is not None:
-            raise ConfigError("state_dir", f"cannot use {directory}: {exc}") from exc
-        logging.getLogger(__name__).warning(
-            "no state directory (%s): a restarted agent cannot find workers a crashed one left; "
-            "set state_dir to a writable directory",
-            exc,
-        )
+
+def _worker_record(config: Config, node: NodeCheck) -> Path | None:
+    """Where this node's worker process groups are recorded (fencing.Keeper), None if nowhere
+    (the default state directory cannot be written: check_node warned about it)."""
+    if node.state_dir is None:
         return None
-    return directory / f"{config.node.name}.workers.json"
+    return node.state_dir / f"{config.node.name}.workers.json"
 
 
 def _clean_leftovers(record: Path | None) -> None:
@@ -115,8 +126,7 @@ def _clean_leftovers(record: Path | None) -> None:
         time.sleep(0.01)
 
 
-def _run(config: Config, context: LogContext) -> int:
-    record = _worker_record(config)
+def _run(config: Config, context: LogContext, record: Path | None) -> int:
     _clean_leftovers(record)
     keeper = Keeper(record)
     keeper.start()
@@ -130,7 +140,9 @@ def _run_agent(config: Config, context: LogContext, keeper: Keeper) -> int:
     timing = config.timing
     timeout = max(0.2, min(2.0, timing.lease_ttl / 4))
     keys = JobKeys(config.redis.key_prefix, config.job.id)
-    store = JobStore(connect(config.redis.url, timeout, f"nodeagent-{config.node.name}"), keys)
+    client = connect(config.redis.url, timeout, f"nodeagent-{config.node.name}")
+    check_credentials(client)  # ConfigError (exit 78) when refused; unreachable: retried later
+    store = JobStore(client, keys)
     listen_client = connect(config.redis.url, LISTEN_BLOCK_MS / 1000 + timeout)
     waker = Waker()
     supervisor = Supervisor(
@@ -183,27 +195,54 @@ def _run_agent(config: Config, context: LogContext, keeper: Keeper) -> int:
     return 0
 
 
+def _check(config: Config, *, create: bool) -> NodeCheck | None:
+    try:
+        return check_node(config, os.environ, create=create)
+    except ConfigError as exc:
+        print(f"nodeagent: invalid configuration: {exc}", file=sys.stderr)
+        return None
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    config = _load(args.path)
+    if config is None:
+        return EX_CONFIG
+    if not args.syntax_only:
+        node = _check(config, create=False)
+        if node is None:
+            return EX_CONFIG
+        for warning in node.warnings:
+            print(f"nodeagent: warning: {warning}", file=sys.stderr)
+    print(
+        f"{args.path}: OK (job {config.job.id}, node {config.node.name}, "
+        f"{config.job.min_nodes}-{config.job.max_nodes} nodes x {config.job.nproc_per_node})"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "config":
-        config = _load(args.path)
-        if config is None:
-            return EX_CONFIG
-        print(
-            f"{args.path}: OK (job {config.job.id}, node {config.node.name}, "
-            f"{config.job.min_nodes}-{config.job.max_nodes} nodes x {config.job.nproc_per_node})"
-        )
-        return 0
+        return _config_check(args)
     config = _load(args.config)
     if config is None:
         return EX_CONFIG
     context = LogContext(config.node.name, config.job.id)
     logs.configure(config.logging.format, args.log_level or config.logging.level, context)
+    node = _check(config, create=True)  # before anything starts, as `config check` does
+    if node is None:
+        return EX_CONFIG
+    for warning in node.warnings:
+        logging.getLogger(__name__).warning("%s", warning)
+    watch = SignalWatch()  # SIGHUP: logged and ignored; SIGUSR1: the agent's stacks
+    watch.install()
     try:
-        return run_agent(config, context)
-    except ConfigError as exc:  # e.g. an embedded Redis that cannot start
+        return run_agent(config, context, node)
+    except ConfigError as exc:  # an embedded Redis that cannot start, refused credentials
         print(f"nodeagent: {exc}", file=sys.stderr)
         return EX_CONFIG
+    finally:
+        watch.close()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, AuthenticationWrongNumberOfArgsError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -67,6 +68,30 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
         tls=parts.scheme.startswith("rediss"),
         ca_certs=next(iter(parse_qs(parts.query).get("ssl_ca_certs", [])), None),
     )
+
+
+REFUSED_PREFIXES = ("WRONGPASS", "NOAUTH")
+
+
+def check_credentials(client: Redis) -> None:
+    """One PING with the configured credentials, at start-up.
+
+    A Redis that cannot be reached is no error here (the agent keeps retrying, as it does
+    later); a Redis that refuses the user or password will refuse it for ever, so that is a
+    configuration error rather than a retry loop that leaves systemd's unit "activating".
+
+    Raises:
+        ConfigError: naming redis.url, when Redis refused the credentials.
+    """
+    try:
+        client.ping()
+    except (AuthenticationError, AuthenticationWrongNumberOfArgsError) as exc:
+        raise ConfigError("redis.url", f"Redis refused the credentials: {exc}") from None
+    except redis.ResponseError as exc:
+        if str(exc).startswith(REFUSED_PREFIXES):
+            raise ConfigError("redis.url", f"Redis refused the credentials: {exc}") from None
+    except redis.RedisError:
+        pass  # unreachable (or busy) now: the agent retries
 
 
 def connect(url: str, timeout_s: float, client_name: str = "nodeagent") -> Redis:

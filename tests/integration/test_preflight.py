@@ -1,0 +1,149 @@
+"""nodeagent.preflight against this machine's real file system, PATH and addresses."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent import preflight
+from nodeagent.config import Config, Resolver, load_config
+from nodeagent.errors import ConfigError
+
+BASE: dict[str, Any] = {
+    "node": {"name": "n1", "address": "127.0.0.1"},
+    "redis": {"url": "redis://127.0.0.1:6379/0"},
+    "job": {"id": "pf", "entrypoint": [sys.executable, "-c", "pass"]},
+    "metrics": {"listen": "127.0.0.1:0"},
+}
+
+
+def config_with(tmp_path: Path, **changes: object) -> Config:
+    data = copy.deepcopy(BASE)
+    data["log_dir"] = str(tmp_path / "logs")
+    data["state_dir"] = str(tmp_path / "state")
+    for path, value in changes.items():
+        *parents, last = path.split("__")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return load_config(data, Resolver())
+
+
+def make_tree(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "train.py").write_text("pass\n")
+    (tmp_path / "work" / "run.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "work" / "run.sh").chmod(0o755)
+    (tmp_path / "work" / "data.txt").write_text("not a program\n")
+    (tmp_path / "work" / "data.txt").chmod(0o644)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "mytrainer").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "mytrainer").chmod(0o755)
+
+
+def t(path: str) -> str:
+    return "TMP/" + path
+
+
+BAD = [
+    ("log_dir", t("a-file"), "log_dir", "is not a directory"),
+    ("log_dir", t("a-file/logs"), "log_dir", "is not a directory"),
+    ("state_dir", t("a-file"), "state_dir", "is not a directory"),
+    ("state_dir", t("a-file/deeper/state"), "state_dir", "is not a directory"),
+    ("job__working_dir", t("missing"), "job.working_dir", "does not exist on this node"),
+    ("job__working_dir", t("a-file"), "job.working_dir", "is not a directory"),
+    ("job__entrypoint", ["no-such-program-x7"], "job.entrypoint", "not found on this node"),
+    ("job__entrypoint", [t("bin/missing")], "job.entrypoint", "not found on this node"),
+    ("job__entrypoint", [t("work/data.txt")], "job.entrypoint", "is not executable"),
+    ("job__entrypoint", [t("work")], "job.entrypoint", "not found on this node"),
+    ("job__entrypoint", ["mytrainer"], "job.entrypoint", "not found on this node"),
+    ("job__entrypoint", [sys.executable, "nope.py"], "job.entrypoint", "script nope.py not found"),
+    ("job__entrypoint", ["./run.sh"], "job.entrypoint", "not found"),  # relative to the cwd
+    ("metrics__listen", "no-such-host.invalid:9400", "metrics.listen", "cannot resolve"),
+    ("metrics__listen", "192.0.2.1:9400", "metrics.listen", "cannot listen on 192.0.2.1"),
+    ("metrics__listen", "[::1]:9400", "metrics.listen", "cannot resolve"),  # IPv4 server
+]
+
+
+def resolve(value: object, tmp_path: Path) -> object:
+    if isinstance(value, str):
+        return value.replace("TMP/", f"{tmp_path}/")
+    if isinstance(value, list):
+        return [resolve(v, tmp_path) for v in value]
+    if isinstance(value, dict):
+        return {k: resolve(v, tmp_path) for k, v in value.items()}
+    return value
+
+
+@pytest.mark.parametrize("create", [False, True], ids=["check", "run"])
+@pytest.mark.parametrize(("path", "value", "key", "words"), BAD)
+def test_what_cannot_work_on_this_node_names_its_key(
+    tmp_path: Path, path: str, value: object, key: str, words: str, create: bool
+) -> None:
+    make_tree(tmp_path)
+    config = config_with(tmp_path, **{path: resolve(value, tmp_path)})
+    with pytest.raises(ConfigError) as err:
+        preflight.check_node(config, {"PATH": "/usr/bin:/bin"}, create=create, cwd=tmp_path)
+    assert err.value.key == key
+    assert words in str(err.value)
+
+
+GOOD = [
+    ("job__working_dir", t("work")),
+    ("job__entrypoint", [sys.executable, "train.py"]),  # found in working_dir below
+    ("job__entrypoint", ["./run.sh"]),  # relative to working_dir, as exec does with cwd
+    ("job__entrypoint", [sys.executable, "-m", "not.checked"]),
+    ("job__entrypoint", ["sh", "-c", "true"]),  # found in PATH
+    ("job__env", {"PATH": t("bin")}),  # the workers' PATH finds mytrainer
+    ("metrics__listen", "off"),
+    ("metrics__listen", ":0"),
+    ("metrics__listen", "localhost:9400"),  # another process may hold the port: not checked
+]
+
+
+@pytest.mark.parametrize("create", [False, True], ids=["check", "run"])
+@pytest.mark.parametrize(("path", "value"), GOOD)
+def test_what_works_on_this_node_passes(
+    tmp_path: Path, path: str, value: object, create: bool
+) -> None:
+    make_tree(tmp_path)
+    changes: dict[str, object] = {"job__working_dir": str(tmp_path / "work")}
+    changes[path] = resolve(value, tmp_path)
+    if path == "job__env":
+        changes["job__entrypoint"] = ["mytrainer"]
+    config = config_with(tmp_path, **changes)
+    node = preflight.check_node(config, {"PATH": "/usr/bin:/bin"}, create=create, cwd=tmp_path)
+    assert node.state_dir == tmp_path / "state" and node.warnings == ()
+
+
+def test_check_leaves_directories_alone_and_run_creates_them(tmp_path: Path) -> None:
+    config = config_with(
+        tmp_path, log_dir=str(tmp_path / "a" / "logs"), state_dir=str(tmp_path / "b" / "state")
+    )
+    preflight.check_node(config, os.environ, create=False)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    node = preflight.check_node(config, os.environ, create=True)
+    assert (tmp_path / "a" / "logs").is_dir() and node.state_dir == tmp_path / "b" / "state"
+    assert node.state_dir.is_dir()
+
+
+def test_a_default_state_dir_that_cannot_be_used_is_only_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setattr(preflight, "DEFAULT_STATE_DIR", str(tmp_path / "a-file" / "state"))
+    data = copy.deepcopy(BASE)
+    data["log_dir"] = str(tmp_path / "logs")
+    config = load_config(data, Resolver())
+    assert config.state_dir is None
+    for create in (False, True):
+        node = preflight.check_node(config, os.environ, create=create)
+        assert node.state_dir is None
+        assert len(node.warnings) == 1 and "set state_dir" in node.warnings[0]
