@@ -18,10 +18,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, AuthenticationWrongNumberOfArgsError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.errors import ConfigError
 
 Redis = redis.Redis
@@ -85,13 +85,13 @@ def check_credentials(client: Redis) -> None:
     """
     try:
         client.ping()
-    except (AuthenticationError, AuthenticationWrongNumberOfArgsError) as exc:
-        raise ConfigError("redis.url", f"Redis refused the credentials: {exc}") from None
-    except redis.ResponseError as exc:
-        if str(exc).startswith(REFUSED_PREFIXES):
+    except redis.RedisError as exc:
+        refused = classify(exc) is RedisFailure.CREDENTIALS or (
+            isinstance(exc, redis.ResponseError) and str(exc).startswith(REFUSED_PREFIXES)
+        )
+        if refused:
             raise ConfigError("redis.url", f"Redis refused the credentials: {exc}") from None
-    except redis.RedisError:
-        pass  # unreachable (or busy) now: the agent retries
+        # unreachable (or busy) now: the agent retries
 
 
 def connect(url: str, timeout_s: float, client_name: str = "nodeagent") -> Redis:
