@@ -189,6 +189,7 @@ def run(
                     time.sleep(0.1)
                 if found is None:
                     record["recovered"] = False
+                    record["diagnostics"] = job.cluster.diagnostics().splitlines()
                     print(f"{record['at']:7.1f}s {kind}: NOT recovered", flush=True)
                     records.append(record)
                     break
