@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,7 +195,9 @@ def shared_dir() -> Iterator[Path]:
 def main_as(uid: int, args: list[str], stderr: Path) -> int:
     """`nodeagent ARGS` in a forked child that has become `uid` (this Python's files may be
     unreadable to that user, so it cannot exec a fresh interpreter); its exit code."""
-    pid = os.fork()
+    with warnings.catch_warnings():  # Python 3.12 warns of fork() with threads; the child
+        warnings.simplefilter("ignore", DeprecationWarning)  # only calls main() and exits
+        pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         code = 99
         try:
