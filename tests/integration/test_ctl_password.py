@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from nodeagent.coord.keys import JobKeys
-from tests.helpers.cluster import free_port, wait_for
+from tests.helpers.cluster import free_port, local_cluster, wait_for
 from tests.helpers.fingerprint import fingerprint
 
 PASSWORD = "s3cret pass/word@1"  # a space, a slash and an @: it must survive URL encoding
@@ -45,8 +45,9 @@ class Secured:
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
-    """A redis-server that wants PASSWORD, a job with one lease (so it exists), and a user
-    `viewer` (password `viewpw`) that may read everything and write nothing."""
+    """A redis-server that wants PASSWORD, a real agent n1 running job JOB through it (its
+    config carries the password in the URL), and a user `viewer` (password `viewpw`) that may
+    read everything and write nothing."""
     binary = shutil.which("redis-server")
     assert binary is not None, "redis-server is not installed (apt-get install redis-server)"
     directory = tmp_path_factory.mktemp("secured")
@@ -70,8 +71,11 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         admin.acl_setuser(
             "viewer", enabled=True, passwords=["+viewpw"], keys=["*"], commands=["+@all", "-@write"]
         )
-        admin.zadd(KEYS.leases, {"n1": 2**52})  # a lease far in the future: n1 is known
-        yield Secured(port, admin, directory)
+        url = f"redis://:{quoted(PASSWORD)}@127.0.0.1:{port}/0"
+        with local_cluster(url, directory / "job", job=JOB, max_nodes=1) as cluster:
+            cluster.start("n1")
+            cluster.wait_running(1, timeout=60)
+            yield Secured(port, admin, directory)
     finally:
         admin.close()
         proc.terminate()
