@@ -165,7 +165,17 @@ def run(
     with network() as net:
         server = RedisInHub(net, directory)
         server.start()
-        job = ChaosJob(net, directory, server.url, server.control_url, lease, hang_timeout_s=5.0)
+        # Worker kills and hangs are charged to max_restarts, as they should be: the soak's job
+        # has budget for all of them.
+        job = ChaosJob(
+            net,
+            directory,
+            server.url,
+            server.control_url,
+            lease,
+            hang_timeout_s=5.0,
+            max_restarts=10_000,
+        )
         soak = Soak(job, server, rng)
         try:
             gen = job.start()

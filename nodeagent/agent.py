@@ -209,15 +209,15 @@ class Agent:
             self._lead(snapshot)
 
     def _call(self, fn: Callable[[], T], what: str) -> T:
-        """A Redis call that returns (or fails) before the loop has anything more urgent to do:
-        the fence point while this node's workers run on its lease, a pending SIGKILL."""
+        """A Redis call that returns (or fails) by the fence point while this node's workers run
+        on its lease, and within half a lease otherwise. (A pending SIGKILL at the end of a
+        stop's grace may wait for the call: a late one delays a re-form, never safety, which
+        the fence point and the keeper hold.)"""
         now = self._clock()
         timing = self.config.timing
         deadline = now + timing.lease_ttl * FENCE_AT
         if self._last_ok_send is not None and self._fenced_generation is None:
             deadline = min(deadline, self._last_ok_send + timing.lease_ttl * FENCE_AT)
-        if (stop := self._workers.next_deadline()) is not None:
-            deadline = min(deadline, stop)
         return self._calls.run(fn, deadline, what)
 
     def _guard(self) -> None:

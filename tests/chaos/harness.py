@@ -212,6 +212,7 @@ class ChaosJob:
         control_url: str,
         lease_s: float,
         hang_timeout_s: float = 0.0,
+        max_restarts: int = 3,
     ):
         self.net, self.directory, self.lease_s = net, directory, lease_s
         self.probes = directory / "probes"
@@ -225,6 +226,7 @@ class ChaosJob:
             job="chaos",
             max_nodes=3,
             entrypoint=[sys.executable, str(PROBE)],
+            max_restarts=max_restarts,
             job_options={
                 "env": {"PROBE_DIR": str(self.probes), "PROBE_BEAT": "1" if hang_timeout_s else "0"}
             },

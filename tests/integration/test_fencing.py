@@ -264,3 +264,4 @@ def test_dead_keeper_is_restarted_and_the_job_keeps_running(
         time.sleep(1.0)
         assert cluster.status()["generation"] == gen  # nothing re-formed
         assert "fence keeper exited" in cluster.agents["b"].log()
+
