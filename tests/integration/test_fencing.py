@@ -264,4 +264,3 @@ def test_dead_keeper_is_restarted_and_the_job_keeps_running(
         time.sleep(1.0)
         assert cluster.status()["generation"] == gen  # nothing re-formed
         assert "fence keeper exited" in cluster.agents["b"].log()
-
