@@ -4,6 +4,8 @@ for bad configs and refused credentials, and signals that must not kill the agen
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import os
 import shutil
 import signal
@@ -21,6 +23,7 @@ import redis
 import yaml
 
 from nodeagent.cli.daemon import main
+from nodeagent.signalwatch import SignalWatch
 from tests.helpers.cluster import RedisServer, free_port, local_cluster, wait_for
 
 EX_CONFIG = 78
@@ -362,3 +365,25 @@ def test_sighup_and_sigusr1_never_kill_the_agent(
         assert after["generation"] == before["generation"] and after["state"] == "running"
         agent.proc.send_signal(signal.SIGTERM)
         assert agent.proc.wait(30) == 0
+
+
+def test_sigusr1_logs_the_stacks_where_stderr_has_no_descriptor(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """faulthandler needs a file descriptor; without one the stacks go through logging."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGUSR1)}
+    watch = SignalWatch(stream=io.StringIO())
+    watch.install()
+    try:
+        with caplog.at_level(logging.WARNING, logger="nodeagent.signalwatch"):
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+            def dumped() -> str | None:
+                found = [r.getMessage() for r in caplog.records if "SIGUSR1" in r.getMessage()]
+                return found[0] if found else None
+
+            message = wait_for(dumped, 10, "the stacks in the log")
+    finally:
+        watch.close()
+    assert "the agent's threads" in message and "test_sigusr1_logs_the_stacks" in message
+    assert {sig: signal.getsignal(sig) for sig in before} == before  # handlers restored
