@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -24,6 +25,28 @@ def installed_unit(tmp_path: Path, extra: str = "") -> Path:
     return path
 
 
+EXPOSURE_LIMIT = 5.0  # issue 12: the unit was 8.4 "EXPOSED" before its hardening
+EXPOSURE_RE = re.compile(r"Overall exposure level for \S+: (\d+(?:\.\d+)?) ")
+
+
+def exposure(path: Path) -> float:
+    """What `systemd-analyze security --offline=yes` rates the unit (lower is better)."""
+    binary = shutil.which("systemd-analyze")
+    if binary is None:
+        pytest.skip("systemd-analyze is missing (Debian: apt-get install systemd)")
+    result = subprocess.run(
+        [binary, "security", "--offline=yes", "--no-pager", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    found = EXPOSURE_RE.search(result.stdout)
+    if found is None and "--offline" in result.stderr:
+        pytest.skip(f"this systemd-analyze cannot rate a unit file offline: {result.stderr}")
+    assert found is not None, result.stdout[-2000:] + result.stderr
+    return float(found.group(1))
+
+
 def verify(path: Path) -> subprocess.CompletedProcess[str]:
     binary = shutil.which("systemd-analyze")
     if binary is None:
@@ -42,6 +65,20 @@ def test_unit_verifies_without_a_word(tmp_path: Path) -> None:
 def test_the_check_catches_mistakes(tmp_path: Path) -> None:
     result = verify(installed_unit(tmp_path, "\n[Service]\nRestartt=always\n"))
     assert result.stderr != ""
+
+
+def test_security_exposure_is_at_most_5(tmp_path: Path) -> None:
+    assert exposure(installed_unit(tmp_path)) <= EXPOSURE_LIMIT
+
+
+def test_the_exposure_check_can_fail(tmp_path: Path) -> None:
+    """The same unit without its hardening section rates above the limit: the parse works."""
+    text = UNIT.read_text()
+    bare = tmp_path / "bare" / "nodeagent.service"
+    bare.parent.mkdir()
+    kept = text.split("# Least privilege.")[0] + "[Install]\nWantedBy=multi-user.target\n"
+    bare.write_text(kept.replace(PREFIX, str(Path(sys.executable).parent.parent)))
+    assert exposure(bare) > EXPOSURE_LIMIT
 
 
 def test_exec_start_runs_the_installed_agent(tmp_path: Path) -> None:
@@ -69,11 +106,40 @@ def test_unit_settings_the_agent_relies_on() -> None:
         "WatchdogSec=30s",
         "DevicePolicy=closed",
         "DeviceAllow=char-nvidiactl rw",
+        "DeviceAllow=char-infiniband_verbs rw",
+        "DeviceAllow=/dev/kmsg r",
+        "PrivateTmp=yes",
+        "UMask=0027",
+        "RuntimeDirectory=nodeagent",
+        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+        "SystemCallArchitectures=native",
     ):
         assert setting in unit
     settings = [line for line in unit.splitlines() if line and not line.startswith("#")]
     assert not any(s.startswith("ProtectKernelLogs") for s in settings)  # it hides /dev/kmsg
+    # no sandboxing that hides GPUs or kills JIT compilers in the workers
+    assert not any(s.startswith(("PrivateDevices", "MemoryDenyWriteExecute")) for s in settings)
+    capabilities = next(s for s in settings if s.startswith("CapabilityBoundingSet="))
+    assert set(capabilities.split("=", 1)[1].split()) == {
+        "CAP_SETUID",  # workers run as job.user
+        "CAP_SETGID",
+        "CAP_KILL",  # ... and are signalled across users
+        "CAP_CHOWN",  # their progress files are theirs
+        "CAP_SYSLOG",  # /dev/kmsg under kernel.dmesg_restrict=1
+    }
     # the agent's default stop grace (30 s) must fit inside TimeoutStopSec
     from nodeagent.config import TimingConfig
 
     assert TimingConfig().stop_grace_period < 90
+
+
+def test_the_ansible_role_installs_this_unit() -> None:
+    """The role's template is this file with the install paths templated: no hardening drifts."""
+    template = ROOT / "ansible/roles/nodeagent/templates/nodeagent.service.j2"
+    rendered = (
+        template.read_text()
+        .removeprefix("# {{ ansible_managed }}\n")
+        .replace("{{ nodeagent_venv }}", PREFIX)
+        .replace("{{ nodeagent_config_dir }}", "/etc/nodeagent")
+    )
+    assert rendered == UNIT.read_text()
