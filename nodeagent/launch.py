@@ -1,4 +1,11 @@
-"""What each worker process is started with: torchrun's environment, argv, cwd, log file. Pure."""
+"""What each worker process is started with: torchrun's environment, argv, cwd, log file. Pure.
+
+Only the job record's membership and counters come from Redis (the generation, this node's group
+rank, the members, MASTER_ADDR/PORT once the store has verified them against the rank-0 member's
+own report, the restart count). Everything that decides what runs and how much of it comes from
+this node's config and nothing else: the entrypoint, env, working and log directories, and the
+number of workers per node (a record that says otherwise is reported by the store, not obeyed).
+"""
 
 from __future__ import annotations
 
@@ -72,9 +79,9 @@ def worker_env(
     local_rank: int,
 ) -> dict[str, str]:
     """The environment torchrun would give this worker, plus NODEAGENT_* and job.env."""
-    nproc = record.nproc_per_node
+    nproc = config.job.nproc_per_node
     rank = group_rank * nproc + local_rank
-    world = record.world_size
+    world = len(record.members) * nproc
     env = {k: v for k, v in base.items() if k not in STRIPPED_ENV}
     env.update(config.job.env)
     env.update(
@@ -114,8 +121,9 @@ def worker_specs(
     usable_gpus: tuple[int, ...] | None = None,
 ) -> list[WorkerSpec]:
     """One spec per local rank. With GPU monitoring, local rank i gets the i-th slice of
-    `gpus_per_worker` usable GPUs as CUDA_VISIBLE_DEVICES."""
-    nproc = record.nproc_per_node
+    `gpus_per_worker` usable GPUs as CUDA_VISIBLE_DEVICES. The number of local ranks is this
+    node's job.nproc_per_node, whatever the record says."""
+    nproc = config.job.nproc_per_node
     per_worker = config.job.gpus_per_worker
     specs = []
     for local_rank in range(nproc):

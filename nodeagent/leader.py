@@ -66,6 +66,7 @@ class ClusterView:
     expired: tuple[str, ...] = ()  # lease deadlines in the past: to reap
     commands: tuple[Command, ...] = ()  # after record.command_cursor
     command_cursor: str | None = None  # the last command entry read, valid or not
+    drop: tuple[tuple[str, str], ...] = ()  # garbage leases: (member, score as read)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,11 @@ class Plan:
     reap: tuple[str, ...]
     memory: LeaderMemory
     reason: str
+    drop: tuple[tuple[str, str], ...] = ()  # garbage leases to remove
+
+    @property
+    def writes(self) -> bool:
+        return bool(self.record is not None or self.events or self.reap or self.drop)
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,7 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
         reap=view.expired,
         memory=memory,
         reason=reason,
+        drop=view.drop,
     )
 
 
@@ -159,7 +166,11 @@ def _highest_generation(view: ClusterView, recorded: int) -> int:
 
 
 def _refresh_policy(record: JobRecord, policy: Policy) -> JobRecord:
-    """The leader's config is the truth for bounds; an older target is clamped into them."""
+    """The leader's config is the truth for bounds; an older target is clamped into them, and
+    so is a restart count no job that is still going can have (only FAILED passes the budget)."""
+    restarts = record.restart_count
+    if record.state is not JobState.FAILED:
+        restarts = min(restarts, policy.max_restarts)
     return replace(
         record,
         min_nodes=policy.min_nodes,
@@ -167,6 +178,7 @@ def _refresh_policy(record: JobRecord, policy: Policy) -> JobRecord:
         nproc_per_node=policy.nproc_per_node,
         max_restarts=policy.max_restarts,
         target_nodes=min(max(record.target_nodes, policy.min_nodes), policy.max_nodes),
+        restart_count=restarts,
     )
 
 
@@ -270,16 +282,26 @@ def _settled(ctx: _Context) -> bool:
     return ctx.view.now_ms - ctx.memory.changed_ms >= ctx.policy.join_settle_ms
 
 
+def _member_failures(record: JobRecord, nodes: Mapping[str, NodeReport]) -> list[Failure]:
+    """Failures in this generation that a member reports of one of its own ranks: anything else
+    (a non-member, another node's rank) cannot be a failure of this generation's workers."""
+    found = []
+    for index, name in enumerate(record.members):
+        failure = nodes[name].failure if name in nodes else None
+        first = index * record.nproc_per_node
+        if (
+            failure is not None
+            and failure.generation == record.generation
+            and failure.node == name
+            and first <= failure.rank < first + record.nproc_per_node
+        ):
+            found.append(failure)
+    return sorted(found, key=lambda f: f.rank)
+
+
 def _step_running(record: JobRecord, ctx: _Context) -> _Step:
     nodes = ctx.view.nodes
-    failures = sorted(
-        (
-            r.failure
-            for r in nodes.values()
-            if r.failure and r.failure.generation == record.generation
-        ),
-        key=lambda f: f.rank,
-    )
+    failures = _member_failures(record, nodes)
     if failures:
         reason = "worker_hung" if failures[0].kind == "hang" else "worker_failed"
         return _begin(record, ctx, reason, failure=failures[0])
@@ -316,11 +338,15 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
     failure = record.pending_failure
     reason, detail = record.reason, record.detail
     lost = [m for m in record.members if m not in ctx.eligible]
+    reporter = nodes.get(failure.node) if failure is not None else None
     # A worker failure while a previous member was lost is blamed on the loss (decision 11):
     # a dead peer makes the survivors' collectives fail too.
     if failure is not None and lost:
         reason = "node_lost"
         detail = f"{failure.describe()} after losing {', '.join(lost)}: not charged"
+    elif failure is not None and (reporter is None or reporter.failure != failure):
+        # Only a failure its node still reports is charged: not one written into the record.
+        detail = f"{failure.describe()}: not reported by {failure.node}, not charged"
     elif failure is not None:
         restart_count += 1
         if restart_count > record.max_restarts:

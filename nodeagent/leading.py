@@ -2,18 +2,19 @@
 
 `Leadership.lead()` runs leader.plan() on the cluster view and writes the result through the
 fenced COMMIT script; the agent applies what it returns (a new record, its revision, whether to
-run another tick at once).
+run another tick at once). Garbage the leader read is reported by the store (once, counted in
+the agent's metrics); the plan removes garbage leases and rewrites a garbage record.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nodeagent.bounded import CallRunner
 from nodeagent.coord.store import JobStore, Snapshot
-from nodeagent.errors import CoordinationError, FencedError
+from nodeagent.errors import CoordinationError, FencedError, IllegalTransition
 from nodeagent.leader import LeaderMemory, Plan, Policy, plan
 from nodeagent.metrics import AgentMetrics
 from nodeagent.model import JobRecord
@@ -39,6 +40,9 @@ class Leadership:
         call: CallRunner,
     ) -> None:
         self._store = store
+        # The store checks what this node acts on against its own config, and counts garbage.
+        store.local_nproc = policy.nproc_per_node
+        store.garbage.count_with(metrics.redis_garbage)
         self._call = call
         self._policy = policy
         self._metrics = metrics
@@ -49,8 +53,6 @@ class Leadership:
         self.next_expiry: float | None = None  # local time the earliest known lease lapses
 
     def lead(self, token: str, snapshot: Snapshot) -> Led:
-        for error in snapshot.errors:
-            log.warning("ignoring unreadable data in Redis: %s", error)
         view = snapshot.cluster_view()
         # Wake when the earliest lease lapses (server time converted to local), so a dead node
         # is noticed at its deadline, not up to one heartbeat later.
@@ -58,17 +60,26 @@ class Leadership:
         self.next_expiry = (
             self._clock() + (min(deadlines) - snapshot.now_ms) / 1000 + 0.005 if deadlines else None
         )
-        decision = plan(view, self._policy, self._memory)
+        # A record read as garbage (or none) binds no generation: it is replaced, fenced by rev.
+        garbage = snapshot.record_error is not None or view.record is None
+        try:
+            decision = plan(view, self._policy, self._memory)
+        except IllegalTransition as exc:  # a record no leader writes: plan from none instead
+            log.error("cannot plan from the job record in Redis (%s); rewriting it", exc)
+            decision = plan(replace(view, record=None), self._policy, self._memory)
+            garbage = True
         self._memory = decision.memory
         if decision.reason != self._last_reason:
             log.info("leader: %s", decision.reason)
             self._last_reason = decision.reason
-        if decision.record is None and not decision.events and not decision.reap:
+        if not decision.writes:
             return Led()
+
+        def write() -> int:
+            return self._store.commit(token, snapshot.rev, decision, replacing_garbage=garbage)
+
         try:
-            rev = self._call(
-                lambda: self._store.commit(token, snapshot.rev, decision), "leader write"
-            )
+            rev = self._call(write, "leader write")
         except FencedError as exc:
             log.info("leader write refused, re-reading: %s", exc)
             return Led(again=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -28,8 +27,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from nodeagent.errors import ConfigError
+from nodeagent.garbage import KINDS as GARBAGE_KINDS
 from nodeagent.gpu.classify import Verdict
 from nodeagent.gpu.readings import GpuSnapshot
+from nodeagent.httpd import HttpServer
 from nodeagent.model import JobRecord, WorkerInfo
 from nodeagent.progress import Beat
 from nodeagent.state import JobState, NodeState
@@ -192,6 +193,13 @@ class AgentMetrics:
             registry=r,
         )
         self.redis_errors = Counter("nodeagent_redis_errors", "Failed Redis calls", j, registry=r)
+        self.garbage = Counter(
+            "nodeagent_redis_garbage",
+            "Values read from Redis that nodeagent did not write, by kind of key (each counted "
+            "once while it stays)",
+            ["job_id", "key"],
+            registry=r,
+        )
         self.last_heartbeat = Gauge(
             "nodeagent_last_heartbeat_timestamp_seconds",
             "When this agent last renewed its lease",
@@ -213,6 +221,8 @@ class AgentMetrics:
             self.worker_failures.labels(job_id, kind)
         for kind in DETECTION_KINDS:
             self.detection.labels(job_id, kind)
+        for kind in GARBAGE_KINDS:
+            self.garbage.labels(job_id, kind)
         for metric in (self.recovery, self.heartbeat, self.redis_errors, self.is_leader):
             metric.labels(job_id)
         self._generation_seen = 0
@@ -244,12 +254,18 @@ class AgentMetrics:
         self.job_state.labels(j).state(record.state.value)
         if record.generation > self._generation_seen:
             if self._generation_seen:  # not the first one this agent saw: a re-form
-                self.restarts.labels(j, record.reason).inc()
+                # The reason is read from Redis: only known ones become label values.
+                reason = record.reason if record.reason in RESTART_REASONS else "other"
+                self.restarts.labels(j, reason).inc()
                 self._announced_at.setdefault(record.generation, now)
             self._generation_seen = record.generation
 
     def sync_failed(self) -> None:
         self.redis_errors.labels(self.job_id).inc()
+
+    def redis_garbage(self, kind: str) -> None:
+        """A value of this kind of key in Redis is garbage (garbage.KINDS)."""
+        self.garbage.labels(self.job_id, kind if kind in GARBAGE_KINDS else "job").inc()
 
     def state(self, state: NodeState) -> None:
         self.node_state.labels(self.job_id).state(state.value)
@@ -279,45 +295,47 @@ class AgentMetrics:
 
 
 class MetricsServer:
-    """/metrics and /healthz on `listen` ("host:port"; port 0 picks a free one)."""
+    """/metrics and /healthz on `listen` ("host:port"; port 0 picks a free one).
+
+    Served by nodeagent.httpd: one thread, a deadline per connection, a cap on connections, and
+    out-of-descriptors handled as a retry, so slow or idle clients cannot exhaust the agent.
+    """
 
     def __init__(
-        self, listen: str, registry: CollectorRegistry, health: Callable[[], tuple[bool, str]]
+        self,
+        listen: str,
+        registry: CollectorRegistry,
+        health: Callable[[], tuple[bool, str]],
+        max_connections: int = 64,
+        timeout: float = 5.0,
     ) -> None:
         host, _, port = listen.rpartition(":")
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] == "/metrics":
-                    self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-                elif self.path == "/healthz":
-                    ok, reason = health()
-                    self._reply(200 if ok else 503, (reason + "\n").encode(), "text/plain")
-                else:
-                    self._reply(404, b"try /metrics or /healthz\n", "text/plain")
-
-            def _reply(self, code: int, body: bytes, content_type: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass  # scrapes are not worth a log line each
+        def route(target: str) -> tuple[int, bytes, str]:
+            if target.split("?")[0] == "/metrics":
+                return 200, generate_latest(registry), CONTENT_TYPE_LATEST
+            if target == "/healthz":
+                ok, reason = health()
+                return (200 if ok else 503), (reason + "\n").encode(), "text/plain"
+            return 404, b"try /metrics or /healthz\n", "text/plain"
 
         try:
-            self._server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
+            self._server = HttpServer(
+                (host or "0.0.0.0", int(port)), route, max_connections, timeout
+            )
         except OSError as exc:
             raise ConfigError(
-                "metrics.listen", f"cannot listen on {listen}: {exc.strerror}"
+                "metrics.listen", f"cannot listen on {listen}: {exc.strerror or exc}"
             ) from exc
-        self._server.daemon_threads = True
 
     @property
     def address(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"{host if isinstance(host, str) else host.decode()}:{port}"
+        host, port = self._server.address
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+    @property
+    def open_connections(self) -> int:
+        return self._server.open_connections
 
     def start(self) -> None:
         threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True).start()

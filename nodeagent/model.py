@@ -1,7 +1,9 @@
 """What agents write to and read from Redis: node reports, the job record, events, commands.
 
-Plain frozen dataclasses with a strict JSON codec. Anything read back that is not what nodeagent
-writes raises CorruptStateError naming the field, so garbage in Redis is reported, not trusted.
+Plain frozen dataclasses with a strict JSON codec (nodeagent.decode). Anything read back that is
+not what nodeagent writes (a wrong type, an out-of-range or non-finite number, "false" for a
+boolean, 2.9 for a count) raises CorruptStateError naming the field, and the decoders raise
+nothing else, so garbage in Redis is reported, never trusted and never crashes an agent.
 """
 
 from __future__ import annotations
@@ -12,32 +14,14 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from nodeagent.decode import Reader, is_stream_id
 from nodeagent.errors import CorruptStateError
 from nodeagent.state import JOB_TRANSITIONS, JobState, NodeState, check_transition
 
-
-def _require(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
-    value = data.get(name)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise CorruptStateError(f"{what}: field {name!r} is {value!r}, expected {kind}")
-    return value
-
-
-def _optional_int(data: Mapping[str, Any], name: str, what: str) -> int | None:
-    value = data.get(name)
-    if value is None:
-        return None
-    return int(_require(data, name, int, what))
-
-
-def _decode(raw: str | bytes, what: str) -> Mapping[str, Any]:
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CorruptStateError(f"{what} is not JSON: {raw[:80]!r}") from exc
-    if not isinstance(data, dict):
-        raise CorruptStateError(f"{what} is not a JSON object: {raw[:80]!r}")
-    return data
+WORKER_STATES = ("running", "exited", "failed", "stopping")
+FAILURE_KINDS = ("exit_code", "signal", "hang", "xid")
+MAX_LEASE_TTL_MS = 86_400_000
+_CODE = 1 << 31  # exit codes, signals and XIDs stay within an int32
 
 
 @dataclass(frozen=True)
@@ -47,6 +31,16 @@ class WorkerInfo:
     pid: int | None
     state: str  # running | exited | failed | stopping
     exit_code: int | None = None
+
+    @classmethod
+    def read(cls, r: Reader) -> WorkerInfo:
+        return cls(
+            rank=r.integer("rank"),
+            local_rank=r.integer("local_rank", high=65535),
+            pid=r.opt_integer("pid", 1, _CODE),
+            state=r.choice("state", WORKER_STATES),
+            exit_code=r.opt_integer("exit_code", -_CODE, _CODE),
+        )
 
 
 @dataclass(frozen=True)
@@ -59,6 +53,17 @@ class Failure:
     kind: str  # exit_code | signal | hang
     exit_code: int | None = None
     signal: str | None = None
+
+    @classmethod
+    def read(cls, r: Reader) -> Failure:
+        return cls(
+            generation=r.integer("generation"),
+            node=r.name("node"),
+            rank=r.integer("rank"),
+            kind=r.choice("kind", FAILURE_KINDS),
+            exit_code=r.opt_integer("exit_code", -_CODE, _CODE),
+            signal=r.opt_text("signal", 32),
+        )
 
     def describe(self) -> str:
         if self.kind == "hang":
@@ -81,12 +86,13 @@ class Cordon:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
+    def read(cls, r: Reader) -> Cordon:
+        return cls(reason=r.text("reason"), by=r.text("by", max_len=256), drain=r.flag("drain"))
+
+    @classmethod
     def from_json(cls, raw: str | bytes) -> Cordon:
-        data = _decode(raw, "cordon")
-        try:
-            return cls(reason=str(data["reason"]), by=str(data["by"]), drain=bool(data["drain"]))
-        except KeyError as exc:
-            raise CorruptStateError(f"cordon is malformed: missing {exc}") from exc
+        """Raises: CorruptStateError (so do all decoders here), and nothing else."""
+        return cls.read(Reader.of(raw, "cordon"))
 
 
 @dataclass(frozen=True)
@@ -100,12 +106,31 @@ class GpuInfo:
     temperature_c: float | None = None
     power_w: float | None = None
 
+    @classmethod
+    def read(cls, r: Reader) -> GpuInfo:
+        return cls(
+            index=r.integer("index", high=4096),
+            health=r.text("health", max_len=64),
+            action=r.text("action", max_len=64),
+            reason=r.text("reason"),
+            temperature_c=r.number("temperature_c", -300, 1000),
+            power_w=r.number("power_w", 0, 100_000),
+        )
+
 
 @dataclass(frozen=True)
 class GpuSummary:
     available: bool
     reason: str = ""  # why monitoring is unavailable
     gpus: tuple[GpuInfo, ...] = ()
+
+    @classmethod
+    def read(cls, r: Reader) -> GpuSummary:
+        return cls(
+            available=r.flag("available"),
+            reason=r.text("reason", ""),
+            gpus=tuple(GpuInfo.read(g) for g in r.objects("gpus")),
+        )
 
 
 @dataclass(frozen=True)
@@ -142,39 +167,36 @@ class NodeReport:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> NodeReport:
-        what = "node report"
-        data = _decode(raw, what)
-        try:
-            state = NodeState(data.get("state"))
-            failure = data.get("failure")
-            return cls(
-                name=_require(data, "name", str, what),
-                address=_require(data, "address", str, what),
-                state=state,
-                acked_generation=_require(data, "acked_generation", int, what),
-                worker_generation=_optional_int(data, "worker_generation", what),
-                group_rank=_optional_int(data, "group_rank", what),
-                free_port=_require(data, "free_port", int, what),
-                restart_count=_require(data, "restart_count", int, what),
-                lease_ttl_ms=_require(data, "lease_ttl_ms", int, what),
-                workers=tuple(WorkerInfo(**w) for w in data.get("workers") or ()),
-                failure=Failure(**failure) if failure else None,
-                succeeded_generation=_optional_int(data, "succeeded_generation", what),
-                last_error=data.get("last_error"),
-                cordon=Cordon(**data["cordon"]) if data.get("cordon") else None,
-                unfit=data.get("unfit"),
-                gpu=_gpu_summary(data.get("gpu")),
-                metrics=data.get("metrics"),
+        r = Reader.of(raw, "node report")
+        cordon, gpu, failure = r.obj("cordon"), r.obj("gpu"), r.obj("failure")
+        report = cls(
+            name=r.name("name"),
+            address=r.host("address"),
+            state=NodeState(r.choice("state", _NODE_STATES)),
+            acked_generation=r.integer("acked_generation"),
+            worker_generation=r.opt_integer("worker_generation"),
+            group_rank=r.opt_integer("group_rank"),
+            free_port=r.integer("free_port", high=65535),
+            restart_count=r.integer("restart_count"),
+            lease_ttl_ms=r.integer("lease_ttl_ms", low=1, high=MAX_LEASE_TTL_MS),
+            workers=tuple(WorkerInfo.read(w) for w in r.objects("workers")),
+            failure=Failure.read(failure) if failure else None,
+            succeeded_generation=r.opt_integer("succeeded_generation"),
+            last_error=r.opt_text("last_error"),
+            cordon=Cordon.read(cordon) if cordon else None,
+            unfit=r.opt_text("unfit"),
+            gpu=GpuSummary.read(gpu) if gpu else None,
+            metrics=r.opt_text("metrics", 300),
+        )
+        if report.failure is not None and report.failure.node != report.name:
+            raise CorruptStateError(
+                f"node report of {report.name} carries a failure of {report.failure.node}"
             )
-        except (TypeError, ValueError) as exc:
-            raise CorruptStateError(f"{what} is malformed: {exc}") from exc
+        return report
 
 
-def _gpu_summary(data: Any) -> GpuSummary | None:
-    if not data:
-        return None
-    gpus = tuple(GpuInfo(**g) for g in data.get("gpus") or ())
-    return GpuSummary(bool(data["available"]), str(data.get("reason", "")), gpus)
+_NODE_STATES = tuple(s.value for s in NodeState)
+_JOB_STATES = tuple(s.value for s in JobState)
 
 
 @dataclass(frozen=True)
@@ -223,18 +245,26 @@ class JobRecord:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> JobRecord:
-        what = "job record"
-        data = dict(_decode(raw, what))
-        try:
-            data["state"] = JobState(data.get("state"))
-            data["members"] = tuple(_require(data, "members", list, what))
-            pending = data.get("pending_failure")
-            data["pending_failure"] = Failure(**pending) if pending else None
-            for name in ("generation", "target_nodes", "min_nodes", "max_nodes", "restart_count"):
-                _require(data, name, int, what)
-            return cls(**data)
-        except (TypeError, ValueError) as exc:
-            raise CorruptStateError(f"{what} is malformed: {exc}") from exc
+        r = Reader.of(raw, "job record")
+        pending = r.obj("pending_failure")
+        return cls(
+            generation=r.integer("generation"),
+            state=JobState(r.choice("state", _JOB_STATES)),
+            reason=r.text("reason", max_len=256),
+            target_nodes=r.integer("target_nodes", low=1),
+            min_nodes=r.integer("min_nodes", low=1),
+            max_nodes=r.integer("max_nodes", low=1),
+            nproc_per_node=r.integer("nproc_per_node", low=1, high=65535),
+            max_restarts=r.integer("max_restarts"),
+            restart_count=r.integer("restart_count", 0),
+            members=r.names("members"),
+            master_addr=r.host("master_addr", ""),
+            master_port=r.integer("master_port", 0, high=65535),
+            since_ms=r.integer("since_ms", 0),
+            command_cursor=r.stream_id("command_cursor", "0-0"),
+            pending_failure=Failure.read(pending) if pending else None,
+            detail=r.text("detail", "", max_len=1 << 16),
+        )
 
 
 @dataclass(frozen=True)
@@ -255,19 +285,18 @@ class Event:
 
     @classmethod
     def from_stream(cls, entry_id: str, raw: str | bytes) -> Event:
-        data = _decode(raw, f"event {entry_id}")
-        try:
-            return cls(
-                type=str(data["type"]),
-                generation=data.get("generation"),
-                node=data.get("node"),
-                message=str(data.get("message", "")),
-                data=data.get("data") or {},
-                at_ms=int(entry_id.split("-")[0]),
-                id=entry_id,
-            )
-        except (KeyError, ValueError) as exc:
-            raise CorruptStateError(f"event {entry_id} is malformed: {exc}") from exc
+        if not is_stream_id(entry_id):
+            raise CorruptStateError(f"event ID {entry_id[:41]!r} is not a stream entry ID")
+        r = Reader.of(raw, f"event {entry_id}")
+        return cls(
+            type=r.text("type", max_len=64),
+            generation=r.opt_integer("generation"),
+            node=r.opt_text("node", 256),
+            message=r.text("message", "", max_len=1 << 16),
+            data=r.mapping("data"),
+            at_ms=int(entry_id.split("-")[0]),
+            id=entry_id,
+        )
 
 
 class CommandType(str, Enum):
@@ -290,14 +319,13 @@ class Command:
 
     @classmethod
     def from_stream(cls, entry_id: str, raw: str | bytes) -> Command:
-        data = _decode(raw, f"command {entry_id}")
-        try:
-            target = data.get("target")
-            return cls(
-                type=CommandType(data.get("type")),
-                target=int(target) if target is not None else None,
-                by=str(data.get("by", "")),
-                id=entry_id,
-            )
-        except (TypeError, ValueError) as exc:
-            raise CorruptStateError(f"command {entry_id} is malformed: {exc}") from exc
+        r = Reader.of(raw, f"command {entry_id}")
+        return cls(
+            type=CommandType(r.choice("type", _COMMAND_TYPES)),
+            target=r.opt_integer("target", high=1_000_000),
+            by=r.text("by", "", max_len=256),
+            id=entry_id,
+        )
+
+
+_COMMAND_TYPES = tuple(c.value for c in CommandType)

@@ -76,5 +76,6 @@ def status_document(snapshot: Snapshot, job: str) -> dict[str, Any]:
         "master": f"{record.master_addr}:{record.master_port}" if record and running else None,
         "leader": snapshot.leader_name,
         "record_error": snapshot.record_error,
+        "garbage": [g.describe() for g in snapshot.garbage],
         "nodes": nodes,
     }

@@ -53,9 +53,14 @@ class StreamListener:
                 if cursors is None:
                     cursors = self._cursors()
                 entries = self._store.wait_events(cursors, self._block_ms)
-            except CoordinationError as exc:
+            except CoordinationError as exc:  # also a stream key of the wrong type (garbage)
                 log.debug("stream listener: %s; retrying in %.1fs", exc, self._retry_s)
                 cursors = None  # the streams may be gone after a Redis restart
+                self._stopped.wait(self._retry_s)
+                continue
+            except Exception:  # whatever Redis held, the wake-ups must go on
+                log.exception("stream listener: unexpected error; retrying in %.1fs", self._retry_s)
+                cursors = None
                 self._stopped.wait(self._retry_s)
                 continue
             for stream, entry_id, _ in entries:

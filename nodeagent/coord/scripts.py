@@ -2,6 +2,12 @@
 
 Every time comparison happens here, in Redis server time (TIME), never on an agent's clock.
 Node names cannot contain spaces (config validation), so "<name> <token>" is unambiguous.
+
+Nothing in Redis is trusted to be what nodeagent wrote: a command on a key of the wrong type is
+run with redis.pcall and noted as garbage ("kind<TAB>key<TAB>problem<TAB>action", returned to
+the caller, which reports it), so one bad key never fails a whole heartbeat. The leader repairs
+the job's own keys inside its heartbeat (SYNC), where holding the leader lease is checked in the
+same atomic step: that is the fence.
 """
 
 from __future__ import annotations
@@ -11,11 +17,197 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
+# Helpers of every script: garbage notes, typed calls, what counts as a counter or an entry ID.
+_GARBAGE = """
+local garbage = {}
+local function note(kind, key, problem, action)
+  garbage[#garbage + 1] = kind .. '\\t' .. key .. '\\t' .. problem .. '\\t' .. (action or 'ignored')
+end
+local function sample(value)
+  value = tostring(value)
+  if #value > 64 then value = string.sub(value, 1, 61) .. '...' end
+  return '"' .. value .. '"'
+end
+local function kind_of(key)
+  return redis.call('TYPE', key)['ok']
+end
+local function wrong(key, want)
+  return 'holds a ' .. kind_of(key) .. ', not a ' .. want
+end
+-- A command whose error reply is noted as garbage of `kind` instead of failing the script.
+-- Returns nil on an error (a missing key or field still gives false).
+local function try(kind, key, want, action, ...)
+  local reply = redis.pcall(...)
+  if type(reply) == 'table' and reply['err'] then
+    local problem = reply['err']
+    if string.sub(problem, 1, 9) == 'WRONGTYPE' then problem = wrong(key, want) end
+    note(kind, key, problem, action)
+    return nil
+  end
+  return reply
+end
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+local function is_uint(s)
+  return type(s) == 'string' and #s <= 16 and string.match(s, '^%d+$') ~= nil
+    and tonumber(s) <= 9007199254740991
+end
+local function is_id(s)
+  return type(s) == 'string' and #s <= 41 and string.match(s, '^%d+%-%d+$') ~= nil
+end
+local function id_less(a, b)
+  local function part(x)
+    x = string.gsub(x, '^0+(%d)', '%1')
+    return x
+  end
+  local am, as = string.match(a, '^(%d+)%-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)%-(%d+)$')
+  am, as, bm, bs = part(am), part(as), part(bm), part(bs)
+  if am ~= bm then
+    if #am ~= #bm then return #am < #bm end
+    return am < bm
+  end
+  if #as ~= #bs then return #as < #bs end
+  return as < bs
+end
+"""
+
+# The leader lease (KEYS[3]) as it stands: a valid "<node> <token>" value, false when free, or
+# nil when it is garbage (wrong type, unparseable, no TTL, or, with a TTL longer than `ttl`,
+# naming a node that holds no node key: no live agent renews it). Garbage is noted; with
+# `clamp` its TTL is cut to `ttl`, so the lease is taken over within one lease_ttl, as if its
+# holder had died.
+_LEADER = """
+local function read_leader(prefix, ttl, clamp)
+  local value = redis.pcall('GET', KEYS[3])
+  local pttl = redis.call('PTTL', KEYS[3])
+  local problem = nil
+  if type(value) == 'table' then
+    problem = wrong(KEYS[3], 'string')
+  elseif value then
+    local holder, token = string.match(value, '^([^ ]+) (%d+)$')
+    if not holder or #token > 16 then
+      problem = 'is not "<node> <token>": ' .. sample(value)
+    elseif pttl < 0 then
+      problem = 'has no TTL'
+    elseif clamp and pttl > ttl and redis.call('EXISTS', prefix .. holder) == 0 then
+      -- (within ttl it lapses soon anyway: a holder that just died is no garbage)
+      problem = 'names ' .. sample(holder) .. ', which has no node key'
+    end
+  end
+  if not problem then return value end
+  local action = 'ignored'
+  if clamp then
+    action = 'taken over within lease_ttl'
+    if pttl < 0 or pttl > ttl then redis.call('PEXPIRE', KEYS[3], ttl) end
+  end
+  note('leader', KEYS[3], problem, action)
+  return nil
+end
+"""
+
 _CLUSTER = """
-local leases = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-local reports = {}
+local leases = try('leases', KEYS[2], 'zset', 'ignored', 'ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+leases = leases or {}
+local reports, ttls = {}, {}
 for i = 1, #leases, 2 do
-  reports[#reports + 1] = redis.call('GET', ARGV[5] .. leases[i]) or ''
+  local key = ARGV[5] .. leases[i]
+  local report = try('node', key, 'string', 'ignored', 'GET', key)
+  reports[#reports + 1] = report or ''
+  ttls[#ttls + 1] = redis.call('PTTL', key)
+end
+"""
+
+# The leader's repairs of the job's own keys (KEYS[2] leases, KEYS[5] job hash, KEYS[6] events,
+# KEYS[7] commands, KEYS[8] cordons). Run only while this node holds the leader lease, checked in
+# the same script. A key of the wrong type holds nothing nodeagent wrote: it is deleted (the
+# leases are rebuilt from the record's members and their node keys' TTLs, so no member looks
+# gone). In the job hash, `rev` must be a counter, `gen` the record's generation, `cursor` an
+# entry ID no later than the last command.
+_REPAIR = """
+local function last_command()
+  if kind_of(KEYS[7]) ~= 'stream' then return nil end
+  local last = redis.call('XREVRANGE', KEYS[7], '+', '-', 'COUNT', 1)
+  if #last == 0 then return nil end
+  return last[1][1]
+end
+local function repair_job()
+  local kind = kind_of(KEYS[5])
+  if kind ~= 'hash' then
+    if kind ~= 'none' then
+      note('job', KEYS[5], wrong(KEYS[5], 'hash'), 'deleted: the job re-forms')
+      redis.call('DEL', KEYS[5])
+    end
+    return nil
+  end
+  local f = redis.call('HMGET', KEYS[5], 'rev', 'gen', 'cursor', 'record')
+  if f[1] and not is_uint(f[1]) then
+    note('job', KEYS[5], 'field rev ' .. sample(f[1]) .. ' is not a revision', 'reset')
+    redis.call('HSET', KEYS[5], 'rev', fmt(now))
+  end
+  local record = nil
+  if f[4] then
+    local ok, decoded = pcall(cjson.decode, f[4])
+    if ok and type(decoded) == 'table' then record = decoded end
+  end
+  local gen = nil
+  if record and type(record.generation) == 'number' and record.generation >= 0
+      and record.generation == math.floor(record.generation)
+      and record.generation <= 9007199254740991 then
+    gen = fmt(record.generation)
+  end
+  if f[2] and f[2] ~= gen then
+    local problem = 'field gen ' .. sample(f[2]) .. " is not the record's generation"
+    if gen then
+      note('job', KEYS[5], problem, 'set to ' .. gen)
+      redis.call('HSET', KEYS[5], 'gen', gen)
+    else
+      note('job', KEYS[5], problem, 'removed')
+      redis.call('HDEL', KEYS[5], 'gen')
+    end
+  end
+  -- No command read can be later than the last one, or than now when there is none.
+  local last = last_command()
+  local bound = last or (fmt(now) .. '-99999999999999999999')
+  local cursor = f[3]
+  if cursor and (not is_id(cursor) or id_less(bound, cursor)) then
+    local fixed = last or '0-0'
+    if record and is_id(record.command_cursor) and not id_less(bound, record.command_cursor) then
+      fixed = record.command_cursor
+    end
+    note('job', KEYS[5], 'field cursor ' .. sample(cursor) .. ' is past every command',
+      'set to ' .. fixed)
+    redis.call('HSET', KEYS[5], 'cursor', fixed)
+  end
+  return record
+end
+local function rebuild_leases(record)
+  redis.call('DEL', KEYS[2])
+  if not record or type(record.members) ~= 'table' then return end
+  for _, member in ipairs(record.members) do
+    if type(member) == 'string' and string.match(member, '^[%w][%w._-]*$') then
+      local pttl = redis.call('PTTL', ARGV[5] .. member)
+      if pttl > 0 then redis.call('ZADD', KEYS[2], now + pttl, member) end
+    end
+  end
+end
+local function repair()
+  local record = repair_job()
+  local kind = kind_of(KEYS[2])
+  if kind ~= 'zset' and kind ~= 'none' then
+    note('leases', KEYS[2], wrong(KEYS[2], 'zset'), "rebuilt from the members' node keys")
+    rebuild_leases(record)
+  end
+  local owned = {{'events', KEYS[6], 'stream'}, {'commands', KEYS[7], 'stream'},
+    {'cordons', KEYS[8], 'hash'}}
+  for _, k in ipairs(owned) do
+    local found = kind_of(k[2])
+    if found ~= k[3] and found ~= 'none' then
+      note(k[1], k[2], wrong(k[2], k[3]), 'deleted')
+      redis.call('DEL', k[2])
+    end
+  end
 end
 """
 
@@ -26,59 +218,87 @@ SYNC = (
 -- KEYS[5] job hash    KEYS[6] events stream  KEYS[7] commands stream  KEYS[8] cordons hash
 -- ARGV[1] node name   ARGV[2] report JSON    ARGV[3] lease ttl ms
 -- ARGV[4] events maxlen  ARGV[5] node key prefix  ARGV[6..] event JSONs to append
--- Returns {now_ms, leader, rev, record, this node's cordon, leader lease deadline (ms)} and,
---   for the leader only, {..., leases (name, deadline, ...), reports (one per lease, '' if
---   missing), commands}. Followers wake at the leader's deadline to take over at once.
+-- Returns {now_ms, leader, rev, record, this node's cordon, leader lease deadline (ms),
+--   garbage} and, for the leader only, {..., leases (name, deadline, ...), reports (one per
+--   lease, '' if missing), their node keys' PTTLs, commands}. Followers wake at the leader's
+--   deadline to take over at once. A garbage leader lease or epoch never stops the job: the
+--   lease lapses within lease_ttl, the epoch restarts from the server time (above any token
+--   handed out), and the leader repairs the job's other keys before it reads them.
 """
     + _NOW
+    + _GARBAGE
+    + _LEADER
+    + _REPAIR
     + """
 local name = ARGV[1]
 local ttl = tonumber(ARGV[3])
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
-redis.call('ZADD', KEYS[2], now + ttl, name)
 local mine = name .. ' '
-local leader = redis.call('GET', KEYS[3])
-if not leader then
-  leader = mine .. redis.call('INCR', KEYS[4])
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
+local leader = read_leader(ARGV[5], ttl, true)
+if leader == false then
+  local token = redis.pcall('INCR', KEYS[4])
+  if type(token) == 'table' or token > 1e15 then
+    local problem = 'passed 10^15'
+    if type(token) == 'table' then problem = token['err'] end
+    if string.sub(problem, 1, 9) == 'WRONGTYPE' then problem = wrong(KEYS[4], 'string') end
+    note('leader-epoch', KEYS[4], problem, 'restarted from the server time')
+    redis.call('SET', KEYS[4], fmt(now))
+    token = redis.call('INCR', KEYS[4])
+  end
+  leader = mine .. fmt(token)
   redis.call('SET', KEYS[3], leader, 'PX', ttl)
-elseif string.sub(leader, 1, #mine) == mine then
+elseif leader and string.sub(leader, 1, #mine) == mine then
   redis.call('PEXPIRE', KEYS[3], ttl)
 end
+local leading = leader and string.sub(leader, 1, #mine) == mine
+if leading then repair() end
+try('leases', KEYS[2], 'zset', 'lease not renewed', 'ZADD', KEYS[2], now + ttl, name)
 for i = 6, #ARGV do
-  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[i])
+  local added = try('events', KEYS[6], 'stream', 'events not appended',
+    'XADD', KEYS[6], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[i])
+  if not added then break end
 end
-local rev = redis.call('HGET', KEYS[5], 'rev') or '0'
-local record = redis.call('HGET', KEYS[5], 'record') or false
-local cordon = redis.call('HGET', KEYS[8], name) or false
-local leader_deadline = now + redis.call('PTTL', KEYS[3])
-if string.sub(leader, 1, #mine) ~= mine then
-  return {now, leader, rev, record, cordon, leader_deadline}
+local job = try('job', KEYS[5], 'hash', 'ignored', 'HMGET', KEYS[5], 'rev', 'record')
+local rev, record = '0', false
+if job then rev, record = job[1] or '0', job[2] end
+local cordon = try('cordons', KEYS[8], 'hash', 'ignored', 'HGET', KEYS[8], name) or false
+local leader_pttl = redis.call('PTTL', KEYS[3])
+local leader_deadline = false
+if leader_pttl > 0 then leader_deadline = now + leader_pttl end
+if not leading then
+  return {now, leader or false, rev, record, cordon, leader_deadline, garbage}
 end
 """
     + _CLUSTER
     + """
 local cursor = redis.call('HGET', KEYS[5], 'cursor') or '0-0'
-local commands = redis.call('XRANGE', KEYS[7], '(' .. cursor, '+', 'COUNT', 100)
-return {now, leader, rev, record, cordon, leader_deadline, leases, reports, commands}
+local commands = try('commands', KEYS[7], 'stream', 'ignored',
+  'XRANGE', KEYS[7], '(' .. cursor, '+', 'COUNT', 100) or {}
+return {now, leader, rev, record, cordon, leader_deadline, garbage, leases, reports, ttls,
+  commands}
 """
 )
 
 SNAPSHOT = (
     """
--- Read-only snapshot for nodeagentctl.
+-- Read-only snapshot for nodeagentctl: repairs nothing, notes garbage.
 -- KEYS[1] unused      KEYS[2] leases zset    KEYS[3] leader     KEYS[4] job hash
 -- ARGV[1..4] unused   ARGV[5] node key prefix
--- Returns {now_ms, leader, rev, record, false (no node's cordon), false, leases, reports}.
+-- Returns {now_ms, leader, rev, record, false (no node's cordon), false, garbage, leases,
+--   reports, their node keys' PTTLs}.
 """
     + _NOW
+    + _GARBAGE
+    + _LEADER
     + """
-local leader = redis.call('GET', KEYS[3]) or false
-local rev = redis.call('HGET', KEYS[4], 'rev') or '0'
-local record = redis.call('HGET', KEYS[4], 'record') or false
+local leader = read_leader(ARGV[5], 0, false) or false
+local job = try('job', KEYS[4], 'hash', 'ignored', 'HMGET', KEYS[4], 'rev', 'record')
+local rev, record = '0', false
+if job then rev, record = job[1] or '0', job[2] end
 """
     + _CLUSTER
     + """
-return {now, leader, rev, record, false, false, leases, reports}
+return {now, leader, rev, record, false, false, garbage, leases, reports, ttls}
 """
 )
 
@@ -88,40 +308,68 @@ COMMIT = (
 -- KEYS[1] leader      KEYS[2] job hash       KEYS[3] leases zset  KEYS[4] events stream
 -- ARGV[1] leader value ("<name> <token>")    ARGV[2] expected rev
 -- ARGV[3] record JSON ('' = unchanged)       ARGV[4] its generation  ARGV[5] command cursor
--- ARGV[6] events maxlen  ARGV[7] node key prefix  ARGV[8] n = number of nodes to reap
--- ARGV[9..8+n] nodes to reap (refused if a lease was renewed meanwhile)  ARGV[9+n..] events
--- Returns the new rev, or an error starting with FENCED.
+-- ARGV[6] events maxlen  ARGV[7] node key prefix
+-- ARGV[8] '1' when the record read at that revision was garbage: it is replaced whatever
+--   generation it claimed (the generation check below guards records nodeagent wrote)
+-- ARGV[9] n = number of nodes to reap  ARGV[10..9+n] nodes to reap (refused if a lease was
+--   renewed meanwhile)  ARGV[10+n] m = number of garbage leases to drop
+-- ARGV[11+n..10+n+2m] (name, score as read) pairs: dropped if the score is still that
+-- ARGV[11+n+2m..] events to append
+-- Returns the new rev, or an error starting with FENCED. Values that are not what nodeagent
+-- writes (a garbage rev or gen) are refused as FENCED too: the leader re-reads, and its next
+-- heartbeat repairs them.
 """
     + _NOW
     + """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local held = redis.pcall('GET', KEYS[1])
+if held ~= ARGV[1] then
   return redis.error_reply('FENCED leader lease is not ' .. ARGV[1])
 end
-local rev = tonumber(redis.call('HGET', KEYS[2], 'rev') or '0')
+local fields = redis.pcall('HMGET', KEYS[2], 'rev', 'gen')
+if fields['err'] then
+  return redis.error_reply('FENCED the job hash ' .. fields['err'])
+end
+local rev = tonumber(fields[1] or '0')
+if not rev or not string.match(fields[1] or '0', '^%d+$') then
+  return redis.error_reply('FENCED record revision is garbage')
+end
 if rev ~= tonumber(ARGV[2]) then
-  return redis.error_reply('FENCED record revision is ' .. rev .. ', not ' .. ARGV[2])
+  return redis.error_reply('FENCED record revision is ' .. fields[1] .. ', not ' .. ARGV[2])
 end
-local gen = tonumber(redis.call('HGET', KEYS[2], 'gen') or '-1')
-if ARGV[3] ~= '' and tonumber(ARGV[4]) < gen then
-  return redis.error_reply('FENCED generation ' .. ARGV[4] .. ' is older than ' .. gen)
+local gen = tonumber(fields[2] or '-1')
+if not gen then
+  return redis.error_reply('FENCED record generation is garbage')
 end
-local n = tonumber(ARGV[8])
-for i = 9, 8 + n do
-  local deadline = redis.call('ZSCORE', KEYS[3], ARGV[i])
-  if deadline and tonumber(deadline) > now then
+if ARGV[3] ~= '' and ARGV[8] ~= '1' and tonumber(ARGV[4]) < gen then
+  return redis.error_reply('FENCED generation ' .. ARGV[4] .. ' is older than ' .. fields[2])
+end
+local n = tonumber(ARGV[9])
+for i = 10, 9 + n do
+  local deadline = redis.pcall('ZSCORE', KEYS[3], ARGV[i])
+  if type(deadline) == 'table' or (deadline and tonumber(deadline) > now) then
     return redis.error_reply('FENCED lease of ' .. ARGV[i] .. ' was renewed')
   end
 end
-for i = 9, 8 + n do
-  redis.call('ZREM', KEYS[3], ARGV[i])
+local m = tonumber(ARGV[10 + n])
+for i = 10, 9 + n do
+  redis.pcall('ZREM', KEYS[3], ARGV[i])
   redis.call('DEL', ARGV[7] .. ARGV[i])
+end
+for i = 11 + n, 9 + n + 2 * m, 2 do
+  if redis.pcall('ZSCORE', KEYS[3], ARGV[i]) == ARGV[i + 1] then
+    redis.call('ZREM', KEYS[3], ARGV[i])
+  end
 end
 if ARGV[3] ~= '' then
   rev = rev + 1
-  redis.call('HSET', KEYS[2], 'rev', rev, 'gen', ARGV[4], 'record', ARGV[3], 'cursor', ARGV[5])
+  redis.call('HSET', KEYS[2], 'rev', string.format('%.0f', rev), 'gen', ARGV[4],
+    'record', ARGV[3], 'cursor', ARGV[5])
 end
-for i = 9 + n, #ARGV do
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'event', ARGV[i])
+for i = 11 + n + 2 * m, #ARGV do
+  if type(redis.pcall('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'event', ARGV[i]))
+      == 'table' then
+    break
+  end
 end
 return rev
 """
@@ -131,12 +379,13 @@ LEAVE = """
 -- A node leaves on purpose: drop its lease (and the leader lease if it holds it) at once.
 -- KEYS[1] node key  KEYS[2] leases zset  KEYS[3] leader  KEYS[4] events stream
 -- ARGV[1] node name ARGV[2] events maxlen ARGV[3] event JSON
+-- Keys of the wrong type are skipped (redis.pcall): leaving must not fail on garbage.
 redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-local leader = redis.call('GET', KEYS[3])
-if leader and string.sub(leader, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
+redis.pcall('ZREM', KEYS[2], ARGV[1])
+local leader = redis.pcall('GET', KEYS[3])
+if type(leader) == 'string' and string.sub(leader, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
   redis.call('DEL', KEYS[3])
 end
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'event', ARGV[3])
+redis.pcall('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'event', ARGV[3])
 return 1
 """

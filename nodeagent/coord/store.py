@@ -1,73 +1,40 @@
 """JobStore: the job's state in Redis, read and written through the scripts in scripts.py.
 
-Turns Redis replies into model objects and Redis failures into CoordinationError / FencedError.
-Values that are not what nodeagent writes are reported (never trusted): a corrupt job record is
-returned as `record=None` with `record_error` set, so the leader rewrites it from what the nodes
-remember; a corrupt node report makes that node count as absent.
+Turns Redis replies into model objects (coord/replies.py) and Redis failures into
+CoordinationError / FencedError. Nothing read is trusted: values that are not what nodeagent
+writes are reported once (GarbageLog: a log line, a count, an event) and ignored, or repaired by
+the leader; a corrupt job record is returned as `record=None` with `record_error` set, so the
+leader rewrites it from what the nodes remember; a corrupt node report makes that node count as
+absent. A key of the wrong type is a CorruptStateError naming it, never "cannot reach Redis".
+
+What this node acts on is checked against what it knows itself: a RUNNING record is acted on
+only once its MASTER_ADDR is the address its rank-0 member published (that member holding a live
+lease and having acknowledged the generation); until then `record` shows it as RESTARTING, so the
+node acknowledges it and waits. A record whose nproc_per_node differs from this node's
+configuration is reported (launch.py starts the configured number regardless).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import Any
 
 import redis
 
 from nodeagent.coord import scripts
 from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, JobKeys
+from nodeagent.coord.replies import NodeLease, Snapshot, master_problem, parse_snapshot, read_lease
 from nodeagent.errors import CoordinationError, CorruptStateError, FencedError
-from nodeagent.leader import ClusterView, Plan
+from nodeagent.garbage import Garbage, GarbageLog
+from nodeagent.leader import Plan
 from nodeagent.model import Command, Cordon, Event, JobRecord, NodeReport
+from nodeagent.state import JobState
 
+__all__ = ["JobStore", "NodeLease", "Snapshot"]
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class NodeLease:
-    name: str
-    deadline_ms: int
-    report: NodeReport | None  # None: missing or unreadable
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What Redis holds about a job at server time `now_ms`."""
-
-    now_ms: int
-    leader: str | None
-    rev: int
-    record: JobRecord | None
-    record_error: str | None = None
-    cordon: Cordon | None = None  # the syncing node's own cordon
-    leader_deadline_ms: int | None = None  # when the leader lease lapses unless renewed
-    leases: tuple[NodeLease, ...] = ()
-    commands: tuple[Command, ...] = ()
-    command_cursor: str | None = None  # last command entry read, valid or not
-    errors: tuple[str, ...] = field(default=())
-
-    @property
-    def leader_name(self) -> str | None:
-        return self.leader.split(" ", 1)[0] if self.leader else None
-
-    def cluster_view(self) -> ClusterView:
-        live = {
-            lease.name: lease.report
-            for lease in self.leases
-            if lease.report is not None and lease.deadline_ms > self.now_ms
-        }
-        expired = tuple(lease.name for lease in self.leases if lease.deadline_ms <= self.now_ms)
-        return ClusterView(
-            now_ms=self.now_ms,
-            record=self.record,
-            nodes=live,
-            expired=expired,
-            commands=self.commands,
-            command_cursor=self.command_cursor,
-        )
 
 
 @contextmanager
@@ -77,17 +44,34 @@ def _redis_errors(what: str) -> Iterator[None]:
     except redis.ResponseError as exc:
         if str(exc).startswith("FENCED"):
             raise FencedError(f"{what}: {exc}") from exc
+        if str(exc).startswith("WRONGTYPE"):
+            raise CorruptStateError(
+                f"{what}: a key of the job holds the wrong type of value (garbage; the job's "
+                f"leader deletes it): {exc}"
+            ) from exc
         raise CoordinationError(f"{what}: Redis answered {exc}") from exc
     except redis.RedisError as exc:
         raise CoordinationError(f"{what}: {type(exc).__name__}: {exc}") from exc
+    except UnicodeDecodeError as exc:  # a client that decodes strictly read a non-UTF-8 value
+        raise CorruptStateError(f"{what}: Redis holds a value that is not UTF-8: {exc}") from exc
 
 
 class JobStore:
     """One job's keys in one Redis, for one agent or one nodeagentctl."""
 
-    def __init__(self, client: redis.Redis, keys: JobKeys) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: JobKeys, garbage: GarbageLog | None = None
+    ) -> None:
         self.client = client
         self.keys = keys
+        self.garbage = garbage or GarbageLog()
+        self.local_nproc: int | None = None  # this node's job.nproc_per_node, when it runs one
+        self._verified: tuple[object, ...] | None = None  # the last RUNNING record verified
+        self._waiting: tuple[object, ...] | None = None  # the last one that could not be
+        # A value that is not UTF-8 must read as garbage, not fail every reply that holds it.
+        kwargs = getattr(client.connection_pool, "connection_kwargs", None)
+        if isinstance(kwargs, dict):
+            kwargs.setdefault("encoding_errors", "replace")
         self._sync = client.register_script(scripts.SYNC)
         self._snapshot = client.register_script(scripts.SNAPSHOT)
         self._commit = client.register_script(scripts.COMMIT)
@@ -97,11 +81,86 @@ class JobStore:
         """Heartbeat: renew the lease, take or keep the leader lease, append events, read.
 
         The leader gets the whole cluster (leases, reports, new commands); others the record.
+        Garbage read is reported once (self.garbage), with its events sent on a later heartbeat.
         """
-        keys, args = self._sync_call(report, events)
-        with _redis_errors("heartbeat"):
-            reply = self._sync(keys=keys, args=args)
-        return _parse_snapshot(reply)
+        pending = self.garbage.take_events()
+        keys, args = self._sync_call(report, [*events, *pending])
+        try:
+            with _redis_errors("heartbeat"):
+                reply = self._sync(keys=keys, args=args)
+        except CoordinationError:
+            self.garbage.put_back(pending)
+            raise
+        snapshot = self._checked(parse_snapshot(self.keys, reply), report.name)
+        self.garbage.node = report.name
+        self.garbage.observe(snapshot.garbage, leading=snapshot.leader_name == report.name)
+        return snapshot
+
+    def _checked(self, snapshot: Snapshot, me: str) -> Snapshot:
+        """The snapshot with what this node must not act on taken out (see the module doc)."""
+        record = snapshot.record
+        if record is None:
+            return snapshot
+        found: list[Garbage] = []
+        if self.local_nproc is not None and record.nproc_per_node != self.local_nproc:
+            found.append(
+                Garbage(
+                    "job",
+                    self.keys.record,
+                    f"record: nproc_per_node {record.nproc_per_node} is not this node's "
+                    f"{self.local_nproc} (job.nproc_per_node)",
+                    "this node starts its configured number of workers",
+                )
+            )
+        if record.state is JobState.RUNNING and not self._master_verified(
+            record, snapshot, me, found
+        ):
+            # Not yet: to this node the generation is still forming. It acknowledges it and
+            # waits (READY, which the leader does not take for a node gone), starting nothing.
+            snapshot = replace(snapshot, record=replace(record, state=JobState.RESTARTING))
+        return replace(snapshot, garbage=(*snapshot.garbage, *found)) if found else snapshot
+
+    def _master_verified(
+        self, record: JobRecord, snapshot: Snapshot, me: str, found: list[Garbage]
+    ) -> bool:
+        ident = (record.generation, record.members[:1], record.master_addr, record.master_port)
+        if ident == self._verified:
+            return True
+        master = record.members[0] if record.members else ""
+        if snapshot.leader_name == me:
+            lease = snapshot.lease(master)
+        else:
+            try:
+                lease = self._read_lease(master, snapshot, found)
+            except CoordinationError as exc:  # cannot tell now: try again at the next sync
+                log.info("cannot verify the master of generation %d yet: %s", ident[0], exc)
+                return False
+        problem, forged = master_problem(record, lease, snapshot.now_ms)
+        if not problem:
+            self._verified = ident
+            return True
+        what = f"record of generation {record.generation}: {problem}"
+        if forged:  # not a record a leader wrote: garbage (the leader rewrites it)
+            found.append(Garbage("job", self.keys.record, what, "not acted on"))
+        elif ident != self._waiting:  # a member lost or restarting: the leader re-forms
+            log.info("not starting workers yet: %s", what)
+        self._waiting = ident
+        return False
+
+    def _read_lease(self, name: str, snapshot: Snapshot, found: list[Garbage]) -> NodeLease | None:
+        """One node's lease and report (a follower's SYNC reply holds none)."""
+        if not name:
+            return None
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys.node(name))
+        pipe.pttl(self.keys.node(name))
+        pipe.zscore(self.keys.leases, name)
+        with _redis_errors("read the master's lease"):
+            raw, pttl, score = pipe.execute(raise_on_error=False)
+        if any(isinstance(v, Exception) for v in (raw, pttl, score)) or score is None:
+            return None  # a key of the wrong type is garbage the leader deals with
+        entry = (name, repr(float(score)), raw or "", pttl)
+        return read_lease(self.keys, snapshot.now_ms, entry, found)
 
     def sync_many(self, reports: Sequence[NodeReport]) -> None:
         """Heartbeats of many nodes in one pipeline (the fleet simulator, bench/fleet.py)."""
@@ -146,10 +205,14 @@ class JobStore:
                 keys=[keys.leases, keys.leases, keys.leader, keys.record],
                 args=["", "", "", "", keys.node_prefix()],
             )
-        return _parse_snapshot(reply)
+        return parse_snapshot(keys, reply)
 
-    def commit(self, leader: str, rev: int, plan: Plan) -> int:
+    def commit(self, leader: str, rev: int, plan: Plan, replacing_garbage: bool = False) -> int:
         """Write the leader's plan, fenced by leader token and record revision.
+
+        `replacing_garbage`: the record read at `rev` was unreadable, so whatever generation it
+        claimed does not bind the new one. Garbage leases in `plan.drop` are removed if their
+        score is still the one read.
 
         Raises:
             FencedError: another agent leads, the record moved, or a reaped node came back.
@@ -167,8 +230,11 @@ class JobStore:
                     cursor,
                     EVENTS_MAXLEN,
                     self.keys.node_prefix(),
+                    "1" if replacing_garbage else "0",
                     len(plan.reap),
                     *plan.reap,
+                    len(plan.drop),
+                    *(part for pair in plan.drop for part in pair),
                     *(e.to_json() for e in plan.events),
                 ],
             )
@@ -212,6 +278,7 @@ class JobStore:
         return bool(removed)
 
     def cordons(self) -> dict[str, Cordon]:
+        """Every readable cordon; garbage ones are logged and left out."""
         with _redis_errors("read cordons"):
             raw: Any = self.client.hgetall(self.keys.cordons)
         found = {}
@@ -219,7 +286,7 @@ class JobStore:
             try:
                 found[str(name)] = Cordon.from_json(value)
             except CorruptStateError as exc:
-                log.warning("ignoring cordon of %s: %s", name, exc)
+                log.warning("ignoring cordon of %r: %s", name, exc)
         return found
 
     def send_command(self, command: Command) -> str:
@@ -267,51 +334,5 @@ def _event(entry_id: str, fields: dict[str, str]) -> Event:
     try:
         return Event.from_stream(entry_id, fields.get("event", ""))
     except CorruptStateError as exc:
-        return Event(
-            "corrupt_event", message=str(exc), at_ms=int(entry_id.split("-")[0]), id=entry_id
-        )
-
-
-def _parse(parse: Callable[[str], T], raw: str, errors: list[str]) -> T | None:
-    try:
-        return parse(raw)
-    except CorruptStateError as exc:
-        errors.append(str(exc))
-        return None
-
-
-def _parse_snapshot(reply: Sequence[Any]) -> Snapshot:
-    now_ms, leader, rev, raw_record = (int(reply[0]), reply[1] or None, int(reply[2]), reply[3])
-    errors: list[str] = []
-    record = _parse(JobRecord.from_json, raw_record, errors) if raw_record else None
-    record_error = errors[0] if errors else None
-    cordon = _parse(Cordon.from_json, reply[4], errors) if len(reply) > 4 and reply[4] else None
-    leases: list[NodeLease] = []
-    commands: list[Command] = []
-    leader_deadline = int(reply[5]) if len(reply) > 5 and reply[5] else None
-    if len(reply) > 6:
-        flat, reports = reply[6], reply[7]
-        for i, raw in enumerate(reports):
-            report = _parse(NodeReport.from_json, raw, errors) if raw else None
-            leases.append(NodeLease(str(flat[2 * i]), int(float(flat[2 * i + 1])), report))
-    cursor = None
-    for entry_id, fields in reply[8] if len(reply) > 8 else ():
-        cursor = str(entry_id)
-        pairs = dict(zip(fields[::2], fields[1::2], strict=False))
-        try:
-            commands.append(Command.from_stream(cursor, pairs.get("command", "")))
-        except CorruptStateError as exc:
-            errors.append(f"skipped: {exc}")
-    return Snapshot(
-        now_ms=now_ms,
-        leader=leader,
-        rev=rev,
-        record=record,
-        record_error=record_error,
-        cordon=cordon,
-        leader_deadline_ms=leader_deadline,
-        leases=tuple(leases),
-        commands=tuple(commands),
-        command_cursor=cursor,
-        errors=tuple(errors),
-    )
+        at_ms = int(entry_id.split("-")[0]) if entry_id.split("-")[0].isdigit() else None
+        return Event("corrupt_event", message=str(exc), at_ms=at_ms, id=entry_id)

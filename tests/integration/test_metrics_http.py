@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
@@ -100,3 +104,92 @@ def test_healthz_fails_without_redis(tmp_path: Path) -> None:
             assert "no lease renewal" in wait_for(unhealthy, 10, "/healthz to answer 503")
     finally:
         server.stop()
+
+
+SERVE = """
+import logging, resource, sys, time
+from prometheus_client import CollectorRegistry, Counter
+from nodeagent.metrics import MetricsServer
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+registry = CollectorRegistry()
+Counter("probe", "a probe", registry=registry).inc()
+cap = int(sys.argv[2])
+server = MetricsServer("127.0.0.1:0", registry, lambda: (True, "ok"), cap, timeout=60)
+server.start()
+print(server.address, flush=True)
+time.sleep(120)
+"""
+
+
+def proc_status(pid: int) -> tuple[int, int]:
+    """(threads, open descriptors) of a process."""
+    threads = next(
+        int(line.split()[1])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("Threads:")
+    )
+    return threads, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def half_requests(address: str, count: int) -> list[socket.socket]:
+    """`count` connections that each send half a request line and then nothing (slowloris)."""
+    host, port = address.rsplit(":", 1)
+    opened = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.settimeout(2)
+        try:
+            sock.connect((host, int(port)))
+            sock.sendall(b"GET /metr")
+        except OSError:
+            sock.close()
+            continue
+        opened.append(sock)
+    return opened
+
+
+@pytest.mark.parametrize(
+    ("fd_limit", "cap", "why"),
+    [
+        (1024, 32, "the connection cap holds"),
+        (48, 1000, "descriptors run out first: EMFILE on accept is a retry, not a crash"),
+    ],
+)
+def test_slow_clients_cannot_exhaust_the_metrics_server(
+    tmp_path: Path, fd_limit: int, cap: int, why: str
+) -> None:
+    stderr = (tmp_path / "server.log").open("w+")
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVE, str(fd_limit), str(cap)],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        address = server.stdout.readline().strip()
+        threads_before, _ = proc_status(server.pid)
+        clients = half_requests(address, 300)
+        try:
+            assert len(clients) > 100, why  # the attack got through the kernel's backlog
+            with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+                assert b"probe_total 1.0" in response.read(), why
+            threads, fds = proc_status(server.pid)
+            assert threads == threads_before, why  # no thread per connection
+            assert fds <= min(fd_limit, cap + 16), why
+            assert server.poll() is None, why
+        finally:
+            for sock in clients:
+                sock.close()
+        assert healthz(address) == (200, "ok\n"), why
+        log = Path(stderr.name).read_text()
+        if fd_limit < cap:
+            assert "out of file descriptors" in log and "retrying" in log, log[-2000:]
+    finally:
+        server.kill()
+        server.wait(10)
+        if server.stdout is not None:
+            server.stdout.close()
+        stderr.close()

@@ -143,13 +143,13 @@ def test_garbage_in_redis_is_reported_and_overwritten(
     client = redis_server.client()
     client.hset(store.keys.record, mapping={"rev": 3, "gen": 5, "record": "{not json"})
     client.set(store.keys.node("x"), "garbage", px=5000)
-    client.zadd(store.keys.leases, {"x": 10**13})
+    client.zadd(store.keys.leases, {"x": int(client.time()[0]) * 1000 + 4000})
     snap = store.sync(report("a", ttl_ms=5000))
     assert snap.record is None and snap.record_error and "not JSON" in snap.record_error
     assert any("node report" in e for e in snap.errors)
     assert "x" not in snap.cluster_view().nodes  # an unreadable node counts as absent
     assert snap.leader is not None
-    store.commit(snap.leader, snap.rev, write(job_record(6)))
+    store.commit(snap.leader, snap.rev, write(job_record(6)), replacing_garbage=True)
     assert store.snapshot().record == job_record(6)
 
 

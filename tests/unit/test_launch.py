@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,22 @@ def test_torchrun_environment_for_every_local_rank() -> None:
         assert name not in env
     assert specs[2].log_path == Path("/var/log/na/llama/7/rank-6.log")
     assert specs[2].cwd == "/opt/t" and specs[2].argv == ("python", "train.py")
+
+
+@pytest.mark.parametrize("recorded", [1, 4, 16])
+def test_the_local_config_decides_how_many_workers_run(recorded: int) -> None:
+    """A record (forged, or from a leader with another config) cannot change the number of
+    workers, their entrypoint, env or directories: those come from this node's config."""
+    record = replace(RECORD, nproc_per_node=recorded)
+    specs = worker_specs({}, CONFIG, record, group_rank=2)
+    assert [s.local_rank for s in specs] == [0, 1, 2, 3]
+    assert [s.rank for s in specs] == [8, 9, 10, 11]
+    assert {s.env["WORLD_SIZE"] for s in specs} == {"12"}  # 3 members x 4
+    assert {s.env["LOCAL_WORLD_SIZE"] for s in specs} == {"4"}
+    assert {s.argv for s in specs} == {("python", "train.py")}
+    assert {s.cwd for s in specs} == {"/opt/t"}
+    assert {s.env["NCCL_DEBUG"] for s in specs} == {"WARN"}
+    assert all(s.log_path.parent == Path("/var/log/na/llama/7") for s in specs)
 
 
 @pytest.mark.parametrize(

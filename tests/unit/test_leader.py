@@ -191,10 +191,55 @@ def test_failure_from_an_older_generation_is_ignored() -> None:
     assert run(running(5), *nodes).record is None
 
 
+def restarted_after(gen: int, f: Failure | None = None) -> list[NodeReport]:
+    """Members a, b, c acknowledged gen; b still reports `f` (the failure it saw), if given."""
+    return [node(n, acked=gen, failure=f if n == "b" else None) for n in "abc"]
+
+
 def test_failure_is_charged_when_every_member_survived() -> None:
     rec = record(JobState.RESTARTING, 6, ("a", "b", "c"), pending_failure=failure(5))
-    new = run(rec, *(node(n, acked=6) for n in "abc")).record
+    new = run(rec, *restarted_after(6, failure(5))).record
     assert new is not None and new.state is JobState.RUNNING and new.restart_count == 1
+
+
+@pytest.mark.parametrize(
+    ("reported", "why"),
+    [
+        (None, "b reports no failure: the record's pending failure was written by someone else"),
+        (failure(5, rank=3), "b reports another failure"),
+    ],
+)
+def test_a_failure_its_node_does_not_report_is_not_charged(
+    reported: Failure | None, why: str
+) -> None:
+    rec = record(JobState.RESTARTING, 6, ("a", "b", "c"), pending_failure=failure(5))
+    new = run(rec, *restarted_after(6, reported)).record
+    assert new is not None and new.state is JobState.RUNNING, why
+    assert new.restart_count == 0 and "not reported by b, not charged" in new.detail, why
+
+
+@pytest.mark.parametrize(
+    ("reporter", "forged", "why"),
+    [
+        ("d", failure(5, "d", 6), "d is not a member of generation 5"),
+        ("b", failure(5, "b", 0), "rank 0 runs on a, not on b"),
+        ("b", failure(5, "b", 4), "b runs ranks 2-3"),
+    ],
+)
+def test_failures_of_workers_a_member_does_not_run_start_nothing(
+    reporter: str, forged: Failure, why: str
+) -> None:
+    nodes = [*members_running(5), node("d", NodeState.STANDBY, acked=5)]
+    index = "abcd".index(reporter)
+    nodes[index] = replace(nodes[index], state=NodeState.FAILED, failure=forged)
+    assert run(running(5), *nodes).record is None, why
+
+
+def test_a_restart_count_beyond_the_budget_is_clamped() -> None:
+    """A record that says 99 restarts (while the job is still going) cannot fail the job on
+    the next failure: no leader writes a count past max_restarts without failing the job."""
+    new = run(running(5, restart_count=99), *members_running(5)).record
+    assert new is not None and new.restart_count == POLICY.max_restarts
 
 
 def test_failure_caused_by_a_lost_peer_is_not_charged() -> None:
@@ -210,7 +255,7 @@ def test_exceeding_max_restarts_fails_the_job() -> None:
     rec = record(
         JobState.RESTARTING, 9, ("a", "b", "c"), pending_failure=failure(8), restart_count=2
     )
-    result = run(rec, *(node(n, acked=9) for n in "abc"))
+    result = run(rec, *restarted_after(9, failure(8)))
     new = result.record
     assert new is not None and new.state is JobState.FAILED
     assert new.restart_count == 3 and new.reason == "max_restarts exceeded"

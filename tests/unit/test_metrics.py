@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from prometheus_client import generate_latest
 
 from nodeagent.gpu.classify import Thresholds, classify
 from nodeagent.gpu.readings import GpuReading, GpuSnapshot
+from nodeagent.httpd import answer, too_large
 from nodeagent.metrics import AgentMetrics
 from nodeagent.model import WorkerInfo
 from nodeagent.progress import Beat
@@ -103,3 +105,55 @@ def test_gpu_monitoring_unavailable() -> None:
     m.watch_gpus(lambda: GpuSnapshot(False, "no driver"), lambda: (), dict)
     assert value(m, "nodeagent_gpu_monitoring_available") == 0
     assert value(m, "nodeagent_gpu_healthy", gpu="0") is None
+
+
+def route(target: str) -> tuple[int, bytes, str]:
+    if target == "/boom":
+        raise RuntimeError("a collector failed")
+    return 200, f"you asked for {target}".encode(), "text/plain"
+
+
+@pytest.mark.parametrize(
+    ("request_head", "status", "body"),
+    [
+        (b"GET /metrics HTTP/1.1\r\nHost: x", b"200 OK", b"you asked for /metrics"),
+        (b"HEAD /metrics HTTP/1.0", b"200 OK", b""),
+        (b"POST /metrics HTTP/1.1", b"405 Method Not Allowed", b"only GET and HEAD\n"),
+        (b"GET /metrics", b"400 Bad Request", b"bad request\n"),
+        (b"\x00\xff garbage", b"400 Bad Request", b"bad request\n"),
+        (b"GET /boom HTTP/1.1", b"500 Internal Server Error", b"internal error\n"),
+    ],
+)
+def test_http_answers(request_head: bytes, status: bytes, body: bytes) -> None:
+    reply = answer(request_head, route)
+    head, _, got = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 " + status) and b"Connection: close" in head
+    assert got == body
+
+
+@pytest.mark.parametrize(
+    ("buffer", "status"),
+    [
+        (b"GET /" + b"x" * 9000, b"414"),  # no end of line yet, already too long
+        (b"GET /" + b"x" * 9000 + b" HTTP/1.1\r\n", b"414"),
+        (b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * 10_000, b"431"),
+        (b"GET / HTTP/1.1\r\nHost: x", None),
+    ],
+)
+def test_http_limits(buffer: bytes, status: bytes | None) -> None:
+    error = too_large(buffer)
+    assert (error is None) if status is None else (error is not None and status in error[:20])
+
+
+def test_garbage_counts_by_kind_and_reasons_from_redis_are_no_labels() -> None:
+    m = AgentMetrics("llama", "0")
+    assert value(m, "nodeagent_redis_garbage_total", key="leases") == 0  # exists from the start
+    m.redis_garbage("leases")
+    m.redis_garbage("no-such-kind")
+    assert value(m, "nodeagent_redis_garbage_total", key="leases") == 1
+    assert value(m, "nodeagent_redis_garbage_total", key="job") == 1
+    record = make_record(JobState.RUNNING, 4, ("a",))
+    m.synced(0.001, record, leader=False, now=1.0)
+    m.synced(0.001, replace(record, generation=5, reason="x" * 200), leader=False, now=2.0)
+    assert value(m, "nodeagent_restarts_total", reason="other") == 1
+    assert "x" * 200 not in generate_latest(m.registry).decode()

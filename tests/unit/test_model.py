@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 import pytest
 
 from nodeagent.errors import CorruptStateError
-from nodeagent.model import Command, CommandType, Event, Failure, JobRecord, NodeReport, WorkerInfo
+from nodeagent.model import (
+    Command,
+    CommandType,
+    Cordon,
+    Event,
+    Failure,
+    JobRecord,
+    NodeReport,
+    WorkerInfo,
+)
 from nodeagent.state import JobState, NodeState
 from tests.helpers.factories import make_record
 
@@ -52,40 +64,157 @@ def test_round_trips() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    ("raw", "words"),
-    [
-        ("not json", "not JSON"),
-        ("[1, 2]", "not a JSON object"),
-        ('{"name": "a"}', "malformed"),
-        (REPORT.to_json().replace('"running"', '"dancing"', 1), "malformed"),
-        (
-            REPORT.to_json().replace('"acked_generation":4', '"acked_generation":"4"'),
-            "acked_generation",
+def with_fields(obj: NodeReport | JobRecord | Cordon, **fields: object) -> str:
+    """`obj` as JSON with some fields replaced, JSON-encoded as given (or raw with Raw)."""
+    text = obj.to_json()
+    doc = json.loads(text)
+    doc.update({k: v for k, v in fields.items() if not isinstance(v, Raw)})
+    text = json.dumps(doc)
+    for name, value in fields.items():
+        if isinstance(value, Raw):  # a literal JSON python's json.dumps will not write
+            text = text[:-1] + f', "{name}": {value.text}}}'
+    return text
+
+
+@dataclass(frozen=True)
+class Raw:
+    text: str
+
+
+CORDON = Cordon(reason="r", by="ops", drain=True)
+GARBAGE_REPORTS = [
+    ("not json", "not JSON"),
+    ("[1, 2]", "not a JSON object"),
+    ('{"name": "a"}', "'address'"),
+    (b"\xff\xfe", "not JSON"),
+    ("[" * 100_000, "not JSON"),  # nested too deeply: RecursionError
+    ("1" * 5000, "not JSON"),  # an integer too long to convert
+    ('"' + "x" * (2 << 20) + '"', "bytes long"),
+    (with_fields(REPORT, state="dancing"), "'state'"),
+    (with_fields(REPORT, acked_generation="4"), "'acked_generation'"),
+    (with_fields(REPORT, acked_generation=4.0), "'acked_generation'"),
+    (with_fields(REPORT, acked_generation=-1), "'acked_generation'"),
+    (with_fields(REPORT, acked_generation=True), "'acked_generation'"),
+    (with_fields(REPORT, acked_generation=Raw("1e999")), "not JSON"),
+    (with_fields(REPORT, acked_generation=Raw("NaN")), "not JSON"),
+    (with_fields(REPORT, acked_generation=Raw("Infinity")), "not JSON"),
+    (with_fields(REPORT, free_port=70000), "'free_port'"),
+    (with_fields(REPORT, lease_ttl_ms=0), "'lease_ttl_ms'"),
+    (with_fields(REPORT, name="a b"), "'name'"),
+    (with_fields(REPORT, address="evil host; rm"), "'address'"),
+    (with_fields(REPORT, gpu="x"), "not a JSON object"),
+    (with_fields(REPORT, gpu={"gpus": []}), "'available'"),
+    (with_fields(REPORT, gpu={"available": True, "gpus": ["x"]}), "not a JSON object"),
+    (with_fields(REPORT, gpu={"available": "yes"}), "'available'"),
+    (
+        with_fields(
+            REPORT,
+            gpu={
+                "available": True,
+                "gpus": [
+                    {
+                        "index": 0,
+                        "health": "ok",
+                        "action": "none",
+                        "reason": "",
+                        "temperature_c": 1e300,
+                    }
+                ],
+            },
         ),
-    ],
-)
-def test_corrupt_node_reports_are_rejected(raw: str, words: str) -> None:
+        "'temperature_c'",
+    ),
+    (with_fields(REPORT, workers="x"), "'workers'"),
+    (with_fields(REPORT, workers=[{"rank": 0, "local_rank": 0, "state": "dancing"}]), "'state'"),
+    (
+        with_fields(REPORT, failure={"generation": 4, "node": "b", "rank": 0, "kind": "signal"}),
+        "failure of b",
+    ),
+    (
+        with_fields(REPORT, failure={"generation": 4, "node": "a", "rank": 0, "kind": "boom"}),
+        "'kind'",
+    ),
+    (with_fields(REPORT, cordon={"reason": "r", "by": "x", "drain": "false"}), "'drain'"),
+]
+
+
+@pytest.mark.parametrize(("raw", "words"), GARBAGE_REPORTS)
+def test_corrupt_node_reports_are_rejected(raw: str | bytes, words: str) -> None:
     with pytest.raises(CorruptStateError, match=words):
         NodeReport.from_json(raw)
 
 
 @pytest.mark.parametrize(
-    "raw",
+    ("raw", "words"),
     [
-        "{}",
-        '{"generation": "x"}',
-        RECORD.to_json().replace('"members":["a","b"]', '"members":"ab"'),
-        b"\xff\xfe",
+        ("{}", "'generation'"),
+        ('{"generation": "x"}', "'generation'"),
+        (with_fields(RECORD, generation=2.9), "'generation'"),
+        (with_fields(RECORD, generation=Raw("1e999")), "not JSON"),
+        (with_fields(RECORD, state="x"), "'state'"),
+        (with_fields(RECORD, members="ab"), "'members'"),
+        (with_fields(RECORD, members=["a", "a"]), "distinct"),
+        (with_fields(RECORD, members=["a", "b c"]), "node names"),
+        (with_fields(RECORD, nproc_per_node=0), "'nproc_per_node'"),
+        (with_fields(RECORD, target_nodes=2.9), "'target_nodes'"),
+        (with_fields(RECORD, restart_count=-1), "'restart_count'"),
+        (with_fields(RECORD, command_cursor="not-an-id"), "'command_cursor'"),
+        (with_fields(RECORD, master_addr="a b"), "'master_addr'"),
+        (with_fields(RECORD, master_port=70000), "'master_port'"),
+        (with_fields(RECORD, pending_failure="x"), "not a JSON object"),
+        (b"\xff\xfe", "not JSON"),
     ],
 )
-def test_corrupt_job_records_are_rejected(raw: str | bytes) -> None:
-    with pytest.raises(CorruptStateError):
+def test_corrupt_job_records_are_rejected(raw: str | bytes, words: str) -> None:
+    with pytest.raises(CorruptStateError, match=words):
         JobRecord.from_json(raw)
 
 
-def test_corrupt_commands_are_rejected() -> None:
-    with pytest.raises(CorruptStateError):
-        Command.from_stream("1-0", '{"type": "explode"}')
-    with pytest.raises(CorruptStateError):
-        Command.from_stream("1-0", '{"type": "scale", "target": "many"}')
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ('{"type": "explode"}', "'type'"),
+        ('{"type": "scale", "target": "many"}', "'target'"),
+        ('{"type": "scale", "target": 2.9}', "'target'"),
+        ('{"type": "scale", "target": 1e999}', "not JSON"),
+        ('{"type": "scale", "target": -1}', "'target'"),
+        ('{"type": "scale", "target": true}', "'target'"),
+        ('{"type": "scale", "target": NaN}', "not JSON"),
+        ('{"type": "stop", "by": ["x"]}', "'by'"),
+    ],
+)
+def test_corrupt_commands_are_rejected(raw: str, words: str) -> None:
+    with pytest.raises(CorruptStateError, match=words):
+        Command.from_stream("1-0", raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (with_fields(CORDON, drain="false"), "'drain'"),
+        (with_fields(CORDON, drain=1), "'drain'"),
+        (with_fields(CORDON, reason=5), "'reason'"),
+        ('{"reason": "r", "drain": true}', "'by'"),
+    ],
+)
+def test_corrupt_cordons_are_rejected(raw: str, words: str) -> None:
+    with pytest.raises(CorruptStateError, match=words):
+        Cordon.from_json(raw)
+
+
+@pytest.mark.parametrize(
+    ("entry_id", "raw", "words"),
+    [
+        ("1-0", '{"type": "x", "data": [1, 2]}', "'data'"),
+        ("1-0", '{"type": "x", "generation": "7"}', "'generation'"),
+        ("not-an-id", '{"type": "x"}', "not a stream entry ID"),
+    ],
+)
+def test_corrupt_events_are_rejected(entry_id: str, raw: str, words: str) -> None:
+    with pytest.raises(CorruptStateError, match=words):
+        Event.from_stream(entry_id, raw)
+
+
+def test_a_drain_is_a_real_boolean() -> None:
+    assert Cordon.from_json(with_fields(CORDON, drain=False)).drain is False
+    assert Cordon.from_json(with_fields(CORDON, drain=True)).drain is True

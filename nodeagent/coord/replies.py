@@ -1,0 +1,278 @@
+"""The replies of the SYNC and SNAPSHOT scripts, decoded into a Snapshot. Pure; never raises.
+
+Every value is checked (nodeagent.decode): what is not what nodeagent writes becomes a Garbage
+item and is left out. A garbage lease (a deadline that is not a finite integer, or beyond its
+node key's TTL, or a member that is not a node name) is also listed in `drop`, so the leader
+removes it; the one-shot phantom (a lease and a report written by hand, with no TTL or with a
+deadline far ahead) is garbage by these rules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from nodeagent.coord.keys import JobKeys
+from nodeagent.decode import MAX_INT, NAME_RE, parse_uint
+from nodeagent.errors import CorruptStateError
+from nodeagent.garbage import KINDS, Garbage
+from nodeagent.leader import ClusterView
+from nodeagent.model import Command, Cordon, JobRecord, NodeReport
+from nodeagent.state import JobState, NodeState
+
+T = TypeVar("T")
+# A lease deadline and its node key's expiry are set in one script with one TTL; they may differ
+# by the script's run time. Anything later than this past the key's expiry is garbage.
+LEASE_SLACK_MS = 1000
+
+
+@dataclass(frozen=True)
+class NodeLease:
+    name: str
+    deadline_ms: int
+    report: NodeReport | None  # None: missing or unreadable
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What Redis holds about a job at server time `now_ms`.
+
+    `stored_record` is the job record as decoded (what the leader plans from); `record` is the
+    one this node may act on: the same, unless it is RUNNING and its master could not be
+    verified (JobStore.sync), in which case it reads RESTARTING until it can.
+    """
+
+    now_ms: int
+    leader: str | None
+    rev: int
+    record: JobRecord | None
+    record_error: str | None = None  # the stored record is garbage: the leader rewrites it
+    cordon: Cordon | None = None  # the syncing node's own cordon
+    leader_deadline_ms: int | None = None  # when the leader lease lapses unless renewed
+    leases: tuple[NodeLease, ...] = ()
+    commands: tuple[Command, ...] = ()
+    command_cursor: str | None = None  # last command entry read, valid or not
+    garbage: tuple[Garbage, ...] = ()
+    drop: tuple[tuple[str, str], ...] = ()  # garbage leases: (member, score as read)
+    stored_record: JobRecord | None = None
+
+    @property
+    def leader_name(self) -> str | None:
+        return self.leader.split(" ", 1)[0] if self.leader else None
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        return tuple(g.describe() for g in self.garbage)
+
+    def lease(self, name: str) -> NodeLease | None:
+        return next((lease for lease in self.leases if lease.name == name), None)
+
+    def cluster_view(self) -> ClusterView:
+        live = {
+            lease.name: lease.report
+            for lease in self.leases
+            if lease.report is not None and lease.deadline_ms > self.now_ms
+        }
+        expired = tuple(lease.name for lease in self.leases if lease.deadline_ms <= self.now_ms)
+        return ClusterView(
+            now_ms=self.now_ms,
+            record=self.stored_record,
+            nodes=live,
+            expired=expired,
+            commands=self.commands,
+            command_cursor=self.command_cursor,
+            drop=self.drop,
+        )
+
+
+def master_problem(record: JobRecord, lease: NodeLease | None, now_ms: int) -> tuple[str, bool]:
+    """Why a RUNNING record's MASTER_ADDR cannot be trusted ("" if it can), and whether the
+    record contradicts what its rank-0 member published (it is forged, not merely stale).
+
+    MASTER_ADDR must be the published address of the rank-0 member, a node that holds a live
+    lease, reported itself and acknowledged this generation (when it did, its address and the
+    port it offered are the ones the leader wrote).
+    """
+    if not record.members:
+        return "it has no members", True
+    master = record.members[0]
+    if lease is None or lease.deadline_ms <= now_ms:
+        return f"its rank-0 member {master} holds no live lease", False
+    report = lease.report
+    if report is None:
+        return f"its rank-0 member {master} has no readable report", False
+    if report.acked_generation != record.generation:
+        # A leader writes RUNNING g only once every live member acknowledged g, and a member
+        # only ever acknowledges the record's generation: unless it just restarted (JOINING),
+        # the record is not one a leader wrote.
+        forged = report.state is not NodeState.JOINING
+        return f"its rank-0 member {master} has not acknowledged it", forged
+    published = (report.address, report.free_port)
+    if published != (record.master_addr, record.master_port):
+        return (
+            f"its master {record.master_addr}:{record.master_port} is not what {master} "
+            f"published ({report.address}:{report.free_port})",
+            True,
+        )
+    return "", False
+
+
+def _sample(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _decode(
+    parse: Callable[[str], T], raw: Any, garbage: list[Garbage], kind: str, key: str, action: str
+) -> T | None:
+    try:
+        return parse(raw)
+    except CorruptStateError as exc:
+        garbage.append(Garbage(kind, key, str(exc), action))
+        return None
+
+
+def read_lease(
+    keys: JobKeys, now_ms: int, entry: tuple[Any, Any, Any, Any], garbage: list[Garbage]
+) -> NodeLease | None:
+    """One lease: (member, score, report, node key PTTL). None when the lease is garbage."""
+    raw_name, raw_score, raw_report, pttl = entry
+    name, score = _text(raw_name), _text(raw_score)
+    problem = ""
+    try:
+        deadline = float(score)
+    except ValueError:
+        deadline = math.nan
+    if not NAME_RE.match(name):
+        problem = f"member {_sample(name)} is not a node name"
+    elif not (math.isfinite(deadline) and deadline.is_integer() and 0 <= deadline <= MAX_INT):
+        problem = f"member {name} has deadline {score}, not a time in ms"
+    elif deadline > now_ms and int(pttl) < 0:
+        problem = f"member {name} has a live deadline but " + (
+            "its node key has no TTL" if int(pttl) == -1 else "no node key"
+        )
+    elif deadline > now_ms + int(pttl) + LEASE_SLACK_MS:
+        problem = f"member {name} has a deadline beyond its node key's TTL"
+    if problem:
+        garbage.append(Garbage("leases", keys.leases, problem, "removed"))
+        return None
+    report = None
+    if raw_report:
+        key = keys.node(name)
+        report = _decode(NodeReport.from_json, raw_report, garbage, "node", key, "ignored")
+        if report is not None and report.name != name:
+            garbage.append(Garbage("node", key, f"report names {report.name}", "ignored"))
+            report = None
+    return NodeLease(name, int(deadline), report)
+
+
+def _leases(
+    keys: JobKeys, now_ms: int, reply: Sequence[Any], garbage: list[Garbage]
+) -> tuple[tuple[NodeLease, ...], tuple[tuple[str, str], ...]]:
+    if len(reply) < 10:
+        return (), ()
+    flat, reports, ttls = reply[7], reply[8], reply[9]
+    leases, drop = [], []
+    for i, raw_report in enumerate(reports):
+        entry = (flat[2 * i], flat[2 * i + 1], raw_report, ttls[i])
+        lease = read_lease(keys, now_ms, entry, garbage)
+        if lease is None:
+            drop.append((_text(entry[0]), _text(entry[1])))
+        else:
+            leases.append(lease)
+    return tuple(leases), tuple(drop)
+
+
+def _commands(
+    keys: JobKeys, reply: Sequence[Any], garbage: list[Garbage]
+) -> tuple[tuple[Command, ...], str | None]:
+    """The new commands; the cursor moves past every entry read, valid or not."""
+    commands: list[Command] = []
+    cursor = None
+    for entry_id, fields in reply[10] if len(reply) > 10 else ():
+        cursor = _text(entry_id)
+        pairs = dict(zip(fields[::2], fields[1::2], strict=False))
+        raw = pairs.get("command", "")
+
+        def parse(raw: str, entry: str = cursor) -> Command:
+            return Command.from_stream(entry, raw)
+
+        command = _decode(parse, raw, garbage, "commands", keys.commands, "skipped")
+        if command is not None:
+            commands.append(command)
+    return tuple(commands), cursor
+
+
+def _notes(reply: Sequence[Any]) -> list[Garbage]:
+    """What the script noted: "kind<TAB>key<TAB>problem<TAB>action" each."""
+    found = []
+    for raw in reply[6] if len(reply) > 6 and reply[6] else ():
+        parts = _text(raw).split("\t")
+        if len(parts) == 4:
+            kind = parts[0] if parts[0] in KINDS else "job"
+            found.append(Garbage(kind, parts[1], parts[2], parts[3]))
+    return found
+
+
+def parse_snapshot(keys: JobKeys, reply: Sequence[Any]) -> Snapshot:
+    """A Snapshot of a SYNC or SNAPSHOT reply (layouts in scripts.py)."""
+    garbage = _notes(reply)
+    now_ms = int(reply[0])
+    rev = parse_uint(reply[2])
+    if rev is None:
+        garbage.append(Garbage("job", keys.record, f"field rev {_sample(reply[2])} is not a count"))
+    record_error = None
+    record = None
+    if reply[3]:
+        errors: list[Garbage] = []
+        action = "the leader rewrites it"
+        record = _decode(JobRecord.from_json, reply[3], errors, "job", keys.record, action)
+        record_error = errors[0].problem if errors else None
+        garbage += errors
+    cordon = None
+    if reply[4]:
+        cordon = _decode(Cordon.from_json, reply[4], garbage, "cordons", keys.cordons, "ignored")
+    leases, drop = _leases(keys, now_ms, reply, garbage)
+    commands, cursor = _commands(keys, reply, garbage)
+    snapshot = Snapshot(
+        now_ms=now_ms,
+        leader=_text(reply[1]) if reply[1] else None,
+        rev=rev or 0,
+        record=record,
+        record_error=record_error,
+        cordon=cordon,
+        leader_deadline_ms=int(reply[5]) if reply[5] else None,
+        leases=leases,
+        commands=commands,
+        command_cursor=cursor,
+        garbage=tuple(garbage),
+        drop=drop,
+        stored_record=record,
+    )
+    return _forged(keys, snapshot) if len(reply) > 7 else snapshot
+
+
+def _forged(keys: JobKeys, snapshot: Snapshot) -> Snapshot:
+    """With every lease at hand (the leader, status): a RUNNING record that contradicts what its
+    rank-0 member published is forged: planned from as if it were unreadable."""
+    record = snapshot.stored_record
+    if record is None or record.state is not JobState.RUNNING:
+        return snapshot
+    master = record.members[0] if record.members else ""
+    problem, forged = master_problem(record, snapshot.lease(master), snapshot.now_ms)
+    if not forged:
+        return snapshot
+    item = Garbage("job", keys.record, f"record: {problem}", "the leader rewrites it")
+    return replace(
+        snapshot,
+        record=None,
+        stored_record=None,
+        record_error=item.problem,
+        garbage=(*snapshot.garbage, item),
+    )
