@@ -10,6 +10,9 @@ the metrics address) is checked by nodeagent.preflight.
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +36,8 @@ from nodeagent.configvalues import (
 from nodeagent.configvalues import parse_duration as parse_duration  # nodeagentctl's --timeout
 from nodeagent.entrypoint import NotPython, split_python
 from nodeagent.errors import ConfigError
+from nodeagent.identity import Account, WorkerUser
+from nodeagent.identity import resolve as resolve_user
 
 EX_CONFIG = 78
 REDIS_SCHEMES = redisurl.SCHEMES
@@ -64,6 +69,9 @@ class JobConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     gpus_per_worker: int = 1
     preload: tuple[str, ...] = ()  # modules spare worker interpreters import ahead of time
+    # Who the workers run as (job.user, job.group, job.allow_root), resolved on this node when
+    # the config was loaded; None: as the agent itself (a JobConfig built in code).
+    user: WorkerUser | None = None
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,7 @@ def _load_node(section: Section, redis_url: str, resolve: Resolver) -> NodeConfi
     return NodeConfig(name=name, address=address)
 
 
-def _load_job(section: Section) -> JobConfig:
+def _load_job(section: Section, resolve: Resolver) -> JobConfig:
     job_id = section.get("id", str, "")
     if not job_id:
         raise ConfigError(section.key("id"), "required: a job id such as llama-ft")
@@ -158,6 +166,7 @@ def _load_job(section: Section) -> JobConfig:
             section.key("target_nodes"),
             f"must be within [min_nodes, max_nodes] = [{min_nodes}, {max_nodes}], got {target}",
         )
+    env = _env(section)
     job = JobConfig(
         id=job_id,
         entrypoint=entrypoint,
@@ -167,12 +176,26 @@ def _load_job(section: Section) -> JobConfig:
         target_nodes=target,
         max_restarts=positive_int(section, "max_restarts", 3, minimum=0),
         working_dir=optional_path(section, "working_dir"),
-        env=_env(section),
+        env=env,
         gpus_per_worker=positive_int(section, "gpus_per_worker", 1, minimum=0),
         preload=_preload(section, entrypoint),
+        user=_run_as(section, env, resolve),
     )
     section.reject_unknown()
     return job
+
+
+def _run_as(section: Section, env: dict[str, str], resolve: Resolver) -> WorkerUser:
+    """job.user (default: the nodeagent system user), job.group (default: the user's own) and
+    job.allow_root, checked against this node's user database (nodeagent.identity)."""
+    names = {}
+    for name in ("user", "group"):
+        value = section.raw(name)
+        if value is not None and (not isinstance(value, str) or not value or "\0" in value):
+            raise ConfigError(section.key(name), f"expected a {name} name, got {value!r}")
+        names[name] = value
+    allow_root = section.get("allow_root", bool, False)
+    return resolve_user(names["user"], names["group"], allow_root, env, resolve)
 
 
 def _entrypoint(section: Section) -> tuple[str, ...]:
@@ -322,7 +345,34 @@ def _load_metrics(section: Section) -> MetricsConfig:
 
 
 class Resolver:
-    """Host facts used for defaults; injected so tests need not depend on this machine."""
+    """Host facts used for defaults and checks (the user database: nodeagent.identity.Accounts);
+    injected so tests need not depend on this machine."""
+
+    def agent(self) -> Account:
+        """Who this process runs as."""
+        uid, gid = os.geteuid(), os.getegid()
+        try:
+            entry = pwd.getpwuid(uid)
+        except KeyError:  # a uid without a passwd entry (a container, say)
+            return Account(str(uid), uid, gid, "/")
+        return Account(entry.pw_name, uid, gid, entry.pw_dir)
+
+    def user(self, name: str) -> Account | None:
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            return None
+        return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+    def group(self, name: str) -> int | None:
+        try:
+            return grp.getgrnam(name).gr_gid
+        except KeyError:
+            return None
+
+    def groups_of(self, user: str, gid: int) -> tuple[int, ...]:
+        """The user's supplementary groups with `gid`, as initgroups(3) would set them."""
+        return tuple(os.getgrouplist(user, gid))
 
     def hostname(self) -> str:
         return socket.gethostname().split(".")[0] or "localhost"
@@ -371,7 +421,7 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
     config = Config(
         node=_load_node(root.section("node"), url, resolve),
         redis=redis,
-        job=_load_job(root.section("job")),
+        job=_load_job(root.section("job"), resolve),
         timing=_load_timing(root.section("timing")),
         metrics=_load_metrics(root.section("metrics")),
         health=_load_health(root.section("health")),

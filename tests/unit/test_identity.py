@@ -1,0 +1,202 @@
+"""Who the workers run as: job.user, job.group, job.allow_root against a fake user database."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from nodeagent.config import Resolver, load_config
+from nodeagent.errors import ConfigError
+from nodeagent.identity import Account, WorkerUser, resolve
+
+ROOT = Account("root", 0, 0, "/root")
+ALICE = Account("alice", 1000, 1000, "/home/alice")
+USERS = {
+    "root": ROOT,
+    "nodeagent": Account("nodeagent", 990, 990, "/var/lib/nodeagent-worker"),
+    "alice": ALICE,
+    "toor": Account("toor", 0, 0, "/root"),  # a second name for uid 0
+}
+GROUPS = {"root": 0, "nodeagent": 990, "alice": 1000, "video": 44, "render": 105}
+MEMBERSHIP = {"nodeagent": (44, 105), "alice": (44,)}
+
+
+@dataclass
+class FakeAccounts:
+    me: Account = ROOT
+    users: dict[str, Account] = field(default_factory=lambda: dict(USERS))
+
+    def agent(self) -> Account:
+        return self.me
+
+    def user(self, name: str) -> Account | None:
+        return self.users.get(name)
+
+    def group(self, name: str) -> int | None:
+        return GROUPS.get(name)
+
+    def groups_of(self, user: str, gid: int) -> tuple[int, ...]:
+        return (gid, *MEMBERSHIP.get(user, ()))
+
+
+SESSION = {"HOME": "/var/lib/nodeagent-worker", "USER": "nodeagent", "LOGNAME": "nodeagent"}
+
+
+@pytest.mark.parametrize(
+    ("user", "group", "allow_root", "env", "expected"),
+    [
+        # default: the nodeagent system user, its group and supplementary groups, its session
+        (None, None, False, {}, WorkerUser("nodeagent", 990, 990, (990, 44, 105), True, SESSION)),
+        # job.allow_root only allows; it does not make the default root
+        (None, None, True, {}, WorkerUser("nodeagent", 990, 990, (990, 44, 105), True, SESSION)),
+        (
+            "alice",
+            "video",
+            False,
+            {},
+            WorkerUser(
+                "alice",
+                1000,
+                44,
+                (44, 44),
+                True,
+                {"HOME": "/home/alice", "USER": "alice", "LOGNAME": "alice"},
+            ),
+        ),
+        # job.env wins over the user's session variables
+        (
+            "alice",
+            None,
+            False,
+            {"HOME": "/scratch/alice"},
+            WorkerUser(
+                "alice", 1000, 1000, (1000, 44), True, {"USER": "alice", "LOGNAME": "alice"}
+            ),
+        ),
+        # root when explicitly allowed: nothing to switch
+        (
+            "root",
+            None,
+            True,
+            {},
+            WorkerUser(
+                "root", 0, 0, (0,), False, {"HOME": "/root", "USER": "root", "LOGNAME": "root"}
+            ),
+        ),
+    ],
+)
+def test_root_agent_resolves_the_workers_user(
+    user: str | None,
+    group: str | None,
+    allow_root: bool,
+    env: dict[str, str],
+    expected: WorkerUser,
+) -> None:
+    assert resolve(user, group, allow_root, env, FakeAccounts()) == expected
+
+
+@pytest.mark.parametrize(
+    ("me", "user", "group", "allow_root", "key", "words"),
+    [
+        (ROOT, "ghost", None, False, "job.user", "no such user on this node: 'ghost'"),
+        (ROOT, "root", None, False, "job.user", "job.allow_root: true"),
+        (ROOT, "toor", None, False, "job.user", "'toor' is root"),  # by uid, not by name
+        (ROOT, "alice", "ghosts", False, "job.group", "no such group on this node: 'ghosts'"),
+        (ALICE, "nodeagent", None, False, "job.user", "can start workers only as itself"),
+        (ALICE, "ghost", None, False, "job.user", "no such user"),
+        (ALICE, None, "video", False, "job.group", "cannot start workers in group 'video'"),
+        (ALICE, None, "ghosts", False, "job.group", "no such group"),
+    ],
+)
+def test_refused_users_name_their_key(
+    me: Account, user: str | None, group: str | None, allow_root: bool, key: str, words: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve(user, group, allow_root, {}, FakeAccounts(me=me))
+    assert caught.value.key == key and words in str(caught.value)
+
+
+def test_an_agent_that_is_not_root_runs_workers_as_itself() -> None:
+    accounts = FakeAccounts(me=ALICE)
+    for user, group in ((None, None), ("alice", None), ("alice", "alice"), (None, "alice")):
+        assert resolve(user, group, False, {}, accounts) == WorkerUser("alice", 1000, 1000)
+
+
+def test_no_nodeagent_user_falls_back_to_root_with_a_warning() -> None:
+    """A node installed without the Ansible role (no nodeagent user) keeps working, as root,
+    and the operator is told how to fix it."""
+    accounts = FakeAccounts(users={"root": ROOT})
+    run_as = resolve(None, None, False, {}, accounts)
+    assert (run_as.uid, run_as.gid, run_as.switch) == (0, 0, False)
+    assert "useradd --system nodeagent" in run_as.warning
+
+
+class FakeResolver(Resolver):
+    def __init__(self, accounts: FakeAccounts) -> None:
+        self.accounts = accounts
+
+    def hostname(self) -> str:
+        return "gpu-node-07"
+
+    def address_towards(self, redis_url: str) -> str:
+        return "10.9.8.7"
+
+    def agent(self) -> Account:
+        return self.accounts.agent()
+
+    def user(self, name: str) -> Account | None:
+        return self.accounts.user(name)
+
+    def group(self, name: str) -> int | None:
+        return self.accounts.group(name)
+
+    def groups_of(self, user: str, gid: int) -> tuple[int, ...]:
+        return self.accounts.groups_of(user, gid)
+
+
+def job(**keys: Any) -> dict[str, Any]:
+    return {"job": {"id": "llama-ft", "entrypoint": ["python", "train.py"], **keys}}
+
+
+def test_config_keys_reach_the_job() -> None:
+    config = load_config(
+        job(user="alice", group="video", env={"HOME": "/x"}), FakeResolver(FakeAccounts())
+    )
+    assert config.job.user == WorkerUser(
+        "alice", 1000, 44, (44, 44), True, {"USER": "alice", "LOGNAME": "alice"}
+    )
+    default = load_config(job(), FakeResolver(FakeAccounts()))
+    assert default.job.user is not None and default.job.user.name == "nodeagent"
+
+
+@pytest.mark.parametrize(
+    ("keys", "key"),
+    [
+        ({"user": 1000}, "job.user"),  # a name, not a uid
+        ({"user": ""}, "job.user"),
+        ({"user": ["alice"]}, "job.user"),
+        ({"group": 44}, "job.group"),
+        ({"allow_root": "yes"}, "job.allow_root"),
+        ({"user": "root"}, "job.user"),
+        ({"user": "root", "allow_root": False}, "job.user"),
+        ({"user": "ghost"}, "job.user"),
+    ],
+)
+def test_config_rejects_bad_values_by_key(keys: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(job(**keys), FakeResolver(FakeAccounts()))
+    assert caught.value.key == key
+
+
+def test_the_real_resolver_reads_this_node() -> None:
+    """The seam's real side: root and its groups exist on every Linux machine."""
+    resolver = Resolver()
+    root = resolver.user("root")
+    assert root is not None and (root.uid, root.gid) == (0, 0)
+    assert resolver.group("root") == 0
+    assert 0 in resolver.groups_of("root", 0)
+    assert resolver.user("no-such-user-here") is None and resolver.group("no-such-group") is None
+    me = resolver.agent()
+    assert me.uid >= 0 and me.name
