@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
-from nodeagent import __version__
+from nodeagent import __version__, outcome
 from nodeagent.bounded import BoundedCalls
 from nodeagent.config import Config
 from nodeagent.coord.store import JobStore, Snapshot
@@ -86,7 +86,10 @@ class Agent:
         notifier: Notifier | None = None,
         keeper: Keeper | None = None,
         clock: Callable[[], float] = time.monotonic,
+        until_done: bool = False,
     ) -> None:
+        """`until_done`: serve this one job and leave when it ends (`nodeagent launch`, an
+        embedded Redis); `outcome` is then its exit code. Otherwise a daemon: run until stopped."""
         self.config = config
         self.name = config.node.name
         self.state = NodeState.JOINING
@@ -126,6 +129,9 @@ class Agent:
         self._ready_sent = False
         self._stopping_sent = False
         self._cordon: Cordon | None = None
+        self._until_done = until_done
+        self._seen_going = False  # a non-terminal record seen: the job's end is this run's
+        self.outcome: int | None = None  # the job's exit code, once a single job ended
 
     # -- control, safe from signal handlers (flags only) -------------------------------------
 
@@ -144,9 +150,38 @@ class Agent:
             self.tick()
             if self._left:
                 break
+            self._end_with_job()
             timeout = 0.0 if self._dirty else self._next_wakeup() - self._clock()
             self._waker.wait(timeout)
         self._log.info("agent left the job")
+
+    def _end_with_job(self) -> None:
+        """A single-job agent leaves once the job has ended, like torchrun. A record that was
+        already terminal when this agent first saw it belongs to an earlier run of the same job
+        id (a shared Redis): that is refused rather than mistaken for this run's result."""
+        record = self.record
+        if not self._until_done or self._shutting_down or record is None:
+            return
+        if not record.state.terminal:
+            self._seen_going = True
+            return
+        if self._seen_going:
+            self.outcome = outcome.exit_code(record)
+            self._log.info(
+                "job %s (%s): leaving, exit code %d",
+                record.state.value,
+                record.detail or record.reason,
+                self.outcome,
+            )
+        else:
+            self.outcome = outcome.FAILED
+            self._log.error(
+                "job %s already ended (%s) in this Redis: use another job id, or "
+                "`nodeagentctl restart` it",
+                self.config.job.id,
+                record.state.value,
+            )
+        self.request_stop()
 
     def _notify_systemd(self) -> None:
         """After the sync, so READY=1 (sent once joined) comes before any WATCHDOG=1."""

@@ -79,20 +79,26 @@ def _load(path: str) -> Config | None:
         return None
 
 
-def run_agent(config: Config, context: LogContext, node: NodeCheck) -> int:
-    """Run until stopped. `node`: what check_node(config, create=True) found.
+def run_agent(
+    config: Config, context: LogContext, node: NodeCheck, until_done: bool | None = None
+) -> int:
+    """Run until stopped, or (`until_done`; default: with an embedded Redis, one machine, like
+    `torchrun --standalone`) until the job ends: then the job's exit code (nodeagent.outcome).
+    `node`: what check_node(config, create=True) found.
 
     Raises:
         ConfigError: the embedded Redis cannot start, or Redis refused the credentials.
     """
     record = _worker_record(config, node)
+    single = config.redis.url == EMBEDDED if until_done is None else until_done
     if config.redis.url != EMBEDDED:
-        return _run(config, context, record)
+        return _run(config, context, record, single)
     embedded = EmbeddedRedis(config.job.id, base=_runtime_directory())
     embedded.start()
     logging.getLogger(__name__).info("embedded redis-server at %s", embedded.url)
     try:
-        return _run(replace(config, redis=replace(config.redis, url=embedded.url)), context, record)
+        embedded_config = replace(config, redis=replace(config.redis, url=embedded.url))
+        return _run(embedded_config, context, record, single)
     finally:
         embedded.stop()
 
@@ -126,17 +132,17 @@ def _clean_leftovers(record: Path | None) -> None:
         time.sleep(0.01)
 
 
-def _run(config: Config, context: LogContext, record: Path | None) -> int:
+def _run(config: Config, context: LogContext, record: Path | None, until_done: bool) -> int:
     _clean_leftovers(record)
     keeper = Keeper(record)
     keeper.start()
     try:
-        return _run_agent(config, context, keeper)
+        return _run_agent(config, context, keeper, until_done)
     finally:
         keeper.close()
 
 
-def _run_agent(config: Config, context: LogContext, keeper: Keeper) -> int:
+def _run_agent(config: Config, context: LogContext, keeper: Keeper, until_done: bool) -> int:
     timing = config.timing
     timeout = max(0.2, min(2.0, timing.lease_ttl / 4))
     keys = JobKeys(config.redis.key_prefix, config.job.id)
@@ -167,6 +173,7 @@ def _run_agent(config: Config, context: LogContext, keeper: Keeper) -> int:
         log_context=context,
         notifier=Notifier.from_environ(os.environ),
         keeper=keeper,
+        until_done=until_done,
     )
     server = None
     if config.metrics.listen != "off":
@@ -192,7 +199,7 @@ def _run_agent(config: Config, context: LogContext, keeper: Keeper) -> int:
         if server is not None:
             server.stop()
         signal.set_wakeup_fd(-1)
-    return 0
+    return agent.outcome if agent.outcome is not None else 0
 
 
 def _check(config: Config, *, create: bool) -> NodeCheck | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -126,7 +125,7 @@ def test_status_table_and_events(redis_server: RedisServer, job_id: str, tmp_pat
 
 def test_standalone_with_embedded_redis(tmp_path: Path) -> None:
     """A one-node job with no Redis configured runs on a private redis-server, like
-    torchrun --standalone; nodeagentctl --config finds it."""
+    torchrun --standalone, and the agent exits with the job's result once it ends."""
     job = f"standalone-{os.getpid()}"
     config = tmp_path / "one.yaml"
     config.write_text(
@@ -146,18 +145,38 @@ def test_standalone_with_embedded_redis(tmp_path: Path) -> None:
         text=True,
     )
     try:
-
-        def succeeded() -> bool:
-            result = run("nodeagent.cli.ctl", "--config", str(config), "status", "--json")
-            return result.returncode == 0 and json.loads(result.stdout)["state"] == "succeeded"
-
-        wait_for(succeeded, 30, "the standalone job to succeed")
+        output, _ = agent.communicate(timeout=60)  # ends by itself when the job succeeds
     finally:
-        agent.send_signal(signal.SIGTERM)
-        output, _ = agent.communicate(timeout=30)
-    assert agent.returncode == 0
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    assert agent.returncode == 0, output[-2000:]
     assert "[rank 0]: trained" in output and "embedded redis-server" in output
+    assert "job succeeded" in output
     assert not embedded.socket_path(job).exists()  # cleaned up with the agent
+
+
+@pytest.mark.parametrize("code", [3, 1])
+def test_standalone_exits_with_the_failing_ranks_code(tmp_path: Path, code: int) -> None:
+    config = tmp_path / "one.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "node": {"name": "solo", "address": "127.0.0.1"},
+                "job": {
+                    "id": f"fails-{os.getpid()}-{code}",
+                    "entrypoint": [sys.executable, "-c", f"raise SystemExit({code})"],
+                    "max_restarts": 0,
+                },
+                "timing": {"heartbeat_interval": "200ms", "lease_ttl": "1s"},
+                "log_dir": str(tmp_path / "logs"),
+                "metrics": {"listen": "off"},
+            }
+        )
+    )
+    result = run("nodeagent", "run", "--config", str(config))
+    assert result.returncode == code, result.stderr[-2000:]
+    assert "job failed" in result.stderr + result.stdout
 
 
 def test_embedded_redis_is_refused_for_multi_node_jobs(tmp_path: Path) -> None:
