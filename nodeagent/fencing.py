@@ -267,7 +267,8 @@ class Keeper:
             return
         tmp = self._record.with_name(f".{self._record.name}.tmp")
         try:
-            tmp.write_text(json.dumps({"groups": [list(g) for g in groups]}))
+            with open(tmp, "w", encoding="utf-8", opener=_private) as f:
+                f.write(json.dumps({"groups": [list(g) for g in groups]}))
             os.replace(tmp, self._record)
         except OSError as exc:
             log.warning("cannot record the worker process groups in %s: %s", self._record, exc)
@@ -289,6 +290,13 @@ class Keeper:
             self._proc.wait()
         if not self._orders.groups:
             self._save(())
+
+
+def _private(path: str, flags: int) -> int:
+    """Open for the agent alone (0600), whatever the umask or an earlier file's mode."""
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
 
 
 def kill_leftovers(record: Path, proc: Path = Path("/proc")) -> list[int]:

@@ -22,9 +22,10 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nodeagent.entrypoint import split_python
+from nodeagent.identity import WorkerUser
 from nodeagent.launch import TORCHRUN_VARIABLES, WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -57,10 +58,20 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 
 def _start(
-    argv: Sequence[str], env: dict[str, str], cwd: str | None, stdin: int
+    argv: Sequence[str],
+    env: dict[str, str],
+    cwd: str | None,
+    stdin: int,
+    user: WorkerUser | None = None,
 ) -> subprocess.Popen[bytes]:
     """A worker-to-be in its own session (so a stop reaches all it forks), output on one pipe,
-    killed by the kernel if the agent dies."""
+    running as `user` when the agent switches users, killed by the kernel if the agent dies.
+
+    The order in the child matters: CPython applies setgroups, setregid and setreuid before it
+    calls preexec_fn, and the kernel clears a parent-death signal when the credentials change,
+    so PR_SET_PDEATHSIG must be (and is) set after the switch, in preexec_fn.
+    """
+    ids = (user.uid, user.gid, list(user.groups)) if user and user.switch else (None, None, None)
     return subprocess.Popen(
         argv,
         env=env,
@@ -69,6 +80,9 @@ def _start(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        user=ids[0],
+        group=ids[1],
+        extra_groups=ids[2],
         preexec_fn=_die_with(os.getpid()),  # only prctl and getppid run there
     )
 
@@ -110,16 +124,21 @@ class _Spare:
 
 
 class Spawner:
-    """Starts a worker process: a fresh one, or a preloaded spare when `modules` is not empty."""
+    """Starts a worker process: a fresh one, or a preloaded spare when `modules` is not empty,
+    as `user` (config.job.user; None: as the agent, with its environment)."""
 
-    def __init__(self, modules: Sequence[str] = ()) -> None:
+    def __init__(self, modules: Sequence[str] = (), user: WorkerUser | None = None) -> None:
         self._modules = tuple(modules)
+        self.user = user
+        if user is not None and user.warning:
+            log.warning("%s", user.warning)
         self._spares: dict[int, _Spare] = {}
         self._planned: tuple[float, Sequence[WorkerSpec]] | None = None
 
     def spawn(self, spec: WorkerSpec) -> tuple[subprocess.Popen[bytes], bool]:
         """The worker for `spec`, stdout and stderr on one pipe, and whether it runs in a
         preloaded interpreter. Raises OSError if it cannot be started."""
+        spec = self._as_user(spec)
         spare = self._spares.pop(spec.local_rank, None)
         if spare is not None:
             if spare.popen.poll() is None and spare.fits(spec):
@@ -132,7 +151,13 @@ class Spawner:
                 "preloaded interpreter of local rank %d %s; starting cold", spec.local_rank, reason
             )
             spare.discard()
-        return _start(spec.argv, dict(spec.env), spec.cwd, subprocess.DEVNULL), False
+        return _start(spec.argv, dict(spec.env), spec.cwd, subprocess.DEVNULL, self.user), False
+
+    def _as_user(self, spec: WorkerSpec) -> WorkerSpec:
+        """`spec` with the user's HOME, USER and LOGNAME (those job.env does not set)."""
+        if self.user is None or not self.user.env:
+            return spec
+        return replace(spec, env={**spec.env, **self.user.env})
 
     def _adopt(self, spare: _Spare, spec: WorkerSpec) -> subprocess.Popen[bytes]:
         order = {"args": split_python(spec.argv)[1], "env": dict(spec.env), "cwd": spec.cwd}
@@ -163,10 +188,12 @@ class Spawner:
                     return
 
     def _start_spare(self, spec: WorkerSpec) -> _Spare:
+        spec = self._as_user(spec)
         interpreter = split_python(spec.argv)[0]
         env = static_env(spec.env)
         argv = [*interpreter, "-m", SPARE_MODULE, *self._modules]
-        return _Spare(_start(argv, env, spec.cwd, subprocess.PIPE), interpreter, env, spec.cwd)
+        popen = _start(argv, env, spec.cwd, subprocess.PIPE, self.user)
+        return _Spare(popen, interpreter, env, spec.cwd)
 
     def spare_pids(self) -> list[int]:
         """The spare interpreters started and not used yet."""

@@ -22,10 +22,30 @@ LAYOUT = struct.Struct("<4sIQqd")
 SIZE = LAYOUT.size
 
 
-def create(path: Path) -> None:
-    """An empty progress file (no beats yet), written by the agent before the worker starts."""
+MODE = 0o640  # the worker (its owner) writes, the agent (its group) reads, nobody else
+
+
+def create(path: Path, owner: int | None = None) -> None:
+    """An empty progress file (no beats yet), written by the agent before the worker starts.
+
+    `owner`: the uid of a worker that runs as another user. The file becomes that user's, so
+    the worker can map it for writing; its group stays the agent's, so the agent reads it
+    without overriding file permissions. Never a symbolic link: one is replaced, not followed.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(LAYOUT.pack(MAGIC, VERSION, 0, -1, 0.0))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, MODE)
+    except OSError:  # a link (ELOOP) or a file the agent cannot open: start afresh
+        path.unlink(missing_ok=True)
+        fd = os.open(path, flags | os.O_EXCL, MODE)
+    try:
+        os.fchmod(fd, MODE)  # a file left by an earlier run keeps its mode otherwise
+        if owner is not None:
+            os.fchown(fd, owner, -1)
+        os.write(fd, LAYOUT.pack(MAGIC, VERSION, 0, -1, 0.0))
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import psutil
 
 from nodeagent import progress
 from nodeagent.fencing import Group, start_ticks
+from nodeagent.identity import WorkerUser
 from nodeagent.launch import WorkerSpec
 from nodeagent.logs import Echo
 from nodeagent.model import Failure, WorkerInfo
@@ -120,6 +121,35 @@ def _py_spy_dump(pid: int) -> str | None:
     return result.stdout if result.returncode == 0 and result.stdout else None
 
 
+LOG_MODE = 0o640  # worker logs are the agent's: the worker writes them only through its pipe
+DIR_MODE = 0o750  # a generation's directory: the agent's, searchable by the workers' group
+
+
+def _open_log(path: Path) -> IO[bytes]:
+    """A rank's log, for appending, 0640 whatever the umask (or an older file's mode)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, LOG_MODE)
+    os.fchmod(fd, LOG_MODE)
+    return os.fdopen(fd, "ab")
+
+
+def _worker_files(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
+    """The generation's directory, the worker's progress file and its log (returned, open).
+
+    A worker that runs as another user must reach its progress file to map it: the job's and
+    the generation's directories get the worker's group (0750) and the file becomes the
+    worker's. Nothing else there is readable to it: logs stay the agent's (0640).
+    """
+    directory = spec.log_path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    other = user if user is not None and user.switch else None
+    if other is not None:
+        for path in (directory.parent, directory):
+            os.chown(path, -1, other.gid)
+            os.chmod(path, DIR_MODE)
+    progress.create(spec.progress_path, owner=other.uid if other is not None else None)
+    return _open_log(spec.log_path)
+
+
 def _pump(stream: IO[bytes], log_file: IO[bytes], rank: int, echo: Echo) -> None:
     with stream, log_file:
         for line in iter(stream.readline, b""):
@@ -162,9 +192,7 @@ class Supervisor:
         return sum(w.preloaded for w in self._workers)
 
     def _spawn(self, spec: WorkerSpec) -> _Worker:
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        progress.create(spec.progress_path)
-        log_file = open(spec.log_path, "ab")  # noqa: SIM115 - closed by the pump thread
+        log_file = _worker_files(spec, self._spawner.user)  # closed by the pump thread
         try:
             popen, preloaded = self._spawner.spawn(spec)
         except OSError as exc:
@@ -287,8 +315,10 @@ class Supervisor:
         pid = worker.popen.pid
         dump = _py_spy_dump(pid)
         if dump is not None:
-            with open(worker.spec.log_path, "a", encoding="utf-8") as log_file:
-                log_file.write(f"--- nodeagent: no progress; py-spy dump of pid {pid}\n{dump}\n")
+            with _open_log(worker.spec.log_path) as log_file:
+                log_file.write(
+                    f"--- nodeagent: no progress; py-spy dump of pid {pid}\n{dump}\n".encode()
+                )
             return dump
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
