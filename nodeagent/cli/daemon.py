@@ -22,6 +22,7 @@ from types import FrameType
 
 from nodeagent import __version__, logs
 from nodeagent.agent import Agent
+from nodeagent.cli import launch
 from nodeagent.config import EMBEDDED, EX_CONFIG, Config, read_config
 from nodeagent.coord.client import check_credentials, connect
 from nodeagent.coord.embedded import EmbeddedRedis
@@ -54,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides logging.level"
+    )
+    commands.add_parser(
+        "launch",
+        add_help=False,
+        help="one job in the foreground with torchrun's flags; exits with its result "
+        "(`nodeagent launch --help`)",
     )
     config = commands.add_parser("config", help="configuration tools")
     config_commands = config.add_subparsers(dest="config_command", required=True)
@@ -228,6 +235,9 @@ def _config_check(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["launch"]:  # torchrun's flags and the script's own: parsed there
+        return launch.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "config":
         return _config_check(args)

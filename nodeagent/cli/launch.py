@@ -1,0 +1,81 @@
+"""`nodeagent launch`: torchrun's command line, one job, in the foreground.
+
+    nodeagent launch --nnodes 1:4 --nproc-per-node 8 --rdzv-endpoint HOST:PORT --rdzv-id JOB \\
+        train.py args...
+
+Runs this node's agent for that one job and exits with the job's result: 0 when it succeeded,
+the failing rank's exit code (or 1) when it failed, 78 for a command line or node that cannot
+run it, 2 for a usage error (argparse's, as torchrun's). The config is built from the flags
+(nodeagent.launchargs); config files stay the way to run under systemd (`nodeagent run`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from nodeagent import logs
+from nodeagent.config import EX_CONFIG, Config, load_config
+from nodeagent.errors import ConfigError
+from nodeagent.launchargs import LaunchError, Machine, build
+from nodeagent.logs import LogContext
+from nodeagent.preflight import check_node
+from nodeagent.signalwatch import SignalWatch
+
+
+def _machine() -> Machine:
+    return Machine(
+        python=sys.executable,
+        hostname=socket.gethostname().split(".")[0],
+        cwd=os.getcwd(),
+        user=pwd.getpwuid(os.geteuid()).pw_name,
+        pid=os.getpid(),
+    )
+
+
+def _config(argv: Sequence[str]) -> tuple[Config, tuple[str, ...]] | None:
+    try:
+        launch = build(argv, _machine())
+        return load_config(launch.document), launch.warnings
+    except (LaunchError, ConfigError) as exc:
+        print(f"nodeagent launch: {exc}", file=sys.stderr)
+        return None
+
+
+def main(argv: Sequence[str]) -> int:
+    from nodeagent.cli.daemon import run_agent  # the daemon's CLI registers this one
+
+    built = _config(argv)
+    if built is None:
+        return EX_CONFIG
+    config, warnings = built
+    context = LogContext(config.node.name, config.job.id)
+    logs.configure(config.logging.format, config.logging.level, context)
+    log = logging.getLogger("nodeagent.launch")
+    try:
+        node = check_node(config, os.environ, create=True)
+    except ConfigError as exc:
+        print(f"nodeagent launch: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    for warning in (*warnings, *node.warnings):
+        log.warning("%s", warning)
+    where = Path(config.log_dir) / config.job.id
+    log.info("job %s: each rank's log is %s/rank-R.log", config.job.id, where)
+    watch = SignalWatch()
+    watch.install()
+    try:
+        code = run_agent(config, context, node, until_done=True)
+    except ConfigError as exc:  # an embedded Redis that cannot start, refused credentials
+        print(f"nodeagent launch: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    finally:
+        watch.close()
+    print(
+        f"nodeagent launch: job {config.job.id} exit code {code}; logs in {where}", file=sys.stderr
+    )
+    return code

@@ -1,0 +1,97 @@
+"""torchrun's flags -> a config document (nodeagent.launchargs), checked by config.load_config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from nodeagent.config import EMBEDDED, load_config
+from nodeagent.launchargs import LaunchError, Machine, build, redis_url
+
+MACHINE = Machine(python="/opt/py/bin/python3", hostname="gpu7", cwd="/work", user="me", pid=42)
+
+
+def job(*argv: str) -> dict[str, Any]:
+    document = build(argv, MACHINE).document
+    result: dict[str, Any] = document["job"]
+    return result
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "url"),
+    [
+        ("10.0.0.2:6380", "redis://10.0.0.2:6380/0"),
+        ("10.0.0.2", "redis://10.0.0.2:6379/0"),
+        ("redis-host", "redis://redis-host:6379/0"),
+        ("redis://:pw@h:1/2", "redis://:pw@h:1/2"),
+        ("unix:///run/r.sock", "unix:///run/r.sock"),
+    ],
+)
+def test_rdzv_endpoint_is_the_redis(endpoint: str, url: str) -> None:
+    assert redis_url(endpoint) == url
+
+
+@pytest.mark.parametrize(
+    ("argv", "key", "value"),
+    [
+        (["t.py", "--lr", "1"], "entrypoint", ["/opt/py/bin/python3", "-u", "t.py", "--lr", "1"]),
+        (
+            ["-m", "pkg.train", "a"],
+            "entrypoint",
+            ["/opt/py/bin/python3", "-u", "-m", "pkg.train", "a"],
+        ),
+        (["--no-python", "./run.sh", "x"], "entrypoint", ["./run.sh", "x"]),
+        (["--nproc_per_node", "8", "t.py"], "nproc_per_node", 8),
+        (["--nnodes", "1", "t.py"], "max_nodes", 1),
+        (["--max-restarts", "5", "t.py"], "max_restarts", 5),
+        (["t.py"], "max_restarts", 0),  # torchrun's default, not nodeagent's 3
+        (["t.py"], "working_dir", "/work"),
+        (["t.py"], "id", "standalone-42"),
+    ],
+)
+def test_flags(argv: list[str], key: str, value: object) -> None:
+    assert job(*argv)[key] == value
+
+
+def test_a_multi_node_launch_becomes_a_valid_config() -> None:
+    launch = build(
+        ["--nnodes", "1:4", "--nproc-per-node", "2", "--rdzv-endpoint", "h:7",
+         "--rdzv-id", "llama", "--node-rank", "3", "--master-addr", "x", "t.py"],
+        MACHINE,
+    )  # fmt: skip
+    document = launch.document
+    assert document["redis"] == {"url": "redis://h:7/0"}
+    assert document["node"]["name"] == "gpu7"
+    assert document["metrics"] == {"listen": "off"}  # two launches on one host do not collide
+    assert document["log_dir"] == "/work/nodeagent-logs"
+    assert [w.split()[0] for w in launch.warnings] == ["--node-rank", "--master-addr"]
+    document["job"].pop("user"), document["job"].pop("allow_root")  # this machine's users
+    config = load_config(document)
+    assert (config.job.min_nodes, config.job.max_nodes, config.job.nproc_per_node) == (1, 4, 2)
+    assert config.job.id == "llama"
+
+
+def test_standalone_is_the_embedded_redis() -> None:
+    document = build(["--standalone", "--node-name", "solo", "t.py"], MACHINE).document
+    assert "redis" not in document and document["node"]["name"] == "solo"
+    document["job"].pop("user"), document["job"].pop("allow_root")
+    assert load_config(document).redis.url == EMBEDDED
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--rdzv-backend", "etcd", "t.py"], "nodeagent's rendezvous is Redis"),
+        (["--standalone", "--nnodes", "2", "t.py"], "--standalone: one node only"),
+        (["--rdzv-endpoint", "h:1", "t.py"], "--rdzv-id is required"),
+        (["--nnodes", "3:2", "t.py"], "1 <= MIN <= MAX"),
+        (["--nnodes", "x", "t.py"], "expected N or MIN:MAX"),
+        (["--nproc-per-node", "gpu", "t.py"], "give a number"),
+        (["--no-python", "-m", "t"], "cannot go together"),
+        (["--max-restarts", "-1", "t.py"], ">= 0"),
+    ],
+)
+def test_refused(argv: list[str], words: str) -> None:
+    with pytest.raises(LaunchError, match=words):
+        build(argv, MACHINE)
