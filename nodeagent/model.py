@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from nodeagent.decode import Reader, is_stream_id
+from nodeagent.decode import MAX_RAW, Reader, is_stream_id
 from nodeagent.errors import CorruptStateError
 from nodeagent.state import JOB_TRANSITIONS, JobState, NodeState, check_transition
 
@@ -263,7 +263,7 @@ class JobRecord:
             since_ms=r.integer("since_ms", 0),
             command_cursor=r.stream_id("command_cursor", "0-0"),
             pending_failure=Failure.read(pending) if pending else None,
-            detail=r.text("detail", "", max_len=1 << 16),
+            detail=r.text("detail", "", max_len=MAX_RAW),
         )
 
 
@@ -292,7 +292,7 @@ class Event:
             type=r.text("type", max_len=64),
             generation=r.opt_integer("generation"),
             node=r.opt_text("node", 256),
-            message=r.text("message", "", max_len=1 << 16),
+            message=r.text("message", "", max_len=MAX_RAW),
             data=r.mapping("data"),
             at_ms=int(entry_id.split("-")[0]),
             id=entry_id,
