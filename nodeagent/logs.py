@@ -98,9 +98,17 @@ def configure(fmt: str, level: str, context: LogContext, stream: TextIO = sys.st
 
 
 class WorkerEcho:
-    """Writes worker output lines to stdout whole, stamped like the agent's own lines."""
+    """Writes worker output lines to stdout whole, stamped like the agent's own lines: the
+    time the agent read the line, node, job, generation and rank."""
 
-    def __init__(self, fmt: str, context: LogContext, stream: TextIO = sys.stdout) -> None:
+    def __init__(
+        self,
+        fmt: str,
+        context: LogContext,
+        stream: TextIO = sys.stdout,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._clock = clock
         self._fmt = fmt
         self._context = context
         self._stream = stream
@@ -108,10 +116,11 @@ class WorkerEcho:
 
     def __call__(self, rank: int, line: str) -> None:
         c = self._context
+        ts = _timestamp(self._clock())  # when the agent read the line
         if self._fmt == "json":
             text = json.dumps(
                 {
-                    "ts": _timestamp(time.time()),
+                    "ts": ts,
                     "node": c.node,
                     "job": c.job,
                     "generation": c.generation,
@@ -120,7 +129,7 @@ class WorkerEcho:
                 }
             )
         else:
-            text = f"node={c.node} job={c.job} gen={c.generation} [rank {rank}]: {line}"
+            text = f"ts={ts} node={c.node} job={c.job} gen={c.generation} [rank {rank}]: {line}"
         with self._lock:
             self._stream.write(text + "\n")
             self._stream.flush()

@@ -48,6 +48,14 @@ def create(path: Path, owner: int | None = None) -> None:
         os.close(fd)
 
 
+def discard_unused(path: Path) -> None:
+    """Remove a progress file its worker never beat into, once the worker has ended: only
+    scripts that call beat() leave one behind. One with beats stays (the hang post-mortem)."""
+    beat = read(path)
+    if beat is not None and beat.beats == 0:
+        path.unlink(missing_ok=True)
+
+
 @dataclass(frozen=True)
 class Beat:
     beats: int

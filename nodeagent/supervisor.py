@@ -150,12 +150,48 @@ def _worker_files(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
     return _open_log(spec.log_path)
 
 
-def _pump(stream: IO[bytes], log_file: IO[bytes], rank: int, echo: Echo) -> None:
-    with stream, log_file:
-        for line in iter(stream.readline, b""):
-            log_file.write(line)
-            log_file.flush()
-            echo(rank, line.decode("utf-8", "replace").rstrip("\n"))
+class RankLog:
+    """Where a rank's output goes: its generation's file (`<job>/<generation>/rank-R.log`) and
+    the rank's one file across generations (`<job>/rank-R.log`, appended after a banner line
+    naming the generation and node), the one to follow (`nodeagentctl logs --rank R`)."""
+
+    def __init__(self, spec: WorkerSpec, generation_log: IO[bytes], banner: str) -> None:
+        self._files = (generation_log, _open_log(stable_log_path(spec.log_path)))
+        self._files[1].write(f"{banner}\n".encode())
+        self._files[1].flush()
+
+    def write(self, data: bytes) -> None:
+        for f in self._files:
+            f.write(data)
+            f.flush()
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+
+def stable_log_path(generation_log: Path) -> Path:
+    """`<log_dir>/<job>/rank-R.log` for `<log_dir>/<job>/<generation>/rank-R.log`."""
+    return generation_log.parent.parent / generation_log.name
+
+
+def banner(generation: int, node: str, spec: WorkerSpec, now: float) -> str:
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    return (
+        f"=== nodeagent: generation {generation}, rank {spec.rank} "
+        f"(local {spec.local_rank}) on {node}, {when} ==="
+    )
+
+
+def _pump(stream: IO[bytes], log: RankLog, rank: int, echo: Echo) -> None:
+    """Copy a worker's output, line by line, to its logs and the agent's output."""
+    try:
+        with stream:
+            for line in iter(stream.readline, b""):
+                log.write(line)
+                echo(rank, line.decode("utf-8", "replace").rstrip("\n"))
+    finally:
+        log.close()
 
 
 class Supervisor:
@@ -185,6 +221,7 @@ class Supervisor:
         """Start one generation's workers; how many run in preloaded interpreters."""
         if self.status().active:
             raise RuntimeError("start() while the previous group is still active")
+        self._discard_unused_progress()
         self._generation, self._node = generation, node
         self._stop_deadline, self._killed, self._failure = None, False, None
         self._workers = [self._spawn(spec) for spec in specs]
@@ -192,7 +229,8 @@ class Supervisor:
         return sum(w.preloaded for w in self._workers)
 
     def _spawn(self, spec: WorkerSpec) -> _Worker:
-        log_file = _worker_files(spec, self._spawner.user)  # closed by the pump thread
+        title = banner(self._generation or 0, self._node, spec, time.time())
+        log_file = RankLog(spec, _worker_files(spec, self._spawner.user), title)  # pump closes
         try:
             popen, preloaded = self._spawner.spawn(spec)
         except OSError as exc:
@@ -361,6 +399,13 @@ class Supervisor:
     def close(self) -> None:
         """Release what outlives a group (preloaded interpreters); the agent is leaving."""
         self._spawner.close()
+        self._discard_unused_progress()
+
+    def _discard_unused_progress(self) -> None:
+        """The group has ended (replaced, or the agent leaves): remove the progress files its
+        workers never beat into, so only scripts that call beat() leave one behind."""
+        for worker in self._workers:
+            progress.discard_unused(worker.spec.progress_path)
 
     def next_deadline(self) -> float | None:
         """When poll() must run next to escalate a stop, if a stop is pending."""

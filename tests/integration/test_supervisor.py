@@ -207,3 +207,36 @@ def test_stack_dump_of_a_stopped_worker_via_faulthandler(
     assert "most recent call first" in log.read_text()
     failure = h.sup.status().failure
     assert failure is not None and failure.kind == "hang" and failure.rank == 10
+
+
+def test_each_rank_has_one_log_across_generations(h: Harness) -> None:
+    """<job>/rank-R.log gets every generation's output after a banner naming it."""
+    for generation in (1, 2):
+        code = f"print('gen {generation} line')"
+        h.sup.start(generation, "n7", h.specs(code, n=1))
+        h.settle(GroupPhase.EXITED)
+        wait_for(lambda g=generation: f"[rank 10]: gen {g} line" in h.lines, 5, "echoed line")
+    stable = (h.tmp_path / "rank-10.log").read_text().splitlines()
+    assert [line.split(",")[0] for line in stable[::2]] == [
+        "=== nodeagent: generation 1",
+        "=== nodeagent: generation 2",
+    ]
+    assert "rank 10 (local 0) on n7" in stable[0]
+    assert stable[1::2] == ["gen 1 line", "gen 2 line"]
+    assert (h.tmp_path / "logs" / "rank-10.log").read_text() == "gen 1 line\ngen 2 line\n"
+
+
+BEAT = (
+    "import os; from nodeagent.progress import BeatWriter; "
+    "w = BeatWriter(os.environ['NODEAGENT_PROGRESS_FILE']); w.beat(1) if {beats} else None"
+)
+
+
+@pytest.mark.parametrize(("beats", "kept"), [(True, True), (False, False)])
+def test_progress_files_only_for_workers_that_beat(h: Harness, beats: bool, kept: bool) -> None:
+    specs = h.specs(BEAT.format(beats=beats), n=1)
+    h.sup.start(1, "n", specs)
+    h.settle(GroupPhase.EXITED)
+    assert specs[0].progress_path.exists()  # until the group ends: the hang watch reads it
+    h.sup.close()  # the agent leaves (a next generation's start() does the same)
+    assert specs[0].progress_path.exists() is kept

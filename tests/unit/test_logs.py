@@ -42,8 +42,10 @@ def test_json_lines_follow_the_context() -> None:
 def test_worker_lines_are_stamped_too() -> None:
     context = LogContext("n1", "llama", 4)
     out = io.StringIO()
-    WorkerEcho("text", context, out)(5, "loss 0.3")
-    WorkerEcho("json", context, out)(5, "loss 0.2")
+    clock = (1_700_000_000.25).__float__  # 2023-11-14T22:13:20.250Z
+    WorkerEcho("text", context, out, clock)(5, "loss 0.3")
+    WorkerEcho("json", context, out, clock)(5, "loss 0.2")
     text, js = out.getvalue().splitlines()
-    assert text == "node=n1 job=llama gen=4 [rank 5]: loss 0.3"
+    assert text == "ts=2023-11-14T22:13:20.250Z node=n1 job=llama gen=4 [rank 5]: loss 0.3"
     assert json.loads(js)["rank"] == 5 and json.loads(js)["generation"] == 4
+    assert json.loads(js)["ts"] == "2023-11-14T22:13:20.250Z"
