@@ -139,7 +139,13 @@ def then(*writes: Write) -> Write:
 
 
 def wrong_type(key: Callable[[JobKeys], str]) -> Write:
-    return lambda r, k: (r.delete(key(k)), r.sadd(key(k), "garbage"))
+    def write(r: redis.Redis, k: JobKeys) -> object:
+        pipe = r.pipeline(transaction=True)
+        pipe.delete(key(k))
+        pipe.sadd(key(k), "garbage")
+        return pipe.execute()
+
+    return write
 
 
 def command(raw: str) -> Write:
