@@ -1,4 +1,5 @@
-"""`nodeagentctl`: inspect a job and change it (status, scale, events, restart, stop, cordon).
+"""`nodeagentctl`: inspect a job and change it (status, scale, events, restart, stop, cordon);
+`logs` reads this node's rank logs (no Redis).
 
 Every argument is checked before anything is written to Redis: a node that holds no lease and
 is not a member of the job record, a job with neither a record nor a lease, a bad duration,
@@ -32,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nodeagent import redisurl
-from nodeagent.cli import ctlargs, ctlshow
+from nodeagent.cli import ctlargs, ctllogs, ctlshow
 from nodeagent.config import EMBEDDED, EX_CONFIG, Config, read_config
 from nodeagent.coord import eventlog
 from nodeagent.coord.client import connect
@@ -97,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         "--node", type=ctlargs.name, help="node name (default: node.name of --config)"
     )
     health.add_argument("--json", action="store_true")
+    ctllogs.add_parser(commands)
     return parser
 
 
@@ -370,6 +372,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     args = _parser().parse_args(argv)
     target: Target | None = None
     try:
+        if args.command == "logs":  # this node's files: no Redis
+            return ctllogs.run(read_config(args.config) if args.config else None, args)
         target = _target(args, os.environ if environ is None else environ)
         return dispatch(target, args)
     except ConfigError as exc:
