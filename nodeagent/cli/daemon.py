@@ -88,10 +88,10 @@ def _load(path: str) -> Config | None:
 
 def run_agent(
     config: Config, context: LogContext, node: NodeCheck, until_done: bool | None = None
-) -> int:
+) -> int | None:
     """Run until stopped, or (`until_done`; default: with an embedded Redis, one machine, like
-    `torchrun --standalone`) until the job ends: then the job's exit code (nodeagent.outcome).
-    `node`: what check_node(config, create=True) found.
+    `torchrun --standalone`) until the job ends: then the job's exit code (nodeagent.outcome);
+    None when the agent was stopped first. `node`: what check_node(config, create=True) found.
 
     Raises:
         ConfigError: the embedded Redis cannot start, or Redis refused the credentials.
@@ -139,7 +139,7 @@ def _clean_leftovers(record: Path | None) -> None:
         time.sleep(0.01)
 
 
-def _run(config: Config, context: LogContext, record: Path | None, until_done: bool) -> int:
+def _run(config: Config, context: LogContext, record: Path | None, until_done: bool) -> int | None:
     _clean_leftovers(record)
     keeper = Keeper(record)
     keeper.start()
@@ -149,7 +149,7 @@ def _run(config: Config, context: LogContext, record: Path | None, until_done: b
         keeper.close()
 
 
-def _run_agent(config: Config, context: LogContext, keeper: Keeper, until_done: bool) -> int:
+def _run_agent(config: Config, context: LogContext, keeper: Keeper, until_done: bool) -> int | None:
     timing = config.timing
     timeout = max(0.2, min(2.0, timing.lease_ttl / 4))
     keys = JobKeys(config.redis.key_prefix, config.job.id)
@@ -206,7 +206,7 @@ def _run_agent(config: Config, context: LogContext, keeper: Keeper, until_done: 
         if server is not None:
             server.stop()
         signal.set_wakeup_fd(-1)
-    return agent.outcome if agent.outcome is not None else 0
+    return agent.outcome
 
 
 def _check(config: Config, *, create: bool) -> NodeCheck | None:
@@ -254,7 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     watch = SignalWatch()  # SIGHUP: logged and ignored; SIGUSR1: the agent's stacks
     watch.install()
     try:
-        return run_agent(config, context, node)
+        code = run_agent(config, context, node)
+        return 0 if code is None else code  # stopped: a clean shutdown
     except ConfigError as exc:  # an embedded Redis that cannot start, refused credentials
         print(f"nodeagent: {exc}", file=sys.stderr)
         return EX_CONFIG

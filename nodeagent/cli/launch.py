@@ -4,9 +4,10 @@
         train.py args...
 
 Runs this node's agent for that one job and exits with the job's result: 0 when it succeeded,
-the failing rank's exit code (or 1) when it failed, 78 for a command line or node that cannot
-run it, 2 for a usage error (argparse's, as torchrun's). The config is built from the flags
-(nodeagent.launchargs); config files stay the way to run under systemd (`nodeagent run`).
+the failing rank's exit code (or 1) when it failed, 1 when stopped (SIGINT, SIGTERM) first, 78
+for a command line or node that cannot run it, 2 for a usage error (argparse's, as torchrun's).
+The config is built from the flags (nodeagent.launchargs); config files stay the way to run
+under systemd (`nodeagent run`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from nodeagent.launchargs import LaunchError, Machine, build
 from nodeagent.logs import LogContext
 from nodeagent.preflight import check_node
 from nodeagent.signalwatch import SignalWatch
+
+STOPPED = 1  # stopped (SIGINT, SIGTERM) before the job ended: not a success
 
 
 def _machine() -> Machine:
@@ -69,13 +72,13 @@ def main(argv: Sequence[str]) -> int:
     watch = SignalWatch()
     watch.install()
     try:
-        code = run_agent(config, context, node, until_done=True)
+        ended = run_agent(config, context, node, until_done=True)
     except ConfigError as exc:  # an embedded Redis that cannot start, refused credentials
         print(f"nodeagent launch: {exc}", file=sys.stderr)
         return EX_CONFIG
     finally:
         watch.close()
-    print(
-        f"nodeagent launch: job {config.job.id} exit code {code}; logs in {where}", file=sys.stderr
-    )
+    code = STOPPED if ended is None else ended
+    what = "stopped before it ended" if ended is None else f"exit code {code}"
+    print(f"nodeagent launch: job {config.job.id} {what}; logs in {where}", file=sys.stderr)
     return code

@@ -3,6 +3,7 @@ exit code; with an embedded Redis (--standalone) and with three launches on one 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,44 @@ def test_standalone_exits_with_the_jobs_result(tmp_path: Path, body: str, code: 
     result = launch("--standalone", "--nproc-per-node", "2", "train.py", "a", cwd=tmp_path)
     assert result.returncode == code, result.stderr[-3000:]
     assert f"exit code {code}; logs in {tmp_path / 'nodeagent-logs'}" in result.stderr
-    assert (tmp_path / "nodeagent-logs").is_dir()  # the default: under the current directory
+    logs = tmp_path / "nodeagent-logs"  # the default: under the current directory
+    assert sorted(p.name for p in logs.glob("*/rank-*.log")) == ["rank-0.log", "rank-1.log"]
+    assert list(logs.rglob("*.progress")) == []  # the script never called beat()
+
+
+def test_logs_of_a_launch(tmp_path: Path) -> None:
+    script(tmp_path, "for i in range(30):\n    print('step', i)\n")
+    assert launch("--standalone", "train.py", cwd=tmp_path).returncode == 0
+    result = subprocess.run(
+        [sys.executable, "-m", "nodeagent.cli.ctl", "logs", "--rank", "0", "--tail", "5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,  # ./nodeagent-logs and its only job: what launch wrote
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"step {i}" for i in range(25, 30)]
+
+
+def test_a_launch_stopped_before_the_job_ended_is_not_a_success(tmp_path: Path) -> None:
+    script(tmp_path, "import time\nprint('started')\ntime.sleep(60)\n")
+    out = tmp_path / "launch.out"
+    with out.open("w") as f:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "nodeagent", "launch", "--standalone", "train.py"],
+            cwd=tmp_path,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: "[rank 0]: started" in out.read_text(), 60, "the worker to start")
+        agent.send_signal(signal.SIGINT)
+        assert agent.wait(60) == 1, out.read_text()[-3000:]
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    assert "stopped before it ended" in out.read_text()
 
 
 def test_module_and_ignored_flags(tmp_path: Path) -> None:
