@@ -98,6 +98,7 @@ def connect(url: str, timeout_s: float, client_name: str = "nodeagent") -> Redis
     """A client whose commands fail within about `timeout_s` when Redis is unreachable."""
     options: dict[str, Any] = {
         "decode_responses": True,
+        "encoding_errors": "replace",  # a value that is not UTF-8 reads as garbage, not an error
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
         "retry": Retry(NoBackoff(), 1),  # one immediate reconnect: a pooled socket may be stale
