@@ -1,7 +1,10 @@
-"""`nodeagent`: the per-node daemon (`nodeagent run`) and `nodeagent config check`.
+"""`nodeagent`: the per-node daemon (`nodeagent run`), one job with torchrun's flags
+(`nodeagent launch`, cli/launch.py) and `nodeagent config check`.
 
 Exit codes: 0 after a clean shutdown, 78 (EX_CONFIG) for a configuration error (systemd's
-RestartPreventExitStatus=78 keeps it from restart-looping), 1 for anything unexpected.
+RestartPreventExitStatus=78 keeps it from restart-looping), 1 for anything unexpected. With an
+embedded Redis (one machine) `run` serves its one job and exits with its result, as
+`torchrun --standalone` does: 0, or the failing rank's exit code (or 1).
 `config check` and `run` check the same things (nodeagent.preflight), so a config that passes
 the check does not fail at start-up on this node; `run` also exits 78 when Redis refuses the
 credentials.
