@@ -160,3 +160,9 @@ def test_three_launches_on_one_redis_run_a_job_to_success(
         "2",
     ]
     assert (tmp_path / "nodeagent-logs" / job_id).is_dir()
+    again = launch(
+        "--nnodes", "1:3", "--rdzv-endpoint", endpoint, "--rdzv-id", job_id, "train.py",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert again.returncode == 1  # an ended job id is not this run's result
+    assert f"job {job_id} already ended (succeeded)" in again.stderr
