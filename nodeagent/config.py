@@ -72,6 +72,9 @@ class JobConfig:
     # Who the workers run as (job.user, job.group, job.allow_root), resolved on this node when
     # the config was loaded; None: as the agent itself (a JobConfig built in code).
     user: WorkerUser | None = None
+    # The interpreter a bare `python`/`python3` entrypoint program means (job.python); None:
+    # the one the agent runs under, as torchrun runs workers with its own sys.executable.
+    python: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,11 @@ class TimingConfig:
     join_settle: float = 1.0
     rendezvous_timeout: float = 600.0
     hang_timeout: float = 0.0  # 0: off
+    # Crash-loop backoff: a failed generation that ran less than restart_backoff_reset waits
+    # restart_backoff, doubled per such failure in a row, at most restart_backoff_max.
+    restart_backoff: float = 1.0  # 0: off
+    restart_backoff_max: float = 60.0
+    restart_backoff_reset: float = 60.0
 
 
 GPU_MODES = ("auto", "on", "off")
@@ -180,9 +188,18 @@ def _load_job(section: Section, resolve: Resolver) -> JobConfig:
         gpus_per_worker=positive_int(section, "gpus_per_worker", 1, minimum=0),
         preload=_preload(section, entrypoint),
         user=_run_as(section, env, resolve),
+        python=_python(section),
     )
     section.reject_unknown()
     return job
+
+
+def _python(section: Section) -> str | None:
+    """job.python: an absolute path, exec'd as is (no PATH lookup, which differs under systemd)."""
+    python = optional_path(section, "python")
+    if python is not None and not python.startswith("/"):
+        raise ConfigError(section.key("python"), f"must be an absolute path, got {python!r}")
+    return python
 
 
 def _run_as(section: Section, env: dict[str, str], resolve: Resolver) -> WorkerUser:
@@ -277,6 +294,9 @@ def _load_timing(section: Section) -> TimingConfig:
         join_settle=timed("join_settle"),
         rendezvous_timeout=timed("rendezvous_timeout", positive=True),
         hang_timeout=timed("hang_timeout", off=True),
+        restart_backoff=timed("restart_backoff", off=True),
+        restart_backoff_max=timed("restart_backoff_max"),
+        restart_backoff_reset=timed("restart_backoff_reset"),
     )
     section.reject_unknown()
     if timing.lease_ttl < 2 * timing.heartbeat_interval:

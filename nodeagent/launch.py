@@ -9,13 +9,17 @@ number of workers per node (a record that says otherwise is reported by the stor
 
 from __future__ import annotations
 
+import logging
 import socket
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from nodeagent.config import Config
 from nodeagent.model import JobRecord
+
+log = logging.getLogger(__name__)
 
 # What torchrun sets for every worker (decision 8): a torchrun script needs nothing else.
 TORCHRUN_VARIABLES = (
@@ -33,7 +37,17 @@ TORCHRUN_VARIABLES = (
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS",
     "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",
 )
+# Set as torchrun 2.13 sets them, unless the job (or the agent's own environment) already does:
+# OMP_NUM_THREADS only with more than one worker per node, to keep them from oversubscribing.
+TORCHRUN_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "1"}
+# torchrun's --signals-to-handle default: what a worker's @record turns into a SignalException.
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+# A bare program name that means the agent's configured interpreter (job.python).
+BARE_PYTHONS = frozenset({"python", "python3"})
 # Inherited from systemd; a worker that sees them could ping or notify as if it were the agent.
 STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
@@ -71,6 +85,32 @@ def progress_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
     return Path(log_dir) / job / str(generation) / f"rank-{rank}.progress"
 
 
+def error_file_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
+    """TORCHELASTIC_ERROR_FILE: where the rank's @record writes the exception it died of."""
+    return Path(log_dir) / job / str(generation) / f"rank-{rank}.error.json"
+
+
+def resolve_argv(entrypoint: Sequence[str], python: str | None) -> tuple[str, ...]:
+    """The argv a worker is exec'd with: a bare `python`/`python3` program becomes `python`
+    (job.python) or, without one, the interpreter the agent runs under, as torchrun runs a
+    script with its own sys.executable; any other program (a path, `python3.11`) is kept."""
+    argv = tuple(entrypoint)
+    if argv and argv[0] in BARE_PYTHONS:
+        return (python or sys.executable, *argv[1:])
+    return argv
+
+
+def omp_warning(config: Config, base: Mapping[str, str]) -> str | None:
+    """torchrun's warning when it sets OMP_NUM_THREADS=1 for the workers; None when it does not."""
+    if config.job.nproc_per_node <= 1 or "OMP_NUM_THREADS" in {**base, **config.job.env}:
+        return None
+    return (
+        "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to "
+        "avoid your system being overloaded, please further tune the variable for optimal "
+        "performance in your application as needed (job.env sets it)."
+    )
+
+
 def worker_env(
     base: Mapping[str, str],
     config: Config,
@@ -78,12 +118,22 @@ def worker_env(
     group_rank: int,
     local_rank: int,
 ) -> dict[str, str]:
-    """The environment torchrun would give this worker, plus NODEAGENT_* and job.env."""
+    """The environment torchrun would give this worker, plus NODEAGENT_* and job.env.
+
+    job.env wins over the agent's environment, the torchrun and NODEAGENT_ variables over both;
+    TORCHRUN_DEFAULTS and PYTHONUNBUFFERED=1 (torchrun runs a Python entrypoint unbuffered, so
+    output shows as it is printed) only where neither sets them."""
     nproc = config.job.nproc_per_node
     rank = group_rank * nproc + local_rank
     world = len(record.members) * nproc
     env = {k: v for k, v in base.items() if k not in STRIPPED_ENV}
     env.update(config.job.env)
+    env.setdefault(
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING", TORCHRUN_DEFAULTS["TORCH_NCCL_ASYNC_ERROR_HANDLING"]
+    )
+    if nproc > 1:
+        env.setdefault("OMP_NUM_THREADS", TORCHRUN_DEFAULTS["OMP_NUM_THREADS"])
+    env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(
         {
             "RANK": str(rank),
@@ -101,6 +151,10 @@ def worker_env(
             "TORCHELASTIC_MAX_RESTARTS": str(record.max_restarts),
             "TORCHELASTIC_RUN_ID": config.job.id,
             "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCHELASTIC_ERROR_FILE": str(
+                error_file_path(config.log_dir, config.job.id, record.generation, rank)
+            ),
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_TO_HANDLE,
             "NODEAGENT_JOB_ID": config.job.id,
             "NODEAGENT_GENERATION": str(record.generation),
             "NODEAGENT_NODE": config.node.name,
@@ -125,6 +179,10 @@ def worker_specs(
     node's job.nproc_per_node, whatever the record says."""
     nproc = config.job.nproc_per_node
     per_worker = config.job.gpus_per_worker
+    warning = omp_warning(config, base_env)
+    if warning is not None:
+        log.warning(warning)
+    argv = resolve_argv(config.job.entrypoint, config.job.python)
     specs = []
     for local_rank in range(nproc):
         rank = group_rank * nproc + local_rank
@@ -137,7 +195,7 @@ def worker_specs(
             WorkerSpec(
                 rank=rank,
                 local_rank=local_rank,
-                argv=config.job.entrypoint,
+                argv=argv,
                 env=env,
                 cwd=config.job.working_dir,
                 log_path=log_path(config.log_dir, config.job.id, record.generation, rank),

@@ -215,7 +215,8 @@ def test_each_rank_has_one_log_across_generations(h: Harness) -> None:
         code = f"print('gen {generation} line')"
         h.sup.start(generation, "n7", h.specs(code, n=1))
         h.settle(GroupPhase.EXITED)
-        wait_for(lambda g=generation: f"[rank 10]: gen {g} line" in h.lines, 5, "echoed line")
+        line = f"[rank 10]: gen {generation} line"
+        wait_for(lambda: line in h.lines, 5, "echoed line")  # noqa: B023 - waited for here
     stable = (h.tmp_path / "rank-10.log").read_text().splitlines()
     assert [line.split(",")[0] for line in stable[::2]] == [
         "=== nodeagent: generation 1",

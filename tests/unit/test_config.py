@@ -332,3 +332,42 @@ def test_aliases_and_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:  # `base` is no key of ours: the document got this far
         read_config(path, FixedResolver())
     assert err.value.key == "base" and "unknown key" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, None), ("/opt/py/bin/python3", "/opt/py/bin/python3"), ("python3", ConfigError)],
+)
+def test_job_python_is_an_absolute_path(value: str | None, expected: object) -> None:
+    raw = copy.deepcopy(VALID)
+    raw["job"]["python"] = value
+    if expected is ConfigError:
+        with pytest.raises(ConfigError, match=r"job\.python"):
+            load_config(raw)
+    else:
+        assert load_config(raw).job.python == expected
+
+
+@pytest.mark.parametrize(
+    ("timing", "expected"),
+    [
+        ({}, (1.0, 60.0, 60.0)),
+        ({"restart_backoff": "off"}, (0.0, 60.0, 60.0)),
+        (
+            {"restart_backoff": "500ms", "restart_backoff_max": "2m", "restart_backoff_reset": 0},
+            (0.5, 120.0, 0.0),
+        ),
+    ],
+)
+def test_restart_backoff_keys(timing: dict[str, object], expected: tuple[float, ...]) -> None:
+    raw = copy.deepcopy(VALID)
+    raw["timing"] = {**raw.get("timing", {}), **timing}
+    t = load_config(raw).timing
+    assert (t.restart_backoff, t.restart_backoff_max, t.restart_backoff_reset) == expected
+
+
+def test_restart_backoff_max_cannot_be_off() -> None:
+    raw = copy.deepcopy(VALID)
+    raw["timing"] = {"restart_backoff_max": "off"}
+    with pytest.raises(ConfigError, match=r"timing\.restart_backoff_max"):
+        load_config(raw)

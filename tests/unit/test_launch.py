@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from nodeagent.config import load_config
 from nodeagent.entrypoint import NotPython, split_python
-from nodeagent.launch import TORCHRUN_VARIABLES, worker_specs
+from nodeagent.launch import TORCHRUN_VARIABLES, omp_warning, resolve_argv, worker_specs
 from nodeagent.preload import static_env
 from nodeagent.state import JobState
 from tests.helpers.factories import make_record
@@ -70,7 +71,12 @@ def test_torchrun_environment_for_every_local_rank() -> None:
         "TORCHELASTIC_RESTART_COUNT": "2",
         "TORCHELASTIC_MAX_RESTARTS": "5",
         "TORCHELASTIC_RUN_ID": "llama",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": "/var/log/na/llama/7/rank-6.error.json",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
     }
+    assert env["OMP_NUM_THREADS"] == "1" and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert env["PYTHONUNBUFFERED"] == "1"
     assert env["NODEAGENT_JOB_ID"] == "llama" and env["NODEAGENT_GENERATION"] == "7"
     assert env["NODEAGENT_NODE"] == "b" and env["NODEAGENT_STOP_GRACE_S"] == "45"
     assert env["NCCL_DEBUG"] == "WARN"  # job.env wins over the inherited environment
@@ -78,7 +84,7 @@ def test_torchrun_environment_for_every_local_rank() -> None:
     for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         assert name not in env
     assert specs[2].log_path == Path("/var/log/na/llama/7/rank-6.log")
-    assert specs[2].cwd == "/opt/t" and specs[2].argv == ("python", "train.py")
+    assert specs[2].cwd == "/opt/t" and specs[2].argv == (sys.executable, "train.py")
 
 
 @pytest.mark.parametrize("recorded", [1, 4, 16])
@@ -91,7 +97,7 @@ def test_the_local_config_decides_how_many_workers_run(recorded: int) -> None:
     assert [s.rank for s in specs] == [8, 9, 10, 11]
     assert {s.env["WORLD_SIZE"] for s in specs} == {"12"}  # 3 members x 4
     assert {s.env["LOCAL_WORLD_SIZE"] for s in specs} == {"4"}
-    assert {s.argv for s in specs} == {("python", "train.py")}
+    assert {s.argv for s in specs} == {(sys.executable, "train.py")}
     assert {s.cwd for s in specs} == {"/opt/t"}
     assert {s.env["NCCL_DEBUG"] for s in specs} == {"WARN"}
     assert all(s.log_path.parent == Path("/var/log/na/llama/7") for s in specs)
@@ -139,3 +145,77 @@ def test_static_env_drops_what_changes_every_generation() -> None:
         "TORCHELASTIC_USE_AGENT_STORE": "False",
     }
     assert static_env(env) == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0"}
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "python", "expected"),
+    [
+        (("python", "t.py"), None, (sys.executable, "t.py")),
+        (("python3", "-m", "pkg"), None, (sys.executable, "-m", "pkg")),
+        (
+            ("python", "-X", "dev", "t.py"),
+            "/opt/py/bin/python3",
+            ("/opt/py/bin/python3", "-X", "dev", "t.py"),
+        ),
+        (("python3.11", "t.py"), "/opt/py/bin/python3", ("python3.11", "t.py")),
+        (("/usr/bin/python3", "t.py"), "/opt/py/bin/python3", ("/usr/bin/python3", "t.py")),
+        (("./run.sh", "python"), None, ("./run.sh", "python")),
+    ],
+)
+def test_bare_python_means_the_configured_interpreter(
+    entrypoint: tuple[str, ...], python: str | None, expected: tuple[str, ...]
+) -> None:
+    resolved = resolve_argv(entrypoint, python)
+    assert resolved == expected
+    if resolved[0].rsplit("/", 1)[-1].startswith("python"):  # preload matches spares by it
+        assert split_python(resolved)[0][0] == resolved[0]
+
+
+def test_job_python_is_the_workers_interpreter() -> None:
+    config = load_config(
+        {
+            "node": {"name": "b", "address": "10.0.0.2"},
+            "redis": {"url": "redis://10.0.0.9:6379/0"},
+            "job": {"id": "j", "entrypoint": ["python3", "t.py"], "python": "/opt/py/bin/python"},
+        }
+    )
+    (spec,) = worker_specs({}, config, replace(RECORD, members=("b",)), group_rank=0)
+    assert spec.argv == ("/opt/py/bin/python", "t.py")
+
+
+@pytest.mark.parametrize(
+    ("nproc", "job_env", "base", "omp", "nccl", "unbuffered"),
+    [
+        (4, {}, {}, "1", "1", "1"),
+        (1, {}, {}, None, "1", "1"),
+        (4, {"OMP_NUM_THREADS": "8"}, {}, "8", "1", "1"),
+        (4, {}, {"OMP_NUM_THREADS": "6", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, "6", "3", "1"),
+        (2, {"PYTHONUNBUFFERED": "", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, {}, "1", "0", ""),
+    ],
+    ids=["defaults", "one-worker", "job-omp", "agent-env", "job-overrides"],
+)
+def test_torchrun_defaults_yield_to_the_job(
+    nproc: int,
+    job_env: dict[str, str],
+    base: dict[str, str],
+    omp: str | None,
+    nccl: str,
+    unbuffered: str,
+) -> None:
+    job = replace(CONFIG.job, nproc_per_node=nproc, env=job_env)
+    config = replace(CONFIG, job=job)
+    env = worker_specs(base, config, RECORD, group_rank=0)[0].env
+    assert env.get("OMP_NUM_THREADS") == omp
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == nccl
+    assert env["PYTHONUNBUFFERED"] == unbuffered
+    assert (omp_warning(config, base) is not None) == (nproc > 1 and omp == "1")
+
+
+def test_error_file_is_per_rank_and_generation() -> None:
+    files = {
+        spec.env["TORCHELASTIC_ERROR_FILE"]
+        for generation in (7, 8)
+        for spec in worker_specs({}, CONFIG, replace(RECORD, generation=generation), group_rank=1)
+    }
+    assert len(files) == 8
+    assert "/var/log/na/llama/8/rank-5.error.json" in files
