@@ -41,6 +41,9 @@ class Policy:
     max_restarts: int
     join_settle_ms: int
     rendezvous_timeout_ms: int
+    restart_backoff_ms: int = 0  # 0: crash loops do not back off
+    restart_backoff_max_ms: int = 0
+    restart_backoff_reset_ms: int = 0
 
 
 def policy_from(config: Config) -> Policy:
@@ -53,6 +56,9 @@ def policy_from(config: Config) -> Policy:
         max_restarts=job.max_restarts,
         join_settle_ms=int(timing.join_settle * 1000),
         rendezvous_timeout_ms=int(timing.rendezvous_timeout * 1000),
+        restart_backoff_ms=int(timing.restart_backoff * 1000),
+        restart_backoff_max_ms=int(timing.restart_backoff_max * 1000),
+        restart_backoff_reset_ms=int(timing.restart_backoff_reset * 1000),
     )
 
 
@@ -71,10 +77,15 @@ class ClusterView:
 
 @dataclass(frozen=True)
 class LeaderMemory:
-    """What a leader remembers between plans (lost on failover, which only restarts settling)."""
+    """What a leader remembers between plans (lost on failover, which only restarts settling
+    and the crash-loop count: a new leader's first restart does not back off)."""
 
     eligible: frozenset[str] = frozenset()
     changed_ms: int = 0
+    # Worker failures of one kind in a row, each of a generation that ran less than
+    # restart_backoff_reset: the exponent of the crash-loop backoff (see backoff_ms).
+    crash_streak: int = 0
+    crash_kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,9 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     ctx = _Context(view, policy, memory, eligible, requests)
     record, step_events, reason = _step(record, ctx)
     events += step_events
+    memory, backoff = _count_crash(memory, view.record, record, policy, view.now_ms)
+    if backoff is not None:
+        events.append(backoff)
     changed = view.record is None or record != view.record
     return Plan(
         record=record if changed else None,
@@ -222,7 +236,50 @@ def _remember(memory: LeaderMemory, eligible: Sequence[str], now_ms: int) -> Lea
     names = frozenset(eligible)
     if names == memory.eligible:
         return memory
-    return LeaderMemory(eligible=names, changed_ms=now_ms)
+    return replace(memory, eligible=names, changed_ms=now_ms)
+
+
+def backoff_ms(policy: Policy, streak: int) -> int:
+    """How long the generation after the `streak`-th failure in a row waits: nothing after the
+    first (a one-off crash restarts at once), then restart_backoff, doubling, at most
+    restart_backoff_max."""
+    if streak < 2 or policy.restart_backoff_ms <= 0:
+        return 0
+    return min(policy.restart_backoff_max_ms, policy.restart_backoff_ms << min(streak - 2, 32))
+
+
+def _count_crash(
+    memory: LeaderMemory,
+    before: JobRecord | None,
+    after: JobRecord,
+    policy: Policy,
+    now_ms: int,
+) -> tuple[LeaderMemory, Event | None]:
+    """Counts a running generation replaced for a worker failure into the crash streak (reset
+    by a generation that ran restart_backoff_reset or a failure of another kind, cleared by an
+    operator restart or stop) and says, as an event, how long the next generation will wait."""
+    if after.reason == "operator":
+        return replace(memory, crash_streak=0, crash_kind=""), None
+    announced = (
+        before is not None
+        and before.state is JobState.RUNNING
+        and after.state is JobState.RESTARTING
+        and after.reason in ("worker_failed", "worker_hung")
+    )
+    if not announced or before is None:
+        return memory, None
+    ran_ms = now_ms - before.since_ms
+    quick = ran_ms < policy.restart_backoff_reset_ms and after.reason == memory.crash_kind
+    streak = memory.crash_streak + 1 if quick else 1
+    memory = replace(memory, crash_streak=streak, crash_kind=after.reason)
+    wait = backoff_ms(policy, streak)
+    if wait == 0:
+        return memory, None
+    message = (
+        f"failure {streak} in a row ({after.reason}, generation {before.generation} ran "
+        f"{ran_ms / 1000:.1f}s): waiting {wait / 1000:g}s before generation {after.generation}"
+    )
+    return memory, _job_event("restart_backoff", after, message)
 
 
 def _step(record: JobRecord, ctx: _Context) -> _Step:
@@ -358,6 +415,11 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
                 detail=f"{failure.describe()}; {restart_count - 1} restarts already used",
             )
             return failed, [_job_event("job_failed", failed, failed.detail)], "failed"
+        left_ms = (
+            record.since_ms + backoff_ms(ctx.policy, ctx.memory.crash_streak) - ctx.view.now_ms
+        )
+        if left_ms > 0:
+            return record, [], f"crash loop: generation {record.generation} starts in {left_ms}ms"
     chosen = _choose_members(record.members, ctx.eligible, record.target_nodes)
     if len(chosen) < record.min_nodes:
         waiting_record = record.moved_to(

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from nodeagent.leader import ClusterView, LeaderMemory, Plan, Policy, plan
+from nodeagent.leader import ClusterView, LeaderMemory, Plan, Policy, backoff_ms, plan
 from nodeagent.model import Command, CommandType, Cordon, Failure, JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
 from tests.helpers.factories import make_record
@@ -475,3 +475,147 @@ def test_a_cordoned_member_keeps_running_until_the_next_generation() -> None:
     nodes = members_running(5)
     nodes[1] = replace(nodes[1], cordon=Cordon(reason="soon", by="ops"))
     assert run(running(5), *nodes).record is None
+
+
+# -- crash-loop backoff -------------------------------------------------------------------------
+
+BACKOFF = replace(
+    POLICY,
+    restart_backoff_ms=1000,
+    restart_backoff_max_ms=8000,
+    restart_backoff_reset_ms=60_000,
+)
+
+
+@pytest.mark.parametrize(
+    ("streak", "initial", "expected"),
+    [
+        (0, 1000, 0),
+        (1, 1000, 0),
+        (2, 1000, 1000),
+        (3, 1000, 2000),
+        (4, 1000, 4000),
+        (5, 1000, 8000),
+        (6, 1000, 8000),
+        (500, 1000, 8000),
+        (5, 0, 0),
+    ],
+)
+def test_backoff_doubles_from_the_second_failure_in_a_row_up_to_the_cap(
+    streak: int, initial: int, expected: int
+) -> None:
+    assert backoff_ms(replace(BACKOFF, restart_backoff_ms=initial), streak) == expected
+
+
+def crash_memory(streak: int, kind: str = "worker_failed") -> LeaderMemory:
+    return LeaderMemory(frozenset("abc"), 0, crash_streak=streak, crash_kind=kind)
+
+
+@pytest.mark.parametrize(
+    ("streak", "kind", "ran_ms", "hang", "new_streak", "message"),
+    [
+        (0, "", 500, False, 1, None),  # a one-off crash restarts at once
+        (1, "worker_failed", 500, False, 2, "waiting 1s before generation 6"),
+        (3, "worker_failed", 59_000, False, 4, "waiting 4s before generation 6"),
+        (3, "worker_failed", 60_000, False, 1, None),  # the generation ran for a while
+        (3, "worker_failed", 500, True, 1, None),  # a hang is another kind of failure
+        (6, "worker_failed", 10, False, 7, "waiting 8s before generation 6"),  # capped
+    ],
+)
+def test_a_quick_failure_counts_into_the_crash_streak(
+    streak: int, kind: str, ran_ms: int, hang: bool, new_streak: int, message: str | None
+) -> None:
+    f = Failure(generation=5, node="b", rank=2, kind="hang") if hang else failure(5)
+    nodes = members_running(5)
+    nodes[1] = replace(nodes[1], state=NodeState.FAILED, failure=f)
+    view = ClusterView(
+        now_ms=NOW, record=running(5, since_ms=NOW - ran_ms), nodes={n.name: n for n in nodes}
+    )
+    decided = plan(view, BACKOFF, crash_memory(streak, kind))
+    assert decided.record is not None and decided.record.state is JobState.RESTARTING
+    assert decided.memory.crash_streak == new_streak
+    said = [e.message for e in decided.events if e.type == "restart_backoff"]
+    if message is None:
+        assert said == []
+    else:
+        (line,) = said
+        assert line.endswith(message) and f"failure {new_streak} in a row" in line, line
+
+
+@pytest.mark.parametrize(
+    ("streak", "waited_ms", "starts"),
+    [(1, 0, True), (2, 999, False), (2, 1000, True), (4, 3999, False), (4, 4000, True)],
+)
+def test_the_next_generation_starts_when_the_backoff_is_over(
+    streak: int, waited_ms: int, starts: bool
+) -> None:
+    """The deadline is the announcement (record.since_ms, Redis time) plus the backoff."""
+    rec = record(JobState.RESTARTING, 6, ("a", "b", "c"), pending_failure=failure(5), since_ms=NOW)
+    view = ClusterView(
+        now_ms=NOW + waited_ms,
+        record=rec,
+        nodes={n.name: n for n in restarted_after(6, failure(5))},
+    )
+    decided = plan(view, BACKOFF, crash_memory(streak))
+    if starts:
+        assert decided.record is not None and decided.record.state is JobState.RUNNING
+        assert decided.record.restart_count == 1
+    else:
+        assert decided.record is None and decided.events == ()
+        assert decided.reason.startswith("crash loop: generation 6 starts in")
+
+
+def test_an_uncharged_failure_does_not_back_off() -> None:
+    """A failure blamed on a lost node is not part of a crash loop: no wait."""
+    rec = record(JobState.RESTARTING, 6, ("a", "b", "c"), pending_failure=failure(5), since_ms=NOW)
+    nodes = restarted_after(6, failure(5))[:2]  # c is gone
+    decided = plan(
+        ClusterView(now_ms=NOW, record=rec, nodes={n.name: n for n in nodes}),
+        BACKOFF,
+        crash_memory(5),
+    )
+    assert decided.record is not None and decided.record.state is JobState.RUNNING
+
+
+def test_an_operator_restart_clears_the_crash_streak() -> None:
+    decided = plan(
+        ClusterView(
+            now_ms=NOW,
+            record=record(JobState.FAILED, 9, restart_count=3),
+            nodes={n.name: n for n in members_running(9)},
+            commands=(Command(CommandType.RESTART, by="op"),),
+        ),
+        BACKOFF,
+        crash_memory(4),
+    )
+    assert decided.record is not None and decided.record.state is JobState.RESTARTING
+    assert decided.memory.crash_streak == 0
+
+
+def test_a_crash_loop_is_spaced_by_the_backoff() -> None:
+    """An entrypoint that fails at import: generations start 0 s, 1 s, 2 s after each failure,
+    and the budget runs out on the fourth failure."""
+    policy = replace(BACKOFF, max_restarts=3)
+    memory = crash_memory(0, "")
+    rec, now, waits = running(5, since_ms=NOW, max_restarts=3), NOW, []
+    for _ in range(4):
+        now += 200  # the generation fails at import, 0.2 s after it started
+        gen = rec.generation
+        nodes = members_running(gen)
+        nodes[1] = replace(nodes[1], state=NodeState.FAILED, failure=failure(gen))
+        decided = plan(ClusterView(now, rec, {n.name: n for n in nodes}), policy, memory)
+        assert decided.record is not None
+        rec, memory, announced = decided.record, decided.memory, now
+        acked = {n.name: n for n in restarted_after(rec.generation, failure(gen))}
+        while True:  # every 100 ms, until the leader starts the next generation (or fails)
+            decided = plan(ClusterView(now, rec, acked), policy, memory)
+            if decided.record is not None:
+                break
+            now += 100
+        rec = decided.record
+        if rec.state is JobState.FAILED:
+            break
+        waits.append(now - announced)
+        rec = replace(rec, since_ms=now)
+    assert waits == [0, 1000, 2000]
+    assert rec.state is JobState.FAILED and rec.restart_count == 4
