@@ -326,8 +326,6 @@ class Agent:
         if self._last_error is not None:
             self._log.info("Redis reachable again")
             self._last_error = None
-        if snapshot.record_error:
-            self._log.error("job record in Redis is unreadable: %s", snapshot.record_error)
         self.record = snapshot.record
         self._rev = snapshot.rev
         self.log_context.generation = snapshot.record.generation if snapshot.record else 0
@@ -471,11 +469,11 @@ class Agent:
         usable = self._watchers.usable_gpus
         specs = worker_specs(self._base_env, self.config, record, action.group_rank, usable)
         self._log.info(
-            "starting %d workers: ranks %d-%d of %d, master %s:%d",
+            "starting %d workers: ranks %d-%d of %s, master %s:%d",
             len(specs),
             specs[0].rank,
             specs[-1].rank,
-            record.world_size,
+            specs[0].env.get("WORLD_SIZE"),  # what the workers get: members x local nproc
             record.master_addr,
             record.master_port,
         )
