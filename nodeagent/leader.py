@@ -273,7 +273,7 @@ def _count_crash(
     streak = memory.crash_streak + 1 if quick else 1
     memory = replace(memory, crash_streak=streak, crash_kind=after.reason)
     wait = backoff_ms(policy, streak)
-    if wait == 0:
+    if wait == 0 or after.restart_count >= after.max_restarts:  # the job fails instead
         return memory, None
     message = (
         f"failure {streak} in a row ({after.reason}, generation {before.generation} ran "

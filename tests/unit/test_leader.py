@@ -619,3 +619,12 @@ def test_a_crash_loop_is_spaced_by_the_backoff() -> None:
         rec = replace(rec, since_ms=now)
     assert waits == [0, 1000, 2000]
     assert rec.state is JobState.FAILED and rec.restart_count == 4
+
+
+def test_no_backoff_is_announced_when_the_failure_ends_the_job() -> None:
+    nodes = members_running(5)
+    nodes[1] = replace(nodes[1], state=NodeState.FAILED, failure=failure(5))
+    rec = running(5, since_ms=NOW - 100, restart_count=POLICY.max_restarts)
+    decided = plan(ClusterView(NOW, rec, {n.name: n for n in nodes}), BACKOFF, crash_memory(3))
+    assert decided.memory.crash_streak == 4
+    assert [e.type for e in decided.events] == ["generation_announced"]
