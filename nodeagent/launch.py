@@ -63,6 +63,12 @@ class WorkerSpec:
     progress_path: Path
     gpus: tuple[int, ...] = ()
 
+    @property
+    def error_file(self) -> Path | None:
+        """Where this worker's @record writes the exception it died of (errorfile.py reads it)."""
+        path = self.env.get("TORCHELASTIC_ERROR_FILE")
+        return Path(path) if path else None
+
 
 def pick_free_port(address: str) -> int:
     """A TCP port free on `address` now; offered as MASTER_PORT if this node becomes rank 0."""

@@ -219,3 +219,9 @@ def test_error_file_is_per_rank_and_generation() -> None:
     }
     assert len(files) == 8
     assert "/var/log/na/llama/8/rank-5.error.json" in files
+
+
+def test_a_spec_names_its_error_file() -> None:
+    spec = worker_specs({}, CONFIG, RECORD, group_rank=0)[1]
+    assert spec.error_file == Path("/var/log/na/llama/7/rank-1.error.json")
+    assert replace(spec, env={}).error_file is None
