@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import getpass
+import grp
 import json
+import os
 import shlex
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,18 +47,12 @@ def test_syntax(playbook: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_role_applied_to_localhost_runs_a_job(
-    redis_server: RedisServer, job_id: str, tmp_path: Path
-) -> None:
-    wheel = build_wheel(tmp_path / "dist")
-    prefix = tmp_path / "root"
-    inventory = tmp_path / "hosts.yml"
+def localhost_inventory(tmp_path: Path, group: str = "nodeagent_nodes") -> Path:
+    inventory = tmp_path / f"{group}.yml"
     inventory.write_text(
         json.dumps(
             {
-                "nodeagent_nodes": {
+                group: {
                     "hosts": {
                         "localhost": {
                             "ansible_connection": "local",
@@ -64,15 +63,24 @@ def test_role_applied_to_localhost_runs_a_job(
             }
         )
     )
-    extra = {
+    return inventory
+
+
+def prefix_install(prefix: Path, redis_url: str, job_id: str) -> dict[str, Any]:
+    """The role's variables for an install under `prefix` by whoever runs the tests."""
+    return {
         "ansible_become": False,
         "nodeagent_prefix": str(prefix),
-        "nodeagent_package": str(wheel),
         "nodeagent_python": sys.executable,
         "nodeagent_node_name": "ansible-node",
         "nodeagent_node_address": "127.0.0.1",
-        "nodeagent_redis_url": redis_server.url,
+        "nodeagent_redis_url": redis_url,
         "nodeagent_metrics_listen": "127.0.0.1:0",
+        # the workers run as whoever runs the agent here: the test's Python may be unreadable
+        # to a system user, and the test creates no user on this machine
+        "nodeagent_job_user": "",
+        "nodeagent_config_owner": getpass.getuser(),
+        "nodeagent_config_group": grp.getgrgid(os.getegid()).gr_name,
         "nodeagent_job": {
             "id": job_id,
             "entrypoint": [sys.executable, "-c", "print('trained')"],
@@ -82,12 +90,51 @@ def test_role_applied_to_localhost_runs_a_job(
         "nodeagent_timing": {"heartbeat_interval": "200ms", "lease_ttl": "1s"},
         "nodeagent_health": {"gpu": "auto"},
     }
+
+
+def test_check_mode_against_localhost(tmp_path: Path, job_id: str) -> None:
+    """--check --diff: what the role would change, without changing anything."""
+    prefix = tmp_path / "root"
+    extra = prefix_install(prefix, "redis://127.0.0.1:6379/0", job_id)
+    result = tool(
+        "ansible-playbook",
+        *("-i", str(localhost_inventory(tmp_path)), "site.yml", "--check", "--diff"),
+        *("-e", json.dumps(extra)),
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "failed=0" in result.stdout and not prefix.exists()
+
+
+def test_the_role_refuses_the_old_default_password(tmp_path: Path, job_id: str) -> None:
+    extra = prefix_install(tmp_path / "root", "redis://nodeagent:change-me@10.0.0.2:6379/0", job_id)
+    result = tool(
+        "ansible-playbook",
+        *("-i", str(localhost_inventory(tmp_path)), "site.yml", "--check"),
+        *("-e", json.dumps(extra)),
+    )
+    assert result.returncode != 0 and "carries the password 'change-me'" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_role_applied_to_localhost_runs_a_job(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    wheel = build_wheel(tmp_path / "dist")
+    prefix = tmp_path / "root"
+    inventory = localhost_inventory(tmp_path)
+    extra = {**prefix_install(prefix, redis_server.url, job_id), "nodeagent_package": str(wheel)}
     applied = tool("ansible-playbook", "-i", str(inventory), "site.yml", "-e", json.dumps(extra))
     assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-2000:]
     assert "skipping: [localhost]" in applied.stdout  # no systemd as PID 1 here: no service
+    # the entrypoint is there, so this node's part was checked (not just the syntax)
+    assert "Check this node's part of the configuration" in applied.stdout
+    assert "Not checked on this node yet" not in applied.stdout
     unit = prefix / "etc/systemd/system/nodeagent.service"
     config = prefix / "etc/nodeagent/config.yaml"
     assert unit.is_file() and config.is_file()
+    mode = config.stat()
+    assert (stat.S_IMODE(mode.st_mode), mode.st_uid) == (0o600, os.geteuid())  # the password
     exec_start = next(x for x in unit.read_text().splitlines() if x.startswith("ExecStart="))
     argv = shlex.split(exec_start.removeprefix("ExecStart="))
     assert argv[0] == str(prefix / "opt/nodeagent/venv/bin/nodeagent") and argv[-1] == str(config)
