@@ -337,6 +337,7 @@ class ChaosJob:
         for life in self.lives():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(life.pid, signal.SIGKILL)
+        self.cluster.store.client.close()
 
 
 def read_life(directory: Path, pid: int) -> Life:

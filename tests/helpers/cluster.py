@@ -154,7 +154,10 @@ class LocalCluster:
 
     def connect_control(self, url: str) -> None:
         """Read the job through `url` from now on (after a failover, say)."""
+        old = getattr(self, "store", None)
         self.store = JobStore(connect(url, 5.0), JobKeys("nodeagent", self.job))
+        if old is not None:
+            old.client.close()
 
     def config(self, name: str) -> dict[str, Any]:
         timing = {
@@ -335,6 +338,7 @@ class LocalCluster:
                     "RECORD_DIR", ""
                 ):
                     proc.kill()
+        self.store.client.close()  # or its socket is left for the garbage collector to warn of
 
 
 @contextlib.contextmanager
@@ -380,6 +384,7 @@ class LeaseSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
+        self._client.close()
 
     def _run(self) -> None:
         last: dict[str, float] = {}
