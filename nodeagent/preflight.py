@@ -21,6 +21,7 @@ from pathlib import Path
 from nodeagent.config import DEFAULT_STATE_DIR, Config, JobConfig
 from nodeagent.entrypoint import NotPython, split_python
 from nodeagent.errors import ConfigError
+from nodeagent.launch import resolve_argv
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ def _working_dir(job: JobConfig, cwd: Path) -> Path:
 def _entrypoint(job: JobConfig, environ: Mapping[str, str], workdir: Path) -> None:
     """The program exists and is executable, found as exec finds it for the workers: by the
     workers' PATH (job.env's, else the agent's) or, with a '/', relative to working_dir."""
-    program = job.entrypoint[0]
+    argv = resolve_argv(job.entrypoint, job.python)  # a bare python is the agent's interpreter
+    program = argv[0]
     if "/" in program:
         found = workdir / program
         if not found.is_file():
@@ -131,7 +133,7 @@ def _entrypoint(job: JobConfig, environ: Mapping[str, str], workdir: Path) -> No
         found = Path(which)
     if not os.access(found, os.X_OK):
         raise ConfigError("job.entrypoint", f"{found} is not executable")
-    _python_script(job.entrypoint, workdir)
+    _python_script(argv, workdir)
 
 
 def _python_script(entrypoint: tuple[str, ...], workdir: Path) -> None:

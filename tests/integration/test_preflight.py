@@ -100,6 +100,8 @@ GOOD = [
     ("job__entrypoint", [sys.executable, "train.py"]),  # found in working_dir below
     ("job__entrypoint", ["./run.sh"]),  # relative to working_dir, as exec does with cwd
     ("job__entrypoint", [sys.executable, "-m", "not.checked"]),
+    # a bare python is the agent's own interpreter (job.python), wherever PATH points
+    ("job__entrypoint", ["python", "train.py"]),
     ("job__entrypoint", ["sh", "-c", "true"]),  # found in PATH
     ("job__env", {"PATH": t("bin")}),  # the workers' PATH finds mytrainer
     ("metrics__listen", "off"),
