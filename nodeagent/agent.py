@@ -522,7 +522,8 @@ def _exit_event(node: str, ended: WorkerExit) -> Event:
         generation=ended.generation,
         node=node,
         message=f"rank {ended.rank} ended with {how}"
-        + (" (stopped by agent)" if ended.expected else ""),
+        + (" (stopped by agent)" if ended.expected else "")
+        + (f": {ended.cause}" if ended.cause else ""),
         data={
             "rank": ended.rank,
             "local_rank": ended.local_rank,

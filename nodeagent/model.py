@@ -43,6 +43,9 @@ class WorkerInfo:
         )
 
 
+CAUSE_MAX = 600  # characters of a failure's cause kept and published
+
+
 @dataclass(frozen=True)
 class Failure:
     """A worker failure in one generation, as the node that saw it reports it."""
@@ -53,6 +56,11 @@ class Failure:
     kind: str  # exit_code | signal | hang
     exit_code: int | None = None
     signal: str | None = None
+    # Why, when the rank said so: the exception its @record wrote (TORCHELASTIC_ERROR_FILE), or
+    # for a rank that failed in its first seconds (an import error, a bad argument) its last
+    # lines of output. And where its whole output is, on its node.
+    cause: str | None = None
+    log: str | None = None
 
     @classmethod
     def read(cls, r: Reader) -> Failure:
@@ -63,6 +71,8 @@ class Failure:
             kind=r.choice("kind", FAILURE_KINDS),
             exit_code=r.opt_integer("exit_code", -_CODE, _CODE),
             signal=r.opt_text("signal", 32),
+            cause=r.opt_text("cause", CAUSE_MAX),
+            log=r.opt_text("log", 4096),
         )
 
     def describe(self) -> str:
@@ -71,7 +81,9 @@ class Failure:
         if self.kind == "xid":
             return f"rank {self.rank} on {self.node}: application XID {self.exit_code} on its GPU"
         how = f"signal {self.signal}" if self.signal else f"exit code {self.exit_code}"
-        return f"rank {self.rank} on {self.node} failed ({how})"
+        cause = f": {self.cause}" if self.cause else ""
+        where = f" (log: {self.log} on {self.node})" if self.log else ""
+        return f"rank {self.rank} on {self.node} failed ({how}){cause}{where}"
 
 
 @dataclass(frozen=True)

@@ -26,16 +26,30 @@ from typing import IO
 import psutil
 
 from nodeagent import progress
+from nodeagent.errorfile import read_error_file
 from nodeagent.fencing import Group, start_ticks
 from nodeagent.identity import WorkerUser
 from nodeagent.launch import WorkerSpec
 from nodeagent.logs import Echo
-from nodeagent.model import Failure, WorkerInfo
+from nodeagent.model import CAUSE_MAX, Failure, WorkerInfo
 from nodeagent.node import GroupPhase, GroupStatus
 from nodeagent.preload import PRESTART_DELAY_S, Spawner
 
 log = logging.getLogger(__name__)
 SPAWN_FAILED = 127  # the shell's "command not found"
+EARLY_FAILURE_S = 10.0  # a rank failing this soon after its start is shown with its last lines
+
+
+def last_lines(path: Path, count: int = 3) -> str | None:
+    """The last `count` non-empty lines of a log, joined with ' | ', at most CAUSE_MAX chars."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = [line.strip() for line in tail.splitlines() if line.strip()][-count:]
+    return " | ".join(lines)[-CAUSE_MAX:] or None
 
 
 @dataclass(frozen=True)
@@ -48,6 +62,7 @@ class WorkerExit:
     exit_code: int | None
     signal: str | None
     expected: bool
+    cause: str | None = None  # a failure's root cause or last lines (Supervisor._cause)
 
 
 @dataclass
@@ -58,6 +73,7 @@ class _Worker:
     descendants: list[psutil.Process] = field(default_factory=list)
     preloaded: bool = False  # runs in an interpreter started ahead of time (job.preload)
     group: Group | None = None  # its process group, for the fence keeper
+    pump: threading.Thread | None = None  # copies its output to its log
 
     @property
     def pid(self) -> int | None:
@@ -213,6 +229,7 @@ class Supervisor:
         self._stop_deadline: float | None = None
         self._killed = False
         self._failure: Failure | None = None
+        self._started_at = 0.0
         self._node = ""
 
     # -- starting --------------------------------------------------------------------------
@@ -223,6 +240,7 @@ class Supervisor:
             raise RuntimeError("start() while the previous group is still active")
         self._discard_unused_progress()
         self._generation, self._node = generation, node
+        self._started_at = self._clock()
         self._stop_deadline, self._killed, self._failure = None, False, None
         self._workers = [self._spawn(spec) for spec in specs]
         self._spawner.plan(specs, self._clock() + PRESTART_DELAY_S)
@@ -243,18 +261,19 @@ class Supervisor:
             self._wake()
             return worker
         assert popen.stdout is not None
-        threading.Thread(
+        pump = threading.Thread(
             target=_pump,
             args=(popen.stdout, log_file, spec.rank, self._echo),
             name=f"log-rank-{spec.rank}",
             daemon=True,
-        ).start()
+        )
+        pump.start()
         threading.Thread(
             target=self._await_exit, args=(popen,), name=f"wait-rank-{spec.rank}", daemon=True
         ).start()
         started = start_ticks(popen.pid)
         group = Group(popen.pid, started) if started is not None else None
-        return _Worker(spec, popen, preloaded=preloaded, group=group)
+        return _Worker(spec, popen, preloaded=preloaded, group=group, pump=pump)
 
     def _await_exit(self, popen: subprocess.Popen[bytes]) -> None:
         popen.wait()
@@ -310,8 +329,10 @@ class Supervisor:
                 continue
             worker.returncode = code
             expected = self._stop_deadline is not None
+            cause = None
             if not expected and code != 0:
-                self._note_failure(worker)
+                cause = self._cause(worker)
+                self._note_failure(worker, cause)
             exits.append(
                 WorkerExit(
                     generation=self._generation or 0,
@@ -320,6 +341,7 @@ class Supervisor:
                     exit_code=code if code >= 0 else None,
                     signal=_signal_name(code),
                     expected=expected,
+                    cause=cause,
                 )
             )
         overdue = self._stop_deadline is not None and self._clock() >= self._stop_deadline
@@ -362,7 +384,7 @@ class Supervisor:
             os.kill(pid, signal.SIGUSR1)
         return "sent SIGUSR1: faulthandler's dump is in the rank's log"
 
-    def _note_failure(self, worker: _Worker) -> None:
+    def _note_failure(self, worker: _Worker, cause: str | None = None) -> None:
         if self._failure is not None or worker.returncode is None:
             return
         code = worker.returncode
@@ -373,7 +395,22 @@ class Supervisor:
             kind="signal" if code < 0 else "exit_code",
             exit_code=code if code >= 0 else None,
             signal=_signal_name(code),
+            cause=cause,
+            log=str(worker.spec.log_path),
         )
+
+    def _cause(self, worker: _Worker) -> str | None:
+        """What the failed rank said of its death: the exception its @record wrote, else, when
+        it failed within EARLY_FAILURE_S of its start (an import error, a bad argument), its
+        last lines of output."""
+        error_file = worker.spec.error_file
+        if error_file is not None and (cause := read_error_file(error_file)):
+            return cause
+        if self._clock() - self._started_at > EARLY_FAILURE_S:
+            return None
+        if worker.pump is not None:  # let it copy the last lines (a child may hold the pipe)
+            worker.pump.join(0.2)
+        return last_lines(worker.spec.log_path)
 
     def _alive(self) -> bool:
         for worker in self._workers:

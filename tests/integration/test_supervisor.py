@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -241,3 +242,29 @@ def test_progress_files_only_for_workers_that_beat(h: Harness, beats: bool, kept
     assert specs[0].progress_path.exists()  # until the group ends: the hang watch reads it
     h.sup.close()  # the agent leaves (a next generation's start() does the same)
     assert specs[0].progress_path.exists() is kept
+
+
+def test_an_early_failure_names_its_last_lines_and_its_log(h: Harness) -> None:
+    """A rank dying in its first seconds (an import error) is reported with what it printed
+    last and where its whole output is; a rank's @record error file wins over its output."""
+    code = "print('loading'); import no_such_module_x7"
+    h.sup.start(1, "n", h.specs(code, n=1))
+    h.settle(GroupPhase.EXITED)
+    failure = h.sup.status().failure
+    assert failure is not None and failure.cause is not None
+    assert failure.cause.endswith("ModuleNotFoundError: No module named 'no_such_module_x7'")
+    assert failure.log == str(h.tmp_path / "logs" / "rank-10.log")
+    assert "no_such_module_x7" in failure.describe() and "rank-10.log" in failure.describe()
+
+    error_file = h.tmp_path / "error.json"
+    error_file.write_text(
+        '{"message": {"message": "ValueError: bad batch size 0", '
+        '"extraInfo": {"py_callstack": "", "timestamp": "0"}}}'
+    )
+    (spec,) = h.specs("import sys; print('noise'); sys.exit(1)", n=1)
+    spec = replace(spec, env={**spec.env, "TORCHELASTIC_ERROR_FILE": str(error_file)})
+    h.sup.start(2, "n", [spec])
+    h.settle(GroupPhase.EXITED)
+    failure = h.sup.status().failure
+    assert failure is not None and failure.cause is not None
+    assert "ValueError: bad batch size 0" in failure.cause and "noise" not in failure.cause

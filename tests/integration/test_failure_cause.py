@@ -1,0 +1,52 @@
+"""A rank's root cause reaches the job's failure, its status and its events, as torchrun
+prints it: the exception a `@record`-decorated main raised, or an early crash's last lines."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cluster import RedisServer, local_cluster
+
+RECORDED = textwrap.dedent(
+    """
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    @record
+    def main() -> None:
+        raise ValueError("bad batch size 0")
+
+    main()
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("script", "cause"),
+    [
+        (RECORDED, "ValueError: bad batch size 0"),
+        ("print('args')\nimport no_such_module_x7\n", "No module named 'no_such_module_x7'"),
+    ],
+    ids=["record", "import-error"],
+)
+def test_the_failing_ranks_cause_is_in_status_and_events(
+    redis_server: RedisServer, workdir: Path, job_id: str, script: str, cause: str
+) -> None:
+    pytest.importorskip("torch")
+    (workdir / "train.py").write_text(script)
+    with local_cluster(
+        redis_server.url,
+        workdir,
+        job=job_id,
+        max_nodes=1,
+        max_restarts=0,
+        entrypoint=[sys.executable, str(workdir / "train.py")],
+    ) as cluster:
+        cluster.start("a")
+        doc = cluster.wait_status(lambda d: d["state"] == "failed", 60, "the job to fail")
+        assert cause in doc["detail"] and "rank-0.log" in doc["detail"]
+        failed = [e for e in cluster.events() if e["type"] == "worker_failed"]
+        assert failed and cause in failed[0]["message"]
