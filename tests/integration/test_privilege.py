@@ -34,7 +34,7 @@ from nodeagent.launch import WorkerSpec
 from nodeagent.node import GroupPhase
 from nodeagent.preload import Spawner
 from nodeagent.supervisor import Supervisor
-from tests.helpers.cluster import wait_for
+from tests.helpers.cluster import RedisServer, local_cluster, wait_for
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 SHARED_GROUP = "users"  # a supplementary group the throwaway user gets (gid 100 on Debian)
@@ -255,3 +255,39 @@ def test_config_check_refuses_an_unknown_user_naming_the_key(tmp_path: Path) -> 
             timeout=60,
         )
         assert result.returncode == 78 and words in result.stderr, (keys, result.stderr)
+
+
+@ROOT_ONLY
+@pytest.mark.xfail(
+    strict=True,
+    reason="nodeagent/cli/daemon.py does not pass config.job.user to its Spawner yet "
+    "(Spawner(config.job.preload, config.job.user)); remove this mark with that line",
+)
+def test_a_real_agent_runs_its_workers_as_the_job_user(
+    job_user: JobUser, shared_dir: Path, redis_server: RedisServer, job_id: str
+) -> None:
+    secret = shared_dir / "secret"
+    secret.write_text("hunter2\n")
+    secret.chmod(0o600)
+    readable = (
+        f"if cat {secret} >/dev/null 2>&1; then echo secret=read; else echo secret=denied; fi"
+    )
+    script = f"echo uid=$(id -u); {readable}; exec sleep 600"
+    with local_cluster(
+        redis_server.url,
+        shared_dir / "cluster",
+        job=job_id,
+        max_nodes=1,
+        entrypoint=["/bin/sh", "-c", script],
+        job_options={"user": job_user.name},
+        timing={"heartbeat_interval": "200ms", "lease_ttl": "1s"},
+    ) as cluster:
+        cluster.start("a")
+        agent = cluster.agents["a"]
+        wait_for(lambda: "[rank 0]: secret=" in agent.log(), 30, "the worker's lines")
+        assert f"[rank 0]: uid={job_user.run_as.uid}" in agent.log()
+        assert "[rank 0]: secret=denied" in agent.log()
+        workers = wait_for(lambda: cluster.worker_pids("a"), 10, "the worker's pid")
+        agent.proc.kill()  # SIGKILL: no goodbye; the kernel and the fence keeper remain
+        agent.proc.wait(10)
+        wait_for(lambda: all(_gone(pid) for pid in workers), 10, "the workers to die")
