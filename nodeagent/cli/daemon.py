@@ -164,7 +164,7 @@ def _run_agent(config: Config, context: LogContext, keeper: Keeper, until_done: 
     supervisor = Supervisor(
         echo=WorkerEcho(config.logging.format, context),
         wake=waker.wake,
-        spawner=Spawner(config.job.preload),
+        spawner=Spawner(config.job.preload, config.job.user),
     )
     monitor = build_monitor(config.health)
     start_monitor(monitor, config.health)  # ConfigError (exit 78) when gpu: on and no NVML

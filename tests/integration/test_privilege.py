@@ -258,11 +258,6 @@ def test_config_check_refuses_an_unknown_user_naming_the_key(tmp_path: Path) -> 
 
 
 @ROOT_ONLY
-@pytest.mark.xfail(
-    strict=True,
-    reason="nodeagent/cli/daemon.py does not pass config.job.user to its Spawner yet "
-    "(Spawner(config.job.preload, config.job.user)); remove this mark with that line",
-)
 def test_a_real_agent_runs_its_workers_as_the_job_user(
     job_user: JobUser, shared_dir: Path, redis_server: RedisServer, job_id: str
 ) -> None:
