@@ -49,7 +49,9 @@ SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 # A bare program name that means the agent's configured interpreter (job.python).
 BARE_PYTHONS = frozenset({"python", "python3"})
 # Inherited from systemd; a worker that sees them could ping or notify as if it were the agent.
-STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+# And the agent's Redis password (nodeagentctl's variable, set for the agent by some operators):
+# workers must not inherit the credentials that rewrite the job.
+STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "NODEAGENT_REDIS_PASSWORD")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
-"""A torchrun script, unchanged, under three `nodeagent launch` commands: the pattern of
-pytorch/examples' ddp-tutorial-series/multinode.py (a snapshot in the working directory, saved
-every epoch and loaded at start, plain `print`, no nodeagent import), through a worker kill and
-a node kill."""
+"""torchrun scripts, unchanged, under three `nodeagent launch` commands, through a worker kill
+and a node kill. The two patterns of pytorch/examples' distributed training: ddp-tutorial-series
+/multinode.py (an epoch counter in a snapshot in the working directory, saved every epoch and
+loaded at start) and minGPT-ddp (a DDP model and its optimizer's state in the snapshot); plain
+`print`, no nodeagent import."""
 
 from __future__ import annotations
 
@@ -42,6 +43,45 @@ for epoch in range(start, EPOCHS):
     time.sleep(0.15)
 dist.destroy_process_group()
 """
+MINGPT = """
+import os, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+EPOCHS = 80
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(16, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+start = 0
+if os.path.exists("snapshot.pt"):
+    snapshot = torch.load("snapshot.pt")
+    model.module.load_state_dict(snapshot["MODEL_STATE"])
+    optimizer.load_state_dict(snapshot["OPTIMIZER_STATE"])
+    start = snapshot["EPOCHS_RUN"]
+    print(f"[rank {rank}] Resuming training from snapshot at Epoch {start}")
+for epoch in range(start, EPOCHS):
+    x = torch.randn(8, 16)
+    loss = model(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    print(f"[rank {rank}] Epoch {epoch} | world {world} | sum {int(total.item())}")
+    if rank == 0:
+        state = {
+            "MODEL_STATE": model.module.state_dict(),
+            "OPTIMIZER_STATE": optimizer.state_dict(),
+            "EPOCHS_RUN": epoch + 1,
+        }
+        torch.save(state, "snapshot.tmp")
+        os.replace("snapshot.tmp", "snapshot.pt")
+    time.sleep(0.15)
+dist.destroy_process_group()
+"""
 RESUMED = re.compile(r"Resuming training from snapshot at Epoch (\d+)")
 EPOCH = re.compile(r"Epoch (\d+) \| world (\d+)")
 
@@ -50,10 +90,11 @@ def _workers(launch: subprocess.Popen[bytes]) -> list[psutil.Process]:
     return [p for p in psutil.Process(launch.pid).children() if not is_keeper(p)]
 
 
+@pytest.mark.parametrize("script", [TRAIN, MINGPT], ids=["multinode", "mingpt"])
 def test_snapshot_script_survives_a_worker_kill_and_a_node_kill(
-    tmp_path: Path, redis_server: RedisServer, job_id: str
+    tmp_path: Path, redis_server: RedisServer, job_id: str, script: str
 ) -> None:
-    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "train.py").write_text(script)
     endpoint = redis_server.url.removeprefix("redis://").removesuffix("/0")
     launches, outputs = [], []
     for i in range(3):

@@ -80,14 +80,14 @@ class RedisServer:
         raise RuntimeError("redis-server did not start")
 
     def _ready(self) -> bool:
-        client = redis.Redis(port=self.port, socket_timeout=0.5)
-        for _ in range(100):
-            if self.proc is not None and self.proc.poll() is not None:
-                return False
-            with contextlib.suppress(redis.RedisError):
-                if client.ping():
-                    return True
-            time.sleep(0.05)
+        with redis.Redis(port=self.port, socket_timeout=0.5) as client:
+            for _ in range(100):
+                if self.proc is not None and self.proc.poll() is not None:
+                    return False
+                with contextlib.suppress(redis.RedisError):
+                    if client.ping():
+                        return True
+                time.sleep(0.05)
         return False
 
     def stop(self) -> None:

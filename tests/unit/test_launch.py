@@ -50,6 +50,7 @@ def test_torchrun_environment_for_every_local_rank() -> None:
         "NOTIFY_SOCKET": "/run/systemd/notify",
         "WATCHDOG_USEC": "1",
         "WATCHDOG_PID": "1",
+        "NODEAGENT_REDIS_PASSWORD": "secret",
         "NCCL_DEBUG": "INFO",
     }
     specs = worker_specs(base, CONFIG, RECORD, group_rank=1)
@@ -81,7 +82,7 @@ def test_torchrun_environment_for_every_local_rank() -> None:
     assert env["NODEAGENT_NODE"] == "b" and env["NODEAGENT_STOP_GRACE_S"] == "45"
     assert env["NCCL_DEBUG"] == "WARN"  # job.env wins over the inherited environment
     assert env["PATH"] == "/usr/bin"
-    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "NODEAGENT_REDIS_PASSWORD"):
         assert name not in env
     assert specs[2].log_path == Path("/var/log/na/llama/7/rank-6.log")
     assert specs[2].cwd == "/opt/t" and specs[2].argv == (sys.executable, "train.py")
