@@ -401,13 +401,13 @@ class Supervisor:
 
     def _cause(self, worker: _Worker) -> str | None:
         """What the failed rank said of its death: the exception its @record wrote, else, when
-        it failed within EARLY_FAILURE_S of its start (an import error, a bad argument), its
-        last lines of output."""
+        it exited with an error within EARLY_FAILURE_S of its start (an import error, a bad
+        argument), its last lines of output."""
         error_file = worker.spec.error_file
         if error_file is not None and (cause := read_error_file(error_file)):
             return cause
-        if self._clock() - self._started_at > EARLY_FAILURE_S:
-            return None
+        if self._clock() - self._started_at > EARLY_FAILURE_S or (worker.returncode or 0) < 0:
+            return None  # late, or killed by a signal: its last lines are not why it died
         if worker.pump is not None:  # let it copy the last lines (a child may hold the pipe)
             worker.pump.join(0.2)
         return last_lines(worker.spec.log_path)

@@ -91,13 +91,17 @@ def test_failure_by_exit_code_and_by_signal(h: Harness) -> None:
         3,
         "n",
     )
-    h.sup.start(3, "n", h.specs("import time; time.sleep(60)", n=1))
+    code = "import time; print('step 1', flush=True); time.sleep(60)"
+    h.sup.start(3, "n", h.specs(code, n=1))
     pid = h.sup.workers()[0].pid
     assert pid is not None
+    log = h.tmp_path / "logs" / "rank-10.log"
+    wait_for(lambda: log.exists() and "step 1" in log.read_text(), 10, "the worker's output")
     os.kill(pid, signal.SIGKILL)
     h.settle(GroupPhase.EXITED)
     failure = h.sup.status().failure
     assert failure is not None and failure.signal == "SIGKILL" and failure.generation == 3
+    assert failure.cause is None  # killed: what it printed last is not why it died
 
 
 def test_stop_escalates_to_sigkill_after_grace(h: Harness) -> None:
