@@ -70,9 +70,6 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     )
 
 
-REFUSED_PREFIXES = ("WRONGPASS", "NOAUTH")
-
-
 def check_credentials(client: Redis) -> None:
     """One PING with the configured credentials, at start-up.
 
@@ -86,10 +83,7 @@ def check_credentials(client: Redis) -> None:
     try:
         client.ping()
     except redis.RedisError as exc:
-        refused = classify(exc) is RedisFailure.CREDENTIALS or (
-            isinstance(exc, redis.ResponseError) and str(exc).startswith(REFUSED_PREFIXES)
-        )
-        if refused:
+        if classify(exc) is RedisFailure.CREDENTIALS:
             raise ConfigError("redis.url", f"Redis refused the credentials: {exc}") from None
         # unreachable (or busy) now: the agent retries
 

@@ -12,6 +12,8 @@ from enum import Enum
 
 import redis
 
+REFUSED_PREFIXES = ("WRONGPASS", "NOAUTH")  # Redis' replies when it refuses the credentials
+
 
 class RedisFailure(str, Enum):
     """Why a Redis call failed.
@@ -48,6 +50,8 @@ def classify(exc: BaseException) -> RedisFailure:
             cause, redis.AuthenticationError | redis.AuthenticationWrongNumberOfArgsError
         ):
             return RedisFailure.CREDENTIALS
+        if isinstance(cause, redis.ResponseError) and str(cause).startswith(REFUSED_PREFIXES):
+            return RedisFailure.CREDENTIALS  # as a reply to a command rather than to AUTH
         if isinstance(cause, redis.exceptions.NoPermissionError):
             return RedisFailure.PERMISSION
         if isinstance(cause, redis.ConnectionError | redis.TimeoutError):
