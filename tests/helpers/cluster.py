@@ -350,6 +350,18 @@ def local_cluster(redis_url: str, directory: Path, **options: Any) -> Iterator[L
         cluster.stop()
 
 
+def nodeagentctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run nodeagentctl as a user would, with no password from this process' environment."""
+    environ = {k: v for k, v in os.environ.items() if k != "NODEAGENT_REDIS_PASSWORD"}
+    return subprocess.run(
+        [sys.executable, "-m", "nodeagent.cli.ctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**environ, **(env or {})},
+    )
+
+
 def is_keeper(proc: psutil.Process) -> bool:
     try:
         return KEEPER_MODULE in proc.cmdline()

@@ -4,9 +4,6 @@ names it, and Redis is left exactly as it was. Against a real redis-server and r
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,21 +12,11 @@ import pytest
 import redis
 
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster
+from tests.helpers.cluster import nodeagentctl as ctl
 from tests.helpers.fingerprint import fingerprint
 
 DB = 11  # this module's own database of the session's redis-server: every key in it is ours
 EX_USAGE = 2
-
-
-def ctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k != "NODEAGENT_REDIS_PASSWORD"}
-    return subprocess.run(
-        [sys.executable, "-m", "nodeagent.cli.ctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**environ, **(env or {})},
-    )
 
 
 @pytest.fixture(scope="module")

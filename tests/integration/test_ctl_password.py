@@ -5,10 +5,8 @@ nothing."""
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,7 @@ import redis
 
 from nodeagent.coord.keys import JobKeys
 from tests.helpers.cluster import free_port, local_cluster, wait_for
+from tests.helpers.cluster import nodeagentctl as ctl
 from tests.helpers.fingerprint import fingerprint
 
 PASSWORD = "s3cret pass/word@1"  # a space, a slash and an @: it must survive URL encoding
@@ -80,17 +79,6 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         admin.close()
         proc.terminate()
         proc.wait(10)
-
-
-def ctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k != "NODEAGENT_REDIS_PASSWORD"}
-    return subprocess.run(
-        [sys.executable, "-m", "nodeagent.cli.ctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**environ, **(env or {})},
-    )
 
 
 def quoted(password: str) -> str:
