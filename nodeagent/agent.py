@@ -264,7 +264,6 @@ class Agent:
             self._log.error("fence keeper exited (%s); restarting it", keeper.exit_status())
             try:
                 keeper.start()
-                keeper.restarts += 1
                 self._keeper_down = False
             except OSError as exc:
                 if not self._keeper_down:

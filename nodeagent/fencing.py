@@ -216,7 +216,6 @@ class Keeper:
         self._proc: subprocess.Popen[bytes] | None = None
         self._orders = Orders()
         self._recorded: tuple[Group, ...] | None = None
-        self.restarts = 0
 
     def start(self) -> None:
         """Start (or restart) the keeper process and hand it the current orders.
