@@ -10,6 +10,7 @@ the metrics address) is checked by nodeagent.preflight.
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import os
 import pwd
@@ -125,16 +126,49 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
-class Config:
+class PoolConfig:
+    """The pool this node serves (pool:): its name, free-form labels, and whom it runs jobs as.
+
+    A submitted job runs as the Unix user its spec names only if that user is in `users`, or
+    belongs to one of `groups`; root only with `allow_root`; never as the agent's own user.
+    """
+
+    name: str = "default"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    allow_root: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSettings:
+    """A node's config file: the node's own settings, and the one job it is pinned to, if the
+    file has a `job:` section (a single-job deployment). Without one the node serves whatever
+    job the pool places on it."""
+
     node: NodeConfig
     redis: RedisConfig
-    job: JobConfig
     timing: TimingConfig
     metrics: MetricsConfig
     health: HealthConfig = field(default_factory=HealthConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     log_dir: str = "/var/log/nodeagent"
     state_dir: str | None = None  # None: DEFAULT_STATE_DIR, used only if it can be written
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    job: JobConfig | None = None
+
+    def running(self, job: JobConfig, timing: TimingConfig | None = None) -> Config:
+        """This node's settings with `job` (and its timing) filled in: what a job runs with."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(NodeSettings)}
+        fields.update(job=job, timing=timing or self.timing)
+        return Config(**fields)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(NodeSettings):
+    """What one job runs with on this node: the node's settings and the job."""
+
+    job: JobConfig
 
 
 DEFAULT_STATE_DIR = "/var/lib/nodeagent"  # systemd's StateDirectory=nodeagent
@@ -157,6 +191,19 @@ def _load_node(section: Section, redis_url: str, resolve: Resolver) -> NodeConfi
 
 
 def _load_job(section: Section, resolve: Resolver) -> JobConfig:
+    job = job_fields(section)
+    job = dataclasses.replace(job, user=_run_as(section, dict(job.env), resolve))
+    section.reject_unknown()
+    return job
+
+
+def job_fields(section: Section) -> JobConfig:
+    """The keys a `job:` section and a job spec share (nodeagent.jobspec), validated; who runs
+    it (user, group) is left to the caller, and so are the keys it does not know.
+
+    Raises:
+        ConfigError: naming the first invalid key.
+    """
     job_id = section.get("id", str, "")
     if not job_id:
         raise ConfigError(section.key("id"), "required: a job id such as llama-ft")
@@ -174,8 +221,7 @@ def _load_job(section: Section, resolve: Resolver) -> JobConfig:
             section.key("target_nodes"),
             f"must be within [min_nodes, max_nodes] = [{min_nodes}, {max_nodes}], got {target}",
         )
-    env = _env(section)
-    job = JobConfig(
+    return JobConfig(
         id=job_id,
         entrypoint=entrypoint,
         nproc_per_node=positive_int(section, "nproc_per_node", 1),
@@ -184,14 +230,11 @@ def _load_job(section: Section, resolve: Resolver) -> JobConfig:
         target_nodes=target,
         max_restarts=positive_int(section, "max_restarts", 3, minimum=0),
         working_dir=optional_path(section, "working_dir"),
-        env=env,
+        env=_env(section),
         gpus_per_worker=positive_int(section, "gpus_per_worker", 1, minimum=0),
         preload=_preload(section, entrypoint),
-        user=_run_as(section, env, resolve),
         python=_python(section),
     )
-    section.reject_unknown()
-    return job
 
 
 def _python(section: Section) -> str | None:
@@ -277,28 +320,41 @@ def _preload(section: Section, entrypoint: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(modules)
 
 
-def _load_timing(section: Section) -> TimingConfig:
-    """0 is zero where zero makes sense: a stop grace of 0 kills at once, a join_settle of 0
-    forms as soon as min_nodes are there, a hang_timeout of 0 (or off) watches nothing. A
-    heartbeat, a lease or a rendezvous timeout of 0 cannot work and is an error."""
-    defaults = TimingConfig()
+# 0 is zero where zero makes sense: a stop grace of 0 kills at once, a join_settle of 0 forms
+# as soon as min_nodes are there, a hang_timeout of 0 (or off) watches nothing. A heartbeat, a
+# lease or a rendezvous timeout of 0 cannot work and is an error.
+_TIMING_RULES: Mapping[str, Mapping[str, Any]] = {
+    "heartbeat_interval": {"minimum": 0.05},
+    "lease_ttl": {"positive": True},
+    "stop_grace_period": {},
+    "failure_stop_grace_period": {},
+    "join_settle": {},
+    "rendezvous_timeout": {"positive": True},
+    "hang_timeout": {"off": True},
+    "restart_backoff": {"off": True},
+    "restart_backoff_max": {},
+    "restart_backoff_reset": {},
+}
+# What a job may set for itself (a job spec's timing:); the heartbeat and the lease are the
+# node's: every job a node serves is fenced on the same lease.
+JOB_TIMING = tuple(
+    name for name in _TIMING_RULES if name not in ("heartbeat_interval", "lease_ttl")
+)
 
-    def timed(name: str, **rules: Any) -> float:
-        return duration(section.raw(name), section.key(name), getattr(defaults, name), **rules)
 
-    timing = TimingConfig(
-        heartbeat_interval=timed("heartbeat_interval", minimum=0.05),
-        lease_ttl=timed("lease_ttl", positive=True),
-        stop_grace_period=timed("stop_grace_period"),
-        failure_stop_grace_period=timed("failure_stop_grace_period"),
-        join_settle=timed("join_settle"),
-        rendezvous_timeout=timed("rendezvous_timeout", positive=True),
-        hang_timeout=timed("hang_timeout", off=True),
-        restart_backoff=timed("restart_backoff", off=True),
-        restart_backoff_max=timed("restart_backoff_max"),
-        restart_backoff_reset=timed("restart_backoff_reset"),
-    )
+def _timed(section: Section, base: TimingConfig, names: tuple[str, ...]) -> TimingConfig:
+    values = {
+        name: duration(
+            section.raw(name), section.key(name), getattr(base, name), **_TIMING_RULES[name]
+        )
+        for name in names
+    }
     section.reject_unknown()
+    return dataclasses.replace(base, **values)
+
+
+def _load_timing(section: Section) -> TimingConfig:
+    timing = _timed(section, TimingConfig(), tuple(_TIMING_RULES))
     if timing.lease_ttl < 2 * timing.heartbeat_interval:
         raise ConfigError(
             section.key("lease_ttl"),
@@ -306,6 +362,20 @@ def _load_timing(section: Section) -> TimingConfig:
             f"heartbeat does not expire the lease, got {timing.lease_ttl}s",
         )
     return timing
+
+
+def job_timing(section: Section, base: TimingConfig) -> TimingConfig:
+    """A job spec's timing: section over the node's `base` (only the keys in JOB_TIMING).
+
+    Raises:
+        ConfigError: naming the key; heartbeat_interval and lease_ttl are refused (the node's).
+    """
+    for name in ("heartbeat_interval", "lease_ttl"):
+        if section.raw(name) is not None:
+            raise ConfigError(
+                section.key(name), "is the node's (its config's timing:), not a job's to set"
+            )
+    return _timed(section, base, JOB_TIMING)
 
 
 def _load_health(section: Section) -> HealthConfig:
@@ -413,8 +483,9 @@ class Resolver:
             return "127.0.0.1"
 
 
-def load_config(data: object, resolve: Resolver | None = None) -> Config:
-    """Build a validated Config from a parsed YAML document.
+def load_settings(data: object, resolve: Resolver | None = None) -> NodeSettings:
+    """Build a node's validated settings from a parsed YAML document; a Config when it has a
+    `job:` section (a node pinned to that job), else job-less (a pool node).
 
     Raises:
         ConfigError: the first invalid key, by its dotted name.
@@ -429,7 +500,8 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
         url = EMBEDDED  # standalone, as torchrun --standalone
     if not url:
         raise ConfigError(
-            "redis.url", "required for a multi-node job: a URL such as redis://10.0.0.2:6379/0"
+            "redis.url",
+            "required for a pool or a multi-node job: a URL such as redis://10.0.0.2:6379/0",
         )
     redis = RedisConfig(
         url=_check_redis_url(url, "redis.url"),
@@ -438,29 +510,84 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
         ),
     )
     redis_section.reject_unknown()
-    config = Config(
+    settings = NodeSettings(
         node=_load_node(root.section("node"), url, resolve),
         redis=redis,
-        job=_load_job(root.section("job"), resolve),
         timing=_load_timing(root.section("timing")),
         metrics=_load_metrics(root.section("metrics")),
         health=_load_health(root.section("health")),
         logging=_load_logging(root.section("logging")),
         log_dir=path_value(root, "log_dir", "/var/log/nodeagent"),
         state_dir=optional_path(root, "state_dir"),
+        pool=_load_pool(root.section("pool")),
     )
+    job = None if job_data is None else _load_job(root.section("job"), resolve)
     root.reject_unknown()
-    if config.redis.url == EMBEDDED and config.job.max_nodes > 1:
+    if settings.redis.url == EMBEDDED and (job is None or job.max_nodes > 1):
         raise ConfigError(
             "redis.url",
-            f"'embedded' Redis serves one node, but job.max_nodes is {config.job.max_nodes}; "
-            "give a Redis URL all nodes reach",
+            "'embedded' Redis serves one node of one job, but "
+            + ("there is no job: section" if job is None else f"job.max_nodes is {job.max_nodes}")
+            + "; give a Redis URL all nodes reach",
         )
-    return config
+    return settings if job is None else settings.running(job)
+
+
+def load_config(data: object, resolve: Resolver | None = None) -> Config:
+    """A validated Config: a node's settings with its `job:` section.
+
+    Raises:
+        ConfigError: the first invalid key, by its dotted name; `job.id` when there is no job.
+    """
+    settings = load_settings(data, resolve)
+    if not isinstance(settings, Config):
+        raise ConfigError("job.id", "required: a job id such as llama-ft")
+    return settings
+
+
+def _load_pool(section: Section) -> PoolConfig:
+    labels = section.raw("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise ConfigError(
+            section.key("labels"), "expected a mapping such as {gpu: h100, rack: r12}"
+        )
+    for name, value in labels.items():
+        key = f"{section.key('labels')}.{name}"
+        check_name(str(name), key)
+        if not _env_scalar(value) or "\0" in str(value) or len(str(value)) > 256:
+            raise ConfigError(key, _not_a_string(value))
+    pool = PoolConfig(
+        name=check_name(section.get("name", str, "default"), section.key("name")),
+        labels={str(k): str(v) for k, v in labels.items()},
+        users=_names(section, "users"),
+        groups=_names(section, "groups"),
+        allow_root=section.get("allow_root", bool, False),
+    )
+    section.reject_unknown()
+    return pool
+
+
+def _names(section: Section, name: str) -> tuple[str, ...]:
+    value = section.raw(name) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(section.key(name), f"expected a list of {name} names, such as [alice]")
+    return tuple(value)
 
 
 def read_config(path: str | Path, resolve: Resolver | None = None) -> Config:
-    """Read and validate a YAML config file.
+    """Read and validate a YAML config file with a `job:` section.
+
+    Raises:
+        ConfigError: as read_settings, and `job.id` when the file has no job.
+    """
+    settings = read_settings(path, resolve)
+    if not isinstance(settings, Config):
+        raise ConfigError("job.id", f"required: {path} has no job: section")
+    return settings
+
+
+def read_settings(path: str | Path, resolve: Resolver | None = None) -> NodeSettings:
+    """Read and validate a node's YAML config file (a `job:` section is optional).
 
     Raises:
         ConfigError: the file is missing, unreadable, not UTF-8, not YAML (or has a key twice),
@@ -481,4 +608,4 @@ def read_config(path: str | Path, resolve: Resolver | None = None) -> Config:
         data = strictyaml.load(text)
     except yaml.YAMLError as exc:
         raise ConfigError("", f"{path} is not valid YAML: {exc}") from exc
-    return load_config(data, resolve)
+    return load_settings(data, resolve)

@@ -1,0 +1,226 @@
+"""schedule(): the pool's pure placement decision, as table tests."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from nodeagent.pool.model import PoolJob, PoolJobState
+from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
+from nodeagent.state import JobState
+
+NOW = 1_000_000
+POLICY = SchedulePolicy(reserve_after_ms=60_000)
+PENDING, RUNNING = PoolJobState.PENDING, PoolJobState.RUNNING
+
+
+def job(
+    id: str,
+    min_nodes: int = 1,
+    target: int | None = None,
+    *,
+    state: PoolJobState = PENDING,
+    seq: int = 1,
+    waited_ms: int = 0,
+    priority: int = 0,
+    record: JobState | None = None,
+    members: tuple[str, ...] = (),
+    cancel: str | None = None,
+    pinned: bool = False,
+) -> JobView:
+    target = target or min_nodes
+    status = PoolJob(state, seq=seq, submitted_ms=NOW - waited_ms, pinned=pinned)
+    return JobView(
+        id,
+        status,
+        min_nodes,
+        max(target, min_nodes),
+        target,
+        priority=priority,
+        record_state=record,
+        members=members,
+        cancel=cancel,
+    )
+
+
+def nodes(*names: str, **special: NodeView) -> dict[str, NodeView]:
+    found = {n: NodeView(n) for n in names}
+    found.update(special)
+    return found
+
+
+def run(
+    nodes: dict[str, NodeView], jobs: list[JobView], placements: dict[str, str] | None = None
+) -> tuple[dict[str, str], dict[str, PoolJob]]:
+    view = PoolView(NOW, nodes, {j.id: j for j in jobs}, placements or {})
+    result = schedule(view, POLICY)
+    return result.placements, result.jobs
+
+
+def on(placements: dict[str, str], job_id: str) -> list[str]:
+    return sorted(n for n, j in placements.items() if j == job_id)
+
+
+def test_gang_admission_gives_up_to_target_at_once() -> None:
+    placements, jobs = run(nodes("a", "b", "c"), [job("j", 2, 3)])
+    assert on(placements, "j") == ["a", "b", "c"]
+    assert jobs["j"].state is RUNNING and jobs["j"].admitted_ms == NOW
+
+
+def test_never_a_partial_start_below_min_nodes() -> None:
+    placements, jobs = run(nodes("a"), [job("j", 2, 4)])
+    assert placements == {}
+    assert jobs["j"].state is PENDING
+    assert jobs["j"].reason == "needs 2 nodes, the pool has 1 healthy nodes that can run it"
+
+
+def test_pending_says_how_many_are_free() -> None:
+    busy = job("busy", 2, state=RUNNING, record=JobState.RUNNING, members=("a", "b"))
+    placements, jobs = run(
+        nodes("a", "b", "c"), [busy, job("j", 2, seq=2)], {"a": "busy", "b": "busy"}
+    )
+    assert on(placements, "j") == []
+    assert jobs["j"].reason == "needs 2 nodes, 1 free"
+
+
+def test_first_come_first_served_at_equal_priority() -> None:
+    placements, jobs = run(nodes("a", "b"), [job("late", 2, seq=2), job("early", 2, seq=1)])
+    assert on(placements, "early") == ["a", "b"]
+    assert jobs["late"].state is PENDING
+
+
+def test_higher_priority_goes_first() -> None:
+    placements, _ = run(
+        nodes("a", "b"), [job("early", 2, seq=1), job("urgent", 2, seq=2, priority=5)]
+    )
+    assert on(placements, "urgent") == ["a", "b"]
+
+
+def test_a_job_that_does_not_fit_does_not_block_a_smaller_one() -> None:
+    busy = job("busy", 2, state=RUNNING, record=JobState.RUNNING, members=("a", "b"))
+    placements, jobs = run(
+        nodes("a", "b", "c"),
+        [busy, job("big", 2, seq=2, waited_ms=1000), job("small", 1, seq=3)],
+        {"a": "busy", "b": "busy"},
+    )
+    assert on(placements, "small") == ["c"]
+    assert jobs["big"].state is PENDING
+
+
+def test_after_reserve_after_the_head_holds_free_nodes() -> None:
+    busy = job("busy", 2, state=RUNNING, record=JobState.RUNNING, members=("a", "b"))
+    grower = job("grow", 1, 3, state=RUNNING, seq=0, record=JobState.RUNNING, members=("d",))
+    placements, jobs = run(
+        nodes("a", "b", "c", "d"),
+        [busy, grower, job("big", 2, seq=2, waited_ms=60_000), job("small", 1, seq=3)],
+        {"a": "busy", "b": "busy", "d": "grow"},
+    )
+    assert "c" not in placements  # neither backfilled nor grown into: held for "big"
+    assert jobs["small"].reason == "waiting: nodes are held for big, pending longer"
+
+
+def test_a_job_too_big_for_the_pool_reserves_nothing() -> None:
+    placements, jobs = run(
+        nodes("a", "b"), [job("huge", 5, seq=1, waited_ms=10**9), job("small", 1, seq=2)]
+    )
+    assert on(placements, "small") == ["a"]
+    assert "the pool has 2 healthy nodes" in jobs["huge"].reason
+
+
+def test_running_job_below_target_grows_into_free_nodes() -> None:
+    grower = job("j", 1, 3, state=RUNNING, record=JobState.RUNNING, members=("a",))
+    placements, _ = run(nodes("a", "b", "c", "d"), [grower], {"a": "j"})
+    assert on(placements, "j") == ["a", "b", "c"]
+
+
+def test_above_target_gives_back_non_members_only() -> None:
+    shrunk = job("j", 1, 1, state=RUNNING, record=JobState.RESTARTING, members=("b",))
+    placements, _ = run(nodes("a", "b", "c"), [shrunk], {"a": "j", "b": "j", "c": "j"})
+    assert on(placements, "j") == ["b"]
+
+
+def test_finished_job_frees_its_nodes_and_the_next_is_admitted() -> None:
+    done = job("done", 2, state=RUNNING, record=JobState.SUCCEEDED, members=("a", "b"))
+    placements, jobs = run(
+        nodes("a", "b"), [done, job("next", 2, seq=2)], {"a": "done", "b": "done"}
+    )
+    assert jobs["done"].state is PoolJobState.SUCCEEDED and jobs["done"].ended_ms == NOW
+    assert on(placements, "next") == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("record", "cancel", "expected"),
+    [
+        (JobState.FAILED, None, PoolJobState.FAILED),
+        (JobState.STOPPED, None, PoolJobState.CANCELLED),
+        (JobState.STOPPED, "ops@x", PoolJobState.CANCELLED),
+        (None, "ops@x", PoolJobState.CANCELLED),  # never formed: nothing to stop
+        (JobState.RUNNING, "ops@x", RUNNING),  # still stopping its workers
+    ],
+)
+def test_how_a_running_job_ends(
+    record: JobState | None, cancel: str | None, expected: PoolJobState
+) -> None:
+    running = job("j", 1, state=RUNNING, record=record, members=("a",), cancel=cancel)
+    placements, jobs = run(nodes("a"), [running], {"a": "j"})
+    assert jobs.get("j", running.status).state is expected
+    assert on(placements, "j") == ([] if expected.ended else ["a"])
+
+
+def test_a_pending_job_is_cancelled_at_once() -> None:
+    placements, jobs = run(nodes("a"), [job("j", cancel="ops@x")])
+    assert placements == {} and jobs["j"].state is PoolJobState.CANCELLED
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        NodeView("a", unfit="1 of 8 GPUs usable"),
+        NodeView("a", cordoned="rack maintenance"),
+        NodeView("a", refused=frozenset({"j"})),
+        NodeView("a", pinned="other"),
+    ],
+)
+def test_unhealthy_cordoned_refusing_or_pinned_nodes_are_never_placed(bad: NodeView) -> None:
+    placements, _ = run(nodes("b", a=bad), [job("j", 1, 2)])
+    assert on(placements, "j") == ["b"]
+
+
+def test_lost_node_loses_its_placement_and_the_job_grows_back() -> None:
+    running = job("j", 1, 2, state=RUNNING, record=JobState.RUNNING, members=("a", "b"))
+    placements, _ = run(nodes("a", "c"), [running], {"a": "j", "b": "j"})
+    assert on(placements, "j") == ["a", "c"]
+
+
+def test_a_node_that_refuses_its_job_is_taken_off_it() -> None:
+    running = job("j", 1, 1, state=RUNNING, record=None)
+    refusing = NodeView("a", refused=frozenset({"j"}))
+    placements, _ = run(nodes("b", a=refusing), [running], {"a": "j"})
+    assert on(placements, "j") == ["b"]
+
+
+def test_pinned_nodes_serve_their_job_and_follow_its_record() -> None:
+    pinned = job("legacy", 2, state=PENDING, record=None, pinned=True)
+    view_nodes = nodes(a=NodeView("a", pinned="legacy"), b=NodeView("b", pinned="legacy"))
+    placements, jobs = run(view_nodes, [pinned])
+    assert on(placements, "legacy") == ["a", "b"] and jobs["legacy"].state is RUNNING
+    done = job("legacy", 2, state=RUNNING, record=JobState.SUCCEEDED, pinned=True)
+    placements, jobs = run(view_nodes, [done], placements)
+    assert placements == {} and jobs["legacy"].state is PoolJobState.SUCCEEDED
+    again = job("legacy", 2, state=PoolJobState.SUCCEEDED, record=JobState.RESTARTING, pinned=True)
+    placements, jobs = run(view_nodes, [again], {})
+    assert jobs["legacy"].state is RUNNING and on(placements, "legacy") == ["a", "b"]
+
+
+def test_no_node_is_in_two_jobs_and_nothing_changes_when_settled() -> None:
+    jobs = [job(f"j{i}", 1, 2, seq=i) for i in range(5)]
+    placements, statuses = run(nodes(*"abcdefg"), jobs)
+    assert len(placements) == 7 and len(set(placements)) == 7
+    settled = [
+        replace(j, status=statuses[j.id], record_state=JobState.RUNNING if j.id != "j4" else None)
+        for j in jobs
+    ]
+    view = PoolView(NOW, nodes(*"abcdefg"), {j.id: j for j in settled}, placements)
+    result = schedule(view, POLICY)
+    assert result.placements == placements and not result.changed(placements)
