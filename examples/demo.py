@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -87,6 +88,10 @@ class Demo:
                         "env": {"OMP_NUM_THREADS": "1"},
                         # Restarts run in interpreters that imported these already.
                         "preload": ["torch", "torch._dynamo"],
+                        # The workers are yours, as under torchrun; if you are root, say so:
+                        # a root agent otherwise runs them as the nodeagent system user.
+                        "user": pwd.getpwuid(os.geteuid()).pw_name,
+                        "allow_root": True,
                     },
                     "timing": {
                         "heartbeat_interval": "500ms",

@@ -4,8 +4,11 @@ Training code is the least trusted thing on a node: it must not read the agent's
 Redis password in it would let it rewrite any job) nor act as root. So an agent running as
 root starts its workers as `job.user`, by default the `nodeagent` system user the Ansible role
 creates, with that user's group and supplementary groups, as sudo or systemd's `User=` would;
-root only when `job.allow_root: true` says so. An agent that is not root cannot change users:
-its workers run as itself, and a `job.user` naming someone else is an error.
+root only when `job.user: root` and `job.allow_root: true` say so. A root agent on a node
+without that user and without `job.user` is a configuration error, not a silent fallback to
+root. An agent that is not root cannot change users: its workers run as itself, and a
+`job.user` naming someone else is an error (`nodeagent launch` names its caller and allows
+root: like torchrun, its workers are whoever ran it).
 
 The user database is read through the `Accounts` seam (config.Resolver on a real node), when
 the config is loaded, so an unknown user is a configuration error (exit 78) naming its key,
@@ -52,7 +55,7 @@ class WorkerUser:
 
     `switch`: the agent (root) changes to uid/gid/groups when it starts a worker; False when the
     workers run as the agent itself. `env`: HOME, USER and LOGNAME for that user, except those
-    job.env sets. `warning`: something the operator should hear about (logged once at start).
+    job.env sets.
     """
 
     name: str
@@ -61,7 +64,6 @@ class WorkerUser:
     groups: tuple[int, ...] = ()
     switch: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
-    warning: str = ""
 
 
 def resolve(
@@ -74,25 +76,24 @@ def resolve(
     """The workers' user from the job's keys and this node's user database.
 
     Raises:
-        ConfigError: naming job.user or job.group: an unknown user or group, root without
-            job.allow_root, or another user while the agent is not root.
+        ConfigError: naming job.user or job.group: an unknown user or group (the default
+            nodeagent user included), root without job.allow_root, or another user while the
+            agent is not root.
     """
     agent = accounts.agent()
     if agent.uid != 0:
         return _as_agent(agent, user, group, accounts)
-    warning = ""
     account = accounts.user(user or DEFAULT_USER)
     if account is None and user is not None:
         raise ConfigError("job.user", f"no such user on this node: {user!r}")
-    if account is None:
-        # No job.user and no nodeagent user: the agent was installed without the Ansible role.
-        account = agent
-        warning = (
-            f"job.user is not set and this node has no {DEFAULT_USER!r} user: workers run as "
-            f"root; create it (useradd --system {DEFAULT_USER}; the Ansible role does) or set "
-            "job.user"
+    if account is None:  # the agent was installed without the Ansible role
+        raise ConfigError(
+            "job.user",
+            f"not set, and this node has no {DEFAULT_USER!r} user to run the workers as; "
+            f"create it (useradd --system {DEFAULT_USER}; the Ansible role does), or set "
+            "job.user to an unprivileged user, or to root with job.allow_root: true",
         )
-    elif account.uid == 0 and not allow_root:
+    if account.uid == 0 and not allow_root:
         raise ConfigError(
             "job.user",
             f"{account.name!r} is root: workers could read the agent's config and Redis "
@@ -111,7 +112,6 @@ def resolve(
         groups=accounts.groups_of(account.name, gid),
         switch=(account.uid, gid) != (agent.uid, agent.gid),
         env=env,
-        warning=warning,
     )
 
 

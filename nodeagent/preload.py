@@ -130,8 +130,6 @@ class Spawner:
     def __init__(self, modules: Sequence[str] = (), user: WorkerUser | None = None) -> None:
         self._modules = tuple(modules)
         self.user = user
-        if user is not None and user.warning:
-            log.warning("%s", user.warning)
         self._spares: dict[int, _Spare] = {}
         self._planned: tuple[float, Sequence[WorkerSpec]] | None = None
 

@@ -26,6 +26,7 @@ from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
 from nodeagent.fencing import KEEPER_MODULE
 from nodeagent.status import status_document
+from tests.helpers.runas import AS_TESTER
 
 WORKER = Path(__file__).with_name("worker.py")
 T = TypeVar("T")
@@ -180,6 +181,7 @@ class LocalCluster:
                 "target_nodes": self.target_nodes or self.max_nodes,
                 "max_restarts": self.max_restarts,
                 "env": {"RECORD_DIR": str(self.records_dir), "PYTHONUNBUFFERED": "1"},
+                **AS_TESTER,
                 **self.job_options,
             },
             "timing": timing,

@@ -21,6 +21,7 @@ from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.packaging import build_wheel
+from tests.helpers.runas import AS_TESTER
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = ROOT / "ansible"
@@ -76,8 +77,9 @@ def prefix_install(prefix: Path, redis_url: str, job_id: str) -> dict[str, Any]:
         "nodeagent_node_address": "127.0.0.1",
         "nodeagent_redis_url": redis_url,
         "nodeagent_metrics_listen": "127.0.0.1:0",
-        # the workers run as whoever runs the agent here: the test's Python may be unreadable
-        # to a system user, and the test creates no user on this machine
+        # the workers run as whoever runs the agent here (said in the job section, root needs
+        # job.allow_root): the test's Python may be unreadable to a system user, and the test
+        # creates no user on this machine
         "nodeagent_job_user": "",
         "nodeagent_config_owner": getpass.getuser(),
         "nodeagent_config_group": grp.getgrgid(os.getegid()).gr_name,
@@ -86,6 +88,7 @@ def prefix_install(prefix: Path, redis_url: str, job_id: str) -> dict[str, Any]:
             "entrypoint": [sys.executable, "-c", "print('trained')"],
             "nproc_per_node": 1,
             "max_nodes": 1,
+            **AS_TESTER,
         },
         "nodeagent_timing": {"heartbeat_interval": "200ms", "lease_ttl": "1s"},
         "nodeagent_health": {"gpu": "auto"},

@@ -15,6 +15,7 @@ import yaml
 from nodeagent.coord import embedded
 from nodeagent.errors import ConfigError
 from tests.helpers.cluster import RedisServer, free_port, local_cluster, wait_for
+from tests.helpers.runas import AS_TESTER
 
 EX_CONFIG = 78
 
@@ -29,12 +30,16 @@ def test_version() -> None:
 
 
 def test_config_check(tmp_path: Path) -> None:
-    """The example is written for a GPU node (/opt/train...): checked without this node."""
+    """The example is written for a GPU node (/opt/train...): checked without this node, but
+    for its user database: the example's workers are the nodeagent user's, not on this node."""
     example = Path(__file__).resolve().parents[2] / "config" / "nodeagent.example.yaml"
-    ok = run("nodeagent", "config", "check", "--syntax-only", str(example))
+    data = yaml.safe_load(example.read_text())
+    data["job"].update(AS_TESTER)
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(data))
+    ok = run("nodeagent", "config", "check", "--syntax-only", str(good))
     assert ok.returncode == 0 and "OK" in ok.stdout
     bad = tmp_path / "bad.yaml"
-    data = yaml.safe_load(example.read_text())
     data["timing"]["lease_ttl"] = "1s"
     bad.write_text(yaml.safe_dump(data))
     result = run("nodeagent", "config", "check", "--syntax-only", str(bad))
@@ -132,7 +137,11 @@ def test_standalone_with_embedded_redis(tmp_path: Path) -> None:
         yaml.safe_dump(
             {
                 "node": {"name": "solo", "address": "127.0.0.1"},
-                "job": {"id": job, "entrypoint": [sys.executable, "-c", "print('trained')"]},
+                "job": {
+                    "id": job,
+                    "entrypoint": [sys.executable, "-c", "print('trained')"],
+                    **AS_TESTER,
+                },
                 "timing": {"heartbeat_interval": "200ms", "lease_ttl": "1s"},
                 "log_dir": str(tmp_path / "logs"),
             }
@@ -167,6 +176,7 @@ def test_standalone_exits_with_the_failing_ranks_code(tmp_path: Path, code: int)
                     "id": f"fails-{os.getpid()}-{code}",
                     "entrypoint": [sys.executable, "-c", f"raise SystemExit({code})"],
                     "max_restarts": 0,
+                    **AS_TESTER,
                 },
                 "timing": {"heartbeat_interval": "200ms", "lease_ttl": "1s"},
                 "log_dir": str(tmp_path / "logs"),
@@ -181,11 +191,12 @@ def test_standalone_exits_with_the_failing_ranks_code(tmp_path: Path, code: int)
 
 def test_embedded_redis_is_refused_for_multi_node_jobs(tmp_path: Path) -> None:
     config = tmp_path / "multi.yaml"
-    config.write_text("redis: {url: embedded}\njob: {id: x, entrypoint: [t], max_nodes: 2}\n")
+    job = {"id": "x", "entrypoint": ["t"], "max_nodes": 2, **AS_TESTER}
+    config.write_text(yaml.safe_dump({"redis": {"url": "embedded"}, "job": job}))
     result = run("nodeagent", "config", "check", str(config))
     assert result.returncode == EX_CONFIG and "serves one node" in result.stderr
     missing = tmp_path / "nourl.yaml"
-    missing.write_text("job: {id: x, entrypoint: [t], max_nodes: 2}\n")
+    missing.write_text(yaml.safe_dump({"job": job}))
     result = run("nodeagent", "config", "check", str(missing))
     assert result.returncode == EX_CONFIG and "required for a multi-node job" in result.stderr
 
@@ -206,7 +217,7 @@ def test_gpu_on_without_nvml_refuses_to_start(tmp_path: Path) -> None:
         yaml.safe_dump(
             {
                 "node": {"name": "g", "address": "127.0.0.1"},
-                "job": {"id": f"gpu-on-{os.getpid()}", "entrypoint": ["true"]},
+                "job": {"id": f"gpu-on-{os.getpid()}", "entrypoint": ["true"], **AS_TESTER},
                 "health": {"gpu": "on"},
                 "log_dir": str(tmp_path / "logs"),
             }

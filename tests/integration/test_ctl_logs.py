@@ -11,6 +11,7 @@ import yaml
 
 from nodeagent.cli import ctl
 from nodeagent.logtail import Follower, last_lines, rank_logs
+from tests.helpers.runas import AS_TESTER
 
 EX_USAGE = 2
 
@@ -42,7 +43,7 @@ def test_every_rank_from_the_config(
         yaml.safe_dump(
             {
                 "node": {"name": "n1", "address": "127.0.0.1"},
-                "job": {"id": "llama", "entrypoint": ["true"]},
+                "job": {"id": "llama", "entrypoint": ["true"], **AS_TESTER},
                 "log_dir": str(logs),
             }
         )

@@ -25,6 +25,7 @@ import yaml
 from nodeagent.cli.daemon import main
 from nodeagent.signalwatch import SignalWatch
 from tests.helpers.cluster import RedisServer, free_port, local_cluster, wait_for
+from tests.helpers.runas import AS_TESTER
 
 EX_CONFIG = 78
 NOBODY = 65534
@@ -45,7 +46,7 @@ def document(tmp_path: Path, **changes: object) -> dict[str, Any]:
     data: dict[str, Any] = {
         "node": {"name": "d1", "address": "127.0.0.1"},
         "redis": {"url": NOWHERE},
-        "job": {"id": "daemon", "entrypoint": [sys.executable, "-c", "pass"]},
+        "job": {"id": "daemon", "entrypoint": [sys.executable, "-c", "pass"], **AS_TESTER},
         "metrics": {"listen": "127.0.0.1:0"},
         "log_dir": str(tmp_path / "logs"),
         "state_dir": str(tmp_path / "state"),
@@ -230,7 +231,7 @@ def test_a_directory_this_user_cannot_write_is_refused(
         (shared_dir / name).chmod(0o777)
     (shared_dir / ("logs" if key == "log_dir" else "state")).chmod(0o755)  # root's, not nobody's
     path = shared_dir / "config.yaml"
-    path.write_bytes(text(shared_dir))
+    path.write_bytes(text(shared_dir, job__user=None))  # nobody's workers: nobody's own
     path.chmod(0o644)
     args = ["config", "check", str(path)] if command == "check" else ["run", "--config", str(path)]
     code = main_as(NOBODY, args, tmp_path / "stderr")

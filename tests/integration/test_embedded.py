@@ -15,6 +15,7 @@ import yaml
 from nodeagent.coord import embedded
 from nodeagent.errors import ConfigError
 from tests.helpers.cluster import wait_for
+from tests.helpers.runas import AS_TESTER
 
 EX_CONFIG = 78
 NOBODY = 65534
@@ -127,7 +128,7 @@ def run_standalone(tmp_path: Path, job: str, runtime: Path) -> subprocess.Comple
         yaml.safe_dump(
             {
                 "node": {"name": "solo", "address": "127.0.0.1"},
-                "job": {"id": job, "entrypoint": [sys.executable, "-c", "pass"]},
+                "job": {"id": job, "entrypoint": [sys.executable, "-c", "pass"], **AS_TESTER},
                 "metrics": {"listen": "off"},
                 "log_dir": str(tmp_path / "logs"),
                 "state_dir": str(tmp_path / "state"),
@@ -167,6 +168,7 @@ def test_the_agent_uses_the_services_runtime_directory(tmp_path: Path) -> None:
                 "job": {
                     "id": job,
                     "entrypoint": [sys.executable, "-c", "import time; time.sleep(60)"],
+                    **AS_TESTER,
                 },
                 "metrics": {"listen": "off"},
                 "log_dir": str(tmp_path / "logs"),

@@ -13,11 +13,12 @@ import pytest
 from nodeagent import preflight
 from nodeagent.config import Config, Resolver, load_config
 from nodeagent.errors import ConfigError
+from tests.helpers.runas import AS_TESTER
 
 BASE: dict[str, Any] = {
     "node": {"name": "n1", "address": "127.0.0.1"},
     "redis": {"url": "redis://127.0.0.1:6379/0"},
-    "job": {"id": "pf", "entrypoint": [sys.executable, "-c", "pass"]},
+    "job": {"id": "pf", "entrypoint": [sys.executable, "-c", "pass"], **AS_TESTER},
     "metrics": {"listen": "127.0.0.1:0"},
 }
 

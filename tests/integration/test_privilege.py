@@ -35,6 +35,7 @@ from nodeagent.node import GroupPhase
 from nodeagent.preload import Spawner
 from nodeagent.supervisor import Supervisor
 from tests.helpers.cluster import RedisServer, local_cluster, wait_for
+from tests.helpers.runas import AS_TESTER
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 SHARED_GROUP = "users"  # a supplementary group the throwaway user gets (gid 100 on Debian)
@@ -238,15 +239,17 @@ def test_the_worker_record_is_the_agents_alone(tmp_path: Path) -> None:
 
 
 def test_config_check_refuses_an_unknown_user_naming_the_key(tmp_path: Path) -> None:
-    cases = [
+    cases: list[tuple[dict[str, object], str]] = [
         ({"user": f"no-such-user-{uuid.uuid4().hex[:6]}"}, "job.user: no such user"),
-        ({"group": "no-such-group-here"}, "job.group: no such group"),
+        ({**AS_TESTER, "group": "no-such-group-here"}, "job.group: no such group"),
     ]
     if os.geteuid() == 0:
         cases.append(({"user": "root"}, "job.user: 'root' is root"))
+        if Resolver().user("nodeagent") is None:  # and no job.user: not root in its place
+            cases.append(({}, "job.user: not set, and this node has no 'nodeagent' user"))
     for keys, words in cases:
         config = tmp_path / "config.yaml"
-        job = {"id": "x", "entrypoint": ["/bin/true"], **keys}
+        job: dict[str, object] = {"id": "x", "entrypoint": ["/bin/true"], **keys}
         config.write_text(yaml.safe_dump({"job": job, "log_dir": str(tmp_path)}))
         result = subprocess.run(
             [sys.executable, "-m", "nodeagent", "config", "check", "--syntax-only", str(config)],

@@ -9,8 +9,11 @@ import yaml
 
 from nodeagent.config import Resolver, load_config, parse_duration, read_config
 from nodeagent.errors import ConfigError
+from nodeagent.identity import Account
+from tests.helpers.runas import AS_TESTER
 
 ROOT = Path(__file__).resolve().parents[2]
+NODEAGENT = Account("nodeagent", 990, 990, "/var/lib/nodeagent-worker")
 
 
 class FixedResolver(Resolver):
@@ -29,6 +32,7 @@ VALID: dict[str, Any] = {
         "min_nodes": 2,
         "max_nodes": 4,
         "preload": ["torch"],
+        **AS_TESTER,
     },
 }
 
@@ -200,9 +204,19 @@ def test_redis_url_schemes(url: str) -> None:
     assert load_config(with_change("redis.url", url), FixedResolver()).redis.url == url
 
 
+class WithNodeagentUser(FixedResolver):
+    """A node the Ansible role set up: it has the nodeagent user the example's workers run as."""
+
+    def user(self, name: str) -> Account | None:
+        return NODEAGENT if name == NODEAGENT.name else super().user(name)
+
+    def groups_of(self, user: str, gid: int) -> tuple[int, ...]:
+        return (gid,) if user == NODEAGENT.name else super().groups_of(user, gid)
+
+
 def test_example_config_is_valid_and_documents_every_key() -> None:
     path = ROOT / "config" / "nodeagent.example.yaml"
-    config = read_config(path, FixedResolver())
+    config = read_config(path, WithNodeagentUser())
     assert config.job.id == "llama-ft"
     example = yaml.safe_load(path.read_text())
     documented = {

@@ -124,13 +124,25 @@ def test_an_agent_that_is_not_root_runs_workers_as_itself() -> None:
         assert resolve(user, group, False, {}, accounts) == WorkerUser("alice", 1000, 1000)
 
 
-def test_no_nodeagent_user_falls_back_to_root_with_a_warning() -> None:
-    """A node installed without the Ansible role (no nodeagent user) keeps working, as root,
-    and the operator is told how to fix it."""
-    accounts = FakeAccounts(users={"root": ROOT})
-    run_as = resolve(None, None, False, {}, accounts)
-    assert (run_as.uid, run_as.gid, run_as.switch) == (0, 0, False)
-    assert "useradd --system nodeagent" in run_as.warning
+@pytest.mark.parametrize("allow_root", [False, True])
+def test_no_nodeagent_user_is_an_error_not_root(allow_root: bool) -> None:
+    """A root agent on a node installed without the Ansible role (no nodeagent user) does not
+    fall back to root workers: job.allow_root alone does not make root the default either. The
+    error says each way out."""
+    accounts = FakeAccounts(users={"root": ROOT, "alice": ALICE})
+    with pytest.raises(ConfigError) as caught:
+        resolve(None, None, allow_root, {}, accounts)
+    assert caught.value.key == "job.user"
+    for words in ("useradd --system nodeagent", "unprivileged user", "job.allow_root: true"):
+        assert words in str(caught.value)
+    # each way out works
+    assert resolve("alice", None, False, {}, accounts).uid == 1000
+    assert resolve("root", None, True, {}, accounts).uid == 0
+
+
+def test_an_agent_that_is_not_root_needs_no_nodeagent_user() -> None:
+    accounts = FakeAccounts(me=ALICE, users={"alice": ALICE})
+    assert resolve(None, None, False, {}, accounts) == WorkerUser("alice", 1000, 1000)
 
 
 class FakeResolver(Resolver):
@@ -188,6 +200,15 @@ def test_config_rejects_bad_values_by_key(keys: dict[str, Any], key: str) -> Non
     with pytest.raises(ConfigError) as caught:
         load_config(job(**keys), FakeResolver(FakeAccounts()))
     assert caught.value.key == key
+
+
+def test_config_without_the_nodeagent_user_names_job_user() -> None:
+    without = FakeResolver(FakeAccounts(users={"root": ROOT}))
+    with pytest.raises(ConfigError) as caught:
+        load_config(job(), without)
+    assert caught.value.key == "job.user"
+    root = load_config(job(user="root", allow_root=True), without).job.user
+    assert root is not None and (root.uid, root.switch) == (0, False)
 
 
 def test_the_real_resolver_reads_this_node() -> None:

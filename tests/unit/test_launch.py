@@ -14,6 +14,7 @@ from nodeagent.launch import TORCHRUN_VARIABLES, omp_warning, resolve_argv, work
 from nodeagent.preload import static_env
 from nodeagent.state import JobState
 from tests.helpers.factories import make_record
+from tests.helpers.runas import AS_TESTER
 
 CONFIG = load_config(
     {
@@ -27,6 +28,7 @@ CONFIG = load_config(
             "max_nodes": 4,
             "env": {"NCCL_DEBUG": "WARN"},
             "working_dir": "/opt/t",
+            **AS_TESTER,
         },
         "timing": {"stop_grace_period": "45s"},
         "log_dir": "/var/log/na",
@@ -177,7 +179,12 @@ def test_job_python_is_the_workers_interpreter() -> None:
         {
             "node": {"name": "b", "address": "10.0.0.2"},
             "redis": {"url": "redis://10.0.0.9:6379/0"},
-            "job": {"id": "j", "entrypoint": ["python3", "t.py"], "python": "/opt/py/bin/python"},
+            "job": {
+                "id": "j",
+                "entrypoint": ["python3", "t.py"],
+                "python": "/opt/py/bin/python",
+                **AS_TESTER,
+            },
         }
     )
     (spec,) = worker_specs({}, config, replace(RECORD, members=("b",)), group_rank=0)

@@ -8,6 +8,7 @@ import pytest
 
 from nodeagent.config import EMBEDDED, load_config
 from nodeagent.launchargs import LaunchError, Machine, build, redis_url
+from tests.helpers.runas import AS_TESTER
 
 MACHINE = Machine(python="/opt/py/bin/python3", hostname="gpu7", cwd="/work", user="me", pid=42)
 
@@ -66,7 +67,7 @@ def test_a_multi_node_launch_becomes_a_valid_config() -> None:
     assert document["metrics"] == {"listen": "off"}  # two launches on one host do not collide
     assert document["log_dir"] == "/work/nodeagent-logs"
     assert [w.split()[0] for w in launch.warnings] == ["--node-rank", "--master-addr"]
-    document["job"].pop("user"), document["job"].pop("allow_root")  # this machine's users
+    document["job"].update(AS_TESTER)  # MACHINE's user is not on this machine
     config = load_config(document)
     assert (config.job.min_nodes, config.job.max_nodes, config.job.nproc_per_node) == (1, 4, 2)
     assert config.job.id == "llama"
@@ -75,7 +76,7 @@ def test_a_multi_node_launch_becomes_a_valid_config() -> None:
 def test_standalone_is_the_embedded_redis() -> None:
     document = build(["--standalone", "--node-name", "solo", "t.py"], MACHINE).document
     assert "redis" not in document and document["node"]["name"] == "solo"
-    document["job"].pop("user"), document["job"].pop("allow_root")
+    document["job"].update(AS_TESTER)
     assert load_config(document).redis.url == EMBEDDED
 
 
