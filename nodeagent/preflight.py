@@ -6,6 +6,11 @@ crashed at its first worker start and systemd restart-looped), a working_dir or 
 is not there (every generation exited 127 until the job failed), a metrics address that does
 not resolve or is not this node's. `run` creates the directories; `check` only makes sure they
 could be created.
+
+Workers of another user (job.user) must also reach what they use: log_dir (their progress
+files are under it), the working directory, the entrypoint's program and script. That is told
+from the mode bits (nodeagent.access), as that user, without switching to it. The directories
+`run` creates for log_dir get that user's group (0750), as the supervisor's per-job ones do.
 """
 
 from __future__ import annotations
@@ -18,10 +23,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.config import DEFAULT_STATE_DIR, Config, JobConfig
+from nodeagent import access
+from nodeagent.config import DEFAULT_STATE_DIR, JobConfig, NodeSettings
 from nodeagent.entrypoint import NotPython, split_python
 from nodeagent.errors import ConfigError
+from nodeagent.identity import WorkerUser
 from nodeagent.launch import resolve_argv
+from nodeagent.supervisor import DIR_MODE
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,7 @@ class NodeCheck:
 
 
 def check_node(
-    config: Config, environ: Mapping[str, str], *, create: bool, cwd: Path | None = None
+    config: NodeSettings, environ: Mapping[str, str], *, create: bool, cwd: Path | None = None
 ) -> NodeCheck:
     """Check the config against this node; with `create`, create the directories it names.
 
@@ -44,12 +52,55 @@ def check_node(
     Raises:
         ConfigError: naming the key that cannot work on this node.
     """
-    writable_dir(Path(config.log_dir), "log_dir", create=create)
+    job = config.job
+    user = job.user if job is not None and job.user is not None and job.user.switch else None
+    _log_dir(Path(config.log_dir), user, create)
     state_dir, warnings = _state_dir(config, create)
-    workdir = _working_dir(config.job, cwd or Path.cwd())
-    _entrypoint(config.job, environ, workdir)
+    if job is None:  # a pool node: each job's spec is checked when the node is placed on it
+        _metrics_address(config.metrics.listen)
+        return NodeCheck(state_dir, warnings)
+    workdir = _working_dir(job, cwd or Path.cwd())
+    program, script = _entrypoint(job, environ, workdir)
+    if user is not None:
+        where = "their working directory"
+        if job.working_dir is None:
+            where += " (the agent's: job.working_dir is not set)"
+        _reachable(workdir, access.SEARCH, user, "job.working_dir", where)
+        _reachable(program, access.SEARCH, user, "job.entrypoint", "its program")
+        if script is not None:
+            _reachable(script, access.READ, user, "job.entrypoint", "its script")
     _metrics_address(config.metrics.listen)
     return NodeCheck(state_dir, warnings)
+
+
+def _log_dir(directory: Path, user: WorkerUser | None, create: bool) -> None:
+    """log_dir as writable_dir wants it and, for workers of another user, searchable by them
+    all the way down (their progress files are below it): what `create` makes is theirs to
+    enter (their group, 0750); what was there already must let them."""
+    missing = [d for d in (*reversed(directory.parents), directory) if not d.exists()]
+    writable_dir(directory, "log_dir", create=create)
+    if user is None:
+        return
+    if create:
+        for made in missing:
+            os.chown(made, -1, user.gid)
+            os.chmod(made, DIR_MODE)
+    reached = next(d for d in (directory, *directory.parents) if d.exists())
+    _reachable(reached, access.SEARCH, user, "log_dir", "their progress files")
+
+
+def _reachable(path: Path, want: int, user: WorkerUser, key: str, what: str) -> None:
+    """Raises ConfigError naming `key` when `user` cannot reach `path` with `want`."""
+    who = access.Who(user.uid, frozenset((user.gid, *user.groups)))
+    try:
+        refused = access.blocked(path, want, who)
+    except OSError as exc:  # vanished since it was found
+        raise ConfigError(key, f"cannot check {path}: {_reason(exc)}") from None
+    if refused is not None:
+        raise ConfigError(
+            key,
+            f"the workers' user cannot reach {what}: {access.explain(refused, repr(user.name))}",
+        )
 
 
 def writable_dir(directory: Path, key: str, *, create: bool) -> None:
@@ -87,7 +138,7 @@ def _could_create(directory: Path, key: str) -> None:
         raise ConfigError(key, f"cannot create {directory}: {exc.problem}") from None
 
 
-def _state_dir(config: Config, create: bool) -> tuple[Path | None, tuple[str, ...]]:
+def _state_dir(config: NodeSettings, create: bool) -> tuple[Path | None, tuple[str, ...]]:
     """An explicit state_dir must work; the default may fail, with a warning."""
     directory = Path(config.state_dir or DEFAULT_STATE_DIR)
     try:
@@ -114,9 +165,15 @@ def _working_dir(job: JobConfig, cwd: Path) -> Path:
     return directory
 
 
-def _entrypoint(job: JobConfig, environ: Mapping[str, str], workdir: Path) -> None:
+def _entrypoint(
+    job: JobConfig, environ: Mapping[str, str], workdir: Path
+) -> tuple[Path, Path | None]:
     """The program exists and is executable, found as exec finds it for the workers: by the
-    workers' PATH (job.env's, else the agent's) or, with a '/', relative to working_dir."""
+    workers' PATH (job.env's, else the agent's) or, with a '/', relative to working_dir.
+
+    Returns:
+        The program and, for `python script.py`, the script.
+    """
     argv = resolve_argv(job.entrypoint, job.python)  # a bare python is the agent's interpreter
     program = argv[0]
     if "/" in program:
@@ -133,17 +190,21 @@ def _entrypoint(job: JobConfig, environ: Mapping[str, str], workdir: Path) -> No
         found = Path(which)
     if not os.access(found, os.X_OK):
         raise ConfigError("job.entrypoint", f"{found} is not executable")
-    _python_script(argv, workdir)
+    return found, _python_script(argv, workdir)
 
 
-def _python_script(entrypoint: tuple[str, ...], workdir: Path) -> None:
+def _python_script(entrypoint: tuple[str, ...], workdir: Path) -> Path | None:
     """`python script.py ...`: the script is there too (`-m module` is not checked)."""
     try:
         _, rest = split_python(entrypoint)
     except NotPython:
-        return
-    if rest[0] != "-m" and not (workdir / rest[0]).is_file():
+        return None
+    if rest[0] == "-m":
+        return None
+    script = workdir / rest[0]
+    if not script.is_file():
         raise ConfigError("job.entrypoint", f"script {rest[0]} not found on this node")
+    return script
 
 
 def _metrics_address(listen: str) -> None:

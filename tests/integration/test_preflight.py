@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
+import stat
 import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +18,7 @@ import pytest
 from nodeagent import preflight
 from nodeagent.config import Config, Resolver, load_config
 from nodeagent.errors import ConfigError
+from nodeagent.identity import WorkerUser
 from tests.helpers.runas import AS_TESTER
 
 BASE: dict[str, Any] = {
@@ -150,3 +156,130 @@ def test_a_default_state_dir_that_cannot_be_used_is_only_a_warning(
         node = preflight.check_node(config, os.environ, create=create)
         assert node.state_dir is None
         assert len(node.warnings) == 1 and "set state_dir" in node.warnings[0]
+
+
+# -- what the job's user (job.user, another uid) can reach ------------------------------------
+
+GHOST = WorkerUser("ghost", 54321, 54321, (54321, 54322), switch=True)  # no passwd entry needed
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory every user can enter (pytest's tmp_path is under a 0700 one), with a job's
+    files in it: work/train.py and an interpreter, bin/python."""
+    base = Path(tempfile.mkdtemp(prefix="na-preflight-", dir="/tmp"))
+    base.chmod(0o755)
+    (base / "work").mkdir(mode=0o755)
+    (base / "work" / "train.py").write_text("pass\n")
+    (base / "work" / "train.py").chmod(0o644)
+    (base / "bin").mkdir(mode=0o755)
+    (base / "bin" / "python").write_text("#!/bin/sh\n")
+    (base / "bin" / "python").chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def private(path: Path, mode: int = 0o700, uid: int = -1, gid: int = -1) -> dict[str, str]:
+    path.mkdir(exist_ok=True)
+    path.chmod(mode)
+    os.chown(path, uid, gid)
+    return {}
+
+
+def unreadable_script(base: Path) -> dict[str, str]:
+    (base / "work" / "train.py").chmod(0o600)
+    return {}
+
+
+def hidden_interpreter(base: Path) -> dict[str, str]:
+    private(base / "hidden")
+    (base / "bin" / "python").rename(base / "hidden" / "python")
+    (base / "bin" / "python").symlink_to(base / "hidden" / "python")
+    return {}
+
+
+REACH = [
+    ("all-open", lambda b: {}, None, ""),
+    ("log-dir-0700", lambda b: private(b / "logs"), "log_dir", "cannot enter {b}/logs"),
+    ("log-dir-parent-0700", lambda b: {"log_dir": str(private(b / "p") or b / "p" / "logs")},
+     "log_dir", "cannot enter {b}/p (mode 0700, uid 0, gid 0)"),
+    ("log-dir-its-own", lambda b: private(b / "logs", uid=GHOST.uid), None, ""),
+    ("log-dir-group-0750", lambda b: private(b / "logs", 0o750, gid=54322), None, ""),
+    ("log-dir-group-0705", lambda b: private(b / "logs", 0o705, gid=54322), "log_dir", "enter"),
+    ("workdir-0700", lambda b: private(b / "work"), "job.working_dir", "cannot enter {b}/work"),
+    ("workdir-parent-0700", lambda b: private(b), "log_dir", "cannot enter {b} "),
+    ("script-0600", unreadable_script, "job.entrypoint", "cannot read {b}/work/train.py"),
+    ("bin-0700", lambda b: private(b / "bin"), "job.entrypoint", "cannot enter {b}/bin"),
+    ("linked-interpreter", hidden_interpreter, "job.entrypoint", "cannot enter {b}/hidden"),
+]  # fmt: skip
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("create", [False, True], ids=["check", "run"])
+@pytest.mark.parametrize(
+    ("prepare", "key", "words"), [r[1:] for r in REACH], ids=[r[0] for r in REACH]
+)
+def test_the_job_user_must_reach_its_files(
+    open_dir: Path,
+    prepare: Callable[[Path], dict[str, str]],
+    key: str | None,
+    words: str,
+    create: bool,
+) -> None:
+    base = open_dir
+    config = as_ghost(config_with(base, **{**job_files(base), **prepare(base)}))
+    if key is None:
+        preflight.check_node(config, {"PATH": "/usr/bin:/bin"}, create=create, cwd=base)
+        return
+    with pytest.raises(ConfigError) as err:
+        preflight.check_node(config, {"PATH": "/usr/bin:/bin"}, create=create, cwd=base)
+    assert err.value.key == key
+    assert "the workers' user cannot reach" in str(err.value) and "'ghost'" in str(err.value)
+    assert words.format(b=base) in str(err.value)
+
+
+def job_files(base: Path) -> dict[str, object]:
+    """The config's paths into `open_dir` (this test's Python may be out of ghost's reach)."""
+    return {
+        "log_dir": str(base / "logs"),
+        "job__working_dir": str(base / "work"),
+        "job__python": str(base / "bin" / "python"),
+        "job__entrypoint": ["python", "train.py"],
+    }
+
+
+def as_ghost(config: Config) -> Config:
+    return replace(config, job=replace(config.job, user=GHOST))
+
+
+@ROOT_ONLY
+def test_the_log_dirs_run_creates_are_the_job_users_to_enter(open_dir: Path) -> None:
+    changes = {**job_files(open_dir), "log_dir": str(open_dir / "a" / "logs")}
+    config = as_ghost(config_with(open_dir, **changes))
+    preflight.check_node(config, os.environ, create=False, cwd=open_dir)
+    assert not (open_dir / "a").exists()
+    preflight.check_node(config, os.environ, create=True, cwd=open_dir)
+    for made in (open_dir / "a", open_dir / "a" / "logs"):
+        st = made.stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, GHOST.gid, 0o750)
+    assert stat.S_IMODE(open_dir.stat().st_mode) == 0o755  # what was there stays as it was
+
+
+@ROOT_ONLY
+def test_the_agents_working_directory_when_job_working_dir_is_not_set(open_dir: Path) -> None:
+    private(open_dir / "work")
+    changes = {**job_files(open_dir), "job__working_dir": None}
+    config = as_ghost(config_with(open_dir, **changes))
+    with pytest.raises(ConfigError) as err:
+        preflight.check_node(config, os.environ, create=False, cwd=open_dir / "work")
+    assert err.value.key == "job.working_dir" and "job.working_dir is not set" in str(err.value)
+
+
+@ROOT_ONLY
+def test_workers_that_run_as_the_agent_are_not_checked_for_another_user(open_dir: Path) -> None:
+    private(open_dir / "logs")
+    private(open_dir / "work")
+    config = config_with(open_dir, log_dir=str(open_dir / "logs"), job__working_dir="work")
+    assert config.job.user is not None and not config.job.user.switch  # root, as AS_TESTER says
+    preflight.check_node(config, os.environ, create=True, cwd=open_dir)
