@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from nodeagent.config import EMBEDDED, load_config
 from nodeagent.launchargs import LaunchError, Machine, build, redis_url
 from tests.helpers.runas import AS_TESTER
+from tests.unit.test_identity import ROOT, FakeAccounts, FakeResolver
 
 MACHINE = Machine(python="/opt/py/bin/python3", hostname="gpu7", cwd="/work", user="me", pid=42)
 
@@ -49,10 +51,21 @@ def test_rdzv_endpoint_is_the_redis(endpoint: str, url: str) -> None:
         (["t.py"], "max_restarts", 0),  # torchrun's default, not nodeagent's 3
         (["t.py"], "working_dir", "/work"),
         (["t.py"], "id", "standalone-42"),
+        (["t.py"], "user", "me"),  # like torchrun: the workers are the caller's
+        (["t.py"], "allow_root", True),
     ],
 )
 def test_flags(argv: list[str], key: str, value: object) -> None:
     assert job(*argv)[key] == value
+
+
+def test_root_launching_runs_root_workers_on_a_node_without_the_nodeagent_user() -> None:
+    """The strict rule (no job.user, no nodeagent user: exit 78) is for config files; launch,
+    run by a person as torchrun is, names the caller, so root's launch keeps working."""
+    as_root = build(["--standalone", "t.py"], replace(MACHINE, user="root")).document
+    without = FakeResolver(FakeAccounts(users={"root": ROOT}))
+    user = load_config(as_root, without).job.user
+    assert user is not None and (user.name, user.uid, user.switch) == ("root", 0, False)
 
 
 def test_a_multi_node_launch_becomes_a_valid_config() -> None:
