@@ -25,7 +25,7 @@ from types import FrameType
 
 from nodeagent import __version__, logs
 from nodeagent.agent import Agent
-from nodeagent.cli import launch
+from nodeagent.cli import launch, nodehealth
 from nodeagent.config import EMBEDDED, EX_CONFIG, Config, read_config
 from nodeagent.coord.client import check_credentials, connect
 from nodeagent.coord.embedded import EmbeddedRedis
@@ -78,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only the file and its values, not this node (for a config written for others)",
     )
+    nodehealth.add_parser(commands, DEFAULT_CONFIG)
     return parser
 
 
@@ -244,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "config":
         return _config_check(args)
+    if args.command == "health":
+        return nodehealth.run(args, DEFAULT_CONFIG)
     config = _load(args.config)
     if config is None:
         return EX_CONFIG

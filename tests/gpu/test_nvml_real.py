@@ -5,7 +5,14 @@ Skipped (by tests/conftest.py) where NVML cannot be opened.
 
 from __future__ import annotations
 
+import getpass
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+import yaml
 
 from nodeagent.gpu.classify import Thresholds, classify
 from nodeagent.gpu.monitor import GpuMonitor
@@ -49,3 +56,29 @@ def test_monitor_serves_cached_verdicts() -> None:
         assert len(monitor.verdicts()) == len(snap.gpus)
     finally:
         monitor.stop()
+
+
+def test_node_health_command_judges_every_gpu(tmp_path: Path) -> None:
+    """`nodeagent health --json`, the preflight, against the real NVML: one entry per GPU."""
+    backend = NvmlBackend(load_pynvml())
+    count = backend.open()
+    backend.close()
+    config = tmp_path / "config.yaml"
+    job = {"id": "preflight", "entrypoint": ["true"], "user": getpass.getuser(), "allow_root": True}
+    config.write_text(yaml.safe_dump({"job": job, "health": {"gpu": "on"}}))
+    result = subprocess.run(
+        [sys.executable, "-m", "nodeagent", "health", "--config", str(config), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    print(result.stdout, result.stderr)
+    assert result.returncode in (0, 1), result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["available"] is True and doc["config_error"] is None
+    assert [g["index"] for g in doc["gpus"]] == list(range(count))
+    for g in doc["gpus"]:
+        assert g["uuid"].startswith("GPU-") and g["bus_id"]
+        assert g["health"] in ("healthy", "degraded", "unhealthy") and g["reason"]
+        assert g["readings"]["temperature_c"] is not None
+    assert (result.returncode == 1) == (doc["cordon"] is not None or doc["unfit"] is not None)

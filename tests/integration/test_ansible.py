@@ -133,6 +133,8 @@ def test_role_applied_to_localhost_runs_a_job(
     # the entrypoint is there, so this node's part was checked (not just the syntax)
     assert "Check this node's part of the configuration" in applied.stdout
     assert "Not checked on this node yet" not in applied.stdout
+    # the GPU preflight ran: no NVIDIA driver here, which passes on a node without GPUs
+    assert "Say that this node's GPUs were not checked" in applied.stdout
     unit = prefix / "etc/systemd/system/nodeagent.service"
     config = prefix / "etc/nodeagent/config.yaml"
     assert unit.is_file() and config.is_file()
@@ -191,6 +193,63 @@ def test_rolling_upgrade_drain_step_against_running_agents(
         assert any(r["event"] == "stop" and r["node"] == "c" for r in cluster.records())
         c = next(n for n in after["nodes"] if n["name"] == "c")
         assert c["cordon"]["reason"] == "rolling upgrade"
+
+
+PREFLIGHT_PLAY = [
+    {
+        "name": "The role's GPU preflight alone",
+        "hosts": "nodeagent_nodes",
+        "gather_facts": False,
+        "tasks": [
+            {"ansible.builtin.import_role": {"name": "nodeagent", "tasks_from": "preflight"}}
+        ],
+    }
+]
+
+
+@pytest.mark.parametrize(
+    ("ecc_errors", "init_error", "allow_unavailable", "passes", "shown"),
+    [
+        (0, None, True, True, None),
+        (2, None, True, False, "nodeagent health exited 1:"),
+        (0, 12, True, True, "GPU monitoring unavailable"),  # 12: no NVIDIA driver library
+        (0, 12, False, False, "nodeagent health exited 3:"),
+    ],
+    ids=["healthy", "ecc", "no-driver-allowed", "no-driver-refused"],
+)
+def test_the_gpu_preflight_step_keeps_a_bad_gpu_out(
+    tmp_path: Path,
+    ecc_errors: int,
+    init_error: int | None,
+    allow_unavailable: bool,
+    passes: bool,
+    shown: str | None,
+) -> None:
+    """tasks/preflight.yml with this venv's nodeagent and a FakeNvml file for the node's GPUs."""
+    import yaml
+
+    gpu = {"uuid": "GPU-fake-0", "temperature_c": 40, "ecc_uncorrected_volatile": ecc_errors}
+    fake = tmp_path / "gpus.yaml"
+    fake.write_text(yaml.safe_dump({"gpus": [gpu], "init_error": init_error}))
+    job = {"id": "preflight", "entrypoint": ["true"], "user": getpass.getuser(), "allow_root": True}
+    (tmp_path / "config.yaml").write_text(
+        yaml.safe_dump({"job": job, "health": {"fake_gpus": str(fake)}})
+    )
+    playbook = tmp_path / "preflight.yml"
+    playbook.write_text(json.dumps(PREFLIGHT_PLAY))
+    extra = {
+        "nodeagent_venv": str(BIN.parent),
+        "nodeagent_config_dir": str(tmp_path),
+        "nodeagent_health_allow_unavailable": allow_unavailable,
+    }
+    result = tool(
+        "ansible-playbook",
+        *("-i", str(localhost_inventory(tmp_path)), str(playbook), "-e", json.dumps(extra)),
+    )
+    assert (result.returncode == 0) is passes, result.stdout[-3000:] + result.stderr[-2000:]
+    assert shown is None or shown in result.stdout
+    if not passes:  # the command's own output, in the failure's message
+        assert "GPU monitoring unavailable" in result.stdout or "GPU 0: unhealthy" in result.stdout
 
 
 def test_the_roles_unit_validation_rejects_a_bad_unit(tmp_path: Path) -> None:
