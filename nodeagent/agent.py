@@ -145,15 +145,26 @@ class Agent:
         """Loop until the agent has left the job (after request_stop)."""
         self._log.info("agent started (address %s)", self.config.node.address)
         while not self._left:
-            if self._force:
-                self._workers.kill()
-            self.tick()
+            timeout = self.step()
             if self._left:
                 break
-            self._end_with_job()
-            timeout = 0.0 if self._dirty else self._next_wakeup() - self._clock()
             self._waker.wait(timeout)
         self._log.info("agent left the job")
+
+    @property
+    def left(self) -> bool:
+        return self._left
+
+    def step(self) -> float:
+        """One pass of the loop; the seconds until the next is due (0: at once). For a loop
+        that drives this agent along with other work (nodeagent.nodeloop)."""
+        if self._force:
+            self._workers.kill()
+        self.tick()
+        if self._left:
+            return 0.0
+        self._end_with_job()
+        return 0.0 if self._dirty else self._next_wakeup() - self._clock()
 
     def _end_with_job(self) -> None:
         """A single-job agent leaves once the job has ended, like torchrun. A record that was

@@ -138,6 +138,7 @@ class PoolConfig:
     users: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     allow_root: bool = False
+    reserve_after: float = 300.0  # a pending job that waited this long holds free nodes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -562,6 +563,7 @@ def _load_pool(section: Section) -> PoolConfig:
         users=_names(section, "users"),
         groups=_names(section, "groups"),
         allow_root=section.get("allow_root", bool, False),
+        reserve_after=duration(section.raw("reserve_after"), section.key("reserve_after"), 300.0),
     )
     section.reject_unknown()
     return pool

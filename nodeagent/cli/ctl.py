@@ -30,16 +30,19 @@ import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import redis
 
 from nodeagent import redisurl
-from nodeagent.cli import ctlargs, ctllogs, ctlshow
-from nodeagent.config import EMBEDDED, EX_CONFIG, Config, read_config
+from nodeagent.cli import ctlargs, ctllogs, ctlpool, ctlshow
+from nodeagent.config import EMBEDDED, EX_CONFIG, NodeSettings, read_config, read_settings
 from nodeagent.coord import eventlog
 from nodeagent.coord.client import connect
 from nodeagent.coord.embedded import embedded_url
 from nodeagent.coord.failure import RedisFailure, classify
-from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.keys import JobKeys, PoolKeys
+from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import ConfigError, CoordinationError, UsageError
 from nodeagent.model import Command, CommandType, Cordon
@@ -65,11 +68,22 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--key-prefix", type=ctlargs.name, default=None, help="Redis key prefix (default nodeagent)"
     )
+    where.add_argument(
+        "--pool", type=ctlargs.name, help="pool name (default: pool.name of --config, or default)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status", help="show the job and its nodes")
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    scale = commands.add_parser("scale", help="change the job's target number of nodes")
-    scale.add_argument("nodes", type=int, help="new target, within [min_nodes, max_nodes]")
+    scale = commands.add_parser(
+        "scale", help="change a job's target number of nodes: scale [JOB] N, +N or -N"
+    )
+    scale.add_argument(
+        "what",
+        nargs="+",
+        metavar="[JOB] N",
+        help="the job (default --job) and its new target within [min_nodes, max_nodes], or "
+        "+N / -N relative to the current one",
+    )
     scale.add_argument("--wait", action="store_true", help="wait until the job runs at that size")
     _timeout(scale)
     scale.add_argument("--rollback", action="store_true", help="on timeout restore the old target")
@@ -99,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     health.add_argument("--json", action="store_true")
     ctllogs.add_parser(commands)
+    ctlpool.add_parsers(commands)
     return parser
 
 
@@ -128,11 +143,24 @@ def _password(args: argparse.Namespace, url: str, environ: Mapping[str, str]) ->
 
 @dataclass(frozen=True)
 class Target:
-    """The job nodeagentctl acts on, and how it reaches it."""
+    """The job (or pool) nodeagentctl acts on, and how it reaches it."""
 
-    store: JobStore
-    config: Config | None
+    client: redis.Redis
+    config: NodeSettings | None
+    prefix: str
+    pool: str
+    job: str | None
     password_given: bool  # from a file, the URL or the environment
+
+    @property
+    def store(self) -> JobStore:
+        if self.job is None:
+            raise UsageError("give --config PATH of a node with a job: section, or --job ID")
+        return JobStore(self.client, JobKeys(self.prefix, self.job))
+
+    @property
+    def pool_store(self) -> PoolStore:
+        return PoolStore(self.client, PoolKeys(self.prefix, self.pool))
 
 
 def _target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
@@ -142,15 +170,15 @@ def _target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
         UsageError: a bad --redis URL, a missing job, an unreadable password file.
         ConfigError: the --config file, or its redis.url, is invalid.
     """
-    config = read_config(args.config) if args.config else None
+    config = read_settings(args.config) if args.config else None
     url = args.redis or (config.redis.url if config else None)
-    if url == EMBEDDED and config is not None:
+    if url == EMBEDDED and config is not None and config.job is not None:
         url = embedded_url(config.job.id)
-    job = args.job or (config.job.id if config else None)
+    job = args.job or (config.job.id if config and config.job else None)
     if args.redis is not None and not args.redis:
         raise UsageError("--redis: empty; give a URL such as redis://10.0.0.2:6379/0")
-    if not url or not job:
-        raise UsageError("give --config PATH, or both --redis URL and --job ID")
+    if not url:
+        raise UsageError("give --config PATH, or --redis URL (and --job ID for a job's commands)")
     problem = redisurl.problem(url)
     if problem and args.redis:
         raise UsageError(f"--redis: {problem}")
@@ -161,12 +189,13 @@ def _target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
     if password is not None:
         url = ctlargs.with_password(url, password)
     prefix = args.key_prefix or (config.redis.key_prefix if config else "nodeagent")
+    pool = args.pool or (config.pool.name if config else "default")
     try:
         client = connect(url, timeout_s=5.0, client_name="nodeagentctl")
     except (ValueError, ConfigError) as exc:
         origin = "--redis" if args.redis else f"redis.url in {args.config}"
         raise UsageError(f"{origin}: {redisurl.redact(url)}: {exc}") from None
-    return Target(JobStore(client, JobKeys(prefix, job)), config, password_given)
+    return Target(client, config, prefix, pool, job, password_given)
 
 
 def _by() -> str:
@@ -213,18 +242,20 @@ def _events(store: JobStore, args: argparse.Namespace) -> int:
 
 
 def _scale(
-    store: JobStore, snapshot: Snapshot, config: Config | None, args: argparse.Namespace
+    store: JobStore, snapshot: Snapshot, config: NodeSettings | None, args: argparse.Namespace
 ) -> int:
     record = snapshot.record
     if record is not None:
         low, high, before = record.min_nodes, record.max_nodes, record.target_nodes
-    elif config is not None:
-        low, high, before = config.job.min_nodes, config.job.max_nodes, config.job.target_nodes
+    elif config is not None and config.job is not None and config.job.id == store.keys.job:
+        job = config.job
+        low, high, before = job.min_nodes, job.max_nodes, job.target_nodes
     else:
         raise UsageError(
             f"job {store.keys.job} has not formed yet and no --config gives its "
             "bounds; start its agents or pass --config"
         )
+    args.nodes = ctlpool.resolve_target(args.value, before)
     if not low <= args.nodes <= high:
         raise UsageError(
             f"cannot scale job {store.keys.job} to {args.nodes}: the target must be "
@@ -296,7 +327,7 @@ def _uncordon(store: JobStore, snapshot: Snapshot, args: argparse.Namespace) -> 
     return 0
 
 
-def _read(store: JobStore, config: Config | None, args: argparse.Namespace) -> int:
+def _read(store: JobStore, config: NodeSettings | None, args: argparse.Namespace) -> int:
     """The commands that only read: status, events, health."""
     if args.command == "status":
         doc = status_document(store.snapshot(), store.keys.job)
@@ -317,7 +348,7 @@ def _read(store: JobStore, config: Config | None, args: argparse.Namespace) -> i
     return 0
 
 
-def _write(store: JobStore, config: Config | None, args: argparse.Namespace) -> int:
+def _write(store: JobStore, config: NodeSettings | None, args: argparse.Namespace) -> int:
     """The commands that write, each after checking that its job and node exist."""
     snapshot = store.snapshot()
     _require_job(store, snapshot)
@@ -337,6 +368,17 @@ def _write(store: JobStore, config: Config | None, args: argparse.Namespace) -> 
 
 
 def dispatch(target: Target, args: argparse.Namespace) -> int:
+    if args.command in ctlpool.COMMANDS:
+        return ctlpool.run(target.pool_store, args, getpass.getuser(), _by())
+    if args.command == "scale":
+        if len(args.what) > 2:
+            raise UsageError("scale: give [JOB] N, such as `scale llama 4` or `scale llama +2`")
+        args.value = args.what[-1]
+        if len(args.what) == 2:
+            target = replace(target, job=ctlargs.checked_name(args.what[0], "scale: JOB"))
+            handled = ctlpool.pool_scale_check(target.pool_store, args.what[0], args.value)
+            if handled is not None:
+                return handled
     if args.command in WRITES:
         return _write(target.store, target.config, args)
     return _read(target.store, target.config, args)
@@ -369,7 +411,14 @@ def _redis_failure(exc: CoordinationError, target: Target | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    entrypoint: list[str] = []
+    if "--" in argv:  # submit's command: argparse would take its first word for the spec file
+        cut = argv.index("--")
+        argv, entrypoint = argv[:cut], argv[cut + 1 :]
     args = _parser().parse_args(argv)
+    if entrypoint:
+        args.argv = entrypoint
     target: Target | None = None
     try:
         if args.command == "logs":  # this node's files: no Redis

@@ -25,6 +25,18 @@ def name(value: str) -> str:
         raise argparse.ArgumentTypeError(exc.problem) from None
 
 
+def checked_name(value: str, what: str) -> str:
+    """A job or node name given where argparse could not type it.
+
+    Raises:
+        UsageError: naming `what`.
+    """
+    try:
+        return check_name(value, "")
+    except ConfigError as exc:
+        raise UsageError(f"{what}: {exc.problem}") from None
+
+
 def duration(value: str) -> float:
     """argparse type of --timeout: seconds from "30s", "500ms", "10m", "1h"."""
     try:

@@ -23,29 +23,29 @@ from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
+from prometheus_client import CollectorRegistry
+
 from nodeagent import __version__, logs
-from nodeagent.agent import Agent
 from nodeagent.cli import launch, nodehealth
-from nodeagent.config import EMBEDDED, EX_CONFIG, Config, read_config
+from nodeagent.cli.jobrun import LISTEN_BLOCK_MS, CurrentJobMetrics, JobRun, NodeParts
+from nodeagent.config import EMBEDDED, EX_CONFIG, Config, NodeSettings, read_settings
 from nodeagent.coord.client import check_credentials, connect
 from nodeagent.coord.embedded import EmbeddedRedis
-from nodeagent.coord.keys import JobKeys
-from nodeagent.coord.listener import StreamListener
-from nodeagent.coord.store import JobStore
+from nodeagent.coord.keys import PoolKeys
+from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import ConfigError
 from nodeagent.fencing import Keeper, group_alive, kill_leftovers
-from nodeagent.health import NodeHealth, build_monitor, start_monitor
-from nodeagent.logs import LogContext, WorkerEcho
-from nodeagent.metrics import AgentMetrics, MetricsServer
+from nodeagent.health import build_monitor, start_monitor
+from nodeagent.logs import LogContext
+from nodeagent.metrics import MetricsServer
+from nodeagent.nodeloop import NodeLoop
+from nodeagent.pool.member import PoolMember
 from nodeagent.preflight import NodeCheck, check_node
-from nodeagent.preload import Spawner
 from nodeagent.sdnotify import Notifier
 from nodeagent.signalwatch import SignalWatch
-from nodeagent.supervisor import Supervisor
 from nodeagent.wakeup import Waker
 
 DEFAULT_CONFIG = "/etc/nodeagent/config.yaml"
-LISTEN_BLOCK_MS = 5000
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,16 +82,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(path: str) -> Config | None:
+def _load(path: str) -> NodeSettings | None:
     try:
-        return read_config(path)
+        return read_settings(path)
     except ConfigError as exc:
         print(f"nodeagent: invalid configuration: {exc}", file=sys.stderr)
         return None
 
 
 def run_agent(
-    config: Config, context: LogContext, node: NodeCheck, until_done: bool | None = None
+    config: NodeSettings, context: LogContext, node: NodeCheck, until_done: bool | None = None
 ) -> int | None:
     """Run until stopped, or (`until_done`; default: with an embedded Redis, one machine, like
     `torchrun --standalone`) until the job ends: then the job's exit code (nodeagent.outcome);
@@ -102,7 +102,7 @@ def run_agent(
     """
     record = _worker_record(config, node)
     single = config.redis.url == EMBEDDED if until_done is None else until_done
-    if config.redis.url != EMBEDDED:
+    if config.redis.url != EMBEDDED or not isinstance(config, Config):
         return _run(config, context, record, single)
     embedded = EmbeddedRedis(config.job.id, base=_runtime_directory())
     embedded.start()
@@ -120,7 +120,7 @@ def _runtime_directory() -> Path | None:
     return Path(value) if value else None
 
 
-def _worker_record(config: Config, node: NodeCheck) -> Path | None:
+def _worker_record(config: NodeSettings, node: NodeCheck) -> Path | None:
     """Where this node's worker process groups are recorded (fencing.Keeper), None if nowhere
     (the default state directory cannot be written: check_node warned about it)."""
     if node.state_dir is None:
@@ -143,7 +143,9 @@ def _clean_leftovers(record: Path | None) -> None:
         time.sleep(0.01)
 
 
-def _run(config: Config, context: LogContext, record: Path | None, until_done: bool) -> int | None:
+def _run(
+    config: NodeSettings, context: LogContext, record: Path | None, until_done: bool
+) -> int | None:
     _clean_leftovers(record)
     keeper = Keeper(record)
     keeper.start()
@@ -153,67 +155,84 @@ def _run(config: Config, context: LogContext, record: Path | None, until_done: b
         keeper.close()
 
 
-def _run_agent(config: Config, context: LogContext, keeper: Keeper, until_done: bool) -> int | None:
-    timing = config.timing
+def _run_agent(
+    settings: NodeSettings, context: LogContext, keeper: Keeper, until_done: bool
+) -> int | None:
+    timing = settings.timing
     timeout = max(0.2, min(2.0, timing.lease_ttl / 4))
-    keys = JobKeys(config.redis.key_prefix, config.job.id)
-    client = connect(config.redis.url, timeout, f"nodeagent-{config.node.name}")
+    client = connect(settings.redis.url, timeout, f"nodeagent-{settings.node.name}")
     check_credentials(client)  # ConfigError (exit 78) when refused; unreachable: retried later
-    store = JobStore(client, keys)
-    listen_client = connect(config.redis.url, LISTEN_BLOCK_MS / 1000 + timeout)
+    listen_client = connect(settings.redis.url, LISTEN_BLOCK_MS / 1000 + timeout)
     waker = Waker()
-    supervisor = Supervisor(
-        echo=WorkerEcho(config.logging.format, context),
-        wake=waker.wake,
-        spawner=Spawner(config.job.preload, config.job.user),
-    )
-    monitor = build_monitor(config.health)
-    start_monitor(monitor, config.health)  # ConfigError (exit 78) when gpu: on and no NVML
+    monitor = build_monitor(settings.health)
+    start_monitor(monitor, settings.health)  # ConfigError (exit 78) when gpu: on and no NVML
     monitor.on_change = waker.wake
-    health = NodeHealth(config, monitor)
-    metrics = AgentMetrics(config.job.id, __version__)
-    metrics.watch_gpus(monitor.snapshot, monitor.verdicts, monitor.xid_counts)
-    agent = Agent(
-        config,
-        store,
-        supervisor,
+    current = CurrentJobMetrics()
+    registry = CollectorRegistry()
+    registry.register(current)
+    address: list[str] = []
+    parts = NodeParts(
+        client,
+        listen_client,
         waker,
-        base_env=dict(os.environ),
-        health=health,
-        metrics=metrics,
-        log_context=context,
-        notifier=Notifier.from_environ(os.environ),
-        keeper=keeper,
-        until_done=until_done,
+        monitor,
+        keeper,
+        context,
+        Notifier.from_environ(os.environ),
+        lambda: address[0] if address else None,
     )
+    if until_done and isinstance(settings, Config):  # one job, then exit (launch, embedded)
+        single = JobRun(settings, parts, until_done=True)
+        current.registry = single.metrics.registry
+        run: JobRun | NodeLoop = single
+    else:
+        run = _node_loop(settings, parts, current)
     server = None
-    if config.metrics.listen != "off":
-        server = MetricsServer(config.metrics.listen, metrics.registry, agent.healthz)
+    if settings.metrics.listen != "off":
+        server = MetricsServer(settings.metrics.listen, registry, run.healthz)
         server.start()
-        agent.metrics_address = server.address
+        address.append(server.address)
+        if isinstance(run, JobRun):
+            run.agent.metrics_address = server.address
         logging.getLogger(__name__).info("metrics on http://%s/metrics", server.address)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        agent.request_stop()  # sets flags only; the wakeup fd ends the loop's wait
+        run.request_stop()  # sets flags only; the wakeup fd ends the loop's wait
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.set_wakeup_fd(waker.signal_fd, warn_on_full_buffer=False)
-    listener = StreamListener(JobStore(listen_client, keys), waker.wake, LISTEN_BLOCK_MS)
-    listener.start()
     try:
-        agent.run()
+        if isinstance(run, JobRun):
+            run.agent.run()
+            return run.agent.outcome
+        run.run()
+        return None
     finally:
-        supervisor.close()
-        listener.stop()
+        if isinstance(run, JobRun):
+            run.close()
+        elif run.runner is not None:
+            run.runner.close()
         monitor.stop()
         if server is not None:
             server.stop()
         signal.set_wakeup_fd(-1)
-    return agent.outcome
 
 
-def _check(config: Config, *, create: bool) -> NodeCheck | None:
+def _node_loop(settings: NodeSettings, parts: NodeParts, current: CurrentJobMetrics) -> NodeLoop:
+    """A daemon: this node's pool membership and the job it serves (nodeagent.nodeloop)."""
+    keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
+    member = PoolMember(PoolStore(parts.client, keys), settings, time.monotonic)
+
+    def start_job(config: Config) -> JobRun:
+        run = JobRun(config, parts)
+        current.registry = run.metrics.registry
+        return run
+
+    return NodeLoop(settings, member, start_job, parts.waker, time.monotonic, parts.metrics_address)
+
+
+def _check(config: NodeSettings, *, create: bool) -> NodeCheck | None:
     try:
         return check_node(config, os.environ, create=create)
     except ConfigError as exc:
@@ -231,10 +250,14 @@ def _config_check(args: argparse.Namespace) -> int:
             return EX_CONFIG
         for warning in node.warnings:
             print(f"nodeagent: warning: {warning}", file=sys.stderr)
-    print(
-        f"{args.path}: OK (job {config.job.id}, node {config.node.name}, "
-        f"{config.job.min_nodes}-{config.job.max_nodes} nodes x {config.job.nproc_per_node})"
+    job = config.job
+    what = (
+        f"job {job.id}, node {config.node.name}, "
+        f"{job.min_nodes}-{job.max_nodes} nodes x {job.nproc_per_node}"
+        if job is not None
+        else f"node {config.node.name} of pool {config.pool.name}, jobs as submitted"
     )
+    print(f"{args.path}: OK ({what})")
     return 0
 
 
@@ -250,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = _load(args.config)
     if config is None:
         return EX_CONFIG
-    context = LogContext(config.node.name, config.job.id)
+    context = LogContext(config.node.name, config.job.id if config.job else "-")
     logs.configure(config.logging.format, args.log_level or config.logging.level, context)
     node = _check(config, create=True)  # before anything starts, as `config check` does
     if node is None:

@@ -62,3 +62,79 @@ class JobKeys:
     @property
     def cordons(self) -> str:
         return CORDONS_KEY % (self.prefix, self.job)
+
+
+# The pool's keys: one hash tag per pool, {pool:<name>} (job ids cannot hold a ':', so a pool's
+# slot is never a job's). Each job keeps its own keys above.
+POOL_NODE_KEY = "%s:{pool:%s}:node:%s"  # STRING, JSON PoolNode, PX lease_ttl
+POOL_LEASES_KEY = "%s:{pool:%s}:leases"  # ZSET member=node name, score=lease deadline (server ms)
+POOL_LEADER_KEY = "%s:{pool:%s}:leader"  # STRING "<node> <token>", PX lease_ttl
+POOL_LEADER_EPOCH_KEY = "%s:{pool:%s}:leader-epoch"  # INCR counter: fencing tokens
+POOL_SPECS_KEY = "%s:{pool:%s}:specs"  # HASH job id -> JSON JobSpec (nodeagentctl submit)
+POOL_JOBS_KEY = "%s:{pool:%s}:jobs"  # HASH job id -> JSON PoolJob (the pool leader's)
+POOL_SEQ_KEY = "%s:{pool:%s}:seq"  # INCR counter: submission order
+POOL_PLACEMENTS_KEY = "%s:{pool:%s}:placements"  # HASH node -> job id (the pool leader's)
+POOL_CANCELS_KEY = "%s:{pool:%s}:cancels"  # HASH job id -> who asked to cancel it
+POOL_CORDONS_KEY = "%s:{pool:%s}:cordons"  # HASH node -> JSON Cordon (out of the pool)
+POOL_EVENTS_KEY = "%s:{pool:%s}:events"  # STREAM of pool events, capped
+
+
+@dataclass(frozen=True)
+class PoolKeys:
+    """The keys of one pool under one prefix."""
+
+    prefix: str
+    pool: str
+
+    def _key(self, template: str) -> str:
+        return template % (self.prefix, self.pool)
+
+    def node(self, name: str) -> str:
+        return POOL_NODE_KEY % (self.prefix, self.pool, name)
+
+    def node_prefix(self) -> str:
+        return self.node("")
+
+    def job(self, job_id: str) -> JobKeys:
+        """A job's own keys, under the same prefix."""
+        return JobKeys(self.prefix, job_id)
+
+    @property
+    def leases(self) -> str:
+        return self._key(POOL_LEASES_KEY)
+
+    @property
+    def leader(self) -> str:
+        return self._key(POOL_LEADER_KEY)
+
+    @property
+    def leader_epoch(self) -> str:
+        return self._key(POOL_LEADER_EPOCH_KEY)
+
+    @property
+    def specs(self) -> str:
+        return self._key(POOL_SPECS_KEY)
+
+    @property
+    def jobs(self) -> str:
+        return self._key(POOL_JOBS_KEY)
+
+    @property
+    def seq(self) -> str:
+        return self._key(POOL_SEQ_KEY)
+
+    @property
+    def placements(self) -> str:
+        return self._key(POOL_PLACEMENTS_KEY)
+
+    @property
+    def cancels(self) -> str:
+        return self._key(POOL_CANCELS_KEY)
+
+    @property
+    def cordons(self) -> str:
+        return self._key(POOL_CORDONS_KEY)
+
+    @property
+    def events(self) -> str:
+        return self._key(POOL_EVENTS_KEY)

@@ -12,13 +12,13 @@ same atomic step: that is the fence.
 
 from __future__ import annotations
 
-_NOW = """
+NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 # Helpers of every script: garbage notes, typed calls, what counts as a counter or an entry ID.
-_GARBAGE = """
+GARBAGE = """
 local garbage = {}
 local function note(kind, key, problem, action)
   garbage[#garbage + 1] = kind .. '\\t' .. key .. '\\t' .. problem .. '\\t' .. (action or 'ignored')
@@ -78,7 +78,7 @@ end
 # naming a node that holds no node key: no live agent renews it). Garbage is noted; with
 # `clamp` its TTL is cut to `ttl`, so the lease is taken over within one lease_ttl, as if its
 # holder had died.
-_LEADER = """
+LEADER = """
 local function read_leader(prefix, ttl, clamp)
   local value = redis.pcall('GET', KEYS[3])
   local pttl = redis.call('PTTL', KEYS[3])
@@ -104,6 +104,31 @@ local function read_leader(prefix, ttl, clamp)
   end
   note('leader', KEYS[3], problem, action)
   return nil
+end
+"""
+
+# Take the leader lease (KEYS[3], tokens from KEYS[4]) when it is free, renew it when `name`
+# holds it; returns its value as it now stands (nil: garbage, left to lapse).
+TAKE_LEADER = """
+local function take_leader(name, prefix, ttl)
+  local mine = name .. ' '
+  local leader = read_leader(prefix, ttl, true)
+  if leader == false then
+    local token = redis.pcall('INCR', KEYS[4])
+    if type(token) == 'table' or token > 1e15 then
+      local problem = 'passed 10^15'
+      if type(token) == 'table' then problem = token['err'] end
+      if string.sub(problem, 1, 9) == 'WRONGTYPE' then problem = wrong(KEYS[4], 'string') end
+      note('leader-epoch', KEYS[4], problem, 'restarted from the server time')
+      redis.call('SET', KEYS[4], fmt(now))
+      token = redis.call('INCR', KEYS[4])
+    end
+    leader = mine .. fmt(token)
+    redis.call('SET', KEYS[3], leader, 'PX', ttl)
+  elseif leader and string.sub(leader, 1, #mine) == mine then
+    redis.call('PEXPIRE', KEYS[3], ttl)
+  end
+  return leader
 end
 """
 
@@ -225,31 +250,17 @@ SYNC = (
 --   lease lapses within lease_ttl, the epoch restarts from the server time (above any token
 --   handed out), and the leader repairs the job's other keys before it reads them.
 """
-    + _NOW
-    + _GARBAGE
-    + _LEADER
+    + NOW
+    + GARBAGE
+    + LEADER
+    + TAKE_LEADER
     + _REPAIR
     + """
 local name = ARGV[1]
 local ttl = tonumber(ARGV[3])
 local mine = name .. ' '
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
-local leader = read_leader(ARGV[5], ttl, true)
-if leader == false then
-  local token = redis.pcall('INCR', KEYS[4])
-  if type(token) == 'table' or token > 1e15 then
-    local problem = 'passed 10^15'
-    if type(token) == 'table' then problem = token['err'] end
-    if string.sub(problem, 1, 9) == 'WRONGTYPE' then problem = wrong(KEYS[4], 'string') end
-    note('leader-epoch', KEYS[4], problem, 'restarted from the server time')
-    redis.call('SET', KEYS[4], fmt(now))
-    token = redis.call('INCR', KEYS[4])
-  end
-  leader = mine .. fmt(token)
-  redis.call('SET', KEYS[3], leader, 'PX', ttl)
-elseif leader and string.sub(leader, 1, #mine) == mine then
-  redis.call('PEXPIRE', KEYS[3], ttl)
-end
+local leader = take_leader(name, ARGV[5], ttl)
 local leading = leader and string.sub(leader, 1, #mine) == mine
 if leading then repair() end
 try('leases', KEYS[2], 'zset', 'lease not renewed', 'ZADD', KEYS[2], now + ttl, name)
@@ -287,9 +298,9 @@ SNAPSHOT = (
 -- Returns {now_ms, leader, rev, record, false (no node's cordon), false, garbage, leases,
 --   reports, their node keys' PTTLs}.
 """
-    + _NOW
-    + _GARBAGE
-    + _LEADER
+    + NOW
+    + GARBAGE
+    + LEADER
     + """
 local leader = read_leader(ARGV[5], 0, false) or false
 local job = try('job', KEYS[4], 'hash', 'ignored', 'HMGET', KEYS[4], 'rev', 'record')
@@ -319,7 +330,7 @@ COMMIT = (
 -- writes (a garbage rev or gen) are refused as FENCED too: the leader re-reads, and its next
 -- heartbeat repairs them.
 """
-    + _NOW
+    + NOW
     + """
 local held = redis.pcall('GET', KEYS[1])
 if held ~= ARGV[1] then

@@ -56,6 +56,9 @@ def _redis_errors(what: str) -> Iterator[None]:
         raise CorruptStateError(f"{what}: Redis holds a value that is not UTF-8: {exc}") from exc
 
 
+redis_errors = _redis_errors  # for the other stores of coord/ (pool.py)
+
+
 class JobStore:
     """One job's keys in one Redis, for one agent or one nodeagentctl."""
 

@@ -63,6 +63,7 @@ class JobView:
     record_state: JobState | None = None  # None: no record (yet), or unreadable
     members: tuple[str, ...] = ()
     cancel: str | None = None  # who asked to cancel it
+    invalid: str | None = None  # its spec cannot be read: it fails
 
     @property
     def order(self) -> tuple[int, int]:
@@ -144,6 +145,9 @@ def _settle(run: _Run, job: JobView) -> None:
     """End jobs whose record ended (a pinned one follows its record both ways); cancel pending
     jobs asked to; a running job asked to cancel ends once stopped (or if it never formed)."""
     state, record = job.status.state, job.record_state
+    if job.invalid is not None and not state.ended:
+        run.move(job, PoolJobState.FAILED, job.invalid, "job_ended")
+        return
     ended = _ENDED.get(record) if record is not None else None
     if job.status.pinned:
         if ended is not None and record is not None and state is not ended:

@@ -198,7 +198,10 @@ def test_embedded_redis_is_refused_for_multi_node_jobs(tmp_path: Path) -> None:
     missing = tmp_path / "nourl.yaml"
     missing.write_text(yaml.safe_dump({"job": job}))
     result = run("nodeagent", "config", "check", str(missing))
-    assert result.returncode == EX_CONFIG and "required for a multi-node job" in result.stderr
+    assert (
+        result.returncode == EX_CONFIG
+        and "required for a pool or a multi-node job" in result.stderr
+    )
 
 
 def test_embedded_redis_needs_the_binary() -> None:

@@ -360,7 +360,7 @@ def test_sighup_and_sigusr1_never_kill_the_agent(
         wait_for(lambda: agent.log().count("SIGHUP received and ignored") == 2, 10, "SIGHUP lines")
         wait_for(lambda: agent.log().count("SIGUSR1: the stacks") == 2, 10, "SIGUSR1 lines")
         log = agent.log()
-        assert "Current thread" in log and "nodeagent/agent.py" in log  # faulthandler's dump
+        assert "Current thread" in log and "nodeagent/nodeloop.py" in log  # faulthandler's dump
         assert agent.alive() and sorted(cluster.worker_pids("a")) == workers
         after = cluster.status()
         assert after["generation"] == before["generation"] and after["state"] == "running"

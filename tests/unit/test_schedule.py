@@ -224,3 +224,10 @@ def test_no_node_is_in_two_jobs_and_nothing_changes_when_settled() -> None:
     view = PoolView(NOW, nodes(*"abcdefg"), {j.id: j for j in settled}, placements)
     result = schedule(view, POLICY)
     assert result.placements == placements and not result.changed(placements)
+
+
+def test_a_job_whose_spec_cannot_be_read_fails() -> None:
+    broken = replace(job("j"), invalid="job spec: not JSON")
+    placements, jobs = run(nodes("a"), [broken])
+    assert placements == {} and jobs["j"].state is PoolJobState.FAILED
+    assert jobs["j"].reason == "job spec: not JSON"

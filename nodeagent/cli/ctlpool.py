@@ -1,0 +1,321 @@
+"""nodeagentctl's pool commands: submit, jobs, nodes, cancel (and the pool side of scale).
+
+Every argument and spec is checked before anything is written: a spec with an unknown key, a
+bad bound, an empty entrypoint or an id with bad characters, a cancel of a job that does not
+exist or has ended, all exit 2 and leave Redis as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nodeagent import strictyaml
+from nodeagent.cli import ctlargs
+from nodeagent.coord.pool import PoolSnapshot, PoolStore
+from nodeagent.coord.store import JobStore
+from nodeagent.errors import ConfigError, UsageError
+from nodeagent.jobspec import JobSpec, load_spec
+from nodeagent.model import JobRecord
+from nodeagent.pool.leader import read_view
+from nodeagent.pool.model import PoolJob, PoolJobState
+from nodeagent.pool.schedule import PoolView
+from nodeagent.state import JobState, NodeState
+
+COMMANDS = frozenset({"submit", "jobs", "nodes", "cancel"})
+
+
+def add_parsers(commands: Any) -> None:
+    submit = commands.add_parser(
+        "submit",
+        help="submit a job to the pool: a spec file, or torchrun-like flags and -- COMMAND",
+        description="nodeagentctl submit job.yaml | nodeagentctl submit --name llama "
+        "--nodes 2:8 --nproc-per-node 8 -- python train.py --cfg big.yaml",
+    )
+    submit.add_argument("spec", nargs="?", help="a job spec file (YAML)")
+    submit.add_argument("--name", type=ctlargs.name, help="job id (overrides the spec's id)")
+    submit.add_argument("--nodes", help="MIN:MAX or N nodes, as torchrun's --nnodes")
+    submit.add_argument("--nproc-per-node", type=int, help="workers per node")
+    submit.add_argument("--env", action="append", default=[], metavar="K=V")
+    submit.add_argument("--workdir", help="the workers' working directory")
+    submit.add_argument("--user", help="the Unix user it runs as (default: you)")
+    submit.add_argument("--queue", help="queue (default: default)")
+    submit.add_argument("--priority", type=int, help="priority (higher first; default 0)")
+    submit.add_argument("--max-restarts", type=int, help="restart budget (default 3)")
+    submit.add_argument("--wait", action="store_true", help="wait until every rank runs")
+    submit.add_argument(
+        "--timeout", type=ctlargs.duration, default="10m", help="how long --wait waits"
+    )
+    submit.set_defaults(argv=[])  # what follows `--` (nodeagentctl's main splits it off)
+    jobs = commands.add_parser("jobs", help="the pool's jobs: state, queue position, world")
+    jobs.add_argument("--json", action="store_true")
+    nodes = commands.add_parser("nodes", help="the pool's nodes: job, health, cordon, labels")
+    nodes.add_argument("--json", action="store_true")
+    cancel = commands.add_parser("cancel", help="end a job (its workers get the stop grace)")
+    cancel.add_argument("job_id", metavar="JOB", type=ctlargs.name)
+
+
+def spec_from_args(args: argparse.Namespace, user: str, by: str) -> JobSpec:
+    """The spec `submit` sends, from a file and/or flags (flags override the file).
+
+    Raises:
+        UsageError: naming the file and key, or the flag, that is wrong.
+    """
+    doc: dict[str, Any] = {}
+    where = "submit"
+    if args.spec:
+        where = args.spec
+        try:
+            loaded = strictyaml.load(Path(args.spec).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise UsageError(f"cannot read the job spec {args.spec}: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise UsageError(f"{args.spec}: expected a mapping of spec keys")
+        doc.update(loaded)
+    command = list(args.argv)
+    if command:
+        doc["entrypoint"] = command
+    if args.nodes:
+        low, _, high = args.nodes.partition(":")
+        if not (low.isdigit() and (not high or high.isdigit())):
+            raise UsageError(f"--nodes: expected MIN:MAX or N, such as 2:8, got {args.nodes!r}")
+        doc.update(min_nodes=int(low), max_nodes=int(high or low))
+        doc.pop("target_nodes", None)
+    flags = {
+        "nproc_per_node": args.nproc_per_node,
+        "working_dir": args.workdir,
+        "user": args.user,
+        "queue": args.queue,
+        "priority": args.priority,
+        "max_restarts": args.max_restarts,
+    }
+    doc.update({k: v for k, v in flags.items() if v is not None})
+    for pair in args.env:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise UsageError(f"--env: expected K=V, got {pair!r}")
+        doc.setdefault("env", {})[name] = value
+    if not args.spec and not command:
+        raise UsageError("give a job spec file, or the command after --")
+    try:
+        spec = load_spec(doc, default_user=user, job_id=args.name)
+    except ConfigError as exc:
+        raise UsageError(f"{where}: invalid job spec: {exc}") from None
+    return replace(spec, submitted_by=by)
+
+
+def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
+    if args.command == "submit":
+        return _submit(store, args, user, by)
+    if args.command == "jobs":
+        return _jobs(store, args.json)
+    if args.command == "nodes":
+        return _nodes(store, args.json)
+    return _cancel(store, args.job_id, by)
+
+
+def _submit(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
+    spec = spec_from_args(args, user, by)
+    created, status = store.submit(spec)
+    if not created:
+        state = status.state.value if status is not None else "unknown state"
+        raise UsageError(
+            f"job {spec.id} exists already in pool {store.keys.pool} ({state}); choose "
+            "another --name"
+        )
+    print(spec.id, flush=True)
+    if not args.wait:
+        return 0
+    return _wait_running(store, spec, args.timeout)
+
+
+def _wait_running(store: PoolStore, spec: JobSpec, timeout: float) -> int:
+    """Until every rank of the job runs (0), it ends first (0 if it succeeded, else 1), or
+    `timeout` passes (1)."""
+    job_store = JobStore(store.client, store.keys.job(spec.id))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = store.read().jobs.get(spec.id)
+        if status is not None and status.state.ended:
+            print(f"job {spec.id} {status.state.value}: {status.reason}")
+            return 0 if status.state is PoolJobState.SUCCEEDED else 1
+        snapshot = job_store.snapshot()
+        record = snapshot.record
+        if record is not None and record.state is JobState.RUNNING:
+            states = {
+                lease.name: lease.report.state
+                for lease in snapshot.leases
+                if lease.report is not None
+            }
+            if all(states.get(m) is NodeState.RUNNING for m in record.members):
+                print(
+                    f"job {spec.id} runs: {record.world_size} ranks on {len(record.members)} "
+                    f"nodes (generation {record.generation})"
+                )
+                return 0
+        time.sleep(0.2)
+    print(f"timed out after {timeout:g}s: job {spec.id} does not run every rank yet")
+    return 1
+
+
+def _cancel(store: PoolStore, job_id: str, by: str) -> int:
+    status = store.read().jobs.get(job_id)
+    if status is None:
+        raise UsageError(f"no job {job_id!r} in pool {store.keys.pool} (see nodeagentctl jobs)")
+    if status.state.ended:
+        raise UsageError(f"job {job_id} has ended already ({status.state.value})")
+    if status.pinned:
+        raise UsageError(
+            f"job {job_id} comes from its nodes' job: sections; stop it with "
+            f"`nodeagentctl --job {job_id} stop`"
+        )
+    store.cancel(job_id, by, running=status.state is PoolJobState.RUNNING)
+    print(f"job {job_id}: cancel requested")
+    return 0
+
+
+def pool_scale_check(store: PoolStore, job_id: str, value: str) -> int | None:
+    """`scale JOB N` of a pool job: refuse an unknown or ended one, set the target of a
+    pending one (in its spec); None when the job runs (scaled through its own commands).
+
+    Raises:
+        UsageError: the job has ended, or N is outside its bounds.
+    """
+    status = store.read().jobs.get(job_id)
+    if status is None:
+        return None  # not a pool job: the job's own keys decide
+    if status.state.ended:
+        raise UsageError(f"cannot scale job {job_id}: it has ended ({status.state.value})")
+    if status.state is not PoolJobState.PENDING:
+        return None
+    spec = store.spec(job_id)
+    if not isinstance(spec, JobSpec):
+        raise UsageError(f"cannot scale job {job_id}: its spec cannot be read ({spec})")
+    job = spec.job
+    target = resolve_target(value, job.target_nodes)
+    if not job.min_nodes <= target <= job.max_nodes:
+        raise UsageError(
+            f"cannot scale job {job_id} to {target}: the target must be within "
+            f"[min_nodes, max_nodes] = [{job.min_nodes}, {job.max_nodes}]"
+        )
+    store.replace_spec(replace(spec, job=replace(job, target_nodes=target)))
+    print(f"job {job_id} (pending): target {job.target_nodes} -> {target}")
+    return 0
+
+
+def resolve_target(value: str, current: int) -> int:
+    """N, or Arena's relative +K / -K from the current target.
+
+    Raises:
+        UsageError: not a whole number.
+    """
+    text = value.strip()
+    sign = text[:1] if text[:1] in "+-" else ""
+    digits = text[1:] if sign else text
+    if not digits.isdigit():
+        raise UsageError(f"scale: expected N, +N or -N, got {value!r}")
+    number = int(digits)
+    return current + number if sign == "+" else current - number if sign == "-" else number
+
+
+def _jobs(store: PoolStore, as_json: bool) -> int:
+    snap, view = read_view(store)
+    records = store.records(j for j, s in snap.jobs.items() if s.state is PoolJobState.RUNNING)
+    rows = [_job_row(j, s, snap, view, records.get(j)) for j, s in snap.jobs.items()]
+    rows.sort(key=lambda r: (_STATE_ORDER[r["state"]], r["position"] or 0, -r["seq"]))
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(
+        f"{'JOB':<24} {'STATE':<10} {'POS':>3} {'PRIO':>4} {'QUEUE':<10} {'WORLD':>5} "
+        f"{'NODES':>9} {'RESTARTS':>8} {'AGE':>7}  REASON"
+    )
+    for r in rows:
+        nodes = f"{r['nodes']}/{r['target_nodes'] if r['target_nodes'] is not None else '-'}"
+        restarts = "-" if r["restarts"] is None else str(r["restarts"])
+        print(
+            f"{r['job']:<24} {r['state']:<10} {r['position'] or '-'!s:>3} "
+            f"{r['priority'] if r['priority'] is not None else '-'!s:>4} "
+            f"{r['queue'] or '-':<10} {r['world_size']:>5} {nodes:>9} {restarts:>8} "
+            f"{_age(r['age_s']):>7}  {r['reason']}"
+        )
+    return 0
+
+
+_STATE_ORDER = {"running": 0, "pending": 1, "succeeded": 2, "failed": 2, "cancelled": 2}
+
+
+def _job_row(
+    job_id: str, status: PoolJob, snap: PoolSnapshot, view: PoolView, record: JobRecord | None
+) -> dict[str, Any]:
+    jobview = view.jobs.get(job_id)
+    pending = sorted(
+        (j for j in view.jobs.values() if j.status.state is PoolJobState.PENDING),
+        key=lambda j: j.order,
+    )
+    position = next((i + 1 for i, j in enumerate(pending) if j.id == job_id), None)
+    return {
+        "job": job_id,
+        "state": status.state.value,
+        "position": position,
+        "seq": status.seq,
+        "priority": jobview.priority if jobview else None,
+        "queue": jobview.queue if jobview else None,
+        "world_size": record.world_size if record else 0,
+        "generation": record.generation if record else None,
+        "nodes": len(snap.placements_of(job_id)),
+        "target_nodes": jobview.target_nodes if jobview else None,
+        "restarts": record.restart_count if record else None,
+        "age_s": (snap.now_ms - status.submitted_ms) / 1000,
+        "reason": status.reason,
+        "pinned": status.pinned,
+    }
+
+
+def _nodes(store: PoolStore, as_json: bool) -> int:
+    snap = store.read()
+    rows: list[dict[str, Any]] = []
+    for name, deadline in sorted(snap.deadlines.items()):
+        report = snap.nodes.get(name)
+        ttl = report.lease_ttl_ms if report else 0
+        cordon = snap.cordons.get(name)
+        rows.append(
+            {
+                "name": name,
+                "alive": report is not None,
+                "job": snap.placements.get(name),
+                "serving": report.serving if report else None,
+                "health": (report.unfit or "ok") if report else "lost",
+                "cordon": cordon.reason if cordon else None,
+                "labels": dict(report.labels) if report else {},
+                "heartbeat_age_s": (snap.now_ms - (deadline - ttl)) / 1000 if report else None,
+                "address": report.address if report else None,
+            }
+        )
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'NODE':<20} {'JOB':<24} {'HEALTH':<10} {'HB AGE':>7}  {'CORDON':<12} LABELS")
+    for r in rows:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(r["labels"].items())) or "-"
+        age = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.1f}s"
+        health = r["health"] if len(r["health"]) <= 10 else r["health"][:9] + "~"
+        print(
+            f"{r['name']:<20} {r['job'] or '(free)':<24} {health:<10} {age:>7}  "
+            f"{r['cordon'] or '-':<12} {labels}"
+        )
+    return 0
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"

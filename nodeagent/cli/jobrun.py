@@ -1,0 +1,115 @@
+"""Wiring one job's agent on this node: what is the node's (the Redis client, the GPU monitor,
+the fence keeper, the wake-ups) is shared; the job's store, supervisor, stream listener and
+metrics are its own, made when the node starts serving the job and closed when it leaves.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import redis
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from nodeagent import __version__
+from nodeagent.agent import Agent
+from nodeagent.config import Config
+from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.listener import StreamListener
+from nodeagent.coord.store import JobStore
+from nodeagent.fencing import Keeper
+from nodeagent.gpu.monitor import GpuMonitor
+from nodeagent.health import NodeHealth
+from nodeagent.logs import LogContext, WorkerEcho
+from nodeagent.metrics import AgentMetrics
+from nodeagent.preload import Spawner
+from nodeagent.sdnotify import Notifier
+from nodeagent.supervisor import Supervisor
+from nodeagent.wakeup import Waker
+
+LISTEN_BLOCK_MS = 5000
+
+
+@dataclass(frozen=True)
+class NodeParts:
+    """What every job this node serves shares."""
+
+    client: redis.Redis
+    listen_client: redis.Redis
+    waker: Waker
+    monitor: GpuMonitor
+    keeper: Keeper
+    context: LogContext
+    notifier: Notifier
+    metrics_address: Callable[[], str | None]
+
+
+class CurrentJobMetrics(Collector):
+    """The /metrics of whichever job the node serves now (none: nothing)."""
+
+    def __init__(self) -> None:
+        self.registry: CollectorRegistry | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        registry = self.registry
+        return registry.collect() if registry is not None else ()
+
+
+class JobRun:
+    """One job's Agent on this node, and what only it uses."""
+
+    def __init__(self, config: Config, parts: NodeParts, until_done: bool = False) -> None:
+        self.job_id = config.job.id
+        keys = JobKeys(config.redis.key_prefix, config.job.id)
+        parts.context.job = config.job.id
+        parts.context.generation = 0
+        self.supervisor = Supervisor(
+            echo=WorkerEcho(config.logging.format, parts.context),
+            wake=parts.waker.wake,
+            spawner=Spawner(config.job.preload, config.job.user),
+        )
+        self.metrics = AgentMetrics(config.job.id, __version__)
+        monitor = parts.monitor
+        self.metrics.watch_gpus(monitor.snapshot, monitor.verdicts, monitor.xid_counts)
+        self._health = NodeHealth(config, monitor)
+        self.agent = Agent(
+            config,
+            JobStore(parts.client, keys),
+            self.supervisor,
+            parts.waker,
+            base_env=dict(os.environ),
+            health=self._health,
+            metrics=self.metrics,
+            log_context=parts.context,
+            notifier=parts.notifier,
+            keeper=parts.keeper,
+            until_done=until_done,
+        )
+        self.agent.metrics_address = parts.metrics_address()
+        self._listener = StreamListener(
+            JobStore(parts.listen_client, keys), parts.waker.wake, LISTEN_BLOCK_MS
+        )
+        self._listener.start()
+
+    @property
+    def left(self) -> bool:
+        return self.agent.left
+
+    def step(self) -> float:
+        return self.agent.step()
+
+    def request_stop(self) -> None:
+        self.agent.request_stop()
+
+    def healthz(self) -> tuple[bool, str]:
+        return self.agent.healthz()
+
+    def unfit(self) -> str | None:
+        return self._health.unfit
+
+    def close(self) -> None:
+        self.supervisor.close()
+        self._listener.stop()

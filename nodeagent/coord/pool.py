@@ -1,0 +1,276 @@
+"""PoolStore: a pool's state in Redis, read and written through coord/poolscripts.py.
+
+Nothing read is trusted (nodeagent.decode): a node report, a job status or a placement that is
+not what nodeagent writes is left out and described in `garbage`, so one bad value never stops
+the pool. Jobs' own records are read from each job's keys (other hash tags: a pipeline, not a
+script, so a pool spread over a Redis Cluster works).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, PoolKeys
+from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_LEAVE, POOL_READ, POOL_SUBMIT, POOL_SYNC
+from nodeagent.coord.store import redis_errors
+from nodeagent.decode import NAME_RE
+from nodeagent.errors import CorruptStateError
+from nodeagent.jobspec import JobSpec
+from nodeagent.model import Command, CommandType, Cordon, Event, JobRecord
+from nodeagent.pool.model import PoolJob, PoolNode
+
+
+@dataclass(frozen=True)
+class PoolBeat:
+    """What a node's pool heartbeat returns."""
+
+    now_ms: int
+    leader: str | None  # "<node> <token>"
+    leader_deadline_ms: int | None
+    placement: str | None  # the job this node is placed on
+    garbage: tuple[str, ...] = ()
+
+    @property
+    def leader_name(self) -> str | None:
+        return self.leader.split(" ", 1)[0] if self.leader else None
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """The whole pool at Redis server time `now_ms`."""
+
+    now_ms: int
+    leader: str | None
+    deadlines: Mapping[str, int]  # node -> lease deadline (ms), live or lapsed
+    nodes: Mapping[str, PoolNode]  # live leases with a readable report
+    placements: Mapping[str, str]
+    jobs: Mapping[str, PoolJob]
+    cancels: Mapping[str, str]
+    cordons: Mapping[str, Cordon]
+    garbage: tuple[str, ...] = ()
+
+    def placements_of(self, job_id: str) -> list[str]:
+        return sorted(n for n, j in self.placements.items() if j == job_id)
+
+    @property
+    def lapsed(self) -> tuple[str, ...]:
+        return tuple(n for n, d in self.deadlines.items() if d <= self.now_ms)
+
+
+@dataclass(frozen=True)
+class PoolWrite:
+    """One fenced write of the pool leader."""
+
+    unplace: tuple[str, ...] = ()
+    place: Mapping[str, str] = field(default_factory=dict)
+    jobs: Mapping[str, PoolJob] = field(default_factory=dict)
+    drop_leases: tuple[str, ...] = ()
+    events: tuple[Event, ...] = ()
+
+
+class PoolStore:
+    """One pool's keys in one Redis, for one agent or one nodeagentctl."""
+
+    def __init__(self, client: redis.Redis, keys: PoolKeys) -> None:
+        self.client = client
+        self.keys = keys
+        self._sync = client.register_script(POOL_SYNC)
+        self._read = client.register_script(POOL_READ)
+        self._commit = client.register_script(POOL_COMMIT)
+        self._submit = client.register_script(POOL_SUBMIT)
+        self._leave = client.register_script(POOL_LEAVE)
+
+    def sync(self, report: PoolNode) -> PoolBeat:
+        k = self.keys
+        with redis_errors("pool heartbeat"):
+            reply: Any = self._sync(
+                keys=[k.node(report.name), k.leases, k.leader, k.leader_epoch, k.placements],
+                args=[report.name, report.to_json(), report.lease_ttl_ms, k.node_prefix()],
+            )
+        now, leader, deadline, placement, garbage = reply
+        placement = placement if isinstance(placement, str) and NAME_RE.match(placement) else None
+        return PoolBeat(
+            int(now),
+            leader or None,
+            int(deadline) if deadline else None,
+            placement,
+            tuple(str(g) for g in garbage),
+        )
+
+    def read(self) -> PoolSnapshot:
+        k = self.keys
+        with redis_errors("read the pool"):
+            reply: Any = self._read(
+                keys=[k.leases, k.placements, k.jobs, k.cancels, k.cordons, k.leader],
+                args=[k.node_prefix()],
+            )
+        now, leader, leases, reports, placements, jobs, cancels, cordons, noted = reply
+        garbage = [str(g) for g in noted]
+        deadlines, nodes = _leases(int(now), leases, reports, garbage)
+        return PoolSnapshot(
+            now_ms=int(now),
+            leader=leader or None,
+            deadlines=deadlines,
+            nodes=nodes,
+            placements={
+                n: j for n, j in _pairs(placements) if NAME_RE.match(n) and NAME_RE.match(j)
+            },
+            jobs=_decoded(jobs, PoolJob.from_json, "pool job", garbage),
+            cancels={j: by[:256] for j, by in _pairs(cancels)},
+            cordons=_decoded(cordons, Cordon.from_json, "pool cordon", garbage),
+            garbage=tuple(garbage),
+        )
+
+    def specs(self, ids: Sequence[str]) -> dict[str, JobSpec | str]:
+        """Each job's spec, or why it cannot be read."""
+        if not ids:
+            return {}
+        with redis_errors("read job specs"):
+            raws: Any = self.client.hmget(self.keys.specs, list(ids))
+        found: dict[str, JobSpec | str] = {}
+        for job_id, raw in zip(ids, raws, strict=True):
+            if raw is None:
+                found[job_id] = "no spec stored"
+                continue
+            try:
+                found[job_id] = JobSpec.from_json(raw)
+            except CorruptStateError as exc:
+                found[job_id] = str(exc)
+        return found
+
+    def spec(self, job_id: str) -> JobSpec | str | None:
+        """One job's spec, why it is unreadable, or None when no such job was submitted."""
+        found = self.specs([job_id])[job_id]
+        return None if found == "no spec stored" else found
+
+    def records(self, ids: Iterable[str]) -> dict[str, JobRecord | None]:
+        """Each job's own record (None: none yet, or unreadable: its leader rewrites it)."""
+        ids = list(ids)
+        if not ids:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(self.keys.job(job_id).record, "record")
+        with redis_errors("read job records"):
+            raws = pipe.execute(raise_on_error=False)
+        found: dict[str, JobRecord | None] = {}
+        for job_id, raw in zip(ids, raws, strict=True):
+            try:
+                found[job_id] = JobRecord.from_json(raw) if isinstance(raw, str) else None
+            except CorruptStateError:
+                found[job_id] = None
+        return found
+
+    def commit(self, leader: str, write: PoolWrite) -> None:
+        """Raises: FencedError when another node leads the pool."""
+        k = self.keys
+        args: list[Any] = [leader, EVENTS_MAXLEN, len(write.unplace), *write.unplace]
+        args += [len(write.place), *(x for pair in write.place.items() for x in pair)]
+        args += [len(write.jobs), *(x for j, s in write.jobs.items() for x in (j, s.to_json()))]
+        args += [len(write.drop_leases), *write.drop_leases]
+        args += [e.to_json() for e in write.events]
+        with redis_errors("pool leader write"):
+            self._commit(keys=[k.leader, k.placements, k.jobs, k.events, k.leases], args=args)
+
+    def submit(self, spec: JobSpec, pinned: bool = False) -> tuple[bool, PoolJob | None]:
+        """Store a new job (pending); (False, its status) when the id exists already."""
+        k = self.keys
+        event = Event(
+            "job_submitted",
+            message=f"job {spec.id}: submitted by {spec.submitted_by or 'its nodes'}",
+            data={"job": spec.id},
+        )
+        with redis_errors("submit"):
+            created, raw = self._submit(
+                keys=[k.specs, k.jobs, k.seq, k.events],
+                args=[
+                    spec.id,
+                    spec.to_json(),
+                    "1" if pinned else "0",
+                    EVENTS_MAXLEN,
+                    event.to_json(),
+                ],
+            )
+        try:
+            status = PoolJob.from_json(raw) if raw else None
+        except CorruptStateError:
+            status = None
+        return bool(created), status
+
+    def replace_spec(self, spec: JobSpec) -> None:
+        with redis_errors("update the job spec"):
+            self.client.hset(self.keys.specs, spec.id, spec.to_json())
+
+    def cancel(self, job_id: str, by: str, running: bool) -> None:
+        """Ask the pool leader to end `job_id`; a running job is also told to stop, so its
+        workers get the stop grace to checkpoint."""
+        k = self.keys
+        event = Event("job_cancel", message=f"job {job_id}: cancel by {by}", data={"job": job_id})
+        with redis_errors("cancel"):
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hset(k.cancels, job_id, by)
+            pipe.xadd(k.events, {"event": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True)
+            pipe.execute()
+            if running:
+                self.send_command(job_id, Command(CommandType.STOP, by=by))
+
+    def send_command(self, job_id: str, command: Command) -> None:
+        with redis_errors("send command"):
+            self.client.xadd(
+                self.keys.job(job_id).commands,
+                {"command": command.to_json()},
+                maxlen=COMMANDS_MAXLEN,
+                approximate=True,
+            )
+
+    def leave(self, name: str) -> None:
+        k = self.keys
+        with redis_errors("leave the pool"):
+            self._leave(keys=[k.node(name), k.leases, k.leader], args=[name])
+
+
+def _pairs(flat: Sequence[Any]) -> list[tuple[str, str]]:
+    return [(str(flat[i]), str(flat[i + 1])) for i in range(0, len(flat) - 1, 2)]
+
+
+def _decoded(flat: Sequence[Any], decode: Any, what: str, garbage: list[str]) -> dict[str, Any]:
+    found = {}
+    for name, raw in _pairs(flat):
+        try:
+            found[name] = decode(raw)
+        except CorruptStateError as exc:
+            garbage.append(f"{what} {name[:64]!r}: {exc}")
+    return found
+
+
+def _leases(
+    now: int, leases: Sequence[Any], reports: Sequence[Any], garbage: list[str]
+) -> tuple[dict[str, int], dict[str, PoolNode]]:
+    deadlines: dict[str, int] = {}
+    nodes: dict[str, PoolNode] = {}
+    for (name, score), raw in zip(_pairs(leases), reports, strict=False):
+        try:
+            deadline = int(float(score))
+        except (ValueError, OverflowError):
+            garbage.append(f"pool lease {name[:64]!r}: deadline {score[:32]!r} is not a number")
+            continue
+        if not NAME_RE.match(name):
+            garbage.append(f"pool lease {name[:64]!r}: not a node name")
+            continue
+        deadlines[name] = deadline
+        if deadline <= now or not raw:
+            continue
+        try:
+            report = PoolNode.from_json(raw)
+        except CorruptStateError as exc:
+            garbage.append(f"pool node {name!r}: {exc}")
+            continue
+        if report.name == name:
+            nodes[name] = report
+        else:
+            garbage.append(f"pool node {name!r}: its report names {report.name!r}")
+    return deadlines, nodes

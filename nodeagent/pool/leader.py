@@ -1,0 +1,108 @@
+"""The pool leader's executor: read the pool, run schedule(), commit the result fenced.
+
+Any agent may hold the pool leader lease (taken in its pool heartbeat, like a job's). Every
+heartbeat while it holds it, it reads the whole pool, the specs of the jobs not ended and the
+records of the running ones, builds a PoolView and writes what schedule() changed through the
+POOL_COMMIT script, which refuses the write unless the lease value is still this leader's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
+from nodeagent.jobspec import JobSpec
+from nodeagent.model import JobRecord
+from nodeagent.pool.model import PoolJobState
+from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Round:
+    """One pool leader round: what it saw, and what it wrote (None: nothing changed)."""
+
+    view: PoolView
+    write: PoolWrite | None
+
+
+def read_view(store: PoolStore) -> tuple[PoolSnapshot, PoolView]:
+    """The pool as schedule() sees it (also what `nodeagentctl jobs` shows).
+
+    Raises:
+        CoordinationError: Redis could not be read.
+    """
+    snap = store.read()
+    pinning = {report.pinned for report in snap.nodes.values()}
+    live = [
+        j
+        for j, status in snap.jobs.items()
+        if (j in pinning if status.pinned else not status.state.ended or snap.placements_of(j))
+    ]
+    specs = store.specs(live)
+    records = store.records(
+        j for j in live if snap.jobs[j].state is PoolJobState.RUNNING or snap.jobs[j].pinned
+    )
+    nodes = {
+        name: NodeView(
+            name,
+            pinned=report.pinned,
+            unfit=report.unfit,
+            cordoned=snap.cordons[name].reason if name in snap.cordons else None,
+            refused=frozenset(report.refused),
+        )
+        for name, report in snap.nodes.items()
+    }
+    jobs = {j: _job_view(j, snap, specs[j], records.get(j)) for j in live}
+    return snap, PoolView(snap.now_ms, nodes, jobs, snap.placements)
+
+
+def _job_view(
+    job_id: str, snap: PoolSnapshot, spec: JobSpec | str, record: JobRecord | None
+) -> JobView:
+    status = snap.jobs[job_id]
+    if isinstance(spec, str):
+        return JobView(job_id, status, 1, 1, 1, invalid=f"its spec cannot be read: {spec}")
+    job = spec.job
+    return JobView(
+        job_id,
+        status,
+        job.min_nodes,
+        job.max_nodes,
+        record.target_nodes if record is not None else job.target_nodes,
+        priority=spec.priority,
+        queue=spec.queue,
+        record_state=record.state if record is not None else None,
+        members=record.members if record is not None else (),
+        cancel=snap.cancels.get(job_id),
+    )
+
+
+def lead(store: PoolStore, leader: str, policy: SchedulePolicy) -> Round:
+    """One round as pool leader.
+
+    Raises:
+        CoordinationError: Redis could not be read or written.
+        FencedError: another node leads the pool now.
+    """
+    snap, view = read_view(store)
+    result = schedule(view, policy)
+    if snap.garbage:
+        log.warning("pool: ignoring what nodeagent did not write: %s", "; ".join(snap.garbage))
+    before = dict(snap.placements)
+    lapsed = snap.lapsed
+    if not result.changed(before) and not lapsed:
+        return Round(view, None)
+    write = PoolWrite(
+        unplace=tuple(n for n in before if n not in result.placements),
+        place={n: j for n, j in result.placements.items() if before.get(n) != j},
+        jobs=result.jobs,
+        drop_leases=lapsed,
+        events=result.events,
+    )
+    for event in result.events:
+        log.info("pool: %s", event.message)
+    store.commit(leader, write)
+    return Round(view, write)

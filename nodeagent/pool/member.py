@@ -1,0 +1,154 @@
+"""A node's membership in its pool: the pool heartbeat, and the pool leader's round when this
+node holds that lease.
+
+The pool heartbeat is not what fences workers (each job's own lease does), so its Redis calls
+are bounded by one heartbeat, not by a fence point, and a failed one only delays placements.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from nodeagent import __version__
+from nodeagent.bounded import BoundedCalls
+from nodeagent.config import NodeSettings
+from nodeagent.coord.pool import PoolStore
+from nodeagent.errors import CoordinationError, FencedError
+from nodeagent.jobspec import JobSpec
+from nodeagent.pool import leader
+from nodeagent.pool.model import PoolNode
+from nodeagent.pool.schedule import SchedulePolicy
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What the node side tells the pool about itself at each heartbeat."""
+
+    serving: str | None = None
+    unfit: str | None = None
+    refused: Mapping[str, str] = field(default_factory=dict)
+    metrics: str | None = None
+
+
+class PoolMember:
+    def __init__(
+        self, store: PoolStore, settings: NodeSettings, clock: Callable[[], float]
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._clock = clock
+        self._calls = BoundedCalls(clock)
+        self._policy = SchedulePolicy(int(settings.pool.reserve_after * 1000))
+        self.placement: str | None = None
+        self.leading = False
+        self.synced = False  # a heartbeat went through since start
+        self.last_error: str | None = None
+        self._next = 0.0
+
+    @property
+    def name(self) -> str:
+        return self._settings.node.name
+
+    def due(self, now: float) -> bool:
+        return now >= self._next
+
+    def next_wakeup(self) -> float:
+        return self._next
+
+    def beat(self, state: NodeState) -> bool:
+        """One pool heartbeat (and, as pool leader, one round). True when the placement
+        changed."""
+        timing = self._settings.timing
+        report = PoolNode(
+            name=self.name,
+            address=self._settings.node.address,
+            lease_ttl_ms=int(timing.lease_ttl * 1000),
+            labels=dict(self._settings.pool.labels),
+            pinned=self._settings.job.id if self._settings.job is not None else None,
+            serving=state.serving,
+            unfit=state.unfit,
+            refused=dict(state.refused),
+            metrics=state.metrics,
+            version=__version__,
+        )
+        start = self._clock()
+        self._next = start + timing.heartbeat_interval
+        try:
+            beat = self._store_call(lambda: self._store.sync(report), "pool heartbeat")
+        except CoordinationError as exc:
+            self._failed(exc)
+            self._next = self._clock() + timing.heartbeat_interval / 2
+            return False
+        if self.last_error is not None:
+            log.info("pool: Redis reachable again")
+        self.last_error = None
+        self.synced = True
+        leading = beat.leader_name == self.name
+        if leading != self.leading:
+            log.info("pool leadership %s", "acquired" if leading else f"held by {beat.leader_name}")
+        self.leading = leading
+        if not leading and beat.leader_deadline_ms is not None:
+            lapse = start + (beat.leader_deadline_ms - beat.now_ms) / 1000 + 0.005
+            self._next = min(self._next, max(lapse, start + 0.01))
+        changed = beat.placement != self.placement
+        if changed:
+            log.info("pool: placed on %s", beat.placement or "nothing (free)")
+        self.placement = beat.placement
+        if leading and beat.leader is not None:
+            self._lead(beat.leader)
+        return changed
+
+    def _store_call(self, fn: Callable[[], T], what: str) -> T:
+        return self._calls.run(fn, self._clock() + self._settings.timing.lease_ttl / 2, what)
+
+    def _lead(self, token: str) -> None:
+        try:
+            done = self._store_call(
+                lambda: leader.lead(self._store, token, self._policy), "pool leader round"
+            )
+        except FencedError as exc:
+            log.info("pool leader write refused: %s", exc)
+            self.leading = False
+            return
+        except CoordinationError as exc:
+            self._failed(exc)
+            return
+        if done.write is not None:
+            self._next = self._clock()  # read the placements just written
+
+    def _failed(self, exc: CoordinationError) -> None:
+        if str(exc) != self.last_error:
+            log.warning("pool: %s", exc)
+        self.last_error = str(exc)
+
+    def spec(self, job_id: str) -> JobSpec | str | None:
+        """The spec of the job this node is placed on (a string: why it cannot be read)."""
+        try:
+            return self._store_call(lambda: self._store.spec(job_id), "read the job spec")
+        except CoordinationError as exc:
+            self._failed(exc)
+            return None
+
+    def submit_pinned(self, spec: JobSpec) -> None:
+        """Make the job of this node's job: section known to the pool (once per job id)."""
+        try:
+            created, _ = self._store_call(
+                lambda: self._store.submit(spec, pinned=True), "submit the pinned job"
+            )
+        except CoordinationError as exc:
+            self._failed(exc)
+            return
+        if created:
+            log.info("pool: job %s of this node's config is now known to the pool", spec.id)
+
+    def leave(self) -> None:
+        try:
+            self._store_call(lambda: self._store.leave(self.name), "leave the pool")
+        except CoordinationError as exc:
+            log.warning("could not leave the pool (%s); the lease will expire", exc)

@@ -1,0 +1,161 @@
+"""A pool of agents on this machine: job-less configs, jobs submitted with nodeagentctl."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.helpers.cluster import WORKER, AgentProcess, wait_for
+from tests.helpers.runas import AS_TESTER
+
+TIMING = {
+    "heartbeat_interval": "200ms",
+    "lease_ttl": "1s",
+    "stop_grace_period": "3s",
+    "join_settle": "300ms",
+    "rendezvous_timeout": "2m",
+}
+
+
+@dataclass
+class PoolCluster:
+    redis_url: str
+    directory: Path
+    pool: str = "default"
+    agents: dict[str, AgentProcess] = field(default_factory=dict)
+
+    @property
+    def records_dir(self) -> Path:
+        path = self.directory / "records"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def job_records(self, job: str) -> Path:
+        path = self.records_dir / job
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def config(self, name: str, job: dict[str, Any] | None = None) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "node": {"name": name, "address": "127.0.0.1"},
+            "redis": {"url": self.redis_url},
+            "pool": {"name": self.pool, "users": [str(AS_TESTER["user"])], "allow_root": True},
+            "timing": TIMING,
+            "metrics": {"listen": "127.0.0.1:0"},
+            "log_dir": str(self.directory / "logs"),
+            "state_dir": str(self.directory / "state"),
+        }
+        if job is not None:
+            config["job"] = job
+        return config
+
+    def start(self, *names: str, job: dict[str, Any] | None = None) -> None:
+        for name in names:
+            path = self.directory / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(self.config(name, job)))
+            log_path = self.directory / f"agent-{name}.log"
+            with log_path.open("ab") as log_file:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "nodeagent", "run", "--config", str(path)],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            self.agents[name] = AgentProcess(name, proc, log_path)
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "nodeagent.cli.ctl",
+                "--redis",
+                self.redis_url,
+                "--pool",
+                self.pool,
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def submit(self, name: str, nodes: str, *more: str) -> None:
+        result = self.ctl(
+            "submit",
+            "--name",
+            name,
+            "--nodes",
+            nodes,
+            "--env",
+            f"RECORD_DIR={self.job_records(name)}",
+            *more,
+            "--",
+            sys.executable,
+            str(WORKER),
+        )
+        assert result.returncode == 0 and result.stdout.strip() == name, result.stderr
+
+    def jobs(self) -> dict[str, dict[str, Any]]:
+        result = self.ctl("jobs", "--json")
+        assert result.returncode == 0, result.stderr
+        return {row["job"]: row for row in json.loads(result.stdout)}
+
+    def placements(self) -> dict[str, str | None]:
+        result = self.ctl("nodes", "--json")
+        assert result.returncode == 0, result.stderr
+        return {row["name"]: row["job"] for row in json.loads(result.stdout) if row["alive"]}
+
+    def wait_job(
+        self, job: str, state: str, world: int | None = None, timeout: float = 30
+    ) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            row = self.jobs().get(job)
+            if row is None or row["state"] != state:
+                return None
+            return row if world is None or row["world_size"] == world else None
+
+        try:
+            return wait_for(probe, timeout, f"job {job} {state} (world {world})")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnostics()}") from None
+
+    def diagnostics(self) -> str:
+        logs = "\n".join(f"--- {a.name}\n{a.log()[-3000:]}" for a in self.agents.values())
+        return f"jobs: {self.ctl('jobs').stdout}\nnodes: {self.ctl('nodes').stdout}\n{logs}"
+
+    def kill_tree(self, name: str) -> None:
+        agent = self.agents[name]
+        with suppress(ProcessLookupError):
+            os.killpg(agent.proc.pid, signal.SIGKILL)
+        agent.proc.wait(10)
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            if agent.alive():
+                agent.proc.send_signal(signal.SIGTERM)
+        for agent in self.agents.values():
+            try:
+                agent.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(agent.proc.pid, signal.SIGKILL)
+                agent.proc.wait(10)
+
+
+@contextmanager
+def pool_cluster(redis_url: str, directory: Path, **options: Any) -> Iterator[PoolCluster]:
+    cluster = PoolCluster(redis_url, directory, **options)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
