@@ -69,6 +69,7 @@ class NodeLoop:
         self._stopping = True
         if self.runner is not None:
             self.runner.request_stop()
+            self._asked_to_leave = True  # once: a second request_stop means "force"
 
     def healthz(self) -> tuple[bool, str]:
         if self.runner is not None:

@@ -1,0 +1,101 @@
+"""NodeLoop: the pool node's reconcile between its placement and the job it serves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodeagent.config import Config, load_settings
+from nodeagent.nodeloop import NodeLoop
+from nodeagent.pool.member import NodeState
+from nodeagent.wakeup import Waker
+from tests.helpers.runas import AS_TESTER
+
+
+class Member:
+    def __init__(self) -> None:
+        self.placement: str | None = None
+        self.synced = True
+        self.last_error = None
+        self.left = False
+        self.beats: list[NodeState] = []
+
+    def due(self, now: float) -> bool:
+        return True
+
+    def beat(self, state: NodeState) -> bool:
+        self.beats.append(state)
+        return False
+
+    def next_wakeup(self) -> float:
+        return 0.0
+
+    def leave(self) -> None:
+        self.left = True
+
+    def submit_pinned(self, spec: Any) -> None:
+        pass
+
+    def spec(self, job_id: str) -> str:
+        return "not JSON"
+
+
+class Runner:
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.stops = 0
+        self.left = False
+
+    def step(self) -> float:
+        if self.stops:
+            self.left = True
+        return 0.0
+
+    def request_stop(self) -> None:
+        self.stops += 1
+
+    def close(self) -> None:
+        pass
+
+    def unfit(self) -> str | None:
+        return None
+
+    def healthz(self) -> tuple[bool, str]:
+        return True, "ok"
+
+
+def pinned_config() -> Config:
+    job = {"id": "j", "entrypoint": ["true"], **AS_TESTER}
+    config = load_settings({"redis": {"url": "redis://r:6379/0"}, "job": job})
+    assert isinstance(config, Config)
+    return config
+
+
+def test_one_stop_request_is_a_graceful_stop_not_a_forced_one() -> None:
+    runners: list[Runner] = []
+
+    def start(config: Config) -> Runner:
+        runners.append(Runner(config.job.id))
+        return runners[-1]
+
+    member = Member()
+    waker = Waker()
+    loop = NodeLoop(pinned_config(), member, start, waker, lambda: 0.0)  # type: ignore[arg-type]
+    loop._reconcile()
+    assert [r.job_id for r in runners] == ["j"]
+    loop.request_stop()
+    loop.run()
+    waker.close()
+    assert runners[0].stops == 1  # a second request_stop would kill the workers at once
+    assert member.left
+
+
+def test_a_job_whose_spec_cannot_be_read_is_refused_and_reported() -> None:
+    settings = load_settings({"redis": {"url": "redis://r:6379/0"}})
+    member = Member()
+    member.placement = "broken"
+    waker = Waker()
+    loop = NodeLoop(settings, member, lambda c: Runner(c.job.id), waker, lambda: 0.0)  # type: ignore[arg-type]
+    loop._reconcile()
+    waker.close()
+    assert loop.runner is None
+    assert "its spec cannot be read: not JSON" in loop._state().refused["broken"]
