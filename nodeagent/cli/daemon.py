@@ -40,6 +40,7 @@ from nodeagent.logs import LogContext
 from nodeagent.metrics import MetricsServer
 from nodeagent.nodeloop import NodeLoop
 from nodeagent.pool.member import PoolMember
+from nodeagent.pool.metrics import PoolCollector
 from nodeagent.preflight import NodeCheck, check_node
 from nodeagent.sdnotify import Notifier
 from nodeagent.signalwatch import SignalWatch
@@ -186,7 +187,7 @@ def _run_agent(
         current.registry = single.metrics.registry
         run: JobRun | NodeLoop = single
     else:
-        run = _node_loop(settings, parts, current)
+        run = _node_loop(settings, parts, current, registry)
     server = None
     if settings.metrics.listen != "off":
         server = MetricsServer(settings.metrics.listen, registry, run.healthz)
@@ -219,10 +220,16 @@ def _run_agent(
         signal.set_wakeup_fd(-1)
 
 
-def _node_loop(settings: NodeSettings, parts: NodeParts, current: CurrentJobMetrics) -> NodeLoop:
+def _node_loop(
+    settings: NodeSettings,
+    parts: NodeParts,
+    current: CurrentJobMetrics,
+    registry: CollectorRegistry,
+) -> NodeLoop:
     """A daemon: this node's pool membership and the job it serves (nodeagent.nodeloop)."""
     keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
     member = PoolMember(PoolStore(parts.client, keys), settings, time.monotonic)
+    registry.register(PoolCollector(member, settings.pool.name))
 
     def start_job(config: Config) -> JobRun:
         run = JobRun(config, parts)

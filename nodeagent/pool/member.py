@@ -20,7 +20,7 @@ from nodeagent.errors import CoordinationError, FencedError
 from nodeagent.jobspec import JobSpec
 from nodeagent.pool import leader
 from nodeagent.pool.model import PoolNode
-from nodeagent.pool.schedule import SchedulePolicy
+from nodeagent.pool.schedule import PoolView, SchedulePolicy
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,6 +49,9 @@ class PoolMember:
         self.leading = False
         self.synced = False  # a heartbeat went through since start
         self.last_error: str | None = None
+        # The view the last pool leader round scheduled from (nodeagent/pool/metrics.py reads
+        # it on the HTTP thread: assigning a reference is atomic and a PoolView is frozen).
+        self.last_view: PoolView | None = None
         self._next = 0.0
 
     @property
@@ -119,6 +122,7 @@ class PoolMember:
         except CoordinationError as exc:
             self._failed(exc)
             return
+        self.last_view = done.view
         if done.write is not None:
             self._next = self._clock()  # read the placements just written
 

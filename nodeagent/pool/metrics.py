@@ -1,0 +1,134 @@
+"""The pool's gauges: nodes and jobs by state, and how long jobs have waited in the queue.
+
+Only the pool leader exports the pool's figures (every agent exports whether it leads), so a
+query over the whole fleet counts each node and job once. They are taken from the view the
+leader's last round scheduled from (`PoolMember.last_view`: one round a pool heartbeat), at
+Redis server time, so they are at most one heartbeat old and never depend on a node's clock.
+
+`pool_figures(view)` is pure; `PoolCollector` reads the member's last view at scrape time, on
+the HTTP server's thread. It takes no lock: the loop only ever assigns a new reference to
+`last_view` (atomic in Python), and a PoolView is frozen and never changed once built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from nodeagent.pool.model import PoolJobState
+from nodeagent.pool.schedule import NodeView, PoolView
+
+# A node counts once, under the first of these that holds: unhealthy (its GPUs cannot take a
+# job), cordoned (an operator's pool cordon), busy (placed on a job, or pinned to one), free.
+NODE_STATES = ("free", "busy", "cordoned", "unhealthy")
+# Ended jobs are left out: the leader's view holds an ended job only until its nodes are back
+# (read_view), so a count of them would mean nothing. `nodeagentctl jobs` lists them.
+JOB_STATES = (PoolJobState.PENDING.value, PoolJobState.RUNNING.value)
+
+
+@dataclass(frozen=True)
+class PoolFigures:
+    """What the pool leader exports: counts by state, and waits in seconds."""
+
+    nodes: Mapping[str, int]  # every state of NODE_STATES, 0 included
+    jobs: Mapping[str, int]  # every state of JOB_STATES, 0 included
+    head_wait_s: float  # the first pending job in order (priority, then FIFO); 0: none pends
+    pending_s: Mapping[str, float]  # each pending job's wait
+
+
+def node_state(node: NodeView, placements: Mapping[str, str]) -> str:
+    """The one state a node counts under (the first of unhealthy, cordoned, busy, free)."""
+    if node.unfit is not None:
+        return "unhealthy"
+    if node.cordoned is not None:
+        return "cordoned"
+    if node.pinned is not None or node.name in placements:
+        return "busy"
+    return "free"
+
+
+def pool_figures(view: PoolView) -> PoolFigures:
+    """The pool's figures in `view` (the nodes holding a live pool lease, the jobs not ended)."""
+    nodes = dict.fromkeys(NODE_STATES, 0)
+    for node in view.nodes.values():
+        nodes[node_state(node, view.placements)] += 1
+    jobs = dict.fromkeys(JOB_STATES, 0)
+    for job in view.jobs.values():
+        if job.status.state.value in jobs:
+            jobs[job.status.state.value] += 1
+    pending = sorted(
+        (j for j in view.jobs.values() if j.status.state is PoolJobState.PENDING),
+        key=lambda j: j.order,
+    )
+    waits = {j.id: max(0, view.now_ms - j.status.submitted_ms) / 1000 for j in pending}
+    head = waits[pending[0].id] if pending else 0.0
+    return PoolFigures(nodes, jobs, head, waits)
+
+
+class PoolLeadership(Protocol):
+    """What the collector reads of a pool member (nodeagent.pool.member.PoolMember)."""
+
+    @property
+    def leading(self) -> bool: ...
+    @property
+    def last_error(self) -> str | None: ...
+    @property
+    def last_view(self) -> PoolView | None: ...
+
+
+class PoolCollector(Collector):
+    """`nodeagent_pool_*` of one node: whether it leads its pool, and, on the leader, the
+    figures of the last round. A leader whose last pool call failed exports neither (it may
+    have lost the lease without knowing it yet)."""
+
+    def __init__(self, member: PoolLeadership, pool: str) -> None:
+        self._member = member
+        self._pool = pool
+
+    def collect(self) -> Iterable[Metric]:
+        view = self._member.last_view
+        leads = self._member.leading and self._member.last_error is None
+        leader = GaugeMetricFamily(
+            "nodeagent_pool_leader",
+            "1 on the node holding the pool leader lease (it exports the pool's figures)",
+            labels=["pool"],
+        )
+        leader.add_metric([self._pool], 1.0 if leads else 0.0)
+        yield leader
+        if leads and view is not None:
+            yield from self._figures(pool_figures(view))
+
+    def _figures(self, figures: PoolFigures) -> Iterable[Metric]:
+        pool = self._pool
+        nodes = GaugeMetricFamily(
+            "nodeagent_pool_nodes",
+            "Nodes holding a live pool lease, by state: free, busy, cordoned, unhealthy",
+            labels=["pool", "state"],
+        )
+        for state, count in figures.nodes.items():
+            nodes.add_metric([pool, state], count)
+        jobs = GaugeMetricFamily(
+            "nodeagent_pool_jobs",
+            "Jobs of the pool by state: pending, running (ended ones are not counted)",
+            labels=["pool", "state"],
+        )
+        for state, count in figures.jobs.items():
+            jobs.add_metric([pool, state], count)
+        head = GaugeMetricFamily(
+            "nodeagent_pool_queue_head_wait_seconds",
+            "How long the first pending job (priority, then FIFO) has waited; 0 if none pends",
+            labels=["pool"],
+        )
+        head.add_metric([pool], figures.head_wait_s)
+        pending = GaugeMetricFamily(
+            "nodeagent_pool_job_pending_seconds",
+            "How long each pending job has waited since it was submitted",
+            labels=["pool", "job_id"],
+        )
+        for job_id, waited in sorted(figures.pending_s.items()):
+            pending.add_metric([pool, job_id], waited)
+        return (nodes, jobs, head, pending)
