@@ -1,13 +1,17 @@
-"""nodeagent demo: a local Redis, three agents, real DDP training, faults injected and recovered.
+"""nodeagent demo: a pool of four local agents, three DDP jobs submitted, a fault recovered.
 
     bash examples/demo.sh          # sets everything up, then runs this
 
 What happens (about two minutes on two cores):
-1. agents a, b, c start; the job's target is 2 nodes, so the last to join is a standby;
-2. a worker is killed with SIGKILL          -> the job re-forms at world 2 (restart 1 of 3);
-3. the node holding rank 0 is SIGKILLed     -> its lease expires, the standby is promoted;
-4. node d joins and `nodeagentctl scale 3`  -> the job grows to world 3 and finishes.
-Then it prints a timeline of each recovery, split into phases, and cleans up every process.
+1. a private redis-server and agents a, b, c, d start: a pool of four nodes, no job yet;
+2. `nodeagentctl submit` of job alpha (2 nodes) and job beta (elastic, 1 to 2 nodes): each is
+   admitted as a gang on two nodes of its own;
+3. job gamma (2 nodes) is submitted: no node is free, so it waits, and says why;
+4. a worker of alpha is killed with SIGKILL: alpha re-forms and resumes from its checkpoint;
+   beta is not disturbed (its generation stays 1);
+5. alpha finishes: its two nodes go back to the pool and gamma is admitted on them at once.
+Then it prints the pool's events, alpha's recovery split into phases, and each job's result,
+and cleans up every process it started.
 """
 
 from __future__ import annotations
@@ -32,25 +36,24 @@ import yaml
 
 from nodeagent.coord.client import connect
 from nodeagent.coord.embedded import EmbeddedRedis
-from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.store import JobStore
-from nodeagent.preload import SPARE_MODULE
 from nodeagent.status import status_document
-from nodeagent.timeline import Recovery, recovery
+from nodeagent.timeline import recovery
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = "demo"
+NODES = ("a", "b", "c", "d")
+USER = pwd.getpwuid(os.geteuid()).pw_name  # the workers are yours, as under torchrun
 
 
 class Demo:
     def __init__(self, workdir: Path, steps: int) -> None:
         self.workdir = workdir
         self.steps = steps
-        self.redis = EmbeddedRedis(f"{JOB}-{os.getpid()}")
+        self.redis = EmbeddedRedis(f"demo-{os.getpid()}")
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
-        self.faults: list[tuple[str, float, str]] = []  # label, time, the event it causes
         self.started = time.time()
-        self.store: JobStore | None = None
+        self.stores: dict[str, JobStore] = {}
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -58,52 +61,23 @@ class Demo:
         print(f"[{time.time() - self.started:6.1f}s] {text}", flush=True)
 
     def config(self, name: str) -> Path:
+        """A pool node: no job: section; jobs come from `nodeagentctl submit`."""
         path = self.workdir / f"{name}.yaml"
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "node": {"name": name, "address": "127.0.0.1"},
-                    "redis": {"url": self.redis.url},
-                    "job": {
-                        "id": JOB,
-                        "entrypoint": [
-                            sys.executable,
-                            str(ROOT / "examples" / "train_ddp.py"),
-                            "--steps",
-                            str(self.steps),
-                            "--checkpoint-every",
-                            "10",
-                            "--step-time",
-                            "0.05",
-                            "--checkpoint-dir",
-                            str(self.workdir / "checkpoints"),
-                            "--final-dir",
-                            str(self.workdir / "final"),
-                        ],
-                        "nproc_per_node": 1,
-                        "min_nodes": 1,
-                        "max_nodes": 3,
-                        "target_nodes": 2,
-                        "max_restarts": 3,
-                        "env": {"OMP_NUM_THREADS": "1"},
-                        # Restarts run in interpreters that imported these already.
-                        "preload": ["torch", "torch._dynamo"],
-                        # The workers are yours, as under torchrun; if you are root, say so:
-                        # a root agent otherwise runs them as the nodeagent system user.
-                        "user": pwd.getpwuid(os.geteuid()).pw_name,
-                        "allow_root": True,
-                    },
-                    "timing": {
-                        "heartbeat_interval": "500ms",
-                        "lease_ttl": "3s",
-                        "stop_grace_period": "15s",
-                        "hang_timeout": "30s",
-                    },
-                    "metrics": {"listen": "127.0.0.1:0"},  # four agents, one machine
-                    "log_dir": str(self.workdir / "logs"),
-                }
-            )
-        )
+        config = {
+            "node": {"name": name, "address": "127.0.0.1"},
+            "redis": {"url": self.redis.url},
+            # Whom this node runs jobs as: you (and root only because you may be root here).
+            "pool": {"name": "demo", "users": [USER], "allow_root": True, "labels": {"rack": "r1"}},
+            "timing": {
+                "heartbeat_interval": "500ms",
+                "lease_ttl": "3s",
+                "stop_grace_period": "15s",
+                "hang_timeout": "30s",
+            },
+            "metrics": {"listen": "127.0.0.1:0"},  # four agents, one machine
+            "log_dir": str(self.workdir / "logs"),
+        }
+        path.write_text(yaml.safe_dump(config))
         return path
 
     def start_agent(self, name: str) -> None:
@@ -114,7 +88,6 @@ class Demo:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.say(f"agent {name} started (pid {self.agents[name].pid})")
 
     def ctl(self, *args: str) -> str:
         result = subprocess.run(
@@ -124,32 +97,68 @@ class Demo:
                 "nodeagent.cli.ctl",
                 "--redis",
                 self.redis.url,
-                "--job",
-                JOB,
+                "--pool",
+                "demo",
                 *args,
             ],
             capture_output=True,
             text=True,
             timeout=120,
         )
-        return result.stdout + result.stderr
+        if result.returncode != 0:
+            raise SystemExit(f"demo: nodeagentctl {' '.join(args)} failed: {result.stderr}")
+        return result.stdout
 
-    def status(self) -> dict[str, Any]:
-        assert self.store is not None
-        return status_document(self.store.snapshot(), JOB)
+    def submit(self, job: str, nodes: str, steps: int) -> None:
+        train = [
+            sys.executable,
+            str(ROOT / "examples" / "train_ddp.py"),
+            "--steps",
+            str(steps),
+            "--checkpoint-every",
+            "10",
+            "--step-time",
+            "0.05",
+            "--checkpoint-dir",
+            str(self.workdir / job / "checkpoints"),
+            "--final-dir",
+            str(self.workdir / job / "final"),
+        ]
+        low, _, high = nodes.partition(":")
+        spec = {
+            "id": job,
+            "entrypoint": train,
+            "nproc_per_node": 1,
+            "min_nodes": int(low),
+            "max_nodes": int(high or low),
+            "env": {"OMP_NUM_THREADS": "1"},
+            # Restarts run in interpreters that imported these already.
+            "preload": ["torch", "torch._dynamo"],
+        }
+        path = self.workdir / f"{job}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        out = self.ctl("submit", str(path))
+        self.stores[job] = JobStore(connect(self.redis.url, 5.0), JobKeys("nodeagent", job))
+        self.say(f"$ nodeagentctl submit {job}.yaml   (nodes {nodes})  -> {out.strip()}")
 
-    def steps_by_generation(self) -> dict[int, list[dict[str, Any]]]:
+    def jobs(self) -> dict[str, dict[str, Any]]:
+        return {row["job"]: row for row in json.loads(self.ctl("jobs", "--json"))}
+
+    def status(self, job: str) -> dict[str, Any]:
+        return status_document(self.stores[job].snapshot(), job)
+
+    def steps_by_generation(self, job: str) -> dict[int, list[dict[str, Any]]]:
         lines: dict[int, list[dict[str, Any]]] = {}
-        for log in (self.workdir / "logs" / JOB).glob("*/rank-*.log"):
+        for log in (self.workdir / "logs" / job).glob("*/rank-*.log"):
             for text in log.read_text(errors="replace").splitlines():
                 if text.startswith("{"):
                     lines.setdefault(int(log.parent.name), []).append(json.loads(text))
         return lines
 
-    def first_steps(self) -> dict[int, float]:
+    def first_steps(self, job: str) -> dict[int, float]:
         """Per generation: when every rank had done its first step."""
         firsts: dict[int, float] = {}
-        for gen, lines in self.steps_by_generation().items():
+        for gen, lines in self.steps_by_generation(job).items():
             per_rank: dict[int, float] = {}
             for line in sorted(lines, key=lambda x: x["t"]):
                 if line.get("event") == "step":
@@ -159,70 +168,33 @@ class Demo:
                 firsts[gen] = max(per_rank.values())
         return firsts
 
-    def latest_step(self) -> int:
-        steps = [
-            line["step"]
-            for lines in self.steps_by_generation().values()
-            for line in lines
-            if line.get("event") == "step"
-        ]
-        return max(steps, default=0)
-
-    def wait(self, what: str, check: Callable[[], bool], timeout: float = 180) -> None:
+    def wait(self, what: str, check: Callable[[], bool], timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if check():
                 return
-            time.sleep(0.1)
+            time.sleep(0.2)
         raise SystemExit(f"demo: timed out waiting for {what}; logs are in {self.workdir}")
 
-    def wait_training(self, world: int, after_generation: int, min_steps: int = 3) -> int:
+    def wait_training(self, job: str, world: int, after_generation: int = 0) -> int:
         def ok() -> bool:
-            doc = self.status()
+            doc = self.status(job)
             gen = doc["generation"]
             if doc["state"] != "running" or doc["world_size"] != world or gen <= after_generation:
                 return False
-            lines = self.steps_by_generation().get(gen, [])
-            return len({line["step"] for line in lines if line.get("event") == "step"}) >= min_steps
+            lines = self.steps_by_generation(job).get(gen, [])
+            return len({line["step"] for line in lines if line.get("event") == "step"}) >= 3
 
-        self.wait(f"training at world {world}", ok)
-        doc = self.status()
-        self.say(
-            f"training: generation {doc['generation']}, world {world}, step {self.latest_step()}"
-        )
+        self.wait(f"{job} training at world {world}", ok)
+        doc = self.status(job)
+        self.say(f"{job}: training, generation {doc['generation']}, world {world}")
         return int(doc["generation"])
 
-    def inject(self, label: str, cause: str, action: Callable[[], None]) -> None:
-        self.say(f"FAULT: {label}")
-        self.faults.append((label, time.time(), cause))
-        action()
-
-    def children(self, name: str, preloaded: bool) -> list[psutil.Process]:
-        """The agent's workers, or its spare interpreters (job.preload). A worker that runs in
-        a spare keeps the spare's command line, so workers are told apart by the agent's pids."""
-        workers = {
-            w["pid"] for n in self.status()["nodes"] if n["name"] == name for w in n["workers"]
-        }
-        found = []
-        for child in psutil.Process(self.agents[name].pid).children():
-            with contextlib.suppress(psutil.Error):  # one may exit meanwhile
-                spare = child.pid not in workers and SPARE_MODULE in child.cmdline()
-                if (spare if preloaded else child.pid in workers) and child.is_running():
-                    found.append(child)
-        return found
-
-    def wait_preloaded(self) -> None:
-        """Until every member has its spare interpreter (started a few seconds after workers)."""
-
-        def ready() -> bool:
-            members = self.status()["members"]
-            spares = [c for name in members for c in self.children(name, preloaded=True)]
-            try:
-                return len(spares) == len(members) and all(c.cpu_percent(0.2) < 5 for c in spares)
-            except psutil.Error:
-                return False
-
-        self.wait("the preloaded interpreters", ready)
+    def worker_of(self, job: str) -> psutil.Process:
+        """A running worker of `job` (its node's agent started it)."""
+        doc = self.status(job)
+        pids = [w["pid"] for n in doc["nodes"] for w in n["workers"] if w["state"] == "running"]
+        return psutil.Process(pids[-1])
 
     def kill_tree(self, name: str) -> None:
         proc = psutil.Process(self.agents[name].pid)
@@ -236,101 +208,87 @@ class Demo:
     def run(self) -> int:
         self.say(f"starting a private redis-server; work directory {self.workdir}")
         self.redis.start()
-        self.store = JobStore(connect(self.redis.url, 5.0), JobKeys("nodeagent", JOB))
-        for name in ("a", "b", "c"):
+        for name in NODES:
             self.start_agent(name)
-        gen = self.wait_training(world=2, after_generation=0, min_steps=10)
-        print(self.ctl("status"), flush=True)
-        self.wait_preloaded()
+        self.say("agents a, b, c, d started: a pool of four nodes, no job yet")
+        self.wait("four nodes in the pool", lambda: self.ctl("nodes").count("(free)") == 4)
+        print(self.ctl("nodes"), flush=True)
 
-        last = self.status()["members"][-1]
-        worker = self.children(last, preloaded=False)[0]
-        self.inject(
-            f"kill -9 the worker on node {last} (pid {worker.pid})", "worker_failed", worker.kill
-        )
-        gen = self.wait_training(world=2, after_generation=gen)
-        self.wait_preloaded()
+        self.submit("alpha", "2", self.steps // 2)
+        self.submit("beta", "1:2", self.steps)
+        alpha_gen = self.wait_training("alpha", world=2)
+        self.wait_training("beta", world=2)
+        self.submit("gamma", "2", self.steps // 3)
+        self.wait("gamma to wait", lambda: "0 free" in self.jobs()["gamma"]["reason"])
+        print(self.ctl("jobs"), flush=True)
 
-        rank0 = self.status()["members"][0]
-        self.inject(
-            f"kill -9 node {rank0} (agent and workers; it holds rank 0)",
-            "node_lost",
-            lambda: self.kill_tree(rank0),
-        )
-        gen = self.wait_training(world=2, after_generation=gen)
-        print(self.ctl("status"), flush=True)
+        worker = self.worker_of("alpha")
+        fault_at = time.time()
+        self.say(f"FAULT: kill -9 a worker of alpha (pid {worker.pid})")
+        worker.kill()
+        self.wait_training("alpha", world=2, after_generation=alpha_gen)
+        beta = self.status("beta")
+        self.say(f"beta meanwhile: generation {beta['generation']}, state {beta['state']}")
 
-        self.start_agent("d")
+        self.wait("alpha to finish", lambda: self.jobs()["alpha"]["state"] == "succeeded", 300)
+        self.say("alpha succeeded: its nodes go back to the pool")
+        self.wait_training("gamma", world=2)
+        gamma_admitted = self.admitted_ms("gamma") / 1000
+        print(self.ctl("jobs"), flush=True)
         self.wait(
-            "d to join as standby",
-            lambda: any(
-                n["name"] == "d" and n["state"] == "standby" for n in self.status()["nodes"]
-            ),
+            "beta and gamma to finish",
+            lambda: all(self.jobs()[j]["state"] == "succeeded" for j in ("beta", "gamma")),
+            300,
         )
-        self.inject(
-            "nodeagentctl scale 3",
-            "scale_requested",
-            lambda: self.say(self.ctl("scale", "3").strip()),
+        print(self.ctl("jobs"), flush=True)
+        return self.report(fault_at, gamma_admitted, beta["generation"])
+
+    def pool_status(self, job: str) -> dict[str, Any]:
+        raw = self.stores[job].client.hget(PoolKeys("nodeagent", "demo").jobs, job)
+        return dict(json.loads(str(raw)))
+
+    def admitted_ms(self, job: str) -> int:
+        return int(self.pool_status(job)["admitted_ms"])
+
+    def report(
+        self, fault_at: float, alpha_done: float, gamma_admitted: float, beta_gen: int
+    ) -> int:
+        events = self.stores["alpha"].events("-", count=10_000)
+        row = recovery(
+            "kill -9 a worker of alpha",
+            fault_at,
+            events,
+            self.first_steps("alpha"),
+            "worker_failed",
         )
-        self.wait_training(world=3, after_generation=gen)
-
-        self.wait("the job to finish", lambda: self.status()["state"] == "succeeded", timeout=300)
-        self.say("job succeeded")
-        print(self.ctl("status"), flush=True)
-        return self.report()
-
-    def report(self) -> int:
-        assert self.store is not None
-        events = self.store.events("-", count=10_000)
-        print("\nEvents:")
-        for event in events:
-            if event.type in ("node_ready", "workers_started", "worker_exited"):
-                continue
-            at = (event.at_ms or 0) / 1000 - self.started
-            print(
-                f"  {at:7.2f}s  gen {event.generation if event.generation is not None else '-':>2}"
-                f"  {event.type:<21} {event.node or '':<3} {event.message}"
-            )
-        firsts = self.first_steps()
-        rows = [recovery(label, t0, events, firsts, cause) for label, t0, cause in self.faults]
-        print("\nRecoveries (seconds, until every rank of the new generation made its first step):")
+        print("\nAlpha's recovery (seconds, until every rank of the new generation stepped):")
         print(
-            f"  {'fault':<52} {'detect':>7} {'stop':>6} {'rendez':>7} {'start-up':>9} "
-            f"{'total':>6} {'world':>5} {'lost':>5}"
+            f"  detect {_s(row.detection_s)}  stop {_s(row.stopping_s)}  rendezvous "
+            f"{_s(row.rendezvous_s)}  start-up {_s(row.startup_s)}  total {_s(row.total_s)}"
         )
-        for row in rows:
-            print(
-                f"  {row.fault:<52} {_s(row.detection_s)} {_s(row.stopping_s, 6)} "
-                f"{_s(row.rendezvous_s)} {_s(row.startup_s, 9)} {_s(row.total_s, 6)} "
-                f"{row.world_size or '-':>5} {self.steps_lost(row):>5}"
-            )
-        finals = [json.loads(p.read_text()) for p in (self.workdir / "final").glob("rank-*.json")]
-        same = len({f["sha256"] for f in finals}) == 1
-        doc = self.status()
+        alpha_ended = int(self.pool_status("alpha")["ended_ms"]) / 1000
         print(
-            f"\nFinal: step {finals[0]['step'] if finals else '?'} on {len(finals)} ranks, "
-            f"identical models: {same}; restarts charged {doc['restart_count']} of "
-            f"{doc['max_restarts']} (only the worker crash counts)"
+            f"Gamma admitted {gamma_admitted - alpha_ended:.2f}s after alpha ended "
+            f"(it waited {gamma_admitted - self.submitted('gamma'):.1f}s in the queue)"
         )
-        return 0 if same and doc["state"] == "succeeded" else 1
+        ok = beta_gen == 1
+        print(f"Beta through alpha's fault: generation {beta_gen} (undisturbed: {ok})")
+        for job in ("alpha", "beta", "gamma"):
+            finals = [
+                json.loads(p.read_text()) for p in (self.workdir / job / "final").glob("*.json")
+            ]
+            same = len({f["sha256"] for f in finals}) == 1
+            doc = self.status(job)
+            print(
+                f"{job}: {doc['state']}, step {finals[0]['step'] if finals else '?'} on "
+                f"{len(finals)} ranks, identical models: {same}, restarts charged "
+                f"{doc['restart_count']} of {doc['max_restarts']}"
+            )
+            ok = ok and same and doc["state"] == "succeeded"
+        return 0 if ok else 1
 
-    def steps_lost(self, row: Recovery) -> str:
-        if row.generation is None:
-            return "-"
-        by_gen = self.steps_by_generation()
-        resumed = [
-            line["step"]
-            for line in by_gen.get(row.generation, [])
-            if line.get("event") == "resumed"
-        ]
-        before = [
-            line["step"]
-            for gen, lines in by_gen.items()
-            if gen < row.generation
-            for line in lines
-            if line.get("event") == "step"
-        ]
-        return str(max(before) - resumed[0]) if resumed and before else "-"
+    def submitted(self, job: str) -> float:
+        return int(self.pool_status(job)["submitted_ms"]) / 1000
 
     def cleanup(self) -> None:
         for proc in self.agents.values():
@@ -341,16 +299,18 @@ class Demo:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.kill_tree(name)
+        for store in self.stores.values():
+            store.client.close()
         self.redis.stop()
 
 
-def _s(value: float | None, width: int = 7) -> str:
+def _s(value: float | None, width: int = 5) -> str:
     return f"{value:{width}.2f}" if value is not None else f"{'-':>{width}}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
+    parser.add_argument("--steps", type=int, default=600, help="beta's training steps")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="nodeagent-demo-"))

@@ -94,13 +94,27 @@ class Schedule:
 
 
 class _Run:
-    """The working state of one schedule() call."""
+    """The working state of one schedule() call, indexed so that a decision costs about
+    nodes + jobs, not nodes x jobs (bench/schedule.py)."""
 
     def __init__(self, view: PoolView) -> None:
         self.view = view
         self.placements: dict[str, str] = {}
+        self.by_job: dict[str, set[str]] = {}
         self.jobs: dict[str, PoolJob] = {}
         self.events: list[Event] = []
+        nodes = view.nodes.values()
+        self.eligible = sorted(n.name for n in nodes if n.eligible)  # handed out in this order
+        self._eligible = set(self.eligible)
+        self._head = 0  # every node of eligible[:_head] is placed
+        self._free = len(self.eligible)  # eligible nodes not placed
+        self.refusers: dict[str, set[str]] = {}
+        for node in nodes:
+            for job_id in node.refused:
+                self.refusers.setdefault(job_id, set()).add(node.name)
+        self.healthy = {
+            n.name for n in nodes if n.pinned is None and n.unfit is None and n.cordoned is None
+        }
 
     def status(self, job: JobView) -> PoolJob:
         return self.jobs.get(job.id, job.status)
@@ -114,15 +128,47 @@ class _Run:
         if self.status(job).reason != reason:
             self.jobs[job.id] = replace(self.status(job), reason=reason)
 
-    def placed(self, job: str) -> list[str]:
-        return sorted(n for n, j in self.placements.items() if j == job)
+    def place(self, node: str, job: str) -> None:
+        self.unplace(node)
+        self.placements[node] = job
+        if node in self._eligible:
+            self._free -= 1
+        self.by_job.setdefault(job, set()).add(node)
 
-    def free(self, job: JobView) -> list[str]:
-        return sorted(
-            n.name
-            for n in self.view.nodes.values()
-            if n.eligible and n.name not in self.placements and job.id not in n.refused
-        )
+    def unplace(self, node: str) -> None:
+        job = self.placements.pop(node, None)
+        if job is not None:
+            self.by_job[job].discard(node)
+            if node in self._eligible:
+                self._free += 1
+                self._head = 0  # freed: the cursor must see it again
+
+    def placed(self, job: str) -> list[str]:
+        return sorted(self.by_job.get(job, ()))
+
+    def free_count(self, job: JobView) -> int:
+        """Free eligible nodes that do not refuse `job`."""
+        refusing = self.refusers.get(job.id, set())
+        return self._free - sum(1 for n in refusing & self._eligible if n not in self.placements)
+
+    def take(self, job: JobView, limit: int) -> list[str]:
+        """Place up to `limit` free nodes (in name order) that do not refuse `job` on it."""
+        self._advance()
+        refusing = self.refusers.get(job.id, set())
+        taken: list[str] = []
+        for name in self.eligible[self._head :]:
+            if len(taken) >= limit:
+                break
+            if name not in self.placements and name not in refusing:
+                taken.append(name)
+        for name in taken:
+            self.place(name, job.id)
+        return taken
+
+    def _advance(self) -> None:
+        eligible = self.eligible
+        while self._head < len(eligible) and eligible[self._head] in self.placements:
+            self._head += 1
 
 
 def schedule(view: PoolView, policy: SchedulePolicy) -> Schedule:
@@ -179,25 +225,27 @@ def _keep(run: _Run) -> None:
             and job_id not in live.refused
             and (live.pinned is None or live.pinned == job_id)
         ):
-            run.placements[node] = job_id
+            run.place(node, job_id)
 
 
 def _pin(run: _Run) -> None:
     for node in run.view.nodes.values():
         job = run.view.jobs.get(node.pinned or "")
         if job is not None and run.status(job).state is PoolJobState.RUNNING:
-            run.placements[node.name] = job.id
+            run.place(node.name, job.id)
 
 
 def _shrink(run: _Run, job: JobView) -> None:
     """Above target (after a scale down): give back placed nodes that are not members."""
+    extra = len(run.by_job.get(job.id, ())) - job.target_nodes
+    if extra <= 0:
+        return
     placed = run.placed(job.id)
-    extra = len(placed) - job.target_nodes
     spare = [
         n for n in reversed(placed) if n not in job.members and run.view.nodes[n].pinned is None
     ]
-    for node in spare[: max(0, extra)]:
-        del run.placements[node]
+    for node in spare[:extra]:
+        run.unplace(node)
 
 
 def _admit(run: _Run, policy: SchedulePolicy) -> bool:
@@ -212,36 +260,30 @@ def _admit(run: _Run, policy: SchedulePolicy) -> bool:
         if reserving is not None:
             run.note(job, f"waiting: nodes are held for {reserving.id}, pending longer")
             continue
-        free = run.free(job)
-        if len(free) >= job.min_nodes:
-            take = free[: job.target_nodes]
-            for node in take:
-                run.placements[node] = job.id
+        free = run.free_count(job)
+        if free >= job.min_nodes:
+            take = run.take(job, job.target_nodes)
             run.move(job, PoolJobState.RUNNING, f"admitted on {len(take)} nodes", "job_admitted")
             continue
-        fits_pool = _could_fit(view, job)
+        fits_pool = _could_fit(run, job)
         if fits_pool is not None:
             run.note(job, fits_pool)
             continue
         waited = view.now_ms - job.status.submitted_ms
-        run.note(job, f"needs {job.min_nodes} nodes, {len(free)} free")
+        run.note(job, f"needs {job.min_nodes} nodes, {free} free")
         if waited >= policy.reserve_after_ms:
             reserving = job
     return reserving is not None
 
 
-def _could_fit(view: PoolView, job: JobView) -> str | None:
+def _could_fit(run: _Run, job: JobView) -> str | None:
     """Why `job` can never fit this pool as it is, or None."""
-    able = [n for n in view.nodes.values() if n.pinned is None and job.id not in n.refused]
-    healthy = [n for n in able if n.unfit is None and n.cordoned is None]
-    if len(healthy) >= job.min_nodes:
+    refused = run.refusers.get(job.id, set())
+    healthy = len(run.healthy) - len(refused & run.healthy)
+    if healthy >= job.min_nodes:
         return None
-    refused = [n for n in view.nodes.values() if job.id in n.refused]
     why = f"; {len(refused)} refuse it" if refused else ""
-    return (
-        f"needs {job.min_nodes} nodes, the pool has {len(healthy)} healthy nodes that can run "
-        f"it{why}"
-    )
+    return f"needs {job.min_nodes} nodes, the pool has {healthy} healthy nodes that can run it{why}"
 
 
 def _grow(run: _Run) -> None:
@@ -253,6 +295,6 @@ def _grow(run: _Run) -> None:
     for job in running:
         if run.status(job).pinned:
             continue
-        want = job.target_nodes - len(run.placed(job.id))
-        for node in run.free(job)[: max(0, want)]:
-            run.placements[node] = job.id
+        want = job.target_nodes - len(run.by_job.get(job.id, ()))
+        if want > 0:
+            run.take(job, want)
