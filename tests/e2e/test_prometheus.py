@@ -98,13 +98,17 @@ def values(result: dict[str, Any]) -> list[float]:
     return [float(r["value"][1]) for r in result.get("data", {}).get("result", [])]
 
 
-def dashboard_queries(job: str) -> list[tuple[str, str]]:
+def dashboard_queries(job: str, pool: str = "default") -> list[tuple[str, str]]:
     board = json.loads(DASHBOARD.read_text())
-    return [
-        (panel["title"], target["expr"].replace("$job_id", job).replace("$__rate_interval", "10s"))
-        for panel in board["panels"]
-        for target in panel["targets"]
-    ]
+    variables = {"$job_id": job, "$pool": pool, "$__rate_interval": "10s"}
+    queries = []
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):  # a row has none
+            expr = target["expr"]
+            for name, value in variables.items():
+                expr = expr.replace(name, value)
+            queries.append((panel["title"], expr))
+    return queries
 
 
 def test_restarts_counted_and_dashboard_queries_answer(
