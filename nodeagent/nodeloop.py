@@ -42,6 +42,13 @@ class JobRunner(Protocol):
     def healthz(self) -> tuple[bool, str]: ...
 
 
+class Listener(Protocol):
+    """A thread that wakes the loop on the pool's events (coord/listener.py)."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
 class NodeLoop:
     def __init__(
         self,
@@ -51,6 +58,7 @@ class NodeLoop:
         waker: Waker,
         clock: Callable[[], float],
         metrics_address: Callable[[], str | None] = lambda: None,
+        listener: Listener | None = None,
     ) -> None:
         self._settings = settings
         self._member = member
@@ -58,6 +66,7 @@ class NodeLoop:
         self._waker = waker
         self._clock = clock
         self._metrics_address = metrics_address
+        self._listener = listener
         self.runner: JobRunner | None = None
         self._refused: dict[str, str] = {}
         self._stopping = False
@@ -79,6 +88,15 @@ class NodeLoop:
         return True, "ok: free, in pool " + self._settings.pool.name
 
     def run(self) -> None:
+        if self._listener is not None:
+            self._listener.start()
+        try:
+            self._run()
+        finally:
+            if self._listener is not None:
+                self._listener.stop()
+
+    def _run(self) -> None:
         pinned = self._settings.job
         if pinned is not None:
             self._member.submit_pinned(spec_of(pinned, self._settings.timing))

@@ -32,6 +32,7 @@ from nodeagent.config import EMBEDDED, EX_CONFIG, Config, NodeSettings, read_set
 from nodeagent.coord.client import check_credentials, connect
 from nodeagent.coord.embedded import EmbeddedRedis
 from nodeagent.coord.keys import PoolKeys
+from nodeagent.coord.listener import StreamListener
 from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import ConfigError
 from nodeagent.fencing import Keeper, group_alive, kill_leftovers
@@ -236,7 +237,20 @@ def _node_loop(
         current.registry = run.metrics.registry
         return run
 
-    return NodeLoop(settings, member, start_job, parts.waker, time.monotonic, parts.metrics_address)
+    def poked() -> None:  # a submission, a placement: heartbeat now, not at the next beat
+        member.poke()
+        parts.waker.wake()
+
+    listen = StreamListener(PoolStore(parts.listen_client, keys), (keys.events,), poked)
+    return NodeLoop(
+        settings,
+        member,
+        start_job,
+        parts.waker,
+        time.monotonic,
+        parts.metrics_address,
+        listener=listen,
+    )
 
 
 def _check(config: NodeSettings, *, create: bool) -> NodeCheck | None:

@@ -90,7 +90,10 @@ class JobRun:
         )
         self.agent.metrics_address = parts.metrics_address()
         self._listener = StreamListener(
-            JobStore(parts.listen_client, keys), parts.waker.wake, LISTEN_BLOCK_MS
+            JobStore(parts.listen_client, keys),
+            (keys.events, keys.commands),
+            parts.waker.wake,
+            LISTEN_BLOCK_MS,
         )
         self._listener.start()
 

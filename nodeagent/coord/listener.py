@@ -1,4 +1,5 @@
-"""A thread that blocks on the job's event and command streams and wakes the agent's loop.
+"""A thread that blocks on Redis streams (a job's events and commands, a pool's events) and
+wakes the agent's loop.
 
 This is what makes re-forming take milliseconds instead of a heartbeat: every write that matters
 (a worker failure, an acknowledgement, a new generation, an operator command) appends to a stream,
@@ -10,23 +11,34 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from nodeagent.coord.store import JobStore
 from nodeagent.errors import CoordinationError
 
 log = logging.getLogger(__name__)
 
 
+class StreamReader(Protocol):
+    """What the listener reads streams with (JobStore, PoolStore)."""
+
+    def last_event_id(self, stream: str | None = None) -> str: ...
+    def wait_events(self, after: dict[str, str], block_ms: int) -> list[tuple[str, str, Any]]: ...
+
+
 class StreamListener:
     def __init__(
         self,
-        store: JobStore,
+        store: StreamReader,
+        streams: Sequence[str],
         on_entry: Callable[[], None],
         block_ms: int = 5000,
         retry_s: float = 0.5,
     ) -> None:
+        """`streams`: the keys of the streams to watch (a job's events and commands, a pool's
+        events)."""
         self._store = store
+        self._streams = tuple(streams)
         self._on_entry = on_entry
         self._block_ms = block_ms
         self._retry_s = retry_s
@@ -41,10 +53,7 @@ class StreamListener:
         self._stopped.set()
 
     def _cursors(self) -> dict[str, str]:
-        keys = self._store.keys
-        return {
-            stream: self._store.last_event_id(stream) for stream in (keys.events, keys.commands)
-        }
+        return {stream: self._store.last_event_id(stream) for stream in self._streams}
 
     def _run(self) -> None:
         cursors: dict[str, str] | None = None

@@ -14,9 +14,10 @@ from typing import Any
 
 import redis
 
+from nodeagent.coord import streams
+from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, PoolKeys
 from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_LEAVE, POOL_READ, POOL_SUBMIT, POOL_SYNC
-from nodeagent.coord.store import redis_errors
 from nodeagent.decode import NAME_RE
 from nodeagent.errors import CorruptStateError
 from nodeagent.jobspec import JobSpec
@@ -226,6 +227,12 @@ class PoolStore:
                 maxlen=COMMANDS_MAXLEN,
                 approximate=True,
             )
+
+    def last_event_id(self, stream: str | None = None) -> str:
+        return streams.last_id(self.client, stream or self.keys.events)
+
+    def wait_events(self, after: dict[str, str], block_ms: int) -> list[tuple[str, str, Any]]:
+        return streams.wait(self.client, after, block_ms)
 
     def leave(self, name: str) -> None:
         k = self.keys

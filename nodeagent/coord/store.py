@@ -17,17 +17,17 @@ configuration is reported (launch.py starts the configured number regardless).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import redis
 
-from nodeagent.coord import scripts
+from nodeagent.coord import scripts, streams
+from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, JobKeys
 from nodeagent.coord.replies import NodeLease, Snapshot, master_problem, parse_snapshot, read_lease
-from nodeagent.errors import CoordinationError, CorruptStateError, FencedError
+from nodeagent.errors import CoordinationError, CorruptStateError
 from nodeagent.garbage import Garbage, GarbageLog
 from nodeagent.leader import Plan
 from nodeagent.model import Command, Cordon, Event, JobRecord, NodeReport
@@ -35,28 +35,6 @@ from nodeagent.state import JobState
 
 __all__ = ["JobStore", "NodeLease", "Snapshot"]
 log = logging.getLogger(__name__)
-
-
-@contextmanager
-def _redis_errors(what: str) -> Iterator[None]:
-    try:
-        yield
-    except redis.ResponseError as exc:
-        if str(exc).startswith("FENCED"):
-            raise FencedError(f"{what}: {exc}") from exc
-        if str(exc).startswith("WRONGTYPE"):
-            raise CorruptStateError(
-                f"{what}: a key of the job holds the wrong type of value (garbage; the job's "
-                f"leader deletes it): {exc}"
-            ) from exc
-        raise CoordinationError(f"{what}: Redis answered {exc}") from exc
-    except redis.RedisError as exc:
-        raise CoordinationError(f"{what}: {type(exc).__name__}: {exc}") from exc
-    except UnicodeDecodeError as exc:  # a client that decodes strictly read a non-UTF-8 value
-        raise CorruptStateError(f"{what}: Redis holds a value that is not UTF-8: {exc}") from exc
-
-
-redis_errors = _redis_errors  # for the other stores of coord/ (pool.py)
 
 
 class JobStore:
@@ -89,7 +67,7 @@ class JobStore:
         pending = self.garbage.take_events()
         keys, args = self._sync_call(report, [*events, *pending])
         try:
-            with _redis_errors("heartbeat"):
+            with redis_errors("heartbeat"):
                 reply = self._sync(keys=keys, args=args)
         except CoordinationError:
             self.garbage.put_back(pending)
@@ -158,7 +136,7 @@ class JobStore:
         pipe.get(self.keys.node(name))
         pipe.pttl(self.keys.node(name))
         pipe.zscore(self.keys.leases, name)
-        with _redis_errors("read the master's lease"):
+        with redis_errors("read the master's lease"):
             raw, pttl, score = pipe.execute(raise_on_error=False)
         if any(isinstance(v, Exception) for v in (raw, pttl, score)) or score is None:
             return None  # a key of the wrong type is garbage the leader deals with
@@ -171,7 +149,7 @@ class JobStore:
         for report in reports:
             keys, args = self._sync_call(report, ())
             self._sync(keys=keys, args=args, client=pipe)
-        with _redis_errors("heartbeats"):
+        with redis_errors("heartbeats"):
             pipe.execute()
 
     def _sync_call(
@@ -203,7 +181,7 @@ class JobStore:
     def snapshot(self) -> Snapshot:
         """A read-only, consistent snapshot (for status)."""
         keys = self.keys
-        with _redis_errors("status"):
+        with redis_errors("status"):
             reply = self._snapshot(
                 keys=[keys.leases, keys.leases, keys.leader, keys.record],
                 args=["", "", "", "", keys.node_prefix()],
@@ -222,7 +200,7 @@ class JobStore:
         """
         record = plan.record
         cursor = record.command_cursor if record else ""
-        with _redis_errors("leader write"):
+        with redis_errors("leader write"):
             new_rev = self._commit(
                 keys=[self.keys.leader, self.keys.record, self.keys.leases, self.keys.events],
                 args=[
@@ -245,7 +223,7 @@ class JobStore:
 
     def leave(self, name: str, event: Event) -> None:
         keys = self.keys
-        with _redis_errors("leave"):
+        with redis_errors("leave"):
             self._leave(
                 keys=[keys.node(name), keys.leases, keys.leader, keys.events],
                 args=[name, EVENTS_MAXLEN, event.to_json()],
@@ -260,7 +238,7 @@ class JobStore:
             message=f"{cordon.reason} (by {cordon.by})",
             data={"by": cordon.by, "drain": cordon.drain},
         )
-        with _redis_errors("cordon"):
+        with redis_errors("cordon"):
             pipe = self.client.pipeline(transaction=True)
             pipe.hset(self.keys.cordons, name, cordon.to_json())
             pipe.xadd(
@@ -271,7 +249,7 @@ class JobStore:
     def uncordon(self, name: str, by: str) -> bool:
         """Lift `name`'s cordon; False if it had none."""
         event = Event("node_uncordoned", node=name, message=f"by {by}", data={"by": by})
-        with _redis_errors("uncordon"):
+        with redis_errors("uncordon"):
             pipe = self.client.pipeline(transaction=True)
             pipe.hdel(self.keys.cordons, name)
             pipe.xadd(
@@ -282,7 +260,7 @@ class JobStore:
 
     def cordons(self) -> dict[str, Cordon]:
         """Every readable cordon; garbage ones are logged and left out."""
-        with _redis_errors("read cordons"):
+        with redis_errors("read cordons"):
             raw: Any = self.client.hgetall(self.keys.cordons)
         found = {}
         for name, value in raw.items():
@@ -293,7 +271,7 @@ class JobStore:
         return found
 
     def send_command(self, command: Command) -> str:
-        with _redis_errors("send command"):
+        with redis_errors("send command"):
             entry_id = self.client.xadd(
                 self.keys.commands,
                 {"command": command.to_json()},
@@ -305,13 +283,13 @@ class JobStore:
     def events(self, after: str = "-", count: int = 100) -> list[Event]:
         """Events after ID `after` (exclusive; "-" for the oldest kept), oldest first."""
         start = "-" if after == "-" else f"({after}"
-        with _redis_errors("read events"):
+        with redis_errors("read events"):
             entries: Any = self.client.xrange(self.keys.events, start, "+", count=count)
         return [_event(entry_id, fields) for entry_id, fields in entries]
 
     def events_tail(self, count: int) -> list[Event]:
         """The newest `count` events, oldest first."""
-        with _redis_errors("read events"):
+        with redis_errors("read events"):
             entries: Any = self.client.xrevrange(self.keys.events, "+", "-", count=count)
         return [_event(entry_id, fields) for entry_id, fields in reversed(entries)]
 
@@ -320,17 +298,11 @@ class JobStore:
         return _event(entry_id, fields)
 
     def last_event_id(self, stream: str | None = None) -> str:
-        with _redis_errors("read events"):
-            last: Any = self.client.xrevrange(stream or self.keys.events, "+", "-", count=1)
-        return str(last[0][0]) if last else "0-0"
+        return streams.last_id(self.client, stream or self.keys.events)
 
     def wait_events(self, after: dict[str, str], block_ms: int) -> list[tuple[str, str, Any]]:
         """Block until an entry arrives on one of the streams in `after` (stream -> last ID)."""
-        with _redis_errors("wait for events"):
-            reply: Any = self.client.xread(after, block=block_ms)  # type: ignore[arg-type]
-        return [
-            (stream, entry_id, fields) for stream, entries in reply for entry_id, fields in entries
-        ]
+        return streams.wait(self.client, after, block_ms)
 
 
 def _event(entry_id: str, fields: dict[str, str]) -> Event:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
 from nodeagent.jobspec import JobSpec
-from nodeagent.model import JobRecord
+from nodeagent.model import Event, JobRecord
 from nodeagent.pool.model import PoolJobState
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 
@@ -95,13 +95,13 @@ def lead(store: PoolStore, leader: str, policy: SchedulePolicy) -> Round:
     lapsed = snap.lapsed
     if not result.changed(before) and not lapsed:
         return Round(view, None)
-    write = PoolWrite(
-        unplace=tuple(n for n in before if n not in result.placements),
-        place={n: j for n, j in result.placements.items() if before.get(n) != j},
-        jobs=result.jobs,
-        drop_leases=lapsed,
-        events=result.events,
-    )
+    unplace = tuple(n for n in before if n not in result.placements)
+    place = {n: j for n, j in result.placements.items() if before.get(n) != j}
+    events = result.events
+    if (unplace or place) and not events:  # every placement change wakes the pool's nodes
+        moved = sorted({*unplace, *place})
+        events = (Event("placements", message=f"nodes {', '.join(moved)} moved"),)
+    write = PoolWrite(unplace, place, result.jobs, lapsed, events)
     for event in result.events:
         log.info("pool: %s", event.message)
     store.commit(leader, write)

@@ -58,6 +58,10 @@ class PoolMember:
     def name(self) -> str:
         return self._settings.node.name
 
+    def poke(self) -> None:
+        """Heartbeat at the next pass of the loop (a pool event arrived). Any thread."""
+        self._next = 0.0
+
     def due(self, now: float) -> bool:
         return now >= self._next
 
