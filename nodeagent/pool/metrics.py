@@ -104,20 +104,16 @@ class PoolCollector(Collector):
 
     def _figures(self, figures: PoolFigures) -> Iterable[Metric]:
         pool = self._pool
-        nodes = GaugeMetricFamily(
+        nodes = self._by_state(
             "nodeagent_pool_nodes",
             "Nodes holding a live pool lease, by state: free, busy, cordoned, unhealthy",
-            labels=["pool", "state"],
+            figures.nodes,
         )
-        for state, count in figures.nodes.items():
-            nodes.add_metric([pool, state], count)
-        jobs = GaugeMetricFamily(
+        jobs = self._by_state(
             "nodeagent_pool_jobs",
             "Jobs of the pool by state: pending, running (ended ones are not counted)",
-            labels=["pool", "state"],
+            figures.jobs,
         )
-        for state, count in figures.jobs.items():
-            jobs.add_metric([pool, state], count)
         head = GaugeMetricFamily(
             "nodeagent_pool_queue_head_wait_seconds",
             "How long the first pending job (priority, then FIFO) has waited; 0 if none pends",
@@ -132,3 +128,9 @@ class PoolCollector(Collector):
         for job_id, waited in sorted(figures.pending_s.items()):
             pending.add_metric([pool, job_id], waited)
         return (nodes, jobs, head, pending)
+
+    def _by_state(self, name: str, documentation: str, counts: Mapping[str, int]) -> Metric:
+        family = GaugeMetricFamily(name, documentation, labels=["pool", "state"])
+        for state, count in counts.items():
+            family.add_metric([self._pool, state], count)
+        return family
