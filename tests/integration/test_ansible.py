@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from nodeagent.config import Config, NodeSettings, PoolConfig, load_settings
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
@@ -95,10 +96,13 @@ def prefix_install(prefix: Path, redis_url: str, job_id: str) -> dict[str, Any]:
     }
 
 
-def test_check_mode_against_localhost(tmp_path: Path, job_id: str) -> None:
+@pytest.mark.parametrize("form", ["pinned", "pool"])
+def test_check_mode_against_localhost(tmp_path: Path, job_id: str, form: str) -> None:
     """--check --diff: what the role would change, without changing anything."""
     prefix = tmp_path / "root"
     extra = prefix_install(prefix, "redis://127.0.0.1:6379/0", job_id)
+    if form == "pool":
+        del extra["nodeagent_job"]
     result = tool(
         "ansible-playbook",
         *("-i", str(localhost_inventory(tmp_path)), "site.yml", "--check", "--diff"),
@@ -171,7 +175,8 @@ def test_rolling_upgrade_drain_step_against_running_agents(
     from tests.helpers.cluster import local_cluster
 
     play = yaml.safe_load((ANSIBLE / "rolling-upgrade.yml").read_text())[0]
-    command = play["pre_tasks"][0]["ansible.builtin.command"]["cmd"]
+    drain = next(t for t in play["pre_tasks"] if t["name"].startswith("Drain the node"))
+    command = drain["ansible.builtin.command"]["cmd"]
     with local_cluster(
         redis_server.url,
         tmp_path,
@@ -193,6 +198,87 @@ def test_rolling_upgrade_drain_step_against_running_agents(
         assert any(r["event"] == "stop" and r["node"] == "c" for r in cluster.records())
         c = next(n for n in after["nodes"] if n["name"] == "c")
         assert c["cordon"]["reason"] == "rolling upgrade"
+
+
+CONFIG_PLAY = [
+    {
+        "name": "The role's configuration steps alone",
+        "hosts": "nodeagent_nodes",
+        "gather_facts": False,
+        "tasks": [{"ansible.builtin.import_role": {"name": "nodeagent", "tasks_from": "config"}}],
+    }
+]
+POOL_VARS: dict[str, Any] = {
+    "nodeagent_pool_name": "research",
+    "nodeagent_pool_labels": {"gpu": "h100", "rack": "r12"},
+    "nodeagent_pool_users": ["alice", "bob"],
+    "nodeagent_pool_groups": ["ml"],
+    "nodeagent_pool_reserve_after": "10m",
+}
+
+
+def configure(tmp_path: Path, job_id: str, **variables: Any) -> subprocess.CompletedProcess[str]:
+    """tasks/config.yml into tmp_path/root with this venv's nodeagent: its --syntax-only
+    validation, then the full `config check` (the pinned job's program is this Python)."""
+    extra = {
+        **prefix_install(tmp_path / "root", "redis://127.0.0.1:6379/0", job_id),
+        "nodeagent_venv": str(BIN.parent),
+        **variables,
+    }
+    (tmp_path / "root/etc/nodeagent").mkdir(parents=True, exist_ok=True)
+    playbook = tmp_path / "config-play.yml"
+    playbook.write_text(json.dumps(CONFIG_PLAY))
+    return tool(
+        "ansible-playbook",
+        *("-i", str(localhost_inventory(tmp_path)), str(playbook), "-e", json.dumps(extra)),
+    )
+
+
+def rendered(tmp_path: Path) -> tuple[dict[str, Any], NodeSettings]:
+    import yaml
+
+    data = yaml.safe_load((tmp_path / "root/etc/nodeagent/config.yaml").read_text())
+    return data, load_settings(data)
+
+
+def test_a_pool_node_gets_a_config_without_a_job(tmp_path: Path, job_id: str) -> None:
+    """No nodeagent_job (the role's default): a pool node, its pool: section from the role's
+    variables, validated and checked on this node by the role's own steps."""
+    result = configure(tmp_path, job_id, nodeagent_job={}, **POOL_VARS)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "Check this node's part of the configuration" in result.stdout
+    assert "Not checked on this node yet" not in result.stdout
+    data, settings = rendered(tmp_path)
+    assert "job" not in data and not isinstance(settings, Config)
+    assert settings.pool == PoolConfig(
+        name="research",
+        labels={"gpu": "h100", "rack": "r12"},
+        users=("alice", "bob"),
+        groups=("ml",),
+        allow_root=False,
+        reserve_after=600.0,
+    )
+    assert settings.node.name == "ansible-node" and settings.timing.lease_ttl == 1.0
+
+
+def test_a_pinned_node_keeps_its_job_until_told_to_unpin(tmp_path: Path, job_id: str) -> None:
+    """nodeagent_job set: the job: section as before (and the pool's defaults). Then the same
+    node without nodeagent_job is refused, its config left pinned, until nodeagent_unpin."""
+    pinned = configure(tmp_path, job_id)
+    assert pinned.returncode == 0, pinned.stdout[-3000:] + pinned.stderr[-2000:]
+    assert "Check this node's part of the configuration" in pinned.stdout
+    data, settings = rendered(tmp_path)
+    assert isinstance(settings, Config) and settings.job.id == job_id
+    assert data["job"]["entrypoint"][0] == sys.executable and settings.pool == PoolConfig()
+
+    refused = configure(tmp_path, job_id, nodeagent_job={}, **POOL_VARS)
+    assert refused.returncode != 0 and "has a job: section" in refused.stdout, refused.stdout
+    assert isinstance(rendered(tmp_path)[1], Config)  # left as it was
+
+    unpinned = configure(tmp_path, job_id, nodeagent_job={}, nodeagent_unpin=True, **POOL_VARS)
+    assert unpinned.returncode == 0, unpinned.stdout[-3000:] + unpinned.stderr[-2000:]
+    data, settings = rendered(tmp_path)
+    assert "job" not in data and settings.pool.labels == {"gpu": "h100", "rack": "r12"}
 
 
 PREFLIGHT_PLAY = [
