@@ -250,9 +250,7 @@ class Demo:
     def admitted_ms(self, job: str) -> int:
         return int(self.pool_status(job)["admitted_ms"])
 
-    def report(
-        self, fault_at: float, alpha_done: float, gamma_admitted: float, beta_gen: int
-    ) -> int:
+    def report(self, fault_at: float, gamma_admitted: float, beta_gen: int) -> int:
         events = self.stores["alpha"].events("-", count=10_000)
         row = recovery(
             "kill -9 a worker of alpha",

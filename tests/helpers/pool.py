@@ -33,6 +33,7 @@ class PoolCluster:
     directory: Path
     pool: str = "default"
     agents: dict[str, AgentProcess] = field(default_factory=dict)
+    timing: dict[str, str] = field(default_factory=lambda: dict(TIMING))
 
     @property
     def records_dir(self) -> Path:
@@ -50,7 +51,7 @@ class PoolCluster:
             "node": {"name": name, "address": "127.0.0.1"},
             "redis": {"url": self.redis_url},
             "pool": {"name": self.pool, "users": [str(AS_TESTER["user"])], "allow_root": True},
-            "timing": TIMING,
+            "timing": self.timing,
             "metrics": {"listen": "127.0.0.1:0"},
             "log_dir": str(self.directory / "logs"),
             "state_dir": str(self.directory / "state"),
