@@ -30,7 +30,7 @@ from nodeagent.errors import ConfigError
 from nodeagent.garbage import KINDS as GARBAGE_KINDS
 from nodeagent.gpu.classify import Verdict
 from nodeagent.gpu.readings import GpuSnapshot
-from nodeagent.httpd import HttpServer
+from nodeagent.httpd import HttpServer, Route
 from nodeagent.model import JobRecord, WorkerInfo
 from nodeagent.progress import Beat
 from nodeagent.state import JobState, NodeState
@@ -295,7 +295,8 @@ class AgentMetrics:
 
 
 class MetricsServer:
-    """/metrics and /healthz on `listen` ("host:port"; port 0 picks a free one).
+    """/metrics and /healthz on `listen` ("host:port"; port 0 picks a free one), and `logs`
+    (nodeagent.logserve.LogRoute) answers /logs/... where given.
 
     Served by nodeagent.httpd: one thread, a deadline per connection, a cap on connections, and
     out-of-descriptors handled as a retry, so slow or idle clients cannot exhaust the agent.
@@ -308,6 +309,7 @@ class MetricsServer:
         health: Callable[[], tuple[bool, str]],
         max_connections: int = 64,
         timeout: float = 5.0,
+        logs: Route | None = None,
     ) -> None:
         host, _, port = listen.rpartition(":")
 
@@ -317,7 +319,9 @@ class MetricsServer:
             if target == "/healthz":
                 ok, reason = health()
                 return (200 if ok else 503), (reason + "\n").encode(), "text/plain"
-            return 404, b"try /metrics or /healthz\n", "text/plain"
+            if logs is not None and target.startswith("/logs/"):
+                return logs(target)
+            return 404, b"try /metrics, /healthz or /logs/JOB/RANK\n", "text/plain"
 
         try:
             self._server = HttpServer(

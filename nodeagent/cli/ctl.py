@@ -1,5 +1,5 @@
 """`nodeagentctl`: inspect a job and change it (status, scale, events, restart, stop, cordon);
-`logs` reads this node's rank logs (no Redis).
+`logs JOB` a rank's log from its node's agent, `logs` without JOB this node's rank logs (no Redis).
 
 Every argument is checked before anything is written to Redis: a node that holds no lease and
 is not a member of the job record, a job with neither a record nor a lease, a bad duration,
@@ -370,6 +370,8 @@ def _write(store: JobStore, config: NodeSettings | None, args: argparse.Namespac
 def dispatch(target: Target, args: argparse.Namespace) -> int:
     if args.command in ctlpool.COMMANDS:
         return ctlpool.run(target.pool_store, args, getpass.getuser(), _by())
+    if args.command == "logs":  # logs JOB: from the agent of the rank's node
+        return ctllogs.run_pool(target.client, target.prefix, target.pool, args)
     if args.command == "scale":
         if len(args.what) > 2:
             raise UsageError("scale: give [JOB] N, such as `scale llama 4` or `scale llama +2`")
@@ -421,7 +423,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         args.argv = entrypoint
     target: Target | None = None
     try:
-        if args.command == "logs":  # this node's files: no Redis
+        if args.command == "logs" and args.logs_job is None:  # this node's files: no Redis
             return ctllogs.run(read_config(args.config) if args.config else None, args)
         target = _target(args, os.environ if environ is None else environ)
         return dispatch(target, args)

@@ -38,6 +38,7 @@ from nodeagent.errors import ConfigError
 from nodeagent.fencing import Keeper, group_alive, kill_leftovers
 from nodeagent.health import build_monitor, start_monitor
 from nodeagent.logs import LogContext
+from nodeagent.logserve import LogRoute
 from nodeagent.metrics import MetricsServer
 from nodeagent.nodeloop import NodeLoop
 from nodeagent.pool.member import PoolMember
@@ -191,7 +192,8 @@ def _run_agent(
         run = _node_loop(settings, parts, current, registry)
     server = None
     if settings.metrics.listen != "off":
-        server = MetricsServer(settings.metrics.listen, registry, run.healthz)
+        logs_route = LogRoute(settings.log_dir, settings.node.name)  # GET /logs/JOB/RANK
+        server = MetricsServer(settings.metrics.listen, registry, run.healthz, logs=logs_route)
         server.start()
         address.append(server.address)
         if isinstance(run, JobRun):

@@ -115,3 +115,12 @@ def test_a_truncated_log_is_followed_from_its_start(tmp_path: Path) -> None:
     path.write_text("new\n")
     assert list(follower.read()) == ["new"]
     assert rank_logs(tmp_path) == {3: path}
+
+
+def test_a_job_named_reads_across_the_pool_so_it_needs_redis(
+    logs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `logs JOB` asks the agent of the rank's node (tests/integration/test_pool_logs.py); the
+    # files of this node are `logs` without JOB.
+    assert ctl.main(["logs", "llama", "--rank", "1"], environ={}) == EX_USAGE
+    assert "give --config PATH, or --redis URL" in capsys.readouterr().err
