@@ -370,6 +370,8 @@ def _write(store: JobStore, config: NodeSettings | None, args: argparse.Namespac
 def dispatch(target: Target, args: argparse.Namespace) -> int:
     if args.command in ctlpool.COMMANDS:
         return ctlpool.run(target.pool_store, args, getpass.getuser(), _by())
+    if args.command in ("cordon", "drain", "uncordon") and target.job is None:
+        return ctlpool.pool_cordon(target.pool_store, args, _by())  # a pool node, no job
     if args.command == "logs":  # logs JOB: from the agent of the rank's node
         return ctllogs.run_pool(target.client, target.prefix, target.pool, args)
     if args.command == "scale":

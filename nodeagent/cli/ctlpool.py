@@ -22,7 +22,7 @@ from nodeagent.coord.pool import PoolSnapshot, PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, UsageError
 from nodeagent.jobspec import JobSpec, load_spec
-from nodeagent.model import JobRecord
+from nodeagent.model import Cordon, JobRecord
 from nodeagent.pool.leader import read_view
 from nodeagent.pool.model import PoolJob, PoolJobState
 from nodeagent.pool.schedule import PoolView
@@ -178,6 +178,39 @@ def _cancel(store: PoolStore, job_id: str, by: str) -> int:
     store.cancel(job_id, by, running=status.state is PoolJobState.RUNNING)
     print(f"job {job_id}: cancel requested")
     return 0
+
+
+def pool_cordon(store: PoolStore, args: argparse.Namespace, by: str) -> int:
+    """cordon, drain and uncordon of a node of the pool (no --job): no new job is placed on a
+    cordoned node; a drained one also leaves its job now (its workers get the stop grace).
+
+    Raises:
+        UsageError: the node is not in the pool.
+    """
+    snap = store.read()
+    name = args.node
+    if name not in snap.deadlines and name not in snap.placements and name not in snap.cordons:
+        known = ", ".join(sorted(snap.deadlines)) or "none"
+        raise UsageError(f"node {name!r} is not in pool {store.keys.pool} (its nodes: {known})")
+    if args.command == "uncordon":
+        lifted = store.uncordon(name, by)
+        print(f"node {name}: " + ("uncordoned" if lifted else "was not cordoned"))
+        return 0
+    drain = args.command == "drain"
+    store.cordon(name, Cordon(reason=args.reason, by=by, drain=drain))
+    print(f"node {name}: {'drained' if drain else 'cordoned'} in pool {store.keys.pool}")
+    if not drain or not args.wait:
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        snap = store.read()
+        report = snap.nodes.get(name)
+        if name not in snap.placements and (report is None or report.serving is None):
+            print(f"node {name}: off its job, serving nothing")
+            return 0
+        time.sleep(0.2)
+    print(f"timed out after {args.timeout:g}s: node {name} still serves a job")
+    return 1
 
 
 def pool_scale_check(store: PoolStore, job_id: str, value: str) -> int | None:

@@ -202,6 +202,28 @@ class PoolStore:
             status = None
         return bool(created), status
 
+    def cordon(self, name: str, cordon: Cordon) -> None:
+        """Keep `name` out of new placements (and, with drain, off its job now)."""
+        verb = "drained" if cordon.drain else "cordoned"
+        event = Event(f"node_{verb}", node=name, message=f"{cordon.reason} (by {cordon.by})")
+        self._node_change(lambda pipe: pipe.hset(self.keys.cordons, name, cordon.to_json()), event)
+
+    def uncordon(self, name: str, by: str) -> bool:
+        """Lift `name`'s pool cordon; False if it had none."""
+        event = Event("node_uncordoned", node=name, message=f"by {by}")
+        removed = self._node_change(lambda pipe: pipe.hdel(self.keys.cordons, name), event)
+        return bool(removed)
+
+    def _node_change(self, change: Any, event: Event) -> Any:
+        with redis_errors("pool cordon"):
+            pipe = self.client.pipeline(transaction=True)
+            change(pipe)
+            pipe.xadd(
+                self.keys.events, {"event": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True
+            )
+            result, _ = pipe.execute()
+        return result
+
     def replace_spec(self, spec: JobSpec) -> None:
         with redis_errors("update the job spec"):
             self.client.hset(self.keys.specs, spec.id, spec.to_json())

@@ -51,6 +51,7 @@ def read_view(store: PoolStore) -> tuple[PoolSnapshot, PoolView]:
             pinned=report.pinned,
             unfit=report.unfit,
             cordoned=snap.cordons[name].reason if name in snap.cordons else None,
+            drained=name in snap.cordons and snap.cordons[name].drain,
             refused=frozenset(report.refused),
         )
         for name, report in snap.nodes.items()

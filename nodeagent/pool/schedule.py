@@ -12,6 +12,8 @@ Rules (docs/design.md, "The pool"):
   Pure FIFO would idle the pool behind one large job; pure backfill could starve it for ever;
 - a running job below its target grows into free nodes; above its target (after a scale down)
   it gives back the nodes its record does not name as members;
+- a cordoned node keeps the job it serves but gets no new one; a drained node leaves its job
+  now (its workers get the stop grace; the job re-forms without it);
 - a job ends when its own record does (succeeded, failed, stopped = cancelled); its nodes go
   back to the pool at once. A node whose lease lapsed loses its placement (the job re-forms
   through its own protocol, and grows back into a free node).
@@ -42,6 +44,7 @@ class NodeView:
     pinned: str | None = None
     unfit: str | None = None  # its GPUs cannot take a job
     cordoned: str | None = None  # an operator's pool cordon
+    drained: bool = False  # ... that also takes it off its job now
     refused: frozenset[str] = frozenset()  # jobs it cannot run
 
     @property
@@ -223,6 +226,7 @@ def _keep(run: _Run) -> None:
             and live is not None
             and run.status(job).state is PoolJobState.RUNNING
             and job_id not in live.refused
+            and not live.drained
             and (live.pinned is None or live.pinned == job_id)
         ):
             run.place(node, job_id)

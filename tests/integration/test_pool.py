@@ -3,6 +3,7 @@ by side on disjoint nodes, queued until nodes free up; the pool leader fenced.""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import pytest
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolStore, PoolWrite
 from nodeagent.errors import FencedError
-from tests.helpers.cluster import RedisServer, wait_for
+from tests.helpers.cluster import WORKER, RedisServer, wait_for
 from tests.helpers.pool import PoolCluster, pool_cluster
+from tests.helpers.runas import AS_TESTER
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -107,3 +109,62 @@ def test_a_deposed_pool_leader_cannot_write(redis_server: RedisServer, job_id: s
         assert client.hget(store.keys.placements, "n1") == "job"
     finally:
         client.close()
+
+
+def pool_leader(pool: PoolCluster, redis_server: RedisServer) -> str | None:
+    client = redis_server.client()
+    try:
+        value = client.get(PoolKeys("nodeagent", pool.pool).leader)
+    finally:
+        client.close()
+    return str(value).split(" ")[0] if value else None
+
+
+def test_killing_the_pool_leader_moves_no_job(pool: PoolCluster, redis_server: RedisServer) -> None:
+    pool.start("z")  # first, so it leads; nodes are handed out in name order: not to z
+    wait_for(lambda: pool_leader(pool, redis_server) == "z", 30, "z to lead the pool")
+    pool.start("a", "b")
+    wait_for(lambda: len(pool.placements()) == 3, 30, "three nodes in the pool")
+    pool.submit("steady", "2")
+    pool.wait_job("steady", "running", world=2)
+    assert on(pool.placements(), "steady") == {"a", "b"}
+    pool.kill_tree("z")
+    wait_for(lambda: pool_leader(pool, redis_server) in ("a", "b"), 15, "a new pool leader")
+    pool.submit("after", "1")  # the new leader schedules
+    wait_for(lambda: pool.jobs()["after"]["reason"] == "needs 1 nodes, 0 free", 15, "after")
+    assert on(pool.placements(), "steady") == {"a", "b"}
+    assert pool.jobs()["steady"]["generation"] == 1
+
+
+def test_a_node_with_a_job_section_is_pinned_to_it(pool: PoolCluster, job_id: str) -> None:
+    pinned_id = f"{job_id}-pinned"
+    pinned = {
+        "id": pinned_id,
+        "entrypoint": [sys.executable, str(WORKER)],
+        "env": {"RECORD_DIR": str(pool.job_records("pinned"))},
+        **AS_TESTER,
+    }
+    pool.start("p", job=pinned)
+    pool.start("free")
+    row = pool.wait_job(pinned_id, "running", world=1)
+    assert row["pinned"] and pool.placements() == {"p": pinned_id, "free": None}
+    pool.submit("other", "1")
+    pool.wait_job("other", "running", world=1)
+    assert pool.placements() == {"p": pinned_id, "free": "other"}
+    refused = pool.ctl("cancel", pinned_id)
+    assert refused.returncode == 2 and "job: sections" in refused.stderr
+
+
+def test_draining_a_pool_node_moves_its_job_to_a_free_one(pool: PoolCluster) -> None:
+    pool.start("a", "b")
+    wait_for(lambda: len(pool.placements()) == 2, 30, "two nodes in the pool")
+    pool.submit("mover", "1")
+    pool.wait_job("mover", "running", world=1)
+    (node,) = on(pool.placements(), "mover")
+    result = pool.ctl("drain", node, "--wait", "--timeout", "30s")
+    assert result.returncode == 0, result.stderr
+    wait_for(lambda: on(pool.placements(), "mover") == {"a", "b"} - {node}, 30, "moved")
+    pool.wait_job("mover", "running", world=1)
+    assert pool.ctl("uncordon", node).returncode == 0
+    unknown = pool.ctl("cordon", "ghost")
+    assert unknown.returncode == 2 and "not in pool" in unknown.stderr

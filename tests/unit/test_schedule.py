@@ -231,3 +231,13 @@ def test_a_job_whose_spec_cannot_be_read_fails() -> None:
     placements, jobs = run(nodes("a"), [broken])
     assert placements == {} and jobs["j"].state is PoolJobState.FAILED
     assert jobs["j"].reason == "job spec: not JSON"
+
+
+def test_a_cordoned_node_keeps_its_job_and_a_drained_one_leaves_it() -> None:
+    running = job("j", 1, 2, state=RUNNING, record=JobState.RUNNING, members=("a", "b"))
+    cordoned = NodeView("a", cordoned="maintenance")
+    placements, _ = run(nodes("b", a=cordoned), [running], {"a": "j", "b": "j"})
+    assert on(placements, "j") == ["a", "b"]
+    drained = NodeView("a", cordoned="maintenance", drained=True)
+    placements, _ = run(nodes("b", "c", a=drained), [running], {"a": "j", "b": "j"})
+    assert on(placements, "j") == ["b", "c"]  # and it grows back into a free node
