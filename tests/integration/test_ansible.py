@@ -281,6 +281,18 @@ def test_a_pinned_node_keeps_its_job_until_told_to_unpin(tmp_path: Path, job_id:
     assert "job" not in data and settings.pool.labels == {"gpu": "h100", "rack": "r12"}
 
 
+def test_the_rolling_upgrade_refuses_a_pool_node(tmp_path: Path) -> None:
+    """Nothing drains a pool node from its job yet: the playbook stops before touching it."""
+    extra = {"ansible_become": False, "nodeagent_node_name": "pool-node", "nodeagent_job": {}}
+    result = tool(
+        "ansible-playbook",
+        *("-i", str(localhost_inventory(tmp_path)), "rolling-upgrade.yml"),
+        *("-e", json.dumps(extra)),
+    )
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "pool-node is a pool node" in result.stdout and "Drain the node" not in result.stdout
+
+
 PREFLIGHT_PLAY = [
     {
         "name": "The role's GPU preflight alone",
