@@ -168,3 +168,18 @@ def test_draining_a_pool_node_moves_its_job_to_a_free_one(pool: PoolCluster) -> 
     assert pool.ctl("uncordon", node).returncode == 0
     unknown = pool.ctl("cordon", "ghost")
     assert unknown.returncode == 2 and "not in pool" in unknown.stderr
+
+
+def test_scale_a_pool_job_down_and_up_by_relative_counts(pool: PoolCluster) -> None:
+    pool.start("a", "b", "c")
+    wait_for(lambda: len(pool.placements()) == 3, 30, "three nodes in the pool")
+    pool.submit("elastic", "1:3")
+    pool.wait_job("elastic", "running", world=3)
+    down = pool.ctl("scale", "elastic", "-2", "--wait", "--timeout", "60s")
+    assert down.returncode == 0, down.stderr + pool.diagnostics()
+    wait_for(lambda: len(on(pool.placements(), "elastic")) == 1, 30, "two nodes given back")
+    up = pool.ctl("scale", "elastic", "+1", "--wait", "--timeout", "60s")
+    assert up.returncode == 0, up.stderr + pool.diagnostics()
+    assert pool.wait_job("elastic", "running", world=2)["target_nodes"] == 2
+    beyond = pool.ctl("scale", "elastic", "+5")
+    assert beyond.returncode == 2 and "[min_nodes, max_nodes] = [1, 3]" in beyond.stderr
