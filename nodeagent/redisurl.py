@@ -2,15 +2,26 @@
 
 redis-py finds some mistakes only when it connects (a port `:abc` or `:99999` is a ValueError
 traceback) and others never (`redis://host/abc` silently means database 0); a Sentinel URL
-without a service name cannot work at all. `problem(url)` names each of them.
+without a service name cannot work at all, nor a Redis Cluster URL with a database other than 0.
+`problem(url)` names each of them.
 """
 
 from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
 SENTINEL_FORM = "redis+sentinel://host1:26379,host2:26379/<service>/<db>"
+CLUSTER_FORM = "redis+cluster://host1:6379,host2:6379/"
+CLUSTER_OPTIONS = ("db", "ssl_ca_certs")  # the query options a cluster URL takes
 
 
 def redact(url: str) -> str:
@@ -27,7 +38,10 @@ def redact(url: str) -> str:
 
 def problem(url: str) -> str | None:
     """What is wrong with `url` as a Redis URL, None if nothing is. Never shows the password."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an IPv6 address without its closing ]
+        return f"not a URL ({exc}); e.g. redis://10.0.0.2:6379/0"
     if parts.scheme not in SCHEMES or not url.startswith(f"{parts.scheme}://"):
         return f"{redact(url)!r} must start with one of " + ", ".join(f"{s}://" for s in SCHEMES)
     if parts.scheme == "unix":
@@ -36,6 +50,8 @@ def problem(url: str) -> str | None:
         return _db_problem("", parts.query)
     if "+sentinel" in parts.scheme:
         return _sentinel_problem(parts.netloc.rpartition("@")[2], parts.path, parts.query)
+    if "+cluster" in parts.scheme:
+        return _cluster_problem(parts.netloc.rpartition("@")[2], parts.path, parts.query)
     host = parts.netloc.rpartition("@")[2]
     try:
         port = parts.port
@@ -48,24 +64,52 @@ def problem(url: str) -> str | None:
     return _db_problem(parts.path.strip("/"), parts.query)
 
 
-def _sentinel_problem(hosts: str, path: str, query: str) -> str | None:
+def _address_problem(hosts: str, what: str, form: str) -> str | None:
+    """What is wrong with a comma-separated host:port list (a port may be left out)."""
     for item in hosts.split(","):
         host, colon, port = item.rpartition(":")
         if colon and host.startswith("[") != host.endswith("]"):
-            return f"bad sentinel address {item!r}: expected host:port ({SENTINEL_FORM})"
-        if not colon or item.endswith("]"):  # no port: Sentinel's default 26379
-            host, port = item, "26379"
+            return f"bad {what} address {item!r}: expected host:port ({form})"
+        if not colon or item.endswith("]"):  # no port: the default one
+            host, port = item, "1"
         if not host.strip("[]") or not (port.isdigit() and 1 <= int(port) <= 65535):
-            return (
-                f"bad sentinel address {item!r}: expected host:port with a port 1-65535 "
-                f"({SENTINEL_FORM})"
-            )
+            return f"bad {what} address {item!r}: expected host:port with a port 1-65535 ({form})"
+    return None
+
+
+def _sentinel_problem(hosts: str, path: str, query: str) -> str | None:
+    bad = _address_problem(hosts, "sentinel", SENTINEL_FORM)
+    if bad:
+        return bad
     segments = [p for p in path.split("/") if p]
     if not segments:
         return f"a sentinel URL names its service: {SENTINEL_FORM}"
     if len(segments) > 2:
         return f"too many parts in {path!r}: {SENTINEL_FORM}"
     return _db_problem(segments[1] if len(segments) > 1 else "", query)
+
+
+def _cluster_problem(hosts: str, path: str, query: str) -> str | None:
+    if not hosts:
+        return f"a cluster URL names one or more of its nodes: {CLUSTER_FORM}"
+    bad = _address_problem(hosts, "cluster node", CLUSTER_FORM)
+    if bad:
+        return bad
+    options = parse_qs(query, keep_blank_values=True)
+    for name in options:
+        if name not in CLUSTER_OPTIONS:
+            return (
+                f"a cluster URL takes no option {name!r}; it takes "
+                + ", ".join(f"?{o}=" for o in CLUSTER_OPTIONS)
+                + f" ({CLUSTER_FORM})"
+            )
+    for db in [path.strip("/"), *options.get("db", [])]:
+        if db not in ("", "0"):
+            return (
+                f"a Redis Cluster has only database 0, got {db!r}: leave it out or write /0 "
+                f"({CLUSTER_FORM})"
+            )
+    return None
 
 
 def _db_problem(db: str, query: str) -> str | None:

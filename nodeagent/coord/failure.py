@@ -13,12 +13,24 @@ from enum import Enum
 import redis
 
 REFUSED_PREFIXES = ("WRONGPASS", "NOAUTH")  # Redis' replies when it refuses the credentials
+# No connection, or a Redis Cluster's passing states as redis-py raises them once its own
+# retries are spent. (A MOVED or ASK that gets out is an answer: from a plain client, it says
+# where the key lives.)
+UNREACHABLE_ERRORS = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterDownError,  # also MasterDownError
+    redis.exceptions.TryAgainError,
+    redis.exceptions.SlotNotCoveredError,  # no RedisError: found in a cause chain
+)
 
 
 class RedisFailure(str, Enum):
     """Why a Redis call failed.
 
-    UNREACHABLE: no connection, or it broke or timed out: retrying later may succeed.
+    UNREACHABLE: no connection, or it broke or timed out: retrying later may succeed. So is a
+        Redis Cluster that is down (CLUSTERDOWN, as during a failover), asks to try again
+        (TRYAGAIN, during a slot migration), or has no node serving the key's slot.
     CREDENTIALS: Redis refused the password (or the user name), or wants one and got none.
     PERMISSION: the user is authenticated but its ACL forbids a command or key (NOPERM).
     ANSWER: Redis answered the command with an error (WRONGTYPE, a script error, FENCED).
@@ -54,7 +66,7 @@ def classify(exc: BaseException) -> RedisFailure:
             return RedisFailure.CREDENTIALS  # as a reply to a command rather than to AUTH
         if isinstance(cause, redis.exceptions.NoPermissionError):
             return RedisFailure.PERMISSION
-        if isinstance(cause, redis.ConnectionError | redis.TimeoutError):
+        if isinstance(cause, UNREACHABLE_ERRORS):
             return RedisFailure.UNREACHABLE
         if isinstance(cause, redis.RedisError):
             return RedisFailure.ANSWER

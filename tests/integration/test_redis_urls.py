@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cluster import RedisServer, free_port, local_cluster, wait_for
+from tests.helpers.rediscluster import self_signed
 
 
 def daemon(args: list[str], directory: Path, name: str) -> subprocess.Popen[bytes]:
@@ -40,31 +41,8 @@ def sentinel_url(redis_server: RedisServer, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def tls_url(tmp_path: Path) -> Iterator[str]:
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make a test certificate (apt-get install openssl)")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    made = self_signed(tmp_path)
+    cert, key = made.cert, made.key
     port = free_port()
     proc = daemon(
         [
