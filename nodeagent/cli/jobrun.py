@@ -95,7 +95,8 @@ class JobRun:
             parts.waker.wake,
             LISTEN_BLOCK_MS,
         )
-        self._listener.start()
+        # Before the agent's first sync: a peer that joins after it wakes it at once.
+        self._listener.start(ready_within=1.0)
 
     @property
     def left(self) -> bool:

@@ -43,10 +43,16 @@ class StreamListener:
         self._block_ms = block_ms
         self._retry_s = retry_s
         self._stopped = threading.Event()
+        self._ready = threading.Event()  # its first cursors are read
         self._thread = threading.Thread(target=self._run, name="stream-listener", daemon=True)
 
-    def start(self) -> None:
+    def start(self, ready_within: float = 0.0) -> None:
+        """Start listening; wait up to `ready_within` seconds for the first cursors, so that
+        whatever is appended after this returns wakes the loop (what came before, the caller's
+        first read of the state sees)."""
         self._thread.start()
+        if ready_within > 0:
+            self._ready.wait(ready_within)
 
     def stop(self) -> None:
         """Ask the thread to end; it exits after its current blocking read (a daemon thread)."""
@@ -61,6 +67,7 @@ class StreamListener:
             try:
                 if cursors is None:
                     cursors = self._cursors()
+                    self._ready.set()
                 entries = self._store.wait_events(cursors, self._block_ms)
             except CoordinationError as exc:  # also a stream key of the wrong type (garbage)
                 log.debug("stream listener: %s; retrying in %.1fs", exc, self._retry_s)
