@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from nodeagent.config import Config, NodeSettings, PoolConfig, load_settings
 from nodeagent.coord.client import connect
@@ -166,17 +167,24 @@ def test_role_applied_to_localhost_runs_a_job(
     assert again.returncode == 0 and "changed=0" in again.stdout  # idempotent
 
 
+def run_drain_step(config: Path, node: str) -> subprocess.CompletedProcess[str]:
+    """rolling-upgrade.yml's drain pre_task, rendered for `node` with this venv's nodeagentctl."""
+    play = yaml.safe_load((ANSIBLE / "rolling-upgrade.yml").read_text())[0]
+    drain = next(t for t in play["pre_tasks"] if t["name"].startswith("Drain the node"))
+    rendered = (
+        drain["ansible.builtin.command"]["cmd"]
+        .replace("{{ nodeagent_ctl }}", f"{BIN / 'nodeagentctl'} --config {config}")
+        .replace("{{ nodeagent_node_name }}", node)
+    )
+    return subprocess.run(shlex.split(rendered), capture_output=True, text=True, timeout=120)
+
+
 def test_rolling_upgrade_drain_step_against_running_agents(
     redis_server: RedisServer, job_id: str, tmp_path: Path
 ) -> None:
     """The playbook's own pre_task, rendered for one node, drains it from a live job."""
-    import yaml
-
     from tests.helpers.cluster import local_cluster
 
-    play = yaml.safe_load((ANSIBLE / "rolling-upgrade.yml").read_text())[0]
-    drain = next(t for t in play["pre_tasks"] if t["name"].startswith("Drain the node"))
-    command = drain["ansible.builtin.command"]["cmd"]
     with local_cluster(
         redis_server.url,
         tmp_path,
@@ -186,11 +194,7 @@ def test_rolling_upgrade_drain_step_against_running_agents(
     ) as cluster:
         cluster.start("a", "b", "c")
         before = cluster.wait_running(3)
-        ctl = f"{BIN / 'nodeagentctl'} --config {cluster.config_path('c')}"
-        rendered = command.replace("{{ nodeagent_ctl }}", ctl).replace(
-            "{{ nodeagent_node_name }}", "c"
-        )
-        drained = subprocess.run(shlex.split(rendered), capture_output=True, text=True, timeout=120)
+        drained = run_drain_step(cluster.config_path("c"), "c")
         assert drained.returncode == 0, drained.stderr
         after = cluster.wait_running(2, after_generation=before["generation"])
         assert after["members"] == ["a", "b"] and after["restart_count"] == 0
@@ -235,8 +239,6 @@ def configure(tmp_path: Path, job_id: str, **variables: Any) -> subprocess.Compl
 
 
 def rendered(tmp_path: Path) -> tuple[dict[str, Any], NodeSettings]:
-    import yaml
-
     data = yaml.safe_load((tmp_path / "root/etc/nodeagent/config.yaml").read_text())
     return data, load_settings(data)
 
@@ -281,16 +283,45 @@ def test_a_pinned_node_keeps_its_job_until_told_to_unpin(tmp_path: Path, job_id:
     assert "job" not in data and settings.pool.labels == {"gpu": "h100", "rack": "r12"}
 
 
-def test_the_rolling_upgrade_refuses_a_pool_node(tmp_path: Path) -> None:
-    """Nothing drains a pool node from its job yet: the playbook stops before touching it."""
-    extra = {"ansible_become": False, "nodeagent_node_name": "pool-node", "nodeagent_job": {}}
-    result = tool(
-        "ansible-playbook",
-        *("-i", str(localhost_inventory(tmp_path)), "rolling-upgrade.yml"),
-        *("-e", json.dumps(extra)),
-    )
-    assert result.returncode != 0, result.stdout[-3000:]
-    assert "pool-node is a pool node" in result.stdout and "Drain the node" not in result.stdout
+def test_rolling_upgrade_steps_against_a_pool_node(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """The playbook's drain, uncordon and wait steps for a pool node (no nodeagent_job), run
+    against live pool agents: the drained node leaves its job, which moves to the free node;
+    uncordoned, the node is back in the pool, which the pool node's wait step sees (the pinned
+    node's is skipped)."""
+    from tests.helpers.pool import pool_cluster
+
+    play = yaml.safe_load((ANSIBLE / "rolling-upgrade.yml").read_text())[0]
+    after = [t for t in play["post_tasks"] if t["name"].startswith(("Let the node", "Wait until"))]
+    with pool_cluster(redis_server.url, tmp_path, pool=job_id) as pool:
+        pool.start("a", "b")
+        wait_for(lambda: len(pool.placements()) == 2, 30, "two nodes in the pool")
+        pool.submit("mover", "1")
+        pool.wait_job("mover", "running", world=1)
+        node = next(n for n, job in pool.placements().items() if job == "mover")
+        drained = run_drain_step(pool.directory / f"{node}.yaml", node)
+        assert drained.returncode == 0, drained.stdout + drained.stderr
+        moved = {"a", "b"} - {node}
+        wait_for(
+            lambda: {n for n, j in pool.placements().items() if j == "mover"} == moved,
+            30,
+            "the job to move to the other node",
+        )
+        ctl = f"{BIN / 'nodeagentctl'} --config {pool.directory / f'{node}.yaml'}"
+        steps = tmp_path / "after.yml"
+        steps.write_text(
+            json.dumps([{"hosts": "nodeagent_nodes", "gather_facts": False, "tasks": after}])
+        )
+        extra = {"nodeagent_ctl": ctl, "nodeagent_node_name": node, "nodeagent_job": {}}
+        result = tool(
+            "ansible-playbook",
+            *("-i", str(localhost_inventory(tmp_path)), str(steps), "-e", json.dumps(extra)),
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+        assert "ok=2" in result.stdout and "skipped=1" in result.stdout  # the pinned wait
+        row = next(r for r in json.loads(pool.ctl("nodes", "--json").stdout) if r["name"] == node)
+        assert row["alive"] and row["cordon"] is None
 
 
 PREFLIGHT_PLAY = [
@@ -324,8 +355,6 @@ def test_the_gpu_preflight_step_keeps_a_bad_gpu_out(
     shown: str | None,
 ) -> None:
     """tasks/preflight.yml with this venv's nodeagent and a FakeNvml file for the node's GPUs."""
-    import yaml
-
     gpu = {"uuid": "GPU-fake-0", "temperature_c": 40, "ecc_uncorrected_volatile": ecc_errors}
     fake = tmp_path / "gpus.yaml"
     fake.write_text(yaml.safe_dump({"gpus": [gpu], "init_error": init_error}))
@@ -353,8 +382,6 @@ def test_the_gpu_preflight_step_keeps_a_bad_gpu_out(
 def test_the_roles_unit_validation_rejects_a_bad_unit(tmp_path: Path) -> None:
     """The template's validate command, run as Ansible runs it (on a temp file without the
     .service suffix systemd-analyze wants): a good unit passes, a misspelled key fails."""
-    import yaml
-
     tasks = yaml.safe_load((ANSIBLE / "roles/nodeagent/tasks/main.yml").read_text())
     validate = next(
         t["ansible.builtin.template"]["validate"]
