@@ -209,7 +209,10 @@ CONFIG_PLAY = [
         "name": "The role's configuration steps alone",
         "hosts": "nodeagent_nodes",
         "gather_facts": False,
-        "tasks": [{"ansible.builtin.import_role": {"name": "nodeagent", "tasks_from": "config"}}],
+        "tasks": [
+            {"ansible.builtin.import_role": {"name": "nodeagent", "tasks_from": part}}
+            for part in ("pinning", "config")
+        ],
     }
 ]
 POOL_VARS: dict[str, Any] = {
@@ -222,8 +225,9 @@ POOL_VARS: dict[str, Any] = {
 
 
 def configure(tmp_path: Path, job_id: str, **variables: Any) -> subprocess.CompletedProcess[str]:
-    """tasks/config.yml into tmp_path/root with this venv's nodeagent: its --syntax-only
-    validation, then the full `config check` (the pinned job's program is this Python)."""
+    """tasks/pinning.yml and tasks/config.yml into tmp_path/root with this venv's nodeagent: the
+    unpin guard, the --syntax-only validation, then the full `config check` (the pinned job's
+    program is this Python)."""
     extra = {
         **prefix_install(tmp_path / "root", "redis://127.0.0.1:6379/0", job_id),
         "nodeagent_venv": str(BIN.parent),
