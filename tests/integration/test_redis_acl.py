@@ -24,7 +24,7 @@ import pytest
 import redis
 import yaml
 
-from nodeagent.coord import scripts
+from nodeagent.coord import poolscripts, scripts
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
@@ -180,7 +180,16 @@ def test_agents_and_operators_work_within_their_acl(
         scaled = ctl(role_redis, tmp_path, job_id, "scale", "1", "--wait", "--timeout", "60s")
         assert scaled.returncode == 0, scaled.stderr
         cluster.wait_running(1, after_generation=before["generation"])
-        for args in (("cordon", "b"), ("uncordon", "b"), ("events", "--last", "5")):
+        pool_job = f"{job_id}-queued"  # the pool's nodes are all pinned: it stays pending
+        for args in (
+            ("cordon", "b"),
+            ("uncordon", "b"),
+            ("events", "--last", "5"),
+            ("submit", "--name", pool_job, "--nodes", "1", "--", "true"),
+            ("jobs", "--json"),
+            ("nodes",),
+            ("cancel", pool_job),
+        ):
             result = ctl(role_redis, tmp_path, job_id, *args)
             assert result.returncode == 0, (args, result.stderr)
         assert all(agent.alive() for agent in cluster.agents.values())
@@ -227,11 +236,14 @@ def acl_commands(*lists: str) -> set[str]:
 
 
 def test_every_command_the_scripts_send_is_granted(role_redis: RoleRedis) -> None:
-    """The Lua in nodeagent/coord/scripts.py: every command it names is in the agents' list,
-    so a new call cannot be added without the ACL that lets it run (Redis checks script calls
-    against the caller's ACL)."""
+    """The Lua in nodeagent/coord/scripts.py and poolscripts.py: every command it names is in
+    the agents' list, so a new call cannot be added without the ACL that lets it run (Redis
+    checks script calls against the caller's ACL)."""
     source = "\n".join(
-        value for name, value in vars(scripts).items() if name.isupper() and isinstance(value, str)
+        value
+        for module in (scripts, poolscripts)
+        for name, value in vars(module).items()
+        if name.isupper() and isinstance(value, str)
     )
     words = set(re.findall(r"'([A-Z]+)'", source))
     known = {str(name).lower() for name in role_redis.admin.command_list()}
