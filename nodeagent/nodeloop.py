@@ -100,14 +100,21 @@ class NodeLoop:
         pinned = self._settings.job
         if pinned is not None:
             self._member.submit_pinned(spec_of(pinned, self._settings.timing))
+        woken = True
+        runner_due = 0.0  # when the job's agent wants its next pass (it also runs when woken)
         while True:
             now = self._clock()
             if self._member.due(now) and not (self._stopping and self.runner is None):
                 self._member.beat(self._state())
+            had = self.runner
             self._reconcile()
-            waits = [self._member.next_wakeup() - self._clock()]
+            waits = [self._member.next_wakeup()]
             if self.runner is not None:
-                waits.append(self.runner.step())
+                # Only when something happened or it is due: the pool's own heartbeats must not
+                # add job heartbeats (each pass of an agent syncs with Redis).
+                if woken or self.runner is not had or self._clock() >= runner_due:
+                    runner_due = self._clock() + self.runner.step()
+                waits.append(runner_due)
                 if self.runner.left:
                     log.info("left job %s", self.runner.job_id)
                     self.runner.close()
@@ -117,7 +124,7 @@ class NodeLoop:
             if self._stopping and self.runner is None:
                 self._member.leave()
                 return
-            self._waker.wait(max(0.0, min(waits)))
+            woken = self._waker.wait(max(0.0, min(waits) - self._clock()))
 
     def _state(self) -> NodeState:
         return NodeState(
