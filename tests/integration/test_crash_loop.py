@@ -35,4 +35,6 @@ def test_a_crash_loop_waits_longer_before_each_generation(
     assert [w.rsplit("waiting ", 1)[1].split(" before")[0] for w in waits] == ["0.5s", "1s"], waits
     restarted = sorted(g for g in started if g in announced)[-3:]
     gaps = [started[g] - announced[g] for g in restarted]
-    assert gaps[1] >= 500 and gaps[2] >= 1000, (gaps, cluster.diagnostics())
+    # The backoff counts from the generation's since_ms, the server time of the leader's read;
+    # its announcement is appended by the write after it, a few ms later: allow 20 ms of that.
+    assert gaps[1] >= 480 and gaps[2] >= 980, (gaps, cluster.diagnostics())
