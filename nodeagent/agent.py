@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
-from nodeagent import __version__, outcome
+from nodeagent import __version__, outcome, workerevents
 from nodeagent.bounded import BoundedCalls
 from nodeagent.config import Config
 from nodeagent.coord.store import JobStore, Snapshot
@@ -26,6 +26,7 @@ from nodeagent.health import NodeHealth
 from nodeagent.launch import WorkerSpec, pick_free_port, worker_specs
 from nodeagent.leader import policy_from
 from nodeagent.leading import Leadership
+from nodeagent.lease import LeaseClock
 from nodeagent.logs import LogContext
 from nodeagent.metrics import AgentMetrics
 from nodeagent.model import Cordon, Event, JobRecord, NodeReport, WorkerInfo
@@ -48,13 +49,6 @@ from nodeagent.watch import WorkerWatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# Fractions of lease_ttl after the last renewal was sent: the agent stops its workers at
-# FENCE_AT; its fence keeper SIGTERMs them at KEEPER_TERM_AT if the agent did not (it is frozen
-# or dead; a little later, so a renewal that lands just in time is not raced); both SIGKILL
-# what is left at KILL_AT, before the lease can lapse on the server.
-FENCE_AT = 0.5
-KEEPER_TERM_AT = 0.55
-KILL_AT = 0.9
 
 
 class WorkerGroup(Protocol):
@@ -107,7 +101,7 @@ class Agent:
         self._fenced_generation: int | None = None
         self._free_port = pick_free_port(config.node.address)
         self._events: list[Event] = [Event("node_joined", node=self.name, message="agent started")]
-        self._last_ok_send: float | None = None
+        self._lease = LeaseClock(config.timing.lease_ttl, keeper)
         self._retry_at = 0.0
         self._next_sync = 0.0
         self._dirty = True
@@ -118,19 +112,14 @@ class Agent:
         self._watchers = WorkerWatch(self.name, config.timing.hang_timeout, health)
         self._metrics = metrics or AgentMetrics(config.job.id, __version__)
         self._calls = BoundedCalls(clock)
-        self._keeper = keeper
-        self._keeper_down = False
         self._leadership = Leadership(
             store, policy_from(config), self._metrics, config.timing.lease_ttl, clock, self._call
         )
         self.metrics_address: str | None = None  # set once the metrics server listens
         self._last_tick = clock()
         self._notify = notifier or Notifier(None)
-        self._ready_sent = False
-        self._stopping_sent = False
         self._cordon: Cordon | None = None
-        self._until_done = until_done
-        self._seen_going = False  # a non-terminal record seen: the job's end is this run's
+        self._single = outcome.SingleJob(config.job.id) if until_done else None
         self.outcome: int | None = None  # the job's exit code, once a single job ended
 
     # -- control, safe from signal handlers (flags only) -------------------------------------
@@ -167,44 +156,14 @@ class Agent:
         return 0.0 if self._dirty else self._next_wakeup() - self._clock()
 
     def _end_with_job(self) -> None:
-        """A single-job agent leaves once the job has ended, like torchrun. A record that was
-        already terminal when this agent first saw it belongs to an earlier run of the same job
-        id (a shared Redis): that is refused rather than mistaken for this run's result."""
-        record = self.record
-        if not self._until_done or self._shutting_down or record is None:
+        if self._single is None or self._shutting_down:
             return
-        if not record.state.terminal:
-            self._seen_going = True
+        ending = self._single.observe(self.record)
+        if ending is None:
             return
-        if self._seen_going:
-            self.outcome = outcome.exit_code(record)
-            self._log.info(
-                "job %s (%s): leaving, exit code %d",
-                record.state.value,
-                record.detail or record.reason,
-                self.outcome,
-            )
-        else:
-            self.outcome = outcome.FAILED
-            self._log.error(
-                "job %s already ended (%s) in this Redis: use another job id, or "
-                "`nodeagentctl restart` it",
-                self.config.job.id,
-                record.state.value,
-            )
+        self.outcome = ending.code
+        self._log.log(logging.ERROR if ending.error else logging.INFO, "%s", ending.message)
         self.request_stop()
-
-    def _notify_systemd(self) -> None:
-        """After the sync, so READY=1 (sent once joined) comes before any WATCHDOG=1."""
-        if not self._ready_sent:
-            return
-        self._notify.ping()  # a wedged loop stops pinging: systemd's watchdog restarts us
-        if self._shutting_down:
-            if not self._stopping_sent:
-                self._notify.stopping()
-                self._stopping_sent = True
-        else:
-            self._notify.status(self._status_line())
 
     def _status_line(self) -> str:
         record = self.record
@@ -219,13 +178,11 @@ class Agent:
         stalled = now - self._last_tick
         if stalled > max(5 * timing.heartbeat_interval, 5.0):
             return False, f"agent loop stalled for {stalled:.1f}s"
-        if self._last_ok_send is None:
+        last = self._lease.last_ok_send
+        if last is None:
             return False, f"not connected to Redis yet: {self._last_error or 'starting'}"
-        if now - self._last_ok_send > timing.lease_ttl:
-            return (
-                False,
-                f"no lease renewal for {now - self._last_ok_send:.1f}s: {self._last_error}",
-            )
+        if now - last > timing.lease_ttl:
+            return False, f"no lease renewal for {now - last:.1f}s: {self._last_error}"
         return (
             True,
             f"ok: {self.state.value}, generation {self.record.generation if self.record else 0}",
@@ -239,7 +196,7 @@ class Agent:
             # count as fenced, not as failures, whatever the next sync says.
             self._apply(decide(self._local_view(now)), now)
         for ended in self._workers.poll():
-            self._events.append(_exit_event(self.name, ended))
+            self._events.append(workerevents.exited(self.name, ended))
             if not ended.expected and ended.exit_code != 0:
                 self._metrics.worker_failed("signal" if ended.signal else "exit_code")
         self._watch(now)
@@ -249,45 +206,20 @@ class Agent:
         self._apply(decide(self._local_view(now)), now)
         self._guard()
         self._metrics.worker_states(self._workers.workers())
-        self._notify_systemd()
+        self._notify.report(self._status_line(), self._shutting_down)  # after the sync
         self._metrics.beats(self._watchers.last_progress())
         if snapshot is not None and self._leader is not None and not self._shutting_down:
             self._lead(snapshot)
 
     def _call(self, fn: Callable[[], T], what: str) -> T:
-        """A Redis call that returns (or fails) by the fence point while this node's workers run
-        on its lease, and within half a lease otherwise. (A pending SIGKILL at the end of a
-        stop's grace may wait for the call: a late one delays a re-form, never safety, which
-        the fence point and the keeper hold.)"""
-        now = self._clock()
-        timing = self.config.timing
-        deadline = now + timing.lease_ttl * FENCE_AT
-        if self._last_ok_send is not None and self._fenced_generation is None:
-            deadline = min(deadline, self._last_ok_send + timing.lease_ttl * FENCE_AT)
+        """A Redis call bounded by the fence point (lease.LeaseClock.call_deadline)."""
+        deadline = self._lease.call_deadline(self._clock(), self._fenced_generation is None)
         return self._calls.run(fn, deadline, what)
 
     def _guard(self) -> None:
         """Keep the fence keeper alive and told when to fence the running worker groups."""
-        keeper = self._keeper
-        if keeper is None:
-            return
-        if not keeper.alive():
-            self._log.error("fence keeper exited (%s); restarting it", keeper.exit_status())
-            try:
-                keeper.start()
-                self._keeper_down = False
-            except OSError as exc:
-                if not self._keeper_down:
-                    self._log.error("cannot start the fence keeper: %s; fencing", exc)
-                self._keeper_down = True
-                self._dirty = True
-                return
-        last, lease = self._last_ok_send, self.config.timing.lease_ttl
-        keeper.update(
-            None if last is None else last + lease * KEEPER_TERM_AT,
-            None if last is None else last + lease * KILL_AT,
-            self._workers.groups(),
-        )
+        if not self._lease.guard(self._workers.groups()):
+            self._dirty = True  # it cannot run: fence now
 
     # -- observe -----------------------------------------------------------------------------
 
@@ -331,7 +263,7 @@ class Agent:
                 self._log.warning("cannot reach Redis: %s", exc)
             self._last_error = str(exc)
             return None
-        self._last_ok_send = now
+        self._lease.renewed(now)
         self._next_sync = now + self.config.timing.heartbeat_interval
         if self._last_error is not None:
             self._log.info("Redis reachable again")
@@ -353,9 +285,7 @@ class Agent:
             lapse = now + (snapshot.leader_deadline_ms - snapshot.now_ms) / 1000 + 0.005
             self._next_sync = min(self._next_sync, max(lapse, now + 0.01))
         self._metrics.synced(self._clock() - now, snapshot.record, leader is not None, now)
-        if not self._ready_sent:  # joined Redis: systemd may consider the service started
-            self._notify.ready(self._status_line())
-            self._ready_sent = True
+        self._notify.ready(self._status_line())  # joined Redis: the service has started
         return snapshot
 
     def _watch(self, now: float) -> None:
@@ -388,15 +318,7 @@ class Agent:
             self._dirty = True
 
     def _fence_due(self, now: float) -> bool:
-        """Stop workers before the lease can expire (decision 5): no renewal for half the lease,
-        the fence keeper about to act on what it was last told, or no keeper at all."""
-        last = self._last_ok_send
-        if last is None:
-            return False
-        if now - last >= self.config.timing.lease_ttl * FENCE_AT or self._keeper_down:
-            return True
-        keeper_term = self._keeper.term_at if self._keeper is not None else None
-        return keeper_term is not None and now >= keeper_term
+        return self._lease.fence_due(now)
 
     def _local_view(self, now: float) -> LocalView:
         return LocalView(
@@ -422,8 +344,9 @@ class Agent:
             deadlines.append(ping)
         if (hang_check := self._watchers.next_check()) is not None:
             deadlines.append(hang_check)
-        if self._last_ok_send is not None and self._fenced_generation is None:
-            deadlines.append(self._last_ok_send + self.config.timing.lease_ttl * FENCE_AT)
+        point = self._lease.fence_point
+        if point is not None and self._fenced_generation is None:
+            deadlines.append(point)
         return min(deadlines)
 
     # -- act ---------------------------------------------------------------------------------
@@ -459,8 +382,8 @@ class Agent:
     def _stop_workers(self, action: StopWorkers, now: float) -> None:
         timing = self.config.timing
         grace = timing.failure_stop_grace_period if action.broken else timing.stop_grace_period
-        if action.fence and self._last_ok_send is not None:
-            kill_at = self._last_ok_send + self.config.timing.lease_ttl * KILL_AT
+        kill_at = self._lease.kill_at
+        if action.fence and kill_at is not None:
             grace = max(0.0, min(grace, kill_at - self._clock()))
         self._log.info("stopping workers (%s), grace %.1fs", action.reason, grace)
         self._workers.stop(grace)
@@ -490,16 +413,8 @@ class Agent:
         preloaded = self._workers.start(record.generation, self.name, specs)
         self._metrics.workers_started(record.generation, self._clock())
         self._watchers.started(specs, self._clock())
-        self._events.append(
-            Event(
-                "workers_started",
-                generation=record.generation,
-                node=self.name,
-                message=f"ranks {specs[0].rank}-{specs[-1].rank}"
-                + (f" ({preloaded} in preloaded interpreters)" if preloaded else ""),
-                data={"ranks": [s.rank for s in specs], "preloaded": preloaded},
-            )
-        )
+        ranks = [spec.rank for spec in specs]
+        self._events.append(workerevents.started(self.name, record.generation, ranks, preloaded))
 
     def _leave(self) -> None:
         try:
@@ -522,23 +437,3 @@ class Agent:
 
 
 _ANNOUNCED = {NodeState.LEAVING: "node_leaving", NodeState.FENCED: "node_fenced"}
-
-
-def _exit_event(node: str, ended: WorkerExit) -> Event:
-    how = f"signal {ended.signal}" if ended.signal else f"exit code {ended.exit_code}"
-    failed = not ended.expected and ended.exit_code != 0
-    return Event(
-        "worker_failed" if failed else "worker_exited",
-        generation=ended.generation,
-        node=node,
-        message=f"rank {ended.rank} ended with {how}"
-        + (" (stopped by agent)" if ended.expected else "")
-        + (f": {ended.cause}" if ended.cause else ""),
-        data={
-            "rank": ended.rank,
-            "local_rank": ended.local_rank,
-            "exit_code": ended.exit_code,
-            "signal": ended.signal,
-            "expected": ended.expected,
-        },
-    )

@@ -22,6 +22,7 @@ from nodeagent.config import Config, NodeSettings
 from nodeagent.errors import ConfigError
 from nodeagent.jobspec import run_config, spec_of
 from nodeagent.pool.member import NodeState, PoolMember
+from nodeagent.sdnotify import Notifier
 from nodeagent.wakeup import Waker
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class NodeLoop:
         clock: Callable[[], float],
         metrics_address: Callable[[], str | None] = lambda: None,
         listener: Listener | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self._settings = settings
         self._member = member
@@ -67,6 +69,7 @@ class NodeLoop:
         self._clock = clock
         self._metrics_address = metrics_address
         self._listener = listener
+        self._notify = notifier or Notifier(None)
         self.runner: JobRunner | None = None
         self._refused: dict[str, str] = {}
         self._stopping = False
@@ -106,9 +109,15 @@ class NodeLoop:
             now = self._clock()
             if self._member.due(now) and not (self._stopping and self.runner is None):
                 self._member.beat(self._state())
+                if self._member.synced:  # in the pool: systemd may consider the service started
+                    self._notify.ready(self._status_line())
+            if self.runner is None:  # else the job's agent reports, with its own status
+                self._notify.report(self._status_line(), self._stopping)
             had = self.runner
             self._reconcile()
             waits = [self._member.next_wakeup()]
+            if (ping := self._notify.next_ping()) is not None:
+                waits.append(ping)
             if self.runner is not None:
                 # Only when something happened or it is due: the pool's own heartbeats must not
                 # add job heartbeats (each pass of an agent syncs with Redis).
@@ -125,6 +134,10 @@ class NodeLoop:
                 self._member.leave()
                 return
             woken = self._waker.wait(max(0.0, min(waits) - self._clock()))
+
+    def _status_line(self) -> str:
+        serving = f"joining job {self.runner.job_id}" if self.runner is not None else "free"
+        return f"{serving} in pool {self._settings.pool.name}"
 
     def _state(self) -> NodeState:
         return NodeState(

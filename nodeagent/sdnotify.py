@@ -33,6 +33,8 @@ class Notifier:
         self._last_ping = float("-inf")
         self._clock = clock or time.monotonic
         self._last_status = ""
+        self.is_ready = False  # READY=1 sent (once per process: a pool node serves many jobs)
+        self._stopping = False
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Notifier:
@@ -55,8 +57,25 @@ class Notifier:
             return False
 
     def ready(self, status: str) -> None:
+        """READY=1, the first time only."""
+        if self.is_ready:
+            return
         self.send("READY=1", f"STATUS={status}")
         self._last_status = status
+        self.is_ready = True
+
+    def report(self, status: str, stopping: bool) -> None:
+        """Each pass of a loop, once ready (so READY=1 comes before any WATCHDOG=1): WATCHDOG=1
+        (a wedged loop stops pinging: systemd's watchdog restarts the agent), STATUS when it
+        changed, or STOPPING=1 once."""
+        if not self.is_ready:
+            return
+        self.ping()
+        if not stopping:
+            self.status(status)
+        elif not self._stopping:
+            self.stopping()
+            self._stopping = True
 
     def status(self, status: str) -> None:
         if status != self._last_status:

@@ -252,6 +252,7 @@ def _node_loop(
         time.monotonic,
         parts.metrics_address,
         listener=listen,
+        notifier=parts.notifier,
     )
 
 

@@ -17,7 +17,8 @@ import redis
 from nodeagent.coord import streams
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, PoolKeys
-from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_LEAVE, POOL_READ, POOL_SUBMIT, POOL_SYNC
+from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_READ, POOL_SUBMIT, POOL_SYNC
+from nodeagent.coord.scripts import LEAVE
 from nodeagent.decode import NAME_RE
 from nodeagent.errors import CorruptStateError
 from nodeagent.jobspec import JobSpec
@@ -83,7 +84,7 @@ class PoolStore:
         self._read = client.register_script(POOL_READ)
         self._commit = client.register_script(POOL_COMMIT)
         self._submit = client.register_script(POOL_SUBMIT)
-        self._leave = client.register_script(POOL_LEAVE)
+        self._leave = client.register_script(LEAVE)  # a job's and a pool's: the same steps
 
     def sync(self, report: PoolNode) -> PoolBeat:
         k = self.keys
@@ -257,9 +258,15 @@ class PoolStore:
         return streams.wait(self.client, after, block_ms)
 
     def leave(self, name: str) -> None:
+        """Drop this node's pool lease (and the pool leader lease) at once; the event wakes the
+        pool, whose leader reschedules without waiting for the lease to lapse."""
         k = self.keys
+        event = Event("node_left", node=name, message=f"{name} left the pool")
         with redis_errors("leave the pool"):
-            self._leave(keys=[k.node(name), k.leases, k.leader], args=[name])
+            self._leave(
+                keys=[k.node(name), k.leases, k.leader, k.events],
+                args=[name, EVENTS_MAXLEN, event.to_json()],
+            )
 
 
 def _pairs(flat: Sequence[Any]) -> list[tuple[str, str]]:

@@ -135,16 +135,3 @@ redis.pcall('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[5])
 return {1, status}
 """
 )
-
-POOL_LEAVE = """
--- A node leaves the pool on purpose: drop its lease (and the pool leader lease if it holds it).
--- KEYS[1] node key  KEYS[2] leases zset  KEYS[3] leader
--- ARGV[1] node name
-redis.call('DEL', KEYS[1])
-redis.pcall('ZREM', KEYS[2], ARGV[1])
-local leader = redis.pcall('GET', KEYS[3])
-if type(leader) == 'string' and string.sub(leader, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
-  redis.call('DEL', KEYS[3])
-end
-return 1
-"""

@@ -126,6 +126,27 @@ class AgentProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+def start_agent(
+    name: str,
+    config: Path,
+    directory: Path,
+    prefix: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> AgentProcess:
+    """`nodeagent run --config CONFIG` in a session of its own (a command `prefix` such as
+    `ip netns exec NS` first), its output appended to DIRECTORY/agent-NAME.log."""
+    log_path = directory / f"agent-{name}.log"
+    with log_path.open("ab") as log_file:
+        proc = subprocess.Popen(
+            [*(prefix or []), sys.executable, "-m", "nodeagent", "run", "--config", str(config)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    return AgentProcess(name, proc, log_path)
+
+
 @dataclass
 class LocalCluster:
     """Several agents of one job on this machine, each with its own config file."""
@@ -197,24 +218,9 @@ class LocalCluster:
 
     def start(self, *names: str, env: dict[str, str] | None = None) -> None:
         for name in names:
-            log_path = self.directory / f"agent-{name}.log"
-            with log_path.open("ab") as log_file:
-                proc = subprocess.Popen(
-                    [
-                        *self.prefixes.get(name, []),
-                        sys.executable,
-                        "-m",
-                        "nodeagent",
-                        "run",
-                        "--config",
-                        str(self.config_path(name)),
-                    ],
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env={**os.environ, **(env or {})},
-                )
-            self.agents[name] = AgentProcess(name, proc, log_path)
+            self.agents[name] = start_agent(
+                name, self.config_path(name), self.directory, self.prefixes.get(name, []), env
+            )
 
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

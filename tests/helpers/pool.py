@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tests.helpers.cluster import WORKER, AgentProcess, wait_for
+from tests.helpers.cluster import WORKER, AgentProcess, start_agent, wait_for
 from tests.helpers.runas import AS_TESTER
 
 TIMING = {
@@ -64,15 +64,7 @@ class PoolCluster:
         for name in names:
             path = self.directory / f"{name}.yaml"
             path.write_text(yaml.safe_dump(self.config(name, job)))
-            log_path = self.directory / f"agent-{name}.log"
-            with log_path.open("ab") as log_file:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "nodeagent", "run", "--config", str(path)],
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            self.agents[name] = AgentProcess(name, proc, log_path)
+            self.agents[name] = start_agent(name, path, self.directory)
 
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

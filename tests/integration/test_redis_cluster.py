@@ -30,6 +30,7 @@ from nodeagent.redisurl import problem
 from nodeagent.state import JobState, NodeState
 from tests.helpers.cluster import RedisServer, free_port, local_cluster, nodeagentctl, wait_for
 from tests.helpers.factories import make_record
+from tests.helpers.pool import pool_cluster
 from tests.helpers.rediscluster import (
     RedisClusterServers,
     port_for_later,
@@ -316,3 +317,19 @@ def test_two_jobs_run_side_by_side_on_the_cluster(
             steady["generation"],
             2,
         )
+
+
+def test_a_pool_spreads_its_jobs_over_the_cluster(
+    cluster: RedisClusterServers, job_id: str, tmp_path: Path
+) -> None:
+    """Pool agents on the cluster URL: the pool's keys in one slot, two submitted jobs in
+    slots of two other primaries; both are admitted and run, each on a node of its own."""
+    one, two = jobs_on_two_nodes(cluster, job_id)
+    with pool_cluster(cluster.url, tmp_path, pool=job_id) as pool:
+        pool.start("p1", "p2")
+        wait_for(lambda: len(pool.placements()) == 2, 60, "two nodes in the pool")
+        pool.submit(one, "1")
+        pool.submit(two, "1")
+        pool.wait_job(one, "running", world=1, timeout=60)
+        pool.wait_job(two, "running", world=1, timeout=60)
+        assert set(pool.placements().values()) == {one, two}

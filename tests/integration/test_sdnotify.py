@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nodeagent.sdnotify import Notifier
-from tests.helpers.cluster import RedisServer, local_cluster, wait_for
+from tests.helpers.cluster import RedisServer, local_cluster, start_agent, wait_for
+from tests.helpers.pool import PoolCluster
 
 
 class FakeSystemd:
@@ -99,3 +101,26 @@ def test_agent_under_systemd(
         # the worker never saw NOTIFY_SOCKET or WATCHDOG_* (it records bad_env if it does)
         assert [r["event"] for r in cluster.records()].count("bad_env") == 0
         assert cluster.starts(1)
+
+
+def test_a_pool_node_without_a_job_is_ready_and_pings(
+    systemd: FakeSystemd, redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """A job-less pool node tells systemd it started (Type=notify would wait for ever) and
+    keeps the watchdog fed while it serves nothing."""
+    pool = PoolCluster(redis_server.url, tmp_path, pool=job_id)
+    path = tmp_path / "free.yaml"
+    path.write_text(yaml.safe_dump(pool.config("free")))
+    env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "400000"}
+    agent = start_agent("free", path, tmp_path, env=env)
+    pool.agents["free"] = agent
+    try:
+        wait_for(lambda: sum(m == "WATCHDOG=1" for m in systemd.receive()) >= 3, 15, "pings")
+        messages = systemd.receive()
+        assert messages[0] == f"READY=1\nSTATUS=free in pool {job_id}", messages[:3]
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(15) == 0
+        time.sleep(0.2)
+        assert any(m.startswith("STOPPING=1") for m in systemd.receive())
+    finally:
+        pool.stop()
