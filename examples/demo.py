@@ -38,6 +38,7 @@ from nodeagent.coord.client import connect
 from nodeagent.coord.embedded import EmbeddedRedis
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.store import JobStore
+from nodeagent.preload import SPARE_MODULE
 from nodeagent.status import status_document
 from nodeagent.timeline import recovery
 
@@ -196,6 +197,26 @@ class Demo:
         pids = [w["pid"] for n in doc["nodes"] for w in n["workers"] if w["state"] == "running"]
         return psutil.Process(pids[-1])
 
+    def wait_preloaded(self, job: str) -> None:
+        """Until each node of `job` has its spare interpreter (job.preload) ready, idle: a
+        restarted worker then runs in one that has imported torch already."""
+
+        def ready() -> bool:
+            members = self.status(job)["members"]
+            workers = {w["pid"] for n in self.status(job)["nodes"] for w in n["workers"]}
+            spares = []
+            for name in members:
+                for child in psutil.Process(self.agents[name].pid).children():
+                    with contextlib.suppress(psutil.Error):
+                        if child.pid not in workers and SPARE_MODULE in child.cmdline():
+                            spares.append(child)
+            try:
+                return len(spares) == len(members) and all(c.cpu_percent(0.2) < 5 for c in spares)
+            except psutil.Error:
+                return False
+
+        self.wait(f"{job}'s preloaded interpreters", ready)
+
     def kill_tree(self, name: str) -> None:
         proc = psutil.Process(self.agents[name].pid)
         for p in [proc, *proc.children(recursive=True)]:
@@ -222,6 +243,7 @@ class Demo:
         self.wait("gamma to wait", lambda: "0 free" in self.jobs()["gamma"]["reason"])
         print(self.ctl("jobs"), flush=True)
 
+        self.wait_preloaded("alpha")
         worker = self.worker_of("alpha")
         fault_at = time.time()
         self.say(f"FAULT: kill -9 a worker of alpha (pid {worker.pid})")
