@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+import yaml
 
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster
 from tests.helpers.cluster import nodeagentctl as ctl
@@ -291,3 +292,32 @@ def test_the_commands_still_work_on_known_nodes(cluster: LocalCluster, db: redis
     assert "node b: workers stopped, out of the job" in drain.stdout
     doc = cluster.wait_running(1, timeout=60, after_generation=generation)
     assert [n["name"] for n in doc["nodes"] if n["group_rank"] is not None] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragments"),
+    [
+        ({"id": "x", "entrypoint": ["t"], "colour": "red"}, ["colour: unknown key"]),
+        ({"id": "x", "entrypoint": ["t"], "min_nodes": 3, "max_nodes": 1}, ["(3) > max_nodes"]),
+        ({"id": "x", "entrypoint": ["t"], "nproc_per_node": 0}, ["nproc_per_node: must be >= 1"]),
+        ({"id": "x", "entrypoint": []}, ["entrypoint: required: a non-empty list"]),
+        ({"id": "bad id", "entrypoint": ["t"]}, ["id: 'bad id' must be 1-63"]),
+        ({"id": "x", "entrypoint": ["t"], "timing": {"lease_ttl": "9s"}}, ["the node's"]),
+        ("- just\n- a list\n", ["expected a mapping of spec keys"]),
+        ("id: [unclosed\n", ["cannot read the job spec"]),
+    ],
+    ids=["unknown-key", "min-above-max", "nproc-zero", "empty-entrypoint", "bad-id", "lease",
+         "a-list", "not-yaml"],
+)  # fmt: skip
+def test_a_bad_spec_file_exits_2_naming_the_key_and_writes_nothing(
+    cluster: LocalCluster, db: redis.Redis, tmp_path: Path, spec: object, fragments: list[str]
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(spec if isinstance(spec, str) else yaml.safe_dump(spec))
+    before = fingerprint(db)
+    result = ctl(*where(cluster), "submit", str(path))
+    assert (result.returncode, result.stdout) == (EX_USAGE, ""), result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert fingerprint(db) == before
