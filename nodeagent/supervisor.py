@@ -25,7 +25,7 @@ from typing import IO
 
 import psutil
 
-from nodeagent import progress
+from nodeagent import errorfile, progress
 from nodeagent.errorfile import read_error_file
 from nodeagent.fencing import Group, start_ticks
 from nodeagent.identity import WorkerUser
@@ -151,9 +151,10 @@ def _open_log(path: Path) -> IO[bytes]:
 def _worker_files(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
     """The generation's directory, the worker's progress file and its log (returned, open).
 
-    A worker that runs as another user must reach its progress file to map it: the job's and
-    the generation's directories get the worker's group (0750) and the file becomes the
-    worker's. Nothing else there is readable to it: logs stay the agent's (0640).
+    A worker that runs as another user must reach its progress file to map it, and write its
+    error file: the job's and the generation's directories get the worker's group (0750) and
+    those two files become the worker's. Nothing else there is readable to it: logs stay the
+    agent's (0640).
     """
     directory = spec.log_path.parent
     directory.mkdir(parents=True, exist_ok=True)
@@ -163,6 +164,8 @@ def _worker_files(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
             os.chown(path, -1, other.gid)
             os.chmod(path, DIR_MODE)
     progress.create(spec.progress_path, owner=other.uid if other is not None else None)
+    if other is not None and spec.error_file is not None:  # @record writes it on failure
+        errorfile.prepare(spec.error_file, other.uid)
     return _open_log(spec.log_path)
 
 

@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from nodeagent.config import Resolver
+from nodeagent.errorfile import read_error_file
 from nodeagent.fencing import Group, Keeper
 from nodeagent.identity import WorkerUser, resolve
 from nodeagent.launch import WorkerSpec
@@ -289,3 +290,23 @@ def test_a_real_agent_runs_its_workers_as_the_job_user(
         agent.proc.kill()  # SIGKILL: no goodbye; the kernel and the fence keeper remain
         agent.proc.wait(10)
         wait_for(lambda: all(_gone(pid) for pid in workers), 10, "the workers to die")
+
+
+@ROOT_ONLY
+def test_a_worker_of_another_user_can_write_its_error_file(
+    job_user: JobUser, shared_dir: Path
+) -> None:
+    """Its generation's directory is the agent's: the agent makes the (empty) error file the
+    worker's, so torch's @record can write the root cause there, and the agent reads it."""
+    error_file = shared_dir / "logs" / "job" / "1" / "rank-0.error.json"
+    cause = '{"message": {"message": "ValueError: bad batch", "extraInfo": {}}}'
+    worker = spec(
+        shared_dir,
+        f"echo failing; printf '%s' '{cause}' > \"$TORCHELASTIC_ERROR_FILE\"; exit 3",
+        env={"TORCHELASTIC_ERROR_FILE": str(error_file)},
+    )
+    user = job_user.run_as
+    run_one(Spawner(user=user), worker)
+    owner = error_file.stat()
+    assert (stat.S_IMODE(owner.st_mode), owner.st_uid, owner.st_gid) == (0o640, user.uid, 0)
+    assert read_error_file(error_file) == "ValueError: bad batch"
