@@ -64,6 +64,7 @@ class JobSpec:
     queue: str = "default"
     priority: int = 0
     submitted_by: str = ""
+    selector: Mapping[str, str] = field(default_factory=dict)  # labels a node must have
 
     @property
     def id(self) -> str:
@@ -87,6 +88,7 @@ class JobSpec:
             "queue": self.queue,
             "priority": self.priority,
             "timing": dict(self.timing),
+            "selector": dict(self.selector),
         }
         optional = {
             "working_dir": job.working_dir,
@@ -154,8 +156,24 @@ def load_spec(
     if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
         raise ConfigError("priority", f"must be within +-{MAX_PRIORITY}, got {priority}")
     submitted_by = root.get("submitted_by", str, "") if submitted else ""
+    selector = _selector(root)
     root.reject_unknown()
-    return JobSpec(job, user, group, timing, queue, priority, submitted_by[:256])
+    return JobSpec(job, user, group, timing, queue, priority, submitted_by[:256], selector)
+
+
+def _selector(root: Section) -> dict[str, str]:
+    """selector: the labels (a node's pool.labels) a node must carry to be placed on the job."""
+    raw = root.raw("selector") or {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError("selector", "expected a mapping of labels, such as {gpu: h100}")
+    selector = {}
+    for name, value in raw.items():
+        key = f"selector.{name}"
+        check_name(str(name), key)
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise ConfigError(key, f"expected a label value such as h100, got {value!r}")
+        selector[str(name)] = str(value)
+    return selector
 
 
 def _timing(section: Section) -> dict[str, float]:

@@ -48,6 +48,13 @@ def add_parsers(commands: Any) -> None:
     submit.add_argument("--queue", help="queue (default: default)")
     submit.add_argument("--priority", type=int, help="priority (higher first; default 0)")
     submit.add_argument("--max-restarts", type=int, help="restart budget (default 3)")
+    submit.add_argument(
+        "--selector",
+        action="append",
+        default=[],
+        metavar="LABEL=VALUE",
+        help="only nodes whose pool.labels have it (repeatable)",
+    )
     submit.add_argument("--wait", action="store_true", help="wait until every rank runs")
     submit.add_argument(
         "--timeout", type=ctlargs.duration, default="10m", help="how long --wait waits"
@@ -96,6 +103,11 @@ def spec_from_args(args: argparse.Namespace, user: str, by: str) -> JobSpec:
         "max_restarts": args.max_restarts,
     }
     doc.update({k: v for k, v in flags.items() if v is not None})
+    for pair in args.selector:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise UsageError(f"--selector: expected LABEL=VALUE, got {pair!r}")
+        doc.setdefault("selector", {})[name] = value
     for pair in args.env:
         name, eq, value = pair.partition("=")
         if not eq or not name:

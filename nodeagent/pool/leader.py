@@ -53,6 +53,7 @@ def read_view(store: PoolStore) -> tuple[PoolSnapshot, PoolView]:
             cordoned=snap.cordons[name].reason if name in snap.cordons else None,
             drained=name in snap.cordons and snap.cordons[name].drain,
             refused=frozenset(report.refused),
+            labels=report.labels,
         )
         for name, report in snap.nodes.items()
     }
@@ -78,6 +79,7 @@ def _job_view(
         record_state=record.state if record is not None else None,
         members=record.members if record is not None else (),
         cancel=snap.cancels.get(job_id),
+        selector=spec.selector,
     )
 
 

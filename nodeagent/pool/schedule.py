@@ -3,8 +3,8 @@
 Rules (docs/design.md, "The pool"):
 - a node serves one job at a time; a node pinned by its `job:` section serves only that job;
 - gang admission: a pending job is admitted only when at least `min_nodes` healthy,
-  uncordoned, free nodes that do not refuse it can be given to it at once; it gets up to its
-  target; never a partial start below `min_nodes`;
+  uncordoned, free nodes that do not refuse it (and carry the labels its `selector` names) can
+  be given to it at once; it gets up to its target; never a partial start below `min_nodes`;
 - order: priority (higher first), then first come, first served;
 - backfill with a reservation: a job that does not fit does not block smaller jobs behind it,
   until the first job in order that could fit the pool has waited `reserve_after`; from then on
@@ -46,6 +46,7 @@ class NodeView:
     cordoned: str | None = None  # an operator's pool cordon
     drained: bool = False  # ... that also takes it off its job now
     refused: frozenset[str] = frozenset()  # jobs it cannot run
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def eligible(self) -> bool:
@@ -67,6 +68,7 @@ class JobView:
     members: tuple[str, ...] = ()
     cancel: str | None = None  # who asked to cancel it
     invalid: str | None = None  # its spec cannot be read: it fails
+    selector: Mapping[str, str] = field(default_factory=dict)  # labels a node must have
 
     @property
     def order(self) -> tuple[int, int]:
@@ -111,10 +113,16 @@ class _Run:
         self._eligible = set(self.eligible)
         self._head = 0  # every node of eligible[:_head] is placed
         self._free = len(self.eligible)  # eligible nodes not placed
-        self.refusers: dict[str, set[str]] = {}
+        self.refusers: dict[str, set[str]] = {}  # nodes that refuse a job, or lack its labels
+        self.unmatched: dict[str, int] = {}  # of those, how many lack its labels
         for node in nodes:
             for job_id in node.refused:
                 self.refusers.setdefault(job_id, set()).add(node.name)
+        for job in view.jobs.values():
+            if job.selector:
+                lacking = {n.name for n in nodes if not _matches(n.labels, job.selector)}
+                self.refusers.setdefault(job.id, set()).update(lacking)
+                self.unmatched[job.id] = len(lacking)
         self.healthy = {
             n.name for n in nodes if n.pinned is None and n.unfit is None and n.cordoned is None
         }
@@ -282,12 +290,20 @@ def _admit(run: _Run, policy: SchedulePolicy) -> bool:
 
 def _could_fit(run: _Run, job: JobView) -> str | None:
     """Why `job` can never fit this pool as it is, or None."""
-    refused = run.refusers.get(job.id, set())
-    healthy = len(run.healthy) - len(refused & run.healthy)
+    excluded = run.refusers.get(job.id, set())
+    healthy = len(run.healthy) - len(excluded & run.healthy)
     if healthy >= job.min_nodes:
         return None
-    why = f"; {len(refused)} refuse it" if refused else ""
+    unmatched = run.unmatched.get(job.id, 0)
+    why = f"; {len(excluded) - unmatched} refuse it" if len(excluded) > unmatched else ""
+    if unmatched:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
+        why += f"; {unmatched} lack {labels}"
     return f"needs {job.min_nodes} nodes, the pool has {healthy} healthy nodes that can run it{why}"
+
+
+def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
 
 
 def _grow(run: _Run) -> None:

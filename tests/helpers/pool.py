@@ -46,11 +46,18 @@ class PoolCluster:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def config(self, name: str, job: dict[str, Any] | None = None) -> dict[str, Any]:
+    def config(
+        self, name: str, job: dict[str, Any] | None = None, labels: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         config: dict[str, Any] = {
             "node": {"name": name, "address": "127.0.0.1"},
             "redis": {"url": self.redis_url},
-            "pool": {"name": self.pool, "users": [str(AS_TESTER["user"])], "allow_root": True},
+            "pool": {
+                "name": self.pool,
+                "users": [str(AS_TESTER["user"])],
+                "allow_root": True,
+                "labels": labels or {},
+            },
             "timing": self.timing,
             "metrics": {"listen": "127.0.0.1:0"},
             "log_dir": str(self.directory / "logs"),
@@ -60,10 +67,15 @@ class PoolCluster:
             config["job"] = job
         return config
 
-    def start(self, *names: str, job: dict[str, Any] | None = None) -> None:
+    def start(
+        self,
+        *names: str,
+        job: dict[str, Any] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> None:
         for name in names:
             path = self.directory / f"{name}.yaml"
-            path.write_text(yaml.safe_dump(self.config(name, job)))
+            path.write_text(yaml.safe_dump(self.config(name, job, labels)))
             self.agents[name] = start_agent(name, path, self.directory)
 
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:

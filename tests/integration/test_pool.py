@@ -183,3 +183,14 @@ def test_scale_a_pool_job_down_and_up_by_relative_counts(pool: PoolCluster) -> N
     assert pool.wait_job("elastic", "running", world=2)["target_nodes"] == 2
     beyond = pool.ctl("scale", "elastic", "+5")
     assert beyond.returncode == 2 and "[min_nodes, max_nodes] = [1, 3]" in beyond.stderr
+
+
+def test_a_selector_sends_a_job_to_the_nodes_with_its_labels(pool: PoolCluster) -> None:
+    pool.start("a", labels={"gpu": "a100"})
+    pool.start("b", labels={"gpu": "h100"})
+    wait_for(lambda: len(pool.placements()) == 2, 30, "two nodes in the pool")
+    pool.submit("picky", "1", "--selector", "gpu=h100")
+    pool.wait_job("picky", "running", world=1)
+    assert pool.placements() == {"a": None, "b": "picky"}
+    pool.submit("rare", "1", "--selector", "gpu=b200")
+    wait_for(lambda: "2 lack gpu=b200" in pool.jobs()["rare"]["reason"], 10, "why it waits")

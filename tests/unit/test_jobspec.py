@@ -30,6 +30,9 @@ BASE: dict[str, Any] = {"id": "llama", "entrypoint": ["python", "train.py"], "us
         ({"timing": {"lease_ttl": "5s"}}, "timing.lease_ttl", "the node's"),
         ({"timing": {"hang_timeout": "soon"}}, "timing.hang_timeout", "duration"),
         ({"submitted_by": "mallory"}, "submitted_by", "unknown key"),
+        ({"selector": ["gpu"]}, "selector", "a mapping of labels"),
+        ({"selector": {"gpu": True}}, "selector.gpu", "label value"),
+        ({"selector": {"a b": "x"}}, "selector.a b", "must be 1-63"),
     ],
 )
 def test_bad_specs_name_the_key(change: dict[str, Any], key: str, message: str) -> None:
@@ -48,11 +51,13 @@ def test_round_trip_through_json_keeps_everything() -> None:
             "timing": {"hang_timeout": "2m", "stop_grace_period": 0},
             "queue": "research",
             "priority": 5,
+            "selector": {"gpu": "h100", "rack": 12},
         }
     )
     assert spec.timing == {"hang_timeout": 120.0, "stop_grace_period": 0.0}
     back = JobSpec.from_json(spec.to_json())
     assert back == spec and back.job.target_nodes == 8 and back.job.env == {"A": "1"}
+    assert back.selector == {"gpu": "h100", "rack": "12"}
 
 
 def test_defaults_user_and_id_from_the_command_line() -> None:

@@ -241,3 +241,21 @@ def test_a_cordoned_node_keeps_its_job_and_a_drained_one_leaves_it() -> None:
     drained = NodeView("a", cordoned="maintenance", drained=True)
     placements, _ = run(nodes("b", "c", a=drained), [running], {"a": "j", "b": "j"})
     assert on(placements, "j") == ["b", "c"]  # and it grows back into a free node
+
+
+def test_a_selector_places_a_job_only_on_nodes_with_its_labels() -> None:
+    h100 = {"gpu": "h100"}
+    view_nodes = nodes(
+        a=NodeView("a", labels={"gpu": "a100"}),
+        b=NodeView("b", labels=h100),
+        c=NodeView("c", labels={**h100, "rack": "r1"}),
+    )
+    picky = replace(job("picky", 2), selector=h100)
+    placements, jobs = run(view_nodes, [picky])
+    assert on(placements, "picky") == ["b", "c"] and jobs["picky"].state is RUNNING
+    too_picky = replace(job("rare", 1), selector={"gpu": "b200"})
+    placements, jobs = run(view_nodes, [too_picky])
+    assert placements == {}
+    assert jobs["rare"].reason == (
+        "needs 1 nodes, the pool has 0 healthy nodes that can run it; 3 lack gpu=b200"
+    )
