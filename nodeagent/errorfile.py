@@ -1,5 +1,4 @@
-"""A failed rank's root cause from its torchelastic error file. Pure apart from one bounded read
-and the empty file the agent prepares for a worker of another user.
+"""A failed rank's root cause from its torchelastic error file. Pure apart from one bounded read.
 
 A worker whose entrypoint is decorated with `torch.distributed.elastic.multiprocessing.errors.
 record` writes the exception it died of to $TORCHELASTIC_ERROR_FILE (launch.error_file_path):
@@ -12,31 +11,12 @@ oversized or malformed file is no root cause (None), never an error.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
-MODE = 0o640  # the worker's, the agent's group: the agent reads it
 MAX_FILE_BYTES = 256 * 1024  # a deep traceback fits; anything larger is not read
 MAX_CAUSE_CHARS = 500  # what a failure's detail carries at most
 _FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>\S+)\s*$')
-
-
-def prepare(path: Path, owner: int) -> None:
-    """An empty error file that `owner` (a worker of another user) can write: its generation's
-    directory is the agent's, where the worker cannot create files. Empty reads as no error
-    file (read_error_file). Never a symbolic link: one is replaced, not followed."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags, MODE)
-    except OSError:  # a link (ELOOP) or a file the agent cannot open: start afresh
-        path.unlink(missing_ok=True)
-        fd = os.open(path, flags | os.O_EXCL, MODE)
-    try:
-        os.fchmod(fd, MODE)
-        os.fchown(fd, owner, -1)
-    finally:
-        os.close(fd)
 
 
 def read_error_file(path: str | Path) -> str | None:

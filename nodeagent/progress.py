@@ -30,8 +30,15 @@ def create(path: Path, owner: int | None = None) -> None:
 
     `owner`: the uid of a worker that runs as another user. The file becomes that user's, so
     the worker can map it for writing; its group stays the agent's, so the agent reads it
-    without overriding file permissions. Never a symbolic link: one is replaced, not followed.
+    without overriding file permissions.
     """
+    worker_file(path, owner, LAYOUT.pack(MAGIC, VERSION, 0, -1, 0.0))
+
+
+def worker_file(path: Path, owner: int | None, content: bytes = b"") -> None:
+    """A file the agent makes for a worker to write (its progress file, its error file): MODE,
+    `owner`'s (the worker's uid, when it runs as another user), holding `content`. Never a
+    symbolic link: one is replaced, not followed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -43,7 +50,7 @@ def create(path: Path, owner: int | None = None) -> None:
         os.fchmod(fd, MODE)  # a file left by an earlier run keeps its mode otherwise
         if owner is not None:
             os.fchown(fd, owner, -1)
-        os.write(fd, LAYOUT.pack(MAGIC, VERSION, 0, -1, 0.0))
+        os.write(fd, content)
     finally:
         os.close(fd)
 

@@ -25,7 +25,7 @@ from typing import IO
 
 import psutil
 
-from nodeagent import errorfile, progress
+from nodeagent import progress
 from nodeagent.errorfile import read_error_file
 from nodeagent.fencing import Group, start_ticks
 from nodeagent.identity import WorkerUser
@@ -164,8 +164,8 @@ def _worker_files(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
             os.chown(path, -1, other.gid)
             os.chmod(path, DIR_MODE)
     progress.create(spec.progress_path, owner=other.uid if other is not None else None)
-    if other is not None and spec.error_file is not None:  # @record writes it on failure
-        errorfile.prepare(spec.error_file, other.uid)
+    if other is not None and spec.error_file is not None:  # @record writes it on failure;
+        progress.worker_file(spec.error_file, other.uid)  # empty reads as no error file
     return _open_log(spec.log_path)
 
 

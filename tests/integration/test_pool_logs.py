@@ -49,8 +49,10 @@ class OwnLogDirs(PoolCluster):
     """Every agent its own log_dir, as on separate machines: a log can only come from the
     agent of the node that ran the rank."""
 
-    def config(self, name: str, job: dict[str, Any] | None = None) -> dict[str, Any]:
-        config = super().config(name, job)
+    def config(
+        self, name: str, job: dict[str, Any] | None = None, labels: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        config = super().config(name, job, labels)
         config["log_dir"] = str(self.log_dir(name))
         return config
 
