@@ -26,6 +26,7 @@ class Round:
 
     view: PoolView
     write: PoolWrite | None
+    garbage: tuple[str, ...] = ()  # what was read that nodeagent does not write (ignored)
 
 
 def read_view(store: PoolStore) -> tuple[PoolSnapshot, PoolView]:
@@ -92,12 +93,10 @@ def lead(store: PoolStore, leader: str, policy: SchedulePolicy) -> Round:
     """
     snap, view = read_view(store)
     result = schedule(view, policy)
-    if snap.garbage:
-        log.warning("pool: ignoring what nodeagent did not write: %s", "; ".join(snap.garbage))
     before = dict(snap.placements)
     lapsed = snap.lapsed
     if not result.changed(before) and not lapsed:
-        return Round(view, None)
+        return Round(view, None, snap.garbage)
     unplace = tuple(n for n in before if n not in result.placements)
     place = {n: j for n, j in result.placements.items() if before.get(n) != j}
     events = result.events
@@ -108,4 +107,4 @@ def lead(store: PoolStore, leader: str, policy: SchedulePolicy) -> Round:
     for event in result.events:
         log.info("pool: %s", event.message)
     store.commit(leader, write)
-    return Round(view, write)
+    return Round(view, write, snap.garbage)

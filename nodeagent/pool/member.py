@@ -46,6 +46,7 @@ class PoolMember:
         self._calls = BoundedCalls(clock)
         self._policy = SchedulePolicy(int(settings.pool.reserve_after * 1000))
         self.placement: str | None = None
+        self._garbage: tuple[str, ...] = ()
         self.leading = False
         self.synced = False  # a heartbeat went through since start
         self.last_error: str | None = None
@@ -127,6 +128,12 @@ class PoolMember:
             self._failed(exc)
             return
         self.last_view = done.view
+        if done.garbage != self._garbage:  # said once, not at every heartbeat
+            if done.garbage:
+                log.warning(
+                    "pool: ignoring what nodeagent did not write: %s", "; ".join(done.garbage)
+                )
+            self._garbage = done.garbage
         if done.write is not None:
             self._next = self._clock()  # read the placements just written
 
