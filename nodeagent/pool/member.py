@@ -59,6 +59,15 @@ class PoolMember:
     def name(self) -> str:
         return self._settings.node.name
 
+    def _interval(self) -> float:
+        """The pool leader rounds every heartbeat (a job's end frees its nodes within one); the
+        other nodes renew their pool lease twice per lease: a dead node is found when its lease
+        lapses either way, and what concerns them (a submission, a placement) wakes them through
+        the pool's stream at once. So a node costs the pool 1/(lease_ttl/2) calls a second, not
+        one per heartbeat on top of its job's."""
+        timing = self._settings.timing
+        return timing.heartbeat_interval if self.leading else timing.lease_ttl / 2
+
     def poke(self) -> None:
         """Heartbeat at the next pass of the loop (a pool event arrived). Any thread."""
         self._next = 0.0
@@ -86,7 +95,7 @@ class PoolMember:
             version=__version__,
         )
         start = self._clock()
-        self._next = start + timing.heartbeat_interval
+        self._next = start + self._interval()
         try:
             beat = self._store_call(lambda: self._store.sync(report), "pool heartbeat")
         except CoordinationError as exc:
@@ -101,6 +110,7 @@ class PoolMember:
         if leading != self.leading:
             log.info("pool leadership %s", "acquired" if leading else f"held by {beat.leader_name}")
         self.leading = leading
+        self._next = start + self._interval()
         if not leading and beat.leader_deadline_ms is not None:
             lapse = start + (beat.leader_deadline_ms - beat.now_ms) / 1000 + 0.005
             self._next = min(self._next, max(lapse, start + 0.01))
