@@ -6,9 +6,22 @@ Every helper also works under plain torchrun (or no launcher): without nodeagent
 `beat` does nothing and `GracefulExit` still catches SIGTERM.
 """
 
+from nodeagent.worker import elastic
 from nodeagent.worker.checkpoint import Checkpoint, CheckpointManager
+from nodeagent.worker.elastic import Reform, ReformTimedOut, State
 from nodeagent.worker.graceful import GracefulExit
 from nodeagent.worker.progress import beat
 from nodeagent.worker.scaling import Rescaled, rescale
 
-__all__ = ["Checkpoint", "CheckpointManager", "GracefulExit", "Rescaled", "beat", "rescale"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointManager",
+    "GracefulExit",
+    "Reform",
+    "ReformTimedOut",
+    "Rescaled",
+    "State",
+    "beat",
+    "elastic",
+    "rescale",
+]

@@ -1,0 +1,335 @@
+"""In-place recovery: a worker that keeps running while the job re-forms around it.
+
+In the spirit of Horovod's `hvd.elastic`: the script keeps what must survive a re-form in a
+`State`, commits it every step (a copy in host memory), and runs its training function through
+`run(train_fn, state)`. When the agent hands this worker a newer assignment over its control
+channel (nodeagent.control, path in NODEAGENT_CONTROL_FILE), or a collective fails because a
+peer died, `run` leaves the process group, reports that to the agent, waits for the next
+assignment, joins the new process group, rolls back to the last commit, takes the state of
+the rank with the highest committed step (`sync`), runs the reset callbacks and calls
+`train_fn(state)` again, in the same process.
+
+Without a channel (plain torchrun, no launcher) the script runs as a normal one: `check()`
+never raises and a failed collective raises as usual. torch is imported lazily.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from nodeagent.control import Assignment, ControlFile
+
+log = logging.getLogger(__name__)
+ENV = "NODEAGENT_CONTROL_FILE"
+DEFAULT_REFORM_TIMEOUT_S = 60.0
+POLL_S = 0.005
+T = TypeVar("T")
+
+
+class Reform(Exception):
+    """The job is re-forming: leave the process group (raised by check() between steps)."""
+
+    def __init__(self, reason: str, assignment: Assignment | None = None) -> None:
+        super().__init__(reason)
+        self.assignment = assignment
+
+
+class ReformTimedOut(Exception):
+    """No new assignment came within reform_timeout: exit so the agent restarts this worker."""
+
+
+def _copy_into(value: Any, previous: Any) -> Any:
+    """A copy of `value` with every tensor on the CPU, reusing `previous`'s tensors where
+    they have the same shape and dtype (no allocation in the steady state)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        src = value.detach()
+        if (
+            isinstance(previous, torch.Tensor)
+            and previous.shape == src.shape
+            and previous.dtype == src.dtype
+        ):
+            return previous.copy_(src)
+        return src.to("cpu", copy=True)
+    if isinstance(value, dict):
+        before = previous if isinstance(previous, dict) else {}
+        return {k: _copy_into(v, before.get(k)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        old = previous if isinstance(previous, type(value)) and len(previous) == len(value) else ()
+        items = [_copy_into(v, old[i] if old else None) for i, v in enumerate(value)]
+        return items if isinstance(value, list) else type(value)(items)
+    return copy.deepcopy(value)
+
+
+def _stateful(value: object) -> bool:
+    return callable(getattr(value, "state_dict", None)) and callable(
+        getattr(value, "load_state_dict", None)
+    )
+
+
+class State:
+    """What survives a re-form: models, optimizers, schedulers (anything with state_dict and
+    load_state_dict) and plain values, e.g. `State(model=m, optimizer=opt, step=0, epoch=0)`;
+    read and set them as attributes (`state.step += 1`). `step` is the step of the commit:
+    `sync` takes the state of the rank whose committed step is highest.
+    """
+
+    def __init__(self, **objects: Any) -> None:
+        values = {"step": 0}
+        values.update({k: v for k, v in objects.items() if not _stateful(v)})
+        attrs: dict[str, Any] = {
+            "_objects": {k: v for k, v in objects.items() if _stateful(v)},
+            "_values": values,
+            "_snapshot": None,
+            "_callbacks": [],
+            "_channel": None,
+            "_seen": 0,
+            "generation": int(os.environ.get("NODEAGENT_GENERATION", "0")),
+            "committed_step": -1,
+        }
+        for name, value in attrs.items():
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("_values", {})
+        if name in values:
+            return values[name]
+        objects = self.__dict__.get("_objects", {})
+        if name in objects:
+            return objects[name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._objects:
+            raise AttributeError(f"{name} is a stateful object of this State: load into it")
+        if name in self.__dict__:
+            object.__setattr__(self, name, value)
+        else:
+            self._values[name] = value
+
+    def attach(self, channel: ControlFile | None) -> None:
+        """Talk to the agent over `channel`; assignments already in it are not news."""
+        object.__setattr__(self, "_channel", channel)
+        object.__setattr__(self, "_seen", channel.sequence() if channel else 0)
+
+    def on_reset(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` after every sync: on the first start and after each re-form, on
+        every rank (newcomers too). Set things from the current world (idempotently)."""
+        self._callbacks.append(callback)
+
+    def commit(self) -> None:
+        """Snapshot the state in host memory, tell the agent the step, then check()."""
+        previous = self._snapshot or {}
+        snapshot = {
+            "objects": {
+                name: _copy_into(obj.state_dict(), previous.get("objects", {}).get(name))
+                for name, obj in self._objects.items()
+            },
+            "values": copy.deepcopy(self._values),
+        }
+        object.__setattr__(self, "_snapshot", snapshot)
+        object.__setattr__(self, "committed_step", int(self._values["step"]))
+        if self._channel is not None:
+            self._channel.report_step(self.committed_step)
+        self.check()
+
+    def restore(self) -> None:
+        """Back to the last commit (nothing to do before the first one)."""
+        if self._snapshot is None:
+            return
+        import torch
+
+        for name, obj in self._objects.items():
+            saved = self._snapshot["objects"][name]
+            if not isinstance(obj, torch.nn.Module):  # an optimizer may keep what it loads
+                saved = _copy_into(saved, None)  # and update it in place: give it a copy
+            obj.load_state_dict(saved)  # a module copies into its own parameters
+        object.__setattr__(self, "_values", copy.deepcopy(self._snapshot["values"]))
+
+    def check(self) -> None:
+        """Raise Reform if the agent has published a newer assignment (one memory read)."""
+        channel = self._channel
+        if channel is None or channel.sequence() == self._seen:
+            return
+        seq, assignment = channel.assignment()
+        object.__setattr__(self, "_seen", seq)
+        if assignment is not None and assignment.generation > self.generation:
+            raise Reform(f"new assignment for generation {assignment.generation}", assignment)
+
+    def sync(self) -> None:
+        """Every rank takes the committed state of the rank with the highest committed step
+        (the lowest such rank), newcomers included, then runs the reset callbacks.
+
+        One all_gather of the committed steps, then broadcast_object_list of the snapshot:
+        it carries any structure (a newcomer's optimizer has no state yet to receive tensors
+        into), at the price of pickling on the sender and unpickling on the receivers.
+        """
+        import torch
+        import torch.distributed as dist
+
+        if self._snapshot is None:
+            self._take_first_snapshot()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            device = _device()
+            mine = torch.tensor([self.committed_step], dtype=torch.int64, device=device)
+            steps = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+            dist.all_gather(steps, mine)
+            values = [int(s.item()) for s in steps]
+            source = values.index(max(values))
+            box = [self._snapshot if dist.get_rank() == source else None]
+            dist.broadcast_object_list(box, src=source, device=device)
+            object.__setattr__(self, "_snapshot", box[0])
+            object.__setattr__(self, "committed_step", max(values))
+        self.restore()
+        for callback in self._callbacks:
+            callback()
+
+    def _take_first_snapshot(self) -> None:
+        channel = self._channel
+        object.__setattr__(self, "_channel", None)
+        try:
+            self.commit()
+        finally:
+            object.__setattr__(self, "_channel", channel)
+        object.__setattr__(self, "committed_step", -1)  # nothing was trained into it
+
+
+def _device() -> Any:
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _init_process_group(backend: str | None, timeout: timedelta | None) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, timeout=timeout)
+
+
+def _collective_failed(exc: BaseException) -> bool:
+    """A peer went away under a collective: torch's DistError family (DistBackendError,
+    DistNetworkError, DistStoreError), or gloo's plain RuntimeError naming the transport."""
+    import torch.distributed as dist
+
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        marker in text for marker in ("gloo", "Connection closed", "Connection reset", "NCCL")
+    )
+
+
+def _wait_for(state: State, channel: ControlFile, deadline: float) -> Assignment:
+    while True:
+        seq, assignment = channel.assignment()
+        object.__setattr__(state, "_seen", seq)
+        if assignment is not None and assignment.generation > state.generation:
+            return assignment
+        if time.monotonic() >= deadline:
+            raise ReformTimedOut(
+                f"no assignment newer than generation {state.generation} came in time"
+            )
+        time.sleep(POLL_S)
+
+
+def _reform(
+    state: State,
+    channel: ControlFile,
+    reason: Reform | BaseException,
+    reform_timeout: float,
+) -> Assignment:
+    """Leave the old group, report it, wait for the next assignment, take its environment."""
+    import torch.distributed as dist
+
+    started = time.monotonic()
+    log.warning(
+        "generation %d: re-forming (%s: %s)", state.generation, type(reason).__name__, reason
+    )
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # a group whose peers are gone may fail to tear down
+            log.warning("destroying the old process group: %s", exc)
+    channel.report_left(state.generation)
+    assignment = reason.assignment if isinstance(reason, Reform) else None
+    if assignment is None:
+        assignment = _wait_for(state, channel, started + reform_timeout)
+    newest_seq, newest = channel.assignment()  # a still newer one may have come meanwhile
+    if newest is not None and newest.generation > assignment.generation:
+        assignment = newest
+    object.__setattr__(state, "_seen", max(state._seen, newest_seq))
+    os.environ.update(assignment.environment())
+    object.__setattr__(state, "generation", assignment.generation)
+    log.warning(
+        "generation %d: rank %d of %d at %s:%d",
+        *(assignment.generation, assignment.rank, assignment.world_size),
+        *(assignment.master_addr, assignment.master_port),
+    )
+    return assignment
+
+
+def channel_from_env() -> ControlFile | None:
+    """The channel the agent made for this worker, or None (plain torchrun, restart mode)."""
+    path = os.environ.get(ENV)
+    return ControlFile(Path(path)) if path and Path(path).exists() else None
+
+
+def run(
+    train_fn: Callable[[State], T],
+    state: State,
+    *,
+    reform_timeout: float = DEFAULT_REFORM_TIMEOUT_S,
+    backend: str | None = None,
+    pg_timeout: timedelta | None = None,
+) -> T:
+    """Run `train_fn(state)` until it returns, re-forming in place whenever the job changes.
+
+    Initializes the process group from the environment (gloo on CPU, nccl on GPUs) unless the
+    script already did, syncs the state, runs `train_fn`. On Reform (from check()/commit()) or
+    a failed collective, with a control channel: re-forms (see the module docstring) and calls
+    `train_fn(state)` again. Create DDP wrappers, samplers and iterators inside `train_fn`.
+
+    Raises:
+        ReformTimedOut: the old group was left but no assignment came within `reform_timeout`
+            seconds; let it end the process (non-zero), the agent falls back to a restart.
+        Reform, RuntimeError: as raised, when there is no control channel.
+    """
+    import torch.distributed as dist
+
+    channel = channel_from_env()
+    state.attach(channel)
+    if not dist.is_initialized():
+        _init_process_group(backend, pg_timeout)
+    pending: BaseException | None = None
+    while True:
+        try:
+            if pending is not None and channel is not None:
+                _reform(state, channel, pending, reform_timeout)
+                pending = None
+                _init_process_group(backend, pg_timeout)
+            state.sync()
+            return train_fn(state)
+        except Reform as exc:
+            if channel is None:
+                raise
+            pending = exc
+        except RuntimeError as exc:
+            if channel is None or not _collective_failed(exc):
+                raise
+            pending = exc

@@ -1,0 +1,111 @@
+"""A worker for the in-place recovery tests: a tiny DDP model trained through elastic.run.
+
+Commits every step and appends JSON lines to $RECORD_DIR/<pid>.jsonl: "synced" after every
+sync (rank, world, generation, committed step, parameter hash), "step" after each commit.
+It stops, every rank at the same step, once $RECORD_DIR/stop holds a step it has reached
+(the test writes one ahead of every rank), writing a "final" line with its parameter hash.
+REFORM_TIMEOUT_S sets run()'s reform_timeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from nodeagent.worker import elastic
+
+FEATURES = 8
+STEP_TIME_S = 0.02
+
+
+def params_sha256(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class Recorder:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / f"{os.getpid()}.jsonl"
+        self.stop_at: int | None = None
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        line = {"t": time.time(), "pid": os.getpid(), "event": event, **fields}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def should_stop(self, step: int) -> bool:
+        if self.stop_at is None:
+            stop = self.directory / "stop"
+            text = stop.read_text().strip() if stop.exists() else ""
+            self.stop_at = int(text) if text else None
+        return self.stop_at is not None and step >= self.stop_at
+
+
+def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(step * 1000 + rank)
+    x = torch.randn(4, FEATURES, generator=gen)
+    return x, x.sum(dim=1, keepdim=True) * 0.5
+
+
+def main() -> int:
+    record = Recorder(Path(os.environ["RECORD_DIR"]))
+    torch.manual_seed(int(os.environ.get("SEED", "0")))  # newcomers start elsewhere on purpose
+    model = nn.Linear(FEATURES, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    state = elastic.State(model=model, optimizer=optimizer)
+
+    def synced() -> None:
+        record(
+            "synced",
+            rank=dist.get_rank(),
+            world=dist.get_world_size(),
+            gen=state.generation,
+            step=state.step,
+            hash=params_sha256(model),
+        )
+
+    state.on_reset(synced)
+
+    def train(state: elastic.State) -> None:
+        ddp = DistributedDataParallel(model)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        while not record.should_stop(state.step):
+            x, y = batch(state.step + 1, rank, world)
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(ddp(x), y)
+            torch.autograd.backward(loss)
+            optimizer.step()
+            state.step += 1
+            record("step", step=state.step, rank=rank, world=world, gen=state.generation)
+            state.commit()  # may raise Reform: the step is committed by then
+            time.sleep(STEP_TIME_S)
+
+    timeout = float(os.environ.get("REFORM_TIMEOUT_S", "30"))
+    try:
+        elastic.run(train, state, reform_timeout=timeout, pg_timeout=timedelta(seconds=20))
+    except elastic.ReformTimedOut as exc:
+        record("timed_out", error=str(exc))
+        sys.stdout.flush()
+        os._exit(3)
+    record("final", step=state.step, rank=dist.get_rank(), hash=params_sha256(model))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip gloo's teardown at exit (see examples/train_ddp.py leave())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

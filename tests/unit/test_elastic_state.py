@@ -1,0 +1,204 @@
+"""nodeagent.worker.elastic in one process: State's commit/restore/check, and run()'s loop in a
+world of one (gloo) against a channel the test writes as the agent would."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent import control
+from nodeagent.control import Assignment, ControlFile
+from nodeagent.worker import Reform, ReformTimedOut, State, elastic
+from tests.helpers.cluster import free_port
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+
+def model_and_optimizer(kind: str) -> tuple[Any, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 1))
+    if kind == "adam":
+        return model, torch.optim.Adam(model.parameters(), lr=0.01)
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def train_steps(model: Any, optimizer: Any, first: int, count: int) -> None:
+    for step in range(first, first + count):
+        gen = torch.Generator().manual_seed(step)
+        x = torch.randn(8, 6, generator=gen)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+        optimizer.step()
+
+
+def flat(state_dict: Any) -> list[Any]:
+    """Every leaf of a (nested) state_dict, in order."""
+    if isinstance(state_dict, dict):
+        return [leaf for key in state_dict for leaf in [key, *flat(state_dict[key])]]
+    if isinstance(state_dict, list | tuple):
+        return [leaf for item in state_dict for leaf in flat(item)]
+    return [state_dict]
+
+
+def same(a: Any, b: Any) -> bool:
+    left, right = flat(a), flat(b)
+    return len(left) == len(right) and all(
+        torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+        for x, y in zip(left, right, strict=True)
+    )
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_commit_and_restore_round_trip_a_model_and_optimizer_exactly(kind: str) -> None:
+    model, optimizer = model_and_optimizer(kind)
+    state = State(model=model, optimizer=optimizer, epoch=2)
+    train_steps(model, optimizer, 1, 3)
+    state.step = 3
+    state.commit()
+    committed = (model.state_dict(), optimizer.state_dict())
+    committed = tuple(elastic._copy_into(sd, None) for sd in committed)
+    expected_model, expected_optimizer = model_and_optimizer(kind)
+    train_steps(expected_model, expected_optimizer, 1, 5)  # the run without a rollback
+    for _ in range(2):  # restoring twice: the snapshot is not aliased by what training did
+        train_steps(model, optimizer, 4, 4)
+        state.step, state.epoch = 7, 3
+        state.restore()
+        assert same(model.state_dict(), committed[0])
+        assert same(optimizer.state_dict(), committed[1])
+        assert (state.step, state.epoch) == (3, 2)
+    train_steps(model, optimizer, 4, 2)  # continuing from the restore = never having left
+    assert same(model.state_dict(), expected_model.state_dict())
+    assert same(optimizer.state_dict(), expected_optimizer.state_dict())
+
+
+def test_values_are_attributes_and_objects_cannot_be_replaced() -> None:
+    model, optimizer = model_and_optimizer("sgd")
+    state = State(model=model, optimizer=optimizer, epoch=0)
+    assert state.model is model and state.step == 0 and state.committed_step == -1
+    with pytest.raises(AttributeError, match="stateful"):
+        state.model = model
+    with pytest.raises(AttributeError):
+        _ = state.missing
+    state.restore()  # before any commit: nothing happens
+    assert state.epoch == 0
+
+
+@pytest.fixture
+def channel(tmp_path: Path) -> Iterator[ControlFile]:
+    path = tmp_path / "rank-0.control"
+    control.create(path)
+    channel = ControlFile(path)
+    yield channel
+    channel.close()
+
+
+def one(generation: int, port: int) -> Assignment:
+    return Assignment(generation, 0, 0, 1, 1, 0, 1, "127.0.0.1", port, generation)
+
+
+def test_check_raises_only_for_a_newer_generation(
+    channel: ControlFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NODEAGENT_GENERATION", "3")
+    model, optimizer = model_and_optimizer("sgd")
+    state = State(model=model, optimizer=optimizer)
+    channel.assign(one(3, 1000))  # already there when the worker attaches: not news
+    state.attach(channel)
+    state.check()
+    channel.assign(one(3, 1001))  # same generation again: not news either
+    state.step = 5
+    state.commit()
+    assert channel.report().committed_step == 5
+    channel.assign(one(4, 1002))
+    with pytest.raises(Reform) as raised:
+        state.check()
+    assert raised.value.assignment == one(4, 1002)
+    state.check()  # read once: the loop takes it from the exception
+
+
+@pytest.fixture
+def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name, value in one(1, free_port()).environment().items():
+        monkeypatch.setenv(name, value)  # undone after the test, whatever run() sets
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_run_reforms_in_place_on_a_new_assignment(
+    channel: ControlFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(elastic.ENV, str(channel.path))
+    model, optimizer = model_and_optimizer("sgd")
+    state = State(model=model, optimizer=optimizer)
+    calls: list[tuple[int, int, str]] = []
+    resets: list[int] = []
+    state.on_reset(lambda: resets.append(state.generation))
+    port = free_port()
+
+    def train(state: State) -> str:
+        calls.append((state.generation, state.step, os.environ["MASTER_PORT"]))
+        if len(calls) == 2:
+            return "done"
+        for _ in range(3):
+            train_steps(model, optimizer, state.step + 1, 1)
+            state.step += 1
+            state.commit()
+        channel.assign(one(2, port))  # the agent's move
+        train_steps(model, optimizer, state.step + 1, 1)  # not committed: rolled back
+        state.step += 1
+        state.check()
+        raise AssertionError("check() did not raise")
+
+    assert elastic.run(train, state) == "done"
+    assert calls[1] == (2, 3, str(port)) and resets == [1, 2]
+    assert channel.report().left_generation == 1 and dist.get_world_size() == 1
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_a_failed_collective_waits_for_an_assignment_then_gives_up(
+    channel: ControlFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(elastic.ENV, str(channel.path))
+    state = State(model=torch.nn.Linear(2, 2))
+
+    def broken(state: State) -> None:
+        state.commit()
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset")
+
+    with pytest.raises(ReformTimedOut, match="no assignment newer than generation 1"):
+        elastic.run(broken, state, reform_timeout=0.2)
+    assert channel.report().left_generation == 1 and not dist.is_initialized()
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_without_a_channel_it_is_a_plain_script() -> None:
+    state = State(model=torch.nn.Linear(2, 2))
+
+    def broken(state: State) -> None:
+        state.check()  # never raises without a channel
+        raise RuntimeError("[gloo] Connection closed by peer")
+
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        elastic.run(broken, state)
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_an_error_of_the_script_is_not_a_reform(
+    channel: ControlFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(elastic.ENV, str(channel.path))
+
+    def broken(state: State) -> None:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="shapes"):
+        elastic.run(broken, State(model=torch.nn.Linear(2, 2)))
+    assert channel.report().left_generation == -1
