@@ -116,9 +116,11 @@ class State:
             self._values[name] = value
 
     def attach(self, channel: ControlFile | None) -> None:
-        """Talk to the agent over `channel`; assignments already in it are not news."""
+        """Talk to the agent over `channel`. An assignment already in it is news only if it is
+        for a generation after this process's own (NODEAGENT_GENERATION): one written while
+        a newcomer was still importing torch."""
         object.__setattr__(self, "_channel", channel)
-        object.__setattr__(self, "_seen", channel.sequence() if channel else 0)
+        object.__setattr__(self, "_seen", 0)
 
     def on_reset(self, callback: Callable[[], None]) -> None:
         """Call `callback()` after every sync: on the first start and after each re-form, on
@@ -314,14 +316,14 @@ def run(
 
     channel = channel_from_env()
     state.attach(channel)
-    if not dist.is_initialized():
-        _init_process_group(backend, pg_timeout)
     pending: BaseException | None = None
     while True:
         try:
             if pending is not None and channel is not None:
                 _reform(state, channel, pending, reform_timeout)
                 pending = None
+            if not dist.is_initialized():
+                state.check()  # the job may have moved on while this process started
                 _init_process_group(backend, pg_timeout)
             state.sync()
             return train_fn(state)

@@ -168,11 +168,13 @@ def test_new_assignment_reforms_in_place_without_losing_a_step(job: Job) -> None
 @pytest.mark.timeout(60)
 def test_survivor_of_a_killed_peer_reforms_and_the_newcomer_gets_its_state(job: Job) -> None:
     first, second = start_two(job)
+    killed = time.time()
     os.kill(first.pid, signal.SIGKILL)  # rank 0: the process group's store goes with it
     first.process.wait()
     job.wait(
         "the survivor to leave generation 1", lambda: second.channel.report().left_generation == 1
     )
+    left = time.time()
     committed = second.channel.report().committed_step
     port = free_port()
     second.channel.assign(assignment(3, 0, 2, port))
@@ -180,6 +182,14 @@ def test_survivor_of_a_killed_peer_reforms_and_the_newcomer_gets_its_state(job: 
     job.wait(
         "both stepping in generation 3",
         lambda: all(job.stepping(w.pid, 3) for w in (second, newcomer)),
+    )
+    stepping = max(
+        min(line["t"] for line in job.lines("step") if line["pid"] == w.pid and line["gen"] == 3)
+        for w in (second, newcomer)
+    )
+    print(
+        f"\nSIGKILL -> survivor left generation 1: {left - killed:.3f} s (seen by polling);"
+        f" assignment written and newcomer started -> both stepping: {stepping - left:.3f} s"
     )
     synced = {line["pid"]: line for line in job.lines("synced") if line["gen"] == 3}
     assert synced[second.pid]["hash"] == synced[newcomer.pid]["hash"]

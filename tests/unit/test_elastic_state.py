@@ -107,7 +107,7 @@ def test_check_raises_only_for_a_newer_generation(
     monkeypatch.setenv("NODEAGENT_GENERATION", "3")
     model, optimizer = model_and_optimizer("sgd")
     state = State(model=model, optimizer=optimizer)
-    channel.assign(one(3, 1000))  # already there when the worker attaches: not news
+    channel.assign(one(3, 1000))  # its own generation, there when it attaches: not news
     state.attach(channel)
     state.check()
     channel.assign(one(3, 1001))  # same generation again: not news either
@@ -202,3 +202,19 @@ def test_an_error_of_the_script_is_not_a_reform(
     with pytest.raises(RuntimeError, match="shapes"):
         elastic.run(broken, State(model=torch.nn.Linear(2, 2)))
     assert channel.report().left_generation == -1
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_a_newer_assignment_that_came_during_start_up_is_taken_before_joining(
+    channel: ControlFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newcomer started for generation 1 whose job moved on to 2 while it imported torch."""
+    monkeypatch.setenv(elastic.ENV, str(channel.path))
+    port = free_port()
+    channel.assign(one(2, port))
+    seen: list[tuple[int, str]] = []
+    elastic.run(
+        lambda state: seen.append((state.generation, os.environ["MASTER_PORT"])),
+        State(model=torch.nn.Linear(2, 2)),
+    )
+    assert seen == [(2, str(port))] and channel.report().left_generation == 1
