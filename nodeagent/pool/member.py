@@ -60,13 +60,17 @@ class PoolMember:
         return self._settings.node.name
 
     def _interval(self) -> float:
-        """The pool leader rounds every heartbeat (a job's end frees its nodes within one); the
-        other nodes renew their pool lease twice per lease: a dead node is found when its lease
-        lapses either way, and what concerns them (a submission, a placement) wakes them through
-        the pool's stream at once. So a node costs the pool 1/(lease_ttl/2) calls a second, not
-        one per heartbeat on top of its job's."""
+        """The pool leader rounds every heartbeat while the pool has submitted jobs (a job's end
+        frees its nodes within one); otherwise, and on every other node, the pool lease is renewed
+        twice per lease: a dead node is found when its lease lapses either way, and what
+        concerns a node (a submission, a placement) wakes it through the pool's stream at once.
+        So pool membership costs a node 1/(lease_ttl/2) calls a second, not one per heartbeat on
+        top of its job's, and a pool of pinned nodes only (a single-job deployment) no more."""
         timing = self._settings.timing
-        return timing.heartbeat_interval if self.leading else timing.lease_ttl / 2
+        busy = self.last_view is not None and any(
+            not job.status.pinned for job in self.last_view.jobs.values()
+        )
+        return timing.heartbeat_interval if self.leading and busy else timing.lease_ttl / 2
 
     def poke(self) -> None:
         """Heartbeat at the next pass of the loop (a pool event arrived). Any thread."""
