@@ -22,10 +22,12 @@ from nodeagent.config import Config, NodeSettings
 from nodeagent.errors import ConfigError
 from nodeagent.jobspec import run_config, spec_of
 from nodeagent.pool.member import NodeState, PoolMember
+from nodeagent.pool.model import MAX_REFUSED
 from nodeagent.sdnotify import Notifier
 from nodeagent.wakeup import Waker
 
 log = logging.getLogger(__name__)
+REFUSALS_KEPT = MAX_REFUSED // 2  # jobs this node refused, reported to the pool
 
 
 class JobRunner(Protocol):
@@ -157,7 +159,8 @@ class NodeLoop:
         runner = self.runner
         if runner is not None:
             if runner.job_id != wanted and not self._asked_to_leave:
-                log.info("leaving job %s (the pool placed this node on %s)", runner.job_id, wanted)
+                why = "stopping" if self._stopping else f"placed on {wanted or 'nothing'}"
+                log.info("leaving job %s (%s)", runner.job_id, why)
                 runner.request_stop()
                 self._asked_to_leave = True
             return
@@ -173,7 +176,7 @@ class NodeLoop:
         if isinstance(settings, Config) and settings.job.id == job_id:
             return settings
         spec = self._member.spec(job_id)
-        if spec is None:  # Redis unreachable, or no such spec: try at the next heartbeat
+        if spec is None:  # Redis cannot be asked now: try again at the next pass
             return None
         try:
             if isinstance(spec, str):
@@ -182,4 +185,6 @@ class NodeLoop:
         except ConfigError as exc:
             log.warning("refusing job %s: %s", job_id, exc)
             self._refused[job_id] = str(exc)
+            while len(self._refused) > REFUSALS_KEPT:  # the oldest go: a report stays small
+                del self._refused[next(iter(self._refused))]
             return None

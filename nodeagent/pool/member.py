@@ -157,12 +157,14 @@ class PoolMember:
         self.last_error = str(exc)
 
     def spec(self, job_id: str) -> JobSpec | str | None:
-        """The spec of the job this node is placed on (a string: why it cannot be read)."""
+        """The spec of the job this node is placed on; a string says why there is none to run
+        (unreadable, or none stored); None: Redis cannot be asked now (try again later)."""
         try:
-            return self._store_call(lambda: self._store.spec(job_id), "read the job spec")
+            spec = self._store_call(lambda: self._store.spec(job_id), "read the job spec")
         except CoordinationError as exc:
             self._failed(exc)
             return None
+        return "no spec is stored for it" if spec is None else spec
 
     def submit_pinned(self, spec: JobSpec) -> None:
         """Make the job of this node's job: section known to the pool (once per job id)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from nodeagent.config import Config, load_settings
-from nodeagent.nodeloop import NodeLoop
+from nodeagent.nodeloop import REFUSALS_KEPT, NodeLoop
 from nodeagent.pool.member import NodeState
 from nodeagent.wakeup import Waker
 from tests.helpers.runas import AS_TESTER
@@ -99,3 +99,16 @@ def test_a_job_whose_spec_cannot_be_read_is_refused_and_reported() -> None:
     waker.close()
     assert loop.runner is None
     assert "its spec cannot be read: not JSON" in loop._state().refused["broken"]
+
+
+def test_refusals_reported_stay_within_what_a_pool_report_may_hold() -> None:
+    settings = load_settings({"redis": {"url": "redis://r:6379/0"}})
+    member = Member()
+    waker = Waker()
+    loop = NodeLoop(settings, member, lambda c: Runner(c.job.id), waker, lambda: 0.0)  # type: ignore[arg-type]
+    for n in range(100):
+        member.placement = f"broken-{n}"
+        loop._reconcile()
+    waker.close()
+    refused = loop._state().refused
+    assert len(refused) == REFUSALS_KEPT and "broken-99" in refused and "broken-0" not in refused
