@@ -4,7 +4,7 @@ Commits every step and appends JSON lines to $RECORD_DIR/<pid>.jsonl: "synced" a
 sync (rank, world, generation, committed step, parameter hash), "step" after each commit.
 It stops, every rank at the same step, once $RECORD_DIR/stop holds a step it has reached
 (the test writes one ahead of every rank), writing a "final" line with its parameter hash.
-REFORM_TIMEOUT_S sets run()'s reform_timeout.
+REFORM_TIMEOUT_S sets run()'s reform_timeout, PG_TIMEOUT_S its pg_timeout (default 90 s).
 """
 
 from __future__ import annotations
@@ -95,8 +95,11 @@ def main() -> int:
             time.sleep(STEP_TIME_S)
 
     timeout = float(os.environ.get("REFORM_TIMEOUT_S", "30"))
+    # A re-form waits for a newcomer's start-up (its torch import: 20 s and more on a busy
+    # two-core machine), as a real job's would for up to its rendezvous timeout.
+    pg_timeout = timedelta(seconds=float(os.environ.get("PG_TIMEOUT_S", "90")))
     try:
-        elastic.run(train, state, reform_timeout=timeout, pg_timeout=timedelta(seconds=20))
+        elastic.run(train, state, reform_timeout=timeout, pg_timeout=pg_timeout)
     except elastic.ReformTimedOut as exc:
         record("timed_out", error=str(exc))
         sys.stdout.flush()

@@ -199,7 +199,7 @@ def test_survivor_of_a_killed_peer_reforms_and_the_newcomer_gets_its_state(job: 
     assert_identical(job.finish(second, newcomer), 2)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_grows_from_two_to_three_with_a_newcomer(job: Job) -> None:
     first, second = start_two(job)
     port = free_port()
@@ -207,7 +207,8 @@ def test_grows_from_two_to_three_with_a_newcomer(job: Job) -> None:
         worker.channel.assign(assignment(2, rank, 3, port))
     newcomer = job.start(assignment(2, 2, 3, port), seed=7)
     everyone = (first, second, newcomer)
-    job.wait("three ranks stepping", lambda: all(job.stepping(w.pid, 2) for w in everyone))
+    # The newcomer imports torch first (over 20 s once in CI, beside other work).
+    job.wait("three ranks stepping", lambda: all(job.stepping(w.pid, 2) for w in everyone), 100)
     synced = [line for line in job.lines("synced") if line["gen"] == 2]
     assert {line["world"] for line in synced} == {3}
     assert len({line["hash"] for line in synced}) == 1
