@@ -184,11 +184,11 @@ def _timing(section: Section) -> dict[str, float]:
     return {name: getattr(merged, name) for name in JOB_TIMING if name in given}
 
 
-def spec_of(job: JobConfig, timing: TimingConfig, user: str = "") -> JobSpec:
+def spec_of(job: JobConfig, timing: TimingConfig) -> JobSpec:
     """The spec a node pinned by its `job:` section submits for it (shown by `jobs`)."""
-    name = job.user.name if job.user is not None else user
-    times = {name: getattr(timing, name) for name in JOB_TIMING}
-    return JobSpec(dataclasses.replace(job, user=None), name or "unknown", timing=times)
+    user = job.user.name if job.user is not None else "unknown"
+    times = {key: getattr(timing, key) for key in JOB_TIMING}
+    return JobSpec(dataclasses.replace(job, user=None), user, timing=times)
 
 
 def run_config(spec: JobSpec, settings: NodeSettings, resolve: Resolver | None = None) -> Config:

@@ -107,6 +107,20 @@ class Cordon:
         return cls.read(Reader.of(raw, "cordon"))
 
 
+def cordon_event(node: str, cordon: Cordon) -> Event:
+    """What a cordon (or a drain) of `node` appends to the events of its job or pool."""
+    return Event(
+        f"node_{'drained' if cordon.drain else 'cordoned'}",
+        node=node,
+        message=f"{cordon.reason} (by {cordon.by})",
+        data={"by": cordon.by, "drain": cordon.drain},
+    )
+
+
+def uncordon_event(node: str, by: str) -> Event:
+    return Event("node_uncordoned", node=node, message=f"by {by}", data={"by": by})
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     """One GPU's verdict as a node reports it."""

@@ -153,7 +153,7 @@ def _wait_running(store: PoolStore, spec: JobSpec, timeout: float) -> int:
     job_store = JobStore(store.client, store.keys.job(spec.id))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = store.read().jobs.get(spec.id)
+        status = store.status(spec.id)
         if status is not None and status.state.ended:
             print(f"job {spec.id} {status.state.value}: {status.reason}")
             return 0 if status.state is PoolJobState.SUCCEEDED else 1
@@ -177,7 +177,7 @@ def _wait_running(store: PoolStore, spec: JobSpec, timeout: float) -> int:
 
 
 def _cancel(store: PoolStore, job_id: str, by: str) -> int:
-    status = store.read().jobs.get(job_id)
+    status = store.status(job_id)
     if status is None:
         raise UsageError(f"no job {job_id!r} in pool {store.keys.pool} (see nodeagentctl jobs)")
     if status.state.ended:
@@ -232,7 +232,7 @@ def pool_scale_check(store: PoolStore, job_id: str, value: str) -> int | None:
     Raises:
         UsageError: the job has ended, or N is outside its bounds.
     """
-    status = store.read().jobs.get(job_id)
+    status = store.status(job_id)
     if status is None:
         return None  # not a pool job: the job's own keys decide
     if status.state.ended:
@@ -270,9 +270,18 @@ def resolve_target(value: str, current: int) -> int:
 
 
 def _jobs(store: PoolStore, as_json: bool) -> int:
-    snap, view = read_view(store)
-    records = store.records(j for j, s in snap.jobs.items() if s.state is PoolJobState.RUNNING)
-    rows = [_job_row(j, s, snap, view, records.get(j)) for j, s in snap.jobs.items()]
+    snap, view, records = read_view(store)
+    running = [j for j, s in snap.jobs.items() if s.state is PoolJobState.RUNNING]
+    records.update(store.records(j for j in running if j not in records))  # stale pinned jobs
+    pending = sorted(
+        (j for j in view.jobs.values() if j.status.state is PoolJobState.PENDING),
+        key=lambda j: j.order,
+    )
+    positions = {job.id: i + 1 for i, job in enumerate(pending)}
+    rows = [
+        _job_row(j, s, snap, view, records.get(j) if j in running else None, positions.get(j))
+        for j, s in snap.jobs.items()
+    ]
     rows.sort(key=lambda r: (_STATE_ORDER[r["state"]], r["position"] or 0, -r["seq"]))
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -297,14 +306,14 @@ _STATE_ORDER = {"running": 0, "pending": 1, "succeeded": 2, "failed": 2, "cancel
 
 
 def _job_row(
-    job_id: str, status: PoolJob, snap: PoolSnapshot, view: PoolView, record: JobRecord | None
+    job_id: str,
+    status: PoolJob,
+    snap: PoolSnapshot,
+    view: PoolView,
+    record: JobRecord | None,
+    position: int | None,
 ) -> dict[str, Any]:
     jobview = view.jobs.get(job_id)
-    pending = sorted(
-        (j for j in view.jobs.values() if j.status.state is PoolJobState.PENDING),
-        key=lambda j: j.order,
-    )
-    position = next((i + 1 for i, j in enumerate(pending) if j.id == job_id), None)
     return {
         "job": job_id,
         "state": status.state.value,

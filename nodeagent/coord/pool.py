@@ -16,13 +16,22 @@ import redis
 
 from nodeagent.coord import streams
 from nodeagent.coord.errors import redis_errors
-from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, PoolKeys
+from nodeagent.coord.keys import EVENTS_MAXLEN, PoolKeys
 from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_READ, POOL_SUBMIT, POOL_SYNC
 from nodeagent.coord.scripts import LEAVE
+from nodeagent.coord.store import JobStore
 from nodeagent.decode import NAME_RE
 from nodeagent.errors import CorruptStateError
 from nodeagent.jobspec import JobSpec
-from nodeagent.model import Command, CommandType, Cordon, Event, JobRecord
+from nodeagent.model import (
+    Command,
+    CommandType,
+    Cordon,
+    Event,
+    JobRecord,
+    cordon_event,
+    uncordon_event,
+)
 from nodeagent.pool.model import PoolJob, PoolNode
 
 
@@ -127,6 +136,16 @@ class PoolStore:
             garbage=tuple(garbage),
         )
 
+    def status(self, job_id: str) -> PoolJob | None:
+        """One job's pool status (None: no such job, or its status is unreadable), without
+        reading the whole pool."""
+        with redis_errors("read a job's status"):
+            raw: Any = self.client.hget(self.keys.jobs, job_id)
+        try:
+            return PoolJob.from_json(raw) if raw is not None else None
+        except CorruptStateError:
+            return None
+
     def specs(self, ids: Sequence[str]) -> dict[str, JobSpec | str]:
         """Each job's spec, or why it cannot be read."""
         if not ids:
@@ -205,51 +224,43 @@ class PoolStore:
 
     def cordon(self, name: str, cordon: Cordon) -> None:
         """Keep `name` out of new placements (and, with drain, off its job now)."""
-        verb = "drained" if cordon.drain else "cordoned"
-        event = Event(f"node_{verb}", node=name, message=f"{cordon.reason} (by {cordon.by})")
-        self._node_change(lambda pipe: pipe.hset(self.keys.cordons, name, cordon.to_json()), event)
+        streams.write_with_event(
+            self.client,
+            "pool cordon",
+            lambda pipe: pipe.hset(self.keys.cordons, name, cordon.to_json()),
+            self.keys.events,
+            cordon_event(name, cordon),
+        )
 
     def uncordon(self, name: str, by: str) -> bool:
         """Lift `name`'s pool cordon; False if it had none."""
-        event = Event("node_uncordoned", node=name, message=f"by {by}")
-        removed = self._node_change(lambda pipe: pipe.hdel(self.keys.cordons, name), event)
+        removed = streams.write_with_event(
+            self.client,
+            "pool uncordon",
+            lambda pipe: pipe.hdel(self.keys.cordons, name),
+            self.keys.events,
+            uncordon_event(name, by),
+        )
         return bool(removed)
-
-    def _node_change(self, change: Any, event: Event) -> Any:
-        with redis_errors("pool cordon"):
-            pipe = self.client.pipeline(transaction=True)
-            change(pipe)
-            pipe.xadd(
-                self.keys.events, {"event": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True
-            )
-            result, _ = pipe.execute()
-        return result
 
     def replace_spec(self, spec: JobSpec) -> None:
         with redis_errors("update the job spec"):
             self.client.hset(self.keys.specs, spec.id, spec.to_json())
 
     def cancel(self, job_id: str, by: str, running: bool) -> None:
-        """Ask the pool leader to end `job_id`; a running job is also told to stop, so its
-        workers get the stop grace to checkpoint."""
-        k = self.keys
+        """Ask the pool leader to end `job_id`; a running job is also told to stop (through its
+        own command stream), so its workers get the stop grace to checkpoint."""
         event = Event("job_cancel", message=f"job {job_id}: cancel by {by}", data={"job": job_id})
-        with redis_errors("cancel"):
-            pipe = self.client.pipeline(transaction=True)
-            pipe.hset(k.cancels, job_id, by)
-            pipe.xadd(k.events, {"event": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True)
-            pipe.execute()
-            if running:
-                self.send_command(job_id, Command(CommandType.STOP, by=by))
-
-    def send_command(self, job_id: str, command: Command) -> None:
-        with redis_errors("send command"):
-            self.client.xadd(
-                self.keys.job(job_id).commands,
-                {"command": command.to_json()},
-                maxlen=COMMANDS_MAXLEN,
-                approximate=True,
-            )
+        streams.write_with_event(
+            self.client,
+            "cancel",
+            lambda pipe: pipe.hset(self.keys.cancels, job_id, by),
+            self.keys.events,
+            event,
+        )
+        if running:
+            job = JobStore(self.client, self.keys.job(job_id))
+            job.send_command(Command(CommandType.STOP, by=by))
 
     def last_event_id(self, stream: str | None = None) -> str:
         return streams.last_id(self.client, stream or self.keys.events)

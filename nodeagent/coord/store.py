@@ -30,7 +30,15 @@ from nodeagent.coord.replies import NodeLease, Snapshot, master_problem, parse_s
 from nodeagent.errors import CoordinationError, CorruptStateError
 from nodeagent.garbage import Garbage, GarbageLog
 from nodeagent.leader import Plan
-from nodeagent.model import Command, Cordon, Event, JobRecord, NodeReport
+from nodeagent.model import (
+    Command,
+    Cordon,
+    Event,
+    JobRecord,
+    NodeReport,
+    cordon_event,
+    uncordon_event,
+)
 from nodeagent.state import JobState
 
 __all__ = ["JobStore", "NodeLease", "Snapshot"]
@@ -231,31 +239,23 @@ class JobStore:
 
     def cordon(self, name: str, cordon: Cordon) -> None:
         """Keep `name` out of new generations (and, with drain, out of the running one)."""
-        verb = "drained" if cordon.drain else "cordoned"
-        event = Event(
-            f"node_{verb}",
-            node=name,
-            message=f"{cordon.reason} (by {cordon.by})",
-            data={"by": cordon.by, "drain": cordon.drain},
+        streams.write_with_event(
+            self.client,
+            "cordon",
+            lambda pipe: pipe.hset(self.keys.cordons, name, cordon.to_json()),
+            self.keys.events,
+            cordon_event(name, cordon),
         )
-        with redis_errors("cordon"):
-            pipe = self.client.pipeline(transaction=True)
-            pipe.hset(self.keys.cordons, name, cordon.to_json())
-            pipe.xadd(
-                self.keys.events, {"event": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True
-            )
-            pipe.execute()
 
     def uncordon(self, name: str, by: str) -> bool:
         """Lift `name`'s cordon; False if it had none."""
-        event = Event("node_uncordoned", node=name, message=f"by {by}", data={"by": by})
-        with redis_errors("uncordon"):
-            pipe = self.client.pipeline(transaction=True)
-            pipe.hdel(self.keys.cordons, name)
-            pipe.xadd(
-                self.keys.events, {"event": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True
-            )
-            removed, _ = pipe.execute()
+        removed = streams.write_with_event(
+            self.client,
+            "uncordon",
+            lambda pipe: pipe.hdel(self.keys.cordons, name),
+            self.keys.events,
+            uncordon_event(name, by),
+        )
         return bool(removed)
 
     def cordons(self) -> dict[str, Cordon]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
 from nodeagent.coord.errors import redis_errors
+from nodeagent.coord.keys import EVENTS_MAXLEN
+from nodeagent.model import Event
 
 
 def last_id(client: redis.Redis, stream: str) -> str:
@@ -21,3 +24,16 @@ def wait(client: redis.Redis, after: dict[str, str], block_ms: int) -> list[tupl
     with redis_errors("wait for events"):
         reply: Any = client.xread(after, block=block_ms)  # type: ignore[arg-type]
     return [(stream, entry_id, fields) for stream, entries in reply for entry_id, fields in entries]
+
+
+def write_with_event(
+    client: redis.Redis, what: str, change: Callable[[Any], object], stream: str, event: Event
+) -> Any:
+    """`change` (one command on a pipeline) and the event that tells of it, in one MULTI/EXEC
+    (their keys share a slot); the change's reply."""
+    with redis_errors(what):
+        pipe = client.pipeline(transaction=True)
+        change(pipe)
+        pipe.xadd(stream, {"event": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True)
+        result, _ = pipe.execute()
+    return result

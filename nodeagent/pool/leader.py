@@ -29,18 +29,20 @@ class Round:
     garbage: tuple[str, ...] = ()  # what was read that nodeagent does not write (ignored)
 
 
-def read_view(store: PoolStore) -> tuple[PoolSnapshot, PoolView]:
-    """The pool as schedule() sees it (also what `nodeagentctl jobs` shows).
+def read_view(store: PoolStore) -> tuple[PoolSnapshot, PoolView, dict[str, JobRecord | None]]:
+    """The pool as schedule() sees it (also what `nodeagentctl jobs` shows), and the records
+    of its running and pinned jobs.
 
     Raises:
         CoordinationError: Redis could not be read.
     """
     snap = store.read()
     pinning = {report.pinned for report in snap.nodes.values()}
+    placed = set(snap.placements.values())
     live = [
         j
         for j, status in snap.jobs.items()
-        if (j in pinning if status.pinned else not status.state.ended or snap.placements_of(j))
+        if (j in pinning if status.pinned else not status.state.ended or j in placed)
     ]
     specs = store.specs(live)
     records = store.records(
@@ -59,7 +61,7 @@ def read_view(store: PoolStore) -> tuple[PoolSnapshot, PoolView]:
         for name, report in snap.nodes.items()
     }
     jobs = {j: _job_view(j, snap, specs[j], records.get(j)) for j in live}
-    return snap, PoolView(snap.now_ms, nodes, jobs, snap.placements)
+    return snap, PoolView(snap.now_ms, nodes, jobs, snap.placements), records
 
 
 def _job_view(
@@ -91,7 +93,7 @@ def lead(store: PoolStore, leader: str, policy: SchedulePolicy) -> Round:
         CoordinationError: Redis could not be read or written.
         FencedError: another node leads the pool now.
     """
-    snap, view = read_view(store)
+    snap, view, _ = read_view(store)
     result = schedule(view, policy)
     before = dict(snap.placements)
     lapsed = snap.lapsed
