@@ -223,21 +223,7 @@ class LocalCluster:
             )
 
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "nodeagent.cli.ctl",
-                "--redis",
-                self.redis_url,
-                "--job",
-                self.job,
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return nodeagentctl("--redis", self.redis_url, "--job", self.job, *args)
 
     def status(self) -> dict[str, Any]:
         return status_document(self.store.snapshot(), self.job)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tests.helpers.cluster import WORKER, AgentProcess, start_agent, wait_for
+from tests.helpers.cluster import WORKER, AgentProcess, nodeagentctl, start_agent, wait_for
 from tests.helpers.runas import AS_TESTER
 
 TIMING = {
@@ -79,21 +79,11 @@ class PoolCluster:
             self.agents[name] = start_agent(name, path, self.directory)
 
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "nodeagent.cli.ctl",
-                "--redis",
-                self.redis_url,
-                "--pool",
-                self.pool,
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return nodeagentctl("--redis", self.redis_url, "--pool", self.pool, *args)
+
+    def wait_nodes(self, count: int, timeout: float = 30.0) -> None:
+        """Until `count` nodes hold a live pool lease."""
+        wait_for(lambda: len(self.placements()) == count, timeout, f"{count} nodes in the pool")
 
     def submit(self, name: str, nodes: str, *more: str) -> None:
         result = self.ctl(

@@ -300,7 +300,7 @@ def test_rolling_upgrade_steps_against_a_pool_node(
     after = [t for t in play["post_tasks"] if t["name"].startswith(("Let the node", "Wait until"))]
     with pool_cluster(redis_server.url, tmp_path, pool=job_id) as pool:
         pool.start("a", "b")
-        wait_for(lambda: len(pool.placements()) == 2, 30, "two nodes in the pool")
+        pool.wait_nodes(2)
         pool.submit("mover", "1")
         pool.wait_job("mover", "running", world=1)
         node = next(n for n, job in pool.placements().items() if job == "mover")

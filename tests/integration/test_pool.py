@@ -31,7 +31,7 @@ def on(placements: dict[str, str | None], job: str) -> set[str]:
 
 def test_jobs_share_the_pool_queue_and_free_their_nodes(pool: PoolCluster) -> None:
     pool.start("a", "b", "c", "d")
-    wait_for(lambda: len(pool.placements()) == 4, 30, "four nodes in the pool")
+    pool.wait_nodes(4)
     pool.submit("one", "2")
     pool.submit("two", "1:2")
     pool.wait_job("one", "running", world=2)
@@ -56,7 +56,7 @@ def test_jobs_share_the_pool_queue_and_free_their_nodes(pool: PoolCluster) -> No
 
 def test_gang_admission_never_starts_below_min_nodes(pool: PoolCluster) -> None:
     pool.start("a", "b")
-    wait_for(lambda: len(pool.placements()) == 2, 30, "two nodes in the pool")
+    pool.wait_nodes(2)
     pool.submit("big", "3")
     row = pool.wait_job("big", "pending")
     wait_for(lambda: "the pool has 2 healthy nodes" in pool.jobs()["big"]["reason"], 10, "why")
@@ -68,7 +68,7 @@ def test_gang_admission_never_starts_below_min_nodes(pool: PoolCluster) -> None:
 
 def test_losing_a_node_of_one_job_leaves_the_other_alone(pool: PoolCluster) -> None:
     pool.start("a", "b", "c", "d")
-    wait_for(lambda: len(pool.placements()) == 4, 30, "four nodes in the pool")
+    pool.wait_nodes(4)
     pool.submit("left", "1:2")
     pool.submit("right", "2")
     pool.wait_job("left", "running", world=2)
@@ -81,7 +81,7 @@ def test_losing_a_node_of_one_job_leaves_the_other_alone(pool: PoolCluster) -> N
 
 def test_cancel_gives_the_workers_their_grace_and_frees_the_nodes(pool: PoolCluster) -> None:
     pool.start("a", "b")
-    wait_for(lambda: len(pool.placements()) == 2, 30, "two nodes in the pool")
+    pool.wait_nodes(2)
     pool.submit("doomed", "2")
     pool.wait_job("doomed", "running", world=2)
     result = pool.ctl("cancel", "doomed")
@@ -124,7 +124,7 @@ def test_killing_the_pool_leader_moves_no_job(pool: PoolCluster, redis_server: R
     pool.start("z")  # first, so it leads; nodes are handed out in name order: not to z
     wait_for(lambda: pool_leader(pool, redis_server) == "z", 30, "z to lead the pool")
     pool.start("a", "b")
-    wait_for(lambda: len(pool.placements()) == 3, 30, "three nodes in the pool")
+    pool.wait_nodes(3)
     pool.submit("steady", "2")
     steady = pool.wait_job("steady", "running", world=2)["generation"]
     assert on(pool.placements(), "steady") == {"a", "b"}
@@ -157,7 +157,7 @@ def test_a_node_with_a_job_section_is_pinned_to_it(pool: PoolCluster, job_id: st
 
 def test_draining_a_pool_node_moves_its_job_to_a_free_one(pool: PoolCluster) -> None:
     pool.start("a", "b")
-    wait_for(lambda: len(pool.placements()) == 2, 30, "two nodes in the pool")
+    pool.wait_nodes(2)
     pool.submit("mover", "1")
     pool.wait_job("mover", "running", world=1)
     (node,) = on(pool.placements(), "mover")
@@ -172,7 +172,7 @@ def test_draining_a_pool_node_moves_its_job_to_a_free_one(pool: PoolCluster) -> 
 
 def test_scale_a_pool_job_down_and_up_by_relative_counts(pool: PoolCluster) -> None:
     pool.start("a", "b", "c")
-    wait_for(lambda: len(pool.placements()) == 3, 30, "three nodes in the pool")
+    pool.wait_nodes(3)
     pool.submit("elastic", "1:3")
     pool.wait_job("elastic", "running", world=3)
     down = pool.ctl("scale", "elastic", "-2", "--wait", "--timeout", "60s")
@@ -188,7 +188,7 @@ def test_scale_a_pool_job_down_and_up_by_relative_counts(pool: PoolCluster) -> N
 def test_a_selector_sends_a_job_to_the_nodes_with_its_labels(pool: PoolCluster) -> None:
     pool.start("a", labels={"gpu": "a100"})
     pool.start("b", labels={"gpu": "h100"})
-    wait_for(lambda: len(pool.placements()) == 2, 30, "two nodes in the pool")
+    pool.wait_nodes(2)
     pool.submit("picky", "1", "--selector", "gpu=h100")
     pool.wait_job("picky", "running", world=1)
     assert pool.placements() == {"a": None, "b": "picky"}

@@ -121,7 +121,7 @@ def tail_of(pool: OwnLogDirs, job: str, rank: int, count: int) -> list[str] | No
 
 def test_a_ranks_log_comes_from_its_nodes_agent(pool: OwnLogDirs) -> None:
     pool.start("a", "b")
-    wait_for(lambda: len(pool.placements()) == 2, 30, "two nodes in the pool")
+    pool.wait_nodes(2)
     submit(pool, "printer", "2")
     pool.wait_job("printer", "running", world=2)
     running = record(pool.redis_url, "printer")
@@ -248,7 +248,7 @@ def test_a_wildcard_listen_address_is_reached_at_the_nodes_address(
 
 def test_errors_exit_2_and_say_which(pool: OwnLogDirs) -> None:
     pool.start("a", "b")
-    wait_for(lambda: len(pool.placements()) == 2, 30, "two nodes in the pool")
+    pool.wait_nodes(2)
     submit(pool, "printer", "2")
     pool.wait_job("printer", "running", world=2)
     for args, words in [
@@ -271,7 +271,7 @@ def read_until(stream: IO[str], last: str) -> list[str]:
 
 def test_follow_goes_with_the_rank_to_its_new_node(pool: OwnLogDirs) -> None:
     pool.start("a", "b", "c")
-    wait_for(lambda: len(pool.placements()) == 3, 30, "three nodes in the pool")
+    pool.wait_nodes(3)
     submit(pool, "printer", "2")
     pool.wait_job("printer", "running", world=2)
     wait_for(lambda: tail_of(pool, "printer", 1, 1), 30, "rank 1's log")

@@ -65,7 +65,7 @@ def test_the_pool_leader_exports_nodes_jobs_and_the_queue_wait(
 ) -> None:
     name = pool.pool
     pool.start("a", "b")
-    wait_for(lambda: len(pool.placements()) == 2, 30, "two nodes in the pool")
+    pool.wait_nodes(2)
     pool.submit("big", "3")
     pool.wait_job("big", "pending")
     leader, addresses = wait_for(lambda: metrics_addresses(store), 30, "metrics addresses")

@@ -327,7 +327,7 @@ def test_a_pool_spreads_its_jobs_over_the_cluster(
     one, two = jobs_on_two_nodes(cluster, job_id)
     with pool_cluster(cluster.url, tmp_path, pool=job_id) as pool:
         pool.start("p1", "p2")
-        wait_for(lambda: len(pool.placements()) == 2, 60, "two nodes in the pool")
+        pool.wait_nodes(2, 60)
         pool.submit(one, "1")
         pool.submit(two, "1")
         pool.wait_job(one, "running", world=1, timeout=60)
