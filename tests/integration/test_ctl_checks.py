@@ -12,7 +12,8 @@ import pytest
 import redis
 import yaml
 
-from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster
+from nodeagent.coord.keys import PoolKeys
+from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
 from tests.helpers.cluster import nodeagentctl as ctl
 from tests.helpers.fingerprint import fingerprint
 
@@ -45,6 +46,10 @@ def cluster(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
     ) as running:
         running.start("a", "b")
         running.wait_running(2, timeout=60)
+        # Their pool (they are pinned nodes of `default`) settles too before any test compares
+        # the database: the pool leader places both on their job, at most half a lease later.
+        placements = PoolKeys("nodeagent", "default").placements
+        wait_for(lambda: running.store.client.hlen(placements) == 2, 30, "both pinned nodes placed")
         yield running
 
 
