@@ -35,6 +35,22 @@ def assignment(generation: int, rank: int, world: int, port: int) -> Assignment:
     return Assignment(generation, rank, rank, world, world, 0, 1, "127.0.0.1", port, generation)
 
 
+def stacks_of(pid: int) -> str:
+    """py-spy's dump of a live worker, native frames too: where a re-form hangs."""
+    py_spy = Path(sys.executable).with_name("py-spy")
+    try:
+        done = subprocess.run(
+            [str(py_spy), "dump", "--native", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"no dump: {exc}"
+    return (done.stdout + done.stderr)[-6000:]
+
+
 @dataclass
 class Worker:
     process: subprocess.Popen[bytes]
@@ -89,7 +105,10 @@ class Job:
         while not until():
             if time.monotonic() > deadline:
                 logs = {p.name: p.read_text()[-2000:] for p in self.directory.glob("*.log")}
-                raise AssertionError(f"timed out waiting for {what}; logs: {logs}")
+                stacks = {w.pid: stacks_of(w.pid) for w in self.workers if w.process.poll() is None}
+                raise AssertionError(
+                    f"timed out waiting for {what}; logs: {logs}; stacks of live workers: {stacks}"
+                )
             time.sleep(0.02)
 
     def steps(self, pid: int) -> list[int]:
