@@ -8,14 +8,17 @@ shared memory: checking for a new assignment between steps is one 8-byte read, n
 Layout (152 bytes; little-endian, but each seq in the machine's own order, see SEQ):
 
     offset  0  magic b"NACT", version u32
-    offset  8  assignment (agent -> worker), under a seqlock:
-               seq u64 (odd while the agent writes; seq // 2 assignments written so far),
-               generation i64, rank, local_rank, world_size, local_world_size, group_rank,
-               group_world_size, master_port, restart_count (i32 each),
-               master_addr (64 bytes, UTF-8, NUL-padded)
+    offset  8  message (agent -> worker), under a seqlock:
+               seq u64 (odd while the agent writes; seq // 2 messages written so far),
+               generation i64, kind i32 (1: an assignment, 2: leave), rank, local_rank,
+               world_size, local_world_size, group_rank, group_world_size, master_port,
+               restart_count (i32 each), master_addr (64 bytes, UTF-8, NUL-padded);
+               a leave has zeros after its kind
     offset 128 report (worker -> agent), under a seqlock of its own:
                seq u64, left_generation i64 (-1: none yet), committed_step i64 (-1: none yet)
 
+Two messages: `Leave(g)`, "leave generation g's process group" (the job is re-forming; the
+next generation's ranks are not known yet), and `Assignment`, "be this rank of generation g".
 A seqlock: the writer makes `seq` odd, writes the body, makes `seq` even again; a reader reads
 `seq`, the body, `seq` again, and retries unless both were the same even number. A reader never
 sees a torn assignment, and a writer never waits. This relies on stores becoming visible in
@@ -37,7 +40,7 @@ from nodeagent.errors import NodeagentError
 from nodeagent.progress import worker_file
 
 MAGIC = b"NACT"
-VERSION = 1
+VERSION = 2
 ADDR_BYTES = 64
 HEADER = struct.Struct("<4sI")
 # A seq is stored and loaded whole, through a memoryview of 8-byte words ("Q", native order:
@@ -45,15 +48,16 @@ HEADER = struct.Struct("<4sI")
 # zeroes the field before writing it (and, for "<Q", writes a byte at a time): a reader then saw
 # seq 0 in a file that had assignments.
 SEQ = struct.Struct("Q")
-ASSIGNMENT = struct.Struct(f"<q8i{ADDR_BYTES}s")  # the body after its seq
+MESSAGE = struct.Struct(f"<qi8i{ADDR_BYTES}s")  # the body after its seq
+ASSIGN, LEAVE = 1, 2  # its kinds
 REPORT = struct.Struct("<qq")
-ASSIGNMENT_AT = HEADER.size  # 8
+MESSAGE_AT = HEADER.size  # 8
 REPORT_AT = 128
 SIZE = REPORT_AT + SEQ.size + REPORT.size  # 152
 MODE = 0o660  # both ends write: the worker (its owner) and the agent (its group)
 READ_PATIENCE_S = 1.0  # a seq odd for this long: the writer died mid-write
 
-assert ASSIGNMENT_AT + SEQ.size + ASSIGNMENT.size <= REPORT_AT
+assert MESSAGE_AT + SEQ.size + MESSAGE.size <= REPORT_AT
 
 
 class ControlFileError(NodeagentError):
@@ -112,6 +116,17 @@ class Assignment:
 
 
 @dataclass(frozen=True)
+class Leave:
+    """What the agent tells a worker when the job re-forms: leave generation `generation`'s
+    process group (or an older one), report it, and wait for the next assignment."""
+
+    generation: int
+
+
+Message = Assignment | Leave
+
+
+@dataclass(frozen=True)
 class Report:
     """What the worker tells the agent: the generation it has left, its last committed step."""
 
@@ -137,27 +152,39 @@ def create(path: Path, owner: int | None = None) -> None:
         os.close(fd)
 
 
-def encode(assignment: Assignment) -> bytes:
-    """The assignment's body (what follows its seq).
+def encode(message: Message) -> bytes:
+    """The message's body (what follows its seq).
 
     Raises:
-        ValueError: the assignment is impossible (see Assignment.problems).
+        ValueError: the assignment is impossible (see Assignment.problems), or a negative
+            generation.
     """
-    problems = assignment.problems()
+    if isinstance(message, Leave):
+        if message.generation < 0:
+            raise ValueError(f"generation {message.generation} < 0")
+        return MESSAGE.pack(message.generation, LEAVE, *(0,) * 8, b"")
+    problems = message.problems()
     if problems:
         raise ValueError("; ".join(problems))
-    a = assignment
-    return ASSIGNMENT.pack(
-        *(a.generation, a.rank, a.local_rank, a.world_size, a.local_world_size),
+    a = message
+    return MESSAGE.pack(
+        *(a.generation, ASSIGN, a.rank, a.local_rank, a.world_size, a.local_world_size),
         *(a.group_rank, a.group_world_size, a.master_port, a.restart_count),
         a.master_addr.encode(),
     )
 
 
-def decode(body: bytes) -> Assignment:
-    """Raises: ControlFileError: the bytes are not an assignment encode() could have written."""
-    fields = ASSIGNMENT.unpack(body)
+def decode(body: bytes) -> Message:
+    """Raises: ControlFileError: the bytes are not a message encode() could have written."""
+    fields = MESSAGE.unpack(body)
     raw: bytes = fields[-1]
+    generation, kind = fields[:2]
+    if kind == LEAVE:
+        if generation < 0 or any(fields[2:-1]) or raw.strip(b"\0"):
+            raise ControlFileError(f"a leave with values in its unused fields: {fields!r}")
+        return Leave(generation)
+    if kind != ASSIGN:
+        raise ControlFileError(f"message kind {kind}, expected {ASSIGN} or {LEAVE}")
     addr, _, padding = raw.partition(b"\0")
     try:
         text = addr.decode()
@@ -165,7 +192,7 @@ def decode(body: bytes) -> Assignment:
         raise ControlFileError(f"master address {raw!r} is not UTF-8") from None
     if padding.strip(b"\0"):
         raise ControlFileError(f"master address field {raw!r} is not NUL-padded")
-    generation, rank, local_rank, world, local_world, group, groups, port, restarts = fields[:9]
+    rank, local_rank, world, local_world, group, groups, port, restarts = fields[2:10]
     assignment = Assignment(
         *(generation, rank, local_rank, world, local_world, group, groups),
         *(text, port, restarts),
@@ -177,8 +204,8 @@ def decode(body: bytes) -> Assignment:
 
 
 class ControlFile:
-    """One end of a worker's channel, mapped. The agent calls assign() and report(); the
-    worker calls sequence(), assignment() and the report_* methods.
+    """One end of a worker's channel, mapped. The agent calls assign(), leave() and report();
+    the worker calls sequence(), message() and the report_* methods.
 
     Raises (constructor):
         ControlFileError: the file is not a control file of this version.
@@ -235,27 +262,32 @@ class ControlFile:
 
     def assign(self, assignment: Assignment) -> int:
         """Publish `assignment` (agent side); returns its sequence number (1, 2, ...)."""
-        self._write(ASSIGNMENT_AT, encode(assignment))
+        return self._send(assignment)
+
+    def leave(self, generation: int) -> int:
+        """Tell the worker to leave `generation`'s process group (agent side)."""
+        return self._send(Leave(generation))
+
+    def _send(self, message: Message) -> int:
+        self._write(MESSAGE_AT, encode(message))
         return self.sequence()
 
     def sequence(self) -> int:
-        """How many assignments were written: one 8-byte read, cheap enough for every step.
+        """How many messages were written: one 8-byte read, cheap enough for every step.
         Compare it with the number last read; odd while a write is in progress counts too."""
-        seq: int = self._words[ASSIGNMENT_AT // SEQ.size]
+        seq: int = self._words[MESSAGE_AT // SEQ.size]
         return (seq + 1) // 2
 
-    def assignment(self) -> tuple[int, Assignment | None]:
-        """(sequence number, the latest assignment), or (0, None) before the first one.
+    def message(self) -> tuple[int, Message | None]:
+        """(sequence number, the latest message), or (0, None) before the first one.
 
         Raises:
-            ControlFileError: the assignment area holds garbage, or a write never finished.
+            ControlFileError: the message area holds garbage, or a write never finished.
         """
-        seq, body = self._read(ASSIGNMENT_AT, ASSIGNMENT.size)
+        seq, body = self._read(MESSAGE_AT, MESSAGE.size)
         if seq == 0:
             if body.strip(b"\0"):
-                raise ControlFileError(
-                    f"{self.path}: no assignment written but the area is not empty"
-                )
+                raise ControlFileError(f"{self.path}: no message written but the area is not empty")
             return 0, None
         return seq // 2, decode(body)
 

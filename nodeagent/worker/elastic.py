@@ -2,9 +2,10 @@
 
 In the spirit of Horovod's `hvd.elastic`: the script keeps what must survive a re-form in a
 `State`, commits it every step (a copy in host memory), and runs its training function through
-`run(train_fn, state)`. When the agent hands this worker a newer assignment over its control
-channel (nodeagent.control, path in NODEAGENT_CONTROL_FILE), or a collective fails because a
-peer died, `run` leaves the process group, reports that to the agent, waits for the next
+`run(train_fn, state)`. When the agent tells this worker to leave its generation, or hands it
+a newer assignment, over its control channel (nodeagent.control, path in
+NODEAGENT_CONTROL_FILE), or a collective fails because a peer died, `run` leaves the process
+group, reports that to the agent, waits for the next
 assignment, joins the new process group, rolls back to the last commit, takes the state of
 the rank with the highest committed step (`sync`), runs the reset callbacks and calls
 `train_fn(state)` again, in the same process.
@@ -24,10 +25,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nodeagent.control import Assignment, ControlFile
+from nodeagent.control import Assignment, ControlFile, Leave
 
 log = logging.getLogger(__name__)
 ENV = "NODEAGENT_CONTROL_FILE"
+TIMEOUT_ENV = "NODEAGENT_REFORM_TIMEOUT_S"  # the job's timing.reform_timeout, set by the agent
 DEFAULT_REFORM_TIMEOUT_S = 60.0
 POLL_S = 0.005
 T = TypeVar("T")
@@ -157,14 +159,17 @@ class State:
         object.__setattr__(self, "_values", copy.deepcopy(self._snapshot["values"]))
 
     def check(self) -> None:
-        """Raise Reform if the agent has published a newer assignment (one memory read)."""
+        """Raise Reform if the agent has told this worker to leave its generation or published
+        a newer assignment (one memory read when nothing is new)."""
         channel = self._channel
         if channel is None or channel.sequence() == self._seen:
             return
-        seq, assignment = channel.assignment()
+        seq, message = channel.message()
         object.__setattr__(self, "_seen", seq)
-        if assignment is not None and assignment.generation > self.generation:
-            raise Reform(f"new assignment for generation {assignment.generation}", assignment)
+        if isinstance(message, Leave) and message.generation >= self.generation:
+            raise Reform(f"told to leave generation {message.generation}")
+        if isinstance(message, Assignment) and message.generation > self.generation:
+            raise Reform(f"new assignment for generation {message.generation}", message)
 
     def sync(self) -> None:
         """Every rank takes the committed state of the rank with the highest committed step
@@ -237,11 +242,18 @@ def _collective_failed(exc: BaseException) -> bool:
     )
 
 
+def _newer(channel: ControlFile, generation: int) -> tuple[int, Assignment | None]:
+    """(sequence number, the channel's assignment if it is for a generation after `generation`)."""
+    seq, message = channel.message()
+    fresh = isinstance(message, Assignment) and message.generation > generation
+    return seq, message if fresh and isinstance(message, Assignment) else None
+
+
 def _wait_for(state: State, channel: ControlFile, deadline: float) -> Assignment:
     while True:
-        seq, assignment = channel.assignment()
+        seq, assignment = _newer(channel, state.generation)
         object.__setattr__(state, "_seen", seq)
-        if assignment is not None and assignment.generation > state.generation:
+        if assignment is not None:
             return assignment
         if time.monotonic() >= deadline:
             raise ReformTimedOut(
@@ -272,8 +284,8 @@ def _reform(
     assignment = reason.assignment if isinstance(reason, Reform) else None
     if assignment is None:
         assignment = _wait_for(state, channel, started + reform_timeout)
-    newest_seq, newest = channel.assignment()  # a still newer one may have come meanwhile
-    if newest is not None and newest.generation > assignment.generation:
+    newest_seq, newest = _newer(channel, assignment.generation)  # a still newer one may have
+    if newest is not None:  # come meanwhile
         assignment = newest
     object.__setattr__(state, "_seen", max(state._seen, newest_seq))
     os.environ.update(assignment.environment())
@@ -296,7 +308,7 @@ def run(
     train_fn: Callable[[State], T],
     state: State,
     *,
-    reform_timeout: float = DEFAULT_REFORM_TIMEOUT_S,
+    reform_timeout: float | None = None,
     backend: str | None = None,
     pg_timeout: timedelta | None = None,
 ) -> T:
@@ -307,6 +319,9 @@ def run(
     a failed collective, with a control channel: re-forms (see the module docstring) and calls
     `train_fn(state)` again. Create DDP wrappers, samplers and iterators inside `train_fn`.
 
+    `reform_timeout`: default NODEAGENT_REFORM_TIMEOUT_S (the job's timing.reform_timeout, set
+    by the agent), else DEFAULT_REFORM_TIMEOUT_S.
+
     Raises:
         ReformTimedOut: the old group was left but no assignment came within `reform_timeout`
             seconds; let it end the process (non-zero), the agent falls back to a restart.
@@ -314,6 +329,8 @@ def run(
     """
     import torch.distributed as dist
 
+    if reform_timeout is None:
+        reform_timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_REFORM_TIMEOUT_S))
     channel = channel_from_env()
     state.attach(channel)
     pending: BaseException | None = None

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent import control
-from nodeagent.control import Assignment, ControlFile, ControlFileError, Report
+from nodeagent.control import Assignment, ControlFile, ControlFileError, Leave, Report
 
 A = Assignment(4, 3, 1, 8, 2, 1, 4, "node-17.cluster.example", 29500, 2)
 B = Assignment(5, 0, 0, 1, 1, 0, 1, "10.0.0.1", 41000, 3)
@@ -27,7 +27,7 @@ def path(tmp_path: Path) -> Path:
 
 def test_a_new_file_holds_no_assignment_and_no_report(path: Path) -> None:
     channel = ControlFile(path)
-    assert channel.sequence() == 0 and channel.assignment() == (0, None)
+    assert channel.sequence() == 0 and channel.message() == (0, None)
     assert channel.report() == Report(left_generation=-1, committed_step=-1)
     assert stat.S_IMODE(path.stat().st_mode) == control.MODE == 0o660
     assert path.stat().st_size == control.SIZE == 152
@@ -36,13 +36,31 @@ def test_a_new_file_holds_no_assignment_and_no_report(path: Path) -> None:
 def test_assignments_and_reports_round_trip_between_two_mappings(path: Path) -> None:
     agent, worker = ControlFile(path), ControlFile(path)
     assert agent.assign(A) == 1 and worker.sequence() == 1
-    assert worker.assignment() == (1, A)
+    assert worker.message() == (1, A)
     agent.assign(B)
-    assert worker.sequence() == 2 and worker.assignment() == (2, B)
+    assert worker.sequence() == 2 and worker.message() == (2, B)
     worker.report_step(41)
     worker.report_left(4)
     worker.report_step(42)
     assert agent.report() == Report(left_generation=4, committed_step=42)
+
+
+def test_leave_and_assignments_share_the_message_area(path: Path) -> None:
+    agent, worker = ControlFile(path), ControlFile(path)
+    agent.assign(A)
+    assert agent.leave(4) == 2 and worker.message() == (2, Leave(4))
+    agent.assign(B)  # the next generation's assignment replaces the leave
+    assert worker.message() == (3, B)
+
+
+def test_a_leave_with_values_in_its_unused_fields_is_garbage(path: Path) -> None:
+    channel = ControlFile(path)
+    channel.leave(3)
+    _overwrite(path, control.MESSAGE_AT + control.SEQ.size + 12, struct.pack("<i", 1))
+    with pytest.raises(ControlFileError, match="a leave with values in its unused fields"):
+        channel.message()
+    with pytest.raises(ValueError, match="generation -1 < 0"):
+        channel.leave(-1)
 
 
 def test_environment_is_torchruns_variables() -> None:
@@ -85,7 +103,7 @@ def _overwrite(path: Path, at: int, data: bytes) -> None:
     ("at", "data", "message"),
     [
         (0, b"NAPB", "magic b'NAPB'"),
-        (4, struct.pack("<I", 2), "version 2"),
+        (4, struct.pack("<I", 1), "version 1"),  # the layout before the leave message
     ],
 )
 def test_a_foreign_file_is_refused(path: Path, at: int, data: bytes, message: str) -> None:
@@ -103,9 +121,10 @@ def test_a_file_of_another_size_is_refused(path: Path) -> None:
 @pytest.mark.parametrize(
     ("body_at", "data", "message"),
     [
-        (8, struct.pack("<i", 99), "rank 99 outside world 8"),  # the rank field
-        (48, b"\xff\xfe", "not UTF-8"),  # the address field
-        (48 + 30, b"junk", "not NUL-padded"),
+        (12, struct.pack("<i", 99), "rank 99 outside world 8"),  # the rank field
+        (52, b"\xff\xfe", "not UTF-8"),  # the address field
+        (52 + 30, b"junk", "not NUL-padded"),
+        (8, struct.pack("<i", 7), "message kind 7, expected 1 or 2"),  # the kind field
     ],
 )
 def test_garbage_in_the_assignment_is_a_clear_error(
@@ -113,34 +132,34 @@ def test_garbage_in_the_assignment_is_a_clear_error(
 ) -> None:
     channel = ControlFile(path)
     channel.assign(A)
-    _overwrite(path, control.ASSIGNMENT_AT + control.SEQ.size + body_at, data)
+    _overwrite(path, control.MESSAGE_AT + control.SEQ.size + body_at, data)
     with pytest.raises(ControlFileError, match=message):
-        channel.assignment()
+        channel.message()
 
 
 def test_garbage_before_any_assignment_is_a_clear_error(path: Path) -> None:
-    _overwrite(path, control.ASSIGNMENT_AT + 20, b"\x01")
-    with pytest.raises(ControlFileError, match="no assignment written but the area is not empty"):
-        ControlFile(path).assignment()
+    _overwrite(path, control.MESSAGE_AT + 20, b"\x01")
+    with pytest.raises(ControlFileError, match="no message written but the area is not empty"):
+        ControlFile(path).message()
 
 
 def test_a_write_in_progress_is_never_read(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An odd seq: the reader waits for the writer, and gives up on one that died mid-write."""
     channel = ControlFile(path)
     channel.assign(A)
-    _overwrite(path, control.ASSIGNMENT_AT, control.SEQ.pack(3))  # a write of B begins...
-    _overwrite(path, control.ASSIGNMENT_AT + control.SEQ.size, control.encode(B)[:20])
+    _overwrite(path, control.MESSAGE_AT, control.SEQ.pack(3))  # a write of B begins...
+    _overwrite(path, control.MESSAGE_AT + control.SEQ.size, control.encode(B)[:20])
     monkeypatch.setattr(control, "READ_PATIENCE_S", 0.05)
     with pytest.raises(ControlFileError, match="a write began and never finished"):
-        channel.assignment()
+        channel.message()
     monkeypatch.setattr(control, "READ_PATIENCE_S", 5.0)
     seen: list[tuple[int, Assignment | None]] = []
-    reader = threading.Thread(target=lambda: seen.append(channel.assignment()))
+    reader = threading.Thread(target=lambda: seen.append(channel.message()))
     reader.start()
     time.sleep(0.05)
     assert not seen  # still waiting on the odd seq
-    _overwrite(path, control.ASSIGNMENT_AT + control.SEQ.size, control.encode(B))
-    _overwrite(path, control.ASSIGNMENT_AT, control.SEQ.pack(4))  # ...and ends
+    _overwrite(path, control.MESSAGE_AT + control.SEQ.size, control.encode(B))
+    _overwrite(path, control.MESSAGE_AT, control.SEQ.pack(4))  # ...and ends
     reader.join(timeout=5)
     assert seen == [(2, B)]
 
@@ -148,9 +167,9 @@ def test_a_write_in_progress_is_never_read(path: Path, monkeypatch: pytest.Monke
 def test_a_writer_cut_short_by_its_own_death_carries_on(path: Path) -> None:
     channel = ControlFile(path)
     channel.assign(A)
-    _overwrite(path, control.ASSIGNMENT_AT, control.SEQ.pack(3))  # the agent died mid-write
+    _overwrite(path, control.MESSAGE_AT, control.SEQ.pack(3))  # the agent died mid-write
     assert ControlFile(path).assign(B) == 2
-    assert channel.assignment() == (2, B)
+    assert channel.message() == (2, B)
 
 
 def _hammer(path: str, seconds: float) -> None:
@@ -163,7 +182,7 @@ def _hammer(path: str, seconds: float) -> None:
 
 def test_each_seq_is_an_aligned_word() -> None:
     assert control.SEQ.size == 8
-    assert control.ASSIGNMENT_AT % 8 == 0 and control.REPORT_AT % 8 == 0
+    assert control.MESSAGE_AT % 8 == 0 and control.REPORT_AT % 8 == 0
 
 
 def test_a_reader_never_sees_a_torn_assignment(path: Path) -> None:
@@ -176,7 +195,7 @@ def test_a_reader_never_sees_a_torn_assignment(path: Path) -> None:
     try:
         while channel.sequence() < 10:  # wait for the writer to start writing
             time.sleep(0.001)
-        reads = [channel.assignment()[1] for _ in range(20_000)]
+        reads = [channel.message()[1] for _ in range(20_000)]
     finally:
         writer.join(timeout=10)
     assert writer.exitcode == 0

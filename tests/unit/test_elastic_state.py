@@ -4,6 +4,7 @@ world of one (gloo) against a channel the test writes as the agent would."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,36 @@ def test_run_reforms_in_place_on_a_new_assignment(
 
 
 @pytest.mark.usefixtures("world_of_one")
+def test_told_to_leave_it_leaves_and_waits_for_the_next_assignment(
+    channel: ControlFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's re-form: leave(1) while ranks are unknown, the assignment for 3 later (the
+    leader may skip a generation); a stale leave(0) is not news."""
+    monkeypatch.setenv(elastic.ENV, str(channel.path))
+    state = State(model=torch.nn.Linear(2, 2))
+    port = free_port()
+    seen: list[tuple[int, int, bool]] = []
+    agent = threading.Timer(0.3, lambda: channel.assign(one(3, port)))  # after it has left
+
+    def train(state: State) -> None:
+        seen.append((state.generation, int(os.environ["MASTER_PORT"]), dist.is_initialized()))
+        if len(seen) == 2:
+            return
+        channel.leave(0)
+        state.check()
+        channel.leave(1)
+        agent.start()
+        state.check()
+        raise AssertionError("check() did not raise")
+
+    try:
+        elastic.run(train, state)
+    finally:
+        agent.join()
+    assert seen[1] == (3, port, True) and channel.report().left_generation == 1
+
+
+@pytest.mark.usefixtures("world_of_one")
 def test_a_failed_collective_waits_for_an_assignment_then_gives_up(
     channel: ControlFile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -173,8 +204,9 @@ def test_a_failed_collective_waits_for_an_assignment_then_gives_up(
         state.commit()
         raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset")
 
+    monkeypatch.setenv(elastic.TIMEOUT_ENV, "0.2")  # as the agent sets timing.reform_timeout
     with pytest.raises(ReformTimedOut, match="no assignment newer than generation 1"):
-        elastic.run(broken, state, reform_timeout=0.2)
+        elastic.run(broken, state)
     assert channel.report().left_generation == 1 and not dist.is_initialized()
 
 
