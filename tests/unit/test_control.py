@@ -153,7 +153,7 @@ def test_a_write_in_progress_is_never_read(path: Path, monkeypatch: pytest.Monke
     with pytest.raises(ControlFileError, match="a write began and never finished"):
         channel.message()
     monkeypatch.setattr(control, "READ_PATIENCE_S", 5.0)
-    seen: list[tuple[int, Assignment | None]] = []
+    seen: list[tuple[int, control.Message | None]] = []
     reader = threading.Thread(target=lambda: seen.append(channel.message()))
     reader.start()
     time.sleep(0.05)
