@@ -37,13 +37,14 @@ from nodeagent.node import (
     Leave,
     LocalView,
     NodeDecision,
+    ReleaseWorkers,
     StartWorkers,
     StopWorkers,
     decide,
 )
 from nodeagent.sdnotify import Notifier
 from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
-from nodeagent.supervisor import WorkerExit
+from nodeagent.supervisor import Started, WorkerExit
 from nodeagent.wakeup import Waker
 from nodeagent.watch import WorkerWatch
 
@@ -54,7 +55,8 @@ T = TypeVar("T")
 class WorkerGroup(Protocol):
     """What the agent needs from the supervisor (a seam for tests)."""
 
-    def start(self, generation: int, node: str, specs: list[WorkerSpec]) -> int: ...
+    def start(self, generation: int, node: str, specs: list[WorkerSpec]) -> Started: ...
+    def release(self, timeout_s: float) -> None: ...
     def stop(self, grace_s: float) -> None: ...
     def kill(self) -> None: ...
     def poll(self) -> list[WorkerExit]: ...
@@ -331,6 +333,7 @@ class Agent:
             fenced_generation=self._fenced_generation,
             cordon=self._cordon,
             unfit=self._watchers.unfit,
+            in_place=self.config.job.in_place,
         )
 
     def _next_wakeup(self) -> float:
@@ -372,6 +375,12 @@ class Agent:
             self._dirty = True
             if isinstance(action, StopWorkers):
                 self._stop_workers(action, now)
+            elif isinstance(action, ReleaseWorkers):
+                timeout = self.config.timing.reform_timeout
+                self._log.info(
+                    "releasing workers in place (%s), within %gs", action.reason, timeout
+                )
+                self._workers.release(timeout)
             elif isinstance(action, Acknowledge):
                 self._acknowledge(action.generation)
             elif isinstance(action, StartWorkers):
@@ -387,6 +396,13 @@ class Agent:
             grace = max(0.0, min(grace, kill_at - self._clock()))
         self._log.info("stopping workers (%s), grace %.1fs", action.reason, grace)
         self._workers.stop(grace)
+
+    def _release_workers(self, action: ReleaseWorkers) -> None:
+        timeout = self.config.timing.reform_timeout
+        self._log.info(
+            "workers leave their generation in place (%s), within %gs", action.reason, timeout
+        )
+        self._workers.release(timeout)
 
     def _acknowledge(self, generation: int) -> None:
         self._acked = generation
@@ -410,11 +426,11 @@ class Agent:
             record.master_addr,
             record.master_port,
         )
-        preloaded = self._workers.start(record.generation, self.name, specs)
+        started = self._workers.start(record.generation, self.name, specs)
         self._metrics.workers_started(record.generation, self._clock())
-        self._watchers.started(specs, self._clock())
+        self._watchers.started(started.specs, self._clock())
         ranks = [spec.rank for spec in specs]
-        self._events.append(workerevents.started(self.name, record.generation, ranks, preloaded))
+        self._events.append(workerevents.started(self.name, record.generation, ranks, started))
 
     def _leave(self) -> None:
         try:

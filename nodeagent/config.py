@@ -76,6 +76,17 @@ class JobConfig:
     # The interpreter a bare `python`/`python3` entrypoint program means (job.python); None:
     # the one the agent runs under, as torchrun runs workers with its own sys.executable.
     python: str | None = None
+    # What a re-form does to the workers that survive it (RECOVERY_MODES): restart them all, as
+    # torchrun does, or keep them running (in_place: nodeagent.worker.elastic scripts only).
+    recovery: str = "restart"
+
+    @property
+    def in_place(self) -> bool:
+        return self.recovery == IN_PLACE
+
+
+IN_PLACE = "in_place"
+RECOVERY_MODES = ("restart", IN_PLACE)
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,10 @@ class TimingConfig:
     restart_backoff: float = 1.0  # 0: off
     restart_backoff_max: float = 60.0
     restart_backoff_reset: float = 60.0
+    # An in_place job's survivor that has not left its process group this long after being
+    # told to is killed (and restarted); a worker with no assignment this long after leaving
+    # exits (nodeagent.worker.elastic).
+    reform_timeout: float = 60.0
 
 
 GPU_MODES = ("auto", "on", "off")
@@ -235,7 +250,19 @@ def job_fields(section: Section) -> JobConfig:
         gpus_per_worker=positive_int(section, "gpus_per_worker", 1, minimum=0),
         preload=_preload(section, entrypoint),
         python=_python(section),
+        recovery=_recovery(section),
     )
+
+
+def _recovery(section: Section) -> str:
+    recovery = section.get("recovery", str, "restart")
+    if recovery not in RECOVERY_MODES:
+        raise ConfigError(
+            section.key("recovery"),
+            f"must be one of {', '.join(RECOVERY_MODES)}, got {recovery!r} (in_place needs a "
+            "script written for nodeagent.worker.elastic)",
+        )
+    return recovery
 
 
 def _python(section: Section) -> str | None:
@@ -335,6 +362,7 @@ _TIMING_RULES: Mapping[str, Mapping[str, Any]] = {
     "restart_backoff": {"off": True},
     "restart_backoff_max": {},
     "restart_backoff_reset": {},
+    "reform_timeout": {"positive": True},
 }
 # What a job may set for itself (a job spec's timing:); the heartbeat and the lease are the
 # node's: every job a node serves is fenced on the same lease.

@@ -39,6 +39,8 @@ from pathlib import Path
 from nodeagent.errors import NodeagentError
 from nodeagent.progress import worker_file
 
+PATH_ENV = "NODEAGENT_CONTROL_FILE"  # where the agent tells a worker its channel is
+TIMEOUT_ENV = "NODEAGENT_REFORM_TIMEOUT_S"  # the job's timing.reform_timeout
 MAGIC = b"NACT"
 VERSION = 2
 ADDR_BYTES = 64

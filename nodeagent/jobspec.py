@@ -50,6 +50,7 @@ _FIELDS = (
     "gpus_per_worker",
     "preload",
     "python",
+    "recovery",
 )
 
 
@@ -84,6 +85,7 @@ class JobSpec:
             "env": dict(job.env),
             "gpus_per_worker": job.gpus_per_worker,
             "preload": list(job.preload),
+            "recovery": job.recovery,
             "user": self.user,
             "queue": self.queue,
             "priority": self.priority,

@@ -16,7 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodeagent import control
 from nodeagent.config import Config
+from nodeagent.control import Assignment
 from nodeagent.model import JobRecord
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,13 @@ class WorkerSpec:
     log_path: Path
     progress_path: Path
     gpus: tuple[int, ...] = ()
+    assignment: Assignment | None = None  # in_place jobs: what a survivor is told instead
+
+    @property
+    def control_path(self) -> Path | None:
+        """The in-place channel (nodeagent.control) the worker maps; None in restart mode."""
+        path = self.env.get(control.PATH_ENV)
+        return Path(path) if path else None
 
     @property
     def error_file(self) -> Path | None:
@@ -91,6 +100,11 @@ def log_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
 
 def progress_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
     return Path(log_dir) / job / str(generation) / f"rank-{rank}.progress"
+
+
+def control_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
+    """An in_place worker's channel, beside its progress file (it keeps it for life)."""
+    return Path(log_dir) / job / str(generation) / f"rank-{rank}.control"
 
 
 def error_file_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
@@ -172,7 +186,29 @@ def worker_env(
             ),
         }
     )
+    if config.job.in_place:
+        path = control_path(config.log_dir, config.job.id, record.generation, rank)
+        env[control.PATH_ENV] = str(path)
+        env[control.TIMEOUT_ENV] = f"{config.timing.reform_timeout:g}"
     return env
+
+
+def assignment(config: Config, record: JobRecord, group_rank: int, local_rank: int) -> Assignment:
+    """What an in_place survivor that is now `local_rank` of group `group_rank` is told: the
+    same values worker_env gives a new worker."""
+    nproc, members = config.job.nproc_per_node, len(record.members)
+    return Assignment(
+        generation=record.generation,
+        rank=group_rank * nproc + local_rank,
+        local_rank=local_rank,
+        world_size=members * nproc,
+        local_world_size=nproc,
+        group_rank=group_rank,
+        group_world_size=members,
+        master_addr=record.master_addr,
+        master_port=record.master_port,
+        restart_count=record.restart_count,
+    )
 
 
 def worker_specs(
@@ -209,6 +245,9 @@ def worker_specs(
                 log_path=log_path(config.log_dir, config.job.id, record.generation, rank),
                 progress_path=Path(env["NODEAGENT_PROGRESS_FILE"]),
                 gpus=gpus,
+                assignment=assignment(config, record, group_rank, local_rank)
+                if config.job.in_place
+                else None,
             )
         )
     return specs

@@ -31,7 +31,7 @@ from nodeagent.garbage import KINDS as GARBAGE_KINDS
 from nodeagent.gpu.classify import Verdict
 from nodeagent.gpu.readings import GpuSnapshot
 from nodeagent.httpd import HttpServer, Route
-from nodeagent.model import JobRecord, WorkerInfo
+from nodeagent.model import WORKER_STATES, JobRecord, WorkerInfo
 from nodeagent.progress import Beat
 from nodeagent.state import JobState, NodeState
 
@@ -271,7 +271,7 @@ class AgentMetrics:
         self.node_state.labels(self.job_id).state(state.value)
 
     def worker_states(self, workers: Sequence[WorkerInfo]) -> None:
-        counts = {"running": 0, "stopping": 0, "exited": 0, "failed": 0}
+        counts = dict.fromkeys(WORKER_STATES, 0)
         for w in workers:
             counts[w.state] = counts.get(w.state, 0) + 1
         for state, count in counts.items():

@@ -18,7 +18,8 @@ from nodeagent.decode import MAX_RAW, Reader, is_stream_id
 from nodeagent.errors import CorruptStateError
 from nodeagent.state import JOB_TRANSITIONS, JobState, NodeState, check_transition
 
-WORKER_STATES = ("running", "exited", "failed", "stopping")
+# parked, leaving: an in_place worker told to leave its generation has (not yet) left it.
+WORKER_STATES = ("running", "exited", "failed", "stopping", "leaving", "parked")
 FAILURE_KINDS = ("exit_code", "signal", "hang", "xid")
 MAX_LEASE_TTL_MS = 86_400_000
 _CODE = 1 << 31  # exit codes, signals and XIDs stay within an int32
@@ -29,7 +30,7 @@ class WorkerInfo:
     rank: int
     local_rank: int
     pid: int | None
-    state: str  # running | exited | failed | stopping
+    state: str  # WORKER_STATES
     exit_code: int | None = None
 
     @classmethod

@@ -5,8 +5,9 @@ returns the node's next state and the actions to take: stop workers, acknowledge
 start workers, leave. Only `Agent` executes them.
 
 The two rules that keep generations apart:
-- an agent acknowledges generation g only when none of its workers run, and after that never
-  starts a generation older than g;
+- an agent acknowledges generation g only when none of its workers takes part in a process
+  group (they have exited, or, in_place, every live one has reported leaving its own), and
+  after that never starts a generation older than g;
 - it starts workers of g only when the record says g is RUNNING with this node as a member.
 """
 
@@ -23,16 +24,21 @@ from nodeagent.state import JobState, NodeState
 class GroupPhase(str, Enum):
     """The local worker group.
 
-    NONE      no workers were started (or the last group was forgotten).
-    RUNNING   at least one worker of the group is running and no stop was requested.
-    STOPPING  a stop was requested; some process of the group is still alive.
-    EXITED    every process of the group is gone.
+    NONE       no workers were started (or the last group was forgotten).
+    RUNNING    at least one worker of the group is running and no stop was requested.
+    STOPPING   a stop was requested; some process of the group is still alive.
+    EXITED     every process of the group is gone.
+    RELEASING  in_place: the workers were told to leave the generation; some have not yet.
+    PARKED     in_place: every live worker has left the generation's process group and waits,
+               alive, for its next assignment (no worker takes part in any collective).
     """
 
     NONE = "none"
     RUNNING = "running"
     STOPPING = "stopping"
     EXITED = "exited"
+    RELEASING = "releasing"
+    PARKED = "parked"
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,13 @@ class GroupStatus:
 
     @property
     def active(self) -> bool:
-        return self.phase in (GroupPhase.RUNNING, GroupPhase.STOPPING)
+        """Some worker may still take part in the generation's collectives."""
+        return self.phase in (GroupPhase.RUNNING, GroupPhase.STOPPING, GroupPhase.RELEASING)
+
+    @property
+    def stoppable(self) -> bool:
+        """Live workers that no stop was requested for: what a stop must reach."""
+        return self.phase in (GroupPhase.RUNNING, GroupPhase.RELEASING, GroupPhase.PARKED)
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class LocalView:
     fenced_generation: int | None = None  # set once fenced: wait for a newer generation
     cordon: Cordon | None = None  # this node's cordon, as last read from Redis
     unfit: str | None = None  # why this node cannot take part (too few usable GPUs)
+    in_place: bool = False  # job.recovery: in_place (survivors are released, not stopped)
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,14 @@ class StopWorkers:
     reason: str
     fence: bool = False  # shorten the grace period so workers die before the lease expires
     broken: bool = False  # the generation failed: its collectives cannot complete
+
+
+@dataclass(frozen=True)
+class ReleaseWorkers:
+    """in_place: tell the workers to leave their generation's process group; they keep running
+    and wait for their next assignment (the group becomes PARKED)."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -83,7 +104,7 @@ class Leave:
     pass
 
 
-Action = StopWorkers | Acknowledge | StartWorkers | Leave
+Action = StopWorkers | ReleaseWorkers | Acknowledge | StartWorkers | Leave
 
 
 @dataclass(frozen=True)
@@ -97,27 +118,26 @@ def decide(view: LocalView) -> NodeDecision:
     """The node's next state and actions. Pure."""
     group = view.group
     if view.shutting_down:
-        if group.phase is GroupPhase.RUNNING:
+        if group.stoppable:
             return NodeDecision(NodeState.LEAVING, (StopWorkers("agent shutting down"),), "leaving")
         if group.active:
             return NodeDecision(NodeState.LEAVING, (), "waiting for workers to stop")
         return NodeDecision(NodeState.LEAVING, (Leave(),), "workers stopped")
     if view.fence:
         stop = (StopWorkers("lease not renewed", fence=True),)
-        return NodeDecision(
-            NodeState.FENCED, stop if group.phase is GroupPhase.RUNNING else (), "fenced"
-        )
+        return NodeDecision(NodeState.FENCED, stop if group.stoppable else (), "fenced")
     record = view.record
     fenced = view.fenced_generation
     if fenced is not None and (record is None or record.generation <= fenced):
         return NodeDecision(NodeState.FENCED, (), "fenced: waiting for a new generation")
     if record is None:
-        if group.active:  # Redis lost the record: keep training until a leader re-forms the job
+        if group.active or group.phase is GroupPhase.PARKED:
+            # Redis lost the record: keep training until a leader re-forms the job.
             state = NodeState.RUNNING if group.phase is GroupPhase.RUNNING else NodeState.STOPPING
             return NodeDecision(state, (), "no job record in Redis; keeping workers")
         return NodeDecision(NodeState.JOINING, (), "no job record yet")
     draining = view.cordon is not None and view.cordon.drain
-    if draining and group.phase is GroupPhase.RUNNING:
+    if draining and group.stoppable:
         assert view.cordon is not None
         drain = StopWorkers(f"drained: {view.cordon.reason}")  # full grace: a checkpoint
         return NodeDecision(NodeState.DRAINING, (drain,), "drained")
@@ -125,10 +145,11 @@ def decide(view: LocalView) -> NodeDecision:
         return NodeDecision(NodeState.DRAINING, (), "drained: workers stopping")
     if group.phase is GroupPhase.RUNNING:
         return _decide_running(view, record)
-    if group.phase is GroupPhase.STOPPING:
+    if group.phase in (GroupPhase.STOPPING, GroupPhase.RELEASING):
         failed = group.failure is not None and group.generation == record.generation
+        how = "stopping" if group.phase is GroupPhase.STOPPING else "leaving their generation"
         return NodeDecision(
-            NodeState.FAILED if failed else NodeState.STOPPING, (), "workers stopping"
+            NodeState.FAILED if failed else NodeState.STOPPING, (), f"workers {how}"
         )
     return _decide_idle(view, record)
 
@@ -136,11 +157,16 @@ def decide(view: LocalView) -> NodeDecision:
 def _decide_running(view: LocalView, record: JobRecord) -> NodeDecision:
     group = view.group
     if group.failure is not None:
+        if view.in_place:  # the survivors of this node keep running too
+            release = ReleaseWorkers(f"a local worker failed: {group.failure.describe()}")
+            return NodeDecision(NodeState.FAILED, (release,), group.failure.describe())
         stop = StopWorkers("a local worker failed", broken=True)
         return NodeDecision(NodeState.FAILED, (stop,), group.failure.describe())
     broken = False
     if record.generation != group.generation:
         reason = f"generation {record.generation} replaces {group.generation} ({record.reason})"
+        if view.in_place:
+            return NodeDecision(NodeState.STOPPING, (ReleaseWorkers(reason),), reason)
         broken = record.reason in FAILURE_REASONS
     elif record.state is not JobState.RUNNING:
         reason = f"job is {record.state.value}"
@@ -166,13 +192,20 @@ def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
         return NodeDecision(NodeState.SUCCEEDED, tuple(actions), "workers succeeded")
     if this_generation and group.failure is not None:
         return NodeDecision(NodeState.FAILED, tuple(actions), group.failure.describe())
+    parked = group.phase is GroupPhase.PARKED  # in_place survivors waiting for an assignment
     if view.cordon is not None or view.unfit is not None:
         why = f"cordoned: {view.cordon.reason}" if view.cordon else f"unfit: {view.unfit}"
+        if parked:
+            actions.append(StopWorkers(why))
         return NodeDecision(NodeState.CORDONED, tuple(actions), why)
     rank = record.group_rank(view.name)
     if record.state is JobState.RUNNING and rank is None:
+        if parked:
+            actions.append(StopWorkers(f"not a member of generation {record.generation}"))
         return NodeDecision(NodeState.STANDBY, tuple(actions), "standby")
     if record.state is JobState.RUNNING and rank is not None and not this_generation:
         actions.append(StartWorkers(record, rank))
         return NodeDecision(NodeState.READY, tuple(actions), "starting workers")
+    if parked and record.state.terminal:
+        actions.append(StopWorkers(f"job is {record.state.value}"))
     return NodeDecision(NodeState.READY, tuple(actions), f"job is {record.state.value}")

@@ -5,6 +5,12 @@ Stopping never blocks the agent's loop: `stop()` sends SIGTERM and sets a deadli
 escalates to SIGKILL once it passes, so heartbeats go on while workers save a checkpoint.
 A group counts as gone only when its main processes are reaped and no live (non-zombie)
 process is left in their process groups or among the descendants seen at stop time.
+
+In-place recovery (job.recovery: in_place): `release()` tells every worker over its control
+channel (nodeagent.control) to leave its generation's process group; the group is PARKED once
+every live worker has reported leaving, and the next `start()` hands survivors their new ranks
+and spawns only the local ranks with no survivor. A survivor that has not left by the release
+deadline is killed, and its local rank is spawned anew.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
 import psutil
 
-from nodeagent import progress
+from nodeagent import control, progress
+from nodeagent.control import ControlFile, ControlFileError
 from nodeagent.errorfile import read_error_file
 from nodeagent.fencing import Group, start_ticks
 from nodeagent.identity import WorkerUser
@@ -74,10 +81,34 @@ class _Worker:
     preloaded: bool = False  # runs in an interpreter started ahead of time (job.preload)
     group: Group | None = None  # its process group, for the fence keeper
     pump: threading.Thread | None = None  # copies its output to its log
+    log: RankLog | None = None  # where the pump writes (a survivor moves to its new rank's)
+    channel: ControlFile | None = None  # in_place: the worker's control channel
+    generation: int = 0  # the generation it takes part in (a survivor's changes)
+    kept: bool = False  # an in_place survivor carried into this generation
 
     @property
     def pid(self) -> int | None:
         return self.popen.pid if self.popen else None
+
+    def has_left(self) -> bool:
+        """It reported leaving its generation's process group (in_place workers only)."""
+        if self.channel is None:
+            return False
+        try:
+            return self.channel.report().left_generation >= self.generation
+        except ControlFileError as exc:
+            log.warning("rank %d: unreadable control channel: %s", self.spec.rank, exc)
+            return False
+
+
+@dataclass(frozen=True)
+class Started:
+    """What start() did: the workers' specs (a survivor's keeps its own progress file),
+    processes started in preloaded interpreters, in_place survivors kept."""
+
+    specs: tuple[WorkerSpec, ...] = ()
+    preloaded: int = 0
+    kept: int = 0
 
 
 def _signal_name(returncode: int) -> str | None:
@@ -137,6 +168,14 @@ def _py_spy_dump(pid: int) -> str | None:
     return result.stdout if result.returncode == 0 and result.stdout else None
 
 
+# What a worker is told once, at its start, and keeps for life (an in_place survivor too): its
+# files, and its GPUs (its CUDA context lives on them).
+_LIFELONG = (
+    "NODEAGENT_PROGRESS_FILE",
+    "TORCHELASTIC_ERROR_FILE",
+    control.PATH_ENV,
+    "CUDA_VISIBLE_DEVICES",
+)
 LOG_MODE = 0o640  # worker logs are the agent's: the worker writes them only through its pipe
 DIR_MODE = 0o750  # a generation's directory: the agent's, searchable by the workers' group
 
@@ -148,25 +187,34 @@ def _open_log(path: Path) -> IO[bytes]:
     return os.fdopen(fd, "ab")
 
 
-def _worker_files(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
-    """The generation's directory, the worker's progress file and its log (returned, open).
+def _generation_log(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
+    """The generation's directory (made) and the rank's log in it (returned, open).
 
     A worker that runs as another user must reach its progress file to map it, and write its
-    error file: the job's and the generation's directories get the worker's group (0750) and
-    those two files become the worker's. Nothing else there is readable to it: logs stay the
-    agent's (0640).
+    error file: the job's and the generation's directories get the worker's group (0750).
+    Nothing else there is readable to it: logs stay the agent's (0640).
     """
     directory = spec.log_path.parent
     directory.mkdir(parents=True, exist_ok=True)
-    other = user if user is not None and user.switch else None
-    if other is not None:
+    if user is not None and user.switch:
         for path in (directory.parent, directory):
-            os.chown(path, -1, other.gid)
+            os.chown(path, -1, user.gid)
             os.chmod(path, DIR_MODE)
-    progress.create(spec.progress_path, owner=other.uid if other is not None else None)
-    if other is not None and spec.error_file is not None:  # @record writes it on failure;
-        progress.worker_file(spec.error_file, other.uid)  # empty reads as no error file
     return _open_log(spec.log_path)
+
+
+def _worker_files(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
+    """A new worker's files: its log (returned, open), its progress file, its control channel
+    (in_place) and its error file; the last three are the worker's when it runs as another
+    user."""
+    log_file = _generation_log(spec, user)
+    owner = user.uid if user is not None and user.switch else None
+    progress.create(spec.progress_path, owner=owner)
+    if spec.control_path is not None:
+        control.create(spec.control_path, owner=owner)
+    if owner is not None and spec.error_file is not None:  # @record writes it on failure;
+        progress.worker_file(spec.error_file, owner)  # empty reads as no error file
+    return log_file
 
 
 class RankLog:
@@ -175,18 +223,36 @@ class RankLog:
     naming the generation and node), the one to follow (`nodeagentctl logs --rank R`)."""
 
     def __init__(self, spec: WorkerSpec, generation_log: IO[bytes], banner: str) -> None:
-        self._files = (generation_log, _open_log(stable_log_path(spec.log_path)))
-        self._files[1].write(f"{banner}\n".encode())
-        self._files[1].flush()
+        self._lock = threading.Lock()
+        self._files = self._open(spec, generation_log, banner)
+
+    @staticmethod
+    def _open(
+        spec: WorkerSpec, generation_log: IO[bytes], banner: str
+    ) -> tuple[IO[bytes], IO[bytes]]:
+        stable = _open_log(stable_log_path(spec.log_path))
+        stable.write(f"{banner}\n".encode())
+        stable.flush()
+        return generation_log, stable
+
+    def switch(self, spec: WorkerSpec, generation_log: IO[bytes], banner: str) -> None:
+        """From now on, write to `spec`'s files: an in_place survivor's new generation and rank."""
+        files = self._open(spec, generation_log, banner)
+        with self._lock:
+            old, self._files = self._files, files
+        for f in old:
+            f.close()
 
     def write(self, data: bytes) -> None:
-        for f in self._files:
-            f.write(data)
-            f.flush()
+        with self._lock:
+            for f in self._files:
+                f.write(data)
+                f.flush()
 
     def close(self) -> None:
-        for f in self._files:
-            f.close()
+        with self._lock:
+            for f in self._files:
+                f.close()
 
 
 def stable_log_path(generation_log: Path) -> Path:
@@ -234,24 +300,74 @@ class Supervisor:
         self._failure: Failure | None = None
         self._started_at = 0.0
         self._node = ""
+        self._release_deadline: float | None = None  # set by release(): in_place re-forming
 
     # -- starting --------------------------------------------------------------------------
 
-    def start(self, generation: int, node: str, specs: Sequence[WorkerSpec]) -> int:
-        """Start one generation's workers; how many run in preloaded interpreters."""
+    def start(self, generation: int, node: str, specs: Sequence[WorkerSpec]) -> Started:
+        """Start one generation's workers. In_place survivors (a PARKED group) take their
+        local rank's assignment instead of a new process."""
         if self.status().active:
             raise RuntimeError("start() while the previous group is still active")
-        self._discard_unused_progress()
+        survivors = {w.spec.local_rank: w for w in self._survivors()}
+        for worker in self._workers:
+            if worker not in survivors.values():
+                self._drop(worker)
         self._generation, self._node = generation, node
         self._started_at = self._clock()
         self._stop_deadline, self._killed, self._failure = None, False, None
-        self._workers = [self._spawn(spec) for spec in specs]
+        self._release_deadline = None
+        workers = []
+        for spec in specs:
+            survivor = survivors.pop(spec.local_rank, None)
+            workers.append(self._spawn(spec) if survivor is None else self._keep(survivor, spec))
+        for unused in survivors.values():  # fewer local ranks than before: cannot happen today
+            workers.append(unused)
+        self._workers = workers
         self._spawner.plan(specs, self._clock() + PRESTART_DELAY_S)
-        return sum(w.preloaded for w in self._workers)
+        return Started(
+            tuple(w.spec for w in workers),
+            preloaded=sum(w.preloaded for w in workers),
+            kept=sum(w.kept for w in workers),
+        )
+
+    def _survivors(self) -> list[_Worker]:
+        """In_place workers that are alive and have left their generation: they can be kept."""
+        return [
+            w
+            for w in self._workers
+            if w.popen is not None and w.returncode is None and w.has_left()
+        ]
+
+    def _drop(self, worker: _Worker) -> None:
+        progress.discard_unused(worker.spec.progress_path)
+        if worker.channel is not None:
+            worker.channel.close()
+            worker.channel = None
+
+    def _keep(self, survivor: _Worker, spec: WorkerSpec) -> _Worker:
+        """Hand an in_place survivor `spec`'s assignment; it keeps its own progress file,
+        channel and error file (they are in its environment), and logs to its new rank's."""
+        assert spec.assignment is not None and survivor.channel is not None
+        old = survivor.spec
+        kept = replace(
+            spec,
+            progress_path=old.progress_path,
+            gpus=old.gpus,
+            env={**spec.env, **{k: old.env[k] for k in _LIFELONG if k in old.env}},
+        )
+        title = banner(spec.assignment.generation, self._node, spec, time.time())
+        if survivor.log is not None:
+            survivor.log.switch(kept, _generation_log(kept, self._spawner.user), title)
+        survivor.channel.assign(spec.assignment)
+        survivor.spec, survivor.generation = kept, spec.assignment.generation
+        survivor.kept, survivor.preloaded = True, False
+        return survivor
 
     def _spawn(self, spec: WorkerSpec) -> _Worker:
         title = banner(self._generation or 0, self._node, spec, time.time())
         log_file = RankLog(spec, _worker_files(spec, self._spawner.user), title)  # pump closes
+        generation = self._generation or 0
         try:
             popen, preloaded = self._spawner.spawn(spec)
         except OSError as exc:
@@ -259,7 +375,7 @@ class Supervisor:
             log_file.write(message.encode() + b"\n")
             log_file.close()
             self._echo(spec.rank, message)
-            worker = _Worker(spec, None, returncode=SPAWN_FAILED)
+            worker = _Worker(spec, None, returncode=SPAWN_FAILED, generation=generation)
             self._note_failure(worker)
             self._wake()
             return worker
@@ -276,11 +392,58 @@ class Supervisor:
         ).start()
         started = start_ticks(popen.pid)
         group = Group(popen.pid, started) if started is not None else None
-        return _Worker(spec, popen, preloaded=preloaded, group=group, pump=pump)
+        channel = ControlFile(spec.control_path) if spec.control_path is not None else None
+        return _Worker(
+            spec,
+            popen,
+            preloaded=preloaded,
+            group=group,
+            pump=pump,
+            log=log_file,
+            channel=channel,
+            generation=generation,
+        )
 
     def _await_exit(self, popen: subprocess.Popen[bytes]) -> None:
         popen.wait()
         self._wake()
+
+    # -- re-forming in place -----------------------------------------------------------------
+
+    def release(self, timeout_s: float) -> None:
+        """Tell every in_place worker to leave its generation's process group (they keep
+        running); kill those that have not left after `timeout_s` (poll() does)."""
+        if self._release_deadline is not None or self._stop_deadline is not None:
+            return
+        self._release_deadline = self._clock() + timeout_s
+        for worker in self._workers:
+            if worker.channel is not None and worker.returncode is None:
+                try:
+                    worker.channel.leave(worker.generation)
+                except (ControlFileError, ValueError) as exc:
+                    log.warning(
+                        "rank %d: cannot write its channel (%s): killing it", worker.spec.rank, exc
+                    )
+                    self._kill_worker(worker)
+
+    def _kill_worker(self, worker: _Worker) -> None:
+        if worker.popen is not None:
+            _signal_group(worker.popen.pid, signal.SIGKILL)
+
+    def _enforce_release(self) -> None:
+        """Past the release deadline: kill each worker still in its old process group (blocked
+        in a collective with a frozen peer: gloo cannot be aborted). Its local rank starts anew."""
+        if self._release_deadline is None or self._clock() < self._release_deadline:
+            return
+        for worker in self._workers:
+            if worker.popen is not None and worker.returncode is None and not worker.has_left():
+                log.warning(
+                    "rank %d (pid %d) did not leave generation %d in reform_timeout: killing it",
+                    worker.spec.rank,
+                    worker.popen.pid,
+                    worker.generation,
+                )
+                self._kill_worker(worker)
 
     # -- stopping --------------------------------------------------------------------------
 
@@ -331,7 +494,9 @@ class Supervisor:
             if code is None:
                 continue
             worker.returncode = code
-            expected = self._stop_deadline is not None
+            # Told to stop, or to leave in place: an exit then is not a failure of the generation
+            # (an in_place survivor that exits instead is started anew with the next one).
+            expected = self._stop_deadline is not None or self._release_deadline is not None
             cause = None
             if not expected and code != 0:
                 cause = self._cause(worker)
@@ -347,6 +512,7 @@ class Supervisor:
                     cause=cause,
                 )
             )
+        self._enforce_release()
         overdue = self._stop_deadline is not None and self._clock() >= self._stop_deadline
         mains_done = all(w.returncode is not None for w in self._workers)
         if self._workers and not self._killed and (overdue or mains_done) and self._alive():
@@ -428,12 +594,19 @@ class Supervisor:
     def status(self) -> GroupStatus:
         if not self._workers:
             return GroupStatus()
-        if self._alive():
-            phase = GroupPhase.STOPPING if self._stop_deadline is not None else GroupPhase.RUNNING
-        else:
+        if not self._alive():
             phase = GroupPhase.EXITED
+        elif self._stop_deadline is not None:
+            phase = GroupPhase.STOPPING
+        elif self._release_deadline is not None:
+            live = [w for w in self._workers if w.popen is not None and w.returncode is None]
+            left = all(w.has_left() for w in live) and bool(live)
+            phase = GroupPhase.PARKED if left else GroupPhase.RELEASING
+        else:
+            phase = GroupPhase.RUNNING
         # Workers that exit 0 because we asked them to stop have not finished the job.
-        succeeded = self._stop_deadline is None and all(w.returncode == 0 for w in self._workers)
+        asked = self._stop_deadline is not None or self._release_deadline is not None
+        succeeded = not asked and all(w.returncode == 0 for w in self._workers)
         return GroupStatus(self._generation, phase, self._failure, succeeded)
 
     def close(self) -> None:
@@ -442,16 +615,21 @@ class Supervisor:
         self._discard_unused_progress()
 
     def _discard_unused_progress(self) -> None:
-        """The group has ended (replaced, or the agent leaves): remove the progress files its
-        workers never beat into, so only scripts that call beat() leave one behind."""
+        """The group has ended (the agent leaves): remove the progress files its workers never
+        beat into, so only scripts that call beat() leave one behind."""
         for worker in self._workers:
-            progress.discard_unused(worker.spec.progress_path)
+            self._drop(worker)
 
     def next_deadline(self) -> float | None:
-        """When poll() must run next to escalate a stop, if a stop is pending."""
-        if self._stop_deadline is None or self._killed or not self._alive():
+        """When poll() must run next: to escalate a stop, or to kill a survivor that has not
+        left its generation in time."""
+        if self._killed or not self._alive():
             return None
-        return self._stop_deadline
+        if self._stop_deadline is not None:
+            return self._stop_deadline
+        if self._release_deadline is not None and self.status().phase is GroupPhase.RELEASING:
+            return self._release_deadline
+        return None
 
     def groups(self) -> tuple[Group, ...]:
         """The process groups of this generation that may still run (for the fence keeper)."""
@@ -462,8 +640,12 @@ class Supervisor:
     def workers(self) -> tuple[WorkerInfo, ...]:
         infos = []
         for w in self._workers:
-            if w.returncode is None:
-                state = "stopping" if self._stop_deadline is not None else "running"
+            if w.returncode is None and self._stop_deadline is not None:
+                state = "stopping"
+            elif w.returncode is None and self._release_deadline is not None:
+                state = "parked" if w.has_left() else "leaving"
+            elif w.returncode is None:
+                state = "running"
             else:
                 state = "exited" if w.returncode == 0 else "failed"
             infos.append(WorkerInfo(w.spec.rank, w.spec.local_rank, w.pid, state, w.returncode))

@@ -5,17 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nodeagent.model import Event
-from nodeagent.supervisor import WorkerExit
+from nodeagent.supervisor import Started, WorkerExit
 
 
-def started(node: str, generation: int, ranks: Sequence[int], preloaded: int) -> Event:
+def started(node: str, generation: int, ranks: Sequence[int], how: Started) -> Event:
+    notes = [f"{how.kept} kept running in place"] if how.kept else []
+    notes += [f"{how.preloaded} in preloaded interpreters"] if how.preloaded else []
     return Event(
         "workers_started",
         generation=generation,
         node=node,
-        message=f"ranks {ranks[0]}-{ranks[-1]}"
-        + (f" ({preloaded} in preloaded interpreters)" if preloaded else ""),
-        data={"ranks": list(ranks), "preloaded": preloaded},
+        message=f"ranks {ranks[0]}-{ranks[-1]}" + (f" ({', '.join(notes)})" if notes else ""),
+        data={"ranks": list(ranks), "preloaded": how.preloaded, "kept": how.kept},
     )
 
 

@@ -18,6 +18,7 @@ import yaml
 
 from nodeagent import strictyaml
 from nodeagent.cli import ctlargs
+from nodeagent.config import RECOVERY_MODES
 from nodeagent.coord.pool import PoolSnapshot, PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, UsageError
@@ -48,6 +49,11 @@ def add_parsers(commands: Any) -> None:
     submit.add_argument("--queue", help="queue (default: default)")
     submit.add_argument("--priority", type=int, help="priority (higher first; default 0)")
     submit.add_argument("--max-restarts", type=int, help="restart budget (default 3)")
+    submit.add_argument(
+        "--recovery",
+        choices=RECOVERY_MODES,
+        help="restart every worker on a re-form (default), or keep survivors (in_place)",
+    )
     submit.add_argument(
         "--selector",
         action="append",
@@ -101,6 +107,7 @@ def spec_from_args(args: argparse.Namespace, user: str, by: str) -> JobSpec:
         "queue": args.queue,
         "priority": args.priority,
         "max_restarts": args.max_restarts,
+        "recovery": args.recovery,
     }
     doc.update({k: v for k, v in flags.items() if v is not None})
     for pair in args.selector:

@@ -25,11 +25,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from nodeagent import control
 from nodeagent.control import Assignment, ControlFile, Leave
 
 log = logging.getLogger(__name__)
-ENV = "NODEAGENT_CONTROL_FILE"
-TIMEOUT_ENV = "NODEAGENT_REFORM_TIMEOUT_S"  # the job's timing.reform_timeout, set by the agent
+ENV = control.PATH_ENV
+TIMEOUT_ENV = control.TIMEOUT_ENV
 DEFAULT_REFORM_TIMEOUT_S = 60.0
 POLL_S = 0.005
 T = TypeVar("T")

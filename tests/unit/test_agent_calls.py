@@ -22,7 +22,7 @@ from nodeagent.launch import WorkerSpec
 from nodeagent.model import Event, NodeReport, WorkerInfo
 from nodeagent.node import GroupStatus
 from nodeagent.state import NodeState
-from nodeagent.supervisor import WorkerExit
+from nodeagent.supervisor import Started, WorkerExit
 from nodeagent.wakeup import Waker
 from tests.unit.test_config import VALID, FixedResolver
 
@@ -50,9 +50,10 @@ class IdleGroup:
     def __init__(self, stop_in_s: float | None = None) -> None:
         self.stop_in_s = stop_in_s
 
-    def start(self, generation: int, node: str, specs: list[WorkerSpec]) -> int:
+    def start(self, generation: int, node: str, specs: list[WorkerSpec]) -> Started:
         raise AssertionError("no workers start here")
 
+    def release(self, timeout_s: float) -> None: ...
     def stop(self, grace_s: float) -> None: ...
     def kill(self) -> None: ...
     def poll(self) -> list[WorkerExit]:

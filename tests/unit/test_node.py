@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from nodeagent.model import Cordon, Failure, JobRecord
@@ -11,6 +13,7 @@ from nodeagent.node import (
     GroupStatus,
     Leave,
     LocalView,
+    ReleaseWorkers,
     StartWorkers,
     StopWorkers,
     decide,
@@ -166,6 +169,7 @@ def test_random_histories_only_make_legal_transitions() -> None:
         unfit: str | None = None
         group = NONE
         state = NodeState.JOINING
+        in_place = rng.random() < 0.5
         for _ in range(25):
             event = rng.choice(
                 [
@@ -185,6 +189,7 @@ def test_random_histories_only_make_legal_transitions() -> None:
                     "uncordon",
                     "unfit",
                     "fit",
+                    "parked",
                 ]
             )
             if event == "record":
@@ -203,8 +208,10 @@ def test_random_histories_only_make_legal_transitions() -> None:
                 )
             elif event == "succeed" and group.phase is GroupPhase.RUNNING:
                 group = copy(group, phase=GroupPhase.EXITED, succeeded=True)
-            elif event == "exit" and group.phase is GroupPhase.STOPPING:
-                group = copy(group, phase=GroupPhase.EXITED)
+            elif event == "exit" and group.phase is not GroupPhase.NONE:
+                group = copy(group, phase=GroupPhase.EXITED)  # stopped, or in_place gave up
+            elif event == "parked" and group.phase is GroupPhase.RELEASING:
+                group = copy(group, phase=GroupPhase.PARKED)
             elif event == "fence":
                 fence = True
             elif event == "unfence":
@@ -227,6 +234,7 @@ def test_random_histories_only_make_legal_transitions() -> None:
                 fenced_generation=fenced,
                 cordon=cordon,
                 unfit=unfit,
+                in_place=in_place,
             )
             decision = decide(local)
             check_transition(NODE_TRANSITIONS, state, decision.state)
@@ -235,15 +243,71 @@ def test_random_histories_only_make_legal_transitions() -> None:
                 fenced = max(acked, group.generation or 0, record.generation if record else 0)
             for action in decision.actions:
                 if isinstance(action, Acknowledge):
+                    # The invariant: no worker of this node is in any generation's group.
+                    assert not group.active, (group, decision)
                     acked = action.generation
                     if fenced is not None and acked > fenced:
                         fenced = None
                 elif isinstance(action, StartWorkers):
                     group = GroupStatus(action.record.generation, GroupPhase.RUNNING)
-                elif isinstance(action, StopWorkers) and group.phase is GroupPhase.RUNNING:
+                elif isinstance(action, StopWorkers) and group.stoppable:
                     group = copy(group, phase=GroupPhase.STOPPING)
+                elif isinstance(action, ReleaseWorkers):
+                    assert in_place and group.phase is GroupPhase.RUNNING
+                    group = copy(group, phase=GroupPhase.RELEASING)
             if state is NodeState.LEAVING and any(isinstance(a, Leave) for a in decision.actions):
                 break
+
+
+RELEASING_G = GroupStatus(4, GroupPhase.RELEASING)
+PARKED_G = GroupStatus(4, GroupPhase.PARKED)
+
+
+@pytest.mark.parametrize(
+    ("local", "state", "actions"),
+    [
+        # a new generation releases the workers instead of stopping them; acked once parked
+        (view(rec(JobState.RESTARTING, 5), RUNNING_G, 4), NodeState.STOPPING, [ReleaseWorkers]),
+        (view(rec(JobState.RESTARTING, 5), RELEASING_G, 4), NodeState.STOPPING, []),
+        (view(rec(JobState.RESTARTING, 5), PARKED_G, 4), NodeState.READY, [Acknowledge]),
+        (view(rec(JobState.RUNNING, 5), PARKED_G, 5), NodeState.READY, [StartWorkers]),
+        # a local failure releases the survivors too; the node reports FAILED meanwhile
+        (
+            view(rec(JobState.RUNNING, 4), GroupStatus(4, GroupPhase.RUNNING, FAIL), 4),
+            NodeState.FAILED,
+            [ReleaseWorkers],
+        ),
+        (
+            view(rec(JobState.RUNNING, 4), GroupStatus(4, GroupPhase.PARKED, FAIL), 4),
+            NodeState.FAILED,
+            [],
+        ),
+        # parked workers with no place in the new generation, or no job to go on with: stop
+        (view(rec(JobState.RUNNING, 5, ("b",)), PARKED_G, 5), NodeState.STANDBY, [StopWorkers]),
+        (view(rec(JobState.STOPPED, 5), PARKED_G, 5), NodeState.READY, [StopWorkers]),
+        (
+            view(rec(JobState.RUNNING, 5), PARKED_G, 5, cordon=Cordon("r", "ops")),
+            NodeState.CORDONED,
+            [StopWorkers],
+        ),
+        (
+            view(rec(JobState.RUNNING, 4), PARKED_G, 4, shutting_down=True),
+            NodeState.LEAVING,
+            [StopWorkers],
+        ),
+        (
+            view(rec(JobState.RUNNING, 4), RELEASING_G, 4, fence=True),
+            NodeState.FENCED,
+            [StopWorkers],
+        ),
+        # the job itself ending stops them, as in restart mode
+        (view(rec(JobState.STOPPED, 4), RUNNING_G, 4), NodeState.STOPPING, [StopWorkers]),
+    ],
+)
+def test_decide_in_place(local: LocalView, state: NodeState, actions: list[type]) -> None:
+    decision = decide(replace(local, in_place=True))
+    assert decision.state is state, decision.reason
+    assert [type(a) for a in decision.actions] == actions
 
 
 def test_transition_table_covers_every_state() -> None:
