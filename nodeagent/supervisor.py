@@ -85,6 +85,7 @@ class _Worker:
     channel: ControlFile | None = None  # in_place: the worker's control channel
     generation: int = 0  # the generation it takes part in (a survivor's changes)
     kept: bool = False  # an in_place survivor carried into this generation
+    abandoned: bool = False  # killed for not leaving its generation in time
 
     @property
     def pid(self) -> int | None:
@@ -426,6 +427,14 @@ class Supervisor:
                     )
                     self._kill_worker(worker)
 
+    def _unleft(self) -> list[_Worker]:
+        """Live workers still in their generation's process group."""
+        return [
+            w
+            for w in self._workers
+            if w.popen is not None and w.returncode is None and not w.has_left()
+        ]
+
     def _kill_worker(self, worker: _Worker) -> None:
         if worker.popen is not None:
             _signal_group(worker.popen.pid, signal.SIGKILL)
@@ -435,13 +444,12 @@ class Supervisor:
         in a collective with a frozen peer: gloo cannot be aborted). Its local rank starts anew."""
         if self._release_deadline is None or self._clock() < self._release_deadline:
             return
-        for worker in self._workers:
-            if worker.popen is not None and worker.returncode is None and not worker.has_left():
+        for worker in self._unleft():
+            if not worker.abandoned:
+                worker.abandoned = True
                 log.warning(
                     "rank %d (pid %d) did not leave generation %d in reform_timeout: killing it",
-                    worker.spec.rank,
-                    worker.popen.pid,
-                    worker.generation,
+                    *(worker.spec.rank, worker.pid, worker.generation),
                 )
                 self._kill_worker(worker)
 
@@ -627,8 +635,8 @@ class Supervisor:
             return None
         if self._stop_deadline is not None:
             return self._stop_deadline
-        if self._release_deadline is not None and self.status().phase is GroupPhase.RELEASING:
-            return self._release_deadline
+        if self._release_deadline is not None and any(not w.abandoned for w in self._unleft()):
+            return self._release_deadline  # (a killed one's exit wakes the loop by itself)
         return None
 
     def groups(self) -> tuple[Group, ...]:

@@ -141,7 +141,9 @@ def test_a_dead_rank_is_started_anew_beside_the_survivor(h: Harness) -> None:
     h.wait_lines(h.specs(2, 0)[1].log_path, "started: generation 2 rank 1")
 
 
-def test_a_survivor_that_does_not_leave_is_killed_at_reform_timeout(h: Harness) -> None:
+def test_a_survivor_that_does_not_leave_is_killed_at_reform_timeout(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     h.sup.start(1, "n", h.specs(1, 0, stuck=1))
     h.wait_lines(h.specs(1, 0)[1].log_path, "started")
     leaver, stuck = h.pids()
@@ -157,6 +159,8 @@ def test_a_survivor_that_does_not_leave_is_killed_at_reform_timeout(h: Harness) 
 
     wait_for(parked, 15, "the stuck survivor killed, the other parked")
     assert [(e.local_rank, e.signal, e.expected) for e in exits] == [(1, "SIGKILL", True)]
+    killed = [r for r in caplog.records if "did not leave generation 1" in r.getMessage()]
+    assert len(killed) == 1 and h.sup.next_deadline() is None  # once, and no busy loop
     assert h.sup.status().failure is None  # the generation's replacement, not a new failure
     started = h.sup.start(2, "n", replace_stuck(h.specs(2, 0)))
     assert started.kept == 1 and h.pids()[0] == leaver and h.pids()[1] != stuck

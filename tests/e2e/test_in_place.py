@@ -1,0 +1,178 @@
+"""End to end, recovery: in_place: real agents, a real Redis, real gloo training whose surviving
+workers keep their processes through every re-form.
+
+The training script is tests/helpers/elastic_worker.py (nodeagent.worker.elastic, a commit
+every step): each process appends "synced", "step" and "final" lines to RECORD_DIR/<pid>.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SCRIPT = Path(__file__).resolve().parents[1] / "helpers" / "elastic_worker.py"
+TIMING = {"heartbeat_interval": "200ms", "lease_ttl": "1s", "stop_grace_period": "5s"}
+
+
+class Lines:
+    """What the workers recorded, by process."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.directory = cluster.records_dir
+
+    def all(self, event: str) -> list[dict[str, Any]]:
+        found = []
+        for path in sorted(self.directory.glob("[0-9]*.jsonl")):
+            for text in path.read_text().splitlines():
+                line = json.loads(text)
+                if line["event"] == event:
+                    found.append(line)
+        return found
+
+    def steps(self, pid: int) -> list[dict[str, Any]]:
+        return [line for line in self.all("step") if line["pid"] == pid]
+
+    def stepping(self, pids: list[int], generation: int) -> bool:
+        """Every one of `pids` has taken two steps in `generation`."""
+        steps = [line for line in self.all("step") if line["gen"] == generation]
+        return all(sum(1 for s in steps if s["pid"] == pid) >= 2 for pid in pids)
+
+
+@pytest.fixture
+def cluster(redis_server: RedisServer, job_id: str, tmp_path: Path) -> Iterator[LocalCluster]:
+    with local_cluster(
+        redis_server.url,
+        tmp_path,
+        job=job_id,
+        max_nodes=3,
+        target_nodes=3,
+        max_restarts=5,
+        timing={**TIMING, "reform_timeout": "30s"},
+        entrypoint=[sys.executable, str(SCRIPT)],
+        job_options={"recovery": "in_place"},
+    ) as cluster:
+        yield cluster
+
+
+def workers(cluster: LocalCluster, *nodes: str) -> dict[str, int]:
+    """Each node's one worker process."""
+    return {node: cluster.worker_pids(node)[0] for node in nodes}
+
+
+def reformed(cluster: LocalCluster, world: int, after: int) -> int:
+    """Wait for a generation after `after` running at `world` with every member's worker
+    stepping in it; its number."""
+    doc = cluster.wait_running(world, 90, after_generation=after)
+    generation, nodes = int(doc["generation"]), doc["members"]
+    lines = Lines(cluster)
+    wait_for(
+        lambda: lines.stepping(list(workers(cluster, *nodes).values()), generation),
+        90,
+        f"every rank stepping in generation {generation}",
+    )
+    return generation
+
+
+def test_survivors_keep_their_processes_through_a_kill_a_drain_a_join_a_scale_down_and_a_node_loss(
+    cluster: LocalCluster,
+) -> None:
+    lines = Lines(cluster)
+    cluster.start("a", "b", "c")
+    gen = reformed(cluster, 3, 0)
+    first = workers(cluster, "a", "b", "c")
+
+    os.kill(first["c"], signal.SIGKILL)  # a worker crash: c's rank starts anew, a and b stay
+    gen = reformed(cluster, 3, gen)
+    now = workers(cluster, "a", "b", "c")
+    assert (now["a"], now["b"]) == (first["a"], first["b"]) and now["c"] != first["c"]
+
+    assert cluster.ctl("drain", "c").returncode == 0  # c leaves; a and b re-form without it
+    gen = reformed(cluster, 2, gen)
+    assert workers(cluster, "a", "b") == {"a": first["a"], "b": first["b"]}
+
+    assert cluster.ctl("uncordon", "c").returncode == 0  # c joins: a newcomer gets the state
+    gen = reformed(cluster, 3, gen)
+    assert workers(cluster, "a", "b") == {"a": first["a"], "b": first["b"]}
+
+    before = workers(cluster, "a", "b", "c")
+    assert cluster.ctl("scale", "2").returncode == 0  # one member leaves, the others stay
+    gen = reformed(cluster, 2, gen)
+    members = cluster.status()["members"]
+    kept = workers(cluster, *members)
+    assert kept == {m: before[m] for m in members}
+
+    rank0 = members[0]  # the node of rank 0, whose TCPStore the group used, is lost
+    cluster.kill_tree(rank0)
+    (survivor,) = (m for m in members if m != rank0)
+    gen = reformed(cluster, 1, gen)
+    assert workers(cluster, survivor) == {survivor: kept[survivor]}
+
+    stop_at = max(line["step"] for line in lines.all("step")) + 10
+    (cluster.records_dir / "stop").write_text(str(stop_at))
+    cluster.wait_status(lambda d: d["state"] == "succeeded", 60, "the job to succeed")
+
+    # Every process that took part synced to the same state, and no committed step was lost:
+    # each generation's sync is at least as far as any survivor had got before it.
+    for pid in set(first.values()) - {first["c"]}:
+        assert_nothing_lost(lines, pid)
+    finals = lines.all("final")
+    assert [line["pid"] for line in finals] == [kept[survivor]]
+    assert finals[0]["step"] == stop_at
+    for generation in range(2, gen + 1):
+        synced = [line for line in lines.all("synced") if line["gen"] == generation]
+        assert len({line["hash"] for line in synced}) <= 1, f"generation {generation} diverged"
+    started = [e for e in cluster.events() if e["type"] == "workers_started"]
+    assert sum(e["data"].get("kept", 0) for e in started) >= 8  # survivors kept, not started
+
+
+def assert_nothing_lost(lines: Lines, pid: int) -> None:
+    """A survivor's steps go up one at a time, and after each re-form it resumes from a sync at
+    or beyond the last step it had committed."""
+    steps = [line["step"] for line in lines.steps(pid)]
+    assert steps == sorted(set(steps)), f"pid {pid} repeated a step"
+    synced = [line for line in lines.all("synced") if line["pid"] == pid]
+    for sync in synced[1:]:
+        before = [s["step"] for s in lines.steps(pid) if s["gen"] < sync["gen"]]
+        assert sync["step"] >= max(before, default=-1), f"pid {pid} lost steps at {sync}"
+        after = [s["step"] for s in lines.steps(pid) if s["gen"] == sync["gen"]]
+        assert not after or after[0] == sync["step"] + 1
+
+
+def test_a_survivor_blocked_by_a_frozen_peer_is_killed_at_reform_timeout_and_the_job_recovers(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """b freezes, agent and worker (SIGSTOP): its lease lapses and the job re-forms without it,
+    but a's worker is blocked in an all-reduce with b's frozen worker, whose TCP connections
+    stay open, so it never leaves. a kills it at reform_timeout and starts its rank anew."""
+    with local_cluster(
+        redis_server.url,
+        tmp_path,
+        job=job_id,
+        max_nodes=2,
+        target_nodes=2,
+        timing={**TIMING, "reform_timeout": "3s"},
+        entrypoint=[sys.executable, str(SCRIPT)],
+        job_options={"recovery": "in_place"},
+    ) as cluster:
+        cluster.start("a", "b")
+        gen = reformed(cluster, 2, 0)
+        blocked = workers(cluster, "a")["a"]
+        cluster.kill_tree("b", signal.SIGSTOP)
+        gen = reformed(cluster, 1, gen)
+        assert workers(cluster, "a")["a"] != blocked
+        exits = [e for e in cluster.events() if e["type"] == "worker_exited" and e["node"] == "a"]
+        assert [e["data"]["signal"] for e in exits] == ["SIGKILL"]
+        assert "did not leave generation" in cluster.agents["a"].log()
+        cluster.kill_tree("b")
