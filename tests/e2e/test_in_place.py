@@ -7,6 +7,7 @@ every step): each process appends "synced", "step" and "final" lines to RECORD_D
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -50,19 +51,25 @@ class Lines:
         return all(sum(1 for s in steps if s["pid"] == pid) >= 2 for pid in pids)
 
 
-@pytest.fixture
-def cluster(redis_server: RedisServer, job_id: str, tmp_path: Path) -> Iterator[LocalCluster]:
-    with local_cluster(
+def in_place(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, nodes: int, reform_timeout: str
+) -> contextlib.AbstractContextManager[LocalCluster]:
+    return local_cluster(
         redis_server.url,
         tmp_path,
         job=job_id,
-        max_nodes=3,
-        target_nodes=3,
+        max_nodes=nodes,
+        target_nodes=nodes,
         max_restarts=5,
-        timing={**TIMING, "reform_timeout": "30s"},
+        timing={**TIMING, "reform_timeout": reform_timeout},
         entrypoint=[sys.executable, str(SCRIPT)],
         job_options={"recovery": "in_place"},
-    ) as cluster:
+    )
+
+
+@pytest.fixture
+def cluster(redis_server: RedisServer, job_id: str, tmp_path: Path) -> Iterator[LocalCluster]:
+    with in_place(redis_server, job_id, tmp_path, 3, "30s") as cluster:
         yield cluster
 
 
@@ -156,16 +163,7 @@ def test_a_survivor_blocked_by_a_frozen_peer_is_killed_at_reform_timeout_and_the
     """b freezes, agent and worker (SIGSTOP): its lease lapses and the job re-forms without it,
     but a's worker is blocked in an all-reduce with b's frozen worker, whose TCP connections
     stay open, so it never leaves. a kills it at reform_timeout and starts its rank anew."""
-    with local_cluster(
-        redis_server.url,
-        tmp_path,
-        job=job_id,
-        max_nodes=2,
-        target_nodes=2,
-        timing={**TIMING, "reform_timeout": "3s"},
-        entrypoint=[sys.executable, str(SCRIPT)],
-        job_options={"recovery": "in_place"},
-    ) as cluster:
+    with in_place(redis_server, job_id, tmp_path, 2, "3s") as cluster:
         cluster.start("a", "b")
         gen = reformed(cluster, 2, 0)
         blocked = workers(cluster, "a")["a"]
