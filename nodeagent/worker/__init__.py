@@ -8,7 +8,7 @@ Every helper also works under plain torchrun (or no launcher): without nodeagent
 
 from nodeagent.worker import elastic
 from nodeagent.worker.checkpoint import Checkpoint, CheckpointManager
-from nodeagent.worker.elastic import Reform, ReformTimedOut, State
+from nodeagent.worker.elastic import Reform, ReformTimedOut, State, Stopped
 from nodeagent.worker.graceful import GracefulExit
 from nodeagent.worker.progress import beat
 from nodeagent.worker.scaling import Rescaled, rescale
@@ -21,6 +21,7 @@ __all__ = [
     "ReformTimedOut",
     "Rescaled",
     "State",
+    "Stopped",
     "beat",
     "elastic",
     "rescale",

@@ -48,6 +48,11 @@ class ReformTimedOut(Exception):
     """No new assignment came within reform_timeout: exit so the agent restarts this worker."""
 
 
+class Stopped(Exception):
+    """A stop was asked for (run's `stop`) while this worker waited for its next assignment:
+    it is in no process group, so there is nothing to save together; exit (0 is fine)."""
+
+
 def _copy_into(value: Any, previous: Any) -> Any:
     """A copy of `value` with every tensor on the CPU, reusing `previous`'s tensors where
     they have the same shape and dtype (no allocation in the steady state)."""
@@ -250,12 +255,16 @@ def _newer(channel: ControlFile, generation: int) -> tuple[int, Assignment | Non
     return seq, message if fresh and isinstance(message, Assignment) else None
 
 
-def _wait_for(state: State, channel: ControlFile, deadline: float) -> Assignment:
+def _wait_for(
+    state: State, channel: ControlFile, deadline: float, stop: Callable[[], bool] | None
+) -> Assignment:
     while True:
         seq, assignment = _newer(channel, state.generation)
         object.__setattr__(state, "_seen", seq)
         if assignment is not None:
             return assignment
+        if stop is not None and stop():
+            raise Stopped(f"asked to stop after leaving generation {state.generation}")
         if time.monotonic() >= deadline:
             raise ReformTimedOut(
                 f"no assignment newer than generation {state.generation} came in time"
@@ -268,6 +277,7 @@ def _reform(
     channel: ControlFile,
     reason: Reform | BaseException,
     reform_timeout: float,
+    stop: Callable[[], bool] | None,
 ) -> Assignment:
     """Leave the old group, report it, wait for the next assignment, take its environment."""
     import torch.distributed as dist
@@ -284,7 +294,7 @@ def _reform(
     channel.report_left(state.generation)
     assignment = reason.assignment if isinstance(reason, Reform) else None
     if assignment is None:
-        assignment = _wait_for(state, channel, started + reform_timeout)
+        assignment = _wait_for(state, channel, started + reform_timeout, stop)
     newest_seq, newest = _newer(channel, assignment.generation)  # a still newer one may have
     if newest is not None:  # come meanwhile
         assignment = newest
@@ -312,6 +322,7 @@ def run(
     reform_timeout: float | None = None,
     backend: str | None = None,
     pg_timeout: timedelta | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> T:
     """Run `train_fn(state)` until it returns, re-forming in place whenever the job changes.
 
@@ -321,11 +332,14 @@ def run(
     `train_fn(state)` again. Create DDP wrappers, samplers and iterators inside `train_fn`.
 
     `reform_timeout`: default NODEAGENT_REFORM_TIMEOUT_S (the job's timing.reform_timeout, set
-    by the agent), else DEFAULT_REFORM_TIMEOUT_S.
+    by the agent), else DEFAULT_REFORM_TIMEOUT_S. `stop`: asked while waiting for an
+    assignment, e.g. a GracefulExit's `should_stop` (the agent stops a waiting worker that has
+    no place in the next generation, or when the job ends).
 
     Raises:
         ReformTimedOut: the old group was left but no assignment came within `reform_timeout`
             seconds; let it end the process (non-zero), the agent falls back to a restart.
+        Stopped: `stop()` said so while waiting for an assignment; let it end the process.
         Reform, RuntimeError: as raised, when there is no control channel.
     """
     import torch.distributed as dist
@@ -338,7 +352,7 @@ def run(
     while True:
         try:
             if pending is not None and channel is not None:
-                _reform(state, channel, pending, reform_timeout)
+                _reform(state, channel, pending, reform_timeout, stop)
                 pending = None
             if not dist.is_initialized():
                 state.check()  # the job may have moved on while this process started

@@ -13,7 +13,7 @@ import pytest
 
 from nodeagent import control
 from nodeagent.control import Assignment, ControlFile
-from nodeagent.worker import Reform, ReformTimedOut, State, elastic
+from nodeagent.worker import Reform, ReformTimedOut, State, Stopped, elastic
 from tests.helpers.cluster import free_port
 
 torch = pytest.importorskip("torch")
@@ -191,6 +191,26 @@ def test_told_to_leave_it_leaves_and_waits_for_the_next_assignment(
     finally:
         agent.join()
     assert seen[1] == (3, port, True) and channel.report().left_generation == 1
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_a_stop_asked_for_while_waiting_ends_the_wait(
+    channel: ControlFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent stops a parked worker it has no place for: with a GracefulExit's should_stop
+    as `stop`, run() raises Stopped instead of waiting out reform_timeout."""
+    monkeypatch.setenv(elastic.ENV, str(channel.path))
+    state = State(model=torch.nn.Linear(2, 2))
+    asked = threading.Event()
+
+    def train(state: State) -> None:
+        channel.leave(1)
+        threading.Timer(0.2, asked.set).start()
+        state.check()
+
+    with pytest.raises(Stopped, match="asked to stop after leaving generation 1"):
+        elastic.run(train, state, reform_timeout=30, stop=asked.is_set)
+    assert channel.report().left_generation == 1
 
 
 @pytest.mark.usefixtures("world_of_one")
