@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+from tests.helpers.pool import pool_cluster
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -30,8 +31,8 @@ TIMING = {"heartbeat_interval": "200ms", "lease_ttl": "1s", "stop_grace_period":
 class Lines:
     """What the workers recorded, by process."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
-        self.directory = cluster.records_dir
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
 
     def all(self, event: str) -> list[dict[str, Any]]:
         found = []
@@ -83,7 +84,7 @@ def reformed(cluster: LocalCluster, world: int, after: int) -> int:
     stepping in it; its number."""
     doc = cluster.wait_running(world, 90, after_generation=after)
     generation, nodes = int(doc["generation"]), doc["members"]
-    lines = Lines(cluster)
+    lines = Lines(cluster.records_dir)
     wait_for(
         lambda: lines.stepping(list(workers(cluster, *nodes).values()), generation),
         90,
@@ -95,7 +96,7 @@ def reformed(cluster: LocalCluster, world: int, after: int) -> int:
 def test_survivors_keep_their_processes_through_a_kill_a_drain_a_join_a_scale_down_and_a_node_loss(
     cluster: LocalCluster,
 ) -> None:
-    lines = Lines(cluster)
+    lines = Lines(cluster.records_dir)
     cluster.start("a", "b", "c")
     gen = reformed(cluster, 3, 0)
     first = workers(cluster, "a", "b", "c")
@@ -174,3 +175,33 @@ def test_a_survivor_blocked_by_a_frozen_peer_is_killed_at_reform_timeout_and_the
         assert [e["data"]["signal"] for e in exits] == ["SIGKILL"]
         assert "did not leave generation" in cluster.agents["a"].log()
         cluster.kill_tree("b")
+
+
+def test_an_in_place_job_beside_a_restart_job_in_one_pool(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """Submitted with --recovery in_place, a pool job keeps its survivor through a worker
+    SIGKILL; the restart-mode job on the other node is not disturbed."""
+    with pool_cluster(redis_server.url, tmp_path, pool=job_id) as pool:
+        pool.start("a", "b", "c")
+        pool.wait_nodes(3)
+        records = pool.job_records("elastic")
+        result = pool.ctl(
+            *("submit", "--name", "elastic", "--nodes", "2", "--recovery", "in_place"),
+            *("--env", f"RECORD_DIR={records}", "--", sys.executable, str(SCRIPT)),
+        )
+        assert result.returncode == 0, result.stderr
+        pool.submit("plain", "1")
+        pool.wait_job("elastic", "running", world=2, timeout=60)
+        plain = pool.wait_job("plain", "running", world=1)["generation"]
+        lines = Lines(records)
+
+        def synced(generation: int) -> set[int]:
+            return {s["pid"] for s in lines.all("synced") if s["gen"] == generation}
+
+        wait_for(lambda: len(synced(1)) == 2, 60, "both ranks synced")
+        victim, survivor = sorted(synced(1))
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: len(synced(2)) == 2, 60, "two ranks synced in generation 2")
+        assert survivor in synced(2) and victim not in synced(2)
+        assert pool.jobs()["plain"]["generation"] == plain
