@@ -5,6 +5,10 @@ K=3 simulated nodes on this machine, one worker each, run examples/train_ddp.py 
 - `nodeagent`: three agents and a real redis-server (heartbeat 1 s, lease 5 s, hang_timeout 10 s);
 - `nodeagent+preload`: the same with `job.preload: [torch, torch._dynamo]`, the fault injected
   once the spare interpreters are ready (a job's steady state);
+- `nodeagent+inplace`: the same agents, timing and preload with `job.recovery: in_place` and
+  `timing.reform_timeout: 10s` (as long as hang_timeout), running examples/train_elastic.py
+  instead (nodeagent.worker.elastic, a commit every step, the same ~30 ms step and a checkpoint
+  every 10 steps): survivors keep their processes, only missing ranks are started (preloaded);
 - `torchrun`: three `torchrun --nnodes=1:3 --rdzv-backend=c10d` launchers at their defaults
   (monitor interval 0.1 s);
 - `torchrun-best`: the same with the best settings a torchrun user has: the rendezvous store not
@@ -21,13 +25,29 @@ launcher, except detection:
 - import:     -> the last finished importing torch;
 - init:       -> the last finished init_process_group;
 - first step: -> every rank of the new world finished its first step (= recovery time).
-Also the steps lost (the last step trained before the fault minus the step resumed from) and the
-outcome: recovered, job lost (every launcher exited) or not recovered within the bound.
+For in-place the new world is the first generation after the fault in which every rank
+stepped. Survivors do not restart, import or init: restart and import are those of the
+processes started for it (a replacement, a joiner), "-" when none was; init ends when every rank
+has joined the new group and synced (its "synced" line: init_process_group, then the state of
+the rank with the highest commit broadcast to all), so init holds what a restart spends loading
+the checkpoint, which for the other systems falls in first step; first step is the same: every
+rank of the new world finished a step in the new generation.
+Also the steps lost (the last step trained before the fault minus the step resumed from: the
+checkpoint's, or for in-place the synced commit's), the survivors restarted (workers of the old
+world that the fault did not hit but that are not in the new world: replaced although alive; 0
+is in-place's goal), and the outcome: recovered, job lost (every launcher exited) or not
+recovered within the bound.
+
+`--heavy`: the same with a model and optimizer of about 1 GiB (an MLP of 9 hidden layers of 4096
+units, 134 M parameters, SGD momentum: 2 x 537 MB) and a checkpoint every HEAVY_EVERY steps, by
+default for nodeagent+preload (a restart loads the checkpoint) and nodeagent+inplace (survivors
+keep their state, newcomers receive it from a peer), three faults, three repetitions.
 
     .venv/bin/python bench/recovery.py [--reps 5] [--faults worker_sigkill,...] [--systems ...]
+    .venv/bin/python bench/recovery.py --heavy
 
-Writes bench/results/recovery.json (after each fault) and prints a table for docs/benchmarks.md;
-`--table FILE` prints the table of a results file again.
+Writes bench/results/recovery.json (recovery-heavy.json) after each fault and prints a table for
+docs/benchmarks.md; `--table FILE` prints the table of a results file again.
 """
 
 from __future__ import annotations
@@ -67,16 +87,43 @@ from tests.helpers.training import training_entrypoint  # noqa: E402
 
 NODES = ("a", "b", "c")
 EVERY = 10
+HEAVY_EVERY = 5  # a 1 GiB save takes seconds, so does a step: the fault comes at step 7
+TRAIN_TO = 15  # the step every rank reaches before the fault (HEAVY_EVERY + 2 with --heavy)
 STEP_TIME = 0.03
+HEAVY_MODEL = ("--hidden", "4096", "--layers", "9")  # 134 M parameters, 537 MB; momentum too
+ELASTIC = ROOT / "examples" / "train_elastic.py"
 NODEAGENT_TIMING = {
     "heartbeat_interval": "1s",
     "lease_ttl": "5s",
     "stop_grace_period": "30s",
     "hang_timeout": "10s",
 }
+REFORM_TIMEOUT = "10s"  # nodeagent+inplace: a survivor stuck in a collective, killed as hung
 TORCHRUN_BEST_RDZV = "keep_alive_interval=1,keep_alive_max_attempt=5,last_call_timeout=1"
 TORCHRUN_BEST_PG_TIMEOUT = "10"
 PRELOAD = ("torch", "torch._dynamo")  # torch.optim imports torch._dynamo: 1.4 s more
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every system trains: the light default or --heavy."""
+
+    every: int = EVERY
+    train_to: int = TRAIN_TO
+    model: tuple[str, ...] = ()
+
+    def argv(self, system: str, directory: Path) -> list[str]:
+        if system != "nodeagent+inplace":
+            return [*training_entrypoint(directory, 100_000, self.every, STEP_TIME), *self.model]
+        checkpoints = str(directory / "checkpoints")
+        return [
+            *(sys.executable, str(ELASTIC), "--steps", "100000", "--checkpoint-dir", checkpoints),
+            *("--checkpoint-every", str(self.every), "--step-time", str(STEP_TIME), *self.model),
+        ]
+
+
+LIGHT = Workload()
+HEAVY = Workload(every=HEAVY_EVERY, train_to=HEAVY_EVERY + 2, model=HEAVY_MODEL)
 
 
 # -- what a launcher must offer the harness ------------------------------------------------------
@@ -190,6 +237,7 @@ class TorchrunLaunch:
 
     directory: Path
     best: bool
+    workload: Workload
     port: int = field(default_factory=free_port)
     launchers: dict[str, _Launcher] = field(default_factory=dict)
 
@@ -205,7 +253,7 @@ class TorchrunLaunch:
             "--max-restarts=10",
             "--monitor-interval=0.1",
         ]
-        workload = training_entrypoint(self.directory, 100_000, EVERY, STEP_TIME)[1:]
+        workload = self.workload.argv("torchrun", self.directory)[1:]
         if self.best:
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
             argv.append(f"--rdzv-conf={TORCHRUN_BEST_RDZV}")
@@ -304,7 +352,9 @@ class TorchrunLaunch:
 
 
 def _worker(launch: Launch, node: str) -> psutil.Process:
-    return next(p for p in launch.processes(node)[1:] if "train_ddp.py" in " ".join(p.cmdline()))
+    """The node's training process (a preloaded one runs the script in a spare interpreter)."""
+    stepping = {line["pid"] for line in launch.lines() if line.get("event") == "step"}
+    return next(p for p in launch.processes(node)[1:] if p.pid in stepping)
 
 
 def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> list[psutil.Process]:
@@ -314,10 +364,10 @@ def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> list[psutil
     return procs
 
 
-# Each returns the processes it froze, to thaw once the run is over.
+# Each returns the processes it hit (a whole node for a node fault): the workers among them are
+# no survivors; the harness sends them SIGCONT once the run is over, for those it froze.
 def kill_worker(launch: Launch) -> list[psutil.Process]:
-    _signal_all([_worker(launch, launch.other_node())], signal.SIGKILL)
-    return []
+    return _signal_all([_worker(launch, launch.other_node())], signal.SIGKILL)
 
 
 def stop_worker(launch: Launch) -> list[psutil.Process]:
@@ -325,13 +375,11 @@ def stop_worker(launch: Launch) -> list[psutil.Process]:
 
 
 def kill_rank0_node(launch: Launch) -> list[psutil.Process]:
-    _signal_all(launch.processes(launch.rank0_node()), signal.SIGKILL)
-    return []
+    return _signal_all(launch.processes(launch.rank0_node()), signal.SIGKILL)
 
 
 def kill_other_node(launch: Launch) -> list[psutil.Process]:
-    _signal_all(launch.processes(launch.other_node()), signal.SIGKILL)
-    return []
+    return _signal_all(launch.processes(launch.other_node()), signal.SIGKILL)
 
 
 def stop_other_node(launch: Launch) -> list[psutil.Process]:
@@ -339,8 +387,9 @@ def stop_other_node(launch: Launch) -> list[psutil.Process]:
 
 
 def terminate_other_node(launch: Launch) -> list[psutil.Process]:
-    _signal_all([launch.launcher(launch.other_node())], signal.SIGTERM)
-    return []
+    node = launch.processes(launch.other_node())
+    _signal_all(node[:1], signal.SIGTERM)  # the launcher; it stops its workers
+    return node
 
 
 def join_node(launch: Launch) -> list[psutil.Process]:
@@ -365,60 +414,102 @@ FAULTS: dict[str, Fault] = {
     "node_sigterm": Fault(3, 2, "node_leaving", terminate_other_node),
     "scale_up_join": Fault(2, 3, "node_joined", join_node),
 }
+HEAVY_FAULTS = ("worker_sigkill", "node_sigkill_other", "scale_up_join")
 
 
 # -- measuring, from the workload's log lines ---------------------------------------------------
 
 
+def _new_world(
+    lines: list[dict[str, Any]], t0: float, world: int, in_place: bool
+) -> tuple[set[tuple[int, int]], dict[int, dict[str, Any]]]:
+    """(the (pid, generation) runs that began after t0, every rank's first step in the earliest
+    generation after t0 whose `world` ranks all stepped; {} if none has yet).
+
+    A run began after t0 when its process did (a restart) or, for in-place, when it synced
+    after t0 (a survivor's new generation too). torchrun's workers all say generation 0."""
+    if in_place:
+        new = {(x["pid"], x["gen"]) for x in lines if x.get("event") == "synced" and x["t"] >= t0}
+    else:
+        late = {x["pid"] for x in lines if x.get("event") == "initialized" and x["began"] >= t0}
+        new = {(x["pid"], x.get("gen", 0)) for x in lines if x["pid"] in late}
+    firsts: dict[int, dict[int, dict[str, Any]]] = {}
+    for line in sorted(lines, key=lambda x: x["t"]):
+        key = (line["pid"], line.get("gen", 0))
+        if line.get("event") == "step" and key in new and line["world"] == world:
+            firsts.setdefault(key[1], {}).setdefault(line["rank"], line)
+    complete = [g for g in sorted(firsts) if set(firsts[g]) == set(range(world))]
+    return new, firsts[complete[0]] if complete else {}
+
+
 def measure(
-    lines: list[dict[str, Any]], t0: float, world: int, noticed: float | None
+    lines: list[dict[str, Any]],
+    t0: float,
+    world: int,
+    noticed: float | None,
+    in_place: bool = False,
 ) -> dict[str, Any] | None:
     """The phases of the recovery to `world` after a fault at t0, or None if not recovered."""
-    inits = {line["pid"]: line for line in lines if line.get("event") == "initialized"}
-    new = {pid for pid, line in inits.items() if line["began"] >= t0}
-    firsts: dict[int, dict[str, Any]] = {}
-    for line in sorted(lines, key=lambda x: x["t"]):
-        if line.get("event") == "step" and line["pid"] in new and line["world"] == world:
-            firsts.setdefault(line["rank"], line)
-    if set(firsts) != set(range(world)):
+    new, firsts = _new_world(lines, t0, world, in_place)
+    if not firsts:
         return None
-    pids = [line["pid"] for line in firsts.values()]
-    began = max(inits[p]["began"] for p in pids)
-    imported = max(inits[p]["imported"] for p in pids)
-    initialized = max(inits[p]["t"] for p in pids)
+    pids = {line["pid"] for line in firsts.values()}
+    gen = next(iter(firsts.values())).get("gen", 0)
+    starts = {x["pid"]: x for x in lines if x.get("event") in ("initialized", "imported")}
+    started = [starts[p] for p in pids if p in starts and starts[p]["began"] >= t0]
+    began = max((x["began"] for x in started), default=None)
+    imported = max((x["imported"] for x in started), default=None)
+    if in_place:  # joined the new group and synced the state
+        joined = [x for x in lines if x.get("event") == "synced" and (x["pid"], x["gen"]) in new]
+        ready = [x for x in joined if x["pid"] in pids and x["gen"] == gen]
+        initialized = max(x["t"] for x in ready)
+        resumed = max(x["step"] for x in ready)
+    else:
+        initialized = max(starts[p]["t"] for p in pids)
+        resumed = max(
+            (x["step"] for x in lines if x.get("event") == "resumed" and x["pid"] in pids),
+            default=0,
+        )
     first_step = max(line["t"] for line in firsts.values())
     old_steps = [
-        line["step"]
-        for line in lines
-        if line.get("event") == "step" and line["pid"] in inits and line["pid"] not in new
+        x["step"]
+        for x in lines
+        if x.get("event") == "step" and (x["pid"], x.get("gen", 0)) not in new
     ]
-    resumed = [
-        line["step"] for line in lines if line.get("event") == "resumed" and line["pid"] in pids
-    ]
-    detect = noticed if noticed is not None and noticed <= began else None
+    detect = noticed if noticed is not None and noticed <= (began or initialized) else None
+    before_init = imported if started else detect
     return {
         "detect_s": None if detect is None else detect - t0,
-        "restart_s": None if detect is None else began - detect,
-        "import_s": imported - began,
-        "init_s": initialized - imported,
+        "restart_s": None if detect is None or began is None else began - detect,
+        "import_s": None if began is None or imported is None else imported - began,
+        "init_s": None if before_init is None else initialized - before_init,
         "first_step_s": first_step - initialized,
         "total_s": first_step - t0,
-        "steps_lost": max(old_steps, default=0) - max(resumed, default=0),
+        "steps_lost": max(old_steps, default=0) - resumed,
+        "pids": sorted(pids),
     }
 
 
-def _training(launch: Launch, world: int) -> bool:
+def _training(launch: Launch, world: int, step: int) -> bool:
     steps = [
         line
         for line in launch.lines()
-        if line.get("event") == "step" and line["world"] == world and line["step"] >= 15
+        if line.get("event") == "step" and line["world"] == world and line["step"] >= step
     ]
     return len({line["rank"] for line in steps}) == world
 
 
 @contextlib.contextmanager
-def launched(system: str, server: RedisServer, directory: Path, job: str) -> Iterator[Launch]:
+def launched(
+    system: str, server: RedisServer, directory: Path, job: str, workload: Workload
+) -> Iterator[Launch]:
     if system.startswith("nodeagent"):
+        preload = system in ("nodeagent+preload", "nodeagent+inplace")
+        options: dict[str, Any] = {"preload": list(PRELOAD)} if preload else {}
+        timing = dict(NODEAGENT_TIMING)
+        if system == "nodeagent+inplace":
+            options["recovery"] = "in_place"
+            timing["reform_timeout"] = REFORM_TIMEOUT
         with local_cluster(
             server.url,
             directory,
@@ -426,36 +517,59 @@ def launched(system: str, server: RedisServer, directory: Path, job: str) -> Ite
             max_nodes=len(NODES),
             target_nodes=len(NODES),
             max_restarts=10,
-            timing=NODEAGENT_TIMING,
-            entrypoint=training_entrypoint(directory, 100_000, EVERY, STEP_TIME),
-            job_options={"preload": list(PRELOAD)} if system == "nodeagent+preload" else {},
+            timing=timing,
+            entrypoint=workload.argv(system, directory),
+            job_options=options,
         ) as cluster:
-            yield NodeagentLaunch(cluster, preload=system == "nodeagent+preload")
+            yield NodeagentLaunch(cluster, preload=preload)
     else:
-        launch = TorchrunLaunch(directory, best=system == "torchrun-best")
+        launch = TorchrunLaunch(directory, best=system == "torchrun-best", workload=workload)
         try:
             yield launch
         finally:
             launch.stop()
 
 
+def _alive_workers(lines: list[dict[str, Any]]) -> set[int]:
+    """The training processes that have stepped and still run (not zombies)."""
+    alive = set()
+    for pid in {line["pid"] for line in lines if line.get("event") == "step"}:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.add(pid)
+    return alive
+
+
 def one_run(
-    system: str, fault_name: str, rep: int, server: RedisServer, tmp: Path, bound: float
+    system: str,
+    fault_name: str,
+    rep: int,
+    server: RedisServer,
+    tmp: Path,
+    bound: float,
+    workload: Workload = LIGHT,
 ) -> dict[str, Any]:
     fault = FAULTS[fault_name]
+    in_place = system == "nodeagent+inplace"
     directory = tmp / f"{system}-{fault_name}-{rep}"
     directory.mkdir(parents=True)
     job = f"bench-{fault_name}-{rep}-{os.getpid()}".replace("_", "-")
-    with launched(system, server, directory, job) as launch:
+    with launched(system, server, directory, job, workload) as launch:
         launch.start(*NODES[: fault.before])
-        wait_for(lambda: _training(launch, fault.before), 180, f"{system} training")
+        wait_for(
+            lambda: _training(launch, fault.before, workload.train_to), 300, f"{system} training"
+        )
         launch.settle()
+        old = _alive_workers(launch.lines())
         t0 = time.time()
-        frozen = fault.inject(launch)
+        hit = fault.inject(launch)
+        survivors = old - {proc.pid for proc in hit}
         row = None
         outcome = "not recovered"
         while time.time() < t0 + bound:
-            row = measure(launch.lines(), t0, fault.after, launch.noticed(t0, fault.cause))
+            row = measure(
+                launch.lines(), t0, fault.after, launch.noticed(t0, fault.cause), in_place
+            )
             if row is not None:
                 outcome = "recovered"
                 break
@@ -465,8 +579,12 @@ def one_run(
             time.sleep(0.5)
         if row is not None and row["detect_s"] is None:  # the log came in after the first step
             time.sleep(1)
-            row = measure(launch.lines(), t0, fault.after, launch.noticed(t0, fault.cause))
-        _signal_all(frozen, signal.SIGCONT)
+            row = measure(
+                launch.lines(), t0, fault.after, launch.noticed(t0, fault.cause), in_place
+            )
+        _signal_all(hit, signal.SIGCONT)
+    if row is not None:
+        row["survivors_restarted"] = len(survivors - set(row.pop("pids")))
     return {"outcome": outcome, **(row or {})}
 
 
@@ -485,17 +603,18 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "median": round(statistics.median(values), 3),
                 "max": round(max(values), 3),
             }
-    lost = [r["steps_lost"] for r in recovered]
-    if lost:
-        out["steps_lost"] = statistics.median(lost)
+    for key in ("steps_lost", "survivors_restarted"):
+        counts = [r[key] for r in recovered if key in r]
+        if counts:
+            out[key] = statistics.median(counts)
     return out
 
 
 def table(results: dict[str, Any]) -> str:
     rows = [
         "| fault | launcher | recovered | total: min / median / max | detect | restart | import "
-        "| init | first step | steps lost |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| init | first step | steps lost | survivors restarted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for fault, systems in results["cells"].items():
         for system, cell in systems.items():
@@ -514,7 +633,8 @@ def table(results: dict[str, Any]) -> str:
             rows.append(
                 f"| {fault} | {system} | {s['recovered']}/{s['runs']}{failed} | {total} "
                 f"| {med('detect_s')} | {med('restart_s')} | {med('import_s')} | {med('init_s')} "
-                f"| {med('first_step_s')} | {s.get('steps_lost', '-')} |"
+                f"| {med('first_step_s')} | {s.get('steps_lost', '-')} "
+                f"| {s.get('survivors_restarted', '-')} |"
             )
     return "\n".join(rows)
 
@@ -536,17 +656,32 @@ def versions() -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--faults", default=",".join(FAULTS))
-    parser.add_argument("--systems", default="nodeagent,torchrun,torchrun-best")
+    parser.add_argument("--heavy", action="store_true", help="a model and optimizer of 1 GiB")
+    parser.add_argument("--reps", type=int, help="default 5, 3 with --heavy")
+    parser.add_argument("--faults", help="default all, with --heavy: " + ",".join(HEAVY_FAULTS))
+    parser.add_argument(
+        "--systems",
+        help="default nodeagent,torchrun,torchrun-best; with --heavy "
+        "nodeagent+preload,nodeagent+inplace",
+    )
     parser.add_argument("--bound", type=float, default=90.0, help="seconds to wait for recovery")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "recovery.json"))
+    parser.add_argument("--out", help="default bench/results/recovery.json (recovery-heavy.json)")
     parser.add_argument("--table", metavar="JSON", help="only print the table of a results file")
+    parser.add_argument("--keep", metavar="DIR", help="keep every run's logs in DIR")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return
-    systems = args.systems.split(",")
+    workload = HEAVY if args.heavy else LIGHT
+    reps = args.reps or (3 if args.heavy else 5)
+    faults = (args.faults or ",".join(HEAVY_FAULTS if args.heavy else FAULTS)).split(",")
+    default_systems = (
+        "nodeagent+preload,nodeagent+inplace" if args.heavy else "nodeagent,torchrun,torchrun-best"
+    )
+    systems = (args.systems or default_systems).split(",")
+    out = Path(
+        args.out or ROOT / "bench" / "results" / f"recovery{'-heavy' if args.heavy else ''}.json"
+    )
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": versions(),
@@ -556,31 +691,36 @@ def main() -> None:
             "rdzv_conf": TORCHRUN_BEST_RDZV,
             "pg_timeout_s": TORCHRUN_BEST_PG_TIMEOUT,
         },
-        "checkpoint_every": EVERY,
+        "reform_timeout": REFORM_TIMEOUT,
+        "checkpoint_every": workload.every,
+        "fault_at_step": workload.train_to,
+        "model": " ".join(workload.model) or "--hidden 64 --layers 1",
         "bound_s": args.bound,
-        "reps": args.reps,
+        "reps": reps,
         "cells": {},
     }
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = args.keep or stack.enter_context(tempfile.TemporaryDirectory())
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         server = RedisServer(Path(tmp))
         server.start()
         try:
-            for fault in args.faults.split(","):
+            for fault in faults:
                 runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
-                for rep in range(args.reps):
+                for rep in range(reps):
                     for system in systems:  # interleaved, so a noisy minute hits every launcher
                         try:
-                            run = one_run(system, fault, rep, server, Path(tmp), args.bound)
+                            run = one_run(
+                                system, fault, rep, server, Path(tmp), args.bound, workload
+                            )
                         except Exception as exc:  # keep the other cells; say what broke
                             run = {"outcome": f"harness error: {exc!r}"[:300]}
                         runs[system].append(run)
-                        print(
-                            f"{fault} {system} {rep + 1}/{args.reps}: {json.dumps(run)}", flush=True
-                        )
+                        print(f"{fault} {system} {rep + 1}/{reps}: {json.dumps(run)}", flush=True)
                 results["cells"][fault] = {
                     s: {"runs": r, "summary": summarize(r)} for s, r in runs.items()
                 }
-                Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+                out.write_text(json.dumps(results, indent=1) + "\n")
         finally:
             server.stop()
     print("\n" + table(results))

@@ -14,7 +14,8 @@ What it shows of nodeagent.worker:
 Each rank prints one JSON line per step: {"t", "pid", "event": "step", "step", "loss", "rank",
 "world", "gen"}, and one "initialized" line with when the script began and finished its imports.
 The data of a step depends only on the step, so a run is reproducible whatever
-the world sizes it went through.
+the world sizes it went through. --hidden and --layers set the model's size (bench/recovery.py
+--heavy).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--global-batch", type=int, default=60)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
+    parser.add_argument("--hidden", type=int, default=64, help="units of each hidden layer")
+    parser.add_argument("--layers", type=int, default=1, help="hidden layers")
     parser.add_argument("--final-dir", help="where each rank writes its final parameter hash")
     parser.add_argument(
         "--pg-timeout",
@@ -74,6 +77,14 @@ def batch(step: int, global_batch: int, rank: int, world: int) -> tuple[torch.Te
     per_rank = global_batch // world
     part = slice(rank * per_rank, (rank + 1) * per_rank)
     return x[part], y[part].unsqueeze(1)
+
+
+def mlp(hidden: int, layers: int) -> nn.Sequential:
+    """FEATURES inputs, `layers` hidden layers of `hidden` units with ReLU, one output."""
+    body: list[nn.Module] = [nn.Linear(FEATURES, hidden), nn.ReLU()]
+    for _ in range(layers - 1):
+        body += [nn.Linear(hidden, hidden), nn.ReLU()]
+    return nn.Sequential(*body, nn.Linear(hidden, 1))
 
 
 def leave(code: int) -> NoReturn:
@@ -106,7 +117,7 @@ def main() -> int:
     )
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
+    model = mlp(args.hidden, args.layers).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     checkpoints = CheckpointManager(args.checkpoint_dir, keep=3, rank=rank)
     start, global_batch = 1, args.global_batch
