@@ -84,7 +84,10 @@ _OUTCOMES = {NodeState.SUCCEEDED, NodeState.FAILED}
 _WORKING = {NodeState.RUNNING, NodeState.STOPPING, NodeState.DRAINING}
 NODE_TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
     NodeState.JOINING: frozenset({NodeState.STANDBY, NodeState.READY, *_OUTCOMES, *_ANYWHERE}),
-    NodeState.STANDBY: frozenset({NodeState.JOINING, NodeState.READY, *_ANYWHERE}),
+    # in_place: a node left out of the new generation stops the workers it had parked.
+    NodeState.STANDBY: frozenset(
+        {NodeState.JOINING, NodeState.READY, NodeState.STOPPING, NodeState.DRAINING, *_ANYWHERE}
+    ),
     # A worker can start, fail or finish between two ticks: READY may lead anywhere.
     NodeState.READY: frozenset({*_IDLE, *_WORKING, *_OUTCOMES, *_ANYWHERE}),
     # Workers may all exit on their own before the next tick sees a new generation.

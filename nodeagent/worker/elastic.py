@@ -17,6 +17,7 @@ never raises and a failed collective raises as usual. torch is imported lazily.
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import os
 import time
@@ -272,10 +273,19 @@ def _wait_for(
         time.sleep(POLL_S)
 
 
+def _detached(exc: BaseException) -> Reform:
+    """Why to re-form, without `exc`'s traceback: its frames hold train_fn's locals, the DDP
+    wrapper among them, and through it the old process group, whose connections then stay
+    open after destroy_process_group(). A peer blocked in a collective with this rank would
+    wait on them until it is killed, instead of failing at once and re-forming too."""
+    assignment = exc.assignment if isinstance(exc, Reform) else None
+    return Reform(f"{type(exc).__name__}: {exc}", assignment)
+
+
 def _reform(
     state: State,
     channel: ControlFile,
-    reason: Reform | BaseException,
+    reason: Reform,
     reform_timeout: float,
     stop: Callable[[], bool] | None,
 ) -> Assignment:
@@ -283,16 +293,15 @@ def _reform(
     import torch.distributed as dist
 
     started = time.monotonic()
-    log.warning(
-        "generation %d: re-forming (%s: %s)", state.generation, type(reason).__name__, reason
-    )
+    log.warning("generation %d: re-forming (%s)", state.generation, reason)
+    gc.collect()  # the old group's last references may sit in reference cycles (frames)
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
         except Exception as exc:  # a group whose peers are gone may fail to tear down
             log.warning("destroying the old process group: %s", exc)
     channel.report_left(state.generation)
-    assignment = reason.assignment if isinstance(reason, Reform) else None
+    assignment = reason.assignment
     if assignment is None:
         assignment = _wait_for(state, channel, started + reform_timeout, stop)
     newest_seq, newest = _newer(channel, assignment.generation)  # a still newer one may have
@@ -348,7 +357,7 @@ def run(
         reform_timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_REFORM_TIMEOUT_S))
     channel = channel_from_env()
     state.attach(channel)
-    pending: BaseException | None = None
+    pending: Reform | None = None
     while True:
         try:
             if pending is not None and channel is not None:
@@ -362,8 +371,8 @@ def run(
         except Reform as exc:
             if channel is None:
                 raise
-            pending = exc
+            pending = _detached(exc)
         except RuntimeError as exc:
             if channel is None or not _collective_failed(exc):
                 raise
-            pending = exc
+            pending = _detached(exc)

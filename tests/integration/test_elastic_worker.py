@@ -185,6 +185,22 @@ def test_new_assignment_reforms_in_place_without_losing_a_step(job: Job) -> None
 
 
 @pytest.mark.timeout(60)
+def test_a_rank_that_leaves_first_frees_its_peers_blocked_in_a_collective(job: Job) -> None:
+    """Only rank 0 is told: it leaves between steps while rank 1 goes on into the next step's
+    all-reduce. Rank 0's old group must really close (nothing may keep it alive, such as the
+    traceback of the Reform that holds train_fn's DDP wrapper), so that rank 1's all-reduce
+    fails at once and rank 1 leaves too, instead of waiting on open connections until killed."""
+    first, second = start_two(job)
+    first.channel.leave(1)
+    job.wait("rank 1 to leave too", lambda: second.channel.report().left_generation == 1, 20)
+    port = free_port()
+    for rank, worker in enumerate((first, second)):
+        worker.channel.assign(assignment(2, rank, 2, port))
+    job.wait("both stepping in 2", lambda: all(job.stepping(w.pid, 2) for w in (first, second)))
+    assert_identical(job.finish(first, second), 2)
+
+
+@pytest.mark.timeout(60)
 def test_survivor_of_a_killed_peer_reforms_and_the_newcomer_gets_its_state(job: Job) -> None:
     first, second = start_two(job)
     killed = time.time()

@@ -190,6 +190,8 @@ def test_random_histories_only_make_legal_transitions() -> None:
                     "unfit",
                     "fit",
                     "parked",
+                    "parked",
+                    "parked",
                 ]
             )
             if event == "record":
@@ -308,6 +310,33 @@ def test_decide_in_place(local: LocalView, state: NodeState, actions: list[type]
     decision = decide(replace(local, in_place=True))
     assert decision.state is state, decision.reason
     assert [type(a) for a in decision.actions] == actions
+
+
+@pytest.mark.parametrize(
+    "cordon", [None, Cordon("drained", "ops", drain=True)], ids=["scaled-away", "drained"]
+)
+def test_a_node_left_out_stops_its_parked_workers_through_legal_states(
+    cordon: Cordon | None,
+) -> None:
+    """Scale-down (or a drain) of an in_place job: release, park, acknowledge, find no place
+    (standby), stop the parked workers. Found by an end-to-end run: standby -> stopping."""
+    from nodeagent.state import check_transition
+
+    out = rec(JobState.RUNNING, 5, ("b",))
+    steps = [
+        (rec(JobState.RESTARTING, 5), RUNNING_G, 4, None),
+        (rec(JobState.RESTARTING, 5), RELEASING_G, 4, None),
+        (out, PARKED_G, 4, None),
+        (out, PARKED_G, 5, cordon),
+        (out, STOPPING_G, 5, cordon),
+        (out, EXITED_G, 5, cordon),
+    ]
+    state = NodeState.RUNNING
+    for record, group, acked, drain in steps:
+        decision = decide(view(record, group, acked, in_place=True, cordon=drain))
+        check_transition(NODE_TRANSITIONS, state, decision.state)
+        state = decision.state
+    assert state is (NodeState.STANDBY if cordon is None else NodeState.CORDONED)
 
 
 def test_transition_table_covers_every_state() -> None:
