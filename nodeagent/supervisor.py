@@ -169,6 +169,8 @@ def _py_spy_dump(pid: int) -> str | None:
     return result.stdout if result.returncode == 0 and result.stdout else None
 
 
+# Failures (Supervisor.mark_failed) of a worker that will not leave its group when told to.
+_STUCK = frozenset({"hang", "xid"})
 # What a worker is told once, at its start, and keeps for life (an in_place survivor too): its
 # files, and its GPUs (its CUDA context lives on them).
 _LIFELONG = (
@@ -417,8 +419,12 @@ class Supervisor:
         if self._release_deadline is not None or self._stop_deadline is not None:
             return
         self._release_deadline = self._clock() + timeout_s
+        culprit = self._failure.rank if self._failure and self._failure.kind in _STUCK else None
         for worker in self._workers:
-            if worker.channel is not None and worker.returncode is None:
+            if worker.returncode is None and worker.spec.rank == culprit:
+                worker.abandoned = True  # hung, or its GPU failed: it would not leave
+                self._kill_worker(worker)
+            elif worker.channel is not None and worker.returncode is None:
                 try:
                     worker.channel.leave(worker.generation)
                 except (ControlFileError, ValueError) as exc:

@@ -168,3 +168,15 @@ def test_a_survivor_that_does_not_leave_is_killed_at_reform_timeout(
 
 def replace_stuck(specs: list[WorkerSpec]) -> list[WorkerSpec]:
     return [replace(s, env={**s.env, "STUCK": "0"}) for s in specs]
+
+
+def test_a_hung_rank_is_killed_at_once_and_the_others_are_released(h: Harness) -> None:
+    """A hang (or an XID) was found by the agent's watch: that rank would never leave, so it
+    is killed when the group is released instead of at reform_timeout."""
+    h.sup.start(1, "n", h.specs(1, 0, stuck=0))
+    h.wait_lines(h.specs(1, 0)[0].log_path, "started")
+    h.sup.mark_failed(0, "hang")
+    h.sup.release(30)
+    h.settle(GroupPhase.PARKED, timeout=5)  # long before reform_timeout
+    assert [w.state for w in h.sup.workers()] == ["failed", "parked"]
+    assert h.sup.status().failure is not None  # the hang is still this generation's failure
