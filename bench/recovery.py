@@ -111,6 +111,7 @@ class Workload:
     every: int = EVERY
     train_to: int = TRAIN_TO
     model: tuple[str, ...] = ()
+    timing: tuple[tuple[str, str], ...] = ()  # nodeagent's, over NODEAGENT_TIMING
 
     def argv(self, system: str, directory: Path) -> list[str]:
         if system != "nodeagent+inplace":
@@ -123,7 +124,9 @@ class Workload:
 
 
 LIGHT = Workload()
-HEAVY = Workload(every=HEAVY_EVERY, train_to=HEAVY_EVERY + 2, model=HEAVY_MODEL)
+# A heavy step takes ~4 s and a 1 GiB save ~6 s, a beat gap of over 10 s: not hangs.
+HEAVY_TIMING = (("hang_timeout", "30s"), ("reform_timeout", "30s"))
+HEAVY = Workload(HEAVY_EVERY, HEAVY_EVERY + 2, HEAVY_MODEL, HEAVY_TIMING)
 
 
 # -- what a launcher must offer the harness ------------------------------------------------------
@@ -510,6 +513,7 @@ def launched(
         if system == "nodeagent+inplace":
             options["recovery"] = "in_place"
             timing["reform_timeout"] = REFORM_TIMEOUT
+        timing.update(workload.timing)
         with local_cluster(
             server.url,
             directory,
@@ -553,7 +557,7 @@ def one_run(
     in_place = system == "nodeagent+inplace"
     directory = tmp / f"{system}-{fault_name}-{rep}"
     directory.mkdir(parents=True)
-    job = f"bench-{fault_name}-{rep}-{os.getpid()}".replace("_", "-")
+    job = f"bench-{system}-{fault_name}-{rep}-{os.getpid()}".replace("_", "-").replace("+", "-")
     with launched(system, server, directory, job, workload) as launch:
         launch.start(*NODES[: fault.before])
         wait_for(
@@ -685,13 +689,13 @@ def main() -> None:
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": versions(),
-        "nodeagent_timing": NODEAGENT_TIMING,
+        "nodeagent_timing": {**NODEAGENT_TIMING, **dict(workload.timing)},
         "torchrun_best": {
             "env": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
             "rdzv_conf": TORCHRUN_BEST_RDZV,
             "pg_timeout_s": TORCHRUN_BEST_PG_TIMEOUT,
         },
-        "reform_timeout": REFORM_TIMEOUT,
+        "reform_timeout": dict(workload.timing).get("reform_timeout", REFORM_TIMEOUT),
         "checkpoint_every": workload.every,
         "fault_at_step": workload.train_to,
         "model": " ".join(workload.model) or "--hidden 64 --layers 1",
