@@ -154,6 +154,8 @@ class PoolConfig:
     groups: tuple[str, ...] = ()
     allow_root: bool = False
     reserve_after: float = 300.0  # a pending job that waited this long holds free nodes
+    resize_cooldown: float = 60.0  # the scheduler shrinks or grows back a job at most this often
+    preempt_after: float = 0.0  # a pending job preempts lower-priority ones after this long
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -592,6 +594,10 @@ def _load_pool(section: Section) -> PoolConfig:
         groups=_names(section, "groups"),
         allow_root=section.get("allow_root", bool, False),
         reserve_after=duration(section.raw("reserve_after"), section.key("reserve_after"), 300.0),
+        resize_cooldown=duration(
+            section.raw("resize_cooldown"), section.key("resize_cooldown"), 60.0
+        ),
+        preempt_after=duration(section.raw("preempt_after"), section.key("preempt_after"), 0.0),
     )
     section.reject_unknown()
     return pool

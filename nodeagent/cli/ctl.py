@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import redis
 
 from nodeagent import redisurl
-from nodeagent.cli import ctlargs, ctllogs, ctlpool, ctlshow
+from nodeagent.cli import ctlargs, ctllogs, ctlpool, ctlqueue, ctlshow
 from nodeagent.config import EMBEDDED, EX_CONFIG, NodeSettings, read_config, read_settings
 from nodeagent.coord import eventlog
 from nodeagent.coord.client import connect
@@ -114,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument("--json", action="store_true")
     ctllogs.add_parser(commands)
     ctlpool.add_parsers(commands)
+    ctlqueue.add_parser(commands)
     return parser
 
 
@@ -370,6 +371,8 @@ def _write(store: JobStore, config: NodeSettings | None, args: argparse.Namespac
 def dispatch(target: Target, args: argparse.Namespace) -> int:
     if args.command in ctlpool.COMMANDS:
         return ctlpool.run(target.pool_store, args, getpass.getuser(), _by())
+    if args.command == ctlqueue.COMMAND:
+        return ctlqueue.run(target.pool_store, args, _by())
     if args.command in ("cordon", "drain", "uncordon") and target.job is None:
         return ctlpool.pool_cordon(target.pool_store, args, _by())  # a pool node, no job
     if args.command == "logs":  # logs JOB: from the agent of the rank's node

@@ -26,6 +26,7 @@ from nodeagent.jobspec import JobSpec, load_spec
 from nodeagent.model import Cordon, JobRecord
 from nodeagent.pool.leader import read_view
 from nodeagent.pool.model import PoolJob, PoolJobState
+from nodeagent.pool.queues import DEFAULT
 from nodeagent.pool.schedule import PoolView
 from nodeagent.state import JobState, NodeState
 
@@ -141,6 +142,11 @@ def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
 
 def _submit(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
     spec = spec_from_args(args, user, by)
+    if spec.queue != DEFAULT and spec.queue not in store.queues():
+        raise UsageError(
+            f"queue {spec.queue} does not exist in pool {store.keys.pool}: "
+            f"`nodeagentctl queue create {spec.queue}` makes it, or submit to another"
+        )
     created, status = store.submit(spec)
     if not created:
         state = status.state.value if status is not None else "unknown state"

@@ -77,6 +77,7 @@ POOL_PLACEMENTS_KEY = "%s:{pool:%s}:placements"  # HASH node -> job id (the pool
 POOL_CANCELS_KEY = "%s:{pool:%s}:cancels"  # HASH job id -> who asked to cancel it
 POOL_CORDONS_KEY = "%s:{pool:%s}:cordons"  # HASH node -> JSON Cordon (out of the pool)
 POOL_EVENTS_KEY = "%s:{pool:%s}:events"  # STREAM of pool events, capped
+POOL_QUEUES_KEY = "%s:{pool:%s}:queues"  # HASH queue name -> JSON QueueView (nodeagentctl queue)
 
 
 @dataclass(frozen=True)
@@ -138,3 +139,7 @@ class PoolKeys:
     @property
     def events(self) -> str:
         return self._key(POOL_EVENTS_KEY)
+
+    @property
+    def queues(self) -> str:
+        return self._key(POOL_QUEUES_KEY)

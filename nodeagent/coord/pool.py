@@ -33,6 +33,7 @@ from nodeagent.model import (
     uncordon_event,
 )
 from nodeagent.pool.model import PoolJob, PoolNode
+from nodeagent.pool.queues import QueueView
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class PoolSnapshot:
     cancels: Mapping[str, str]
     cordons: Mapping[str, Cordon]
     garbage: tuple[str, ...] = ()
+    queues: Mapping[str, QueueView] = field(default_factory=dict)
 
     def placements_of(self, job_id: str) -> list[str]:
         return sorted(n for n, j in self.placements.items() if j == job_id)
@@ -116,10 +118,10 @@ class PoolStore:
         k = self.keys
         with redis_errors("read the pool"):
             reply: Any = self._read(
-                keys=[k.leases, k.placements, k.jobs, k.cancels, k.cordons, k.leader],
+                keys=[k.leases, k.placements, k.jobs, k.cancels, k.cordons, k.leader, k.queues],
                 args=[k.node_prefix()],
             )
-        now, leader, leases, reports, placements, jobs, cancels, cordons, noted = reply
+        now, leader, leases, reports, placements, jobs, cancels, cordons, queues, noted = reply
         garbage = [str(g) for g in noted]
         deadlines, nodes = _leases(int(now), leases, reports, garbage)
         return PoolSnapshot(
@@ -134,6 +136,13 @@ class PoolStore:
             cancels={j: by[:256] for j, by in _pairs(cancels)},
             cordons=_decoded(cordons, Cordon.from_json, "pool cordon", garbage),
             garbage=tuple(garbage),
+            queues={
+                name: queue
+                for name, queue in _decoded(
+                    queues, QueueView.from_json, "pool queue", garbage
+                ).items()
+                if queue.name == name
+            },
         )
 
     def status(self, job_id: str) -> PoolJob | None:
@@ -240,6 +249,43 @@ class PoolStore:
             lambda pipe: pipe.hdel(self.keys.cordons, name),
             self.keys.events,
             uncordon_event(name, by),
+        )
+        return bool(removed)
+
+    def queues(self) -> set[str]:
+        """The names of the queues an operator made (`default` exists without being made)."""
+        with redis_errors("read the queues"):
+            found: Any = self.client.hgetall(self.keys.queues)  # small; HKEYS is not in the ACL
+        return {str(n) for n in found}
+
+    def set_queue(self, queue: QueueView, by: str, created: bool) -> None:
+        """Create or change a queue (nodeagentctl queue create|set)."""
+        how = "created" if created else "changed"
+        event = Event(
+            f"queue_{how}",
+            message=f"queue {queue.name} {how} by {by}: quota {queue.quota or 'none'}, "
+            f"guaranteed {queue.guaranteed}",
+            data={"queue": queue.name, "by": by},
+        )
+        streams.write_with_event(
+            self.client,
+            "pool queue",
+            lambda pipe: pipe.hset(self.keys.queues, queue.name, queue.to_json()),
+            self.keys.events,
+            event,
+        )
+
+    def delete_queue(self, name: str, by: str) -> bool:
+        """Remove a queue; False if there was none."""
+        event = Event(
+            "queue_deleted", message=f"queue {name} deleted by {by}", data={"queue": name}
+        )
+        removed = streams.write_with_event(
+            self.client,
+            "pool queue",
+            lambda pipe: pipe.hdel(self.keys.queues, name),
+            self.keys.events,
+            event,
         )
         return bool(removed)
 

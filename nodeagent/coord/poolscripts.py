@@ -38,10 +38,10 @@ POOL_READ = (
     """
 -- The whole pool, read at once (the pool leader, nodeagentctl): repairs nothing.
 -- KEYS[1] leases zset  KEYS[2] placements  KEYS[3] jobs  KEYS[4] cancels  KEYS[5] cordons
--- KEYS[6] leader
+-- KEYS[6] leader  KEYS[7] queues
 -- ARGV[1] node key prefix
 -- Returns {now_ms, leader or false, leases (name, deadline, ...), reports ('' if missing),
---   placements, jobs, cancels, cordons (flat field/value lists), garbage}.
+--   placements, jobs, cancels, cordons, queues (flat field/value lists), garbage}.
 """
     + NOW
     + GARBAGE
@@ -59,7 +59,7 @@ end
 local leader = redis.pcall('GET', KEYS[6])
 if type(leader) ~= 'string' then leader = false end
 return {now, leader, leases, reports, all('placements', KEYS[2]), all('jobs', KEYS[3]),
-  all('cancels', KEYS[4]), all('cordons', KEYS[5]), garbage}
+  all('cancels', KEYS[4]), all('cordons', KEYS[5]), all('queues', KEYS[7]), garbage}
 """
 )
 

@@ -61,7 +61,7 @@ def read_view(store: PoolStore) -> tuple[PoolSnapshot, PoolView, dict[str, JobRe
         for name, report in snap.nodes.items()
     }
     jobs = {j: _job_view(j, snap, specs[j], records.get(j)) for j in live}
-    return snap, PoolView(snap.now_ms, nodes, jobs, snap.placements), records
+    return snap, PoolView(snap.now_ms, nodes, jobs, snap.placements, snap.queues), records
 
 
 def _job_view(

@@ -44,7 +44,12 @@ class PoolMember:
         self._settings = settings
         self._clock = clock
         self._calls = BoundedCalls(clock)
-        self._policy = SchedulePolicy(int(settings.pool.reserve_after * 1000))
+        pool = settings.pool
+        self._policy = SchedulePolicy(
+            reserve_after_ms=int(pool.reserve_after * 1000),
+            resize_cooldown_ms=int(pool.resize_cooldown * 1000),
+            preempt_after_ms=int(pool.preempt_after * 1000),
+        )
         self.placement: str | None = None
         self._garbage: tuple[str, ...] = ()
         self.leading = False

@@ -97,6 +97,8 @@ class PoolJob:
     """The pool's status of one job (the pool leader writes it; `submit` creates it pending).
 
     `seq`: submission order (first come, first served). `reason`: why it waits, or how it ended.
+    `shrunk_ms`, `grown_ms`: when the scheduler last took nodes from it for another job
+    (preemption by shrinking) or gave it free nodes: its resize cooldown counts from them.
     """
 
     state: PoolJobState
@@ -106,6 +108,8 @@ class PoolJob:
     admitted_ms: int | None = None
     ended_ms: int | None = None
     pinned: bool = False  # submitted by nodes' job: sections; follows its record, never ends
+    shrunk_ms: int | None = None
+    grown_ms: int | None = None
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -124,6 +128,8 @@ class PoolJob:
             admitted_ms=r.opt_integer("admitted_ms"),
             ended_ms=r.opt_integer("ended_ms"),
             pinned=r.flag("pinned", False),
+            shrunk_ms=r.opt_integer("shrunk_ms"),
+            grown_ms=r.opt_integer("grown_ms"),
         )
 
     def moved(self, state: PoolJobState, now_ms: int, reason: str) -> PoolJob:

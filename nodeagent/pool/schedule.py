@@ -5,7 +5,13 @@ Rules (docs/design.md, "The pool"):
 - gang admission: a pending job is admitted only when at least `min_nodes` healthy,
   uncordoned, free nodes that do not refuse it (and carry the labels its `selector` names) can
   be given to it at once; it gets up to its target; never a partial start below `min_nodes`;
+- queues (nodeagent.pool.queues): a job is admitted, or grows, only within its queue's quota;
+  a job of a queue that does not exist waits;
 - order: priority (higher first), then first come, first served;
+- preemption by shrinking (nodeagent.pool.preempt): a pending job that does not fit takes the
+  nodes lower-priority jobs hold above their min_nodes (or, for a queue below its guaranteed
+  share, those of queues above theirs), after waiting `preempt_after`; a job shrunk this way
+  grows back into free nodes, but neither is shrunk nor grown back within `resize_cooldown`;
 - backfill with a reservation: a job that does not fit does not block smaller jobs behind it,
   until the first job in order that could fit the pool has waited `reserve_after`; from then on
   free nodes are held for it (nothing behind it is admitted, no running job grows) until it fits.
@@ -22,11 +28,24 @@ Rules (docs/design.md, "The pool"):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from nodeagent.model import Event
+from nodeagent.pool import preempt
 from nodeagent.pool.model import PoolJob, PoolJobState
+from nodeagent.pool.queues import DEFAULT, Ledger, QueueView
+from nodeagent.pool.schedview import JobView, NodeView, PoolView, Schedule, SchedulePolicy
 from nodeagent.state import JobState
+
+__all__ = [
+    "JobView",
+    "NodeView",
+    "PoolView",
+    "QueueView",
+    "Schedule",
+    "SchedulePolicy",
+    "schedule",
+]
 
 _CANCELLED = PoolJobState.CANCELLED
 _ENDED = {
@@ -34,68 +53,6 @@ _ENDED = {
     JobState.FAILED: PoolJobState.FAILED,
     JobState.STOPPED: PoolJobState.CANCELLED,
 }
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """A node that holds a live pool lease."""
-
-    name: str
-    pinned: str | None = None
-    unfit: str | None = None  # its GPUs cannot take a job
-    cordoned: str | None = None  # an operator's pool cordon
-    drained: bool = False  # ... that also takes it off its job now
-    refused: frozenset[str] = frozenset()  # jobs it cannot run
-    labels: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def eligible(self) -> bool:
-        return self.unfit is None and self.cordoned is None and self.pinned is None
-
-
-@dataclass(frozen=True)
-class JobView:
-    """A job as the pool leader sees it: its pool status, its spec's bounds, its own record."""
-
-    id: str
-    status: PoolJob
-    min_nodes: int
-    max_nodes: int
-    target_nodes: int  # the record's when it has one (scale), else the spec's
-    priority: int = 0
-    queue: str = "default"
-    record_state: JobState | None = None  # None: no record (yet), or unreadable
-    members: tuple[str, ...] = ()
-    cancel: str | None = None  # who asked to cancel it
-    invalid: str | None = None  # its spec cannot be read: it fails
-    selector: Mapping[str, str] = field(default_factory=dict)  # labels a node must have
-
-    @property
-    def order(self) -> tuple[int, int]:
-        return (-self.priority, self.status.seq)
-
-
-@dataclass(frozen=True)
-class PoolView:
-    now_ms: int
-    nodes: Mapping[str, NodeView]
-    jobs: Mapping[str, JobView]
-    placements: Mapping[str, str]  # node -> job, as committed
-
-
-@dataclass(frozen=True)
-class SchedulePolicy:
-    reserve_after_ms: int = 300_000
-
-
-@dataclass(frozen=True)
-class Schedule:
-    placements: dict[str, str]  # node -> job, all of them
-    jobs: dict[str, PoolJob] = field(default_factory=dict)  # statuses that changed
-    events: tuple[Event, ...] = ()
-
-    def changed(self, before: Mapping[str, str]) -> bool:
-        return bool(self.jobs) or self.placements != dict(before)
 
 
 class _Run:
@@ -126,6 +83,8 @@ class _Run:
         self.healthy = {
             n.name for n in nodes if n.pinned is None and n.unfit is None and n.cordoned is None
         }
+        self.ledger = Ledger(view.queues)
+        self._queue_of = {job.id: job.queue for job in view.jobs.values()}
 
     def status(self, job: JobView) -> PoolJob:
         return self.jobs.get(job.id, job.status)
@@ -145,17 +104,30 @@ class _Run:
         if node in self._eligible:
             self._free -= 1
         self.by_job.setdefault(job, set()).add(node)
+        self.ledger.add(self._queue_of.get(job, DEFAULT), 1)
 
     def unplace(self, node: str) -> None:
         job = self.placements.pop(node, None)
         if job is not None:
             self.by_job[job].discard(node)
+            self.ledger.add(self._queue_of.get(job, DEFAULT), -1)
             if node in self._eligible:
                 self._free += 1
                 self._head = 0  # freed: the cursor must see it again
 
     def placed(self, job: str) -> list[str]:
         return sorted(self.by_job.get(job, ()))
+
+    def usable(self, job: JobView, node: str) -> bool:
+        """`node` could serve `job`: eligible, not refusing it, carrying its labels."""
+        return node in self._eligible and node not in self.refusers.get(job.id, ())
+
+    def shrunk(self, job: JobView, reason: str) -> None:
+        status = self.status(job)
+        self.jobs[job.id] = replace(status, shrunk_ms=self.view.now_ms, reason=reason)
+
+    def grown(self, job: JobView) -> None:
+        self.jobs[job.id] = replace(self.status(job), grown_ms=self.view.now_ms)
 
     def free_count(self, job: JobView) -> int:
         """Free eligible nodes that do not refuse `job`."""
@@ -194,7 +166,7 @@ def schedule(view: PoolView, policy: SchedulePolicy) -> Schedule:
             _shrink(run, job)
     reserved = _admit(run, policy)
     if not reserved:
-        _grow(run)
+        _grow(run, policy)
     return Schedule(run.placements, run.jobs, tuple(run.events))
 
 
@@ -272,10 +244,18 @@ def _admit(run: _Run, policy: SchedulePolicy) -> bool:
         if reserving is not None:
             run.note(job, f"waiting: nodes are held for {reserving.id}, pending longer")
             continue
+        held = _held_by_queue(run, job)
+        if held is not None:
+            run.note(job, held)
+            continue
+        room = run.ledger.room(job.queue)
+        want = job.target_nodes if room is None else min(job.target_nodes, room)
         free = run.free_count(job)
         if free >= job.min_nodes:
-            take = run.take(job, job.target_nodes)
+            take = run.take(job, want)
             run.move(job, PoolJobState.RUNNING, f"admitted on {len(take)} nodes", "job_admitted")
+            continue
+        if _preempt(run, job, policy, job.min_nodes - free, want):
             continue
         fits_pool = _could_fit(run, job)
         if fits_pool is not None:
@@ -286,6 +266,64 @@ def _admit(run: _Run, policy: SchedulePolicy) -> bool:
         if waited >= policy.reserve_after_ms:
             reserving = job
     return reserving is not None
+
+
+def _held_by_queue(run: _Run, job: JobView) -> str | None:
+    """Why `job`'s queue keeps it pending: it does not exist, or it is at its quota."""
+    if not run.ledger.exists(job.queue):
+        return f"pending: queue {job.queue} does not exist (nodeagentctl queue create {job.queue})"
+    quota, used = run.ledger.quota(job.queue), run.ledger.used(job.queue)
+    if quota is not None and quota - used < job.min_nodes:
+        return f"pending: queue {job.queue} at its quota of {quota} nodes ({used} in use)"
+    return None
+
+
+def _preempt(run: _Run, job: JobView, policy: SchedulePolicy, need: int, want: int) -> bool:
+    """Admit `job` on nodes taken from running jobs (nodeagent.pool.preempt), if enough can
+    be; each victim shrinks and says why."""
+    view = run.view
+    if view.now_ms - job.status.submitted_ms < policy.preempt_after_ms:
+        return False
+    running = [
+        replace(j, status=run.status(j))
+        for j in view.jobs.values()
+        if run.status(j).state is PoolJobState.RUNNING
+    ]
+    found = preempt.victims(
+        job,
+        need,
+        running,
+        {j.id: run.placed(j.id) for j in running},
+        lambda node: run.usable(job, node),
+        run.ledger,
+        view.now_ms,
+        policy.resize_cooldown_ms,
+    )
+    if not found:
+        return False
+    for victim in found:
+        before = len(run.by_job.get(victim.job.id, ()))
+        for node in victim.nodes:
+            run.unplace(node)
+        after = before - len(victim.nodes)
+        reason = f"shrunk {before} -> {after} nodes for job {job.id}: {victim.why}"
+        run.shrunk(victim.job, reason)
+        run.events.append(
+            Event(
+                "job_shrunk",
+                message=f"job {victim.job.id}: {reason}",
+                data={"job": victim.job.id, "for": job.id, "nodes": list(victim.nodes)},
+            )
+        )
+    take = run.take(job, want)
+    whom = ", ".join(sorted(v.job.id for v in found))
+    run.move(
+        job,
+        PoolJobState.RUNNING,
+        f"admitted on {len(take)} nodes, preempting {whom}",
+        "job_admitted",
+    )
+    return True
 
 
 def _could_fit(run: _Run, job: JobView) -> str | None:
@@ -306,15 +344,24 @@ def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in selector.items())
 
 
-def _grow(run: _Run) -> None:
-    """Running jobs below their target take free nodes, in order."""
+def _grow(run: _Run, policy: SchedulePolicy) -> None:
+    """Running jobs below their target take free nodes, in order, within their queue's quota;
+    a job shrunk for another waits out the resize cooldown first (no thrash)."""
+    now = run.view.now_ms
     running = sorted(
         (j for j in run.view.jobs.values() if run.status(j).state is PoolJobState.RUNNING),
         key=lambda j: j.order,
     )
     for job in running:
-        if run.status(job).pinned:
+        status = run.status(job)
+        if status.pinned:
+            continue
+        shrunk = status.shrunk_ms
+        if shrunk is not None and now - shrunk < policy.resize_cooldown_ms:
             continue
         want = job.target_nodes - len(run.by_job.get(job.id, ()))
-        if want > 0:
-            run.take(job, want)
+        room = run.ledger.room(job.queue)
+        if room is not None:
+            want = min(want, room)
+        if want > 0 and run.take(job, want) and status.admitted_ms != now:
+            run.grown(job)

@@ -34,6 +34,7 @@ class PoolCluster:
     pool: str = "default"
     agents: dict[str, AgentProcess] = field(default_factory=dict)
     timing: dict[str, str] = field(default_factory=lambda: dict(TIMING))
+    scheduling: dict[str, str] = field(default_factory=dict)  # more of the pool: section
 
     @property
     def records_dir(self) -> Path:
@@ -57,6 +58,7 @@ class PoolCluster:
                 "users": [str(AS_TESTER["user"])],
                 "allow_root": True,
                 "labels": labels or {},
+                **self.scheduling,
             },
             "timing": self.timing,
             "metrics": {"listen": "127.0.0.1:0"},

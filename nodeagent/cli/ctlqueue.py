@@ -1,0 +1,140 @@
+"""nodeagentctl queue create|set|delete|list: the pool's queues (nodeagent.pool.queues)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from nodeagent.cli import ctlargs
+from nodeagent.coord.pool import PoolStore
+from nodeagent.errors import UsageError
+from nodeagent.pool.model import PoolJobState
+from nodeagent.pool.queues import DEFAULT, QueueView
+
+COMMAND = "queue"
+
+
+def add_parser(commands: Any) -> None:
+    queue = commands.add_parser(
+        COMMAND,
+        help="the pool's queues: quota, guaranteed share, use",
+        description="nodeagentctl queue create research --quota 8 --guaranteed 4 | "
+        "queue set research --quota none | queue delete research | queue list",
+    )
+    actions = queue.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (("create", "a new queue"), ("set", "change a queue")):
+        parser = actions.add_parser(action, help=text)
+        parser.add_argument("name", type=ctlargs.name)
+        parser.add_argument(
+            "--quota",
+            type=_quota,
+            default=argparse.SUPPRESS,  # absent, unlike `--quota none`
+            help="most nodes its jobs hold at once (none: no limit)",
+        )
+        parser.add_argument(
+            "--guaranteed", type=int, help="nodes it may take back from queues above theirs"
+        )
+    delete = actions.add_parser("delete", help="remove a queue that no job is in")
+    delete.add_argument("name", type=ctlargs.name)
+    listing = actions.add_parser("list", help="every queue and what it holds")
+    listing.add_argument("--json", action="store_true")
+
+
+def _quota(text: str) -> int | None:
+    if text.lower() in ("none", "off", "unlimited"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of nodes or none, got {text!r}"
+        ) from None
+
+
+def run(store: PoolStore, args: argparse.Namespace, by: str) -> int:
+    if args.action == "list":
+        return _list(store, args.json)
+    if args.action == "delete":
+        return _delete(store, args.name, by)
+    snap = store.read()
+    existing = snap.queues.get(args.name)
+    if args.action == "create" and (existing is not None or args.name == DEFAULT):
+        raise UsageError(f"queue {args.name} exists already: `queue set {args.name}` changes it")
+    if args.action == "set" and existing is None and args.name != DEFAULT:
+        raise UsageError(f"no queue {args.name}: `queue create {args.name}` makes it")
+    base = existing or QueueView(args.name)
+    queue = QueueView(
+        args.name,
+        quota=args.quota if "quota" in vars(args) else base.quota,
+        guaranteed=base.guaranteed if args.guaranteed is None else args.guaranteed,
+    )
+    problems = queue.problems()
+    if problems:
+        raise UsageError(f"queue {args.name}: {'; '.join(problems)}")
+    store.set_queue(queue, by, created=existing is None)
+    print(f"queue {queue.name}: quota {queue.quota or 'none'}, guaranteed {queue.guaranteed}")
+    promised = sum(q.guaranteed for q in {**snap.queues, queue.name: queue}.values())
+    if promised > len(snap.nodes):
+        print(
+            f"warning: the queues are guaranteed {promised} nodes, the pool has {len(snap.nodes)}"
+        )
+    return 0
+
+
+def _delete(store: PoolStore, name: str, by: str) -> int:
+    snap = store.read()
+    if name not in snap.queues:
+        raise UsageError(f"no queue {name}")
+    specs = store.specs([j for j, s in snap.jobs.items() if not s.state.ended])
+    inside = sorted(
+        j for j, spec in specs.items() if not isinstance(spec, str) and spec.queue == name
+    )
+    if inside:
+        raise UsageError(
+            f"queue {name} has {len(inside)} jobs that have not ended ({', '.join(inside[:5])}): "
+            "cancel them or wait for them first"
+        )
+    store.delete_queue(name, by)
+    print(f"queue {name}: deleted")
+    return 0
+
+
+def rows(store: PoolStore) -> list[dict[str, Any]]:
+    """Every queue (`default` too), with the nodes and jobs it holds now."""
+    snap = store.read()
+    live = [j for j, s in snap.jobs.items() if not s.state.ended]
+    specs = store.specs(live)
+    queue_of = {j: spec.queue for j, spec in specs.items() if not isinstance(spec, str)}
+    queues = {DEFAULT: QueueView(DEFAULT), **snap.queues}
+    found = []
+    for name, queue in sorted(queues.items()):
+        jobs = [j for j in live if queue_of.get(j) == name]
+        found.append(
+            {
+                "queue": name,
+                "quota": queue.quota,
+                "guaranteed": queue.guaranteed,
+                "nodes": sum(1 for j in snap.placements.values() if queue_of.get(j) == name),
+                "running": sum(1 for j in jobs if snap.jobs[j].state is PoolJobState.RUNNING),
+                "pending": sum(1 for j in jobs if snap.jobs[j].state is PoolJobState.PENDING),
+            }
+        )
+    return found
+
+
+def _list(store: PoolStore, as_json: bool) -> int:
+    found = rows(store)
+    if as_json:
+        print(json.dumps(found, indent=2))
+        return 0
+    print(
+        f"{'QUEUE':<16} {'QUOTA':>6} {'GUARANTEED':>10} {'NODES':>6} {'RUNNING':>7} {'PENDING':>7}"
+    )
+    for r in found:
+        quota = "-" if r["quota"] is None else str(r["quota"])
+        print(
+            f"{r['queue']:<16} {quota:>6} {r['guaranteed']:>10} {r['nodes']:>6} "
+            f"{r['running']:>7} {r['pending']:>7}"
+        )
+    return 0

@@ -1,0 +1,77 @@
+"""What the pool's scheduler decides from, and what it decides: plain frozen dataclasses."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from nodeagent.model import Event
+from nodeagent.pool.model import PoolJob
+from nodeagent.pool.queues import QueueView
+from nodeagent.state import JobState
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node that holds a live pool lease."""
+
+    name: str
+    pinned: str | None = None
+    unfit: str | None = None  # its GPUs cannot take a job
+    cordoned: str | None = None  # an operator's pool cordon
+    drained: bool = False  # ... that also takes it off its job now
+    refused: frozenset[str] = frozenset()  # jobs it cannot run
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def eligible(self) -> bool:
+        return self.unfit is None and self.cordoned is None and self.pinned is None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as the pool leader sees it: its pool status, its spec's bounds, its own record."""
+
+    id: str
+    status: PoolJob
+    min_nodes: int
+    max_nodes: int
+    target_nodes: int  # the record's when it has one (scale), else the spec's
+    priority: int = 0
+    queue: str = "default"
+    record_state: JobState | None = None  # None: no record (yet), or unreadable
+    members: tuple[str, ...] = ()
+    cancel: str | None = None  # who asked to cancel it
+    invalid: str | None = None  # its spec cannot be read: it fails
+    selector: Mapping[str, str] = field(default_factory=dict)  # labels a node must have
+    preemptible: bool = False  # may be evicted whole for a job of higher priority
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return (-self.priority, self.status.seq)
+
+
+@dataclass(frozen=True)
+class PoolView:
+    now_ms: int
+    nodes: Mapping[str, NodeView]
+    jobs: Mapping[str, JobView]
+    placements: Mapping[str, str]  # node -> job, as committed
+    queues: Mapping[str, QueueView] = field(default_factory=dict)  # `default` is implicit
+
+
+@dataclass(frozen=True)
+class SchedulePolicy:
+    reserve_after_ms: int = 300_000
+    resize_cooldown_ms: int = 60_000  # a job is shrunk or grown back at most this often
+    preempt_after_ms: int = 0  # a pending job preempts only after waiting this long
+
+
+@dataclass(frozen=True)
+class Schedule:
+    placements: dict[str, str]  # node -> job, all of them
+    jobs: dict[str, PoolJob] = field(default_factory=dict)  # statuses that changed
+    events: tuple[Event, ...] = ()
+
+    def changed(self, before: Mapping[str, str]) -> bool:
+        return bool(self.jobs) or self.placements != dict(before)
