@@ -16,9 +16,10 @@ taken does not reach what the claimant needs, nothing is taken.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from nodeagent.pool.model import PoolJob
 from nodeagent.pool.queues import Ledger
 from nodeagent.pool.schedview import JobView
 
@@ -30,9 +31,9 @@ class Victim:
     why: str  # "priority 10 > 5", or "queue research below its guaranteed 4 nodes"
 
 
-def cooling(job: JobView, now_ms: int, cooldown_ms: int) -> bool:
-    """The scheduler resized `job` less than `cooldown_ms` ago."""
-    last = max(job.status.shrunk_ms or 0, job.status.grown_ms or 0)
+def cooling(status: PoolJob, now_ms: int, cooldown_ms: int) -> bool:
+    """The scheduler resized the job less than `cooldown_ms` ago."""
+    last = max(status.shrunk_ms or 0, status.grown_ms or 0)
     return last > 0 and now_ms - last < cooldown_ms
 
 
@@ -40,21 +41,24 @@ def victims(
     claimant: JobView,
     need: int,
     running: Sequence[JobView],
-    placed: Mapping[str, Sequence[str]],
+    status_of: Callable[[JobView], PoolJob],
+    placed: Callable[[str], Sequence[str]],
     usable: Callable[[str], bool],
     ledger: Ledger,
     now_ms: int,
     cooldown_ms: int,
 ) -> list[Victim] | None:
-    """The nodes to take for `claimant`, `need` of them, or None when they cannot be found."""
+    """The nodes to take for `claimant`, `need` of them, or None when they cannot be found.
+    `running` in victim order (order()); `status_of` a job's status as of now."""
     reclaim = ledger.deficit(claimant.queue)
     surplus: dict[str, int] = {}
     taken: list[Victim] = []
     got = 0
-    for job in sorted(running, key=_victim_order):
+    for job in running:
         if got >= need:
             break
-        if job.id == claimant.id or job.status.pinned or cooling(job, now_ms, cooldown_ms):
+        status = status_of(job)
+        if job.id == claimant.id or status.pinned or cooling(status, now_ms, cooldown_ms):
             continue
         other_queue = job.queue != claimant.queue
         spare = surplus.setdefault(job.queue, ledger.surplus(job.queue))
@@ -62,12 +66,15 @@ def victims(
         reclaiming = not lower and other_queue and reclaim > 0
         if not lower and not reclaiming:
             continue
-        limit = min(len(placed.get(job.id, ())) - job.min_nodes, need - got)
+        holds = placed(job.id)
+        limit = min(len(holds) - job.min_nodes, need - got)
         if other_queue:
             limit = min(limit, spare)
         if reclaiming:
             limit = min(limit, reclaim)
-        nodes = [n for n in _give_up_order(job, placed.get(job.id, ())) if usable(n)][:limit]
+        if limit <= 0:
+            continue
+        nodes = [n for n in _give_up_order(job, holds) if usable(n)][:limit]
         if not nodes:
             continue
         if other_queue:
@@ -83,8 +90,8 @@ def victims(
     return taken if got >= need else None
 
 
-def _victim_order(job: JobView) -> tuple[int, int, int]:
-    """Lowest priority first, then the youngest: admitted last, submitted last."""
+def order(job: JobView) -> tuple[int, int, int]:
+    """Victim order: lowest priority first, then the youngest (admitted last, submitted last)."""
     return (job.priority, -(job.status.admitted_ms or 0), -job.status.seq)
 
 

@@ -85,6 +85,10 @@ class Ledger:
         """Nodes the queue is short of its guaranteed share (0 at or above it)."""
         return max(0, self.guaranteed(name) - self.used(name))
 
+    def any_above_share(self, besides: str) -> bool:
+        """Some queue other than `besides` holds more than its guaranteed share."""
+        return any(self.surplus(name) > 0 for name in self._used if name != besides)
+
     def surplus(self, name: str) -> int:
         """Nodes the queue holds above its guaranteed share (0 at or below it)."""
         return max(0, self.used(name) - self.guaranteed(name))

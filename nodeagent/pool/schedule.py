@@ -67,7 +67,7 @@ class _Run:
         self.events: list[Event] = []
         nodes = view.nodes.values()
         self.eligible = sorted(n.name for n in nodes if n.eligible)  # handed out in this order
-        self._eligible = set(self.eligible)
+        self._eligible = {name: i for i, name in enumerate(self.eligible)}  # -> its index
         self._head = 0  # every node of eligible[:_head] is placed
         self._free = len(self.eligible)  # eligible nodes not placed
         self.refusers: dict[str, set[str]] = {}  # nodes that refuse a job, or lack its labels
@@ -85,6 +85,7 @@ class _Run:
         }
         self.ledger = Ledger(view.queues)
         self._queue_of = {job.id: job.queue for job in view.jobs.values()}
+        self._victims: list[JobView] | None = None  # see victims()
 
     def status(self, job: JobView) -> PoolJob:
         return self.jobs.get(job.id, job.status)
@@ -113,10 +114,32 @@ class _Run:
             self.ledger.add(self._queue_of.get(job, DEFAULT), -1)
             if node in self._eligible:
                 self._free += 1
-                self._head = 0  # freed: the cursor must see it again
+                self._head = min(self._head, self._eligible[node])  # freed: the cursor sees it
 
     def placed(self, job: str) -> list[str]:
         return sorted(self.by_job.get(job, ()))
+
+    def victims(self) -> list[JobView]:
+        """The jobs that may give nodes to a pending one: running, not pinned, in victim order.
+        Taken once, when first needed: jobs admitted later in the round are not among them
+        (they come in priority order, so no job after them outranks them; and a job is not
+        shrunk in the round that admitted it)."""
+        if self._victims is None:
+            running = [
+                j
+                for j in self.view.jobs.values()
+                if self.status(j).state is PoolJobState.RUNNING and not self.status(j).pinned
+            ]
+            self._victims = sorted(running, key=preempt.order)
+        return self._victims
+
+    def could_preempt(self, job: JobView) -> bool:
+        """A cheap bound: some running job has a lower priority than `job`, or its queue is
+        below its guaranteed share while another is above its own."""
+        victims = self.victims()
+        if victims and job.priority > victims[0].priority:
+            return True
+        return self.ledger.deficit(job.queue) > 0 and self.ledger.any_above_share(job.queue)
 
     def usable(self, job: JobView, node: str) -> bool:
         """`node` could serve `job`: eligible, not refusing it, carrying its labels."""
@@ -132,7 +155,8 @@ class _Run:
     def free_count(self, job: JobView) -> int:
         """Free eligible nodes that do not refuse `job`."""
         refusing = self.refusers.get(job.id, set())
-        return self._free - sum(1 for n in refusing & self._eligible if n not in self.placements)
+        free = refusing & self._eligible.keys()
+        return self._free - sum(1 for n in free if n not in self.placements)
 
     def take(self, job: JobView, limit: int) -> list[str]:
         """Place up to `limit` free nodes (in name order) that do not refuse `job` on it."""
@@ -284,16 +308,14 @@ def _preempt(run: _Run, job: JobView, policy: SchedulePolicy, need: int, want: i
     view = run.view
     if view.now_ms - job.status.submitted_ms < policy.preempt_after_ms:
         return False
-    running = [
-        replace(j, status=run.status(j))
-        for j in view.jobs.values()
-        if run.status(j).state is PoolJobState.RUNNING
-    ]
+    if not run.could_preempt(job):  # most pending jobs, in a big pool: nothing to look at
+        return False
     found = preempt.victims(
         job,
         need,
-        running,
-        {j.id: run.placed(j.id) for j in running},
+        run.victims(),
+        run.status,
+        run.placed,
         lambda node: run.usable(job, node),
         run.ledger,
         view.now_ms,
