@@ -58,6 +58,9 @@ class PoolMember:
         # The view the last pool leader round scheduled from (nodeagent/pool/metrics.py reads
         # it on the HTTP thread: assigning a reference is atomic and a PoolView is frozen).
         self.last_view: PoolView | None = None
+        # Preemptions this node made as pool leader, by kind (shrink): a counter per process,
+        # summed over the nodes by a query (a failover starts another node's count).
+        self.preemptions: dict[str, int] = {}
         self._next = 0.0
 
     @property
@@ -155,6 +158,9 @@ class PoolMember:
             self._garbage = done.garbage
         if done.write is not None:
             self._next = self._clock()  # read the placements just written
+            for event in done.write.events:
+                if event.type == "job_shrunk":
+                    self.preemptions["shrink"] = self.preemptions.get("shrink", 0) + 1
 
     def _failed(self, exc: CoordinationError) -> None:
         if str(exc) != self.last_error:

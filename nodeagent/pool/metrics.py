@@ -1,4 +1,5 @@
-"""The pool's gauges: nodes and jobs by state, and how long jobs have waited in the queue.
+"""The pool's gauges: nodes and jobs by state and by queue, how long jobs have waited, and the
+preemptions this node made as leader.
 
 Only the pool leader exports the pool's figures (every agent exports whether it leads), so a
 query over the whole fleet counts each node and job once. They are taken from the view the
@@ -16,10 +17,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from nodeagent.pool.model import PoolJobState
+from nodeagent.pool.queues import DEFAULT, QueueView
 from nodeagent.pool.schedule import NodeView, PoolView
 
 # A node counts once, under the first of these that holds: unhealthy (its GPUs cannot take a
@@ -38,6 +40,16 @@ class PoolFigures:
     jobs: Mapping[str, int]  # every state of JOB_STATES, 0 included
     head_wait_s: float  # the first pending job in order (priority, then FIFO); 0: none pends
     pending_s: Mapping[str, float]  # each pending job's wait
+    queues: Mapping[str, QueueFigures]  # every queue that exists or holds a job
+
+
+@dataclass(frozen=True)
+class QueueFigures:
+    nodes: int  # nodes its jobs hold
+    pending: int  # its pending jobs
+    longest_wait_s: float  # its longest-waiting pending job's wait; 0: none pends
+    quota: int | None
+    guaranteed: int
 
 
 def node_state(node: NodeView, placements: Mapping[str, str]) -> str:
@@ -66,7 +78,25 @@ def pool_figures(view: PoolView) -> PoolFigures:
     )
     waits = {j.id: max(0, view.now_ms - j.status.submitted_ms) / 1000 for j in pending}
     head = waits[pending[0].id] if pending else 0.0
-    return PoolFigures(nodes, jobs, head, waits)
+    return PoolFigures(nodes, jobs, head, waits, _queue_figures(view, waits))
+
+
+def _queue_figures(view: PoolView, waits: Mapping[str, float]) -> dict[str, QueueFigures]:
+    queues = {DEFAULT: QueueView(DEFAULT), **view.queues}
+    names = {*queues, *(j.queue for j in view.jobs.values())}
+    held: dict[str, int] = dict.fromkeys(names, 0)
+    for job_id in view.placements.values():
+        job = view.jobs.get(job_id)
+        if job is not None:
+            held[job.queue] += 1
+    found = {}
+    for name in sorted(names):
+        queue = queues.get(name, QueueView(name))
+        mine = [waits[j.id] for j in view.jobs.values() if j.queue == name and j.id in waits]
+        found[name] = QueueFigures(
+            held[name], len(mine), max(mine, default=0.0), queue.quota, queue.guaranteed
+        )
+    return found
 
 
 class PoolLeadership(Protocol):
@@ -78,6 +108,8 @@ class PoolLeadership(Protocol):
     def last_error(self) -> str | None: ...
     @property
     def last_view(self) -> PoolView | None: ...
+    @property
+    def preemptions(self) -> Mapping[str, int]: ...
 
 
 class PoolCollector(Collector):
@@ -99,6 +131,14 @@ class PoolCollector(Collector):
         )
         leader.add_metric([self._pool], 1.0 if leads else 0.0)
         yield leader
+        preemptions = CounterMetricFamily(
+            "nodeagent_pool_preemptions",
+            "Jobs this node, as pool leader, shrank for a job of higher priority (kind=shrink)",
+            labels=["pool", "kind"],
+        )
+        for kind in ("shrink",):
+            preemptions.add_metric([self._pool, kind], self._member.preemptions.get(kind, 0))
+        yield preemptions
         if leads and view is not None:
             yield from self._figures(pool_figures(view))
 
@@ -127,7 +167,29 @@ class PoolCollector(Collector):
         )
         for job_id, waited in sorted(figures.pending_s.items()):
             pending.add_metric([pool, job_id], waited)
-        return (nodes, jobs, head, pending)
+        return (nodes, jobs, head, pending, *self._queues(figures))
+
+    def _queues(self, figures: PoolFigures) -> Iterable[Metric]:
+        def gauge(name: str, documentation: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, documentation, labels=["pool", "queue"])
+
+        nodes = gauge("nodeagent_pool_queue_nodes", "Nodes the queue's jobs hold")
+        pending = gauge("nodeagent_pool_queue_pending_jobs", "The queue's pending jobs")
+        waited = gauge(
+            "nodeagent_pool_queue_pending_seconds",
+            "How long the queue's longest-waiting pending job has waited; 0 if none pends",
+        )
+        quota = gauge("nodeagent_pool_queue_quota_nodes", "The queue's quota (queues with one)")
+        share = gauge("nodeagent_pool_queue_guaranteed_nodes", "The queue's guaranteed share")
+        for name, q in figures.queues.items():
+            labels = [self._pool, name]
+            nodes.add_metric(labels, q.nodes)
+            pending.add_metric(labels, q.pending)
+            waited.add_metric(labels, q.longest_wait_s)
+            share.add_metric(labels, q.guaranteed)
+            if q.quota is not None:
+                quota.add_metric(labels, q.quota)
+        return (nodes, pending, waited, quota, share)
 
     def _by_state(self, name: str, documentation: str, counts: Mapping[str, int]) -> Metric:
         family = GaugeMetricFamily(name, documentation, labels=["pool", "state"])

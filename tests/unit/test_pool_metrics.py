@@ -4,13 +4,14 @@ rule that only a leader whose last pool call went through exports them."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from nodeagent.pool.metrics import PoolCollector, PoolFigures, pool_figures
 from nodeagent.pool.model import PoolJob, PoolJobState
+from nodeagent.pool.queues import QueueView
 from nodeagent.pool.schedule import JobView, NodeView, PoolView
 
 NOW = 10_000_000
@@ -141,7 +142,8 @@ def test_jobs_and_waits(
     pending: dict[str, float],
 ) -> None:
     figures = pool_figures(view([NodeView("a")], listed))
-    assert figures == PoolFigures(counts(free=1), expected, head, pending)
+    assert figures == PoolFigures(counts(free=1), expected, head, pending, figures.queues)
+    assert figures.queues["default"].pending == expected["pending"]
 
 
 @dataclass
@@ -149,6 +151,7 @@ class Member:
     leading: bool = False
     last_error: str | None = None
     last_view: PoolView | None = None
+    preemptions: dict[str, int] = field(default_factory=dict)
 
 
 def scrape(member: Member) -> str:
@@ -179,6 +182,34 @@ def test_the_leader_exports_the_pool() -> None:
     ]:
         assert line in text.splitlines(), (line, text)
     assert text.count("nodeagent_pool_job_pending_seconds{") == 1  # pending jobs only
+
+
+def test_queues_and_preemptions() -> None:
+    """Nodes, pending jobs and the longest wait per queue (every queue that exists or holds a
+    job), quotas and shares; the preemptions this node made as leader, on every node."""
+    research = replace(job("r", waited_ms=30_000), queue="research")
+    pool = replace(
+        view([NodeView("a"), NodeView("b")], [research, job("d", RUNNING)], {"a": "d"}),
+        queues={
+            "research": QueueView("research", quota=4, guaranteed=2),
+            "idle": QueueView("idle"),
+        },
+    )
+    text = scrape(Member(leading=True, last_view=pool, preemptions={"shrink": 3}))
+    for line in [
+        'nodeagent_pool_queue_nodes{pool="research",queue="default"} 1.0',
+        'nodeagent_pool_queue_nodes{pool="research",queue="research"} 0.0',
+        'nodeagent_pool_queue_nodes{pool="research",queue="idle"} 0.0',
+        'nodeagent_pool_queue_pending_jobs{pool="research",queue="research"} 1.0',
+        'nodeagent_pool_queue_pending_seconds{pool="research",queue="research"} 30.0',
+        'nodeagent_pool_queue_quota_nodes{pool="research",queue="research"} 4.0',
+        'nodeagent_pool_queue_guaranteed_nodes{pool="research",queue="research"} 2.0',
+        'nodeagent_pool_preemptions_total{kind="shrink",pool="research"} 3.0',
+    ]:
+        assert line in text.splitlines(), (line, text)
+    assert 'queue_quota_nodes{pool="research",queue="idle"}' not in text  # no quota: no series
+    follower = scrape(Member(leading=False, preemptions={"shrink": 1}))
+    assert 'nodeagent_pool_preemptions_total{kind="shrink",pool="research"} 1.0' in follower
 
 
 @pytest.mark.parametrize(
