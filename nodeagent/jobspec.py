@@ -66,6 +66,7 @@ class JobSpec:
     priority: int = 0
     submitted_by: str = ""
     selector: Mapping[str, str] = field(default_factory=dict)  # labels a node must have
+    preemptible: bool = False  # may be evicted whole for a job of higher priority
 
     @property
     def id(self) -> str:
@@ -91,6 +92,7 @@ class JobSpec:
             "priority": self.priority,
             "timing": dict(self.timing),
             "selector": dict(self.selector),
+            "preemptible": self.preemptible,
         }
         optional = {
             "working_dir": job.working_dir,
@@ -159,8 +161,11 @@ def load_spec(
         raise ConfigError("priority", f"must be within +-{MAX_PRIORITY}, got {priority}")
     submitted_by = root.get("submitted_by", str, "") if submitted else ""
     selector = _selector(root)
+    preemptible = root.get("preemptible", bool, False)
     root.reject_unknown()
-    return JobSpec(job, user, group, timing, queue, priority, submitted_by[:256], selector)
+    return JobSpec(
+        job, user, group, timing, queue, priority, submitted_by[:256], selector, preemptible
+    )
 
 
 def _selector(root: Section) -> dict[str, str]:

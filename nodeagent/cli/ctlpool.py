@@ -51,6 +51,12 @@ def add_parsers(commands: Any) -> None:
     submit.add_argument("--priority", type=int, help="priority (higher first; default 0)")
     submit.add_argument("--max-restarts", type=int, help="restart budget (default 3)")
     submit.add_argument(
+        "--preemptible",
+        action="store_true",
+        default=None,
+        help="may be evicted whole (back to pending) for a job of higher priority",
+    )
+    submit.add_argument(
         "--recovery",
         choices=RECOVERY_MODES,
         help="restart every worker on a re-form (default), or keep survivors (in_place)",
@@ -109,6 +115,7 @@ def spec_from_args(args: argparse.Namespace, user: str, by: str) -> JobSpec:
         "priority": args.priority,
         "max_restarts": args.max_restarts,
         "recovery": args.recovery,
+        "preemptible": args.preemptible,
     }
     doc.update({k: v for k, v in flags.items() if v is not None})
     for pair in args.selector:

@@ -83,6 +83,7 @@ def _job_view(
         members=record.members if record is not None else (),
         cancel=snap.cancels.get(job_id),
         selector=spec.selector,
+        preemptible=spec.preemptible,
     )
 
 

@@ -24,6 +24,7 @@ from nodeagent.pool.schedule import PoolView, SchedulePolicy
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_PREEMPTIONS = {"job_shrunk": "shrink", "job_evicted": "evict"}  # pool event -> metric kind
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,9 @@ class PoolMember:
         if done.write is not None:
             self._next = self._clock()  # read the placements just written
             for event in done.write.events:
-                if event.type == "job_shrunk":
-                    self.preemptions["shrink"] = self.preemptions.get("shrink", 0) + 1
+                kind = _PREEMPTIONS.get(event.type)
+                if kind is not None:
+                    self.preemptions[kind] = self.preemptions.get(kind, 0) + 1
 
     def _failed(self, exc: CoordinationError) -> None:
         if str(exc) != self.last_error:

@@ -133,10 +133,11 @@ class PoolCollector(Collector):
         yield leader
         preemptions = CounterMetricFamily(
             "nodeagent_pool_preemptions",
-            "Jobs this node, as pool leader, shrank for a job of higher priority (kind=shrink)",
+            "Jobs this node, as pool leader, shrank (kind=shrink) or evicted (kind=evict) for a "
+            "job of higher priority or a queue below its guaranteed share",
             labels=["pool", "kind"],
         )
-        for kind in ("shrink",):
+        for kind in ("shrink", "evict"):
             preemptions.add_metric([self._pool, kind], self._member.preemptions.get(kind, 0))
         yield preemptions
         if leads and view is not None:

@@ -97,6 +97,7 @@ class PoolJob:
     """The pool's status of one job (the pool leader writes it; `submit` creates it pending).
 
     `seq`: submission order (first come, first served). `reason`: why it waits, or how it ended.
+    `evicted`: set while a job evicted for another waits to be admitted again (by whom, why).
     `shrunk_ms`, `grown_ms`: when the scheduler last took nodes from it for another job
     (preemption by shrinking) or gave it free nodes: its resize cooldown counts from them.
     """
@@ -110,6 +111,7 @@ class PoolJob:
     pinned: bool = False  # submitted by nodes' job: sections; follows its record, never ends
     shrunk_ms: int | None = None
     grown_ms: int | None = None
+    evicted: str | None = None  # pending again after an eviction: by whom and why
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -130,11 +132,14 @@ class PoolJob:
             pinned=r.flag("pinned", False),
             shrunk_ms=r.opt_integer("shrunk_ms"),
             grown_ms=r.opt_integer("grown_ms"),
+            evicted=r.opt_text("evicted", 1024),
         )
 
     def moved(self, state: PoolJobState, now_ms: int, reason: str) -> PoolJob:
         if state is PoolJobState.RUNNING:
-            return replace(self, state=state, reason=reason, admitted_ms=now_ms, ended_ms=None)
+            return replace(
+                self, state=state, reason=reason, admitted_ms=now_ms, ended_ms=None, evicted=None
+            )
         if state.ended:
             return replace(self, state=state, reason=reason, ended_ms=now_ms)
         return replace(self, state=state, reason=reason)

@@ -1,8 +1,10 @@
 """Preemption by shrinking: which running jobs give nodes to a pending one. Pure.
 
-A pending job that does not fit takes nodes from running jobs, only those a job holds above
-its `min_nodes` (it shrinks and keeps training: an in_place job keeps its survivors, a restart
-job gets the stop grace to checkpoint; neither is charged a restart), from:
+A pending job that does not fit takes nodes from running jobs, first only those a job holds
+above its `min_nodes` (it shrinks and keeps training: an in_place job keeps its survivors, a
+restart job gets the stop grace to checkpoint; neither is charged a restart); only when that is
+not enough, whole jobs marked `preemptible` (evicted: they go back to pending and resume from
+their checkpoints when admitted again), from:
 - jobs of lower priority (strictly; never for an equal or lower priority), lowest priority
   first, then the youngest (admitted last); never taking another queue below its guaranteed
   share;
@@ -27,8 +29,9 @@ from nodeagent.pool.schedview import JobView
 @dataclass(frozen=True)
 class Victim:
     job: JobView
-    nodes: tuple[str, ...]  # taken from it
+    nodes: tuple[str, ...]  # taken from it (evicted: all it holds)
     why: str  # "priority 10 > 5", or "queue research below its guaranteed 4 nodes"
+    evict: bool = False
 
 
 def cooling(status: PoolJob, now_ms: int, cooldown_ms: int) -> bool:
@@ -50,44 +53,84 @@ def victims(
 ) -> list[Victim] | None:
     """The nodes to take for `claimant`, `need` of them, or None when they cannot be found.
     `running` in victim order (order()); `status_of` a job's status as of now."""
-    reclaim = ledger.deficit(claimant.queue)
-    surplus: dict[str, int] = {}
-    taken: list[Victim] = []
-    got = 0
+    taking = _Taking(claimant, ledger)
+    candidates = []
     for job in running:
-        if got >= need:
-            break
         status = status_of(job)
         if job.id == claimant.id or status.pinned or cooling(status, now_ms, cooldown_ms):
             continue
-        other_queue = job.queue != claimant.queue
-        spare = surplus.setdefault(job.queue, ledger.surplus(job.queue))
-        lower = job.priority < claimant.priority
-        reclaiming = not lower and other_queue and reclaim > 0
-        if not lower and not reclaiming:
-            continue
+        why = taking.why(job)
+        if why is not None:
+            candidates.append((job, why))
+    for job, why in candidates:  # first, shrink
+        if taking.got >= need:
+            return taking.found
         holds = placed(job.id)
-        limit = min(len(holds) - job.min_nodes, need - got)
-        if other_queue:
-            limit = min(limit, spare)
-        if reclaiming:
-            limit = min(limit, reclaim)
-        if limit <= 0:
+        limit = taking.limit(job, min(len(holds) - job.min_nodes, need - taking.got))
+        nodes = [n for n in _give_up_order(job, holds) if usable(n)][:limit] if limit > 0 else []
+        taking.take(Victim(job, tuple(nodes), why), sum(1 for _ in nodes))
+    for job, why in candidates:  # then, evict whole preemptible jobs
+        if taking.got >= need:
+            break
+        if not job.preemptible:
             continue
-        nodes = [n for n in _give_up_order(job, holds) if usable(n)][:limit]
-        if not nodes:
-            continue
-        if other_queue:
-            surplus[job.queue] = spare - len(nodes)
-        if reclaiming:
-            reclaim -= len(nodes)
-            share = ledger.guaranteed(claimant.queue)
-            why = f"queue {claimant.queue} below its guaranteed {share} nodes"
-        else:
-            why = f"priority {claimant.priority} > {job.priority}"
-        taken.append(Victim(job, tuple(nodes), why))
-        got += len(nodes)
-    return taken if got >= need else None
+        holds = tuple(placed(job.id))
+        gain = sum(1 for n in holds if usable(n)) - taking.taken_from(job.id)
+        if gain > 0 and taking.limit(job, len(holds)) >= len(holds):
+            taking.take(Victim(job, holds, why, evict=True), gain)
+    return taking.found if taking.got >= need else None
+
+
+class _Taking:
+    """What one claimant has taken so far, and what the queues' shares still allow."""
+
+    def __init__(self, claimant: JobView, ledger: Ledger) -> None:
+        self.claimant, self.ledger = claimant, ledger
+        self.reclaim = ledger.deficit(claimant.queue)
+        self.surplus: dict[str, int] = {}
+        self.victims: dict[str, Victim] = {}
+        self.got = 0
+
+    @property
+    def found(self) -> list[Victim]:
+        return [v for v in self.victims.values() if v.nodes]
+
+    def why(self, job: JobView) -> str | None:
+        """Why `job` may give nodes to the claimant, or None."""
+        claimant = self.claimant
+        if job.priority < claimant.priority:
+            return f"priority {claimant.priority} > {job.priority}"
+        if job.queue != claimant.queue and self.reclaim > 0:
+            share = self.ledger.guaranteed(claimant.queue)
+            return f"queue {claimant.queue} below its guaranteed {share} nodes"
+        return None
+
+    def _reclaiming(self, job: JobView) -> bool:
+        return job.priority >= self.claimant.priority
+
+    def limit(self, job: JobView, wanted: int) -> int:
+        """At most `wanted`, within what the queues' shares allow to take from `job`."""
+        if job.queue != self.claimant.queue:
+            spare = self.surplus.setdefault(job.queue, self.ledger.surplus(job.queue))
+            wanted = min(wanted, spare + self.taken_from(job.id))
+        if self._reclaiming(job):
+            wanted = min(wanted, self.reclaim + self.taken_from(job.id))
+        return wanted
+
+    def taken_from(self, job_id: str) -> int:
+        victim = self.victims.get(job_id)
+        return len(victim.nodes) if victim is not None else 0
+
+    def take(self, victim: Victim, gain: int) -> None:
+        """Record `victim` (replacing a shrink of the same job by its eviction)."""
+        job, before = victim.job, self.taken_from(victim.job.id)
+        added = len(victim.nodes) - before
+        if job.queue != self.claimant.queue:
+            self.surplus[job.queue] = self.surplus.get(job.queue, 0) - added
+        if self._reclaiming(job):
+            self.reclaim -= added
+        self.victims[job.id] = victim
+        self.got += gain
 
 
 def order(job: JobView) -> tuple[int, int, int]:

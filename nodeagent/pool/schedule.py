@@ -10,7 +10,8 @@ Rules (docs/design.md, "The pool"):
 - order: priority (higher first), then first come, first served;
 - preemption by shrinking (nodeagent.pool.preempt): a pending job that does not fit takes the
   nodes lower-priority jobs hold above their min_nodes (or, for a queue below its guaranteed
-  share, those of queues above theirs), after waiting `preempt_after`; a job shrunk this way
+  share, those of queues above theirs), after waiting `preempt_after`, and evicts whole
+  `preemptible` jobs (back to pending) only when that is not enough; a job shrunk this way
   grows back into free nodes, but neither is shrunk nor grown back within `resize_cooldown`;
 - backfill with a reservation: a job that does not fit does not block smaller jobs behind it,
   until the first job in order that could fit the pool has waited `reserve_after`; from then on
@@ -90,12 +91,24 @@ class _Run:
     def status(self, job: JobView) -> PoolJob:
         return self.jobs.get(job.id, job.status)
 
-    def move(self, job: JobView, state: PoolJobState, reason: str, event: str) -> None:
+    def move(
+        self,
+        job: JobView,
+        state: PoolJobState,
+        reason: str,
+        event: str,
+        data: Mapping[str, object] | None = None,
+    ) -> None:
         self.jobs[job.id] = self.status(job).moved(state, self.view.now_ms, reason)
-        self.events.append(Event(event, message=f"job {job.id}: {reason}", data={"job": job.id}))
+        message = f"job {job.id}: {reason}"
+        self.events.append(Event(event, message=message, data=dict(data or {"job": job.id})))
 
     def note(self, job: JobView, reason: str) -> None:
-        """Say why a job waits (written only when the reason changes)."""
+        """Say why a job waits (written only when the reason changes); an evicted job says so
+        first."""
+        evicted = self.status(job).evicted
+        if evicted is not None:
+            reason = f"evicted {evicted}; {reason}"
         if self.status(job).reason != reason:
             self.jobs[job.id] = replace(self.status(job), reason=reason)
 
@@ -327,16 +340,16 @@ def _preempt(run: _Run, job: JobView, policy: SchedulePolicy, need: int, want: i
         before = len(run.by_job.get(victim.job.id, ()))
         for node in victim.nodes:
             run.unplace(node)
+        data = {"job": victim.job.id, "for": job.id, "nodes": list(victim.nodes)}
+        if victim.evict:
+            why = f"by job {job.id} ({victim.why})"
+            run.move(victim.job, PoolJobState.PENDING, f"evicted {why}", "job_evicted", data)
+            run.jobs[victim.job.id] = replace(run.status(victim.job), evicted=why)
+            continue
         after = before - len(victim.nodes)
         reason = f"shrunk {before} -> {after} nodes for job {job.id}: {victim.why}"
         run.shrunk(victim.job, reason)
-        run.events.append(
-            Event(
-                "job_shrunk",
-                message=f"job {victim.job.id}: {reason}",
-                data={"job": victim.job.id, "for": job.id, "nodes": list(victim.nodes)},
-            )
-        )
+        run.events.append(Event("job_shrunk", message=f"job {victim.job.id}: {reason}", data=data))
     take = run.take(job, want)
     whom = ", ".join(sorted(v.job.id for v in found))
     run.move(

@@ -191,15 +191,15 @@ def test_an_in_place_job_beside_a_restart_job_in_one_pool(
     with pool_cluster(redis_server.url, tmp_path, pool=job_id) as pool:
         pool.start("a", "b", "c")
         pool.wait_nodes(3)
-        records = pool.job_records("elastic")
+        records = pool.job_records("inplace-elastic")
         result = pool.ctl(
-            *("submit", "--name", "elastic", "--nodes", "1:2", "--recovery", "in_place"),
+            *("submit", "--name", "inplace-elastic", "--nodes", "1:2", "--recovery", "in_place"),
             *("--env", f"RECORD_DIR={records}", "--", sys.executable, str(SCRIPT)),
         )
         assert result.returncode == 0, result.stderr
-        pool.submit("plain", "1")
-        pool.wait_job("elastic", "running", world=2, timeout=60)
-        plain = pool.wait_job("plain", "running", world=1)["generation"]
+        pool.submit("inplace-plain", "1")
+        pool.wait_job("inplace-elastic", "running", world=2, timeout=60)
+        plain = pool.wait_job("inplace-plain", "running", world=1)["generation"]
         lines = Lines(records)
 
         def synced(generation: int) -> set[int]:
@@ -210,11 +210,11 @@ def test_an_in_place_job_beside_a_restart_job_in_one_pool(
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda: len(synced(2)) == 2, 60, "two ranks synced in generation 2")
         assert survivor in synced(2) and victim not in synced(2)
-        pool.submit("urgent", "1", "--priority", "10")  # no free node: elastic gives one
-        pool.wait_job("urgent", "running", world=1)
-        shrunk = pool.wait_job("elastic", "running", world=1)
-        assert shrunk["reason"] == "shrunk 2 -> 1 nodes for job urgent: priority 10 > 0"
+        pool.submit("inplace-urgent", "1", "--priority", "10")  # no free node: elastic gives one
+        pool.wait_job("inplace-urgent", "running", world=1)
+        shrunk = pool.wait_job("inplace-elastic", "running", world=1)
+        assert shrunk["reason"] == "shrunk 2 -> 1 nodes for job inplace-urgent: priority 10 > 0"
         generation = shrunk["generation"]
         wait_for(lambda: len(synced(generation)) == 1, 60, "elastic synced at one node")
         assert synced(generation) <= synced(2)  # a process of generation 2, not a new one
-        assert pool.jobs()["plain"]["generation"] == plain
+        assert pool.jobs()["inplace-plain"]["generation"] == plain

@@ -35,14 +35,14 @@ def test_a_queue_at_its_quota_keeps_its_next_job_pending(pool: PoolCluster) -> N
     assert unknown.returncode == 2 and "queue nosuch does not exist" in unknown.stderr
     pool.start("a", "b", "c")
     pool.wait_nodes(3)
-    pool.submit("first", "1", "--queue", "research")
-    pool.wait_job("first", "running", world=1)
-    pool.submit("second", "1", "--queue", "research")
-    pool.submit("other", "2")
-    pool.wait_job("other", "running", world=2)
+    pool.submit("q-first", "1", "--queue", "research")
+    pool.wait_job("q-first", "running", world=1)
+    pool.submit("q-second", "1", "--queue", "research")
+    pool.submit("q-other", "2")
+    pool.wait_job("q-other", "running", world=2)
     wait_for(
         lambda: (
-            pool.jobs()["second"]["reason"]
+            pool.jobs()["q-second"]["reason"]
             == "pending: queue research at its quota of 1 nodes (1 in use)"
         ),
         10,
@@ -63,7 +63,7 @@ def test_a_queue_at_its_quota_keeps_its_next_job_pending(pool: PoolCluster) -> N
     assert refused.returncode == 2 and "has 2 jobs that have not ended" in refused.stderr
     assert pool.ctl("queue", "set", "research", "--quota", "none").returncode == 0
     # The quota lifted, what holds it back now is the pool: other has the two other nodes.
-    wait_for(lambda: pool.jobs()["second"]["reason"] == "needs 1 nodes, 0 free", 10, "why now")
+    wait_for(lambda: pool.jobs()["q-second"]["reason"] == "needs 1 nodes, 0 free", 10, "why now")
 
 
 def test_a_higher_priority_job_shrinks_a_lower_one_which_grows_back_after(
@@ -71,15 +71,40 @@ def test_a_higher_priority_job_shrinks_a_lower_one_which_grows_back_after(
 ) -> None:
     pool.start("a", "b", "c")
     pool.wait_nodes(3)
-    pool.submit("low", "1:3")
-    low = pool.wait_job("low", "running", world=3)
-    pool.submit("high", "2", "--priority", "10")
-    pool.wait_job("high", "running", world=2)
-    shrunk = pool.wait_job("low", "running", world=1)
-    assert shrunk["reason"] == "shrunk 3 -> 1 nodes for job high: priority 10 > 0"
+    pool.submit("shrink-low", "1:3")
+    low = pool.wait_job("shrink-low", "running", world=3)
+    pool.submit("shrink-high", "2", "--priority", "10")
+    pool.wait_job("shrink-high", "running", world=2)
+    shrunk = pool.wait_job("shrink-low", "running", world=1)
+    assert shrunk["reason"] == "shrunk 3 -> 1 nodes for job shrink-high: priority 10 > 0"
     assert shrunk["restarts"] == low["restarts"]  # a shrink is not a failure
-    high = pool.jobs()["high"]
-    (pool.job_records("high") / f"exit-{high['generation']}").write_text("0")
-    pool.wait_job("high", "succeeded")
-    pool.wait_job("low", "running", world=3, timeout=60)  # after its 2 s cooldown
-    assert pool.jobs()["low"]["restarts"] == low["restarts"]
+    high = pool.jobs()["shrink-high"]
+    (pool.job_records("shrink-high") / f"exit-{high['generation']}").write_text("0")
+    pool.wait_job("shrink-high", "succeeded")
+    pool.wait_job("shrink-low", "running", world=3, timeout=60)  # after its 2 s cooldown
+    assert pool.jobs()["shrink-low"]["restarts"] == low["restarts"]
+
+
+def test_a_preemptible_job_is_evicted_and_resumes_a_protected_one_never(
+    pool: PoolCluster,
+) -> None:
+    pool.start("a", "b", "c")
+    pool.wait_nodes(3)
+    pool.submit("steady", "1")  # not preemptible
+    pool.submit("spot", "2", "--preemptible")
+    pool.wait_job("steady", "running", world=1)
+    spot = pool.wait_job("spot", "running", world=2)
+    pool.submit("giant", "3", "--priority", "10")  # it would need steady's node too: nothing moves
+    wait_for(lambda: pool.jobs()["giant"]["reason"] == "needs 3 nodes, 0 free", 10, "giant waits")
+    assert pool.jobs()["spot"]["state"] == "running"
+    assert pool.ctl("cancel", "giant").returncode == 0
+    pool.submit("vip", "2", "--priority", "10")
+    pool.wait_job("vip", "running", world=2)
+    evicted = pool.wait_job("spot", "pending")
+    assert evicted["reason"].startswith("evicted by job vip (priority 10 > 0)")
+    assert pool.jobs()["steady"]["state"] == "running"
+    vip = pool.jobs()["vip"]
+    (pool.job_records("vip") / f"exit-{vip['generation']}").write_text("0")
+    pool.wait_job("vip", "succeeded")
+    again = pool.wait_job("spot", "running", world=2, timeout=60)
+    assert again["generation"] > spot["generation"] and again["restarts"] == spot["restarts"]

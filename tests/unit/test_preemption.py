@@ -237,8 +237,48 @@ def test_a_stream_of_submissions_does_not_make_a_job_oscillate() -> None:
         if not sizes or sizes[-1][1] != size:
             sizes.append((now, size))
     changes = [t for t, _ in sizes[1:]]
-    assert all(
-        b - a >= POLICY.resize_cooldown_ms for a, b in itertools.pairwise(changes)
-    )
+    assert all(b - a >= POLICY.resize_cooldown_ms for a, b in itertools.pairwise(changes))
     assert min(size for _, size in sizes) >= 2
     assert len(changes) >= 2  # it did shrink and grow back
+
+
+def test_when_shrinking_is_not_enough_a_preemptible_job_is_evicted_whole() -> None:
+    low = replace(running("low", "ab", 2), preemptible=True)
+    result = plan([low, pending("high", 2, priority=10)], names="ab")
+    assert on(result, "high") == "ab" and on(result, "low") == ""
+    assert result.jobs["low"].state is PENDING and result.jobs["low"].seq == low.status.seq
+    assert result.jobs["low"].reason == "evicted by job high (priority 10 > 0)"
+    assert result.jobs["low"].evicted == "by job high (priority 10 > 0)"
+    (evicted,) = [e for e in result.events if e.type == "job_evicted"]
+    assert evicted.data == {"job": "low", "for": "high", "nodes": ["a", "b"]}
+
+
+def test_a_job_not_marked_preemptible_is_never_evicted() -> None:
+    result = plan([running("low", "ab", 2), pending("high", 2, priority=10)], names="ab")
+    assert result.jobs["high"].state is PENDING and on(result, "low") == "ab"
+
+
+def test_shrinking_first_evicting_only_what_is_still_missing() -> None:
+    elastic = running("elastic", "abc", 1, priority=1, seq=1)  # gives b and c
+    spare = replace(running("spare", "d", 1, priority=0, seq=2), preemptible=True)
+    result = plan([elastic, spare, pending("high", 2, priority=10)], names="abcd")
+    assert on(result, "high") == "bc" and on(result, "spare") == "d"  # nobody evicted
+    bigger = plan([elastic, spare, pending("high", 3, priority=10)], names="abcd")
+    assert on(bigger, "high") == "bcd" and bigger.jobs["spare"].state is PENDING
+    assert on(bigger, "elastic") == "a"
+
+
+def test_an_evicted_job_is_admitted_again_when_nodes_free_up() -> None:
+    evicted = replace(pending("low", 2, seq=1), preemptible=True)
+    evicted = replace(
+        evicted, status=replace(evicted.status, evicted="by job high (priority 10 > 0)")
+    )
+    done = replace(running("high", "ab", 2, priority=10), record_state=JobState.SUCCEEDED)
+    waiting = plan([evicted, replace(done, record_state=JobState.RUNNING)], names="ab")
+    assert (
+        waiting.jobs["low"].reason == "evicted by job high (priority 10 > 0); needs 2 nodes, 0 free"
+    )
+    evicted = replace(evicted, status=waiting.jobs["low"])
+    result = plan([evicted, done], names="ab")
+    assert on(result, "low") == "ab" and result.jobs["low"].state is RUNNING
+    assert result.jobs["low"].evicted is None
