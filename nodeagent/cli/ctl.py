@@ -329,14 +329,7 @@ def _uncordon(store: JobStore, snapshot: Snapshot, args: argparse.Namespace) -> 
 
 
 def _read(store: JobStore, config: NodeSettings | None, args: argparse.Namespace) -> int:
-    """The commands that only read: status, events, health."""
-    if args.command == "status":
-        doc = status_document(store.snapshot(), store.keys.job)
-        if args.json:
-            print(json.dumps(doc, indent=2))
-        else:
-            ctlshow.print_status(doc)
-        return 0
+    """The commands that only read: events, health."""
     if args.command == "events":
         return _events(store, args)
     name = args.node or (config.node.name if config else None)
@@ -388,7 +381,26 @@ def dispatch(target: Target, args: argparse.Namespace) -> int:
                 return handled
     if args.command in WRITES:
         return _write(target.store, target.config, args)
+    if args.command == "status":
+        return _status(target, args.json)
     return _read(target.store, target.config, args)
+
+
+def _status(target: Target, as_json: bool) -> int:
+    """The job's own status, and its place in the pool (why it waits, was shrunk, evicted)."""
+    store = target.store
+    doc = status_document(store.snapshot(), store.keys.job)
+    pooled = target.pool_store.status(store.keys.job)
+    doc["pool"] = (
+        {"pool": target.pool, "state": pooled.state.value, "reason": pooled.reason}
+        if pooled is not None
+        else None
+    )
+    if as_json:
+        print(json.dumps(doc, indent=2))
+    else:
+        ctlshow.print_status(doc)
+    return 0
 
 
 def _redis_failure(exc: CoordinationError, target: Target | None) -> int:

@@ -20,6 +20,9 @@ def print_status(doc: dict[str, Any]) -> None:
     )
     if doc["detail"]:
         print(f"  {doc['detail']}")
+    pooled = doc.get("pool")
+    if pooled is not None:
+        print(f"  pool {pooled['pool']}: {pooled['state']} ({pooled['reason']})")
     if doc["record_error"]:
         print(f"  WARNING: {doc['record_error']}")
     print(

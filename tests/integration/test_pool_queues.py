@@ -102,6 +102,9 @@ def test_a_preemptible_job_is_evicted_and_resumes_a_protected_one_never(
     pool.wait_job("vip", "running", world=2)
     evicted = pool.wait_job("spot", "pending")
     assert evicted["reason"].startswith("evicted by job vip (priority 10 > 0)")
+    status = json.loads(pool.ctl("--job", "spot", "status", "--json").stdout)
+    assert status["pool"]["state"] == "pending"
+    assert status["pool"]["reason"].startswith("evicted by job vip")
     assert pool.jobs()["steady"]["state"] == "running"
     vip = pool.jobs()["vip"]
     (pool.job_records("vip") / f"exit-{vip['generation']}").write_text("0")
