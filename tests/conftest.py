@@ -23,9 +23,17 @@ def _nvml_works() -> bool:
     return True
 
 
+LEASES = (3.0, 5.0)  # the chaos suite's two leases (tests/chaos)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--reps", type=int, default=1, help="repetitions of each chaos scenario (tests/chaos)"
+    )
+    parser.addoption(
+        "--all-leases",
+        action="store_true",
+        help="run each chaos scenario at both leases (3 s and 5 s), not only at its lease mark's",
     )
 
 
@@ -33,6 +41,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "rep" in metafunc.fixturenames:
         reps = int(metafunc.config.getoption("--reps"))
         metafunc.parametrize("rep", range(reps), ids=[f"rep{i}" for i in range(reps)])
+    mark = metafunc.definition.get_closest_marker("lease")
+    if mark is not None:
+        leases = LEASES if metafunc.config.getoption("--all-leases") else (float(mark.args[0]),)
+        name = "chaos" if "chaos" in metafunc.fixturenames else "lease"
+        ids = [f"lease{lease:g}s" for lease in leases]
+        metafunc.parametrize(name, leases, indirect=name == "chaos", ids=ids)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

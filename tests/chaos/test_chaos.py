@@ -1,12 +1,14 @@
 """The core promise under real faults: no two generations ever train at once, and the job recovers.
 
 Each scenario runs three agents in network namespaces against redis-server in a hub namespace
-(lease 3 s with heartbeat 0.5 s, and the defaults 5 s / 1 s), injects one fault, and asserts:
+(lease 3 s with heartbeat 0.5 s, or the defaults 5 s / 1 s: each scenario at the lease its
+`lease` mark names, the two alternating over the suite; `--all-leases` runs each at both),
+injects one fault, and asserts:
 - recovery: the job runs again, at full size once the fault is gone;
 - zero overlap between generations, within the probes' 20 ms resolution;
 - for a node cut off or frozen: its worker was SIGTERMed (a grace to checkpoint) and dead
   before its lease deadline in Redis time.
-`pytest -m chaos --reps N` repeats every scenario N times.
+`pytest -m chaos --all-leases --reps N` repeats every scenario N times at both leases.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ pytestmark = [
     pytest.mark.timeout(240),
     pytest.mark.skipif(WHY_NOT is not None, reason=f"chaos suite: {WHY_NOT}"),
 ]
-LEASES = [pytest.param(3.0, id="lease3s"), pytest.param(5.0, id="lease5s")]
 
 
 @pytest.fixture
@@ -75,19 +76,19 @@ def _partition(job: ChaosJob, role: str) -> None:
     job.check_no_overlap()
 
 
-@pytest.mark.parametrize("chaos", LEASES, indirect=True)
+@pytest.mark.lease(3.0)
 def test_silent_partition_of_a_follower(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
     job, _ = chaos
     _partition(job, "follower")
 
 
-@pytest.mark.parametrize("chaos", LEASES, indirect=True)
+@pytest.mark.lease(5.0)
 def test_silent_partition_of_the_leader(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
     job, _ = chaos
     _partition(job, "leader")
 
 
-@pytest.mark.parametrize("chaos", LEASES, indirect=True)
+@pytest.mark.lease(3.0)
 def test_agent_frozen_for_three_leases(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
     """SIGSTOP of the leader's agent alone: its fence keeper stops its worker in time."""
     job, _ = chaos
@@ -106,7 +107,7 @@ def test_agent_frozen_for_three_leases(chaos: tuple[ChaosJob, RedisInHub], rep: 
     job.check_no_overlap()
 
 
-@pytest.mark.parametrize("chaos", LEASES, indirect=True)
+@pytest.mark.lease(5.0)
 def test_agent_killed_and_restarted_without_systemd(
     chaos: tuple[ChaosJob, RedisInHub], rep: int
 ) -> None:
@@ -132,7 +133,7 @@ def _all_fenced(job: ChaosJob, gen: int, scenario: str) -> None:
         _assert_fenced_in_time(job, job.wait_probe_dead(node, gen), scenario)
 
 
-@pytest.mark.parametrize("chaos", LEASES, indirect=True)
+@pytest.mark.lease(3.0)
 def test_redis_frozen(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
     """SIGSTOP of redis-server for two leases: every agent fences itself, then all re-form."""
     job, server = chaos
@@ -148,7 +149,7 @@ def test_redis_frozen(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
     job.check_no_overlap()
 
 
-@pytest.mark.parametrize("chaos", LEASES, indirect=True)
+@pytest.mark.lease(5.0)
 def test_redis_down_and_restarted_empty(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
     job, server = chaos
     gen = job.start()
@@ -161,7 +162,7 @@ def test_redis_down_and_restarted_empty(chaos: tuple[ChaosJob, RedisInHub], rep:
     job.check_no_overlap()
 
 
-@pytest.mark.parametrize("lease", [3.0, 5.0], ids=["lease3s", "lease5s"])
+@pytest.mark.lease(3.0)
 def test_sentinel_failover(tmp_path: Path, lease: float, rep: int) -> None:
     """A primary, a replica and three sentinels: the primary is killed, a sentinel promotes
     the replica, and the agents follow it."""
