@@ -111,3 +111,24 @@ def test_a_preemptible_job_is_evicted_and_resumes_a_protected_one_never(
     pool.wait_job("vip", "succeeded")
     again = pool.wait_job("spot", "running", world=2, timeout=60)
     assert again["generation"] > spot["generation"] and again["restarts"] == spot["restarts"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["create", "q", "--quota", "0"], "quota 0: expected 1 to 1000000 nodes, or none"),
+        (["create", "q", "--quota", "2", "--guaranteed", "3"], "guaranteed 3 above its quota of 2"),
+        (["create", "q", "--guaranteed", "-1"], "guaranteed -1: expected 0 to 1000000 nodes"),
+        (["create", "q", "--quota", "lots"], "expected a number of nodes or none, got 'lots'"),
+        (["create", "default"], "queue default exists already"),
+        (["set", "nosuch", "--quota", "3"], "no queue nosuch: `queue create nosuch` makes it"),
+        (["delete", "nosuch"], "no queue nosuch"),
+    ],
+)
+def test_impossible_queue_commands_are_refused_naming_what_is_wrong(
+    pool: PoolCluster, args: list[str], message: str
+) -> None:
+    result = pool.ctl("queue", *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    listing = json.loads(pool.ctl("queue", "list", "--json").stdout)
+    assert [row["queue"] for row in listing] == ["default"]  # nothing was written
