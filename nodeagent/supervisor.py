@@ -44,6 +44,7 @@ from nodeagent.preload import PRESTART_DELAY_S, Spawner
 
 log = logging.getLogger(__name__)
 SPAWN_FAILED = 127  # the shell's "command not found"
+RELEASE_POLL_S = 0.002  # how often a release's watcher reads the workers' channels
 EARLY_FAILURE_S = 10.0  # a rank failing this soon after its start is shown with its last lines
 
 
@@ -432,6 +433,24 @@ class Supervisor:
                         "rank %d: cannot write its channel (%s): killing it", worker.spec.rank, exc
                     )
                     self._kill_worker(worker)
+        waiting = [w for w in self._unleft() if not w.abandoned]
+        if waiting:
+            threading.Thread(
+                target=self._watch_leaving, args=(waiting,), name="release-watch", daemon=True
+            ).start()
+
+    def _watch_leaving(self, waiting: list[_Worker]) -> None:
+        """Wake the agent as workers report leaving: a report is a write to shared memory,
+        which wakes nobody (an exit does, through _await_exit). Polls the channels every
+        RELEASE_POLL_S until each has left or exited, or the release deadline has passed;
+        only reads (the agent's loop acts)."""
+        deadline = self._release_deadline
+        while waiting and deadline is not None and self._clock() < deadline:
+            time.sleep(RELEASE_POLL_S)
+            still = [w for w in waiting if w.returncode is None and not w.has_left()]
+            if len(still) < len(waiting):
+                self._wake()
+            waiting = still
 
     def _unleft(self) -> list[_Worker]:
         """Live workers still in their generation's process group."""

@@ -180,3 +180,14 @@ def test_a_hung_rank_is_killed_at_once_and_the_others_are_released(h: Harness) -
     h.settle(GroupPhase.PARKED, timeout=5)  # long before reform_timeout
     assert [w.state for w in h.sup.workers()] == ["failed", "parked"]
     assert h.sup.status().failure is not None  # the hang is still this generation's failure
+
+
+def test_the_agent_is_woken_when_its_workers_have_left(h: Harness) -> None:
+    """Leaving is a write to shared memory, which wakes nobody: the release's watcher wakes the
+    agent's loop, which would otherwise see the group parked only at its next heartbeat."""
+    h.sup.start(1, "n", h.specs(1, 0))
+    h.wait_lines(h.specs(1, 0)[1].log_path, "started")
+    h.woken.clear()
+    h.sup.release(30)
+    assert h.woken.wait(5), "not woken"
+    wait_for(lambda: h.woken.wait(0.1) and h.sup.status().phase is GroupPhase.PARKED, 5, "parked")
