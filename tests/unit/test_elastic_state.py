@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -270,3 +271,32 @@ def test_a_newer_assignment_that_came_during_start_up_is_taken_before_joining(
         State(model=torch.nn.Linear(2, 2)),
     )
     assert seen == [(2, str(port))] and channel.report().left_generation == 1
+
+
+def test_other_ranks_wait_for_rank_0s_store_before_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TCPStore's client waits ~0.5 s after a refused connect; after a re-form rank 0 binds its
+    fresh port a little after the others try it, so they poll for it first."""
+    import socket
+    from datetime import timedelta
+
+    port = free_port()
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    server = socket.socket()
+
+    def rank_0_binds() -> None:
+        server.bind(("127.0.0.1", port))
+        server.listen()
+
+    threading.Timer(0.1, rank_0_binds).start()
+    began = time.monotonic()
+    try:
+        elastic._await_store(timedelta(seconds=5))
+        waited = time.monotonic() - began
+    finally:
+        server.close()
+    assert 0.09 <= waited < 5  # it waited for the bind, not for its timeout
+    began = time.monotonic()
+    elastic._await_store(timedelta(seconds=0.2))  # nobody listens now: gives up at its timeout
+    assert time.monotonic() - began >= 0.2
