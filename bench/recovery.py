@@ -39,9 +39,11 @@ is in-place's goal), and the outcome: recovered, job lost (every launcher exited
 recovered within the bound.
 
 `--heavy`: the same with a model and optimizer of about 1 GiB (an MLP of 9 hidden layers of 4096
-units, 134 M parameters, SGD momentum: 2 x 537 MB) and a checkpoint every HEAVY_EVERY steps, by
-default for nodeagent+preload (a restart loads the checkpoint) and nodeagent+inplace (survivors
-keep their state, newcomers receive it from a peer), three faults, three repetitions.
+units, 134 M parameters, SGD momentum: 2 x 537 MB), a checkpoint every HEAVY_EVERY steps, the
+fault at step HEAVY_EVERY + 2 and hang_timeout and reform_timeout 30 s (a step takes ~4 s here,
+a save ~6 s), by default for nodeagent+preload (a restart loads the checkpoint) and
+nodeagent+inplace (survivors keep their state, newcomers receive it from a peer), three faults,
+three repetitions.
 
     .venv/bin/python bench/recovery.py [--reps 5] [--faults worker_sigkill,...] [--systems ...]
     .venv/bin/python bench/recovery.py --heavy
