@@ -203,7 +203,11 @@ def main() -> int:
     with GracefulExit() as guard:
         # reform_timeout defaults to NODEAGENT_REFORM_TIMEOUT_S, which the agent sets. Without
         # a control channel (plain torchrun) this initializes the group, syncs, trains once.
-        elastic.run(train, state, pg_timeout=pg_timeout)
+        try:
+            elastic.run(train, state, pg_timeout=pg_timeout, stop=guard.should_stop)
+        except elastic.Stopped:  # stopped between two generations: in no group, nothing to save
+            emit(event="stopped", rank=int(os.environ.get("RANK", "0")), **position(state))
+            leave(0)
     if state.step % args.checkpoint_every:
         save()
     rank, world = dist.get_rank(), dist.get_world_size()
