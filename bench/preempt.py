@@ -173,7 +173,7 @@ def main() -> int:
     user = os.environ.get("USER") or "root"
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="preempt-") as tmp:
-        server = RedisServer(Path(tmp) / "redis")
+        server = RedisServer(Path(tmp))
         server.start()
         pool = PoolCluster(server.url, Path(tmp), pool="bench", timing=dict(TIMING))
         try:
