@@ -20,6 +20,7 @@ differ, and this module makes them not matter to a store or to the agent:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable
@@ -30,7 +31,7 @@ import redis
 from redis._parsers.encoders import Encoder
 from redis.cluster import ClusterNode, NodesManager, RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import RedisClusterException
+from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
 from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.errors import ConfigError
@@ -121,9 +122,34 @@ def _make(target: ClusterTarget, options: dict[str, Any]) -> RedisCluster:
         )
     except LAYOUT_ERRORS as exc:
         raise _failure(exc) from exc
+    refresh = client.nodes_manager.initialize  # before it is wrapped
     for name in ("initialize", "get_node_from_slot"):
         _reraise_unreachable(client.nodes_manager, name)
+    _refresh_on_uncovered_slot(client.nodes_manager, refresh)
     return client
+
+
+def _refresh_on_uncovered_slot(nodes: NodesManager, refresh: Callable[[], None]) -> None:
+    """Re-read the layout when a slot is not covered, then raise as before.
+
+    redis-py does this itself when it sees SlotNotCoveredError, but the wrapper above turns it
+    into ClusterUnreachableError first, so a client that read the layout of a cluster still
+    being created (some slots not yet assigned) kept it: an agent started before its cluster
+    stayed cut off from the slots it had missed (seen once in CI).
+    """
+    lookup: Callable[..., Any] = nodes.get_node_from_slot
+
+    @functools.wraps(lookup)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return lookup(*args, **kwargs)
+        except ClusterUnreachableError as exc:
+            if isinstance(exc.__cause__, SlotNotCoveredError):
+                with contextlib.suppress(*LAYOUT_ERRORS, redis.RedisError):
+                    refresh()  # the next call sees the slots assigned since
+            raise
+
+    nodes.get_node_from_slot = call  # type: ignore[method-assign]
 
 
 def _failure(exc: Exception) -> Exception:
