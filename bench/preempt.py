@@ -41,6 +41,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.submit import WORKER as CLAIMANT  # noqa: E402  # writes first-<rank>, waits for done
 from nodeagent.coord.client import connect  # noqa: E402
 from nodeagent.coord.keys import JobKeys, PoolKeys  # noqa: E402
 from nodeagent.coord.pool import PoolStore  # noqa: E402
@@ -48,12 +49,6 @@ from nodeagent.coord.store import JobStore  # noqa: E402
 from tests.helpers.cluster import RedisServer, wait_for  # noqa: E402
 from tests.helpers.pool import PoolCluster  # noqa: E402
 
-CLAIMANT = (
-    "import os, time; print(time.time(), flush=True); "
-    "d = os.environ['BENCH_DIR']; r = os.environ['RANK']; "
-    "open(os.path.join(d, 'first-' + r), 'w').write(repr(time.time())); "
-    "[time.sleep(0.05) for _ in iter(lambda: os.path.exists(os.path.join(d, 'done')), True)]"
-)
 SCRIPTS = {"in_place": "train_elastic.py", "restart": "train_ddp.py"}
 TIMING = {"heartbeat_interval": "1s", "lease_ttl": "5s", "stop_grace_period": "30s"}
 PHASES = ("admitted", "freed", "running", "gap")

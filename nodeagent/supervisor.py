@@ -335,13 +335,13 @@ class Supervisor:
             kept=sum(w.kept for w in workers),
         )
 
+    def _live(self) -> list[_Worker]:
+        """Workers whose main process was started and has not been reaped."""
+        return [w for w in self._workers if w.popen is not None and w.returncode is None]
+
     def _survivors(self) -> list[_Worker]:
         """In_place workers that are alive and have left their generation: they can be kept."""
-        return [
-            w
-            for w in self._workers
-            if w.popen is not None and w.returncode is None and w.has_left()
-        ]
+        return [w for w in self._live() if w.has_left()]
 
     def _drop(self, worker: _Worker) -> None:
         progress.discard_unused(worker.spec.progress_path)
@@ -454,11 +454,7 @@ class Supervisor:
 
     def _unleft(self) -> list[_Worker]:
         """Live workers still in their generation's process group."""
-        return [
-            w
-            for w in self._workers
-            if w.popen is not None and w.returncode is None and not w.has_left()
-        ]
+        return [w for w in self._live() if not w.has_left()]
 
     def _kill_worker(self, worker: _Worker) -> None:
         if worker.popen is not None:
@@ -632,7 +628,7 @@ class Supervisor:
         elif self._stop_deadline is not None:
             phase = GroupPhase.STOPPING
         elif self._release_deadline is not None:
-            live = [w for w in self._workers if w.popen is not None and w.returncode is None]
+            live = self._live()
             left = all(w.has_left() for w in live) and bool(live)
             phase = GroupPhase.PARKED if left else GroupPhase.RELEASING
         else:

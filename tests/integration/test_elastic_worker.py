@@ -23,32 +23,12 @@ import pytest
 from nodeagent import control
 from nodeagent.control import Assignment, ControlFile
 from tests.helpers.cluster import free_port
+from tests.helpers.standin import assignment, stacks_of
 
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "helpers" / "elastic_worker.py"
-
-
-def assignment(generation: int, rank: int, world: int, port: int) -> Assignment:
-    """Every worker on one node: local rank = rank, one group."""
-    return Assignment(generation, rank, rank, world, world, 0, 1, "127.0.0.1", port, generation)
-
-
-def stacks_of(pid: int) -> str:
-    """py-spy's dump of a live worker, native frames too: where a re-form hangs."""
-    py_spy = Path(sys.executable).with_name("py-spy")
-    try:
-        done = subprocess.run(
-            [str(py_spy), "dump", "--native", "--pid", str(pid)],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"no dump: {exc}"
-    return (done.stdout + done.stderr)[-6000:]
 
 
 @dataclass
