@@ -98,12 +98,8 @@ class PoolStore:
         self._leave = client.register_script(LEAVE)  # a job's and a pool's: the same steps
 
     def sync(self, report: PoolNode) -> PoolBeat:
-        k = self.keys
         with redis_errors("pool heartbeat"):
-            reply: Any = self._sync(
-                keys=[k.node(report.name), k.leases, k.leader, k.leader_epoch, k.placements],
-                args=[report.name, report.to_json(), report.lease_ttl_ms, k.node_prefix()],
-            )
+            reply: Any = self._sync(*self._sync_call(report))
         now, leader, deadline, placement, garbage = reply
         placement = placement if isinstance(placement, str) and NAME_RE.match(placement) else None
         return PoolBeat(
@@ -112,6 +108,22 @@ class PoolStore:
             int(deadline) if deadline else None,
             placement,
             tuple(str(g) for g in garbage),
+        )
+
+    def sync_many(self, reports: Sequence[PoolNode]) -> None:
+        """Pool heartbeats of many nodes in one pipeline (the fleet simulator, bench/fleet.py)."""
+        pipe = self.client.pipeline(transaction=False)
+        for report in reports:
+            self._sync(*self._sync_call(report), client=pipe)
+        with redis_errors("pool heartbeats"):
+            pipe.execute()
+
+    def _sync_call(self, report: PoolNode) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of the POOL_SYNC script (see its header in poolscripts.py)."""
+        k = self.keys
+        return (
+            [k.node(report.name), k.leases, k.leader, k.leader_epoch, k.placements],
+            [report.name, report.to_json(), report.lease_ttl_ms, k.node_prefix()],
         )
 
     def read(self) -> PoolSnapshot:
