@@ -18,7 +18,17 @@ from nodeagent.model import Event
 log = logging.getLogger(__name__)
 
 # The kinds of keys (coord/keys.py), the `key` label of nodeagent_redis_garbage_total.
-KINDS = ("node", "leases", "leader", "leader-epoch", "job", "events", "commands", "cordons")
+KINDS = (
+    "node",
+    "leases",
+    "leader",
+    "leader-epoch",
+    "job",
+    "events",
+    "commands",
+    "cordons",
+    "changes",
+)
 # What a follower reports as an event too: the leader does not read these (there is none while
 # the leader key is garbage; each node reads only its own cordon). The leader reports the rest.
 FOLLOWER_EVENTS = frozenset({"leader", "leader-epoch", "cordons"})

@@ -8,6 +8,8 @@ nothing else, so garbage in Redis is reported, never trusted and never crashes a
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -191,6 +193,19 @@ class NodeReport:
         data = asdict(self)
         data["state"] = self.state.value
         return json.dumps(data, separators=(",", ":"))
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """What changes when anything the leader plans from changes, and only then: the report
+        without its GPUs' readings (temperature and power move at every heartbeat; their
+        verdicts do not). A heartbeat with a new digest marks the node changed (scripts.SYNC),
+        and the leader reads it again."""
+        gpu = self.gpu and replace(
+            self.gpu,
+            gpus=tuple(replace(g, temperature_c=None, power_w=None) for g in self.gpu.gpus),
+        )
+        planned = replace(self, gpu=gpu).to_json().encode()
+        return hashlib.blake2b(planned, digest_size=8).hexdigest()
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> NodeReport:

@@ -16,6 +16,10 @@ JOB_KEY = "%s:{%s}:job"  # HASH gen=<int>, record=<JSON JobRecord>
 EVENTS_KEY = "%s:{%s}:events"  # STREAM of events, capped
 COMMANDS_KEY = "%s:{%s}:commands"  # STREAM of operator commands, capped
 CORDONS_KEY = "%s:{%s}:cordons"  # HASH node name -> JSON Cordon
+# What the leader reads instead of every report at every heartbeat (scripts.py, coord/view.py):
+CHANGES_KEY = "%s:{%s}:changes"  # ZSET member=node name, score=change number of its last change
+CHANGE_SEQ_KEY = "%s:{%s}:change-seq"  # INCR counter: change numbers
+DIGESTS_KEY = "%s:{%s}:digests"  # HASH node name -> digest of what the leader plans from
 
 EVENTS_MAXLEN = 10_000
 COMMANDS_MAXLEN = 1_000
@@ -62,6 +66,18 @@ class JobKeys:
     @property
     def cordons(self) -> str:
         return CORDONS_KEY % (self.prefix, self.job)
+
+    @property
+    def changes(self) -> str:
+        return CHANGES_KEY % (self.prefix, self.job)
+
+    @property
+    def change_seq(self) -> str:
+        return CHANGE_SEQ_KEY % (self.prefix, self.job)
+
+    @property
+    def digests(self) -> str:
+        return DIGESTS_KEY % (self.prefix, self.job)
 
 
 # The pool's keys: one hash tag per pool, {pool:<name>} (job ids cannot hold a ':', so a pool's

@@ -36,6 +36,28 @@ class NodeLease:
 
 
 @dataclass(frozen=True)
+class ViewPage:
+    """What a leader's read (scripts.READ_VIEW) says beyond the leases it read."""
+
+    seq: int  # the change counter now
+    reached: int  # the last change number read (the cursor to read from next)
+    more: bool  # a page was full: read on before planning
+    expired: tuple[NodeLease, ...]  # leases past their deadline (exact), reports not read
+    next_deadline_ms: int | None  # the earliest live lease deadline
+    sweep: str  # the ZSCAN cursor of the sweep ("0": a pass ended)
+
+
+@dataclass(frozen=True)
+class HeldRecord:
+    """The record a node decoded at a revision, so SYNC need not send it again (it replies 1)."""
+
+    rev: str  # as read
+    record: JobRecord | None
+    error: str | None
+    garbage: tuple[Garbage, ...]
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What Redis holds about a job at server time `now_ms`.
 
@@ -57,6 +79,9 @@ class Snapshot:
     garbage: tuple[Garbage, ...] = ()
     drop: tuple[tuple[str, str], ...] = ()  # garbage leases: (member, score as read)
     stored_record: JobRecord | None = None
+    gone: tuple[str, ...] = ()  # read: they hold no lease (a leader's page)
+    page: ViewPage | None = None  # a leader's read: what else it says
+    held: HeldRecord | None = None  # the record as this reply gave it
 
     @property
     def leader_name(self) -> str | None:
@@ -174,19 +199,55 @@ def read_lease(
 
 def _leases(
     keys: JobKeys, now_ms: int, reply: Sequence[Any], garbage: list[Garbage]
-) -> tuple[tuple[NodeLease, ...], tuple[tuple[str, str], ...]]:
+) -> tuple[tuple[NodeLease, ...], tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """The leases read (an entry with no deadline: its node holds none, it is gone)."""
     if len(reply) < 10:
-        return (), ()
+        return (), (), ()
     flat, reports, ttls = reply[7], reply[8], reply[9]
-    leases, drop = [], []
+    leases, drop, gone = [], [], []
     for i, raw_report in enumerate(reports):
+        if flat[2 * i + 1] is None:
+            gone.append(_text(flat[2 * i]))
+            continue
         entry = (flat[2 * i], flat[2 * i + 1], raw_report, ttls[i])
         lease = read_lease(keys, now_ms, entry, garbage)
         if lease is None:
             drop.append((_text(entry[0]), _text(entry[1])))
         else:
             leases.append(lease)
-    return tuple(leases), tuple(drop)
+    return tuple(leases), tuple(drop), tuple(gone)
+
+
+def _page(
+    keys: JobKeys, now_ms: int, reply: Sequence[Any], garbage: list[Garbage], drop: list[Any]
+) -> ViewPage | None:
+    if len(reply) < 17:
+        return None
+    expired = []
+    flat = reply[14]
+    for i in range(0, len(flat) - 1, 2):
+        entry = (flat[i], flat[i + 1], "", 0)
+        lease = read_lease(keys, now_ms, entry, garbage)
+        if lease is None:
+            drop.append((_text(entry[0]), _text(entry[1])))
+        else:
+            expired.append(lease)
+    return ViewPage(
+        seq=parse_uint(reply[11]) or 0,
+        reached=parse_uint(reply[12]) or 0,
+        more=bool(reply[13]),
+        expired=tuple(expired),
+        next_deadline_ms=_deadline(reply[15]),
+        sweep=_text(reply[16]) if reply[16] else "0",
+    )
+
+
+def _deadline(raw: Any) -> int | None:
+    try:
+        value = float(_text(raw)) if raw else math.nan
+    except ValueError:
+        return None
+    return int(value) if math.isfinite(value) and 0 <= value <= MAX_INT else None
 
 
 def _commands(
@@ -220,25 +281,26 @@ def _notes(reply: Sequence[Any]) -> list[Garbage]:
     return found
 
 
-def parse_snapshot(keys: JobKeys, reply: Sequence[Any]) -> Snapshot:
-    """A Snapshot of a SYNC or SNAPSHOT reply (layouts in scripts.py)."""
+def parse_snapshot(keys: JobKeys, reply: Sequence[Any], held: HeldRecord | None = None) -> Snapshot:
+    """A Snapshot of a SYNC, SNAPSHOT or READ_PAGE reply (layouts in scripts.py). A record
+    sent as 1 is the one `held` (this node has it at that revision)."""
     garbage = _notes(reply)
     now_ms = int(reply[0])
     rev = parse_uint(reply[2])
     if rev is None:
         garbage.append(Garbage("job", keys.record, f"field rev {_sample(reply[2])} is not a count"))
-    record_error = None
-    record = None
-    if reply[3]:
-        errors: list[Garbage] = []
-        action = "the leader rewrites it"
-        record = _decode(JobRecord.from_json, reply[3], errors, "job", keys.record, action)
-        record_error = errors[0].problem if errors else None
-        garbage += errors
+    if reply[3] == 1 and held is not None and held.rev == _text(reply[2]):
+        garbage += held.garbage
+    else:
+        held = _held(keys, _text(reply[2]), reply[3])
+        garbage += held.garbage
+    record, record_error = held.record, held.error
     cordon = None
     if reply[4]:
         cordon = _decode(Cordon.from_json, reply[4], garbage, "cordons", keys.cordons, "ignored")
-    leases, drop = _leases(keys, now_ms, reply, garbage)
+    leases, drop, gone = _leases(keys, now_ms, reply, garbage)
+    more_drop: list[tuple[str, str]] = []
+    page = _page(keys, now_ms, reply, garbage, more_drop)
     commands, cursor = _commands(keys, reply, garbage)
     snapshot = Snapshot(
         now_ms=now_ms,
@@ -252,13 +314,25 @@ def parse_snapshot(keys: JobKeys, reply: Sequence[Any]) -> Snapshot:
         commands=commands,
         command_cursor=cursor,
         garbage=tuple(garbage),
-        drop=drop,
+        drop=(*drop, *more_drop),
         stored_record=record,
+        gone=gone,
+        page=page,
+        held=held,
     )
-    return _forged(keys, snapshot) if len(reply) > 7 else snapshot
+    return check_forged(keys, snapshot) if len(reply) > 7 else snapshot
 
 
-def _forged(keys: JobKeys, snapshot: Snapshot) -> Snapshot:
+def _held(keys: JobKeys, rev: str, raw: Any) -> HeldRecord:
+    if not raw or raw == 1:  # none (or 1 with nothing held: read as none until the next write)
+        return HeldRecord(rev, None, None, ())
+    errors: list[Garbage] = []
+    action = "the leader rewrites it"
+    record = _decode(JobRecord.from_json, raw, errors, "job", keys.record, action)
+    return HeldRecord(rev, record, errors[0].problem if errors else None, tuple(errors))
+
+
+def check_forged(keys: JobKeys, snapshot: Snapshot) -> Snapshot:
     """With every lease at hand (the leader, status): a RUNNING record that contradicts what its
     rank-0 member published is forged: planned from as if it were unreadable."""
     record = snapshot.stored_record

@@ -132,17 +132,91 @@ local function take_leader(name, prefix, ttl)
 end
 """
 
-_CLUSTER = """
-local leases = try('leases', KEYS[2], 'zset', 'ignored', 'ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-leases = leases or {}
-local reports, ttls = {}, {}
-for i = 1, #leases, 2 do
-  local key = ARGV[5] .. leases[i]
-  local report = try('node', key, 'string', 'ignored', 'GET', key)
-  reports[#reports + 1] = report or ''
-  ttls[#ttls + 1] = redis.call('PTTL', key)
+# The change set (KEYS[ci] changes zset, KEYS[ci + 1] change-seq counter, KEYS[ci + 2] digests
+# hash): a node's heartbeat gives it a new change number when what the leader plans from changed
+# (its digest), or when its node key was gone (it is back). The leader reads only the nodes
+# changed since its cursor. Keys of the wrong type are noted; the leader deletes them (repair),
+# so every node marks itself again at its next heartbeat, with numbers above the leader's cursor.
+CHANGES = """
+local function mark_changed(ci, name, digest)
+  local seq = try('changes', KEYS[ci + 1], 'string', 'not marked', 'INCR', KEYS[ci + 1])
+  if not seq then return end
+  if seq == 1 then
+    -- A new counter starts above every number the last one gave (as leader-epoch does): the
+    -- leader's cursor stays valid and it reads every node that marks itself again.
+    seq = now * 1000
+    redis.call('SET', KEYS[ci + 1], fmt(seq))
+  end
+  if not try('changes', KEYS[ci], 'zset', 'not marked', 'ZADD', KEYS[ci], fmt(seq), name) then
+    return
+  end
+  if digest then
+    try('changes', KEYS[ci + 2], 'hash', 'ignored', 'HSET', KEYS[ci + 2], name, digest)
+  else
+    redis.pcall('HDEL', KEYS[ci + 2], name)
+  end
 end
 """
+
+# The leader's bounded read (KEYS[li] leases, KEYS[ci] changes, KEYS[ci + 1] change-seq):
+# - up to `page` nodes changed after change number `cursor`, and `sweep_count` leases more from
+#   a ZSCAN of the leases at `sweep` ('' for none): a slow full pass that finds what no change
+#   announced (a lease written by hand, a change set lost), every lease in about M / sweep_count
+#   heartbeats (all of them at once while the set is small);
+#   for each: its lease deadline (false: it holds none), report ('' if missing), node key PTTL;
+# - up to 4 * page expired leases (deadline <= now) from `expired_at` on, with their deadlines;
+# - the earliest live deadline (the leader wakes then);
+# - the change counter (below the cursor: the change set was lost, the leader reads it all).
+# Returns {entries (name, deadline, ...), reports, ttls, seq, last change number read,
+#   more (1: a page was full), expired (name, deadline, ...), next deadline or false, sweep}.
+READ_VIEW = """
+local function read_view(li, ci, prefix, cursor, sweep, sweep_count, page, expired_at)
+  local names, seen = {}, {}
+  local function add(name)
+    if not seen[name] then
+      seen[name] = true
+      names[#names + 1] = name
+    end
+  end
+  local more, reached = 0, cursor
+  local changed = try('changes', KEYS[ci], 'zset', 'ignored', 'ZRANGEBYSCORE', KEYS[ci],
+    '(' .. cursor, '+inf', 'WITHSCORES', 'LIMIT', 0, page) or {}
+  for i = 1, #changed, 2 do
+    add(changed[i])
+    reached = changed[i + 1]
+  end
+  if #changed >= 2 * page then more = 1 end
+  local next_sweep = '0'
+  if sweep ~= '' then
+    local scanned = try('leases', KEYS[li], 'zset', 'ignored', 'ZSCAN', KEYS[li], sweep,
+      'COUNT', sweep_count)
+    if scanned then
+      next_sweep = scanned[1]
+      for i = 1, #scanned[2], 2 do add(scanned[2][i]) end
+    end
+  end
+  local expired = try('leases', KEYS[li], 'zset', 'ignored', 'ZRANGEBYSCORE', KEYS[li], '-inf',
+    now, 'WITHSCORES', 'LIMIT', expired_at, 4 * page) or {}
+  if #expired >= 8 * page then more = 1 end
+  local first = try('leases', KEYS[li], 'zset', 'ignored', 'ZRANGEBYSCORE', KEYS[li],
+    '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1) or {}
+  local entries, reports, ttls = {}, {}, {}
+  for _, name in ipairs(names) do
+    local key = prefix .. name
+    entries[#entries + 1] = name
+    entries[#entries + 1] = redis.pcall('ZSCORE', KEYS[li], name)
+    reports[#reports + 1] = try('node', key, 'string', 'ignored', 'GET', key) or ''
+    ttls[#ttls + 1] = redis.call('PTTL', key)
+  end
+  for i = 2, #entries, 2 do
+    if type(entries[i]) ~= 'string' then entries[i] = false end
+  end
+  local seq = redis.pcall('GET', KEYS[ci + 1])
+  if type(seq) ~= 'string' then seq = '0' end
+  return {entries, reports, ttls, seq, reached, more, expired, first[2] or false, next_sweep}
+end
+"""
+
 
 # The leader's repairs of the job's own keys (KEYS[2] leases, KEYS[5] job hash, KEYS[6] events,
 # KEYS[7] commands, KEYS[8] cordons). Run only while this node holds the leader lease, checked in
@@ -233,6 +307,21 @@ local function repair()
       redis.call('DEL', k[2])
     end
   end
+  -- The change set is one thing: any of its keys garbage, all three go (every node marks itself
+  -- again at its next heartbeat, and the counter restarting tells the leader to read it all).
+  local set = {{KEYS[9], 'zset'}, {KEYS[10], 'string'}, {KEYS[11], 'hash'}}
+  for _, k in ipairs(set) do
+    local found = kind_of(k[1])
+    local counter = found == 'string' and k[2] == 'string'
+    if counter and not is_uint(redis.call('GET', k[1])) then found = 'garbage' end
+    if found ~= k[2] and found ~= 'none' then
+      local problem = wrong(k[1], k[2])
+      if counter then problem = 'is not a counter' end
+      note('changes', k[1], problem, 'the change set is rebuilt')
+      redis.call('DEL', KEYS[9], KEYS[10], KEYS[11])
+      break
+    end
+  end
 end
 """
 
@@ -241,37 +330,55 @@ SYNC = (
 -- Heartbeat: renew this node's lease, take or renew the leader lease, append events, read.
 -- KEYS[1] node key    KEYS[2] leases zset    KEYS[3] leader      KEYS[4] leader epoch
 -- KEYS[5] job hash    KEYS[6] events stream  KEYS[7] commands stream  KEYS[8] cordons hash
+-- KEYS[9] changes zset  KEYS[10] change-seq counter  KEYS[11] digests hash
 -- ARGV[1] node name   ARGV[2] report JSON    ARGV[3] lease ttl ms
--- ARGV[4] events maxlen  ARGV[5] node key prefix  ARGV[6..] event JSONs to append
--- Returns {now_ms, leader, rev, record, this node's cordon, leader lease deadline (ms),
---   garbage} and, for the leader only, {..., leases (name, deadline, ...), reports (one per
---   lease, '' if missing), their node keys' PTTLs, commands}. Followers wake at the leader's
---   deadline to take over at once. A garbage leader lease or epoch never stops the job: the
---   lease lapses within lease_ttl, the epoch restarts from the server time (above any token
---   handed out), and the leader repairs the job's other keys before it reads them.
+-- ARGV[4] events maxlen  ARGV[5] node key prefix  ARGV[6] report digest
+-- ARGV[7] the record revision the caller holds ('' for none: a leader always reads it, so a
+--   record replaced by hand at the same revision is seen, and rewritten at a new one)
+-- ARGV[8] the leader's change cursor  ARGV[9] its sweep cursor  ARGV[10] sweep count
+-- ARGV[11] page size  ARGV[12..] event JSONs to append
+-- Returns {now_ms, leader, rev, record (1: the one at the revision the caller holds), this
+--   node's cordon, leader lease deadline (ms), garbage} and, for the leader only, {...,
+--   read_view's entries, reports, ttls, commands, seq, last change read, more, expired, next
+--   deadline, sweep}. Followers wake at the leader's deadline to take over at once. A garbage
+--   leader lease or epoch never stops the job: the lease lapses within lease_ttl, the epoch
+--   restarts from the server time (above any token handed out), and the leader repairs the
+--   job's other keys before it reads them.
 """
     + NOW
     + GARBAGE
     + LEADER
     + TAKE_LEADER
     + _REPAIR
+    + CHANGES
+    + READ_VIEW
     + """
 local name = ARGV[1]
 local ttl = tonumber(ARGV[3])
 local mine = name .. ' '
+local back = redis.call('EXISTS', KEYS[1]) == 0
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
 local leader = take_leader(name, ARGV[5], ttl)
 local leading = leader and string.sub(leader, 1, #mine) == mine
 if leading then repair() end
 try('leases', KEYS[2], 'zset', 'lease not renewed', 'ZADD', KEYS[2], now + ttl, name)
-for i = 6, #ARGV do
+local digest = try('changes', KEYS[11], 'hash', 'ignored', 'HGET', KEYS[11], name)
+if back or digest ~= ARGV[6] then mark_changed(9, name, ARGV[6]) end
+for i = 12, #ARGV do
   local added = try('events', KEYS[6], 'stream', 'events not appended',
     'XADD', KEYS[6], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[i])
   if not added then break end
 end
-local job = try('job', KEYS[5], 'hash', 'ignored', 'HMGET', KEYS[5], 'rev', 'record')
 local rev, record = '0', false
-if job then rev, record = job[1] or '0', job[2] end
+local held = try('job', KEYS[5], 'hash', 'ignored', 'HGET', KEYS[5], 'rev')
+if held ~= nil then
+  rev = held or '0'
+  if rev == ARGV[7] then
+    record = 1  -- the caller has it: not read, not sent again
+  else
+    record = redis.call('HGET', KEYS[5], 'record')
+  end
+end
 local cordon = try('cordons', KEYS[8], 'hash', 'ignored', 'HGET', KEYS[8], name) or false
 local leader_pttl = redis.call('PTTL', KEYS[3])
 local leader_deadline = false
@@ -279,24 +386,44 @@ if leader_pttl > 0 then leader_deadline = now + leader_pttl end
 if not leading then
   return {now, leader or false, rev, record, cordon, leader_deadline, garbage}
 end
-"""
-    + _CLUSTER
-    + """
+local view = read_view(2, 9, ARGV[5], ARGV[8], ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11]), 0)
 local cursor = redis.call('HGET', KEYS[5], 'cursor') or '0-0'
 local commands = try('commands', KEYS[7], 'stream', 'ignored',
   'XRANGE', KEYS[7], '(' .. cursor, '+', 'COUNT', 100) or {}
-return {now, leader, rev, record, cordon, leader_deadline, garbage, leases, reports, ttls,
-  commands}
+return {now, leader, rev, record, cordon, leader_deadline, garbage, view[1], view[2], view[3],
+  commands, view[4], view[5], view[6], view[7], view[8], view[9]}
+"""
+)
+
+READ_PAGE = (
+    """
+-- More of what the leader reads (see read_view), or nodeagentctl status's pages: repairs
+-- nothing, notes garbage.
+-- KEYS[1] leases zset  KEYS[2] changes zset  KEYS[3] change-seq  KEYS[4] leader
+-- ARGV[1] node key prefix  ARGV[2] change cursor  ARGV[3] sweep cursor ('' for none)
+-- ARGV[4] sweep count  ARGV[5] page size  ARGV[6] offset of the first expired lease
+-- Returns SYNC's leader reply, with no record, cordon or commands.
+"""
+    + NOW
+    + GARBAGE
+    + READ_VIEW
+    + """
+local view = read_view(1, 2, ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]),
+  tonumber(ARGV[6]))
+local leader = redis.pcall('GET', KEYS[4])
+if type(leader) ~= 'string' then leader = false end
+return {now, leader, '0', false, false, false, garbage, view[1], view[2], view[3], {},
+  view[4], view[5], view[6], view[7], view[8], view[9]}
 """
 )
 
 SNAPSHOT = (
     """
--- Read-only snapshot for nodeagentctl: repairs nothing, notes garbage.
+-- Read-only header of a snapshot for nodeagentctl: repairs nothing, notes garbage. The leases
+-- are read in pages (READ_PAGE), so no call grows with the fleet.
 -- KEYS[1] unused      KEYS[2] leases zset    KEYS[3] leader     KEYS[4] job hash
 -- ARGV[1..4] unused   ARGV[5] node key prefix
--- Returns {now_ms, leader, rev, record, false (no node's cordon), false, garbage, leases,
---   reports, their node keys' PTTLs}.
+-- Returns {now_ms, leader, rev, record, false (no node's cordon), false, garbage}.
 """
     + NOW
     + GARBAGE
@@ -306,10 +433,7 @@ local leader = read_leader(ARGV[5], 0, false) or false
 local job = try('job', KEYS[4], 'hash', 'ignored', 'HMGET', KEYS[4], 'rev', 'record')
 local rev, record = '0', false
 if job then rev, record = job[1] or '0', job[2] end
-"""
-    + _CLUSTER
-    + """
-return {now, leader, rev, record, false, false, garbage, leases, reports, ttls}
+return {now, leader, rev, record, false, false, garbage}
 """
 )
 
@@ -317,6 +441,7 @@ COMMIT = (
     """
 -- The leader's write, fenced by its token and the record revision it read.
 -- KEYS[1] leader      KEYS[2] job hash       KEYS[3] leases zset  KEYS[4] events stream
+-- KEYS[5] changes zset  KEYS[6] digests hash (a reaped node leaves the change set)
 -- ARGV[1] leader value ("<name> <token>")    ARGV[2] expected rev
 -- ARGV[3] record JSON ('' = unchanged)       ARGV[4] its generation  ARGV[5] command cursor
 -- ARGV[6] events maxlen  ARGV[7] node key prefix
@@ -365,6 +490,8 @@ local m = tonumber(ARGV[10 + n])
 for i = 10, 9 + n do
   redis.pcall('ZREM', KEYS[3], ARGV[i])
   redis.call('DEL', ARGV[7] .. ARGV[i])
+  redis.pcall('ZREM', KEYS[5], ARGV[i])
+  redis.pcall('HDEL', KEYS[6], ARGV[i])
 end
 for i = 11 + n, 9 + n + 2 * m, 2 do
   if redis.pcall('ZSCORE', KEYS[3], ARGV[i]) == ARGV[i + 1] then
@@ -386,11 +513,19 @@ return rev
 """
 )
 
-LEAVE = """
+LEAVE = (
+    """
 -- A node leaves on purpose: drop its lease (and the leader lease if it holds it) at once.
 -- KEYS[1] node key  KEYS[2] leases zset  KEYS[3] leader  KEYS[4] events stream
+-- KEYS[5..7] (a job's) changes zset, change-seq, digests: the leaving is a change its leader
+--   reads
 -- ARGV[1] node name ARGV[2] events maxlen ARGV[3] event JSON
 -- Keys of the wrong type are skipped (redis.pcall): leaving must not fail on garbage.
+"""
+    + NOW
+    + GARBAGE
+    + CHANGES
+    + """
 redis.call('DEL', KEYS[1])
 redis.pcall('ZREM', KEYS[2], ARGV[1])
 local leader = redis.pcall('GET', KEYS[3])
@@ -398,5 +533,7 @@ if type(leader) == 'string' and string.sub(leader, 1, #ARGV[1] + 1) == ARGV[1] .
   redis.call('DEL', KEYS[3])
 end
 redis.pcall('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'event', ARGV[3])
+if #KEYS >= 7 then mark_changed(5, ARGV[1], false) end
 return 1
 """
+)

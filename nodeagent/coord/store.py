@@ -26,7 +26,16 @@ import redis
 from nodeagent.coord import scripts, streams
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, JobKeys
-from nodeagent.coord.replies import NodeLease, Snapshot, master_problem, parse_snapshot, read_lease
+from nodeagent.coord.replies import (
+    HeldRecord,
+    NodeLease,
+    Snapshot,
+    check_forged,
+    master_problem,
+    parse_snapshot,
+    read_lease,
+)
+from nodeagent.coord.view import PAGE, SWEEP, LeaderView
 from nodeagent.errors import CoordinationError, CorruptStateError
 from nodeagent.garbage import Garbage, GarbageLog
 from nodeagent.leader import Plan
@@ -43,6 +52,7 @@ from nodeagent.state import JobState
 
 __all__ = ["JobStore", "NodeLease", "Snapshot"]
 log = logging.getLogger(__name__)
+MAX_PAGES = 1000  # of PAGE nodes each: a leader plans after reading this many, whatever is left
 
 
 class JobStore:
@@ -61,8 +71,13 @@ class JobStore:
         kwargs = getattr(client.connection_pool, "connection_kwargs", None)
         if isinstance(kwargs, dict):
             kwargs.setdefault("encoding_errors", "replace")
+        self._view = LeaderView()  # what this node read while it leads
+        self.last_read = 0  # reports read by the leader's last heartbeat, every page of it
+        self.last_pages = 0  # and the calls it took
+        self._held: HeldRecord | None = None  # the record as last read, not sent again
         self._sync = client.register_script(scripts.SYNC)
         self._snapshot = client.register_script(scripts.SNAPSHOT)
+        self._page = client.register_script(scripts.READ_PAGE)
         self._commit = client.register_script(scripts.COMMIT)
         self._leave = client.register_script(scripts.LEAVE)
 
@@ -77,13 +92,60 @@ class JobStore:
         try:
             with redis_errors("heartbeat"):
                 reply = self._sync(keys=keys, args=args)
+            snapshot = parse_snapshot(self.keys, reply, self._held)
+            if snapshot.leader_name == report.name:
+                snapshot = self._read_on(snapshot)
+            else:
+                self._view = LeaderView()
         except CoordinationError:
             self.garbage.put_back(pending)
             raise
-        snapshot = self._checked(parse_snapshot(self.keys, reply), report.name)
+        self._held = snapshot.held
+        snapshot = self._checked(snapshot, report.name)
         self.garbage.node = report.name
         self.garbage.observe(snapshot.garbage, leading=snapshot.leader_name == report.name)
         return snapshot
+
+    def _read_on(self, snapshot: Snapshot) -> Snapshot:
+        """The leader's snapshot with its kept view: the pages after SYNC's first one are read
+        before it plans (each a bounded READ_PAGE call), and every lease known is in it."""
+        view = self._view
+        complete = view.start(snapshot)
+        page = snapshot.page
+        garbage, drop = list(snapshot.garbage), list(snapshot.drop)
+        expired = len(page.expired) if page else 0
+        self.last_read, self.last_pages = len(snapshot.leases) + len(snapshot.gone), 1
+        for _ in range(MAX_PAGES):
+            if complete and not (page and page.more):
+                break
+            more = self._read_page(view.cursor, "", SWEEP, expired)
+            view.add(more)
+            page, complete = more.page, True
+            expired += len(page.expired) if page else 0
+            garbage += more.garbage
+            drop += more.drop
+            self.last_read += len(more.leases) + len(more.gone)
+            self.last_pages += 1
+        else:
+            log.warning(
+                "the job's leases did not fit in %d pages: planning from what was read", MAX_PAGES
+            )
+        whole = replace(
+            snapshot,
+            leases=view.leases(snapshot.now_ms),
+            garbage=tuple(dict.fromkeys(garbage)),
+            drop=tuple(dict.fromkeys(drop)),
+        )
+        return check_forged(self.keys, whole)
+
+    def _read_page(self, cursor: int | str, sweep: str, sweep_count: int, expired: int) -> Snapshot:
+        keys = self.keys
+        with redis_errors("read the job's nodes"):
+            reply = self._page(
+                keys=[keys.leases, keys.changes, keys.change_seq, keys.leader],
+                args=[keys.node_prefix(), cursor, sweep, sweep_count, PAGE, expired],
+            )
+        return parse_snapshot(keys, reply)
 
     def _checked(self, snapshot: Snapshot, me: str) -> Snapshot:
         """The snapshot with what this node must not act on taken out (see the module doc)."""
@@ -151,20 +213,26 @@ class JobStore:
         entry = (name, repr(float(score)), raw or "", pttl)
         return read_lease(self.keys, snapshot.now_ms, entry, found)
 
-    def sync_many(self, reports: Sequence[NodeReport]) -> None:
-        """Heartbeats of many nodes in one pipeline (the fleet simulator, bench/fleet.py)."""
+    def sync_many(self, reports: Sequence[NodeReport], held: str = "") -> None:
+        """Heartbeats of many nodes in one pipeline (the fleet simulator, bench/fleet.py), each
+        holding the record at revision `held` ("": none)."""
         pipe = self.client.pipeline(transaction=False)
         for report in reports:
-            keys, args = self._sync_call(report, ())
+            keys, args = self._sync_call(report, (), held or "-")
             self._sync(keys=keys, args=args, client=pipe)
         with redis_errors("heartbeats"):
             pipe.execute()
 
     def _sync_call(
-        self, report: NodeReport, events: Sequence[Event]
+        self,
+        report: NodeReport,
+        events: Sequence[Event],
+        held: str = "",
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the SYNC script (see its header in scripts.py)."""
         keys = self.keys
+        if not held and self._held is not None and self._view.token is None:
+            held = self._held.rev  # a follower (the leader reads the record every time)
         return (
             [
                 keys.node(report.name),
@@ -175,6 +243,9 @@ class JobStore:
                 keys.events,
                 keys.commands,
                 keys.cordons,
+                keys.changes,
+                keys.change_seq,
+                keys.digests,
             ],
             [
                 report.name,
@@ -182,19 +253,44 @@ class JobStore:
                 report.lease_ttl_ms,
                 EVENTS_MAXLEN,
                 keys.node_prefix(),
+                report.digest,
+                held,
+                self._view.cursor,
+                self._view.sweep,
+                SWEEP,
+                PAGE,
                 *(e.to_json() for e in events),
             ],
         )
 
     def snapshot(self) -> Snapshot:
-        """A read-only, consistent snapshot (for status)."""
+        """A read-only snapshot (for status): the record and leader in one call, then every
+        lease in pages (a ZSCAN: each lease as it was when its page was read)."""
         keys = self.keys
         with redis_errors("status"):
             reply = self._snapshot(
                 keys=[keys.leases, keys.leases, keys.leader, keys.record],
                 args=["", "", "", "", keys.node_prefix()],
             )
-        return parse_snapshot(keys, reply)
+        header = parse_snapshot(keys, reply)
+        leases: dict[str, NodeLease] = {}
+        garbage, sweep = list(header.garbage), "0"
+        drop: list[tuple[str, str]] = []
+        for _ in range(MAX_PAGES):
+            page = self._read_page("+inf", sweep, PAGE, 0)
+            leases.update((lease.name, lease) for lease in page.leases)
+            garbage += page.garbage
+            drop += page.drop
+            sweep = page.page.sweep if page.page else "0"
+            if sweep == "0":
+                break
+        whole = replace(
+            header,
+            leases=tuple(leases.values()),
+            garbage=tuple(dict.fromkeys(garbage)),
+            drop=tuple(dict.fromkeys(drop)),
+        )
+        return check_forged(keys, whole)
 
     def commit(self, leader: str, rev: int, plan: Plan, replacing_garbage: bool = False) -> int:
         """Write the leader's plan, fenced by leader token and record revision.
@@ -208,9 +304,17 @@ class JobStore:
         """
         record = plan.record
         cursor = record.command_cursor if record else ""
+        keys = self.keys
         with redis_errors("leader write"):
             new_rev = self._commit(
-                keys=[self.keys.leader, self.keys.record, self.keys.leases, self.keys.events],
+                keys=[
+                    keys.leader,
+                    keys.record,
+                    keys.leases,
+                    keys.events,
+                    keys.changes,
+                    keys.digests,
+                ],
                 args=[
                     leader,
                     rev,
@@ -227,13 +331,22 @@ class JobStore:
                     *(e.to_json() for e in plan.events),
                 ],
             )
+        self._view.forget([*plan.reap, *(name for name, _ in plan.drop)])
         return int(new_rev)
 
     def leave(self, name: str, event: Event) -> None:
         keys = self.keys
         with redis_errors("leave"):
             self._leave(
-                keys=[keys.node(name), keys.leases, keys.leader, keys.events],
+                keys=[
+                    keys.node(name),
+                    keys.leases,
+                    keys.leader,
+                    keys.events,
+                    keys.changes,
+                    keys.change_seq,
+                    keys.digests,
+                ],
                 args=[name, EVENTS_MAXLEN, event.to_json()],
             )
 

@@ -170,7 +170,8 @@ CASES = [
     Case("gen-ahead", lambda r, k: r.hset(k.record, "gen", "999999"), "job"),
     Case("cursor-not-an-id", lambda r, k: r.hset(k.record, "cursor", "not-an-id"), "job"),
     Case("cursor-ahead", lambda r, k: r.hset(k.record, "cursor", "99999999999999-0"), "job"),
-    Case("record-not-json", lambda r, k: r.hset(k.record, "record", "{x"), "job", "follower"),
+    # (a new revision: a follower reads the record again only then, test_a_record_replaced_...)
+    Case("record-not-json", lambda r, k: replaced(r, k, "{x"), "job", "follower"),
     Case("record-1e999", lambda r, k: r.hset(k.record, "record", '{"generation": 1e999}'), "job"),
     Case("lease-inf", lambda r, k: r.zadd(k.leases, {"evil": "+inf"}), "leases"),
     Case("lease-minus-inf", lambda r, k: r.zadd(k.leases, {"evil": "-inf"}), "leases"),
@@ -230,6 +231,9 @@ CASES = [
     Case("events-wrong-type", wrong_type(lambda k: k.events), "events"),
     Case("commands-wrong-type", wrong_type(lambda k: k.commands), "commands"),
     Case("cordons-wrong-type", wrong_type(lambda k: k.cordons), "cordons", "follower"),
+    Case("changes-wrong-type", wrong_type(lambda k: k.changes), "changes"),
+    Case("change-seq-abc", lambda r, k: r.set(k.change_seq, "abc"), "changes"),
+    Case("digests-wrong-type", wrong_type(lambda k: k.digests), "changes", "follower"),
 ]
 
 
@@ -336,7 +340,7 @@ def test_a_follower_does_not_act_on_a_record_whose_master_is_not_published(
     good = job.follower.sync(report("b")).record
     assert good is not None
     forged = replace(good, master_addr="10.66.66.66")
-    job.raw.hset(job.keys.record, "record", forged.to_json())
+    replaced(job.raw, job.keys, forged.to_json())
     snap = job.follower.sync(report("b"))
     assert snap.stored_record == forged
     assert snap.record == replace(forged, state=JobState.RESTARTING)  # b waits, starts nothing
@@ -354,7 +358,7 @@ def test_a_phantom_master_without_a_live_lease_is_not_acted_on(
     good = job.follower.sync(report("b")).record
     assert good is not None
     forged = replace(good, generation=2, members=("ghost", "b"), master_addr="10.66.66.66")
-    job.raw.hset(job.keys.record, mapping={"record": forged.to_json(), "gen": 2})
+    replaced(job.raw, job.keys, forged.to_json(), gen=2)
     snap = job.follower.sync(report("b"))
     assert snap.record is not None and snap.record.state is JobState.RESTARTING
     # Not garbage by itself (a rank 0 that just died looks the same): the leader re-forms.
@@ -363,13 +367,36 @@ def test_a_phantom_master_without_a_live_lease_is_not_acted_on(
     assert after is not None and after.state is JobState.RESTARTING and after.generation == 3
 
 
+def replaced(r: redis.Redis, keys: JobKeys, record: str, **fields: object) -> None:
+    """Replace the record by hand at a new revision."""
+    r.hset(keys.record, mapping={"record": record, **fields})  # type: ignore[dict-item]
+    r.hincrby(keys.record, "rev", 1)
+
+
 def test_a_record_with_another_nproc_is_reported(redis_server: RedisServer, job_id: str) -> None:
     job = form(redis_server, job_id)
     good = job.follower.sync(report("b")).record
     assert good is not None
-    job.raw.hset(job.keys.record, "record", replace(good, nproc_per_node=4).to_json())
+    replaced(job.raw, job.keys, replace(good, nproc_per_node=4).to_json())
     snap = job.follower.sync(report("b"))
     assert any("nproc_per_node 4 is not this node's 1" in g.problem for g in snap.garbage)
+
+
+def test_a_record_replaced_at_the_same_revision_is_rewritten_by_the_leader(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """A follower reads the record again only at a new revision (SYNC does not send 10,000
+    nodes a record they hold); the leader reads it every time, so garbage put in its place at
+    the same revision is rewritten at a new one, which the follower then reads."""
+    job = form(redis_server, job_id)
+    good = job.follower.sync(report("b")).record
+    assert good is not None
+    job.raw.hset(job.keys.record, "record", "{x")
+    assert job.follower.sync(report("b")).record == good  # still the one it holds
+    assert job.lead().record_error is not None
+    job.lead()
+    snap = job.follower.sync(report("b"))
+    assert snap.rev > 1 and snap.record is not None and not snap.garbage, snap
 
 
 def test_store_writes_on_a_key_of_the_wrong_type_say_so(

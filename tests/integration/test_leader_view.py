@@ -1,0 +1,115 @@
+"""The leader reads what changed, not every report (coord/view.py), against a real redis-server
+with 1,500 nodes: more than one page, and a leases zset too big to be swept at once."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import redis
+
+from nodeagent.coord.client import connect
+from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.store import JobStore
+from nodeagent.coord.view import PAGE, SWEEP
+from nodeagent.model import Event, GpuInfo, GpuSummary, NodeReport
+from nodeagent.state import NodeState
+from tests.helpers.cluster import RedisServer
+
+M = 1500
+TTL = 60_000
+
+
+def report(name: str, **changes: object) -> NodeReport:
+    base = NodeReport(
+        name=name, address="10.0.0.1", state=NodeState.READY, free_port=1, lease_ttl_ms=TTL
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def fleet(server: RedisServer, job: str) -> tuple[JobStore, JobStore, redis.Redis, JobKeys]:
+    """`a` leads; M - 1 other nodes have beaten once."""
+    keys = JobKeys("nodeagent", job)
+    leader = JobStore(connect(server.url, 5.0), keys)
+    assert leader.sync(report("a")).leader_name == "a"
+    others = JobStore(connect(server.url, 5.0), keys)
+    others.sync_many([report(f"n{i:04d}") for i in range(1, M)])
+    return leader, others, server.client(), keys
+
+
+def names(snapshot_leases: object) -> set[str]:
+    return {lease.name for lease in snapshot_leases}  # type: ignore[attr-defined]
+
+
+def test_the_leader_reads_everything_once_then_only_what_changed(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    leader, others, _, _ = fleet(redis_server, job_id)
+    first = leader.sync(report("a"))
+    assert len(first.leases) == M and leader.last_pages >= M // PAGE
+    # Nothing changed: one sweep's slice (ZSCAN's COUNT is a hint) and no further page.
+    others.sync_many([report(f"n{i:04d}") for i in range(1, M)])
+    steady = leader.sync(report("a"))
+    assert len(steady.leases) == M and leader.last_pages == 1
+    assert leader.last_read <= 3 * SWEEP, leader.last_read
+    # A GPU's temperature is no change to plan from; its verdict is.
+    warm = GpuSummary(True, gpus=(GpuInfo(0, "ok", "none", "", temperature_c=70.0),))
+    others.sync_many([report("n0007", gpu=warm)])
+    others.sync_many(
+        [report("n0007", gpu=replace(warm, gpus=(replace(warm.gpus[0], temperature_c=71.0),)))]
+    )
+    bad = replace(warm, gpus=(replace(warm.gpus[0], health="bad"),))
+    others.sync_many([report("n0008", gpu=bad)])
+    seen = leader.sync(report("a"))
+    lease = seen.lease("n0008")
+    assert lease is not None and lease.report is not None and lease.report.gpu == bad
+    assert all(lease.deadline_ms > seen.now_ms for lease in seen.leases)
+    assert leader.last_read <= 3 * SWEEP + 2
+
+
+def test_a_node_that_leaves_is_gone_from_the_view(redis_server: RedisServer, job_id: str) -> None:
+    leader, others, _, _ = fleet(redis_server, job_id)
+    leader.sync(report("a"))
+    others.leave("n0042", Event("node_left", node="n0042"))
+    after = leader.sync(report("a"))
+    assert "n0042" not in names(after.leases) and len(after.leases) == M - 1
+
+
+def test_an_expired_lease_is_exact_and_read_without_a_change(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    leader, _, raw, keys = fleet(redis_server, job_id)
+    leader.sync(report("a"))
+    raw.zadd(keys.leases, {"n0100": 1000})  # its deadline passed long ago
+    view = leader.sync(report("a")).cluster_view()
+    assert "n0100" in view.expired and "n0100" not in view.nodes
+    assert len(view.nodes) == M - 1
+
+
+def test_a_lost_change_set_is_read_again_in_full(redis_server: RedisServer, job_id: str) -> None:
+    leader, others, raw, keys = fleet(redis_server, job_id)
+    leader.sync(report("a"))
+    raw.delete(keys.changes, keys.change_seq, keys.digests)
+    others.sync_many([report(f"n{i:04d}") for i in range(1, M)])  # each marks itself again
+    others.sync_many([report("n0005", state=NodeState.JOINING)])
+    again = leader.sync(report("a"))
+    assert leader.last_read >= M - 1 and len(again.leases) == M
+    lease = again.lease("n0005")
+    assert lease is not None and lease.report is not None
+    assert lease.report.state is NodeState.JOINING
+
+
+def test_a_lease_no_change_announced_is_found_by_the_sweep(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    leader, _, raw, keys = fleet(redis_server, job_id)
+    leader.sync(report("a"))
+    raw.set(keys.node("ghost"), report("ghost").to_json(), px=TTL)
+    raw.zadd(keys.leases, {"ghost": 10**15})  # no change marked, a deadline far beyond its TTL
+
+    def dropped() -> bool:
+        drop = leader.sync(report("a")).drop
+        return ("ghost", str(10**15)) in {(n, s.split(".")[0]) for n, s in drop}
+
+    found = next((beat for beat in range(3 * M // SWEEP) if dropped()), None)
+    assert found is not None, "the sweep never read the phantom lease"
+    assert found >= 1  # not in the first slice: the sweep found it, a change did not
