@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.view import Lease, ViewPage, ViewRead, parse_page
 from nodeagent.decode import MAX_INT, NAME_RE, parse_uint
 from nodeagent.errors import CorruptStateError
 from nodeagent.garbage import KINDS, Garbage
@@ -28,23 +29,7 @@ T = TypeVar("T")
 LEASE_SLACK_MS = 1000
 
 
-@dataclass(frozen=True)
-class NodeLease:
-    name: str
-    deadline_ms: int
-    report: NodeReport | None  # None: missing or unreadable
-
-
-@dataclass(frozen=True)
-class ViewPage:
-    """What a leader's read (scripts.READ_VIEW) says beyond the leases it read."""
-
-    seq: int  # the change counter now
-    reached: int  # the last change number read (the cursor to read from next)
-    more: bool  # a page was full: read on before planning
-    expired: tuple[NodeLease, ...]  # leases past their deadline (exact), reports not read
-    next_deadline_ms: int | None  # the earliest live lease deadline
-    sweep: str  # the ZSCAN cursor of the sweep ("0": a pass ended)
+NodeLease = Lease[NodeReport]
 
 
 @dataclass(frozen=True)
@@ -90,6 +75,9 @@ class Snapshot:
     @property
     def errors(self) -> tuple[str, ...]:
         return tuple(g.describe() for g in self.garbage)
+
+    def view_read(self) -> ViewRead[NodeReport]:
+        return ViewRead(self.leader, self.leases, self.gone, self.drop, self.page)
 
     def lease(self, name: str) -> NodeLease | None:
         return next((lease for lease in self.leases if lease.name == name), None)
@@ -221,33 +209,13 @@ def _leases(
 def _page(
     keys: JobKeys, now_ms: int, reply: Sequence[Any], garbage: list[Garbage], drop: list[Any]
 ) -> ViewPage | None:
-    if len(reply) < 17:
-        return None
-    expired = []
-    flat = reply[14]
-    for i in range(0, len(flat) - 1, 2):
-        entry = (flat[i], flat[i + 1], "", 0)
-        lease = read_lease(keys, now_ms, entry, garbage)
+    def check(name: str, score: str) -> int | None:
+        lease = read_lease(keys, now_ms, (name, score, "", 0), garbage)
         if lease is None:
-            drop.append((_text(entry[0]), _text(entry[1])))
-        else:
-            expired.append(lease)
-    return ViewPage(
-        seq=parse_uint(reply[11]) or 0,
-        reached=parse_uint(reply[12]) or 0,
-        more=bool(reply[13]),
-        expired=tuple(expired),
-        next_deadline_ms=_deadline(reply[15]),
-        sweep=_text(reply[16]) if reply[16] else "0",
-    )
+            drop.append((name, score))
+        return lease.deadline_ms if lease else None
 
-
-def _deadline(raw: Any) -> int | None:
-    try:
-        value = float(_text(raw)) if raw else math.nan
-    except ValueError:
-        return None
-    return int(value) if math.isfinite(value) and 0 <= value <= MAX_INT else None
+    return parse_page(reply, check)
 
 
 def _commands(

@@ -71,7 +71,7 @@ class JobStore:
         kwargs = getattr(client.connection_pool, "connection_kwargs", None)
         if isinstance(kwargs, dict):
             kwargs.setdefault("encoding_errors", "replace")
-        self._view = LeaderView()  # what this node read while it leads
+        self._view: LeaderView[NodeReport] = LeaderView()  # what it read while it leads
         self.last_read = 0  # reports read by the leader's last heartbeat, every page of it
         self.last_pages = 0  # and the calls it took
         self._held: HeldRecord | None = None  # the record as last read, not sent again
@@ -96,7 +96,7 @@ class JobStore:
             if snapshot.leader_name == report.name:
                 snapshot = self._read_on(snapshot)
             else:
-                self._view = LeaderView()
+                self._view = LeaderView[NodeReport]()
         except CoordinationError:
             self.garbage.put_back(pending)
             raise
@@ -110,7 +110,7 @@ class JobStore:
         """The leader's snapshot with its kept view: the pages after SYNC's first one are read
         before it plans (each a bounded READ_PAGE call), and every lease known is in it."""
         view = self._view
-        complete = view.start(snapshot)
+        complete = view.start(snapshot.view_read())
         page = snapshot.page
         garbage, drop = list(snapshot.garbage), list(snapshot.drop)
         expired = len(page.expired) if page else 0
@@ -119,7 +119,7 @@ class JobStore:
             if complete and not (page and page.more):
                 break
             more = self._read_page(view.cursor, "", SWEEP, expired)
-            view.add(more)
+            view.add(more.view_read())
             page, complete = more.page, True
             expired += len(page.expired) if page else 0
             garbage += more.garbage
@@ -132,7 +132,7 @@ class JobStore:
             )
         whole = replace(
             snapshot,
-            leases=view.leases(snapshot.now_ms),
+            leases=view.leases(),
             garbage=tuple(dict.fromkeys(garbage)),
             drop=tuple(dict.fromkeys(drop)),
         )

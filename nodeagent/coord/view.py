@@ -19,24 +19,63 @@ the cursor, so the leader reads each node as it marks itself again and keeps the
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
 
-from nodeagent.coord.replies import NodeLease, Snapshot
+from nodeagent.decode import MAX_INT, parse_uint
+
+R = TypeVar("R")
 
 PAGE = 500  # nodes read per call: about a millisecond of Redis time
 SWEEP = 100  # leases swept per heartbeat: each one read again every M / SWEEP heartbeats
 
 
-class LeaderView:
+@dataclass(frozen=True)
+class Lease(Generic[R]):
+    """A node's lease as a leader read it: its deadline (server ms) and its report (a job's
+    NodeReport, a pool's PoolNode; None when missing or unreadable)."""
+
+    name: str
+    deadline_ms: int
+    report: R | None
+
+
+@dataclass(frozen=True)
+class ViewPage:
+    """What a leader's read (scripts.READ_VIEW) says beyond the leases it read."""
+
+    seq: int  # the change counter now
+    reached: int  # the last change number read (the cursor to read from next)
+    more: bool  # a page was full: read on before planning
+    expired: tuple[tuple[str, int], ...]  # leases past their deadline: (name, exact deadline)
+    next_deadline_ms: int | None  # the earliest live lease deadline
+    sweep: str  # the ZSCAN cursor of the sweep ("0": a pass ended)
+
+
+@dataclass(frozen=True)
+class ViewRead(Generic[R]):
+    """One page as read: the leases read (valid ones), those that hold none (gone), garbage
+    leases to drop (member, score as read), and the rest of the page."""
+
+    leader: str | None
+    leases: tuple[Lease[R], ...]
+    gone: tuple[str, ...] = ()
+    drop: tuple[tuple[str, str], ...] = ()
+    page: ViewPage | None = None
+
+
+class LeaderView(Generic[R]):
     def __init__(self) -> None:
         self.token: str | None = None
         self.cursor = 0
         self.sweep = "0"
-        self._leases: dict[str, NodeLease] = {}
-        self._fresh: dict[str, NodeLease] = {}  # read this round, and every expired lease
+        self._leases: dict[str, Lease[R]] = {}
+        self._fresh: dict[str, Lease[R]] = {}  # read this round, and every expired lease
         self._next_deadline: int | None = None
 
-    def start(self, snapshot: Snapshot) -> bool:
+    def start(self, snapshot: ViewRead[R]) -> bool:
         """A new round from the leader's heartbeat. False when the view started over: what it
         read from the old cursor is kept, but everything must be read again from 0."""
         page = snapshot.page
@@ -50,7 +89,7 @@ class LeaderView:
         self.add(snapshot)
         return True
 
-    def add(self, snapshot: Snapshot, keep_cursor: bool = True) -> None:
+    def add(self, snapshot: ViewRead[R], keep_cursor: bool = True) -> None:
         """Fold in one page (of SYNC or READ_PAGE)."""
         page = snapshot.page
         for name in snapshot.gone:
@@ -61,10 +100,10 @@ class LeaderView:
             self._leases[lease.name] = self._fresh[lease.name] = lease
         if page is None:
             return
-        for lease in page.expired:
-            known = self._leases.get(lease.name)
-            kept = NodeLease(lease.name, lease.deadline_ms, known.report if known else None)
-            self._leases[lease.name] = self._fresh[lease.name] = kept
+        for name, deadline in page.expired:
+            known = self._leases.get(name)
+            kept = Lease(name, deadline, known.report if known else None)
+            self._leases[name] = self._fresh[name] = kept
         self._next_deadline = page.next_deadline_ms
         if keep_cursor:
             self.cursor = max(self.cursor, page.reached)
@@ -77,16 +116,16 @@ class LeaderView:
             self._leases.pop(name, None)
             self._fresh.pop(name, None)
 
-    def leases(self, now_ms: int) -> tuple[NodeLease, ...]:
+    def leases(self) -> tuple[Lease[R], ...]:
         """Every lease known, each with a deadline no later than its real one (module doc)."""
-        floor = self._next_deadline if self._next_deadline is not None else None
+        floor = self._next_deadline
         found = []
         for name, lease in self._leases.items():
             if name in self._fresh:
                 found.append(lease)
             elif floor is not None:  # not expired, so live: at least the earliest live deadline
                 deadline = max(lease.deadline_ms, floor)
-                found.append(lease if deadline == lease.deadline_ms else _at(lease, deadline))
+                found.append(replace(lease, deadline_ms=deadline))
             # else no lease is live, and this one was not among the expired: it holds none
         return tuple(found)
 
@@ -94,5 +133,35 @@ class LeaderView:
         return len(self._leases)
 
 
-def _at(lease: NodeLease, deadline_ms: int) -> NodeLease:
-    return NodeLease(lease.name, deadline_ms, lease.report)
+def parse_page(reply: Sequence[Any], check: Callable[[str, str], int | None]) -> ViewPage | None:
+    """The ViewPage of a SYNC (leader) or READ_PAGE reply (scripts.py); `check` gives an
+    expired lease's deadline, or None when it is garbage (the caller notes and drops it)."""
+    if len(reply) < 17:
+        return None
+    expired = []
+    flat = reply[14]
+    for i in range(0, len(flat) - 1, 2):
+        name, score = _text(flat[i]), _text(flat[i + 1])
+        deadline = check(name, score)
+        if deadline is not None:
+            expired.append((name, deadline))
+    return ViewPage(
+        seq=parse_uint(reply[11]) or 0,
+        reached=parse_uint(reply[12]) or 0,
+        more=bool(reply[13]),
+        expired=tuple(expired),
+        next_deadline_ms=_deadline(reply[15]),
+        sweep=_text(reply[16]) if reply[16] else "0",
+    )
+
+
+def _deadline(raw: Any) -> int | None:
+    try:
+        value = float(_text(raw)) if raw else math.nan
+    except ValueError:
+        return None
+    return int(value) if math.isfinite(value) and 0 <= value <= MAX_INT else None
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
