@@ -236,6 +236,7 @@ class Slice:
     counts: dict[str, int] = field(default_factory=dict)  # job beats in the steady window
     late: list[float] = field(default_factory=list)  # how late each batch ran, in the window
     latest: float = 0.0  # the latest one in the whole run
+    pool_beats: int = 0
     acked: dict[str, int] = field(default_factory=dict)  # job -> generation acknowledged
     held: dict[str, int] = field(default_factory=dict)  # job -> the record revision read
     reports: dict[str, NodeReport] = field(default_factory=dict)  # for that generation
@@ -307,7 +308,9 @@ def follow(
                 send(stores[job], work, [n for n in acks if alive or n not in dead], ())
         batch = [n for n in batches[k % BATCHES] if alive or n not in dead]
         if pool is not None:
-            pool.sync_many([pool_reports[n] for n in batch if n != fleet.name(0)])
+            pooled = [pool_reports[n] for n in batch if n != fleet.name(0)]
+            pool.sync_many(pooled)
+            work.pool_beats += len(pooled)
         counted = clock.window[0] <= now < clock.window[1]
         for job in dict.fromkeys(work.jobs[n] for n in batch):
             ours = [n for n in batch if work.jobs[n] == job and n not in leaders]
@@ -342,6 +345,7 @@ def summary(
         "batch_late_ms": stats(work.late),
         "batch_late_ms_max_whole_run": round(work.latest * 1000, 1),
         "cpu_percent": round(cpu / (clock.end - clock.start) * 100, 1),
+        "cpu_us_per_beat": round(cpu / max(1, beats + work.pool_beats) * 1e6, 1),  # job or pool
     }
 
 
@@ -552,10 +556,10 @@ class RedisProbe:
         }
 
     def latency(self) -> list[dict[str, Any]]:
-        """LATENCY LATEST of each server: event, its latest and its highest spike (ms)."""
+        """LATENCY LATEST of each server (by index): event, its latest and highest spike (ms)."""
         return [
-            {"event": e[0], "latest_ms": int(e[2]), "max_ms": int(e[3])}
-            for c in self.clients
+            {"server": i, "event": e[0], "latest_ms": int(e[2]), "max_ms": int(e[3])}
+            for i, c in enumerate(self.clients)
             for e in c.latency_latest()
         ]
 
