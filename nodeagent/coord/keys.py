@@ -94,6 +94,9 @@ POOL_CANCELS_KEY = "%s:{pool:%s}:cancels"  # HASH job id -> who asked to cancel 
 POOL_CORDONS_KEY = "%s:{pool:%s}:cordons"  # HASH node -> JSON Cordon (out of the pool)
 POOL_EVENTS_KEY = "%s:{pool:%s}:events"  # STREAM of pool events, capped
 POOL_QUEUES_KEY = "%s:{pool:%s}:queues"  # HASH queue name -> JSON QueueView (nodeagentctl queue)
+POOL_CHANGES_KEY = "%s:{pool:%s}:changes"  # ZSET node -> change number (as a job's changes)
+POOL_CHANGE_SEQ_KEY = "%s:{pool:%s}:change-seq"  # INCR counter: change numbers
+POOL_DIGESTS_KEY = "%s:{pool:%s}:digests"  # HASH node -> digest of its pool report
 
 
 @dataclass(frozen=True)
@@ -159,3 +162,15 @@ class PoolKeys:
     @property
     def queues(self) -> str:
         return self._key(POOL_QUEUES_KEY)
+
+    @property
+    def changes(self) -> str:
+        return self._key(POOL_CHANGES_KEY)
+
+    @property
+    def change_seq(self) -> str:
+        return self._key(POOL_CHANGE_SEQ_KEY)
+
+    @property
+    def digests(self) -> str:
+        return self._key(POOL_DIGESTS_KEY)

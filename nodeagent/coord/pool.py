@@ -9,7 +9,7 @@ script, so a pool spread over a Redis Cluster works).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -18,8 +18,9 @@ from nodeagent.coord import streams
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import EVENTS_MAXLEN, PoolKeys
 from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_READ, POOL_SUBMIT, POOL_SYNC
-from nodeagent.coord.scripts import LEAVE
+from nodeagent.coord.scripts import LEAVE, READ_PAGE
 from nodeagent.coord.store import JobStore
+from nodeagent.coord.view import PAGE, SWEEP, LeaderView, Lease, ViewRead, parse_page
 from nodeagent.decode import NAME_RE
 from nodeagent.errors import CorruptStateError
 from nodeagent.jobspec import JobSpec
@@ -96,6 +97,10 @@ class PoolStore:
         self._commit = client.register_script(POOL_COMMIT)
         self._submit = client.register_script(POOL_SUBMIT)
         self._leave = client.register_script(LEAVE)  # a job's and a pool's: the same steps
+        self._page = client.register_script(READ_PAGE)  # and the same paged read of nodes
+        self._view: LeaderView[PoolNode] = LeaderView()  # what it read while leading the pool
+        self._records: dict[str, tuple[str, JobRecord | None]] = {}  # by revision as read
+        self.last_read = 0  # node reports read by the last read(), every page of it
 
     def sync(self, report: PoolNode) -> PoolBeat:
         with redis_errors("pool heartbeat"):
@@ -122,20 +127,41 @@ class PoolStore:
         """KEYS and ARGV of the POOL_SYNC script (see its header in poolscripts.py)."""
         k = self.keys
         return (
-            [k.node(report.name), k.leases, k.leader, k.leader_epoch, k.placements],
-            [report.name, report.to_json(), report.lease_ttl_ms, k.node_prefix()],
+            [
+                k.node(report.name),
+                k.leases,
+                k.leader,
+                k.leader_epoch,
+                k.placements,
+                k.changes,
+                k.change_seq,
+                k.digests,
+            ],
+            [report.name, report.to_json(), report.lease_ttl_ms, k.node_prefix(), report.digest],
         )
 
-    def read(self) -> PoolSnapshot:
+    def read(self, led_by: str | None = None) -> PoolSnapshot:
+        """The whole pool: its hashes in one call, its nodes in pages. The pool leader (its
+        lease value as `led_by`) keeps what it read and reads only the nodes changed since
+        (coord/view.py); anyone else reads every node (a ZSCAN of the leases)."""
         k = self.keys
         with redis_errors("read the pool"):
             reply: Any = self._read(
-                keys=[k.leases, k.placements, k.jobs, k.cancels, k.cordons, k.leader, k.queues],
-                args=[k.node_prefix()],
+                keys=[k.placements, k.jobs, k.cancels, k.cordons, k.leader, k.queues]
             )
-        now, leader, leases, reports, placements, jobs, cancels, cordons, queues, noted = reply
+        now, leader, placements, jobs, cancels, cordons, queues, noted = reply
         garbage = [str(g) for g in noted]
-        deadlines, nodes = _leases(int(now), leases, reports, garbage)
+        if led_by is not None:
+            leases = self._led(led_by, int(now), garbage)
+        else:
+            self._view = LeaderView()
+            leases = self._all(int(now), garbage)
+        deadlines = {lease.name: lease.deadline_ms for lease in leases}
+        nodes = {
+            lease.name: lease.report
+            for lease in leases
+            if lease.report is not None and lease.deadline_ms > int(now)
+        }
         return PoolSnapshot(
             now_ms=int(now),
             leader=leader or None,
@@ -147,7 +173,7 @@ class PoolStore:
             jobs=_decoded(jobs, PoolJob.from_json, "pool job", garbage),
             cancels={j: by[:256] for j, by in _pairs(cancels)},
             cordons=_decoded(cordons, Cordon.from_json, "pool cordon", garbage),
-            garbage=tuple(garbage),
+            garbage=tuple(dict.fromkeys(garbage)),
             queues={
                 name: queue
                 for name, queue in _decoded(
@@ -156,6 +182,48 @@ class PoolStore:
                 if queue.name == name
             },
         )
+
+    def _led(self, token: str, now: int, garbage: list[str]) -> tuple[Lease[PoolNode], ...]:
+        view = self._view
+        first = self._read_page(now, view.cursor, view.sweep, SWEEP, 0, garbage)
+        complete = view.start(replace(first, leader=token))
+        page, expired = first.page, len(first.page.expired) if first.page else 0
+        self.last_read = len(first.leases) + len(first.gone)
+        while not complete or (page and page.more):
+            more = self._read_page(now, view.cursor, "", SWEEP, expired, garbage)
+            view.add(more)
+            page, complete = more.page, True
+            expired += len(page.expired) if page else 0
+            self.last_read += len(more.leases) + len(more.gone)
+        return view.leases()
+
+    def _all(self, now: int, garbage: list[str]) -> tuple[Lease[PoolNode], ...]:
+        found: dict[str, Lease[PoolNode]] = {}
+        sweep = "0"
+        while True:
+            read = self._read_page(now, "+inf", sweep, PAGE, 0, garbage)
+            found.update((lease.name, lease) for lease in read.leases)
+            sweep = read.page.sweep if read.page else "0"
+            if sweep == "0":
+                return tuple(found.values())
+
+    def _read_page(
+        self, now: int, cursor: int | str, sweep: str, count: int, expired: int, garbage: list[str]
+    ) -> ViewRead[PoolNode]:
+        k = self.keys
+        with redis_errors("read the pool's nodes"):
+            reply: Any = self._page(
+                keys=[k.leases, k.changes, k.change_seq, k.leader],
+                args=[k.node_prefix(), cursor, sweep, count, PAGE, expired],
+            )
+        garbage += (str(g) for g in reply[6])
+        leases, gone = _leases(now, reply[7], reply[8], garbage)
+
+        def check(name: str, score: str) -> int | None:
+            deadline = _deadline(name, score, garbage)
+            return deadline if deadline is not None and NAME_RE.match(name) else None
+
+        return ViewRead(reply[1] or None, leases, gone, page=parse_page(reply, check))
 
     def status(self, job_id: str) -> PoolJob | None:
         """One job's pool status (None: no such job, or its status is unreadable), without
@@ -190,22 +258,33 @@ class PoolStore:
         return None if found == "no spec stored" else found
 
     def records(self, ids: Iterable[str]) -> dict[str, JobRecord | None]:
-        """Each job's own record (None: none yet, or unreadable: its leader rewrites it)."""
+        """Each job's own record (None: none yet, or unreadable: its leader rewrites it). A
+        record is read again only at a new revision (one round trip for the revisions, one
+        more for the records that moved)."""
         ids = list(ids)
         if not ids:
             return {}
         pipe = self.client.pipeline(transaction=False)
         for job_id in ids:
+            pipe.hget(self.keys.job(job_id).record, "rev")
+        with redis_errors("read job records"):
+            revs = pipe.execute(raise_on_error=False)
+        moved = [
+            (job_id, rev)
+            for job_id, rev in zip(ids, revs, strict=True)
+            if not isinstance(rev, str) or self._records.get(job_id, ("",))[0] != rev
+        ]
+        for job_id, _ in moved:
             pipe.hget(self.keys.job(job_id).record, "record")
         with redis_errors("read job records"):
-            raws = pipe.execute(raise_on_error=False)
-        found: dict[str, JobRecord | None] = {}
-        for job_id, raw in zip(ids, raws, strict=True):
+            raws = pipe.execute(raise_on_error=False) if moved else []
+        for (job_id, rev), raw in zip(moved, raws, strict=True):
             try:
-                found[job_id] = JobRecord.from_json(raw) if isinstance(raw, str) else None
+                record = JobRecord.from_json(raw) if isinstance(raw, str) else None
             except CorruptStateError:
-                found[job_id] = None
-        return found
+                record = None
+            self._records[job_id] = (rev if isinstance(rev, str) else "", record)
+        return {job_id: self._records[job_id][1] for job_id in ids}
 
     def commit(self, leader: str, write: PoolWrite) -> None:
         """Raises: FencedError when another node leads the pool."""
@@ -216,7 +295,11 @@ class PoolStore:
         args += [len(write.drop_leases), *write.drop_leases]
         args += [e.to_json() for e in write.events]
         with redis_errors("pool leader write"):
-            self._commit(keys=[k.leader, k.placements, k.jobs, k.events, k.leases], args=args)
+            self._commit(
+                keys=[k.leader, k.placements, k.jobs, k.events, k.leases, k.changes, k.digests],
+                args=args,
+            )
+        self._view.forget(write.drop_leases)
 
     def submit(self, spec: JobSpec, pinned: bool = False) -> tuple[bool, PoolJob | None]:
         """Store a new job (pending); (False, its status) when the id exists already."""
@@ -333,7 +416,10 @@ class PoolStore:
         event = Event("node_left", node=name, message=f"{name} left the pool")
         with redis_errors("leave the pool"):
             self._leave(
-                keys=[k.node(name), k.leases, k.leader, k.events],
+                keys=[
+                    *(k.node(name), k.leases, k.leader, k.events),
+                    *(k.changes, k.change_seq, k.digests),
+                ],
                 args=[name, EVENTS_MAXLEN, event.to_json()],
             )
 
@@ -353,29 +439,39 @@ def _decoded(flat: Sequence[Any], decode: Any, what: str, garbage: list[str]) ->
 
 
 def _leases(
-    now: int, leases: Sequence[Any], reports: Sequence[Any], garbage: list[str]
-) -> tuple[dict[str, int], dict[str, PoolNode]]:
-    deadlines: dict[str, int] = {}
-    nodes: dict[str, PoolNode] = {}
-    for (name, score), raw in zip(_pairs(leases), reports, strict=False):
-        try:
-            deadline = int(float(score))
-        except (ValueError, OverflowError):
-            garbage.append(f"pool lease {name[:64]!r}: deadline {score[:32]!r} is not a number")
+    now: int, flat: Sequence[Any], reports: Sequence[Any], garbage: list[str]
+) -> tuple[tuple[Lease[PoolNode], ...], tuple[str, ...]]:
+    """The leases of a READ_PAGE reply (an entry with no deadline: its node holds none)."""
+    leases: list[Lease[PoolNode]] = []
+    gone: list[str] = []
+    for i, raw in enumerate(reports):
+        name, score = str(flat[2 * i]), flat[2 * i + 1]
+        if score is None:
+            gone.append(name)
+            continue
+        deadline = _deadline(name, str(score), garbage)
+        if deadline is None:
             continue
         if not NAME_RE.match(name):
             garbage.append(f"pool lease {name[:64]!r}: not a node name")
             continue
-        deadlines[name] = deadline
-        if deadline <= now or not raw:
-            continue
-        try:
-            report = PoolNode.from_json(raw)
-        except CorruptStateError as exc:
-            garbage.append(f"pool node {name!r}: {exc}")
-            continue
-        if report.name == name:
-            nodes[name] = report
-        else:
-            garbage.append(f"pool node {name!r}: its report names {report.name!r}")
-    return deadlines, nodes
+        report = None
+        if deadline > now and raw:
+            try:
+                report = PoolNode.from_json(raw)
+            except CorruptStateError as exc:
+                garbage.append(f"pool node {name!r}: {exc}")
+            else:
+                if report.name != name:
+                    garbage.append(f"pool node {name!r}: its report names {report.name!r}")
+                    report = None
+        leases.append(Lease(name, deadline, report))
+    return tuple(leases), tuple(gone)
+
+
+def _deadline(name: str, score: str, garbage: list[str]) -> int | None:
+    try:
+        return int(float(score))
+    except (ValueError, OverflowError):
+        garbage.append(f"pool lease {name[:64]!r}: deadline {score[:32]!r} is not a number")
+        return None

@@ -5,15 +5,16 @@ scripts.py) and skipped, never a failed heartbeat.
 
 from __future__ import annotations
 
-from nodeagent.coord.scripts import GARBAGE, LEADER, NOW, TAKE_LEADER
+from nodeagent.coord.scripts import CHANGES, GARBAGE, LEADER, NOW, TAKE_LEADER
 
 POOL_SYNC = (
     """
--- A node's pool heartbeat: renew its pool lease, take or renew the pool leader lease, read
--- where the pool placed it.
+-- A node's pool heartbeat: renew its pool lease, take or renew the pool leader lease, mark the
+-- node changed when its report did (as a job's SYNC), read where the pool placed it.
 -- KEYS[1] node key  KEYS[2] leases zset  KEYS[3] leader  KEYS[4] leader epoch
--- KEYS[5] placements hash
+-- KEYS[5] placements hash  KEYS[6] changes zset  KEYS[7] change-seq  KEYS[8] digests hash
 -- ARGV[1] node name  ARGV[2] report JSON  ARGV[3] lease ttl ms  ARGV[4] node key prefix
+-- ARGV[5] report digest
 -- Returns {now_ms, leader or false, leader lease deadline or false, placement or false,
 --   garbage}.
 """
@@ -21,11 +22,16 @@ POOL_SYNC = (
     + GARBAGE
     + LEADER
     + TAKE_LEADER
+    + CHANGES
     + """
 local name, ttl = ARGV[1], tonumber(ARGV[3])
+local back = redis.call('EXISTS', KEYS[1]) == 0
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
 try('leases', KEYS[2], 'zset', 'lease not renewed', 'ZADD', KEYS[2], now + ttl, name)
 local leader = take_leader(name, ARGV[4], ttl)
+if leader and string.sub(leader, 1, #name + 1) == name .. ' ' then repair_changes(6) end
+local digest = try('changes', KEYS[8], 'hash', 'ignored', 'HGET', KEYS[8], name)
+if back or digest ~= ARGV[5] then mark_changed(6, name, ARGV[5]) end
 local pttl = redis.call('PTTL', KEYS[3])
 local deadline = false
 if pttl > 0 then deadline = now + pttl end
@@ -36,30 +42,23 @@ return {now, leader or false, deadline, placement, garbage}
 
 POOL_READ = (
     """
--- The whole pool, read at once (the pool leader, nodeagentctl): repairs nothing.
--- KEYS[1] leases zset  KEYS[2] placements  KEYS[3] jobs  KEYS[4] cancels  KEYS[5] cordons
--- KEYS[6] leader  KEYS[7] queues
--- ARGV[1] node key prefix
--- Returns {now_ms, leader or false, leases (name, deadline, ...), reports ('' if missing),
---   placements, jobs, cancels, cordons, queues (flat field/value lists), garbage}.
+-- The pool's hashes, read at once (the pool leader, nodeagentctl): repairs nothing. Its nodes
+-- are read in pages (scripts.READ_PAGE), so no call grows with the number of nodes.
+-- KEYS[1] placements  KEYS[2] jobs  KEYS[3] cancels  KEYS[4] cordons  KEYS[5] leader
+-- KEYS[6] queues
+-- Returns {now_ms, leader or false, placements, jobs, cancels, cordons, queues (flat
+--   field/value lists), garbage}.
 """
     + NOW
     + GARBAGE
     + """
-local leases = try('leases', KEYS[1], 'zset', 'ignored', 'ZRANGE', KEYS[1], 0, -1,
-  'WITHSCORES') or {}
-local reports = {}
-for i = 1, #leases, 2 do
-  local key = ARGV[1] .. leases[i]
-  reports[#reports + 1] = try('node', key, 'string', 'ignored', 'GET', key) or ''
-end
 local function all(kind, key)
   return try(kind, key, 'hash', 'ignored', 'HGETALL', key) or {}
 end
-local leader = redis.pcall('GET', KEYS[6])
+local leader = redis.pcall('GET', KEYS[5])
 if type(leader) ~= 'string' then leader = false end
-return {now, leader, leases, reports, all('placements', KEYS[2]), all('jobs', KEYS[3]),
-  all('cancels', KEYS[4]), all('cordons', KEYS[5]), all('queues', KEYS[7]), garbage}
+return {now, leader, all('placements', KEYS[1]), all('jobs', KEYS[2]), all('cancels', KEYS[3]),
+  all('cordons', KEYS[4]), all('queues', KEYS[6]), garbage}
 """
 )
 
@@ -67,6 +66,7 @@ POOL_COMMIT = (
     """
 -- The pool leader's write, fenced by its lease value.
 -- KEYS[1] leader  KEYS[2] placements  KEYS[3] jobs  KEYS[4] events  KEYS[5] leases
+-- KEYS[6] changes  KEYS[7] digests (a dropped lease's node leaves the change set)
 -- ARGV[1] leader value ("<name> <token>")  ARGV[2] events maxlen
 -- ARGV[3] n, then n nodes to unplace; then m, then m (node, job) placements; then k, then k
 --   (job, status JSON); then r, then r lapsed leases to drop (kept if renewed meanwhile);
@@ -98,6 +98,8 @@ for j = first, first + n - 1 do
   local deadline = redis.pcall('ZSCORE', KEYS[5], ARGV[j])
   if type(deadline) == 'string' and tonumber(deadline) <= now then
     redis.pcall('ZREM', KEYS[5], ARGV[j])
+    redis.pcall('ZREM', KEYS[6], ARGV[j])
+    redis.pcall('HDEL', KEYS[7], ARGV[j])
   end
 end
 for j = i, #ARGV do

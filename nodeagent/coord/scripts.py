@@ -156,6 +156,23 @@ local function mark_changed(ci, name, digest)
     redis.pcall('HDEL', KEYS[ci + 2], name)
   end
 end
+-- The leader's repair: the change set is one thing; any of its keys garbage, all three go (each
+-- node marks itself again at its next heartbeat, above the leader's cursor).
+local function repair_changes(ci)
+  local set = {{KEYS[ci], 'zset'}, {KEYS[ci + 1], 'string'}, {KEYS[ci + 2], 'hash'}}
+  for _, k in ipairs(set) do
+    local found = kind_of(k[1])
+    local counter = found == 'string' and k[2] == 'string'
+    if counter and not is_uint(redis.call('GET', k[1])) then found = 'garbage' end
+    if found ~= k[2] and found ~= 'none' then
+      local problem = wrong(k[1], k[2])
+      if counter then problem = 'is not a counter' end
+      note('changes', k[1], problem, 'the change set is rebuilt')
+      redis.call('DEL', KEYS[ci], KEYS[ci + 1], KEYS[ci + 2])
+      return
+    end
+  end
+end
 """
 
 # The leader's bounded read (KEYS[li] leases, KEYS[ci] changes, KEYS[ci + 1] change-seq):
@@ -307,21 +324,7 @@ local function repair()
       redis.call('DEL', k[2])
     end
   end
-  -- The change set is one thing: any of its keys garbage, all three go (every node marks itself
-  -- again at its next heartbeat, and the counter restarting tells the leader to read it all).
-  local set = {{KEYS[9], 'zset'}, {KEYS[10], 'string'}, {KEYS[11], 'hash'}}
-  for _, k in ipairs(set) do
-    local found = kind_of(k[1])
-    local counter = found == 'string' and k[2] == 'string'
-    if counter and not is_uint(redis.call('GET', k[1])) then found = 'garbage' end
-    if found ~= k[2] and found ~= 'none' then
-      local problem = wrong(k[1], k[2])
-      if counter then problem = 'is not a counter' end
-      note('changes', k[1], problem, 'the change set is rebuilt')
-      redis.call('DEL', KEYS[9], KEYS[10], KEYS[11])
-      break
-    end
-  end
+  repair_changes(9)
 end
 """
 
@@ -349,8 +352,8 @@ SYNC = (
     + GARBAGE
     + LEADER
     + TAKE_LEADER
-    + _REPAIR
     + CHANGES
+    + _REPAIR
     + READ_VIEW
     + """
 local name = ARGV[1]

@@ -29,14 +29,17 @@ class Round:
     garbage: tuple[str, ...] = ()  # what was read that nodeagent does not write (ignored)
 
 
-def read_view(store: PoolStore) -> tuple[PoolSnapshot, PoolView, dict[str, JobRecord | None]]:
+def read_view(
+    store: PoolStore, led_by: str | None = None
+) -> tuple[PoolSnapshot, PoolView, dict[str, JobRecord | None]]:
     """The pool as schedule() sees it (also what `nodeagentctl jobs` shows), and the records
-    of its running and pinned jobs.
+    of its running and pinned jobs. `led_by`: the pool leader's lease value (it reads only
+    the nodes changed since its last round, PoolStore.read).
 
     Raises:
         CoordinationError: Redis could not be read.
     """
-    snap = store.read()
+    snap = store.read(led_by)
     pinning = {report.pinned for report in snap.nodes.values()}
     placed = set(snap.placements.values())
     live = [
@@ -94,7 +97,7 @@ def lead(store: PoolStore, leader: str, policy: SchedulePolicy) -> Round:
         CoordinationError: Redis could not be read or written.
         FencedError: another node leads the pool now.
     """
-    snap, view, _ = read_view(store)
+    snap, view, _ = read_view(store, leader)
     result = schedule(view, policy)
     before = dict(snap.placements)
     lapsed = snap.lapsed

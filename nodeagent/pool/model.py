@@ -8,6 +8,8 @@ decides which nodes serve which job.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
@@ -67,6 +69,11 @@ class PoolNode:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """A new one marks the node changed, so the pool leader reads it (poolscripts.POOL_SYNC)."""
+        return hashlib.blake2b(self.to_json().encode(), digest_size=8).hexdigest()
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> PoolNode:

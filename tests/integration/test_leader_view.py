@@ -8,10 +8,12 @@ from dataclasses import replace
 import redis
 
 from nodeagent.coord.client import connect
-from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.keys import JobKeys, PoolKeys
+from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.coord.view import PAGE, SWEEP
 from nodeagent.model import Event, GpuInfo, GpuSummary, NodeReport
+from nodeagent.pool.model import PoolNode
 from nodeagent.state import NodeState
 from tests.helpers.cluster import RedisServer
 
@@ -113,3 +115,24 @@ def test_a_lease_no_change_announced_is_found_by_the_sweep(
     found = next((beat for beat in range(3 * M // SWEEP) if dropped()), None)
     assert found is not None, "the sweep never read the phantom lease"
     assert found >= 1  # not in the first slice: the sweep found it, a change did not
+
+
+def pool_node(name: str, **changes: object) -> PoolNode:
+    return replace(PoolNode(name, "10.0.0.1", TTL), **changes)  # type: ignore[arg-type]
+
+
+def test_the_pool_leader_reads_what_changed(redis_server: RedisServer, job_id: str) -> None:
+    store = PoolStore(connect(redis_server.url, 5.0), PoolKeys("nodeagent", job_id))
+    beat = store.sync(pool_node("a"))
+    token = beat.leader
+    assert token is not None and beat.leader_name == "a"
+    store.sync_many([pool_node(f"n{i:04d}") for i in range(1, M)])
+    assert len(store.read(token).nodes) == M and store.last_read >= M
+    store.sync_many([pool_node(f"n{i:04d}") for i in range(1, M)])
+    store.sync_many([pool_node("n0009", serving="train")])
+    snap = store.read(token)
+    assert len(snap.nodes) == M and snap.nodes["n0009"].serving == "train"
+    assert store.last_read <= 3 * SWEEP + 1, store.last_read
+    # What an operator reads: every node, each time.
+    other = PoolStore(connect(redis_server.url, 5.0), PoolKeys("nodeagent", job_id))
+    assert other.read().nodes == snap.nodes and other.last_read == 0
