@@ -195,7 +195,7 @@ class PoolStore:
             page, complete = more.page, True
             expired += len(page.expired) if page else 0
             self.last_read += len(more.leases) + len(more.gone)
-        return view.leases()
+        return view.leases(now)
 
     def _all(self, now: int, garbage: list[str]) -> tuple[Lease[PoolNode], ...]:
         found: dict[str, Lease[PoolNode]] = {}

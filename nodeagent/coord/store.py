@@ -132,7 +132,7 @@ class JobStore:
             )
         whole = replace(
             snapshot,
-            leases=view.leases(),
+            leases=view.leases(snapshot.now_ms),
             garbage=tuple(dict.fromkeys(garbage)),
             drop=tuple(dict.fromkeys(drop)),
         )

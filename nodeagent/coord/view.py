@@ -8,8 +8,9 @@ deadline). This view folds the pages into what the leader plans from.
 
 What it knows of a lease it did not read this round: the deadline it read then, which has only
 grown since, and, since the lease is not among the expired, one no earlier than the earliest
-live deadline. So `leases()` gives each the larger of the two: a lower bound of its deadline
-that is later than now, exact for the leases read this round and for every expired one.
+live deadline. So `leases()` gives each a lower bound of its deadline that is later than now:
+the one it read while that is ahead, else the earliest live deadline; exact for the leases read
+this round and for every expired one.
 
 The view starts over (everything read again, in pages) when the leader's token changes (a new
 term: the change set may have moved while another node led) and when the change counter is
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from nodeagent.decode import MAX_INT, parse_uint
@@ -116,17 +117,22 @@ class LeaderView(Generic[R]):
             self._leases.pop(name, None)
             self._fresh.pop(name, None)
 
-    def leases(self) -> tuple[Lease[R], ...]:
-        """Every lease known, each with a deadline no later than its real one (module doc)."""
+    def leases(self, now_ms: int) -> tuple[Lease[R], ...]:
+        """Every lease known, each with a deadline no later than its real one (module doc). A
+        lease not read again keeps the deadline it has while that is still ahead of `now_ms`,
+        so each is rebuilt about once per lease_ttl, not at every heartbeat."""
         floor = self._next_deadline
         found = []
         for name, lease in self._leases.items():
             if name in self._fresh:
                 found.append(lease)
-            elif floor is not None:  # not expired, so live: at least the earliest live deadline
-                deadline = max(lease.deadline_ms, floor)
-                found.append(replace(lease, deadline_ms=deadline))
-            # else no lease is live, and this one was not among the expired: it holds none
+            elif floor is None:  # no lease is live, and this one was not among the expired:
+                continue  # it holds none
+            elif lease.deadline_ms > now_ms:
+                found.append(lease)
+            else:  # not expired, so live: at least the earliest live deadline
+                lease = self._leases[name] = Lease(name, floor, lease.report)
+                found.append(lease)
         return tuple(found)
 
     def __len__(self) -> int:

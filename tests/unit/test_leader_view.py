@@ -22,7 +22,7 @@ def page(
 
 
 def deadlines(view: LeaderView[str]) -> dict[str, int]:
-    return {lease.name: lease.deadline_ms for lease in view.leases()}
+    return {lease.name: lease.deadline_ms for lease in view.leases(NOW)}
 
 
 def test_a_lease_not_read_again_is_live_until_at_least_the_earliest_deadline() -> None:
@@ -31,9 +31,12 @@ def test_a_lease_not_read_again_is_live_until_at_least_the_earliest_deadline() -
     assert view.cursor == 0  # a new term: read everything from 0 first
     view.add(page(reached=10))
     assert view.start(page(Lease("a", NOW + 1900, None), next_deadline=NOW + 300))
-    # b was not read again and is not expired: its deadline is at least the earliest live one.
-    # a's is the one just read.
-    assert deadlines(view) == {"a": NOW + 1900, "b": NOW + 300}
+    # b was not read again and is not expired: the deadline it read is still ahead, a lower
+    # bound of its real one. a's is the one just read.
+    assert deadlines(view) == {"a": NOW + 1900, "b": NOW + 100}
+    # Once what it read has passed (and b is still not among the expired): the earliest live one.
+    view.start(page(next_deadline=NOW + 300))
+    assert view.leases(NOW + 200) == (Lease("a", NOW + 1900, None), Lease("b", NOW + 300, None))
 
 
 def test_expired_leases_are_exact_and_keep_their_reports() -> None:
@@ -41,7 +44,7 @@ def test_expired_leases_are_exact_and_keep_their_reports() -> None:
     view.start(page(Lease("b", NOW + 100, "b's report")))
     view.add(page(reached=10))
     view.start(page(expired=(("b", NOW - 5),)))
-    assert view.leases() == (Lease("b", NOW - 5, "b's report"),)
+    assert view.leases(NOW) == (Lease("b", NOW - 5, "b's report"),)
 
 
 def test_gone_and_forgotten_leases_leave_the_view() -> None:
