@@ -482,8 +482,10 @@ def _choose_members(
     previous: Sequence[str], eligible: Sequence[str], target: int
 ) -> tuple[str, ...]:
     """Survivors keep their order (and so their group ranks); newcomers go last, by name."""
-    survivors = [name for name in previous if name in eligible]
-    newcomers = sorted(name for name in eligible if name not in survivors)
+    able = set(eligible)
+    survivors = [name for name in previous if name in able]
+    kept = set(survivors)
+    newcomers = sorted(name for name in eligible if name not in kept)
     return tuple((survivors + newcomers)[:target])
 
 
