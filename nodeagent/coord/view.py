@@ -30,7 +30,7 @@ from nodeagent.decode import MAX_INT, parse_uint
 R = TypeVar("R")
 
 PAGE = 500  # nodes read per call: about a millisecond of Redis time
-SWEEP = 100  # leases swept per heartbeat: each one read again every M / SWEEP heartbeats
+SWEEP = 50  # leases swept per heartbeat: each one read again every M / SWEEP heartbeats
 
 
 @dataclass(frozen=True)
