@@ -281,7 +281,10 @@ class Agent:
             self._log.info(
                 "leadership %s", "acquired" if leader else f"held by {snapshot.leader_name}"
             )
+        acquired = leader is not None and self._leader is None
         self._leader = leader
+        if acquired:  # now its stream listener must watch the events too (cli/jobrun.py)
+            self._wake_listeners()
         if leader is None and snapshot.leader_deadline_ms is not None:
             # A dead leader is replaced when its lease lapses, not up to a heartbeat later.
             lapse = now + (snapshot.leader_deadline_ms - snapshot.now_ms) / 1000 + 0.005
@@ -439,6 +442,19 @@ class Agent:
         except CoordinationError as exc:
             self._log.warning("could not remove the lease (%s); it will expire", exc)
         self._left = True
+
+    def _wake_listeners(self) -> None:
+        """An entry on the wake stream: this agent's listener, blocked on that stream alone
+        while it followed, returns and watches the events and commands from now on."""
+        try:
+            self._call(lambda: self._store.wake(f"leader {self.name}"), "wake")
+        except CoordinationError as exc:  # it still ticks every heartbeat
+            self._log.info("could not wake the stream listener: %s", exc)
+
+    @property
+    def leading(self) -> bool:
+        """This agent held the leader lease at its last sync."""
+        return self._leader is not None
 
     def _lead(self, snapshot: Snapshot) -> None:
         assert self._leader is not None

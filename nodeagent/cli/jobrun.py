@@ -89,9 +89,12 @@ class JobRun:
             until_done=until_done,
         )
         self.agent.metrics_address = parts.metrics_address()
+        # The leader is woken by every node's events and by commands; a follower only when the
+        # record moves (its wake stream): at 10,000 nodes, every node reading every node's
+        # events would be 10^8 entries a re-form.
         self._listener = StreamListener(
             JobStore(parts.listen_client, keys),
-            (keys.events, keys.commands),
+            lambda: (keys.wake, keys.events, keys.commands) if self.agent.leading else (keys.wake,),
             parts.waker.wake,
             LISTEN_BLOCK_MS,
         )

@@ -15,6 +15,7 @@ LEADER_EPOCH_KEY = "%s:{%s}:leader-epoch"  # INCR counter: fencing tokens
 JOB_KEY = "%s:{%s}:job"  # HASH gen=<int>, record=<JSON JobRecord>
 EVENTS_KEY = "%s:{%s}:events"  # STREAM of events, capped
 COMMANDS_KEY = "%s:{%s}:commands"  # STREAM of operator commands, capped
+WAKE_KEY = "%s:{%s}:wake"  # STREAM, capped: an entry per record write, what followers wait on
 CORDONS_KEY = "%s:{%s}:cordons"  # HASH node name -> JSON Cordon
 # What the leader reads instead of every report at every heartbeat (scripts.py, coord/view.py):
 CHANGES_KEY = "%s:{%s}:changes"  # ZSET member=node name, score=change number of its last change
@@ -23,6 +24,7 @@ DIGESTS_KEY = "%s:{%s}:digests"  # HASH node name -> digest of what the leader p
 
 EVENTS_MAXLEN = 10_000
 COMMANDS_MAXLEN = 1_000
+WAKE_MAXLEN = 100
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,10 @@ class JobKeys:
     @property
     def cordons(self) -> str:
         return CORDONS_KEY % (self.prefix, self.job)
+
+    @property
+    def wake(self) -> str:
+        return WAKE_KEY % (self.prefix, self.job)
 
     @property
     def changes(self) -> str:

@@ -30,15 +30,16 @@ class StreamListener:
     def __init__(
         self,
         store: StreamReader,
-        streams: Sequence[str],
+        streams: Sequence[str] | Callable[[], Sequence[str]],
         on_entry: Callable[[], None],
         block_ms: int = 5000,
         retry_s: float = 0.5,
     ) -> None:
         """`streams`: the keys of the streams to watch (a job's events and commands, a pool's
-        events)."""
+        events), or what gives them before each read (a job's follower watches only its wake
+        stream, its leader the events and commands too)."""
         self._store = store
-        self._streams = tuple(streams)
+        self._streams = streams if callable(streams) else (lambda: tuple(streams))
         self._on_entry = on_entry
         self._block_ms = block_ms
         self._retry_s = retry_s
@@ -58,15 +59,20 @@ class StreamListener:
         """Ask the thread to end; it exits after its current blocking read (a daemon thread)."""
         self._stopped.set()
 
-    def _cursors(self) -> dict[str, str]:
-        return {stream: self._store.last_event_id(stream) for stream in self._streams}
+    def _cursors(self, known: dict[str, str] | None) -> dict[str, str]:
+        """A cursor per stream watched now: the one it had, or the stream's last entry."""
+        known = known or {}
+        return {
+            stream: known[stream] if stream in known else self._store.last_event_id(stream)
+            for stream in self._streams()
+        }
 
     def _run(self) -> None:
         cursors: dict[str, str] | None = None
         while not self._stopped.is_set():
             try:
-                if cursors is None:
-                    cursors = self._cursors()
+                if cursors is None or set(cursors) != set(self._streams()):
+                    cursors = self._cursors(cursors)
                     self._ready.set()
                 entries = self._store.wait_events(cursors, self._block_ms)
             except CoordinationError as exc:  # also a stream key of the wrong type (garbage)

@@ -445,6 +445,8 @@ COMMIT = (
 -- The leader's write, fenced by its token and the record revision it read.
 -- KEYS[1] leader      KEYS[2] job hash       KEYS[3] leases zset  KEYS[4] events stream
 -- KEYS[5] changes zset  KEYS[6] digests hash (a reaped node leaves the change set)
+-- KEYS[7] wake stream: a new record appends its revision there, which wakes the followers
+--   (they do not read the events stream: at 10,000 nodes each would receive every node's events)
 -- ARGV[1] leader value ("<name> <token>")    ARGV[2] expected rev
 -- ARGV[3] record JSON ('' = unchanged)       ARGV[4] its generation  ARGV[5] command cursor
 -- ARGV[6] events maxlen  ARGV[7] node key prefix
@@ -505,6 +507,11 @@ if ARGV[3] ~= '' then
   rev = rev + 1
   redis.call('HSET', KEYS[2], 'rev', string.format('%.0f', rev), 'gen', ARGV[4],
     'record', ARGV[3], 'cursor', ARGV[5])
+  local wake = {'XADD', KEYS[7], 'MAXLEN', '~', '100', '*', 'rev', string.format('%.0f', rev)}
+  if type(redis.pcall(unpack(wake))) == 'table' then
+    redis.call('DEL', KEYS[7])  -- not a stream: garbage, replaced (this write is fenced)
+    redis.call(unpack(wake))
+  end
 end
 for i = 11 + n + 2 * m, #ARGV do
   if type(redis.pcall('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'event', ARGV[i]))

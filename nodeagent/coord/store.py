@@ -25,7 +25,7 @@ import redis
 
 from nodeagent.coord import scripts, streams
 from nodeagent.coord.errors import redis_errors
-from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, JobKeys
+from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, WAKE_MAXLEN, JobKeys
 from nodeagent.coord.replies import (
     HeldRecord,
     NodeLease,
@@ -314,6 +314,7 @@ class JobStore:
                     keys.events,
                     keys.changes,
                     keys.digests,
+                    keys.wake,
                 ],
                 args=[
                     leader,
@@ -333,6 +334,11 @@ class JobStore:
             )
         self._view.forget([*plan.reap, *(name for name, _ in plan.drop)])
         return int(new_rev)
+
+    def wake(self, why: str) -> None:
+        """An entry on the job's wake stream (what followers' listeners wait on)."""
+        with redis_errors("wake"):
+            self.client.xadd(self.keys.wake, {"why": why}, maxlen=WAKE_MAXLEN, approximate=True)
 
     def leave(self, name: str, event: Event) -> None:
         keys = self.keys
