@@ -60,10 +60,17 @@ class StreamListener:
         self._stopped.set()
 
     def _cursors(self, known: dict[str, str] | None) -> dict[str, str]:
-        """A cursor per stream watched now: the one it had, or the stream's last entry."""
+        """A cursor per stream watched now: the one it had; for a stream added, the millisecond
+        before the newest entry read (what woke it to switch: what came after is not missed);
+        at the start, each stream's last entry."""
         known = known or {}
+        since = max((int(c.split("-")[0]) for c in known.values() if c != "0-0"), default=0)
         return {
-            stream: known[stream] if stream in known else self._store.last_event_id(stream)
+            stream: known[stream]
+            if stream in known
+            else f"{since - 1}-0"
+            if since
+            else self._store.last_event_id(stream)
             for stream in self._streams()
         }
 
