@@ -86,6 +86,9 @@ class PoolWrite:
     events: tuple[Event, ...] = ()
 
 
+PLACEMENTS_REREAD = 60  # rounds between the pool leader's full reads of the placements
+
+
 class PoolStore:
     """One pool's keys in one Redis, for one agent or one nodeagentctl."""
 
@@ -100,6 +103,9 @@ class PoolStore:
         self._page = client.register_script(READ_PAGE)  # and the same paged read of nodes
         self._view: LeaderView[PoolNode] = LeaderView()  # what it read while leading the pool
         self._records: dict[str, tuple[str, JobRecord | None]] = {}  # by revision as read
+        # The placements as this pool leader last read and wrote them (its lease value, the
+        # rounds since they were read in full): only the pool leader writes them.
+        self._placements: tuple[str, int, dict[str, str]] | None = None
         self.last_read = 0  # node reports read by the last read(), every page of it
 
     def sync(self, report: PoolNode) -> PoolBeat:
@@ -145,12 +151,25 @@ class PoolStore:
         lease value as `led_by`) keeps what it read and reads only the nodes changed since
         (coord/view.py); anyone else reads every node (a ZSCAN of the leases)."""
         k = self.keys
+        held = self._placements
+        cached = held is not None and held[0] == led_by and held[1] < PLACEMENTS_REREAD
         with redis_errors("read the pool"):
             reply: Any = self._read(
-                keys=[k.placements, k.jobs, k.cancels, k.cordons, k.leader, k.queues]
+                keys=[k.placements, k.jobs, k.cancels, k.cordons, k.leader, k.queues],
+                args=["1" if cached else "0"],
             )
-        now, leader, placements, jobs, cancels, cordons, queues, noted = reply
+        now, leader, raw_placements, jobs, cancels, cordons, queues, noted = reply
         garbage = [str(g) for g in noted]
+        if cached and held is not None:
+            placements = held[2]
+            self._placements = (held[0], held[1] + 1, placements)
+        else:
+            placements = {
+                n: j
+                for n, j in _pairs(raw_placements or [])
+                if NAME_RE.match(n) and NAME_RE.match(j)
+            }
+            self._placements = (led_by, 0, placements) if led_by is not None else None
         if led_by is not None:
             leases = self._led(led_by, int(now), garbage)
         else:
@@ -167,9 +186,7 @@ class PoolStore:
             leader=leader or None,
             deadlines=deadlines,
             nodes=nodes,
-            placements={
-                n: j for n, j in _pairs(placements) if NAME_RE.match(n) and NAME_RE.match(j)
-            },
+            placements=dict(placements),
             jobs=_decoded(jobs, PoolJob.from_json, "pool job", garbage),
             cancels={j: by[:256] for j, by in _pairs(cancels)},
             cordons=_decoded(cordons, Cordon.from_json, "pool cordon", garbage),
@@ -294,12 +311,16 @@ class PoolStore:
         args += [len(write.jobs), *(x for j, s in write.jobs.items() for x in (j, s.to_json()))]
         args += [len(write.drop_leases), *write.drop_leases]
         args += [e.to_json() for e in write.events]
+        held, self._placements = self._placements, None  # unknown if the write fails
         with redis_errors("pool leader write"):
             self._commit(
                 keys=[k.leader, k.placements, k.jobs, k.events, k.leases, k.changes, k.digests],
                 args=args,
             )
         self._view.forget(write.drop_leases)
+        if held is not None and held[0] == leader:
+            placements = {n: j for n, j in held[2].items() if n not in write.unplace}
+            self._placements = (held[0], held[1], {**placements, **write.place})
 
     def submit(self, spec: JobSpec, pinned: bool = False) -> tuple[bool, PoolJob | None]:
         """Store a new job (pending); (False, its status) when the id exists already."""

@@ -46,8 +46,9 @@ POOL_READ = (
 -- are read in pages (scripts.READ_PAGE), so no call grows with the number of nodes.
 -- KEYS[1] placements  KEYS[2] jobs  KEYS[3] cancels  KEYS[4] cordons  KEYS[5] leader
 -- KEYS[6] queues
--- Returns {now_ms, leader or false, placements, jobs, cancels, cordons, queues (flat
---   field/value lists), garbage}.
+-- ARGV[1] '1': the placements are not read (the pool leader has them: it alone writes them)
+-- Returns {now_ms, leader or false, placements (false when not read), jobs, cancels, cordons,
+--   queues (flat field/value lists), garbage}.
 """
     + NOW
     + GARBAGE
@@ -57,7 +58,9 @@ local function all(kind, key)
 end
 local leader = redis.pcall('GET', KEYS[5])
 if type(leader) ~= 'string' then leader = false end
-return {now, leader, all('placements', KEYS[1]), all('jobs', KEYS[2]), all('cancels', KEYS[3]),
+local placements = false
+if ARGV[1] ~= '1' then placements = all('placements', KEYS[1]) end
+return {now, leader, placements, all('jobs', KEYS[2]), all('cancels', KEYS[3]),
   all('cordons', KEYS[4]), all('queues', KEYS[6]), garbage}
 """
 )

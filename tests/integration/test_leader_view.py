@@ -9,7 +9,7 @@ import redis
 
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys, PoolKeys
-from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.pool import PLACEMENTS_REREAD, PoolStore, PoolWrite
 from nodeagent.coord.store import JobStore
 from nodeagent.coord.view import PAGE, SWEEP
 from nodeagent.model import Event, GpuInfo, GpuSummary, NodeReport
@@ -136,3 +136,22 @@ def test_the_pool_leader_reads_what_changed(redis_server: RedisServer, job_id: s
     # What an operator reads: every node, each time.
     other = PoolStore(connect(redis_server.url, 5.0), PoolKeys("nodeagent", job_id))
     assert other.read().nodes == snap.nodes and other.last_read == 0
+
+
+def test_the_pool_leader_keeps_the_placements_it_writes(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    keys = PoolKeys("nodeagent", job_id)
+    store = PoolStore(connect(redis_server.url, 5.0), keys)
+    token = store.sync(pool_node("a")).leader
+    assert token is not None
+    raw = redis_server.client()
+    raw.hset(keys.placements, "a", "one")
+    assert store.read(token).placements == {"a": "one"}  # a new term reads them
+    store.commit(token, PoolWrite(unplace=("a",), place={"b": "two"}))
+    raw.hset(keys.placements, "c", "three")  # by hand: not what this leader wrote
+    assert store.read(token).placements == {"b": "two"}
+    for _ in range(PLACEMENTS_REREAD):
+        store.read(token)
+    assert store.read(token).placements == {"b": "two", "c": "three"}  # read again in full
+    assert store.read().placements == {"b": "two", "c": "three"}  # an operator reads them
