@@ -55,8 +55,14 @@ class Leadership:
     def lead(self, token: str, snapshot: Snapshot) -> Led:
         view = snapshot.cluster_view()
         # Wake when the earliest lease lapses (server time converted to local), so a dead node
-        # is noticed at its deadline, not up to one heartbeat later.
-        deadlines = [lease.deadline_ms for lease in snapshot.leases if lease.name in view.nodes]
+        # is noticed at its deadline, not up to one heartbeat later. The leader's read gives
+        # that deadline exactly; the leases it did not read again hold only lower bounds, which
+        # would wake it early, again and again (coord/view.py).
+        page = snapshot.page
+        if page is not None:
+            deadlines = [page.next_deadline_ms] if page.next_deadline_ms is not None else []
+        else:
+            deadlines = [lease.deadline_ms for lease in snapshot.leases if lease.name in view.nodes]
         self.next_expiry = (
             self._clock() + (min(deadlines) - snapshot.now_ms) / 1000 + 0.005 if deadlines else None
         )

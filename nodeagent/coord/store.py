@@ -132,6 +132,7 @@ class JobStore:
             )
         whole = replace(
             snapshot,
+            page=page or snapshot.page,  # the last page read: its next deadline is the latest
             leases=view.leases(snapshot.now_ms),
             garbage=tuple(dict.fromkeys(garbage)),
             drop=tuple(dict.fromkeys(drop)),

@@ -3,15 +3,21 @@ with 1,500 nodes: more than one page, and a leases zset too big to be swept at o
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
+from typing import Any
 
 import redis
 
+from nodeagent.bounded import unbounded
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PLACEMENTS_REREAD, PoolStore, PoolWrite
 from nodeagent.coord.store import JobStore
 from nodeagent.coord.view import PAGE, SWEEP
+from nodeagent.leader import Policy
+from nodeagent.leading import Leadership
+from nodeagent.metrics import AgentMetrics
 from nodeagent.model import Event, GpuInfo, GpuSummary, NodeReport
 from nodeagent.pool.model import PoolNode
 from nodeagent.state import NodeState
@@ -155,3 +161,29 @@ def test_the_pool_leader_keeps_the_placements_it_writes(
         store.read(token)
     assert store.read(token).placements == {"b": "two", "c": "three"}  # read again in full
     assert store.read().placements == {"b": "two", "c": "three"}  # an operator reads them
+
+
+def test_the_leader_wakes_at_the_earliest_real_deadline(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """Not at the lower bounds the view holds for leases it did not read again, which lie
+    ahead of now but before the real deadlines (it would wake again and again)."""
+    leader, others, raw, keys = fleet(redis_server, job_id)
+    leader.sync(report("a"))
+    time.sleep(0.2)
+    others.sync_many([report(f"n{i:04d}") for i in range(1, M)])  # renewed, not re-read
+    snap = leader.sync(report("a"))
+    lowest = min(lease.deadline_ms for lease in snap.leases)
+    first: Any = raw.zrange(keys.leases, 0, 0, withscores=True)
+    earliest = float(first[0][1])
+    assert lowest < earliest  # the view's bounds lie before the real deadlines
+    policy = Policy(1, M, M, 1, 0, join_settle_ms=0, rendezvous_timeout_ms=60_000)
+    clock = [100.0]
+    leadership = Leadership(
+        leader, policy, AgentMetrics(job_id, "a"), TTL / 1000, lambda: clock[0], unbounded
+    )
+    assert snap.leader is not None
+    leadership.lead(snap.leader, snap)
+    assert leadership.next_expiry is not None
+    woken_ms = snap.now_ms + (leadership.next_expiry - clock[0]) * 1000
+    assert abs(woken_ms - earliest) <= 10, (woken_ms, earliest)
