@@ -108,6 +108,7 @@ from tests.helpers.rediscluster import RedisClusterServers  # noqa: E402
 HEARTBEAT_S, LEASE_S = 1.0, 5.0
 BATCHES = 20  # pipelines per process per heartbeat
 WATCH_S = 0.1  # how often the watching process polls the jobs' revisions
+PROBE_COMMANDS = {"SLOWLOG", "INFO", "CONFIG", "LATENCY"}  # this probe's own: not the fleet's
 SLOWLOG_US = 300  # SLOWLOG's threshold: a follower's SYNC takes ~40 us, the leader's ~1-2 ms
 MAX_LATE_S = 0.5  # a batch later than this in the steady window: not a 1 s heartbeat
 PREFIX, POOL = "nodeagent", "fleet"
@@ -550,10 +551,14 @@ class RedisProbe:
         """The longest call in SLOWLOG, how many took over SLOWLOG_US, and the leaders' SYNC
         calls among them (server time: what the leaders cost Redis, their client-side time
         includes decoding in a process that shares two cores)."""
-        entries = [e for c in self.clients for e in c.slowlog_get(10_000)]
-        if not entries:
+        named = [
+            (int(e["duration"]), words)
+            for c in self.clients
+            for e in c.slowlog_get(10_000)
+            if (words := self._words(e["command"]))[0].upper() not in PROBE_COMMANDS
+        ]
+        if not named:
             return None
-        named = [(int(e["duration"]), self._words(e["command"])) for e in entries]
         usec, words = max(named, key=lambda entry: entry[0])
         keys = {f":node:{name}" for name in leaders}
         mine = [
@@ -564,7 +569,7 @@ class RedisProbe:
         return {
             "usec": usec,
             "command": " ".join(words)[:160],
-            f"slower_than_{SLOWLOG_US}us": len(entries),
+            f"slower_than_{SLOWLOG_US}us": len(named),
             "leader_sync_server_ms": {"count": len(mine), **stats(mine, 1.0)},
         }
 
