@@ -390,7 +390,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
         return (
             record,
             [],
-            f"waiting for {', '.join(waiting)} to stop generation < {record.generation}",
+            f"waiting for {_names(waiting)} to stop generation < {record.generation}",
         )
     restart_count = record.restart_count
     failure = record.pending_failure
@@ -402,7 +402,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
     # a dead peer makes the survivors' collectives fail too.
     if failure is not None and lost:
         reason = "node_lost"
-        detail = f"{failure.describe()} after losing {', '.join(lost)}: not charged"
+        detail = f"{failure.describe()} after losing {_names(lost)}: not charged"
     elif failure is not None and (reporter is None or reporter.failure != failure):
         # Only a failure its node still reports is charged: not one written into the record.
         detail = f"{failure.describe()}: not reported by {failure.node}, not charged"
@@ -452,7 +452,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
     )
     message = (
         f"generation {running.generation} started: "
-        f"world {running.world_size} on {', '.join(chosen)}"
+        f"world {running.world_size} on {_names(chosen)}"
     )
     events = [_job_event("generation_started", running, message)]
     if running.reason == "scale":
@@ -489,7 +489,19 @@ def _choose_members(
     return tuple((survivors + newcomers)[:target])
 
 
+def _names(names: Sequence[str], shown: int = 8) -> str:
+    """Node names for a message: all of a small job's, the first few of a large one's (a
+    10,000-node job's would be 100 KB in every log line and event)."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown:,} more"
+
+
+EVENT_MEMBERS = 64  # members listed in an event's data; a larger job's count is in members_more
+
+
 def _job_event(kind: str, record: JobRecord, message: str) -> Event:
+    more = len(record.members) - EVENT_MEMBERS
     return Event(
         kind,
         generation=record.generation,
@@ -497,7 +509,8 @@ def _job_event(kind: str, record: JobRecord, message: str) -> Event:
         data={
             "state": record.state.value,
             "reason": record.reason,
-            "members": list(record.members),
+            "members": list(record.members[:EVENT_MEMBERS]),
+            **({"members_more": more} if more > 0 else {}),
             "world_size": record.world_size,
             "restart_count": record.restart_count,
             "target_nodes": record.target_nodes,

@@ -124,6 +124,31 @@ def test_barrier_complete_starts_members_in_name_order() -> None:
     assert [e.type for e in result.events] == ["generation_started"]
 
 
+def test_a_large_job_names_a_few_members_in_messages_and_64_in_events() -> None:
+    names = [f"n{i:03d}" for i in range(100)]
+    big = replace(POLICY, max_nodes=100, target_nodes=100)
+    nodes = {n: replace(node("a", acked=1), name=n) for n in names}
+    view = ClusterView(
+        now_ms=NOW,
+        record=record(JobState.RESTARTING, 1, max_nodes=100, target_nodes=100),
+        nodes=nodes,
+    )
+    result = plan(view, big, LeaderMemory(frozenset(names), 0))
+    assert result.record is not None and len(result.record.members) == 100
+    (event,) = result.events
+    assert event.message.endswith("on n000, n001, n002, n003, n004, n005, n006, n007 and 92 more")
+    assert event.data["members"] == names[:64] and event.data["members_more"] == 36
+    waiting = plan(
+        replace(view, record=replace(result.record, state=JobState.RESTARTING, generation=2)),
+        big,
+        LeaderMemory(frozenset(names), 0),
+    )
+    assert waiting.reason == (
+        "waiting for n000, n001, n002, n003, n004, n005, n006, n007 and 92 more "
+        "to stop generation < 2"
+    )
+
+
 def test_standby_beyond_target() -> None:
     rec = record(JobState.RESTARTING, 1)
     nodes = [node(n, acked=1) for n in "abcd"]
