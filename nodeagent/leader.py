@@ -451,8 +451,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
         since_ms=ctx.view.now_ms,
     )
     message = (
-        f"generation {running.generation} started: "
-        f"world {running.world_size} on {_names(chosen)}"
+        f"generation {running.generation} started: world {running.world_size} on {_names(chosen)}"
     )
     events = [_job_event("generation_started", running, message)]
     if running.reason == "scale":
