@@ -65,14 +65,15 @@ class StreamListener:
         at the start, each stream's last entry."""
         known = known or {}
         since = max((int(c.split("-")[0]) for c in known.values() if c != "0-0"), default=0)
-        return {
-            stream: known[stream]
-            if stream in known
-            else f"{since - 1}-0"
-            if since
-            else self._store.last_event_id(stream)
-            for stream in self._streams()
-        }
+        cursors = {}
+        for stream in self._streams():
+            if stream in known:
+                cursors[stream] = known[stream]
+            elif since:
+                cursors[stream] = f"{since - 1}-0"
+            else:
+                cursors[stream] = self._store.last_event_id(stream)
+        return cursors
 
     def _run(self) -> None:
         cursors: dict[str, str] | None = None

@@ -20,7 +20,15 @@ from nodeagent.coord.keys import EVENTS_MAXLEN, PoolKeys
 from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_READ, POOL_SUBMIT, POOL_SYNC
 from nodeagent.coord.scripts import LEAVE, READ_PAGE
 from nodeagent.coord.store import JobStore
-from nodeagent.coord.view import PAGE, SWEEP, LeaderView, Lease, ViewRead, parse_page
+from nodeagent.coord.view import (
+    PAGE,
+    SWEEP,
+    LeaderView,
+    Lease,
+    ViewRead,
+    parse_page,
+    sweep_all,
+)
 from nodeagent.decode import NAME_RE
 from nodeagent.errors import CorruptStateError
 from nodeagent.jobspec import JobSpec
@@ -203,26 +211,15 @@ class PoolStore:
     def _led(self, token: str, now: int, garbage: list[str]) -> tuple[Lease[PoolNode], ...]:
         view = self._view
         first = self._read_page(now, view.cursor, view.sweep, SWEEP, 0, garbage)
-        complete = view.start(replace(first, leader=token))
-        page, expired = first.page, len(first.page.expired) if first.page else 0
-        self.last_read = len(first.leases) + len(first.gone)
-        while not complete or (page and page.more):
-            more = self._read_page(now, view.cursor, "", SWEEP, expired, garbage)
-            view.add(more)
-            page, complete = more.page, True
-            expired += len(page.expired) if page else 0
-            self.last_read += len(more.leases) + len(more.gone)
+
+        def more(cursor: int, expired: int) -> ViewRead[PoolNode]:
+            return self._read_page(now, cursor, "", SWEEP, expired, garbage)
+
+        self.last_read, _ = view.catch_up(replace(first, leader=token), more)
         return view.leases(now)
 
     def _all(self, now: int, garbage: list[str]) -> tuple[Lease[PoolNode], ...]:
-        found: dict[str, Lease[PoolNode]] = {}
-        sweep = "0"
-        while True:
-            read = self._read_page(now, "+inf", sweep, PAGE, 0, garbage)
-            found.update((lease.name, lease) for lease in read.leases)
-            sweep = read.page.sweep if read.page else "0"
-            if sweep == "0":
-                return tuple(found.values())
+        return sweep_all(lambda sweep: self._read_page(now, "+inf", sweep, PAGE, 0, garbage))
 
     def _read_page(
         self, now: int, cursor: int | str, sweep: str, count: int, expired: int, garbage: list[str]

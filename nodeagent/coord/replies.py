@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from nodeagent.coord.keys import JobKeys
-from nodeagent.coord.view import Lease, ViewPage, ViewRead, parse_page
+from nodeagent.coord.view import Lease, ViewPage, ViewRead, as_text, parse_page
 from nodeagent.decode import MAX_INT, NAME_RE, parse_uint
 from nodeagent.errors import CorruptStateError
 from nodeagent.garbage import KINDS, Garbage
@@ -137,10 +137,6 @@ def _sample(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
 def _decode(
     parse: Callable[[str], T], raw: Any, garbage: list[Garbage], kind: str, key: str, action: str
 ) -> T | None:
@@ -156,7 +152,7 @@ def read_lease(
 ) -> NodeLease | None:
     """One lease: (member, score, report, node key PTTL). None when the lease is garbage."""
     raw_name, raw_score, raw_report, pttl = entry
-    name, score = _text(raw_name), _text(raw_score)
+    name, score = as_text(raw_name), as_text(raw_score)
     problem = ""
     try:
         deadline = float(score)
@@ -195,12 +191,12 @@ def _leases(
     leases, drop, gone = [], [], []
     for i, raw_report in enumerate(reports):
         if flat[2 * i + 1] is None:
-            gone.append(_text(flat[2 * i]))
+            gone.append(as_text(flat[2 * i]))
             continue
         entry = (flat[2 * i], flat[2 * i + 1], raw_report, ttls[i])
         lease = read_lease(keys, now_ms, entry, garbage)
         if lease is None:
-            drop.append((_text(entry[0]), _text(entry[1])))
+            drop.append((as_text(entry[0]), as_text(entry[1])))
         else:
             leases.append(lease)
     return tuple(leases), tuple(drop), tuple(gone)
@@ -225,7 +221,7 @@ def _commands(
     commands: list[Command] = []
     cursor = None
     for entry_id, fields in reply[10] if len(reply) > 10 else ():
-        cursor = _text(entry_id)
+        cursor = as_text(entry_id)
         pairs = dict(zip(fields[::2], fields[1::2], strict=False))
         raw = pairs.get("command", "")
 
@@ -242,7 +238,7 @@ def _notes(reply: Sequence[Any]) -> list[Garbage]:
     """What the script noted: "kind<TAB>key<TAB>problem<TAB>action" each."""
     found = []
     for raw in reply[6] if len(reply) > 6 and reply[6] else ():
-        parts = _text(raw).split("\t")
+        parts = as_text(raw).split("\t")
         if len(parts) == 4:
             kind = parts[0] if parts[0] in KINDS else "job"
             found.append(Garbage(kind, parts[1], parts[2], parts[3]))
@@ -257,10 +253,10 @@ def parse_snapshot(keys: JobKeys, reply: Sequence[Any], held: HeldRecord | None 
     rev = parse_uint(reply[2])
     if rev is None:
         garbage.append(Garbage("job", keys.record, f"field rev {_sample(reply[2])} is not a count"))
-    if reply[3] == 1 and held is not None and held.rev == _text(reply[2]):
+    if reply[3] == 1 and held is not None and held.rev == as_text(reply[2]):
         garbage += held.garbage
     else:
-        held = _held(keys, _text(reply[2]), reply[3])
+        held = _held(keys, as_text(reply[2]), reply[3])
         garbage += held.garbage
     record, record_error = held.record, held.error
     cordon = None
@@ -272,7 +268,7 @@ def parse_snapshot(keys: JobKeys, reply: Sequence[Any], held: HeldRecord | None 
     commands, cursor = _commands(keys, reply, garbage)
     snapshot = Snapshot(
         now_ms=now_ms,
-        leader=_text(reply[1]) if reply[1] else None,
+        leader=as_text(reply[1]) if reply[1] else None,
         rev=rev or 0,
         record=record,
         record_error=record_error,

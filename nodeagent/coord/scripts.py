@@ -12,6 +12,8 @@ same atomic step: that is the fence.
 
 from __future__ import annotations
 
+from nodeagent.coord.keys import WAKE_MAXLEN
+
 NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -507,7 +509,9 @@ if ARGV[3] ~= '' then
   rev = rev + 1
   redis.call('HSET', KEYS[2], 'rev', string.format('%.0f', rev), 'gen', ARGV[4],
     'record', ARGV[3], 'cursor', ARGV[5])
-  local wake = {'XADD', KEYS[7], 'MAXLEN', '~', '100', '*', 'rev', string.format('%.0f', rev)}
+  local wake = {'XADD', KEYS[7], 'MAXLEN', '~', '"""
+    + str(WAKE_MAXLEN)
+    + """', '*', 'rev', string.format('%.0f', rev)}
   if type(redis.pcall(unpack(wake))) == 'table' then
     redis.call('DEL', KEYS[7])  -- not a stream: garbage, replaced (this write is fenced)
     redis.call(unpack(wake))

@@ -35,7 +35,7 @@ from nodeagent.coord.replies import (
     parse_snapshot,
     read_lease,
 )
-from nodeagent.coord.view import PAGE, SWEEP, LeaderView
+from nodeagent.coord.view import PAGE, SWEEP, LeaderView, ViewRead, sweep_all
 from nodeagent.errors import CoordinationError, CorruptStateError
 from nodeagent.garbage import Garbage, GarbageLog
 from nodeagent.leader import Plan
@@ -52,7 +52,6 @@ from nodeagent.state import JobState
 
 __all__ = ["JobStore", "NodeLease", "Snapshot"]
 log = logging.getLogger(__name__)
-MAX_PAGES = 1000  # of PAGE nodes each: a leader plans after reading this many, whatever is left
 
 
 class JobStore:
@@ -110,29 +109,20 @@ class JobStore:
         """The leader's snapshot with its kept view: the pages after SYNC's first one are read
         before it plans (each a bounded READ_PAGE call), and every lease known is in it."""
         view = self._view
-        complete = view.start(snapshot.view_read())
-        page = snapshot.page
         garbage, drop = list(snapshot.garbage), list(snapshot.drop)
-        expired = len(page.expired) if page else 0
-        self.last_read, self.last_pages = len(snapshot.leases) + len(snapshot.gone), 1
-        for _ in range(MAX_PAGES):
-            if complete and not (page and page.more):
-                break
-            more = self._read_page(view.cursor, "", SWEEP, expired)
-            view.add(more.view_read())
-            page, complete = more.page, True
-            expired += len(page.expired) if page else 0
-            garbage += more.garbage
-            drop += more.drop
-            self.last_read += len(more.leases) + len(more.gone)
-            self.last_pages += 1
-        else:
-            log.warning(
-                "the job's leases did not fit in %d pages: planning from what was read", MAX_PAGES
-            )
+
+        def more(cursor: int, expired: int) -> ViewRead[NodeReport]:
+            page = self._read_page(cursor, "", SWEEP, expired)
+            garbage.extend(page.garbage)
+            drop.extend(page.drop)
+            return page.view_read()
+
+        self.last_read, self.last_pages = view.catch_up(snapshot.view_read(), more)
+        page = snapshot.page
         whole = replace(
             snapshot,
-            page=page or snapshot.page,  # the last page read: its next deadline is the latest
+            # the latest page's earliest live deadline: when the leader wakes next
+            page=page and replace(page, next_deadline_ms=view.next_deadline_ms),
             leases=view.leases(snapshot.now_ms),
             garbage=tuple(dict.fromkeys(garbage)),
             drop=tuple(dict.fromkeys(drop)),
@@ -274,20 +264,17 @@ class JobStore:
                 args=["", "", "", "", keys.node_prefix()],
             )
         header = parse_snapshot(keys, reply)
-        leases: dict[str, NodeLease] = {}
-        garbage, sweep = list(header.garbage), "0"
-        drop: list[tuple[str, str]] = []
-        for _ in range(MAX_PAGES):
-            page = self._read_page("+inf", sweep, PAGE, 0)
-            leases.update((lease.name, lease) for lease in page.leases)
-            garbage += page.garbage
-            drop += page.drop
-            sweep = page.page.sweep if page.page else "0"
-            if sweep == "0":
-                break
+        garbage, drop = list(header.garbage), list(header.drop)
+
+        def page(sweep: str) -> ViewRead[NodeReport]:
+            read = self._read_page("+inf", sweep, PAGE, 0)
+            garbage.extend(read.garbage)
+            drop.extend(read.drop)
+            return read.view_read()
+
         whole = replace(
             header,
-            leases=tuple(leases.values()),
+            leases=sweep_all(page),
             garbage=tuple(dict.fromkeys(garbage)),
             drop=tuple(dict.fromkeys(drop)),
         )

@@ -20,6 +20,7 @@ the cursor, so the leader reads each node as it marks itself again and keeps the
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -28,9 +29,11 @@ from typing import Any, Generic, TypeVar
 from nodeagent.decode import MAX_INT, parse_uint
 
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 PAGE = 500  # nodes read per call: about a millisecond of Redis time
 SWEEP = 50  # leases swept per heartbeat: each one read again every M / SWEEP heartbeats
+MAX_PAGES = 1000  # calls of one read: a leader plans from what it has read after that many
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,33 @@ class LeaderView(Generic[R]):
             if page.sweep:
                 self.sweep = page.sweep
 
+    def catch_up(
+        self, first: ViewRead[R], more: Callable[[int, int], ViewRead[R]]
+    ) -> tuple[int, int]:
+        """A round: the heartbeat's page, then, until caught up, `more(cursor, expired_at)`
+        (the next page of changes from the cursor and of expired leases from that offset, a
+        bounded READ_PAGE call). Returns the reports read and the calls it took."""
+        complete = self.start(first)
+        page = first.page
+        expired = len(page.expired) if page else 0
+        read, calls = len(first.leases) + len(first.gone), 1
+        for _ in range(MAX_PAGES):
+            if complete and not (page and page.more):
+                return read, calls
+            after = more(self.cursor, expired)
+            self.add(after)
+            page, complete = after.page, True
+            expired += len(page.expired) if page else 0
+            read += len(after.leases) + len(after.gone)
+            calls += 1
+        log.warning("the leases did not fit in %d pages: planning from what was read", MAX_PAGES)
+        return read, calls
+
+    @property
+    def next_deadline_ms(self) -> int | None:
+        """The earliest live lease deadline, as the last page read gave it."""
+        return self._next_deadline
+
     def forget(self, names: Iterable[str]) -> None:
         """Leases the leader removed (reaped, or dropped as garbage)."""
         for name in names:
@@ -139,6 +169,20 @@ class LeaderView(Generic[R]):
         return len(self._leases)
 
 
+def sweep_all(read: Callable[[str], ViewRead[R]]) -> tuple[Lease[R], ...]:
+    """Every lease, for a reader that keeps no view (status, `nodeagentctl nodes`): a ZSCAN in
+    pages, `read(sweep)` from each cursor; each lease as its page read it."""
+    found: dict[str, Lease[R]] = {}
+    sweep = "0"
+    for _ in range(MAX_PAGES):
+        page = read(sweep)
+        found.update((lease.name, lease) for lease in page.leases)
+        sweep = page.page.sweep if page.page else "0"
+        if sweep == "0":
+            break
+    return tuple(found.values())
+
+
 def parse_page(reply: Sequence[Any], check: Callable[[str, str], int | None]) -> ViewPage | None:
     """The ViewPage of a SYNC (leader) or READ_PAGE reply (scripts.py); `check` gives an
     expired lease's deadline, or None when it is garbage (the caller notes and drops it)."""
@@ -147,7 +191,7 @@ def parse_page(reply: Sequence[Any], check: Callable[[str, str], int | None]) ->
     expired = []
     flat = reply[14]
     for i in range(0, len(flat) - 1, 2):
-        name, score = _text(flat[i]), _text(flat[i + 1])
+        name, score = as_text(flat[i]), as_text(flat[i + 1])
         deadline = check(name, score)
         if deadline is not None:
             expired.append((name, deadline))
@@ -157,17 +201,18 @@ def parse_page(reply: Sequence[Any], check: Callable[[str, str], int | None]) ->
         more=bool(reply[13]),
         expired=tuple(expired),
         next_deadline_ms=_deadline(reply[15]),
-        sweep=_text(reply[16]) if reply[16] else "0",
+        sweep=as_text(reply[16]) if reply[16] else "0",
     )
 
 
 def _deadline(raw: Any) -> int | None:
     try:
-        value = float(_text(raw)) if raw else math.nan
+        value = float(as_text(raw)) if raw else math.nan
     except ValueError:
         return None
     return int(value) if math.isfinite(value) and 0 <= value <= MAX_INT else None
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A value of a reply as text (bytes that are not UTF-8 replaced, never an error)."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
