@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -14,6 +14,8 @@ from nodeagent.model import (
     Cordon,
     Event,
     Failure,
+    GpuInfo,
+    GpuSummary,
     JobRecord,
     NodeReport,
     WorkerInfo,
@@ -218,3 +220,15 @@ def test_corrupt_events_are_rejected(entry_id: str, raw: str, words: str) -> Non
 def test_a_drain_is_a_real_boolean() -> None:
     assert Cordon.from_json(with_fields(CORDON, drain=False)).drain is False
     assert Cordon.from_json(with_fields(CORDON, drain=True)).drain is True
+
+
+def test_a_report_digest_ignores_gpu_readings_but_not_verdicts() -> None:
+    """The leader reads a node again only when its digest changes (scripts.SYNC): readings
+    move every second, verdicts and everything else the leader plans from do not."""
+    gpu = GpuSummary(True, gpus=(GpuInfo(0, "ok", "none", "", temperature_c=60.0, power_w=300),))
+    base = NodeReport(name="a", address="10.0.0.1", state=NodeState.READY, gpu=gpu)
+    warmer = replace(gpu, gpus=(replace(gpu.gpus[0], temperature_c=85.0, power_w=650),))
+    bad = replace(gpu, gpus=(replace(gpu.gpus[0], health="bad"),))
+    assert replace(base, gpu=warmer).digest == base.digest
+    assert replace(base, gpu=bad).digest != base.digest
+    assert replace(base, acked_generation=1).digest != base.digest
