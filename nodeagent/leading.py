@@ -75,6 +75,10 @@ class Leadership:
             decision = plan(replace(view, record=None), self._policy, self._memory)
             garbage = True
         self._memory = decision.memory
+        if snapshot.stale_head is not None and not decision.writes and view.record is not None:
+            # What the others read of the record is not the record: write it again (COMMIT
+            # writes its head and, for members it has not written, the ranks).
+            decision = replace(decision, record=view.record)
         if decision.reason != self._last_reason:
             log.info("leader: %s", decision.reason)
             self._last_reason = decision.reason

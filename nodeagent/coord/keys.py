@@ -12,7 +12,10 @@ NODE_KEY = "%s:{%s}:node:%s"  # STRING, JSON NodeReport, PX lease_ttl
 LEASES_KEY = "%s:{%s}:leases"  # ZSET member=node name, score=lease deadline (server ms)
 LEADER_KEY = "%s:{%s}:leader"  # STRING "<node> <token>", PX lease_ttl
 LEADER_EPOCH_KEY = "%s:{%s}:leader-epoch"  # INCR counter: fencing tokens
-JOB_KEY = "%s:{%s}:job"  # HASH gen=<int>, record=<JSON JobRecord>
+JOB_KEY = "%s:{%s}:job"  # HASH rev, gen, cursor, record=<JSON JobRecord>, head, members
+# node -> group rank in the record's members, and ".members" -> their digest: what a node that
+# does not lead reads with the record's head instead of the member list (scripts.SYNC)
+RANKS_KEY = "%s:{%s}:ranks"  # HASH
 EVENTS_KEY = "%s:{%s}:events"  # STREAM of events, capped
 COMMANDS_KEY = "%s:{%s}:commands"  # STREAM of operator commands, capped
 WAKE_KEY = "%s:{%s}:wake"  # STREAM, capped: an entry per record write, what followers wait on
@@ -56,6 +59,10 @@ class JobKeys:
     @property
     def record(self) -> str:
         return JOB_KEY % (self.prefix, self.job)
+
+    @property
+    def ranks(self) -> str:
+        return RANKS_KEY % (self.prefix, self.job)
 
     @property
     def events(self) -> str:

@@ -40,6 +40,7 @@ class HeldRecord:
     record: JobRecord | None
     error: str | None
     garbage: tuple[Garbage, ...]
+    head: bool = False  # read as its head and this node's rank (JobRecord.from_head)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class Snapshot:
     gone: tuple[str, ...] = ()  # read: they hold no lease (a leader's page)
     page: ViewPage | None = None  # a leader's read: what else it says
     held: HeldRecord | None = None  # the record as this reply gave it
+    # (a leader's read) why what the other nodes read of the record (its head and their ranks)
+    # is not the record's: the leader writes it again
+    stale_head: str | None = None
 
     @property
     def leader_name(self) -> str | None:
@@ -245,9 +249,11 @@ def _notes(reply: Sequence[Any]) -> list[Garbage]:
     return found
 
 
-def parse_snapshot(keys: JobKeys, reply: Sequence[Any], held: HeldRecord | None = None) -> Snapshot:
-    """A Snapshot of a SYNC, SNAPSHOT or READ_PAGE reply (layouts in scripts.py). A record
-    sent as 1 is the one `held` (this node has it at that revision)."""
+def parse_snapshot(
+    keys: JobKeys, reply: Sequence[Any], held: HeldRecord | None = None, me: str = ""
+) -> Snapshot:
+    """A Snapshot of a SYNC, SNAPSHOT or READ_PAGE reply (layouts in scripts.py), read by node
+    `me`. A record sent as 1 is the one `held` (this node has it at that revision)."""
     garbage = _notes(reply)
     now_ms = int(reply[0])
     rev = parse_uint(reply[2])
@@ -256,7 +262,7 @@ def parse_snapshot(keys: JobKeys, reply: Sequence[Any], held: HeldRecord | None 
     if reply[3] == 1 and held is not None and held.rev == as_text(reply[2]):
         garbage += held.garbage
     else:
-        held = _held(keys, as_text(reply[2]), reply[3])
+        held = _held(keys, as_text(reply[2]), reply[3], me)
         garbage += held.garbage
     record, record_error = held.record, held.error
     cordon = None
@@ -266,6 +272,7 @@ def parse_snapshot(keys: JobKeys, reply: Sequence[Any], held: HeldRecord | None 
     more_drop: list[tuple[str, str]] = []
     page = _page(keys, now_ms, reply, garbage, more_drop)
     commands, cursor = _commands(keys, reply, garbage)
+    stale_head = _stale_head(keys, record, reply, garbage)
     snapshot = Snapshot(
         now_ms=now_ms,
         leader=as_text(reply[1]) if reply[1] else None,
@@ -283,14 +290,53 @@ def parse_snapshot(keys: JobKeys, reply: Sequence[Any], held: HeldRecord | None 
         gone=gone,
         page=page,
         held=held,
+        stale_head=stale_head,
     )
     return check_forged(keys, snapshot) if len(reply) > 7 else snapshot
 
 
-def _held(keys: JobKeys, rev: str, raw: Any) -> HeldRecord:
+def _stale_head(
+    keys: JobKeys, record: JobRecord | None, reply: Sequence[Any], garbage: list[Garbage]
+) -> str | None:
+    """Why the head, members digest or ranks hash a leader's SYNC read are not its record's
+    (None: they are, or this is no such read). Missing ones are written again quietly (the
+    record was written by an older nodeagent, or they were deleted); wrong ones are garbage."""
+    if record is None or len(reply) <= 17:
+        return None
+    head, members, ranks = (as_text(v) if v else None for v in (*reply[17], None, None, None)[:3])
+    want = record.members_digest
+    found = [
+        ("field head", head, record.head_json()),
+        ("field members", members, want),
+        ("the ranks hash's field .members", ranks, want),
+    ]
+    for what, value, expected in found:
+        if value is None:
+            return f"{what} is missing"
+        if value != expected:
+            problem = f"{what} is not the record's: {_sample(value)}"
+            where = keys.ranks if what.startswith("the ranks") else keys.record
+            garbage.append(Garbage("job", where, problem, "written again at a new revision"))
+            return problem
+    return None
+
+
+def _held(keys: JobKeys, rev: str, raw: Any, me: str) -> HeldRecord:
     if not raw or raw == 1:  # none (or 1 with nothing held: read as none until the next write)
         return HeldRecord(rev, None, None, ())
     errors: list[Garbage] = []
+    if isinstance(raw, list):  # the head and this node's rank (scripts.SYNC)
+        head, raw_rank = raw[0], raw[1] if len(raw) > 1 else None
+        rank = parse_uint(raw_rank) if raw_rank is not None else None
+
+        def parse(raw: str) -> JobRecord:
+            if raw_rank is not None and rank is None:
+                raise CorruptStateError(f"rank {_sample(raw_rank)} of {me} is not a count")
+            return JobRecord.from_head(raw, me, rank)
+
+        action = f"{me} reads the whole record"
+        record = _decode(parse, head, errors, "job", keys.record, action)
+        return HeldRecord(rev, record, errors[0].problem if errors else None, (*errors,), True)
     action = "the leader rewrites it"
     record = _decode(JobRecord.from_json, raw, errors, "job", keys.record, action)
     return HeldRecord(rev, record, errors[0].problem if errors else None, tuple(errors))

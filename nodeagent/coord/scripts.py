@@ -318,7 +318,7 @@ local function repair()
     rebuild_leases(record)
   end
   local owned = {{'events', KEYS[6], 'stream'}, {'commands', KEYS[7], 'stream'},
-    {'cordons', KEYS[8], 'hash'}}
+    {'cordons', KEYS[8], 'hash'}, {'job', KEYS[12], 'hash'}}
   for _, k in ipairs(owned) do
     local found = kind_of(k[2])
     if found ~= k[3] and found ~= 'none' then
@@ -336,19 +336,25 @@ SYNC = (
 -- KEYS[1] node key    KEYS[2] leases zset    KEYS[3] leader      KEYS[4] leader epoch
 -- KEYS[5] job hash    KEYS[6] events stream  KEYS[7] commands stream  KEYS[8] cordons hash
 -- KEYS[9] changes zset  KEYS[10] change-seq counter  KEYS[11] digests hash
+-- KEYS[12] ranks hash
 -- ARGV[1] node name   ARGV[2] report JSON    ARGV[3] lease ttl ms
 -- ARGV[4] events maxlen  ARGV[5] node key prefix  ARGV[6] report digest
 -- ARGV[7] the record revision the caller holds ('' for none: a leader always reads it, so a
 --   record replaced by hand at the same revision is seen, and rewritten at a new one)
 -- ARGV[8] the leader's change cursor  ARGV[9] its sweep cursor  ARGV[10] sweep count
 -- ARGV[11] page size  ARGV[12..] event JSONs to append
--- Returns {now_ms, leader, rev, record (1: the one at the revision the caller holds), this
---   node's cordon, leader lease deadline (ms), garbage} and, for the leader only, {...,
---   read_view's entries, reports, ttls, commands, seq, last change read, more, expired, next
---   deadline, sweep}. Followers wake at the leader's deadline to take over at once. A garbage
---   leader lease or epoch never stops the job: the lease lapses within lease_ttl, the epoch
---   restarts from the server time (above any token handed out), and the leader repairs the
---   job's other keys before it reads them.
+-- The record is: 1, the one at the revision the caller holds (not read, not sent again); to a
+-- leader, the record; to another node, {head, its rank or nil} (JobRecord.head_json: the member
+-- list is 90 KB at 10,000 nodes, and every node reads the record at every new revision), or the
+-- record when the ranks hash is not the one written with it (lost, garbage, an older writer's).
+-- Returns {now_ms, leader, rev, record, this node's cordon, leader lease deadline (ms),
+--   garbage} and, for the leader only, {..., read_view's entries, reports, ttls, commands, seq,
+--   last change read, more, expired, next deadline, sweep, {the record's head, its members'
+--   digest, the ranks hash's digest}} (the leader checks that what the others read is its
+--   record's: replies._stale_head). Followers wake at the leader's deadline to take over at
+--   once. A garbage leader lease or epoch never stops the job: the lease lapses within
+--   lease_ttl, the epoch restarts from the server time (above any token handed out), and the
+--   leader repairs the job's other keys before it reads them.
 """
     + NOW
     + GARBAGE
@@ -374,14 +380,24 @@ for i = 12, #ARGV do
     'XADD', KEYS[6], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[i])
   if not added then break end
 end
+local function member_record()
+  local f = redis.call('HMGET', KEYS[5], 'head', 'members')
+  if f[1] and f[2] then
+    local ranks = redis.pcall('HMGET', KEYS[12], '.members', name)
+    if not ranks['err'] and ranks[1] == f[2] then return {f[1], ranks[2]} end
+  end
+  return redis.call('HGET', KEYS[5], 'record')
+end
 local rev, record = '0', false
 local held = try('job', KEYS[5], 'hash', 'ignored', 'HGET', KEYS[5], 'rev')
 if held ~= nil then
   rev = held or '0'
-  if rev == ARGV[7] then
-    record = 1  -- the caller has it: not read, not sent again
-  else
+  if leading then
     record = redis.call('HGET', KEYS[5], 'record')
+  elseif rev == ARGV[7] then
+    record = 1
+  else
+    record = member_record()
   end
 end
 local cordon = try('cordons', KEYS[8], 'hash', 'ignored', 'HGET', KEYS[8], name) or false
@@ -395,8 +411,11 @@ local view = read_view(2, 9, ARGV[5], ARGV[8], ARGV[9], tonumber(ARGV[10]), tonu
 local cursor = redis.call('HGET', KEYS[5], 'cursor') or '0-0'
 local commands = try('commands', KEYS[7], 'stream', 'ignored',
   'XRANGE', KEYS[7], '(' .. cursor, '+', 'COUNT', 100) or {}
+local head = redis.call('HMGET', KEYS[5], 'head', 'members')
+local ranks = redis.call('HGET', KEYS[12], '.members')  -- (repair made it a hash or none)
+head[3] = ranks
 return {now, leader, rev, record, cordon, leader_deadline, garbage, view[1], view[2], view[3],
-  commands, view[4], view[5], view[6], view[7], view[8], view[9]}
+  commands, view[4], view[5], view[6], view[7], view[8], view[9], head}
 """
 )
 
@@ -449,15 +468,18 @@ COMMIT = (
 -- KEYS[5] changes zset  KEYS[6] digests hash (a reaped node leaves the change set)
 -- KEYS[7] wake stream: a new record appends its revision there, which wakes the followers
 --   (they do not read the events stream: at 10,000 nodes each would receive every node's events)
+-- KEYS[8] ranks hash: its ranks become the record's when WRITE_RANKS wrote them for these
+--   members ('.pending'); they stay another list's (nodes then read the whole record) if not
 -- ARGV[1] leader value ("<name> <token>")    ARGV[2] expected rev
 -- ARGV[3] record JSON ('' = unchanged)       ARGV[4] its generation  ARGV[5] command cursor
 -- ARGV[6] events maxlen  ARGV[7] node key prefix
 -- ARGV[8] '1' when the record read at that revision was garbage: it is replaced whatever
 --   generation it claimed (the generation check below guards records nodeagent wrote)
--- ARGV[9] n = number of nodes to reap  ARGV[10..9+n] nodes to reap (refused if a lease was
---   renewed meanwhile)  ARGV[10+n] m = number of garbage leases to drop
--- ARGV[11+n..10+n+2m] (name, score as read) pairs: dropped if the score is still that
--- ARGV[11+n+2m..] events to append
+-- ARGV[9] the record's head JSON  ARGV[10] its members' digest
+-- ARGV[11] n = number of nodes to reap  ARGV[12..11+n] nodes to reap (refused if a lease was
+--   renewed meanwhile)  ARGV[12+n] m = number of garbage leases to drop
+-- ARGV[13+n..12+n+2m] (name, score as read) pairs: dropped if the score is still that
+-- ARGV[13+n+2m..] events to append
 -- Returns the new rev, or an error starting with FENCED. Values that are not what nodeagent
 -- writes (a garbage rev or gen) are refused as FENCED too: the leader re-reads, and its next
 -- heartbeat repairs them.
@@ -486,21 +508,21 @@ end
 if ARGV[3] ~= '' and ARGV[8] ~= '1' and tonumber(ARGV[4]) < gen then
   return redis.error_reply('FENCED generation ' .. ARGV[4] .. ' is older than ' .. fields[2])
 end
-local n = tonumber(ARGV[9])
-for i = 10, 9 + n do
+local n = tonumber(ARGV[11])
+for i = 12, 11 + n do
   local deadline = redis.pcall('ZSCORE', KEYS[3], ARGV[i])
   if type(deadline) == 'table' or (deadline and tonumber(deadline) > now) then
     return redis.error_reply('FENCED lease of ' .. ARGV[i] .. ' was renewed')
   end
 end
-local m = tonumber(ARGV[10 + n])
-for i = 10, 9 + n do
+local m = tonumber(ARGV[12 + n])
+for i = 12, 11 + n do
   redis.pcall('ZREM', KEYS[3], ARGV[i])
   redis.call('DEL', ARGV[7] .. ARGV[i])
   redis.pcall('ZREM', KEYS[5], ARGV[i])
   redis.pcall('HDEL', KEYS[6], ARGV[i])
 end
-for i = 11 + n, 9 + n + 2 * m, 2 do
+for i = 13 + n, 11 + n + 2 * m, 2 do
   if redis.pcall('ZSCORE', KEYS[3], ARGV[i]) == ARGV[i + 1] then
     redis.call('ZREM', KEYS[3], ARGV[i])
   end
@@ -508,7 +530,12 @@ end
 if ARGV[3] ~= '' then
   rev = rev + 1
   redis.call('HSET', KEYS[2], 'rev', string.format('%.0f', rev), 'gen', ARGV[4],
-    'record', ARGV[3], 'cursor', ARGV[5])
+    'record', ARGV[3], 'cursor', ARGV[5], 'head', ARGV[9], 'members', ARGV[10])
+  local ranks = redis.pcall('HMGET', KEYS[8], '.members', '.pending')
+  if not ranks['err'] and ranks[1] ~= ARGV[10] and ranks[2] == ARGV[10] then
+    redis.call('HSET', KEYS[8], '.members', ARGV[10])
+    redis.call('HDEL', KEYS[8], '.pending')
+  end
   local wake = {'XADD', KEYS[7], 'MAXLEN', '~', '"""
     + str(WAKE_MAXLEN)
     + """', '*', 'rev', string.format('%.0f', rev)}
@@ -517,7 +544,7 @@ if ARGV[3] ~= '' then
     redis.call(unpack(wake))
   end
 end
-for i = 11 + n + 2 * m, #ARGV do
+for i = 13 + n + 2 * m, #ARGV do
   if type(redis.pcall('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'event', ARGV[i]))
       == 'table' then
     break
@@ -526,6 +553,34 @@ end
 return rev
 """
 )
+
+WRITE_RANKS = """
+-- The leader writes the ranks of a new member list in pages before the COMMIT of its record
+-- (a 10,000-name hash in one call would run for tens of ms). The first page replaces the hash;
+-- '.pending' names the list, and COMMIT makes it '.members'. Until then nodes that read the
+-- record read it whole. Fenced by the leader lease, every page.
+-- KEYS[1] leader  KEYS[2] ranks hash
+-- ARGV[1] leader value  ARGV[2] the members' digest  ARGV[3] the first name's rank
+-- ARGV[4..] names
+-- Returns 1, or an error starting with FENCED.
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('FENCED leader lease is not ' .. ARGV[1])
+end
+local first = tonumber(ARGV[3])
+if first == 0 then
+  redis.call('UNLINK', KEYS[2])  -- another list's ranks, or garbage (freed in the background)
+  redis.call('HSET', KEYS[2], '.pending', ARGV[2])
+elseif redis.pcall('HGET', KEYS[2], '.pending') ~= ARGV[2] then
+  return redis.error_reply('FENCED the ranks of ' .. ARGV[2] .. ' were replaced meanwhile')
+end
+local hset = {'HSET', KEYS[2]}
+for i = 4, #ARGV do
+  hset[#hset + 1] = ARGV[i]
+  hset[#hset + 1] = string.format('%d', first + i - 4)
+end
+if #hset > 2 then redis.call(unpack(hset)) end
+return 1
+"""
 
 LEAVE = (
     """

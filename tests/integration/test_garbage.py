@@ -23,7 +23,7 @@ from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.leader import LeaderMemory, Plan, Policy
 from nodeagent.leading import Leadership
 from nodeagent.metrics import AgentMetrics
-from nodeagent.model import Command, CommandType, NodeReport
+from nodeagent.model import Command, CommandType, JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
 from tests.helpers.cluster import RedisServer
 from tests.helpers.factories import make_record
@@ -173,6 +173,8 @@ CASES = [
     # (a new revision: a follower reads the record again only then, test_a_record_replaced_...)
     Case("record-not-json", lambda r, k: replaced(r, k, "{x"), "job", "follower"),
     Case("record-1e999", lambda r, k: r.hset(k.record, "record", '{"generation": 1e999}'), "job"),
+    Case("ranks-wrong-type", wrong_type(lambda k: k.ranks), "job"),
+    Case("head-not-json", lambda r, k: r.hset(k.record, "head", "{x"), "job"),
     Case("lease-inf", lambda r, k: r.zadd(k.leases, {"evil": "+inf"}), "leases"),
     Case("lease-minus-inf", lambda r, k: r.zadd(k.leases, {"evil": "-inf"}), "leases"),
     Case("lease-far-ahead", lambda r, k: r.zadd(k.leases, {"evil": FAR}), "leases"),
@@ -340,7 +342,7 @@ def test_a_follower_does_not_act_on_a_record_whose_master_is_not_published(
     good = job.follower.sync(report("b")).record
     assert good is not None
     forged = replace(good, master_addr="10.66.66.66")
-    replaced(job.raw, job.keys, forged.to_json())
+    replaced(job.raw, job.keys, forged)
     snap = job.follower.sync(report("b"))
     assert snap.stored_record == forged
     assert snap.record == replace(forged, state=JobState.RESTARTING)  # b waits, starts nothing
@@ -358,7 +360,7 @@ def test_a_phantom_master_without_a_live_lease_is_not_acted_on(
     good = job.follower.sync(report("b")).record
     assert good is not None
     forged = replace(good, generation=2, members=("ghost", "b"), master_addr="10.66.66.66")
-    replaced(job.raw, job.keys, forged.to_json(), gen=2)
+    replaced(job.raw, job.keys, forged, gen=2)
     snap = job.follower.sync(report("b"))
     assert snap.record is not None and snap.record.state is JobState.RESTARTING
     # Not garbage by itself (a rank 0 that just died looks the same): the leader re-forms.
@@ -367,9 +369,16 @@ def test_a_phantom_master_without_a_live_lease_is_not_acted_on(
     assert after is not None and after.state is JobState.RESTARTING and after.generation == 3
 
 
-def replaced(r: redis.Redis, keys: JobKeys, record: str, **fields: object) -> None:
-    """Replace the record by hand at a new revision."""
-    r.hset(keys.record, mapping={"record": record, **fields})  # type: ignore[dict-item]
+def replaced(r: redis.Redis, keys: JobKeys, record: JobRecord | str, **fields: object) -> None:
+    """Replace the record by hand at a new revision: a JobRecord as a leader writes it (its
+    head and members' digest too: the ranks hash is then stale when the members differ), a
+    string as both record and head."""
+    if isinstance(record, JobRecord):
+        written = {"record": record.to_json(), "head": record.head_json()}
+        written["members"] = record.members_digest
+    else:
+        written = {"record": record, "head": record}
+    r.hset(keys.record, mapping={**written, **fields})  # type: ignore[dict-item]
     r.hincrby(keys.record, "rev", 1)
 
 
@@ -377,7 +386,7 @@ def test_a_record_with_another_nproc_is_reported(redis_server: RedisServer, job_
     job = form(redis_server, job_id)
     good = job.follower.sync(report("b")).record
     assert good is not None
-    replaced(job.raw, job.keys, replace(good, nproc_per_node=4).to_json())
+    replaced(job.raw, job.keys, replace(good, nproc_per_node=4))
     snap = job.follower.sync(report("b"))
     assert any("nproc_per_node 4 is not this node's 1" in g.problem for g in snap.garbage)
 

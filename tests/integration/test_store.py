@@ -76,7 +76,8 @@ def test_every_key_of_a_job_shares_one_hash_tag(redis_server: RedisServer, job_i
     store.commit(snap.leader, snap.rev, write(job_record(1)))
     store.send_command(Command(CommandType.RESTART))
     keys = redis_server.client().keys(f"*{job_id}*")
-    assert len(keys) == 11  # node, leases, leader, epoch, job, events, commands, wake, changes (3)
+    # node, leases, leader, epoch, job, ranks, events, commands, wake, changes (3)
+    assert len(keys) == 12
     assert all(f"{{{job_id}}}" in key for key in keys)
 
 

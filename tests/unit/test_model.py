@@ -232,3 +232,45 @@ def test_a_report_digest_ignores_gpu_readings_but_not_verdicts() -> None:
     assert replace(base, gpu=warmer).digest == base.digest
     assert replace(base, gpu=bad).digest != base.digest
     assert replace(base, acked_generation=1).digest != base.digest
+
+
+def test_a_record_read_as_its_head_names_the_rank_0_member_and_the_reader() -> None:
+    record = make_record(JobState.RUNNING, 3, ("m0", "m1", "m2", "m3"), master_addr="10.0.0.1")
+    head = record.head_json()
+    assert json.loads(head)["members"] == ["m0"] and json.loads(head)["size"] == 4
+    read = JobRecord.from_head(head, "m2", 2)
+    assert read.members == ("m0", "", "m2", "")
+    assert read.group_rank("m2") == 2 and read.world_size == record.world_size
+    assert replace(read, members=record.members) == record
+    assert JobRecord.from_head(head, "m0", 0).members == ("m0", "", "", "")
+    outsider = JobRecord.from_head(head, "x", None)
+    assert outsider.group_rank("x") is None and len(outsider.members) == 4
+    empty = replace(record, members=(), state=JobState.WAITING)
+    assert JobRecord.from_head(empty.head_json(), "x", None).members == ()
+    with pytest.raises(ValueError, match="not written back"):
+        read.to_json()  # a leader never writes what a follower read
+
+
+@pytest.mark.parametrize(
+    ("node", "rank", "words"),
+    [
+        ("m2", 4, "rank 4 of m2 is not below 4"),
+        ("m2", 0, "the rank-0 member is m0, but m2's rank is 0"),
+        ("m0", 1, "the rank-0 member is m0, but m0's rank is 1"),
+        ("m0", None, "the rank-0 member is m0, but m0's rank is None"),
+    ],
+)
+def test_a_rank_that_contradicts_the_head_is_corrupt(
+    node: str, rank: int | None, words: str
+) -> None:
+    head = make_record(JobState.RUNNING, 3, ("m0", "m1", "m2", "m3")).head_json()
+    with pytest.raises(CorruptStateError, match=words):
+        JobRecord.from_head(head, node, rank)
+
+
+def test_a_head_whose_size_contradicts_its_members_is_corrupt() -> None:
+    doc = json.loads(make_record(JobState.RUNNING, 3, ("m0", "m1")).head_json())
+    for members, size in ((["m0"], 0), ([], 2), (["m0", "m1"], 2), (["m0"], 2.5)):
+        raw = json.dumps({**doc, "members": members, "size": size})
+        with pytest.raises(CorruptStateError, match="head"):
+            JobRecord.from_head(raw, "m1", 1)
