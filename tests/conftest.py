@@ -49,8 +49,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(name, leases, indirect=name == "chaos", ids=ids)
 
 
+# Under pytest-xdist (-n, --dist loadgroup), the tests of each of these folders run one after
+# another on one worker: the chaos suite's namespaces share a subnet, and two trainings at once
+# on two cores would time each other out.
+SERIAL_GROUPS = ("chaos", "e2e")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked gpu need a real GPU and driver; skip them where NVML does not open."""
+    for item in items:
+        folder = item.path.parent.name
+        if folder in SERIAL_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(folder))
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_tests and not _nvml_works():
         skip = pytest.mark.skip(reason="no NVIDIA GPU/driver here (NVML does not open)")

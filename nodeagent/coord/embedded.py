@@ -27,6 +27,9 @@ EMBEDDED = "embedded"
 RUNTIME_DIR = Path("/run/nodeagent")  # systemd's RuntimeDirectory=nodeagent
 
 
+MAX_SOCKET_PATH = 107  # bytes: sun_path holds 108, with the terminating NUL
+
+
 def socket_dir(base: Path | None = None) -> Path:
     """The agent's own directory under `base` (default: the temporary directory)."""
     return (base or Path(tempfile.gettempdir())) / f"nodeagent-{os.geteuid()}"
@@ -124,6 +127,10 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"unix://{self.socket}"
 
+    @property
+    def log(self) -> Path:
+        return self.socket.with_suffix(".log")
+
     def start(self, timeout_s: float = 10.0) -> None:
         """Raises ConfigError if redis-server is missing or does not come up."""
         if not self.binary:
@@ -132,8 +139,17 @@ class EmbeddedRedis:
                 "'embedded' needs the redis-server binary (Debian: apt-get install "
                 "redis-server), or set redis.url to a Redis server",
             )
+        size = len(os.fsencode(self.socket))
+        if size > MAX_SOCKET_PATH:
+            raise ConfigError(
+                "redis.url",
+                f"embedded: the socket path {self.socket} is {size} bytes, more than the "
+                f"{MAX_SOCKET_PATH} a unix socket's address holds; give the service a shorter "
+                "RUNTIME_DIRECTORY (or TMPDIR), or the job a shorter id",
+            )
         private_dir(self.socket.parent)
         self.socket.unlink(missing_ok=True)
+        self.log.unlink(missing_ok=True)
         self._proc = subprocess.Popen(
             [
                 self.binary,
@@ -149,6 +165,8 @@ class EmbeddedRedis:
                 "no",
                 "--dir",
                 str(self.socket.parent),
+                "--logfile",  # (its own: why it exited, when it does)
+                str(self.log),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -158,6 +176,9 @@ class EmbeddedRedis:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                if self.log.exists():
+                    err += self.log.read_text(errors="replace")
+                self.stop()
                 raise ConfigError(
                     "redis.url", f"embedded redis-server exited: {err.strip()[-300:]}"
                 )

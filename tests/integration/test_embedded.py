@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -144,10 +146,19 @@ def run_standalone(tmp_path: Path, job: str, runtime: Path) -> subprocess.Comple
     )
 
 
+@pytest.fixture
+def runtime() -> Iterator[Path]:
+    """A runtime directory with a short path: under pytest's tmp_path (longer under xdist) the
+    socket's path would pass the 107 bytes a unix socket's address holds."""
+    directory = Path(tempfile.mkdtemp(prefix="run-"))
+    yield directory
+    shutil.rmtree(directory)
+
+
 @needs_root
-def test_the_agent_exits_78_on_a_foreign_runtime_socket_directory(tmp_path: Path) -> None:
-    runtime = tmp_path / "run"
-    runtime.mkdir()
+def test_the_agent_exits_78_on_a_foreign_runtime_socket_directory(
+    tmp_path: Path, runtime: Path
+) -> None:
     words = foreign_0777(runtime)
     result = run_standalone(tmp_path, "evil-run", runtime)
     assert result.returncode == EX_CONFIG, result.stderr[-2000:]
@@ -156,9 +167,7 @@ def test_the_agent_exits_78_on_a_foreign_runtime_socket_directory(tmp_path: Path
     assert entries(runtime) == []
 
 
-def test_the_agent_uses_the_services_runtime_directory(tmp_path: Path) -> None:
-    runtime = tmp_path / "run"
-    runtime.mkdir()
+def test_the_agent_uses_the_services_runtime_directory(tmp_path: Path, runtime: Path) -> None:
     config = tmp_path / "one.yaml"
     job = f"runtime-{os.getpid()}"
     config.write_text(
@@ -193,3 +202,27 @@ def test_the_agent_uses_the_services_runtime_directory(tmp_path: Path) -> None:
         agent.wait(30)
     assert agent.returncode == 0, log.read_text()[-2000:]
     assert not socket.exists()
+
+
+def test_a_socket_path_too_long_for_a_unix_socket_is_a_config_error(tmp_path: Path) -> None:
+    base = tmp_path / ("d" * 90)
+    base.mkdir()
+    server = embedded.EmbeddedRedis("a-job-with-a-long-enough-id", base=base)
+    with pytest.raises(ConfigError, match=r"bytes, more than the 107 a unix socket's") as caught:
+        server.start()
+    assert "shorter RUNTIME_DIRECTORY" in str(caught.value)
+    assert not sockdir(base).exists()  # refused before anything was made
+
+
+def test_why_the_embedded_server_exited_is_told(tmp_path: Path) -> None:
+    """redis-server logs to its own file (not to a pipe nobody reads while it runs): the
+    reason it exited reaches the agent's error."""
+    fake = tmp_path / "redis-server"
+    fake.write_text(
+        '#!/bin/sh\nwhile [ "$1" != --logfile ]; do shift; done\n'
+        'echo "# Failed opening Unix socket: fake reason" > "$2"\nexit 1\n'
+    )
+    fake.chmod(0o755)
+    server = embedded.EmbeddedRedis("exits", binary=str(fake), base=tmp_path)
+    with pytest.raises(ConfigError, match="exited: # Failed opening Unix socket: fake reason"):
+        server.start()
