@@ -111,6 +111,7 @@ class PoolStore:
         self._page = client.register_script(READ_PAGE)  # and the same paged read of nodes
         self._view: LeaderView[PoolNode] = LeaderView()  # what it read while leading the pool
         self._records: dict[str, tuple[str, JobRecord | None]] = {}  # by revision as read
+        self._specs: dict[str, tuple[str, JobSpec | str]] = {}  # by their text as read
         # The placements as this pool leader last read and wrote them (its lease value, the
         # rounds since they were read in full): only the pool leader writes them.
         self._placements: tuple[str, int, dict[str, str]] | None = None
@@ -250,20 +251,27 @@ class PoolStore:
             return None
 
     def specs(self, ids: Sequence[str]) -> dict[str, JobSpec | str]:
-        """Each job's spec, or why it cannot be read."""
+        """Each job's spec, or why it cannot be read. A spec read before as the same text is
+        not decoded again (100 specs took 25 ms of every pool leader round)."""
         if not ids:
             return {}
         with redis_errors("read job specs"):
             raws: Any = self.client.hmget(self.keys.specs, list(ids))
         found: dict[str, JobSpec | str] = {}
+        last, self._specs = self._specs, {}
         for job_id, raw in zip(ids, raws, strict=True):
             if raw is None:
                 found[job_id] = "no spec stored"
                 continue
-            try:
-                found[job_id] = JobSpec.from_json(raw)
-            except CorruptStateError as exc:
-                found[job_id] = str(exc)
+            held = last.get(job_id)
+            if held is not None and held[0] == raw:
+                found[job_id] = held[1]
+            else:
+                try:
+                    found[job_id] = JobSpec.from_json(raw)
+                except CorruptStateError as exc:
+                    found[job_id] = str(exc)
+            self._specs[job_id] = (raw, found[job_id])
         return found
 
     def spec(self, job_id: str) -> JobSpec | str | None:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
 from nodeagent.jobspec import JobSpec
-from nodeagent.model import Event, JobRecord
-from nodeagent.pool.model import PoolJobState
+from nodeagent.model import Cordon, Event, JobRecord
+from nodeagent.pool.model import PoolJobState, PoolNode
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 
 log = logging.getLogger(__name__)
@@ -52,19 +52,23 @@ def read_view(
         j for j in live if snap.jobs[j].state is PoolJobState.RUNNING or snap.jobs[j].pinned
     )
     nodes = {
-        name: NodeView(
-            name,
-            pinned=report.pinned,
-            unfit=report.unfit,
-            cordoned=snap.cordons[name].reason if name in snap.cordons else None,
-            drained=name in snap.cordons and snap.cordons[name].drain,
-            refused=frozenset(report.refused),
-            labels=report.labels,
-        )
+        name: _node_view(name, report, snap.cordons.get(name))
         for name, report in snap.nodes.items()
     }
     jobs = {j: _job_view(j, snap, specs[j], records.get(j)) for j in live}
     return snap, PoolView(snap.now_ms, nodes, jobs, snap.placements, snap.queues), records
+
+
+_NONE: frozenset[str] = frozenset()
+
+
+def _node_view(name: str, report: PoolNode, cordon: Cordon | None) -> NodeView:
+    refused = frozenset(report.refused) if report.refused else _NONE
+    if cordon is None:
+        return NodeView(name, report.pinned, report.unfit, None, False, refused, report.labels)
+    return NodeView(
+        name, report.pinned, report.unfit, cordon.reason, cordon.drain, refused, report.labels
+    )
 
 
 def _job_view(

@@ -3,6 +3,7 @@ with 1,500 nodes: more than one page, and a leases zset too big to be swept at o
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from typing import Any
@@ -15,6 +16,7 @@ from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PLACEMENTS_REREAD, PoolStore, PoolWrite
 from nodeagent.coord.store import JobStore
 from nodeagent.coord.view import PAGE, SWEEP
+from nodeagent.jobspec import JobSpec, load_spec
 from nodeagent.leader import Policy
 from nodeagent.leading import Leadership
 from nodeagent.metrics import AgentMetrics
@@ -189,3 +191,23 @@ def test_the_leader_wakes_at_the_earliest_real_deadline(
     assert leadership.next_expiry is not None
     woken_ms = snap.now_ms + (leadership.next_expiry - clock[0]) * 1000
     assert abs(woken_ms - earliest) <= 10, (woken_ms, earliest)
+
+
+def test_a_spec_is_decoded_again_only_when_its_text_changes(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    keys = PoolKeys("nodeagent", job_id)
+    store = PoolStore(connect(redis_server.url, 5.0), keys)
+    spec = {"id": "one", "entrypoint": ["python", "t.py"], "user": "u", "min_nodes": 1}
+    store.submit(load_spec(spec))
+    first = store.specs(["one"])["one"]
+    assert isinstance(first, JobSpec) and store.specs(["one"])["one"] is first  # kept
+    raw = redis_server.client()
+    stored = raw.hget(keys.specs, "one")
+    assert stored is not None
+    raw.hset(keys.specs, "one", json.dumps({**json.loads(stored), "priority": 3}))
+    again = store.specs(["one"])["one"]
+    assert isinstance(again, JobSpec) and again.priority == 3
+    raw.hset(keys.specs, "one", "{x")
+    garbage = store.specs(["one"])["one"]
+    assert isinstance(garbage, str) and "not JSON" in garbage, garbage
