@@ -13,6 +13,7 @@ credentials.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 import signal
@@ -104,6 +105,8 @@ def run_agent(
         ConfigError: the embedded Redis cannot start, or Redis refused the credentials.
     """
     record = _worker_record(config, node)
+    _hold(record)
+    _clean_legacy(config, node)
     single = config.redis.url == EMBEDDED if until_done is None else until_done
     if config.redis.url != EMBEDDED or not isinstance(config, Config):
         return _run(config, context, record, single)
@@ -124,11 +127,59 @@ def _runtime_directory() -> Path | None:
 
 
 def _worker_record(config: NodeSettings, node: NodeCheck) -> Path | None:
-    """Where this node's worker process groups are recorded (fencing.Keeper), None if nowhere
-    (the default state directory cannot be written: check_node warned about it)."""
+    """Where this agent's worker process groups are recorded (fencing.Keeper): one file per
+    node and pinned job (two `nodeagent launch`es on one machine share its host name), one per
+    node for a pool's agent; None if nowhere (the default state directory cannot be written:
+    check_node warned about it)."""
     if node.state_dir is None:
         return None
-    return node.state_dir / f"{config.node.name}.workers.json"
+    owner = config.node.name if config.job is None else f"{config.node.name}.{config.job.id}"
+    return node.state_dir / f"{owner}.workers.json"
+
+
+_held_locks: list[int] = []  # the record locks this process holds, open until it exits
+
+
+def _hold(record: Path | None) -> None:
+    """Lock `record` for this agent's life. Each agent kills the groups its record names at
+    start (a previous agent's leftovers): a second agent of the same node and job would kill
+    the first's running workers.
+
+    Raises:
+        ConfigError: another live agent holds it.
+    """
+    if record is None:
+        return
+    lock = record.with_name(record.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            "node.name",
+            f"another nodeagent on this machine runs {record.name.removesuffix('.workers.json')}"
+            f" (it holds {lock}); give this one another node.name or job id, or stop that one",
+        ) from None
+    _held_locks.append(fd)
+
+
+def _clean_legacy(config: NodeSettings, node: NodeCheck) -> None:
+    """A pinned agent's record was `<node>.workers.json` before it was per job: what an agent
+    of an older version left there is killed too, unless a live agent (a pool's, which still
+    uses that name) holds it."""
+    if node.state_dir is None or config.job is None:
+        return
+    legacy = node.state_dir / f"{config.node.name}.workers.json"
+    if not legacy.exists():
+        return
+    try:
+        _hold(legacy)
+    except ConfigError:
+        return  # a live pool agent's
+    _clean_leftovers(legacy)
+    legacy.unlink(missing_ok=True)
+    os.close(_held_locks.pop())
 
 
 def _clean_leftovers(record: Path | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import shutil
@@ -22,6 +23,7 @@ import redis
 import yaml
 
 from nodeagent.cli.daemon import main
+from nodeagent.fencing import start_ticks
 from nodeagent.signalwatch import SignalWatch
 from tests.helpers.cluster import RedisServer, free_port, local_cluster, wait_for
 from tests.helpers.runas import AS_TESTER
@@ -321,6 +323,73 @@ def test_the_right_password_runs_the_job(tmp_path: Path, password_redis: int, jo
         agent.wait(30)
     assert agent.returncode == 0, log_path.read_text()[-2000:]
     assert "s3cret" not in log_path.read_text()
+
+
+def test_a_second_agent_of_the_same_node_and_job_is_refused(
+    redis_server: RedisServer, tmp_path: Path, job_id: str
+) -> None:
+    """It would take the first's running workers for a dead agent's leftovers and kill them."""
+    path = tmp_path / "config.yaml"
+    marker = tmp_path / "worker.pid"
+    sleeper = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    path.write_bytes(
+        text(
+            tmp_path,
+            redis__url=redis_server.url,
+            job__id=job_id,
+            job__entrypoint=[sys.executable, "-c", sleeper],
+            timing={"heartbeat_interval": "200ms", "lease_ttl": "1s"},
+        )
+    )
+    log_path = tmp_path / "agent.log"
+    with log_path.open("w") as log:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "nodeagent", "run", "--config", str(path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: marker.exists() and marker.read_text(), 30, "the first agent's worker")
+        worker = int(marker.read_text())
+        second = nodeagent("run", "--config", str(path))
+        assert second.returncode == EX_CONFIG, second.stderr[-2000:]
+        assert f"another nodeagent on this machine runs d1.{job_id}" in second.stderr
+        assert "give this one another node.name or job id" in second.stderr
+        os.kill(worker, 0)  # still running
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(30)
+    assert first.returncode == 0, log_path.read_text()[-2000:]
+
+
+def test_what_an_older_agent_left_under_the_nodes_record_is_killed(
+    redis_server: RedisServer, tmp_path: Path, job_id: str
+) -> None:
+    """Before records were per job a pinned agent's was `<node>.workers.json`."""
+    left = subprocess.Popen(["sleep", "60"], start_new_session=True)  # its own process group
+    state = tmp_path / "state"
+    state.mkdir()
+    legacy = state / "d1.workers.json"
+    legacy.write_text(json.dumps({"groups": [[left.pid, start_ticks(left.pid)]]}))
+    path = tmp_path / "config.yaml"
+    path.write_bytes(text(tmp_path, redis__url=redis_server.url, job__id=job_id))
+    log_path = tmp_path / "agent.log"
+    with log_path.open("w") as log:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "nodeagent", "run", "--config", str(path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        assert left.wait(30) == -signal.SIGKILL, log_path.read_text()[-2000:]
+        assert not legacy.exists()
+        assert "left by a previous agent" in log_path.read_text()
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(30)
+        left.kill()
+        left.wait()
 
 
 def test_an_unreachable_redis_at_start_up_is_still_retried(tmp_path: Path) -> None:

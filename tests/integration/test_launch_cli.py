@@ -49,6 +49,27 @@ def test_standalone_exits_with_the_jobs_result(tmp_path: Path, body: str, code: 
     assert list(logs.rglob("*.progress")) == []  # the script never called beat()
 
 
+def test_two_standalone_launches_on_one_machine_run_side_by_side(tmp_path: Path) -> None:
+    """Same host name, two jobs: neither takes the other's workers for leftovers to kill."""
+    runs = []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        script(tmp_path / name, "import time\ntime.sleep(3)\nprint('done')\n")
+        runs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "nodeagent", "launch", "--standalone", "train.py"],
+                cwd=tmp_path / name,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    for run in runs:
+        output, _ = run.communicate(timeout=120)
+        assert run.returncode == 0, output[-3000:]
+        assert "[rank 0]: done" in output and "left by a previous agent" not in output
+
+
 def test_logs_of_a_launch(tmp_path: Path) -> None:
     script(tmp_path, "for i in range(30):\n    print('step', i)\n")
     assert launch("--standalone", "train.py", cwd=tmp_path).returncode == 0
