@@ -6,19 +6,22 @@ runs in this process as an agent does: `JobStore.sync` every heartbeat, `Leaders
 re-read every 50 ms while a generation waits for its nodes (a real one is woken by node_ready).
 The M-1 followers are spread over `--procs` worker processes, each owning a slice of the names
 and heartbeating it spread evenly over the second: 20 batches a second, each batch one pipeline
-(`JobStore.sync_many`), so Redis sees the steady load of a real fleet, not a burst. Each node's
-NodeReport is built once per generation it acknowledges. One process polls the job hash's `rev`
+(`Packed`), so Redis sees the steady load of a real fleet, not a burst. Each node's SYNC call
+(`JobStore.sync_call`) is packed into RESP bytes once per generation it acknowledges and record
+revision it holds, and its reply read and dropped: redis-py packs every command anew, most of
+the ~100 µs a heartbeat cost the simulator before. One process polls the job hash's `rev`
 every 100 ms (the record when it moved) and shares the generation and revision; each process
 acknowledges a new generation at once, for all its nodes in one more round (they have no
-workers to stop), and its heartbeats hold that revision (`sync_many(..., held=)`), so their
-replies do not carry the record, as a real follower's do not. After a warm-up, `--kill`
+workers to stop), and its heartbeats hold that revision, so their replies do not carry the
+record, as a real follower's do not. After a warm-up, `--kill`
 followers stop heartbeating.
 
 Pool mode (`--pool-jobs J`): the M nodes are also members of one pool. J jobs are submitted
 pinned (`PoolStore.submit`), node i serves job i mod J, so every job has its own leader (all J
 in this process) and its own followers; every node also sends a pool heartbeat each second
-(`PoolStore.sync_many`, in the same batches; a real member renews every lease/2 unless it leads
-the pool, so this is the heavier case), and node 0 holds the pool leader lease and runs the real
+(`PoolStore.sync_call`, packed once, in the same batches; a real member renews every lease/2
+unless it leads the pool, so this is the heavier case), and node 0 holds the pool leader lease
+and runs the real
 pool leader round (`nodeagent.pool.leader.lead`: read_view, schedule, commit) every heartbeat.
 The nodes killed all serve job 0, whose events give the detection phases.
 
@@ -283,12 +286,22 @@ def follow(
 ) -> None:
     """Heartbeat this process's nodes: BATCHES pipelines a second, each a slice of them."""
     route, client = target.routes(), connect(target.url, 30.0)
-    stores = {}
+    stores, senders = {}, {}
+    packers: dict[tuple[int, str], Packed] = {}  # one connection per server and script
+
+    def packer(client: Any, script: str) -> Packed:
+        key = (id(client), script)
+        if key not in packers:
+            packers[key] = Packed.of(client, script)
+        return packers[key]
+
     for job in fleet.jobs:
         keys = JobKeys(PREFIX, job)
         stores[job] = JobStore(route(keys.record), keys)
+        senders[job] = packer(route(keys.record), scripts.SYNC)
     pool_keys = PoolKeys(PREFIX, POOL)
     pool = PoolStore(route(pool_keys.leases), pool_keys) if fleet.pool else None
+    pool_sender = packer(route(pool_keys.leases), poolscripts.POOL_SYNC) if pool else None
     leaders = {fleet.name(i) for i in fleet.leaders}
     names = [fleet.name(i) for i in sorted(mine, key=lambda i: (i % len(fleet.jobs), i))]
     work = Slice(names, {fleet.name(i): fleet.job(i) for i in mine})
@@ -312,28 +325,66 @@ def follow(
             if known[2 * j] != work.acked.get(job, 0):
                 work.acked[job] = known[2 * j]
                 acks = [n for n in names if work.jobs[n] == job and n not in leaders]
-                send(stores[job], work, [n for n in acks if alive or n not in dead], ())
+                alive_acks = [n for n in acks if alive or n not in dead]
+                send(stores[job], senders[job], work, alive_acks, ())
         batch = [n for n in batches[k % BATCHES] if alive or n not in dead]
-        if pool is not None:
+        if pool is not None and pool_sender is not None:
             pooled = [pool_reports[n] for n in batch if n != fleet.name(0)]
-            pool.sync_many(pooled)
+            pool_sender.send([((r.name,), functools.partial(pool.sync_call, r)) for r in pooled])
             work.pool_beats += len(pooled)
         counted = clock.window[0] <= now < clock.window[1]
         for job in dict.fromkeys(work.jobs[n] for n in batch):
             ours = [n for n in batch if work.jobs[n] == job and n not in leaders]
-            beats += send(stores[job], work, ours, ours if counted else ())
+            beats += send(stores[job], senders[job], work, ours, ours if counted else ())
         if counted:
             work.late.append(time.time() - due)
         work.latest = max(work.latest, time.time() - due)
     out.put(summary(work, names, leaders, clock, beats, time.process_time() - cpu0))
 
 
-def send(store: JobStore, work: Slice, names: list[str], counted: Sequence[str]) -> int:
+class Packed:
+    """One connection that sends pipelined calls of one script as RESP bytes packed once per
+    key (what a call's KEYS and ARGV depend on), and reads their replies and drops them."""
+
+    def __init__(self, client: Any, sha: str) -> None:
+        self.conn = client.connection_pool.get_connection()
+        self.sha = sha
+        self.packed: dict[tuple[Any, ...], bytes] = {}
+
+    @classmethod
+    def of(cls, client: Any, script: str) -> Packed:
+        return cls(client, client.script_load(script))
+
+    def send(self, calls: Sequence[tuple[tuple[Any, ...], Callable[[], Any]]]) -> None:
+        """`calls`: (key, a function giving its KEYS and ARGV); a reply that is an error raises."""
+        chunks = []
+        for key, call in calls:
+            packed = self.packed.get(key)
+            if packed is None:
+                keys, args = call()
+                parts = self.conn.pack_command("EVALSHA", self.sha, len(keys), *keys, *args)
+                packed = self.packed[key] = b"".join(parts)
+            chunks.append(packed)
+        if not chunks:
+            return
+        self.conn.send_packed_command([b"".join(chunks)])
+        for _ in chunks:
+            self.conn.read_response()
+
+
+def send(
+    store: JobStore, sender: Packed, work: Slice, names: list[str], counted: Sequence[str]
+) -> int:
     """Heartbeats of `names`, holding the record revision last read (so the replies do not
     carry the record, as a real follower's do not)."""
     if names:
-        held = work.held.get(store.keys.job, 0)
-        store.sync_many([work.report(n) for n in names], held=str(held) if held else "")
+        held = str(work.held.get(store.keys.job, 0) or "-")
+        calls = []
+        for name in names:
+            report = work.report(name)
+            key = (name, report.acked_generation, held)
+            calls.append((key, functools.partial(store.sync_call, report, (), held)))
+        sender.send(calls)
     for name in counted:
         work.counts[name] = work.counts.get(name, 0) + 1
     return len(names)

@@ -119,7 +119,7 @@ class PoolStore:
 
     def sync(self, report: PoolNode) -> PoolBeat:
         with redis_errors("pool heartbeat"):
-            reply: Any = self._sync(*self._sync_call(report))
+            reply: Any = self._sync(*self.sync_call(report))
         now, leader, deadline, placement, garbage = reply
         placement = placement if isinstance(placement, str) and NAME_RE.match(placement) else None
         return PoolBeat(
@@ -134,11 +134,11 @@ class PoolStore:
         """Pool heartbeats of many nodes in one pipeline (the fleet simulator, bench/fleet.py)."""
         pipe = self.client.pipeline(transaction=False)
         for report in reports:
-            self._sync(*self._sync_call(report), client=pipe)
+            self._sync(*self.sync_call(report), client=pipe)
         with redis_errors("pool heartbeats"):
             pipe.execute()
 
-    def _sync_call(self, report: PoolNode) -> tuple[list[str], list[Any]]:
+    def sync_call(self, report: PoolNode) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the POOL_SYNC script (see its header in poolscripts.py)."""
         k = self.keys
         return (

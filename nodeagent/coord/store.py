@@ -89,7 +89,7 @@ class JobStore:
         Garbage read is reported once (self.garbage), with its events sent on a later heartbeat.
         """
         pending = self.garbage.take_events()
-        keys, args = self._sync_call(report, [*events, *pending])
+        keys, args = self.sync_call(report, [*events, *pending])
         try:
             with redis_errors("heartbeat"):
                 reply = self._sync(keys=keys, args=args)
@@ -222,12 +222,12 @@ class JobStore:
         holding the record at revision `held` ("": none)."""
         pipe = self.client.pipeline(transaction=False)
         for report in reports:
-            keys, args = self._sync_call(report, (), held or "-")
+            keys, args = self.sync_call(report, (), held or "-")
             self._sync(keys=keys, args=args, client=pipe)
         with redis_errors("heartbeats"):
             pipe.execute()
 
-    def _sync_call(
+    def sync_call(
         self,
         report: NodeReport,
         events: Sequence[Event],
