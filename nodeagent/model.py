@@ -292,8 +292,13 @@ class JobRecord:
 
     @functools.cached_property
     def members_digest(self) -> str:
-        """Names the member list: the ranks hash is rewritten only when it changes (COMMIT)."""
-        return hashlib.blake2b(" ".join(self.members).encode(), digest_size=8).hexdigest()
+        """Names the member list of this generation: the leader writes the ranks hash again
+        when it changes (store.JobStore.commit), so at every new generation too. A rank
+        changed by hand to another plausible one (two nodes swapped: nobody reads 10,000 ranks
+        at every heartbeat) then lasts until the next generation, which the failed rendezvous
+        it causes brings about."""
+        names = f"{self.generation} {' '.join(self.members)}"
+        return hashlib.blake2b(names.encode(), digest_size=8).hexdigest()
 
     def head_json(self) -> str:
         """The record as a node that does not lead reads it: the member list cut to the rank-0

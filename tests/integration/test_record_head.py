@@ -81,7 +81,7 @@ def test_a_follower_reads_the_head_and_its_own_rank(redis_server: RedisServer, j
     assert job.lead().record == written
 
 
-def test_the_ranks_are_written_only_when_the_members_change(
+def test_the_ranks_are_written_only_when_the_members_or_generation_change(
     redis_server: RedisServer, job_id: str
 ) -> None:
     job = Job(redis_server, job_id)
@@ -95,7 +95,7 @@ def test_the_ranks_are_written_only_when_the_members_change(
     fewer = MEMBERS[:-1]
     job.commit(record(fewer, gen=2))
     ranks = job.raw.hgetall(job.keys.ranks)
-    assert ranks.pop(".members") == record(fewer).members_digest
+    assert ranks.pop(".members") == record(fewer, gen=2).members_digest
     assert ranks == {name: str(i) for i, name in enumerate(fewer)}  # marker and n2344 gone
     assert job.store().sync(report("n2344")).record.group_rank("n2344") is None  # type: ignore[union-attr]
 
@@ -225,3 +225,19 @@ def test_ranks_are_written_in_fenced_pages_and_made_the_records_by_its_commit(
     snap = job.store().sync(report("n0007"))
     assert snap.held is not None and snap.held.head
     assert snap.record is not None and snap.record.group_rank("n0007") == 7
+
+
+def test_a_new_generation_writes_the_ranks_again(redis_server: RedisServer, job_id: str) -> None:
+    """Two ranks swapped by hand: plausible to each node, so acted on (two nodes with one
+    rank: the rendezvous fails). The next generation, even with the same members, writes
+    every rank again."""
+    job = Job(redis_server, job_id)
+    job.commit(record())
+    job.raw.hset(job.keys.ranks, mapping={"n0500": "501", "n0501": "500"})
+    job.raw.hincrby(job.keys.record, "rev", 1)
+    swapped = job.store().sync(report("n0500")).record
+    assert swapped is not None and swapped.group_rank("n0500") == 501  # not detectable here
+    job.commit(record(gen=2))  # the same members
+    assert job.raw.hmget(job.keys.ranks, "n0500", "n0501") == ["500", "501"]
+    snap = job.store().sync(report("n0500"))
+    assert snap.record is not None and snap.record.group_rank("n0500") == 500
