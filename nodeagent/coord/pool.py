@@ -97,6 +97,20 @@ class PoolWrite:
 PLACEMENTS_REREAD = 60  # rounds between the pool leader's full reads of the placements
 
 
+@dataclass(frozen=True)
+class HeldPlacements:
+    """The placements as one pool leader (its lease value) last read and wrote them: only the
+    pool leader writes them, so it reads them in full only on a new term, after a failed
+    write, and every PLACEMENTS_REREAD rounds (anything written by hand is seen then)."""
+
+    leader: str
+    rounds: int  # since they were read in full
+    placements: dict[str, str]
+
+    def fresh(self, leader: str | None) -> bool:
+        return self.leader == leader and self.rounds < PLACEMENTS_REREAD
+
+
 class PoolStore:
     """One pool's keys in one Redis, for one agent or one nodeagentctl."""
 
@@ -112,9 +126,7 @@ class PoolStore:
         self._view: LeaderView[PoolNode] = LeaderView()  # what it read while leading the pool
         self._records: dict[str, tuple[str, JobRecord | None]] = {}  # by revision as read
         self._specs: dict[str, tuple[str, JobSpec | str]] = {}  # by their text as read
-        # The placements as this pool leader last read and wrote them (its lease value, the
-        # rounds since they were read in full): only the pool leader writes them.
-        self._placements: tuple[str, int, dict[str, str]] | None = None
+        self._placements: HeldPlacements | None = None
         self.last_read = 0  # node reports read by the last read(), every page of it
 
     def sync(self, report: PoolNode) -> PoolBeat:
@@ -161,7 +173,7 @@ class PoolStore:
         (coord/view.py); anyone else reads every node (a ZSCAN of the leases)."""
         k = self.keys
         held = self._placements
-        cached = held is not None and held[0] == led_by and held[1] < PLACEMENTS_REREAD
+        cached = held is not None and held.fresh(led_by)
         with redis_errors("read the pool"):
             reply: Any = self._read(
                 keys=[k.placements, k.jobs, k.cancels, k.cordons, k.leader, k.queues],
@@ -170,15 +182,15 @@ class PoolStore:
         now, leader, raw_placements, jobs, cancels, cordons, queues, noted = reply
         garbage = [str(g) for g in noted]
         if cached and held is not None:
-            placements = held[2]
-            self._placements = (held[0], held[1] + 1, placements)
+            placements = held.placements
+            self._placements = replace(held, rounds=held.rounds + 1)
         else:
             placements = {
                 n: j
                 for n, j in _pairs(raw_placements or [])
                 if NAME_RE.match(n) and NAME_RE.match(j)
             }
-            self._placements = (led_by, 0, placements) if led_by is not None else None
+            self._placements = None if led_by is None else HeldPlacements(led_by, 0, placements)
         if led_by is not None:
             leases = self._led(led_by, int(now), garbage)
         else:
@@ -323,9 +335,9 @@ class PoolStore:
                 args=args,
             )
         self._view.forget(write.drop_leases)
-        if held is not None and held[0] == leader:
-            placements = {n: j for n, j in held[2].items() if n not in write.unplace}
-            self._placements = (held[0], held[1], {**placements, **write.place})
+        if held is not None and held.leader == leader:
+            kept = {n: j for n, j in held.placements.items() if n not in write.unplace}
+            self._placements = replace(held, placements={**kept, **write.place})
 
     def submit(self, spec: JobSpec, pinned: bool = False) -> tuple[bool, PoolJob | None]:
         """Store a new job (pending); (False, its status) when the id exists already."""
