@@ -503,6 +503,7 @@ class PoolLeader:
 
     def __init__(self, client: Any, fleet: Fleet) -> None:
         self.store = PoolStore(client, PoolKeys(PREFIX, POOL))
+        self.views = pool_leader.NodeViews()
         self.report = pool_report(fleet.name(0), fleet.job(0))
         self.wake = 0.0
         self.steps: list[tuple[float, float, float]] = []  # (wall time, sync s, round s)
@@ -514,7 +515,7 @@ class PoolLeader:
         rtt, round_s = time.monotonic() - began, 0.0
         if beat.leader is not None and beat.leader_name == self.report.name:
             began = time.monotonic()
-            pool_leader.lead(self.store, beat.leader, SchedulePolicy())
+            pool_leader.lead(self.store, beat.leader, SchedulePolicy(), self.views)
             round_s = time.monotonic() - began
         self.steps.append((time.time(), rtt, round_s))
 

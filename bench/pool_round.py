@@ -94,22 +94,22 @@ def setup(server: RedisServer, nodes: int, jobs: int) -> tuple[PoolStore, str]:
 
 
 def rounds(pool: PoolStore, leader: str, count: int) -> dict[str, Any]:
-    client = pool.client
+    client, views = pool.client, pool_leader.NodeViews()
     for _ in range(3):  # the first reads everything (a new term); then the steady state
-        pool_leader.lead(pool, leader, SchedulePolicy())
+        pool_leader.lead(pool, leader, SchedulePolicy(), views)
     whole, read, decide, redis_ms = [], [], [], []
     for _ in range(count):
         client.config_set("slowlog-log-slower-than", 0)
         client.slowlog_reset()
         began = time.perf_counter()
-        result = pool_leader.lead(pool, leader, SchedulePolicy())
+        result = pool_leader.lead(pool, leader, SchedulePolicy(), views)
         whole.append(time.perf_counter() - began)
         calls = client.slowlog_get(128)
         client.config_set("slowlog-log-slower-than", 10_000)
         redis_ms.append(sum(e["duration"] for e in calls if e["command"].startswith(b"EVAL")))
         assert result.write is None, "the steady state writes nothing"
         began = time.perf_counter()
-        _, view, _ = pool_leader.read_view(pool, leader)
+        _, view, _ = pool_leader.read_view(pool, leader, views)
         read.append(time.perf_counter() - began)
         began = time.perf_counter()
         schedule(view, SchedulePolicy())

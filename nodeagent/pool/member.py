@@ -51,6 +51,7 @@ class PoolMember:
             resize_cooldown_ms=int(pool.resize_cooldown * 1000),
             preempt_after_ms=int(pool.preempt_after * 1000),
         )
+        self._views = leader.NodeViews()  # kept between rounds while this node leads
         self.placement: str | None = None
         self._garbage: tuple[str, ...] = ()
         self.leading = False
@@ -141,7 +142,8 @@ class PoolMember:
     def _lead(self, token: str) -> None:
         try:
             done = self._store_call(
-                lambda: leader.lead(self._store, token, self._policy), "pool leader round"
+                lambda: leader.lead(self._store, token, self._policy, self._views),
+                "pool leader round",
             )
         except FencedError as exc:
             log.info("pool leader write refused: %s", exc)

@@ -6,7 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from nodeagent.pool.model import PoolJob, PoolJobState
+from nodeagent.model import Cordon
+from nodeagent.pool.leader import NodeViews
+from nodeagent.pool.model import PoolJob, PoolJobState, PoolNode
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 from nodeagent.state import JobState
 
@@ -259,3 +261,19 @@ def test_a_selector_places_a_job_only_on_nodes_with_its_labels() -> None:
     assert jobs["rare"].reason == (
         "needs 1 nodes, the pool has 0 healthy nodes that can run it; 3 lack gpu=b200"
     )
+
+
+def test_a_pool_leader_keeps_each_nodes_view_until_its_report_or_cordon_changes() -> None:
+    views = NodeViews()
+    a, b = PoolNode("a", "10.0.0.1", 5000), PoolNode("b", "10.0.0.2", 5000, pinned="j")
+    first = views.of({"a": a, "b": b}, {})
+    assert first["b"].pinned == "j" and first["a"].eligible
+    again = views.of({"a": a, "b": b}, {})
+    assert again["a"] is first["a"] and again["b"] is first["b"]  # kept, not made again
+    cordoned = views.of({"a": a, "b": b}, {"a": Cordon("disk", by="ops", drain=True)})
+    assert cordoned["a"].cordoned == "disk" and cordoned["a"].drained
+    assert cordoned["b"] is first["b"]
+    a2 = PoolNode("a", "10.0.0.1", 5000, refused={"j": "no user"})  # a new report
+    changed = views.of({"a": a2}, {})
+    assert changed["a"].refused == frozenset({"j"}) and not changed["a"].cordoned
+    assert list(changed) == ["a"]  # b is gone
