@@ -105,7 +105,8 @@ def run_agent(
         ConfigError: the embedded Redis cannot start, or Redis refused the credentials.
     """
     record = _worker_record(config, node)
-    _hold(record)
+    if record is not None:
+        _held_locks.append(_lock(record))
     _clean_legacy(config, node)
     single = config.redis.url == EMBEDDED if until_done is None else until_done
     if config.redis.url != EMBEDDED or not isinstance(config, Config):
@@ -140,16 +141,14 @@ def _worker_record(config: NodeSettings, node: NodeCheck) -> Path | None:
 _held_locks: list[int] = []  # the record locks this process holds, open until it exits
 
 
-def _hold(record: Path | None) -> None:
-    """Lock `record` for this agent's life. Each agent kills the groups its record names at
-    start (a previous agent's leftovers): a second agent of the same node and job would kill
-    the first's running workers.
+def _lock(record: Path) -> int:
+    """Lock `record` (its open lock file, held until closed: the agent keeps its own for its
+    life). Each agent kills the groups its record names at start (a previous agent's
+    leftovers): a second agent of the same node and job would kill the first's running workers.
 
     Raises:
         ConfigError: another live agent holds it.
     """
-    if record is None:
-        return
     lock = record.with_name(record.name + ".lock")
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -161,7 +160,7 @@ def _hold(record: Path | None) -> None:
             f"another nodeagent on this machine runs {record.name.removesuffix('.workers.json')}"
             f" (it holds {lock}); give this one another node.name or job id, or stop that one",
         ) from None
-    _held_locks.append(fd)
+    return fd
 
 
 def _clean_legacy(config: NodeSettings, node: NodeCheck) -> None:
@@ -174,12 +173,14 @@ def _clean_legacy(config: NodeSettings, node: NodeCheck) -> None:
     if not legacy.exists():
         return
     try:
-        _hold(legacy)
+        fd = _lock(legacy)
     except ConfigError:
         return  # a live pool agent's
-    _clean_leftovers(legacy)
-    legacy.unlink(missing_ok=True)
-    os.close(_held_locks.pop())
+    try:
+        _clean_leftovers(legacy)
+        legacy.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
 
 
 def _clean_leftovers(record: Path | None) -> None:

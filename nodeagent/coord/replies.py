@@ -306,17 +306,16 @@ def _stale_head(
     head, members, ranks = (as_text(v) if v else None for v in (*reply[17], None, None, None)[:3])
     want = record.members_digest
     found = [
-        ("field head", head, record.head_json()),
-        ("field members", members, want),
-        ("the ranks hash's field .members", ranks, want),
+        ("field head", keys.record, head, record.head_json()),
+        ("field members", keys.record, members, want),
+        ("the ranks hash's field .members", keys.ranks, ranks, want),
     ]
-    for what, value, expected in found:
+    for what, key, value, expected in found:
         if value is None:
             return f"{what} is missing"
         if value != expected:
             problem = f"{what} is not the record's: {_sample(value)}"
-            where = keys.ranks if what.startswith("the ranks") else keys.record
-            garbage.append(Garbage("job", where, problem, "written again at a new revision"))
+            garbage.append(Garbage("job", key, problem, "written again at a new revision"))
             return problem
     return None
 

@@ -114,15 +114,11 @@ class _Run:
 
     def place(self, node: str, job: str) -> None:
         self.unplace(node)
-        self.placements[node] = job
-        if node in self._eligible:
-            self._free -= 1
-        self.by_job.setdefault(job, set()).add(node)
-        self.ledger.add(self._queue_of.get(job, DEFAULT), 1)
+        self.keep([node], job)
 
     def keep(self, nodes: list[str], job: str) -> None:
-        """place() for nodes placed nowhere yet, all at once (at 10,000 nodes, node by node
-        took most of a steady round)."""
+        """Place nodes that are placed nowhere yet (place() moves one from its job first); a
+        job's nodes at once (at 10,000 nodes, node by node took most of a steady round)."""
         self.placements.update(dict.fromkeys(nodes, job))
         self.by_job.setdefault(job, set()).update(nodes)
         self._free -= sum(1 for node in nodes if node in self._eligible)

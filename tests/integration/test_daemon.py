@@ -43,6 +43,16 @@ def nodeagent(*args: str, **options: Any) -> subprocess.CompletedProcess[str]:
     )
 
 
+def running(config: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """`nodeagent run --config` in the background, its output in `log_path`."""
+    with log_path.open("w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "nodeagent", "run", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
 def document(tmp_path: Path, **changes: object) -> dict[str, Any]:
     data: dict[str, Any] = {
         "node": {"name": "d1", "address": "127.0.0.1"},
@@ -309,13 +319,8 @@ def test_the_right_password_runs_the_job(tmp_path: Path, password_redis: int, jo
             timing={"heartbeat_interval": "200ms", "lease_ttl": "1s"},
         )
     )
-    with (tmp_path / "agent.log").open("w") as log:
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "nodeagent", "run", "--config", str(path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
     log_path = tmp_path / "agent.log"
+    agent = running(path, log_path)
     try:
         wait_for(lambda: "[rank 0]: trained" in log_path.read_text(), 30, "the worker's output")
     finally:
@@ -342,12 +347,7 @@ def test_a_second_agent_of_the_same_node_and_job_is_refused(
         )
     )
     log_path = tmp_path / "agent.log"
-    with log_path.open("w") as log:
-        first = subprocess.Popen(
-            [sys.executable, "-m", "nodeagent", "run", "--config", str(path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    first = running(path, log_path)
     try:
         wait_for(lambda: marker.exists() and marker.read_text(), 30, "the first agent's worker")
         worker = int(marker.read_text())
@@ -375,12 +375,7 @@ def test_what_an_older_agent_left_under_the_nodes_record_is_killed(
     path = tmp_path / "config.yaml"
     path.write_bytes(text(tmp_path, redis__url=redis_server.url, job__id=job_id))
     log_path = tmp_path / "agent.log"
-    with log_path.open("w") as log:
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "nodeagent", "run", "--config", str(path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    agent = running(path, log_path)
     try:
         assert left.wait(30) == -signal.SIGKILL, log_path.read_text()[-2000:]
         assert not legacy.exists()
@@ -396,12 +391,7 @@ def test_an_unreachable_redis_at_start_up_is_still_retried(tmp_path: Path) -> No
     path = tmp_path / "config.yaml"
     path.write_bytes(text(tmp_path, redis__url=f"redis://:s3cret@127.0.0.1:{free_port()}/0"))
     log_path = tmp_path / "agent.log"
-    with log_path.open("w") as log:
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "nodeagent", "run", "--config", str(path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    agent = running(path, log_path)
     try:
         wait_for(lambda: "cannot reach Redis" in log_path.read_text(), 30, "a retry")
         assert agent.poll() is None, log_path.read_text()
