@@ -16,19 +16,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nodeagent import progress  # noqa: E402
+from nodeagent.channel import beats  # noqa: E402
 from nodeagent.worker import progress as worker_progress  # noqa: E402
 
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "rank-0.progress"
-        progress.create(path)
+        beats.create(path)
         os.environ[worker_progress.ENV] = str(path)
         beat = worker_progress.beat
         number = 200_000
         runs = [timeit.timeit(lambda: beat(1), number=number) / number * 1e6 for _ in range(7)]
-        assert progress.read(path) is not None
+        assert beats.read(path) is not None
     result = {
         "beat_us_median": round(statistics.median(runs), 3),
         "beat_us_min": round(min(runs), 3),

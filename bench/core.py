@@ -35,7 +35,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nodeagent.preload import SPARE_MODULE  # noqa: E402
+from nodeagent.supervisor.spares import SPARE_MODULE  # noqa: E402
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster  # noqa: E402
 from tests.helpers.training import training_entrypoint  # noqa: E402
 

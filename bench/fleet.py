@@ -22,7 +22,7 @@ in this process) and its own followers; every node also sends a pool heartbeat e
 (`PoolStore.sync_call`, packed once, in the same batches; a real member renews every lease/2
 unless it leads the pool, so this is the heavier case), and node 0 holds the pool leader lease
 and runs the real
-pool leader round (`nodeagent.pool.leader.lead`: read_view, schedule, commit) every heartbeat.
+pool leader round (`nodeagent.pool.leadership.lead`: read_view, schedule, commit) every heartbeat.
 The nodes killed all serve job 0, whose events give the detection phases.
 
 `--cluster`: the same against a real three-node Redis Cluster (tests/helpers/rediscluster.py);
@@ -96,15 +96,15 @@ from nodeagent.coord.client import connect  # noqa: E402
 from nodeagent.coord.keys import JobKeys, PoolKeys  # noqa: E402
 from nodeagent.coord.pool import PoolStore  # noqa: E402
 from nodeagent.coord.store import JobStore  # noqa: E402
-from nodeagent.jobspec import load_spec  # noqa: E402
-from nodeagent.leader import Policy  # noqa: E402
-from nodeagent.leading import Leadership  # noqa: E402
-from nodeagent.metrics import AgentMetrics  # noqa: E402
-from nodeagent.model import JobRecord, NodeReport  # noqa: E402
-from nodeagent.pool import leader as pool_leader  # noqa: E402
-from nodeagent.pool.model import PoolNode  # noqa: E402
+from nodeagent.job.leadership import Leadership  # noqa: E402
+from nodeagent.job.plan import Policy  # noqa: E402
+from nodeagent.model.job import JobRecord, NodeReport  # noqa: E402
+from nodeagent.model.pool import PoolNode  # noqa: E402
+from nodeagent.model.spec import load_spec  # noqa: E402
+from nodeagent.pool import leadership as pool_leadership  # noqa: E402
 from nodeagent.pool.schedule import SchedulePolicy  # noqa: E402
 from nodeagent.state import JobState, NodeState  # noqa: E402
+from nodeagent.telemetry.metrics import AgentMetrics  # noqa: E402
 from tests.helpers.cluster import RedisServer  # noqa: E402
 from tests.helpers.rediscluster import RedisClusterServers  # noqa: E402
 
@@ -503,7 +503,7 @@ class PoolLeader:
 
     def __init__(self, client: Any, fleet: Fleet) -> None:
         self.store = PoolStore(client, PoolKeys(PREFIX, POOL))
-        self.views = pool_leader.NodeViews()
+        self.views = pool_leadership.NodeViews()
         self.report = pool_report(fleet.name(0), fleet.job(0))
         self.wake = 0.0
         self.steps: list[tuple[float, float, float]] = []  # (wall time, sync s, round s)
@@ -515,7 +515,7 @@ class PoolLeader:
         rtt, round_s = time.monotonic() - began, 0.0
         if beat.leader is not None and beat.leader_name == self.report.name:
             began = time.monotonic()
-            pool_leader.lead(self.store, beat.leader, SchedulePolicy(), self.views)
+            pool_leadership.lead(self.store, beat.leader, SchedulePolicy(), self.views)
             round_s = time.monotonic() - began
         self.steps.append((time.time(), rtt, round_s))
 

@@ -6,7 +6,8 @@ The fence keeper SIGKILLs a worker at 90 % of the lease, leaving 10 % (0.5 s at 
 5 s lease) before the server may re-form without it. On a GPU a SIGKILLed process stops running
 its own code at once, but the driver tears its context down before the process is gone and its
 memory is free. This measures both, for a worker that holds `--gib` GiB and keeps a kernel
-queue busy, fenced through the real keeper (nodeagent.fencing): one that ignores SIGTERM (busy
+queue busy, fenced through the real keeper (nodeagent.supervisor.fence): one that ignores
+SIGTERM (busy
 in a collective: only the SIGKILL ends it) and one that dies of the SIGTERM 0.5 s earlier
 (negative figures). Writes bench/results/gpu_fence.json.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nodeagent.fencing import Group, Keeper, start_ticks
+from nodeagent.supervisor.fence import Group, Keeper, start_ticks
 
 WORKER = """
 import signal, sys, time, torch

@@ -7,7 +7,7 @@ two cores with the simulated nodes and Redis, so its round figures are this mach
 much as the round. Here, on a real redis-server and nothing else running: J jobs submitted
 pinned, M pool nodes (node i pinned to job i mod J, serving it) with long leases, each job's
 record RUNNING on its nodes (written as its leader would), then R rounds of
-`nodeagent.pool.leader.lead` by node 0, the pool leader, with nothing changing between them (the
+`nodeagent.pool.leadership.lead` by node 0, the pool leader, with nothing changing between them (the
 steady state: every round reads the page of changed nodes and the sweep, and writes nothing).
 Each round is split into the read (`read_view`: the pool's hashes, the node pages, the specs and
 the records that moved) and `schedule()`; Redis time of the read is the sum of the round's
@@ -32,11 +32,11 @@ from nodeagent.coord.client import connect  # noqa: E402
 from nodeagent.coord.keys import PoolKeys  # noqa: E402
 from nodeagent.coord.pool import PoolStore  # noqa: E402
 from nodeagent.coord.store import JobStore  # noqa: E402
-from nodeagent.jobspec import load_spec  # noqa: E402
-from nodeagent.leader import LeaderMemory, Plan  # noqa: E402
-from nodeagent.model import NodeReport  # noqa: E402
-from nodeagent.pool import leader as pool_leader  # noqa: E402
-from nodeagent.pool.model import PoolNode  # noqa: E402
+from nodeagent.job.plan import LeaderMemory, Plan  # noqa: E402
+from nodeagent.model.job import NodeReport  # noqa: E402
+from nodeagent.model.pool import PoolNode  # noqa: E402
+from nodeagent.model.spec import load_spec  # noqa: E402
+from nodeagent.pool import leadership as pool_leadership  # noqa: E402
 from nodeagent.pool.schedule import SchedulePolicy, schedule  # noqa: E402
 from nodeagent.state import JobState, NodeState  # noqa: E402
 from tests.helpers.cluster import RedisServer  # noqa: E402
@@ -94,22 +94,22 @@ def setup(server: RedisServer, nodes: int, jobs: int) -> tuple[PoolStore, str]:
 
 
 def rounds(pool: PoolStore, leader: str, count: int) -> dict[str, Any]:
-    client, views = pool.client, pool_leader.NodeViews()
+    client, views = pool.client, pool_leadership.NodeViews()
     for _ in range(3):  # the first reads everything (a new term); then the steady state
-        pool_leader.lead(pool, leader, SchedulePolicy(), views)
+        pool_leadership.lead(pool, leader, SchedulePolicy(), views)
     whole, read, decide, redis_ms = [], [], [], []
     for _ in range(count):
         client.config_set("slowlog-log-slower-than", 0)
         client.slowlog_reset()
         began = time.perf_counter()
-        result = pool_leader.lead(pool, leader, SchedulePolicy(), views)
+        result = pool_leadership.lead(pool, leader, SchedulePolicy(), views)
         whole.append(time.perf_counter() - began)
         calls = client.slowlog_get(128)
         client.config_set("slowlog-log-slower-than", 10_000)
         redis_ms.append(sum(e["duration"] for e in calls if e["command"].startswith(b"EVAL")))
         assert result.write is None, "the steady state writes nothing"
         began = time.perf_counter()
-        _, view, _ = pool_leader.read_view(pool, leader, views)
+        _, view, _ = pool_leadership.read_view(pool, leader, views)
         read.append(time.perf_counter() - began)
         began = time.perf_counter()
         schedule(view, SchedulePolicy())

@@ -77,7 +77,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nodeagent.preload import SPARE_MODULE  # noqa: E402
+from nodeagent.supervisor.spares import SPARE_MODULE  # noqa: E402
 from tests.helpers.cluster import (  # noqa: E402
     LocalCluster,
     RedisServer,

@@ -35,8 +35,8 @@ from bench.sizes import each_size  # noqa: E402
 from nodeagent.coord.client import connect  # noqa: E402
 from nodeagent.coord.keys import JobKeys  # noqa: E402
 from nodeagent.coord.store import JobStore  # noqa: E402
-from nodeagent.leader import LeaderMemory, Plan  # noqa: E402
-from nodeagent.model import JobRecord, NodeReport  # noqa: E402
+from nodeagent.job.plan import LeaderMemory, Plan  # noqa: E402
+from nodeagent.model.job import JobRecord, NodeReport  # noqa: E402
 from nodeagent.state import JobState, NodeState  # noqa: E402
 from tests.helpers.cluster import RedisServer  # noqa: E402
 from tests.helpers.factories import make_record  # noqa: E402

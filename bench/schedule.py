@@ -43,7 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nodeagent.pool.model import PoolJob, PoolJobState  # noqa: E402
+from nodeagent.model.pool import PoolJob, PoolJobState  # noqa: E402
 from nodeagent.pool.schedule import (  # noqa: E402
     JobView,
     NodeView,

@@ -32,22 +32,21 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-import redis
-
-from nodeagent import redisurl
 from nodeagent.cli import ctlargs, ctllogs, ctlpool, ctlqueue, ctlshow
-from nodeagent.config import EMBEDDED, EX_CONFIG, NodeSettings, read_config, read_settings
+from nodeagent.cli.status import status_document
+from nodeagent.config import redisurl
+from nodeagent.config.load import read_config, read_settings
+from nodeagent.config.settings import EMBEDDED, EX_CONFIG, NodeSettings
 from nodeagent.coord import eventlog
-from nodeagent.coord.client import connect
+from nodeagent.coord.client import Redis, connect
 from nodeagent.coord.embedded import embedded_url
 from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import ConfigError, CoordinationError, UsageError
-from nodeagent.model import Command, CommandType, Cordon
+from nodeagent.model.job import Command, CommandType, Cordon
 from nodeagent.state import JobState
-from nodeagent.status import status_document
 
 EX_UNAVAILABLE = 69
 EX_USAGE = 2
@@ -146,7 +145,7 @@ def _password(args: argparse.Namespace, url: str, environ: Mapping[str, str]) ->
 class Target:
     """The job (or pool) nodeagentctl acts on, and how it reaches it."""
 
-    client: redis.Redis
+    client: Redis
     config: NodeSettings | None
     prefix: str
     pool: str

@@ -10,8 +10,7 @@ import argparse
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
-from nodeagent.config import parse_duration
-from nodeagent.configvalues import check_name
+from nodeagent.config.values import check_name, parse_duration
 from nodeagent.errors import ConfigError, UsageError
 
 PASSWORD_ENV = "NODEAGENT_REDIS_PASSWORD"

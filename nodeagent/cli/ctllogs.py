@@ -2,8 +2,9 @@
 
 With JOB, across the pool: the job's record names the node of rank R (default 0; rank =
 group_rank * nproc_per_node + local_rank), its report the address of that node's agent, and the
-agent serves the log (GET /logs/JOB/RANK, nodeagent.logserve). `--follow` asks again from where
-it stopped and follows the rank to its node of each new generation; it ends when the job does.
+agent serves the log (GET /logs/JOB/RANK, nodeagent.telemetry.logserve). `--follow` asks again
+from where it stopped and follows the rank to its node of each new generation; it ends when the
+job does.
 
 Without JOB, this node's files, no Redis: `<log_dir>/<job>/rank-R.log` (each rank's output
 across generations, a banner line before each generation). log_dir and the job come from
@@ -21,19 +22,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
-
 from nodeagent.cli import ctlargs
-from nodeagent.config import Config
+from nodeagent.cli.launchargs import DEFAULT_LOG_DIR
+from nodeagent.config.settings import Config
+from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.replies import NodeLease
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import UsageError
-from nodeagent.launchargs import DEFAULT_LOG_DIR
-from nodeagent.logserve import MAX_TAIL_LINES, LogChunk, LogFetchError, LogRequest, fetch, reachable
-from nodeagent.logtail import Follower, last_lines, rank_logs
-from nodeagent.model import JobRecord
+from nodeagent.model.job import JobRecord
+from nodeagent.telemetry.logserve import (
+    MAX_TAIL_LINES,
+    LogChunk,
+    LogFetchError,
+    LogRequest,
+    fetch,
+    reachable,
+)
+from nodeagent.telemetry.logtail import Follower, last_lines, rank_logs
 
 FOLLOW_INTERVAL_S = 0.2
 POOL_FOLLOW_INTERVAL_S = 0.5  # each round asks Redis where the rank is and its agent for lines
@@ -131,7 +138,7 @@ class _Source:
 class _Pool:
     """The Redis reads of `logs JOB`: the job's record and its nodes' addresses."""
 
-    def __init__(self, client: redis.Redis, prefix: str, pool: str, job: str) -> None:
+    def __init__(self, client: Redis, prefix: str, pool: str, job: str) -> None:
         self.job = job
         self._store = JobStore(client, JobKeys(prefix, job))
         self._pool = PoolStore(client, PoolKeys(prefix, pool))
@@ -237,7 +244,7 @@ def _say_once(message: str, said: str) -> str:
     return message
 
 
-def run_pool(client: redis.Redis, prefix: str, pool_name: str, args: argparse.Namespace) -> int:
+def run_pool(client: Redis, prefix: str, pool_name: str, args: argparse.Namespace) -> int:
     """`logs JOB`: the rank's log from the agent of the node it runs on."""
     if args.log_dir is not None:
         raise UsageError("--log-dir reads this node's files: give it without JOB")

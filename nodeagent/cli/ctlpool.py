@@ -16,17 +16,17 @@ from typing import Any
 
 import yaml
 
-from nodeagent import strictyaml
 from nodeagent.cli import ctlargs
-from nodeagent.config import RECOVERY_MODES
+from nodeagent.config import strictyaml
+from nodeagent.config.settings import RECOVERY_MODES
 from nodeagent.coord.pool import PoolSnapshot, PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, UsageError
-from nodeagent.jobspec import JobSpec, load_spec
-from nodeagent.model import Cordon, JobRecord
-from nodeagent.pool.leader import read_view
-from nodeagent.pool.model import PoolJob, PoolJobState
-from nodeagent.pool.queues import DEFAULT
+from nodeagent.model.job import Cordon, JobRecord
+from nodeagent.model.pool import PoolJob, PoolJobState
+from nodeagent.model.queues import DEFAULT
+from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.pool.leadership import read_view
 from nodeagent.pool.schedule import PoolView
 from nodeagent.state import JobState, NodeState
 

@@ -1,4 +1,4 @@
-"""nodeagentctl queue create|set|delete|list: the pool's queues (nodeagent.pool.queues)."""
+"""nodeagentctl queue create|set|delete|list: the pool's queues (nodeagent.model.queues)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 from nodeagent.cli import ctlargs
 from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import UsageError
-from nodeagent.pool.model import PoolJobState
-from nodeagent.pool.queues import DEFAULT, QueueView
+from nodeagent.model.pool import PoolJobState
+from nodeagent.model.queues import DEFAULT, QueueView
 
 COMMAND = "queue"
 

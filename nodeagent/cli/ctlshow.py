@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from nodeagent.errors import CorruptStateError
-from nodeagent.model import Event
+from nodeagent.model.job import Event
 
 
 def print_status(doc: dict[str, Any]) -> None:

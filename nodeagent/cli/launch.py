@@ -6,7 +6,7 @@
 Runs this node's agent for that one job and exits with the job's result: 0 when it succeeded,
 the failing rank's exit code (or 1) when it failed, 1 when stopped (SIGINT, SIGTERM) first, 78
 for a command line or node that cannot run it, 2 for a usage error (argparse's, as torchrun's).
-The config is built from the flags (nodeagent.launchargs); config files stay the way to run
+The config is built from the flags (nodeagent.cli.launchargs); config files stay the way to run
 under systemd (`nodeagent run`).
 """
 
@@ -20,13 +20,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from nodeagent import logs
-from nodeagent.config import EX_CONFIG, Config, load_config
+from nodeagent.cli.launchargs import LaunchError, Machine, build
+from nodeagent.config.load import load_config
+from nodeagent.config.settings import EX_CONFIG, Config
 from nodeagent.errors import ConfigError
-from nodeagent.launchargs import LaunchError, Machine, build
-from nodeagent.logs import LogContext
-from nodeagent.preflight import check_node
-from nodeagent.signalwatch import SignalWatch
+from nodeagent.runtime.preflight import check_node
+from nodeagent.runtime.signalwatch import SignalWatch
+from nodeagent.telemetry import logs
+from nodeagent.telemetry.logs import LogContext
 
 STOPPED = 1  # stopped (SIGINT, SIGTERM) before the job ended: not a success
 
@@ -51,7 +52,7 @@ def _config(argv: Sequence[str]) -> tuple[Config, tuple[str, ...]] | None:
 
 
 def main(argv: Sequence[str]) -> int:
-    from nodeagent.cli.daemon import run_agent  # the daemon's CLI registers this one
+    from nodeagent.runtime.run import run_agent  # the daemon's CLI registers this one
 
     built = _config(argv)
     if built is None:

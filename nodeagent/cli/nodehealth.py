@@ -30,11 +30,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent import strictyaml
 from nodeagent.cli.ctlshow import print_health
-from nodeagent.config import EX_CONFIG, HealthConfig, Resolver, read_settings
-from nodeagent.config import _load_health as load_health_section  # the section on its own
-from nodeagent.configvalues import Section, check_name
+from nodeagent.config import strictyaml
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.load import _load_health as load_health_section  # the section on its own
+from nodeagent.config.load import read_settings
+from nodeagent.config.settings import EX_CONFIG, HealthConfig
+from nodeagent.config.values import Section, check_name
 from nodeagent.errors import ConfigError
 from nodeagent.gpu.classify import Thresholds, Verdict, classify
 from nodeagent.gpu.nvml import GpuUnavailable, NvmlBackend, load_pynvml

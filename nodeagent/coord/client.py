@@ -26,7 +26,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from nodeagent import redisurl
+from nodeagent.config import redisurl
 from nodeagent.coord.cluster import ClusterTarget, LazyCluster
 from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.errors import ConfigError

@@ -1,6 +1,6 @@
 """PoolStore: a pool's state in Redis, read and written through coord/poolscripts.py.
 
-Nothing read is trusted (nodeagent.decode): a node report, a job status or a placement that is
+Nothing read is trusted (nodeagent.model.decode): a node report, a job status or a placement that is
 not what nodeagent writes is left out and described in `garbage`, so one bad value never stops
 the pool. Jobs' own records are read from each job's keys (other hash tags: a pipeline, not a
 script, so a pool spread over a Redis Cluster works).
@@ -29,10 +29,9 @@ from nodeagent.coord.view import (
     parse_page,
     sweep_all,
 )
-from nodeagent.decode import NAME_RE
 from nodeagent.errors import CorruptStateError
-from nodeagent.jobspec import JobSpec
-from nodeagent.model import (
+from nodeagent.model.decode import NAME_RE
+from nodeagent.model.job import (
     Command,
     CommandType,
     Cordon,
@@ -41,8 +40,9 @@ from nodeagent.model import (
     cordon_event,
     uncordon_event,
 )
-from nodeagent.pool.model import PoolJob, PoolNode
-from nodeagent.pool.queues import QueueView
+from nodeagent.model.pool import PoolJob, PoolNode
+from nodeagent.model.queues import QueueView
+from nodeagent.model.spec import JobSpec
 
 
 @dataclass(frozen=True)

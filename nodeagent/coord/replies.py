@@ -1,6 +1,6 @@
 """The replies of the SYNC and SNAPSHOT scripts, decoded into a Snapshot. Pure; never raises.
 
-Every value is checked (nodeagent.decode): what is not what nodeagent writes becomes a Garbage
+Every value is checked (nodeagent.model.decode): what is not what nodeagent writes becomes a Garbage
 item and is left out. A garbage lease (a deadline that is not a finite integer, or beyond its
 node key's TTL, or a member that is not a node name) is also listed in `drop`, so the leader
 removes it; the one-shot phantom (a lease and a report written by hand, with no TTL or with a
@@ -16,11 +16,10 @@ from typing import Any, TypeVar
 
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.view import Lease, ViewPage, ViewRead, as_text, parse_page
-from nodeagent.decode import MAX_INT, NAME_RE, parse_uint
 from nodeagent.errors import CorruptStateError
-from nodeagent.garbage import KINDS, Garbage
-from nodeagent.leader import ClusterView
-from nodeagent.model import Command, Cordon, JobRecord, NodeReport
+from nodeagent.model.decode import MAX_INT, NAME_RE, parse_uint
+from nodeagent.model.garbage import KINDS, Garbage
+from nodeagent.model.job import ClusterView, Command, Cordon, JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ What this node acts on is checked against what it knows itself: a RUNNING record
 only once its MASTER_ADDR is the address its rank-0 member published (that member holding a live
 lease and having acknowledged the generation); until then `record` shows it as RESTARTING, so the
 node acknowledges it and waits. A record whose nproc_per_node differs from this node's
-configuration is reported (launch.py starts the configured number regardless).
+configuration is reported (supervisor/spec.py starts the configured number regardless).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -37,9 +37,8 @@ from nodeagent.coord.replies import (
 )
 from nodeagent.coord.view import PAGE, SWEEP, LeaderView, ViewRead, sweep_all
 from nodeagent.errors import CoordinationError, CorruptStateError
-from nodeagent.garbage import Garbage, GarbageLog
-from nodeagent.leader import Plan
-from nodeagent.model import (
+from nodeagent.model.garbage import Garbage, GarbageLog
+from nodeagent.model.job import (
     Command,
     Cordon,
     Event,
@@ -53,6 +52,20 @@ from nodeagent.state import JobState
 __all__ = ["JobStore", "NodeLease", "Snapshot"]
 log = logging.getLogger(__name__)
 RANKS_PAGE = 1000  # names a WRITE_RANKS call writes: 1-2 ms of Redis, the first 3-5 (reform_read)
+
+
+class RecordWrite(Protocol):
+    """What a leader writes in one fenced commit (job/plan.py's Plan is one): the record (None:
+    unchanged), events to append, nodes to reap, garbage leases to drop (member, score read)."""
+
+    @property
+    def record(self) -> JobRecord | None: ...
+    @property
+    def events(self) -> tuple[Event, ...]: ...
+    @property
+    def reap(self) -> tuple[str, ...]: ...
+    @property
+    def drop(self) -> tuple[tuple[str, str], ...]: ...
 
 
 class JobStore:
@@ -294,7 +307,9 @@ class JobStore:
         )
         return check_forged(keys, whole)
 
-    def commit(self, leader: str, rev: int, plan: Plan, replacing_garbage: bool = False) -> int:
+    def commit(
+        self, leader: str, rev: int, plan: RecordWrite, replacing_garbage: bool = False
+    ) -> int:
         """Write the leader's plan, fenced by leader token and record revision.
 
         `replacing_garbage`: the record read at `rev` was unreadable, so whatever generation it

@@ -9,7 +9,7 @@ import redis
 
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import EVENTS_MAXLEN
-from nodeagent.model import Event
+from nodeagent.model.job import Event
 
 
 def last_id(client: redis.Redis, stream: str) -> str:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from nodeagent.decode import MAX_INT, parse_uint
+from nodeagent.model.decode import MAX_INT, parse_uint
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nodeagent.gpu.classify import APPLICATION_XIDS, Verdict
-from nodeagent.model import Cordon
+from nodeagent.model.job import Cordon
 
 GPU_CORDON = "gpu"  # Cordon.by for cordons the agent sets itself
 

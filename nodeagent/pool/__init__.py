@@ -1,2 +1,7 @@
-"""The pool: many jobs on one set of nodes. model.py (what is stored), schedule.py (the pure
-decision), leader.py (the pool leader's executor), member.py (a node's part)."""
+"""The pool: many jobs on one set of nodes, the same shape as job/.
+
+Pure decisions: schedule.py (`schedule(view, policy)`, which node serves which job), preempt.py
+(shrinking running jobs for a pending one), schedview.py (what it decides from). Executors:
+leadership.py (the pool leader's round: read, schedule, commit fenced), member.py (a node's
+pool heartbeat). metrics.py: the pool's gauges. What is stored lives in model/pool.py.
+"""

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from nodeagent import __version__
-from nodeagent.bounded import BoundedCalls
-from nodeagent.config import NodeSettings
+from nodeagent.config.settings import NodeSettings
+from nodeagent.coord.bounded import BoundedCalls
 from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import CoordinationError, FencedError
-from nodeagent.jobspec import JobSpec
-from nodeagent.pool import leader
-from nodeagent.pool.model import PoolNode
+from nodeagent.model.pool import PoolNode
+from nodeagent.model.spec import JobSpec
+from nodeagent.pool import leadership
 from nodeagent.pool.schedule import PoolView, SchedulePolicy
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class PoolMember:
             resize_cooldown_ms=int(pool.resize_cooldown * 1000),
             preempt_after_ms=int(pool.preempt_after * 1000),
         )
-        self._views = leader.NodeViews()  # kept between rounds while this node leads
+        self._views = leadership.NodeViews()  # kept between rounds while this node leads
         self.placement: str | None = None
         self._garbage: tuple[str, ...] = ()
         self.leading = False
@@ -142,7 +142,7 @@ class PoolMember:
     def _lead(self, token: str) -> None:
         try:
             done = self._store_call(
-                lambda: leader.lead(self._store, token, self._policy, self._views),
+                lambda: leadership.lead(self._store, token, self._policy, self._views),
                 "pool leader round",
             )
         except FencedError as exc:

@@ -20,8 +20,8 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from nodeagent.pool.model import PoolJobState
-from nodeagent.pool.queues import DEFAULT, QueueView
+from nodeagent.model.pool import PoolJobState
+from nodeagent.model.queues import DEFAULT, QueueView
 from nodeagent.pool.schedule import NodeView, PoolView
 
 # A node counts once, under the first of these that holds: unhealthy (its GPUs cannot take a

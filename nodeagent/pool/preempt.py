@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from nodeagent.pool.model import PoolJob
-from nodeagent.pool.queues import Ledger
+from nodeagent.model.pool import PoolJob
+from nodeagent.model.queues import Ledger
 from nodeagent.pool.schedview import JobView
 
 

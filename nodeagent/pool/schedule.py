@@ -5,7 +5,7 @@ Rules (docs/design.md, "The pool"):
 - gang admission: a pending job is admitted only when at least `min_nodes` healthy,
   uncordoned, free nodes that do not refuse it (and carry the labels its `selector` names) can
   be given to it at once; it gets up to its target; never a partial start below `min_nodes`;
-- queues (nodeagent.pool.queues): a job is admitted, or grows, only within its queue's quota;
+- queues (nodeagent.model.queues): a job is admitted, or grows, only within its queue's quota;
   a job of a queue that does not exist waits;
 - order: priority (higher first), then first come, first served;
 - preemption by shrinking (nodeagent.pool.preempt): a pending job that does not fit takes the
@@ -31,10 +31,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from nodeagent.model import Event
+from nodeagent.model.job import Event
+from nodeagent.model.pool import PoolJob, PoolJobState
+from nodeagent.model.queues import DEFAULT, Ledger, QueueView
 from nodeagent.pool import preempt
-from nodeagent.pool.model import PoolJob, PoolJobState
-from nodeagent.pool.queues import DEFAULT, Ledger, QueueView
 from nodeagent.pool.schedview import JobView, NodeView, PoolView, Schedule, SchedulePolicy
 from nodeagent.state import JobState
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nodeagent.model import Event
-from nodeagent.pool.model import PoolJob
-from nodeagent.pool.queues import QueueView
+from nodeagent.model.job import Event
+from nodeagent.model.pool import PoolJob
+from nodeagent.model.queues import QueueView
 from nodeagent.state import JobState
 
 

@@ -3,7 +3,7 @@
 In the spirit of Horovod's `hvd.elastic`: the script keeps what must survive a re-form in a
 `State`, commits it every step (a copy in host memory), and runs its training function through
 `run(train_fn, state)`. When the agent tells this worker to leave its generation, or hands it
-a newer assignment, over its control channel (nodeagent.control, path in
+a newer assignment, over its control channel (nodeagent.channel.control, path in
 NODEAGENT_CONTROL_FILE), or a collective fails because a peer died, `run` leaves the process
 group, reports that to the agent, waits for the next
 assignment, joins the new process group, rolls back to the last commit, takes the state of
@@ -26,8 +26,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nodeagent import control
-from nodeagent.control import Assignment, ControlFile, Leave
+from nodeagent.channel import control
+from nodeagent.channel.control import Assignment, ControlFile, Leave
 
 log = logging.getLogger(__name__)
 ENV = control.PATH_ENV

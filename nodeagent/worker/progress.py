@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from nodeagent.progress import BeatWriter
+from nodeagent.channel.beats import BeatWriter
 
 ENV = "NODEAGENT_PROGRESS_FILE"
 

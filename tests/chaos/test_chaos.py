@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from nodeagent.coord.keys import JobKeys
-from nodeagent.lease import KEEPER_TERM_AT, KILL_AT
+from nodeagent.job.lease import KEEPER_TERM_AT, KILL_AT
 from tests.chaos import netns
 from tests.chaos.harness import ChaosJob, Life, RedisInHub, Sentinels, network
 from tests.helpers.cluster import wait_for

@@ -21,11 +21,11 @@ import psutil
 import redis
 import yaml
 
+from nodeagent.cli.status import status_document
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
-from nodeagent.fencing import KEEPER_MODULE
-from nodeagent.status import status_document
+from nodeagent.supervisor.fence import KEEPER_MODULE
 from tests.helpers.runas import AS_TESTER
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -409,3 +409,18 @@ class LeaseSampler:
         """The latest deadline of `node` seen at or before `t`, None if none was."""
         seen = [deadline for at, name, deadline in self.history if name == node and at <= t]
         return max(seen) if seen else None
+
+
+def check_records(cluster: LocalCluster) -> None:
+    records = cluster.records()
+    assert not [r for r in records if r["event"] == "overlap"], "two generations overlapped"
+    assert not [r for r in records if r["event"] == "bad_env"], "a worker saw a bad environment"
+    stops = {}
+    for r in records:
+        if r["event"] in ("stop", "exit"):
+            stops[(r["generation"], r["pid"])] = r["time"]
+    for start in (r for r in records if r["event"] == "start"):
+        older = [t for (gen, _), t in stops.items() if gen < start["generation"]]
+        assert all(t <= start["time"] for t in older), (
+            "a newer worker started before an older stopped"
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.model import JobRecord
+from nodeagent.model.job import JobRecord
 from nodeagent.state import JobState
 
 

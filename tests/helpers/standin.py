@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent import control
-from nodeagent.control import Assignment, ControlFile
+from nodeagent.channel import control
+from nodeagent.channel.control import Assignment, ControlFile
 
 ROOT = Path(__file__).resolve().parents[2]
 

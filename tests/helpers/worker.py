@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from nodeagent.launch import TORCHRUN_VARIABLES
+from nodeagent.supervisor.spec import TORCHRUN_VARIABLES
 
 REQUIRED = (*TORCHRUN_VARIABLES, "NODEAGENT_JOB_ID", "NODEAGENT_GENERATION", "NODEAGENT_NODE")
 

@@ -17,25 +17,10 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+from tests.helpers.cluster import LocalCluster, RedisServer, check_records, local_cluster, wait_for
 
 HEARTBEAT_MS, LEASE_MS = 250, 1500
 TIMING = {"heartbeat_interval": f"{HEARTBEAT_MS}ms", "lease_ttl": f"{LEASE_MS}ms"}
-
-
-def check_records(cluster: LocalCluster) -> None:
-    records = cluster.records()
-    assert not [r for r in records if r["event"] == "overlap"], "two generations overlapped"
-    assert not [r for r in records if r["event"] == "bad_env"], "a worker saw a bad environment"
-    stops = {}
-    for r in records:
-        if r["event"] in ("stop", "exit"):
-            stops[(r["generation"], r["pid"])] = r["time"]
-    for start in (r for r in records if r["event"] == "start"):
-        older = [t for (gen, _), t in stops.items() if gen < start["generation"]]
-        assert all(t <= start["time"] for t in older), (
-            "a newer worker started before an older stopped"
-        )
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from nodeagent.config import Config, NodeSettings, PoolConfig, load_settings
+from nodeagent.config.load import load_settings
+from nodeagent.config.settings import Config, NodeSettings, PoolConfig
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore

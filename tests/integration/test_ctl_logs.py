@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from nodeagent.cli import ctl
-from nodeagent.logtail import Follower, last_lines, rank_logs
+from nodeagent.telemetry.logtail import Follower, last_lines, rank_logs
 from tests.helpers.runas import AS_TESTER
 
 EX_USAGE = 2

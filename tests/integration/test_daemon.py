@@ -23,8 +23,8 @@ import redis
 import yaml
 
 from nodeagent.cli.daemon import main
-from nodeagent.fencing import start_ticks
-from nodeagent.signalwatch import SignalWatch
+from nodeagent.runtime.signalwatch import SignalWatch
+from nodeagent.supervisor.fence import start_ticks
 from tests.helpers.cluster import RedisServer, free_port, local_cluster, wait_for
 from tests.helpers.runas import AS_TESTER
 
@@ -424,7 +424,8 @@ def test_sighup_and_sigusr1_never_kill_the_agent(
                 f"{sig.name} #{times}",
             )
         log = agent.log()
-        assert "Current thread" in log and "nodeagent/nodeloop.py" in log  # faulthandler's dump
+        # faulthandler's dump of the loop
+        assert "Current thread" in log and "nodeagent/runtime/nodeloop.py" in log
         assert agent.alive() and sorted(cluster.worker_pids("a")) == workers
         after = cluster.status()
         assert after["generation"] == before["generation"] and after["state"] == "running"
@@ -440,7 +441,7 @@ def test_sigusr1_logs_the_stacks_where_stderr_has_no_descriptor(
     watch = SignalWatch(stream=io.StringIO())
     watch.install()
     try:
-        with caplog.at_level(logging.WARNING, logger="nodeagent.signalwatch"):
+        with caplog.at_level(logging.WARNING, logger="nodeagent.runtime.signalwatch"):
             os.kill(os.getpid(), signal.SIGUSR1)
 
             def dumped() -> str | None:

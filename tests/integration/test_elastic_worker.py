@@ -1,6 +1,6 @@
 """In-place recovery, worker side: real processes, real gloo on CPU, no agent, no Redis.
 
-The test is the stand-in agent: it makes each worker's control file (nodeagent.control),
+The test is the stand-in agent: it makes each worker's control file (nodeagent.channel.control),
 starts workers with torchrun's environment, and writes assignments into the files as the
 agent will. tests/helpers/elastic_worker.py is the training script.
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from nodeagent import control
-from nodeagent.control import Assignment, ControlFile
+from nodeagent.channel import control
+from nodeagent.channel.control import Assignment, ControlFile
 from tests.helpers.cluster import free_port
 from tests.helpers.standin import assignment, stacks_of
 

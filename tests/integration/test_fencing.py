@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from nodeagent.coord.keys import JobKeys
-from nodeagent.fencing import Group, Keeper, start_ticks
+from nodeagent.supervisor.fence import Group, Keeper, start_ticks
 from tests.helpers.cluster import (
     LeaseSampler,
     LocalCluster,
@@ -87,7 +87,7 @@ def test_keeper_kills_at_once_when_the_agent_dies(tmp_path: Path) -> None:
     agent_code = textwrap.dedent(
         f"""
         import time
-        from nodeagent.fencing import Group, Keeper
+        from nodeagent.supervisor.fence import Group, Keeper
         keeper = Keeper(None)
         keeper.start()
         keeper.update(time.monotonic() + 100, time.monotonic() + 200, [Group{tuple(group)}])

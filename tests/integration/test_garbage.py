@@ -16,15 +16,15 @@ from dataclasses import dataclass, replace
 import pytest
 import redis
 
-from nodeagent.bounded import unbounded
+from nodeagent.coord.bounded import unbounded
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore, Snapshot
-from nodeagent.leader import LeaderMemory, Plan, Policy
-from nodeagent.leading import Leadership
-from nodeagent.metrics import AgentMetrics
-from nodeagent.model import Command, CommandType, JobRecord, NodeReport
+from nodeagent.job.leadership import Leadership
+from nodeagent.job.plan import LeaderMemory, Plan, Policy
+from nodeagent.model.job import Command, CommandType, JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
+from nodeagent.telemetry.metrics import AgentMetrics
 from tests.helpers.cluster import RedisServer
 from tests.helpers.factories import make_record
 

@@ -22,11 +22,10 @@ import pytest
 import redis
 
 from nodeagent.errors import CorruptStateError
-from nodeagent.model import JobRecord, NodeReport
+from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
-from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
-from tests.integration.test_agents import check_records
-from tests.integration.test_metrics_http import scrape
+from tests.helpers.cluster import LocalCluster, RedisServer, check_records, local_cluster, wait_for
+from tests.helpers.scrape import scrape
 
 TIMING = {"heartbeat_interval": "200ms", "lease_ttl": "1s"}
 EVIL = "10.66.66.66"

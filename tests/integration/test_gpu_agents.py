@@ -14,22 +14,9 @@ import pytest
 import yaml
 
 from tests.helpers.cluster import LocalCluster, RedisServer
+from tests.helpers.gpus import gpu
 
 TIMING = {"heartbeat_interval": "250ms", "lease_ttl": "1500ms"}
-
-
-def gpu(index: int) -> dict[str, Any]:
-    return {
-        "uuid": f"GPU-fake-{index}",
-        "bus_id": f"00000000:{0x3B + index:02X}:00.0",
-        "temperature_c": 45,
-        "slowdown_temperature_c": 90,
-        "power_w": 250,
-        "clocks_event_reasons": 0,
-        "ecc_uncorrected_volatile": 0,
-        "remapped_rows": [0, 0, False, False],
-        "recovery_action": 0,
-    }
 
 
 class FakeGpus:

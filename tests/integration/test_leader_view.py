@@ -10,19 +10,19 @@ from typing import Any
 
 import redis
 
-from nodeagent.bounded import unbounded
+from nodeagent.coord.bounded import unbounded
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PLACEMENTS_REREAD, PoolStore, PoolWrite
 from nodeagent.coord.store import JobStore
 from nodeagent.coord.view import PAGE, SWEEP
-from nodeagent.jobspec import JobSpec, load_spec
-from nodeagent.leader import Policy
-from nodeagent.leading import Leadership
-from nodeagent.metrics import AgentMetrics
-from nodeagent.model import Event, GpuInfo, GpuSummary, NodeReport
-from nodeagent.pool.model import PoolNode
+from nodeagent.job.leadership import Leadership
+from nodeagent.job.plan import Policy
+from nodeagent.model.job import Event, GpuInfo, GpuSummary, NodeReport
+from nodeagent.model.pool import PoolNode
+from nodeagent.model.spec import JobSpec, load_spec
 from nodeagent.state import NodeState
+from nodeagent.telemetry.metrics import AgentMetrics
 from tests.helpers.cluster import RedisServer
 
 M = 1500

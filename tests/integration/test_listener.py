@@ -9,8 +9,8 @@ from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.listener import StreamListener
 from nodeagent.coord.store import JobStore
-from nodeagent.leader import LeaderMemory, Plan
-from nodeagent.model import NodeReport
+from nodeagent.job.plan import LeaderMemory, Plan
+from nodeagent.model.job import NodeReport
 from nodeagent.state import JobState, NodeState
 from tests.helpers.cluster import RedisServer
 from tests.helpers.factories import make_record

@@ -12,22 +12,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+from tests.helpers.scrape import scrape
 
 TIMING = {"heartbeat_interval": "200ms", "lease_ttl": "1s"}
-
-
-def scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
-        assert response.headers["Content-Type"].startswith("text/plain")
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def sample(
@@ -109,7 +98,7 @@ def test_healthz_fails_without_redis(tmp_path: Path) -> None:
 SERVE = """
 import logging, resource, sys, time
 from prometheus_client import CollectorRegistry, Counter
-from nodeagent.metrics import MetricsServer
+from nodeagent.telemetry.metrics import MetricsServer
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 limit = int(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))

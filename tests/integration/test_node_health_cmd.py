@@ -18,7 +18,7 @@ import yaml
 
 from nodeagent.cli import nodehealth
 from nodeagent.cli.daemon import main
-from tests.integration.test_gpu_agents import gpu
+from tests.helpers.gpus import gpu
 
 NOWHERE = "redis://127.0.0.1:1/0"
 

@@ -20,9 +20,9 @@ from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
-from nodeagent.logserve import LogChunk, LogRequest, LogRoute, parse, read_from, read_tail
-from nodeagent.logserve import reachable as reachable_address
-from nodeagent.model import JobRecord
+from nodeagent.model.job import JobRecord
+from nodeagent.telemetry.logserve import LogChunk, LogRequest, LogRoute, parse, read_from, read_tail
+from nodeagent.telemetry.logserve import reachable as reachable_address
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.pool import PoolCluster
 

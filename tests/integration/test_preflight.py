@@ -1,4 +1,4 @@
-"""nodeagent.preflight against this machine's real file system, PATH and addresses."""
+"""nodeagent.runtime.preflight against this machine's real file system, PATH and addresses."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
-from nodeagent import preflight
-from nodeagent.config import Config, Resolver, load_config
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.identity import WorkerUser
+from nodeagent.config.load import load_config
+from nodeagent.config.settings import Config
 from nodeagent.errors import ConfigError
-from nodeagent.identity import WorkerUser
+from nodeagent.runtime import preflight
 from tests.helpers.runas import AS_TESTER
 
 BASE: dict[str, Any] = {

@@ -13,10 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nodeagent.launch import WorkerSpec
-from nodeagent.node import GroupPhase
-from nodeagent.preload import PRESTART_DELAY_S, SPARE_MODULE, Spawner
-from nodeagent.supervisor import Supervisor
+from nodeagent.supervisor.group import Supervisor
+from nodeagent.supervisor.spares import PRESTART_DELAY_S, SPARE_MODULE, Spawner
+from nodeagent.supervisor.spec import WorkerSpec
+from nodeagent.supervisor.status import GroupPhase
 from tests.helpers.cluster import RedisServer, local_cluster, wait_for
 
 # A module nothing imports at start-up: in sys.modules before the script runs only if preloaded.

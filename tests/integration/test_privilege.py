@@ -27,14 +27,14 @@ import psutil
 import pytest
 import yaml
 
-from nodeagent.config import Resolver
-from nodeagent.errorfile import read_error_file
-from nodeagent.fencing import Group, Keeper
-from nodeagent.identity import WorkerUser, resolve
-from nodeagent.launch import WorkerSpec
-from nodeagent.node import GroupPhase
-from nodeagent.preload import Spawner
-from nodeagent.supervisor import Supervisor
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.identity import WorkerUser, resolve
+from nodeagent.supervisor.errorfile import read_error_file
+from nodeagent.supervisor.fence import Group, Keeper
+from nodeagent.supervisor.group import Supervisor
+from nodeagent.supervisor.spares import Spawner
+from nodeagent.supervisor.spec import WorkerSpec
+from nodeagent.supervisor.status import GroupPhase
 from tests.helpers.cluster import RedisServer, local_cluster, wait_for
 from tests.helpers.runas import AS_TESTER
 
@@ -189,9 +189,9 @@ def test_a_worker_of_another_user_dies_with_its_agent(job_user: JobUser, shared_
     agent_code = textwrap.dedent(
         f"""
         import subprocess, sys, time
-        from nodeagent.config import Resolver
-        from nodeagent.identity import resolve
-        from nodeagent.preload import _start
+        from nodeagent.config.hosts import Resolver
+        from nodeagent.config.identity import resolve
+        from nodeagent.supervisor.spares import _start
         user = resolve({job_user.name!r}, None, False, {{}}, Resolver())
         argv = ["/bin/sh", "-c", "echo $$ && exec sleep 600"]
         worker = _start(argv, {{"PATH": "/bin"}}, "/", subprocess.DEVNULL, user)

@@ -18,15 +18,15 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from nodeagent.config.redisurl import problem
 from nodeagent.coord.client import check_credentials, connect, parse_cluster_url
 from nodeagent.coord.cluster import ClusterUnreachableError
 from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, CoordinationError
-from nodeagent.leader import LeaderMemory, Plan
-from nodeagent.model import Command, CommandType, Cordon, Event, NodeReport
-from nodeagent.redisurl import problem
+from nodeagent.job.plan import LeaderMemory, Plan
+from nodeagent.model.job import Command, CommandType, Cordon, Event, NodeReport
 from nodeagent.state import JobState, NodeState
 from tests.helpers.cluster import RedisServer, free_port, local_cluster, nodeagentctl, wait_for
 from tests.helpers.factories import make_record

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodeagent.sdnotify import Notifier
+from nodeagent.telemetry.sdnotify import Notifier
 from tests.helpers.cluster import RedisServer, local_cluster, start_agent, wait_for
 from tests.helpers.pool import PoolCluster
 

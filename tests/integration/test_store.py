@@ -11,8 +11,8 @@ from nodeagent.coord.client import connect, parse_sentinel_url
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, CoordinationError, FencedError
-from nodeagent.leader import LeaderMemory, Plan
-from nodeagent.model import Command, CommandType, Event, JobRecord, NodeReport
+from nodeagent.job.plan import LeaderMemory, Plan
+from nodeagent.model.job import Command, CommandType, Event, JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
 from tests.helpers.cluster import RedisServer, free_port
 from tests.helpers.factories import make_record

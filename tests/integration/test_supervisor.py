@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nodeagent.launch import WorkerSpec
-from nodeagent.node import GroupPhase
-from nodeagent.supervisor import SPAWN_FAILED, Supervisor
+from nodeagent.supervisor.group import SPAWN_FAILED, Supervisor
+from nodeagent.supervisor.spec import WorkerSpec
+from nodeagent.supervisor.status import GroupPhase
 from tests.helpers.cluster import wait_for
 
 IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -197,7 +197,7 @@ def test_stack_dump_of_a_stopped_worker_via_faulthandler(
 ) -> None:
     """py-spy cannot read a SIGSTOPped process: the fallback is SIGUSR1, dumped once the stop
     (SIGTERM + SIGCONT) lets the process run."""
-    monkeypatch.setattr("nodeagent.supervisor._py_spy_dump", lambda pid: None)  # as if absent
+    monkeypatch.setattr("nodeagent.supervisor.group._py_spy_dump", lambda pid: None)  # as if absent
     h.sup.start(11, "n", h.specs(STALLS, n=1))
     wait_for(lambda: h.lines, 10, "worker up")
     pid = h.sup.workers()[0].pid
@@ -233,7 +233,7 @@ def test_each_rank_has_one_log_across_generations(h: Harness) -> None:
 
 
 BEAT = (
-    "import os; from nodeagent.progress import BeatWriter; "
+    "import os; from nodeagent.channel.beats import BeatWriter; "
     "w = BeatWriter(os.environ['NODEAGENT_PROGRESS_FILE']); w.beat(1) if {beats} else None"
 )
 

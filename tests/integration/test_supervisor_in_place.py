@@ -1,6 +1,6 @@
 """The supervisor's in-place re-form against real processes that speak the control channel.
 
-The workers here are a few lines of Python over nodeagent.control (no torch): they report
+The workers here are a few lines of Python over nodeagent.channel.control (no torch): they report
 leaving when told to (unless STUCK, a worker blocked in a collective with a frozen peer) and
 print each assignment they take.
 """
@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.control import Assignment
-from nodeagent.launch import WorkerSpec
-from nodeagent.node import GroupPhase
-from nodeagent.supervisor import Supervisor
+from nodeagent.channel.control import Assignment
+from nodeagent.supervisor.group import Supervisor
+from nodeagent.supervisor.spec import WorkerSpec
+from nodeagent.supervisor.status import GroupPhase
 from tests.helpers.cluster import wait_for
 
 WORKER = """
 import os, time
 from pathlib import Path
-from nodeagent.control import Assignment, ControlFile, Leave
+from nodeagent.channel.control import Assignment, ControlFile, Leave
 channel = ControlFile(Path(os.environ["NODEAGENT_CONTROL_FILE"]))
 generation, seen = int(os.environ["NODEAGENT_GENERATION"]), 0
 print(f"started: generation {generation} rank {os.environ['RANK']}", flush=True)

@@ -128,7 +128,7 @@ def test_unit_settings_the_agent_relies_on() -> None:
         "CAP_SYSLOG",  # /dev/kmsg under kernel.dmesg_restrict=1
     }
     # the agent's default stop grace (30 s) must fit inside TimeoutStopSec
-    from nodeagent.config import TimingConfig
+    from nodeagent.config.settings import TimingConfig
 
     assert TimingConfig().stop_grace_period < 90
 

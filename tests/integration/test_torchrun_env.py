@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from nodeagent.errorfile import read_error_file
+from nodeagent.supervisor.errorfile import read_error_file
 from tests.helpers.cluster import LocalCluster, RedisServer
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")

@@ -1,4 +1,4 @@
-"""nodeagent.access: the kernel's mode-bit rule for another user, from stat results (no I/O)."""
+"""runtime/access.py: the kernel's mode-bit rule for another user, from stat results (no I/O)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.access import READ, SEARCH, WRITE, Entry, Step, Who, allows, denial, explain
+from nodeagent.runtime.access import READ, SEARCH, WRITE, Entry, Step, Who, allows, denial, explain
 
 DIR, FILE = stat.S_IFDIR, stat.S_IFREG
 ALICE = Who(1000, frozenset({1000, 44}))  # her own group and video

@@ -13,18 +13,17 @@ from collections.abc import Iterator, Sequence
 import fakeredis
 import pytest
 
-from nodeagent.agent import Agent
-from nodeagent.config import load_config
+from nodeagent.config.load import load_config
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore, Snapshot
-from nodeagent.fencing import Group
-from nodeagent.launch import WorkerSpec
-from nodeagent.model import Event, NodeReport, WorkerInfo
-from nodeagent.node import GroupStatus
+from nodeagent.job.agent import Agent
+from nodeagent.model.job import Event, NodeReport, WorkerInfo
+from nodeagent.runtime.wakeup import Waker
 from nodeagent.state import NodeState
-from nodeagent.supervisor import Started, WorkerExit
-from nodeagent.wakeup import Waker
-from tests.unit.test_config import VALID, FixedResolver
+from nodeagent.supervisor.fence import Group
+from nodeagent.supervisor.spec import WorkerSpec
+from nodeagent.supervisor.status import GroupStatus, Started, WorkerExit
+from tests.helpers.hosts import VALID, FixedResolver
 
 
 class HeldStore(JobStore):

@@ -7,34 +7,15 @@ from typing import Any
 import pytest
 import yaml
 
-from nodeagent.config import Resolver, load_config, parse_duration, read_config
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.identity import Account
+from nodeagent.config.load import load_config, read_config
+from nodeagent.config.values import parse_duration
 from nodeagent.errors import ConfigError
-from nodeagent.identity import Account
-from tests.helpers.runas import AS_TESTER
+from tests.helpers.hosts import VALID, FixedResolver
 
 ROOT = Path(__file__).resolve().parents[2]
 NODEAGENT = Account("nodeagent", 990, 990, "/var/lib/nodeagent-worker")
-
-
-class FixedResolver(Resolver):
-    def hostname(self) -> str:
-        return "gpu-node-07"
-
-    def address_towards(self, redis_url: str) -> str:
-        return "10.9.8.7"
-
-
-VALID: dict[str, Any] = {
-    "redis": {"url": "redis://127.0.0.1:6379/0"},
-    "job": {
-        "id": "llama-ft",
-        "entrypoint": ["python", "train.py"],
-        "min_nodes": 2,
-        "max_nodes": 4,
-        "preload": ["torch"],
-        **AS_TESTER,
-    },
-}
 
 
 def with_change(path: str, value: object) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The control channel's layout, seqlock and error handling (nodeagent.control)."""
+"""The control channel's layout, seqlock and error handling (nodeagent.channel.control)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent import control
-from nodeagent.control import Assignment, ControlFile, ControlFileError, Leave, Report
+from nodeagent.channel import control
+from nodeagent.channel.control import Assignment, ControlFile, ControlFileError, Leave, Report
 
 A = Assignment(4, 3, 1, 8, 2, 1, 4, "node-17.cluster.example", 29500, 2)
 B = Assignment(5, 0, 0, 1, 1, 0, 1, "10.0.0.1", 41000, 3)

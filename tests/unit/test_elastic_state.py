@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from nodeagent import control
-from nodeagent.control import Assignment, ControlFile
+from nodeagent.channel import control
+from nodeagent.channel.control import Assignment, ControlFile
 from nodeagent.worker import Reform, ReformTimedOut, State, Stopped, elastic
 from tests.helpers.cluster import free_port
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errorfile import MAX_CAUSE_CHARS, MAX_FILE_BYTES, read_error_file
+from nodeagent.supervisor.errorfile import MAX_CAUSE_CHARS, MAX_FILE_BYTES, read_error_file
 
 TRACEBACK = (
     "Traceback (most recent call last):\n"

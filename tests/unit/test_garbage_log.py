@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from nodeagent.garbage import Garbage, GarbageLog
+from nodeagent.model.garbage import Garbage, GarbageLog
 
 LEASE = Garbage("leases", "p:{j}:leases", "member evil has deadline inf", "removed")
 CURSOR = Garbage("job", "p:{j}:job", "field cursor is past every command", "set to 0-0")

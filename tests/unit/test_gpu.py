@@ -18,8 +18,8 @@ from nodeagent.gpu.fake import FakeNvml
 from nodeagent.gpu.monitor import GpuMonitor
 from nodeagent.gpu.nvml import GpuUnavailable, NvmlBackend, load_pynvml
 from nodeagent.gpu.readings import DeviceError, GpuReading
+from tests.helpers.gpus import FIXTURES, healthy_gpu
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 OK = GpuReading(
     index=0,
     temperature_c=50,
@@ -32,25 +32,6 @@ OK = GpuReading(
     clocks_event_reasons=0,
 )
 T = Thresholds()
-
-
-def healthy_gpu(**changes: Any) -> dict[str, Any]:
-    gpu = {
-        "uuid": "GPU-fake-0",
-        "bus_id": "00000000:3B:00.0",
-        "temperature_c": 50,
-        "slowdown_temperature_c": 90,
-        "power_w": 300.5,
-        "clocks_event_reasons": 0,
-        "ecc_uncorrected_volatile": 0,
-        "remapped_rows": [0, 0, False, False],
-        "retired_pages_pending": False,
-        "pcie_replays": 0,
-        "nvlinks": [1, 1],
-        "recovery_action": 0,
-    }
-    gpu.update(changes)
-    return gpu
 
 
 # -- classifier ------------------------------------------------------------------------------
@@ -321,7 +302,7 @@ def test_monitor_without_nvml_reports_why() -> None:
 # -- what verdicts mean for the node (pure) --------------------------------------------------
 
 from nodeagent.gpu.policy import GPU_CORDON, decide_gpus  # noqa: E402
-from nodeagent.model import Cordon  # noqa: E402
+from nodeagent.model.job import Cordon  # noqa: E402
 
 HEALTHY = [classify(replace(OK, index=i), T) for i in range(4)]
 

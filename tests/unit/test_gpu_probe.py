@@ -9,7 +9,7 @@ from nodeagent.gpu.classify import Action, Thresholds, classify
 from nodeagent.gpu.fake import FakeNvml
 from nodeagent.gpu.nvml import NvmlBackend
 from nodeagent.gpu.probe import probe
-from tests.unit.test_gpu import FIXTURES, healthy_gpu
+from tests.helpers.gpus import FIXTURES, healthy_gpu
 
 KERNEL = (FIXTURES / "kmsg.txt").read_text().splitlines()
 SECOND = {"uuid": "GPU-fake-1", "bus_id": "00000000:5E:00.0"}

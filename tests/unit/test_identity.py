@@ -2,44 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from nodeagent.config import Resolver, load_config
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.identity import Account, WorkerUser, resolve
+from nodeagent.config.load import load_config
 from nodeagent.errors import ConfigError
-from nodeagent.identity import Account, WorkerUser, resolve
-
-ROOT = Account("root", 0, 0, "/root")
-ALICE = Account("alice", 1000, 1000, "/home/alice")
-USERS = {
-    "root": ROOT,
-    "nodeagent": Account("nodeagent", 990, 990, "/var/lib/nodeagent-worker"),
-    "alice": ALICE,
-    "toor": Account("toor", 0, 0, "/root"),  # a second name for uid 0
-}
-GROUPS = {"root": 0, "nodeagent": 990, "alice": 1000, "video": 44, "render": 105}
-MEMBERSHIP = {"nodeagent": (44, 105), "alice": (44,)}
-
-
-@dataclass
-class FakeAccounts:
-    me: Account = ROOT
-    users: dict[str, Account] = field(default_factory=lambda: dict(USERS))
-
-    def agent(self) -> Account:
-        return self.me
-
-    def user(self, name: str) -> Account | None:
-        return self.users.get(name)
-
-    def group(self, name: str) -> int | None:
-        return GROUPS.get(name)
-
-    def groups_of(self, user: str, gid: int) -> tuple[int, ...]:
-        return (gid, *MEMBERSHIP.get(user, ()))
-
+from tests.helpers.hosts import ALICE, ROOT, FakeAccounts, FakeResolver
 
 SESSION = {"HOME": "/var/lib/nodeagent-worker", "USER": "nodeagent", "LOGNAME": "nodeagent"}
 
@@ -143,29 +114,6 @@ def test_no_nodeagent_user_is_an_error_not_root(allow_root: bool) -> None:
 def test_an_agent_that_is_not_root_needs_no_nodeagent_user() -> None:
     accounts = FakeAccounts(me=ALICE, users={"alice": ALICE})
     assert resolve(None, None, False, {}, accounts) == WorkerUser("alice", 1000, 1000)
-
-
-class FakeResolver(Resolver):
-    def __init__(self, accounts: FakeAccounts) -> None:
-        self.accounts = accounts
-
-    def hostname(self) -> str:
-        return "gpu-node-07"
-
-    def address_towards(self, redis_url: str) -> str:
-        return "10.9.8.7"
-
-    def agent(self) -> Account:
-        return self.accounts.agent()
-
-    def user(self, name: str) -> Account | None:
-        return self.accounts.user(name)
-
-    def group(self, name: str) -> int | None:
-        return self.accounts.group(name)
-
-    def groups_of(self, user: str, gid: int) -> tuple[int, ...]:
-        return self.accounts.groups_of(user, gid)
 
 
 def job(**keys: Any) -> dict[str, Any]:

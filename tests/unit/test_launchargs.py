@@ -1,4 +1,4 @@
-"""torchrun's flags -> a config document (nodeagent.launchargs), checked by config.load_config."""
+"""torchrun's flags -> a config document (cli/launchargs.py), checked by config.load_config."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from nodeagent.config import EMBEDDED, load_config
-from nodeagent.launchargs import LaunchError, Machine, build, redis_url
+from nodeagent.cli.launchargs import LaunchError, Machine, build, redis_url
+from nodeagent.config.load import load_config
+from nodeagent.config.settings import EMBEDDED
+from tests.helpers.hosts import ROOT, FakeAccounts, FakeResolver
 from tests.helpers.runas import AS_TESTER
-from tests.unit.test_identity import ROOT, FakeAccounts, FakeResolver
 
 MACHINE = Machine(python="/opt/py/bin/python3", hostname="gpu7", cwd="/work", user="me", pid=42)
 

@@ -6,8 +6,8 @@ import io
 import json
 import logging
 
-from nodeagent import logs
-from nodeagent.logs import LogContext, WorkerEcho
+from nodeagent.telemetry import logs
+from nodeagent.telemetry.logs import LogContext, WorkerEcho
 
 
 def emit(fmt: str, context: LogContext) -> str:

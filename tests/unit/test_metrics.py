@@ -7,13 +7,13 @@ from dataclasses import replace
 import pytest
 from prometheus_client import generate_latest
 
+from nodeagent.channel.beats import Beat
 from nodeagent.gpu.classify import Thresholds, classify
 from nodeagent.gpu.readings import GpuReading, GpuSnapshot
-from nodeagent.httpd import answer, too_large
-from nodeagent.metrics import AgentMetrics
-from nodeagent.model import WorkerInfo
-from nodeagent.progress import Beat
+from nodeagent.model.job import WorkerInfo
 from nodeagent.state import JobState, NodeState
+from nodeagent.telemetry.httpd import answer, too_large
+from nodeagent.telemetry.metrics import AgentMetrics
 from tests.helpers.factories import make_record
 
 J = {"job_id": "llama"}

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from nodeagent.errors import CorruptStateError
-from nodeagent.model import (
+from nodeagent.model.job import (
     Command,
     CommandType,
     Cordon,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodeagent.config import Config, load_settings
-from nodeagent.nodeloop import REFUSALS_KEPT, NodeLoop
+from nodeagent.config.load import load_settings
+from nodeagent.config.settings import Config
 from nodeagent.pool.member import NodeState
-from nodeagent.wakeup import Waker
+from nodeagent.runtime.nodeloop import REFUSALS_KEPT, NodeLoop
+from nodeagent.runtime.wakeup import Waker
 from tests.helpers.runas import AS_TESTER
 
 

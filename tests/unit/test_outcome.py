@@ -1,11 +1,11 @@
-"""A single-job agent's exit code from the job's terminal record (nodeagent.outcome)."""
+"""A single-job agent's exit code from the job's terminal record (nodeagent.job.outcome)."""
 
 from __future__ import annotations
 
 import pytest
 
-from nodeagent.model import Failure, JobRecord
-from nodeagent.outcome import exit_code
+from nodeagent.job.outcome import exit_code
+from nodeagent.model.job import Failure, JobRecord
 from nodeagent.state import JobState
 
 

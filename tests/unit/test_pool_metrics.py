@@ -9,9 +9,9 @@ from dataclasses import dataclass, field, replace
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from nodeagent.model.pool import PoolJob, PoolJobState
+from nodeagent.model.queues import QueueView
 from nodeagent.pool.metrics import PoolCollector, PoolFigures, pool_figures
-from nodeagent.pool.model import PoolJob, PoolJobState
-from nodeagent.pool.queues import QueueView
 from nodeagent.pool.schedule import JobView, NodeView, PoolView
 
 NOW = 10_000_000

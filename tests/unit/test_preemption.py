@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from nodeagent.pool.model import PoolJob, PoolJobState
+from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.pool.schedule import (
     JobView,
     NodeView,

@@ -8,8 +8,8 @@ import pytest
 
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.replies import NodeLease, master_problem, parse_snapshot, read_lease
-from nodeagent.garbage import Garbage
-from nodeagent.model import NodeReport
+from nodeagent.model.garbage import Garbage
+from nodeagent.model.job import NodeReport
 from nodeagent.state import JobState, NodeState
 from tests.helpers.factories import make_record
 

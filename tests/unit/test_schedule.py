@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from nodeagent.model import Cordon
-from nodeagent.pool.leader import NodeViews
-from nodeagent.pool.model import PoolJob, PoolJobState, PoolNode
+from nodeagent.model.job import Cordon
+from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
+from nodeagent.pool.leadership import NodeViews
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 from nodeagent.state import JobState
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.model import Event
-from nodeagent.timeline import recovery
+from nodeagent.job.timeline import recovery
+from nodeagent.model.job import Event
 
 
 def ev(kind: str, at: float, gen: int | None = None, **data: object) -> Event:

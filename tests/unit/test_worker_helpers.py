@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent import progress
-from nodeagent.progress import BeatWriter, HangWatch
+from nodeagent.channel import beats
+from nodeagent.channel.beats import BeatWriter
+from nodeagent.job.watch import HangWatch
 from nodeagent.worker import GracefulExit, rescale
 
 torch = pytest.importorskip("torch")
@@ -51,7 +52,7 @@ def test_rescale_errors_and_callbacks() -> None:
 
 def test_beats_and_hang_watch(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.progress"
-    progress.create(path)
+    beats.create(path)
     watch = HangWatch(timeout_s=10)
     watch.watch({0: path, 1: tmp_path / "never-beats"}, now=0.0)
     assert watch.hung(now=100.0) == []  # never beat: not watched
@@ -74,8 +75,8 @@ def test_beats_and_hang_watch(tmp_path: Path) -> None:
 def test_corrupt_progress_file_reads_as_none(tmp_path: Path) -> None:
     path = tmp_path / "p"
     path.write_bytes(b"garbage" * 5)
-    assert progress.read(path) is None
-    assert progress.read(tmp_path / "missing") is None
+    assert beats.read(path) is None
+    assert beats.read(tmp_path / "missing") is None
 
 
 def test_first_beat_makes_sigusr1_dump_stacks(tmp_path: Path) -> None:
@@ -84,7 +85,7 @@ def test_first_beat_makes_sigusr1_dump_stacks(tmp_path: Path) -> None:
     import sys
 
     path = tmp_path / "p"
-    progress.create(path)
+    beats.create(path)
     code = (
         "import os, signal, time\nfrom nodeagent.worker import beat\nbeat(1)\n"
         "os.kill(os.getpid(), signal.SIGUSR1)\ntime.sleep(0.2)\nprint('alive')\n"
@@ -98,4 +99,4 @@ def test_first_beat_makes_sigusr1_dump_stacks(tmp_path: Path) -> None:
     )
     assert result.returncode == 0 and "alive" in result.stdout
     assert "most recent call first" in result.stderr
-    assert progress.read(path) is not None and progress.read(path).step == 1  # type: ignore[union-attr]
+    assert beats.read(path) is not None and beats.read(path).step == 1  # type: ignore[union-attr]

@@ -1,0 +1,459 @@
+"""A node's config file -> its frozen settings (settings.py), validated once.
+
+values.py holds the rules every section shares, strictyaml.py the YAML loader, redisurl.py what a
+Redis URL may be, hosts.py the facts of this host the defaults come from. Every invalid value is
+rejected with the dotted name of its key and what would be right, so `nodeagent config check` and
+`nodeagent run` can exit 78 (EX_CONFIG) and systemd does not restart-loop on a typo. What only this
+node can tell (directories, the entrypoint's program, the metrics address) is checked by
+nodeagent.runtime.preflight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nodeagent.config import redisurl, strictyaml
+from nodeagent.config.entrypoint import NotPython, split_python
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.identity import WorkerUser
+from nodeagent.config.identity import resolve as resolve_user
+from nodeagent.config.settings import (
+    EMBEDDED,
+    GPU_MODES,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    RECOVERY_MODES,
+    Config,
+    HealthConfig,
+    JobConfig,
+    LoggingConfig,
+    MetricsConfig,
+    NodeConfig,
+    NodeSettings,
+    PoolConfig,
+    RedisConfig,
+    TimingConfig,
+)
+from nodeagent.config.values import (
+    YAML_BOOLEANS,
+    Section,
+    check_name,
+    duration,
+    optional_limit,
+    optional_path,
+    path_value,
+    positive_int,
+)
+from nodeagent.config.values import parse_duration as parse_duration  # nodeagentctl's --timeout
+from nodeagent.errors import ConfigError
+
+
+def _check_redis_url(url: str, key: str) -> str:
+    if url == EMBEDDED:
+        return url
+    problem = redisurl.problem(url)
+    if problem is not None:
+        raise ConfigError(key, problem)
+    return url
+
+
+def _load_node(section: Section, redis_url: str, resolve: Resolver) -> NodeConfig:
+    name = check_name(section.get("name", str, resolve.hostname()), section.key("name"))
+    address = section.get("address", str, "") or resolve.address_towards(redis_url)
+    section.reject_unknown()
+    return NodeConfig(name=name, address=address)
+
+
+def _load_job(section: Section, resolve: Resolver) -> JobConfig:
+    job = job_fields(section)
+    job = dataclasses.replace(job, user=_run_as(section, dict(job.env), resolve))
+    section.reject_unknown()
+    return job
+
+
+def job_fields(section: Section) -> JobConfig:
+    """The keys a `job:` section and a job spec share (nodeagent.model.spec), validated; who runs
+    it (user, group) is left to the caller, and so are the keys it does not know.
+
+    Raises:
+        ConfigError: naming the first invalid key.
+    """
+    job_id = section.get("id", str, "")
+    if not job_id:
+        raise ConfigError(section.key("id"), "required: a job id such as llama-ft")
+    check_name(job_id, section.key("id"))
+    entrypoint = _entrypoint(section)
+    min_nodes = positive_int(section, "min_nodes", 1)
+    max_nodes = positive_int(section, "max_nodes", max(min_nodes, 1))
+    if min_nodes > max_nodes:
+        raise ConfigError(
+            section.key("min_nodes"), f"min_nodes ({min_nodes}) > max_nodes ({max_nodes})"
+        )
+    target = positive_int(section, "target_nodes", max_nodes)
+    if not min_nodes <= target <= max_nodes:
+        raise ConfigError(
+            section.key("target_nodes"),
+            f"must be within [min_nodes, max_nodes] = [{min_nodes}, {max_nodes}], got {target}",
+        )
+    return JobConfig(
+        id=job_id,
+        entrypoint=entrypoint,
+        nproc_per_node=positive_int(section, "nproc_per_node", 1),
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        target_nodes=target,
+        max_restarts=positive_int(section, "max_restarts", 3, minimum=0),
+        working_dir=optional_path(section, "working_dir"),
+        env=_env(section),
+        gpus_per_worker=positive_int(section, "gpus_per_worker", 1, minimum=0),
+        preload=_preload(section, entrypoint),
+        python=_python(section),
+        recovery=_recovery(section),
+    )
+
+
+def _recovery(section: Section) -> str:
+    recovery = section.get("recovery", str, "restart")
+    if recovery not in RECOVERY_MODES:
+        raise ConfigError(
+            section.key("recovery"),
+            f"must be one of {', '.join(RECOVERY_MODES)}, got {recovery!r} (in_place needs a "
+            "script written for nodeagent.worker.elastic)",
+        )
+    return recovery
+
+
+def _python(section: Section) -> str | None:
+    """job.python: an absolute path, exec'd as is (no PATH lookup, which differs under systemd)."""
+    python = optional_path(section, "python")
+    if python is not None and not python.startswith("/"):
+        raise ConfigError(section.key("python"), f"must be an absolute path, got {python!r}")
+    return python
+
+
+def _run_as(section: Section, env: dict[str, str], resolve: Resolver) -> WorkerUser:
+    """job.user (default: the nodeagent system user), job.group (default: the user's own) and
+    job.allow_root, checked against this node's user database (nodeagent.config.identity)."""
+    names = {}
+    for name in ("user", "group"):
+        value = section.raw(name)
+        if value is not None and (not isinstance(value, str) or not value or "\0" in value):
+            raise ConfigError(section.key(name), f"expected a {name} name, got {value!r}")
+        names[name] = value
+    allow_root = section.get("allow_root", bool, False)
+    return resolve_user(names["user"], names["group"], allow_root, env, resolve)
+
+
+def _entrypoint(section: Section) -> tuple[str, ...]:
+    entrypoint = section.raw("entrypoint")
+    if isinstance(entrypoint, str) or not isinstance(entrypoint, list) or not entrypoint:
+        raise ConfigError(
+            section.key("entrypoint"),
+            "required: a non-empty list such as [python, train.py] (it is exec'd, no shell)",
+        )
+    for i, arg in enumerate(entrypoint):
+        if not _env_scalar(arg) or "\0" in str(arg):
+            raise ConfigError(f"{section.key('entrypoint')}[{i}]", _not_a_string(arg))
+    return tuple(str(arg) for arg in entrypoint)
+
+
+def _not_a_string(value: object) -> str:
+    hint = f"; quote it ({YAML_BOOLEANS})" if isinstance(value, bool) else ""
+    return f"expected a string, got {type(value).__name__} {value!r}{hint}"
+
+
+def _env_scalar(value: object) -> bool:
+    """A string, or a number that stands for its own text; not a boolean, null or collection."""
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
+
+
+def _env(section: Section) -> dict[str, str]:
+    """job.env: variable names to strings; lists, maps, null and booleans are refused rather
+    than passed on as "[1, 2]", "None" or "True"."""
+    env = section.raw("env")
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ConfigError(section.key("env"), "expected a mapping of variable names to strings")
+    result = {}
+    for name, value in env.items():
+        key = f"{section.key('env')}.{name}"
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise ConfigError(key, "a variable name is a non-empty string without '='")
+        if not _env_scalar(value) or "\0" in str(value):
+            raise ConfigError(key, _not_a_string(value))
+        result[name] = str(value)
+    return result
+
+
+def _preload(section: Section, entrypoint: tuple[str, ...]) -> tuple[str, ...]:
+    modules = section.raw("preload") or []
+    if not isinstance(modules, list) or not all(
+        isinstance(m, str) and all(part.isidentifier() for part in m.split(".")) for m in modules
+    ):
+        raise ConfigError(
+            section.key("preload"), "expected a list of module names such as [torch, torch._dynamo]"
+        )
+    if modules:
+        try:
+            split_python(entrypoint)
+        except NotPython as exc:
+            raise ConfigError(
+                section.key("preload"),
+                f"needs a Python entrypoint, [python, script.py, ...] or [python, -m, module, ...]:"
+                f" {exc}",
+            ) from None
+    return tuple(modules)
+
+
+# 0 is zero where zero makes sense: a stop grace of 0 kills at once, a join_settle of 0 forms
+# as soon as min_nodes are there, a hang_timeout of 0 (or off) watches nothing. A heartbeat, a
+# lease or a rendezvous timeout of 0 cannot work and is an error.
+_TIMING_RULES: Mapping[str, Mapping[str, Any]] = {
+    "heartbeat_interval": {"minimum": 0.05},
+    "lease_ttl": {"positive": True},
+    "stop_grace_period": {},
+    "failure_stop_grace_period": {},
+    "join_settle": {},
+    "rendezvous_timeout": {"positive": True},
+    "hang_timeout": {"off": True},
+    "restart_backoff": {"off": True},
+    "restart_backoff_max": {},
+    "restart_backoff_reset": {},
+    "reform_timeout": {"positive": True},
+}
+# What a job may set for itself (a job spec's timing:); the heartbeat and the lease are the
+# node's: every job a node serves is fenced on the same lease.
+JOB_TIMING = tuple(
+    name for name in _TIMING_RULES if name not in ("heartbeat_interval", "lease_ttl")
+)
+
+
+def _timed(section: Section, base: TimingConfig, names: tuple[str, ...]) -> TimingConfig:
+    values = {
+        name: duration(
+            section.raw(name), section.key(name), getattr(base, name), **_TIMING_RULES[name]
+        )
+        for name in names
+    }
+    section.reject_unknown()
+    return dataclasses.replace(base, **values)
+
+
+def _load_timing(section: Section) -> TimingConfig:
+    timing = _timed(section, TimingConfig(), tuple(_TIMING_RULES))
+    if timing.lease_ttl < 2 * timing.heartbeat_interval:
+        raise ConfigError(
+            section.key("lease_ttl"),
+            f"must be at least twice heartbeat_interval ({timing.heartbeat_interval}s) so one late "
+            f"heartbeat does not expire the lease, got {timing.lease_ttl}s",
+        )
+    return timing
+
+
+def job_timing(section: Section, base: TimingConfig) -> TimingConfig:
+    """A job spec's timing: section over the node's `base` (only the keys in JOB_TIMING).
+
+    Raises:
+        ConfigError: naming the key; heartbeat_interval and lease_ttl are refused (the node's).
+    """
+    for name in ("heartbeat_interval", "lease_ttl"):
+        if section.raw(name) is not None:
+            raise ConfigError(
+                section.key(name), "is the node's (its config's timing:), not a job's to set"
+            )
+    return _timed(section, base, JOB_TIMING)
+
+
+def _load_health(section: Section) -> HealthConfig:
+    raw_gpu = section.raw("gpu")  # YAML makes a bare on/off a boolean
+    gpu = (
+        ("on" if raw_gpu else "off")
+        if isinstance(raw_gpu, bool)
+        else section.get("gpu", str, "auto")
+    )
+    if gpu not in GPU_MODES:
+        raise ConfigError(section.key("gpu"), f"must be one of {', '.join(GPU_MODES)}, got {gpu!r}")
+    interval = duration(section.raw("interval"), section.key("interval"), 5.0, minimum=0.05)
+    fake = optional_path(section, "fake_gpus")
+    if fake is not None and not Path(fake).is_file():
+        raise ConfigError(section.key("fake_gpus"), f"no such file: {fake}")
+    health = HealthConfig(
+        gpu=gpu,
+        interval=interval,
+        max_temperature_c=optional_limit(section, "max_temperature_c", float),
+        max_ecc_uncorrected=positive_int(section, "max_ecc_uncorrected", 0, minimum=0),
+        max_pcie_replays=optional_limit(section, "max_pcie_replays", int),
+        auto_uncordon=section.get("auto_uncordon", bool, False),
+        fake_gpus=fake,
+    )
+    section.reject_unknown()
+    return health
+
+
+def _load_logging(section: Section) -> LoggingConfig:
+    fmt = section.get("format", str, "text")
+    if fmt not in LOG_FORMATS:
+        raise ConfigError(section.key("format"), f"must be text or json, got {fmt!r}")
+    level = section.get("level", str, "INFO").upper()
+    if level not in LOG_LEVELS:
+        raise ConfigError(
+            section.key("level"), f"must be one of {', '.join(LOG_LEVELS)}, got {level!r}"
+        )
+    section.reject_unknown()
+    return LoggingConfig(format=fmt, level=level)
+
+
+def _load_metrics(section: Section) -> MetricsConfig:
+    if section.raw("listen") is False:  # a bare `off` in YAML
+        section.reject_unknown()
+        return MetricsConfig(listen="off")
+    listen = section.get("listen", str, MetricsConfig.listen)
+    if listen == "off":
+        section.reject_unknown()
+        return MetricsConfig(listen="off")
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or "\0" in host:
+        raise ConfigError(
+            section.key("listen"), f"expected HOST:PORT such as 127.0.0.1:9400, got {listen!r}"
+        )
+    section.reject_unknown()
+    return MetricsConfig(listen=f"{host}:{port}")
+
+
+def load_settings(data: object, resolve: Resolver | None = None) -> NodeSettings:
+    """Build a node's validated settings from a parsed YAML document; a Config when it has a
+    `job:` section (a node pinned to that job), else job-less (a pool node).
+
+    Raises:
+        ConfigError: the first invalid key, by its dotted name.
+    """
+    resolve = resolve or Resolver()
+    root = Section(data, "")
+    redis_section = root.section("redis")
+    url = redis_section.get("url", str, "")
+    job_data = root.raw("job")
+    one_node = isinstance(job_data, Mapping) and job_data.get("max_nodes", 1) == 1
+    if not url and one_node:
+        url = EMBEDDED  # standalone, as torchrun --standalone
+    if not url:
+        raise ConfigError(
+            "redis.url",
+            "required for a pool or a multi-node job: a URL such as redis://10.0.0.2:6379/0",
+        )
+    redis = RedisConfig(
+        url=_check_redis_url(url, "redis.url"),
+        key_prefix=check_name(
+            redis_section.get("key_prefix", str, "nodeagent"), "redis.key_prefix"
+        ),
+    )
+    redis_section.reject_unknown()
+    settings = NodeSettings(
+        node=_load_node(root.section("node"), url, resolve),
+        redis=redis,
+        timing=_load_timing(root.section("timing")),
+        metrics=_load_metrics(root.section("metrics")),
+        health=_load_health(root.section("health")),
+        logging=_load_logging(root.section("logging")),
+        log_dir=path_value(root, "log_dir", "/var/log/nodeagent"),
+        state_dir=optional_path(root, "state_dir"),
+        pool=_load_pool(root.section("pool")),
+    )
+    job = None if job_data is None else _load_job(root.section("job"), resolve)
+    root.reject_unknown()
+    if settings.redis.url == EMBEDDED and (job is None or job.max_nodes > 1):
+        raise ConfigError(
+            "redis.url",
+            "'embedded' Redis serves one node of one job, but "
+            + ("there is no job: section" if job is None else f"job.max_nodes is {job.max_nodes}")
+            + "; give a Redis URL all nodes reach",
+        )
+    return settings if job is None else settings.running(job)
+
+
+def load_config(data: object, resolve: Resolver | None = None) -> Config:
+    """A validated Config: a node's settings with its `job:` section.
+
+    Raises:
+        ConfigError: the first invalid key, by its dotted name; `job.id` when there is no job.
+    """
+    settings = load_settings(data, resolve)
+    if not isinstance(settings, Config):
+        raise ConfigError("job.id", "required: a job id such as llama-ft")
+    return settings
+
+
+def _load_pool(section: Section) -> PoolConfig:
+    labels = section.raw("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise ConfigError(
+            section.key("labels"), "expected a mapping such as {gpu: h100, rack: r12}"
+        )
+    for name, value in labels.items():
+        key = f"{section.key('labels')}.{name}"
+        check_name(str(name), key)
+        if not _env_scalar(value) or "\0" in str(value) or len(str(value)) > 256:
+            raise ConfigError(key, _not_a_string(value))
+    pool = PoolConfig(
+        name=check_name(section.get("name", str, "default"), section.key("name")),
+        labels={str(k): str(v) for k, v in labels.items()},
+        users=_names(section, "users"),
+        groups=_names(section, "groups"),
+        allow_root=section.get("allow_root", bool, False),
+        reserve_after=duration(section.raw("reserve_after"), section.key("reserve_after"), 300.0),
+        resize_cooldown=duration(
+            section.raw("resize_cooldown"), section.key("resize_cooldown"), 60.0
+        ),
+        preempt_after=duration(section.raw("preempt_after"), section.key("preempt_after"), 0.0),
+    )
+    section.reject_unknown()
+    return pool
+
+
+def _names(section: Section, name: str) -> tuple[str, ...]:
+    value = section.raw(name) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(section.key(name), f"expected a list of {name} names, such as [alice]")
+    return tuple(value)
+
+
+def read_config(path: str | Path, resolve: Resolver | None = None) -> Config:
+    """Read and validate a YAML config file with a `job:` section.
+
+    Raises:
+        ConfigError: as read_settings, and `job.id` when the file has no job.
+    """
+    settings = read_settings(path, resolve)
+    if not isinstance(settings, Config):
+        raise ConfigError("job.id", f"required: {path} has no job: section")
+    return settings
+
+
+def read_settings(path: str | Path, resolve: Resolver | None = None) -> NodeSettings:
+    """Read and validate a node's YAML config file (a `job:` section is optional).
+
+    Raises:
+        ConfigError: the file is missing, unreadable, not UTF-8, not YAML (or has a key twice),
+            or invalid.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError("", f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            "", f"{path} is not UTF-8 text: byte {raw[exc.start]:#04x} on line {line}"
+        ) from None
+    try:
+        data = strictyaml.load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("", f"{path} is not valid YAML: {exc}") from exc
+    return load_settings(data, resolve)

@@ -1,0 +1,174 @@
+"""A node's settings as frozen dataclasses, and the constants their values are checked against.
+
+Built only by config/load.py; every other package reads them. `NodeSettings` is a node's file;
+`Config` is what one job runs with on this node (the node's settings and the job).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from nodeagent.config import redisurl
+from nodeagent.config.identity import WorkerUser
+from nodeagent.config.values import parse_duration as parse_duration  # nodeagentctl's --timeout
+
+EX_CONFIG = 78
+
+
+REDIS_SCHEMES = redisurl.SCHEMES
+
+
+EMBEDDED = "embedded"  # a private redis-server for a one-node job (coord/embedded.py)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    address: str
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    url: str
+    key_prefix: str = "nodeagent"
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    id: str
+    entrypoint: tuple[str, ...]
+    nproc_per_node: int = 1
+    min_nodes: int = 1
+    max_nodes: int = 1
+    target_nodes: int = 1
+    max_restarts: int = 3
+    working_dir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    gpus_per_worker: int = 1
+    preload: tuple[str, ...] = ()  # modules spare worker interpreters import ahead of time
+    # Who the workers run as (job.user, job.group, job.allow_root), resolved on this node when
+    # the config was loaded; None: as the agent itself (a JobConfig built in code).
+    user: WorkerUser | None = None
+    # The interpreter a bare `python`/`python3` entrypoint program means (job.python); None:
+    # the one the agent runs under, as torchrun runs workers with its own sys.executable.
+    python: str | None = None
+    # What a re-form does to the workers that survive it (RECOVERY_MODES): restart them all, as
+    # torchrun does, or keep them running (in_place: nodeagent.worker.elastic scripts only).
+    recovery: str = "restart"
+
+    @property
+    def in_place(self) -> bool:
+        return self.recovery == IN_PLACE
+
+
+IN_PLACE = "in_place"
+
+
+RECOVERY_MODES = ("restart", IN_PLACE)
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """All durations in seconds."""
+
+    heartbeat_interval: float = 1.0
+    lease_ttl: float = 5.0
+    stop_grace_period: float = 30.0
+    failure_stop_grace_period: float = 1.0
+    join_settle: float = 1.0
+    rendezvous_timeout: float = 600.0
+    hang_timeout: float = 0.0  # 0: off
+    # Crash-loop backoff: a failed generation that ran less than restart_backoff_reset waits
+    # restart_backoff, doubled per such failure in a row, at most restart_backoff_max.
+    restart_backoff: float = 1.0  # 0: off
+    restart_backoff_max: float = 60.0
+    restart_backoff_reset: float = 60.0
+    # An in_place job's survivor that has not left its process group this long after being
+    # told to is killed (and restarted); a worker with no assignment this long after leaving
+    # exits (nodeagent.worker.elastic).
+    reform_timeout: float = 60.0
+
+
+GPU_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    gpu: str = "auto"  # auto: use NVML if it works; on: required; off: never
+    interval: float = 5.0
+    max_temperature_c: float | None = None  # None: each GPU's own slowdown threshold
+    max_ecc_uncorrected: int = 0
+    max_pcie_replays: int | None = None
+    auto_uncordon: bool = False
+    fake_gpus: str | None = None  # a FakeNvml file instead of the real NVML
+
+
+LOG_FORMATS = ("text", "json")
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    format: str = "text"  # text: key=value; json: one object a line
+    level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    listen: str = "127.0.0.1:9400"
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """The pool this node serves (pool:): its name, free-form labels, and whom it runs jobs as.
+
+    A submitted job runs as the Unix user its spec names only if that user is in `users`, or
+    belongs to one of `groups`; root only with `allow_root`; never as the agent's own user.
+    """
+
+    name: str = "default"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    allow_root: bool = False
+    reserve_after: float = 300.0  # a pending job that waited this long holds free nodes
+    resize_cooldown: float = 60.0  # the scheduler shrinks or grows back a job at most this often
+    preempt_after: float = 0.0  # a pending job preempts lower-priority ones after this long
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSettings:
+    """A node's config file: the node's own settings, and the one job it is pinned to, if the
+    file has a `job:` section (a single-job deployment). Without one the node serves whatever
+    job the pool places on it."""
+
+    node: NodeConfig
+    redis: RedisConfig
+    timing: TimingConfig
+    metrics: MetricsConfig
+    health: HealthConfig = field(default_factory=HealthConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    log_dir: str = "/var/log/nodeagent"
+    state_dir: str | None = None  # None: DEFAULT_STATE_DIR, used only if it can be written
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    job: JobConfig | None = None
+
+    def running(self, job: JobConfig, timing: TimingConfig | None = None) -> Config:
+        """This node's settings with `job` (and its timing) filled in: what a job runs with."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(NodeSettings)}
+        fields.update(job=job, timing=timing or self.timing)
+        return Config(**fields)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(NodeSettings):
+    """What one job runs with on this node: the node's settings and the job."""
+
+    job: JobConfig
+
+
+DEFAULT_STATE_DIR = "/var/lib/nodeagent"  # systemd's StateDirectory=nodeagent

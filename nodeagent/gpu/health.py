@@ -1,0 +1,149 @@
+"""The agent's view of its GPUs: owns the monitor, turns verdicts into what the agent does.
+
+`NodeHealth.check()` returns plain instructions (a cordon to set or lift, a rank to fail for an
+application XID, events to append); the agent executes them, as it does node and leader
+decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodeagent.config.settings import Config, HealthConfig
+from nodeagent.errors import ConfigError
+from nodeagent.gpu.classify import Thresholds, Verdict
+from nodeagent.gpu.monitor import GpuMonitor
+from nodeagent.gpu.nvml import GpuUnavailable, NvmlBackend, load_pynvml
+from nodeagent.gpu.policy import GPU_CORDON, decide_gpus
+from nodeagent.model.job import Cordon, Event, GpuInfo, GpuSummary
+
+
+def build_monitor(health: HealthConfig) -> GpuMonitor:
+    """The monitor the config asks for (not started). `gpu: off` gives one that reports off."""
+    thresholds = Thresholds(
+        max_temperature_c=health.max_temperature_c,
+        max_ecc_uncorrected=health.max_ecc_uncorrected,
+        max_pcie_replays=health.max_pcie_replays,
+    )
+    if health.gpu == "off":
+        return GpuMonitor(None, health.interval, thresholds, unavailable_reason="health.gpu is off")
+    if health.fake_gpus:
+        from nodeagent.gpu.fake import FakeNvml
+
+        return GpuMonitor(
+            NvmlBackend(FakeNvml(Path(health.fake_gpus))), health.interval, thresholds
+        )
+    try:
+        nvml = load_pynvml()
+    except GpuUnavailable as exc:
+        return GpuMonitor(None, health.interval, thresholds, unavailable_reason=str(exc))
+    return GpuMonitor(NvmlBackend(nvml), health.interval, thresholds)
+
+
+def start_monitor(monitor: GpuMonitor, health: HealthConfig) -> None:
+    """Start sampling. Raises ConfigError when `gpu: on` and there is no usable NVML."""
+    snapshot = monitor.start()
+    if health.gpu == "on" and not snapshot.available:
+        raise ConfigError(
+            "health.gpu", f"'on', but GPU monitoring is unavailable: {snapshot.reason}"
+        )
+
+
+@dataclass
+class HealthCheck:
+    cordon: Cordon | None = None
+    uncordon: bool = False
+    fail_rank: tuple[int, int] | None = None  # (local rank, XID) to fail
+    events: list[Event] = field(default_factory=list)
+
+
+class NodeHealth:
+    def __init__(self, config: Config, monitor: GpuMonitor) -> None:
+        self._node = config.node.name
+        self._health = config.health
+        self._needed = config.job.nproc_per_node * config.job.gpus_per_worker
+        self.monitor = monitor
+        self.usable: tuple[int, ...] | None = None
+        self.unfit: str | None = None
+        self._last: dict[int, tuple[str, str]] = {}
+
+    def check(
+        self, cordon: Cordon | None, gpus_by_rank: Mapping[int, Sequence[int]]
+    ) -> HealthCheck:
+        """Decide from the cached verdicts; `gpus_by_rank` are the running workers' GPUs."""
+        snapshot = self.monitor.snapshot()
+        verdicts = self.monitor.verdicts()
+        in_use = [gpu for gpus in gpus_by_rank.values() for gpu in gpus]
+        decision = decide_gpus(
+            snapshot.available,
+            verdicts,
+            self.monitor.take_new_xids(),
+            cordon,
+            in_use,
+            self._needed if self._health.gpu != "off" else 0,
+            self._health.auto_uncordon,
+        )
+        self.usable, self.unfit = decision.usable, decision.unfit
+        check = HealthCheck(
+            cordon=decision.cordon, uncordon=decision.uncordon, events=self._changes(verdicts)
+        )
+        if decision.xid_failure is not None:
+            gpu, xid = decision.xid_failure
+            rank = next(r for r, gpus in gpus_by_rank.items() if gpu in gpus)
+            check.fail_rank = (rank, xid)
+            check.events.append(
+                Event(
+                    "gpu_xid",
+                    node=self._node,
+                    message=f"XID {xid} on GPU {gpu}",
+                    data={"gpu": gpu, "xid": xid, "local_rank": rank},
+                )
+            )
+        return check
+
+    def _changes(self, verdicts: Sequence[Verdict]) -> list[Event]:
+        events = []
+        for v in verdicts:
+            now = (v.health.value, v.reason)
+            if self._last.get(v.index, ("healthy", "ok")) != now:
+                events.append(
+                    Event(
+                        "gpu_health",
+                        node=self._node,
+                        message=f"GPU {v.index} {v.health.value}: {v.reason}",
+                        data={
+                            "gpu": v.index,
+                            "health": v.health.value,
+                            "action": v.action.value,
+                            "reason": v.reason,
+                        },
+                    )
+                )
+            self._last[v.index] = now
+        return events
+
+    def uncordoned(self, cordon_before: Cordon | None) -> None:
+        """An operator lifted the cordon: the XIDs behind it count as dealt with."""
+        if cordon_before is not None and cordon_before.by == GPU_CORDON:
+            self.monitor.clear_xids()
+
+    def summary(self) -> GpuSummary:
+        snapshot = self.monitor.snapshot()
+        readings = {r.index: r for r in snapshot.gpus}
+        return GpuSummary(
+            available=snapshot.available,
+            reason=snapshot.reason,
+            gpus=tuple(
+                GpuInfo(
+                    v.index,
+                    v.health.value,
+                    v.action.value,
+                    v.reason,
+                    readings[v.index].temperature_c if v.index in readings else None,
+                    readings[v.index].power_w if v.index in readings else None,
+                )
+                for v in self.monitor.verdicts()
+            ),
+        )

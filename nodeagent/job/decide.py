@@ -1,0 +1,173 @@
+"""One agent's decisions about its own workers, as a pure function.
+
+`decide(view)` looks at the job record (as last read from Redis) and the local worker group and
+returns the node's next state and the actions to take: stop workers, acknowledge a generation,
+start workers, leave. Only `Agent` executes them.
+
+The two rules that keep generations apart:
+- an agent acknowledges generation g only when none of its workers takes part in a process
+  group (they have exited, or, in_place, every live one has reported leaving its own), and
+  after that never starts a generation older than g;
+- it starts workers of g only when the record says g is RUNNING with this node as a member.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nodeagent.job.plan import FAILURE_REASONS
+from nodeagent.model.job import Cordon, JobRecord
+from nodeagent.state import JobState, NodeState
+from nodeagent.supervisor.status import GroupPhase, GroupStatus
+
+
+@dataclass(frozen=True)
+class LocalView:
+    name: str
+    acked_generation: int
+    group: GroupStatus
+    record: JobRecord | None
+    shutting_down: bool = False
+    fence: bool = False  # the lease could not be renewed in time
+    fenced_generation: int | None = None  # set once fenced: wait for a newer generation
+    cordon: Cordon | None = None  # this node's cordon, as last read from Redis
+    unfit: str | None = None  # why this node cannot take part (too few usable GPUs)
+    in_place: bool = False  # job.recovery: in_place (survivors are released, not stopped)
+
+
+@dataclass(frozen=True)
+class StopWorkers:
+    reason: str
+    fence: bool = False  # shorten the grace period so workers die before the lease expires
+    broken: bool = False  # the generation failed: its collectives cannot complete
+
+
+@dataclass(frozen=True)
+class ReleaseWorkers:
+    """in_place: tell the workers to leave their generation's process group; they keep running
+    and wait for their next assignment (the group becomes PARKED)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Acknowledge:
+    generation: int
+
+
+@dataclass(frozen=True)
+class StartWorkers:
+    record: JobRecord
+    group_rank: int
+
+
+@dataclass(frozen=True)
+class Leave:
+    pass
+
+
+Action = StopWorkers | ReleaseWorkers | Acknowledge | StartWorkers | Leave
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    state: NodeState
+    actions: tuple[Action, ...]
+    reason: str
+
+
+def decide(view: LocalView) -> NodeDecision:
+    """The node's next state and actions. Pure."""
+    group = view.group
+    if view.shutting_down:
+        if group.stoppable:
+            return NodeDecision(NodeState.LEAVING, (StopWorkers("agent shutting down"),), "leaving")
+        if group.active:
+            return NodeDecision(NodeState.LEAVING, (), "waiting for workers to stop")
+        return NodeDecision(NodeState.LEAVING, (Leave(),), "workers stopped")
+    if view.fence:
+        stop = (StopWorkers("lease not renewed", fence=True),)
+        return NodeDecision(NodeState.FENCED, stop if group.stoppable else (), "fenced")
+    record = view.record
+    fenced = view.fenced_generation
+    if fenced is not None and (record is None or record.generation <= fenced):
+        return NodeDecision(NodeState.FENCED, (), "fenced: waiting for a new generation")
+    if record is None:
+        if group.active or group.phase is GroupPhase.PARKED:
+            # Redis lost the record: keep training until a leader re-forms the job.
+            state = NodeState.RUNNING if group.phase is GroupPhase.RUNNING else NodeState.STOPPING
+            return NodeDecision(state, (), "no job record in Redis; keeping workers")
+        return NodeDecision(NodeState.JOINING, (), "no job record yet")
+    draining = view.cordon is not None and view.cordon.drain
+    if draining and group.stoppable:
+        assert view.cordon is not None
+        drain = StopWorkers(f"drained: {view.cordon.reason}")  # full grace: a checkpoint
+        return NodeDecision(NodeState.DRAINING, (drain,), "drained")
+    if draining and group.phase is GroupPhase.STOPPING:
+        return NodeDecision(NodeState.DRAINING, (), "drained: workers stopping")
+    if group.phase is GroupPhase.RUNNING:
+        return _decide_running(view, record)
+    if group.phase in (GroupPhase.STOPPING, GroupPhase.RELEASING):
+        failed = group.failure is not None and group.generation == record.generation
+        how = "stopping" if group.phase is GroupPhase.STOPPING else "leaving their generation"
+        return NodeDecision(
+            NodeState.FAILED if failed else NodeState.STOPPING, (), f"workers {how}"
+        )
+    return _decide_idle(view, record)
+
+
+def _decide_running(view: LocalView, record: JobRecord) -> NodeDecision:
+    group = view.group
+    if group.failure is not None:
+        if view.in_place:  # the survivors of this node keep running too
+            release = ReleaseWorkers(f"a local worker failed: {group.failure.describe()}")
+            return NodeDecision(NodeState.FAILED, (release,), group.failure.describe())
+        stop = StopWorkers("a local worker failed", broken=True)
+        return NodeDecision(NodeState.FAILED, (stop,), group.failure.describe())
+    broken = False
+    if record.generation != group.generation:
+        reason = f"generation {record.generation} replaces {group.generation} ({record.reason})"
+        if view.in_place:
+            return NodeDecision(NodeState.STOPPING, (ReleaseWorkers(reason),), reason)
+        broken = record.reason in FAILURE_REASONS
+    elif record.state is not JobState.RUNNING:
+        reason = f"job is {record.state.value}"
+    elif view.name not in record.members:
+        reason = "no longer a member"
+    else:
+        return NodeDecision(NodeState.RUNNING, (), "running")
+    return NodeDecision(NodeState.STOPPING, (StopWorkers(reason, broken=broken),), reason)
+
+
+def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
+    group = view.group
+    actions: list[Action] = []
+    acked = view.acked_generation
+    if record.generation < acked:
+        # Redis went back in time (a failover to a lagging replica, a restore): never act on it.
+        return NodeDecision(NodeState.READY, (), f"record generation {record.generation} < {acked}")
+    if record.generation > acked:
+        actions.append(Acknowledge(record.generation))
+        acked = record.generation
+    this_generation = group.generation == record.generation
+    if this_generation and group.succeeded:
+        return NodeDecision(NodeState.SUCCEEDED, tuple(actions), "workers succeeded")
+    if this_generation and group.failure is not None:
+        return NodeDecision(NodeState.FAILED, tuple(actions), group.failure.describe())
+    parked = group.phase is GroupPhase.PARKED  # in_place survivors waiting for an assignment
+    if view.cordon is not None or view.unfit is not None:
+        why = f"cordoned: {view.cordon.reason}" if view.cordon else f"unfit: {view.unfit}"
+        if parked:
+            actions.append(StopWorkers(why))
+        return NodeDecision(NodeState.CORDONED, tuple(actions), why)
+    rank = record.group_rank(view.name)
+    if record.state is JobState.RUNNING and rank is None:
+        if parked:
+            actions.append(StopWorkers(f"not a member of generation {record.generation}"))
+        return NodeDecision(NodeState.STANDBY, tuple(actions), "standby")
+    if record.state is JobState.RUNNING and rank is not None and not this_generation:
+        actions.append(StartWorkers(record, rank))
+        return NodeDecision(NodeState.READY, tuple(actions), "starting workers")
+    if parked and record.state.terminal:
+        actions.append(StopWorkers(f"job is {record.state.value}"))
+    return NodeDecision(NodeState.READY, tuple(actions), f"job is {record.state.value}")

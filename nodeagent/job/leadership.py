@@ -1,0 +1,107 @@
+"""The leader's side of an agent: plan from a snapshot, commit it fenced, remember between plans.
+
+`Leadership.lead()` runs plan.plan() on the cluster view and writes the result through the
+fenced COMMIT script; the agent applies what it returns (a new record, its revision, whether to
+run another tick at once). Garbage the leader read is reported by the store (once, counted in
+the agent's metrics); the plan removes garbage leases and rewrites a garbage record.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from nodeagent.coord.bounded import CallRunner
+from nodeagent.coord.store import JobStore, Snapshot
+from nodeagent.errors import CoordinationError, FencedError, IllegalTransition
+from nodeagent.job.plan import LeaderMemory, Plan, Policy, plan
+from nodeagent.model.job import JobRecord
+from nodeagent.telemetry.metrics import AgentMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Led:
+    record: JobRecord | None = None  # the record written, if it changed
+    rev: int | None = None  # the record revision after the write
+    again: bool = False  # something changed (or the write was refused): tick again at once
+
+
+class Leadership:
+    def __init__(
+        self,
+        store: JobStore,
+        policy: Policy,
+        metrics: AgentMetrics,
+        lease_ttl_s: float,
+        clock: Callable[[], float],
+        call: CallRunner,
+    ) -> None:
+        self._store = store
+        # The store checks what this node acts on against its own config, and counts garbage.
+        store.local_nproc = policy.nproc_per_node
+        store.garbage.count_with(metrics.redis_garbage)
+        self._call = call
+        self._policy = policy
+        self._metrics = metrics
+        self._lease_ttl_ms = int(lease_ttl_s * 1000)
+        self._clock = clock
+        self._memory = LeaderMemory()
+        self._last_reason = ""
+        self.next_expiry: float | None = None  # local time the earliest known lease lapses
+
+    def lead(self, token: str, snapshot: Snapshot) -> Led:
+        view = snapshot.cluster_view()
+        # Wake when the earliest lease lapses (server time converted to local), so a dead node
+        # is noticed at its deadline, not up to one heartbeat later. The leader's read gives
+        # that deadline exactly; the leases it did not read again hold only lower bounds, which
+        # would wake it early, again and again (coord/view.py).
+        page = snapshot.page
+        if page is not None:
+            deadlines = [page.next_deadline_ms] if page.next_deadline_ms is not None else []
+        else:
+            deadlines = [lease.deadline_ms for lease in snapshot.leases if lease.name in view.nodes]
+        self.next_expiry = (
+            self._clock() + (min(deadlines) - snapshot.now_ms) / 1000 + 0.005 if deadlines else None
+        )
+        # A record read as garbage (or none) binds no generation: it is replaced, fenced by rev.
+        garbage = snapshot.record_error is not None or view.record is None
+        try:
+            decision = plan(view, self._policy, self._memory)
+        except IllegalTransition as exc:  # a record no leader writes: plan from none instead
+            log.error("cannot plan from the job record in Redis (%s); rewriting it", exc)
+            decision = plan(replace(view, record=None), self._policy, self._memory)
+            garbage = True
+        self._memory = decision.memory
+        if snapshot.stale_head is not None and not decision.writes and view.record is not None:
+            # What the others read of the record is not the record: write it again (COMMIT
+            # writes its head and, for members it has not written, the ranks).
+            decision = replace(decision, record=view.record)
+        if decision.reason != self._last_reason:
+            log.info("leader: %s", decision.reason)
+            self._last_reason = decision.reason
+        if not decision.writes:
+            return Led()
+
+        def write() -> int:
+            return self._store.commit(token, snapshot.rev, decision, replacing_garbage=garbage)
+
+        try:
+            rev = self._call(write, "leader write")
+        except FencedError as exc:
+            log.info("leader write refused, re-reading: %s", exc)
+            return Led(again=True)
+        except CoordinationError as exc:
+            log.warning("leader write failed: %s", exc)
+            self._metrics.sync_failed()
+            return Led()
+        self._observe_losses(snapshot, decision)
+        return Led(record=decision.record, rev=rev, again=True)
+
+    def _observe_losses(self, snapshot: Snapshot, decision: Plan) -> None:
+        for lease in snapshot.leases:
+            if lease.name in decision.reap:  # last heartbeat -> noticed, in server time
+                lost_for = snapshot.now_ms - (lease.deadline_ms - self._lease_ttl_ms)
+                self._metrics.detected("node_lost", lost_for / 1000)

@@ -1,0 +1,152 @@
+"""What a pool keeps in Redis: each node's pool report, each job's pool status. Pure.
+
+Plain frozen dataclasses with strict JSON codecs (nodeagent.model.decode), like nodeagent.model.job:
+anything read back that is not what nodeagent writes raises CorruptStateError naming the field.
+A job's own protocol (record, generations, leases) stays under the job's keys; the pool only
+decides which nodes serve which job.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+from nodeagent.errors import CorruptStateError
+from nodeagent.model.decode import Reader
+
+MAX_LABELS = 64
+MAX_REFUSED = 64
+
+
+class PoolJobState(str, Enum):
+    """A job's state in the pool.
+
+    PENDING    submitted; waits until at least min_nodes free nodes can be given at once.
+    RUNNING    admitted: nodes are placed on it and run it through the job protocol.
+    SUCCEEDED  every worker of its last generation exited 0. Its nodes went back to the pool.
+    FAILED     restarts exhausted or rendezvous timed out. Its nodes went back to the pool.
+    CANCELLED  `nodeagentctl cancel` (or `stop`): its workers got the stop grace to checkpoint.
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def ended(self) -> bool:
+        return self in (PoolJobState.SUCCEEDED, PoolJobState.FAILED, PoolJobState.CANCELLED)
+
+
+_JOB_STATES = tuple(s.value for s in PoolJobState)
+
+
+@dataclass(frozen=True)
+class PoolNode:
+    """What one agent publishes to the pool under its TTL key at every heartbeat.
+
+    `pinned`: the job of this node's `job:` section (the node serves only it). `serving`: the
+    job this node's agent runs now. `unfit`: why it cannot take a job (its GPUs). `refused`:
+    jobs this node cannot run (the spec's user is not allowed here, or the spec is invalid), with
+    why; the scheduler places them elsewhere.
+    """
+
+    name: str
+    address: str
+    lease_ttl_ms: int
+    labels: dict[str, str] = field(default_factory=dict)
+    pinned: str | None = None
+    serving: str | None = None
+    unfit: str | None = None
+    refused: dict[str, str] = field(default_factory=dict)
+    metrics: str | None = None
+    version: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """A new one marks the node changed, so the pool leader reads it (poolscripts.POOL_SYNC)."""
+        return hashlib.blake2b(self.to_json().encode(), digest_size=8).hexdigest()
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> PoolNode:
+        """Raises: CorruptStateError, and nothing else."""
+        r = Reader.of(raw, "pool node report")
+        labels = r.mapping("labels")
+        refused = r.mapping("refused")
+        if len(labels) > MAX_LABELS or len(refused) > MAX_REFUSED:
+            raise CorruptStateError("pool node report: too many labels or refused jobs")
+        if not all(isinstance(v, str) for v in [*labels.values(), *refused.values()]):
+            raise CorruptStateError("pool node report: labels and refused hold strings")
+        return cls(
+            name=r.name("name"),
+            address=r.host("address"),
+            lease_ttl_ms=r.integer("lease_ttl_ms", low=1, high=86_400_000),
+            labels={str(k): str(v)[:256] for k, v in labels.items()},
+            pinned=r.opt_text("pinned", 63),
+            serving=r.opt_text("serving", 63),
+            unfit=r.opt_text("unfit", 1024),
+            refused={str(k)[:63]: str(v)[:1024] for k, v in refused.items()},
+            metrics=r.opt_text("metrics", 300),
+            version=r.text("version", "", max_len=64),
+        )
+
+
+@dataclass(frozen=True)
+class PoolJob:
+    """The pool's status of one job (the pool leader writes it; `submit` creates it pending).
+
+    `seq`: submission order (first come, first served). `reason`: why it waits, or how it ended.
+    `evicted`: set while a job evicted for another waits to be admitted again (by whom, why).
+    `shrunk_ms`, `grown_ms`: when the scheduler last took nodes from it for another job
+    (preemption by shrinking) or gave it free nodes: its resize cooldown counts from them.
+    """
+
+    state: PoolJobState
+    seq: int
+    submitted_ms: int
+    reason: str = ""
+    admitted_ms: int | None = None
+    ended_ms: int | None = None
+    pinned: bool = False  # submitted by nodes' job: sections; follows its record, never ends
+    shrunk_ms: int | None = None
+    grown_ms: int | None = None
+    evicted: str | None = None  # pending again after an eviction: by whom and why
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = asdict(self)
+        data["state"] = self.state.value
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> PoolJob:
+        """Raises: CorruptStateError, and nothing else."""
+        r = Reader.of(raw, "pool job")
+        return cls(
+            state=PoolJobState(r.choice("state", _JOB_STATES)),
+            seq=r.integer("seq"),
+            submitted_ms=r.integer("submitted_ms"),
+            reason=r.text("reason", "", max_len=1024),
+            admitted_ms=r.opt_integer("admitted_ms"),
+            ended_ms=r.opt_integer("ended_ms"),
+            pinned=r.flag("pinned", False),
+            shrunk_ms=r.opt_integer("shrunk_ms"),
+            grown_ms=r.opt_integer("grown_ms"),
+            evicted=r.opt_text("evicted", 1024),
+        )
+
+    def moved(self, state: PoolJobState, now_ms: int, reason: str) -> PoolJob:
+        if state is PoolJobState.RUNNING:
+            return replace(
+                self, state=state, reason=reason, admitted_ms=now_ms, ended_ms=None, evicted=None
+            )
+        if state.ended:
+            return replace(self, state=state, reason=reason, ended_ms=now_ms)
+        return replace(self, state=state, reason=reason)

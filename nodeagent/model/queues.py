@@ -1,0 +1,94 @@
+"""The pool's queues: how many nodes each may hold, and how many it is guaranteed. Pure.
+
+Every job belongs to one queue (`queue` in its spec, default `default`). A queue has a quota,
+the most nodes its jobs hold at once (none: no limit), and a guaranteed share: while it holds
+fewer, its pending jobs may take nodes back from queues that hold more than their own share,
+whatever those jobs' priorities (nodeagent.pool.preempt). `default` always exists, with no
+quota and no guarantee, unless an operator sets one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+from nodeagent.errors import CorruptStateError
+from nodeagent.model.decode import Reader
+
+DEFAULT = "default"
+MAX_NODES = 1_000_000
+
+
+@dataclass(frozen=True)
+class QueueView:
+    name: str
+    quota: int | None = None  # at most this many nodes at once; None: no limit
+    guaranteed: int = 0  # nodes it may reclaim from queues above their own share
+
+    def problems(self) -> list[str]:
+        """Why this queue is impossible (empty when it is fine)."""
+        found = []
+        if self.quota is not None and not 1 <= self.quota <= MAX_NODES:
+            found.append(f"quota {self.quota}: expected 1 to {MAX_NODES} nodes, or none")
+        if not 0 <= self.guaranteed <= MAX_NODES:
+            found.append(f"guaranteed {self.guaranteed}: expected 0 to {MAX_NODES} nodes")
+        if self.quota is not None and self.guaranteed > self.quota:
+            found.append(f"guaranteed {self.guaranteed} above its quota of {self.quota}")
+        return found
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> QueueView:
+        """Raises: CorruptStateError, and nothing else."""
+        r = Reader.of(raw, "pool queue")
+        queue = cls(
+            name=r.name("name"),
+            quota=r.opt_integer("quota", 1, MAX_NODES),
+            guaranteed=r.integer("guaranteed", 0, 0, MAX_NODES),
+        )
+        if queue.problems():
+            raise CorruptStateError(f"pool queue: {'; '.join(queue.problems())}")
+        return queue
+
+
+class Ledger:
+    """Nodes held per queue during one schedule() call, kept up to date as nodes move."""
+
+    def __init__(self, queues: Mapping[str, QueueView]) -> None:
+        self._queues = {DEFAULT: QueueView(DEFAULT), **queues}
+        self._used: dict[str, int] = {}
+
+    def exists(self, name: str) -> bool:
+        return name in self._queues
+
+    def add(self, name: str, count: int) -> None:
+        self._used[name] = self._used.get(name, 0) + count
+
+    def used(self, name: str) -> int:
+        return self._used.get(name, 0)
+
+    def room(self, name: str) -> int | None:
+        """How many more nodes the queue may hold; None: no limit."""
+        quota = self._queues[name].quota if name in self._queues else None
+        return None if quota is None else max(0, quota - self.used(name))
+
+    def quota(self, name: str) -> int | None:
+        return self._queues[name].quota if name in self._queues else None
+
+    def guaranteed(self, name: str) -> int:
+        return self._queues[name].guaranteed if name in self._queues else 0
+
+    def deficit(self, name: str) -> int:
+        """Nodes the queue is short of its guaranteed share (0 at or above it)."""
+        return max(0, self.guaranteed(name) - self.used(name))
+
+    def any_above_share(self, besides: str) -> bool:
+        """Some queue other than `besides` holds more than its guaranteed share."""
+        return any(self.surplus(name) > 0 for name in self._used if name != besides)
+
+    def surplus(self, name: str) -> int:
+        """Nodes the queue holds above its guaranteed share (0 at or below it)."""
+        return max(0, self.used(name) - self.guaranteed(name))

@@ -1,0 +1,229 @@
+"""Job specs: what `nodeagentctl submit` sends to a pool, validated like a node's config.
+
+A spec holds the keys of a `job:` section (config.job_fields: entrypoint, nproc_per_node,
+min/max/target nodes, max_restarts, env, working_dir, gpus_per_worker, preload, python), whom
+it runs as (`user`, `group`), the job's own `timing:` (config.JOB_TIMING: hang_timeout, stop
+grace periods, rendezvous timeout, join settle, restart backoff), and where it queues (`queue`,
+`priority`: stored now, ordered by the scheduler). Every error names the key and what would be
+right, as the config's do.
+
+In Redis a spec is stored as the normalised document `to_dict()` gives, and every node that is
+placed on the job validates it again (`from_json`): a spec is input from whoever could write to
+Redis, never trusted. Whom it runs as is decided on the node (`run_config`): the node's
+`pool.users`/`pool.groups` must allow the user, and root needs `pool.allow_root`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.identity import resolve as resolve_user
+from nodeagent.config.load import JOB_TIMING, job_fields, job_timing
+from nodeagent.config.settings import Config, JobConfig, NodeSettings, TimingConfig
+from nodeagent.config.values import Section, check_name
+from nodeagent.errors import ConfigError, CorruptStateError
+
+MAX_PRIORITY = 1_000_000
+SPEC_MAX_BYTES = 64 * 1024  # a spec is a page of YAML; anything bigger is not one
+_FIELDS = (
+    "id",
+    "entrypoint",
+    "nproc_per_node",
+    "min_nodes",
+    "max_nodes",
+    "target_nodes",
+    "max_restarts",
+    "env",
+    "working_dir",
+    "gpus_per_worker",
+    "preload",
+    "python",
+    "recovery",
+)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One submitted job. `job.user` is None: who runs it is the node's decision."""
+
+    job: JobConfig
+    user: str
+    group: str | None = None
+    timing: Mapping[str, float] = field(default_factory=dict)  # JOB_TIMING keys given, seconds
+    queue: str = "default"
+    priority: int = 0
+    submitted_by: str = ""
+    selector: Mapping[str, str] = field(default_factory=dict)  # labels a node must have
+    preemptible: bool = False  # may be evicted whole for a job of higher priority
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    def to_dict(self) -> dict[str, Any]:
+        """The normalised document: load_spec(to_dict()) gives this spec back."""
+        job = self.job
+        doc: dict[str, Any] = {
+            "id": job.id,
+            "entrypoint": list(job.entrypoint),
+            "nproc_per_node": job.nproc_per_node,
+            "min_nodes": job.min_nodes,
+            "max_nodes": job.max_nodes,
+            "target_nodes": job.target_nodes,
+            "max_restarts": job.max_restarts,
+            "env": dict(job.env),
+            "gpus_per_worker": job.gpus_per_worker,
+            "preload": list(job.preload),
+            "recovery": job.recovery,
+            "user": self.user,
+            "queue": self.queue,
+            "priority": self.priority,
+            "timing": dict(self.timing),
+            "selector": dict(self.selector),
+            "preemptible": self.preemptible,
+        }
+        optional = {
+            "working_dir": job.working_dir,
+            "python": job.python,
+            "group": self.group,
+            "submitted_by": self.submitted_by or None,
+        }
+        doc.update({k: v for k, v in optional.items() if v is not None})
+        return doc
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> JobSpec:
+        """A spec read back from Redis.
+
+        Raises:
+            CorruptStateError: not JSON, or not a valid spec (naming the key); nothing else.
+        """
+        if len(raw) > SPEC_MAX_BYTES:
+            raise CorruptStateError(f"job spec: {len(raw)} bytes, more than {SPEC_MAX_BYTES}")
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise CorruptStateError(f"job spec: not JSON: {exc}") from None
+        try:
+            return load_spec(data, submitted=True)
+        except ConfigError as exc:
+            raise CorruptStateError(f"job spec: {exc}") from None
+
+
+def load_spec(
+    data: object,
+    *,
+    default_user: str | None = None,
+    job_id: str | None = None,
+    submitted: bool = False,
+) -> JobSpec:
+    """A validated spec from a parsed YAML (or JSON) document.
+
+    Args:
+        default_user: the user when the document names none (nodeagentctl: the submitter's).
+        job_id: overrides the document's `id` (`submit --name`).
+        submitted: the document came from Redis, so `submitted_by` may be in it.
+
+    Raises:
+        ConfigError: the first invalid key, by its name in the spec.
+    """
+    if isinstance(data, Mapping) and job_id is not None:
+        data = {**data, "id": job_id}
+    root = Section(data, "")
+    job = job_fields(root)
+    if root.raw("allow_root") is not None:
+        raise ConfigError(
+            "allow_root", "root is allowed by each node (its pool.allow_root), not by a job"
+        )
+    user = root.get("user", str, default_user or "")
+    if not user or "\0" in user:
+        raise ConfigError("user", "required: the Unix user the job runs as, such as alice")
+    group = root.get("group", str, "") or None
+    timing = _timing(root.section("timing"))
+    queue = check_name(root.get("queue", str, "default"), "queue")
+    priority = root.get("priority", int, 0)
+    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ConfigError("priority", f"must be within +-{MAX_PRIORITY}, got {priority}")
+    submitted_by = root.get("submitted_by", str, "") if submitted else ""
+    selector = _selector(root)
+    preemptible = root.get("preemptible", bool, False)
+    root.reject_unknown()
+    return JobSpec(
+        job, user, group, timing, queue, priority, submitted_by[:256], selector, preemptible
+    )
+
+
+def _selector(root: Section) -> dict[str, str]:
+    """selector: the labels (a node's pool.labels) a node must carry to be placed on the job."""
+    raw = root.raw("selector") or {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError("selector", "expected a mapping of labels, such as {gpu: h100}")
+    selector = {}
+    for name, value in raw.items():
+        key = f"selector.{name}"
+        check_name(str(name), key)
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise ConfigError(key, f"expected a label value such as h100, got {value!r}")
+        selector[str(name)] = str(value)
+    return selector
+
+
+def _timing(section: Section) -> dict[str, float]:
+    """The durations the spec gives (validated by config.job_timing's rules), in seconds."""
+    defaults = TimingConfig()
+    merged = job_timing(section, defaults)
+    given = {name for name in JOB_TIMING if section.raw(name) is not None}
+    return {name: getattr(merged, name) for name in JOB_TIMING if name in given}
+
+
+def spec_of(job: JobConfig, timing: TimingConfig) -> JobSpec:
+    """The spec a node pinned by its `job:` section submits for it (shown by `jobs`)."""
+    user = job.user.name if job.user is not None else "unknown"
+    times = {key: getattr(timing, key) for key in JOB_TIMING}
+    return JobSpec(dataclasses.replace(job, user=None), user, timing=times)
+
+
+def run_config(spec: JobSpec, settings: NodeSettings, resolve: Resolver | None = None) -> Config:
+    """What this node runs the job with: its settings, the spec's job and timing, and the
+    workers' user, if this node allows it.
+
+    Raises:
+        ConfigError: naming `user` (or `group`): not allowed on this node, unknown here, or
+            root without pool.allow_root.
+    """
+    resolve = resolve or Resolver()
+    pool = settings.pool
+    account = resolve.user(spec.user)
+    if account is None:
+        raise ConfigError("user", f"no such user on node {settings.node.name}: {spec.user!r}")
+    if account.uid == 0 and not pool.allow_root:
+        raise ConfigError(
+            "user", f"root is not allowed on node {settings.node.name} (its pool.allow_root)"
+        )
+    if account.uid != 0 and not _allowed(spec.user, account.gid, pool.users, pool.groups, resolve):
+        raise ConfigError(
+            "user",
+            f"{spec.user!r} may not run jobs on node {settings.node.name}: not in its "
+            f"pool.users ({', '.join(pool.users) or 'none'}) nor a member of its pool.groups "
+            f"({', '.join(pool.groups) or 'none'})",
+        )
+    worker = resolve_user(spec.user, spec.group, pool.allow_root, spec.job.env, resolve)
+    timing = dataclasses.replace(settings.timing, **spec.timing)
+    return settings.running(dataclasses.replace(spec.job, user=worker), timing)
+
+
+def _allowed(
+    user: str, gid: int, users: tuple[str, ...], groups: tuple[str, ...], resolve: Resolver
+) -> bool:
+    if user in users:
+        return True
+    member_of = set(resolve.groups_of(user, gid))
+    return any(resolve.group(name) in member_of for name in groups)

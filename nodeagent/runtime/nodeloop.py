@@ -1,0 +1,190 @@
+"""A pool node's loop: its pool membership and the one job it serves, as two pieces.
+
+The pool side (pool/member.py) heartbeats to the pool and, on the node holding the pool leader
+lease, schedules. The job side is an Agent (job/agent.py) for the job this node is placed on: it
+joins that job through the job's own protocol (its keys, leader, generations, fencing and
+restart budgets). This loop only reconciles the two: placed on a job and serving none, it
+reads the job's spec and starts serving it, or refuses it (the spec's user is not allowed
+here; the scheduler then places the job elsewhere); placed elsewhere or nowhere, it asks the
+job's agent to leave (its workers get the stop grace) and waits until it has.
+
+A node whose config has a `job:` section is pinned to that job: it serves it from the start,
+whatever the pool says, and makes it known to the pool (`nodeagentctl jobs` shows it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from nodeagent.config.settings import Config, NodeSettings
+from nodeagent.errors import ConfigError
+from nodeagent.model.pool import MAX_REFUSED
+from nodeagent.model.spec import run_config, spec_of
+from nodeagent.pool.member import NodeState, PoolMember
+from nodeagent.runtime.wakeup import Waker
+from nodeagent.telemetry.sdnotify import Notifier
+
+log = logging.getLogger(__name__)
+REFUSALS_KEPT = MAX_REFUSED // 2  # jobs this node refused, reported to the pool
+
+
+class JobRunner(Protocol):
+    """One job this node serves (runtime/jobrun.py: an Agent and what only it uses)."""
+
+    job_id: str
+
+    @property
+    def left(self) -> bool: ...
+
+    def step(self) -> float: ...
+    def request_stop(self) -> None: ...
+    def close(self) -> None: ...
+    def unfit(self) -> str | None: ...
+    def healthz(self) -> tuple[bool, str]: ...
+
+
+class Listener(Protocol):
+    """A thread that wakes the loop on the pool's events (coord/listener.py)."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class NodeLoop:
+    def __init__(
+        self,
+        settings: NodeSettings,
+        member: PoolMember,
+        start_job: Callable[[Config], JobRunner],
+        waker: Waker,
+        clock: Callable[[], float],
+        metrics_address: Callable[[], str | None] = lambda: None,
+        listener: Listener | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self._settings = settings
+        self._member = member
+        self._start_job = start_job
+        self._waker = waker
+        self._clock = clock
+        self._metrics_address = metrics_address
+        self._listener = listener
+        self._notify = notifier or Notifier(None)
+        self.runner: JobRunner | None = None
+        self._refused: dict[str, str] = {}
+        self._stopping = False
+        self._asked_to_leave = False
+
+    def request_stop(self) -> None:
+        """First call: the job's agent leaves gracefully, then this node leaves the pool.
+        Second call: its workers are killed now. Flags only (safe from a signal handler)."""
+        self._stopping = True
+        if self.runner is not None:
+            self.runner.request_stop()
+            self._asked_to_leave = True  # once: a second request_stop means "force"
+
+    def healthz(self) -> tuple[bool, str]:
+        if self.runner is not None:
+            return self.runner.healthz()
+        if not self._member.synced:
+            return False, f"not in the pool yet: {self._member.last_error or 'starting'}"
+        return True, "ok: free, in pool " + self._settings.pool.name
+
+    def run(self) -> None:
+        if self._listener is not None:
+            self._listener.start()
+        try:
+            self._run()
+        finally:
+            if self._listener is not None:
+                self._listener.stop()
+
+    def _run(self) -> None:
+        pinned = self._settings.job
+        if pinned is not None:
+            self._member.submit_pinned(spec_of(pinned, self._settings.timing))
+        woken = True
+        runner_due = 0.0  # when the job's agent wants its next pass (it also runs when woken)
+        while True:
+            now = self._clock()
+            if self._member.due(now) and not (self._stopping and self.runner is None):
+                self._member.beat(self._state())
+                if self._member.synced:  # in the pool: systemd may consider the service started
+                    self._notify.ready(self._status_line())
+            if self.runner is None:  # else the job's agent reports, with its own status
+                self._notify.report(self._status_line(), self._stopping)
+            had = self.runner
+            self._reconcile()
+            waits = [self._member.next_wakeup()]
+            if (ping := self._notify.next_ping()) is not None:
+                waits.append(ping)
+            if self.runner is not None:
+                # Only when something happened or it is due: the pool's own heartbeats must not
+                # add job heartbeats (each pass of an agent syncs with Redis).
+                if woken or self.runner is not had or self._clock() >= runner_due:
+                    runner_due = self._clock() + self.runner.step()
+                waits.append(runner_due)
+                if self.runner.left:
+                    log.info("left job %s", self.runner.job_id)
+                    self.runner.close()
+                    self.runner = None
+                    self._asked_to_leave = False
+                    waits.append(0.0)
+            if self._stopping and self.runner is None:
+                self._member.leave()
+                return
+            woken = self._waker.wait(max(0.0, min(waits) - self._clock()))
+
+    def _status_line(self) -> str:
+        serving = f"joining job {self.runner.job_id}" if self.runner is not None else "free"
+        return f"{serving} in pool {self._settings.pool.name}"
+
+    def _state(self) -> NodeState:
+        return NodeState(
+            serving=self.runner.job_id if self.runner is not None else None,
+            unfit=self.runner.unfit() if self.runner is not None else None,
+            refused=dict(self._refused),
+            metrics=self._metrics_address(),
+        )
+
+    def _wanted(self) -> str | None:
+        if self._settings.job is not None:
+            return self._settings.job.id
+        return self._member.placement
+
+    def _reconcile(self) -> None:
+        wanted = None if self._stopping else self._wanted()
+        runner = self.runner
+        if runner is not None:
+            if runner.job_id != wanted and not self._asked_to_leave:
+                why = "stopping" if self._stopping else f"placed on {wanted or 'nothing'}"
+                log.info("leaving job %s (%s)", runner.job_id, why)
+                runner.request_stop()
+                self._asked_to_leave = True
+            return
+        if wanted is None or wanted in self._refused:
+            return
+        config = self._config_for(wanted)
+        if config is not None:
+            log.info("serving job %s", wanted)
+            self.runner = self._start_job(config)
+
+    def _config_for(self, job_id: str) -> Config | None:
+        settings = self._settings
+        if isinstance(settings, Config) and settings.job.id == job_id:
+            return settings
+        spec = self._member.spec(job_id)
+        if spec is None:  # Redis cannot be asked now: try again at the next pass
+            return None
+        try:
+            if isinstance(spec, str):
+                raise ConfigError("", f"its spec cannot be read: {spec}")
+            return run_config(spec, settings)
+        except ConfigError as exc:
+            log.warning("refusing job %s: %s", job_id, exc)
+            self._refused[job_id] = str(exc)
+            while len(self._refused) > REFUSALS_KEPT:  # the oldest go: a report stays small
+                del self._refused[next(iter(self._refused))]
+            return None

@@ -1,0 +1,231 @@
+"""What only this node can tell about a valid config, checked before anything starts.
+
+`nodeagent config check` and `nodeagent run` both call `check_node`, so a config that passes
+the check does not then fail at run time on this node: a log_dir that is a file (the agent
+crashed at its first worker start and systemd restart-looped), a working_dir or a program that
+is not there (every generation exited 127 until the job failed), a metrics address that does
+not resolve or is not this node's. `run` creates the directories; `check` only makes sure they
+could be created.
+
+Workers of another user (job.user) must also reach what they use: log_dir (their progress
+files are under it), the working directory, the entrypoint's program and script. That is told
+from the mode bits (nodeagent.runtime.access), as that user, without switching to it. The
+directories
+`run` creates for log_dir get that user's group (0750), as the supervisor's per-job ones do.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodeagent.config.entrypoint import NotPython, split_python
+from nodeagent.config.identity import WorkerUser
+from nodeagent.config.settings import DEFAULT_STATE_DIR, JobConfig, NodeSettings
+from nodeagent.errors import ConfigError
+from nodeagent.runtime import access
+from nodeagent.supervisor.ranklogs import DIR_MODE
+from nodeagent.supervisor.spec import resolve_argv
+
+
+@dataclass(frozen=True)
+class NodeCheck:
+    """The outcome of a check that passed."""
+
+    state_dir: Path | None  # where the worker record goes; None: nowhere (see warnings)
+    warnings: tuple[str, ...] = ()
+
+
+def check_node(
+    config: NodeSettings, environ: Mapping[str, str], *, create: bool, cwd: Path | None = None
+) -> NodeCheck:
+    """Check the config against this node; with `create`, create the directories it names.
+
+    Args:
+        environ: the agent's environment (its PATH finds the entrypoint, as for the workers).
+        cwd: the agent's working directory (default: the current one).
+
+    Raises:
+        ConfigError: naming the key that cannot work on this node.
+    """
+    job = config.job
+    user = job.user if job is not None and job.user is not None and job.user.switch else None
+    _log_dir(Path(config.log_dir), user, create)
+    state_dir, warnings = _state_dir(config, create)
+    if job is None:  # a pool node: each job's spec is checked when the node is placed on it
+        _metrics_address(config.metrics.listen)
+        return NodeCheck(state_dir, warnings)
+    workdir = _working_dir(job, cwd or Path.cwd())
+    program, script = _entrypoint(job, environ, workdir)
+    if user is not None:
+        where = "their working directory"
+        if job.working_dir is None:
+            where += " (the agent's: job.working_dir is not set)"
+        _reachable(workdir, access.SEARCH, user, "job.working_dir", where)
+        _reachable(program, access.SEARCH, user, "job.entrypoint", "its program")
+        if script is not None:
+            _reachable(script, access.READ, user, "job.entrypoint", "its script")
+    _metrics_address(config.metrics.listen)
+    return NodeCheck(state_dir, warnings)
+
+
+def _log_dir(directory: Path, user: WorkerUser | None, create: bool) -> None:
+    """log_dir as writable_dir wants it and, for workers of another user, searchable by them
+    all the way down (their progress files are below it): what `create` makes is theirs to
+    enter (their group, 0750); what was there already must let them."""
+    missing = [d for d in (*reversed(directory.parents), directory) if not d.exists()]
+    writable_dir(directory, "log_dir", create=create)
+    if user is None:
+        return
+    if create:
+        for made in missing:
+            os.chown(made, -1, user.gid)
+            os.chmod(made, DIR_MODE)
+    reached = next(d for d in (directory, *directory.parents) if d.exists())
+    _reachable(reached, access.SEARCH, user, "log_dir", "their progress files")
+
+
+def _reachable(path: Path, want: int, user: WorkerUser, key: str, what: str) -> None:
+    """Raises ConfigError naming `key` when `user` cannot reach `path` with `want`."""
+    who = access.Who(user.uid, frozenset((user.gid, *user.groups)))
+    try:
+        refused = access.blocked(path, want, who)
+    except OSError as exc:  # vanished since it was found
+        raise ConfigError(key, f"cannot check {path}: {_reason(exc)}") from None
+    if refused is not None:
+        raise ConfigError(
+            key,
+            f"the workers' user cannot reach {what}: {access.explain(refused, repr(user.name))}",
+        )
+
+
+def writable_dir(directory: Path, key: str, *, create: bool) -> None:
+    """`directory` is (or, without `create`, could be made) a directory this process can write.
+
+    Raises:
+        ConfigError: naming `key`.
+    """
+    if not directory.exists():
+        _could_create(directory, key)  # so that check and run say the same
+        if not create:
+            return
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(key, f"cannot create {directory}: {_reason(exc)}") from None
+    if not directory.is_dir():
+        raise ConfigError(key, f"{directory} is not a directory")
+    try:  # the only sure test (root passes os.access on a read-only file system's checks too)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise ConfigError(key, f"cannot write in {directory}: {_reason(exc)}") from None
+
+
+def _could_create(directory: Path, key: str) -> None:
+    ancestor = directory.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(key, f"cannot create {directory}: {ancestor} is not a directory")
+    try:
+        writable_dir(ancestor, key, create=False)
+    except ConfigError as exc:
+        raise ConfigError(key, f"cannot create {directory}: {exc.problem}") from None
+
+
+def _state_dir(config: NodeSettings, create: bool) -> tuple[Path | None, tuple[str, ...]]:
+    """An explicit state_dir must work; the default may fail, with a warning."""
+    directory = Path(config.state_dir or DEFAULT_STATE_DIR)
+    try:
+        writable_dir(directory, "state_dir", create=create)
+    except ConfigError as exc:
+        if config.state_dir is not None:
+            raise
+        return None, (
+            f"no state directory ({exc.problem}): a restarted agent cannot find workers a "
+            "crashed one left; set state_dir to a writable directory",
+        )
+    return directory, ()
+
+
+def _working_dir(job: JobConfig, cwd: Path) -> Path:
+    if job.working_dir is None:
+        return cwd
+    directory = cwd / job.working_dir
+    if not directory.is_dir():
+        problem = "is not a directory" if directory.exists() else "does not exist"
+        raise ConfigError("job.working_dir", f"{job.working_dir} {problem} on this node")
+    if not os.access(directory, os.X_OK):
+        raise ConfigError("job.working_dir", f"cannot enter {job.working_dir}")
+    return directory
+
+
+def _entrypoint(
+    job: JobConfig, environ: Mapping[str, str], workdir: Path
+) -> tuple[Path, Path | None]:
+    """The program exists and is executable, found as exec finds it for the workers: by the
+    workers' PATH (job.env's, else the agent's) or, with a '/', relative to working_dir.
+
+    Returns:
+        The program and, for `python script.py`, the script.
+    """
+    argv = resolve_argv(job.entrypoint, job.python)  # a bare python is the agent's interpreter
+    program = argv[0]
+    if "/" in program:
+        found = workdir / program
+        if not found.is_file():
+            raise ConfigError("job.entrypoint", f"program {program} not found on this node")
+    else:
+        path = job.env.get("PATH", environ.get("PATH", os.defpath))
+        which = shutil.which(program, path=path)
+        if which is None:
+            raise ConfigError(
+                "job.entrypoint", f"program {program!r} not found on this node (PATH={path})"
+            )
+        found = Path(which)
+    if not os.access(found, os.X_OK):
+        raise ConfigError("job.entrypoint", f"{found} is not executable")
+    return found, _python_script(argv, workdir)
+
+
+def _python_script(entrypoint: tuple[str, ...], workdir: Path) -> Path | None:
+    """`python script.py ...`: the script is there too (`-m module` is not checked)."""
+    try:
+        _, rest = split_python(entrypoint)
+    except NotPython:
+        return None
+    if rest[0] == "-m":
+        return None
+    script = workdir / rest[0]
+    if not script.is_file():
+        raise ConfigError("job.entrypoint", f"script {rest[0]} not found on this node")
+    return script
+
+
+def _metrics_address(listen: str) -> None:
+    """The host resolves to an IPv4 address of this node (the server is IPv4)."""
+    if listen == "off":
+        return
+    host = listen.rpartition(":")[0] or "0.0.0.0"
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError("metrics.listen", f"cannot resolve {host!r}: {_reason(exc)}") from None
+    address = str(infos[0][4][0])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))  # any port: the real one may be the running agent's
+        except OSError as exc:
+            raise ConfigError(
+                "metrics.listen", f"cannot listen on {host} ({address}): {_reason(exc)}"
+            ) from None
+
+
+def _reason(exc: Exception) -> str:
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)

@@ -1,0 +1,182 @@
+"""`run_agent`: build the node's parts from its settings and run until stopped (or, for one job,
+until it ends), as `nodeagent run` and `nodeagent launch` do.
+
+The Redis clients, the GPU monitor, the fence keeper, the metrics server and the signal handlers
+are the node's; the job's agent (runtime/jobrun.py) or the pool node's loop (runtime/nodeloop.py)
+runs inside them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+
+from prometheus_client import CollectorRegistry
+
+from nodeagent.config.settings import EMBEDDED, Config, NodeSettings
+from nodeagent.coord.client import check_credentials, connect
+from nodeagent.coord.embedded import EmbeddedRedis
+from nodeagent.coord.keys import PoolKeys
+from nodeagent.coord.listener import StreamListener
+from nodeagent.coord.pool import PoolStore
+from nodeagent.gpu.health import build_monitor, start_monitor
+from nodeagent.pool.member import PoolMember
+from nodeagent.pool.metrics import PoolCollector
+from nodeagent.runtime.jobrun import LISTEN_BLOCK_MS, CurrentJobMetrics, JobRun, NodeParts
+from nodeagent.runtime.locks import clean_leftovers, clean_legacy, hold, worker_record
+from nodeagent.runtime.nodeloop import NodeLoop
+from nodeagent.runtime.preflight import NodeCheck
+from nodeagent.runtime.wakeup import Waker
+from nodeagent.supervisor.fence import Keeper
+from nodeagent.telemetry.logs import LogContext
+from nodeagent.telemetry.logserve import LogRoute
+from nodeagent.telemetry.metrics import MetricsServer
+from nodeagent.telemetry.sdnotify import Notifier
+
+
+def run_agent(
+    config: NodeSettings, context: LogContext, node: NodeCheck, until_done: bool | None = None
+) -> int | None:
+    """Run until stopped, or (`until_done`; default: with an embedded Redis, one machine, like
+    `torchrun --standalone`) until the job ends: then the job's exit code (nodeagent.job.outcome);
+    None when the agent was stopped first. `node`: what check_node(config, create=True) found.
+
+    Raises:
+        ConfigError: the embedded Redis cannot start, or Redis refused the credentials.
+    """
+    record = worker_record(config, node)
+    if record is not None:
+        hold(record)
+    clean_legacy(config, node)
+    single = config.redis.url == EMBEDDED if until_done is None else until_done
+    if config.redis.url != EMBEDDED or not isinstance(config, Config):
+        return _run(config, context, record, single)
+    embedded = EmbeddedRedis(config.job.id, base=_runtime_directory())
+    embedded.start()
+    logging.getLogger(__name__).info("embedded redis-server at %s", embedded.url)
+    try:
+        embedded_config = replace(config, redis=replace(config.redis, url=embedded.url))
+        return _run(embedded_config, context, record, single)
+    finally:
+        embedded.stop()
+
+
+def _runtime_directory() -> Path | None:
+    """The service's runtime directory, when systemd made one (RuntimeDirectory=)."""
+    value = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    return Path(value) if value else None
+
+
+def _run(
+    config: NodeSettings, context: LogContext, record: Path | None, until_done: bool
+) -> int | None:
+    clean_leftovers(record)
+    keeper = Keeper(record)
+    keeper.start()
+    try:
+        return _run_agent(config, context, keeper, until_done)
+    finally:
+        keeper.close()
+
+
+def _run_agent(
+    settings: NodeSettings, context: LogContext, keeper: Keeper, until_done: bool
+) -> int | None:
+    timing = settings.timing
+    timeout = max(0.2, min(2.0, timing.lease_ttl / 4))
+    client = connect(settings.redis.url, timeout, f"nodeagent-{settings.node.name}")
+    check_credentials(client)  # ConfigError (exit 78) when refused; unreachable: retried later
+    listen_client = connect(settings.redis.url, LISTEN_BLOCK_MS / 1000 + timeout)
+    waker = Waker()
+    monitor = build_monitor(settings.health)
+    start_monitor(monitor, settings.health)  # ConfigError (exit 78) when gpu: on and no NVML
+    monitor.on_change = waker.wake
+    current = CurrentJobMetrics()
+    registry = CollectorRegistry()
+    registry.register(current)
+    address: list[str] = []
+    parts = NodeParts(
+        client,
+        listen_client,
+        waker,
+        monitor,
+        keeper,
+        context,
+        Notifier.from_environ(os.environ),
+        lambda: address[0] if address else None,
+    )
+    if until_done and isinstance(settings, Config):  # one job, then exit (launch, embedded)
+        single = JobRun(settings, parts, until_done=True)
+        current.registry = single.metrics.registry
+        run: JobRun | NodeLoop = single
+    else:
+        run = _node_loop(settings, parts, current, registry)
+    server = None
+    if settings.metrics.listen != "off":
+        logs_route = LogRoute(settings.log_dir, settings.node.name)  # GET /logs/JOB/RANK
+        server = MetricsServer(settings.metrics.listen, registry, run.healthz, logs=logs_route)
+        server.start()
+        address.append(server.address)
+        if isinstance(run, JobRun):
+            run.agent.metrics_address = server.address
+        logging.getLogger(__name__).info("metrics on http://%s/metrics", server.address)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        run.request_stop()  # sets flags only; the wakeup fd ends the loop's wait
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.set_wakeup_fd(waker.signal_fd, warn_on_full_buffer=False)
+    try:
+        if isinstance(run, JobRun):
+            run.agent.run()
+            return run.agent.outcome
+        run.run()
+        return None
+    finally:
+        if isinstance(run, JobRun):
+            run.close()
+        elif run.runner is not None:
+            run.runner.close()
+        monitor.stop()
+        if server is not None:
+            server.stop()
+        signal.set_wakeup_fd(-1)
+
+
+def _node_loop(
+    settings: NodeSettings,
+    parts: NodeParts,
+    current: CurrentJobMetrics,
+    registry: CollectorRegistry,
+) -> NodeLoop:
+    """A daemon: this node's pool membership and the job it serves (nodeagent.runtime.nodeloop)."""
+    keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
+    member = PoolMember(PoolStore(parts.client, keys), settings, time.monotonic)
+    registry.register(PoolCollector(member, settings.pool.name))
+
+    def start_job(config: Config) -> JobRun:
+        run = JobRun(config, parts)
+        current.registry = run.metrics.registry
+        return run
+
+    def poked() -> None:  # a submission, a placement: heartbeat now, not at the next beat
+        member.poke()
+        parts.waker.wake()
+
+    listen = StreamListener(PoolStore(parts.listen_client, keys), (keys.events,), poked)
+    return NodeLoop(
+        settings,
+        member,
+        start_job,
+        parts.waker,
+        time.monotonic,
+        parts.metrics_address,
+        listener=listen,
+        notifier=parts.notifier,
+    )

@@ -1,0 +1,323 @@
+"""Workers die before their node's lease can expire, even when the agent cannot act.
+
+The agent fences itself: when it cannot renew its lease for half of `lease_ttl` it stops its
+workers, and SIGKILLs what is left before 90 % of the lease. A frozen agent (SIGSTOP, swap, a
+debugger, a stalled kernel call) or a dead one cannot do that, so three more layers hold:
+
+- The **fence keeper**, a tiny process the agent starts in a session of its own
+  (`python -m nodeagent.supervisor.fence`). After every lease renewal the agent writes it one line
+  on a pipe: the local monotonic times at which the lease is lapsing and the worker process groups
+  to fence. The keeper SIGTERMs (and SIGCONTs) the groups at `term_at` and SIGKILLs them at
+  `kill_at` unless a newer line moved those times. When the pipe closes without a goodbye (the agent
+  died) it SIGKILLs them at once. A pipe rather than shared memory: no torn reads, and its
+  end-of-file tells the keeper at once that the agent is gone.
+- `PR_SET_PDEATHSIG`: each worker's main process is SIGKILLed by the kernel when the agent dies.
+- **The leftovers record**: the agent keeps the groups it runs in `state_dir`, with each leader's
+  start time, so a restarted agent kills what its predecessor left before it joins (when the
+  keeper died too), and never a process that merely reuses a pid.
+
+CLOCK_MONOTONIC is one clock for every process of the machine, so the agent's deadlines mean
+the same to the keeper. Nothing here needs a change to training scripts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+log = logging.getLogger(__name__)
+KEEPER_MODULE = "nodeagent.supervisor.fence"
+
+
+class Group(NamedTuple):
+    """A worker's process group: its id and its leader's start time (clock ticks since boot),
+    so that a pid reused by another process is never signalled."""
+
+    pgid: int
+    started: int
+
+
+def start_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """When `pid` started (field 22 of /proc/<pid>/stat), or None if there is no such process."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces
+    return int(fields[19])
+
+
+def group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether any process of group `pgid` still runs (zombies run nothing)."""
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def signal_group(group: Group, sig: signal.Signals, proc: Path = Path("/proc")) -> bool:
+    """Send `sig` to `group` unless its pgid now belongs to someone else; True if sent.
+
+    While any process of a group lives, Linux does not hand its id to a new process, so a group
+    whose leader has exited but whose children live on is still ours. A leader with another
+    start time means the old group is gone and the id was reused: leave it alone.
+    """
+    started = start_ticks(group.pgid, proc)
+    if started is not None and started != group.started:
+        return False
+    try:
+        os.killpg(group.pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+# -- the keeper's side ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Orders:
+    """What the agent last told the keeper. `term_at`/`kill_at` are time.monotonic() values;
+    None while the agent holds no lease worth fencing (no workers, or never renewed)."""
+
+    term_at: float | None = None
+    kill_at: float | None = None
+    groups: tuple[Group, ...] = ()
+    goodbye: bool = False  # the agent is exiting on purpose: its workers are already gone
+
+    def to_line(self) -> bytes:
+        doc = {
+            "term_at": self.term_at,
+            "kill_at": self.kill_at,
+            "groups": [list(g) for g in self.groups],
+            "goodbye": self.goodbye,
+        }
+        return json.dumps(doc).encode() + b"\n"
+
+    @classmethod
+    def from_line(cls, line: bytes) -> Orders:
+        doc = json.loads(line)
+        return cls(
+            term_at=_optional_float(doc.get("term_at")),
+            kill_at=_optional_float(doc.get("kill_at")),
+            groups=tuple(Group(int(p), int(s)) for p, s in doc.get("groups", [])),
+            goodbye=bool(doc.get("goodbye", False)),
+        )
+
+
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Due:
+    """What the keeper must do now (`signal`, or None) and when to look again (None: only
+    when the agent writes)."""
+
+    signal: signal.Signals | None
+    next_at: float | None
+
+
+def due(orders: Orders, now: float, sent: signal.Signals | None) -> Due:
+    """The keeper's decision, pure: SIGTERM once `term_at` passed, SIGKILL once `kill_at` did.
+
+    `sent` is the strongest signal already sent for these orders.
+    """
+    if not orders.groups:
+        return Due(None, None)
+    if orders.kill_at is not None and now >= orders.kill_at:
+        return Due(None if sent is signal.SIGKILL else signal.SIGKILL, None)
+    if orders.term_at is not None and now >= orders.term_at and sent is None:
+        return Due(signal.SIGTERM, orders.kill_at)
+    pending = [t for t in (orders.term_at, orders.kill_at) if t is not None and t > now]
+    return Due(None, min(pending) if pending else None)
+
+
+def _say(message: str) -> None:
+    print(f"nodeagent fence keeper (pid {os.getpid()}): {message}", file=sys.stderr, flush=True)
+
+
+def _fence(groups: Sequence[Group], sig: signal.Signals, why: str) -> None:
+    hit = [g.pgid for g in groups if signal_group(g, sig)]
+    if sig is signal.SIGTERM:  # a stopped process must see its TERM
+        for group in groups:
+            signal_group(group, signal.SIGCONT)
+    if hit:
+        _say(f"{why}: {sig.name} to process groups {', '.join(map(str, hit))}")
+
+
+def keep(fd: int, clock: Callable[[], float] = time.monotonic) -> int:
+    """The keeper's loop: read orders from `fd`, fence when they say so. Returns on EOF."""
+    orders, sent, buffer = Orders(), None, b""
+    while True:
+        now = clock()
+        action = due(orders, now, sent)
+        if action.signal is not None:
+            why = "the agent did not renew its lease in time"
+            _fence(orders.groups, action.signal, why)
+            sent = action.signal
+            continue
+        timeout = None if action.next_at is None else max(0.0, action.next_at - now)
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:  # the agent is gone
+            if orders.groups and not orders.goodbye:
+                _fence(orders.groups, signal.SIGKILL, "the agent died")
+            return 0
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in filter(None, lines):
+            try:
+                new = Orders.from_line(line)
+            except (ValueError, TypeError, KeyError) as exc:
+                _say(f"ignoring unreadable orders {line[:200]!r}: {exc}")
+                continue
+            if new.groups != orders.groups or _later(new.term_at, orders.term_at):
+                sent = None  # a renewal or a new group: start over
+            orders = new
+
+
+def _later(new: float | None, old: float | None) -> bool:
+    return new is not None and (old is None or new > old)
+
+
+# -- the agent's side -------------------------------------------------------------------------
+
+
+class Keeper:
+    """The agent's handle on its fence keeper process and on the leftovers record.
+
+    `update()` is cheap when nothing changed; it writes a line only when the orders do.
+    """
+
+    def __init__(self, record: Path | None, python: str = sys.executable) -> None:
+        self._record = record
+        self._python = python
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._orders = Orders()
+        self._recorded: tuple[Group, ...] | None = None
+
+    def start(self) -> None:
+        """Start (or restart) the keeper process and hand it the current orders.
+
+        Raises:
+            OSError: the keeper could not be started.
+        """
+        self._proc = subprocess.Popen(
+            [self._python, "-m", KEEPER_MODULE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # signals meant for the agent's group do not reach it
+        )
+        self._send(self._orders)
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def exit_status(self) -> int | None:
+        return None if self._proc is None else self._proc.returncode
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def update(self, term_at: float | None, kill_at: float | None, groups: Sequence[Group]) -> None:
+        orders = Orders(term_at, kill_at, tuple(groups))
+        if orders != self._orders:
+            self._orders = orders
+            self._send(orders)
+        if self._recorded != orders.groups:
+            self._save(orders.groups)
+
+    @property
+    def term_at(self) -> float | None:
+        """When the keeper, as last told, SIGTERMs the workers (None: it will not)."""
+        return self._orders.term_at if self._orders.groups else None
+
+    def _send(self, orders: Orders) -> None:
+        if self._proc is None or self._proc.stdin is None:
+            return
+        with contextlib.suppress(OSError):  # it died: alive() says so and the agent restarts it
+            os.write(self._proc.stdin.fileno(), orders.to_line())  # < PIPE_BUF: atomic
+
+    def _save(self, groups: tuple[Group, ...]) -> None:
+        self._recorded = groups
+        if self._record is None:
+            return
+        tmp = self._record.with_name(f".{self._record.name}.tmp")
+        try:
+            with open(tmp, "w", encoding="utf-8", opener=_private) as f:
+                f.write(json.dumps({"groups": [list(g) for g in groups]}))
+            os.replace(tmp, self._record)
+        except OSError as exc:
+            log.warning("cannot record the worker process groups in %s: %s", self._record, exc)
+
+    def close(self) -> None:
+        """Let the keeper exit. With no groups left it says goodbye; with groups still running
+        (the agent is failing) it just closes the pipe, and the keeper kills them."""
+        if self._proc is None:
+            return
+        if not self._orders.groups:
+            self._send(Orders(goodbye=True))
+        if self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if not self._orders.groups:
+            self._save(())
+
+
+def _private(path: str, flags: int) -> int:
+    """Open for the agent alone (0600), whatever the umask or an earlier file's mode."""
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def kill_leftovers(record: Path, proc: Path = Path("/proc")) -> list[int]:
+    """SIGKILL the process groups a previous agent recorded and left running; their pgids.
+
+    A record that cannot be read is reported and removed: it can only name processes that a
+    previous agent started, and guessing would risk killing someone else's.
+    """
+    try:
+        doc = json.loads(record.read_text())
+        groups = [Group(int(p), int(s)) for p, s in doc["groups"]]
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        log.warning("ignoring unreadable worker record %s: %s", record, exc)
+        groups = []
+    killed = [g.pgid for g in groups if signal_group(g, signal.SIGKILL, proc)]
+    with contextlib.suppress(OSError):
+        record.unlink()
+    return killed
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the agent's terminal
+    raise SystemExit(keep(sys.stdin.fileno()))

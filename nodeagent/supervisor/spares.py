@@ -1,0 +1,205 @@
+"""Worker interpreters started before they are needed (`job.preload`), so a restart skips imports.
+
+Importing torch takes seconds (1.5 s here, and torch.optim pulls in torch._dynamo for 1.4 s
+more), paid again by every worker of every generation. With `job.preload: [torch,
+torch._dynamo]` the agent keeps one spare interpreter per local rank that has already imported
+them (nodeagent/worker/preloaded.py) and hands it the next generation's environment instead of
+starting a fresh process.
+
+A spare is used only if it was started with the same interpreter, options, working directory and
+environment, apart from the variables that change every generation (rank, world size, master,
+generation...). Anything else (a GPU left CUDA_VISIBLE_DEVICES, a dead spare) means a cold start,
+never a worker with the wrong environment. Spares are started a few seconds after a group starts,
+not beside it, so their imports do not slow the group's own start-up.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from nodeagent.config.entrypoint import split_python
+from nodeagent.config.identity import WorkerUser
+from nodeagent.supervisor.spec import TORCHRUN_VARIABLES, WorkerSpec
+
+log = logging.getLogger(__name__)
+PRESTART_DELAY_S = 5.0
+SPARE_MODULE = "nodeagent.worker.preloaded"  # what a spare runs: `python -m SPARE_MODULE ...`
+_PER_GENERATION = frozenset(TORCHRUN_VARIABLES) | {"TORCHELASTIC_USE_AGENT_STORE"}
+
+
+def static_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What a spare must have been started with: everything but the per-generation variables."""
+    return {
+        k: v for k, v in env.items() if k not in _PER_GENERATION and not k.startswith("NODEAGENT_")
+    }
+
+
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """Runs in the child before exec: the kernel SIGKILLs it when the agent dies, even by
+    SIGKILL (PR_SET_PDEATHSIG survives exec). Only async-signal-safe calls here."""
+
+    def preexec() -> None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the agent died before prctl: it would never fire
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def _start(
+    argv: Sequence[str],
+    env: dict[str, str],
+    cwd: str | None,
+    stdin: int,
+    user: WorkerUser | None = None,
+) -> subprocess.Popen[bytes]:
+    """A worker-to-be in its own session (so a stop reaches all it forks), output on one pipe,
+    running as `user` when the agent switches users, killed by the kernel if the agent dies.
+
+    The order in the child matters: CPython applies setgroups, setregid and setreuid before it
+    calls preexec_fn, and the kernel clears a parent-death signal when the credentials change,
+    so PR_SET_PDEATHSIG must be (and is) set after the switch, in preexec_fn.
+    """
+    ids = (user.uid, user.gid, list(user.groups)) if user and user.switch else (None, None, None)
+    return subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        user=ids[0],
+        group=ids[1],
+        extra_groups=ids[2],
+        preexec_fn=_die_with(os.getpid()),  # only prctl and getppid run there
+    )
+
+
+@dataclass
+class _Spare:
+    popen: subprocess.Popen[bytes]
+    interpreter: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str | None
+
+    def fits(self, spec: WorkerSpec) -> bool:
+        return (
+            self.interpreter == split_python(spec.argv)[0]
+            and self.env == static_env(spec.env)
+            and self.cwd == spec.cwd
+        )
+
+    def last_words(self) -> str:
+        """The last line a spare that died wrote (an ImportError, say), without blocking."""
+        if self.popen.stdout is None:
+            return ""
+        os.set_blocking(self.popen.stdout.fileno(), False)
+        try:
+            out = self.popen.stdout.read(65536) or b""
+        except OSError:
+            return ""
+        lines = out.decode("utf-8", "replace").strip().splitlines()
+        return lines[-1] if lines else ""
+
+    def discard(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait()
+        if self.popen.stdin:
+            self.popen.stdin.close()
+        if self.popen.stdout:
+            self.popen.stdout.close()
+
+
+class Spawner:
+    """Starts a worker process: a fresh one, or a preloaded spare when `modules` is not empty,
+    as `user` (config.job.user; None: as the agent, with its environment)."""
+
+    def __init__(self, modules: Sequence[str] = (), user: WorkerUser | None = None) -> None:
+        self._modules = tuple(modules)
+        self.user = user
+        self._spares: dict[int, _Spare] = {}
+        self._planned: tuple[float, Sequence[WorkerSpec]] | None = None
+
+    def spawn(self, spec: WorkerSpec) -> tuple[subprocess.Popen[bytes], bool]:
+        """The worker for `spec`, stdout and stderr on one pipe, and whether it runs in a
+        preloaded interpreter. Raises OSError if it cannot be started."""
+        spec = self._as_user(spec)
+        spare = self._spares.pop(spec.local_rank, None)
+        if spare is not None:
+            if spare.popen.poll() is None and spare.fits(spec):
+                return self._adopt(spare, spec), True
+            if spare.popen.poll() is None:
+                reason = "was started for another environment"
+            else:
+                reason = f"had exited ({spare.last_words() or spare.popen.returncode})"
+            log.warning(
+                "preloaded interpreter of local rank %d %s; starting cold", spec.local_rank, reason
+            )
+            spare.discard()
+        return _start(spec.argv, dict(spec.env), spec.cwd, subprocess.DEVNULL, self.user), False
+
+    def _as_user(self, spec: WorkerSpec) -> WorkerSpec:
+        """`spec` with the user's HOME, USER and LOGNAME (those job.env does not set)."""
+        if self.user is None or not self.user.env:
+            return spec
+        return replace(spec, env={**spec.env, **self.user.env})
+
+    def _adopt(self, spare: _Spare, spec: WorkerSpec) -> subprocess.Popen[bytes]:
+        order = {"args": split_python(spec.argv)[1], "env": dict(spec.env), "cwd": spec.cwd}
+        assert spare.popen.stdin is not None
+        try:
+            spare.popen.stdin.write(json.dumps(order).encode() + b"\n")
+            spare.popen.stdin.close()
+        except OSError:  # it died just now: its exit is reported like any worker's
+            pass
+        return spare.popen
+
+    def plan(self, specs: Sequence[WorkerSpec], at: float) -> None:
+        """Have spares for the next generation of these local ranks ready, starting at `at`."""
+        if self._modules:
+            self._planned = (at, specs)
+
+    def tick(self, now: float) -> None:
+        """Start the planned spares once their time has come."""
+        if self._planned is None or now < self._planned[0]:
+            return
+        specs, self._planned = self._planned[1], None
+        for spec in specs:
+            if spec.local_rank not in self._spares:
+                try:
+                    self._spares[spec.local_rank] = self._start_spare(spec)
+                except OSError as exc:
+                    log.warning("cannot preload an interpreter: %s", exc)
+                    return
+
+    def _start_spare(self, spec: WorkerSpec) -> _Spare:
+        spec = self._as_user(spec)
+        interpreter = split_python(spec.argv)[0]
+        env = static_env(spec.env)
+        argv = [*interpreter, "-m", SPARE_MODULE, *self._modules]
+        popen = _start(argv, env, spec.cwd, subprocess.PIPE, self.user)
+        return _Spare(popen, interpreter, env, spec.cwd)
+
+    def spare_pids(self) -> list[int]:
+        """The spare interpreters started and not used yet."""
+        return [spare.popen.pid for spare in self._spares.values()]
+
+    def close(self) -> None:
+        """Stop every spare (the agent is leaving)."""
+        self._planned = None
+        for spare in self._spares.values():
+            spare.discard()
+        self._spares.clear()

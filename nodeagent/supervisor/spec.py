@@ -1,0 +1,253 @@
+"""What each worker process is started with: torchrun's environment, argv, cwd, log file. Pure.
+
+Only the job record's membership and counters come from Redis (the generation, this node's group
+rank, the members, MASTER_ADDR/PORT once the store has verified them against the rank-0 member's
+own report, the restart count). Everything that decides what runs and how much of it comes from
+this node's config and nothing else: the entrypoint, env, working and log directories, and the
+number of workers per node (a record that says otherwise is reported by the store, not obeyed).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodeagent.channel import control
+from nodeagent.channel.control import Assignment
+from nodeagent.config.settings import Config
+from nodeagent.model.job import JobRecord
+
+log = logging.getLogger(__name__)
+
+# What torchrun sets for every worker (decision 8): a torchrun script needs nothing else.
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",
+)
+# Set as torchrun 2.13 sets them, unless the job (or the agent's own environment) already does:
+# OMP_NUM_THREADS only with more than one worker per node, to keep them from oversubscribing.
+TORCHRUN_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "1"}
+# torchrun's --signals-to-handle default: what a worker's @record turns into a SignalException.
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+# A bare program name that means the agent's configured interpreter (job.python).
+BARE_PYTHONS = frozenset({"python", "python3"})
+# Inherited from systemd; a worker that sees them could ping or notify as if it were the agent.
+# And the agent's Redis password (nodeagentctl's variable, set for the agent by some operators):
+# workers must not inherit the credentials that rewrite the job.
+STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "NODEAGENT_REDIS_PASSWORD")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    rank: int
+    local_rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str | None
+    log_path: Path
+    progress_path: Path
+    gpus: tuple[int, ...] = ()
+    assignment: Assignment | None = None  # in_place jobs: what a survivor is told instead
+
+    @property
+    def control_path(self) -> Path | None:
+        """The in-place channel (channel/control.py) the worker maps; None in restart mode."""
+        path = self.env.get(control.PATH_ENV)
+        return Path(path) if path else None
+
+    @property
+    def error_file(self) -> Path | None:
+        """Where this worker's @record writes the exception it died of (errorfile.py reads it)."""
+        path = self.env.get("TORCHELASTIC_ERROR_FILE")
+        return Path(path) if path else None
+
+
+def pick_free_port(address: str) -> int:
+    """A TCP port free on `address` now; offered as MASTER_PORT if this node becomes rank 0."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((address, 0))
+            return int(sock.getsockname()[1])
+    except OSError:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return int(sock.getsockname()[1])
+
+
+def log_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
+    return Path(log_dir) / job / str(generation) / f"rank-{rank}.log"
+
+
+def progress_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
+    return Path(log_dir) / job / str(generation) / f"rank-{rank}.progress"
+
+
+def control_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
+    """An in_place worker's channel, beside its progress file (it keeps it for life)."""
+    return Path(log_dir) / job / str(generation) / f"rank-{rank}.control"
+
+
+def error_file_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
+    """TORCHELASTIC_ERROR_FILE: where the rank's @record writes the exception it died of."""
+    return Path(log_dir) / job / str(generation) / f"rank-{rank}.error.json"
+
+
+def resolve_argv(entrypoint: Sequence[str], python: str | None) -> tuple[str, ...]:
+    """The argv a worker is exec'd with: a bare `python`/`python3` program becomes `python`
+    (job.python) or, without one, the interpreter the agent runs under, as torchrun runs a
+    script with its own sys.executable; any other program (a path, `python3.11`) is kept."""
+    argv = tuple(entrypoint)
+    if argv and argv[0] in BARE_PYTHONS:
+        return (python or sys.executable, *argv[1:])
+    return argv
+
+
+def omp_warning(config: Config, base: Mapping[str, str]) -> str | None:
+    """torchrun's warning when it sets OMP_NUM_THREADS=1 for the workers; None when it does not."""
+    if config.job.nproc_per_node <= 1 or "OMP_NUM_THREADS" in {**base, **config.job.env}:
+        return None
+    return (
+        "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to "
+        "avoid your system being overloaded, please further tune the variable for optimal "
+        "performance in your application as needed (job.env sets it)."
+    )
+
+
+def worker_env(
+    base: Mapping[str, str],
+    config: Config,
+    record: JobRecord,
+    group_rank: int,
+    local_rank: int,
+) -> dict[str, str]:
+    """The environment torchrun would give this worker, plus NODEAGENT_* and job.env.
+
+    job.env wins over the agent's environment, the torchrun and NODEAGENT_ variables over both;
+    TORCHRUN_DEFAULTS and PYTHONUNBUFFERED=1 (torchrun runs a Python entrypoint unbuffered, so
+    output shows as it is printed) only where neither sets them."""
+    nproc = config.job.nproc_per_node
+    rank = group_rank * nproc + local_rank
+    world = len(record.members) * nproc
+    env = {k: v for k, v in base.items() if k not in STRIPPED_ENV}
+    env.update(config.job.env)
+    env.setdefault(
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING", TORCHRUN_DEFAULTS["TORCH_NCCL_ASYNC_ERROR_HANDLING"]
+    )
+    if nproc > 1:
+        env.setdefault("OMP_NUM_THREADS", TORCHRUN_DEFAULTS["OMP_NUM_THREADS"])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "GROUP_RANK": str(group_rank),
+            "GROUP_WORLD_SIZE": str(len(record.members)),
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(world),
+            "ROLE_NAME": "default",
+            "MASTER_ADDR": record.master_addr,
+            "MASTER_PORT": str(record.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(record.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(record.max_restarts),
+            "TORCHELASTIC_RUN_ID": config.job.id,
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCHELASTIC_ERROR_FILE": str(
+                error_file_path(config.log_dir, config.job.id, record.generation, rank)
+            ),
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_TO_HANDLE,
+            "NODEAGENT_JOB_ID": config.job.id,
+            "NODEAGENT_GENERATION": str(record.generation),
+            "NODEAGENT_NODE": config.node.name,
+            "NODEAGENT_STOP_GRACE_S": f"{config.timing.stop_grace_period:g}",
+            "NODEAGENT_PROGRESS_FILE": str(
+                progress_path(config.log_dir, config.job.id, record.generation, rank)
+            ),
+        }
+    )
+    if config.job.in_place:
+        path = control_path(config.log_dir, config.job.id, record.generation, rank)
+        env[control.PATH_ENV] = str(path)
+        env[control.TIMEOUT_ENV] = f"{config.timing.reform_timeout:g}"
+    return env
+
+
+def assignment(config: Config, record: JobRecord, group_rank: int, local_rank: int) -> Assignment:
+    """What an in_place survivor that is now `local_rank` of group `group_rank` is told: the
+    same values worker_env gives a new worker."""
+    nproc, members = config.job.nproc_per_node, len(record.members)
+    return Assignment(
+        generation=record.generation,
+        rank=group_rank * nproc + local_rank,
+        local_rank=local_rank,
+        world_size=members * nproc,
+        local_world_size=nproc,
+        group_rank=group_rank,
+        group_world_size=members,
+        master_addr=record.master_addr,
+        master_port=record.master_port,
+        restart_count=record.restart_count,
+    )
+
+
+def worker_specs(
+    base_env: Mapping[str, str],
+    config: Config,
+    record: JobRecord,
+    group_rank: int,
+    usable_gpus: tuple[int, ...] | None = None,
+) -> list[WorkerSpec]:
+    """One spec per local rank. With GPU monitoring, local rank i gets the i-th slice of
+    `gpus_per_worker` usable GPUs as CUDA_VISIBLE_DEVICES. The number of local ranks is this
+    node's job.nproc_per_node, whatever the record says."""
+    nproc = config.job.nproc_per_node
+    per_worker = config.job.gpus_per_worker
+    warning = omp_warning(config, base_env)
+    if warning is not None:
+        log.warning(warning)
+    argv = resolve_argv(config.job.entrypoint, config.job.python)
+    specs = []
+    for local_rank in range(nproc):
+        rank = group_rank * nproc + local_rank
+        env = worker_env(base_env, config, record, group_rank, local_rank)
+        gpus: tuple[int, ...] = ()
+        if usable_gpus is not None and per_worker > 0:
+            gpus = usable_gpus[local_rank * per_worker : (local_rank + 1) * per_worker]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        specs.append(
+            WorkerSpec(
+                rank=rank,
+                local_rank=local_rank,
+                argv=argv,
+                env=env,
+                cwd=config.job.working_dir,
+                log_path=log_path(config.log_dir, config.job.id, record.generation, rank),
+                progress_path=Path(env["NODEAGENT_PROGRESS_FILE"]),
+                gpus=gpus,
+                assignment=assignment(config, record, group_rank, local_rank)
+                if config.job.in_place
+                else None,
+            )
+        )
+    return specs

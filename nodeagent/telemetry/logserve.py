@@ -1,0 +1,231 @@
+"""A rank's log across the pool: served by the agent of the node it runs on, read by
+`nodeagentctl logs JOB` (docs/pool.md, "Logs of a job's ranks").
+
+The agent's HTTP server (the one of /metrics, nodeagent.telemetry.metrics.MetricsServer) answers
+
+    GET /logs/<job>/<rank>?tail=N                  the last N lines (default 20)
+    GET /logs/<job>/<rank>?offset=B                the whole lines from byte B on
+    ... &generation=G                              of that generation's file
+
+from `<log_dir>/<job>/rank-R.log` (the rank's output on this node across generations, a banner
+line before each) or, with `generation`, `<log_dir>/<job>/<G>/rank-R.log`, as JSON:
+`{"job", "rank", "generation", "lines": [...], "offset": where the next read starts, "size"}`.
+Nothing else is read: the job id must be a valid id and the rank and numbers digits (no `..`,
+no `/`, no `%` decoding), the job's directory a real directory (not a link) and the log a
+regular file opened without following links. A node serves only jobs it has run (those with a
+directory under its log_dir): anything else is 404. A response carries at most MAX_BYTES of log
+and MAX_TAIL_LINES lines; a follower asks again from the offset it got.
+
+Training output never goes through Redis: it can be gigabytes, and Redis memory is the pool's.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodeagent.errors import NodeagentError
+from nodeagent.model.decode import NAME_RE
+
+MAX_BYTES = 1 << 20  # of log in one response
+MAX_TAIL_LINES = 10_000
+DEFAULT_TAIL = 20
+BLOCK = 65536
+_NUMBER = re.compile(r"[0-9]{1,15}")
+_PARAMS = ("tail", "offset", "generation")
+JSON = "application/json"
+TEXT = "text/plain"
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no http_proxy
+
+
+class LogFetchError(NodeagentError):
+    """A node's agent could not be asked for a log (unreachable, or it answered an error)."""
+
+
+@dataclass(frozen=True)
+class LogRequest:
+    """One request: `tail` lines, or what follows byte `offset`; generation None: the rank's
+    file across generations."""
+
+    job: str
+    rank: int
+    tail: int | None = DEFAULT_TAIL
+    offset: int | None = None
+    generation: int | None = None
+
+    @property
+    def target(self) -> str:
+        query = [
+            f"{name}={value}"
+            for name, value in (
+                ("tail", self.tail),
+                ("offset", self.offset),
+                ("generation", self.generation),
+            )
+            if value is not None
+        ]
+        return f"/logs/{self.job}/{self.rank}" + ("?" + "&".join(query) if query else "")
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Lines of a log; `offset`: where the next read starts; `size`: the file's size then."""
+
+    lines: tuple[str, ...]
+    offset: int
+    size: int
+
+
+def parse(target: str) -> LogRequest | str:
+    """The request `target` asks for, or why it is a bad one. Pure."""
+    path, _, query = target.partition("?")
+    parts = path.split("/")
+    if len(parts) != 4 or parts[:2] != ["", "logs"]:
+        return "expected /logs/JOB/RANK"
+    job, rank = parts[2], parts[3]
+    if not NAME_RE.fullmatch(job):
+        return "bad job id"
+    if not _NUMBER.fullmatch(rank):
+        return "bad rank: digits only"
+    params: dict[str, int] = {}
+    for pair in query.split("&") if query else ():
+        name, _, value = pair.partition("=")
+        if name not in _PARAMS or name in params or not _NUMBER.fullmatch(value):
+            return f"bad parameter {pair[:40]!r}: expected tail=N, offset=B, generation=G"
+        params[name] = int(value)
+    if "tail" in params and "offset" in params:
+        return "tail and offset exclude each other"
+    tail = params.get("tail", None if "offset" in params else DEFAULT_TAIL)
+    if tail is not None and tail > MAX_TAIL_LINES:
+        return f"tail: at most {MAX_TAIL_LINES} lines"
+    return LogRequest(job, int(rank), tail, params.get("offset"), params.get("generation"))
+
+
+def _open(path: Path) -> int:
+    """A descriptor of the regular file `path`, not following a link. Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileNotFoundError(path)
+    return fd
+
+
+def _lines(data: bytes) -> tuple[str, ...]:
+    return tuple(data.decode("utf-8", "replace").splitlines())
+
+
+def read_tail(path: Path, count: int, cap: int = MAX_BYTES) -> LogChunk:
+    """The last `count` whole lines of `path` within its last `cap` bytes; the offset is the
+    end of the last whole line (a line still being written comes with the next read). Raises
+    OSError."""
+    fd = _open(path)
+    try:
+        size = os.lseek(fd, 0, os.SEEK_END)
+        data, start = b"", size
+        while start > 0 and data.count(b"\n") <= count and size - start < cap:
+            before, start = start, max(0, start - BLOCK, size - cap)
+            data = os.pread(fd, before - start, start) + data
+    finally:
+        os.close(fd)
+    if start > 0:  # the first line read may be the end of a longer one
+        data = data.partition(b"\n")[2]
+    whole = data[: data.rfind(b"\n") + 1]
+    lines = _lines(whole)
+    return LogChunk(lines[-count:] if count else (), size - (len(data) - len(whole)), size)
+
+
+def read_from(path: Path, offset: int, cap: int = MAX_BYTES) -> LogChunk:
+    """The whole lines from byte `offset` (a truncated file: from its start), at most `cap`
+    bytes; a line longer than `cap` comes in pieces. Raises OSError."""
+    fd = _open(path)
+    try:
+        size = os.lseek(fd, 0, os.SEEK_END)
+        offset = 0 if size < offset else offset
+        data = os.pread(fd, min(cap, size - offset), offset)
+    finally:
+        os.close(fd)
+    end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) < cap:  # a line still being written: wait for its end
+        return LogChunk((), offset, size)
+    whole = data[:end] if end else data
+    return LogChunk(_lines(whole), offset + len(whole), size)
+
+
+class LogRoute:
+    """The /logs route of the agent's HTTP server: rank logs under `log_dir`, read-only."""
+
+    def __init__(self, log_dir: str | Path, node: str) -> None:
+        self._log_dir = Path(log_dir)
+        self._node = node
+
+    def __call__(self, target: str) -> tuple[int, bytes, str]:
+        request = parse(target)
+        if isinstance(request, str):
+            return 400, f"{request}\n".encode(), TEXT
+        job_dir = self._log_dir / request.job
+        directory = job_dir if request.generation is None else job_dir / str(request.generation)
+        missing = (
+            404,
+            f"node {self._node} has no log of rank {request.rank} of job {request.job}\n".encode(),
+            TEXT,
+        )
+        try:
+            if not all(stat.S_ISDIR(os.lstat(d).st_mode) for d in {job_dir, directory}):
+                return missing  # not a job this node ran, or a link
+            path = directory / f"rank-{request.rank}.log"
+            if request.offset is not None:
+                chunk = read_from(path, request.offset)
+            else:
+                chunk = read_tail(path, request.tail or 0)
+        except FileNotFoundError:
+            return missing
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a link where the log should be
+                return missing
+            return 500, f"cannot read the log: {exc.strerror}\n".encode(), TEXT
+        body = {
+            "job": request.job,
+            "rank": request.rank,
+            "generation": request.generation,
+            "node": self._node,
+            "lines": chunk.lines,
+            "offset": chunk.offset,
+            "size": chunk.size,
+        }
+        return 200, json.dumps(body, ensure_ascii=False).encode(), JSON
+
+
+def reachable(metrics: str, node_address: str) -> str:
+    """Where to reach an agent that listens on `metrics` ("host:port"): a wildcard host
+    (0.0.0.0, ::) is replaced by the node's published address. Pure."""
+    host, _, port = metrics.rpartition(":")
+    if host.strip("[]") in ("0.0.0.0", "::", ""):
+        host = f"[{node_address}]" if ":" in node_address else node_address
+    return f"{host}:{port}"
+
+
+def fetch(address: str, request: LogRequest, timeout: float = 5.0) -> LogChunk | None:
+    """Ask the agent at `address` ("host:port"); None: it has no such log (404).
+
+    Raises:
+        LogFetchError: unreachable, or an answer other than the log or 404.
+    """
+    try:
+        with _DIRECT.open(f"http://{address}{request.target}", timeout=timeout) as r:
+            body = json.loads(r.read())
+        return LogChunk(tuple(map(str, body["lines"])), int(body["offset"]), int(body["size"]))
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        detail = exc.read(300).decode("utf-8", "replace").strip()
+        raise LogFetchError(f"it answered {exc.code}: {detail}") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise LogFetchError(f"unreachable: {reason}") from None

@@ -1,0 +1,350 @@
+"""Prometheus metrics of one agent: one object owning its own CollectorRegistry.
+
+Names follow Prometheus' conventions (base units, `_total` on counters, no `_created` series).
+The training job's id is the label `job_id`: Prometheus' own `job` label names the scrape
+job, and the node is the scrape's `instance`. GPU metrics are collected at scrape time from the
+monitor's cached snapshot, so a scrape never waits on a wedged GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Enum,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from nodeagent.channel.beats import Beat
+from nodeagent.errors import ConfigError
+from nodeagent.gpu.classify import Verdict
+from nodeagent.gpu.readings import GpuSnapshot
+from nodeagent.model.garbage import KINDS as GARBAGE_KINDS
+from nodeagent.model.job import WORKER_STATES, JobRecord, WorkerInfo
+from nodeagent.state import JobState, NodeState
+from nodeagent.telemetry.httpd import HttpServer, Route
+
+RESTART_REASONS = (
+    "worker_failed",
+    "worker_hung",
+    "node_lost",
+    "node_left",
+    "node_joined",
+    "scale",
+    "operator",
+    "gpu_fault",
+)
+FAILURE_KINDS = ("exit_code", "signal", "hang", "xid")
+DETECTION_KINDS = ("node_lost", "hang")
+RECOVERY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+DETECTION_BUCKETS = (0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900)
+HEARTBEAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class _GpuCollector(Collector):
+    def __init__(
+        self,
+        job_id: str,
+        snapshot: Callable[[], GpuSnapshot],
+        verdicts: Callable[[], Sequence[Verdict]],
+        xids: Callable[[], Mapping[tuple[int, int], int]],
+    ) -> None:
+        self._job = job_id
+        self._snapshot = snapshot
+        self._verdicts = verdicts
+        self._xids = xids
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self._snapshot()
+        available = GaugeMetricFamily(
+            "nodeagent_gpu_monitoring_available", "1 if NVML works on this node", labels=["job_id"]
+        )
+        available.add_metric([self._job], 1.0 if snap.available else 0.0)
+        yield available
+        if not snap.available:
+            return
+        labels = ["job_id", "gpu"]
+        healthy = GaugeMetricFamily(
+            "nodeagent_gpu_healthy",
+            "1 if the GPU is usable (its verdict drains nothing)",
+            labels=labels,
+        )
+        temperature = GaugeMetricFamily(
+            "nodeagent_gpu_temperature_celsius", "GPU temperature", labels=labels
+        )
+        power = GaugeMetricFamily("nodeagent_gpu_power_watts", "GPU power draw", labels=labels)
+        ecc = CounterMetricFamily(
+            "nodeagent_gpu_ecc_uncorrected_errors",
+            "Volatile uncorrected ECC errors (since the driver loaded)",
+            labels=labels,
+        )
+        remap = GaugeMetricFamily(
+            "nodeagent_gpu_remapped_rows_pending",
+            "1 if a row remap waits for a GPU reset",
+            labels=labels,
+        )
+        drains = {v.index for v in self._verdicts() if v.drains}
+        for r in snap.gpus:
+            gpu = [self._job, str(r.index)]
+            healthy.add_metric(gpu, 0.0 if r.index in drains else 1.0)
+            if r.temperature_c is not None:
+                temperature.add_metric(gpu, float(r.temperature_c))
+            if r.power_w is not None:
+                power.add_metric(gpu, float(r.power_w))
+            if r.ecc_uncorrected_volatile is not None:
+                ecc.add_metric(gpu, float(r.ecc_uncorrected_volatile))
+            if r.remapped_rows_pending is not None:
+                remap.add_metric(gpu, 1.0 if r.remapped_rows_pending else 0.0)
+        xid = CounterMetricFamily(
+            "nodeagent_gpu_xid_errors", "XIDs seen, by GPU and XID", labels=["job_id", "gpu", "xid"]
+        )
+        for (gpu_index, code), count in sorted(self._xids().items()):
+            xid.add_metric([self._job, str(gpu_index), str(code)], float(count))
+        yield from (healthy, temperature, power, ecc, remap, xid)
+
+
+class AgentMetrics:
+    """The agent's metrics; the agent calls the update methods, a scrape reads the registry."""
+
+    def __init__(
+        self, job_id: str, version: str, registry: CollectorRegistry | None = None
+    ) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.job_id = job_id
+        r = self.registry = registry or CollectorRegistry()
+        j = ["job_id"]
+        self.restarts = Counter(
+            "nodeagent_restarts", "Generations started, by reason", ["job_id", "reason"], registry=r
+        )
+        self.worker_failures = Counter(
+            "nodeagent_worker_failures",
+            "This node's worker failures, by kind (exit_code, signal, hang, xid)",
+            ["job_id", "kind"],
+            registry=r,
+        )
+        self.generation = Gauge(
+            "nodeagent_generation", "The job's current generation", j, registry=r
+        )
+        self.world_size = Gauge(
+            "nodeagent_world_size", "Worker processes in the running generation", j, registry=r
+        )
+        self.target_nodes = Gauge(
+            "nodeagent_target_nodes", "The job's target size in nodes", j, registry=r
+        )
+        self.restart_count = Gauge(
+            "nodeagent_job_restart_count", "Worker failures charged to the job", j, registry=r
+        )
+        self.max_restarts = Gauge(
+            "nodeagent_job_max_restarts", "The job's restart budget", j, registry=r
+        )
+        self.node_state = Enum(
+            "nodeagent_node_state",
+            "This node's state",
+            j,
+            states=[s.value for s in NodeState],
+            registry=r,
+        )
+        self.job_state = Enum(
+            "nodeagent_job_state",
+            "The job's state as last read",
+            j,
+            states=[s.value for s in JobState],
+            registry=r,
+        )
+        self.is_leader = Gauge(
+            "nodeagent_is_leader", "1 while this agent leads the job", j, registry=r
+        )
+        self.workers = Gauge(
+            "nodeagent_workers",
+            "This node's worker processes, by state",
+            ["job_id", "state"],
+            registry=r,
+        )
+        self.recovery = Histogram(
+            "nodeagent_recovery_seconds",
+            "New generation announced -> this node's workers running",
+            j,
+            buckets=RECOVERY_BUCKETS,
+            registry=r,
+        )
+        self.detection = Histogram(
+            "nodeagent_detection_seconds",
+            "Fault -> noticed, by kind",
+            ["job_id", "kind"],
+            buckets=DETECTION_BUCKETS,
+            registry=r,
+        )
+        self.heartbeat = Histogram(
+            "nodeagent_heartbeat_seconds",
+            "Heartbeat round trips to Redis",
+            j,
+            buckets=HEARTBEAT_BUCKETS,
+            registry=r,
+        )
+        self.redis_errors = Counter("nodeagent_redis_errors", "Failed Redis calls", j, registry=r)
+        self.garbage = Counter(
+            "nodeagent_redis_garbage",
+            "Values read from Redis that nodeagent did not write, by kind of key (each counted "
+            "once while it stays)",
+            ["job_id", "key"],
+            registry=r,
+        )
+        self.last_heartbeat = Gauge(
+            "nodeagent_last_heartbeat_timestamp_seconds",
+            "When this agent last renewed its lease",
+            j,
+            registry=r,
+        )
+        self.progress = Gauge(
+            "nodeagent_worker_last_progress_timestamp_seconds",
+            "When each local rank last beat (nodeagent.worker.beat)",
+            ["job_id", "local_rank"],
+            registry=r,
+        )
+        Info("nodeagent_build", "nodeagent's version", registry=r).info({"version": version})
+        # Every series exists from the start, at zero: rate() and increase() need a sample
+        # before the first event to see it.
+        for reason in RESTART_REASONS:
+            self.restarts.labels(job_id, reason)
+        for kind in FAILURE_KINDS:
+            self.worker_failures.labels(job_id, kind)
+        for kind in DETECTION_KINDS:
+            self.detection.labels(job_id, kind)
+        for kind in GARBAGE_KINDS:
+            self.garbage.labels(job_id, kind)
+        for metric in (self.recovery, self.heartbeat, self.redis_errors, self.is_leader):
+            metric.labels(job_id)
+        self._generation_seen = 0
+        self._announced_at: dict[int, float] = {}
+
+    def watch_gpus(
+        self,
+        snapshot: Callable[[], GpuSnapshot],
+        verdicts: Callable[[], Sequence[Verdict]],
+        xids: Callable[[], Mapping[tuple[int, int], int]],
+    ) -> None:
+        """Export GPU metrics, read from the monitor's cache at scrape time."""
+        self.registry.register(_GpuCollector(self.job_id, snapshot, verdicts, xids))
+
+    # -- updates from the agent's loop ------------------------------------------------------
+
+    def synced(self, seconds: float, record: JobRecord | None, leader: bool, now: float) -> None:
+        j = self.job_id
+        self.heartbeat.labels(j).observe(seconds)
+        self.last_heartbeat.labels(j).set(time.time())
+        self.is_leader.labels(j).set(1 if leader else 0)
+        if record is None:
+            return
+        self.generation.labels(j).set(record.generation)
+        self.world_size.labels(j).set(record.world_size)
+        self.target_nodes.labels(j).set(record.target_nodes)
+        self.restart_count.labels(j).set(record.restart_count)
+        self.max_restarts.labels(j).set(record.max_restarts)
+        self.job_state.labels(j).state(record.state.value)
+        if record.generation > self._generation_seen:
+            if self._generation_seen:  # not the first one this agent saw: a re-form
+                # The reason is read from Redis: only known ones become label values.
+                reason = record.reason if record.reason in RESTART_REASONS else "other"
+                self.restarts.labels(j, reason).inc()
+                self._announced_at.setdefault(record.generation, now)
+            self._generation_seen = record.generation
+
+    def sync_failed(self) -> None:
+        self.redis_errors.labels(self.job_id).inc()
+
+    def redis_garbage(self, kind: str) -> None:
+        """A value of this kind of key in Redis is garbage (garbage.KINDS)."""
+        self.garbage.labels(self.job_id, kind if kind in GARBAGE_KINDS else "job").inc()
+
+    def state(self, state: NodeState) -> None:
+        self.node_state.labels(self.job_id).state(state.value)
+
+    def worker_states(self, workers: Sequence[WorkerInfo]) -> None:
+        counts = dict.fromkeys(WORKER_STATES, 0)
+        for w in workers:
+            counts[w.state] = counts.get(w.state, 0) + 1
+        for state, count in counts.items():
+            self.workers.labels(self.job_id, state).set(count)
+
+    def worker_failed(self, kind: str) -> None:
+        self.worker_failures.labels(self.job_id, kind).inc()
+
+    def workers_started(self, generation: int, now: float) -> None:
+        announced = self._announced_at.pop(generation, None)
+        if announced is not None:
+            self.recovery.labels(self.job_id).observe(max(0.0, now - announced))
+        self._announced_at = {g: t for g, t in self._announced_at.items() if g > generation}
+
+    def detected(self, kind: str, seconds: float) -> None:
+        self.detection.labels(self.job_id, kind).observe(max(0.0, seconds))
+
+    def beats(self, beats: Mapping[int, Beat]) -> None:
+        for local_rank, beat in beats.items():
+            self.progress.labels(self.job_id, str(local_rank)).set(beat.wall_time)
+
+
+class MetricsServer:
+    """/metrics and /healthz on `listen` ("host:port"; port 0 picks a free one), and `logs`
+    (nodeagent.telemetry.logserve.LogRoute) answers /logs/... where given.
+
+    Served by nodeagent.telemetry.httpd: one thread, a deadline per connection, a cap on
+    connections, and
+    out-of-descriptors handled as a retry, so slow or idle clients cannot exhaust the agent.
+    """
+
+    def __init__(
+        self,
+        listen: str,
+        registry: CollectorRegistry,
+        health: Callable[[], tuple[bool, str]],
+        max_connections: int = 64,
+        timeout: float = 5.0,
+        logs: Route | None = None,
+    ) -> None:
+        host, _, port = listen.rpartition(":")
+
+        def route(target: str) -> tuple[int, bytes, str]:
+            if target.split("?")[0] == "/metrics":
+                return 200, generate_latest(registry), CONTENT_TYPE_LATEST
+            if target == "/healthz":
+                ok, reason = health()
+                return (200 if ok else 503), (reason + "\n").encode(), "text/plain"
+            if logs is not None and target.startswith("/logs/"):
+                return logs(target)
+            return 404, b"try /metrics, /healthz or /logs/JOB/RANK\n", "text/plain"
+
+        try:
+            self._server = HttpServer(
+                (host or "0.0.0.0", int(port)), route, max_connections, timeout
+            )
+        except OSError as exc:
+            raise ConfigError(
+                "metrics.listen", f"cannot listen on {listen}: {exc.strerror or exc}"
+            ) from exc
+
+    @property
+    def address(self) -> str:
+        host, port = self._server.address
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+    @property
+    def open_connections(self) -> int:
+        return self._server.open_connections
+
+    def start(self) -> None:
+        threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

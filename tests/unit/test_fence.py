@@ -1,0 +1,108 @@
+"""The fence keeper's pure parts: its decision, its orders, process identity, bounded calls."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nodeagent.coord.bounded import BoundedCalls
+from nodeagent.errors import CoordinationError
+from nodeagent.supervisor.fence import Due, Group, Orders, due, kill_leftovers, start_ticks
+
+G = (Group(100, 5),)
+TERM, KILL = signal.SIGTERM, signal.SIGKILL
+
+
+@pytest.mark.parametrize(
+    ("orders", "now", "sent", "expected"),
+    [
+        (Orders(10.0, 20.0, ()), 30.0, None, Due(None, None)),  # no groups: nothing to fence
+        (Orders(10.0, 20.0, G), 5.0, None, Due(None, 10.0)),  # wait for term_at
+        (Orders(10.0, 20.0, G), 10.0, None, Due(TERM, 20.0)),  # term due
+        (Orders(10.0, 20.0, G), 12.0, TERM, Due(None, 20.0)),  # termed: wait for kill_at
+        (Orders(10.0, 20.0, G), 20.0, TERM, Due(KILL, None)),  # kill due
+        (Orders(10.0, 20.0, G), 25.0, None, Due(KILL, None)),  # late: straight to KILL
+        (Orders(10.0, 20.0, G), 25.0, KILL, Due(None, None)),  # done until new orders
+        (Orders(None, None, G), 99.0, None, Due(None, None)),  # no lease: only EOF fences
+    ],
+)
+def test_keeper_decision(
+    orders: Orders, now: float, sent: signal.Signals | None, expected: Due
+) -> None:
+    assert due(orders, now, sent) == expected
+
+
+def test_orders_round_trip_as_one_line() -> None:
+    orders = Orders(1.5, 2.25, (Group(10, 3), Group(11, 4)))
+    line = orders.to_line()
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert Orders.from_line(line) == orders
+    assert Orders.from_line(Orders(goodbye=True).to_line()).goodbye
+
+
+def test_start_ticks_reads_field_22_past_a_command_with_spaces(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    rest = " ".join(str(n) for n in range(4, 22))  # fields 4..21, then 22 = starttime
+    (tmp_path / "42" / "stat").write_text(f"42 (a) b (c)) S {rest} 777 0 0\n")
+    assert start_ticks(42, tmp_path) == 777
+    assert start_ticks(43, tmp_path) is None
+
+
+def test_leftovers_record_that_is_garbage_is_removed_and_kills_nothing(tmp_path: Path) -> None:
+    record = tmp_path / "n.workers.json"
+    record.write_text("{not json")
+    assert kill_leftovers(record, tmp_path) == []
+    assert not record.exists()
+    assert kill_leftovers(tmp_path / "missing.json", tmp_path) == []
+
+
+def test_leftovers_are_killed_unless_the_pid_was_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group is signalled when its leader is gone or still the same process (same start
+    time); a leader with another start time is someone else's process."""
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        "nodeagent.supervisor.fence.os.killpg", lambda pgid, sig: sent.append((pgid, sig))
+    )
+    for pid, started in ((4242, 999), (4343, 5)):
+        (tmp_path / str(pid)).mkdir()
+        rest = " ".join(["0"] * 18)
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (x) S {rest} {started} 0\n")
+    record = tmp_path / "n.workers.json"
+    record.write_text('{"groups": [[4242, 1], [4343, 5], [4444, 7]]}')
+    assert kill_leftovers(record, tmp_path) == [4343, 4444]
+    assert sent == [(4343, signal.SIGKILL), (4444, signal.SIGKILL)]
+
+
+def test_bounded_call_returns_its_result_and_its_error() -> None:
+    calls = BoundedCalls()
+    assert calls.run(lambda: 7, time.monotonic() + 5, "x") == 7
+
+    def fail() -> int:
+        raise CoordinationError("down")
+
+    with pytest.raises(CoordinationError, match="down"):
+        calls.run(fail, time.monotonic() + 5, "x")
+
+
+def test_bounded_call_gives_up_at_its_deadline_and_blocks_nothing_behind_it() -> None:
+    calls = BoundedCalls()
+    release = threading.Event()
+    with pytest.raises(CoordinationError, match="no reply from Redis within"):
+        calls.run(release.wait, time.monotonic() + 0.05, "heartbeat")
+    with pytest.raises(CoordinationError, match="earlier Redis call has had no reply"):
+        calls.run(lambda: 1, time.monotonic() + 5, "heartbeat")
+    release.set()
+    deadline = time.monotonic() + 5
+    while True:  # the stuck call returns; calls go through again
+        try:
+            assert calls.run(lambda: 2, time.monotonic() + 5, "heartbeat") == 2
+            break
+        except CoordinationError:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)

@@ -1,0 +1,140 @@
+"""Job specs: validated like the config (the key named), round-tripped through Redis, and run
+only as a user the node's pool section allows."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+
+from nodeagent.config.identity import Account
+from nodeagent.config.load import load_settings
+from nodeagent.errors import ConfigError, CorruptStateError
+from nodeagent.model.spec import JobSpec, load_spec, run_config
+
+BASE: dict[str, Any] = {"id": "llama", "entrypoint": ["python", "train.py"], "user": "alice"}
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "message"),
+    [
+        ({"colour": "red"}, "colour", "unknown key"),
+        ({"min_nodes": 3, "max_nodes": 2}, "min_nodes", "min_nodes (3) > max_nodes (2)"),
+        ({"nproc_per_node": 0}, "nproc_per_node", "must be >= 1"),
+        ({"entrypoint": []}, "entrypoint", "non-empty list"),
+        ({"id": "bad id!"}, "id", "must be 1-63 letters"),
+        ({"user": ""}, "user", "required"),
+        ({"allow_root": True}, "allow_root", "pool.allow_root"),
+        ({"priority": 10**9}, "priority", "within"),
+        ({"queue": "a b"}, "queue", "must be 1-63"),
+        ({"timing": {"lease_ttl": "5s"}}, "timing.lease_ttl", "the node's"),
+        ({"timing": {"hang_timeout": "soon"}}, "timing.hang_timeout", "duration"),
+        ({"submitted_by": "mallory"}, "submitted_by", "unknown key"),
+        ({"selector": ["gpu"]}, "selector", "a mapping of labels"),
+        ({"selector": {"gpu": True}}, "selector.gpu", "label value"),
+        ({"selector": {"a b": "x"}}, "selector.a b", "must be 1-63"),
+    ],
+)
+def test_bad_specs_name_the_key(change: dict[str, Any], key: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_spec({**BASE, **change})
+    assert info.value.key == key and message in str(info.value)
+
+
+def test_round_trip_through_json_keeps_everything() -> None:
+    spec = load_spec(
+        {
+            **BASE,
+            "min_nodes": 2,
+            "max_nodes": 8,
+            "env": {"A": 1},
+            "timing": {"hang_timeout": "2m", "stop_grace_period": 0},
+            "queue": "research",
+            "priority": 5,
+            "selector": {"gpu": "h100", "rack": 12},
+        }
+    )
+    assert spec.timing == {"hang_timeout": 120.0, "stop_grace_period": 0.0}
+    back = JobSpec.from_json(spec.to_json())
+    assert back == spec and back.job.target_nodes == 8 and back.job.env == {"A": "1"}
+    assert back.selector == {"gpu": "h100", "rack": "12"}
+
+
+def test_defaults_user_and_id_from_the_command_line() -> None:
+    spec = load_spec({"entrypoint": ["true"]}, default_user="bob", job_id="cli-job")
+    assert (spec.user, spec.id) == ("bob", "cli-job")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "{",
+        "[]",
+        '{"id": "x"}',
+        "x" * 70_000,
+        '{"id": "a", "entrypoint": ["x"], "user": "u", "nproc_per_node": 1e999}',
+    ],
+)
+def test_garbage_from_redis_is_a_corrupt_state_error(raw: str) -> None:
+    with pytest.raises(CorruptStateError):
+        JobSpec.from_json(raw)
+
+
+class Accounts:
+    """A user database: alice (uid 1000, in group ml 2000), bob (1001), root."""
+
+    users: ClassVar[dict[str, Account]] = {
+        "alice": Account("alice", 1000, 1000, "/home/alice"),
+        "bob": Account("bob", 1001, 1001, "/home/bob"),
+        "root": Account("root", 0, 0, "/root"),
+    }
+
+    def agent(self) -> Account:
+        return self.users["root"]
+
+    def user(self, name: str) -> Account | None:
+        return self.users.get(name)
+
+    def group(self, name: str) -> int | None:
+        return {"ml": 2000}.get(name)
+
+    def groups_of(self, user: str, gid: int) -> tuple[int, ...]:
+        return (gid, 2000) if user == "alice" else (gid,)
+
+    def hostname(self) -> str:
+        return "n1"
+
+    def address_towards(self, url: str) -> str:
+        return "10.0.0.1"
+
+
+def settings(pool: dict[str, Any]) -> Any:
+    return load_settings(
+        {"node": {"name": "n1"}, "redis": {"url": "redis://r:6379/0"}, "pool": pool},
+        Accounts(),  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("pool", "user", "allowed"),
+    [
+        ({"users": ["alice"]}, "alice", True),
+        ({"groups": ["ml"]}, "alice", True),
+        ({"groups": ["ml"]}, "bob", False),
+        ({}, "alice", False),
+        ({"users": ["root"]}, "root", False),
+        ({"allow_root": True}, "root", True),
+        ({"users": ["carol"]}, "carol", False),  # no such user here
+    ],
+)
+def test_the_node_decides_who_a_job_runs_as(pool: dict[str, Any], user: str, allowed: bool) -> None:
+    spec = load_spec({**BASE, "user": user, "timing": {"stop_grace_period": "5s"}})
+    node = settings(pool)
+    if not allowed:
+        with pytest.raises(ConfigError) as info:
+            run_config(spec, node, Accounts())  # type: ignore[arg-type]
+        assert info.value.key == "user"
+        return
+    config = run_config(spec, node, Accounts())  # type: ignore[arg-type]
+    assert config.job.user is not None and config.job.user.name == user
+    assert config.timing.stop_grace_period == 5.0 and config.node.name == "n1"
