@@ -1,11 +1,11 @@
-"""The agent's loop: observe (supervisor, Redis), decide (decide.decide, plan.plan), act.
+"""The agent's loop: observe (supervisor, Redis), decide (decide.py, plan.py), act.
 
 This is the only place that executes decisions. Each tick:
 1. reap worker exits (turned into events);
 2. sync with Redis: publish this node's report, renew the lease, read the job record
    (and, as leader, the whole cluster);
-3. run decide.decide() and execute its actions;
-4. as leader, run plan.plan() and commit the result, fenced by the leader token.
+3. run decide() and execute its actions;
+4. as leader, run plan() and commit the result, fenced by the leader token.
 A tick runs on every wake-up (stream entry, worker exit, signal) and at least every heartbeat.
 """
 

@@ -1,6 +1,6 @@
 """The leader's side of an agent: plan from a snapshot, commit it fenced, remember between plans.
 
-`Leadership.lead()` runs plan.plan() on the cluster view and writes the result through the
+`Leadership.lead()` runs plan() (job/plan.py) on the cluster view and writes the result through the
 fenced COMMIT script; the agent applies what it returns (a new record, its revision, whether to
 run another tick at once). Garbage the leader read is reported by the store (once, counted in
 the agent's metrics); the plan removes garbage leases and rewrites a garbage record.
