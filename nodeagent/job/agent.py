@@ -51,13 +51,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Sleeper(Protocol):
-    """How the agent's own loop waits (runtime/wakeup.py's Waker): until woken or `timeout_s`
-    passes; True when woken."""
-
-    def wait(self, timeout_s: float) -> bool: ...
-
-
 class WorkerGroup(Protocol):
     """What the agent needs from the supervisor (a seam for tests)."""
 
@@ -80,7 +73,6 @@ class Agent:
         config: Config,
         store: JobStore,
         workers: WorkerGroup,
-        waker: Sleeper,
         base_env: Mapping[str, str],
         health: NodeHealth | None = None,
         metrics: AgentMetrics | None = None,
@@ -98,7 +90,6 @@ class Agent:
         self.record: JobRecord | None = None
         self._store = store
         self._workers = workers
-        self._waker = waker
         self._base_env = base_env
         self._clock = clock
         self._log = log
@@ -129,6 +120,7 @@ class Agent:
         self._cordon: Cordon | None = None
         self._single = outcome.SingleJob(config.job.id) if until_done else None
         self.outcome: int | None = None  # the job's exit code, once a single job ended
+        self._log.info("agent started (address %s)", config.node.address)
 
     # -- control, safe from signal handlers (flags only) -------------------------------------
 
@@ -137,16 +129,6 @@ class Agent:
         if self._shutting_down:
             self._force = True
         self._shutting_down = True
-
-    def run(self) -> None:
-        """Loop until the agent has left the job (after request_stop)."""
-        self._log.info("agent started (address %s)", self.config.node.address)
-        while not self._left:
-            timeout = self.step()
-            if self._left:
-                break
-            self._waker.wait(timeout)
-        self._log.info("agent left the job")
 
     @property
     def left(self) -> bool:

@@ -79,7 +79,6 @@ class JobRun:
             config,
             JobStore(parts.client, keys),
             self.supervisor,
-            parts.waker,
             base_env=dict(os.environ),
             health=self._health,
             metrics=self.metrics,
@@ -104,6 +103,10 @@ class JobRun:
     @property
     def left(self) -> bool:
         return self.agent.left
+
+    @property
+    def outcome(self) -> int | None:
+        return self.agent.outcome
 
     def step(self) -> float:
         return self.agent.step()

@@ -9,7 +9,9 @@ here; the scheduler then places the job elsewhere); placed elsewhere or nowhere,
 job's agent to leave (its workers get the stop grace) and waits until it has.
 
 A node whose config has a `job:` section is pinned to that job: it serves it from the start,
-whatever the pool says, and makes it known to the pool (`nodeagentctl jobs` shows it).
+whatever the pool says, and makes it known to the pool (`nodeagentctl jobs` shows it). With no
+pool at all (`nodeagent launch`, an embedded Redis: `member` None) the loop serves the pinned
+job once and returns its exit code, as torchrun does: the same loop, one member fewer.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from typing import Protocol
 from nodeagent.config.settings import Config, NodeSettings
 from nodeagent.errors import ConfigError
 from nodeagent.model.pool import MAX_REFUSED
-from nodeagent.model.spec import run_config, spec_of
-from nodeagent.pool.member import NodeState, PoolMember
+from nodeagent.model.spec import JobSpec, run_config, spec_of
+from nodeagent.pool.member import NodeState
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.telemetry.sdnotify import Notifier
 
@@ -30,10 +32,32 @@ log = logging.getLogger(__name__)
 REFUSALS_KEPT = MAX_REFUSED // 2  # jobs this node refused, reported to the pool
 
 
+class Membership(Protocol):
+    """This node's part in its pool (pool/member.py's PoolMember)."""
+
+    @property
+    def placement(self) -> str | None: ...
+    @property
+    def synced(self) -> bool: ...
+    @property
+    def last_error(self) -> str | None: ...
+
+    def due(self, now: float) -> bool: ...
+    def beat(self, state: NodeState) -> bool: ...
+    def next_wakeup(self) -> float: ...
+    def leave(self) -> None: ...
+    def submit_pinned(self, spec: JobSpec) -> None: ...
+    def spec(self, job_id: str) -> JobSpec | str | None: ...
+
+
 class JobRunner(Protocol):
     """One job this node serves (runtime/jobrun.py: an Agent and what only it uses)."""
 
     job_id: str
+
+    @property
+    def outcome(self) -> int | None:
+        """The job's exit code once it ended, for a loop with no pool (else None)."""
 
     @property
     def left(self) -> bool: ...
@@ -56,7 +80,7 @@ class NodeLoop:
     def __init__(
         self,
         settings: NodeSettings,
-        member: PoolMember,
+        member: Membership | None,
         start_job: Callable[[Config], JobRunner],
         waker: Waker,
         clock: Callable[[], float],
@@ -88,36 +112,39 @@ class NodeLoop:
     def healthz(self) -> tuple[bool, str]:
         if self.runner is not None:
             return self.runner.healthz()
+        if self._member is None:
+            return False, "not serving its job yet"
         if not self._member.synced:
             return False, f"not in the pool yet: {self._member.last_error or 'starting'}"
         return True, "ok: free, in pool " + self._settings.pool.name
 
-    def run(self) -> None:
+    def run(self) -> int | None:
+        """Until stopped (None) or, with no pool, until the pinned job ended: its exit code."""
         if self._listener is not None:
             self._listener.start()
         try:
-            self._run()
+            return self._run()
         finally:
             if self._listener is not None:
                 self._listener.stop()
 
-    def _run(self) -> None:
-        pinned = self._settings.job
-        if pinned is not None:
-            self._member.submit_pinned(spec_of(pinned, self._settings.timing))
+    def _run(self) -> int | None:
+        pinned, member = self._settings.job, self._member
+        if pinned is not None and member is not None:
+            member.submit_pinned(spec_of(pinned, self._settings.timing))
         woken = True
         runner_due = 0.0  # when the job's agent wants its next pass (it also runs when woken)
         while True:
             now = self._clock()
-            if self._member.due(now) and not (self._stopping and self.runner is None):
-                self._member.beat(self._state())
-                if self._member.synced:  # in the pool: systemd may consider the service started
+            if member is not None and member.due(now) and not self._leaving:
+                member.beat(self._state())
+                if member.synced:  # in the pool: systemd may consider the service started
                     self._notify.ready(self._status_line())
-            if self.runner is None:  # else the job's agent reports, with its own status
+            if self.runner is None and member is not None:  # else the job's agent reports
                 self._notify.report(self._status_line(), self._stopping)
             had = self.runner
             self._reconcile()
-            waits = [self._member.next_wakeup()]
+            waits = [] if member is None else [member.next_wakeup()]
             if (ping := self._notify.next_ping()) is not None:
                 waits.append(ping)
             if self.runner is not None:
@@ -128,14 +155,22 @@ class NodeLoop:
                 waits.append(runner_due)
                 if self.runner.left:
                     log.info("left job %s", self.runner.job_id)
+                    ended = self.runner.outcome
                     self.runner.close()
                     self.runner = None
                     self._asked_to_leave = False
                     waits.append(0.0)
-            if self._stopping and self.runner is None:
-                self._member.leave()
-                return
+                    if member is None:  # served once
+                        return ended
+            if self._leaving:
+                if member is not None:
+                    member.leave()
+                return None
             woken = self._waker.wait(max(0.0, min(waits) - self._clock()))
+
+    @property
+    def _leaving(self) -> bool:
+        return self._stopping and self.runner is None
 
     def _status_line(self) -> str:
         serving = f"joining job {self.runner.job_id}" if self.runner is not None else "free"
@@ -152,7 +187,7 @@ class NodeLoop:
     def _wanted(self) -> str | None:
         if self._settings.job is not None:
             return self._settings.job.id
-        return self._member.placement
+        return self._member.placement if self._member is not None else None
 
     def _reconcile(self) -> None:
         wanted = None if self._stopping else self._wanted()
@@ -173,8 +208,10 @@ class NodeLoop:
 
     def _config_for(self, job_id: str) -> Config | None:
         settings = self._settings
-        if isinstance(settings, Config) and settings.job.id == job_id:
-            return settings
+        if settings.job is not None and settings.job.id == job_id:
+            return settings.running(settings.job)
+        if self._member is None:
+            return None
         spec = self._member.spec(job_id)
         if spec is None:  # Redis cannot be asked now: try again at the next pass
             return None

@@ -54,7 +54,7 @@ def run_agent(
         hold(record)
     clean_legacy(config, node)
     single = config.redis.url == EMBEDDED if until_done is None else until_done
-    if config.redis.url != EMBEDDED or not isinstance(config, Config):
+    if config.redis.url != EMBEDDED or config.job is None:
         return _run(config, context, record, single)
     embedded = EmbeddedRedis(config.job.id, base=_runtime_directory())
     embedded.start()
@@ -110,39 +110,26 @@ def _run_agent(
         Notifier.from_environ(os.environ),
         lambda: address[0] if address else None,
     )
-    if until_done and isinstance(settings, Config):  # one job, then exit (launch, embedded)
-        single = JobRun(settings, parts, until_done=True)
-        current.registry = single.metrics.registry
-        run: JobRun | NodeLoop = single
-    else:
-        run = _node_loop(settings, parts, current, registry)
+    loop = _node_loop(settings, parts, current, registry, until_done)
     server = None
     if settings.metrics.listen != "off":
         logs_route = LogRoute(settings.log_dir, settings.node.name)  # GET /logs/JOB/RANK
-        server = MetricsServer(settings.metrics.listen, registry, run.healthz, logs=logs_route)
+        server = MetricsServer(settings.metrics.listen, registry, loop.healthz, logs=logs_route)
         server.start()
         address.append(server.address)
-        if isinstance(run, JobRun):
-            run.agent.metrics_address = server.address
         logging.getLogger(__name__).info("metrics on http://%s/metrics", server.address)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        run.request_stop()  # sets flags only; the wakeup fd ends the loop's wait
+        loop.request_stop()  # sets flags only; the wakeup fd ends the loop's wait
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.set_wakeup_fd(waker.signal_fd, warn_on_full_buffer=False)
     try:
-        if isinstance(run, JobRun):
-            run.agent.run()
-            return run.agent.outcome
-        run.run()
-        return None
+        return loop.run()
     finally:
-        if isinstance(run, JobRun):
-            run.close()
-        elif run.runner is not None:
-            run.runner.close()
+        if loop.runner is not None:
+            loop.runner.close()
         monitor.stop()
         if server is not None:
             server.stop()
@@ -154,16 +141,24 @@ def _node_loop(
     parts: NodeParts,
     current: CurrentJobMetrics,
     registry: CollectorRegistry,
+    until_done: bool,
 ) -> NodeLoop:
-    """A daemon: this node's pool membership and the job it serves (nodeagent.runtime.nodeloop)."""
+    """The node's loop (nodeagent.runtime.nodeloop): a pool member serving what it is placed on
+    or pinned to; `until_done` (`nodeagent launch`, an embedded Redis), no pool: the config's job
+    once, then its exit code."""
+
+    def start_job(config: Config) -> JobRun:
+        run = JobRun(config, parts, until_done=until_done)
+        current.registry = run.metrics.registry
+        return run
+
+    if until_done:
+        return NodeLoop(
+            settings, None, start_job, parts.waker, time.monotonic, notifier=parts.notifier
+        )
     keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
     member = PoolMember(PoolStore(parts.client, keys), settings, time.monotonic)
     registry.register(PoolCollector(member, settings.pool.name))
-
-    def start_job(config: Config) -> JobRun:
-        run = JobRun(config, parts)
-        current.registry = run.metrics.registry
-        return run
 
     def poked() -> None:  # a submission, a placement: heartbeat now, not at the next beat
         member.poke()

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import fakeredis
-import pytest
 
 from nodeagent.config.load import load_config
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.job.agent import Agent
 from nodeagent.model.job import Event, NodeReport, WorkerInfo
-from nodeagent.runtime.wakeup import Waker
 from nodeagent.state import NodeState
 from nodeagent.supervisor.fence import Group
 from nodeagent.supervisor.spec import WorkerSpec
@@ -75,34 +73,25 @@ class IdleGroup:
         return ()
 
 
-@pytest.fixture
-def waker() -> Iterator[Waker]:
-    waker = Waker()
-    yield waker
-    waker.close()
-
-
-def _agent(store: JobStore, group: IdleGroup, waker: Waker, lease: str = "5s") -> Agent:
+def _agent(store: JobStore, group: IdleGroup, lease: str = "5s") -> Agent:
     data = {**VALID, "timing": {"lease_ttl": lease, "heartbeat_interval": "100ms"}}
-    return Agent(load_config(data, FixedResolver()), store, group, waker, base_env={})
+    return Agent(load_config(data, FixedResolver()), store, group, base_env={})
 
 
-def test_an_imminent_stop_deadline_does_not_cut_a_heartbeat_short(waker: Waker) -> None:
+def test_an_imminent_stop_deadline_does_not_cut_a_heartbeat_short() -> None:
     """A heartbeat that takes 30 ms succeeds although a stop's grace ends in 1 ms."""
     store = HeldStore(delay_s=0.03)
-    agent = _agent(store, IdleGroup(stop_in_s=0.001), waker)
+    agent = _agent(store, IdleGroup(stop_in_s=0.001))
     agent.tick()
     assert store.answered == 1
     assert agent.healthz()[0], agent.healthz()[1]
 
 
-def test_a_heartbeat_with_no_reply_is_given_up_at_the_fence_point(waker: Waker) -> None:
+def test_a_heartbeat_with_no_reply_is_given_up_at_the_fence_point() -> None:
     """Renewed once, then Redis goes silent: the tick returns while the call is still out (it
     never returns until released) and the node is fenced."""
     store = HeldStore()
-    agent = _agent(
-        store, IdleGroup(), waker, lease="400ms"
-    )  # fence point: 200 ms after the renewal
+    agent = _agent(store, IdleGroup(), lease="400ms")  # fence point: 200 ms after the renewal
     agent.tick()
     assert store.answered == 1
     store.release.clear()

@@ -45,6 +45,7 @@ class Runner:
         self.job_id = job_id
         self.stops = 0
         self.left = False
+        self.outcome: int | None = None
 
     def step(self) -> float:
         if self.stops:
@@ -80,7 +81,7 @@ def test_one_stop_request_is_a_graceful_stop_not_a_forced_one() -> None:
 
     member = Member()
     waker = Waker()
-    loop = NodeLoop(pinned_config(), member, start, waker, lambda: 0.0)  # type: ignore[arg-type]
+    loop = NodeLoop(pinned_config(), member, start, waker, lambda: 0.0)
     loop._reconcile()
     assert [r.job_id for r in runners] == ["j"]
     loop.request_stop()
@@ -95,7 +96,7 @@ def test_a_job_whose_spec_cannot_be_read_is_refused_and_reported() -> None:
     member = Member()
     member.placement = "broken"
     waker = Waker()
-    loop = NodeLoop(settings, member, lambda c: Runner(c.job.id), waker, lambda: 0.0)  # type: ignore[arg-type]
+    loop = NodeLoop(settings, member, lambda c: Runner(c.job.id), waker, lambda: 0.0)
     loop._reconcile()
     waker.close()
     assert loop.runner is None
@@ -106,10 +107,56 @@ def test_refusals_reported_stay_within_what_a_pool_report_may_hold() -> None:
     settings = load_settings({"redis": {"url": "redis://r:6379/0"}})
     member = Member()
     waker = Waker()
-    loop = NodeLoop(settings, member, lambda c: Runner(c.job.id), waker, lambda: 0.0)  # type: ignore[arg-type]
+    loop = NodeLoop(settings, member, lambda c: Runner(c.job.id), waker, lambda: 0.0)
     for n in range(100):
         member.placement = f"broken-{n}"
         loop._reconcile()
     waker.close()
     refused = loop._state().refused
     assert len(refused) == REFUSALS_KEPT and "broken-99" in refused and "broken-0" not in refused
+
+
+class EndingRunner(Runner):
+    """A job that ends at its third pass with exit code 3."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.passes = 0
+
+    def step(self) -> float:
+        self.passes += 1
+        if self.passes == 3:
+            self.left, self.outcome = True, 3
+        return 0.0
+
+
+def test_with_no_pool_the_pinned_job_is_served_once_and_its_exit_code_returned() -> None:
+    runners: list[EndingRunner] = []
+
+    def start(config: Config) -> EndingRunner:
+        runners.append(EndingRunner(config.job.id))
+        return runners[-1]
+
+    waker = Waker()
+    loop = NodeLoop(pinned_config(), None, start, waker, lambda: 0.0)
+    assert loop.healthz() == (False, "not serving its job yet")
+    assert loop.run() == 3
+    waker.close()
+    assert [(r.job_id, r.passes) for r in runners] == [("j", 3)]  # not started again
+    assert loop.runner is None
+
+
+def test_with_no_pool_a_stop_ends_the_loop_once_the_job_has_left() -> None:
+    runners: list[Runner] = []
+
+    def start(config: Config) -> Runner:
+        runners.append(Runner(config.job.id))
+        return runners[-1]
+
+    waker = Waker()
+    loop = NodeLoop(pinned_config(), None, start, waker, lambda: 0.0)
+    loop._reconcile()
+    loop.request_stop()
+    assert loop.run() is None  # stopped before the job ended: no exit code of its own
+    waker.close()
+    assert [r.stops for r in runners] == [1]
