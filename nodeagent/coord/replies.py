@@ -46,9 +46,9 @@ class HeldRecord:
 class Snapshot:
     """What Redis holds about a job at server time `now_ms`.
 
-    `stored_record` is the job record as decoded (what the leader plans from); `record` is the
-    one this node may act on: the same, unless it is RUNNING and its master could not be
-    verified (JobStore.sync), in which case it reads RESTARTING until it can.
+    `stored_record` is the job record as decoded (what the leader plans from); `record` is the one
+    this node may act on: the same, unless it is RUNNING and its master could not be verified
+    (job/verify.py, applied by JobStore.sync), in which case it reads RESTARTING until it can.
     """
 
     now_ms: int

@@ -7,17 +7,14 @@ the leader; a corrupt job record is returned as `record=None` with `record_error
 leader rewrites it from what the nodes remember; a corrupt node report makes that node count as
 absent. A key of the wrong type is a CorruptStateError naming it, never "cannot reach Redis".
 
-What this node acts on is checked against what it knows itself: a RUNNING record is acted on
-only once its MASTER_ADDR is the address its rank-0 member published (that member holding a live
-lease and having acknowledged the generation); until then `record` shows it as RESTARTING, so the
-node acknowledges it and waits. A record whose nproc_per_node differs from this node's
-configuration is reported (supervisor/spec.py starts the configured number regardless).
+What this node acts on is checked against what it knows itself by the job's rule (`check`, set
+by the agent: job/verify.py), before the garbage it finds is reported.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -31,7 +28,6 @@ from nodeagent.coord.replies import (
     NodeLease,
     Snapshot,
     check_forged,
-    master_problem,
     parse_snapshot,
     read_lease,
 )
@@ -47,11 +43,18 @@ from nodeagent.model.job import (
     cordon_event,
     uncordon_event,
 )
-from nodeagent.state import JobState
 
 __all__ = ["JobStore", "NodeLease", "Snapshot"]
 log = logging.getLogger(__name__)
 RANKS_PAGE = 1000  # names a WRITE_RANKS call writes: 1-2 ms of Redis, the first 3-5 (reform_read)
+
+
+# A heartbeat's snapshot -> what the node named may act on (and the garbage found checking it).
+SnapshotCheck = Callable[[Snapshot, str], Snapshot]
+
+
+def _as_read(snapshot: Snapshot, me: str) -> Snapshot:
+    return snapshot
 
 
 class RecordWrite(Protocol):
@@ -77,9 +80,9 @@ class JobStore:
         self.client = client
         self.keys = keys
         self.garbage = garbage or GarbageLog()
-        self.local_nproc: int | None = None  # this node's job.nproc_per_node, when it runs one
-        self._verified: tuple[object, ...] | None = None  # the last RUNNING record verified
-        self._waiting: tuple[object, ...] | None = None  # the last one that could not be
+        # What this node may act on, decided by the job (job/verify.py's RecordCheck); applied
+        # to every heartbeat's snapshot before its garbage is reported.
+        self.check: SnapshotCheck = _as_read
         # A value that is not UTF-8 must read as garbage, not fail every reply that holds it.
         kwargs = getattr(client.connection_pool, "connection_kwargs", None)
         if isinstance(kwargs, dict):
@@ -121,7 +124,7 @@ class JobStore:
             self.garbage.put_back(pending)
             raise
         self._held = snapshot.held
-        snapshot = self._checked(snapshot, report.name)
+        snapshot = self.check(snapshot, report.name)
         self.garbage.node = report.name
         self.garbage.observe(snapshot.garbage, leading=snapshot.leader_name == report.name)
         return snapshot
@@ -164,59 +167,9 @@ class JobStore:
             )
         return parse_snapshot(keys, reply)
 
-    def _checked(self, snapshot: Snapshot, me: str) -> Snapshot:
-        """The snapshot with what this node must not act on taken out (see the module doc)."""
-        record = snapshot.record
-        if record is None:
-            return snapshot
-        found: list[Garbage] = []
-        if self.local_nproc is not None and record.nproc_per_node != self.local_nproc:
-            found.append(
-                Garbage(
-                    "job",
-                    self.keys.record,
-                    f"record: nproc_per_node {record.nproc_per_node} is not this node's "
-                    f"{self.local_nproc} (job.nproc_per_node)",
-                    "this node starts its configured number of workers",
-                )
-            )
-        if record.state is JobState.RUNNING and not self._master_verified(
-            record, snapshot, me, found
-        ):
-            # Not yet: to this node the generation is still forming. It acknowledges it and
-            # waits (READY, which the leader does not take for a node gone), starting nothing.
-            snapshot = replace(snapshot, record=replace(record, state=JobState.RESTARTING))
-        return replace(snapshot, garbage=(*snapshot.garbage, *found)) if found else snapshot
-
-    def _master_verified(
-        self, record: JobRecord, snapshot: Snapshot, me: str, found: list[Garbage]
-    ) -> bool:
-        ident = (record.generation, record.members[:1], record.master_addr, record.master_port)
-        if ident == self._verified:
-            return True
-        master = record.members[0] if record.members else ""
-        if snapshot.leader_name == me:
-            lease = snapshot.lease(master)
-        else:
-            try:
-                lease = self._read_lease(master, snapshot, found)
-            except CoordinationError as exc:  # cannot tell now: try again at the next sync
-                log.info("cannot verify the master of generation %d yet: %s", ident[0], exc)
-                return False
-        problem, forged = master_problem(record, lease, snapshot.now_ms)
-        if not problem:
-            self._verified = ident
-            return True
-        what = f"record of generation {record.generation}: {problem}"
-        if forged:  # not a record a leader wrote: garbage (the leader rewrites it)
-            found.append(Garbage("job", self.keys.record, what, "not acted on"))
-        elif ident != self._waiting:  # a member lost or restarting: the leader re-forms
-            log.info("not starting workers yet: %s", what)
-        self._waiting = ident
-        return False
-
-    def _read_lease(self, name: str, snapshot: Snapshot, found: list[Garbage]) -> NodeLease | None:
-        """One node's lease and report (a follower's SYNC reply holds none)."""
+    def read_lease(self, name: str, snapshot: Snapshot, found: list[Garbage]) -> NodeLease | None:
+        """One node's lease and report (a follower's SYNC reply holds none); garbage read in
+        it is added to `found`."""
         if not name:
             return None
         pipe = self.client.pipeline(transaction=False)

@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 from nodeagent import __version__
 from nodeagent.config.settings import Config
 from nodeagent.coord.bounded import BoundedCalls
-from nodeagent.coord.store import JobStore, Snapshot
+from nodeagent.coord.store import Snapshot
 from nodeagent.errors import CoordinationError
 from nodeagent.gpu.health import NodeHealth
 from nodeagent.job import events as worker_events
@@ -37,6 +37,8 @@ from nodeagent.job.decide import (
 from nodeagent.job.leadership import Leadership
 from nodeagent.job.lease import LeaseClock
 from nodeagent.job.plan import policy_from
+from nodeagent.job.port import JobPort
+from nodeagent.job.verify import RecordCheck
 from nodeagent.job.watch import WorkerWatch
 from nodeagent.model.job import Cordon, Event, JobRecord, NodeReport, WorkerInfo
 from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
@@ -71,7 +73,7 @@ class Agent:
     def __init__(
         self,
         config: Config,
-        store: JobStore,
+        store: JobPort,
         workers: WorkerGroup,
         base_env: Mapping[str, str],
         health: NodeHealth | None = None,
@@ -89,6 +91,8 @@ class Agent:
         self.state = NodeState.JOINING
         self.record: JobRecord | None = None
         self._store = store
+        # What this node acts on is checked against what it knows itself (job/verify.py).
+        store.check = RecordCheck(store.keys.record, config.job.nproc_per_node, store.read_lease)
         self._workers = workers
         self._base_env = base_env
         self._clock = clock

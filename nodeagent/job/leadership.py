@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from nodeagent.coord.bounded import CallRunner
-from nodeagent.coord.store import JobStore, Snapshot
+from nodeagent.coord.store import Snapshot
 from nodeagent.errors import CoordinationError, FencedError, IllegalTransition
 from nodeagent.job.plan import LeaderMemory, Plan, Policy, plan
+from nodeagent.job.port import JobPort
 from nodeagent.model.job import JobRecord
 from nodeagent.telemetry.metrics import AgentMetrics
 
@@ -32,7 +33,7 @@ class Led:
 class Leadership:
     def __init__(
         self,
-        store: JobStore,
+        store: JobPort,
         policy: Policy,
         metrics: AgentMetrics,
         lease_ttl_s: float,
@@ -40,9 +41,7 @@ class Leadership:
         call: CallRunner,
     ) -> None:
         self._store = store
-        # The store checks what this node acts on against its own config, and counts garbage.
-        store.local_nproc = policy.nproc_per_node
-        store.garbage.count_with(metrics.redis_garbage)
+        store.garbage.count_with(metrics.redis_garbage)  # the store counts what it finds
         self._call = call
         self._policy = policy
         self._metrics = metrics

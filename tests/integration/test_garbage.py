@@ -22,6 +22,7 @@ from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.job.leadership import Leadership
 from nodeagent.job.plan import LeaderMemory, Plan, Policy
+from nodeagent.job.verify import RecordCheck
 from nodeagent.model.job import Command, CommandType, JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
 from nodeagent.telemetry.metrics import AgentMetrics
@@ -84,7 +85,7 @@ def form(server: RedisServer, job: str) -> Job:
     metrics = AgentMetrics(job, "test")
     leadership = Leadership(store, POLICY, metrics, TTL / 1000, time.monotonic, unbounded)
     follower = JobStore(connect(server.url, 2.0), keys)
-    follower.local_nproc = 1
+    follower.check = RecordCheck(follower.keys.record, 1, follower.read_lease)
     follower_counts: list[str] = []
     follower.garbage.count_with(follower_counts.append)
     snap = store.sync(report("a"))

@@ -1,0 +1,43 @@
+"""What the job's agent needs of the job's shared state: coord/store.py's JobStore satisfies it
+against Redis; tests/helpers/memstore.py's MemoryJobStore in memory, so the agent's loop is
+table-tested without a network (tests/unit/test_agent_loop.py), as torch elastic tests its
+rendezvous against an in-memory backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.replies import NodeLease, Snapshot
+from nodeagent.coord.store import RecordWrite, SnapshotCheck
+from nodeagent.model.garbage import Garbage, GarbageLog
+from nodeagent.model.job import Cordon, Event, NodeReport
+
+
+class JobPort(Protocol):
+    """The job's state as one node reads and writes it. Every call may raise CoordinationError
+    (the state cannot be reached); `commit` raises FencedError when this node no longer leads
+    or the record moved since `rev`."""
+
+    keys: JobKeys
+    garbage: GarbageLog  # garbage read is reported once, counted through the agent's metrics
+    check: SnapshotCheck  # what this node may act on (job/verify.py), applied in `sync`
+
+    def sync(self, report: NodeReport, events: Sequence[Event] = ()) -> Snapshot:
+        """Heartbeat: publish `report`, renew this node's lease, take or keep the leader lease,
+        append `events`, read the record (and, as leader, every lease and new command)."""
+
+    def read_lease(self, name: str, snapshot: Snapshot, found: list[Garbage]) -> NodeLease | None:
+        """One node's lease and report, for a node whose snapshot holds none."""
+
+    def commit(
+        self, leader: str, rev: int, plan: RecordWrite, replacing_garbage: bool = False
+    ) -> int:
+        """Write the leader's plan, fenced by its token and the record's revision; the new one."""
+
+    def leave(self, name: str, event: Event) -> None: ...
+    def wake(self, why: str) -> None: ...
+    def cordon(self, name: str, cordon: Cordon) -> None: ...
+    def uncordon(self, name: str, by: str) -> bool: ...
