@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from nodeagent.coord import streams
+from nodeagent.coord.cordons import lift_cordon, put_cordon
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import EVENTS_MAXLEN, PoolKeys
 from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_READ, POOL_SUBMIT, POOL_SYNC
@@ -37,8 +38,6 @@ from nodeagent.model.job import (
     Cordon,
     Event,
     JobRecord,
-    cordon_event,
-    uncordon_event,
 )
 from nodeagent.model.pool import PoolJob, PoolNode
 from nodeagent.model.queues import QueueView
@@ -366,24 +365,11 @@ class PoolStore:
 
     def cordon(self, name: str, cordon: Cordon) -> None:
         """Keep `name` out of new placements (and, with drain, off its job now)."""
-        streams.write_with_event(
-            self.client,
-            "pool cordon",
-            lambda pipe: pipe.hset(self.keys.cordons, name, cordon.to_json()),
-            self.keys.events,
-            cordon_event(name, cordon),
-        )
+        put_cordon(self.client, self.keys, name, cordon, "pool cordon")
 
     def uncordon(self, name: str, by: str) -> bool:
         """Lift `name`'s pool cordon; False if it had none."""
-        removed = streams.write_with_event(
-            self.client,
-            "pool uncordon",
-            lambda pipe: pipe.hdel(self.keys.cordons, name),
-            self.keys.events,
-            uncordon_event(name, by),
-        )
-        return bool(removed)
+        return lift_cordon(self.client, self.keys, name, by, "pool uncordon")
 
     def queues(self) -> set[str]:
         """The names of the queues an operator made (`default` exists without being made)."""

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import redis
 
 from nodeagent.coord import scripts, streams
+from nodeagent.coord.cordons import lift_cordon, put_cordon
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, WAKE_MAXLEN, JobKeys
 from nodeagent.coord.replies import (
@@ -40,8 +41,6 @@ from nodeagent.model.job import (
     Event,
     JobRecord,
     NodeReport,
-    cordon_event,
-    uncordon_event,
 )
 
 __all__ = ["JobStore", "NodeLease", "Snapshot"]
@@ -349,24 +348,11 @@ class JobStore:
 
     def cordon(self, name: str, cordon: Cordon) -> None:
         """Keep `name` out of new generations (and, with drain, out of the running one)."""
-        streams.write_with_event(
-            self.client,
-            "cordon",
-            lambda pipe: pipe.hset(self.keys.cordons, name, cordon.to_json()),
-            self.keys.events,
-            cordon_event(name, cordon),
-        )
+        put_cordon(self.client, self.keys, name, cordon, "cordon")
 
     def uncordon(self, name: str, by: str) -> bool:
         """Lift `name`'s cordon; False if it had none."""
-        removed = streams.write_with_event(
-            self.client,
-            "uncordon",
-            lambda pipe: pipe.hdel(self.keys.cordons, name),
-            self.keys.events,
-            uncordon_event(name, by),
-        )
-        return bool(removed)
+        return lift_cordon(self.client, self.keys, name, by, "uncordon")
 
     def cordons(self) -> dict[str, Cordon]:
         """Every readable cordon; garbage ones are logged and left out."""
