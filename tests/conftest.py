@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import itertools
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _pytest.nodes import Node
 
 from tests.helpers.cluster import RedisServer
 
@@ -67,6 +69,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="no NVIDIA GPU/driver here (NVML does not open)")
         for item in gpu_tests:
             item.add_marker(skip)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Groups must hold: pytest-xdist tags a grouped test by rewriting its node ID
+    (item._nodeid), which pytest 9.2 no longer reads, and then the groups silently run side by
+    side (two trainings at once time each other out)."""
+    if config.getvalue("dist") != "loadgroup":
+        return
+    probe = types.SimpleNamespace(_nodeid="probe@group", _id="probe")
+    if Node.nodeid.fget(probe) != "probe@group":  # type: ignore[attr-defined]
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} ignores the groups of pytest-xdist's --dist loadgroup; "
+            "install the pytest pyproject.toml's test extra pins (pip install -e '.[test]')"
+        )
 
 
 @pytest.fixture(scope="session")

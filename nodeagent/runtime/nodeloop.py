@@ -46,6 +46,7 @@ class Membership(Protocol):
     def beat(self, state: NodeState) -> bool: ...
     def next_wakeup(self) -> float: ...
     def leave(self) -> None: ...
+    def poke(self) -> None: ...
     def submit_pinned(self, spec: JobSpec) -> None: ...
     def spec(self, job_id: str) -> JobSpec | str | None: ...
 
@@ -162,6 +163,7 @@ class NodeLoop:
                     waits.append(0.0)
                     if member is None:  # served once
                         return ended
+                    member.poke()  # the pool learns at once that this node serves nothing
             if self._leaving:
                 if member is not None:
                     member.leave()
@@ -205,6 +207,8 @@ class NodeLoop:
         if config is not None:
             log.info("serving job %s", wanted)
             self.runner = self._start_job(config)
+            if self._member is not None:
+                self._member.poke()  # the pool learns at once, not a pool heartbeat later
 
     def _config_for(self, job_id: str) -> Config | None:
         settings = self._settings

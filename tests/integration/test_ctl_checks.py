@@ -17,6 +17,9 @@ from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait
 from tests.helpers.cluster import nodeagentctl as ctl
 from tests.helpers.fingerprint import fingerprint
 
+# One worker runs this module's tests in file order: they share one cluster, and the last one
+# changes its job (a drain), which the others' before-and-after comparisons must not see.
+pytestmark = pytest.mark.xdist_group("ctl-checks")
 DB = 11  # this module's own database of the session's redis-server: every key in it is ours
 EX_USAGE = 2
 
@@ -283,22 +286,6 @@ def test_a_key_of_the_wrong_type_is_not_called_unreachable(db_url: str, db: redi
     assert fingerprint(db) == before
 
 
-def test_the_commands_still_work_on_known_nodes(cluster: LocalCluster, db: redis.Redis) -> None:
-    """Runs last in this module: it changes the job."""
-    cordon = ctl(*where(cluster), "cordon", "a", "--reason", "test")
-    assert cordon.returncode == 0 and "node a: cordoned (test)" in cordon.stdout
-    assert "a" in db.hgetall(f"nodeagent:{{{cluster.job}}}:cordons")
-    uncordon = ctl(*where(cluster), "uncordon", "a")
-    assert uncordon.returncode == 0 and "node a: uncordoned" in uncordon.stdout
-    assert "a" not in db.hgetall(f"nodeagent:{{{cluster.job}}}:cordons")
-    generation = cluster.status()["generation"]
-    drain = ctl(*where(cluster), "drain", "b", "--wait", "--timeout", "60s")
-    assert drain.returncode == 0, drain.stderr
-    assert "node b: workers stopped, out of the job" in drain.stdout
-    doc = cluster.wait_running(1, timeout=60, after_generation=generation)
-    assert [n["name"] for n in doc["nodes"] if n["group_rank"] is not None] == ["a"]
-
-
 @pytest.mark.parametrize(
     ("spec", "fragments"),
     [
@@ -326,3 +313,20 @@ def test_a_bad_spec_file_exits_2_naming_the_key_and_writes_nothing(
         assert fragment in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert fingerprint(db) == before
+
+
+def test_the_commands_still_work_on_known_nodes(cluster: LocalCluster, db: redis.Redis) -> None:
+    """Last in this module (the others compare the database before and after): it changes
+    the job."""
+    cordon = ctl(*where(cluster), "cordon", "a", "--reason", "test")
+    assert cordon.returncode == 0 and "node a: cordoned (test)" in cordon.stdout
+    assert "a" in db.hgetall(f"nodeagent:{{{cluster.job}}}:cordons")
+    uncordon = ctl(*where(cluster), "uncordon", "a")
+    assert uncordon.returncode == 0 and "node a: uncordoned" in uncordon.stdout
+    assert "a" not in db.hgetall(f"nodeagent:{{{cluster.job}}}:cordons")
+    generation = cluster.status()["generation"]
+    drain = ctl(*where(cluster), "drain", "b", "--wait", "--timeout", "60s")
+    assert drain.returncode == 0, drain.stderr
+    assert "node b: workers stopped, out of the job" in drain.stdout
+    doc = cluster.wait_running(1, timeout=60, after_generation=generation)
+    assert [n["name"] for n in doc["nodes"] if n["group_rank"] is not None] == ["a"]

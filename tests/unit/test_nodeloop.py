@@ -19,6 +19,7 @@ class Member:
         self.last_error = None
         self.left = False
         self.beats: list[NodeState] = []
+        self.poked = 0
 
     def due(self, now: float) -> bool:
         return True
@@ -32,6 +33,9 @@ class Member:
 
     def leave(self) -> None:
         self.left = True
+
+    def poke(self) -> None:
+        self.poked += 1
 
     def submit_pinned(self, spec: Any) -> None:
         pass
@@ -84,6 +88,7 @@ def test_one_stop_request_is_a_graceful_stop_not_a_forced_one() -> None:
     loop = NodeLoop(pinned_config(), member, start, waker, lambda: 0.0)
     loop._reconcile()
     assert [r.job_id for r in runners] == ["j"]
+    assert member.poked == 1  # its next pool heartbeat says so at once
     loop.request_stop()
     loop.run()
     waker.close()
