@@ -94,6 +94,7 @@ sys.path.insert(0, str(ROOT))
 from nodeagent.coord import poolscripts, scripts  # noqa: E402
 from nodeagent.coord.client import connect  # noqa: E402
 from nodeagent.coord.keys import JobKeys, PoolKeys  # noqa: E402
+from nodeagent.coord.lua import Call, Script  # noqa: E402
 from nodeagent.coord.pool import PoolStore  # noqa: E402
 from nodeagent.coord.store import JobStore  # noqa: E402
 from nodeagent.job.leadership import Leadership  # noqa: E402
@@ -289,10 +290,10 @@ def follow(
     stores, senders = {}, {}
     packers: dict[tuple[int, str], Packed] = {}  # one connection per server and script
 
-    def packer(client: Any, script: str) -> Packed:
-        key = (id(client), script)
+    def packer(client: Any, script: Script) -> Packed:
+        key = (id(client), script.name)
         if key not in packers:
-            packers[key] = Packed.of(client, script)
+            packers[key] = Packed(client, script)
         return packers[key]
 
     for job in fleet.jobs:
@@ -346,22 +347,19 @@ class Packed:
     """One connection that sends pipelined calls of one script as RESP bytes packed once per
     key (what a call's KEYS and ARGV depend on), and reads their replies and drops them."""
 
-    def __init__(self, client: Any, sha: str) -> None:
+    def __init__(self, client: Any, script: Script) -> None:
         self.conn = client.connection_pool.get_connection()
-        self.sha = sha
+        self.script = script
+        self.sha = client.script_load(script.source)
         self.packed: dict[tuple[Any, ...], bytes] = {}
 
-    @classmethod
-    def of(cls, client: Any, script: str) -> Packed:
-        return cls(client, client.script_load(script))
-
-    def send(self, calls: Sequence[tuple[tuple[Any, ...], Callable[[], Any]]]) -> None:
-        """`calls`: (key, a function giving its KEYS and ARGV); a reply that is an error raises."""
+    def send(self, calls: Sequence[tuple[tuple[Any, ...], Callable[[], Call]]]) -> None:
+        """`calls`: (key, a function giving the call); a reply that is an error raises."""
         chunks = []
         for key, call in calls:
             packed = self.packed.get(key)
             if packed is None:
-                keys, args = call()
+                keys, args = self.script.call_args(call())
                 parts = self.conn.pack_command("EVALSHA", self.sha, len(keys), *keys, *args)
                 packed = self.packed[key] = b"".join(parts)
             chunks.append(packed)
@@ -569,10 +567,10 @@ class RedisProbe:
             c.config_set("slowlog-max-len", 10_000)
             c.config_set("latency-monitor-threshold", 1)
         self.names = {
-            hashlib.sha1(v.encode()).hexdigest(): f"{module.__name__.rsplit('.', 1)[1]}.{k}"
+            hashlib.sha1(v.source.encode()).hexdigest(): f"{module.__name__.rsplit('.', 1)[1]}.{k}"
             for module in (scripts, poolscripts)
             for k, v in vars(module).items()
-            if k.isupper() and isinstance(v, str)
+            if isinstance(v, Script)
         }
 
     def reset(self) -> None:

@@ -18,8 +18,9 @@ from nodeagent.coord import streams
 from nodeagent.coord.cordons import lift_cordon, put_cordon
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import EVENTS_MAXLEN, PoolKeys
+from nodeagent.coord.lua import Call
 from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_READ, POOL_SUBMIT, POOL_SYNC
-from nodeagent.coord.scripts import LEAVE, READ_PAGE
+from nodeagent.coord.scripts import LEAVE, READ_PAGE, leave_call, read_page_call
 from nodeagent.coord.store import JobStore
 from nodeagent.coord.view import (
     PAGE,
@@ -116,12 +117,12 @@ class PoolStore:
     def __init__(self, client: redis.Redis, keys: PoolKeys) -> None:
         self.client = client
         self.keys = keys
-        self._sync = client.register_script(POOL_SYNC)
-        self._read = client.register_script(POOL_READ)
-        self._commit = client.register_script(POOL_COMMIT)
-        self._submit = client.register_script(POOL_SUBMIT)
-        self._leave = client.register_script(LEAVE)  # a job's and a pool's: the same steps
-        self._page = client.register_script(READ_PAGE)  # and the same paged read of nodes
+        self._sync = POOL_SYNC.bind(client)
+        self._read = POOL_READ.bind(client)
+        self._commit = POOL_COMMIT.bind(client)
+        self._submit = POOL_SUBMIT.bind(client)
+        self._leave = LEAVE.bind(client)  # a job's and a pool's: the same steps
+        self._page = READ_PAGE.bind(client)  # and the same paged read of nodes
         self._view: LeaderView[PoolNode] = LeaderView()  # what it read while leading the pool
         self._records: dict[str, tuple[str, JobRecord | None]] = {}  # by revision as read
         self._specs: dict[str, tuple[str, JobSpec | str]] = {}  # by their text as read
@@ -130,7 +131,7 @@ class PoolStore:
 
     def sync(self, report: PoolNode) -> PoolBeat:
         with redis_errors("pool heartbeat"):
-            reply: Any = self._sync(*self.sync_call(report))
+            reply: Any = self._sync(self.sync_call(report))
         now, leader, deadline, placement, garbage = reply
         placement = placement if isinstance(placement, str) and NAME_RE.match(placement) else None
         return PoolBeat(
@@ -145,25 +146,31 @@ class PoolStore:
         """Pool heartbeats of many nodes in one pipeline (the fleet simulator, bench/fleet.py)."""
         pipe = self.client.pipeline(transaction=False)
         for report in reports:
-            self._sync(*self.sync_call(report), client=pipe)
+            self._sync(self.sync_call(report), client=pipe)
         with redis_errors("pool heartbeats"):
             pipe.execute()
 
-    def sync_call(self, report: PoolNode) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of the POOL_SYNC script (see its header in poolscripts.py)."""
+    def sync_call(self, report: PoolNode) -> Call:
+        """This node's call of the POOL_SYNC script (poolscripts.py), named."""
         k = self.keys
-        return (
-            [
-                k.node(report.name),
-                k.leases,
-                k.leader,
-                k.leader_epoch,
-                k.placements,
-                k.changes,
-                k.change_seq,
-                k.digests,
-            ],
-            [report.name, report.to_json(), report.lease_ttl_ms, k.node_prefix(), report.digest],
+        return Call(
+            {
+                "node": k.node(report.name),
+                "leases": k.leases,
+                "leader": k.leader,
+                "epoch": k.leader_epoch,
+                "placements": k.placements,
+                "changes": k.changes,
+                "change_seq": k.change_seq,
+                "digests": k.digests,
+            },
+            {
+                "name": report.name,
+                "report": report.to_json(),
+                "ttl": report.lease_ttl_ms,
+                "node_prefix": k.node_prefix(),
+                "digest": report.digest,
+            },
         )
 
     def read(self, led_by: str | None = None) -> PoolSnapshot:
@@ -175,8 +182,17 @@ class PoolStore:
         cached = held is not None and held.fresh(led_by)
         with redis_errors("read the pool"):
             reply: Any = self._read(
-                keys=[k.placements, k.jobs, k.cancels, k.cordons, k.leader, k.queues],
-                args=["1" if cached else "0"],
+                Call(
+                    {
+                        "placements": k.placements,
+                        "jobs": k.jobs,
+                        "cancels": k.cancels,
+                        "cordons": k.cordons,
+                        "leader": k.leader,
+                        "queues": k.queues,
+                    },
+                    {"skip_placements": "1" if cached else "0"},
+                )
             )
         now, leader, raw_placements, jobs, cancels, cordons, queues, noted = reply
         garbage = [str(g) for g in noted]
@@ -238,10 +254,7 @@ class PoolStore:
     ) -> ViewRead[PoolNode]:
         k = self.keys
         with redis_errors("read the pool's nodes"):
-            reply: Any = self._page(
-                keys=[k.leases, k.changes, k.change_seq, k.leader],
-                args=[k.node_prefix(), cursor, sweep, count, PAGE, expired],
-            )
+            reply: Any = self._page(read_page_call(k, cursor, sweep, count, expired))
         garbage += (str(g) for g in reply[6])
         leases, gone = _leases(now, reply[7], reply[8], garbage)
 
@@ -322,16 +335,27 @@ class PoolStore:
     def commit(self, leader: str, write: PoolWrite) -> None:
         """Raises: FencedError when another node leads the pool."""
         k = self.keys
-        args: list[Any] = [leader, EVENTS_MAXLEN, len(write.unplace), *write.unplace]
-        args += [len(write.place), *(x for pair in write.place.items() for x in pair)]
-        args += [len(write.jobs), *(x for j, s in write.jobs.items() for x in (j, s.to_json()))]
-        args += [len(write.drop_leases), *write.drop_leases]
-        args += [e.to_json() for e in write.events]
+        rest: list[Any] = [len(write.unplace), *write.unplace]
+        rest += [len(write.place), *(x for pair in write.place.items() for x in pair)]
+        rest += [len(write.jobs), *(x for j, s in write.jobs.items() for x in (j, s.to_json()))]
+        rest += [len(write.drop_leases), *write.drop_leases]
+        rest += [e.to_json() for e in write.events]
         held, self._placements = self._placements, None  # unknown if the write fails
         with redis_errors("pool leader write"):
             self._commit(
-                keys=[k.leader, k.placements, k.jobs, k.events, k.leases, k.changes, k.digests],
-                args=args,
+                Call(
+                    {
+                        "leader": k.leader,
+                        "placements": k.placements,
+                        "jobs": k.jobs,
+                        "events": k.events,
+                        "leases": k.leases,
+                        "changes": k.changes,
+                        "digests": k.digests,
+                    },
+                    {"leader_value": leader, "events_maxlen": EVENTS_MAXLEN},
+                    rest,
+                )
             )
         self._view.forget(write.drop_leases)
         if held is not None and held.leader == leader:
@@ -348,14 +372,16 @@ class PoolStore:
         )
         with redis_errors("submit"):
             created, raw = self._submit(
-                keys=[k.specs, k.jobs, k.seq, k.events],
-                args=[
-                    spec.id,
-                    spec.to_json(),
-                    "1" if pinned else "0",
-                    EVENTS_MAXLEN,
-                    event.to_json(),
-                ],
+                Call(
+                    {"specs": k.specs, "jobs": k.jobs, "seq": k.seq, "events": k.events},
+                    {
+                        "job": spec.id,
+                        "spec": spec.to_json(),
+                        "pinned": "1" if pinned else "0",
+                        "events_maxlen": EVENTS_MAXLEN,
+                        "event": event.to_json(),
+                    },
+                )
             )
         try:
             status = PoolJob.from_json(raw) if raw else None
@@ -439,13 +465,7 @@ class PoolStore:
         k = self.keys
         event = Event("node_left", node=name, message=f"{name} left the pool")
         with redis_errors("leave the pool"):
-            self._leave(
-                keys=[
-                    *(k.node(name), k.leases, k.leader, k.events),
-                    *(k.changes, k.change_seq, k.digests),
-                ],
-                args=[name, EVENTS_MAXLEN, event.to_json()],
-            )
+            self._leave(leave_call(k, name, event))
 
 
 def _pairs(flat: Sequence[Any]) -> list[tuple[str, str]]:

@@ -1,4 +1,6 @@
-"""The Lua scripts nodeagent runs in Redis. Each starts with its KEYS and ARGV.
+"""The Lua scripts of a job, each a `Script` (coord/lua.py) naming its KEYS, its ARGV and its
+reply; the shared fragments (NOW, GARBAGE, LEADER, TAKE_LEADER, CHANGES, READ_VIEW) take the
+keys they touch as parameters, and the pool's scripts (poolscripts.py) use them too.
 
 Every time comparison happens here, in Redis server time (TIME), never on an agent's clock.
 Node names cannot contain spaces (config validation), so "<name> <token>" is unambiguous.
@@ -12,7 +14,33 @@ same atomic step: that is the fence.
 
 from __future__ import annotations
 
-from nodeagent.coord.keys import WAKE_MAXLEN
+from typing import Protocol
+
+from nodeagent.coord.keys import EVENTS_MAXLEN, WAKE_MAXLEN
+from nodeagent.coord.lua import Call, Script
+from nodeagent.coord.view import PAGE
+from nodeagent.model.job import Event
+
+
+class NodeKeys(Protocol):
+    """The keys READ_PAGE and LEAVE touch: a job's (JobKeys) or a pool's (PoolKeys)."""
+
+    @property
+    def leases(self) -> str: ...
+    @property
+    def leader(self) -> str: ...
+    @property
+    def events(self) -> str: ...
+    @property
+    def changes(self) -> str: ...
+    @property
+    def change_seq(self) -> str: ...
+    @property
+    def digests(self) -> str: ...
+
+    def node(self, name: str) -> str: ...
+    def node_prefix(self) -> str: ...
+
 
 NOW = """
 local t = redis.call('TIME')
@@ -75,18 +103,18 @@ local function id_less(a, b)
 end
 """
 
-# The leader lease (KEYS[3]) as it stands: a valid "<node> <token>" value, false when free, or
+# The leader lease (`key`) as it stands: a valid "<node> <token>" value, false when free, or
 # nil when it is garbage (wrong type, unparseable, no TTL, or, with a TTL longer than `ttl`,
 # naming a node that holds no node key: no live agent renews it). Garbage is noted; with
 # `clamp` its TTL is cut to `ttl`, so the lease is taken over within one lease_ttl, as if its
 # holder had died.
 LEADER = """
-local function read_leader(prefix, ttl, clamp)
-  local value = redis.pcall('GET', KEYS[3])
-  local pttl = redis.call('PTTL', KEYS[3])
+local function read_leader(key, prefix, ttl, clamp)
+  local value = redis.pcall('GET', key)
+  local pttl = redis.call('PTTL', key)
   local problem = nil
   if type(value) == 'table' then
-    problem = wrong(KEYS[3], 'string')
+    problem = wrong(key, 'string')
   elseif value then
     local holder, token = string.match(value, '^([^ ]+) (%d+)$')
     if not holder or #token > 16 then
@@ -102,66 +130,66 @@ local function read_leader(prefix, ttl, clamp)
   local action = 'ignored'
   if clamp then
     action = 'taken over within lease_ttl'
-    if pttl < 0 or pttl > ttl then redis.call('PEXPIRE', KEYS[3], ttl) end
+    if pttl < 0 or pttl > ttl then redis.call('PEXPIRE', key, ttl) end
   end
-  note('leader', KEYS[3], problem, action)
+  note('leader', key, problem, action)
   return nil
 end
 """
 
-# Take the leader lease (KEYS[3], tokens from KEYS[4]) when it is free, renew it when `name`
+# Take the leader lease (`key`, tokens from `epoch`) when it is free, renew it when `name`
 # holds it; returns its value as it now stands (nil: garbage, left to lapse).
 TAKE_LEADER = """
-local function take_leader(name, prefix, ttl)
+local function take_leader(key, epoch, name, prefix, ttl)
   local mine = name .. ' '
-  local leader = read_leader(prefix, ttl, true)
+  local leader = read_leader(key, prefix, ttl, true)
   if leader == false then
-    local token = redis.pcall('INCR', KEYS[4])
+    local token = redis.pcall('INCR', epoch)
     if type(token) == 'table' or token > 1e15 then
       local problem = 'passed 10^15'
       if type(token) == 'table' then problem = token['err'] end
-      if string.sub(problem, 1, 9) == 'WRONGTYPE' then problem = wrong(KEYS[4], 'string') end
-      note('leader-epoch', KEYS[4], problem, 'restarted from the server time')
-      redis.call('SET', KEYS[4], fmt(now))
-      token = redis.call('INCR', KEYS[4])
+      if string.sub(problem, 1, 9) == 'WRONGTYPE' then problem = wrong(epoch, 'string') end
+      note('leader-epoch', epoch, problem, 'restarted from the server time')
+      redis.call('SET', epoch, fmt(now))
+      token = redis.call('INCR', epoch)
     end
     leader = mine .. fmt(token)
-    redis.call('SET', KEYS[3], leader, 'PX', ttl)
+    redis.call('SET', key, leader, 'PX', ttl)
   elseif leader and string.sub(leader, 1, #mine) == mine then
-    redis.call('PEXPIRE', KEYS[3], ttl)
+    redis.call('PEXPIRE', key, ttl)
   end
   return leader
 end
 """
 
-# The change set (KEYS[ci] changes zset, KEYS[ci + 1] change-seq counter, KEYS[ci + 2] digests
-# hash): a node's heartbeat gives it a new change number when what the leader plans from changed
+# The change set (`changes` zset, `seq_key` change-seq counter, `digests` hash):
+# a node's heartbeat gives it a new change number when what the leader plans from changed
 # (its digest), or when its node key was gone (it is back). The leader reads only the nodes
 # changed since its cursor. Keys of the wrong type are noted; the leader deletes them (repair),
 # so every node marks itself again at its next heartbeat, with numbers above the leader's cursor.
 CHANGES = """
-local function mark_changed(ci, name, digest)
-  local seq = try('changes', KEYS[ci + 1], 'string', 'not marked', 'INCR', KEYS[ci + 1])
+local function mark_changed(changes, seq_key, digests, name, digest)
+  local seq = try('changes', seq_key, 'string', 'not marked', 'INCR', seq_key)
   if not seq then return end
   if seq == 1 then
     -- A new counter starts above every number the last one gave (as leader-epoch does): the
     -- leader's cursor stays valid and it reads every node that marks itself again.
     seq = now * 1000
-    redis.call('SET', KEYS[ci + 1], fmt(seq))
+    redis.call('SET', seq_key, fmt(seq))
   end
-  if not try('changes', KEYS[ci], 'zset', 'not marked', 'ZADD', KEYS[ci], fmt(seq), name) then
+  if not try('changes', changes, 'zset', 'not marked', 'ZADD', changes, fmt(seq), name) then
     return
   end
   if digest then
-    try('changes', KEYS[ci + 2], 'hash', 'ignored', 'HSET', KEYS[ci + 2], name, digest)
+    try('changes', digests, 'hash', 'ignored', 'HSET', digests, name, digest)
   else
-    redis.pcall('HDEL', KEYS[ci + 2], name)
+    redis.pcall('HDEL', digests, name)
   end
 end
 -- The leader's repair: the change set is one thing; any of its keys garbage, all three go (each
 -- node marks itself again at its next heartbeat, above the leader's cursor).
-local function repair_changes(ci)
-  local set = {{KEYS[ci], 'zset'}, {KEYS[ci + 1], 'string'}, {KEYS[ci + 2], 'hash'}}
+local function repair_changes(changes, seq_key, digests)
+  local set = {{changes, 'zset'}, {seq_key, 'string'}, {digests, 'hash'}}
   for _, k in ipairs(set) do
     local found = kind_of(k[1])
     local counter = found == 'string' and k[2] == 'string'
@@ -170,14 +198,14 @@ local function repair_changes(ci)
       local problem = wrong(k[1], k[2])
       if counter then problem = 'is not a counter' end
       note('changes', k[1], problem, 'the change set is rebuilt')
-      redis.call('DEL', KEYS[ci], KEYS[ci + 1], KEYS[ci + 2])
+      redis.call('DEL', changes, seq_key, digests)
       return
     end
   end
 end
 """
 
-# The leader's bounded read (KEYS[li] leases, KEYS[ci] changes, KEYS[ci + 1] change-seq):
+# The leader's bounded read (`leases`, `changes` and its `seq_key` counter):
 # - up to `page` nodes changed after change number `cursor`, and `sweep_count` leases more from
 #   a ZSCAN of the leases at `sweep` ('' for none): a slow full pass that finds what no change
 #   announced (a lease written by hand, a change set lost), every lease in about M / sweep_count
@@ -189,7 +217,8 @@ end
 # Returns {entries (name, deadline, ...), reports, ttls, seq, last change number read,
 #   more (1: a page was full), expired (name, deadline, ...), next deadline or false, sweep}.
 READ_VIEW = """
-local function read_view(li, ci, prefix, cursor, sweep, sweep_count, page, expired_at)
+local function read_view(leases, changes, seq_key, prefix, cursor, sweep, sweep_count, page,
+    expired_at)
   local names, seen = {}, {}
   local function add(name)
     if not seen[name] then
@@ -198,7 +227,7 @@ local function read_view(li, ci, prefix, cursor, sweep, sweep_count, page, expir
     end
   end
   local more, reached = 0, cursor
-  local changed = try('changes', KEYS[ci], 'zset', 'ignored', 'ZRANGEBYSCORE', KEYS[ci],
+  local changed = try('changes', changes, 'zset', 'ignored', 'ZRANGEBYSCORE', changes,
     '(' .. cursor, '+inf', 'WITHSCORES', 'LIMIT', 0, page) or {}
   for i = 1, #changed, 2 do
     add(changed[i])
@@ -207,62 +236,62 @@ local function read_view(li, ci, prefix, cursor, sweep, sweep_count, page, expir
   if #changed >= 2 * page then more = 1 end
   local next_sweep = '0'
   if sweep ~= '' then
-    local scanned = try('leases', KEYS[li], 'zset', 'ignored', 'ZSCAN', KEYS[li], sweep,
+    local scanned = try('leases', leases, 'zset', 'ignored', 'ZSCAN', leases, sweep,
       'COUNT', sweep_count)
     if scanned then
       next_sweep = scanned[1]
       for i = 1, #scanned[2], 2 do add(scanned[2][i]) end
     end
   end
-  local expired = try('leases', KEYS[li], 'zset', 'ignored', 'ZRANGEBYSCORE', KEYS[li], '-inf',
+  local expired = try('leases', leases, 'zset', 'ignored', 'ZRANGEBYSCORE', leases, '-inf',
     now, 'WITHSCORES', 'LIMIT', expired_at, 4 * page) or {}
   if #expired >= 8 * page then more = 1 end
-  local first = try('leases', KEYS[li], 'zset', 'ignored', 'ZRANGEBYSCORE', KEYS[li],
+  local first = try('leases', leases, 'zset', 'ignored', 'ZRANGEBYSCORE', leases,
     '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1) or {}
   local entries, reports, ttls = {}, {}, {}
   for _, name in ipairs(names) do
     local key = prefix .. name
     entries[#entries + 1] = name
-    entries[#entries + 1] = redis.pcall('ZSCORE', KEYS[li], name)
+    entries[#entries + 1] = redis.pcall('ZSCORE', leases, name)
     reports[#reports + 1] = try('node', key, 'string', 'ignored', 'GET', key) or ''
     ttls[#ttls + 1] = redis.call('PTTL', key)
   end
   for i = 2, #entries, 2 do
     if type(entries[i]) ~= 'string' then entries[i] = false end
   end
-  local seq = redis.pcall('GET', KEYS[ci + 1])
+  local seq = redis.pcall('GET', seq_key)
   if type(seq) ~= 'string' then seq = '0' end
   return {entries, reports, ttls, seq, reached, more, expired, first[2] or false, next_sweep}
 end
 """
 
 
-# The leader's repairs of the job's own keys (KEYS[2] leases, KEYS[5] job hash, KEYS[6] events,
-# KEYS[7] commands, KEYS[8] cordons). Run only while this node holds the leader lease, checked in
-# the same script. A key of the wrong type holds nothing nodeagent wrote: it is deleted (the
-# leases are rebuilt from the record's members and their node keys' TTLs, so no member looks
-# gone). In the job hash, `rev` must be a counter, `gen` the record's generation, `cursor` an
-# entry ID no later than the last command.
+# The leader's repairs of the job's own keys (SYNC's K.leases, K.job, K.events, K.commands,
+# K.cordons, K.ranks and the change set). Run only while this node holds the leader lease,
+# checked in the same script. A key of the wrong type holds nothing nodeagent wrote: it is
+# deleted (the leases are rebuilt from the record's members and their node keys' TTLs, so no
+# member looks gone). In the job hash, `rev` must be a counter, `gen` the record's generation,
+# `cursor` an entry ID no later than the last command.
 _REPAIR = """
 local function last_command()
-  if kind_of(KEYS[7]) ~= 'stream' then return nil end
-  local last = redis.call('XREVRANGE', KEYS[7], '+', '-', 'COUNT', 1)
+  if kind_of(K.commands) ~= 'stream' then return nil end
+  local last = redis.call('XREVRANGE', K.commands, '+', '-', 'COUNT', 1)
   if #last == 0 then return nil end
   return last[1][1]
 end
 local function repair_job()
-  local kind = kind_of(KEYS[5])
+  local kind = kind_of(K.job)
   if kind ~= 'hash' then
     if kind ~= 'none' then
-      note('job', KEYS[5], wrong(KEYS[5], 'hash'), 'deleted: the job re-forms')
-      redis.call('DEL', KEYS[5])
+      note('job', K.job, wrong(K.job, 'hash'), 'deleted: the job re-forms')
+      redis.call('DEL', K.job)
     end
     return nil
   end
-  local f = redis.call('HMGET', KEYS[5], 'rev', 'gen', 'cursor', 'record')
+  local f = redis.call('HMGET', K.job, 'rev', 'gen', 'cursor', 'record')
   if f[1] and not is_uint(f[1]) then
-    note('job', KEYS[5], 'field rev ' .. sample(f[1]) .. ' is not a revision', 'reset')
-    redis.call('HSET', KEYS[5], 'rev', fmt(now))
+    note('job', K.job, 'field rev ' .. sample(f[1]) .. ' is not a revision', 'reset')
+    redis.call('HSET', K.job, 'rev', fmt(now))
   end
   local record = nil
   if f[4] then
@@ -278,11 +307,11 @@ local function repair_job()
   if f[2] and f[2] ~= gen then
     local problem = 'field gen ' .. sample(f[2]) .. " is not the record's generation"
     if gen then
-      note('job', KEYS[5], problem, 'set to ' .. gen)
-      redis.call('HSET', KEYS[5], 'gen', gen)
+      note('job', K.job, problem, 'set to ' .. gen)
+      redis.call('HSET', K.job, 'gen', gen)
     else
-      note('job', KEYS[5], problem, 'removed')
-      redis.call('HDEL', KEYS[5], 'gen')
+      note('job', K.job, problem, 'removed')
+      redis.call('HDEL', K.job, 'gen')
     end
   end
   -- No command read can be later than the last one, or than now when there is none.
@@ -294,31 +323,31 @@ local function repair_job()
     if record and is_id(record.command_cursor) and not id_less(bound, record.command_cursor) then
       fixed = record.command_cursor
     end
-    note('job', KEYS[5], 'field cursor ' .. sample(cursor) .. ' is past every command',
+    note('job', K.job, 'field cursor ' .. sample(cursor) .. ' is past every command',
       'set to ' .. fixed)
-    redis.call('HSET', KEYS[5], 'cursor', fixed)
+    redis.call('HSET', K.job, 'cursor', fixed)
   end
   return record
 end
 local function rebuild_leases(record)
-  redis.call('DEL', KEYS[2])
+  redis.call('DEL', K.leases)
   if not record or type(record.members) ~= 'table' then return end
   for _, member in ipairs(record.members) do
     if type(member) == 'string' and string.match(member, '^[%w][%w._-]*$') then
-      local pttl = redis.call('PTTL', ARGV[5] .. member)
-      if pttl > 0 then redis.call('ZADD', KEYS[2], now + pttl, member) end
+      local pttl = redis.call('PTTL', A.node_prefix .. member)
+      if pttl > 0 then redis.call('ZADD', K.leases, now + pttl, member) end
     end
   end
 end
 local function repair()
   local record = repair_job()
-  local kind = kind_of(KEYS[2])
+  local kind = kind_of(K.leases)
   if kind ~= 'zset' and kind ~= 'none' then
-    note('leases', KEYS[2], wrong(KEYS[2], 'zset'), "rebuilt from the members' node keys")
+    note('leases', K.leases, wrong(K.leases, 'zset'), "rebuilt from the members' node keys")
     rebuild_leases(record)
   end
-  local owned = {{'events', KEYS[6], 'stream'}, {'commands', KEYS[7], 'stream'},
-    {'cordons', KEYS[8], 'hash'}, {'job', KEYS[12], 'hash'}}
+  local owned = {{'events', K.events, 'stream'}, {'commands', K.commands, 'stream'},
+    {'cordons', K.cordons, 'hash'}, {'job', K.ranks, 'hash'}}
   for _, k in ipairs(owned) do
     local found = kind_of(k[2])
     if found ~= k[3] and found ~= 'none' then
@@ -326,37 +355,56 @@ local function repair()
       redis.call('DEL', k[2])
     end
   end
-  repair_changes(9)
+  repair_changes(K.changes, K.change_seq, K.digests)
 end
 """
 
-SYNC = (
-    """
--- Heartbeat: renew this node's lease, take or renew the leader lease, append events, read.
--- KEYS[1] node key    KEYS[2] leases zset    KEYS[3] leader      KEYS[4] leader epoch
--- KEYS[5] job hash    KEYS[6] events stream  KEYS[7] commands stream  KEYS[8] cordons hash
--- KEYS[9] changes zset  KEYS[10] change-seq counter  KEYS[11] digests hash
--- KEYS[12] ranks hash
--- ARGV[1] node name   ARGV[2] report JSON    ARGV[3] lease ttl ms
--- ARGV[4] events maxlen  ARGV[5] node key prefix  ARGV[6] report digest
--- ARGV[7] the record revision the caller holds ('' for none: a leader always reads it, so a
---   record replaced by hand at the same revision is seen, and rewritten at a new one)
--- ARGV[8] the leader's change cursor  ARGV[9] its sweep cursor  ARGV[10] sweep count
--- ARGV[11] page size  ARGV[12..] event JSONs to append
--- The record is: 1, the one at the revision the caller holds (not read, not sent again); to a
--- leader, the record; to another node, {head, its rank or nil} (JobRecord.head_json: the member
--- list is 90 KB at 10,000 nodes, and every node reads the record at every new revision), or the
--- record when the ranks hash is not the one written with it (lost, garbage, an older writer's).
--- Returns {now_ms, leader, rev, record, this node's cordon, leader lease deadline (ms),
---   garbage} and, for the leader only, {..., read_view's entries, reports, ttls, commands, seq,
---   last change read, more, expired, next deadline, sweep, {the record's head, its members'
---   digest, the ranks hash's digest}} (the leader checks that what the others read is its
---   record's: replies._stale_head). Followers wake at the leader's deadline to take over at
---   once. A garbage leader lease or epoch never stops the job: the lease lapses within
---   lease_ttl, the epoch restarts from the server time (above any token handed out), and the
---   leader repairs the job's other keys before it reads them.
-"""
-    + NOW
+
+# Heartbeat: renew this node's lease, take or renew the leader lease, append events (`rest`),
+# read. `held_rev`: the record revision the caller holds ('' for none: a leader always reads
+# it, so a record replaced by hand at the same revision is seen, and rewritten at a new one).
+# The record is: 1, the one at the revision the caller holds (not read, not sent again); to a
+# leader, the record; to another node, {head, its rank or nil} (JobRecord.head_json: the member
+# list is 90 KB at 10,000 nodes, and every node reads the record at every new revision), or the
+# record when the ranks hash is not the one written with it (lost, garbage, an older writer's).
+# Followers wake at the leader's deadline to take over at once. A garbage leader lease or epoch
+# never stops the job: the lease lapses within lease_ttl, the epoch restarts from the server
+# time (above any token handed out), and the leader repairs the job's other keys before it
+# reads them.
+SYNC = Script(
+    "SYNC",
+    keys=(
+        "node",
+        "leases",
+        "leader",
+        "epoch",
+        "job",
+        "events",
+        "commands",
+        "cordons",
+        "changes",
+        "change_seq",
+        "digests",
+        "ranks",
+    ),
+    args=(
+        "name",
+        "report",
+        "ttl",
+        "events_maxlen",
+        "node_prefix",
+        "digest",
+        "held_rev",
+        "change_cursor",
+        "sweep",
+        "sweep_count",
+        "page",
+    ),
+    returns="{now_ms, leader, rev, record, this node's cordon, leader lease deadline (ms), "
+    "garbage} and, for the leader only, {..., read_view's entries, reports, ttls, commands, seq, "
+    "last change read, more, expired, next deadline, sweep, {the record's head, its members' "
+    "digest, the ranks hash's digest}} (replies._stale_head checks the last)",
+    body=NOW
     + GARBAGE
     + LEADER
     + TAKE_LEADER
@@ -364,133 +412,164 @@ SYNC = (
     + _REPAIR
     + READ_VIEW
     + """
-local name = ARGV[1]
-local ttl = tonumber(ARGV[3])
+local name = A.name
+local ttl = tonumber(A.ttl)
 local mine = name .. ' '
-local back = redis.call('EXISTS', KEYS[1]) == 0
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
-local leader = take_leader(name, ARGV[5], ttl)
+local back = redis.call('EXISTS', K.node) == 0
+redis.call('SET', K.node, A.report, 'PX', ttl)
+local leader = take_leader(K.leader, K.epoch, name, A.node_prefix, ttl)
 local leading = leader and string.sub(leader, 1, #mine) == mine
 if leading then repair() end
-try('leases', KEYS[2], 'zset', 'lease not renewed', 'ZADD', KEYS[2], now + ttl, name)
-local digest = try('changes', KEYS[11], 'hash', 'ignored', 'HGET', KEYS[11], name)
-if back or digest ~= ARGV[6] then mark_changed(9, name, ARGV[6]) end
-for i = 12, #ARGV do
-  local added = try('events', KEYS[6], 'stream', 'events not appended',
-    'XADD', KEYS[6], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[i])
+try('leases', K.leases, 'zset', 'lease not renewed', 'ZADD', K.leases, now + ttl, name)
+local digest = try('changes', K.digests, 'hash', 'ignored', 'HGET', K.digests, name)
+if back or digest ~= A.digest then
+  mark_changed(K.changes, K.change_seq, K.digests, name, A.digest)
+end
+for i = REST, #ARGV do  -- the events to append
+  local added = try('events', K.events, 'stream', 'events not appended',
+    'XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'event', ARGV[i])
   if not added then break end
 end
 local function member_record()
-  local f = redis.call('HMGET', KEYS[5], 'head', 'members')
+  local f = redis.call('HMGET', K.job, 'head', 'members')
   if f[1] and f[2] then
-    local ranks = redis.pcall('HMGET', KEYS[12], '.members', name)
+    local ranks = redis.pcall('HMGET', K.ranks, '.members', name)
     if not ranks['err'] and ranks[1] == f[2] then return {f[1], ranks[2]} end
   end
-  return redis.call('HGET', KEYS[5], 'record')
+  return redis.call('HGET', K.job, 'record')
 end
 local rev, record = '0', false
-local held = try('job', KEYS[5], 'hash', 'ignored', 'HGET', KEYS[5], 'rev')
+local held = try('job', K.job, 'hash', 'ignored', 'HGET', K.job, 'rev')
 if held ~= nil then
   rev = held or '0'
   if leading then
-    record = redis.call('HGET', KEYS[5], 'record')
-  elseif rev == ARGV[7] then
+    record = redis.call('HGET', K.job, 'record')
+  elseif rev == A.held_rev then
     record = 1
   else
     record = member_record()
   end
 end
-local cordon = try('cordons', KEYS[8], 'hash', 'ignored', 'HGET', KEYS[8], name) or false
-local leader_pttl = redis.call('PTTL', KEYS[3])
+local cordon = try('cordons', K.cordons, 'hash', 'ignored', 'HGET', K.cordons, name) or false
+local leader_pttl = redis.call('PTTL', K.leader)
 local leader_deadline = false
 if leader_pttl > 0 then leader_deadline = now + leader_pttl end
 if not leading then
   return {now, leader or false, rev, record, cordon, leader_deadline, garbage}
 end
-local view = read_view(2, 9, ARGV[5], ARGV[8], ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11]), 0)
-local cursor = redis.call('HGET', KEYS[5], 'cursor') or '0-0'
-local commands = try('commands', KEYS[7], 'stream', 'ignored',
-  'XRANGE', KEYS[7], '(' .. cursor, '+', 'COUNT', 100) or {}
-local head = redis.call('HMGET', KEYS[5], 'head', 'members')
-local ranks = redis.call('HGET', KEYS[12], '.members')  -- (repair made it a hash or none)
+local view = read_view(K.leases, K.changes, K.change_seq, A.node_prefix, A.change_cursor,
+  A.sweep, tonumber(A.sweep_count), tonumber(A.page), 0)
+local cursor = redis.call('HGET', K.job, 'cursor') or '0-0'
+local commands = try('commands', K.commands, 'stream', 'ignored',
+  'XRANGE', K.commands, '(' .. cursor, '+', 'COUNT', 100) or {}
+local head = redis.call('HMGET', K.job, 'head', 'members')
+local ranks = redis.call('HGET', K.ranks, '.members')  -- (repair made it a hash or none)
 head[3] = ranks
 return {now, leader, rev, record, cordon, leader_deadline, garbage, view[1], view[2], view[3],
   commands, view[4], view[5], view[6], view[7], view[8], view[9], head}
-"""
+""",
 )
 
-READ_PAGE = (
-    """
--- More of what the leader reads (see read_view), or nodeagentctl status's pages: repairs
--- nothing, notes garbage.
--- KEYS[1] leases zset  KEYS[2] changes zset  KEYS[3] change-seq  KEYS[4] leader
--- ARGV[1] node key prefix  ARGV[2] change cursor  ARGV[3] sweep cursor ('' for none)
--- ARGV[4] sweep count  ARGV[5] page size  ARGV[6] offset of the first expired lease
--- Returns SYNC's leader reply, with no record, cordon or commands.
-"""
-    + NOW
+
+# More of what the leader reads (see read_view), or nodeagentctl status's pages: repairs
+# nothing, notes garbage. `expired_at`: the offset of the first expired lease to read.
+READ_PAGE = Script(
+    "READ_PAGE",
+    keys=("leases", "changes", "change_seq", "leader"),
+    args=("node_prefix", "change_cursor", "sweep", "sweep_count", "page", "expired_at"),
+    returns="SYNC's leader reply, with no record, cordon or commands",
+    body=NOW
     + GARBAGE
     + READ_VIEW
     + """
-local view = read_view(1, 2, ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]),
-  tonumber(ARGV[6]))
-local leader = redis.pcall('GET', KEYS[4])
+local view = read_view(K.leases, K.changes, K.change_seq, A.node_prefix, A.change_cursor,
+  A.sweep, tonumber(A.sweep_count), tonumber(A.page), tonumber(A.expired_at))
+local leader = redis.pcall('GET', K.leader)
 if type(leader) ~= 'string' then leader = false end
 return {now, leader, '0', false, false, false, garbage, view[1], view[2], view[3], {},
   view[4], view[5], view[6], view[7], view[8], view[9]}
-"""
+""",
 )
 
-SNAPSHOT = (
-    """
--- Read-only header of a snapshot for nodeagentctl: repairs nothing, notes garbage. The leases
--- are read in pages (READ_PAGE), so no call grows with the fleet.
--- KEYS[1] unused      KEYS[2] leases zset    KEYS[3] leader     KEYS[4] job hash
--- ARGV[1..4] unused   ARGV[5] node key prefix
--- Returns {now_ms, leader, rev, record, false (no node's cordon), false, garbage}.
-"""
-    + NOW
+
+def read_page_call(
+    keys: NodeKeys, cursor: int | str, sweep: str, sweep_count: int, expired_at: int
+) -> Call:
+    """A call of READ_PAGE: PAGE changed nodes after `cursor`, `sweep_count` more from the sweep
+    at `sweep` ('' for none), expired leases from offset `expired_at`."""
+    return Call(
+        {
+            "leases": keys.leases,
+            "changes": keys.changes,
+            "change_seq": keys.change_seq,
+            "leader": keys.leader,
+        },
+        {
+            "node_prefix": keys.node_prefix(),
+            "change_cursor": cursor,
+            "sweep": sweep,
+            "sweep_count": sweep_count,
+            "page": PAGE,
+            "expired_at": expired_at,
+        },
+    )
+
+
+# Read-only header of a snapshot for nodeagentctl: repairs nothing, notes garbage. The leases
+# are read in pages (READ_PAGE), so no call grows with the fleet.
+SNAPSHOT = Script(
+    "SNAPSHOT",
+    keys=("leader", "job"),
+    args=("node_prefix",),
+    returns="{now_ms, leader, rev, record, false (no node's cordon), false, garbage}",
+    body=NOW
     + GARBAGE
     + LEADER
     + """
-local leader = read_leader(ARGV[5], 0, false) or false
-local job = try('job', KEYS[4], 'hash', 'ignored', 'HMGET', KEYS[4], 'rev', 'record')
+local leader = read_leader(K.leader, A.node_prefix, 0, false) or false
+local job = try('job', K.job, 'hash', 'ignored', 'HMGET', K.job, 'rev', 'record')
 local rev, record = '0', false
 if job then rev, record = job[1] or '0', job[2] end
 return {now, leader, rev, record, false, false, garbage}
-"""
+""",
 )
 
-COMMIT = (
-    """
--- The leader's write, fenced by its token and the record revision it read.
--- KEYS[1] leader      KEYS[2] job hash       KEYS[3] leases zset  KEYS[4] events stream
--- KEYS[5] changes zset  KEYS[6] digests hash (a reaped node leaves the change set)
--- KEYS[7] wake stream: a new record appends its revision there, which wakes the followers
---   (they do not read the events stream: at 10,000 nodes each would receive every node's events)
--- KEYS[8] ranks hash: its ranks become the record's when WRITE_RANKS wrote them for these
---   members ('.pending'); they stay another list's (nodes then read the whole record) if not
--- ARGV[1] leader value ("<name> <token>")    ARGV[2] expected rev
--- ARGV[3] record JSON ('' = unchanged)       ARGV[4] its generation  ARGV[5] command cursor
--- ARGV[6] events maxlen  ARGV[7] node key prefix
--- ARGV[8] '1' when the record read at that revision was garbage: it is replaced whatever
---   generation it claimed (the generation check below guards records nodeagent wrote)
--- ARGV[9] the record's head JSON  ARGV[10] its members' digest
--- ARGV[11] n = number of nodes to reap  ARGV[12..11+n] nodes to reap (refused if a lease was
---   renewed meanwhile)  ARGV[12+n] m = number of garbage leases to drop
--- ARGV[13+n..12+n+2m] (name, score as read) pairs: dropped if the score is still that
--- ARGV[13+n+2m..] events to append
--- Returns the new rev, or an error starting with FENCED. Values that are not what nodeagent
--- writes (a garbage rev or gen) are refused as FENCED too: the leader re-reads, and its next
--- heartbeat repairs them.
-"""
-    + NOW
+
+# The leader's write, fenced by its token and the record revision it read. A new record
+# appends its revision to `wake`, which wakes the followers (they do not read the events
+# stream: at 10,000 nodes each would receive every node's events); the ranks WRITE_RANKS wrote
+# for these members ('.pending') become the record's, or stay another list's (nodes then read
+# the whole record). `record` '' leaves it unchanged; `replacing_garbage` '1': the record read
+# at `rev` was garbage, replaced whatever generation it claimed (the generation check guards
+# records nodeagent wrote). `rest`: the `reaped` nodes to reap (refused if a lease was renewed
+# meanwhile; a reaped node leaves the change set), then m, then m (name, score as read) garbage
+# leases to drop if the score is still that, then the events to append. Values that are not
+# what nodeagent writes (a garbage rev or gen) are refused as FENCED too: the leader re-reads,
+# and its next heartbeat repairs them.
+COMMIT = Script(
+    "COMMIT",
+    keys=("leader", "job", "leases", "events", "changes", "digests", "wake", "ranks"),
+    args=(
+        "leader_value",
+        "rev",
+        "record",
+        "generation",
+        "cursor",
+        "events_maxlen",
+        "node_prefix",
+        "replacing_garbage",
+        "head",
+        "members_digest",
+        "reaped",
+    ),
+    returns="the new rev, or an error starting with FENCED",
+    body=NOW
     + """
-local held = redis.pcall('GET', KEYS[1])
-if held ~= ARGV[1] then
-  return redis.error_reply('FENCED leader lease is not ' .. ARGV[1])
+local held = redis.pcall('GET', K.leader)
+if held ~= A.leader_value then
+  return redis.error_reply('FENCED leader lease is not ' .. A.leader_value)
 end
-local fields = redis.pcall('HMGET', KEYS[2], 'rev', 'gen')
+local fields = redis.pcall('HMGET', K.job, 'rev', 'gen')
 if fields['err'] then
   return redis.error_reply('FENCED the job hash ' .. fields['err'])
 end
@@ -498,111 +577,130 @@ local rev = tonumber(fields[1] or '0')
 if not rev or not string.match(fields[1] or '0', '^%d+$') then
   return redis.error_reply('FENCED record revision is garbage')
 end
-if rev ~= tonumber(ARGV[2]) then
-  return redis.error_reply('FENCED record revision is ' .. fields[1] .. ', not ' .. ARGV[2])
+if rev ~= tonumber(A.rev) then
+  return redis.error_reply('FENCED record revision is ' .. fields[1] .. ', not ' .. A.rev)
 end
 local gen = tonumber(fields[2] or '-1')
 if not gen then
   return redis.error_reply('FENCED record generation is garbage')
 end
-if ARGV[3] ~= '' and ARGV[8] ~= '1' and tonumber(ARGV[4]) < gen then
-  return redis.error_reply('FENCED generation ' .. ARGV[4] .. ' is older than ' .. fields[2])
+if A.record ~= '' and A.replacing_garbage ~= '1' and tonumber(A.generation) < gen then
+  return redis.error_reply('FENCED generation ' .. A.generation .. ' is older than ' .. fields[2])
 end
-local n = tonumber(ARGV[11])
-for i = 12, 11 + n do
-  local deadline = redis.pcall('ZSCORE', KEYS[3], ARGV[i])
+local n = tonumber(A.reaped)
+for i = REST, REST - 1 + n do
+  local deadline = redis.pcall('ZSCORE', K.leases, ARGV[i])
   if type(deadline) == 'table' or (deadline and tonumber(deadline) > now) then
     return redis.error_reply('FENCED lease of ' .. ARGV[i] .. ' was renewed')
   end
 end
-local m = tonumber(ARGV[12 + n])
-for i = 12, 11 + n do
-  redis.pcall('ZREM', KEYS[3], ARGV[i])
-  redis.call('DEL', ARGV[7] .. ARGV[i])
-  redis.pcall('ZREM', KEYS[5], ARGV[i])
-  redis.pcall('HDEL', KEYS[6], ARGV[i])
+local m = tonumber(ARGV[REST + n])
+for i = REST, REST - 1 + n do
+  redis.pcall('ZREM', K.leases, ARGV[i])
+  redis.call('DEL', A.node_prefix .. ARGV[i])
+  redis.pcall('ZREM', K.changes, ARGV[i])
+  redis.pcall('HDEL', K.digests, ARGV[i])
 end
-for i = 13 + n, 11 + n + 2 * m, 2 do
-  if redis.pcall('ZSCORE', KEYS[3], ARGV[i]) == ARGV[i + 1] then
-    redis.call('ZREM', KEYS[3], ARGV[i])
+for i = REST + 1 + n, REST - 1 + n + 2 * m, 2 do
+  if redis.pcall('ZSCORE', K.leases, ARGV[i]) == ARGV[i + 1] then
+    redis.call('ZREM', K.leases, ARGV[i])
   end
 end
-if ARGV[3] ~= '' then
+if A.record ~= '' then
   rev = rev + 1
-  redis.call('HSET', KEYS[2], 'rev', string.format('%.0f', rev), 'gen', ARGV[4],
-    'record', ARGV[3], 'cursor', ARGV[5], 'head', ARGV[9], 'members', ARGV[10])
-  local ranks = redis.pcall('HMGET', KEYS[8], '.members', '.pending')
-  if not ranks['err'] and ranks[1] ~= ARGV[10] and ranks[2] == ARGV[10] then
-    redis.call('HSET', KEYS[8], '.members', ARGV[10])
-    redis.call('HDEL', KEYS[8], '.pending')
+  redis.call('HSET', K.job, 'rev', string.format('%.0f', rev), 'gen', A.generation,
+    'record', A.record, 'cursor', A.cursor, 'head', A.head, 'members', A.members_digest)
+  local ranks = redis.pcall('HMGET', K.ranks, '.members', '.pending')
+  if not ranks['err'] and ranks[1] ~= A.members_digest and ranks[2] == A.members_digest then
+    redis.call('HSET', K.ranks, '.members', A.members_digest)
+    redis.call('HDEL', K.ranks, '.pending')
   end
-  local wake = {'XADD', KEYS[7], 'MAXLEN', '~', '"""
+  local wake = {'XADD', K.wake, 'MAXLEN', '~', '"""
     + str(WAKE_MAXLEN)
     + """', '*', 'rev', string.format('%.0f', rev)}
   if type(redis.pcall(unpack(wake))) == 'table' then
-    redis.call('DEL', KEYS[7])  -- not a stream: garbage, replaced (this write is fenced)
+    redis.call('DEL', K.wake)  -- not a stream: garbage, replaced (this write is fenced)
     redis.call(unpack(wake))
   end
 end
-for i = 13 + n + 2 * m, #ARGV do
-  if type(redis.pcall('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'event', ARGV[i]))
+for i = REST + 1 + n + 2 * m, #ARGV do
+  if type(redis.pcall('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'event', ARGV[i]))
       == 'table' then
     break
   end
 end
 return rev
-"""
+""",
 )
 
-WRITE_RANKS = """
--- The leader writes the ranks of a new member list in pages before the COMMIT of its record
--- (a 10,000-name hash in one call would run for tens of ms). The first page replaces the hash;
--- '.pending' names the list, and COMMIT makes it '.members'. Until then nodes that read the
--- record read it whole. Fenced by the leader lease, every page.
--- KEYS[1] leader  KEYS[2] ranks hash
--- ARGV[1] leader value  ARGV[2] the members' digest  ARGV[3] the first name's rank
--- ARGV[4..] names
--- Returns 1, or an error starting with FENCED.
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
-  return redis.error_reply('FENCED leader lease is not ' .. ARGV[1])
+
+# The leader writes the ranks of a new member list in pages before the COMMIT of its record
+# (a 10,000-name hash in one call would run for tens of ms). The first page (`first_rank` 0)
+# replaces the hash; '.pending' names the list, and COMMIT makes it '.members'. Until then nodes
+# that read the record read it whole. Fenced by the leader lease, every page. `rest`: the names.
+WRITE_RANKS = Script(
+    "WRITE_RANKS",
+    keys=("leader", "ranks"),
+    args=("leader_value", "members_digest", "first_rank"),
+    returns="1, or an error starting with FENCED",
+    body="""
+if redis.pcall('GET', K.leader) ~= A.leader_value then
+  return redis.error_reply('FENCED leader lease is not ' .. A.leader_value)
 end
-local first = tonumber(ARGV[3])
+local first = tonumber(A.first_rank)
 if first == 0 then
-  redis.call('UNLINK', KEYS[2])  -- another list's ranks, or garbage (freed in the background)
-  redis.call('HSET', KEYS[2], '.pending', ARGV[2])
-elseif redis.pcall('HGET', KEYS[2], '.pending') ~= ARGV[2] then
-  return redis.error_reply('FENCED the ranks of ' .. ARGV[2] .. ' were replaced meanwhile')
+  redis.call('UNLINK', K.ranks)  -- another list's ranks, or garbage (freed in the background)
+  redis.call('HSET', K.ranks, '.pending', A.members_digest)
+elseif redis.pcall('HGET', K.ranks, '.pending') ~= A.members_digest then
+  return redis.error_reply('FENCED the ranks of ' .. A.members_digest .. ' were replaced meanwhile')
 end
-local hset = {'HSET', KEYS[2]}
-for i = 4, #ARGV do
+local hset = {'HSET', K.ranks}
+for i = REST, #ARGV do  -- the names
   hset[#hset + 1] = ARGV[i]
-  hset[#hset + 1] = string.format('%d', first + i - 4)
+  hset[#hset + 1] = string.format('%d', first + i - REST)
 end
 if #hset > 2 then redis.call(unpack(hset)) end
 return 1
-"""
+""",
+)
 
-LEAVE = (
-    """
--- A node leaves on purpose: drop its lease (and the leader lease if it holds it) at once.
--- KEYS[1] node key  KEYS[2] leases zset  KEYS[3] leader  KEYS[4] events stream
--- KEYS[5..7] (a job's) changes zset, change-seq, digests: the leaving is a change its leader
---   reads
--- ARGV[1] node name ARGV[2] events maxlen ARGV[3] event JSON
--- Keys of the wrong type are skipped (redis.pcall): leaving must not fail on garbage.
-"""
-    + NOW
+
+# A node leaves on purpose (a job's or a pool's): drop its lease (and the leader lease if it holds
+# it) at once, and mark the leaving in the change set, a change its leader reads. Keys of the
+# wrong type are skipped (redis.pcall): leaving must not fail on garbage.
+LEAVE = Script(
+    "LEAVE",
+    keys=("node", "leases", "leader", "events", "changes", "change_seq", "digests"),
+    args=("name", "events_maxlen", "event"),
+    returns="1",
+    body=NOW
     + GARBAGE
     + CHANGES
     + """
-redis.call('DEL', KEYS[1])
-redis.pcall('ZREM', KEYS[2], ARGV[1])
-local leader = redis.pcall('GET', KEYS[3])
-if type(leader) == 'string' and string.sub(leader, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
-  redis.call('DEL', KEYS[3])
+redis.call('DEL', K.node)
+redis.pcall('ZREM', K.leases, A.name)
+local leader = redis.pcall('GET', K.leader)
+if type(leader) == 'string' and string.sub(leader, 1, #A.name + 1) == A.name .. ' ' then
+  redis.call('DEL', K.leader)
 end
-redis.pcall('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'event', ARGV[3])
-if #KEYS >= 7 then mark_changed(5, ARGV[1], false) end
+redis.pcall('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'event', A.event)
+mark_changed(K.changes, K.change_seq, K.digests, A.name, false)
 return 1
-"""
+""",
 )
+
+
+def leave_call(keys: NodeKeys, name: str, event: Event) -> Call:
+    """A call of LEAVE: node `name` leaves, telling so with `event`."""
+    return Call(
+        {
+            "node": keys.node(name),
+            "leases": keys.leases,
+            "leader": keys.leader,
+            "events": keys.events,
+            "changes": keys.changes,
+            "change_seq": keys.change_seq,
+            "digests": keys.digests,
+        },
+        {"name": name, "events_maxlen": EVENTS_MAXLEN, "event": event.to_json()},
+    )

@@ -24,6 +24,7 @@ from nodeagent.coord import scripts, streams
 from nodeagent.coord.cordons import lift_cordon, put_cordon
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, WAKE_MAXLEN, JobKeys
+from nodeagent.coord.lua import Call
 from nodeagent.coord.replies import (
     HeldRecord,
     NodeLease,
@@ -32,6 +33,7 @@ from nodeagent.coord.replies import (
     parse_snapshot,
     read_lease,
 )
+from nodeagent.coord.scripts import leave_call, read_page_call
 from nodeagent.coord.view import PAGE, SWEEP, LeaderView, ViewRead, sweep_all
 from nodeagent.errors import CoordinationError, CorruptStateError
 from nodeagent.model.garbage import Garbage, GarbageLog
@@ -90,12 +92,12 @@ class JobStore:
         self.last_read = 0  # reports read by the leader's last heartbeat, every page of it
         self.last_pages = 0  # and the calls it took
         self._held: HeldRecord | None = None  # the record as last read, not sent again
-        self._sync = client.register_script(scripts.SYNC)
-        self._snapshot = client.register_script(scripts.SNAPSHOT)
-        self._page = client.register_script(scripts.READ_PAGE)
-        self._commit = client.register_script(scripts.COMMIT)
-        self._write_ranks = client.register_script(scripts.WRITE_RANKS)
-        self._leave = client.register_script(scripts.LEAVE)
+        self._sync = scripts.SYNC.bind(client)
+        self._snapshot = scripts.SNAPSHOT.bind(client)
+        self._page = scripts.READ_PAGE.bind(client)
+        self._commit = scripts.COMMIT.bind(client)
+        self._write_ranks = scripts.WRITE_RANKS.bind(client)
+        self._leave = scripts.LEAVE.bind(client)
 
     def sync(self, report: NodeReport, events: Sequence[Event] = ()) -> Snapshot:
         """Heartbeat: renew the lease, take or keep the leader lease, append events, read.
@@ -104,10 +106,10 @@ class JobStore:
         Garbage read is reported once (self.garbage), with its events sent on a later heartbeat.
         """
         pending = self.garbage.take_events()
-        keys, args = self.sync_call(report, [*events, *pending])
+        call = self.sync_call(report, [*events, *pending])
         try:
             with redis_errors("heartbeat"):
-                reply = self._sync(keys=keys, args=args)
+                reply = self._sync(call)
             snapshot = parse_snapshot(self.keys, reply, self._held, report.name)
             held = snapshot.held
             if held is not None and held.head and held.error:
@@ -160,10 +162,7 @@ class JobStore:
     def _read_page(self, cursor: int | str, sweep: str, sweep_count: int, expired: int) -> Snapshot:
         keys = self.keys
         with redis_errors("read the job's nodes"):
-            reply = self._page(
-                keys=[keys.leases, keys.changes, keys.change_seq, keys.leader],
-                args=[keys.node_prefix(), cursor, sweep, sweep_count, PAGE, expired],
-            )
+            reply = self._page(read_page_call(keys, cursor, sweep, sweep_count, expired))
         return parse_snapshot(keys, reply)
 
     def read_lease(self, name: str, snapshot: Snapshot, found: list[Garbage]) -> NodeLease | None:
@@ -187,8 +186,7 @@ class JobStore:
         holding the record at revision `held` ("": none)."""
         pipe = self.client.pipeline(transaction=False)
         for report in reports:
-            keys, args = self.sync_call(report, (), held or "-")
-            self._sync(keys=keys, args=args, client=pipe)
+            self._sync(self.sync_call(report, (), held or "-"), client=pipe)
         with redis_errors("heartbeats"):
             pipe.execute()
 
@@ -197,40 +195,40 @@ class JobStore:
         report: NodeReport,
         events: Sequence[Event],
         held: str = "",
-    ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of the SYNC script (see its header in scripts.py)."""
+    ) -> Call:
+        """This node's call of the SYNC script (scripts.py), named."""
         keys = self.keys
         if not held and self._held is not None and self._view.token is None:
             held = self._held.rev  # a follower (the leader reads the record every time)
-        return (
-            [
-                keys.node(report.name),
-                keys.leases,
-                keys.leader,
-                keys.leader_epoch,
-                keys.record,
-                keys.events,
-                keys.commands,
-                keys.cordons,
-                keys.changes,
-                keys.change_seq,
-                keys.digests,
-                keys.ranks,
-            ],
-            [
-                report.name,
-                report.to_json(),
-                report.lease_ttl_ms,
-                EVENTS_MAXLEN,
-                keys.node_prefix(),
-                report.digest,
-                held,
-                self._view.cursor,
-                self._view.sweep,
-                SWEEP,
-                PAGE,
-                *(e.to_json() for e in events),
-            ],
+        return Call(
+            {
+                "node": keys.node(report.name),
+                "leases": keys.leases,
+                "leader": keys.leader,
+                "epoch": keys.leader_epoch,
+                "job": keys.record,
+                "events": keys.events,
+                "commands": keys.commands,
+                "cordons": keys.cordons,
+                "changes": keys.changes,
+                "change_seq": keys.change_seq,
+                "digests": keys.digests,
+                "ranks": keys.ranks,
+            },
+            {
+                "name": report.name,
+                "report": report.to_json(),
+                "ttl": report.lease_ttl_ms,
+                "events_maxlen": EVENTS_MAXLEN,
+                "node_prefix": keys.node_prefix(),
+                "digest": report.digest,
+                "held_rev": held,
+                "change_cursor": self._view.cursor,
+                "sweep": self._view.sweep,
+                "sweep_count": SWEEP,
+                "page": PAGE,
+            },
+            [e.to_json() for e in events],
         )
 
     def snapshot(self) -> Snapshot:
@@ -239,8 +237,9 @@ class JobStore:
         keys = self.keys
         with redis_errors("status"):
             reply = self._snapshot(
-                keys=[keys.leases, keys.leases, keys.leader, keys.record],
-                args=["", "", "", "", keys.node_prefix()],
+                Call(
+                    {"leader": keys.leader, "job": keys.record}, {"node_prefix": keys.node_prefix()}
+                )
             )
         header = parse_snapshot(keys, reply)
         garbage, drop = list(header.garbage), list(header.drop)
@@ -278,33 +277,37 @@ class JobStore:
             if record is not None:
                 self._ranks(leader, record)
             new_rev = self._commit(
-                keys=[
-                    keys.leader,
-                    keys.record,
-                    keys.leases,
-                    keys.events,
-                    keys.changes,
-                    keys.digests,
-                    keys.wake,
-                    keys.ranks,
-                ],
-                args=[
-                    leader,
-                    rev,
-                    record.to_json() if record else "",
-                    record.generation if record else 0,
-                    cursor,
-                    EVENTS_MAXLEN,
-                    self.keys.node_prefix(),
-                    "1" if replacing_garbage else "0",
-                    record.head_json() if record else "",
-                    record.members_digest if record else "",
-                    len(plan.reap),
-                    *plan.reap,
-                    len(plan.drop),
-                    *(part for pair in plan.drop for part in pair),
-                    *(e.to_json() for e in plan.events),
-                ],
+                Call(
+                    {
+                        "leader": keys.leader,
+                        "job": keys.record,
+                        "leases": keys.leases,
+                        "events": keys.events,
+                        "changes": keys.changes,
+                        "digests": keys.digests,
+                        "wake": keys.wake,
+                        "ranks": keys.ranks,
+                    },
+                    {
+                        "leader_value": leader,
+                        "rev": rev,
+                        "record": record.to_json() if record else "",
+                        "generation": record.generation if record else 0,
+                        "cursor": cursor,
+                        "events_maxlen": EVENTS_MAXLEN,
+                        "node_prefix": self.keys.node_prefix(),
+                        "replacing_garbage": "1" if replacing_garbage else "0",
+                        "head": record.head_json() if record else "",
+                        "members_digest": record.members_digest if record else "",
+                        "reaped": len(plan.reap),
+                    },
+                    [
+                        *plan.reap,
+                        len(plan.drop),
+                        *(part for pair in plan.drop for part in pair),
+                        *(e.to_json() for e in plan.events),
+                    ],
+                )
             )
         self._view.forget([*plan.reap, *(name for name, _ in plan.drop)])
         return int(new_rev)
@@ -322,7 +325,11 @@ class JobStore:
         for first in range(0, max(len(names), 1), RANKS_PAGE):
             page = names[first : first + RANKS_PAGE]
             self._write_ranks(
-                keys=[self.keys.leader, self.keys.ranks], args=[leader, digest, first, *page]
+                Call(
+                    {"leader": self.keys.leader, "ranks": self.keys.ranks},
+                    {"leader_value": leader, "members_digest": digest, "first_rank": first},
+                    page,
+                )
             )
 
     def wake(self, why: str) -> None:
@@ -333,18 +340,7 @@ class JobStore:
     def leave(self, name: str, event: Event) -> None:
         keys = self.keys
         with redis_errors("leave"):
-            self._leave(
-                keys=[
-                    keys.node(name),
-                    keys.leases,
-                    keys.leader,
-                    keys.events,
-                    keys.changes,
-                    keys.change_seq,
-                    keys.digests,
-                ],
-                args=[name, EVENTS_MAXLEN, event.to_json()],
-            )
+            self._leave(leave_call(keys, name, event))
 
     def cordon(self, name: str, cordon: Cordon) -> None:
         """Keep `name` out of new generations (and, with drain, out of the running one)."""

@@ -201,7 +201,7 @@ def test_ranks_are_written_in_fenced_pages_and_made_the_records_by_its_commit(
     job.commit(record())
     leader = job.lead().leader or ""
     other = record(MEMBERS[:10], gen=2)
-    write = job.leader.client.register_script(scripts.WRITE_RANKS)
+    write = job.leader.client.register_script(scripts.WRITE_RANKS.source)
     keys = [job.keys.leader, job.keys.ranks]
 
     def page(value: str, first: int, names: tuple[str, ...], digest: str = "") -> object:

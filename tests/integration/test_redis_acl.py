@@ -27,6 +27,7 @@ import yaml
 from nodeagent.coord import poolscripts, scripts
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.lua import Script
 from nodeagent.coord.store import JobStore
 from tests.helpers.cluster import free_port, local_cluster, wait_for
 
@@ -240,10 +241,10 @@ def test_every_command_the_scripts_send_is_granted(role_redis: RoleRedis) -> Non
     the agents' list, so a new call cannot be added without the ACL that lets it run (Redis
     checks script calls against the caller's ACL)."""
     source = "\n".join(
-        value
+        value.source
         for module in (scripts, poolscripts)
-        for name, value in vars(module).items()
-        if name.isupper() and isinstance(value, str)
+        for value in vars(module).values()
+        if isinstance(value, Script)
     )
     words = set(re.findall(r"'([A-Z]+)'", source))
     known = {str(name).lower() for name in role_redis.admin.command_list()}
