@@ -234,6 +234,23 @@ def test_only_the_command_lines_print_or_exit() -> None:
     assert found == []
 
 
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in tests/helpers/: a test module imported by another runs its
+    module-level code (and fixtures) twice and ties two files' names together."""
+    tests = ROOT.parent / "tests"
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node, _ in _walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            hits = [n for n in names if n.startswith("tests.") and ".test_" in n]
+            if hits:
+                found.append(f"{path.relative_to(tests)}:{node.lineno} imports {hits[0]}")
+    assert found == []
+
+
 # The checks themselves: each catches what it is for (so a green run above means something).
 
 

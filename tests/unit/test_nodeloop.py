@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from nodeagent.config.load import load_settings
 from nodeagent.config.settings import Config
@@ -69,6 +70,20 @@ class Runner:
         return True, "ok"
 
 
+R = TypeVar("R", bound=Runner)
+
+
+def starter(kind: type[R]) -> tuple[list[R], Callable[[Config], R]]:
+    """The runners a loop starts, and how it starts them."""
+    runners: list[R] = []
+
+    def start(config: Config) -> R:
+        runners.append(kind(config.job.id))
+        return runners[-1]
+
+    return runners, start
+
+
 def pinned_config() -> Config:
     job = {"id": "j", "entrypoint": ["true"], **AS_TESTER}
     config = load_settings({"redis": {"url": "redis://r:6379/0"}, "job": job})
@@ -77,11 +92,7 @@ def pinned_config() -> Config:
 
 
 def test_one_stop_request_is_a_graceful_stop_not_a_forced_one() -> None:
-    runners: list[Runner] = []
-
-    def start(config: Config) -> Runner:
-        runners.append(Runner(config.job.id))
-        return runners[-1]
+    runners, start = starter(Runner)
 
     member = Member()
     waker = Waker()
@@ -136,11 +147,7 @@ class EndingRunner(Runner):
 
 
 def test_with_no_pool_the_pinned_job_is_served_once_and_its_exit_code_returned() -> None:
-    runners: list[EndingRunner] = []
-
-    def start(config: Config) -> EndingRunner:
-        runners.append(EndingRunner(config.job.id))
-        return runners[-1]
+    runners, start = starter(EndingRunner)
 
     waker = Waker()
     loop = NodeLoop(pinned_config(), None, start, waker, lambda: 0.0)
@@ -152,11 +159,7 @@ def test_with_no_pool_the_pinned_job_is_served_once_and_its_exit_code_returned()
 
 
 def test_with_no_pool_a_stop_ends_the_loop_once_the_job_has_left() -> None:
-    runners: list[Runner] = []
-
-    def start(config: Config) -> Runner:
-        runners.append(Runner(config.job.id))
-        return runners[-1]
+    runners, start = starter(Runner)
 
     waker = Waker()
     loop = NodeLoop(pinned_config(), None, start, waker, lambda: 0.0)
