@@ -1,4 +1,4 @@
-"""A pool node's loop: its pool membership and the one job it serves, as two pieces.
+"""Every node's loop: its pool membership and the one job it serves, as two pieces.
 
 The pool side (pool/member.py) heartbeats to the pool and, on the node holding the pool leader
 lease, schedules. The job side is an Agent (job/agent.py) for the job this node is placed on: it
@@ -89,6 +89,8 @@ class NodeLoop:
         listener: Listener | None = None,
         notifier: Notifier | None = None,
     ) -> None:
+        if member is None and settings.job is None:
+            raise ValueError("a node loop with no pool serves its config's job: there is none")
         self._settings = settings
         self._member = member
         self._start_job = start_job

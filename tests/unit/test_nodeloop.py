@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import pytest
+
 from nodeagent.config.load import load_settings
 from nodeagent.config.settings import Config
 from nodeagent.pool.member import NodeState
@@ -168,3 +170,11 @@ def test_with_no_pool_a_stop_ends_the_loop_once_the_job_has_left() -> None:
     assert loop.run() is None  # stopped before the job ended: no exit code of its own
     waker.close()
     assert [r.stops for r in runners] == [1]
+
+
+def test_with_no_pool_a_loop_needs_a_job_to_serve() -> None:
+    settings = load_settings({"redis": {"url": "redis://r:6379/0"}})
+    waker = Waker()
+    with pytest.raises(ValueError, match="no pool serves its config's job"):
+        NodeLoop(settings, None, lambda c: Runner(c.job.id), waker, lambda: 0.0)
+    waker.close()
