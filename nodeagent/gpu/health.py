@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodeagent.config.settings import Config, HealthConfig
+from nodeagent.config.settings import HealthConfig
 from nodeagent.errors import ConfigError
 from nodeagent.gpu.classify import Thresholds, Verdict
 from nodeagent.gpu.monitor import GpuMonitor
@@ -60,10 +60,14 @@ class HealthCheck:
 
 
 class NodeHealth:
-    def __init__(self, config: Config, monitor: GpuMonitor) -> None:
-        self._node = config.node.name
-        self._health = config.health
-        self._needed = config.job.nproc_per_node * config.job.gpus_per_worker
+    def __init__(
+        self, node: str, health: HealthConfig, gpus_needed: int, monitor: GpuMonitor
+    ) -> None:
+        """`gpus_needed`: what this node's part of the job takes (nproc_per_node x
+        gpus_per_worker); with fewer usable GPUs the node is unfit."""
+        self._node = node
+        self._health = health
+        self._needed = gpus_needed
         self.monitor = monitor
         self.usable: tuple[int, ...] | None = None
         self.unfit: str | None = None

@@ -74,7 +74,9 @@ class JobRun:
         self.metrics = AgentMetrics(config.job.id, __version__)
         monitor = parts.monitor
         self.metrics.watch_gpus(monitor.snapshot, monitor.verdicts, monitor.xid_counts)
-        self._health = NodeHealth(config, monitor)
+        job = config.job
+        needed = job.nproc_per_node * job.gpus_per_worker
+        self._health = NodeHealth(config.node.name, config.health, needed, monitor)
         self.agent = Agent(
             config,
             JobStore(parts.client, keys),
