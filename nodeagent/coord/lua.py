@@ -4,7 +4,7 @@ A `Script` names its keys and its fixed arguments in the order they are passed; 
 reads them by those names (`K.leases`, `A.ttl`): a prologue made from the same names binds
 them, so the order a caller passes and the order the script reads cannot drift apart. Arguments
 past the named ones (events to append, names to reap) are the script's `rest`, read from
-ARGV[#A + 1] on. Shared fragments (scripts.py: LEADER, CHANGES, READ_VIEW...) take the keys
+ARGV[REST] on. Shared fragments (fragments.py: LEADER, CHANGES, READ_VIEW...) take the keys
 they touch as parameters, so one fragment serves scripts whose keys differ.
 
 Every key of one call is passed in KEYS (never built in Lua, except a node's key from the node

@@ -1,12 +1,12 @@
 """The pool's Lua scripts, each a `Script` (coord/lua.py) naming its KEYS, ARGV and reply; every
 key of one call is a key of one pool (one hash tag), so they run on a Redis Cluster too.
-Garbage in a key is noted (see scripts.py) and skipped, never a failed heartbeat.
+Garbage in a key is noted (see fragments.py) and skipped, never a failed heartbeat.
 """
 
 from __future__ import annotations
 
+from nodeagent.coord.fragments import CHANGES, GARBAGE, LEADER, NOW, TAKE_LEADER
 from nodeagent.coord.lua import Script
-from nodeagent.coord.scripts import CHANGES, GARBAGE, LEADER, NOW, TAKE_LEADER
 
 # A node's pool heartbeat: renew its pool lease, take or renew the pool leader lease, mark the
 # node changed when its report did (as a job's SYNC), read where the pool placed it.

@@ -2,7 +2,7 @@
 
 A leader used to read every node's report at every heartbeat: one Lua call that grew with the
 fleet (226 ms at 10,000 nodes, during which Redis serves no one else). Now each heartbeat reads
-a page (scripts.READ_VIEW): the nodes whose report changed since the leader's cursor, a slice
+a page (fragments.READ_VIEW): the nodes whose report changed since the leader's cursor, a slice
 of a slow sweep over every lease, and the expired leases, which stay exact (the sorted set by
 deadline). This view folds the pages into what the leader plans from.
 
@@ -48,7 +48,7 @@ class Lease(Generic[R]):
 
 @dataclass(frozen=True)
 class ViewPage:
-    """What a leader's read (scripts.READ_VIEW) says beyond the leases it read."""
+    """What a leader's read (fragments.READ_VIEW) says beyond the leases it read."""
 
     seq: int  # the change counter now
     reached: int  # the last change number read (the cursor to read from next)
