@@ -12,16 +12,20 @@ from nodeagent.worker.elastic import Reform, ReformTimedOut, State, Stopped
 from nodeagent.worker.graceful import GracefulExit
 from nodeagent.worker.progress import beat
 from nodeagent.worker.scaling import Rescaled, rescale
+from nodeagent.worker.tiered import Checkpointer, Restored, TrainState
 
 __all__ = [
     "Checkpoint",
     "CheckpointManager",
+    "Checkpointer",
     "GracefulExit",
     "Reform",
     "ReformTimedOut",
     "Rescaled",
+    "Restored",
     "State",
     "Stopped",
+    "TrainState",
     "beat",
     "elastic",
     "rescale",

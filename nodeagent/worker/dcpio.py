@@ -1,0 +1,128 @@
+"""torch.distributed.checkpoint (DCP) as the tiers use it: each rank saves and loads alone.
+
+A rank saves its own state with DCP's `no_dist` (no collective: nothing to interleave with the
+training's own, which is what crashes `dcp.async_save` on the default gloo group): its shards,
+with their global offsets, and its own `.metadata`. At the same world a rank loads its own
+directory. At another world, `MergedReader` reads every old rank's directory as one checkpoint
+(their metadata merged: a replicated tensor's identical chunks kept once), and DCP reshards at
+load time, again with no collective: each rank plans its own reads. torch is imported lazily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pickle
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+_NO_DIST = "torch.distributed is disabled"  # DCP warns so on every no_dist call
+
+
+def save_rank(state_dict: dict[str, Any], directory: Path) -> None:
+    """This rank's state into `directory`, alone (no collective)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    writer = FileSystemWriter(
+        str(directory), single_file_per_rank=True, sync_files=False, thread_count=1
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NO_DIST)
+        save(state_dict, storage_writer=writer, no_dist=True)
+
+
+def load(state_dict: dict[str, Any], directories: Sequence[Path]) -> None:
+    """Load in place into `state_dict` (its tensors say which shards this rank needs) from one
+    rank's directory, or from several read as one checkpoint (resharding)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+    reader = (
+        FileSystemReader(str(directories[0]))
+        if len(directories) == 1
+        else merged_reader(directories)
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NO_DIST)
+        dcp_load(state_dict, storage_reader=reader, no_dist=True)
+
+
+def merged_reader(directories: Sequence[Path]) -> Any:
+    """A DCP reader of the rank directories `directories` (siblings) as one checkpoint."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    parent = directories[0].parent
+    if any(d.parent != parent for d in directories):
+        raise ValueError(f"the rank directories of one checkpoint must be siblings: {directories}")
+
+    class MergedReader(FileSystemReader):
+        def read_metadata(self) -> Any:
+            return merge_metadata([(d.name, _read_metadata(d)) for d in directories])
+
+    return MergedReader(str(parent))
+
+
+def _read_metadata(directory: Path) -> Any:
+    with open(directory / ".metadata", "rb") as f:
+        return pickle.load(f)  # DCP's own format (FileSystemReader reads it so too)
+
+
+def merge_metadata(parts: Sequence[tuple[str, Any]]) -> Any:
+    """One Metadata for the rank directories `parts` ((name, its Metadata), rank order): every
+    tensor's chunks from all of them, each offset once (the lowest rank's copy), paths made
+    relative to their common parent. An empty chunk (a rank with no rows of an unevenly
+    sharded tensor) is dropped where the tensor has others."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    first = parts[0][1]
+    tensors: dict[str, Any] = {}
+    storage: dict[Any, Any] = {}
+    for name, metadata in parts:
+        for fqn, entry in metadata.state_dict_metadata.items():
+            if not isinstance(entry, TensorStorageMetadata):
+                tensors.setdefault(fqn, entry)
+                continue
+            merged = tensors.setdefault(fqn, dataclasses.replace(entry, chunks=[]))
+            seen = {tuple(c.offsets) for c in merged.chunks}
+            for chunk in entry.chunks:
+                if tuple(chunk.offsets) not in seen and math.prod(chunk.sizes) > 0:
+                    merged.chunks.append(chunk)
+                    seen.add(tuple(chunk.offsets))
+        for index, info in metadata.storage_data.items():
+            if index not in storage:
+                storage[index] = dataclasses.replace(
+                    info, relative_path=f"{name}/{info.relative_path}"
+                )
+    for fqn, entry in tensors.items():
+        if isinstance(entry, TensorStorageMetadata) and not entry.chunks:  # all empty
+            original = first.state_dict_metadata.get(fqn, entry)
+            entry.chunks.extend(original.chunks[:1])
+    return dataclasses.replace(first, state_dict_metadata=tensors, storage_data=storage)
+
+
+def tensors(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every tensor in a nested state dict, with its dotted path (a DTensor's local shard)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        local = value.to_local() if hasattr(value, "to_local") else value
+        yield prefix, local
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from tensors(item, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            yield from tensors(item, f"{prefix}.{i}")
+
+
+def first_non_finite(state_dict: Mapping[str, Any]) -> str | None:
+    """The path of the first floating-point tensor holding a NaN or an infinity; None if none."""
+    import torch
+
+    for path, tensor in tensors(state_dict):
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return path
+    return None

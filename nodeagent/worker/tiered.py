@@ -1,0 +1,376 @@
+"""Checkpoints of sharded models that survive a worker crash: `Checkpointer` and `TrainState`.
+
+    state = TrainState(model, optimizer, epoch=0, offset=0)   # FSDP2, TP, 2-D, DDP: any model
+    checkpoints = Checkpointer("/shared/ckpt/run-1")            # the script's own directory
+    start = checkpoints.restore(state)                          # once; the step to go on from
+    for step in range(start + 1, total + 1):
+        train_one_step()
+        if step % 10 == 0:
+            checkpoints.save(state, step)                       # returns once staged
+    checkpoints.close()                                          # waits for the last write
+
+Under nodeagent with a `checkpoint:` section, `save` writes into the node's memory tier, a
+tmpfs directory the agent owns (it outlives the worker); the agent copies it to the persistent
+tier, and before a generation starts the leader chooses one source for every rank, which
+`restore` tries in order (nodeagent.channel.tier's RESTORE_ENV), agreeing with the other ranks
+at each one. Under plain torchrun (or a job without the section) the same calls save and load
+DCP checkpoints in `directory` (`step-<S>/rank-<R>/`). Every file is verified against its
+manifest before it is loaded, and a loaded state with a NaN or an infinity is refused too.
+
+`save` copies the state to host memory (staging: the training step is blocked only that long)
+and writes it from a thread, with no collective (nodeagent.worker.dcpio), so the write never
+interleaves with the training's own collectives. A save still being written when the next one
+starts is waited for first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nodeagent.channel import tier
+from nodeagent.channel.tier import BadCopy, Manifest, Source
+from nodeagent.worker import dcpio
+
+log = logging.getLogger(__name__)
+MODEL, OPTIM, OBJECTS, VALUES = "model", "optim", "objects", "values"
+_ABSENT = "nothing in "  # a source with no save at all: not worth a warning
+
+
+class TrainState:
+    """What a checkpoint holds: a model, its optimizer(s), other objects with `state_dict()`
+    and `load_state_dict()` (schedulers, samplers) and plain values (`state.epoch`). Model and
+    optimizer go through torch.distributed.checkpoint.state_dict, so a sharded model saves its
+    shards and loads at any world size."""
+
+    def __init__(self, model: Any, optimizer: Any = None, **extra: Any) -> None:
+        self.__dict__["_model"] = model
+        optimizers = [] if optimizer is None else optimizer
+        self.__dict__["_optimizers"] = (
+            list(optimizers) if isinstance(optimizers, list | tuple) else [optimizers]
+        )
+        self.__dict__["_objects"] = {k: v for k, v in extra.items() if _stateful(v)}
+        self.__dict__["_values"] = {k: v for k, v in extra.items() if not _stateful(v)}
+
+    def __getattr__(self, name: str) -> Any:
+        for place in ("_objects", "_values"):
+            if name in self.__dict__[place]:
+                return self.__dict__[place][name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__["_objects"]:
+            raise AttributeError(f"{name} is an object of the state; load into it instead")
+        self.__dict__["_values"][name] = value
+
+    def state_dict(self) -> dict[str, Any]:
+        """DCP's view: the model's and optimizers' state (their own tensors, not copies)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self._model, self._optimizers)
+        return {
+            MODEL: model_sd,
+            OPTIM: optim_sd,
+            OBJECTS: {k: v.state_dict() for k, v in self._objects.items()},
+            VALUES: dict(self._values),
+        }
+
+    def load_state_dict(self, loaded: Mapping[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(
+            self._model,
+            self._optimizers,
+            model_state_dict=loaded[MODEL],
+            optim_state_dict=loaded[OPTIM],
+        )
+        for name, obj in self._objects.items():
+            obj.load_state_dict(loaded[OBJECTS][name])
+        self.__dict__["_values"].update(loaded[VALUES])
+
+
+def _stateful(value: Any) -> bool:
+    return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What `restore` loaded, and what it refused on the way."""
+
+    source: Source
+    seconds: float
+    refused: tuple[tuple[Source, str], ...] = ()
+
+
+class Checkpointer:
+    """Saves and restores a `TrainState` (see the module docstring).
+
+    Args:
+        directory: the script's own checkpoints: where they go under plain torchrun, and the
+            last source tried under nodeagent. None: only the agent's tiers.
+        keep: how many steps a directory keeps (newest first).
+        env: where nodeagent's variables are read (default os.environ).
+    """
+
+    def __init__(
+        self,
+        directory: str | Path | None = None,
+        keep: int = 2,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        env = os.environ if env is None else env
+        self.directory = Path(directory) if directory is not None else None
+        self.keep = max(1, keep)
+        self.rank = int(env.get("RANK", "0"))
+        self.world_size = int(env.get("WORLD_SIZE", "1"))
+        self.generation = int(env.get("NODEAGENT_GENERATION", "0"))
+        self.job = env.get("NODEAGENT_JOB_ID", "")
+        memory, persist = env.get(tier.MEMORY_ENV), env.get(tier.PERSIST_ENV)
+        self.memory = Path(memory) if memory else None
+        self.persistent = Path(persist) if persist else None
+        self.limit = int(env.get(tier.MEMORY_LIMIT_ENV, "0") or 0)
+        self._report_path = env.get(tier.RESTORE_REPORT_ENV)
+        chosen = env.get(tier.RESTORE_ENV)
+        self.sources = tier.restore_from_env(chosen) if chosen else None
+        if self.memory is None and self.directory is None:
+            raise ValueError("Checkpointer: give it a directory (no nodeagent memory tier here)")
+        self._stage_cache: Any = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_blocked_s = 0.0  # how long the last save held the training step
+        self.last_saved_step: int | None = None
+
+    # -- saving -----------------------------------------------------------------------------
+
+    def save(self, state: TrainState, step: int) -> None:
+        """Stage `state` as step `step` and write it in the background.
+
+        Raises: the previous write's error, if it failed (nothing of it was committed)."""
+        began = time.perf_counter()
+        self.wait()
+        staged = self._stage(state.state_dict())
+        self.last_blocked_s = time.perf_counter() - began
+        self._thread = threading.Thread(
+            target=self._write, args=(staged, step), name="nodeagent-save", daemon=False
+        )
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Until the save being written is committed. Raises: its error, if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        self.wait()
+
+    def _stage(self, state_dict: dict[str, Any]) -> Any:
+        """A host-memory copy of `state_dict`, into the previous copy's buffers when they fit."""
+        import torch
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        cuda = torch.cuda.is_available()
+        try:
+            if self._stage_cache is None:
+                self._stage_cache = _create_cpu_state_dict(state_dict, pin_memory=cuda)
+            staged = _copy_state_dict(state_dict, self._stage_cache, non_blocking=cuda)
+        except (ValueError, RuntimeError, KeyError):  # the state's shape changed: stage anew
+            self._stage_cache = _create_cpu_state_dict(state_dict, pin_memory=cuda)
+            staged = _copy_state_dict(state_dict, self._stage_cache, non_blocking=cuda)
+        if cuda:
+            torch.cuda.synchronize()
+        return staged
+
+    def _target(self, step: int) -> Path:
+        if self.memory is not None:
+            return tier.slot_for_save(self.memory, self.rank)
+        assert self.directory is not None
+        return tier.rank_dir(tier.step_dir(self.directory, step), self.rank)
+
+    def _write(self, staged: Any, step: int) -> None:
+        try:
+            target = self._target(step)
+            tier.begin(target)
+            dcpio.save_rank(staged, target)
+            manifest = Manifest(
+                step=step,
+                generation=self.generation,
+                world_size=self.world_size,
+                rank=self.rank,
+                files=tier.summarize(target),
+                job=self.job,
+            )
+            if self.limit and manifest.size > self.limit:
+                tier.begin(target)
+                raise ValueError(
+                    f"a save of rank {self.rank} takes {manifest.size:,} bytes, more than the "
+                    f"{self.limit:,} its memory tier allows (checkpoint.memory_size / 2 slots / "
+                    "nproc_per_node): raise checkpoint.memory_size"
+                )
+            tier.write_manifest(target, manifest, durable=self.memory is None)
+            self.last_saved_step = step
+            if self.memory is None:
+                self._prune()
+        except BaseException as exc:  # raised by the next save or wait
+            self._error = exc
+
+    def _prune(self) -> None:
+        """This rank's directories of steps older than the newest `keep` it saved."""
+        assert self.directory is not None
+        mine = [s for s in tier.steps(self.directory) if self._has_own(s)]
+        for old in mine[self.keep :]:
+            step_path = tier.step_dir(self.directory, old)
+            shutil.rmtree(tier.rank_dir(step_path, self.rank), ignore_errors=True)
+            with contextlib.suppress(OSError):  # not empty yet, or another rank removed it
+                step_path.rmdir()
+
+    def _has_own(self, step: int) -> bool:
+        assert self.directory is not None
+        own = tier.rank_dir(tier.step_dir(self.directory, step), self.rank) / tier.MANIFEST
+        return own.is_file()
+
+    # -- restoring --------------------------------------------------------------------------
+
+    def restore(self, state: TrainState) -> int:
+        """Load the state the job resumes from into `state`; the step it holds (0: none).
+        Every rank calls it at the same point (it agrees with the others at each source)."""
+        began = time.perf_counter()
+        refused: list[tuple[Source, str]] = []
+        default = (Source("script"), Source("start"))
+        for source in self.sources or default:
+            if source.tier == "start":
+                break
+            problem, step = self._try(source, state)
+            problem = _agree(problem)
+            if problem is None:
+                self._forget_after(step)
+                done = Restored(Source(source.tier, step), time.perf_counter() - began)
+                self._tell(done, refused)
+                return step
+            refused.append((source, problem))
+            absent = problem.startswith(_ABSENT)
+            log.log(
+                logging.INFO if absent else logging.WARNING,
+                "rank %d: not restoring from %s: %s",
+                self.rank,
+                source,
+                problem,
+            )
+        self._forget_after(0)
+        self._tell(Restored(Source("start"), time.perf_counter() - began), refused)
+        return 0
+
+    def _forget_after(self, step: int) -> None:
+        """Drop this rank's memory-tier saves of steps after `step`: the job goes on from
+        `step`, so they belong to a timeline it abandoned and must never be restored."""
+        if self.memory is None:
+            return
+        for slot in tier.slots(self.memory, self.rank):
+            try:
+                if tier.read_manifest(slot).step > step:
+                    tier.begin(slot)
+            except BadCopy:
+                continue
+
+    def _try(self, source: Source, state: TrainState) -> tuple[str | None, int]:
+        """Load `source` into `state`; (None, step) or (why not, -1)."""
+        try:
+            if source.tier == "memory":
+                if self.memory is None or source.step is None:
+                    return f"{_ABSENT}a memory tier (none on this node)", -1
+                slot = tier.newest_in_memory(self.memory, self.rank, source.step)
+                if slot is None:
+                    return f"rank {self.rank} holds no step {source.step} in memory", -1
+                return self._load(state, [slot], source.step), source.step
+            root = self.persistent if source.tier == "persistent" else self.directory
+            if root is None:
+                return f"{_ABSENT}a {source.tier} directory (none given)", -1
+            step = source.step if source.step is not None else self._newest_whole(root)
+            if step is None:
+                return f"{_ABSENT}{root} (no step every rank can read)", -1
+            return self._load(state, self._rank_dirs(root, step), step), step
+        except (BadCopy, OSError, ValueError, RuntimeError, KeyError) as exc:
+            return f"{type(exc).__name__}: {exc}", -1
+
+    def _rank_dirs(self, root: Path, step: int) -> list[Path]:
+        """The directories this rank reads step `step` from: its own at the world it was saved
+        at, else every rank's (resharding)."""
+        saved = tier.step_dir(root, step)
+        world = tier.read_manifest(tier.rank_dir(saved, 0)).world_size
+        if world == self.world_size:
+            return [tier.rank_dir(saved, self.rank)]
+        return [tier.rank_dir(saved, r) for r in range(world)]
+
+    def _newest_whole(self, root: Path) -> int | None:
+        """The newest step of `root` that every rank of this job can read (agreed)."""
+        for step in tier.steps(root)[: self.keep + 2]:
+            problem = None
+            try:
+                for directory in self._rank_dirs(root, step):
+                    tier.read_manifest(directory)
+            except BadCopy as exc:
+                problem = str(exc)
+            if _agree(problem) is None:
+                return step
+        return None
+
+    def _load(self, state: TrainState, directories: list[Path], step: int) -> str | None:
+        """Verify and load; the problem, or None."""
+        for directory in directories:
+            manifest = tier.verify(directory)
+            if manifest.step != step:
+                return f"{directory} holds step {manifest.step}, not {step}"
+        from torch.distributed._state_dict_utils import _create_cpu_state_dict
+
+        # Into a copy: a source refused after loading (a NaN, another rank's failure) must not
+        # leave half of it in the model.
+        target = _create_cpu_state_dict(state.state_dict())
+        dcpio.load(target, directories)
+        bad = dcpio.first_non_finite(target)
+        if bad is not None:
+            return f"step {step} holds a non-finite value in {bad}"
+        state.load_state_dict(target)
+        return None
+
+    def _tell(self, done: Restored, refused: list[tuple[Source, str]]) -> None:
+        """Say what was restored: the log, and the agent (its restore report file)."""
+        log.info("rank %d restored from %s in %.2fs", self.rank, done.source, done.seconds)
+        if not self._report_path:
+            return
+        report = {
+            "rank": self.rank,
+            "tier": done.source.tier,
+            "step": done.source.step,
+            "seconds": round(done.seconds, 4),
+            "refused": [{"source": str(s), "reason": why[:300]} for s, why in refused],
+        }
+        path = Path(self._report_path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(report))
+        os.replace(tmp, path)
+
+
+def _agree(problem: str | None) -> str | None:
+    """Agreed by every rank: None if no rank has a problem, else the first rank's, named."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return problem
+    gathered: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, problem)
+    for rank, found in enumerate(gathered):
+        if found is not None:
+            return found if found == problem else f"rank {rank}: {found}"
+    return None

@@ -1,0 +1,157 @@
+"""nodeagent.worker's Checkpointer with real FSDP2 training (gloo, CPU) under plain torchrun,
+without an agent: a directory of DCP checkpoints resumed at another world size (resharded,
+bitwise), and the memory tier as the agent lays it out (its variables set by hand here): the
+leader's order of sources, a flipped bit refused, a NaN refused, a save cut short."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent.channel import tier
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "train_fsdp.py"
+
+
+def torchrun(
+    nproc: int, *args: str, env: dict[str, str] | None = None, timeout: float = 100
+) -> list[dict[str, Any]]:
+    """Run examples/train_fsdp.py under torchrun; every JSON line its ranks printed."""
+    command = [
+        *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
+        *("--nproc-per-node", str(nproc), str(SCRIPT), "--print-every", "1000", *args),
+    ]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    done = subprocess.run(
+        command, env=full_env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def of(lines: list[dict[str, Any]], event: str, rank: int | None = 0) -> list[dict[str, Any]]:
+    return [x for x in lines if x["event"] == event and (rank is None or x["rank"] == rank)]
+
+
+@pytest.mark.timeout(240)
+def test_plain_torchrun_saves_a_directory_that_reshards_bitwise_at_any_world(
+    tmp_path: Path,
+) -> None:
+    ck = str(tmp_path / "ck")
+    first = torchrun(4, "--checkpoint-dir", ck, "--steps", "12", "--save-every", "5", "--digest")
+    saved = {x["step"]: x["digest"] for x in of(first, "saved")}
+    assert sorted(saved) == [5, 10, 12]
+    assert tier.steps(Path(ck)) == [12, 10]  # keep=2 newest steps, every rank's directory
+    assert sorted(p.name for p in tier.step_dir(Path(ck), 12).iterdir()) == [
+        f"rank-{r}" for r in range(4)
+    ]
+    # 4 -> 3: each new rank reads the shards of all four old ones.
+    second = torchrun(3, "--checkpoint-dir", ck, "--steps", "15", "--save-every", "5", "--digest")
+    [restored] = of(second, "restored")
+    assert (restored["step"], restored["world"]) == (12, 3)
+    assert restored["digest"] == saved[12]
+    assert {x["step"] for x in of(second, "restored", None)} == {12}
+    # 3 -> 4 again, from the save at world 3.
+    third = torchrun(4, "--checkpoint-dir", ck, "--steps", "16", "--save-every", "5", "--digest")
+    [back] = of(third, "restored")
+    assert back["step"] == 15
+    assert back["digest"] == {x["step"]: x["digest"] for x in of(second, "saved")}[15]
+
+
+def memory_env(base: Path, order: str) -> dict[str, str]:
+    return {
+        tier.MEMORY_ENV: str(base / "memory"),
+        tier.PERSIST_ENV: str(base / "persist"),
+        tier.RESTORE_ENV: order,
+        tier.RESTORE_REPORT_ENV: str(base / "restore.json"),  # both ranks write it: the same
+    }
+
+
+@pytest.mark.timeout(240)
+def test_the_memory_tier_restores_the_chosen_step_and_refuses_a_flipped_bit(
+    tmp_path: Path,
+) -> None:
+    env = memory_env(tmp_path, "start")
+    ck = str(tmp_path / "script")
+    args = ("--checkpoint-dir", ck, "--save-every", "3", "--digest")
+    first = torchrun(2, *args, "--steps", "8", env=env)
+    saved = {x["step"]: x["digest"] for x in of(first, "saved")}
+    assert sorted(saved) == [3, 6, 8]
+    assert not Path(ck).exists()  # under the agent's tier the script's directory is not written
+    memory = tmp_path / "memory"
+    for rank in range(2):  # two slots per rank: the last two steps
+        held = sorted(tier.verify(slot).step for slot in tier.slots(memory, rank))
+        assert held == [6, 8]
+
+    plain = torchrun(2, *args, "--steps", "4")  # the script's own directory: step 4
+    assert [x["step"] for x in of(plain, "saved")] == [3, 4]
+
+    # A bit flipped in rank 1's copy of step 8: both ranks refuse it and take the next source.
+    slot = tier.newest_in_memory(memory, 1, step=8)
+    assert slot is not None
+    data = bytearray((slot / "__0_0.distcp").read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (slot / "__0_0.distcp").write_bytes(bytes(data))
+    order = "memory:8 memory:6 script"
+    again = torchrun(2, *args, "--steps", "6", env=memory_env(tmp_path, order))
+    assert [(x["step"], x["digest"]) for x in of(again, "restored")] == [(6, saved[6])]
+    assert {x["step"] for x in of(again, "restored", None)} == {6}
+    report = json.loads((tmp_path / "restore.json").read_text())
+    assert (report["tier"], report["step"]) == ("memory", 6)
+    [refused] = report["refused"]
+    assert refused["source"] == "memory:8"
+    for rank in range(2):  # step 8 is of a timeline the job left at 6: forgotten
+        assert tier.newest_in_memory(memory, rank, step=8) is None
+
+    fallback = torchrun(2, *args, "--steps", "5", env=memory_env(tmp_path, "memory:8 script"))
+    assert {x["step"] for x in of(fallback, "restored", None)} == {4}
+    report = json.loads((tmp_path / "restore.json").read_text())
+    assert (report["tier"], report["step"]) == ("script", 4)
+    assert "holds no step 8" in report["refused"][0]["reason"]
+
+
+@pytest.mark.timeout(120)
+def test_a_non_finite_state_and_a_cut_save_are_never_restored(tmp_path: Path) -> None:
+    """One process, no process group: the checks are the rank's own."""
+    code = f"""
+import math, sys, torch
+from pathlib import Path
+from nodeagent.channel import tier
+from nodeagent.worker import Checkpointer, TrainState
+env = {{"RANK": "0", "WORLD_SIZE": "1", tier.MEMORY_ENV: {str(tmp_path / "m")!r}}}
+model = torch.nn.Linear(4, 3)
+state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1), epoch=1)
+ck = Checkpointer(env=env)
+ck.save(state, 2)
+ck.wait()
+with torch.no_grad():
+    model.weight[0, 0] = math.nan
+state.epoch = 9
+ck.save(state, 4)
+ck.wait()
+# A save of step 6 killed half way: its slot (the one of step 2) lost its manifest, half written.
+cut = tier.slot_for_save(Path(env[tier.MEMORY_ENV]), 0)
+tier.begin(cut)
+(cut / "__0_0.distcp").write_bytes(b"half")
+fresh = torch.nn.Linear(4, 3)
+again = TrainState(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1), epoch=0)
+order = "memory:6 memory:4 start"
+step = Checkpointer(env={{**env, tier.RESTORE_ENV: order}}).restore(again)
+print(step, again.epoch, bool(torch.isfinite(fresh.weight).all()))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=100, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["0", "0", "True"]  # neither step 6 (cut) nor 4 (NaN)
+    assert "holds no step 6" in done.stderr
+    assert "non-finite value in model.weight" in done.stderr

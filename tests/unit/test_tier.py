@@ -1,0 +1,142 @@
+"""The checkpoint tiers' format (nodeagent/channel/tier.py): manifests, verification, slots,
+verified copies. Files in a temporary directory; no torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nodeagent.channel import tier
+from nodeagent.channel.tier import BadCopy, Manifest, Source
+
+
+def fake_save(directory: Path, step: int, rank: int = 0, world: int = 2, size: int = 1000) -> None:
+    """What a rank's save leaves: two files, then its manifest."""
+    tier.begin(directory)
+    (directory / "__0_0.distcp").write_bytes(bytes(range(256)) * (size // 256) + b"x" * step)
+    (directory / ".metadata").write_bytes(b"meta" + str(step).encode())
+    manifest = Manifest(step, 3, world, rank, tier.summarize(directory), job="j")
+    tier.write_manifest(directory, manifest)
+
+
+def test_a_manifest_round_trips_and_verifies(tmp_path: Path) -> None:
+    fake_save(tmp_path, 40)
+    manifest = tier.verify(tmp_path)
+    assert (manifest.step, manifest.generation, manifest.world_size, manifest.rank) == (40, 3, 2, 0)
+    assert set(manifest.files) == {"__0_0.distcp", ".metadata"}
+    assert manifest.size == (tmp_path / "__0_0.distcp").stat().st_size + 6
+    assert Manifest.from_json(manifest.to_json(), "x") == manifest
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda d: _flip(d / "__0_0.distcp", 517), "checksum"),
+        (lambda d: (d / "__0_0.distcp").write_bytes(b"short"), "5 bytes, the manifest says"),
+        (lambda d: (d / ".metadata").unlink(), "missing"),
+        (lambda d: (d / tier.MANIFEST).unlink(), "no manifest.json"),
+        (lambda d: (d / tier.MANIFEST).write_text("{"), "not JSON"),
+    ],
+    ids=["flipped bit", "truncated", "missing file", "no manifest", "torn manifest"],
+)
+def test_a_damaged_save_is_refused_naming_what_is_wrong(tmp_path: Path, damage, said) -> None:  # type: ignore[no-untyped-def]
+    fake_save(tmp_path, 7)
+    damage(tmp_path)
+    with pytest.raises(BadCopy, match=said):
+        tier.verify(tmp_path)
+
+
+def _flip(path: Path, bit: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[bit // 8] ^= 1 << (bit % 8)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"format": 2},
+        {"format": 1, "step": -1, "generation": 0, "world_size": 1, "rank": 0, "files": {"a": {}}},
+        {"format": 1, "step": 1, "generation": 0, "world_size": 1, "rank": 1, "files": {}},
+        {"format": 1, "step": True, "generation": 0, "world_size": 1, "rank": 0},
+        {
+            "format": 1,
+            "step": 1,
+            "generation": 0,
+            "world_size": 1,
+            "rank": 0,
+            "files": {"../etc/passwd": {"size": 1, "crc32": 1}},
+        },
+        {
+            "format": 1,
+            "step": 1,
+            "generation": 0,
+            "world_size": 1,
+            "rank": 0,
+            "files": {"a": {"size": 1.5, "crc32": 1}},
+        },
+    ],
+    ids=["format", "negative step", "rank beyond world", "boolean", "path", "fraction"],
+)
+def test_a_manifest_nodeagent_did_not_write_is_refused(body: dict[str, object]) -> None:
+    with pytest.raises(BadCopy, match="where"):
+        Manifest.from_json(json.dumps(body), "where")
+
+
+def test_a_link_in_place_of_a_file_is_refused(tmp_path: Path) -> None:
+    fake_save(tmp_path / "save", 1)
+    target = tmp_path / "save" / "__0_0.distcp"
+    (tmp_path / "elsewhere").write_bytes(target.read_bytes())
+    target.unlink()
+    target.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(BadCopy, match="symbolic link"):
+        tier.verify(tmp_path / "save")
+
+
+def test_saves_alternate_between_slots_and_a_cut_save_spares_the_newest(tmp_path: Path) -> None:
+    first = tier.slot_for_save(tmp_path, 1)
+    fake_save(first, 10, rank=1)
+    second = tier.slot_for_save(tmp_path, 1)
+    assert second != first
+    fake_save(second, 20, rank=1)
+    assert tier.newest_in_memory(tmp_path, 1) == second
+    # The next save goes to the older slot; killed half way it leaves step 20 whole.
+    cut = tier.slot_for_save(tmp_path, 1)
+    assert cut == first
+    tier.begin(cut)
+    (cut / "__0_0.distcp").write_bytes(b"half")
+    assert tier.newest_in_memory(tmp_path, 1) == second
+    assert tier.verify(second).step == 20
+    assert tier.slot_for_save(tmp_path, 1) == first  # and the one after goes there again
+    assert tier.newest_in_memory(tmp_path, 1, step=10) is None
+    assert sorted(rank for _, rank in tier.memory_saves(tmp_path)) == [1, 1]
+
+
+def test_a_verified_copy_refuses_a_source_that_changed_and_leaves_no_manifest(
+    tmp_path: Path,
+) -> None:
+    fake_save(tmp_path / "memory", 5)
+    copied = tier.copy_verified(tmp_path / "memory", tmp_path / "disk" / "rank-0")
+    assert tier.verify(tmp_path / "disk" / "rank-0") == copied
+    _flip(tmp_path / "memory" / "__0_0.distcp", 3)
+    with pytest.raises(BadCopy, match="checksum"):
+        tier.copy_verified(tmp_path / "memory", tmp_path / "disk2" / "rank-0")
+    assert not (tmp_path / "disk2" / "rank-0" / tier.MANIFEST).exists()
+
+
+def test_steps_of_a_directory_newest_first(tmp_path: Path) -> None:
+    for step in (5, 100, 20):
+        tier.step_dir(tmp_path, step).mkdir()
+    (tmp_path / "step-x").mkdir()
+    assert tier.steps(tmp_path) == [100, 20, 5]
+    assert tier.steps(tmp_path / "none") == []
+
+
+def test_the_restore_order_round_trips_through_the_environment() -> None:
+    order = (Source("memory", 120), Source("persistent", 100), Source("script"), Source("start"))
+    assert tier.restore_to_env(order) == "memory:120 persistent:100 script start"
+    assert tier.restore_from_env(tier.restore_to_env(order)) == order
+    with pytest.raises(ValueError, match="'disk:1' is not one of"):
+        tier.restore_from_env("memory:1 disk:1")
