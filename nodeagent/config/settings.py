@@ -36,6 +36,28 @@ class RedisConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    """job.checkpoint: the tiers the agent keeps the job's checkpoints in (docs/checkpoints.md).
+
+    The memory tier is `<memory_dir>/<node>.<job>` on tmpfs, made by the agent before the
+    workers start, at most `memory_size` bytes on this node (two slots per local rank); the
+    persistent tier is `persist_dir`, shared by the job's nodes, where the agent copies the
+    newest step every `persist_every` saves and whenever the job stops."""
+
+    memory_size: int
+    memory_dir: str = "/dev/shm/nodeagent"
+    persist_dir: str | None = None
+    persist_every: int = 10
+
+    def memory_tier(self, node: str, job: str) -> str:
+        return f"{self.memory_dir.rstrip('/') or '/'}/{node}.{job}"
+
+    def rank_limit(self, nproc_per_node: int) -> int:
+        """Bytes one rank's save may take: two slots per local rank share memory_size."""
+        return self.memory_size // (2 * nproc_per_node)
+
+
+@dataclass(frozen=True)
 class JobConfig:
     id: str
     entrypoint: tuple[str, ...]
@@ -57,6 +79,7 @@ class JobConfig:
     # What a re-form does to the workers that survive it (RECOVERY_MODES): restart them all, as
     # torchrun does, or keep them running (in_place: nodeagent.worker.elastic scripts only).
     recovery: str = "restart"
+    checkpoint: CheckpointConfig | None = None  # None: no tiers (the script's own checkpoints)
 
     @property
     def in_place(self) -> bool:

@@ -17,6 +17,8 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 YAML_BOOLEANS = "YAML reads a bare yes/no/on/off/true/false as a boolean"
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])(i?)B?|B)?\s*$", re.IGNORECASE)
+_SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
 def parse_duration(value: object, key: str) -> float:
@@ -36,6 +38,22 @@ def parse_duration(value: object, key: str) -> float:
     if not math.isfinite(seconds) or seconds < 0:
         raise ConfigError(key, f"expected a non-negative duration, got {value!r}")
     return seconds
+
+
+def parse_size(value: object, key: str) -> int:
+    """Bytes from a number or a string such as "512MiB", "8GiB", "2G" (KiB and K are 1024,
+    as df and systemd's MemoryMax= read them; a bare number is bytes).
+
+    Raises:
+        ConfigError: naming `key` when the value is not a positive size.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    match = _SIZE_RE.match(value) if isinstance(value, str) else None
+    if match is None or float(match.group(1)) <= 0:
+        raise ConfigError(key, f"expected a size such as 8GiB or 512MiB, got {value!r}")
+    power = _SIZE_POWERS[(match.group(2) or "").lower()]
+    return int(float(match.group(1)) * 1024**power)
 
 
 def duration(
@@ -88,6 +106,11 @@ class Section:
 
     def key(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name
+
+    @property
+    def present(self) -> bool:
+        """The mapping has any key (an absent or null section has none)."""
+        return bool(self._data)
 
     def get(self, name: str, kind: type[T], default: T) -> T:
         self._known.add(name)

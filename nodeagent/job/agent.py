@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
 from nodeagent import __version__
+from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.config.settings import Config
 from nodeagent.coord.bounded import BoundedCalls
 from nodeagent.coord.store import Snapshot
@@ -38,6 +39,7 @@ from nodeagent.job.leadership import Leadership
 from nodeagent.job.lease import LeaseClock
 from nodeagent.job.plan import policy_from
 from nodeagent.job.port import JobPort
+from nodeagent.job.tiers import TierDuties
 from nodeagent.job.verify import RecordCheck
 from nodeagent.job.watch import WorkerWatch
 from nodeagent.model.job import Cordon, Event, JobRecord, NodeReport, WorkerInfo
@@ -51,6 +53,7 @@ from nodeagent.telemetry.sdnotify import Notifier
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+SETTLE_POLL_S = 0.05  # how often the loop looks whether the checkpoint tiers have settled
 
 
 class WorkerGroup(Protocol):
@@ -83,9 +86,11 @@ class Agent:
         keeper: Keeper | None = None,
         clock: Callable[[], float] = time.monotonic,
         until_done: bool = False,
+        tiers: TierKeeper | None = None,
     ) -> None:
         """`until_done`: serve this one job and leave when it ends (`nodeagent launch`, an
-        embedded Redis); `outcome` is then its exit code. Otherwise a daemon: run until stopped."""
+        embedded Redis); `outcome` is then its exit code. Otherwise a daemon: run until stopped.
+        `tiers`: the job's checkpoint tiers on this node (job.checkpoint), prepared."""
         self.config = config
         self.name = config.node.name
         self.state = NodeState.JOINING
@@ -114,6 +119,7 @@ class Agent:
         self._last_error: str | None = None
         self._watchers = WorkerWatch(self.name, config.timing.hang_timeout, health)
         self._metrics = metrics or AgentMetrics(config.job.id, __version__)
+        self._tiers = TierDuties(tiers, self.name, self._metrics.checkpoints) if tiers else None
         self._calls = BoundedCalls(clock)
         self._leadership = Leadership(
             store, policy_from(config), self._metrics, config.timing.lease_ttl, clock, self._call
@@ -194,6 +200,8 @@ class Agent:
             if not ended.expected and ended.exit_code != 0:
                 self._metrics.worker_failed("signal" if ended.signal else "exit_code")
         self._watch(now)
+        if self._tiers is not None:
+            self._events += self._tiers.tick(self._workers.status(), self.record)
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
         now = self._clock()  # the sync may have used its whole budget: decide on a fresh clock
@@ -240,6 +248,7 @@ class Agent:
             cordon=self._cordon,
             unfit=self._watchers.unfit,
             gpu=self._watchers.gpu_summary(),
+            tier=self._tiers.report() if self._tiers is not None else None,
         )
 
     def _sync(self, now: float) -> Snapshot | None:
@@ -329,6 +338,7 @@ class Agent:
             cordon=self._cordon,
             unfit=self._watchers.unfit,
             in_place=self.config.job.in_place,
+            tiers_settling=self._tiers is not None and self._tiers.settling,
         )
 
     def _next_wakeup(self) -> float:
@@ -342,6 +352,8 @@ class Agent:
             deadlines.append(ping)
         if (hang_check := self._watchers.next_check()) is not None:
             deadlines.append(hang_check)
+        if self._tiers is not None and self._tiers.settling:  # the acknowledgement waits on it
+            deadlines.append(self._clock() + SETTLE_POLL_S)
         point = self._lease.fence_point
         if point is not None and self._fenced_generation is None:
             deadlines.append(point)
@@ -389,6 +401,8 @@ class Agent:
         kill_at = self._lease.kill_at
         if action.fence and kill_at is not None:
             grace = max(0.0, min(grace, kill_at - self._clock()))
+        if self._tiers is not None:
+            self._tiers.stopping(action.broken, action.fence)
         self._log.info("stopping workers (%s), grace %.1fs", action.reason, grace)
         self._workers.stop(grace)
 
@@ -421,6 +435,8 @@ class Agent:
             record.master_addr,
             record.master_port,
         )
+        if self._tiers is not None:
+            self._tiers.started(record, specs, self.config.log_dir)
         started = self._workers.start(record.generation, self.name, specs)
         self._metrics.workers_started(record.generation, self._clock())
         self._watchers.started(started.specs, self._clock())

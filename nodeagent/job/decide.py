@@ -33,6 +33,9 @@ class LocalView:
     cordon: Cordon | None = None  # this node's cordon, as last read from Redis
     unfit: str | None = None  # why this node cannot take part (too few usable GPUs)
     in_place: bool = False  # job.recovery: in_place (survivors are released, not stopped)
+    # The checkpoint tiers are verifying (or persisting) the stopped workers' last saves: the
+    # leader chooses the next restore from what this node reports, so it must not move on yet.
+    tiers_settling: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ def decide(view: LocalView) -> NodeDecision:
             return NodeDecision(NodeState.LEAVING, (StopWorkers("agent shutting down"),), "leaving")
         if group.active:
             return NodeDecision(NodeState.LEAVING, (), "waiting for workers to stop")
+        if view.tiers_settling:
+            return NodeDecision(NodeState.LEAVING, (), "persisting the last checkpoint")
         return NodeDecision(NodeState.LEAVING, (Leave(),), "workers stopped")
     if view.fence:
         stop = (StopWorkers("lease not renewed", fence=True),)
@@ -146,6 +151,10 @@ def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
     if record.generation < acked:
         # Redis went back in time (a failover to a lagging replica, a restore): never act on it.
         return NodeDecision(NodeState.READY, (), f"record generation {record.generation} < {acked}")
+    if record.generation > acked and view.tiers_settling:
+        return NodeDecision(
+            NodeState.READY, (), f"checkpoint tiers settling before generation {record.generation}"
+        )
     if record.generation > acked:
         actions.append(Acknowledge(record.generation))
         acked = record.generation

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from nodeagent.config.settings import Config
+from nodeagent.job import restore
 from nodeagent.model.job import (
     ClusterView,
     Command,
@@ -25,6 +26,7 @@ from nodeagent.model.job import (
     JobRecord,
     NodeReport,
 )
+from nodeagent.model.tiers import CheckpointRecord
 from nodeagent.state import JobState, NodeState
 
 # Not eligible for a new generation.
@@ -52,6 +54,7 @@ class Policy:
     restart_backoff_ms: int = 0  # 0: crash loops do not back off
     restart_backoff_max_ms: int = 0
     restart_backoff_reset_ms: int = 0
+    tiers: bool = False  # job.checkpoint: the leader chooses every generation's restore
 
 
 def policy_from(config: Config) -> Policy:
@@ -67,6 +70,7 @@ def policy_from(config: Config) -> Policy:
         restart_backoff_ms=int(timing.restart_backoff * 1000),
         restart_backoff_max_ms=int(timing.restart_backoff_max * 1000),
         restart_backoff_reset_ms=int(timing.restart_backoff_reset * 1000),
+        tiers=job.checkpoint is not None,
     )
 
 
@@ -123,6 +127,9 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     ]
     base = view.record or _initial_record(view, policy)
     record = _refresh_policy(base, policy)
+    if policy.tiers:
+        tiers = restore.fold(record.checkpoint or CheckpointRecord(), view.nodes)
+        record = replace(record, checkpoint=tiers)
     record, requests, command_events = _apply_commands(record, view.commands)
     if view.command_cursor is not None:
         record = replace(record, command_cursor=view.command_cursor)
@@ -356,6 +363,7 @@ def _step_running(record: JobRecord, ctx: _Context) -> _Step:
     failures = _member_failures(record, nodes)
     if failures:
         reason = "worker_hung" if failures[0].kind == "hang" else "worker_failed"
+        record = replace(record, checkpoint=restore.after_failure(record, nodes))
         return _begin(record, ctx, reason, failure=failures[0])
     gone = [m for m in record.members if m not in nodes or nodes[m].state in DROPPED_OUT]
     if gone:
@@ -449,6 +457,10 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
         f"generation {running.generation} started: world {running.world_size} on {_names(chosen)}"
     )
     events = [_job_event("generation_started", running, message)]
+    if running.checkpoint is not None:
+        tiers = restore.choose(running.checkpoint, chosen, record.nproc_per_node, nodes)
+        running = replace(running, checkpoint=tiers)
+        events.append(_restore_event(running, tiers))
     if running.reason == "scale":
         applied = f"running on {len(chosen)} nodes (target {running.target_nodes})"
         events.append(_job_event("scale_applied", running, applied))
@@ -489,6 +501,23 @@ def _names(names: Sequence[str], shown: int = 8) -> str:
     if len(names) <= shown:
         return ", ".join(names)
     return f"{', '.join(names[:shown])} and {len(names) - shown:,} more"
+
+
+def _restore_event(record: JobRecord, checkpoint: CheckpointRecord) -> Event:
+    order = " ".join(checkpoint.restore)
+    first = restore.first_step(checkpoint)
+    lost = f", {checkpoint.newest - first} steps behind the newest" if first is not None else ""
+    return Event(
+        "restore_chosen",
+        generation=record.generation,
+        message=f"restore order {order} (newest step held {checkpoint.newest}{lost})",
+        data={
+            "restore": list(checkpoint.restore),
+            "newest": checkpoint.newest,
+            "persisted": checkpoint.persisted_step,
+            "bad": list(checkpoint.bad),
+        },
+    )
 
 
 EVENT_MEMBERS = 64  # members listed in an event's data; a larger job's count is in members_more

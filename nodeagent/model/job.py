@@ -18,6 +18,7 @@ from typing import Any
 
 from nodeagent.errors import CorruptStateError
 from nodeagent.model.decode import MAX_NAMES, MAX_RAW, Reader, is_stream_id
+from nodeagent.model.tiers import CheckpointRecord, TierReport
 from nodeagent.state import JOB_TRANSITIONS, JobState, NodeState, check_transition
 
 # parked, leaving: an in_place worker told to leave its generation has (not yet) left it.
@@ -183,6 +184,7 @@ class NodeReport:
     unfit: str | None = None  # why this node cannot take part (too few usable GPUs)
     gpu: GpuSummary | None = None
     metrics: str | None = None  # host:port of this agent's /metrics
+    tier: TierReport | None = None  # the job's checkpoint tiers on this node (job.checkpoint)
 
     @property
     def eligible(self) -> bool:
@@ -211,6 +213,7 @@ class NodeReport:
     def from_json(cls, raw: str | bytes) -> NodeReport:
         r = Reader.of(raw, "node report")
         cordon, gpu, failure = r.obj("cordon"), r.obj("gpu"), r.obj("failure")
+        tier = r.obj("tier")
         report = cls(
             name=r.name("name"),
             address=r.host("address"),
@@ -229,6 +232,7 @@ class NodeReport:
             unfit=r.opt_text("unfit"),
             gpu=GpuSummary.read(gpu) if gpu else None,
             metrics=r.opt_text("metrics", 300),
+            tier=TierReport.read(tier) if tier else None,
         )
         if report.failure is not None and report.failure.node != report.name:
             raise CorruptStateError(
@@ -265,6 +269,7 @@ class JobRecord:
     command_cursor: str = "0-0"
     pending_failure: Failure | None = None
     detail: str = ""
+    checkpoint: CheckpointRecord | None = None  # a job with tiers (job.checkpoint)
 
     @property
     def world_size(self) -> int:
@@ -341,7 +346,7 @@ class JobRecord:
 
     @classmethod
     def _read(cls, r: Reader, members: tuple[str, ...]) -> JobRecord:
-        pending = r.obj("pending_failure")
+        pending, checkpoint = r.obj("pending_failure"), r.obj("checkpoint")
         return cls(
             generation=r.integer("generation"),
             state=JobState(r.choice("state", _JOB_STATES)),
@@ -359,6 +364,7 @@ class JobRecord:
             command_cursor=r.stream_id("command_cursor", "0-0"),
             pending_failure=Failure.read(pending) if pending else None,
             detail=r.text("detail", "", max_len=MAX_RAW),
+            checkpoint=CheckpointRecord.read(checkpoint) if checkpoint else None,
         )
 
 

@@ -24,7 +24,13 @@ from typing import Any
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.identity import resolve as resolve_user
 from nodeagent.config.load import JOB_TIMING, job_fields, job_timing
-from nodeagent.config.settings import Config, JobConfig, NodeSettings, TimingConfig
+from nodeagent.config.settings import (
+    CheckpointConfig,
+    Config,
+    JobConfig,
+    NodeSettings,
+    TimingConfig,
+)
 from nodeagent.config.values import Section, check_name
 from nodeagent.errors import ConfigError, CorruptStateError
 
@@ -44,6 +50,7 @@ _FIELDS = (
     "preload",
     "python",
     "recovery",
+    "checkpoint",
 )
 
 
@@ -90,6 +97,7 @@ class JobSpec:
         optional = {
             "working_dir": job.working_dir,
             "python": job.python,
+            "checkpoint": _checkpoint_doc(job.checkpoint),
             "group": self.group,
             "submitted_by": self.submitted_by or None,
         }
@@ -159,6 +167,13 @@ def load_spec(
     return JobSpec(
         job, user, group, timing, queue, priority, submitted_by[:256], selector, preemptible
     )
+
+
+def _checkpoint_doc(checkpoint: CheckpointConfig | None) -> dict[str, Any] | None:
+    if checkpoint is None:
+        return None
+    doc = dataclasses.asdict(checkpoint)
+    return {k: v for k, v in doc.items() if v is not None}
 
 
 def _selector(root: Section) -> dict[str, str]:

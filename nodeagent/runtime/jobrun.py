@@ -14,6 +14,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from nodeagent import __version__
+from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.config.settings import Config
 from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import JobKeys
@@ -58,6 +59,17 @@ class CurrentJobMetrics(Collector):
         return registry.collect() if registry is not None else ()
 
 
+def _tiers(config: Config) -> TierKeeper | None:
+    """The job's checkpoint tiers on this node, made for its workers' user (job.checkpoint)."""
+    checkpoint = config.job.checkpoint
+    if checkpoint is None:
+        return None
+    keeper = TierKeeper(checkpoint, config.node.name, config.job.id)
+    user = config.job.user
+    keeper.prepare(user.uid if user is not None and user.switch else None)
+    return keeper
+
+
 class JobRun:
     """One job's Agent on this node, and what only it uses."""
 
@@ -77,6 +89,7 @@ class JobRun:
         job = config.job
         needed = job.nproc_per_node * job.gpus_per_worker
         self._health = NodeHealth(config.node.name, config.health, needed, monitor)
+        self.tiers = _tiers(config)
         self.agent = Agent(
             config,
             JobStore(parts.client, keys),
@@ -88,6 +101,7 @@ class JobRun:
             notifier=parts.notifier,
             keeper=parts.keeper,
             until_done=until_done,
+            tiers=self.tiers,
         )
         self.agent.metrics_address = parts.metrics_address()
         # The leader is woken by every node's events and by commands; a follower only when the

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import Config, NodeSettings
 from nodeagent.errors import ConfigError
 from nodeagent.model.pool import MAX_REFUSED
@@ -224,7 +225,10 @@ class NodeLoop:
         try:
             if isinstance(spec, str):
                 raise ConfigError("", f"its spec cannot be read: {spec}")
-            return run_config(spec, settings)
+            config = run_config(spec, settings)
+            if config.job.checkpoint is not None:
+                check_room(config.job.checkpoint, settings.node.name, job_id)
+            return config
         except ConfigError as exc:
             log.warning("refusing job %s: %s", job_id, exc)
             self._refused[job_id] = str(exc)

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodeagent.checkpoint.space import check_room
 from nodeagent.config.entrypoint import NotPython, split_python
 from nodeagent.config.identity import WorkerUser
 from nodeagent.config.settings import DEFAULT_STATE_DIR, JobConfig, NodeSettings
@@ -60,6 +61,8 @@ def check_node(
     if job is None:  # a pool node: each job's spec is checked when the node is placed on it
         _metrics_address(config.metrics.listen)
         return NodeCheck(state_dir, warnings)
+    if job.checkpoint is not None:
+        check_room(job.checkpoint, config.node.name, job.id)
     workdir = _working_dir(job, cwd or Path.cwd())
     program, script = _entrypoint(job, environ, workdir)
     if user is not None:

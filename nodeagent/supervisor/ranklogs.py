@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from nodeagent.channel import beats, control
+from nodeagent.channel import beats, control, tier
 from nodeagent.config.identity import WorkerUser
 from nodeagent.model.job import CAUSE_MAX
 from nodeagent.supervisor.spec import WorkerSpec
@@ -69,6 +69,9 @@ def worker_files(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
         control.create(spec.control_path, owner=owner)
     if owner is not None and spec.error_file is not None:  # @record writes it on failure;
         beats.worker_file(spec.error_file, owner)  # empty reads as no error file
+    report = spec.env.get(tier.RESTORE_REPORT_ENV)
+    if owner is not None and report:  # the rank says there what it restored; empty: not yet
+        beats.worker_file(Path(report), owner)
     return log_file
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.channel import control
+from nodeagent.channel import control, tier
 from nodeagent.channel.control import Assignment
 from nodeagent.config.settings import Config
 from nodeagent.model.job import JobRecord
@@ -186,10 +186,37 @@ def worker_env(
             ),
         }
     )
+    env.update(tier_env(config, record, rank))
     if config.job.in_place:
         path = control_path(config.log_dir, config.job.id, record.generation, rank)
         env[control.PATH_ENV] = str(path)
         env[control.TIMEOUT_ENV] = f"{config.timing.reform_timeout:g}"
+    return env
+
+
+def restore_report_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
+    """Where the rank says what it restored (nodeagent.worker.tiered; the agent reads it)."""
+    return Path(log_dir) / job / str(generation) / f"rank-{rank}.restore.json"
+
+
+def tier_env(config: Config, record: JobRecord, rank: int) -> dict[str, str]:
+    """The checkpoint tiers' variables (job.checkpoint; none without it): this node's memory
+    tier, what one rank's save may take there, the persistent tier, the leader's restore order
+    for this generation and where to say what was restored."""
+    checkpoint = config.job.checkpoint
+    if checkpoint is None:
+        return {}
+    env = {
+        tier.MEMORY_ENV: checkpoint.memory_tier(config.node.name, config.job.id),
+        tier.MEMORY_LIMIT_ENV: str(checkpoint.rank_limit(config.job.nproc_per_node)),
+        tier.RESTORE_REPORT_ENV: str(
+            restore_report_path(config.log_dir, config.job.id, record.generation, rank)
+        ),
+    }
+    if checkpoint.persist_dir is not None:
+        env[tier.PERSIST_ENV] = checkpoint.persist_dir
+    if record.checkpoint is not None and record.checkpoint.restore:
+        env[tier.RESTORE_ENV] = " ".join(record.checkpoint.restore)
     return env
 
 

@@ -33,6 +33,7 @@ from nodeagent.gpu.readings import GpuSnapshot
 from nodeagent.model.garbage import KINDS as GARBAGE_KINDS
 from nodeagent.model.job import WORKER_STATES, JobRecord, WorkerInfo
 from nodeagent.state import JobState, NodeState
+from nodeagent.telemetry.checkpoints import CheckpointMetrics
 from nodeagent.telemetry.httpd import HttpServer, Route
 
 RESTART_REASONS = (
@@ -212,6 +213,7 @@ class AgentMetrics:
             ["job_id", "local_rank"],
             registry=r,
         )
+        self.checkpoints = CheckpointMetrics(job_id, r)
         Info("nodeagent_build", "nodeagent's version", registry=r).info({"version": version})
         # Every series exists from the start, at zero: rate() and increase() need a sample
         # before the first event to see it.

@@ -357,6 +357,9 @@ class Checkpointer:
             "refused": [{"source": str(s), "reason": why[:300]} for s, why in refused],
         }
         path = Path(self._report_path)
+        if path.exists():  # the agent made it for this rank (another user's directory)
+            path.write_text(json.dumps(report))
+            return
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(report))
         os.replace(tmp, path)

@@ -68,11 +68,14 @@ def test_plain_torchrun_saves_a_directory_that_reshards_bitwise_at_any_world(
 
 
 def memory_env(base: Path, order: str) -> dict[str, str]:
+    """The variables the agent gives a worker (one restore report for both ranks here: made
+    anew by each, atomically; the agent gives each rank its own)."""
+    (base / "restore.json").unlink(missing_ok=True)
     return {
         tier.MEMORY_ENV: str(base / "memory"),
         tier.PERSIST_ENV: str(base / "persist"),
         tier.RESTORE_ENV: order,
-        tier.RESTORE_REPORT_ENV: str(base / "restore.json"),  # both ranks write it: the same
+        tier.RESTORE_REPORT_ENV: str(base / "restore.json"),
     }
 
 

@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "__main__"),
     ("runtime",),
     ("job", "pool"),
-    ("supervisor", "telemetry", "gpu", "coord"),
+    ("supervisor", "telemetry", "gpu", "coord", "checkpoint"),
     ("model", "channel", "config"),
     ("state", "errors", "nodeagent"),
 )

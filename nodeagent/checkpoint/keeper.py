@@ -1,0 +1,266 @@
+"""One job's checkpoint tiers on this node, kept by its agent (docs/checkpoints.md).
+
+The agent owns the memory tier (decision 15): it makes the directory before the workers start,
+owned by the workers' user, and it outlives every worker and an agent restart; it is removed
+when the job ends. The keeper verifies what the workers saved, copies it to the persistent tier
+(every `persist_every` saves while they run, and when they stop for a reason that is not a
+failure: scale, drain, stop, the end of the job), reports what both tiers hold, and reads the
+workers' restore reports. Every slow part (checksums, copies) runs in one background thread;
+the agent's loop only polls. While the keeper settles after a stop (verifies, and persists when
+asked), the agent does not acknowledge the next generation: the leader chooses the restore from
+the reports that follow, so they must be true.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodeagent.channel import tier
+from nodeagent.checkpoint import scan
+from nodeagent.config.settings import CheckpointConfig
+from nodeagent.model.tiers import Held, TierReport
+
+log = logging.getLogger(__name__)
+KEEP_PERSISTED = 2  # steps of this node's ranks kept in the persistent tier
+
+
+@dataclass(frozen=True)
+class RestoreNote:
+    """What one local rank restored (its report file, nodeagent.worker.tiered)."""
+
+    rank: int
+    tier: str
+    step: int | None
+    seconds: float
+    refused: tuple[tuple[str, str], ...]  # (source, reason)
+
+
+@dataclass(frozen=True)
+class Persisted:
+    held: Held
+    seconds: float
+    bytes: int
+
+
+class TierKeeper:
+    """This node's tiers of one job. Call from the agent's loop only (one thread)."""
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        node: str,
+        job: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.memory = Path(config.memory_tier(node, job))
+        self.persist_root = Path(config.persist_dir) if config.persist_dir else None
+        self.every = config.persist_every
+        self._clock = clock
+        self._verified = scan.Verified(self.memory)
+        self._lock = threading.Lock()  # what the thread hands back
+        self._thread: threading.Thread | None = None
+        self._settle: bool | None = None  # a settle wanted: persist or not
+        self._settling = False
+        self._thread_settles = False
+        self._persisted: list[Held] = []
+        self._refused: set[int] = set()
+        self._ranks: tuple[int, ...] = ()
+        self._newest_seen = -1
+        self._expected: dict[int, Path] = {}
+        self.last_persist: Persisted | None = None
+        self.problems: list[str] = []  # what the thread found, for the agent to log
+        self.removed = False
+
+    # -- the agent's calls ------------------------------------------------------------------
+
+    def prepare(self, owner: int | None) -> None:
+        """Make the memory tier (the workers' user owns it, nobody else may enter), and verify
+        what an earlier agent's workers left in it."""
+        self.memory.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self.memory.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.memory, 0o700)
+        if owner is not None:
+            os.chown(self.memory, owner, -1)
+        self.removed = False
+        self.settle(persist=False)
+
+    def started(self, generation: int, ranks: tuple[int, ...], reports: Mapping[int, Path]) -> None:
+        """The workers of `generation` run `ranks` here; each says what it restored at
+        `reports[rank]`."""
+        self._ranks = ranks
+        self._expected = dict(reports)
+
+    def settle(self, persist: bool) -> None:
+        """The workers stopped: verify their last saves and, with `persist`, copy the newest
+        step to the persistent tier. `settling` until done."""
+        self._settle = bool(persist) or bool(self._settle)
+        self._settling = True
+        self.poll()
+
+    @property
+    def settling(self) -> bool:
+        return self._settling
+
+    def refuse(self, steps: list[int]) -> None:
+        self._refused.update(steps)
+
+    def poll(self) -> None:
+        """Start the background work that is due. Cheap: reads a few small manifests."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        if self._thread is not None:  # it finished
+            self._thread = None
+            if self._thread_settles and self._settle is None:
+                self._settling = False
+        if self._settle is not None:
+            persist, self._settle = self._settle, None
+            self._start(self._work, persist, True)
+            return
+        if self.persist_root is not None and self._persist_due():
+            self._start(self._work, True, False)
+
+    def _start(self, target: Callable[[bool, bool], None], persist: bool, settle: bool) -> None:
+        self._thread_settles = settle
+        self._thread = threading.Thread(
+            target=target, args=(persist, settle), name="nodeagent-tiers", daemon=True
+        )
+        self._thread.start()
+
+    def _persist_due(self) -> bool:
+        """The newest step every local rank saved is one the job's nodes all persist: its
+        number of save intervals since step 0 is a multiple of persist_every. Every node
+        decides the same from the step alone, so the copies they make are of the same steps
+        and add up to whole ones (a count of saves seen would differ from node to node)."""
+        steps: dict[int, list[int]] = {}
+        for slot, rank in tier.memory_saves(self.memory):
+            manifest = _manifest(slot)
+            if manifest is not None:
+                steps.setdefault(rank, []).append(manifest.step)
+        ranks = self._ranks or tuple(steps)
+        if not ranks or not all(r in steps for r in ranks):
+            return False
+        newest = min(max(steps[r]) for r in ranks)
+        if not all(newest in steps[r] for r in ranks) or newest <= self._newest_seen:
+            return False
+        self._newest_seen = newest
+        pairs = [sorted(steps[r]) for r in ranks if len(steps[r]) == 2]
+        interval = pairs[0][1] - pairs[0][0] if pairs else 0
+        return interval > 0 and (newest // interval) % self.every == 0
+
+    def report(self) -> TierReport:
+        with self._lock:
+            return TierReport(
+                memory=scan.held(self._verified.saves()),
+                persisted=tuple(self._persisted),
+                refused=tuple(sorted(self._refused)),
+            )
+
+    @property
+    def expecting(self) -> bool:
+        """A local rank of the running generation has not said what it restored yet."""
+        return bool(self._expected)
+
+    def memory_bytes(self) -> int:
+        return sum(save.manifest.size for save in self._verified.saves())
+
+    def restores(self) -> list[RestoreNote]:
+        """Reports of local ranks that said what they restored since the last call."""
+        notes = []
+        for rank, path in list(self._expected.items()):
+            note = _read_note(path)
+            if note is not None:
+                del self._expected[rank]
+                notes.append(note)
+                self.refuse([int(s.split(":")[1]) for s, why in note.refused if condemns(s, why)])
+        if notes and not self._expected and self._ranks:
+            removed = scan.keep_ranks(self.memory, self._ranks)
+            if removed:
+                log.info("memory tier: removed ranks %s (run elsewhere now)", removed)
+        return notes
+
+    def remove(self) -> None:
+        """The job ended: the memory tier goes (after any copy under way)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        shutil.rmtree(self.memory, ignore_errors=True)
+        self.removed = True
+        self._settling = False
+
+    # -- the background thread --------------------------------------------------------------
+
+    def _work(self, persist: bool, _settle: bool) -> None:
+        try:
+            problems = self._verified.refresh()
+            if persist and self.persist_root is not None:
+                self._persist_newest(self.persist_root)
+            with self._lock:
+                self.problems += problems
+        except Exception as exc:  # the thread must never die silently
+            with self._lock:
+                self.problems.append(f"checkpoint tiers: {type(exc).__name__}: {exc}")
+
+    def _persist_newest(self, root: Path) -> None:
+        saves = self._verified.saves()
+        ranks = self._ranks or tuple(sorted({s.manifest.rank for s in saves}))
+        newest = scan.newest_whole(saves, ranks)
+        if not newest or any(h.step >= newest[0].manifest.step for h in self._persisted):
+            return
+        began = self._clock()
+        copied = scan.persist(newest, root)
+        seconds = self._clock() - began
+        with self._lock:
+            self._persisted = scan.prune(root, [*self._persisted, copied], KEEP_PERSISTED)
+            size = sum(s.manifest.size for s in newest)
+            self.last_persist = Persisted(copied, seconds, size)
+        log.info(
+            "persisted step %d (ranks %s, %d bytes) in %.2fs",
+            copied.step,
+            list(copied.ranks),
+            size,
+            seconds,
+        )
+
+
+def _manifest(slot: Path) -> tier.Manifest | None:
+    try:
+        return tier.read_manifest(slot)
+    except tier.BadCopy:
+        return None
+
+
+def condemns(source: str, why: str) -> bool:
+    """A refusal that condemns a copy of a step (a checksum, a NaN), not a source that had
+    nothing to offer (an empty directory, a save this rank does not hold)."""
+    return ":" in source and not why.startswith("nothing in ") and "holds no step" not in why
+
+
+def _read_note(path: Path) -> RestoreNote | None:
+    try:
+        text = path.read_text()
+        if not text:  # made by the agent for a worker of another user; not written yet
+            return None
+        data = json.loads(text)
+        refused = tuple((str(r["source"]), str(r["reason"])) for r in data["refused"])
+        step = data["step"]
+        return RestoreNote(
+            rank=int(data["rank"]),
+            tier=str(data["tier"]),
+            step=int(step) if step is not None else None,
+            seconds=float(data["seconds"]),
+            refused=refused,
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("restore report %s unreadable: %s", path, exc)
+        path.unlink(missing_ok=True)
+        return None

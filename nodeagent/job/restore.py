@@ -1,0 +1,131 @@
+"""Where a generation's workers restore from: chosen once, by the leader, for every rank. Pure.
+
+`choose(record, members, nodes)` is called as the leader writes a RUNNING record. It orders the
+sources every rank tries (the workers agree at each one, nodeagent.worker.tiered):
+
+1. the memory tier, for a step whose every rank of the new world is held, verified, by the node
+   that will run that rank (the same world: a rank reads only its own save there; another world
+   needs every old shard on every node, which only the persistent tier offers until replication
+   exists);
+2. the persistent tier's newest whole step (every rank's save copied, at any world: resharded);
+3. the script's own checkpoints; 4. the start.
+
+Newest step first whatever the tier, the memory tier first on a tie; steps in `bad` never. A
+step is bad once a worker refused it (a checksum, a NaN) or once a generation that would have
+restored it failed before any node held a newer save (no restart loop on a bad copy).
+`fold(checkpoint, nodes)` keeps the record's view of the persistent tier and bad steps current.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from nodeagent.channel.tier import Source, restore_to_env
+from nodeagent.model.job import JobRecord, NodeReport
+from nodeagent.model.tiers import MAX_BAD, CheckpointRecord, Held
+
+MEMORY_CHOICES = 2  # memory steps offered (a rank holds two)
+TAIL = (Source("script"), Source("start"))
+
+
+def fold(checkpoint: CheckpointRecord, nodes: Mapping[str, NodeReport]) -> CheckpointRecord:
+    """The record's checkpoint part with what live nodes report: the newest step whole in the
+    persistent tier (every rank's save copied there, by any nodes), steps refused."""
+    persisted: dict[tuple[int, int], set[int]] = {}
+    refused = set(checkpoint.bad)
+    for report in nodes.values():
+        if report.tier is None:
+            continue
+        refused.update(report.tier.refused)
+        for held in report.tier.persisted:
+            persisted.setdefault((held.step, held.world_size), set()).update(held.ranks)
+    step, world = checkpoint.persisted_step, checkpoint.persisted_world
+    for (held_step, held_world), ranks in persisted.items():
+        whole = len(ranks) == held_world and held_step not in refused
+        if whole and (step is None or held_step > step):
+            step, world = held_step, held_world
+    bad = tuple(sorted(refused))[-MAX_BAD:]
+    return replace(checkpoint, persisted_step=step, persisted_world=world, bad=bad)
+
+
+def _holds(held: Sequence[Held], step: int, world: int, ranks: range) -> bool:
+    have = {r for h in held if h.step == step and h.world_size == world for r in h.ranks}
+    return all(r in have for r in ranks)
+
+
+def memory_steps(members: Sequence[str], nproc: int, nodes: Mapping[str, NodeReport]) -> list[int]:
+    """Steps, newest first, whose every rank of a world of `members` (group rank = index) is in
+    the memory tier of the node that will run it."""
+    world = len(members) * nproc
+    first = nodes.get(members[0]) if members else None
+    if first is None or first.tier is None:
+        return []
+    found = []
+    for step in sorted({h.step for h in first.tier.memory}, reverse=True):
+        if all(
+            (report := nodes.get(name)) is not None
+            and report.tier is not None
+            and _holds(report.tier.memory, step, world, range(g * nproc, (g + 1) * nproc))
+            for g, name in enumerate(members)
+        ):
+            found.append(step)
+    return found
+
+
+def newest_held(checkpoint: CheckpointRecord, nodes: Mapping[str, NodeReport]) -> int:
+    """The newest step any node reports in memory, or the persisted one: what a restore of an
+    older step loses against."""
+    steps = [r.tier.newest_memory() for r in nodes.values() if r.tier is not None]
+    known = [s for s in (*steps, checkpoint.persisted_step, checkpoint.newest) if s is not None]
+    return max(known, default=0)
+
+
+def choose(
+    checkpoint: CheckpointRecord,
+    members: Sequence[str],
+    nproc: int,
+    nodes: Mapping[str, NodeReport],
+) -> CheckpointRecord:
+    """The record's checkpoint part for a new generation of `members`: its restore order."""
+    bad = set(checkpoint.bad)
+    ordered = [
+        (step, 1, Source("memory", step))
+        for step in memory_steps(members, nproc, nodes)[:MEMORY_CHOICES]
+        if step not in bad
+    ]
+    if checkpoint.persisted_step is not None and checkpoint.persisted_step not in bad:
+        ordered.append(
+            (checkpoint.persisted_step, 0, Source("persistent", checkpoint.persisted_step))
+        )
+    sources = [source for _, _, source in sorted(ordered, key=lambda x: (x[0], x[1]), reverse=True)]
+    order = tuple(restore_to_env(tuple(sources + list(TAIL))).split())
+    return replace(checkpoint, restore=order, newest=newest_held(checkpoint, nodes))
+
+
+def first_step(checkpoint: CheckpointRecord) -> int | None:
+    """The step this generation's workers try first (None: the script's own, or the start)."""
+    for word in checkpoint.restore:
+        _, _, step = word.partition(":")
+        if step:
+            return int(step)
+    return None
+
+
+def after_failure(record: JobRecord, nodes: Mapping[str, NodeReport]) -> CheckpointRecord | None:
+    """`record`'s checkpoint part once its generation failed (a worker crashed or hung): the
+    step it restored becomes bad if no member holds a newer save since (it failed within one
+    save interval of that restore). None when `record` has no tiers."""
+    checkpoint = record.checkpoint
+    if checkpoint is None:
+        return None
+    step = first_step(checkpoint)
+    if step is None or step in checkpoint.bad:
+        return checkpoint
+    newer = any(
+        (report := nodes.get(name)) is not None
+        and report.tier is not None
+        and (report.tier.newest_memory() or -1) > step
+        for name in record.members
+    )
+    return checkpoint if newer else replace(checkpoint, bad=(*checkpoint.bad, step)[-MAX_BAD:])

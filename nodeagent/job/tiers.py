@@ -1,0 +1,152 @@
+"""The agent's checkpoint duties in its loop, around the node's TierKeeper (nodeagent.checkpoint).
+
+Each tick: let the keeper start what is due; when this node's workers of a generation have all
+ended, have it settle (verify their last saves, and copy the newest to the persistent tier when
+they stopped for a reason that is not a failure); turn what the workers say they restored into
+events and metrics; remove the memory tier once the job has ended.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from nodeagent.checkpoint.keeper import RestoreNote, TierKeeper, condemns
+from nodeagent.model.job import Event, JobRecord
+from nodeagent.model.tiers import TierReport
+from nodeagent.supervisor.spec import WorkerSpec, restore_report_path
+from nodeagent.supervisor.status import GroupStatus
+from nodeagent.telemetry.checkpoints import CheckpointMetrics
+
+log = logging.getLogger(__name__)
+
+
+class TierDuties:
+    def __init__(self, keeper: TierKeeper, node: str, metrics: CheckpointMetrics) -> None:
+        self.keeper = keeper
+        self._node = node
+        self._metrics = metrics
+        self._settled: int | None = None  # the generation whose workers' end was settled
+        self._graceful = False  # the last stop asked of the workers was not for a failure
+        self._newest = 0  # the newest step held anywhere, as the leader said
+        self._notes: list[RestoreNote] = []
+        self._generation = 0
+
+    @property
+    def settling(self) -> bool:
+        return self.keeper.settling
+
+    def report(self) -> TierReport:
+        report = self.keeper.report()
+        self._metrics.held(report.newest_memory(), _newest(report), self.keeper.memory_bytes())
+        return report
+
+    def stopping(self, broken: bool, fence: bool) -> None:
+        """The agent asked its workers to stop (`broken`: the generation failed)."""
+        self._graceful = not broken and not fence
+
+    def started(self, record: JobRecord, specs: Sequence[WorkerSpec], log_dir: str) -> None:
+        job = record.checkpoint
+        self._newest = job.newest if job is not None else 0
+        self._generation = record.generation
+        self._notes = []
+        job_id = specs[0].env["NODEAGENT_JOB_ID"]
+        reports = {
+            s.rank: restore_report_path(log_dir, job_id, record.generation, s.rank) for s in specs
+        }
+        self.keeper.started(record.generation, tuple(s.rank for s in specs), reports)
+        self._graceful = False
+
+    def tick(self, group: GroupStatus, record: JobRecord | None) -> list[Event]:
+        """One pass; the events to publish."""
+        keeper = self.keeper
+        if keeper.removed:
+            return []
+        ended = group.generation is not None and not group.active
+        if ended and group.generation != self._settled:
+            self._settled = group.generation
+            keeper.settle(persist=self._graceful or group.succeeded)
+        keeper.poll()
+        events = []
+        for problem in _take(keeper.problems):  # a save that did not verify is not reported
+            log.warning("%s", problem)
+            events.append(
+                Event(
+                    "checkpoint_refused", self._generation, self._node, f"by the agent: {problem}"
+                )
+            )
+        events += self._restored(keeper.restores())
+        if keeper.last_persist is not None:
+            done, keeper.last_persist = keeper.last_persist, None
+            self._metrics.persisted(done.seconds, done.bytes)
+            events.append(
+                Event(
+                    "checkpoint_persisted",
+                    generation=self._generation,
+                    node=self._node,
+                    message=f"step {done.held.step} of ranks {_ranks(done.held.ranks)} copied "
+                    f"to the persistent tier ({done.bytes:,} bytes, {done.seconds:.2f}s)",
+                    data={"step": done.held.step, "ranks": list(done.held.ranks)},
+                )
+            )
+        if (
+            record is not None
+            and record.state.terminal
+            and not group.active
+            and not keeper.settling
+        ):
+            keeper.remove()
+            log.info("job %s: memory tier %s removed", record.state.value, keeper.memory)
+        return events
+
+    def _restored(self, notes: list[RestoreNote]) -> list[Event]:
+        events = []
+        for note in notes:
+            lost = self._newest - note.step if note.step is not None else None
+            bad = [(source, why) for source, why in note.refused if condemns(source, why)]
+            self._metrics.restored(note.tier, note.seconds, lost, len(bad))
+            for source, why in bad:
+                events.append(
+                    Event(
+                        "checkpoint_refused",
+                        generation=self._generation,
+                        node=self._node,
+                        message=f"rank {note.rank} did not restore from {source}: {why}",
+                        data={"rank": note.rank, "source": source},
+                    )
+                )
+        self._notes += notes
+        if notes and not self.keeper.expecting:  # every local rank has said
+            first = self._notes[0]
+            where = f"step {first.step} from the {first.tier} tier" if first.step else "the start"
+            slowest = max(n.seconds for n in self._notes)
+            lost = self._newest - first.step if first.step is not None else None
+            ranks = _ranks(tuple(n.rank for n in self._notes))
+            events.append(
+                Event(
+                    "checkpoint_restored",
+                    generation=self._generation,
+                    node=self._node,
+                    message=f"ranks {ranks} restored {where} in {slowest:.2f}s"
+                    + (f" ({lost} steps behind the newest save)" if lost else ""),
+                    data={"tier": first.tier, "step": first.step, "steps_lost": lost},
+                )
+            )
+        return events
+
+
+def _newest(report: TierReport) -> int | None:
+    return max((h.step for h in report.persisted), default=None)
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    ordered = sorted(ranks)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ", ".join(map(str, ordered))
+
+
+def _take(items: list[str]) -> list[str]:
+    taken = list(items)
+    del items[: len(taken)]
+    return taken

@@ -1,0 +1,91 @@
+"""What goes into Redis about a job's checkpoint tiers: what each node holds, what the leader
+chose. The bytes themselves never do (nodeagent.channel.tier, docs/checkpoints.md).
+
+A node reports, in its NodeReport, the steps its memory tier holds verified (which ranks, at
+which world size), the steps it copied to the persistent tier, and the steps its workers refused
+at a restore. The leader keeps, in the JobRecord, the newest step whole in the persistent tier,
+the steps never to restore again, and the order in which this generation's workers try sources.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from nodeagent.errors import CorruptStateError
+from nodeagent.model.decode import Reader
+
+MAX_HELD = 64  # steps a node reports per tier (two slots per rank: a handful in practice)
+MAX_RANKS = 1 << 20
+MAX_BAD = 256
+_SOURCE = re.compile(r"(memory|persistent):[0-9]{1,15}|script|start")
+
+
+@dataclass(frozen=True)
+class Held:
+    """Verified saves of one step: which ranks, saved at which world size."""
+
+    step: int
+    world_size: int
+    ranks: tuple[int, ...]
+
+    @classmethod
+    def read(cls, r: Reader) -> Held:
+        world = r.integer("world_size", low=1, high=MAX_RANKS)
+        ranks = r.items("ranks", MAX_RANKS)
+        if not all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < world for x in ranks
+        ):
+            raise CorruptStateError(f"{r.what}: ranks must be integers below {world}")
+        return cls(step=r.integer("step"), world_size=world, ranks=tuple(ranks))
+
+
+@dataclass(frozen=True)
+class TierReport:
+    """One node's tiers, as its agent verified them."""
+
+    memory: tuple[Held, ...] = ()
+    persisted: tuple[Held, ...] = ()  # what this node copied to the persistent tier
+    refused: tuple[int, ...] = ()  # steps this node's workers refused (checksum, NaN)
+
+    @classmethod
+    def read(cls, r: Reader) -> TierReport:
+        return cls(
+            memory=tuple(Held.read(h) for h in r.objects("memory", MAX_HELD)),
+            persisted=tuple(Held.read(h) for h in r.objects("persisted", MAX_HELD)),
+            refused=_steps(r, "refused"),
+        )
+
+    def newest_memory(self) -> int | None:
+        return max((h.step for h in self.memory), default=None)
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """The leader's record of the job's checkpoints (fenced with the record)."""
+
+    restore: tuple[str, ...] = ()  # this generation's sources, in order: "memory:120", "start"
+    persisted_step: int | None = None  # the newest step every rank of which is persisted
+    persisted_world: int = 0
+    bad: tuple[int, ...] = ()  # steps never restored again
+    newest: int = 0  # the newest step held anywhere when `restore` was chosen
+
+    @classmethod
+    def read(cls, r: Reader) -> CheckpointRecord:
+        restore = r.items("restore", 16)
+        if not all(isinstance(s, str) and _SOURCE.fullmatch(s) for s in restore):
+            raise CorruptStateError(f"{r.what}: restore must name sources such as memory:120")
+        return cls(
+            restore=tuple(restore),
+            persisted_step=r.opt_integer("persisted_step"),
+            persisted_world=r.integer("persisted_world", 0, high=MAX_RANKS),
+            bad=_steps(r, "bad"),
+            newest=r.integer("newest", 0),
+        )
+
+
+def _steps(r: Reader, name: str) -> tuple[int, ...]:
+    values = r.items(name, MAX_BAD)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise CorruptStateError(f"{r.what}: {name} must be a list of steps")
+    return tuple(values)

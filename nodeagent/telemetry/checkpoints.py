@@ -1,0 +1,84 @@
+"""The checkpoint tiers' metrics (docs/checkpoints.md): restores by tier, steps lost, the newest
+step in each tier, the persistent copies. Part of the agent's registry (telemetry/metrics.py)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+RESTORE_TIERS = ("memory", "persistent", "script", "start")
+
+
+class CheckpointMetrics:
+    def __init__(self, job_id: str, registry: CollectorRegistry) -> None:
+        self.job_id = job_id
+        r, j = registry, ["job_id"]
+        self.restores = Counter(
+            "nodeagent_checkpoint_restores",
+            "Generations of this node's workers started from each source",
+            ["job_id", "tier"],
+            registry=r,
+        )
+        self.refused = Counter(
+            "nodeagent_checkpoint_refused",
+            "Copies a local rank refused at a restore (a checksum, a NaN)",
+            j,
+            registry=r,
+        )
+        self.steps_lost = Gauge(
+            "nodeagent_checkpoint_steps_lost",
+            "Steps between the newest save held anywhere and the one the last restore loaded",
+            j,
+            registry=r,
+        )
+        self.restore_seconds = Gauge(
+            "nodeagent_checkpoint_restore_seconds",
+            "The slowest local rank's last restore (verify, load, agree)",
+            j,
+            registry=r,
+        )
+        self.step = Gauge(
+            "nodeagent_checkpoint_step",
+            "The newest step this node holds verified, by tier",
+            ["job_id", "tier"],
+            registry=r,
+        )
+        self.memory_bytes = Gauge(
+            "nodeagent_checkpoint_memory_bytes",
+            "Bytes of verified saves in this node's memory tier",
+            j,
+            registry=r,
+        )
+        self.persist_seconds = Gauge(
+            "nodeagent_checkpoint_persist_seconds",
+            "How long this node's last copy to the persistent tier took",
+            j,
+            registry=r,
+        )
+        self.persisted_bytes = Counter(
+            "nodeagent_checkpoint_persisted_bytes",
+            "Bytes this node copied to the persistent tier",
+            j,
+            registry=r,
+        )
+        for tier in RESTORE_TIERS:
+            self.restores.labels(job_id, tier)
+        for metric in (self.refused, self.persisted_bytes):
+            metric.labels(job_id)
+
+    def restored(self, tier: str, seconds: float, lost: int | None, refused: int) -> None:
+        self.restores.labels(self.job_id, tier).inc()
+        self.restore_seconds.labels(self.job_id).set(seconds)
+        if lost is not None:
+            self.steps_lost.labels(self.job_id).set(lost)
+        if refused:
+            self.refused.labels(self.job_id).inc(refused)
+
+    def held(self, memory: int | None, persisted: int | None, memory_bytes: int) -> None:
+        for tier, step in (("memory", memory), ("persistent", persisted)):
+            if step is not None:
+                self.step.labels(self.job_id, tier).set(step)
+        self.memory_bytes.labels(self.job_id).set(memory_bytes)
+
+    def persisted(self, seconds: float, size: int) -> None:
+        self.persist_seconds.labels(self.job_id).set(seconds)
+        self.persisted_bytes.labels(self.job_id).inc(size)

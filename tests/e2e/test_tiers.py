@@ -1,0 +1,221 @@
+"""End to end: the checkpoint tiers with real agents, a real Redis and real FSDP2 training
+(examples/train_fsdp.py, gloo on CPU). A worker SIGKILLed resumes from the memory tier, losing
+no more than the save interval, with the very state saved; copies with a flipped bit are refused
+and the persistent tier used; scale 3 -> 2 -> 3 reshards through the persistent tier, bitwise;
+a job that ends leaves no memory tier behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from nodeagent.channel import tier
+from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+EVERY = 2  # save interval, steps
+TIMING = {
+    "heartbeat_interval": "250ms",
+    "lease_ttl": "3s",  # a loaded CI machine must not lapse it
+    "stop_grace_period": "20s",
+    "join_settle": "300ms",
+}
+
+
+@pytest.fixture
+def shm(job_id: str) -> Iterator[Path]:
+    """A memory_dir on the real tmpfs, gone afterwards whatever happened."""
+    path = Path("/dev/shm") / f"nodeagent-test-{job_id}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def fsdp_cluster(
+    redis: RedisServer, job_id: str, tmp_path: Path, shm: Path, steps: int, nodes: int = 3
+) -> Any:
+    entrypoint = [
+        sys.executable,
+        str(ROOT / "examples" / "train_fsdp.py"),
+        *("--steps", str(steps), "--save-every", str(EVERY), "--step-time", "0.15"),
+        *("--digest", "--checkpoint-dir", str(tmp_path / "script")),
+    ]
+    checkpoint = {
+        "memory_size": "256MiB",
+        "memory_dir": str(shm),
+        "persist_dir": str(tmp_path / "persist"),
+        "persist_every": 2,
+    }
+    return local_cluster(
+        redis.url,
+        tmp_path,
+        job=job_id,
+        min_nodes=2,
+        max_nodes=nodes,
+        target_nodes=nodes,
+        max_restarts=5,
+        timing=TIMING,
+        entrypoint=entrypoint,
+        job_options={"checkpoint": checkpoint, "env": {"OMP_NUM_THREADS": "1"}},
+    )
+
+
+def lines(cluster: LocalCluster, generation: int) -> list[dict[str, Any]]:
+    """Every JSON line the workers of `generation` printed."""
+    found = []
+    for log in sorted((cluster.directory / "logs" / cluster.job / str(generation)).glob("*.log")):
+        for text in log.read_text(errors="replace").splitlines():
+            if text.startswith("{"):
+                found.append(json.loads(text))
+    return found
+
+
+def rank0(cluster: LocalCluster, generation: int, event: str) -> list[dict[str, Any]]:
+    return [x for x in lines(cluster, generation) if x["event"] == event and x["rank"] == 0]
+
+
+def saved_digests(cluster: LocalCluster, upto: int) -> dict[int, str]:
+    return {x["step"]: x["digest"] for g in range(1, upto + 1) for x in rank0(cluster, g, "saved")}
+
+
+def newest_step(cluster: LocalCluster, generation: int) -> int:
+    return max((x["step"] for x in rank0(cluster, generation, "step")), default=0)
+
+
+def restored(cluster: LocalCluster, generation: int) -> dict[str, Any]:
+    """Rank 0's restore in `generation`, once every rank restored the same step."""
+
+    def probe() -> dict[str, Any] | None:
+        found = [x for x in lines(cluster, generation) if x["event"] == "restored"]
+        if not found or len(found) < found[0]["world"]:
+            return None
+        assert len({x["step"] for x in found}) == 1, f"ranks restored different steps: {found}"
+        return next(x for x in found if x["rank"] == 0)
+
+    return wait_for(probe, 120, f"generation {generation} to restore")
+
+
+def wait_until_step(cluster: LocalCluster, generation: int, step: int) -> None:
+    wait_for(lambda: newest_step(cluster, generation) >= step, 90, f"step {step}")
+
+
+def events(cluster: LocalCluster, kind: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.events() if e["type"] == kind]
+
+
+def tiers_said(cluster: LocalCluster, generation: int, nodes: int) -> set[str]:
+    """The tiers every node's agent said its ranks restored `generation` from (it reads the
+    workers' reports at its next tick: wait for all `nodes`)."""
+
+    def probe() -> list[dict[str, Any]] | None:
+        said = [e for e in events(cluster, "checkpoint_restored") if e["generation"] == generation]
+        return said if len(said) >= nodes else None
+
+    return {e["data"]["tier"] for e in wait_for(probe, 30, f"{nodes} restore events")}
+
+
+def test_a_killed_worker_resumes_from_the_memory_tier_with_the_state_it_saved(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+) -> None:
+    with fsdp_cluster(redis_server, job_id, tmp_path, shm, steps=36) as cluster:
+        cluster.start("a", "b", "c")
+        wait_for(lambda: newest_step(cluster, 1) >= 12, 120, "step 12")
+        victim = psutil.Process(cluster.worker_pids("b")[0])
+        victim.kill()
+        victim.wait(10)
+        last = newest_step(cluster, 1)
+        cluster.wait_status(lambda d: d["generation"] >= 2 and d["state"] == "running", 60, "gen 2")
+        generation = cluster.status()["generation"]
+        back = restored(cluster, generation)
+        saved = saved_digests(cluster, generation - 1)
+        assert back["step"] in saved
+        assert back["digest"] == saved[back["step"]]  # the state saved, bit for bit
+        assert last - back["step"] <= 2 * EVERY  # no more than the save interval (+ one in flight)
+        [chosen] = [e for e in events(cluster, "restore_chosen") if e["generation"] == generation]
+        assert chosen["data"]["restore"][0] == f"memory:{back['step']}"
+        assert tiers_said(cluster, generation, 3) == {"memory"}
+        cluster.wait_status(lambda d: d["state"] == "succeeded", 180, "the job to succeed")
+        assert cluster.status()["restart_count"] == 1
+        wait_for(lambda: not any(shm.glob(f"*.{job_id}")), 30, "the memory tiers to go")
+        assert tier.steps(tmp_path / "persist")  # the end of the job was persisted
+
+
+def flip_every_slot(memory: Path) -> list[int]:
+    """Flip one bit in every save of the memory tier `memory`; the steps damaged."""
+    damaged = []
+    for slot, _rank in tier.memory_saves(memory):
+        if (slot / tier.MANIFEST).exists():
+            data = slot / "__0_0.distcp"
+            raw = bytearray(data.read_bytes())
+            raw[len(raw) // 3] ^= 0x01
+            data.write_bytes(bytes(raw))
+            damaged.append(tier.read_manifest(slot).step)
+    return sorted(damaged)
+
+
+def test_flipped_bits_in_the_memory_tier_are_refused_and_the_persistent_tier_used(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+) -> None:
+    with fsdp_cluster(redis_server, job_id, tmp_path, shm, steps=60) as cluster:
+        cluster.start("a", "b", "c")
+        wait_for(lambda: events(cluster, "checkpoint_persisted"), 120, "a persisted step")
+        victim = psutil.Process(cluster.worker_pids("b")[0])
+        victim.suspend()  # it saves nothing more: its copies are the ones damaged
+        damaged = flip_every_slot(shm / f"b.{job_id}")
+        assert damaged  # (a save cut short by the freeze has no manifest: it holds nothing)
+        victim.kill()
+        cluster.wait_status(lambda d: d["generation"] >= 2 and d["state"] == "running", 60, "gen 2")
+        generation = cluster.status()["generation"]
+        back = restored(cluster, generation)
+        saved = saved_digests(cluster, generation - 1)
+        assert tiers_said(cluster, generation, 3) == {"persistent"}
+        assert back["digest"] == saved[back["step"]]
+        # Refused, by b's agent when it verified them after the kill, or by the workers that
+        # tried them (then never chosen again).
+        refused = [e["message"] for e in events(cluster, "checkpoint_refused")]
+        assert refused and all("checksum" in m for m in refused), refused
+        record = cluster.store.snapshot().record
+        assert record is not None and record.checkpoint is not None
+        offered = {int(s.split(":")[1]) for s in record.checkpoint.restore if s.startswith("mem")}
+
+        def condemned() -> bool | None:  # the nodes report what their ranks refused; the
+            latest = cluster.store.snapshot().record  # leader records it at its next plan
+            bad = set(latest.checkpoint.bad) if latest and latest.checkpoint else set()
+            return offered & set(damaged) <= bad or None
+
+        wait_for(condemned, 30, f"steps {offered & set(damaged)} never to be chosen again")
+
+
+def test_scale_down_and_up_reshard_through_the_persistent_tier_bitwise(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+) -> None:
+    with fsdp_cluster(redis_server, job_id, tmp_path, shm, steps=200) as cluster:
+        cluster.start("a", "b", "c")
+        wait_for(lambda: newest_step(cluster, 1) >= 6, 120, "step 6")
+        for target, world in ((2, 2), (3, 3)):
+            before = cluster.status()["generation"]
+            assert cluster.ctl("scale", str(target)).returncode == 0
+            cluster.wait_status(
+                lambda d, w=world, g=before: d["generation"] > g and d["world_size"] == w,
+                90,
+                f"world {world}",
+            )
+            generation = cluster.status()["generation"]
+            back = restored(cluster, generation)
+            stopped = [x["step"] for x in rank0(cluster, before, "stopped")]
+            assert stopped == [back["step"]]  # the step the graceful stop saved: none lost
+            assert back["world"] == world
+            assert back["digest"] == saved_digests(cluster, before)[back["step"]]
+            assert tiers_said(cluster, generation, world) == {"persistent"}
+            wait_until_step(cluster, generation, back["step"] + 4)
+        cluster.ctl("stop")
+        cluster.wait_status(lambda d: d["state"] == "stopped", 60, "the job to stop")

@@ -1,0 +1,175 @@
+"""The leader's restore choice (nodeagent/job/restore.py) and its place in plan(): tables."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from nodeagent.job import restore
+from nodeagent.job.plan import LeaderMemory, Policy, plan
+from nodeagent.model.job import ClusterView, Failure, JobRecord, NodeReport
+from nodeagent.model.tiers import CheckpointRecord, Held, TierReport
+from nodeagent.state import JobState, NodeState
+
+NPROC = 2
+
+
+def node(name: str, memory: tuple[Held, ...] = (), **tier: object) -> NodeReport:
+    return NodeReport(
+        name=name,
+        address="127.0.0.1",
+        state=NodeState.READY,
+        lease_ttl_ms=5000,
+        tier=TierReport(memory=memory, **tier),  # type: ignore[arg-type]
+    )
+
+
+def held(step: int, world: int, *ranks: int) -> Held:
+    return Held(step, world, ranks)
+
+
+def nodes_holding(*per_node: tuple[Held, ...]) -> dict[str, NodeReport]:
+    return {f"n{i}": node(f"n{i}", memory) for i, memory in enumerate(per_node)}
+
+
+# Two nodes of two ranks each: world 4. Each node's tier holds its own ranks.
+BOTH_AT_20 = nodes_holding(
+    (held(20, 4, 0, 1), held(10, 4, 0, 1)), (held(20, 4, 2, 3), held(10, 4, 2, 3))
+)
+
+
+@pytest.mark.parametrize(
+    ("reports", "members", "checkpoint", "order"),
+    [
+        (
+            BOTH_AT_20,
+            ("n0", "n1"),
+            CheckpointRecord(),
+            ("memory:20", "memory:10", "script", "start"),
+        ),
+        # A crash cut rank 3's save of 20: every rank still holds 10.
+        (
+            nodes_holding(
+                (held(20, 4, 0, 1), held(10, 4, 0, 1)), (held(20, 4, 2), held(10, 4, 2, 3))
+            ),
+            ("n0", "n1"),
+            CheckpointRecord(persisted_step=5, persisted_world=4),
+            ("memory:10", "persistent:5", "script", "start"),
+        ),
+        # The nodes swapped places: each holds the other's ranks, nothing in memory will do.
+        (
+            BOTH_AT_20,
+            ("n1", "n0"),
+            CheckpointRecord(persisted_step=10, persisted_world=4),
+            ("persistent:10", "script", "start"),
+        ),
+        # Another world (a node lost): only the persistent tier reshards.
+        (
+            BOTH_AT_20,
+            ("n0",),
+            CheckpointRecord(persisted_step=10, persisted_world=4),
+            ("persistent:10", "script", "start"),
+        ),
+        # The persisted step newer than anything in memory goes first; bad steps never.
+        (
+            BOTH_AT_20,
+            ("n0", "n1"),
+            CheckpointRecord(persisted_step=30, persisted_world=4, bad=(20,)),
+            ("persistent:30", "memory:10", "script", "start"),
+        ),
+        (
+            BOTH_AT_20,
+            ("n0", "n1"),
+            CheckpointRecord(persisted_step=20, persisted_world=4),
+            ("memory:20", "persistent:20", "memory:10", "script", "start"),
+        ),
+        ({}, ("n0",), CheckpointRecord(), ("script", "start")),
+    ],
+    ids=["same world", "cut save", "swapped", "other world", "persisted newer, bad", "tie", "none"],
+)
+def test_the_restore_order(
+    reports: dict[str, NodeReport],
+    members: tuple[str, ...],
+    checkpoint: CheckpointRecord,
+    order: tuple[str, ...],
+) -> None:
+    chosen = restore.choose(checkpoint, members, NPROC, reports)
+    assert chosen.restore == order
+    assert chosen.newest == max(20 if reports else 0, checkpoint.persisted_step or 0)
+
+
+def test_a_step_is_persisted_once_every_rank_is_and_refused_steps_turn_bad() -> None:
+    reports = {
+        "a": node("a", persisted=(held(30, 4, 0, 1), held(40, 4, 0, 1))),
+        "b": node("b", persisted=(held(30, 4, 2, 3), held(40, 4, 2)), refused=(25,)),
+    }
+    folded = restore.fold(CheckpointRecord(persisted_step=20, persisted_world=4), reports)
+    assert (folded.persisted_step, folded.persisted_world, folded.bad) == (30, 4, (25,))
+    # Once recorded it stays, even when the nodes that copied it are gone.
+    assert restore.fold(folded, {}).persisted_step == 30
+
+
+def record(checkpoint: CheckpointRecord, members: tuple[str, ...] = ("n0", "n1")) -> JobRecord:
+    return JobRecord(
+        generation=3,
+        state=JobState.RUNNING,
+        reason="worker_failed",
+        target_nodes=2,
+        min_nodes=1,
+        max_nodes=2,
+        nproc_per_node=NPROC,
+        max_restarts=5,
+        members=members,
+        checkpoint=checkpoint,
+    )
+
+
+def test_a_generation_that_failed_before_a_newer_save_makes_its_step_bad() -> None:
+    chosen = CheckpointRecord(restore=("memory:20", "memory:10", "script", "start"))
+    failed = restore.after_failure(record(chosen), BOTH_AT_20)
+    assert failed is not None and failed.bad == (20,)
+    newer = nodes_holding((held(25, 4, 0, 1),), (held(25, 4, 2, 3),))
+    went_on = restore.after_failure(record(chosen), newer)
+    assert went_on is not None and went_on.bad == ()
+    fresh = CheckpointRecord(restore=("script", "start"))
+    assert restore.after_failure(record(fresh), {}) == fresh
+
+
+POLICY = Policy(
+    min_nodes=1,
+    max_nodes=2,
+    target_nodes=2,
+    nproc_per_node=NPROC,
+    max_restarts=5,
+    join_settle_ms=0,
+    rendezvous_timeout_ms=60_000,
+    tiers=True,
+)
+
+
+def test_plan_writes_the_restore_order_with_the_running_record_and_says_so() -> None:
+    restarting = replace(
+        record(CheckpointRecord(restore=("memory:10", "script", "start"))),
+        state=JobState.RESTARTING,
+        generation=4,
+    )
+    reports = {name: replace(report, acked_generation=4) for name, report in BOTH_AT_20.items()}
+    result = plan(
+        ClusterView(now_ms=1000, record=restarting, nodes=reports), POLICY, LeaderMemory()
+    )
+    assert result.record is not None and result.record.state is JobState.RUNNING
+    assert result.record.checkpoint is not None
+    assert result.record.checkpoint.restore == ("memory:20", "memory:10", "script", "start")
+    [event] = [e for e in result.events if e.type == "restore_chosen"]
+    assert "memory:20" in event.message
+
+
+def test_plan_marks_the_restored_step_bad_when_its_generation_fails_at_once() -> None:
+    running = record(CheckpointRecord(restore=("memory:20", "script", "start")))
+    failure = Failure(generation=3, node="n1", rank=2, kind="exit_code", exit_code=1)
+    reports = dict(BOTH_AT_20)
+    reports["n1"] = replace(reports["n1"], failure=failure)
+    result = plan(ClusterView(now_ms=1000, record=running, nodes=reports), POLICY, LeaderMemory())
+    assert result.record is not None and result.record.state is JobState.RESTARTING
+    assert result.record.checkpoint is not None and result.record.checkpoint.bad == (20,)
