@@ -215,7 +215,14 @@ class TierKeeper:
         if not newest or any(h.step >= newest[0].manifest.step for h in self._persisted):
             return
         began = self._clock()
-        copied = scan.persist(newest, root)
+        before = [scan.identity(save.slot) for save in newest]
+        try:
+            copied = scan.persist(newest, root)
+        except tier.BadCopy:
+            if [scan.identity(save.slot) for save in newest] != before:
+                log.info("step %d was replaced while being copied", newest[0].manifest.step)
+                return  # the worker saved over it (two newer saves): the next one is copied
+            raise
         seconds = self._clock() - began
         with self._lock:
             self._persisted = scan.prune(root, [*self._persisted, copied], KEEP_PERSISTED)

@@ -62,6 +62,8 @@ class Verified:
             try:
                 save: Save | None = Save(slot, tier.verify(slot))
             except BadCopy as exc:
+                if identity(slot) != ident:  # its worker is writing a new save there
+                    continue
                 save = None
                 problems.append(str(exc))
             self._seen[slot] = (ident, save)

@@ -25,6 +25,14 @@ def print_status(doc: dict[str, Any]) -> None:
         print(f"  pool {pooled['pool']}: {pooled['state']} ({pooled['reason']})")
     if doc["record_error"]:
         print(f"  WARNING: {doc['record_error']}")
+    tiers = doc.get("checkpoints")
+    if tiers:
+        print(
+            f"  checkpoints: memory step {_step(tiers['memory'])} (every rank), persistent step "
+            f"{_step(tiers['persisted'])}; this generation restores from "
+            f"{' > '.join(tiers['restore']) or '-'}"
+            + (f"; never again: {', '.join(map(str, tiers['bad']))}" if tiers["bad"] else "")
+        )
     print(
         f"{'NODE':<20} {'STATE':<10} {'RANK':>4} {'GEN':>4} {'HB AGE':>7}  {'ADDRESS':<16} WORKERS"
     )
@@ -40,6 +48,10 @@ def print_status(doc: dict[str, Any]) -> None:
             print(f"{'':<20} cordoned: {node['cordon']['reason']} (by {node['cordon']['by']})")
         if node["unfit"]:
             print(f"{'':<20} cannot take part: {node['unfit']}")
+
+
+def _step(step: int | None) -> str:
+    return "-" if step is None else str(step)
 
 
 def decode(entry_id: str, fields: Mapping[str, str]) -> tuple[Event, str | None]:

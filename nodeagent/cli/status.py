@@ -6,6 +6,8 @@ from dataclasses import asdict
 from typing import Any
 
 from nodeagent.coord.store import NodeLease, Snapshot
+from nodeagent.job.restore import memory_steps
+from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.state import JobState
 
 
@@ -23,6 +25,7 @@ def _node(lease: NodeLease, now_ms: int, group_rank: int | None) -> dict[str, An
             "cordon": None,
             "unfit": None,
             "gpu": None,
+            "tier": None,
         }
     heartbeat_ms = lease.deadline_ms - report.lease_ttl_ms
     expired = lease.deadline_ms <= now_ms
@@ -39,6 +42,7 @@ def _node(lease: NodeLease, now_ms: int, group_rank: int | None) -> dict[str, An
         "unfit": report.unfit,
         "gpu": asdict(report.gpu) if report.gpu else None,
         "metrics": report.metrics,
+        "tier": _tier(report),
         "workers": [
             {
                 "rank": w.rank,
@@ -49,6 +53,28 @@ def _node(lease: NodeLease, now_ms: int, group_rank: int | None) -> dict[str, An
             }
             for w in report.workers
         ],
+    }
+
+
+def _tier(report: NodeReport) -> dict[str, Any] | None:
+    if report.tier is None:
+        return None
+    persisted = [h.step for h in report.tier.persisted]
+    return {"memory": report.tier.newest_memory(), "persisted": max(persisted, default=None)}
+
+
+def checkpoints(record: JobRecord | None, snapshot: Snapshot) -> dict[str, Any] | None:
+    """The job's tiers: the newest step whole in memory for the running members, the newest
+    whole in the persistent tier, this generation's restore order, the steps never restored."""
+    if record is None or record.checkpoint is None:
+        return None
+    reports = {lease.name: lease.report for lease in snapshot.leases if lease.report is not None}
+    whole = memory_steps(record.members, record.nproc_per_node, reports) if record.members else []
+    return {
+        "memory": whole[0] if whole else None,
+        "persisted": record.checkpoint.persisted_step,
+        "restore": list(record.checkpoint.restore),
+        "bad": list(record.checkpoint.bad),
     }
 
 
@@ -77,5 +103,6 @@ def status_document(snapshot: Snapshot, job: str) -> dict[str, Any]:
         "leader": snapshot.leader_name,
         "record_error": snapshot.record_error,
         "garbage": [g.describe() for g in snapshot.garbage],
+        "checkpoints": checkpoints(record, snapshot),
         "nodes": nodes,
     }

@@ -136,6 +136,10 @@ class JobRun:
     def unfit(self) -> str | None:
         return self._health.unfit
 
-    def close(self) -> None:
+    def close(self, keep_tiers: bool = True) -> None:
+        """`keep_tiers`: the agent stops, and its memory tier must outlive it; otherwise this
+        node left the job (placed elsewhere: persisted on the way out) and the tier goes."""
         self.supervisor.close()
         self._listener.stop()
+        if self.tiers is not None and not keep_tiers:
+            self.tiers.remove()

@@ -143,6 +143,11 @@ def test_a_killed_worker_resumes_from_the_memory_tier_with_the_state_it_saved(
         [chosen] = [e for e in events(cluster, "restore_chosen") if e["generation"] == generation]
         assert chosen["data"]["restore"][0] == f"memory:{back['step']}"
         assert tiers_said(cluster, generation, 3) == {"memory"}
+        shown = cluster.status()["checkpoints"]
+        assert shown["restore"][0] == f"memory:{back['step']}"
+        assert shown["persisted"] is not None and shown["persisted"] <= back["step"]
+        printed = cluster.ctl("status").stdout
+        assert f"this generation restores from memory:{back['step']} > " in printed
         cluster.wait_status(lambda d: d["state"] == "succeeded", 180, "the job to succeed")
         assert cluster.status()["restart_count"] == 1
         wait_for(lambda: not any(shm.glob(f"*.{job_id}")), 30, "the memory tiers to go")

@@ -9,6 +9,7 @@ import pytest
 
 from nodeagent.config.load import load_settings
 from nodeagent.config.settings import Config
+from nodeagent.model.spec import load_spec
 from nodeagent.pool.member import NodeState
 from nodeagent.runtime.nodeloop import REFUSALS_KEPT, NodeLoop
 from nodeagent.runtime.wakeup import Waker
@@ -62,7 +63,7 @@ class Runner:
     def request_stop(self) -> None:
         self.stops += 1
 
-    def close(self) -> None:
+    def close(self, keep_tiers: bool = True) -> None:
         pass
 
     def unfit(self) -> str | None:
@@ -178,3 +179,41 @@ def test_with_no_pool_a_loop_needs_a_job_to_serve() -> None:
     with pytest.raises(ValueError, match="no pool serves its config's job"):
         NodeLoop(settings, None, lambda c: Runner(c.job.id), waker, lambda: 0.0)
     waker.close()
+
+
+def test_a_node_placed_elsewhere_lets_its_tiers_go_and_a_stopping_one_keeps_them() -> None:
+    """The memory tier outlives an agent that stops (a restart finds it), not a node that the
+    pool moved off the job (its ranks will run elsewhere: the tier would only fill tmpfs)."""
+    user = str(AS_TESTER["user"])
+    settings = load_settings(
+        {"redis": {"url": "redis://r:6379/0"}, "pool": {"users": [user], "allow_root": True}}
+    )
+    job = load_spec({"id": "j", "entrypoint": ["true"], "user": user})
+
+    class Placed(Member):
+        def spec(self, job_id: str) -> Any:
+            return job if job_id == "j" else "not JSON"
+
+    member = Placed()
+    kept: list[bool] = []
+    waker = Waker()
+
+    class Closing(Runner):
+        def close(self, keep_tiers: bool = True) -> None:
+            kept.append(keep_tiers)
+            loop.request_stop()
+
+    loop = NodeLoop(settings, member, lambda c: Closing(c.job.id), waker, lambda: 0.0)
+    member.placement = "j"
+    loop._reconcile()
+    assert loop.runner is not None
+    member.placement = "k"  # the pool placed this node on another job
+    loop.run()
+    assert kept == [False]
+
+    loop = NodeLoop(pinned_config(), Member(), lambda c: Closing(c.job.id), waker, lambda: 0.0)
+    loop._reconcile()
+    loop.request_stop()
+    loop.run()
+    waker.close()
+    assert kept == [False, True]
