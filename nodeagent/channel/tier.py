@@ -69,6 +69,7 @@ class Manifest:
     rank: int
     files: Mapping[str, FileSum] = field(default_factory=dict)
     job: str = ""
+    blocked_s: float = 0.0  # how long the save held the training step (staging)
 
     @property
     def size(self) -> int:
@@ -85,6 +86,7 @@ class Manifest:
             "world_size": self.world_size,
             "rank": self.rank,
             "files": files,
+            "blocked_s": round(self.blocked_s, 6),
         }
         return json.dumps(body, separators=(",", ":"))
 
@@ -113,7 +115,14 @@ class Manifest:
         job = data.get("job", "")
         if not isinstance(job, str):
             raise BadCopy(f"{where}: 'job' is not a string")
-        return cls(files=sums, job=job, **count)
+        blocked = data.get("blocked_s", 0.0)
+        if (
+            isinstance(blocked, bool)
+            or not isinstance(blocked, int | float)
+            or not (0 <= blocked < 1e6)
+        ):
+            raise BadCopy(f"{where}: 'blocked_s' must be a number of seconds, got {blocked!r}")
+        return cls(files=sums, job=job, blocked_s=float(blocked), **count)
 
 
 def _count(data: Mapping[str, object], key: str, where: str) -> int:

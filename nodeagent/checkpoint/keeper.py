@@ -171,6 +171,15 @@ class TierKeeper:
     def memory_bytes(self) -> int:
         return sum(save.manifest.size for save in self._verified.saves())
 
+    def save_blocked_s(self) -> float | None:
+        """How long the newest save verified here held its rank's step (the longest of the
+        local ranks'), from its manifest; None before any."""
+        saves = self._verified.saves()
+        if not saves:
+            return None
+        newest = max(save.manifest.step for save in saves)
+        return max(s.manifest.blocked_s for s in saves if s.manifest.step == newest)
+
     def restores(self) -> list[RestoreNote]:
         """Reports of local ranks that said what they restored since the last call."""
         notes = []

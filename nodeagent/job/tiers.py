@@ -38,7 +38,10 @@ class TierDuties:
 
     def report(self) -> TierReport:
         report = self.keeper.report()
-        self._metrics.held(report.newest_memory(), _newest(report), self.keeper.memory_bytes())
+        keeper = self.keeper
+        self._metrics.held(
+            report.newest_memory(), _newest(report), keeper.memory_bytes(), keeper.save_blocked_s()
+        )
         return report
 
     def stopping(self, broken: bool, fence: bool) -> None:

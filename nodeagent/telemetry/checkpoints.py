@@ -48,6 +48,13 @@ class CheckpointMetrics:
             j,
             registry=r,
         )
+        self.save_blocked = Gauge(
+            "nodeagent_checkpoint_save_blocked_seconds",
+            "How long the newest save verified on this node held the training step (staging; "
+            "the longest of the local ranks')",
+            j,
+            registry=r,
+        )
         self.persist_seconds = Gauge(
             "nodeagent_checkpoint_persist_seconds",
             "How long this node's last copy to the persistent tier took",
@@ -73,7 +80,11 @@ class CheckpointMetrics:
         if refused:
             self.refused.labels(self.job_id).inc(refused)
 
-    def held(self, memory: int | None, persisted: int | None, memory_bytes: int) -> None:
+    def held(
+        self, memory: int | None, persisted: int | None, memory_bytes: int, blocked: float | None
+    ) -> None:
+        if blocked is not None:
+            self.save_blocked.labels(self.job_id).set(blocked)
         for tier, step in (("memory", memory), ("persistent", persisted)):
             if step is not None:
                 self.step.labels(self.job_id, tier).set(step)

@@ -160,7 +160,10 @@ class Checkpointer:
         staged = self._stage(state.state_dict())
         self.last_blocked_s = time.perf_counter() - began
         self._thread = threading.Thread(
-            target=self._write, args=(staged, step), name="nodeagent-save", daemon=False
+            target=self._write,
+            args=(staged, step, self.last_blocked_s),
+            name="nodeagent-save",
+            daemon=False,
         )
         self._thread.start()
 
@@ -199,7 +202,7 @@ class Checkpointer:
         assert self.directory is not None
         return tier.rank_dir(tier.step_dir(self.directory, step), self.rank)
 
-    def _write(self, staged: Any, step: int) -> None:
+    def _write(self, staged: Any, step: int, blocked_s: float) -> None:
         try:
             target = self._target(step)
             tier.begin(target)
@@ -211,6 +214,7 @@ class Checkpointer:
                 rank=self.rank,
                 files=tier.summarize(target),
                 job=self.job,
+                blocked_s=blocked_s,
             )
             if self.limit and manifest.size > self.limit:
                 tier.begin(target)

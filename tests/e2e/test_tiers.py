@@ -18,6 +18,7 @@ import pytest
 
 from nodeagent.channel import tier
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+from tests.helpers.scrape import scrape
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -148,6 +149,14 @@ def test_a_killed_worker_resumes_from_the_memory_tier_with_the_state_it_saved(
         assert shown["persisted"] is not None and shown["persisted"] <= back["step"]
         printed = cluster.ctl("status").stdout
         assert f"this generation restores from memory:{back['step']} > " in printed
+        node_b = next(n for n in cluster.status()["nodes"] if n["name"] == "b")
+        samples = scrape(node_b["metrics"])
+        job = (("job_id", job_id),)
+        assert samples[("nodeagent_checkpoint_restores_total", (*job, ("tier", "memory")))] == 1
+        assert samples[("nodeagent_checkpoint_save_blocked_seconds", job)] > 0
+        assert samples[("nodeagent_checkpoint_memory_bytes", job)] > 0
+        lost = samples[("nodeagent_checkpoint_steps_lost", job)]
+        assert 0 <= lost <= 2 * EVERY
         cluster.wait_status(lambda d: d["state"] == "succeeded", 180, "the job to succeed")
         assert cluster.status()["restart_count"] == 1
         wait_for(lambda: not any(shm.glob(f"*.{job_id}")), 30, "the memory tiers to go")

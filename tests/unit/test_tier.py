@@ -4,12 +4,16 @@ verified copies. Files in a temporary directory; no torch."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from nodeagent.channel import tier
 from nodeagent.channel.tier import BadCopy, Manifest, Source
+from nodeagent.checkpoint.space import check_room
+from nodeagent.config.settings import CheckpointConfig
+from nodeagent.errors import ConfigError
 
 
 def fake_save(directory: Path, step: int, rank: int = 0, world: int = 2, size: int = 1000) -> None:
@@ -52,6 +56,13 @@ def _flip(path: Path, bit: int) -> None:
     data = bytearray(path.read_bytes())
     data[bit // 8] ^= 1 << (bit % 8)
     path.write_bytes(bytes(data))
+
+
+def test_a_manifest_says_how_long_the_save_held_the_step() -> None:
+    manifest = Manifest(3, 1, 1, 0, {"a": tier.FileSum(1, 2)}, blocked_s=0.0123)
+    assert Manifest.from_json(manifest.to_json(), "x").blocked_s == 0.0123
+    with pytest.raises(BadCopy, match="'blocked_s' must be a number of seconds"):
+        Manifest.from_json(manifest.to_json().replace("0.0123", '"x"'), "x")
 
 
 @pytest.mark.parametrize(
@@ -140,3 +151,13 @@ def test_the_restore_order_round_trips_through_the_environment() -> None:
     assert tier.restore_from_env(tier.restore_to_env(order)) == order
     with pytest.raises(ValueError, match="'disk:1' is not one of"):
         tier.restore_from_env("memory:1 disk:1")
+
+
+def test_a_node_without_room_for_the_memory_tier_is_refused_naming_the_numbers(
+    tmp_path: Path,
+) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    config = CheckpointConfig(memory_size=free * 4, memory_dir=str(tmp_path / "shm"))
+    with pytest.raises(ConfigError, match=r"job.checkpoint.memory_size: .* GiB wanted .* free"):
+        check_room(config, "n0", "j")
+    check_room(CheckpointConfig(memory_size=1 << 20, memory_dir=str(tmp_path / "shm")), "n0", "j")
