@@ -75,6 +75,7 @@ class TierKeeper:
         self._ranks: tuple[int, ...] = ()
         self._newest_seen = -1
         self._expected: dict[int, Path] = {}
+        self._protected: int | None = None  # the step the leader records as persisted
         self.last_persist: Persisted | None = None
         self.problems: list[str] = []  # what the thread found, for the agent to log
         self.removed = False
@@ -108,6 +109,12 @@ class TierKeeper:
     @property
     def settling(self) -> bool:
         return self._settling
+
+    def protect(self, step: int | None) -> None:
+        """Never prune `step` from the persistent tier: the leader's record names it as the
+        newest whole one (a node that persisted newer steps the others did not must not take
+        its ranks of it away)."""
+        self._protected = step
 
     def refuse(self, steps: list[int]) -> None:
         self._refused.update(steps)
@@ -234,7 +241,8 @@ class TierKeeper:
             raise
         seconds = self._clock() - began
         with self._lock:
-            self._persisted = scan.prune(root, [*self._persisted, copied], KEEP_PERSISTED)
+            mine = [*self._persisted, copied]
+            self._persisted = scan.prune(root, mine, KEEP_PERSISTED, self._protected)
             size = sum(s.manifest.size for s in newest)
             self.last_persist = Persisted(copied, seconds, size)
         log.info(

@@ -122,16 +122,20 @@ def persist(saves: list[Save], root: Path) -> Held:
     return Held(step, saves[0].manifest.world_size, tuple(s.manifest.rank for s in saves))
 
 
-def prune(root: Path, mine: list[Held], keep: int) -> list[Held]:
-    """Remove this node's copies of all but its `keep` newest persisted steps; what is left."""
+def prune(root: Path, mine: list[Held], keep: int, protected: int | None = None) -> list[Held]:
+    """Remove this node's copies of all but its `keep` newest persisted steps and `protected`;
+    what is left."""
     ordered = sorted(mine, key=lambda h: h.step, reverse=True)
+    kept = ordered[:keep] + [h for h in ordered[keep:] if h.step == protected]
     for old in ordered[keep:]:
+        if old.step == protected:
+            continue
         step_path = tier.step_dir(root, old.step)
         for rank in old.ranks:
             shutil.rmtree(tier.rank_dir(step_path, rank), ignore_errors=True)
         with contextlib.suppress(OSError):  # another node's ranks are still there
             step_path.rmdir()
-    return ordered[:keep]
+    return kept
 
 
 def keep_ranks(memory: Path, ranks: Iterable[int]) -> list[int]:

@@ -65,6 +65,8 @@ class TierDuties:
         keeper = self.keeper
         if keeper.removed:
             return []
+        if record is not None and record.checkpoint is not None:
+            keeper.protect(record.checkpoint.persisted_step)
         ended = group.generation is not None and not group.active
         if ended and group.generation != self._settled:
             self._settled = group.generation

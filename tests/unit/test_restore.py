@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from nodeagent.channel import tier
+from nodeagent.checkpoint import scan
+from nodeagent.errors import CorruptStateError
 from nodeagent.job import restore
 from nodeagent.job.plan import LeaderMemory, Policy, plan
 from nodeagent.model.job import ClusterView, Failure, JobRecord, NodeReport
@@ -173,3 +178,38 @@ def test_plan_marks_the_restored_step_bad_when_its_generation_fails_at_once() ->
     result = plan(ClusterView(now_ms=1000, record=running, nodes=reports), POLICY, LeaderMemory())
     assert result.record is not None and result.record.state is JobState.RESTARTING
     assert result.record.checkpoint is not None and result.record.checkpoint.bad == (20,)
+
+
+@pytest.mark.parametrize(
+    ("tier", "said"),
+    [
+        (
+            {"memory": [{"step": 1, "world_size": 2, "ranks": [2]}]},
+            "ranks must be integers below 2",
+        ),
+        ({"memory": [{"step": 1, "world_size": 2, "ranks": ["0"]}]}, "ranks must be integers"),
+        ({"refused": [-1]}, "refused must be a list of steps"),
+        ({"persisted": [{"step": "x", "world_size": 1, "ranks": []}]}, "step"),
+    ],
+)
+def test_a_tier_report_nodeagent_did_not_write_is_garbage(tier: object, said: str) -> None:
+    raw = json.loads(node("n0").to_json())
+    raw["tier"] = tier
+    with pytest.raises(CorruptStateError, match=said):
+        NodeReport.from_json(json.dumps(raw))
+
+
+def test_a_restore_order_nodeagent_did_not_write_is_garbage() -> None:
+    raw = json.loads(record(CheckpointRecord(restore=("script", "start"))).to_json())
+    raw["checkpoint"]["restore"] = ["disk:1"]
+    with pytest.raises(CorruptStateError, match="restore must name sources"):
+        JobRecord.from_json(json.dumps(raw))
+
+
+def test_a_node_never_prunes_the_step_the_leader_records_as_persisted(tmp_path: Path) -> None:
+    mine = [Held(step, 2, (0,)) for step in (10, 20, 30, 40)]
+    for held_step in mine:
+        (tier.rank_dir(tier.step_dir(tmp_path, held_step.step), 0)).mkdir(parents=True)
+    kept = scan.prune(tmp_path, mine, keep=2, protected=10)
+    assert sorted(h.step for h in kept) == [10, 30, 40]
+    assert tier.steps(tmp_path) == [40, 30, 10]
