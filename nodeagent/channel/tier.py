@@ -107,7 +107,7 @@ class Manifest:
             raise BadCopy(f"{where}: 'files' must name 1 to {_MAX_FILES} files")
         sums = {}
         for name, entry in files.items():
-            if not isinstance(name, str) or not _NAME.fullmatch(name) or name == MANIFEST:
+            if not isinstance(name, str) or not plain_name(name) or name == MANIFEST:
                 raise BadCopy(f"{where}: {name!r} is not a plain file name of a save")
             if not isinstance(entry, dict):
                 raise BadCopy(f"{where}: the entry of {name} is not an object")
@@ -123,6 +123,11 @@ class Manifest:
         ):
             raise BadCopy(f"{where}: 'blocked_s' must be a number of seconds, got {blocked!r}")
         return cls(files=sums, job=job, blocked_s=float(blocked), **count)
+
+
+def plain_name(name: str) -> bool:
+    """A name that is one plain path component (a file of a save, a node's directory)."""
+    return bool(_NAME.fullmatch(name)) and name not in (".", "..")
 
 
 def _count(data: Mapping[str, object], key: str, where: str) -> int:

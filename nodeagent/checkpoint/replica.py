@@ -1,0 +1,244 @@
+"""Copies of a rank's save between agents, over the agents' own TCP connections (issue 27).
+
+Never through the training process group: replication must neither compete with the training's
+collectives nor fail with them. A sender streams one save to a peer's `ReplicaServer`:
+
+    header   one line of JSON: {"v": 1, "job", "node" (the sender), "generation", "manifest"}
+             answered `GO` (or `ERR <why>`: nothing of the body is sent to a peer that refuses)
+    body     the manifest's files, in the manifest's (sorted) order, each exactly its size
+
+The receiver trusts nothing it is sent. It takes a save only if `accept(node, generation,
+manifest)` says so (the agent checks it against what that node recorded for the job and
+generation in Redis: a peer cannot plant a file), writes only the files the manifest names, into
+its own replica area (`<root>/<node>/rank-<R>/slot-0|1`, two slots as in the memory tier, so a
+copy cut short spares the last whole one), checks every byte against the manifest's CRC-32 as
+it arrives and writes the manifest last. It answers the body `OK` or `ERR <why>` on one line. A
+sender paces itself to `max_rate` bytes a second (0: as fast as it can).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodeagent.channel import tier
+from nodeagent.channel.tier import BadCopy, Manifest
+
+log = logging.getLogger(__name__)
+VERSION = 1
+MAX_HEADER = 1 << 20  # a manifest of 10,000 files fits
+CHUNK = 1 << 20
+TIMEOUT_S = 30.0  # a peer silent this long mid-transfer is given up on
+# Says whether a save offered by `node` for `generation` may be taken; None: yes, else why not.
+Accept = Callable[[str, int, Manifest], str | None]
+
+
+class ReplicaError(Exception):
+    """A copy that did not happen: the peer refused it or the connection failed."""
+
+
+@dataclass(frozen=True)
+class Received:
+    node: str
+    generation: int
+    manifest: Manifest
+    seconds: float
+
+
+class ReplicaServer:
+    """Takes copies of peers' saves for one job, on `address` (the node's own), in a thread."""
+
+    def __init__(
+        self,
+        job: str,
+        root: Path,
+        accept: Accept,
+        address: str = "127.0.0.1",
+        port: int = 0,
+        on_received: Callable[[Received], None] | None = None,
+    ) -> None:
+        self.job = job
+        self.root = root
+        self._accept = accept
+        self._on_received = on_received or (lambda _: None)
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((address, port))
+        self._sock.listen(16)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="nodeagent-replicas", daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._thread.join(5)
+
+    def _serve(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(TIMEOUT_S)
+            began = time.monotonic()
+            try:
+                node, generation, manifest = self._header(conn)
+                why = self._accept(node, generation, manifest)
+                if why is not None:
+                    raise BadCopy(f"refused: {why}")
+                _answer(conn, "GO")
+                slot = tier.slot_for_save(self.root / node, manifest.rank)
+                _receive(conn, slot, manifest)
+            except (BadCopy, OSError, ValueError) as exc:
+                log.warning("replica refused: %s", exc)
+                _answer(conn, f"ERR {exc}")
+                return
+            _answer(conn, "OK")
+            self._on_received(Received(node, generation, manifest, time.monotonic() - began))
+
+    def _header(self, conn: socket.socket) -> tuple[str, int, Manifest]:
+        line = _read_line(conn)
+        try:
+            data = json.loads(line)
+        except ValueError:
+            raise BadCopy("the header is not JSON") from None
+        if not isinstance(data, dict) or data.get("v") != VERSION:
+            raise BadCopy(f"not a replica header of version {VERSION}")
+        if data.get("job") != self.job:
+            raise BadCopy(f"job {data.get('job')!r} is not {self.job!r}")
+        node, generation = data.get("node"), data.get("generation")
+        if not isinstance(node, str) or not tier.plain_name(node):
+            raise BadCopy(f"node {node!r} is not a node name")
+        if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+            raise BadCopy(f"generation {generation!r} is not a generation")
+        manifest = Manifest.from_json(json.dumps(data.get("manifest")), f"{node}'s manifest")
+        return node, generation, manifest
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    buf = bytearray()
+    while not buf.endswith(b"\n"):
+        chunk = conn.recv(1)
+        if not chunk:
+            raise BadCopy("the connection closed before the header ended")
+        buf += chunk
+        if len(buf) > MAX_HEADER:
+            raise BadCopy(f"a header of more than {MAX_HEADER} bytes")
+    return bytes(buf)
+
+
+def _receive(conn: socket.socket, slot: Path, manifest: Manifest) -> None:
+    """The manifest's files, checked as they arrive; the manifest last. Raises: BadCopy."""
+    tier.begin(slot)
+    for name, expected in sorted(manifest.files.items()):
+        crc, left = 0, expected.size
+        with open(slot / name, "wb") as f:
+            while left:
+                chunk = conn.recv(min(CHUNK, left))
+                if not chunk:
+                    raise BadCopy(f"{name}: the connection closed {left} bytes short")
+                crc = zlib.crc32(chunk, crc)
+                f.write(chunk)
+                left -= len(chunk)
+        if crc != expected.crc32:
+            raise BadCopy(f"{name}: checksum {crc:08x}, the manifest says {expected.crc32:08x}")
+    tier.write_manifest(slot, manifest)
+
+
+def _answer(conn: socket.socket, text: str) -> None:
+    with contextlib.suppress(OSError):
+        conn.sendall(text.replace("\n", " ")[:2000].encode() + b"\n")
+
+
+def send(
+    peer: str,
+    job: str,
+    node: str,
+    generation: int,
+    slot: Path,
+    max_rate: float = 0.0,
+    timeout: float = TIMEOUT_S,
+) -> int:
+    """Copy the save in `slot` to the ReplicaServer at `peer` ("host:port"); the bytes sent.
+
+    Raises: ReplicaError naming the peer and why (its answer, or the connection's failure);
+        BadCopy if `slot` holds no save."""
+    manifest = tier.read_manifest(slot)
+    header = {
+        "v": VERSION,
+        "job": job,
+        "node": node,
+        "generation": generation,
+        "manifest": json.loads(manifest.to_json()),
+    }
+    host, _, port = peer.rpartition(":")
+    sent = 0
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as conn:
+            conn.sendall(json.dumps(header, separators=(",", ":")).encode() + b"\n")
+            answer = _line(conn)
+            if answer == "GO":
+                # A receiver that gives up mid-body closes the connection: its answer says why.
+                with contextlib.suppress(OSError):
+                    sent = _body(conn, slot, manifest, max_rate)
+                answer = _line(conn)
+    except (OSError, BadCopy) as exc:
+        raise ReplicaError(f"replica to {peer}: {exc}") from None
+    if answer != "OK":
+        raise ReplicaError(f"replica to {peer}: {answer}")
+    return sent
+
+
+def _line(conn: socket.socket) -> str:
+    return _read_line(conn).decode(errors="replace").strip()
+
+
+def _body(conn: socket.socket, slot: Path, manifest: Manifest, max_rate: float) -> int:
+    sent, began = 0, time.monotonic()
+    for name in sorted(manifest.files):
+        with open(slot / name, "rb") as f:
+            while chunk := f.read(CHUNK):
+                conn.sendall(chunk)
+                sent += len(chunk)
+                _pace(sent, began, max_rate)
+    return sent
+
+
+def _pace(sent: int, began: float, max_rate: float) -> None:
+    """Sleep until `sent` bytes are within `max_rate` bytes a second of `began`."""
+    if max_rate > 0:
+        ahead = sent / max_rate - (time.monotonic() - began)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def replicas_held(root: Path) -> list[tuple[str, Path]]:
+    """Every replica slot under `root` with the node it came from (unverified)."""
+    found = []
+    if root.is_dir():
+        for entry in os.scandir(root):
+            if entry.is_dir(follow_symlinks=False):
+                found += [(entry.name, slot) for slot, _ in tier.memory_saves(Path(entry.path))]
+    return found

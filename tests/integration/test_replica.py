@@ -1,0 +1,147 @@
+"""Copies of saves between agents (nodeagent/checkpoint/replica.py): a real server on loopback,
+real files. What is sent is checked, what is refused leaves nothing, a cut copy spares the last
+whole one, a sender keeps to its rate."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeagent.channel import tier
+from nodeagent.channel.tier import Manifest
+from nodeagent.checkpoint import replica
+from nodeagent.checkpoint.replica import ReplicaError, ReplicaServer
+from tests.unit.test_tier import fake_save
+
+JOB = "j"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ReplicaServer]:
+    refused: dict[str, str] = {}
+
+    def accept(node: str, generation: int, manifest: Manifest) -> str | None:
+        return refused.get(node)
+
+    received: list[replica.Received] = []
+    srv = ReplicaServer(JOB, tmp_path / "replicas", accept, on_received=received.append)
+    srv.refused = refused  # type: ignore[attr-defined]
+    srv.received = received  # type: ignore[attr-defined]
+    yield srv
+    srv.close()
+
+
+def test_a_save_sent_to_a_peer_arrives_whole_and_verified(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    fake_save(tmp_path / "mine", 40, rank=1, size=300_000)
+    sent = replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+    assert sent == tier.read_manifest(tmp_path / "mine").size
+    [(node, slot)] = [(n, s) for n, s in replica.replicas_held(server.root) if s.exists()]
+    assert node == "a" and tier.verify(slot).step == 40
+    wait = time.monotonic() + 5
+    while not server.received and time.monotonic() < wait:  # type: ignore[attr-defined]
+        time.sleep(0.01)
+    [got] = server.received  # type: ignore[attr-defined]
+    assert (got.node, got.generation, got.manifest.rank) == ("a", 3, 1)
+
+
+def test_a_save_the_receiver_does_not_accept_leaves_nothing(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    fake_save(tmp_path / "mine", 40)
+    server.refused["a"] = "no such manifest recorded for generation 3"  # type: ignore[attr-defined]
+    with pytest.raises(ReplicaError, match="refused: no such manifest recorded"):
+        replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+    with pytest.raises(ReplicaError, match="job 'other' is not 'j'"):
+        replica.send(server.address, "other", "b", 3, tmp_path / "mine")
+    assert not any(
+        (slot / tier.MANIFEST).exists() for _, slot in replica.replicas_held(server.root)
+    )
+
+
+def test_bytes_that_do_not_match_the_manifest_are_refused_and_the_last_copy_kept(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    fake_save(tmp_path / "mine", 10)
+    replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+    fake_save(tmp_path / "mine", 12)
+    data = bytearray((tmp_path / "mine" / "__0_0.distcp").read_bytes())
+    data[5] ^= 0x40  # the sender's copy went bad after its manifest was written
+    (tmp_path / "mine" / "__0_0.distcp").write_bytes(bytes(data))
+    with pytest.raises(ReplicaError, match="checksum"):
+        replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+    whole = [
+        tier.verify(s).step
+        for _, s in replica.replicas_held(server.root)
+        if (s / tier.MANIFEST).exists()
+    ]
+    assert whole == [10]
+
+
+def test_a_copy_cut_short_spares_the_last_whole_one(server: ReplicaServer, tmp_path: Path) -> None:
+    fake_save(tmp_path / "mine", 10)
+    replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+    fake_save(tmp_path / "mine", 12, size=200_000)
+    manifest = tier.read_manifest(tmp_path / "mine")
+    header = {
+        "v": 1,
+        "job": JOB,
+        "node": "a",
+        "generation": 3,
+        "manifest": json.loads(manifest.to_json()),
+    }
+    host, port = server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(json.dumps(header).encode() + b"\n")
+        assert conn.makefile("rb").readline() == b"GO\n"
+        conn.sendall(b"x" * 1000)  # then the sender dies
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        slots = [s for _, s in replica.replicas_held(server.root) if s.exists()]
+        if len(slots) == 2:
+            break
+        time.sleep(0.01)
+    whole = [
+        tier.verify(s).step
+        for _, s in replica.replicas_held(server.root)
+        if (s / tier.MANIFEST).exists()
+    ]
+    assert whole == [10]
+
+
+@pytest.mark.parametrize(
+    ("header", "said"),
+    [
+        (b"not json\n", "not JSON"),
+        (b'{"v": 2}\n', "version 1"),
+        (b'{"v": 1, "job": "j", "node": "../x", "generation": 1, "manifest": {}}\n', "node"),
+        (
+            b'{"v": 1, "job": "j", "node": "a", "generation": 1, "manifest": {"format": 1, "step":'
+            b' 1, "generation": 1, "world_size": 1, "rank": 0, "files": {"..": {"size": 1,'
+            b' "crc32": 0}}}}\n',
+            "not a plain file name",
+        ),
+    ],
+    ids=["json", "version", "node", "file name"],
+)
+def test_a_header_nodeagent_did_not_write_is_refused(
+    server: ReplicaServer, header: bytes, said: str
+) -> None:
+    host, port = server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(header)
+        answer = conn.makefile("rb").readline().decode()
+    assert answer.startswith("ERR") and said in answer, answer
+
+
+def test_a_sender_keeps_to_its_rate(server: ReplicaServer, tmp_path: Path) -> None:
+    fake_save(tmp_path / "mine", 1, size=2_000_000)
+    began = time.monotonic()
+    sent = replica.send(server.address, JOB, "a", 3, tmp_path / "mine", max_rate=4_000_000)
+    assert time.monotonic() - began >= sent / 4_000_000 - 0.3  # a lower bound: sleeps only
