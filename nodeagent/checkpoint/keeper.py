@@ -30,6 +30,7 @@ from nodeagent.model.tiers import Held, TierReport
 
 log = logging.getLogger(__name__)
 KEEP_PERSISTED = 2  # steps of this node's ranks kept in the persistent tier
+NON_FINITE = "non-finite value"  # what nodeagent.worker.tiered says of a state with a NaN
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class TierKeeper:
         self._newest_seen = -1
         self._expected: dict[int, Path] = {}
         self._protected: int | None = None  # the step the leader records as persisted
+        self._reverify = False  # a worker refused a copy: forget what was verified
         self.last_persist: Persisted | None = None
         self.problems: list[str] = []  # what the thread found, for the agent to log
         self.removed = False
@@ -127,6 +129,11 @@ class TierKeeper:
             self._thread = None
             if self._thread_settles and self._settle is None:
                 self._settling = False
+        if self._reverify:
+            self._reverify = False
+            self._verified = scan.Verified(self.memory)
+            self._start(self._work, False, False)
+            return
         if self._settle is not None:
             persist, self._settle = self._settle, None
             self._start(self._work, persist, True)
@@ -196,6 +203,8 @@ class TierKeeper:
                 del self._expected[rank]
                 notes.append(note)
                 self.refuse([int(s.split(":")[1]) for s, why in note.refused if condemns(s, why)])
+                if note.refused:  # a copy here may be bad: verify everything again
+                    self._reverify = True
         if notes and not self._expected and self._ranks:
             removed = scan.keep_ranks(self.memory, self._ranks)
             if removed:
@@ -262,9 +271,16 @@ def _manifest(slot: Path) -> tier.Manifest | None:
 
 
 def condemns(source: str, why: str) -> bool:
-    """A refusal that condemns a copy of a step (a checksum, a NaN), not a source that had
-    nothing to offer (an empty directory, a save this rank does not hold)."""
-    return ":" in source and not why.startswith("nothing in ") and "holds no step" not in why
+    """A refusal that condemns the step itself: its state holds a NaN or an infinity, and so
+    does every copy of it. A checksum condemns one copy only (that node verifies again and stops
+    offering it); an empty source condemns nothing."""
+    return ":" in source and NON_FINITE in why
+
+
+def refuses_a_copy(why: str) -> bool:
+    """A refusal worth an event: a copy that did not verify or a state that is not finite,
+    not a source that had nothing to offer (an empty directory, a save this rank lacks)."""
+    return not why.startswith("nothing in ") and "holds no step" not in why
 
 
 def _read_note(path: Path) -> RestoreNote | None:

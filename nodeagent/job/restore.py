@@ -11,8 +11,10 @@ sources every rank tries (the workers agree at each one, nodeagent.worker.tiered
 3. the script's own checkpoints; 4. the start.
 
 Newest step first whatever the tier, the memory tier first on a tie; steps in `bad` never. A
-step is bad once a worker refused it (a checksum, a NaN) or once a generation that would have
-restored it failed before any node held a newer save (no restart loop on a bad copy).
+step is bad once a worker found a NaN or an infinity in it (every copy holds the same) or once a
+generation that would have restored it failed before any node held a newer save (no restart
+loop on a bad copy). A copy that fails its checksum is that node's to drop: it verifies its tier
+again and stops offering it.
 `fold(checkpoint, nodes)` keeps the record's view of the persistent tier and bad steps current.
 """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from nodeagent.checkpoint.keeper import RestoreNote, TierKeeper, condemns
+from nodeagent.checkpoint.keeper import RestoreNote, TierKeeper, refuses_a_copy
 from nodeagent.model.job import Event, JobRecord
 from nodeagent.model.tiers import TierReport
 from nodeagent.supervisor.spec import WorkerSpec, restore_report_path
@@ -108,7 +108,7 @@ class TierDuties:
         events = []
         for note in notes:
             lost = self._newest - note.step if note.step is not None else None
-            bad = [(source, why) for source, why in note.refused if condemns(source, why)]
+            bad = [(source, why) for source, why in note.refused if refuses_a_copy(why)]
             self._metrics.restored(note.tier, note.seconds, lost, len(bad))
             for source, why in bad:
                 events.append(

@@ -16,7 +16,7 @@ from nodeagent.channel import tier
 from nodeagent.channel.tier import Manifest
 from nodeagent.checkpoint import replica
 from nodeagent.checkpoint.replica import ReplicaError, ReplicaServer
-from tests.unit.test_tier import fake_save
+from tests.helpers.tiers import fake_save
 
 JOB = "j"
 

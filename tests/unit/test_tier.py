@@ -14,15 +14,7 @@ from nodeagent.channel.tier import BadCopy, Manifest, Source
 from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
-
-
-def fake_save(directory: Path, step: int, rank: int = 0, world: int = 2, size: int = 1000) -> None:
-    """What a rank's save leaves: two files, then its manifest."""
-    tier.begin(directory)
-    (directory / "__0_0.distcp").write_bytes(bytes(range(256)) * (size // 256) + b"x" * step)
-    (directory / ".metadata").write_bytes(b"meta" + str(step).encode())
-    manifest = Manifest(step, 3, world, rank, tier.summarize(directory), job="j")
-    tier.write_manifest(directory, manifest)
+from tests.helpers.tiers import fake_save
 
 
 def test_a_manifest_round_trips_and_verifies(tmp_path: Path) -> None:
