@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from nodeagent.cli import ctlargs, ctllogs, ctlpool, ctlqueue, ctlshow
+from nodeagent.cli import ctlargs, ctllogs, ctlpool, ctlqueue, ctlshow, ctlsigned
 from nodeagent.cli.status import status_document
 from nodeagent.config import redisurl
 from nodeagent.config.load import read_config, read_settings
@@ -47,6 +47,7 @@ from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import ConfigError, CoordinationError, UsageError
 from nodeagent.model.job import Command, CommandType, Cordon
 from nodeagent.state import JobState
+from nodeagent.supervisor.munge import DEFAULT_SOCKET, MungeProgram
 
 EX_UNAVAILABLE = 69
 EX_USAGE = 2
@@ -70,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--pool", type=ctlargs.name, help="pool name (default: pool.name of --config, or default)"
     )
+    where.add_argument(
+        "--munge-socket",
+        metavar="PATH",
+        help="munged's socket, for a pool with pool.auth: munge (default: pool.munge_socket of "
+        f"--config, or {DEFAULT_SOCKET})",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status", help="show the job and its nodes")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -91,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
     events.add_argument("--json", action="store_true", help="one JSON object per line")
     events.add_argument(
         "--last", type=ctlargs.count, default=50, help="how many past events (default 50)"
+    )
+    events.add_argument(
+        "--pool",
+        dest="pool_stream",
+        action="store_true",
+        help="the pool's events (who submitted, cancelled, drained what) instead of a job's",
     )
     commands.add_parser("restart", help="force a new generation (also restarts a finished job)")
     commands.add_parser("stop", help="stop the job's workers everywhere")
@@ -228,7 +241,9 @@ def _require_node(store: JobStore, snapshot: Snapshot, name: str, more: set[str]
         )
 
 
-def _events(store: JobStore, args: argparse.Namespace) -> int:
+def _events(store: JobStore | PoolStore, args: argparse.Namespace) -> int:
+    """The job's events, or with --pool the pool's (submissions, requests and who made them,
+    placements, preemptions, queue and cordon changes)."""
     show = ctlshow.event_json if args.json else ctlshow.event_line
     last = eventlog.tail(store, args.last) if args.last > 0 else []
     for entry_id, fields in last:
@@ -360,13 +375,29 @@ def _write(store: JobStore, config: NodeSettings | None, args: argparse.Namespac
     return _command(store, CommandType(args.command))
 
 
+def _signed(target: Target, args: argparse.Namespace) -> int | None:
+    """A pool change as a signed request, when the pool takes only those (pool.auth: munge)."""
+    found = ctlsigned.request_of(args, getpass.getuser())
+    if found is None or target.pool_store.auth() != "munge":
+        return None
+    socket_path = args.munge_socket or (
+        target.config.pool.munge_socket if target.config is not None else DEFAULT_SOCKET
+    )
+    return ctlsigned.run(target.pool_store, args, MungeProgram(socket_path), *found)
+
+
 def dispatch(target: Target, args: argparse.Namespace) -> int:
+    signed = _signed(target, args)
+    if signed is not None:
+        return signed
     if args.command in ctlpool.COMMANDS:
         return ctlpool.run(target.pool_store, args, getpass.getuser(), _by())
     if args.command == ctlqueue.COMMAND:
         return ctlqueue.run(target.pool_store, args, _by())
     if args.command in ("cordon", "drain", "uncordon") and target.job is None:
         return ctlpool.pool_cordon(target.pool_store, args, _by())  # a pool node, no job
+    if args.command == "events" and args.pool_stream:
+        return _events(target.pool_store, args)
     if args.command == "logs":  # logs JOB: from the agent of the rank's node
         return ctllogs.run_pool(target.client, target.prefix, target.pool, args)
     if args.command == "scale":

@@ -26,6 +26,7 @@ from nodeagent.model.job import Cordon, JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT
 from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.pool import requests
 from nodeagent.pool.leadership import read_view
 from nodeagent.pool.schedule import PoolView
 from nodeagent.state import JobState, NodeState
@@ -149,10 +150,16 @@ def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
 
 def _submit(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
     spec = spec_from_args(args, user, by)
-    if spec.queue != DEFAULT and spec.queue not in store.queues():
+    queue = store.read().queues.get(spec.queue)
+    if queue is None and spec.queue != DEFAULT:
         raise UsageError(
             f"queue {spec.queue} does not exist in pool {store.keys.pool}: "
             f"`nodeagentctl queue create {spec.queue}` makes it, or submit to another"
+        )
+    ceiling = queue.max_priority if queue is not None else None
+    if ceiling is not None and spec.priority > ceiling:
+        raise UsageError(
+            f"priority {spec.priority} is above queue {spec.queue}'s ceiling of {ceiling}"
         )
     created, status = store.submit(spec)
     if not created:
@@ -164,10 +171,10 @@ def _submit(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> i
     print(spec.id, flush=True)
     if not args.wait:
         return 0
-    return _wait_running(store, spec, args.timeout)
+    return wait_running(store, spec, args.timeout)
 
 
-def _wait_running(store: PoolStore, spec: JobSpec, timeout: float) -> int:
+def wait_running(store: PoolStore, spec: JobSpec, timeout: float) -> int:
     """Until every rank of the job runs (0), it ends first (0 if it succeeded, else 1), or
     `timeout` passes (1)."""
     job_store = JobStore(store.client, store.keys.job(spec.id))
@@ -233,7 +240,12 @@ def pool_cordon(store: PoolStore, args: argparse.Namespace, by: str) -> int:
     print(f"node {name}: {'drained' if drain else 'cordoned'} in pool {store.keys.pool}")
     if not drain or not args.wait:
         return 0
-    deadline = time.monotonic() + args.timeout
+    return wait_drained(store, name, args.timeout)
+
+
+def wait_drained(store: PoolStore, name: str, timeout: float) -> int:
+    """Until the node serves nothing (0), or `timeout` passes (1)."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         snap = store.read()
         report = snap.nodes.get(name)
@@ -241,7 +253,7 @@ def pool_cordon(store: PoolStore, args: argparse.Namespace, by: str) -> int:
             print(f"node {name}: off its job, serving nothing")
             return 0
         time.sleep(0.2)
-    print(f"timed out after {args.timeout:g}s: node {name} still serves a job")
+    print(f"timed out after {timeout:g}s: node {name} still serves a job")
     return 1
 
 
@@ -280,13 +292,10 @@ def resolve_target(value: str, current: int) -> int:
     Raises:
         UsageError: not a whole number.
     """
-    text = value.strip()
-    sign = text[:1] if text[:1] in "+-" else ""
-    digits = text[1:] if sign else text
-    if not digits.isdigit():
-        raise UsageError(f"scale: expected N, +N or -N, got {value!r}")
-    number = int(digits)
-    return current + number if sign == "+" else current - number if sign == "-" else number
+    try:
+        return requests.resolve_target(value, current)
+    except requests.Refused as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _jobs(store: PoolStore, as_json: bool) -> int:

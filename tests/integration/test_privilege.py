@@ -15,7 +15,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import uuid
@@ -37,6 +36,7 @@ from nodeagent.supervisor.spec import WorkerSpec
 from nodeagent.supervisor.status import GroupPhase
 from tests.helpers.cluster import RedisServer, local_cluster, wait_for
 from tests.helpers.runas import AS_TESTER
+from tests.helpers.users import reachable_dir
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 SHARED_GROUP = "users"  # a supplementary group the throwaway user gets (gid 100 on Debian)
@@ -73,10 +73,8 @@ def job_user() -> Iterator[JobUser]:
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A directory another user can reach (pytest's tmp_path is under a 0700 directory)."""
-    path = Path(tempfile.mkdtemp(prefix="na-privilege-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with reachable_dir("na-privilege-") as path:
+        yield path
 
 
 def spec(base: Path, script: str, env: dict[str, str] | None = None) -> WorkerSpec:

@@ -1,0 +1,331 @@
+"""The pool leader takes the pool's signed requests (pool.auth: munge) and answers each.
+
+For every request after the last one taken: decode its credential with this host's munged, check
+that it binds this request and is fresh (model/credential.check), take it once for the whole
+pool (PoolStore.claim: a credential seen before is a replay, whichever node leads), decide what
+the caller may do, do it, and answer (the reply under the request's id, an event naming the
+authenticated user). A request that is not one, unsigned, forged, expired, replayed or not
+allowed changes nothing but the reply and the event that says why.
+
+Who may do what (docs/pool.md, "Who is who"): anyone whose credential decodes submits jobs that
+run as themselves, and cancels and scales their own; operators (pool.operators, and root) name
+another user, act on every job, and alone change queues and cordons.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.settings import PoolConfig
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.store import JobStore
+from nodeagent.errors import ConfigError, CorruptStateError
+from nodeagent.model.credential import (
+    Decoded,
+    Munge,
+    MungeUnavailable,
+    bound,
+    check,
+    credential_id,
+)
+from nodeagent.model.job import Command, CommandType, Cordon, Event
+from nodeagent.model.pool import PoolJobState
+from nodeagent.model.queues import DEFAULT, MAX_NODES, QueueView
+from nodeagent.model.request import Caller, Reply, Request, Verb
+from nodeagent.model.spec import JobSpec, load_spec
+
+log = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    """A request the caller may not make, or one that cannot be done: the reply says why."""
+
+
+@dataclass(frozen=True)
+class Authority:
+    """Who is who for this agent: its munged, this host's users, the pool's operators."""
+
+    munge: Munge
+    pool: PoolConfig
+    resolve: Resolver
+    _vouched: dict[tuple[str, str], str | None] = field(default_factory=dict, compare=False)
+
+    def caller(self, found: Decoded) -> Caller:
+        name = self.resolve.name_of(found.uid) or f"uid {found.uid}"
+        operators = self.pool.operators
+        operator = found.uid == 0 or name in operators.users
+        if not operator and operators.groups:
+            member_of = set(self.resolve.groups_of(name, found.gid)) | {found.gid}
+            gids = {self.resolve.group(g) for g in operators.groups}
+            operator = bool(member_of & gids)
+        return Caller(found.uid, found.gid, name, operator)
+
+    def sign(self, spec: JobSpec) -> JobSpec:
+        """The spec with this agent's credential over it: what nodes accept (vouch).
+
+        Raises:
+            MungeUnavailable: munged cannot be reached.
+        """
+        unsigned = replace(spec, signature="")
+        return replace(unsigned, signature=self.munge.encode(bound(unsigned.signed_digest)))
+
+    def vouch(self, spec: JobSpec) -> str | None:
+        """Why a stored spec must not run (None: an agent of this pool signed it as it is).
+
+        Raises:
+            MungeUnavailable: munged cannot be reached.
+        """
+        if not spec.signature:
+            return "not signed (pool.auth: munge): written to Redis by hand, not by the pool leader"
+        held = (spec.signature, spec.signed_digest)
+        if held not in self._vouched:
+            if len(self._vouched) > 4096:
+                self._vouched.clear()
+            self._vouched[held] = self._vouch(spec)
+        return self._vouched[held]
+
+    def _vouch(self, spec: JobSpec) -> str | None:
+        found = check(self.munge.decode(spec.signature), spec.signed_digest, stored=True)
+        if isinstance(found, str):
+            return f"its signature: {found}"
+        agent = self.resolve.agent()
+        if found.uid not in (0, agent.uid):
+            return f"signed by uid {found.uid}, not by an agent of the pool"
+        return None
+
+
+class Requests:
+    """The pool leader's side of the requests stream, one batch per round."""
+
+    def __init__(
+        self, store: PoolStore, authority: Authority, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._store = store
+        self._authority = authority
+        self._clock = clock
+        self.published = False
+
+    def serve(self, leader: str) -> list[Reply]:
+        """Take and answer every request waiting (at most one batch).
+
+        Raises:
+            CoordinationError, FencedError: as the store's calls.
+            MungeUnavailable: munged cannot be reached (nothing was taken).
+        """
+        if not self.published:
+            self._store.publish_auth("munge")
+            self.published = True
+        replies = []
+        for request_id, raw in self._store.requests():
+            reply, data = self._take(leader, request_id, raw)
+            kind = "request_done" if reply.ok else "request_refused"
+            log.info("pool request %s %s: %s", request_id, kind, reply.message)
+            event = Event(kind, message=f"{reply.user or 'nobody'}: {reply.message}", data=data)
+            self._store.answer(request_id, reply, event)
+            replies.append(reply)
+        return replies
+
+    def _take(self, leader: str, request_id: str, raw: str) -> tuple[Reply, dict[str, Any]]:
+        data: dict[str, Any] = {"request": request_id}
+        try:
+            request = Request.from_json(raw)
+        except CorruptStateError as exc:
+            self._store.claim(leader, request_id, "", 0)
+            return Reply(False, f"refused: {exc}"), data
+        data["verb"] = request.verb.value
+        found = self._decode(request)
+        if isinstance(found, str):
+            self._store.claim(leader, request_id, "", 0)
+            return Reply(False, f"refused: {found}"), data
+        caller = self._authority.caller(found)
+        data["user"] = caller.name
+        expires_ms = (found.encoded_s + found.ttl_s) * 1000
+        if not self._store.claim(leader, request_id, credential_id(request.credential), expires_ms):
+            return Reply(
+                False, "refused: credential replayed: it was used before", caller.name
+            ), data
+        if request.pool != self._store.keys.pool:
+            return Reply(False, f"refused: signed for pool {request.pool}", caller.name), data
+        try:
+            message = self._apply(caller, request)
+        except Refused as exc:
+            return Reply(False, f"refused: {exc}", caller.name), data
+        return Reply(True, message, caller.name), data
+
+    def _decode(self, request: Request) -> Decoded | str:
+        if not request.credential:
+            return "not signed: pool.auth is munge, every request needs a MUNGE credential"
+        return check(self._authority.munge.decode(request.credential), request.digest)
+
+    def _apply(self, caller: Caller, request: Request) -> str:
+        args = request.args
+        if request.verb is Verb.SUBMIT:
+            return self._submit(caller, args.get("spec"))
+        if request.verb is Verb.CANCEL:
+            return self._cancel(caller, _name(args, "job"))
+        if request.verb is Verb.SCALE:
+            return self._scale(caller, _name(args, "job"), str(args.get("target", "")))
+        if not caller.operator:
+            what = "queues" if request.verb is Verb.QUEUE else "cordons and drains"
+            raise Refused(
+                f"{caller.name} is not an operator of the pool: only operators manage {what}"
+            )
+        if request.verb is Verb.QUEUE:
+            return self._queue(caller, args)
+        return self._cordon(caller, args)
+
+    def _submit(self, caller: Caller, doc: object) -> str:
+        try:
+            spec = load_spec(doc, default_user=caller.name)
+        except ConfigError as exc:
+            raise Refused(f"invalid job spec: {exc}") from None
+        if spec.user != caller.name and not caller.operator:
+            raise Refused(
+                f"{caller.name} may not submit as {spec.user}: only operators (pool.operators) "
+                "name another user"
+            )
+        queue = self._queue_of(spec.queue)
+        if queue.max_priority is not None and spec.priority > queue.max_priority:
+            raise Refused(
+                f"priority {spec.priority} is above queue {queue.name}'s ceiling of "
+                f"{queue.max_priority}"
+            )
+        signed = self._sign(replace(spec, submitted_by=caller.name))
+        created, status = self._store.submit(signed)
+        if not created:
+            state = status.state.value if status is not None else "unknown state"
+            raise Refused(f"job {spec.id} exists already ({state}); choose another --name")
+        return f"job {spec.id} submitted, runs as {spec.user}"
+
+    def _queue_of(self, name: str) -> QueueView:
+        found = self._store.read().queues.get(name)
+        if found is None and name != DEFAULT:
+            raise Refused(
+                f"queue {name} does not exist in pool {self._store.keys.pool}: an operator "
+                f"makes it (`nodeagentctl queue create {name}`)"
+            )
+        return found or QueueView(DEFAULT)
+
+    def _owned(self, caller: Caller, job_id: str, verb: str) -> tuple[PoolJobState, JobSpec]:
+        status = self._store.status(job_id)
+        if status is None:
+            raise Refused(f"no job {job_id!r} in pool {self._store.keys.pool}")
+        if status.state.ended:
+            raise Refused(f"job {job_id} has ended already ({status.state.value})")
+        if status.pinned:
+            raise Refused(f"job {job_id} comes from its nodes' job: sections")
+        spec = self._store.spec(job_id)
+        if not isinstance(spec, JobSpec):
+            raise Refused(f"job {job_id}: its spec cannot be read ({spec})")
+        if not caller.may_act_on(spec.user):
+            raise Refused(f"{caller.name} may not {verb} job {job_id} of {spec.user}")
+        return status.state, spec
+
+    def _cancel(self, caller: Caller, job_id: str) -> str:
+        state, _ = self._owned(caller, job_id, "cancel")
+        self._store.cancel(job_id, caller.name, running=state is PoolJobState.RUNNING)
+        return f"job {job_id}: cancel requested by {caller.name}"
+
+    def _scale(self, caller: Caller, job_id: str, value: str) -> str:
+        state, spec = self._owned(caller, job_id, "scale")
+        job = spec.job
+        record = self._store.records([job_id]).get(job_id)
+        current = record.target_nodes if record is not None else job.target_nodes
+        target = resolve_target(value, current)
+        if not job.min_nodes <= target <= job.max_nodes:
+            raise Refused(
+                f"cannot scale job {job_id} to {target}: the target must be within "
+                f"[min_nodes, max_nodes] = [{job.min_nodes}, {job.max_nodes}]"
+            )
+        if state is PoolJobState.PENDING:
+            self._store.replace_spec(
+                self._sign(replace(spec, job=replace(job, target_nodes=target)))
+            )
+        else:
+            jobs = JobStore(self._store.client, self._store.keys.job(job_id))
+            jobs.send_command(Command(CommandType.SCALE, target=target, by=caller.name))
+        return f"job {job_id}: target {current} -> {target} requested by {caller.name}"
+
+    def _queue(self, caller: Caller, args: Mapping[str, Any]) -> str:
+        action, name = str(args.get("action", "")), _name(args, "name")
+        existing = self._store.read().queues.get(name)
+        if action == "delete":
+            if existing is None:
+                raise Refused(f"no queue {name}")
+            self._store.delete_queue(name, caller.name)
+            return f"queue {name}: deleted by {caller.name}"
+        if action == "create" and (existing is not None or name == DEFAULT):
+            raise Refused(f"queue {name} exists already: `queue set {name}` changes it")
+        if action == "set" and existing is None and name != DEFAULT:
+            raise Refused(f"no queue {name}: `queue create {name}` makes it")
+        if action not in ("create", "set"):
+            raise Refused(f"queue: expected create, set or delete, got {action!r}")
+        base = existing or QueueView(name)
+        queue = QueueView(
+            name,
+            quota=_number(args, "quota", base.quota),
+            guaranteed=_number(args, "guaranteed", base.guaranteed) or 0,
+            max_priority=_number(args, "max_priority", base.max_priority),
+        )
+        if queue.problems():
+            raise Refused(f"queue {name}: {'; '.join(queue.problems())}")
+        self._store.set_queue(queue, caller.name, created=existing is None)
+        return f"queue {name}: {queue.describe()} (by {caller.name})"
+
+    def _cordon(self, caller: Caller, args: Mapping[str, Any]) -> str:
+        action, node = str(args.get("action", "")), _name(args, "node")
+        snap = self._store.read()
+        if node not in snap.deadlines and node not in snap.placements and node not in snap.cordons:
+            raise Refused(f"node {node!r} is not in pool {self._store.keys.pool}")
+        if action == "uncordon":
+            lifted = self._store.uncordon(node, caller.name)
+            return f"node {node}: " + ("uncordoned" if lifted else "was not cordoned")
+        if action not in ("cordon", "drain"):
+            raise Refused(f"cordon: expected cordon, drain or uncordon, got {action!r}")
+        reason = str(args.get("reason", ""))[:256] or f"{action}ed by an operator"
+        self._store.cordon(node, Cordon(reason=reason, by=caller.name, drain=action == "drain"))
+        return f"node {node}: {'drained' if action == 'drain' else 'cordoned'} by {caller.name}"
+
+    def _sign(self, spec: JobSpec) -> JobSpec:
+        try:
+            return self._authority.sign(spec)
+        except MungeUnavailable as exc:
+            raise Refused(f"the pool leader cannot sign the spec: {exc}") from None
+
+
+def resolve_target(value: str, current: int) -> int:
+    """N, or Arena's relative +K / -K from the current target.
+
+    Raises:
+        Refused: not a whole number.
+    """
+    text = value.strip()
+    sign = text[:1] if text[:1] in "+-" else ""
+    digits = text[1:] if sign else text
+    if not digits.isdigit():
+        raise Refused(f"scale: expected N, +N or -N, got {value!r}")
+    number = int(digits)
+    return current + number if sign == "+" else current - number if sign == "-" else number
+
+
+def _name(args: Mapping[str, Any], key: str) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or not value or len(value) > 64:
+        raise Refused(f"{key}: expected a name, got {str(value)[:64]!r}")
+    return value
+
+
+def _number(args: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    if key not in args:
+        return default
+    value = args[key]
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or abs(value) > MAX_NODES:
+        raise Refused(f"{key}: expected a whole number or none, got {str(value)[:32]!r}")
+    return value

@@ -1,0 +1,231 @@
+"""Who is who in the pool (pool.auth: munge): a real munged with a key the tests generate, real
+agents and redis-server, two Unix users the tests create. alice's job runs as alice; alice
+cannot submit as bob, cancel or scale bob's job, go above a queue's priority ceiling, drain a
+node or create a queue; root (an operator) can. A request replayed, expired, signed with another
+key, or written into Redis by hand is refused, and nothing of the pool changes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nodeagent.coord.keys import PoolKeys
+from nodeagent.coord.pool import PoolStore
+from nodeagent.model.request import Reply, Request, Verb
+from tests.helpers.cluster import RedisServer, wait_for
+from tests.helpers.munge import MungeDaemon
+from tests.helpers.pool import PoolCluster, pool_cluster
+from tests.helpers.users import User, reachable_dir, unix_users
+
+pytestmark = pytest.mark.timeout(240)
+
+EX_CONFIG = 78
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[dict[str, User]]:
+    with unix_users("alice", "bob") as made:
+        yield made
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A directory alice's and bob's workers reach (tmp_path is under a 0700 directory)."""
+    with reachable_dir("na-auth-") as path:
+        yield path
+
+
+@pytest.fixture
+def pool(
+    redis_server: RedisServer,
+    shared: Path,
+    job_id: str,
+    munged: MungeDaemon,
+    users: dict[str, User],
+) -> Iterator[PoolCluster]:
+    auth = {
+        "auth": "munge",
+        "munge_socket": munged.socket,
+        "users": [users["alice"].name, users["bob"].name],
+    }
+    with pool_cluster(redis_server.url, shared, pool=job_id, scheduling=auth) as cluster:
+        yield cluster
+
+
+def ctl(pool: PoolCluster, munged: MungeDaemon, user: User | None, *args: str) -> Any:
+    where = ["--redis", pool.redis_url, "--pool", pool.pool, "--munge-socket", munged.socket]
+    if user is None:  # root: an operator
+        return pool.ctl("--munge-socket", munged.socket, *args)
+    return user.nodeagentctl(*where, *args)
+
+
+def submit(
+    pool: PoolCluster, munged: MungeDaemon, user: User | None, name: str, *more: str
+) -> subprocess.CompletedProcess[str]:
+    marks = pool.directory / "marks"
+    marks.mkdir(exist_ok=True)
+    marks.chmod(0o777)
+    command = f"id -un > {marks}/{name}; exec sleep 600"
+    return ctl(  # type: ignore[no-any-return]
+        pool, munged, user, "submit", "--name", name, "--nodes", "1", *more,
+        "--workdir", str(pool.directory), "--", "/bin/sh", "-c", command,
+    )  # fmt: skip
+
+
+def pool_keys(redis_server: RedisServer, pool: str) -> dict[str, Any]:
+    """What a request could change: every key of the pool but its nodes' heartbeats."""
+    keys = PoolKeys("nodeagent", pool)
+    client = redis_server.client()
+    try:
+        return {
+            "specs": client.hgetall(keys.specs),
+            "jobs": client.hgetall(keys.jobs),
+            "placements": client.hgetall(keys.placements),
+            "cancels": client.hgetall(keys.cancels),
+            "cordons": client.hgetall(keys.cordons),
+            "queues": client.hgetall(keys.queues),
+            "seq": client.get(keys.seq),
+        }
+    finally:
+        client.close()
+
+
+def test_alice_acts_as_alice_and_on_her_own_jobs_only(
+    pool: PoolCluster, munged: MungeDaemon, users: dict[str, User], redis_server: RedisServer
+) -> None:
+    alice, bob = users["alice"], users["bob"]
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    done = submit(pool, munged, alice, "mine")
+    assert done.returncode == 0 and done.stdout.strip() == "mine", done.stderr
+    pool.wait_job("mine", "running", world=1)
+    marks = pool.directory / "marks" / "mine"
+    wait_for(lambda: marks.exists() and marks.read_text().strip() == alice.name, 30, "whoami")
+    spec = json.loads(pool_keys(redis_server, pool.pool)["specs"]["mine"])
+    assert (spec["user"], spec["submitted_by"]) == (alice.name, alice.name)
+
+    before = pool_keys(redis_server, pool.pool)
+    as_bob = submit(pool, munged, alice, "hers-as-bob", "--user", bob.name)
+    assert as_bob.returncode == 2
+    assert f"{alice.name} may not submit as {bob.name}" in as_bob.stderr
+    for args in (("cancel", "mine"), ("scale", "mine", "2")):
+        refused = ctl(pool, munged, bob, *args)
+        assert refused.returncode == 2, refused
+        assert f"{bob.name} may not {args[0]} job mine of {alice.name}" in refused.stderr
+    drain = ctl(pool, munged, alice, "drain", "a")
+    assert drain.returncode == 2 and "only operators manage cordons" in drain.stderr
+    queue = ctl(pool, munged, alice, "queue", "create", "research", "--max-priority", "10")
+    assert queue.returncode == 2 and "only operators manage queues" in queue.stderr
+    assert pool_keys(redis_server, pool.pool) == before  # nothing of the refused changed
+
+    made = ctl(pool, munged, None, "queue", "create", "research", "--max-priority", "10")
+    assert made.returncode == 0, made.stderr
+    high = submit(pool, munged, alice, "urgent", "--queue", "research", "--priority", "11")
+    assert high.returncode == 2
+    assert "priority 11 is above queue research's ceiling of 10" in high.stderr
+    ok = submit(pool, munged, alice, "fine", "--queue", "research", "--priority", "10")
+    assert ok.returncode == 0, ok.stderr
+    theirs = submit(pool, munged, None, "for-bob", "--user", bob.name)  # an operator may
+    assert theirs.returncode == 0, theirs.stderr
+    assert json.loads(pool_keys(redis_server, pool.pool)["specs"]["for-bob"])["user"] == bob.name
+    cancel = ctl(pool, munged, alice, "cancel", "mine")
+    assert cancel.returncode == 0, cancel.stderr
+    pool.wait_job("mine", "cancelled")
+    drained = ctl(pool, munged, None, "drain", "b")
+    assert drained.returncode == 0 and "drained by root" in drained.stdout, drained.stderr
+
+
+def _reply(store: PoolStore, request_id: str) -> Reply:
+    found: Reply = wait_for(lambda: store.reply(request_id), 20, f"reply to {request_id}")
+    return found
+
+
+def test_replayed_expired_foreign_and_hand_written_requests_change_nothing(
+    pool: PoolCluster, munged: MungeDaemon, redis_server: RedisServer, job_id: str
+) -> None:
+    pool.start("a")
+    pool.wait_nodes(1)
+    client = redis_server.client()
+    store = PoolStore(client, PoolKeys("nodeagent", pool.pool))
+    try:
+        wait_for(lambda: store.auth() == "munge", 20, "the pool leader to say munge")
+        munge = munged.program()
+        cordon = Request(pool.pool, Verb.CORDON, {"action": "cordon", "node": "a", "reason": "x"})
+        signed = replace(cordon, credential=munge.encode(cordon.payload))
+        first = _reply(store, store.send(signed))
+        assert first.ok and first.user == "root", first
+        before = pool_keys(redis_server, pool.pool)
+        assert "a" in before["cordons"]
+
+        uncordon = Request(pool.pool, Verb.CORDON, {"action": "uncordon", "node": "a"})
+        expiring = replace(uncordon, credential=munge.encode(uncordon.payload, ttl_s=1))
+        time.sleep(2.2)
+        other = MungeDaemon().start()
+        try:
+            foreign = replace(uncordon, credential=other.program().encode(uncordon.payload))
+        finally:
+            other.stop()
+        fresh = replace(uncordon, credential=munge.encode(uncordon.payload))
+        rebound = replace(uncordon, nonce="another", credential=fresh.credential)
+        cases = {
+            "credential replayed": signed,
+            "credential expired": expiring,
+            "credential invalid": foreign,
+            "not signed": uncordon,
+            "credential signed for another request": rebound,
+        }
+        for why, request in cases.items():
+            reply = _reply(store, store.send(request))
+            assert not reply.ok and why in reply.message, (why, reply)
+        garbage = client.xadd(store.keys.requests, {"request": '{"verb": "cancel"}'})
+        assert "refused: request" in _reply(store, str(garbage)).message
+        assert pool_keys(redis_server, pool.pool) == before
+
+        # A spec written by hand (as one holding the operators' Redis password could) is
+        # never placed: no agent signed it.
+        spec = {"id": "forged", "entrypoint": ["/bin/true"], "user": "root"}
+        client.hset(store.keys.specs, "forged", json.dumps(spec))
+        client.hset(
+            store.keys.jobs,
+            "forged",
+            '{"reason":"x","seq":99,"state":"pending","submitted_ms":1}',
+        )
+        pool.wait_job("forged", "failed")
+        assert "not signed" in pool.jobs()["forged"]["reason"]
+        assert pool.placements() == {"a": None}
+        events = [e for e in pool.ctl("events", "--pool", "--json").stdout.splitlines() if e]
+        assert any("request_refused" in e and "credential replayed" in e for e in events)
+    finally:
+        client.close()
+
+
+def test_an_agent_whose_munged_cannot_be_reached_exits_78(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    config = {
+        "node": {"name": "a", "address": "127.0.0.1"},
+        "redis": {"url": redis_server.url},
+        "pool": {"auth": "munge", "munge_socket": "/tmp/no-munged-here/socket"},
+        "log_dir": str(tmp_path / "logs"),
+        "state_dir": str(tmp_path / "state"),
+        "metrics": {"listen": "off"},
+    }
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [sys.executable, "-m", "nodeagent", "run", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == EX_CONFIG, done.stderr
+    assert "pool.auth" in done.stderr and "/tmp/no-munged-here/socket" in done.stderr
