@@ -76,6 +76,10 @@ def add_parsers(commands: Any) -> None:
     submit.set_defaults(argv=[])  # what follows `--` (nodeagentctl's main splits it off)
     jobs = commands.add_parser("jobs", help="the pool's jobs: state, queue position, world")
     jobs.add_argument("--json", action="store_true")
+    jobs.add_argument("--user", help="only the jobs that run as this user")
+    jobs.add_argument(
+        "--state", choices=[s.value for s in PoolJobState], help="only the jobs in this state"
+    )
     nodes = commands.add_parser("nodes", help="the pool's nodes: job, health, cordon, labels")
     nodes.add_argument("--json", action="store_true")
     cancel = commands.add_parser("cancel", help="end a job (its workers get the stop grace)")
@@ -142,7 +146,7 @@ def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
     if args.command == "submit":
         return _submit(store, args, user, by)
     if args.command == "jobs":
-        return _jobs(store, args.json)
+        return _jobs(store, args)
     if args.command == "nodes":
         return _nodes(store, args.json)
     return _cancel(store, args.job_id, by)
@@ -298,8 +302,9 @@ def resolve_target(value: str, current: int) -> int:
         raise UsageError(str(exc)) from None
 
 
-def _jobs(store: PoolStore, as_json: bool) -> int:
+def _jobs(store: PoolStore, args: argparse.Namespace) -> int:
     snap, view, records = read_view(store)
+    specs = store.specs(list(snap.jobs))
     running = [j for j, s in snap.jobs.items() if s.state is PoolJobState.RUNNING]
     records.update(store.records(j for j in running if j not in records))  # stale pinned jobs
     pending = sorted(
@@ -311,19 +316,29 @@ def _jobs(store: PoolStore, as_json: bool) -> int:
         _job_row(j, s, snap, view, records.get(j) if j in running else None, positions.get(j))
         for j, s in snap.jobs.items()
     ]
+    for row in rows:
+        spec = specs.get(row["job"])
+        row["user"] = spec.user if isinstance(spec, JobSpec) else None
+        row["submitted_by"] = spec.submitted_by if isinstance(spec, JobSpec) else None
+    rows = [
+        r
+        for r in rows
+        if (args.user is None or r["user"] == args.user)
+        and (args.state is None or r["state"] == args.state)
+    ]
     rows.sort(key=lambda r: (_STATE_ORDER[r["state"]], r["position"] or 0, -r["seq"]))
-    if as_json:
+    if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     print(
-        f"{'JOB':<24} {'STATE':<10} {'POS':>3} {'PRIO':>4} {'QUEUE':<10} {'WORLD':>5} "
+        f"{'JOB':<24} {'USER':<12} {'STATE':<10} {'POS':>3} {'PRIO':>4} {'QUEUE':<10} {'WORLD':>5} "
         f"{'NODES':>9} {'RESTARTS':>8} {'AGE':>7}  REASON"
     )
     for r in rows:
         nodes = f"{r['nodes']}/{r['target_nodes'] if r['target_nodes'] is not None else '-'}"
         restarts = "-" if r["restarts"] is None else str(r["restarts"])
         print(
-            f"{r['job']:<24} {r['state']:<10} {r['position'] or '-'!s:>3} "
+            f"{r['job']:<24} {r['user'] or '-':<12} {r['state']:<10} {r['position'] or '-'!s:>3} "
             f"{r['priority'] if r['priority'] is not None else '-'!s:>4} "
             f"{r['queue'] or '-':<10} {r['world_size']:>5} {nodes:>9} {restarts:>8} "
             f"{_age(r['age_s']):>7}  {r['reason']}"

@@ -138,12 +138,13 @@ class Requests:
             self._store.claim(leader, request_id, "", 0)
             return Reply(False, f"refused: {exc}"), data
         data["verb"] = request.verb.value
-        found = self._decode(request)
+        decoded, found = self._decode(request)
+        if decoded is not None:  # signed: who tried is said even when refused
+            data["user"] = self._authority.caller(decoded).name
         if isinstance(found, str):
             self._store.claim(leader, request_id, "", 0)
-            return Reply(False, f"refused: {found}"), data
+            return Reply(False, f"refused: {found}", data.get("user", "")), data
         caller = self._authority.caller(found)
-        data["user"] = caller.name
         expires_ms = (found.encoded_s + found.ttl_s) * 1000
         if not self._store.claim(leader, request_id, credential_id(request.credential), expires_ms):
             return Reply(
@@ -157,10 +158,13 @@ class Requests:
             return Reply(False, f"refused: {exc}", caller.name), data
         return Reply(True, message, caller.name), data
 
-    def _decode(self, request: Request) -> Decoded | str:
+    def _decode(self, request: Request) -> tuple[Decoded | None, Decoded | str]:
+        """What the credential says if munged verified it, and the verdict on it."""
         if not request.credential:
-            return "not signed: pool.auth is munge, every request needs a MUNGE credential"
-        return check(self._authority.munge.decode(request.credential), request.digest)
+            return None, "not signed: pool.auth is munge, every request needs a MUNGE credential"
+        found = self._authority.munge.decode(request.credential)
+        signed = found if isinstance(found, Decoded) and found.status.signed else None
+        return signed, check(found, request.digest)
 
     def _apply(self, caller: Caller, request: Request) -> str:
         args = request.args

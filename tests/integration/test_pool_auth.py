@@ -143,6 +143,23 @@ def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     drained = ctl(pool, munged, None, "drain", "b")
     assert drained.returncode == 0 and "drained by root" in drained.stdout, drained.stderr
 
+    hers = json.loads(ctl(pool, munged, bob, "jobs", "--json", "--user", alice.name).stdout)
+    assert sorted(r["job"] for r in hers) == ["fine", "mine"]
+    assert {(r["user"], r["submitted_by"]) for r in hers} == {(alice.name, alice.name)}
+    ended = json.loads(ctl(pool, munged, bob, "jobs", "--json", "--state", "cancelled").stdout)
+    assert [r["job"] for r in ended] == ["mine"]
+    table = ctl(pool, munged, bob, "jobs").stdout.splitlines()
+    assert table[0].split()[:2] == ["JOB", "USER"]
+    assert any(line.split()[:2] == ["for-bob", bob.name] for line in table)
+    audit = ctl(pool, munged, bob, "events", "--pool", "--json", "--last", "200")
+    done = [json.loads(line) for line in audit.stdout.splitlines()]
+    who = [(e["data"]["user"], e["data"]["verb"], e["type"]) for e in done if "verb" in e["data"]]
+    assert (alice.name, "submit", "request_done") in who
+    assert (alice.name, "submit", "request_refused") in who  # as bob, and above the ceiling
+    assert (bob.name, "cancel", "request_refused") in who
+    assert (alice.name, "cancel", "request_done") in who
+    assert ("root", "queue", "request_done") in who and ("root", "cordon", "request_done") in who
+
 
 def _reply(store: PoolStore, request_id: str) -> Reply:
     found: Reply = wait_for(lambda: store.reply(request_id), 20, f"reply to {request_id}")
@@ -202,8 +219,10 @@ def test_replayed_expired_foreign_and_hand_written_requests_change_nothing(
         pool.wait_job("forged", "failed")
         assert "not signed" in pool.jobs()["forged"]["reason"]
         assert pool.placements() == {"a": None}
-        events = [e for e in pool.ctl("events", "--pool", "--json").stdout.splitlines() if e]
-        assert any("request_refused" in e and "credential replayed" in e for e in events)
+        audit = pool.ctl("events", "--pool", "--json", "--last", "100").stdout.splitlines()
+        refusals = [json.loads(e)["message"] for e in audit if "request_refused" in e]
+        assert len(refusals) == len(cases) + 1
+        assert "root: refused: credential replayed: it was used before" in refusals
     finally:
         client.close()
 
