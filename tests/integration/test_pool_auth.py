@@ -61,7 +61,9 @@ def pool(
         yield cluster
 
 
-def ctl(pool: PoolCluster, munged: MungeDaemon, user: User | None, *args: str) -> Any:
+def ctl(
+    pool: PoolCluster, munged: MungeDaemon, user: User | None, *args: str
+) -> subprocess.CompletedProcess[str]:
     where = ["--redis", pool.redis_url, "--pool", pool.pool, "--munge-socket", munged.socket]
     if user is None:  # root: an operator
         return pool.ctl("--munge-socket", munged.socket, *args)
@@ -75,7 +77,7 @@ def submit(
     marks.mkdir(exist_ok=True)
     marks.chmod(0o777)
     command = f"id -un > {marks}/{name}; exec sleep 600"
-    return ctl(  # type: ignore[no-any-return]
+    return ctl(
         pool, munged, user, "submit", "--name", name, "--nodes", "1", *more,
         "--workdir", str(pool.directory), "--", "/bin/sh", "-c", command,
     )  # fmt: skip
@@ -152,8 +154,10 @@ def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     assert table[0].split()[:2] == ["JOB", "USER"]
     assert any(line.split()[:2] == ["for-bob", bob.name] for line in table)
     audit = ctl(pool, munged, bob, "events", "--pool", "--json", "--last", "200")
-    done = [json.loads(line) for line in audit.stdout.splitlines()]
-    who = [(e["data"]["user"], e["data"]["verb"], e["type"]) for e in done if "verb" in e["data"]]
+    entries = [json.loads(line) for line in audit.stdout.splitlines()]
+    who = [
+        (e["data"]["user"], e["data"]["verb"], e["type"]) for e in entries if "verb" in e["data"]
+    ]
     assert (alice.name, "submit", "request_done") in who
     assert (alice.name, "submit", "request_refused") in who  # as bob, and above the ceiling
     assert (bob.name, "cancel", "request_refused") in who
