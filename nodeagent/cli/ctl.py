@@ -380,10 +380,14 @@ def _signed(target: Target, args: argparse.Namespace) -> int | None:
     found = ctlsigned.request_of(args, getpass.getuser())
     if found is None or target.pool_store.auth() != "munge":
         return None
-    socket_path = args.munge_socket or (
-        target.config.pool.munge_socket if target.config is not None else DEFAULT_SOCKET
-    )
-    return ctlsigned.run(target.pool_store, args, MungeProgram(socket_path), *found)
+    munge = MungeProgram(_munge_socket(target, args))
+    return ctlsigned.run(target.pool_store, args, munge, *found)
+
+
+def _munge_socket(target: Target, args: argparse.Namespace) -> str:
+    if args.munge_socket:
+        return str(args.munge_socket)
+    return target.config.pool.munge_socket if target.config is not None else DEFAULT_SOCKET
 
 
 def dispatch(target: Target, args: argparse.Namespace) -> int:
@@ -399,7 +403,13 @@ def dispatch(target: Target, args: argparse.Namespace) -> int:
     if args.command == "events" and args.pool_stream:
         return _events(target.pool_store, args)
     if args.command == "logs":  # logs JOB: from the agent of the rank's node
-        return ctllogs.run_pool(target.client, target.prefix, target.pool, args)
+        return ctllogs.run_pool(
+            target.client,
+            target.prefix,
+            target.pool,
+            args,
+            MungeProgram(_munge_socket(target, args)),
+        )
     if args.command == "scale":
         if len(args.what) > 2:
             raise UsageError("scale: give [JOB] N, such as `scale llama 4` or `scale llama +2`")

@@ -98,6 +98,22 @@ class Authority:
             return f"signed by uid {found.uid}, not by an agent of the pool"
         return None
 
+    def may_read(self, digest: str, credential: str, gid: int) -> str | None:
+        """telemetry/logserve.LogAccess: a fresh credential bound to the log request of
+        `digest`, of an operator or of a member of the log's group `gid` (the job's)."""
+        try:
+            found = check(self.munge.decode(credential), digest)
+        except MungeUnavailable as exc:
+            return f"this node cannot check credentials: {exc}"
+        if isinstance(found, str):
+            return found
+        caller = self.caller(found)
+        if caller.operator or gid == found.gid:
+            return None
+        if gid in self.resolve.groups_of(caller.name, found.gid):
+            return None
+        return f"{caller.name} may not read this log: it is another user's job's"
+
 
 class Requests:
     """The pool leader's side of the requests stream, one batch per round."""

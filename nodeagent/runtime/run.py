@@ -115,10 +115,12 @@ def _run_agent(
         Notifier.from_environ(os.environ),
         lambda: address[0] if address else None,
     )
-    loop = _node_loop(settings, parts, current, registry, until_done)
+    authority = None if until_done else pool_authority(settings.pool)  # ConfigError: exit 78
+    loop = _node_loop(settings, parts, current, registry, until_done, authority)
     server = None
     if settings.metrics.listen != "off":
-        logs_route = LogRoute(settings.log_dir, settings.node.name)  # GET /logs/JOB/RANK
+        # GET /logs/JOB/RANK: with pool.auth munge, for the job's user and operators only
+        logs_route = LogRoute(settings.log_dir, settings.node.name, authority)
         server = MetricsServer(settings.metrics.listen, registry, loop.healthz, logs=logs_route)
         server.start()
         address.append(server.address)
@@ -147,6 +149,7 @@ def _node_loop(
     current: CurrentJobMetrics,
     registry: CollectorRegistry,
     until_done: bool,
+    authority: Authority | None,
 ) -> NodeLoop:
     """The node's loop (nodeagent.runtime.nodeloop): a pool member serving what it is placed on
     or pinned to; `until_done` (`nodeagent launch`, an embedded Redis), no pool: the config's job
@@ -162,7 +165,6 @@ def _node_loop(
             settings, None, start_job, parts.waker, time.monotonic, notifier=parts.notifier
         )
     keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
-    authority = pool_authority(settings.pool)
     member = PoolMember(PoolStore(parts.client, keys), settings, time.monotonic, authority)
     registry.register(PoolCollector(member, settings.pool.name))
 

@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -114,6 +116,7 @@ def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     wait_for(lambda: marks.exists() and marks.read_text().strip() == alice.name, 30, "whoami")
     spec = json.loads(pool_keys(redis_server, pool.pool)["specs"]["mine"])
     assert (spec["user"], spec["submitted_by"]) == (alice.name, alice.name)
+    check_logs(pool, munged, users, redis_server)
 
     before = pool_keys(redis_server, pool.pool)
     as_bob = submit(pool, munged, alice, "hers-as-bob", "--user", bob.name)
@@ -163,6 +166,37 @@ def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     assert (bob.name, "cancel", "request_refused") in who
     assert (alice.name, "cancel", "request_done") in who
     assert ("root", "queue", "request_done") in who and ("root", "cordon", "request_done") in who
+
+
+def check_logs(
+    pool: PoolCluster, munged: MungeDaemon, users: dict[str, User], redis_server: RedisServer
+) -> None:
+    """alice reads her job's log on the node and over HTTP; bob neither; root (an operator)
+    over HTTP; nobody without a credential."""
+    alice, bob = users["alice"], users["bob"]
+    log = pool.directory / "logs" / "mine" / "rank-0.log"
+    wait_for(log.exists, 20, "the rank's log")
+    mine = alice.run(["cat", str(log)])
+    assert mine.returncode == 0 and "=== nodeagent: generation" in mine.stdout, mine.stderr
+    denied = bob.run(["cat", str(log)])
+    assert denied.returncode != 0 and "Permission denied" in denied.stderr, denied
+    hers = ctl(pool, munged, alice, "logs", "mine")
+    assert hers.returncode == 0 and "=== nodeagent: generation" in hers.stdout, hers.stderr
+    operator = ctl(pool, munged, None, "logs", "mine")
+    assert operator.returncode == 0 and "=== nodeagent: generation" in operator.stdout
+    theirs = ctl(pool, munged, bob, "logs", "mine")
+    assert theirs.returncode == 2 and "403" in theirs.stderr
+    assert f"{bob.name} may not read this log" in theirs.stderr
+    node = next(n for n, j in pool.placements().items() if j == "mine")
+    client = redis_server.client()
+    try:
+        report = json.loads(str(client.get(PoolKeys("nodeagent", pool.pool).node(node))))
+    finally:
+        client.close()
+    with pytest.raises(urllib.error.HTTPError) as anonymous:
+        urllib.request.urlopen(f"http://{report['metrics']}/logs/mine/0", timeout=10)
+    anonymous.value.close()
+    assert anonymous.value.code == 401
 
 
 def _reply(store: PoolStore, request_id: str) -> Reply:
