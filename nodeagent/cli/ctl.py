@@ -43,6 +43,7 @@ from nodeagent.coord.embedded import embedded_url
 from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import ConfigError, CoordinationError, UsageError
 from nodeagent.model.job import Command, CommandType, Cordon
@@ -378,7 +379,7 @@ def _write(store: JobStore, config: NodeSettings | None, args: argparse.Namespac
 def _signed(target: Target, args: argparse.Namespace) -> int | None:
     """A pool change as a signed request, when the pool takes only those (pool.auth: munge)."""
     found = ctlsigned.request_of(args, getpass.getuser())
-    if found is None or target.pool_store.auth() != "munge":
+    if found is None or RequestStore(target.client, target.pool_store.keys).auth() != "munge":
         return None
     munge = MungeProgram(_munge_socket(target, args))
     return ctlsigned.run(target.pool_store, args, munge, *found)

@@ -29,6 +29,7 @@ from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.replies import NodeLease
+from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, UsageError
 from nodeagent.model.credential import Munge, MungeUnavailable
@@ -150,7 +151,7 @@ class _Pool:
         self._where = f"key prefix {prefix!r}, pool {pool!r}"
 
     def munge_pool(self) -> bool:
-        return self._pool.auth() == "munge"
+        return RequestStore(self._pool.client, self._pool.keys).auth() == "munge"
 
     def locate(self, rank: int) -> tuple[JobRecord | None, Place | str]:
         """The job's record, and the place of `rank` or why it has none."""

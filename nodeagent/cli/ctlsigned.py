@@ -16,6 +16,7 @@ from typing import Any
 
 from nodeagent.cli import ctlpool
 from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import ConfigError, UsageError
 from nodeagent.model.credential import Munge, MungeUnavailable
 from nodeagent.model.request import Reply, Request, Verb
@@ -65,8 +66,9 @@ def run(
             "--munge-socket",
             f"pool {store.keys.pool} takes signed requests (pool.auth: munge), but {exc}",
         ) from None
-    request_id = store.send(request)
-    reply = wait_reply(store, request_id, ANSWER_TIMEOUT_S)
+    requests = RequestStore(store.client, store.keys)
+    request_id = requests.send(request)
+    reply = wait_reply(requests, request_id, ANSWER_TIMEOUT_S)
     if reply is None:
         print(
             f"no pool leader answered request {request_id} within {ANSWER_TIMEOUT_S:g}s: are "
@@ -85,7 +87,7 @@ def run(
     return 0
 
 
-def wait_reply(store: PoolStore, request_id: str, timeout: float) -> Reply | None:
+def wait_reply(store: RequestStore, request_id: str, timeout: float) -> Reply | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         reply = store.reply(request_id)

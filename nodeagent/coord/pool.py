@@ -17,15 +17,9 @@ import redis
 from nodeagent.coord import streams
 from nodeagent.coord.cordons import lift_cordon, put_cordon
 from nodeagent.coord.errors import redis_errors
-from nodeagent.coord.keys import EVENTS_MAXLEN, REPLY_TTL_S, REQUESTS_MAXLEN, PoolKeys
+from nodeagent.coord.keys import EVENTS_MAXLEN, PoolKeys
 from nodeagent.coord.lua import Call
-from nodeagent.coord.poolscripts import (
-    POOL_CLAIM,
-    POOL_COMMIT,
-    POOL_READ,
-    POOL_SUBMIT,
-    POOL_SYNC,
-)
+from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_READ, POOL_SUBMIT, POOL_SYNC
 from nodeagent.coord.scripts import LEAVE, READ_PAGE, leave_call, read_page_call
 from nodeagent.coord.store import JobStore
 from nodeagent.coord.view import (
@@ -48,7 +42,6 @@ from nodeagent.model.job import (
 )
 from nodeagent.model.pool import PoolJob, PoolNode
 from nodeagent.model.queues import QueueView
-from nodeagent.model.request import Reply, Request
 from nodeagent.model.spec import JobSpec
 
 
@@ -128,7 +121,6 @@ class PoolStore:
         self._read = POOL_READ.bind(client)
         self._commit = POOL_COMMIT.bind(client)
         self._submit = POOL_SUBMIT.bind(client)
-        self._claim = POOL_CLAIM.bind(client)
         self._leave = LEAVE.bind(client)  # a job's and a pool's: the same steps
         self._page = READ_PAGE.bind(client)  # and the same paged read of nodes
         self._view: LeaderView[PoolNode] = LeaderView()  # what it read while leading the pool
@@ -466,77 +458,6 @@ class PoolStore:
 
     def wait_events(self, after: dict[str, str], block_ms: int) -> list[tuple[str, str, Any]]:
         return streams.wait(self.client, after, block_ms)
-
-    # Signed requests (pool.auth: munge): nodeagentctl sends, the pool leader takes and answers.
-
-    def auth(self) -> str | None:
-        """The pool leader's pool.auth (None: no leader has said yet)."""
-        with redis_errors("read the pool's auth"):
-            found: Any = self.client.get(self.keys.auth)
-        return str(found) if found is not None else None
-
-    def publish_auth(self, mode: str) -> None:
-        with redis_errors("publish the pool's auth"):
-            self.client.set(self.keys.auth, mode)
-
-    def send(self, request: Request) -> str:
-        """Append a request to the pool's requests stream; its id (the reply's name)."""
-        with redis_errors("send the request"):
-            found: Any = self.client.xadd(
-                self.keys.requests,
-                {"request": request.to_json()},
-                maxlen=REQUESTS_MAXLEN,
-                approximate=True,
-            )
-        return str(found)
-
-    def reply(self, request_id: str) -> Reply | None:
-        """The pool leader's answer (None: not yet, or unreadable)."""
-        with redis_errors("read the reply"):
-            raw: Any = self.client.get(self.keys.reply(request_id))
-        try:
-            return Reply.from_json(raw) if raw is not None else None
-        except CorruptStateError:
-            return None
-
-    def requests(self, count: int = 64) -> list[tuple[str, str]]:
-        """The requests after the last one taken, oldest first: (id, raw text)."""
-        with redis_errors("read the requests"):
-            cursor: Any = self.client.get(self.keys.request_cursor)
-            entries: Any = self.client.xrange(
-                self.keys.requests, f"({cursor}" if cursor else "-", "+", count=count
-            )
-        return [(str(i), str(fields.get("request", ""))[:200_000]) for i, fields in entries]
-
-    def claim(self, leader: str, request_id: str, credential_id: str, expires_ms: int) -> bool:
-        """Take a request (the cursor moves past it); False when its credential was taken
-        before (a replay).
-
-        Raises: FencedError when another node leads the pool."""
-        k = self.keys
-        with redis_errors("take a request"):
-            found: Any = self._claim(
-                Call(
-                    {"leader": k.leader, "cursor": k.request_cursor, "seen": k.seen},
-                    {
-                        "leader_value": leader,
-                        "request_id": request_id,
-                        "credential_id": credential_id,
-                        "expires_ms": expires_ms,
-                    },
-                )
-            )
-        return str(found) == "ok"
-
-    def answer(self, request_id: str, reply: Reply, event: Event) -> None:
-        """The reply to one request, and the event in the pool's stream that tells of it."""
-        streams.write_with_event(
-            self.client,
-            "answer a request",
-            lambda pipe: pipe.set(self.keys.reply(request_id), reply.to_json(), ex=REPLY_TTL_S),
-            self.keys.events,
-            event,
-        )
 
     def leave(self, name: str) -> None:
         """Drop this node's pool lease (and the pool leader lease) at once; the event wakes the

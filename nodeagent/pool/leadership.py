@@ -67,8 +67,8 @@ def read_view(
     """The pool as schedule() sees it (also what `nodeagentctl jobs` shows), and the records
     of its running and pinned jobs. `led_by`: the pool leader's lease value (it reads only
     the nodes changed since its last round, PoolStore.read); `views`: what it kept of the
-    nodes' views; `vouch`: the pool leader's check of each spec's signature (a spec it
-    refuses is never placed, and says why).
+    nodes' views; `vouch`: the pool leader's check of a pending job's spec signature (a spec
+    it refuses is never admitted, and says why; a node checks it again when placed).
 
     Raises:
         CoordinationError: Redis could not be read.
@@ -82,8 +82,12 @@ def read_view(
         if (j in pinning if status.pinned else not status.state.ended or j in placed)
     ]
     specs = store.specs(live)
-    if vouch is not None:
-        specs = {j: _vouched(spec, vouch) for j, spec in specs.items()}
+    if vouch is not None:  # before admission; every node placed on a job checks it again
+        waiting = {j for j in specs if snap.jobs[j].state is PoolJobState.PENDING}
+        specs = {
+            j: _vouched(spec, vouch) if j in waiting and not snap.jobs[j].pinned else spec
+            for j, spec in specs.items()
+        }
     records = store.records(
         j for j in live if snap.jobs[j].state is PoolJobState.RUNNING or snap.jobs[j].pinned
     )

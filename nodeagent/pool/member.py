@@ -16,6 +16,7 @@ from nodeagent import __version__
 from nodeagent.config.settings import NodeSettings
 from nodeagent.coord.bounded import BoundedCalls
 from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import CoordinationError, FencedError
 from nodeagent.model.credential import MungeUnavailable
 from nodeagent.model.pool import PoolNode
@@ -51,6 +52,8 @@ class PoolMember:
         self._store = store
         self._authority = authority
         self._requests = Requests(store, authority) if authority is not None else None
+        self._auth = RequestStore(store.client, store.keys)  # where pool.auth is said
+        self._auth_said: str | None = None  # the leader term (lease value) it was said in
         self._settings = settings
         self._clock = clock
         self._calls = BoundedCalls(clock)
@@ -152,6 +155,10 @@ class PoolMember:
         vouch = self._authority.vouch if self._authority is not None else None
         requests = self._requests
         try:
+            if token != self._auth_said:  # nodeagentctl signs its requests when it reads munge
+                mode = self._settings.pool.auth
+                self._store_call(lambda: self._auth.publish_auth(mode), "say the pool's auth")
+                self._auth_said = token
             if requests is not None:
                 self._store_call(lambda: requests.serve(token), "take the pool's requests")
             done = self._store_call(

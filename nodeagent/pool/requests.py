@@ -15,14 +15,14 @@ another user, act on every job, and alone change queues and cordons.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.settings import PoolConfig
 from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, CorruptStateError
 from nodeagent.model.credential import (
@@ -118,13 +118,10 @@ class Authority:
 class Requests:
     """The pool leader's side of the requests stream, one batch per round."""
 
-    def __init__(
-        self, store: PoolStore, authority: Authority, clock: Callable[[], float] = time.time
-    ) -> None:
+    def __init__(self, store: PoolStore, authority: Authority) -> None:
         self._store = store
+        self._requests = RequestStore(store.client, store.keys)
         self._authority = authority
-        self._clock = clock
-        self.published = False
 
     def serve(self, leader: str) -> list[Reply]:
         """Take and answer every request waiting (at most one batch).
@@ -133,16 +130,13 @@ class Requests:
             CoordinationError, FencedError: as the store's calls.
             MungeUnavailable: munged cannot be reached (nothing was taken).
         """
-        if not self.published:
-            self._store.publish_auth("munge")
-            self.published = True
         replies = []
-        for request_id, raw in self._store.requests():
+        for request_id, raw in self._requests.requests():
             reply, data = self._take(leader, request_id, raw)
             kind = "request_done" if reply.ok else "request_refused"
             log.info("pool request %s %s: %s", request_id, kind, reply.message)
             event = Event(kind, message=f"{reply.user or 'nobody'}: {reply.message}", data=data)
-            self._store.answer(request_id, reply, event)
+            self._requests.answer(request_id, reply, event)
             replies.append(reply)
         return replies
 
@@ -151,18 +145,20 @@ class Requests:
         try:
             request = Request.from_json(raw)
         except CorruptStateError as exc:
-            self._store.claim(leader, request_id, "", 0)
+            self._requests.claim(leader, request_id, "", 0)
             return Reply(False, f"refused: {exc}"), data
         data["verb"] = request.verb.value
         decoded, found = self._decode(request)
         if decoded is not None:  # signed: who tried is said even when refused
             data["user"] = self._authority.caller(decoded).name
         if isinstance(found, str):
-            self._store.claim(leader, request_id, "", 0)
+            self._requests.claim(leader, request_id, "", 0)
             return Reply(False, f"refused: {found}", data.get("user", "")), data
         caller = self._authority.caller(found)
         expires_ms = (found.encoded_s + found.ttl_s) * 1000
-        if not self._store.claim(leader, request_id, credential_id(request.credential), expires_ms):
+        if not self._requests.claim(
+            leader, request_id, credential_id(request.credential), expires_ms
+        ):
             return Reply(
                 False, "refused: credential replayed: it was used before", caller.name
             ), data

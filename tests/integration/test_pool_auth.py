@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from nodeagent.coord.keys import PoolKeys
-from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
+from nodeagent.errors import FencedError
 from nodeagent.model.request import Reply, Request, Verb
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.munge import MungeDaemon
@@ -199,7 +200,7 @@ def check_logs(
     assert anonymous.value.code == 401
 
 
-def _reply(store: PoolStore, request_id: str) -> Reply:
+def _reply(store: RequestStore, request_id: str) -> Reply:
     found: Reply = wait_for(lambda: store.reply(request_id), 20, f"reply to {request_id}")
     return found
 
@@ -210,7 +211,7 @@ def test_replayed_expired_foreign_and_hand_written_requests_change_nothing(
     pool.start("a")
     pool.wait_nodes(1)
     client = redis_server.client()
-    store = PoolStore(client, PoolKeys("nodeagent", pool.pool))
+    store = RequestStore(client, PoolKeys("nodeagent", pool.pool))
     try:
         wait_for(lambda: store.auth() == "munge", 20, "the pool leader to say munge")
         munge = munged.program()
@@ -286,3 +287,31 @@ def test_an_agent_whose_munged_cannot_be_reached_exits_78(
     )
     assert done.returncode == EX_CONFIG, done.stderr
     assert "pool.auth" in done.stderr and "/tmp/no-munged-here/socket" in done.stderr
+
+
+def test_a_credential_is_taken_once_whichever_leader_sees_it(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """munged remembers replays on its own host only: the pool remembers every credential it
+    took (POOL_CLAIM) until it expires, so a new pool leader on another host refuses it too;
+    a deposed leader takes nothing."""
+    client = redis_server.client()
+    keys = PoolKeys("nodeagent", job_id)
+    store = RequestStore(client, keys)
+    try:
+        later = int(time.time() * 1000) + 60_000
+        client.set(keys.leader, "a 1", px=5000)
+        assert store.claim("a 1", "1-0", "credential-x", later)
+        client.set(keys.leader, "b 2", px=5000)  # b took over
+        assert not store.claim("b 2", "2-0", "credential-x", later)
+        assert store.claim("b 2", "3-0", "credential-y", later)
+        with pytest.raises(FencedError):
+            store.claim("a 1", "4-0", "credential-z", later)
+        assert client.get(keys.request_cursor) == "3-0"
+        assert store.claim("b 2", "5-0", "credential-old", 1)  # expired already: kept 1 ms
+        time.sleep(0.01)
+        assert store.claim("b 2", "6-0", "credential-w", later)  # drops the expired ones
+        remembered = set(client.zrange(keys.seen, 0, -1))
+        assert remembered == {"credential-x", "credential-y", "credential-w"}
+    finally:
+        client.close()
