@@ -28,7 +28,6 @@ import json
 import os
 import socket
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -47,7 +46,6 @@ from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import ConfigError, CoordinationError, UsageError
 from nodeagent.model.job import Command, CommandType, Cordon
-from nodeagent.state import JobState
 from nodeagent.supervisor.munge import DEFAULT_SOCKET, MungeProgram
 
 EX_UNAVAILABLE = 69
@@ -279,27 +277,8 @@ def _scale(
         )
     store.send_command(Command(CommandType.SCALE, target=args.nodes, by=_by()))
     print(f"job {store.keys.job}: target {before} -> {args.nodes} requested")
-    if not args.wait:
+    if not args.wait or ctlpool.wait_scaled(store, args.nodes, args.timeout):
         return 0
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        record = store.snapshot().record
-        if (
-            record is not None
-            and record.state is JobState.RUNNING
-            and record.target_nodes == args.nodes
-            and len(record.members) == args.nodes
-        ):
-            print(
-                f"job {store.keys.job} runs on {args.nodes} nodes (generation {record.generation})"
-            )
-            return 0
-        time.sleep(0.2)
-    print(
-        f"timed out after {args.timeout:g}s: job {store.keys.job} does not run on "
-        f"{args.nodes} nodes",
-        file=sys.stderr,
-    )
     if args.rollback:
         store.send_command(Command(CommandType.SCALE, target=before, by=f"{_by()} (rollback)"))
         print(f"rolled back: target {args.nodes} -> {before}", file=sys.stderr)
@@ -315,21 +294,7 @@ def _command(store: JobStore, kind: CommandType) -> int:
 def _drain(store: JobStore, args: argparse.Namespace) -> int:
     store.cordon(args.node, Cordon(reason=args.reason, by=_by(), drain=True))
     print(f"node {args.node}: drained ({args.reason})")
-    if not args.wait:
-        return 0
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
-        node = nodes.get(args.node)
-        if node is None or (
-            node["state"] in ("cordoned", "lost")
-            and not any(w["state"] in ("running", "stopping") for w in node["workers"])
-        ):
-            print(f"node {args.node}: workers stopped, out of the job")
-            return 0
-        time.sleep(0.2)
-    print(f"timed out after {args.timeout:g}s: node {args.node} still has workers", file=sys.stderr)
-    return 1
+    return ctlpool.wait_job_drained(store, args.node, args.timeout) if args.wait else 0
 
 
 def _uncordon(store: JobStore, snapshot: Snapshot, args: argparse.Namespace) -> int:
@@ -378,7 +343,7 @@ def _write(store: JobStore, config: NodeSettings | None, args: argparse.Namespac
 
 def _signed(target: Target, args: argparse.Namespace) -> int | None:
     """A pool change as a signed request, when the pool takes only those (pool.auth: munge)."""
-    found = ctlsigned.request_of(args, getpass.getuser())
+    found = ctlsigned.request_of(args, getpass.getuser(), target.job)
     if found is None or RequestStore(target.client, target.pool_store.keys).auth() != "munge":
         return None
     munge = MungeProgram(_munge_socket(target, args))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from nodeagent.cli import ctlargs
+from nodeagent.cli.status import status_document
 from nodeagent.config import strictyaml
 from nodeagent.config.settings import RECOVERY_MODES
 from nodeagent.coord.pool import PoolSnapshot, PoolStore
@@ -245,6 +247,44 @@ def pool_cordon(store: PoolStore, args: argparse.Namespace, by: str) -> int:
     if not drain or not args.wait:
         return 0
     return wait_drained(store, name, args.timeout)
+
+
+def wait_scaled(store: JobStore, nodes: int, timeout: float) -> bool:
+    """Until the job runs on `nodes` nodes (True), or `timeout` passes (False, said)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = store.snapshot().record
+        if (
+            record is not None
+            and record.state is JobState.RUNNING
+            and record.target_nodes == nodes
+            and len(record.members) == nodes
+        ):
+            print(f"job {store.keys.job} runs on {nodes} nodes (generation {record.generation})")
+            return True
+        time.sleep(0.2)
+    print(
+        f"timed out after {timeout:g}s: job {store.keys.job} does not run on {nodes} nodes",
+        file=sys.stderr,
+    )
+    return False
+
+
+def wait_job_drained(store: JobStore, name: str, timeout: float) -> int:
+    """Until the node's workers in the job have stopped (0), or `timeout` passes (1)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
+        node = nodes.get(name)
+        if node is None or (
+            node["state"] in ("cordoned", "lost")
+            and not any(w["state"] in ("running", "stopping") for w in node["workers"])
+        ):
+            print(f"node {name}: workers stopped, out of the job")
+            return 0
+        time.sleep(0.2)
+    print(f"timed out after {timeout:g}s: node {name} still has workers", file=sys.stderr)
+    return 1
 
 
 def wait_drained(store: PoolStore, name: str, timeout: float) -> int:

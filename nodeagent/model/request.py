@@ -28,15 +28,19 @@ class Verb(str, Enum):
 
     SUBMIT   args {spec}: a new job (its user: the caller, unless the caller is an operator).
     CANCEL   args {job}: end a job (its owner or an operator).
-    SCALE    args {job, target}: N, +N or -N nodes (its owner or an operator).
+    SCALE    args {job, target}: N, +N or -N nodes (its owner or an operator; a job pinned by
+             its nodes' job: sections, operators only).
+    COMMAND  args {job, kind: stop|restart}: through the job's command stream (as SCALE).
     QUEUE    args {action: create|set|delete, name, quota?, guaranteed?, max_priority?}
              (operators only).
-    CORDON   args {action: cordon|drain|uncordon, node, reason} (operators only).
+    CORDON   args {action: cordon|drain|uncordon, node, reason, job?}: a pool node, or with
+             `job` a node inside that job (operators only).
     """
 
     SUBMIT = "submit"
     CANCEL = "cancel"
     SCALE = "scale"
+    COMMAND = "command"
     QUEUE = "queue"
     CORDON = "cordon"
 

@@ -186,6 +186,8 @@ class Requests:
             return self._cancel(caller, _name(args, "job"))
         if request.verb is Verb.SCALE:
             return self._scale(caller, _name(args, "job"), str(args.get("target", "")))
+        if request.verb is Verb.COMMAND:
+            return self._command(caller, _name(args, "job"), str(args.get("kind", "")))
         if not caller.operator:
             what = "queues" if request.verb is Verb.QUEUE else "cordons and drains"
             raise Refused(
@@ -227,14 +229,25 @@ class Requests:
             )
         return found or QueueView(DEFAULT)
 
-    def _owned(self, caller: Caller, job_id: str, verb: str) -> tuple[PoolJobState, JobSpec]:
+    def _owned(
+        self, caller: Caller, job_id: str, verb: str, pinned_ok: bool = False
+    ) -> tuple[PoolJobState, JobSpec | None]:
+        """The job's state and spec (None: pinned, operators only) when `caller` may `verb`
+        it."""
         status = self._store.status(job_id)
         if status is None:
             raise Refused(f"no job {job_id!r} in pool {self._store.keys.pool}")
         if status.state.ended:
             raise Refused(f"job {job_id} has ended already ({status.state.value})")
         if status.pinned:
-            raise Refused(f"job {job_id} comes from its nodes' job: sections")
+            if not pinned_ok:
+                raise Refused(f"job {job_id} comes from its nodes' job: sections")
+            if not caller.operator:
+                raise Refused(
+                    f"{caller.name} may not {verb} job {job_id}: it is pinned by its nodes' "
+                    "job: sections, only operators act on it"
+                )
+            return status.state, None
         spec = self._store.spec(job_id)
         if not isinstance(spec, JobSpec):
             raise Refused(f"job {job_id}: its spec cannot be read ({spec})")
@@ -248,17 +261,23 @@ class Requests:
         return f"job {job_id}: cancel requested by {caller.name}"
 
     def _scale(self, caller: Caller, job_id: str, value: str) -> str:
-        state, spec = self._owned(caller, job_id, "scale")
-        job = spec.job
+        state, spec = self._owned(caller, job_id, "scale", pinned_ok=True)
         record = self._store.records([job_id]).get(job_id)
-        current = record.target_nodes if record is not None else job.target_nodes
+        if spec is not None:
+            low, high, current = spec.job.min_nodes, spec.job.max_nodes, spec.job.target_nodes
+        elif record is not None:
+            low, high, current = record.min_nodes, record.max_nodes, record.target_nodes
+        else:
+            raise Refused(f"job {job_id} has not formed yet: nothing to scale")
+        current = record.target_nodes if record is not None else current
         target = resolve_target(value, current)
-        if not job.min_nodes <= target <= job.max_nodes:
+        if not low <= target <= high:
             raise Refused(
                 f"cannot scale job {job_id} to {target}: the target must be within "
-                f"[min_nodes, max_nodes] = [{job.min_nodes}, {job.max_nodes}]"
+                f"[min_nodes, max_nodes] = [{low}, {high}]"
             )
-        if state is PoolJobState.PENDING:
+        if state is PoolJobState.PENDING and spec is not None:
+            job = spec.job
             self._store.replace_spec(
                 self._sign(replace(spec, job=replace(job, target_nodes=target)))
             )
@@ -266,6 +285,16 @@ class Requests:
             jobs = JobStore(self._store.client, self._store.keys.job(job_id))
             jobs.send_command(Command(CommandType.SCALE, target=target, by=caller.name))
         return f"job {job_id}: target {current} -> {target} requested by {caller.name}"
+
+    def _command(self, caller: Caller, job_id: str, kind: str) -> str:
+        if kind not in (CommandType.STOP.value, CommandType.RESTART.value):
+            raise Refused(f"command: expected stop or restart, got {kind[:32]!r}")
+        state, _ = self._owned(caller, job_id, kind, pinned_ok=True)
+        if state is PoolJobState.PENDING:
+            raise Refused(f"job {job_id} is pending: `cancel` ends it, nothing runs to {kind}")
+        jobs = JobStore(self._store.client, self._store.keys.job(job_id))
+        jobs.send_command(Command(CommandType(kind), by=caller.name))
+        return f"job {job_id}: {kind} requested by {caller.name}"
 
     def _queue(self, caller: Caller, args: Mapping[str, Any]) -> str:
         action, name = str(args.get("action", "")), _name(args, "name")
@@ -295,6 +324,8 @@ class Requests:
 
     def _cordon(self, caller: Caller, args: Mapping[str, Any]) -> str:
         action, node = str(args.get("action", "")), _name(args, "node")
+        if args.get("job") is not None:
+            return self._job_cordon(caller, _name(args, "job"), action, node, args)
         snap = self._store.read()
         if node not in snap.deadlines and node not in snap.placements and node not in snap.cordons:
             raise Refused(f"node {node!r} is not in pool {self._store.keys.pool}")
@@ -306,6 +337,28 @@ class Requests:
         reason = str(args.get("reason", ""))[:256] or f"{action}ed by an operator"
         self._store.cordon(node, Cordon(reason=reason, by=caller.name, drain=action == "drain"))
         return f"node {node}: {'drained' if action == 'drain' else 'cordoned'} by {caller.name}"
+
+    def _job_cordon(
+        self, caller: Caller, job_id: str, action: str, node: str, args: Mapping[str, Any]
+    ) -> str:
+        """cordon, drain, uncordon of a node inside one job (`nodeagentctl --job JOB ...`)."""
+        jobs = JobStore(self._store.client, self._store.keys.job(job_id))
+        snapshot = jobs.snapshot()
+        cordoned = set(jobs.cordons())
+        known = {lease.name for lease in snapshot.leases} | cordoned
+        if snapshot.record is not None:
+            known |= set(snapshot.record.members)
+        if node not in known:
+            raise Refused(f"node {node!r} is not in job {job_id}")
+        if action == "uncordon":
+            lifted = node in cordoned and jobs.uncordon(node, caller.name)
+            return f"node {node}: " + ("uncordoned" if lifted else "was not cordoned")
+        if action not in ("cordon", "drain"):
+            raise Refused(f"cordon: expected cordon, drain or uncordon, got {action!r}")
+        reason = str(args.get("reason", ""))[:256] or f"{action}ed by an operator"
+        jobs.cordon(node, Cordon(reason=reason, by=caller.name, drain=action == "drain"))
+        done = "drained" if action == "drain" else "cordoned"
+        return f"node {node}: {done} in job {job_id} by {caller.name}"
 
     def _sign(self, spec: JobSpec) -> JobSpec:
         try:

@@ -143,6 +143,14 @@ def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     theirs = submit(pool, munged, None, "for-bob", "--user", bob.name)  # an operator may
     assert theirs.returncode == 0, theirs.stderr
     assert json.loads(pool_keys(redis_server, pool.pool)["specs"]["for-bob"])["user"] == bob.name
+    scaled = ctl(pool, munged, alice, "scale", "mine", "1", "--wait", "--timeout", "60s")
+    assert scaled.returncode == 0 and "runs on 1 nodes" in scaled.stdout, scaled.stderr
+    restart = ctl(pool, munged, bob, "--job", "mine", "restart")
+    assert restart.returncode == 2 and f"{bob.name} may not restart job mine" in restart.stderr
+    inside = ctl(pool, munged, alice, "--job", "mine", "cordon", "a")
+    assert inside.returncode == 2 and "only operators manage cordons" in inside.stderr
+    restarted = ctl(pool, munged, alice, "--job", "mine", "restart")
+    assert restarted.returncode == 0 and "restart requested by" in restarted.stdout
     cancel = ctl(pool, munged, alice, "cancel", "mine")
     assert cancel.returncode == 0, cancel.stderr
     pool.wait_job("mine", "cancelled")
