@@ -13,6 +13,7 @@ from nodeagent.coord.keys import REPLY_TTL_S, REQUESTS_MAXLEN, PoolKeys
 from nodeagent.coord.lua import Call
 from nodeagent.coord.poolscripts import POOL_CLAIM
 from nodeagent.errors import CorruptStateError
+from nodeagent.model.decode import is_stream_id
 from nodeagent.model.job import Event
 from nodeagent.model.request import Reply, Request
 
@@ -59,7 +60,12 @@ class RequestStore:
     def requests(self, count: int = 64) -> list[tuple[str, str]]:
         """The requests after the last one taken, oldest first: (id, raw text)."""
         with redis_errors("read the requests"):
-            cursor: Any = self.client.get(self.keys.request_cursor)
+            try:
+                cursor: Any = self.client.get(self.keys.request_cursor)
+            except redis.ResponseError:  # WRONGTYPE: not nodeagent's; POOL_CLAIM rewrites it
+                cursor = None
+            if not is_stream_id(cursor):  # from the start: what was taken is refused again as
+                cursor = None  # replayed or expired (PoolStore.claim), never done twice
             entries: Any = self.client.xrange(
                 self.keys.requests, f"({cursor}" if cursor else "-", "+", count=count
             )

@@ -54,6 +54,7 @@ class PoolMember:
         self._requests = Requests(store, authority) if authority is not None else None
         self._auth = RequestStore(store.client, store.keys)  # where pool.auth is said
         self._auth_said: str | None = None  # the leader term (lease value) it was said in
+        self._requests_error: str | None = None  # said once
         self._settings = settings
         self._clock = clock
         self._calls = BoundedCalls(clock)
@@ -151,8 +152,14 @@ class PoolMember:
     def _store_call(self, fn: Callable[[], T], what: str) -> T:
         return self._calls.run(fn, self._clock() + self._settings.timing.lease_ttl / 2, what)
 
-    def _lead(self, token: str) -> None:
-        vouch = self._authority.vouch if self._authority is not None else None
+    def _serve_requests(self, token: str) -> None:
+        """Say pool.auth once per term and, with munge, take the signed requests. A failure
+        here (Redis, munged, a requests key holding what nodeagent did not write) is said
+        once and holds back no scheduling.
+
+        Raises:
+            FencedError: another node leads the pool now.
+        """
         requests = self._requests
         try:
             if token != self._auth_said:  # nodeagentctl signs its requests when it reads munge
@@ -161,6 +168,20 @@ class PoolMember:
                 self._auth_said = token
             if requests is not None:
                 self._store_call(lambda: requests.serve(token), "take the pool's requests")
+        except FencedError:
+            raise
+        except (CoordinationError, MungeUnavailable) as exc:
+            why = f"pool requests: {exc}"
+            if why != self._requests_error:
+                log.warning("%s", why)
+            self._requests_error = why
+            return
+        self._requests_error = None
+
+    def _lead(self, token: str) -> None:
+        vouch = self._authority.vouch if self._authority is not None else None
+        try:
+            self._serve_requests(token)
             done = self._store_call(
                 lambda: leadership.lead(self._store, token, self._policy, self._views, vouch),
                 "pool leader round",
