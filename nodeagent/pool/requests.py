@@ -134,7 +134,8 @@ class Requests:
         for request_id, raw in self._requests.requests():
             reply, data = self._take(leader, request_id, raw)
             kind = "request_done" if reply.ok else "request_refused"
-            log.info("pool request %s %s: %s", request_id, kind, reply.message)
+            level = logging.INFO if reply.ok else logging.WARNING  # a refusal: as garbage
+            log.log(level, "pool request %s %s: %s", request_id, kind, reply.message)
             event = Event(kind, message=f"{reply.user or 'nobody'}: {reply.message}", data=data)
             self._requests.answer(request_id, reply, event)
             replies.append(reply)
