@@ -31,7 +31,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from nodeagent.cli import ctlargs, ctllogs, ctlpool, ctlqueue, ctlshow, ctlsigned
+from nodeagent.cli import ctlargs, ctllogs, ctlpool, ctlqueue, ctlshow, ctlsigned, ctlwait
 from nodeagent.cli.status import status_document
 from nodeagent.config import redisurl
 from nodeagent.config.load import read_config, read_settings
@@ -277,7 +277,7 @@ def _scale(
         )
     store.send_command(Command(CommandType.SCALE, target=args.nodes, by=_by()))
     print(f"job {store.keys.job}: target {before} -> {args.nodes} requested")
-    if not args.wait or ctlpool.wait_scaled(store, args.nodes, args.timeout):
+    if not args.wait or ctlwait.wait_scaled(store, args.nodes, args.timeout):
         return 0
     if args.rollback:
         store.send_command(Command(CommandType.SCALE, target=before, by=f"{_by()} (rollback)"))
@@ -294,7 +294,7 @@ def _command(store: JobStore, kind: CommandType) -> int:
 def _drain(store: JobStore, args: argparse.Namespace) -> int:
     store.cordon(args.node, Cordon(reason=args.reason, by=_by(), drain=True))
     print(f"node {args.node}: drained ({args.reason})")
-    return ctlpool.wait_job_drained(store, args.node, args.timeout) if args.wait else 0
+    return ctlwait.wait_job_drained(store, args.node, args.timeout) if args.wait else 0
 
 
 def _uncordon(store: JobStore, snapshot: Snapshot, args: argparse.Namespace) -> int:

@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from nodeagent.cli import ctlargs
-from nodeagent.cli.status import status_document
+from nodeagent.cli import ctlargs, ctlwait
 from nodeagent.config import strictyaml
 from nodeagent.config.settings import RECOVERY_MODES
 from nodeagent.coord.pool import PoolSnapshot, PoolStore
-from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, UsageError
 from nodeagent.model.job import Cordon, JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState
@@ -31,7 +27,6 @@ from nodeagent.model.spec import JobSpec, load_spec
 from nodeagent.pool import requests
 from nodeagent.pool.leadership import read_view
 from nodeagent.pool.schedule import PoolView
-from nodeagent.state import JobState, NodeState
 
 COMMANDS = frozenset({"submit", "jobs", "nodes", "cancel"})
 
@@ -177,36 +172,7 @@ def _submit(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> i
     print(spec.id, flush=True)
     if not args.wait:
         return 0
-    return wait_running(store, spec, args.timeout)
-
-
-def wait_running(store: PoolStore, spec: JobSpec, timeout: float) -> int:
-    """Until every rank of the job runs (0), it ends first (0 if it succeeded, else 1), or
-    `timeout` passes (1)."""
-    job_store = JobStore(store.client, store.keys.job(spec.id))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = store.status(spec.id)
-        if status is not None and status.state.ended:
-            print(f"job {spec.id} {status.state.value}: {status.reason}")
-            return 0 if status.state is PoolJobState.SUCCEEDED else 1
-        snapshot = job_store.snapshot()
-        record = snapshot.record
-        if record is not None and record.state is JobState.RUNNING:
-            states = {
-                lease.name: lease.report.state
-                for lease in snapshot.leases
-                if lease.report is not None
-            }
-            if all(states.get(m) is NodeState.RUNNING for m in record.members):
-                print(
-                    f"job {spec.id} runs: {record.world_size} ranks on {len(record.members)} "
-                    f"nodes (generation {record.generation})"
-                )
-                return 0
-        time.sleep(0.2)
-    print(f"timed out after {timeout:g}s: job {spec.id} does not run every rank yet")
-    return 1
+    return ctlwait.wait_running(store, spec, args.timeout)
 
 
 def _cancel(store: PoolStore, job_id: str, by: str) -> int:
@@ -246,59 +212,7 @@ def pool_cordon(store: PoolStore, args: argparse.Namespace, by: str) -> int:
     print(f"node {name}: {'drained' if drain else 'cordoned'} in pool {store.keys.pool}")
     if not drain or not args.wait:
         return 0
-    return wait_drained(store, name, args.timeout)
-
-
-def wait_scaled(store: JobStore, nodes: int, timeout: float) -> bool:
-    """Until the job runs on `nodes` nodes (True), or `timeout` passes (False, said)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        record = store.snapshot().record
-        if (
-            record is not None
-            and record.state is JobState.RUNNING
-            and record.target_nodes == nodes
-            and len(record.members) == nodes
-        ):
-            print(f"job {store.keys.job} runs on {nodes} nodes (generation {record.generation})")
-            return True
-        time.sleep(0.2)
-    print(
-        f"timed out after {timeout:g}s: job {store.keys.job} does not run on {nodes} nodes",
-        file=sys.stderr,
-    )
-    return False
-
-
-def wait_job_drained(store: JobStore, name: str, timeout: float) -> int:
-    """Until the node's workers in the job have stopped (0), or `timeout` passes (1)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
-        node = nodes.get(name)
-        if node is None or (
-            node["state"] in ("cordoned", "lost")
-            and not any(w["state"] in ("running", "stopping") for w in node["workers"])
-        ):
-            print(f"node {name}: workers stopped, out of the job")
-            return 0
-        time.sleep(0.2)
-    print(f"timed out after {timeout:g}s: node {name} still has workers", file=sys.stderr)
-    return 1
-
-
-def wait_drained(store: PoolStore, name: str, timeout: float) -> int:
-    """Until the node serves nothing (0), or `timeout` passes (1)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        snap = store.read()
-        report = snap.nodes.get(name)
-        if name not in snap.placements and (report is None or report.serving is None):
-            print(f"node {name}: off its job, serving nothing")
-            return 0
-        time.sleep(0.2)
-    print(f"timed out after {timeout:g}s: node {name} still serves a job")
-    return 1
+    return ctlwait.wait_drained(store, name, args.timeout)
 
 
 def pool_scale_check(store: PoolStore, job_id: str, value: str) -> int | None:

@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.cli import ctlpool
+from nodeagent.cli import ctlpool, ctlwait
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
@@ -78,14 +78,14 @@ def run(
     if verb is Verb.SUBMIT:
         spec = ctlpool.spec_from_args(args, reply.user, reply.user)
         print(spec.id, flush=True)
-        return ctlpool.wait_running(store, spec, args.timeout) if args.wait else 0
+        return ctlwait.wait_running(store, spec, args.timeout) if args.wait else 0
     print(reply.message, flush=True)
     if verb is Verb.CORDON and args.command == "drain" and args.wait:
         job = body.get("job")
         if job is not None:
             jobs = JobStore(store.client, store.keys.job(str(job)))
-            return ctlpool.wait_job_drained(jobs, args.node, args.timeout)
-        return ctlpool.wait_drained(store, args.node, args.timeout)
+            return ctlwait.wait_job_drained(jobs, args.node, args.timeout)
+        return ctlwait.wait_drained(store, args.node, args.timeout)
     return 0
 
 
@@ -129,7 +129,7 @@ def _scaled(
     """--wait (and --rollback) of a signed scale, as of a job's own (cli/ctl.py)."""
     jobs = JobStore(store.client, store.keys.job(str(body["job"])))
     nodes = ctlpool.resolve_target(str(body["target"]), before or 0)
-    if ctlpool.wait_scaled(jobs, nodes, args.timeout):
+    if ctlwait.wait_scaled(jobs, nodes, args.timeout):
         return 0
     if args.rollback and before is not None:
         back = ask(store, munge, Verb.SCALE, {**body, "target": str(before)})

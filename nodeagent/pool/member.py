@@ -22,7 +22,8 @@ from nodeagent.model.credential import MungeUnavailable
 from nodeagent.model.pool import PoolNode
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool import leadership
-from nodeagent.pool.requests import Authority, Requests
+from nodeagent.pool.authority import Authority
+from nodeagent.pool.requests import Requests
 from nodeagent.pool.schedule import PoolView, SchedulePolicy
 
 log = logging.getLogger(__name__)

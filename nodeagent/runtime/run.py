@@ -28,9 +28,9 @@ from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import ConfigError
 from nodeagent.gpu.health import build_monitor, start_monitor
 from nodeagent.model.credential import MungeUnavailable
+from nodeagent.pool.authority import Authority
 from nodeagent.pool.member import PoolMember
 from nodeagent.pool.metrics import PoolCollector
-from nodeagent.pool.requests import Authority
 from nodeagent.runtime.jobrun import LISTEN_BLOCK_MS, CurrentJobMetrics, JobRun, NodeParts
 from nodeagent.runtime.locks import clean_leftovers, clean_legacy, hold, worker_record
 from nodeagent.runtime.nodeloop import NodeLoop

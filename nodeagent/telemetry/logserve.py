@@ -19,7 +19,7 @@ and MAX_TAIL_LINES lines; a follower asks again from the offset it got.
 With pool.auth: munge a request carries `credential=<MUNGE credential>` as its last parameter,
 bound to the rest of the request (`log_payload`); the route answers only a credential of the
 job's user (its group owns the log: whoever may read it on the node) or of an operator (401
-without one, 403 for another user's; `LogAccess`, pool/requests.Authority).
+without one, 403 for another user's; `LogAccess`, pool/authority.Authority).
 
 Training output never goes through Redis: it can be gigabytes, and Redis memory is the pool's.
 """

@@ -12,7 +12,7 @@ from nodeagent.config.identity import Account
 from nodeagent.config.settings import JobConfig, Operators, PoolConfig
 from nodeagent.model.credential import Decoded, bound
 from nodeagent.model.spec import JobSpec
-from nodeagent.pool.requests import Authority
+from nodeagent.pool.authority import Authority
 from tests.helpers.munge import FakeMunge
 
 USERS = {0: "root", 900: "agent", 1001: "alice", 1002: "bob", 1003: "ops"}
