@@ -151,7 +151,7 @@ def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
 
 def _submit(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
     spec = spec_from_args(args, user, by)
-    queue = store.read().queues.get(spec.queue)
+    queue = store.queue(spec.queue)
     if queue is None and spec.queue != DEFAULT:
         raise UsageError(
             f"queue {spec.queue} does not exist in pool {store.keys.pool}: "

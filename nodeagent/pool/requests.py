@@ -47,7 +47,9 @@ class Requests:
     """The pool leader's side of the requests stream, one batch per round."""
 
     def __init__(self, store: PoolStore, authority: Authority) -> None:
-        self._store = store
+        # A store of its own: its reads must not reset what the leader's store keeps between
+        # rounds (its view of the nodes, the specs decoded, PoolStore.read and specs).
+        self._store = PoolStore(store.client, store.keys)
         self._requests = RequestStore(store.client, store.keys)
         self._authority = authority
 
@@ -150,7 +152,7 @@ class Requests:
         return f"job {spec.id} submitted, runs as {spec.user}"
 
     def _queue_of(self, name: str) -> QueueView:
-        found = self._store.read().queues.get(name)
+        found = self._store.queue(name)
         if found is None and name != DEFAULT:
             raise Refused(
                 f"queue {name} does not exist in pool {self._store.keys.pool}: an operator "
@@ -227,10 +229,16 @@ class Requests:
 
     def _queue(self, caller: Caller, args: Mapping[str, Any]) -> str:
         action, name = str(args.get("action", "")), _name(args, "name")
-        existing = self._store.read().queues.get(name)
+        existing = self._store.queue(name)
         if action == "delete":
             if existing is None:
                 raise Refused(f"no queue {name}")
+            inside = self._jobs_in(name)
+            if inside:
+                raise Refused(
+                    f"queue {name} has {len(inside)} jobs that have not ended "
+                    f"({', '.join(inside[:5])}): cancel them or wait for them first"
+                )
             self._store.delete_queue(name, caller.name)
             return f"queue {name}: deleted by {caller.name}"
         if action == "create" and (existing is not None or name == DEFAULT):
@@ -251,12 +259,16 @@ class Requests:
         self._store.set_queue(queue, caller.name, created=existing is None)
         return f"queue {name}: {queue.describe()} (by {caller.name})"
 
+    def _jobs_in(self, queue: str) -> list[str]:
+        live = [j for j, s in self._store.read().jobs.items() if not s.state.ended]
+        specs = self._store.specs(live)
+        return sorted(j for j, s in specs.items() if isinstance(s, JobSpec) and s.queue == queue)
+
     def _cordon(self, caller: Caller, args: Mapping[str, Any]) -> str:
         action, node = str(args.get("action", "")), _name(args, "node")
         if args.get("job") is not None:
             return self._job_cordon(caller, _name(args, "job"), action, node, args)
-        snap = self._store.read()
-        if node not in snap.deadlines and node not in snap.placements and node not in snap.cordons:
+        if not self._store.knows_node(node):
             raise Refused(f"node {node!r} is not in pool {self._store.keys.pool}")
         if action == "uncordon":
             lifted = self._store.uncordon(node, caller.name)

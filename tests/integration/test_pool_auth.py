@@ -140,6 +140,8 @@ def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     assert "priority 11 is above queue research's ceiling of 10" in high.stderr
     ok = submit(pool, munged, alice, "fine", "--queue", "research", "--priority", "10")
     assert ok.returncode == 0, ok.stderr
+    busy = ctl(pool, munged, None, "queue", "delete", "research")
+    assert busy.returncode == 2 and "queue research has 1 jobs that have not ended" in busy.stderr
     theirs = submit(pool, munged, None, "for-bob", "--user", bob.name)  # an operator may
     assert theirs.returncode == 0, theirs.stderr
     assert json.loads(pool_keys(redis_server, pool.pool)["specs"]["for-bob"])["user"] == bob.name
