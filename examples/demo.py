@@ -68,7 +68,14 @@ class Demo:
             "node": {"name": name, "address": "127.0.0.1"},
             "redis": {"url": self.redis.url},
             # Whom this node runs jobs as: you (and root only because you may be root here).
-            "pool": {"name": "demo", "users": [USER], "allow_root": True, "labels": {"rack": "r1"}},
+            # auth none: the demo needs no munged (a shared pool should: docs/pool.md, "Who is who")
+            "pool": {
+                "name": "demo",
+                "users": [USER],
+                "allow_root": True,
+                "labels": {"rack": "r1"},
+                "auth": "none",
+            },
             "timing": {
                 "heartbeat_interval": "500ms",
                 "lease_ttl": "3s",

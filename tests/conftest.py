@@ -9,6 +9,7 @@ import pytest
 from _pytest.nodes import Node
 
 from tests.helpers.cluster import RedisServer
+from tests.helpers.munge import MungeDaemon
 
 _jobs = itertools.count(1)
 
@@ -92,6 +93,14 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def munged() -> Iterator[MungeDaemon]:
+    """One real munged for the session, with a key of its own (tests/helpers/munge.py)."""
+    daemon = MungeDaemon().start()
+    yield daemon
+    daemon.stop()
 
 
 @pytest.fixture

@@ -28,11 +28,10 @@ import json
 import os
 import socket
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from nodeagent.cli import ctlargs, ctllogs, ctlpool, ctlqueue, ctlshow
+from nodeagent.cli import ctlargs, ctllogs, ctlpool, ctlqueue, ctlshow, ctlsigned, ctlwait
 from nodeagent.cli.status import status_document
 from nodeagent.config import redisurl
 from nodeagent.config.load import read_config, read_settings
@@ -43,10 +42,11 @@ from nodeagent.coord.embedded import embedded_url
 from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import ConfigError, CoordinationError, UsageError
 from nodeagent.model.job import Command, CommandType, Cordon
-from nodeagent.state import JobState
+from nodeagent.supervisor.munge import DEFAULT_SOCKET, MungeProgram
 
 EX_UNAVAILABLE = 69
 EX_USAGE = 2
@@ -70,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--pool", type=ctlargs.name, help="pool name (default: pool.name of --config, or default)"
     )
+    where.add_argument(
+        "--munge-socket",
+        metavar="PATH",
+        help="munged's socket, for a pool with pool.auth: munge (default: pool.munge_socket of "
+        f"--config, or {DEFAULT_SOCKET})",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status", help="show the job and its nodes")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -91,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     events.add_argument("--json", action="store_true", help="one JSON object per line")
     events.add_argument(
         "--last", type=ctlargs.count, default=50, help="how many past events (default 50)"
+    )
+    events.add_argument(
+        "--pool",
+        dest="pool_stream",
+        action="store_true",
+        help="the pool's events (who submitted, cancelled, drained what) instead of a job's",
     )
     commands.add_parser("restart", help="force a new generation (also restarts a finished job)")
     commands.add_parser("stop", help="stop the job's workers everywhere")
@@ -228,7 +240,9 @@ def _require_node(store: JobStore, snapshot: Snapshot, name: str, more: set[str]
         )
 
 
-def _events(store: JobStore, args: argparse.Namespace) -> int:
+def _events(store: JobStore | PoolStore, args: argparse.Namespace) -> int:
+    """The job's events, or with --pool the pool's (submissions, requests and who made them,
+    placements, preemptions, queue and cordon changes)."""
     show = ctlshow.event_json if args.json else ctlshow.event_line
     last = eventlog.tail(store, args.last) if args.last > 0 else []
     for entry_id, fields in last:
@@ -263,27 +277,8 @@ def _scale(
         )
     store.send_command(Command(CommandType.SCALE, target=args.nodes, by=_by()))
     print(f"job {store.keys.job}: target {before} -> {args.nodes} requested")
-    if not args.wait:
+    if not args.wait or ctlwait.wait_scaled(store, args.nodes, args.timeout):
         return 0
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        record = store.snapshot().record
-        if (
-            record is not None
-            and record.state is JobState.RUNNING
-            and record.target_nodes == args.nodes
-            and len(record.members) == args.nodes
-        ):
-            print(
-                f"job {store.keys.job} runs on {args.nodes} nodes (generation {record.generation})"
-            )
-            return 0
-        time.sleep(0.2)
-    print(
-        f"timed out after {args.timeout:g}s: job {store.keys.job} does not run on "
-        f"{args.nodes} nodes",
-        file=sys.stderr,
-    )
     if args.rollback:
         store.send_command(Command(CommandType.SCALE, target=before, by=f"{_by()} (rollback)"))
         print(f"rolled back: target {args.nodes} -> {before}", file=sys.stderr)
@@ -299,21 +294,7 @@ def _command(store: JobStore, kind: CommandType) -> int:
 def _drain(store: JobStore, args: argparse.Namespace) -> int:
     store.cordon(args.node, Cordon(reason=args.reason, by=_by(), drain=True))
     print(f"node {args.node}: drained ({args.reason})")
-    if not args.wait:
-        return 0
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
-        node = nodes.get(args.node)
-        if node is None or (
-            node["state"] in ("cordoned", "lost")
-            and not any(w["state"] in ("running", "stopping") for w in node["workers"])
-        ):
-            print(f"node {args.node}: workers stopped, out of the job")
-            return 0
-        time.sleep(0.2)
-    print(f"timed out after {args.timeout:g}s: node {args.node} still has workers", file=sys.stderr)
-    return 1
+    return ctlwait.wait_job_drained(store, args.node, args.timeout) if args.wait else 0
 
 
 def _uncordon(store: JobStore, snapshot: Snapshot, args: argparse.Namespace) -> int:
@@ -360,15 +341,41 @@ def _write(store: JobStore, config: NodeSettings | None, args: argparse.Namespac
     return _command(store, CommandType(args.command))
 
 
+def _signed(target: Target, args: argparse.Namespace) -> int | None:
+    """A pool change as a signed request, when the pool takes only those (pool.auth: munge)."""
+    found = ctlsigned.request_of(args, getpass.getuser(), target.job)
+    if found is None or RequestStore(target.client, target.pool_store.keys).auth() != "munge":
+        return None
+    munge = MungeProgram(_munge_socket(target, args))
+    return ctlsigned.run(target.pool_store, args, munge, *found)
+
+
+def _munge_socket(target: Target, args: argparse.Namespace) -> str:
+    if args.munge_socket:
+        return str(args.munge_socket)
+    return target.config.pool.munge_socket if target.config is not None else DEFAULT_SOCKET
+
+
 def dispatch(target: Target, args: argparse.Namespace) -> int:
+    signed = _signed(target, args)
+    if signed is not None:
+        return signed
     if args.command in ctlpool.COMMANDS:
         return ctlpool.run(target.pool_store, args, getpass.getuser(), _by())
     if args.command == ctlqueue.COMMAND:
         return ctlqueue.run(target.pool_store, args, _by())
     if args.command in ("cordon", "drain", "uncordon") and target.job is None:
         return ctlpool.pool_cordon(target.pool_store, args, _by())  # a pool node, no job
+    if args.command == "events" and args.pool_stream:
+        return _events(target.pool_store, args)
     if args.command == "logs":  # logs JOB: from the agent of the rank's node
-        return ctllogs.run_pool(target.client, target.prefix, target.pool, args)
+        return ctllogs.run_pool(
+            target.client,
+            target.prefix,
+            target.pool,
+            args,
+            MungeProgram(_munge_socket(target, args)),
+        )
     if args.command == "scale":
         if len(args.what) > 2:
             raise UsageError("scale: give [JOB] N, such as `scale llama 4` or `scale llama +2`")

@@ -29,14 +29,17 @@ from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.replies import NodeLease
+from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
-from nodeagent.errors import UsageError
+from nodeagent.errors import ConfigError, UsageError
+from nodeagent.model.credential import Munge, MungeUnavailable
 from nodeagent.model.job import JobRecord
 from nodeagent.telemetry.logserve import (
     MAX_TAIL_LINES,
     LogChunk,
     LogFetchError,
     LogRequest,
+    Sign,
     fetch,
     reachable,
 )
@@ -138,11 +141,17 @@ class _Source:
 class _Pool:
     """The Redis reads of `logs JOB`: the job's record and its nodes' addresses."""
 
-    def __init__(self, client: Redis, prefix: str, pool: str, job: str) -> None:
+    def __init__(
+        self, client: Redis, prefix: str, pool: str, job: str, sign: Sign | None = None
+    ) -> None:
         self.job = job
+        self.sign = sign  # pool.auth munge: each request to an agent carries a credential
         self._store = JobStore(client, JobKeys(prefix, job))
         self._pool = PoolStore(client, PoolKeys(prefix, pool))
         self._where = f"key prefix {prefix!r}, pool {pool!r}"
+
+    def munge_pool(self) -> bool:
+        return RequestStore(self._pool.client, self._pool.keys).auth() == "munge"
 
     def locate(self, rank: int) -> tuple[JobRecord | None, Place | str]:
         """The job's record, and the place of `rank` or why it has none."""
@@ -186,18 +195,18 @@ class _Pool:
         return Place(node, reachable(report.metrics, report.address), generation)
 
 
-def _ask(place: Place, request: LogRequest) -> LogChunk | None:
+def _ask(place: Place, request: LogRequest, sign: Sign | None) -> LogChunk | None:
     try:
-        return fetch(place.address, request)
+        return fetch(place.address, request, sign=sign)
     except LogFetchError as exc:
         raise LogFetchError(f"node {place.node} at {place.address}: {exc}") from None
 
 
-def _drain(job: str, rank: int, source: _Source) -> None:
+def _drain(pool: _Pool, rank: int, source: _Source) -> None:
     """Print what the source has from its offset on, until caught up."""
     while True:
-        request = LogRequest(job, rank, None, source.offset, source.generation)
-        chunk = _ask(source.place, request)
+        request = LogRequest(pool.job, rank, None, source.offset, source.generation)
+        chunk = _ask(source.place, request, pool.sign)
         if chunk is None:
             return  # not there yet (a generation starting)
         for line in chunk.lines:
@@ -221,20 +230,20 @@ def _follow(pool: _Pool, rank: int, source: _Source) -> int:
     said = ""
     while True:
         try:
-            _drain(pool.job, rank, source)
+            _drain(pool, rank, source)
         except LogFetchError as exc:
             said = _say_once(f"{exc}; retrying", said)
         time.sleep(POOL_FOLLOW_INTERVAL_S)
         record, place = pool.locate(rank)
         if record is None or record.state.terminal:
             with contextlib.suppress(LogFetchError):
-                _drain(pool.job, rank, source)
+                _drain(pool, rank, source)
             return 0
         if isinstance(place, str):
             said = _say_once(f"{place}; waiting", said)
         elif place != source.place:
             with contextlib.suppress(LogFetchError):  # the last lines of the old generation
-                _drain(pool.job, rank, source)
+                _drain(pool, rank, source)
             source = _moved(source, place, rank)
 
 
@@ -244,8 +253,11 @@ def _say_once(message: str, said: str) -> str:
     return message
 
 
-def run_pool(client: Redis, prefix: str, pool_name: str, args: argparse.Namespace) -> int:
-    """`logs JOB`: the rank's log from the agent of the node it runs on."""
+def run_pool(
+    client: Redis, prefix: str, pool_name: str, args: argparse.Namespace, munge: Munge
+) -> int:
+    """`logs JOB`: the rank's log from the agent of the node it runs on (with pool.auth munge,
+    each request signed with `munge`)."""
     if args.log_dir is not None:
         raise UsageError("--log-dir reads this node's files: give it without JOB")
     if not 0 <= args.tail <= MAX_TAIL_LINES:
@@ -254,11 +266,13 @@ def run_pool(client: Redis, prefix: str, pool_name: str, args: argparse.Namespac
     if rank < 0:
         raise UsageError(f"--rank must be >= 0, got {rank}")
     pool = _Pool(client, prefix, pool_name, args.logs_job)
+    if pool.munge_pool():
+        pool.sign = _signer(munge)
     record, place = pool.locate(rank)
     if isinstance(place, str):
         raise UsageError(place)
     try:
-        chunk = _ask(place, LogRequest(pool.job, rank, tail=args.tail))
+        chunk = _ask(place, LogRequest(pool.job, rank, tail=args.tail), pool.sign)
     except LogFetchError as exc:
         raise UsageError(f"{exc} (is its metrics.listen reachable from here?)") from None
     if chunk is None:
@@ -269,3 +283,15 @@ def run_pool(client: Redis, prefix: str, pool_name: str, args: argparse.Namespac
     if not args.follow or (record is not None and record.state.terminal):
         return 0
     return _follow(pool, rank, _Source(place, None, chunk.offset))
+
+
+def _signer(munge: Munge) -> Sign:
+    def sign(payload: str) -> str:
+        try:
+            return munge.encode(payload)
+        except MungeUnavailable as exc:
+            raise ConfigError(
+                "--munge-socket", f"the pool's agents serve logs to MUNGE credentials, but {exc}"
+            ) from None
+
+    return sign

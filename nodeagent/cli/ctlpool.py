@@ -9,26 +9,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from nodeagent.cli import ctlargs
+from nodeagent.cli import ctlargs, ctlwait
 from nodeagent.config import strictyaml
 from nodeagent.config.settings import RECOVERY_MODES
 from nodeagent.coord.pool import PoolSnapshot, PoolStore
-from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, UsageError
 from nodeagent.model.job import Cordon, JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT
 from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.pool import requests
 from nodeagent.pool.leadership import read_view
 from nodeagent.pool.schedule import PoolView
-from nodeagent.state import JobState, NodeState
 
 COMMANDS = frozenset({"submit", "jobs", "nodes", "cancel"})
 
@@ -75,6 +73,10 @@ def add_parsers(commands: Any) -> None:
     submit.set_defaults(argv=[])  # what follows `--` (nodeagentctl's main splits it off)
     jobs = commands.add_parser("jobs", help="the pool's jobs: state, queue position, world")
     jobs.add_argument("--json", action="store_true")
+    jobs.add_argument("--user", help="only the jobs that run as this user")
+    jobs.add_argument(
+        "--state", choices=[s.value for s in PoolJobState], help="only the jobs in this state"
+    )
     nodes = commands.add_parser("nodes", help="the pool's nodes: job, health, cordon, labels")
     nodes.add_argument("--json", action="store_true")
     cancel = commands.add_parser("cancel", help="end a job (its workers get the stop grace)")
@@ -141,7 +143,7 @@ def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
     if args.command == "submit":
         return _submit(store, args, user, by)
     if args.command == "jobs":
-        return _jobs(store, args.json)
+        return _jobs(store, args)
     if args.command == "nodes":
         return _nodes(store, args.json)
     return _cancel(store, args.job_id, by)
@@ -149,10 +151,16 @@ def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
 
 def _submit(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
     spec = spec_from_args(args, user, by)
-    if spec.queue != DEFAULT and spec.queue not in store.queues():
+    queue = store.queue(spec.queue)
+    if queue is None and spec.queue != DEFAULT:
         raise UsageError(
             f"queue {spec.queue} does not exist in pool {store.keys.pool}: "
             f"`nodeagentctl queue create {spec.queue}` makes it, or submit to another"
+        )
+    ceiling = queue.max_priority if queue is not None else None
+    if ceiling is not None and spec.priority > ceiling:
+        raise UsageError(
+            f"priority {spec.priority} is above queue {spec.queue}'s ceiling of {ceiling}"
         )
     created, status = store.submit(spec)
     if not created:
@@ -164,36 +172,7 @@ def _submit(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> i
     print(spec.id, flush=True)
     if not args.wait:
         return 0
-    return _wait_running(store, spec, args.timeout)
-
-
-def _wait_running(store: PoolStore, spec: JobSpec, timeout: float) -> int:
-    """Until every rank of the job runs (0), it ends first (0 if it succeeded, else 1), or
-    `timeout` passes (1)."""
-    job_store = JobStore(store.client, store.keys.job(spec.id))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = store.status(spec.id)
-        if status is not None and status.state.ended:
-            print(f"job {spec.id} {status.state.value}: {status.reason}")
-            return 0 if status.state is PoolJobState.SUCCEEDED else 1
-        snapshot = job_store.snapshot()
-        record = snapshot.record
-        if record is not None and record.state is JobState.RUNNING:
-            states = {
-                lease.name: lease.report.state
-                for lease in snapshot.leases
-                if lease.report is not None
-            }
-            if all(states.get(m) is NodeState.RUNNING for m in record.members):
-                print(
-                    f"job {spec.id} runs: {record.world_size} ranks on {len(record.members)} "
-                    f"nodes (generation {record.generation})"
-                )
-                return 0
-        time.sleep(0.2)
-    print(f"timed out after {timeout:g}s: job {spec.id} does not run every rank yet")
-    return 1
+    return ctlwait.wait_running(store, spec, args.timeout)
 
 
 def _cancel(store: PoolStore, job_id: str, by: str) -> int:
@@ -233,16 +212,7 @@ def pool_cordon(store: PoolStore, args: argparse.Namespace, by: str) -> int:
     print(f"node {name}: {'drained' if drain else 'cordoned'} in pool {store.keys.pool}")
     if not drain or not args.wait:
         return 0
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        snap = store.read()
-        report = snap.nodes.get(name)
-        if name not in snap.placements and (report is None or report.serving is None):
-            print(f"node {name}: off its job, serving nothing")
-            return 0
-        time.sleep(0.2)
-    print(f"timed out after {args.timeout:g}s: node {name} still serves a job")
-    return 1
+    return ctlwait.wait_drained(store, name, args.timeout)
 
 
 def pool_scale_check(store: PoolStore, job_id: str, value: str) -> int | None:
@@ -280,17 +250,15 @@ def resolve_target(value: str, current: int) -> int:
     Raises:
         UsageError: not a whole number.
     """
-    text = value.strip()
-    sign = text[:1] if text[:1] in "+-" else ""
-    digits = text[1:] if sign else text
-    if not digits.isdigit():
-        raise UsageError(f"scale: expected N, +N or -N, got {value!r}")
-    number = int(digits)
-    return current + number if sign == "+" else current - number if sign == "-" else number
+    try:
+        return requests.resolve_target(value, current)
+    except requests.Refused as exc:
+        raise UsageError(str(exc)) from None
 
 
-def _jobs(store: PoolStore, as_json: bool) -> int:
+def _jobs(store: PoolStore, args: argparse.Namespace) -> int:
     snap, view, records = read_view(store)
+    specs = store.specs(list(snap.jobs))
     running = [j for j, s in snap.jobs.items() if s.state is PoolJobState.RUNNING]
     records.update(store.records(j for j in running if j not in records))  # stale pinned jobs
     pending = sorted(
@@ -302,19 +270,29 @@ def _jobs(store: PoolStore, as_json: bool) -> int:
         _job_row(j, s, snap, view, records.get(j) if j in running else None, positions.get(j))
         for j, s in snap.jobs.items()
     ]
+    for row in rows:
+        spec = specs.get(row["job"])
+        row["user"] = spec.user if isinstance(spec, JobSpec) else None
+        row["submitted_by"] = spec.submitted_by if isinstance(spec, JobSpec) else None
+    rows = [
+        r
+        for r in rows
+        if (args.user is None or r["user"] == args.user)
+        and (args.state is None or r["state"] == args.state)
+    ]
     rows.sort(key=lambda r: (_STATE_ORDER[r["state"]], r["position"] or 0, -r["seq"]))
-    if as_json:
+    if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     print(
-        f"{'JOB':<24} {'STATE':<10} {'POS':>3} {'PRIO':>4} {'QUEUE':<10} {'WORLD':>5} "
+        f"{'JOB':<24} {'USER':<12} {'STATE':<10} {'POS':>3} {'PRIO':>4} {'QUEUE':<10} {'WORLD':>5} "
         f"{'NODES':>9} {'RESTARTS':>8} {'AGE':>7}  REASON"
     )
     for r in rows:
         nodes = f"{r['nodes']}/{r['target_nodes'] if r['target_nodes'] is not None else '-'}"
         restarts = "-" if r["restarts"] is None else str(r["restarts"])
         print(
-            f"{r['job']:<24} {r['state']:<10} {r['position'] or '-'!s:>3} "
+            f"{r['job']:<24} {r['user'] or '-':<12} {r['state']:<10} {r['position'] or '-'!s:>3} "
             f"{r['priority'] if r['priority'] is not None else '-'!s:>4} "
             f"{r['queue'] or '-':<10} {r['world_size']:>5} {nodes:>9} {restarts:>8} "
             f"{_age(r['age_s']):>7}  {r['reason']}"

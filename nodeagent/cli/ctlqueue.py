@@ -35,6 +35,12 @@ def add_parser(commands: Any) -> None:
         parser.add_argument(
             "--guaranteed", type=int, help="nodes it may take back from queues above theirs"
         )
+        parser.add_argument(
+            "--max-priority",
+            type=_ceiling,
+            default=argparse.SUPPRESS,
+            help="the highest priority a job may be submitted with (none: no ceiling)",
+        )
     delete = actions.add_parser("delete", help="remove a queue that no job is in")
     delete.add_argument("name", type=ctlargs.name)
     listing = actions.add_parser("list", help="every queue and what it holds")
@@ -50,6 +56,15 @@ def _quota(text: str) -> int | None:
         raise argparse.ArgumentTypeError(
             f"expected a number of nodes or none, got {text!r}"
         ) from None
+
+
+def _ceiling(text: str) -> int | None:
+    if text.lower() in ("none", "off"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a priority or none, got {text!r}") from None
 
 
 def run(store: PoolStore, args: argparse.Namespace, by: str) -> int:
@@ -68,12 +83,13 @@ def run(store: PoolStore, args: argparse.Namespace, by: str) -> int:
         args.name,
         quota=args.quota if "quota" in vars(args) else base.quota,
         guaranteed=base.guaranteed if args.guaranteed is None else args.guaranteed,
+        max_priority=args.max_priority if "max_priority" in vars(args) else base.max_priority,
     )
     problems = queue.problems()
     if problems:
         raise UsageError(f"queue {args.name}: {'; '.join(problems)}")
     store.set_queue(queue, by, created=existing is None)
-    print(f"queue {queue.name}: quota {queue.quota or 'none'}, guaranteed {queue.guaranteed}")
+    print(f"queue {queue.name}: {queue.describe()}")
     promised = sum(q.guaranteed for q in {**snap.queues, queue.name: queue}.values())
     if promised > len(snap.nodes):
         print(

@@ -24,7 +24,7 @@ from nodeagent.config.load import read_settings
 from nodeagent.config.settings import EX_CONFIG, NodeSettings
 from nodeagent.errors import ConfigError
 from nodeagent.runtime.preflight import NodeCheck, check_node
-from nodeagent.runtime.run import run_agent
+from nodeagent.runtime.run import pool_authority, run_agent
 from nodeagent.runtime.signalwatch import SignalWatch
 from nodeagent.telemetry import logs
 from nodeagent.telemetry.logs import LogContext
@@ -92,6 +92,8 @@ def _config_check(args: argparse.Namespace) -> int:
             return EX_CONFIG
         for warning in node.warnings:
             print(f"nodeagent: warning: {warning}", file=sys.stderr)
+    for warning in auth_warnings(config, probe=not args.syntax_only):
+        print(f"nodeagent: warning: {warning}", file=sys.stderr)
     job = config.job
     what = (
         f"job {job.id}, node {config.node.name}, "
@@ -99,8 +101,29 @@ def _config_check(args: argparse.Namespace) -> int:
         if job is not None
         else f"node {config.node.name} of pool {config.pool.name}, jobs as submitted"
     )
-    print(f"{args.path}: OK ({what})")
+    print(f"{args.path}: OK ({what}; pool.auth {config.pool.auth})")
     return 0
+
+
+def auth_warnings(config: NodeSettings, probe: bool) -> list[str]:
+    """What `config check` says of pool.auth: none out loud (a pool node), and of a munged
+    this node cannot reach (`run` exits 78 then)."""
+    pool = config.pool
+    if pool.auth == "none":
+        if config.job is not None:
+            return []  # a pinned node: its job is its config's own, as before
+        return [
+            f"pool.auth: none: whoever can write pool {pool.name}'s Redis keys submits jobs as "
+            "any user this node allows, cancels every job and drains every node; set "
+            'pool.auth: munge for a shared pool (docs/pool.md, "Who is who in the pool")'
+        ]
+    if not probe:
+        return []
+    try:
+        pool_authority(pool)
+    except ConfigError as exc:
+        return [f"{exc}; `nodeagent run` exits 78 until munged answers"]
+    return []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     node = _check(config, create=True)  # before anything starts, as `config check` does
     if node is None:
         return EX_CONFIG
-    for warning in node.warnings:
+    for warning in [*node.warnings, *auth_warnings(config, probe=False)]:
         logging.getLogger(__name__).warning("%s", warning)
     watch = SignalWatch()  # SIGHUP: logged and ignored; SIGUSR1: the agent's stacks
     watch.install()

@@ -35,6 +35,13 @@ class Resolver:
             return None
         return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
 
+    def name_of(self, uid: int) -> str | None:
+        """The user name of `uid` (None: no passwd entry)."""
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return None
+
     def group(self, name: str) -> int | None:
         try:
             return grp.getgrnam(name).gr_gid

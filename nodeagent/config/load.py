@@ -36,6 +36,7 @@ from nodeagent.config.settings import (
     MetricsConfig,
     NodeConfig,
     NodeSettings,
+    Operators,
     PoolConfig,
     RedisConfig,
     TimingConfig,
@@ -391,7 +392,7 @@ def load_settings(data: object, resolve: Resolver | None = None) -> NodeSettings
         logging=_load_logging(root.section("logging")),
         log_dir=path_value(root, "log_dir", "/var/log/nodeagent"),
         state_dir=optional_path(root, "state_dir"),
-        pool=_load_pool(root.section("pool")),
+        pool=_load_pool(root.section("pool"), pinned=job_data is not None),
     )
     job = None if job_data is None else _load_job(root.section("job"), resolve)
     root.reject_unknown()
@@ -417,7 +418,10 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
     return settings
 
 
-def _load_pool(section: Section) -> PoolConfig:
+AUTH_MODES = ("munge", "none")
+
+
+def _load_pool(section: Section, pinned: bool = False) -> PoolConfig:
     labels = section.raw("labels") or {}
     if not isinstance(labels, Mapping):
         raise ConfigError(
@@ -439,9 +443,33 @@ def _load_pool(section: Section) -> PoolConfig:
             section.raw("resize_cooldown"), section.key("resize_cooldown"), 60.0
         ),
         preempt_after=duration(section.raw("preempt_after"), section.key("preempt_after"), 0.0),
+        **_load_auth(section, pinned),
     )
     section.reject_unknown()
     return pool
+
+
+def _load_auth(section: Section, pinned: bool) -> dict[str, Any]:
+    """pool.auth (munge, the default of a pool node; none, of a node pinned by its job:
+    section), pool.munge_socket, pool.operators: {users: [...], groups: [...]}."""
+    auth = section.get("auth", str, "none" if pinned else "munge")
+    if auth not in AUTH_MODES:
+        raise ConfigError(
+            section.key("auth"),
+            f"expected munge (requests signed by MUNGE) or none (whoever can write Redis), "
+            f"got {auth!r}",
+        )
+    socket = section.get("munge_socket", str, "/run/munge/munge.socket.2")
+    if not socket.startswith("/") or "\0" in socket:
+        raise ConfigError(section.key("munge_socket"), f"expected an absolute path, got {socket!r}")
+    operators = section.section("operators")
+    found = {
+        "auth": auth,
+        "munge_socket": socket,
+        "operators": Operators(_names(operators, "users"), _names(operators, "groups")),
+    }
+    operators.reject_unknown()
+    return found
 
 
 def _names(section: Section, name: str) -> tuple[str, ...]:

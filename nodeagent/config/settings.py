@@ -146,6 +146,15 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class Operators:
+    """pool.operators: who acts on every job and alone manages queues, cordons and drains
+    (root always does)."""
+
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()  # members of these groups
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     """The pool this node serves (pool:): its name, free-form labels, and whom it runs jobs as.
 
@@ -161,6 +170,12 @@ class PoolConfig:
     reserve_after: float = 300.0  # a pending job that waited this long holds free nodes
     resize_cooldown: float = 60.0  # the scheduler shrinks or grows back a job at most this often
     preempt_after: float = 0.0  # a pending job preempts lower-priority ones after this long
+    # Who may change the pool (docs/pool.md, "Who is who"): munge (requests carry a MUNGE
+    # credential; the default of a pool node) or none (whoever writes Redis: the default of a
+    # node pinned by its job: section).
+    auth: str = "munge"
+    munge_socket: str = "/run/munge/munge.socket.2"
+    operators: Operators = field(default_factory=lambda: Operators())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""The job's event stream as stored, for `nodeagentctl events`.
+"""A job's or a pool's event stream as stored, for `nodeagentctl events [--pool]`.
 
 JobStore.events_tail decodes every entry and turns one it cannot decode into a `corrupt_event`
 that says why; nodeagentctl also shows what the entry holds, so it reads the entries as they are.
@@ -10,12 +10,14 @@ from typing import Any
 
 import redis
 
+from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import CoordinationError
 
 
-def tail(store: JobStore, count: int) -> list[tuple[str, dict[str, str]]]:
-    """The newest `count` entries of the job's event stream, oldest first: (ID, fields).
+def tail(store: JobStore | PoolStore, count: int) -> list[tuple[str, dict[str, str]]]:
+    """The newest `count` entries of the job's (or pool's) event stream, oldest first: (ID,
+    fields).
 
     Raises:
         CoordinationError: Redis could not be read (its cause says why).

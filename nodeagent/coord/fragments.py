@@ -239,3 +239,14 @@ local function read_view(leases, changes, seq_key, prefix, cursor, sweep, sweep_
   return {entries, reports, ttls, seq, reached, more, expired, first[2] or false, next_sweep}
 end
 """
+
+
+# The pool leader's writes: why one is refused (its lease key no longer holds `value`), or nil.
+POOL_FENCE = """
+local function pool_fenced(leader_key, value)
+  if redis.pcall('GET', leader_key) ~= value then
+    return 'FENCED pool leader lease is not ' .. value
+  end
+  return nil
+end
+"""

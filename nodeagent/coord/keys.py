@@ -110,6 +110,13 @@ POOL_QUEUES_KEY = "%s:{pool:%s}:queues"  # HASH queue name -> JSON QueueView (no
 POOL_CHANGES_KEY = "%s:{pool:%s}:changes"  # ZSET node -> change number (as a job's changes)
 POOL_CHANGE_SEQ_KEY = "%s:{pool:%s}:change-seq"  # INCR counter: change numbers
 POOL_DIGESTS_KEY = "%s:{pool:%s}:digests"  # HASH node -> digest of its pool report
+POOL_REQUESTS_KEY = "%s:{pool:%s}:requests"  # STREAM of signed requests (pool.auth: munge)
+POOL_REQUEST_CURSOR_KEY = "%s:{pool:%s}:request-cursor"  # STRING last request id taken
+POOL_SEEN_KEY = "%s:{pool:%s}:seen"  # ZSET credential id -> its expiry (server ms): replays
+POOL_REPLY_KEY = "%s:{pool:%s}:reply:%s"  # STRING JSON Reply to one request, EX REPLY_TTL_S
+POOL_AUTH_KEY = "%s:{pool:%s}:auth"  # STRING the pool leader's pool.auth (munge, none)
+REQUESTS_MAXLEN = 10_000
+REPLY_TTL_S = 600
 
 
 @dataclass(frozen=True)
@@ -187,3 +194,22 @@ class PoolKeys:
     @property
     def digests(self) -> str:
         return self._key(POOL_DIGESTS_KEY)
+
+    @property
+    def requests(self) -> str:
+        return self._key(POOL_REQUESTS_KEY)
+
+    @property
+    def request_cursor(self) -> str:
+        return self._key(POOL_REQUEST_CURSOR_KEY)
+
+    @property
+    def seen(self) -> str:
+        return self._key(POOL_SEEN_KEY)
+
+    def reply(self, request_id: str) -> str:
+        return POOL_REPLY_KEY % (self.prefix, self.pool, request_id)
+
+    @property
+    def auth(self) -> str:
+        return self._key(POOL_AUTH_KEY)

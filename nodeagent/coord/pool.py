@@ -403,6 +403,28 @@ class PoolStore:
             found: Any = self.client.hgetall(self.keys.queues)  # small; HKEYS is not in the ACL
         return {str(n) for n in found}
 
+    def queue(self, name: str) -> QueueView | None:
+        """One queue as an operator made it (None: not made, or unreadable), without reading
+        the whole pool."""
+        with redis_errors("read a queue"):
+            raw: Any = self.client.hget(self.keys.queues, name)
+        try:
+            found = QueueView.from_json(raw) if raw is not None else None
+        except CorruptStateError:
+            return None
+        return found if found is not None and found.name == name else None
+
+    def knows_node(self, name: str) -> bool:
+        """The node holds a pool lease (live or lapsed), a placement or a pool cordon."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zscore(k.leases, name)
+        pipe.hexists(k.placements, name)
+        pipe.hexists(k.cordons, name)
+        with redis_errors("look a node up"):
+            lease, placed, cordoned = pipe.execute()
+        return lease is not None or bool(placed) or bool(cordoned)
+
     def set_queue(self, queue: QueueView, by: str, created: bool) -> None:
         """Create or change a queue (nodeagentctl queue create|set)."""
         how = "created" if created else "changed"

@@ -5,7 +5,7 @@ Garbage in a key is noted (see fragments.py) and skipped, never a failed heartbe
 
 from __future__ import annotations
 
-from nodeagent.coord.fragments import CHANGES, GARBAGE, LEADER, NOW, TAKE_LEADER
+from nodeagent.coord.fragments import CHANGES, GARBAGE, LEADER, NOW, POOL_FENCE, TAKE_LEADER
 from nodeagent.coord.lua import Script
 
 # A node's pool heartbeat: renew its pool lease, take or renew the pool leader lease, mark the
@@ -80,10 +80,10 @@ POOL_COMMIT = Script(
     args=("leader_value", "events_maxlen"),
     returns="1, or an error starting with FENCED",
     body=NOW
+    + POOL_FENCE
     + """
-if redis.pcall('GET', K.leader) ~= A.leader_value then
-  return redis.error_reply('FENCED pool leader lease is not ' .. A.leader_value)
-end
+local fenced = pool_fenced(K.leader, A.leader_value)
+if fenced then return redis.error_reply(fenced) end
 local i = REST
 local function take()
   local n = tonumber(ARGV[i])
@@ -141,5 +141,30 @@ redis.call('HSET', K.specs, A.job, A.spec)
 redis.call('HSET', K.jobs, A.job, status)
 redis.pcall('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'event', A.event)
 return {1, status}
+""",
+)
+
+
+# The pool leader takes one request (pool.auth: munge), fenced by its lease value: the cursor
+# moves past it, and its credential (by `credential_id`, '' for none) is remembered until it
+# expires, so it is taken once however many leaders see it (munged detects a replay only on its
+# own host). Expired memories are dropped.
+POOL_CLAIM = Script(
+    "POOL_CLAIM",
+    keys=("leader", "cursor", "seen"),
+    args=("leader_value", "request_id", "credential_id", "expires_ms"),
+    returns="'ok', 'replayed', or an error starting with FENCED",
+    body=NOW
+    + POOL_FENCE
+    + """
+local fenced = pool_fenced(K.leader, A.leader_value)
+if fenced then return redis.error_reply(fenced) end
+redis.call('SET', K.cursor, A.request_id)
+if A.credential_id == '' then return 'ok' end
+if redis.call('TYPE', K.seen)['ok'] ~= 'zset' then redis.call('DEL', K.seen) end
+redis.call('ZREMRANGEBYSCORE', K.seen, '-inf', now)
+if redis.call('ZSCORE', K.seen, A.credential_id) then return 'replayed' end
+redis.call('ZADD', K.seen, math.max(tonumber(A.expires_ms), now + 1), A.credential_id)
+return 'ok'
 """,
 )

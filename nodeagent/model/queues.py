@@ -18,6 +18,7 @@ from nodeagent.model.decode import Reader
 
 DEFAULT = "default"
 MAX_NODES = 1_000_000
+MAX_PRIORITY = 1_000_000  # as model/spec.py's
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,11 @@ class QueueView:
     name: str
     quota: int | None = None  # at most this many nodes at once; None: no limit
     guaranteed: int = 0  # nodes it may reclaim from queues above their own share
+    max_priority: int | None = None  # the highest priority a job may be submitted with
+
+    def describe(self) -> str:
+        ceiling = "none" if self.max_priority is None else str(self.max_priority)
+        return f"quota {self.quota or 'none'}, guaranteed {self.guaranteed}, max priority {ceiling}"
 
     def problems(self) -> list[str]:
         """Why this queue is impossible (empty when it is fine)."""
@@ -33,6 +39,8 @@ class QueueView:
             found.append(f"quota {self.quota}: expected 1 to {MAX_NODES} nodes, or none")
         if not 0 <= self.guaranteed <= MAX_NODES:
             found.append(f"guaranteed {self.guaranteed}: expected 0 to {MAX_NODES} nodes")
+        if self.max_priority is not None and abs(self.max_priority) > MAX_PRIORITY:
+            found.append(f"max priority {self.max_priority}: expected within +-{MAX_PRIORITY}")
         if self.quota is not None and self.guaranteed > self.quota:
             found.append(f"guaranteed {self.guaranteed} above its quota of {self.quota}")
         return found
@@ -48,6 +56,7 @@ class QueueView:
             name=r.name("name"),
             quota=r.opt_integer("quota", 1, MAX_NODES),
             guaranteed=r.integer("guaranteed", 0, 0, MAX_NODES),
+            max_priority=r.opt_integer("max_priority", -MAX_PRIORITY, MAX_PRIORITY),
         )
         if queue.problems():
             raise CorruptStateError(f"pool queue: {'; '.join(queue.problems())}")

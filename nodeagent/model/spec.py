@@ -33,6 +33,7 @@ from nodeagent.config.settings import (
 )
 from nodeagent.config.values import Section, check_name
 from nodeagent.errors import ConfigError, CorruptStateError
+from nodeagent.model.credential import digest_of
 
 MAX_PRIORITY = 1_000_000
 SPEC_MAX_BYTES = 64 * 1024  # a spec is a page of YAML; anything bigger is not one
@@ -67,10 +68,16 @@ class JobSpec:
     submitted_by: str = ""
     selector: Mapping[str, str] = field(default_factory=dict)  # labels a node must have
     preemptible: bool = False  # may be evicted whole for a job of higher priority
+    signature: str = ""  # pool.auth munge: an agent's credential over the rest (signed_digest)
 
     @property
     def id(self) -> str:
         return self.job.id
+
+    @property
+    def signed_digest(self) -> str:
+        """What the spec's signature binds: the digest of the spec without it."""
+        return digest_of(dataclasses.replace(self, signature="").to_json().encode())
 
     def to_dict(self) -> dict[str, Any]:
         """The normalised document: load_spec(to_dict()) gives this spec back."""
@@ -100,6 +107,7 @@ class JobSpec:
             "checkpoint": _checkpoint_doc(job.checkpoint),
             "group": self.group,
             "submitted_by": self.submitted_by or None,
+            "signature": self.signature or None,
         }
         doc.update({k: v for k, v in optional.items() if v is not None})
         return doc
@@ -161,11 +169,21 @@ def load_spec(
     if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
         raise ConfigError("priority", f"must be within +-{MAX_PRIORITY}, got {priority}")
     submitted_by = root.get("submitted_by", str, "") if submitted else ""
+    signature = root.get("signature", str, "") if submitted else ""
     selector = _selector(root)
     preemptible = root.get("preemptible", bool, False)
     root.reject_unknown()
     return JobSpec(
-        job, user, group, timing, queue, priority, submitted_by[:256], selector, preemptible
+        job,
+        user,
+        group,
+        timing,
+        queue,
+        priority,
+        submitted_by[:256],
+        selector,
+        preemptible,
+        signature[:4096],
     )
 
 

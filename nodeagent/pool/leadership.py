@@ -9,7 +9,7 @@ POOL_COMMIT script, which refuses the write unless the lease value is still this
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
@@ -55,13 +55,20 @@ class NodeViews:
         return views
 
 
+Vouch = Callable[[JobSpec], "str | None"]  # why a stored spec must not run (pool.auth: munge)
+
+
 def read_view(
-    store: PoolStore, led_by: str | None = None, views: NodeViews | None = None
+    store: PoolStore,
+    led_by: str | None = None,
+    views: NodeViews | None = None,
+    vouch: Vouch | None = None,
 ) -> tuple[PoolSnapshot, PoolView, dict[str, JobRecord | None]]:
     """The pool as schedule() sees it (also what `nodeagentctl jobs` shows), and the records
     of its running and pinned jobs. `led_by`: the pool leader's lease value (it reads only
     the nodes changed since its last round, PoolStore.read); `views`: what it kept of the
-    nodes' views.
+    nodes' views; `vouch`: the pool leader's check of a pending job's spec signature (a spec
+    it refuses is never admitted, and says why; a node checks it again when placed).
 
     Raises:
         CoordinationError: Redis could not be read.
@@ -75,6 +82,12 @@ def read_view(
         if (j in pinning if status.pinned else not status.state.ended or j in placed)
     ]
     specs = store.specs(live)
+    if vouch is not None:  # before admission; every node placed on a job checks it again
+        waiting = {j for j in specs if snap.jobs[j].state is PoolJobState.PENDING}
+        specs = {
+            j: _vouched(spec, vouch) if j in waiting and not snap.jobs[j].pinned else spec
+            for j, spec in specs.items()
+        }
     records = store.records(
         j for j in live if snap.jobs[j].state is PoolJobState.RUNNING or snap.jobs[j].pinned
     )
@@ -84,6 +97,13 @@ def read_view(
 
 
 _NONE: frozenset[str] = frozenset()
+
+
+def _vouched(spec: JobSpec | str, vouch: Vouch) -> JobSpec | str:
+    if isinstance(spec, str):
+        return spec
+    why = vouch(spec)
+    return spec if why is None else f"refused: {why}"
 
 
 def _node_view(name: str, report: PoolNode, cordon: Cordon | None) -> NodeView:
@@ -119,15 +139,19 @@ def _job_view(
 
 
 def lead(
-    store: PoolStore, leader: str, policy: SchedulePolicy, views: NodeViews | None = None
+    store: PoolStore,
+    leader: str,
+    policy: SchedulePolicy,
+    views: NodeViews | None = None,
+    vouch: Vouch | None = None,
 ) -> Round:
-    """One round as pool leader (`views`: what it kept of the nodes' views, read_view).
+    """One round as pool leader (`views`, `vouch`: as read_view's).
 
     Raises:
         CoordinationError: Redis could not be read or written.
         FencedError: another node leads the pool now.
     """
-    snap, view, _ = read_view(store, leader, views)
+    snap, view, _ = read_view(store, leader, views, vouch)
     result = schedule(view, policy)
     before = dict(snap.placements)
     lapsed = snap.lapsed

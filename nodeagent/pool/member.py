@@ -16,10 +16,14 @@ from nodeagent import __version__
 from nodeagent.config.settings import NodeSettings
 from nodeagent.coord.bounded import BoundedCalls
 from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import CoordinationError, FencedError
+from nodeagent.model.credential import MungeUnavailable
 from nodeagent.model.pool import PoolNode
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool import leadership
+from nodeagent.pool.authority import Authority
+from nodeagent.pool.requests import Requests
 from nodeagent.pool.schedule import PoolView, SchedulePolicy
 
 log = logging.getLogger(__name__)
@@ -39,9 +43,19 @@ class NodeState:
 
 class PoolMember:
     def __init__(
-        self, store: PoolStore, settings: NodeSettings, clock: Callable[[], float]
+        self,
+        store: PoolStore,
+        settings: NodeSettings,
+        clock: Callable[[], float],
+        authority: Authority | None = None,
     ) -> None:
+        """`authority`: pool.auth munge (None: none, whoever writes Redis is trusted)."""
         self._store = store
+        self._authority = authority
+        self._requests = Requests(store, authority) if authority is not None else None
+        self._auth = RequestStore(store.client, store.keys)  # where pool.auth is said
+        self._auth_said: str | None = None  # the leader term (lease value) it was said in
+        self._requests_error: str | None = None  # said once
         self._settings = settings
         self._clock = clock
         self._calls = BoundedCalls(clock)
@@ -139,10 +153,38 @@ class PoolMember:
     def _store_call(self, fn: Callable[[], T], what: str) -> T:
         return self._calls.run(fn, self._clock() + self._settings.timing.lease_ttl / 2, what)
 
-    def _lead(self, token: str) -> None:
+    def _serve_requests(self, token: str) -> None:
+        """Say pool.auth once per term and, with munge, take the signed requests. A failure
+        here (Redis, munged, a requests key holding what nodeagent did not write) is said
+        once and holds back no scheduling.
+
+        Raises:
+            FencedError: another node leads the pool now.
+        """
+        requests = self._requests
         try:
+            if token != self._auth_said:  # nodeagentctl signs its requests when it reads munge
+                mode = self._settings.pool.auth
+                self._store_call(lambda: self._auth.publish_auth(mode), "say the pool's auth")
+                self._auth_said = token
+            if requests is not None:
+                self._store_call(lambda: requests.serve(token), "take the pool's requests")
+        except FencedError:
+            raise
+        except (CoordinationError, MungeUnavailable) as exc:
+            why = f"pool requests: {exc}"
+            if why != self._requests_error:
+                log.warning("%s", why)
+            self._requests_error = why
+            return
+        self._requests_error = None
+
+    def _lead(self, token: str) -> None:
+        vouch = self._authority.vouch if self._authority is not None else None
+        try:
+            self._serve_requests(token)
             done = self._store_call(
-                lambda: leadership.lead(self._store, token, self._policy, self._views),
+                lambda: leadership.lead(self._store, token, self._policy, self._views, vouch),
                 "pool leader round",
             )
         except FencedError as exc:
@@ -151,6 +193,9 @@ class PoolMember:
             return
         except CoordinationError as exc:
             self._failed(exc)
+            return
+        except MungeUnavailable as exc:
+            self._failed(CoordinationError(f"pool leader round: {exc}"))
             return
         self.last_view = done.view
         if done.garbage != self._garbage:  # said once, not at every heartbeat
@@ -176,19 +221,31 @@ class PoolMember:
         (unreadable, or none stored); None: Redis cannot be asked now (try again later)."""
         try:
             spec = self._store_call(lambda: self._store.spec(job_id), "read the job spec")
+            if isinstance(spec, JobSpec) and self._authority is not None:
+                why = self._authority.vouch(spec)
+                if why is not None:
+                    return f"refused: {why}"
         except CoordinationError as exc:
             self._failed(exc)
+            return None
+        except MungeUnavailable as exc:
+            self._failed(CoordinationError(f"check the job spec: {exc}"))
             return None
         return "no spec is stored for it" if spec is None else spec
 
     def submit_pinned(self, spec: JobSpec) -> None:
         """Make the job of this node's job: section known to the pool (once per job id)."""
         try:
+            if self._authority is not None:
+                spec = self._authority.sign(spec)
             created, _ = self._store_call(
                 lambda: self._store.submit(spec, pinned=True), "submit the pinned job"
             )
         except CoordinationError as exc:
             self._failed(exc)
+            return
+        except MungeUnavailable as exc:
+            self._failed(CoordinationError(f"sign the pinned job's spec: {exc}"))
             return
         if created:
             log.info("pool: job %s of this node's config is now known to the pool", spec.id)

@@ -18,13 +18,17 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
-from nodeagent.config.settings import EMBEDDED, Config, NodeSettings
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.settings import EMBEDDED, Config, NodeSettings, PoolConfig
 from nodeagent.coord.client import check_credentials, connect
 from nodeagent.coord.embedded import EmbeddedRedis
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.listener import StreamListener
 from nodeagent.coord.pool import PoolStore
+from nodeagent.errors import ConfigError
 from nodeagent.gpu.health import build_monitor, start_monitor
+from nodeagent.model.credential import MungeUnavailable
+from nodeagent.pool.authority import Authority
 from nodeagent.pool.member import PoolMember
 from nodeagent.pool.metrics import PoolCollector
 from nodeagent.runtime.jobrun import LISTEN_BLOCK_MS, CurrentJobMetrics, JobRun, NodeParts
@@ -33,6 +37,7 @@ from nodeagent.runtime.nodeloop import NodeLoop
 from nodeagent.runtime.preflight import NodeCheck
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.fence import Keeper
+from nodeagent.supervisor.munge import MungeProgram
 from nodeagent.telemetry.logs import LogContext
 from nodeagent.telemetry.logserve import LogRoute
 from nodeagent.telemetry.metrics import MetricsServer
@@ -110,10 +115,12 @@ def _run_agent(
         Notifier.from_environ(os.environ),
         lambda: address[0] if address else None,
     )
-    loop = _node_loop(settings, parts, current, registry, until_done)
+    authority = None if until_done else pool_authority(settings.pool)  # ConfigError: exit 78
+    loop = _node_loop(settings, parts, current, registry, until_done, authority)
     server = None
     if settings.metrics.listen != "off":
-        logs_route = LogRoute(settings.log_dir, settings.node.name)  # GET /logs/JOB/RANK
+        # GET /logs/JOB/RANK: with pool.auth munge, for the job's user and operators only
+        logs_route = LogRoute(settings.log_dir, settings.node.name, authority)
         server = MetricsServer(settings.metrics.listen, registry, loop.healthz, logs=logs_route)
         server.start()
         address.append(server.address)
@@ -142,6 +149,7 @@ def _node_loop(
     current: CurrentJobMetrics,
     registry: CollectorRegistry,
     until_done: bool,
+    authority: Authority | None,
 ) -> NodeLoop:
     """The node's loop (nodeagent.runtime.nodeloop): a pool member serving what it is placed on
     or pinned to; `until_done` (`nodeagent launch`, an embedded Redis), no pool: the config's job
@@ -157,14 +165,15 @@ def _node_loop(
             settings, None, start_job, parts.waker, time.monotonic, notifier=parts.notifier
         )
     keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
-    member = PoolMember(PoolStore(parts.client, keys), settings, time.monotonic)
+    member = PoolMember(PoolStore(parts.client, keys), settings, time.monotonic, authority)
     registry.register(PoolCollector(member, settings.pool.name))
 
     def poked() -> None:  # a submission, a placement: heartbeat now, not at the next beat
         member.poke()
         parts.waker.wake()
 
-    listen = StreamListener(PoolStore(parts.listen_client, keys), (keys.events,), poked)
+    streams = (keys.events, keys.requests) if authority is not None else (keys.events,)
+    listen = StreamListener(PoolStore(parts.listen_client, keys), streams, poked)
     return NodeLoop(
         settings,
         member,
@@ -175,3 +184,25 @@ def _node_loop(
         listener=listen,
         notifier=parts.notifier,
     )
+
+
+def pool_authority(pool: PoolConfig, resolve: Resolver | None = None) -> Authority | None:
+    """Who is who in the pool (pool.auth: munge), once this host's munged answers; None for
+    pool.auth: none.
+
+    Raises:
+        ConfigError: naming pool.auth, when munged cannot be reached (exit 78).
+    """
+    if pool.auth != "munge":
+        return None
+    munge = MungeProgram(pool.munge_socket)
+    try:
+        munge.encode("nodeagent: is munged there")
+    except MungeUnavailable as exc:
+        raise ConfigError(
+            "pool.auth",
+            f"munge, but {exc}: start munged on this node (Debian: apt-get install munge; the "
+            "pool's nodes share /etc/munge/munge.key), point pool.munge_socket at its socket, "
+            "or set pool.auth: none (whoever can write the pool's Redis keys then acts as anyone)",
+        ) from None
+    return Authority(munge, pool, resolve or Resolver())

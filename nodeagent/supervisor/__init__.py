@@ -1,9 +1,10 @@
-"""Every child process of the agent: worker groups, spares, the fence keeper.
+"""Every child process of the agent: worker groups, spares, the fence keeper, munge.
 
 group.py (the Supervisor: spawn, watch, release, stop one generation's workers), status.py
 (what it reports: GroupPhase, GroupStatus, WorkerExit, Started), spec.py (what a worker is
 started with: torchrun's environment, argv, cwd, files), ranklogs.py (a rank's log files),
 spares.py (pre-started interpreters, `job.preload`), fence.py (the fence keeper, `python -m
-nodeagent.supervisor.fence`), errorfile.py (a failed rank's root cause). Apart from the embedded
-redis-server (coord/embedded.py), only this package starts processes.
+nodeagent.supervisor.fence`), errorfile.py (a failed rank's root cause), munge.py (MUNGE's
+`munge` and `unmunge` programs: the credentials of the pool's requests). Apart from the
+embedded redis-server (coord/embedded.py), only this package starts processes.
 """

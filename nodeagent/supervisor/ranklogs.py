@@ -1,6 +1,7 @@
 """A rank's log files: one per generation (`<job>/<generation>/rank-R.log`) and one across
 generations (`<job>/rank-R.log`, the one `nodeagentctl logs --rank R` follows), owned by the
-agent (0640), with the worker's own progress, control and error files beside them."""
+agent with the job's group (0640: the job's user reads them, others cannot), with the worker's
+own progress, control and error files beside them."""
 
 from __future__ import annotations
 
@@ -29,15 +30,18 @@ def last_lines(path: Path, count: int = 3) -> str | None:
     return " | ".join(lines)[-CAUSE_MAX:] or None
 
 
-LOG_MODE = 0o640  # worker logs are the agent's: the worker writes them only through its pipe
+LOG_MODE = 0o640  # the agent's, read by the job's group: the worker writes only through its pipe
 
 
 DIR_MODE = 0o750  # a generation's directory: the agent's, searchable by the workers' group
 
 
-def open_log(path: Path) -> IO[bytes]:
-    """A rank's log, for appending, 0640 whatever the umask (or an older file's mode)."""
+def open_log(path: Path, gid: int | None = None) -> IO[bytes]:
+    """A rank's log, for appending, 0640 whatever the umask (or an older file's mode), with
+    the group `gid` when given (the job's user's: it reads its own logs on the node)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, LOG_MODE)
+    if gid is not None:
+        os.fchown(fd, -1, gid)
     os.fchmod(fd, LOG_MODE)
     return os.fdopen(fd, "ab")
 
@@ -46,16 +50,18 @@ def generation_log(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
     """The generation's directory (made) and the rank's log in it (returned, open).
 
     A worker that runs as another user must reach its progress file to map it, and write its
-    error file: the job's and the generation's directories get the worker's group (0750).
-    Nothing else there is readable to it: logs stay the agent's (0640).
+    error file: the job's and the generation's directories get the worker's group (0750), so
+    no other user enters them. Its logs stay the agent's, readable by that group (0640): the
+    job's user reads its own output on the node, but cannot change it.
     """
     directory = spec.log_path.parent
     directory.mkdir(parents=True, exist_ok=True)
-    if user is not None and user.switch:
+    switch = user is not None and user.switch
+    if user is not None and switch:
         for path in (directory.parent, directory):
             os.chown(path, -1, user.gid)
             os.chmod(path, DIR_MODE)
-    return open_log(spec.log_path)
+    return open_log(spec.log_path, user.gid if user is not None and switch else None)
 
 
 def worker_files(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
@@ -88,7 +94,8 @@ class RankLog:
     def _open(
         spec: WorkerSpec, generation_log: IO[bytes], banner: str
     ) -> tuple[IO[bytes], IO[bytes]]:
-        stable = open_log(stable_log_path(spec.log_path))
+        gid = os.fstat(generation_log.fileno()).st_gid  # the job's group, as its generation's
+        stable = open_log(stable_log_path(spec.log_path), gid)
         stable.write(f"{banner}\n".encode())
         stable.flush()
         return generation_log, stable

@@ -16,6 +16,11 @@ regular file opened without following links. A node serves only jobs it has run 
 directory under its log_dir): anything else is 404. A response carries at most MAX_BYTES of log
 and MAX_TAIL_LINES lines; a follower asks again from the offset it got.
 
+With pool.auth: munge a request carries `credential=<MUNGE credential>` as its last parameter,
+bound to the rest of the request (`log_payload`); the route answers only a credential of the
+job's user (its group owns the log: whoever may read it on the node) or of an operator (401
+without one, 403 for another user's; `LogAccess`, pool/authority.Authority).
+
 Training output never goes through Redis: it can be gigabytes, and Redis memory is the pool's.
 """
 
@@ -28,10 +33,13 @@ import re
 import stat
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from nodeagent.errors import NodeagentError
+from nodeagent.model.credential import bound, digest_of
 from nodeagent.model.decode import NAME_RE
 
 MAX_BYTES = 1 << 20  # of log in one response
@@ -40,6 +48,7 @@ DEFAULT_TAIL = 20
 BLOCK = 65536
 _NUMBER = re.compile(r"[0-9]{1,15}")
 _PARAMS = ("tail", "offset", "generation")
+_CREDENTIAL = re.compile(r"MUNGE:[A-Za-z0-9+/=]{1,4000}:")
 JSON = "application/json"
 TEXT = "text/plain"
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no http_proxy
@@ -47,6 +56,28 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no htt
 
 class LogFetchError(NodeagentError):
     """A node's agent could not be asked for a log (unreachable, or it answered an error)."""
+
+
+class LogAccess(Protocol):
+    """Who may read a log over HTTP (pool.auth: munge)."""
+
+    def may_read(self, digest: str, credential: str, gid: int) -> str | None:
+        """None when `credential` is fresh, binds the request of `digest`, and names an
+        operator or a member of group `gid` (the log's); else why not."""
+        ...
+
+
+Sign = Callable[[str], str]  # a payload (log_payload) -> a MUNGE credential carrying it
+
+
+def log_digest(target: str) -> str:
+    """What a log request's credential binds: the digest of `GET <target>`, its target
+    without the credential."""
+    return digest_of(f"GET {target}".encode())
+
+
+def log_payload(target: str) -> str:
+    return bound(log_digest(target))
 
 
 @dataclass(frozen=True)
@@ -59,6 +90,7 @@ class LogRequest:
     tail: int | None = DEFAULT_TAIL
     offset: int | None = None
     generation: int | None = None
+    credential: str = ""
 
     @property
     def target(self) -> str:
@@ -95,7 +127,13 @@ def parse(target: str) -> LogRequest | str:
     if not _NUMBER.fullmatch(rank):
         return "bad rank: digits only"
     params: dict[str, int] = {}
-    for pair in query.split("&") if query else ():
+    pairs = query.split("&") if query else []
+    credential = ""
+    if pairs and pairs[-1].startswith("credential="):
+        credential = pairs.pop().partition("=")[2]
+        if not _CREDENTIAL.fullmatch(credential):
+            return "bad credential: expected a MUNGE credential"
+    for pair in pairs:
         name, _, value = pair.partition("=")
         if name not in _PARAMS or name in params or not _NUMBER.fullmatch(value):
             return f"bad parameter {pair[:40]!r}: expected tail=N, offset=B, generation=G"
@@ -105,7 +143,9 @@ def parse(target: str) -> LogRequest | str:
     tail = params.get("tail", None if "offset" in params else DEFAULT_TAIL)
     if tail is not None and tail > MAX_TAIL_LINES:
         return f"tail: at most {MAX_TAIL_LINES} lines"
-    return LogRequest(job, int(rank), tail, params.get("offset"), params.get("generation"))
+    return LogRequest(
+        job, int(rank), tail, params.get("offset"), params.get("generation"), credential
+    )
 
 
 def _open(path: Path) -> int:
@@ -161,14 +201,19 @@ def read_from(path: Path, offset: int, cap: int = MAX_BYTES) -> LogChunk:
 class LogRoute:
     """The /logs route of the agent's HTTP server: rank logs under `log_dir`, read-only."""
 
-    def __init__(self, log_dir: str | Path, node: str) -> None:
+    def __init__(self, log_dir: str | Path, node: str, access: LogAccess | None = None) -> None:
+        """`access`: pool.auth munge, who may read which log (None: whoever reaches the port)."""
         self._log_dir = Path(log_dir)
         self._node = node
+        self._access = access
 
     def __call__(self, target: str) -> tuple[int, bytes, str]:
         request = parse(target)
         if isinstance(request, str):
             return 400, f"{request}\n".encode(), TEXT
+        if self._access is not None and not request.credential:
+            need = "a log is served to its job's user or an operator: nodeagentctl logs signs"
+            return 401, f"{need} its requests with MUNGE (pool.auth: munge)\n".encode(), TEXT
         job_dir = self._log_dir / request.job
         directory = job_dir if request.generation is None else job_dir / str(request.generation)
         missing = (
@@ -180,6 +225,11 @@ class LogRoute:
             if not all(stat.S_ISDIR(os.lstat(d).st_mode) for d in {job_dir, directory}):
                 return missing  # not a job this node ran, or a link
             path = directory / f"rank-{request.rank}.log"
+            if self._access is not None:
+                gid = os.lstat(path).st_gid
+                why = self._access.may_read(log_digest(request.target), request.credential, gid)
+                if why is not None:
+                    return 403, f"{why}\n".encode(), TEXT
             if request.offset is not None:
                 chunk = read_from(path, request.offset)
             else:
@@ -211,14 +261,20 @@ def reachable(metrics: str, node_address: str) -> str:
     return f"{host}:{port}"
 
 
-def fetch(address: str, request: LogRequest, timeout: float = 5.0) -> LogChunk | None:
-    """Ask the agent at `address` ("host:port"); None: it has no such log (404).
+def fetch(
+    address: str, request: LogRequest, timeout: float = 5.0, sign: Sign | None = None
+) -> LogChunk | None:
+    """Ask the agent at `address` ("host:port"), with a credential from `sign` where given
+    (pool.auth: munge); None: it has no such log (404).
 
     Raises:
         LogFetchError: unreachable, or an answer other than the log or 404.
     """
+    target = request.target
+    if sign is not None:
+        target += ("&" if "?" in target else "?") + f"credential={sign(log_payload(target))}"
     try:
-        with _DIRECT.open(f"http://{address}{request.target}", timeout=timeout) as r:
+        with _DIRECT.open(f"http://{address}{target}", timeout=timeout) as r:
             body = json.loads(r.read())
         return LogChunk(tuple(map(str, body["lines"])), int(body["offset"]), int(body["size"]))
     except urllib.error.HTTPError as exc:

@@ -58,6 +58,7 @@ class PoolCluster:
                 "users": [str(AS_TESTER["user"])],
                 "allow_root": True,
                 "labels": labels or {},
+                "auth": "none",  # the pool tests of before; tests/integration/test_pool_auth.py
                 **self.scheduling,
             },
             "timing": self.timing,

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from nodeagent.config.load import load_settings
-from nodeagent.config.settings import Config, NodeSettings, PoolConfig
+from nodeagent.config.settings import Config, NodeSettings, Operators, PoolConfig
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
@@ -222,6 +222,9 @@ POOL_VARS: dict[str, Any] = {
     "nodeagent_pool_users": ["alice", "bob"],
     "nodeagent_pool_groups": ["ml"],
     "nodeagent_pool_reserve_after": "10m",
+    "nodeagent_pool_auth": "munge",
+    "nodeagent_pool_munge_socket": "/run/munge/other.socket",
+    "nodeagent_pool_operators": {"users": ["ops"], "groups": ["hpc-admin"]},
 }
 
 
@@ -264,6 +267,9 @@ def test_a_pool_node_gets_a_config_without_a_job(tmp_path: Path, job_id: str) ->
         groups=("ml",),
         allow_root=False,
         reserve_after=600.0,
+        auth="munge",
+        munge_socket="/run/munge/other.socket",
+        operators=Operators(users=("ops",), groups=("hpc-admin",)),
     )
     assert settings.node.name == "ansible-node" and settings.timing.lease_ttl == 1.0
 
@@ -276,7 +282,8 @@ def test_a_pinned_node_keeps_its_job_until_told_to_unpin(tmp_path: Path, job_id:
     assert "Check this node's part of the configuration" in pinned.stdout
     data, settings = rendered(tmp_path)
     assert isinstance(settings, Config) and settings.job.id == job_id
-    assert data["job"]["entrypoint"][0] == sys.executable and settings.pool == PoolConfig()
+    assert data["job"]["entrypoint"][0] == sys.executable
+    assert settings.pool == PoolConfig(auth="none")  # a pinned node's default
 
     refused = configure(tmp_path, job_id, nodeagent_job={}, **POOL_VARS)
     assert refused.returncode != 0 and "has a job: section" in refused.stdout, refused.stdout

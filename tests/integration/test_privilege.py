@@ -15,7 +15,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import uuid
@@ -32,11 +31,13 @@ from nodeagent.config.identity import WorkerUser, resolve
 from nodeagent.supervisor.errorfile import read_error_file
 from nodeagent.supervisor.fence import Group, Keeper
 from nodeagent.supervisor.group import Supervisor
+from nodeagent.supervisor.ranklogs import stable_log_path
 from nodeagent.supervisor.spares import Spawner
 from nodeagent.supervisor.spec import WorkerSpec
 from nodeagent.supervisor.status import GroupPhase
 from tests.helpers.cluster import RedisServer, local_cluster, wait_for
 from tests.helpers.runas import AS_TESTER
+from tests.helpers.users import reachable_dir
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 SHARED_GROUP = "users"  # a supplementary group the throwaway user gets (gid 100 on Debian)
@@ -73,10 +74,8 @@ def job_user() -> Iterator[JobUser]:
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A directory another user can reach (pytest's tmp_path is under a 0700 directory)."""
-    path = Path(tempfile.mkdtemp(prefix="na-privilege-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with reachable_dir("na-privilege-") as path:
+        yield path
 
 
 def spec(base: Path, script: str, env: dict[str, str] | None = None) -> WorkerSpec:
@@ -126,6 +125,7 @@ WHOAMI = textwrap.dedent(
     if cat "$SECRET" >/dev/null 2>&1; then echo secret=read; else echo secret=denied; fi
     if [ -w "$NODEAGENT_PROGRESS_FILE" ]; then echo progress=writable; fi
     if cat "$LOG" >/dev/null 2>&1; then echo log=read; else echo log=denied; fi
+    if [ -w "$LOG" ]; then echo log_write=allowed; else echo log_write=denied; fi
     """
 )
 
@@ -154,7 +154,8 @@ def test_workers_run_as_the_job_user_and_cannot_read_root_files(
     assert home is not None and got["session"] == f"{home.home} {job_user.name} {job_user.name}"
     assert got["secret"] == "denied"  # the config and its Redis password are root's alone
     assert got["progress"] == "writable"  # it maps its progress file for writing
-    assert got["log"] == "denied"  # the logs are the agent's
+    assert got["log"] == "read"  # its own output: the job's group reads it (0640) ...
+    assert got["log_write"] == "denied"  # ... and the agent alone writes it
 
 
 @ROOT_ONLY
@@ -173,7 +174,10 @@ def test_the_files_a_worker_gets_and_the_agent_keeps(job_user: JobUser, shared_d
     user = job_user.run_as
     run_one(Spawner(user=user), worker)
     log = worker.log_path.stat()
-    assert (stat.S_IMODE(log.st_mode), log.st_uid) == (0o640, 0)
+    assert (stat.S_IMODE(log.st_mode), log.st_uid, log.st_gid) == (0o640, 0, user.gid)
+    stable = stable_log_path(worker.log_path)
+    if stable.exists():  # written by a RankLog (run_one's workers go through the group)
+        assert stable.stat().st_gid == user.gid
     beats = worker.progress_path.stat()
     assert (stat.S_IMODE(beats.st_mode), beats.st_uid, beats.st_gid) == (0o640, user.uid, 0)
     for directory in (worker.log_path.parent, worker.log_path.parent.parent):

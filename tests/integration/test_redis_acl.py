@@ -26,10 +26,12 @@ import yaml
 
 from nodeagent.coord import poolscripts, scripts
 from nodeagent.coord.client import connect
-from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.lua import Script
 from nodeagent.coord.store import JobStore
-from tests.helpers.cluster import free_port, local_cluster, wait_for
+from tests.helpers.cluster import free_port, local_cluster, nodeagentctl, wait_for
+from tests.helpers.munge import MungeDaemon
+from tests.helpers.pool import pool_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "ansible" / "roles" / "redis"
@@ -38,8 +40,9 @@ PASSWORDS = {
     "redis_agent_password": "agent-password-0123456789",
     "redis_operator_password": "operator-password-0123456789",
     "redis_admin_password": "admin-password-0123456789",
+    "redis_submitter_password": "submitter-password-0123456789",
 }
-AGENT, OPERATOR = "nodeagent-agent", "nodeagent-operator"
+AGENT, OPERATOR, SUBMITTER = "nodeagent-agent", "nodeagent-operator", "nodeagent-submitter"
 # redis-py sends CLIENT SETINFO on connect and ignores a refusal; Redis 7.0 has no such command,
 # 7.2 refuses it (and logs it) for users not allowed it. Not something nodeagent needs.
 IGNORED_DENIALS = {"client|setinfo"}
@@ -195,6 +198,55 @@ def test_agents_and_operators_work_within_their_acl(
             assert result.returncode == 0, (args, result.stderr)
         assert all(agent.alive() for agent in cluster.agents.values())
     assert role_redis.denials() == []  # nothing nodeagent did was refused
+
+
+def test_a_submitter_sends_signed_requests_and_writes_nothing_else(
+    role_redis: RoleRedis, tmp_path: Path, job_id: str, munged: MungeDaemon
+) -> None:
+    """pool.auth: munge: nodeagent-submitter submits, lists and cancels through signed requests
+    (the pool leader, as nodeagent-agent, does the writes), and Redis refuses it every write
+    but a request."""
+    agent_url = role_redis.url(AGENT, PASSWORDS["redis_agent_password"])
+    password = tmp_path / "submitter-password"
+    password.write_text(PASSWORDS["redis_submitter_password"] + "\n")
+    password.chmod(0o600)
+    auth = {"auth": "munge", "munge_socket": munged.socket}
+    with pool_cluster(agent_url, tmp_path, pool=job_id, scheduling=auth) as pool:
+        pool.start("a")
+        pool.wait_nodes(1)
+        keys = PoolKeys("nodeagent", job_id)
+        wait_for(lambda: role_redis.admin.get(keys.auth) == "munge", 20, "the leader's auth")
+        for args in (
+            ("submit", "--name", "work", "--nodes", "1", "--", "/bin/sleep", "600"),
+            ("jobs", "--json"),
+            ("nodes",),
+            ("cancel", "work"),
+            ("events", "--pool", "--last", "20"),
+        ):
+            result = nodeagentctl(
+                *("--redis", role_redis.url(SUBMITTER), "--redis-password-file", str(password)),
+                *("--pool", job_id, "--munge-socket", munged.socket, *args),
+            )
+            assert result.returncode == 0, (args, result.stderr)
+        pool.wait_job("work", "cancelled")
+        assert role_redis.denials() == []  # nothing nodeagent did was refused
+        submitter = redis.Redis.from_url(
+            role_redis.url(SUBMITTER, PASSWORDS["redis_submitter_password"]),
+            decode_responses=True,
+        )
+        try:
+            assert submitter.xadd(keys.requests, {"request": "{}"})  # the one write it has
+            refused(lambda: submitter.hset(keys.specs, "x", "{}"))
+            refused(lambda: submitter.hset(keys.jobs, "x", "{}"))
+            refused(lambda: submitter.hset(keys.cancels, "work", "me"))
+            refused(lambda: submitter.hset(keys.cordons, "a", "{}"))
+            refused(lambda: submitter.hset(keys.queues, "q", "{}"))
+            refused(lambda: submitter.hset(keys.placements, "a", "x"))
+            refused(lambda: submitter.set(keys.auth, "none"))
+            refused(lambda: submitter.xadd(keys.events, {"event": "{}"}))
+            refused(lambda: submitter.xadd(keys.job("work").commands, {"command": "{}"}))
+        finally:
+            submitter.close()
 
 
 def test_neither_user_can_leave_its_keys_or_administer(role_redis: RoleRedis, job_id: str) -> None:

@@ -1,0 +1,148 @@
+"""nodeagentctl's pool changes in a pool with pool.auth: munge: signed requests.
+
+submit, cancel, scale, queue create|set|delete, cordon, drain and uncordon (of a pool node, or
+with --job of a node in that job), and a job's stop and restart become a request
+(model/request.py) carrying a MUNGE credential from this host's munged (your uid and gid, bound
+to the request), written to the pool's requests stream. The pool leader checks it, does it if
+you may, and answers; this prints the answer: 0 done, 2 refused (why), 1 no pool leader
+answered in time (the request may still be taken: see `events --pool`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+from nodeagent.cli import ctlpool, ctlwait
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
+from nodeagent.coord.store import JobStore
+from nodeagent.errors import ConfigError, UsageError
+from nodeagent.model.credential import Munge, MungeUnavailable
+from nodeagent.model.request import Reply, Request, Verb
+
+ANSWER_TIMEOUT_S = 30.0
+QUEUE_KEYS = frozenset({"quota", "guaranteed", "max_priority"})  # absent: unchanged
+
+
+def request_of(
+    args: argparse.Namespace, user: str, job: str | None
+) -> tuple[Verb, dict[str, Any]] | None:
+    """The request a command line makes (None: a command that changes no pool state). `job`:
+    the job of --job or --config, for a job's own commands."""
+    command = args.command
+    if command == "submit":
+        spec = ctlpool.spec_from_args(args, user, "")
+        return Verb.SUBMIT, {"spec": spec.to_dict()}
+    if command == "cancel":
+        return Verb.CANCEL, {"job": args.job_id}
+    if command == "scale" and (len(args.what) == 2 or job is not None):
+        return Verb.SCALE, {
+            "job": args.what[0] if len(args.what) == 2 else job,
+            "target": args.what[-1],
+        }
+    if command in ("stop", "restart") and job is not None:
+        return Verb.COMMAND, {"job": job, "kind": command}
+    if command == "queue" and args.action != "list":
+        found: dict[str, Any] = {"action": args.action, "name": args.name}
+        given = {key: value for key, value in vars(args).items() if key in QUEUE_KEYS}
+        found.update({k: v for k, v in given.items() if k != "guaranteed" or v is not None})
+        return Verb.QUEUE, found
+    if command in ("cordon", "drain", "uncordon"):
+        body = {"action": command, "node": args.node, "reason": getattr(args, "reason", "")}
+        return Verb.CORDON, body if job is None else {**body, "job": job}
+    return None
+
+
+def run(
+    store: PoolStore, args: argparse.Namespace, munge: Munge, verb: Verb, body: dict[str, Any]
+) -> int:
+    """Send one signed request and print the pool leader's answer.
+
+    Raises:
+        UsageError: refused (exit 2).
+        ConfigError: munged cannot be reached here (exit 78).
+    """
+    before = _target_now(store, body) if verb is Verb.SCALE else None
+    reply = ask(store, munge, verb, body)
+    if reply is None:
+        return 1
+    if not reply.ok:
+        raise UsageError(reply.message)
+    if verb is Verb.SCALE and args.wait:
+        print(reply.message, flush=True)
+        return _scaled(store, munge, args, body, before)
+    if verb is Verb.SUBMIT:
+        spec = ctlpool.spec_from_args(args, reply.user, reply.user)
+        print(spec.id, flush=True)
+        return ctlwait.wait_running(store, spec, args.timeout) if args.wait else 0
+    print(reply.message, flush=True)
+    if verb is Verb.CORDON and args.command == "drain" and args.wait:
+        job = body.get("job")
+        if job is not None:
+            jobs = JobStore(store.client, store.keys.job(str(job)))
+            return ctlwait.wait_job_drained(jobs, args.node, args.timeout)
+        return ctlwait.wait_drained(store, args.node, args.timeout)
+    return 0
+
+
+def ask(store: PoolStore, munge: Munge, verb: Verb, body: dict[str, Any]) -> Reply | None:
+    """Sign and send one request; the answer (None: none came, said).
+
+    Raises:
+        ConfigError: munged cannot be reached here (exit 78).
+    """
+    request = Request(store.keys.pool, verb, body)
+    try:
+        request = replace(request, credential=munge.encode(request.payload))
+    except MungeUnavailable as exc:
+        raise ConfigError(
+            "--munge-socket",
+            f"pool {store.keys.pool} takes signed requests (pool.auth: munge), but {exc}",
+        ) from None
+    requests = RequestStore(store.client, store.keys)
+    request_id = requests.send(request)
+    reply = wait_reply(requests, request_id, ANSWER_TIMEOUT_S)
+    if reply is None:
+        print(
+            f"no pool leader answered request {request_id} within {ANSWER_TIMEOUT_S:g}s: are "
+            f"the agents of pool {store.keys.pool} running (nodeagentctl nodes)?"
+        )
+    return reply
+
+
+def _target_now(store: PoolStore, body: dict[str, Any]) -> int | None:
+    record = store.records([str(body["job"])]).get(str(body["job"]))
+    return record.target_nodes if record is not None else None
+
+
+def _scaled(
+    store: PoolStore,
+    munge: Munge,
+    args: argparse.Namespace,
+    body: dict[str, Any],
+    before: int | None,
+) -> int:
+    """--wait (and --rollback) of a signed scale, as of a job's own (cli/ctl.py)."""
+    jobs = JobStore(store.client, store.keys.job(str(body["job"])))
+    nodes = ctlpool.resolve_target(str(body["target"]), before or 0)
+    if ctlwait.wait_scaled(jobs, nodes, args.timeout):
+        return 0
+    if args.rollback and before is not None:
+        back = ask(store, munge, Verb.SCALE, {**body, "target": str(before)})
+        if back is not None:
+            print(f"rolled back: {back.message}", file=sys.stderr)
+    return 1
+
+
+def wait_reply(store: RequestStore, request_id: str, timeout: float) -> Reply | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reply = store.reply(request_id)
+        if reply is not None:
+            return reply
+        time.sleep(0.1)
+    return None

@@ -1,0 +1,95 @@
+"""What nodeagentctl waits for after a change (--wait): a job running every rank, a job at its
+new size, a node off its job. Each returns (or is) the exit code: 0 reached, 1 timed out."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from nodeagent.cli.status import status_document
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.store import JobStore
+from nodeagent.model.pool import PoolJobState
+from nodeagent.model.spec import JobSpec
+from nodeagent.state import JobState, NodeState
+
+
+def wait_running(store: PoolStore, spec: JobSpec, timeout: float) -> int:
+    """Until every rank of the job runs (0), it ends first (0 if it succeeded, else 1), or
+    `timeout` passes (1)."""
+    job_store = JobStore(store.client, store.keys.job(spec.id))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = store.status(spec.id)
+        if status is not None and status.state.ended:
+            print(f"job {spec.id} {status.state.value}: {status.reason}")
+            return 0 if status.state is PoolJobState.SUCCEEDED else 1
+        snapshot = job_store.snapshot()
+        record = snapshot.record
+        if record is not None and record.state is JobState.RUNNING:
+            states = {
+                lease.name: lease.report.state
+                for lease in snapshot.leases
+                if lease.report is not None
+            }
+            if all(states.get(m) is NodeState.RUNNING for m in record.members):
+                print(
+                    f"job {spec.id} runs: {record.world_size} ranks on {len(record.members)} "
+                    f"nodes (generation {record.generation})"
+                )
+                return 0
+        time.sleep(0.2)
+    print(f"timed out after {timeout:g}s: job {spec.id} does not run every rank yet")
+    return 1
+
+
+def wait_scaled(store: JobStore, nodes: int, timeout: float) -> bool:
+    """Until the job runs on `nodes` nodes (True), or `timeout` passes (False, said)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = store.snapshot().record
+        if (
+            record is not None
+            and record.state is JobState.RUNNING
+            and record.target_nodes == nodes
+            and len(record.members) == nodes
+        ):
+            print(f"job {store.keys.job} runs on {nodes} nodes (generation {record.generation})")
+            return True
+        time.sleep(0.2)
+    print(
+        f"timed out after {timeout:g}s: job {store.keys.job} does not run on {nodes} nodes",
+        file=sys.stderr,
+    )
+    return False
+
+
+def wait_job_drained(store: JobStore, name: str, timeout: float) -> int:
+    """Until the node's workers in the job have stopped (0), or `timeout` passes (1)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
+        node = nodes.get(name)
+        if node is None or (
+            node["state"] in ("cordoned", "lost")
+            and not any(w["state"] in ("running", "stopping") for w in node["workers"])
+        ):
+            print(f"node {name}: workers stopped, out of the job")
+            return 0
+        time.sleep(0.2)
+    print(f"timed out after {timeout:g}s: node {name} still has workers", file=sys.stderr)
+    return 1
+
+
+def wait_drained(store: PoolStore, name: str, timeout: float) -> int:
+    """Until the node serves nothing (0), or `timeout` passes (1)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        snap = store.read()
+        report = snap.nodes.get(name)
+        if name not in snap.placements and (report is None or report.serving is None):
+            print(f"node {name}: off its job, serving nothing")
+            return 0
+        time.sleep(0.2)
+    print(f"timed out after {timeout:g}s: node {name} still serves a job")
+    return 1

@@ -1,0 +1,102 @@
+"""A pool's signed requests in Redis (pool.auth: munge): nodeagentctl sends them and reads the
+answer; the pool leader takes them in order, once each (POOL_CLAIM, fenced), and answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from nodeagent.coord import streams
+from nodeagent.coord.errors import redis_errors
+from nodeagent.coord.keys import REPLY_TTL_S, REQUESTS_MAXLEN, PoolKeys
+from nodeagent.coord.lua import Call
+from nodeagent.coord.poolscripts import POOL_CLAIM
+from nodeagent.errors import CorruptStateError
+from nodeagent.model.decode import is_stream_id
+from nodeagent.model.job import Event
+from nodeagent.model.request import Reply, Request
+
+
+class RequestStore:
+    """One pool's requests stream, its cursor and replay memory, the replies, and the pool
+    leader's pool.auth (what tells nodeagentctl to sign)."""
+
+    def __init__(self, client: redis.Redis, keys: PoolKeys) -> None:
+        self.client = client
+        self.keys = keys
+        self._claim = POOL_CLAIM.bind(client)
+
+    def auth(self) -> str | None:
+        """The pool leader's pool.auth (None: no leader has said yet)."""
+        with redis_errors("read the pool's auth"):
+            found: Any = self.client.get(self.keys.auth)
+        return str(found) if found is not None else None
+
+    def publish_auth(self, mode: str) -> None:
+        with redis_errors("publish the pool's auth"):
+            self.client.set(self.keys.auth, mode)
+
+    def send(self, request: Request) -> str:
+        """Append a request to the pool's requests stream; its id (the reply's name)."""
+        with redis_errors("send the request"):
+            found: Any = self.client.xadd(
+                self.keys.requests,
+                {"request": request.to_json()},
+                maxlen=REQUESTS_MAXLEN,
+                approximate=True,
+            )
+        return str(found)
+
+    def reply(self, request_id: str) -> Reply | None:
+        """The pool leader's answer (None: not yet, or unreadable)."""
+        with redis_errors("read the reply"):
+            raw: Any = self.client.get(self.keys.reply(request_id))
+        try:
+            return Reply.from_json(raw) if raw is not None else None
+        except CorruptStateError:
+            return None
+
+    def requests(self, count: int = 64) -> list[tuple[str, str]]:
+        """The requests after the last one taken, oldest first: (id, raw text)."""
+        with redis_errors("read the requests"):
+            try:
+                cursor: Any = self.client.get(self.keys.request_cursor)
+            except redis.ResponseError:  # WRONGTYPE: not nodeagent's; POOL_CLAIM rewrites it
+                cursor = None
+            if not is_stream_id(cursor):  # from the start: what was taken is refused again as
+                cursor = None  # replayed or expired (PoolStore.claim), never done twice
+            entries: Any = self.client.xrange(
+                self.keys.requests, f"({cursor}" if cursor else "-", "+", count=count
+            )
+        return [(str(i), str(fields.get("request", ""))[:200_000]) for i, fields in entries]
+
+    def claim(self, leader: str, request_id: str, credential_id: str, expires_ms: int) -> bool:
+        """Take a request (the cursor moves past it); False when its credential was taken
+        before (a replay).
+
+        Raises: FencedError when another node leads the pool."""
+        k = self.keys
+        with redis_errors("take a request"):
+            found: Any = self._claim(
+                Call(
+                    {"leader": k.leader, "cursor": k.request_cursor, "seen": k.seen},
+                    {
+                        "leader_value": leader,
+                        "request_id": request_id,
+                        "credential_id": credential_id,
+                        "expires_ms": expires_ms,
+                    },
+                )
+            )
+        return str(found) == "ok"
+
+    def answer(self, request_id: str, reply: Reply, event: Event) -> None:
+        """The reply to one request, and the event in the pool's stream that tells of it."""
+        streams.write_with_event(
+            self.client,
+            "answer a request",
+            lambda pipe: pipe.set(self.keys.reply(request_id), reply.to_json(), ex=REPLY_TTL_S),
+            self.keys.events,
+            event,
+        )

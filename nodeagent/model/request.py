@@ -1,0 +1,123 @@
+"""A request to change the pool (pool.auth: munge), its reply, and who made it. Pure.
+
+`nodeagentctl` writes a request to the pool's requests stream: the verb, its arguments, the
+pool, a nonce, and a MUNGE credential whose payload binds the digest of the other four
+(model/credential.py). The pool leader takes each one, checks the credential (this request,
+within its time to live, never seen before), decides what the caller may do (pool/requests.py)
+and answers with a `Reply` under the request's id.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from nodeagent.errors import CorruptStateError
+from nodeagent.model.credential import bound, digest_of
+from nodeagent.model.decode import Reader
+
+REQUEST_MAX_BYTES = 96 * 1024  # a spec (64 KiB at most) and the rest
+
+
+class Verb(str, Enum):
+    """What a request asks.
+
+    SUBMIT   args {spec}: a new job (its user: the caller, unless the caller is an operator).
+    CANCEL   args {job}: end a job (its owner or an operator).
+    SCALE    args {job, target}: N, +N or -N nodes (its owner or an operator; a job pinned by
+             its nodes' job: sections, operators only).
+    COMMAND  args {job, kind: stop|restart}: through the job's command stream (as SCALE).
+    QUEUE    args {action: create|set|delete, name, quota?, guaranteed?, max_priority?}
+             (operators only).
+    CORDON   args {action: cordon|drain|uncordon, node, reason, job?}: a pool node, or with
+             `job` a node inside that job (operators only).
+    """
+
+    SUBMIT = "submit"
+    CANCEL = "cancel"
+    SCALE = "scale"
+    COMMAND = "command"
+    QUEUE = "queue"
+    CORDON = "cordon"
+
+
+@dataclass(frozen=True)
+class Request:
+    pool: str
+    verb: Verb
+    args: Mapping[str, Any]
+    nonce: str = field(default_factory=lambda: secrets.token_hex(8))
+    credential: str = ""
+
+    def canonical(self) -> bytes:
+        """What the credential signs: everything but the credential, in one spelling."""
+        body = {"pool": self.pool, "verb": self.verb.value, "args": self.args, "nonce": self.nonce}
+        return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+    @property
+    def digest(self) -> str:
+        return digest_of(self.canonical())
+
+    @property
+    def payload(self) -> str:
+        """The credential's payload (model/credential.bound)."""
+        return bound(self.digest)
+
+    def to_json(self) -> str:
+        body = json.loads(self.canonical())
+        body["credential"] = self.credential
+        return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Request:
+        """Raises: CorruptStateError naming what is wrong, and nothing else."""
+        if len(raw) > REQUEST_MAX_BYTES:
+            raise CorruptStateError(f"request: {len(raw)} bytes, more than {REQUEST_MAX_BYTES}")
+        r = Reader.of(raw, "request")
+        verbs = tuple(v.value for v in Verb)
+        return cls(
+            pool=r.name("pool"),
+            verb=Verb(r.choice("verb", verbs)),
+            args=dict(r.mapping("args")),
+            nonce=r.text("nonce", max_len=64),
+            credential=r.text("credential", "", max_len=4096),
+        )
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The pool leader's answer to one request: done or refused, why, and who asked."""
+
+    ok: bool
+    message: str
+    user: str = ""  # the authenticated caller ("" when the credential said nobody)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"ok": self.ok, "message": self.message, "user": self.user},
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Reply:
+        """Raises: CorruptStateError, and nothing else."""
+        r = Reader.of(raw, "reply")
+        return cls(r.flag("ok", False), r.text("message", "", 2048), r.text("user", "", 256))
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a credential says made a request, as the pool leader's host knows them."""
+
+    uid: int
+    gid: int
+    name: str
+    operator: bool = False
+
+    def may_act_on(self, owner: str) -> bool:
+        return self.operator or owner == self.name

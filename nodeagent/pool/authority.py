@@ -1,0 +1,84 @@
+"""Who is who for a pool agent (pool.auth: munge): its munged, this host's users, the pool's
+operators. The pool leader asks it who made a request (`caller`), signs the specs it accepts
+(`sign`); the leader and every placed node check a spec's signature (`vouch`); the HTTP server
+asks who may read a log (`may_read`, telemetry/logserve.LogAccess).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.settings import PoolConfig
+from nodeagent.model.credential import Decoded, Munge, MungeUnavailable, bound, check
+from nodeagent.model.request import Caller
+from nodeagent.model.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class Authority:
+    """Who is who for this agent: its munged, this host's users, the pool's operators."""
+
+    munge: Munge
+    pool: PoolConfig
+    resolve: Resolver
+    _vouched: dict[tuple[str, str], str | None] = field(default_factory=dict, compare=False)
+
+    def caller(self, found: Decoded) -> Caller:
+        name = self.resolve.name_of(found.uid) or f"uid {found.uid}"
+        operators = self.pool.operators
+        operator = found.uid == 0 or name in operators.users
+        if not operator and operators.groups:
+            member_of = set(self.resolve.groups_of(name, found.gid)) | {found.gid}
+            gids = {self.resolve.group(g) for g in operators.groups}
+            operator = bool(member_of & gids)
+        return Caller(found.uid, found.gid, name, operator)
+
+    def sign(self, spec: JobSpec) -> JobSpec:
+        """The spec with this agent's credential over it: what nodes accept (vouch).
+
+        Raises:
+            MungeUnavailable: munged cannot be reached.
+        """
+        unsigned = replace(spec, signature="")
+        return replace(unsigned, signature=self.munge.encode(bound(unsigned.signed_digest)))
+
+    def vouch(self, spec: JobSpec) -> str | None:
+        """Why a stored spec must not run (None: an agent of this pool signed it as it is).
+
+        Raises:
+            MungeUnavailable: munged cannot be reached.
+        """
+        if not spec.signature:
+            return "not signed (pool.auth: munge): written to Redis by hand, not by the pool leader"
+        held = (spec.signature, spec.signed_digest)
+        if held not in self._vouched:
+            if len(self._vouched) > 4096:
+                self._vouched.clear()
+            self._vouched[held] = self._vouch(spec)
+        return self._vouched[held]
+
+    def _vouch(self, spec: JobSpec) -> str | None:
+        found = check(self.munge.decode(spec.signature), spec.signed_digest, stored=True)
+        if isinstance(found, str):
+            return f"its signature: {found}"
+        agent = self.resolve.agent()
+        if found.uid not in (0, agent.uid):
+            return f"signed by uid {found.uid}, not by an agent of the pool"
+        return None
+
+    def may_read(self, digest: str, credential: str, gid: int) -> str | None:
+        """telemetry/logserve.LogAccess: a fresh credential bound to the log request of
+        `digest`, of an operator or of a member of the log's group `gid` (the job's)."""
+        try:
+            found = check(self.munge.decode(credential), digest)
+        except MungeUnavailable as exc:
+            return f"this node cannot check credentials: {exc}"
+        if isinstance(found, str):
+            return found
+        caller = self.caller(found)
+        if caller.operator or gid == found.gid:
+            return None
+        if gid in self.resolve.groups_of(caller.name, found.gid):
+            return None
+        return f"{caller.name} may not read this log: it is another user's job's"

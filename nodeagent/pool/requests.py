@@ -1,0 +1,341 @@
+"""The pool leader takes the pool's signed requests (pool.auth: munge) and answers each.
+
+For every request after the last one taken: decode its credential with this host's munged, check
+that it binds this request and is fresh (model/credential.check), take it once for the whole
+pool (RequestStore.claim: a credential seen before is a replay, whichever node leads), decide what
+the caller may do, do it, and answer (the reply under the request's id, an event naming the
+authenticated user). A request that is not one, unsigned, forged, expired, replayed or not
+allowed changes nothing but the reply and the event that says why.
+
+Who may do what (docs/pool.md, "Who is who"): anyone whose credential decodes submits jobs that
+run as themselves, and cancels and scales their own; operators (pool.operators, and root) name
+another user, act on every job, and alone change queues and cordons.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
+from nodeagent.coord.store import JobStore
+from nodeagent.errors import ConfigError, CorruptStateError
+from nodeagent.model.credential import (
+    Decoded,
+    MungeUnavailable,
+    check,
+    credential_id,
+)
+from nodeagent.model.job import Command, CommandType, Cordon, Event
+from nodeagent.model.pool import PoolJobState
+from nodeagent.model.queues import DEFAULT, MAX_NODES, QueueView
+from nodeagent.model.request import Caller, Reply, Request, Verb
+from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.pool.authority import Authority
+
+log = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    """A request the caller may not make, or one that cannot be done: the reply says why."""
+
+
+class Requests:
+    """The pool leader's side of the requests stream, one batch per round."""
+
+    def __init__(self, store: PoolStore, authority: Authority) -> None:
+        # A store of its own: its reads must not reset what the leader's store keeps between
+        # rounds (its view of the nodes, the specs decoded, PoolStore.read and specs).
+        self._store = PoolStore(store.client, store.keys)
+        self._requests = RequestStore(store.client, store.keys)
+        self._authority = authority
+
+    def serve(self, leader: str) -> list[Reply]:
+        """Take and answer every request waiting (at most one batch).
+
+        Raises:
+            CoordinationError, FencedError: as the store's calls.
+            MungeUnavailable: munged cannot be reached (nothing was taken).
+        """
+        replies = []
+        for request_id, raw in self._requests.requests():
+            reply, data = self._take(leader, request_id, raw)
+            kind = "request_done" if reply.ok else "request_refused"
+            level = logging.INFO if reply.ok else logging.WARNING  # a refusal: as garbage
+            log.log(level, "pool request %s %s: %s", request_id, kind, reply.message)
+            event = Event(kind, message=f"{reply.user or 'nobody'}: {reply.message}", data=data)
+            self._requests.answer(request_id, reply, event)
+            replies.append(reply)
+        return replies
+
+    def _take(self, leader: str, request_id: str, raw: str) -> tuple[Reply, dict[str, Any]]:
+        data: dict[str, Any] = {"request": request_id}
+        try:
+            request = Request.from_json(raw)
+        except CorruptStateError as exc:
+            self._requests.claim(leader, request_id, "", 0)
+            return Reply(False, f"refused: {exc}"), data
+        data["verb"] = request.verb.value
+        decoded, found = self._decode(request)
+        if decoded is not None:  # signed: who tried is said even when refused
+            data["user"] = self._authority.caller(decoded).name
+        if isinstance(found, str):
+            self._requests.claim(leader, request_id, "", 0)
+            return Reply(False, f"refused: {found}", data.get("user", "")), data
+        caller = self._authority.caller(found)
+        expires_ms = (found.encoded_s + found.ttl_s) * 1000
+        if not self._requests.claim(
+            leader, request_id, credential_id(request.credential), expires_ms
+        ):
+            return Reply(
+                False, "refused: credential replayed: it was used before", caller.name
+            ), data
+        if request.pool != self._store.keys.pool:
+            return Reply(False, f"refused: signed for pool {request.pool}", caller.name), data
+        try:
+            message = self._apply(caller, request)
+        except Refused as exc:
+            return Reply(False, f"refused: {exc}", caller.name), data
+        return Reply(True, message, caller.name), data
+
+    def _decode(self, request: Request) -> tuple[Decoded | None, Decoded | str]:
+        """What the credential says if munged verified it, and the verdict on it."""
+        if not request.credential:
+            return None, "not signed: pool.auth is munge, every request needs a MUNGE credential"
+        found = self._authority.munge.decode(request.credential)
+        signed = found if isinstance(found, Decoded) and found.status.signed else None
+        return signed, check(found, request.digest)
+
+    def _apply(self, caller: Caller, request: Request) -> str:
+        args = request.args
+        if request.verb is Verb.SUBMIT:
+            return self._submit(caller, args.get("spec"))
+        if request.verb is Verb.CANCEL:
+            return self._cancel(caller, _name(args, "job"))
+        if request.verb is Verb.SCALE:
+            return self._scale(caller, _name(args, "job"), str(args.get("target", "")))
+        if request.verb is Verb.COMMAND:
+            return self._command(caller, _name(args, "job"), str(args.get("kind", "")))
+        if not caller.operator:
+            what = "queues" if request.verb is Verb.QUEUE else "cordons and drains"
+            raise Refused(
+                f"{caller.name} is not an operator of the pool: only operators manage {what}"
+            )
+        if request.verb is Verb.QUEUE:
+            return self._queue(caller, args)
+        return self._cordon(caller, args)
+
+    def _submit(self, caller: Caller, doc: object) -> str:
+        try:
+            spec = load_spec(doc, default_user=caller.name)
+        except ConfigError as exc:
+            raise Refused(f"invalid job spec: {exc}") from None
+        if spec.user != caller.name and not caller.operator:
+            raise Refused(
+                f"{caller.name} may not submit as {spec.user}: only operators (pool.operators) "
+                "name another user"
+            )
+        queue = self._queue_of(spec.queue)
+        if queue.max_priority is not None and spec.priority > queue.max_priority:
+            raise Refused(
+                f"priority {spec.priority} is above queue {queue.name}'s ceiling of "
+                f"{queue.max_priority}"
+            )
+        signed = self._sign(replace(spec, submitted_by=caller.name))
+        created, status = self._store.submit(signed)
+        if not created:
+            state = status.state.value if status is not None else "unknown state"
+            raise Refused(f"job {spec.id} exists already ({state}); choose another --name")
+        return f"job {spec.id} submitted, runs as {spec.user}"
+
+    def _queue_of(self, name: str) -> QueueView:
+        found = self._store.queue(name)
+        if found is None and name != DEFAULT:
+            raise Refused(
+                f"queue {name} does not exist in pool {self._store.keys.pool}: an operator "
+                f"makes it (`nodeagentctl queue create {name}`)"
+            )
+        return found or QueueView(DEFAULT)
+
+    def _owned(
+        self, caller: Caller, job_id: str, verb: str, pinned_ok: bool = False
+    ) -> tuple[PoolJobState, JobSpec | None]:
+        """The job's state and spec (None: pinned, operators only) when `caller` may `verb`
+        it."""
+        status = self._store.status(job_id)
+        if status is None:
+            raise Refused(f"no job {job_id!r} in pool {self._store.keys.pool}")
+        if status.state.ended:
+            raise Refused(f"job {job_id} has ended already ({status.state.value})")
+        if status.pinned:
+            if not pinned_ok:
+                raise Refused(f"job {job_id} comes from its nodes' job: sections")
+            if not caller.operator:
+                raise Refused(
+                    f"{caller.name} may not {verb} job {job_id}: it is pinned by its nodes' "
+                    "job: sections, only operators act on it"
+                )
+            return status.state, None
+        spec = self._store.spec(job_id)
+        if not isinstance(spec, JobSpec):
+            raise Refused(f"job {job_id}: its spec cannot be read ({spec})")
+        if not caller.may_act_on(spec.user):
+            raise Refused(f"{caller.name} may not {verb} job {job_id} of {spec.user}")
+        return status.state, spec
+
+    def _cancel(self, caller: Caller, job_id: str) -> str:
+        state, _ = self._owned(caller, job_id, "cancel")
+        self._store.cancel(job_id, caller.name, running=state is PoolJobState.RUNNING)
+        return f"job {job_id}: cancel requested by {caller.name}"
+
+    def _scale(self, caller: Caller, job_id: str, value: str) -> str:
+        state, spec = self._owned(caller, job_id, "scale", pinned_ok=True)
+        record = self._store.records([job_id]).get(job_id)
+        if spec is not None:
+            low, high, current = spec.job.min_nodes, spec.job.max_nodes, spec.job.target_nodes
+        elif record is not None:
+            low, high, current = record.min_nodes, record.max_nodes, record.target_nodes
+        else:
+            raise Refused(f"job {job_id} has not formed yet: nothing to scale")
+        current = record.target_nodes if record is not None else current
+        target = resolve_target(value, current)
+        if not low <= target <= high:
+            raise Refused(
+                f"cannot scale job {job_id} to {target}: the target must be within "
+                f"[min_nodes, max_nodes] = [{low}, {high}]"
+            )
+        if state is PoolJobState.PENDING and spec is not None:
+            job = spec.job
+            self._store.replace_spec(
+                self._sign(replace(spec, job=replace(job, target_nodes=target)))
+            )
+        else:
+            jobs = JobStore(self._store.client, self._store.keys.job(job_id))
+            jobs.send_command(Command(CommandType.SCALE, target=target, by=caller.name))
+        return f"job {job_id}: target {current} -> {target} requested by {caller.name}"
+
+    def _command(self, caller: Caller, job_id: str, kind: str) -> str:
+        if kind not in (CommandType.STOP.value, CommandType.RESTART.value):
+            raise Refused(f"command: expected stop or restart, got {kind[:32]!r}")
+        state, _ = self._owned(caller, job_id, kind, pinned_ok=True)
+        if state is PoolJobState.PENDING:
+            raise Refused(f"job {job_id} is pending: `cancel` ends it, nothing runs to {kind}")
+        jobs = JobStore(self._store.client, self._store.keys.job(job_id))
+        jobs.send_command(Command(CommandType(kind), by=caller.name))
+        return f"job {job_id}: {kind} requested by {caller.name}"
+
+    def _queue(self, caller: Caller, args: Mapping[str, Any]) -> str:
+        action, name = str(args.get("action", "")), _name(args, "name")
+        existing = self._store.queue(name)
+        if action == "delete":
+            if existing is None:
+                raise Refused(f"no queue {name}")
+            inside = self._jobs_in(name)
+            if inside:
+                raise Refused(
+                    f"queue {name} has {len(inside)} jobs that have not ended "
+                    f"({', '.join(inside[:5])}): cancel them or wait for them first"
+                )
+            self._store.delete_queue(name, caller.name)
+            return f"queue {name}: deleted by {caller.name}"
+        if action == "create" and (existing is not None or name == DEFAULT):
+            raise Refused(f"queue {name} exists already: `queue set {name}` changes it")
+        if action == "set" and existing is None and name != DEFAULT:
+            raise Refused(f"no queue {name}: `queue create {name}` makes it")
+        if action not in ("create", "set"):
+            raise Refused(f"queue: expected create, set or delete, got {action!r}")
+        base = existing or QueueView(name)
+        queue = QueueView(
+            name,
+            quota=_number(args, "quota", base.quota),
+            guaranteed=_number(args, "guaranteed", base.guaranteed) or 0,
+            max_priority=_number(args, "max_priority", base.max_priority),
+        )
+        if queue.problems():
+            raise Refused(f"queue {name}: {'; '.join(queue.problems())}")
+        self._store.set_queue(queue, caller.name, created=existing is None)
+        return f"queue {name}: {queue.describe()} (by {caller.name})"
+
+    def _jobs_in(self, queue: str) -> list[str]:
+        live = [j for j, s in self._store.read().jobs.items() if not s.state.ended]
+        specs = self._store.specs(live)
+        return sorted(j for j, s in specs.items() if isinstance(s, JobSpec) and s.queue == queue)
+
+    def _cordon(self, caller: Caller, args: Mapping[str, Any]) -> str:
+        action, node = str(args.get("action", "")), _name(args, "node")
+        if args.get("job") is not None:
+            return self._job_cordon(caller, _name(args, "job"), action, node, args)
+        if not self._store.knows_node(node):
+            raise Refused(f"node {node!r} is not in pool {self._store.keys.pool}")
+        if action == "uncordon":
+            lifted = self._store.uncordon(node, caller.name)
+            return f"node {node}: " + ("uncordoned" if lifted else "was not cordoned")
+        if action not in ("cordon", "drain"):
+            raise Refused(f"cordon: expected cordon, drain or uncordon, got {action!r}")
+        reason = str(args.get("reason", ""))[:256] or f"{action}ed by an operator"
+        self._store.cordon(node, Cordon(reason=reason, by=caller.name, drain=action == "drain"))
+        return f"node {node}: {'drained' if action == 'drain' else 'cordoned'} by {caller.name}"
+
+    def _job_cordon(
+        self, caller: Caller, job_id: str, action: str, node: str, args: Mapping[str, Any]
+    ) -> str:
+        """cordon, drain, uncordon of a node inside one job (`nodeagentctl --job JOB ...`)."""
+        jobs = JobStore(self._store.client, self._store.keys.job(job_id))
+        snapshot = jobs.snapshot()
+        cordoned = set(jobs.cordons())
+        known = {lease.name for lease in snapshot.leases} | cordoned
+        if snapshot.record is not None:
+            known |= set(snapshot.record.members)
+        if node not in known:
+            raise Refused(f"node {node!r} is not in job {job_id}")
+        if action == "uncordon":
+            lifted = node in cordoned and jobs.uncordon(node, caller.name)
+            return f"node {node}: " + ("uncordoned" if lifted else "was not cordoned")
+        if action not in ("cordon", "drain"):
+            raise Refused(f"cordon: expected cordon, drain or uncordon, got {action!r}")
+        reason = str(args.get("reason", ""))[:256] or f"{action}ed by an operator"
+        jobs.cordon(node, Cordon(reason=reason, by=caller.name, drain=action == "drain"))
+        done = "drained" if action == "drain" else "cordoned"
+        return f"node {node}: {done} in job {job_id} by {caller.name}"
+
+    def _sign(self, spec: JobSpec) -> JobSpec:
+        try:
+            return self._authority.sign(spec)
+        except MungeUnavailable as exc:
+            raise Refused(f"the pool leader cannot sign the spec: {exc}") from None
+
+
+def resolve_target(value: str, current: int) -> int:
+    """N, or Arena's relative +K / -K from the current target.
+
+    Raises:
+        Refused: not a whole number.
+    """
+    text = value.strip()
+    sign = text[:1] if text[:1] in "+-" else ""
+    digits = text[1:] if sign else text
+    if not digits.isdigit():
+        raise Refused(f"scale: expected N, +N or -N, got {value!r}")
+    number = int(digits)
+    return current + number if sign == "+" else current - number if sign == "-" else number
+
+
+def _name(args: Mapping[str, Any], key: str) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or not value or len(value) > 64:
+        raise Refused(f"{key}: expected a name, got {str(value)[:64]!r}")
+    return value
+
+
+def _number(args: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    if key not in args:
+        return default
+    value = args[key]
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or abs(value) > MAX_NODES:
+        raise Refused(f"{key}: expected a whole number or none, got {str(value)[:32]!r}")
+    return value

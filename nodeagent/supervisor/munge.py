@@ -1,0 +1,100 @@
+"""MUNGE's programs: `munge` encodes a credential, `unmunge` decodes one (model/credential.py).
+
+Why the programs and not a binding: libmunge's Python binding on PyPI (pymunge) was last
+released in 2018, and a ctypes binding would tie the agent to one libmunge ABI; the programs
+ship with munged itself (Debian's `munge`), speak to it over its socket, and cost a few
+milliseconds per call, paid once per request. They are child processes, so they live here with
+the agent's other children (only supervisor/ starts processes).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+
+from nodeagent.model.credential import (
+    CREDENTIAL_MAX_BYTES,
+    STATUS_OF_CODE,
+    Decoded,
+    MungeStatus,
+    MungeUnavailable,
+)
+
+DEFAULT_SOCKET = "/run/munge/munge.socket.2"
+CALL_TIMEOUT_S = 5.0
+UNREACHABLE = frozenset({6, 7})  # EMUNGE_SOCKET, EMUNGE_TIMEOUT
+
+
+@dataclass(frozen=True)
+class MungeProgram:
+    """`munge` and `unmunge` against the munged listening on `socket`."""
+
+    socket: str = DEFAULT_SOCKET
+    munge: str = "munge"
+    unmunge: str = "unmunge"
+
+    def encode(self, payload: str, ttl_s: int | None = None) -> str:
+        argv = [self.munge, "-S", self.socket]
+        if ttl_s is not None:
+            argv += ["-t", str(ttl_s)]
+        done = self._run(argv, payload)
+        if done.returncode != 0:
+            raise MungeUnavailable(self._why(done))
+        return done.stdout.strip()
+
+    def decode(self, credential: str) -> Decoded | MungeStatus:
+        if len(credential) > CREDENTIAL_MAX_BYTES or not credential.startswith("MUNGE:"):
+            return MungeStatus.MALFORMED
+        done = self._run([self.unmunge, "-S", self.socket, "-N"], credential)
+        if done.returncode in UNREACHABLE:
+            raise MungeUnavailable(self._why(done))
+        status = STATUS_OF_CODE.get(done.returncode)
+        if status is None:
+            return MungeStatus.MALFORMED
+        if not status.signed:
+            return status
+        return parse_unmunge(done.stdout, status)
+
+    def _run(self, argv: list[str], stdin: str) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                argv,
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=CALL_TIMEOUT_S,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise MungeUnavailable(
+                f"{argv[0]} not found: install MUNGE (Debian: apt-get install munge)"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise MungeUnavailable(
+                f"munged at {self.socket} did not answer within {CALL_TIMEOUT_S:g} s"
+            ) from None
+
+    def _why(self, done: subprocess.CompletedProcess[str]) -> str:
+        said = done.stderr.strip().splitlines()
+        return f"munged at {self.socket}: {said[-1] if said else f'exit {done.returncode}'}"
+
+
+def parse_unmunge(text: str, status: MungeStatus) -> Decoded | MungeStatus:
+    """unmunge -N's output (metadata lines `KEY: value`, a blank line, the payload). Pure."""
+    head, blank, payload = text.partition("\n\n")
+    fields = {}
+    for line in head.splitlines():
+        key, colon, value = line.partition(":")
+        if colon:
+            fields[key.strip()] = value.strip()
+    try:
+        return Decoded(
+            status=status,
+            uid=int(fields["UID"]),
+            gid=int(fields["GID"]),
+            payload=payload if blank else "",
+            encoded_s=int(fields["ENCODE_TIME"]),
+            ttl_s=int(fields["TTL"]),
+        )
+    except (KeyError, ValueError):
+        return MungeStatus.MALFORMED

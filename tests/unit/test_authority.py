@@ -1,0 +1,107 @@
+"""Who is who for a pool agent (pool/requests.Authority) against a fake munged and a fake user
+database: operators, the agent's signature on specs, who may read a log. Pure: no process."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.identity import Account
+from nodeagent.config.settings import JobConfig, Operators, PoolConfig
+from nodeagent.model.credential import Decoded, bound
+from nodeagent.model.spec import JobSpec
+from nodeagent.pool.authority import Authority
+from tests.helpers.munge import FakeMunge
+
+USERS = {0: "root", 900: "agent", 1001: "alice", 1002: "bob", 1003: "ops"}
+GROUPS = {"hpc-admin": 500, "ml": 600}
+MEMBERS = {"ops": (500,), "alice": (600,), "bob": (600,)}  # supplementary groups
+
+
+class Users(Resolver):
+    def agent(self) -> Account:
+        return Account("agent", 900, 900, "/")
+
+    def name_of(self, uid: int) -> str | None:
+        return USERS.get(uid)
+
+    def group(self, name: str) -> int | None:
+        return GROUPS.get(name)
+
+    def groups_of(self, user: str, gid: int) -> tuple[int, ...]:
+        return (gid, *MEMBERS.get(user, ()))
+
+
+POOL = PoolConfig(operators=Operators(users=("bob",), groups=("hpc-admin",)))
+
+
+def authority(munge: FakeMunge) -> Authority:
+    return Authority(munge, POOL, Users())
+
+
+def spec(user: str = "alice") -> JobSpec:
+    return JobSpec(JobConfig(id="j", entrypoint=("true",)), user)
+
+
+@pytest.mark.parametrize(
+    ("uid", "gid", "name", "operator"),
+    [
+        (0, 0, "root", True),  # root always
+        (1002, 1002, "bob", True),  # pool.operators.users
+        (1003, 1003, "ops", True),  # a member of pool.operators.groups
+        (1001, 1001, "alice", False),
+        (4242, 4242, "uid 4242", False),  # no passwd entry here
+    ],
+)
+def test_who_is_an_operator(uid: int, gid: int, name: str, operator: bool) -> None:
+    site = FakeMunge(uid, gid)
+    found = site.decode(site.encode("x"))
+    assert isinstance(found, Decoded)
+    caller = authority(site).caller(found)
+    assert (caller.name, caller.operator) == (name, operator)
+
+
+def test_a_spec_runs_only_as_an_agent_signed_it() -> None:
+    agent = FakeMunge(900, 900)
+    signed = authority(agent).sign(spec())
+    assert signed.signature and authority(agent).vouch(signed) is None
+    checker = authority(agent.share(900, 900))
+    assert checker.vouch(signed) is None  # another node of the same site, replayed: still ok
+    assert "not signed" in str(checker.vouch(spec()))
+    altered = dataclasses.replace(signed, user="bob")
+    assert "signed for another request" in str(checker.vouch(altered))
+    alice = agent.share(1001, 1001)
+    by_alice = dataclasses.replace(spec(), signature=alice.encode(bound(spec().signed_digest)))
+    assert checker.vouch(by_alice) == "signed by uid 1001, not by an agent of the pool"
+    foreign = authority(FakeMunge(900, 900, key="elsewhere")).sign(spec())
+    assert "credential invalid" in str(checker.vouch(foreign))
+
+
+@pytest.mark.parametrize(
+    ("uid", "gid", "log_gid", "verdict"),
+    [
+        (1001, 1001, 1001, None),  # the job's user: the log's group is its own
+        (1001, 1001, 600, None),  # a member of the job's group (the spec's group: ml)
+        (1002, 1002, 1001, None),  # an operator
+        (1003, 1003, 1001, None),  # an operator through hpc-admin
+        (4242, 4242, 1001, "uid 4242 may not read this log: it is another user's job's"),
+    ],
+)
+def test_who_may_read_a_log(uid: int, gid: int, log_gid: int, verdict: str | None) -> None:
+    site = FakeMunge(uid, gid)
+    credential = site.encode(bound("ab" * 32))
+    assert authority(site).may_read("ab" * 32, credential, log_gid) == verdict
+
+
+def test_a_log_credential_is_good_once_and_for_its_request() -> None:
+    site = FakeMunge(1001, 1001)
+    credential = site.encode(bound("ab" * 32))
+    checker = authority(site)
+    assert "signed for another request" in str(checker.may_read("cd" * 32, credential, 1001))
+    assert (
+        checker.may_read("ab" * 32, credential, 1001) == "credential replayed: it was used before"
+    )
+    site.reachable = False
+    assert "cannot check credentials" in str(checker.may_read("ab" * 32, credential, 1001))
