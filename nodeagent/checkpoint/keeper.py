@@ -30,6 +30,10 @@ from nodeagent.model.tiers import Held, TierReport
 
 log = logging.getLogger(__name__)
 KEEP_PERSISTED = 2  # steps of this node's ranks kept in the persistent tier
+# The longest a settle holds up the next generation: a persist_dir that hangs (a stuck NFS
+# mount) must not stop the job; the copy goes on in the background, and the leader chooses
+# from what this node reports then.
+SETTLE_TIMEOUT_S = 300.0
 NON_FINITE = "non-finite value"  # what nodeagent.worker.tiered says of a state with a NaN
 
 
@@ -70,6 +74,8 @@ class TierKeeper:
         self._thread: threading.Thread | None = None
         self._settle: bool | None = None  # a settle wanted: persist or not
         self._settling = False
+        self._settle_began = 0.0
+        self.settle_timeout = SETTLE_TIMEOUT_S
         self._thread_settles = False
         self._persisted: list[Held] = []
         self._refused: set[int] = set()
@@ -105,11 +111,23 @@ class TierKeeper:
         """The workers stopped: verify their last saves and, with `persist`, copy the newest
         step to the persistent tier. `settling` until done."""
         self._settle = bool(persist) or bool(self._settle)
+        if not self._settling:
+            self._settle_began = self._clock()
         self._settling = True
         self.poll()
 
     @property
     def settling(self) -> bool:
+        """A settle is under way and has not outlasted settle_timeout (then it is given up on,
+        once, with a problem said: the copy goes on, the generation does not wait for it)."""
+        if self._settling and self._clock() - self._settle_began > self.settle_timeout:
+            self._settling = False
+            with self._lock:
+                self.problems.append(
+                    f"checkpoint tiers: verifying and persisting the last saves took more than "
+                    f"{self.settle_timeout:g}s (is {self.persist_root} reachable?); the job goes "
+                    "on without waiting for them"
+                )
         return self._settling
 
     def protect(self, step: int | None) -> None:
