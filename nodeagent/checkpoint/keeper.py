@@ -85,7 +85,8 @@ class TierKeeper:
         self._protected: int | None = None  # the step the leader records as persisted
         self._reverify = False  # a worker refused a copy: forget what was verified
         self.last_persist: Persisted | None = None
-        self.problems: list[str] = []  # what the thread found, for the agent to log
+        self.problems: list[str] = []  # copies that did not verify, for the agent to say
+        self.slow: list[str] = []  # settles given up on, for the agent to say
         self.removed = False
 
     # -- the agent's calls ------------------------------------------------------------------
@@ -123,8 +124,8 @@ class TierKeeper:
         if self._settling and self._clock() - self._settle_began > self.settle_timeout:
             self._settling = False
             with self._lock:
-                self.problems.append(
-                    f"checkpoint tiers: verifying and persisting the last saves took more than "
+                self.slow.append(
+                    f"verifying and persisting the last saves took more than "
                     f"{self.settle_timeout:g}s (is {self.persist_root} reachable?); the job goes "
                     "on without waiting for them"
                 )

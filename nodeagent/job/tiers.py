@@ -80,6 +80,9 @@ class TierDuties:
                     "checkpoint_refused", self._generation, self._node, f"by the agent: {problem}"
                 )
             )
+        for problem in _take(keeper.slow):
+            log.warning("checkpoint tiers: %s", problem)
+            events.append(Event("checkpoint_slow", self._generation, self._node, problem))
         events += self._restored(keeper.restores())
         if keeper.last_persist is not None:
             done, keeper.last_persist = keeper.last_persist, None
