@@ -107,6 +107,9 @@ def test_unit_settings_the_agent_relies_on() -> None:
         "DevicePolicy=closed",
         "DeviceAllow=char-nvidiactl rw",
         "DeviceAllow=char-infiniband_verbs rw",
+        "DeviceAllow=/dev/infiniband/rdma_cm rw",  # UCX, MPI: a misc device, not verbs
+        "DeviceAllow=char-gdrdrv rw",  # GDRCopy
+        "DeviceAllow=char-nvidia-caps-imex-channels rw",  # multi-node NVLink (GB200)
         "DeviceAllow=/dev/kmsg r",
         "PrivateTmp=yes",
         "UMask=0027",
