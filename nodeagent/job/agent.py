@@ -424,8 +424,15 @@ class Agent:
 
     def _start_workers(self, action: StartWorkers) -> None:
         record = action.record
-        usable = self._watchers.usable_gpus
-        specs = worker_specs(self._base_env, self.config, record, action.group_rank, usable)
+        watch = self._watchers
+        specs = worker_specs(
+            self._base_env,
+            self.config,
+            record,
+            action.group_rank,
+            watch.usable_gpus,
+            watch.gpu_uuids,
+        )
         self._log.info(
             "starting %d workers: ranks %d-%d of %s, master %s:%d",
             len(specs),

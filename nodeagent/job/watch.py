@@ -53,6 +53,13 @@ class WorkerWatch:
         return self._health.usable if self._health else None
 
     @property
+    def gpu_uuids(self) -> dict[int, str]:
+        """Each GPU's UUID by NVML index, as last sampled (empty without monitoring)."""
+        if self._health is None:
+            return {}
+        return {g.index: g.uuid for g in self._health.monitor.snapshot().gpus if g.uuid}
+
+    @property
     def unfit(self) -> str | None:
         return self._health.unfit if self._health else None
 

@@ -238,16 +238,30 @@ def assignment(config: Config, record: JobRecord, group_rank: int, local_rank: i
     )
 
 
+def visible_devices(gpus: tuple[int, ...], uuids: Mapping[int, str]) -> dict[str, str]:
+    """What tells CUDA which GPUs a worker has: their UUIDs (`GPU-...`, `MIG-...`), which name
+    one device whatever order CUDA counts in; else NVML's indices, with CUDA told to count in
+    NVML's order (PCI bus order: CUDA's default, fastest first, may differ, and a worker would
+    get another GPU than the one judged healthy)."""
+    if all(uuids.get(i) for i in gpus):
+        visible = ",".join(uuids[i] for i in gpus)
+    else:
+        visible = ",".join(map(str, gpus))
+    return {"CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
 def worker_specs(
     base_env: Mapping[str, str],
     config: Config,
     record: JobRecord,
     group_rank: int,
     usable_gpus: tuple[int, ...] | None = None,
+    uuids: Mapping[int, str] | None = None,
 ) -> list[WorkerSpec]:
     """One spec per local rank. With GPU monitoring, local rank i gets the i-th slice of
-    `gpus_per_worker` usable GPUs as CUDA_VISIBLE_DEVICES. The number of local ranks is this
-    node's job.nproc_per_node, whatever the record says."""
+    `gpus_per_worker` usable GPUs (NVML indices) as CUDA_VISIBLE_DEVICES, by UUID where `uuids`
+    names them (visible_devices). The number of local ranks is this node's
+    job.nproc_per_node, whatever the record says."""
     nproc = config.job.nproc_per_node
     per_worker = config.job.gpus_per_worker
     warning = omp_warning(config, base_env)
@@ -261,7 +275,7 @@ def worker_specs(
         gpus: tuple[int, ...] = ()
         if usable_gpus is not None and per_worker > 0:
             gpus = usable_gpus[local_rank * per_worker : (local_rank + 1) * per_worker]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            env.update(visible_devices(gpus, uuids or {}))
         specs.append(
             WorkerSpec(
                 rank=rank,

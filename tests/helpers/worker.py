@@ -77,6 +77,7 @@ def main() -> int:
         "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", -1)),
         "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
         "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cuda_order": os.environ.get("CUDA_DEVICE_ORDER"),
         "preloaded": os.environ.get("NODEAGENT_PRELOADED"),
     }
     if problems:

@@ -69,11 +69,12 @@ def test_each_worker_gets_its_own_healthy_gpu(gpu_cluster: tuple[LocalCluster, F
     doc = cluster.wait_running(4)
     starts = cluster.starts(doc["generation"])
     assert sorted((s["node"], s["rank"] % 2, s["cuda"]) for s in starts) == [
-        ("a", 0, "0"),
-        ("a", 1, "1"),
-        ("b", 0, "0"),
-        ("b", 1, "1"),
+        ("a", 0, "GPU-fake-0"),  # by UUID: the GPU judged healthy whatever CUDA's order
+        ("a", 1, "GPU-fake-1"),
+        ("b", 0, "GPU-fake-0"),
+        ("b", 1, "GPU-fake-1"),
     ]
+    assert {s["cuda_order"] for s in starts} == {"PCI_BUS_ID"}
     health = cluster.ctl("health", "--node", "a")
     assert health.returncode == 0 and "GPU 0: healthy" in health.stdout and "45C" in health.stdout
 

@@ -18,6 +18,7 @@ from nodeagent.gpu.fake import FakeNvml
 from nodeagent.gpu.monitor import GpuMonitor
 from nodeagent.gpu.nvml import GpuUnavailable, NvmlBackend, load_pynvml
 from nodeagent.gpu.readings import DeviceError, GpuReading
+from nodeagent.supervisor.spec import visible_devices
 from tests.helpers.gpus import FIXTURES, healthy_gpu
 
 OK = GpuReading(
@@ -345,3 +346,21 @@ def test_auto_uncordon_only_lifts_a_gpu_cordon_once_clear() -> None:
     assert not decide_gpus(True, HEALTHY, [], ops_cordon, [], 4, True).uncordon
     sick = [*HEALTHY[:3], classify(replace(OK, index=3, remapped_rows_pending=True), T)]
     assert not decide_gpus(True, sick, [], gpu_cordon, [], 4, True).uncordon
+
+
+def test_a_worker_never_gets_an_excluded_gpu_whatever_the_pci_order() -> None:
+    """The fake NVML's index 0 sits last on the PCI bus, index 1 (over its temperature limit)
+    first. By index, CUDA's default order (fastest first) could hand a worker GPU 1; by UUID,
+    from the real backend's readings through the real policy, it never does."""
+    bus = {0: "00000000:5E:00.0", 1: "00000000:3B:00.0", 2: "00000000:4C:00.0"}
+    gpus = [healthy_gpu(uuid=f"GPU-fake-{i}", bus_id=bus[i]) for i in range(3)]
+    gpus[1]["temperature_c"] = 95
+    backend = NvmlBackend(FakeNvml({"gpus": gpus}))
+    assert backend.open() == 3
+    readings = backend.sample()
+    verdicts = [classify(r, T) for r in readings]
+    usable = decide_gpus(True, verdicts, (), None, (), 2, False).usable
+    assert usable == (0, 2)
+    uuids = {r.index: r.uuid for r in readings}
+    handed = [visible_devices((i,), uuids)["CUDA_VISIBLE_DEVICES"] for i in usable]
+    assert handed == ["GPU-fake-0", "GPU-fake-2"]

@@ -12,7 +12,13 @@ from nodeagent.config.entrypoint import NotPython, split_python
 from nodeagent.config.load import load_config
 from nodeagent.state import JobState
 from nodeagent.supervisor.spares import static_env
-from nodeagent.supervisor.spec import TORCHRUN_VARIABLES, omp_warning, resolve_argv, worker_specs
+from nodeagent.supervisor.spec import (
+    TORCHRUN_VARIABLES,
+    omp_warning,
+    resolve_argv,
+    visible_devices,
+    worker_specs,
+)
 from tests.helpers.factories import make_record
 from tests.helpers.runas import AS_TESTER
 
@@ -233,3 +239,22 @@ def test_a_spec_names_its_error_file() -> None:
     spec = worker_specs({}, CONFIG, RECORD, group_rank=0)[1]
     assert spec.error_file == Path("/var/log/na/llama/7/rank-1.error.json")
     assert replace(spec, env={}).error_file is None
+
+
+def test_workers_get_their_gpus_by_uuid_and_by_index_only_in_pci_order() -> None:
+    uuids = {0: "GPU-aaaa", 2: "GPU-cccc", 3: "MIG-dddd"}
+    assert visible_devices((0, 2), uuids) == {
+        "CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-cccc",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+    assert visible_devices((3,), uuids)["CUDA_VISIBLE_DEVICES"] == "MIG-dddd"
+    # One GPU without a UUID: all by index, counted in NVML's (PCI) order.
+    assert visible_devices((1, 2), uuids) == {
+        "CUDA_VISIBLE_DEVICES": "1,2",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+    usable = (2, 0, 3, 1)
+    specs = worker_specs({}, CONFIG, RECORD, group_rank=0, usable_gpus=usable, uuids=uuids)
+    cuda = [s.env["CUDA_VISIBLE_DEVICES"] for s in specs]
+    assert cuda == ["GPU-cccc", "GPU-aaaa", "MIG-dddd", "1"]  # GPU 1 has no UUID here
+    assert [s.gpus for s in specs] == [(2,), (0,), (3,), (1,)]  # health follows NVML's indices
