@@ -18,6 +18,7 @@ running agent:
         pcie_replays: 0
         nvlinks: [1, 1]                         # link states; omit for no NVLink
         recovery_action: 0                      # omit: field not supported (driver < r570)
+        mig: [1, 1]                             # MIG mode, current and pending; omit: none
         errors: {temperature_c: 3}              # NVML error code per reading; "all": every call
     xids: [{gpu: 0, xid: 79}]                   # each entry is delivered once as an event
 
@@ -152,6 +153,10 @@ class FakeNvml:
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, h: _Handle) -> int:
         return int(bool(self._gpu(h, "retired_pages_pending")))
+
+    def nvmlDeviceGetMigMode(self, h: _Handle) -> tuple[int, int]:
+        current, pending = self._gpu(h, "mig")
+        return int(current), int(pending)
 
     def nvmlDeviceGetPcieReplayCounter(self, h: _Handle) -> int:
         return int(self._gpu(h, "pcie_replays"))

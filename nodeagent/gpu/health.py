@@ -88,6 +88,7 @@ class NodeHealth:
             in_use,
             self._needed if self._health.gpu != "off" else 0,
             self._health.auto_uncordon,
+            mig=tuple(g.index for g in snapshot.gpus if g.mig),
         )
         self.usable, self.unfit = decision.usable, decision.unfit
         check = HealthCheck(

@@ -124,6 +124,7 @@ class NvmlBackend:
         remapped = get(nvml.nvmlDeviceGetRemappedRows, h)
         retired = get(nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
         pci = get(nvml.nvmlDeviceGetPciInfo, h)
+        mig = get(nvml.nvmlDeviceGetMigMode, h)  # (current, pending)
         return GpuReading(
             index=index,
             uuid=_text(get(nvml.nvmlDeviceGetUUID, h) or ""),
@@ -146,6 +147,7 @@ class NvmlBackend:
             pcie_replays=get(nvml.nvmlDeviceGetPcieReplayCounter, h),
             nvlinks_down=self._nvlinks_down(h),
             recovery_action=self._recovery_action(h),
+            mig=mig[0] == nvml.NVML_DEVICE_MIG_ENABLE if mig is not None else None,
         )
 
     def _nvlinks_down(self, handle: Any) -> tuple[int, ...]:

@@ -37,7 +37,11 @@ def decide_gpus(
     gpus_in_use: Sequence[int],
     gpus_needed: int,
     auto_uncordon: bool,
+    mig: Sequence[int] = (),
 ) -> GpuDecision:
+    """`mig`: the GPUs in MIG mode. nodeagent hands out whole GPUs: a node whose GPUs are in MIG
+    mode does not take part in a job that needs GPUs, and says why (its MIG instances would need
+    handing out as devices of their own, health judged per parent: not done yet)."""
     if not available:
         return GpuDecision(None, None, None, False, None)
     usable = tuple(v.index for v in verdicts if not v.drains)
@@ -46,6 +50,12 @@ def decide_gpus(
         if len(usable) < gpus_needed
         else None
     )
+    if mig and gpus_needed > 0 and unfit is None:
+        listed = ", ".join(map(str, mig))
+        unfit = (
+            f"GPU {listed} in MIG mode: nodeagent hands out whole GPUs only; disable MIG "
+            f"(nvidia-smi -i {mig[0]} -mig 0, then reset the GPU) or set job.gpus_per_worker: 0"
+        )
     draining = [v for v in verdicts if v.drains]
     new_cordon = None
     if draining and cordon is None:

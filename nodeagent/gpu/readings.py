@@ -32,6 +32,7 @@ class GpuReading:
     pcie_replays: int | None = None
     nvlinks_down: tuple[int, ...] = ()
     recovery_action: int | None = None
+    mig: bool | None = None  # MIG mode on (None: not supported, not an Ampere+ data-center GPU)
     xids: tuple[int, ...] = ()  # XIDs seen on this GPU since the agent started
     error: DeviceError | None = None
     error_detail: str = ""

@@ -130,6 +130,18 @@ def test_a_node_with_too_few_usable_gpus_stays_out(
     assert sorted(doc["members"]) == ["a", "b"]  # (in the order they joined)
 
 
+def test_a_node_whose_gpus_are_in_mig_mode_stays_out_and_says_why(
+    gpu_cluster: tuple[LocalCluster, FakeGpus],
+) -> None:
+    cluster, fakes = gpu_cluster
+    fakes.write("c", {"gpus": [gpu(0) | {"mig": [1, 1]}, gpu(1) | {"mig": [1, 1]}]})
+    cluster.start("a", "b", "c")
+    doc = cluster.wait_running(4)
+    c = nodes_of(doc)["c"]
+    assert c["state"] == "cordoned" and c["unfit"].startswith("GPU 0, 1 in MIG mode")
+    assert sorted(doc["members"]) == ["a", "b"]
+
+
 def test_operator_drain_waits_for_the_workers(gpu_cluster: tuple[LocalCluster, FakeGpus]) -> None:
     cluster, _ = gpu_cluster
     cluster.start("a", "b", "c")

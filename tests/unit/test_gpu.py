@@ -364,3 +364,20 @@ def test_a_worker_never_gets_an_excluded_gpu_whatever_the_pci_order() -> None:
     uuids = {r.index: r.uuid for r in readings}
     handed = [visible_devices((i,), uuids)["CUDA_VISIBLE_DEVICES"] for i in usable]
     assert handed == ["GPU-fake-0", "GPU-fake-2"]
+
+
+def test_a_node_whose_gpus_are_in_mig_mode_refuses_a_job_that_needs_gpus() -> None:
+    gpus = [healthy_gpu(uuid=f"GPU-fake-{i}", mig=[1, 1] if i else [0, 0]) for i in range(2)]
+    backend = NvmlBackend(FakeNvml({"gpus": gpus}))
+    assert backend.open() == 2
+    readings = backend.sample()
+    assert [r.mig for r in readings] == [False, True]
+    plain = NvmlBackend(FakeNvml({"gpus": [healthy_gpu()]}))  # no MIG support: not "off"
+    assert plain.open() == 1 and plain.sample()[0].mig is None
+    verdicts = [classify(r, T) for r in readings]
+    mig = tuple(r.index for r in readings if r.mig)
+    refused = decide_gpus(True, verdicts, (), None, (), 2, False, mig)
+    assert refused.unfit is not None and refused.unfit.startswith("GPU 1 in MIG mode")
+    assert "nvidia-smi -i 1 -mig 0" in refused.unfit
+    assert decide_gpus(True, verdicts, (), None, (), 0, False, mig).unfit is None  # no GPUs
+    assert decide_gpus(True, verdicts, (), None, (), 2, False).unfit is None  # MIG off
