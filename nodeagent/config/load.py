@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from nodeagent.config import redisurl, strictyaml
+from nodeagent.config.checkpoint import load_checkpoint
 from nodeagent.config.entrypoint import NotPython, split_python
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.identity import WorkerUser
@@ -28,7 +29,6 @@ from nodeagent.config.settings import (
     LOG_FORMATS,
     LOG_LEVELS,
     RECOVERY_MODES,
-    CheckpointConfig,
     Config,
     HealthConfig,
     JobConfig,
@@ -48,7 +48,6 @@ from nodeagent.config.values import (
     duration,
     optional_limit,
     optional_path,
-    parse_size,
     path_value,
     positive_int,
 )
@@ -117,34 +116,8 @@ def job_fields(section: Section) -> JobConfig:
         preload=_preload(section, entrypoint),
         python=_python(section),
         recovery=_recovery(section),
-        checkpoint=_checkpoint(section.section("checkpoint")),
+        checkpoint=load_checkpoint(section.section("checkpoint")),
     )
-
-
-def _checkpoint(section: Section) -> CheckpointConfig | None:
-    """job.checkpoint; None when the section is absent (or empty)."""
-    if not section.present:
-        return None
-    memory_size = section.raw("memory_size")
-    if memory_size is None:
-        raise ConfigError(
-            section.key("memory_size"),
-            "required: the memory tier's size on each node, such as 8GiB (two saves per local "
-            "rank: about twice the state a node holds)",
-        )
-    memory_dir = path_value(section, "memory_dir", CheckpointConfig.memory_dir)
-    persist_dir = optional_path(section, "persist_dir")
-    for key, path in (("memory_dir", memory_dir), ("persist_dir", persist_dir)):
-        if path is not None and not path.startswith("/"):
-            raise ConfigError(section.key(key), f"must be an absolute path, got {path!r}")
-    checkpoint = CheckpointConfig(
-        memory_size=parse_size(memory_size, section.key("memory_size")),
-        memory_dir=memory_dir,
-        persist_dir=persist_dir,
-        persist_every=positive_int(section, "persist_every", CheckpointConfig.persist_every),
-    )
-    section.reject_unknown()
-    return checkpoint
 
 
 def _recovery(section: Section) -> str:
