@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,5 +236,31 @@ def test_scale_down_and_up_reshard_through_the_persistent_tier_bitwise(
             assert back["digest"] == saved_digests(cluster, before)[back["step"]]
             assert tiers_said(cluster, generation, world) == {"persistent"}
             wait_until_step(cluster, generation, back["step"] + 4)
+        cluster.ctl("stop")
+        cluster.wait_status(lambda d: d["state"] == "stopped", 60, "the job to stop")
+
+
+def test_the_memory_tier_outlives_an_agent_restart(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+) -> None:
+    """systemctl restart: the agent stops (its workers save and stop, the step is persisted),
+    its memory tier stays; the new agent finds it, verifies it and reports it."""
+    with fsdp_cluster(redis_server, job_id, tmp_path, shm, steps=200) as cluster:
+        cluster.start("a", "b", "c")
+        wait_for(lambda: newest_step(cluster, 1) >= 6, 120, "step 6")
+        agent = cluster.agents["b"]
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(60) == 0
+        memory = shm / f"b.{job_id}"
+        kept = [tier.verify(s).step for s, _ in tier.memory_saves(memory) if s.exists()]
+        assert kept, f"b's memory tier went with its agent: {list(shm.glob('*'))}"
+        cluster.start("b")
+
+        def reported() -> list[int] | None:
+            node = next((n for n in cluster.status()["nodes"] if n["name"] == "b"), None)
+            held = node and node["tier"] and node["tier"]["memory"]
+            return [held] if held is not None and held >= max(kept) else None
+
+        wait_for(reported, 60, "the restarted agent to report the tier it found")
         cluster.ctl("stop")
         cluster.wait_status(lambda d: d["state"] == "stopped", 60, "the job to stop")
