@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ PERSIST_ENV = "NODEAGENT_CKPT_PERSIST"  # the job's persistent tier (shared by i
 RESTORE_ENV = "NODEAGENT_RESTORE"  # the leader's choice, Restore.to_env()
 RESTORE_REPORT_ENV = "NODEAGENT_RESTORE_REPORT"  # where the worker says what it restored
 TIERS = ("memory", "persistent", "script", "start")
+NON_FINITE = "non-finite value"  # how a worker says a state holds a NaN or an infinity
 _NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")
 _RANK_DIR = re.compile(r"rank-([0-9]{1,7})")
 _STEP_DIR = re.compile(r"step-([0-9]{1,15})")
@@ -140,7 +142,7 @@ def _count(data: Mapping[str, object], key: str, where: str) -> int:
 def checksum(path: Path) -> FileSum:
     """Size and CRC-32 of a file, read in chunks (3.6 GB/s here)."""
     crc, size = 0, 0
-    with open(path, "rb") as f:
+    with os.fdopen(open_plain(path), "rb") as f:
         while chunk := f.read(CHUNK):
             crc = zlib.crc32(chunk, crc)
             size += len(chunk)
@@ -220,6 +222,8 @@ def _fsync(path: Path) -> None:
 def begin(directory: Path) -> None:
     """Make `directory` an empty place for a new save: its manifest goes first (so what is
     left of an older save there is never taken for a save), then everything else."""
+    if directory.is_symlink():
+        raise BadCopy(f"{directory}: a symbolic link, not a directory of saves")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / MANIFEST).unlink(missing_ok=True)
     for entry in os.scandir(directory):
@@ -289,28 +293,52 @@ def steps(root: Path) -> list[int]:
     return sorted(found, reverse=True)
 
 
-def copy_verified(source: Path, target: Path, durable: bool = True) -> Manifest:
+def open_plain(path: Path) -> int:
+    """A descriptor of `path` for reading, only if it is a regular file: never through a
+    symbolic link, never blocking on a FIFO a worker put in its place. Raises: BadCopy."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise BadCopy(f"{path}: missing (named by {MANIFEST})") from None
+    except OSError as exc:
+        raise BadCopy(f"{path}: {exc.strerror} (a link or something else than a file)") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BadCopy(f"{path}: not a regular file")
+    return fd
+
+
+def copy_verified(
+    source: Path, target: Path, durable: bool = True, expected: Manifest | None = None
+) -> Manifest:
     """Copy the save in `source` to `target` (made anew), checking every byte copied against
-    the source's manifest before the copy's manifest is written (last). A copy that does not
-    match leaves no manifest at `target`. Raises: BadCopy; OSError (a full disk)."""
+    the source's manifest (which must be `expected`, the one verified, when given: the worker
+    may have saved over the slot since) before the copy's manifest is written (last). A copy
+    that does not match is removed. Raises: BadCopy; OSError (a full disk)."""
     manifest = read_manifest(source)
+    if expected is not None and manifest != expected:
+        raise BadCopy(f"{source}: now holds step {manifest.step}, not the {expected.step} verified")
     begin(target)
-    for name, expected in manifest.files.items():
-        crc, size = 0, 0
-        try:
-            with open(source / name, "rb") as src, open(target / name, "wb") as dst:
+    try:
+        for name, want in manifest.files.items():
+            crc, size = 0, 0
+            with (
+                os.fdopen(open_plain(source / name), "rb") as src,
+                open(target / name, "xb") as dst,
+            ):
                 while chunk := src.read(CHUNK):
                     crc = zlib.crc32(chunk, crc)
                     size += len(chunk)
                     dst.write(chunk)
-        except FileNotFoundError:
-            raise BadCopy(f"{source / name}: missing (named by {MANIFEST})") from None
-        if (size, crc) != (expected.size, expected.crc32):
-            raise BadCopy(
-                f"{source / name}: {size} bytes, checksum {crc:08x}; the manifest says "
-                f"{expected.size} bytes, {expected.crc32:08x}"
-            )
-    write_manifest(target, manifest, durable=durable)
+            if (size, crc) != (want.size, want.crc32):
+                raise BadCopy(
+                    f"{source / name}: {size} bytes, checksum {crc:08x}; the manifest says "
+                    f"{want.size} bytes, {want.crc32:08x}"
+                )
+        write_manifest(target, manifest, durable=durable)
+    except BaseException:
+        begin(target)  # nothing of a copy that failed stays
+        raise
     return manifest
 
 

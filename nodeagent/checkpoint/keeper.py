@@ -26,7 +26,7 @@ from pathlib import Path
 from nodeagent.channel import tier
 from nodeagent.checkpoint import scan
 from nodeagent.config.settings import CheckpointConfig
-from nodeagent.model.tiers import Held, TierReport
+from nodeagent.model.tiers import MAX_BAD, Held, TierReport
 
 log = logging.getLogger(__name__)
 KEEP_PERSISTED = 2  # steps of this node's ranks kept in the persistent tier
@@ -34,7 +34,8 @@ KEEP_PERSISTED = 2  # steps of this node's ranks kept in the persistent tier
 # mount) must not stop the job; the copy goes on in the background, and the leader chooses
 # from what this node reports then.
 SETTLE_TIMEOUT_S = 300.0
-NON_FINITE = "non-finite value"  # what nodeagent.worker.tiered says of a state with a NaN
+NON_FINITE = tier.NON_FINITE
+NOTE_MAX = 64 << 10  # bytes of a restore report the agent reads
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,9 @@ class Persisted:
 
 
 class TierKeeper:
-    """This node's tiers of one job. Call from the agent's loop only (one thread)."""
+    """This node's tiers of one job. Its methods are called from the agent's loop only; the
+    slow work runs in the one background thread it starts at a time, which hands its results
+    back under `_lock`."""
 
     def __init__(
         self,
@@ -139,6 +142,8 @@ class TierKeeper:
 
     def refuse(self, steps: list[int]) -> None:
         self._refused.update(steps)
+        while len(self._refused) > MAX_BAD:  # what a report may carry: the newest
+            self._refused.discard(min(self._refused))
 
     def poll(self) -> None:
         """Start the background work that is due. Cheap: reads a few small manifests."""
@@ -150,8 +155,7 @@ class TierKeeper:
                 self._settling = False
         if self._reverify:
             self._reverify = False
-            self._verified = scan.Verified(self.memory)
-            self._start(self._work, False, False)
+            self._start(self._work_again, False, False)
             return
         if self._settle is not None:
             persist, self._settle = self._settle, None
@@ -196,6 +200,12 @@ class TierKeeper:
                 refused=tuple(sorted(self._refused)),
             )
 
+    def take_persisted(self) -> Persisted | None:
+        """The copy to the persistent tier finished since the last call, if any."""
+        with self._lock:
+            done, self.last_persist = self.last_persist, None
+        return done
+
     @property
     def expecting(self) -> bool:
         """A local rank of the running generation has not said what it restored yet."""
@@ -221,7 +231,13 @@ class TierKeeper:
             if note is not None:
                 del self._expected[rank]
                 notes.append(note)
-                self.refuse([int(s.split(":")[1]) for s, why in note.refused if condemns(s, why)])
+                self.refuse(
+                    [
+                        step
+                        for s, why in note.refused
+                        if (step := _step_of(s)) is not None and condemns(s, why)
+                    ]
+                )
                 if note.refused:  # a copy here may be bad: verify everything again
                     self._reverify = True
         if notes and not self._expected and self._ranks:
@@ -231,13 +247,21 @@ class TierKeeper:
         return notes
 
     def remove(self) -> None:
-        """The job ended: the memory tier goes (after any copy under way)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        shutil.rmtree(self.memory, ignore_errors=True)
+        """The job ended: the memory tier goes, now or, if a copy is under way (a persist_dir
+        that hangs), once it ends; the agent's loop never waits for it."""
         self.removed = True
         self._settling = False
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+
+            def after_copy() -> None:
+                thread.join()
+                shutil.rmtree(self.memory, ignore_errors=True)
+
+            threading.Thread(target=after_copy, name="nodeagent-tier-removal", daemon=True).start()
+            return
+        self._thread = None
+        shutil.rmtree(self.memory, ignore_errors=True)
 
     # -- the background thread --------------------------------------------------------------
 
@@ -251,6 +275,15 @@ class TierKeeper:
         except Exception as exc:  # the thread must never die silently
             with self._lock:
                 self.problems.append(f"checkpoint tiers: {type(exc).__name__}: {exc}")
+
+    def _work_again(self, _persist: bool, _settle: bool) -> None:
+        """Verify everything again, from scratch (a worker refused a copy this node offered);
+        what is reported meanwhile is what was verified before."""
+        fresh = scan.Verified(self.memory)
+        problems = fresh.refresh()
+        with self._lock:
+            self._verified = fresh
+            self.problems += problems
 
     def _persist_newest(self, root: Path) -> None:
         saves = self._verified.saves()
@@ -302,13 +335,30 @@ def refuses_a_copy(why: str) -> bool:
     return not why.startswith("nothing in ") and "holds no step" not in why
 
 
-def _read_note(path: Path) -> RestoreNote | None:
+def _step_of(source: str) -> int | None:
+    """The step a source names (`memory:120`), or None (`script`, or a worker's garbage)."""
     try:
-        text = path.read_text()
+        found = tier.restore_from_env(source)
+    except ValueError:
+        return None
+    return found[0].step if len(found) == 1 else None
+
+
+def _read_note(path: Path) -> RestoreNote | None:
+    """A worker's restore report, which the agent trusts no more than any other input: at most
+    NOTE_MAX bytes, strictly typed; anything else is said and dropped."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(NOTE_MAX + 1)
+        if len(raw) > NOTE_MAX:
+            raise ValueError(f"more than {NOTE_MAX} bytes")
+        text = raw.decode()
         if not text:  # made by the agent for a worker of another user; not written yet
             return None
         data = json.loads(text)
-        refused = tuple((str(r["source"]), str(r["reason"])) for r in data["refused"])
+        refused = tuple((str(r["source"])[:64], str(r["reason"])[:300]) for r in data["refused"])
+        if len(refused) > len(tier.TIERS) * 8:
+            raise ValueError(f"{len(refused)} refused sources")
         step = data["step"]
         return RestoreNote(
             rank=int(data["rank"]),

@@ -118,7 +118,7 @@ def persist(saves: list[Save], root: Path) -> Held:
     step = saves[0].manifest.step
     for save in saves:
         target = tier.rank_dir(tier.step_dir(root, step), save.manifest.rank)
-        tier.copy_verified(save.slot, target, durable=True)
+        tier.copy_verified(save.slot, target, durable=True, expected=save.manifest)
     return Held(step, saves[0].manifest.world_size, tuple(s.manifest.rank for s in saves))
 
 

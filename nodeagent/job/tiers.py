@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 
 class TierDuties:
+    """What the agent's loop does about its job's tiers each tick (the module docstring)."""
+
     def __init__(self, keeper: TierKeeper, node: str, metrics: CheckpointMetrics) -> None:
         self.keeper = keeper
         self._node = node
@@ -84,8 +86,8 @@ class TierDuties:
             log.warning("checkpoint tiers: %s", problem)
             events.append(Event("checkpoint_slow", self._generation, self._node, problem))
         events += self._restored(keeper.restores())
-        if keeper.last_persist is not None:
-            done, keeper.last_persist = keeper.last_persist, None
+        done = keeper.take_persisted()
+        if done is not None:
             self._metrics.persisted(done.seconds, done.bytes)
             events.append(
                 Event(

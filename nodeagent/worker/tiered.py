@@ -144,6 +144,7 @@ class Checkpointer:
         if self.memory is None and self.directory is None:
             raise ValueError("Checkpointer: give it a directory (no nodeagent memory tier here)")
         self._stage_cache: Any = None
+        self._loaded: Any = None  # a source loaded by this rank, not yet agreed on
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_blocked_s = 0.0  # how long the last save held the training step
@@ -256,9 +257,13 @@ class Checkpointer:
         for source in self.sources or default:
             if source.tier == "start":
                 break
+            self._loaded = None
             problem, step = self._try(source, state)
             problem = _agree(problem)
             if problem is None:
+                assert self._loaded is not None
+                state.load_state_dict(self._loaded)  # only once every rank has its copy
+                self._loaded = None
                 self._forget_after(step)
                 done = Restored(Source(source.tier, step), time.perf_counter() - began)
                 self._tell(done, refused)
@@ -344,8 +349,8 @@ class Checkpointer:
         dcpio.load(target, directories)
         bad = dcpio.first_non_finite(target)
         if bad is not None:
-            return f"step {step} holds a non-finite value in {bad}"
-        state.load_state_dict(target)
+            return f"step {step} holds a {tier.NON_FINITE} in {bad}"
+        self._loaded = target  # applied by restore() once every rank has agreed
         return None
 
     def _tell(self, done: Restored, refused: list[tuple[Source, str]]) -> None:

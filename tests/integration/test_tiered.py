@@ -158,3 +158,23 @@ print(step, again.epoch, bool(torch.isfinite(fresh.weight).all()))
     assert done.stdout.split() == ["0", "0", "True"]  # neither step 6 (cut) nor 4 (NaN)
     assert "holds no step 6" in done.stderr
     assert "non-finite value in model.weight" in done.stderr
+
+
+@pytest.mark.timeout(240)
+def test_a_source_one_rank_refuses_leaves_nothing_of_it_in_any_rank(tmp_path: Path) -> None:
+    """Rank 1's copy of step 4 is damaged; rank 0's is whole and loads. Falling back to the
+    start, rank 0 must not keep step 4's shards: both ranks end with the initial state."""
+    args = ("--save-every", "2", "--digest")
+    torchrun(2, *args, "--steps", "4", env=memory_env(tmp_path, "start"))
+    slot = tier.newest_in_memory(tmp_path / "memory", 1, step=4)
+    assert slot is not None
+    data = bytearray((slot / "__0_0.distcp").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (slot / "__0_0.distcp").write_bytes(bytes(data))
+    (tmp_path / "fresh").mkdir()
+    fresh = torchrun(2, *args, "--steps", "0", env=memory_env(tmp_path / "fresh", "start"))
+    refused = torchrun(2, *args, "--steps", "0", env=memory_env(tmp_path, "memory:4 start"))
+    [initial] = of(fresh, "finished")
+    [after] = of(refused, "finished")
+    assert of(refused, "restored")[0]["step"] == 0
+    assert after["digest"] == initial["digest"]

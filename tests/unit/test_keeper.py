@@ -47,7 +47,10 @@ def test_it_reports_what_verifies_and_persists_the_newest_whole_step(tmp_path: P
     assert [(h.step, h.ranks) for h in report.persisted] == [(12, (0, 1))]
     assert tier.verify(tier.rank_dir(tier.step_dir(tmp_path / "persist", 12), 1)).step == 12
     assert any("checksum" in p or "bytes" in p for p in k.problems)
-    k.remove()
+    k.remove()  # at once, or once a copy under way ends: never blocking the agent's loop
+    deadline = time.monotonic() + 10
+    while k.memory.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not k.memory.exists()
 
 
@@ -70,3 +73,45 @@ def test_a_settle_that_hangs_stops_holding_the_generation_up(tmp_path: Path) -> 
     assert not k.settling  # the job goes on; the copy may still finish
     assert any("more than 300s" in p for p in k.slow)
     release.set()
+
+
+def test_removing_the_tier_never_waits_for_a_copy_that_hangs(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    k.prepare(None)
+    settle(k, persist=False)
+    release = threading.Event()
+
+    def hang(persist: bool, _settle: bool) -> None:
+        release.wait(30)
+
+    k._work = hang  # type: ignore[method-assign]
+    k.settle(persist=True)
+    began = time.monotonic()
+    k.remove()
+    assert time.monotonic() - began < 5  # returned while the copy still hangs
+    assert k.memory.exists()  # removed once the copy ends
+    release.set()
+    deadline = time.monotonic() + 10
+    while k.memory.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not k.memory.exists()
+
+
+def test_a_restore_report_nodeagent_did_not_write_is_dropped_not_trusted(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    k.prepare(None)
+    reports = {0: tmp_path / "r0.json", 1: tmp_path / "r1.json", 2: tmp_path / "r2.json"}
+    k.started(3, (0, 1, 2), reports)
+    reports[0].write_text(
+        '{"rank": 0, "tier": "start", "step": null, "seconds": 0.1,'
+        ' "refused": [{"source": "memory:x", "reason": "non-finite value"}]}'
+    )
+    reports[1].write_bytes(b"{" + b" " * (70 << 10))  # more than the agent reads
+    reports[2].write_text(
+        '{"rank": 2, "tier": "start", "step": null, "seconds": 0.1,'
+        ' "refused": [{"source": "memory:7", "reason": "step 7 holds a non-finite value in w"}]}'
+    )
+    notes = k.restores()
+    assert sorted(n.rank for n in notes) == [0, 2]  # the oversized one said and dropped
+    assert not reports[1].exists()
+    assert k.report().refused == (7,)  # 'memory:x' named no step: nothing condemned by it
