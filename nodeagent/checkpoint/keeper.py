@@ -13,6 +13,7 @@ the reports that follow, so they must be true.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +26,9 @@ from pathlib import Path
 
 from nodeagent.channel import tier
 from nodeagent.checkpoint import scan
+from nodeagent.checkpoint.space import check_parent
 from nodeagent.config.settings import CheckpointConfig
+from nodeagent.errors import ConfigError
 from nodeagent.model.tiers import MAX_BAD, Held, TierReport
 
 log = logging.getLogger(__name__)
@@ -96,12 +99,33 @@ class TierKeeper:
 
     def prepare(self, owner: int | None) -> None:
         """Make the memory tier (the workers' user owns it, nobody else may enter), and verify
-        what an earlier agent's workers left in it."""
-        self.memory.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        self.memory.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(self.memory, 0o700)
-        if owner is not None:
-            os.chown(self.memory, owner, -1)
+        what an earlier agent's workers left in it.
+
+        The agent runs as root and the workers as a user: that user must not be able to turn
+        this into a chown or a removal of anything else. So the parent (memory_dir) must be a
+        real directory of the agent's own that nobody else may write (refused otherwise: a
+        user could have made it first on a shared tmpfs), and the tier is opened without
+        following links before its mode and owner are set.
+
+        Raises: ConfigError naming job.checkpoint.memory_dir and what is wrong."""
+        parent = self.memory.parent
+        parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        check_parent(parent)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.memory, 0o700)
+        try:
+            fd = os.open(self.memory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise ConfigError(
+                "job.checkpoint.memory_dir",
+                f"{self.memory}: {exc.strerror} (a link or a file where the tier goes: remove it)",
+            ) from None
+        try:
+            os.fchmod(fd, 0o700)
+            if owner is not None:
+                os.fchown(fd, owner, -1)
+        finally:
+            os.close(fd)
         self.removed = False
         self.settle(persist=False)
 

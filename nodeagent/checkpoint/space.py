@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from nodeagent.config.settings import CheckpointConfig
@@ -17,6 +18,7 @@ def check_room(config: CheckpointConfig, node: str, job: str) -> None:
     when the file system under memory_dir has less room than memory_size (what the job's
     memory tier already holds there counts as room: an agent restarted)."""
     tier = Path(config.memory_tier(node, job))
+    check_parent(tier.parent)
     existing = tier
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -34,6 +36,29 @@ def check_room(config: CheckpointConfig, node: str, job: str) -> None:
             f"{existing} has {free / GiB:.2f} GiB free on this node (total "
             f"{stat.f_blocks * stat.f_frsize / GiB:.2f} GiB): lower memory_size, or give "
             "memory_dir a larger tmpfs (e.g. /dev/shm's size= mount option)",
+        )
+
+
+def check_parent(parent: Path) -> None:
+    """memory_dir, if it exists already, is a real directory of the agent's own that nobody
+    else may write: the agent runs as root and sets a tier's owner below it, so a workers' user
+    who made it first (on a shared tmpfs such as /dev/shm) must not control what that reaches.
+
+    Raises: ConfigError naming job.checkpoint.memory_dir and what is wrong."""
+    try:
+        st = os.lstat(parent)
+    except FileNotFoundError:
+        return  # the agent makes it
+    if (
+        not stat.S_ISDIR(st.st_mode)
+        or st.st_uid != os.geteuid()
+        or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        raise ConfigError(
+            "job.checkpoint.memory_dir",
+            f"{parent} must be a directory of the agent's user (uid {os.geteuid()}) that no "
+            f"one else may write; it is uid {st.st_uid}, mode {stat.filemode(st.st_mode)}: "
+            "remove it (the agent makes it) or choose another memory_dir",
         )
 
 

@@ -159,6 +159,7 @@ def load_spec(
         raise ConfigError(
             "allow_root", "root is allowed by each node (its pool.allow_root), not by a job"
         )
+    _nodes_own_paths(job.checkpoint)
     user = root.get("user", str, default_user or "")
     if not user or "\0" in user:
         raise ConfigError("user", "required: the Unix user the job runs as, such as alice")
@@ -185,6 +186,30 @@ def load_spec(
         preemptible,
         signature[:4096],
     )
+
+
+def _nodes_own_paths(checkpoint: CheckpointConfig | None) -> None:
+    """A submitted job names no path the agent writes as root: its memory tier is where each
+    node keeps them (the default memory_dir), and a persistent tier it would copy into, as
+    root, a directory the submitter controls (not supported for submitted jobs yet; a node's
+    own job: section may name one).
+
+    Raises: ConfigError naming the key."""
+    if checkpoint is None:
+        return
+    if checkpoint.memory_dir != CheckpointConfig.memory_dir:
+        raise ConfigError(
+            "checkpoint.memory_dir",
+            "where the memory tier lives is each node's decision, not a submitted job's "
+            f"(they keep it under {CheckpointConfig.memory_dir}): remove the key",
+        )
+    if checkpoint.persist_dir is not None:
+        raise ConfigError(
+            "checkpoint.persist_dir",
+            "a submitted job cannot have a persistent tier yet (the agent would write it, as "
+            "root, into a directory the submitter controls): remove the key; the script's own "
+            "Checkpointer(directory) is the last source its restores fall back to",
+        )
 
 
 def _checkpoint_doc(checkpoint: CheckpointConfig | None) -> dict[str, Any] | None:

@@ -182,7 +182,14 @@ def test_flipped_bits_in_the_memory_tier_are_refused_and_the_persistent_tier_use
 ) -> None:
     with fsdp_cluster(redis_server, job_id, tmp_path, shm, steps=60) as cluster:
         cluster.start("a", "b", "c")
-        wait_for(lambda: events(cluster, "checkpoint_persisted"), 120, "a persisted step")
+
+        def persisted_and_digested() -> bool:
+            # The digest line follows the save through a gather of every rank's shards: freeze
+            # b before rank 0 printed it and it never comes.
+            steps = {e["data"]["step"] for e in events(cluster, "checkpoint_persisted")}
+            return bool(steps & set(saved_digests(cluster, 1)))
+
+        wait_for(persisted_and_digested, 120, "a persisted step whose digest rank 0 printed")
         victim = psutil.Process(cluster.worker_pids("b")[0])
         victim.suspend()  # it saves nothing more: its copies are the ones damaged
         damaged = flip_every_slot(shm / f"b.{job_id}")

@@ -3,13 +3,18 @@ it copies, and a settle that hangs not holding the job up. Saves made by hand, n
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from nodeagent.channel import tier
 from nodeagent.checkpoint.keeper import TierKeeper
+from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig
+from nodeagent.errors import ConfigError
 from tests.helpers.tiers import fake_save
 
 
@@ -115,3 +120,34 @@ def test_a_restore_report_nodeagent_did_not_write_is_dropped_not_trusted(tmp_pat
     assert sorted(n.rank for n in notes) == [0, 2]  # the oversized one said and dropped
     assert not reports[1].exists()
     assert k.report().refused == (7,)  # 'memory:x' named no step: nothing condemned by it
+
+
+@pytest.mark.parametrize("made_by", ["a link", "another user", "a group-writable mode"])
+def test_a_memory_dir_someone_else_controls_is_refused(tmp_path: Path, made_by: str) -> None:
+    """The agent (root) sets the tier's owner: a user who made memory_dir first (on a shared
+    tmpfs) must not choose what that reaches."""
+    k = keeper(tmp_path)
+    parent = k.memory.parent
+    if made_by == "a link":
+        (tmp_path / "elsewhere").mkdir()
+        parent.symlink_to(tmp_path / "elsewhere")
+    else:
+        parent.mkdir()
+        if made_by == "another user":
+            os.chown(parent, 65534, 65534)
+        else:
+            os.chmod(parent, 0o775)
+    with pytest.raises(ConfigError, match=r"job\.checkpoint\.memory_dir: .* no one else may write"):
+        k.prepare(None)
+    with pytest.raises(ConfigError, match="no one else may write"):
+        check_room(CheckpointConfig(memory_size=1, memory_dir=str(parent)), "n0", "j")
+
+
+def test_a_link_where_the_tier_goes_is_refused_not_followed(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    k.memory.parent.mkdir(mode=0o755)
+    (tmp_path / "etc").mkdir(mode=0o755)
+    k.memory.symlink_to(tmp_path / "etc")
+    with pytest.raises(ConfigError, match="a link or a file where the tier goes"):
+        k.prepare(65534)
+    assert (tmp_path / "etc").stat().st_uid == os.geteuid()  # not handed to the user

@@ -10,10 +10,11 @@ import pytest
 
 from nodeagent.channel import tier
 from nodeagent.checkpoint import scan
-from nodeagent.errors import CorruptStateError
+from nodeagent.errors import ConfigError, CorruptStateError
 from nodeagent.job import restore
 from nodeagent.job.plan import LeaderMemory, Policy, plan
 from nodeagent.model.job import ClusterView, Failure, JobRecord, NodeReport
+from nodeagent.model.spec import load_spec
 from nodeagent.model.tiers import CheckpointRecord, Held, TierReport
 from nodeagent.state import JobState, NodeState
 
@@ -213,3 +214,20 @@ def test_a_node_never_prunes_the_step_the_leader_records_as_persisted(tmp_path: 
     kept = scan.prune(tmp_path, mine, keep=2, protected=10)
     assert sorted(h.step for h in kept) == [10, 30, 40]
     assert tier.steps(tmp_path) == [40, 30, 10]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("memory_dir", "/etc/systemd", "each node's decision, not a submitted job's"),
+        ("persist_dir", "/home/alice/ckpt", "cannot have a persistent tier yet"),
+    ],
+)
+def test_a_submitted_job_names_no_path_the_agent_writes_as_root(
+    key: str, value: str, said: str
+) -> None:
+    checkpoint = {"memory_size": "1GiB", key: value}
+    doc = {"id": "j", "entrypoint": ["python", "t.py"], "user": "alice", "checkpoint": checkpoint}
+    with pytest.raises(ConfigError, match=f"checkpoint.{key}: .*{said}"):
+        load_spec(doc)
+    assert load_spec({**doc, "checkpoint": {"memory_size": "1GiB"}}).job.checkpoint is not None
