@@ -48,6 +48,7 @@ NON_FINITE = "non-finite value"  # how a worker says a state holds a NaN or an i
 _NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")
 _RANK_DIR = re.compile(r"rank-([0-9]{1,7})")
 _STEP_DIR = re.compile(r"step-([0-9]{1,15})")
+_SOURCE = re.compile(r"(memory|persistent|script|start)(?::([0-9]{1,15})(?:@([0-9]{1,15}))?)?")
 _MAX_FILES = 10_000
 
 
@@ -253,17 +254,31 @@ def _step_of(directory: Path) -> int:
         return -1
 
 
+def _saved(directory: Path) -> tuple[int, int]:
+    """(step, generation) of the manifest in `directory`, or (-1, -1)."""
+    try:
+        manifest = read_manifest(directory)
+    except BadCopy:
+        return -1, -1
+    return manifest.step, manifest.generation
+
+
 def slot_for_save(tier: Path, rank: int) -> Path:
     """Where this rank's next save goes: the slot that does not hold its newest save."""
     first, second = slots(tier, rank)
     return second if _step_of(first) > _step_of(second) else first
 
 
-def newest_in_memory(tier: Path, rank: int, step: int | None = None) -> Path | None:
-    """The slot holding this rank's newest save (of `step` only, if given); unverified."""
-    found = [(s, slot) for slot in slots(tier, rank) if (s := _step_of(slot)) >= 0]
+def newest_in_memory(
+    tier: Path, rank: int, step: int | None = None, generation: int | None = None
+) -> Path | None:
+    """The slot holding this rank's newest save (of `step` only, and saved by `generation`
+    only, if given); unverified."""
+    found = [(saved, slot) for slot in slots(tier, rank) if (saved := _saved(slot))[0] >= 0]
     if step is not None:
-        found = [(s, slot) for s, slot in found if s == step]
+        found = [(saved, slot) for saved, slot in found if saved[0] == step]
+    if generation is not None:
+        found = [(saved, slot) for saved, slot in found if saved[1] == generation]
     return max(found)[1] if found else None
 
 
@@ -347,13 +362,19 @@ def copy_verified(
 
 @dataclass(frozen=True)
 class Source:
-    """One place to restore from: a tier and a step (None for `script` and `start`)."""
+    """One place to restore from: a tier and a step (None for `script` and `start`), and the
+    generation that saved it when the leader knows it: the same step number can exist in two
+    timelines (a node that was cut off kept saves of a step the others saved again since)."""
 
     tier: str  # TIERS
     step: int | None = None
+    generation: int | None = None
 
     def __str__(self) -> str:
-        return self.tier if self.step is None else f"{self.tier}:{self.step}"
+        if self.step is None:
+            return self.tier
+        saved_by = f"@{self.generation}" if self.generation is not None else ""
+        return f"{self.tier}:{self.step}{saved_by}"
 
 
 def restore_to_env(sources: tuple[Source, ...]) -> str:
@@ -365,8 +386,17 @@ def restore_from_env(value: str) -> tuple[Source, ...]:
     """Raises: ValueError naming what is not a source."""
     sources = []
     for word in value.split():
-        tier, _, step = word.partition(":")
-        if tier not in TIERS or (step and not step.isdigit()):
-            raise ValueError(f"{RESTORE_ENV}: {word!r} is not one of {TIERS} (with :STEP)")
-        sources.append(Source(tier, int(step) if step else None))
+        match = _SOURCE.fullmatch(word)
+        if match is None:
+            raise ValueError(
+                f"{RESTORE_ENV}: {word!r} is not one of {TIERS} (with :STEP[@GENERATION])"
+            )
+        tier, step, generation = match.groups()
+        sources.append(
+            Source(
+                tier,
+                int(step) if step else None,
+                int(generation) if generation else None,
+            )
+        )
     return tuple(sources)

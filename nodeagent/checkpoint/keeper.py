@@ -313,7 +313,10 @@ class TierKeeper:
         saves = self._verified.saves()
         ranks = self._ranks or tuple(sorted({s.manifest.rank for s in saves}))
         newest = scan.newest_whole(saves, ranks)
-        if not newest or any(h.step >= newest[0].manifest.step for h in self._persisted):
+        last = newest[0].manifest if newest else None
+        if last is None or any(
+            (h.step, h.generation) >= (last.step, last.generation) for h in self._persisted
+        ):
             return
         began = self._clock()
         before = [scan.identity(save.slot) for save in newest]

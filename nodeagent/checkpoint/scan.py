@@ -89,26 +89,29 @@ class Verified:
 
 
 def held(saves: Iterable[Save]) -> tuple[Held, ...]:
-    """Saves grouped by step and world: which ranks hold each, newest first."""
-    by_step: dict[tuple[int, int], set[int]] = {}
+    """Saves grouped by step, world and the generation that saved them: which ranks hold
+    each, newest first."""
+    by_step: dict[tuple[int, int, int], set[int]] = {}
     for save in saves:
         m = save.manifest
-        by_step.setdefault((m.step, m.world_size), set()).add(m.rank)
+        by_step.setdefault((m.step, m.generation, m.world_size), set()).add(m.rank)
     return tuple(
-        Held(step, world, tuple(sorted(ranks)))
-        for (step, world), ranks in sorted(by_step.items(), reverse=True)
+        Held(step, world, tuple(sorted(ranks)), generation)
+        for (step, generation, world), ranks in sorted(by_step.items(), reverse=True)
     )
 
 
 def newest_whole(saves: Iterable[Save], ranks: Iterable[int]) -> list[Save]:
-    """The saves of the newest step every one of `ranks` holds (empty if there is none)."""
+    """The saves of the newest step, all of one generation, that every one of `ranks` holds
+    (empty if there is none)."""
     wanted = set(ranks)
-    by_step: dict[int, dict[int, Save]] = {}
+    by_step: dict[tuple[int, int], dict[int, Save]] = {}
     for save in saves:
-        by_step.setdefault(save.manifest.step, {})[save.manifest.rank] = save
-    for step in sorted(by_step, reverse=True):
-        if wanted and wanted <= set(by_step[step]):
-            return [by_step[step][r] for r in sorted(wanted)]
+        m = save.manifest
+        by_step.setdefault((m.step, m.generation), {})[m.rank] = save
+    for key in sorted(by_step, reverse=True):
+        if wanted and wanted <= set(by_step[key]):
+            return [by_step[key][r] for r in sorted(wanted)]
     return []
 
 
@@ -119,7 +122,8 @@ def persist(saves: list[Save], root: Path) -> Held:
     for save in saves:
         target = tier.rank_dir(tier.step_dir(root, step), save.manifest.rank)
         tier.copy_verified(save.slot, target, durable=True, expected=save.manifest)
-    return Held(step, saves[0].manifest.world_size, tuple(s.manifest.rank for s in saves))
+    first = saves[0].manifest
+    return Held(step, first.world_size, tuple(s.manifest.rank for s in saves), first.generation)
 
 
 def prune(root: Path, mine: list[Held], keep: int, protected: int | None = None) -> list[Held]:

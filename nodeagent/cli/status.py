@@ -71,7 +71,7 @@ def checkpoints(record: JobRecord | None, snapshot: Snapshot) -> dict[str, Any] 
     reports = {lease.name: lease.report for lease in snapshot.leases if lease.report is not None}
     whole = memory_steps(record.members, record.nproc_per_node, reports) if record.members else []
     return {
-        "memory": whole[0] if whole else None,
+        "memory": whole[0][0] if whole else None,
         "persisted": record.checkpoint.persisted_step,
         "restore": list(record.checkpoint.restore),
         "bad": list(record.checkpoint.bad),

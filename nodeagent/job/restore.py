@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from nodeagent.channel.tier import Source, restore_to_env
+from nodeagent.channel.tier import Source, restore_from_env, restore_to_env
 from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.model.tiers import MAX_BAD, CheckpointRecord, Held
 
@@ -34,44 +34,62 @@ TAIL = (Source("script"), Source("start"))
 def fold(checkpoint: CheckpointRecord, nodes: Mapping[str, NodeReport]) -> CheckpointRecord:
     """The record's checkpoint part with what live nodes report: the newest step whole in the
     persistent tier (every rank's save copied there, by any nodes), steps refused."""
-    persisted: dict[tuple[int, int], set[int]] = {}
+    persisted: dict[tuple[int, int, int], set[int]] = {}
     refused = set(checkpoint.bad)
     for report in nodes.values():
         if report.tier is None:
             continue
         refused.update(report.tier.refused)
         for held in report.tier.persisted:
-            persisted.setdefault((held.step, held.world_size), set()).update(held.ranks)
-    step, world = checkpoint.persisted_step, checkpoint.persisted_world
-    for (held_step, held_world), ranks in persisted.items():
-        whole = len(ranks) == held_world and held_step not in refused
-        if whole and (step is None or held_step > step):
-            step, world = held_step, held_world
-    bad = tuple(sorted(refused))[-MAX_BAD:]
-    return replace(checkpoint, persisted_step=step, persisted_world=world, bad=bad)
+            key = (held.step, held.generation, held.world_size)
+            persisted.setdefault(key, set()).update(held.ranks)
+    best = (checkpoint.persisted_step, checkpoint.persisted_generation)
+    world = checkpoint.persisted_world
+    for (step, generation, held_world), ranks in persisted.items():
+        whole = len(ranks) == held_world and step not in refused
+        if whole and (best[0] is None or (step, generation) > best):
+            best, world = (step, generation), held_world
+    return replace(
+        checkpoint,
+        persisted_step=best[0],
+        persisted_generation=best[1],
+        persisted_world=world,
+        bad=tuple(sorted(refused))[-MAX_BAD:],
+    )
 
 
-def _holds(held: Sequence[Held], step: int, world: int, ranks: range) -> bool:
-    have = {r for h in held if h.step == step and h.world_size == world for r in h.ranks}
+Saved = tuple[int, int]  # (step, the generation that saved it)
+
+
+def _holds(held: Sequence[Held], saved: Saved, world: int, ranks: range) -> bool:
+    have = {
+        r
+        for h in held
+        if (h.step, h.generation) == saved and h.world_size == world
+        for r in h.ranks
+    }
     return all(r in have for r in ranks)
 
 
-def memory_steps(members: Sequence[str], nproc: int, nodes: Mapping[str, NodeReport]) -> list[int]:
-    """Steps, newest first, whose every rank of a world of `members` (group rank = index) is in
-    the memory tier of the node that will run it."""
+def memory_steps(
+    members: Sequence[str], nproc: int, nodes: Mapping[str, NodeReport]
+) -> list[Saved]:
+    """Saves (step, generation), newest first, whose every rank of a world of `members` (group
+    rank = index) is in the memory tier of the node that will run it, saved by one generation
+    (the same step number saved in two timelines is two saves)."""
     world = len(members) * nproc
     first = nodes.get(members[0]) if members else None
     if first is None or first.tier is None:
         return []
     found = []
-    for step in sorted({h.step for h in first.tier.memory}, reverse=True):
+    for saved in sorted({(h.step, h.generation) for h in first.tier.memory}, reverse=True):
         if all(
             (report := nodes.get(name)) is not None
             and report.tier is not None
-            and _holds(report.tier.memory, step, world, range(g * nproc, (g + 1) * nproc))
+            and _holds(report.tier.memory, saved, world, range(g * nproc, (g + 1) * nproc))
             for g, name in enumerate(members)
         ):
-            found.append(step)
+            found.append(saved)
     return found
 
 
@@ -92,14 +110,14 @@ def choose(
     """The record's checkpoint part for a new generation of `members`: its restore order."""
     bad = set(checkpoint.bad)
     ordered = [
-        (step, 1, Source("memory", step))
-        for step in memory_steps(members, nproc, nodes)[:MEMORY_CHOICES]
+        (step, 1, Source("memory", step, generation))
+        for step, generation in memory_steps(members, nproc, nodes)[:MEMORY_CHOICES]
         if step not in bad
     ]
-    if checkpoint.persisted_step is not None and checkpoint.persisted_step not in bad:
-        ordered.append(
-            (checkpoint.persisted_step, 0, Source("persistent", checkpoint.persisted_step))
-        )
+    persisted = checkpoint.persisted_step
+    if persisted is not None and persisted not in bad:
+        source = Source("persistent", persisted, checkpoint.persisted_generation)
+        ordered.append((persisted, 0, source))
     sources = [source for _, _, source in sorted(ordered, key=lambda x: (x[0], x[1]), reverse=True)]
     order = tuple(restore_to_env(tuple(sources + list(TAIL))).split())
     return replace(checkpoint, restore=order, newest=newest_held(checkpoint, nodes))
@@ -107,10 +125,9 @@ def choose(
 
 def first_step(checkpoint: CheckpointRecord) -> int | None:
     """The step this generation's workers try first (None: the script's own, or the start)."""
-    for word in checkpoint.restore:
-        _, _, step = word.partition(":")
-        if step:
-            return int(step)
+    for source in restore_from_env(" ".join(checkpoint.restore)):
+        if source.step is not None:
+            return source.step
     return None
 
 

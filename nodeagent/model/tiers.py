@@ -18,7 +18,7 @@ from nodeagent.model.decode import Reader
 MAX_HELD = 64  # steps a node reports per tier (two slots per rank: a handful in practice)
 MAX_RANKS = 1 << 20
 MAX_BAD = 256
-_SOURCE = re.compile(r"(memory|persistent):[0-9]{1,15}|script|start")
+_SOURCE = re.compile(r"(memory|persistent):[0-9]{1,15}(@[0-9]{1,15})?|script|start")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Held:
     step: int
     world_size: int
     ranks: tuple[int, ...]
+    generation: int = 0  # the generation that saved it: a step number may recur after a rollback
 
     @classmethod
     def read(cls, r: Reader) -> Held:
@@ -37,7 +38,12 @@ class Held:
             isinstance(x, int) and not isinstance(x, bool) and 0 <= x < world for x in ranks
         ):
             raise CorruptStateError(f"{r.what}: ranks must be integers below {world}")
-        return cls(step=r.integer("step"), world_size=world, ranks=tuple(ranks))
+        return cls(
+            step=r.integer("step"),
+            world_size=world,
+            ranks=tuple(ranks),
+            generation=r.integer("generation", 0),
+        )
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class CheckpointRecord:
     restore: tuple[str, ...] = ()  # this generation's sources, in order: "memory:120", "start"
     persisted_step: int | None = None  # the newest step every rank of which is persisted
     persisted_world: int = 0
+    persisted_generation: int = 0  # the generation that saved it
     bad: tuple[int, ...] = ()  # steps never restored again
     newest: int = 0  # the newest step held anywhere when `restore` was chosen
 
@@ -79,6 +86,7 @@ class CheckpointRecord:
             restore=tuple(restore),
             persisted_step=r.opt_integer("persisted_step"),
             persisted_world=r.integer("persisted_world", 0, high=MAX_RANKS),
+            persisted_generation=r.integer("persisted_generation", 0),
             bad=_steps(r, "bad"),
             newest=r.integer("newest", 0),
         )

@@ -299,17 +299,18 @@ class Checkpointer:
             if source.tier == "memory":
                 if self.memory is None or source.step is None:
                     return f"{_ABSENT}a memory tier (none on this node)", -1
-                slot = tier.newest_in_memory(self.memory, self.rank, source.step)
+                slot = tier.newest_in_memory(self.memory, self.rank, source.step, source.generation)
                 if slot is None:
                     return f"rank {self.rank} holds no step {source.step} in memory", -1
-                return self._load(state, [slot], source.step), source.step
+                return self._load(state, [slot], source.step, source.generation), source.step
             root = self.persistent if source.tier == "persistent" else self.directory
             if root is None:
                 return f"{_ABSENT}a {source.tier} directory (none given)", -1
             step = source.step if source.step is not None else self._newest_whole(root)
             if step is None:
                 return f"{_ABSENT}{root} (no step every rank can read)", -1
-            return self._load(state, self._rank_dirs(root, step), step), step
+            generation = source.generation if source.step is not None else None
+            return self._load(state, self._rank_dirs(root, step), step, generation), step
         except (BadCopy, OSError, ValueError, RuntimeError, KeyError) as exc:
             return f"{type(exc).__name__}: {exc}", -1
 
@@ -335,12 +336,20 @@ class Checkpointer:
                 return step
         return None
 
-    def _load(self, state: TrainState, directories: list[Path], step: int) -> str | None:
-        """Verify and load; the problem, or None."""
+    def _load(
+        self, state: TrainState, directories: list[Path], step: int, generation: int | None = None
+    ) -> str | None:
+        """Verify and load (every directory a save of `step`, by `generation` if given); the
+        problem, or None."""
         for directory in directories:
             manifest = tier.verify(directory)
             if manifest.step != step:
                 return f"{directory} holds step {manifest.step}, not {step}"
+            if generation is not None and manifest.generation != generation:
+                return (
+                    f"{directory} holds step {step} saved by generation {manifest.generation}, "
+                    f"not {generation} (another timeline)"
+                )
         from torch.distributed._state_dict_utils import _create_cpu_state_dict
 
         # Into a copy: a source refused after loading (a NaN, another rank's failure) must not

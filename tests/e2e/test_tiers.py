@@ -143,13 +143,14 @@ def test_a_killed_worker_resumes_from_the_memory_tier_with_the_state_it_saved(
         assert back["digest"] == saved[back["step"]]  # the state saved, bit for bit
         assert last - back["step"] <= 2 * EVERY  # no more than the save interval (+ one in flight)
         [chosen] = [e for e in events(cluster, "restore_chosen") if e["generation"] == generation]
-        assert chosen["data"]["restore"][0] == f"memory:{back['step']}"
+        saved_by = chosen["data"]["restore"][0]  # memory:STEP@the generation that saved it
+        assert saved_by.startswith(f"memory:{back['step']}@")
         assert tiers_said(cluster, generation, 3) == {"memory"}
         shown = cluster.status()["checkpoints"]
-        assert shown["restore"][0] == f"memory:{back['step']}"
+        assert shown["restore"][0] == saved_by
         assert shown["persisted"] is not None and shown["persisted"] <= back["step"]
         printed = cluster.ctl("status").stdout
-        assert f"this generation restores from memory:{back['step']} > " in printed
+        assert f"this generation restores from {saved_by} > " in printed
         node_b = next(n for n in cluster.status()["nodes"] if n["name"] == "b")
         samples = scrape(node_b["metrics"])
         job = (("job_id", job_id),)
@@ -208,7 +209,7 @@ def test_flipped_bits_in_the_memory_tier_are_refused_and_the_persistent_tier_use
         # The copies the workers tried and refused are b's to drop: it verifies its tier again
         # and offers none of them again (a checksum condemns the copy, not the step).
         tried = {
-            int(e["data"]["source"].split(":")[1])
+            int(e["data"]["source"].split(":")[1].split("@")[0])
             for e in events(cluster, "checkpoint_refused")
             if e["data"].get("source", "").startswith("memory:")
         }

@@ -31,8 +31,11 @@ def node(name: str, memory: tuple[Held, ...] = (), **tier: object) -> NodeReport
     )
 
 
-def held(step: int, world: int, *ranks: int) -> Held:
-    return Held(step, world, ranks)
+GEN = 7  # the generation that saved the steps held below
+
+
+def held(step: int, world: int, *ranks: int, generation: int = GEN) -> Held:
+    return Held(step, world, ranks, generation)
 
 
 def nodes_holding(*per_node: tuple[Held, ...]) -> dict[str, NodeReport]:
@@ -52,7 +55,7 @@ BOTH_AT_20 = nodes_holding(
             BOTH_AT_20,
             ("n0", "n1"),
             CheckpointRecord(),
-            ("memory:20", "memory:10", "script", "start"),
+            ("memory:20@7", "memory:10@7", "script", "start"),
         ),
         # A crash cut rank 3's save of 20: every rank still holds 10.
         (
@@ -61,34 +64,34 @@ BOTH_AT_20 = nodes_holding(
             ),
             ("n0", "n1"),
             CheckpointRecord(persisted_step=5, persisted_world=4),
-            ("memory:10", "persistent:5", "script", "start"),
+            ("memory:10@7", "persistent:5@0", "script", "start"),
         ),
         # The nodes swapped places: each holds the other's ranks, nothing in memory will do.
         (
             BOTH_AT_20,
             ("n1", "n0"),
             CheckpointRecord(persisted_step=10, persisted_world=4),
-            ("persistent:10", "script", "start"),
+            ("persistent:10@0", "script", "start"),
         ),
         # Another world (a node lost): only the persistent tier reshards.
         (
             BOTH_AT_20,
             ("n0",),
             CheckpointRecord(persisted_step=10, persisted_world=4),
-            ("persistent:10", "script", "start"),
+            ("persistent:10@0", "script", "start"),
         ),
         # The persisted step newer than anything in memory goes first; bad steps never.
         (
             BOTH_AT_20,
             ("n0", "n1"),
             CheckpointRecord(persisted_step=30, persisted_world=4, bad=(20,)),
-            ("persistent:30", "memory:10", "script", "start"),
+            ("persistent:30@0", "memory:10@7", "script", "start"),
         ),
         (
             BOTH_AT_20,
             ("n0", "n1"),
             CheckpointRecord(persisted_step=20, persisted_world=4),
-            ("memory:20", "persistent:20", "memory:10", "script", "start"),
+            ("memory:20@7", "persistent:20@0", "memory:10@7", "script", "start"),
         ),
         ({}, ("n0",), CheckpointRecord(), ("script", "start")),
     ],
@@ -132,7 +135,7 @@ def record(checkpoint: CheckpointRecord, members: tuple[str, ...] = ("n0", "n1")
 
 
 def test_a_generation_that_failed_before_a_newer_save_makes_its_step_bad() -> None:
-    chosen = CheckpointRecord(restore=("memory:20", "memory:10", "script", "start"))
+    chosen = CheckpointRecord(restore=("memory:20@7", "memory:10@7", "script", "start"))
     failed = restore.after_failure(record(chosen), BOTH_AT_20)
     assert failed is not None and failed.bad == (20,)
     newer = nodes_holding((held(25, 4, 0, 1),), (held(25, 4, 2, 3),))
@@ -156,7 +159,7 @@ POLICY = Policy(
 
 def test_plan_writes_the_restore_order_with_the_running_record_and_says_so() -> None:
     restarting = replace(
-        record(CheckpointRecord(restore=("memory:10", "script", "start"))),
+        record(CheckpointRecord(restore=("memory:10@7", "script", "start"))),
         state=JobState.RESTARTING,
         generation=4,
     )
@@ -166,13 +169,13 @@ def test_plan_writes_the_restore_order_with_the_running_record_and_says_so() -> 
     )
     assert result.record is not None and result.record.state is JobState.RUNNING
     assert result.record.checkpoint is not None
-    assert result.record.checkpoint.restore == ("memory:20", "memory:10", "script", "start")
+    assert result.record.checkpoint.restore == ("memory:20@7", "memory:10@7", "script", "start")
     [event] = [e for e in result.events if e.type == "restore_chosen"]
-    assert "memory:20" in event.message
+    assert "memory:20@7" in event.message
 
 
 def test_plan_marks_the_restored_step_bad_when_its_generation_fails_at_once() -> None:
-    running = record(CheckpointRecord(restore=("memory:20", "script", "start")))
+    running = record(CheckpointRecord(restore=("memory:20@7", "script", "start")))
     failure = Failure(generation=3, node="n1", rank=2, kind="exit_code", exit_code=1)
     reports = dict(BOTH_AT_20)
     reports["n1"] = replace(reports["n1"], failure=failure)
@@ -231,3 +234,13 @@ def test_a_submitted_job_names_no_path_the_agent_writes_as_root(
     with pytest.raises(ConfigError, match=f"checkpoint.{key}: .*{said}"):
         load_spec(doc)
     assert load_spec({**doc, "checkpoint": {"memory_size": "1GiB"}}).job.checkpoint is not None
+
+
+def test_a_step_saved_in_two_timelines_is_never_mixed() -> None:
+    """n1 was cut off and kept its step 20 of generation 3; n0 saved step 20 again in
+    generation 7 after the job rolled back. Same number, different saves: not offered."""
+    reports = nodes_holding(
+        (held(20, 4, 0, 1), held(10, 4, 0, 1)), (held(20, 4, 2, 3, generation=3), held(10, 4, 2, 3))
+    )
+    chosen = restore.choose(CheckpointRecord(), ("n0", "n1"), NPROC, reports)
+    assert chosen.restore == ("memory:10@7", "script", "start")
