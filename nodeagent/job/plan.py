@@ -371,7 +371,9 @@ def _step_running(record: JobRecord, ctx: _Context) -> _Step:
     if all(
         m in nodes and nodes[m].succeeded_generation == record.generation for m in record.members
     ):
-        done = record.moved_to(JobState.SUCCEEDED, reason="completed", since_ms=ctx.view.now_ms)
+        done = record.moved_to(
+            JobState.SUCCEEDED, reason="completed", detail="", since_ms=ctx.view.now_ms
+        )
         return done, [_job_event("job_succeeded", done, "every worker exited 0")], "succeeded"
     if ctx.requests.restart:
         return _begin(record, ctx, "operator")
