@@ -123,7 +123,7 @@ def test_module_and_ignored_flags(tmp_path: Path) -> None:
     [
         (["--rdzv-backend", "etcd", "t.py"], "--rdzv-backend etcd"),
         (["--nnodes", "2", "t.py"], "no --rdzv-endpoint: one node only"),
-        (["--rdzv-endpoint", "127.0.0.1:1", "t.py"], "--rdzv-id is required"),
+        (["--nproc-per-node", "gpu", "t.py"], "give a number"),
     ],
 )
 def test_refused_command_lines(tmp_path: Path, args: list[str], words: str) -> None:
