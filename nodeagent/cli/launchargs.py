@@ -19,6 +19,7 @@ DEFAULT_LOG_DIR = "nodeagent-logs"  # under the current directory: where the use
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 RDZV_BACKENDS = ("c10d", "static")
 DEFAULT_RDZV_ID = "none"  # torchrun's
+LOG_LEVEL = "WARNING"  # like torchrun, a launch prints warnings only; the daemon logs INFO
 
 # torchrun flags accepted and ignored: (flag names, whether it takes a value, why)
 IGNORED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
@@ -101,6 +102,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--node-name", default="", help="nodeagent: this node's name (hostname)")
     p.add_argument("--metrics-listen", default="off", help="nodeagent: HOST:PORT (default off)")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        default=LOG_LEVEL,
+        help=f"nodeagent: the agent's own log (default {LOG_LEVEL}; ranks' output always shows)",
+    )
     p.add_argument(
         "--preload",
         default="",
@@ -216,7 +224,7 @@ def build(argv: Sequence[str], machine: Machine) -> Launch:
             "allow_root": True,  # the caller is root and chose to launch as root
         },
         "metrics": {"listen": args.metrics_listen},
-        "logging": {"format": args.log_format},
+        "logging": {"format": args.log_format, "level": args.log_level},
         "log_dir": args.log_dir or f"{machine.cwd}/{DEFAULT_LOG_DIR}",
     }
     if args.preload:

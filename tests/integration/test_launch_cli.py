@@ -44,6 +44,7 @@ def test_standalone_exits_with_the_jobs_result(tmp_path: Path, body: str, code: 
     result = launch("--standalone", "--nproc-per-node", "2", "train.py", "a", cwd=tmp_path)
     assert result.returncode == code, result.stderr[-3000:]
     assert f"exit code {code}; logs in {tmp_path / 'nodeagent-logs'}" in result.stderr
+    assert "level=INFO" not in result.stderr  # warnings only, as torchrun (--log-level)
     logs = tmp_path / "nodeagent-logs"  # the default: under the current directory
     assert sorted(p.name for p in logs.glob("*/rank-*.log")) == ["rank-0.log", "rank-1.log"]
     assert list(logs.rglob("*.progress")) == []  # the script never called beat()

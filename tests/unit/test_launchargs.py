@@ -90,6 +90,17 @@ def test_a_multi_node_launch_becomes_a_valid_config() -> None:
     assert config.job.id == "llama"
 
 
+@pytest.mark.parametrize(
+    ("argv", "level"),
+    [(["t.py"], "WARNING"), (["--log-level", "info", "t.py"], "INFO")],
+)
+def test_a_launch_logs_warnings_unless_told(argv: list[str], level: str) -> None:
+    """torchrun prints a warning or two; the daemon (a config file) keeps INFO."""
+    document = build(argv, MACHINE).document
+    document["job"].update(AS_TESTER)
+    assert load_config(document).logging.level == level
+
+
 def test_preload_is_checked_as_job_preload() -> None:
     document = build(["--preload", "torch,not a module", "t.py"], MACHINE).document
     document["job"].update(AS_TESTER)
