@@ -50,3 +50,25 @@ def test_the_failing_ranks_cause_is_in_status_and_events(
         assert cause in doc["detail"] and "rank-0.log" in doc["detail"]
         failed = [e for e in cluster.events() if e["type"] == "worker_failed"]
         assert failed and cause in failed[0]["message"]
+
+
+def test_a_failure_that_repeats_says_so_in_status_and_events(
+    redis_server: RedisServer, workdir: Path, job_id: str
+) -> None:
+    """The script fails the same way at every start (a world size it fixed, say): the job's
+    failure, once its restart is spent, says the error repeats."""
+    script = "import sys\nprint('setting up')\nsys.exit('ValueError: the product (1 * 3)')\n"
+    (workdir / "train.py").write_text(script)
+    with local_cluster(
+        redis_server.url,
+        workdir,
+        job=job_id,
+        max_nodes=1,
+        max_restarts=1,
+        entrypoint=[sys.executable, str(workdir / "train.py")],
+    ) as cluster:
+        cluster.start("a")
+        doc = cluster.wait_status(lambda d: d["state"] == "failed", 60, "the job to fail")
+        assert "the same error as the failure before it" in doc["detail"], doc["detail"]
+        announced = [e for e in cluster.events() if e["type"] == "generation_announced"]
+        assert any("the same error" in e["message"] for e in announced[1:]), announced
