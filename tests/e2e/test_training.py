@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+from tests.helpers.pool import pool_cluster
 from tests.helpers.training import check_history, latest_step, training_entrypoint
 
 pytest.importorskip("torch")
@@ -153,6 +156,38 @@ def test_graceful_changes_lose_no_step(
         assert [g.world for g in gens] == worlds
         assert all(g.of("emergency_checkpoint") for g in gens[:-1])
         assert cluster.status()["restart_count"] == 0
+
+
+def test_a_cancelled_pool_job_saves_its_step_with_dataloader_workers(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """`nodeagentctl cancel` stops a pool job with its grace: each rank's main process hears
+    SIGTERM first, its DataLoader's workers live on, and rank 0 saves the step it stopped at."""
+    with pool_cluster(redis_server.url, tmp_path, pool=job_id) as pool:
+        pool.start("a", "b")
+        pool.wait_nodes(2)
+        entrypoint = training_entrypoint(tmp_path, 400, EVERY, loader_workers=2)
+        submitted = pool.ctl("submit", "--name", "dl", "--nodes", "2", "--", *entrypoint)
+        assert submitted.returncode == 0, submitted.stderr
+        logs = tmp_path / "logs" / "dl"
+
+        def lines() -> list[dict[str, Any]]:
+            found = []
+            for log in logs.glob("*/rank-*.log"):
+                text = log.read_text(errors="replace")
+                found += [json.loads(t) for t in text.splitlines() if t.startswith("{")]
+            return found
+
+        wait_for(lambda: any(x.get("step", 0) >= 8 for x in lines()), 120, "training")
+        cancelled = pool.ctl("cancel", "dl")
+        assert cancelled.returncode == 0, cancelled.stderr
+        pool.wait_job("dl", "cancelled", timeout=60)
+        saved = [x for x in lines() if x.get("event") == "emergency_checkpoint"]
+        assert {x["rank"] for x in saved} == {0, 1}, saved
+        last = max(x["step"] for x in lines() if x.get("event") == "step")
+        assert {x["step"] for x in saved} == {last}  # the step it stopped at: none lost
+        text = "".join(log.read_text(errors="replace") for log in logs.glob("*/rank-*.log"))
+        assert "killed by signal" not in text
 
 
 def test_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
