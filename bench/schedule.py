@@ -92,7 +92,7 @@ def build(sc: Scenario, rng: random.Random) -> PoolView:
     for i in cordoned:
         nodes[names[i]] = NodeView(names[i], cordoned="rack maintenance (ops@example)")
     for i in refusing:
-        refused = frozenset(rng.sample(job_ids, k=rng.randint(1, 3)))
+        refused = dict.fromkeys(rng.sample(job_ids, k=rng.randint(1, 3)), "bench")
         nodes[names[i]] = NodeView(names[i], refused=refused)
 
     running = sc.jobs - sc.pending

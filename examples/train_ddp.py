@@ -29,6 +29,7 @@ import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, NoReturn  # noqa: E402
@@ -59,6 +60,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
     parser.add_argument("--hidden", type=int, default=64, help="units of each hidden layer")
     parser.add_argument("--layers", type=int, default=1, help="hidden layers")
+    parser.add_argument(
+        "--loader-workers",
+        type=int,
+        default=0,
+        help="DataLoader worker processes that make the batches (0: the main process does)",
+    )
     parser.add_argument("--final-dir", help="where each rank writes its final parameter hash")
     parser.add_argument(
         "--pg-timeout",
@@ -77,6 +84,32 @@ def batch(step: int, global_batch: int, rank: int, world: int) -> tuple[torch.Te
     per_rank = global_batch // world
     part = slice(rank * per_rank, (rank + 1) * per_rank)
     return x[part], y[part].unsqueeze(1)
+
+
+class StepBatches(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """The batches of steps first, first + 1, ..., last, for a DataLoader's workers to make."""
+
+    def __init__(self, first: int, last: int, global_batch: int, rank: int, world: int) -> None:
+        self.first, self.last = first, last
+        self.shape = (global_batch, rank, world)
+
+    def __len__(self) -> int:
+        return max(0, self.last - self.first + 1)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch(self.first + index, *self.shape)
+
+
+def batches(
+    args: argparse.Namespace, first: int, global_batch: int, rank: int, world: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Each step's batch from `first` on; made by DataLoader worker processes with
+    --loader-workers (they must outlive a SIGTERM until the emergency checkpoint is saved)."""
+    steps = StepBatches(first, args.steps, global_batch, rank, world)
+    if not args.loader_workers:
+        return (steps[i] for i in range(len(steps)))
+    loader = torch.utils.data.DataLoader(steps, batch_size=None, num_workers=args.loader_workers)
+    return iter(loader)
 
 
 def mlp(hidden: int, layers: int) -> nn.Sequential:
@@ -155,8 +188,8 @@ def main() -> int:
     step = start - 1
     with GracefulExit() as guard:
         emit(event="started", step=step, rank=rank, world=world, gen=generation)
-        for step in range(start, args.steps + 1):
-            x, y = batch(step, global_batch, rank, world)
+        data = batches(args, start, global_batch, rank, world)
+        for step, (x, y) in zip(range(start, args.steps + 1), data, strict=True):
             optimizer.zero_grad()
             loss = loss_fn(ddp(x.to(device)), y.to(device))
             loss.backward()

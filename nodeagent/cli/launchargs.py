@@ -18,6 +18,8 @@ REDIS_PORT = 6379
 DEFAULT_LOG_DIR = "nodeagent-logs"  # under the current directory: where the user looks first
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 RDZV_BACKENDS = ("c10d", "static")
+DEFAULT_RDZV_ID = "none"  # torchrun's
+LOG_LEVEL = "WARNING"  # like torchrun, a launch prints warnings only; the daemon logs INFO
 
 # torchrun flags accepted and ignored: (flag names, whether it takes a value, why)
 IGNORED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
@@ -87,7 +89,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nnodes", default="1:1", help="N or MIN:MAX (default 1:1)")
     p.add_argument("--nproc-per-node", "--nproc_per_node", default="1", help="workers per node")
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default="", help="the Redis: HOST:PORT")
-    p.add_argument("--rdzv-id", "--rdzv_id", default="", help="the job id")
+    p.add_argument(
+        "--rdzv-id", "--rdzv_id", default="", help=f"the job id (default {DEFAULT_RDZV_ID!r})"
+    )
     p.add_argument("--rdzv-backend", "--rdzv_backend", default="", help="c10d or static: Redis")
     p.add_argument("--max-restarts", "--max_restarts", type=int, default=0)
     p.add_argument("--standalone", action="store_true", help="one node, embedded Redis")
@@ -98,6 +102,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--node-name", default="", help="nodeagent: this node's name (hostname)")
     p.add_argument("--metrics-listen", default="off", help="nodeagent: HOST:PORT (default off)")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        default=LOG_LEVEL,
+        help=f"nodeagent: the agent's own log (default {LOG_LEVEL}; ranks' output always shows)",
+    )
+    p.add_argument(
+        "--preload",
+        default="",
+        help="nodeagent: modules spare worker interpreters import ahead of time, comma "
+        "separated (job.preload), e.g. torch,torch._dynamo: a restart skips their imports",
+    )
     for names, _, why in IGNORED:
         p.add_argument(*names, dest=names[0].lstrip("-").replace("-", "_"), help=f"ignored: {why}")
     p.add_argument("training_script")
@@ -169,9 +186,7 @@ def _redis(args: argparse.Namespace, max_nodes: int, machine: Machine) -> tuple[
                 "HOST:PORT (the Redis every node reaches)"
             )
         return "embedded", args.rdzv_id or f"standalone-{machine.pid}"
-    if not args.rdzv_id:
-        raise LaunchError("--rdzv-id is required with --rdzv-endpoint: every node names the job")
-    return redis_url(args.rdzv_endpoint), args.rdzv_id
+    return redis_url(args.rdzv_endpoint), args.rdzv_id or DEFAULT_RDZV_ID
 
 
 def build(argv: Sequence[str], machine: Machine) -> Launch:
@@ -183,6 +198,11 @@ def build(argv: Sequence[str], machine: Machine) -> Launch:
     """
     args = parser().parse_args(list(argv))
     warnings = _warnings(args)
+    if args.rdzv_endpoint and not args.standalone and not args.rdzv_id:
+        warnings.append(
+            f"--rdzv-id not given: the job id is {DEFAULT_RDZV_ID!r} (torchrun's default); a "
+            "later launch in the same Redis needs another id once this job has ended"
+        )
     min_nodes, max_nodes = _nnodes(args.nnodes)
     url, job_id = _redis(args, max_nodes, machine)
     if args.max_restarts < 0:
@@ -204,9 +224,11 @@ def build(argv: Sequence[str], machine: Machine) -> Launch:
             "allow_root": True,  # the caller is root and chose to launch as root
         },
         "metrics": {"listen": args.metrics_listen},
-        "logging": {"format": args.log_format},
+        "logging": {"format": args.log_format, "level": args.log_level},
         "log_dir": args.log_dir or f"{machine.cwd}/{DEFAULT_LOG_DIR}",
     }
+    if args.preload:
+        document["job"]["preload"] = [m.strip() for m in args.preload.split(",") if m.strip()]
     if url != "embedded":
         document["redis"] = {"url": url}
     return Launch(document, tuple(warnings))

@@ -48,7 +48,9 @@ class SingleJob:
             return None
         if self._seen_going:
             code = exit_code(record)
-            how = record.detail or record.reason
+            # A success's detail can only be stale (the failure before a restart).
+            succeeded = record.state is JobState.SUCCEEDED
+            how = record.reason if succeeded else (record.detail or record.reason)
             return Ending(code, f"job {record.state.value} ({how}): leaving, exit code {code}")
         return Ending(
             FAILED,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from nodeagent.config.settings import Config
-from nodeagent.job import restore
+from nodeagent.job import repeats, restore
 from nodeagent.model.job import (
     ClusterView,
     Command,
@@ -318,10 +318,18 @@ def _begin(
         since_ms=ctx.view.now_ms,
         pending_failure=failure,
         restart_count=0 if reset_restarts else record.restart_count,
-        detail=failure.describe() if failure else "",
+        detail=repeats.describe(failure, record.detail) if failure else "",
     )
     message = f"generation {generation} announced ({reason})"
+    if failure is not None and new.detail.endswith(repeats.SAME_CAUSE):
+        message += f": {repeats.SAME_CAUSE}"
     return new, [_job_event("generation_announced", new, message)], reason
+
+
+def _failure_detail(record: JobRecord, failure: Failure) -> str:
+    """The record's detail of `failure` (with what _begin said of it), else its description."""
+    described = failure.describe()
+    return record.detail if record.detail.startswith(described) else described
 
 
 def _why_gone(reports: Sequence[NodeReport | None]) -> str:
@@ -371,7 +379,9 @@ def _step_running(record: JobRecord, ctx: _Context) -> _Step:
     if all(
         m in nodes and nodes[m].succeeded_generation == record.generation for m in record.members
     ):
-        done = record.moved_to(JobState.SUCCEEDED, reason="completed", since_ms=ctx.view.now_ms)
+        done = record.moved_to(
+            JobState.SUCCEEDED, reason="completed", detail="", since_ms=ctx.view.now_ms
+        )
         return done, [_job_event("job_succeeded", done, "every worker exited 0")], "succeeded"
     if ctx.requests.restart:
         return _begin(record, ctx, "operator")
@@ -417,7 +427,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
                 reason="max_restarts exceeded",
                 restart_count=restart_count,
                 since_ms=ctx.view.now_ms,
-                detail=f"{failure.describe()}; {restart_count - 1} restarts already used",
+                detail=f"{_failure_detail(record, failure)}; {restart_count - 1} restarts used",
             )
             return failed, [_job_event("job_failed", failed, failed.detail)], "failed"
         left_ms = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
 from nodeagent.model.job import Cordon, Event, JobRecord
@@ -96,7 +97,7 @@ def read_view(
     return snap, PoolView(snap.now_ms, nodes, jobs, snap.placements, snap.queues), records
 
 
-_NONE: frozenset[str] = frozenset()
+_NONE: Mapping[str, str] = MappingProxyType({})
 
 
 def _vouched(spec: JobSpec | str, vouch: Vouch) -> JobSpec | str:
@@ -107,7 +108,7 @@ def _vouched(spec: JobSpec | str, vouch: Vouch) -> JobSpec | str:
 
 
 def _node_view(name: str, report: PoolNode, cordon: Cordon | None) -> NodeView:
-    refused = frozenset(report.refused) if report.refused else _NONE
+    refused = MappingProxyType(dict(report.refused)) if report.refused else _NONE
     if cordon is None:
         return NodeView(name, report.pinned, report.unfit, None, False, refused, report.labels)
     return NodeView(

@@ -21,6 +21,8 @@ Rules (docs/design.md, "The pool"):
   it gives back the nodes its record does not name as members;
 - a cordoned node keeps the job it serves but gets no new one; a drained node leaves its job
   now (its workers get the stop grace; the job re-forms without it);
+- a job admitted on nodes that all refuse it before it ever formed (its spec's user is not
+  allowed there, say) goes back to pending, saying which nodes refused it and why;
 - a job ends when its own record does (succeeded, failed, stopped = cancelled); its nodes go
   back to the pool at once. A node whose lease lapsed loses its placement (the job re-forms
   through its own protocol, and grows back into a free node).
@@ -28,7 +30,7 @@ Rules (docs/design.md, "The pool"):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from nodeagent.model.job import Event
@@ -208,6 +210,8 @@ def schedule(view: PoolView, policy: SchedulePolicy) -> Schedule:
     _keep(run)
     _pin(run)
     for job in view.jobs.values():
+        _refused(run, job)
+    for job in view.jobs.values():
         if run.status(job).state is PoolJobState.RUNNING:
             _shrink(run, job)
     reserved = _admit(run, policy)
@@ -258,6 +262,38 @@ def _keep(run: _Run) -> None:
             kept.setdefault(job_id, []).append(node)
     for job_id, nodes in kept.items():
         run.keep(nodes, job_id)
+
+
+def _refused(run: _Run, job: JobView) -> None:
+    """A running job that never formed and has no node left (each refused it, as `_keep`
+    found) goes back to pending, saying why; `_admit` then places it elsewhere or says why not.
+    """
+    status = run.status(job)
+    if status.state is not PoolJobState.RUNNING or status.pinned or job.record_state is not None:
+        return
+    if run.by_job.get(job.id) or job.id not in run.refusers:
+        return
+    why = refusals(run.view.nodes.values(), job.id)
+    if not why:  # only nodes without its labels: lost nodes re-admit it as before
+        return
+    run.move(job, PoolJobState.PENDING, f"refused by its nodes: {why}", "job_refused")
+
+
+def refusals(nodes: Iterable[NodeView], job_id: str, names: int = 3) -> str:
+    """Which nodes refuse `job_id` and why, grouped by reason ("a, b: user root is not
+    allowed"): at most `names` names a reason and `names` reasons, the rest counted."""
+    by_reason: dict[str, list[str]] = {}
+    for node in nodes:
+        if job_id in node.refused:
+            by_reason.setdefault(node.refused[job_id], []).append(node.name)
+    groups = sorted(by_reason.items(), key=lambda item: min(item[1]))
+    parts = []
+    for reason, who in groups[:names]:
+        more = f" and {len(who) - names} more" if len(who) > names else ""
+        parts.append(f"{', '.join(sorted(who)[:names])}{more}: {reason}")
+    if len(groups) > names:
+        parts.append(f"{sum(len(who) for _, who in groups[names:])} more nodes")
+    return "; ".join(parts)
 
 
 def _pin(run: _Run) -> None:
@@ -378,7 +414,11 @@ def _could_fit(run: _Run, job: JobView) -> str | None:
     if healthy >= job.min_nodes:
         return None
     unmatched = run.unmatched.get(job.id, 0)
-    why = f"; {len(excluded) - unmatched} refuse it" if len(excluded) > unmatched else ""
+    why = ""
+    if len(excluded) > unmatched:
+        why = (
+            f"; {len(excluded) - unmatched} refuse it ({refusals(run.view.nodes.values(), job.id)})"
+        )
     if unmatched:
         labels = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
         why += f"; {unmatched} lack {labels}"

@@ -20,7 +20,7 @@ class NodeView:
     unfit: str | None = None  # its GPUs cannot take a job
     cordoned: str | None = None  # an operator's pool cordon
     drained: bool = False  # ... that also takes it off its job now
-    refused: frozenset[str] = frozenset()  # jobs it cannot run
+    refused: Mapping[str, str] = field(default_factory=dict)  # jobs it cannot run -> why
     labels: Mapping[str, str] = field(default_factory=dict)
 
     @property

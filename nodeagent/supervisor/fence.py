@@ -7,10 +7,10 @@ debugger, a stalled kernel call) or a dead one cannot do that, so three more lay
 - The **fence keeper**, a tiny process the agent starts in a session of its own
   (`python -m nodeagent.supervisor.fence`). After every lease renewal the agent writes it one line
   on a pipe: the local monotonic times at which the lease is lapsing and the worker process groups
-  to fence. The keeper SIGTERMs (and SIGCONTs) the groups at `term_at` and SIGKILLs them at
-  `kill_at` unless a newer line moved those times. When the pipe closes without a goodbye (the agent
-  died) it SIGKILLs them at once. A pipe rather than shared memory: no torn reads, and its
-  end-of-file tells the keeper at once that the agent is gone.
+  to fence. The keeper SIGTERMs each group's main process (and SIGCONTs the group) at `term_at`
+  and SIGKILLs the groups at `kill_at` unless a newer line moved those times. When the pipe
+  closes without a goodbye (the agent died) it SIGKILLs them at once. A pipe rather than shared
+  memory: no torn reads, and its end-of-file tells the keeper at once that the agent is gone.
 - `PR_SET_PDEATHSIG`: each worker's main process is SIGKILLed by the kernel when the agent dies.
 - **The leftovers record**: the agent keeps the groups it runs in `state_dir`, with each leader's
   start time, so a restarted agent kills what its predecessor left before it joins (when the
@@ -90,6 +90,19 @@ def signal_group(group: Group, sig: signal.Signals, proc: Path = Path("/proc")) 
     return True
 
 
+def signal_leader(group: Group, sig: signal.Signals, proc: Path = Path("/proc")) -> bool:
+    """Send `sig` to `group`'s leader (a worker's main process) while it runs, else to what is
+    left of the group (`signal_group`); True if sent. A stop tells the main process first: its
+    DataLoader's worker processes must live on while it saves its emergency checkpoint."""
+    if start_ticks(group.pgid, proc) != group.started:
+        return signal_group(group, sig, proc)
+    try:
+        os.kill(group.pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 # -- the keeper's side ------------------------------------------------------------------------
 
 
@@ -156,7 +169,10 @@ def _say(message: str) -> None:
 
 
 def _fence(groups: Sequence[Group], sig: signal.Signals, why: str) -> None:
-    hit = [g.pgid for g in groups if signal_group(g, sig)]
+    """SIGTERM goes to each group's main process (the rest of the group dies at SIGKILL),
+    SIGKILL to the whole group."""
+    send = signal_leader if sig is signal.SIGTERM else signal_group
+    hit = [g.pgid for g in groups if send(g, sig)]
     if sig is signal.SIGTERM:  # a stopped process must see its TERM
         for group in groups:
             signal_group(group, signal.SIGCONT)

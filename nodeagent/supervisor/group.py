@@ -1,8 +1,12 @@
 """The node's worker processes: spawn, watch, stop. The only module that starts processes.
 
 Each worker gets its own session and process group, so a stop reaches everything it forked.
-Stopping never blocks the agent's loop: `stop()` sends SIGTERM and sets a deadline, `poll()`
-escalates to SIGKILL once it passes, so heartbeats go on while workers save a checkpoint.
+Stopping never blocks the agent's loop: `stop()` sends SIGTERM to each worker's main process
+and sets a deadline, `poll()` escalates to SIGKILL once it passes, so heartbeats go on while
+workers save a checkpoint. The rest of a worker's group (a DataLoader's worker processes, which
+die at SIGTERM and take their main process down with "DataLoader worker ... killed by signal")
+is left alone until its main process exits (then SIGTERM; a shell wrapper's child, say) or the
+grace ends (SIGKILL).
 A group counts as gone only when its main processes are reaped and no live (non-zombie)
 process is left in their process groups or among the descendants seen at stop time.
 
@@ -52,6 +56,7 @@ from nodeagent.supervisor.status import GroupPhase, GroupStatus, Started, Worker
 log = logging.getLogger(__name__)
 SPAWN_FAILED = 127  # the shell's "command not found"
 RELEASE_POLL_S = 0.002  # how often a release's watcher reads the workers' channels
+LEFTOVER_POLL_S = 0.05  # how often a stop looks whether what a main process left has exited
 EARLY_FAILURE_S = 10.0  # a rank failing this soon after its start is shown with its last lines
 
 
@@ -69,6 +74,7 @@ class _Worker:
     generation: int = 0  # the generation it takes part in (a survivor's changes)
     kept: bool = False  # an in_place survivor carried into this generation
     abandoned: bool = False  # killed for not leaving its generation in time
+    group_termed: bool = False  # a stop sent SIGTERM to its whole process group
 
     @property
     def pid(self) -> int | None:
@@ -120,6 +126,11 @@ def _process_alive(proc: psutil.Process) -> bool:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _signal_process(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
 
 
 def _py_spy_dump(pid: int) -> str | None:
@@ -349,7 +360,13 @@ class Supervisor:
     # -- stopping --------------------------------------------------------------------------
 
     def stop(self, grace_s: float) -> None:
-        """SIGTERM every worker's process group now; SIGKILL what is left after `grace_s`."""
+        """SIGTERM every worker's main process now, the rest of its process group once the
+        main process has exited; SIGKILL what is left after `grace_s`.
+
+        Only the main process is told at first: a script saving its emergency checkpoint
+        still needs its DataLoader's worker processes (they die at SIGTERM, and the main
+        process with them). Everything else still dies by the deadline, which fencing sets.
+        """
         deadline = self._clock() + grace_s
         if self._stop_deadline is not None:
             self._stop_deadline = min(self._stop_deadline, deadline)
@@ -362,8 +379,19 @@ class Supervisor:
                 worker.descendants = psutil.Process(worker.popen.pid).children(recursive=True)
             except psutil.Error:
                 worker.descendants = []
-            _signal_group(worker.popen.pid, signal.SIGTERM)
+            if worker.returncode is None:
+                _signal_process(worker.popen.pid, signal.SIGTERM)
+            else:
+                self._term_group(worker)
             _signal_group(worker.popen.pid, signal.SIGCONT)  # a stopped process must see TERM
+
+    def _term_group(self, worker: _Worker) -> None:
+        """SIGTERM what a stopped worker's main process left in its group (once)."""
+        if worker.popen is None or worker.group_termed:
+            return
+        worker.group_termed = True
+        _signal_group(worker.popen.pid, signal.SIGTERM)
+        _signal_group(worker.popen.pid, signal.SIGCONT)
 
     def kill(self) -> None:
         """SIGKILL everything at once (a second SIGTERM to the agent, or fencing at the limit)."""
@@ -414,10 +442,16 @@ class Supervisor:
                 )
             )
         self._enforce_release()
-        overdue = self._stop_deadline is not None and self._clock() >= self._stop_deadline
+        stopping = self._stop_deadline is not None
+        if stopping:
+            for worker in self._workers:
+                if worker.returncode is not None:
+                    self._term_group(worker)
+        overdue = stopping and self._clock() >= (self._stop_deadline or 0.0)
         mains_done = all(w.returncode is not None for w in self._workers)
-        if self._workers and not self._killed and (overdue or mains_done) and self._alive():
-            if mains_done and not overdue:
+        leftovers = mains_done and not stopping  # a stop's leftovers have until its deadline
+        if self._workers and not self._killed and (overdue or leftovers) and self._alive():
+            if leftovers:
                 log.warning("worker processes left children behind; killing them")
             self._escalate()
         return exits
@@ -527,6 +561,8 @@ class Supervisor:
         if self._killed or not self._alive():
             return None
         if self._stop_deadline is not None:
+            if any(w.group_termed for w in self._workers):  # their exits wake nobody
+                return min(self._stop_deadline, self._clock() + LEFTOVER_POLL_S)
             return self._stop_deadline
         if self._release_deadline is not None and any(not w.abandoned for w in self._unleft()):
             return self._release_deadline  # (a killed one's exit wakes the loop by itself)

@@ -356,6 +356,25 @@ def _reform(
     return assignment
 
 
+NUMPY_MISSING = (
+    "recovery: in_place needs numpy in the workers' environment (torch's object collectives, "
+    "which sync() uses, read their bytes through it): pip install 'nodeagent[worker]'"
+)
+
+
+def require_numpy() -> None:
+    """Raise, naming the fix, if numpy cannot be imported in this worker.
+
+    Raises:
+        RuntimeError: numpy is missing (without it, the first re-form's sync would fail with
+            torch's "Numpy is not available", and the job with it).
+    """
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        raise RuntimeError(NUMPY_MISSING) from None
+
+
 def channel_from_env() -> ControlFile | None:
     """The channel the agent made for this worker, or None (plain torchrun, restart mode)."""
     path = os.environ.get(ENV)
@@ -394,6 +413,8 @@ def run(
     if reform_timeout is None:
         reform_timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_REFORM_TIMEOUT_S))
     channel = channel_from_env()
+    if channel is not None:
+        require_numpy()  # now, not at the first re-form
     state.attach(channel)
     pending: Reform | None = None
     while True:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+from tests.helpers.pool import pool_cluster
 from tests.helpers.training import check_history, latest_step, training_entrypoint
 
 pytest.importorskip("torch")
@@ -26,7 +29,10 @@ TIMING = {
 
 
 @pytest.fixture
-def training(redis_server: RedisServer, job_id: str, tmp_path: Path) -> Iterator[LocalCluster]:
+def training(
+    request: pytest.FixtureRequest, redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> Iterator[LocalCluster]:
+    loader_workers = getattr(request, "param", 0)  # DataLoader worker processes per rank
     with local_cluster(
         redis_server.url,
         tmp_path,
@@ -35,7 +41,7 @@ def training(redis_server: RedisServer, job_id: str, tmp_path: Path) -> Iterator
         target_nodes=3,
         max_restarts=5,
         timing=TIMING,
-        entrypoint=training_entrypoint(tmp_path, STEPS, EVERY),
+        entrypoint=training_entrypoint(tmp_path, STEPS, EVERY, loader_workers=loader_workers),
     ) as cluster:
         yield cluster
 
@@ -95,6 +101,7 @@ def test_hung_worker_is_detected(training: LocalCluster) -> None:
     assert "py-spy dump" in text or "most recent call first" in text, first
 
 
+@pytest.mark.parametrize("training", [0, 2], indirect=True, ids=["main", "dataloader-workers"])
 def test_sigterm_saves_an_emergency_checkpoint(training: LocalCluster) -> None:
     training.start("a", "b", "c")
     run_until_step(training, 12)
@@ -107,28 +114,80 @@ def test_sigterm_saves_an_emergency_checkpoint(training: LocalCluster) -> None:
     assert training.agents["c"].proc.wait(10) == 0
 
 
-def test_scale_two_three_two(redis_server: RedisServer, job_id: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("target", "changes", "loader_workers", "worlds"),
+    [
+        (2, [("scale", "3"), ("scale", "2")], 0, [2, 3, 2]),
+        # Each rank's batches come from two DataLoader worker processes. A stop signals the
+        # main process only, so the loader's workers live until it has saved (a SIGTERM to the
+        # whole group killed them and the rank died with "DataLoader worker ... killed by
+        # signal", losing the emergency checkpoint).
+        (3, [("drain", "c"), ("scale", "1")], 2, [3, 2, 1]),
+    ],
+    ids=["scale-two-three-two", "drain-and-scale-down-with-dataloader-workers"],
+)
+def test_graceful_changes_lose_no_step(
+    redis_server: RedisServer,
+    job_id: str,
+    tmp_path: Path,
+    target: int,
+    changes: list[tuple[str, str]],
+    loader_workers: int,
+    worlds: list[int],
+) -> None:
     steps = 60
     with local_cluster(
         redis_server.url,
         tmp_path,
         job=job_id,
         max_nodes=3,
-        target_nodes=2,
+        target_nodes=target,
         timing=TIMING,
-        entrypoint=training_entrypoint(tmp_path, steps, EVERY),
+        entrypoint=training_entrypoint(tmp_path, steps, EVERY, loader_workers=loader_workers),
     ) as cluster:
         cluster.start("a", "b", "c")
         run_until_step(cluster, 8)
-        up = cluster.ctl("scale", "3", "--wait", "--timeout", "60s")
-        assert up.returncode == 0, up.stderr
-        run_until_step(cluster, latest_step(cluster) + 5)
-        down = cluster.ctl("scale", "2", "--wait", "--timeout", "60s")
-        assert down.returncode == 0, down.stderr
+        for verb, argument in changes:
+            changed = cluster.ctl(verb, argument, "--wait", "--timeout", "60s")
+            assert changed.returncode == 0, changed.stderr
+            run_until_step(cluster, latest_step(cluster) + 5)
         finish(cluster)
         gens = check_history(cluster, steps, EVERY, graceful=True)
-        assert [g.world for g in gens] == [2, 3, 2]
+        assert [g.world for g in gens] == worlds
+        assert all(g.of("emergency_checkpoint") for g in gens[:-1])
         assert cluster.status()["restart_count"] == 0
+
+
+def test_a_cancelled_pool_job_saves_its_step_with_dataloader_workers(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """`nodeagentctl cancel` stops a pool job with its grace: each rank's main process hears
+    SIGTERM first, its DataLoader's workers live on, and rank 0 saves the step it stopped at."""
+    with pool_cluster(redis_server.url, tmp_path, pool=job_id) as pool:
+        pool.start("a", "b")
+        pool.wait_nodes(2)
+        entrypoint = training_entrypoint(tmp_path, 400, EVERY, loader_workers=2)
+        submitted = pool.ctl("submit", "--name", "dl", "--nodes", "2", "--", *entrypoint)
+        assert submitted.returncode == 0, submitted.stderr
+        logs = tmp_path / "logs" / "dl"
+
+        def lines() -> list[dict[str, Any]]:
+            found = []
+            for log in logs.glob("*/rank-*.log"):
+                text = log.read_text(errors="replace")
+                found += [json.loads(t) for t in text.splitlines() if t.startswith("{")]
+            return found
+
+        wait_for(lambda: any(x.get("step", 0) >= 8 for x in lines()), 120, "training")
+        cancelled = pool.ctl("cancel", "dl")
+        assert cancelled.returncode == 0, cancelled.stderr
+        pool.wait_job("dl", "cancelled", timeout=60)
+        saved = [x for x in lines() if x.get("event") == "emergency_checkpoint"]
+        assert {x["rank"] for x in saved} == {0, 1}, saved
+        last = max(x["step"] for x in lines() if x.get("event") == "step")
+        assert {x["step"] for x in saved} == {last}  # the step it stopped at: none lost
+        text = "".join(log.read_text(errors="replace") for log in logs.glob("*/rank-*.log"))
+        assert "killed by signal" not in text
 
 
 def test_runs_unchanged_under_torchrun(tmp_path: Path) -> None:

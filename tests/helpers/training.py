@@ -17,8 +17,9 @@ TRAIN = ROOT / "examples" / "train_ddp.py"
 
 
 def training_entrypoint(
-    directory: Path, steps: int, every: int = 5, step_time: float = 0.05
+    directory: Path, steps: int, every: int = 5, step_time: float = 0.05, loader_workers: int = 0
 ) -> list[str]:
+    loader = ["--loader-workers", str(loader_workers)] if loader_workers else []
     return [
         sys.executable,
         str(TRAIN),
@@ -32,6 +33,7 @@ def training_entrypoint(
         str(directory / "final"),
         "--step-time",
         str(step_time),
+        *loader,
     ]
 
 

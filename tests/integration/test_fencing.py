@@ -81,6 +81,48 @@ def test_keeper_terms_then_kills_at_its_deadlines_unless_renewed(
         proc.wait()
 
 
+# A main process that starts one child in its group; each notes when SIGTERM reached it.
+FAMILY = textwrap.dedent(
+    """
+    import pathlib, signal, subprocess, sys, time
+    out = pathlib.Path(sys.argv[1])
+    if len(sys.argv) == 2:
+        subprocess.Popen([sys.executable, "-c", FAMILY, f"{out}-child", "x"])
+    signal.signal(signal.SIGTERM, lambda *a: out.write_text(str(time.monotonic())))
+    pathlib.Path(f"{out}.ready").write_text("")
+    while True:
+        time.sleep(0.01)
+    """
+)
+
+
+def test_keeper_terms_the_main_process_and_kills_the_whole_group(tmp_path: Path) -> None:
+    """At term_at only the group's leader hears SIGTERM (a DataLoader's workers must outlive
+    its emergency checkpoint); at kill_at the whole group dies."""
+    term, child_term = tmp_path / "term", tmp_path / "term-child"
+    code = f"FAMILY = {FAMILY!r}\n{FAMILY}"
+    leader = subprocess.Popen([sys.executable, "-c", code, str(term)], start_new_session=True)
+    keeper = Keeper(None)
+    keeper.start()
+    try:
+        wait_for(lambda: Path(f"{child_term}.ready").exists(), 10, "the child to start")
+        (child,) = psutil.Process(leader.pid).children()
+        started = start_ticks(leader.pid)
+        assert started is not None
+        now = time.monotonic()
+        keeper.update(now + 0.2, now + 1.5, [Group(leader.pid, started)])
+        wait_for(term.exists, 10, "the main process's SIGTERM")
+        assert not child_term.exists()  # not told: the grace is its main process's
+        leader.wait(10)
+        assert leader.returncode == -signal.SIGKILL
+        _wait_dead(child, "the child to be killed with its group")
+        assert not child_term.exists()
+    finally:
+        keeper.close()
+        leader.kill()
+        leader.wait()
+
+
 def test_keeper_kills_at_once_when_the_agent_dies(tmp_path: Path) -> None:
     """The pipe's end-of-file is the agent's death: no need to wait for a deadline."""
     victim, group, _ = _stubborn(tmp_path)

@@ -54,6 +54,27 @@ def test_jobs_share_the_pool_queue_and_free_their_nodes(pool: PoolCluster) -> No
     assert pool.jobs()["two"]["generation"] == two  # never disturbed
 
 
+def test_a_job_every_node_refuses_goes_back_to_pending_with_their_reasons(
+    pool: PoolCluster,
+) -> None:
+    """The scheduler admits it (it cannot know a node's users); each node refuses it once
+    placed; it does not stay running on 0 nodes but waits, saying why, and never starts."""
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    pool.submit("theirs", "2", "--user", "nobody")  # not in the nodes' pool.users
+    refused = "2 refuse it (a: user: 'nobody' may not run jobs on node a: not in its pool.users"
+    try:
+        wait_for(lambda: refused in pool.jobs()["theirs"]["reason"], 30, "the nodes' reasons")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{pool.diagnostics()}") from None
+    logs = "".join(agent.log() for agent in pool.agents.values())
+    assert "job theirs: refused by its nodes: a: user: 'nobody'" in logs  # the leader's round
+    row = pool.jobs()["theirs"]
+    assert row["state"] == "pending" and row["world_size"] == 0, row
+    assert not any(pool.placements().values())
+    assert not list(pool.job_records("theirs").glob("records.jsonl"))  # no worker ever started
+
+
 def test_gang_admission_never_starts_below_min_nodes(pool: PoolCluster) -> None:
     pool.start("a", "b")
     pool.wait_nodes(2)

@@ -272,3 +272,68 @@ def test_an_early_failure_names_its_last_lines_and_its_log(h: Harness) -> None:
     failure = h.sup.status().failure
     assert failure is not None and failure.cause is not None
     assert "ValueError: bad batch size 0" in failure.cause and "noise" not in failure.cause
+
+
+# The graceful-exit pattern of docs/worker.md with a DataLoader whose worker processes feed it:
+# on SIGTERM it goes on reading batches (the emergency checkpoint's last step needs them), then
+# says "saved" and exits 0. Its loader workers die at SIGTERM like any process.
+LOADER = (
+    "import os, sys, time\n"
+    "import torch\n"
+    "from torch.utils.data import DataLoader, Dataset\n"
+    "from nodeagent.worker import GracefulExit\n"
+    "class Steps(Dataset):\n"
+    "    def __len__(self): return 100000\n"
+    "    def __getitem__(self, i):\n"
+    "        time.sleep(0.01)\n"
+    "        return torch.full((2,), float(i))\n"
+    "guard = GracefulExit().install()\n"
+    "loader = iter(DataLoader(Steps(), batch_size=None, num_workers=2))\n"
+    "step = 0\n"
+    "while True:\n"
+    "    step = int(next(loader)[0])\n"
+    "    if step == 3: print('up', flush=True)\n"
+    "    if guard.should_stop():\n"
+    "        for _ in range(5): step = int(next(loader)[0])  # the last step's batches\n"
+    "        print('saved', step, flush=True)\n"
+    "        os._exit(0)\n"
+)
+
+
+def test_graceful_stop_keeps_a_dataloaders_workers_until_the_main_process_saved(
+    h: Harness,
+) -> None:
+    """Only the main process gets SIGTERM at the stop; its DataLoader's workers (its group)
+    get theirs when it has exited, and are gone before the group counts as exited."""
+    pytest.importorskip("torch")
+    h.sup.start(12, "n", h.specs(LOADER, n=1))
+    wait_for(lambda: "[rank 10]: up" in h.lines, 60, "the worker to read batches")
+    pid = h.sup.workers()[0].pid
+    assert pid is not None
+    loaders = psutil.Process(pid).children(recursive=True)
+    assert len(loaders) == 2, loaders
+    h.sup.stop(grace_s=30)
+    h.settle(GroupPhase.EXITED, timeout=60)
+    log = (h.tmp_path / "logs" / "rank-10.log").read_text()
+    assert h.sup.workers()[0].exit_code == 0, log
+    assert "saved" in log and "killed by signal" not in log
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in loaders)
+
+
+def test_a_stops_leftovers_get_sigterm_when_their_main_process_exits(
+    h: Harness, tmp_path: Path
+) -> None:
+    """A shell wrapper's child (or anything a main process leaves when it exits on SIGTERM) is
+    told in its turn, with what is left of the grace, not killed at once."""
+    termed = tmp_path / "child.termed"
+    child = (
+        "import pathlib, signal, sys, time\n"
+        f"def bye(*a): pathlib.Path({str(termed)!r}).write_text('x'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\nprint('up', flush=True)\ntime.sleep(60)"
+    )
+    wrapper = ("sh", "-c", f'{sys.executable} -c "$0"; echo bye', child)  # sh does not exec
+    h.sup.start(13, "n", h.specs("", n=1, argv=wrapper))
+    wait_for(lambda: "[rank 10]: up" in h.lines, 10, "the wrapped worker")
+    h.sup.stop(grace_s=30)
+    h.settle(GroupPhase.EXITED)
+    assert termed.exists()

@@ -4,6 +4,7 @@ world of one (gloo) against a channel the test writes as the agent would."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -300,3 +301,16 @@ def test_other_ranks_wait_for_rank_0s_store_before_init(monkeypatch: pytest.Monk
     began = time.monotonic()
     elastic._await_store(timedelta(seconds=0.2))  # nobody listens now: gives up at its timeout
     assert time.monotonic() - began >= 0.2
+
+
+def test_in_place_without_numpy_fails_at_once_naming_the_extra(
+    channel: ControlFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without numpy the first re-form's sync would fail ("Numpy is not available"), long
+    after the start; run() says so before training, with the fix."""
+    monkeypatch.setenv(elastic.ENV, str(channel.path))
+    monkeypatch.setitem(sys.modules, "numpy", None)  # import numpy raises ImportError
+    trained: list[State] = []
+    with pytest.raises(RuntimeError, match=r"pip install 'nodeagent\[worker\]'"):
+        elastic.run(trained.append, State(model=torch.nn.Linear(2, 2)))
+    assert not trained

@@ -10,6 +10,7 @@ import pytest
 from nodeagent.cli.launchargs import LaunchError, Machine, build, redis_url
 from nodeagent.config.load import load_config
 from nodeagent.config.settings import EMBEDDED
+from nodeagent.errors import ConfigError
 from tests.helpers.hosts import ROOT, FakeAccounts, FakeResolver
 from tests.helpers.runas import AS_TESTER
 
@@ -54,6 +55,8 @@ def test_rdzv_endpoint_is_the_redis(endpoint: str, url: str) -> None:
         (["t.py"], "id", "standalone-42"),
         (["t.py"], "user", "me"),  # like torchrun: the workers are the caller's
         (["t.py"], "allow_root", True),
+        (["--rdzv-endpoint", "h:1", "t.py"], "id", "none"),  # torchrun's default
+        (["--preload", "torch, torch._dynamo", "t.py"], "preload", ["torch", "torch._dynamo"]),
     ],
 )
 def test_flags(argv: list[str], key: str, value: object) -> None:
@@ -87,6 +90,30 @@ def test_a_multi_node_launch_becomes_a_valid_config() -> None:
     assert config.job.id == "llama"
 
 
+@pytest.mark.parametrize(
+    ("argv", "level"),
+    [(["t.py"], "WARNING"), (["--log-level", "info", "t.py"], "INFO")],
+)
+def test_a_launch_logs_warnings_unless_told(argv: list[str], level: str) -> None:
+    """torchrun prints a warning or two; the daemon (a config file) keeps INFO."""
+    document = build(argv, MACHINE).document
+    document["job"].update(AS_TESTER)
+    assert load_config(document).logging.level == level
+
+
+def test_preload_is_checked_as_job_preload() -> None:
+    document = build(["--preload", "torch,not a module", "t.py"], MACHINE).document
+    document["job"].update(AS_TESTER)
+    with pytest.raises(ConfigError, match=r"job\.preload"):
+        load_config(document)
+
+
+def test_a_missing_rdzv_id_is_torchruns_default_with_a_warning() -> None:
+    launch = build(["--rdzv-endpoint", "h:1", "t.py"], MACHINE)
+    assert [w.split()[0] for w in launch.warnings] == ["--rdzv-id"]
+    assert "'none'" in launch.warnings[0]
+
+
 def test_standalone_is_the_embedded_redis() -> None:
     document = build(["--standalone", "--node-name", "solo", "t.py"], MACHINE).document
     assert "redis" not in document and document["node"]["name"] == "solo"
@@ -99,7 +126,6 @@ def test_standalone_is_the_embedded_redis() -> None:
     [
         (["--rdzv-backend", "etcd", "t.py"], "nodeagent's rendezvous is Redis"),
         (["--standalone", "--nnodes", "2", "t.py"], "--standalone: one node only"),
-        (["--rdzv-endpoint", "h:1", "t.py"], "--rdzv-id is required"),
         (["--nnodes", "3:2", "t.py"], "1 <= MIN <= MAX"),
         (["--nnodes", "x", "t.py"], "expected N or MIN:MAX"),
         (["--nproc-per-node", "gpu", "t.py"], "give a number"),

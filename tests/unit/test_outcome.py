@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from nodeagent.job.outcome import exit_code
+from nodeagent.job.outcome import SingleJob, exit_code
 from nodeagent.model.job import Failure, JobRecord
 from nodeagent.state import JobState
 
@@ -41,3 +43,21 @@ def failure(kind: str, code: int | None = None, sig: str | None = None) -> Failu
 )
 def test_exit_code(state: JobState, pending: Failure | None, code: int) -> None:
     assert exit_code(record(state, pending)) == code
+
+
+@pytest.mark.parametrize(
+    ("state", "detail", "message"),
+    [
+        # A record written before leaders cleared a success's detail: it still names the
+        # failure that caused the restart, which is not how the job ended.
+        (JobState.SUCCEEDED, "rank 0 on n0 failed (signal SIGABRT)", "job succeeded (completed)"),
+        (JobState.FAILED, "rank 2 on n1 failed (exit code 3)", "job failed (rank 2 on n1"),
+    ],
+)
+def test_the_ending_names_how_this_run_ended(state: JobState, detail: str, message: str) -> None:
+    single = SingleJob("j")
+    running = replace(record(JobState.RUNNING), reason="worker_failed", detail=detail)
+    assert single.observe(running) is None
+    ended = running.moved_to(state, reason="completed" if state is JobState.SUCCEEDED else "x")
+    ending = single.observe(ended)
+    assert ending is not None and ending.message.startswith(message), ending

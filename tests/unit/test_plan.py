@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from nodeagent.job import repeats
 from nodeagent.job.plan import LeaderMemory, Plan, Policy, backoff_ms, plan
 from nodeagent.model.job import (
     ClusterView,
@@ -296,6 +297,40 @@ def test_exceeding_max_restarts_fails_the_job() -> None:
     assert [e.type for e in result.events] == ["job_failed"]
 
 
+LIGHTNING = "ValueError: the product (1 * 3) does not match the world size (2)"
+
+
+def crashed(gen: int, cause: str) -> Failure:
+    return Failure(
+        generation=gen, node="b", rank=2, kind="exit_code", exit_code=1, cause=cause, log="r.log"
+    )
+
+
+@pytest.mark.parametrize(
+    ("before", "repeated"),
+    [
+        (f"Trainer(num_nodes=3) | {LIGHTNING}", True),  # other lines before it: the same error
+        ("ValueError: another error", False),
+    ],
+)
+def test_a_failure_that_repeats_the_one_before_says_so(before: str, repeated: bool) -> None:
+    """In the record's detail (the status) and in the generation's event; and in the job's
+    failure once the budget is gone."""
+    nodes = members_running(5)
+    nodes[1] = replace(nodes[1], state=NodeState.FAILED, failure=crashed(5, f"x | {LIGHTNING}"))
+    after_a_failure = replace(running(5), detail=crashed(4, before).describe())
+    result = run(after_a_failure, *nodes)
+    new = result.record
+    assert new is not None and new.state is JobState.RESTARTING
+    assert new.detail.endswith(repeats.SAME_CAUSE) is repeated
+    assert (repeats.SAME_CAUSE in result.events[0].message) is repeated
+    exhausted = replace(new, restart_count=POLICY.max_restarts, generation=6)
+    ended = run(exhausted, *restarted_after(6, crashed(5, f"x | {LIGHTNING}"))).record
+    assert ended is not None and ended.state is JobState.FAILED
+    assert (repeats.SAME_CAUSE in ended.detail) is repeated
+    assert ended.detail.endswith("restarts used")
+
+
 def test_failed_job_stays_failed() -> None:
     rec = record(JobState.FAILED, 9, restart_count=3)
     assert run(rec, *(node(n, acked=9) for n in "abc")).record is None
@@ -303,8 +338,10 @@ def test_failed_job_stays_failed() -> None:
 
 def test_all_members_succeeded() -> None:
     nodes = [node(n, NodeState.SUCCEEDED, acked=5, succeeded_generation=5) for n in "abc"]
-    result = run(running(5), *nodes)
+    after_a_restart = replace(running(5), detail="rank 0 on a failed (signal SIGABRT)")
+    result = run(after_a_restart, *nodes)
     assert result.record is not None and result.record.state is JobState.SUCCEEDED
+    assert result.record.detail == ""  # the failure before the restart is not why it ended
     assert [e.type for e in result.events] == ["job_succeeded"]
 
 

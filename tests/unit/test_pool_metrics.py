@@ -70,7 +70,7 @@ NODE_CASES = [
     ),
     (
         "refusing a job is still free",
-        view([NodeView("a", refused=frozenset({"j"}))], [job("j")]),
+        view([NodeView("a", refused={"j": "no user"})], [job("j")]),
         counts(free=1),
     ),
     (

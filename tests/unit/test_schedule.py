@@ -9,7 +9,14 @@ import pytest
 from nodeagent.model.job import Cordon
 from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
 from nodeagent.pool.leadership import NodeViews
-from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
+from nodeagent.pool.schedule import (
+    JobView,
+    NodeView,
+    PoolView,
+    SchedulePolicy,
+    refusals,
+    schedule,
+)
 from nodeagent.state import JobState
 
 NOW = 1_000_000
@@ -180,7 +187,7 @@ def test_a_pending_job_is_cancelled_at_once() -> None:
     [
         NodeView("a", unfit="1 of 8 GPUs usable"),
         NodeView("a", cordoned="rack maintenance"),
-        NodeView("a", refused=frozenset({"j"})),
+        NodeView("a", refused={"j": "no user"}),
         NodeView("a", pinned="other"),
     ],
 )
@@ -197,9 +204,43 @@ def test_lost_node_loses_its_placement_and_the_job_grows_back() -> None:
 
 def test_a_node_that_refuses_its_job_is_taken_off_it() -> None:
     running = job("j", 1, 1, state=RUNNING, record=None)
-    refusing = NodeView("a", refused=frozenset({"j"}))
+    refusing = NodeView("a", refused={"j": "no user"})
     placements, _ = run(nodes("b", a=refusing), [running], {"a": "j"})
     assert on(placements, "j") == ["b"]
+
+
+ROOT_REFUSED = "user root is not allowed (pool.allow_root is false)"
+
+
+@pytest.mark.parametrize(
+    ("free", "state", "placed", "words"),
+    [
+        # Nowhere else to go: pending, with the nodes' reasons.
+        ((), PENDING, [], "4 refuse it (a, b, c and 1 more: user root is not allowed"),
+        # A node that does not refuse it: admitted there in the same round.
+        (("z",), RUNNING, ["z"], "admitted on 1 nodes"),
+    ],
+)
+def test_a_job_every_node_refuses_after_admission_goes_back_to_pending(
+    free: tuple[str, ...], state: PoolJobState, placed: list[str], words: str
+) -> None:
+    """Admitted on a, b, c, d, each of which then refused it (its spec's user is not allowed
+    there) before it formed: it does not stay running on 0 nodes."""
+    admitted = job("j", 1, 4, state=RUNNING, record=None)
+    refusing = {n: NodeView(n, refused={"j": ROOT_REFUSED}) for n in "abcd"}
+    before = dict.fromkeys("abcd", "j")
+    result = schedule(PoolView(NOW, {**nodes(*free), **refusing}, {"j": admitted}, before), POLICY)
+    assert on(result.placements, "j") == placed
+    assert result.jobs["j"].state is state and words in result.jobs["j"].reason
+    assert [e.type for e in result.events][:1] == ["job_refused"]
+    assert "a, b, c and 1 more: user root" in result.events[0].message
+
+
+def test_refusals_name_at_most_three_reasons_and_count_the_rest() -> None:
+    refusing = [NodeView(n, refused={"j": f"not allowed on {n}"}) for n in "edcba"]
+    assert refusals(refusing, "j") == (
+        "a: not allowed on a; b: not allowed on b; c: not allowed on c; 2 more nodes"
+    )
 
 
 def test_pinned_nodes_serve_their_job_and_follow_its_record() -> None:
@@ -275,5 +316,5 @@ def test_a_pool_leader_keeps_each_nodes_view_until_its_report_or_cordon_changes(
     assert cordoned["b"] is first["b"]
     a2 = PoolNode("a", "10.0.0.1", 5000, refused={"j": "no user"})  # a new report
     changed = views.of({"a": a2}, {})
-    assert changed["a"].refused == frozenset({"j"}) and not changed["a"].cordoned
+    assert changed["a"].refused == {"j": "no user"} and not changed["a"].cordoned
     assert list(changed) == ["a"]  # b is gone
