@@ -202,17 +202,18 @@ def write_manifest(directory: Path, manifest: Manifest, durable: bool = False) -
     `durable`: fsync the files, the manifest and the directory (a disk; tmpfs needs none)."""
     if durable:
         for name in manifest.files:
-            _fsync(directory / name)
+            fsync(directory / name)
     tmp = directory / f".tmp-{MANIFEST}.{os.getpid()}"
     tmp.write_text(manifest.to_json())
     if durable:
-        _fsync(tmp)
+        fsync(tmp)
     os.replace(tmp, directory / MANIFEST)
     if durable:
-        _fsync(directory)
+        fsync(directory)
 
 
-def _fsync(path: Path) -> None:
+def fsync(path: Path) -> None:
+    """fsync a file or a directory by its path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -246,27 +247,25 @@ def slots(tier: Path, rank: int) -> tuple[Path, ...]:
     return tuple(rank_dir(tier, rank) / slot for slot in SLOTS)
 
 
-def _step_of(directory: Path) -> int:
-    """The step the manifest in `directory` names, or -1 (no manifest, or a bad one)."""
+def manifest_in(directory: Path) -> Manifest | None:
+    """The manifest of the save in `directory`, unverified; None where there is none (no save,
+    one cut short, or a manifest nodeagent did not write)."""
     try:
-        return read_manifest(directory).step
+        return read_manifest(directory)
     except BadCopy:
-        return -1
+        return None
 
 
 def _saved(directory: Path) -> tuple[int, int]:
-    """(step, generation) of the manifest in `directory`, or (-1, -1)."""
-    try:
-        manifest = read_manifest(directory)
-    except BadCopy:
-        return -1, -1
-    return manifest.step, manifest.generation
+    """(step, generation) of the save in `directory`, or (-1, -1)."""
+    manifest = manifest_in(directory)
+    return (manifest.step, manifest.generation) if manifest else (-1, -1)
 
 
 def slot_for_save(tier: Path, rank: int) -> Path:
     """Where this rank's next save goes: the slot that does not hold its newest save."""
     first, second = slots(tier, rank)
-    return second if _step_of(first) > _step_of(second) else first
+    return second if _saved(first)[0] > _saved(second)[0] else first
 
 
 def newest_in_memory(

@@ -53,6 +53,15 @@ class RestoreNote:
 
 
 @dataclass(frozen=True)
+class Look:
+    """What a node's tiers hold, seen once (TierKeeper.look)."""
+
+    report: TierReport
+    memory_bytes: int
+    save_blocked_s: float | None  # the newest verified save's (the longest local rank's)
+
+
+@dataclass(frozen=True)
 class Persisted:
     held: Held
     seconds: float
@@ -87,6 +96,7 @@ class TierKeeper:
         self._refused: set[int] = set()
         self._ranks: tuple[int, ...] = ()
         self._newest_seen = -1
+        self._steps_seen: dict[Path, tuple[scan.Identity | None, int | None]] = {}
         self._expected: dict[int, Path] = {}
         self._protected: int | None = None  # the step the leader records as persisted
         self._reverify = False  # a worker refused a copy: forget what was verified
@@ -202,9 +212,9 @@ class TierKeeper:
         and add up to whole ones (a count of saves seen would differ from node to node)."""
         steps: dict[int, list[int]] = {}
         for slot, rank in tier.memory_saves(self.memory):
-            manifest = _manifest(slot)
-            if manifest is not None:
-                steps.setdefault(rank, []).append(manifest.step)
+            step = self._step_in(slot)
+            if step is not None:
+                steps.setdefault(rank, []).append(step)
         ranks = self._ranks or tuple(steps)
         if not ranks or not all(r in steps for r in ranks):
             return False
@@ -216,13 +226,34 @@ class TierKeeper:
         interval = pairs[0][1] - pairs[0][0] if pairs else 0
         return interval > 0 and (newest // interval) % self.every == 0
 
+    def _step_in(self, slot: Path) -> int | None:
+        """The step of the save in `slot`, its manifest parsed again only when it changed (a
+        stat a slot on every tick of the agent's loop, not a read)."""
+        ident = scan.identity(slot)
+        known = self._steps_seen.get(slot)
+        if known is None or known[0] != ident:
+            manifest = tier.manifest_in(slot) if ident is not None else None
+            known = self._steps_seen[slot] = (ident, manifest.step if manifest else None)
+        return known[1]
+
     def report(self) -> TierReport:
+        return self.look().report
+
+    def look(self) -> Look:
+        """What the tiers hold now, from one pass over the verified saves: the report, and the
+        memory tier's bytes and the newest save's blocked time for the metrics."""
         with self._lock:
-            return TierReport(
-                memory=scan.held(self._verified.saves()),
+            saves = self._verified.saves()
+            report = TierReport(
+                memory=scan.held(saves),
                 persisted=tuple(self._persisted),
                 refused=tuple(sorted(self._refused)),
             )
+        newest = max((save.manifest.step for save in saves), default=None)
+        blocked = max(
+            (s.manifest.blocked_s for s in saves if s.manifest.step == newest), default=None
+        )
+        return Look(report, sum(save.manifest.size for save in saves), blocked)
 
     def take_persisted(self) -> Persisted | None:
         """The copy to the persistent tier finished since the last call, if any."""
@@ -234,18 +265,6 @@ class TierKeeper:
     def expecting(self) -> bool:
         """A local rank of the running generation has not said what it restored yet."""
         return bool(self._expected)
-
-    def memory_bytes(self) -> int:
-        return sum(save.manifest.size for save in self._verified.saves())
-
-    def save_blocked_s(self) -> float | None:
-        """How long the newest save verified here held its rank's step (the longest of the
-        local ranks'), from its manifest; None before any."""
-        saves = self._verified.saves()
-        if not saves:
-            return None
-        newest = max(save.manifest.step for save in saves)
-        return max(s.manifest.blocked_s for s in saves if s.manifest.step == newest)
 
     def restores(self) -> list[RestoreNote]:
         """Reports of local ranks that said what they restored since the last call."""
@@ -340,13 +359,6 @@ class TierKeeper:
             size,
             seconds,
         )
-
-
-def _manifest(slot: Path) -> tier.Manifest | None:
-    try:
-        return tier.read_manifest(slot)
-    except tier.BadCopy:
-        return None
 
 
 def condemns(source: str, why: str) -> bool:

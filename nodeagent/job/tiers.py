@@ -39,10 +39,10 @@ class TierDuties:
         return self.keeper.settling
 
     def report(self) -> TierReport:
-        report = self.keeper.report()
-        keeper = self.keeper
+        look = self.keeper.look()
+        report = look.report
         self._metrics.held(
-            report.newest_memory(), _newest(report), keeper.memory_bytes(), keeper.save_blocked_s()
+            report.newest_memory(), _newest(report), look.memory_bytes, look.save_blocked_s
         )
         return report
 

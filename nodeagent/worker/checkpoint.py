@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nodeagent.channel.tier import fsync
+
 log = logging.getLogger(__name__)
 FORMAT = 1
 _MANIFEST = re.compile(r"step-([0-9]+)(?:-rank-([0-9]+))?\.json")
@@ -78,14 +80,6 @@ def _fsync_write(path: Path, data: bytes) -> None:
     except BaseException:
         _remove(tmp)
         raise
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _env_int(name: str) -> int | None:
@@ -187,10 +181,10 @@ class CheckpointManager:
         committed = False
         try:
             _fsync_write(data_path, data)
-            _fsync_dir(self.directory)
+            fsync(self.directory)
             _fsync_write(manifest_path, manifest)
             committed = True
-            _fsync_dir(self.directory)
+            fsync(self.directory)
         except BaseException:
             if not committed:
                 _remove(data_path)

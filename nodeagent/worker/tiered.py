@@ -287,11 +287,9 @@ class Checkpointer:
         if self.memory is None:
             return
         for slot in tier.slots(self.memory, self.rank):
-            try:
-                if tier.read_manifest(slot).step > step:
-                    tier.begin(slot)
-            except BadCopy:
-                continue
+            manifest = tier.manifest_in(slot)
+            if manifest is not None and manifest.step > step:
+                tier.begin(slot)
 
     def _try(self, source: Source, state: TrainState) -> tuple[str | None, int]:
         """Load `source` into `state`; (None, step) or (why not, -1)."""

@@ -37,6 +37,26 @@ def settle(k: TierKeeper, persist: bool) -> None:
         k.poll()
 
 
+def hanging_copies(k: TierKeeper) -> threading.Event:
+    """From now on the keeper's copies hang (a persist_dir on a stuck mount) until the event
+    returned is set."""
+    release = threading.Event()
+
+    def hang(persist: bool, _settle: bool) -> None:
+        release.wait(30)
+
+    k._work = hang  # type: ignore[method-assign]
+    return release
+
+
+def gone(path: Path) -> bool:
+    """`path` is removed within 10 s (the keeper may remove it from a thread of its own)."""
+    deadline = time.monotonic() + 10
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not path.exists()
+
+
 def test_it_reports_what_verifies_and_persists_the_newest_whole_step(tmp_path: Path) -> None:
     k = keeper(tmp_path)
     k.prepare(None)
@@ -53,10 +73,7 @@ def test_it_reports_what_verifies_and_persists_the_newest_whole_step(tmp_path: P
     assert tier.verify(tier.rank_dir(tier.step_dir(tmp_path / "persist", 12), 1)).step == 12
     assert any("checksum" in p or "bytes" in p for p in k.problems)
     k.remove()  # at once, or once a copy under way ends: never blocking the agent's loop
-    deadline = time.monotonic() + 10
-    while k.memory.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not k.memory.exists()
+    assert gone(k.memory)
 
 
 def test_a_settle_that_hangs_stops_holding_the_generation_up(tmp_path: Path) -> None:
@@ -64,12 +81,7 @@ def test_a_settle_that_hangs_stops_holding_the_generation_up(tmp_path: Path) -> 
     k = keeper(tmp_path, now)
     k.prepare(None)
     settle(k, persist=False)
-    release = threading.Event()
-
-    def hang(persist: bool, _settle: bool) -> None:
-        release.wait(30)
-
-    k._work = hang  # type: ignore[method-assign]
+    release = hanging_copies(k)
     k.settle(persist=True)  # a persist_dir on a stuck mount
     assert k.settling
     now[0] = k.settle_timeout - 1
@@ -84,22 +96,12 @@ def test_removing_the_tier_never_waits_for_a_copy_that_hangs(tmp_path: Path) -> 
     k = keeper(tmp_path)
     k.prepare(None)
     settle(k, persist=False)
-    release = threading.Event()
-
-    def hang(persist: bool, _settle: bool) -> None:
-        release.wait(30)
-
-    k._work = hang  # type: ignore[method-assign]
+    release = hanging_copies(k)
     k.settle(persist=True)
-    began = time.monotonic()
     k.remove()
-    assert time.monotonic() - began < 5  # returned while the copy still hangs
-    assert k.memory.exists()  # removed once the copy ends
+    assert k.memory.exists()  # remove() returned while the copy hangs; the tier goes after
     release.set()
-    deadline = time.monotonic() + 10
-    while k.memory.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not k.memory.exists()
+    assert gone(k.memory)
 
 
 def test_a_restore_report_nodeagent_did_not_write_is_dropped_not_trusted(tmp_path: Path) -> None:
