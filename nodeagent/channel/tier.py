@@ -377,7 +377,8 @@ class Source:
 
 
 def restore_to_env(sources: tuple[Source, ...]) -> str:
-    """The order a worker tries its sources in: `memory:120 persistent:100 script start`."""
+    """The order a worker tries its sources in: `memory:120@7 persistent:100@5 script start`
+    (the generation after `@` where the leader knows it)."""
     return " ".join(str(s) for s in sources)
 
 
