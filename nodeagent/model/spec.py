@@ -243,10 +243,17 @@ def _timing(section: Section) -> dict[str, float]:
 
 
 def spec_of(job: JobConfig, timing: TimingConfig) -> JobSpec:
-    """The spec a node pinned by its `job:` section submits for it (shown by `jobs`)."""
+    """The spec a node pinned by its `job:` section submits for it (shown by `jobs`). Without
+    the checkpoint tiers' paths: each node keeps its own, and a spec in Redis names none (the
+    pool leader would find it unreadable, and the job's placement would flap)."""
     user = job.user.name if job.user is not None else "unknown"
     times = {key: getattr(timing, key) for key in JOB_TIMING}
-    return JobSpec(dataclasses.replace(job, user=None), user, timing=times)
+    checkpoint = job.checkpoint
+    if checkpoint is not None:
+        checkpoint = dataclasses.replace(
+            checkpoint, memory_dir=CheckpointConfig.memory_dir, persist_dir=None
+        )
+    return JobSpec(dataclasses.replace(job, user=None, checkpoint=checkpoint), user, timing=times)
 
 
 def run_config(spec: JobSpec, settings: NodeSettings, resolve: Resolver | None = None) -> Config:

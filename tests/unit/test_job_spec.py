@@ -7,10 +7,12 @@ from typing import Any, ClassVar
 
 import pytest
 
+from nodeagent.config.checkpoint import CheckpointConfig
 from nodeagent.config.identity import Account
-from nodeagent.config.load import load_settings
+from nodeagent.config.load import load_config, load_settings
 from nodeagent.errors import ConfigError, CorruptStateError
-from nodeagent.model.spec import JobSpec, load_spec, run_config
+from nodeagent.model.spec import JobSpec, load_spec, run_config, spec_of
+from tests.helpers.runas import AS_TESTER
 
 BASE: dict[str, Any] = {"id": "llama", "entrypoint": ["python", "train.py"], "user": "alice"}
 
@@ -138,3 +140,31 @@ def test_the_node_decides_who_a_job_runs_as(pool: dict[str, Any], user: str, all
     config = run_config(spec, node, Accounts())  # type: ignore[arg-type]
     assert config.job.user is not None and config.job.user.name == user
     assert config.timing.stop_grace_period == 5.0 and config.node.name == "n1"
+
+
+def test_a_pinned_jobs_spec_names_none_of_its_nodes_paths_and_reads_back() -> None:
+    """A node's job: section may keep its tiers anywhere; the spec it stores for the pool
+    names no path (a submitted spec may not), so the pool leader can read it. Found running
+    a pinned job with memory_dir set: the leader found its spec unreadable and flapped."""
+    config = load_config(
+        {
+            "node": {"name": "a", "address": "10.0.0.1"},
+            "redis": {"url": "redis://10.0.0.9:6379/0"},
+            "job": {
+                "id": "llama",
+                "entrypoint": ["python", "train.py"],
+                "checkpoint": {
+                    "memory_size": "1GiB",
+                    "memory_dir": "/dev/shm/elsewhere",
+                    "persist_dir": "/shared/ckpt",
+                },
+                **AS_TESTER,
+            },
+        }
+    )
+    spec = spec_of(config.job, config.timing)
+    back = JobSpec.from_json(spec.to_json())
+    assert back.job.checkpoint is not None and back.job.checkpoint.memory_size == 1 << 30
+    assert back.job.checkpoint.memory_dir == CheckpointConfig.memory_dir
+    assert back.job.checkpoint.persist_dir is None
+    assert config.job.checkpoint is not None and config.job.checkpoint.persist_dir == "/shared/ckpt"
