@@ -10,7 +10,12 @@ What it shows of nodeagent.worker:
   chose it: the memory tier, the persistent tier, this directory; at another world size the
   shards are resharded), `save` every --save-every steps returns once the state is staged;
 - on SIGTERM every rank stops at the same step and saves it (GracefulExit), so a graceful stop
-  (scale, drain) loses no step.
+  (scale, drain) loses no step;
+- with --in-place (job.recovery: in_place) the training runs under `elastic.run`: when the job
+  re-forms, survivors keep their processes, leave the old process group, build the model again
+  on the new world and restore (from their memory tier where it serves, else resharded), and
+  a re-form the agent asks for (scale, drain) saves the current step first
+  (`Checkpointer.check`).
 
 Each rank prints one JSON line per event: "restored" (step, tier, and with --digest the sha256 of
 the whole model and optimizer state, gathered), "step" (every --print-every steps), "saved"
@@ -34,7 +39,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from nodeagent.worker import Checkpointer, GracefulExit, TrainState, beat
+from nodeagent.worker import Checkpointer, GracefulExit, TrainState, beat, elastic
 
 FEATURES = 16
 
@@ -57,6 +62,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
     parser.add_argument("--print-every", type=int, default=1)
     parser.add_argument("--digest", action="store_true", help="sha256 of the state at save")
+    parser.add_argument(
+        "--in-place",
+        action="store_true",
+        help="job.recovery: in_place: survivors of a failure keep their processes",
+    )
     return parser.parse_args()
 
 
@@ -108,10 +118,9 @@ def leave(code: int) -> NoReturn:
     os._exit(code)
 
 
-def main() -> int:
-    args = parse()
+def train(args: argparse.Namespace, checkpoints: Checkpointer, guard: GracefulExit) -> None:
+    """Build the model on this world, restore, train; in place, again after every re-form."""
     cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
     if cuda:
@@ -120,7 +129,6 @@ def main() -> int:
     model = sharded_mlp(args.width, args.layers, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     state = TrainState(model, optimizer, data_step=0)
-    checkpoints = Checkpointer(args.checkpoint_dir)
     start = checkpoints.restore(state)
     restored = {"digest": digest(model, optimizer)} if args.digest and start else {}
     emit(event="restored", step=start, rank=rank, world=world, gen=generation, **restored)
@@ -141,33 +149,37 @@ def main() -> int:
 
     step = start
     loss_fn = nn.MSELoss()
-    with GracefulExit() as guard:
-        for step in range(start + 1, args.steps + 1):
-            x, y = batch(step, args.global_batch, rank, world)
-            optimizer.zero_grad()
-            loss = loss_fn(model(x.to(device)), y.to(device))
-            loss.backward()
-            optimizer.step()
-            beat(step)
-            if step % args.print_every == 0:
-                emit(
-                    event="step",
-                    step=step,
-                    loss=round(loss.item(), 6),
-                    rank=rank,
-                    world=world,
-                    gen=generation,
-                )
-            if args.step_time:
-                time.sleep(args.step_time)
-            if step % args.save_every == 0:
+    for step in range(start + 1, args.steps + 1):
+        x, y = batch(step, args.global_batch, rank, world)
+        optimizer.zero_grad()
+        loss = loss_fn(model(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        beat(step)
+        if step % args.print_every == 0:
+            emit(
+                event="step",
+                step=step,
+                loss=round(loss.item(), 6),
+                rank=rank,
+                world=world,
+                gen=generation,
+            )
+        if args.step_time:
+            time.sleep(args.step_time)
+        if step % args.save_every == 0:
+            save(step)
+        reform = checkpoints.reform_due() if args.in_place else None
+        if reform is not None:  # (checkpoints.check(state, step) without the printing)
+            if step % args.save_every:  # every rank saves the step reached and leaves together
                 save(step)
-            if guard.should_stop_all():
-                if step % args.save_every:
-                    save(step)
-                checkpoints.close()
-                emit(event="stopped", step=step, rank=rank, world=world, gen=generation)
-                leave(0)
+            raise reform
+        if guard.should_stop_all():
+            if step % args.save_every:
+                save(step)
+            checkpoints.close()
+            emit(event="stopped", step=step, rank=rank, world=world, gen=generation)
+            leave(0)
     if step % args.save_every:
         save(step)
     checkpoints.close()
@@ -179,6 +191,22 @@ def main() -> int:
         gen=generation,
         digest=digest(model, optimizer),
     )
+
+
+def main() -> int:
+    args = parse()
+    checkpoints = Checkpointer(args.checkpoint_dir)
+    with GracefulExit() as guard:
+        if args.in_place:
+            try:
+                elastic.run(
+                    lambda _: train(args, checkpoints, guard), checkpoints, stop=guard.should_stop
+                )
+            except elastic.Stopped:  # stopped between two generations: nothing to save
+                leave(0)
+        else:
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            train(args, checkpoints, guard)
     leave(0)
 
 

@@ -5,16 +5,18 @@ hand it a new environment; it hands it an *assignment* through this file instead
 reports back through the same file. Like the progress file (nodeagent.channel.beats) it is plain
 shared memory: checking for a new assignment between steps is one 8-byte read, no syscall.
 
-Layout (152 bytes; little-endian, but each seq in the machine's own order, see SEQ):
+Layout (344 bytes; little-endian, but each seq in the machine's own order, see SEQ):
 
     offset  0  magic b"NACT", version u32
     offset  8  message (agent -> worker), under a seqlock:
                seq u64 (odd while the agent writes; seq // 2 messages written so far),
                generation i64, kind i32 (1: an assignment, 2: leave), rank, local_rank,
                world_size, local_world_size, group_rank, group_world_size, master_port,
-               restart_count (i32 each), master_addr (64 bytes, UTF-8, NUL-padded);
+               restart_count (i32 each), master_addr (64 bytes, UTF-8, NUL-padded),
+               restore (192 bytes, ASCII, NUL-padded: the leader's restore order for the
+               generation, nodeagent.channel.tier's RESTORE_ENV; empty without tiers);
                a leave has zeros after its kind
-    offset 128 report (worker -> agent), under a seqlock of its own:
+    offset 320 report (worker -> agent), under a seqlock of its own:
                seq u64, left_generation i64 (-1: none yet), committed_step i64 (-1: none yet)
 
 Two messages: `Leave(g)`, "leave generation g's process group" (the job is re-forming; the
@@ -37,25 +39,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodeagent.channel.beats import worker_file
+from nodeagent.channel.tier import RESTORE_ENV
 from nodeagent.errors import NodeagentError
 
 PATH_ENV = "NODEAGENT_CONTROL_FILE"  # where the agent tells a worker its channel is
 TIMEOUT_ENV = "NODEAGENT_REFORM_TIMEOUT_S"  # the job's timing.reform_timeout
 MAGIC = b"NACT"
-VERSION = 2
+VERSION = 3  # 3: assignments carry the restore order (sharded jobs recover in place)
 ADDR_BYTES = 64
+RESTORE_BYTES = 192  # the longest order the leader writes (5 sources) takes about 110
 HEADER = struct.Struct("<4sI")
 # A seq is stored and loaded whole, through a memoryview of 8-byte words ("Q", native order:
 # both ends are on one machine): one aligned 8-byte memcpy. Never with struct.pack_into, which
 # zeroes the field before writing it (and, for "<Q", writes a byte at a time): a reader then saw
 # seq 0 in a file that had assignments.
 SEQ = struct.Struct("Q")
-MESSAGE = struct.Struct(f"<qi8i{ADDR_BYTES}s")  # the body after its seq
+MESSAGE = struct.Struct(f"<qi8i{ADDR_BYTES}s{RESTORE_BYTES}s")  # the body after its seq
 ASSIGN, LEAVE = 1, 2  # its kinds
 REPORT = struct.Struct("<qq")
 MESSAGE_AT = HEADER.size  # 8
-REPORT_AT = 128
-SIZE = REPORT_AT + SEQ.size + REPORT.size  # 152
+REPORT_AT = 320
+SIZE = REPORT_AT + SEQ.size + REPORT.size  # 344
 MODE = 0o660  # both ends write: the worker (its owner) and the agent (its group)
 READ_PATIENCE_S = 1.0  # a seq odd for this long: the writer died mid-write
 
@@ -81,6 +85,7 @@ class Assignment:
     master_addr: str
     master_port: int
     restart_count: int
+    restore: str = ""  # the restore order (tier.RESTORE_ENV), "" when the job has no tiers
 
     def problems(self) -> list[str]:
         """Why this assignment is impossible (empty when it is fine)."""
@@ -97,6 +102,8 @@ class Assignment:
             found.append(f"master port {self.master_port}")
         if not self.master_addr or len(self.master_addr.encode()) > ADDR_BYTES:
             found.append(f"master address {self.master_addr!r} empty or over {ADDR_BYTES} bytes")
+        if not self.restore.isascii() or len(self.restore) > RESTORE_BYTES:
+            found.append(f"restore order {self.restore!r} not ASCII or over {RESTORE_BYTES} bytes")
         return found
 
     def environment(self) -> dict[str, str]:
@@ -114,6 +121,7 @@ class Assignment:
             "MASTER_PORT": str(self.master_port),
             "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
             "NODEAGENT_GENERATION": str(self.generation),
+            RESTORE_ENV: self.restore,  # "" clears the last generation's
         }
 
 
@@ -164,7 +172,7 @@ def encode(message: Message) -> bytes:
     if isinstance(message, Leave):
         if message.generation < 0:
             raise ValueError(f"generation {message.generation} < 0")
-        return MESSAGE.pack(message.generation, LEAVE, *(0,) * 8, b"")
+        return MESSAGE.pack(message.generation, LEAVE, *(0,) * 8, b"", b"")
     problems = message.problems()
     if problems:
         raise ValueError("; ".join(problems))
@@ -173,36 +181,41 @@ def encode(message: Message) -> bytes:
         *(a.generation, ASSIGN, a.rank, a.local_rank, a.world_size, a.local_world_size),
         *(a.group_rank, a.group_world_size, a.master_port, a.restart_count),
         a.master_addr.encode(),
+        a.restore.encode("ascii"),
     )
 
 
 def decode(body: bytes) -> Message:
     """Raises: ControlFileError: the bytes are not a message encode() could have written."""
     fields = MESSAGE.unpack(body)
-    raw: bytes = fields[-1]
+    raw: bytes = fields[-2]
     generation, kind = fields[:2]
     if kind == LEAVE:
-        if generation < 0 or any(fields[2:-1]) or raw.strip(b"\0"):
+        if generation < 0 or any(fields[2:-2]) or raw.strip(b"\0") or fields[-1].strip(b"\0"):
             raise ControlFileError(f"a leave with values in its unused fields: {fields!r}")
         return Leave(generation)
     if kind != ASSIGN:
         raise ControlFileError(f"message kind {kind}, expected {ASSIGN} or {LEAVE}")
-    addr, _, padding = raw.partition(b"\0")
-    try:
-        text = addr.decode()
-    except UnicodeDecodeError:
-        raise ControlFileError(f"master address {raw!r} is not UTF-8") from None
-    if padding.strip(b"\0"):
-        raise ControlFileError(f"master address field {raw!r} is not NUL-padded")
     rank, local_rank, world, local_world, group, groups, port, restarts = fields[2:10]
     assignment = Assignment(
         *(generation, rank, local_rank, world, local_world, group, groups),
-        *(text, port, restarts),
+        *(_text(raw, "master address"), port, restarts, _text(fields[-1], "restore order")),
     )
     problems = assignment.problems()
     if problems:
         raise ControlFileError("impossible assignment: " + "; ".join(problems))
     return assignment
+
+
+def _text(raw: bytes, what: str) -> str:
+    value, _, padding = raw.partition(b"\0")
+    try:
+        text = value.decode()
+    except UnicodeDecodeError:
+        raise ControlFileError(f"{what} {raw!r} is not UTF-8") from None
+    if padding.strip(b"\0"):
+        raise ControlFileError(f"{what} field {raw!r} is not NUL-padded")
+    return text
 
 
 class ControlFile:

@@ -52,6 +52,18 @@ _SOURCE = re.compile(r"(memory|persistent|script|start)(?::([0-9]{1,15})(?:@([0-
 _MAX_FILES = 10_000
 
 
+def report_path(job_dir: Path, generation: int, rank: int) -> Path:
+    """Where rank `rank` of `generation` says what it restored (RESTORE_REPORT_ENV): in the
+    job's log directory, beside the generation's logs. An in_place survivor, told only its new
+    generation and rank, finds its new one from its first (`moved_report`)."""
+    return job_dir / str(generation) / f"rank-{rank}.restore.json"
+
+
+def moved_report(first: Path, generation: int, rank: int) -> Path:
+    """The report path of `generation`'s rank `rank`, given a report path of the same job."""
+    return report_path(first.parent.parent, generation, rank)
+
+
 class BadCopy(Exception):
     """A save that must not be loaded: what is wrong, naming the file."""
 

@@ -383,11 +383,7 @@ class Agent:
             if isinstance(action, StopWorkers):
                 self._stop_workers(action, now)
             elif isinstance(action, ReleaseWorkers):
-                timeout = self.config.timing.reform_timeout
-                self._log.info(
-                    "releasing workers in place (%s), within %gs", action.reason, timeout
-                )
-                self._workers.release(timeout)
+                self._release_workers(action)
             elif isinstance(action, Acknowledge):
                 self._acknowledge(action.generation)
             elif isinstance(action, StartWorkers):
@@ -408,6 +404,8 @@ class Agent:
 
     def _release_workers(self, action: ReleaseWorkers) -> None:
         timeout = self.config.timing.reform_timeout
+        if self._tiers is not None:  # their last saves persist unless the generation failed
+            self._tiers.stopping(action.broken, fence=False)
         self._log.info(
             "workers leave their generation in place (%s), within %gs", action.reason, timeout
         )

@@ -51,6 +51,7 @@ class ReleaseWorkers:
     and wait for their next assignment (the group becomes PARKED)."""
 
     reason: str
+    broken: bool = False  # the generation failed (else: a scale, a drain; their saves persist)
 
 
 @dataclass(frozen=True)
@@ -125,16 +126,19 @@ def _decide_running(view: LocalView, record: JobRecord) -> NodeDecision:
     group = view.group
     if group.failure is not None:
         if view.in_place:  # the survivors of this node keep running too
-            release = ReleaseWorkers(f"a local worker failed: {group.failure.describe()}")
+            release = ReleaseWorkers(
+                f"a local worker failed: {group.failure.describe()}", broken=True
+            )
             return NodeDecision(NodeState.FAILED, (release,), group.failure.describe())
         stop = StopWorkers("a local worker failed", broken=True)
         return NodeDecision(NodeState.FAILED, (stop,), group.failure.describe())
     broken = False
     if record.generation != group.generation:
         reason = f"generation {record.generation} replaces {group.generation} ({record.reason})"
-        if view.in_place:
-            return NodeDecision(NodeState.STOPPING, (ReleaseWorkers(reason),), reason)
         broken = record.reason in FAILURE_REASONS
+        if view.in_place:
+            release = ReleaseWorkers(reason, broken=broken)
+            return NodeDecision(NodeState.STOPPING, (release,), reason)
     elif record.state is not JobState.RUNNING:
         reason = f"job is {record.state.value}"
     elif view.name not in record.members:

@@ -47,6 +47,7 @@ from nodeagent.supervisor.ranklogs import (
     last_lines,
     open_log,
     pump_output,
+    restore_report,
     worker_files,
 )
 from nodeagent.supervisor.spares import PRESTART_DELAY_S, Spawner
@@ -246,6 +247,7 @@ class Supervisor:
         title = banner(spec.assignment.generation, self._node, spec, time.time())
         if survivor.log is not None:
             survivor.log.switch(kept, generation_log(kept, self._spawner.user), title)
+        restore_report(kept, self._spawner.user)
         survivor.channel.assign(spec.assignment)
         survivor.spec, survivor.generation = kept, spec.assignment.generation
         survivor.kept, survivor.preloaded = True, False

@@ -75,10 +75,16 @@ def worker_files(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
         control.create(spec.control_path, owner=owner)
     if owner is not None and spec.error_file is not None:  # @record writes it on failure;
         beats.worker_file(spec.error_file, owner)  # empty reads as no error file
-    report = spec.env.get(tier.RESTORE_REPORT_ENV)
-    if owner is not None and report:  # the rank says there what it restored; empty: not yet
-        beats.worker_file(Path(report), owner)
+    restore_report(spec, user)
     return log_file
+
+
+def restore_report(spec: WorkerSpec, user: WorkerUser | None) -> None:
+    """The file where the rank says what it restored (empty: not yet), made for it when it runs
+    as another user (it cannot create files in the generation's directory)."""
+    report = spec.env.get(tier.RESTORE_REPORT_ENV)
+    if user is not None and user.switch and report:
+        beats.worker_file(Path(report), user.uid)
 
 
 class RankLog:

@@ -196,7 +196,7 @@ def worker_env(
 
 def restore_report_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
     """Where the rank says what it restored (nodeagent.worker.tiered; the agent reads it)."""
-    return Path(log_dir) / job / str(generation) / f"rank-{rank}.restore.json"
+    return tier.report_path(Path(log_dir) / job, generation, rank)
 
 
 def tier_env(config: Config, record: JobRecord, rank: int) -> dict[str, str]:
@@ -222,8 +222,9 @@ def tier_env(config: Config, record: JobRecord, rank: int) -> dict[str, str]:
 
 def assignment(config: Config, record: JobRecord, group_rank: int, local_rank: int) -> Assignment:
     """What an in_place survivor that is now `local_rank` of group `group_rank` is told: the
-    same values worker_env gives a new worker."""
+    same values worker_env gives a new worker (the restore order too)."""
     nproc, members = config.job.nproc_per_node, len(record.members)
+    tiers = record.checkpoint if config.job.checkpoint is not None else None
     return Assignment(
         generation=record.generation,
         rank=group_rank * nproc + local_rank,
@@ -235,6 +236,7 @@ def assignment(config: Config, record: JobRecord, group_rank: int, local_rank: i
         master_addr=record.master_addr,
         master_port=record.master_port,
         restart_count=record.restart_count,
+        restore=" ".join(tiers.restore) if tiers is not None else "",
     )
 
 

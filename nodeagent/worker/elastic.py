@@ -21,39 +21,41 @@ import logging
 import os
 import socket
 import time
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from nodeagent.channel import control
-from nodeagent.channel.control import Assignment, ControlFile, Leave
+from nodeagent.channel.control import Assignment, ControlFile
+from nodeagent.worker.follow import Follower, Reform, ReformTimedOut, Stopped
 
 log = logging.getLogger(__name__)
 ENV = control.PATH_ENV
 TIMEOUT_ENV = control.TIMEOUT_ENV
 DEFAULT_REFORM_TIMEOUT_S = 60.0
-POLL_S = 0.005
 STORE_POLL_S = 0.002
 DEFAULT_PG_TIMEOUT = timedelta(minutes=30)  # torch's own default for gloo
 T = TypeVar("T")
+__all__ = ["Reform", "ReformTimedOut", "Resumable", "State", "Stopped", "run"]
 
 
-class Reform(Exception):
-    """The job is re-forming: leave the process group (raised by check() between steps)."""
+class Resumable(Protocol):
+    """What `run` re-forms around: `State` (data-parallel replicas, synced by broadcast) or
+    nodeagent.worker.tiered's `Checkpointer` (sharded models, restored from the tiers)."""
 
-    def __init__(self, reason: str, assignment: Assignment | None = None) -> None:
-        super().__init__(reason)
-        self.assignment = assignment
+    @property
+    def follower(self) -> Follower: ...
+
+    def sync(self) -> None:
+        """In the (new) process group, before `train_fn` is called (again)."""
+
+    def leaving(self) -> None:
+        """The old process group is gone: finish what must be done before the agent hears so."""
 
 
-class ReformTimedOut(Exception):
-    """No new assignment came within reform_timeout: exit so the agent restarts this worker."""
-
-
-class Stopped(Exception):
-    """A stop was asked for (run's `stop`) while this worker waited for its next assignment:
-    it is in no process group, so there is nothing to save together; exit (0 is fine)."""
+R = TypeVar("R", bound=Resumable)
 
 
 def _copy_into(value: Any, previous: Any) -> Any:
@@ -101,9 +103,7 @@ class State:
             "_values": values,
             "_snapshot": None,
             "_callbacks": [],
-            "_channel": None,
-            "_seen": 0,
-            "generation": int(os.environ.get("NODEAGENT_GENERATION", "0")),
+            "_follower": Follower(),
             "committed_step": -1,
         }
         for name, value in attrs.items():
@@ -126,12 +126,21 @@ class State:
         else:
             self._values[name] = value
 
+    @property
+    def follower(self) -> Follower:
+        return self._follower  # type: ignore[no-any-return]
+
+    @property
+    def generation(self) -> int:
+        """The generation this process is in (NODEAGENT_GENERATION, then each assignment's)."""
+        return self._follower.generation  # type: ignore[no-any-return]
+
     def attach(self, channel: ControlFile | None) -> None:
-        """Talk to the agent over `channel`. An assignment already in it is news only if it is
-        for a generation after this process's own (NODEAGENT_GENERATION): one written while
-        a newcomer was still importing torch."""
-        object.__setattr__(self, "_channel", channel)
-        object.__setattr__(self, "_seen", 0)
+        """Talk to the agent over `channel` (Follower.attach)."""
+        self._follower.attach(channel)
+
+    def leaving(self) -> None:
+        """Nothing to finish: the commit is in this process's memory."""
 
     def on_reset(self, callback: Callable[[], None]) -> None:
         """Call `callback()` after every sync: on the first start and after each re-form, on
@@ -150,8 +159,8 @@ class State:
         }
         object.__setattr__(self, "_snapshot", snapshot)
         object.__setattr__(self, "committed_step", int(self._values["step"]))
-        if self._channel is not None:
-            self._channel.report_step(self.committed_step)
+        if self._follower.channel is not None:
+            self._follower.channel.report_step(self.committed_step)
         self.check()
 
     def restore(self) -> None:
@@ -170,15 +179,7 @@ class State:
     def check(self) -> None:
         """Raise Reform if the agent has told this worker to leave its generation or published
         a newer assignment (one memory read when nothing is new)."""
-        channel = self._channel
-        if channel is None or channel.sequence() == self._seen:
-            return
-        seq, message = channel.message()
-        object.__setattr__(self, "_seen", seq)
-        if isinstance(message, Leave) and message.generation >= self.generation:
-            raise Reform(f"told to leave generation {message.generation}")
-        if isinstance(message, Assignment) and message.generation > self.generation:
-            raise Reform(f"new assignment for generation {message.generation}", message)
+        self._follower.check()
 
     def sync(self) -> None:
         """Every rank takes the committed state of the rank with the highest committed step
@@ -223,12 +224,13 @@ class State:
             callback()
 
     def _take_first_snapshot(self) -> None:
-        channel = self._channel
-        object.__setattr__(self, "_channel", None)
+        follower = self._follower
+        channel = follower.channel
+        follower.channel = None
         try:
             self.commit()
         finally:
-            object.__setattr__(self, "_channel", channel)
+            follower.channel = channel
         object.__setattr__(self, "committed_step", -1)  # nothing was trained into it
 
 
@@ -286,43 +288,24 @@ def _collective_failed(exc: BaseException) -> bool:
     )
 
 
-def _newer(channel: ControlFile, generation: int) -> tuple[int, Assignment | None]:
-    """(sequence number, the channel's assignment if it is for a generation after `generation`)."""
-    seq, message = channel.message()
-    fresh = isinstance(message, Assignment) and message.generation > generation
-    return seq, message if fresh and isinstance(message, Assignment) else None
-
-
-def _wait_for(
-    state: State, channel: ControlFile, deadline: float, stop: Callable[[], bool] | None
-) -> Assignment:
-    while True:
-        seq, assignment = _newer(channel, state.generation)
-        object.__setattr__(state, "_seen", seq)
-        if assignment is not None:
-            return assignment
-        if stop is not None and stop():
-            raise Stopped(f"asked to stop after leaving generation {state.generation}")
-        if time.monotonic() >= deadline:
-            raise ReformTimedOut(
-                f"no assignment newer than generation {state.generation} came in time"
-            )
-        time.sleep(POLL_S)
-
-
 def _detached(exc: BaseException) -> Reform:
     """Why to re-form, without `exc`'s traceback: its frames hold train_fn's locals, the DDP
     wrapper among them, and through it the old process group, whose connections then stay
     open after destroy_process_group(). A peer blocked in a collective with this rank would
-    wait on them until it is killed, instead of failing at once and re-forming too. (No
-    gc.collect() for cycles: it took ~0.2 s of every re-form with torch loaded, and the
-    test of this, tests/integration/test_elastic_worker.py, passes without it.)"""
+    wait on them until it is killed, instead of failing at once and re-forming too.
+
+    The frames' locals are cleared too: a frame that holds the exception itself (`reform =
+    ...; raise reform`, in a script or here) makes a cycle that only gc.collect() would free,
+    and gc.collect() took ~0.2 s of every re-form with torch loaded
+    (tests/integration/test_elastic_worker.py fails when the cycle is left)."""
+    if exc.__traceback__ is not None:
+        traceback.clear_frames(exc.__traceback__)  # the executing ones (run's) are skipped
     assignment = exc.assignment if isinstance(exc, Reform) else None
     return Reform(f"{type(exc).__name__}: {exc}", assignment)
 
 
 def _reform(
-    state: State,
+    state: Resumable,
     channel: ControlFile,
     reason: Reform,
     reform_timeout: float,
@@ -332,22 +315,19 @@ def _reform(
     import torch.distributed as dist
 
     started = time.monotonic()
-    log.warning("generation %d: re-forming (%s)", state.generation, reason)
+    follower = state.follower
+    log.warning("generation %d: re-forming (%s)", follower.generation, reason)
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
         except Exception as exc:  # a group whose peers are gone may fail to tear down
             log.warning("destroying the old process group: %s", exc)
-    channel.report_left(state.generation)  # it issues no collective of that group any more
+    state.leaving()
+    channel.report_left(follower.generation)  # it issues no collective of that group any more
     assignment = reason.assignment
     if assignment is None:
-        assignment = _wait_for(state, channel, started + reform_timeout, stop)
-    newest_seq, newest = _newer(channel, assignment.generation)  # a still newer one may have
-    if newest is not None:  # come meanwhile
-        assignment = newest
-    object.__setattr__(state, "_seen", max(state._seen, newest_seq))
-    os.environ.update(assignment.environment())
-    object.__setattr__(state, "generation", assignment.generation)
+        assignment = follower.wait(started + reform_timeout, stop)
+    assignment = follower.take(assignment)
     log.warning(
         "generation %d: rank %d of %d at %s:%d",
         *(assignment.generation, assignment.rank, assignment.world_size),
@@ -382,8 +362,8 @@ def channel_from_env() -> ControlFile | None:
 
 
 def run(
-    train_fn: Callable[[State], T],
-    state: State,
+    train_fn: Callable[[R], T],
+    state: R,
     *,
     reform_timeout: float | None = None,
     backend: str | None = None,
@@ -415,7 +395,7 @@ def run(
     channel = channel_from_env()
     if channel is not None:
         require_numpy()  # now, not at the first re-form
-    state.attach(channel)
+    state.follower.attach(channel)
     pending: Reform | None = None
     while True:
         try:
@@ -423,7 +403,7 @@ def run(
                 _reform(state, channel, pending, reform_timeout, stop)
                 pending = None
             if not dist.is_initialized():
-                state.check()  # the job may have moved on while this process started
+                state.follower.check()  # the job may have moved on while this process started
                 _init_process_group(backend, pg_timeout)
             state.sync()
             return train_fn(state)

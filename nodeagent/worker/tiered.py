@@ -40,6 +40,7 @@ from typing import Any
 from nodeagent.channel import tier
 from nodeagent.channel.tier import BadCopy, Manifest, Source
 from nodeagent.worker import dcpio
+from nodeagent.worker.follow import Follower, Reform
 
 log = logging.getLogger(__name__)
 MODEL, OPTIM, OBJECTS, VALUES = "model", "optim", "objects", "values"
@@ -130,25 +131,86 @@ class Checkpointer:
         env = os.environ if env is None else env
         self.directory = Path(directory) if directory is not None else None
         self.keep = max(1, keep)
-        self.rank = int(env.get("RANK", "0"))
-        self.world_size = int(env.get("WORLD_SIZE", "1"))
-        self.generation = int(env.get("NODEAGENT_GENERATION", "0"))
         self.job = env.get("NODEAGENT_JOB_ID", "")
         memory, persist = env.get(tier.MEMORY_ENV), env.get(tier.PERSIST_ENV)
         self.memory = Path(memory) if memory else None
         self.persistent = Path(persist) if persist else None
         self.limit = int(env.get(tier.MEMORY_LIMIT_ENV, "0") or 0)
-        self._report_path = env.get(tier.RESTORE_REPORT_ENV)
-        chosen = env.get(tier.RESTORE_ENV)
-        self.sources = tier.restore_from_env(chosen) if chosen else None
+        report = env.get(tier.RESTORE_REPORT_ENV)
+        self._report_path = Path(report) if report else None
         if self.memory is None and self.directory is None:
             raise ValueError("Checkpointer: give it a directory (no nodeagent memory tier here)")
+        self.follower = Follower(int(env.get("NODEAGENT_GENERATION", "0")))
+        self._assigned(env)
         self._stage_cache: Any = None
         self._loaded: Any = None  # a source loaded by this rank, not yet agreed on
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_blocked_s = 0.0  # how long the last save held the training step
         self.last_saved_step: int | None = None
+
+    def _assigned(self, env: Mapping[str, str]) -> None:
+        """What changes with each generation: this process's rank and world, the restore order."""
+        self.rank = int(env.get("RANK", "0"))
+        self.world_size = int(env.get("WORLD_SIZE", "1"))
+        self.generation = int(env.get("NODEAGENT_GENERATION", "0"))
+        chosen = env.get(tier.RESTORE_ENV)
+        self.sources = tier.restore_from_env(chosen) if chosen else None
+
+    # -- in place (nodeagent.worker.elastic.run) --------------------------------------------
+
+    def check(self, state: TrainState, step: int) -> None:
+        """Under `elastic.run(train, checkpoints)` (job.recovery: in_place), after every step, on
+        every rank: when the agent has told any rank to leave the generation (a scale, a drain,
+        a peer that failed), every rank saves `step` and raises Reform, so the job re-forms
+        losing no step. One all_reduce of a flag; nothing at all without an agent.
+
+        Raises:
+            Reform: the job re-forms (let it reach `run`).
+        """
+        reform = self.reform_due()
+        if reform is not None:
+            self.save(state, step)
+            raise reform
+
+    def reform_due(self) -> Reform | None:
+        """Why the job re-forms, if the agent told any rank to leave the generation, agreed by
+        every rank (one all_reduce; None without an agent): `check` without the save, for a
+        script that saves its own way first."""
+        import torch.distributed as dist
+
+        if self.follower.channel is None:
+            return None
+        reform = self.follower.news()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            import torch
+
+            flag = torch.tensor([0 if reform is None else 1], dtype=torch.int32)
+            if dist.get_backend() == "nccl":
+                flag = flag.cuda()
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if int(flag.item()) and reform is None:
+                reform = Reform(f"another rank was told to leave generation {self.generation}")
+        return reform
+
+    def sync(self) -> None:
+        """In the new process group: take the assignment's rank, world and restore order (the
+        script then builds its model and calls `restore`), and where to report the restore (an
+        in_place survivor is told no path: the agent's layout gives it)."""
+        generation = self.generation
+        self._assigned(os.environ)
+        if self._report_path is not None and self.generation != generation:
+            self._report_path = tier.moved_report(self._report_path, self.generation, self.rank)
+
+    def leaving(self) -> None:
+        """The process group is gone: finish the save being written (the agent verifies it once
+        told this rank left) and drop the staging copy, which refers to the old group."""
+        try:
+            self.wait()
+        except Exception as exc:  # it is not committed: the agent will not see it
+            log.warning("rank %d: the last save failed: %s", self.rank, exc)
+        self._stage_cache = None
+        self._loaded = None
 
     # -- saving -----------------------------------------------------------------------------
 
@@ -363,7 +425,7 @@ class Checkpointer:
     def _tell(self, done: Restored, refused: list[tuple[Source, str]]) -> None:
         """Say what was restored: the log, and the agent (its restore report file)."""
         log.info("rank %d restored from %s in %.2fs", self.rank, done.source, done.seconds)
-        if not self._report_path:
+        if self._report_path is None:
             return
         report = {
             "rank": self.rank,
@@ -372,7 +434,7 @@ class Checkpointer:
             "seconds": round(done.seconds, 4),
             "refused": [{"source": str(s), "reason": why[:300]} for s, why in refused],
         }
-        path = Path(self._report_path)
+        path = self._report_path
         if path.exists():  # the agent made it for this rank (another user's directory)
             path.write_text(json.dumps(report))
             return

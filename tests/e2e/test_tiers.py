@@ -6,123 +6,29 @@ a job that ends leaves no memory tier behind."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import signal
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
 from nodeagent.channel import tier
-from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+from tests.helpers.cluster import RedisServer, wait_for
+from tests.helpers.fsdp import (
+    EVERY,
+    events,
+    fsdp_cluster,
+    newest_step,
+    rank0,
+    restored,
+    saved_digests,
+    tiers_said,
+    wait_until_step,
+)
 from tests.helpers.scrape import scrape
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-ROOT = Path(__file__).resolve().parents[2]
-EVERY = 2  # save interval, steps
-TIMING = {
-    "heartbeat_interval": "250ms",
-    "lease_ttl": "3s",  # a loaded CI machine must not lapse it
-    "stop_grace_period": "20s",
-    "join_settle": "300ms",
-}
-
-
-@pytest.fixture
-def shm(job_id: str) -> Iterator[Path]:
-    """A memory_dir on the real tmpfs, gone afterwards whatever happened."""
-    path = Path("/dev/shm") / f"nodeagent-test-{job_id}"
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def fsdp_cluster(
-    redis: RedisServer, job_id: str, tmp_path: Path, shm: Path, steps: int, nodes: int = 3
-) -> Any:
-    entrypoint = [
-        sys.executable,
-        str(ROOT / "examples" / "train_fsdp.py"),
-        *("--steps", str(steps), "--save-every", str(EVERY), "--step-time", "0.15"),
-        *("--digest", "--checkpoint-dir", str(tmp_path / "script")),
-    ]
-    checkpoint = {
-        "memory_size": "256MiB",
-        "memory_dir": str(shm),
-        "persist_dir": str(tmp_path / "persist"),
-        "persist_every": 2,
-    }
-    return local_cluster(
-        redis.url,
-        tmp_path,
-        job=job_id,
-        min_nodes=2,
-        max_nodes=nodes,
-        target_nodes=nodes,
-        max_restarts=5,
-        timing=TIMING,
-        entrypoint=entrypoint,
-        job_options={"checkpoint": checkpoint, "env": {"OMP_NUM_THREADS": "1"}},
-    )
-
-
-def lines(cluster: LocalCluster, generation: int) -> list[dict[str, Any]]:
-    """Every JSON line the workers of `generation` printed."""
-    found = []
-    for log in sorted((cluster.directory / "logs" / cluster.job / str(generation)).glob("*.log")):
-        for text in log.read_text(errors="replace").splitlines():
-            if text.startswith("{"):
-                found.append(json.loads(text))
-    return found
-
-
-def rank0(cluster: LocalCluster, generation: int, event: str) -> list[dict[str, Any]]:
-    return [x for x in lines(cluster, generation) if x["event"] == event and x["rank"] == 0]
-
-
-def saved_digests(cluster: LocalCluster, upto: int) -> dict[int, str]:
-    return {x["step"]: x["digest"] for g in range(1, upto + 1) for x in rank0(cluster, g, "saved")}
-
-
-def newest_step(cluster: LocalCluster, generation: int) -> int:
-    return max((x["step"] for x in rank0(cluster, generation, "step")), default=0)
-
-
-def restored(cluster: LocalCluster, generation: int) -> dict[str, Any]:
-    """Rank 0's restore in `generation`, once every rank restored the same step."""
-
-    def probe() -> dict[str, Any] | None:
-        found = [x for x in lines(cluster, generation) if x["event"] == "restored"]
-        if not found or len(found) < found[0]["world"]:
-            return None
-        assert len({x["step"] for x in found}) == 1, f"ranks restored different steps: {found}"
-        return next(x for x in found if x["rank"] == 0)
-
-    return wait_for(probe, 120, f"generation {generation} to restore")
-
-
-def wait_until_step(cluster: LocalCluster, generation: int, step: int) -> None:
-    wait_for(lambda: newest_step(cluster, generation) >= step, 90, f"step {step}")
-
-
-def events(cluster: LocalCluster, kind: str) -> list[dict[str, Any]]:
-    return [e for e in cluster.events() if e["type"] == kind]
-
-
-def tiers_said(cluster: LocalCluster, generation: int, nodes: int) -> set[str]:
-    """The tiers every node's agent said its ranks restored `generation` from (it reads the
-    workers' reports at its next tick: wait for all `nodes`)."""
-
-    def probe() -> list[dict[str, Any]] | None:
-        said = [e for e in events(cluster, "checkpoint_restored") if e["generation"] == generation]
-        return said if len(said) >= nodes else None
-
-    return {e["data"]["tier"] for e in wait_for(probe, 30, f"{nodes} restore events")}
 
 
 def test_a_killed_worker_resumes_from_the_memory_tier_with_the_state_it_saved(

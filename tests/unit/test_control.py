@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.channel import control
+from nodeagent.channel import control, tier
 from nodeagent.channel.control import Assignment, ControlFile, ControlFileError, Leave, Report
 
 A = Assignment(4, 3, 1, 8, 2, 1, 4, "node-17.cluster.example", 29500, 2)
 B = Assignment(5, 0, 0, 1, 1, 0, 1, "10.0.0.1", 41000, 3)
+ORDER = "memory:120@4 persistent:100@3 script start"
+C = Assignment(6, 3, 1, 8, 2, 1, 4, "10.0.0.1", 41000, 3, restore=ORDER)
 
 
 @pytest.fixture
@@ -30,7 +32,7 @@ def test_a_new_file_holds_no_assignment_and_no_report(path: Path) -> None:
     assert channel.sequence() == 0 and channel.message() == (0, None)
     assert channel.report() == Report(left_generation=-1, committed_step=-1)
     assert stat.S_IMODE(path.stat().st_mode) == control.MODE == 0o660
-    assert path.stat().st_size == control.SIZE == 152
+    assert path.stat().st_size == control.SIZE == 344
 
 
 def test_assignments_and_reports_round_trip_between_two_mappings(path: Path) -> None:
@@ -63,6 +65,15 @@ def test_a_leave_with_values_in_its_unused_fields_is_garbage(path: Path) -> None
         channel.leave(-1)
 
 
+def test_an_assignment_carries_the_restore_order_and_clears_an_older_one(path: Path) -> None:
+    agent, worker = ControlFile(path), ControlFile(path)
+    agent.assign(C)
+    assert worker.message() == (1, C)
+    assert C.environment()[tier.RESTORE_ENV] == ORDER
+    agent.assign(B)  # a generation without tiers: its environment clears the order
+    assert worker.message() == (2, B) and B.environment()[tier.RESTORE_ENV] == ""
+
+
 def test_environment_is_torchruns_variables() -> None:
     env = A.environment()
     assert env["RANK"] == "3" and env["ROLE_RANK"] == "3" and env["WORLD_SIZE"] == "8"
@@ -81,6 +92,8 @@ def test_environment_is_torchruns_variables() -> None:
         ({"master_addr": "x" * 65}, "over 64 bytes"),
         ({"master_addr": ""}, "empty"),
         ({"generation": -1}, "generation -1"),
+        ({"restore": "memory:1@1 " * 20}, "over 192 bytes"),
+        ({"restore": "mémoire:1"}, "not ASCII"),
     ],
 )
 def test_an_impossible_assignment_is_never_written(
@@ -114,7 +127,7 @@ def test_a_foreign_file_is_refused(path: Path, at: int, data: bytes, message: st
 
 def test_a_file_of_another_size_is_refused(path: Path) -> None:
     _overwrite(path, control.SIZE, b"\0")
-    with pytest.raises(ControlFileError, match="153 bytes, a control file has 152"):
+    with pytest.raises(ControlFileError, match="345 bytes, a control file has 344"):
         ControlFile(path)
 
 
@@ -124,6 +137,8 @@ def test_a_file_of_another_size_is_refused(path: Path) -> None:
         (12, struct.pack("<i", 99), "rank 99 outside world 8"),  # the rank field
         (52, b"\xff\xfe", "not UTF-8"),  # the address field
         (52 + 30, b"junk", "not NUL-padded"),
+        (108, b"\xff\xfe", "restore order .* is not UTF-8"),  # the restore field
+        (108 + 30, b"junk", "restore order field .* not NUL-padded"),
         (8, struct.pack("<i", 7), "message kind 7, expected 1 or 2"),  # the kind field
     ],
 )

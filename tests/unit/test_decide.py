@@ -312,6 +312,26 @@ def test_decide_in_place(local: LocalView, state: NodeState, actions: list[type]
 
 
 @pytest.mark.parametrize(
+    ("reason", "group", "broken"),
+    [
+        ("scale", RUNNING_G, False),  # a graceful re-form: the saves made on leaving persist
+        ("drain", RUNNING_G, False),
+        ("worker_failed", RUNNING_G, True),
+        ("running", GroupStatus(4, GroupPhase.RUNNING, FAIL), True),  # this node's own worker
+    ],
+)
+def test_a_release_says_whether_the_generation_failed(
+    reason: str, group: GroupStatus, broken: bool
+) -> None:
+    generation = 4 if group.failure is not None else 5
+    record = replace(rec(JobState.RUNNING, generation), reason=reason)
+    decision = decide(view(record, group, 4, in_place=True))
+    assert [(type(a), getattr(a, "broken", None)) for a in decision.actions] == [
+        (ReleaseWorkers, broken)
+    ]
+
+
+@pytest.mark.parametrize(
     "cordon", [None, Cordon("drained", "ops", drain=True)], ids=["scaled-away", "drained"]
 )
 def test_a_node_left_out_stops_its_parked_workers_through_legal_states(

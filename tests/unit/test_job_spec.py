@@ -7,9 +7,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from nodeagent.config.checkpoint import CheckpointConfig
 from nodeagent.config.identity import Account
 from nodeagent.config.load import load_config, load_settings
+from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError, CorruptStateError
 from nodeagent.model.spec import JobSpec, load_spec, run_config, spec_of
 from tests.helpers.runas import AS_TESTER

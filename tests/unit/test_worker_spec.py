@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.channel import tier
 from nodeagent.config.entrypoint import NotPython, split_python
 from nodeagent.config.load import load_config
+from nodeagent.model.tiers import CheckpointRecord
 from nodeagent.state import JobState
 from nodeagent.supervisor.spares import static_env
 from nodeagent.supervisor.spec import (
@@ -258,3 +260,29 @@ def test_workers_get_their_gpus_by_uuid_and_by_index_only_in_pci_order() -> None
     cuda = [s.env["CUDA_VISIBLE_DEVICES"] for s in specs]
     assert cuda == ["GPU-cccc", "GPU-aaaa", "MIG-dddd", "1"]  # GPU 1 has no UUID here
     assert [s.gpus for s in specs] == [(2,), (0,), (3,), (1,)]  # health follows NVML's indices
+
+
+def test_an_in_place_survivor_is_told_the_restore_order_a_new_worker_starts_with() -> None:
+    config = load_config(
+        {
+            "node": {"name": "b", "address": "10.0.0.2"},
+            "redis": {"url": "redis://10.0.0.9:6379/0"},
+            "job": {
+                "id": "llama",
+                "entrypoint": ["python", "train.py"],
+                "nproc_per_node": 2,
+                "recovery": "in_place",
+                "checkpoint": {"memory_size": "1GiB"},
+                **AS_TESTER,
+            },
+        }
+    )
+    order = ("memory:20@7", "persistent:10@6", "script", "start")
+    record = replace(RECORD, checkpoint=CheckpointRecord(restore=order))
+    specs = worker_specs({}, config, record, group_rank=1)
+    assert specs[1].assignment is not None
+    told = specs[1].assignment.environment()
+    assert told[tier.RESTORE_ENV] == specs[1].env[tier.RESTORE_ENV] == " ".join(order)
+    assert told["RANK"] == specs[1].env["RANK"] == "3"
+    plain = worker_specs({}, config, replace(RECORD, checkpoint=None), group_rank=1)
+    assert plain[0].assignment is not None and plain[0].assignment.restore == ""

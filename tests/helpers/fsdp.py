@@ -1,0 +1,116 @@
+"""Real FSDP2 training under real agents with the checkpoint tiers (examples/train_fsdp.py):
+the cluster, and what its workers printed (one JSON line per event)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+EVERY = 2  # save interval, steps
+TIMING = {
+    "heartbeat_interval": "250ms",
+    "lease_ttl": "3s",  # a loaded CI machine must not lapse it
+    "stop_grace_period": "20s",
+    "join_settle": "300ms",
+}
+
+
+def fsdp_cluster(
+    redis: RedisServer,
+    job_id: str,
+    tmp_path: Path,
+    shm: Path,
+    steps: int,
+    nodes: int = 3,
+    in_place: bool = False,
+) -> Any:
+    """Agents running examples/train_fsdp.py with the memory and persistent tiers (in_place:
+    job.recovery in_place, the script under elastic.run)."""
+    entrypoint = [
+        sys.executable,
+        str(ROOT / "examples" / "train_fsdp.py"),
+        *("--steps", str(steps), "--save-every", str(EVERY), "--step-time", "0.15"),
+        *("--digest", "--checkpoint-dir", str(tmp_path / "script")),
+        *(("--in-place",) if in_place else ()),
+    ]
+    checkpoint = {
+        "memory_size": "256MiB",
+        "memory_dir": str(shm),
+        "persist_dir": str(tmp_path / "persist"),
+        "persist_every": 2,
+    }
+    return local_cluster(
+        redis.url,
+        tmp_path,
+        job=job_id,
+        min_nodes=2,
+        max_nodes=nodes,
+        target_nodes=nodes,
+        max_restarts=5,
+        timing=TIMING,
+        entrypoint=entrypoint,
+        job_options={
+            "checkpoint": checkpoint,
+            "env": {"OMP_NUM_THREADS": "1"},
+            **({"recovery": "in_place"} if in_place else {}),
+        },
+    )
+
+
+def lines(cluster: LocalCluster, generation: int) -> list[dict[str, Any]]:
+    """Every JSON line the workers of `generation` printed."""
+    found = []
+    for log in sorted((cluster.directory / "logs" / cluster.job / str(generation)).glob("*.log")):
+        for text in log.read_text(errors="replace").splitlines():
+            if text.startswith("{"):
+                found.append(json.loads(text))
+    return found
+
+
+def rank0(cluster: LocalCluster, generation: int, event: str) -> list[dict[str, Any]]:
+    return [x for x in lines(cluster, generation) if x["event"] == event and x["rank"] == 0]
+
+
+def saved_digests(cluster: LocalCluster, upto: int) -> dict[int, str]:
+    return {x["step"]: x["digest"] for g in range(1, upto + 1) for x in rank0(cluster, g, "saved")}
+
+
+def newest_step(cluster: LocalCluster, generation: int) -> int:
+    return max((x["step"] for x in rank0(cluster, generation, "step")), default=0)
+
+
+def restored(cluster: LocalCluster, generation: int) -> dict[str, Any]:
+    """Rank 0's restore in `generation`, once every rank restored the same step."""
+
+    def probe() -> dict[str, Any] | None:
+        found = [x for x in lines(cluster, generation) if x["event"] == "restored"]
+        if not found or len(found) < found[0]["world"]:
+            return None
+        assert len({x["step"] for x in found}) == 1, f"ranks restored different steps: {found}"
+        return next(x for x in found if x["rank"] == 0)
+
+    return wait_for(probe, 120, f"generation {generation} to restore")
+
+
+def wait_until_step(cluster: LocalCluster, generation: int, step: int) -> None:
+    wait_for(lambda: newest_step(cluster, generation) >= step, 90, f"step {step}")
+
+
+def events(cluster: LocalCluster, kind: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.events() if e["type"] == kind]
+
+
+def tiers_said(cluster: LocalCluster, generation: int, nodes: int) -> set[str]:
+    """The tiers every node's agent said its ranks restored `generation` from (it reads the
+    workers' reports at its next tick: wait for all `nodes`)."""
+
+    def probe() -> list[dict[str, Any]] | None:
+        said = [e for e in events(cluster, "checkpoint_restored") if e["generation"] == generation]
+        return said if len(said) >= nodes else None
+
+    return {e["data"]["tier"] for e in wait_for(probe, 30, f"{nodes} restore events")}
