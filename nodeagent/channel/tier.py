@@ -45,6 +45,12 @@ RESTORE_ENV = "NODEAGENT_RESTORE"  # the leader's choice, Restore.to_env()
 RESTORE_REPORT_ENV = "NODEAGENT_RESTORE_REPORT"  # where the worker says what it restored
 TIERS = ("memory", "persistent", "script", "start")
 NON_FINITE = "non-finite value"  # how a worker says a state holds a NaN or an infinity
+# Why a worker did not restore from a source (its restore report's "kind"): the source had
+# nothing for it (no such tier, no such step, another timeline's save), a copy it read did not
+# verify (that node's to drop), or the state loaded holds a NaN or an infinity (the step's own
+# fault: every copy of it holds the same).
+ABSENT, BAD_COPY, BAD_STATE = "absent", "bad_copy", "bad_state"
+REFUSALS = (ABSENT, BAD_COPY, BAD_STATE)
 _NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")
 _RANK_DIR = re.compile(r"rank-([0-9]{1,7})")
 _STEP_DIR = re.compile(r"step-([0-9]{1,15})")

@@ -49,7 +49,29 @@ class RestoreNote:
     tier: str
     step: int | None
     seconds: float
-    refused: tuple[tuple[str, str], ...]  # (source, reason)
+    refused: tuple[Refusal, ...]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A source a rank did not restore from: its kind (tier.REFUSALS) and why."""
+
+    source: str
+    kind: str
+    reason: str
+
+    @property
+    def condemned(self) -> int | None:
+        """The step this refusal condemns: one whose state holds a NaN or an infinity (so does
+        every copy of it). A copy that does not verify condemns that copy only (its node
+        verifies again and stops offering it); an absent source condemns nothing."""
+        return _step_of(self.source) if self.kind == tier.BAD_STATE else None
+
+    @property
+    def worth_an_event(self) -> bool:
+        """A copy that did not verify or a state that is not finite, not a source that had
+        nothing to offer (an empty directory, a save this rank lacks)."""
+        return self.kind != tier.ABSENT
 
 
 @dataclass(frozen=True)
@@ -274,15 +296,9 @@ class TierKeeper:
             if note is not None:
                 del self._expected[rank]
                 notes.append(note)
-                self.refuse(
-                    [
-                        step
-                        for s, why in note.refused
-                        if (step := _step_of(s)) is not None and condemns(s, why)
-                    ]
-                )
-                if note.refused:  # a copy here may be bad: verify everything again
-                    self._reverify = True
+                self.refuse([s for r in note.refused if (s := r.condemned) is not None])
+                if any(r.kind == tier.BAD_COPY for r in note.refused):
+                    self._reverify = True  # a copy here is bad: verify everything again
         if notes and not self._expected and self._ranks:
             removed = scan.keep_ranks(self.memory, self._ranks)
             if removed:
@@ -361,19 +377,6 @@ class TierKeeper:
         )
 
 
-def condemns(source: str, why: str) -> bool:
-    """A refusal that condemns the step itself: its state holds a NaN or an infinity, and so
-    does every copy of it. A checksum condemns one copy only (that node verifies again and stops
-    offering it); an empty source condemns nothing."""
-    return ":" in source and NON_FINITE in why
-
-
-def refuses_a_copy(why: str) -> bool:
-    """A refusal worth an event: a copy that did not verify or a state that is not finite,
-    not a source that had nothing to offer (an empty directory, a save this rank lacks)."""
-    return not why.startswith("nothing in ") and "holds no step" not in why
-
-
 def _step_of(source: str) -> int | None:
     """The step a source names (`memory:120`), or None (`script`, or a worker's garbage)."""
     try:
@@ -381,6 +384,12 @@ def _step_of(source: str) -> int | None:
     except ValueError:
         return None
     return found[0].step if len(found) == 1 else None
+
+
+def _kind(value: object) -> str:
+    if value not in tier.REFUSALS:
+        raise ValueError(f"refusal kind {value!r}, not one of {tier.REFUSALS}")
+    return str(value)
 
 
 def _read_note(path: Path) -> RestoreNote | None:
@@ -395,7 +404,10 @@ def _read_note(path: Path) -> RestoreNote | None:
         if not text:  # made by the agent for a worker of another user; not written yet
             return None
         data = json.loads(text)
-        refused = tuple((str(r["source"])[:64], str(r["reason"])[:300]) for r in data["refused"])
+        refused = tuple(
+            Refusal(str(r["source"])[:64], _kind(r["kind"]), str(r["reason"])[:300])
+            for r in data["refused"]
+        )
         if len(refused) > len(tier.TIERS) * 8:
             raise ValueError(f"{len(refused)} refused sources")
         step = data["step"]

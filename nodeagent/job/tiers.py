@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from nodeagent.checkpoint.keeper import RestoreNote, TierKeeper, refuses_a_copy
+from nodeagent.checkpoint.keeper import RestoreNote, TierKeeper
 from nodeagent.model.job import Event, JobRecord
 from nodeagent.model.tiers import TierReport
 from nodeagent.supervisor.spec import WorkerSpec, restore_report_path
@@ -113,16 +113,17 @@ class TierDuties:
         events = []
         for note in notes:
             lost = self._newest - note.step if note.step is not None else None
-            bad = [(source, why) for source, why in note.refused if refuses_a_copy(why)]
+            bad = [r for r in note.refused if r.worth_an_event]
             self._metrics.restored(note.tier, note.seconds, lost, len(bad))
-            for source, why in bad:
+            for refusal in bad:
                 events.append(
                     Event(
                         "checkpoint_refused",
                         generation=self._generation,
                         node=self._node,
-                        message=f"rank {note.rank} did not restore from {source}: {why}",
-                        data={"rank": note.rank, "source": source},
+                        message=f"rank {note.rank} did not restore from {refusal.source}: "
+                        f"{refusal.reason}",
+                        data={"rank": note.rank, "source": refusal.source, "kind": refusal.kind},
                     )
                 )
         self._notes += notes

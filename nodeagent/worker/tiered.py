@@ -44,7 +44,7 @@ from nodeagent.worker.follow import Follower, Reform
 
 log = logging.getLogger(__name__)
 MODEL, OPTIM, OBJECTS, VALUES = "model", "optim", "objects", "values"
-_ABSENT = "nothing in "  # a source with no save at all: not worth a warning
+Problem = tuple[str, str]  # (tier.REFUSALS kind, what is wrong)
 
 
 class TrainState:
@@ -109,7 +109,7 @@ class Restored:
 
     source: Source
     seconds: float
-    refused: tuple[tuple[Source, str], ...] = ()
+    refused: tuple[tuple[Source, Problem], ...] = ()
 
 
 class Checkpointer:
@@ -314,14 +314,14 @@ class Checkpointer:
         """Load the state the job resumes from into `state`; the step it holds (0: none).
         Every rank calls it at the same point (it agrees with the others at each source)."""
         began = time.perf_counter()
-        refused: list[tuple[Source, str]] = []
+        refused: list[tuple[Source, Problem]] = []
         default = (Source("script"), Source("start"))
         for source in self.sources or default:
             if source.tier == "start":
                 break
             self._loaded = None
-            problem, step = self._try(source, state)
-            problem = _agree(problem)
+            mine, step = self._try(source, state)
+            problem = _agree(mine)
             if problem is None:
                 assert self._loaded is not None
                 state.load_state_dict(self._loaded)  # only once every rank has its copy
@@ -331,13 +331,12 @@ class Checkpointer:
                 self._tell(done, refused)
                 return step
             refused.append((source, problem))
-            absent = problem.startswith(_ABSENT)
             log.log(
-                logging.INFO if absent else logging.WARNING,
+                logging.INFO if problem[0] == tier.ABSENT else logging.WARNING,
                 "rank %d: not restoring from %s: %s",
                 self.rank,
                 source,
-                problem,
+                problem[1],
             )
         self._forget_after(0)
         self._tell(Restored(Source("start"), time.perf_counter() - began), refused)
@@ -353,26 +352,26 @@ class Checkpointer:
             if manifest is not None and manifest.step > step:
                 tier.begin(slot)
 
-    def _try(self, source: Source, state: TrainState) -> tuple[str | None, int]:
+    def _try(self, source: Source, state: TrainState) -> tuple[Problem | None, int]:
         """Load `source` into `state`; (None, step) or (why not, -1)."""
         try:
             if source.tier == "memory":
                 if self.memory is None or source.step is None:
-                    return f"{_ABSENT}a memory tier (none on this node)", -1
+                    return (tier.ABSENT, "no memory tier on this node"), -1
                 slot = tier.newest_in_memory(self.memory, self.rank, source.step, source.generation)
                 if slot is None:
-                    return f"rank {self.rank} holds no step {source.step} in memory", -1
+                    return (tier.ABSENT, f"rank {self.rank} holds no step {source.step}"), -1
                 return self._load(state, [slot], source.step, source.generation), source.step
             root = self.persistent if source.tier == "persistent" else self.directory
             if root is None:
-                return f"{_ABSENT}a {source.tier} directory (none given)", -1
+                return (tier.ABSENT, f"no {source.tier} directory given"), -1
             step = source.step if source.step is not None else self._newest_whole(root)
             if step is None:
-                return f"{_ABSENT}{root} (no step every rank can read)", -1
+                return (tier.ABSENT, f"no step in {root} that every rank can read"), -1
             generation = source.generation if source.step is not None else None
             return self._load(state, self._rank_dirs(root, step), step, generation), step
         except (BadCopy, OSError, ValueError, RuntimeError, KeyError) as exc:
-            return f"{type(exc).__name__}: {exc}", -1
+            return (tier.BAD_COPY, f"{type(exc).__name__}: {exc}"), -1
 
     def _rank_dirs(self, root: Path, step: int) -> list[Path]:
         """The directories this rank reads step `step` from: its own at the world it was saved
@@ -386,29 +385,33 @@ class Checkpointer:
     def _newest_whole(self, root: Path) -> int | None:
         """The newest step of `root` that every rank of this job can read (agreed)."""
         for step in tier.steps(root)[: self.keep + 2]:
-            problem = None
+            problem: Problem | None = None
             try:
                 for directory in self._rank_dirs(root, step):
                     tier.read_manifest(directory)
             except BadCopy as exc:
-                problem = str(exc)
+                problem = (tier.BAD_COPY, str(exc))
             if _agree(problem) is None:
                 return step
         return None
 
     def _load(
         self, state: TrainState, directories: list[Path], step: int, generation: int | None = None
-    ) -> str | None:
+    ) -> Problem | None:
         """Verify and load (every directory a save of `step`, by `generation` if given); the
-        problem, or None."""
+        problem, or None.
+
+        Raises:
+            BadCopy: a file does not match its manifest."""
         for directory in directories:
             manifest = tier.verify(directory)
             if manifest.step != step:
-                return f"{directory} holds step {manifest.step}, not {step}"
+                return tier.ABSENT, f"{directory} holds step {manifest.step}, not {step}"
             if generation is not None and manifest.generation != generation:
                 return (
+                    tier.ABSENT,
                     f"{directory} holds step {step} saved by generation {manifest.generation}, "
-                    f"not {generation} (another timeline)"
+                    f"not {generation} (another timeline)",
                 )
         from torch.distributed._state_dict_utils import _create_cpu_state_dict
 
@@ -418,11 +421,11 @@ class Checkpointer:
         dcpio.load(target, directories)
         bad = dcpio.first_non_finite(target)
         if bad is not None:
-            return f"step {step} holds a {tier.NON_FINITE} in {bad}"
+            return tier.BAD_STATE, f"step {step} holds a {tier.NON_FINITE} in {bad}"
         self._loaded = target  # applied by restore() once every rank has agreed
         return None
 
-    def _tell(self, done: Restored, refused: list[tuple[Source, str]]) -> None:
+    def _tell(self, done: Restored, refused: list[tuple[Source, Problem]]) -> None:
         """Say what was restored: the log, and the agent (its restore report file)."""
         log.info("rank %d restored from %s in %.2fs", self.rank, done.source, done.seconds)
         if self._report_path is None:
@@ -432,7 +435,9 @@ class Checkpointer:
             "tier": done.source.tier,
             "step": done.source.step,
             "seconds": round(done.seconds, 4),
-            "refused": [{"source": str(s), "reason": why[:300]} for s, why in refused],
+            "refused": [
+                {"source": str(s), "kind": kind, "reason": why[:300]} for s, (kind, why) in refused
+            ],
         }
         path = self._report_path
         if path.exists():  # the agent made it for this rank (another user's directory)
@@ -443,15 +448,20 @@ class Checkpointer:
         os.replace(tmp, path)
 
 
-def _agree(problem: str | None) -> str | None:
-    """Agreed by every rank: None if no rank has a problem, else the first rank's, named."""
+def _agree(problem: Problem | None) -> Problem | None:
+    """Agreed by every rank: None if no rank has a problem, else this rank's own, or the first
+    rank's, named. Another rank's bad copy is not this rank's: it is said as absent here (the
+    node that holds the copy reports it)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return problem
-    gathered: list[str | None] = [None] * dist.get_world_size()
+    gathered: list[Problem | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, problem)
+    if problem is not None:
+        return problem
     for rank, found in enumerate(gathered):
         if found is not None:
-            return found if found == problem else f"rank {rank}: {found}"
+            kind = tier.BAD_STATE if found[0] == tier.BAD_STATE else tier.ABSENT
+            return kind, f"rank {rank}: {found[1]}"
     return None

@@ -112,6 +112,8 @@ def test_the_memory_tier_restores_the_chosen_step_and_refuses_a_flipped_bit(
     assert (report["tier"], report["step"]) == ("memory", 6)
     [refused] = report["refused"]
     assert refused["source"] == "memory:8"
+    # Rank 1 read the bad copy; rank 0 (whichever wrote the report last) only lacks the step.
+    assert refused["kind"] == ("absent" if refused["reason"].startswith("rank 1: ") else "bad_copy")
     for rank in range(2):  # step 8 is of a timeline the job left at 6: forgotten
         assert tier.newest_in_memory(memory, rank, step=8) is None
 
@@ -120,6 +122,7 @@ def test_the_memory_tier_restores_the_chosen_step_and_refuses_a_flipped_bit(
     report = json.loads((tmp_path / "restore.json").read_text())
     assert (report["tier"], report["step"]) == ("script", 4)
     assert "holds no step 8" in report["refused"][0]["reason"]
+    assert report["refused"][0]["kind"] == "absent"
 
 
 @pytest.mark.timeout(120)
@@ -148,7 +151,8 @@ tier.begin(cut)
 fresh = torch.nn.Linear(4, 3)
 again = TrainState(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1), epoch=0)
 order = "memory:6 memory:4 start"
-step = Checkpointer(env={{**env, tier.RESTORE_ENV: order}}).restore(again)
+report = {{tier.RESTORE_REPORT_ENV: {str(tmp_path / "report.json")!r}}}
+step = Checkpointer(env={{**env, tier.RESTORE_ENV: order, **report}}).restore(again)
 print(step, again.epoch, bool(torch.isfinite(fresh.weight).all()))
 """
     done = subprocess.run(
@@ -156,8 +160,13 @@ print(step, again.epoch, bool(torch.isfinite(fresh.weight).all()))
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["0", "0", "True"]  # neither step 6 (cut) nor 4 (NaN)
-    assert "holds no step 6" in done.stderr
-    assert "non-finite value in model.weight" in done.stderr
+    assert "non-finite value in model.weight" in done.stderr  # a warning; step 6's lack is not
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [(r["source"], r["kind"]) for r in report["refused"]] == [
+        ("memory:6", "absent"),
+        ("memory:4", "bad_state"),
+    ]
+    assert "holds no step 6" in report["refused"][0]["reason"]
 
 
 @pytest.mark.timeout(240)

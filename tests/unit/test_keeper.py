@@ -3,6 +3,7 @@ it copies, and a settle that hangs not holding the job up. Saves made by hand, n
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.channel import tier
-from nodeagent.checkpoint.keeper import TierKeeper
+from nodeagent.checkpoint.keeper import Refusal, TierKeeper
 from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
@@ -107,21 +108,34 @@ def test_removing_the_tier_never_waits_for_a_copy_that_hangs(tmp_path: Path) -> 
 def test_a_restore_report_nodeagent_did_not_write_is_dropped_not_trusted(tmp_path: Path) -> None:
     k = keeper(tmp_path)
     k.prepare(None)
-    reports = {0: tmp_path / "r0.json", 1: tmp_path / "r1.json", 2: tmp_path / "r2.json"}
-    k.started(3, (0, 1, 2), reports)
-    reports[0].write_text(
-        '{"rank": 0, "tier": "start", "step": null, "seconds": 0.1,'
-        ' "refused": [{"source": "memory:x", "reason": "non-finite value"}]}'
-    )
+    reports = {r: tmp_path / f"r{r}.json" for r in range(4)}
+    k.started(3, (0, 1, 2, 3), reports)
+
+    def report(rank: int, source: str, kind: str, reason: str) -> str:
+        refused = {"source": source, "kind": kind, "reason": reason}
+        return json.dumps(
+            {"rank": rank, "tier": "start", "step": None, "seconds": 0.1, "refused": [refused]}
+        )
+
+    reports[0].write_text(report(0, "memory:x", "bad_state", "non-finite value"))
     reports[1].write_bytes(b"{" + b" " * (70 << 10))  # more than the agent reads
-    reports[2].write_text(
-        '{"rank": 2, "tier": "start", "step": null, "seconds": 0.1,'
-        ' "refused": [{"source": "memory:7", "reason": "step 7 holds a non-finite value in w"}]}'
-    )
+    reports[2].write_text(report(2, "memory:7", "bad_state", "step 7 holds a non-finite value"))
+    reports[3].write_text(report(3, "memory:9", "fatal", "a kind no worker says"))
     notes = k.restores()
-    assert sorted(n.rank for n in notes) == [0, 2]  # the oversized one said and dropped
-    assert not reports[1].exists()
+    assert sorted(n.rank for n in notes) == [0, 2]  # the oversized and the unknown kind dropped
+    assert not reports[1].exists() and not reports[3].exists()
     assert k.report().refused == (7,)  # 'memory:x' named no step: nothing condemned by it
+
+
+@pytest.mark.parametrize(
+    ("kind", "condemned", "event"),
+    [("bad_state", 7, True), ("bad_copy", None, True), ("absent", None, False)],
+)
+def test_only_a_non_finite_state_condemns_its_step(
+    kind: str, condemned: int | None, event: bool
+) -> None:
+    refusal = Refusal("memory:7@3", kind, "why")
+    assert (refusal.condemned, refusal.worth_an_event) == (condemned, event)
 
 
 @pytest.mark.parametrize("made_by", ["a link", "another user", "a group-writable mode"])
