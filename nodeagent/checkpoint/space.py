@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from nodeagent.config.settings import CheckpointConfig
@@ -60,6 +62,36 @@ def check_parent(parent: Path) -> None:
             f"one else may write; it is uid {st.st_uid}, mode {stat.filemode(st.st_mode)}: "
             "remove it (the agent makes it) or choose another memory_dir",
         )
+
+
+def sweep(memory_dirs: Iterable[str], node: str, serving: str | None) -> list[Path]:
+    """Remove this node's memory tiers of jobs other than `serving` (under each of
+    `memory_dirs`); the paths removed.
+
+    A tier normally goes when its job ends or the pool moves the node off it; one outlives that
+    only if the agent was down at that moment (stopped, crashed) and was not placed back on the
+    job: it would hold tmpfs for good. Called with what the node serves as the pool says,
+    never before the node has heard from the pool (it would not know what it serves). A
+    memory_dir someone else controls is left alone (check_parent), as is anything that is
+    not a directory of its own."""
+    removed = []
+    prefix = f"{node}."
+    for memory_dir in dict.fromkeys(memory_dirs):
+        parent = Path(memory_dir)
+        try:
+            check_parent(parent)
+            entries = list(os.scandir(parent))
+        except (ConfigError, OSError):
+            continue
+        for entry in entries:
+            job = entry.name[len(prefix) :]
+            if not entry.name.startswith(prefix) or not job or job == serving:
+                continue
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed
 
 
 def _used(tier: Path) -> int:

@@ -20,8 +20,9 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from nodeagent.checkpoint import space
 from nodeagent.checkpoint.space import check_room
-from nodeagent.config.settings import Config, NodeSettings
+from nodeagent.config.settings import CheckpointConfig, Config, NodeSettings
 from nodeagent.errors import ConfigError
 from nodeagent.model.pool import MAX_REFUSED
 from nodeagent.model.spec import JobSpec, run_config, spec_of
@@ -89,6 +90,7 @@ class NodeLoop:
         metrics_address: Callable[[], str | None] = lambda: None,
         listener: Listener | None = None,
         notifier: Notifier | None = None,
+        sweep: Callable[[NodeSettings, str | None], object] | None = None,
     ) -> None:
         if member is None and settings.job is None:
             raise ValueError("a node loop with no pool serves its config's job: there is none")
@@ -104,6 +106,8 @@ class NodeLoop:
         self._refused: dict[str, str] = {}
         self._stopping = False
         self._asked_to_leave = False
+        self._sweep = sweep or sweep_tiers
+        self._swept: tuple[str | None] | None = None  # the job served at the last sweep
 
     def request_stop(self) -> None:
         """First call: the job's agent leaves gracefully, then this node leaves the pool.
@@ -148,6 +152,7 @@ class NodeLoop:
                 self._notify.report(self._status_line(), self._stopping)
             had = self.runner
             self._reconcile()
+            self._sweep_stale()
             waits = [] if member is None else [member.next_wakeup()]
             if (ping := self._notify.next_ping()) is not None:
                 waits.append(ping)
@@ -213,6 +218,17 @@ class NodeLoop:
             if self._member is not None:
                 self._member.poke()  # the pool learns at once, not a pool heartbeat later
 
+    def _sweep_stale(self) -> None:
+        """Between jobs, once per job wanted: the memory tiers of jobs this node left while its
+        agent was down (space.sweep)."""
+        member = self._member
+        if self.runner is not None or member is None or not member.synced or self._stopping:
+            return
+        wanted = self._wanted()
+        if self._swept != (wanted,):
+            self._swept = (wanted,)
+            self._sweep(self._settings, wanted)
+
     def _config_for(self, job_id: str) -> Config | None:
         settings = self._settings
         if settings.job is not None and settings.job.id == job_id:
@@ -235,3 +251,13 @@ class NodeLoop:
             while len(self._refused) > REFUSALS_KEPT:  # the oldest go: a report stays small
                 del self._refused[next(iter(self._refused))]
             return None
+
+
+def sweep_tiers(settings: NodeSettings, serving: str | None) -> None:
+    """space.sweep under the memory_dir a submitted job's tier goes in, and the pinned job's."""
+    dirs = [CheckpointConfig.memory_dir]
+    pinned = settings.job.checkpoint if settings.job is not None else None
+    if pinned is not None:
+        dirs.append(pinned.memory_dir)
+    for path in space.sweep(dirs, settings.node.name, serving):
+        log.info("removed memory tier %s: the node left its job while its agent was down", path)

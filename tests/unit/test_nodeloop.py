@@ -217,3 +217,34 @@ def test_a_node_placed_elsewhere_lets_its_tiers_go_and_a_stopping_one_keeps_them
     loop.run()
     waker.close()
     assert kept == [False, True]
+
+
+def test_between_jobs_the_loop_sweeps_stale_tiers_once_per_job_wanted() -> None:
+    """Only once the node has heard from the pool (else it does not know what it serves), and
+    never while it serves a job (the agent owns that job's tier)."""
+    member = Member()
+    member.synced = False
+    swept: list[str | None] = []
+    waker = Waker()
+    loop = NodeLoop(
+        load_settings({"redis": {"url": "redis://r:6379/0"}}),
+        member,
+        lambda c: Runner(c.job.id),
+        waker,
+        lambda: 0.0,
+        sweep=lambda _settings, serving: swept.append(serving),
+    )
+    loop._sweep_stale()
+    assert swept == []  # not synced yet
+    member.synced = True
+    loop._sweep_stale()
+    loop._sweep_stale()
+    assert swept == [None]  # free: every tier of this node is stale, once
+    member.placement = "j"
+    loop._sweep_stale()
+    assert swept == [None, "j"]
+    loop.runner = Runner("j")
+    member.placement = "k"
+    loop._sweep_stale()
+    assert swept == [None, "j"]  # serving j: its agent owns its tier
+    waker.close()

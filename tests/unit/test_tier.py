@@ -11,6 +11,7 @@ import pytest
 
 from nodeagent.channel import tier
 from nodeagent.channel.tier import BadCopy, Manifest, Source
+from nodeagent.checkpoint import space
 from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
@@ -153,3 +154,28 @@ def test_a_node_without_room_for_the_memory_tier_is_refused_naming_the_numbers(
     with pytest.raises(ConfigError, match=r"job.checkpoint.memory_size: .* GiB wanted .* free"):
         check_room(config, "n0", "j")
     check_room(CheckpointConfig(memory_size=1 << 20, memory_dir=str(tmp_path / "shm")), "n0", "j")
+
+
+def test_a_sweep_removes_this_nodes_tiers_of_jobs_it_does_not_serve(tmp_path: Path) -> None:
+    memory = tmp_path / "nodeagent"
+    memory.mkdir(mode=0o700)
+    for name in ("a.served", "a.left-while-down", "b.other-node"):
+        fake_save(memory / name / "slot-0", step=3)
+    (memory / "a.file").write_text("not a tier")
+    (tmp_path / "elsewhere").mkdir()
+    (memory / "a.link").symlink_to(tmp_path / "elsewhere")
+    removed = space.sweep([str(memory), str(tmp_path / "absent")], "a", "served")
+    assert removed == [memory / "a.left-while-down"]
+    left = sorted(p.name for p in memory.iterdir())
+    assert left == ["a.file", "a.link", "a.served", "b.other-node"]
+    assert (tmp_path / "elsewhere").exists()
+    assert space.sweep([str(memory)], "a", None) == [memory / "a.served"]  # serving nothing
+
+
+def test_a_sweep_leaves_a_memory_dir_someone_else_may_write_alone(tmp_path: Path) -> None:
+    memory = tmp_path / "nodeagent"
+    memory.mkdir()
+    memory.chmod(0o777)
+    (memory / "a.job").mkdir()
+    assert space.sweep([str(memory)], "a", None) == []
+    assert (memory / "a.job").exists()
