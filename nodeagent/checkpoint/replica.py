@@ -7,13 +7,18 @@ collectives nor fail with them. A sender streams one save to a peer's `ReplicaSe
              answered `GO` (or `ERR <why>`: nothing of the body is sent to a peer that refuses)
     body     the manifest's files, in the manifest's (sorted) order, each exactly its size
 
-The receiver trusts nothing it is sent. It takes a save only if `accept(node, generation,
-manifest)` says so (the agent checks it against what that node recorded for the job and
-generation in Redis: a peer cannot plant a file), writes only the files the manifest names, into
-its own replica area (`<root>/<node>/rank-<R>/slot-0|1`, two slots as in the memory tier, so a
-copy cut short spares the last whole one), checks every byte against the manifest's CRC-32 as
-it arrives and writes the manifest last. It answers the body `OK` or `ERR <why>` on one line. A
-sender paces itself to `max_rate` bytes a second (0: as fast as it can).
+The receiver trusts nothing it is sent. It serves at most MAX_RECEIVES connections at once
+(more are answered `ERR busy`), reads a header of at most MAX_HEADER bytes within HEADER_S,
+takes one copy of a node's rank at a time (a second, meanwhile, would write into the same
+slot), and takes a save only if `accept(node, generation, manifest)` says so (the agent checks
+it against what that node recorded for the job and generation in Redis: a peer cannot plant a
+file). It writes only the files the manifest names, into its own replica area
+(`<root>/<node>/rank-<R>/slot-0|1`, two slots as in the memory tier, so a copy cut short spares
+the last whole one), checks every byte against the manifest's CRC-32 as it arrives and writes
+the manifest last. It answers the body `OK` or `ERR <why>` on one line. A sender paces itself
+to `max_rate` bytes a second (0: as fast as it can), and reads the save only as regular files,
+never through a link: the slot is the workers', and the agent (root) must not send a peer what
+a link planted there points to.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from nodeagent.channel.tier import BadCopy, Manifest
 log = logging.getLogger(__name__)
 VERSION = 1
 MAX_HEADER = 1 << 20  # a manifest of 10,000 files fits
+HEADER_S = 10.0  # the whole header, however slowly it trickles in
+MAX_RECEIVES = 8  # connections served at once: more are turned away, not queued as threads
 CHUNK = 1 << 20
 TIMEOUT_S = 30.0  # a peer silent this long mid-transfer is given up on
 # Says whether a save offered by `node` for `generation` may be taken; None: yes, else why not.
@@ -76,6 +83,9 @@ class ReplicaServer:
         self._sock.bind((address, port))
         self._sock.listen(16)
         self._closed = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_RECEIVES)
+        self._lock = threading.Lock()
+        self._receiving: set[tuple[str, int]] = set()  # (node, rank) copies under way
         self._thread = threading.Thread(target=self._serve, name="nodeagent-replicas", daemon=True)
         self._thread.start()
 
@@ -97,29 +107,50 @@ class ReplicaServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
+            if not self._slots.acquire(blocking=False):
+                with conn:
+                    conn.settimeout(1.0)
+                    _answer(conn, f"ERR busy: {MAX_RECEIVES} copies under way, try again")
+                continue
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _handle(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(TIMEOUT_S)
-            began = time.monotonic()
-            try:
-                node, generation, manifest = self._header(conn)
-                why = self._accept(node, generation, manifest)
-                if why is not None:
-                    raise BadCopy(f"refused: {why}")
-                _answer(conn, "GO")
-                slot = tier.slot_for_save(self.root / node, manifest.rank)
-                _receive(conn, slot, manifest)
-            except (BadCopy, OSError, ValueError) as exc:
-                log.warning("replica refused: %s", exc)
-                _answer(conn, f"ERR {exc}")
-                return
-            _answer(conn, "OK")
-            self._on_received(Received(node, generation, manifest, time.monotonic() - began))
+        try:
+            with conn:
+                conn.settimeout(TIMEOUT_S)
+                self._take(conn)
+        finally:
+            self._slots.release()
+
+    def _take(self, conn: socket.socket) -> None:
+        began = time.monotonic()
+        key: tuple[str, int] | None = None
+        try:
+            node, generation, manifest = self._header(conn)
+            with self._lock:
+                if (node, manifest.rank) in self._receiving:
+                    raise BadCopy(f"busy: a copy of {node}'s rank {manifest.rank} is under way")
+                key = (node, manifest.rank)
+                self._receiving.add(key)
+            why = self._accept(node, generation, manifest)
+            if why is not None:
+                raise BadCopy(f"refused: {why}")
+            _answer(conn, "GO")
+            slot = tier.slot_for_save(self.root / node, manifest.rank)
+            _receive(conn, slot, manifest)
+        except (BadCopy, OSError, ValueError) as exc:
+            log.warning("replica refused: %s", exc)
+            _answer(conn, f"ERR {exc}")
+            return
+        finally:
+            if key is not None:
+                with self._lock:
+                    self._receiving.discard(key)
+        _answer(conn, "OK")
+        self._on_received(Received(node, generation, manifest, time.monotonic() - began))
 
     def _header(self, conn: socket.socket) -> tuple[str, int, Manifest]:
-        line = _read_line(conn)
+        line = _read_line(conn, time.monotonic() + HEADER_S)
         try:
             data = json.loads(line)
         except ValueError:
@@ -137,16 +168,23 @@ class ReplicaServer:
         return node, generation, manifest
 
 
-def _read_line(conn: socket.socket) -> bytes:
+def _read_line(conn: socket.socket, deadline: float | None = None) -> bytes:
+    """One line, read without taking a byte past it (the body follows); at most MAX_HEADER
+    bytes, and by `deadline` (time.monotonic()) if given. Raises: BadCopy."""
     buf = bytearray()
-    while not buf.endswith(b"\n"):
-        chunk = conn.recv(1)
-        if not chunk:
+    while True:
+        if deadline is not None and time.monotonic() > deadline:
+            raise BadCopy(f"the header took more than {HEADER_S:g}s")
+        peeked = conn.recv(min(CHUNK, MAX_HEADER + 1 - len(buf)), socket.MSG_PEEK)
+        if not peeked:
             raise BadCopy("the connection closed before the header ended")
-        buf += chunk
+        end = peeked.find(b"\n")
+        taken = conn.recv(len(peeked) if end < 0 else end + 1)
+        buf += taken
+        if end >= 0:
+            return bytes(buf)
         if len(buf) > MAX_HEADER:
             raise BadCopy(f"a header of more than {MAX_HEADER} bytes")
-    return bytes(buf)
 
 
 def _receive(conn: socket.socket, slot: Path, manifest: Manifest) -> None:
@@ -218,7 +256,7 @@ def _line(conn: socket.socket) -> str:
 def _body(conn: socket.socket, slot: Path, manifest: Manifest, max_rate: float) -> int:
     sent, began = 0, time.monotonic()
     for name in sorted(manifest.files):
-        with open(slot / name, "rb") as f:
+        with os.fdopen(tier.open_plain(slot / name), "rb") as f:
             while chunk := f.read(CHUNK):
                 conn.sendall(chunk)
                 sent += len(chunk)

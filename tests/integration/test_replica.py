@@ -145,3 +145,78 @@ def test_a_sender_keeps_to_its_rate(server: ReplicaServer, tmp_path: Path) -> No
     began = time.monotonic()
     sent = replica.send(server.address, JOB, "a", 3, tmp_path / "mine", max_rate=4_000_000)
     assert time.monotonic() - began >= sent / 4_000_000 - 0.3  # a lower bound: sleeps only
+
+
+def _connect(server: ReplicaServer) -> socket.socket:
+    host, port = server.address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def _header(manifest: Manifest, node: str = "a") -> bytes:
+    doc = {"v": 1, "job": JOB, "node": node, "generation": 3}
+    return json.dumps({**doc, "manifest": json.loads(manifest.to_json())}).encode() + b"\n"
+
+
+def test_a_second_copy_of_the_same_rank_meanwhile_is_turned_away(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    """Two copies of a node's rank at once would write into one slot."""
+    fake_save(tmp_path / "mine", 12, size=200_000)
+    manifest = tier.read_manifest(tmp_path / "mine")
+    with _connect(server) as first:
+        first.sendall(_header(manifest))
+        assert first.makefile("rb").readline() == b"GO\n"  # its body not sent yet
+        with pytest.raises(ReplicaError, match="busy: a copy of a's rank 0 is under way"):
+            replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+        fake_save(tmp_path / "other", 12, rank=1)  # another rank of the same node: taken
+        replica.send(server.address, JOB, "a", 3, tmp_path / "other")
+    deadline = time.monotonic() + 5  # the first closed: rank 0 may be copied again
+    while True:
+        try:
+            replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+            break
+        except ReplicaError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert sorted(
+        tier.verify(s).rank
+        for _, s in replica.replicas_held(server.root)
+        if (s / tier.MANIFEST).exists()
+    ) == [0, 1]
+
+
+def test_connections_beyond_the_cap_are_turned_away_not_queued(server: ReplicaServer) -> None:
+    idle = [_connect(server) for _ in range(replica.MAX_RECEIVES)]  # each holds a receive
+    try:
+        with _connect(server) as extra:
+            answer = extra.makefile("rb").readline().decode()
+        assert answer.startswith("ERR busy"), answer
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+def test_a_header_that_trickles_in_is_given_up_on(
+    server: ReplicaServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replica, "HEADER_S", 0.3)
+    with _connect(server) as conn:
+        for byte in b'{"v": 1':
+            conn.sendall(bytes([byte]))
+            time.sleep(0.06)
+        answer = conn.makefile("rb").readline().decode()
+    assert answer.startswith("ERR the header took more than 0.3s"), answer
+
+
+def test_a_sender_never_sends_what_a_link_in_the_slot_points_to(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    """The slot is the workers': a link there must not make root read another file."""
+    fake_save(tmp_path / "mine", 5)
+    secret = tmp_path / "secret"
+    secret.write_bytes((tmp_path / "mine" / "__0_0.distcp").read_bytes())  # CRC matches
+    (tmp_path / "mine" / "__0_0.distcp").unlink()
+    (tmp_path / "mine" / "__0_0.distcp").symlink_to(secret)
+    with pytest.raises(ReplicaError, match="a link or something else than a file"):
+        replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+    assert not [s for _, s in replica.replicas_held(server.root) if (s / tier.MANIFEST).exists()]
