@@ -327,10 +327,11 @@ class Agent:
         return self._lease.fence_due(now)
 
     def _local_view(self, now: float) -> LocalView:
+        group = self._workers.status()
         return LocalView(
             name=self.name,
             acked_generation=self._acked,
-            group=self._workers.status(),
+            group=group,
             record=self.record,
             shutting_down=self._shutting_down,
             fence=self._fence_due(now),
@@ -338,7 +339,7 @@ class Agent:
             cordon=self._cordon,
             unfit=self._watchers.unfit,
             in_place=self.config.job.in_place,
-            tiers_settling=self._tiers is not None and self._tiers.settling,
+            tiers_settling=self._tiers is not None and self._tiers.holds_back(group),
         )
 
     def _next_wakeup(self) -> float:
@@ -352,7 +353,7 @@ class Agent:
             deadlines.append(ping)
         if (hang_check := self._watchers.next_check()) is not None:
             deadlines.append(hang_check)
-        if self._tiers is not None and self._tiers.settling:  # the acknowledgement waits on it
+        if self._tiers is not None and self._tiers.holds_back(self._workers.status()):
             deadlines.append(self._clock() + SETTLE_POLL_S)
         point = self._lease.fence_point
         if point is not None and self._fenced_generation is None:

@@ -38,6 +38,16 @@ class TierDuties:
     def settling(self) -> bool:
         return self.keeper.settling
 
+    def holds_back(self, group: GroupStatus) -> bool:
+        """The next generation must wait: a settle is under way, or `group` (as the agent's
+        decision sees it) has ended and its settle has not begun yet. The group may end between
+        this tick's tier duties and the decision; acknowledging then would let the leader
+        choose the restore before this node verified (and persisted) its last saves."""
+        if self.keeper.removed:
+            return False
+        ended = group.generation is not None and not group.active
+        return self.keeper.settling or (ended and group.generation != self._settled)
+
     def report(self) -> TierReport:
         look = self.keeper.look()
         report = look.report

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -58,10 +59,17 @@ def test_a_killed_worker_resumes_from_the_memory_tier_with_the_state_it_saved(
         printed = cluster.ctl("status").stdout
         assert f"this generation restores from {saved_by} > " in printed
         node_b = next(n for n in cluster.status()["nodes"] if n["name"] == "b")
-        samples = scrape(node_b["metrics"])
         job = (("job_id", job_id),)
+
+        def saving() -> dict[tuple[str, Any], float] | None:
+            # The blocked time and the bytes are the newest verified save's: none just after
+            # the restore, until the new generation's first save is verified.
+            found = scrape(node_b["metrics"])
+            blocked = found[("nodeagent_checkpoint_save_blocked_seconds", job)]
+            return found if blocked > 0 else None
+
+        samples = wait_for(saving, 30, "b's metrics to show a verified save")
         assert samples[("nodeagent_checkpoint_restores_total", (*job, ("tier", "memory")))] == 1
-        assert samples[("nodeagent_checkpoint_save_blocked_seconds", job)] > 0
         assert samples[("nodeagent_checkpoint_memory_bytes", job)] > 0
         lost = samples[("nodeagent_checkpoint_steps_lost", job)]
         assert 0 <= lost <= 2 * EVERY

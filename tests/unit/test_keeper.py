@@ -10,12 +10,16 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from nodeagent.channel import tier
 from nodeagent.checkpoint.keeper import Refusal, TierKeeper
 from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
+from nodeagent.job.tiers import TierDuties
+from nodeagent.supervisor.status import GroupPhase, GroupStatus
+from nodeagent.telemetry.checkpoints import CheckpointMetrics
 from tests.helpers.tiers import fake_save
 
 
@@ -167,3 +171,29 @@ def test_a_link_where_the_tier_goes_is_refused_not_followed(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match="a link or a file where the tier goes"):
         k.prepare(65534)
     assert (tmp_path / "etc").stat().st_uid == os.geteuid()  # not handed to the user
+
+
+def test_a_group_that_ended_holds_the_next_generation_back_before_its_settle_began(
+    tmp_path: Path,
+) -> None:
+    """The group may end between the agent's tier duties and its decision in one tick: the
+    decision must not acknowledge the next generation before the settle began. Found by an
+    in_place scale under load: the leader restored step 28, every rank had saved 30."""
+    k = keeper(tmp_path)
+    k.prepare(None)
+    settle(k, persist=False)
+    duties = TierDuties(k, "n0", CheckpointMetrics("j", CollectorRegistry()))
+    running = GroupStatus(4, GroupPhase.RUNNING)
+    parked = GroupStatus(4, GroupPhase.PARKED)
+    assert not duties.holds_back(running)
+    duties.tick(running, None)
+    assert duties.holds_back(parked)  # ended, not settled yet: hold back
+    release = hanging_copies(k)
+    duties.tick(parked, None)  # the settle begins (and hangs)
+    assert duties.holds_back(parked) and k.settling
+    release.set()
+    deadline = time.monotonic() + 10
+    while k.settling and time.monotonic() < deadline:
+        time.sleep(0.01)
+        k.poll()
+    assert not duties.holds_back(parked)  # settled: the next generation may come
