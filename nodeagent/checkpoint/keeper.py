@@ -14,7 +14,6 @@ the reports that follow, so they must be true.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -22,10 +21,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from nodeagent.channel import tier
 from nodeagent.checkpoint import scan
+from nodeagent.checkpoint.notes import RestoreNote, read_note
 from nodeagent.checkpoint.space import check_parent
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
@@ -38,40 +39,30 @@ KEEP_PERSISTED = 2  # steps of this node's ranks kept in the persistent tier
 # from what this node reports then.
 SETTLE_TIMEOUT_S = 300.0
 NON_FINITE = tier.NON_FINITE
-NOTE_MAX = 64 << 10  # bytes of a restore report the agent reads
 
 
-@dataclass(frozen=True)
-class RestoreNote:
-    """What one local rank restored (its report file, nodeagent.worker.tiered)."""
+class TierPhase(str, Enum):
+    """What a node's keeper of one job's tiers is doing for the agent.
 
-    rank: int
-    tier: str
-    step: int | None
-    seconds: float
-    refused: tuple[Refusal, ...]
+    ACTIVE    the workers run (or none yet): their saves are verified as they come, and the
+              steps due are copied to the persistent tier in the background.
+    SETTLING  a generation's workers stopped (or the agent just started): their last saves are
+              being verified, and persisted when they stopped for a reason that is not a
+              failure; the node acknowledges no new generation meanwhile. Given up on after
+              settle_timeout (back to ACTIVE, the copy goes on).
+    REMOVED   the job ended: the memory tier is gone, or goes once a copy under way ends.
+    """
+
+    ACTIVE = "active"
+    SETTLING = "settling"
+    REMOVED = "removed"
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """A source a rank did not restore from: its kind (tier.REFUSALS) and why."""
-
-    source: str
-    kind: str
-    reason: str
-
-    @property
-    def condemned(self) -> int | None:
-        """The step this refusal condemns: one whose state holds a NaN or an infinity (so does
-        every copy of it). A copy that does not verify condemns that copy only (its node
-        verifies again and stops offering it); an absent source condemns nothing."""
-        return _step_of(self.source) if self.kind == tier.BAD_STATE else None
-
-    @property
-    def worth_an_event(self) -> bool:
-        """A copy that did not verify or a state that is not finite, not a source that had
-        nothing to offer (an empty directory, a save this rank lacks)."""
-        return self.kind != tier.ABSENT
+PHASE_TRANSITIONS: Mapping[TierPhase, frozenset[TierPhase]] = {
+    TierPhase.ACTIVE: frozenset({TierPhase.SETTLING, TierPhase.REMOVED}),
+    TierPhase.SETTLING: frozenset({TierPhase.ACTIVE, TierPhase.REMOVED}),
+    TierPhase.REMOVED: frozenset({TierPhase.ACTIVE}),  # prepared again (a restarted job)
+}
 
 
 @dataclass(frozen=True)
@@ -109,11 +100,11 @@ class TierKeeper:
         self._verified = scan.Verified(self.memory)
         self._lock = threading.Lock()  # what the thread hands back
         self._thread: threading.Thread | None = None
-        self._settle: bool | None = None  # a settle wanted: persist or not
-        self._settling = False
+        self.phase = TierPhase.ACTIVE
+        self._settle: bool | None = None  # a settle wanted and not begun: persist or not
         self._settle_began = 0.0
         self.settle_timeout = SETTLE_TIMEOUT_S
-        self._thread_settles = False
+        self._thread_settles = False  # the work under way is a settle's
         self._persisted: list[Held] = []
         self._refused: set[int] = set()
         self._ranks: tuple[int, ...] = ()
@@ -125,7 +116,6 @@ class TierKeeper:
         self.last_persist: Persisted | None = None
         self.problems: list[str] = []  # copies that did not verify, for the agent to say
         self.slow: list[str] = []  # settles given up on, for the agent to say
-        self.removed = False
 
     # -- the agent's calls ------------------------------------------------------------------
 
@@ -158,7 +148,8 @@ class TierKeeper:
                 os.fchown(fd, owner, -1)
         finally:
             os.close(fd)
-        self.removed = False
+        if self.phase is TierPhase.REMOVED:
+            self._move(TierPhase.ACTIVE, "prepared again")
         self.settle(persist=False)
 
     def started(self, generation: int, ranks: tuple[int, ...], reports: Mapping[int, Path]) -> None:
@@ -171,24 +162,36 @@ class TierKeeper:
         """The workers stopped: verify their last saves and, with `persist`, copy the newest
         step to the persistent tier. `settling` until done."""
         self._settle = bool(persist) or bool(self._settle)
-        if not self._settling:
+        if self.phase is TierPhase.ACTIVE:
             self._settle_began = self._clock()
-        self._settling = True
+            self._move(TierPhase.SETTLING, "persisting" if persist else "verifying")
         self.poll()
+
+    @property
+    def removed(self) -> bool:
+        return self.phase is TierPhase.REMOVED
+
+    def _move(self, phase: TierPhase, why: str) -> None:
+        """Raises: ValueError for a move PHASE_TRANSITIONS does not allow."""
+        if phase not in PHASE_TRANSITIONS[self.phase]:
+            raise ValueError(f"checkpoint tiers: {self.phase.value} -> {phase.value} ({why})")
+        log.debug("checkpoint tiers: %s -> %s (%s)", self.phase.value, phase.value, why)
+        self.phase = phase
 
     @property
     def settling(self) -> bool:
         """A settle is under way and has not outlasted settle_timeout (then it is given up on,
         once, with a problem said: the copy goes on, the generation does not wait for it)."""
-        if self._settling and self._clock() - self._settle_began > self.settle_timeout:
-            self._settling = False
+        late = self._clock() - self._settle_began > self.settle_timeout
+        if self.phase is TierPhase.SETTLING and late:
+            self._move(TierPhase.ACTIVE, "settle given up on")
             with self._lock:
                 self.slow.append(
                     f"verifying and persisting the last saves took more than "
                     f"{self.settle_timeout:g}s (is {self.persist_root} reachable?); the job goes "
                     "on without waiting for them"
                 )
-        return self._settling
+        return self.phase is TierPhase.SETTLING
 
     def protect(self, step: int | None) -> None:
         """Never prune `step` from the persistent tier: the leader's record names it as the
@@ -207,8 +210,9 @@ class TierKeeper:
             return
         if self._thread is not None:  # it finished
             self._thread = None
-            if self._thread_settles and self._settle is None:
-                self._settling = False
+            settled = self._thread_settles and self._settle is None
+            if settled and self.phase is TierPhase.SETTLING:
+                self._move(TierPhase.ACTIVE, "settled")
         if self._reverify:
             self._reverify = False
             self._start(self._work_again, False, False)
@@ -292,7 +296,7 @@ class TierKeeper:
         """Reports of local ranks that said what they restored since the last call."""
         notes = []
         for rank, path in list(self._expected.items()):
-            note = _read_note(path)
+            note = read_note(path)
             if note is not None:
                 del self._expected[rank]
                 notes.append(note)
@@ -308,8 +312,8 @@ class TierKeeper:
     def remove(self) -> None:
         """The job ended: the memory tier goes, now or, if a copy is under way (a persist_dir
         that hangs), once it ends; the agent's loop never waits for it."""
-        self.removed = True
-        self._settling = False
+        if self.phase is not TierPhase.REMOVED:
+            self._move(TierPhase.REMOVED, "the job ended")
         thread = self._thread
         if thread is not None and thread.is_alive():
 
@@ -375,52 +379,3 @@ class TierKeeper:
             size,
             seconds,
         )
-
-
-def _step_of(source: str) -> int | None:
-    """The step a source names (`memory:120`), or None (`script`, or a worker's garbage)."""
-    try:
-        found = tier.restore_from_env(source)
-    except ValueError:
-        return None
-    return found[0].step if len(found) == 1 else None
-
-
-def _kind(value: object) -> str:
-    if value not in tier.REFUSALS:
-        raise ValueError(f"refusal kind {value!r}, not one of {tier.REFUSALS}")
-    return str(value)
-
-
-def _read_note(path: Path) -> RestoreNote | None:
-    """A worker's restore report, which the agent trusts no more than any other input: at most
-    NOTE_MAX bytes, strictly typed; anything else is said and dropped."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(NOTE_MAX + 1)
-        if len(raw) > NOTE_MAX:
-            raise ValueError(f"more than {NOTE_MAX} bytes")
-        text = raw.decode()
-        if not text:  # made by the agent for a worker of another user; not written yet
-            return None
-        data = json.loads(text)
-        refused = tuple(
-            Refusal(str(r["source"])[:64], _kind(r["kind"]), str(r["reason"])[:300])
-            for r in data["refused"]
-        )
-        if len(refused) > len(tier.TIERS) * 8:
-            raise ValueError(f"{len(refused)} refused sources")
-        step = data["step"]
-        return RestoreNote(
-            rank=int(data["rank"]),
-            tier=str(data["tier"]),
-            step=int(step) if step is not None else None,
-            seconds=float(data["seconds"]),
-            refused=refused,
-        )
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("restore report %s unreadable: %s", path, exc)
-        path.unlink(missing_ok=True)
-        return None

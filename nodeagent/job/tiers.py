@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from nodeagent.checkpoint.keeper import RestoreNote, TierKeeper
+from nodeagent.checkpoint.keeper import TierKeeper
+from nodeagent.checkpoint.notes import RestoreNote
 from nodeagent.model.job import Event, JobRecord
 from nodeagent.model.tiers import TierReport
 from nodeagent.supervisor.spec import WorkerSpec, restore_report_path

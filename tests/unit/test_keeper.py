@@ -13,7 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from nodeagent.channel import tier
-from nodeagent.checkpoint.keeper import Refusal, TierKeeper
+from nodeagent.checkpoint.keeper import PHASE_TRANSITIONS, TierKeeper, TierPhase
+from nodeagent.checkpoint.notes import Refusal
 from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
@@ -65,6 +66,7 @@ def gone(path: Path) -> bool:
 def test_it_reports_what_verifies_and_persists_the_newest_whole_step(tmp_path: Path) -> None:
     k = keeper(tmp_path)
     k.prepare(None)
+    settle(k, persist=False)  # else it may verify step 10 before the bit is flipped (cached)
     for rank in (0, 1):
         fake_save(tier.slot_for_save(k.memory, rank), 10, rank=rank)
         fake_save(tier.slot_for_save(k.memory, rank), 12, rank=rank)
@@ -197,3 +199,21 @@ def test_a_group_that_ended_holds_the_next_generation_back_before_its_settle_beg
         time.sleep(0.01)
         k.poll()
     assert not duties.holds_back(parked)  # settled: the next generation may come
+
+
+def test_the_keepers_phases_follow_its_table(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    seen = [k.phase]
+    k.prepare(None)  # what an earlier agent's workers left is verified first
+    seen.append(k.phase)
+    settle(k, persist=False)
+    seen.append(k.phase)
+    k.remove()
+    seen.append(k.phase)
+    assert k.removed
+    with pytest.raises(ValueError, match="removed -> settling"):
+        k._move(TierPhase.SETTLING, "a settle of a removed tier")
+    k.prepare(None)  # the job restarted on this node
+    seen.append(k.phase)
+    assert [p.value for p in seen] == ["active", "settling", "active", "removed", "settling"]
+    assert set(PHASE_TRANSITIONS) == set(TierPhase)
