@@ -369,7 +369,9 @@ class TierKeeper:
         seconds = self._clock() - began
         with self._lock:
             mine = [*self._persisted, copied]
-            self._persisted = scan.prune(root, mine, KEEP_PERSISTED, self._protected)
+            self._persisted = scan.prune(
+                root, mine, KEEP_PERSISTED, self._protected, ranks=copied.ranks
+            )
             size = sum(s.manifest.size for s in newest)
             self.last_persist = Persisted(copied, seconds, size)
         log.info(

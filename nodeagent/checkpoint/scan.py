@@ -126,20 +126,37 @@ def persist(saves: list[Save], root: Path) -> Held:
     return Held(step, first.world_size, tuple(s.manifest.rank for s in saves), first.generation)
 
 
-def prune(root: Path, mine: list[Held], keep: int, protected: int | None = None) -> list[Held]:
+def prune(
+    root: Path,
+    mine: list[Held],
+    keep: int,
+    protected: int | None = None,
+    ranks: Iterable[int] = (),
+) -> list[Held]:
     """Remove this node's copies of all but its `keep` newest persisted steps and `protected`;
-    what is left."""
-    ordered = sorted(mine, key=lambda h: h.step, reverse=True)
-    kept = ordered[:keep] + [h for h in ordered[keep:] if h.step == protected]
-    for old in ordered[keep:]:
-        if old.step == protected:
+    what is left of `mine`. `mine` is what this agent copied; `ranks`, the ranks it copies now:
+    their directories of older steps go too, whoever made them (this node before its agent
+    restarted, which `mine` does not know of, would otherwise keep them for good)."""
+    held: dict[int, set[int]] = {}
+    for h in mine:
+        held.setdefault(h.step, set()).update(h.ranks)
+    wanted = set(ranks)
+    for step in tier.steps(root) if wanted else ():
+        step_path = tier.step_dir(root, step)
+        present = {r for r in wanted if tier.rank_dir(step_path, r).is_dir()}
+        if present:
+            held.setdefault(step, set()).update(present)
+    ordered = sorted(held, reverse=True)
+    kept = set(ordered[:keep]) | ({protected} if protected is not None else set())
+    for step in ordered:
+        if step in kept:
             continue
-        step_path = tier.step_dir(root, old.step)
-        for rank in old.ranks:
+        step_path = tier.step_dir(root, step)
+        for rank in held[step]:
             shutil.rmtree(tier.rank_dir(step_path, rank), ignore_errors=True)
         with contextlib.suppress(OSError):  # another node's ranks are still there
             step_path.rmdir()
-    return kept
+    return [h for h in mine if h.step in kept]
 
 
 def keep_ranks(memory: Path, ranks: Iterable[int]) -> list[int]:

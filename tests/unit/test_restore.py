@@ -244,3 +244,24 @@ def test_a_step_saved_in_two_timelines_is_never_mixed() -> None:
     )
     chosen = restore.choose(CheckpointRecord(), ("n0", "n1"), NPROC, reports)
     assert chosen.restore == ("memory:10@7", "script", "start")
+
+
+def test_copies_an_earlier_agent_made_are_pruned_too_for_the_ranks_copied_now(
+    tmp_path: Path,
+) -> None:
+    """An agent restarted knows only what it copied itself: the copies of its ranks made
+    before are pruned by the same rule, another node's ranks are left alone."""
+    for step in (10, 20, 30):
+        for rank in (0, 1):  # rank 1 is another node's
+            tier.rank_dir(tier.step_dir(tmp_path, step), rank).mkdir(parents=True)
+    tier.rank_dir(tier.step_dir(tmp_path, 40), 0).mkdir(parents=True)
+    mine = [Held(40, 2, (0,))]  # all this agent copied since it started
+    kept = scan.prune(tmp_path, mine, keep=2, protected=10, ranks=(0,))
+    assert [h.step for h in kept] == [40]
+    left = {
+        (step, rank)
+        for step in tier.steps(tmp_path)
+        for rank in (0, 1)
+        if tier.rank_dir(tier.step_dir(tmp_path, step), rank).is_dir()
+    }
+    assert left == {(40, 0), (30, 0), (10, 0), (10, 1), (20, 1), (30, 1)}
