@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,12 @@ def add_parsers(commands: Any) -> None:
         "--nodes 2:8 --nproc-per-node 8 -- python train.py --cfg big.yaml",
     )
     submit.add_argument("spec", nargs="?", help="a job spec file (YAML)")
-    submit.add_argument("--name", type=ctlargs.name, help="job id (overrides the spec's id)")
+    submit.add_argument(
+        "--name",
+        type=ctlargs.name,
+        help="job id (overrides the spec's id; default: the spec's, else a new one such as "
+        "job-3f9c2a1d); the id of a job that has ended may be used again",
+    )
     submit.add_argument("--nodes", help="MIN:MAX or N nodes, as torchrun's --nnodes")
     submit.add_argument("--nproc-per-node", type=int, help="workers per node")
     submit.add_argument("--env", action="append", default=[], metavar="K=V")
@@ -66,6 +73,9 @@ def add_parsers(commands: Any) -> None:
         metavar="LABEL=VALUE",
         help="only nodes whose pool.labels have it (repeatable)",
     )
+    submit.add_argument(
+        "--parsable", action="store_true", help="print only the job id (as sbatch --parsable)"
+    )
     submit.add_argument("--wait", action="store_true", help="wait until every rank runs")
     submit.add_argument(
         "--timeout", type=ctlargs.duration, default="10m", help="how long --wait waits"
@@ -83,8 +93,21 @@ def add_parsers(commands: Any) -> None:
     cancel.add_argument("job_id", metavar="JOB", type=ctlargs.name)
 
 
-def spec_from_args(args: argparse.Namespace, user: str, by: str) -> JobSpec:
-    """The spec `submit` sends, from a file and/or flags (flags override the file).
+def new_job_id() -> str:
+    """A job id for a submission that names none: job- and 8 random hex digits."""
+    return f"job-{secrets.token_hex(4)}"
+
+
+def submitted(job_id: str, args: argparse.Namespace) -> None:
+    """What `submit` prints once the job is stored: its id (only that with --parsable)."""
+    print(job_id if args.parsable else f"Submitted job {job_id}", flush=True)
+
+
+def spec_from_args(
+    args: argparse.Namespace, user: str, by: str, new_id: Callable[[], str] = new_job_id
+) -> JobSpec:
+    """The spec `submit` sends, from a file and/or flags (flags override the file); with no
+    --name and no id in the file, its id is `new_id()`.
 
     Raises:
         UsageError: naming the file and key, or the flag, that is wrong.
@@ -133,7 +156,8 @@ def spec_from_args(args: argparse.Namespace, user: str, by: str) -> JobSpec:
     if not args.spec and not command:
         raise UsageError("give a job spec file, or the command after --")
     try:
-        spec = load_spec(doc, default_user=user, job_id=args.name)
+        job_id = args.name or (None if doc.get("id") is not None else new_id())
+        spec = load_spec(doc, default_user=user, job_id=job_id)
     except ConfigError as exc:
         raise UsageError(f"{where}: invalid job spec: {exc}") from None
     return replace(spec, submitted_by=by)
@@ -164,15 +188,11 @@ def _submit(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> i
         )
     created, status = store.submit(spec)
     if not created:
-        state = status.state.value if status is not None else "unknown state"
-        raise UsageError(
-            f"job {spec.id} exists already in pool {store.keys.pool} ({state}); choose "
-            "another --name"
-        )
-    print(spec.id, flush=True)
+        raise UsageError(requests.in_use(spec.id, store.keys.pool, status))
+    submitted(spec.id, args)
     if not args.wait:
         return 0
-    return ctlwait.wait_running(store, spec, args.timeout)
+    return ctlwait.wait_running(store, spec.id, args.timeout)
 
 
 def _cancel(store: PoolStore, job_id: str, by: str) -> int:

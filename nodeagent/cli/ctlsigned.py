@@ -76,9 +76,9 @@ def run(
         print(reply.message, flush=True)
         return _scaled(store, munge, args, body, before)
     if verb is Verb.SUBMIT:
-        spec = ctlpool.spec_from_args(args, reply.user, reply.user)
-        print(spec.id, flush=True)
-        return ctlwait.wait_running(store, spec, args.timeout) if args.wait else 0
+        job_id = str(body["spec"]["id"])
+        ctlpool.submitted(job_id, args)
+        return ctlwait.wait_running(store, job_id, args.timeout) if args.wait else 0
     print(reply.message, flush=True)
     if verb is Verb.CORDON and args.command == "drain" and args.wait:
         job = body.get("job")

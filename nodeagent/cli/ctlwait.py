@@ -10,19 +10,18 @@ from nodeagent.cli.status import status_document
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.model.pool import PoolJobState
-from nodeagent.model.spec import JobSpec
 from nodeagent.state import JobState, NodeState
 
 
-def wait_running(store: PoolStore, spec: JobSpec, timeout: float) -> int:
+def wait_running(store: PoolStore, job_id: str, timeout: float) -> int:
     """Until every rank of the job runs (0), it ends first (0 if it succeeded, else 1), or
     `timeout` passes (1)."""
-    job_store = JobStore(store.client, store.keys.job(spec.id))
+    job_store = JobStore(store.client, store.keys.job(job_id))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = store.status(spec.id)
+        status = store.status(job_id)
         if status is not None and status.state.ended:
-            print(f"job {spec.id} {status.state.value}: {status.reason}")
+            print(f"job {job_id} {status.state.value}: {status.reason}")
             return 0 if status.state is PoolJobState.SUCCEEDED else 1
         snapshot = job_store.snapshot()
         record = snapshot.record
@@ -34,12 +33,12 @@ def wait_running(store: PoolStore, spec: JobSpec, timeout: float) -> int:
             }
             if all(states.get(m) is NodeState.RUNNING for m in record.members):
                 print(
-                    f"job {spec.id} runs: {record.world_size} ranks on {len(record.members)} "
+                    f"job {job_id} runs: {record.world_size} ranks on {len(record.members)} "
                     f"nodes (generation {record.generation})"
                 )
                 return 0
         time.sleep(0.2)
-    print(f"timed out after {timeout:g}s: job {spec.id} does not run every rank yet")
+    print(f"timed out after {timeout:g}s: job {job_id} does not run every rank yet")
     return 1
 
 

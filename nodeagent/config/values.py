@@ -14,15 +14,15 @@ from typing import Any, TypeVar
 from nodeagent.errors import ConfigError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 YAML_BOOLEANS = "YAML reads a bare yes/no/on/off/true/false as a boolean"
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])(i?)B?|B)?\s*$", re.IGNORECASE)
 _SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
 def parse_duration(value: object, key: str) -> float:
-    """Seconds from a number or a string such as "500ms", "5s", "2m", "1h".
+    """Seconds from a number or a string such as "500ms", "5s", "2m", "1h", "7d".
 
     Raises:
         ConfigError: naming `key` when the value is not a non-negative duration.

@@ -363,7 +363,9 @@ class PoolStore:
             self._placements = replace(held, placements={**kept, **write.place})
 
     def submit(self, spec: JobSpec, pinned: bool = False) -> tuple[bool, PoolJob | None]:
-        """Store a new job (pending); (False, its status) when the id exists already."""
+        """Store a new job (pending); (False, its status) when the id is in use by a job that
+        has not ended (or a pinned one). The id of an ended job is taken over: that job moves to
+        the history (poolscripts.POOL_SUBMIT)."""
         k = self.keys
         event = Event(
             "job_submitted",
@@ -373,7 +375,15 @@ class PoolStore:
         with redis_errors("submit"):
             created, raw = self._submit(
                 Call(
-                    {"specs": k.specs, "jobs": k.jobs, "seq": k.seq, "events": k.events},
+                    {
+                        "specs": k.specs,
+                        "jobs": k.jobs,
+                        "seq": k.seq,
+                        "events": k.events,
+                        "cancels": k.cancels,
+                        "history": k.history,
+                        "ended": k.ended,
+                    },
                     {
                         "job": spec.id,
                         "spec": spec.to_json(),

@@ -107,6 +107,8 @@ class PoolJob:
     `evicted`: set while a job evicted for another waits to be admitted again (by whom, why).
     `shrunk_ms`, `grown_ms`: when the scheduler last took nodes from it for another job
     (preemption by shrinking) or gave it free nodes: its resize cooldown counts from them.
+    `stale_keys`: submitted under the name of an ended job whose own keys (record, events) may
+    still be there: the pool leader clears them before it admits this one.
     """
 
     state: PoolJobState
@@ -119,6 +121,7 @@ class PoolJob:
     shrunk_ms: int | None = None
     grown_ms: int | None = None
     evicted: str | None = None  # pending again after an eviction: by whom and why
+    stale_keys: bool = False  # a reused name: the earlier job's own keys are cleared first
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -140,6 +143,7 @@ class PoolJob:
             shrunk_ms=r.opt_integer("shrunk_ms"),
             grown_ms=r.opt_integer("grown_ms"),
             evicted=r.opt_text("evicted", 1024),
+            stale_keys=r.flag("stale_keys", False),
         )
 
     def moved(self, state: PoolJobState, now_ms: int, reason: str) -> PoolJob:

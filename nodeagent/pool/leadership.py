@@ -13,10 +13,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from nodeagent.coord.ended import clear_job, prune
 from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
 from nodeagent.model.job import Cordon, Event, JobRecord
 from nodeagent.model.pool import PoolJobState, PoolNode
 from nodeagent.model.spec import JobSpec
+from nodeagent.pool import lifecycle
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 
 log = logging.getLogger(__name__)
@@ -145,27 +147,58 @@ def lead(
     policy: SchedulePolicy,
     views: NodeViews | None = None,
     vouch: Vouch | None = None,
+    pruning: lifecycle.Pruning | None = None,
 ) -> Round:
-    """One round as pool leader (`views`, `vouch`: as read_view's).
+    """One round as pool leader (`views`, `vouch`: as read_view's; `pruning`: when it last
+    pruned ended jobs, kept between rounds).
 
     Raises:
         CoordinationError: Redis could not be read or written.
         FencedError: another node leads the pool now.
     """
     snap, view, _ = read_view(store, leader, views, vouch)
+    view, fresh = lifecycle.unstale(view)
     result = schedule(view, policy)
     before = dict(snap.placements)
     lapsed = snap.lapsed
-    if not result.changed(before) and not lapsed:
+    _prune(store, leader, snap, policy, pruning or lifecycle.Pruning())
+    if not result.changed(before) and not lapsed and not fresh:
         return Round(view, None, snap.garbage)
+    for job_id in fresh:  # a reused id: the ended job's keys go before the new one is placed
+        clear_job(store.client, store.keys.job(job_id))
     unplace = tuple(n for n in before if n not in result.placements)
     place = {n: j for n, j in result.placements.items() if before.get(n) != j}
     events = result.events
     if (unplace or place) and not events:  # every placement change wakes the pool's nodes
         moved = sorted({*unplace, *place})
         events = (Event("placements", message=f"nodes {', '.join(moved)} moved"),)
-    write = PoolWrite(unplace, place, result.jobs, lapsed, events)
+    write = PoolWrite(unplace, place, {**fresh, **result.jobs}, lapsed, events)
     for event in result.events:
         log.info("pool: %s", event.message)
     store.commit(leader, write)
     return Round(view, write, snap.garbage)
+
+
+def _prune(
+    store: PoolStore,
+    leader: str,
+    snap: PoolSnapshot,
+    policy: SchedulePolicy,
+    pruning: lifecycle.Pruning,
+) -> None:
+    """Remove the jobs that ended pool.keep_ended ago, their own keys first, and the history
+    of reused ids as old (pool/lifecycle.py).
+
+    Raises:
+        CoordinationError, FencedError: as the store's calls.
+    """
+    keep, now = policy.keep_ended_ms, snap.now_ms
+    due = lifecycle.prunable(snap.jobs, set(snap.placements.values()), now, keep)
+    if not pruning.due(now, keep, due):
+        return
+    for job_id in due:
+        clear_job(store.client, store.keys.job(job_id))
+    pruned = prune(store.client, store.keys, leader, now - keep, due)
+    pruning.last_ms = now
+    if pruned:
+        log.info("pool: pruned %d jobs that ended %.0fs ago or more", pruned, keep / 1000)

@@ -30,7 +30,7 @@ from nodeagent.model.credential import (
     credential_id,
 )
 from nodeagent.model.job import Command, CommandType, Cordon, Event
-from nodeagent.model.pool import PoolJobState
+from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT, MAX_NODES, QueueView
 from nodeagent.model.request import Caller, Reply, Request, Verb
 from nodeagent.model.spec import JobSpec, load_spec
@@ -147,8 +147,7 @@ class Requests:
         signed = self._sign(replace(spec, submitted_by=caller.name))
         created, status = self._store.submit(signed)
         if not created:
-            state = status.state.value if status is not None else "unknown state"
-            raise Refused(f"job {spec.id} exists already ({state}); choose another --name")
+            raise Refused(in_use(spec.id, self._store.keys.pool, status))
         return f"job {spec.id} submitted, runs as {spec.user}"
 
     def _queue_of(self, name: str) -> QueueView:
@@ -306,6 +305,17 @@ class Requests:
             return self._authority.sign(spec)
         except MungeUnavailable as exc:
             raise Refused(f"the pool leader cannot sign the spec: {exc}") from None
+
+
+def in_use(job_id: str, pool: str, status: PoolJob | None) -> str:
+    """Why a submission under `job_id` is refused: a job of that id has not ended."""
+    if status is not None and status.pinned:
+        return f"job {job_id} exists in pool {pool}: its nodes' job: sections run it"
+    state = status.state.value if status is not None else "its status unreadable"
+    return (
+        f"job {job_id} exists in pool {pool} and has not ended ({state}); choose another "
+        "--name, or submit it again once it has ended"
+    )
 
 
 def resolve_target(value: str, current: int) -> int:

@@ -15,7 +15,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -26,7 +25,7 @@ from nodeagent.errors import FencedError
 from nodeagent.model.request import Reply, Request, Verb
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.munge import MungeDaemon
-from tests.helpers.pool import PoolCluster, pool_cluster
+from tests.helpers.pool import PoolCluster, pool_cluster, pool_keys
 from tests.helpers.users import User, reachable_dir, unix_users
 
 pytestmark = pytest.mark.timeout(240)
@@ -86,24 +85,6 @@ def submit(
     )  # fmt: skip
 
 
-def pool_keys(redis_server: RedisServer, pool: str) -> dict[str, Any]:
-    """What a request could change: every key of the pool but its nodes' heartbeats."""
-    keys = PoolKeys("nodeagent", pool)
-    client = redis_server.client()
-    try:
-        return {
-            "specs": client.hgetall(keys.specs),
-            "jobs": client.hgetall(keys.jobs),
-            "placements": client.hgetall(keys.placements),
-            "cancels": client.hgetall(keys.cancels),
-            "cordons": client.hgetall(keys.cordons),
-            "queues": client.hgetall(keys.queues),
-            "seq": client.get(keys.seq),
-        }
-    finally:
-        client.close()
-
-
 def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     pool: PoolCluster, munged: MungeDaemon, users: dict[str, User], redis_server: RedisServer
 ) -> None:
@@ -111,7 +92,7 @@ def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     pool.start("a", "b")
     pool.wait_nodes(2)
     done = submit(pool, munged, alice, "mine")
-    assert done.returncode == 0 and done.stdout.strip() == "mine", done.stderr
+    assert done.returncode == 0 and done.stdout.strip() == "Submitted job mine", done.stderr
     pool.wait_job("mine", "running", world=1)
     marks = pool.directory / "marks" / "mine"
     wait_for(lambda: marks.exists() and marks.read_text().strip() == alice.name, 30, "whoami")

@@ -1,0 +1,120 @@
+"""A job's life in the pool with real agents and a real redis-server: ids made for it, an id
+used again once its job has ended, ended jobs pruned after pool.keep_ended."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.cluster import WORKER, RedisServer, wait_for
+from tests.helpers.pool import PoolCluster, pool_cluster, pool_keys
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def pool(redis_server: RedisServer, tmp_path: Path, job_id: str) -> Iterator[PoolCluster]:
+    with pool_cluster(redis_server.url, tmp_path, pool=job_id) as cluster:
+        yield cluster
+
+
+def job_keys(redis_server: RedisServer, job: str) -> list[str]:
+    client = redis_server.client()
+    try:
+        return sorted(client.scan_iter(match=f"nodeagent:{{{job}}}:*"))
+    finally:
+        client.close()
+
+
+def succeeded(pool: PoolCluster, name: str) -> dict[str, Any]:
+    """Run job `name` on one node until every worker exits 0; its row while it ran."""
+    pool.submit(name, "1")
+    formed = pool.wait_job(name, "running", world=1)
+    (pool.job_records(name) / f"exit-{formed['generation']}").write_text("0")
+    pool.wait_job(name, "succeeded")
+    (pool.job_records(name) / f"exit-{formed['generation']}").unlink()
+    return formed
+
+
+def events(pool: PoolCluster, job: str) -> str:
+    result = pool.ctl("--job", job, "events", "--json")
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_a_submission_without_a_name_gets_an_id_and_parsable_prints_only_it(
+    pool: PoolCluster,
+) -> None:
+    pool.start("a")
+    pool.wait_nodes(1)
+    records = pool.job_records("anon")
+    command = ("--nodes", "1", "--env", f"RECORD_DIR={records}", "--", sys.executable, str(WORKER))
+    said = pool.ctl("submit", *command)
+    assert said.returncode == 0, said.stderr
+    words = said.stdout.split()
+    assert words[:2] == ["Submitted", "job"] and words[2].startswith("job-"), said.stdout
+    first = words[2]
+    pool.wait_job(first, "running", world=1)
+    quiet = pool.ctl("submit", "--parsable", *command)
+    assert quiet.returncode == 0, quiet.stderr
+    second = quiet.stdout.strip()
+    assert second.startswith("job-") and second != first and "\n" not in second
+    assert pool.jobs()[second]["state"] == "pending"
+
+
+def test_an_id_is_used_again_once_its_job_has_ended(
+    pool: PoolCluster, redis_server: RedisServer, job_id: str
+) -> None:
+    name = f"{job_id}-again"[:63]
+    pool.start("a")
+    pool.wait_nodes(1)
+    pool.submit(f"{name}-x", "1")
+    pool.wait_job(f"{name}-x", "running", world=1)
+    before = pool_keys(redis_server, pool.pool)
+    refused = pool.ctl("submit", "--name", f"{name}-x", "--nodes", "1", "--", "true")
+    assert refused.returncode == 2, refused.stderr
+    assert f"job {name}-x exists in pool {pool.pool} and has not ended (running)" in refused.stderr
+    assert pool_keys(redis_server, pool.pool) == before  # nothing changed
+    assert pool.ctl("cancel", f"{name}-x").returncode == 0
+    pool.wait_job(f"{name}-x", "cancelled")
+    first = succeeded(pool, name)
+    wait_for(lambda: "job_succeeded" in events(pool, name), 10, "the job's own end event")
+    pool.submit(name, "1")
+    # The new job forms anew (its own record, not the ended one's) and runs.
+    again = pool.wait_job(name, "running", world=1)
+    starts = [
+        json.loads(line)
+        for line in (pool.job_records(name) / "records.jsonl").read_text().splitlines()
+        if json.loads(line)["event"] == "start"
+    ]
+    assert len(starts) == 2, starts  # one worker per run
+    assert again["restarts"] == 0
+    history = pool_keys(redis_server, pool.pool)["history"]
+    assert sorted(history) == [f"{name}:{first['seq']}"]
+    assert json.loads(history[f"{name}:{first['seq']}"])["status"]["state"] == "succeeded"
+    assert "job_succeeded" not in events(pool, name)  # the ended job's went with its keys
+
+
+def test_ended_jobs_are_pruned_after_keep_ended_with_their_keys(
+    pool: PoolCluster, redis_server: RedisServer, job_id: str
+) -> None:
+    name, reused = f"{job_id}-pruned"[:63], f"{job_id}-reused"[:63]
+    pool.scheduling = {"keep_ended": "4s"}
+    pool.start("a")
+    pool.wait_nodes(1)
+    succeeded(pool, name)
+    assert any(key.endswith(":job") for key in job_keys(redis_server, name))  # its record
+    succeeded(pool, reused)
+    pool.submit(reused, "2")  # again, to wait (one node): the first one goes to the history
+    assert list(pool_keys(redis_server, pool.pool)["history"]) == [f"{reused}:2"]
+    wait_for(lambda: name not in pool.jobs(), 30, f"job {name} pruned (keep_ended 4s)")
+    state = pool_keys(redis_server, pool.pool)
+    assert name not in state["specs"] and name not in state["jobs"]
+    assert not job_keys(redis_server, name)  # its own keys went first
+    wait_for(lambda: not pool_keys(redis_server, pool.pool)["history"], 30, "the history pruned")
+    assert pool.jobs()[reused]["state"] == "pending"  # the job of the reused id stays
