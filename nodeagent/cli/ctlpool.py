@@ -1,31 +1,23 @@
-"""nodeagentctl's pool commands: submit, jobs, nodes, cancel (and the pool side of scale).
+"""nodeagentctl's pool commands: jobs, nodes, cancel, submit (cli/ctlsubmit.py), and the
+pool side of scale and cordons.
 
-Every argument and spec is checked before anything is written: a spec with an unknown key, a
-bad bound, an empty entrypoint or an id with bad characters, a cancel of a job that does not
-exist or has ended, all exit 2 and leave Redis as it was.
+Every argument is checked before anything is written: a cancel of a job that does not exist
+or has ended exits 2 and leaves Redis as it was.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import secrets
-from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from nodeagent.cli import ctlargs, ctlwait
-from nodeagent.config import strictyaml
-from nodeagent.config.settings import RECOVERY_MODES
+from nodeagent.cli import ctlargs, ctlsubmit, ctlwait
 from nodeagent.coord.pool import PoolSnapshot, PoolStore
-from nodeagent.errors import ConfigError, UsageError
+from nodeagent.errors import UsageError
 from nodeagent.model.job import Cordon, JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState
-from nodeagent.model.queues import DEFAULT
-from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.model.spec import JobSpec
 from nodeagent.pool import requests
 from nodeagent.pool.leadership import read_view
 from nodeagent.pool.schedule import PoolView
@@ -34,53 +26,7 @@ COMMANDS = frozenset({"submit", "jobs", "nodes", "cancel"})
 
 
 def add_parsers(commands: Any) -> None:
-    submit = commands.add_parser(
-        "submit",
-        help="submit a job to the pool: a spec file, or torchrun-like flags and -- COMMAND",
-        description="nodeagentctl submit job.yaml | nodeagentctl submit --name llama "
-        "--nodes 2:8 --nproc-per-node 8 -- python train.py --cfg big.yaml",
-    )
-    submit.add_argument("spec", nargs="?", help="a job spec file (YAML)")
-    submit.add_argument(
-        "--name",
-        type=ctlargs.name,
-        help="job id (overrides the spec's id; default: the spec's, else a new one such as "
-        "job-3f9c2a1d); the id of a job that has ended may be used again",
-    )
-    submit.add_argument("--nodes", help="MIN:MAX or N nodes, as torchrun's --nnodes")
-    submit.add_argument("--nproc-per-node", type=int, help="workers per node")
-    submit.add_argument("--env", action="append", default=[], metavar="K=V")
-    submit.add_argument("--workdir", help="the workers' working directory")
-    submit.add_argument("--user", help="the Unix user it runs as (default: you)")
-    submit.add_argument("--queue", help="queue (default: default)")
-    submit.add_argument("--priority", type=int, help="priority (higher first; default 0)")
-    submit.add_argument("--max-restarts", type=int, help="restart budget (default 3)")
-    submit.add_argument(
-        "--preemptible",
-        action="store_true",
-        default=None,
-        help="may be evicted whole (back to pending) for a job of higher priority",
-    )
-    submit.add_argument(
-        "--recovery",
-        choices=RECOVERY_MODES,
-        help="restart every worker on a re-form (default), or keep survivors (in_place)",
-    )
-    submit.add_argument(
-        "--selector",
-        action="append",
-        default=[],
-        metavar="LABEL=VALUE",
-        help="only nodes whose pool.labels have it (repeatable)",
-    )
-    submit.add_argument(
-        "--parsable", action="store_true", help="print only the job id (as sbatch --parsable)"
-    )
-    submit.add_argument("--wait", action="store_true", help="wait until every rank runs")
-    submit.add_argument(
-        "--timeout", type=ctlargs.duration, default="10m", help="how long --wait waits"
-    )
-    submit.set_defaults(argv=[])  # what follows `--` (nodeagentctl's main splits it off)
+    ctlsubmit.add_parser(commands)
     jobs = commands.add_parser("jobs", help="the pool's jobs: state, queue position, world")
     jobs.add_argument("--json", action="store_true")
     jobs.add_argument("--user", help="only the jobs that run as this user")
@@ -93,106 +39,14 @@ def add_parsers(commands: Any) -> None:
     cancel.add_argument("job_id", metavar="JOB", type=ctlargs.name)
 
 
-def new_job_id() -> str:
-    """A job id for a submission that names none: job- and 8 random hex digits."""
-    return f"job-{secrets.token_hex(4)}"
-
-
-def submitted(job_id: str, args: argparse.Namespace) -> None:
-    """What `submit` prints once the job is stored: its id (only that with --parsable)."""
-    print(job_id if args.parsable else f"Submitted job {job_id}", flush=True)
-
-
-def spec_from_args(
-    args: argparse.Namespace, user: str, by: str, new_id: Callable[[], str] = new_job_id
-) -> JobSpec:
-    """The spec `submit` sends, from a file and/or flags (flags override the file); with no
-    --name and no id in the file, its id is `new_id()`.
-
-    Raises:
-        UsageError: naming the file and key, or the flag, that is wrong.
-    """
-    doc: dict[str, Any] = {}
-    where = "submit"
-    if args.spec:
-        where = args.spec
-        try:
-            loaded = strictyaml.load(Path(args.spec).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise UsageError(f"cannot read the job spec {args.spec}: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise UsageError(f"{args.spec}: expected a mapping of spec keys")
-        doc.update(loaded)
-    command = list(args.argv)
-    if command:
-        doc["entrypoint"] = command
-    if args.nodes:
-        low, _, high = args.nodes.partition(":")
-        if not (low.isdigit() and (not high or high.isdigit())):
-            raise UsageError(f"--nodes: expected MIN:MAX or N, such as 2:8, got {args.nodes!r}")
-        doc.update(min_nodes=int(low), max_nodes=int(high or low))
-        doc.pop("target_nodes", None)
-    flags = {
-        "nproc_per_node": args.nproc_per_node,
-        "working_dir": args.workdir,
-        "user": args.user,
-        "queue": args.queue,
-        "priority": args.priority,
-        "max_restarts": args.max_restarts,
-        "recovery": args.recovery,
-        "preemptible": args.preemptible,
-    }
-    doc.update({k: v for k, v in flags.items() if v is not None})
-    for pair in args.selector:
-        name, eq, value = pair.partition("=")
-        if not eq or not name:
-            raise UsageError(f"--selector: expected LABEL=VALUE, got {pair!r}")
-        doc.setdefault("selector", {})[name] = value
-    for pair in args.env:
-        name, eq, value = pair.partition("=")
-        if not eq or not name:
-            raise UsageError(f"--env: expected K=V, got {pair!r}")
-        doc.setdefault("env", {})[name] = value
-    if not args.spec and not command:
-        raise UsageError("give a job spec file, or the command after --")
-    try:
-        job_id = args.name or (None if doc.get("id") is not None else new_id())
-        spec = load_spec(doc, default_user=user, job_id=job_id)
-    except ConfigError as exc:
-        raise UsageError(f"{where}: invalid job spec: {exc}") from None
-    return replace(spec, submitted_by=by)
-
-
 def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
     if args.command == "submit":
-        return _submit(store, args, user, by)
+        return ctlsubmit.run(store, args, user, by)
     if args.command == "jobs":
         return _jobs(store, args)
     if args.command == "nodes":
         return _nodes(store, args.json)
     return _cancel(store, args.job_id, by)
-
-
-def _submit(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
-    spec = spec_from_args(args, user, by)
-    queue = store.queue(spec.queue)
-    if queue is None and spec.queue != DEFAULT:
-        raise UsageError(
-            f"queue {spec.queue} does not exist in pool {store.keys.pool}: "
-            f"`nodeagentctl queue create {spec.queue}` makes it, or submit to another"
-        )
-    ceiling = queue.max_priority if queue is not None else None
-    if ceiling is not None and spec.priority > ceiling:
-        raise UsageError(
-            f"priority {spec.priority} is above queue {spec.queue}'s ceiling of {ceiling}"
-        )
-    created, status = store.submit(spec)
-    if not created:
-        raise UsageError(requests.in_use(spec.id, store.keys.pool, status))
-    submitted(spec.id, args)
-    if not args.wait:
-        return 0
-    return ctlwait.wait_running(store, spec.id, args.timeout)
 
 
 def _cancel(store: PoolStore, job_id: str, by: str) -> int:
@@ -320,7 +174,9 @@ def _jobs(store: PoolStore, args: argparse.Namespace) -> int:
     return 0
 
 
-_STATE_ORDER = {"running": 0, "pending": 1, "succeeded": 2, "failed": 2, "cancelled": 2}
+_STATE_ORDER = {
+    s.value: 0 if s is PoolJobState.RUNNING else 1 if not s.ended else 2 for s in PoolJobState
+}
 
 
 def _job_row(

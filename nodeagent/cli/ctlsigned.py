@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.cli import ctlpool, ctlwait
+from nodeagent.cli import ctlpool, ctlsubmit, ctlwait
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
@@ -35,7 +35,7 @@ def request_of(
     the job of --job or --config, for a job's own commands."""
     command = args.command
     if command == "submit":
-        spec = ctlpool.spec_from_args(args, user, "")
+        spec = ctlsubmit.spec_from_args(args, user, "")
         return Verb.SUBMIT, {"spec": spec.to_dict()}
     if command == "cancel":
         return Verb.CANCEL, {"job": args.job_id}
@@ -77,7 +77,7 @@ def run(
         return _scaled(store, munge, args, body, before)
     if verb is Verb.SUBMIT:
         job_id = str(body["spec"]["id"])
-        ctlpool.submitted(job_id, args)
+        ctlsubmit.submitted(job_id, args)
         return ctlwait.wait_running(store, job_id, args.timeout) if args.wait else 0
     print(reply.message, flush=True)
     if verb is Verb.CORDON and args.command == "drain" and args.wait:

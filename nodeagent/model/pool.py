@@ -30,6 +30,8 @@ class PoolJobState(str, Enum):
     SUCCEEDED  every worker of its last generation exited 0. Its nodes went back to the pool.
     FAILED     restarts exhausted or rendezvous timed out. Its nodes went back to the pool.
     CANCELLED  `nodeagentctl cancel` (or `stop`): its workers got the stop grace to checkpoint.
+    TIMEOUT    it reached its time limit (`submit --time`): it was stopped as a cancel stops a
+               job (its workers got the stop grace), after its `--signal` if it had one.
     """
 
     PENDING = "pending"
@@ -37,10 +39,11 @@ class PoolJobState(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
 
     @property
     def ended(self) -> bool:
-        return self in (PoolJobState.SUCCEEDED, PoolJobState.FAILED, PoolJobState.CANCELLED)
+        return self not in (PoolJobState.PENDING, PoolJobState.RUNNING)
 
 
 _JOB_STATES = tuple(s.value for s in PoolJobState)
@@ -109,6 +112,8 @@ class PoolJob:
     (preemption by shrinking) or gave it free nodes: its resize cooldown counts from them.
     `stale_keys`: submitted under the name of an ended job whose own keys (record, events) may
     still be there: the pool leader clears them before it admits this one.
+    `signalled_ms`, `time_up_ms`: when the pool leader sent the job its time limit's signal,
+    and stopped it at its time limit (it ends as TIMEOUT); both cleared at each admission.
     """
 
     state: PoolJobState
@@ -122,6 +127,8 @@ class PoolJob:
     grown_ms: int | None = None
     evicted: str | None = None  # pending again after an eviction: by whom and why
     stale_keys: bool = False  # a reused name: the earlier job's own keys are cleared first
+    signalled_ms: int | None = None
+    time_up_ms: int | None = None
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -144,12 +151,21 @@ class PoolJob:
             grown_ms=r.opt_integer("grown_ms"),
             evicted=r.opt_text("evicted", 1024),
             stale_keys=r.flag("stale_keys", False),
+            signalled_ms=r.opt_integer("signalled_ms"),
+            time_up_ms=r.opt_integer("time_up_ms"),
         )
 
     def moved(self, state: PoolJobState, now_ms: int, reason: str) -> PoolJob:
         if state is PoolJobState.RUNNING:
             return replace(
-                self, state=state, reason=reason, admitted_ms=now_ms, ended_ms=None, evicted=None
+                self,
+                state=state,
+                reason=reason,
+                admitted_ms=now_ms,
+                ended_ms=None,
+                evicted=None,
+                signalled_ms=None,
+                time_up_ms=None,
             )
         if state.ended:
             return replace(self, state=state, reason=reason, ended_ms=now_ms)

@@ -15,7 +15,8 @@ from types import MappingProxyType
 
 from nodeagent.coord.ended import clear_job, prune
 from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
-from nodeagent.model.job import Cordon, Event, JobRecord
+from nodeagent.coord.store import JobStore
+from nodeagent.model.job import Command, CommandType, Cordon, Event, JobRecord
 from nodeagent.model.pool import PoolJobState, PoolNode
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool import lifecycle
@@ -138,6 +139,8 @@ def _job_view(
         cancel=snap.cancels.get(job_id),
         selector=spec.selector,
         preemptible=spec.preemptible,
+        time_limit_ms=round(spec.time_limit * 1000) if spec.time_limit is not None else None,
+        signal=(spec.signal[0], round(spec.signal[1] * 1000)) if spec.signal else None,
     )
 
 
@@ -158,25 +161,38 @@ def lead(
     """
     snap, view, _ = read_view(store, leader, views, vouch)
     view, fresh = lifecycle.unstale(view)
+    view, timed, due = lifecycle.deadlines(view)
     result = schedule(view, policy)
     before = dict(snap.placements)
     lapsed = snap.lapsed
     _prune(store, leader, snap, policy, pruning or lifecycle.Pruning())
-    if not result.changed(before) and not lapsed and not fresh:
+    if not result.changed(before) and not lapsed and not fresh and not timed:
         return Round(view, None, snap.garbage)
     for job_id in fresh:  # a reused id: the ended job's keys go before the new one is placed
         clear_job(store.client, store.keys.job(job_id))
+    for deadline in due:  # sent before the status says so: at least once
+        _send(store, deadline)
     unplace = tuple(n for n in before if n not in result.placements)
     place = {n: j for n, j in result.placements.items() if before.get(n) != j}
     events = result.events
     if (unplace or place) and not events:  # every placement change wakes the pool's nodes
         moved = sorted({*unplace, *place})
         events = (Event("placements", message=f"nodes {', '.join(moved)} moved"),)
-    write = PoolWrite(unplace, place, {**fresh, **result.jobs}, lapsed, events)
+    write = PoolWrite(unplace, place, {**fresh, **timed, **result.jobs}, lapsed, events)
     for event in result.events:
         log.info("pool: %s", event.message)
     store.commit(leader, write)
     return Round(view, write, snap.garbage)
+
+
+def _send(store: PoolStore, deadline: lifecycle.Deadline) -> None:
+    """A time limit's signal, or its stop, through the job's own command stream."""
+    jobs = JobStore(store.client, store.keys.job(deadline.job))
+    if deadline.signal is None:
+        jobs.send_command(Command(CommandType.STOP, by="its time limit"))
+    else:
+        jobs.send_command(Command(CommandType.SIGNAL, by="its time limit", signal=deadline.signal))
+    log.info("pool: job %s: %s", deadline.job, deadline.reason)
 
 
 def _prune(

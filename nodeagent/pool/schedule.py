@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from nodeagent.config.values import format_duration
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT, Ledger, QueueView
@@ -233,6 +234,11 @@ def _settle(run: _Run, job: JobView) -> None:
             run.move(job, ended, f"its record is {record.value}", "job_ended")
         elif ended is None and state is not PoolJobState.RUNNING:
             run.move(job, PoolJobState.RUNNING, "pinned by its nodes", "job_running")
+        return
+    timed_out = state is PoolJobState.RUNNING and job.status.time_up_ms is not None
+    if timed_out and (record is None or ended is _CANCELLED):  # stopped at its limit, or unformed
+        limit = format_duration((job.time_limit_ms or 0) / 1000)
+        run.move(job, PoolJobState.TIMEOUT, f"time limit of {limit} reached", "job_ended")
         return
     if state is PoolJobState.PENDING and job.cancel is not None:
         run.move(

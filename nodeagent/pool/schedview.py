@@ -45,6 +45,8 @@ class JobView:
     invalid: str | None = None  # its spec cannot be read: it fails
     selector: Mapping[str, str] = field(default_factory=dict)  # labels a node must have
     preemptible: bool = False  # may be evicted whole for a job of higher priority
+    time_limit_ms: int | None = None  # how long it may run once admitted
+    signal: tuple[str, int] | None = None  # (USR1, ms before the time limit)
 
     @property
     def order(self) -> tuple[int, int]:

@@ -96,6 +96,24 @@ BAD_REQUESTS = [
     ("scale-pool-unknown-job", ["scale", "typo", "1"], ["job 'typo' does not exist"]),
     ("cancel-unknown-job", ["cancel", "typo"], ["no job 'typo' in pool default"]),
     ("submit-nothing", ["submit", "--name", "x"], ["give a job spec file, or the command"]),
+    ("submit-time-bare", ["submit", "--time", "90", "--", "true"], ["'90' has no unit", "90m"]),
+    ("submit-time-bad", ["submit", "--time", "5x", "--", "true"], ["argument --time", "'5x'"]),
+    ("submit-time-clock", ["submit", "--time", "1:75", "--", "true"], ["argument --time"]),
+    (
+        "submit-signal-kill",
+        ["submit", "--time", "1h", "--signal", "KILL@10", "--", "true"],
+        ["signal: expected SIGNAL[@TIME] with a signal a worker can catch", "'KILL@10'"],
+    ),
+    (
+        "submit-signal-without-time",
+        ["submit", "--signal", "USR1@10", "--", "true"],
+        ["signal: is sent before the time limit: give a time_limit (--time)"],
+    ),
+    (
+        "submit-signal-after-start",
+        ["submit", "--time", "1m", "--signal", "USR1@2m", "--", "true"],
+        ["120s before the end of a time limit of 60s"],
+    ),
     (
         "submit-min-above-max",
         ["submit", "--name", "x", "--nodes", "3:1", "--", "true"],

@@ -118,3 +118,22 @@ def test_ended_jobs_are_pruned_after_keep_ended_with_their_keys(
     assert not job_keys(redis_server, name)  # its own keys went first
     wait_for(lambda: not pool_keys(redis_server, pool.pool)["history"], 30, "the history pruned")
     assert pool.jobs()[reused]["state"] == "pending"  # the job of the reused id stays
+
+
+def test_a_time_limit_sends_its_signal_then_ends_the_job_as_timeout(
+    pool: PoolCluster, job_id: str
+) -> None:
+    name = f"{job_id}-limited"[:63]
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    pool.submit(name, "2", "--time", "16s", "--signal", "USR1@8s")
+    pool.wait_job(name, "running", world=2)
+    row = pool.wait_job(name, "timeout", timeout=60)
+    assert row["reason"] == "time limit of 16s reached", row
+    lines = (pool.job_records(name) / "records.jsonl").read_text().splitlines()
+    life: dict[int, list[str]] = {}
+    for entry in map(json.loads, lines):
+        life.setdefault(entry["pid"], []).append(entry["event"])
+    assert sorted(life.values()) == [["start", "signal", "stop"]] * 2, life  # warned, then TERM
+    wait_for(lambda: not any(pool.placements().values()), 10, "its nodes back in the pool")
+    assert pool.jobs()[name]["state"] == "timeout"  # not failed, not cancelled

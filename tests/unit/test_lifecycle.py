@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import pytest
 
-from nodeagent.cli.ctlpool import spec_from_args
+from nodeagent.cli.ctlsubmit import spec_from_args
 from nodeagent.model.pool import PoolJob, PoolJobState
-from nodeagent.pool.lifecycle import Pruning, prunable, unstale
-from nodeagent.pool.schedule import JobView, PoolView
+from nodeagent.pool.lifecycle import Pruning, deadlines, prunable, unstale
+from nodeagent.pool.schedule import JobView, PoolView, SchedulePolicy, schedule
+from nodeagent.state import JobState
 
 NOW = 10_000_000
 DAY = 86_400_000
@@ -80,6 +82,8 @@ def submit_args(**given: object) -> argparse.Namespace:
         "preemptible": None,
         "selector": [],
         "env": [],
+        "time": None,
+        "signal": None,
     }
     args.update(given)
     return argparse.Namespace(**args)
@@ -92,3 +96,49 @@ def test_a_submission_without_a_name_gets_a_new_id() -> None:
     assert named.id == "llama"
     generated = {spec_from_args(submit_args(), "alice", "a").id for _ in range(20)}
     assert len(generated) == 20 and all(g.startswith("job-") for g in generated)
+
+
+def limited(ran_ms: int, **status: object) -> JobView:
+    admitted = NOW - ran_ms
+    running = PoolJob(S.RUNNING, seq=1, submitted_ms=0, admitted_ms=admitted, **status)  # type: ignore[arg-type]
+    return JobView("lim", running, 1, 1, 1, time_limit_ms=60_000, signal=("USR1", 10_000))
+
+
+@pytest.mark.parametrize(
+    ("job", "sent"),
+    [
+        (limited(49_999), None),  # before the signal
+        (limited(50_000), ("USR1", "SIGUSR1 sent 10s before its time limit of 1m")),
+        (limited(55_000, signalled_ms=NOW - 5_000), None),  # sent once
+        (limited(60_000, signalled_ms=NOW - 10_000), (None, "time limit of 1m reached")),
+        (limited(61_000), (None, "time limit of 1m reached")),  # late: the stop alone
+        (limited(70_000, time_up_ms=NOW - 10_000), None),  # stopped once
+        (replace(limited(70_000), time_limit_ms=None), None),  # no limit
+        (replace(limited(70_000), signal=None), (None, "time limit of 1m reached")),
+    ],
+)
+def test_a_time_limit_signals_before_and_stops_at_the_limit(
+    job: JobView, sent: tuple[str | None, str] | None
+) -> None:
+    view, statuses, due = deadlines(PoolView(NOW, {}, {"lim": job}, {}))
+    if sent is None:
+        assert (statuses, due) == ({}, ()) and view.jobs["lim"] is job
+        return
+    signal, reason = sent
+    assert [(d.signal, d.reason.split(":")[0]) for d in due] == [(signal, reason)]
+    status = statuses["lim"]
+    assert (status.signalled_ms == NOW) is (signal is not None)
+    assert (status.time_up_ms == NOW) is (signal is None)
+    assert view.jobs["lim"].status == status
+
+
+def test_a_job_stopped_at_its_limit_ends_as_timeout_not_cancelled() -> None:
+    job = replace(limited(61_000, time_up_ms=NOW - 1_000), record_state=JobState.STOPPED)
+    done = schedule(PoolView(NOW, {}, {"lim": job}, {}), SchedulePolicy())
+    assert done.jobs["lim"].state is S.TIMEOUT
+    assert done.jobs["lim"].reason == "time limit of 1m reached"
+    running = replace(job, record_state=JobState.RUNNING)  # still stopping: not yet
+    assert "lim" not in schedule(PoolView(NOW, {}, {"lim": running}, {}), SchedulePolicy()).jobs
+    succeeded = replace(job, record_state=JobState.SUCCEEDED)  # it finished within its grace
+    ended = schedule(PoolView(NOW, {}, {"lim": succeeded}, {}), SchedulePolicy()).jobs["lim"]
+    assert ended.state is S.SUCCEEDED
