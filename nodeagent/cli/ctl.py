@@ -31,7 +31,16 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from nodeagent.cli import ctlargs, ctllogs, ctlpool, ctlqueue, ctlshow, ctlsigned, ctlwait
+from nodeagent.cli import (
+    ctlargs,
+    ctljobverbs,
+    ctllogs,
+    ctlpool,
+    ctlqueue,
+    ctlshow,
+    ctlsigned,
+    ctlwait,
+)
 from nodeagent.cli.status import status_document
 from nodeagent.config import redisurl
 from nodeagent.config.load import read_config, read_settings
@@ -125,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument("--json", action="store_true")
     ctllogs.add_parser(commands)
     ctlpool.add_parsers(commands)
+    ctljobverbs.add_parsers(commands)
     ctlqueue.add_parser(commands)
     return parser
 
@@ -362,6 +372,8 @@ def dispatch(target: Target, args: argparse.Namespace) -> int:
         return signed
     if args.command in ctlpool.COMMANDS:
         return ctlpool.run(target.pool_store, args, getpass.getuser(), _by())
+    if args.command in ctljobverbs.COMMANDS:
+        return ctljobverbs.run(target.pool_store, args, _by())
     if args.command == ctlqueue.COMMAND:
         return ctlqueue.run(target.pool_store, args, _by())
     if args.command in ("cordon", "drain", "uncordon") and target.job is None:

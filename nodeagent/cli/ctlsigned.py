@@ -1,11 +1,11 @@
 """nodeagentctl's pool changes in a pool with pool.auth: munge: signed requests.
 
-submit, cancel, scale, queue create|set|delete, cordon, drain and uncordon (of a pool node, or
-with --job of a node in that job), and a job's stop and restart become a request
-(model/request.py) carrying a MUNGE credential from this host's munged (your uid and gid, bound
-to the request), written to the pool's requests stream. The pool leader checks it, does it if
-you may, and answers; this prints the answer: 0 done, 2 refused (why), 1 no pool leader
-answered in time (the request may still be taken: see `events --pool`).
+submit, cancel, hold, release, requeue, scale, queue create|set|delete, cordon, drain and
+uncordon (of a pool node, or with --job of a node in that job), and a job's stop and restart
+become a request (model/request.py) carrying a MUNGE credential from this host's munged (your
+uid and gid, bound to the request), written to the pool's requests stream. The pool leader
+checks it, does it if you may, and answers; this prints the answer: 0 done, 2 refused (why),
+1 no pool leader answered in time (the request may still be taken: see `events --pool`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ def request_of(
     command = args.command
     if command == "submit":
         spec = ctlsubmit.spec_from_args(args, user, "")
-        return Verb.SUBMIT, {"spec": spec.to_dict()}
+        return Verb.SUBMIT, {"spec": spec.to_dict(), **({"hold": True} if args.hold else {})}
+    if command in ("hold", "release", "requeue"):
+        return Verb(command), {"job": args.job_id}
     if command == "cancel":
         return Verb.CANCEL, {"job": args.job_id}
     if command == "scale" and (len(args.what) == 2 or job is not None):

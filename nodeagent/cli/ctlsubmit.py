@@ -79,6 +79,11 @@ def add_parser(commands: Any) -> None:
         "default TIME 60s), such as USR1@300 or USR1@5m",
     )
     submit.add_argument(
+        "--hold",
+        action="store_true",
+        help="submit it held: it is not admitted until `nodeagentctl release JOB`",
+    )
+    submit.add_argument(
         "--parsable", action="store_true", help="print only the job id (as sbatch --parsable)"
     )
     submit.add_argument("--wait", action="store_true", help="wait until every rank runs")
@@ -173,7 +178,7 @@ def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
         raise UsageError(
             f"priority {spec.priority} is above queue {spec.queue}'s ceiling of {ceiling}"
         )
-    created, status = store.submit(spec)
+    created, status = store.submit(spec, held_by=by if args.hold else "")
     if not created:
         raise UsageError(requests.in_use(spec.id, store.keys.pool, status))
     submitted(spec.id, args)

@@ -56,7 +56,7 @@ return deleted + redis.call('DEL', K.leases, K.leader, K.epoch, K.record, K.rank
 # again since is kept), and the history of ended jobs scored before `cutoff_ms` goes too.
 POOL_PRUNE = Script(
     "POOL_PRUNE",
-    keys=("leader", "specs", "jobs", "cancels", "history", "ended"),
+    keys=("leader", "specs", "jobs", "cancels", "history", "ended", "holds", "requeues"),
     args=("leader_value", "cutoff_ms"),
     returns="the number of jobs pruned, or an error starting with FENCED",
     body=NOW
@@ -74,6 +74,8 @@ for i = REST, #ARGV do
     redis.call('HDEL', K.specs, ARGV[i])
     redis.call('HDEL', K.jobs, ARGV[i])
     redis.call('HDEL', K.cancels, ARGV[i])
+    redis.call('HDEL', K.holds, ARGV[i])
+    redis.call('HDEL', K.requeues, ARGV[i])
     pruned = pruned + 1
   end
 end
@@ -132,6 +134,8 @@ def prune(
             "cancels": keys.cancels,
             "history": keys.history,
             "ended": keys.ended,
+            "holds": keys.holds,
+            "requeues": keys.requeues,
         },
         {"leader_value": leader, "cutoff_ms": cutoff_ms},
         list(jobs),

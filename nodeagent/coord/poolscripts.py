@@ -58,10 +58,10 @@ return {now, leader or false, deadline, placement, garbage}
 # them).
 POOL_READ = Script(
     "POOL_READ",
-    keys=("placements", "jobs", "cancels", "cordons", "leader", "queues"),
+    keys=("placements", "jobs", "cancels", "cordons", "leader", "queues", "holds", "requeues"),
     args=("skip_placements",),
     returns="{now_ms, leader or false, placements (false when not read), jobs, cancels, "
-    "cordons, queues (flat field/value lists), garbage}",
+    "cordons, queues, holds, requeues (flat field/value lists), garbage}",
     body=NOW
     + GARBAGE
     + """
@@ -73,7 +73,8 @@ if type(leader) ~= 'string' then leader = false end
 local placements = false
 if A.skip_placements ~= '1' then placements = all('placements', K.placements) end
 return {now, leader, placements, all('jobs', K.jobs), all('cancels', K.cancels),
-  all('cordons', K.cordons), all('queues', K.queues), garbage}
+  all('cordons', K.cordons), all('queues', K.queues), all('holds', K.holds),
+  all('requeues', K.requeues), garbage}
 """,
 )
 
@@ -130,11 +131,12 @@ return 1
 # Submit a job: store its spec and a pending status. An id in use is refused unless its job has
 # ended (and was submitted, not pinned): then its spec and status move to the history (kept
 # until pool.keep_ended) and the new job is marked `stale_keys`, so the pool leader clears the
-# ended job's own keys before admitting it. `pinned` '1': pinned by nodes' job: sections.
+# ended job's own keys before admitting it. `pinned` '1': pinned by nodes' job: sections;
+# `held_by` (not ''): submitted held (submit --hold), by whom.
 POOL_SUBMIT = Script(
     "POOL_SUBMIT",
-    keys=("specs", "jobs", "seq", "events", "cancels", "history", "ended"),
-    args=("job", "spec", "pinned", "events_maxlen", "event"),
+    keys=("specs", "jobs", "seq", "events", "cancels", "history", "ended", "holds", "requeues"),
+    args=("job", "spec", "pinned", "events_maxlen", "event", "held_by"),
     returns="{1, status JSON} when submitted, {0, status JSON or false} when the id is in use",
     body=NOW
     + ENDED
@@ -152,8 +154,11 @@ if redis.call('HEXISTS', K.specs, A.job) == 1 then
     '{"spec":' .. redis.call('HGET', K.specs, A.job) .. ',"status":' .. raw .. '}')
   redis.call('ZADD', K.ended, tonumber(old.ended_ms) or now, run)
   redis.call('HDEL', K.cancels, A.job)
+  redis.call('HDEL', K.holds, A.job)
+  redis.call('HDEL', K.requeues, A.job)
   stale = 'true'
 end
+if A.held_by ~= '' then redis.call('HSET', K.holds, A.job, A.held_by) end
 local seq = redis.call('INCR', K.seq)
 local pinned = 'false'
 if A.pinned == '1' then pinned = 'true' end

@@ -35,6 +35,9 @@ class Verb(str, Enum):
              (operators only).
     CORDON   args {action: cordon|drain|uncordon, node, reason, job?}: a pool node, or with
              `job` a node inside that job (operators only).
+    HOLD, RELEASE, REQUEUE  args {job}: keep a pending job from admission, let it go, put a
+             running one back in the queue (its owner or an operator; pool/jobverbs.py).
+    SUBMIT's args may hold `hold: true` (submit --hold).
     """
 
     SUBMIT = "submit"
@@ -43,6 +46,9 @@ class Verb(str, Enum):
     COMMAND = "command"
     QUEUE = "queue"
     CORDON = "cordon"
+    HOLD = "hold"
+    RELEASE = "release"
+    REQUEUE = "requeue"
 
 
 @dataclass(frozen=True)

@@ -112,10 +112,9 @@ def _vouched(spec: JobSpec | str, vouch: Vouch) -> JobSpec | str:
 
 def _node_view(name: str, report: PoolNode, cordon: Cordon | None) -> NodeView:
     refused = MappingProxyType(dict(report.refused)) if report.refused else _NONE
-    if cordon is None:
-        return NodeView(name, report.pinned, report.unfit, None, False, refused, report.labels)
+    reason, drain = (cordon.reason, cordon.drain) if cordon is not None else (None, False)
     return NodeView(
-        name, report.pinned, report.unfit, cordon.reason, cordon.drain, refused, report.labels
+        name, report.pinned, report.unfit, reason, drain, refused, report.labels, report.serving
     )
 
 
@@ -123,6 +122,7 @@ def _job_view(
     job_id: str, snap: PoolSnapshot, spec: JobSpec | str, record: JobRecord | None
 ) -> JobView:
     status = snap.jobs[job_id]
+    requeue = snap.requeues.get(job_id)
     if isinstance(spec, str):
         return JobView(job_id, status, 1, 1, 1, invalid=f"its spec cannot be read: {spec}")
     job = spec.job
@@ -141,6 +141,8 @@ def _job_view(
         preemptible=spec.preemptible,
         time_limit_ms=round(spec.time_limit * 1000) if spec.time_limit is not None else None,
         signal=(spec.signal[0], round(spec.signal[1] * 1000)) if spec.signal else None,
+        held=snap.holds.get(job_id),
+        requeue=requeue.by if requeue and requeue.admitted_ms == status.admitted_ms else None,
     )
 
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from nodeagent.coord import holds
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
@@ -34,6 +35,7 @@ from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT, MAX_NODES, QueueView
 from nodeagent.model.request import Caller, Reply, Request, Verb
 from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.pool import jobverbs
 from nodeagent.pool.authority import Authority
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,9 @@ class Requests:
     def _apply(self, caller: Caller, request: Request) -> str:
         args = request.args
         if request.verb is Verb.SUBMIT:
-            return self._submit(caller, args.get("spec"))
+            return self._submit(caller, args.get("spec"), args.get("hold") is True)
+        if request.verb in (Verb.HOLD, Verb.RELEASE, Verb.REQUEUE):
+            return self._job_verb(caller, request.verb.value, _name(args, "job"))
         if request.verb is Verb.CANCEL:
             return self._cancel(caller, _name(args, "job"))
         if request.verb is Verb.SCALE:
@@ -128,7 +132,7 @@ class Requests:
             return self._queue(caller, args)
         return self._cordon(caller, args)
 
-    def _submit(self, caller: Caller, doc: object) -> str:
+    def _submit(self, caller: Caller, doc: object, hold: bool) -> str:
         try:
             spec = load_spec(doc, default_user=caller.name)
         except ConfigError as exc:
@@ -145,7 +149,7 @@ class Requests:
                 f"{queue.max_priority}"
             )
         signed = self._sign(replace(spec, submitted_by=caller.name))
-        created, status = self._store.submit(signed)
+        created, status = self._store.submit(signed, held_by=caller.name if hold else "")
         if not created:
             raise Refused(in_use(spec.id, self._store.keys.pool, status))
         return f"job {spec.id} submitted, runs as {spec.user}"
@@ -189,6 +193,22 @@ class Requests:
         state, _ = self._owned(caller, job_id, "cancel")
         self._store.cancel(job_id, caller.name, running=state is PoolJobState.RUNNING)
         return f"job {job_id}: cancel requested by {caller.name}"
+
+    def _job_verb(self, caller: Caller, verb: str, job_id: str) -> str:
+        """hold, release or requeue (pool/jobverbs.py), by the job's owner or an operator."""
+        self._owned(caller, job_id, verb)
+        status = self._store.status(job_id)
+        held = holds.held_by(self._store, job_id)
+        why = jobverbs.refusal(verb, job_id, status, held) if status is not None else None
+        if why is not None or status is None:
+            raise Refused(why or f"no job {job_id!r} in pool {self._store.keys.pool}")
+        if verb == "hold":
+            holds.hold(self._store, job_id, caller.name)
+        elif verb == "release":
+            holds.release(self._store, job_id, caller.name)
+        else:
+            holds.requeue(self._store, job_id, caller.name, status.admitted_ms or 0)
+        return jobverbs.done(verb, job_id, caller.name)
 
     def _scale(self, caller: Caller, job_id: str, value: str) -> str:
         state, spec = self._owned(caller, job_id, "scale", pinned_ok=True)

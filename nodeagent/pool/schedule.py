@@ -84,6 +84,10 @@ class _Run:
                 lacking = {n.name for n in nodes if not _matches(n.labels, job.selector)}
                 self.refusers.setdefault(job.id, set()).update(lacking)
                 self.unmatched[job.id] = len(lacking)
+        self.serving: dict[str, set[str]] = {}  # job -> the nodes whose agent still runs it
+        for node in nodes:
+            if node.serving is not None:
+                self.serving.setdefault(node.serving, set()).add(node.name)
         self.healthy = {
             n.name for n in nodes if n.pinned is None and n.unfit is None and n.cordoned is None
         }
@@ -247,6 +251,8 @@ def _settle(run: _Run, job: JobView) -> None:
     elif state is PoolJobState.RUNNING and job.cancel is not None and ended in (None, _CANCELLED):
         if record is None or ended is not None:  # stopped, or never formed
             run.move(job, PoolJobState.CANCELLED, f"cancelled by {job.cancel}", "job_ended")
+    elif state is PoolJobState.RUNNING and job.requeue is not None and ended is None:
+        run.move(job, PoolJobState.PENDING, f"requeued by {job.requeue}", "job_requeued")
     elif state is PoolJobState.RUNNING and ended is not None and record is not None:
         run.move(job, ended, f"its record is {record.value}", "job_ended")
 
@@ -330,6 +336,14 @@ def _admit(run: _Run, policy: SchedulePolicy) -> bool:
     )
     reserving: JobView | None = None
     for job in pending:
+        if job.held is not None:
+            run.note(job, f"held by {job.held}: `nodeagentctl release {job.id}` lets it go")
+            continue
+        if reserving is None and run.serving.get(job.id):  # requeued, evicted: it keeps its
+            stopping = ", ".join(sorted(run.serving[job.id])[:3])  # place, nodes wait for it
+            run.note(job, f"waiting for its workers to stop on {stopping}")
+            reserving = job
+            continue
         if reserving is not None:
             run.note(job, f"waiting: nodes are held for {reserving.id}, pending longer")
             continue

@@ -22,6 +22,7 @@ class NodeView:
     drained: bool = False  # ... that also takes it off its job now
     refused: Mapping[str, str] = field(default_factory=dict)  # jobs it cannot run -> why
     labels: Mapping[str, str] = field(default_factory=dict)
+    serving: str | None = None  # the job its agent runs now (its workers may be stopping)
 
     @property
     def eligible(self) -> bool:
@@ -47,6 +48,8 @@ class JobView:
     preemptible: bool = False  # may be evicted whole for a job of higher priority
     time_limit_ms: int | None = None  # how long it may run once admitted
     signal: tuple[str, int] | None = None  # (USR1, ms before the time limit)
+    held: str | None = None  # who holds it (a pending job is not admitted while held)
+    requeue: str | None = None  # who asked to put this run back in the queue
 
     @property
     def order(self) -> tuple[int, int]:

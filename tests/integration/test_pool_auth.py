@@ -160,6 +160,37 @@ def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     assert ("root", "queue", "request_done") in who and ("root", "cordon", "request_done") in who
 
 
+def test_hold_release_requeue_are_signed_and_only_the_owner_s(
+    pool: PoolCluster, munged: MungeDaemon, users: dict[str, User], redis_server: RedisServer
+) -> None:
+    alice, bob = users["alice"], users["bob"]
+    pool.start("a")
+    pool.wait_nodes(1)
+    held = submit(pool, munged, alice, "kept", "--hold")
+    assert held.returncode == 0, held.stderr
+    wait_for(lambda: "held by" in pool.jobs()["kept"]["reason"], 20, "the hold said")
+    assert pool.jobs()["kept"]["reason"].startswith(f"held by {alice.name}")
+    before = pool_keys(redis_server, pool.pool)
+    for verb in ("release", "requeue", "hold"):
+        refused = ctl(pool, munged, bob, verb, "kept")
+        assert refused.returncode == 2, refused
+        assert f"{bob.name} may not {verb} job kept of {alice.name}" in refused.stderr
+    again = ctl(pool, munged, alice, "hold", "kept")
+    assert again.returncode == 2 and "job kept is held already" in again.stderr
+    assert pool_keys(redis_server, pool.pool) == before
+    released = ctl(pool, munged, alice, "release", "kept")
+    assert released.returncode == 0 and f"released by {alice.name}" in released.stdout
+    first = pool.wait_job("kept", "running", world=1)
+    requeued = ctl(pool, munged, None, "requeue", "kept")  # an operator may
+    assert requeued.returncode == 0 and "requeue requested by root" in requeued.stdout
+
+    def rerun() -> bool:
+        row = pool.jobs()["kept"]
+        return bool(row["state"] == "running" and row["generation"] > first["generation"])
+
+    wait_for(rerun, 60, "job kept running again, a new generation")
+
+
 def check_logs(
     pool: PoolCluster, munged: MungeDaemon, users: dict[str, User], redis_server: RedisServer
 ) -> None:

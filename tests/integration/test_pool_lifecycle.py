@@ -137,3 +137,105 @@ def test_a_time_limit_sends_its_signal_then_ends_the_job_as_timeout(
     assert sorted(life.values()) == [["start", "signal", "stop"]] * 2, life  # warned, then TERM
     wait_for(lambda: not any(pool.placements().values()), 10, "its nodes back in the pool")
     assert pool.jobs()[name]["state"] == "timeout"  # not failed, not cancelled
+
+
+def test_hold_keeps_a_pending_job_out_until_release_and_refusals_change_nothing(
+    pool: PoolCluster, redis_server: RedisServer, job_id: str
+) -> None:
+    name, other = f"{job_id}-held"[:63], f"{job_id}-run"[:63]
+    pool.start("a")
+    pool.wait_nodes(1)
+    pool.submit(name, "1", "--hold")
+    wait_for(lambda: "held by" in pool.jobs()[name]["reason"], 15, "the hold said")
+    pool.submit(other, "1")  # behind it, not held back by it
+    pool.wait_job(other, "running", world=1)
+    assert pool.jobs()[name]["state"] == "pending"
+    before = pool_keys(redis_server, pool.pool)
+    refusals = [
+        (("hold", other), f"job {other} is running: hold keeps a pending job"),
+        (("hold", name), f"job {name} is held already"),
+        (("requeue", name), f"job {name} is pending: it is in the queue already"),
+        (("hold", "ghost"), "no job 'ghost' in pool"),
+        (("release", other), f"job {other} is not held"),
+    ]
+    for args, message in refusals:
+        refused = pool.ctl(*args)
+        assert (refused.returncode, refused.stdout) == (2, ""), (args, refused.stderr)
+        assert message in refused.stderr, (args, refused.stderr)
+    assert pool_keys(redis_server, pool.pool) == before  # nothing changed
+    assert pool.ctl("cancel", other).returncode == 0
+    pool.wait_job(other, "cancelled")
+    assert pool.jobs()[name]["state"] == "pending"  # a free node, but held
+    released = pool.ctl("release", name)
+    assert released.returncode == 0 and "released" in released.stdout, released.stderr
+    pool.wait_job(name, "running", world=1)
+
+
+CHECKPOINTING = """
+import json, os, signal, time
+from pathlib import Path
+
+records = Path(os.environ["RECORD_DIR"])
+checkpoint = records / f"step-{os.environ['RANK']}"
+step = int(checkpoint.read_text()) if checkpoint.exists() else 0
+generation = int(os.environ["NODEAGENT_GENERATION"])
+
+def log(**fields):
+    line = json.dumps({"rank": int(os.environ["RANK"]), "gen": generation, **fields})
+    with open(records / "steps.jsonl", "a") as out:
+        out.write(line + "\\n")
+
+stopping = False
+def on_term(signum, frame):
+    global stopping
+    stopping = True
+
+signal.signal(signal.SIGTERM, on_term)
+log(event="resumed", step=step)
+while not stopping:
+    step += 1
+    time.sleep(0.02)
+checkpoint.write_text(str(step))
+log(event="saved", step=step)
+"""
+
+
+def test_requeue_checkpoints_and_runs_the_job_again_in_its_place_under_its_id(
+    pool: PoolCluster, job_id: str
+) -> None:
+    name, behind = f"{job_id}-rq"[:63], f"{job_id}-behind"[:63]
+    script = pool.directory / "checkpointing.py"
+    script.write_text(CHECKPOINTING)
+    records = pool.job_records(name)
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    submitted = pool.ctl(
+        *("submit", "--parsable", "--name", name, "--nodes", "2"),
+        *("--env", f"RECORD_DIR={records}", "--", sys.executable, str(script)),
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    first = pool.wait_job(name, "running", world=2)
+    pool.submit(behind, "2")  # waits behind it for the same two nodes
+
+    def steps() -> list[dict[str, Any]]:
+        path = records / "steps.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    wait_for(lambda: len(steps()) == 2, 30, "both ranks running")
+    requeued = pool.ctl("requeue", name)
+    assert requeued.returncode == 0 and "requeue requested" in requeued.stdout, requeued.stderr
+
+    def rerun() -> dict[str, Any] | None:
+        row = pool.jobs()[name]
+        ran = row["state"] == "running" and row["world_size"] == 2
+        return row if ran and row["generation"] > first["generation"] else None
+
+    again = wait_for(rerun, 60, f"job {name} running again, a new generation")
+    assert again["seq"] == first["seq"]
+    assert pool.jobs()[behind]["state"] == "pending"  # it kept its place ahead
+    wait_for(lambda: len(steps()) == 6, 30, "both ranks resumed")
+    saved = {s["rank"]: s["step"] for s in steps() if s["event"] == "saved"}
+    resumed = {s["rank"]: s["step"] for s in steps()[4:] if s["event"] == "resumed"}
+    assert len(saved) == 2 and resumed == saved and min(saved.values()) > 0, steps()
+    restarts = pool.jobs()[name]["restarts"]
+    assert restarts == 0  # a requeue is not a failure: no restart charged

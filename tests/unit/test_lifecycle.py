@@ -10,7 +10,7 @@ import pytest
 from nodeagent.cli.ctlsubmit import spec_from_args
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.pool.lifecycle import Pruning, deadlines, prunable, unstale
-from nodeagent.pool.schedule import JobView, PoolView, SchedulePolicy, schedule
+from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 from nodeagent.state import JobState
 
 NOW = 10_000_000
@@ -84,6 +84,7 @@ def submit_args(**given: object) -> argparse.Namespace:
         "env": [],
         "time": None,
         "signal": None,
+        "hold": False,
     }
     args.update(given)
     return argparse.Namespace(**args)
@@ -142,3 +143,35 @@ def test_a_job_stopped_at_its_limit_ends_as_timeout_not_cancelled() -> None:
     succeeded = replace(job, record_state=JobState.SUCCEEDED)  # it finished within its grace
     ended = schedule(PoolView(NOW, {}, {"lim": succeeded}, {}), SchedulePolicy()).jobs["lim"]
     assert ended.state is S.SUCCEEDED
+
+
+def test_a_held_job_is_not_admitted_and_holds_back_nothing() -> None:
+    first = JobView("first", PoolJob(S.PENDING, seq=1, submitted_ms=0), 1, 1, 1, held="alice")
+    second = JobView("second", PoolJob(S.PENDING, seq=2, submitted_ms=0), 1, 1, 1)
+    view = PoolView(NOW, {"a": NodeView("a")}, {"first": first, "second": second}, {})
+    done = schedule(view, SchedulePolicy())
+    assert done.placements == {"a": "second"}
+    assert done.jobs["first"].reason == "held by alice: `nodeagentctl release first` lets it go"
+
+
+def test_a_requeued_job_leaves_its_nodes_and_keeps_its_place_while_they_stop() -> None:
+    status = PoolJob(S.RUNNING, seq=1, submitted_ms=0, admitted_ms=NOW - 1)
+    running = JobView(
+        "rq", status, 1, 1, 1, record_state=JobState.RUNNING, members=("a",), requeue="bob"
+    )
+    behind = JobView("behind", PoolJob(S.PENDING, seq=2, submitted_ms=0), 1, 1, 1)
+    nodes = {"a": NodeView("a", serving="rq")}
+    view = PoolView(NOW, nodes, {"rq": running, "behind": behind}, {"a": "rq"})
+    done = schedule(view, SchedulePolicy())
+    assert done.placements == {}  # its node leaves it; nothing behind takes it meanwhile
+    assert done.jobs["rq"].state is S.PENDING and done.jobs["rq"].seq == 1
+    assert done.jobs["rq"].reason == "waiting for its workers to stop on a"
+    assert done.jobs["behind"].reason == "waiting: nodes are held for rq, pending longer"
+    stopped = replace(done.jobs["rq"], reason="")  # its workers stopped: it runs again first
+    again = PoolView(
+        NOW,
+        {"a": NodeView("a")},
+        {"rq": replace(running, status=stopped, requeue=None), "behind": behind},
+        {},
+    )
+    assert schedule(again, SchedulePolicy()).placements == {"a": "rq"}
