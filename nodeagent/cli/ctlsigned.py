@@ -80,7 +80,7 @@ def run(
     if verb is Verb.SUBMIT:
         job_id = str(body["spec"]["id"])
         ctlsubmit.submitted(job_id, args)
-        return ctlwait.wait_running(store, job_id, args.timeout) if args.wait else 0
+        return ctlsubmit.follow(store, job_id, args)
     print(reply.message, flush=True)
     if verb is Verb.CORDON and args.command == "drain" and args.wait:
         job = body.get("job")

@@ -24,6 +24,8 @@ from nodeagent.model.queues import DEFAULT
 from nodeagent.model.spec import JobSpec, load_spec
 from nodeagent.pool import requests
 
+WAIT_RUNNING_S = 600.0  # --wait-running's default --timeout
+
 
 def add_parser(commands: Any) -> None:
     submit = commands.add_parser(
@@ -86,9 +88,23 @@ def add_parser(commands: Any) -> None:
     submit.add_argument(
         "--parsable", action="store_true", help="print only the job id (as sbatch --parsable)"
     )
-    submit.add_argument("--wait", action="store_true", help="wait until every rank runs")
+    waits = submit.add_mutually_exclusive_group()
+    waits.add_argument(
+        "--wait",
+        action="store_true",
+        help="return when the job ends, with its exit code: 0 succeeded, else the failing "
+        "rank's code or 1 (as sbatch --wait)",
+    )
+    waits.add_argument(
+        "--wait-running",
+        action="store_true",
+        help="return once every rank runs (0), or it ends first (0 if it succeeded, else 1)",
+    )
     submit.add_argument(
-        "--timeout", type=ctlargs.duration, default="10m", help="how long --wait waits"
+        "--timeout",
+        type=ctlargs.duration,
+        help="how long --wait (default: no limit) or --wait-running (default 10m) waits; "
+        "then exit 1",
     )
     submit.set_defaults(argv=[])  # what follows `--` (nodeagentctl's main splits it off)
 
@@ -182,6 +198,15 @@ def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
     if not created:
         raise UsageError(requests.in_use(spec.id, store.keys.pool, status))
     submitted(spec.id, args)
-    if not args.wait:
-        return 0
-    return ctlwait.wait_running(store, spec.id, args.timeout)
+    return follow(store, spec.id, args)
+
+
+def follow(store: PoolStore, job_id: str, args: argparse.Namespace) -> int:
+    """What `submit` returns once the job is stored: 0, or with --wait the job's end (its exit
+    code), with --wait-running until every rank runs (argparse takes one of the two)."""
+    if args.wait:
+        return ctlwait.wait_ended(store, job_id, args.timeout)
+    if args.wait_running:
+        timeout = args.timeout if args.timeout is not None else WAIT_RUNNING_S
+        return ctlwait.wait_running(store, job_id, timeout)
+    return 0

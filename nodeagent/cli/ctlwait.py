@@ -1,5 +1,6 @@
-"""What nodeagentctl waits for after a change (--wait): a job running every rank, a job at its
-new size, a node off its job. Each returns (or is) the exit code: 0 reached, 1 timed out."""
+"""What nodeagentctl waits for after a change: a submitted job's end (submit --wait: its exit
+code), a job running every rank (--wait-running), a job at its new size, a node off its job.
+Each returns (or is) the exit code: 0 reached, 1 timed out."""
 
 from __future__ import annotations
 
@@ -11,6 +12,26 @@ from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.model.pool import PoolJobState
 from nodeagent.state import JobState, NodeState
+
+POLL_S = 0.5  # how often --wait looks at a job that may run for days
+
+
+def wait_ended(store: PoolStore, job_id: str, timeout: float | None) -> int:
+    """Until the job ends, as `sbatch --wait`: 0 if it succeeded, else its exit code (its
+    failing rank's) or 1; 1 if `timeout` (None: none) passes first, said."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while deadline is None or time.monotonic() < deadline:
+        status = store.status(job_id)
+        if status is None:
+            print(f"job {job_id} is gone from the pool (pruned?)", file=sys.stderr)
+            return 1
+        if status.state.ended:
+            code = 0 if status.state is PoolJobState.SUCCEEDED else (status.exit_code or 1)
+            print(f"job {job_id} {status.state.value}: {status.reason} (exit code {code})")
+            return code
+        time.sleep(POLL_S)
+    print(f"timed out after {timeout:g}s: job {job_id} has not ended", file=sys.stderr)
+    return 1
 
 
 def wait_running(store: PoolStore, job_id: str, timeout: float) -> int:

@@ -281,6 +281,17 @@ class JobRecord:
         running = self.state is JobState.RUNNING
         return len(self.members) * self.nproc_per_node if running else 0
 
+    @property
+    def exit_code(self) -> int:
+        """What the job ended with, as torchrun exits: 0 when it succeeded; the failing rank's
+        exit code (1-255), or 1 (a signal, a hang, a rendezvous timeout, a stop)."""
+        if self.state is JobState.SUCCEEDED:
+            return 0
+        failure = self.pending_failure
+        if failure is not None and failure.kind == "exit_code" and failure.exit_code:
+            return failure.exit_code if 0 < failure.exit_code < 256 else 1
+        return 1
+
     def group_rank(self, node: str) -> int | None:
         return self.members.index(node) if node in self.members else None
 

@@ -129,6 +129,7 @@ class PoolJob:
     stale_keys: bool = False  # a reused name: the earlier job's own keys are cleared first
     signalled_ms: int | None = None
     time_up_ms: int | None = None
+    exit_code: int | None = None  # once ended: its record's (JobRecord.exit_code), if it formed
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -153,6 +154,7 @@ class PoolJob:
             stale_keys=r.flag("stale_keys", False),
             signalled_ms=r.opt_integer("signalled_ms"),
             time_up_ms=r.opt_integer("time_up_ms"),
+            exit_code=r.opt_integer("exit_code", high=255),
         )
 
     def moved(self, state: PoolJobState, now_ms: int, reason: str) -> PoolJob:
@@ -168,5 +170,5 @@ class PoolJob:
                 time_up_ms=None,
             )
         if state.ended:
-            return replace(self, state=state, reason=reason, ended_ms=now_ms)
+            return replace(self, state=state, reason=reason, ended_ms=now_ms, exit_code=None)
         return replace(self, state=state, reason=reason)

@@ -143,6 +143,7 @@ def _job_view(
         signal=(spec.signal[0], round(spec.signal[1] * 1000)) if spec.signal else None,
         held=snap.holds.get(job_id),
         requeue=requeue.by if requeue and requeue.admitted_ms == status.admitted_ms else None,
+        exit_code=record.exit_code if record is not None and record.state.terminal else None,
     )
 
 

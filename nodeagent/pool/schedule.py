@@ -106,7 +106,8 @@ class _Run:
         event: str,
         data: Mapping[str, object] | None = None,
     ) -> None:
-        self.jobs[job.id] = self.status(job).moved(state, self.view.now_ms, reason)
+        moved = self.status(job).moved(state, self.view.now_ms, reason)
+        self.jobs[job.id] = replace(moved, exit_code=job.exit_code) if state.ended else moved
         message = f"job {job.id}: {reason}"
         self.events.append(Event(event, message=message, data=dict(data or {"job": job.id})))
 

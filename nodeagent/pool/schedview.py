@@ -50,6 +50,7 @@ class JobView:
     signal: tuple[str, int] | None = None  # (USR1, ms before the time limit)
     held: str | None = None  # who holds it (a pending job is not admitted while held)
     requeue: str | None = None  # who asked to put this run back in the queue
+    exit_code: int | None = None  # its record's, once the record has ended
 
     @property
     def order(self) -> tuple[int, int]:

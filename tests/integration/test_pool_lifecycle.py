@@ -4,8 +4,10 @@ used again once its job has ended, ended jobs pruned after pool.keep_ended."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +241,40 @@ def test_requeue_checkpoints_and_runs_the_job_again_in_its_place_under_its_id(
     assert len(saved) == 2 and resumed == saved and min(saved.values()) > 0, steps()
     restarts = pool.jobs()[name]["restarts"]
     assert restarts == 0  # a requeue is not a failure: no restart charged
+
+
+def test_submit_wait_returns_with_the_job_s_exit_code_and_wait_running_once_it_runs(
+    pool: PoolCluster, job_id: str
+) -> None:
+    pool.start("a")
+    pool.wait_nodes(1)
+
+    def submit(name: str, *more: str) -> subprocess.CompletedProcess[str]:
+        records = pool.job_records(name)
+        return pool.ctl(
+            *("submit", "--name", name, "--nodes", "1", "--max-restarts", "0", *more),
+            *("--env", f"RECORD_DIR={records}", "--", sys.executable, str(WORKER)),
+        )
+
+    ok, failing = f"{job_id}-ok"[:63], f"{job_id}-three"[:63]
+    (pool.job_records(ok) / "exit-1").write_text("0")
+    done = submit(ok, "--wait")
+    assert done.returncode == 0, done.stderr
+    assert f"job {ok} succeeded" in done.stdout and "(exit code 0)" in done.stdout
+    (pool.job_records(failing) / "exit-1").write_text("3")
+    failed = submit(failing, "--wait")
+    assert failed.returncode == 3, (failed.stdout, failed.stderr)  # its rank's exit code
+    assert f"job {failing} failed" in failed.stdout
+    runs, big = f"{job_id}-runs"[:63], f"{job_id}-big"[:63]
+    running = submit(runs, "--wait-running")
+    assert running.returncode == 0 and "runs: 1 ranks on 1 nodes" in running.stdout, running
+    with ThreadPoolExecutor(1) as waiter:
+        cancelled = waiter.submit(submit, big, "--wait")  # pending: the node is taken
+        wait_for(lambda: big in pool.jobs(), 20, f"job {big} submitted")
+        assert pool.ctl("cancel", big).returncode == 0
+        result = cancelled.result(timeout=50)
+    assert result.returncode == 1 and f"job {big} cancelled" in result.stdout, result
+    timed = submit(f"{job_id}-late"[:63], "--wait", "--timeout", "2s")
+    assert timed.returncode == 1 and "has not ended" in timed.stderr, timed
+    both = submit(f"{job_id}-both"[:63], "--wait", "--wait-running")
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
