@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 from nodeagent.cli import (
     ctlargs,
+    ctlhistory,
     ctljobverbs,
     ctllogs,
     ctlpool,
@@ -135,6 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     ctllogs.add_parser(commands)
     ctlpool.add_parsers(commands)
     ctljobverbs.add_parsers(commands)
+    ctlhistory.add_parsers(commands)
     ctlqueue.add_parser(commands)
     return parser
 
@@ -374,6 +376,8 @@ def dispatch(target: Target, args: argparse.Namespace) -> int:
         return ctlpool.run(target.pool_store, args, getpass.getuser(), _by())
     if args.command in ctljobverbs.COMMANDS:
         return ctljobverbs.run(target.pool_store, args, _by())
+    if args.command in ctlhistory.COMMANDS:
+        return ctlhistory.run(target.pool_store, args)
     if args.command == ctlqueue.COMMAND:
         return ctlqueue.run(target.pool_store, args, _by())
     if args.command in ("cordon", "drain", "uncordon") and target.job is None:

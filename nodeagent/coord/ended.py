@@ -9,6 +9,7 @@ removes their status, spec and history, and (the pool leader, first) their own k
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,9 @@ from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.fragments import ENDED, NOW, POOL_FENCE
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.lua import Call, Script
+from nodeagent.errors import CorruptStateError
+from nodeagent.model.pool import PoolJob
+from nodeagent.model.spec import JobSpec
 
 # Delete every key of one job: its nodes' reports (the nodes its leases name), its leases,
 # leader, record, ranks, streams, cordons and change set. Only for a job that has ended.
@@ -143,3 +147,27 @@ def prune(
     with redis_errors("prune ended jobs"):
         pruned: Any = POOL_PRUNE.bind(client)(call)
     return int(pruned)
+
+
+def archived(client: redis.Redis, keys: PoolKeys) -> list[tuple[str, JobSpec | None, PoolJob]]:
+    """The ended jobs whose id was submitted again (kept until pool.keep_ended): their id, spec
+    (None: unreadable) and status, oldest first. What nodeagent did not write is left out.
+
+    Raises:
+        CoordinationError: Redis could not be read.
+    """
+    with redis_errors("read the pool's history"):
+        found: Any = client.hgetall(keys.history)
+    runs = []
+    for run, raw in found.items():
+        try:
+            doc = json.loads(raw)
+            status = PoolJob.from_json(json.dumps(doc["status"]))
+        except (ValueError, KeyError, TypeError, CorruptStateError):
+            continue
+        try:
+            spec: JobSpec | None = JobSpec.from_json(json.dumps(doc.get("spec")))
+        except CorruptStateError:
+            spec = None
+        runs.append((str(run).rpartition(":")[0], spec, status))
+    return sorted(runs, key=lambda found: found[2].seq)

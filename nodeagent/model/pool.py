@@ -130,6 +130,11 @@ class PoolJob:
     signalled_ms: int | None = None
     time_up_ms: int | None = None
     exit_code: int | None = None  # once ended: its record's (JobRecord.exit_code), if it formed
+    # Accounting (pool/schedule.py, _account): node-milliseconds held so far, counted up to
+    # `accounted_ms` (the last change of its node count), and the most nodes it held at once.
+    node_ms: int = 0
+    accounted_ms: int | None = None
+    peak_nodes: int = 0
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -155,6 +160,9 @@ class PoolJob:
             signalled_ms=r.opt_integer("signalled_ms"),
             time_up_ms=r.opt_integer("time_up_ms"),
             exit_code=r.opt_integer("exit_code", high=255),
+            node_ms=r.integer("node_ms", 0),
+            accounted_ms=r.opt_integer("accounted_ms"),
+            peak_nodes=r.integer("peak_nodes", 0, high=1_000_000),
         )
 
     def moved(self, state: PoolJobState, now_ms: int, reason: str) -> PoolJob:

@@ -223,7 +223,29 @@ def schedule(view: PoolView, policy: SchedulePolicy) -> Schedule:
     reserved = _admit(run, policy)
     if not reserved:
         _grow(run, policy)
+    _account(run)
     return Schedule(run.placements, run.jobs, tuple(run.events))
+
+
+def _account(run: _Run) -> None:
+    """Node-time held by each job: at every change of its node count (admission, growth,
+    shrinking, a lost node, its end) the nodes it held until now are added to its node_ms."""
+    before: dict[str, int] = {}
+    for job_id in run.view.placements.values():
+        before[job_id] = before.get(job_id, 0) + 1
+    now = run.view.now_ms
+    for job in run.view.jobs.values():
+        held, holds = before.get(job.id, 0), len(run.by_job.get(job.id, ()))
+        status = run.status(job)
+        if held == holds:
+            continue
+        since = status.accounted_ms if status.accounted_ms is not None else now
+        run.jobs[job.id] = replace(
+            status,
+            node_ms=status.node_ms + held * max(0, now - since),
+            accounted_ms=now,
+            peak_nodes=max(status.peak_nodes, holds),
+        )
 
 
 def _settle(run: _Run, job: JobView) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +279,62 @@ def test_submit_wait_returns_with_the_job_s_exit_code_and_wait_running_once_it_r
     assert timed.returncode == 1 and "has not ended" in timed.stderr, timed
     both = submit(f"{job_id}-both"[:63], "--wait", "--wait-running")
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
+def test_show_and_history_account_for_a_job_s_runs(pool: PoolCluster, job_id: str) -> None:
+    name, failing = f"{job_id}-acct"[:63], f"{job_id}-fails"[:63]
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    pool.submit(name, "2", "--time", "1h", "--priority", "3")
+    first = pool.wait_job(name, "running", world=2)
+    (pool.job_records(name) / f"exit-{first['generation']}").write_text("1")  # a failure
+
+    def second() -> dict[str, Any] | None:
+        row = pool.jobs()[name]
+        return (
+            row if row["state"] == "running" and row["generation"] > first["generation"] else None
+        )
+
+    again = wait_for(second, 60, "a second generation")
+    shown = json.loads(pool.ctl("show", name, "--json").stdout)
+    assert shown["version"] == 1 and shown["state"] == "running"
+    assert (shown["priority"], shown["time_limit"], shown["queue"]) == (3, "1h", "default")
+    assert shown["command"] == [sys.executable, str(WORKER)]
+    assert sorted(shown["placed"]) == ["a", "b"] and shown["exit_code"] is None
+    assert shown["restarts_by_cause"] == {"worker_failed": 1}
+    assert [g["generation"] for g in shown["generations"]] == [1, again["generation"]]
+    assert all(sorted(g["nodes"]) == ["a", "b"] for g in shown["generations"])
+    for key in ("submitted", "started"):
+        assert datetime.fromisoformat(shown[key]).tzinfo is not None  # RFC 3339
+    (pool.job_records(name) / f"exit-{again['generation']}").write_text("0")
+    pool.wait_job(name, "succeeded")
+    pool.submit(failing, "1", "--max-restarts", "0")
+    ran = pool.wait_job(failing, "running", world=1)
+    (pool.job_records(failing) / f"exit-{ran['generation']}").write_text("4")
+    pool.wait_job(failing, "failed")
+    text = pool.ctl("show", name)
+    assert text.returncode == 0 and "exit code:" in text.stdout and "GENERATION" in text.stdout
+
+    def history(*more: str) -> list[dict[str, Any]]:
+        result = pool.ctl("history", "--json", *more)
+        assert result.returncode == 0, result.stderr
+        doc = json.loads(result.stdout)
+        assert doc["version"] == 1
+        return list(doc["jobs"])
+
+    rows = {r["job"]: r for r in history()}
+    assert (rows[name]["exit_code"], rows[failing]["exit_code"]) == (0, 4)
+    assert rows[name]["nodes"] == 2 and rows[name]["node_hours"] > 0
+    assert rows[name]["elapsed_s"] > 0 and rows[name]["user"] == shown["user"]
+    assert [r["job"] for r in history("--state", "failed")] == [failing]
+    assert history("--user", "nobody-at-all") == []
+    assert {r["job"] for r in history("--since", "1h")} == {name, failing}
+    assert history("--since", "2999-01-01T00:00:00Z") == []
+    table = pool.ctl("history").stdout.splitlines()
+    assert table[0].split()[:3] == ["JOB", "USER", "STATE"] and len(table) == 3
+    for bad, message in (
+        (("show", "ghost"), "no job 'ghost'"),
+        (("history", "--since", "x"), "--since"),
+    ):
+        refused = pool.ctl(*bad)
+        assert refused.returncode == 2 and message in refused.stderr, refused

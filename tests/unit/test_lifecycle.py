@@ -175,3 +175,19 @@ def test_a_requeued_job_leaves_its_nodes_and_keeps_its_place_while_they_stop() -
         {},
     )
     assert schedule(again, SchedulePolicy()).placements == {"a": "rq"}
+
+
+def test_node_time_is_counted_at_every_change_of_a_job_s_node_count() -> None:
+    hour = 3_600_000
+    status = PoolJob(
+        S.RUNNING, seq=1, submitted_ms=0, admitted_ms=NOW - hour, accounted_ms=NOW - hour
+    )
+    status = replace(status, peak_nodes=2)
+    job = JobView("acc", status, 1, 2, 2, record_state=JobState.SUCCEEDED, members=("a", "b"))
+    nodes = {"a": NodeView("a"), "b": NodeView("b")}
+    ended = schedule(PoolView(NOW, nodes, {"acc": job}, {"a": "acc", "b": "acc"}), SchedulePolicy())
+    done = ended.jobs["acc"]
+    assert (done.state, done.node_ms, done.accounted_ms) == (S.SUCCEEDED, 2 * hour, NOW)
+    fresh = JobView("new", PoolJob(S.PENDING, seq=2, submitted_ms=0), 2, 2, 2)
+    admitted = schedule(PoolView(NOW, nodes, {"new": fresh}, {}), SchedulePolicy()).jobs["new"]
+    assert (admitted.node_ms, admitted.accounted_ms, admitted.peak_nodes) == (0, NOW, 2)
