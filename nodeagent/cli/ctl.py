@@ -56,6 +56,7 @@ from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import ConfigError, CoordinationError, UsageError
 from nodeagent.model.job import Command, CommandType, Cordon
+from nodeagent.pool import jobverbs
 from nodeagent.supervisor.munge import DEFAULT_SOCKET, MungeProgram
 
 EX_UNAVAILABLE = 69
@@ -88,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status", help="show the job and its nodes")
+    _job_argument(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     scale = commands.add_parser(
         "scale", help="change a job's target number of nodes: scale [JOB] N, +N or -N"
@@ -103,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     _timeout(scale)
     scale.add_argument("--rollback", action="store_true", help="on timeout restore the old target")
     events = commands.add_parser("events", help="show the job's event log")
+    _job_argument(events)
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
     events.add_argument(
@@ -114,8 +117,16 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the pool's events (who submitted, cancelled, drained what) instead of a job's",
     )
-    commands.add_parser("restart", help="force a new generation (also restarts a finished job)")
-    commands.add_parser("stop", help="stop the job's workers everywhere")
+    restart = commands.add_parser(
+        "restart", help="force a new generation (also restarts a finished job)"
+    )
+    _job_argument(restart)
+    stop = commands.add_parser(
+        "stop",
+        help="stop a pinned job's workers everywhere (`restart` resumes); a pool job: cancel "
+        "or requeue",
+    )
+    _job_argument(stop)
     cordon = commands.add_parser("cordon", help="keep a node out of the next generations")
     cordon.add_argument("node", type=ctlargs.name)
     cordon.add_argument("--reason", default="cordoned by an operator")
@@ -139,6 +150,26 @@ def _parser() -> argparse.ArgumentParser:
     ctlhistory.add_parsers(commands)
     ctlqueue.add_parser(commands)
     return parser
+
+
+def _job_argument(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "job_pos", nargs="?", metavar="JOB", type=ctlargs.name, help="the job (or --job JOB)"
+    )
+
+
+def _one_job(args: argparse.Namespace) -> None:
+    """The job given as JOB (positional) or --job: the same one if both.
+
+    Raises:
+        UsageError: two different jobs.
+    """
+    given = getattr(args, "job_pos", None)
+    if given is None:
+        return
+    if args.job is not None and args.job != given:
+        raise UsageError(f"two jobs given: --job {args.job} and {given}; give one")
+    args.job = given
 
 
 def _timeout(command: argparse.ArgumentParser) -> None:
@@ -401,11 +432,24 @@ def dispatch(target: Target, args: argparse.Namespace) -> int:
             handled = ctlpool.pool_scale_check(target.pool_store, args.what[0], args.value)
             if handled is not None:
                 return handled
+    if args.command == "stop":
+        _not_a_pool_job(target)
     if args.command in WRITES:
         return _write(target.store, target.config, args)
     if args.command == "status":
         return _status(target, args.json)
     return _read(target.store, target.config, args)
+
+
+def _not_a_pool_job(target: Target) -> None:
+    """`stop` stops a pinned job until `restart`; a submitted job ends or requeues instead.
+
+    Raises:
+        UsageError: the job was submitted to the pool.
+    """
+    status = target.pool_store.status(target.job) if target.job else None
+    if status is not None and not status.pinned:
+        raise UsageError(jobverbs.stop_refusal(target.job or ""))
 
 
 def _status(target: Target, as_json: bool) -> int:
@@ -464,6 +508,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         if args.command == "logs" and args.logs_job is None:  # this node's files: no Redis
             return ctllogs.run(read_config(args.config) if args.config else None, args)
+        _one_job(args)
         target = _target(args, os.environ if environ is None else environ)
         return dispatch(target, args)
     except ConfigError as exc:

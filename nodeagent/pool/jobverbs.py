@@ -48,3 +48,13 @@ def done(verb: str, job_id: str, by: str) -> str:
         f"job {job_id}: requeue requested by {by}: its workers get the stop grace, then it "
         "waits in its place in the queue"
     )
+
+
+def stop_refusal(job_id: str) -> str:
+    """Why `stop` of a submitted job is refused: what `stop` means for a pinned job (its
+    workers stop until `restart`) would end a pool job; these verbs say what is meant."""
+    return (
+        f"job {job_id} was submitted to the pool: `nodeagentctl cancel {job_id}` ends it, "
+        f"`nodeagentctl requeue {job_id}` stops it and puts it back in the queue (stop is for "
+        "a job pinned by its nodes' job: sections, until `restart`)"
+    )

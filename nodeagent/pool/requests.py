@@ -239,7 +239,9 @@ class Requests:
     def _command(self, caller: Caller, job_id: str, kind: str) -> str:
         if kind not in (CommandType.STOP.value, CommandType.RESTART.value):
             raise Refused(f"command: expected stop or restart, got {kind[:32]!r}")
-        state, _ = self._owned(caller, job_id, kind, pinned_ok=True)
+        state, spec = self._owned(caller, job_id, kind, pinned_ok=True)
+        if kind == CommandType.STOP.value and spec is not None:  # submitted, not pinned
+            raise Refused(jobverbs.stop_refusal(job_id))
         if state is PoolJobState.PENDING:
             raise Refused(f"job {job_id} is pending: `cancel` ends it, nothing runs to {kind}")
         jobs = JobStore(self._store.client, self._store.keys.job(job_id))

@@ -128,11 +128,21 @@ class PoolCluster:
         return {row["name"]: row["job"] for row in json.loads(result.stdout) if row["alive"]}
 
     def wait_job(
-        self, job: str, state: str, world: int | None = None, timeout: float = 30
+        self,
+        job: str,
+        state: str,
+        world: int | None = None,
+        timeout: float = 30,
+        after: int | None = None,
     ) -> dict[str, Any]:
+        """Until `job` is in `state` (with `world` ranks; in a generation after `after`: it
+        restarted, was requeued); its row."""
+
         def probe() -> dict[str, Any] | None:
             row = self.jobs().get(job)
             if row is None or row["state"] != state:
+                return None
+            if after is not None and (row["generation"] or 0) <= after:
                 return None
             return row if world is None or row["world_size"] == world else None
 

@@ -139,6 +139,8 @@ BAD_REQUESTS = [
     ("events-last-abc", ["events", "--last", "abc"], ["--last", "whole number >= 0"]),
     ("events-last-fraction", ["events", "--last", "2.5"], ["--last", "whole number >= 0"]),
     ("stop-unknown-job", ["--job", "typo", "stop"], ["job 'typo' does not exist", "--job"]),
+    ("stop-unknown-job-positional", ["stop", "typo"], ["two jobs given", "typo"]),
+    ("restart-two-jobs", ["restart", "other"], ["two jobs given: --job", "other; give one"]),
     ("restart-unknown-job", ["--job", "typo", "restart"], ["job 'typo' does not exist"]),
     ("scale-unknown-job", ["--job", "typo", "scale", "1"], ["job 'typo' does not exist"]),
     ("cordon-unknown-job", ["--job", "typo", "cordon", "a"], ["job 'typo' does not exist"]),

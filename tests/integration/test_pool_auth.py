@@ -181,14 +181,11 @@ def test_hold_release_requeue_are_signed_and_only_the_owner_s(
     released = ctl(pool, munged, alice, "release", "kept")
     assert released.returncode == 0 and f"released by {alice.name}" in released.stdout
     first = pool.wait_job("kept", "running", world=1)
+    stop = ctl(pool, munged, alice, "stop", "kept")  # a pool job: cancel or requeue it
+    assert stop.returncode == 2 and "`nodeagentctl cancel kept` ends it" in stop.stderr, stop
     requeued = ctl(pool, munged, None, "requeue", "kept")  # an operator may
     assert requeued.returncode == 0 and "requeue requested by root" in requeued.stdout
-
-    def rerun() -> bool:
-        row = pool.jobs()["kept"]
-        return bool(row["state"] == "running" and row["generation"] > first["generation"])
-
-    wait_for(rerun, 60, "job kept running again, a new generation")
+    pool.wait_job("kept", "running", timeout=60, after=first["generation"])
 
 
 def check_logs(

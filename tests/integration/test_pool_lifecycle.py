@@ -227,13 +227,7 @@ def test_requeue_checkpoints_and_runs_the_job_again_in_its_place_under_its_id(
     wait_for(lambda: len(steps()) == 2, 30, "both ranks running")
     requeued = pool.ctl("requeue", name)
     assert requeued.returncode == 0 and "requeue requested" in requeued.stdout, requeued.stderr
-
-    def rerun() -> dict[str, Any] | None:
-        row = pool.jobs()[name]
-        ran = row["state"] == "running" and row["world_size"] == 2
-        return row if ran and row["generation"] > first["generation"] else None
-
-    again = wait_for(rerun, 60, f"job {name} running again, a new generation")
+    again = pool.wait_job(name, "running", world=2, timeout=60, after=first["generation"])
     assert again["seq"] == first["seq"]
     assert pool.jobs()[behind]["state"] == "pending"  # it kept its place ahead
     wait_for(lambda: len(steps()) == 6, 30, "both ranks resumed")
@@ -288,14 +282,7 @@ def test_show_and_history_account_for_a_job_s_runs(pool: PoolCluster, job_id: st
     pool.submit(name, "2", "--time", "1h", "--priority", "3")
     first = pool.wait_job(name, "running", world=2)
     (pool.job_records(name) / f"exit-{first['generation']}").write_text("1")  # a failure
-
-    def second() -> dict[str, Any] | None:
-        row = pool.jobs()[name]
-        return (
-            row if row["state"] == "running" and row["generation"] > first["generation"] else None
-        )
-
-    again = wait_for(second, 60, "a second generation")
+    again = pool.wait_job(name, "running", timeout=60, after=first["generation"])
     shown = json.loads(pool.ctl("show", name, "--json").stdout)
     assert shown["version"] == 1 and shown["state"] == "running"
     assert (shown["priority"], shown["time_limit"], shown["queue"]) == (3, "1h", "default")
@@ -338,3 +325,29 @@ def test_show_and_history_account_for_a_job_s_runs(pool: PoolCluster, job_id: st
     ):
         refused = pool.ctl(*bad)
         assert refused.returncode == 2 and message in refused.stderr, refused
+
+
+def test_every_verb_on_a_job_takes_it_as_an_argument_and_stop_names_the_pool_s_verbs(
+    pool: PoolCluster, redis_server: RedisServer, job_id: str
+) -> None:
+    name = f"{job_id}-pos"[:63]
+    pool.start("a")
+    pool.wait_nodes(1)
+    pool.submit(name, "1")
+    first = pool.wait_job(name, "running", world=1)
+    status = pool.ctl("status", name, "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["job"] == name, status.stderr
+    assert json.loads(status.stdout)["pool"]["state"] == "running"
+    events = pool.ctl("events", name, "--json")
+    assert events.returncode == 0 and "generation_started" in events.stdout
+    same = pool.ctl("--job", name, "events", name)  # both, the same job: fine
+    assert same.returncode == 0, same.stderr
+    before = pool_keys(redis_server, pool.pool)
+    stop = pool.ctl("stop", name)
+    assert stop.returncode == 2, stop
+    assert f"`nodeagentctl cancel {name}` ends it" in stop.stderr
+    assert f"`nodeagentctl requeue {name}`" in stop.stderr
+    assert pool_keys(redis_server, pool.pool) == before
+    restart = pool.ctl("restart", name)
+    assert restart.returncode == 0, restart.stderr
+    pool.wait_job(name, "running", timeout=60, after=first["generation"])
