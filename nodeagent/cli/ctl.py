@@ -7,13 +7,16 @@ count, name or Redis URL all exit 2 and change nothing.
 
 Exit codes:
   0   done (also `uncordon` of a node that was not cordoned: nothing to do)
-  1   a --wait timed out
+  1   a --wait timed out (submit --wait: the job's own exit code once it has ended)
   2   a request that can never succeed as given: bad arguments, an unknown node or job, a
       target outside [min_nodes, max_nodes], an unreadable --redis-password-file
   69  (EX_UNAVAILABLE) Redis unreachable, or it answered with an error (e.g. WRONGTYPE: a key of
       the job holds something nodeagent did not write)
   78  (EX_CONFIG) the --config file is invalid, or Redis refused the credentials or (ACL) the
       command: a fix in configuration, not a retry, helps
+  130 interrupted (Ctrl-C), as shells report SIGINT
+
+Redis: --redis URL, else --config's redis.url, else the environment variable NODEAGENT_REDIS_URL.
 
 The password: `--redis-password-file PATH` (its first line), else the one in the URL, else the
 environment variable NODEAGENT_REDIS_PASSWORD (a file and a URL password together are an
@@ -31,6 +34,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from nodeagent import __version__
 from nodeagent.cli import (
     ctlargs,
     ctlhistory,
@@ -61,14 +65,20 @@ from nodeagent.supervisor.munge import DEFAULT_SOCKET, MungeProgram
 
 EX_UNAVAILABLE = 69
 EX_USAGE = 2
+EX_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
+URL_ENV = "NODEAGENT_REDIS_URL"
 WRITES = frozenset({"scale", "restart", "stop", "cordon", "drain", "uncordon"})
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nodeagentctl", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"nodeagentctl {__version__}")
     where = parser.add_argument_group("which job (either --config, or --redis and --job)")
     where.add_argument("--config", help="an agent's config file")
-    where.add_argument("--redis", help="Redis URL, e.g. redis://10.0.0.2:6379/0")
+    where.add_argument(
+        "--redis",
+        help=f"Redis URL, e.g. redis://10.0.0.2:6379/0 (default: --config's, else ${URL_ENV})",
+    )
     where.add_argument(
         "--redis-password-file",
         metavar="PATH",
@@ -226,17 +236,20 @@ def _target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
         ConfigError: the --config file, or its redis.url, is invalid.
     """
     config = read_settings(args.config) if args.config else None
-    url = args.redis or (config.redis.url if config else None)
+    url = args.redis or (config.redis.url if config else None) or environ.get(URL_ENV) or None
     if url == EMBEDDED and config is not None and config.job is not None:
         url = embedded_url(config.job.id)
     job = args.job or (config.job.id if config and config.job else None)
     if args.redis is not None and not args.redis:
         raise UsageError("--redis: empty; give a URL such as redis://10.0.0.2:6379/0")
     if not url:
-        raise UsageError("give --config PATH, or --redis URL (and --job ID for a job's commands)")
+        raise UsageError(
+            f"give --config PATH, or --redis URL (or set {URL_ENV}), and the job for a job's "
+            "commands"
+        )
     problem = redisurl.problem(url)
-    if problem and args.redis:
-        raise UsageError(f"--redis: {problem}")
+    if problem and (args.redis or not config):
+        raise UsageError(f"{'--redis' if args.redis else URL_ENV}: {problem}")
     if problem:
         raise ConfigError("redis.url", f"{problem} (in {args.config})")
     password = _password(args, url, environ)
@@ -248,7 +261,7 @@ def _target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
     try:
         client = connect(url, timeout_s=5.0, client_name="nodeagentctl")
     except (ValueError, ConfigError) as exc:
-        origin = "--redis" if args.redis else f"redis.url in {args.config}"
+        origin = "--redis" if args.redis else f"redis.url in {args.config}" if config else URL_ENV
         raise UsageError(f"{origin}: {redisurl.redact(url)}: {exc}") from None
     return Target(client, config, prefix, pool, job, password_given)
 
@@ -520,7 +533,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except CoordinationError as exc:
         return _redis_failure(exc, target)
     except KeyboardInterrupt:
-        return 0
+        return EX_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -41,10 +41,20 @@ def add_parser(commands: Any) -> None:
         help="job id (overrides the spec's id; default: the spec's, else a new one such as "
         "job-3f9c2a1d); the id of a job that has ended may be used again",
     )
-    submit.add_argument("--nodes", help="MIN:MAX or N nodes, as torchrun's --nnodes")
+    submit.add_argument(
+        "--nodes",
+        "--nnodes",
+        dest="nodes",
+        help="MIN:MAX (or MIN-MAX) or N nodes, as torchrun's --nnodes",
+    )
     submit.add_argument("--nproc-per-node", type=int, help="workers per node")
     submit.add_argument("--env", action="append", default=[], metavar="K=V")
-    submit.add_argument("--workdir", help="the workers' working directory")
+    submit.add_argument(
+        "--workdir",
+        "--working-dir",
+        dest="workdir",
+        help="the workers' working directory (the spec's working_dir)",
+    )
     submit.add_argument("--user", help="the Unix user it runs as (default: you)")
     submit.add_argument("--queue", help="queue (default: default)")
     submit.add_argument("--priority", type=int, help="priority (higher first; default 0)")
@@ -143,9 +153,11 @@ def spec_from_args(
     if command:
         doc["entrypoint"] = command
     if args.nodes:
-        low, _, high = args.nodes.partition(":")
+        low, _, high = args.nodes.replace("-", ":", 1).partition(":")
         if not (low.isdigit() and (not high or high.isdigit())):
-            raise UsageError(f"--nodes: expected MIN:MAX or N, such as 2:8, got {args.nodes!r}")
+            raise UsageError(
+                f"--nodes: expected MIN:MAX, MIN-MAX or N, such as 2:8, got {args.nodes!r}"
+            )
         doc.update(min_nodes=int(low), max_nodes=int(high or low))
         doc.pop("target_nodes", None)
     flags = {

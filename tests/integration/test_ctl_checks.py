@@ -4,6 +4,9 @@ names it, and Redis is left exactly as it was. Against a real redis-server and r
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from tests.helpers.fingerprint import fingerprint
 pytestmark = pytest.mark.xdist_group("ctl-checks")
 DB = 11  # this module's own database of the session's redis-server: every key in it is ours
 EX_USAGE = 2
+URL_ENV = "NODEAGENT_REDIS_URL"
 
 
 @pytest.fixture(scope="module")
@@ -332,6 +336,29 @@ def test_a_bad_spec_file_exits_2_naming_the_key_and_writes_nothing(
     for fragment in fragments:
         assert fragment in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+    assert fingerprint(db) == before
+
+
+def test_the_url_from_the_environment_version_and_ctrl_c(
+    cluster: LocalCluster, db_url: str, db: redis.Redis
+) -> None:
+    status = ctl("--job", cluster.job, "status", "--json", env={URL_ENV: db_url})
+    assert status.returncode == 0 and json.loads(status.stdout)["job"] == cluster.job, status
+    before = fingerprint(db)
+    bad = ctl("--job", cluster.job, "stop", env={URL_ENV: "redis://127.0.0.1:6379/abc"})
+    assert bad.returncode == EX_USAGE and URL_ENV in bad.stderr, bad
+    version = ctl("--version")
+    assert version.returncode == 0 and version.stdout.split()[0] == "nodeagentctl"
+    where = ("--redis", db_url, "--job", cluster.job)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "nodeagent.cli.ctl", *where, "events", "--follow"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert follow.stdout is not None and follow.stdout.readline()  # it printed, and follows
+    follow.send_signal(signal.SIGINT)
+    assert follow.wait(20) == 130  # interrupted, as shells report it
+    follow.stdout.close()
     assert fingerprint(db) == before
 
 

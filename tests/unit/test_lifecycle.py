@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from nodeagent.cli.ctl import _parser as ctl_parser
 from nodeagent.cli.ctlsubmit import spec_from_args
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.pool.lifecycle import Pruning, deadlines, prunable, unstale
@@ -191,3 +192,15 @@ def test_node_time_is_counted_at_every_change_of_a_job_s_node_count() -> None:
     fresh = JobView("new", PoolJob(S.PENDING, seq=2, submitted_ms=0), 2, 2, 2)
     admitted = schedule(PoolView(NOW, nodes, {"new": fresh}, {}), SchedulePolicy()).jobs["new"]
     assert (admitted.node_ms, admitted.accounted_ms, admitted.peak_nodes) == (0, NOW, 2)
+
+
+def test_submit_takes_torchrun_s_and_slurm_s_spellings_too() -> None:
+    args = ctl_parser().parse_args(
+        ["submit", "--nnodes", "2-4", "--working-dir", "/shared/w", "--parsable"]
+    )
+    args.argv = ["python", "train.py"]
+    spec = spec_from_args(args, "alice", "a", new_id=lambda: "job-00000001")
+    assert (spec.job.min_nodes, spec.job.max_nodes, spec.job.working_dir) == (2, 4, "/shared/w")
+    plain = ctl_parser().parse_args(["submit", "--nodes", "3"])
+    plain.argv = ["x"]
+    assert spec_from_args(plain, "a", "a").job.max_nodes == 3
