@@ -8,8 +8,10 @@ count, name or Redis URL all exit 2 and change nothing.
 Exit codes:
   0   done (also `uncordon` of a node that was not cordoned: nothing to do)
   1   a --wait timed out (submit --wait: the job's own exit code once it has ended)
-  2   a request that can never succeed as given: bad arguments, an unknown node or job, a
-      target outside [min_nodes, max_nodes], an unreadable --redis-password-file
+  2   a request that can never succeed as given: bad arguments, a job in a state that does
+      not take the verb, a target outside [min_nodes, max_nodes], an unreadable
+      --redis-password-file
+  3   the job or node named does not exist (in this pool, job or key prefix)
   69  (EX_UNAVAILABLE) Redis unreachable, or it answered with an error (e.g. WRONGTYPE: a key of
       the job holds something nodeagent did not write)
   78  (EX_CONFIG) the --config file is invalid, or Redis refused the credentials or (ACL) the
@@ -58,13 +60,14 @@ from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore, Snapshot
-from nodeagent.errors import ConfigError, CoordinationError, UsageError
+from nodeagent.errors import ConfigError, CoordinationError, NotFoundError, UsageError
 from nodeagent.model.job import Command, CommandType, Cordon
 from nodeagent.pool import jobverbs
 from nodeagent.supervisor.munge import DEFAULT_SOCKET, MungeProgram
 
 EX_UNAVAILABLE = 69
 EX_USAGE = 2
+EX_NOT_FOUND = 3  # the job or node named does not exist
 EX_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 URL_ENV = "NODEAGENT_REDIS_URL"
 WRITES = frozenset({"scale", "restart", "stop", "cordon", "drain", "uncordon"})
@@ -273,7 +276,7 @@ def _by() -> str:
 def _require_job(store: JobStore, snapshot: Snapshot) -> None:
     """A job exists when it has a record (readable or not) or a node holds a lease."""
     if snapshot.record is None and snapshot.record_error is None and not snapshot.leases:
-        raise UsageError(
+        raise NotFoundError(
             f"job {store.keys.job!r} does not exist under key prefix {store.keys.prefix!r}: it "
             "has not formed yet (no job record) and no node holds a lease; check --job, "
             "--key-prefix and --redis, or start its agents first"
@@ -290,7 +293,7 @@ def _require_node(store: JobStore, snapshot: Snapshot, name: str, more: set[str]
             known.add(record.pending_failure.node)
     if name not in known:
         listed = ", ".join(sorted(known)) or "none"
-        raise UsageError(
+        raise NotFoundError(
             f"node {name!r} is not in job {store.keys.job}: it holds no lease and the job "
             f"record does not name it (known nodes: {listed})"
         )
@@ -373,7 +376,7 @@ def _read(store: JobStore, config: NodeSettings | None, args: argparse.Namespace
         raise UsageError("give --node NAME, or --config of the node")
     nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
     if name not in nodes:
-        raise UsageError(f"node {name} is not in job {store.keys.job} (no live lease)")
+        raise NotFoundError(f"node {name} is not in job {store.keys.job} (no live lease)")
     ctlshow.print_health(name, nodes[name], args.json)
     return 0
 
@@ -527,6 +530,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except ConfigError as exc:
         print(f"nodeagentctl: invalid configuration: {exc}", file=sys.stderr)
         return EX_CONFIG
+    except NotFoundError as exc:
+        print(f"nodeagentctl: {exc}", file=sys.stderr)
+        return EX_NOT_FOUND
     except UsageError as exc:
         print(f"nodeagentctl: {exc}", file=sys.stderr)
         return EX_USAGE

@@ -19,7 +19,7 @@ from nodeagent.coord import eventlog, holds
 from nodeagent.coord.ended import archived
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
-from nodeagent.errors import ConfigError, CorruptStateError, UsageError
+from nodeagent.errors import ConfigError, CorruptStateError, NotFoundError, UsageError
 from nodeagent.job.history import generations, restarts_by_cause
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolJobState
@@ -111,7 +111,7 @@ def _show(store: PoolStore, job_id: str, as_json: bool) -> int:
     snap = store.read()
     status = snap.jobs.get(job_id)
     if status is None:
-        raise UsageError(f"no job {job_id!r} in pool {store.keys.pool} (see nodeagentctl jobs)")
+        raise NotFoundError(f"no job {job_id!r} in pool {store.keys.pool} (see nodeagentctl jobs)")
     spec = store.spec(job_id)
     run = _Run(job_id, spec if isinstance(spec, JobSpec) else None, status)
     doc = run.row(snap.now_ms, len(snap.placements_of(job_id)))

@@ -11,7 +11,7 @@ from typing import Any
 from nodeagent.cli import ctlargs
 from nodeagent.coord import holds
 from nodeagent.coord.pool import PoolStore
-from nodeagent.errors import UsageError
+from nodeagent.errors import NotFoundError, UsageError
 from nodeagent.pool import jobverbs
 
 COMMANDS = frozenset(jobverbs.VERBS)
@@ -34,7 +34,7 @@ def run(store: PoolStore, args: argparse.Namespace, by: str) -> int:
     verb, job_id = args.command, args.job_id
     status = store.status(job_id)
     if status is None:
-        raise UsageError(f"no job {job_id!r} in pool {store.keys.pool} (see nodeagentctl jobs)")
+        raise NotFoundError(f"no job {job_id!r} in pool {store.keys.pool} (see nodeagentctl jobs)")
     held = holds.held_by(store, job_id)
     why = jobverbs.refusal(verb, job_id, status, held)
     if why is not None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from nodeagent.cli import ctlargs, ctlsubmit, ctlwait
 from nodeagent.coord.pool import PoolSnapshot, PoolStore
-from nodeagent.errors import UsageError
+from nodeagent.errors import NotFoundError, UsageError
 from nodeagent.model.job import Cordon, JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.spec import JobSpec
@@ -52,7 +52,7 @@ def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
 def _cancel(store: PoolStore, job_id: str, by: str) -> int:
     status = store.status(job_id)
     if status is None:
-        raise UsageError(f"no job {job_id!r} in pool {store.keys.pool} (see nodeagentctl jobs)")
+        raise NotFoundError(f"no job {job_id!r} in pool {store.keys.pool} (see nodeagentctl jobs)")
     if status.state.ended:
         raise UsageError(f"job {job_id} has ended already ({status.state.value})")
     if status.pinned:
@@ -76,7 +76,7 @@ def pool_cordon(store: PoolStore, args: argparse.Namespace, by: str) -> int:
     name = args.node
     if name not in snap.deadlines and name not in snap.placements and name not in snap.cordons:
         known = ", ".join(sorted(snap.deadlines)) or "none"
-        raise UsageError(f"node {name!r} is not in pool {store.keys.pool} (its nodes: {known})")
+        raise NotFoundError(f"node {name!r} is not in pool {store.keys.pool} (its nodes: {known})")
     if args.command == "uncordon":
         lifted = store.uncordon(name, by)
         print(f"node {name}: " + ("uncordoned" if lifted else "was not cordoned"))

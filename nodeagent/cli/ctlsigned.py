@@ -5,7 +5,8 @@ uncordon (of a pool node, or with --job of a node in that job), and a job's stop
 become a request (model/request.py) carrying a MUNGE credential from this host's munged (your
 uid and gid, bound to the request), written to the pool's requests stream. The pool leader
 checks it, does it if you may, and answers; this prints the answer: 0 done, 2 refused (why),
-1 no pool leader answered in time (the request may still be taken: see `events --pool`).
+3 no such job or node, 1 no pool leader answered in time (the request may still be taken: see
+`events --pool`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from nodeagent.cli import ctlpool, ctlsubmit, ctlwait
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
-from nodeagent.errors import ConfigError, UsageError
+from nodeagent.errors import ConfigError, NotFoundError, UsageError
 from nodeagent.model.credential import Munge, MungeUnavailable
 from nodeagent.model.request import Reply, Request, Verb
 
@@ -73,7 +74,7 @@ def run(
     if reply is None:
         return 1
     if not reply.ok:
-        raise UsageError(reply.message)
+        raise (NotFoundError if reply.missing else UsageError)(reply.message)
     if verb is Verb.SCALE and args.wait:
         print(reply.message, flush=True)
         return _scaled(store, munge, args, body, before)

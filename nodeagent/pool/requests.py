@@ -45,6 +45,10 @@ class Refused(Exception):
     """A request the caller may not make, or one that cannot be done: the reply says why."""
 
 
+class Missing(Refused):
+    """Refused: the job or node it names does not exist (nodeagentctl exits 3)."""
+
+
 class Requests:
     """The pool leader's side of the requests stream, one batch per round."""
 
@@ -100,7 +104,7 @@ class Requests:
         try:
             message = self._apply(caller, request)
         except Refused as exc:
-            return Reply(False, f"refused: {exc}", caller.name), data
+            return Reply(False, f"refused: {exc}", caller.name, isinstance(exc, Missing)), data
         return Reply(True, message, caller.name), data
 
     def _decode(self, request: Request) -> tuple[Decoded | None, Decoded | str]:
@@ -170,7 +174,7 @@ class Requests:
         it."""
         status = self._store.status(job_id)
         if status is None:
-            raise Refused(f"no job {job_id!r} in pool {self._store.keys.pool}")
+            raise Missing(f"no job {job_id!r} in pool {self._store.keys.pool}")
         if status.state.ended:
             raise Refused(f"job {job_id} has ended already ({status.state.value})")
         if status.pinned:
@@ -199,9 +203,11 @@ class Requests:
         self._owned(caller, job_id, verb)
         status = self._store.status(job_id)
         held = holds.held_by(self._store, job_id)
-        why = jobverbs.refusal(verb, job_id, status, held) if status is not None else None
-        if why is not None or status is None:
-            raise Refused(why or f"no job {job_id!r} in pool {self._store.keys.pool}")
+        if status is None:
+            raise Missing(f"no job {job_id!r} in pool {self._store.keys.pool}")
+        why = jobverbs.refusal(verb, job_id, status, held)
+        if why is not None:
+            raise Refused(why)
         if verb == "hold":
             holds.hold(self._store, job_id, caller.name)
         elif verb == "release":
@@ -290,7 +296,7 @@ class Requests:
         if args.get("job") is not None:
             return self._job_cordon(caller, _name(args, "job"), action, node, args)
         if not self._store.knows_node(node):
-            raise Refused(f"node {node!r} is not in pool {self._store.keys.pool}")
+            raise Missing(f"node {node!r} is not in pool {self._store.keys.pool}")
         if action == "uncordon":
             lifted = self._store.uncordon(node, caller.name)
             return f"node {node}: " + ("uncordoned" if lifted else "was not cordoned")
@@ -311,7 +317,7 @@ class Requests:
         if snapshot.record is not None:
             known |= set(snapshot.record.members)
         if node not in known:
-            raise Refused(f"node {node!r} is not in job {job_id}")
+            raise Missing(f"node {node!r} is not in job {job_id}")
         if action == "uncordon":
             lifted = node in cordoned and jobs.uncordon(node, caller.name)
             return f"node {node}: " + ("uncordoned" if lifted else "was not cordoned")

@@ -25,6 +25,7 @@ from tests.helpers.fingerprint import fingerprint
 pytestmark = pytest.mark.xdist_group("ctl-checks")
 DB = 11  # this module's own database of the session's redis-server: every key in it is ours
 EX_USAGE = 2
+EX_NOT_FOUND = 3
 URL_ENV = "NODEAGENT_REDIS_URL"
 
 
@@ -195,15 +196,37 @@ BAD_URLS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("args", "fragments"), [c[1:] for c in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS]
+# The requests of BAD_REQUESTS that name a job or node that does not exist: exit 3, not 2
+NOT_FOUND = frozenset(
+    {
+        "drain-unknown-wait",
+        "drain-unknown",
+        "cordon-unknown",
+        "uncordon-unknown",
+        "health-unknown",
+        "scale-pool-unknown-job",
+        "cancel-unknown-job",
+        "stop-unknown-job",
+        "restart-unknown-job",
+        "scale-unknown-job",
+        "cordon-unknown-job",
+        "drain-unknown-job",
+        "uncordon-unknown-job",
+        "stop-other-prefix",
+    }
 )
-def test_a_bad_request_exits_2_and_writes_nothing(
-    cluster: LocalCluster, db: redis.Redis, args: list[str], fragments: list[str]
+
+
+@pytest.mark.parametrize(
+    ("case", "args", "fragments"), BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS]
+)
+def test_a_bad_request_exits_2_or_3_and_writes_nothing(
+    cluster: LocalCluster, db: redis.Redis, case: str, args: list[str], fragments: list[str]
 ) -> None:
     before = fingerprint(db)
     result = ctl(*where(cluster), *args)
-    assert (result.returncode, result.stdout) == (EX_USAGE, ""), result.stderr
+    code = EX_NOT_FOUND if case in NOT_FOUND else EX_USAGE
+    assert (result.returncode, result.stdout) == (code, ""), result.stderr
     for fragment in fragments:
         assert fragment in result.stderr
     assert "Traceback" not in result.stderr
@@ -303,7 +326,7 @@ def test_a_key_of_the_wrong_type_is_not_called_unreachable(db_url: str, db: redi
         assert "cannot reach Redis" not in result.stderr and "Traceback" not in result.stderr
         if command == ["status"] and result.returncode == 0:
             continue  # a store that reads around the garbage may show the status
-        assert result.returncode in (EX_USAGE, 69), result.stderr
+        assert result.returncode in (EX_USAGE, EX_NOT_FOUND, 69), result.stderr
         if result.returncode == 69:
             assert "Redis answered with an error" in result.stderr
             assert "WRONGTYPE" in result.stderr

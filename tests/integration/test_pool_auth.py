@@ -175,6 +175,8 @@ def test_hold_release_requeue_are_signed_and_only_the_owner_s(
         refused = ctl(pool, munged, bob, verb, "kept")
         assert refused.returncode == 2, refused
         assert f"{bob.name} may not {verb} job kept of {alice.name}" in refused.stderr
+    ghost = ctl(pool, munged, alice, "hold", "ghost")
+    assert ghost.returncode == 3 and "no job 'ghost'" in ghost.stderr, ghost  # no such job
     again = ctl(pool, munged, alice, "hold", "kept")
     assert again.returncode == 2 and "job kept is held already" in again.stderr
     assert pool_keys(redis_server, pool.pool) == before
