@@ -471,7 +471,7 @@ def _not_a_pool_job(target: Target) -> None:
 def _status(target: Target, as_json: bool) -> int:
     """The job's own status, and its place in the pool (why it waits, was shrunk, evicted)."""
     store = target.store
-    doc = status_document(store.snapshot(), store.keys.job)
+    doc = {"version": ctlshow.JSON_VERSION, **status_document(store.snapshot(), store.keys.job)}
     pooled = target.pool_store.status(store.keys.job)
     doc["pool"] = (
         {"pool": target.pool, "state": pooled.state.value, "reason": pooled.reason}

@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nodeagent.cli import ctlargs
+from nodeagent.cli.ctlshow import JSON_VERSION as VERSION
+from nodeagent.cli.ctlshow import rfc3339
 from nodeagent.config.values import format_duration, parse_duration
 from nodeagent.coord import eventlog, holds
 from nodeagent.coord.ended import archived
@@ -26,7 +28,6 @@ from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.spec import JobSpec
 
 COMMANDS = frozenset({"show", "history"})
-VERSION = 1
 EVENTS_READ = 10_000  # a job's whole event stream (it is capped at that)
 
 
@@ -54,13 +55,6 @@ def run(store: PoolStore, args: argparse.Namespace) -> int:
     if args.command == "show":
         return _show(store, args.job_id, args.json)
     return _history(store, args)
-
-
-def rfc3339(ms: int | None) -> str | None:
-    """A Redis server time (ms) as RFC 3339, UTC, to the second."""
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)

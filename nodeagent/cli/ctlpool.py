@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from nodeagent.cli import ctlargs, ctlsubmit, ctlwait
+from nodeagent.cli.ctlshow import rfc3339
 from nodeagent.coord.pool import PoolSnapshot, PoolStore
 from nodeagent.errors import NotFoundError, UsageError
 from nodeagent.model.job import Cordon, JobRecord
@@ -201,6 +202,9 @@ def _job_row(
         "target_nodes": jobview.target_nodes if jobview else None,
         "restarts": record.restart_count if record else None,
         "age_s": (snap.now_ms - status.submitted_ms) / 1000,
+        "submitted": rfc3339(status.submitted_ms),
+        "started": rfc3339(status.admitted_ms),
+        "ended": rfc3339(status.ended_ms),
         "reason": status.reason,
         "pinned": status.pinned,
     }

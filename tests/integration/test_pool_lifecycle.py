@@ -338,8 +338,13 @@ def test_every_verb_on_a_job_takes_it_as_an_argument_and_stop_names_the_pool_s_v
     status = pool.ctl("status", name, "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["job"] == name, status.stderr
     assert json.loads(status.stdout)["pool"]["state"] == "running"
+    assert json.loads(status.stdout)["version"] == 1
     events = pool.ctl("events", name, "--json")
     assert events.returncode == 0 and "generation_started" in events.stdout
+    for line in events.stdout.splitlines():  # each with its time in RFC 3339
+        assert datetime.fromisoformat(json.loads(line)["at"]).tzinfo is not None
+    row = pool.jobs()[name]
+    assert datetime.fromisoformat(row["started"]) >= datetime.fromisoformat(row["submitted"])
     same = pool.ctl("--job", name, "events", name)  # both, the same job: fine
     assert same.returncode == 0, same.stderr
     before = pool_keys(redis_server, pool.pool)
