@@ -20,6 +20,10 @@ class UsageError(NodeagentError):
     """A command-line request that can never succeed as given (e.g. scale outside bounds)."""
 
 
+class NotFoundError(UsageError):
+    """A job or node named on the command line does not exist (nodeagentctl exits 3)."""
+
+
 class CoordinationError(NodeagentError):
     """Redis could not be reached or answered unexpectedly; retrying later may succeed."""
 

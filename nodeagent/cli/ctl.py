@@ -7,13 +7,18 @@ count, name or Redis URL all exit 2 and change nothing.
 
 Exit codes:
   0   done (also `uncordon` of a node that was not cordoned: nothing to do)
-  1   a --wait timed out
-  2   a request that can never succeed as given: bad arguments, an unknown node or job, a
-      target outside [min_nodes, max_nodes], an unreadable --redis-password-file
+  1   a --wait timed out (submit --wait: the job's own exit code once it has ended)
+  2   a request that can never succeed as given: bad arguments, a job in a state that does
+      not take the verb, a target outside [min_nodes, max_nodes], an unreadable
+      --redis-password-file
+  3   the job or node named does not exist (in this pool, job or key prefix)
   69  (EX_UNAVAILABLE) Redis unreachable, or it answered with an error (e.g. WRONGTYPE: a key of
       the job holds something nodeagent did not write)
   78  (EX_CONFIG) the --config file is invalid, or Redis refused the credentials or (ACL) the
       command: a fix in configuration, not a retry, helps
+  130 interrupted (Ctrl-C), as shells report SIGINT
+
+Redis: --redis URL, else --config's redis.url, else the environment variable NODEAGENT_REDIS_URL.
 
 The password: `--redis-password-file PATH` (its first line), else the one in the URL, else the
 environment variable NODEAGENT_REDIS_PASSWORD (a file and a URL password together are an
@@ -31,7 +36,18 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from nodeagent.cli import ctlargs, ctllogs, ctlpool, ctlqueue, ctlshow, ctlsigned, ctlwait
+from nodeagent import __version__
+from nodeagent.cli import (
+    ctlargs,
+    ctlhistory,
+    ctljobverbs,
+    ctllogs,
+    ctlpool,
+    ctlqueue,
+    ctlshow,
+    ctlsigned,
+    ctlwait,
+)
 from nodeagent.cli.status import status_document
 from nodeagent.config import redisurl
 from nodeagent.config.load import read_config, read_settings
@@ -44,20 +60,28 @@ from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore, Snapshot
-from nodeagent.errors import ConfigError, CoordinationError, UsageError
+from nodeagent.errors import ConfigError, CoordinationError, NotFoundError, UsageError
 from nodeagent.model.job import Command, CommandType, Cordon
+from nodeagent.pool import jobverbs
 from nodeagent.supervisor.munge import DEFAULT_SOCKET, MungeProgram
 
 EX_UNAVAILABLE = 69
 EX_USAGE = 2
+EX_NOT_FOUND = 3  # the job or node named does not exist
+EX_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
+URL_ENV = "NODEAGENT_REDIS_URL"
 WRITES = frozenset({"scale", "restart", "stop", "cordon", "drain", "uncordon"})
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nodeagentctl", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"nodeagentctl {__version__}")
     where = parser.add_argument_group("which job (either --config, or --redis and --job)")
     where.add_argument("--config", help="an agent's config file")
-    where.add_argument("--redis", help="Redis URL, e.g. redis://10.0.0.2:6379/0")
+    where.add_argument(
+        "--redis",
+        help=f"Redis URL, e.g. redis://10.0.0.2:6379/0 (default: --config's, else ${URL_ENV})",
+    )
     where.add_argument(
         "--redis-password-file",
         metavar="PATH",
@@ -78,6 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status", help="show the job and its nodes")
+    _job_argument(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     scale = commands.add_parser(
         "scale", help="change a job's target number of nodes: scale [JOB] N, +N or -N"
@@ -93,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     _timeout(scale)
     scale.add_argument("--rollback", action="store_true", help="on timeout restore the old target")
     events = commands.add_parser("events", help="show the job's event log")
+    _job_argument(events)
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
     events.add_argument(
@@ -104,8 +130,16 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the pool's events (who submitted, cancelled, drained what) instead of a job's",
     )
-    commands.add_parser("restart", help="force a new generation (also restarts a finished job)")
-    commands.add_parser("stop", help="stop the job's workers everywhere")
+    restart = commands.add_parser(
+        "restart", help="force a new generation (also restarts a finished job)"
+    )
+    _job_argument(restart)
+    stop = commands.add_parser(
+        "stop",
+        help="stop a pinned job's workers everywhere (`restart` resumes); a pool job: cancel "
+        "or requeue",
+    )
+    _job_argument(stop)
     cordon = commands.add_parser("cordon", help="keep a node out of the next generations")
     cordon.add_argument("node", type=ctlargs.name)
     cordon.add_argument("--reason", default="cordoned by an operator")
@@ -125,8 +159,30 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument("--json", action="store_true")
     ctllogs.add_parser(commands)
     ctlpool.add_parsers(commands)
+    ctljobverbs.add_parsers(commands)
+    ctlhistory.add_parsers(commands)
     ctlqueue.add_parser(commands)
     return parser
+
+
+def _job_argument(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "job_pos", nargs="?", metavar="JOB", type=ctlargs.name, help="the job (or --job JOB)"
+    )
+
+
+def _one_job(args: argparse.Namespace) -> None:
+    """The job given as JOB (positional) or --job: the same one if both.
+
+    Raises:
+        UsageError: two different jobs.
+    """
+    given = getattr(args, "job_pos", None)
+    if given is None:
+        return
+    if args.job is not None and args.job != given:
+        raise UsageError(f"two jobs given: --job {args.job} and {given}; give one")
+    args.job = given
 
 
 def _timeout(command: argparse.ArgumentParser) -> None:
@@ -183,17 +239,20 @@ def _target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
         ConfigError: the --config file, or its redis.url, is invalid.
     """
     config = read_settings(args.config) if args.config else None
-    url = args.redis or (config.redis.url if config else None)
+    url = args.redis or (config.redis.url if config else None) or environ.get(URL_ENV) or None
     if url == EMBEDDED and config is not None and config.job is not None:
         url = embedded_url(config.job.id)
     job = args.job or (config.job.id if config and config.job else None)
     if args.redis is not None and not args.redis:
         raise UsageError("--redis: empty; give a URL such as redis://10.0.0.2:6379/0")
     if not url:
-        raise UsageError("give --config PATH, or --redis URL (and --job ID for a job's commands)")
+        raise UsageError(
+            f"give --config PATH, or --redis URL (or set {URL_ENV}), and the job for a job's "
+            "commands"
+        )
     problem = redisurl.problem(url)
-    if problem and args.redis:
-        raise UsageError(f"--redis: {problem}")
+    if problem and (args.redis or not config):
+        raise UsageError(f"{'--redis' if args.redis else URL_ENV}: {problem}")
     if problem:
         raise ConfigError("redis.url", f"{problem} (in {args.config})")
     password = _password(args, url, environ)
@@ -205,7 +264,7 @@ def _target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
     try:
         client = connect(url, timeout_s=5.0, client_name="nodeagentctl")
     except (ValueError, ConfigError) as exc:
-        origin = "--redis" if args.redis else f"redis.url in {args.config}"
+        origin = "--redis" if args.redis else f"redis.url in {args.config}" if config else URL_ENV
         raise UsageError(f"{origin}: {redisurl.redact(url)}: {exc}") from None
     return Target(client, config, prefix, pool, job, password_given)
 
@@ -217,7 +276,7 @@ def _by() -> str:
 def _require_job(store: JobStore, snapshot: Snapshot) -> None:
     """A job exists when it has a record (readable or not) or a node holds a lease."""
     if snapshot.record is None and snapshot.record_error is None and not snapshot.leases:
-        raise UsageError(
+        raise NotFoundError(
             f"job {store.keys.job!r} does not exist under key prefix {store.keys.prefix!r}: it "
             "has not formed yet (no job record) and no node holds a lease; check --job, "
             "--key-prefix and --redis, or start its agents first"
@@ -234,7 +293,7 @@ def _require_node(store: JobStore, snapshot: Snapshot, name: str, more: set[str]
             known.add(record.pending_failure.node)
     if name not in known:
         listed = ", ".join(sorted(known)) or "none"
-        raise UsageError(
+        raise NotFoundError(
             f"node {name!r} is not in job {store.keys.job}: it holds no lease and the job "
             f"record does not name it (known nodes: {listed})"
         )
@@ -317,7 +376,7 @@ def _read(store: JobStore, config: NodeSettings | None, args: argparse.Namespace
         raise UsageError("give --node NAME, or --config of the node")
     nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
     if name not in nodes:
-        raise UsageError(f"node {name} is not in job {store.keys.job} (no live lease)")
+        raise NotFoundError(f"node {name} is not in job {store.keys.job} (no live lease)")
     ctlshow.print_health(name, nodes[name], args.json)
     return 0
 
@@ -362,6 +421,10 @@ def dispatch(target: Target, args: argparse.Namespace) -> int:
         return signed
     if args.command in ctlpool.COMMANDS:
         return ctlpool.run(target.pool_store, args, getpass.getuser(), _by())
+    if args.command in ctljobverbs.COMMANDS:
+        return ctljobverbs.run(target.pool_store, args, _by())
+    if args.command in ctlhistory.COMMANDS:
+        return ctlhistory.run(target.pool_store, args)
     if args.command == ctlqueue.COMMAND:
         return ctlqueue.run(target.pool_store, args, _by())
     if args.command in ("cordon", "drain", "uncordon") and target.job is None:
@@ -385,6 +448,8 @@ def dispatch(target: Target, args: argparse.Namespace) -> int:
             handled = ctlpool.pool_scale_check(target.pool_store, args.what[0], args.value)
             if handled is not None:
                 return handled
+    if args.command == "stop":
+        _not_a_pool_job(target)
     if args.command in WRITES:
         return _write(target.store, target.config, args)
     if args.command == "status":
@@ -392,10 +457,21 @@ def dispatch(target: Target, args: argparse.Namespace) -> int:
     return _read(target.store, target.config, args)
 
 
+def _not_a_pool_job(target: Target) -> None:
+    """`stop` stops a pinned job until `restart`; a submitted job ends or requeues instead.
+
+    Raises:
+        UsageError: the job was submitted to the pool.
+    """
+    status = target.pool_store.status(target.job) if target.job else None
+    if status is not None and not status.pinned:
+        raise UsageError(jobverbs.stop_refusal(target.job or ""))
+
+
 def _status(target: Target, as_json: bool) -> int:
     """The job's own status, and its place in the pool (why it waits, was shrunk, evicted)."""
     store = target.store
-    doc = status_document(store.snapshot(), store.keys.job)
+    doc = {"version": ctlshow.JSON_VERSION, **status_document(store.snapshot(), store.keys.job)}
     pooled = target.pool_store.status(store.keys.job)
     doc["pool"] = (
         {"pool": target.pool, "state": pooled.state.value, "reason": pooled.reason}
@@ -448,18 +524,22 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         if args.command == "logs" and args.logs_job is None:  # this node's files: no Redis
             return ctllogs.run(read_config(args.config) if args.config else None, args)
+        _one_job(args)
         target = _target(args, os.environ if environ is None else environ)
         return dispatch(target, args)
     except ConfigError as exc:
         print(f"nodeagentctl: invalid configuration: {exc}", file=sys.stderr)
         return EX_CONFIG
+    except NotFoundError as exc:
+        print(f"nodeagentctl: {exc}", file=sys.stderr)
+        return EX_NOT_FOUND
     except UsageError as exc:
         print(f"nodeagentctl: {exc}", file=sys.stderr)
         return EX_USAGE
     except CoordinationError as exc:
         return _redis_failure(exc, target)
     except KeyboardInterrupt:
-        return 0
+        return EX_INTERRUPTED
 
 
 if __name__ == "__main__":

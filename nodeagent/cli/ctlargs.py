@@ -44,6 +44,17 @@ def duration(value: str) -> float:
         raise argparse.ArgumentTypeError(exc.problem) from None
 
 
+def time_limit(value: str) -> float:
+    """argparse type of submit --time: a duration; a bare number is refused (Slurm reads it as
+    minutes, nodeagent's durations as seconds: neither is guessed)."""
+    if value.strip().isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{value!r} has no unit: give one, such as {value.strip()}m or {value.strip()}s, or "
+            "Slurm's [D-]HH:MM:SS (a bare number is minutes to Slurm, seconds elsewhere here)"
+        )
+    return duration(value)
+
+
 def count(value: str) -> int:
     """argparse type of --last: a whole number >= 0."""
     try:

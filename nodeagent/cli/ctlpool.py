@@ -1,8 +1,8 @@
-"""nodeagentctl's pool commands: submit, jobs, nodes, cancel (and the pool side of scale).
+"""nodeagentctl's pool commands: jobs, nodes, cancel, submit (cli/ctlsubmit.py), and the
+pool side of scale and cordons.
 
-Every argument and spec is checked before anything is written: a spec with an unknown key, a
-bad bound, an empty entrypoint or an id with bad characters, a cancel of a job that does not
-exist or has ended, all exit 2 and leave Redis as it was.
+Every argument is checked before anything is written: a cancel of a job that does not exist
+or has ended exits 2 and leaves Redis as it was.
 """
 
 from __future__ import annotations
@@ -10,20 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from nodeagent.cli import ctlargs, ctlwait
-from nodeagent.config import strictyaml
-from nodeagent.config.settings import RECOVERY_MODES
+from nodeagent.cli import ctlargs, ctlsubmit, ctlwait
+from nodeagent.cli.ctlshow import rfc3339
 from nodeagent.coord.pool import PoolSnapshot, PoolStore
-from nodeagent.errors import ConfigError, UsageError
+from nodeagent.errors import NotFoundError, UsageError
 from nodeagent.model.job import Cordon, JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState
-from nodeagent.model.queues import DEFAULT
-from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.model.spec import JobSpec
 from nodeagent.pool import requests
 from nodeagent.pool.leadership import read_view
 from nodeagent.pool.schedule import PoolView
@@ -32,45 +27,7 @@ COMMANDS = frozenset({"submit", "jobs", "nodes", "cancel"})
 
 
 def add_parsers(commands: Any) -> None:
-    submit = commands.add_parser(
-        "submit",
-        help="submit a job to the pool: a spec file, or torchrun-like flags and -- COMMAND",
-        description="nodeagentctl submit job.yaml | nodeagentctl submit --name llama "
-        "--nodes 2:8 --nproc-per-node 8 -- python train.py --cfg big.yaml",
-    )
-    submit.add_argument("spec", nargs="?", help="a job spec file (YAML)")
-    submit.add_argument("--name", type=ctlargs.name, help="job id (overrides the spec's id)")
-    submit.add_argument("--nodes", help="MIN:MAX or N nodes, as torchrun's --nnodes")
-    submit.add_argument("--nproc-per-node", type=int, help="workers per node")
-    submit.add_argument("--env", action="append", default=[], metavar="K=V")
-    submit.add_argument("--workdir", help="the workers' working directory")
-    submit.add_argument("--user", help="the Unix user it runs as (default: you)")
-    submit.add_argument("--queue", help="queue (default: default)")
-    submit.add_argument("--priority", type=int, help="priority (higher first; default 0)")
-    submit.add_argument("--max-restarts", type=int, help="restart budget (default 3)")
-    submit.add_argument(
-        "--preemptible",
-        action="store_true",
-        default=None,
-        help="may be evicted whole (back to pending) for a job of higher priority",
-    )
-    submit.add_argument(
-        "--recovery",
-        choices=RECOVERY_MODES,
-        help="restart every worker on a re-form (default), or keep survivors (in_place)",
-    )
-    submit.add_argument(
-        "--selector",
-        action="append",
-        default=[],
-        metavar="LABEL=VALUE",
-        help="only nodes whose pool.labels have it (repeatable)",
-    )
-    submit.add_argument("--wait", action="store_true", help="wait until every rank runs")
-    submit.add_argument(
-        "--timeout", type=ctlargs.duration, default="10m", help="how long --wait waits"
-    )
-    submit.set_defaults(argv=[])  # what follows `--` (nodeagentctl's main splits it off)
+    ctlsubmit.add_parser(commands)
     jobs = commands.add_parser("jobs", help="the pool's jobs: state, queue position, world")
     jobs.add_argument("--json", action="store_true")
     jobs.add_argument("--user", help="only the jobs that run as this user")
@@ -83,65 +40,9 @@ def add_parsers(commands: Any) -> None:
     cancel.add_argument("job_id", metavar="JOB", type=ctlargs.name)
 
 
-def spec_from_args(args: argparse.Namespace, user: str, by: str) -> JobSpec:
-    """The spec `submit` sends, from a file and/or flags (flags override the file).
-
-    Raises:
-        UsageError: naming the file and key, or the flag, that is wrong.
-    """
-    doc: dict[str, Any] = {}
-    where = "submit"
-    if args.spec:
-        where = args.spec
-        try:
-            loaded = strictyaml.load(Path(args.spec).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise UsageError(f"cannot read the job spec {args.spec}: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise UsageError(f"{args.spec}: expected a mapping of spec keys")
-        doc.update(loaded)
-    command = list(args.argv)
-    if command:
-        doc["entrypoint"] = command
-    if args.nodes:
-        low, _, high = args.nodes.partition(":")
-        if not (low.isdigit() and (not high or high.isdigit())):
-            raise UsageError(f"--nodes: expected MIN:MAX or N, such as 2:8, got {args.nodes!r}")
-        doc.update(min_nodes=int(low), max_nodes=int(high or low))
-        doc.pop("target_nodes", None)
-    flags = {
-        "nproc_per_node": args.nproc_per_node,
-        "working_dir": args.workdir,
-        "user": args.user,
-        "queue": args.queue,
-        "priority": args.priority,
-        "max_restarts": args.max_restarts,
-        "recovery": args.recovery,
-        "preemptible": args.preemptible,
-    }
-    doc.update({k: v for k, v in flags.items() if v is not None})
-    for pair in args.selector:
-        name, eq, value = pair.partition("=")
-        if not eq or not name:
-            raise UsageError(f"--selector: expected LABEL=VALUE, got {pair!r}")
-        doc.setdefault("selector", {})[name] = value
-    for pair in args.env:
-        name, eq, value = pair.partition("=")
-        if not eq or not name:
-            raise UsageError(f"--env: expected K=V, got {pair!r}")
-        doc.setdefault("env", {})[name] = value
-    if not args.spec and not command:
-        raise UsageError("give a job spec file, or the command after --")
-    try:
-        spec = load_spec(doc, default_user=user, job_id=args.name)
-    except ConfigError as exc:
-        raise UsageError(f"{where}: invalid job spec: {exc}") from None
-    return replace(spec, submitted_by=by)
-
-
 def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
     if args.command == "submit":
-        return _submit(store, args, user, by)
+        return ctlsubmit.run(store, args, user, by)
     if args.command == "jobs":
         return _jobs(store, args)
     if args.command == "nodes":
@@ -149,36 +50,10 @@ def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
     return _cancel(store, args.job_id, by)
 
 
-def _submit(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
-    spec = spec_from_args(args, user, by)
-    queue = store.queue(spec.queue)
-    if queue is None and spec.queue != DEFAULT:
-        raise UsageError(
-            f"queue {spec.queue} does not exist in pool {store.keys.pool}: "
-            f"`nodeagentctl queue create {spec.queue}` makes it, or submit to another"
-        )
-    ceiling = queue.max_priority if queue is not None else None
-    if ceiling is not None and spec.priority > ceiling:
-        raise UsageError(
-            f"priority {spec.priority} is above queue {spec.queue}'s ceiling of {ceiling}"
-        )
-    created, status = store.submit(spec)
-    if not created:
-        state = status.state.value if status is not None else "unknown state"
-        raise UsageError(
-            f"job {spec.id} exists already in pool {store.keys.pool} ({state}); choose "
-            "another --name"
-        )
-    print(spec.id, flush=True)
-    if not args.wait:
-        return 0
-    return ctlwait.wait_running(store, spec, args.timeout)
-
-
 def _cancel(store: PoolStore, job_id: str, by: str) -> int:
     status = store.status(job_id)
     if status is None:
-        raise UsageError(f"no job {job_id!r} in pool {store.keys.pool} (see nodeagentctl jobs)")
+        raise NotFoundError(f"no job {job_id!r} in pool {store.keys.pool} (see nodeagentctl jobs)")
     if status.state.ended:
         raise UsageError(f"job {job_id} has ended already ({status.state.value})")
     if status.pinned:
@@ -202,7 +77,7 @@ def pool_cordon(store: PoolStore, args: argparse.Namespace, by: str) -> int:
     name = args.node
     if name not in snap.deadlines and name not in snap.placements and name not in snap.cordons:
         known = ", ".join(sorted(snap.deadlines)) or "none"
-        raise UsageError(f"node {name!r} is not in pool {store.keys.pool} (its nodes: {known})")
+        raise NotFoundError(f"node {name!r} is not in pool {store.keys.pool} (its nodes: {known})")
     if args.command == "uncordon":
         lifted = store.uncordon(name, by)
         print(f"node {name}: " + ("uncordoned" if lifted else "was not cordoned"))
@@ -300,7 +175,9 @@ def _jobs(store: PoolStore, args: argparse.Namespace) -> int:
     return 0
 
 
-_STATE_ORDER = {"running": 0, "pending": 1, "succeeded": 2, "failed": 2, "cancelled": 2}
+_STATE_ORDER = {
+    s.value: 0 if s is PoolJobState.RUNNING else 1 if not s.ended else 2 for s in PoolJobState
+}
 
 
 def _job_row(
@@ -325,6 +202,9 @@ def _job_row(
         "target_nodes": jobview.target_nodes if jobview else None,
         "restarts": record.restart_count if record else None,
         "age_s": (snap.now_ms - status.submitted_ms) / 1000,
+        "submitted": rfc3339(status.submitted_ms),
+        "started": rfc3339(status.admitted_ms),
+        "ended": rfc3339(status.ended_ms),
         "reason": status.reason,
         "pinned": status.pinned,
     }

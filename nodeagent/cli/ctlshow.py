@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from typing import Any
 
 from nodeagent.errors import CorruptStateError
@@ -85,6 +85,20 @@ def event_line(entry_id: str, fields: Mapping[str, str]) -> str:
     return f"{_stamp(event)} {gen} {event.type} {node} {message}".rstrip()
 
 
+JSON_VERSION = 1  # of the --json documents that carry a "version" (status, show, history)
+
+
+def rfc3339(ms: int | None) -> str | None:
+    """A Redis server time (ms) as RFC 3339, UTC, to the second (None: none, or out of the
+    calendar's range, as an entry ID written by hand may be)."""
+    if ms is None:
+        return None
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def event_json(entry_id: str, fields: Mapping[str, str]) -> str:
     """One JSON object: the event with its `data` as stored, whatever JSON that is; an entry
     that is not an event nodeagent wrote is a `corrupt_event` with the entry as `raw`."""
@@ -93,6 +107,7 @@ def event_json(entry_id: str, fields: Mapping[str, str]) -> str:
     doc: dict[str, Any] = {
         "id": event.id,
         "at_ms": event.at_ms,
+        "at": rfc3339(event.at_ms),
         "type": event.type,
         "generation": event.generation,
         "node": event.node,

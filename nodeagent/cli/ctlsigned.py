@@ -1,11 +1,12 @@
 """nodeagentctl's pool changes in a pool with pool.auth: munge: signed requests.
 
-submit, cancel, scale, queue create|set|delete, cordon, drain and uncordon (of a pool node, or
-with --job of a node in that job), and a job's stop and restart become a request
-(model/request.py) carrying a MUNGE credential from this host's munged (your uid and gid, bound
-to the request), written to the pool's requests stream. The pool leader checks it, does it if
-you may, and answers; this prints the answer: 0 done, 2 refused (why), 1 no pool leader
-answered in time (the request may still be taken: see `events --pool`).
+submit, cancel, hold, release, requeue, scale, queue create|set|delete, cordon, drain and
+uncordon (of a pool node, or with --job of a node in that job), and a job's stop and restart
+become a request (model/request.py) carrying a MUNGE credential from this host's munged (your
+uid and gid, bound to the request), written to the pool's requests stream. The pool leader
+checks it, does it if you may, and answers; this prints the answer: 0 done, 2 refused (why),
+3 no such job or node, 1 no pool leader answered in time (the request may still be taken: see
+`events --pool`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.cli import ctlpool, ctlwait
+from nodeagent.cli import ctlpool, ctlsubmit, ctlwait
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
-from nodeagent.errors import ConfigError, UsageError
+from nodeagent.errors import ConfigError, NotFoundError, UsageError
 from nodeagent.model.credential import Munge, MungeUnavailable
 from nodeagent.model.request import Reply, Request, Verb
 
@@ -35,8 +36,10 @@ def request_of(
     the job of --job or --config, for a job's own commands."""
     command = args.command
     if command == "submit":
-        spec = ctlpool.spec_from_args(args, user, "")
-        return Verb.SUBMIT, {"spec": spec.to_dict()}
+        spec = ctlsubmit.spec_from_args(args, user, "")
+        return Verb.SUBMIT, {"spec": spec.to_dict(), **({"hold": True} if args.hold else {})}
+    if command in ("hold", "release", "requeue"):
+        return Verb(command), {"job": args.job_id}
     if command == "cancel":
         return Verb.CANCEL, {"job": args.job_id}
     if command == "scale" and (len(args.what) == 2 or job is not None):
@@ -71,14 +74,14 @@ def run(
     if reply is None:
         return 1
     if not reply.ok:
-        raise UsageError(reply.message)
+        raise (NotFoundError if reply.missing else UsageError)(reply.message)
     if verb is Verb.SCALE and args.wait:
         print(reply.message, flush=True)
         return _scaled(store, munge, args, body, before)
     if verb is Verb.SUBMIT:
-        spec = ctlpool.spec_from_args(args, reply.user, reply.user)
-        print(spec.id, flush=True)
-        return ctlwait.wait_running(store, spec, args.timeout) if args.wait else 0
+        job_id = str(body["spec"]["id"])
+        ctlsubmit.submitted(job_id, args)
+        return ctlsubmit.follow(store, job_id, args)
     print(reply.message, flush=True)
     if verb is Verb.CORDON and args.command == "drain" and args.wait:
         job = body.get("job")

@@ -1,5 +1,6 @@
-"""What nodeagentctl waits for after a change (--wait): a job running every rank, a job at its
-new size, a node off its job. Each returns (or is) the exit code: 0 reached, 1 timed out."""
+"""What nodeagentctl waits for after a change: a submitted job's end (submit --wait: its exit
+code), a job running every rank (--wait-running), a job at its new size, a node off its job.
+Each returns (or is) the exit code: 0 reached, 1 timed out."""
 
 from __future__ import annotations
 
@@ -10,19 +11,38 @@ from nodeagent.cli.status import status_document
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.model.pool import PoolJobState
-from nodeagent.model.spec import JobSpec
 from nodeagent.state import JobState, NodeState
 
+POLL_S = 0.5  # how often --wait looks at a job that may run for days
 
-def wait_running(store: PoolStore, spec: JobSpec, timeout: float) -> int:
+
+def wait_ended(store: PoolStore, job_id: str, timeout: float | None) -> int:
+    """Until the job ends, as `sbatch --wait`: 0 if it succeeded, else its exit code (its
+    failing rank's) or 1; 1 if `timeout` (None: none) passes first, said."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while deadline is None or time.monotonic() < deadline:
+        status = store.status(job_id)
+        if status is None:
+            print(f"job {job_id} is gone from the pool (pruned?)", file=sys.stderr)
+            return 1
+        if status.state.ended:
+            code = 0 if status.state is PoolJobState.SUCCEEDED else (status.exit_code or 1)
+            print(f"job {job_id} {status.state.value}: {status.reason} (exit code {code})")
+            return code
+        time.sleep(POLL_S)
+    print(f"timed out after {timeout:g}s: job {job_id} has not ended", file=sys.stderr)
+    return 1
+
+
+def wait_running(store: PoolStore, job_id: str, timeout: float) -> int:
     """Until every rank of the job runs (0), it ends first (0 if it succeeded, else 1), or
     `timeout` passes (1)."""
-    job_store = JobStore(store.client, store.keys.job(spec.id))
+    job_store = JobStore(store.client, store.keys.job(job_id))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = store.status(spec.id)
+        status = store.status(job_id)
         if status is not None and status.state.ended:
-            print(f"job {spec.id} {status.state.value}: {status.reason}")
+            print(f"job {job_id} {status.state.value}: {status.reason}")
             return 0 if status.state is PoolJobState.SUCCEEDED else 1
         snapshot = job_store.snapshot()
         record = snapshot.record
@@ -34,12 +54,12 @@ def wait_running(store: PoolStore, spec: JobSpec, timeout: float) -> int:
             }
             if all(states.get(m) is NodeState.RUNNING for m in record.members):
                 print(
-                    f"job {spec.id} runs: {record.world_size} ranks on {len(record.members)} "
+                    f"job {job_id} runs: {record.world_size} ranks on {len(record.members)} "
                     f"nodes (generation {record.generation})"
                 )
                 return 0
         time.sleep(0.2)
-    print(f"timed out after {timeout:g}s: job {spec.id} does not run every rank yet")
+    print(f"timed out after {timeout:g}s: job {job_id} does not run every rank yet")
     return 1
 
 

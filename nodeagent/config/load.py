@@ -416,6 +416,9 @@ def _load_pool(section: Section, pinned: bool = False) -> PoolConfig:
             section.raw("resize_cooldown"), section.key("resize_cooldown"), 60.0
         ),
         preempt_after=duration(section.raw("preempt_after"), section.key("preempt_after"), 0.0),
+        keep_ended=duration(
+            section.raw("keep_ended"), section.key("keep_ended"), 7 * 86400.0, positive=True
+        ),
         **_load_auth(section, pinned),
     )
     section.reject_unknown()

@@ -170,6 +170,7 @@ class PoolConfig:
     reserve_after: float = 300.0  # a pending job that waited this long holds free nodes
     resize_cooldown: float = 60.0  # the scheduler shrinks or grows back a job at most this often
     preempt_after: float = 0.0  # a pending job preempts lower-priority ones after this long
+    keep_ended: float = 7 * 86400.0  # an ended job (status, spec, own keys) is pruned after this
     # Who may change the pool (docs/pool.md, "Who is who"): munge (requests carry a MUNGE
     # credential; the default of a pool node) or none (whoever writes Redis: the default of a
     # node pinned by its job: section).

@@ -8,36 +8,107 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from nodeagent.errors import ConfigError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# Slurm's time formats: [D-]HH:MM:SS, MM:SS, D-HH, D-HH:MM (sbatch --time)
+_CLOCK_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$")
+DURATION_FORMS = "such as 30s, 500ms, 90m, 1h30m, 2d or Slurm's [D-]HH:MM:SS"
 YAML_BOOLEANS = "YAML reads a bare yes/no/on/off/true/false as a boolean"
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])(i?)B?|B)?\s*$", re.IGNORECASE)
 _SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
 def parse_duration(value: object, key: str) -> float:
-    """Seconds from a number or a string such as "500ms", "5s", "2m", "1h".
+    """Seconds from a number (seconds) or a string: units summed ("500ms", "5s", "90m",
+    "1h30m", "2d", "1d12h"; a bare number is seconds) or Slurm's clock forms ("MM:SS",
+    "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"). Every duration nodeagent takes (its config,
+    a job spec, nodeagentctl's flags) is read by this one function.
 
     Raises:
         ConfigError: naming `key` when the value is not a non-negative duration.
     """
     if isinstance(value, bool):
-        raise ConfigError(key, f"expected a duration such as 5s or 500ms, got {value!r}")
+        raise ConfigError(key, f"expected a duration {DURATION_FORMS}, got {value!r}")
     if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str) and (match := _DURATION_RE.match(value)):
-        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        seconds: float | None = float(value)
     else:
-        raise ConfigError(key, f"expected a duration such as 5s, 500ms or 2m, got {value!r}")
+        seconds = _duration_text(value.strip()) if isinstance(value, str) else None
+    if seconds is None:
+        raise ConfigError(key, f"expected a duration {DURATION_FORMS}, got {value!r}")
     if not math.isfinite(seconds) or seconds < 0:
         raise ConfigError(key, f"expected a non-negative duration, got {value!r}")
     return seconds
+
+
+def _duration_text(text: str) -> float | None:
+    """Seconds from units ("1h30m", a bare number: seconds) or a clock form; None if neither."""
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return float(text)
+    compact = text.replace(" ", "")
+    parts = _DURATION_PART.findall(compact)
+    if parts and "".join(n + u for n, u in parts) == compact:
+        return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    match = _CLOCK_RE.match(text)
+    if match is None or (":" not in text and "-" not in text):
+        return None
+    days, first, second, third = match.groups()
+    if days is None and third is None:  # MM:SS, any number of minutes (as Slurm's)
+        return None if int(second) >= 60 else int(first) * 60.0 + int(second)
+    hours, minutes, seconds = int(first), int(second or 0), int(third or 0)  # [D-]HH[:MM[:SS]]
+    if minutes >= 60 or seconds >= 60 or (days is not None and hours >= 24):
+        return None
+    return int(days or 0) * 86400.0 + hours * 3600.0 + minutes * 60.0 + seconds
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as parse_duration reads it back, in its largest units: 1h30m, 2d, 45s."""
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    left, parts = round(seconds), []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size:
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(parts)
+
+
+SIGNAL_BEFORE_S = 60.0  # Slurm's default of --signal's @time
+
+
+def parse_signal(value: object, key: str) -> tuple[str, float]:
+    """A signal and how long before the time limit it is sent, from "USR1@300", "SIGUSR1@5m",
+    "10@300" or "USR1" (60 s before, as Slurm's --signal); the name without SIG.
+
+    Raises:
+        ConfigError: naming `key`: not a signal a worker can catch, or a bad duration.
+    """
+    text = str(value).strip() if isinstance(value, str | int) else ""
+    name, at, before = text.partition("@")
+    found: signal.Signals | None = None
+    try:
+        found = signal.Signals(int(name)) if name.isdigit() else signal.Signals[_sig(name)]
+    except (ValueError, KeyError):
+        found = None
+    if found is None or found in (signal.SIGKILL, signal.SIGSTOP):
+        raise ConfigError(
+            key,
+            f"expected SIGNAL[@TIME] with a signal a worker can catch, such as USR1@300 or "
+            f"TERM@5m, got {value!r}",
+        )
+    seconds = parse_duration(before, key) if at else SIGNAL_BEFORE_S
+    return found.name.removeprefix("SIG"), seconds
+
+
+def _sig(name: str) -> str:
+    upper = name.upper()
+    return upper if upper.startswith("SIG") else f"SIG{upper}"
 
 
 def parse_size(value: object, key: str) -> int:

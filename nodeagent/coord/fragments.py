@@ -12,6 +12,8 @@ the caller, which reports it), so one bad key never fails a whole heartbeat.
 
 from __future__ import annotations
 
+from nodeagent.model.pool import PoolJobState
+
 NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -242,6 +244,13 @@ end
 
 
 # The pool leader's writes: why one is refused (its lease key no longer holds `value`), or nil.
+# The pool job states that are ended (PoolJobState.ended), as a Lua set: `ENDED[state]`.
+ENDED = (
+    "local ENDED = {"
+    + ", ".join(f"{state.value} = true" for state in PoolJobState if state.ended)
+    + "}\n"
+)
+
 POOL_FENCE = """
 local function pool_fenced(leader_key, value)
   if redis.pcall('GET', leader_key) ~= value then

@@ -104,6 +104,11 @@ POOL_JOBS_KEY = "%s:{pool:%s}:jobs"  # HASH job id -> JSON PoolJob (the pool lea
 POOL_SEQ_KEY = "%s:{pool:%s}:seq"  # INCR counter: submission order
 POOL_PLACEMENTS_KEY = "%s:{pool:%s}:placements"  # HASH node -> job id (the pool leader's)
 POOL_CANCELS_KEY = "%s:{pool:%s}:cancels"  # HASH job id -> who asked to cancel it
+POOL_HOLDS_KEY = "%s:{pool:%s}:holds"  # HASH job id -> who holds it (pending, not admitted)
+POOL_REQUEUES_KEY = "%s:{pool:%s}:requeues"  # HASH job id -> JSON {by, admitted_ms}: requeue it
+# An ended job whose name was submitted again: its spec and status, kept until pool.keep_ended
+POOL_HISTORY_KEY = "%s:{pool:%s}:history"  # HASH "<job>:<seq>" -> {"spec": ..., "status": ...}
+POOL_ENDED_KEY = "%s:{pool:%s}:ended"  # ZSET "<job>:<seq>" (of history) -> ended (server ms)
 POOL_CORDONS_KEY = "%s:{pool:%s}:cordons"  # HASH node -> JSON Cordon (out of the pool)
 POOL_EVENTS_KEY = "%s:{pool:%s}:events"  # STREAM of pool events, capped
 POOL_QUEUES_KEY = "%s:{pool:%s}:queues"  # HASH queue name -> JSON QueueView (nodeagentctl queue)
@@ -170,6 +175,22 @@ class PoolKeys:
     @property
     def cancels(self) -> str:
         return self._key(POOL_CANCELS_KEY)
+
+    @property
+    def holds(self) -> str:
+        return self._key(POOL_HOLDS_KEY)
+
+    @property
+    def requeues(self) -> str:
+        return self._key(POOL_REQUEUES_KEY)
+
+    @property
+    def history(self) -> str:
+        return self._key(POOL_HISTORY_KEY)
+
+    @property
+    def ended(self) -> str:
+        return self._key(POOL_ENDED_KEY)
 
     @property
     def cordons(self) -> str:

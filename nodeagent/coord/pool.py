@@ -8,6 +8,7 @@ script, so a pool spread over a Redis Cluster works).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,7 +33,7 @@ from nodeagent.coord.view import (
     sweep_all,
 )
 from nodeagent.errors import CorruptStateError
-from nodeagent.model.decode import NAME_RE
+from nodeagent.model.decode import NAME_RE, Reader
 from nodeagent.model.job import (
     Command,
     CommandType,
@@ -61,6 +62,23 @@ class PoolBeat:
 
 
 @dataclass(frozen=True)
+class Requeue:
+    """`requeue JOB`: who asked, for the run admitted at `admitted_ms` (a later one ignores it)."""
+
+    by: str
+    admitted_ms: int
+
+    def to_json(self) -> str:
+        return json.dumps({"by": self.by, "admitted_ms": self.admitted_ms}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Requeue:
+        """Raises: CorruptStateError, and nothing else."""
+        r = Reader.of(raw, "requeue")
+        return cls(r.text("by", max_len=256), r.integer("admitted_ms"))
+
+
+@dataclass(frozen=True)
 class PoolSnapshot:
     """The whole pool at Redis server time `now_ms`."""
 
@@ -74,6 +92,8 @@ class PoolSnapshot:
     cordons: Mapping[str, Cordon]
     garbage: tuple[str, ...] = ()
     queues: Mapping[str, QueueView] = field(default_factory=dict)
+    holds: Mapping[str, str] = field(default_factory=dict)  # job -> who holds it
+    requeues: Mapping[str, Requeue] = field(default_factory=dict)  # job -> who asked, when
 
     def placements_of(self, job_id: str) -> list[str]:
         return sorted(n for n, j in self.placements.items() if j == job_id)
@@ -190,11 +210,13 @@ class PoolStore:
                         "cordons": k.cordons,
                         "leader": k.leader,
                         "queues": k.queues,
+                        "holds": k.holds,
+                        "requeues": k.requeues,
                     },
                     {"skip_placements": "1" if cached else "0"},
                 )
             )
-        now, leader, raw_placements, jobs, cancels, cordons, queues, noted = reply
+        now, leader, raw_placements, jobs, cancels, cordons, queues, holds, requeues, noted = reply
         garbage = [str(g) for g in noted]
         if cached and held is not None:
             placements = held.placements
@@ -234,6 +256,8 @@ class PoolStore:
                 ).items()
                 if queue.name == name
             },
+            holds={j: by[:256] for j, by in _pairs(holds)},
+            requeues=_decoded(requeues, Requeue.from_json, "pool requeue", garbage),
         )
 
     def _led(self, token: str, now: int, garbage: list[str]) -> tuple[Lease[PoolNode], ...]:
@@ -362,8 +386,12 @@ class PoolStore:
             kept = {n: j for n, j in held.placements.items() if n not in write.unplace}
             self._placements = replace(held, placements={**kept, **write.place})
 
-    def submit(self, spec: JobSpec, pinned: bool = False) -> tuple[bool, PoolJob | None]:
-        """Store a new job (pending); (False, its status) when the id exists already."""
+    def submit(
+        self, spec: JobSpec, pinned: bool = False, held_by: str = ""
+    ) -> tuple[bool, PoolJob | None]:
+        """Store a new job (pending); (False, its status) when the id is in use by a job that
+        has not ended (or a pinned one). The id of an ended job is taken over: that job moves to
+        the history (poolscripts.POOL_SUBMIT). `held_by`: submitted held (submit --hold)."""
         k = self.keys
         event = Event(
             "job_submitted",
@@ -373,8 +401,19 @@ class PoolStore:
         with redis_errors("submit"):
             created, raw = self._submit(
                 Call(
-                    {"specs": k.specs, "jobs": k.jobs, "seq": k.seq, "events": k.events},
                     {
+                        "specs": k.specs,
+                        "jobs": k.jobs,
+                        "seq": k.seq,
+                        "events": k.events,
+                        "cancels": k.cancels,
+                        "history": k.history,
+                        "ended": k.ended,
+                        "holds": k.holds,
+                        "requeues": k.requeues,
+                    },
+                    {
+                        "held_by": held_by,
                         "job": spec.id,
                         "spec": spec.to_json(),
                         "pinned": "1" if pinned else "0",

@@ -5,7 +5,15 @@ Garbage in a key is noted (see fragments.py) and skipped, never a failed heartbe
 
 from __future__ import annotations
 
-from nodeagent.coord.fragments import CHANGES, GARBAGE, LEADER, NOW, POOL_FENCE, TAKE_LEADER
+from nodeagent.coord.fragments import (
+    CHANGES,
+    ENDED,
+    GARBAGE,
+    LEADER,
+    NOW,
+    POOL_FENCE,
+    TAKE_LEADER,
+)
 from nodeagent.coord.lua import Script
 
 # A node's pool heartbeat: renew its pool lease, take or renew the pool leader lease, mark the
@@ -50,10 +58,10 @@ return {now, leader or false, deadline, placement, garbage}
 # them).
 POOL_READ = Script(
     "POOL_READ",
-    keys=("placements", "jobs", "cancels", "cordons", "leader", "queues"),
+    keys=("placements", "jobs", "cancels", "cordons", "leader", "queues", "holds", "requeues"),
     args=("skip_placements",),
     returns="{now_ms, leader or false, placements (false when not read), jobs, cancels, "
-    "cordons, queues (flat field/value lists), garbage}",
+    "cordons, queues, holds, requeues (flat field/value lists), garbage}",
     body=NOW
     + GARBAGE
     + """
@@ -65,7 +73,8 @@ if type(leader) ~= 'string' then leader = false end
 local placements = false
 if A.skip_placements ~= '1' then placements = all('placements', K.placements) end
 return {now, leader, placements, all('jobs', K.jobs), all('cancels', K.cancels),
-  all('cordons', K.cordons), all('queues', K.queues), garbage}
+  all('cordons', K.cordons), all('queues', K.queues), all('holds', K.holds),
+  all('requeues', K.requeues), garbage}
 """,
 )
 
@@ -119,24 +128,42 @@ return 1
 )
 
 
-# Submit a job: store its spec and a pending status, once per job id. `pinned` '1': pinned by
-# nodes' job: sections.
+# Submit a job: store its spec and a pending status. An id in use is refused unless its job has
+# ended (and was submitted, not pinned): then its spec and status move to the history (kept
+# until pool.keep_ended) and the new job is marked `stale_keys`, so the pool leader clears the
+# ended job's own keys before admitting it. `pinned` '1': pinned by nodes' job: sections;
+# `held_by` (not ''): submitted held (submit --hold), by whom.
 POOL_SUBMIT = Script(
     "POOL_SUBMIT",
-    keys=("specs", "jobs", "seq", "events"),
-    args=("job", "spec", "pinned", "events_maxlen", "event"),
-    returns="{1, status JSON} when submitted, {0, status JSON or false} when the id exists",
+    keys=("specs", "jobs", "seq", "events", "cancels", "history", "ended", "holds", "requeues"),
+    args=("job", "spec", "pinned", "events_maxlen", "event", "held_by"),
+    returns="{1, status JSON} when submitted, {0, status JSON or false} when the id is in use",
     body=NOW
+    + ENDED
     + """
+local stale = 'false'
 if redis.call('HEXISTS', K.specs, A.job) == 1 then
-  return {0, redis.call('HGET', K.jobs, A.job) or false}
+  local raw = redis.call('HGET', K.jobs, A.job)
+  local ok, old = pcall(cjson.decode, raw or '')
+    if A.pinned == '1' or not ok or type(old) ~= 'table' or old.pinned ~= false
+      or not ENDED[old.state] or not tonumber(old.seq) then
+    return {0, raw or false}
+  end
+  local run = A.job .. ':' .. string.format('%.0f', tonumber(old.seq))
+  redis.call('HSET', K.history, run,
+    '{"spec":' .. redis.call('HGET', K.specs, A.job) .. ',"status":' .. raw .. '}')
+  redis.call('ZADD', K.ended, tonumber(old.ended_ms) or now, run)
+  redis.call('HDEL', K.cancels, A.job)
+  redis.call('HDEL', K.holds, A.job)
+  redis.call('HDEL', K.requeues, A.job)
+  stale = 'true'
 end
+if A.held_by ~= '' then redis.call('HSET', K.holds, A.job, A.held_by) end
 local seq = redis.call('INCR', K.seq)
 local pinned = 'false'
 if A.pinned == '1' then pinned = 'true' end
-local status = string.format(
-  '{"pinned":%s,"reason":"submitted","seq":%.0f,"state":"pending","submitted_ms":%.0f}',
-  pinned, seq, now)
+local status = string.format('{"pinned":%s,"reason":"submitted","seq":%.0f,"stale_keys":%s,'
+  .. '"state":"pending","submitted_ms":%.0f}', pinned, seq, stale, now)
 redis.call('HSET', K.specs, A.job, A.spec)
 redis.call('HSET', K.jobs, A.job, status)
 redis.pcall('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'event', A.event)

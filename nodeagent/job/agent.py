@@ -31,6 +31,7 @@ from nodeagent.job.decide import (
     LocalView,
     NodeDecision,
     ReleaseWorkers,
+    SignalWorkers,
     StartWorkers,
     StopWorkers,
     decide,
@@ -66,6 +67,7 @@ class WorkerGroup(Protocol):
     def poll(self) -> list[WorkerExit]: ...
     def mark_failed(self, local_rank: int, kind: str, code: int | None = None) -> None: ...
     def dump_stacks(self, local_rank: int) -> str: ...
+    def signal(self, name: str) -> None: ...
     def status(self) -> GroupStatus: ...
     def next_deadline(self) -> float | None: ...
     def workers(self) -> tuple[WorkerInfo, ...]: ...
@@ -107,6 +109,7 @@ class Agent:
         self._rev = 0
         self._acked = 0
         self._fenced_generation: int | None = None
+        self._signalled = "0-0"  # the last record signal sent to this node's workers
         self._free_port = pick_free_port(config.node.address)
         self._events: list[Event] = [Event("node_joined", node=self.name, message="agent started")]
         self._lease = LeaseClock(config.timing.lease_ttl, keeper)
@@ -340,6 +343,7 @@ class Agent:
             unfit=self._watchers.unfit,
             in_place=self.config.job.in_place,
             tiers_settling=self._tiers is not None and self._tiers.holds_back(group),
+            signalled=self._signalled,
         )
 
     def _next_wakeup(self) -> float:
@@ -391,6 +395,10 @@ class Agent:
                 self._start_workers(action)
             elif isinstance(action, Leave):
                 self._leave()
+            elif isinstance(action, SignalWorkers):
+                self._log.info("sending SIG%s to the workers (%s)", action.signal, action.id)
+                self._workers.signal(action.signal)
+                self._signalled = action.id
 
     def _stop_workers(self, action: StopWorkers, now: float) -> None:
         timing = self.config.timing

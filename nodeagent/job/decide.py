@@ -36,6 +36,7 @@ class LocalView:
     # The checkpoint tiers are verifying (or persisting) the stopped workers' last saves: the
     # leader chooses the next restore from what this node reports, so it must not move on yet.
     tiers_settling: bool = False
+    signalled: str = "0-0"  # the id of the last record signal this node's workers were sent
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,15 @@ class Leave:
     pass
 
 
-Action = StopWorkers | ReleaseWorkers | Acknowledge | StartWorkers | Leave
+@dataclass(frozen=True)
+class SignalWorkers:
+    """Send `signal` (USR1) to every worker's main process, once per `id` (the record's)."""
+
+    signal: str
+    id: str
+
+
+Action = StopWorkers | ReleaseWorkers | Acknowledge | StartWorkers | Leave | SignalWorkers
 
 
 @dataclass(frozen=True)
@@ -144,8 +153,17 @@ def _decide_running(view: LocalView, record: JobRecord) -> NodeDecision:
     elif view.name not in record.members:
         reason = "no longer a member"
     else:
-        return NodeDecision(NodeState.RUNNING, (), "running")
+        return NodeDecision(NodeState.RUNNING, _signal(view, record), "running")
     return NodeDecision(NodeState.STOPPING, (StopWorkers(reason, broken=broken),), reason)
+
+
+def _signal(view: LocalView, record: JobRecord) -> tuple[Action, ...]:
+    """The record's signal, if this node's running workers of its generation have not had it."""
+    if not record.signal or record.signal_id == view.signalled:
+        return ()
+    if record.signal_generation != view.group.generation:
+        return ()
+    return (SignalWorkers(record.signal, record.signal_id),)
 
 
 def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:

@@ -14,13 +14,8 @@ FAILED = 1
 
 
 def exit_code(record: JobRecord) -> int:
-    """The process exit code for a job record in a terminal state."""
-    if record.state is JobState.SUCCEEDED:
-        return 0
-    failure = record.pending_failure
-    if failure is not None and failure.kind == "exit_code" and failure.exit_code:
-        return failure.exit_code if 0 < failure.exit_code < 256 else FAILED
-    return FAILED
+    """The process exit code for a job record in a terminal state (JobRecord.exit_code)."""
+    return record.exit_code
 
 
 @dataclass(frozen=True)

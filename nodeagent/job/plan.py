@@ -231,6 +231,12 @@ def _apply_commands(
         elif cmd.type is CommandType.STOP:
             requests = replace(requests, stop=True)
             events.append(Event("stop_requested", message=f"by {cmd.by}"))
+        elif cmd.type is CommandType.SIGNAL and cmd.signal:
+            record = replace(
+                record, signal=cmd.signal, signal_id=cmd.id, signal_generation=record.generation
+            )
+            message = f"SIG{cmd.signal} to the workers of generation {record.generation}"
+            events.append(Event("signal_requested", message=f"{message} (by {cmd.by})"))
     return record, requests, events
 
 

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from nodeagent.errors import CorruptStateError
+from nodeagent.config.values import parse_signal
+from nodeagent.errors import ConfigError, CorruptStateError
 from nodeagent.model.decode import MAX_NAMES, MAX_RAW, Reader, is_stream_id
 from nodeagent.model.tiers import CheckpointRecord, TierReport
 from nodeagent.state import JOB_TRANSITIONS, JobState, NodeState, check_transition
@@ -270,11 +271,26 @@ class JobRecord:
     pending_failure: Failure | None = None
     detail: str = ""
     checkpoint: CheckpointRecord | None = None  # a job with tiers (job.checkpoint)
+    # The last SIGNAL command (its id) and the generation whose workers get it (decide.py)
+    signal: str = ""
+    signal_id: str = "0-0"
+    signal_generation: int = 0
 
     @property
     def world_size(self) -> int:
         running = self.state is JobState.RUNNING
         return len(self.members) * self.nproc_per_node if running else 0
+
+    @property
+    def exit_code(self) -> int:
+        """What the job ended with, as torchrun exits: 0 when it succeeded; the failing rank's
+        exit code (1-255), or 1 (a signal, a hang, a rendezvous timeout, a stop)."""
+        if self.state is JobState.SUCCEEDED:
+            return 0
+        failure = self.pending_failure
+        if failure is not None and failure.kind == "exit_code" and failure.exit_code:
+            return failure.exit_code if 0 < failure.exit_code < 256 else 1
+        return 1
 
     def group_rank(self, node: str) -> int | None:
         return self.members.index(node) if node in self.members else None
@@ -365,6 +381,9 @@ class JobRecord:
             pending_failure=Failure.read(pending) if pending else None,
             detail=r.text("detail", "", max_len=MAX_RAW),
             checkpoint=CheckpointRecord.read(checkpoint) if checkpoint else None,
+            signal=_signal_name(r.text("signal", "", max_len=16), "job record") or "",
+            signal_id=r.stream_id("signal_id", "0-0"),
+            signal_generation=r.integer("signal_generation", 0),
         )
 
 
@@ -406,6 +425,7 @@ class CommandType(str, Enum):
     SCALE = "scale"
     RESTART = "restart"
     STOP = "stop"
+    SIGNAL = "signal"  # send `signal` to every worker's main process (a time limit's warning)
 
 
 @dataclass(frozen=True)
@@ -414,9 +434,13 @@ class Command:
     target: int | None = None
     by: str = ""
     id: str = "0-0"
+    signal: str | None = None  # SIGNAL: its name without SIG (USR1)
 
     def to_json(self) -> str:
-        return json.dumps({"type": self.type.value, "target": self.target, "by": self.by})
+        body: dict[str, Any] = {"type": self.type.value, "target": self.target, "by": self.by}
+        if self.signal is not None:
+            body["signal"] = self.signal
+        return json.dumps(body)
 
     @classmethod
     def from_stream(cls, entry_id: str, raw: str | bytes) -> Command:
@@ -426,7 +450,21 @@ class Command:
             target=r.opt_integer("target", high=1_000_000),
             by=r.text("by", "", max_len=256),
             id=entry_id,
+            signal=_signal_name(r.opt_text("signal", 16), f"command {entry_id}"),
         )
+
+
+def _signal_name(name: str | None, what: str) -> str | None:
+    """A catchable signal's name (USR1) as read back, or None (none given).
+
+    Raises: CorruptStateError for anything else."""
+    if not name:
+        return None
+    try:
+        found, _ = parse_signal(name, "signal")
+    except ConfigError:
+        raise CorruptStateError(f"{what}: signal {name!r} is not one a worker can catch") from None
+    return found
 
 
 _COMMAND_TYPES = tuple(c.value for c in CommandType)

@@ -30,6 +30,8 @@ class PoolJobState(str, Enum):
     SUCCEEDED  every worker of its last generation exited 0. Its nodes went back to the pool.
     FAILED     restarts exhausted or rendezvous timed out. Its nodes went back to the pool.
     CANCELLED  `nodeagentctl cancel` (or `stop`): its workers got the stop grace to checkpoint.
+    TIMEOUT    it reached its time limit (`submit --time`): it was stopped as a cancel stops a
+               job (its workers got the stop grace), after its `--signal` if it had one.
     """
 
     PENDING = "pending"
@@ -37,10 +39,11 @@ class PoolJobState(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
 
     @property
     def ended(self) -> bool:
-        return self in (PoolJobState.SUCCEEDED, PoolJobState.FAILED, PoolJobState.CANCELLED)
+        return self not in (PoolJobState.PENDING, PoolJobState.RUNNING)
 
 
 _JOB_STATES = tuple(s.value for s in PoolJobState)
@@ -107,6 +110,10 @@ class PoolJob:
     `evicted`: set while a job evicted for another waits to be admitted again (by whom, why).
     `shrunk_ms`, `grown_ms`: when the scheduler last took nodes from it for another job
     (preemption by shrinking) or gave it free nodes: its resize cooldown counts from them.
+    `stale_keys`: submitted under the name of an ended job whose own keys (record, events) may
+    still be there: the pool leader clears them before it admits this one.
+    `signalled_ms`, `time_up_ms`: when the pool leader sent the job its time limit's signal,
+    and stopped it at its time limit (it ends as TIMEOUT); both cleared at each admission.
     """
 
     state: PoolJobState
@@ -119,6 +126,15 @@ class PoolJob:
     shrunk_ms: int | None = None
     grown_ms: int | None = None
     evicted: str | None = None  # pending again after an eviction: by whom and why
+    stale_keys: bool = False  # a reused name: the earlier job's own keys are cleared first
+    signalled_ms: int | None = None
+    time_up_ms: int | None = None
+    exit_code: int | None = None  # once ended: its record's (JobRecord.exit_code), if it formed
+    # Accounting (pool/schedule.py, _account): node-milliseconds held so far, counted up to
+    # `accounted_ms` (the last change of its node count), and the most nodes it held at once.
+    node_ms: int = 0
+    accounted_ms: int | None = None
+    peak_nodes: int = 0
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -140,13 +156,27 @@ class PoolJob:
             shrunk_ms=r.opt_integer("shrunk_ms"),
             grown_ms=r.opt_integer("grown_ms"),
             evicted=r.opt_text("evicted", 1024),
+            stale_keys=r.flag("stale_keys", False),
+            signalled_ms=r.opt_integer("signalled_ms"),
+            time_up_ms=r.opt_integer("time_up_ms"),
+            exit_code=r.opt_integer("exit_code", high=255),
+            node_ms=r.integer("node_ms", 0),
+            accounted_ms=r.opt_integer("accounted_ms"),
+            peak_nodes=r.integer("peak_nodes", 0, high=1_000_000),
         )
 
     def moved(self, state: PoolJobState, now_ms: int, reason: str) -> PoolJob:
         if state is PoolJobState.RUNNING:
             return replace(
-                self, state=state, reason=reason, admitted_ms=now_ms, ended_ms=None, evicted=None
+                self,
+                state=state,
+                reason=reason,
+                admitted_ms=now_ms,
+                ended_ms=None,
+                evicted=None,
+                signalled_ms=None,
+                time_up_ms=None,
             )
         if state.ended:
-            return replace(self, state=state, reason=reason, ended_ms=now_ms)
+            return replace(self, state=state, reason=reason, ended_ms=now_ms, exit_code=None)
         return replace(self, state=state, reason=reason)

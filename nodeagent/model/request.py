@@ -35,6 +35,9 @@ class Verb(str, Enum):
              (operators only).
     CORDON   args {action: cordon|drain|uncordon, node, reason, job?}: a pool node, or with
              `job` a node inside that job (operators only).
+    HOLD, RELEASE, REQUEUE  args {job}: keep a pending job from admission, let it go, put a
+             running one back in the queue (its owner or an operator; pool/jobverbs.py).
+    SUBMIT's args may hold `hold: true` (submit --hold).
     """
 
     SUBMIT = "submit"
@@ -43,6 +46,9 @@ class Verb(str, Enum):
     COMMAND = "command"
     QUEUE = "queue"
     CORDON = "cordon"
+    HOLD = "hold"
+    RELEASE = "release"
+    REQUEUE = "requeue"
 
 
 @dataclass(frozen=True)
@@ -95,19 +101,24 @@ class Reply:
     ok: bool
     message: str
     user: str = ""  # the authenticated caller ("" when the credential said nobody)
+    missing: bool = False  # refused because the job or node named does not exist
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"ok": self.ok, "message": self.message, "user": self.user},
-            separators=(",", ":"),
-            sort_keys=True,
-        )
+        body: dict[str, Any] = {"ok": self.ok, "message": self.message, "user": self.user}
+        if self.missing:
+            body["missing"] = True
+        return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Reply:
         """Raises: CorruptStateError, and nothing else."""
         r = Reader.of(raw, "reply")
-        return cls(r.flag("ok", False), r.text("message", "", 2048), r.text("user", "", 256))
+        return cls(
+            r.flag("ok", False),
+            r.text("message", "", 2048),
+            r.text("user", "", 256),
+            r.flag("missing", False),
+        )
 
 
 @dataclass(frozen=True)

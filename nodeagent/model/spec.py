@@ -31,7 +31,7 @@ from nodeagent.config.settings import (
     NodeSettings,
     TimingConfig,
 )
-from nodeagent.config.values import Section, check_name
+from nodeagent.config.values import Section, check_name, parse_duration, parse_signal
 from nodeagent.errors import ConfigError, CorruptStateError
 from nodeagent.model.credential import digest_of
 
@@ -69,6 +69,8 @@ class JobSpec:
     selector: Mapping[str, str] = field(default_factory=dict)  # labels a node must have
     preemptible: bool = False  # may be evicted whole for a job of higher priority
     signature: str = ""  # pool.auth munge: an agent's credential over the rest (signed_digest)
+    time_limit: float | None = None  # seconds it may run once admitted (sbatch --time)
+    signal: tuple[str, float] | None = None  # (USR1, 300): sent 300 s before the time limit
 
     @property
     def id(self) -> str:
@@ -108,6 +110,8 @@ class JobSpec:
             "group": self.group,
             "submitted_by": self.submitted_by or None,
             "signature": self.signature or None,
+            "time_limit": self.time_limit,
+            "signal": f"{self.signal[0]}@{self.signal[1]:g}" if self.signal else None,
         }
         doc.update({k: v for k, v in optional.items() if v is not None})
         return doc
@@ -173,6 +177,7 @@ def load_spec(
     signature = root.get("signature", str, "") if submitted else ""
     selector = _selector(root)
     preemptible = root.get("preemptible", bool, False)
+    time_limit, signal = _time_limit(root)
     root.reject_unknown()
     return JobSpec(
         job,
@@ -185,7 +190,32 @@ def load_spec(
         selector,
         preemptible,
         signature[:4096],
+        time_limit=time_limit,
+        signal=signal,
     )
+
+
+def _time_limit(root: Section) -> tuple[float | None, tuple[str, float] | None]:
+    """time_limit (a duration, more than 0) and signal (SIGNAL[@TIME], needs a time_limit, its
+    TIME below it).
+
+    Raises: ConfigError naming the key."""
+    raw_limit, raw_signal = root.raw("time_limit"), root.raw("signal")
+    limit = None if raw_limit is None else parse_duration(raw_limit, "time_limit")
+    if limit is not None and limit <= 0:
+        raise ConfigError("time_limit", f"must be more than 0, got {raw_limit!r}")
+    if raw_signal is None:
+        return limit, None
+    signal = parse_signal(raw_signal, "signal")
+    if limit is None:
+        raise ConfigError("signal", "is sent before the time limit: give a time_limit (--time)")
+    if signal[1] >= limit:
+        raise ConfigError(
+            "signal",
+            f"{signal[1]:g}s before the end of a time limit of {limit:g}s: it would be sent "
+            "at once; give a time below the limit",
+        )
+    return limit, signal
 
 
 def _nodes_own_paths(checkpoint: CheckpointConfig | None) -> None:

@@ -13,10 +13,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from nodeagent.coord.ended import clear_job, prune
 from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
-from nodeagent.model.job import Cordon, Event, JobRecord
+from nodeagent.coord.store import JobStore
+from nodeagent.model.job import Command, CommandType, Cordon, Event, JobRecord
 from nodeagent.model.pool import PoolJobState, PoolNode
 from nodeagent.model.spec import JobSpec
+from nodeagent.pool import lifecycle
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 
 log = logging.getLogger(__name__)
@@ -109,10 +112,9 @@ def _vouched(spec: JobSpec | str, vouch: Vouch) -> JobSpec | str:
 
 def _node_view(name: str, report: PoolNode, cordon: Cordon | None) -> NodeView:
     refused = MappingProxyType(dict(report.refused)) if report.refused else _NONE
-    if cordon is None:
-        return NodeView(name, report.pinned, report.unfit, None, False, refused, report.labels)
+    reason, drain = (cordon.reason, cordon.drain) if cordon is not None else (None, False)
     return NodeView(
-        name, report.pinned, report.unfit, cordon.reason, cordon.drain, refused, report.labels
+        name, report.pinned, report.unfit, reason, drain, refused, report.labels, report.serving
     )
 
 
@@ -120,6 +122,7 @@ def _job_view(
     job_id: str, snap: PoolSnapshot, spec: JobSpec | str, record: JobRecord | None
 ) -> JobView:
     status = snap.jobs[job_id]
+    requeue = snap.requeues.get(job_id)
     if isinstance(spec, str):
         return JobView(job_id, status, 1, 1, 1, invalid=f"its spec cannot be read: {spec}")
     job = spec.job
@@ -136,6 +139,11 @@ def _job_view(
         cancel=snap.cancels.get(job_id),
         selector=spec.selector,
         preemptible=spec.preemptible,
+        time_limit_ms=round(spec.time_limit * 1000) if spec.time_limit is not None else None,
+        signal=(spec.signal[0], round(spec.signal[1] * 1000)) if spec.signal else None,
+        held=snap.holds.get(job_id),
+        requeue=requeue.by if requeue and requeue.admitted_ms == status.admitted_ms else None,
+        exit_code=record.exit_code if record is not None and record.state.terminal else None,
     )
 
 
@@ -145,27 +153,71 @@ def lead(
     policy: SchedulePolicy,
     views: NodeViews | None = None,
     vouch: Vouch | None = None,
+    pruning: lifecycle.Pruning | None = None,
 ) -> Round:
-    """One round as pool leader (`views`, `vouch`: as read_view's).
+    """One round as pool leader (`views`, `vouch`: as read_view's; `pruning`: when it last
+    pruned ended jobs, kept between rounds).
 
     Raises:
         CoordinationError: Redis could not be read or written.
         FencedError: another node leads the pool now.
     """
     snap, view, _ = read_view(store, leader, views, vouch)
+    view, fresh = lifecycle.unstale(view)
+    view, timed, due = lifecycle.deadlines(view)
     result = schedule(view, policy)
     before = dict(snap.placements)
     lapsed = snap.lapsed
-    if not result.changed(before) and not lapsed:
+    _prune(store, leader, snap, policy, pruning or lifecycle.Pruning())
+    if not result.changed(before) and not lapsed and not fresh and not timed:
         return Round(view, None, snap.garbage)
+    for job_id in fresh:  # a reused id: the ended job's keys go before the new one is placed
+        clear_job(store.client, store.keys.job(job_id))
+    for deadline in due:  # sent before the status says so: at least once
+        _send(store, deadline)
     unplace = tuple(n for n in before if n not in result.placements)
     place = {n: j for n, j in result.placements.items() if before.get(n) != j}
     events = result.events
     if (unplace or place) and not events:  # every placement change wakes the pool's nodes
         moved = sorted({*unplace, *place})
         events = (Event("placements", message=f"nodes {', '.join(moved)} moved"),)
-    write = PoolWrite(unplace, place, result.jobs, lapsed, events)
+    write = PoolWrite(unplace, place, {**fresh, **timed, **result.jobs}, lapsed, events)
     for event in result.events:
         log.info("pool: %s", event.message)
     store.commit(leader, write)
     return Round(view, write, snap.garbage)
+
+
+def _send(store: PoolStore, deadline: lifecycle.Deadline) -> None:
+    """A time limit's signal, or its stop, through the job's own command stream."""
+    jobs = JobStore(store.client, store.keys.job(deadline.job))
+    if deadline.signal is None:
+        jobs.send_command(Command(CommandType.STOP, by="its time limit"))
+    else:
+        jobs.send_command(Command(CommandType.SIGNAL, by="its time limit", signal=deadline.signal))
+    log.info("pool: job %s: %s", deadline.job, deadline.reason)
+
+
+def _prune(
+    store: PoolStore,
+    leader: str,
+    snap: PoolSnapshot,
+    policy: SchedulePolicy,
+    pruning: lifecycle.Pruning,
+) -> None:
+    """Remove the jobs that ended pool.keep_ended ago, their own keys first, and the history
+    of reused ids as old (pool/lifecycle.py).
+
+    Raises:
+        CoordinationError, FencedError: as the store's calls.
+    """
+    keep, now = policy.keep_ended_ms, snap.now_ms
+    due = lifecycle.prunable(snap.jobs, set(snap.placements.values()), now, keep)
+    if not pruning.due(now, keep, due):
+        return
+    for job_id in due:
+        clear_job(store.client, store.keys.job(job_id))
+    pruned = prune(store.client, store.keys, leader, now - keep, due)
+    pruning.last_ms = now
+    if pruned:
+        log.info("pool: pruned %d jobs that ended %.0fs ago or more", pruned, keep / 1000)

@@ -21,7 +21,7 @@ from nodeagent.errors import CoordinationError, FencedError
 from nodeagent.model.credential import MungeUnavailable
 from nodeagent.model.pool import PoolNode
 from nodeagent.model.spec import JobSpec
-from nodeagent.pool import leadership
+from nodeagent.pool import leadership, lifecycle
 from nodeagent.pool.authority import Authority
 from nodeagent.pool.requests import Requests
 from nodeagent.pool.schedule import PoolView, SchedulePolicy
@@ -64,7 +64,9 @@ class PoolMember:
             reserve_after_ms=int(pool.reserve_after * 1000),
             resize_cooldown_ms=int(pool.resize_cooldown * 1000),
             preempt_after_ms=int(pool.preempt_after * 1000),
+            keep_ended_ms=int(pool.keep_ended * 1000),
         )
+        self._pruning = lifecycle.Pruning()  # when this node, leading, last pruned
         self._views = leadership.NodeViews()  # kept between rounds while this node leads
         self.placement: str | None = None
         self._garbage: tuple[str, ...] = ()
@@ -184,7 +186,9 @@ class PoolMember:
         try:
             self._serve_requests(token)
             done = self._store_call(
-                lambda: leadership.lead(self._store, token, self._policy, self._views, vouch),
+                lambda: leadership.lead(
+                    self._store, token, self._policy, self._views, vouch, self._pruning
+                ),
                 "pool leader round",
             )
         except FencedError as exc:

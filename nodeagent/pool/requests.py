@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from nodeagent.coord import holds
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
@@ -30,10 +31,11 @@ from nodeagent.model.credential import (
     credential_id,
 )
 from nodeagent.model.job import Command, CommandType, Cordon, Event
-from nodeagent.model.pool import PoolJobState
+from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT, MAX_NODES, QueueView
 from nodeagent.model.request import Caller, Reply, Request, Verb
 from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.pool import jobverbs
 from nodeagent.pool.authority import Authority
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,10 @@ log = logging.getLogger(__name__)
 
 class Refused(Exception):
     """A request the caller may not make, or one that cannot be done: the reply says why."""
+
+
+class Missing(Refused):
+    """Refused: the job or node it names does not exist (nodeagentctl exits 3)."""
 
 
 class Requests:
@@ -98,7 +104,7 @@ class Requests:
         try:
             message = self._apply(caller, request)
         except Refused as exc:
-            return Reply(False, f"refused: {exc}", caller.name), data
+            return Reply(False, f"refused: {exc}", caller.name, isinstance(exc, Missing)), data
         return Reply(True, message, caller.name), data
 
     def _decode(self, request: Request) -> tuple[Decoded | None, Decoded | str]:
@@ -112,7 +118,9 @@ class Requests:
     def _apply(self, caller: Caller, request: Request) -> str:
         args = request.args
         if request.verb is Verb.SUBMIT:
-            return self._submit(caller, args.get("spec"))
+            return self._submit(caller, args.get("spec"), args.get("hold") is True)
+        if request.verb in (Verb.HOLD, Verb.RELEASE, Verb.REQUEUE):
+            return self._job_verb(caller, request.verb.value, _name(args, "job"))
         if request.verb is Verb.CANCEL:
             return self._cancel(caller, _name(args, "job"))
         if request.verb is Verb.SCALE:
@@ -128,7 +136,7 @@ class Requests:
             return self._queue(caller, args)
         return self._cordon(caller, args)
 
-    def _submit(self, caller: Caller, doc: object) -> str:
+    def _submit(self, caller: Caller, doc: object, hold: bool) -> str:
         try:
             spec = load_spec(doc, default_user=caller.name)
         except ConfigError as exc:
@@ -145,10 +153,9 @@ class Requests:
                 f"{queue.max_priority}"
             )
         signed = self._sign(replace(spec, submitted_by=caller.name))
-        created, status = self._store.submit(signed)
+        created, status = self._store.submit(signed, held_by=caller.name if hold else "")
         if not created:
-            state = status.state.value if status is not None else "unknown state"
-            raise Refused(f"job {spec.id} exists already ({state}); choose another --name")
+            raise Refused(in_use(spec.id, self._store.keys.pool, status))
         return f"job {spec.id} submitted, runs as {spec.user}"
 
     def _queue_of(self, name: str) -> QueueView:
@@ -167,7 +174,7 @@ class Requests:
         it."""
         status = self._store.status(job_id)
         if status is None:
-            raise Refused(f"no job {job_id!r} in pool {self._store.keys.pool}")
+            raise Missing(f"no job {job_id!r} in pool {self._store.keys.pool}")
         if status.state.ended:
             raise Refused(f"job {job_id} has ended already ({status.state.value})")
         if status.pinned:
@@ -190,6 +197,24 @@ class Requests:
         state, _ = self._owned(caller, job_id, "cancel")
         self._store.cancel(job_id, caller.name, running=state is PoolJobState.RUNNING)
         return f"job {job_id}: cancel requested by {caller.name}"
+
+    def _job_verb(self, caller: Caller, verb: str, job_id: str) -> str:
+        """hold, release or requeue (pool/jobverbs.py), by the job's owner or an operator."""
+        self._owned(caller, job_id, verb)
+        status = self._store.status(job_id)
+        held = holds.held_by(self._store, job_id)
+        if status is None:
+            raise Missing(f"no job {job_id!r} in pool {self._store.keys.pool}")
+        why = jobverbs.refusal(verb, job_id, status, held)
+        if why is not None:
+            raise Refused(why)
+        if verb == "hold":
+            holds.hold(self._store, job_id, caller.name)
+        elif verb == "release":
+            holds.release(self._store, job_id, caller.name)
+        else:
+            holds.requeue(self._store, job_id, caller.name, status.admitted_ms or 0)
+        return jobverbs.done(verb, job_id, caller.name)
 
     def _scale(self, caller: Caller, job_id: str, value: str) -> str:
         state, spec = self._owned(caller, job_id, "scale", pinned_ok=True)
@@ -220,7 +245,9 @@ class Requests:
     def _command(self, caller: Caller, job_id: str, kind: str) -> str:
         if kind not in (CommandType.STOP.value, CommandType.RESTART.value):
             raise Refused(f"command: expected stop or restart, got {kind[:32]!r}")
-        state, _ = self._owned(caller, job_id, kind, pinned_ok=True)
+        state, spec = self._owned(caller, job_id, kind, pinned_ok=True)
+        if kind == CommandType.STOP.value and spec is not None:  # submitted, not pinned
+            raise Refused(jobverbs.stop_refusal(job_id))
         if state is PoolJobState.PENDING:
             raise Refused(f"job {job_id} is pending: `cancel` ends it, nothing runs to {kind}")
         jobs = JobStore(self._store.client, self._store.keys.job(job_id))
@@ -269,7 +296,7 @@ class Requests:
         if args.get("job") is not None:
             return self._job_cordon(caller, _name(args, "job"), action, node, args)
         if not self._store.knows_node(node):
-            raise Refused(f"node {node!r} is not in pool {self._store.keys.pool}")
+            raise Missing(f"node {node!r} is not in pool {self._store.keys.pool}")
         if action == "uncordon":
             lifted = self._store.uncordon(node, caller.name)
             return f"node {node}: " + ("uncordoned" if lifted else "was not cordoned")
@@ -290,7 +317,7 @@ class Requests:
         if snapshot.record is not None:
             known |= set(snapshot.record.members)
         if node not in known:
-            raise Refused(f"node {node!r} is not in job {job_id}")
+            raise Missing(f"node {node!r} is not in job {job_id}")
         if action == "uncordon":
             lifted = node in cordoned and jobs.uncordon(node, caller.name)
             return f"node {node}: " + ("uncordoned" if lifted else "was not cordoned")
@@ -306,6 +333,17 @@ class Requests:
             return self._authority.sign(spec)
         except MungeUnavailable as exc:
             raise Refused(f"the pool leader cannot sign the spec: {exc}") from None
+
+
+def in_use(job_id: str, pool: str, status: PoolJob | None) -> str:
+    """Why a submission under `job_id` is refused: a job of that id has not ended."""
+    if status is not None and status.pinned:
+        return f"job {job_id} exists in pool {pool}: its nodes' job: sections run it"
+    state = status.state.value if status is not None else "its status unreadable"
+    return (
+        f"job {job_id} exists in pool {pool} and has not ended ({state}); choose another "
+        "--name, or submit it again once it has ended"
+    )
 
 
 def resolve_target(value: str, current: int) -> int:

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from nodeagent.config.values import format_duration
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT, Ledger, QueueView
@@ -83,6 +84,10 @@ class _Run:
                 lacking = {n.name for n in nodes if not _matches(n.labels, job.selector)}
                 self.refusers.setdefault(job.id, set()).update(lacking)
                 self.unmatched[job.id] = len(lacking)
+        self.serving: dict[str, set[str]] = {}  # job -> the nodes whose agent still runs it
+        for node in nodes:
+            if node.serving is not None:
+                self.serving.setdefault(node.serving, set()).add(node.name)
         self.healthy = {
             n.name for n in nodes if n.pinned is None and n.unfit is None and n.cordoned is None
         }
@@ -101,7 +106,8 @@ class _Run:
         event: str,
         data: Mapping[str, object] | None = None,
     ) -> None:
-        self.jobs[job.id] = self.status(job).moved(state, self.view.now_ms, reason)
+        moved = self.status(job).moved(state, self.view.now_ms, reason)
+        self.jobs[job.id] = replace(moved, exit_code=job.exit_code) if state.ended else moved
         message = f"job {job.id}: {reason}"
         self.events.append(Event(event, message=message, data=dict(data or {"job": job.id})))
 
@@ -217,7 +223,29 @@ def schedule(view: PoolView, policy: SchedulePolicy) -> Schedule:
     reserved = _admit(run, policy)
     if not reserved:
         _grow(run, policy)
+    _account(run)
     return Schedule(run.placements, run.jobs, tuple(run.events))
+
+
+def _account(run: _Run) -> None:
+    """Node-time held by each job: at every change of its node count (admission, growth,
+    shrinking, a lost node, its end) the nodes it held until now are added to its node_ms."""
+    before: dict[str, int] = {}
+    for job_id in run.view.placements.values():
+        before[job_id] = before.get(job_id, 0) + 1
+    now = run.view.now_ms
+    for job in run.view.jobs.values():
+        held, holds = before.get(job.id, 0), len(run.by_job.get(job.id, ()))
+        status = run.status(job)
+        if held == holds:
+            continue
+        since = status.accounted_ms if status.accounted_ms is not None else now
+        run.jobs[job.id] = replace(
+            status,
+            node_ms=status.node_ms + held * max(0, now - since),
+            accounted_ms=now,
+            peak_nodes=max(status.peak_nodes, holds),
+        )
 
 
 def _settle(run: _Run, job: JobView) -> None:
@@ -234,6 +262,11 @@ def _settle(run: _Run, job: JobView) -> None:
         elif ended is None and state is not PoolJobState.RUNNING:
             run.move(job, PoolJobState.RUNNING, "pinned by its nodes", "job_running")
         return
+    timed_out = state is PoolJobState.RUNNING and job.status.time_up_ms is not None
+    if timed_out and (record is None or ended is _CANCELLED):  # stopped at its limit, or unformed
+        limit = format_duration((job.time_limit_ms or 0) / 1000)
+        run.move(job, PoolJobState.TIMEOUT, f"time limit of {limit} reached", "job_ended")
+        return
     if state is PoolJobState.PENDING and job.cancel is not None:
         run.move(
             job, PoolJobState.CANCELLED, f"cancelled by {job.cancel} while pending", "job_ended"
@@ -241,6 +274,8 @@ def _settle(run: _Run, job: JobView) -> None:
     elif state is PoolJobState.RUNNING and job.cancel is not None and ended in (None, _CANCELLED):
         if record is None or ended is not None:  # stopped, or never formed
             run.move(job, PoolJobState.CANCELLED, f"cancelled by {job.cancel}", "job_ended")
+    elif state is PoolJobState.RUNNING and job.requeue is not None and ended is None:
+        run.move(job, PoolJobState.PENDING, f"requeued by {job.requeue}", "job_requeued")
     elif state is PoolJobState.RUNNING and ended is not None and record is not None:
         run.move(job, ended, f"its record is {record.value}", "job_ended")
 
@@ -324,6 +359,14 @@ def _admit(run: _Run, policy: SchedulePolicy) -> bool:
     )
     reserving: JobView | None = None
     for job in pending:
+        if job.held is not None:
+            run.note(job, f"held by {job.held}: `nodeagentctl release {job.id}` lets it go")
+            continue
+        if reserving is None and run.serving.get(job.id):  # requeued, evicted: it keeps its
+            stopping = ", ".join(sorted(run.serving[job.id])[:3])  # place, nodes wait for it
+            run.note(job, f"waiting for its workers to stop on {stopping}")
+            reserving = job
+            continue
         if reserving is not None:
             run.note(job, f"waiting: nodes are held for {reserving.id}, pending longer")
             continue

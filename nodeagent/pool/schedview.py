@@ -22,6 +22,7 @@ class NodeView:
     drained: bool = False  # ... that also takes it off its job now
     refused: Mapping[str, str] = field(default_factory=dict)  # jobs it cannot run -> why
     labels: Mapping[str, str] = field(default_factory=dict)
+    serving: str | None = None  # the job its agent runs now (its workers may be stopping)
 
     @property
     def eligible(self) -> bool:
@@ -45,6 +46,11 @@ class JobView:
     invalid: str | None = None  # its spec cannot be read: it fails
     selector: Mapping[str, str] = field(default_factory=dict)  # labels a node must have
     preemptible: bool = False  # may be evicted whole for a job of higher priority
+    time_limit_ms: int | None = None  # how long it may run once admitted
+    signal: tuple[str, int] | None = None  # (USR1, ms before the time limit)
+    held: str | None = None  # who holds it (a pending job is not admitted while held)
+    requeue: str | None = None  # who asked to put this run back in the queue
+    exit_code: int | None = None  # its record's, once the record has ended
 
     @property
     def order(self) -> tuple[int, int]:
@@ -65,6 +71,7 @@ class SchedulePolicy:
     reserve_after_ms: int = 300_000
     resize_cooldown_ms: int = 60_000  # a job is shrunk or grown back at most this often
     preempt_after_ms: int = 0  # a pending job preempts only after waiting this long
+    keep_ended_ms: int = 7 * 86_400_000  # an ended job is pruned after this (pool/lifecycle.py)
 
 
 @dataclass(frozen=True)

@@ -387,6 +387,14 @@ class Supervisor:
                 self._term_group(worker)
             _signal_group(worker.popen.pid, signal.SIGCONT)  # a stopped process must see TERM
 
+    def signal(self, name: str) -> None:
+        """Send SIG`name` (USR1) to every running worker's main process (a time limit's
+        warning: sbatch --signal); its children are the script's to tell."""
+        sig = signal.Signals[f"SIG{name}"]
+        for worker in self._workers:
+            if worker.popen is not None and worker.returncode is None:
+                _signal_process(worker.popen.pid, sig)
+
     def _term_group(self, worker: _Worker) -> None:
         """SIGTERM what a stopped worker's main process left in its group (once)."""
         if worker.popen is None or worker.group_termed:

@@ -15,7 +15,15 @@ from typing import Any
 
 import yaml
 
-from tests.helpers.cluster import WORKER, AgentProcess, nodeagentctl, start_agent, wait_for
+from nodeagent.coord.keys import PoolKeys
+from tests.helpers.cluster import (
+    WORKER,
+    AgentProcess,
+    RedisServer,
+    nodeagentctl,
+    start_agent,
+    wait_for,
+)
 from tests.helpers.runas import AS_TESTER
 
 # A lease that survives a loaded CI machine. An agent fences its workers when it has not renewed
@@ -95,6 +103,7 @@ class PoolCluster:
     def submit(self, name: str, nodes: str, *more: str) -> None:
         result = self.ctl(
             "submit",
+            "--parsable",
             "--name",
             name,
             "--nodes",
@@ -119,11 +128,21 @@ class PoolCluster:
         return {row["name"]: row["job"] for row in json.loads(result.stdout) if row["alive"]}
 
     def wait_job(
-        self, job: str, state: str, world: int | None = None, timeout: float = 30
+        self,
+        job: str,
+        state: str,
+        world: int | None = None,
+        timeout: float = 30,
+        after: int | None = None,
     ) -> dict[str, Any]:
+        """Until `job` is in `state` (with `world` ranks; in a generation after `after`: it
+        restarted, was requeued); its row."""
+
         def probe() -> dict[str, Any] | None:
             row = self.jobs().get(job)
             if row is None or row["state"] != state:
+                return None
+            if after is not None and (row["generation"] or 0) <= after:
                 return None
             return row if world is None or row["world_size"] == world else None
 
@@ -152,6 +171,26 @@ class PoolCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(agent.proc.pid, signal.SIGKILL)
                 agent.proc.wait(10)
+
+
+def pool_keys(redis_server: RedisServer, pool: str) -> dict[str, Any]:
+    """What a request could change: every key of the pool but its nodes' heartbeats."""
+    keys = PoolKeys("nodeagent", pool)
+    client = redis_server.client()
+    try:
+        return {
+            "specs": client.hgetall(keys.specs),
+            "jobs": client.hgetall(keys.jobs),
+            "placements": client.hgetall(keys.placements),
+            "cancels": client.hgetall(keys.cancels),
+            "cordons": client.hgetall(keys.cordons),
+            "queues": client.hgetall(keys.queues),
+            "history": client.hgetall(keys.history),
+            "ended": client.zrange(keys.ended, 0, -1, withscores=True),
+            "seq": client.get(keys.seq),
+        }
+    finally:
+        client.close()
 
 
 @contextmanager

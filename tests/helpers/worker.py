@@ -2,8 +2,9 @@
 
 Appends JSON lines to $RECORD_DIR/records.jsonl: a "start" record (pid, process start time,
 generation, ranks), an "overlap" record if any worker of an older generation is still alive when
-it starts, a "stop" record when SIGTERM arrives. It exits with the code written to
-$RECORD_DIR/exit-<generation> (all workers of that generation), else runs until stopped.
+it starts, a "stop" record when SIGTERM arrives, a "signal" record when SIGUSR1 does. It exits
+with the code written to $RECORD_DIR/exit-<generation> (all workers of that generation), else
+runs until stopped.
 With SPAWN_CHILD=1 it first starts a child process (like a data loader) that sleeps for ever,
 and names it in the start record.
 """
@@ -103,7 +104,11 @@ def main() -> int:
         nonlocal stopping
         stopping = True
 
+    def on_usr1(signum: int, frame: object) -> None:
+        record(directory, event="signal", signal="USR1", **base)
+
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGUSR1, on_usr1)
     exit_file = directory / f"exit-{generation}"
     while not stopping:
         if exit_file.exists():

@@ -70,7 +70,7 @@ def test_ctl_errors() -> None:
 
 def test_scale_before_the_job_formed(redis_server: RedisServer, job_id: str) -> None:
     result = run("nodeagent.cli.ctl", "--redis", redis_server.url, "--job", job_id, "scale", "2")
-    assert result.returncode == 2 and "has not formed yet" in result.stderr
+    assert result.returncode == 3 and "has not formed yet" in result.stderr  # no such job yet
 
 
 def test_status_table_and_events(redis_server: RedisServer, job_id: str, tmp_path: Path) -> None:

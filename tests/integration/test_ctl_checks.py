@@ -4,6 +4,9 @@ names it, and Redis is left exactly as it was. Against a real redis-server and r
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,8 @@ from tests.helpers.fingerprint import fingerprint
 pytestmark = pytest.mark.xdist_group("ctl-checks")
 DB = 11  # this module's own database of the session's redis-server: every key in it is ours
 EX_USAGE = 2
+EX_NOT_FOUND = 3
+URL_ENV = "NODEAGENT_REDIS_URL"
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +101,24 @@ BAD_REQUESTS = [
     ("scale-pool-unknown-job", ["scale", "typo", "1"], ["job 'typo' does not exist"]),
     ("cancel-unknown-job", ["cancel", "typo"], ["no job 'typo' in pool default"]),
     ("submit-nothing", ["submit", "--name", "x"], ["give a job spec file, or the command"]),
+    ("submit-time-bare", ["submit", "--time", "90", "--", "true"], ["'90' has no unit", "90m"]),
+    ("submit-time-bad", ["submit", "--time", "5x", "--", "true"], ["argument --time", "'5x'"]),
+    ("submit-time-clock", ["submit", "--time", "1:75", "--", "true"], ["argument --time"]),
+    (
+        "submit-signal-kill",
+        ["submit", "--time", "1h", "--signal", "KILL@10", "--", "true"],
+        ["signal: expected SIGNAL[@TIME] with a signal a worker can catch", "'KILL@10'"],
+    ),
+    (
+        "submit-signal-without-time",
+        ["submit", "--signal", "USR1@10", "--", "true"],
+        ["signal: is sent before the time limit: give a time_limit (--time)"],
+    ),
+    (
+        "submit-signal-after-start",
+        ["submit", "--time", "1m", "--signal", "USR1@2m", "--", "true"],
+        ["120s before the end of a time limit of 60s"],
+    ),
     (
         "submit-min-above-max",
         ["submit", "--name", "x", "--nodes", "3:1", "--", "true"],
@@ -121,6 +144,8 @@ BAD_REQUESTS = [
     ("events-last-abc", ["events", "--last", "abc"], ["--last", "whole number >= 0"]),
     ("events-last-fraction", ["events", "--last", "2.5"], ["--last", "whole number >= 0"]),
     ("stop-unknown-job", ["--job", "typo", "stop"], ["job 'typo' does not exist", "--job"]),
+    ("stop-unknown-job-positional", ["stop", "typo"], ["two jobs given", "typo"]),
+    ("restart-two-jobs", ["restart", "other"], ["two jobs given: --job", "other; give one"]),
     ("restart-unknown-job", ["--job", "typo", "restart"], ["job 'typo' does not exist"]),
     ("scale-unknown-job", ["--job", "typo", "scale", "1"], ["job 'typo' does not exist"]),
     ("cordon-unknown-job", ["--job", "typo", "cordon", "a"], ["job 'typo' does not exist"]),
@@ -171,15 +196,37 @@ BAD_URLS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("args", "fragments"), [c[1:] for c in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS]
+# The requests of BAD_REQUESTS that name a job or node that does not exist: exit 3, not 2
+NOT_FOUND = frozenset(
+    {
+        "drain-unknown-wait",
+        "drain-unknown",
+        "cordon-unknown",
+        "uncordon-unknown",
+        "health-unknown",
+        "scale-pool-unknown-job",
+        "cancel-unknown-job",
+        "stop-unknown-job",
+        "restart-unknown-job",
+        "scale-unknown-job",
+        "cordon-unknown-job",
+        "drain-unknown-job",
+        "uncordon-unknown-job",
+        "stop-other-prefix",
+    }
 )
-def test_a_bad_request_exits_2_and_writes_nothing(
-    cluster: LocalCluster, db: redis.Redis, args: list[str], fragments: list[str]
+
+
+@pytest.mark.parametrize(
+    ("case", "args", "fragments"), BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS]
+)
+def test_a_bad_request_exits_2_or_3_and_writes_nothing(
+    cluster: LocalCluster, db: redis.Redis, case: str, args: list[str], fragments: list[str]
 ) -> None:
     before = fingerprint(db)
     result = ctl(*where(cluster), *args)
-    assert (result.returncode, result.stdout) == (EX_USAGE, ""), result.stderr
+    code = EX_NOT_FOUND if case in NOT_FOUND else EX_USAGE
+    assert (result.returncode, result.stdout) == (code, ""), result.stderr
     for fragment in fragments:
         assert fragment in result.stderr
     assert "Traceback" not in result.stderr
@@ -279,7 +326,7 @@ def test_a_key_of_the_wrong_type_is_not_called_unreachable(db_url: str, db: redi
         assert "cannot reach Redis" not in result.stderr and "Traceback" not in result.stderr
         if command == ["status"] and result.returncode == 0:
             continue  # a store that reads around the garbage may show the status
-        assert result.returncode in (EX_USAGE, 69), result.stderr
+        assert result.returncode in (EX_USAGE, EX_NOT_FOUND, 69), result.stderr
         if result.returncode == 69:
             assert "Redis answered with an error" in result.stderr
             assert "WRONGTYPE" in result.stderr
@@ -312,6 +359,29 @@ def test_a_bad_spec_file_exits_2_naming_the_key_and_writes_nothing(
     for fragment in fragments:
         assert fragment in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+    assert fingerprint(db) == before
+
+
+def test_the_url_from_the_environment_version_and_ctrl_c(
+    cluster: LocalCluster, db_url: str, db: redis.Redis
+) -> None:
+    status = ctl("--job", cluster.job, "status", "--json", env={URL_ENV: db_url})
+    assert status.returncode == 0 and json.loads(status.stdout)["job"] == cluster.job, status
+    before = fingerprint(db)
+    bad = ctl("--job", cluster.job, "stop", env={URL_ENV: "redis://127.0.0.1:6379/abc"})
+    assert bad.returncode == EX_USAGE and URL_ENV in bad.stderr, bad
+    version = ctl("--version")
+    assert version.returncode == 0 and version.stdout.split()[0] == "nodeagentctl"
+    where = ("--redis", db_url, "--job", cluster.job)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "nodeagent.cli.ctl", *where, "events", "--follow"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert follow.stdout is not None and follow.stdout.readline()  # it printed, and follows
+    follow.send_signal(signal.SIGINT)
+    assert follow.wait(20) == 130  # interrupted, as shells report it
+    follow.stdout.close()
     assert fingerprint(db) == before
 
 

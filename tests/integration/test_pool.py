@@ -188,7 +188,7 @@ def test_draining_a_pool_node_moves_its_job_to_a_free_one(pool: PoolCluster) -> 
     pool.wait_job("mover", "running", world=1)
     assert pool.ctl("uncordon", node).returncode == 0
     unknown = pool.ctl("cordon", "ghost")
-    assert unknown.returncode == 2 and "not in pool" in unknown.stderr
+    assert unknown.returncode == 3 and "not in pool" in unknown.stderr  # no such node
 
 
 def test_scale_a_pool_job_down_and_up_by_relative_counts(pool: PoolCluster) -> None:

@@ -15,7 +15,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -26,7 +25,7 @@ from nodeagent.errors import FencedError
 from nodeagent.model.request import Reply, Request, Verb
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.munge import MungeDaemon
-from tests.helpers.pool import PoolCluster, pool_cluster
+from tests.helpers.pool import PoolCluster, pool_cluster, pool_keys
 from tests.helpers.users import User, reachable_dir, unix_users
 
 pytestmark = pytest.mark.timeout(240)
@@ -86,24 +85,6 @@ def submit(
     )  # fmt: skip
 
 
-def pool_keys(redis_server: RedisServer, pool: str) -> dict[str, Any]:
-    """What a request could change: every key of the pool but its nodes' heartbeats."""
-    keys = PoolKeys("nodeagent", pool)
-    client = redis_server.client()
-    try:
-        return {
-            "specs": client.hgetall(keys.specs),
-            "jobs": client.hgetall(keys.jobs),
-            "placements": client.hgetall(keys.placements),
-            "cancels": client.hgetall(keys.cancels),
-            "cordons": client.hgetall(keys.cordons),
-            "queues": client.hgetall(keys.queues),
-            "seq": client.get(keys.seq),
-        }
-    finally:
-        client.close()
-
-
 def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     pool: PoolCluster, munged: MungeDaemon, users: dict[str, User], redis_server: RedisServer
 ) -> None:
@@ -111,7 +92,7 @@ def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     pool.start("a", "b")
     pool.wait_nodes(2)
     done = submit(pool, munged, alice, "mine")
-    assert done.returncode == 0 and done.stdout.strip() == "mine", done.stderr
+    assert done.returncode == 0 and done.stdout.strip() == "Submitted job mine", done.stderr
     pool.wait_job("mine", "running", world=1)
     marks = pool.directory / "marks" / "mine"
     wait_for(lambda: marks.exists() and marks.read_text().strip() == alice.name, 30, "whoami")
@@ -177,6 +158,36 @@ def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     assert (bob.name, "cancel", "request_refused") in who
     assert (alice.name, "cancel", "request_done") in who
     assert ("root", "queue", "request_done") in who and ("root", "cordon", "request_done") in who
+
+
+def test_hold_release_requeue_are_signed_and_only_the_owner_s(
+    pool: PoolCluster, munged: MungeDaemon, users: dict[str, User], redis_server: RedisServer
+) -> None:
+    alice, bob = users["alice"], users["bob"]
+    pool.start("a")
+    pool.wait_nodes(1)
+    held = submit(pool, munged, alice, "kept", "--hold")
+    assert held.returncode == 0, held.stderr
+    wait_for(lambda: "held by" in pool.jobs()["kept"]["reason"], 20, "the hold said")
+    assert pool.jobs()["kept"]["reason"].startswith(f"held by {alice.name}")
+    before = pool_keys(redis_server, pool.pool)
+    for verb in ("release", "requeue", "hold"):
+        refused = ctl(pool, munged, bob, verb, "kept")
+        assert refused.returncode == 2, refused
+        assert f"{bob.name} may not {verb} job kept of {alice.name}" in refused.stderr
+    ghost = ctl(pool, munged, alice, "hold", "ghost")
+    assert ghost.returncode == 3 and "no job 'ghost'" in ghost.stderr, ghost  # no such job
+    again = ctl(pool, munged, alice, "hold", "kept")
+    assert again.returncode == 2 and "job kept is held already" in again.stderr
+    assert pool_keys(redis_server, pool.pool) == before
+    released = ctl(pool, munged, alice, "release", "kept")
+    assert released.returncode == 0 and f"released by {alice.name}" in released.stdout
+    first = pool.wait_job("kept", "running", world=1)
+    stop = ctl(pool, munged, alice, "stop", "kept")  # a pool job: cancel or requeue it
+    assert stop.returncode == 2 and "`nodeagentctl cancel kept` ends it" in stop.stderr, stop
+    requeued = ctl(pool, munged, None, "requeue", "kept")  # an operator may
+    assert requeued.returncode == 0 and "requeue requested by root" in requeued.stdout
+    pool.wait_job("kept", "running", timeout=60, after=first["generation"])
 
 
 def check_logs(

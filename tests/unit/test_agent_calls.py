@@ -60,6 +60,8 @@ class IdleGroup:
     def dump_stacks(self, local_rank: int) -> str:
         return ""
 
+    def signal(self, name: str) -> None: ...
+
     def status(self) -> GroupStatus:
         return GroupStatus()
 

@@ -38,6 +38,7 @@ class FakeWorkers:
         self.failure: Failure | None = None
         self.started: list[int] = []  # the generations started, in order
         self.rank = 0  # of its first worker
+        self.signals: list[str] = []  # the signals sent to its workers, in order
         self._exits: list[WorkerExit] = []
 
     def start(self, generation: int, node: str, specs: list[WorkerSpec]) -> Started:
@@ -72,6 +73,9 @@ class FakeWorkers:
     def mark_failed(self, local_rank: int, kind: str, code: int | None = None) -> None: ...
     def dump_stacks(self, local_rank: int) -> str:
         return ""
+
+    def signal(self, name: str) -> None:
+        self.signals.append(name)
 
     def status(self) -> GroupStatus:
         return GroupStatus(self.generation, self.phase, self.failure)
@@ -229,3 +233,18 @@ def test_a_node_that_leaves_is_dropped_without_using_a_restart() -> None:
     job.run_until(lambda: job.running(2))
     record = job.store.record
     assert record is not None and record.members == ("a",) and record.restart_count == 0
+
+
+def test_a_signal_command_reaches_every_member_s_workers_once() -> None:
+    job = Job({"min_nodes": 2, "max_nodes": 3})
+    form(job, ("a", "b", "c"))
+    job.store.send(Command(CommandType.SIGNAL, by="pool", signal="USR1"))
+    job.run_until(lambda: all(w.signals for w in job.workers.values()))
+    job.run(2.0)  # and only once, with no new generation
+    assert {n: w.signals for n, w in job.workers.items()} == {n: ["USR1"] for n in "abc"}
+    record = job.store.record
+    assert record is not None and record.generation == 1 and record.signal == "USR1"
+    job.workers["b"].crash()  # a later generation is not sent the earlier one's signal
+    job.run_until(lambda: job.running(2))
+    job.run(1.0)
+    assert [w.signals for w in job.workers.values()] == [["USR1"]] * 3

@@ -9,7 +9,7 @@ import yaml
 
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.identity import Account
-from nodeagent.config.load import load_config, read_config
+from nodeagent.config.load import load_config, load_settings, read_config
 from nodeagent.config.values import parse_duration
 from nodeagent.errors import ConfigError
 from tests.helpers.hosts import VALID, FixedResolver
@@ -47,6 +47,16 @@ def test_defaults_are_filled_in() -> None:
         ("5s", 5.0),
         ("2m", 120.0),
         ("1h", 3600.0),
+        ("7d", 7 * 86400.0),
+        ("1h30m", 5400.0),
+        ("90m", 5400.0),
+        ("1d12h", 129600.0),
+        ("1h 30m", 5400.0),
+        ("01:30:00", 5400.0),  # Slurm's HH:MM:SS
+        ("90:00", 5400.0),  # MM:SS
+        ("2-00:00:00", 172800.0),  # D-HH:MM:SS
+        ("1-12", 129600.0),  # D-HH
+        ("1-12:30", 131400.0),  # D-HH:MM
         ("1.5s", 1.5),
         (3, 3.0),
         (0.25, 0.25),
@@ -56,11 +66,25 @@ def test_durations(text: object, seconds: float) -> None:
     assert parse_duration(text, "timing.x") == seconds
 
 
-@pytest.mark.parametrize("text", ["5 parsecs", "-1s", "", True, [1], "fast"])
+@pytest.mark.parametrize(
+    "text",
+    ["5 parsecs", "-1s", "", True, [1], "fast", "1h30", "1:60:00", "1-24", "1:2:3:4", "5s5"],
+)
 def test_bad_durations_name_the_key(text: object) -> None:
     with pytest.raises(ConfigError) as err:
         parse_duration(text, "timing.lease_ttl")
     assert err.value.key == "timing.lease_ttl"
+
+
+def test_pool_keep_ended_defaults_to_a_week_and_is_checked() -> None:
+    pool_node = {k: v for k, v in VALID.items() if k != "job"}
+    assert load_settings(pool_node, FixedResolver()).pool.keep_ended == 7 * 86400.0
+    short = {**pool_node, "pool": {"keep_ended": "2h"}}
+    assert load_settings(short, FixedResolver()).pool.keep_ended == 7200.0
+    for bad in ("0s", "soon"):
+        with pytest.raises(ConfigError) as err:
+            load_settings({**pool_node, "pool": {"keep_ended": bad}}, FixedResolver())
+        assert err.value.key == "pool.keep_ended"
 
 
 @pytest.mark.parametrize(

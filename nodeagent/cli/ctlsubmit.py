@@ -1,0 +1,224 @@
+"""nodeagentctl submit: a job spec from a file and/or torchrun-like flags, checked before
+anything is written (an unknown key, a bad bound, an empty entrypoint, a bad id, duration or
+signal: exit 2, Redis as it was), stored pending in the pool (pool.auth none; with munge,
+cli/ctlsigned.py sends it as a signed request), and its id printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nodeagent.cli import ctlargs, ctlwait
+from nodeagent.config import strictyaml
+from nodeagent.config.settings import RECOVERY_MODES
+from nodeagent.coord.pool import PoolStore
+from nodeagent.errors import ConfigError, UsageError
+from nodeagent.model.queues import DEFAULT
+from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.pool import requests
+
+WAIT_RUNNING_S = 600.0  # --wait-running's default --timeout
+
+
+def add_parser(commands: Any) -> None:
+    submit = commands.add_parser(
+        "submit",
+        help="submit a job to the pool: a spec file, or torchrun-like flags and -- COMMAND",
+        description="nodeagentctl submit job.yaml | nodeagentctl submit --name llama "
+        "--nodes 2:8 --nproc-per-node 8 -- python train.py --cfg big.yaml",
+    )
+    submit.add_argument("spec", nargs="?", help="a job spec file (YAML)")
+    submit.add_argument(
+        "--name",
+        type=ctlargs.name,
+        help="job id (overrides the spec's id; default: the spec's, else a new one such as "
+        "job-3f9c2a1d); the id of a job that has ended may be used again",
+    )
+    submit.add_argument(
+        "--nodes",
+        "--nnodes",
+        dest="nodes",
+        help="MIN:MAX (or MIN-MAX) or N nodes, as torchrun's --nnodes",
+    )
+    submit.add_argument("--nproc-per-node", type=int, help="workers per node")
+    submit.add_argument("--env", action="append", default=[], metavar="K=V")
+    submit.add_argument(
+        "--workdir",
+        "--working-dir",
+        dest="workdir",
+        help="the workers' working directory (the spec's working_dir)",
+    )
+    submit.add_argument("--user", help="the Unix user it runs as (default: you)")
+    submit.add_argument("--queue", help="queue (default: default)")
+    submit.add_argument("--priority", type=int, help="priority (higher first; default 0)")
+    submit.add_argument("--max-restarts", type=int, help="restart budget (default 3)")
+    submit.add_argument(
+        "--preemptible",
+        action="store_true",
+        default=None,
+        help="may be evicted whole (back to pending) for a job of higher priority",
+    )
+    submit.add_argument(
+        "--recovery",
+        choices=RECOVERY_MODES,
+        help="restart every worker on a re-form (default), or keep survivors (in_place)",
+    )
+    submit.add_argument(
+        "--selector",
+        action="append",
+        default=[],
+        metavar="LABEL=VALUE",
+        help="only nodes whose pool.labels have it (repeatable)",
+    )
+    submit.add_argument(
+        "--time",
+        type=ctlargs.time_limit,
+        metavar="LIMIT",
+        help="how long it may run once admitted, such as 90m, 1h30m, 2d or Slurm's "
+        "[D-]HH:MM:SS; then it is stopped (the stop grace) and ends as timeout",
+    )
+    submit.add_argument(
+        "--signal",
+        metavar="SIG[@TIME]",
+        help="send SIG to every worker TIME before the time limit (as sbatch --signal; "
+        "default TIME 60s), such as USR1@300 or USR1@5m",
+    )
+    submit.add_argument(
+        "--hold",
+        action="store_true",
+        help="submit it held: it is not admitted until `nodeagentctl release JOB`",
+    )
+    submit.add_argument(
+        "--parsable", action="store_true", help="print only the job id (as sbatch --parsable)"
+    )
+    waits = submit.add_mutually_exclusive_group()
+    waits.add_argument(
+        "--wait",
+        action="store_true",
+        help="return when the job ends, with its exit code: 0 succeeded, else the failing "
+        "rank's code or 1 (as sbatch --wait)",
+    )
+    waits.add_argument(
+        "--wait-running",
+        action="store_true",
+        help="return once every rank runs (0), or it ends first (0 if it succeeded, else 1)",
+    )
+    submit.add_argument(
+        "--timeout",
+        type=ctlargs.duration,
+        help="how long --wait (default: no limit) or --wait-running (default 10m) waits; "
+        "then exit 1",
+    )
+    submit.set_defaults(argv=[])  # what follows `--` (nodeagentctl's main splits it off)
+
+
+def new_job_id() -> str:
+    """A job id for a submission that names none: job- and 8 random hex digits."""
+    return f"job-{secrets.token_hex(4)}"
+
+
+def submitted(job_id: str, args: argparse.Namespace) -> None:
+    """What `submit` prints once the job is stored: its id (only that with --parsable)."""
+    print(job_id if args.parsable else f"Submitted job {job_id}", flush=True)
+
+
+def spec_from_args(
+    args: argparse.Namespace, user: str, by: str, new_id: Callable[[], str] = new_job_id
+) -> JobSpec:
+    """The spec `submit` sends, from a file and/or flags (flags override the file); with no
+    --name and no id in the file, its id is `new_id()`.
+
+    Raises:
+        UsageError: naming the file and key, or the flag, that is wrong.
+    """
+    doc: dict[str, Any] = {}
+    where = "submit"
+    if args.spec:
+        where = args.spec
+        try:
+            loaded = strictyaml.load(Path(args.spec).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise UsageError(f"cannot read the job spec {args.spec}: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise UsageError(f"{args.spec}: expected a mapping of spec keys")
+        doc.update(loaded)
+    command = list(args.argv)
+    if command:
+        doc["entrypoint"] = command
+    if args.nodes:
+        low, _, high = args.nodes.replace("-", ":", 1).partition(":")
+        if not (low.isdigit() and (not high or high.isdigit())):
+            raise UsageError(
+                f"--nodes: expected MIN:MAX, MIN-MAX or N, such as 2:8, got {args.nodes!r}"
+            )
+        doc.update(min_nodes=int(low), max_nodes=int(high or low))
+        doc.pop("target_nodes", None)
+    flags = {
+        "nproc_per_node": args.nproc_per_node,
+        "working_dir": args.workdir,
+        "user": args.user,
+        "queue": args.queue,
+        "priority": args.priority,
+        "max_restarts": args.max_restarts,
+        "recovery": args.recovery,
+        "preemptible": args.preemptible,
+        "time_limit": args.time,
+        "signal": args.signal,
+    }
+    doc.update({k: v for k, v in flags.items() if v is not None})
+    for pair in args.selector:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise UsageError(f"--selector: expected LABEL=VALUE, got {pair!r}")
+        doc.setdefault("selector", {})[name] = value
+    for pair in args.env:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise UsageError(f"--env: expected K=V, got {pair!r}")
+        doc.setdefault("env", {})[name] = value
+    if not args.spec and not command:
+        raise UsageError("give a job spec file, or the command after --")
+    try:
+        job_id = args.name or (None if doc.get("id") is not None else new_id())
+        spec = load_spec(doc, default_user=user, job_id=job_id)
+    except ConfigError as exc:
+        raise UsageError(f"{where}: invalid job spec: {exc}") from None
+    return replace(spec, submitted_by=by)
+
+
+def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
+    spec = spec_from_args(args, user, by)
+    queue = store.queue(spec.queue)
+    if queue is None and spec.queue != DEFAULT:
+        raise UsageError(
+            f"queue {spec.queue} does not exist in pool {store.keys.pool}: "
+            f"`nodeagentctl queue create {spec.queue}` makes it, or submit to another"
+        )
+    ceiling = queue.max_priority if queue is not None else None
+    if ceiling is not None and spec.priority > ceiling:
+        raise UsageError(
+            f"priority {spec.priority} is above queue {spec.queue}'s ceiling of {ceiling}"
+        )
+    created, status = store.submit(spec, held_by=by if args.hold else "")
+    if not created:
+        raise UsageError(requests.in_use(spec.id, store.keys.pool, status))
+    submitted(spec.id, args)
+    return follow(store, spec.id, args)
+
+
+def follow(store: PoolStore, job_id: str, args: argparse.Namespace) -> int:
+    """What `submit` returns once the job is stored: 0, or with --wait the job's end (its exit
+    code), with --wait-running until every rank runs (argparse takes one of the two)."""
+    if args.wait:
+        return ctlwait.wait_ended(store, job_id, args.timeout)
+    if args.wait_running:
+        timeout = args.timeout if args.timeout is not None else WAIT_RUNNING_S
+        return ctlwait.wait_running(store, job_id, timeout)
+    return 0

@@ -1,0 +1,55 @@
+"""A job's generations and restarts as its events tell them (`nodeagentctl show`). Pure.
+
+Each `generation_started` event names its generation, members (the first EVENT_MEMBERS of
+them, and how many more) and the reason the generation was announced; each
+`generation_announced` after the first generation is a restart, by that reason (worker_failed,
+worker_hung, node_lost, node_left, node_joined, scale, operator, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nodeagent.model.job import Event
+
+
+@dataclass(frozen=True)
+class Generation:
+    number: int
+    started_ms: int
+    members: tuple[str, ...]
+    more: int  # members not named in the event
+    reason: str
+
+
+def generations(events: Sequence[Event]) -> list[Generation]:
+    """Every generation that started, in order."""
+    found = []
+    for event in events:
+        if event.type != "generation_started" or event.generation is None:
+            continue
+        data = event.data
+        members = data.get("members", [])
+        more = data.get("members_more", 0)
+        found.append(
+            Generation(
+                event.generation,
+                event.at_ms or 0,
+                tuple(str(m) for m in members) if isinstance(members, list) else (),
+                more if isinstance(more, int) else 0,
+                str(data.get("reason", "")),
+            )
+        )
+    return found
+
+
+def restarts_by_cause(events: Sequence[Event]) -> dict[str, int]:
+    """How many new generations were announced after the first, by their reason."""
+    causes: dict[str, int] = {}
+    for event in events:
+        if event.type != "generation_announced" or (event.generation or 0) <= 1:
+            continue
+        reason = str(event.data.get("reason", "unknown"))
+        causes[reason] = causes.get(reason, 0) + 1
+    return causes

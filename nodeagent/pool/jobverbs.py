@@ -1,0 +1,60 @@
+"""When a job may be held, released or requeued. Pure: one rule for nodeagentctl (pool.auth
+none, cli/ctljobverbs.py) and for the pool leader taking signed requests (pool/requests.py).
+
+- `hold JOB`: a pending job (not one held already) is kept from being admitted;
+- `release JOB`: a held job may be admitted again;
+- `requeue JOB`: a running job is put back in the queue, in its place (its seq), its workers
+  stopped with their grace so that they checkpoint; it runs again when admitted again.
+Ended jobs and jobs pinned by their nodes' `job:` sections take none of these.
+"""
+
+from __future__ import annotations
+
+from nodeagent.model.pool import PoolJob, PoolJobState
+
+VERBS = ("hold", "release", "requeue")
+
+
+def refusal(verb: str, job_id: str, status: PoolJob, held_by: str | None) -> str | None:
+    """Why `verb` cannot be done to the job now (None: it can)."""
+    state = status.state
+    if verb not in VERBS:
+        return f"expected one of {', '.join(VERBS)}, got {verb[:32]!r}"
+    if status.pinned:
+        return f"job {job_id} comes from its nodes' job: sections: {verb} is for submitted jobs"
+    if state.ended:
+        return f"job {job_id} has ended already ({state.value}); submit it again to run it again"
+    if verb == "hold" and state is not PoolJobState.PENDING:
+        return (
+            f"job {job_id} is {state.value}: hold keeps a pending job from being admitted; "
+            f"`nodeagentctl requeue {job_id}` puts a running one back in the queue"
+        )
+    if verb == "hold" and held_by is not None:
+        return f"job {job_id} is held already (by {held_by})"
+    if verb == "release" and held_by is None:
+        return f"job {job_id} is not held"
+    if verb == "requeue" and state is not PoolJobState.RUNNING:
+        return f"job {job_id} is {state.value}: it is in the queue already"
+    return None
+
+
+def done(verb: str, job_id: str, by: str) -> str:
+    """What is said once `verb` is asked."""
+    if verb == "hold":
+        return f"job {job_id}: held by {by}; `nodeagentctl release {job_id}` lets it go"
+    if verb == "release":
+        return f"job {job_id}: released by {by}"
+    return (
+        f"job {job_id}: requeue requested by {by}: its workers get the stop grace, then it "
+        "waits in its place in the queue"
+    )
+
+
+def stop_refusal(job_id: str) -> str:
+    """Why `stop` of a submitted job is refused: what `stop` means for a pinned job (its
+    workers stop until `restart`) would end a pool job; these verbs say what is meant."""
+    return (
+        f"job {job_id} was submitted to the pool: `nodeagentctl cancel {job_id}` ends it, "
+        f"`nodeagentctl requeue {job_id}` stops it and puts it back in the queue (stop is for "
+        "a job pinned by its nodes' job: sections, until `restart`)"
+    )
