@@ -37,6 +37,7 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 SLOTS = ("slot-0", "slot-1")
 CHUNK = 8 << 20  # bytes read at a time while checksumming or copying
+MANIFEST_MAX = 4 << 20  # a manifest of 10,000 files takes about 1 MB
 # Environment the agent gives a worker (nodeagent.worker.tiered reads it).
 MEMORY_ENV = "NODEAGENT_CKPT_MEMORY"  # this node's memory tier of the job
 MEMORY_LIMIT_ENV = "NODEAGENT_CKPT_MEMORY_LIMIT"  # bytes one rank's save may take
@@ -72,6 +73,10 @@ def moved_report(first: Path, generation: int, rank: int) -> Path:
 
 class BadCopy(Exception):
     """A save that must not be loaded: what is wrong, naming the file."""
+
+
+class NoSave(BadCopy):
+    """No save there at all (no manifest: none made, or one cut short), nothing wrong with it."""
 
 
 @dataclass(frozen=True)
@@ -182,12 +187,15 @@ def summarize(directory: Path) -> dict[str, FileSum]:
 def read_manifest(directory: Path) -> Manifest:
     """The manifest of a save, not yet verified against its files. Raises: BadCopy."""
     path = directory / MANIFEST
+    if not os.path.lexists(path):
+        raise NoSave(f"{directory}: no {MANIFEST} (no save, or one cut short)")
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise BadCopy(f"{directory}: no {MANIFEST} (no save, or one cut short)") from None
+        with os.fdopen(open_plain(path), "rb") as f:
+            raw = f.read(MANIFEST_MAX + 1)
     except OSError as exc:
         raise BadCopy(f"{path}: {exc.strerror}") from None
+    if len(raw) > MANIFEST_MAX:
+        raise BadCopy(f"{path}: more than {MANIFEST_MAX} bytes, not a manifest nodeagent wrote")
     return Manifest.from_json(raw, str(path))
 
 
@@ -327,7 +335,8 @@ def steps(root: Path) -> list[int]:
 
 def open_plain(path: Path) -> int:
     """A descriptor of `path` for reading, only if it is a regular file: never through a
-    symbolic link, never blocking on a FIFO a worker put in its place. Raises: BadCopy."""
+    symbolic link, never blocking on a FIFO a worker put in its place (the agent reads the
+    workers' files as root). Raises: BadCopy."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:

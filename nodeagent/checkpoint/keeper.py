@@ -25,7 +25,7 @@ from enum import Enum
 from pathlib import Path
 
 from nodeagent.channel import tier
-from nodeagent.checkpoint import scan
+from nodeagent.checkpoint import scan, space
 from nodeagent.checkpoint.notes import RestoreNote, read_note
 from nodeagent.checkpoint.space import check_parent
 from nodeagent.config.settings import CheckpointConfig
@@ -94,6 +94,7 @@ class TierKeeper:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.memory = Path(config.memory_tier(node, job))
+        self._node, self._job = node, job
         self.persist_root = Path(config.persist_dir) if config.persist_dir else None
         self.every = config.persist_every
         self._clock = clock
@@ -146,6 +147,7 @@ class TierKeeper:
             os.fchmod(fd, 0o700)
             if owner is not None:
                 os.fchown(fd, owner, -1)
+            space.mark(fd, self._node, self._job)
         finally:
             os.close(fd)
         if self.phase is TierPhase.REMOVED:
@@ -316,10 +318,18 @@ class TierKeeper:
             self._move(TierPhase.REMOVED, "the job ended")
         thread = self._thread
         if thread is not None and thread.is_alive():
+            # Out of the way first, under a name of its own: the node may be placed on the
+            # job again (or on a new job of the same id) before the copy returns, and the
+            # tier prepared then must not be what this removal deletes.
+            doomed = self.memory.with_name(f".{self.memory.name}.removed-{os.getpid()}-{id(self)}")
+            try:
+                os.rename(self.memory, doomed)
+            except OSError:
+                doomed = self.memory  # gone already, or cannot be moved: removed in place
 
             def after_copy() -> None:
                 thread.join()
-                shutil.rmtree(self.memory, ignore_errors=True)
+                shutil.rmtree(doomed, ignore_errors=True)
 
             threading.Thread(target=after_copy, name="nodeagent-tier-removal", daemon=True).start()
             return
@@ -354,8 +364,8 @@ class TierKeeper:
         newest = scan.newest_whole(saves, ranks)
         last = newest[0].manifest if newest else None
         if last is None or any(
-            (h.step, h.generation) >= (last.step, last.generation) for h in self._persisted
-        ):
+            (h.step, h.generation) == (last.step, last.generation) for h in self._persisted
+        ):  # (not `>=`: after a rollback a newer step of an abandoned timeline was copied)
             return
         began = self._clock()
         before = [scan.identity(save.slot) for save in newest]
@@ -367,12 +377,14 @@ class TierKeeper:
                 return  # the worker saved over it (two newer saves): the next one is copied
             raise
         seconds = self._clock() - began
+        # Outside the lock, which the agent's heartbeat takes (look): a slow persist_dir must
+        # not hold its loop up. Only this thread writes _persisted.
+        kept = scan.prune(
+            root, [*self._persisted, copied], KEEP_PERSISTED, self._protected, copied.ranks
+        )
+        size = sum(s.manifest.size for s in newest)
         with self._lock:
-            mine = [*self._persisted, copied]
-            self._persisted = scan.prune(
-                root, mine, KEEP_PERSISTED, self._protected, ranks=copied.ranks
-            )
-            size = sum(s.manifest.size for s in newest)
+            self._persisted = kept
             self.last_persist = Persisted(copied, seconds, size)
         log.info(
             "persisted step %d (ranks %s, %d bytes) in %.2fs",

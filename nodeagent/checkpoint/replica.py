@@ -86,6 +86,7 @@ class ReplicaServer:
         self._slots = threading.BoundedSemaphore(MAX_RECEIVES)
         self._lock = threading.Lock()
         self._receiving: set[tuple[str, int]] = set()  # (node, rank) copies under way
+        self._conns: set[socket.socket] = set()  # served now: close() ends them
         self._thread = threading.Thread(target=self._serve, name="nodeagent-replicas", daemon=True)
         self._thread.start()
 
@@ -95,11 +96,17 @@ class ReplicaServer:
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def close(self) -> None:
+        """Stop listening and end the copies under way (they write nothing more)."""
         self._closed.set()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         self._thread.join(5)
+        with self._lock:
+            serving = list(self._conns)
+        for conn in serving:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
     def _serve(self) -> None:
         while not self._closed.is_set():
@@ -115,11 +122,16 @@ class ReplicaServer:
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _handle(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._conns.add(conn)
         try:
             with conn:
                 conn.settimeout(TIMEOUT_S)
-                self._take(conn)
+                if not self._closed.is_set():
+                    self._take(conn)
         finally:
+            with self._lock:
+                self._conns.discard(conn)
             self._slots.release()
 
     def _take(self, conn: socket.socket) -> None:
@@ -151,6 +163,7 @@ class ReplicaServer:
 
     def _header(self, conn: socket.socket) -> tuple[str, int, Manifest]:
         line = _read_line(conn, time.monotonic() + HEADER_S)
+        conn.settimeout(TIMEOUT_S)
         try:
             data = json.loads(line)
         except ValueError:
@@ -173,9 +186,17 @@ def _read_line(conn: socket.socket, deadline: float | None = None) -> bytes:
     bytes, and by `deadline` (time.monotonic()) if given. Raises: BadCopy."""
     buf = bytearray()
     while True:
-        if deadline is not None and time.monotonic() > deadline:
-            raise BadCopy(f"the header took more than {HEADER_S:g}s")
-        peeked = conn.recv(min(CHUNK, MAX_HEADER + 1 - len(buf)), socket.MSG_PEEK)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BadCopy(f"the header took more than {HEADER_S:g}s")
+            conn.settimeout(left)  # a silent peer too: not TIMEOUT_S per recv
+        try:
+            peeked = conn.recv(min(CHUNK, MAX_HEADER + 1 - len(buf)), socket.MSG_PEEK)
+        except TimeoutError:
+            if deadline is None:
+                raise
+            raise BadCopy(f"the header took more than {HEADER_S:g}s") from None
         if not peeked:
             raise BadCopy("the connection closed before the header ended")
         end = peeked.find(b"\n")
@@ -255,12 +276,16 @@ def _line(conn: socket.socket) -> str:
 
 def _body(conn: socket.socket, slot: Path, manifest: Manifest, max_rate: float) -> int:
     sent, began = 0, time.monotonic()
-    for name in sorted(manifest.files):
+    for name, expected in sorted(manifest.files.items()):
         with os.fdopen(tier.open_plain(slot / name), "rb") as f:
-            while chunk := f.read(CHUNK):
+            left = expected.size  # what the manifest says, never more (the file may grow)
+            while left and (chunk := f.read(min(CHUNK, left))):
                 conn.sendall(chunk)
                 sent += len(chunk)
+                left -= len(chunk)
                 _pace(sent, began, max_rate)
+            if left or f.read(1):
+                raise BadCopy(f"{slot / name}: not the {expected.size} bytes its manifest says")
     return sent
 
 

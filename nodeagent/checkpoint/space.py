@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -64,6 +65,34 @@ def check_parent(parent: Path) -> None:
         )
 
 
+OWNER = ".owner"  # in a tier: "<node>\n<job>\n", written by the agent that made it
+
+
+def mark(tier_fd: int, node: str, job: str) -> None:
+    """Say in the tier (an open directory) whose it is: a node name may contain dots, so
+    `<node>.<job>` alone cannot tell node `a`'s tier of job `b.c` from node `a.b`'s of job
+    `c` (two agents sharing memory_dir). Never through a link a worker put there."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(OWNER, dir_fd=tier_fd)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(OWNER, flags, 0o644, dir_fd=tier_fd)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{node}\n{job}\n")
+
+
+def owner(tier: Path) -> tuple[str, str] | None:
+    """(node, job) as the tier's mark says, or None (no mark, or not one an agent wrote)."""
+    try:
+        fd = os.open(tier / OWNER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        words = f.read(1024).decode(errors="replace").split("\n")
+    return (words[0], words[1]) if len(words) == 3 and not words[2] else None
+
+
 def sweep(memory_dirs: Iterable[str], node: str, serving: str | None) -> list[Path]:
     """Remove this node's memory tiers of jobs other than `serving` (under each of
     `memory_dirs`); the paths removed.
@@ -71,9 +100,9 @@ def sweep(memory_dirs: Iterable[str], node: str, serving: str | None) -> list[Pa
     A tier normally goes when its job ends or the pool moves the node off it; one outlives that
     only if the agent was down at that moment (stopped, crashed) and was not placed back on the
     job: it would hold tmpfs for good. Called with what the node serves as the pool says,
-    never before the node has heard from the pool (it would not know what it serves). A
-    memory_dir someone else controls is left alone (check_parent), as is anything that is
-    not a directory of its own."""
+    never before the node has heard from the pool (it would not know what it serves). Only
+    tiers whose mark names this node go (`mark`); a memory_dir someone else controls is left
+    alone (check_parent), as is anything that is not a directory of its own."""
     removed = []
     prefix = f"{node}."
     for memory_dir in dict.fromkeys(memory_dirs):
@@ -84,10 +113,10 @@ def sweep(memory_dirs: Iterable[str], node: str, serving: str | None) -> list[Pa
         except (ConfigError, OSError):
             continue
         for entry in entries:
-            job = entry.name[len(prefix) :]
-            if not entry.name.startswith(prefix) or not job or job == serving:
+            if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
                 continue
-            if not entry.is_dir(follow_symlinks=False):
+            marked = owner(Path(entry.path))
+            if marked is None or marked[0] != node or marked[1] == serving:
                 continue
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(Path(entry.path))

@@ -12,7 +12,8 @@ from nodeagent.worker.elastic import Reform, ReformTimedOut, State, Stopped
 from nodeagent.worker.graceful import GracefulExit
 from nodeagent.worker.progress import beat
 from nodeagent.worker.scaling import Rescaled, rescale
-from nodeagent.worker.tiered import Checkpointer, Restored, TrainState
+from nodeagent.worker.tiered import Checkpointer, Restored
+from nodeagent.worker.trainstate import TrainState
 
 __all__ = [
     "Checkpoint",

@@ -38,69 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.channel import tier
-from nodeagent.channel.tier import BadCopy, Manifest, Source
+from nodeagent.channel.tier import BadCopy, Manifest, NoSave, Source
 from nodeagent.worker import dcpio
+from nodeagent.worker.agree import Problem, agree
 from nodeagent.worker.follow import Follower, Reform
+from nodeagent.worker.trainstate import TrainState
 
 log = logging.getLogger(__name__)
-MODEL, OPTIM, OBJECTS, VALUES = "model", "optim", "objects", "values"
-Problem = tuple[str, str]  # (tier.REFUSALS kind, what is wrong)
-
-
-class TrainState:
-    """What a checkpoint holds: a model, its optimizer(s), other objects with `state_dict()`
-    and `load_state_dict()` (schedulers, samplers) and plain values (`state.epoch`). Model and
-    optimizer go through torch.distributed.checkpoint.state_dict, so a sharded model saves its
-    shards and loads at any world size."""
-
-    def __init__(self, model: Any, optimizer: Any = None, **extra: Any) -> None:
-        self.__dict__["_model"] = model
-        optimizers = [] if optimizer is None else optimizer
-        self.__dict__["_optimizers"] = (
-            list(optimizers) if isinstance(optimizers, list | tuple) else [optimizers]
-        )
-        self.__dict__["_objects"] = {k: v for k, v in extra.items() if _stateful(v)}
-        self.__dict__["_values"] = {k: v for k, v in extra.items() if not _stateful(v)}
-
-    def __getattr__(self, name: str) -> Any:
-        for place in ("_objects", "_values"):
-            if name in self.__dict__[place]:
-                return self.__dict__[place][name]
-        raise AttributeError(name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.__dict__["_objects"]:
-            raise AttributeError(f"{name} is an object of the state; load into it instead")
-        self.__dict__["_values"][name] = value
-
-    def state_dict(self) -> dict[str, Any]:
-        """DCP's view: the model's and optimizers' state (their own tensors, not copies)."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_sd, optim_sd = get_state_dict(self._model, self._optimizers)
-        return {
-            MODEL: model_sd,
-            OPTIM: optim_sd,
-            OBJECTS: {k: v.state_dict() for k, v in self._objects.items()},
-            VALUES: dict(self._values),
-        }
-
-    def load_state_dict(self, loaded: Mapping[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        set_state_dict(
-            self._model,
-            self._optimizers,
-            model_state_dict=loaded[MODEL],
-            optim_state_dict=loaded[OPTIM],
-        )
-        for name, obj in self._objects.items():
-            obj.load_state_dict(loaded[OBJECTS][name])
-        self.__dict__["_values"].update(loaded[VALUES])
-
-
-def _stateful(value: Any) -> bool:
-    return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
 
 
 @dataclass(frozen=True)
@@ -143,6 +87,7 @@ class Checkpointer:
         self.follower = Follower(int(env.get("NODEAGENT_GENERATION", "0")))
         self._assigned(env)
         self._stage_cache: Any = None
+        self._staged: tuple[int, int] | None = None  # (generation, step) of the last save
         self._loaded: Any = None  # a source loaded by this rank, not yet agreed on
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -170,7 +115,8 @@ class Checkpointer:
         """
         reform = self.reform_due()
         if reform is not None:
-            self.save(state, step)
+            if self._staged != (self.generation, step):  # not saved at this step already
+                self.save(state, step)
             raise reform
 
     def reform_due(self) -> Reform | None:
@@ -221,6 +167,7 @@ class Checkpointer:
         began = time.perf_counter()
         self.wait()
         staged = self._stage(state.state_dict())
+        self._staged = (self.generation, step)
         self.last_blocked_s = time.perf_counter() - began
         self._thread = threading.Thread(
             target=self._write,
@@ -321,7 +268,7 @@ class Checkpointer:
                 break
             self._loaded = None
             mine, step = self._try(source, state)
-            problem = _agree(mine)
+            problem = agree(mine)
             if problem is None:
                 assert self._loaded is not None
                 state.load_state_dict(self._loaded)  # only once every rank has its copy
@@ -370,8 +317,12 @@ class Checkpointer:
                 return (tier.ABSENT, f"no step in {root} that every rank can read"), -1
             generation = source.generation if source.step is not None else None
             return self._load(state, self._rank_dirs(root, step), step, generation), step
-        except (BadCopy, OSError, ValueError, RuntimeError, KeyError) as exc:
+        except NoSave as exc:  # a rank's save missing: nothing wrong with any copy
+            return (tier.ABSENT, str(exc)), -1
+        except (BadCopy, OSError) as exc:  # a copy that does not verify, or cannot be read
             return (tier.BAD_COPY, f"{type(exc).__name__}: {exc}"), -1
+        except (ValueError, RuntimeError, KeyError) as exc:  # DCP: not this model's state
+            return (tier.ABSENT, f"{type(exc).__name__}: {exc}"), -1
 
     def _rank_dirs(self, root: Path, step: int) -> list[Path]:
         """The directories this rank reads step `step` from: its own at the world it was saved
@@ -391,7 +342,7 @@ class Checkpointer:
                     tier.read_manifest(directory)
             except BadCopy as exc:
                 problem = (tier.BAD_COPY, str(exc))
-            if _agree(problem) is None:
+            if agree(problem) is None:
                 return step
         return None
 
@@ -446,22 +397,3 @@ class Checkpointer:
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(report))
         os.replace(tmp, path)
-
-
-def _agree(problem: Problem | None) -> Problem | None:
-    """Agreed by every rank: None if no rank has a problem, else this rank's own, or the first
-    rank's, named. Another rank's bad copy is not this rank's: it is said as absent here (the
-    node that holds the copy reports it)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return problem
-    gathered: list[Problem | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, problem)
-    if problem is not None:
-        return problem
-    for rank, found in enumerate(gathered):
-        if found is not None:
-            kind = tier.BAD_STATE if found[0] == tier.BAD_STATE else tier.ABSENT
-            return kind, f"rank {rank}: {found[1]}"
-    return None

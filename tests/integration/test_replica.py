@@ -202,7 +202,10 @@ def test_a_header_that_trickles_in_is_given_up_on(
     monkeypatch.setattr(replica, "HEADER_S", 0.3)
     with _connect(server) as conn:
         for byte in b'{"v": 1':
-            conn.sendall(bytes([byte]))
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:  # the server gave up on it already
+                break
             time.sleep(0.06)
         answer = conn.makefile("rb").readline().decode()
     assert answer.startswith("ERR the header took more than 0.3s"), answer
@@ -220,3 +223,38 @@ def test_a_sender_never_sends_what_a_link_in_the_slot_points_to(
     with pytest.raises(ReplicaError, match="a link or something else than a file"):
         replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
     assert not [s for _, s in replica.replicas_held(server.root) if (s / tier.MANIFEST).exists()]
+
+
+def test_a_silent_connection_is_dropped_at_the_header_deadline(
+    server: ReplicaServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not after TIMEOUT_S per recv: idle connections would hold every receive slot."""
+    monkeypatch.setattr(replica, "HEADER_S", 0.3)
+    began = time.monotonic()
+    with _connect(server) as conn:
+        answer = conn.makefile("rb").readline().decode()
+    assert answer.startswith("ERR the header took more than 0.3s"), answer
+    assert time.monotonic() - began < replica.TIMEOUT_S
+
+
+def test_a_file_that_grows_after_its_manifest_is_not_sent_past_its_size(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    fake_save(tmp_path / "mine", 5)
+    with open(tmp_path / "mine" / "__0_0.distcp", "ab") as f:
+        f.write(b"appended by the worker")
+    with pytest.raises(ReplicaError, match=r"not the .* bytes its manifest says"):
+        replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+
+
+def test_closing_the_server_ends_the_copies_under_way(tmp_path: Path) -> None:
+    srv = ReplicaServer(JOB, tmp_path / "replicas", lambda *_: None)
+    fake_save(tmp_path / "mine", 12, size=200_000)
+    conn = _connect(srv)
+    conn.sendall(_header(tier.read_manifest(tmp_path / "mine")))
+    assert conn.makefile("rb").readline() == b"GO\n"
+    srv.close()
+    conn.settimeout(5)
+    assert conn.recv(100) == b""  # its receive was ended: the connection closed
+    conn.close()
+    assert not [s for _, s in replica.replicas_held(srv.root) if (s / tier.MANIFEST).exists()]

@@ -187,3 +187,44 @@ def test_a_source_one_rank_refuses_leaves_nothing_of_it_in_any_rank(tmp_path: Pa
     [after] = of(refused, "finished")
     assert of(refused, "restored")[0]["step"] == 0
     assert after["digest"] == initial["digest"]
+
+
+def test_check_saves_the_step_reached_once_and_leaves_when_told(tmp_path: Path) -> None:
+    """In place: told to leave, check() saves the step reached (unless that step was just
+    saved) and raises Reform. One process, no group: the agreement is its own."""
+    import torch
+
+    from nodeagent.channel import control
+    from nodeagent.worker import Checkpointer, TrainState
+    from nodeagent.worker.follow import Reform
+
+    channel_path = tmp_path / "rank-0.control"
+    control.create(channel_path)
+    env = {"RANK": "0", "WORLD_SIZE": "1", tier.MEMORY_ENV: str(tmp_path / "m")}
+    model = torch.nn.Linear(4, 3)
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ck = Checkpointer(env=env)
+    agent = control.ControlFile(channel_path)
+    ck.follower.attach(control.ControlFile(channel_path))
+    ck.check(state, 1)  # nothing said: nothing saved, no Reform
+    ck.save(state, 2)
+    agent.leave(0)
+    with pytest.raises(Reform, match="told to leave generation 0"):
+        ck.check(state, 2)  # step 2 was just saved: not again
+    ck.wait()
+    steps = sorted(
+        tier.read_manifest(s).step
+        for s in tier.slots(tmp_path / "m", 0)
+        if (s / tier.MANIFEST).exists()
+    )
+    assert steps == [2]
+    agent.leave(0)  # said again: a new message
+    with pytest.raises(Reform):
+        ck.check(state, 3)
+    ck.wait()
+    steps = sorted(
+        tier.read_manifest(s).step
+        for s in tier.slots(tmp_path / "m", 0)
+        if (s / tier.MANIFEST).exists()
+    )
+    assert steps == [2, 3]

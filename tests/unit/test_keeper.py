@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from nodeagent.channel import tier
+from nodeagent.checkpoint import space
 from nodeagent.checkpoint.keeper import PHASE_TRANSITIONS, TierKeeper, TierPhase
 from nodeagent.checkpoint.notes import Refusal
 from nodeagent.checkpoint.space import check_room
@@ -105,10 +106,15 @@ def test_removing_the_tier_never_waits_for_a_copy_that_hangs(tmp_path: Path) -> 
     settle(k, persist=False)
     release = hanging_copies(k)
     k.settle(persist=True)
-    k.remove()
-    assert k.memory.exists()  # remove() returned while the copy hangs; the tier goes after
+    k.remove()  # returned while the copy hangs: the tier is moved aside, and goes after
+    [aside] = [p for p in k.memory.parent.iterdir() if p.name.startswith(f".{k.memory.name}.")]
+    again = keeper(tmp_path)  # the node placed on the job again meanwhile
+    again.prepare(None)
+    settle(again, persist=False)
+    fake_save(tier.slot_for_save(again.memory, 0), 3)
     release.set()
-    assert gone(k.memory)
+    assert gone(aside)
+    assert tier.verify(tier.newest_in_memory(again.memory, 0, step=3) or again.memory).step == 3
 
 
 def test_a_restore_report_nodeagent_did_not_write_is_dropped_not_trusted(tmp_path: Path) -> None:
@@ -206,6 +212,7 @@ def test_the_keepers_phases_follow_its_table(tmp_path: Path) -> None:
     seen = [k.phase]
     k.prepare(None)  # what an earlier agent's workers left is verified first
     seen.append(k.phase)
+    assert space.owner(k.memory) == ("n0", "j")  # marked: a sweep tells it from others
     settle(k, persist=False)
     seen.append(k.phase)
     k.remove()
@@ -217,3 +224,20 @@ def test_the_keepers_phases_follow_its_table(tmp_path: Path) -> None:
     seen.append(k.phase)
     assert [p.value for p in seen] == ["active", "settling", "active", "removed", "settling"]
     assert set(PHASE_TRANSITIONS) == set(TierPhase)
+
+
+def test_after_a_rollback_the_new_timelines_saves_are_persisted(tmp_path: Path) -> None:
+    """Step 30 of generation 5 was persisted here (not by every node: not whole); the job went
+    back to an older step and, in generation 7, saved step 27 on leaving (a scale): it must be
+    copied, or the new world resumes further back."""
+    k = keeper(tmp_path)
+    k.prepare(None)
+    settle(k, persist=False)
+    fake_save(tier.slot_for_save(k.memory, 0), 30, world=1, generation=5)
+    settle(k, persist=True)
+    abandoned = tier.newest_in_memory(k.memory, 0, step=30)
+    assert abandoned is not None
+    tier.begin(abandoned)  # the restore of an older step forgets it (Checkpointer._forget_after)
+    fake_save(tier.slot_for_save(k.memory, 0), 27, world=1, generation=7)
+    settle(k, persist=True)
+    assert (27, 7) in [(h.step, h.generation) for h in k.report().persisted]

@@ -4,6 +4,7 @@ verified copies. Files in a temporary directory; no torch."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -156,26 +157,67 @@ def test_a_node_without_room_for_the_memory_tier_is_refused_naming_the_numbers(
     check_room(CheckpointConfig(memory_size=1 << 20, memory_dir=str(tmp_path / "shm")), "n0", "j")
 
 
+def _tier(memory: Path, node: str, job: str, marked: bool = True) -> Path:
+    path = memory / f"{node}.{job}"
+    fake_save(path / "rank-0" / "slot-0", step=3)
+    if marked:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            space.mark(fd, node, job)
+        finally:
+            os.close(fd)
+    return path
+
+
 def test_a_sweep_removes_this_nodes_tiers_of_jobs_it_does_not_serve(tmp_path: Path) -> None:
     memory = tmp_path / "nodeagent"
     memory.mkdir(mode=0o700)
-    for name in ("a.served", "a.left-while-down", "b.other-node"):
-        fake_save(memory / name / "slot-0", step=3)
+    served = _tier(memory, "a", "served")
+    left = _tier(memory, "a", "left-while-down")
+    others = [
+        _tier(memory, "b", "other-node"),
+        _tier(memory, "a.b", "c"),  # node a.b's: its name starts with "a." too
+        _tier(memory, "a", "unmarked", marked=False),  # not one this version made: left
+    ]
     (memory / "a.file").write_text("not a tier")
     (tmp_path / "elsewhere").mkdir()
     (memory / "a.link").symlink_to(tmp_path / "elsewhere")
     removed = space.sweep([str(memory), str(tmp_path / "absent")], "a", "served")
-    assert removed == [memory / "a.left-while-down"]
-    left = sorted(p.name for p in memory.iterdir())
-    assert left == ["a.file", "a.link", "a.served", "b.other-node"]
-    assert (tmp_path / "elsewhere").exists()
-    assert space.sweep([str(memory)], "a", None) == [memory / "a.served"]  # serving nothing
+    assert removed == [left]
+    assert all(p.exists() for p in [served, *others, tmp_path / "elsewhere", memory / "a.file"])
+    assert space.sweep([str(memory)], "a", None) == [served]  # serving nothing
 
 
 def test_a_sweep_leaves_a_memory_dir_someone_else_may_write_alone(tmp_path: Path) -> None:
     memory = tmp_path / "nodeagent"
     memory.mkdir()
     memory.chmod(0o777)
-    (memory / "a.job").mkdir()
+    tier_path = _tier(memory, "a", "job")
     assert space.sweep([str(memory)], "a", None) == []
-    assert (memory / "a.job").exists()
+    assert tier_path.exists()
+
+
+@pytest.mark.parametrize("made", ["fifo", "link", "huge"])
+def test_a_manifest_a_worker_replaced_is_refused_without_blocking_or_following(
+    tmp_path: Path, made: str
+) -> None:
+    """The agent reads the workers' slots as root on every tick of its loop: a FIFO must not
+    block it, a link must not make it read another file, a huge file must not be read whole."""
+    slot = tmp_path / "slot-0"
+    fake_save(slot, 4)
+    manifest = slot / tier.MANIFEST
+    manifest.unlink()
+    if made == "fifo":
+        os.mkfifo(manifest)
+    elif made == "link":
+        manifest.symlink_to("/dev/zero")
+    else:
+        manifest.write_bytes(b" " * (tier.MANIFEST_MAX + 1))
+    said = {"fifo": "not a regular file", "link": "link", "huge": "more than"}[made]
+    with pytest.raises(BadCopy, match=said) as refused:
+        tier.read_manifest(slot)
+    assert not isinstance(refused.value, tier.NoSave)  # something is there, and wrong
+    assert tier.manifest_in(slot) is None
+    manifest.unlink()
+    with pytest.raises(tier.NoSave, match=r"no manifest\.json"):  # nothing there: absent
+        tier.read_manifest(slot)
