@@ -18,7 +18,9 @@ Exit codes:
       command: a fix in configuration, not a retry, helps
   130 interrupted (Ctrl-C), as shells report SIGINT
 
-Redis: --redis URL, else --config's redis.url, else the environment variable NODEAGENT_REDIS_URL.
+Redis: --redis URL, else --config's redis.url, else the environment variable NODEAGENT_REDIS_URL,
+else `redis` in nodeagentctl's own file (cli/ctlrc.py: ~/.config/nodeagent/nodeagentctl.yaml,
+which may also give redis_password_file, pool, key_prefix, munge_socket).
 
 The password: `--redis-password-file PATH` (its first line), else the one in the URL, else the
 environment variable NODEAGENT_REDIS_PASSWORD (a file and a URL password together are an
@@ -44,6 +46,7 @@ from nodeagent.cli import (
     ctllogs,
     ctlpool,
     ctlqueue,
+    ctlrc,
     ctlshow,
     ctlsigned,
     ctlwait,
@@ -251,8 +254,9 @@ def _target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
             "commands"
         )
     problem = redisurl.problem(url)
+    origin = getattr(args, "redis_origin", "--redis")
     if problem and (args.redis or not config):
-        raise UsageError(f"{'--redis' if args.redis else URL_ENV}: {problem}")
+        raise UsageError(f"{origin if args.redis else URL_ENV}: {problem}")
     if problem:
         raise ConfigError("redis.url", f"{problem} (in {args.config})")
     password = _password(args, url, environ)
@@ -264,7 +268,7 @@ def _target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
     try:
         client = connect(url, timeout_s=5.0, client_name="nodeagentctl")
     except (ValueError, ConfigError) as exc:
-        origin = "--redis" if args.redis else f"redis.url in {args.config}" if config else URL_ENV
+        origin = origin if args.redis else f"redis.url in {args.config}" if config else URL_ENV
         raise UsageError(f"{origin}: {redisurl.redact(url)}: {exc}") from None
     return Target(client, config, prefix, pool, job, password_given)
 
@@ -525,7 +529,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if args.command == "logs" and args.logs_job is None:  # this node's files: no Redis
             return ctllogs.run(read_config(args.config) if args.config else None, args)
         _one_job(args)
-        target = _target(args, os.environ if environ is None else environ)
+        environ = os.environ if environ is None else environ
+        defaults = ctlrc.load(environ)
+        ctlrc.apply(args, defaults, str(ctlrc.path(environ)), environ.get(URL_ENV))
+        target = _target(args, environ)
         return dispatch(target, args)
     except ConfigError as exc:
         print(f"nodeagentctl: invalid configuration: {exc}", file=sys.stderr)
