@@ -99,6 +99,11 @@ def rfc3339(ms: int | None) -> str | None:
         return None
 
 
+def listing(kind: str, pool: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A --json listing (jobs, nodes, queue list, history): {"version", "pool", kind: rows}."""
+    return {"version": JSON_VERSION, "pool": pool, kind: rows}
+
+
 def event_json(entry_id: str, fields: Mapping[str, str]) -> str:
     """One JSON object: the event with its `data` as stored, whatever JSON that is; an entry
     that is not an event nodeagent wrote is a `corrupt_event` with the entry as `raw`."""

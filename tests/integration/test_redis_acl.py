@@ -203,7 +203,8 @@ def test_agents_and_operators_work_within_their_acl(
 
         def state() -> str:
             found = ctl(role_redis, tmp_path, job_id, "jobs", "--json")
-            return str({r["job"]: r["state"] for r in json.loads(found.stdout)}.get(pool_job, ""))
+            rows = json.loads(found.stdout)["jobs"]
+            return str({r["job"]: r["state"] for r in rows}.get(pool_job, ""))
 
         wait_for(lambda: state() == "cancelled", 20, f"{pool_job} cancelled")
         again = ("submit", "--name", pool_job, "--nodes", "1", "--", "true")  # its id again
