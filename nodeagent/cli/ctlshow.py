@@ -85,7 +85,7 @@ def event_line(entry_id: str, fields: Mapping[str, str]) -> str:
     return f"{_stamp(event)} {gen} {event.type} {node} {message}".rstrip()
 
 
-JSON_VERSION = 1  # of the --json documents that carry a "version" (status, show, history)
+JSON_VERSION = 1  # of every nodeagentctl --json document (status, health, show, listings)
 
 
 def rfc3339(ms: int | None) -> str | None:
@@ -133,6 +133,7 @@ def print_health(name: str, node: dict[str, Any], as_json: bool) -> None:
         print(
             json.dumps(
                 {
+                    "version": JSON_VERSION,
                     "node": name,
                     "cordon": node["cordon"],
                     "unfit": node["unfit"],
