@@ -39,7 +39,7 @@ import os
 import socket
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from nodeagent import __version__
 from nodeagent.cli import (
@@ -52,17 +52,15 @@ from nodeagent.cli import (
     ctlrc,
     ctlshow,
     ctlsigned,
+    ctltarget,
     ctlwait,
 )
+from nodeagent.cli.ctltarget import Target
 from nodeagent.cli.status import status_document
-from nodeagent.config import redisurl
-from nodeagent.config.load import read_config, read_settings
-from nodeagent.config.settings import EMBEDDED, EX_CONFIG, NodeSettings
+from nodeagent.config.load import read_config
+from nodeagent.config.settings import EX_CONFIG, NodeSettings
 from nodeagent.coord import eventlog
-from nodeagent.coord.client import Redis, connect
-from nodeagent.coord.embedded import embedded_url
 from nodeagent.coord.failure import RedisFailure, classify
-from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore, Snapshot
@@ -75,7 +73,6 @@ EX_UNAVAILABLE = 69
 EX_USAGE = 2
 EX_NOT_FOUND = 3  # the job or node named does not exist
 EX_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
-URL_ENV = "NODEAGENT_REDIS_URL"
 WRITES = frozenset({"scale", "restart", "stop", "cordon", "drain", "uncordon"})
 
 
@@ -86,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--config", help="an agent's config file")
     where.add_argument(
         "--redis",
-        help=f"Redis URL, e.g. redis://10.0.0.2:6379/0 (default: --config's, else ${URL_ENV})",
+        help="Redis URL, e.g. redis://10.0.0.2:6379/0 (default: --config's, else "
+        f"${ctltarget.URL_ENV})",
     )
     where.add_argument(
         "--redis-password-file",
@@ -198,82 +196,6 @@ def _timeout(command: argparse.ArgumentParser) -> None:
         default="10m",
         help="how long --wait waits, e.g. 30s or 10m (default 10m)",
     )
-
-
-def _password(args: argparse.Namespace, url: str, environ: Mapping[str, str]) -> str | None:
-    """The password to use: --redis-password-file, else the URL's, else the environment's."""
-    in_url = ctlargs.url_password(url)
-    if args.redis_password_file is not None:
-        if in_url is not None:
-            raise UsageError(
-                "the Redis password is given twice (in the URL and --redis-password-file); "
-                "drop it from the URL"
-            )
-        return ctlargs.read_password_file(args.redis_password_file)
-    if in_url is not None:
-        return None  # the URL carries it already
-    return environ.get(ctlargs.PASSWORD_ENV) or None
-
-
-@dataclass(frozen=True)
-class Target:
-    """The job (or pool) nodeagentctl acts on, and how it reaches it."""
-
-    client: Redis
-    config: NodeSettings | None
-    prefix: str
-    pool: str
-    job: str | None
-    password_given: bool  # from a file, the URL or the environment
-
-    @property
-    def store(self) -> JobStore:
-        if self.job is None:
-            raise UsageError("give --config PATH of a node with a job: section, or --job ID")
-        return JobStore(self.client, JobKeys(self.prefix, self.job))
-
-    @property
-    def pool_store(self) -> PoolStore:
-        return PoolStore(self.client, PoolKeys(self.prefix, self.pool))
-
-
-def _target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
-    """Connect to the job's Redis (lazily: nothing is sent yet), with every argument checked.
-
-    Raises:
-        UsageError: a bad --redis URL, a missing job, an unreadable password file.
-        ConfigError: the --config file, or its redis.url, is invalid.
-    """
-    config = read_settings(args.config) if args.config else None
-    url = args.redis or (config.redis.url if config else None) or environ.get(URL_ENV) or None
-    if url == EMBEDDED and config is not None and config.job is not None:
-        url = embedded_url(config.job.id)
-    job = args.job or (config.job.id if config and config.job else None)
-    if args.redis is not None and not args.redis:
-        raise UsageError("--redis: empty; give a URL such as redis://10.0.0.2:6379/0")
-    if not url:
-        raise UsageError(
-            f"give --config PATH, or --redis URL (or set {URL_ENV}), and the job for a job's "
-            "commands"
-        )
-    problem = redisurl.problem(url)
-    origin = getattr(args, "redis_origin", "--redis")
-    if problem and (args.redis or not config):
-        raise UsageError(f"{origin if args.redis else URL_ENV}: {problem}")
-    if problem:
-        raise ConfigError("redis.url", f"{problem} (in {args.config})")
-    password = _password(args, url, environ)
-    password_given = password is not None or ctlargs.url_password(url) is not None
-    if password is not None:
-        url = ctlargs.with_password(url, password)
-    prefix = args.key_prefix or (config.redis.key_prefix if config else "nodeagent")
-    pool = args.pool or (config.pool.name if config else "default")
-    try:
-        client = connect(url, timeout_s=5.0, client_name="nodeagentctl")
-    except (ValueError, ConfigError) as exc:
-        origin = origin if args.redis else f"redis.url in {args.config}" if config else URL_ENV
-        raise UsageError(f"{origin}: {redisurl.redact(url)}: {exc}") from None
-    return Target(client, config, prefix, pool, job, password_given)
 
 
 def _by() -> str:
@@ -534,8 +456,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         _one_job(args)
         environ = os.environ if environ is None else environ
         defaults = ctlrc.load(environ)
-        ctlrc.apply(args, defaults, str(ctlrc.path(environ)), environ.get(URL_ENV))
-        target = _target(args, environ)
+        ctlrc.apply(args, defaults, str(ctlrc.path(environ)), environ.get(ctltarget.URL_ENV))
+        target = ctltarget.target(args, environ)
         return dispatch(target, args)
     except ConfigError as exc:
         print(f"nodeagentctl: invalid configuration: {exc}", file=sys.stderr)
