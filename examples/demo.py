@@ -150,7 +150,7 @@ class Demo:
         self.say(f"$ nodeagentctl submit {job}.yaml   (nodes {nodes})  -> {out.strip()}")
 
     def jobs(self) -> dict[str, dict[str, Any]]:
-        return {row["job"]: row for row in json.loads(self.ctl("jobs", "--json"))}
+        return {row["job"]: row for row in json.loads(self.ctl("jobs", "--json"))["jobs"]}
 
     def status(self, job: str) -> dict[str, Any]:
         return status_document(self.stores[job].snapshot(), job)

@@ -1,5 +1,8 @@
-"""`nodeagentctl`: inspect a job and change it (status, scale, events, restart, stop, cordon);
-`logs JOB` a rank's log from its node's agent, `logs` without JOB this node's rank logs (no Redis).
+"""`nodeagentctl`: submit and follow a pool's jobs (Slurm's verbs), and act inside one job.
+
+Pool: submit, jobs, show, history, cancel, hold, release, requeue, scale, nodes, queue; a job:
+status, events, restart, stop, scale, cordon, drain, uncordon, health; `logs JOB` a rank's log
+from its node's agent, `logs` without JOB this node's rank logs (no Redis).
 
 Every argument is checked before anything is written to Redis: a node that holds no lease and
 is not a member of the job record, a job with neither a record nor a lease, a bad duration,
@@ -18,7 +21,9 @@ Exit codes:
       command: a fix in configuration, not a retry, helps
   130 interrupted (Ctrl-C), as shells report SIGINT
 
-Redis: --redis URL, else --config's redis.url, else the environment variable NODEAGENT_REDIS_URL.
+Redis: --redis URL, else --config's redis.url, else the environment variable NODEAGENT_REDIS_URL,
+else `redis` in nodeagentctl's own file (cli/ctlrc.py: ~/.config/nodeagent/nodeagentctl.yaml,
+which may also give redis_password_file, pool, key_prefix, munge_socket).
 
 The password: `--redis-password-file PATH` (its first line), else the one in the URL, else the
 environment variable NODEAGENT_REDIS_PASSWORD (a file and a URL password together are an
@@ -34,29 +39,28 @@ import os
 import socket
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from nodeagent import __version__
 from nodeagent.cli import (
     ctlargs,
     ctlhistory,
     ctljobverbs,
     ctllogs,
+    ctlparser,
     ctlpool,
     ctlqueue,
+    ctlrc,
     ctlshow,
     ctlsigned,
+    ctltarget,
     ctlwait,
 )
+from nodeagent.cli.ctltarget import Target
 from nodeagent.cli.status import status_document
-from nodeagent.config import redisurl
-from nodeagent.config.load import read_config, read_settings
-from nodeagent.config.settings import EMBEDDED, EX_CONFIG, NodeSettings
+from nodeagent.config.load import read_config
+from nodeagent.config.settings import EX_CONFIG, NodeSettings
 from nodeagent.coord import eventlog
-from nodeagent.coord.client import Redis, connect
-from nodeagent.coord.embedded import embedded_url
 from nodeagent.coord.failure import RedisFailure, classify
-from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore, Snapshot
@@ -69,106 +73,10 @@ EX_UNAVAILABLE = 69
 EX_USAGE = 2
 EX_NOT_FOUND = 3  # the job or node named does not exist
 EX_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
-URL_ENV = "NODEAGENT_REDIS_URL"
 WRITES = frozenset({"scale", "restart", "stop", "cordon", "drain", "uncordon"})
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nodeagentctl", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"nodeagentctl {__version__}")
-    where = parser.add_argument_group("which job (either --config, or --redis and --job)")
-    where.add_argument("--config", help="an agent's config file")
-    where.add_argument(
-        "--redis",
-        help=f"Redis URL, e.g. redis://10.0.0.2:6379/0 (default: --config's, else ${URL_ENV})",
-    )
-    where.add_argument(
-        "--redis-password-file",
-        metavar="PATH",
-        help=f"read the Redis password from this file (or set {ctlargs.PASSWORD_ENV})",
-    )
-    where.add_argument("--job", type=ctlargs.name, help="job id")
-    where.add_argument(
-        "--key-prefix", type=ctlargs.name, default=None, help="Redis key prefix (default nodeagent)"
-    )
-    where.add_argument(
-        "--pool", type=ctlargs.name, help="pool name (default: pool.name of --config, or default)"
-    )
-    where.add_argument(
-        "--munge-socket",
-        metavar="PATH",
-        help="munged's socket, for a pool with pool.auth: munge (default: pool.munge_socket of "
-        f"--config, or {DEFAULT_SOCKET})",
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    status = commands.add_parser("status", help="show the job and its nodes")
-    _job_argument(status)
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    scale = commands.add_parser(
-        "scale", help="change a job's target number of nodes: scale [JOB] N, +N or -N"
-    )
-    scale.add_argument(
-        "what",
-        nargs="+",
-        metavar="[JOB] N",
-        help="the job (default --job) and its new target within [min_nodes, max_nodes], or "
-        "+N / -N relative to the current one",
-    )
-    scale.add_argument("--wait", action="store_true", help="wait until the job runs at that size")
-    _timeout(scale)
-    scale.add_argument("--rollback", action="store_true", help="on timeout restore the old target")
-    events = commands.add_parser("events", help="show the job's event log")
-    _job_argument(events)
-    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    events.add_argument("--json", action="store_true", help="one JSON object per line")
-    events.add_argument(
-        "--last", type=ctlargs.count, default=50, help="how many past events (default 50)"
-    )
-    events.add_argument(
-        "--pool",
-        dest="pool_stream",
-        action="store_true",
-        help="the pool's events (who submitted, cancelled, drained what) instead of a job's",
-    )
-    restart = commands.add_parser(
-        "restart", help="force a new generation (also restarts a finished job)"
-    )
-    _job_argument(restart)
-    stop = commands.add_parser(
-        "stop",
-        help="stop a pinned job's workers everywhere (`restart` resumes); a pool job: cancel "
-        "or requeue",
-    )
-    _job_argument(stop)
-    cordon = commands.add_parser("cordon", help="keep a node out of the next generations")
-    cordon.add_argument("node", type=ctlargs.name)
-    cordon.add_argument("--reason", default="cordoned by an operator")
-    drain = commands.add_parser(
-        "drain", help="cordon a node and take it out of the job now (its workers checkpoint)"
-    )
-    drain.add_argument("node", type=ctlargs.name)
-    drain.add_argument("--reason", default="drained by an operator")
-    drain.add_argument("--wait", action="store_true", help="wait until its workers are stopped")
-    _timeout(drain)
-    uncordon = commands.add_parser("uncordon", help="let a node take part again")
-    uncordon.add_argument("node", type=ctlargs.name)
-    health = commands.add_parser("health", help="a node's GPU verdicts (default: this node)")
-    health.add_argument(
-        "--node", type=ctlargs.name, help="node name (default: node.name of --config)"
-    )
-    health.add_argument("--json", action="store_true")
-    ctllogs.add_parser(commands)
-    ctlpool.add_parsers(commands)
-    ctljobverbs.add_parsers(commands)
-    ctlhistory.add_parsers(commands)
-    ctlqueue.add_parser(commands)
-    return parser
-
-
-def _job_argument(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
-        "job_pos", nargs="?", metavar="JOB", type=ctlargs.name, help="the job (or --job JOB)"
-    )
+_parser = ctlparser.parser  # (the tests build arguments with it)
 
 
 def _one_job(args: argparse.Namespace) -> None:
@@ -183,90 +91,6 @@ def _one_job(args: argparse.Namespace) -> None:
     if args.job is not None and args.job != given:
         raise UsageError(f"two jobs given: --job {args.job} and {given}; give one")
     args.job = given
-
-
-def _timeout(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
-        "--timeout",
-        type=ctlargs.duration,
-        default="10m",
-        help="how long --wait waits, e.g. 30s or 10m (default 10m)",
-    )
-
-
-def _password(args: argparse.Namespace, url: str, environ: Mapping[str, str]) -> str | None:
-    """The password to use: --redis-password-file, else the URL's, else the environment's."""
-    in_url = ctlargs.url_password(url)
-    if args.redis_password_file is not None:
-        if in_url is not None:
-            raise UsageError(
-                "the Redis password is given twice (in the URL and --redis-password-file); "
-                "drop it from the URL"
-            )
-        return ctlargs.read_password_file(args.redis_password_file)
-    if in_url is not None:
-        return None  # the URL carries it already
-    return environ.get(ctlargs.PASSWORD_ENV) or None
-
-
-@dataclass(frozen=True)
-class Target:
-    """The job (or pool) nodeagentctl acts on, and how it reaches it."""
-
-    client: Redis
-    config: NodeSettings | None
-    prefix: str
-    pool: str
-    job: str | None
-    password_given: bool  # from a file, the URL or the environment
-
-    @property
-    def store(self) -> JobStore:
-        if self.job is None:
-            raise UsageError("give --config PATH of a node with a job: section, or --job ID")
-        return JobStore(self.client, JobKeys(self.prefix, self.job))
-
-    @property
-    def pool_store(self) -> PoolStore:
-        return PoolStore(self.client, PoolKeys(self.prefix, self.pool))
-
-
-def _target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
-    """Connect to the job's Redis (lazily: nothing is sent yet), with every argument checked.
-
-    Raises:
-        UsageError: a bad --redis URL, a missing job, an unreadable password file.
-        ConfigError: the --config file, or its redis.url, is invalid.
-    """
-    config = read_settings(args.config) if args.config else None
-    url = args.redis or (config.redis.url if config else None) or environ.get(URL_ENV) or None
-    if url == EMBEDDED and config is not None and config.job is not None:
-        url = embedded_url(config.job.id)
-    job = args.job or (config.job.id if config and config.job else None)
-    if args.redis is not None and not args.redis:
-        raise UsageError("--redis: empty; give a URL such as redis://10.0.0.2:6379/0")
-    if not url:
-        raise UsageError(
-            f"give --config PATH, or --redis URL (or set {URL_ENV}), and the job for a job's "
-            "commands"
-        )
-    problem = redisurl.problem(url)
-    if problem and (args.redis or not config):
-        raise UsageError(f"{'--redis' if args.redis else URL_ENV}: {problem}")
-    if problem:
-        raise ConfigError("redis.url", f"{problem} (in {args.config})")
-    password = _password(args, url, environ)
-    password_given = password is not None or ctlargs.url_password(url) is not None
-    if password is not None:
-        url = ctlargs.with_password(url, password)
-    prefix = args.key_prefix or (config.redis.key_prefix if config else "nodeagent")
-    pool = args.pool or (config.pool.name if config else "default")
-    try:
-        client = connect(url, timeout_s=5.0, client_name="nodeagentctl")
-    except (ValueError, ConfigError) as exc:
-        origin = "--redis" if args.redis else f"redis.url in {args.config}" if config else URL_ENV
-        raise UsageError(f"{origin}: {redisurl.redact(url)}: {exc}") from None
-    return Target(client, config, prefix, pool, job, password_given)
 
 
 def _by() -> str:
@@ -517,7 +341,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if "--" in argv:  # submit's command: argparse would take its first word for the spec file
         cut = argv.index("--")
         argv, entrypoint = argv[:cut], argv[cut + 1 :]
-    args = _parser().parse_args(argv)
+    args = ctlparser.parser(__doc__.splitlines()[0]).parse_args(argv)
     if entrypoint:
         args.argv = entrypoint
     target: Target | None = None
@@ -525,7 +349,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if args.command == "logs" and args.logs_job is None:  # this node's files: no Redis
             return ctllogs.run(read_config(args.config) if args.config else None, args)
         _one_job(args)
-        target = _target(args, os.environ if environ is None else environ)
+        environ = os.environ if environ is None else environ
+        defaults = ctlrc.load(environ)
+        ctlrc.apply(args, defaults, str(ctlrc.path(environ)), environ.get(ctltarget.URL_ENV))
+        target = ctltarget.target(args, environ)
         return dispatch(target, args)
     except ConfigError as exc:
         print(f"nodeagentctl: invalid configuration: {exc}", file=sys.stderr)

@@ -15,7 +15,7 @@ from typing import Any
 
 from nodeagent.cli import ctlargs
 from nodeagent.cli.ctlshow import JSON_VERSION as VERSION
-from nodeagent.cli.ctlshow import rfc3339
+from nodeagent.cli.ctlshow import listing, rfc3339
 from nodeagent.config.values import format_duration, parse_duration
 from nodeagent.coord import eventlog, holds
 from nodeagent.coord.ended import archived
@@ -224,7 +224,7 @@ def _history(store: PoolStore, args: argparse.Namespace) -> int:
         and (args.state is None or run.status.state.value == args.state)
     ]
     if args.json:
-        print(json.dumps({"version": VERSION, "pool": store.keys.pool, "jobs": rows}, indent=2))
+        print(json.dumps(listing("jobs", store.keys.pool, rows), indent=2))
         return 0
     print(
         f"{'JOB':<24} {'USER':<12} {'STATE':<10} {'ENDED':<25} {'ELAPSED':>9} {'NODES':>5} "

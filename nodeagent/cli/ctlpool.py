@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from nodeagent.cli import ctlargs, ctlsubmit, ctlwait
-from nodeagent.cli.ctlshow import rfc3339
+from nodeagent.cli.ctlshow import listing, rfc3339
 from nodeagent.coord.pool import PoolSnapshot, PoolStore
 from nodeagent.errors import NotFoundError, UsageError
 from nodeagent.model.job import Cordon, JobRecord
@@ -157,7 +157,7 @@ def _jobs(store: PoolStore, args: argparse.Namespace) -> int:
     ]
     rows.sort(key=lambda r: (_STATE_ORDER[r["state"]], r["position"] or 0, -r["seq"]))
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(listing("jobs", store.keys.pool, rows), indent=2))
         return 0
     print(
         f"{'JOB':<24} {'USER':<12} {'STATE':<10} {'POS':>3} {'PRIO':>4} {'QUEUE':<10} {'WORLD':>5} "
@@ -231,7 +231,7 @@ def _nodes(store: PoolStore, as_json: bool) -> int:
             }
         )
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(listing("nodes", store.keys.pool, rows), indent=2))
         return 0
     print(f"{'NODE':<20} {'JOB':<24} {'HEALTH':<10} {'HB AGE':>7}  {'CORDON':<12} LABELS")
     for r in rows:

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from nodeagent.cli import ctlargs
+from nodeagent.cli.ctlshow import listing
 from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import UsageError
 from nodeagent.model.pool import PoolJobState
@@ -142,7 +143,7 @@ def rows(store: PoolStore) -> list[dict[str, Any]]:
 def _list(store: PoolStore, as_json: bool) -> int:
     found = rows(store)
     if as_json:
-        print(json.dumps(found, indent=2))
+        print(json.dumps(listing("queues", store.keys.pool, found), indent=2))
         return 0
     print(
         f"{'QUEUE':<16} {'QUOTA':>6} {'GUARANTEED':>10} {'NODES':>6} {'RUNNING':>7} {'PENDING':>7}"

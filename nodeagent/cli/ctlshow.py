@@ -85,7 +85,7 @@ def event_line(entry_id: str, fields: Mapping[str, str]) -> str:
     return f"{_stamp(event)} {gen} {event.type} {node} {message}".rstrip()
 
 
-JSON_VERSION = 1  # of the --json documents that carry a "version" (status, show, history)
+JSON_VERSION = 1  # of every nodeagentctl --json document (status, health, show, listings)
 
 
 def rfc3339(ms: int | None) -> str | None:
@@ -97,6 +97,11 @@ def rfc3339(ms: int | None) -> str | None:
         return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
     except (OverflowError, OSError, ValueError):
         return None
+
+
+def listing(kind: str, pool: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A --json listing (jobs, nodes, queue list, history): {"version", "pool", kind: rows}."""
+    return {"version": JSON_VERSION, "pool": pool, kind: rows}
 
 
 def event_json(entry_id: str, fields: Mapping[str, str]) -> str:
@@ -128,6 +133,7 @@ def print_health(name: str, node: dict[str, Any], as_json: bool) -> None:
         print(
             json.dumps(
                 {
+                    "version": JSON_VERSION,
                     "node": name,
                     "cordon": node["cordon"],
                     "unfit": node["unfit"],

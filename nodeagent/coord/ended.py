@@ -45,7 +45,7 @@ JOB_CLEAR = Script(
     returns="the number of keys deleted",
     body="""
 local deleted = 0
-local nodes = redis.pcall('ZRANGE', K.leases, 0, -1)
+local nodes = redis.pcall('ZRANGEBYSCORE', K.leases, '-inf', '+inf')
 if type(nodes) == 'table' then
   for _, name in ipairs(nodes) do deleted = deleted + redis.call('DEL', A.node_prefix .. name) end
 end

@@ -12,8 +12,9 @@ from typing import Any
 
 from nodeagent.coord import streams
 from nodeagent.coord.errors import redis_errors
-from nodeagent.coord.pool import PoolStore, Requeue
+from nodeagent.coord.pool import PoolStore
 from nodeagent.model.job import Event
+from nodeagent.model.pool import Requeue
 
 
 def held_by(store: PoolStore, job_id: str) -> str | None:

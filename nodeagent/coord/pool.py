@@ -8,7 +8,6 @@ script, so a pool spread over a Redis Cluster works).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,7 +32,7 @@ from nodeagent.coord.view import (
     sweep_all,
 )
 from nodeagent.errors import CorruptStateError
-from nodeagent.model.decode import NAME_RE, Reader
+from nodeagent.model.decode import NAME_RE
 from nodeagent.model.job import (
     Command,
     CommandType,
@@ -41,7 +40,7 @@ from nodeagent.model.job import (
     Event,
     JobRecord,
 )
-from nodeagent.model.pool import PoolJob, PoolNode
+from nodeagent.model.pool import PoolJob, PoolNode, Requeue
 from nodeagent.model.queues import QueueView
 from nodeagent.model.spec import JobSpec
 
@@ -59,23 +58,6 @@ class PoolBeat:
     @property
     def leader_name(self) -> str | None:
         return self.leader.split(" ", 1)[0] if self.leader else None
-
-
-@dataclass(frozen=True)
-class Requeue:
-    """`requeue JOB`: who asked, for the run admitted at `admitted_ms` (a later one ignores it)."""
-
-    by: str
-    admitted_ms: int
-
-    def to_json(self) -> str:
-        return json.dumps({"by": self.by, "admitted_ms": self.admitted_ms}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> Requeue:
-        """Raises: CorruptStateError, and nothing else."""
-        r = Reader.of(raw, "requeue")
-        return cls(r.text("by", max_len=256), r.integer("admitted_ms"))
 
 
 @dataclass(frozen=True)

@@ -180,3 +180,20 @@ class PoolJob:
         if state.ended:
             return replace(self, state=state, reason=reason, ended_ms=now_ms, exit_code=None)
         return replace(self, state=state, reason=reason)
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """`requeue JOB`: who asked, for the run admitted at `admitted_ms` (a later one ignores it)."""
+
+    by: str
+    admitted_ms: int
+
+    def to_json(self) -> str:
+        return json.dumps({"by": self.by, "admitted_ms": self.admitted_ms}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Requeue:
+        """Raises: CorruptStateError, and nothing else."""
+        r = Reader.of(raw, "requeue")
+        return cls(r.text("by", max_len=256), r.integer("admitted_ms"))

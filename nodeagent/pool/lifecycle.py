@@ -5,6 +5,7 @@
   admitting it (`unstale`: which jobs, and their statuses without the mark).
 - Ended jobs are kept for `pool.keep_ended`, then pruned with their history (`prunable`); the
   history of reused ids is pruned by the same horizon, at most once per `PRUNE_EVERY_MS`.
+- Accounting (`account`): a job's node-time, counted at every change of its node count.
 - Time limits (`deadlines`): a running job is sent its signal `signal` before its time limit,
   counted from its admission, and stopped at the limit (its workers get the stop grace, as for
   a cancel); schedule() then ends it as TIMEOUT once its record has stopped.
@@ -109,3 +110,31 @@ def _deadline(job: JobView, now_ms: int) -> tuple[Deadline, PoolJob] | None:
         return None
     reason = f"SIG{name} sent {format_duration(before_ms / 1000)} before its time limit of {text}"
     return Deadline(job.id, name, reason), replace(status, signalled_ms=now_ms, reason=reason)
+
+
+def account(
+    view: PoolView, placements: Mapping[str, str], statuses: Mapping[str, PoolJob]
+) -> dict[str, PoolJob]:
+    """Node-time held by each job: at every change of its node count (admission, growth,
+    shrinking, a lost node, its end) the nodes it held since its last change (`view`'s
+    placements) are added to its node_ms. `placements` and `statuses`: as this round leaves
+    them; returns the statuses that changed."""
+    before: dict[str, int] = {}
+    for job_id in view.placements.values():
+        before[job_id] = before.get(job_id, 0) + 1
+    after: dict[str, int] = {}
+    for job_id in placements.values():
+        after[job_id] = after.get(job_id, 0) + 1
+    now, changed = view.now_ms, {}
+    for job_id, status in statuses.items():
+        held, holds = before.get(job_id, 0), after.get(job_id, 0)
+        if held == holds:
+            continue
+        since = status.accounted_ms if status.accounted_ms is not None else now
+        changed[job_id] = replace(
+            status,
+            node_ms=status.node_ms + held * max(0, now - since),
+            accounted_ms=now,
+            peak_nodes=max(status.peak_nodes, holds),
+        )
+    return changed

@@ -37,7 +37,7 @@ from nodeagent.config.values import format_duration
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT, Ledger, QueueView
-from nodeagent.pool import preempt
+from nodeagent.pool import lifecycle, preempt
 from nodeagent.pool.schedview import JobView, NodeView, PoolView, Schedule, SchedulePolicy
 from nodeagent.state import JobState
 
@@ -223,29 +223,9 @@ def schedule(view: PoolView, policy: SchedulePolicy) -> Schedule:
     reserved = _admit(run, policy)
     if not reserved:
         _grow(run, policy)
-    _account(run)
+    settled = {job.id: run.status(job) for job in view.jobs.values()}
+    run.jobs.update(lifecycle.account(view, run.placements, settled))
     return Schedule(run.placements, run.jobs, tuple(run.events))
-
-
-def _account(run: _Run) -> None:
-    """Node-time held by each job: at every change of its node count (admission, growth,
-    shrinking, a lost node, its end) the nodes it held until now are added to its node_ms."""
-    before: dict[str, int] = {}
-    for job_id in run.view.placements.values():
-        before[job_id] = before.get(job_id, 0) + 1
-    now = run.view.now_ms
-    for job in run.view.jobs.values():
-        held, holds = before.get(job.id, 0), len(run.by_job.get(job.id, ()))
-        status = run.status(job)
-        if held == holds:
-            continue
-        since = status.accounted_ms if status.accounted_ms is not None else now
-        run.jobs[job.id] = replace(
-            status,
-            node_ms=status.node_ms + held * max(0, now - since),
-            accounted_ms=now,
-            peak_nodes=max(status.peak_nodes, holds),
-        )
 
 
 def _settle(run: _Run, job: JobView) -> None:

@@ -120,12 +120,14 @@ class PoolCluster:
     def jobs(self) -> dict[str, dict[str, Any]]:
         result = self.ctl("jobs", "--json")
         assert result.returncode == 0, result.stderr
-        return {row["job"]: row for row in json.loads(result.stdout)}
+        return {row["job"]: row for row in json.loads(result.stdout)["jobs"]}
 
     def placements(self) -> dict[str, str | None]:
         result = self.ctl("nodes", "--json")
         assert result.returncode == 0, result.stderr
-        return {row["name"]: row["job"] for row in json.loads(result.stdout) if row["alive"]}
+        return {
+            row["name"]: row["job"] for row in json.loads(result.stdout)["nodes"] if row["alive"]
+        }
 
     def wait_job(
         self,

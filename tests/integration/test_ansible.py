@@ -332,7 +332,8 @@ def test_rolling_upgrade_steps_against_a_pool_node(
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
         assert "ok=2" in result.stdout and "skipped=1" in result.stdout  # the pinned wait
-        row = next(r for r in json.loads(pool.ctl("nodes", "--json").stdout) if r["name"] == node)
+        nodes = json.loads(pool.ctl("nodes", "--json").stdout)["nodes"]
+        row = next(r for r in nodes if r["name"] == node)
         assert row["alive"] and row["cordon"] is None
 
 

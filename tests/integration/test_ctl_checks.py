@@ -385,6 +385,30 @@ def test_the_url_from_the_environment_version_and_ctrl_c(
     assert fingerprint(db) == before
 
 
+def test_nodeagentctl_s_own_file_gives_what_flags_do_not(
+    cluster: LocalCluster, db_url: str, db: redis.Redis, tmp_path: Path
+) -> None:
+    rc = tmp_path / "nodeagentctl.yaml"
+    rc.write_text(yaml.safe_dump({"redis": db_url, "key_prefix": "nodeagent"}))
+    env = {"NODEAGENT_CTL_CONFIG": str(rc)}
+    status = ctl("--job", cluster.job, "status", "--json", env=env)
+    assert status.returncode == 0 and json.loads(status.stdout)["job"] == cluster.job, status
+    before = fingerprint(db)
+    bad_env = {**env, URL_ENV: "redis://127.0.0.1:6379/abc"}  # the variable wins over the file
+    shadowed = ctl("--job", cluster.job, "stop", env=bad_env)
+    assert shadowed.returncode == EX_USAGE and URL_ENV in shadowed.stderr, shadowed
+    flag = ctl("--redis", db_url, "--job", cluster.job, "status", env=bad_env)  # a flag wins
+    assert flag.returncode == 0, flag.stderr
+    rc.write_text(yaml.safe_dump({"redis": "redis://127.0.0.1:6379/abc"}))
+    wrong = ctl("--job", cluster.job, "stop", env=env)
+    assert wrong.returncode == EX_USAGE and f"redis in {rc}" in wrong.stderr, wrong
+    rc.write_text(yaml.safe_dump({"redis": db_url, "colour": "blue"}))
+    unknown = ctl("--job", cluster.job, "status", env=env)
+    assert unknown.returncode == EX_USAGE and "unknown key 'colour'" in unknown.stderr
+    assert str(rc) in unknown.stderr
+    assert fingerprint(db) == before
+
+
 def test_the_commands_still_work_on_known_nodes(cluster: LocalCluster, db: redis.Redis) -> None:
     """Last in this module (the others compare the database before and after): it changes
     the job."""

@@ -5,6 +5,7 @@ Injecting a fault is editing a node's file, as a user rehearsing without GPUs wo
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,7 +99,7 @@ def test_fatal_xid_drains_the_node_and_uncordon_brings_it_back(
     assert any(e["type"] == "node_drained" and e["node"] == "b" for e in cluster.events())
     assert any(r["event"] == "stop" and r["node"] == "b" for r in cluster.records())  # SIGTERM'd
     health = cluster.ctl("health", "--node", "b", "--json")
-    assert '"reboot_node"' in health.stdout
+    assert '"reboot_node"' in health.stdout and json.loads(health.stdout)["version"] == 1
     assert cluster.ctl("uncordon", "b").returncode == 0
     back = cluster.wait_running(6, after_generation=after["generation"])
     assert nodes_of(back)["b"]["cordon"] is None and back["restart_count"] == 0

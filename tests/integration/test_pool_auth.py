@@ -140,10 +140,12 @@ def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     drained = ctl(pool, munged, None, "drain", "b")
     assert drained.returncode == 0 and "drained by root" in drained.stdout, drained.stderr
 
-    hers = json.loads(ctl(pool, munged, bob, "jobs", "--json", "--user", alice.name).stdout)
+    hers = json.loads(ctl(pool, munged, bob, "jobs", "--json", "--user", alice.name).stdout)["jobs"]
     assert sorted(r["job"] for r in hers) == ["fine", "mine"]
     assert {(r["user"], r["submitted_by"]) for r in hers} == {(alice.name, alice.name)}
-    ended = json.loads(ctl(pool, munged, bob, "jobs", "--json", "--state", "cancelled").stdout)
+    ended = json.loads(ctl(pool, munged, bob, "jobs", "--json", "--state", "cancelled").stdout)[
+        "jobs"
+    ]
     assert [r["job"] for r in ended] == ["mine"]
     table = ctl(pool, munged, bob, "jobs").stdout.splitlines()
     assert table[0].split()[:2] == ["JOB", "USER"]

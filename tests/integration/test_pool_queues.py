@@ -49,7 +49,7 @@ def test_a_queue_at_its_quota_keeps_its_next_job_pending(pool: PoolCluster) -> N
         "why second waits",
     )
     listing = pool.ctl("queue", "list", "--json")
-    rows = {r["queue"]: r for r in json.loads(listing.stdout)}
+    rows = {r["queue"]: r for r in json.loads(listing.stdout)["queues"]}
     assert rows["research"] == {
         "queue": "research",
         "quota": 1,
@@ -130,5 +130,5 @@ def test_impossible_queue_commands_are_refused_naming_what_is_wrong(
 ) -> None:
     result = pool.ctl("queue", *args)
     assert result.returncode == 2 and message in result.stderr, result.stderr
-    listing = json.loads(pool.ctl("queue", "list", "--json").stdout)
+    listing = json.loads(pool.ctl("queue", "list", "--json").stdout)["queues"]
     assert [row["queue"] for row in listing] == ["default"]  # nothing was written

@@ -24,7 +24,7 @@ import pytest
 import redis
 import yaml
 
-from nodeagent.coord import poolscripts, scripts
+from nodeagent.coord import ended, poolscripts, scripts
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.lua import Script
@@ -189,13 +189,28 @@ def test_agents_and_operators_work_within_their_acl(
             ("cordon", "b"),
             ("uncordon", "b"),
             ("events", "--last", "5"),
-            ("submit", "--name", pool_job, "--nodes", "1", "--", "true"),
+            ("submit", "--name", pool_job, "--nodes", "1", "--hold", "--", "true"),
             ("jobs", "--json"),
             ("nodes",),
+            ("release", pool_job),
+            ("hold", pool_job),
+            ("show", pool_job),
             ("cancel", pool_job),
+            ("history",),
         ):
             result = ctl(role_redis, tmp_path, job_id, *args)
             assert result.returncode == 0, (args, result.stderr)
+
+        def state() -> str:
+            found = ctl(role_redis, tmp_path, job_id, "jobs", "--json")
+            rows = json.loads(found.stdout)["jobs"]
+            return str({r["job"]: r["state"] for r in rows}.get(pool_job, ""))
+
+        wait_for(lambda: state() == "cancelled", 20, f"{pool_job} cancelled")
+        again = ("submit", "--name", pool_job, "--nodes", "1", "--", "true")  # its id again
+        assert ctl(role_redis, tmp_path, job_id, *again).returncode == 0
+        wait_for(lambda: state() == "pending", 20, f"{pool_job} pending again")
+        assert ctl(role_redis, tmp_path, job_id, "cancel", pool_job).returncode == 0
         assert all(agent.alive() for agent in cluster.agents.values())
     assert role_redis.denials() == []  # nothing nodeagent did was refused
 
@@ -289,12 +304,12 @@ def acl_commands(*lists: str) -> set[str]:
 
 
 def test_every_command_the_scripts_send_is_granted(role_redis: RoleRedis) -> None:
-    """The Lua in nodeagent/coord/scripts.py and poolscripts.py: every command it names is in
+    """The Lua in nodeagent/coord/scripts.py, poolscripts.py, ended.py: every command it names is in
     the agents' list, so a new call cannot be added without the ACL that lets it run (Redis
     checks script calls against the caller's ACL)."""
     source = "\n".join(
         value.source
-        for module in (scripts, poolscripts)
+        for module in (scripts, poolscripts, ended)
         for value in vars(module).values()
         if isinstance(value, Script)
     )

@@ -35,6 +35,12 @@ BASE: dict[str, Any] = {"id": "llama", "entrypoint": ["python", "train.py"], "us
         ({"selector": ["gpu"]}, "selector", "a mapping of labels"),
         ({"selector": {"gpu": True}}, "selector.gpu", "label value"),
         ({"selector": {"a b": "x"}}, "selector.a b", "must be 1-63"),
+        ({"time_limit": "soon"}, "time_limit", "duration"),
+        ({"time_limit": 0}, "time_limit", "more than 0"),
+        ({"signal": "USR1@10"}, "signal", "give a time_limit"),
+        ({"time_limit": "1m", "signal": "KILL@10"}, "signal", "a worker can catch"),
+        ({"time_limit": "1m", "signal": "USR1@1m"}, "signal", "60s before the end"),
+        ({"time_limit": "1m", "signal": "USR1@x"}, "signal", "duration"),
     ],
 )
 def test_bad_specs_name_the_key(change: dict[str, Any], key: str, message: str) -> None:
@@ -60,6 +66,15 @@ def test_round_trip_through_json_keeps_everything() -> None:
     back = JobSpec.from_json(spec.to_json())
     assert back == spec and back.job.target_nodes == 8 and back.job.env == {"A": "1"}
     assert back.selector == {"gpu": "h100", "rack": "12"}
+
+
+def test_a_time_limit_and_its_signal_round_trip() -> None:
+    spec = load_spec({**BASE, "time_limit": "1-12:00:00", "signal": "SIGUSR2@5m"})
+    assert (spec.time_limit, spec.signal) == (129600.0, ("USR2", 300.0))
+    assert spec.to_dict()["signal"] == "USR2@300"
+    assert JobSpec.from_json(spec.to_json()) == spec
+    default = load_spec({**BASE, "time_limit": "2h", "signal": "USR1"})
+    assert default.signal == ("USR1", 60.0)  # Slurm's 60 s before
 
 
 def test_defaults_user_and_id_from_the_command_line() -> None:

@@ -1,0 +1,100 @@
+"""The job (or pool) nodeagentctl acts on, and how it reaches it: the Redis URL (--redis, else
+--config's, else NODEAGENT_REDIS_URL, else nodeagentctl's own file: cli/ctlrc.py), its password
+(--redis-password-file, else the URL's, else NODEAGENT_REDIS_PASSWORD), the key prefix, the pool
+and the job, every one checked before anything is sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nodeagent.cli import ctlargs
+from nodeagent.config import redisurl
+from nodeagent.config.load import read_settings
+from nodeagent.config.settings import EMBEDDED, NodeSettings
+from nodeagent.coord.client import Redis, connect
+from nodeagent.coord.embedded import embedded_url
+from nodeagent.coord.keys import JobKeys, PoolKeys
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.store import JobStore
+from nodeagent.errors import ConfigError, UsageError
+
+URL_ENV = "NODEAGENT_REDIS_URL"
+
+
+def _password(args: argparse.Namespace, url: str, environ: Mapping[str, str]) -> str | None:
+    """The password to use: --redis-password-file, else the URL's, else the environment's."""
+    in_url = ctlargs.url_password(url)
+    if args.redis_password_file is not None:
+        if in_url is not None:
+            raise UsageError(
+                "the Redis password is given twice (in the URL and --redis-password-file); "
+                "drop it from the URL"
+            )
+        return ctlargs.read_password_file(args.redis_password_file)
+    if in_url is not None:
+        return None  # the URL carries it already
+    return environ.get(ctlargs.PASSWORD_ENV) or None
+
+
+@dataclass(frozen=True)
+class Target:
+    """The job (or pool) nodeagentctl acts on, and how it reaches it."""
+
+    client: Redis
+    config: NodeSettings | None
+    prefix: str
+    pool: str
+    job: str | None
+    password_given: bool  # from a file, the URL or the environment
+
+    @property
+    def store(self) -> JobStore:
+        if self.job is None:
+            raise UsageError("give --config PATH of a node with a job: section, or --job ID")
+        return JobStore(self.client, JobKeys(self.prefix, self.job))
+
+    @property
+    def pool_store(self) -> PoolStore:
+        return PoolStore(self.client, PoolKeys(self.prefix, self.pool))
+
+
+def target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
+    """Connect to the job's Redis (lazily: nothing is sent yet), with every argument checked.
+
+    Raises:
+        UsageError: a bad --redis URL, a missing job, an unreadable password file.
+        ConfigError: the --config file, or its redis.url, is invalid.
+    """
+    config = read_settings(args.config) if args.config else None
+    url = args.redis or (config.redis.url if config else None) or environ.get(URL_ENV) or None
+    if url == EMBEDDED and config is not None and config.job is not None:
+        url = embedded_url(config.job.id)
+    job = args.job or (config.job.id if config and config.job else None)
+    if args.redis is not None and not args.redis:
+        raise UsageError("--redis: empty; give a URL such as redis://10.0.0.2:6379/0")
+    if not url:
+        raise UsageError(
+            f"give --config PATH, or --redis URL (or set {URL_ENV}), and the job for a job's "
+            "commands"
+        )
+    problem = redisurl.problem(url)
+    origin = getattr(args, "redis_origin", "--redis")
+    if problem and (args.redis or not config):
+        raise UsageError(f"{origin if args.redis else URL_ENV}: {problem}")
+    if problem:
+        raise ConfigError("redis.url", f"{problem} (in {args.config})")
+    password = _password(args, url, environ)
+    password_given = password is not None or ctlargs.url_password(url) is not None
+    if password is not None:
+        url = ctlargs.with_password(url, password)
+    prefix = args.key_prefix or (config.redis.key_prefix if config else "nodeagent")
+    pool = args.pool or (config.pool.name if config else "default")
+    try:
+        client = connect(url, timeout_s=5.0, client_name="nodeagentctl")
+    except (ValueError, ConfigError) as exc:
+        origin = origin if args.redis else f"redis.url in {args.config}" if config else URL_ENV
+        raise UsageError(f"{origin}: {redisurl.redact(url)}: {exc}") from None
+    return Target(client, config, prefix, pool, job, password_given)
