@@ -217,7 +217,7 @@ def pool_report(name: str, job: str) -> PoolNode:
         labels={"gpu": "h100"},
         pinned=job,
         serving=job,
-        metrics="10.0.0.1:9400",
+        metrics="10.0.0.1:9410",
         version="bench",
     )
 

@@ -55,7 +55,7 @@ def pool_node(name: str, job: str) -> PoolNode:
         labels={"gpu": "h100"},
         pinned=job,
         serving=job,
-        metrics="10.0.0.1:9400",
+        metrics="10.0.0.1:9410",
         version="bench",
     )
 

@@ -323,7 +323,7 @@ def _load_metrics(section: Section) -> MetricsConfig:
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or "\0" in host:
         raise ConfigError(
-            section.key("listen"), f"expected HOST:PORT such as 127.0.0.1:9400, got {listen!r}"
+            section.key("listen"), f"expected HOST:PORT such as 127.0.0.1:9410, got {listen!r}"
         )
     section.reject_unknown()
     return MetricsConfig(listen=f"{host}:{port}")

@@ -142,7 +142,7 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    listen: str = "127.0.0.1:9400"
+    listen: str = "127.0.0.1:9410"
 
 
 @dataclass(frozen=True)

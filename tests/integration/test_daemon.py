@@ -114,13 +114,13 @@ CASES = [
     ),
     (
         "metrics-unresolvable",
-        lambda p: text(p, metrics__listen="no-such-host.invalid:9400"),
+        lambda p: text(p, metrics__listen="no-such-host.invalid:9410"),
         "metrics.listen",
         "cannot resolve",
     ),
     (
         "metrics-not-here",
-        lambda p: text(p, metrics__listen="192.0.2.1:9400"),
+        lambda p: text(p, metrics__listen="192.0.2.1:9410"),
         "metrics.listen",
         "cannot listen",
     ),

@@ -75,9 +75,9 @@ BAD = [
     ("job__entrypoint", ["mytrainer"], "job.entrypoint", "not found on this node"),
     ("job__entrypoint", [sys.executable, "nope.py"], "job.entrypoint", "script nope.py not found"),
     ("job__entrypoint", ["./run.sh"], "job.entrypoint", "not found"),  # relative to the cwd
-    ("metrics__listen", "no-such-host.invalid:9400", "metrics.listen", "cannot resolve"),
-    ("metrics__listen", "192.0.2.1:9400", "metrics.listen", "cannot listen on 192.0.2.1"),
-    ("metrics__listen", "[::1]:9400", "metrics.listen", "cannot resolve"),  # IPv4 server
+    ("metrics__listen", "no-such-host.invalid:9410", "metrics.listen", "cannot resolve"),
+    ("metrics__listen", "192.0.2.1:9410", "metrics.listen", "cannot listen on 192.0.2.1"),
+    ("metrics__listen", "[::1]:9410", "metrics.listen", "cannot resolve"),  # IPv4 server
 ]
 
 
@@ -115,7 +115,7 @@ GOOD = [
     ("job__env", {"PATH": t("bin")}),  # the workers' PATH finds mytrainer
     ("metrics__listen", "off"),
     ("metrics__listen", ":0"),
-    ("metrics__listen", "localhost:9400"),  # another process may hold the port: not checked
+    ("metrics__listen", "localhost:9410"),  # another process may hold the port: not checked
 ]
 
 

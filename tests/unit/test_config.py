@@ -37,7 +37,7 @@ def test_defaults_are_filled_in() -> None:
     assert config.timing.heartbeat_interval == 1.0
     assert config.timing.lease_ttl == 5.0
     assert config.redis.key_prefix == "nodeagent"
-    assert config.metrics.listen == "127.0.0.1:9400"
+    assert config.metrics.listen == "127.0.0.1:9410"
 
 
 @pytest.mark.parametrize(
@@ -114,7 +114,7 @@ def test_pool_keep_ended_defaults_to_a_week_and_is_checked() -> None:
         ("redis.key_prefix", "a b", "redis.key_prefix", "letters"),
         ("node.name", "node 1", "node.name", "letters"),
         ("node", "gpu1", "node", "mapping"),
-        ("metrics.listen", "9400", "metrics.listen", "HOST:PORT"),
+        ("metrics.listen", "9410", "metrics.listen", "HOST:PORT"),
         ("log_dir", 5, "log_dir", "expected str"),
         ("surprise", 1, "surprise", "unknown key"),
         # 0 is an error where zero cannot work; `off` only where the docs say so
@@ -274,7 +274,7 @@ def test_logging_section() -> None:
         ("health.gpu", "off", "health.gpu", "off"),
         ("metrics.listen", False, "metrics.listen", "off"),  # as the example documents it
         ("metrics.listen", "off", "metrics.listen", "off"),
-        ("metrics.listen", ":9400", "metrics.listen", ":9400"),
+        ("metrics.listen", ":9410", "metrics.listen", ":9410"),
         ("job.env", {"A": 1, "B": 0.5, "C": "x"}, "job.env", {"A": "1", "B": "0.5", "C": "x"}),
         ("job.env", None, "job.env", {}),
         ("job.entrypoint", ["python", "t.py", 2], "job.entrypoint", ("python", "t.py", "2")),
