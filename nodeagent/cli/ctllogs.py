@@ -31,7 +31,7 @@ from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.replies import NodeLease
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
-from nodeagent.errors import ConfigError, UsageError
+from nodeagent.errors import ConfigError, NotFoundError, UsageError
 from nodeagent.model.credential import Munge, MungeUnavailable
 from nodeagent.model.job import JobRecord
 from nodeagent.telemetry.logserve import (
@@ -154,13 +154,17 @@ class _Pool:
         return RequestStore(self._pool.client, self._pool.keys).auth() == "munge"
 
     def locate(self, rank: int) -> tuple[JobRecord | None, Place | str]:
-        """The job's record, and the place of `rank` or why it has none."""
+        """The job's record, and the place of `rank` or why it has none.
+
+        Raises: NotFoundError: no such job (nodeagentctl exits 3)."""
         snapshot = self._store.snapshot()
         record = snapshot.stored_record or snapshot.record
         if record is None:
             status = self._pool.read().jobs.get(self.job)
             if status is None:
-                return None, f"no such job {self.job!r} ({self._where}): check the id and --redis"
+                raise NotFoundError(
+                    f"no such job {self.job!r} ({self._where}): check the id and --redis"
+                )
             return (
                 None,
                 f"job {self.job} has no ranks: it is {status.state.value} ({status.reason})",

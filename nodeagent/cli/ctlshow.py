@@ -110,6 +110,7 @@ def event_json(entry_id: str, fields: Mapping[str, str]) -> str:
     event, raw = decode(entry_id, fields)
     data = dict(event.data) if isinstance(event.data, Mapping) else event.data
     doc: dict[str, Any] = {
+        "version": JSON_VERSION,  # each line is a document of its own (JSON lines)
         "id": event.id,
         "at_ms": event.at_ms,
         "at": rfc3339(event.at_ms),

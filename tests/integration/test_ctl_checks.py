@@ -302,6 +302,7 @@ def test_events_print_entries_as_they_are(db_url: str, db: redis.Redis) -> None:
     assert result.returncode == 0, result.stderr
     printed = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(printed) == len(stored) + 1
+    assert {shown["version"] for shown in printed} == {1}  # each line a document of its own
     for document, shown in zip(stored, printed, strict=False):
         if shown["type"] == "corrupt_event":
             assert shown["raw"] == document and shown["message"]
