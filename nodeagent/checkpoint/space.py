@@ -10,6 +10,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from nodeagent.channel.tier import BadCopy, open_plain
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
 
@@ -83,12 +84,10 @@ def mark(tier_fd: int, node: str, job: str) -> None:
 def owner(tier: Path) -> tuple[str, str] | None:
     """(node, job) as the tier's mark says, or None (no mark, or not one an agent wrote)."""
     try:
-        fd = os.open(tier / OWNER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        fd = open_plain(tier / OWNER)
+    except BadCopy:
         return None
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
         words = f.read(1024).decode(errors="replace").split("\n")
     return (words[0], words[1]) if len(words) == 3 and not words[2] else None
 

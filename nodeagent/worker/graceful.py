@@ -18,6 +18,8 @@ import time
 from types import FrameType, TracebackType
 from typing import Any
 
+from nodeagent.worker.agree import any_rank
+
 DEFAULT_GRACE_S = 30.0
 
 
@@ -67,16 +69,7 @@ class GracefulExit:
 
     def should_stop_all(self) -> bool:
         """True on every rank as soon as any rank was asked to stop (one all-reduce)."""
-        import torch
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return self.requested
-        flag = torch.tensor([1.0 if self.requested else 0.0])
-        if dist.get_backend() == "nccl":
-            flag = flag.cuda()
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+        return any_rank(self.requested)
 
     def time_left(self) -> float:
         """Seconds until the agent sends SIGKILL (the whole grace period before a signal)."""

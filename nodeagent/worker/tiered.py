@@ -40,7 +40,7 @@ from typing import Any
 from nodeagent.channel import tier
 from nodeagent.channel.tier import BadCopy, Manifest, NoSave, Source
 from nodeagent.worker import dcpio
-from nodeagent.worker.agree import Problem, agree
+from nodeagent.worker.agree import Problem, agree, any_rank
 from nodeagent.worker.follow import Follower, Reform
 from nodeagent.worker.trainstate import TrainState
 
@@ -123,20 +123,11 @@ class Checkpointer:
         """Why the job re-forms, if the agent told any rank to leave the generation, agreed by
         every rank (one all_reduce; None without an agent): `check` without the save, for a
         script that saves its own way first."""
-        import torch.distributed as dist
-
         if self.follower.channel is None:
             return None
         reform = self.follower.news()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            import torch
-
-            flag = torch.tensor([0 if reform is None else 1], dtype=torch.int32)
-            if dist.get_backend() == "nccl":
-                flag = flag.cuda()
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if int(flag.item()) and reform is None:
-                reform = Reform(f"another rank was told to leave generation {self.generation}")
+        if any_rank(reform is not None) and reform is None:
+            reform = Reform(f"another rank was told to leave generation {self.generation}")
         return reform
 
     def sync(self) -> None:
