@@ -12,7 +12,9 @@ without a valid manifest holds no save. DCP itself has no end-to-end checksum (a
 loads silently), so every reader verifies every file it uses against the manifest first.
 
 Layout:
-    memory tier       <memory_dir>/<job>/rank-<R>/slot-0|slot-1/    (two slots per rank)
+    memory tier       <memory_dir>/<node>.<job>/rank-<R>/slot-0|slot-1/   (two slots per rank)
+    replica area      <memory_dir>/<node>.<job>.replicas/<from>/rank-<R>/slot-0|slot-1/
+                                                      (peers' saves, sent by node <from>)
     persistent tier   <dir>/step-<S>/rank-<R>/                      (also a script's own
                                                                       directory under torchrun)
 
@@ -23,6 +25,7 @@ the newest good one untouched. Every file name in a manifest is a plain name in 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -42,6 +45,7 @@ MANIFEST_MAX = 4 << 20  # a manifest of 10,000 files takes about 1 MB
 MEMORY_ENV = "NODEAGENT_CKPT_MEMORY"  # this node's memory tier of the job
 MEMORY_LIMIT_ENV = "NODEAGENT_CKPT_MEMORY_LIMIT"  # bytes one rank's save may take
 PERSIST_ENV = "NODEAGENT_CKPT_PERSIST"  # the job's persistent tier (shared by its nodes)
+REPLICAS_ENV = "NODEAGENT_CKPT_REPLICAS"  # this node's replica area of the job (read only)
 RESTORE_ENV = "NODEAGENT_RESTORE"  # the leader's choice, Restore.to_env()
 RESTORE_REPORT_ENV = "NODEAGENT_RESTORE_REPORT"  # where the worker says what it restored
 TIERS = ("memory", "persistent", "script", "start")
@@ -149,6 +153,12 @@ class Manifest:
         ):
             raise BadCopy(f"{where}: 'blocked_s' must be a number of seconds, got {blocked!r}")
         return cls(files=sums, job=job, blocked_s=float(blocked), **count)
+
+
+def digest(manifest: Manifest) -> str:
+    """16 hex digits that name one save exactly (its manifest: every file's size and checksum):
+    what its node reports in Redis, and what a peer checks a copy offered to it against."""
+    return hashlib.blake2b(manifest.to_json().encode(), digest_size=8).hexdigest()
 
 
 def plain_name(name: str) -> bool:
@@ -316,6 +326,34 @@ def memory_saves(tier: Path) -> Iterator[tuple[Path, int]]:
         if match and entry.is_dir(follow_symlinks=False):
             for slot in SLOTS:
                 yield Path(entry.path) / slot, int(match.group(1))
+
+
+# -- a replica area: <area>/<node>/rank-<R>/slot-N (copies of peers' saves) ----------------
+
+
+def area_saves(area: Path) -> Iterator[tuple[Path, int]]:
+    """Every slot of every rank under a replica area, from every node (unverified)."""
+    if not area.is_dir():
+        return
+    for entry in os.scandir(area):
+        if entry.is_dir(follow_symlinks=False) and plain_name(entry.name):
+            yield from memory_saves(Path(entry.path))
+
+
+def find_save(
+    memory: Path | None, area: Path | None, rank: int, step: int, generation: int | None
+) -> Path | None:
+    """A slot holding rank `rank`'s save of `step` (by `generation` if given): in the memory
+    tier first, then in the replica area, from any node; unverified."""
+    found = newest_in_memory(memory, rank, step, generation) if memory is not None else None
+    if found is not None or area is None or not area.is_dir():
+        return found
+    for entry in sorted(os.scandir(area), key=lambda e: e.name):
+        if entry.is_dir(follow_symlinks=False):
+            found = newest_in_memory(Path(entry.path), rank, step, generation)
+            if found is not None:
+                return found
+    return None
 
 
 # -- a persistent tier: <dir>/step-<S>/rank-<R> ---------------------------------------------

@@ -97,6 +97,9 @@ class TierKeeper:
         self._node, self._job = node, job
         self.persist_root = Path(config.persist_dir) if config.persist_dir else None
         self.every = config.persist_every
+        # Copies go to peers (job.checkpoint.replicas): every save is verified as it comes, not
+        # only those due for the persistent tier, so that it is reported and can be sent.
+        self.verify_every_save = config.replicas > 0
         self._clock = clock
         self._verified = scan.Verified(self.memory)
         self._lock = threading.Lock()  # what the thread hands back
@@ -225,6 +228,8 @@ class TierKeeper:
             return
         if self.persist_root is not None and self._persist_due():
             self._start(self._work, True, False)
+        elif self.verify_every_save and self._verified.pending():
+            self._start(self._work, False, False)
 
     def _start(self, target: Callable[[bool, bool], None], persist: bool, settle: bool) -> None:
         self._thread_settles = settle

@@ -1,24 +1,31 @@
 """Copies of a rank's save between agents, over the agents' own TCP connections (issue 27).
 
 Never through the training process group: replication must neither compete with the training's
-collectives nor fail with them. A sender streams one save to a peer's `ReplicaServer`:
+collectives nor fail with them. A sender streams one save to a peer's `ReplicaServer` (`send`):
 
     header   one line of JSON: {"v": 1, "job", "node" (the sender), "generation", "manifest"}
              answered `GO` (or `ERR <why>`: nothing of the body is sent to a peer that refuses)
     body     the manifest's files, in the manifest's (sorted) order, each exactly its size
 
-The receiver trusts nothing it is sent. It serves at most MAX_RECEIVES connections at once
-(more are answered `ERR busy`), reads a header of at most MAX_HEADER bytes within HEADER_S,
-takes one copy of a node's rank at a time (a second, meanwhile, would write into the same
-slot), and takes a save only if `accept(node, generation, manifest)` says so (the agent checks
-it against what that node recorded for the job and generation in Redis: a peer cannot plant a
-file). It writes only the files the manifest names, into its own replica area
-(`<root>/<node>/rank-<R>/slot-0|1`, two slots as in the memory tier, so a copy cut short spares
-the last whole one), checks every byte against the manifest's CRC-32 as it arrives and writes
-the manifest last. It answers the body `OK` or `ERR <why>` on one line. A sender paces itself
-to `max_rate` bytes a second (0: as fast as it can), and reads the save only as regular files,
-never through a link: the slot is the workers', and the agent (root) must not send a peer what
-a link planted there points to.
+and a node that must restore a save it lacks asks a peer for it (`fetch`):
+
+    header   {"v": 1, "job", "node" (who asks), "generation", "want": {"rank", "step",
+             "generation"}}, answered `GO <manifest>` (or `ERR <why>`), then the body as above,
+             which the asker checks byte by byte against that manifest (and the manifest
+             against the digest its holder reported) as it arrives
+
+The receiver trusts nothing it is sent. It serves at most MAX_RECEIVES connections at once (more
+are answered `ERR busy`), reads a header of at most MAX_HEADER bytes within HEADER_S, takes one
+copy of a node's rank at a time (a second, meanwhile, would write into the same slot), and
+serves a request only if `accept(offer)` says so (the agent checks it against what that node
+reported in Redis: a member of the job, connecting from its address, offering a save whose
+digest it reported: a peer cannot plant a file). It writes only the files the manifest names,
+into its own replica area (`<root>/<node>/rank-<R>/slot-0|1`, two slots as in the memory tier,
+so a copy cut short spares the last whole one), checks every byte against the manifest's CRC-32
+as it arrives and writes the manifest last. It answers the body `OK` or `ERR <why>` on one line.
+A sender paces itself to `max_rate` bytes a second (0: as fast as it can), and reads the save
+only as regular files, never through a link: the slot is the workers', and the agent (root) must
+not send a peer what a link planted there points to.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,8 +52,29 @@ HEADER_S = 10.0  # the whole header, however slowly it trickles in
 MAX_RECEIVES = 8  # connections served at once: more are turned away, not queued as threads
 CHUNK = 1 << 20
 TIMEOUT_S = 30.0  # a peer silent this long mid-transfer is given up on
-# Says whether a save offered by `node` for `generation` may be taken; None: yes, else why not.
-Accept = Callable[[str, int, Manifest], str | None]
+
+
+@dataclass(frozen=True)
+class Want:
+    """A save asked for: one rank's, of one step, saved by one generation."""
+
+    rank: int
+    step: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A peer's request: to leave a copy (`manifest`) or to be sent one (`want`)."""
+
+    node: str  # who the peer says it is
+    host: str  # the address it connected from
+    manifest: Manifest | None = None
+    want: Want | None = None
+
+
+# Whether a peer's request may be served; None: yes, else why not.
+Accept = Callable[[Offer], str | None]
 
 
 class ReplicaError(Exception):
@@ -72,9 +100,11 @@ class ReplicaServer:
         address: str = "127.0.0.1",
         port: int = 0,
         on_received: Callable[[Received], None] | None = None,
+        memory: Path | None = None,
     ) -> None:
         self.job = job
         self.root = root
+        self.memory = memory  # this node's memory tier: what a fetch may be served from too
         self._accept = accept
         self._on_received = on_received or (lambda _: None)
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -108,6 +138,20 @@ class ReplicaServer:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
 
+    @contextlib.contextmanager
+    def reserve(self, node: str, rank: int) -> Iterator[None]:
+        """Hold the place of `node`'s rank `rank` in the replica area (a fetch writing there)
+        so that no copy is received into it meanwhile. Raises: BadCopy if one is under way."""
+        with self._lock:
+            if (node, rank) in self._receiving:
+                raise BadCopy(f"busy: a copy of {node}'s rank {rank} is under way")
+            self._receiving.add((node, rank))
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._receiving.discard((node, rank))
+
     def _serve(self) -> None:
         while not self._closed.is_set():
             try:
@@ -136,32 +180,44 @@ class ReplicaServer:
 
     def _take(self, conn: socket.socket) -> None:
         began = time.monotonic()
-        key: tuple[str, int] | None = None
         try:
-            node, generation, manifest = self._header(conn)
-            with self._lock:
-                if (node, manifest.rank) in self._receiving:
-                    raise BadCopy(f"busy: a copy of {node}'s rank {manifest.rank} is under way")
-                key = (node, manifest.rank)
-                self._receiving.add(key)
-            why = self._accept(node, generation, manifest)
-            if why is not None:
-                raise BadCopy(f"refused: {why}")
-            _answer(conn, "GO")
-            slot = tier.slot_for_save(self.root / node, manifest.rank)
-            _receive(conn, slot, manifest)
+            node, generation, manifest, want = self._header(conn)
+            host = conn.getpeername()[0]
+            if want is not None:
+                self._give(conn, Offer(node, host, want=want))
+                return
+            assert manifest is not None
+            with self.reserve(node, manifest.rank):
+                why = self._accept(Offer(node, host, manifest=manifest))
+                if why is not None:
+                    raise BadCopy(f"refused: {why}")
+                _answer(conn, "GO")
+                slot = tier.slot_for_save(self.root / node, manifest.rank)
+                _receive(conn, slot, manifest)
         except (BadCopy, OSError, ValueError) as exc:
             log.warning("replica refused: %s", exc)
             _answer(conn, f"ERR {exc}")
             return
-        finally:
-            if key is not None:
-                with self._lock:
-                    self._receiving.discard(key)
         _answer(conn, "OK")
         self._on_received(Received(node, generation, manifest, time.monotonic() - began))
 
-    def _header(self, conn: socket.socket) -> tuple[str, int, Manifest]:
+    def _give(self, conn: socket.socket, offer: Offer) -> None:
+        """Serve a fetch: the save asked for, from the memory tier or the replica area.
+        Raises: BadCopy (the answer says why)."""
+        want = offer.want
+        assert want is not None
+        why = self._accept(offer)
+        if why is not None:
+            raise BadCopy(f"refused: {why}")
+        slot = tier.find_save(self.memory, self.root, want.rank, want.step, want.generation)
+        if slot is None:
+            raise BadCopy(f"no save of rank {want.rank}, step {want.step}@{want.generation} here")
+        manifest = tier.read_manifest(slot)
+        _answer(conn, f"GO {manifest.to_json()}")
+        with contextlib.suppress(OSError):  # the asker gave up: nothing more to say
+            _body(conn, slot, manifest, 0.0)
+
+    def _header(self, conn: socket.socket) -> tuple[str, int, Manifest | None, Want | None]:
         line = _read_line(conn, time.monotonic() + HEADER_S)
         conn.settimeout(TIMEOUT_S)
         try:
@@ -175,10 +231,21 @@ class ReplicaServer:
         node, generation = data.get("node"), data.get("generation")
         if not isinstance(node, str) or not tier.plain_name(node):
             raise BadCopy(f"node {node!r} is not a node name")
-        if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        if not isinstance(generation, int) or not _count_ok(generation):
             raise BadCopy(f"generation {generation!r} is not a generation")
+        want = data.get("want")
+        if want is not None:
+            if not isinstance(want, dict) or not all(
+                _count_ok(want.get(k)) for k in ("rank", "step", "generation")
+            ):
+                raise BadCopy("'want' must name a rank, a step and a generation")
+            return node, generation, None, Want(want["rank"], want["step"], want["generation"])
         manifest = Manifest.from_json(json.dumps(data.get("manifest")), f"{node}'s manifest")
-        return node, generation, manifest
+        return node, generation, manifest, None
+
+
+def _count_ok(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 53
 
 
 def _read_line(conn: socket.socket, deadline: float | None = None) -> bytes:
@@ -268,6 +335,59 @@ def send(
     if answer != "OK":
         raise ReplicaError(f"replica to {peer}: {answer}")
     return sent
+
+
+def fetch(
+    peer: str,
+    job: str,
+    node: str,
+    generation: int,
+    want: Want,
+    area: Path,
+    digest: str | None = None,
+    timeout: float = TIMEOUT_S,
+) -> Manifest:
+    """Bring the save `want` from the ReplicaServer at `peer` into `area` (a node's directory
+    of a replica area: `<area>/rank-<R>/slot-N`), every byte checked against the manifest the
+    peer sends, and that manifest against `digest` (what its holder reported) when given.
+
+    Raises: ReplicaError naming the peer and why (its answer, a copy that does not match, the
+        connection's failure); nothing of a copy that failed stays."""
+    header = {
+        "v": VERSION,
+        "job": job,
+        "node": node,
+        "generation": generation,
+        "want": {"rank": want.rank, "step": want.step, "generation": want.generation},
+    }
+    host, _, port = peer.rpartition(":")
+    slot: Path | None = None
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as conn:
+            conn.sendall(json.dumps(header, separators=(",", ":")).encode() + b"\n")
+            answer = _line(conn)
+            word, _, rest = answer.partition(" ")
+            if word != "GO":
+                raise ReplicaError(f"replica from {peer}: {answer}")
+            manifest = Manifest.from_json(rest, f"{peer}'s manifest")
+            if digest and tier.digest(manifest) != digest:
+                raise BadCopy(f"its manifest is not the save its holder reported ({digest})")
+            if (manifest.rank, manifest.step, manifest.generation) != (
+                want.rank,
+                want.step,
+                want.generation,
+            ):
+                raise BadCopy(
+                    f"it sent step {manifest.step}@{manifest.generation} rank {manifest.rank}"
+                )
+            slot = tier.slot_for_save(area, want.rank)
+            _receive(conn, slot, manifest)
+    except (OSError, BadCopy) as exc:
+        if slot is not None:
+            with contextlib.suppress(OSError, BadCopy):
+                tier.begin(slot)
+        raise ReplicaError(f"replica from {peer}: {exc}") from None
+    return manifest
 
 
 def _line(conn: socket.socket) -> str:

@@ -8,10 +8,11 @@ replaced by a rename, so a new save is a new identity.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,10 +26,14 @@ Identity = tuple[int, int, int]
 
 @dataclass(frozen=True)
 class Save:
-    """One rank's save found in the memory tier, verified."""
+    """One rank's save found in the memory tier (or a replica area), verified."""
 
     slot: Path
     manifest: Manifest
+
+    @functools.cached_property
+    def digest(self) -> str:
+        return tier.digest(self.manifest)
 
 
 def identity(slot: Path) -> Identity | None:
@@ -40,10 +45,16 @@ def identity(slot: Path) -> Identity | None:
 
 
 class Verified:
-    """The memory tier's saves whose every file matched their manifest when last looked at."""
+    """The memory tier's saves whose every file matched their manifest when last looked at
+    (or a replica area's, with `slots=tier.area_saves`)."""
 
-    def __init__(self, memory: Path) -> None:
+    def __init__(
+        self,
+        memory: Path,
+        slots: Callable[[Path], Iterator[tuple[Path, int]]] = tier.memory_saves,
+    ) -> None:
         self.memory = memory
+        self._slots = slots
         self._seen: dict[Path, tuple[Identity, Save | None]] = {}
 
     def refresh(self) -> list[str]:
@@ -51,7 +62,7 @@ class Verified:
         problems found, one line each (a save that does not verify is never reported)."""
         problems = []
         present = set()
-        for slot, _rank in tier.memory_saves(self.memory):
+        for slot, _rank in self._slots(self.memory):
             ident = identity(slot)
             if ident is None:
                 continue
@@ -71,6 +82,13 @@ class Verified:
             del self._seen[gone]
         return problems
 
+    def trust(self, slot: Path, manifest: Manifest) -> None:
+        """Take the save in `slot` as verified without reading it again: it was checked byte by
+        byte as it was written (a copy received from a peer)."""
+        ident = identity(slot)
+        if ident is not None:
+            self._seen[slot] = (ident, Save(slot, manifest))
+
     def saves(self) -> list[Save]:
         """The verified saves whose manifest is still the one verified (cheap: a stat each)."""
         return [
@@ -81,7 +99,7 @@ class Verified:
 
     def pending(self) -> bool:
         """A manifest is there that was not verified yet (a save written since)."""
-        for slot, _rank in tier.memory_saves(self.memory):
+        for slot, _rank in self._slots(self.memory):
             ident = identity(slot)
             if ident is not None and self._seen.get(slot, (None,))[0] != ident:
                 return True
@@ -91,12 +109,18 @@ class Verified:
 def held(saves: Iterable[Save]) -> tuple[Held, ...]:
     """Saves grouped by step, world and the generation that saved them: which ranks hold
     each, newest first."""
-    by_step: dict[tuple[int, int, int], set[int]] = {}
+    by_step: dict[tuple[int, int, int], dict[int, str]] = {}
     for save in saves:
         m = save.manifest
-        by_step.setdefault((m.step, m.generation, m.world_size), set()).add(m.rank)
+        by_step.setdefault((m.step, m.generation, m.world_size), {})[m.rank] = save.digest
     return tuple(
-        Held(step, world, tuple(sorted(ranks)), generation)
+        Held(
+            step,
+            world,
+            tuple(sorted(ranks)),
+            generation,
+            tuple(dict(sorted(ranks.items())).values()),
+        )
         for (step, generation, world), ranks in sorted(by_step.items(), reverse=True)
     )
 

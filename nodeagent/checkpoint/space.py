@@ -19,8 +19,9 @@ GiB = 1 << 30
 
 def check_room(config: CheckpointConfig, node: str, job: str) -> None:
     """Raises: ConfigError naming job.checkpoint.memory_size (or memory_dir) and the numbers,
-    when the file system under memory_dir has less room than memory_size (what the job's
-    memory tier already holds there counts as room: an agent restarted)."""
+    when the file system under memory_dir has less room than memory_size for the node's own
+    saves and as much again for each of `replicas` peers' (what the job's memory tier and
+    replica area already hold there counts as room: an agent restarted)."""
     tier = Path(config.memory_tier(node, job))
     check_parent(tier.parent)
     existing = tier
@@ -32,14 +33,18 @@ def check_room(config: CheckpointConfig, node: str, job: str) -> None:
         raise ConfigError(
             "job.checkpoint.memory_dir", f"cannot look at {existing}: {exc.strerror}"
         ) from None
-    free = stat.f_bavail * stat.f_frsize + _used(tier)
-    if free < config.memory_size:
+    area = Path(config.replica_area(node, job))
+    free = stat.f_bavail * stat.f_frsize + _used(tier) + _used(area)
+    wanted = config.memory_size * (1 + config.replicas)  # peers' copies beside its own
+    if free < wanted:
+        replicas = f" and {config.replicas} peers' copies" if config.replicas else ""
         raise ConfigError(
             "job.checkpoint.memory_size",
-            f"{config.memory_size / GiB:.2f} GiB wanted for the memory tier, but "
+            f"{wanted / GiB:.2f} GiB wanted for the memory tier{replicas}, but "
             f"{existing} has {free / GiB:.2f} GiB free on this node (total "
             f"{stat.f_blocks * stat.f_frsize / GiB:.2f} GiB): lower memory_size, or give "
-            "memory_dir a larger tmpfs (e.g. /dev/shm's size= mount option)",
+            "memory_dir a larger tmpfs (e.g. /dev/shm's size= mount option)"
+            + (", or lower replicas" if config.replicas else ""),
         )
 
 

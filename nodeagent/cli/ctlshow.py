@@ -33,6 +33,17 @@ def print_status(doc: dict[str, Any]) -> None:
             f"{' > '.join(tiers['restore']) or '-'}"
             + (f"; never again: {', '.join(map(str, tiers['bad']))}" if tiers["bad"] else "")
         )
+        if tiers.get("replicas"):
+            short = tiers["under_replicated"]
+            print(
+                f"  replicas: {tiers['replicas']}, committed step {_step(tiers['committed'])}"
+                + (
+                    f"; UNDER-REPLICATED: ranks {', '.join(map(str, short))} on fewer than "
+                    f"{tiers['replicas'] + 1} nodes"
+                    if short
+                    else ""
+                )
+            )
     print(
         f"{'NODE':<20} {'STATE':<10} {'RANK':>4} {'GEN':>4} {'HB AGE':>7}  {'ADDRESS':<16} WORKERS"
     )

@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import Any
 
 from nodeagent.coord.store import NodeLease, Snapshot
+from nodeagent.job import replication
 from nodeagent.job.restore import memory_steps
 from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.state import JobState
@@ -65,16 +66,26 @@ def _tier(report: NodeReport) -> dict[str, Any] | None:
 
 def checkpoints(record: JobRecord | None, snapshot: Snapshot) -> dict[str, Any] | None:
     """The job's tiers: the newest step whole in memory for the running members, the newest
-    whole in the persistent tier, this generation's restore order, the steps never restored."""
+    whole in the persistent tier, this generation's restore order, the steps never restored,
+    the committed step (on replicas + 1 nodes) and the ranks of it short of that."""
     if record is None or record.checkpoint is None:
         return None
     reports = {lease.name: lease.report for lease in snapshot.leases if lease.report is not None}
     whole = memory_steps(record.members, record.nproc_per_node, reports) if record.members else []
+    tiers = record.checkpoint
+    short = replication.under_replicated(
+        replication.holdings(reports), tiers.committed, tiers.replicas
+    )
     return {
         "memory": whole[0][0] if whole else None,
-        "persisted": record.checkpoint.persisted_step,
-        "restore": list(record.checkpoint.restore),
-        "bad": list(record.checkpoint.bad),
+        "persisted": tiers.persisted_step,
+        "restore": list(tiers.restore),
+        "bad": list(tiers.bad),
+        "replicas": tiers.replicas,
+        "committed": tiers.committed_step,
+        # ranks of the committed step on fewer than replicas + 1 live nodes (a node lost: the
+        # survivors are copying them again)
+        "under_replicated": short if tiers.replicas else [],
     }
 
 

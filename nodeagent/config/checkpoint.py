@@ -13,6 +13,8 @@ from nodeagent.config.values import (
 )
 from nodeagent.errors import ConfigError
 
+MAX_REPLICAS = 8  # as model/tiers.py reads a record
+
 
 def load_checkpoint(section: Section) -> CheckpointConfig | None:
     """job.checkpoint; None when the section is absent (or empty)."""
@@ -35,6 +37,39 @@ def load_checkpoint(section: Section) -> CheckpointConfig | None:
         memory_dir=memory_dir,
         persist_dir=persist_dir,
         persist_every=positive_int(section, "persist_every", CheckpointConfig.persist_every),
+        replicas=_replicas(section),
+        **_replication(section.section("replication")),
     )
     section.reject_unknown()
     return checkpoint
+
+
+def _replicas(section: Section) -> int:
+    replicas = positive_int(section, "replicas", CheckpointConfig.replicas, minimum=0)
+    if replicas > MAX_REPLICAS:
+        raise ConfigError(
+            section.key("replicas"),
+            f"at most {MAX_REPLICAS} peers hold a copy of a node's saves, got {replicas} "
+            "(1 survives one lost node, 2 two at once)",
+        )
+    return replicas
+
+
+def _replication(section: Section) -> dict[str, int]:
+    """job.checkpoint.replication: how this node sends copies to its peers."""
+    rate = section.raw("max_rate")
+    max_rate = 0
+    if rate is not None and rate != 0:
+        text = rate.removesuffix("/s") if isinstance(rate, str) else rate
+        try:
+            max_rate = parse_size(text, section.key("max_rate"))
+        except ConfigError:
+            raise ConfigError(
+                section.key("max_rate"),
+                f"expected bytes a second such as 500MiB/s (0: unbounded), got {rate!r}",
+            ) from None
+    port = section.get("port", int, 0)
+    if not 0 <= port <= 65535:
+        raise ConfigError(section.key("port"), f"must be a TCP port (0: any free one), got {port}")
+    section.reject_unknown()
+    return {"max_rate": max_rate, "replica_port": port}

@@ -42,15 +42,24 @@ class CheckpointConfig:
     The memory tier is `<memory_dir>/<node>.<job>` on tmpfs, made by the agent before the
     workers start, at most `memory_size` bytes on this node (two slots per local rank); the
     persistent tier is `persist_dir`, shared by the job's nodes, where the agent copies the
-    newest step every `persist_every` saves and whenever the job stops."""
+    newest step every `persist_every` saves and whenever the job stops. Each node's last step is
+    copied to `replicas` peers' replica areas (docs/checkpoints.md, "Surviving a node")."""
 
     memory_size: int
     memory_dir: str = "/dev/shm/nodeagent"
     persist_dir: str | None = None
     persist_every: int = 10
+    replicas: int = 1  # peers that hold a copy of each rank's last step (issue 27; 0: none)
+    max_rate: int = 0  # bytes a second this node sends to peers (0: unbounded)
+    replica_port: int = 0  # the replica listener's port on node.address (0: any free one)
 
     def memory_tier(self, node: str, job: str) -> str:
         return f"{self.memory_dir.rstrip('/') or '/'}/{node}.{job}"
+
+    def replica_area(self, node: str, job: str) -> str:
+        """Where this node keeps the copies of peers' saves it holds: beside the memory tier,
+        the agent's own (the workers read it, never write it)."""
+        return f"{self.memory_tier(node, job)}.replicas"
 
     def rank_limit(self, nproc_per_node: int) -> int:
         """Bytes one rank's save may take: two slots per local rank share memory_size."""

@@ -181,6 +181,37 @@ class JobStore:
         entry = (name, repr(float(score)), raw or "", pttl)
         return read_lease(self.keys, snapshot.now_ms, entry, found)
 
+    def members(self) -> tuple[str, ...]:
+        """The record's members in group-rank order, read whole (a node that does not lead is
+        handed its own place in them only, scripts.SYNC); () when there is no readable record."""
+        raw = self._whole_record()
+        if raw is None:
+            return ()
+        try:
+            return JobRecord.from_json(raw).members
+        except CorruptStateError:
+            return ()
+
+    def peer_reports(self, names: Sequence[str]) -> dict[str, NodeReport]:
+        """The reports of the nodes named whose lease holds (one MGET): what a node reads of its
+        peers to copy its checkpoints to them (job/copies.py). Garbage is left out: a node whose
+        report cannot be read counts as holding nothing."""
+        if not names:
+            return {}
+        with redis_errors("read the peers' reports"):
+            raws = self.client.mget([self.keys.node(name) for name in names])
+        found = {}
+        for name, raw in zip(names, raws, strict=True):
+            if raw is None:
+                continue
+            try:
+                report = NodeReport.from_json(raw)
+            except CorruptStateError:
+                continue
+            if report.name == name:
+                found[name] = report
+        return found
+
     def sync_many(self, reports: Sequence[NodeReport], held: str = "") -> None:
         """Heartbeats of many nodes in one pipeline (the fleet simulator, bench/fleet.py), each
         holding the record at revision `held` ("": none)."""

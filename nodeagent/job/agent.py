@@ -18,6 +18,7 @@ from typing import Protocol, TypeVar
 
 from nodeagent import __version__
 from nodeagent.checkpoint.keeper import TierKeeper
+from nodeagent.checkpoint.peers import Replicas
 from nodeagent.config.settings import Config
 from nodeagent.coord.bounded import BoundedCalls
 from nodeagent.coord.store import Snapshot
@@ -25,6 +26,7 @@ from nodeagent.errors import CoordinationError
 from nodeagent.gpu.health import NodeHealth
 from nodeagent.job import events as worker_events
 from nodeagent.job import outcome
+from nodeagent.job.copies import ReplicaDuties
 from nodeagent.job.decide import (
     Acknowledge,
     Leave,
@@ -89,10 +91,12 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         until_done: bool = False,
         tiers: TierKeeper | None = None,
+        replicas: Replicas | None = None,
     ) -> None:
         """`until_done`: serve this one job and leave when it ends (`nodeagent launch`, an
         embedded Redis); `outcome` is then its exit code. Otherwise a daemon: run until stopped.
-        `tiers`: the job's checkpoint tiers on this node (job.checkpoint), prepared."""
+        `tiers`: the job's checkpoint tiers on this node (job.checkpoint), prepared; `replicas`:
+        its replica area (job.checkpoint.replicas), prepared: the agent listens on it."""
         self.config = config
         self.name = config.node.name
         self.state = NodeState.JOINING
@@ -122,8 +126,8 @@ class Agent:
         self._last_error: str | None = None
         self._watchers = WorkerWatch(self.name, config.timing.hang_timeout, health)
         self._metrics = metrics or AgentMetrics(config.job.id, __version__)
-        self._tiers = TierDuties(tiers, self.name, self._metrics.checkpoints) if tiers else None
         self._calls = BoundedCalls(clock)
+        self._tiers = self._tier_duties(tiers, replicas) if tiers else None
         self._leadership = Leadership(
             store, policy_from(config), self._metrics, config.timing.lease_ttl, clock, self._call
         )
@@ -134,6 +138,26 @@ class Agent:
         self._single = outcome.SingleJob(config.job.id) if until_done else None
         self.outcome: int | None = None  # the job's exit code, once a single job ended
         self._log.info("agent started (address %s)", config.node.address)
+
+    def _tier_duties(self, tiers: TierKeeper, replicas: Replicas | None) -> TierDuties:
+        metrics, config = self._metrics.checkpoints, self.config
+        checkpoint = config.job.checkpoint
+        copies = None
+        if replicas is not None and checkpoint is not None and checkpoint.replicas:
+            copies = ReplicaDuties(
+                replicas,
+                self.name,
+                config.pool.labels.get("rack", ""),
+                checkpoint.replicas,
+                lambda names: self._call(lambda: self._store.peer_reports(names), "read peers"),
+                lambda: self._call(self._store.members, "read the members"),
+                metrics,
+                fetch_timeout=config.timing.rendezvous_timeout / 2,
+                clock=self._clock,
+                peers_now=self._store.peer_reports,
+            )
+            replicas.listen(copies.accept)
+        return TierDuties(tiers, self.name, metrics, copies)
 
     # -- control, safe from signal handlers (flags only) -------------------------------------
 
@@ -343,6 +367,7 @@ class Agent:
             unfit=self._watchers.unfit,
             in_place=self.config.job.in_place,
             tiers_settling=self._tiers is not None and self._tiers.holds_back(group),
+            tiers_fetching=self._tiers is not None and self._tiers.holds_start(self.record),
             signalled=self._signalled,
         )
 

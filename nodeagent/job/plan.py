@@ -55,6 +55,7 @@ class Policy:
     restart_backoff_max_ms: int = 0
     restart_backoff_reset_ms: int = 0
     tiers: bool = False  # job.checkpoint: the leader chooses every generation's restore
+    replicas: int = 0  # job.checkpoint.replicas: copies of each save on peers
 
 
 def policy_from(config: Config) -> Policy:
@@ -71,6 +72,7 @@ def policy_from(config: Config) -> Policy:
         restart_backoff_max_ms=int(timing.restart_backoff_max * 1000),
         restart_backoff_reset_ms=int(timing.restart_backoff_reset * 1000),
         tiers=job.checkpoint is not None,
+        replicas=job.checkpoint.replicas if job.checkpoint is not None else 0,
     )
 
 
@@ -128,7 +130,7 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     base = view.record or _initial_record(view, policy)
     record = _refresh_policy(base, policy)
     if policy.tiers:
-        tiers = restore.fold(record.checkpoint or CheckpointRecord(), view.nodes)
+        tiers = restore.fold(record.checkpoint or CheckpointRecord(), view.nodes, policy.replicas)
         record = replace(record, checkpoint=tiers)
     record, requests, command_events = _apply_commands(record, view.commands)
     if view.command_cursor is not None:

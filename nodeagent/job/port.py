@@ -32,6 +32,12 @@ class JobPort(Protocol):
     def read_lease(self, name: str, snapshot: Snapshot, found: list[Garbage]) -> NodeLease | None:
         """One node's lease and report, for a node whose snapshot holds none."""
 
+    def members(self) -> tuple[str, ...]:
+        """The record's members, read whole (a follower's record names only its own place)."""
+
+    def peer_reports(self, names: Sequence[str]) -> dict[str, NodeReport]:
+        """The reports of the nodes named whose lease holds (garbage left out)."""
+
     def commit(
         self, leader: str, rev: int, plan: RecordWrite, replacing_garbage: bool = False
     ) -> int:

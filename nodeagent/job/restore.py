@@ -4,9 +4,9 @@
 sources every rank tries (the workers agree at each one, nodeagent.worker.tiered):
 
 1. the memory tier, for a step whose every rank of the new world is held, verified, by the node
-   that will run that rank (the same world: a rank reads only its own save there; another world
-   needs every old shard on every node, which only the persistent tier offers until replication
-   exists);
+   that will run that rank (the same world: a rank reads only its own save there), and the
+   committed step (every rank on replicas + 1 nodes, job/replication.py) at any world: each
+   node brings what it lacks of it from its peers before its workers start (job/copies.py);
 2. the persistent tier's newest whole step (every rank's save copied, at any world: resharded);
 3. the script's own checkpoints; 4. the start.
 
@@ -24,16 +24,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from nodeagent.channel.tier import Source, restore_from_env, restore_to_env
+from nodeagent.job import replication
 from nodeagent.model.job import JobRecord, NodeReport
-from nodeagent.model.tiers import MAX_BAD, CheckpointRecord, Held
+from nodeagent.model.tiers import MAX_BAD, CheckpointRecord, Held, SaveKey
 
 MEMORY_CHOICES = 2  # memory steps offered (a rank holds two)
 TAIL = (Source("script"), Source("start"))
 
 
-def fold(checkpoint: CheckpointRecord, nodes: Mapping[str, NodeReport]) -> CheckpointRecord:
+def fold(
+    checkpoint: CheckpointRecord, nodes: Mapping[str, NodeReport], replicas: int = 0
+) -> CheckpointRecord:
     """The record's checkpoint part with what live nodes report: the newest step whole in the
-    persistent tier (every rank's save copied there, by any nodes), steps refused."""
+    persistent tier (every rank's save copied there, by any nodes), steps refused, and with
+    `replicas` (job.checkpoint.replicas) the committed step (job/replication.py)."""
     persisted: dict[tuple[int, int, int], set[int]] = {}
     refused = set(checkpoint.bad)
     for report in nodes.values():
@@ -49,13 +53,35 @@ def fold(checkpoint: CheckpointRecord, nodes: Mapping[str, NodeReport]) -> Check
         whole = len(ranks) == held_world and step not in refused
         if whole and (best[0] is None or (step, generation) > best):
             best, world = (step, generation), held_world
+    committed = _committed(checkpoint.committed, nodes, replicas, refused)
     return replace(
         checkpoint,
         persisted_step=best[0],
         persisted_generation=best[1],
         persisted_world=world,
         bad=tuple(sorted(refused))[-MAX_BAD:],
+        committed_step=committed[0] if committed else None,
+        committed_generation=committed[1] if committed else 0,
+        committed_world=committed[2] if committed else 0,
+        replicas=replicas,
     )
+
+
+def _committed(
+    previous: SaveKey | None, nodes: Mapping[str, NodeReport], replicas: int, bad: set[int]
+) -> SaveKey | None:
+    """The newest save on replicas + 1 live nodes; else the one recorded, while its every rank
+    is still held by some live node (a node lost takes copies away: it is still the newest
+    whole in memory, and the survivors copy it again)."""
+    if not replicas:
+        return None
+    held = replication.holdings(nodes)
+    fresh = replication.committed(held, replicas, bad)
+    if previous is None or previous[0] in bad or not replication.whole(held, previous):
+        return fresh
+    if fresh is None:
+        return previous
+    return max(fresh, previous, key=lambda k: (k[0], k[1]))
 
 
 Saved = tuple[int, int]  # (step, the generation that saved it)
@@ -114,6 +140,11 @@ def choose(
         for step, generation in memory_steps(members, nproc, nodes)[:MEMORY_CHOICES]
         if step not in bad
     ]
+    committed = checkpoint.committed
+    offered = {(s.step, s.generation) for _, _, s in ordered}
+    if committed is not None and committed[0] not in bad and committed[:2] not in offered:
+        # held on replicas + 1 nodes, at any world: the nodes bring what they lack first
+        ordered.append((committed[0], 1, Source("memory", committed[0], committed[1])))
     persisted = checkpoint.persisted_step
     if persisted is not None and persisted not in bad:
         source = Source("persistent", persisted, checkpoint.persisted_generation)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.notes import RestoreNote
+from nodeagent.job.copies import ReplicaDuties
 from nodeagent.model.job import Event, JobRecord
 from nodeagent.model.tiers import TierReport
 from nodeagent.supervisor.spec import WorkerSpec, restore_report_path
@@ -25,8 +26,15 @@ log = logging.getLogger(__name__)
 class TierDuties:
     """What the agent's loop does about its job's tiers each tick (the module docstring)."""
 
-    def __init__(self, keeper: TierKeeper, node: str, metrics: CheckpointMetrics) -> None:
+    def __init__(
+        self,
+        keeper: TierKeeper,
+        node: str,
+        metrics: CheckpointMetrics,
+        copies: ReplicaDuties | None = None,
+    ) -> None:
         self.keeper = keeper
+        self.copies = copies
         self._node = node
         self._metrics = metrics
         self._settled: int | None = None  # the generation whose workers' end was settled
@@ -55,7 +63,14 @@ class TierDuties:
         self._metrics.held(
             report.newest_memory(), _newest(report), look.memory_bytes, look.save_blocked_s
         )
-        return report
+        return self.copies.report(report) if self.copies is not None else report
+
+    def holds_start(self, record: JobRecord | None) -> bool:
+        """The workers of `record`'s generation must wait: what they restore from memory is
+        being brought from peers (job/copies.py)."""
+        return (
+            self.copies is not None and not self.keeper.removed and self.copies.holds_start(record)
+        )
 
     def stopping(self, broken: bool, fence: bool) -> None:
         """The agent asked its workers to stop (`broken`: the generation failed)."""
@@ -97,6 +112,8 @@ class TierDuties:
             log.warning("checkpoint tiers: %s", problem)
             events.append(Event("checkpoint_slow", self._generation, self._node, problem))
         events += self._restored(keeper.restores())
+        if self.copies is not None:
+            events += self.copies.tick(record, keeper.report())
         done = keeper.take_persisted()
         if done is not None:
             self._metrics.persisted(done.seconds, done.bytes)
@@ -117,6 +134,8 @@ class TierDuties:
             and not keeper.settling
         ):
             keeper.remove()
+            if self.copies is not None:
+                self.copies.replicas.remove()
             log.info("job %s: memory tier %s removed", record.state.value, keeper.memory)
         return events
 
@@ -140,6 +159,8 @@ class TierDuties:
         self._notes += notes
         if notes and not self.keeper.expecting:  # every local rank has said
             first = self._notes[0]
+            if self.copies is not None:
+                self.copies.restored(first.step, self._generation)
             where = f"step {first.step} from the {first.tier} tier" if first.step else "the start"
             slowest = max(n.seconds for n in self._notes)
             lost = self._newest - first.step if first.step is not None else None

@@ -19,6 +19,9 @@ MAX_HELD = 64  # steps a node reports per tier (two slots per rank: a handful in
 MAX_RANKS = 1 << 20
 MAX_BAD = 256
 _SOURCE = re.compile(r"(memory|persistent):[0-9]{1,15}(@[0-9]{1,15})?|script|start")
+_DIGEST = re.compile(r"[0-9a-f]{16}")
+_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253}):[0-9]{1,5}")
+MAX_REPLICAS = 8
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,13 @@ class Held:
     world_size: int
     ranks: tuple[int, ...]
     generation: int = 0  # the generation that saved it: a step number may recur after a rollback
+    # Each rank's manifest digest (channel.tier.digest), in the order of `ranks`: what a peer
+    # checks a copy offered to it against (empty: not said).
+    digests: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> SaveKey:
+        return (self.step, self.generation, self.world_size)
 
     @classmethod
     def read(cls, r: Reader) -> Held:
@@ -38,12 +48,22 @@ class Held:
             isinstance(x, int) and not isinstance(x, bool) and 0 <= x < world for x in ranks
         ):
             raise CorruptStateError(f"{r.what}: ranks must be integers below {world}")
+        digests = r.items("digests", MAX_RANKS)
+        if digests and (
+            len(digests) != len(ranks)
+            or not all(isinstance(d, str) and _DIGEST.fullmatch(d) for d in digests)
+        ):
+            raise CorruptStateError(f"{r.what}: digests must be one 16-hex digest per rank")
         return cls(
             step=r.integer("step"),
             world_size=world,
             ranks=tuple(ranks),
             generation=r.integer("generation", 0),
+            digests=tuple(digests),
         )
+
+
+SaveKey = tuple[int, int, int]  # (step, the generation that saved it, world size): one save
 
 
 @dataclass(frozen=True)
@@ -53,13 +73,23 @@ class TierReport:
     memory: tuple[Held, ...] = ()
     persisted: tuple[Held, ...] = ()  # what this node copied to the persistent tier
     refused: tuple[int, ...] = ()  # steps this node's workers refused (checksum, NaN)
+    # Peers' saves this node holds, verified, in its replica area (job.checkpoint.replicas)
+    replicas: tuple[Held, ...] = ()
+    address: str | None = None  # host:port of this node's replica listener
+    domain: str = ""  # the node's failure domain (its pool label `rack`): copies go elsewhere
 
     @classmethod
     def read(cls, r: Reader) -> TierReport:
+        address = r.opt_text("address", 300)
+        if address is not None and not _ADDRESS.fullmatch(address):
+            raise CorruptStateError(f"{r.what}: address must be host:port, got {address!r}")
         return cls(
             memory=tuple(Held.read(h) for h in r.objects("memory", MAX_HELD)),
             persisted=tuple(Held.read(h) for h in r.objects("persisted", MAX_HELD)),
             refused=_steps(r, "refused"),
+            replicas=tuple(Held.read(h) for h in r.objects("replicas", MAX_HELD)),
+            address=address,
+            domain=r.text("domain", "", 256),
         )
 
     def newest_memory(self) -> int | None:
@@ -76,6 +106,18 @@ class CheckpointRecord:
     persisted_generation: int = 0  # the generation that saved it
     bad: tuple[int, ...] = ()  # steps never restored again
     newest: int = 0  # the newest step held anywhere when `restore` was chosen
+    # The newest save every rank of which is verified on replicas + 1 live nodes (issue 27):
+    # what a node loss restores from memory, at any world
+    committed_step: int | None = None
+    committed_generation: int = 0
+    committed_world: int = 0
+    replicas: int = 0  # job.checkpoint.replicas, as the leader plans with it
+
+    @property
+    def committed(self) -> SaveKey | None:
+        if self.committed_step is None:
+            return None
+        return (self.committed_step, self.committed_generation, self.committed_world)
 
     @classmethod
     def read(cls, r: Reader) -> CheckpointRecord:
@@ -89,6 +131,10 @@ class CheckpointRecord:
             persisted_generation=r.integer("persisted_generation", 0),
             bad=_steps(r, "bad"),
             newest=r.integer("newest", 0),
+            committed_step=r.opt_integer("committed_step"),
+            committed_generation=r.integer("committed_generation", 0),
+            committed_world=r.integer("committed_world", 0, high=MAX_RANKS),
+            replicas=r.integer("replicas", 0, high=MAX_REPLICAS),
         )
 
 

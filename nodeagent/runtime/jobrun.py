@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from nodeagent import __version__
 from nodeagent.checkpoint.keeper import TierKeeper
+from nodeagent.checkpoint.peers import Replicas
 from nodeagent.config.settings import Config
 from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import JobKeys
@@ -70,6 +71,17 @@ def _tiers(config: Config) -> TierKeeper | None:
     return keeper
 
 
+def _replicas(config: Config) -> Replicas | None:
+    """The job's replica area on this node (job.checkpoint.replicas), readable by its workers."""
+    checkpoint = config.job.checkpoint
+    if checkpoint is None or not checkpoint.replicas:
+        return None
+    replicas = Replicas(checkpoint, config.node.name, config.job.id, config.node.address)
+    user = config.job.user
+    replicas.prepare(user.gid if user is not None and user.switch else None)
+    return replicas
+
+
 class JobRun:
     """One job's Agent on this node, and what only it uses."""
 
@@ -90,6 +102,7 @@ class JobRun:
         needed = job.nproc_per_node * job.gpus_per_worker
         self._health = NodeHealth(config.node.name, config.health, needed, monitor)
         self.tiers = _tiers(config)
+        self.replicas = _replicas(config) if self.tiers is not None else None
         self.agent = Agent(
             config,
             JobStore(parts.client, keys),
@@ -102,6 +115,7 @@ class JobRun:
             keeper=parts.keeper,
             until_done=until_done,
             tiers=self.tiers,
+            replicas=self.replicas,
         )
         self.agent.metrics_address = parts.metrics_address()
         # The leader is woken by every node's events and by commands; a follower only when the
@@ -143,3 +157,8 @@ class JobRun:
         self._listener.stop()
         if self.tiers is not None and not keep_tiers:
             self.tiers.remove()
+        if self.replicas is not None:
+            if keep_tiers:
+                self.replicas.close()
+            else:
+                self.replicas.remove()

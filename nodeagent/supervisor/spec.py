@@ -201,8 +201,8 @@ def restore_report_path(log_dir: str, job: str, generation: int, rank: int) -> P
 
 def tier_env(config: Config, record: JobRecord, rank: int) -> dict[str, str]:
     """The checkpoint tiers' variables (job.checkpoint; none without it): this node's memory
-    tier, what one rank's save may take there, the persistent tier, the leader's restore order
-    for this generation and where to say what was restored."""
+    tier, what one rank's save may take there, its replica area, the persistent tier, the
+    leader's restore order for this generation and where to say what was restored."""
     checkpoint = config.job.checkpoint
     if checkpoint is None:
         return {}
@@ -215,6 +215,8 @@ def tier_env(config: Config, record: JobRecord, rank: int) -> dict[str, str]:
     }
     if checkpoint.persist_dir is not None:
         env[tier.PERSIST_ENV] = checkpoint.persist_dir
+    if checkpoint.replicas:
+        env[tier.REPLICAS_ENV] = checkpoint.replica_area(config.node.name, config.job.id)
     if record.checkpoint is not None and record.checkpoint.restore:
         env[tier.RESTORE_ENV] = " ".join(record.checkpoint.restore)
     return env

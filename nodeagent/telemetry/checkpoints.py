@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 RESTORE_TIERS = ("memory", "persistent", "script", "start")
+REPLICA_DIRECTIONS = ("sent", "fetched")
 
 
 class CheckpointMetrics:
@@ -67,6 +68,36 @@ class CheckpointMetrics:
             j,
             registry=r,
         )
+        self.replica_bytes = Counter(
+            "nodeagent_checkpoint_replica_bytes",
+            "Bytes of saves this node sent to peers (sent) or brought from them to restore "
+            "(fetched)",
+            ["job_id", "direction"],
+            registry=r,
+        )
+        self.replica_copies = Counter(
+            "nodeagent_checkpoint_replica_copies",
+            "Copies of one rank's save between this node and a peer, by direction and result",
+            ["job_id", "direction", "result"],
+            registry=r,
+        )
+        self.replica_seconds = Gauge(
+            "nodeagent_checkpoint_replica_seconds",
+            "How long this node's last copy to or from a peer took",
+            ["job_id", "direction"],
+            registry=r,
+        )
+        self.replication_lag = Gauge(
+            "nodeagent_checkpoint_replication_lag_steps",
+            "Steps between this node's newest verified save and the job's committed step "
+            "(every rank on replicas + 1 nodes)",
+            j,
+            registry=r,
+        )
+        for direction in REPLICA_DIRECTIONS:
+            self.replica_bytes.labels(job_id, direction)
+            for result in ("ok", "failed"):
+                self.replica_copies.labels(job_id, direction, result)
         for tier in RESTORE_TIERS:
             self.restores.labels(job_id, tier)
         for metric in (self.refused, self.persisted_bytes):
@@ -93,3 +124,13 @@ class CheckpointMetrics:
     def persisted(self, seconds: float, size: int) -> None:
         self.persist_seconds.labels(self.job_id).set(seconds)
         self.persisted_bytes.labels(self.job_id).inc(size)
+
+    def copied(self, direction: str, seconds: float, size: int, ok: bool) -> None:
+        self.replica_copies.labels(self.job_id, direction, "ok" if ok else "failed").inc()
+        if ok:
+            self.replica_bytes.labels(self.job_id, direction).inc(size)
+            self.replica_seconds.labels(self.job_id, direction).set(seconds)
+
+    def lag(self, newest: int | None, committed: int | None) -> None:
+        if newest is not None and committed is not None:
+            self.replication_lag.labels(self.job_id).set(max(0, newest - committed))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import pickle
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -51,18 +52,19 @@ def load(state_dict: dict[str, Any], directories: Sequence[Path]) -> None:
 
 
 def merged_reader(directories: Sequence[Path]) -> Any:
-    """A DCP reader of the rank directories `directories` (siblings) as one checkpoint."""
+    """A DCP reader of the rank directories `directories` as one checkpoint (siblings in a
+    persistent tier; on a node, some in its memory tier and some in its replica area)."""
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-    parent = directories[0].parent
-    if any(d.parent != parent for d in directories):
-        raise ValueError(f"the rank directories of one checkpoint must be siblings: {directories}")
+    root = Path(os.path.commonpath([str(d) for d in directories]))
 
     class MergedReader(FileSystemReader):
         def read_metadata(self) -> Any:
-            return merge_metadata([(d.name, _read_metadata(d)) for d in directories])
+            return merge_metadata(
+                [(os.path.relpath(d, root), _read_metadata(d)) for d in directories]
+            )
 
-    return MergedReader(str(parent))
+    return MergedReader(str(root))
 
 
 def _read_metadata(directory: Path) -> Any:

@@ -26,6 +26,7 @@ starts is waited for first.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -78,6 +79,8 @@ class Checkpointer:
         self.job = env.get("NODEAGENT_JOB_ID", "")
         memory, persist = env.get(tier.MEMORY_ENV), env.get(tier.PERSIST_ENV)
         self.memory = Path(memory) if memory else None
+        area = env.get(tier.REPLICAS_ENV)
+        self.replicas = Path(area) if area else None  # copies of peers' saves (read only)
         self.persistent = Path(persist) if persist else None
         self.limit = int(env.get(tier.MEMORY_LIMIT_ENV, "0") or 0)
         report = env.get(tier.RESTORE_REPORT_ENV)
@@ -296,10 +299,8 @@ class Checkpointer:
             if source.tier == "memory":
                 if self.memory is None or source.step is None:
                     return (tier.ABSENT, "no memory tier on this node"), -1
-                slot = tier.newest_in_memory(self.memory, self.rank, source.step, source.generation)
-                if slot is None:
-                    return (tier.ABSENT, f"rank {self.rank} holds no step {source.step}"), -1
-                return self._load(state, [slot], source.step, source.generation), source.step
+                slots = self._memory_slots(source.step, source.generation)
+                return self._load(state, slots, source.step, source.generation), source.step
             root = self.persistent if source.tier == "persistent" else self.directory
             if root is None:
                 return (tier.ABSENT, f"no {source.tier} directory given"), -1
@@ -314,6 +315,26 @@ class Checkpointer:
             return (tier.BAD_COPY, f"{type(exc).__name__}: {exc}"), -1
         except (ValueError, RuntimeError, KeyError) as exc:  # DCP: not this model's state
             return (tier.ABSENT, f"{type(exc).__name__}: {exc}"), -1
+
+    def _memory_slots(self, step: int, generation: int | None) -> list[Path]:
+        """The slots this rank reads step `step` from, on this node (its memory tier, then the
+        copies of peers' saves the agent keeps or brought): its own rank's save at the world it
+        was saved at, else every rank's (resharding). Raises: NoSave naming what is missing."""
+        find = functools.partial(tier.find_save, self.memory, self.replicas)
+        own = find(self.rank, step, generation)
+        first = own or find(0, step, generation)
+        if first is None:
+            raise NoSave(f"rank {self.rank} holds no step {step} on this node")
+        world = tier.read_manifest(first).world_size
+        if world == self.world_size:
+            if own is None:
+                raise NoSave(f"rank {self.rank} holds no step {step} on this node")
+            return [own]
+        slots = [find(r, step, generation) for r in range(world)]
+        missing = [r for r, slot in enumerate(slots) if slot is None]
+        if missing:
+            raise NoSave(f"step {step} saved at world {world}: this node lacks ranks {missing}")
+        return [slot for slot in slots if slot is not None]
 
     def _rank_dirs(self, root: Path, step: int) -> list[Path]:
         """The directories this rank reads step `step` from: its own at the world it was saved

@@ -28,22 +28,28 @@ def fsdp_cluster(
     steps: int,
     nodes: int = 3,
     in_place: bool = False,
+    replicas: int = 0,
+    nproc: int = 1,
+    persist: bool = True,
+    every: int = EVERY,
 ) -> Any:
     """Agents running examples/train_fsdp.py with the memory and persistent tiers (in_place:
     job.recovery in_place, the script under elastic.run)."""
     entrypoint = [
         sys.executable,
         str(ROOT / "examples" / "train_fsdp.py"),
-        *("--steps", str(steps), "--save-every", str(EVERY), "--step-time", "0.15"),
+        *("--steps", str(steps), "--save-every", str(every), "--step-time", "0.15"),
         *("--digest", "--checkpoint-dir", str(tmp_path / "script")),
         *(("--in-place",) if in_place else ()),
     ]
-    checkpoint = {
+    checkpoint: dict[str, Any] = {
         "memory_size": "256MiB",
         "memory_dir": str(shm),
-        "persist_dir": str(tmp_path / "persist"),
         "persist_every": 2,
+        "replicas": replicas,  # 0: the tests of one node's tiers are not raced by copies
     }
+    if persist:
+        checkpoint["persist_dir"] = str(tmp_path / "persist")
     return local_cluster(
         redis.url,
         tmp_path,
@@ -52,6 +58,7 @@ def fsdp_cluster(
         max_nodes=nodes,
         target_nodes=nodes,
         max_restarts=5,
+        nproc=nproc,
         timing=TIMING,
         entrypoint=entrypoint,
         job_options={

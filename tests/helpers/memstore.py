@@ -59,6 +59,15 @@ class MemoryJobStore:
     def __post_init__(self) -> None:
         self.check: SnapshotCheck = _as_read  # the agent sets its own (job/verify.py)
 
+    def members(self) -> tuple[str, ...]:
+        return self.record.members if self.record is not None else ()
+
+    def peer_reports(self, names: Sequence[str]) -> dict[str, NodeReport]:
+        now = self.now_ms()
+        return {
+            n: self.reports[n] for n in names if n in self.reports and self.leases.get(n, 0) > now
+        }
+
     def sync(self, report: NodeReport, events: Sequence[Event] = ()) -> Snapshot:
         now, name = self.now_ms(), report.name
         self.leases[name] = now + report.lease_ttl_ms

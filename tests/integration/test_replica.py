@@ -25,11 +25,13 @@ JOB = "j"
 def server(tmp_path: Path) -> Iterator[ReplicaServer]:
     refused: dict[str, str] = {}
 
-    def accept(node: str, generation: int, manifest: Manifest) -> str | None:
-        return refused.get(node)
+    def accept(offer: replica.Offer) -> str | None:
+        return refused.get(offer.node)
 
     received: list[replica.Received] = []
-    srv = ReplicaServer(JOB, tmp_path / "replicas", accept, on_received=received.append)
+    srv = ReplicaServer(
+        JOB, tmp_path / "replicas", accept, on_received=received.append, memory=tmp_path / "tier"
+    )
     srv.refused = refused  # type: ignore[attr-defined]
     srv.received = received  # type: ignore[attr-defined]
     yield srv
@@ -258,3 +260,37 @@ def test_closing_the_server_ends_the_copies_under_way(tmp_path: Path) -> None:
     assert conn.recv(100) == b""  # its receive was ended: the connection closed
     conn.close()
     assert not [s for _, s in replica.replicas_held(srv.root) if (s / tier.MANIFEST).exists()]
+
+
+def test_a_node_fetches_a_save_from_a_peers_memory_tier_or_replica_area(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    fake_save(tier.slots(tmp_path / "tier", 2)[0], 30, rank=2, world=4, size=200_000)
+    fake_save(tmp_path / "mine", 30, rank=1)
+    replica.send(server.address, JOB, "a", 3, tmp_path / "mine")  # now in its replica area
+    for rank in (2, 1):
+        want = replica.Want(rank, 30, 3)
+        got = replica.fetch(server.address, JOB, "c", 4, want, tmp_path / "fetched" / "b")
+        slot = tier.find_save(None, tmp_path / "fetched", rank, 30, 3)
+        assert slot is not None and tier.verify(slot) == got and got.rank == rank
+
+
+def test_a_fetch_refused_or_not_matching_leaves_nothing(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    held = tier.slots(tmp_path / "tier", 0)[0]
+    fake_save(held, 30, rank=0, size=200_000)
+    area = tmp_path / "fetched" / "b"
+    with pytest.raises(ReplicaError, match="no save of rank 0, step 31"):
+        replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 31, 0), area)
+    with pytest.raises(ReplicaError, match="not the save its holder reported"):
+        replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 30, 3), area, "0" * 16)
+    data = bytearray((held / "__0_0.distcp").read_bytes())
+    data[7] ^= 0x01  # a flipped bit in the holder's copy
+    (held / "__0_0.distcp").write_bytes(bytes(data))
+    with pytest.raises(ReplicaError, match="checksum"):
+        replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 30, 3), area)
+    server.refused["c"] = "c is not a member of the job"  # type: ignore[attr-defined]
+    with pytest.raises(ReplicaError, match="refused: c is not a member"):
+        replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 30, 3), area)
+    assert tier.find_save(None, tmp_path / "fetched", 0, 30, None) is None

@@ -1,0 +1,293 @@
+"""This node's replica area of one job: the copies of peers' saves it holds, the listener that
+takes them, and the copies this node makes (issue 27, docs/checkpoints.md).
+
+The area is `<memory_dir>/<node>.<job>.replicas`, the agent's own: the workers may read it
+(its group is theirs), never write it, so what a peer sent cannot be changed behind the agent's
+back. What to copy where is decided elsewhere (job/replication.py) and handed to `run` as
+plain data; the copies are made one at a time in a thread of their own, sends paced to
+`max_rate`, so the agent's loop never waits on a peer. Fetches (a save the node must restore
+and does not hold) try each holder in turn: a copy that does not match its manifest, or a
+manifest that is not the one its holder reported, is refused and the next holder asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodeagent.channel import tier
+from nodeagent.checkpoint import replica, scan, space
+from nodeagent.checkpoint.replica import Accept, ReplicaError, ReplicaServer, Want
+from nodeagent.checkpoint.space import check_parent
+from nodeagent.config.settings import CheckpointConfig
+from nodeagent.errors import ConfigError
+from nodeagent.model.tiers import Held, SaveKey
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One copy to make: `fetch` brings the save here from the first of `sources` that has it
+    whole; otherwise this node sends it to `target`."""
+
+    key: SaveKey
+    rank: int
+    digest: str
+    sources: tuple[str, ...]
+    target: str
+    fetch: bool = False
+
+    def __str__(self) -> str:
+        step, generation, world = self.key
+        where = f"from {', '.join(self.sources)}" if self.fetch else f"to {self.target}"
+        return f"step {step}@{generation} rank {self.rank}/{world} {where}"
+
+
+@dataclass(frozen=True)
+class Done:
+    """A transfer made (`error` None) or given up on, and what it cost."""
+
+    transfer: Transfer
+    seconds: float
+    bytes: int
+    error: str | None = None
+    refused: tuple[str, ...] = ()  # copies a fetch refused on the way (which holder, why)
+
+
+class Replicas:
+    """This node's replica area of one job and the copies it makes (the module docstring).
+    Its methods are called from the agent's loop; the listener and the copies run in threads
+    of their own and hand results back under `_lock`."""
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        node: str,
+        job: str,
+        address: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.area = Path(config.replica_area(node, job))
+        self.memory = Path(config.memory_tier(node, job))
+        self._node, self._job = node, job
+        self._bind = (address, config.replica_port)
+        self.max_rate = float(config.max_rate)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._verified = scan.Verified(self.area, tier.area_saves)
+        self._server: ReplicaServer | None = None
+        self._thread: threading.Thread | None = None
+        self._done: list[Done] = []
+        self._cancel = threading.Event()
+        self.received = 0  # copies taken from peers since the start
+
+    def prepare(self, group: int | None) -> None:
+        """Make the area (the agent's, readable by the workers' group `group`, nobody else)
+        and verify what an earlier agent left in it.
+
+        Raises: ConfigError naming job.checkpoint.memory_dir (the area cannot be made)."""
+        check_parent(self.area.parent)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.area, 0o750)
+        try:
+            fd = os.open(self.area, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise ConfigError(
+                "job.checkpoint.memory_dir",
+                f"{self.area}: {exc.strerror} (a link or a file where the replica area goes)",
+            ) from None
+        try:
+            os.fchmod(fd, 0o750)
+            if group is not None:
+                os.fchown(fd, -1, group)
+            space.mark(fd, self._node, self._job)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._verified.refresh()
+
+    def listen(self, accept: Accept) -> None:
+        """Take peers' requests, each served only if `accept` says so.
+
+        Raises: ConfigError naming job.checkpoint.replication.port (cannot listen there)."""
+        if self._server is None:
+            host, port = self._bind
+            try:
+                self._server = ReplicaServer(
+                    self._job,
+                    self.area,
+                    accept,
+                    address=host,
+                    port=port,
+                    on_received=self._received,
+                    memory=self.memory,
+                )
+            except OSError as exc:
+                raise ConfigError(
+                    "job.checkpoint.replication.port",
+                    f"cannot listen on {host}:{port} for peers' copies: {exc.strerror}",
+                ) from None
+
+    @property
+    def address(self) -> str | None:
+        """host:port of the listener, what this node reports (None: not listening)."""
+        return self._server.address if self._server is not None else None
+
+    def _received(self, got: replica.Received) -> None:
+        slot = tier.newest_in_memory(self.area / got.node, got.manifest.rank, got.manifest.step)
+        if slot is not None:
+            with self._lock:
+                self._verified.trust(slot, got.manifest)
+                self.received += 1
+
+    def held(self) -> tuple[Held, ...]:
+        """Peers' saves held here, verified: what this node reports as its replicas."""
+        with self._lock:
+            return scan.held(self._verified.saves())
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def run(
+        self,
+        transfers: Sequence[Transfer],
+        addresses: Mapping[str, str],
+        generation: int,
+        deadline: float | None = None,
+    ) -> bool:
+        """Make `transfers` in the background, one at a time (False: copies are under way
+        still, nothing started). `addresses`: each peer's listener; `deadline` (the clock's):
+        what is not done by then is given up on."""
+        if self.busy or self._server is None:
+            return False
+        self._cancel.clear()
+        self._thread = threading.Thread(
+            target=self._work,
+            args=(list(transfers), dict(addresses), generation, deadline),
+            name="nodeagent-replicas",
+            daemon=True,
+        )
+        self._thread.start()
+        return True
+
+    def cancel(self) -> None:
+        """Give up on the transfers not begun yet (the one under way ends first)."""
+        self._cancel.set()
+
+    def take_done(self) -> list[Done]:
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def _work(
+        self,
+        transfers: list[Transfer],
+        addresses: dict[str, str],
+        generation: int,
+        deadline: float | None,
+    ) -> None:
+        for transfer in transfers:
+            if self._cancel.is_set():
+                self._finish(Done(transfer, 0.0, 0, "cancelled: a new generation"))
+                continue
+            if deadline is not None and self._clock() > deadline:
+                self._finish(Done(transfer, 0.0, 0, "given up on: the restore could not wait"))
+                continue
+            began = self._clock()
+            try:
+                if transfer.fetch:
+                    sent, refused = self._fetch(transfer, addresses, generation)
+                else:
+                    sent, refused = self._send(transfer, addresses, generation), ()
+                self._finish(Done(transfer, self._clock() - began, sent, refused=refused))
+            except ReplicaError as exc:
+                error = str(exc)
+                self._finish(Done(transfer, self._clock() - began, 0, error, refused=()))
+            except Exception as exc:  # a bug must not end replication for good: say it
+                log.exception("replica %s", transfer)
+                self._finish(Done(transfer, self._clock() - began, 0, f"{type(exc).__name__}"))
+
+    def _finish(self, done: Done) -> None:
+        with self._lock:
+            self._done.append(done)
+
+    def _send(self, transfer: Transfer, addresses: dict[str, str], generation: int) -> int:
+        """Raises: ReplicaError."""
+        step, saved_by, _world = transfer.key
+        slot = tier.find_save(self.memory, self.area, transfer.rank, step, saved_by)
+        peer = addresses.get(transfer.target)
+        if slot is None or peer is None:
+            why = "no longer held here" if slot is None else "its listener is not known"
+            raise ReplicaError(f"replica {transfer}: {why}")
+        try:
+            return replica.send(peer, self._job, self._node, generation, slot, self.max_rate)
+        except tier.BadCopy as exc:  # the worker saved over the slot meanwhile
+            raise ReplicaError(f"replica {transfer}: {exc}") from None
+
+    def _fetch(
+        self, transfer: Transfer, addresses: dict[str, str], generation: int
+    ) -> tuple[int, tuple[str, ...]]:
+        """From each holder in turn. Raises: ReplicaError (none had it whole)."""
+        step, saved_by, _world = transfer.key
+        want = Want(transfer.rank, step, saved_by)
+        refused: list[str] = []
+        assert self._server is not None
+        for source in transfer.sources:
+            peer = addresses.get(source)
+            if peer is None:
+                continue
+            try:
+                with self._server.reserve(source, transfer.rank):
+                    area = self.area / source
+                    manifest = replica.fetch(
+                        peer, self._job, self._node, generation, want, area, transfer.digest
+                    )
+                    slot = tier.newest_in_memory(area, transfer.rank, step, saved_by)
+                    if slot is not None:
+                        with self._lock:
+                            self._verified.trust(slot, manifest)
+                return manifest.size, tuple(refused)
+            except (ReplicaError, tier.BadCopy) as exc:
+                refused.append(f"{source}: {exc}")
+        raise ReplicaError(f"replica {transfer}: no holder had it whole ({'; '.join(refused)})")
+
+    def prune(self, keep: Callable[[SaveKey], bool]) -> list[Path]:
+        """Remove the copies whose save `keep` refuses (older than the committed one, or of a
+        timeline the job abandoned); the slots removed."""
+        if self.busy:
+            return []  # a fetch may be writing: the next call
+        removed = []
+        for slot, _rank in tier.area_saves(self.area):
+            manifest = tier.manifest_in(slot)
+            if manifest is not None and not keep(
+                (manifest.step, manifest.generation, manifest.world_size)
+            ):
+                shutil.rmtree(slot, ignore_errors=True)
+                removed.append(slot)
+        if removed:
+            with self._lock:
+                self._verified.refresh()
+        return removed
+
+    def close(self) -> None:
+        """Stop listening (the area stays: it outlives the agent, as the memory tier does)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def remove(self) -> None:
+        """The job ended: stop listening and remove the area."""
+        self.close()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=5)
+        shutil.rmtree(self.area, ignore_errors=True)

@@ -1,0 +1,196 @@
+"""Which copies of the job's saves go where, and which step is committed. Pure (issue 27).
+
+Every node keeps its ranks' saves in its memory tier, and `replicas` (k) peers keep a copy of
+each in their replica areas. Copies follow a ring over the job's nodes (`ring`): the members in
+group-rank order, interleaved by failure domain (the pool label `rack`) so that a node's next
+peers are in other racks where there are any. Every node reports what it holds, verified
+(model/tiers.py), and everything here is computed from those reports alone, so every node and
+the leader reach the same answer without talking to each other:
+
+- `committed`: the newest save every rank of which is verified on k+1 live nodes. The leader
+  records it (fenced with the record); a node loss restores from it, at any world.
+- `copies`: the copies still missing for the newest save whole anywhere and for the committed
+  one (after a node loss, what the lost node held has one copy fewer: re-protecting is the same
+  rule). A copy is made by the first holder in ring order, to the next nodes after it that do
+  not hold it.
+- `fetches`: what a node must bring from its peers before its workers restore a memory step:
+  its own ranks' saves at the same world, every rank's at another (DCP reshards).
+
+Saves are told apart by (step, generation, world): a step number can recur after a rollback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from nodeagent.channel.tier import restore_from_env
+from nodeagent.model.job import NodeReport
+from nodeagent.model.tiers import SaveKey
+
+# key -> rank -> node -> the digest that node reports for its copy
+Holders = dict[SaveKey, dict[int, dict[str, str]]]
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One rank's save to be brought to `target`, from the first of `sources` that has it whole."""
+
+    key: SaveKey
+    rank: int
+    digest: str
+    sources: tuple[str, ...]
+    target: str
+
+    def __str__(self) -> str:
+        step, generation, world = self.key
+        return f"step {step}@{generation} rank {self.rank}/{world} -> {self.target}"
+
+
+def ring(members: Sequence[str], domains: Mapping[str, str]) -> tuple[str, ...]:
+    """`members` (group-rank order) reordered so that neighbours sit in different failure
+    domains where the domains allow it: one node of each domain in turn, the largest domain
+    first. One domain (or none named): the members' own order."""
+    by_domain: dict[str, list[str]] = {}
+    for name in members:
+        by_domain.setdefault(domains.get(name, ""), []).append(name)
+    if len(by_domain) <= 1:
+        return tuple(members)
+    queues = sorted(by_domain.values(), key=len, reverse=True)
+    order: list[str] = []
+    while len(order) < len(members):
+        for queue in queues:
+            if queue:
+                order.append(queue.pop(0))
+    return tuple(order)
+
+
+def holdings(nodes: Mapping[str, NodeReport]) -> Holders:
+    """Who holds which rank of which save, verified (memory tier and replica area), as the
+    given nodes report it: pass live nodes only (a node cut off holds nothing one can reach)."""
+    found: Holders = {}
+    for name, report in nodes.items():
+        if report.tier is None:
+            continue
+        for held in (*report.tier.memory, *report.tier.replicas):
+            for i, rank in enumerate(held.ranks):
+                digest = held.digests[i] if held.digests else ""
+                found.setdefault(held.key, {}).setdefault(rank, {})[name] = digest
+    return found
+
+
+def _count(ranks: Mapping[int, Mapping[str, str]], world: int) -> int:
+    """The fewest nodes any rank of a world-`world` save is held on (0: a rank is missing)."""
+    return min((len(ranks.get(rank, {})) for rank in range(world)), default=0)
+
+
+def _newest(keys: Iterable[SaveKey]) -> list[SaveKey]:
+    return sorted(keys, key=lambda k: (k[0], k[1]), reverse=True)
+
+
+def whole(held: Holders, key: SaveKey) -> bool:
+    """Every rank of save `key` is held by some node."""
+    return _count(held.get(key, {}), key[2]) >= 1
+
+
+def committed(held: Holders, replicas: int, bad: Iterable[int] = ()) -> SaveKey | None:
+    """The newest save every rank of which is held on replicas + 1 nodes (steps in `bad`
+    never)."""
+    refused = set(bad)
+    for key in _newest(held):
+        if key[0] not in refused and _count(held[key], key[2]) >= replicas + 1:
+            return key
+    return None
+
+
+def newest_whole(held: Holders, bad: Iterable[int] = ()) -> SaveKey | None:
+    """The newest save every rank of which some node holds."""
+    refused = set(bad)
+    return next(
+        (k for k in _newest(held) if k[0] not in refused and _count(held[k], k[2]) >= 1), None
+    )
+
+
+def copies(
+    order: Sequence[str],
+    nodes: Mapping[str, NodeReport],
+    replicas: int,
+    keep: SaveKey | None = None,
+    bad: Iterable[int] = (),
+) -> list[Copy]:
+    """The copies missing for the newest whole save and for `keep` (the committed one), so
+    that every rank of each is on replicas + 1 nodes of `order` (the ring). Only to nodes
+    with a replica listener."""
+    live = {name: report for name, report in nodes.items() if name in order}
+    held = holdings(live)
+    wanted = [k for k in dict.fromkeys((newest_whole(held, bad), keep)) if k is not None]
+    position = {name: i for i, name in enumerate(order)}
+    reachable = {
+        name for name, r in live.items() if r.tier is not None and r.tier.address is not None
+    }
+    found = []
+    for key in wanted:
+        for rank in range(key[2]):
+            holders = held.get(key, {}).get(rank, {})
+            if not holders or len(holders) > replicas:
+                continue
+            sources = tuple(sorted(holders, key=position.__getitem__))
+            need = replicas + 1 - len(holders)
+            start = position[sources[0]]
+            for step in range(1, len(order)):
+                target = order[(start + step) % len(order)]
+                if need and target not in holders and target in reachable:
+                    found.append(Copy(key, rank, holders[sources[0]], sources, target))
+                    need -= 1
+    return found
+
+
+def fetches(
+    me: str,
+    local_ranks: Sequence[int],
+    world: int,
+    restore: Sequence[str],
+    order: Sequence[str],
+    nodes: Mapping[str, NodeReport],
+) -> list[Copy]:
+    """What `me` must bring from its peers before its workers (`local_ranks` of a world of
+    `world`) try the memory steps of the restore order `restore`: for a save of the same world,
+    its own ranks' copies; of another, every rank's (resharding reads them all)."""
+    held = holdings({name: r for name, r in nodes.items() if name in order or name == me})
+    position = {name: i for i, name in enumerate(order)}
+    found = []
+    for source in restore_from_env(" ".join(restore)):
+        if source.tier != "memory" or source.step is None:
+            continue
+        for key in _newest(held):
+            step, generation, saved_world = key
+            if step != source.step or (source.generation not in (None, generation)):
+                continue
+            needed = local_ranks if saved_world == world else range(saved_world)
+            for rank in needed:
+                holders = held[key].get(rank, {})
+                if me in holders or not holders:
+                    continue
+                sources = tuple(sorted(holders, key=lambda n: position.get(n, len(position))))
+                found.append(Copy(key, rank, holders[sources[0]], sources, me))
+            break
+    return found
+
+
+def under_replicated(held: Holders, key: SaveKey | None, replicas: int) -> list[int]:
+    """The ranks of save `key` held on fewer than replicas + 1 nodes."""
+    if key is None:
+        return []
+    ranks = held.get(key, {})
+    return [rank for rank in range(key[2]) if len(ranks.get(rank, {})) < replicas + 1]
+
+
+def digest_of(report: NodeReport, key: SaveKey, rank: int) -> str | None:
+    """The digest `report`'s node says its copy of rank `rank` of save `key` has (None: it
+    reports none)."""
+    if report.tier is None:
+        return None
+    for held in (*report.tier.memory, *report.tier.replicas):
+        if held.key == key and rank in held.ranks and held.digests:
+            return held.digests[held.ranks.index(rank)]
+    return None

@@ -1,0 +1,140 @@
+"""Which copies of a job's saves go where, and which step is committed (job/replication.py):
+pure tables over node reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nodeagent.config.checkpoint import load_checkpoint
+from nodeagent.config.values import Section
+from nodeagent.errors import ConfigError, CorruptStateError
+from nodeagent.job import replication
+from nodeagent.model.job import NodeReport
+from nodeagent.model.tiers import Held, TierReport
+from nodeagent.state import NodeState
+
+W = 4  # world: one rank per node
+
+
+def node(
+    name: str,
+    memory: dict[int, list[int]] | None = None,
+    replicas: dict[int, list[int]] | None = None,
+    domain: str = "",
+    world: int = W,
+) -> NodeReport:
+    """A node holding, for each step, the ranks listed (generation 1)."""
+
+    def held(steps: dict[int, list[int]] | None) -> tuple[Held, ...]:
+        return tuple(
+            Held(step, world, tuple(ranks), 1, tuple(f"{step:08x}{r:08x}" for r in ranks))
+            for step, ranks in (steps or {}).items()
+        )
+
+    tier = TierReport(
+        held(memory), (), (), held(replicas), f"127.0.0.1:{7000 + ord(name[0])}", domain
+    )
+    return NodeReport(name, "127.0.0.1", NodeState.RUNNING, lease_ttl_ms=3000, tier=tier)
+
+
+def test_the_ring_spreads_copies_across_racks_and_keeps_the_order_without_them() -> None:
+    members = ["a", "b", "c", "d", "e"]
+    assert replication.ring(members, {}) == tuple(members)
+    racks = {"a": "r1", "b": "r1", "c": "r1", "d": "r2", "e": "r2"}
+    order = replication.ring(members, racks)
+    assert sorted(order) == members
+    neighbours = [(order[i], order[(i + 1) % 5]) for i in range(4)]  # the wrap may share one
+    assert all(racks[x] != racks[y] for x, y in neighbours)
+
+
+def test_each_node_sends_its_newest_whole_save_to_the_next_node_for_any_node_count() -> None:
+    for count in (3, 4, 5):
+        names = [chr(ord("a") + i) for i in range(count)]
+        nodes = {n: node(n, {20: [i]}, world=count) for i, n in enumerate(names)}
+        copies = replication.copies(names, nodes, 1)
+        assert {(c.sources[0], c.target, c.rank) for c in copies} == {
+            (n, names[(i + 1) % count], i) for i, n in enumerate(names)
+        }
+
+
+def test_a_step_is_committed_once_every_rank_is_on_k_plus_1_nodes() -> None:
+    nodes = {n: node(n, {20: [i], 22: [i]}, {20: [(i - 1) % W]}) for i, n in enumerate("abcd")}
+    held = replication.holdings(nodes)
+    assert replication.committed(held, 1) == (20, 1, W)  # 22: one copy of each rank only
+    assert replication.committed(held, 2) is None
+    assert replication.committed(held, 1, bad=[20]) is None
+    # a node cut off (not among the live reports) takes its copies with it
+    del nodes["b"]
+    assert replication.committed(replication.holdings(nodes), 1) is None
+
+
+def test_after_a_node_loss_the_first_survivor_holding_its_ranks_copies_them_on() -> None:
+    # c is lost: its rank 2 is on d only (c's successor), and rank 1, whose copy c held, on b
+    nodes = {n: node(n, {20: [i]}, {20: [(i - 1) % W]}) for i, n in enumerate("abcd") if n != "c"}
+    copies = replication.copies(["a", "b", "d"], nodes, 1, keep=(20, 1, W))
+    assert [(c.rank, c.sources, c.target) for c in copies] == [(1, ("b",), "d"), (2, ("d",), "a")]
+
+
+def test_a_node_brings_its_own_rank_at_the_same_world_and_every_rank_at_another() -> None:
+    nodes = {n: node(n, {20: [i]}, {20: [(i - 1) % W]}) for i, n in enumerate("abd")}
+    nodes["d"] = node("d", {20: [3]}, {20: [2]})  # d held c's rank 2 too
+    same = replication.fetches("a", [0], W, ["memory:20@1"], ["a", "b", "d"], nodes)
+    assert same == []  # a holds rank 0 already
+    other = replication.fetches("a", [0], 3, ["memory:20@1", "start"], ["a", "b", "d"], nodes)
+    assert {(c.rank, c.sources[0]) for c in other} == {(1, "b"), (2, "d")}
+    assert all(c.target == "a" and c.key == (20, 1, W) for c in other)
+    assert replication.fetches("a", [0], 3, ["persistent:20@1"], ["a"], nodes) == []
+
+
+def test_under_replicated_names_the_ranks_short_of_copies() -> None:
+    nodes = {n: node(n, {20: [i]}, {20: [(i - 1) % W]}) for i, n in enumerate("abcd")}
+    held = replication.holdings(nodes)
+    assert replication.under_replicated(held, (20, 1, W), 1) == []
+    del nodes["c"]
+    assert replication.under_replicated(replication.holdings(nodes), (20, 1, W), 1) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("section", "wrong"),
+    [
+        ({"replicas": 9}, "replicas: at most 8 peers"),
+        ({"replicas": -1}, "replicas: must be >= 0"),
+        ({"replication": {"max_rate": "fast"}}, "max_rate: expected bytes a second"),
+        ({"replication": {"port": 70000}}, "port: must be a TCP port"),
+        ({"replication": {"rate": 1}}, "replication.rate: unknown key"),
+    ],
+)
+def test_a_bad_replication_setting_is_named(section: dict[str, object], wrong: str) -> None:
+    with pytest.raises(ConfigError, match=wrong):
+        load_checkpoint(Section({"memory_size": "1GiB", **section}, "job.checkpoint"))
+
+
+def test_the_replication_settings_read_back() -> None:
+    config = load_checkpoint(
+        Section(
+            {"memory_size": "1GiB", "replicas": 2, "replication": {"max_rate": "500MiB/s"}},
+            "job.checkpoint",
+        )
+    )
+    assert config is not None
+    assert (config.replicas, config.max_rate, config.replica_port) == (2, 500 << 20, 0)
+    default = load_checkpoint(Section({"memory_size": "1GiB"}, "job.checkpoint"))
+    assert default is not None and (default.replicas, default.max_rate) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    "tier",
+    [
+        {"replicas": [{"step": 1, "world_size": 2, "ranks": [0, 1], "digests": ["00"]}]},
+        {"memory": [{"step": 1, "world_size": 2, "ranks": [0], "digests": ["zz" * 8]}]},
+        {"address": "127.0.0.1"},
+        {"address": "a b:80"},
+    ],
+)
+def test_garbage_in_a_reported_tier_is_refused(tier: dict[str, object]) -> None:
+    report = json.loads(node("a").to_json())
+    report["tier"] = {**report["tier"], **tier}
+    with pytest.raises(CorruptStateError):
+        NodeReport.from_json(json.dumps(report))
