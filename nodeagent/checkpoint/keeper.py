@@ -13,7 +13,6 @@ the reports that follow, so they must be true.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -27,9 +26,7 @@ from pathlib import Path
 from nodeagent.channel import tier
 from nodeagent.checkpoint import scan, space
 from nodeagent.checkpoint.notes import RestoreNote, read_note
-from nodeagent.checkpoint.space import check_parent
 from nodeagent.config.settings import CheckpointConfig
-from nodeagent.errors import ConfigError
 from nodeagent.model.tiers import MAX_BAD, Held, TierReport
 
 log = logging.getLogger(__name__)
@@ -124,35 +121,12 @@ class TierKeeper:
     # -- the agent's calls ------------------------------------------------------------------
 
     def prepare(self, owner: int | None) -> None:
-        """Make the memory tier (the workers' user owns it, nobody else may enter), and verify
-        what an earlier agent's workers left in it.
-
-        The agent runs as root and the workers as a user: that user must not be able to turn
-        this into a chown or a removal of anything else. So the parent (memory_dir) must be a
-        real directory of the agent's own that nobody else may write (refused otherwise: a
-        user could have made it first on a shared tmpfs), and the tier is opened without
-        following links before its mode and owner are set.
+        """Make the memory tier (the workers' user owns it, nobody else may enter:
+        space.make_marked), and verify what an earlier agent's workers left in it.
 
         Raises: ConfigError naming job.checkpoint.memory_dir and what is wrong."""
-        parent = self.memory.parent
-        parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        check_parent(parent)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(self.memory, 0o700)
-        try:
-            fd = os.open(self.memory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError as exc:
-            raise ConfigError(
-                "job.checkpoint.memory_dir",
-                f"{self.memory}: {exc.strerror} (a link or a file where the tier goes: remove it)",
-            ) from None
-        try:
-            os.fchmod(fd, 0o700)
-            if owner is not None:
-                os.fchown(fd, owner, -1)
-            space.mark(fd, self._node, self._job)
-        finally:
-            os.close(fd)
+        uid = owner if owner is not None else -1
+        space.make_marked(self.memory, "the tier", 0o700, self._node, self._job, uid=uid)
         if self.phase is TierPhase.REMOVED:
             self._move(TierPhase.ACTIVE, "prepared again")
         self.settle(persist=False)

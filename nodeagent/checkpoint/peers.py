@@ -12,9 +12,7 @@ manifest that is not the one its holder reported, is refused and the next holder
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import shutil
 import threading
 import time
@@ -25,7 +23,6 @@ from pathlib import Path
 from nodeagent.channel import tier
 from nodeagent.checkpoint import replica, scan, space
 from nodeagent.checkpoint.replica import Accept, ReplicaError, ReplicaServer, Want
-from nodeagent.checkpoint.space import check_parent
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
 from nodeagent.model.tiers import Held, SaveKey
@@ -87,30 +84,14 @@ class Replicas:
         self._thread: threading.Thread | None = None
         self._done: list[Done] = []
         self._cancel = threading.Event()
-        self.received = 0  # copies taken from peers since the start
 
     def prepare(self, group: int | None) -> None:
         """Make the area (the agent's, readable by the workers' group `group`, nobody else)
         and verify what an earlier agent left in it.
 
         Raises: ConfigError naming job.checkpoint.memory_dir (the area cannot be made)."""
-        check_parent(self.area.parent)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(self.area, 0o750)
-        try:
-            fd = os.open(self.area, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError as exc:
-            raise ConfigError(
-                "job.checkpoint.memory_dir",
-                f"{self.area}: {exc.strerror} (a link or a file where the replica area goes)",
-            ) from None
-        try:
-            os.fchmod(fd, 0o750)
-            if group is not None:
-                os.fchown(fd, -1, group)
-            space.mark(fd, self._node, self._job)
-        finally:
-            os.close(fd)
+        gid = group if group is not None else -1
+        space.make_marked(self.area, "the replica area", 0o750, self._node, self._job, gid=gid)
         with self._lock:
             self._verified.refresh()
 
@@ -142,11 +123,8 @@ class Replicas:
         return self._server.address if self._server is not None else None
 
     def _received(self, got: replica.Received) -> None:
-        slot = tier.newest_in_memory(self.area / got.node, got.manifest.rank, got.manifest.step)
-        if slot is not None:
-            with self._lock:
-                self._verified.trust(slot, got.manifest)
-                self.received += 1
+        with self._lock:
+            self._verified.trust(got.slot, got.manifest)
 
     def held(self) -> tuple[Held, ...]:
         """Peers' saves held here, verified: what this node reports as its replicas."""

@@ -87,6 +87,7 @@ class Received:
     generation: int
     manifest: Manifest
     seconds: float
+    slot: Path  # where it was written
 
 
 class ReplicaServer:
@@ -199,7 +200,7 @@ class ReplicaServer:
             _answer(conn, f"ERR {exc}")
             return
         _answer(conn, "OK")
-        self._on_received(Received(node, generation, manifest, time.monotonic() - began))
+        self._on_received(Received(node, generation, manifest, time.monotonic() - began, slot))
 
     def _give(self, conn: socket.socket, offer: Offer) -> None:
         """Serve a fetch: the save asked for, from the memory tier or the replica area.

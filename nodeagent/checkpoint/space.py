@@ -74,6 +74,41 @@ def check_parent(parent: Path) -> None:
 OWNER = ".owner"  # in a tier: "<node>\n<job>\n", written by the agent that made it
 
 
+def make_marked(
+    directory: Path, what: str, mode: int, node: str, job: str, uid: int = -1, gid: int = -1
+) -> None:
+    """Make `directory` (a job's memory tier or replica area, below memory_dir) with `mode`, owned
+    by `uid`:`gid` (-1: the agent's), and mark it as `node`'s of `job`.
+
+    The agent runs as root and the workers as a user: that user must not be able to turn this
+    into a chown or a removal of anything else. So the parent (memory_dir) must be a real
+    directory of the agent's own that nobody else may write (refused otherwise: a user could
+    have made it first on a shared tmpfs), and the directory is opened without following links
+    before its mode and owner are set.
+
+    Raises: ConfigError naming job.checkpoint.memory_dir and what is wrong (`what`: the tier,
+        the replica area)."""
+    parent = directory.parent
+    parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    check_parent(parent)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, mode)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ConfigError(
+            "job.checkpoint.memory_dir",
+            f"{directory}: {exc.strerror} (a link or a file where {what} goes: remove it)",
+        ) from None
+    try:
+        os.fchmod(fd, mode)
+        if uid != -1 or gid != -1:
+            os.fchown(fd, uid, gid)
+        mark(fd, node, job)
+    finally:
+        os.close(fd)
+
+
 def mark(tier_fd: int, node: str, job: str) -> None:
     """Say in the tier (an open directory) whose it is: a node name may contain dots, so
     `<node>.<job>` alone cannot tell node `a`'s tier of job `b.c` from node `a.b`'s of job

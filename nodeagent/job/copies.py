@@ -23,7 +23,7 @@ from nodeagent.checkpoint.replica import Offer
 from nodeagent.errors import CoordinationError
 from nodeagent.job import replication
 from nodeagent.model.job import Event, JobRecord, NodeReport
-from nodeagent.model.tiers import SaveKey, TierReport
+from nodeagent.model.tiers import Held, SaveKey, TierReport
 from nodeagent.state import JobState
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
 
@@ -132,7 +132,7 @@ class ReplicaDuties:
         if self._node not in record.members or self._fetching or self.replicas.busy:
             return events
         now = self._clock()
-        basis = (record.generation, committed, own.memory, own.replicas)
+        basis = (record.generation, committed, own.memory)
         if now < self._next_plan or (basis == self._planned and not self._stale):
             return events
         self._next_plan, self._stale = now + PLAN_S, False
@@ -170,11 +170,13 @@ class ReplicaDuties:
             self.replicas.cancel()
             return True
         self._generation = record.generation
+        if not any(source.startswith("memory:") for source in checkpoint.restore):
+            return False  # nothing to bring: no need to read the peers
         group_rank = record.members.index(self._node)
         nproc = record.nproc_per_node
         local = range(group_rank * nproc, (group_rank + 1) * nproc)
         members = self._members_of(record)
-        nodes = self._read(members, self._mine()) if members else None
+        nodes = self._read(members, self.replicas.held()) if members else None
         if not members or nodes is None:
             return False
         order = replication.ring(members, {n: t.domain for n, t in _tiers(nodes)})
@@ -197,9 +199,6 @@ class ReplicaDuties:
         floor = step if step is not None else -1
         self.replicas.prune(lambda key: not (key[0] > floor and key[1] < generation))
 
-    def _mine(self) -> TierReport:
-        return self.report(TierReport())
-
     def _members_of(self, record: JobRecord) -> tuple[str, ...]:
         """`record`'s members by name (read once a generation); () when they cannot be read or
         the record read is not `record`'s generation any more (the next tick tries again)."""
@@ -216,20 +215,20 @@ class ReplicaDuties:
         return self._members
 
     def _read(
-        self, members: tuple[str, ...], own: TierReport | None = None
+        self, members: tuple[str, ...], replicas: tuple[Held, ...] | None = None
     ) -> dict[str, NodeReport] | None:
         """The members' reports, remembered for `accept`; None when Redis cannot be read (the
         next plan tries again). Copies are planned from what this node published (a peer
-        accepts only what it can read there); `own`: what it holds now, for a fetch."""
+        accepts only what it can read there); `replicas`: what its replica area holds now,
+        for a fetch."""
         try:
             nodes = dict(self._peers(members))
         except CoordinationError as exc:
             log.info("cannot read the peers' reports to copy checkpoints: %s", exc)
             return None
-        if own is not None and self._node in nodes and nodes[self._node].tier is not None:
-            published = nodes[self._node].tier
-            assert published is not None
-            now = replace(published, replicas=own.replicas)
+        published = nodes[self._node].tier if self._node in nodes else None
+        if replicas is not None and published is not None:
+            now = replace(published, replicas=replicas)
             nodes[self._node] = replace(nodes[self._node], tier=now)
         self._known = (frozenset(members), nodes)
         return nodes

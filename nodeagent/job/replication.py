@@ -139,9 +139,11 @@ def copies(
             start = position[sources[0]]
             for step in range(1, len(order)):
                 target = order[(start + step) % len(order)]
-                if need and target not in holders and target in reachable:
+                if target not in holders and target in reachable:
                     found.append(Copy(key, rank, holders[sources[0]], sources, target))
                     need -= 1
+                    if not need:
+                        break
     return found
 
 
@@ -156,7 +158,7 @@ def fetches(
     """What `me` must bring from its peers before its workers (`local_ranks` of a world of
     `world`) try the memory steps of the restore order `restore`: for a save of the same world,
     its own ranks' copies; of another, every rank's (resharding reads them all)."""
-    held = holdings({name: r for name, r in nodes.items() if name in order or name == me})
+    held = holdings({name: r for name, r in nodes.items() if name in order})
     position = {name: i for i, name in enumerate(order)}
     found = []
     for source in restore_from_env(" ".join(restore)):

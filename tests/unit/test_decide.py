@@ -52,6 +52,12 @@ def view(
         (view(rec(JobState.RESTARTING, 4), acked=3), NodeState.READY, [Acknowledge]),
         (view(rec(JobState.RUNNING, 4), acked=4), NodeState.READY, [StartWorkers]),
         (view(rec(JobState.RUNNING, 4), acked=3), NodeState.READY, [Acknowledge, StartWorkers]),
+        # the saves it restores are being brought from peers: ack, start once they are here
+        (
+            view(rec(JobState.RUNNING, 4), acked=3, tiers_fetching=True),
+            NodeState.READY,
+            [Acknowledge],
+        ),
         (view(rec(JobState.RUNNING, 4), acked=4, name="z"), NodeState.STANDBY, []),
         (view(rec(JobState.RUNNING, 4), RUNNING_G, acked=4), NodeState.RUNNING, []),
         # anything that replaces the generation stops the workers, acked only when stopped

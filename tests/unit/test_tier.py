@@ -157,6 +157,14 @@ def test_a_node_without_room_for_the_memory_tier_is_refused_naming_the_numbers(
     check_room(CheckpointConfig(memory_size=1 << 20, memory_dir=str(tmp_path / "shm")), "n0", "j")
 
 
+def test_room_is_wanted_for_the_peers_copies_too(tmp_path: Path) -> None:
+    half = shutil.disk_usage(tmp_path).free * 6 // 10  # room for one, not for two
+    shm = str(tmp_path / "shm")
+    check_room(CheckpointConfig(memory_size=half, memory_dir=shm, replicas=0), "n0", "j")
+    with pytest.raises(ConfigError, match=r"memory tier and 1 peers' copies.*or lower replicas"):
+        check_room(CheckpointConfig(memory_size=half, memory_dir=shm, replicas=1), "n0", "j")
+
+
 def _tier(memory: Path, node: str, job: str, marked: bool = True) -> Path:
     path = memory / f"{node}.{job}"
     fake_save(path / "rank-0" / "slot-0", step=3)
