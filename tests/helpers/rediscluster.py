@@ -20,19 +20,18 @@ from typing import Any
 
 import redis
 
-from tests.helpers.cluster import free_port
-
 NODES = 3
 BUS_OFFSET = 10_000  # a cluster node's bus listens on its port + 10000
+READY = "Ready to accept connections"  # what redis-server logs once it listens on every port
 
 
 def port_for_later() -> int:
     """A free loopback port, and its bus port, below the kernel's ephemeral range.
 
-    For a node that starts after clients already try to reach it: a port from free_port() is an
-    ephemeral one, which a client's own socket can take as its source port meanwhile (or even
-    connect to itself on, as TCP allows when both ends are the same address), so the server
-    could not bind it.
+    Every node takes one: an ephemeral port (free_port()) may have no room above it for the bus,
+    and a client's own socket can take it as its source port before the server binds it (or even
+    connect to itself on it, as TCP allows when both ends are the same address), as happens to a
+    node that starts after clients already try to reach it.
     """
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(100):
@@ -143,22 +142,26 @@ class RedisClusterServers:
 
     def _start_servers(self) -> None:
         """All at once (each may take a second to answer), each retried on a new port."""
-        self.ports = self.ports if self.fixed else [free_port() for _ in range(NODES)]
+        self.ports = self.ports if self.fixed else [port_for_later() for _ in range(NODES)]
         self.procs = [self._spawn(index, port) for index, port in enumerate(self.ports)]
         for index in range(NODES):
             for _ in range(5):
-                if _answers(self.ports[index], self.procs[index], self.options()):
+                if _answers(self.ports[index], self.procs[index], self._log(index), self.options()):
                     break
                 _end(self.procs[index])
-                self.ports[index] = self.ports[index] if self.fixed else free_port()
+                self.ports[index] = self.ports[index] if self.fixed else port_for_later()
                 self.procs[index] = self._spawn(index, self.ports[index])
             else:
                 raise RuntimeError(f"cluster node {index}: redis-server did not start")
+
+    def _log(self, index: int) -> Path:
+        return self.directory / f"cluster-{index}" / "redis.log"
 
     def _spawn(self, index: int, port: int) -> subprocess.Popen[bytes]:
         folder = self.directory / f"cluster-{index}"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "nodes.conf").unlink(missing_ok=True)  # a node id from a failed start
+        self._log(index).unlink(missing_ok=True)  # the log of a failed start
         if self.tls:
             ports = ["--port", "0", "--tls-port", str(port), "--tls-cluster", "yes"]
             ports += ["--tls-cert-file", str(self.tls.cert), "--tls-key-file", str(self.tls.key)]
@@ -183,6 +186,8 @@ class RedisClusterServers:
                 "no",
                 "--dir",
                 str(folder),
+                "--logfile",
+                str(self._log(index)),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -222,21 +227,29 @@ class RedisClusterServers:
         self.procs = []
 
 
-def _answers(port: int, proc: subprocess.Popen[bytes], options: dict[str, Any]) -> bool:
-    with redis.Redis("127.0.0.1", port, socket_timeout=0.5, **options) as client:
-        for _ in range(100):
-            if proc.poll() is not None:
-                return False
-            with contextlib.suppress(redis.RedisError):
-                if client.ping():
-                    return True
-            time.sleep(0.05)
+def _answers(port: int, proc: subprocess.Popen[bytes], log: Path, options: dict[str, Any]) -> bool:
+    """Whether the server came up and answers PING.
+
+    No connection is tried before the server logs that it is ready: one accepted while it still
+    binds its bus port, which can fail, is reset when it exits, and Python's ssl module does not
+    close a TLS socket reset before its handshake (an unclosed-socket warning, later, anywhere).
+    """
+    deadline = time.monotonic() + 30
+    while READY not in (log.read_text(errors="replace") if log.exists() else ""):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    with (
+        redis.Redis("127.0.0.1", port, socket_timeout=5, **options) as client,
+        contextlib.suppress(redis.RedisError),
+    ):
+        return bool(client.ping())
     return False
 
 
 def _cluster_ok(port: int, options: dict[str, Any]) -> bool:
     with redis.Redis(
-        "127.0.0.1", port, socket_timeout=0.5, decode_responses=True, **options
+        "127.0.0.1", port, socket_timeout=2, decode_responses=True, **options
     ) as client:
         try:
             info: dict[str, object] = client.cluster("INFO")
