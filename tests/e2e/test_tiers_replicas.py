@@ -1,7 +1,9 @@
 """End to end: the memory tier replicated to peers (issue 27). Real agents, a real Redis, FSDP2
-on gloo (examples/train_fsdp.py), four nodes with one worker each. A whole node lost (its agent
-and worker SIGKILLed, its tmpfs wiped) -> the job re-forms at world 3 and resumes from memory at
-the newest committed step, resharded from the survivors' copies, bit for bit."""
+on gloo (examples/train_fsdp.py), one worker per node. A whole node lost (its agent and worker
+SIGKILLed, its tmpfs wiped) -> the job re-forms without it and resumes from memory at the newest
+committed step, resharded from the survivors' copies, bit for bit; a second loss after the job
+re-protected itself does too; a copy with a flipped bit is refused, said, and the next tier
+used."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 
 from tests.helpers.cluster import LocalCluster, RedisServer, wait_for
 from tests.helpers.fsdp import (
+    events,
     fsdp_cluster,
     restored,
     saved_digests,
@@ -37,6 +40,29 @@ def committed(cluster: LocalCluster, at_least: int) -> dict[str, Any]:
     return found
 
 
+def lose(cluster: LocalCluster, shm: Path, node: str) -> None:
+    """The node is gone: its agent, its worker, and its tmpfs (memory tier and replica area)."""
+    cluster.kill_tree(node)
+    for lost in shm.glob(f"{node}.{cluster.job}*"):
+        shutil.rmtree(lost)
+
+
+def resumed_from_memory(cluster: LocalCluster, world: int, committed_step: int) -> int:
+    """Wait for the job at `world`; check that every node restored from memory, at a step no
+    older than `committed_step`, bit for bit the state saved there. The step."""
+    cluster.wait_status(
+        lambda d: d["state"] == "running" and d["world_size"] == world, 90, f"world {world}"
+    )
+    generation: int = cluster.status()["generation"]
+    back = restored(cluster, generation)
+    assert back["world"] == world
+    assert back["step"] >= committed_step  # nothing committed is lost
+    assert back["digest"] == saved_digests(cluster, generation - 1)[back["step"]]
+    assert tiers_said(cluster, generation, world) == {"memory"}  # from peers, not from disk
+    step: int = back["step"]
+    return step
+
+
 def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise(
     redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
 ) -> None:
@@ -57,19 +83,71 @@ def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise
         wait_until_step(cluster, 1, 3 * EVERY)
         before = committed(cluster, 2 * EVERY)
         assert before["replicas"] == 1 and before["under_replicated"] == []
-        cluster.kill_tree("c")  # the node is gone: its agent, its worker, and its tmpfs
-        for lost in shm.glob(f"c.{job_id}*"):
-            shutil.rmtree(lost)
+        lose(cluster, shm, "c")
+        step = resumed_from_memory(cluster, 3, before["committed"])
+        # Re-protected: the new world's saves are committed on 2 nodes again.
+        after = committed(cluster, step + EVERY)
+        assert after["under_replicated"] == []
+
+
+def test_three_nodes_survive_a_second_loss_after_re_protecting(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+) -> None:
+    """An odd node count; after the first loss the two survivors copy each other's new saves,
+    so the second loss still resumes from memory (the last node holds both ranks)."""
+    with fsdp_cluster(
+        redis_server, job_id, tmp_path, shm, steps=400, replicas=1, persist=False, every=EVERY
+    ) as cluster:
+        cluster.min_nodes = 1
+        cluster.start("a", "b", "c")
+        wait_until_step(cluster, 1, 3 * EVERY)
+        before = committed(cluster, 2 * EVERY)
+        lose(cluster, shm, "c")
+        step = resumed_from_memory(cluster, 2, before["committed"])
+        again = committed(cluster, step + EVERY)  # re-protected at world 2
+        assert again["under_replicated"] == []
+        lose(cluster, shm, "b")
+        resumed_from_memory(cluster, 1, again["committed"])
+
+
+def test_a_flipped_bit_in_the_lost_nodes_copy_is_refused_and_the_disk_tier_used(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+) -> None:
+    """The only copy of the lost node's rank is corrupt in its holder's memory: the nodes that
+    fetch it refuse it against the manifest, the holder's worker refuses it at load, an event
+    says so, and every rank resumes from the persistent tier instead, bit for bit."""
+    with fsdp_cluster(
+        redis_server, job_id, tmp_path, shm, steps=400, nodes=4, replicas=1, every=EVERY
+    ) as cluster:
+        cluster.min_nodes = 3
+        cluster.start("a", "b", "c", "d")
+        wait_until_step(cluster, 1, 3 * EVERY)
+        committed(cluster, 2 * EVERY)
+        wait_for(lambda: cluster.status()["checkpoints"]["persisted"], 90, "a persisted step")
+        (rank_dir,) = (shm / f"c.{job_id}").glob("rank-*")
+        lose(cluster, shm, "c")  # no copy of its rank changes after this
+        flipped = [
+            flip_a_bit(slot) for slot in shm.glob(f"*.{job_id}.replicas/c/{rank_dir.name}/slot-*")
+        ]
+        assert any(flipped), "no copy of the lost node's rank to corrupt"
         cluster.wait_status(
             lambda d: d["state"] == "running" and d["world_size"] == 3, 90, "world 3"
         )
         generation: int = cluster.status()["generation"]
         back = restored(cluster, generation)
-        assert back["world"] == 3
-        assert back["step"] >= before["committed"]  # nothing committed is lost
+        assert tiers_said(cluster, generation, 3) == {"persistent"}
         assert back["digest"] == saved_digests(cluster, generation - 1)[back["step"]]
-        assert tiers_said(cluster, generation, 3) == {"memory"}  # from peers, not from disk
-        wait_until_step(cluster, generation, back["step"] + 2 * EVERY)
-        # Re-protected: the new world's saves are committed on 2 nodes again.
-        after = committed(cluster, back["step"] + EVERY)
-        assert after["under_replicated"] == []
+        said = [e for e in events(cluster, "checkpoint_refused") if e["generation"] == generation]
+        assert any(e.get("data", {}).get("kind") == "bad_copy" for e in said), said
+
+
+def flip_a_bit(slot: Path) -> bool:
+    """Flip one bit in the largest data file of a save's slot; whether there was one."""
+    files = [f for f in slot.iterdir() if f.is_file() and f.name != "manifest.json"]
+    if not files or not (slot / "manifest.json").exists():
+        return False
+    target = max(files, key=lambda f: f.stat().st_size)
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+    return True
