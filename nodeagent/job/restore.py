@@ -4,9 +4,10 @@
 sources every rank tries (the workers agree at each one, nodeagent.worker.tiered):
 
 1. the memory tier, for a step whose every rank of the new world is held, verified, by the node
-   that will run that rank (the same world: a rank reads only its own save there), and the
-   committed step (every rank on replicas + 1 nodes, job/replication.py) at any world: each
-   node brings what it lacks of it from its peers before its workers start (job/copies.py);
+   that will run that rank (the same world: a rank reads only its own save there); with
+   replicas, at any world, the newest save every rank of which some member holds and the
+   committed step (every rank on replicas + 1 nodes, job/replication.py): each node brings what
+   it lacks of them from its peers before its workers start (job/copies.py);
 2. the persistent tier's newest whole step (every rank's save copied, at any world: resharded);
 3. the script's own checkpoints; 4. the start.
 
@@ -140,11 +141,12 @@ def choose(
         for step, generation in memory_steps(members, nproc, nodes)[:MEMORY_CHOICES]
         if step not in bad
     ]
-    committed = checkpoint.committed
     offered = {(s.step, s.generation) for _, _, s in ordered}
-    if committed is not None and committed[0] not in bad and committed[:2] not in offered:
-        # held on replicas + 1 nodes, at any world: the nodes bring what they lack first
-        ordered.append((committed[0], 1, Source("memory", committed[0], committed[1])))
+    for key in _anywhere(checkpoint, members, nodes):
+        if key[0] not in bad and key[:2] not in offered:
+            # held by the members, at any world: the nodes bring what they lack first
+            offered.add(key[:2])
+            ordered.append((key[0], 1, Source("memory", key[0], key[1])))
     persisted = checkpoint.persisted_step
     if persisted is not None and persisted not in bad:
         source = Source("persistent", persisted, checkpoint.persisted_generation)
@@ -152,6 +154,22 @@ def choose(
     sources = [source for _, _, source in sorted(ordered, key=lambda x: (x[0], x[1]), reverse=True)]
     order = tuple(restore_to_env(tuple(sources + list(TAIL))).split())
     return replace(checkpoint, restore=order, newest=newest_held(checkpoint, nodes))
+
+
+def _anywhere(
+    checkpoint: CheckpointRecord, members: Sequence[str], nodes: Mapping[str, NodeReport]
+) -> list[SaveKey]:
+    """The memory saves a new world of `members` can restore at any world, with replicas: the
+    newest every rank of which some member holds now (the last saves made as the old world
+    stopped often are), and the committed one (on replicas + 1 nodes when recorded) while the
+    members still hold it whole."""
+    if not checkpoint.replicas:
+        return []
+    live = {name: nodes[name] for name in members if name in nodes}
+    held = replication.holdings(live)
+    newest = replication.newest_whole(held, checkpoint.bad)
+    keys = (newest, checkpoint.committed)
+    return [key for key in keys if key is not None and replication.whole(held, key)]
 
 
 def first_step(checkpoint: CheckpointRecord) -> int | None:

@@ -7,17 +7,18 @@ used."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.helpers.cluster import LocalCluster, RedisServer, wait_for
+from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.fsdp import (
+    committed,
     events,
     fsdp_cluster,
+    lose,
     restored,
+    resumed_from_memory,
     saved_digests,
     tiers_said,
     wait_until_step,
@@ -26,41 +27,6 @@ from tests.helpers.fsdp import (
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 EVERY = 6  # save interval, steps: about a second, longer than a copy takes here
-
-
-def committed(cluster: LocalCluster, at_least: int) -> dict[str, Any]:
-    """The status' checkpoints once a step >= `at_least` is committed on every rank's 2 nodes."""
-
-    def probe() -> dict[str, Any] | None:
-        tiers = cluster.status()["checkpoints"]
-        step = tiers["committed"]
-        return tiers if step is not None and step >= at_least else None
-
-    found: dict[str, Any] = wait_for(probe, 90, f"a committed step >= {at_least}")
-    return found
-
-
-def lose(cluster: LocalCluster, shm: Path, node: str) -> None:
-    """The node is gone: its agent, its worker, and its tmpfs (memory tier and replica area)."""
-    cluster.kill_tree(node)
-    for lost in shm.glob(f"{node}.{cluster.job}*"):
-        shutil.rmtree(lost)
-
-
-def resumed_from_memory(cluster: LocalCluster, world: int, committed_step: int) -> int:
-    """Wait for the job at `world`; check that every node restored from memory, at a step no
-    older than `committed_step`, bit for bit the state saved there. The step."""
-    cluster.wait_status(
-        lambda d: d["state"] == "running" and d["world_size"] == world, 90, f"world {world}"
-    )
-    generation: int = cluster.status()["generation"]
-    back = restored(cluster, generation)
-    assert back["world"] == world
-    assert back["step"] >= committed_step  # nothing committed is lost
-    assert back["digest"] == saved_digests(cluster, generation - 1)[back["step"]]
-    assert tiers_said(cluster, generation, world) == {"memory"}  # from peers, not from disk
-    step: int = back["step"]
-    return step
 
 
 def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise(

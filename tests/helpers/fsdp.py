@@ -4,11 +4,12 @@ the cluster, and what its workers printed (one JSON line per event)."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+from tests.helpers.cluster import LocalCluster, local_cluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERY = 2  # save interval, steps
@@ -20,8 +21,15 @@ TIMING = {
 }
 
 
+class Redis(Protocol):
+    """A Redis the agents reach at `url` (tests.helpers.cluster's, or the chaos suite's)."""
+
+    @property
+    def url(self) -> str: ...
+
+
 def fsdp_cluster(
-    redis: RedisServer,
+    redis: Redis,
     job_id: str,
     tmp_path: Path,
     shm: Path,
@@ -32,9 +40,12 @@ def fsdp_cluster(
     nproc: int = 1,
     persist: bool = True,
     every: int = EVERY,
+    env: dict[str, str] | None = None,
+    **cluster: Any,
 ) -> Any:
     """Agents running examples/train_fsdp.py with the memory and persistent tiers (in_place:
-    job.recovery in_place, the script under elastic.run)."""
+    job.recovery in_place, the script under elastic.run); `env`: more of the workers'
+    environment; `cluster`: more LocalCluster fields (nodes in network namespaces)."""
     entrypoint = [
         sys.executable,
         str(ROOT / "examples" / "train_fsdp.py"),
@@ -63,9 +74,10 @@ def fsdp_cluster(
         entrypoint=entrypoint,
         job_options={
             "checkpoint": checkpoint,
-            "env": {"OMP_NUM_THREADS": "1"},
+            "env": {"OMP_NUM_THREADS": "1", **(env or {})},
             **({"recovery": "in_place"} if in_place else {}),
         },
+        **cluster,
     )
 
 
@@ -121,3 +133,38 @@ def tiers_said(cluster: LocalCluster, generation: int, nodes: int) -> set[str]:
         return said if len(said) >= nodes else None
 
     return {e["data"]["tier"] for e in wait_for(probe, 30, f"{nodes} restore events")}
+
+
+def committed(cluster: LocalCluster, at_least: int) -> dict[str, Any]:
+    """The status' checkpoints once a step >= `at_least` is committed (on replicas + 1 nodes)."""
+
+    def probe() -> dict[str, Any] | None:
+        tiers = cluster.status()["checkpoints"]
+        step = tiers["committed"]
+        return tiers if step is not None and step >= at_least else None
+
+    found: dict[str, Any] = wait_for(probe, 90, f"a committed step >= {at_least}")
+    return found
+
+
+def lose(cluster: LocalCluster, shm: Path, node: str) -> None:
+    """The node is gone: its agent, its worker, and its tmpfs (memory tier and replica area)."""
+    cluster.kill_tree(node)
+    for lost in shm.glob(f"{node}.{cluster.job}*"):
+        shutil.rmtree(lost)
+
+
+def resumed_from_memory(cluster: LocalCluster, world: int, committed_step: int) -> int:
+    """Wait for the job at `world`; check that every node restored from memory, at a step no
+    older than `committed_step`, bit for bit the state saved there. The step."""
+    cluster.wait_status(
+        lambda d: d["state"] == "running" and d["world_size"] == world, 90, f"world {world}"
+    )
+    generation: int = cluster.status()["generation"]
+    back = restored(cluster, generation)
+    assert back["world"] == world
+    assert back["step"] >= committed_step  # nothing committed is lost
+    assert back["digest"] == saved_digests(cluster, generation - 1)[back["step"]]
+    assert tiers_said(cluster, generation, world) == {"memory"}  # from peers, not from disk
+    step: int = back["step"]
+    return step

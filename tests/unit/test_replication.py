@@ -10,9 +10,9 @@ import pytest
 from nodeagent.config.checkpoint import load_checkpoint
 from nodeagent.config.values import Section
 from nodeagent.errors import ConfigError, CorruptStateError
-from nodeagent.job import replication
+from nodeagent.job import replication, restore
 from nodeagent.model.job import NodeReport
-from nodeagent.model.tiers import Held, TierReport
+from nodeagent.model.tiers import CheckpointRecord, Held, TierReport
 from nodeagent.state import NodeState
 
 W = 4  # world: one rank per node
@@ -86,6 +86,23 @@ def test_a_node_brings_its_own_rank_at_the_same_world_and_every_rank_at_another(
     assert {(c.rank, c.sources[0]) for c in other} == {(1, "b"), (2, "d")}
     assert all(c.target == "a" and c.key == (20, 1, W) for c in other)
     assert replication.fetches("a", [0], 3, ["persistent:20@1"], ["a"], nodes) == []
+
+
+def test_a_new_world_restores_the_newest_save_its_members_hold_whole_then_the_committed() -> None:
+    """Saves outpace copies: 26 is on one node per rank only (d's rank 3 reached a before d was
+    lost), 20 is committed. The new world of a, b, c tries 26 first, then 20, at any world."""
+    nodes = {n: node(n, {26: [i], 20: [i]}, {20: [(i - 1) % W]}) for i, n in enumerate("abc")}
+    nodes["a"] = node("a", {26: [0], 20: [0]}, {26: [3], 20: [3]})
+    checkpoint = CheckpointRecord(
+        replicas=1, committed_step=20, committed_generation=1, committed_world=W
+    )
+    chosen = restore.choose(checkpoint, ("a", "b", "c"), 1, nodes)
+    assert chosen.restore == ("memory:26@1", "memory:20@1", "script", "start")
+    # without replicas nothing brings a missing rank: only same-world memory steps are offered
+    alone = restore.choose(CheckpointRecord(), ("a", "b", "c"), 1, nodes)
+    assert alone.restore == ("script", "start")
+    lost_a = {n: r for n, r in nodes.items() if n != "a"}  # a's ranks 0 and 3 go with it
+    assert restore.choose(checkpoint, ("b", "c"), 1, lost_a).restore == ("script", "start")
 
 
 def test_under_replicated_names_the_ranks_short_of_copies() -> None:
