@@ -41,17 +41,20 @@ def fsdp_cluster(
     persist: bool = True,
     every: int = EVERY,
     env: dict[str, str] | None = None,
+    model: tuple[str, ...] = (),
     **cluster: Any,
 ) -> Any:
     """Agents running examples/train_fsdp.py with the memory and persistent tiers (in_place:
     job.recovery in_place, the script under elastic.run); `env`: more of the workers'
-    environment; `cluster`: more LocalCluster fields (nodes in network namespaces)."""
+    environment; `model`: the script's model options (--width, --layers); `cluster`: more
+    LocalCluster fields (nodes in network namespaces)."""
     entrypoint = [
         sys.executable,
         str(ROOT / "examples" / "train_fsdp.py"),
         *("--steps", str(steps), "--save-every", str(every), "--step-time", "0.15"),
         *("--digest", "--checkpoint-dir", str(tmp_path / "script")),
         *(("--in-place",) if in_place else ()),
+        *model,
     ]
     checkpoint: dict[str, Any] = {
         "memory_size": "256MiB",

@@ -1,0 +1,154 @@
+"""A sharded job losing a whole node: resumed from its peers' memory (replicas) against from the
+persistent tier (issue 27).
+
+    .venv/bin/python bench/node_loss.py [--reps 3] [--width 1024 --layers 16]
+
+Four agents on this machine and a real redis-server, one worker each, run
+examples/train_fsdp.py (FSDP2, gloo, CPU; by default an MLP of 16 hidden layers of 1024 units
+with Adam: about 200 MB of state over the 4 ranks), a save into the memory tier every EVERY
+steps, a copy to the persistent tier every second save, with the timing of the end-to-end tests
+(heartbeat 250 ms, lease 3 s):
+- `memtier`: `replicas: 1`: each save copied by the agents to the next node of the ring; a node
+  lost resumes from memory at world 3 (the survivors bring what they lack, DCP reshards);
+- `disk`: `replicas: 0`: the same job without copies; a node lost resumes from the persistent
+  tier's newest whole step (restart from disk).
+Each repetition is a fresh job: train to step TRAIN_TO, then lose a node (its agent and worker
+SIGKILLed, its tmpfs wiped): the node of rank 0, or another. On one clock, from the workers'
+own lines:
+- recovery:  loss -> every rank of the new generation finished a step;
+- restore:   loss -> every rank of the new generation printed "restored" (its load included);
+- steps lost: the newest step trained before the loss minus the step restored;
+- tier: where the new generation restored from;
+- step time: the median time between rank 0's steps before the loss (the copies run beside
+  training: replication's slowdown is memtier's over disk's).
+Writes bench/results/node-loss.json and prints medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.sharded_recovery import _generation_after, _stepped  # noqa: E402
+from tests.helpers.cluster import RedisServer, wait_for  # noqa: E402
+from tests.helpers.fsdp import fsdp_cluster, lines, lose, tiers_said  # noqa: E402
+
+SYSTEMS = ("memtier", "disk")
+FAULTS = ("node_rank0", "node_other")
+NODES = ("a", "b", "c", "d")
+EVERY = 5
+TRAIN_TO = 27  # after the save of step 25, which only the memory tier holds (20 persisted)
+KEYS = ("recovery_s", "restore_s", "steps_lost", "step_s")
+
+
+def one(
+    system: str, fault: str, redis: RedisServer, directory: Path, rep: int, model: tuple[str, ...]
+) -> dict[str, Any]:
+    shm = Path(tempfile.mkdtemp(prefix="nodeagent-bench-", dir="/dev/shm"))
+    shm.chmod(0o700)
+    job = f"bench-loss-{system}-{fault.replace('_', '-')}-{rep}"
+    replicas = 1 if system == "memtier" else 0
+    with fsdp_cluster(
+        redis,
+        job,
+        directory,
+        shm,
+        steps=100_000,
+        nodes=len(NODES),
+        replicas=replicas,
+        every=EVERY,
+        model=model,
+    ) as cluster:
+        cluster.min_nodes = 3
+        cluster.start(*NODES)
+        wait_for(
+            lambda: any(x["event"] == "step" and x["step"] >= TRAIN_TO for x in lines(cluster, 1)),
+            300,
+            f"step {TRAIN_TO}",
+        )
+        members = cluster.status()["members"]
+        victim = str(members[0] if fault == "node_rank0" else members[-1])
+        lost_at = time.time()
+        lose(cluster, shm, victim)
+        before = lines(cluster, 1)
+        trained = max(x["step"] for x in before if x["event"] == "step")
+        steps = sorted(x["t"] for x in before if x["event"] == "step" and x["rank"] == 0)
+        generation = _generation_after(cluster, 1)
+        firsts = wait_for(lambda: _stepped(cluster, generation, 3), 300, "every rank to step")
+        restored = [x for x in lines(cluster, generation) if x["event"] == "restored"]
+        result = {
+            "system": system,
+            "fault": fault,
+            "recovery_s": round(max(x["t"] for x in firsts) - lost_at, 3),
+            "restore_s": round(max(x["t"] for x in restored) - lost_at, 3),
+            "steps_lost": trained - restored[0]["step"],
+            "tier": sorted(tiers_said(cluster, generation, 3)),
+            "step_s": round(statistics.median(b - a for a, b in itertools.pairwise(steps)), 4),
+        }
+        cluster.ctl("stop")
+    shutil.rmtree(shm, ignore_errors=True)
+    return result
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    return {
+        f"{system} {fault}": {
+            key: statistics.median(
+                r[key] for r in runs if (r["system"], r["fault"]) == (system, fault)
+            )
+            for key in KEYS
+        }
+        for system in SYSTEMS
+        for fault in FAULTS
+        if any((r["system"], r["fault"]) == (system, fault) for r in runs)
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=16)
+    args = parser.parse_args()
+    model = ("--width", str(args.width), "--layers", str(args.layers))
+    runs: list[dict[str, Any]] = []
+    path = ROOT / "bench" / "results" / "node-loss.json"
+    with tempfile.TemporaryDirectory() as tmp:
+        redis = RedisServer(Path(tmp))
+        redis.start()
+        try:
+            for rep in range(args.reps):
+                for fault in FAULTS:
+                    for system in SYSTEMS:  # interleaved: the machine's noise hits both
+                        directory = Path(tmp) / f"{system}-{fault}-{rep}"
+                        directory.mkdir()
+                        runs.append(one(system, fault, redis, directory, rep, model))
+                        print(json.dumps(runs[-1]), flush=True)
+                        found = {"reps": args.reps, "model": model, "runs": runs}
+                        path.write_text(json.dumps(found, indent=1) + "\n")
+        finally:
+            redis.stop()
+    table = medians(runs)
+    disk = statistics.median(r["step_s"] for r in runs if r["system"] == "disk")
+    memtier = statistics.median(r["step_s"] for r in runs if r["system"] == "memtier")
+    slowdown = memtier / disk - 1
+    results = {"reps": args.reps, "model": model, "runs": runs, "medians": table}
+    results["replication_slowdown"] = round(slowdown, 4)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps({"medians": table, "replication_slowdown": round(slowdown, 4)}, indent=1))
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()
