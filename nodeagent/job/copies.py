@@ -180,9 +180,10 @@ class ReplicaDuties:
         # Nodes the new world left out (scaled down) still hold their saves while they live:
         # asked last, after every member that holds a copy.
         departed = tuple(name for name in before if name not in members)
-        nodes = self._read(members, self.replicas.held(), departed) if members else None
+        nodes = self._read((*members, *departed), self.replicas.held()) if members else None
         if not members or nodes is None:
             return False
+        self._known = (frozenset(members), nodes)  # copies are taken from members only
         ring = replication.ring(members, {n: t.domain for n, t in _tiers(nodes)})
         order = (*ring, *departed)
         wanted = replication.fetches(
@@ -220,17 +221,14 @@ class ReplicaDuties:
         return self._members
 
     def _read(
-        self,
-        members: tuple[str, ...],
-        replicas: tuple[Held, ...] | None = None,
-        departed: tuple[str, ...] = (),
+        self, members: tuple[str, ...], replicas: tuple[Held, ...] | None = None
     ) -> dict[str, NodeReport] | None:
         """The members' reports, remembered for `accept`; None when Redis cannot be read (the
         next plan tries again). Copies are planned from what this node published (a peer
         accepts only what it can read there); `replicas`: what its replica area holds now,
-        for a fetch; `departed`: nodes read too, to fetch from, whose copies are not taken."""
+        for a fetch."""
         try:
-            nodes = dict(self._peers((*members, *departed)))
+            nodes = dict(self._peers(members))
         except CoordinationError as exc:
             log.info("cannot read the peers' reports to copy checkpoints: %s", exc)
             return None

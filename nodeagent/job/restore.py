@@ -147,7 +147,7 @@ def choose(
     offered = {(s.step, s.generation) for _, _, s in ordered}
     for key in _anywhere(checkpoint, (*members, *departed), nodes):
         if key[0] not in bad and key[:2] not in offered:
-            # held by the members (or nodes left out), at any world: brought first
+            # held by the members, at any world: the nodes bring what they lack first
             offered.add(key[:2])
             ordered.append((key[0], 1, Source("memory", key[0], key[1])))
     persisted = checkpoint.persisted_step
