@@ -175,17 +175,11 @@ class ReplicaDuties:
         group_rank = record.members.index(self._node)
         nproc = record.nproc_per_node
         local = range(group_rank * nproc, (group_rank + 1) * nproc)
-        before = self._members  # the last generation's, when this node was in it
         members = self._members_of(record)
-        # Nodes the new world left out (scaled down) still hold their saves while they live:
-        # asked last, after every member that holds a copy.
-        departed = tuple(name for name in before if name not in members)
-        nodes = self._read((*members, *departed), self.replicas.held()) if members else None
+        nodes = self._read(members, self.replicas.held()) if members else None
         if not members or nodes is None:
             return False
-        self._known = (frozenset(members), nodes)  # copies are taken from members only
-        ring = replication.ring(members, {n: t.domain for n, t in _tiers(nodes)})
-        order = (*ring, *departed)
+        order = replication.ring(members, {n: t.domain for n, t in _tiers(nodes)})
         wanted = replication.fetches(
             self._node, local, record.world_size, checkpoint.restore, order, nodes
         )

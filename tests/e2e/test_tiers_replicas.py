@@ -17,7 +17,6 @@ from tests.helpers.fsdp import (
     events,
     fsdp_cluster,
     lose,
-    newest_step,
     restored,
     resumed_from_memory,
     saved_digests,
@@ -118,33 +117,3 @@ def flip_a_bit(slot: Path) -> bool:
     data[len(data) // 2] ^= 0x01
     target.write_bytes(bytes(data))
     return True
-
-
-def test_scaling_down_and_up_resumes_from_memory_at_the_newest_save(
-    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
-) -> None:
-    """nodeagentctl scale 3, then 4: each new world restores from memory the newest save held
-    whole (the one made as the old world stopped), bringing what a node lacks from its peers,
-    the node left out included (alive, it still serves its saves): nothing trained is lost,
-    bit for bit."""
-    with fsdp_cluster(
-        redis_server,
-        job_id,
-        tmp_path,
-        shm,
-        steps=400,
-        nodes=4,
-        replicas=1,
-        persist=False,
-        every=EVERY,
-    ) as cluster:
-        cluster.min_nodes = 3
-        cluster.start("a", "b", "c", "d")
-        wait_until_step(cluster, 1, 3 * EVERY)
-        generation = 1
-        for world in (3, 4):
-            assert cluster.ctl("scale", str(world)).returncode == 0
-            trained = newest_step(cluster, generation)
-            resumed = resumed_from_memory(cluster, world, trained)
-            generation = cluster.status()["generation"]
-            wait_until_step(cluster, generation, resumed + 2 * EVERY)
