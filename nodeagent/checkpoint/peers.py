@@ -28,6 +28,10 @@ from nodeagent.errors import ConfigError
 from nodeagent.model.tiers import Held, SaveKey
 
 log = logging.getLogger(__name__)
+# A fetch asks a holder that turned it down or could not be reached again, this many times
+# this far apart: a peer learns of a generation that added the asker at its next tick.
+FETCH_ROUNDS = 20
+FETCH_PAUSE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -214,29 +218,44 @@ class Replicas:
     def _fetch(
         self, transfer: Transfer, addresses: dict[str, str], generation: int
     ) -> tuple[int, tuple[str, ...]]:
-        """From each holder in turn. Raises: ReplicaError (none had it whole)."""
-        step, saved_by, _world = transfer.key
-        want = Want(transfer.rank, step, saved_by)
+        """From each holder in turn; the holders that turned it down or could not be reached
+        are asked again, a while (FETCH_ROUNDS). The copies refused on the way (not matching
+        what their holder reported) and how many bytes. Raises: ReplicaError (none had it
+        whole)."""
+        asking = [source for source in transfer.sources if source in addresses]
         refused: list[str] = []
+        unavailable: dict[str, str] = {}
+        for _round in range(FETCH_ROUNDS):
+            for source in asking:
+                try:
+                    size = self._fetch_from(source, transfer, addresses[source], generation)
+                    return size, tuple(refused)
+                except replica.Unavailable as exc:
+                    unavailable[source] = str(exc)
+                except (ReplicaError, tier.BadCopy) as exc:
+                    refused.append(f"{source}: {exc}")
+                    unavailable.pop(source, None)
+            asking = [source for source in asking if source in unavailable]
+            if not asking or self._cancel.wait(FETCH_PAUSE_S):
+                break
+        why = "; ".join([*refused, *unavailable.values()])
+        raise ReplicaError(f"replica {transfer}: no holder had it whole ({why})")
+
+    def _fetch_from(self, source: str, transfer: Transfer, peer: str, generation: int) -> int:
+        """Raises: ReplicaError, tier.BadCopy."""
+        step, saved_by, _world = transfer.key
         assert self._server is not None
-        for source in transfer.sources:
-            peer = addresses.get(source)
-            if peer is None:
-                continue
-            try:
-                with self._server.reserve(source, transfer.rank):
-                    area = self.area / source
-                    manifest = replica.fetch(
-                        peer, self._job, self._node, generation, want, area, transfer.digest
-                    )
-                    slot = tier.newest_in_memory(area, transfer.rank, step, saved_by)
-                    if slot is not None:
-                        with self._lock:
-                            self._verified.trust(slot, manifest)
-                return manifest.size, tuple(refused)
-            except (ReplicaError, tier.BadCopy) as exc:
-                refused.append(f"{source}: {exc}")
-        raise ReplicaError(f"replica {transfer}: no holder had it whole ({'; '.join(refused)})")
+        with self._server.reserve(source, transfer.rank):
+            area = self.area / source
+            want = Want(transfer.rank, step, saved_by)
+            manifest = replica.fetch(
+                peer, self._job, self._node, generation, want, area, transfer.digest
+            )
+            slot = tier.newest_in_memory(area, transfer.rank, step, saved_by)
+            if slot is not None:
+                with self._lock:
+                    self._verified.trust(slot, manifest)
+        return manifest.size
 
     def prune(self, keep: Callable[[SaveKey], bool]) -> list[Path]:
         """Remove the copies whose save `keep` refuses (older than the committed one, or of a

@@ -81,6 +81,12 @@ class ReplicaError(Exception):
     """A copy that did not happen: the peer refused it or the connection failed."""
 
 
+class Unavailable(ReplicaError):
+    """A fetch the peer turned down or that could not reach it: unlike a copy that does not
+    match what its holder reported, asking again a moment later may succeed (the peer had not
+    read yet that the asker is a member of the job's new generation)."""
+
+
 @dataclass(frozen=True)
 class Received:
     node: str
@@ -352,8 +358,8 @@ def fetch(
     of a replica area: `<area>/rank-<R>/slot-N`), every byte checked against the manifest the
     peer sends, and that manifest against `digest` (what its holder reported) when given.
 
-    Raises: ReplicaError naming the peer and why (its answer, a copy that does not match, the
-        connection's failure); nothing of a copy that failed stays."""
+    Raises: ReplicaError naming the peer and why: a copy that does not match, or Unavailable
+        (its answer, the connection's failure); nothing of a copy that failed stays."""
     header = {
         "v": VERSION,
         "job": job,
@@ -369,7 +375,7 @@ def fetch(
             answer = _line(conn)
             word, _, rest = answer.partition(" ")
             if word != "GO":
-                raise ReplicaError(f"replica from {peer}: {answer}")
+                raise Unavailable(f"replica from {peer}: {answer}")
             manifest = Manifest.from_json(rest, f"{peer}'s manifest")
             if digest and tier.digest(manifest) != digest:
                 raise BadCopy(f"its manifest is not the save its holder reported ({digest})")
@@ -387,7 +393,8 @@ def fetch(
         if slot is not None:
             with contextlib.suppress(OSError, BadCopy):
                 tier.begin(slot)
-        raise ReplicaError(f"replica from {peer}: {exc}") from None
+        failed = Unavailable if isinstance(exc, OSError) else ReplicaError
+        raise failed(f"replica from {peer}: {exc}") from None
     return manifest
 
 

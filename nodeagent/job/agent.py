@@ -155,6 +155,7 @@ class Agent:
                 fetch_timeout=config.timing.rendezvous_timeout / 2,
                 clock=self._clock,
                 peers_now=self._store.peer_reports,
+                members_now=self._store.members,
             )
             replicas.listen(copies.accept)
         return TierDuties(tiers, self.name, metrics, copies)

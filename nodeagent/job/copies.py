@@ -48,15 +48,19 @@ class ReplicaDuties:
         fetch_timeout: float,
         clock: Callable[[], float] = time.monotonic,
         peers_now: PeerReader | None = None,
+        members_now: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         """`peers`: read the members' reports from the agent's loop (bounded by its lease);
         `members`: the record's members, read whole (a node that does not lead is told only
-        its own place in them); `peers_now`: the same as `peers` from the listener's threads,
-        for a request from a peer whose report this node read before it said what it offers."""
+        its own place in them); `peers_now` and `members_now`: the same from the listener's
+        threads, for a request from a peer this node has not read as it is now (a member of
+        a generation this node's loop has not seen yet, a report older than what it offers).
+        Each may raise CoordinationError."""
         self.replicas = replicas
         self._node, self._domain, self._k = node, domain, copies
         self._peers = peers
         self._peers_now = peers_now
+        self._members_now = members_now
         self._read_members = members
         self._members: tuple[str, ...] = ()
         self._members_generation = -1
@@ -77,17 +81,25 @@ class ReplicaDuties:
     # -- the listener's threads -------------------------------------------------------------
 
     def accept(self, offer: Offer) -> str | None:
-        why = self._check(offer, self._known[1].get(offer.node))
-        if why is not None and self._peers_now is not None and offer.node in self._known[0]:
-            try:  # what this node read of the peer may be older than what it offers
-                fresh = self._peers_now([offer.node]).get(offer.node)
-            except CoordinationError as exc:
-                return f"{why} (and its report cannot be read now: {exc})"
-            why = self._check(offer, fresh)
-        return why
+        members, reports = self._known
+        why = self._check(offer, members, reports.get(offer.node))
+        if why is None or self._peers_now is None:
+            return why
+        try:  # what this node read may be older than the request: a generation that added the
+            # peer (it asks at once, this node's loop reads at its next tick), a newer report
+            if offer.node not in members and self._members_now is not None:
+                members = frozenset(self._members_now())
+            if offer.node not in members:
+                return why
+            fresh = self._peers_now([offer.node]).get(offer.node)
+        except CoordinationError as exc:
+            return f"{why} (and it cannot be read now: {exc})"
+        return self._check(offer, members, fresh)
 
-    def _check(self, offer: Offer, report: NodeReport | None) -> str | None:
-        if offer.node not in self._known[0]:
+    def _check(
+        self, offer: Offer, members: frozenset[str], report: NodeReport | None
+    ) -> str | None:
+        if offer.node not in members:
             self._stale = True
             return f"{offer.node} is not a member of the job as {self._node} knows it"
         if report is None or report.tier is None:

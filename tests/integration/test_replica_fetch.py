@@ -1,0 +1,183 @@
+"""A node bringing a save from its peers before its workers restore it (nodeagent/checkpoint/
+peers.py, nodeagent/job/copies.py): two real replica listeners on loopback, real files.
+
+A peer that turns a fetch down may only not have read yet that the asker is a member of the
+job's new generation (it reads at its next tick, the asker asks at once): it is asked again, a
+while; a copy that does not match what its holder reported is not. The peer asked reads the
+members and the asker's report again itself before it says no.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from nodeagent.channel import tier
+from nodeagent.checkpoint import peers
+from nodeagent.checkpoint.peers import Done, Replicas, Transfer
+from nodeagent.checkpoint.replica import Offer, Want
+from nodeagent.config.settings import CheckpointConfig
+from nodeagent.errors import CoordinationError
+from nodeagent.job.copies import ReplicaDuties
+from nodeagent.model.job import NodeReport
+from nodeagent.model.tiers import Held, TierReport
+from nodeagent.state import NodeState
+from nodeagent.telemetry.checkpoints import CheckpointMetrics
+from tests.helpers.tiers import fake_save
+
+JOB = "j"
+KEY = (30, 3, 2)  # step 30, saved by generation 3, world 2
+
+
+@pytest.fixture(autouse=True)
+def quick_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peers, "FETCH_PAUSE_S", 0.05)
+
+
+def replicas(tmp_path: Path, node: str) -> Iterator[Replicas]:
+    config = CheckpointConfig(memory_size=1 << 24, memory_dir=str(tmp_path))
+    made = Replicas(config, node, JOB, "127.0.0.1")
+    made.prepare(None)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def holder(tmp_path: Path) -> Iterator[Replicas]:
+    """Node a, whose memory tier holds rank 0 of step 30@3."""
+    yield from replicas(tmp_path, "a")
+
+
+@pytest.fixture
+def asker(tmp_path: Path) -> Iterator[Replicas]:
+    """Node c, which fetches it."""
+    found = replicas(tmp_path, "c")
+    made = next(found)
+    made.listen(lambda _offer: "c takes no copies in these tests")
+    yield made
+    next(found, None)
+
+
+def saved(holder: Replicas) -> str:
+    """Rank 0 of step 30@3 saved in the holder's memory tier; its digest."""
+    slot = tier.slots(holder.memory, 0)[0]
+    fake_save(slot, KEY[0], rank=0, world=KEY[2], generation=KEY[1], size=100_000)
+    return tier.digest(tier.read_manifest(slot))
+
+
+def fetched(asker: Replicas, digest: str, holder: Replicas) -> Done:
+    assert holder.address is not None
+    transfer = Transfer(KEY, 0, digest, ("a",), "c", fetch=True)
+    assert asker.run([transfer], {"a": holder.address}, 4)
+    wait = time.monotonic() + 30
+    while asker.busy and time.monotonic() < wait:
+        time.sleep(0.01)
+    [done] = asker.take_done()
+    return done
+
+
+def answers(*said: str | None) -> tuple[Callable[[Offer], str | None], list[Offer]]:
+    """An accept that answers `said` in turn (the last one from then on); the offers it saw."""
+    seen: list[Offer] = []
+
+    def accept(offer: Offer) -> str | None:
+        seen.append(offer)
+        return said[min(len(seen), len(said)) - 1]
+
+    return accept, seen
+
+
+def test_a_holder_that_turned_a_fetch_down_is_asked_again_until_it_serves_it(
+    holder: Replicas, asker: Replicas
+) -> None:
+    accept, seen = answers("c is not a member of the job as a knows it", None)
+    holder.listen(accept)
+    digest = saved(holder)
+    done = fetched(asker, digest, holder)
+    assert done.error is None and done.refused == ()  # a refusal is not a bad copy
+    assert len(seen) == 2 and all(o.want == Want(0, *KEY[:2]) for o in seen)
+    slot = tier.find_save(None, asker.area, 0, KEY[0], KEY[1])
+    assert slot is not None and tier.digest(tier.verify(slot)) == digest
+    assert [(h.step, h.generation, h.ranks) for h in asker.held()] == [(30, 3, (0,))]
+
+
+def test_a_holder_that_keeps_turning_it_down_is_given_up_on_with_its_reason(
+    holder: Replicas, asker: Replicas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(peers, "FETCH_ROUNDS", 3)
+    accept, seen = answers("c is not a member of the job as a knows it")
+    holder.listen(accept)
+    done = fetched(asker, saved(holder), holder)
+    assert done.error is not None and "c is not a member of the job" in done.error
+    assert len(seen) == 3
+    assert tier.find_save(None, asker.area, 0, KEY[0], KEY[1]) is None
+
+
+def test_a_copy_that_is_not_the_save_its_holder_reported_is_not_asked_for_again(
+    holder: Replicas, asker: Replicas
+) -> None:
+    accept, seen = answers(None)
+    holder.listen(accept)
+    saved(holder)
+    done = fetched(asker, "0" * 16, holder)
+    assert done.error is not None and "not the save its holder reported" in done.error
+    assert len(seen) == 1  # the same copy again would not match either
+
+
+def report(name: str, address: str = "127.0.0.1") -> NodeReport:
+    held = Held(KEY[0], KEY[2], (1,), KEY[1], ("d1",))
+    tiers = TierReport(memory=(held,), address=f"{address}:1")
+    return NodeReport(name, address, NodeState.RUNNING, tier=tiers)
+
+
+def duties(
+    holder: Replicas, members: Callable[[], tuple[str, ...]], reports: dict[str, NodeReport]
+) -> ReplicaDuties:
+    def read(names: object) -> dict[str, NodeReport]:
+        return {n: r for n, r in reports.items() if n in members()}
+
+    return ReplicaDuties(
+        holder,
+        "a",
+        "",
+        1,
+        peers=read,
+        members=members,
+        metrics=CheckpointMetrics(JOB, CollectorRegistry()),
+        fetch_timeout=30,
+        peers_now=read,
+        members_now=members,
+    )
+
+
+def test_a_peer_added_by_a_generation_this_node_has_not_read_yet_is_served(
+    holder: Replicas,
+) -> None:
+    """Nothing read yet (the loop reads at its next tick): the members and the asker's report
+    are read at the request."""
+    members: tuple[str, ...] = ("a", "b")
+    copies = duties(holder, lambda: members, {"a": report("a"), "c": report("c")})
+    want = Offer("c", "127.0.0.1", want=Want(1, *KEY[:2]))
+    assert copies.accept(want) == "c is not a member of the job as a knows it"
+    members = ("a", "b", "c")  # the new generation
+    assert copies.accept(want) is None
+    elsewhere = Offer("c", "10.9.9.9", want=Want(1, *KEY[:2]))
+    assert copies.accept(elsewhere) == "c reports address 127.0.0.1, the request came from 10.9.9.9"
+
+
+def test_a_request_is_turned_down_naming_why_when_the_members_cannot_be_read(
+    holder: Replicas,
+) -> None:
+    def unreadable() -> tuple[str, ...]:
+        raise CoordinationError("redis at 127.0.0.1:1 is unreachable")
+
+    copies = duties(holder, unreadable, {})
+    why = copies.accept(Offer("c", "127.0.0.1", want=Want(1, *KEY[:2])))
+    assert why == (
+        "c is not a member of the job as a knows it "
+        "(and it cannot be read now: redis at 127.0.0.1:1 is unreachable)"
+    )
