@@ -219,7 +219,8 @@ class Replicas:
         self, transfer: Transfer, addresses: dict[str, str], generation: int
     ) -> tuple[int, tuple[str, ...]]:
         """From each holder in turn; the holders that turned it down or could not be reached
-        are asked again, a while (FETCH_ROUNDS). The copies refused on the way (not matching
+        are asked again, a while (FETCH_ROUNDS), and so is one whose copy of the rank this
+        node's listener is taking meanwhile. The copies refused on the way (not matching
         what their holder reported) and how many bytes. Raises: ReplicaError (none had it
         whole)."""
         asking = [source for source in transfer.sources if source in addresses]
@@ -230,7 +231,7 @@ class Replicas:
                 try:
                     size = self._fetch_from(source, transfer, addresses[source], generation)
                     return size, tuple(refused)
-                except replica.Unavailable as exc:
+                except (replica.Unavailable, replica.Busy) as exc:
                     unavailable[source] = str(exc)
                 except (ReplicaError, tier.BadCopy) as exc:
                     refused.append(f"{source}: {exc}")

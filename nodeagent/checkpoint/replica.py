@@ -51,6 +51,7 @@ MAX_HEADER = 1 << 20  # a manifest of 10,000 files fits
 HEADER_S = 10.0  # the whole header, however slowly it trickles in
 MAX_RECEIVES = 8  # connections served at once: more are turned away, not queued as threads
 CHUNK = 1 << 20
+PACED_SLICE = 64 << 10  # the least a paced send writes at once
 TIMEOUT_S = 30.0  # a peer silent this long mid-transfer is given up on
 
 
@@ -85,6 +86,10 @@ class Unavailable(ReplicaError):
     """A fetch the peer turned down or that could not reach it: unlike a copy that does not
     match what its holder reported, asking again a moment later may succeed (the peer had not
     read yet that the asker is a member of the job's new generation)."""
+
+
+class Busy(BadCopy):
+    """A copy of that rank is being received already (it ends soon): not this one meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -148,10 +153,10 @@ class ReplicaServer:
     @contextlib.contextmanager
     def reserve(self, node: str, rank: int) -> Iterator[None]:
         """Hold the place of `node`'s rank `rank` in the replica area (a fetch writing there)
-        so that no copy is received into it meanwhile. Raises: BadCopy if one is under way."""
+        so that no copy is received into it meanwhile. Raises: Busy if one is under way."""
         with self._lock:
             if (node, rank) in self._receiving:
-                raise BadCopy(f"busy: a copy of {node}'s rank {rank} is under way")
+                raise Busy(f"busy: a copy of {node}'s rank {rank} is under way")
             self._receiving.add((node, rank))
         try:
             yield
@@ -403,11 +408,14 @@ def _line(conn: socket.socket) -> str:
 
 
 def _body(conn: socket.socket, slot: Path, manifest: Manifest, max_rate: float) -> int:
+    """Send the manifest's files; paced, in slices of a tenth of a second's worth at
+    `max_rate` (a burst of a whole chunk at line rate is what the cap keeps off the link)."""
     sent, began = 0, time.monotonic()
+    size = CHUNK if max_rate <= 0 else int(min(CHUNK, max(PACED_SLICE, max_rate / 10)))
     for name, expected in sorted(manifest.files.items()):
         with os.fdopen(tier.open_plain(slot / name), "rb") as f:
             left = expected.size  # what the manifest says, never more (the file may grow)
-            while left and (chunk := f.read(min(CHUNK, left))):
+            while left and (chunk := f.read(min(size, left))):
                 conn.sendall(chunk)
                 sent += len(chunk)
                 left -= len(chunk)

@@ -3,10 +3,12 @@ on gloo (examples/train_fsdp.py), one worker per node. A whole node lost (its ag
 SIGKILLed, its tmpfs wiped) -> the job re-forms without it and resumes from memory at the newest
 committed step, resharded from the survivors' copies, bit for bit; a second loss after the job
 re-protected itself does too; a copy with a flipped bit is refused, said, and the next tier
-used."""
+used; of five nodes, one killed mid-copy never makes a mixed step."""
 
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +107,55 @@ def test_a_flipped_bit_in_the_lost_nodes_copy_is_refused_and_the_disk_tier_used(
         assert back["digest"] == saved_digests(cluster, generation - 1)[back["step"]]
         said = [e for e in events(cluster, "checkpoint_refused") if e["generation"] == generation]
         assert any(e.get("data", {}).get("kind") == "bad_copy" for e in said), said
+
+
+def test_five_nodes_one_killed_mid_copy_never_restore_a_mixed_step(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+) -> None:
+    """An odd node count, copies paced so that one is caught under way: a node killed while it
+    sends its save leaves a half-written copy on its peer. The job resumes at world 4 from
+    memory at a committed step, every rank the same step, the gathered state bit for bit the
+    one saved there (a rank read from another step would change it)."""
+    nodes = ("a", "b", "c", "d", "e")
+    with fsdp_cluster(
+        redis_server,
+        job_id,
+        tmp_path,
+        shm,
+        steps=400,
+        nodes=5,
+        replicas=1,
+        persist=False,
+        every=EVERY,
+        model=("--width", "256", "--layers", "4"),
+        max_rate="512KiB/s",
+    ) as cluster:
+        cluster.min_nodes = 4
+        cluster.start(*nodes)
+        wait_until_step(cluster, 1, 3 * EVERY)
+        before = committed(cluster, 2 * EVERY)
+        cut = wait_for(lambda: copies_under_way(shm, job_id, "c"), 90, "a copy from c under way")
+        lose(cluster, shm, "c")
+        time.sleep(1)
+        assert [s for s in cut if not (s / "manifest.json").exists()] == cut, "copy completed"
+        resumed_from_memory(cluster, 4, before["committed"])
+
+
+def copies_under_way(shm: Path, job_id: str, sender: str) -> list[Path]:
+    """The slots in the peers' replica areas that a copy from `sender` is being written to now:
+    no manifest (the receiver writes it last), and files that grow."""
+
+    def sizes() -> dict[Path, int]:
+        found = {}
+        for slot in shm.glob(f"*.{job_id}.replicas/{sender}/rank-*/slot-*"):
+            with contextlib.suppress(OSError):
+                if not (slot / "manifest.json").exists():
+                    found[slot] = sum(f.stat().st_size for f in slot.iterdir())
+        return found
+
+    first = sizes()
+    time.sleep(0.3)  # slices of 64 KiB at 512 KiB/s: one in an eighth of a second
+    return [slot for slot, size in sizes().items() if size > first.get(slot, size)]
 
 
 def flip_a_bit(slot: Path) -> bool:

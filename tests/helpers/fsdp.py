@@ -42,12 +42,14 @@ def fsdp_cluster(
     every: int = EVERY,
     env: dict[str, str] | None = None,
     model: tuple[str, ...] = (),
+    max_rate: str | None = None,
     **cluster: Any,
 ) -> Any:
     """Agents running examples/train_fsdp.py with the memory and persistent tiers (in_place:
     job.recovery in_place, the script under elastic.run); `env`: more of the workers'
-    environment; `model`: the script's model options (--width, --layers); `cluster`: more
-    LocalCluster fields (nodes in network namespaces)."""
+    environment; `model`: the script's model options (--width, --layers); `max_rate`:
+    job.checkpoint.replication.max_rate; `cluster`: more LocalCluster fields (nodes in
+    network namespaces)."""
     entrypoint = [
         sys.executable,
         str(ROOT / "examples" / "train_fsdp.py"),
@@ -64,6 +66,8 @@ def fsdp_cluster(
     }
     if persist:
         checkpoint["persist_dir"] = str(tmp_path / "persist")
+    if max_rate is not None:
+        checkpoint["replication"] = {"max_rate": max_rate}
     return local_cluster(
         redis.url,
         tmp_path,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +148,35 @@ def test_a_sender_keeps_to_its_rate(server: ReplicaServer, tmp_path: Path) -> No
     began = time.monotonic()
     sent = replica.send(server.address, JOB, "a", 3, tmp_path / "mine", max_rate=4_000_000)
     assert time.monotonic() - began >= sent / 4_000_000 - 0.3  # a lower bound: sleeps only
+
+
+def test_a_paced_send_spreads_its_bytes_over_the_second_not_one_burst(tmp_path: Path) -> None:
+    """A peer that takes anything and notes when each byte came: at 1 MB/s, the first half of
+    a 600 kB save cannot have come before a quarter of a second (a lower bound: sleeps only)."""
+    fake_save(tmp_path / "mine", 1, size=600_000)
+    total = tier.read_manifest(tmp_path / "mine").size
+    arrivals: list[tuple[float, int]] = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+
+        def peer() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.makefile("rb").readline()
+                conn.sendall(b"GO\n")
+                got = 0
+                while got < total and (chunk := conn.recv(1 << 16)):
+                    got += len(chunk)
+                    arrivals.append((time.monotonic(), got))
+                conn.sendall(b"OK\n")
+
+        thread = threading.Thread(target=peer)
+        thread.start()
+        began = time.monotonic()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        replica.send(address, JOB, "a", 3, tmp_path / "mine", max_rate=1_000_000)
+        thread.join(timeout=10)
+    half = next(t for t, got in arrivals if got >= total // 2)
+    assert half - began >= 0.2, arrivals[:3]
 
 
 def _connect(server: ReplicaServer) -> socket.socket:

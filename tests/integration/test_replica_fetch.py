@@ -9,6 +9,7 @@ members and the asker's report again itself before it says no.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -115,6 +116,23 @@ def test_a_holder_that_keeps_turning_it_down_is_given_up_on_with_its_reason(
     assert done.error is not None and "c is not a member of the job" in done.error
     assert len(seen) == 3
     assert tier.find_save(None, asker.area, 0, KEY[0], KEY[1]) is None
+
+
+def test_a_fetch_waits_for_a_copy_of_the_same_rank_this_node_is_receiving(
+    holder: Replicas, asker: Replicas
+) -> None:
+    """The holder is sending its copy of that rank here as the restore needs it: the fetch is
+    tried again once the copy under way ended, not given up on."""
+    accept, seen = answers(None)
+    holder.listen(accept)
+    digest = saved(holder)
+    server = asker._server
+    assert server is not None
+    receiving = server.reserve("a", 0)
+    receiving.__enter__()
+    threading.Timer(0.3, receiving.__exit__, (None, None, None)).start()
+    done = fetched(asker, digest, holder)
+    assert done.error is None and len(seen) == 1  # asked once the place was free
 
 
 def test_a_copy_that_is_not_the_save_its_holder_reported_is_not_asked_for_again(
