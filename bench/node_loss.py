@@ -11,7 +11,13 @@ steps, a copy to the persistent tier every second save, with the timing of the e
 - `memtier`: `replicas: 1`: each save copied by the agents to the next node of the ring; a node
   lost resumes from memory at world 3 (the survivors bring what they lack, DCP reshards);
 - `disk`: `replicas: 0`: the same job without copies; a node lost resumes from the persistent
-  tier's newest whole step (restart from disk).
+  tier's newest whole step (restart from disk);
+- `torchrun`: four `torchrun --nnodes=3:4 --rdzv-backend=c10d` launchers (bench/recovery.py's,
+  with its best rendezvous settings) run the same script, which saves with DCP to a directory
+  on disk every EVERY steps (its own checkpoints: staged, then written from a thread); a node lost: the survivors'
+  workers fail, torchrun restarts them at world 3 and they load the newest DCP checkpoint. Only
+  another node than rank 0's: the node of rank 0 hosts the c10d store, and its loss ends a
+  torchrun job (bench/recovery.py measures it).
 Each repetition is a fresh job: train to step TRAIN_TO, then lose a node (its agent and worker
 SIGKILLed, its tmpfs wiped): the node of rank 0, or another. On one clock, from the workers'
 own lines:
@@ -27,6 +33,7 @@ Writes bench/results/node-loss.json and prints medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import shutil
@@ -34,17 +41,21 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.recovery import TorchrunLaunch, Workload  # noqa: E402
 from bench.sharded_recovery import _generation_after, _stepped  # noqa: E402
 from tests.helpers.cluster import RedisServer, wait_for  # noqa: E402
 from tests.helpers.fsdp import fsdp_cluster, lines, lose, tiers_said  # noqa: E402
 
-SYSTEMS = ("memtier", "disk")
+SYSTEMS = ("memtier", "disk", "torchrun")
 FAULTS = ("node_rank0", "node_other")
 NODES = ("a", "b", "c", "d")
 EVERY = 5
@@ -101,6 +112,69 @@ def one(
     return result
 
 
+@dataclass(frozen=True)
+class FsdpWorkload(Workload):
+    """examples/train_fsdp.py as fsdp_cluster runs it, its own DCP checkpoints in `directory`."""
+
+    def argv(self, system: str, directory: Path) -> list[str]:
+        return [
+            *(sys.executable, str(ROOT / "examples" / "train_fsdp.py"), "--steps", "100000"),
+            *("--save-every", str(EVERY), "--step-time", "0.15", "--digest"),
+            *("--checkpoint-dir", str(directory / "checkpoints"), *self.model),
+        ]
+
+
+def one_torchrun(directory: Path, model: tuple[str, ...]) -> dict[str, Any]:
+    """The torchrun system, losing a node that hosts neither the store nor rank 0."""
+    launch = TorchrunLaunch(directory, True, FsdpWorkload(model=model), nnodes=f"3:{len(NODES)}")
+    launch.start(*NODES)
+    try:
+        wait_for(
+            lambda: any(x["event"] == "step" and x["step"] >= TRAIN_TO for x in launch.lines()),
+            300,
+            f"step {TRAIN_TO}",
+        )
+        before = launch.lines()
+        rank0 = {x["pid"] for x in before if x["event"] == "restored" and x["rank"] == 0}
+        store = launch.rank0_node()  # the c10d store's host
+        victim = next(
+            name
+            for name in reversed(NODES)
+            if name != store and not rank0 & {p.pid for p in launch.processes(name)}
+        )
+        processes = launch.processes(victim)
+        lost_at = time.time()
+        for proc in processes:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        trained = max(x["step"] for x in before if x["event"] == "step")
+        steps = sorted(x["t"] for x in before if x["event"] == "step" and x["rank"] == 0)
+
+        def resumed() -> list[dict[str, Any]] | None:
+            after = [x for x in launch.lines() if x["t"] > lost_at]
+            back = {x["pid"]: x for x in after if x["event"] == "restored" and x["world"] == 3}
+            firsts = [
+                min((x["t"] for x in after if x["pid"] == pid and x["event"] == "step"), default=0)
+                for pid in back
+            ]
+            return [*back.values()] if len(back) == 3 and all(firsts) else None
+
+        restored = wait_for(resumed, 300, "every rank to step at world 3")
+        after = [x for x in launch.lines() if x["t"] > lost_at and x["event"] == "step"]
+        firsts = [min(x["t"] for x in after if x["pid"] == r["pid"]) for r in restored]
+        return {
+            "system": "torchrun",
+            "fault": "node_other",
+            "recovery_s": round(max(firsts) - lost_at, 3),
+            "restore_s": round(max(x["t"] for x in restored) - lost_at, 3),
+            "steps_lost": trained - restored[0]["step"],
+            "tier": ["disk (DCP, the script's own)"],
+            "step_s": round(statistics.median(b - a for a, b in itertools.pairwise(steps)), 4),
+        }
+    finally:
+        launch.stop()
+
+
 def medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return {
         f"{system} {fault}": {
@@ -120,7 +194,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="default: all of them")
     args = parser.parse_args()
+    systems = [s for s in SYSTEMS if s in args.systems.split(",")]
     model = ("--width", str(args.width), "--layers", str(args.layers))
     runs: list[dict[str, Any]] = []
     path = ROOT / "bench" / "results" / "node-loss.json"
@@ -130,23 +206,28 @@ def main() -> None:
         try:
             for rep in range(args.reps):
                 for fault in FAULTS:
-                    for system in SYSTEMS:  # interleaved: the machine's noise hits both
+                    for system in systems:  # interleaved: the machine's noise hits them all
+                        if system == "torchrun" and fault != "node_other":
+                            continue  # the store goes with rank 0's node: the job ends
                         directory = Path(tmp) / f"{system}-{fault}-{rep}"
                         directory.mkdir()
-                        runs.append(one(system, fault, redis, directory, rep, model))
+                        if system == "torchrun":
+                            runs.append(one_torchrun(directory, model))
+                        else:
+                            runs.append(one(system, fault, redis, directory, rep, model))
                         print(json.dumps(runs[-1]), flush=True)
                         found = {"reps": args.reps, "model": model, "runs": runs}
                         path.write_text(json.dumps(found, indent=1) + "\n")
         finally:
             redis.stop()
     table = medians(runs)
-    disk = statistics.median(r["step_s"] for r in runs if r["system"] == "disk")
-    memtier = statistics.median(r["step_s"] for r in runs if r["system"] == "memtier")
-    slowdown = memtier / disk - 1
-    results = {"reps": args.reps, "model": model, "runs": runs, "medians": table}
-    results["replication_slowdown"] = round(slowdown, 4)
+    results: dict[str, Any] = {"reps": args.reps, "model": model, "runs": runs, "medians": table}
+    if {"memtier", "disk"} <= set(systems):
+        disk = statistics.median(r["step_s"] for r in runs if r["system"] == "disk")
+        memtier = statistics.median(r["step_s"] for r in runs if r["system"] == "memtier")
+        results["replication_slowdown"] = round(memtier / disk - 1, 4)
     path.write_text(json.dumps(results, indent=1) + "\n")
-    print(json.dumps({"medians": table, "replication_slowdown": round(slowdown, 4)}, indent=1))
+    print(json.dumps({k: v for k, v in results.items() if k != "runs"}, indent=1))
     print(f"written to {path}")
 
 

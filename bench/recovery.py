@@ -245,12 +245,13 @@ class TorchrunLaunch:
     workload: Workload
     port: int = field(default_factory=free_port)
     launchers: dict[str, _Launcher] = field(default_factory=dict)
+    nnodes: str = f"1:{len(NODES)}"  # torchrun's --nnodes (min:max)
 
     def start(self, *names: str) -> None:
         env = {**os.environ, "LOGLEVEL": "INFO", "PYTHONUNBUFFERED": "1"}
         argv = [
             str(Path(sys.executable).with_name("torchrun")),
-            f"--nnodes=1:{len(NODES)}",
+            f"--nnodes={self.nnodes}",
             "--nproc-per-node=1",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{self.port}",

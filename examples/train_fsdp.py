@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 from typing import Any, NoReturn
 
 import torch
@@ -62,6 +63,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
     parser.add_argument("--print-every", type=int, default=1)
     parser.add_argument("--digest", action="store_true", help="sha256 of the state at save")
+    parser.add_argument(
+        "--pg-timeout",
+        type=float,
+        help="seconds a collective may wait for a peer before failing (torch's default: 30 min)",
+    )
     parser.add_argument(
         "--in-place",
         action="store_true",
@@ -196,16 +202,21 @@ def train(args: argparse.Namespace, checkpoints: Checkpointer, guard: GracefulEx
 def main() -> int:
     args = parse()
     checkpoints = Checkpointer(args.checkpoint_dir)
+    timeout = timedelta(seconds=args.pg_timeout) if args.pg_timeout else None
     with GracefulExit() as guard:
         if args.in_place:
             try:
                 elastic.run(
-                    lambda _: train(args, checkpoints, guard), checkpoints, stop=guard.should_stop
+                    lambda _: train(args, checkpoints, guard),
+                    checkpoints,
+                    pg_timeout=timeout,
+                    stop=guard.should_stop,
                 )
             except elastic.Stopped:  # stopped between two generations: nothing to save
                 leave(0)
         else:
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend, timeout=timeout)
             train(args, checkpoints, guard)
     leave(0)
 
