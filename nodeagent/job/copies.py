@@ -187,16 +187,11 @@ class ReplicaDuties:
         group_rank = record.members.index(self._node)
         nproc = record.nproc_per_node
         local = range(group_rank * nproc, (group_rank + 1) * nproc)
-        before = self._members  # the last generation's, when this node was in it
         members = self._members_of(record)
-        # Nodes the new world left out (scaled down) still hold their saves while they live:
-        # asked last, after every member that holds a copy.
-        departed = tuple(name for name in before if name not in members)
-        nodes = self._read(members, self.replicas.held(), departed) if members else None
+        nodes = self._read(members, self.replicas.held()) if members else None
         if not members or nodes is None:
             return False
-        ring = replication.ring(members, {n: t.domain for n, t in _tiers(nodes)})
-        order = (*ring, *departed)
+        order = replication.ring(members, {n: t.domain for n, t in _tiers(nodes)})
         wanted = replication.fetches(
             self._node, local, record.world_size, checkpoint.restore, order, nodes
         )
@@ -232,17 +227,14 @@ class ReplicaDuties:
         return self._members
 
     def _read(
-        self,
-        members: tuple[str, ...],
-        replicas: tuple[Held, ...] | None = None,
-        departed: tuple[str, ...] = (),
+        self, members: tuple[str, ...], replicas: tuple[Held, ...] | None = None
     ) -> dict[str, NodeReport] | None:
         """The members' reports, remembered for `accept`; None when Redis cannot be read (the
         next plan tries again). Copies are planned from what this node published (a peer
         accepts only what it can read there); `replicas`: what its replica area holds now,
-        for a fetch; `departed`: nodes read too, to fetch from, whose copies are not taken."""
+        for a fetch."""
         try:
-            nodes = dict(self._peers((*members, *departed)))
+            nodes = dict(self._peers(members))
         except CoordinationError as exc:
             log.info("cannot read the peers' reports to copy checkpoints: %s", exc)
             return None

@@ -476,8 +476,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
     )
     events = [_job_event("generation_started", running, message)]
     if running.checkpoint is not None:
-        departed = [name for name in record.members if name not in chosen]
-        tiers = restore.choose(running.checkpoint, chosen, record.nproc_per_node, nodes, departed)
+        tiers = restore.choose(running.checkpoint, chosen, record.nproc_per_node, nodes)
         running = replace(running, checkpoint=tiers)
         events.append(_restore_event(running, tiers))
     if running.reason == "scale":

@@ -133,11 +133,8 @@ def choose(
     members: Sequence[str],
     nproc: int,
     nodes: Mapping[str, NodeReport],
-    departed: Sequence[str] = (),
 ) -> CheckpointRecord:
-    """The record's checkpoint part for a new generation of `members`: its restore order.
-    `departed`: the last generation's members left out of this one (scaled down), whose saves
-    the new members may bring while those nodes live."""
+    """The record's checkpoint part for a new generation of `members`: its restore order."""
     bad = set(checkpoint.bad)
     ordered = [
         (step, 1, Source("memory", step, generation))
@@ -145,9 +142,9 @@ def choose(
         if step not in bad
     ]
     offered = {(s.step, s.generation) for _, _, s in ordered}
-    for key in _anywhere(checkpoint, (*members, *departed), nodes):
+    for key in _anywhere(checkpoint, members, nodes):
         if key[0] not in bad and key[:2] not in offered:
-            # held by the members (or nodes left out), at any world: brought first
+            # held by the members, at any world: the nodes bring what they lack first
             offered.add(key[:2])
             ordered.append((key[0], 1, Source("memory", key[0], key[1])))
     persisted = checkpoint.persisted_step
@@ -160,15 +157,15 @@ def choose(
 
 
 def _anywhere(
-    checkpoint: CheckpointRecord, holders: Sequence[str], nodes: Mapping[str, NodeReport]
+    checkpoint: CheckpointRecord, members: Sequence[str], nodes: Mapping[str, NodeReport]
 ) -> list[SaveKey]:
-    """The memory saves a new world can restore at any world, with replicas, from `holders`
-    (its members, and the nodes it left out while they live): the newest every rank of which
-    some holder has now (the last saves made as the old world stopped often are), and the
-    committed one (on replicas + 1 nodes when recorded) while they still hold it whole."""
+    """The memory saves a new world of `members` can restore at any world, with replicas: the
+    newest every rank of which some member holds now (the last saves made as the old world
+    stopped often are), and the committed one (on replicas + 1 nodes when recorded) while the
+    members still hold it whole."""
     if not checkpoint.replicas:
         return []
-    live = {name: nodes[name] for name in holders if name in nodes}
+    live = {name: nodes[name] for name in members if name in nodes}
     held = replication.holdings(live)
     newest = replication.newest_whole(held, checkpoint.bad)
     keys = (newest, checkpoint.committed)

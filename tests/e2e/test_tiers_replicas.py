@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.cluster import LocalCluster, RedisServer, wait_for
+from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.fsdp import (
     committed,
     events,
     fsdp_cluster,
     lose,
-    newest_step,
     restored,
     resumed_from_memory,
     saved_digests,
@@ -33,12 +31,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 EVERY = 6  # save interval, steps: about a second, longer than a copy takes here
 
 
-@contextlib.contextmanager
-def four_nodes_training(
+def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise(
     redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
-) -> Iterator[LocalCluster]:
-    """Four nodes, one copy of each save, no persistent tier, down to 3 nodes allowed: trained
-    for three save intervals."""
+) -> None:
+    nodes = ("a", "b", "c", "d")
     with fsdp_cluster(
         redis_server,
         job_id,
@@ -51,15 +47,8 @@ def four_nodes_training(
         every=EVERY,
     ) as cluster:
         cluster.min_nodes = 3
-        cluster.start("a", "b", "c", "d")
+        cluster.start(*nodes)
         wait_until_step(cluster, 1, 3 * EVERY)
-        yield cluster
-
-
-def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise(
-    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
-) -> None:
-    with four_nodes_training(redis_server, job_id, tmp_path, shm) as cluster:
         before = committed(cluster, 2 * EVERY)
         assert before["replicas"] == 1 and before["under_replicated"] == []
         lose(cluster, shm, "c")
@@ -179,20 +168,3 @@ def flip_a_bit(slot: Path) -> bool:
     data[len(data) // 2] ^= 0x01
     target.write_bytes(bytes(data))
     return True
-
-
-def test_scaling_down_and_up_resumes_from_memory_at_the_newest_save(
-    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
-) -> None:
-    """nodeagentctl scale 3, then 4: each new world restores from memory the newest save held
-    whole (the one made as the old world stopped), bringing what a node lacks from its peers,
-    the node left out included (alive, it still serves its saves): nothing trained is lost,
-    bit for bit."""
-    with four_nodes_training(redis_server, job_id, tmp_path, shm) as cluster:
-        generation = 1
-        for world in (3, 4):
-            assert cluster.ctl("scale", str(world)).returncode == 0
-            trained = newest_step(cluster, generation)
-            resumed = resumed_from_memory(cluster, world, trained)
-            generation = cluster.status()["generation"]
-            wait_until_step(cluster, generation, resumed + 2 * EVERY)

@@ -103,9 +103,6 @@ def test_a_new_world_restores_the_newest_save_its_members_hold_whole_then_the_co
     assert alone.restore == ("script", "start")
     lost_a = {n: r for n, r in nodes.items() if n != "a"}  # a's ranks 0 and 3 go with it
     assert restore.choose(checkpoint, ("b", "c"), 1, lost_a).restore == ("script", "start")
-    # scaled down, a is left out but alive: its ranks still count, the members bring them
-    scaled = restore.choose(checkpoint, ("b", "c"), 1, nodes, departed=("a",))
-    assert scaled.restore == ("memory:26@1", "memory:20@1", "script", "start")
 
 
 def test_under_replicated_names_the_ranks_short_of_copies() -> None:
