@@ -14,13 +14,14 @@ steps, a copy to the persistent tier every second save, with the timing of the e
   tier's newest whole step (restart from disk);
 - `torchrun`: four `torchrun --nnodes=3:4 --rdzv-backend=c10d` launchers (bench/recovery.py's,
   with its best rendezvous settings) run the same script, which saves with DCP to a directory
-  on disk every EVERY steps (its own checkpoints: staged, then written from a thread); a node lost: the survivors'
-  workers fail, torchrun restarts them at world 3 and they load the newest DCP checkpoint. Only
-  another node than rank 0's: the node of rank 0 hosts the c10d store, and its loss ends a
-  torchrun job (bench/recovery.py measures it).
+  on disk every EVERY steps (its own checkpoints: staged, then written from a thread); a node
+  lost: the survivors' workers fail, torchrun restarts them at world 3 and they load the newest
+  DCP checkpoint. Only another node than rank 0's: the node of rank 0 hosts the c10d store, and
+  its loss ends a torchrun job (bench/recovery.py measures it); no scale (torchrun has none).
 Each repetition is a fresh job: train to step TRAIN_TO, then lose a node (its agent and worker
-SIGKILLed, its tmpfs wiped): the node of rank 0, or another. On one clock, from the workers'
-own lines:
+SIGKILLed, its tmpfs wiped): the node of rank 0, or another; or scale: `nodeagentctl scale 3`,
+two saves at world 3, `nodeagentctl scale 4` (each measured from the command). On one clock,
+from the workers' own lines:
 - recovery:  loss -> every rank of the new generation finished a step;
 - restore:   loss -> every rank of the new generation printed "restored" (its load included);
 - steps lost: the newest step trained before the loss minus the step restored;
@@ -41,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,11 +54,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.recovery import TorchrunLaunch, Workload  # noqa: E402
 from bench.sharded_recovery import _generation_after, _stepped  # noqa: E402
-from tests.helpers.cluster import RedisServer, wait_for  # noqa: E402
+from tests.helpers.cluster import LocalCluster, RedisServer, wait_for  # noqa: E402
 from tests.helpers.fsdp import fsdp_cluster, lines, lose, tiers_said  # noqa: E402
 
 SYSTEMS = ("memtier", "disk", "torchrun")
-FAULTS = ("node_rank0", "node_other")
+FAULTS = ("node_rank0", "node_other", "scale")
 NODES = ("a", "b", "c", "d")
 EVERY = 5
 TRAIN_TO = 27  # after the save of step 25, which only the memory tier holds (20 persisted)
@@ -65,7 +67,8 @@ KEYS = ("recovery_s", "restore_s", "steps_lost", "step_s")
 
 def one(
     system: str, fault: str, redis: RedisServer, directory: Path, rep: int, model: tuple[str, ...]
-) -> dict[str, Any]:
+) -> list[dict[str, Any]]:
+    """A fresh job trained to TRAIN_TO, then the fault: its results (two for `scale`)."""
     shm = Path(tempfile.mkdtemp(prefix="nodeagent-bench-", dir="/dev/shm"))
     shm.chmod(0o700)
     job = f"bench-loss-{system}-{fault.replace('_', '-')}-{rep}"
@@ -88,28 +91,60 @@ def one(
             300,
             f"step {TRAIN_TO}",
         )
-        members = cluster.status()["members"]
-        victim = str(members[0] if fault == "node_rank0" else members[-1])
-        lost_at = time.time()
-        lose(cluster, shm, victim)
-        before = lines(cluster, 1)
-        trained = max(x["step"] for x in before if x["event"] == "step")
-        steps = sorted(x["t"] for x in before if x["event"] == "step" and x["rank"] == 0)
-        generation = _generation_after(cluster, 1)
-        firsts = wait_for(lambda: _stepped(cluster, generation, 3), 300, "every rank to step")
-        restored = [x for x in lines(cluster, generation) if x["event"] == "restored"]
-        result = {
-            "system": system,
-            "fault": fault,
-            "recovery_s": round(max(x["t"] for x in firsts) - lost_at, 3),
-            "restore_s": round(max(x["t"] for x in restored) - lost_at, 3),
-            "steps_lost": trained - restored[0]["step"],
-            "tier": sorted(tiers_said(cluster, generation, 3)),
-            "step_s": round(statistics.median(b - a for a, b in itertools.pairwise(steps)), 4),
-        }
+        if fault == "scale":
+            down = _changed(cluster, system, "scale_down", 1, 3, lambda: cluster.ctl("scale", "3"))
+            generation = cluster.status()["generation"]
+            restored_at = down["restored_step"]
+            wait_for(
+                lambda: any(
+                    x["event"] == "step" and x["step"] >= restored_at + 2 * EVERY
+                    for x in lines(cluster, generation)
+                ),
+                300,
+                "two saves at world 3",
+            )
+            up = _changed(
+                cluster, system, "scale_up", generation, 4, lambda: cluster.ctl("scale", "4")
+            )
+            results = [down, up]
+        else:
+            members = cluster.status()["members"]
+            victim = str(members[0] if fault == "node_rank0" else members[-1])
+            results = [_changed(cluster, system, fault, 1, 3, lambda: lose(cluster, shm, victim))]
         cluster.ctl("stop")
     shutil.rmtree(shm, ignore_errors=True)
-    return result
+    return results
+
+
+def _changed(
+    cluster: LocalCluster,
+    system: str,
+    fault: str,
+    generation: int,
+    world: int,
+    act: Callable[[], object],
+) -> dict[str, Any]:
+    """`act` on the job running `generation`; measured until every rank of the next, at
+    `world`, has finished a step."""
+    steps = sorted(
+        x["t"] for x in lines(cluster, generation) if x["event"] == "step" and x["rank"] == 0
+    )
+    began = time.time()
+    act()
+    new = _generation_after(cluster, generation)
+    firsts = wait_for(lambda: _stepped(cluster, new, world), 300, "every rank to step")
+    trained = max(x["step"] for x in lines(cluster, generation) if x["event"] == "step")
+    restored = [x for x in lines(cluster, new) if x["event"] == "restored"]
+    return {
+        "system": system,
+        "fault": fault,
+        "recovery_s": round(max(x["t"] for x in firsts) - began, 3),
+        "restore_s": round(max(x["t"] for x in restored) - began, 3),
+        "steps_lost": trained - restored[0]["step"],
+        "restored_step": restored[0]["step"],
+        "tier": sorted(tiers_said(cluster, new, world)),
+        "step_s": round(statistics.median(b - a for a, b in itertools.pairwise(steps)), 4),
+    }
 
 
 @dataclass(frozen=True)
@@ -176,6 +211,7 @@ def one_torchrun(directory: Path, model: tuple[str, ...]) -> dict[str, Any]:
 
 
 def medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    cells = dict.fromkeys((r["system"], r["fault"]) for r in runs)
     return {
         f"{system} {fault}": {
             key: statistics.median(
@@ -183,9 +219,7 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             )
             for key in KEYS
         }
-        for system in SYSTEMS
-        for fault in FAULTS
-        if any((r["system"], r["fault"]) == (system, fault) for r in runs)
+        for system, fault in cells
     }
 
 
@@ -195,27 +229,32 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="default: all of them")
+    parser.add_argument("--faults", default=",".join(FAULTS), help="default: all of them")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "node-loss.json"))
     args = parser.parse_args()
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    faults = [f for f in FAULTS if f in args.faults.split(",")]
     model = ("--width", str(args.width), "--layers", str(args.layers))
     runs: list[dict[str, Any]] = []
-    path = ROOT / "bench" / "results" / "node-loss.json"
+    path = Path(args.out)
     with tempfile.TemporaryDirectory() as tmp:
         redis = RedisServer(Path(tmp))
         redis.start()
         try:
             for rep in range(args.reps):
-                for fault in FAULTS:
+                for fault in faults:
                     for system in systems:  # interleaved: the machine's noise hits them all
                         if system == "torchrun" and fault != "node_other":
                             continue  # the store goes with rank 0's node: the job ends
                         directory = Path(tmp) / f"{system}-{fault}-{rep}"
                         directory.mkdir()
                         if system == "torchrun":
-                            runs.append(one_torchrun(directory, model))
+                            made = [one_torchrun(directory, model)]
                         else:
-                            runs.append(one(system, fault, redis, directory, rep, model))
-                        print(json.dumps(runs[-1]), flush=True)
+                            made = one(system, fault, redis, directory, rep, model)
+                        runs += made
+                        for result in made:
+                            print(json.dumps(result), flush=True)
                         found = {"reps": args.reps, "model": model, "runs": runs}
                         path.write_text(json.dumps(found, indent=1) + "\n")
         finally:

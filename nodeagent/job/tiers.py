@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.notes import RestoreNote
+from nodeagent.job import restore
 from nodeagent.job.copies import ReplicaDuties
 from nodeagent.model.job import Event, JobRecord
 from nodeagent.model.tiers import TierReport
@@ -42,6 +43,7 @@ class TierDuties:
         self._newest = 0  # the newest step held anywhere, as the leader said
         self._notes: list[RestoreNote] = []
         self._generation = 0
+        self._offered: tuple[str, int] | None = None  # the restore's first source, its step
 
     @property
     def settling(self) -> bool:
@@ -79,6 +81,8 @@ class TierDuties:
     def started(self, record: JobRecord, specs: Sequence[WorkerSpec], log_dir: str) -> None:
         job = record.checkpoint
         self._newest = job.newest if job is not None else 0
+        step = restore.first_step(job) if job is not None else None
+        self._offered = (job.restore[0], step) if job is not None and step is not None else None
         self._generation = record.generation
         self._notes = []
         job_id = specs[0].env["NODEAGENT_JOB_ID"]
@@ -175,7 +179,25 @@ class TierDuties:
                     data={"tier": first.tier, "step": first.step, "steps_lost": lost},
                 )
             )
+            events += self._fell_back(first, where)
         return events
+
+    def _fell_back(self, first: RestoreNote, where: str) -> list[Event]:
+        """`checkpoint_fallback` when the ranks restored an older step than the one the leader
+        offered first (a copy refused, a fetch that failed): the steps between are lost."""
+        if self._offered is None:
+            return []
+        source, offered = self._offered
+        if first.step is not None and first.step >= offered:
+            return []
+        reasons = list(
+            dict.fromkeys(f"{r.source}: {r.reason}" for n in self._notes for r in n.refused)
+        )
+        why = "; ".join(reasons[:3]) or "no reason reported"
+        message = f"restored {where}, not step {offered} ({source}) offered first: {why}"
+        log.warning("%s", message)
+        data = {"offered": offered, "source": source, "step": first.step, "tier": first.tier}
+        return [Event("checkpoint_fallback", self._generation, self._node, message, data=data)]
 
 
 def _newest(report: TierReport) -> int | None:

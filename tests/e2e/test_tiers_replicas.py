@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.helpers.cluster import RedisServer, wait_for
+from tests.helpers.cluster import LocalCluster, RedisServer, wait_for
 from tests.helpers.fsdp import (
     committed,
     events,
@@ -107,6 +108,16 @@ def test_a_flipped_bit_in_the_lost_nodes_copy_is_refused_and_the_disk_tier_used(
         assert back["digest"] == saved_digests(cluster, generation - 1)[back["step"]]
         said = [e for e in events(cluster, "checkpoint_refused") if e["generation"] == generation]
         assert any(e.get("data", {}).get("kind") == "bad_copy" for e in said), said
+        # an older step than the one offered first: every node says so (a warning)
+        [chosen] = [e for e in events(cluster, "restore_chosen") if e["generation"] == generation]
+        offered = chosen["data"]["restore"][0]
+        assert offered.startswith("memory:"), chosen
+        if int(offered.split(":")[1].split("@")[0]) > back["step"]:
+            fell = wait_for(lambda: fallbacks(cluster, generation, 3), 30, "3 fallback events")
+            assert all(e["data"]["step"] == back["step"] for e in fell), fell
+            assert all(e["data"]["source"] == offered for e in fell), fell
+        else:  # the persistent tier held that step too: nothing lost, nothing to say
+            assert fallbacks(cluster, generation, 0) == []
 
 
 def test_five_nodes_one_killed_mid_copy_never_restore_a_mixed_step(
@@ -156,6 +167,12 @@ def copies_under_way(shm: Path, job_id: str, sender: str) -> list[Path]:
     first = sizes()
     time.sleep(0.3)  # slices of 64 KiB at 512 KiB/s: one in an eighth of a second
     return [slot for slot, size in sizes().items() if size > first.get(slot, size)]
+
+
+def fallbacks(cluster: LocalCluster, generation: int, nodes: int) -> list[dict[str, Any]] | None:
+    """The `checkpoint_fallback` events of `generation`, once there are `nodes` of them."""
+    said = [e for e in events(cluster, "checkpoint_fallback") if e["generation"] == generation]
+    return said if len(said) >= nodes else None
 
 
 def flip_a_bit(slot: Path) -> bool:

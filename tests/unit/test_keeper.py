@@ -20,8 +20,12 @@ from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
 from nodeagent.job.tiers import TierDuties
+from nodeagent.model.tiers import CheckpointRecord
+from nodeagent.state import JobState
+from nodeagent.supervisor.spec import WorkerSpec, restore_report_path
 from nodeagent.supervisor.status import GroupPhase, GroupStatus
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
+from tests.helpers.factories import make_record
 from tests.helpers.tiers import fake_save
 
 
@@ -241,3 +245,42 @@ def test_after_a_rollback_the_new_timelines_saves_are_persisted(tmp_path: Path) 
     fake_save(tier.slot_for_save(k.memory, 0), 27, world=1, generation=7)
     settle(k, persist=True)
     assert (27, 7) in [(h.step, h.generation) for h in k.report().persisted]
+
+
+@pytest.mark.parametrize(
+    ("tier_name", "step", "said"),
+    [
+        ("start", None, True),
+        ("persistent", 10, True),
+        ("persistent", 20, False),
+        ("memory", 20, False),
+    ],
+)
+def test_ranks_that_restored_an_older_step_than_offered_first_say_so(
+    tmp_path: Path, tier_name: str, step: int | None, said: bool
+) -> None:
+    """`checkpoint_fallback`: the leader offered step 20 from memory first; the rank restored
+    the start, or step 10. The same step from another tier loses nothing: nothing said."""
+    k = keeper(tmp_path)
+    k.prepare(None)
+    duties = TierDuties(k, "n0", CheckpointMetrics("j", CollectorRegistry()))
+    order = ("memory:20@2", "persistent:20@2", "persistent:10@1", "script", "start")
+    chosen = CheckpointRecord(restore=order, newest=20)
+    record = make_record(JobState.RUNNING, 3, ("n0",), checkpoint=chosen)
+    logs = str(tmp_path / "logs")
+    spec = WorkerSpec(0, 0, ("train",), {"NODEAGENT_JOB_ID": "j"}, None, tmp_path / "l", tmp_path)
+    duties.started(record, [spec], logs)
+    refused = {"source": "memory:20@2", "kind": "bad_copy", "reason": "checksum 1 != 2"}
+    note = {"rank": 0, "tier": tier_name, "step": step, "seconds": 0.1, "refused": [refused]}
+    path = restore_report_path(logs, "j", 3, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(note))
+    events = duties.tick(GroupStatus(3, GroupPhase.RUNNING), record)
+    fell = [e for e in events if e.type == "checkpoint_fallback"]
+    assert [e.type for e in events if e.type == "checkpoint_restored"] == ["checkpoint_restored"]
+    if not said:
+        assert fell == []
+        return
+    [event] = fell
+    assert event.data == {"offered": 20, "source": "memory:20@2", "step": step, "tier": tier_name}
+    assert "not step 20 (memory:20@2) offered first: memory:20@2: checksum 1 != 2" in event.message
