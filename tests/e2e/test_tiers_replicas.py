@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +33,40 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 EVERY = 6  # save interval, steps: about a second, longer than a copy takes here
 
 
-def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise(
-    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
-) -> None:
-    nodes = ("a", "b", "c", "d")
+@contextlib.contextmanager
+def replicated(
+    redis_server: RedisServer,
+    job_id: str,
+    tmp_path: Path,
+    shm: Path,
+    nodes: tuple[str, ...],
+    persist: bool = False,
+    **options: Any,
+) -> Iterator[LocalCluster]:
+    """`nodes` training with one copy of each save, down to one node fewer allowed (`options`:
+    more of fsdp_cluster's), for three save intervals."""
     with fsdp_cluster(
         redis_server,
         job_id,
         tmp_path,
         shm,
         steps=400,
-        nodes=4,
+        nodes=len(nodes),
         replicas=1,
-        persist=False,
+        persist=persist,
         every=EVERY,
+        **options,
     ) as cluster:
-        cluster.min_nodes = 3
+        cluster.min_nodes = len(nodes) - 1
         cluster.start(*nodes)
         wait_until_step(cluster, 1, 3 * EVERY)
+        yield cluster
+
+
+def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+) -> None:
+    with replicated(redis_server, job_id, tmp_path, shm, ("a", "b", "c", "d")) as cluster:
         before = committed(cluster, 2 * EVERY)
         assert before["replicas"] == 1 and before["under_replicated"] == []
         lose(cluster, shm, "c")
@@ -85,12 +102,8 @@ def test_a_flipped_bit_in_the_lost_nodes_copy_is_refused_and_the_disk_tier_used(
     """The only copy of the lost node's rank is corrupt in its holder's memory: the nodes that
     fetch it refuse it against the manifest, the holder's worker refuses it at load, an event
     says so, and every rank resumes from the persistent tier instead, bit for bit."""
-    with fsdp_cluster(
-        redis_server, job_id, tmp_path, shm, steps=400, nodes=4, replicas=1, every=EVERY
-    ) as cluster:
-        cluster.min_nodes = 3
-        cluster.start("a", "b", "c", "d")
-        wait_until_step(cluster, 1, 3 * EVERY)
+    nodes = ("a", "b", "c", "d")
+    with replicated(redis_server, job_id, tmp_path, shm, nodes, persist=True) as cluster:
         committed(cluster, 2 * EVERY)
         wait_for(lambda: cluster.status()["checkpoints"]["persisted"], 90, "a persisted step")
         (rank_dir,) = (shm / f"c.{job_id}").glob("rank-*")
@@ -128,22 +141,10 @@ def test_five_nodes_one_killed_mid_copy_never_restore_a_mixed_step(
     memory at a committed step, every rank the same step, the gathered state bit for bit the
     one saved there (a rank read from another step would change it)."""
     nodes = ("a", "b", "c", "d", "e")
-    with fsdp_cluster(
-        redis_server,
-        job_id,
-        tmp_path,
-        shm,
-        steps=400,
-        nodes=5,
-        replicas=1,
-        persist=False,
-        every=EVERY,
-        model=("--width", "256", "--layers", "4"),
-        max_rate="512KiB/s",
+    model = ("--width", "256", "--layers", "4")
+    with replicated(
+        redis_server, job_id, tmp_path, shm, nodes, model=model, max_rate="512KiB/s"
     ) as cluster:
-        cluster.min_nodes = 4
-        cluster.start(*nodes)
-        wait_until_step(cluster, 1, 3 * EVERY)
         before = committed(cluster, 2 * EVERY)
         cut = wait_for(lambda: copies_under_way(shm, job_id, "c"), 90, "a copy from c under way")
         lose(cluster, shm, "c")
