@@ -187,7 +187,7 @@ class Replicas:
             began = self._clock()
             try:
                 if transfer.fetch:
-                    sent, refused = self._fetch(transfer, addresses, generation)
+                    sent, refused = self._fetch(transfer, addresses, generation, deadline)
                 else:
                     sent, refused = self._send(transfer, addresses, generation), ()
                 self._finish(Done(transfer, self._clock() - began, sent, refused=refused))
@@ -216,13 +216,17 @@ class Replicas:
             raise ReplicaError(f"replica {transfer}: {exc}") from None
 
     def _fetch(
-        self, transfer: Transfer, addresses: dict[str, str], generation: int
+        self,
+        transfer: Transfer,
+        addresses: dict[str, str],
+        generation: int,
+        deadline: float | None = None,
     ) -> tuple[int, tuple[str, ...]]:
         """From each holder in turn; the holders that turned it down or could not be reached
-        are asked again, a while (FETCH_ROUNDS), and so is one whose copy of the rank this
-        node's listener is taking meanwhile. The copies refused on the way (not matching
-        what their holder reported) and how many bytes. Raises: ReplicaError (none had it
-        whole)."""
+        are asked again, a while (FETCH_ROUNDS, not past `deadline`), and so is one whose copy
+        of the rank this node's listener is taking meanwhile. The copies refused on the way
+        (not matching what their holder reported) and how many bytes. Raises: ReplicaError
+        (none had it whole)."""
         asking = [source for source in transfer.sources if source in addresses]
         refused: list[str] = []
         unavailable: dict[str, str] = {}
@@ -237,7 +241,8 @@ class Replicas:
                     refused.append(f"{source}: {exc}")
                     unavailable.pop(source, None)
             asking = [source for source in asking if source in unavailable]
-            if not asking or self._cancel.wait(FETCH_PAUSE_S):
+            left = FETCH_PAUSE_S if deadline is None else deadline - self._clock()
+            if not asking or left <= 0 or self._cancel.wait(min(FETCH_PAUSE_S, left)):
                 break
         why = "; ".join([*refused, *unavailable.values()])
         raise ReplicaError(f"replica {transfer}: no holder had it whole ({why})")

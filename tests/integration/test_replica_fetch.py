@@ -70,10 +70,10 @@ def saved(holder: Replicas) -> str:
     return tier.digest(tier.read_manifest(slot))
 
 
-def fetched(asker: Replicas, digest: str, holder: Replicas) -> Done:
+def fetched(asker: Replicas, digest: str, holder: Replicas, deadline: float | None = None) -> Done:
     assert holder.address is not None
     transfer = Transfer(KEY, 0, digest, ("a",), "c", fetch=True)
-    assert asker.run([transfer], {"a": holder.address}, 4)
+    assert asker.run([transfer], {"a": holder.address}, 4, deadline)
     wait = time.monotonic() + 30
     while asker.busy and time.monotonic() < wait:
         time.sleep(0.01)
@@ -116,6 +116,19 @@ def test_a_holder_that_keeps_turning_it_down_is_given_up_on_with_its_reason(
     assert done.error is not None and "c is not a member of the job" in done.error
     assert len(seen) == 3
     assert tier.find_save(None, asker.area, 0, KEY[0], KEY[1]) is None
+
+
+def test_a_holder_that_keeps_turning_it_down_is_not_asked_past_the_restores_deadline(
+    holder: Replicas, asker: Replicas
+) -> None:
+    """The restore waits for its fetches until fetch_timeout: the rounds of asking again end
+    there too, not FETCH_ROUNDS pauses later."""
+    accept, seen = answers("c is not a member of the job as a knows it")
+    holder.listen(accept)
+    digest = saved(holder)
+    done = fetched(asker, digest, holder, deadline=time.monotonic() + 4 * peers.FETCH_PAUSE_S)
+    assert done.error is not None and "c is not a member of the job" in done.error
+    assert 1 <= len(seen) <= 5 < peers.FETCH_ROUNDS  # a round a pause: 4 pauses, 5 asks
 
 
 def test_a_fetch_waits_for_a_copy_of_the_same_rank_this_node_is_receiving(
