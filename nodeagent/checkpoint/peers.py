@@ -162,7 +162,8 @@ class Replicas:
         return True
 
     def cancel(self) -> None:
-        """Give up on the transfers not begun yet (the one under way ends first)."""
+        """Give up on the transfers under way: the sends not begun yet, the one being sent
+        (at its next slice), and the fetches' waits between rounds."""
         self._cancel.set()
 
     def take_done(self) -> list[Done]:
@@ -211,7 +212,9 @@ class Replicas:
             why = "no longer held here" if slot is None else "its listener is not known"
             raise ReplicaError(f"replica {transfer}: {why}")
         try:
-            return replica.send(peer, self._job, self._node, generation, slot, self.max_rate)
+            return replica.send(
+                peer, self._job, self._node, generation, slot, self.max_rate, cancel=self._cancel
+            )
         except tier.BadCopy as exc:  # the worker saved over the slot meanwhile
             raise ReplicaError(f"replica {transfer}: {exc}") from None
 
@@ -289,6 +292,7 @@ class Replicas:
 
     def remove(self) -> None:
         """The job ended: stop listening and remove the area."""
+        self._cancel.set()
         self.close()
         thread = self._thread
         if thread is not None:

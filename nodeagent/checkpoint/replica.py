@@ -88,6 +88,11 @@ class Unavailable(ReplicaError):
     read yet that the asker is a member of the job's new generation)."""
 
 
+class Cancelled(ReplicaError):
+    """A send given up on mid-file: a new generation's restore needs this node (the receiver
+    sees the connection close short and keeps nothing of it)."""
+
+
 class Busy(BadCopy):
     """A copy of that rank is being received already (it ends soon): not this one meanwhile."""
 
@@ -318,11 +323,13 @@ def send(
     slot: Path,
     max_rate: float = 0.0,
     timeout: float = TIMEOUT_S,
+    cancel: threading.Event | None = None,
 ) -> int:
     """Copy the save in `slot` to the ReplicaServer at `peer` ("host:port"); the bytes sent.
+    `cancel`: once set, the send stops at its next slice (a paced one, in its pause).
 
-    Raises: ReplicaError naming the peer and why (its answer, or the connection's failure);
-        BadCopy if `slot` holds no save."""
+    Raises: ReplicaError naming the peer and why (its answer, or the connection's failure),
+        Cancelled; BadCopy if `slot` holds no save."""
     manifest = tier.read_manifest(slot)
     header = {
         "v": VERSION,
@@ -340,8 +347,10 @@ def send(
             if answer == "GO":
                 # A receiver that gives up mid-body closes the connection: its answer says why.
                 with contextlib.suppress(OSError):
-                    sent = _body(conn, slot, manifest, max_rate)
+                    sent = _body(conn, slot, manifest, max_rate, cancel)
                 answer = _line(conn)
+    except Cancelled as exc:
+        raise Cancelled(f"replica to {peer}: {exc}") from None
     except (OSError, BadCopy) as exc:
         raise ReplicaError(f"replica to {peer}: {exc}") from None
     if answer != "OK":
@@ -407,9 +416,16 @@ def _line(conn: socket.socket) -> str:
     return _read_line(conn).decode(errors="replace").strip()
 
 
-def _body(conn: socket.socket, slot: Path, manifest: Manifest, max_rate: float) -> int:
+def _body(
+    conn: socket.socket,
+    slot: Path,
+    manifest: Manifest,
+    max_rate: float,
+    cancel: threading.Event | None = None,
+) -> int:
     """Send the manifest's files; paced, in slices of a tenth of a second's worth at
-    `max_rate` (a burst of a whole chunk at line rate is what the cap keeps off the link)."""
+    `max_rate` (a burst of a whole chunk at line rate is what the cap keeps off the link).
+    Raises: Cancelled once `cancel` is set, between slices or in a pause."""
     sent, began = 0, time.monotonic()
     size = CHUNK if max_rate <= 0 else int(min(CHUNK, max(PACED_SLICE, max_rate / 10)))
     for name, expected in sorted(manifest.files.items()):
@@ -419,18 +435,21 @@ def _body(conn: socket.socket, slot: Path, manifest: Manifest, max_rate: float) 
                 conn.sendall(chunk)
                 sent += len(chunk)
                 left -= len(chunk)
-                _pace(sent, began, max_rate)
+                if _pace(sent, began, max_rate, cancel):
+                    raise Cancelled(f"cancelled after {sent:,} bytes: a new generation")
             if left or f.read(1):
                 raise BadCopy(f"{slot / name}: not the {expected.size} bytes its manifest says")
     return sent
 
 
-def _pace(sent: int, began: float, max_rate: float) -> None:
-    """Sleep until `sent` bytes are within `max_rate` bytes a second of `began`."""
-    if max_rate > 0:
-        ahead = sent / max_rate - (time.monotonic() - began)
-        if ahead > 0:
-            time.sleep(ahead)
+def _pace(sent: int, began: float, max_rate: float, cancel: threading.Event | None) -> bool:
+    """Wait until `sent` bytes are within `max_rate` bytes a second of `began`; whether the
+    send was cancelled (meanwhile or before)."""
+    ahead = sent / max_rate - (time.monotonic() - began) if max_rate > 0 else 0.0
+    if cancel is None:
+        time.sleep(max(0.0, ahead))
+        return False
+    return cancel.wait(ahead) if ahead > 0 else cancel.is_set()
 
 
 def replicas_held(root: Path) -> list[tuple[str, Path]]:

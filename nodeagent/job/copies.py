@@ -255,7 +255,8 @@ class ReplicaDuties:
             if done.error is None and not transfer.fetch:
                 self._made.add((transfer.key, transfer.rank, transfer.target))
             if done.error is not None:  # a save overwritten before it was sent: saves outpace
-                level = logging.INFO if "no longer held" in done.error else logging.WARNING
+                expected = "no longer held" in done.error or "cancelled" in done.error
+                level = logging.INFO if expected else logging.WARNING
                 log.log(level, "checkpoint copy %s failed: %s", transfer, done.error)
             if done.refused or (done.error is not None and transfer.fetch):
                 events.append(_refused_event(done, generation, self._node))

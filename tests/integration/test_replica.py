@@ -179,6 +179,29 @@ def test_a_paced_send_spreads_its_bytes_over_the_second_not_one_burst(tmp_path: 
     assert half - began >= 0.2, arrivals[:3]
 
 
+def test_a_paced_send_cancelled_mid_file_stops_and_the_receiver_keeps_nothing_of_it(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    """A new generation needs the node: the copy under way (10 s at its rate) stops at its
+    next slice, and the peer keeps only its last whole copy."""
+    fake_save(tmp_path / "mine", 10)
+    replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+    fake_save(tmp_path / "mine", 12, size=2_000_000)
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    with pytest.raises(replica.Cancelled, match="cancelled after") as raised:
+        replica.send(
+            server.address, JOB, "a", 3, tmp_path / "mine", max_rate=200_000, cancel=cancel
+        )
+    assert server.address in str(raised.value)
+    whole = [
+        tier.verify(s).step
+        for _, s in replica.replicas_held(server.root)
+        if (s / tier.MANIFEST).exists()
+    ]
+    assert whole == [10]
+
+
 def _connect(server: ReplicaServer) -> socket.socket:
     host, port = server.address.rsplit(":", 1)
     return socket.create_connection((host, int(port)), timeout=5)

@@ -148,6 +148,33 @@ def test_a_fetch_waits_for_a_copy_of_the_same_rank_this_node_is_receiving(
     assert done.error is None and len(seen) == 1  # asked once the place was free
 
 
+def test_cancelling_the_copies_stops_a_paced_send_mid_file(
+    holder: Replicas, tmp_path: Path
+) -> None:
+    """A new generation needs the node's restore (job/copies.py cancels the copies under way):
+    a save being sent at a low rate stops at its next slice, not at its end, 10 s later."""
+    found = replicas(tmp_path, "d")
+    taker = next(found)
+    taker.listen(lambda _offer: None)
+    assert taker.address is not None
+    slot = tier.slots(holder.memory, 0)[0]
+    fake_save(slot, KEY[0], rank=0, world=KEY[2], generation=KEY[1], size=2_000_000)
+    digest = tier.digest(tier.read_manifest(slot))
+    holder.max_rate = 200_000
+    holder.listen(lambda _offer: None)
+    copy = Transfer(KEY, 0, digest, ("a",), "d")
+    assert holder.run([copy, copy], {"d": taker.address}, 4)
+    threading.Timer(0.3, holder.cancel).start()
+    wait = time.monotonic() + 30
+    while holder.busy and time.monotonic() < wait:
+        time.sleep(0.01)
+    first, second = holder.take_done()
+    assert first.error is not None and "cancelled after" in first.error, first
+    assert second.error == "cancelled: a new generation"  # not begun
+    assert tier.find_save(None, taker.area, 0, KEY[0], KEY[1]) is None  # nothing of it kept
+    next(found, None)
+
+
 def test_a_copy_that_is_not_the_save_its_holder_reported_is_not_asked_for_again(
     holder: Replicas, asker: Replicas
 ) -> None:
