@@ -76,6 +76,10 @@ class ReplicaDuties:
         self._generation = -1  # the generation whose restore was fetched for (or is being)
         self._fetching = False
         self._deadline = 0.0
+        # Copies wait while this node's workers restore (the restore is the recovery's critical
+        # path, and copies beside it compete for the CPU and memory bandwidth), until they said
+        # they did or this clock time.
+        self._restoring_until = 0.0
         self._behind = False
 
     # -- the listener's threads -------------------------------------------------------------
@@ -143,6 +147,8 @@ class ReplicaDuties:
         self._metrics.lag(newest, committed[0] if committed else None)
         if self._node not in record.members or self._fetching or self.replicas.busy:
             return events
+        if self._clock() < self._restoring_until:
+            return events
         now = self._clock()
         basis = (record.generation, committed, own.memory)
         if now < self._next_plan or (basis == self._planned and not self._stale):
@@ -182,6 +188,7 @@ class ReplicaDuties:
             self.replicas.cancel()
             return True
         self._generation = record.generation
+        self._restoring_until = self._clock() + self._fetch_timeout
         if not any(source.startswith("memory:") for source in checkpoint.restore):
             return False  # nothing to bring: no need to read the peers
         group_rank = record.members.index(self._node)
@@ -208,6 +215,7 @@ class ReplicaDuties:
         """The workers of `generation` restored `step` (None: the start): copies of steps after
         it saved by earlier generations belong to a timeline the job abandoned (the workers
         drop theirs too) and must never be counted or restored."""
+        self._restoring_until = 0.0  # the copies may go on
         floor = step if step is not None else -1
         self.replicas.prune(lambda key: not (key[0] > floor and key[1] < generation))
 

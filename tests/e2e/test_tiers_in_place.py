@@ -18,6 +18,7 @@ from tests.helpers.fsdp import (
     events,
     fsdp_cluster,
     lines,
+    pids,
     restored,
     saved_digests,
     tiers_said,
@@ -26,11 +27,6 @@ from tests.helpers.fsdp import (
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def pids(cluster: LocalCluster, generation: int) -> dict[int, int]:
-    """Rank -> the pid of the process that printed its lines in `generation`."""
-    return {x["rank"]: x["pid"] for x in lines(cluster, generation) if x["event"] == "restored"}
 
 
 def last_saved(cluster: LocalCluster, generation: int) -> dict[int, int]:

@@ -43,13 +43,15 @@ def fsdp_cluster(
     env: dict[str, str] | None = None,
     model: tuple[str, ...] = (),
     max_rate: str | None = None,
+    memory_size: str = "256MiB",
     **cluster: Any,
 ) -> Any:
     """Agents running examples/train_fsdp.py with the memory and persistent tiers (in_place:
     job.recovery in_place, the script under elastic.run); `env`: more of the workers'
     environment; `model`: the script's model options (--width, --layers); `max_rate`:
-    job.checkpoint.replication.max_rate; `cluster`: more LocalCluster fields (nodes in
-    network namespaces)."""
+    job.checkpoint.replication.max_rate; `memory_size`: job.checkpoint's (two saves of a
+    rank's state, with room to spare: the default fits the tests' small models); `cluster`:
+    more LocalCluster fields (nodes in network namespaces)."""
     entrypoint = [
         sys.executable,
         str(ROOT / "examples" / "train_fsdp.py"),
@@ -59,7 +61,7 @@ def fsdp_cluster(
         *model,
     ]
     checkpoint: dict[str, Any] = {
-        "memory_size": "256MiB",
+        "memory_size": memory_size,
         "memory_dir": str(shm),
         "persist_every": 2,
         "replicas": replicas,  # 0: the tests of one node's tiers are not raced by copies
@@ -100,6 +102,11 @@ def lines(cluster: LocalCluster, generation: int) -> list[dict[str, Any]]:
 
 def rank0(cluster: LocalCluster, generation: int, event: str) -> list[dict[str, Any]]:
     return [x for x in lines(cluster, generation) if x["event"] == event and x["rank"] == 0]
+
+
+def pids(cluster: LocalCluster, generation: int) -> dict[int, int]:
+    """Rank -> the pid of the process that printed its lines in `generation`."""
+    return {x["rank"]: x["pid"] for x in lines(cluster, generation) if x["event"] == "restored"}
 
 
 def saved_digests(cluster: LocalCluster, upto: int) -> dict[int, str]:

@@ -24,9 +24,9 @@ from nodeagent.checkpoint.replica import Offer, Want
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import CoordinationError
 from nodeagent.job.copies import ReplicaDuties
-from nodeagent.model.job import NodeReport
-from nodeagent.model.tiers import Held, TierReport
-from nodeagent.state import NodeState
+from nodeagent.model.job import JobRecord, NodeReport
+from nodeagent.model.tiers import CheckpointRecord, Held, TierReport
+from nodeagent.state import JobState, NodeState
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
 from tests.helpers.tiers import fake_save
 
@@ -225,6 +225,45 @@ def test_a_peer_added_by_a_generation_this_node_has_not_read_yet_is_served(
     assert copies.accept(want) is None
     elsewhere = Offer("c", "10.9.9.9", want=Want(1, *KEY[:2]))
     assert copies.accept(elsewhere) == "c reports address 127.0.0.1, the request came from 10.9.9.9"
+
+
+def test_copies_wait_until_this_nodes_workers_restored_the_new_generation(
+    holder: Replicas, asker: Replicas
+) -> None:
+    """Re-protecting (a's rank 0 of step 30 is on a alone) does not start beside the workers'
+    restore, the recovery's critical path: only once they said they restored."""
+    holder.listen(lambda _offer: None)
+    mine = Held(KEY[0], KEY[2], (0,), KEY[1], (saved(holder),))
+    tiers = {
+        "a": TierReport(memory=(mine,), address=holder.address),
+        "c": TierReport(
+            memory=(Held(KEY[0], KEY[2], (1,), KEY[1], ("d1",)),), address=asker.address
+        ),
+    }
+    reports = {n: NodeReport(n, "127.0.0.1", NodeState.RUNNING, tier=t) for n, t in tiers.items()}
+    copies = duties(holder, lambda: ("a", "c"), reports)
+    record = JobRecord(
+        generation=4,
+        state=JobState.RUNNING,
+        reason="node_lost",
+        target_nodes=2,
+        min_nodes=1,
+        max_nodes=2,
+        nproc_per_node=1,
+        max_restarts=5,
+        members=("a", "c"),
+        checkpoint=CheckpointRecord(restore=("persistent:20@3", "start"), replicas=1),
+    )
+    assert not copies.holds_start(record)  # nothing to bring: the workers start at once
+    copies.tick(record, tiers["a"])
+    assert not holder.busy and holder.take_done() == []  # the workers are restoring
+    copies.restored(20, 4)
+    copies.tick(record, tiers["a"])
+    wait = time.monotonic() + 30
+    while holder.busy and time.monotonic() < wait:
+        time.sleep(0.01)
+    [done] = holder.take_done()
+    assert (done.transfer.rank, done.transfer.target) == (0, "c")
 
 
 def test_a_request_is_turned_down_naming_why_when_the_members_cannot_be_read(
