@@ -2,6 +2,7 @@
 persistent tier (issue 27).
 
     .venv/bin/python bench/node_loss.py [--reps 3] [--width 1024 --layers 16]
+    .venv/bin/python bench/node_loss.py --width 2304 --memory-size 1GiB --out ...  # about 1 GB
 
 Four agents on this machine and a real redis-server, one worker each, run
 examples/train_fsdp.py (FSDP2, gloo, CPU; by default an MLP of 16 hidden layers of 1024 units
@@ -66,7 +67,13 @@ KEYS = ("recovery_s", "restore_s", "steps_lost", "step_s")
 
 
 def one(
-    system: str, fault: str, redis: RedisServer, directory: Path, rep: int, model: tuple[str, ...]
+    system: str,
+    fault: str,
+    redis: RedisServer,
+    directory: Path,
+    rep: int,
+    model: tuple[str, ...],
+    memory_size: str = "256MiB",
 ) -> list[dict[str, Any]]:
     """A fresh job trained to TRAIN_TO, then the fault: its results (two for `scale`)."""
     shm = Path(tempfile.mkdtemp(prefix="nodeagent-bench-", dir="/dev/shm"))
@@ -83,6 +90,7 @@ def one(
         replicas=replicas,
         every=EVERY,
         model=model,
+        memory_size=memory_size,
     ) as cluster:
         cluster.min_nodes = 3
         cluster.start(*NODES)
@@ -228,6 +236,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument(
+        "--memory-size", default="256MiB", help="job.checkpoint.memory_size: two saves of a rank"
+    )
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="default: all of them")
     parser.add_argument("--faults", default=",".join(FAULTS), help="default: all of them")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "node-loss.json"))
@@ -251,7 +262,9 @@ def main() -> None:
                         if system == "torchrun":
                             made = [one_torchrun(directory, model)]
                         else:
-                            made = one(system, fault, redis, directory, rep, model)
+                            made = one(
+                                system, fault, redis, directory, rep, model, args.memory_size
+                            )
                         runs += made
                         for result in made:
                             print(json.dumps(result), flush=True)
