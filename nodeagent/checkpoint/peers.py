@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.channel import tier
+from nodeagent.channel import fetching, tier
 from nodeagent.checkpoint import replica, scan, space
 from nodeagent.checkpoint.replica import Accept, ReplicaError, ReplicaServer, Want
 from nodeagent.config.settings import CheckpointConfig
@@ -96,6 +96,7 @@ class Replicas:
         Raises: ConfigError naming job.checkpoint.memory_dir (the area cannot be made)."""
         gid = group if group is not None else -1
         space.make_marked(self.area, "the replica area", 0o750, self._node, self._job, gid=gid)
+        fetching.end(self.area)  # an earlier agent's: its fetches ended with it
         with self._lock:
             self._verified.refresh()
 
@@ -148,9 +149,13 @@ class Replicas:
     ) -> bool:
         """Make `transfers` in the background, one at a time (False: copies are under way
         still, nothing started). `addresses`: each peer's listener; `deadline` (the clock's):
-        what is not done by then is given up on."""
+        what is not done by then is given up on. Fetches are announced to the workers of
+        `generation` until they ended (channel/fetching.py): their restore waits for them."""
         if self.busy or self._server is None:
             return False
+        if any(t.fetch for t in transfers):
+            left = deadline - self._clock() if deadline is not None else fetching.MOST_S
+            fetching.begin(self.area, generation, left)
         self._cancel.clear()
         self._thread = threading.Thread(
             target=self._work,
@@ -172,6 +177,19 @@ class Replicas:
         return done
 
     def _work(
+        self,
+        transfers: list[Transfer],
+        addresses: dict[str, str],
+        generation: int,
+        deadline: float | None,
+    ) -> None:
+        try:
+            self._each(transfers, addresses, generation, deadline)
+        finally:
+            if any(t.fetch for t in transfers):
+                fetching.end(self.area)
+
+    def _each(
         self,
         transfers: list[Transfer],
         addresses: dict[str, str],

@@ -368,7 +368,7 @@ class Agent:
             unfit=self._watchers.unfit,
             in_place=self.config.job.in_place,
             tiers_settling=self._tiers is not None and self._tiers.holds_back(group),
-            tiers_fetching=self._tiers is not None and self._tiers.holds_start(self.record),
+            tiers_copying=self._tiers is not None and self._tiers.holds_start(self.record),
             signalled=self._signalled,
         )
 

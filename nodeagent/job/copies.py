@@ -175,15 +175,18 @@ class ReplicaDuties:
         return events
 
     def holds_start(self, record: JobRecord | None) -> bool:
-        """This node's workers of `record`'s generation must wait: what they will restore from
-        memory is being brought from the peers (given up on after fetch_timeout)."""
+        """Whether this node's workers of `record`'s generation must wait before they start:
+        only while the copies of the last generation end (cancelled). Then what they will
+        restore from memory is brought from the peers as they start (given up on after
+        fetch_timeout): their restore waits for it (channel/fetching.py), their start (torch
+        imported, the model built, the process group joined) does not."""
         checkpoint = record.checkpoint if record is not None else None
         if record is None or checkpoint is None or record.state is not JobState.RUNNING:
             return False
         if self._node not in record.members or record.generation == self._generation:
             if self._fetching and (not self.replicas.busy or self._clock() > self._deadline):
                 self._fetching = False  # done, or given up on: the copy ends in the background
-            return self._fetching and record.generation == self._generation
+            return False
         if self.replicas.busy:  # copies of the last generation: let them end first
             self.replicas.cancel()
             return True
@@ -209,7 +212,7 @@ class ReplicaDuties:
         self._deadline = self._clock() + self._fetch_timeout
         addresses = _addresses(nodes)
         self._fetching = self.replicas.run(transfers, addresses, record.generation, self._deadline)
-        return self._fetching
+        return False
 
     def restored(self, step: int | None, generation: int) -> None:
         """The workers of `generation` restored `step` (None: the start): copies of steps after

@@ -36,7 +36,7 @@ class LocalView:
     # The checkpoint tiers are verifying (or persisting) the stopped workers' last saves: the
     # leader chooses the next restore from what this node reports, so it must not move on yet.
     tiers_settling: bool = False
-    tiers_fetching: bool = False  # the saves to restore are being brought from peers
+    tiers_copying: bool = False  # the last generation's copies end (cancelled) first
     signalled: str = "0-0"  # the id of the last record signal this node's workers were sent
 
 
@@ -198,8 +198,8 @@ def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
             actions.append(StopWorkers(f"not a member of generation {record.generation}"))
         return NodeDecision(NodeState.STANDBY, tuple(actions), "standby")
     if record.state is JobState.RUNNING and rank is not None and not this_generation:
-        if view.tiers_fetching:
-            return NodeDecision(NodeState.READY, tuple(actions), "bringing saves from peers")
+        if view.tiers_copying:
+            return NodeDecision(NodeState.READY, tuple(actions), "ending the copies under way")
         actions.append(StartWorkers(record, rank))
         return NodeDecision(NodeState.READY, tuple(actions), "starting workers")
     if parked and record.state.terminal:

@@ -68,8 +68,8 @@ class TierDuties:
         return self.copies.report(report) if self.copies is not None else report
 
     def holds_start(self, record: JobRecord | None) -> bool:
-        """The workers of `record`'s generation must wait: what they restore from memory is
-        being brought from peers (job/copies.py)."""
+        """The workers of `record`'s generation must wait: the copies of the last one end
+        first (job/copies.py; what they restore is brought as they start)."""
         return (
             self.copies is not None and not self.keeper.removed and self.copies.holds_start(record)
         )

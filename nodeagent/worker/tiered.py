@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.channel import tier
+from nodeagent.channel import fetching, tier
 from nodeagent.channel.tier import BadCopy, Manifest, NoSave, Source
 from nodeagent.worker import dcpio
 from nodeagent.worker.agree import Problem, agree, any_rank
@@ -257,6 +257,10 @@ class Checkpointer:
         began = time.perf_counter()
         refused: list[tuple[Source, Problem]] = []
         default = (Source("script"), Source("start"))
+        if self.replicas is not None and any(s.tier == "memory" for s in self.sources or ()):
+            waited = fetching.wait(self.replicas, self.generation)  # the agent brings saves
+            if waited >= 0.1:
+                log.info("rank %d: waited %.2fs for saves brought from peers", self.rank, waited)
         for source in self.sources or default:
             if source.tier == "start":
                 break

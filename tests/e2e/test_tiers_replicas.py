@@ -129,7 +129,9 @@ def test_a_flipped_bit_in_the_lost_nodes_copy_is_refused_and_the_disk_tier_used(
     nodes = ("a", "b", "c", "d")
     with replicated(redis_server, job_id, tmp_path, shm, nodes, persist=True) as cluster:
         committed(cluster, 2 * EVERY)
-        wait_for(lambda: cluster.status()["checkpoints"]["persisted"], 90, "a persisted step")
+        # The newest persisted step committed in memory too: else the leader, offering the
+        # newest step first, offers the persistent tier and there is no memory copy to refuse.
+        wait_for(lambda: in_memory_too(cluster.status()["checkpoints"]), 90, "a persisted step")
         (rank_dir,) = (shm / f"c.{job_id}").glob("rank-*")
         lose(cluster, shm, "c")  # no copy of its rank changes after this
         flipped = [
@@ -192,6 +194,11 @@ def copies_under_way(shm: Path, job_id: str, sender: str) -> list[Path]:
     first = sizes()
     time.sleep(0.3)  # slices of 64 KiB at 512 KiB/s: one in an eighth of a second
     return [slot for slot, size in sizes().items() if size > first.get(slot, size)]
+
+
+def in_memory_too(tiers: dict[str, Any]) -> bool:
+    persisted, committed_step = tiers["persisted"], tiers["committed"]
+    return bool(persisted) and committed_step is not None and committed_step >= persisted
 
 
 def fallbacks(cluster: LocalCluster, generation: int, nodes: int) -> list[dict[str, Any]] | None:

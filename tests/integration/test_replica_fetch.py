@@ -9,6 +9,7 @@ members and the asker's report again itself before it says no.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from nodeagent.channel import tier
+from nodeagent.channel import fetching, tier
 from nodeagent.checkpoint import peers
 from nodeagent.checkpoint.peers import Done, Replicas, Transfer
 from nodeagent.checkpoint.replica import Offer, Want
@@ -173,6 +174,31 @@ def test_cancelling_the_copies_stops_a_paced_send_mid_file(
     assert second.error == "cancelled: a new generation"  # not begun
     assert tier.find_save(None, taker.area, 0, KEY[0], KEY[1]) is None  # nothing of it kept
     next(found, None)
+
+
+def test_the_workers_are_told_while_their_generations_saves_are_being_brought(
+    holder: Replicas, asker: Replicas
+) -> None:
+    """The workers start as the fetch runs; their restore waits on the note (channel/
+    fetching.py), which names the generation while the fetch is under way, and is gone once
+    it ended."""
+    accept, _seen = answers(None)
+    holder.listen(accept)
+    digest = saved(holder)
+    server = asker._server
+    assert server is not None and holder.address is not None
+    receiving = server.reserve("a", 0)  # holds the fetch back a moment
+    receiving.__enter__()
+    transfer = Transfer(KEY, 0, digest, ("a",), "c", fetch=True)
+    assert asker.run([transfer], {"a": holder.address}, 4, time.monotonic() + 30)
+    assert json.loads((asker.area / fetching.NOTE).read_text())["generation"] == 4
+    assert fetching.wait(asker.area, 3) < 0.05  # another generation's workers do not wait
+    threading.Timer(0.3, receiving.__exit__, (None, None, None)).start()
+    assert fetching.wait(asker.area, 4) > 0  # until the fetch ended: then the save is here
+    assert tier.find_save(None, asker.area, 0, KEY[0], KEY[1]) is not None
+    assert not (asker.area / fetching.NOTE).exists()
+    [done] = asker.take_done()
+    assert done.error is None
 
 
 def test_a_copy_that_is_not_the_save_its_holder_reported_is_not_asked_for_again(

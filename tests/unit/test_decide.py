@@ -52,9 +52,9 @@ def view(
         (view(rec(JobState.RESTARTING, 4), acked=3), NodeState.READY, [Acknowledge]),
         (view(rec(JobState.RUNNING, 4), acked=4), NodeState.READY, [StartWorkers]),
         (view(rec(JobState.RUNNING, 4), acked=3), NodeState.READY, [Acknowledge, StartWorkers]),
-        # the saves it restores are being brought from peers: ack, start once they are here
+        # the last generation's copies are being cancelled: ack, start once they ended
         (
-            view(rec(JobState.RUNNING, 4), acked=3, tiers_fetching=True),
+            view(rec(JobState.RUNNING, 4), acked=3, tiers_copying=True),
             NodeState.READY,
             [Acknowledge],
         ),
