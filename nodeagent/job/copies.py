@@ -207,7 +207,7 @@ class ReplicaDuties:
         )
         if not wanted:
             return False
-        log.info("bringing %d saves from peers before the restore", len(wanted))
+        log.info("bringing %d saves from peers for the restore", len(wanted))
         transfers = [Transfer(c.key, c.rank, c.digest, c.sources, c.target, True) for c in wanted]
         self._deadline = self._clock() + self._fetch_timeout
         addresses = _addresses(nodes)
