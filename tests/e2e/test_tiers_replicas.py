@@ -22,7 +22,6 @@ from tests.helpers.fsdp import (
     events,
     fsdp_cluster,
     lose,
-    pids,
     restored,
     resumed_from_memory,
     saved_digests,
@@ -78,44 +77,34 @@ def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise
         assert after["under_replicated"] == []
 
 
-def test_three_nodes_in_place_survive_a_second_loss_keeping_their_processes(
+def test_three_nodes_survive_a_second_loss_after_re_protecting(
     redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
 ) -> None:
-    """An odd node count, `recovery: in_place`: the survivors of a lost node keep their
-    processes and bring only the old ranks they lack (each holds its own and a copy of a
-    peer's). After the first loss the two survivors copy each other's new saves, so the second
-    loss still resumes from memory, and the last node, holding both ranks, brings nothing."""
+    """An odd node count; the survivors of a lost node bring only the old ranks they lack
+    (each holds its own and a copy of a peer's, and more once re-protecting began). After the
+    first loss the two survivors copy each other's new saves, so the second loss still
+    resumes from memory, and the last node, holding both ranks, brings nothing."""
     with fsdp_cluster(
-        redis_server,
-        job_id,
-        tmp_path,
-        shm,
-        steps=400,
-        replicas=1,
-        persist=False,
-        every=EVERY,
-        in_place=True,
+        redis_server, job_id, tmp_path, shm, steps=400, replicas=1, persist=False, every=EVERY
     ) as cluster:
         cluster.min_nodes = 1
         cluster.start("a", "b", "c")
         wait_until_step(cluster, 1, 3 * EVERY)
         before = committed(cluster, 2 * EVERY)
-        kept = {cluster.worker_pids(n)[0] for n in ("a", "b")}
         lose(cluster, shm, "c")
         step = resumed_from_memory(cluster, 2, before["committed"])
-        assert set(pids(cluster, cluster.status()["generation"]).values()) == kept
-        assert all(0 < brought(cluster, n)[-1] < 3 for n in ("a", "b"))  # not every old rank
+        # At most the two old ranks a survivor lacks; none when re-protecting made it whole first
+        assert all(n < 3 for node in ("a", "b") for n in brought(cluster, node))
+        fetched = len(brought(cluster, "a"))
         again = committed(cluster, step + EVERY)  # re-protected at world 2
         assert again["under_replicated"] == []
-        kept = {cluster.worker_pids("a")[0]}
         lose(cluster, shm, "b")
         resumed_from_memory(cluster, 1, again["committed"])
-        assert set(pids(cluster, cluster.status()["generation"]).values()) == kept
-        assert len(brought(cluster, "a")) == 1  # it held both ranks: no fetch the second time
+        assert len(brought(cluster, "a")) == fetched  # it held both ranks: nothing to bring
 
 
 def brought(cluster: LocalCluster, node: str) -> list[int]:
-    """How many saves `node`'s agent brought from peers before each restore, as it logged."""
+    """How many saves `node`'s agent brought from peers for each restore, as it logged."""
     said = re.findall(r"bringing (\d+) saves from peers", cluster.agents[node].log())
     return [int(n) for n in said]
 
