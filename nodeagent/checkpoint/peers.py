@@ -153,13 +153,14 @@ class Replicas:
         `generation` until they ended (channel/fetching.py): their restore waits for them."""
         if self.busy or self._server is None:
             return False
-        if any(t.fetch for t in transfers):
+        announced = any(t.fetch for t in transfers)
+        if announced:
             left = deadline - self._clock() if deadline is not None else fetching.MOST_S
             fetching.begin(self.area, generation, left)
         self._cancel.clear()
         self._thread = threading.Thread(
             target=self._work,
-            args=(list(transfers), dict(addresses), generation, deadline),
+            args=(list(transfers), dict(addresses), generation, deadline, announced),
             name="nodeagent-replicas",
             daemon=True,
         )
@@ -182,11 +183,12 @@ class Replicas:
         addresses: dict[str, str],
         generation: int,
         deadline: float | None,
+        announced: bool,
     ) -> None:
         try:
             self._each(transfers, addresses, generation, deadline)
         finally:
-            if any(t.fetch for t in transfers):
+            if announced:  # the workers waiting on the fetches read what arrived
                 fetching.end(self.area)
 
     def _each(

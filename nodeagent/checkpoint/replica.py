@@ -427,6 +427,7 @@ def _body(
     `max_rate` (a burst of a whole chunk at line rate is what the cap keeps off the link).
     Raises: Cancelled once `cancel` is set, between slices or in a pause."""
     sent, began = 0, time.monotonic()
+    cancel = cancel or threading.Event()  # none given: never set
     size = CHUNK if max_rate <= 0 else int(min(CHUNK, max(PACED_SLICE, max_rate / 10)))
     for name, expected in sorted(manifest.files.items()):
         with os.fdopen(tier.open_plain(slot / name), "rb") as f:
@@ -442,13 +443,10 @@ def _body(
     return sent
 
 
-def _pace(sent: int, began: float, max_rate: float, cancel: threading.Event | None) -> bool:
+def _pace(sent: int, began: float, max_rate: float, cancel: threading.Event) -> bool:
     """Wait until `sent` bytes are within `max_rate` bytes a second of `began`; whether the
     send was cancelled (meanwhile or before)."""
     ahead = sent / max_rate - (time.monotonic() - began) if max_rate > 0 else 0.0
-    if cancel is None:
-        time.sleep(max(0.0, ahead))
-        return False
     return cancel.wait(ahead) if ahead > 0 else cancel.is_set()
 
 

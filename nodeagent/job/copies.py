@@ -74,8 +74,6 @@ class ReplicaDuties:
         self._stale = False  # a request was refused on what this node knew: read again
         self._made: set[tuple[SaveKey, int, str]] = set()  # copies made: not planned again
         self._generation = -1  # the generation whose restore was fetched for (or is being)
-        self._fetching = False
-        self._deadline = 0.0
         # Copies wait while this node's workers restore (the restore is the recovery's critical
         # path, and copies beside it compete for the CPU and memory bandwidth), until they said
         # they did or this clock time.
@@ -145,8 +143,8 @@ class ReplicaDuties:
         committed = checkpoint.committed
         newest = own.newest_memory()
         self._metrics.lag(newest, committed[0] if committed else None)
-        if self._node not in record.members or self._fetching or self.replicas.busy:
-            return events
+        if self._node not in record.members or self.replicas.busy:
+            return events  # a fetch or copies under way: the next plan once they ended
         if self._clock() < self._restoring_until:
             return events
         now = self._clock()
@@ -184,8 +182,6 @@ class ReplicaDuties:
         if record is None or checkpoint is None or record.state is not JobState.RUNNING:
             return False
         if self._node not in record.members or record.generation == self._generation:
-            if self._fetching and (not self.replicas.busy or self._clock() > self._deadline):
-                self._fetching = False  # done, or given up on: the copy ends in the background
             return False
         if self.replicas.busy:  # copies of the last generation: let them end first
             self.replicas.cancel()
@@ -209,9 +205,8 @@ class ReplicaDuties:
             return False
         log.info("bringing %d saves from peers for the restore", len(wanted))
         transfers = [Transfer(c.key, c.rank, c.digest, c.sources, c.target, True) for c in wanted]
-        self._deadline = self._clock() + self._fetch_timeout
-        addresses = _addresses(nodes)
-        self._fetching = self.replicas.run(transfers, addresses, record.generation, self._deadline)
+        deadline = self._clock() + self._fetch_timeout  # what is not brought by then: given up
+        self.replicas.run(transfers, _addresses(nodes), record.generation, deadline)
         return False
 
     def restored(self, step: int | None, generation: int) -> None:

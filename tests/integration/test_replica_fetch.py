@@ -25,10 +25,11 @@ from nodeagent.checkpoint.replica import Offer, Want
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import CoordinationError
 from nodeagent.job.copies import ReplicaDuties
-from nodeagent.model.job import JobRecord, NodeReport
+from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import CheckpointRecord, Held, TierReport
 from nodeagent.state import JobState, NodeState
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
+from tests.helpers.factories import make_record
 from tests.helpers.tiers import fake_save
 
 JOB = "j"
@@ -75,11 +76,16 @@ def fetched(asker: Replicas, digest: str, holder: Replicas, deadline: float | No
     assert holder.address is not None
     transfer = Transfer(KEY, 0, digest, ("a",), "c", fetch=True)
     assert asker.run([transfer], {"a": holder.address}, 4, deadline)
-    wait = time.monotonic() + 30
-    while asker.busy and time.monotonic() < wait:
-        time.sleep(0.01)
-    [done] = asker.take_done()
+    [done] = finished(asker)
     return done
+
+
+def finished(replicas: Replicas) -> list[Done]:
+    """What `replicas` made, once its transfers ended (30 s at most)."""
+    wait = time.monotonic() + 30
+    while replicas.busy and time.monotonic() < wait:
+        time.sleep(0.01)
+    return replicas.take_done()
 
 
 def answers(*said: str | None) -> tuple[Callable[[Offer], str | None], list[Offer]]:
@@ -166,10 +172,7 @@ def test_cancelling_the_copies_stops_a_paced_send_mid_file(
     copy = Transfer(KEY, 0, digest, ("a",), "d")
     assert holder.run([copy, copy], {"d": taker.address}, 4)
     threading.Timer(0.3, holder.cancel).start()
-    wait = time.monotonic() + 30
-    while holder.busy and time.monotonic() < wait:
-        time.sleep(0.01)
-    first, second = holder.take_done()
+    first, second = finished(holder)
     assert first.error is not None and "cancelled after" in first.error, first
     assert second.error == "cancelled: a new generation"  # not begun
     assert tier.find_save(None, taker.area, 0, KEY[0], KEY[1]) is None  # nothing of it kept
@@ -268,27 +271,14 @@ def test_copies_wait_until_this_nodes_workers_restored_the_new_generation(
     }
     reports = {n: NodeReport(n, "127.0.0.1", NodeState.RUNNING, tier=t) for n, t in tiers.items()}
     copies = duties(holder, lambda: ("a", "c"), reports)
-    record = JobRecord(
-        generation=4,
-        state=JobState.RUNNING,
-        reason="node_lost",
-        target_nodes=2,
-        min_nodes=1,
-        max_nodes=2,
-        nproc_per_node=1,
-        max_restarts=5,
-        members=("a", "c"),
-        checkpoint=CheckpointRecord(restore=("persistent:20@3", "start"), replicas=1),
-    )
+    checkpoint = CheckpointRecord(restore=("persistent:20@3", "start"), replicas=1)
+    record = make_record(JobState.RUNNING, 4, ("a", "c"), checkpoint=checkpoint)
     assert not copies.holds_start(record)  # nothing to bring: the workers start at once
     copies.tick(record, tiers["a"])
     assert not holder.busy and holder.take_done() == []  # the workers are restoring
     copies.restored(20, 4)
     copies.tick(record, tiers["a"])
-    wait = time.monotonic() + 30
-    while holder.busy and time.monotonic() < wait:
-        time.sleep(0.01)
-    [done] = holder.take_done()
+    [done] = finished(holder)
     assert (done.transfer.rank, done.transfer.target) == (0, "c")
 
 
