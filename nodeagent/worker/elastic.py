@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 from nodeagent.channel import control
 from nodeagent.channel.control import Assignment, ControlFile
 from nodeagent.worker.follow import Follower, Reform, ReformTimedOut, Stopped
+from nodeagent.worker.release import release_destroyed_groups
 
 log = logging.getLogger(__name__)
 ENV = control.PATH_ENV
@@ -322,7 +323,8 @@ def _reform(
             dist.destroy_process_group()
         except Exception as exc:  # a group whose peers are gone may fail to tear down
             log.warning("destroying the old process group: %s", exc)
-    state.leaving()
+    state.leaving()  # drops what it kept of the old group (Checkpointer: its staging copy)
+    release_destroyed_groups()  # so that the old group's connections close now
     channel.report_left(follower.generation)  # it issues no collective of that group any more
     assignment = reason.assignment
     if assignment is None:

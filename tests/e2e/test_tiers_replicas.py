@@ -22,6 +22,7 @@ from tests.helpers.fsdp import (
     events,
     fsdp_cluster,
     lose,
+    pids,
     restored,
     resumed_from_memory,
     saved_digests,
@@ -77,29 +78,43 @@ def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise
         assert after["under_replicated"] == []
 
 
-def test_three_nodes_survive_a_second_loss_after_re_protecting(
+def test_three_nodes_in_place_survive_a_second_loss_keeping_their_processes(
     redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
 ) -> None:
-    """An odd node count; the survivors of a lost node bring only the old ranks they lack
-    (each holds its own and a copy of a peer's, and more once re-protecting began). After the
-    first loss the two survivors copy each other's new saves, so the second loss still
-    resumes from memory, and the last node, holding both ranks, brings nothing."""
+    """An odd node count, `recovery: in_place`: the survivors of a lost node keep their
+    processes (neither waits for the other's old group: nodeagent/worker/release.py) and
+    bring only the old ranks they lack (each holds its own and a copy of a peer's, and more
+    once re-protecting began). After the first loss the two survivors copy each other's new
+    saves, so the second loss still resumes from memory, and the last node, holding both
+    ranks, brings nothing."""
     with fsdp_cluster(
-        redis_server, job_id, tmp_path, shm, steps=400, replicas=1, persist=False, every=EVERY
+        redis_server,
+        job_id,
+        tmp_path,
+        shm,
+        steps=400,
+        replicas=1,
+        persist=False,
+        every=EVERY,
+        in_place=True,
     ) as cluster:
         cluster.min_nodes = 1
         cluster.start("a", "b", "c")
         wait_until_step(cluster, 1, 3 * EVERY)
         before = committed(cluster, 2 * EVERY)
+        kept = {cluster.worker_pids(n)[0] for n in ("a", "b")}
         lose(cluster, shm, "c")
         step = resumed_from_memory(cluster, 2, before["committed"])
+        assert set(pids(cluster, cluster.status()["generation"]).values()) == kept
         # At most the two old ranks a survivor lacks; none when re-protecting made it whole first
         assert all(n < 3 for node in ("a", "b") for n in brought(cluster, node))
         fetched = len(brought(cluster, "a"))
         again = committed(cluster, step + EVERY)  # re-protected at world 2
         assert again["under_replicated"] == []
+        kept = {cluster.worker_pids("a")[0]}
         lose(cluster, shm, "b")
         resumed_from_memory(cluster, 1, again["committed"])
+        assert set(pids(cluster, cluster.status()["generation"]).values()) == kept
         assert len(brought(cluster, "a")) == fetched  # it held both ranks: nothing to bring
 
 

@@ -5,6 +5,8 @@ sync (rank, world, generation, committed step, parameter hash), "step" after eac
 It stops, every rank at the same step, once $RECORD_DIR/stop holds a step it has reached
 (the test writes one ahead of every rank), writing a "final" line with its parameter hash.
 REFORM_TIMEOUT_S sets run()'s reform_timeout, PG_TIMEOUT_S its pg_timeout (default 90 s).
+SHARDED=1 also trains an FSDP2-sharded layer beside the model, made anew in every generation,
+so that FSDP2 and DTensor hold on to the process group the way a sharded job's do.
 """
 
 from __future__ import annotations
@@ -61,6 +63,14 @@ def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]
     return x, x.sum(dim=1, keepdim=True) * 0.5
 
 
+def sharded_layer() -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    layer = nn.Linear(FEATURES, FEATURES)
+    fully_shard(layer)
+    return layer
+
+
 def main() -> int:
     record = Recorder(Path(os.environ["RECORD_DIR"]))
     torch.manual_seed(int(os.environ.get("SEED", "0")))  # newcomers start elsewhere on purpose
@@ -82,12 +92,15 @@ def main() -> int:
 
     def train(state: elastic.State) -> None:
         ddp = DistributedDataParallel(model)
+        sharded = sharded_layer() if os.environ.get("SHARDED") == "1" else None
         rank, world = dist.get_rank(), dist.get_world_size()
         while not record.should_stop(state.step):
             x, y = batch(state.step + 1, rank, world)
             optimizer.zero_grad()
             loss = nn.functional.mse_loss(ddp(x), y)
             torch.autograd.backward(loss)
+            if sharded is not None:
+                sharded(x).sum().backward()
             optimizer.step()
             state.step += 1
             record("step", step=state.step, rank=rank, world=world, gen=state.generation)
