@@ -100,6 +100,9 @@ class Manifest:
     files: Mapping[str, FileSum] = field(default_factory=dict)
     job: str = ""
     blocked_s: float = 0.0  # how long the save held the training step (staging)
+    # The distinct row counts of its tensors when the whole state is sharded row-wise over
+    # the world (channel/layout.py); None: another layout, every rank read at another world.
+    dim0: tuple[int, ...] | None = None
 
     @property
     def size(self) -> int:
@@ -118,6 +121,8 @@ class Manifest:
             "files": files,
             "blocked_s": round(self.blocked_s, 6),
         }
+        if self.dim0 is not None:
+            body["dim0"] = list(self.dim0)
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
@@ -152,7 +157,22 @@ class Manifest:
             or not (0 <= blocked < 1e6)
         ):
             raise BadCopy(f"{where}: 'blocked_s' must be a number of seconds, got {blocked!r}")
-        return cls(files=sums, job=job, blocked_s=float(blocked), **count)
+        dim0 = _row_counts(data.get("dim0"), where)
+        return cls(files=sums, job=job, blocked_s=float(blocked), dim0=dim0, **count)
+
+
+def _row_counts(value: object, where: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or len(value) > _MAX_FILES
+        or not all(
+            isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 53 for n in value
+        )
+    ):
+        raise BadCopy(f"{where}: 'dim0' must be a list of at most {_MAX_FILES} row counts")
+    return tuple(value)
 
 
 def digest(manifest: Manifest) -> str:
@@ -353,6 +373,23 @@ def find_save(
             found = newest_in_memory(Path(entry.path), rank, step, generation)
             if found is not None:
                 return found
+    return None
+
+
+def any_save(
+    memory: Path | None, area: Path | None, step: int, generation: int | None
+) -> Path | None:
+    """A slot holding any rank's save of `step` (by `generation` if given), in the memory tier
+    or the replica area; unverified."""
+    found: list[tuple[Path, int]] = []
+    if memory is not None:
+        found += memory_saves(memory)
+    if area is not None:
+        found += area_saves(area)
+    for slot, _ in sorted(found, key=lambda f: f[1]):  # the lowest rank first
+        saved = _saved(slot)
+        if saved[0] == step and generation in (None, saved[1]):
+            return slot
     return None
 
 

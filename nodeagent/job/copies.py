@@ -199,7 +199,7 @@ class ReplicaDuties:
             return False
         order = replication.ring(members, {n: t.domain for n, t in _tiers(nodes)})
         wanted = replication.fetches(
-            self._node, local, record.world_size, checkpoint.restore, order, nodes
+            self._node, local, record.world_size, checkpoint.restore, order, nodes, self._rows
         )
         if not wanted:
             return False
@@ -208,6 +208,16 @@ class ReplicaDuties:
         deadline = self._clock() + self._fetch_timeout  # what is not brought by then: given up
         self.replicas.run(transfers, _addresses(nodes), record.generation, deadline)
         return False
+
+    def _rows(self, key: SaveKey) -> tuple[int, ...] | None:
+        """The row counts save `key` records (channel/layout.py), from any rank's manifest on
+        this node; None where it holds none, or the save's layout is not row-wise."""
+        step, generation, _ = key
+        slot = tier.any_save(self.replicas.memory, self.replicas.area, step, generation)
+        try:
+            return tier.read_manifest(slot).dim0 if slot is not None else None
+        except (tier.BadCopy, OSError):
+            return None
 
     def restored(self, step: int | None, generation: int) -> None:
         """The workers of `generation` restored `step` (None: the start): copies of steps after

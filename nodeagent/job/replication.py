@@ -14,16 +14,18 @@ the leader reach the same answer without talking to each other:
   rule). A copy is made by the first holder in ring order, to the next nodes after it that do
   not hold it.
 - `fetches`: what a node must bring from its peers before its workers restore a memory step:
-  its own ranks' saves at the same world, every rank's at another (DCP reshards).
+  its own ranks' saves at the same world; at another (DCP reshards), the old ranks whose rows
+  its ranks read, or every one where the save's layout is not row-wise (channel/layout.py).
 
 Saves are told apart by (step, generation, world): a step number can recur after a rollback.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from nodeagent.channel import layout
 from nodeagent.channel.tier import restore_from_env
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import SaveKey
@@ -154,10 +156,13 @@ def fetches(
     restore: Sequence[str],
     order: Sequence[str],
     nodes: Mapping[str, NodeReport],
+    rows: Callable[[SaveKey], tuple[int, ...] | None] = lambda key: None,
 ) -> list[Copy]:
     """What `me` must bring from its peers before its workers (`local_ranks` of a world of
     `world`) try the memory steps of the restore order `restore`: for a save of the same world,
-    its own ranks' copies; of another, every rank's (resharding reads them all)."""
+    its own ranks' copies; of another, the old ranks they read (resharding): those whose rows
+    overlap theirs when `rows(key)` gives the save's row counts (channel/layout.py), else
+    every one."""
     held = holdings({name: r for name, r in nodes.items() if name in order})
     position = {name: i for i, name in enumerate(order)}
     found = []
@@ -165,11 +170,10 @@ def fetches(
         if source.tier != "memory" or source.step is None:
             continue
         for key in _newest(held):
-            step, generation, saved_world = key
+            step, generation, _ = key
             if step != source.step or (source.generation not in (None, generation)):
                 continue
-            needed = local_ranks if saved_world == world else range(saved_world)
-            for rank in needed:
+            for rank in _reads(key, local_ranks, world, rows):
                 holders = held[key].get(rank, {})
                 if me in holders or not holders:
                     continue
@@ -177,6 +181,21 @@ def fetches(
                 found.append(Copy(key, rank, holders[sources[0]], sources, me))
             break
     return found
+
+
+def _reads(
+    key: SaveKey,
+    local_ranks: Sequence[int],
+    world: int,
+    rows: Callable[[SaveKey], tuple[int, ...] | None],
+) -> Sequence[int]:
+    saved_world = key[2]
+    if saved_world == world:
+        return local_ranks
+    counts = rows(key)
+    if counts is None:
+        return range(saved_world)
+    return layout.needed(counts, saved_world, local_ranks, world)
 
 
 def under_replicated(held: Holders, key: SaveKey | None, replicas: int) -> list[int]:

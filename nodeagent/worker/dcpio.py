@@ -37,7 +37,10 @@ def save_rank(state_dict: dict[str, Any], directory: Path) -> None:
 
 def load(state_dict: dict[str, Any], directories: Sequence[Path]) -> None:
     """Load in place into `state_dict` (its tensors say which shards this rank needs) from one
-    rank's directory, or from several read as one checkpoint (resharding)."""
+    rank's directory, or from several read as one checkpoint (resharding).
+
+    Raises:
+        NotCovered: they do not hold every element of this rank's shards (nothing loaded)."""
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
@@ -46,9 +49,39 @@ def load(state_dict: dict[str, Any], directories: Sequence[Path]) -> None:
         if len(directories) == 1
         else merged_reader(directories)
     )
+    short = uncovered(state_dict, reader.read_metadata())
+    if short is not None:
+        raise NotCovered(f"the {len(directories)} saves read hold only part of {short}")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NO_DIST)
         dcp_load(state_dict, storage_reader=reader, no_dist=True)
+
+
+class NotCovered(ValueError):
+    """The saves read at another world do not hold every element this rank loads."""
+
+
+def uncovered(state_dict: dict[str, Any], metadata: Any) -> str | None:
+    """The first tensor of `state_dict` (dotted path) of which the saves `metadata` describes
+    hold only part of this rank's shard, planned as DCP plans the load; None if they hold all.
+    DCP itself would leave such a part as it was (the freshly built model's values)."""
+    import torch
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    planner = DefaultLoadPlanner()
+    planner.set_up_planner(state_dict, metadata, True)
+    read: dict[str, int] = {}
+    for item in planner.create_local_plan().items:
+        if item.type == LoadItemType.TENSOR:
+            fqn = item.dest_index.fqn
+            read[fqn] = read.get(fqn, 0) + math.prod(item.lengths)
+    for fqn, value in planner.state_dict.items():
+        if isinstance(value, torch.Tensor):
+            local = value.to_local() if hasattr(value, "to_local") else value
+            if read.get(fqn, 0) < local.numel():
+                return fqn
+    return None
 
 
 def merged_reader(directories: Sequence[Path]) -> Any:
@@ -107,17 +140,41 @@ def merge_metadata(parts: Sequence[tuple[str, Any]]) -> Any:
 
 def tensors(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Every tensor in a nested state dict, with its dotted path (a DTensor's local shard)."""
+    for path, tensor in _tensors(value, prefix):
+        yield path, tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _tensors(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     import torch
 
     if isinstance(value, torch.Tensor):
-        local = value.to_local() if hasattr(value, "to_local") else value
-        yield prefix, local
+        yield prefix, value
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            yield from tensors(item, f"{prefix}.{key}" if prefix else str(key))
+            yield from _tensors(item, f"{prefix}.{key}" if prefix else str(key))
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            yield from tensors(item, f"{prefix}.{i}")
+            yield from _tensors(item, f"{prefix}.{i}")
+
+
+def row_counts(state_dict: Mapping[str, Any], world: int) -> tuple[int, ...] | None:
+    """The distinct row counts of the sharded tensors of `state_dict` when each is split along
+    dim 0 over a one-dimensional mesh of the whole world (FSDP2's layout) and every other
+    tensor is whole; None for any other layout (channel/layout.py)."""
+    counts: set[int] = set()
+    for _, tensor in _tensors(state_dict):
+        placements = getattr(tensor, "placements", None)
+        if placements is None:
+            continue  # a plain tensor: whole on every rank
+        mesh = tensor.device_mesh
+        if mesh.ndim != 1 or mesh.size() != world or len(placements) != 1:
+            return None
+        (placement,) = placements
+        # type(), not isinstance(): _StridedShard, a Shard too, interleaves its rows
+        if type(placement).__name__ != "Shard" or placement.dim != 0:
+            return None
+        counts.add(int(tensor.shape[0]))
+    return tuple(sorted(counts))
 
 
 def first_non_finite(state_dict: Mapping[str, Any]) -> str | None:

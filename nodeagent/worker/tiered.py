@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.channel import fetching, tier
+from nodeagent.channel import fetching, layout, tier
 from nodeagent.channel.tier import BadCopy, Manifest, NoSave, Source
 from nodeagent.worker import dcpio
 from nodeagent.worker.agree import Problem, agree, any_rank
@@ -55,6 +55,7 @@ class Restored:
     source: Source
     seconds: float
     refused: tuple[tuple[Source, Problem], ...] = ()
+    saves: int = 0  # how many ranks' saves it read: 1, or those it reshards from
 
 
 class Checkpointer:
@@ -92,6 +93,7 @@ class Checkpointer:
         self._stage_cache: Any = None
         self._staged: tuple[int, int] | None = None  # (generation, step) of the last save
         self._loaded: Any = None  # a source loaded by this rank, not yet agreed on
+        self._saves_read = 0  # how many ranks' saves that source was read from
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_blocked_s = 0.0  # how long the last save held the training step
@@ -160,12 +162,14 @@ class Checkpointer:
         Raises: the previous write's error, if it failed (nothing of it was committed)."""
         began = time.perf_counter()
         self.wait()
-        staged = self._stage(state.state_dict())
+        state_dict = state.state_dict()
+        rows = dcpio.row_counts(state_dict, self.world_size)
+        staged = self._stage(state_dict)
         self._staged = (self.generation, step)
         self.last_blocked_s = time.perf_counter() - began
         self._thread = threading.Thread(
             target=self._write,
-            args=(staged, step, self.last_blocked_s),
+            args=(staged, step, self.last_blocked_s, rows),
             name="nodeagent-save",
             daemon=False,
         )
@@ -206,7 +210,9 @@ class Checkpointer:
         assert self.directory is not None
         return tier.rank_dir(tier.step_dir(self.directory, step), self.rank)
 
-    def _write(self, staged: Any, step: int, blocked_s: float) -> None:
+    def _write(
+        self, staged: Any, step: int, blocked_s: float, rows: tuple[int, ...] | None
+    ) -> None:
         try:
             target = self._target(step)
             tier.begin(target)
@@ -219,6 +225,7 @@ class Checkpointer:
                 files=tier.summarize(target),
                 job=self.job,
                 blocked_s=blocked_s,
+                dim0=rows,
             )
             if self.limit and manifest.size > self.limit:
                 tier.begin(target)
@@ -272,7 +279,8 @@ class Checkpointer:
                 state.load_state_dict(self._loaded)  # only once every rank has its copy
                 self._loaded = None
                 self._forget_after(step)
-                done = Restored(Source(source.tier, step), time.perf_counter() - began)
+                seconds = time.perf_counter() - began
+                done = Restored(Source(source.tier, step), seconds, saves=self._saves_read)
                 self._tell(done, refused)
                 return step
             refused.append((source, problem))
@@ -323,31 +331,44 @@ class Checkpointer:
     def _memory_slots(self, step: int, generation: int | None) -> list[Path]:
         """The slots this rank reads step `step` from, on this node (its memory tier, then the
         copies of peers' saves the agent keeps or brought): its own rank's save at the world it
-        was saved at, else every rank's (resharding). Raises: NoSave naming what is missing."""
+        was saved at, else the old ranks it reads (resharding). Raises: NoSave naming what is
+        missing."""
         find = functools.partial(tier.find_save, self.memory, self.replicas)
         own = find(self.rank, step, generation)
-        first = own or find(0, step, generation)
+        first = own or tier.any_save(self.memory, self.replicas, step, generation)
         if first is None:
             raise NoSave(f"rank {self.rank} holds no step {step} on this node")
-        world = tier.read_manifest(first).world_size
-        if world == self.world_size:
+        manifest = tier.read_manifest(first)
+        if manifest.world_size == self.world_size:
             if own is None:
                 raise NoSave(f"rank {self.rank} holds no step {step} on this node")
             return [own]
-        slots = [find(r, step, generation) for r in range(world)]
-        missing = [r for r, slot in enumerate(slots) if slot is None]
+        ranks = self._reads(manifest)
+        slots = [find(r, step, generation) for r in ranks]
+        missing = [r for r, slot in zip(ranks, slots, strict=True) if slot is None]
         if missing:
-            raise NoSave(f"step {step} saved at world {world}: this node lacks ranks {missing}")
+            raise NoSave(
+                f"step {step} saved at world {manifest.world_size}: this node lacks ranks "
+                f"{missing} of the {ranks} rank {self.rank} reads"
+            )
         return [slot for slot in slots if slot is not None]
 
     def _rank_dirs(self, root: Path, step: int) -> list[Path]:
         """The directories this rank reads step `step` from: its own at the world it was saved
-        at, else every rank's (resharding)."""
+        at, else the old ranks it reads (resharding)."""
         saved = tier.step_dir(root, step)
-        world = tier.read_manifest(tier.rank_dir(saved, 0)).world_size
-        if world == self.world_size:
+        manifest = tier.read_manifest(tier.rank_dir(saved, 0))
+        if manifest.world_size == self.world_size:
             return [tier.rank_dir(saved, self.rank)]
-        return [tier.rank_dir(saved, r) for r in range(world)]
+        return [tier.rank_dir(saved, r) for r in self._reads(manifest)]
+
+    def _reads(self, saved: Manifest) -> list[int]:
+        """The ranks of a save made at another world whose shards this rank reads: those
+        whose rows overlap its own when the state is sharded row-wise (channel/layout.py),
+        else every one. dcpio.load checks that what they hold covers this rank's shards."""
+        if saved.dim0 is None:
+            return list(range(saved.world_size))
+        return layout.needed(saved.dim0, saved.world_size, [self.rank], self.world_size)
 
     def _newest_whole(self, root: Path) -> int | None:
         """The newest step of `root` that every rank of this job can read (agreed)."""
@@ -390,6 +411,7 @@ class Checkpointer:
         if bad is not None:
             return tier.BAD_STATE, f"step {step} holds a {tier.NON_FINITE} in {bad}"
         self._loaded = target  # applied by restore() once every rank has agreed
+        self._saves_read = len(directories)
         return None
 
     def _tell(self, done: Restored, refused: list[tuple[Source, Problem]]) -> None:
@@ -402,6 +424,7 @@ class Checkpointer:
             "tier": done.source.tier,
             "step": done.source.step,
             "seconds": round(done.seconds, 4),
+            "saves": done.saves,
             "refused": [
                 {"source": str(s), "kind": kind, "reason": why[:300]} for s, (kind, why) in refused
             ],

@@ -5,6 +5,7 @@ leader's order of sources, a flipped bit refused, a NaN refused, a save cut shor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -54,17 +55,43 @@ def test_plain_torchrun_saves_a_directory_that_reshards_bitwise_at_any_world(
     assert sorted(p.name for p in tier.step_dir(Path(ck), 12).iterdir()) == [
         f"rank-{r}" for r in range(4)
     ]
-    # 4 -> 3: each new rank reads the shards of all four old ones.
-    second = torchrun(3, "--checkpoint-dir", ck, "--steps", "15", "--save-every", "5", "--digest")
+    manifest = tier.read_manifest(tier.rank_dir(tier.step_dir(Path(ck), 12), 0))
+    assert manifest.dim0 is not None and manifest.dim0  # FSDP2: every tensor row-wise
+    # 4 -> 3: each new rank reads the two old ranks whose rows overlap its own.
+    report = tmp_path / "restore.json"
+    env = {tier.RESTORE_REPORT_ENV: str(report)}
+    args = ("--checkpoint-dir", ck, "--steps", "15", "--save-every", "5", "--digest")
+    second = torchrun(3, *args, env=env)
     [restored] = of(second, "restored")
     assert (restored["step"], restored["world"]) == (12, 3)
     assert restored["digest"] == saved[12]
     assert {x["step"] for x in of(second, "restored", None)} == {12}
+    assert json.loads(report.read_text())["saves"] == 2  # whichever rank wrote it last
     # 3 -> 4 again, from the save at world 3.
     third = torchrun(4, "--checkpoint-dir", ck, "--steps", "16", "--save-every", "5", "--digest")
     [back] = of(third, "restored")
     assert back["step"] == 15
     assert back["digest"] == {x["step"]: x["digest"] for x in of(second, "saved")}[15]
+
+
+@pytest.mark.timeout(240)
+def test_a_save_whose_layout_lies_is_refused_rather_than_loaded_in_part(tmp_path: Path) -> None:
+    """Manifests that say the state is whole on every rank (no rows): at another world each
+    new rank then reads one old save, which holds only part of its rows. dcpio.load finds
+    the rows missing before loading, and the source is refused (here: the job starts anew)
+    rather than loaded with the freshly built model's values in the rest."""
+    ck = tmp_path / "ck"
+    torchrun(4, "--checkpoint-dir", str(ck), "--steps", "5", "--save-every", "5")
+    for rank in range(4):
+        directory = tier.rank_dir(tier.step_dir(ck, 5), rank)
+        manifest = tier.read_manifest(directory)
+        tier.write_manifest(directory, dataclasses.replace(manifest, dim0=()))
+    report = tmp_path / "restore.json"
+    env = {tier.RESTORE_REPORT_ENV: str(report)}
+    lines = torchrun(3, "--checkpoint-dir", str(ck), "--steps", "6", "--save-every", "5", env=env)
+    assert {x["step"] for x in of(lines, "restored", None)} == {0}
+    [refused] = json.loads(report.read_text())["refused"]
+    assert refused["kind"] == "absent" and "hold only part of" in refused["reason"]
 
 
 def memory_env(base: Path, order: str) -> dict[str, str]:

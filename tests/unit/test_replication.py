@@ -88,6 +88,26 @@ def test_a_node_brings_its_own_rank_at_the_same_world_and_every_rank_at_another(
     assert replication.fetches("a", [0], 3, ["persistent:20@1"], ["a"], nodes) == []
 
 
+def test_a_row_wise_save_brings_only_the_old_ranks_whose_rows_overlap() -> None:
+    """c is lost, 4 -> 3, a 12-row tensor: a (new rank 0) reads old ranks 0 and 1 and holds 0
+    and 3; b (new rank 1) reads 1 and 2 and holds 1 and 0; d (new rank 2) reads 2 and 3 and
+    holds both."""
+    nodes = {n: node(n, {20: [i]}, {20: [(i - 1) % W]}) for i, n in enumerate("abd")}
+    nodes["d"] = node("d", {20: [3]}, {20: [2]})
+    order, restore = ["a", "b", "d"], ["memory:20@1"]
+
+    def rows(key: tuple[int, int, int]) -> tuple[int, ...]:
+        return (12,)
+
+    def brought(me: str, rank: int) -> list[tuple[int, str]]:
+        copies = replication.fetches(me, [rank], 3, restore, order, nodes, rows)
+        return [(c.rank, c.sources[0]) for c in copies]
+
+    assert (brought("a", 0), brought("b", 1), brought("d", 2)) == ([(1, "b")], [(2, "d")], [])
+    every = replication.fetches("d", [2], 3, restore, order, nodes, lambda key: None)
+    assert {c.rank for c in every} == {0, 1}  # no layout recorded: every rank it lacks
+
+
 def test_a_new_world_restores_the_newest_save_its_members_hold_whole_then_the_committed() -> None:
     """Saves outpace copies: 26 is on one node per rank only (d's rank 3 reached a before d was
     lost), 20 is committed. The new world of a, b, c tries 26 first, then 20, at any world."""
