@@ -10,6 +10,7 @@ load time, again with no collective: each rank plans its own reads. torch is imp
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -30,9 +31,24 @@ def save_rank(state_dict: dict[str, Any], directory: Path) -> None:
     writer = FileSystemWriter(
         str(directory), single_file_per_rank=True, sync_files=False, thread_count=1
     )
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _plain_errors("save"):
         warnings.filterwarnings("ignore", message=_NO_DIST)
         save(state_dict, storage_writer=writer, no_dist=True)
+
+
+@contextlib.contextmanager
+def _plain_errors(what: str) -> Iterator[None]:
+    """DCP wraps whatever failed in a CheckpointException, a BaseException: past every
+    `except Exception` (a failed save would end a re-form, a failed load the restore, instead
+    of the next source being tried). Raise it as a RuntimeError naming the first cause."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        causes = [failure[0] for failure in exc.failures.values()]  # (exception, traceback)
+        first = causes[0] if causes else exc
+        raise RuntimeError(f"DCP could not {what}: {type(first).__name__}: {first}") from None
 
 
 def load(state_dict: dict[str, Any], directories: Sequence[Path]) -> None:
@@ -52,7 +68,7 @@ def load(state_dict: dict[str, Any], directories: Sequence[Path]) -> None:
     short = uncovered(state_dict, reader.read_metadata())
     if short is not None:
         raise NotCovered(f"the {len(directories)} saves read hold only part of {short}")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _plain_errors("load"):
         warnings.filterwarnings("ignore", message=_NO_DIST)
         dcp_load(state_dict, storage_reader=reader, no_dist=True)
 
