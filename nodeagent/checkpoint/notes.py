@@ -23,6 +23,7 @@ class RestoreNote:
     step: int | None
     seconds: float
     refused: tuple[Refusal, ...]
+    saves: int = 0  # how many ranks' saves it read (0: not said)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,12 @@ def _kind(value: object) -> str:
     return str(value)
 
 
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 20:
+        raise ValueError(f"'saves' must be a count of saves, got {value!r}")
+    return value
+
+
 def read_note(path: Path) -> RestoreNote | None:
     """A worker's restore report, which the agent trusts no more than any other input: at most
     NOTE_MAX bytes, strictly typed; anything else is said and dropped."""
@@ -87,6 +94,7 @@ def read_note(path: Path) -> RestoreNote | None:
             step=int(step) if step is not None else None,
             seconds=float(data["seconds"]),
             refused=refused,
+            saves=_count(data.get("saves", 0)),
         )
     except FileNotFoundError:
         return None

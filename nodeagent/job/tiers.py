@@ -176,7 +176,12 @@ class TierDuties:
                     node=self._node,
                     message=f"ranks {ranks} restored {where} in {slowest:.2f}s"
                     + (f" ({lost} steps behind the newest save)" if lost else ""),
-                    data={"tier": first.tier, "step": first.step, "steps_lost": lost},
+                    data={
+                        "tier": first.tier,
+                        "step": first.step,
+                        "steps_lost": lost,
+                        "saves": max(n.saves for n in self._notes),  # the most a rank read
+                    },
                 )
             )
             events += self._fell_back(first, where)

@@ -73,6 +73,10 @@ def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise
         assert before["replicas"] == 1 and before["under_replicated"] == []
         lose(cluster, shm, "c")
         step = resumed_from_memory(cluster, 3, before["committed"])
+        # 4 -> 3, FSDP2's row-wise shards: every rank read the two old saves overlapping its own
+        generation = cluster.status()["generation"]
+        said = [e for e in events(cluster, "checkpoint_restored") if e["generation"] == generation]
+        assert [e["data"]["saves"] for e in said] == [2, 2, 2]
         # Re-protected: the new world's saves are committed on 2 nodes again.
         after = committed(cluster, step + EVERY)
         assert after["under_replicated"] == []

@@ -247,6 +247,35 @@ def test_after_a_rollback_the_new_timelines_saves_are_persisted(tmp_path: Path) 
     assert (27, 7) in [(h.step, h.generation) for h in k.report().persisted]
 
 
+@pytest.mark.parametrize(("saves", "said"), [(2, 2), (None, 0), ("two", None)])
+def test_the_restored_event_says_how_many_saves_a_rank_read(
+    tmp_path: Path, saves: object, said: int | None
+) -> None:
+    """A report without `saves` (an older worker) says 0; one with garbage there is dropped."""
+    k = keeper(tmp_path)
+    k.prepare(None)
+    duties = TierDuties(k, "n0", CheckpointMetrics("j", CollectorRegistry()))
+    chosen = CheckpointRecord(restore=("memory:20@2", "start"), newest=20)
+    record = make_record(JobState.RUNNING, 3, ("n0",), checkpoint=chosen)
+    logs = str(tmp_path / "logs")
+    spec = WorkerSpec(0, 0, ("train",), {"NODEAGENT_JOB_ID": "j"}, None, tmp_path / "l", tmp_path)
+    duties.started(record, [spec], logs)
+    note: dict[str, object] = {"rank": 0, "tier": "memory", "step": 20, "seconds": 0.1}
+    note["refused"] = []
+    if saves is not None:
+        note["saves"] = saves
+    path = restore_report_path(logs, "j", 3, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(note))
+    events = duties.tick(GroupStatus(3, GroupPhase.RUNNING), record)
+    restored = [e.data for e in events if e.type == "checkpoint_restored"]
+    if said is None:
+        assert restored == []
+    else:
+        [data] = restored
+        assert (data["step"], data["saves"]) == (20, said)
+
+
 @pytest.mark.parametrize(
     ("tier_name", "step", "said"),
     [
