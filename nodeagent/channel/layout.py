@@ -30,12 +30,9 @@ def needed(sizes: Iterable[int], saved_world: int, ranks: Iterable[int], world: 
     wanted = list(ranks)
     found: set[int] = set()
     for n in set(sizes):
+        size = -(-n // saved_world) if n else 1  # rows per old rank
         for rank in wanted:
             new = rows(n, world, rank)
-            if not new:
-                continue
-            for old in range(saved_world):
-                held = rows(n, saved_world, old)
-                if held and held.start < new.stop and new.start < held.stop:
-                    found.add(old)
+            if new:  # old rank j holds rows [j*size, (j+1)*size)
+                found.update(range(new.start // size, (new.stop - 1) // size + 1))
     return sorted(found) or [min(wanted, default=0) % max(saved_world, 1)]

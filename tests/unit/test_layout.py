@@ -43,3 +43,17 @@ def test_a_state_with_no_rows_for_the_rank_reads_one_old_rank() -> None:
     assert layout.needed([2], 4, [2], 3) == [2]  # 2 rows: ranks 0 and 1 hold them, 2 reads none
     assert layout.needed([2], 4, [1], 3) == [1]
     assert layout.needed([], 4, [5], 6) == [1]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 12, 13, 100, 1001])
+@pytest.mark.parametrize(("saved_world", "world"), [(4, 3), (3, 4), (4, 2), (2, 5), (7, 3)])
+def test_needed_is_every_old_rank_whose_rows_overlap(n: int, saved_world: int, world: int) -> None:
+    """Against the definition, rank by rank, for one tensor."""
+    for rank in range(world):
+        new = set(layout.rows(n, world, rank))
+        overlapping = [
+            old for old in range(saved_world) if new & set(layout.rows(n, saved_world, old))
+        ]
+        assert layout.needed([n], saved_world, [rank], world) == (
+            overlapping or [rank % saved_world]
+        )
