@@ -8,7 +8,7 @@ each, not four. The worker records in each save's manifest the distinct row coun
 tensors (`dim0`) when the whole state is laid out so (every sharded tensor split along dim 0
 over a one-dimensional mesh of the whole world, every other tensor whole on every rank);
 otherwise nothing, and a rank of another world reads every old rank. Both the agent (what to
-bring from peers) and the worker (what to verify and read) ask `needed` the same question.
+bring from peers) and the worker (what to verify and read) ask `reads` the same question.
 """
 
 from __future__ import annotations
@@ -36,3 +36,16 @@ def needed(sizes: Iterable[int], saved_world: int, ranks: Iterable[int], world: 
             if new:  # old rank j holds rows [j*size, (j+1)*size)
                 found.update(range(new.start // size, (new.stop - 1) // size + 1))
     return sorted(found) or [min(wanted, default=0) % max(saved_world, 1)]
+
+
+def reads(
+    saved_world: int, counts: Iterable[int] | None, ranks: Iterable[int], world: int
+) -> list[int]:
+    """The ranks of a save made at `saved_world` that ranks `ranks` of a world of `world` read:
+    their own at the same world; at another, those whose rows overlap theirs where the save
+    records its row counts (`counts`), else every one."""
+    if saved_world == world:
+        return list(ranks)
+    if counts is None:
+        return list(range(saved_world))
+    return needed(counts, saved_world, ranks, world)

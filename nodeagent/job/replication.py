@@ -170,10 +170,11 @@ def fetches(
         if source.tier != "memory" or source.step is None:
             continue
         for key in _newest(held):
-            step, generation, _ = key
+            step, generation, saved_world = key
             if step != source.step or (source.generation not in (None, generation)):
                 continue
-            for rank in _reads(key, local_ranks, world, rows):
+            counts = rows(key) if saved_world != world else None  # a manifest read
+            for rank in layout.reads(saved_world, counts, local_ranks, world):
                 holders = held[key].get(rank, {})
                 if me in holders or not holders:
                     continue
@@ -181,21 +182,6 @@ def fetches(
                 found.append(Copy(key, rank, holders[sources[0]], sources, me))
             break
     return found
-
-
-def _reads(
-    key: SaveKey,
-    local_ranks: Sequence[int],
-    world: int,
-    rows: Callable[[SaveKey], tuple[int, ...] | None],
-) -> Sequence[int]:
-    saved_world = key[2]
-    if saved_world == world:
-        return local_ranks
-    counts = rows(key)
-    if counts is None:
-        return range(saved_world)
-    return layout.needed(counts, saved_world, local_ranks, world)
 
 
 def under_replicated(held: Holders, key: SaveKey | None, replicas: int) -> list[int]:

@@ -343,7 +343,7 @@ class Checkpointer:
             if own is None:
                 raise NoSave(f"rank {self.rank} holds no step {step} on this node")
             return [own]
-        ranks = self._reads(manifest)
+        ranks = layout.reads(manifest.world_size, manifest.dim0, [self.rank], self.world_size)
         slots = [find(r, step, generation) for r in ranks]
         missing = [r for r, slot in zip(ranks, slots, strict=True) if slot is None]
         if missing:
@@ -358,17 +358,8 @@ class Checkpointer:
         at, else the old ranks it reads (resharding)."""
         saved = tier.step_dir(root, step)
         manifest = tier.read_manifest(tier.rank_dir(saved, 0))
-        if manifest.world_size == self.world_size:
-            return [tier.rank_dir(saved, self.rank)]
-        return [tier.rank_dir(saved, r) for r in self._reads(manifest)]
-
-    def _reads(self, saved: Manifest) -> list[int]:
-        """The ranks of a save made at another world whose shards this rank reads: those
-        whose rows overlap its own when the state is sharded row-wise (channel/layout.py),
-        else every one. dcpio.load checks that what they hold covers this rank's shards."""
-        if saved.dim0 is None:
-            return list(range(saved.world_size))
-        return layout.needed(saved.dim0, saved.world_size, [self.rank], self.world_size)
+        ranks = layout.reads(manifest.world_size, manifest.dim0, [self.rank], self.world_size)
+        return [tier.rank_dir(saved, r) for r in ranks]  # dcpio.load checks they cover it
 
     def _newest_whole(self, root: Path) -> int | None:
         """The newest step of `root` that every rank of this job can read (agreed)."""
