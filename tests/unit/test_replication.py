@@ -106,6 +106,13 @@ def test_a_row_wise_save_brings_only_the_old_ranks_whose_rows_overlap() -> None:
     assert (brought("a", 0), brought("b", 1), brought("d", 2)) == ([(1, "b")], [(2, "d")], [])
     every = replication.fetches("d", [2], 3, restore, order, nodes, lambda key: None)
     assert {c.rank for c in every} == {0, 1}  # no layout recorded: every rank it lacks
+    # rank 0's node lost instead: b, c, d (new ranks 0, 1, 2) each hold the two they read
+    alive = {n: node(n, {20: [i]}, {20: [(i - 1) % W]}) for i, n in enumerate("abcd") if i}
+    members = ["b", "c", "d"]
+    assert all(
+        replication.fetches(me, [r], 3, restore, members, alive, rows) == []
+        for r, me in enumerate(members)
+    )
 
 
 def test_a_new_world_restores_the_newest_save_its_members_hold_whole_then_the_committed() -> None:
