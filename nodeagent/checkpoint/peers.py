@@ -25,6 +25,7 @@ from nodeagent.checkpoint import replica, scan, space
 from nodeagent.checkpoint.replica import Accept, ReplicaError, ReplicaServer, Want
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
+from nodeagent.model.handout import Transfer
 from nodeagent.model.tiers import Held, SaveKey
 
 log = logging.getLogger(__name__)
@@ -32,24 +33,6 @@ log = logging.getLogger(__name__)
 # this far apart: a peer learns of a generation that added the asker at its next tick.
 FETCH_ROUNDS = 20
 FETCH_PAUSE_S = 0.5
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """One copy to make: `fetch` brings the save here from the first of `sources` that has it
-    whole; otherwise this node sends it to `target`."""
-
-    key: SaveKey
-    rank: int
-    digest: str
-    sources: tuple[str, ...]
-    target: str
-    fetch: bool = False
-
-    def __str__(self) -> str:
-        step, generation, world = self.key
-        where = f"from {', '.join(self.sources)}" if self.fetch else f"to {self.target}"
-        return f"step {step}@{generation} rank {self.rank}/{world} {where}"
 
 
 @dataclass(frozen=True)

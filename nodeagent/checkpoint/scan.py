@@ -110,9 +110,13 @@ def held(saves: Iterable[Save]) -> tuple[Held, ...]:
     """Saves grouped by step, world and the generation that saved them: which ranks hold
     each, newest first."""
     by_step: dict[tuple[int, int, int], dict[int, str]] = {}
+    rows: dict[tuple[int, int, int], tuple[int, ...]] = {}
     for save in saves:
         m = save.manifest
-        by_step.setdefault((m.step, m.generation, m.world_size), {})[m.rank] = save.digest
+        key = (m.step, m.generation, m.world_size)
+        by_step.setdefault(key, {})[m.rank] = save.digest
+        if m.dim0 is not None:  # every rank's manifest records the same row counts
+            rows[key] = m.dim0
     return tuple(
         Held(
             step,
@@ -120,6 +124,7 @@ def held(saves: Iterable[Save]) -> tuple[Held, ...]:
             tuple(sorted(ranks)),
             generation,
             tuple(dict(sorted(ranks.items())).values()),
+            rows.get((step, generation, world), ()),
         )
         for (step, generation, world), ranks in sorted(by_step.items(), reverse=True)
     )

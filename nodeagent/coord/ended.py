@@ -24,7 +24,7 @@ from nodeagent.model.pool import PoolJob
 from nodeagent.model.spec import JobSpec
 
 # Delete every key of one job: its nodes' reports (the nodes its leases name), its leases,
-# leader, record, ranks, streams, cordons and change set. Only for a job that has ended.
+# leader, record, ranks, streams, cordons, change set and copies. Only for a job that has ended.
 JOB_CLEAR = Script(
     "JOB_CLEAR",
     keys=(
@@ -40,6 +40,7 @@ JOB_CLEAR = Script(
         "changes",
         "change_seq",
         "digests",
+        "copies",
     ),
     args=("node_prefix",),
     returns="the number of keys deleted",
@@ -50,7 +51,7 @@ if type(nodes) == 'table' then
   for _, name in ipairs(nodes) do deleted = deleted + redis.call('DEL', A.node_prefix .. name) end
 end
 return deleted + redis.call('DEL', K.leases, K.leader, K.epoch, K.record, K.ranks, K.events,
-  K.commands, K.wake, K.cordons, K.changes, K.change_seq, K.digests)
+  K.commands, K.wake, K.cordons, K.changes, K.change_seq, K.digests, K.copies)
 """,
 )
 
@@ -112,6 +113,7 @@ def clear_job(client: redis.Redis, keys: JobKeys) -> int:
             "changes": keys.changes,
             "change_seq": keys.change_seq,
             "digests": keys.digests,
+            "copies": keys.copies,
         },
         {"node_prefix": keys.node_prefix()},
     )

@@ -24,6 +24,9 @@ CORDONS_KEY = "%s:{%s}:cordons"  # HASH node name -> JSON Cordon
 CHANGES_KEY = "%s:{%s}:changes"  # ZSET member=node name, score=change number of its last change
 CHANGE_SEQ_KEY = "%s:{%s}:change-seq"  # INCR counter: change numbers
 DIGESTS_KEY = "%s:{%s}:digests"  # HASH node name -> digest of what the leader plans from
+# node name -> JSON Handout: the node's share of the copies of the job's saves (issue 27),
+# written by the leader (coord/handouts.py)
+COPIES_KEY = "%s:{%s}:copies"  # HASH
 
 EVENTS_MAXLEN = 10_000
 COMMANDS_MAXLEN = 1_000
@@ -91,6 +94,10 @@ class JobKeys:
     @property
     def digests(self) -> str:
         return DIGESTS_KEY % (self.prefix, self.job)
+
+    @property
+    def copies(self) -> str:
+        return COPIES_KEY % (self.prefix, self.job)
 
 
 # The pool's keys: one hash tag per pool, {pool:<name>} (job ids cannot hold a ':', so a pool's

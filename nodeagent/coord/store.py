@@ -14,7 +14,7 @@ by the agent: job/verify.py), before the garbage it finds is reported.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ import redis
 from nodeagent.coord import scripts, streams
 from nodeagent.coord.cordons import lift_cordon, put_cordon
 from nodeagent.coord.errors import redis_errors
+from nodeagent.coord.handouts import CopiesHash
 from nodeagent.coord.keys import COMMANDS_MAXLEN, EVENTS_MAXLEN, WAKE_MAXLEN, JobKeys
 from nodeagent.coord.lua import Call
 from nodeagent.coord.replies import (
@@ -37,6 +38,7 @@ from nodeagent.coord.scripts import leave_call, read_page_call
 from nodeagent.coord.view import PAGE, SWEEP, LeaderView, ViewRead, sweep_all
 from nodeagent.errors import CoordinationError, CorruptStateError
 from nodeagent.model.garbage import Garbage, GarbageLog
+from nodeagent.model.handout import Handout
 from nodeagent.model.job import (
     Command,
     Cordon,
@@ -98,6 +100,7 @@ class JobStore:
         self._commit = scripts.COMMIT.bind(client)
         self._write_ranks = scripts.WRITE_RANKS.bind(client)
         self._leave = scripts.LEAVE.bind(client)
+        self._copies = CopiesHash(client, keys)
 
     def sync(self, report: NodeReport, events: Sequence[Event] = ()) -> Snapshot:
         """Heartbeat: renew the lease, take or keep the leader lease, append events, read.
@@ -211,6 +214,16 @@ class JobStore:
             if report.name == name:
                 found[name] = report
         return found
+
+    def hand_out(
+        self, leader: str, shares: Mapping[str, str], drop: Sequence[str], reset: bool
+    ) -> None:
+        """The leader writes nodes their shares of the copies (coord/handouts.py)."""
+        self._copies.write(leader, shares, drop, reset)
+
+    def handout(self, name: str) -> Handout | None:
+        """Node `name`'s share of the copies, as the leader wrote it (None: none)."""
+        return self._copies.read(name)
 
     def sync_many(self, reports: Sequence[NodeReport], held: str = "") -> None:
         """Heartbeats of many nodes in one pipeline (the fleet simulator, bench/fleet.py), each

@@ -144,18 +144,19 @@ class Agent:
         checkpoint = config.job.checkpoint
         copies = None
         if replicas is not None and checkpoint is not None and checkpoint.replicas:
+            name = self.name
             copies = ReplicaDuties(
                 replicas,
-                self.name,
+                name,
                 config.pool.labels.get("rack", ""),
                 checkpoint.replicas,
-                lambda names: self._call(lambda: self._store.peer_reports(names), "read peers"),
-                lambda: self._call(self._store.members, "read the members"),
+                lambda: self._call(lambda: self._store.handout(name), "read the copies"),
                 metrics,
                 fetch_timeout=config.timing.rendezvous_timeout / 2,
+                share_wait=2 * config.timing.lease_ttl,  # a new leader writes it too
                 clock=self._clock,
+                share_now=lambda: self._store.handout(name),
                 peers_now=self._store.peer_reports,
-                members_now=self._store.members,
             )
             replicas.listen(copies.accept)
         return TierDuties(tiers, self.name, metrics, copies)
@@ -383,7 +384,9 @@ class Agent:
             deadlines.append(ping)
         if (hang_check := self._watchers.next_check()) is not None:
             deadlines.append(hang_check)
-        if self._tiers is not None and self._tiers.holds_back(self._workers.status()):
+        if self._tiers is not None and (
+            self._tiers.holds_back(self._workers.status()) or self._tiers.awaiting_share
+        ):
             deadlines.append(self._clock() + SETTLE_POLL_S)
         point = self._lease.fence_point
         if point is not None and self._fenced_generation is None:

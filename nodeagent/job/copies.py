@@ -1,11 +1,12 @@
 """The agent's replication duties in its loop, around the node's Replicas (issue 27).
 
-While the job runs: when this node holds a new save (or the membership or the committed step
-changed), read the members' reports, plan the copies (job/replication.py) and hand this node's
-own to its Replicas, which make them in the background. Before the workers of a generation
-restore a memory step: bring what this node lacks of it from the peers that hold it
-(`holds_start`: the workers start once that is done or given up on). The listener asks
-`accept` whether a peer's request may be served: a member of the job, connecting from the
+The leader plans every node's copies and writes each node its share (job/handouts.py): this
+node reads its own share, never its peers' reports. While the job runs: the copies its share
+names, handed to its Replicas, which make them in the background. Before the workers of a
+generation restore a memory step: what this node lacks of it, brought from the peers that hold
+it (`holds_start`: the workers start once the share of that generation is read and the copies
+of the last one ended; their restore waits for the fetch). The listener asks `accept` whether
+a peer's request may be served: a peer the leader named to this node, connecting from the
 address it reports, leaving a save whose digest it reported, or asking for one.
 """
 
@@ -18,19 +19,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from nodeagent.channel import tier
-from nodeagent.checkpoint.peers import Done, Replicas, Transfer
+from nodeagent.checkpoint.peers import Done, Replicas
 from nodeagent.checkpoint.replica import Offer
 from nodeagent.errors import CoordinationError
 from nodeagent.job import replication
+from nodeagent.model.handout import Handout
 from nodeagent.model.job import Event, JobRecord, NodeReport
-from nodeagent.model.tiers import Held, SaveKey, TierReport
+from nodeagent.model.tiers import SaveKey, TierReport
 from nodeagent.state import JobState
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
 
 log = logging.getLogger(__name__)
-PLAN_S = 1.0  # the least time between two plans (each reads the members' reports)
-# Read the members' reports: may raise CoordinationError.
+PLAN_S = 1.0  # the least time between two reads of this node's share
+WAIT_READ_S = 0.1  # while the workers wait for the share of their restore: read this often
+# Read the reports of the nodes named: may raise CoordinationError.
 PeerReader = Callable[[Sequence[str]], Mapping[str, NodeReport]]
+# Read this node's share of the copies (None: none written): may raise CoordinationError.
+ShareReader = Callable[[], Handout | None]
 
 
 class ReplicaDuties:
@@ -42,38 +47,37 @@ class ReplicaDuties:
         node: str,
         domain: str,
         copies: int,
-        peers: PeerReader,
-        members: Callable[[], Sequence[str]],
+        share: ShareReader,
         metrics: CheckpointMetrics,
         fetch_timeout: float,
+        share_wait: float,
         clock: Callable[[], float] = time.monotonic,
+        share_now: ShareReader | None = None,
         peers_now: PeerReader | None = None,
-        members_now: Callable[[], Sequence[str]] | None = None,
     ) -> None:
-        """`peers`: read the members' reports from the agent's loop (bounded by its lease);
-        `members`: the record's members, read whole (a node that does not lead is told only
-        its own place in them); `peers_now` and `members_now`: the same from the listener's
-        threads, for a request from a peer this node has not read as it is now (a member of
-        a generation this node's loop has not seen yet, a report older than what it offers).
-        Each may raise CoordinationError."""
+        """`share`: read this node's share from the agent's loop (bounded by its lease);
+        `share_now` and `peers_now`: read it, and a peer's report, from the listener's threads,
+        for a request this node cannot check on what it read (a share of a generation its
+        loop has not read yet, a report newer than the one it holds). `share_wait`: how long
+        the workers of a generation wait for the share of their restore before they start
+        without it."""
         self.replicas = replicas
         self._node, self._domain, self._k = node, domain, copies
-        self._peers = peers
+        self._share = share
+        self._share_now = share_now
         self._peers_now = peers_now
-        self._members_now = members_now
-        self._read_members = members
-        self._members: tuple[str, ...] = ()
-        self._members_generation = -1
         self._metrics = metrics
         self._fetch_timeout = fetch_timeout
+        self._share_wait = share_wait
         self._clock = clock
-        # What the listener's threads check requests against: replaced whole, never changed.
+        # What the listener's threads check requests against (the peers the leader named,
+        # their reports as read): replaced whole, never changed.
         self._known: tuple[frozenset[str], Mapping[str, NodeReport]] = (frozenset(), {})
         self._next_plan = 0.0
-        self._planned: object = None  # what the last plan with nothing left to do was made from
-        self._stale = False  # a request was refused on what this node knew: read again
-        self._made: set[tuple[SaveKey, int, str]] = set()  # copies made: not planned again
+        self._made: set[tuple[SaveKey, int, str]] = set()  # copies made: not made again
         self._generation = -1  # the generation whose restore was fetched for (or is being)
+        self._waiting: float | None = None  # since when the workers wait for their share
+        self._next_wait_read = 0.0
         # Copies wait while this node's workers restore (the restore is the recovery's critical
         # path, and copies beside it compete for the CPU and memory bandwidth), until they said
         # they did or this clock time.
@@ -83,29 +87,30 @@ class ReplicaDuties:
     # -- the listener's threads -------------------------------------------------------------
 
     def accept(self, offer: Offer) -> str | None:
-        members, reports = self._known
-        why = self._check(offer, members, reports.get(offer.node))
+        peers, reports = self._known
+        why = self._check(offer, peers, reports.get(offer.node))
         if why is None or self._peers_now is None:
             return why
-        try:  # what this node read may be older than the request: a generation that added the
-            # peer (it asks at once, this node's loop reads at its next tick), a newer report
-            if offer.node not in members and self._members_now is not None:
-                members = frozenset(self._members_now())
-            if offer.node not in members:
+        try:  # what this node read may be older than the request: a share of a generation
+            # its loop has not read yet (the peer asks at once), a newer report
+            if offer.node not in peers and self._share_now is not None:
+                share = self._share_now()
+                peers = frozenset(share.peers) if share is not None else peers
+            if offer.node not in peers:
                 return why
             fresh = self._peers_now([offer.node]).get(offer.node)
         except CoordinationError as exc:
             return f"{why} (and it cannot be read now: {exc})"
-        return self._check(offer, members, fresh)
+        known = {n: r for n, r in reports.items() if n in peers}
+        if fresh is not None:
+            known[offer.node] = fresh
+        self._known = (peers, known)
+        return self._check(offer, peers, fresh)
 
-    def _check(
-        self, offer: Offer, members: frozenset[str], report: NodeReport | None
-    ) -> str | None:
-        if offer.node not in members:
-            self._stale = True
-            return f"{offer.node} is not a member of the job as {self._node} knows it"
+    def _check(self, offer: Offer, peers: frozenset[str], report: NodeReport | None) -> str | None:
+        if offer.node not in peers:
+            return f"{offer.node} is not a peer the leader named to {self._node}"
         if report is None or report.tier is None:
-            self._stale = True
             return f"no report of {offer.node} read yet"
         if not _same_host(report.address, offer.host):
             return (
@@ -113,11 +118,10 @@ class ReplicaDuties:
             )
         manifest = offer.manifest
         if manifest is None:
-            return None  # a fetch: a member may read the job's saves
+            return None  # a fetch: a peer named may read the job's saves
         key = (manifest.step, manifest.generation, manifest.world_size)
         digest = replication.digest_of(report, key, manifest.rank)
         if digest is None or digest != tier.digest(manifest):
-            self._stale = True
             return (
                 f"step {manifest.step}@{manifest.generation} rank {manifest.rank} is not a save "
                 f"{offer.node} reported holding"
@@ -135,38 +139,28 @@ class ReplicaDuties:
         )
 
     def tick(self, record: JobRecord | None, own: TierReport) -> list[Event]:
-        """One pass: what finished, and the next copies when due; the events to publish."""
+        """One pass: what finished, and the copies of this node's share when due; the events
+        to publish."""
         events = self._finished(record)
         checkpoint = record.checkpoint if record is not None else None
         if record is None or checkpoint is None or record.state is not JobState.RUNNING:
             return events
         committed = checkpoint.committed
-        newest = own.newest_memory()
-        self._metrics.lag(newest, committed[0] if committed else None)
+        self._metrics.lag(own.newest_memory(), committed[0] if committed else None)
         if self._node not in record.members or self.replicas.busy:
-            return events  # a fetch or copies under way: the next plan once they ended
-        if self._clock() < self._restoring_until:
-            return events
+            return events  # a fetch or copies under way: the next read once they ended
         now = self._clock()
-        basis = (record.generation, committed, own.memory)
-        if now < self._next_plan or (basis == self._planned and not self._stale):
+        if now < self._restoring_until or now < self._next_plan:
             return events
-        self._next_plan, self._stale = now + PLAN_S, False
-        members = self._members_of(record)
-        nodes = self._read(members) if members else None
-        if not members or nodes is None:
+        self._next_plan = now + PLAN_S
+        share = self._read_share()
+        if share is None or share.generation != record.generation:
             return events
-        order = replication.ring(members, {n: t.domain for n, t in _tiers(nodes)})
-        wanted = replication.copies(order, nodes, self._k, committed, checkpoint.bad)
-        self._made &= {(c.key, c.rank, c.target) for c in wanted}
-        mine = [
-            Transfer(c.key, c.rank, c.digest, c.sources, c.target)
-            for c in wanted
-            if c.sources[0] == self._node and (c.key, c.rank, c.target) not in self._made
-        ]
-        self._planned = None if mine else basis
+        wanted = [t for t in share.transfers if not t.fetch]
+        self._made &= {(t.key, t.rank, t.target) for t in wanted}
+        mine = [t for t in wanted if (t.key, t.rank, t.target) not in self._made]
         if mine:
-            self.replicas.run(mine, _addresses(nodes), record.generation)
+            self.replicas.run(mine, share.address_map, record.generation)
         else:
             self._prune(committed)
         events += self._lagging(record, own)
@@ -174,10 +168,12 @@ class ReplicaDuties:
 
     def holds_start(self, record: JobRecord | None) -> bool:
         """Whether this node's workers of `record`'s generation must wait before they start:
-        only while the copies of the last generation end (cancelled). Then what they will
-        restore from memory is brought from the peers as they start (given up on after
-        fetch_timeout): their restore waits for it (channel/fetching.py), their start (torch
-        imported, the model built, the process group joined) does not."""
+        while the copies of the last generation end (cancelled), and, for a restore from
+        memory, until this node read its share of the generation (the leader writes it as it
+        writes the record; given up on after `share_wait`). Then what the share says to bring
+        is brought from the peers as the workers start (given up on after fetch_timeout):
+        their restore waits for it (channel/fetching.py), their start (torch imported, the
+        model built, the process group joined) does not."""
         checkpoint = record.checkpoint if record is not None else None
         if record is None or checkpoint is None or record.state is not JobState.RUNNING:
             return False
@@ -186,37 +182,56 @@ class ReplicaDuties:
         if self.replicas.busy:  # copies of the last generation: let them end first
             self.replicas.cancel()
             return True
+        share = None
+        if any(source.startswith("memory:") for source in checkpoint.restore):
+            share = self._share_of(record.generation)
+            if share is None and self._waiting is not None:
+                return True  # not read yet: the leader writes it right after the record
+        self._waiting = None
         self._generation = record.generation
         self._restoring_until = self._clock() + self._fetch_timeout
-        if not any(source.startswith("memory:") for source in checkpoint.restore):
-            return False  # nothing to bring: no need to read the peers
-        group_rank = record.members.index(self._node)
-        nproc = record.nproc_per_node
-        local = range(group_rank * nproc, (group_rank + 1) * nproc)
-        members = self._members_of(record)
-        nodes = self._read(members, self.replicas.held()) if members else None
-        if not members or nodes is None:
+        transfers = [t for t in share.transfers if t.fetch] if share is not None else []
+        if share is None or not transfers:
             return False
-        order = replication.ring(members, {n: t.domain for n, t in _tiers(nodes)})
-        wanted = replication.fetches(
-            self._node, local, record.world_size, checkpoint.restore, order, nodes, self._rows
-        )
-        if not wanted:
-            return False
-        log.info("bringing %d saves from peers for the restore", len(wanted))
-        transfers = [Transfer(c.key, c.rank, c.digest, c.sources, c.target, True) for c in wanted]
+        log.info("bringing %d saves from peers for the restore", len(transfers))
         deadline = self._clock() + self._fetch_timeout  # what is not brought by then: given up
-        self.replicas.run(transfers, _addresses(nodes), record.generation, deadline)
+        self.replicas.run(transfers, share.address_map, record.generation, deadline)
         return False
 
-    def _rows(self, key: SaveKey) -> tuple[int, ...] | None:
-        """The row counts save `key` records (channel/layout.py), from any rank's manifest on
-        this node; None where it holds none, or the save's layout is not row-wise."""
-        step, generation, _ = key
-        slot = tier.any_save(self.replicas.memory, self.replicas.area, step, generation)
+    @property
+    def waiting(self) -> bool:
+        """The workers wait for this node's share of their restore (the loop polls for it)."""
+        return self._waiting is not None
+
+    def _share_of(self, generation: int) -> Handout | None:
+        """This node's share of `generation`, read at most every WAIT_READ_S while waiting;
+        None while it is not there (`_waiting` set), or once the wait is given up on
+        (`_waiting` None)."""
+        now = self._clock()
+        if self._waiting is None:
+            self._waiting, self._next_wait_read = now, now
+        if now < self._next_wait_read:
+            return None
+        self._next_wait_read = now + WAIT_READ_S
+        share = self._read_share()
+        if share is not None and share.generation == generation:
+            self._known = (frozenset(share.peers), self._known[1])
+            return share
+        if now - self._waiting >= self._share_wait:
+            log.warning(
+                "no share of the copies handed out for generation %d in %.0fs: its workers "
+                "start without bringing what they lack from peers",
+                generation,
+                now - self._waiting,
+            )
+            self._waiting = None
+        return None
+
+    def _read_share(self) -> Handout | None:
         try:
-            return tier.read_manifest(slot).dim0 if slot is not None else None
-        except (tier.BadCopy, OSError):
+            return self._share()
+        except CoordinationError as exc:
+            log.info("cannot read this node's share of the checkpoint copies: %s", exc)
             return None
 
     def restored(self, step: int | None, generation: int) -> None:
@@ -226,40 +241,6 @@ class ReplicaDuties:
         self._restoring_until = 0.0  # the copies may go on
         floor = step if step is not None else -1
         self.replicas.prune(lambda key: not (key[0] > floor and key[1] < generation))
-
-    def _members_of(self, record: JobRecord) -> tuple[str, ...]:
-        """`record`'s members by name (read once a generation); () when they cannot be read or
-        the record read is not `record`'s generation any more (the next tick tries again)."""
-        if self._members_generation != record.generation:
-            try:
-                members = tuple(self._read_members())
-            except CoordinationError as exc:
-                log.info("cannot read the job's members to copy checkpoints: %s", exc)
-                return ()
-            mine = record.members.index(self._node)
-            if len(members) != len(record.members) or members[mine] != self._node:
-                return ()
-            self._members, self._members_generation = members, record.generation
-        return self._members
-
-    def _read(
-        self, members: tuple[str, ...], replicas: tuple[Held, ...] | None = None
-    ) -> dict[str, NodeReport] | None:
-        """The members' reports, remembered for `accept`; None when Redis cannot be read (the
-        next plan tries again). Copies are planned from what this node published (a peer
-        accepts only what it can read there); `replicas`: what its replica area holds now,
-        for a fetch."""
-        try:
-            nodes = dict(self._peers(members))
-        except CoordinationError as exc:
-            log.info("cannot read the peers' reports to copy checkpoints: %s", exc)
-            return None
-        published = nodes[self._node].tier if self._node in nodes else None
-        if replicas is not None and published is not None:
-            now = replace(published, replicas=replicas)
-            nodes[self._node] = replace(nodes[self._node], tier=now)
-        self._known = (frozenset(members), nodes)
-        return nodes
 
     def _finished(self, record: JobRecord | None) -> list[Event]:
         events = []
@@ -320,14 +301,6 @@ class ReplicaDuties:
                 data={"newest": steps[0], "committed": committed, "interval": interval},
             )
         ]
-
-
-def _tiers(nodes: Mapping[str, NodeReport]) -> list[tuple[str, TierReport]]:
-    return [(n, r.tier) for n, r in nodes.items() if r.tier is not None]
-
-
-def _addresses(nodes: Mapping[str, NodeReport]) -> dict[str, str]:
-    return {n: t.address for n, t in _tiers(nodes) if t.address is not None}
 
 
 def _same_host(reported: str, seen: str) -> bool:

@@ -2,7 +2,8 @@
 
 `Leadership.lead()` runs plan() (job/plan.py) on the cluster view and writes the result through the
 fenced COMMIT script; the agent applies what it returns (a new record, its revision, whether to
-run another tick at once). Garbage the leader read is reported by the store (once, counted in
+run another tick at once). Then it hands each node its share of the checkpoint copies
+(job/handouts.py). Garbage the leader read is reported by the store (once, counted in
 the agent's metrics); the plan removes garbage leases and rewrites a garbage record.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass, replace
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.coord.store import Snapshot
 from nodeagent.errors import CoordinationError, FencedError, IllegalTransition
+from nodeagent.job.handouts import Handouts
 from nodeagent.job.plan import LeaderMemory, Plan, Policy, plan
 from nodeagent.job.port import JobPort
 from nodeagent.model.job import JobRecord
@@ -48,6 +50,7 @@ class Leadership:
         self._lease_ttl_ms = int(lease_ttl_s * 1000)
         self._clock = clock
         self._memory = LeaderMemory()
+        self._handouts = Handouts(store, policy.replicas, call, clock)
         self._last_reason = ""
         self.next_expiry: float | None = None  # local time the earliest known lease lapses
 
@@ -82,6 +85,7 @@ class Leadership:
             log.info("leader: %s", decision.reason)
             self._last_reason = decision.reason
         if not decision.writes:
+            self._handouts.lead(token, view.record, view.nodes)
             return Led()
 
         def write() -> int:
@@ -97,6 +101,8 @@ class Leadership:
             self._metrics.sync_failed()
             return Led()
         self._observe_losses(snapshot, decision)
+        # Right after the record: a generation's fetches are there when its nodes read it.
+        self._handouts.lead(token, decision.record or view.record, view.nodes)
         return Led(record=decision.record, rev=rev, again=True)
 
     def _observe_losses(self, snapshot: Snapshot, decision: Plan) -> None:

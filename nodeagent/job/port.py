@@ -6,13 +6,14 @@ rendezvous against an in-memory backend.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.replies import NodeLease, Snapshot
 from nodeagent.coord.store import RecordWrite, SnapshotCheck
 from nodeagent.model.garbage import Garbage, GarbageLog
+from nodeagent.model.handout import Handout
 from nodeagent.model.job import Cordon, Event, NodeReport
 
 
@@ -42,6 +43,15 @@ class JobPort(Protocol):
         self, leader: str, rev: int, plan: RecordWrite, replacing_garbage: bool = False
     ) -> int:
         """Write the leader's plan, fenced by its token and the record's revision; the new one."""
+
+    def hand_out(
+        self, leader: str, shares: Mapping[str, str], drop: Sequence[str], reset: bool
+    ) -> None:
+        """Write nodes their shares of the copies (node -> JSON Handout), drop those of `drop`,
+        fenced by the leader's token; `reset`: every other share goes first."""
+
+    def handout(self, name: str) -> Handout | None:
+        """Node `name`'s share of the copies (None: none written)."""
 
     def leave(self, name: str, event: Event) -> None: ...
     def wake(self, why: str) -> None: ...

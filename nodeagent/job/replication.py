@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from nodeagent.channel import layout
 from nodeagent.channel.tier import restore_from_env
+from nodeagent.model.handout import Handout, Transfer
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import SaveKey
 
@@ -165,6 +166,45 @@ def fetches(
     every one."""
     held = holdings({name: r for name, r in nodes.items() if name in order})
     position = {name: i for i, name in enumerate(order)}
+    return _fetches(me, local_ranks, world, restore, held, position, rows)
+
+
+def restore_fetches(
+    members: Sequence[str],
+    nproc: int,
+    restore: Sequence[str],
+    order: Sequence[str],
+    nodes: Mapping[str, NodeReport],
+) -> dict[str, list[Copy]]:
+    """`fetches` for every member (group rank = index, `nproc` ranks each) at once, the
+    holdings read once; row counts as the holders report them (Held.rows)."""
+    held = holdings({name: r for name, r in nodes.items() if name in order})
+    position = {name: i for i, name in enumerate(order)}
+    counts = {
+        h.key: h.rows
+        for r in nodes.values()
+        if r.tier is not None
+        for h in (*r.tier.memory, *r.tier.replicas)
+        if h.rows
+    }
+    world = len(members) * nproc
+    return {
+        name: _fetches(
+            name, range(g * nproc, (g + 1) * nproc), world, restore, held, position, counts.get
+        )
+        for g, name in enumerate(members)
+    }
+
+
+def _fetches(
+    me: str,
+    local_ranks: Sequence[int],
+    world: int,
+    restore: Sequence[str],
+    held: Holders,
+    position: Mapping[str, int],
+    rows: Callable[[SaveKey], tuple[int, ...] | None],
+) -> list[Copy]:
     found = []
     for source in restore_from_env(" ".join(restore)):
         if source.tier != "memory" or source.step is None:
@@ -173,7 +213,7 @@ def fetches(
             step, generation, saved_world = key
             if step != source.step or (source.generation not in (None, generation)):
                 continue
-            counts = rows(key) if saved_world != world else None  # a manifest read
+            counts = rows(key) if saved_world != world else None
             for rank in layout.reads(saved_world, counts, local_ranks, world):
                 holders = held[key].get(rank, {})
                 if me in holders or not holders:
@@ -182,6 +222,46 @@ def fetches(
                 found.append(Copy(key, rank, holders[sources[0]], sources, me))
             break
     return found
+
+
+def handouts(
+    generation: int,
+    nodes: Mapping[str, NodeReport],
+    sends: Sequence[Copy],
+    fetched: Mapping[str, Sequence[Copy]] = {},
+) -> dict[str, Handout]:
+    """Each node's share (model/handout.py) of the copies `sends` (each made by the first of
+    its sources) and of the fetches `fetched` (node -> what it brings), with the addresses of
+    the peers each names and the peers that may ask it. Every node named, and every node of
+    `fetched`, gets a share: an empty one says "written: nothing to do"."""
+    transfers: dict[str, list[Transfer]] = {name: [] for name in fetched}
+    asking: dict[str, set[str]] = {}
+    for copy in sends:
+        sender = copy.sources[0]
+        transfers.setdefault(sender, []).append(_transfer(copy, False))
+        asking.setdefault(copy.target, set()).add(sender)
+        transfers.setdefault(copy.target, [])
+    for name, wanted in fetched.items():
+        for copy in wanted:
+            transfers[name].append(_transfer(copy, True))
+            for source in copy.sources:
+                asking.setdefault(source, set()).add(name)
+                transfers.setdefault(source, [])
+    addresses = {n: r.tier.address for n, r in nodes.items() if r.tier and r.tier.address}
+    shares = {}
+    for name, mine in transfers.items():
+        named = {n for t in mine for n in (t.target, *t.sources) if n != name}
+        shares[name] = Handout(
+            generation,
+            tuple(mine),
+            tuple(sorted((n, addresses[n]) for n in named if n in addresses)),
+            tuple(sorted(asking.get(name, ()))),
+        )
+    return shares
+
+
+def _transfer(copy: Copy, fetch: bool) -> Transfer:
+    return Transfer(copy.key, copy.rank, copy.digest, copy.sources, copy.target, fetch)
 
 
 def under_replicated(held: Holders, key: SaveKey | None, replicas: int) -> list[int]:

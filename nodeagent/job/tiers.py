@@ -74,6 +74,11 @@ class TierDuties:
             self.copies is not None and not self.keeper.removed and self.copies.holds_start(record)
         )
 
+    @property
+    def awaiting_share(self) -> bool:
+        """The workers wait for this node's share of their restore's copies (job/copies.py)."""
+        return self.copies is not None and self.copies.waiting
+
     def stopping(self, broken: bool, fence: bool) -> None:
         """The agent asked its workers to stop (`broken`: the generation failed)."""
         self._graceful = not broken and not fence

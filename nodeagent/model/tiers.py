@@ -19,9 +19,10 @@ MAX_HELD = 64  # steps a node reports per tier (two slots per rank: a handful in
 MAX_RANKS = 1 << 20
 MAX_BAD = 256
 _SOURCE = re.compile(r"(memory|persistent):[0-9]{1,15}(@[0-9]{1,15})?|script|start")
-_DIGEST = re.compile(r"[0-9a-f]{16}")
-_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253}):[0-9]{1,5}")
+DIGEST_RE = re.compile(r"[0-9a-f]{16}")
+ADDRESS_RE = re.compile(r"(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253}):[0-9]{1,5}")
 MAX_REPLICAS = 8
+MAX_ROWS = 10_000  # distinct row counts a save records (as many as a manifest may hold)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,10 @@ class Held:
     # Each rank's manifest digest (channel.tier.digest), in the order of `ranks`: what a peer
     # checks a copy offered to it against (empty: not said).
     digests: tuple[str, ...] = ()
+    # The distinct row counts of the save's tensors when its whole state is sharded row-wise
+    # (the manifest's dim0, channel/layout.py): which old ranks a rank of another world reads.
+    # Empty: not row-wise, or not said.
+    rows: tuple[int, ...] = ()
 
     @property
     def key(self) -> SaveKey:
@@ -51,15 +56,19 @@ class Held:
         digests = r.items("digests", MAX_RANKS)
         if digests and (
             len(digests) != len(ranks)
-            or not all(isinstance(d, str) and _DIGEST.fullmatch(d) for d in digests)
+            or not all(isinstance(d, str) and DIGEST_RE.fullmatch(d) for d in digests)
         ):
             raise CorruptStateError(f"{r.what}: digests must be one 16-hex digest per rank")
+        rows = r.items("rows", MAX_ROWS)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in rows):
+            raise CorruptStateError(f"{r.what}: rows must be row counts (integers)")
         return cls(
             step=r.integer("step"),
             world_size=world,
             ranks=tuple(ranks),
             generation=r.integer("generation", 0),
             digests=tuple(digests),
+            rows=tuple(rows),
         )
 
 
@@ -81,7 +90,7 @@ class TierReport:
     @classmethod
     def read(cls, r: Reader) -> TierReport:
         address = r.opt_text("address", 300)
-        if address is not None and not _ADDRESS.fullmatch(address):
+        if address is not None and not ADDRESS_RE.fullmatch(address):
             raise CorruptStateError(f"{r.what}: address must be host:port, got {address!r}")
         return cls(
             memory=tuple(Held.read(h) for h in r.objects("memory", MAX_HELD)),

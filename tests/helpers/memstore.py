@@ -10,7 +10,7 @@ against a real redis-server.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from nodeagent.coord.keys import JobKeys
@@ -18,6 +18,7 @@ from nodeagent.coord.replies import NodeLease, Snapshot
 from nodeagent.coord.store import RecordWrite, SnapshotCheck
 from nodeagent.errors import FencedError
 from nodeagent.model.garbage import Garbage, GarbageLog
+from nodeagent.model.handout import Handout
 from nodeagent.model.job import Command, Cordon, Event, JobRecord, NodeReport
 
 
@@ -55,12 +56,28 @@ class MemoryJobStore:
     commands: list[Command] = field(default_factory=list)
     cordons: dict[str, Cordon] = field(default_factory=dict)
     wakes: int = 0
+    copies: dict[str, str] = field(default_factory=dict)  # node -> JSON Handout
 
     def __post_init__(self) -> None:
         self.check: SnapshotCheck = _as_read  # the agent sets its own (job/verify.py)
 
     def members(self) -> tuple[str, ...]:
         return self.record.members if self.record is not None else ()
+
+    def hand_out(
+        self, leader: str, shares: Mapping[str, str], drop: Sequence[str], reset: bool
+    ) -> None:
+        if self.leader is None or self.leader.value != leader:
+            raise FencedError(f"hand out the copies: leader lease is not {leader}")
+        if reset:
+            self.copies.clear()
+        self.copies.update(shares)
+        for name in drop:
+            self.copies.pop(name, None)
+
+    def handout(self, name: str) -> Handout | None:
+        raw = self.copies.get(name)
+        return Handout.from_json(raw, name) if raw is not None else None
 
     def peer_reports(self, names: Sequence[str]) -> dict[str, NodeReport]:
         now = self.now_ms()

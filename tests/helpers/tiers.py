@@ -6,6 +6,9 @@ from pathlib import Path
 
 from nodeagent.channel import tier
 from nodeagent.channel.tier import Manifest
+from nodeagent.model.job import NodeReport
+from nodeagent.model.tiers import Held, TierReport
+from nodeagent.state import NodeState
 
 
 def fake_save(
@@ -17,3 +20,25 @@ def fake_save(
     (directory / ".metadata").write_bytes(b"meta" + str(step).encode())
     manifest = Manifest(step, generation, world, rank, tier.summarize(directory), job="j")
     tier.write_manifest(directory, manifest)
+
+
+def reporting(
+    name: str,
+    memory: dict[int, list[int]] | None = None,
+    replicas: dict[int, list[int]] | None = None,
+    domain: str = "",
+    world: int = 4,
+) -> NodeReport:
+    """A node's report: for each step, the ranks it holds in its memory tier and its
+    replica area, verified (generation 1; world 4 unless said)."""
+
+    def held(steps: dict[int, list[int]] | None) -> tuple[Held, ...]:
+        return tuple(
+            Held(step, world, tuple(ranks), 1, tuple(f"{step:08x}{r:08x}" for r in ranks))
+            for step, ranks in (steps or {}).items()
+        )
+
+    tier = TierReport(
+        held(memory), (), (), held(replicas), f"127.0.0.1:{7000 + ord(name[0])}", domain
+    )
+    return NodeReport(name, "127.0.0.1", NodeState.RUNNING, lease_ttl_ms=3000, tier=tier)

@@ -20,11 +20,13 @@ from prometheus_client import CollectorRegistry
 
 from nodeagent.channel import fetching, tier
 from nodeagent.checkpoint import peers
-from nodeagent.checkpoint.peers import Done, Replicas, Transfer
+from nodeagent.checkpoint.peers import Done, Replicas
 from nodeagent.checkpoint.replica import Offer, Want
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import CoordinationError
+from nodeagent.job import replication
 from nodeagent.job.copies import ReplicaDuties
+from nodeagent.model.handout import Handout, Transfer
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import CheckpointRecord, Held, TierReport
 from nodeagent.state import JobState, NodeState
@@ -65,10 +67,10 @@ def asker(tmp_path: Path) -> Iterator[Replicas]:
     next(found, None)
 
 
-def saved(holder: Replicas) -> str:
-    """Rank 0 of step 30@3 saved in the holder's memory tier; its digest."""
-    slot = tier.slots(holder.memory, 0)[0]
-    fake_save(slot, KEY[0], rank=0, world=KEY[2], generation=KEY[1], size=100_000)
+def saved(holder: Replicas, rank: int = 0) -> str:
+    """Rank `rank` of step 30@3 saved in the holder's memory tier; its digest."""
+    slot = tier.slots(holder.memory, rank)[0]
+    fake_save(slot, KEY[0], rank=rank, world=KEY[2], generation=KEY[1], size=100_000)
     return tier.digest(tier.read_manifest(slot))
 
 
@@ -102,7 +104,7 @@ def answers(*said: str | None) -> tuple[Callable[[Offer], str | None], list[Offe
 def test_a_holder_that_turned_a_fetch_down_is_asked_again_until_it_serves_it(
     holder: Replicas, asker: Replicas
 ) -> None:
-    accept, seen = answers("c is not a member of the job as a knows it", None)
+    accept, seen = answers("c is not a peer the leader named to a", None)
     holder.listen(accept)
     digest = saved(holder)
     done = fetched(asker, digest, holder)
@@ -222,35 +224,38 @@ def report(name: str, address: str = "127.0.0.1") -> NodeReport:
 
 
 def duties(
-    holder: Replicas, members: Callable[[], tuple[str, ...]], reports: dict[str, NodeReport]
+    holder: Replicas,
+    share: Callable[[], Handout | None],
+    reports: dict[str, NodeReport],
+    wait: float = 30,
 ) -> ReplicaDuties:
     def read(names: object) -> dict[str, NodeReport]:
-        return {n: r for n, r in reports.items() if n in members()}
+        return {n: r for n, r in reports.items() if isinstance(names, list) and n in names}
 
     return ReplicaDuties(
         holder,
         "a",
         "",
         1,
-        peers=read,
-        members=members,
+        share,
         metrics=CheckpointMetrics(JOB, CollectorRegistry()),
         fetch_timeout=30,
+        share_wait=wait,
+        share_now=share,
         peers_now=read,
-        members_now=members,
     )
 
 
-def test_a_peer_added_by_a_generation_this_node_has_not_read_yet_is_served(
+def test_a_peer_named_in_a_share_this_node_has_not_read_yet_is_served(
     holder: Replicas,
 ) -> None:
-    """Nothing read yet (the loop reads at its next tick): the members and the asker's report
+    """Nothing read yet (the loop reads at its next tick): the share and the asker's report
     are read at the request."""
-    members: tuple[str, ...] = ("a", "b")
-    copies = duties(holder, lambda: members, {"a": report("a"), "c": report("c")})
+    share: Handout | None = Handout(4, peers=("b",))
+    copies = duties(holder, lambda: share, {"a": report("a"), "c": report("c")})
     want = Offer("c", "127.0.0.1", want=Want(1, *KEY[:2]))
-    assert copies.accept(want) == "c is not a member of the job as a knows it"
-    members = ("a", "b", "c")  # the new generation
+    assert copies.accept(want) == "c is not a peer the leader named to a"
+    share = Handout(5, peers=("b", "c"))  # the new generation's share names c
     assert copies.accept(want) is None
     elsewhere = Offer("c", "10.9.9.9", want=Want(1, *KEY[:2]))
     assert copies.accept(elsewhere) == "c reports address 127.0.0.1, the request came from 10.9.9.9"
@@ -270,7 +275,9 @@ def test_copies_wait_until_this_nodes_workers_restored_the_new_generation(
         ),
     }
     reports = {n: NodeReport(n, "127.0.0.1", NodeState.RUNNING, tier=t) for n, t in tiers.items()}
-    copies = duties(holder, lambda: ("a", "c"), reports)
+    sends = replication.copies(("a", "c"), reports, 1)
+    shares = replication.handouts(4, reports, sends)  # as the leader hands them out
+    copies = duties(holder, lambda: shares["a"], reports)
     checkpoint = CheckpointRecord(restore=("persistent:20@3", "start"), replicas=1)
     record = make_record(JobState.RUNNING, 4, ("a", "c"), checkpoint=checkpoint)
     assert not copies.holds_start(record)  # nothing to bring: the workers start at once
@@ -282,15 +289,81 @@ def test_copies_wait_until_this_nodes_workers_restored_the_new_generation(
     assert (done.transfer.rank, done.transfer.target) == (0, "c")
 
 
-def test_a_request_is_turned_down_naming_why_when_the_members_cannot_be_read(
+def test_the_workers_of_a_memory_restore_wait_for_this_nodes_share_then_start(
+    holder: Replicas, asker: Replicas
+) -> None:
+    """c lacks rank 1 of the step its workers restore: they wait until c reads its share of
+    the generation (the leader writes it as it writes the record), and the fetch it names
+    brings the save as they start."""
+    holder.listen(lambda _offer: None)
+    held = Held(KEY[0], KEY[2], (0, 1), KEY[1], (saved(holder, 0), saved(holder, 1)))
+    reports = {
+        "a": NodeReport(
+            "a", "127.0.0.1", NodeState.RUNNING, tier=TierReport((held,), address=holder.address)
+        ),
+        "c": NodeReport(
+            "c", "127.0.0.1", NodeState.RUNNING, tier=TierReport(address=asker.address)
+        ),
+    }
+    checkpoint = CheckpointRecord(restore=(f"memory:{KEY[0]}@{KEY[1]}", "start"), replicas=1)
+    record = make_record(JobState.RUNNING, 5, ("a", "c"), checkpoint=checkpoint)
+    fetches = replication.restore_fetches(("a", "c"), 1, checkpoint.restore, ("a", "c"), reports)
+    assert [(f.rank, f.sources) for f in fetches["c"]] == [(1, ("a",))] and fetches["a"] == []
+    written: list[Handout] = []
+    copies = ReplicaDuties(
+        asker,
+        "c",
+        "",
+        1,
+        lambda: written[0] if written else None,
+        metrics=CheckpointMetrics(JOB, CollectorRegistry()),
+        fetch_timeout=30,
+        share_wait=30,
+    )
+    assert copies.holds_start(record) and copies.waiting  # no share yet: the workers wait
+    written.append(replication.handouts(5, reports, [], fetches)["c"])
+    deadline = time.monotonic() + 5
+    while copies.holds_start(record) and time.monotonic() < deadline:
+        time.sleep(0.02)  # read again WAIT_READ_S later
+    assert not copies.waiting
+    assert fetching.wait(asker.area, 5) > 0
+    assert tier.find_save(None, asker.area, 1, KEY[0], KEY[1]) is not None
+    [done] = asker.take_done()
+    assert done.error is None and done.transfer.fetch
+
+
+def test_workers_whose_share_never_comes_start_without_it(holder: Replicas) -> None:
+    checkpoint = CheckpointRecord(restore=(f"memory:{KEY[0]}@{KEY[1]}", "start"), replicas=1)
+    record = make_record(JobState.RUNNING, 5, ("a", "c"), checkpoint=checkpoint)
+    now = [100.0]
+    copies = ReplicaDuties(
+        holder,
+        "a",
+        "",
+        1,
+        lambda: Handout(4),  # the last generation's: not this one's
+        metrics=CheckpointMetrics(JOB, CollectorRegistry()),
+        fetch_timeout=30,
+        share_wait=10,
+        clock=lambda: now[0],
+    )
+    assert copies.holds_start(record)
+    now[0] += 9.9
+    assert copies.holds_start(record)
+    now[0] += 0.2
+    assert not copies.holds_start(record) and not copies.waiting
+    assert not copies.holds_start(record)  # the generation's start is decided once
+
+
+def test_a_request_is_turned_down_naming_why_when_the_share_cannot_be_read(
     holder: Replicas,
 ) -> None:
-    def unreadable() -> tuple[str, ...]:
+    def unreadable() -> Handout | None:
         raise CoordinationError("redis at 127.0.0.1:1 is unreachable")
 
     copies = duties(holder, unreadable, {})
     why = copies.accept(Offer("c", "127.0.0.1", want=Want(1, *KEY[:2])))
     assert why == (
-        "c is not a member of the job as a knows it "
+        "c is not a peer the leader named to a "
         "(and it cannot be read now: redis at 127.0.0.1:1 is unreachable)"
     )

@@ -4,6 +4,7 @@ pure tables over node reports."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -11,32 +12,12 @@ from nodeagent.config.checkpoint import load_checkpoint
 from nodeagent.config.values import Section
 from nodeagent.errors import ConfigError, CorruptStateError
 from nodeagent.job import replication, restore
+from nodeagent.model.handout import Handout
 from nodeagent.model.job import NodeReport
-from nodeagent.model.tiers import CheckpointRecord, Held, TierReport
-from nodeagent.state import NodeState
+from nodeagent.model.tiers import CheckpointRecord
+from tests.helpers.tiers import reporting as node
 
 W = 4  # world: one rank per node
-
-
-def node(
-    name: str,
-    memory: dict[int, list[int]] | None = None,
-    replicas: dict[int, list[int]] | None = None,
-    domain: str = "",
-    world: int = W,
-) -> NodeReport:
-    """A node holding, for each step, the ranks listed (generation 1)."""
-
-    def held(steps: dict[int, list[int]] | None) -> tuple[Held, ...]:
-        return tuple(
-            Held(step, world, tuple(ranks), 1, tuple(f"{step:08x}{r:08x}" for r in ranks))
-            for step, ranks in (steps or {}).items()
-        )
-
-    tier = TierReport(
-        held(memory), (), (), held(replicas), f"127.0.0.1:{7000 + ord(name[0])}", domain
-    )
-    return NodeReport(name, "127.0.0.1", NodeState.RUNNING, lease_ttl_ms=3000, tier=tier)
 
 
 def test_the_ring_spreads_copies_across_racks_and_keeps_the_order_without_them() -> None:
@@ -182,3 +163,60 @@ def test_garbage_in_a_reported_tier_is_refused(tier: dict[str, object]) -> None:
     report["tier"] = {**report["tier"], **tier}
     with pytest.raises(CorruptStateError):
         NodeReport.from_json(json.dumps(report))
+
+
+def test_each_node_is_handed_its_share_and_the_peers_that_may_ask_it() -> None:
+    """The leader's plan split by node: a sends rank 0 to b, b rank 1 to c, ...; c, lost
+    before its restore at world 3, leaves its ranks for a and d to bring."""
+    nodes = {n: node(n, {20: [i]}) for i, n in enumerate("abcd")}
+    sends = replication.copies(list("abcd"), nodes, 1)
+    shares = replication.handouts(7, nodes, sends)
+    assert set(shares) == set("abcd")
+    a = shares["a"]
+    assert a.generation == 7
+    assert [(t.rank, t.target, t.fetch) for t in a.transfers] == [(0, "b", False)]
+    assert a.addresses == (("b", "127.0.0.1:7098"),)  # the peers its transfers name
+    assert a.peers == ("d",)  # d sends it rank 3
+    nodes = {n: node(n, {20: [i]}, {20: [(i - 1) % W]}) for i, n in enumerate("abcd") if n != "c"}
+    members, restore = ("a", "b", "d"), ("memory:20@1",)
+    fetched = replication.restore_fetches(members, 1, restore, members, nodes)
+    assert {n: [(c.rank, c.sources) for c in f] for n, f in fetched.items()} == {
+        "a": [(1, ("b",)), (2, ("d",))],  # no row counts reported: every rank it lacks
+        "b": [(2, ("d",)), (3, ("a", "d"))],
+        "d": [(0, ("a", "b")), (1, ("b",))],
+    }
+    rows = {n: _with_rows(r, (12,)) for n, r in nodes.items()}  # as the keeper reports them
+    row_wise = replication.restore_fetches(members, 1, restore, members, rows)
+    assert {n: [c.rank for c in f] for n, f in row_wise.items()} == {"a": [1], "b": [2], "d": []}
+    shares = replication.handouts(8, nodes, [], fetched)
+    assert set(shares) == {"a", "b", "d"}  # every member, an empty share too
+    assert all(t.fetch and t.target == n for n, s in shares.items() for t in s.transfers)
+    assert "a" in shares["b"].peers and "d" in shares["b"].peers  # both read b's rank 1
+
+
+def test_a_share_reads_back_and_garbage_is_refused_naming_it() -> None:
+    nodes = {n: node(n, {20: [i]}) for i, n in enumerate("abcd")}
+    share = replication.handouts(7, nodes, replication.copies(list("abcd"), nodes, 1))["a"]
+    assert Handout.from_json(share.to_json(), "copies a") == share
+    good = json.loads(share.to_json())
+    wrongs: list[tuple[dict[str, object], str]] = [
+        ({"generation": -1}, "generation"),
+        ({"transfers": [[20, 1, 4, 4, "0" * 16, ["a"], "b", False]]}, "rank 4 is not a rank"),
+        ({"transfers": [[20, 1, 4, 0, "x", ["a"], "b", False]]}, "digest"),
+        ({"transfers": [[20, 1, 4, 0, "0" * 16, [], "b bad", False]]}, "node names"),
+        ({"addresses": {"b": "nowhere"}}, "host:port"),
+        ({"peers": ["a", "a"]}, "distinct"),
+    ]
+    for wrong, what in wrongs:
+        with pytest.raises(CorruptStateError, match=what):
+            Handout.from_json(json.dumps({**good, **wrong}), "copies a")
+
+
+def _with_rows(report: NodeReport, rows: tuple[int, ...]) -> NodeReport:
+    assert report.tier is not None
+    tier = replace(
+        report.tier,
+        memory=tuple(replace(h, rows=rows) for h in report.tier.memory),
+        replicas=tuple(replace(h, rows=rows) for h in report.tier.replicas),
+    )
+    return replace(report, tier=tier)

@@ -265,3 +265,16 @@ def test_copies_an_earlier_agent_made_are_pruned_too_for_the_ranks_copied_now(
         if tier.rank_dir(tier.step_dir(tmp_path, step), rank).is_dir()
     }
     assert left == {(40, 0), (30, 0), (10, 0), (10, 1), (20, 1), (30, 1)}
+
+
+def test_a_node_reports_the_row_counts_its_saves_record(tmp_path: Path) -> None:
+    """What the leader plans fetches with (Held.rows): the manifest's dim0, the same on every
+    rank; nothing where the save records none (not row-wise)."""
+
+    def save(step: int, rank: int, dim0: tuple[int, ...] | None) -> scan.Save:
+        files = {"a": tier.FileSum(1, 0)}
+        manifest = tier.Manifest(step, 3, 2, rank, files, job="j", dim0=dim0)
+        return scan.Save(tmp_path / f"{step}.{rank}", manifest)
+
+    held = scan.held([save(20, 0, (12, 5)), save(20, 1, (12, 5)), save(10, 0, None)])
+    assert [(h.step, h.ranks, h.rows) for h in held] == [(20, (0, 1), (12, 5)), (10, (0,), ())]

@@ -1,0 +1,105 @@
+"""What the job's leader hands each node about the copies of the job's saves (issue 27).
+
+The leader reads every node's report anyway (coord/view.py keeps them current), so it plans
+every node's copies (job/replication.py) and writes each node its share: a field of the job's
+copies hash, one small JSON object per node. A node reads its own field, never every report:
+the Redis work of planning is the leader's reads, O(members) a save, not O(members²).
+
+A node's share, for one generation: the transfers it makes (sends to a peer, fetches for the
+restore of its workers), the addresses of the peers they name, and the peers that may ask it for
+a copy (send it one, or fetch one from it): what its listener accepts a request from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from nodeagent.errors import CorruptStateError
+from nodeagent.model.decode import NAME_RE, Reader
+from nodeagent.model.tiers import ADDRESS_RE, DIGEST_RE, MAX_RANKS, SaveKey
+
+MAX_TRANSFERS = 4096  # a node's share (k copies of its ranks' saves, or a restore's reads)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One copy to make: `fetch` brings the save here from the first of `sources` that has it
+    whole; otherwise this node sends it to `target`."""
+
+    key: SaveKey
+    rank: int
+    digest: str
+    sources: tuple[str, ...]
+    target: str
+    fetch: bool = False
+
+    def __str__(self) -> str:
+        step, generation, world = self.key
+        where = f"from {', '.join(self.sources)}" if self.fetch else f"to {self.target}"
+        return f"step {step}@{generation} rank {self.rank}/{world} {where}"
+
+    def to_data(self) -> list[object]:
+        return [*self.key, self.rank, self.digest, list(self.sources), self.target, self.fetch]
+
+    @classmethod
+    def read(cls, value: object, what: str) -> Transfer:
+        if not isinstance(value, list) or len(value) != 8:
+            raise CorruptStateError(f"{what}: a transfer must be a list of 8 items, got {value!r}")
+        step, generation, world, rank, digest, sources, target, fetch = value
+        numbers = (step, generation, world, rank)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
+            raise CorruptStateError(f"{what}: step, generation, world and rank must be integers")
+        if not 0 < world <= MAX_RANKS or rank >= world:
+            raise CorruptStateError(f"{what}: rank {rank} is not a rank of a world of {world}")
+        if not isinstance(digest, str) or not DIGEST_RE.fullmatch(digest):
+            raise CorruptStateError(f"{what}: the digest must be 16 hex digits, got {digest!r}")
+        names = [*sources, target] if isinstance(sources, list) else None
+        if not names or not all(isinstance(n, str) and NAME_RE.match(n) for n in names):
+            raise CorruptStateError(f"{what}: sources and target must be node names")
+        if not isinstance(fetch, bool):
+            raise CorruptStateError(f"{what}: fetch must be true or false, got {fetch!r}")
+        return cls((step, generation, world), rank, digest, tuple(sources), target, fetch)
+
+
+@dataclass(frozen=True)
+class Handout:
+    """One node's share of the copies of one generation (the module docstring)."""
+
+    generation: int
+    transfers: tuple[Transfer, ...] = ()
+    addresses: tuple[tuple[str, str], ...] = ()  # (node, host:port) of every peer named
+    peers: tuple[str, ...] = ()  # the nodes whose requests this node's listener serves
+
+    def to_json(self) -> str:
+        body = {
+            "generation": self.generation,
+            "transfers": [t.to_data() for t in self.transfers],
+            "addresses": dict(self.addresses),
+            "peers": list(self.peers),
+        }
+        return json.dumps(body, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes, what: str) -> Handout:
+        """Raises: CorruptStateError naming what is wrong (what nodeagent did not write)."""
+        r = Reader.of(raw, what)
+        transfers = r.items("transfers", MAX_TRANSFERS)
+        addresses = r.mapping("addresses")
+        for name, address in addresses.items():
+            if not NAME_RE.match(name) or not isinstance(address, str):
+                raise CorruptStateError(f"{what}: addresses must map node names to host:port")
+            if not ADDRESS_RE.fullmatch(address):
+                raise CorruptStateError(f"{what}: address must be host:port, got {address!r}")
+        return cls(
+            generation=r.integer("generation"),
+            transfers=tuple(
+                Transfer.read(t, f"{what}: transfers[{i}]") for i, t in enumerate(transfers)
+            ),
+            addresses=tuple(sorted(addresses.items())),
+            peers=r.names("peers"),
+        )
+
+    @property
+    def address_map(self) -> dict[str, str]:
+        return dict(self.addresses)
