@@ -1,17 +1,23 @@
-"""What planning the memory tier's copies costs Redis: every node reads every member's report.
+"""What planning the memory tier's copies costs Redis, each node planning or the leader.
 
     .venv/bin/python bench/copy_plan_read.py [--nodes 100,1000,4000]
 
-With `replicas`, each node plans its copies from the reports of all the job's members
-(job/copies.py, one MGET of M keys through JobStore.peer_reports), once per new save: M reads
-of M reports per save interval, M² in all. Here, on a real redis-server, M node reports as an
-agent with the memory tier publishes them (its own rank's save and a copy of a peer's, with
-digests, its replica listener's address and its rack) are written with JobStore.sync_many,
-then a sample of peer_reports calls for all M names is made from this one process, as M nodes
-would each make one. Per M: the report's size; per call, the median wall time (client side,
-with decoding), Redis CPU (INFO used_cpu_sys+user) and bytes sent (INFO
-total_net_output_bytes); and projected to a whole round (M calls, one save interval): Redis
-CPU seconds and bytes sent. Writes bench/results/copy-plan-read.json.
+Each node planning (before job/handouts.py): every node read the reports of all the job's
+members (one MGET of M keys through JobStore.peer_reports) once per new save: M reads of M
+reports per save interval, M² in all. Here, on a real redis-server, M node reports as an agent
+with the memory tier publishes them (its own rank's save and a copy of a peer's, with digests,
+its replica listener's address and its rack) are written with JobStore.sync_many, then a
+sample of peer_reports calls for all M names is made from this one process, as M nodes would
+each make one. Per M: the report's size; per call, the median wall time (client side, with
+decoding), Redis CPU (INFO used_cpu_sys+user) and bytes sent (INFO total_net_output_bytes);
+and projected to a whole round (M calls, one save interval): Redis CPU seconds and bytes sent.
+
+The leader planning (job/handouts.py): the leader already holds every report; it plans every
+node's copies of a new save (each node holds only its own: every node sends one), and writes
+every share (JobStore.hand_out, the round where every share changed); each node reads its own
+(JobStore.handout). Per M: the leader's planning time (median of 5, this process), the write's
+wall time and Redis CPU, a node's read (a sample of `calls`), projected to a round.
+Writes bench/results/copy-plan-read.json.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from nodeagent.coord.client import connect  # noqa: E402
 from nodeagent.coord.keys import JobKeys  # noqa: E402
 from nodeagent.coord.store import JobStore  # noqa: E402
+from nodeagent.job import replication  # noqa: E402
 from nodeagent.model.job import NodeReport  # noqa: E402
 from nodeagent.model.tiers import Held, TierReport  # noqa: E402
 from nodeagent.state import NodeState  # noqa: E402
@@ -40,13 +47,14 @@ BATCH = 1000
 STEP, GENERATION = 120, 7
 
 
-def report(index: int, count: int) -> NodeReport:
-    """Node `index` of `count`, one rank a node: its own save of STEP and its predecessor's."""
+def report(index: int, count: int, copied: bool = True) -> NodeReport:
+    """Node `index` of `count`, one rank a node: its own save of STEP and, `copied`, its
+    predecessor's."""
     peer = (index - 1) % count
     own = Held(STEP, count, (index,), GENERATION, (f"{index:016x}",))
-    copy = Held(STEP, count, (peer,), GENERATION, (f"{peer:016x}",))
+    copy = (Held(STEP, count, (peer,), GENERATION, (f"{peer:016x}",)),) if copied else ()
     address = f"10.{index // 65536}.{index // 256 % 256}.{index % 256}"
-    tier = TierReport((own,), (), (), (copy,), f"{address}:7400", f"rack-{index % 16}")
+    tier = TierReport((own,), (), (), copy, f"{address}:7400", f"rack-{index % 16}")
     return NodeReport(
         name=f"node-{index:05d}",
         address=address,
@@ -84,14 +92,51 @@ def measure(url: str, count: int, calls: int) -> dict[str, Any]:
     cpu_per_call = (cpu_after - cpu_before) / calls
     sent_per_call = (sent_after - sent_before) / calls
     return {
-        "nodes": count,
-        "report_bytes": len(reports[0].to_json()),
-        "calls": calls,
-        "call_wall_ms_median": round(statistics.median(walls) * 1000, 3),
-        "call_redis_cpu_ms": round(cpu_per_call * 1000, 3),
-        "call_sent_bytes": round(sent_per_call),
-        "round_redis_cpu_s": round(cpu_per_call * count, 2),
-        "round_sent_mb": round(sent_per_call * count / 1e6, 1),
+        **leader_plans(client, store, count, calls),
+        **{
+            "nodes": count,
+            "report_bytes": len(reports[0].to_json()),
+            "calls": calls,
+            "call_wall_ms_median": round(statistics.median(walls) * 1000, 3),
+            "call_redis_cpu_ms": round(cpu_per_call * 1000, 3),
+            "call_sent_bytes": round(sent_per_call),
+            "round_redis_cpu_s": round(cpu_per_call * count, 2),
+            "round_sent_mb": round(sent_per_call * count / 1e6, 1),
+        },
+    }
+
+
+def leader_plans(client: Any, store: JobStore, count: int, calls: int) -> dict[str, Any]:
+    """The leader's way: plan every share, write them all, each node reads its own."""
+    nodes = {r.name: r for r in (report(i, count, copied=False) for i in range(count))}
+    members = list(nodes)
+    plans = []
+    for _ in range(5):
+        began = time.perf_counter()
+        order = replication.ring(members, {n: "" for n in members})
+        sends = replication.copies(order, nodes, 1)
+        shares = {n: s.to_json() for n, s in replication.handouts(GENERATION, nodes, sends).items()}
+        plans.append(time.perf_counter() - began)
+    client.set(store.keys.leader, "bench 1")
+    cpu_before, _ = totals(client)
+    began = time.perf_counter()
+    store.hand_out("bench 1", shares, [], reset=True)
+    write_wall = time.perf_counter() - began
+    cpu_written, sent_before = totals(client)
+    sample = [members[(i * 7919) % count] for i in range(calls)]
+    for name in sample:
+        assert store.handout(name) is not None
+    cpu_after, sent_after = totals(client)
+    read_cpu = (cpu_after - cpu_written) / calls
+    read_sent = (sent_after - sent_before) / calls
+    return {
+        "share_bytes": len(shares[members[0]]),
+        "leader_plan_ms_median": round(statistics.median(plans) * 1000, 1),
+        "leader_write_ms": round(write_wall * 1000, 1),
+        "leader_write_redis_cpu_ms": round((cpu_written - cpu_before) * 1000, 1),
+        "share_read_redis_cpu_us": round(read_cpu * 1e6, 1),
+        "handout_round_redis_cpu_s": round(cpu_written - cpu_before + read_cpu * count, 3),
+        "handout_round_sent_mb": round(read_sent * count / 1e6, 2),
     }
 
 
@@ -115,6 +160,13 @@ def main() -> int:
             f"{row['call_wall_ms_median']} ms (Redis CPU {row['call_redis_cpu_ms']} ms, "
             f"{row['call_sent_bytes'] / 1e6:.2f} MB); a round of M reads: Redis CPU "
             f"{row['round_redis_cpu_s']} s, {row['round_sent_mb']} MB sent"
+        )
+        print(
+            f"        leader: plans every share in {row['leader_plan_ms_median']} ms, writes "
+            f"them in {row['leader_write_ms']} ms (Redis CPU {row['leader_write_redis_cpu_ms']}"
+            f" ms); a share {row['share_bytes']} B, read in {row['share_read_redis_cpu_us']} us"
+            f" of Redis CPU; a round: Redis CPU {row['handout_round_redis_cpu_s']} s, "
+            f"{row['handout_round_sent_mb']} MB sent"
         )
     Path(args.out).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
     print(f"written to {args.out}")

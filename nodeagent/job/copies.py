@@ -30,7 +30,10 @@ from nodeagent.state import JobState
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
 
 log = logging.getLogger(__name__)
-PLAN_S = 1.0  # the least time between two reads of this node's share
+# How often this node reads its share: each read is a round trip, some 35 us of Redis CPU
+# (bench/copy_plan_read.py), 10,000 nodes reading every second would take a third of a core.
+PLAN_S = 1.0  # while its newest save is not committed, or its last share was not all made
+IDLE_S = 10.0  # otherwise (a peer's copy to re-protect, planned by the leader meanwhile)
 WAIT_READ_S = 0.1  # while the workers wait for the share of their restore: read this often
 # Read the reports of the nodes named: may raise CoordinationError.
 PeerReader = Callable[[Sequence[str]], Mapping[str, NodeReport]]
@@ -73,7 +76,8 @@ class ReplicaDuties:
         # What the listener's threads check requests against (the peers the leader named,
         # their reports as read): replaced whole, never changed.
         self._known: tuple[frozenset[str], Mapping[str, NodeReport]] = (frozenset(), {})
-        self._next_plan = 0.0
+        self._last_read = -IDLE_S
+        self._pending = False  # the last share read named copies this node had not made
         self._made: set[tuple[SaveKey, int, str]] = set()  # copies made: not made again
         self._generation = -1  # the generation whose restore was fetched for (or is being)
         self._waiting: float | None = None  # since when the workers wait for their share
@@ -145,20 +149,23 @@ class ReplicaDuties:
         checkpoint = record.checkpoint if record is not None else None
         if record is None or checkpoint is None or record.state is not JobState.RUNNING:
             return events
-        committed = checkpoint.committed
-        self._metrics.lag(own.newest_memory(), committed[0] if committed else None)
+        committed, newest = checkpoint.committed, own.newest_memory()
+        self._metrics.lag(newest, committed[0] if committed else None)
         if self._node not in record.members or self.replicas.busy:
             return events  # a fetch or copies under way: the next read once they ended
         now = self._clock()
-        if now < self._restoring_until or now < self._next_plan:
+        behind = committed is None or (newest is not None and newest > committed[0])
+        due = self._last_read + (PLAN_S if behind or self._pending else IDLE_S)
+        if now < self._restoring_until or now < due:
             return events
-        self._next_plan = now + PLAN_S
+        self._last_read = now
         share = self._read_share()
         if share is None or share.generation != record.generation:
             return events
         wanted = [t for t in share.transfers if not t.fetch]
         self._made &= {(t.key, t.rank, t.target) for t in wanted}
         mine = [t for t in wanted if (t.key, t.rank, t.target) not in self._made]
+        self._pending = bool(mine)
         if mine:
             self.replicas.run(mine, share.address_map, record.generation)
         else:
@@ -238,7 +245,8 @@ class ReplicaDuties:
         """The workers of `generation` restored `step` (None: the start): copies of steps after
         it saved by earlier generations belong to a timeline the job abandoned (the workers
         drop theirs too) and must never be counted or restored."""
-        self._restoring_until = 0.0  # the copies may go on
+        self._restoring_until = 0.0  # the copies may go on: this node's share read at once
+        self._last_read = -IDLE_S
         floor = step if step is not None else -1
         self.replicas.prune(lambda key: not (key[0] > floor and key[1] < generation))
 

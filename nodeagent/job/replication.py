@@ -4,8 +4,8 @@ Every node keeps its ranks' saves in its memory tier, and `replicas` (k) peers k
 each in their replica areas. Copies follow a ring over the job's nodes (`ring`): the members in
 group-rank order, interleaved by failure domain (the pool label `rack`) so that a node's next
 peers are in other racks where there are any. Every node reports what it holds, verified
-(model/tiers.py), and everything here is computed from those reports alone, so every node and
-the leader reach the same answer without talking to each other:
+(model/tiers.py), and everything here is computed from those reports alone, by the leader, which
+reads them all anyway (job/handouts.py hands each node its share: `handouts`):
 
 - `committed`: the newest save every rank of which is verified on k+1 live nodes. The leader
   records it (fenced with the record); a node loss restores from it, at any world.
@@ -13,9 +13,10 @@ the leader reach the same answer without talking to each other:
   one (after a node loss, what the lost node held has one copy fewer: re-protecting is the same
   rule). A copy is made by the first holder in ring order, to the next nodes after it that do
   not hold it.
-- `fetches`: what a node must bring from its peers before its workers restore a memory step:
-  its own ranks' saves at the same world; at another (DCP reshards), the old ranks whose rows
-  its ranks read, or every one where the save's layout is not row-wise (channel/layout.py).
+- `fetches` (`restore_fetches`: for every member at once): what a node must bring from its peers
+  before its workers restore a memory step: its own ranks' saves at the same world; at another
+  (DCP reshards), the old ranks whose rows its ranks read, or every one where the save's layout
+  is not row-wise (channel/layout.py; the holders report the row counts, Held.rows).
 
 Saves are told apart by (step, generation, world): a step number can recur after a rollback.
 """
@@ -124,7 +125,7 @@ def copies(
     """The copies missing for the newest whole save and for `keep` (the committed one), so
     that every rank of each is on replicas + 1 nodes of `order` (the ring). Only to nodes
     with a replica listener."""
-    live = {name: report for name, report in nodes.items() if name in order}
+    live = _in(order, nodes)
     held = holdings(live)
     wanted = [k for k in dict.fromkeys((newest_whole(held, bad), keep)) if k is not None]
     position = {name: i for i, name in enumerate(order)}
@@ -164,7 +165,7 @@ def fetches(
     its own ranks' copies; of another, the old ranks they read (resharding): those whose rows
     overlap theirs when `rows(key)` gives the save's row counts (channel/layout.py), else
     every one."""
-    held = holdings({name: r for name, r in nodes.items() if name in order})
+    held = holdings(_in(order, nodes))
     position = {name: i for i, name in enumerate(order)}
     return _fetches(me, local_ranks, world, restore, held, position, rows)
 
@@ -178,7 +179,7 @@ def restore_fetches(
 ) -> dict[str, list[Copy]]:
     """`fetches` for every member (group rank = index, `nproc` ranks each) at once, the
     holdings read once; row counts as the holders report them (Held.rows)."""
-    held = holdings({name: r for name, r in nodes.items() if name in order})
+    held = holdings(_in(order, nodes))
     position = {name: i for i, name in enumerate(order)}
     counts = {
         h.key: h.rows
@@ -258,6 +259,12 @@ def handouts(
             tuple(sorted(asking.get(name, ()))),
         )
     return shares
+
+
+def _in(order: Sequence[str], nodes: Mapping[str, NodeReport]) -> dict[str, NodeReport]:
+    """The reports of the nodes of the ring `order` (a set: the ring may hold 10,000 names)."""
+    names = set(order)
+    return {name: report for name, report in nodes.items() if name in names}
 
 
 def _transfer(copy: Copy, fetch: bool) -> Transfer:

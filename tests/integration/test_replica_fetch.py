@@ -9,6 +9,7 @@ members and the asker's report again itself before it says no.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -24,6 +25,7 @@ from nodeagent.checkpoint.peers import Done, Replicas
 from nodeagent.checkpoint.replica import Offer, Want
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import CoordinationError
+from nodeagent.job import copies as copies_module
 from nodeagent.job import replication
 from nodeagent.job.copies import ReplicaDuties
 from nodeagent.model.handout import Handout, Transfer
@@ -226,21 +228,27 @@ def report(name: str, address: str = "127.0.0.1") -> NodeReport:
 def duties(
     holder: Replicas,
     share: Callable[[], Handout | None],
-    reports: dict[str, NodeReport],
+    reports: dict[str, NodeReport] | None = None,
     wait: float = 30,
+    node: str = "a",
+    clock: Callable[[], float] = time.monotonic,
 ) -> ReplicaDuties:
+    """`node`'s duties around `holder`, reading `share` and, for a request, `reports`."""
+
     def read(names: object) -> dict[str, NodeReport]:
-        return {n: r for n, r in reports.items() if isinstance(names, list) and n in names}
+        found = reports or {}
+        return {n: r for n, r in found.items() if isinstance(names, list) and n in names}
 
     return ReplicaDuties(
         holder,
-        "a",
+        node,
         "",
         1,
         share,
         metrics=CheckpointMetrics(JOB, CollectorRegistry()),
         fetch_timeout=30,
         share_wait=wait,
+        clock=clock,
         share_now=share,
         peers_now=read,
     )
@@ -310,16 +318,7 @@ def test_the_workers_of_a_memory_restore_wait_for_this_nodes_share_then_start(
     fetches = replication.restore_fetches(("a", "c"), 1, checkpoint.restore, ("a", "c"), reports)
     assert [(f.rank, f.sources) for f in fetches["c"]] == [(1, ("a",))] and fetches["a"] == []
     written: list[Handout] = []
-    copies = ReplicaDuties(
-        asker,
-        "c",
-        "",
-        1,
-        lambda: written[0] if written else None,
-        metrics=CheckpointMetrics(JOB, CollectorRegistry()),
-        fetch_timeout=30,
-        share_wait=30,
-    )
+    copies = duties(asker, lambda: written[0] if written else None, wait=30, node="c")
     assert copies.holds_start(record) and copies.waiting  # no share yet: the workers wait
     written.append(replication.handouts(5, reports, [], fetches)["c"])
     deadline = time.monotonic() + 5
@@ -336,17 +335,8 @@ def test_workers_whose_share_never_comes_start_without_it(holder: Replicas) -> N
     checkpoint = CheckpointRecord(restore=(f"memory:{KEY[0]}@{KEY[1]}", "start"), replicas=1)
     record = make_record(JobState.RUNNING, 5, ("a", "c"), checkpoint=checkpoint)
     now = [100.0]
-    copies = ReplicaDuties(
-        holder,
-        "a",
-        "",
-        1,
-        lambda: Handout(4),  # the last generation's: not this one's
-        metrics=CheckpointMetrics(JOB, CollectorRegistry()),
-        fetch_timeout=30,
-        share_wait=10,
-        clock=lambda: now[0],
-    )
+    last = Handout(4)  # the last generation's share: not this one's
+    copies = duties(holder, lambda: last, wait=10, clock=lambda: now[0])
     assert copies.holds_start(record)
     now[0] += 9.9
     assert copies.holds_start(record)
@@ -367,3 +357,29 @@ def test_a_request_is_turned_down_naming_why_when_the_share_cannot_be_read(
         "c is not a peer the leader named to a "
         "(and it cannot be read now: redis at 127.0.0.1:1 is unreachable)"
     )
+
+
+def test_a_node_reads_its_share_each_second_while_its_newest_save_is_not_committed(
+    holder: Replicas,
+) -> None:
+    """Every read is a round trip to Redis: once its newest save is committed (and the copies
+    of its last share made), a node reads its share every IDLE_S only."""
+    now, reads = [100.0], []
+
+    def share() -> Handout | None:
+        reads.append(now[0])
+        return Handout(4)
+
+    copies = duties(holder, share, wait=10, clock=lambda: now[0])
+    committed = CheckpointRecord(
+        replicas=1, committed_step=KEY[0], committed_generation=KEY[1], committed_world=KEY[2]
+    )
+    record = make_record(JobState.RUNNING, 4, ("a", "c"), checkpoint=committed)
+    own = TierReport(memory=(Held(KEY[0], KEY[2], (0,), KEY[1], ("0" * 16,)),))
+    newer = TierReport(memory=(Held(KEY[0] + 5, KEY[2], (0,), KEY[1], ("1" * 16,)),))
+    for tiers in (own, own, newer, newer):
+        for _ in range(20):  # 10 s of ticks, a tick every half second
+            copies.tick(record, tiers)
+            now[0] += 0.5
+    gaps = [round(b - a, 1) for a, b in itertools.pairwise(reads)]
+    assert gaps == [copies_module.IDLE_S] * 2 + [copies_module.PLAN_S] * 19
