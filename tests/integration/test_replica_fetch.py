@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -343,6 +344,8 @@ def test_workers_whose_share_never_comes_start_without_it(holder: Replicas) -> N
     now[0] += 0.2
     assert not copies.holds_start(record) and not copies.waiting
     assert not copies.holds_start(record)  # the generation's start is decided once
+    unplanned = replace(record, generation=6, checkpoint=replace(checkpoint, replicas=0))
+    assert not copies.holds_start(unplanned)  # its leader plans no copies: nothing to wait for
 
 
 def test_a_request_is_turned_down_naming_why_when_the_share_cannot_be_read(
