@@ -108,7 +108,7 @@ class ReplicaDuties:
         known = {n: r for n, r in reports.items() if n in peers}
         if fresh is not None:
             known[offer.node] = fresh
-        self._known = (peers, known)
+        self._known = (peers, known)  # the loop's next read may replace it: both are current
         return self._check(offer, peers, fresh)
 
     def _check(self, offer: Offer, peers: frozenset[str], report: NodeReport | None) -> str | None:
@@ -162,6 +162,7 @@ class ReplicaDuties:
         share = self._read_share()
         if share is None or share.generation != record.generation:
             return events
+        self._named(share)
         wanted = [t for t in share.transfers if not t.fetch]
         self._made &= {(t.key, t.rank, t.target) for t in wanted}
         mine = [t for t in wanted if (t.key, t.rank, t.target) not in self._made]
@@ -223,7 +224,7 @@ class ReplicaDuties:
         self._next_wait_read = now + WAIT_READ_S
         share = self._read_share()
         if share is not None and share.generation == generation:
-            self._known = (frozenset(share.peers), self._known[1])
+            self._named(share)
             return share
         if now - self._waiting >= self._share_wait:
             log.warning(
@@ -234,6 +235,11 @@ class ReplicaDuties:
             )
             self._waiting = None
         return None
+
+    def _named(self, share: Handout) -> None:
+        """What the listener checks requests against from now: the peers `share` names."""
+        peers = frozenset(share.peers)
+        self._known = (peers, {n: r for n, r in self._known[1].items() if n in peers})
 
     def _read_share(self) -> Handout | None:
         try:

@@ -386,3 +386,19 @@ def test_a_node_reads_its_share_each_second_while_its_newest_save_is_not_committ
             now[0] += 0.5
     gaps = [round(b - a, 1) for a, b in itertools.pairwise(reads)]
     assert gaps == [copies_module.IDLE_S] * 2 + [copies_module.PLAN_S] * 19
+
+
+def test_the_peers_a_share_names_are_served_without_reading_it_again(holder: Replicas) -> None:
+    reads: list[int] = []
+
+    def share() -> Handout | None:
+        reads.append(1)
+        return Handout(4, peers=("c",))
+
+    copies = duties(holder, share, {"c": report("c")})
+    record = make_record(JobState.RUNNING, 4, ("a", "c"), checkpoint=CheckpointRecord(replicas=1))
+    copies.tick(record, TierReport())
+    assert len(reads) == 1
+    want = Offer("c", "127.0.0.1", want=Want(1, *KEY[:2]))
+    assert copies.accept(want) is None  # its report read once, the share not again
+    assert copies.accept(want) is None and len(reads) == 1
