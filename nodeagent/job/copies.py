@@ -191,8 +191,7 @@ class ReplicaDuties:
             self.replicas.cancel()
             return True
         share = None
-        memory = any(source.startswith("memory:") for source in checkpoint.restore)
-        if memory and checkpoint.replicas:  # a leader that plans no copies hands out nothing
+        if checkpoint.fetches:  # the leader hands out this generation's fetches
             share = self._share_of(record.generation)
             if share is None and self._waiting is not None:
                 return True  # not read yet: the leader writes it right after the record

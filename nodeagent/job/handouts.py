@@ -16,7 +16,7 @@ a minute later at most (what a node read as garbage is replaced), and all of the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
@@ -24,7 +24,6 @@ from nodeagent.job import replication
 from nodeagent.job.port import JobPort
 from nodeagent.job.replication import Copy
 from nodeagent.model.job import JobRecord, NodeReport
-from nodeagent.model.tiers import TierReport
 from nodeagent.state import JobState
 
 log = logging.getLogger(__name__)
@@ -62,12 +61,14 @@ class Handouts:
             self._token, self._basis, self._rewrite_at = token, None, now + REWRITE_S
         members = record.members
         live = {name: nodes[name] for name in members if name in nodes}
-        basis = (record.generation, checkpoint, _tiers(live))
+        tiers = [(n, r.tier) for n, r in live.items() if r.tier is not None]
+        basis = (record.generation, checkpoint, tiers)
         if basis == self._basis:
             return  # nothing it plans from changed since it wrote
-        order = replication.ring(members, {n: t.domain for n, t in _tiers(live)})
+        order = replication.ring(members, {n: t.domain for n, t in tiers})
         sends = replication.copies(order, live, self._k, checkpoint.committed, checkpoint.bad)
-        shares = replication.handouts(record.generation, live, sends, self._fetched(record, live))
+        fetched = self._fetched(record, order, live)
+        shares = replication.handouts(record.generation, live, sends, fetched)
         values = {name: share.to_json() for name, share in shares.items()}
         written = {} if reset else self._written
         write = {n: v for n, v in values.items() if again or written.get(n) != v}
@@ -81,15 +82,17 @@ class Handouts:
                 return
         self._written, self._basis = values, basis
 
-    def _fetched(self, record: JobRecord, live: Mapping[str, NodeReport]) -> dict[str, list[Copy]]:
-        """The fetches of `record`'s generation, planned the first time it is led: every
-        member gets a share then (an empty one too), which its workers' restore waits for."""
+    def _fetched(
+        self, record: JobRecord, order: Sequence[str], live: Mapping[str, NodeReport]
+    ) -> dict[str, list[Copy]]:
+        """The fetches of `record`'s generation (`order`: its ring), planned the first time it
+        is led: every member gets a share then (an empty one too), which its workers' restore
+        waits for."""
         checkpoint = record.checkpoint
-        if checkpoint is None or not any(s.startswith("memory:") for s in checkpoint.restore):
+        if checkpoint is None or not checkpoint.fetches:
             return {}
         generation, planned = self._fetches
         if generation != record.generation:
-            order = replication.ring(record.members, {n: t.domain for n, t in _tiers(live)})
             planned = replication.restore_fetches(
                 record.members, record.nproc_per_node, checkpoint.restore, order, live
             )
@@ -97,7 +100,3 @@ class Handouts:
             wanted = sum(len(c) for c in planned.values())
             log.info("restore of generation %d: %d saves to bring", record.generation, wanted)
         return planned
-
-
-def _tiers(nodes: Mapping[str, NodeReport]) -> list[tuple[str, TierReport]]:
-    return [(n, r.tier) for n, r in nodes.items() if r.tier is not None]

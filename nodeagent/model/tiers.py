@@ -128,6 +128,13 @@ class CheckpointRecord:
             return None
         return (self.committed_step, self.committed_generation, self.committed_world)
 
+    @property
+    def fetches(self) -> bool:
+        """This generation's restore may read saves its nodes bring from peers: the leader
+        plans the copies (`replicas`) and the order tries the memory tier. The leader hands
+        every member its share of those fetches then, and each node's workers wait for it."""
+        return bool(self.replicas) and any(s.startswith("memory:") for s in self.restore)
+
     @classmethod
     def read(cls, r: Reader) -> CheckpointRecord:
         restore = r.items("restore", 16)
