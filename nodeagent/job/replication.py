@@ -13,10 +13,10 @@ reads them all anyway (job/handouts.py hands each node its share: `handouts`):
   one (after a node loss, what the lost node held has one copy fewer: re-protecting is the same
   rule). A copy is made by the first holder in ring order, to the next nodes after it that do
   not hold it.
-- `fetches` (`restore_fetches`: for every member at once): what a node must bring from its peers
-  before its workers restore a memory step: its own ranks' saves at the same world; at another
-  (DCP reshards), the old ranks whose rows its ranks read, or every one where the save's layout
-  is not row-wise (channel/layout.py; the holders report the row counts, Held.rows).
+- `restore_fetches`: what each member must bring from its peers before its workers restore a
+  memory step: its own ranks' saves at the same world; at another (DCP reshards), the old ranks
+  whose rows its ranks read, or every one where the save's layout is not row-wise
+  (channel/layout.py; the holders report the row counts, Held.rows).
 
 Saves are told apart by (step, generation, world): a step number can recur after a rollback.
 """
@@ -151,25 +151,6 @@ def copies(
     return found
 
 
-def fetches(
-    me: str,
-    local_ranks: Sequence[int],
-    world: int,
-    restore: Sequence[str],
-    order: Sequence[str],
-    nodes: Mapping[str, NodeReport],
-    rows: Callable[[SaveKey], tuple[int, ...] | None] = lambda key: None,
-) -> list[Copy]:
-    """What `me` must bring from its peers before its workers (`local_ranks` of a world of
-    `world`) try the memory steps of the restore order `restore`: for a save of the same world,
-    its own ranks' copies; of another, the old ranks they read (resharding): those whose rows
-    overlap theirs when `rows(key)` gives the save's row counts (channel/layout.py), else
-    every one."""
-    held = holdings(_in(order, nodes))
-    position = {name: i for i, name in enumerate(order)}
-    return _fetches(me, local_ranks, world, restore, held, position, rows)
-
-
 def restore_fetches(
     members: Sequence[str],
     nproc: int,
@@ -177,8 +158,11 @@ def restore_fetches(
     order: Sequence[str],
     nodes: Mapping[str, NodeReport],
 ) -> dict[str, list[Copy]]:
-    """`fetches` for every member (group rank = index, `nproc` ranks each) at once, the
-    holdings read once; row counts as the holders report them (Held.rows)."""
+    """What each member (group rank = index, `nproc` ranks each) must bring from its peers
+    before its workers try the memory steps of the restore order `restore`: for a save of
+    the same world, its own ranks' copies; of another, the old ranks they read (resharding):
+    those whose rows overlap theirs where the holders report the save's row counts
+    (Held.rows, channel/layout.py), else every one. The holdings are read once for all."""
     held = holdings(_in(order, nodes))
     position = {name: i for i, name in enumerate(order)}
     counts = {

@@ -61,12 +61,15 @@ def test_after_a_node_loss_the_first_survivor_holding_its_ranks_copies_them_on()
 def test_a_node_brings_its_own_rank_at_the_same_world_and_every_rank_at_another() -> None:
     nodes = {n: node(n, {20: [i]}, {20: [(i - 1) % W]}) for i, n in enumerate("abd")}
     nodes["d"] = node("d", {20: [3]}, {20: [2]})  # d held c's rank 2 too
-    same = replication.fetches("a", [0], W, ["memory:20@1"], ["a", "b", "d"], nodes)
+    four = ("a", "b", "x", "d")  # x replaces c: a is rank 0 of world 4 again
+    same = replication.restore_fetches(four, 1, ["memory:20@1"], four, nodes)["a"]
     assert same == []  # a holds rank 0 already
-    other = replication.fetches("a", [0], 3, ["memory:20@1", "start"], ["a", "b", "d"], nodes)
+    three = ("a", "b", "d")
+    other = replication.restore_fetches(three, 1, ["memory:20@1", "start"], three, nodes)["a"]
     assert {(c.rank, c.sources[0]) for c in other} == {(1, "b"), (2, "d")}
     assert all(c.target == "a" and c.key == (20, 1, W) for c in other)
-    assert replication.fetches("a", [0], 3, ["persistent:20@1"], ["a"], nodes) == []
+    alone = replication.restore_fetches(("a",), 1, ["persistent:20@1"], ("a",), nodes)
+    assert alone == {"a": []}
 
 
 def test_a_row_wise_save_brings_only_the_old_ranks_whose_rows_overlap() -> None:
@@ -75,25 +78,22 @@ def test_a_row_wise_save_brings_only_the_old_ranks_whose_rows_overlap() -> None:
     holds both."""
     nodes = {n: node(n, {20: [i]}, {20: [(i - 1) % W]}) for i, n in enumerate("abd")}
     nodes["d"] = node("d", {20: [3]}, {20: [2]})
-    order, restore = ["a", "b", "d"], ["memory:20@1"]
+    order, restore = ("a", "b", "d"), ["memory:20@1"]
 
-    def rows(key: tuple[int, int, int]) -> tuple[int, ...]:
-        return (12,)
+    def brought(reports: dict[str, NodeReport]) -> dict[str, list[tuple[int, str]]]:
+        fetched = replication.restore_fetches(order, 1, restore, order, reports)
+        return {me: [(c.rank, c.sources[0]) for c in f] for me, f in fetched.items()}
 
-    def brought(me: str, rank: int) -> list[tuple[int, str]]:
-        copies = replication.fetches(me, [rank], 3, restore, order, nodes, rows)
-        return [(c.rank, c.sources[0]) for c in copies]
-
-    assert (brought("a", 0), brought("b", 1), brought("d", 2)) == ([(1, "b")], [(2, "d")], [])
-    every = replication.fetches("d", [2], 3, restore, order, nodes, lambda key: None)
-    assert {c.rank for c in every} == {0, 1}  # no layout recorded: every rank it lacks
+    rows = {n: _with_rows(r, (12,)) for n, r in nodes.items()}  # the holders say the layout
+    assert brought(rows) == {"a": [(1, "b")], "b": [(2, "d")], "d": []}
+    every = brought(nodes)["d"]
+    assert {rank for rank, _ in every} == {0, 1}  # no layout recorded: every rank it lacks
     # rank 0's node lost instead: b, c, d (new ranks 0, 1, 2) each hold the two they read
     alive = {n: node(n, {20: [i]}, {20: [(i - 1) % W]}) for i, n in enumerate("abcd") if i}
-    members = ["b", "c", "d"]
-    assert all(
-        replication.fetches(me, [r], 3, restore, members, alive, rows) == []
-        for r, me in enumerate(members)
-    )
+    members = ("b", "c", "d")
+    rowed = {n: _with_rows(r, (12,)) for n, r in alive.items()}
+    fetched = replication.restore_fetches(members, 1, restore, members, rowed)
+    assert fetched == {"b": [], "c": [], "d": []}
 
 
 def test_a_new_world_restores_the_newest_save_its_members_hold_whole_then_the_committed() -> None:
