@@ -20,8 +20,11 @@ steps, a copy to the persistent tier every second save, with the timing of the e
   DCP checkpoint. Only another node than rank 0's: the node of rank 0 hosts the c10d store, and
   its loss ends a torchrun job (bench/recovery.py measures it); no scale (torchrun has none).
 Each repetition is a fresh job: train to step TRAIN_TO, then lose a node (its agent and worker
-SIGKILLed, its tmpfs wiped): the node of rank 0, or another; or scale: `nodeagentctl scale 3`,
-two saves at world 3, `nodeagentctl scale 4` (each measured from the command). On one clock,
+SIGKILLed, its tmpfs wiped): the node of rank 0, or another; or `worker`: the worker of the last
+member (torchrun: of a node that hosts neither the store nor rank 0) SIGKILLed, its agent and
+tmpfs left (the job restarts at world 4: the agents from the node's own memory, torchrun every
+worker from its DCP directory); or scale: `nodeagentctl scale 3`, two saves at world 3,
+`nodeagentctl scale 4` (each measured from the command). On one clock,
 from the workers' own lines:
 - recovery:  loss -> every rank of the new generation finished a step;
 - restore:   loss -> every rank of the new generation printed "restored" (its load included);
@@ -53,13 +56,14 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.recovery import TorchrunLaunch, Workload  # noqa: E402
+from bench.recovery import TorchrunLaunch, Workload, training_process  # noqa: E402
 from bench.sharded_recovery import _generation_after, _stepped  # noqa: E402
 from tests.helpers.cluster import LocalCluster, RedisServer, wait_for  # noqa: E402
 from tests.helpers.fsdp import fsdp_cluster, lines, lose, tiers_said  # noqa: E402
 
 SYSTEMS = ("memtier", "disk", "torchrun")
-FAULTS = ("node_rank0", "node_other", "scale")
+FAULTS = ("node_rank0", "node_other", "worker", "scale")
+TORCHRUN_FAULTS = ("node_other", "worker")  # rank 0's node takes the store: the job ends
 NODES = ("a", "b", "c", "d")
 EVERY = 5
 TRAIN_TO = 27  # after the save of step 25, which only the memory tier holds (20 persisted)
@@ -115,6 +119,11 @@ def one(
                 cluster, system, "scale_up", generation, 4, lambda: cluster.ctl("scale", "4")
             )
             results = [down, up]
+        elif fault == "worker":
+            victim = str(cluster.status()["members"][-1])
+            results = [
+                _changed(cluster, system, fault, 1, 4, lambda: _kill_worker(cluster, victim))
+            ]
         else:
             members = cluster.status()["members"]
             victim = str(members[0] if fault == "node_rank0" else members[-1])
@@ -122,6 +131,12 @@ def one(
         cluster.ctl("stop")
     shutil.rmtree(shm, ignore_errors=True)
     return results
+
+
+def _kill_worker(cluster: LocalCluster, node: str) -> None:
+    for pid in cluster.worker_pids(node):
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
 
 
 def _changed(
@@ -167,8 +182,9 @@ class FsdpWorkload(Workload):
         ]
 
 
-def one_torchrun(directory: Path, model: tuple[str, ...]) -> dict[str, Any]:
-    """The torchrun system, losing a node that hosts neither the store nor rank 0."""
+def one_torchrun(directory: Path, model: tuple[str, ...], fault: str) -> dict[str, Any]:
+    """The torchrun system, losing a node that hosts neither the store nor rank 0 (`node_other`)
+    or that node's worker (`worker`)."""
     launch = TorchrunLaunch(directory, True, FsdpWorkload(model=model), nnodes=f"3:{len(NODES)}")
     launch.start(*NODES)
     try:
@@ -185,7 +201,12 @@ def one_torchrun(directory: Path, model: tuple[str, ...]) -> dict[str, Any]:
             for name in reversed(NODES)
             if name != store and not rank0 & {p.pid for p in launch.processes(name)}
         )
-        processes = launch.processes(victim)
+        processes = (
+            launch.processes(victim)
+            if fault == "node_other"
+            else [training_process(launch, victim)]
+        )
+        world = 3 if fault == "node_other" else 4
         lost_at = time.time()
         for proc in processes:
             with contextlib.suppress(psutil.Error):
@@ -195,19 +216,19 @@ def one_torchrun(directory: Path, model: tuple[str, ...]) -> dict[str, Any]:
 
         def resumed() -> list[dict[str, Any]] | None:
             after = [x for x in launch.lines() if x["t"] > lost_at]
-            back = {x["pid"]: x for x in after if x["event"] == "restored" and x["world"] == 3}
+            back = {x["pid"]: x for x in after if x["event"] == "restored" and x["world"] == world}
             firsts = [
                 min((x["t"] for x in after if x["pid"] == pid and x["event"] == "step"), default=0)
                 for pid in back
             ]
-            return [*back.values()] if len(back) == 3 and all(firsts) else None
+            return [*back.values()] if len(back) == world and all(firsts) else None
 
-        restored = wait_for(resumed, 300, "every rank to step at world 3")
+        restored = wait_for(resumed, 300, f"every rank to step at world {world}")
         after = [x for x in launch.lines() if x["t"] > lost_at and x["event"] == "step"]
         firsts = [min(x["t"] for x in after if x["pid"] == r["pid"]) for r in restored]
         return {
             "system": "torchrun",
-            "fault": "node_other",
+            "fault": fault,
             "recovery_s": round(max(firsts) - lost_at, 3),
             "restore_s": round(max(x["t"] for x in restored) - lost_at, 3),
             "steps_lost": trained - restored[0]["step"],
@@ -255,12 +276,12 @@ def main() -> None:
             for rep in range(args.reps):
                 for fault in faults:
                     for system in systems:  # interleaved: the machine's noise hits them all
-                        if system == "torchrun" and fault != "node_other":
-                            continue  # the store goes with rank 0's node: the job ends
+                        if system == "torchrun" and fault not in TORCHRUN_FAULTS:
+                            continue
                         directory = Path(tmp) / f"{system}-{fault}-{rep}"
                         directory.mkdir()
                         if system == "torchrun":
-                            made = [one_torchrun(directory, model)]
+                            made = [one_torchrun(directory, model, fault)]
                         else:
                             made = one(
                                 system, fault, redis, directory, rep, model, args.memory_size

@@ -357,7 +357,7 @@ class TorchrunLaunch:
 # -- the faults ---------------------------------------------------------------------------------
 
 
-def _worker(launch: Launch, node: str) -> psutil.Process:
+def training_process(launch: Launch, node: str) -> psutil.Process:
     """The node's training process (a preloaded one runs the script in a spare interpreter)."""
     stepping = {line["pid"] for line in launch.lines() if line.get("event") == "step"}
     return next(p for p in launch.processes(node)[1:] if p.pid in stepping)
@@ -373,11 +373,11 @@ def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> list[psutil
 # Each returns the processes it hit (a whole node for a node fault): the workers among them are
 # no survivors; the harness sends them SIGCONT once the run is over, for those it froze.
 def kill_worker(launch: Launch) -> list[psutil.Process]:
-    return _signal_all([_worker(launch, launch.other_node())], signal.SIGKILL)
+    return _signal_all([training_process(launch, launch.other_node())], signal.SIGKILL)
 
 
 def stop_worker(launch: Launch) -> list[psutil.Process]:
-    return _signal_all([_worker(launch, launch.other_node())], signal.SIGSTOP)
+    return _signal_all([training_process(launch, launch.other_node())], signal.SIGSTOP)
 
 
 def kill_rank0_node(launch: Launch) -> list[psutil.Process]:
