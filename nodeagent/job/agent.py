@@ -157,6 +157,9 @@ class Agent:
                 clock=self._clock,
                 share_now=lambda: self._store.handout(name),
                 peers_now=self._store.peer_reports,
+                peers=lambda names: self._call(
+                    lambda: self._store.peer_reports(names), "read the successors' reports"
+                ),
             )
             replicas.listen(copies.accept)
         return TierDuties(tiers, self.name, metrics, copies)

@@ -23,6 +23,7 @@ from nodeagent.checkpoint.peers import Done, Replicas
 from nodeagent.checkpoint.replica import Offer
 from nodeagent.errors import CoordinationError
 from nodeagent.job import replication
+from nodeagent.job.handover import Handover
 from nodeagent.model.handout import Handout
 from nodeagent.model.job import Event, JobRecord, NodeReport
 from nodeagent.model.tiers import SaveKey, TierReport
@@ -57,13 +58,15 @@ class ReplicaDuties:
         clock: Callable[[], float] = time.monotonic,
         share_now: ShareReader | None = None,
         peers_now: PeerReader | None = None,
+        peers: PeerReader | None = None,
     ) -> None:
         """`share`: read this node's share from the agent's loop (bounded by its lease);
         `share_now` and `peers_now`: read it, and a peer's report, from the listener's threads,
         for a request this node cannot check on what it read (a share of a generation its
         loop has not read yet, a report newer than the one it holds). `share_wait`: how long
         the workers of a generation wait for the share of their restore before they start
-        without it."""
+        without it. `peers`: read peers' reports from the agent's loop (bounded by its lease),
+        for the hand-over of a scale-down (job/handover.py)."""
         self.replicas = replicas
         self._node, self._domain, self._k = node, domain, copies
         self._share = share
@@ -87,6 +90,7 @@ class ReplicaDuties:
         # they did or this clock time.
         self._restoring_until = 0.0
         self._behind = False
+        self.handover = Handover(replicas, node, peers, fetch_timeout, clock)
 
     # -- the listener's threads -------------------------------------------------------------
 
@@ -135,6 +139,7 @@ class ReplicaDuties:
     # -- the agent's loop -------------------------------------------------------------------
 
     def report(self, tiers: TierReport) -> TierReport:
+        self.handover.reported(tiers)
         return replace(
             tiers,
             replicas=self.replicas.held(),
@@ -239,6 +244,7 @@ class ReplicaDuties:
         """What the listener checks requests against from now: the peers `share` names."""
         peers = frozenset(share.peers)
         self._known = (peers, {n: r for n, r in self._known[1].items() if n in peers})
+        self.handover.share(share)
 
     def _read_share(self) -> Handout | None:
         try:
@@ -260,6 +266,7 @@ class ReplicaDuties:
         events = []
         generation = record.generation if record is not None else 0
         for done in self.replicas.take_done():
+            self.handover.finished(done)
             transfer = done.transfer
             direction = "fetched" if transfer.fetch else "sent"
             self._metrics.copied(direction, done.seconds, done.bytes, done.error is None)

@@ -209,18 +209,46 @@ def _fetches(
     return found
 
 
+def successors(
+    order: Sequence[str], replicas: int, nodes: Mapping[str, NodeReport]
+) -> dict[str, tuple[str, ...]]:
+    """Each node of the ring `order` -> the next `replicas` nodes after it with a replica
+    listener (as `nodes` report them): where it copies the save its workers make as they stop
+    for a scale-down (job/copies.py), the same ring a save's copies follow."""
+    reachable = [
+        name
+        for name in order
+        if (report := nodes.get(name)) is not None
+        and report.tier is not None
+        and report.tier.address is not None
+    ]
+    count = min(replicas, len(reachable) - 1)
+    position = {name: i for i, name in enumerate(reachable)}
+    return {
+        name: tuple(
+            reachable[(position[name] + step) % len(reachable)] for step in range(1, count + 1)
+        )
+        for name in reachable
+    }
+
+
 def handouts(
     generation: int,
     nodes: Mapping[str, NodeReport],
     sends: Sequence[Copy],
     fetched: Mapping[str, Sequence[Copy]] = {},
+    after: Mapping[str, Sequence[str]] = {},
 ) -> dict[str, Handout]:
     """Each node's share (model/handout.py) of the copies `sends` (each made by the first of
-    its sources) and of the fetches `fetched` (node -> what it brings), with the addresses of
-    the peers each names and the peers that may ask it. Every node named, and every node of
-    `fetched`, gets a share: an empty one says "written: nothing to do"."""
-    transfers: dict[str, list[Transfer]] = {name: [] for name in fetched}
+    its sources) and of the fetches `fetched` (node -> what it brings), with its successors
+    `after` (node -> the next nodes on the ring), the addresses of the peers each names and
+    the peers that may ask it. Every node named, every node of `fetched` and every node of
+    `after` gets a share: an empty one says "written: nothing to do"."""
+    transfers: dict[str, list[Transfer]] = {name: [] for name in (*fetched, *after)}
     asking: dict[str, set[str]] = {}
+    for name, nexts in after.items():
+        for successor in nexts:
+            asking.setdefault(successor, set()).add(name)
     for copy in sends:
         sender = copy.sources[0]
         transfers.setdefault(sender, []).append(_transfer(copy, False))
@@ -235,12 +263,14 @@ def handouts(
     addresses = {n: r.tier.address for n, r in nodes.items() if r.tier and r.tier.address}
     shares = {}
     for name, mine in transfers.items():
-        named = {n for t in mine for n in (t.target, *t.sources) if n != name}
+        nexts = tuple(after.get(name, ()))
+        named = {n for t in mine for n in (t.target, *t.sources) if n != name} | set(nexts)
         shares[name] = Handout(
             generation,
             tuple(mine),
             tuple(sorted((n, addresses[n]) for n in named if n in addresses)),
             tuple(sorted(asking.get(name, ()))),
+            nexts,
         )
     return shares
 

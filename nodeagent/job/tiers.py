@@ -44,6 +44,7 @@ class TierDuties:
         self._notes: list[RestoreNote] = []
         self._generation = 0
         self._offered: tuple[str, int] | None = None  # the restore's first source, its step
+        self._handing = False  # a scale-down's hand-over is under way (job/handover.py)
 
     @property
     def settling(self) -> bool:
@@ -57,7 +58,8 @@ class TierDuties:
         if self.keeper.removed:
             return False
         ended = group.generation is not None and not group.active
-        return self.keeper.settling or (ended and group.generation != self._settled)
+        settling = self.keeper.settling or (ended and group.generation != self._settled)
+        return settling or self._handing
 
     def report(self) -> TierReport:
         look = self.keeper.look()
@@ -95,7 +97,7 @@ class TierDuties:
             s.rank: restore_report_path(log_dir, job_id, record.generation, s.rank) for s in specs
         }
         self.keeper.started(record.generation, tuple(s.rank for s in specs), reports)
-        self._graceful = False
+        self._graceful = self._handing = False
 
     def tick(self, group: GroupStatus, record: JobRecord | None) -> list[Event]:
         """One pass; the events to publish."""
@@ -122,7 +124,11 @@ class TierDuties:
             events.append(Event("checkpoint_slow", self._generation, self._node, problem))
         events += self._restored(keeper.restores())
         if self.copies is not None:
-            events += self.copies.tick(record, keeper.report())
+            own = keeper.report()
+            events += self.copies.tick(record, own)
+            settled = ended and group.generation == self._settled and not keeper.settling
+            handing = self._graceful and settled and self.copies.handover.step(record, own)
+            self._handing = handing
         done = keeper.take_persisted()
         if done is not None:
             self._metrics.persisted(done.seconds, done.bytes)

@@ -6,8 +6,10 @@ copies hash, one small JSON object per node. A node reads its own field, never e
 the Redis work of planning is the leader's reads, O(members) a save, not O(members²).
 
 A node's share, for one generation: the transfers it makes (sends to a peer, fetches for the
-restore of its workers), the addresses of the peers they name, and the peers that may ask it for
-a copy (send it one, or fetch one from it): what its listener accepts a request from.
+restore of its workers), its successors on the ring (where it copies the save its workers make
+as they stop for a scale-down, job/copies.py), the addresses of the peers these name, and the
+peers that may ask it for a copy (send it one, or fetch one from it): what its listener accepts
+a request from.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class Handout:
     transfers: tuple[Transfer, ...] = ()
     addresses: tuple[tuple[str, str], ...] = ()  # (node, host:port) of every peer named
     peers: tuple[str, ...] = ()  # the nodes whose requests this node's listener serves
+    successors: tuple[str, ...] = ()  # the next `replicas` nodes on the ring
 
     def to_json(self) -> str:
         body = {
@@ -77,6 +80,7 @@ class Handout:
             "transfers": [t.to_data() for t in self.transfers],
             "addresses": dict(self.addresses),
             "peers": list(self.peers),
+            "successors": list(self.successors),
         }
         return json.dumps(body, separators=(",", ":"))
 
@@ -98,6 +102,7 @@ class Handout:
             ),
             addresses=tuple(sorted(addresses.items())),
             peers=r.names("peers"),
+            successors=r.names("successors"),
         )
 
     @property

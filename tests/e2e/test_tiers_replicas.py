@@ -23,6 +23,7 @@ from tests.helpers.fsdp import (
     fsdp_cluster,
     lose,
     pids,
+    rank0,
     restored,
     resumed_from_memory,
     saved_digests,
@@ -43,10 +44,11 @@ def replicated(
     shm: Path,
     nodes: tuple[str, ...],
     persist: bool = False,
+    fewest: int = 0,
     **options: Any,
 ) -> Iterator[LocalCluster]:
-    """`nodes` training with one copy of each save, down to one node fewer allowed (`options`:
-    more of fsdp_cluster's), for three save intervals."""
+    """`nodes` training with one copy of each save, down to `fewest` nodes allowed (0: one node
+    fewer; `options`: more of fsdp_cluster's), for three save intervals."""
     with fsdp_cluster(
         redis_server,
         job_id,
@@ -59,7 +61,7 @@ def replicated(
         every=EVERY,
         **options,
     ) as cluster:
-        cluster.min_nodes = len(nodes) - 1
+        cluster.min_nodes = fewest or len(nodes) - 1
         cluster.start(*nodes)
         wait_until_step(cluster, 1, 3 * EVERY)
         yield cluster
@@ -68,7 +70,10 @@ def replicated(
 def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise(
     redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
 ) -> None:
-    with replicated(redis_server, job_id, tmp_path, shm, ("a", "b", "c", "d")) as cluster:
+    """Then a scale-down, without a persistent tier: the node leaving hands the save its worker
+    made as it stopped to its successor, and the new world resumes from memory at that step."""
+    nodes = ("a", "b", "c", "d")
+    with replicated(redis_server, job_id, tmp_path, shm, nodes, fewest=2) as cluster:
         before = committed(cluster, 2 * EVERY)
         assert before["replicas"] == 1 and before["under_replicated"] == []
         lose(cluster, shm, "c")
@@ -80,6 +85,17 @@ def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise
         # Re-protected: the new world's saves are committed on 2 nodes again.
         after = committed(cluster, step + EVERY)
         assert after["under_replicated"] == []
+        assert cluster.ctl("scale", "2").returncode == 0  # d leaves: its ranks only on d so far
+        cluster.wait_status(
+            lambda d: d["generation"] > generation and d["world_size"] == 2, 90, "world 2"
+        )
+        scaled = cluster.status()["generation"]
+        back = restored(cluster, scaled)
+        stopped = [x["step"] for x in rank0(cluster, generation, "stopped")]
+        assert stopped == [back["step"]]  # the step the graceful stop saved: none lost
+        assert back["digest"] == saved_digests(cluster, generation)[back["step"]]
+        assert tiers_said(cluster, scaled, 2) == {"memory"}
+        assert "held by its successors" in cluster.agents["d"].log()
 
 
 def test_three_nodes_in_place_survive_a_second_loss_keeping_their_processes(

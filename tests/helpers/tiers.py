@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from nodeagent.channel import tier
 from nodeagent.channel.tier import Manifest
+from nodeagent.checkpoint.peers import Replicas
+from nodeagent.config.settings import CheckpointConfig
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import Held, TierReport
 from nodeagent.state import NodeState
@@ -42,3 +45,13 @@ def reporting(
         held(memory), (), (), held(replicas), f"127.0.0.1:{7000 + ord(name[0])}", domain
     )
     return NodeReport(name, "127.0.0.1", NodeState.RUNNING, lease_ttl_ms=3000, tier=tier)
+
+
+def node_replicas(tmp_path: Path, node: str, job: str = "j") -> Iterator[Replicas]:
+    """`node`'s replicas (memory tier and replica area under `tmp_path`, a listener on
+    loopback once it is told whom to accept), closed when the generator is."""
+    config = CheckpointConfig(memory_size=1 << 24, memory_dir=str(tmp_path))
+    made = Replicas(config, node, job, "127.0.0.1")
+    made.prepare(None)
+    yield made
+    made.close()

@@ -24,7 +24,6 @@ from nodeagent.channel import fetching, tier
 from nodeagent.checkpoint import peers
 from nodeagent.checkpoint.peers import Done, Replicas
 from nodeagent.checkpoint.replica import Offer, Want
-from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import CoordinationError
 from nodeagent.job import copies as copies_module
 from nodeagent.job import replication
@@ -35,7 +34,7 @@ from nodeagent.model.tiers import CheckpointRecord, Held, TierReport
 from nodeagent.state import JobState, NodeState
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
 from tests.helpers.factories import make_record
-from tests.helpers.tiers import fake_save
+from tests.helpers.tiers import fake_save, node_replicas
 
 JOB = "j"
 KEY = (30, 3, 2)  # step 30, saved by generation 3, world 2
@@ -46,24 +45,16 @@ def quick_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(peers, "FETCH_PAUSE_S", 0.05)
 
 
-def replicas(tmp_path: Path, node: str) -> Iterator[Replicas]:
-    config = CheckpointConfig(memory_size=1 << 24, memory_dir=str(tmp_path))
-    made = Replicas(config, node, JOB, "127.0.0.1")
-    made.prepare(None)
-    yield made
-    made.close()
-
-
 @pytest.fixture
 def holder(tmp_path: Path) -> Iterator[Replicas]:
     """Node a, whose memory tier holds rank 0 of step 30@3."""
-    yield from replicas(tmp_path, "a")
+    yield from node_replicas(tmp_path, "a")
 
 
 @pytest.fixture
 def asker(tmp_path: Path) -> Iterator[Replicas]:
     """Node c, which fetches it."""
-    found = replicas(tmp_path, "c")
+    found = node_replicas(tmp_path, "c")
     made = next(found)
     made.listen(lambda _offer: "c takes no copies in these tests")
     yield made
@@ -165,7 +156,7 @@ def test_cancelling_the_copies_stops_a_paced_send_mid_file(
 ) -> None:
     """A new generation needs the node's restore (job/copies.py cancels the copies under way):
     a save being sent at a low rate stops at its next slice, not at its end, 10 s later."""
-    found = replicas(tmp_path, "d")
+    found = node_replicas(tmp_path, "d")
     taker = next(found)
     taker.listen(lambda _offer: None)
     assert taker.address is not None

@@ -194,6 +194,28 @@ def test_each_node_is_handed_its_share_and_the_peers_that_may_ask_it() -> None:
     assert "a" in shares["b"].peers and "d" in shares["b"].peers  # both read b's rank 1
 
 
+def test_each_share_names_the_successors_a_scale_down_hands_the_stop_save_to() -> None:
+    """The next k nodes of the ring with a listener (the ring wraps: d's is a), their addresses,
+    and in their shares the predecessors that may send to them."""
+    nodes = {n: node(n, {20: [i]}) for i, n in enumerate("abcd")}
+    order = replication.ring(list("abcd"), {})
+    after = replication.successors(order, 1, nodes)
+    assert after == {"a": ("b",), "b": ("c",), "c": ("d",), "d": ("a",)}
+    assert replication.successors(order, 2, nodes)["d"] == ("a", "b")
+    assert replication.successors(order, 5, nodes)["a"] == ("b", "c", "d")  # not itself
+    silent = node("b", {20: [1]})
+    assert silent.tier is not None
+    unreachable = {**nodes, "b": replace(silent, tier=replace(silent.tier, address=None))}
+    assert replication.successors(order, 1, unreachable)["a"] == ("c",)  # b has no listener
+    shares = replication.handouts(7, nodes, [], {}, after)
+    assert set(shares) == set("abcd")  # every member: nothing to send yet, a successor still
+    d = shares["d"]
+    assert (d.transfers, d.successors, d.addresses) == ((), ("a",), (("a", "127.0.0.1:7097"),))
+    assert shares["a"].peers == ("d",)  # d may send it its stop save
+    assert Handout.from_json(d.to_json(), "copies d") == d
+    assert replication.successors(("a",), 1, nodes) == {"a": ()}  # alone: nobody to hand to
+
+
 def test_a_share_reads_back_and_garbage_is_refused_naming_it() -> None:
     nodes = {n: node(n, {20: [i]}) for i, n in enumerate("abcd")}
     share = replication.handouts(7, nodes, replication.copies(list("abcd"), nodes, 1))["a"]
@@ -206,6 +228,7 @@ def test_a_share_reads_back_and_garbage_is_refused_naming_it() -> None:
         ({"transfers": [[20, 1, 4, 0, "0" * 16, [], "b bad", False]]}, "node names"),
         ({"addresses": {"b": "nowhere"}}, "host:port"),
         ({"peers": ["a", "a"]}, "distinct"),
+        ({"successors": "b"}, "successors"),
     ]
     for wrong, what in wrongs:
         with pytest.raises(CorruptStateError, match=what):

@@ -1,0 +1,184 @@
+"""A scale-down keeps the last save in memory: each node hands its stop save to its successors.
+
+On `nodeagentctl scale 3` the workers of all four nodes save the step they reached as they stop,
+into each node's memory tier. The node that leaves holds its ranks of that save alone, so the
+new world could not restore it from memory: it went back to the committed step (steps lost
+without a persistent tier) or read the persistent tier. Now, once its workers stopped for a
+scale-down and its tiers settled, each node sends its ranks of that save to its successors on the
+ring (its share names them, job/replication.py `successors`) and waits until they report holding
+them before it acknowledges the new generation. The leader reads those reports before the last
+acknowledgement (coord/view.py reads changes in order), so it finds the save whole on the
+members that stay, commits it and restores it (the members bring what they lack, DCP reshards).
+
+Bounded: given up on after `timeout` (the leader then restores what it finds, as before). Only
+for a scale-down: a failure elsewhere stops the workers too, but a failed rank has no stop save,
+so the step is not whole anyway and copying would only delay the recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from nodeagent.checkpoint.peers import Done, Replicas
+from nodeagent.errors import CoordinationError
+from nodeagent.job import replication
+from nodeagent.model.handout import Handout, Transfer
+from nodeagent.model.job import JobRecord, NodeReport
+from nodeagent.model.tiers import Held, SaveKey, TierReport
+from nodeagent.state import JobState
+
+log = logging.getLogger(__name__)
+CONFIRM_S = 0.25  # how often the successors' reports are read until they hold the copies
+# Read the reports of the nodes named (bounded by the agent's lease): may raise
+# CoordinationError.
+PeerReader = Callable[[Sequence[str]], Mapping[str, NodeReport]]
+
+
+def scaling_down(record: JobRecord) -> bool:
+    """`record` announces a generation with fewer members than the running one had (its member
+    list is still the old one's while it restarts)."""
+    return (
+        record.state is JobState.RESTARTING
+        and record.reason == "scale"
+        and record.target_nodes < len(record.members)
+    )
+
+
+@dataclass
+class _Under:
+    """A hand-over under way, for the announcement of `generation`."""
+
+    generation: int
+    key: SaveKey
+    waiting: dict[tuple[int, str], str]  # (rank, successor) -> digest not yet reported there
+    deadline: float
+    started: float
+    next_read: float = 0.0
+
+
+class Handover:
+    """This node's hand-over of its stop save at a scale-down (the module docstring)."""
+
+    def __init__(
+        self,
+        replicas: Replicas,
+        node: str,
+        peers: PeerReader | None,
+        timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._replicas = replicas
+        self._node = node
+        self._peers = peers
+        self._timeout = timeout
+        self._clock = clock
+        self._share: Handout | None = None  # the last share read: its successors, addresses
+        self._published: frozenset[SaveKey] = frozenset()  # in the last report built
+        self._under: _Under | None = None
+        self._handled = -1  # the announcement whose hand-over is done or given up on
+
+    def share(self, share: Handout) -> None:
+        self._share = share
+
+    def reported(self, tiers: TierReport) -> None:
+        """What the agent's heartbeat says this node holds (a successor accepts a copy only of
+        a save its sender reported)."""
+        self._published = frozenset(h.key for h in tiers.memory)
+
+    def finished(self, done: Done) -> None:
+        """A copy ended: one that failed is not waited for."""
+        under = self._under
+        if under is not None and done.error is not None and done.transfer.key == under.key:
+            under.waiting.pop((done.transfer.rank, done.transfer.target), None)
+
+    def step(self, record: JobRecord | None, own: TierReport) -> bool:
+        """One pass, once this node's workers stopped gracefully and its tiers settled: whether
+        its acknowledgement of `record`'s generation must still wait."""
+        if record is None or record.generation == self._handled or not scaling_down(record):
+            return False
+        if self._node not in record.members or self._peers is None:
+            return self._done(record.generation)
+        under = self._under
+        if under is None or under.generation != record.generation:
+            return self._begin(record, own)
+        now = self._clock()
+        if now >= under.deadline:
+            self._replicas.cancel()
+            log.warning(
+                "scale-down: step %d not reported by %s after %.0fs: the new world restores "
+                "what the members that stay hold",
+                under.key[0],
+                ", ".join(sorted({t for _, t in under.waiting})),
+                now - under.started,
+            )
+            return self._done(record.generation)
+        if self._replicas.busy:
+            return True
+        if under.waiting and now >= under.next_read:
+            under.next_read = now + CONFIRM_S
+            self._confirm(under)
+        if under.waiting:
+            return True
+        log.info(
+            "scale-down: step %d of this node's ranks is held by its successors (%.2fs)",
+            under.key[0],
+            now - under.started,
+        )
+        return self._done(record.generation)
+
+    def _begin(self, record: JobRecord, own: TierReport) -> bool:
+        newest = _newest(own.memory)
+        share = self._share
+        if newest is None or share is None or not share.successors:
+            return self._done(record.generation)
+        if newest.key not in self._published:
+            return True  # reported at this tick's heartbeat: its successors check against that
+        if self._replicas.busy:  # copies of the generation that stopped: they give way
+            self._replicas.cancel()
+            return True
+        now = self._clock()
+        waiting = {
+            (rank, successor): newest.digests[i] if newest.digests else ""
+            for i, rank in enumerate(newest.ranks)
+            for successor in share.successors
+        }
+        under = _Under(record.generation, newest.key, waiting, now + self._timeout, now)
+        self._under = under
+        self._confirm(under)  # what the ring's copies brought there already
+        transfers = [
+            Transfer(newest.key, rank, digest, (self._node,), successor, False)
+            for (rank, successor), digest in under.waiting.items()
+        ]
+        if not transfers:
+            return self._done(record.generation)
+        log.info(
+            "scale-down: copying step %d of ranks %s to %s before acknowledging",
+            newest.key[0],
+            list(newest.ranks),
+            ", ".join(share.successors),
+        )
+        self._replicas.run(transfers, share.address_map, record.generation)
+        return True
+
+    def _confirm(self, under: _Under) -> None:
+        assert self._peers is not None
+        try:
+            reports = self._peers(sorted({target for _, target in under.waiting}))
+        except CoordinationError as exc:
+            log.info("cannot read the successors' reports: %s", exc)
+            return
+        held = replication.holdings(reports).get(under.key, {})
+        for (rank, target), digest in list(under.waiting.items()):
+            if held.get(rank, {}).get(target) == digest:
+                del under.waiting[(rank, target)]
+
+    def _done(self, generation: int) -> bool:
+        self._under, self._handled = None, generation
+        return False
+
+
+def _newest(memory: Sequence[Held]) -> Held | None:
+    return max(memory, key=lambda h: (h.step, h.generation), default=None)

@@ -1,0 +1,185 @@
+"""A scale-down's hand-over (nodeagent/job/handover.py): the node that may leave sends its stop
+save to its successor on the ring, over two real replica listeners on loopback with real files,
+and holds its acknowledgement back until the successor reports holding the copy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from nodeagent.channel import tier
+from nodeagent.checkpoint.peers import Replicas
+from nodeagent.errors import CoordinationError
+from nodeagent.job.handover import Handover, scaling_down
+from nodeagent.model.handout import Handout
+from nodeagent.model.job import JobRecord, NodeReport
+from nodeagent.model.tiers import Held, TierReport
+from nodeagent.state import JobState, NodeState
+from tests.helpers.factories import make_record
+from tests.helpers.tiers import fake_save, node_replicas
+
+JOB = "j"
+KEY = (30, 3, 4)  # step 30, saved by generation 3, world 4
+MEMBERS = ("a", "b", "c", "d")
+SCALE = make_record(JobState.RESTARTING, 4, MEMBERS, reason="scale", target_nodes=3)
+
+
+@pytest.fixture
+def leaving(tmp_path: Path) -> Iterator[Replicas]:
+    """Node d (rank 3), which the scale-down leaves out."""
+    found = node_replicas(tmp_path, "d")
+    made = next(found)
+    made.listen(lambda _offer: "d takes no copies in these tests")
+    yield made
+    next(found, None)
+
+
+@pytest.fixture
+def successor(tmp_path: Path) -> Iterator[Replicas]:
+    """Node a, d's successor on the ring (which wraps), which takes every copy offered."""
+    found = node_replicas(tmp_path, "a")
+    made = next(found)
+    made.listen(lambda _offer: None)
+    yield made
+    next(found, None)
+
+
+def stop_save(leaving: Replicas) -> TierReport:
+    """Rank 3 of step 30@3 saved in d's memory tier as its workers stopped: d's tier report."""
+    slot = tier.slots(leaving.memory, 3)[0]
+    fake_save(slot, KEY[0], rank=3, world=KEY[2], generation=KEY[1], size=200_000)
+    digest = tier.digest(tier.read_manifest(slot))
+    return TierReport((Held(KEY[0], KEY[2], (3,), KEY[1], (digest,)),), address="127.0.0.1:1")
+
+
+class Peers:
+    """The successors' reports as the agent would read them (a's replicas as it holds them);
+    `down`: Redis cannot be reached."""
+
+    def __init__(self, nodes: Mapping[str, Replicas]) -> None:
+        self.nodes = nodes
+        self.reads = 0
+        self.down = False
+
+    def __call__(self, names: Sequence[str]) -> dict[str, NodeReport]:
+        self.reads += 1
+        if self.down:
+            raise CoordinationError("Redis is down")
+        return {
+            name: NodeReport(
+                name,
+                "127.0.0.1",
+                NodeState.READY,
+                tier=TierReport(replicas=self.nodes[name].held()),
+            )
+            for name in names
+            if name in self.nodes
+        }
+
+
+def handover(leaving: Replicas, successor: Replicas, peers: Peers, timeout: float = 30) -> Handover:
+    made = Handover(leaving, "d", peers, timeout)
+    assert successor.address is not None
+    made.share(Handout(3, addresses=(("a", successor.address),), successors=("a",)))
+    return made
+
+
+def run(made: Handover, record: JobRecord, own: TierReport, most: float = 30) -> int:
+    """Steps of the hand-over (as the agent's ticks) until it lets the acknowledgement go."""
+    ticks, end = 0, time.monotonic() + most
+    while made.step(record, own):
+        ticks += 1
+        assert time.monotonic() < end, "the hand-over never ended"
+        time.sleep(0.01)
+    return ticks
+
+
+def test_the_stop_save_is_held_by_the_successor_before_the_acknowledgement_goes(
+    leaving: Replicas, successor: Replicas
+) -> None:
+    own = stop_save(leaving)
+    peers = Peers({"a": successor})
+    made = handover(leaving, successor, peers)
+    assert made.step(SCALE, own)  # not in a report sent yet: a would refuse it
+    assert not leaving.busy and successor.held() == ()
+    made.reported(own)
+    assert run(made, SCALE, own) >= 1
+    [copy] = successor.held()
+    assert (copy.key, copy.ranks, copy.digests) == (KEY, (3,), own.memory[0].digests)
+    assert peers.reads >= 2  # before sending (not there yet), then until a reported it
+    assert not made.step(SCALE, own)  # done for this announcement: not sent again
+
+
+def test_a_copy_the_ring_made_already_is_not_sent_again(
+    leaving: Replicas, successor: Replicas
+) -> None:
+    own = stop_save(leaving)
+    made = handover(leaving, successor, Peers({"a": successor}))
+    made.reported(own)
+    run(made, SCALE, own)
+    again = make_record(JobState.RESTARTING, 5, MEMBERS, reason="scale", target_nodes=2)
+    sent = handover(leaving, successor, Peers({"a": successor}))
+    sent.reported(own)
+    assert not sent.step(again, own)  # a reports it: nothing to send, nothing to wait for
+    assert not leaving.busy
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        make_record(JobState.RESTARTING, 4, MEMBERS, reason="worker_failed", target_nodes=4),
+        make_record(JobState.RESTARTING, 4, MEMBERS, reason="scale", target_nodes=4),
+        make_record(JobState.RUNNING, 4, MEMBERS, reason="scale", target_nodes=3),
+        make_record(JobState.RESTARTING, 4, ("a", "b", "c", "e"), reason="scale", target_nodes=3),
+    ],
+    ids=["a failure elsewhere", "a scale-up", "running", "not a member"],
+)
+def test_only_a_members_scale_down_hands_over(
+    leaving: Replicas, successor: Replicas, record: JobRecord
+) -> None:
+    assert not scaling_down(record) or "d" not in record.members
+    own = stop_save(leaving)
+    made = handover(leaving, successor, Peers({"a": successor}))
+    made.reported(own)
+    assert not made.step(record, own)
+    assert not leaving.busy and successor.held() == ()
+
+
+def test_a_successor_that_refuses_the_copy_is_not_waited_for(
+    leaving: Replicas, tmp_path: Path
+) -> None:
+    found = node_replicas(tmp_path, "a")
+    refusing = next(found)
+    refusing.listen(lambda _offer: "d is not a peer the leader named to a")
+    try:
+        own = stop_save(leaving)
+        made = handover(leaving, refusing, Peers({"a": refusing}))
+        made.reported(own)
+        for _ in range(3000):  # the agent's loop: what ended is told to the hand-over
+            if not made.step(SCALE, own):
+                break
+            for done in leaving.take_done():
+                assert done.error is not None and "refused" in done.error
+                made.finished(done)
+            time.sleep(0.01)
+        assert not made.step(SCALE, own) and refusing.held() == ()
+    finally:
+        next(found, None)
+
+
+def test_a_successor_that_never_reports_the_copy_is_given_up_on_after_the_timeout(
+    leaving: Replicas, successor: Replicas
+) -> None:
+    own = stop_save(leaving)
+    peers = Peers({"a": successor})
+    made = handover(leaving, successor, peers, timeout=0.5)
+    made.reported(own)
+    assert made.step(SCALE, own)
+    peers.down = True  # the copy lands, but its report cannot be read
+    began = time.monotonic()
+    run(made, SCALE, own)
+    assert time.monotonic() - began >= 0.3
+    assert len(successor.held()) == 1  # it was sent: only not confirmed
