@@ -54,7 +54,6 @@ class _Under:
     generation: int
     key: SaveKey
     waiting: dict[tuple[int, str], str]  # (rank, successor) -> digest not yet reported there
-    deadline: float
     started: float
     next_read: float = 0.0
 
@@ -105,7 +104,7 @@ class Handover:
         if under is None or under.generation != record.generation:
             return self._begin(record, own)
         now = self._clock()
-        if now >= under.deadline:
+        if now - under.started >= self._timeout:
             self._replicas.cancel()
             log.warning(
                 "scale-down: step %d not reported by %s after %.0fs: the new world restores "
@@ -145,7 +144,7 @@ class Handover:
             for i, rank in enumerate(newest.ranks)
             for successor in share.successors
         }
-        under = _Under(record.generation, newest.key, waiting, now + self._timeout, now)
+        under = _Under(record.generation, newest.key, waiting, now)
         self._under = under
         self._confirm(under)  # what the ring's copies brought there already
         transfers = [

@@ -129,9 +129,7 @@ def copies(
     held = holdings(live)
     wanted = [k for k in dict.fromkeys((newest_whole(held, bad), keep)) if k is not None]
     position = {name: i for i, name in enumerate(order)}
-    reachable = {
-        name for name, r in live.items() if r.tier is not None and r.tier.address is not None
-    }
+    reachable = _listeners(live)
     found = []
     for key in wanted:
         for rank in range(key[2]):
@@ -215,13 +213,8 @@ def successors(
     """Each node of the ring `order` -> the next `replicas` nodes after it with a replica
     listener (as `nodes` report them): where it copies the save its workers make as they stop
     for a scale-down (job/copies.py), the same ring a save's copies follow."""
-    reachable = [
-        name
-        for name in order
-        if (report := nodes.get(name)) is not None
-        and report.tier is not None
-        and report.tier.address is not None
-    ]
+    listening = _listeners(nodes)
+    reachable = [name for name in order if name in listening]
     count = min(replicas, len(reachable) - 1)
     position = {name: i for i, name in enumerate(reachable)}
     return {
@@ -260,7 +253,7 @@ def handouts(
             for source in copy.sources:
                 asking.setdefault(source, set()).add(name)
                 transfers.setdefault(source, [])
-    addresses = {n: r.tier.address for n, r in nodes.items() if r.tier and r.tier.address}
+    addresses = _listeners(nodes)
     shares = {}
     for name, mine in transfers.items():
         nexts = tuple(after.get(name, ()))
@@ -273,6 +266,11 @@ def handouts(
             nexts,
         )
     return shares
+
+
+def _listeners(nodes: Mapping[str, NodeReport]) -> dict[str, str]:
+    """Node -> the address of its replica listener, for the nodes that report one."""
+    return {n: r.tier.address for n, r in nodes.items() if r.tier and r.tier.address}
 
 
 def _in(order: Sequence[str], nodes: Mapping[str, NodeReport]) -> dict[str, NodeReport]:
