@@ -154,7 +154,8 @@ def kept_through(cluster: LocalCluster, before: dict[str, int]) -> dict[str, int
     survivors = {n: p for n, p in before.items() if n in now}
     if before:
         assert survivors, f"no member of {sorted(before)} is one any more"
-        assert {n: now[n] for n in survivors} == survivors, "a survivor was restarted"
+        restarted = sorted(n for n in survivors if now[n] != survivors[n])
+        assert not restarted, f"{restarted} restarted\n{cluster.diagnostics()}"
     return now
 
 
