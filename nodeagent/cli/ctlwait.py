@@ -85,13 +85,24 @@ def wait_scaled(store: JobStore, nodes: int, timeout: float) -> bool:
 
 
 def wait_job_drained(store: JobStore, name: str, timeout: float) -> int:
-    """Until the node's workers in the job have stopped (0), or `timeout` passes (1)."""
+    """Until the node's workers in the job have stopped and the job went on without it (0), or
+    `timeout` passes (1). Its agent acknowledges the generation that leaves it out only once it
+    persisted and handed over its workers' last save (docs/checkpoints.md): a rolling upgrade
+    that restarts the agent as soon as this returns cuts neither short."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
+        snapshot = store.snapshot()
+        nodes = {n["name"]: n for n in status_document(snapshot, store.keys.job)["nodes"]}
         node = nodes.get(name)
+        record = snapshot.record
+        went_on = (
+            record is None
+            or record.state.terminal
+            or (record.state is not JobState.RESTARTING and name not in record.members)
+        )
         if node is None or (
-            node["state"] in ("cordoned", "lost")
+            went_on
+            and node["state"] in ("cordoned", "lost")
             and not any(w["state"] in ("running", "stopping") for w in node["workers"])
         ):
             print(f"node {name}: workers stopped, out of the job")

@@ -233,7 +233,8 @@ class Agent:
                 self._metrics.worker_failed("signal" if ended.signal else "exit_code")
         self._watch(now)
         if self._tiers is not None:
-            self._events += self._tiers.tick(self._workers.status(), self.record)
+            drained = self._cordon is not None and self._cordon.drain
+            self._events += self._tiers.tick(self._workers.status(), self.record, drained)
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
         now = self._clock()  # the sync may have used its whole budget: decide on a fresh clock

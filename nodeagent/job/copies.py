@@ -66,7 +66,7 @@ class ReplicaDuties:
         loop has not read yet, a report newer than the one it holds). `share_wait`: how long
         the workers of a generation wait for the share of their restore before they start
         without it. `peers`: read peers' reports from the agent's loop (bounded by its lease),
-        for the hand-over of a scale-down (job/handover.py)."""
+        for the hand-over of a node that leaves (job/handover.py)."""
         self.replicas = replicas
         self._node, self._domain, self._k = node, domain, copies
         self._share = share

@@ -7,8 +7,8 @@ every member's report once a save, O(members²) reads in all: 23 s of Redis CPU 
 per save interval at 4,000 nodes (bench/copy_plan_read.py).
 
 Each round the leader plans from the view it led from, and writes only the shares that changed.
-Every member's share names its successors on the ring (where a scale-down hands over its stop
-save, job/handover.py), so every member has one.
+Every member's share names its successors on the ring (where a node that leaves hands over its
+stop save, job/handover.py), so every member has one.
 A generation whose restore reads the memory tier also gets its fetches, planned once as the
 leader first leads it: every member's share is written then (an empty one says "nothing to
 bring"), and a node's workers wait for it before their restore. Every share is written again

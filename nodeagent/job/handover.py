@@ -1,18 +1,22 @@
-"""A scale-down keeps the last save in memory: each node hands its stop save to its successors.
+"""A node that leaves keeps its last save in memory: it hands its stop save to its successors.
 
 On `nodeagentctl scale 3` the workers of all four nodes save the step they reached as they stop,
-into each node's memory tier. The node that leaves holds its ranks of that save alone, so the
-new world could not restore it from memory: it went back to the committed step (steps lost
-without a persistent tier) or read the persistent tier. Now, once its workers stopped for a
-scale-down and its tiers settled, each node sends its ranks of that save to its successors on the
-ring (its share names them, job/replication.py `successors`) and waits until they report holding
-them before it acknowledges the new generation. The leader reads those reports before the last
-acknowledgement (coord/view.py reads changes in order), so it finds the save whole on the
-members that stay, commits it and restores it (the members bring what they lack, DCP reshards).
+into each node's memory tier; on `nodeagentctl drain d` d's workers do, and the others' save
+the same step with them (docs/checkpoints.md). The node that leaves holds its ranks of that save
+alone, so the new world could not restore it from memory: it went back to the committed step
+(steps lost without a persistent tier) or read the persistent tier. Now, once its workers
+stopped gracefully and its tiers settled, a node that may leave sends its ranks of that save to
+its successors on the ring (its share names them, job/replication.py `successors`) and waits
+until they report holding them before it acknowledges the new generation. The leader reads those
+reports before the last acknowledgement (coord/view.py reads changes in order), so it finds the
+save whole on the members that stay, commits it and restores it (the members bring what they
+lack, DCP reshards).
 
-Bounded: given up on after `timeout` (the leader then restores what it finds, as before). Only
-for a scale-down: a failure elsewhere stops the workers too, but a failed rank has no stop save,
-so the step is not whole anyway and copying would only delay the recovery.
+Which nodes hand over: at a scale-down every member (the leader chooses who stays only once all
+have acknowledged); at a drain the drained node. Bounded: given up on after `timeout` (the
+leader then restores what it finds, as before). Not for a failure: a failure elsewhere stops
+the workers too, but a failed rank has no stop save, so the step is not whole anyway and copying
+would only delay the recovery.
 """
 
 from __future__ import annotations
@@ -37,14 +41,13 @@ CONFIRM_S = 0.25  # how often the successors' reports are read until they hold t
 PeerReader = Callable[[Sequence[str]], Mapping[str, NodeReport]]
 
 
-def scaling_down(record: JobRecord) -> bool:
-    """`record` announces a generation with fewer members than the running one had (its member
-    list is still the old one's while it restarts)."""
-    return (
-        record.state is JobState.RESTARTING
-        and record.reason == "scale"
-        and record.target_nodes < len(record.members)
-    )
+def leaving(record: JobRecord, node: str, drained: bool) -> bool:
+    """`record` announces a generation that `node`, a member of the running one, may not be
+    part of: a scale-down (its member list is still the old one's while it restarts), or `node`
+    is drained."""
+    if record.state is not JobState.RESTARTING or node not in record.members:
+        return False
+    return drained or (record.reason == "scale" and record.target_nodes < len(record.members))
 
 
 @dataclass
@@ -59,7 +62,7 @@ class _Under:
 
 
 class Handover:
-    """This node's hand-over of its stop save at a scale-down (the module docstring)."""
+    """This node's hand-over of its stop save as it may leave (the module docstring)."""
 
     def __init__(
         self,
@@ -93,12 +96,15 @@ class Handover:
         if under is not None and done.error is not None and done.transfer.key == under.key:
             under.waiting.pop((done.transfer.rank, done.transfer.target), None)
 
-    def step(self, record: JobRecord | None, own: TierReport) -> bool:
-        """One pass, once this node's workers stopped gracefully and its tiers settled: whether
-        its acknowledgement of `record`'s generation must still wait."""
-        if record is None or record.generation == self._handled or not scaling_down(record):
+    def step(self, record: JobRecord | None, own: TierReport, drained: bool = False) -> bool:
+        """One pass, once this node's workers stopped gracefully and its tiers settled
+        (`drained`: this node is): whether its acknowledgement of `record`'s generation must
+        still wait."""
+        if record is None or record.generation == self._handled:
             return False
-        if self._node not in record.members or self._peers is None:
+        if not leaving(record, self._node, drained):
+            return False
+        if self._peers is None:
             return self._done(record.generation)
         under = self._under
         if under is None or under.generation != record.generation:
@@ -107,7 +113,7 @@ class Handover:
         if now - under.started >= self._timeout:
             self._replicas.cancel()
             log.warning(
-                "scale-down: step %d not reported by %s after %.0fs: the new world restores "
+                "hand-over: step %d not reported by %s after %.0fs: the new world restores "
                 "what the members that stay hold",
                 under.key[0],
                 ", ".join(sorted({t for _, t in under.waiting})),
@@ -122,7 +128,7 @@ class Handover:
         if under.waiting:
             return True
         log.info(
-            "scale-down: step %d of this node's ranks is held by its successors (%.2fs)",
+            "hand-over: step %d of this node's ranks is held by its successors (%.2fs)",
             under.key[0],
             now - under.started,
         )
@@ -154,7 +160,7 @@ class Handover:
         if not transfers:
             return self._done(record.generation)
         log.info(
-            "scale-down: copying step %d of ranks %s to %s before acknowledging",
+            "hand-over: copying step %d of ranks %s to %s before acknowledging",
             newest.key[0],
             list(newest.ranks),
             ", ".join(share.successors),

@@ -212,7 +212,7 @@ def successors(
 ) -> dict[str, tuple[str, ...]]:
     """Each node of the ring `order` -> the next `replicas` nodes after it with a replica
     listener (as `nodes` report them): where it copies the save its workers make as they stop
-    for a scale-down (job/copies.py), the same ring a save's copies follow."""
+    for a scale-down or its drain (job/handover.py), the same ring a save's copies follow."""
     listening = _listeners(nodes)
     reachable = [name for name in order if name in listening]
     count = min(replicas, len(reachable) - 1)

@@ -44,7 +44,7 @@ class TierDuties:
         self._notes: list[RestoreNote] = []
         self._generation = 0
         self._offered: tuple[str, int] | None = None  # the restore's first source, its step
-        self._handing = False  # a scale-down's hand-over is under way (job/handover.py)
+        self._handing = False  # a hand-over of the stop save is under way (job/handover.py)
 
     @property
     def settling(self) -> bool:
@@ -99,8 +99,10 @@ class TierDuties:
         self.keeper.started(record.generation, tuple(s.rank for s in specs), reports)
         self._graceful = self._handing = False
 
-    def tick(self, group: GroupStatus, record: JobRecord | None) -> list[Event]:
-        """One pass; the events to publish."""
+    def tick(
+        self, group: GroupStatus, record: JobRecord | None, drained: bool = False
+    ) -> list[Event]:
+        """One pass (`drained`: this node is); the events to publish."""
         keeper = self.keeper
         if keeper.removed:
             return []
@@ -127,7 +129,8 @@ class TierDuties:
             own = keeper.report()
             events += self.copies.tick(record, own)
             settled = ended and group.generation == self._settled and not keeper.settling
-            self._handing = self._graceful and settled and self.copies.handover.step(record, own)
+            handing = self._graceful and settled
+            self._handing = handing and self.copies.handover.step(record, own, drained)
         done = keeper.take_persisted()
         if done is not None:
             self._metrics.persisted(done.seconds, done.bytes)

@@ -7,9 +7,9 @@ the Redis work of planning is the leader's reads, O(members) a save, not O(membe
 
 A node's share, for one generation: the transfers it makes (sends to a peer, fetches for the
 restore of its workers), its successors on the ring (where it copies the save its workers make
-as they stop for a scale-down, job/copies.py), the addresses of the peers these name, and the
-peers that may ask it for a copy (send it one, or fetch one from it): what its listener accepts
-a request from.
+as they stop for a scale-down or a drain, job/handover.py), the addresses of the peers these
+name, and the peers that may ask it for a copy (send it one, or fetch one from it): what its
+listener accepts a request from.
 """
 
 from __future__ import annotations

@@ -70,8 +70,9 @@ def replicated(
 def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise(
     redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
 ) -> None:
-    """Then a scale-down, without a persistent tier: the node leaving hands the save its worker
-    made as it stopped to its successor, and the new world resumes from memory at that step."""
+    """Then a scale-down and a drain, without a persistent tier: the node leaving hands the save
+    its worker made as it stopped to its successor, and the new world resumes from memory at
+    that step."""
     nodes = ("a", "b", "c", "d")
     with replicated(redis_server, job_id, tmp_path, shm, nodes, fewest=2) as cluster:
         before = committed(cluster, 2 * EVERY)
@@ -96,6 +97,17 @@ def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise
         assert back["digest"] == saved_digests(cluster, generation)[back["step"]]
         assert tiers_said(cluster, scaled, 2) == {"memory"}
         assert "held by its successors" in cluster.agents["d"].log()
+        # A drain: b hands its stop save to a, and d, standby since the scale, takes b's place.
+        wait_until_step(cluster, scaled, back["step"] + 2)
+        assert cluster.ctl("drain", "b").returncode == 0
+        cluster.wait_status(
+            lambda s: s["generation"] > scaled and s["members"] == ["a", "d"], 90, "d for b"
+        )
+        drained = cluster.status()["generation"]
+        back = restored(cluster, drained)
+        assert [x["step"] for x in rank0(cluster, scaled, "stopped")] == [back["step"]]
+        assert back["digest"] == saved_digests(cluster, scaled)[back["step"]]
+        assert tiers_said(cluster, drained, 2) == {"memory"}
 
 
 def test_three_nodes_in_place_survive_a_second_loss_keeping_their_processes(

@@ -149,6 +149,9 @@ def test_operator_drain_waits_for_the_workers(gpu_cluster: tuple[LocalCluster, F
     before = cluster.wait_running(6)
     drained = cluster.ctl("drain", "c", "--wait", "--timeout", "30s", "--reason", "upgrade")
     assert drained.returncode == 0, drained.stderr
+    now = cluster.status()  # the job went on without c before --wait returned
+    assert now["state"] == "running" and now["generation"] > before["generation"], now
+    assert "c" not in now["members"]
     after = cluster.wait_running(4, after_generation=before["generation"])
     assert after["reason"] == "operator" and after["restart_count"] == 0
     c = nodes_of(after)["c"]

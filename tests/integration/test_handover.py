@@ -1,6 +1,7 @@
-"""A scale-down's hand-over (nodeagent/job/handover.py): the node that may leave sends its stop
-save to its successor on the ring, over two real replica listeners on loopback with real files,
-and holds its acknowledgement back until the successor reports holding the copy."""
+"""The hand-over of a node that may leave, at a scale-down or its drain (nodeagent/job/handover.py):
+it sends its stop save to its successor on the ring, over two real replica listeners on loopback
+with real files, and holds its acknowledgement back until the successor reports holding the
+copy."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from nodeagent.channel import tier
 from nodeagent.checkpoint.peers import Replicas
 from nodeagent.errors import CoordinationError
-from nodeagent.job.handover import Handover, scaling_down
+from nodeagent.job.handover import Handover, leaving
 from nodeagent.model.handout import Handout
 from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.model.tiers import Held, TierReport
@@ -25,10 +26,11 @@ JOB = "j"
 KEY = (30, 3, 4)  # step 30, saved by generation 3, world 4
 MEMBERS = ("a", "b", "c", "d")
 SCALE = make_record(JobState.RESTARTING, 4, MEMBERS, reason="scale", target_nodes=3)
+DRAIN = make_record(JobState.RESTARTING, 4, MEMBERS, reason="operator", target_nodes=4)
 
 
 @pytest.fixture
-def leaving(tmp_path: Path) -> Iterator[Replicas]:
+def departing(tmp_path: Path) -> Iterator[Replicas]:
     """Node d (rank 3), which the scale-down leaves out."""
     found = node_replicas(tmp_path, "d")
     made = next(found)
@@ -47,9 +49,9 @@ def successor(tmp_path: Path) -> Iterator[Replicas]:
     next(found, None)
 
 
-def stop_save(leaving: Replicas) -> TierReport:
+def stop_save(departing: Replicas) -> TierReport:
     """Rank 3 of step 30@3 saved in d's memory tier as its workers stopped: d's tier report."""
-    slot = tier.slots(leaving.memory, 3)[0]
+    slot = tier.slots(departing.memory, 3)[0]
     fake_save(slot, KEY[0], rank=3, world=KEY[2], generation=KEY[1], size=200_000)
     digest = tier.digest(tier.read_manifest(slot))
     return TierReport((Held(KEY[0], KEY[2], (3,), KEY[1], (digest,)),), address="127.0.0.1:1")
@@ -80,17 +82,21 @@ class Peers:
         }
 
 
-def handover(leaving: Replicas, successor: Replicas, peers: Peers, timeout: float = 30) -> Handover:
-    made = Handover(leaving, "d", peers, timeout)
+def handover(
+    departing: Replicas, successor: Replicas, peers: Peers, timeout: float = 30
+) -> Handover:
+    made = Handover(departing, "d", peers, timeout)
     assert successor.address is not None
     made.share(Handout(3, addresses=(("a", successor.address),), successors=("a",)))
     return made
 
 
-def run(made: Handover, record: JobRecord, own: TierReport, most: float = 30) -> int:
+def run(
+    made: Handover, record: JobRecord, own: TierReport, most: float = 30, drained: bool = False
+) -> int:
     """Steps of the hand-over (as the agent's ticks) until it lets the acknowledgement go."""
     ticks, end = 0, time.monotonic() + most
-    while made.step(record, own):
+    while made.step(record, own, drained):
         ticks += 1
         assert time.monotonic() < end, "the hand-over never ended"
         time.sleep(0.01)
@@ -98,13 +104,13 @@ def run(made: Handover, record: JobRecord, own: TierReport, most: float = 30) ->
 
 
 def test_the_stop_save_is_held_by_the_successor_before_the_acknowledgement_goes(
-    leaving: Replicas, successor: Replicas
+    departing: Replicas, successor: Replicas
 ) -> None:
-    own = stop_save(leaving)
+    own = stop_save(departing)
     peers = Peers({"a": successor})
-    made = handover(leaving, successor, peers)
+    made = handover(departing, successor, peers)
     assert made.step(SCALE, own)  # not in a report sent yet: a would refuse it
-    assert not leaving.busy and successor.held() == ()
+    assert not departing.busy and successor.held() == ()
     made.reported(own)
     assert run(made, SCALE, own) >= 1
     [copy] = successor.held()
@@ -113,18 +119,34 @@ def test_the_stop_save_is_held_by_the_successor_before_the_acknowledgement_goes(
     assert not made.step(SCALE, own)  # done for this announcement: not sent again
 
 
-def test_a_copy_the_ring_made_already_is_not_sent_again(
-    leaving: Replicas, successor: Replicas
+def test_a_drained_node_hands_its_stop_save_over_and_a_node_that_stays_does_not(
+    departing: Replicas, successor: Replicas
 ) -> None:
-    own = stop_save(leaving)
-    made = handover(leaving, successor, Peers({"a": successor}))
+    """A drain re-forms at the same target: only the drained node leaves. The same
+    announcement seen first as a node that stays, then drained (an operator's drain that came
+    while the job restarted anyway), still hands over."""
+    own = stop_save(departing)
+    made = handover(departing, successor, Peers({"a": successor}))
+    made.reported(own)
+    assert not made.step(DRAIN, own, drained=False)
+    assert not departing.busy and successor.held() == ()
+    assert run(made, DRAIN, own, drained=True) >= 1
+    [copy] = successor.held()
+    assert (copy.key, copy.ranks, copy.digests) == (KEY, (3,), own.memory[0].digests)
+
+
+def test_a_copy_the_ring_made_already_is_not_sent_again(
+    departing: Replicas, successor: Replicas
+) -> None:
+    own = stop_save(departing)
+    made = handover(departing, successor, Peers({"a": successor}))
     made.reported(own)
     run(made, SCALE, own)
     again = make_record(JobState.RESTARTING, 5, MEMBERS, reason="scale", target_nodes=2)
-    sent = handover(leaving, successor, Peers({"a": successor}))
+    sent = handover(departing, successor, Peers({"a": successor}))
     sent.reported(own)
     assert not sent.step(again, own)  # a reports it: nothing to send, nothing to wait for
-    assert not leaving.busy
+    assert not departing.busy
 
 
 @pytest.mark.parametrize(
@@ -138,30 +160,30 @@ def test_a_copy_the_ring_made_already_is_not_sent_again(
     ids=["a failure elsewhere", "a scale-up", "running", "not a member"],
 )
 def test_only_a_members_scale_down_hands_over(
-    leaving: Replicas, successor: Replicas, record: JobRecord
+    departing: Replicas, successor: Replicas, record: JobRecord
 ) -> None:
-    assert not scaling_down(record) or "d" not in record.members
-    own = stop_save(leaving)
-    made = handover(leaving, successor, Peers({"a": successor}))
+    assert not leaving(record, "d", drained=False)
+    own = stop_save(departing)
+    made = handover(departing, successor, Peers({"a": successor}))
     made.reported(own)
     assert not made.step(record, own)
-    assert not leaving.busy and successor.held() == ()
+    assert not departing.busy and successor.held() == ()
 
 
 def test_a_successor_that_refuses_the_copy_is_not_waited_for(
-    leaving: Replicas, tmp_path: Path
+    departing: Replicas, tmp_path: Path
 ) -> None:
     found = node_replicas(tmp_path, "a")
     refusing = next(found)
     refusing.listen(lambda _offer: "d is not a peer the leader named to a")
     try:
-        own = stop_save(leaving)
-        made = handover(leaving, refusing, Peers({"a": refusing}))
+        own = stop_save(departing)
+        made = handover(departing, refusing, Peers({"a": refusing}))
         made.reported(own)
         for _ in range(3000):  # the agent's loop: what ended is told to the hand-over
             if not made.step(SCALE, own):
                 break
-            for done in leaving.take_done():
+            for done in departing.take_done():
                 assert done.error is not None and "refused" in done.error
                 made.finished(done)
             time.sleep(0.01)
@@ -171,11 +193,11 @@ def test_a_successor_that_refuses_the_copy_is_not_waited_for(
 
 
 def test_a_successor_that_never_reports_the_copy_is_given_up_on_after_the_timeout(
-    leaving: Replicas, successor: Replicas
+    departing: Replicas, successor: Replicas
 ) -> None:
-    own = stop_save(leaving)
+    own = stop_save(departing)
     peers = Peers({"a": successor})
-    made = handover(leaving, successor, peers, timeout=0.5)
+    made = handover(departing, successor, peers, timeout=0.5)
     made.reported(own)
     assert made.step(SCALE, own)
     peers.down = True  # the copy lands, but its report cannot be read
@@ -183,3 +205,18 @@ def test_a_successor_that_never_reports_the_copy_is_given_up_on_after_the_timeou
     run(made, SCALE, own)
     assert time.monotonic() - began >= 0.3
     assert len(successor.held()) == 1  # it was sent: only not confirmed
+
+
+@pytest.mark.parametrize(
+    ("record", "drained", "expected"),
+    [
+        (SCALE, False, True),  # any member may be the one left out
+        (DRAIN, True, True),
+        (DRAIN, False, False),  # another node is drained: this one stays
+        (make_record(JobState.RUNNING, 4, MEMBERS, reason="operator"), True, False),
+        (make_record(JobState.RESTARTING, 4, ("a", "b", "c"), reason="operator"), True, False),
+    ],
+    ids=["scale-down", "drained", "another drained", "not announced yet", "not a member"],
+)
+def test_which_nodes_may_leave(record: JobRecord, drained: bool, expected: bool) -> None:
+    assert leaving(record, "d", drained) is expected
