@@ -378,12 +378,15 @@ def test_the_url_from_the_environment_version_and_ctrl_c(
         [sys.executable, "-m", "nodeagent.cli.ctl", *where, "events", "--follow"],
         stdout=subprocess.PIPE,
         text=True,
+        # as from a terminal: pytest started in the background (`... &` in a script) ignores
+        # SIGINT, its children inherit that, and Python then never raises KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert follow.stdout is not None and follow.stdout.readline()  # it printed, and follows
         follow.send_signal(signal.SIGINT)
         assert follow.wait(20) == 130  # interrupted, as shells report it
-    finally:  # a failure must not leave it running into the next test (seen once in CI)
+    finally:  # a failure must not leave it running into the next test
         follow.kill()
         follow.communicate()
     assert fingerprint(db) == before
