@@ -24,7 +24,9 @@ SIGKILLed, its tmpfs wiped): the node of rank 0, or another; or `worker`: the wo
 member (torchrun: of a node that hosts neither the store nor rank 0) SIGKILLed, its agent and
 tmpfs left (the job restarts at world 4: the agents from the node's own memory, torchrun every
 worker from its DCP directory); or scale: `nodeagentctl scale 3`, two saves at world 3,
-`nodeagentctl scale 4` (each measured from the command). On one clock,
+`nodeagentctl scale 4` (each measured from the command); or drain: `nodeagentctl drain` of the
+last member (every rank saves as it stops; the job goes on at world 3, measured from the
+command; no torchrun). On one clock,
 from the workers' own lines:
 - recovery:  loss -> every rank of the new generation finished a step;
 - restore:   loss -> every rank of the new generation printed "restored" (its load included);
@@ -62,7 +64,7 @@ from tests.helpers.cluster import LocalCluster, RedisServer, wait_for  # noqa: E
 from tests.helpers.fsdp import fsdp_cluster, lines, lose, tiers_said  # noqa: E402
 
 SYSTEMS = ("memtier", "disk", "torchrun")
-FAULTS = ("node_rank0", "node_other", "worker", "scale")
+FAULTS = ("node_rank0", "node_other", "worker", "scale", "drain")
 TORCHRUN_FAULTS = ("node_other", "worker")  # rank 0's node takes the store: the job ends
 NODES = ("a", "b", "c", "d")
 EVERY = 5
@@ -119,6 +121,9 @@ def one(
                 cluster, system, "scale_up", generation, 4, lambda: cluster.ctl("scale", "4")
             )
             results = [down, up]
+        elif fault == "drain":
+            victim = str(cluster.status()["members"][-1])
+            results = [_changed(cluster, system, fault, 1, 3, lambda: cluster.ctl("drain", victim))]
         elif fault == "worker":
             victim = str(cluster.status()["members"][-1])
             results = [
