@@ -103,7 +103,7 @@ class Handover:
         if record is None or record.generation == self._handled:
             return False
         if not leaving(record, self._node, drained):
-            return False
+            return False  # not marked handled: a drain seen later still hands over
         if self._peers is None:
             return self._done(record.generation)
         under = self._under

@@ -129,8 +129,9 @@ class TierDuties:
             own = keeper.report()
             events += self.copies.tick(record, own)
             settled = ended and group.generation == self._settled and not keeper.settling
-            handing = self._graceful and settled
-            self._handing = handing and self.copies.handover.step(record, own, drained)
+            self._handing = (
+                self._graceful and settled and self.copies.handover.step(record, own, drained)
+            )
         done = keeper.take_persisted()
         if done is not None:
             self._metrics.persisted(done.seconds, done.bytes)
