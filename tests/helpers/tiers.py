@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 from nodeagent.channel import tier
 from nodeagent.channel.tier import Manifest
 from nodeagent.checkpoint.peers import Replicas
+from nodeagent.checkpoint.replica import Accept
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import Held, TierReport
@@ -47,11 +49,18 @@ def reporting(
     return NodeReport(name, "127.0.0.1", NodeState.RUNNING, lease_ttl_ms=3000, tier=tier)
 
 
-def node_replicas(tmp_path: Path, node: str, job: str = "j") -> Iterator[Replicas]:
-    """`node`'s replicas (memory tier and replica area under `tmp_path`, a listener on
-    loopback once it is told whom to accept), closed when the generator is."""
+@contextlib.contextmanager
+def node_replicas(
+    tmp_path: Path, node: str, accept: Accept | None = None, job: str = "j"
+) -> Iterator[Replicas]:
+    """`node`'s replicas (memory tier and replica area under `tmp_path`), listening on loopback
+    with `accept` if given (else once a test tells it whom to accept), closed at the end."""
     config = CheckpointConfig(memory_size=1 << 24, memory_dir=str(tmp_path))
     made = Replicas(config, node, job, "127.0.0.1")
-    made.prepare(None)
-    yield made
-    made.close()
+    try:
+        made.prepare(None)
+        if accept is not None:
+            made.listen(accept)
+        yield made
+    finally:
+        made.close()

@@ -32,21 +32,15 @@ DRAIN = make_record(JobState.RESTARTING, 4, MEMBERS, reason="operator", target_n
 @pytest.fixture
 def departing(tmp_path: Path) -> Iterator[Replicas]:
     """Node d (rank 3), which the scale-down leaves out."""
-    found = node_replicas(tmp_path, "d")
-    made = next(found)
-    made.listen(lambda _offer: "d takes no copies in these tests")
-    yield made
-    next(found, None)
+    with node_replicas(tmp_path, "d", lambda _offer: "d takes no copies in these tests") as made:
+        yield made
 
 
 @pytest.fixture
 def successor(tmp_path: Path) -> Iterator[Replicas]:
     """Node a, d's successor on the ring (which wraps), which takes every copy offered."""
-    found = node_replicas(tmp_path, "a")
-    made = next(found)
-    made.listen(lambda _offer: None)
-    yield made
-    next(found, None)
+    with node_replicas(tmp_path, "a", lambda _offer: None) as made:
+        yield made
 
 
 def stop_save(departing: Replicas) -> TierReport:
@@ -173,10 +167,8 @@ def test_only_a_members_scale_down_hands_over(
 def test_a_successor_that_refuses_the_copy_is_not_waited_for(
     departing: Replicas, tmp_path: Path
 ) -> None:
-    found = node_replicas(tmp_path, "a")
-    refusing = next(found)
-    refusing.listen(lambda _offer: "d is not a peer the leader named to a")
-    try:
+    refused = "d is not a peer the leader named to a"
+    with node_replicas(tmp_path, "a", lambda _offer: refused) as refusing:
         own = stop_save(departing)
         made = handover(departing, refusing, Peers({"a": refusing}))
         made.reported(own)
@@ -188,8 +180,6 @@ def test_a_successor_that_refuses_the_copy_is_not_waited_for(
                 made.finished(done)
             time.sleep(0.01)
         assert not made.step(SCALE, own) and refusing.held() == ()
-    finally:
-        next(found, None)
 
 
 def test_a_successor_that_never_reports_the_copy_is_given_up_on_after_the_timeout(

@@ -48,17 +48,15 @@ def quick_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def holder(tmp_path: Path) -> Iterator[Replicas]:
     """Node a, whose memory tier holds rank 0 of step 30@3."""
-    yield from node_replicas(tmp_path, "a")
+    with node_replicas(tmp_path, "a") as made:
+        yield made
 
 
 @pytest.fixture
 def asker(tmp_path: Path) -> Iterator[Replicas]:
     """Node c, which fetches it."""
-    found = node_replicas(tmp_path, "c")
-    made = next(found)
-    made.listen(lambda _offer: "c takes no copies in these tests")
-    yield made
-    next(found, None)
+    with node_replicas(tmp_path, "c", lambda _offer: "c takes no copies in these tests") as made:
+        yield made
 
 
 def saved(holder: Replicas, rank: int = 0) -> str:
@@ -156,23 +154,20 @@ def test_cancelling_the_copies_stops_a_paced_send_mid_file(
 ) -> None:
     """A new generation needs the node's restore (job/copies.py cancels the copies under way):
     a save being sent at a low rate stops at its next slice, not at its end, 10 s later."""
-    found = node_replicas(tmp_path, "d")
-    taker = next(found)
-    taker.listen(lambda _offer: None)
-    assert taker.address is not None
-    slot = tier.slots(holder.memory, 0)[0]
-    fake_save(slot, KEY[0], rank=0, world=KEY[2], generation=KEY[1], size=2_000_000)
-    digest = tier.digest(tier.read_manifest(slot))
-    holder.max_rate = 200_000
-    holder.listen(lambda _offer: None)
-    copy = Transfer(KEY, 0, digest, ("a",), "d")
-    assert holder.run([copy, copy], {"d": taker.address}, 4)
-    threading.Timer(0.3, holder.cancel).start()
-    first, second = finished(holder)
-    assert first.error is not None and "cancelled after" in first.error, first
-    assert second.error == "cancelled: a new generation"  # not begun
-    assert tier.find_save(None, taker.area, 0, KEY[0], KEY[1]) is None  # nothing of it kept
-    next(found, None)
+    with node_replicas(tmp_path, "d", lambda _offer: None) as taker:
+        assert taker.address is not None
+        slot = tier.slots(holder.memory, 0)[0]
+        fake_save(slot, KEY[0], rank=0, world=KEY[2], generation=KEY[1], size=2_000_000)
+        digest = tier.digest(tier.read_manifest(slot))
+        holder.max_rate = 200_000
+        holder.listen(lambda _offer: None)
+        copy = Transfer(KEY, 0, digest, ("a",), "d")
+        assert holder.run([copy, copy], {"d": taker.address}, 4)
+        threading.Timer(0.3, holder.cancel).start()
+        first, second = finished(holder)
+        assert first.error is not None and "cancelled after" in first.error, first
+        assert second.error == "cancelled: a new generation"  # not begun
+        assert tier.find_save(None, taker.area, 0, KEY[0], KEY[1]) is None  # nothing of it kept
 
 
 def test_the_workers_are_told_while_their_generations_saves_are_being_brought(
