@@ -1,4 +1,5 @@
-"""JobStore and its Lua scripts against a real redis-server: leases, leadership, fencing."""
+"""JobStore and its Lua scripts against a real redis-server: leases, leadership, fencing, and
+what a nodeagentctl wait reads from them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from nodeagent.cli.ctlwait import wait_job_drained
 from nodeagent.coord.client import connect, parse_sentinel_url
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
@@ -196,3 +198,30 @@ def test_sentinel_urls() -> None:
     assert tls.tls and tls.ca_certs == "/etc/ca.pem" and tls.hosts == (("s1", 26379),)
     with pytest.raises(ConfigError, match="sentinel URL looks like"):
         parse_sentinel_url("redis+sentinel://s1:26379")
+
+
+def test_drain_wait_returns_once_the_job_went_on_without_the_node(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """`nodeagentctl drain --wait` (cli/ctlwait.py) on what the store holds: b is cordoned with
+    its workers stopped before the leader announces the generation without it, and before b's
+    agent persisted and handed over its last save (it acknowledges that generation only after):
+    the wait goes on while the record names b, restarting or not, and ends once it does not."""
+    store = store_for(redis_server, job_id)
+    store.sync(replace(report("b", ttl_ms=30_000), state=NodeState.CORDONED))
+    rev = 0
+
+    def lead(state: JobState, generation: int, members: tuple[str, ...]) -> None:
+        """a, rank 0, acknowledged `generation`; its leader writes the record."""
+        nonlocal rev
+        snap = store.sync(report("a", ttl_ms=30_000, acked=generation))
+        assert snap.leader is not None
+        at = {"master_addr": "127.0.0.1", "master_port": 1}
+        rev = store.commit(snap.leader, rev, write(make_record(state, generation, members, **at)))
+
+    lead(JobState.RUNNING, 1, ("a", "b"))
+    assert wait_job_drained(store, "b", 0.5) == 1  # not announced yet
+    lead(JobState.RESTARTING, 2, ("a", "b"))
+    assert wait_job_drained(store, "b", 0.5) == 1  # b has not acknowledged yet
+    lead(JobState.RUNNING, 2, ("a",))
+    assert wait_job_drained(store, "b", 10) == 0
