@@ -233,8 +233,7 @@ class Agent:
                 self._metrics.worker_failed("signal" if ended.signal else "exit_code")
         self._watch(now)
         if self._tiers is not None:
-            drained = self._cordon is not None and self._cordon.drain
-            self._events += self._tiers.tick(self._workers.status(), self.record, drained)
+            self._events += self._tiers.tick(self._workers.status(), self.record, self._drained)
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
         now = self._clock()  # the sync may have used its whole budget: decide on a fresh clock
@@ -359,6 +358,15 @@ class Agent:
     def _fence_due(self, now: float) -> bool:
         return self._lease.fence_due(now)
 
+    @property
+    def _drained(self) -> bool:
+        return self._cordon is not None and self._cordon.drain
+
+    def _holds_back(self, group: GroupStatus) -> bool:
+        """This node's tiers hold back its acknowledgement of the next generation."""
+        assert self._tiers is not None
+        return self._tiers.holds_back(group, self.record, self._drained)
+
     def _local_view(self, now: float) -> LocalView:
         group = self._workers.status()
         return LocalView(
@@ -372,7 +380,7 @@ class Agent:
             cordon=self._cordon,
             unfit=self._watchers.unfit,
             in_place=self.config.job.in_place,
-            tiers_settling=self._tiers is not None and self._tiers.holds_back(group),
+            tiers_settling=self._tiers is not None and self._holds_back(group),
             tiers_copying=self._tiers is not None and self._tiers.holds_start(self.record),
             signalled=self._signalled,
         )
@@ -389,7 +397,7 @@ class Agent:
         if (hang_check := self._watchers.next_check()) is not None:
             deadlines.append(hang_check)
         if self._tiers is not None and (
-            self._tiers.holds_back(self._workers.status()) or self._tiers.awaiting_share
+            self._holds_back(self._workers.status()) or self._tiers.awaiting_share
         ):
             deadlines.append(self._clock() + SETTLE_POLL_S)
         point = self._lease.fence_point

@@ -96,6 +96,18 @@ class Handover:
         if under is not None and done.error is not None and done.transfer.key == under.key:
             under.waiting.pop((done.transfer.rank, done.transfer.target), None)
 
+    def owed(self, record: JobRecord | None, drained: bool = False) -> bool:
+        """This node owes `record`'s announcement a hand-over not done or given up on yet:
+        its acknowledgement waits, from the moment the announcement is read, not only from the
+        first step (a drained node's workers stopped and settled before the announcement came,
+        and the decision that reads it would acknowledge at once)."""
+        return (
+            record is not None
+            and record.generation != self._handled
+            and self._peers is not None
+            and leaving(record, self._node, drained)
+        )
+
     def step(self, record: JobRecord | None, own: TierReport, drained: bool = False) -> bool:
         """One pass, once this node's workers stopped gracefully and its tiers settled
         (`drained`: this node is): whether its acknowledgement of `record`'s generation must

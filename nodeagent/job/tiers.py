@@ -44,22 +44,26 @@ class TierDuties:
         self._notes: list[RestoreNote] = []
         self._generation = 0
         self._offered: tuple[str, int] | None = None  # the restore's first source, its step
-        self._handing = False  # a hand-over of the stop save is under way (job/handover.py)
 
     @property
     def settling(self) -> bool:
         return self.keeper.settling
 
-    def holds_back(self, group: GroupStatus) -> bool:
+    def holds_back(
+        self, group: GroupStatus, record: JobRecord | None = None, drained: bool = False
+    ) -> bool:
         """The next generation must wait: a settle is under way, or `group` (as the agent's
-        decision sees it) has ended and its settle has not begun yet. The group may end between
-        this tick's tier duties and the decision; acknowledging then would let the leader
-        choose the restore before this node verified (and persisted) its last saves."""
+        decision sees it) has ended and its settle has not begun yet, or this node owes
+        `record`'s announcement the hand-over of its stop save (`drained`: this node is;
+        job/handover.py). The group may end between this tick's tier duties and the decision;
+        acknowledging then would let the leader choose the restore before this node verified
+        (and persisted) its last saves."""
         if self.keeper.removed:
             return False
         ended = group.generation is not None and not group.active
         settling = self.keeper.settling or (ended and group.generation != self._settled)
-        return settling or self._handing
+        handing = self.copies is not None and self.copies.handover.owed(record, drained)
+        return settling or (self._graceful and handing)
 
     def report(self) -> TierReport:
         look = self.keeper.look()
@@ -97,7 +101,7 @@ class TierDuties:
             s.rank: restore_report_path(log_dir, job_id, record.generation, s.rank) for s in specs
         }
         self.keeper.started(record.generation, tuple(s.rank for s in specs), reports)
-        self._graceful = self._handing = False
+        self._graceful = False
 
     def tick(
         self, group: GroupStatus, record: JobRecord | None, drained: bool = False
@@ -129,9 +133,8 @@ class TierDuties:
             own = keeper.report()
             events += self.copies.tick(record, own)
             settled = ended and group.generation == self._settled and not keeper.settling
-            self._handing = (
-                self._graceful and settled and self.copies.handover.step(record, own, drained)
-            )
+            if self._graceful and settled:  # holds_back() says when the hand-over is owed
+                self.copies.handover.step(record, own, drained)
         done = keeper.take_persisted()
         if done is not None:
             self._metrics.persisted(done.seconds, done.bytes)

@@ -10,15 +10,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from nodeagent.channel import tier
+from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.peers import Replicas
+from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import CoordinationError
+from nodeagent.job.copies import ReplicaDuties
 from nodeagent.job.handover import Handover, leaving
+from nodeagent.job.tiers import TierDuties
 from nodeagent.model.handout import Handout
 from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.model.tiers import Held, TierReport
 from nodeagent.state import JobState, NodeState
+from nodeagent.supervisor.status import GroupPhase, GroupStatus
+from nodeagent.telemetry.checkpoints import CheckpointMetrics
 from tests.helpers.factories import make_record
 from tests.helpers.tiers import fake_save, node_replicas
 
@@ -127,6 +134,35 @@ def test_a_drained_node_hands_its_stop_save_over_and_a_node_that_stays_does_not(
     assert run(made, DRAIN, own, drained=True) >= 1
     [copy] = successor.held()
     assert (copy.key, copy.ranks, copy.digests) == (KEY, (3,), own.memory[0].digests)
+
+
+def test_a_drained_node_holds_its_acknowledgement_back_as_soon_as_it_reads_the_announcement(
+    departing: Replicas, successor: Replicas, tmp_path: Path
+) -> None:
+    """A drained node's workers stopped and its tiers settled before the leader announced the
+    generation without it. The agent reads the announcement at its sync and decides at once,
+    before its next tier duties: the acknowledgement must already wait then (it did not, and
+    the leader restored the start; seen once in CI)."""
+    metrics = CheckpointMetrics(JOB, CollectorRegistry())
+    keeper = TierKeeper(CheckpointConfig(memory_size=1 << 24, memory_dir=str(tmp_path)), "d", JOB)
+    keeper.prepare(None)
+    copies = ReplicaDuties(
+        departing, "d", "", 1, lambda: None, metrics, 30, 5, peers=Peers({"a": successor})
+    )
+    duties = TierDuties(keeper, "d", metrics, copies)
+    running = make_record(JobState.RUNNING, 3, MEMBERS)
+    stopped = GroupStatus(3, GroupPhase.EXITED)
+    duties.stopping(broken=False, fence=False)  # the drain's stop: the workers save, then exit
+    for _ in range(1000):
+        duties.tick(stopped, running, drained=True)
+        if not duties.holds_back(stopped, running, drained=True):
+            break
+        time.sleep(0.01)
+    assert not duties.holds_back(stopped, running, drained=True)  # settled, nothing announced
+    assert duties.holds_back(stopped, DRAIN, drained=True)  # no tick since it was read
+    assert not duties.holds_back(stopped, DRAIN, drained=False)  # another node's drain
+    duties.stopping(broken=True, fence=False)  # a failure's stop has no save to hand over
+    assert not duties.holds_back(stopped, DRAIN, drained=True)
 
 
 def test_a_copy_the_ring_made_already_is_not_sent_again(
