@@ -139,9 +139,16 @@ def train(args: argparse.Namespace, checkpoints: Checkpointer, guard: GracefulEx
     restored = {"digest": digest(model, optimizer)} if args.digest and start else {}
     emit(event="restored", step=start, rank=rank, world=world, gen=generation, **restored)
 
-    def save(step: int) -> None:
+    saved = [start]  # the last step saved (a save is skipped while copies lag behind it)
+
+    def save(step: int, last: bool = False) -> None:
         state.data_step = step
-        checkpoints.save(state, step)
+        if not checkpoints.save(state, step):  # the committed save is kept: copies behind
+            if not last:
+                emit(event="skipped", step=step, rank=rank, world=world, gen=generation)
+                return
+            checkpoints.close()  # written now, over the newer save: the step reached is kept
+        saved[0] = step
         fields = {"digest": digest(model, optimizer)} if args.digest else {}
         emit(
             event="saved",
@@ -177,17 +184,17 @@ def train(args: argparse.Namespace, checkpoints: Checkpointer, guard: GracefulEx
             save(step)
         reform = checkpoints.reform_due() if args.in_place else None
         if reform is not None:  # (checkpoints.check(state, step) without the printing)
-            if step % args.save_every:  # every rank saves the step reached and leaves together
-                save(step)
+            if saved[0] != step:  # every rank saves the step reached and leaves together
+                save(step, last=True)
             raise reform
         if guard.should_stop_all():
-            if step % args.save_every:
-                save(step)
+            if saved[0] != step:
+                save(step, last=True)
             checkpoints.close()
             emit(event="stopped", step=step, rank=rank, world=world, gen=generation)
             leave(0)
-    if step % args.save_every:
-        save(step)
+    if saved[0] != step:
+        save(step, last=True)
     checkpoints.close()
     emit(
         event="finished",

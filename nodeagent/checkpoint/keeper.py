@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from nodeagent.channel import tier
+from nodeagent.channel import pin, tier
 from nodeagent.checkpoint import scan, space
 from nodeagent.checkpoint.notes import RestoreNote, read_note
 from nodeagent.config.settings import CheckpointConfig
@@ -113,6 +113,7 @@ class TierKeeper:
         self._steps_seen: dict[Path, tuple[scan.Identity | None, int | None]] = {}
         self._expected: dict[int, Path] = {}
         self._protected: int | None = None  # the step the leader records as persisted
+        self._pinned: tuple[pin.Pin | None] | None = None  # the pin as written (None: not yet)
         self._reverify = False  # a worker refused a copy: forget what was verified
         self.last_persist: Persisted | None = None
         self.problems: list[str] = []  # copies that did not verify, for the agent to say
@@ -177,6 +178,21 @@ class TierKeeper:
         newest whole one (a node that persisted newer steps the others did not must not take
         its ranks of it away)."""
         self._protected = step
+
+    def pin(self, wanted: pin.Pin | None) -> None:
+        """Tell the workers (and the replica listener) which save no slot may be written over
+        (channel/pin.py; None: no pin, nothing kept); written when it changed."""
+        if self._pinned == (wanted,) or self.removed or not self.memory.is_dir():
+            return
+        try:
+            if wanted is None:
+                (self.memory / pin.FILE).unlink(missing_ok=True)
+            else:
+                pin.write(self.memory, wanted)
+        except OSError as exc:  # the next tick tries again
+            log.warning("checkpoint tiers: cannot write %s: %s", self.memory / pin.FILE, exc)
+            return
+        self._pinned = (wanted,)
 
     def refuse(self, steps: list[int]) -> None:
         self._refused.update(steps)

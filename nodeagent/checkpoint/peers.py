@@ -261,7 +261,14 @@ class Replicas:
             area = self.area / source
             want = Want(transfer.rank, step, saved_by)
             manifest = replica.fetch(
-                peer, self._job, self._node, generation, want, area, transfer.digest
+                peer,
+                self._job,
+                self._node,
+                generation,
+                want,
+                area,
+                transfer.digest,
+                memory=self.memory,
             )
             slot = tier.newest_in_memory(area, transfer.rank, step, saved_by)
             if slot is not None:

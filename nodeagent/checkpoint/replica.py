@@ -21,7 +21,8 @@ serves a request only if `accept(offer)` says so (the agent checks it against wh
 reported in Redis: a member of the job, connecting from its address, offering a save whose
 digest it reported: a peer cannot plant a file). It writes only the files the manifest names,
 into its own replica area (`<root>/<node>/rank-<R>/slot-0|1`, two slots as in the memory tier,
-so a copy cut short spares the last whole one), checks every byte against the manifest's CRC-32
+so a copy cut short spares the last whole one, and never the slot of the committed save the
+node's pin names: channel/pin.py), checks every byte against the manifest's CRC-32
 as it arrives and writes the manifest last. It answers the body `OK` or `ERR <why>` on one line.
 A sender paces itself to `max_rate` bytes a second (0: as fast as it can), and reads the save
 only as regular files, never through a link: the slot is the workers', and the agent (root) must
@@ -42,7 +43,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.channel import tier
+from nodeagent.channel import pin, tier
 from nodeagent.channel.tier import BadCopy, Manifest
 
 log = logging.getLogger(__name__)
@@ -209,7 +210,7 @@ class ReplicaServer:
                 if why is not None:
                     raise BadCopy(f"refused: {why}")
                 _answer(conn, "GO")
-                slot = tier.slot_for_save(self.root / node, manifest.rank)
+                slot = pin.slot_for_copy(self.root / node, manifest.rank, self.memory)
                 _receive(conn, slot, manifest)
         except (BadCopy, OSError, ValueError) as exc:
             log.warning("replica refused: %s", exc)
@@ -367,10 +368,12 @@ def fetch(
     area: Path,
     digest: str | None = None,
     timeout: float = TIMEOUT_S,
+    memory: Path | None = None,
 ) -> Manifest:
     """Bring the save `want` from the ReplicaServer at `peer` into `area` (a node's directory
     of a replica area: `<area>/rank-<R>/slot-N`), every byte checked against the manifest the
-    peer sends, and that manifest against `digest` (what its holder reported) when given.
+    peer sends, and that manifest against `digest` (what its holder reported) when given;
+    never into a slot holding the save pinned in this node's memory tier `memory`.
 
     Raises: ReplicaError naming the peer and why: a copy that does not match, or Unavailable
         (its answer, the connection's failure); nothing of a copy that failed stays."""
@@ -401,7 +404,7 @@ def fetch(
                 raise BadCopy(
                     f"it sent step {manifest.step}@{manifest.generation} rank {manifest.rank}"
                 )
-            slot = tier.slot_for_save(area, want.rank)
+            slot = pin.slot_for_copy(area, want.rank, memory)
             _receive(conn, slot, manifest)
     except (OSError, BadCopy) as exc:
         if slot is not None:

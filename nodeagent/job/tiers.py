@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from nodeagent.channel.pin import Pin
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.notes import RestoreNote
 from nodeagent.job import restore
@@ -112,6 +113,8 @@ class TierDuties:
             return []
         if record is not None and record.checkpoint is not None:
             keeper.protect(record.checkpoint.persisted_step)
+            if self.copies is not None:
+                keeper.pin(_pin(record))
         ended = group.generation is not None and not group.active
         if ended and group.generation != self._settled:
             self._settled = group.generation
@@ -220,6 +223,17 @@ class TierDuties:
         log.warning("%s", message)
         data = {"offered": offered, "source": source, "step": first.step, "tier": first.tier}
         return [Event("checkpoint_fallback", self._generation, self._node, message, data=data)]
+
+
+def _pin(record: JobRecord) -> Pin | None:
+    """What this node's slots keep (channel/pin.py): the committed save, or, while nothing is,
+    the newest (whose copies are under way); nothing where no save can be committed (fewer
+    members than copies plus one)."""
+    checkpoint = record.checkpoint
+    assert checkpoint is not None
+    if len(record.members) <= checkpoint.replicas:
+        return None
+    return Pin(checkpoint.committed)
 
 
 def _newest(report: TierReport) -> int | None:

@@ -21,6 +21,13 @@ manifest before it is loaded, and a loaded state with a NaN or an infinity is re
 and writes it from a thread, with no collective (nodeagent.worker.dcpio), so the write never
 interleaves with the training's own collectives. A save still being written when the next one
 starts is waited for first.
+
+With copies to peers (`replicas`), a save never goes over the committed one, which the agent
+pins (nodeagent.channel.pin): while the copies of the newer save in the other slot are under
+way, `save` stages the state but skips the write and returns False, for a few save intervals
+at most; `close` writes the last one skipped, so the step a stopping worker reached is kept.
+Every rank skips the same saves (one all_reduce of a flag per save, with `replicas` only): a
+step some ranks saved and others not could never be restored anyway.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.channel import fetching, layout, tier
+from nodeagent.channel import fetching, layout, pin, tier
 from nodeagent.channel.tier import BadCopy, Manifest, NoSave, Source
 from nodeagent.worker import dcpio
 from nodeagent.worker.agree import Problem, agree, any_rank
@@ -46,6 +53,10 @@ from nodeagent.worker.follow import Follower, Reform
 from nodeagent.worker.trainstate import TrainState
 
 log = logging.getLogger(__name__)
+# A save skipped to keep the committed one (channel/pin.py) waits for the newer save to commit
+# this many save intervals, and at least this long, before it is written over it instead.
+PATIENCE_SAVES = 3
+PATIENCE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,10 @@ class Checkpointer:
         self._error: BaseException | None = None
         self.last_blocked_s = 0.0  # how long the last save held the training step
         self.last_saved_step: int | None = None
+        self._last_call: float | None = None  # when `save` was last called (monotonic)
+        self._skipping: tuple[Any, ...] | None = None  # the pin and newer save last said
+        # A save skipped, staged: (state, step, blocked_s, row counts), written by `close`.
+        self._pending: tuple[Any, int, float, tuple[int, ...] | None] | None = None
 
     def _assigned(self, env: Mapping[str, str]) -> None:
         """What changes with each generation: this process's rank and world, the restore order."""
@@ -146,9 +161,10 @@ class Checkpointer:
 
     def leaving(self) -> None:
         """The process group is gone: finish the save being written (the agent verifies it once
-        told this rank left) and drop the staging copy, which refers to the old group."""
+        told this rank left), or the one skipped last (`close`), and drop the staging copy,
+        which refers to the old group."""
         try:
-            self.wait()
+            self.close()
         except Exception as exc:  # it is not committed: the agent will not see it
             log.warning("rank %d: the last save failed: %s", self.rank, exc)
         self._stage_cache = None
@@ -156,24 +172,41 @@ class Checkpointer:
 
     # -- saving -----------------------------------------------------------------------------
 
-    def save(self, state: TrainState, step: int) -> None:
-        """Stage `state` as step `step` and write it in the background.
+    def save(self, state: TrainState, step: int) -> bool:
+        """Stage `state` as step `step` and write it in the background. Returns False when the
+        write is skipped: in the memory tier, the slot it would go to holds the committed save
+        and the other the newer one, whose copies are still under way (channel/pin.py). The
+        staged state is then written by `close` if no save follows (a stop's save is kept).
 
         Raises: the previous write's error, if it failed (nothing of it was committed)."""
         began = time.perf_counter()
         self.wait()
+        self._pending = None  # superseded
+        target = self._target(step, self._patience(time.monotonic()))
+        if self.memory is not None and self.replicas is not None and any_rank(target is None):
+            target = None  # a rank keeps its committed save: no rank writes this step
         state_dict = state.state_dict()
         rows = dcpio.row_counts(state_dict, self.world_size)
         staged = self._stage(state_dict)
         self._staged = (self.generation, step)
         self.last_blocked_s = time.perf_counter() - began
+        if target is None:
+            self._pending = (staged, step, self.last_blocked_s, rows)
+            return False
         self._thread = threading.Thread(
             target=self._write,
-            args=(staged, step, self.last_blocked_s, rows),
+            args=(staged, target, step, self.last_blocked_s, rows),
             name="nodeagent-save",
             daemon=False,
         )
         self._thread.start()
+        return True
+
+    def _patience(self, now: float) -> float:
+        """How long a save waits (skipped) for the newer one to commit: PATIENCE_SAVES save
+        intervals as this process saw them (its calls to `save`), at least PATIENCE_S."""
+        last, self._last_call = self._last_call, now
+        return max(PATIENCE_S, PATIENCE_SAVES * (now - last)) if last is not None else PATIENCE_S
 
     def wait(self) -> None:
         """Until the save being written is committed. Raises: its error, if it failed."""
@@ -185,7 +218,16 @@ class Checkpointer:
             raise error
 
     def close(self) -> None:
+        """Until the last save is written: the one being written, or the last one skipped,
+        written now over the newer save (never the committed one). Raises: its error."""
         self.wait()
+        if self._pending is not None:
+            staged, step, blocked_s, rows = self._pending
+            self._pending = None
+            target = self._target(step, patience=0.0)
+            assert target is not None  # never skipped without patience
+            self._write(staged, target, step, blocked_s, rows)
+            self.wait()
 
     def _stage(self, state_dict: dict[str, Any]) -> Any:
         """A host-memory copy of `state_dict`, into the previous copy's buffers when they fit."""
@@ -204,17 +246,41 @@ class Checkpointer:
             torch.cuda.synchronize()
         return staged
 
-    def _target(self, step: int) -> Path:
-        if self.memory is not None:
-            return tier.slot_for_save(self.memory, self.rank)
-        assert self.directory is not None
-        return tier.rank_dir(tier.step_dir(self.directory, step), self.rank)
+    def _target(self, step: int, patience: float) -> Path | None:
+        """Where the save of `step` goes; None: it is skipped (channel/pin.py)."""
+        if self.memory is None:
+            assert self.directory is not None
+            return tier.rank_dir(tier.step_dir(self.directory, step), self.rank)
+        slots = tier.slots(self.memory, self.rank)
+        try:
+            pinned = pin.read(self.memory)
+        except BadCopy as exc:
+            log.warning("rank %d: nothing pinned: %s", self.rank, exc)
+            pinned = None
+        held = pin.look(slots)
+        index = pin.choose(held, pinned, self.generation, time.time(), patience)
+        if index is not None:
+            return slots[index]
+        newer = max((h for h in held if h is not None), key=lambda h: h.key[0])
+        committed = pinned.key if pinned is not None else None
+        if (committed, newer.key) != self._skipping:
+            self._skipping = (committed, newer.key)
+            kept = f"the committed step {committed[0]}" if committed else "nothing committed yet"
+            log.warning(
+                "rank %d: step %d not saved (%s): step %d, the newer save, is not committed "
+                "yet (saves outpace the copies: replication.max_rate, the save interval); "
+                "written at close if no save follows",
+                self.rank,
+                step,
+                kept,
+                newer.key[0],
+            )
+        return None
 
     def _write(
-        self, staged: Any, step: int, blocked_s: float, rows: tuple[int, ...] | None
+        self, staged: Any, target: Path, step: int, blocked_s: float, rows: tuple[int, ...] | None
     ) -> None:
         try:
-            target = self._target(step)
             tier.begin(target)
             dcpio.save_rank(staged, target)
             manifest = Manifest(

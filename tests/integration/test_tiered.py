@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +256,53 @@ def test_check_saves_the_step_reached_once_and_leaves_when_told(tmp_path: Path) 
         if (s / tier.MANIFEST).exists()
     )
     assert steps == [2, 3]
+
+
+def test_a_save_never_goes_over_the_committed_one_the_agent_pinned(tmp_path: Path) -> None:
+    """Steps 2 and 4 saved, 2 committed (4's copies not all made): step 6 is skipped, not saved
+    over 2, and written over 4 as the worker stops; so is a save once the newer one is older
+    than the patience; once the newer one is committed, the next save goes over the older.
+    One process, no group."""
+    import torch
+
+    from nodeagent.channel import pin
+    from nodeagent.channel.pin import Pin
+    from nodeagent.worker import Checkpointer, TrainState
+    from nodeagent.worker.tiered import PATIENCE_S
+
+    memory = tmp_path / "m"
+    env = {"RANK": "0", "WORLD_SIZE": "1", "NODEAGENT_GENERATION": "1"}
+    env[tier.MEMORY_ENV] = str(memory)
+    model = torch.nn.Linear(4, 3)
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ck = Checkpointer(env=env)
+
+    def held() -> list[int]:
+        ck.wait()
+        return sorted(tier.read_manifest(s).step for s in tier.slots(memory, 0) if s.is_dir())
+
+    assert ck.save(state, 2) and ck.save(state, 4)
+    pin.write(memory, Pin((2, 1, 1)))
+    assert not ck.save(state, 6)
+    assert held() == [2, 4]
+    ck.close()  # the worker stops: the step it reached is written, over the newer save
+    assert held() == [2, 6]
+    pin.write(memory, Pin((6, 1, 1)))  # 6 committed
+    assert ck.save(state, 8)
+    assert held() == [6, 8]
+    assert not ck.save(state, 10)  # 8 not committed: the copies never come
+    newer = tier.newest_in_memory(memory, 0, step=8)
+    assert newer is not None
+    past = time.time() - PATIENCE_S - 1
+    os.utime(newer / tier.MANIFEST, (past, past))
+    assert ck.save(state, 10)  # patience spent: over 8, the committed one kept
+    assert held() == [6, 10]
+    # A new generation: the last one's newer save is written over at once.
+    again = Checkpointer(env={**env, "NODEAGENT_GENERATION": "2"})
+    assert again.save(state, 12)
+    again.wait()
+    assert held() == [6, 12]
+    (memory / pin.FILE).write_text("{")  # not the agent's: pins nothing
+    assert again.save(state, 14)
+    again.wait()
+    assert held() == [12, 14]

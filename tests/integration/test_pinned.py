@@ -1,0 +1,115 @@
+"""The committed save pinned (nodeagent/channel/pin.py): the agent writes the pin from the job
+record; a peer's copy, sent to a real listener on loopback, and a fetch go to the other slot
+rather than over the pinned save."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from nodeagent.channel import pin, tier
+from nodeagent.channel.pin import Pin
+from nodeagent.checkpoint import replica
+from nodeagent.checkpoint.keeper import TierKeeper
+from nodeagent.config.settings import CheckpointConfig
+from nodeagent.job.copies import ReplicaDuties
+from nodeagent.job.tiers import TierDuties
+from nodeagent.model.tiers import CheckpointRecord
+from nodeagent.state import JobState
+from nodeagent.supervisor.status import GroupPhase, GroupStatus
+from nodeagent.telemetry.checkpoints import CheckpointMetrics
+from tests.helpers.factories import make_record
+from tests.helpers.tiers import fake_save, node_replicas
+
+JOB = "j"
+MEMBERS = ("a", "b")
+
+
+def steps_held(directory: Path, rank: int) -> list[int]:
+    return sorted(
+        tier.read_manifest(s).step
+        for s in tier.slots(directory, rank)
+        if (s / tier.MANIFEST).exists()
+    )
+
+
+def test_a_peers_copy_never_goes_over_the_pinned_save(tmp_path: Path) -> None:
+    """b holds a's steps 10 and 12; 10 is committed (12's other copies are not made): a's
+    step 14 goes over 12, not 10. Once 12 is committed, 16 goes over 10."""
+    with node_replicas(tmp_path, "b", lambda _offer: None) as b:
+        assert b.address is not None
+        mine = tmp_path / "mine"
+        for step in (10, 12):
+            fake_save(mine, step, generation=3)
+            replica.send(b.address, JOB, "a", 3, mine)
+        b.memory.mkdir()  # b's memory tier, where its agent writes the pin
+        pin.write(b.memory, Pin((10, 3, 2)))
+        fake_save(mine, 14, generation=3)
+        replica.send(b.address, JOB, "a", 3, mine)
+        assert steps_held(b.area / "a", 0) == [10, 14]
+        pin.write(b.memory, Pin((14, 3, 2)))
+        fake_save(mine, 16, generation=3)
+        replica.send(b.address, JOB, "a", 3, mine)
+        assert steps_held(b.area / "a", 0) == [14, 16]
+        # a pin nodeagent did not write pins nothing: the copy goes to the older slot
+        (b.memory / pin.FILE).write_text("{")
+        fake_save(mine, 18, generation=3)
+        replica.send(b.address, JOB, "a", 3, mine)
+        assert steps_held(b.area / "a", 0) == [16, 18]
+
+
+def test_a_fetch_never_goes_over_the_pinned_save(tmp_path: Path) -> None:
+    with node_replicas(tmp_path / "a", "a", lambda _offer: None) as a:
+        assert a.address is not None
+        held = tier.slots(a.memory, 0)[0]
+        area = tmp_path / "b-area" / "a"
+        memory = tmp_path / "b-memory"
+        memory.mkdir()
+        for step in (10, 12, 14):
+            fake_save(held, step, generation=3)
+            want = replica.Want(0, step, 3)
+            if step == 14:
+                pin.write(memory, Pin((10, 3, 2)))
+            replica.fetch(a.address, JOB, "b", 4, want, area, memory=memory)
+        assert steps_held(area, 0) == [10, 14]
+
+
+def test_the_agent_pins_the_committed_save_the_record_names(tmp_path: Path) -> None:
+    config = CheckpointConfig(memory_size=1 << 24, memory_dir=str(tmp_path), replicas=1)
+    keeper = TierKeeper(config, "a", JOB)
+    keeper.prepare(None)
+    metrics = CheckpointMetrics(JOB, CollectorRegistry())
+    with node_replicas(tmp_path, "a") as replicas:
+        copies = ReplicaDuties(replicas, "a", "", 1, lambda: None, metrics, 30, 5)
+        duties = TierDuties(keeper, "a", metrics, copies)
+        running = GroupStatus(3, GroupPhase.RUNNING)
+        record = make_record(JobState.RUNNING, 3, MEMBERS, checkpoint=CheckpointRecord())
+        duties.tick(running, record)
+        assert pin.read(keeper.memory) == Pin(None)
+        checkpoint = CheckpointRecord(committed_step=12, committed_generation=3, committed_world=2)
+        duties.tick(running, replace(record, checkpoint=checkpoint))
+        assert pin.read(keeper.memory) == Pin((12, 3, 2))
+        (keeper.memory / pin.FILE).unlink()  # a pin written is not written again ...
+        duties.tick(running, replace(record, checkpoint=checkpoint))
+        assert pin.read(keeper.memory) is None
+        later = replace(checkpoint, committed_step=18, replicas=1)
+        duties.tick(running, replace(record, checkpoint=later))  # ... until it changes
+        assert pin.read(keeper.memory) == Pin((18, 3, 2))
+        # One member left of two: nothing can be committed, nothing is kept (no save waits).
+        duties.tick(running, replace(record, checkpoint=later, members=("a",)))
+        assert pin.read(keeper.memory) is None
+
+
+def test_without_copies_to_peers_nothing_is_pinned(tmp_path: Path) -> None:
+    """Without replicas every save is committed as it is made: a pin would only hold saves
+    back until the record caught up."""
+    config = CheckpointConfig(memory_size=1 << 24, memory_dir=str(tmp_path))
+    keeper = TierKeeper(config, "a", JOB)
+    keeper.prepare(None)
+    duties = TierDuties(keeper, "a", CheckpointMetrics(JOB, CollectorRegistry()))
+    checkpoint = CheckpointRecord(committed_step=12, committed_generation=3, committed_world=2)
+    record = make_record(JobState.RUNNING, 3, MEMBERS, checkpoint=checkpoint)
+    duties.tick(GroupStatus(3, GroupPhase.RUNNING), record)
+    assert pin.read(keeper.memory) is None
