@@ -12,11 +12,12 @@ change), and both writers read it before they choose a slot (`choose`):
 - a worker's save waits for the newer save in the other slot to commit: it is skipped (staged,
   not written) while that save, of the same generation, is younger than the worker's patience
   (a few save intervals, at least a minute), then written over it. A skipped save that no
-  other follows is written over the newer one as the process ends (`Checkpointer.close`), so
-  the step a stopping worker reached is kept. The committed save stays either way. While
-  nothing is committed (the pin names none), a save waits the same way for the newest to
-  commit, then goes over the older one: the leader copies the newest save, and a save every
-  interval would otherwise start its copies again before they end.
+  other follows is written over the newer one as the process ends (`Checkpointer.close`) or
+  leaves its group when told to (in place), so the step a stopping worker reached is kept.
+  The committed save stays either way. While nothing is committed (the pin names none), a
+  save waits the same way for the newest to commit, then goes over the older one: the leader
+  copies the newest save, and a save every interval would otherwise start its copies again
+  before they end.
 
 The agent writes the file; the workers only read it (a file they cannot parse pins nothing).
 """
@@ -29,10 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.channel.tier import MANIFEST, BadCopy, manifest_in
+from nodeagent.channel.tier import MANIFEST, BadCopy, manifest_in, open_plain
 from nodeagent.channel.tier import slots as tier_slots
 
 FILE = "pin.json"
+MAX_BYTES = 4096
 SaveKey = tuple[int, int, int]  # (step, the generation that saved it, world size)
 
 
@@ -67,24 +69,41 @@ class Pin:
 
 
 def write(memory: Path, pin: Pin) -> None:
-    """Replace the pin of the memory tier `memory` at once (a temporary file renamed)."""
+    """Replace the pin of the memory tier `memory` at once (a temporary file renamed). The
+    directory is the workers' user's and the agent writes as root: the temporary file is made
+    anew, never opened through a link or a file a worker put in its place.
+
+    Raises: OSError (a worker made the temporary file meanwhile: the next call tries again)."""
     tmp = memory / f".tmp-{FILE}.{os.getpid()}"
-    tmp.write_text(pin.to_json())
-    os.chmod(tmp, 0o644)
+    tmp.unlink(missing_ok=True)  # a link is removed, not followed
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o644)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o644)
+        f.write(pin.to_json())
     os.replace(tmp, memory / FILE)
 
 
 def read(memory: Path) -> Pin | None:
-    """The pin of the memory tier `memory`; None when there is none.
+    """The pin of the memory tier `memory`; None when there is none. Read only as a regular
+    file, at most MAX_BYTES (the agent's listener reads it as root in the workers' directory).
 
     Raises: BadCopy for a file this module did not write."""
+    path = memory / FILE
     try:
-        raw = (memory / FILE).read_text()
+        os.lstat(path)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadCopy(f"{memory / FILE}: {exc}") from None
-    return Pin.from_json(raw, str(memory / FILE))
+    except OSError as exc:
+        raise BadCopy(f"{path}: {exc.strerror}") from None
+    with os.fdopen(open_plain(path), "rb") as f:
+        raw = f.read(MAX_BYTES + 1)
+    if len(raw) > MAX_BYTES:
+        raise BadCopy(f"{path}: more than {MAX_BYTES} bytes, not a pin")
+    try:
+        return Pin.from_json(raw.decode(), str(path))
+    except UnicodeDecodeError as exc:
+        raise BadCopy(f"{path}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -139,8 +158,8 @@ def choose(
         return 1 - target if pinned else target
     # A worker's save; the older slot holds the committed save, or nothing is committed yet
     # (the leader copies the newest save: written over, its copies would start again).
-    waiting = newer is not None and newer.key[1] == generation and now - newer.written < patience
-    if waiting and patience > 0:
+    # A wall clock set back makes the newer save look written later than now: not waited for.
+    if newer is not None and newer.key[1] == generation and 0 <= now - newer.written < patience:
         return None
     return 1 - target if pinned else target
 

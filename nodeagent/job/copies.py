@@ -90,6 +90,9 @@ class ReplicaDuties:
         # they did or this clock time.
         self._restoring_until = 0.0
         self._behind = False
+        # The committed saves the record named, the one before and the newest: copies older
+        # than the one before are removed (`_prune`).
+        self._committed: tuple[SaveKey | None, SaveKey | None] = (None, None)
         self.handover = Handover(replicas, node, peers, fetch_timeout, clock)
 
     # -- the listener's threads -------------------------------------------------------------
@@ -172,10 +175,12 @@ class ReplicaDuties:
         self._made &= {(t.key, t.rank, t.target) for t in wanted}
         mine = [t for t in wanted if (t.key, t.rank, t.target) not in self._made]
         self._pending = bool(mine)
+        if committed != self._committed[1]:
+            self._committed = (self._committed[1], committed)
         if mine:
             self.replicas.run(mine, share.address_map, record.generation)
         else:
-            self._prune(committed)
+            self._prune(self._committed[0])
         events += self._lagging(record, own)
         return events
 
@@ -281,12 +286,19 @@ class ReplicaDuties:
         return events
 
     def _prune(self, committed: SaveKey | None) -> None:
+        """Remove the copies older than `committed`: the step committed before the newest one.
+        Not the newest: the leader commits from reports a heartbeat old, and a worker may have
+        written over its save since (channel/pin.py); one committed step back is kept whole."""
         if committed is None:
             return
         floor = (committed[0], committed[1])
         removed = self.replicas.prune(lambda key: (key[0], key[1]) >= floor)
         if removed:
-            log.info("replica area: removed %d copies older than the committed step", len(removed))
+            log.info(
+                "replica area: removed %d copies older than step %d, committed before the newest",
+                len(removed),
+                committed[0],
+            )
 
     def _lagging(self, record: JobRecord, own: TierReport) -> list[Event]:
         """`replication_behind`, said once by the first member, when the committed step falls

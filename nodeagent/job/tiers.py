@@ -113,8 +113,7 @@ class TierDuties:
             return []
         if record is not None and record.checkpoint is not None:
             keeper.protect(record.checkpoint.persisted_step)
-            if self.copies is not None:
-                keeper.pin(_pin(record))
+            keeper.pin(_pin(record) if self.copies is not None else None)
         ended = group.generation is not None and not group.active
         if ended and group.generation != self._settled:
             self._settled = group.generation

@@ -113,6 +113,7 @@ class Checkpointer:
         self._skipping: tuple[Any, ...] | None = None  # the pin and newer save last said
         # A save skipped, staged: (state, step, blocked_s, row counts), written by `close`.
         self._pending: tuple[Any, int, float, tuple[int, ...] | None] | None = None
+        self._told_to_leave = False  # check() raised Reform: the agent asked the ranks to leave
 
     def _assigned(self, env: Mapping[str, str]) -> None:
         """What changes with each generation: this process's rank and world, the restore order."""
@@ -137,6 +138,7 @@ class Checkpointer:
         if reform is not None:
             if self._staged != (self.generation, step):  # not saved at this step already
                 self.save(state, step)
+            self._told_to_leave = True  # a save skipped is written as the rank leaves
             raise reform
 
     def reform_due(self) -> Reform | None:
@@ -161,8 +163,18 @@ class Checkpointer:
 
     def leaving(self) -> None:
         """The process group is gone: finish the save being written (the agent verifies it once
-        told this rank left), or the one skipped last (`close`), and drop the staging copy,
-        which refers to the old group."""
+        told this rank left), and drop the staging copy, which refers to the old group. The
+        save skipped last is written (`close`) only when the agent told the ranks to leave
+        (`check`); after a failure it is dropped: a rank that failed never saved that step, and
+        written over the newer save it would leave neither whole."""
+        if self._pending is not None and not self._told_to_leave:
+            log.info(
+                "rank %d: step %d, skipped, is dropped: the group failed",
+                self.rank,
+                self._pending[1],
+            )
+            self._pending = None
+        self._told_to_leave = False
         try:
             self.close()
         except Exception as exc:  # it is not committed: the agent will not see it
@@ -180,14 +192,22 @@ class Checkpointer:
 
         Raises: the previous write's error, if it failed (nothing of it was committed)."""
         began = time.perf_counter()
-        self.wait()
-        self._pending = None  # superseded
-        target = self._target(step, self._patience(time.monotonic()))
-        if self.memory is not None and self.replicas is not None and any_rank(target is None):
-            target = None  # a rank keeps its committed save: no rank writes this step
+        failed: Exception | None = None
+        try:
+            self.wait()
+        except Exception as exc:  # raised once the ranks agreed: none waits in the all_reduce
+            failed = exc
+        patience = self._patience(time.monotonic())
+        target = self._target(step, patience) if failed is None else None
+        agreeing = self.memory is not None and self.replicas is not None
+        if agreeing and any_rank(target is None):  # a rank keeps its committed save, or failed
+            target = None
+        if failed is not None:
+            raise failed
         state_dict = state.state_dict()
         rows = dcpio.row_counts(state_dict, self.world_size)
         staged = self._stage(state_dict)
+        self._pending = None  # superseded
         self._staged = (self.generation, step)
         self.last_blocked_s = time.perf_counter() - began
         if target is None:
@@ -252,8 +272,8 @@ class Checkpointer:
             assert self.directory is not None
             return tier.rank_dir(tier.step_dir(self.directory, step), self.rank)
         slots = tier.slots(self.memory, self.rank)
-        try:
-            pinned = pin.read(self.memory)
+        try:  # without copies to peers nothing is pinned (a pin left from before is stale)
+            pinned = pin.read(self.memory) if self.replicas is not None else None
         except BadCopy as exc:
             log.warning("rank %d: nothing pinned: %s", self.rank, exc)
             pinned = None

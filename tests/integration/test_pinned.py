@@ -16,7 +16,8 @@ from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.job.copies import ReplicaDuties
 from nodeagent.job.tiers import TierDuties
-from nodeagent.model.tiers import CheckpointRecord
+from nodeagent.model.handout import Handout
+from nodeagent.model.tiers import CheckpointRecord, TierReport
 from nodeagent.state import JobState
 from nodeagent.supervisor.status import GroupPhase, GroupStatus
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
@@ -113,3 +114,25 @@ def test_without_copies_to_peers_nothing_is_pinned(tmp_path: Path) -> None:
     record = make_record(JobState.RUNNING, 3, MEMBERS, checkpoint=checkpoint)
     duties.tick(GroupStatus(3, GroupPhase.RUNNING), record)
     assert pin.read(keeper.memory) is None
+
+
+def test_copies_of_the_step_committed_before_the_newest_are_kept(tmp_path: Path) -> None:
+    """b holds copies of a's steps 6 and 12. Step 12 committed: nothing removed (6 was the
+    committed one before, and the leader commits from reports a heartbeat old). Step 18
+    committed: the copies older than 12 go."""
+    metrics = CheckpointMetrics(JOB, CollectorRegistry())
+    now = [0.0]
+    with node_replicas(tmp_path, "b") as b:
+        for step, slot in ((6, 0), (12, 1)):
+            fake_save(tier.slots(b.area / "a", 0)[slot], step, generation=3)
+        b.prepare(None)  # verified: what b reports and prunes
+        share = Handout(3)
+        duties = ReplicaDuties(b, "b", "", 1, lambda: share, metrics, 30, 5, clock=lambda: now[0])
+        held = TierReport()
+        for step, left in ((6, [6, 12]), (12, [6, 12]), (18, [12])):
+            checkpoint = CheckpointRecord(
+                committed_step=step, committed_generation=3, committed_world=2
+            )
+            now[0] += 60
+            duties.tick(make_record(JobState.RUNNING, 3, MEMBERS, checkpoint=checkpoint), held)
+            assert steps_held(b.area / "a", 0) == left, step

@@ -265,14 +265,16 @@ def test_a_save_never_goes_over_the_committed_one_the_agent_pinned(tmp_path: Pat
     One process, no group."""
     import torch
 
-    from nodeagent.channel import pin
+    from nodeagent.channel import control, pin
     from nodeagent.channel.pin import Pin
     from nodeagent.worker import Checkpointer, TrainState
+    from nodeagent.worker.follow import Reform
     from nodeagent.worker.tiered import PATIENCE_S
 
     memory = tmp_path / "m"
     env = {"RANK": "0", "WORLD_SIZE": "1", "NODEAGENT_GENERATION": "1"}
     env[tier.MEMORY_ENV] = str(memory)
+    env[tier.REPLICAS_ENV] = str(tmp_path / "area")  # copies to peers: the pin counts
     model = torch.nn.Linear(4, 3)
     state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
     ck = Checkpointer(env=env)
@@ -306,3 +308,24 @@ def test_a_save_never_goes_over_the_committed_one_the_agent_pinned(tmp_path: Pat
     assert again.save(state, 14)
     again.wait()
     assert held() == [12, 14]
+    # In place: a save skipped, then the group fails (a rank never saved that step): leaving
+    # drops it, keeping the newer save. Told to leave (check), every rank wrote it.
+    pin.write(memory, Pin((12, 2, 1)))
+    assert not again.save(state, 16)
+    again.leaving()
+    assert held() == [12, 14]
+    channel_path = tmp_path / "rank-0.control"
+    control.create(channel_path)
+    again.follower.attach(control.ControlFile(channel_path))
+    assert not again.save(state, 18)
+    control.ControlFile(channel_path).leave(2)
+    with pytest.raises(Reform):
+        again.check(state, 18)  # saved (skipped) at 18 already: not again
+    again.leaving()
+    assert held() == [12, 18]
+    # Without copies to peers, a pin left from before is stale: nothing waits for it.
+    alone = {k: v for k, v in env.items() if k != tier.REPLICAS_ENV}
+    without = Checkpointer(env={**alone, "NODEAGENT_GENERATION": "2"})
+    assert without.save(state, 20)
+    without.wait()
+    assert held() == [18, 20]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,7 @@ def held(
         (held(N, C), Pin(C), 1, 60, None),  # the same, slots the other way round
         (held(N, C), Pin(N), 1, 60, 1),  # the newest is committed: the older slot
         (held(C, N, age=61), Pin(C), 1, 60, 1),  # patience spent: over the newer save
+        (held(C, N, age=-5), Pin(C), 1, 60, 1),  # a wall clock set back: not waited for
         # no patience (the last save skipped, written as the process ends): over the newer
         (held(C, N), Pin(C), 1, 0, 1),
         # the newer save is of an older generation (the job re-formed since): over it
@@ -95,3 +97,27 @@ def test_a_pin_nodeagent_did_not_write_is_refused_naming_what_is_wrong(
     (tmp_path / pin.FILE).write_text(raw)
     with pytest.raises(BadCopy, match=said):
         pin.read(tmp_path)
+
+
+def test_the_agent_never_writes_through_a_link_a_worker_planted(tmp_path: Path) -> None:
+    """The memory tier is the workers' directory; the agent writes and reads the pin as root."""
+    outside = tmp_path / "passwd"
+    outside.write_text("root:x:0:0\n")
+    memory = tmp_path / "tier"
+    memory.mkdir()
+    (memory / f".tmp-{pin.FILE}.{os.getpid()}").symlink_to(outside)
+    pin.write(memory, Pin((12, 1, 4)))
+    assert outside.read_text() == "root:x:0:0\n"
+    assert pin.read(memory) == Pin((12, 1, 4))
+    (memory / pin.FILE).unlink()
+    (memory / pin.FILE).symlink_to(outside)
+    with pytest.raises(BadCopy, match="link"):
+        pin.read(memory)
+    (memory / pin.FILE).unlink()
+    os.mkfifo(memory / pin.FILE)  # read as root by the listener: never blocks on it
+    with pytest.raises(BadCopy, match="not a regular file"):
+        pin.read(memory)
+    (memory / pin.FILE).unlink()
+    (memory / pin.FILE).write_text(" " * (pin.MAX_BYTES + 1))
+    with pytest.raises(BadCopy, match="not a pin"):
+        pin.read(memory)
