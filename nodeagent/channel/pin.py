@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.channel.tier import MANIFEST, BadCopy, manifest_in, open_plain
+from nodeagent.channel.tier import MANIFEST, BadCopy, manifest_in, older, open_plain
 from nodeagent.channel.tier import slots as tier_slots
 
 FILE = "pin.json"
@@ -148,8 +148,7 @@ def choose(
         now, patience: a worker's save is skipped while the newer save, of its generation,
             was written less than `patience` seconds before `now` (0: never skipped).
     """
-    steps = [s.key[0] if s is not None else -1 for s in held]
-    target = 1 if steps[0] > steps[1] else 0  # the slot that does not hold the newest
+    target = older([s.key[0] if s is not None else -1 for s in held])
     kept, newer = held[target], held[1 - target]
     if pin is None or kept is None:
         return target

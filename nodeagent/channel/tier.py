@@ -32,7 +32,7 @@ import re
 import shutil
 import stat
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -318,10 +318,17 @@ def _saved(directory: Path) -> tuple[int, int]:
     return (manifest.step, manifest.generation) if manifest else (-1, -1)
 
 
+def older(steps: Sequence[int]) -> int:
+    """Which of two slots holding saves of `steps` (-1: none) the next save goes to: the one
+    that does not hold the newest (nodeagent.channel.pin keeps the committed one too)."""
+    return 1 if steps[0] > steps[1] else 0
+
+
 def slot_for_save(tier: Path, rank: int) -> Path:
-    """Where this rank's next save goes: the slot that does not hold its newest save."""
-    first, second = slots(tier, rank)
-    return second if _saved(first)[0] > _saved(second)[0] else first
+    """Where this rank's next save goes, nothing pinned: the slot that does not hold its newest
+    save."""
+    both = slots(tier, rank)
+    return both[older([_saved(slot)[0] for slot in both])]
 
 
 def newest_in_memory(
