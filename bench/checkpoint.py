@@ -67,7 +67,8 @@ def worker(size_mb: int, disk: Path, shm: Path, out: Path) -> None:
     from torch.distributed.checkpoint.state_dict_saver import async_save, save
     from torch.distributed.fsdp import fully_shard
 
-    from nodeagent.channel import tier
+    from nodeagent.channel import manifests, tier
+    from nodeagent.channel.restore import RESTORE_ENV
     from nodeagent.worker import Checkpointer, TrainState
 
     dist.init_process_group("gloo")
@@ -133,9 +134,9 @@ def worker(size_mb: int, disk: Path, shm: Path, out: Path) -> None:
     cost = result["save_every_10"]["cost_per_save_s"]
     result["save_every_100"] = {"overhead_pct_estimated": round(100 * cost / (100 * plain), 2)}
     own = [
-        tier.read_manifest(slot).size
+        manifests.read_manifest(slot).size
         for slot, _ in tier.memory_saves(shm / "memory")
-        if (slot / tier.MANIFEST).exists()
+        if (slot / manifests.MANIFEST).exists()
     ]
     total = torch.tensor([max(own, default=0)], dtype=torch.int64)
     dist.all_reduce(total)
@@ -170,14 +171,14 @@ def worker(size_mb: int, disk: Path, shm: Path, out: Path) -> None:
     memory.wait()
     slot = tier.newest_in_memory(shm / "memory", rank)
     assert slot is not None
-    step_saved = tier.read_manifest(slot).step
+    step_saved = manifests.read_manifest(slot).step
     target = tier.rank_dir(tier.step_dir(disk / "persist", step_saved), rank)
-    tier.copy_verified(slot, target, durable=True)
+    manifests.copy_verified(slot, target, durable=True)
     dist.barrier()
 
     def restore(order: str, persist: bool) -> float:
         extra = {tier.PERSIST_ENV: str(disk / "persist")} if persist else {}
-        checkpointer = Checkpointer(env={**env(memory=True), **extra, tier.RESTORE_ENV: order})
+        checkpointer = Checkpointer(env={**env(memory=True), **extra, RESTORE_ENV: order})
         began = time.perf_counter()
         assert checkpointer.restore(state) == step_saved
         return time.perf_counter() - began
@@ -194,7 +195,7 @@ def worker(size_mb: int, disk: Path, shm: Path, out: Path) -> None:
         dirs = [tier.rank_dir(tier.step_dir(disk / "persist", step_saved), r) for r in range(RANKS)]
         began = time.perf_counter()
         for directory in dirs:
-            tier.verify(directory)
+            manifests.verify(directory)
         target_sd = TrainState(model, optimizer).state_dict()
         dcpio.load(target_sd, dirs)
         state.load_state_dict(target_sd)

@@ -14,7 +14,7 @@ Layout (344 bytes; little-endian, but each seq in the machine's own order, see S
                world_size, local_world_size, group_rank, group_world_size, master_port,
                restart_count (i32 each), master_addr (64 bytes, UTF-8, NUL-padded),
                restore (192 bytes, ASCII, NUL-padded: the leader's restore order for the
-               generation, nodeagent.channel.tier's RESTORE_ENV; empty without tiers);
+               generation, nodeagent.channel.restore's RESTORE_ENV; empty without tiers);
                a leave has zeros after its kind
     offset 320 report (worker -> agent), under a seqlock of its own:
                seq u64, left_generation i64 (-1: none yet), committed_step i64 (-1: none yet)
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodeagent.channel.beats import worker_file
-from nodeagent.channel.tier import RESTORE_ENV
+from nodeagent.channel.restore import RESTORE_ENV
 from nodeagent.errors import NodeagentError
 
 PATH_ENV = "NODEAGENT_CONTROL_FILE"  # where the agent tells a worker its channel is
@@ -85,7 +85,7 @@ class Assignment:
     master_addr: str
     master_port: int
     restart_count: int
-    restore: str = ""  # the restore order (tier.RESTORE_ENV), "" when the job has no tiers
+    restore: str = ""  # the restore order (restore.RESTORE_ENV), "" when the job has no tiers
 
     def problems(self) -> list[str]:
         """Why this assignment is impossible (empty when it is fine)."""

@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.channel.tier import MANIFEST, BadCopy, manifest_in, older, open_plain
+from nodeagent.channel.manifests import MANIFEST, BadCopy, manifest_in, open_plain
+from nodeagent.channel.tier import older
 from nodeagent.channel.tier import slots as tier_slots
 
 FILE = "pin.json"

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from nodeagent.channel import pin, tier
+from nodeagent.channel import manifests, pin, tier
+from nodeagent.channel.restore import RestoreReport, read_report
 from nodeagent.checkpoint import scan, space
-from nodeagent.checkpoint.notes import RestoreNote, read_note
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.model.tiers import MAX_BAD, Held, TierReport
 
@@ -35,7 +35,6 @@ KEEP_PERSISTED = 2  # steps of this node's ranks kept in the persistent tier
 # mount) must not stop the job; the copy goes on in the background, and the leader chooses
 # from what this node reports then.
 SETTLE_TIMEOUT_S = 300.0
-NON_FINITE = tier.NON_FINITE
 
 
 class TierPhase(str, Enum):
@@ -255,7 +254,7 @@ class TierKeeper:
         ident = scan.identity(slot)
         known = self._steps_seen.get(slot)
         if known is None or known[0] != ident:
-            manifest = tier.manifest_in(slot) if ident is not None else None
+            manifest = manifests.manifest_in(slot) if ident is not None else None
             known = self._steps_seen[slot] = (ident, manifest.step if manifest else None)
         return known[1]
 
@@ -289,16 +288,16 @@ class TierKeeper:
         """A local rank of the running generation has not said what it restored yet."""
         return bool(self._expected)
 
-    def restores(self) -> list[RestoreNote]:
+    def restores(self) -> list[RestoreReport]:
         """Reports of local ranks that said what they restored since the last call."""
         notes = []
         for rank, path in list(self._expected.items()):
-            note = read_note(path)
+            note = _read_report(path)
             if note is not None:
                 del self._expected[rank]
                 notes.append(note)
                 self.refuse([s for r in note.refused if (s := r.condemned) is not None])
-                if any(r.kind == tier.BAD_COPY for r in note.refused):
+                if any(r.kind.meaning.verify_again for r in note.refused):
                     self._reverify = True  # a copy here is bad: verify everything again
         if notes and not self._expected and self._ranks:
             removed = scan.keep_ranks(self.memory, self._ranks)
@@ -366,7 +365,7 @@ class TierKeeper:
         before = [scan.identity(save.slot) for save in newest]
         try:
             copied = scan.persist(newest, root)
-        except tier.BadCopy:
+        except manifests.BadCopy:
             if [scan.identity(save.slot) for save in newest] != before:
                 log.info("step %d was replaced while being copied", newest[0].manifest.step)
                 return  # the worker saved over it (two newer saves): the next one is copied
@@ -388,3 +387,17 @@ class TierKeeper:
             size,
             seconds,
         )
+
+
+def _read_report(path: Path) -> RestoreReport | None:
+    """A worker's restore report, which the agent trusts no more than any other input
+    (channel/restore.py reads it bounded and strictly typed); anything else is said and
+    dropped."""
+    try:
+        return read_report(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("restore report %s unreadable: %s", path, exc)
+        path.unlink(missing_ok=True)
+        return None

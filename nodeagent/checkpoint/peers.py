@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.channel import fetching, tier
+from nodeagent.channel import fetching, manifests, tier
 from nodeagent.checkpoint import replica, scan, space
 from nodeagent.checkpoint.replica import Accept, ReplicaError, ReplicaServer, Want
 from nodeagent.config.settings import CheckpointConfig
@@ -218,7 +218,7 @@ class Replicas:
             return replica.send(
                 peer, self._job, self._node, generation, slot, self.max_rate, cancel=self._cancel
             )
-        except tier.BadCopy as exc:  # the worker saved over the slot meanwhile
+        except manifests.BadCopy as exc:  # the worker saved over the slot meanwhile
             raise ReplicaError(f"replica {transfer}: {exc}") from None
 
     def _fetch(
@@ -243,7 +243,7 @@ class Replicas:
                     return size, tuple(refused)
                 except (replica.Unavailable, replica.Busy) as exc:
                     unavailable[source] = str(exc)
-                except (ReplicaError, tier.BadCopy) as exc:
+                except (ReplicaError, manifests.BadCopy) as exc:
                     refused.append(f"{source}: {exc}")
                     unavailable.pop(source, None)
             asking = [source for source in asking if source in unavailable]
@@ -254,7 +254,7 @@ class Replicas:
         raise ReplicaError(f"replica {transfer}: no holder had it whole ({why})")
 
     def _fetch_from(self, source: str, transfer: Transfer, peer: str, generation: int) -> int:
-        """Raises: ReplicaError, tier.BadCopy."""
+        """Raises: ReplicaError, manifests.BadCopy."""
         step, saved_by, _world = transfer.key
         assert self._server is not None
         with self._server.reserve(source, transfer.rank):
@@ -283,7 +283,7 @@ class Replicas:
             return []  # a fetch may be writing: the next call
         removed = []
         for slot, _rank in tier.area_saves(self.area):
-            manifest = tier.manifest_in(slot)
+            manifest = manifests.manifest_in(slot)
             if manifest is not None and not keep(
                 (manifest.step, manifest.generation, manifest.world_size)
             ):

@@ -43,8 +43,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.channel import pin, tier
-from nodeagent.channel.tier import BadCopy, Manifest
+from nodeagent.channel import manifests, pin, tier
+from nodeagent.channel.manifests import BadCopy, Manifest
 
 log = logging.getLogger(__name__)
 VERSION = 1
@@ -230,7 +230,7 @@ class ReplicaServer:
         slot = tier.find_save(self.memory, self.root, want.rank, want.step, want.generation)
         if slot is None:
             raise BadCopy(f"no save of rank {want.rank}, step {want.step}@{want.generation} here")
-        manifest = tier.read_manifest(slot)
+        manifest = manifests.read_manifest(slot)
         _answer(conn, f"GO {manifest.to_json()}")
         with contextlib.suppress(OSError):  # the asker gave up: nothing more to say
             _body(conn, slot, manifest, 0.0)
@@ -247,7 +247,7 @@ class ReplicaServer:
         if data.get("job") != self.job:
             raise BadCopy(f"job {data.get('job')!r} is not {self.job!r}")
         node, generation = data.get("node"), data.get("generation")
-        if not isinstance(node, str) or not tier.plain_name(node):
+        if not isinstance(node, str) or not manifests.plain_name(node):
             raise BadCopy(f"node {node!r} is not a node name")
         if not isinstance(generation, int) or not _count_ok(generation):
             raise BadCopy(f"generation {generation!r} is not a generation")
@@ -295,7 +295,7 @@ def _read_line(conn: socket.socket, deadline: float | None = None) -> bytes:
 
 def _receive(conn: socket.socket, slot: Path, manifest: Manifest) -> None:
     """The manifest's files, checked as they arrive; the manifest last. Raises: BadCopy."""
-    tier.begin(slot)
+    manifests.begin(slot)
     for name, expected in sorted(manifest.files.items()):
         crc, left = 0, expected.size
         with open(slot / name, "wb") as f:
@@ -308,7 +308,7 @@ def _receive(conn: socket.socket, slot: Path, manifest: Manifest) -> None:
                 left -= len(chunk)
         if crc != expected.crc32:
             raise BadCopy(f"{name}: checksum {crc:08x}, the manifest says {expected.crc32:08x}")
-    tier.write_manifest(slot, manifest)
+    manifests.write_manifest(slot, manifest)
 
 
 def _answer(conn: socket.socket, text: str) -> None:
@@ -331,7 +331,7 @@ def send(
 
     Raises: ReplicaError naming the peer and why (its answer, or the connection's failure),
         Cancelled; BadCopy if `slot` holds no save."""
-    manifest = tier.read_manifest(slot)
+    manifest = manifests.read_manifest(slot)
     header = {
         "v": VERSION,
         "job": job,
@@ -394,7 +394,7 @@ def fetch(
             if word != "GO":
                 raise Unavailable(f"replica from {peer}: {answer}")
             manifest = Manifest.from_json(rest, f"{peer}'s manifest")
-            if digest and tier.digest(manifest) != digest:
+            if digest and manifests.digest(manifest) != digest:
                 raise BadCopy(f"its manifest is not the save its holder reported ({digest})")
             if (manifest.rank, manifest.step, manifest.generation) != (
                 want.rank,
@@ -409,7 +409,7 @@ def fetch(
     except (OSError, BadCopy) as exc:
         if slot is not None:
             with contextlib.suppress(OSError, BadCopy):
-                tier.begin(slot)
+                manifests.begin(slot)
         failed = Unavailable if isinstance(exc, OSError) else ReplicaError
         raise failed(f"replica from {peer}: {exc}") from None
     return manifest
@@ -433,7 +433,7 @@ def _body(
     cancel = cancel or threading.Event()  # none given: never set
     size = CHUNK if max_rate <= 0 else int(min(CHUNK, max(PACED_SLICE, max_rate / 10)))
     for name, expected in sorted(manifest.files.items()):
-        with os.fdopen(tier.open_plain(slot / name), "rb") as f:
+        with os.fdopen(manifests.open_plain(slot / name), "rb") as f:
             left = expected.size  # what the manifest says, never more (the file may grow)
             while left and (chunk := f.read(min(size, left))):
                 conn.sendall(chunk)

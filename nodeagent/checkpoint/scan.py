@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.channel import tier
-from nodeagent.channel.tier import BadCopy, Manifest
+from nodeagent.channel import manifests, tier
+from nodeagent.channel.manifests import BadCopy, Manifest
 from nodeagent.model.tiers import Held
 
 log = logging.getLogger(__name__)
@@ -33,12 +33,12 @@ class Save:
 
     @functools.cached_property
     def digest(self) -> str:
-        return tier.digest(self.manifest)
+        return manifests.digest(self.manifest)
 
 
 def identity(slot: Path) -> Identity | None:
     try:
-        st = os.stat(slot / tier.MANIFEST)
+        st = os.stat(slot / manifests.MANIFEST)
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_ctime_ns)
@@ -71,7 +71,7 @@ class Verified:
             if known is not None and known[0] == ident:
                 continue
             try:
-                save: Save | None = Save(slot, tier.verify(slot))
+                save: Save | None = Save(slot, manifests.verify(slot))
             except BadCopy as exc:
                 if identity(slot) != ident:  # its worker is writing a new save there
                     continue
@@ -146,11 +146,11 @@ def newest_whole(saves: Iterable[Save], ranks: Iterable[int]) -> list[Save]:
 
 def persist(saves: list[Save], root: Path) -> Held:
     """Copy `saves` (one step) to the persistent tier at `root`, each verified byte by byte
-    and fsync'd (tier.copy_verified). Raises: BadCopy, OSError."""
+    and fsync'd (manifests.copy_verified). Raises: BadCopy, OSError."""
     step = saves[0].manifest.step
     for save in saves:
         target = tier.rank_dir(tier.step_dir(root, step), save.manifest.rank)
-        tier.copy_verified(save.slot, target, durable=True, expected=save.manifest)
+        manifests.copy_verified(save.slot, target, durable=True, expected=save.manifest)
     first = saves[0].manifest
     return Held(step, first.world_size, tuple(s.manifest.rank for s in saves), first.generation)
 

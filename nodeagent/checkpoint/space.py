@@ -10,7 +10,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from nodeagent.channel.tier import BadCopy, open_plain
+from nodeagent.channel.manifests import BadCopy, open_plain
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from nodeagent.channel import tier
+from nodeagent.channel import manifests
 from nodeagent.checkpoint.peers import Done, Replicas
 from nodeagent.checkpoint.replica import Offer
 from nodeagent.errors import CoordinationError
@@ -132,7 +132,7 @@ class ReplicaDuties:
             return None  # a fetch: a peer named may read the job's saves
         key = (manifest.step, manifest.generation, manifest.world_size)
         digest = replication.digest_of(report, key, manifest.rank)
-        if digest is None or digest != tier.digest(manifest):
+        if digest is None or digest != manifests.digest(manifest):
             return (
                 f"step {manifest.step}@{manifest.generation} rank {manifest.rank} is not a save "
                 f"{offer.node} reported holding"

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nodeagent.channel import layout
-from nodeagent.channel.tier import restore_from_env
+from nodeagent.channel.restore import order_from_env
 from nodeagent.model.handout import Handout, Transfer
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import SaveKey
@@ -189,7 +189,7 @@ def _fetches(
     rows: Callable[[SaveKey], tuple[int, ...] | None],
 ) -> list[Copy]:
     found = []
-    for source in restore_from_env(" ".join(restore)):
+    for source in order_from_env(" ".join(restore)):
         if source.tier != "memory" or source.step is None:
             continue
         for key in _newest(held):

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from nodeagent.channel.tier import Source, restore_from_env, restore_to_env
+from nodeagent.channel.restore import Source, order_from_env, order_to_env
 from nodeagent.job import replication
 from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.model.tiers import MAX_BAD, CheckpointRecord, Held, SaveKey
@@ -152,7 +152,7 @@ def choose(
         source = Source("persistent", persisted, checkpoint.persisted_generation)
         ordered.append((persisted, 0, source))
     sources = [source for _, _, source in sorted(ordered, key=lambda x: (x[0], x[1]), reverse=True)]
-    order = tuple(restore_to_env(tuple(sources + list(TAIL))).split())
+    order = tuple(order_to_env(tuple(sources + list(TAIL))).split())
     return replace(checkpoint, restore=order, newest=newest_held(checkpoint, nodes))
 
 
@@ -174,7 +174,7 @@ def _anywhere(
 
 def first_step(checkpoint: CheckpointRecord) -> int | None:
     """The step this generation's workers try first (None: the script's own, or the start)."""
-    for source in restore_from_env(" ".join(checkpoint.restore)):
+    for source in order_from_env(" ".join(checkpoint.restore)):
         if source.step is not None:
             return source.step
     return None

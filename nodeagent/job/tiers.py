@@ -12,8 +12,8 @@ import logging
 from collections.abc import Sequence
 
 from nodeagent.channel.pin import Pin
+from nodeagent.channel.restore import RestoreReport
 from nodeagent.checkpoint.keeper import TierKeeper
-from nodeagent.checkpoint.notes import RestoreNote
 from nodeagent.job import restore
 from nodeagent.job.copies import ReplicaDuties
 from nodeagent.model.job import Event, JobRecord
@@ -42,7 +42,7 @@ class TierDuties:
         self._settled: int | None = None  # the generation whose workers' end was settled
         self._graceful = False  # the last stop asked of the workers was not for a failure
         self._newest = 0  # the newest step held anywhere, as the leader said
-        self._notes: list[RestoreNote] = []
+        self._notes: list[RestoreReport] = []
         self._generation = 0
         self._offered: tuple[str, int] | None = None  # the restore's first source, its step
 
@@ -162,7 +162,7 @@ class TierDuties:
             log.info("job %s: memory tier %s removed", record.state.value, keeper.memory)
         return events
 
-    def _restored(self, notes: list[RestoreNote]) -> list[Event]:
+    def _restored(self, notes: list[RestoreReport]) -> list[Event]:
         events = []
         for note in notes:
             lost = self._newest - note.step if note.step is not None else None
@@ -176,7 +176,11 @@ class TierDuties:
                         node=self._node,
                         message=f"rank {note.rank} did not restore from {refusal.source}: "
                         f"{refusal.reason}",
-                        data={"rank": note.rank, "source": refusal.source, "kind": refusal.kind},
+                        data={
+                            "rank": note.rank,
+                            "source": refusal.source,
+                            "kind": refusal.kind.value,
+                        },
                     )
                 )
         self._notes += notes
@@ -206,7 +210,7 @@ class TierDuties:
             events += self._fell_back(first, where)
         return events
 
-    def _fell_back(self, first: RestoreNote, where: str) -> list[Event]:
+    def _fell_back(self, first: RestoreReport, where: str) -> list[Event]:
         """`checkpoint_fallback` when the ranks restored an older step than the one the leader
         offered first (a copy refused, a fetch that failed): the steps between are lost."""
         if self._offered is None:

@@ -1,5 +1,5 @@
 """What goes into Redis about a job's checkpoint tiers: what each node holds, what the leader
-chose. The bytes themselves never do (nodeagent.channel.tier, docs/checkpoints.md).
+chose. The bytes themselves never do (nodeagent.channel.tier and .manifests, docs/checkpoints.md).
 
 A node reports, in its NodeReport, the steps its memory tier holds verified (which ranks, at
 which world size), the steps it copied to the persistent tier, and the steps its workers refused
@@ -33,7 +33,7 @@ class Held:
     world_size: int
     ranks: tuple[int, ...]
     generation: int = 0  # the generation that saved it: a step number may recur after a rollback
-    # Each rank's manifest digest (channel.tier.digest), in the order of `ranks`: what a peer
+    # Each rank's manifest digest (channel.manifests.digest), in the order of `ranks`: what a peer
     # checks a copy offered to it against (empty: not said).
     digests: tuple[str, ...] = ()
     # The distinct row counts of the save's tensors when its whole state is sharded row-wise

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from nodeagent.channel import beats, control, tier
+from nodeagent.channel import beats, control, restore
 from nodeagent.config.identity import WorkerUser
 from nodeagent.model.job import CAUSE_MAX
 from nodeagent.supervisor.spec import WorkerSpec
@@ -82,7 +82,7 @@ def worker_files(spec: WorkerSpec, user: WorkerUser | None) -> IO[bytes]:
 def restore_report(spec: WorkerSpec, user: WorkerUser | None) -> None:
     """The file where the rank says what it restored (empty: not yet), made for it when it runs
     as another user (it cannot create files in the generation's directory)."""
-    report = spec.env.get(tier.RESTORE_REPORT_ENV)
+    report = spec.env.get(restore.RESTORE_REPORT_ENV)
     if user is not None and user.switch and report:
         beats.worker_file(Path(report), user.uid)
 

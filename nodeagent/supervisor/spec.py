@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.channel import control, tier
+from nodeagent.channel import control, restore, tier
 from nodeagent.channel.control import Assignment
 from nodeagent.config.settings import Config
 from nodeagent.model.job import JobRecord
@@ -196,7 +196,7 @@ def worker_env(
 
 def restore_report_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
     """Where the rank says what it restored (nodeagent.worker.tiered; the agent reads it)."""
-    return tier.report_path(Path(log_dir) / job, generation, rank)
+    return restore.report_path(Path(log_dir) / job, generation, rank)
 
 
 def tier_env(config: Config, record: JobRecord, rank: int) -> dict[str, str]:
@@ -209,7 +209,7 @@ def tier_env(config: Config, record: JobRecord, rank: int) -> dict[str, str]:
     env = {
         tier.MEMORY_ENV: checkpoint.memory_tier(config.node.name, config.job.id),
         tier.MEMORY_LIMIT_ENV: str(checkpoint.rank_limit(config.job.nproc_per_node)),
-        tier.RESTORE_REPORT_ENV: str(
+        restore.RESTORE_REPORT_ENV: str(
             restore_report_path(config.log_dir, config.job.id, record.generation, rank)
         ),
     }
@@ -218,7 +218,7 @@ def tier_env(config: Config, record: JobRecord, rank: int) -> dict[str, str]:
     if checkpoint.replicas:
         env[tier.REPLICAS_ENV] = checkpoint.replica_area(config.node.name, config.job.id)
     if record.checkpoint is not None and record.checkpoint.restore:
-        env[tier.RESTORE_ENV] = " ".join(record.checkpoint.restore)
+        env[restore.RESTORE_ENV] = " ".join(record.checkpoint.restore)
     return env
 
 

@@ -4,27 +4,27 @@ something (to stop: GracefulExit; to leave the generation: Checkpointer.check)."
 
 from __future__ import annotations
 
-from nodeagent.channel import tier
+from nodeagent.channel.restore import RefusalKind
 
-Problem = tuple[str, str]  # (tier.REFUSALS kind, what is wrong)
+Problem = tuple[RefusalKind, str]  # (why a source is refused, what is wrong)
 
 
 def agree(problem: Problem | None) -> Problem | None:
     """Agreed by every rank: None if no rank has a problem, else this rank's own, or the first
-    rank's, named. Another rank's bad copy is not this rank's: it is said as absent here (the
-    node that holds the copy reports it)."""
+    rank's, named, as this rank sees it (RefusalKind.seen_by_another_rank)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return problem
-    gathered: list[Problem | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, problem)
+    # Plain strings go through the collective (pickled): no class of ours on the wire.
+    said = None if problem is None else (problem[0].value, problem[1])
+    gathered: list[tuple[str, str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, said)
     if problem is not None:
         return problem
     for rank, found in enumerate(gathered):
         if found is not None:
-            kind = tier.BAD_STATE if found[0] == tier.BAD_STATE else tier.ABSENT
-            return kind, f"rank {rank}: {found[1]}"
+            return RefusalKind(found[0]).seen_by_another_rank(), f"rank {rank}: {found[1]}"
     return None
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.channel.tier import fsync
+from nodeagent.channel.manifests import fsync
 
 log = logging.getLogger(__name__)
 FORMAT = 1

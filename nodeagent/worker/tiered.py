@@ -12,7 +12,7 @@
 Under nodeagent with a `checkpoint:` section, `save` writes into the node's memory tier, a
 tmpfs directory the agent owns (it outlives the worker); the agent copies it to the persistent
 tier, and before a generation starts the leader chooses one source for every rank, which
-`restore` tries in order (nodeagent.channel.tier's RESTORE_ENV), agreeing with the other ranks
+`restore` tries in order (nodeagent.channel.restore's RESTORE_ENV), agreeing with the other ranks
 at each one. Under plain torchrun (or a job without the section) the same calls save and load
 DCP checkpoints in `directory` (`step-<S>/rank-<R>/`). Every file is verified against its
 manifest before it is loaded, and a loaded state with a NaN or an infinity is refused too.
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import os
 import shutil
@@ -45,8 +44,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.channel import fetching, layout, pin, tier
-from nodeagent.channel.tier import BadCopy, Manifest, NoSave, Source
+from nodeagent.channel import fetching, layout, manifests, pin, tier
+from nodeagent.channel.manifests import BadCopy, Manifest, NoSave
+from nodeagent.channel.restore import (
+    NON_FINITE,
+    RESTORE_ENV,
+    RESTORE_REPORT_ENV,
+    Refusal,
+    RefusalKind,
+    RestoreReport,
+    Source,
+    moved_report,
+    order_from_env,
+    write_report,
+)
 from nodeagent.worker import dcpio
 from nodeagent.worker.agree import Problem, agree, any_rank
 from nodeagent.worker.follow import Follower, Reform
@@ -95,7 +106,7 @@ class Checkpointer:
         self.replicas = Path(area) if area else None  # copies of peers' saves (read only)
         self.persistent = Path(persist) if persist else None
         self.limit = int(env.get(tier.MEMORY_LIMIT_ENV, "0") or 0)
-        report = env.get(tier.RESTORE_REPORT_ENV)
+        report = env.get(RESTORE_REPORT_ENV)
         self._report_path = Path(report) if report else None
         if self.memory is None and self.directory is None:
             raise ValueError("Checkpointer: give it a directory (no nodeagent memory tier here)")
@@ -120,8 +131,8 @@ class Checkpointer:
         self.rank = int(env.get("RANK", "0"))
         self.world_size = int(env.get("WORLD_SIZE", "1"))
         self.generation = int(env.get("NODEAGENT_GENERATION", "0"))
-        chosen = env.get(tier.RESTORE_ENV)
-        self.sources = tier.restore_from_env(chosen) if chosen else None
+        chosen = env.get(RESTORE_ENV)
+        self.sources = order_from_env(chosen) if chosen else None
 
     # -- in place (nodeagent.worker.elastic.run) --------------------------------------------
 
@@ -159,7 +170,7 @@ class Checkpointer:
         generation = self.generation
         self._assigned(os.environ)
         if self._report_path is not None and self.generation != generation:
-            self._report_path = tier.moved_report(self._report_path, self.generation, self.rank)
+            self._report_path = moved_report(self._report_path, self.generation, self.rank)
 
     def leaving(self) -> None:
         """The process group is gone: finish the save being written (the agent verifies it once
@@ -301,26 +312,26 @@ class Checkpointer:
         self, staged: Any, target: Path, step: int, blocked_s: float, rows: tuple[int, ...] | None
     ) -> None:
         try:
-            tier.begin(target)
+            manifests.begin(target)
             dcpio.save_rank(staged, target)
             manifest = Manifest(
                 step=step,
                 generation=self.generation,
                 world_size=self.world_size,
                 rank=self.rank,
-                files=tier.summarize(target),
+                files=manifests.summarize(target),
                 job=self.job,
                 blocked_s=blocked_s,
                 dim0=rows,
             )
             if self.limit and manifest.size > self.limit:
-                tier.begin(target)
+                manifests.begin(target)
                 raise ValueError(
                     f"a save of rank {self.rank} takes {manifest.size:,} bytes, more than the "
                     f"{self.limit:,} its memory tier allows (checkpoint.memory_size / 2 slots / "
                     "nproc_per_node): raise checkpoint.memory_size"
                 )
-            tier.write_manifest(target, manifest, durable=self.memory is None)
+            manifests.write_manifest(target, manifest, durable=self.memory is None)
             self.last_saved_step = step
             if self.memory is None:
                 self._prune()
@@ -339,7 +350,7 @@ class Checkpointer:
 
     def _has_own(self, step: int) -> bool:
         assert self.directory is not None
-        own = tier.rank_dir(tier.step_dir(self.directory, step), self.rank) / tier.MANIFEST
+        own = tier.rank_dir(tier.step_dir(self.directory, step), self.rank) / manifests.MANIFEST
         return own.is_file()
 
     # -- restoring --------------------------------------------------------------------------
@@ -371,7 +382,7 @@ class Checkpointer:
                 return step
             refused.append((source, problem))
             log.log(
-                logging.INFO if problem[0] == tier.ABSENT else logging.WARNING,
+                logging.INFO if problem[0] == RefusalKind.ABSENT else logging.WARNING,
                 "rank %d: not restoring from %s: %s",
                 self.rank,
                 source,
@@ -387,32 +398,32 @@ class Checkpointer:
         if self.memory is None:
             return
         for slot in tier.slots(self.memory, self.rank):
-            manifest = tier.manifest_in(slot)
+            manifest = manifests.manifest_in(slot)
             if manifest is not None and manifest.step > step:
-                tier.begin(slot)
+                manifests.begin(slot)
 
     def _try(self, source: Source, state: TrainState) -> tuple[Problem | None, int]:
         """Load `source` into `state`; (None, step) or (why not, -1)."""
         try:
             if source.tier == "memory":
                 if self.memory is None or source.step is None:
-                    return (tier.ABSENT, "no memory tier on this node"), -1
+                    return (RefusalKind.ABSENT, "no memory tier on this node"), -1
                 slots = self._memory_slots(source.step, source.generation)
                 return self._load(state, slots, source.step, source.generation), source.step
             root = self.persistent if source.tier == "persistent" else self.directory
             if root is None:
-                return (tier.ABSENT, f"no {source.tier} directory given"), -1
+                return (RefusalKind.ABSENT, f"no {source.tier} directory given"), -1
             step = source.step if source.step is not None else self._newest_whole(root)
             if step is None:
-                return (tier.ABSENT, f"no step in {root} that every rank can read"), -1
+                return (RefusalKind.ABSENT, f"no step in {root} that every rank can read"), -1
             generation = source.generation if source.step is not None else None
             return self._load(state, self._rank_dirs(root, step), step, generation), step
         except NoSave as exc:  # a rank's save missing: nothing wrong with any copy
-            return (tier.ABSENT, str(exc)), -1
+            return (RefusalKind.ABSENT, str(exc)), -1
         except (BadCopy, OSError) as exc:  # a copy that does not verify, or cannot be read
-            return (tier.BAD_COPY, f"{type(exc).__name__}: {exc}"), -1
+            return (RefusalKind.BAD_COPY, f"{type(exc).__name__}: {exc}"), -1
         except (ValueError, RuntimeError, KeyError) as exc:  # DCP: not this model's state
-            return (tier.ABSENT, f"{type(exc).__name__}: {exc}"), -1
+            return (RefusalKind.ABSENT, f"{type(exc).__name__}: {exc}"), -1
 
     def _memory_slots(self, step: int, generation: int | None) -> list[Path]:
         """The slots this rank reads step `step` from, on this node (its memory tier, then the
@@ -424,7 +435,7 @@ class Checkpointer:
         first = own or tier.any_save(self.memory, self.replicas, step, generation)
         if first is None:
             raise NoSave(f"rank {self.rank} holds no step {step} on this node")
-        manifest = tier.read_manifest(first)
+        manifest = manifests.read_manifest(first)
         if manifest.world_size == self.world_size:
             if own is None:
                 raise NoSave(f"rank {self.rank} holds no step {step} on this node")
@@ -443,7 +454,7 @@ class Checkpointer:
         """The directories this rank reads step `step` from: its own at the world it was saved
         at, else the old ranks it reads (resharding)."""
         saved = tier.step_dir(root, step)
-        manifest = tier.read_manifest(tier.rank_dir(saved, 0))
+        manifest = manifests.read_manifest(tier.rank_dir(saved, 0))
         ranks = layout.reads(manifest.world_size, manifest.dim0, [self.rank], self.world_size)
         return [tier.rank_dir(saved, r) for r in ranks]  # dcpio.load checks they cover it
 
@@ -453,9 +464,9 @@ class Checkpointer:
             problem: Problem | None = None
             try:
                 for directory in self._rank_dirs(root, step):
-                    tier.read_manifest(directory)
+                    manifests.read_manifest(directory)
             except BadCopy as exc:
-                problem = (tier.BAD_COPY, str(exc))
+                problem = (RefusalKind.BAD_COPY, str(exc))
             if agree(problem) is None:
                 return step
         return None
@@ -469,12 +480,12 @@ class Checkpointer:
         Raises:
             BadCopy: a file does not match its manifest."""
         for directory in directories:
-            manifest = tier.verify(directory)
+            manifest = manifests.verify(directory)
             if manifest.step != step:
-                return tier.ABSENT, f"{directory} holds step {manifest.step}, not {step}"
+                return RefusalKind.ABSENT, f"{directory} holds step {manifest.step}, not {step}"
             if generation is not None and manifest.generation != generation:
                 return (
-                    tier.ABSENT,
+                    RefusalKind.ABSENT,
                     f"{directory} holds step {step} saved by generation {manifest.generation}, "
                     f"not {generation} (another timeline)",
                 )
@@ -486,7 +497,7 @@ class Checkpointer:
         dcpio.load(target, directories)
         bad = dcpio.first_non_finite(target)
         if bad is not None:
-            return tier.BAD_STATE, f"step {step} holds a {tier.NON_FINITE} in {bad}"
+            return RefusalKind.BAD_STATE, f"step {step} holds a {NON_FINITE} in {bad}"
         self._loaded = target  # applied by restore() once every rank has agreed
         self._saves_read = len(directories)
         return None
@@ -496,20 +507,12 @@ class Checkpointer:
         log.info("rank %d restored from %s in %.2fs", self.rank, done.source, done.seconds)
         if self._report_path is None:
             return
-        report = {
-            "rank": self.rank,
-            "tier": done.source.tier,
-            "step": done.source.step,
-            "seconds": round(done.seconds, 4),
-            "saves": done.saves,
-            "refused": [
-                {"source": str(s), "kind": kind, "reason": why[:300]} for s, (kind, why) in refused
-            ],
-        }
-        path = self._report_path
-        if path.exists():  # the agent made it for this rank (another user's directory)
-            path.write_text(json.dumps(report))
-            return
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(report))
-        os.replace(tmp, path)
+        report = RestoreReport(
+            rank=self.rank,
+            tier=done.source.tier,
+            step=done.source.step,
+            seconds=done.seconds,
+            refused=tuple(Refusal(str(s), kind, why) for s, (kind, why) in refused),
+            saves=done.saves,
+        )
+        write_report(self._report_path, report)

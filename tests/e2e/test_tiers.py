@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from nodeagent.channel import tier
+from nodeagent.channel import manifests, tier
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.fsdp import (
     EVERY,
@@ -83,12 +83,12 @@ def flip_every_slot(memory: Path) -> list[int]:
     """Flip one bit in every save of the memory tier `memory`; the steps damaged."""
     damaged = []
     for slot, _rank in tier.memory_saves(memory):
-        if (slot / tier.MANIFEST).exists():
+        if (slot / manifests.MANIFEST).exists():
             data = slot / "__0_0.distcp"
             raw = bytearray(data.read_bytes())
             raw[len(raw) // 3] ^= 0x01
             data.write_bytes(bytes(raw))
-            damaged.append(tier.read_manifest(slot).step)
+            damaged.append(manifests.read_manifest(slot).step)
     return sorted(damaged)
 
 
@@ -174,7 +174,7 @@ def test_the_memory_tier_outlives_an_agent_restart(
         agent.proc.send_signal(signal.SIGTERM)
         assert agent.proc.wait(60) == 0
         memory = shm / f"b.{job_id}"
-        kept = [tier.verify(s).step for s, _ in tier.memory_saves(memory) if s.exists()]
+        kept = [manifests.verify(s).step for s, _ in tier.memory_saves(memory) if s.exists()]
         assert kept, f"b's memory tier went with its agent: {list(shm.glob('*'))}"
         cluster.start("b")
 

@@ -1,4 +1,5 @@
-"""Saves made by hand in the checkpoint tiers' format (nodeagent/channel/tier.py), no torch."""
+"""Saves made by hand in the checkpoint tiers' format (nodeagent/channel/tier.py and
+manifests.py), no torch."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from nodeagent.channel import tier
-from nodeagent.channel.tier import Manifest
+from nodeagent.channel import manifests
+from nodeagent.channel.manifests import Manifest
 from nodeagent.checkpoint.peers import Replicas
 from nodeagent.checkpoint.replica import Accept
 from nodeagent.config.settings import CheckpointConfig
@@ -20,11 +21,11 @@ def fake_save(
     directory: Path, step: int, rank: int = 0, world: int = 2, size: int = 1000, generation: int = 3
 ) -> None:
     """What a rank's save leaves: two files, then its manifest."""
-    tier.begin(directory)
+    manifests.begin(directory)
     (directory / "__0_0.distcp").write_bytes(bytes(range(256)) * (size // 256) + b"x" * step)
     (directory / ".metadata").write_bytes(b"meta" + str(step).encode())
-    manifest = Manifest(step, generation, world, rank, tier.summarize(directory), job="j")
-    tier.write_manifest(directory, manifest)
+    manifest = Manifest(step, generation, world, rank, manifests.summarize(directory), job="j")
+    manifests.write_manifest(directory, manifest)
 
 
 def reporting(

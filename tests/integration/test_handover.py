@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from nodeagent.channel import tier
+from nodeagent.channel import manifests, tier
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.peers import Replicas
 from nodeagent.config.settings import CheckpointConfig
@@ -54,7 +54,7 @@ def stop_save(departing: Replicas) -> TierReport:
     """Rank 3 of step 30@3 saved in d's memory tier as its workers stopped: d's tier report."""
     slot = tier.slots(departing.memory, 3)[0]
     fake_save(slot, KEY[0], rank=3, world=KEY[2], generation=KEY[1], size=200_000)
-    digest = tier.digest(tier.read_manifest(slot))
+    digest = manifests.digest(manifests.read_manifest(slot))
     return TierReport((Held(KEY[0], KEY[2], (3,), KEY[1], (digest,)),), address="127.0.0.1:1")
 
 

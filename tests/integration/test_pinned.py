@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from nodeagent.channel import pin, tier
+from nodeagent.channel import manifests, pin, tier
 from nodeagent.channel.pin import Pin
 from nodeagent.checkpoint import replica
 from nodeagent.checkpoint.keeper import TierKeeper
@@ -30,9 +30,9 @@ MEMBERS = ("a", "b")
 
 def steps_held(directory: Path, rank: int) -> list[int]:
     return sorted(
-        tier.read_manifest(s).step
+        manifests.read_manifest(s).step
         for s in tier.slots(directory, rank)
-        if (s / tier.MANIFEST).exists()
+        if (s / manifests.MANIFEST).exists()
     )
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.channel import tier
-from nodeagent.channel.tier import Manifest
+from nodeagent.channel import manifests, tier
+from nodeagent.channel.manifests import Manifest
 from nodeagent.checkpoint import replica
 from nodeagent.checkpoint.replica import ReplicaError, ReplicaServer
 from tests.helpers.tiers import fake_save
@@ -44,9 +44,9 @@ def test_a_save_sent_to_a_peer_arrives_whole_and_verified(
 ) -> None:
     fake_save(tmp_path / "mine", 40, rank=1, size=300_000)
     sent = replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
-    assert sent == tier.read_manifest(tmp_path / "mine").size
+    assert sent == manifests.read_manifest(tmp_path / "mine").size
     [(node, slot)] = [(n, s) for n, s in replica.replicas_held(server.root) if s.exists()]
-    assert node == "a" and tier.verify(slot).step == 40
+    assert node == "a" and manifests.verify(slot).step == 40
     wait = time.monotonic() + 5
     while not server.received and time.monotonic() < wait:  # type: ignore[attr-defined]
         time.sleep(0.01)
@@ -64,7 +64,7 @@ def test_a_save_the_receiver_does_not_accept_leaves_nothing(
     with pytest.raises(ReplicaError, match="job 'other' is not 'j'"):
         replica.send(server.address, "other", "b", 3, tmp_path / "mine")
     assert not any(
-        (slot / tier.MANIFEST).exists() for _, slot in replica.replicas_held(server.root)
+        (slot / manifests.MANIFEST).exists() for _, slot in replica.replicas_held(server.root)
     )
 
 
@@ -80,9 +80,9 @@ def test_bytes_that_do_not_match_the_manifest_are_refused_and_the_last_copy_kept
     with pytest.raises(ReplicaError, match="checksum"):
         replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
     whole = [
-        tier.verify(s).step
+        manifests.verify(s).step
         for _, s in replica.replicas_held(server.root)
-        if (s / tier.MANIFEST).exists()
+        if (s / manifests.MANIFEST).exists()
     ]
     assert whole == [10]
 
@@ -91,7 +91,7 @@ def test_a_copy_cut_short_spares_the_last_whole_one(server: ReplicaServer, tmp_p
     fake_save(tmp_path / "mine", 10)
     replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
     fake_save(tmp_path / "mine", 12, size=200_000)
-    manifest = tier.read_manifest(tmp_path / "mine")
+    manifest = manifests.read_manifest(tmp_path / "mine")
     header = {
         "v": 1,
         "job": JOB,
@@ -111,9 +111,9 @@ def test_a_copy_cut_short_spares_the_last_whole_one(server: ReplicaServer, tmp_p
             break
         time.sleep(0.01)
     whole = [
-        tier.verify(s).step
+        manifests.verify(s).step
         for _, s in replica.replicas_held(server.root)
-        if (s / tier.MANIFEST).exists()
+        if (s / manifests.MANIFEST).exists()
     ]
     assert whole == [10]
 
@@ -154,7 +154,7 @@ def test_a_paced_send_spreads_its_bytes_over_the_second_not_one_burst(tmp_path: 
     """A peer that takes anything and notes when each byte came: at 1 MB/s, the first half of
     a 600 kB save cannot have come before a quarter of a second (a lower bound: sleeps only)."""
     fake_save(tmp_path / "mine", 1, size=600_000)
-    total = tier.read_manifest(tmp_path / "mine").size
+    total = manifests.read_manifest(tmp_path / "mine").size
     arrivals: list[tuple[float, int]] = []
     with socket.create_server(("127.0.0.1", 0)) as listener:
 
@@ -195,9 +195,9 @@ def test_a_paced_send_cancelled_mid_file_stops_and_the_receiver_keeps_nothing_of
         )
     assert server.address in str(raised.value)
     whole = [
-        tier.verify(s).step
+        manifests.verify(s).step
         for _, s in replica.replicas_held(server.root)
-        if (s / tier.MANIFEST).exists()
+        if (s / manifests.MANIFEST).exists()
     ]
     assert whole == [10]
 
@@ -217,7 +217,7 @@ def test_a_second_copy_of_the_same_rank_meanwhile_is_turned_away(
 ) -> None:
     """Two copies of a node's rank at once would write into one slot."""
     fake_save(tmp_path / "mine", 12, size=200_000)
-    manifest = tier.read_manifest(tmp_path / "mine")
+    manifest = manifests.read_manifest(tmp_path / "mine")
     with _connect(server) as first:
         first.sendall(_header(manifest))
         assert first.makefile("rb").readline() == b"GO\n"  # its body not sent yet
@@ -234,9 +234,9 @@ def test_a_second_copy_of_the_same_rank_meanwhile_is_turned_away(
             assert time.monotonic() < deadline
             time.sleep(0.05)
     assert sorted(
-        tier.verify(s).rank
+        manifests.verify(s).rank
         for _, s in replica.replicas_held(server.root)
-        if (s / tier.MANIFEST).exists()
+        if (s / manifests.MANIFEST).exists()
     ) == [0, 1]
 
 
@@ -277,7 +277,9 @@ def test_a_sender_never_sends_what_a_link_in_the_slot_points_to(
     (tmp_path / "mine" / "__0_0.distcp").symlink_to(secret)
     with pytest.raises(ReplicaError, match="a link or something else than a file"):
         replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
-    assert not [s for _, s in replica.replicas_held(server.root) if (s / tier.MANIFEST).exists()]
+    assert not [
+        s for _, s in replica.replicas_held(server.root) if (s / manifests.MANIFEST).exists()
+    ]
 
 
 def test_a_silent_connection_is_dropped_at_the_header_deadline(
@@ -306,13 +308,13 @@ def test_closing_the_server_ends_the_copies_under_way(tmp_path: Path) -> None:
     srv = ReplicaServer(JOB, tmp_path / "replicas", lambda *_: None)
     fake_save(tmp_path / "mine", 12, size=200_000)
     conn = _connect(srv)
-    conn.sendall(_header(tier.read_manifest(tmp_path / "mine")))
+    conn.sendall(_header(manifests.read_manifest(tmp_path / "mine")))
     assert conn.makefile("rb").readline() == b"GO\n"
     srv.close()
     conn.settimeout(5)
     assert conn.recv(100) == b""  # its receive was ended: the connection closed
     conn.close()
-    assert not [s for _, s in replica.replicas_held(srv.root) if (s / tier.MANIFEST).exists()]
+    assert not [s for _, s in replica.replicas_held(srv.root) if (s / manifests.MANIFEST).exists()]
 
 
 def test_a_node_fetches_a_save_from_a_peers_memory_tier_or_replica_area(
@@ -325,7 +327,7 @@ def test_a_node_fetches_a_save_from_a_peers_memory_tier_or_replica_area(
         want = replica.Want(rank, 30, 3)
         got = replica.fetch(server.address, JOB, "c", 4, want, tmp_path / "fetched" / "b")
         slot = tier.find_save(None, tmp_path / "fetched", rank, 30, 3)
-        assert slot is not None and tier.verify(slot) == got and got.rank == rank
+        assert slot is not None and manifests.verify(slot) == got and got.rank == rank
 
 
 def test_a_fetch_refused_or_not_matching_leaves_nothing(

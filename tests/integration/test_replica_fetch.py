@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from nodeagent.channel import fetching, tier
+from nodeagent.channel import fetching, manifests, tier
 from nodeagent.checkpoint import peers
 from nodeagent.checkpoint.peers import Done, Replicas
 from nodeagent.checkpoint.replica import Offer, Want
@@ -63,7 +63,7 @@ def saved(holder: Replicas, rank: int = 0) -> str:
     """Rank `rank` of step 30@3 saved in the holder's memory tier; its digest."""
     slot = tier.slots(holder.memory, rank)[0]
     fake_save(slot, KEY[0], rank=rank, world=KEY[2], generation=KEY[1], size=100_000)
-    return tier.digest(tier.read_manifest(slot))
+    return manifests.digest(manifests.read_manifest(slot))
 
 
 def fetched(asker: Replicas, digest: str, holder: Replicas, deadline: float | None = None) -> Done:
@@ -103,7 +103,7 @@ def test_a_holder_that_turned_a_fetch_down_is_asked_again_until_it_serves_it(
     assert done.error is None and done.refused == ()  # a refusal is not a bad copy
     assert len(seen) == 2 and all(o.want == Want(0, *KEY[:2]) for o in seen)
     slot = tier.find_save(None, asker.area, 0, KEY[0], KEY[1])
-    assert slot is not None and tier.digest(tier.verify(slot)) == digest
+    assert slot is not None and manifests.digest(manifests.verify(slot)) == digest
     assert [(h.step, h.generation, h.ranks) for h in asker.held()] == [(30, 3, (0,))]
 
 
@@ -158,7 +158,7 @@ def test_cancelling_the_copies_stops_a_paced_send_mid_file(
         assert taker.address is not None
         slot = tier.slots(holder.memory, 0)[0]
         fake_save(slot, KEY[0], rank=0, world=KEY[2], generation=KEY[1], size=2_000_000)
-        digest = tier.digest(tier.read_manifest(slot))
+        digest = manifests.digest(manifests.read_manifest(slot))
         holder.max_rate = 200_000
         holder.listen(lambda _offer: None)
         copy = Transfer(KEY, 0, digest, ("a",), "d")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from nodeagent.channel import tier
+from nodeagent.channel import manifests, restore, tier
 
 pytest.importorskip("torch")
 
@@ -56,11 +56,11 @@ def test_plain_torchrun_saves_a_directory_that_reshards_bitwise_at_any_world(
     assert sorted(p.name for p in tier.step_dir(Path(ck), 12).iterdir()) == [
         f"rank-{r}" for r in range(4)
     ]
-    manifest = tier.read_manifest(tier.rank_dir(tier.step_dir(Path(ck), 12), 0))
+    manifest = manifests.read_manifest(tier.rank_dir(tier.step_dir(Path(ck), 12), 0))
     assert manifest.dim0 is not None and manifest.dim0  # FSDP2: every tensor row-wise
     # 4 -> 3: each new rank reads the two old ranks whose rows overlap its own.
     report = tmp_path / "restore.json"
-    env = {tier.RESTORE_REPORT_ENV: str(report)}
+    env = {restore.RESTORE_REPORT_ENV: str(report)}
     args = ("--checkpoint-dir", ck, "--steps", "15", "--save-every", "5", "--digest")
     second = torchrun(3, *args, env=env)
     [restored] = of(second, "restored")
@@ -85,10 +85,10 @@ def test_a_save_whose_layout_lies_is_refused_rather_than_loaded_in_part(tmp_path
     torchrun(4, "--checkpoint-dir", str(ck), "--steps", "5", "--save-every", "5")
     for rank in range(4):
         directory = tier.rank_dir(tier.step_dir(ck, 5), rank)
-        manifest = tier.read_manifest(directory)
-        tier.write_manifest(directory, dataclasses.replace(manifest, dim0=()))
+        manifest = manifests.read_manifest(directory)
+        manifests.write_manifest(directory, dataclasses.replace(manifest, dim0=()))
     report = tmp_path / "restore.json"
-    env = {tier.RESTORE_REPORT_ENV: str(report)}
+    env = {restore.RESTORE_REPORT_ENV: str(report)}
     lines = torchrun(3, "--checkpoint-dir", str(ck), "--steps", "6", "--save-every", "5", env=env)
     assert {x["step"] for x in of(lines, "restored", None)} == {0}
     [refused] = json.loads(report.read_text())["refused"]
@@ -102,8 +102,8 @@ def memory_env(base: Path, order: str) -> dict[str, str]:
     return {
         tier.MEMORY_ENV: str(base / "memory"),
         tier.PERSIST_ENV: str(base / "persist"),
-        tier.RESTORE_ENV: order,
-        tier.RESTORE_REPORT_ENV: str(base / "restore.json"),
+        restore.RESTORE_ENV: order,
+        restore.RESTORE_REPORT_ENV: str(base / "restore.json"),
     }
 
 
@@ -120,7 +120,7 @@ def test_the_memory_tier_restores_the_chosen_step_and_refuses_a_flipped_bit(
     assert not Path(ck).exists()  # under the agent's tier the script's directory is not written
     memory = tmp_path / "memory"
     for rank in range(2):  # two slots per rank: the last two steps
-        held = sorted(tier.verify(slot).step for slot in tier.slots(memory, rank))
+        held = sorted(manifests.verify(slot).step for slot in tier.slots(memory, rank))
         assert held == [6, 8]
 
     plain = torchrun(2, *args, "--steps", "4")  # the script's own directory: step 4
@@ -159,7 +159,7 @@ def test_a_non_finite_state_and_a_cut_save_are_never_restored(tmp_path: Path) ->
     code = f"""
 import math, sys, torch
 from pathlib import Path
-from nodeagent.channel import tier
+from nodeagent.channel import manifests, restore, tier
 from nodeagent.worker import Checkpointer, TrainState
 env = {{"RANK": "0", "WORLD_SIZE": "1", tier.MEMORY_ENV: {str(tmp_path / "m")!r}}}
 model = torch.nn.Linear(4, 3)
@@ -174,13 +174,13 @@ ck.save(state, 4)
 ck.wait()
 # A save of step 6 killed half way: its slot (the one of step 2) lost its manifest, half written.
 cut = tier.slot_for_save(Path(env[tier.MEMORY_ENV]), 0)
-tier.begin(cut)
+manifests.begin(cut)
 (cut / "__0_0.distcp").write_bytes(b"half")
 fresh = torch.nn.Linear(4, 3)
 again = TrainState(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1), epoch=0)
 order = "memory:6 memory:4 start"
-report = {{tier.RESTORE_REPORT_ENV: {str(tmp_path / "report.json")!r}}}
-step = Checkpointer(env={{**env, tier.RESTORE_ENV: order, **report}}).restore(again)
+report = {{restore.RESTORE_REPORT_ENV: {str(tmp_path / "report.json")!r}}}
+step = Checkpointer(env={{**env, restore.RESTORE_ENV: order, **report}}).restore(again)
 print(step, again.epoch, bool(torch.isfinite(fresh.weight).all()))
 """
     done = subprocess.run(
@@ -222,7 +222,7 @@ def test_check_saves_the_step_reached_once_and_leaves_when_told(tmp_path: Path) 
     saved) and raises Reform. One process, no group: the agreement is its own."""
     import torch
 
-    from nodeagent.channel import control
+    from nodeagent.channel import control, manifests, tier
     from nodeagent.worker import Checkpointer, TrainState
     from nodeagent.worker.follow import Reform
 
@@ -241,9 +241,9 @@ def test_check_saves_the_step_reached_once_and_leaves_when_told(tmp_path: Path) 
         ck.check(state, 2)  # step 2 was just saved: not again
     ck.wait()
     steps = sorted(
-        tier.read_manifest(s).step
+        manifests.read_manifest(s).step
         for s in tier.slots(tmp_path / "m", 0)
-        if (s / tier.MANIFEST).exists()
+        if (s / manifests.MANIFEST).exists()
     )
     assert steps == [2]
     agent.leave(0)  # said again: a new message
@@ -251,9 +251,9 @@ def test_check_saves_the_step_reached_once_and_leaves_when_told(tmp_path: Path) 
         ck.check(state, 3)
     ck.wait()
     steps = sorted(
-        tier.read_manifest(s).step
+        manifests.read_manifest(s).step
         for s in tier.slots(tmp_path / "m", 0)
-        if (s / tier.MANIFEST).exists()
+        if (s / manifests.MANIFEST).exists()
     )
     assert steps == [2, 3]
 
@@ -265,7 +265,7 @@ def test_a_save_never_goes_over_the_committed_one_the_agent_pinned(tmp_path: Pat
     One process, no group."""
     import torch
 
-    from nodeagent.channel import control, pin
+    from nodeagent.channel import control, manifests, pin, tier
     from nodeagent.channel.pin import Pin
     from nodeagent.worker import Checkpointer, TrainState
     from nodeagent.worker.follow import Reform
@@ -281,7 +281,7 @@ def test_a_save_never_goes_over_the_committed_one_the_agent_pinned(tmp_path: Pat
 
     def held() -> list[int]:
         ck.wait()
-        return sorted(tier.read_manifest(s).step for s in tier.slots(memory, 0) if s.is_dir())
+        return sorted(manifests.read_manifest(s).step for s in tier.slots(memory, 0) if s.is_dir())
 
     assert ck.save(state, 2) and ck.save(state, 4)
     pin.write(memory, Pin((2, 1, 1)))
@@ -296,7 +296,7 @@ def test_a_save_never_goes_over_the_committed_one_the_agent_pinned(tmp_path: Pat
     newer = tier.newest_in_memory(memory, 0, step=8)
     assert newer is not None
     past = time.time() - PATIENCE_S - 1
-    os.utime(newer / tier.MANIFEST, (past, past))
+    os.utime(newer / manifests.MANIFEST, (past, past))
     assert ck.save(state, 10)  # patience spent: over 8, the committed one kept
     assert held() == [6, 10]
     # A new generation: the last one's newer save is written over at once.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.channel import control, tier
+from nodeagent.channel import control, restore
 from nodeagent.channel.control import Assignment, ControlFile, ControlFileError, Leave, Report
 
 A = Assignment(4, 3, 1, 8, 2, 1, 4, "node-17.cluster.example", 29500, 2)
@@ -69,9 +69,9 @@ def test_an_assignment_carries_the_restore_order_and_clears_an_older_one(path: P
     agent, worker = ControlFile(path), ControlFile(path)
     agent.assign(C)
     assert worker.message() == (1, C)
-    assert C.environment()[tier.RESTORE_ENV] == ORDER
+    assert C.environment()[restore.RESTORE_ENV] == ORDER
     agent.assign(B)  # a generation without tiers: its environment clears the order
-    assert worker.message() == (2, B) and B.environment()[tier.RESTORE_ENV] == ""
+    assert worker.message() == (2, B) and B.environment()[restore.RESTORE_ENV] == ""
 
 
 def test_environment_is_torchruns_variables() -> None:

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from nodeagent.channel import tier
+from nodeagent.channel import manifests, tier
 from nodeagent.checkpoint import space
 from nodeagent.checkpoint.keeper import PHASE_TRANSITIONS, TierKeeper, TierPhase
-from nodeagent.checkpoint.notes import Refusal
 from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
@@ -82,7 +81,7 @@ def test_it_reports_what_verifies_and_persists_the_newest_whole_step(tmp_path: P
     report = k.report()
     assert [(h.step, h.ranks) for h in report.memory] == [(12, (0, 1)), (10, (0,))]
     assert [(h.step, h.ranks) for h in report.persisted] == [(12, (0, 1))]
-    assert tier.verify(tier.rank_dir(tier.step_dir(tmp_path / "persist", 12), 1)).step == 12
+    assert manifests.verify(tier.rank_dir(tier.step_dir(tmp_path / "persist", 12), 1)).step == 12
     assert any("checksum" in p or "bytes" in p for p in k.problems)
     k.remove()  # at once, or once a copy under way ends: never blocking the agent's loop
     assert gone(k.memory)
@@ -118,7 +117,9 @@ def test_removing_the_tier_never_waits_for_a_copy_that_hangs(tmp_path: Path) -> 
     fake_save(tier.slot_for_save(again.memory, 0), 3)
     release.set()
     assert gone(aside)
-    assert tier.verify(tier.newest_in_memory(again.memory, 0, step=3) or again.memory).step == 3
+    assert (
+        manifests.verify(tier.newest_in_memory(again.memory, 0, step=3) or again.memory).step == 3
+    )
 
 
 def test_a_restore_report_nodeagent_did_not_write_is_dropped_not_trusted(tmp_path: Path) -> None:
@@ -141,17 +142,6 @@ def test_a_restore_report_nodeagent_did_not_write_is_dropped_not_trusted(tmp_pat
     assert sorted(n.rank for n in notes) == [0, 2]  # the oversized and the unknown kind dropped
     assert not reports[1].exists() and not reports[3].exists()
     assert k.report().refused == (7,)  # 'memory:x' named no step: nothing condemned by it
-
-
-@pytest.mark.parametrize(
-    ("kind", "condemned", "event"),
-    [("bad_state", 7, True), ("bad_copy", None, True), ("absent", None, False)],
-)
-def test_only_a_non_finite_state_condemns_its_step(
-    kind: str, condemned: int | None, event: bool
-) -> None:
-    refusal = Refusal("memory:7@3", kind, "why")
-    assert (refusal.condemned, refusal.worth_an_event) == (condemned, event)
 
 
 @pytest.mark.parametrize("made_by", ["a link", "another user", "a group-writable mode"])
@@ -241,7 +231,9 @@ def test_after_a_rollback_the_new_timelines_saves_are_persisted(tmp_path: Path) 
     settle(k, persist=True)
     abandoned = tier.newest_in_memory(k.memory, 0, step=30)
     assert abandoned is not None
-    tier.begin(abandoned)  # the restore of an older step forgets it (Checkpointer._forget_after)
+    manifests.begin(
+        abandoned
+    )  # the restore of an older step forgets it (Checkpointer._forget_after)
     fake_save(tier.slot_for_save(k.memory, 0), 27, world=1, generation=7)
     settle(k, persist=True)
     assert (27, 7) in [(h.step, h.generation) for h in k.report().persisted]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent.channel import pin
+from nodeagent.channel.manifests import BadCopy
 from nodeagent.channel.pin import Pin, Slot
-from nodeagent.channel.tier import BadCopy
 
 C, N, OLD = (12, 1, 4), (18, 1, 4), (18, 0, 5)  # committed, newer (generation 1), another
 NOW = 1000.0

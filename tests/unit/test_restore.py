@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.channel import tier
+from nodeagent.channel import manifests, tier
 from nodeagent.checkpoint import scan
 from nodeagent.errors import ConfigError, CorruptStateError
 from nodeagent.job import restore
@@ -272,8 +272,8 @@ def test_a_node_reports_the_row_counts_its_saves_record(tmp_path: Path) -> None:
     rank; nothing where the save records none (not row-wise)."""
 
     def save(step: int, rank: int, dim0: tuple[int, ...] | None) -> scan.Save:
-        files = {"a": tier.FileSum(1, 0)}
-        manifest = tier.Manifest(step, 3, 2, rank, files, job="j", dim0=dim0)
+        files = {"a": manifests.FileSum(1, 0)}
+        manifest = manifests.Manifest(step, 3, 2, rank, files, job="j", dim0=dim0)
         return scan.Save(tmp_path / f"{step}.{rank}", manifest)
 
     held = scan.held([save(20, 0, (12, 5)), save(20, 1, (12, 5)), save(10, 0, None)])

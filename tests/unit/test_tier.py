@@ -1,5 +1,6 @@
-"""The checkpoint tiers' format (nodeagent/channel/tier.py): manifests, verification, slots,
-verified copies. Files in a temporary directory; no torch."""
+"""The checkpoint tiers' format (nodeagent/channel/tier.py, manifests.py, restore.py):
+manifests, verification, slots, verified copies, the restore order. Files in a temporary
+directory; no torch."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.channel import tier
-from nodeagent.channel.tier import BadCopy, Manifest, Source
+from nodeagent.channel import manifests, restore, tier
+from nodeagent.channel.manifests import BadCopy, Manifest
+from nodeagent.channel.restore import Source
 from nodeagent.checkpoint import space
 from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig
@@ -21,7 +23,7 @@ from tests.helpers.tiers import fake_save
 
 def test_a_manifest_round_trips_and_verifies(tmp_path: Path) -> None:
     fake_save(tmp_path, 40)
-    manifest = tier.verify(tmp_path)
+    manifest = manifests.verify(tmp_path)
     assert (manifest.step, manifest.generation, manifest.world_size, manifest.rank) == (40, 3, 2, 0)
     assert set(manifest.files) == {"__0_0.distcp", ".metadata"}
     assert manifest.size == (tmp_path / "__0_0.distcp").stat().st_size + 6
@@ -34,8 +36,8 @@ def test_a_manifest_round_trips_and_verifies(tmp_path: Path) -> None:
         (lambda d: _flip(d / "__0_0.distcp", 517), "checksum"),
         (lambda d: (d / "__0_0.distcp").write_bytes(b"short"), "5 bytes, the manifest says"),
         (lambda d: (d / ".metadata").unlink(), "missing"),
-        (lambda d: (d / tier.MANIFEST).unlink(), "no manifest.json"),
-        (lambda d: (d / tier.MANIFEST).write_text("{"), "not JSON"),
+        (lambda d: (d / manifests.MANIFEST).unlink(), "no manifest.json"),
+        (lambda d: (d / manifests.MANIFEST).write_text("{"), "not JSON"),
     ],
     ids=["flipped bit", "truncated", "missing file", "no manifest", "torn manifest"],
 )
@@ -43,7 +45,7 @@ def test_a_damaged_save_is_refused_naming_what_is_wrong(tmp_path: Path, damage, 
     fake_save(tmp_path, 7)
     damage(tmp_path)
     with pytest.raises(BadCopy, match=said):
-        tier.verify(tmp_path)
+        manifests.verify(tmp_path)
 
 
 def _flip(path: Path, bit: int) -> None:
@@ -53,7 +55,7 @@ def _flip(path: Path, bit: int) -> None:
 
 
 def test_a_manifest_says_how_long_the_save_held_the_step() -> None:
-    manifest = Manifest(3, 1, 1, 0, {"a": tier.FileSum(1, 2)}, blocked_s=0.0123)
+    manifest = Manifest(3, 1, 1, 0, {"a": manifests.FileSum(1, 2)}, blocked_s=0.0123)
     assert Manifest.from_json(manifest.to_json(), "x").blocked_s == 0.0123
     with pytest.raises(BadCopy, match="'blocked_s' must be a number of seconds"):
         Manifest.from_json(manifest.to_json().replace("0.0123", '"x"'), "x")
@@ -97,7 +99,7 @@ def test_a_link_in_place_of_a_file_is_refused(tmp_path: Path) -> None:
     target.unlink()
     target.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(BadCopy, match="symbolic link"):
-        tier.verify(tmp_path / "save")
+        manifests.verify(tmp_path / "save")
 
 
 def test_saves_alternate_between_slots_and_a_cut_save_spares_the_newest(tmp_path: Path) -> None:
@@ -110,10 +112,10 @@ def test_saves_alternate_between_slots_and_a_cut_save_spares_the_newest(tmp_path
     # The next save goes to the older slot; killed half way it leaves step 20 whole.
     cut = tier.slot_for_save(tmp_path, 1)
     assert cut == first
-    tier.begin(cut)
+    manifests.begin(cut)
     (cut / "__0_0.distcp").write_bytes(b"half")
     assert tier.newest_in_memory(tmp_path, 1) == second
-    assert tier.verify(second).step == 20
+    assert manifests.verify(second).step == 20
     assert tier.slot_for_save(tmp_path, 1) == first  # and the one after goes there again
     assert tier.newest_in_memory(tmp_path, 1, step=10) is None
     assert sorted(rank for _, rank in tier.memory_saves(tmp_path)) == [1, 1]
@@ -123,12 +125,12 @@ def test_a_verified_copy_refuses_a_source_that_changed_and_leaves_no_manifest(
     tmp_path: Path,
 ) -> None:
     fake_save(tmp_path / "memory", 5)
-    copied = tier.copy_verified(tmp_path / "memory", tmp_path / "disk" / "rank-0")
-    assert tier.verify(tmp_path / "disk" / "rank-0") == copied
+    copied = manifests.copy_verified(tmp_path / "memory", tmp_path / "disk" / "rank-0")
+    assert manifests.verify(tmp_path / "disk" / "rank-0") == copied
     _flip(tmp_path / "memory" / "__0_0.distcp", 3)
     with pytest.raises(BadCopy, match="checksum"):
-        tier.copy_verified(tmp_path / "memory", tmp_path / "disk2" / "rank-0")
-    assert not (tmp_path / "disk2" / "rank-0" / tier.MANIFEST).exists()
+        manifests.copy_verified(tmp_path / "memory", tmp_path / "disk2" / "rank-0")
+    assert not (tmp_path / "disk2" / "rank-0" / manifests.MANIFEST).exists()
 
 
 def test_steps_of_a_directory_newest_first(tmp_path: Path) -> None:
@@ -141,10 +143,10 @@ def test_steps_of_a_directory_newest_first(tmp_path: Path) -> None:
 
 def test_the_restore_order_round_trips_through_the_environment() -> None:
     order = (Source("memory", 120), Source("persistent", 100), Source("script"), Source("start"))
-    assert tier.restore_to_env(order) == "memory:120 persistent:100 script start"
-    assert tier.restore_from_env(tier.restore_to_env(order)) == order
+    assert restore.order_to_env(order) == "memory:120 persistent:100 script start"
+    assert restore.order_from_env(restore.order_to_env(order)) == order
     with pytest.raises(ValueError, match="'disk:1' is not one of"):
-        tier.restore_from_env("memory:1 disk:1")
+        restore.order_from_env("memory:1 disk:1")
 
 
 def test_a_node_without_room_for_the_memory_tier_is_refused_naming_the_numbers(
@@ -213,19 +215,19 @@ def test_a_manifest_a_worker_replaced_is_refused_without_blocking_or_following(
     block it, a link must not make it read another file, a huge file must not be read whole."""
     slot = tmp_path / "slot-0"
     fake_save(slot, 4)
-    manifest = slot / tier.MANIFEST
+    manifest = slot / manifests.MANIFEST
     manifest.unlink()
     if made == "fifo":
         os.mkfifo(manifest)
     elif made == "link":
         manifest.symlink_to("/dev/zero")
     else:
-        manifest.write_bytes(b" " * (tier.MANIFEST_MAX + 1))
+        manifest.write_bytes(b" " * (manifests.MANIFEST_MAX + 1))
     said = {"fifo": "not a regular file", "link": "link", "huge": "more than"}[made]
     with pytest.raises(BadCopy, match=said) as refused:
-        tier.read_manifest(slot)
-    assert not isinstance(refused.value, tier.NoSave)  # something is there, and wrong
-    assert tier.manifest_in(slot) is None
+        manifests.read_manifest(slot)
+    assert not isinstance(refused.value, manifests.NoSave)  # something is there, and wrong
+    assert manifests.manifest_in(slot) is None
     manifest.unlink()
-    with pytest.raises(tier.NoSave, match=r"no manifest\.json"):  # nothing there: absent
-        tier.read_manifest(slot)
+    with pytest.raises(manifests.NoSave, match=r"no manifest\.json"):  # nothing there: absent
+        manifests.read_manifest(slot)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.channel import tier
+from nodeagent.channel import restore
 from nodeagent.config.entrypoint import NotPython, split_python
 from nodeagent.config.load import load_config
 from nodeagent.model.tiers import CheckpointRecord
@@ -282,7 +282,7 @@ def test_an_in_place_survivor_is_told_the_restore_order_a_new_worker_starts_with
     specs = worker_specs({}, config, record, group_rank=1)
     assert specs[1].assignment is not None
     told = specs[1].assignment.environment()
-    assert told[tier.RESTORE_ENV] == specs[1].env[tier.RESTORE_ENV] == " ".join(order)
+    assert told[restore.RESTORE_ENV] == specs[1].env[restore.RESTORE_ENV] == " ".join(order)
     assert told["RANK"] == specs[1].env["RANK"] == "3"
     plain = worker_specs({}, config, replace(RECORD, checkpoint=None), group_rank=1)
     assert plain[0].assignment is not None and plain[0].assignment.restore == ""
