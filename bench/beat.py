@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from nodeagent.channel import beats  # noqa: E402
-from nodeagent.worker import progress as worker_progress  # noqa: E402
+from nodeagent.worker import progress as worker_progress  # noqa: E402  # noqa: E402
 
 
 def main() -> None:

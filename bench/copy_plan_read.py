@@ -2,22 +2,22 @@
 
     .venv/bin/python bench/copy_plan_read.py [--nodes 100,1000,4000]
 
-Each node planning (before job/handouts.py): every node read the reports of all the job's
-members (one MGET of M keys through JobStore.peer_reports) once per new save: M reads of M
-reports per save interval, M² in all. Here, on a real redis-server, M node reports as an agent
-with the memory tier publishes them (its own rank's save and a copy of a peer's, with digests,
-its replica listener's address and its rack) are written with JobStore.sync_many, then a
-sample of peer_reports calls for all M names is made from this one process, as M nodes would
-each make one. Per M: the report's size; per call, the median wall time (client side, with
-decoding), Redis CPU (INFO used_cpu_sys+user) and bytes sent (INFO total_net_output_bytes);
-and projected to a whole round (M calls, one save interval): Redis CPU seconds and bytes sent.
+Each node planning (before job/checkpoints/handouts.py): every node read the reports of all the
+job's members (one MGET of M keys through JobStore.peer_reports) once per new save: M reads of M
+reports per save interval, M² in all. Here, on a real redis-server, M node reports as an agent with
+the memory tier publishes them (its own rank's save and a copy of a peer's, with digests, its
+replica listener's address and its rack) are written with JobStore.sync_many, then a sample of
+peer_reports calls for all M names is made from this one process, as M nodes would each make one.
+Per M: the report's size; per call, the median wall time (client side, with decoding), Redis CPU
+(INFO used_cpu_sys+user) and bytes sent (INFO total_net_output_bytes); and projected to a whole
+round (M calls, one save interval): Redis CPU seconds and bytes sent.
 
-The leader planning (job/handouts.py): the leader already holds every report; it plans every
-node's copies of a new save (each node holds only its own: every node sends one), and writes
+The leader planning (job/checkpoints/handouts.py): the leader already holds every report; it plans
+every node's copies of a new save (each node holds only its own: every node sends one), and writes
 every share (JobStore.hand_out, the round where every share changed); each node reads its own
-(JobStore.handout). Per M: the leader's planning time (median of 5, this process), the write's
-wall time and Redis CPU, a node's read (`calls` x 500 reads), projected to a round.
-Writes bench/results/copy-plan-read.json.
+(JobStore.handout). Per M: the leader's planning time (median of 5, this process), the write's wall
+time and Redis CPU, a node's read (`calls` x 500 reads), projected to a round. Writes
+bench/results/copy-plan-read.json.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from nodeagent.coord.client import connect  # noqa: E402
 from nodeagent.coord.keys import JobKeys  # noqa: E402
 from nodeagent.coord.store import JobStore  # noqa: E402
-from nodeagent.job import replication  # noqa: E402
+from nodeagent.job.checkpoints import replication  # noqa: E402
 from nodeagent.model.job import NodeReport  # noqa: E402
 from nodeagent.model.tiers import Held, TierReport  # noqa: E402
 from nodeagent.state import NodeState  # noqa: E402

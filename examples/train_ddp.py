@@ -39,7 +39,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-from nodeagent.worker import CheckpointManager, GracefulExit, beat, rescale  # noqa: E402
+from nodeagent.worker import CheckpointManager, GracefulExit, beat, rescale  # noqa: E402  # noqa: E402
 
 IMPORTED = time.time()
 

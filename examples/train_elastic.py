@@ -42,7 +42,7 @@ from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset  # noqa: E402
 
-from nodeagent.worker import CheckpointManager, GracefulExit, beat, elastic, rescale  # noqa: E402
+from nodeagent.worker import CheckpointManager, GracefulExit, beat, elastic, rescale  # noqa: E402  # noqa: E402
 
 IMPORTED = time.time()
 

@@ -1,6 +1,6 @@
 """A rank's save made whole: its manifest, the checksums of its files, and how it is verified,
 read, written and copied. One owner of the format; both sides import it: the worker
-(nodeagent.worker.tiered) writes a manifest last and verifies what it loads; the agent
+(nodeagent.worker.checkpointer) writes a manifest last and verifies what it loads; the agent
 (nodeagent.checkpoint) verifies, copies and reports. No torch here.
 
 A save is a directory of torch.distributed.checkpoint (DCP) files, saved by one rank alone

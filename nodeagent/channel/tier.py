@@ -1,6 +1,6 @@
 """Where the checkpoint tiers lie on disk: the layout both sides find saves by. No torch here.
 
-The worker (nodeagent.worker.tiered) saves into a tier and finds what it loads; the agent
+The worker (nodeagent.worker.checkpointer) saves into a tier and finds what it loads; the agent
 (nodeagent.checkpoint) makes the tiers, verifies, copies and reports what each holds. What makes
 a save whole (its manifest) is nodeagent.channel.manifests'; the restore order and report are
 nodeagent.channel.restore's.
@@ -27,7 +27,7 @@ from pathlib import Path
 from nodeagent.channel.manifests import manifest_in, plain_name
 
 SLOTS = ("slot-0", "slot-1")
-# Environment the agent gives a worker (nodeagent.worker.tiered reads it).
+# Environment the agent gives a worker (nodeagent.worker.checkpointer reads it).
 MEMORY_ENV = "NODEAGENT_CKPT_MEMORY"  # this node's memory tier of the job
 MEMORY_LIMIT_ENV = "NODEAGENT_CKPT_MEMORY_LIMIT"  # bytes one rank's save may take
 PERSIST_ENV = "NODEAGENT_CKPT_PERSIST"  # the job's persistent tier (shared by its nodes)

@@ -6,8 +6,8 @@ from dataclasses import asdict
 from typing import Any
 
 from nodeagent.coord.store import NodeLease, Snapshot
-from nodeagent.job import replication
-from nodeagent.job.restore import memory_steps
+from nodeagent.job.checkpoints import replication
+from nodeagent.job.checkpoints.restore import memory_steps
 from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.state import JobState
 

@@ -80,7 +80,7 @@ class CopiesHash:
     def read(self, name: str) -> Handout | None:
         """Node `name`'s share (None: none written). What nodeagent did not write is logged
         once and read as none: the leader writes every share again within a minute
-        (job/handouts.py).
+        (job/checkpoints/handouts.py).
 
         Raises: CoordinationError."""
         try:

@@ -197,8 +197,8 @@ class JobStore:
 
     def peer_reports(self, names: Sequence[str]) -> dict[str, NodeReport]:
         """The reports of the nodes named whose lease holds (one MGET): what a node reads of its
-        peers to copy its checkpoints to them (job/copies.py). Garbage is left out: a node whose
-        report cannot be read counts as holding nothing."""
+        peers to copy its checkpoints to them (job/checkpoints/replicaduties.py). Garbage is left
+        out: a node whose report cannot be read counts as holding nothing."""
         if not names:
             return {}
         with redis_errors("read the peers' reports"):

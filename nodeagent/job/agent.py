@@ -18,7 +18,7 @@ from typing import Protocol, TypeVar
 
 from nodeagent import __version__
 from nodeagent.checkpoint.keeper import TierKeeper
-from nodeagent.checkpoint.peers import Replicas
+from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.config.settings import Config
 from nodeagent.coord.bounded import BoundedCalls
 from nodeagent.coord.store import Snapshot
@@ -26,7 +26,8 @@ from nodeagent.errors import CoordinationError
 from nodeagent.gpu.health import NodeHealth
 from nodeagent.job import events as worker_events
 from nodeagent.job import outcome
-from nodeagent.job.copies import ReplicaDuties
+from nodeagent.job.checkpoints.replicaduties import ReplicaDuties
+from nodeagent.job.checkpoints.tierduties import TierDuties
 from nodeagent.job.decide import (
     Acknowledge,
     Leave,
@@ -42,7 +43,6 @@ from nodeagent.job.leadership import Leadership
 from nodeagent.job.lease import LeaseClock
 from nodeagent.job.plan import policy_from
 from nodeagent.job.port import JobPort
-from nodeagent.job.tiers import TierDuties
 from nodeagent.job.verify import RecordCheck
 from nodeagent.job.watch import WorkerWatch
 from nodeagent.model.job import Cordon, Event, JobRecord, NodeReport, WorkerInfo

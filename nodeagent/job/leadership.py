@@ -3,7 +3,7 @@
 `Leadership.lead()` runs plan() (job/plan.py) on the cluster view and writes the result through the
 fenced COMMIT script; the agent applies what it returns (a new record, its revision, whether to
 run another tick at once). Then it hands each node its share of the checkpoint copies
-(job/handouts.py). Garbage the leader read is reported by the store (once, counted in
+(job/checkpoints/handouts.py). Garbage the leader read is reported by the store (once, counted in
 the agent's metrics); the plan removes garbage leases and rewrites a garbage record.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.coord.store import Snapshot
 from nodeagent.errors import CoordinationError, FencedError, IllegalTransition
-from nodeagent.job.handouts import Handouts
+from nodeagent.job.checkpoints.handouts import Handouts
 from nodeagent.job.plan import LeaderMemory, Plan, Policy, plan
 from nodeagent.job.port import JobPort
 from nodeagent.model.job import JobRecord

@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from nodeagent.config.settings import Config
-from nodeagent.job import repeats, restore
+from nodeagent.job import repeats
+from nodeagent.job.checkpoints import restore
 from nodeagent.model.job import (
     ClusterView,
     Command,

@@ -1,14 +1,14 @@
 """What the job's leader hands each node about the copies of the job's saves (issue 27).
 
 The leader reads every node's report anyway (coord/view.py keeps them current), so it plans
-every node's copies (job/replication.py) and writes each node its share: a field of the job's
-copies hash, one small JSON object per node. A node reads its own field, never every report:
+every node's copies (job/checkpoints/replication.py) and writes each node its share: a field of the
+job's copies hash, one small JSON object per node. A node reads its own field, never every report:
 the Redis work of planning is the leader's reads, O(members) a save, not O(members²).
 
 A node's share, for one generation: the transfers it makes (sends to a peer, fetches for the
 restore of its workers), its successors on the ring (where it copies the save its workers make
-as they stop for a scale-down or a drain, job/handover.py), the addresses of the peers these
-name, and the peers that may ask it for a copy (send it one, or fetch one from it): what its
+as they stop for a scale-down or a drain, job/checkpoints/handover.py), the addresses of the peers
+these name, and the peers that may ask it for a copy (send it one, or fetch one from it): what its
 listener accepts a request from.
 """
 

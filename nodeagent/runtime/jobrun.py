@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from nodeagent import __version__
 from nodeagent.checkpoint.keeper import TierKeeper
-from nodeagent.checkpoint.peers import Replicas
+from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.config.settings import Config
 from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import JobKeys

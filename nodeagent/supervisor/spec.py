@@ -195,7 +195,7 @@ def worker_env(
 
 
 def restore_report_path(log_dir: str, job: str, generation: int, rank: int) -> Path:
-    """Where the rank says what it restored (nodeagent.worker.tiered; the agent reads it)."""
+    """Where the rank says what it restored (nodeagent.worker.checkpointer; the agent reads it)."""
     return restore.report_path(Path(log_dir) / job, generation, rank)
 
 

@@ -8,11 +8,11 @@ Every helper also works under plain torchrun (or no launcher): without nodeagent
 
 from nodeagent.worker import elastic
 from nodeagent.worker.checkpoint import Checkpoint, CheckpointManager
+from nodeagent.worker.checkpointer import Checkpointer, Restored
 from nodeagent.worker.elastic import Reform, ReformTimedOut, State, Stopped
 from nodeagent.worker.graceful import GracefulExit
 from nodeagent.worker.progress import beat
 from nodeagent.worker.scaling import Rescaled, rescale
-from nodeagent.worker.tiered import Checkpointer, Restored
 from nodeagent.worker.trainstate import TrainState
 
 __all__ = [

@@ -1,5 +1,5 @@
 """What every rank agrees on, in one collective: a verdict on a restore source (the ranks of a
-job never load from different sources, nodeagent.worker.tiered), and whether any rank was told
+job never load from different sources, nodeagent.worker.checkpointer), and whether any rank was told
 something (to stop: GracefulExit; to leave the generation: Checkpointer.check)."""
 
 from __future__ import annotations

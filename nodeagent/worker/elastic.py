@@ -44,7 +44,7 @@ __all__ = ["Reform", "ReformTimedOut", "Resumable", "State", "Stopped", "run"]
 
 class Resumable(Protocol):
     """What `run` re-forms around: `State` (data-parallel replicas, synced by broadcast) or
-    nodeagent.worker.tiered's `Checkpointer` (sharded models, restored from the tiers)."""
+    nodeagent.worker.checkpointer's `Checkpointer` (sharded models, restored from the tiers)."""
 
     @property
     def follower(self) -> Follower: ...

@@ -2,7 +2,7 @@
 on it: `Follower` (nodeagent.channel.control has the channel itself).
 
 Both kinds of in-place state follow the channel through one: nodeagent.worker.elastic's `State`
-(data-parallel replicas) and nodeagent.worker.tiered's `Checkpointer` (sharded models). No
+(data-parallel replicas) and nodeagent.worker.checkpointer's `Checkpointer` (sharded models). No
 torch here.
 """
 

@@ -1,4 +1,4 @@
-"""What a checkpoint of the tiers holds: `TrainState` (nodeagent.worker.tiered saves it)."""
+"""What a checkpoint of the tiers holds: `TrainState` (nodeagent.worker.checkpointer saves it)."""
 
 from __future__ import annotations
 

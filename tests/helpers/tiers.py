@@ -9,8 +9,8 @@ from pathlib import Path
 
 from nodeagent.channel import manifests
 from nodeagent.channel.manifests import Manifest
-from nodeagent.checkpoint.peers import Replicas
-from nodeagent.checkpoint.replica import Accept
+from nodeagent.checkpoint.replicas import Replicas
+from nodeagent.checkpoint.transport import Accept
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import Held, TierReport

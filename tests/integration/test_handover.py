@@ -1,7 +1,7 @@
-"""The hand-over of a node that may leave, at a scale-down or its drain (nodeagent/job/handover.py):
-it sends its stop save to its successor on the ring, over two real replica listeners on loopback
-with real files, and holds its acknowledgement back until the successor reports holding the
-copy."""
+"""The hand-over of a node that may leave, at a scale-down or its drain
+(nodeagent/job/checkpoints/handover.py): it sends its stop save to its successor on the ring, over
+two real replica listeners on loopback with real files, and holds its acknowledgement back until the
+successor reports holding the copy."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from prometheus_client import CollectorRegistry
 
 from nodeagent.channel import manifests, tier
 from nodeagent.checkpoint.keeper import TierKeeper
-from nodeagent.checkpoint.peers import Replicas
+from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import CoordinationError
-from nodeagent.job.copies import ReplicaDuties
-from nodeagent.job.handover import Handover, leaving
-from nodeagent.job.tiers import TierDuties
+from nodeagent.job.checkpoints.handover import Handover, leaving
+from nodeagent.job.checkpoints.replicaduties import ReplicaDuties
+from nodeagent.job.checkpoints.tierduties import TierDuties
 from nodeagent.model.handout import Handout
 from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.model.tiers import Held, TierReport

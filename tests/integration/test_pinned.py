@@ -11,11 +11,11 @@ from prometheus_client import CollectorRegistry
 
 from nodeagent.channel import manifests, pin, tier
 from nodeagent.channel.pin import Pin
-from nodeagent.checkpoint import replica
+from nodeagent.checkpoint import transport as replica
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.config.settings import CheckpointConfig
-from nodeagent.job.copies import ReplicaDuties
-from nodeagent.job.tiers import TierDuties
+from nodeagent.job.checkpoints.replicaduties import ReplicaDuties
+from nodeagent.job.checkpoints.tierduties import TierDuties
 from nodeagent.model.handout import Handout
 from nodeagent.model.tiers import CheckpointRecord, TierReport
 from nodeagent.state import JobState

@@ -1,4 +1,4 @@
-"""Copies of saves between agents (nodeagent/checkpoint/replica.py): a real server on loopback,
+"""Copies of saves between agents (nodeagent/checkpoint/transport.py): a real server on loopback,
 real files. What is sent is checked, what is refused leaves nothing, a cut copy spares the last
 whole one, a sender keeps to its rate."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from nodeagent.channel import manifests, tier
 from nodeagent.channel.manifests import Manifest
-from nodeagent.checkpoint import replica
-from nodeagent.checkpoint.replica import ReplicaError, ReplicaServer
+from nodeagent.checkpoint import transport as replica
+from nodeagent.checkpoint.transport import ReplicaError, ReplicaServer
 from tests.helpers.tiers import fake_save
 
 JOB = "j"

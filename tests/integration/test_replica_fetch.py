@@ -1,5 +1,6 @@
 """A node bringing a save from its peers before its workers restore it (nodeagent/checkpoint/
-peers.py, nodeagent/job/copies.py): two real replica listeners on loopback, real files.
+replicas.py, nodeagent/job/checkpoints/replicaduties.py): two real replica listeners on
+loopback, real files.
 
 A peer that turns a fetch down may only not have read yet that the asker is a member of the
 job's new generation (it reads at its next tick, the asker asks at once): it is asked again, a
@@ -21,13 +22,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from nodeagent.channel import fetching, manifests, tier
-from nodeagent.checkpoint import peers
-from nodeagent.checkpoint.peers import Done, Replicas
-from nodeagent.checkpoint.replica import Offer, Want
+from nodeagent.checkpoint import replicas as peers
+from nodeagent.checkpoint.replicas import Done, Replicas
+from nodeagent.checkpoint.transport import Offer, Want
 from nodeagent.errors import CoordinationError
-from nodeagent.job import copies as copies_module
-from nodeagent.job import replication
-from nodeagent.job.copies import ReplicaDuties
+from nodeagent.job.checkpoints import replicaduties as copies_module
+from nodeagent.job.checkpoints import replication
+from nodeagent.job.checkpoints.replicaduties import ReplicaDuties
 from nodeagent.model.handout import Handout, Transfer
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import CheckpointRecord, Held, TierReport
@@ -152,8 +153,9 @@ def test_a_fetch_waits_for_a_copy_of_the_same_rank_this_node_is_receiving(
 def test_cancelling_the_copies_stops_a_paced_send_mid_file(
     holder: Replicas, tmp_path: Path
 ) -> None:
-    """A new generation needs the node's restore (job/copies.py cancels the copies under way):
-    a save being sent at a low rate stops at its next slice, not at its end, 10 s later."""
+    """A new generation needs the node's restore (job/checkpoints/replicaduties.py cancels the
+    copies under way): a save being sent at a low rate stops at its next slice, not at its end, 10 s
+    later."""
     with node_replicas(tmp_path, "d", lambda _offer: None) as taker:
         assert taker.address is not None
         slot = tier.slots(holder.memory, 0)[0]

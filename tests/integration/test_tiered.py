@@ -268,8 +268,8 @@ def test_a_save_never_goes_over_the_committed_one_the_agent_pinned(tmp_path: Pat
     from nodeagent.channel import control, manifests, pin, tier
     from nodeagent.channel.pin import Pin
     from nodeagent.worker import Checkpointer, TrainState
+    from nodeagent.worker.checkpointer import PATIENCE_S
     from nodeagent.worker.follow import Reform
-    from nodeagent.worker.tiered import PATIENCE_S
 
     memory = tmp_path / "m"
     env = {"RANK": "0", "WORLD_SIZE": "1", "NODEAGENT_GENERATION": "1"}

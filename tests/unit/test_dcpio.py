@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from nodeagent.worker import dcpio  # noqa: E402
+from nodeagent.worker import dcpio  # noqa: E402  # noqa: E402
 
 
 def test_a_failed_save_or_load_is_a_plain_runtime_error_naming_its_cause(tmp_path: Path) -> None:

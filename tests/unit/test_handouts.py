@@ -1,6 +1,6 @@
-"""The leader hands each node its share of the copies (job/handouts.py), against the in-memory
-store: every member's share at a memory restore, then only what changed, all again at a new
-term, after a refused write, and once a minute."""
+"""The leader hands each node its share of the copies (job/checkpoints/handouts.py), against the
+in-memory store: every member's share at a memory restore, then only what changed, all again at a
+new term, after a refused write, and once a minute."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from nodeagent.job.handouts import REWRITE_S, Handouts
+from nodeagent.job.checkpoints.handouts import REWRITE_S, Handouts
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import CheckpointRecord
 from nodeagent.state import JobState

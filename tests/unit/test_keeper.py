@@ -18,7 +18,7 @@ from nodeagent.checkpoint.keeper import PHASE_TRANSITIONS, TierKeeper, TierPhase
 from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
-from nodeagent.job.tiers import TierDuties
+from nodeagent.job.checkpoints.tierduties import TierDuties
 from nodeagent.model.tiers import CheckpointRecord
 from nodeagent.state import JobState
 from nodeagent.supervisor.spec import WorkerSpec, restore_report_path

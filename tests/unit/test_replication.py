@@ -1,5 +1,5 @@
-"""Which copies of a job's saves go where, and which step is committed (job/replication.py):
-pure tables over node reports."""
+"""Which copies of a job's saves go where, and which step is committed
+(job/checkpoints/replication.py): pure tables over node reports."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from nodeagent.config.checkpoint import load_checkpoint
 from nodeagent.config.values import Section
 from nodeagent.errors import ConfigError, CorruptStateError
-from nodeagent.job import replication, restore
+from nodeagent.job.checkpoints import replication, restore
 from nodeagent.model.handout import Handout
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import CheckpointRecord

@@ -1,4 +1,5 @@
-"""The leader's restore choice (nodeagent/job/restore.py) and its place in plan(): tables."""
+"""The leader's restore choice (nodeagent/job/checkpoints/restore.py) and its place in plan():
+tables."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from nodeagent.channel import manifests, tier
 from nodeagent.checkpoint import scan
 from nodeagent.errors import ConfigError, CorruptStateError
-from nodeagent.job import restore
+from nodeagent.job.checkpoints import restore
 from nodeagent.job.plan import LeaderMemory, Policy, plan
 from nodeagent.model.job import ClusterView, Failure, JobRecord, NodeReport
 from nodeagent.model.spec import load_spec

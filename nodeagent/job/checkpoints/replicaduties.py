@@ -1,13 +1,13 @@
 """The agent's replication duties in its loop, around the node's Replicas (issue 27).
 
-The leader plans every node's copies and writes each node its share (job/handouts.py): this
-node reads its own share, never its peers' reports. While the job runs: the copies its share
-names, handed to its Replicas, which make them in the background. Before the workers of a
-generation restore a memory step: what this node lacks of it, brought from the peers that hold
-it (`holds_start`: the workers start once the share of that generation is read and the copies
-of the last one ended; their restore waits for the fetch). The listener asks `accept` whether
-a peer's request may be served: a peer the leader named to this node, connecting from the
-address it reports, leaving a save whose digest it reported, or asking for one.
+The leader plans every node's copies and writes each node its share (job/checkpoints/handouts.py):
+this node reads its own share, never its peers' reports. While the job runs: the copies its share
+names, handed to its Replicas, which make them in the background. Before the workers of a generation
+restore a memory step: what this node lacks of it, brought from the peers that hold it
+(`holds_start`: the workers start once the share of that generation is read and the copies of the
+last one ended; their restore waits for the fetch). The listener asks `accept` whether a peer's
+request may be served: a peer the leader named to this node, connecting from the address it reports,
+leaving a save whose digest it reported, or asking for one.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from nodeagent.channel import manifests
-from nodeagent.checkpoint.peers import Done, Replicas
-from nodeagent.checkpoint.replica import Offer
+from nodeagent.checkpoint.replicas import Done, Replicas
+from nodeagent.checkpoint.transport import Offer
 from nodeagent.errors import CoordinationError
-from nodeagent.job import replication
-from nodeagent.job.handover import Handover
+from nodeagent.job.checkpoints import replication
+from nodeagent.job.checkpoints.handover import Handover
 from nodeagent.model.handout import Handout
 from nodeagent.model.job import Event, JobRecord, NodeReport
 from nodeagent.model.tiers import SaveKey, TierReport
@@ -66,7 +66,7 @@ class ReplicaDuties:
         loop has not read yet, a report newer than the one it holds). `share_wait`: how long
         the workers of a generation wait for the share of their restore before they start
         without it. `peers`: read peers' reports from the agent's loop (bounded by its lease),
-        for the hand-over of a node that leaves (job/handover.py)."""
+        for the hand-over of a node that leaves (job/checkpoints/handover.py)."""
         self.replicas = replicas
         self._node, self._domain, self._k = node, domain, copies
         self._share = share

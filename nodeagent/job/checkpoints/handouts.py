@@ -1,14 +1,14 @@
 """The leader's side of the copies of the job's saves (issue 27): it plans every node's share.
 
 The leader keeps every member's report current anyway (coord/view.py), so it plans the copies
-(job/replication.py) for the whole job and writes each node its share (model/handout.py,
+(job/checkpoints/replication.py) for the whole job and writes each node its share (model/handout.py,
 coord/handouts.py); a node reads its own field. Planning on every node instead made each read
 every member's report once a save, O(members²) reads in all: 23 s of Redis CPU and 9.7 GB sent
 per save interval at 4,000 nodes (bench/copy_plan_read.py).
 
 Each round the leader plans from the view it led from, and writes only the shares that changed.
 Every member's share names its successors on the ring (where a node that leaves hands over its
-stop save, job/handover.py), so every member has one.
+stop save, job/checkpoints/handover.py), so every member has one.
 A generation whose restore reads the memory tier also gets its fetches, planned once as the
 leader first leads it: every member's share is written then (an empty one says "nothing to
 bring"), and a node's workers wait for it before their restore. Every share is written again
@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
-from nodeagent.job import replication
+from nodeagent.job.checkpoints import replication
+from nodeagent.job.checkpoints.replication import Copy
 from nodeagent.job.port import JobPort
-from nodeagent.job.replication import Copy
 from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.state import JobState
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from nodeagent.channel.pin import Pin
 from nodeagent.channel.restore import RestoreReport
 from nodeagent.checkpoint.keeper import TierKeeper
-from nodeagent.job import restore
-from nodeagent.job.copies import ReplicaDuties
+from nodeagent.job.checkpoints import restore
+from nodeagent.job.checkpoints.replicaduties import ReplicaDuties
 from nodeagent.model.job import Event, JobRecord
 from nodeagent.model.tiers import TierReport
 from nodeagent.supervisor.spec import WorkerSpec, restore_report_path
@@ -56,9 +56,9 @@ class TierDuties:
         """The next generation must wait: a settle is under way, or `group` (as the agent's
         decision sees it) has ended and its settle has not begun yet, or this node owes
         `record`'s announcement the hand-over of its stop save (`drained`: this node is;
-        job/handover.py). The group may end between this tick's tier duties and the decision;
-        acknowledging then would let the leader choose the restore before this node verified
-        (and persisted) its last saves."""
+        job/checkpoints/handover.py). The group may end between this tick's tier duties and the
+        decision; acknowledging then would let the leader choose the restore before this node
+        verified (and persisted) its last saves."""
         if self.keeper.removed:
             return False
         ended = group.generation is not None and not group.active
@@ -76,14 +76,15 @@ class TierDuties:
 
     def holds_start(self, record: JobRecord | None) -> bool:
         """The workers of `record`'s generation must wait: the copies of the last one end
-        first (job/copies.py; what they restore is brought as they start)."""
+        first (job/checkpoints/replicaduties.py; what they restore is brought as they start)."""
         return (
             self.copies is not None and not self.keeper.removed and self.copies.holds_start(record)
         )
 
     @property
     def awaiting_share(self) -> bool:
-        """The workers wait for this node's share of their restore's copies (job/copies.py)."""
+        """The workers wait for this node's share of their restore's copies
+        (job/checkpoints/replicaduties.py)."""
         return self.copies is not None and self.copies.waiting
 
     def stopping(self, broken: bool, fence: bool) -> None:

@@ -6,10 +6,10 @@ the same step with them (docs/checkpoints.md). The node that leaves holds its ra
 alone, so the new world could not restore it from memory: it went back to the committed step
 (steps lost without a persistent tier) or read the persistent tier. Now, once its workers
 stopped gracefully and its tiers settled, a node that may leave sends its ranks of that save to
-its successors on the ring (its share names them, job/replication.py `successors`) and waits
-until they report holding them before it acknowledges the new generation. The leader reads those
-reports before the last acknowledgement (coord/view.py reads changes in order), so it finds the
-save whole on the members that stay, commits it and restores it (the members bring what they
+its successors on the ring (its share names them, job/checkpoints/replication.py `successors`) and
+waits until they report holding them before it acknowledges the new generation. The leader reads
+those reports before the last acknowledgement (coord/view.py reads changes in order), so it finds
+the save whole on the members that stay, commits it and restores it (the members bring what they
 lack, DCP reshards).
 
 Which nodes hand over: at a scale-down every member (the leader chooses who stays only once all
@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from nodeagent.checkpoint.peers import Done, Replicas
+from nodeagent.checkpoint.replicas import Done, Replicas
 from nodeagent.errors import CoordinationError
-from nodeagent.job import replication
+from nodeagent.job.checkpoints import replication
 from nodeagent.model.handout import Handout, Transfer
 from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.model.tiers import Held, SaveKey, TierReport

@@ -3,11 +3,11 @@ takes them, and the copies this node makes (issue 27, docs/checkpoints.md).
 
 The area is `<memory_dir>/<node>.<job>.replicas`, the agent's own: the workers may read it
 (its group is theirs), never write it, so what a peer sent cannot be changed behind the agent's
-back. What to copy where is decided elsewhere (job/replication.py) and handed to `run` as
-plain data; the copies are made one at a time in a thread of their own, sends paced to
-`max_rate`, so the agent's loop never waits on a peer. Fetches (a save the node must restore
-and does not hold) try each holder in turn: a copy that does not match its manifest, or a
-manifest that is not the one its holder reported, is refused and the next holder asked.
+back. What to copy where is decided elsewhere (job/checkpoints/replication.py) and handed to `run`
+as plain data; the copies are made one at a time in a thread of their own, sends paced to
+`max_rate`, so the agent's loop never waits on a peer. Fetches (a save the node must restore and
+does not hold) try each holder in turn: a copy that does not match its manifest, or a manifest that
+is not the one its holder reported, is refused and the next holder asked.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodeagent.channel import fetching, manifests, tier
-from nodeagent.checkpoint import replica, scan, space
-from nodeagent.checkpoint.replica import Accept, ReplicaError, ReplicaServer, Want
+from nodeagent.checkpoint import scan, space
+from nodeagent.checkpoint import transport as replica
+from nodeagent.checkpoint.transport import Accept, ReplicaError, ReplicaServer, Want
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
 from nodeagent.model.handout import Transfer

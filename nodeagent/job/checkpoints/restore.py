@@ -1,13 +1,14 @@
 """Where a generation's workers restore from: chosen once, by the leader, for every rank. Pure.
 
 `choose(record, members, nodes)` is called as the leader writes a RUNNING record. It orders the
-sources every rank tries (the workers agree at each one, nodeagent.worker.tiered):
+sources every rank tries (the workers agree at each one, nodeagent.worker.checkpointer):
 
 1. the memory tier, for a step whose every rank of the new world is held, verified, by the node
    that will run that rank (the same world: a rank reads only its own save there); with
    replicas, at any world, the newest save every rank of which some member holds and the
-   committed step (every rank on replicas + 1 nodes, job/replication.py): each node brings what
-   it lacks of them from its peers before its workers start (job/copies.py);
+   committed step (every rank on replicas + 1 nodes, job/checkpoints/replication.py): each node
+   brings what it lacks of them from its peers before its workers start
+   (job/checkpoints/replicaduties.py);
 2. the persistent tier's newest whole step (every rank's save copied, at any world: resharded);
 3. the script's own checkpoints; 4. the start.
 
@@ -25,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from nodeagent.channel.restore import Source, order_from_env, order_to_env
-from nodeagent.job import replication
+from nodeagent.job.checkpoints import replication
 from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.model.tiers import MAX_BAD, CheckpointRecord, Held, SaveKey
 
@@ -38,7 +39,7 @@ def fold(
 ) -> CheckpointRecord:
     """The record's checkpoint part with what live nodes report: the newest step whole in the
     persistent tier (every rank's save copied there, by any nodes), steps refused, and with
-    `replicas` (job.checkpoint.replicas) the committed step (job/replication.py)."""
+    `replicas` (job.checkpoint.replicas) the committed step (job/checkpoints/replication.py)."""
     persisted: dict[tuple[int, int, int], set[int]] = {}
     refused = set(checkpoint.bad)
     for report in nodes.values():

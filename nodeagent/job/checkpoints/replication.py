@@ -5,7 +5,7 @@ each in their replica areas. Copies follow a ring over the job's nodes (`ring`):
 group-rank order, interleaved by failure domain (the pool label `rack`) so that a node's next
 peers are in other racks where there are any. Every node reports what it holds, verified
 (model/tiers.py), and everything here is computed from those reports alone, by the leader, which
-reads them all anyway (job/handouts.py hands each node its share: `handouts`):
+reads them all anyway (job/checkpoints/handouts.py hands each node its share: `handouts`):
 
 - `committed`: the newest save every rank of which is verified on k+1 live nodes. The leader
   records it (fenced with the record); a node loss restores from it, at any world.
@@ -212,7 +212,8 @@ def successors(
 ) -> dict[str, tuple[str, ...]]:
     """Each node of the ring `order` -> the next `replicas` nodes after it with a replica
     listener (as `nodes` report them): where it copies the save its workers make as they stop
-    for a scale-down or its drain (job/handover.py), the same ring a save's copies follow."""
+    for a scale-down or its drain (job/checkpoints/handover.py), the same ring a save's copies
+    follow."""
     listening = _listeners(nodes)
     reachable = [name for name in order if name in listening]
     count = min(replicas, len(reachable) - 1)
