@@ -26,8 +26,7 @@ from nodeagent.errors import CoordinationError
 from nodeagent.gpu.health import NodeHealth
 from nodeagent.job import events as worker_events
 from nodeagent.job import outcome
-from nodeagent.job.checkpoints.replicaduties import ReplicaDuties
-from nodeagent.job.checkpoints.tierduties import TierDuties
+from nodeagent.job.checkpoints.tierduties import tier_duties
 from nodeagent.job.decide import (
     Acknowledge,
     Leave,
@@ -43,7 +42,6 @@ from nodeagent.job.leadership import Leadership
 from nodeagent.job.lease import LeaseClock
 from nodeagent.job.plan import policy_from
 from nodeagent.job.port import JobPort
-from nodeagent.job.verify import RecordCheck
 from nodeagent.job.watch import WorkerWatch
 from nodeagent.model.job import Cordon, Event, JobRecord, NodeReport, WorkerInfo
 from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
@@ -102,8 +100,6 @@ class Agent:
         self.state = NodeState.JOINING
         self.record: JobRecord | None = None
         self._store = store
-        # What this node acts on is checked against what it knows itself (job/verify.py).
-        store.check = RecordCheck(store.keys.record, config.job.nproc_per_node, store.read_lease)
         self._workers = workers
         self._base_env = base_env
         self._clock = clock
@@ -127,7 +123,13 @@ class Agent:
         self._watchers = WorkerWatch(self.name, config.timing.hang_timeout, health)
         self._metrics = metrics or AgentMetrics(config.job.id, __version__)
         self._calls = BoundedCalls(clock)
-        self._tiers = self._tier_duties(tiers, replicas) if tiers else None
+        self._tiers = (
+            tier_duties(
+                config, tiers, replicas, store, self._call, self._metrics.checkpoints, clock
+            )
+            if tiers
+            else None
+        )
         self._leadership = Leadership(
             store, policy_from(config), self._metrics, config.timing.lease_ttl, clock, self._call
         )
@@ -138,31 +140,6 @@ class Agent:
         self._single = outcome.SingleJob(config.job.id) if until_done else None
         self.outcome: int | None = None  # the job's exit code, once a single job ended
         self._log.info("agent started (address %s)", config.node.address)
-
-    def _tier_duties(self, tiers: TierKeeper, replicas: Replicas | None) -> TierDuties:
-        metrics, config = self._metrics.checkpoints, self.config
-        checkpoint = config.job.checkpoint
-        copies = None
-        if replicas is not None and checkpoint is not None and checkpoint.replicas:
-            name = self.name
-            copies = ReplicaDuties(
-                replicas,
-                name,
-                config.pool.labels.get("rack", ""),
-                checkpoint.replicas,
-                lambda: self._call(lambda: self._store.handout(name), "read the copies"),
-                metrics,
-                fetch_timeout=config.timing.rendezvous_timeout / 2,
-                share_wait=2 * config.timing.lease_ttl,  # a new leader writes it too
-                clock=self._clock,
-                share_now=lambda: self._store.handout(name),
-                peers_now=self._store.peer_reports,
-                peers=lambda names: self._call(
-                    lambda: self._store.peer_reports(names), "read the successors' reports"
-                ),
-            )
-            replicas.listen(copies.accept)
-        return TierDuties(tiers, self.name, metrics, copies)
 
     # -- control, safe from signal handlers (flags only) -------------------------------------
 

@@ -24,6 +24,7 @@ from nodeagent.coord.store import JobStore
 from nodeagent.gpu.health import NodeHealth
 from nodeagent.gpu.monitor import GpuMonitor
 from nodeagent.job.agent import Agent
+from nodeagent.job.verify import RecordCheck
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.fence import Keeper
 from nodeagent.supervisor.group import Supervisor
@@ -103,9 +104,12 @@ class JobRun:
         self._health = NodeHealth(config.node.name, config.health, needed, monitor)
         self.tiers = _tiers(config)
         self.replicas = _replicas(config) if self.tiers is not None else None
+        store = JobStore(parts.client, keys)
+        # What this node acts on is checked against what it knows itself (job/verify.py).
+        store.check = RecordCheck(keys.record, config.job.nproc_per_node, store.read_lease)
         self.agent = Agent(
             config,
-            JobStore(parts.client, keys),
+            store,
             self.supervisor,
             base_env=dict(os.environ),
             health=self._health,

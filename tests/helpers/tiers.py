@@ -4,7 +4,7 @@ manifests.py), no torch."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from nodeagent.channel import manifests
@@ -12,6 +12,8 @@ from nodeagent.channel.manifests import Manifest
 from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.checkpoint.transport import Accept
 from nodeagent.config.settings import CheckpointConfig
+from nodeagent.job.checkpoints.replicaduties import CopyTerms
+from nodeagent.model.handout import Handout
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import Held, TierReport
 from nodeagent.state import NodeState
@@ -65,3 +67,27 @@ def node_replicas(
         yield made
     finally:
         made.close()
+
+
+class CopyState:
+    """The job's state as a node's copies read it (job/checkpoints/replicaduties.py CopyReads):
+    this node's share, as `share` returns it now, and the reports of its peers."""
+
+    def __init__(
+        self,
+        share: Callable[[], Handout | None] = lambda: None,
+        reports: Mapping[str, NodeReport] | None = None,
+    ) -> None:
+        self.share = share
+        self.reports = reports if reports is not None else {}  # read at each call
+
+    def handout(self, name: str) -> Handout | None:
+        return self.share()
+
+    def peer_reports(self, names: Sequence[str]) -> dict[str, NodeReport]:
+        return {n: r for n, r in self.reports.items() if n in names}
+
+
+def terms(node: str, fetch_timeout: float = 30, share_wait: float = 5) -> CopyTerms:
+    """A node's copies as the tests make them: one copy of each save, no rack."""
+    return CopyTerms(node, "", 1, fetch_timeout, share_wait)

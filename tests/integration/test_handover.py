@@ -16,6 +16,7 @@ from nodeagent.channel import manifests, tier
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.config.settings import CheckpointConfig
+from nodeagent.coord.bounded import unbounded
 from nodeagent.errors import CoordinationError
 from nodeagent.job.checkpoints.handover import Handover, leaving
 from nodeagent.job.checkpoints.replicaduties import ReplicaDuties
@@ -27,7 +28,7 @@ from nodeagent.state import JobState, NodeState
 from nodeagent.supervisor.status import GroupPhase, GroupStatus
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
 from tests.helpers.factories import make_record
-from tests.helpers.tiers import fake_save, node_replicas
+from tests.helpers.tiers import fake_save, node_replicas, terms
 
 JOB = "j"
 KEY = (30, 3, 4)  # step 30, saved by generation 3, world 4
@@ -67,7 +68,10 @@ class Peers:
         self.reads = 0
         self.down = False
 
-    def __call__(self, names: Sequence[str]) -> dict[str, NodeReport]:
+    def handout(self, name: str) -> Handout | None:
+        return None
+
+    def peer_reports(self, names: Sequence[str]) -> dict[str, NodeReport]:
         self.reads += 1
         if self.down:
             raise CoordinationError("Redis is down")
@@ -86,7 +90,7 @@ class Peers:
 def handover(
     departing: Replicas, successor: Replicas, peers: Peers, timeout: float = 30
 ) -> Handover:
-    made = Handover(departing, "d", peers, timeout)
+    made = Handover(departing, "d", peers, unbounded, timeout)
     assert successor.address is not None
     made.share(Handout(3, addresses=(("a", successor.address),), successors=("a",)))
     return made
@@ -146,9 +150,7 @@ def test_a_drained_node_holds_its_acknowledgement_back_as_soon_as_it_reads_the_a
     metrics = CheckpointMetrics(JOB, CollectorRegistry())
     keeper = TierKeeper(CheckpointConfig(memory_size=1 << 24, memory_dir=str(tmp_path)), "d", JOB)
     keeper.prepare(None)
-    copies = ReplicaDuties(
-        departing, "d", "", 1, lambda: None, metrics, 30, 5, peers=Peers({"a": successor})
-    )
+    copies = ReplicaDuties(departing, Peers({"a": successor}), unbounded, terms("d"), metrics)
     duties = TierDuties(keeper, "d", metrics, copies)
     running = make_record(JobState.RUNNING, 3, MEMBERS)
     stopped = GroupStatus(3, GroupPhase.EXITED)

@@ -14,6 +14,7 @@ from nodeagent.channel.pin import Pin
 from nodeagent.checkpoint import transport as replica
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.config.settings import CheckpointConfig
+from nodeagent.coord.bounded import unbounded
 from nodeagent.job.checkpoints.replicaduties import ReplicaDuties
 from nodeagent.job.checkpoints.tierduties import TierDuties
 from nodeagent.model.handout import Handout
@@ -22,7 +23,7 @@ from nodeagent.state import JobState
 from nodeagent.supervisor.status import GroupPhase, GroupStatus
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
 from tests.helpers.factories import make_record
-from tests.helpers.tiers import fake_save, node_replicas
+from tests.helpers.tiers import CopyState, fake_save, node_replicas, terms
 
 JOB = "j"
 MEMBERS = ("a", "b")
@@ -83,7 +84,7 @@ def test_the_agent_pins_the_committed_save_the_record_names(tmp_path: Path) -> N
     keeper.prepare(None)
     metrics = CheckpointMetrics(JOB, CollectorRegistry())
     with node_replicas(tmp_path, "a") as replicas:
-        copies = ReplicaDuties(replicas, "a", "", 1, lambda: None, metrics, 30, 5)
+        copies = ReplicaDuties(replicas, CopyState(), unbounded, terms("a"), metrics)
         duties = TierDuties(keeper, "a", metrics, copies)
         running = GroupStatus(3, GroupPhase.RUNNING)
         record = make_record(JobState.RUNNING, 3, MEMBERS, checkpoint=CheckpointRecord())
@@ -127,7 +128,8 @@ def test_copies_of_the_step_committed_before_the_newest_are_kept(tmp_path: Path)
             fake_save(tier.slots(b.area / "a", 0)[slot], step, generation=3)
         b.prepare(None)  # verified: what b reports and prunes
         share = Handout(3)
-        duties = ReplicaDuties(b, "b", "", 1, lambda: share, metrics, 30, 5, clock=lambda: now[0])
+        state = CopyState(lambda: share)
+        duties = ReplicaDuties(b, state, unbounded, terms("b"), metrics, clock=lambda: now[0])
         held = TierReport()
         for step, left in ((6, [6, 12]), (12, [6, 12]), (18, [12])):
             checkpoint = CheckpointRecord(

@@ -25,6 +25,7 @@ from nodeagent.channel import fetching, manifests, tier
 from nodeagent.checkpoint import replicas as peers
 from nodeagent.checkpoint.replicas import Done, Replicas
 from nodeagent.checkpoint.transport import Offer, Want
+from nodeagent.coord.bounded import unbounded
 from nodeagent.errors import CoordinationError
 from nodeagent.job.checkpoints import replicaduties as copies_module
 from nodeagent.job.checkpoints import replication
@@ -35,7 +36,7 @@ from nodeagent.model.tiers import CheckpointRecord, Held, TierReport
 from nodeagent.state import JobState, NodeState
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
 from tests.helpers.factories import make_record
-from tests.helpers.tiers import fake_save, node_replicas
+from tests.helpers.tiers import CopyState, fake_save, node_replicas, terms
 
 JOB = "j"
 KEY = (30, 3, 2)  # step 30, saved by generation 3, world 2
@@ -224,22 +225,13 @@ def duties(
 ) -> ReplicaDuties:
     """`node`'s duties around `holder`, reading `share` and, for a request, `reports`."""
 
-    def read(names: object) -> dict[str, NodeReport]:
-        found = reports or {}
-        return {n: r for n, r in found.items() if isinstance(names, list) and n in names}
-
     return ReplicaDuties(
         holder,
-        node,
-        "",
-        1,
-        share,
+        CopyState(share, reports),
+        unbounded,
+        terms(node, share_wait=wait),
         metrics=CheckpointMetrics(JOB, CollectorRegistry()),
-        fetch_timeout=30,
-        share_wait=wait,
         clock=clock,
-        share_now=share,
-        peers_now=read,
     )
 
 

@@ -16,6 +16,7 @@ from nodeagent.config.load import load_config
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.job.agent import Agent
+from nodeagent.job.verify import RecordCheck
 from nodeagent.model.job import Event, NodeReport, WorkerInfo
 from nodeagent.state import NodeState
 from nodeagent.supervisor.fence import Group
@@ -77,7 +78,9 @@ class IdleGroup:
 
 def _agent(store: JobStore, group: IdleGroup, lease: str = "5s") -> Agent:
     data = {**VALID, "timing": {"lease_ttl": lease, "heartbeat_interval": "100ms"}}
-    return Agent(load_config(data, FixedResolver()), store, group, base_env={})
+    config = load_config(data, FixedResolver())
+    store.check = RecordCheck(store.keys.record, config.job.nproc_per_node, store.read_lease)
+    return Agent(config, store, group, base_env={})
 
 
 def test_an_imminent_stop_deadline_does_not_cut_a_heartbeat_short() -> None:

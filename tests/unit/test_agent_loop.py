@@ -16,6 +16,7 @@ import pytest
 
 from nodeagent.config.load import load_config
 from nodeagent.job.agent import Agent
+from nodeagent.job.verify import RecordCheck
 from nodeagent.model.job import Command, CommandType, Failure, WorkerInfo
 from nodeagent.state import JobState
 from nodeagent.supervisor.fence import Group
@@ -113,6 +114,8 @@ class Job:
         }
         self.workers[name] = FakeWorkers(name)
         config = load_config(data, FixedResolver())
+        store = self.store  # checked as runtime/jobrun.py checks a JobStore it makes
+        store.check = RecordCheck(store.keys.record, config.job.nproc_per_node, store.read_lease)
         self.agents[name] = Agent(
             config, self.store, self.workers[name], base_env={}, clock=lambda: self.now
         )

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from nodeagent.checkpoint.replicas import Done, Replicas
+from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
 from nodeagent.job.checkpoints import replication
 from nodeagent.model.handout import Handout, Transfer
@@ -36,9 +38,13 @@ from nodeagent.state import JobState
 
 log = logging.getLogger(__name__)
 CONFIRM_S = 0.25  # how often the successors' reports are read until they hold the copies
-# Read the reports of the nodes named (bounded by the agent's lease): may raise
-# CoordinationError.
-PeerReader = Callable[[Sequence[str]], Mapping[str, NodeReport]]
+
+
+class PeerReports(Protocol):
+    """What a hand-over reads of the job's state (JobPort has it)."""
+
+    def peer_reports(self, names: Sequence[str]) -> dict[str, NodeReport]:
+        """The reports of the nodes named whose lease holds. Raises: CoordinationError."""
 
 
 def leaving(record: JobRecord, node: str, drained: bool) -> bool:
@@ -68,13 +74,16 @@ class Handover:
         self,
         replicas: Replicas,
         node: str,
-        peers: PeerReader | None,
+        store: PeerReports,
+        call: CallRunner,
         timeout: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`call` bounds the reads of the successors' reports by the agent's lease."""
         self._replicas = replicas
         self._node = node
-        self._peers = peers
+        self._store = store
+        self._call = call
         self._timeout = timeout
         self._clock = clock
         self._share: Handout | None = None  # the last share read: its successors, addresses
@@ -104,7 +113,6 @@ class Handover:
         return (
             record is not None
             and record.generation != self._handled
-            and self._peers is not None
             and leaving(record, self._node, drained)
         )
 
@@ -116,8 +124,6 @@ class Handover:
             return False
         if not leaving(record, self._node, drained):
             return False  # not marked handled: a drain seen later still hands over
-        if self._peers is None:
-            return self._done(record.generation)
         under = self._under
         if under is None or under.generation != record.generation:
             return self._begin(record, own)
@@ -181,9 +187,11 @@ class Handover:
         return True
 
     def _confirm(self, under: _Under) -> None:
-        assert self._peers is not None
+        names = sorted({target for _, target in under.waiting})
         try:
-            reports = self._peers(sorted({target for _, target in under.waiting}))
+            reports = self._call(
+                lambda: self._store.peer_reports(names), "read the successors' reports"
+            )
         except CoordinationError as exc:
             log.info("cannot read the successors' reports: %s", exc)
             return

@@ -15,15 +15,18 @@ from __future__ import annotations
 import ipaddress
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from nodeagent.channel import manifests
 from nodeagent.checkpoint.replicas import Done, Replicas
 from nodeagent.checkpoint.transport import Offer
+from nodeagent.config.settings import Config
+from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
 from nodeagent.job.checkpoints import replication
-from nodeagent.job.checkpoints.handover import Handover
+from nodeagent.job.checkpoints.handover import Handover, PeerReports
 from nodeagent.model.handout import Handout
 from nodeagent.model.job import Event, JobRecord, NodeReport
 from nodeagent.model.tiers import SaveKey, TierReport
@@ -36,10 +39,39 @@ log = logging.getLogger(__name__)
 PLAN_S = 1.0  # while its newest save is not committed, or its last share was not all made
 IDLE_S = 10.0  # otherwise (a peer's copy to re-protect, planned by the leader meanwhile)
 WAIT_READ_S = 0.1  # while the workers wait for the share of their restore: read this often
-# Read the reports of the nodes named: may raise CoordinationError.
-PeerReader = Callable[[Sequence[str]], Mapping[str, NodeReport]]
-# Read this node's share of the copies (None: none written): may raise CoordinationError.
-ShareReader = Callable[[], Handout | None]
+
+
+class CopyReads(PeerReports, Protocol):
+    """What the copies read of the job's state (JobPort has it). Each may raise
+    CoordinationError."""
+
+    def handout(self, name: str) -> Handout | None:
+        """Node `name`'s share of the copies (None: none written)."""
+
+
+@dataclass(frozen=True)
+class CopyTerms:
+    """What a node's copies are bound by: its name and failure domain (its rack), how many
+    copies of a save the job keeps, how long a restore's fetches may take, and how long the
+    workers of a generation wait for the share of their restore before they start without it
+    (a new leader writes it too)."""
+
+    node: str
+    domain: str
+    copies: int
+    fetch_timeout: float
+    share_wait: float
+
+    @classmethod
+    def of(cls, config: Config) -> CopyTerms:
+        checkpoint = config.job.checkpoint
+        return cls(
+            node=config.node.name,
+            domain=config.pool.labels.get("rack", ""),
+            copies=checkpoint.replicas if checkpoint is not None else 0,
+            fetch_timeout=config.timing.rendezvous_timeout / 2,
+            share_wait=2 * config.timing.lease_ttl,
+        )
 
 
 class ReplicaDuties:
@@ -48,33 +80,23 @@ class ReplicaDuties:
     def __init__(
         self,
         replicas: Replicas,
-        node: str,
-        domain: str,
-        copies: int,
-        share: ShareReader,
+        store: CopyReads,
+        call: CallRunner,
+        terms: CopyTerms,
         metrics: CheckpointMetrics,
-        fetch_timeout: float,
-        share_wait: float,
         clock: Callable[[], float] = time.monotonic,
-        share_now: ShareReader | None = None,
-        peers_now: PeerReader | None = None,
-        peers: PeerReader | None = None,
     ) -> None:
-        """`share`: read this node's share from the agent's loop (bounded by its lease);
-        `share_now` and `peers_now`: read it, and a peer's report, from the listener's threads,
-        for a request this node cannot check on what it read (a share of a generation its
-        loop has not read yet, a report newer than the one it holds). `share_wait`: how long
-        the workers of a generation wait for the share of their restore before they start
-        without it. `peers`: read peers' reports from the agent's loop (bounded by its lease),
-        for the hand-over of a node that leaves (job/checkpoints/handover.py)."""
+        """`call` bounds the reads of the agent's loop by its lease (Agent._call); the
+        listener's threads read `store` directly, for a request this node cannot check on what
+        its loop read (a share of a generation the loop has not read yet, a report newer than
+        the one it holds)."""
         self.replicas = replicas
-        self._node, self._domain, self._k = node, domain, copies
-        self._share = share
-        self._share_now = share_now
-        self._peers_now = peers_now
+        self._store = store
+        self._call = call
+        self._node, self._domain, self._k = terms.node, terms.domain, terms.copies
         self._metrics = metrics
-        self._fetch_timeout = fetch_timeout
-        self._share_wait = share_wait
+        self._fetch_timeout = terms.fetch_timeout
+        self._share_wait = terms.share_wait
         self._clock = clock
         # What the listener's threads check requests against (the peers the leader named,
         # their reports as read): replaced whole, never changed.
@@ -93,23 +115,23 @@ class ReplicaDuties:
         # The committed saves the record named, the one before and the newest: copies older
         # than the one before are removed (`_prune`).
         self._committed: tuple[SaveKey | None, SaveKey | None] = (None, None)
-        self.handover = Handover(replicas, node, peers, fetch_timeout, clock)
+        self._handover = Handover(replicas, terms.node, store, call, terms.fetch_timeout, clock)
 
     # -- the listener's threads -------------------------------------------------------------
 
     def accept(self, offer: Offer) -> str | None:
         peers, reports = self._known
         why = self._check(offer, peers, reports.get(offer.node))
-        if why is None or self._peers_now is None:
+        if why is None:
             return why
         try:  # what this node read may be older than the request: a share of a generation
             # its loop has not read yet (the peer asks at once), a newer report
-            if offer.node not in peers and self._share_now is not None:
-                share = self._share_now()
+            if offer.node not in peers:
+                share = self._store.handout(self._node)
                 peers = frozenset(share.peers) if share is not None else peers
             if offer.node not in peers:
                 return why
-            fresh = self._peers_now([offer.node]).get(offer.node)
+            fresh = self._store.peer_reports([offer.node]).get(offer.node)
         except CoordinationError as exc:
             return f"{why} (and it cannot be read now: {exc})"
         known = {n: r for n, r in reports.items() if n in peers}
@@ -142,7 +164,7 @@ class ReplicaDuties:
     # -- the agent's loop -------------------------------------------------------------------
 
     def report(self, tiers: TierReport) -> TierReport:
-        self.handover.reported(tiers)
+        self._handover.reported(tiers)
         return replace(
             tiers,
             replicas=self.replicas.held(),
@@ -216,6 +238,20 @@ class ReplicaDuties:
         self.replicas.run(transfers, share.address_map, record.generation, deadline)
         return False
 
+    def owes_handover(self, record: JobRecord | None, drained: bool) -> bool:
+        """This node owes `record`'s announcement the hand-over of its stop save
+        (job/checkpoints/handover.py)."""
+        return self._handover.owed(record, drained)
+
+    def hand_over(self, record: JobRecord | None, own: TierReport, drained: bool) -> None:
+        """One pass of the hand-over, once this node's workers stopped gracefully and its tiers
+        settled (`owes_handover` says when the acknowledgement waits for it)."""
+        self._handover.step(record, own, drained)
+
+    def remove(self) -> None:
+        """The job ended: the replica area goes."""
+        self.replicas.remove()
+
     @property
     def waiting(self) -> bool:
         """The workers wait for this node's share of their restore (the loop polls for it)."""
@@ -249,11 +285,11 @@ class ReplicaDuties:
         """What the listener checks requests against from now: the peers `share` names."""
         peers = frozenset(share.peers)
         self._known = (peers, {n: r for n, r in self._known[1].items() if n in peers})
-        self.handover.share(share)
+        self._handover.share(share)
 
     def _read_share(self) -> Handout | None:
         try:
-            return self._share()
+            return self._call(lambda: self._store.handout(self._node), "read the copies")
         except CoordinationError as exc:
             log.info("cannot read this node's share of the checkpoint copies: %s", exc)
             return None
@@ -271,7 +307,7 @@ class ReplicaDuties:
         events = []
         generation = record.generation if record is not None else 0
         for done in self.replicas.take_done():
-            self.handover.finished(done)
+            self._handover.finished(done)
             transfer = done.transfer
             direction = "fetched" if transfer.fetch else "sent"
             self._metrics.copied(direction, done.seconds, done.bytes, done.error is None)

@@ -9,13 +9,17 @@ events and metrics; remove the memory tier once the job has ended.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from nodeagent.channel.pin import Pin
 from nodeagent.channel.restore import RestoreReport
 from nodeagent.checkpoint.keeper import TierKeeper
+from nodeagent.checkpoint.replicas import Replicas
+from nodeagent.config.settings import Config
+from nodeagent.coord.bounded import CallRunner
 from nodeagent.job.checkpoints import restore
-from nodeagent.job.checkpoints.replicaduties import ReplicaDuties
+from nodeagent.job.checkpoints.replicaduties import CopyReads, CopyTerms, ReplicaDuties
 from nodeagent.model.job import Event, JobRecord
 from nodeagent.model.tiers import TierReport
 from nodeagent.supervisor.spec import WorkerSpec, restore_report_path
@@ -23,6 +27,27 @@ from nodeagent.supervisor.status import GroupStatus
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
 
 log = logging.getLogger(__name__)
+
+
+def tier_duties(
+    config: Config,
+    keeper: TierKeeper,
+    replicas: Replicas | None,
+    store: CopyReads,
+    call: CallRunner,
+    metrics: CheckpointMetrics,
+    clock: Callable[[], float] = time.monotonic,
+) -> TierDuties:
+    """The duties of `config`'s job about its tiers on this node (`keeper`, prepared), with its
+    copies to peers where the job keeps some and `replicas`, its replica area, is prepared:
+    its listener then asks the duties whom to serve. `call` bounds the loop's reads of `store`
+    by the agent's lease."""
+    checkpoint = config.job.checkpoint
+    copies = None
+    if replicas is not None and checkpoint is not None and checkpoint.replicas:
+        copies = ReplicaDuties(replicas, store, call, CopyTerms.of(config), metrics, clock)
+        replicas.listen(copies.accept)
+    return TierDuties(keeper, config.node.name, metrics, copies)
 
 
 class TierDuties:
@@ -63,7 +88,7 @@ class TierDuties:
             return False
         ended = group.generation is not None and not group.active
         settling = self.keeper.settling or (ended and group.generation != self._settled)
-        handing = self.copies is not None and self.copies.handover.owed(record, drained)
+        handing = self.copies is not None and self.copies.owes_handover(record, drained)
         return settling or (self._graceful and handing)
 
     def report(self) -> TierReport:
@@ -137,7 +162,7 @@ class TierDuties:
             events += self.copies.tick(record, own)
             settled = ended and group.generation == self._settled and not keeper.settling
             if self._graceful and settled:  # holds_back() says when the hand-over is owed
-                self.copies.handover.step(record, own, drained)
+                self.copies.hand_over(record, own, drained)
         done = keeper.take_persisted()
         if done is not None:
             self._metrics.persisted(done.seconds, done.bytes)
@@ -159,7 +184,7 @@ class TierDuties:
         ):
             keeper.remove()
             if self.copies is not None:
-                self.copies.replicas.remove()
+                self.copies.remove()
             log.info("job %s: memory tier %s removed", record.state.value, keeper.memory)
         return events
 
