@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nodeagent.job.plan import FAILURE_REASONS
-from nodeagent.model.job import Cordon, JobRecord
+from nodeagent.model.job import Cordon, JobRecord, RestartReason
 from nodeagent.state import JobState, NodeState
 from nodeagent.supervisor.status import GroupPhase, GroupStatus
 
@@ -145,7 +144,8 @@ def _decide_running(view: LocalView, record: JobRecord) -> NodeDecision:
     broken = False
     if record.generation != group.generation:
         reason = f"generation {record.generation} replaces {group.generation} ({record.reason})"
-        broken = record.reason in FAILURE_REASONS
+        why = RestartReason.of(record.reason)
+        broken = why is not None and why.breaks_generation
         if view.in_place:
             release = ReleaseWorkers(reason, broken=broken)
             return NodeDecision(NodeState.STOPPING, (release,), reason)

@@ -2,8 +2,8 @@
 
 Each `generation_started` event names its generation, members (the first EVENT_MEMBERS of
 them, and how many more) and the reason the generation was announced; each
-`generation_announced` after the first generation is a restart, by that reason (worker_failed,
-worker_hung, node_lost, node_left, node_joined, scale, operator, ...).
+`generation_announced` after the first generation is a restart, by that reason
+(model/job.py RestartReason; "other" for text nodeagent did not write, as the metrics count it).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nodeagent.model.job import Event
+from nodeagent.model.job import Event, RestartReason
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ def restarts_by_cause(events: Sequence[Event]) -> dict[str, int]:
     for event in events:
         if event.type != "generation_announced" or (event.generation or 0) <= 1:
             continue
-        reason = str(event.data.get("reason", "unknown"))
+        why = RestartReason.of(str(event.data.get("reason", "")))
+        reason = why.value if why is not None else "other"
         causes[reason] = causes.get(reason, 0) + 1
     return causes

@@ -26,14 +26,13 @@ from nodeagent.model.job import (
     Failure,
     JobRecord,
     NodeReport,
+    RestartReason,
 )
 from nodeagent.model.tiers import CheckpointRecord
 from nodeagent.state import JobState, NodeState
 
 # Not eligible for a new generation.
 UNAVAILABLE = frozenset({NodeState.LEAVING, NodeState.DRAINING, NodeState.CORDONED})
-# Generations replaced for these reasons are broken: their collectives cannot complete.
-FAILURE_REASONS = frozenset({"worker_failed", "worker_hung", "node_lost"})
 # No longer part of the generation that runs: a fenced node stopped its workers, a joining one
 # restarted and lost them. Both may join the next generation.
 DROPPED_OUT = frozenset(
@@ -269,13 +268,15 @@ def _count_crash(
     """Counts a running generation replaced for a worker failure into the crash streak (reset
     by a generation that ran restart_backoff_reset or a failure of another kind, cleared by an
     operator restart or stop) and says, as an event, how long the next generation will wait."""
-    if after.reason == "operator":
+    if after.reason == RestartReason.OPERATOR:
         return replace(memory, crash_streak=0, crash_kind=""), None
+    why = RestartReason.of(after.reason)
     announced = (
         before is not None
         and before.state is JobState.RUNNING
         and after.state is JobState.RESTARTING
-        and after.reason in ("worker_failed", "worker_hung")
+        and why is not None
+        and why.charged
     )
     if not announced or before is None:
         return memory, None
@@ -296,13 +297,16 @@ def _count_crash(
 def _step(record: JobRecord, ctx: _Context) -> _Step:
     if ctx.requests.stop and record.state is not JobState.STOPPED:
         stopped = record.moved_to(
-            JobState.STOPPED, reason="operator", since_ms=ctx.view.now_ms, pending_failure=None
+            JobState.STOPPED,
+            reason=RestartReason.OPERATOR.value,
+            since_ms=ctx.view.now_ms,
+            pending_failure=None,
         )
         return stopped, [_job_event("job_stopped", stopped, "stopped by operator")], "stop"
     if record.state.terminal:
         if ctx.requests.restart:
             reset = record.state is JobState.FAILED
-            return _begin(record, ctx, "operator", reset_restarts=reset)
+            return _begin(record, ctx, RestartReason.OPERATOR, reset_restarts=reset)
         return record, [], f"job {record.state.value}"
     if record.state is JobState.RUNNING:
         return _step_running(record, ctx)
@@ -314,12 +318,13 @@ def _step(record: JobRecord, ctx: _Context) -> _Step:
 def _begin(
     record: JobRecord,
     ctx: _Context,
-    reason: str,
+    why: RestartReason,
     failure: Failure | None = None,
     reset_restarts: bool = False,
 ) -> _Step:
     """Announce generation g+1: every live agent stops its workers and acknowledges it."""
     generation = _highest_generation(ctx.view, record.generation) + 1
+    reason = why.value
     new = record.moved_to(
         JobState.RESTARTING,
         generation=generation,
@@ -341,17 +346,18 @@ def _failure_detail(record: JobRecord, failure: Failure) -> str:
     return record.detail if record.detail.startswith(described) else described
 
 
-def _why_gone(reports: Sequence[NodeReport | None]) -> str:
+def _why_gone(reports: Sequence[NodeReport | None]) -> RestartReason:
     """The restart reason for members that dropped out: a drain is gpu_fault when the agent
     cordoned itself for a GPU fault, operator when a person did; leaving is node_left."""
     if reports and all(r is not None and r.state is NodeState.LEAVING for r in reports):
-        return "node_left"
+        return RestartReason.NODE_LEFT
     drains = [
         r.cordon for r in reports if r is not None and r.cordon is not None and r.cordon.drain
     ]
     if drains and len(drains) == len(reports):
-        return "gpu_fault" if all(c.by == "gpu" for c in drains) else "operator"
-    return "node_lost"
+        gpu = all(c.by == "gpu" for c in drains)
+        return RestartReason.GPU_FAULT if gpu else RestartReason.OPERATOR
+    return RestartReason.NODE_LOST
 
 
 def _settled(ctx: _Context) -> bool:
@@ -379,7 +385,8 @@ def _step_running(record: JobRecord, ctx: _Context) -> _Step:
     nodes = ctx.view.nodes
     failures = _member_failures(record, nodes)
     if failures:
-        reason = "worker_hung" if failures[0].kind == "hang" else "worker_failed"
+        hung = failures[0].kind == "hang"
+        reason = RestartReason.WORKER_HUNG if hung else RestartReason.WORKER_FAILED
         record = replace(record, checkpoint=restore.after_failure(record, nodes))
         return _begin(record, ctx, reason, failure=failures[0])
     gone = [m for m in record.members if m not in nodes or nodes[m].state in DROPPED_OUT]
@@ -393,15 +400,16 @@ def _step_running(record: JobRecord, ctx: _Context) -> _Step:
         )
         return done, [_job_event("job_succeeded", done, "every worker exited 0")], "succeeded"
     if ctx.requests.restart:
-        return _begin(record, ctx, "operator")
+        return _begin(record, ctx, RestartReason.OPERATOR)
     # A cordoned member keeps running until the next generation (cordon is not drain).
     if record.target_nodes < len(record.members):
-        return _begin(record, ctx, "scale")
+        return _begin(record, ctx, RestartReason.SCALE)
     members = set(record.members)  # (a tuple's `in` made this O(M^2): 0.7 s at 10,000 nodes)
     standby = [n for n in ctx.eligible if n not in members]
     desired = min(record.target_nodes, len(record.members) + len(standby))
     if desired > len(record.members) and (desired == record.target_nodes or _settled(ctx)):
-        return _begin(record, ctx, "scale" if ctx.requests.scaled else "node_joined")
+        scaled = ctx.requests.scaled
+        return _begin(record, ctx, RestartReason.SCALE if scaled else RestartReason.NODE_JOINED)
     return record, [], "running"
 
 
@@ -423,7 +431,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
     # A worker failure while a previous member was lost is blamed on the loss (decision 11):
     # a dead peer makes the survivors' collectives fail too.
     if failure is not None and lost:
-        reason = "node_lost"
+        reason = RestartReason.NODE_LOST.value
         detail = f"{failure.describe()} after losing {_names(lost)}: not charged"
     elif failure is not None and (reporter is None or reporter.failure != failure):
         # Only a failure its node still reports is charged: not one written into the record.
@@ -480,7 +488,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
         tiers = restore.choose(running.checkpoint, chosen, record.nproc_per_node, nodes)
         running = replace(running, checkpoint=tiers)
         events.append(_restore_event(running, tiers))
-    if running.reason == "scale":
+    if running.reason == RestartReason.SCALE:
         applied = f"running on {len(chosen)} nodes (target {running.target_nodes})"
         events.append(_job_event("scale_applied", running, applied))
     return running, events, "started"
@@ -489,7 +497,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
 def _step_waiting(record: JobRecord, ctx: _Context) -> _Step:
     count = len(ctx.eligible)
     if count >= record.min_nodes and (count >= record.target_nodes or _settled(ctx)):
-        return _begin(record, ctx, "node_joined")
+        return _begin(record, ctx, RestartReason.NODE_JOINED)
     waited_ms = ctx.view.now_ms - record.since_ms
     if waited_ms > ctx.policy.rendezvous_timeout_ms:
         failed = record.moved_to(

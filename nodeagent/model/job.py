@@ -242,6 +242,55 @@ class NodeReport:
         return report
 
 
+class RestartReason(str, Enum):
+    """Why a generation was announced: the job record's `reason` from its announcement while it
+    restarts and runs, its `generation_announced` and `generation_started` events' `reason`,
+    and the label of `nodeagent_restarts_total` (any other text read from Redis is "other").
+
+    WORKER_FAILED  a worker exited with an error or a signal (charged to max_restarts)
+    WORKER_HUNG    a worker made no progress for hang_timeout (charged)
+    NODE_LOST      a member's lease lapsed, or a worker failed after a member was lost (not
+                   charged: a dead peer makes the survivors' collectives fail too)
+    NODE_LEFT      every member that dropped out was leaving (its agent stopped)
+    NODE_JOINED    nodes joined a job below its target, or a waiting job has enough
+    SCALE          the target changed (nodeagentctl scale)
+    OPERATOR       an operator's restart, or an operator's drain of every member that left
+    GPU_FAULT      every member that left drained itself for a GPU fault
+    """
+
+    WORKER_FAILED = "worker_failed"
+    WORKER_HUNG = "worker_hung"
+    NODE_LOST = "node_lost"
+    NODE_LEFT = "node_left"
+    NODE_JOINED = "node_joined"
+    SCALE = "scale"
+    OPERATOR = "operator"
+    GPU_FAULT = "gpu_fault"
+
+    @property
+    def breaks_generation(self) -> bool:
+        """The generation it replaces is broken: its collectives cannot complete, so its
+        workers' stop is a failure's (no stop save, nothing persisted or handed over)."""
+        return self in _BREAKING
+
+    @property
+    def charged(self) -> bool:
+        """A worker's failure: it counts against max_restarts and the crash streak."""
+        return self in (RestartReason.WORKER_FAILED, RestartReason.WORKER_HUNG)
+
+    @classmethod
+    def of(cls, text: str) -> RestartReason | None:
+        """The reason a record or an event names (None: not a restart reason: the record of
+        an ended or waiting job, or text nodeagent did not write)."""
+        try:
+            return cls(text)
+        except ValueError:
+            return None
+
+
+_BREAKING = frozenset(
+    {RestartReason.WORKER_FAILED, RestartReason.WORKER_HUNG, RestartReason.NODE_LOST}
+)
 _NODE_STATES = tuple(s.value for s in NodeState)
 _JOB_STATES = tuple(s.value for s in JobState)
 

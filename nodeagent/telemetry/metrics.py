@@ -31,21 +31,11 @@ from nodeagent.errors import ConfigError
 from nodeagent.gpu.classify import Verdict
 from nodeagent.gpu.readings import GpuSnapshot
 from nodeagent.model.garbage import KINDS as GARBAGE_KINDS
-from nodeagent.model.job import WORKER_STATES, JobRecord, WorkerInfo
+from nodeagent.model.job import WORKER_STATES, JobRecord, RestartReason, WorkerInfo
 from nodeagent.state import JobState, NodeState
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
 from nodeagent.telemetry.httpd import HttpServer, Route
 
-RESTART_REASONS = (
-    "worker_failed",
-    "worker_hung",
-    "node_lost",
-    "node_left",
-    "node_joined",
-    "scale",
-    "operator",
-    "gpu_fault",
-)
 FAILURE_KINDS = ("exit_code", "signal", "hang", "xid")
 DETECTION_KINDS = ("node_lost", "hang")
 RECOVERY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -217,8 +207,8 @@ class AgentMetrics:
         Info("nodeagent_build", "nodeagent's version", registry=r).info({"version": version})
         # Every series exists from the start, at zero: rate() and increase() need a sample
         # before the first event to see it.
-        for reason in RESTART_REASONS:
-            self.restarts.labels(job_id, reason)
+        for reason in RestartReason:
+            self.restarts.labels(job_id, reason.value)
         for kind in FAILURE_KINDS:
             self.worker_failures.labels(job_id, kind)
         for kind in DETECTION_KINDS:
@@ -257,8 +247,8 @@ class AgentMetrics:
         if record.generation > self._generation_seen:
             if self._generation_seen:  # not the first one this agent saw: a re-form
                 # The reason is read from Redis: only known ones become label values.
-                reason = record.reason if record.reason in RESTART_REASONS else "other"
-                self.restarts.labels(j, reason).inc()
+                why = RestartReason.of(record.reason)
+                self.restarts.labels(j, why.value if why is not None else "other").inc()
                 self._announced_at.setdefault(record.generation, now)
             self._generation_seen = record.generation
 

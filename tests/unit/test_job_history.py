@@ -34,3 +34,12 @@ def test_generations_are_the_ones_that_started_with_their_nodes() -> None:
 def test_restarts_count_every_announcement_after_the_first_generation_by_its_reason() -> None:
     assert restarts_by_cause(EVENTS) == {"worker_failed": 2, "node_lost": 1}
     assert restarts_by_cause(EVENTS[:3]) == {}
+
+
+def test_a_reason_nodeagent_did_not_write_is_counted_as_other_as_the_metrics_count_it() -> None:
+    """Events come from Redis: text that is no RestartReason is not shown as a cause."""
+    odd = [
+        event("generation_announced", 2, 100, "x" * 200),
+        event("generation_announced", 3, 200, ""),
+    ]
+    assert restarts_by_cause(odd) == {"other": 2}

@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 from nodeagent.channel.beats import Beat
 from nodeagent.gpu.classify import Thresholds, classify
 from nodeagent.gpu.readings import GpuReading, GpuSnapshot
-from nodeagent.model.job import WorkerInfo
+from nodeagent.model.job import RestartReason, WorkerInfo
 from nodeagent.state import JobState, NodeState
 from nodeagent.telemetry.httpd import answer, too_large
 from nodeagent.telemetry.metrics import AgentMetrics
@@ -143,6 +143,21 @@ def test_http_answers(request_head: bytes, status: bytes, body: bytes) -> None:
 def test_http_limits(buffer: bytes, status: bytes | None) -> None:
     error = too_large(buffer)
     assert (error is None) if status is None else (error is not None and status in error[:20])
+
+
+@pytest.mark.parametrize("reason", list(RestartReason))
+def test_every_restart_reason_the_plan_gives_is_counted_by_its_own_name(
+    reason: RestartReason,
+) -> None:
+    """The plan announces generations only with a RestartReason (job/plan.py `_begin` takes
+    nothing else); the metrics know each one, none is counted as "other"."""
+    m = AgentMetrics("llama", "0")
+    assert value(m, "nodeagent_restarts_total", reason=reason.value) == 0  # from the start
+    record = make_record(JobState.RUNNING, 4, ("a",))
+    m.synced(0.001, record, leader=False, now=1.0)
+    m.synced(0.001, replace(record, generation=5, reason=reason.value), leader=False, now=2.0)
+    assert value(m, "nodeagent_restarts_total", reason=reason.value) == 1
+    assert value(m, "nodeagent_restarts_total", reason="other") is None  # never counted
 
 
 def test_garbage_counts_by_kind_and_reasons_from_redis_are_no_labels() -> None:

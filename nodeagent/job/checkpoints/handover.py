@@ -32,7 +32,7 @@ from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
 from nodeagent.job.checkpoints import replication
 from nodeagent.model.handout import Handout, Transfer
-from nodeagent.model.job import JobRecord, NodeReport
+from nodeagent.model.job import JobRecord, NodeReport, RestartReason
 from nodeagent.model.tiers import Held, SaveKey, TierReport
 from nodeagent.state import JobState
 
@@ -53,7 +53,8 @@ def leaving(record: JobRecord, node: str, drained: bool) -> bool:
     is drained."""
     if record.state is not JobState.RESTARTING or node not in record.members:
         return False
-    return drained or (record.reason == "scale" and record.target_nodes < len(record.members))
+    scale_down = record.reason == RestartReason.SCALE and record.target_nodes < len(record.members)
+    return drained or scale_down
 
 
 @dataclass
