@@ -1,3 +1,10 @@
-"""nodeagent: a per-node daemon for elastic, fault-tolerant distributed PyTorch training."""
+"""nodeagent: a per-node daemon for elastic, fault-tolerant distributed PyTorch training.
+
+The packages, top layer first (docs/architecture.md; tests/unit/test_layers.py checks that
+every import points down): cli/ (the command lines), runtime/ (the wiring), job/ and pool/
+(the protocols), supervisor/, telemetry/, gpu/, coord/, checkpoint/ (the parts), model/,
+channel/, config/ (the formats and settings), and state.py, errors.py at the root. worker/
+is what training scripts import, beside the agent. __main__.py: `python -m nodeagent`.
+"""
 
 __version__ = "0.1.0"

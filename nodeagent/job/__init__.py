@@ -1,8 +1,13 @@
 """The job protocol: how the agents of one job agree on members, ranks and a generation.
 
 Pure decisions: plan.py (the leader's `plan(view, policy, memory)`), decide.py (one node's
-`decide(view)` about its own workers), outcome.py, timeline.py, events.py. Executors:
-leadership.py (plan, then commit fenced), agent.py (the loop: observe, decide, act, the only
-place that executes a decision), lease.py (self-fencing on this node's clock), watch.py (hangs
-and GPU health as findings). Talks to Redis only through the store it is given (coord/).
+`decide(view)` about its own workers), outcome.py, timeline.py, events.py, history.py (a job's
+generations and restarts from its events), repeats.py (a failure that repeats the one before).
+Executors: leadership.py (plan, then commit fenced), agent.py (the loop: observe, decide, act,
+the only place that executes a decision), lease.py (self-fencing on this node's clock),
+watch.py (hangs and GPU health as findings), verify.py (what this node may act on, checked
+against what it knows itself). port.py: what the agent needs of the job's shared state (a
+Protocol: coord/'s JobStore, or an in-memory one in the tests). checkpoints/: the checkpoint
+protocol (the tiers' duties, the copies, the hand-over, the restore order). Talks to Redis only
+through the store it is given (coord/).
 """

@@ -1,8 +1,10 @@
 """What goes into Redis and comes back: records, reports, specs, and the strict decoder.
 
 job.py (a job's node reports, record, events, commands), pool.py (a pool's node reports and job
-statuses), queues.py (the pool's queues), spec.py (a submitted job spec), credential.py (a
-MUNGE credential bound to a request, and the verdict on it), garbage.py (what was found in Redis
-that nodeagent did not write), decode.py (the strict reader all of them use). Pure: no Redis
-here (coord/ reads and writes these).
+statuses), queues.py (the pool's queues), spec.py (a submitted job spec), tiers.py (what a node
+holds in its checkpoint tiers, the leader's restore order and committed step), handout.py (a node's
+share of the checkpoint copies), request.py (a signed request to change the pool, its reply, its
+caller), credential.py (a MUNGE credential bound to a request, and the verdict on it), garbage.py
+(what was found in Redis that nodeagent did not write), decode.py (the strict reader all of them
+use). Pure: no Redis here (coord/ reads and writes these).
 """

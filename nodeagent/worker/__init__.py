@@ -1,9 +1,31 @@
 """What training scripts import. torch is imported lazily: the agent never needs it.
 
-    from nodeagent.worker import CheckpointManager, GracefulExit, beat, rescale
+    from nodeagent.worker import Checkpointer, GracefulExit, TrainState, beat
 
-Every helper also works under plain torchrun (or no launcher): without nodeagent's environment
-`beat` does nothing and `GracefulExit` still catches SIGTERM.
+    checkpointer = Checkpointer("/shared/ckpt/llama")  # under nodeagent: its tiers first
+    state = TrainState(model, optimizer)
+    start = checkpointer.restore(state)  # on every rank: the step to resume from (0: none)
+    with GracefulExit() as stop:
+        for step in range(start + 1, steps + 1):
+            train_one_step(step)
+            beat(step)  # progress: the agent's hang detection
+            last = stop.should_stop_all()  # SIGTERM on any rank: every rank stops here
+            if step % 50 == 0 or last:
+                checkpointer.save(state, step)  # on every rank, at the same steps
+            if last:
+                break
+    checkpointer.close()  # writes the last save the tiers held back (docs/checkpoints.md)
+
+checkpointer.py (Checkpointer: sharded saves in the agent's tiers that survive a worker
+crash and a node loss), trainstate.py (TrainState: what a save holds), dcpio.py
+(torch.distributed.checkpoint as the tiers use it), agree.py (the ranks' one verdict per
+restore source), checkpoint.py (CheckpointManager: whole-file checkpoints that cannot be
+half-read), graceful.py (GracefulExit: an emergency save on SIGTERM), progress.py (`beat`),
+scaling.py (`rescale`: hyperparameters for another world), elastic.py (in-place recovery:
+`elastic.run`, State, Reform), follow.py (what a worker was told over its control channel),
+release.py (a destroyed process group really closes), preloaded.py (a pre-started
+interpreter, `job.preload`). Every helper also works under plain torchrun (or no launcher):
+without nodeagent's environment `beat` does nothing and `GracefulExit` still catches SIGTERM.
 """
 
 from nodeagent.worker import elastic

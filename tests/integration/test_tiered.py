@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -329,3 +330,42 @@ def test_a_save_never_goes_over_the_committed_one_the_agent_pinned(tmp_path: Pat
     assert without.save(state, 20)
     without.wait()
     assert held() == [18, 20]
+
+
+def _worker_example() -> str:
+    """The code block of nodeagent/worker/__init__.py's docstring, as a script would copy it."""
+    import nodeagent.worker
+
+    doc = nodeagent.worker.__doc__ or ""
+    block = [line for line in doc.splitlines() if line.startswith("    ") or not line.strip()]
+    start = next(i for i, line in enumerate(block) if line.strip())
+    end = max(i for i, line in enumerate(block) if line.strip())
+    return textwrap.dedent("\n".join(block[start : end + 1]))
+
+
+def test_the_example_nodeagent_worker_shows_runs_and_resumes(tmp_path: Path) -> None:
+    """What `help(nodeagent.worker)` shows a script author is current: it trains, saves, and a
+    second run resumes from the step the first saved last (plain python, no launcher)."""
+    example = _worker_example().replace('"/shared/ckpt/llama"', repr(str(tmp_path / "ck")))
+    assert "Checkpointer(" in example and "checkpointer.restore(state)" in example
+    script = tmp_path / "example.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(4, 4)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "steps = 120\n"
+        "def train_one_step(step: int) -> None:\n"
+        "    model(torch.ones(1, 4)).sum().backward()\n"
+        "    optimizer.step()\n" + example + "\nprint('resumed from', start)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = [
+        subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+        )
+        for _ in range(2)
+    ]
+    for done in runs:
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert [r.stdout.split()[-1] for r in runs] == ["0", "100"]
+    assert tier.steps(tmp_path / "ck") == [100, 50]  # keep=2 newest steps
