@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.cli.ctlshow import print_health
+from nodeagent.cli.ctl.output import print_health
 from nodeagent.config import strictyaml
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.load import _load_health as load_health_section  # the section on its own

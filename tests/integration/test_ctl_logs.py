@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodeagent.cli import ctl
+from nodeagent.cli.ctl import main as ctl_main
 from nodeagent.telemetry.logtail import Follower, last_lines, rank_logs
 from tests.helpers.runas import AS_TESTER
 
@@ -28,7 +28,7 @@ def logs(tmp_path: Path) -> Path:
 
 
 def test_tail_of_one_rank(logs: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = ctl.main(
+    code = ctl_main(
         ["--job", "llama", "logs", "--log-dir", str(logs), "--rank", "0", "--tail", "5"]
     )
     assert code == 0
@@ -48,7 +48,7 @@ def test_every_rank_from_the_config(
             }
         )
     )
-    assert ctl.main(["--config", str(config), "logs", "--tail", "1"]) == 0
+    assert ctl_main(["--config", str(config), "logs", "--tail", "1"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         f"==> rank 0: {logs / 'llama' / 'rank-0.log'} <==",
         "line 99",
@@ -68,12 +68,12 @@ def test_every_rank_from_the_config(
 def test_nothing_to_show_exits_2(
     logs: Path, args: list[str], words: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert ctl.main([*args, "--log-dir", str(logs)]) == EX_USAGE
+    assert ctl_main([*args, "--log-dir", str(logs)]) == EX_USAGE
     assert words in capsys.readouterr().err
 
 
 def test_the_only_job_is_the_default(logs: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert ctl.main(["logs", "--log-dir", str(logs), "--rank", "1", "-n", "1"]) == 0
+    assert ctl_main(["logs", "--log-dir", str(logs), "--rank", "1", "-n", "1"]) == 0
     assert capsys.readouterr().out == "hello\n"
 
 
@@ -122,5 +122,5 @@ def test_a_job_named_reads_across_the_pool_so_it_needs_redis(
 ) -> None:
     # `logs JOB` asks the agent of the rank's node (tests/integration/test_pool_logs.py); the
     # files of this node are `logs` without JOB.
-    assert ctl.main(["logs", "llama", "--rank", "1"], environ={}) == EX_USAGE
+    assert ctl_main(["logs", "llama", "--rank", "1"], environ={}) == EX_USAGE
     assert "give --config PATH, or --redis URL" in capsys.readouterr().err

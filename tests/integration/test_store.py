@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from nodeagent.cli.ctlwait import wait_job_drained
+from nodeagent.cli.ctl.wait import wait_job_drained
 from nodeagent.coord.client import connect, parse_sentinel_url
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
@@ -203,7 +203,7 @@ def test_sentinel_urls() -> None:
 def test_drain_wait_returns_once_the_job_went_on_without_the_node(
     redis_server: RedisServer, job_id: str
 ) -> None:
-    """`nodeagentctl drain --wait` (cli/ctlwait.py) on what the store holds: b is cordoned with
+    """`nodeagentctl drain --wait` (cli/ctl/wait.py) on what the store holds: b is cordoned with
     its workers stopped before the leader announces the generation without it, and before b's
     agent persisted and handed over its last save (it acknowledges that generation only after):
     the wait goes on while the record names b, restarting or not, and ends once it does not."""

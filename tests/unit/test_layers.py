@@ -10,6 +10,7 @@ agent). Only cli/ prints or exits, apart from the child programs in PROGRAMS. No
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,9 +219,22 @@ def test_the_root_holds_only_packages_errors_and_state() -> None:
     assert packages <= layered, f"a package in no layer: {sorted(packages - layered)}"
 
 
-def test_every_package_says_what_it_holds() -> None:
-    for init in ROOT.glob("*/__init__.py"):
-        assert ast.get_docstring(ast.parse(init.read_text())), f"{init} has no docstring"
+def unnamed(package: Path) -> list[str]:
+    """The modules (`name.py`) and subpackages (`name/`) of `package` its docstring does not
+    name: the package's docstring is the map of what it holds."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    held = [p.name for p in package.glob("*.py") if p.name != "__init__.py"]
+    held += [f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").exists()]
+    return sorted(name for name in held if not re.search(rf"(?<![\w/.]){re.escape(name)}", doc))
+
+
+def test_every_package_names_every_module_it_holds() -> None:
+    found = {
+        module_name(init): missing
+        for init in sorted(ROOT.rglob("__init__.py"))
+        if (missing := unnamed(init.parent))
+    }
+    assert found == {}, "name each in its package's docstring (what it holds, in a few words)"
 
 
 def test_only_the_command_lines_print_or_exit() -> None:
@@ -298,6 +312,49 @@ def test_a_circle_is_caught_and_a_lazy_import_breaks_none() -> None:
     assert circles(graph) == [["a", "b", "c"]]
     graph["c"] = [Import("c", "a", 9, top_level=False)]  # inside a function
     assert circles(graph) == []
+
+
+def unmapped(page: str, root: Path = ROOT) -> list[str]:
+    """The modules docs/architecture.md does not name, each as `name.py` in backticks, in their
+    package's row of its table (the row that starts with the package, as `job/checkpoints/`;
+    the root's modules share the row that starts with `state.py`)."""
+    rows = {
+        match.group(1): line
+        for line in page.splitlines()
+        if (match := re.match(r"\| `([\w/.]+)`", line))
+    }
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        package = path.parent.relative_to(root).as_posix()
+        row = rows.get(f"{package}/" if package != "." else "state.py", "")
+        if f"`{path.name}`" not in row:
+            found.append(path.relative_to(root).as_posix())
+    return found
+
+
+def test_the_architecture_page_names_every_module_in_its_package_row() -> None:
+    page = (ROOT.parent / "docs" / "architecture.md").read_text()
+    assert unmapped(page) == []
+
+
+def test_a_module_the_architecture_page_leaves_out_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "job").mkdir()
+    for name in ("job/plan.py", "job/lease.py", "job/__init__.py", "state.py"):
+        (tmp_path / name).write_text("")
+    page = "| `job/` | `plan.py` (the leader); lease.py unquoted |\n| `state.py` | the enums |\n"
+    assert unmapped(page, tmp_path) == ["job/lease.py"]
+
+
+def test_a_module_its_package_does_not_name_is_caught(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "inner").mkdir(parents=True)
+    (package / "inner" / "__init__.py").write_text('"""Nothing."""\n')
+    for name in ("plan.py", "replan.py", "lease.py"):
+        (package / name).write_text("")
+    (package / "__init__.py").write_text('"""plan.py (the leader), inner/ (more); not lease."""\n')
+    assert unnamed(package) == ["lease.py", "replan.py"]  # replan.py is not plan.py
 
 
 def test_lazy_and_package_imports_are_seen() -> None:

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from nodeagent.cli.ctl import _parser as ctl_parser
-from nodeagent.cli.ctlsubmit import spec_from_args
+from nodeagent.cli.ctl.parser import parser as ctl_parser
+from nodeagent.cli.ctl.submit import spec_from_args
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.pool.lifecycle import Pruning, deadlines, prunable, unstale
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule

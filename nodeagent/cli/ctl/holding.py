@@ -1,5 +1,5 @@
-"""nodeagentctl hold JOB, release JOB, requeue JOB (pool.auth none: written here; with munge
-cli/ctlsigned.py sends them as signed requests). Checked before anything is written
+"""What nodeagentctl hold JOB, release JOB and requeue JOB share (pool.auth none: written here;
+with munge signing.py sends them as signed requests). Checked before anything is written
 (pool/jobverbs.py): an unknown job, or one in the wrong state, exits 2 and changes nothing.
 """
 
@@ -8,25 +8,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nodeagent.cli import ctlargs
+from nodeagent.cli.ctl import argtypes
 from nodeagent.coord import holds
 from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import NotFoundError, UsageError
+from nodeagent.model.request import Verb
 from nodeagent.pool import jobverbs
 
-COMMANDS = frozenset(jobverbs.VERBS)
-HELP = {
-    "hold": "keep a pending job from being admitted (until release)",
-    "release": "let a held job be admitted",
-    "requeue": "stop a running job (its workers get the stop grace to checkpoint) and put it "
-    "back in the queue, in its place, under its id",
-}
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job_id", metavar="JOB", type=argtypes.name)
 
 
-def add_parsers(commands: Any) -> None:
-    for verb in jobverbs.VERBS:
-        parser = commands.add_parser(verb, help=HELP[verb])
-        parser.add_argument("job_id", metavar="JOB", type=ctlargs.name)
+def request(args: argparse.Namespace) -> tuple[Verb, dict[str, Any]]:
+    return Verb(args.command), {"job": args.job_id}
 
 
 def run(store: PoolStore, args: argparse.Namespace, by: str) -> int:

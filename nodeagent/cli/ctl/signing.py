@@ -6,7 +6,8 @@ become a request (model/request.py) carrying a MUNGE credential from this host's
 uid and gid, bound to the request), written to the pool's requests stream. The pool leader
 checks it, does it if you may, and answers; this prints the answer: 0 done, 2 refused (why),
 3 no such job or node, 1 no pool leader answered in time (the request may still be taken: see
-`events --pool`).
+`events --pool`). Each verb that changes the pool says its own signed form (its `request`,
+beside its `run`: verbs.py); this module signs, sends and waits for the answer.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.cli import ctlpool, ctlsubmit, ctlwait
+from nodeagent.cli.ctl import scale, submit, wait
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
@@ -26,38 +27,6 @@ from nodeagent.model.credential import Munge, MungeUnavailable
 from nodeagent.model.request import Reply, Request, Verb
 
 ANSWER_TIMEOUT_S = 30.0
-QUEUE_KEYS = frozenset({"quota", "guaranteed", "max_priority"})  # absent: unchanged
-
-
-def request_of(
-    args: argparse.Namespace, user: str, job: str | None
-) -> tuple[Verb, dict[str, Any]] | None:
-    """The request a command line makes (None: a command that changes no pool state). `job`:
-    the job of --job or --config, for a job's own commands."""
-    command = args.command
-    if command == "submit":
-        spec = ctlsubmit.spec_from_args(args, user, "")
-        return Verb.SUBMIT, {"spec": spec.to_dict(), **({"hold": True} if args.hold else {})}
-    if command in ("hold", "release", "requeue"):
-        return Verb(command), {"job": args.job_id}
-    if command == "cancel":
-        return Verb.CANCEL, {"job": args.job_id}
-    if command == "scale" and (len(args.what) == 2 or job is not None):
-        return Verb.SCALE, {
-            "job": args.what[0] if len(args.what) == 2 else job,
-            "target": args.what[-1],
-        }
-    if command in ("stop", "restart") and job is not None:
-        return Verb.COMMAND, {"job": job, "kind": command}
-    if command == "queue" and args.action != "list":
-        found: dict[str, Any] = {"action": args.action, "name": args.name}
-        given = {key: value for key, value in vars(args).items() if key in QUEUE_KEYS}
-        found.update({k: v for k, v in given.items() if k != "guaranteed" or v is not None})
-        return Verb.QUEUE, found
-    if command in ("cordon", "drain", "uncordon"):
-        body = {"action": command, "node": args.node, "reason": getattr(args, "reason", "")}
-        return Verb.CORDON, body if job is None else {**body, "job": job}
-    return None
 
 
 def run(
@@ -80,15 +49,15 @@ def run(
         return _scaled(store, munge, args, body, before)
     if verb is Verb.SUBMIT:
         job_id = str(body["spec"]["id"])
-        ctlsubmit.submitted(job_id, args)
-        return ctlsubmit.follow(store, job_id, args)
+        submit.submitted(job_id, args)
+        return submit.follow(store, job_id, args)
     print(reply.message, flush=True)
     if verb is Verb.CORDON and args.command == "drain" and args.wait:
         job = body.get("job")
         if job is not None:
             jobs = JobStore(store.client, store.keys.job(str(job)))
-            return ctlwait.wait_job_drained(jobs, args.node, args.timeout)
-        return ctlwait.wait_drained(store, args.node, args.timeout)
+            return wait.wait_job_drained(jobs, args.node, args.timeout)
+        return wait.wait_drained(store, args.node, args.timeout)
     return 0
 
 
@@ -129,10 +98,10 @@ def _scaled(
     body: dict[str, Any],
     before: int | None,
 ) -> int:
-    """--wait (and --rollback) of a signed scale, as of a job's own (cli/ctl.py)."""
+    """--wait (and --rollback) of a signed scale, as of a job's own (scale.py)."""
     jobs = JobStore(store.client, store.keys.job(str(body["job"])))
-    nodes = ctlpool.resolve_target(str(body["target"]), before or 0)
-    if ctlwait.wait_scaled(jobs, nodes, args.timeout):
+    nodes = scale.resolve_target(str(body["target"]), before or 0)
+    if wait.wait_scaled(jobs, nodes, args.timeout):
         return 0
     if args.rollback and before is not None:
         back = ask(store, munge, Verb.SCALE, {**body, "target": str(before)})

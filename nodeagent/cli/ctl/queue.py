@@ -6,27 +6,28 @@ import argparse
 import json
 from typing import Any
 
-from nodeagent.cli import ctlargs
-from nodeagent.cli.ctlshow import listing
+from nodeagent.cli.ctl import argtypes, caller
+from nodeagent.cli.ctl.output import listing
+from nodeagent.cli.ctl.targets import Target
 from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import UsageError
 from nodeagent.model.pool import PoolJobState
 from nodeagent.model.queues import DEFAULT, QueueView
+from nodeagent.model.request import Verb
 
-COMMAND = "queue"
+HELP = "the pool's queues: quota, guaranteed share, use"
+QUEUE_KEYS = frozenset({"quota", "guaranteed", "max_priority"})  # absent: unchanged
 
 
-def add_parser(commands: Any) -> None:
-    queue = commands.add_parser(
-        COMMAND,
-        help="the pool's queues: quota, guaranteed share, use",
-        description="nodeagentctl queue create research --quota 8 --guaranteed 4 | "
-        "queue set research --quota none | queue delete research | queue list",
+def add_arguments(queue: argparse.ArgumentParser) -> None:
+    queue.description = (
+        "nodeagentctl queue create research --quota 8 --guaranteed 4 | "
+        "queue set research --quota none | queue delete research | queue list"
     )
     actions = queue.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in (("create", "a new queue"), ("set", "change a queue")):
         parser = actions.add_parser(action, help=text)
-        parser.add_argument("name", type=ctlargs.name)
+        parser.add_argument("name", type=argtypes.name)
         parser.add_argument(
             "--quota",
             type=_quota,
@@ -43,7 +44,7 @@ def add_parser(commands: Any) -> None:
             help="the highest priority a job may be submitted with (none: no ceiling)",
         )
     delete = actions.add_parser("delete", help="remove a queue that no job is in")
-    delete.add_argument("name", type=ctlargs.name)
+    delete.add_argument("name", type=argtypes.name)
     listing = actions.add_parser("list", help="every queue and what it holds")
     listing.add_argument("--json", action="store_true")
 
@@ -68,7 +69,19 @@ def _ceiling(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a priority or none, got {text!r}") from None
 
 
-def run(store: PoolStore, args: argparse.Namespace, by: str) -> int:
+def request(
+    args: argparse.Namespace, user: str, job: str | None
+) -> tuple[Verb, dict[str, Any]] | None:
+    if args.action == "list":
+        return None
+    found: dict[str, Any] = {"action": args.action, "name": args.name}
+    given = {key: value for key, value in vars(args).items() if key in QUEUE_KEYS}
+    found.update({k: v for k, v in given.items() if k != "guaranteed" or v is not None})
+    return Verb.QUEUE, found
+
+
+def run(target: Target, args: argparse.Namespace) -> int:
+    store, by = target.pool_store, caller.by()
     if args.action == "list":
         return _list(store, args.json)
     if args.action == "delete":

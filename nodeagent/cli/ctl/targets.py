@@ -1,5 +1,5 @@
 """The job (or pool) nodeagentctl acts on, and how it reaches it: the Redis URL (--redis, else
---config's, else NODEAGENT_REDIS_URL, else nodeagentctl's own file: cli/ctlrc.py), its password
+--config's, else NODEAGENT_REDIS_URL, else nodeagentctl's own file: rc.py), its password
 (--redis-password-file, else the URL's, else NODEAGENT_REDIS_PASSWORD), the key prefix, the pool
 and the job, every one checked before anything is sent.
 """
@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nodeagent.cli import ctlargs
+from nodeagent.cli.ctl import argtypes
 from nodeagent.config import redisurl
 from nodeagent.config.load import read_settings
 from nodeagent.config.settings import EMBEDDED, NodeSettings
@@ -20,23 +20,24 @@ from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, UsageError
+from nodeagent.supervisor.munge import DEFAULT_SOCKET
 
 URL_ENV = "NODEAGENT_REDIS_URL"
 
 
 def _password(args: argparse.Namespace, url: str, environ: Mapping[str, str]) -> str | None:
     """The password to use: --redis-password-file, else the URL's, else the environment's."""
-    in_url = ctlargs.url_password(url)
+    in_url = argtypes.url_password(url)
     if args.redis_password_file is not None:
         if in_url is not None:
             raise UsageError(
                 "the Redis password is given twice (in the URL and --redis-password-file); "
                 "drop it from the URL"
             )
-        return ctlargs.read_password_file(args.redis_password_file)
+        return argtypes.read_password_file(args.redis_password_file)
     if in_url is not None:
         return None  # the URL carries it already
-    return environ.get(ctlargs.PASSWORD_ENV) or None
+    return environ.get(argtypes.PASSWORD_ENV) or None
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,9 @@ def target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
     if problem:
         raise ConfigError("redis.url", f"{problem} (in {args.config})")
     password = _password(args, url, environ)
-    password_given = password is not None or ctlargs.url_password(url) is not None
+    password_given = password is not None or argtypes.url_password(url) is not None
     if password is not None:
-        url = ctlargs.with_password(url, password)
+        url = argtypes.with_password(url, password)
     prefix = args.key_prefix or (config.redis.key_prefix if config else "nodeagent")
     pool = args.pool or (config.pool.name if config else "default")
     try:
@@ -98,3 +99,10 @@ def target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
         origin = origin if args.redis else f"redis.url in {args.config}" if config else URL_ENV
         raise UsageError(f"{origin}: {redisurl.redact(url)}: {exc}") from None
     return Target(client, config, prefix, pool, job, password_given)
+
+
+def munge_socket(target: Target, args: argparse.Namespace) -> str:
+    """munged's socket: --munge-socket, else --config's pool.munge_socket, else the default."""
+    if args.munge_socket:
+        return str(args.munge_socket)
+    return target.config.pool.munge_socket if target.config is not None else DEFAULT_SOCKET

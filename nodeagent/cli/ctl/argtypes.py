@@ -102,3 +102,20 @@ def read_password_file(path: str) -> str:
     if not password:
         raise UsageError(f"--redis-password-file: {path} is empty; write the password in it")
     return password
+
+
+def job_argument(command: argparse.ArgumentParser) -> None:
+    """A job's verb takes its job as JOB or --job JOB (checks.one_job)."""
+    command.add_argument(
+        "job_pos", nargs="?", metavar="JOB", type=name, help="the job (or --job JOB)"
+    )
+
+
+def timeout(command: argparse.ArgumentParser) -> None:
+    """How long a verb's --wait waits."""
+    command.add_argument(
+        "--timeout",
+        type=duration,
+        default="10m",
+        help="how long --wait waits, e.g. 30s or 10m (default 10m)",
+    )

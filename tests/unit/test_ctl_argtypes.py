@@ -10,7 +10,7 @@ import pytest
 import redis
 from redis.connection import parse_url
 
-from nodeagent.cli import ctlargs
+from nodeagent.cli.ctl import argtypes
 from nodeagent.coord.client import parse_sentinel_url
 from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.errors import CoordinationError, UsageError
@@ -29,17 +29,17 @@ PASSWORDS = ["plain", "with space", "a/b@c:d", "pct%41", "üñí"]
     ],
 )
 def test_a_password_survives_the_url_as_redis_py_reads_it(url: str, password: str) -> None:
-    with_it = ctlargs.with_password(url, password)
+    with_it = argtypes.with_password(url, password)
     parsed = parse_url(with_it)  # type: ignore[no-untyped-call]
     assert parsed["password"] == password
     assert parsed.get("username") == ("operator" if "operator@" in url else None)
-    assert ctlargs.url_password(url) is None
-    assert ctlargs.url_password(with_it) is not None
+    assert argtypes.url_password(url) is None
+    assert argtypes.url_password(with_it) is not None
 
 
 @pytest.mark.parametrize("password", PASSWORDS)
 def test_a_password_survives_a_sentinel_url(password: str) -> None:
-    url = ctlargs.with_password("redis+sentinel://a:26379,b:26379/mymaster/0", password)
+    url = argtypes.with_password("redis+sentinel://a:26379,b:26379/mymaster/0", password)
     target = parse_sentinel_url(url)
     assert target.password == password and target.service == "mymaster"
 
@@ -55,26 +55,26 @@ def test_a_password_survives_a_sentinel_url(password: str) -> None:
     ],
 )
 def test_url_password(url: str, password: str | None) -> None:
-    assert ctlargs.url_password(url) == password
+    assert argtypes.url_password(url) == password
 
 
 @pytest.mark.parametrize(
     ("check", "value", "expected"),
     [
-        (ctlargs.count, "0", 0),
-        (ctlargs.count, "12", 12),
-        (ctlargs.count, "-5", None),
-        (ctlargs.count, "2.5", None),
-        (ctlargs.count, "", None),
-        (ctlargs.duration, "30s", 30.0),
-        (ctlargs.duration, "500ms", 0.5),
-        (ctlargs.duration, "abc", None),
-        (ctlargs.duration, "-5s", None),
-        (ctlargs.name, "node-1.a_b", "node-1.a_b"),
-        (ctlargs.name, "", None),
-        (ctlargs.name, "a b", None),
-        (ctlargs.name, "a{b}", None),
-        (ctlargs.name, "x" * 64, None),
+        (argtypes.count, "0", 0),
+        (argtypes.count, "12", 12),
+        (argtypes.count, "-5", None),
+        (argtypes.count, "2.5", None),
+        (argtypes.count, "", None),
+        (argtypes.duration, "30s", 30.0),
+        (argtypes.duration, "500ms", 0.5),
+        (argtypes.duration, "abc", None),
+        (argtypes.duration, "-5s", None),
+        (argtypes.name, "node-1.a_b", "node-1.a_b"),
+        (argtypes.name, "", None),
+        (argtypes.name, "a b", None),
+        (argtypes.name, "a{b}", None),
+        (argtypes.name, "x" * 64, None),
     ],
 )
 def test_argument_types(check: Callable[[str], object], value: str, expected: object) -> None:
@@ -88,18 +88,18 @@ def test_argument_types(check: Callable[[str], object], value: str, expected: ob
 def test_password_file(tmp_path: Path) -> None:
     good = tmp_path / "pw"
     good.write_text("s3cret\nignored\n")
-    assert ctlargs.read_password_file(str(good)) == "s3cret"
+    assert argtypes.read_password_file(str(good)) == "s3cret"
     crlf = tmp_path / "crlf"
     crlf.write_bytes(b"s3cret\r\n")
-    assert ctlargs.read_password_file(str(crlf)) == "s3cret"
+    assert argtypes.read_password_file(str(crlf)) == "s3cret"
     empty = tmp_path / "empty"
     empty.write_text("\n")
     with pytest.raises(UsageError, match="is empty"):
-        ctlargs.read_password_file(str(empty))
+        argtypes.read_password_file(str(empty))
     with pytest.raises(UsageError, match="cannot read"):
-        ctlargs.read_password_file(str(tmp_path / "missing"))
+        argtypes.read_password_file(str(tmp_path / "missing"))
     with pytest.raises(UsageError, match="cannot read"):
-        ctlargs.read_password_file(str(tmp_path))  # a directory
+        argtypes.read_password_file(str(tmp_path))  # a directory
 
 
 def _wrapped(cause: BaseException) -> CoordinationError:

@@ -1,7 +1,7 @@
 """nodeagentctl submit: a job spec from a file and/or torchrun-like flags, checked before
 anything is written (an unknown key, a bad bound, an empty entrypoint, a bad id, duration or
 signal: exit 2, Redis as it was), stored pending in the pool (pool.auth none; with munge,
-cli/ctlsigned.py sends it as a signed request), and its id printed.
+cli/signing.py sends it as a signed request), and its id printed.
 """
 
 from __future__ import annotations
@@ -15,29 +15,32 @@ from typing import Any
 
 import yaml
 
-from nodeagent.cli import ctlargs, ctlwait
+from nodeagent.cli.ctl import argtypes, caller, wait
+from nodeagent.cli.ctl.targets import Target
 from nodeagent.config import strictyaml
 from nodeagent.config.settings import RECOVERY_MODES
 from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import ConfigError, UsageError
 from nodeagent.model.queues import DEFAULT
+from nodeagent.model.request import Verb
 from nodeagent.model.spec import JobSpec, load_spec
 from nodeagent.pool import requests
 
 WAIT_RUNNING_S = 600.0  # --wait-running's default --timeout
 
 
-def add_parser(commands: Any) -> None:
-    submit = commands.add_parser(
-        "submit",
-        help="submit a job to the pool: a spec file, or torchrun-like flags and -- COMMAND",
-        description="nodeagentctl submit job.yaml | nodeagentctl submit --name llama "
-        "--nodes 2:8 --nproc-per-node 8 -- python train.py --cfg big.yaml",
+HELP = "submit a job to the pool: a spec file, or torchrun-like flags and -- COMMAND"
+
+
+def add_arguments(submit: argparse.ArgumentParser) -> None:
+    submit.description = (
+        "nodeagentctl submit job.yaml | nodeagentctl submit --name llama "
+        "--nodes 2:8 --nproc-per-node 8 -- python train.py --cfg big.yaml"
     )
     submit.add_argument("spec", nargs="?", help="a job spec file (YAML)")
     submit.add_argument(
         "--name",
-        type=ctlargs.name,
+        type=argtypes.name,
         help="job id (overrides the spec's id; default: the spec's, else a new one such as "
         "job-3f9c2a1d); the id of a job that has ended may be used again",
     )
@@ -79,7 +82,7 @@ def add_parser(commands: Any) -> None:
     )
     submit.add_argument(
         "--time",
-        type=ctlargs.time_limit,
+        type=argtypes.time_limit,
         metavar="LIMIT",
         help="how long it may run once admitted, such as 90m, 1h30m, 2d or Slurm's "
         "[D-]HH:MM:SS; then it is stopped (the stop grace) and ends as timeout",
@@ -112,7 +115,7 @@ def add_parser(commands: Any) -> None:
     )
     submit.add_argument(
         "--timeout",
-        type=ctlargs.duration,
+        type=argtypes.duration,
         help="how long --wait (default: no limit) or --wait-running (default 10m) waits; "
         "then exit 1",
     )
@@ -193,8 +196,14 @@ def spec_from_args(
     return replace(spec, submitted_by=by)
 
 
-def run(store: PoolStore, args: argparse.Namespace, user: str, by: str) -> int:
-    spec = spec_from_args(args, user, by)
+def request(args: argparse.Namespace, user: str, job: str | None) -> tuple[Verb, dict[str, Any]]:
+    spec = spec_from_args(args, user, "")
+    return Verb.SUBMIT, {"spec": spec.to_dict(), **({"hold": True} if args.hold else {})}
+
+
+def run(target: Target, args: argparse.Namespace) -> int:
+    store, by = target.pool_store, caller.by()
+    spec = spec_from_args(args, caller.user(), by)
     queue = store.queue(spec.queue)
     if queue is None and spec.queue != DEFAULT:
         raise UsageError(
@@ -217,8 +226,8 @@ def follow(store: PoolStore, job_id: str, args: argparse.Namespace) -> int:
     """What `submit` returns once the job is stored: 0, or with --wait the job's end (its exit
     code), with --wait-running until every rank runs (argparse takes one of the two)."""
     if args.wait:
-        return ctlwait.wait_ended(store, job_id, args.timeout)
+        return wait.wait_ended(store, job_id, args.timeout)
     if args.wait_running:
         timeout = args.timeout if args.timeout is not None else WAIT_RUNNING_S
-        return ctlwait.wait_running(store, job_id, timeout)
+        return wait.wait_running(store, job_id, timeout)
     return 0

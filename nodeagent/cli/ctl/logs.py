@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.cli import ctlargs
+from nodeagent.cli.ctl import argtypes
+from nodeagent.cli.ctl.targets import Target, munge_socket
 from nodeagent.cli.launchargs import DEFAULT_LOG_DIR
 from nodeagent.config.settings import Config
 from nodeagent.coord.client import Redis
@@ -34,6 +35,7 @@ from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, NotFoundError, UsageError
 from nodeagent.model.credential import Munge, MungeUnavailable
 from nodeagent.model.job import JobRecord
+from nodeagent.supervisor.munge import MungeProgram
 from nodeagent.telemetry.logserve import (
     MAX_TAIL_LINES,
     LogChunk,
@@ -49,17 +51,18 @@ FOLLOW_INTERVAL_S = 0.2
 POOL_FOLLOW_INTERVAL_S = 0.5  # each round asks Redis where the rank is and its agent for lines
 
 
-def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    logs = commands.add_parser(
-        "logs",
-        help="a rank's log, the last lines or followed: logs JOB across the pool (from the agent "
-        "of the rank's node), or without JOB this node's files (no Redis)",
-    )
+HELP = (
+    "a rank's log, the last lines or followed: logs JOB across the pool (from the agent of the "
+    "rank's node), or without JOB this node's files (no Redis)"
+)
+
+
+def add_arguments(logs: argparse.ArgumentParser) -> None:
     logs.add_argument(
         "logs_job",
         nargs="?",
         metavar="JOB",
-        type=ctlargs.name,
+        type=argtypes.name,
         help="the job: read the rank's log from its node's agent, wherever it runs; without "
         "JOB: this node's rank logs (--config, or --log-dir and --job)",
     )
@@ -85,7 +88,8 @@ def _job_dir(config: Config | None, args: argparse.Namespace) -> Path:
     return log_dir / job
 
 
-def run(config: Config | None, args: argparse.Namespace) -> int:
+def run_here(config: Config | None, args: argparse.Namespace) -> int:
+    """`logs` without JOB: this node's files, no Redis (nodeagentctl runs it before it connects)."""
     if args.tail < 0:
         raise UsageError(f"--tail must be >= 0, got {args.tail}")
     job_dir = _job_dir(config, args)
@@ -257,11 +261,16 @@ def _say_once(message: str, said: str) -> str:
     return message
 
 
-def run_pool(
+def run(target: Target, args: argparse.Namespace) -> int:
+    """`logs JOB`: the rank's log from the agent of the node it runs on (with pool.auth munge,
+    each request signed by this host's munged)."""
+    munge = MungeProgram(munge_socket(target, args))
+    return _from_pool(target.client, target.prefix, target.pool, args, munge)
+
+
+def _from_pool(
     client: Redis, prefix: str, pool_name: str, args: argparse.Namespace, munge: Munge
 ) -> int:
-    """`logs JOB`: the rank's log from the agent of the node it runs on (with pool.auth munge,
-    each request signed with `munge`)."""
     if args.log_dir is not None:
         raise UsageError("--log-dir reads this node's files: give it without JOB")
     if not 0 <= args.tail <= MAX_TAIL_LINES:

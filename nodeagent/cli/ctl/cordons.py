@@ -1,0 +1,55 @@
+"""What nodeagentctl cordon, drain and uncordon share: a node of the pool (no job given) or of
+one job (--job, --config), and their signed form. A job's node must hold a lease or be named by
+the job's record; a pool's must be one of the pool's nodes."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nodeagent.cli.ctl import checks, wait
+from nodeagent.cli.ctl.targets import Target
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.store import JobStore
+from nodeagent.errors import NotFoundError
+from nodeagent.model.job import Cordon
+from nodeagent.model.request import Verb
+
+
+def request(args: argparse.Namespace, job: str | None) -> tuple[Verb, dict[str, Any]]:
+    """The signed form: a pool node's (no job), or a job's node."""
+    body = {"action": args.command, "node": args.node, "reason": getattr(args, "reason", "")}
+    return Verb.CORDON, body if job is None else {**body, "job": job}
+
+
+def in_job(target: Target, node: str) -> JobStore:
+    """The job's store, once the job is known to exist and to name `node`."""
+    store = target.store
+    snapshot = store.snapshot()
+    checks.require_job(store, snapshot)
+    checks.require_node(store, snapshot, node, set())
+    return store
+
+
+def in_pool(store: PoolStore, args: argparse.Namespace, by: str) -> int:
+    """cordon, drain and uncordon of a node of the pool (no --job): no new job is placed on a
+    cordoned node; a drained one also leaves its job now (its workers get the stop grace).
+
+    Raises:
+        UsageError: the node is not in the pool.
+    """
+    snap = store.read()
+    name = args.node
+    if name not in snap.deadlines and name not in snap.placements and name not in snap.cordons:
+        known = ", ".join(sorted(snap.deadlines)) or "none"
+        raise NotFoundError(f"node {name!r} is not in pool {store.keys.pool} (its nodes: {known})")
+    if args.command == "uncordon":
+        lifted = store.uncordon(name, by)
+        print(f"node {name}: " + ("uncordoned" if lifted else "was not cordoned"))
+        return 0
+    drain = args.command == "drain"
+    store.cordon(name, Cordon(reason=args.reason, by=by, drain=drain))
+    print(f"node {name}: {'drained' if drain else 'cordoned'} in pool {store.keys.pool}")
+    if not drain or not args.wait:
+        return 0
+    return wait.wait_drained(store, name, args.timeout)

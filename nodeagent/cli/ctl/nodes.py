@@ -1,0 +1,52 @@
+"""nodeagentctl nodes: the pool's nodes, the job each serves, health, cordon, labels."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from nodeagent.cli.ctl.output import listing
+from nodeagent.cli.ctl.targets import Target
+
+HELP = "the pool's nodes: job, health, cordon, labels"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true")
+
+
+def run(target: Target, args: argparse.Namespace) -> int:
+    store, as_json = target.pool_store, args.json
+    snap = store.read()
+    rows: list[dict[str, Any]] = []
+    for name, deadline in sorted(snap.deadlines.items()):
+        report = snap.nodes.get(name)
+        ttl = report.lease_ttl_ms if report else 0
+        cordon = snap.cordons.get(name)
+        rows.append(
+            {
+                "name": name,
+                "alive": report is not None,
+                "job": snap.placements.get(name),
+                "serving": report.serving if report else None,
+                "health": (report.unfit or "ok") if report else "lost",
+                "cordon": cordon.reason if cordon else None,
+                "labels": dict(report.labels) if report else {},
+                "heartbeat_age_s": (snap.now_ms - (deadline - ttl)) / 1000 if report else None,
+                "address": report.address if report else None,
+            }
+        )
+    if as_json:
+        print(json.dumps(listing("nodes", store.keys.pool, rows), indent=2))
+        return 0
+    print(f"{'NODE':<20} {'JOB':<24} {'HEALTH':<10} {'HB AGE':>7}  {'CORDON':<12} LABELS")
+    for r in rows:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(r["labels"].items())) or "-"
+        age = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.1f}s"
+        health = r["health"] if len(r["health"]) <= 10 else r["health"][:9] + "~"
+        print(
+            f"{r['name']:<20} {r['job'] or '(free)':<24} {health:<10} {age:>7}  "
+            f"{r['cordon'] or '-':<12} {labels}"
+        )
+    return 0

@@ -1,0 +1,136 @@
+"""nodeagentctl scale [JOB] N|+N|-N: a job's target number of nodes. A pending pool job's
+target is set in its spec; a running one (and a job of nodes' job: sections) is sent the
+command through its own keys, checked against [min_nodes, max_nodes] first. --wait until it
+runs at that size, --rollback to the old target if it does not in time."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from typing import Any
+
+from nodeagent.cli.ctl import argtypes, caller, checks, wait
+from nodeagent.cli.ctl.targets import Target
+from nodeagent.config.settings import NodeSettings
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.store import JobStore, Snapshot
+from nodeagent.errors import UsageError
+from nodeagent.model.job import Command, CommandType
+from nodeagent.model.pool import PoolJobState
+from nodeagent.model.request import Verb
+from nodeagent.model.spec import JobSpec
+from nodeagent.pool import requests
+
+HELP = "change a job's target number of nodes: scale [JOB] N, +N or -N"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "what",
+        nargs="+",
+        metavar="[JOB] N",
+        help="the job (default --job) and its new target within [min_nodes, max_nodes], or "
+        "+N / -N relative to the current one",
+    )
+    parser.add_argument("--wait", action="store_true", help="wait until the job runs at that size")
+    argtypes.timeout(parser)
+    parser.add_argument("--rollback", action="store_true", help="on timeout restore the old target")
+
+
+def request(
+    args: argparse.Namespace, user: str, job: str | None
+) -> tuple[Verb, dict[str, Any]] | None:
+    if len(args.what) != 2 and job is None:
+        return None
+    return Verb.SCALE, {
+        "job": args.what[0] if len(args.what) == 2 else job,
+        "target": args.what[-1],
+    }
+
+
+def run(target: Target, args: argparse.Namespace) -> int:
+    if len(args.what) > 2:
+        raise UsageError("scale: give [JOB] N, such as `scale llama 4` or `scale llama +2`")
+    args.value = args.what[-1]
+    if len(args.what) == 2:
+        target = replace(target, job=argtypes.checked_name(args.what[0], "scale: JOB"))
+        handled = _pending(target.pool_store, args.what[0], args.value)
+        if handled is not None:
+            return handled
+    store = target.store
+    snapshot = store.snapshot()
+    checks.require_job(store, snapshot)
+    return _scale(store, snapshot, target.config, args)
+
+
+def _scale(
+    store: JobStore, snapshot: Snapshot, config: NodeSettings | None, args: argparse.Namespace
+) -> int:
+    record = snapshot.record
+    if record is not None:
+        low, high, before = record.min_nodes, record.max_nodes, record.target_nodes
+    elif config is not None and config.job is not None and config.job.id == store.keys.job:
+        job = config.job
+        low, high, before = job.min_nodes, job.max_nodes, job.target_nodes
+    else:
+        raise UsageError(
+            f"job {store.keys.job} has not formed yet and no --config gives its "
+            "bounds; start its agents or pass --config"
+        )
+    args.nodes = resolve_target(args.value, before)
+    if not low <= args.nodes <= high:
+        raise UsageError(
+            f"cannot scale job {store.keys.job} to {args.nodes}: the target must be "
+            f"within [min_nodes, max_nodes] = [{low}, {high}]"
+        )
+    store.send_command(Command(CommandType.SCALE, target=args.nodes, by=caller.by()))
+    print(f"job {store.keys.job}: target {before} -> {args.nodes} requested")
+    if not args.wait or wait.wait_scaled(store, args.nodes, args.timeout):
+        return 0
+    if args.rollback:
+        back = Command(CommandType.SCALE, target=before, by=f"{caller.by()} (rollback)")
+        store.send_command(back)
+        print(f"rolled back: target {args.nodes} -> {before}", file=sys.stderr)
+    return 1
+
+
+def _pending(store: PoolStore, job_id: str, value: str) -> int | None:
+    """`scale JOB N` of a pool job: refuse an unknown or ended one, set the target of a
+    pending one (in its spec); None when the job runs (scaled through its own commands).
+
+    Raises:
+        UsageError: the job has ended, or N is outside its bounds.
+    """
+    status = store.status(job_id)
+    if status is None:
+        return None  # not a pool job: the job's own keys decide
+    if status.state.ended:
+        raise UsageError(f"cannot scale job {job_id}: it has ended ({status.state.value})")
+    if status.state is not PoolJobState.PENDING:
+        return None
+    spec = store.spec(job_id)
+    if not isinstance(spec, JobSpec):
+        raise UsageError(f"cannot scale job {job_id}: its spec cannot be read ({spec})")
+    job = spec.job
+    target = resolve_target(value, job.target_nodes)
+    if not job.min_nodes <= target <= job.max_nodes:
+        raise UsageError(
+            f"cannot scale job {job_id} to {target}: the target must be within "
+            f"[min_nodes, max_nodes] = [{job.min_nodes}, {job.max_nodes}]"
+        )
+    store.replace_spec(replace(spec, job=replace(job, target_nodes=target)))
+    print(f"job {job_id} (pending): target {job.target_nodes} -> {target}")
+    return 0
+
+
+def resolve_target(value: str, current: int) -> int:
+    """N, or Arena's relative +K / -K from the current target.
+
+    Raises:
+        UsageError: not a whole number.
+    """
+    try:
+        return requests.resolve_target(value, current)
+    except requests.Refused as exc:
+        raise UsageError(str(exc)) from None

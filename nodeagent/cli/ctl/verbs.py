@@ -1,0 +1,100 @@
+"""nodeagentctl's verbs: one table, name -> module, in the order `nodeagentctl --help` lists
+them. The parser (parser.py), the dispatch and the signed form (nodeagentctl.py) are lookups in
+it.
+
+Every verb is a module of this package with the same names (`VerbModule`):
+    HELP                        its line in `nodeagentctl --help`
+    add_arguments(parser)       its arguments (and its description, if it has one)
+    run(target, args)           do it; the exit code
+and a verb that can change the pool also (`PoolVerbModule`)
+    request(args, user, job)    its signed form under pool.auth: munge (model/request.py): the
+                                request's verb and body, or None where this command line
+                                changes nothing of the pool (signing.py sends it)
+
+To add a verb: write its module with these names, and add its row here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from nodeagent.cli.ctl import (
+    cancel,
+    cordon,
+    drain,
+    events,
+    health,
+    history,
+    hold,
+    jobs,
+    logs,
+    nodes,
+    queue,
+    release,
+    requeue,
+    restart,
+    scale,
+    show,
+    status,
+    stop,
+    submit,
+    uncordon,
+)
+from nodeagent.cli.ctl.targets import Target
+from nodeagent.model.request import Verb
+
+
+class VerbModule(Protocol):
+    """What every verb's module holds (the module docstring)."""
+
+    HELP: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, target: Target, args: argparse.Namespace) -> int: ...
+
+
+@runtime_checkable
+class PoolVerbModule(VerbModule, Protocol):
+    """A verb that can change the pool: it says its signed form."""
+
+    def request(
+        self, args: argparse.Namespace, user: str, job: str | None
+    ) -> tuple[Verb, dict[str, Any]] | None: ...
+
+
+VERBS: Mapping[str, VerbModule] = {
+    # a job's own
+    "status": status,
+    "scale": scale,
+    "events": events,
+    "restart": restart,
+    "stop": stop,
+    "cordon": cordon,
+    "drain": drain,
+    "uncordon": uncordon,
+    "health": health,
+    "logs": logs,
+    # the pool's
+    "submit": submit,
+    "jobs": jobs,
+    "nodes": nodes,
+    "cancel": cancel,
+    "hold": hold,
+    "release": release,
+    "requeue": requeue,
+    "show": show,
+    "history": history,
+    "queue": queue,
+}
+
+
+def signed_form(
+    name: str, args: argparse.Namespace, user: str, job: str | None
+) -> tuple[Verb, dict[str, Any]] | None:
+    """The request the command line of verb `name` makes of the pool; None where it makes none.
+    `job`: the job of --job or --config, for a job's own verbs."""
+    verb = VERBS[name]
+    return verb.request(args, user, job) if isinstance(verb, PoolVerbModule) else None

@@ -1,0 +1,118 @@
+"""nodeagentctl's verbs as one table (cli/ctl/verbs.py): every verb the parser takes is a row,
+every row's module has the verb's shape, and which command lines become which signed requests.
+Pure."""
+
+from __future__ import annotations
+
+import argparse
+import pkgutil
+from typing import Any
+
+import pytest
+
+import nodeagent.cli.ctl
+from nodeagent.cli.ctl import verbs
+from nodeagent.cli.ctl.parser import parser
+from nodeagent.model.request import Verb
+
+# What changes the pool: each has a signed form (pool.auth: munge).
+POOL_CHANGES = frozenset(
+    {
+        "submit", "cancel", "hold", "release", "requeue", "scale", "queue",
+        "cordon", "drain", "uncordon", "stop", "restart",
+    }
+)  # fmt: skip
+
+
+def request(argv: list[str], job: str | None = None) -> tuple[Verb, dict[str, Any]] | None:
+    command = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser().parse_args(argv[: len(argv) - len(command) - bool(command)])
+    if command:  # as nodeagentctl's main does: what follows `--` is the job's command
+        args.argv = command
+    return verbs.signed_form(args.command, args, "alice", job)
+
+
+def _subcommands(built: argparse.ArgumentParser) -> list[str]:
+    [found] = [a for a in built._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(found.choices)
+
+
+def test_the_parser_takes_exactly_the_verbs_of_the_table_in_its_order() -> None:
+    assert _subcommands(parser()) == list(verbs.VERBS)
+
+
+def test_every_verb_module_has_the_shape_and_only_pool_changes_sign() -> None:
+    for name, module in verbs.VERBS.items():
+        assert isinstance(module.HELP, str) and module.HELP, name
+        assert callable(module.add_arguments) and callable(module.run), name
+    signing = {n for n, m in verbs.VERBS.items() if isinstance(m, verbs.PoolVerbModule)}
+    assert signing == POOL_CHANGES
+
+
+def test_every_module_of_the_package_is_a_verb_or_named_as_shared() -> None:
+    """A new module is either a row of the table or one of the shared ones the package's
+    docstring lists; a verb's module forgotten in the table is caught."""
+    package = nodeagent.cli.ctl
+    modules = {m.name for m in pkgutil.iter_modules(package.__path__)}
+    shared = {
+        "__main__", "nodeagentctl", "verbs", "parser", "targets", "argtypes", "rc", "caller",
+        "checks", "cordons", "holding", "runs", "output", "wait", "signing",
+    }  # fmt: skip
+    assert modules - shared == set(verbs.VERBS)
+
+
+@pytest.mark.parametrize(
+    ("argv", "job", "expected"),
+    [
+        (["cancel", "x"], None, (Verb.CANCEL, {"job": "x"})),
+        (["scale", "x", "+2"], None, (Verb.SCALE, {"job": "x", "target": "+2"})),
+        (["scale", "3"], "x", (Verb.SCALE, {"job": "x", "target": "3"})),
+        (["stop"], "x", (Verb.COMMAND, {"job": "x", "kind": "stop"})),
+        (["restart"], "x", (Verb.COMMAND, {"job": "x", "kind": "restart"})),
+        (
+            ["drain", "n1", "--reason", "disk"],
+            None,
+            (Verb.CORDON, {"action": "drain", "node": "n1", "reason": "disk"}),
+        ),
+        (
+            ["uncordon", "n1"],
+            "x",
+            (Verb.CORDON, {"action": "uncordon", "node": "n1", "reason": "", "job": "x"}),
+        ),
+        (
+            ["queue", "set", "q", "--max-priority", "10"],
+            None,
+            (Verb.QUEUE, {"action": "set", "name": "q", "max_priority": 10}),
+        ),
+        (
+            ["queue", "create", "q", "--quota", "none", "--guaranteed", "2"],
+            None,
+            (Verb.QUEUE, {"action": "create", "name": "q", "quota": None, "guaranteed": 2}),
+        ),
+        (["queue", "delete", "q"], None, (Verb.QUEUE, {"action": "delete", "name": "q"})),
+        (["queue", "list"], None, None),  # reads change nothing
+        (["hold", "x"], None, (Verb.HOLD, {"job": "x"})),
+        (["release", "x"], None, (Verb.RELEASE, {"job": "x"})),
+        (["requeue", "x"], None, (Verb.REQUEUE, {"job": "x"})),
+        (
+            ["cordon", "n1"],
+            None,
+            (Verb.CORDON, {"action": "cordon", "node": "n1", "reason": "cordoned by an operator"}),
+        ),
+        (["jobs"], None, None),
+        (["status"], "x", None),
+        (["stop"], None, None),  # no job: the job's own command path says what is missing
+    ],
+)
+def test_the_signed_form_of_a_command_line(
+    argv: list[str], job: str | None, expected: object
+) -> None:
+    assert request(argv, job) == expected
+
+
+def test_a_submission_carries_the_spec_as_alice_wrote_it() -> None:
+    found = request(["submit", "--name", "j", "--nodes", "1:2", "--", "python", "t.py"])
+    assert found is not None and found[0] is Verb.SUBMIT
+    spec = found[1]["spec"]
+    assert (spec["id"], spec["user"], spec["entrypoint"]) == ("j", "alice", ["python", "t.py"])
+    assert "submitted_by" not in spec and "signature" not in spec  # the pool leader's to set
