@@ -3,14 +3,17 @@
 nodeagentctl.py (`main`: parse, dispatch, exit codes; nodeagentctl's documentation;
 __main__.py runs it for `python -m nodeagent.cli.ctl`), verbs.py (the table of verbs, name ->
 module, and the shape every verb's module has), parser.py (the global options, then every
-verb's arguments). The verbs, a module each: status.py, scale.py,
-events.py, restart.py, stop.py, cordon.py, drain.py, uncordon.py, health.py, logs.py (a job's
-own); submit.py, jobs.py, nodes.py, cancel.py, hold.py, release.py, requeue.py, show.py,
-history.py, queue.py (the pool's). What verbs share: targets.py (the Redis, prefix, pool and
-job a command acts on), argtypes.py (argument checks), rc.py (nodeagentctl's own defaults
-file), caller.py (who runs it), checks.py (a job and a node exist), cordons.py (cordon, drain,
-uncordon), holding.py (hold, release, requeue), runs.py (a pool job's run as a row),
-output.py (printing), wait.py (--wait), signing.py (a signed request sent and answered).
+verb's arguments).
+
+The verbs, a module each: status.py, scale.py, events.py, restart.py, stop.py, cordon.py,
+drain.py, uncordon.py, health.py, logs.py (a job's own); submit.py, jobs.py, nodes.py,
+cancel.py, holding.py (hold, release, requeue: one shape, an object each), show.py, history.py,
+queue.py (the pool's).
+
+What verbs share: targets.py (the Redis, prefix, pool and job a command acts on), argtypes.py
+(argument checks), rc.py (nodeagentctl's own defaults file), caller.py (who runs it), checks.py
+(a job and a node exist), cordons.py (cordon, drain, uncordon), runs.py (a pool job's run as a
+row), output.py (printing), wait.py (--wait), signing.py (a signed request sent and answered).
 
 To add a verb: write its module (HELP, add_arguments, run, and request if it changes the
 pool) and add its row to verbs.py.

@@ -2,7 +2,8 @@
 them. The parser (parser.py), the dispatch and the signed form (nodeagentctl.py) are lookups in
 it.
 
-Every verb is a module of this package with the same names (`VerbModule`):
+Every verb is a module of this package with the same names (`VerbModule`; verbs of one shape
+may share a module that makes an object with these names for each: holding.py):
     HELP                        its line in `nodeagentctl --help`
     add_arguments(parser)       its arguments (and its description, if it has one)
     run(target, args)           do it; the exit code
@@ -27,13 +28,11 @@ from nodeagent.cli.ctl import (
     events,
     health,
     history,
-    hold,
+    holding,
     jobs,
     logs,
     nodes,
     queue,
-    release,
-    requeue,
     restart,
     scale,
     show,
@@ -49,7 +48,8 @@ from nodeagent.model.request import Verb
 class VerbModule(Protocol):
     """What every verb's module holds (the module docstring)."""
 
-    HELP: str
+    @property
+    def HELP(self) -> str: ...
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
 
@@ -82,9 +82,9 @@ VERBS: Mapping[str, VerbModule] = {
     "jobs": jobs,
     "nodes": nodes,
     "cancel": cancel,
-    "hold": hold,
-    "release": release,
-    "requeue": requeue,
+    "hold": holding.HOLD,
+    "release": holding.RELEASE,
+    "requeue": holding.REQUEUE,
     "show": show,
     "history": history,
     "queue": queue,
