@@ -6,16 +6,24 @@ read, written and copied. One owner of the format; both sides import it: the wor
 A save is a directory of torch.distributed.checkpoint (DCP) files, saved by one rank alone
 (DCP's `no_dist`: its own shards, with their global offsets, and its own `.metadata`), plus
 `manifest.json`, written last and atomically (a temporary file, then a rename): the size and
-CRC-32 of every file, the step, the generation, the world size and the rank. A directory
+SHA-256 of every file, the step, the generation, the world size and the rank. A directory
 without a valid manifest holds no save. DCP itself has no end-to-end checksum (a flipped bit
 loads silently), so every reader verifies every file it uses against the manifest first. Every
 file name in a manifest is a plain name in its directory. Where the saves lie is
 nodeagent.channel.tier's.
+
+A cryptographic digest, not a CRC, because the manifest's `digest` is what binds a save to the
+node that made it (issue 40): the node reports it through its fenced Redis record, and every
+copy, fetch and restore checks the bytes against it. A CRC-32 is forged in milliseconds (append
+four bytes); a SHA-256 is not. Manifests of format 1 (a CRC-32 per file, written before) are
+still read where the bytes never left this node (a restore from its own tier after an upgrade);
+they are never sent or taken over the wire (`cryptographic`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -26,12 +34,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMAT = 1
+FORMAT = 2  # 1: a CRC-32 per file instead of a SHA-256 (read, never written)
 MANIFEST = "manifest.json"
 CHUNK = 8 << 20  # bytes read at a time while checksumming or copying
 MANIFEST_MAX = 4 << 20  # a manifest of 10,000 files takes about 1 MB
 _NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")
 _MAX_FILES = 10_000
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class BadCopy(Exception):
@@ -44,8 +53,46 @@ class NoSave(BadCopy):
 
 @dataclass(frozen=True)
 class FileSum:
+    """A file's size and SHA-256 (hex); in a manifest of format 1, its CRC-32 instead."""
+
     size: int
-    crc32: int
+    sha256: str = ""
+    crc32: int | None = None
+
+    def describe(self) -> str:
+        """The checksum, as messages name it."""
+        return f"CRC-32 {self.crc32:08x}" if self.crc32 is not None else f"SHA-256 {self.sha256}"
+
+
+class Summer:
+    """A file's checksum taken as its bytes go by: SHA-256, or the CRC-32 of a format-1 save."""
+
+    def __init__(self, expected: FileSum | None = None) -> None:
+        self._legacy = expected is not None and expected.crc32 is not None
+        self._sha = hashlib.sha256()
+        self._crc = 0
+        self.size = 0
+
+    def update(self, chunk: bytes) -> None:
+        if self._legacy:
+            self._crc = zlib.crc32(chunk, self._crc)
+        else:
+            self._sha.update(chunk)
+        self.size += len(chunk)
+
+    def result(self) -> FileSum:
+        if self._legacy:
+            return FileSum(self.size, crc32=self._crc)
+        return FileSum(self.size, sha256=self._sha.hexdigest())
+
+
+def mismatch(name: object, found: FileSum, expected: FileSum) -> str | None:
+    """Why the file `name` summed as `found` is not the one the manifest names; None if it is."""
+    if found.size != expected.size:
+        return f"{name}: {found.size} bytes, the manifest says {expected.size}"
+    if found.crc32 != expected.crc32 or not hmac.compare_digest(found.sha256, expected.sha256):
+        return f"{name}: checksum {found.describe()}, the manifest says {expected.describe()}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -68,10 +115,19 @@ class Manifest:
         """Bytes of every file of the save."""
         return sum(f.size for f in self.files.values())
 
+    @property
+    def cryptographic(self) -> bool:
+        """Every file is bound by a SHA-256 (format 2): a save that may cross the wire."""
+        return all(s.crc32 is None and s.sha256 for s in self.files.values())
+
     def to_json(self) -> str:
-        files = {name: {"size": s.size, "crc32": s.crc32} for name, s in sorted(self.files.items())}
+        legacy = not self.cryptographic
+        files = {
+            name: {"size": s.size, **({"crc32": s.crc32} if legacy else {"sha256": s.sha256})}
+            for name, s in sorted(self.files.items())
+        }
         body = {
-            "format": FORMAT,
+            "format": 1 if legacy else FORMAT,
             "job": self.job,
             "step": self.step,
             "generation": self.generation,
@@ -91,8 +147,8 @@ class Manifest:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadCopy(f"{where}: not JSON ({exc})") from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise BadCopy(f"{where}: not a manifest of format {FORMAT}")
+        if not isinstance(data, dict) or data.get("format") not in (1, FORMAT):
+            raise BadCopy(f"{where}: not a manifest of format 1 or {FORMAT}")
         count = {k: _count(data, k, where) for k in ("step", "generation", "world_size", "rank")}
         if count["rank"] >= max(count["world_size"], 1):
             raise BadCopy(f"{where}: rank {count['rank']} of world {count['world_size']}")
@@ -105,7 +161,7 @@ class Manifest:
                 raise BadCopy(f"{where}: {name!r} is not a plain file name of a save")
             if not isinstance(entry, dict):
                 raise BadCopy(f"{where}: the entry of {name} is not an object")
-            sums[name] = FileSum(_count(entry, "size", where), _count(entry, "crc32", where))
+            sums[name] = _file_sum(entry, data["format"], where)
         job = data.get("job", "")
         if not isinstance(job, str):
             raise BadCopy(f"{where}: 'job' is not a string")
@@ -118,6 +174,16 @@ class Manifest:
             raise BadCopy(f"{where}: 'blocked_s' must be a number of seconds, got {blocked!r}")
         dim0 = _row_counts(data.get("dim0"), where)
         return cls(files=sums, job=job, blocked_s=float(blocked), dim0=dim0, **count)
+
+
+def _file_sum(entry: Mapping[str, object], form: object, where: str) -> FileSum:
+    size = _count(entry, "size", where)
+    if form == 1:
+        return FileSum(size, crc32=_count(entry, "crc32", where))
+    sha = entry.get("sha256")
+    if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+        raise BadCopy(f"{where}: 'sha256' must be 64 lowercase hex digits, got {sha!r}")
+    return FileSum(size, sha256=sha)
 
 
 def _row_counts(value: object, where: str) -> tuple[int, ...] | None:
@@ -135,9 +201,10 @@ def _row_counts(value: object, where: str) -> tuple[int, ...] | None:
 
 
 def digest(manifest: Manifest) -> str:
-    """16 hex digits that name one save exactly (its manifest: every file's size and checksum):
-    what its node reports in Redis, and what a peer checks a copy offered to it against."""
-    return hashlib.blake2b(manifest.to_json().encode(), digest_size=8).hexdigest()
+    """The SHA-256 (64 hex digits) of the manifest's canonical form, which names one save
+    exactly (every file's size and SHA-256): what its node reports in Redis, and what a peer
+    checks a copy offered to it, or sent to it, against."""
+    return hashlib.sha256(manifest.to_json().encode()).hexdigest()
 
 
 def plain_name(name: str) -> bool:
@@ -152,14 +219,14 @@ def _count(data: Mapping[str, object], key: str, where: str) -> int:
     return value
 
 
-def checksum(path: Path) -> FileSum:
-    """Size and CRC-32 of a file, read in chunks (3.6 GB/s here)."""
-    crc, size = 0, 0
+def checksum(path: Path, expected: FileSum | None = None) -> FileSum:
+    """Size and SHA-256 of a file (its CRC-32 where `expected` is of a format-1 manifest), read
+    in chunks (SHA-256: 2.1 GB/s on one core here)."""
+    summer = Summer(expected)
     with os.fdopen(open_plain(path), "rb") as f:
         while chunk := f.read(CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-    return FileSum(size, crc)
+            summer.update(chunk)
+    return summer.result()
 
 
 def summarize(directory: Path) -> dict[str, FileSum]:
@@ -198,17 +265,14 @@ def verify(directory: Path, names: Iterable[str] | None = None) -> Manifest:
         try:
             if path.is_symlink():
                 raise BadCopy(f"{path}: a symbolic link, not a file of the save")
-            found = checksum(path)
+            found = checksum(path, expected)
         except FileNotFoundError:
             raise BadCopy(f"{path}: missing (named by {MANIFEST})") from None
         except OSError as exc:
             raise BadCopy(f"{path}: {exc.strerror}") from None
-        if found.size != expected.size:
-            raise BadCopy(f"{path}: {found.size} bytes, the manifest says {expected.size}")
-        if found.crc32 != expected.crc32:
-            raise BadCopy(
-                f"{path}: checksum {found.crc32:08x}, the manifest says {expected.crc32:08x}"
-            )
+        why = mismatch(path, found, expected)
+        if why is not None:
+            raise BadCopy(why)
     return manifest
 
 
@@ -289,20 +353,17 @@ def copy_verified(
     begin(target)
     try:
         for name, want in manifest.files.items():
-            crc, size = 0, 0
+            summer = Summer(want)
             with (
                 os.fdopen(open_plain(source / name), "rb") as src,
                 open(target / name, "xb") as dst,
             ):
                 while chunk := src.read(CHUNK):
-                    crc = zlib.crc32(chunk, crc)
-                    size += len(chunk)
+                    summer.update(chunk)
                     dst.write(chunk)
-            if (size, crc) != (want.size, want.crc32):
-                raise BadCopy(
-                    f"{source / name}: {size} bytes, checksum {crc:08x}; the manifest says "
-                    f"{want.size} bytes, {want.crc32:08x}"
-                )
+            why = mismatch(source / name, summer.result(), want)
+            if why is not None:
+                raise BadCopy(why)
         write_manifest(target, manifest, durable=durable)
     except BaseException:
         begin(target)  # nothing of a copy that failed stays

@@ -1,8 +1,8 @@
 """What a node's tiers hold, verified, and the copy from the memory tier to the persistent one.
 
-Verifying a save reads every byte of it (CRC-32, 3.6 GB/s here), so a save is verified once,
-remembered by its manifest's identity (inode, size, change time): a manifest is only ever
-replaced by a rename, so a new save is a new identity.
+Verifying a save reads every byte of it (SHA-256, 2.1 GB/s on one core here), so a save is
+verified once, remembered by its manifest's identity (inode, size, change time): a manifest is
+only ever replaced by a rename, so a new save is a new identity.
 """
 
 from __future__ import annotations

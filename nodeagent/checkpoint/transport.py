@@ -22,7 +22,7 @@ reported in Redis: a member of the job, connecting from its address, offering a 
 digest it reported: a peer cannot plant a file). It writes only the files the manifest names,
 into its own replica area (`<root>/<node>/rank-<R>/slot-0|1`, two slots as in the memory tier,
 so a copy cut short spares the last whole one, and never the slot of the committed save the
-node's pin names: channel/pin.py), checks every byte against the manifest's CRC-32
+node's pin names: channel/pin.py), checks every file against the manifest's SHA-256
 as it arrives and writes the manifest last. It answers the body `OK` or `ERR <why>` on one line.
 A sender paces itself to `max_rate` bytes a second (0: as fast as it can), and reads the save
 only as regular files, never through a link: the slot is the workers', and the agent (root) must
@@ -38,7 +38,6 @@ import os
 import socket
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +53,8 @@ MAX_RECEIVES = 8  # connections served at once: more are turned away, not queued
 CHUNK = 1 << 20
 PACED_SLICE = 64 << 10  # the least a paced send writes at once
 TIMEOUT_S = 30.0  # a peer silent this long mid-transfer is given up on
+ANSWER_MAX = 2000  # characters of a refusal's reason
+_LEGACY = "a manifest without a SHA-256 of every file (format 1) is never taken"
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,8 @@ class ReplicaServer:
                 self._give(conn, Offer(node, host, want=want))
                 return
             assert manifest is not None
+            if not manifest.cryptographic:
+                raise BadCopy(_LEGACY)
             with self.reserve(node, manifest.rank):
                 why = self._accept(Offer(node, host, manifest=manifest))
                 if why is not None:
@@ -231,7 +234,9 @@ class ReplicaServer:
         if slot is None:
             raise BadCopy(f"no save of rank {want.rank}, step {want.step}@{want.generation} here")
         manifest = manifests.read_manifest(slot)
-        _answer(conn, f"GO {manifest.to_json()}")
+        if not manifest.cryptographic:
+            raise BadCopy(f"rank {want.rank}'s save of step {want.step} predates SHA-256 manifests")
+        conn.sendall(f"GO {manifest.to_json()}\n".encode())  # whole: never cut (MAX_HEADER)
         with contextlib.suppress(OSError):  # the asker gave up: nothing more to say
             _body(conn, slot, manifest, 0.0)
 
@@ -294,26 +299,32 @@ def _read_line(conn: socket.socket, deadline: float | None = None) -> bytes:
 
 
 def _receive(conn: socket.socket, slot: Path, manifest: Manifest) -> None:
-    """The manifest's files, checked as they arrive; the manifest last. Raises: BadCopy."""
+    """The manifest's files, each checked against its SHA-256 as it arrives; the manifest last.
+    Raises: BadCopy."""
+    if not manifest.cryptographic:
+        raise BadCopy(_LEGACY)
     manifests.begin(slot)
     for name, expected in sorted(manifest.files.items()):
-        crc, left = 0, expected.size
+        summer, left = manifests.Summer(expected), expected.size
         with open(slot / name, "wb") as f:
             while left:
                 chunk = conn.recv(min(CHUNK, left))
                 if not chunk:
                     raise BadCopy(f"{name}: the connection closed {left} bytes short")
-                crc = zlib.crc32(chunk, crc)
+                summer.update(chunk)
                 f.write(chunk)
                 left -= len(chunk)
-        if crc != expected.crc32:
-            raise BadCopy(f"{name}: checksum {crc:08x}, the manifest says {expected.crc32:08x}")
+        why = manifests.mismatch(name, summer.result(), expected)
+        if why is not None:
+            raise BadCopy(why)
     manifests.write_manifest(slot, manifest)
 
 
 def _answer(conn: socket.socket, text: str) -> None:
+    """One line of answer: `text` (cut at ANSWER_MAX characters, as a refusal's reason may be
+    long; a manifest is never sent through here)."""
     with contextlib.suppress(OSError):
-        conn.sendall(text.replace("\n", " ")[:2000].encode() + b"\n")
+        conn.sendall(text.replace("\n", " ")[:ANSWER_MAX].encode() + b"\n")
 
 
 def send(
@@ -330,8 +341,10 @@ def send(
     `cancel`: once set, the send stops at its next slice (a paced one, in its pause).
 
     Raises: ReplicaError naming the peer and why (its answer, or the connection's failure),
-        Cancelled; BadCopy if `slot` holds no save."""
+        Cancelled; BadCopy if `slot` holds no save, or one of a format never sent."""
     manifest = manifests.read_manifest(slot)
+    if not manifest.cryptographic:
+        raise BadCopy(f"{slot}: a save of format 1 (no SHA-256 per file) is never sent")
     header = {
         "v": VERSION,
         "job": job,

@@ -55,7 +55,9 @@ class Transfer:
         if not 0 < world <= MAX_RANKS or rank >= world:
             raise CorruptStateError(f"{what}: rank {rank} is not a rank of a world of {world}")
         if not isinstance(digest, str) or not DIGEST_RE.fullmatch(digest):
-            raise CorruptStateError(f"{what}: the digest must be 16 hex digits, got {digest!r}")
+            raise CorruptStateError(
+                f"{what}: the digest must be a SHA-256 (64 hex digits), got {digest!r}"
+            )
         names = [*sources, target] if isinstance(sources, list) else None
         if not names or not all(isinstance(n, str) and NAME_RE.match(n) for n in names):
             raise CorruptStateError(f"{what}: sources and target must be node names")

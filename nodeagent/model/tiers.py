@@ -19,7 +19,9 @@ MAX_HELD = 64  # steps a node reports per tier (two slots per rank: a handful in
 MAX_RANKS = 1 << 20
 MAX_BAD = 256
 _SOURCE = re.compile(r"(memory|persistent):[0-9]{1,15}(@[0-9]{1,15})?|script|start")
-DIGEST_RE = re.compile(r"[0-9a-f]{16}")
+# A save's manifest digest (channel.manifests.digest): a SHA-256; 16 hex digits from agents
+# before it (read during a rolling upgrade, and never matching a save of this one).
+DIGEST_RE = re.compile(r"[0-9a-f]{64}|[0-9a-f]{16}")
 ADDRESS_RE = re.compile(r"(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253}):[0-9]{1,5}")
 MAX_REPLICAS = 8
 MAX_ROWS = 10_000  # distinct row counts a save records (as many as a manifest may hold)
@@ -58,7 +60,7 @@ class Held:
             len(digests) != len(ranks)
             or not all(isinstance(d, str) and DIGEST_RE.fullmatch(d) for d in digests)
         ):
-            raise CorruptStateError(f"{r.what}: digests must be one 16-hex digest per rank")
+            raise CorruptStateError(f"{r.what}: digests must be one SHA-256 (hex) per rank")
         rows = r.items("rows", MAX_ROWS)
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in rows):
             raise CorruptStateError(f"{r.what}: rows must be row counts (integers)")

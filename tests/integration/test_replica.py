@@ -4,10 +4,13 @@ whole one, a sender keeps to its rate."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from nodeagent.channel import manifests, tier
 from nodeagent.channel.manifests import Manifest
 from nodeagent.checkpoint import transport as replica
 from nodeagent.checkpoint.transport import ReplicaError, ReplicaServer
+from tests.helpers.forge import force_crc32
 from tests.helpers.tiers import fake_save
 
 JOB = "j"
@@ -349,3 +353,66 @@ def test_a_fetch_refused_or_not_matching_leaves_nothing(
     with pytest.raises(ReplicaError, match="refused: c is not a member"):
         replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 30, 3), area)
     assert tier.find_save(None, tmp_path / "fetched", 0, 30, None) is None
+
+
+def test_a_forged_file_whose_crc32_was_forced_back_is_refused(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    """The forgery a CRC-32 cannot see (issue 40): the genuine manifest, whose digest its owner
+    reported, with `.metadata` replaced by other bytes of the same size and CRC-32. The
+    SHA-256 the manifest binds refuses it, and nothing of it stays."""
+    fake_save(tmp_path / "mine", 40, size=4096)
+    manifest = manifests.read_manifest(tmp_path / "mine")
+    genuine = (tmp_path / "mine" / "__0_0.distcp").read_bytes()
+    evil = b"cos\nsystem\n(S'touch pwned'\ntR." + genuine[30:]
+    forged = force_crc32(evil, len(evil) - 8, zlib.crc32(genuine))
+    assert len(forged) == len(genuine) and zlib.crc32(forged) == zlib.crc32(genuine)
+    with _connect(server) as conn:
+        conn.sendall(_header(manifest))
+        reader = conn.makefile("rb")
+        assert reader.readline() == b"GO\n"
+        conn.sendall((tmp_path / "mine" / ".metadata").read_bytes() + forged)
+        answer = reader.readline().decode()
+    assert answer.startswith("ERR __0_0.distcp: checksum SHA-256"), answer
+    assert not any(
+        (slot / manifests.MANIFEST).exists() for _, slot in replica.replicas_held(server.root)
+    )
+
+
+def test_a_save_of_the_crc32_format_is_read_here_but_never_crosses_the_wire(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    """Format 1 (a CRC-32 per file, written before SHA-256) is still restored from the node's
+    own tier after an upgrade, never sent, fetched or taken."""
+    fake_save(tmp_path / "mine", 40)
+    current = manifests.read_manifest(tmp_path / "mine")
+    old = {
+        name: manifests.FileSum(s.size, crc32=zlib.crc32((tmp_path / "mine" / name).read_bytes()))
+        for name, s in current.files.items()
+    }
+    legacy = dataclasses.replace(current, files=old)
+    manifests.write_manifest(tmp_path / "mine", legacy)
+    assert manifests.verify(tmp_path / "mine") == legacy and not legacy.cryptographic
+    with pytest.raises(manifests.BadCopy, match="format 1"):
+        replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+    with _connect(server) as conn:
+        conn.sendall(_header(legacy))
+        assert b"never taken" in conn.makefile("rb").readline()
+    shutil.copytree(tmp_path / "mine", tier.slots(tmp_path / "tier", 0)[0])
+    with pytest.raises(ReplicaError, match="predates SHA-256"):
+        replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 40, 3), tmp_path / "got")
+
+
+def test_a_save_whose_manifest_is_long_is_fetched_whole(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    """A reply line is never cut: a manifest of 60 files (some 7,000 characters) arrives whole."""
+    held = tier.slots(tmp_path / "tier", 0)[0]
+    manifests.begin(held)
+    for i in range(60):
+        (held / f"__0_{i}.distcp").write_bytes(bytes([i]) * 100)
+    manifest = Manifest(30, 3, 2, 0, manifests.summarize(held), job=JOB)
+    manifests.write_manifest(held, manifest)
+    assert len(manifest.to_json()) > 2000
+    got = replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 30, 3), tmp_path / "got")
+    assert got == manifest

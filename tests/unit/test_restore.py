@@ -273,7 +273,7 @@ def test_a_node_reports_the_row_counts_its_saves_record(tmp_path: Path) -> None:
     rank; nothing where the save records none (not row-wise)."""
 
     def save(step: int, rank: int, dim0: tuple[int, ...] | None) -> scan.Save:
-        files = {"a": manifests.FileSum(1, 0)}
+        files = {"a": manifests.FileSum(1, "0" * 64)}
         manifest = manifests.Manifest(step, 3, 2, rank, files, job="j", dim0=dim0)
         return scan.Save(tmp_path / f"{step}.{rank}", manifest)
 

@@ -55,7 +55,7 @@ def _flip(path: Path, bit: int) -> None:
 
 
 def test_a_manifest_says_how_long_the_save_held_the_step() -> None:
-    manifest = Manifest(3, 1, 1, 0, {"a": manifests.FileSum(1, 2)}, blocked_s=0.0123)
+    manifest = Manifest(3, 1, 1, 0, {"a": manifests.FileSum(1, "ab" * 32)}, blocked_s=0.0123)
     assert Manifest.from_json(manifest.to_json(), "x").blocked_s == 0.0123
     with pytest.raises(BadCopy, match="'blocked_s' must be a number of seconds"):
         Manifest.from_json(manifest.to_json().replace("0.0123", '"x"'), "x")
@@ -64,7 +64,7 @@ def test_a_manifest_says_how_long_the_save_held_the_step() -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        {"format": 2},
+        {"format": 3},
         {"format": 1, "step": -1, "generation": 0, "world_size": 1, "rank": 0, "files": {"a": {}}},
         {"format": 1, "step": 1, "generation": 0, "world_size": 1, "rank": 1, "files": {}},
         {"format": 1, "step": True, "generation": 0, "world_size": 1, "rank": 0},
@@ -84,8 +84,33 @@ def test_a_manifest_says_how_long_the_save_held_the_step() -> None:
             "rank": 0,
             "files": {"a": {"size": 1.5, "crc32": 1}},
         },
+        {
+            "format": 2,
+            "step": 1,
+            "generation": 0,
+            "world_size": 1,
+            "rank": 0,
+            "files": {"a": {"size": 1, "sha256": "AB" * 32}},
+        },
+        {
+            "format": 2,
+            "step": 1,
+            "generation": 0,
+            "world_size": 1,
+            "rank": 0,
+            "files": {"a": {"size": 1, "crc32": 1}},
+        },
     ],
-    ids=["format", "negative step", "rank beyond world", "boolean", "path", "fraction"],
+    ids=[
+        "format",
+        "negative step",
+        "rank beyond world",
+        "boolean",
+        "path",
+        "fraction",
+        "digest",
+        "crc as sha256",
+    ],
 )
 def test_a_manifest_nodeagent_did_not_write_is_refused(body: dict[str, object]) -> None:
     with pytest.raises(BadCopy, match="where"):
