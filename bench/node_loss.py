@@ -62,6 +62,7 @@ from bench.recovery import TorchrunLaunch, Workload, training_process  # noqa: E
 from bench.sharded_recovery import _generation_after, _stepped  # noqa: E402
 from tests.helpers.cluster import LocalCluster, RedisServer, wait_for  # noqa: E402
 from tests.helpers.fsdp import fsdp_cluster, lines, lose, tiers_said  # noqa: E402
+from tests.helpers.munge import MungeDaemon  # noqa: E402
 
 SYSTEMS = ("memtier", "disk", "torchrun")
 FAULTS = ("node_rank0", "node_other", "worker", "scale", "drain")
@@ -80,6 +81,7 @@ def one(
     rep: int,
     model: tuple[str, ...],
     memory_size: str = "256MiB",
+    munge_socket: str | None = None,
 ) -> list[dict[str, Any]]:
     """A fresh job trained to TRAIN_TO, then the fault: its results (two for `scale`)."""
     shm = Path(tempfile.mkdtemp(prefix="nodeagent-bench-", dir="/dev/shm"))
@@ -97,6 +99,7 @@ def one(
         every=EVERY,
         model=model,
         memory_size=memory_size,
+        munge_socket=munge_socket,  # the plane as it runs on a pool: MUNGE both ways
     ) as cluster:
         cluster.min_nodes = 3
         cluster.start(*NODES)
@@ -277,6 +280,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         redis = RedisServer(Path(tmp))
         redis.start()
+        munged = MungeDaemon().start()
         try:
             for rep in range(args.reps):
                 for fault in faults:
@@ -289,7 +293,14 @@ def main() -> None:
                             made = [one_torchrun(directory, model, fault)]
                         else:
                             made = one(
-                                system, fault, redis, directory, rep, model, args.memory_size
+                                system,
+                                fault,
+                                redis,
+                                directory,
+                                rep,
+                                model,
+                                args.memory_size,
+                                munged.socket,
                             )
                         runs += made
                         for result in made:
@@ -297,6 +308,7 @@ def main() -> None:
                         found = {"reps": args.reps, "model": model, "runs": runs}
                         path.write_text(json.dumps(found, indent=1) + "\n")
         finally:
+            munged.stop()
             redis.stop()
     table = medians(runs)
     results: dict[str, Any] = {"reps": args.reps, "model": model, "runs": runs, "medians": table}

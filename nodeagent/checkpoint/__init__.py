@@ -4,8 +4,10 @@ its saves on peers, and what the workers say they restored.
 
 keeper.py (TierKeeper, polled by the agent's loop; the slow parts in a thread of its own),
 scan.py (verification, copies, pruning), space.py (room for the tier, its owner mark, the sweep
-of tiers this node no longer serves), transport.py (the agents' TCP copies of saves, sent or
-fetched, checked byte by byte), replicas.py (Replicas: a job's replica area on this node, its
-listener and the copies it makes). The formats are nodeagent.channel's (tier, manifests,
+of tiers this node no longer serves), wire.py (the replica protocol's wire format),
+transport.py (the listener: copies of peers' saves taken, fetches served), sender.py (a copy
+sent, a save fetched), peerauth.py (how peers on the checkpoint plane prove they are agents:
+MUNGE), replicas.py (Replicas: a job's replica area on this node, its listener and the copies
+it makes). The formats are nodeagent.channel's (tier, manifests,
 restore); what goes into Redis is nodeagent.model.tiers'.
 """

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodeagent.channel import fetching, manifests, tier
-from nodeagent.checkpoint import scan, space
+from nodeagent.checkpoint import scan, sender, space, wire
 from nodeagent.checkpoint import transport as replica
-from nodeagent.checkpoint.transport import Accept, ReplicaError, ReplicaServer, Want
+from nodeagent.checkpoint.transport import Accept, Listening, Refused, ReplicaServer
+from nodeagent.checkpoint.wire import Hello, ReplicaError, Want
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
 from nodeagent.model.handout import Transfer
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 # this far apart: a peer learns of a generation that added the asker at its next tick.
 FETCH_ROUNDS = 20
 FETCH_PAUSE_S = 0.5
+MAX_REFUSED = 64  # refusals kept between two passes of the agent's loop
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,15 @@ class Replicas:
         config: CheckpointConfig,
         node: str,
         job: str,
-        address: str,
+        listening: Listening,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`listening`: where the listener listens, how it and the copies authenticate peers,
+        and the most bytes one copy may take (a rank's share of the memory tier)."""
         self.area = Path(config.replica_area(node, job))
         self.memory = Path(config.memory_tier(node, job))
         self._node, self._job = node, job
-        self._bind = (address, config.replica_port)
+        self._listening = listening
         self.max_rate = float(config.max_rate)
         self._clock = clock
         self._lock = threading.Lock()
@@ -71,6 +75,7 @@ class Replicas:
         self._server: ReplicaServer | None = None
         self._thread: threading.Thread | None = None
         self._done: list[Done] = []
+        self._refused: list[Refused] = []
         self._cancel = threading.Event()
 
     def prepare(self, group: int | None) -> None:
@@ -89,21 +94,21 @@ class Replicas:
 
         Raises: ConfigError naming job.checkpoint.replication.port (cannot listen there)."""
         if self._server is None:
-            host, port = self._bind
+            listening = self._listening
             try:
                 self._server = ReplicaServer(
-                    self._job,
+                    listening,
                     self.area,
                     accept,
-                    address=host,
-                    port=port,
                     on_received=self._received,
                     memory=self.memory,
+                    on_refused=self._turned_away,
                 )
             except OSError as exc:
                 raise ConfigError(
                     "job.checkpoint.replication.port",
-                    f"cannot listen on {host}:{port} for peers' copies: {exc.strerror}",
+                    f"cannot listen on {listening.address}:{listening.port} for peers' copies: "
+                    f"{exc.strerror}",
                 ) from None
 
     @property
@@ -114,6 +119,17 @@ class Replicas:
     def _received(self, got: replica.Received) -> None:
         with self._lock:
             self._verified.trust(got.slot, got.manifest)
+
+    def _turned_away(self, refused: Refused) -> None:
+        with self._lock:
+            if len(self._refused) < MAX_REFUSED:  # a flood is not kept whole: its first ones
+                self._refused.append(refused)
+
+    def take_refused(self) -> list[Refused]:
+        """The requests the listener refused since the last call (the agent says so)."""
+        with self._lock:
+            refused, self._refused = self._refused, []
+        return refused
 
     def held(self) -> tuple[Held, ...]:
         """Peers' saves held here, verified: what this node reports as its replicas."""
@@ -215,9 +231,10 @@ class Replicas:
         if slot is None or peer is None:
             why = "no longer held here" if slot is None else "its listener is not known"
             raise ReplicaError(f"replica {transfer}: {why}")
+        hello = Hello(self._job, self._node, transfer.target, generation)
         try:
-            return replica.send(
-                peer, self._job, self._node, generation, slot, self.max_rate, cancel=self._cancel
+            return sender.send(
+                peer, hello, slot, self._listening.auth, self.max_rate, cancel=self._cancel
             )
         except manifests.BadCopy as exc:  # the worker saved over the slot meanwhile
             raise ReplicaError(f"replica {transfer}: {exc}") from None
@@ -242,7 +259,7 @@ class Replicas:
                 try:
                     size = self._fetch_from(source, transfer, addresses[source], generation)
                     return size, tuple(refused)
-                except (replica.Unavailable, replica.Busy) as exc:
+                except (wire.Unavailable, wire.Busy) as exc:
                     unavailable[source] = str(exc)
                 except (ReplicaError, manifests.BadCopy) as exc:
                     refused.append(f"{source}: {exc}")
@@ -261,13 +278,13 @@ class Replicas:
         with self._server.reserve(source, transfer.rank):
             area = self.area / source
             want = Want(transfer.rank, step, saved_by)
-            manifest = replica.fetch(
+            hello = Hello(self._job, self._node, source, generation)
+            manifest = sender.fetch(
                 peer,
-                self._job,
-                self._node,
-                generation,
+                hello,
                 want,
                 area,
+                self._listening.auth,
                 transfer.digest,
                 memory=self.memory,
             )

@@ -3,6 +3,8 @@ or a job spec."""
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.config.values import (
     Section,
@@ -55,7 +57,16 @@ def _replicas(section: Section) -> int:
     return replicas
 
 
-def _replication(section: Section) -> dict[str, int]:
+REPLICA_AUTH = ("munge", "none")
+
+
+class _Replication(TypedDict):
+    max_rate: int
+    replica_port: int
+    replica_auth: str
+
+
+def _replication(section: Section) -> _Replication:
     """job.checkpoint.replication: how this node sends copies to its peers."""
     rate = section.raw("max_rate")
     max_rate = 0
@@ -71,5 +82,12 @@ def _replication(section: Section) -> dict[str, int]:
     port = section.get("port", int, 0)
     if not 0 <= port <= 65535:
         raise ConfigError(section.key("port"), f"must be a TCP port (0: any free one), got {port}")
+    auth = section.get("auth", str, "munge")
+    if auth not in REPLICA_AUTH:
+        raise ConfigError(
+            section.key("auth"),
+            f"expected munge (peers prove they are agents with a MUNGE credential) or none "
+            f"(anyone who reaches the listener may send and fetch copies), got {auth!r}",
+        )
     section.reject_unknown()
-    return {"max_rate": max_rate, "replica_port": port}
+    return {"max_rate": max_rate, "replica_port": port, "replica_auth": auth}

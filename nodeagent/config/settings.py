@@ -52,6 +52,10 @@ class CheckpointConfig:
     replicas: int = 1  # peers that hold a copy of each rank's last step (issue 27; 0: none)
     max_rate: int = 0  # bytes a second this node sends to peers (0: unbounded)
     replica_port: int = 0  # the replica listener's port on node.address (0: any free one)
+    # How peers on the checkpoint plane prove they are agents (checkpoint/peerauth.py): munge,
+    # or none (anyone who reaches the listener; only where the config says so). Under
+    # pool.auth: munge the plane is always munge's.
+    replica_auth: str = "munge"
 
     def memory_tier(self, node: str, job: str) -> str:
         return f"{self.memory_dir.rstrip('/') or '/'}/{node}.{job}"

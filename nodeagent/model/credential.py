@@ -115,13 +115,17 @@ def credential_id(credential: str) -> str:
     return hashlib.sha256(credential.encode()).hexdigest()[:32]
 
 
-def check(found: Decoded | MungeStatus, digest: str, stored: bool = False) -> Decoded | str:
+def check(
+    found: Decoded | MungeStatus, digest: str, stored: bool = False, payload: str | None = None
+) -> Decoded | str:
     """The decoded credential when it vouches for the request of `digest`, else why not.
 
     Args:
         stored: the credential was checked in full when its request was taken (a spec in
             Redis, re-checked by a node): expired and replayed ones are then accepted (munged
             verified their signature), a fresh request needs a first decode within its TTL.
+        payload: the payload it must carry, where it binds something else than a request
+            (a checkpoint plane's header, checkpoint/peerauth.py); `bound(digest)` otherwise.
     """
     if isinstance(found, MungeStatus):
         if found is MungeStatus.INVALID:
@@ -129,7 +133,7 @@ def check(found: Decoded | MungeStatus, digest: str, stored: bool = False) -> De
         return "not a munge credential"
     if not found.status.signed:
         return f"credential {found.status.value}"
-    if found.payload != bound(digest):
+    if found.payload != (bound(digest) if payload is None else payload):
         return "credential signed for another request (its payload does not match this one)"
     if found.status is MungeStatus.SUCCESS or stored:
         return found

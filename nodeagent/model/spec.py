@@ -246,7 +246,11 @@ def _checkpoint_doc(checkpoint: CheckpointConfig | None) -> dict[str, Any] | Non
     if checkpoint is None:
         return None
     doc = dataclasses.asdict(checkpoint)
-    doc["replication"] = {"max_rate": doc.pop("max_rate"), "port": doc.pop("replica_port")}
+    doc["replication"] = {
+        "max_rate": doc.pop("max_rate"),
+        "port": doc.pop("replica_port"),
+        "auth": doc.pop("replica_auth"),
+    }
     return {k: v for k, v in doc.items() if v is not None}
 
 

@@ -5,6 +5,7 @@ metrics are its own, made when the node starts serving the job and closed when i
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -15,7 +16,9 @@ from prometheus_client.registry import Collector
 
 from nodeagent import __version__
 from nodeagent.checkpoint.keeper import TierKeeper
+from nodeagent.checkpoint.peerauth import MungePlane, PlaneAuth, Unauthenticated
 from nodeagent.checkpoint.replicas import Replicas
+from nodeagent.checkpoint.transport import Listening
 from nodeagent.config.settings import Config
 from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import JobKeys
@@ -25,14 +28,17 @@ from nodeagent.gpu.health import NodeHealth
 from nodeagent.gpu.monitor import GpuMonitor
 from nodeagent.job.agent import Agent
 from nodeagent.job.verify import RecordCheck
+from nodeagent.model.credential import MungeUnavailable
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.fence import Keeper
 from nodeagent.supervisor.group import Supervisor
+from nodeagent.supervisor.munge import MungeProgram
 from nodeagent.supervisor.spares import Spawner
 from nodeagent.telemetry.logs import LogContext, WorkerEcho
 from nodeagent.telemetry.metrics import AgentMetrics
 from nodeagent.telemetry.sdnotify import Notifier
 
+log = logging.getLogger(__name__)
 LISTEN_BLOCK_MS = 5000
 
 
@@ -73,14 +79,58 @@ def _tiers(config: Config) -> TierKeeper | None:
 
 
 def _replicas(config: Config) -> Replicas | None:
-    """The job's replica area on this node (job.checkpoint.replicas), readable by its workers."""
+    """The job's replica area on this node (job.checkpoint.replicas), readable by its workers;
+    None where the job keeps no copies, or where the plane cannot authenticate its peers."""
     checkpoint = config.job.checkpoint
     if checkpoint is None or not checkpoint.replicas:
         return None
-    replicas = Replicas(checkpoint, config.node.name, config.job.id, config.node.address)
+    auth = plane_auth(config)
+    if auth is None:
+        return None
+    listening = Listening(
+        config.job.id,
+        config.node.name,
+        auth,
+        config.node.address,
+        checkpoint.replica_port,
+        checkpoint.rank_limit(config.job.nproc_per_node),
+    )
+    replicas = Replicas(checkpoint, config.node.name, config.job.id, listening)
     user = config.job.user
     replicas.prepare(user.gid if user is not None and user.switch else None)
     return replicas
+
+
+def plane_auth(config: Config) -> PlaneAuth | None:
+    """How this node's checkpoint plane authenticates its peers (checkpoint/peerauth.py):
+    MUNGE under pool.auth: munge or job.checkpoint.replication.auth: munge (the default), once
+    this host's munged answers; nothing only where the config says `auth: none`. None (and an
+    error said once): munge asked for and munged cannot be reached; the job then runs with no
+    copies between nodes on this node, never with an open plane."""
+    checkpoint = config.job.checkpoint
+    assert checkpoint is not None
+    if config.pool.auth != "munge" and checkpoint.replica_auth == "none":
+        log.warning(
+            "checkpoint plane: job.checkpoint.replication.auth: none: any host that reaches "
+            "%s may send this node copies and fetch the job's saves (docs/operations.md)",
+            config.node.address,
+        )
+        return Unauthenticated()
+    munge = MungeProgram(config.pool.munge_socket)
+    try:
+        munge.encode("nodeagent: is munged there")
+    except MungeUnavailable as exc:
+        log.error(
+            "checkpoint plane: no copies between nodes for job %s on this node: peers must "
+            "prove they are agents with MUNGE, but %s. Start munged (Debian: apt-get install "
+            "munge; every node shares /etc/munge/munge.key) and point pool.munge_socket at its "
+            "socket, or set job.checkpoint.replication.auth: none where every host that can "
+            "reach node.address is trusted",
+            config.job.id,
+            exc,
+        )
+        return None
+    return MungePlane(munge, os.geteuid())
 
 
 class JobRun:

@@ -20,6 +20,7 @@ import pytest
 from tests.chaos import netns
 from tests.chaos.harness import RedisInHub, network
 from tests.helpers.fsdp import committed, fsdp_cluster, resumed_from_memory, wait_until_step
+from tests.helpers.munge import MungeDaemon
 
 pytest.importorskip("torch")
 WHY_NOT = netns.unavailable()
@@ -41,7 +42,7 @@ def shm(job_id: str) -> Iterator[Path]:
 
 
 def test_a_partitioned_nodes_copies_are_not_counted_while_it_is_cut_off(
-    tmp_path: Path, job_id: str, shm: Path
+    tmp_path: Path, job_id: str, shm: Path, munged: MungeDaemon
 ) -> None:
     with network() as net:
         server = RedisInHub(net, tmp_path)
@@ -61,6 +62,7 @@ def test_a_partitioned_nodes_copies_are_not_counted_while_it_is_cut_off(
                 addresses=addresses,
                 prefixes={name: net.prefix(net.nodes[name][0]) for name in NODES},
                 control_url=server.control_url,
+                munge_socket=munged.socket,
             ) as cluster:
                 cluster.start(*NODES)
                 wait_until_step(cluster, 1, 3 * EVERY)

@@ -30,6 +30,7 @@ from tests.helpers.fsdp import (
     tiers_said,
     wait_until_step,
 )
+from tests.helpers.munge import MungeDaemon
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -68,13 +69,15 @@ def replicated(
 
 
 def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise(
-    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, munged: MungeDaemon
 ) -> None:
     """Then a scale-down and a drain, without a persistent tier: the node leaving hands the save
     its worker made as it stopped to its successor, and the new world resumes from memory at
     that step."""
     nodes = ("a", "b", "c", "d")
-    with replicated(redis_server, job_id, tmp_path, shm, nodes, fewest=2) as cluster:
+    with replicated(
+        redis_server, job_id, tmp_path, shm, nodes, fewest=2, munge_socket=munged.socket
+    ) as cluster:
         before = committed(cluster, 2 * EVERY)
         assert before["replicas"] == 1 and before["under_replicated"] == []
         lose(cluster, shm, "c")
@@ -111,7 +114,7 @@ def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise
 
 
 def test_three_nodes_in_place_survive_a_second_loss_keeping_their_processes(
-    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, munged: MungeDaemon
 ) -> None:
     """An odd node count, `recovery: in_place`: the survivors of a lost node keep their
     processes (neither waits for the other's old group: nodeagent/worker/release.py) and
@@ -129,6 +132,7 @@ def test_three_nodes_in_place_survive_a_second_loss_keeping_their_processes(
         persist=False,
         every=EVERY,
         in_place=True,
+        munge_socket=munged.socket,
     ) as cluster:
         cluster.min_nodes = 1
         cluster.start("a", "b", "c")
@@ -157,13 +161,15 @@ def brought(cluster: LocalCluster, node: str) -> list[int]:
 
 
 def test_a_flipped_bit_in_the_lost_nodes_copy_is_refused_and_the_disk_tier_used(
-    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, munged: MungeDaemon
 ) -> None:
     """The only copy of the lost node's rank is corrupt in its holder's memory: the nodes that
     fetch it refuse it against the manifest, the holder's worker refuses it at load, an event
     says so, and every rank resumes from the persistent tier instead, bit for bit."""
     nodes = ("a", "b", "c", "d")
-    with replicated(redis_server, job_id, tmp_path, shm, nodes, persist=True) as cluster:
+    with replicated(
+        redis_server, job_id, tmp_path, shm, nodes, persist=True, munge_socket=munged.socket
+    ) as cluster:
         committed(cluster, 2 * EVERY)
         # The newest persisted step committed in memory too: else the leader, offering the
         # newest step first, offers the persistent tier and there is no memory copy to refuse.
@@ -196,7 +202,7 @@ def test_a_flipped_bit_in_the_lost_nodes_copy_is_refused_and_the_disk_tier_used(
 
 
 def test_five_nodes_one_killed_mid_copy_never_restore_a_mixed_step(
-    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, munged: MungeDaemon
 ) -> None:
     """An odd node count, copies paced so that one is caught under way: a node killed while it
     sends its save leaves a half-written copy on its peer. The job resumes at world 4 from
@@ -205,7 +211,14 @@ def test_five_nodes_one_killed_mid_copy_never_restore_a_mixed_step(
     nodes = ("a", "b", "c", "d", "e")
     model = ("--width", "256", "--layers", "4")
     with replicated(
-        redis_server, job_id, tmp_path, shm, nodes, model=model, max_rate="512KiB/s"
+        redis_server,
+        job_id,
+        tmp_path,
+        shm,
+        nodes,
+        model=model,
+        max_rate="512KiB/s",
+        munge_socket=munged.socket,
     ) as cluster:
         before = committed(cluster, 2 * EVERY)
         cut = wait_for(lambda: copies_under_way(shm, job_id, "c"), 90, "a copy from c under way")

@@ -168,6 +168,7 @@ class LocalCluster:
     addresses: dict[str, str] = field(default_factory=dict)
     prefixes: dict[str, list[str]] = field(default_factory=dict)
     control_url: str | None = None
+    pool: dict[str, Any] = field(default_factory=dict)  # a pool: section (munge_socket, say)
 
     def __post_init__(self) -> None:
         self.records_dir = self.directory / "records"
@@ -206,6 +207,7 @@ class LocalCluster:
                 **self.job_options,
             },
             "timing": timing,
+            **({"pool": self.pool} if self.pool else {}),
             "metrics": {"listen": "127.0.0.1:0"},  # several agents on one machine
             "log_dir": str(self.directory / "logs"),
             "state_dir": str(self.directory / "state"),

@@ -44,14 +44,17 @@ def fsdp_cluster(
     model: tuple[str, ...] = (),
     max_rate: str | None = None,
     memory_size: str = "256MiB",
+    munge_socket: str | None = None,
     **cluster: Any,
 ) -> Any:
     """Agents running examples/train_fsdp.py with the memory and persistent tiers (in_place:
     job.recovery in_place, the script under elastic.run); `env`: more of the workers'
     environment; `model`: the script's model options (--width, --layers); `max_rate`:
     job.checkpoint.replication.max_rate; `memory_size`: job.checkpoint's (two saves of a
-    rank's state, with room to spare: the default fits the tests' small models); `cluster`:
-    more LocalCluster fields (nodes in network namespaces)."""
+    rank's state, with room to spare: the default fits the tests' small models);
+    `munge_socket`: the munged the checkpoint plane authenticates peers with (none given: the
+    config says replication.auth: none); `cluster`: more LocalCluster fields (nodes in network
+    namespaces)."""
     entrypoint = [
         sys.executable,
         str(ROOT / "examples" / "train_fsdp.py"),
@@ -68,8 +71,12 @@ def fsdp_cluster(
     }
     if persist:
         checkpoint["persist_dir"] = str(tmp_path / "persist")
+    replication: dict[str, Any] = {"auth": "munge" if munge_socket else "none"}
     if max_rate is not None:
-        checkpoint["replication"] = {"max_rate": max_rate}
+        replication["max_rate"] = max_rate
+    checkpoint["replication"] = replication
+    if munge_socket is not None:
+        cluster["pool"] = {"munge_socket": munge_socket}
     return local_cluster(
         redis.url,
         tmp_path,

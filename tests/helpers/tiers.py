@@ -9,8 +9,9 @@ from pathlib import Path
 
 from nodeagent.channel import manifests
 from nodeagent.channel.manifests import Manifest
+from nodeagent.checkpoint.peerauth import PlaneAuth, Unauthenticated
 from nodeagent.checkpoint.replicas import Replicas
-from nodeagent.checkpoint.transport import Accept
+from nodeagent.checkpoint.transport import Accept, Listening
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.job.checkpoints.replicaduties import CopyTerms
 from nodeagent.model.handout import Handout
@@ -54,12 +55,19 @@ def reporting(
 
 @contextlib.contextmanager
 def node_replicas(
-    tmp_path: Path, node: str, accept: Accept | None = None, job: str = "j"
+    tmp_path: Path,
+    node: str,
+    accept: Accept | None = None,
+    job: str = "j",
+    auth: PlaneAuth | None = None,
+    address: str = "127.0.0.1",
 ) -> Iterator[Replicas]:
-    """`node`'s replicas (memory tier and replica area under `tmp_path`), listening on loopback
-    with `accept` if given (else once a test tells it whom to accept), closed at the end."""
+    """`node`'s replicas (memory tier and replica area under `tmp_path`), listening on
+    `address` with `accept` if given (else once a test tells it whom to accept), closed at the
+    end; peers authenticated by `auth` (none: the tests of what is copied where)."""
     config = CheckpointConfig(memory_size=1 << 24, memory_dir=str(tmp_path))
-    made = Replicas(config, node, job, "127.0.0.1")
+    listening = Listening(job, node, auth or Unauthenticated(), address, most=1 << 23)
+    made = Replicas(config, node, job, listening)
     try:
         made.prepare(None)
         if accept is not None:

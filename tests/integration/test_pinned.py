@@ -11,8 +11,10 @@ from prometheus_client import CollectorRegistry
 
 from nodeagent.channel import manifests, pin, tier
 from nodeagent.channel.pin import Pin
-from nodeagent.checkpoint import transport as replica
+from nodeagent.checkpoint import sender
 from nodeagent.checkpoint.keeper import TierKeeper
+from nodeagent.checkpoint.peerauth import Unauthenticated
+from nodeagent.checkpoint.wire import Hello, Want
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.coord.bounded import unbounded
 from nodeagent.job.checkpoints.replicaduties import ReplicaDuties
@@ -27,6 +29,7 @@ from tests.helpers.tiers import CopyState, fake_save, node_replicas, terms
 
 JOB = "j"
 MEMBERS = ("a", "b")
+OPEN = Unauthenticated()
 
 
 def steps_held(directory: Path, rank: int) -> list[int]:
@@ -45,20 +48,20 @@ def test_a_peers_copy_never_goes_over_the_pinned_save(tmp_path: Path) -> None:
         mine = tmp_path / "mine"
         for step in (10, 12):
             fake_save(mine, step, generation=3)
-            replica.send(b.address, JOB, "a", 3, mine)
+            sender.send(b.address, Hello(JOB, "a", "b", 3), mine, OPEN)
         b.memory.mkdir()  # b's memory tier, where its agent writes the pin
         pin.write(b.memory, Pin((10, 3, 2)))
         fake_save(mine, 14, generation=3)
-        replica.send(b.address, JOB, "a", 3, mine)
+        sender.send(b.address, Hello(JOB, "a", "b", 3), mine, OPEN)
         assert steps_held(b.area / "a", 0) == [10, 14]
         pin.write(b.memory, Pin((14, 3, 2)))
         fake_save(mine, 16, generation=3)
-        replica.send(b.address, JOB, "a", 3, mine)
+        sender.send(b.address, Hello(JOB, "a", "b", 3), mine, OPEN)
         assert steps_held(b.area / "a", 0) == [14, 16]
         # a pin nodeagent did not write pins nothing: the copy goes to the older slot
         (b.memory / pin.FILE).write_text("{")
         fake_save(mine, 18, generation=3)
-        replica.send(b.address, JOB, "a", 3, mine)
+        sender.send(b.address, Hello(JOB, "a", "b", 3), mine, OPEN)
         assert steps_held(b.area / "a", 0) == [16, 18]
 
 
@@ -71,10 +74,10 @@ def test_a_fetch_never_goes_over_the_pinned_save(tmp_path: Path) -> None:
         memory.mkdir()
         for step in (10, 12, 14):
             fake_save(held, step, generation=3)
-            want = replica.Want(0, step, 3)
+            want = Want(0, step, 3)
             if step == 14:
                 pin.write(memory, Pin((10, 3, 2)))
-            replica.fetch(a.address, JOB, "b", 4, want, area, memory=memory)
+            sender.fetch(a.address, Hello(JOB, "b", "a", 4), want, area, OPEN, memory=memory)
         assert steps_held(area, 0) == [10, 14]
 
 

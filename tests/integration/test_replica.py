@@ -4,6 +4,7 @@ whole one, a sender keeps to its rate."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -13,17 +14,35 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from nodeagent.channel import manifests, tier
 from nodeagent.channel.manifests import Manifest
+from nodeagent.checkpoint import sender, wire
 from nodeagent.checkpoint import transport as replica
-from nodeagent.checkpoint.transport import ReplicaError, ReplicaServer
+from nodeagent.checkpoint.peerauth import PlaneAuth, Unauthenticated
+from nodeagent.checkpoint.transport import Listening, ReplicaServer
+from nodeagent.checkpoint.wire import Hello, ReplicaError, Want
 from tests.helpers.forge import force_crc32
 from tests.helpers.tiers import fake_save
 
 JOB = "j"
+SERVER = "b"  # the node the server is
+OPEN = Unauthenticated()  # the tests of the copies themselves; test_plane_auth.py: MUNGE's
+
+
+def send(address: str, job: str, node: str, generation: int, slot: Path, **more: Any) -> int:
+    auth: PlaneAuth = more.pop("auth", OPEN)
+    return sender.send(address, Hello(job, node, SERVER, generation), slot, auth, **more)
+
+
+def fetch(
+    address: str, job: str, node: str, generation: int, want: Want, area: Path, digest: str = ""
+) -> Manifest:
+    hello = Hello(job, node, SERVER, generation)
+    return sender.fetch(address, hello, want, area, OPEN, digest or None)
 
 
 @pytest.fixture
@@ -35,7 +54,11 @@ def server(tmp_path: Path) -> Iterator[ReplicaServer]:
 
     received: list[replica.Received] = []
     srv = ReplicaServer(
-        JOB, tmp_path / "replicas", accept, on_received=received.append, memory=tmp_path / "tier"
+        Listening(JOB, SERVER, OPEN),
+        tmp_path / "replicas",
+        accept,
+        on_received=received.append,
+        memory=tmp_path / "tier",
     )
     srv.refused = refused  # type: ignore[attr-defined]
     srv.received = received  # type: ignore[attr-defined]
@@ -47,7 +70,7 @@ def test_a_save_sent_to_a_peer_arrives_whole_and_verified(
     server: ReplicaServer, tmp_path: Path
 ) -> None:
     fake_save(tmp_path / "mine", 40, rank=1, size=300_000)
-    sent = replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+    sent = send(server.address, JOB, "a", 3, tmp_path / "mine")
     assert sent == manifests.read_manifest(tmp_path / "mine").size
     [(node, slot)] = [(n, s) for n, s in replica.replicas_held(server.root) if s.exists()]
     assert node == "a" and manifests.verify(slot).step == 40
@@ -64,9 +87,9 @@ def test_a_save_the_receiver_does_not_accept_leaves_nothing(
     fake_save(tmp_path / "mine", 40)
     server.refused["a"] = "no such manifest recorded for generation 3"  # type: ignore[attr-defined]
     with pytest.raises(ReplicaError, match="refused: no such manifest recorded"):
-        replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
-    with pytest.raises(ReplicaError, match="job 'other' is not 'j'"):
-        replica.send(server.address, "other", "b", 3, tmp_path / "mine")
+        send(server.address, JOB, "a", 3, tmp_path / "mine")
+    with pytest.raises(ReplicaError, match="not a request to b of job j"):
+        send(server.address, "other", "b", 3, tmp_path / "mine")
     assert not any(
         (slot / manifests.MANIFEST).exists() for _, slot in replica.replicas_held(server.root)
     )
@@ -76,13 +99,13 @@ def test_bytes_that_do_not_match_the_manifest_are_refused_and_the_last_copy_kept
     server: ReplicaServer, tmp_path: Path
 ) -> None:
     fake_save(tmp_path / "mine", 10)
-    replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+    send(server.address, JOB, "a", 3, tmp_path / "mine")
     fake_save(tmp_path / "mine", 12)
     data = bytearray((tmp_path / "mine" / "__0_0.distcp").read_bytes())
     data[5] ^= 0x40  # the sender's copy went bad after its manifest was written
     (tmp_path / "mine" / "__0_0.distcp").write_bytes(bytes(data))
     with pytest.raises(ReplicaError, match="checksum"):
-        replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+        send(server.address, JOB, "a", 3, tmp_path / "mine")
     whole = [
         manifests.verify(s).step
         for _, s in replica.replicas_held(server.root)
@@ -93,20 +116,13 @@ def test_bytes_that_do_not_match_the_manifest_are_refused_and_the_last_copy_kept
 
 def test_a_copy_cut_short_spares_the_last_whole_one(server: ReplicaServer, tmp_path: Path) -> None:
     fake_save(tmp_path / "mine", 10)
-    replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+    send(server.address, JOB, "a", 3, tmp_path / "mine")
     fake_save(tmp_path / "mine", 12, size=200_000)
     manifest = manifests.read_manifest(tmp_path / "mine")
-    header = {
-        "v": 1,
-        "job": JOB,
-        "node": "a",
-        "generation": 3,
-        "manifest": json.loads(manifest.to_json()),
-    }
     host, port = server.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as conn:
-        conn.sendall(json.dumps(header).encode() + b"\n")
-        assert conn.makefile("rb").readline() == b"GO\n"
+        conn.sendall(_header(manifest))
+        assert conn.makefile("rb").readline() == b"GO -\n"
         conn.sendall(b"x" * 1000)  # then the sender dies
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
@@ -125,17 +141,25 @@ def test_a_copy_cut_short_spares_the_last_whole_one(server: ReplicaServer, tmp_p
 @pytest.mark.parametrize(
     ("header", "said"),
     [
-        (b"not json\n", "not JSON"),
-        (b'{"v": 2}\n', "version 1"),
-        (b'{"v": 1, "job": "j", "node": "../x", "generation": 1, "manifest": {}}\n', "node"),
+        (b"not json\n", "ERR refused\n"),
+        (b'{"v": 1, "job": "j", "node": "a", "generation": 1, "auth": "-"}\n', "ERR refused\n"),
+        (b'{"v": 2, "job": "j", "node": "a", "to": "b", "generation": 1}\n', "ERR refused\n"),
         (
-            b'{"v": 1, "job": "j", "node": "a", "generation": 1, "manifest": {"format": 1, "step":'
-            b' 1, "generation": 1, "world_size": 1, "rank": 0, "files": {"..": {"size": 1,'
-            b' "crc32": 0}}}}\n',
+            b'{"v": 2, "job": "j", "node": "../x", "to": "b", "generation": 1, "auth": "-"}\n',
+            "node '../x' is not a node name",
+        ),
+        (
+            b'{"v": 2, "job": "j", "node": "a", "to": "c", "generation": 1, "auth": "-"}\n',
+            "not a request to b of job j",
+        ),
+        (
+            b'{"v": 2, "job": "j", "node": "a", "to": "b", "generation": 1, "auth": "-",'
+            b' "manifest": {"format": 2, "step": 1, "generation": 1, "world_size": 1, "rank": 0,'
+            b' "files": {"..": {"size": 1, "sha256": "' + b"0" * 64 + b'"}}}}\n',
             "not a plain file name",
         ),
     ],
-    ids=["json", "version", "node", "file name"],
+    ids=["json", "version", "no credential", "node", "another node", "file name"],
 )
 def test_a_header_nodeagent_did_not_write_is_refused(
     server: ReplicaServer, header: bytes, said: str
@@ -145,12 +169,13 @@ def test_a_header_nodeagent_did_not_write_is_refused(
         conn.sendall(header)
         answer = conn.makefile("rb").readline().decode()
     assert answer.startswith("ERR") and said in answer, answer
+    assert said != "ERR refused\n" or answer == said  # a stranger is told nothing more
 
 
 def test_a_sender_keeps_to_its_rate(server: ReplicaServer, tmp_path: Path) -> None:
     fake_save(tmp_path / "mine", 1, size=2_000_000)
     began = time.monotonic()
-    sent = replica.send(server.address, JOB, "a", 3, tmp_path / "mine", max_rate=4_000_000)
+    sent = send(server.address, JOB, "a", 3, tmp_path / "mine", max_rate=4_000_000)
     assert time.monotonic() - began >= sent / 4_000_000 - 0.3  # a lower bound: sleeps only
 
 
@@ -177,7 +202,7 @@ def test_a_paced_send_spreads_its_bytes_over_the_second_not_one_burst(tmp_path: 
         thread.start()
         began = time.monotonic()
         address = f"127.0.0.1:{listener.getsockname()[1]}"
-        replica.send(address, JOB, "a", 3, tmp_path / "mine", max_rate=1_000_000)
+        send(address, JOB, "a", 3, tmp_path / "mine", max_rate=1_000_000)
         thread.join(timeout=10)
     half = next(t for t, got in arrivals if got >= total // 2)
     assert half - began >= 0.2, arrivals[:3]
@@ -189,14 +214,12 @@ def test_a_paced_send_cancelled_mid_file_stops_and_the_receiver_keeps_nothing_of
     """A new generation needs the node: the copy under way (10 s at its rate) stops at its
     next slice, and the peer keeps only its last whole copy."""
     fake_save(tmp_path / "mine", 10)
-    replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+    send(server.address, JOB, "a", 3, tmp_path / "mine")
     fake_save(tmp_path / "mine", 12, size=2_000_000)
     cancel = threading.Event()
     threading.Timer(0.3, cancel.set).start()
-    with pytest.raises(replica.Cancelled, match="cancelled after") as raised:
-        replica.send(
-            server.address, JOB, "a", 3, tmp_path / "mine", max_rate=200_000, cancel=cancel
-        )
+    with pytest.raises(wire.Cancelled, match="cancelled after") as raised:
+        send(server.address, JOB, "a", 3, tmp_path / "mine", max_rate=200_000, cancel=cancel)
     assert server.address in str(raised.value)
     whole = [
         manifests.verify(s).step
@@ -212,8 +235,8 @@ def _connect(server: ReplicaServer) -> socket.socket:
 
 
 def _header(manifest: Manifest, node: str = "a") -> bytes:
-    doc = {"v": 1, "job": JOB, "node": node, "generation": 3}
-    return json.dumps({**doc, "manifest": json.loads(manifest.to_json())}).encode() + b"\n"
+    hello = Hello(JOB, node, SERVER, 3)
+    return wire.request(hello, OPEN, manifest=json.loads(manifest.to_json()))[0]
 
 
 def test_a_second_copy_of_the_same_rank_meanwhile_is_turned_away(
@@ -224,15 +247,15 @@ def test_a_second_copy_of_the_same_rank_meanwhile_is_turned_away(
     manifest = manifests.read_manifest(tmp_path / "mine")
     with _connect(server) as first:
         first.sendall(_header(manifest))
-        assert first.makefile("rb").readline() == b"GO\n"  # its body not sent yet
+        assert first.makefile("rb").readline() == b"GO -\n"  # its body not sent yet
         with pytest.raises(ReplicaError, match="busy: a copy of a's rank 0 is under way"):
-            replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+            send(server.address, JOB, "a", 3, tmp_path / "mine")
         fake_save(tmp_path / "other", 12, rank=1)  # another rank of the same node: taken
-        replica.send(server.address, JOB, "a", 3, tmp_path / "other")
+        send(server.address, JOB, "a", 3, tmp_path / "other")
     deadline = time.monotonic() + 5  # the first closed: rank 0 may be copied again
     while True:
         try:
-            replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+            send(server.address, JOB, "a", 3, tmp_path / "mine")
             break
         except ReplicaError:
             assert time.monotonic() < deadline
@@ -258,16 +281,16 @@ def test_connections_beyond_the_cap_are_turned_away_not_queued(server: ReplicaSe
 def test_a_header_that_trickles_in_is_given_up_on(
     server: ReplicaServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(replica, "HEADER_S", 0.3)
+    monkeypatch.setattr(wire, "HEADER_S", 0.3)
     with _connect(server) as conn:
-        for byte in b'{"v": 1':
+        for byte in b'{"v": 2':
             try:
                 conn.sendall(bytes([byte]))
             except OSError:  # the server gave up on it already
                 break
             time.sleep(0.06)
         answer = conn.makefile("rb").readline().decode()
-    assert answer.startswith("ERR the header took more than 0.3s"), answer
+    assert answer == "ERR refused\n", answer  # the reason stays in this node's log
 
 
 def test_a_sender_never_sends_what_a_link_in_the_slot_points_to(
@@ -280,7 +303,7 @@ def test_a_sender_never_sends_what_a_link_in_the_slot_points_to(
     (tmp_path / "mine" / "__0_0.distcp").unlink()
     (tmp_path / "mine" / "__0_0.distcp").symlink_to(secret)
     with pytest.raises(ReplicaError, match="a link or something else than a file"):
-        replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+        send(server.address, JOB, "a", 3, tmp_path / "mine")
     assert not [
         s for _, s in replica.replicas_held(server.root) if (s / manifests.MANIFEST).exists()
     ]
@@ -290,12 +313,12 @@ def test_a_silent_connection_is_dropped_at_the_header_deadline(
     server: ReplicaServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not after TIMEOUT_S per recv: idle connections would hold every receive slot."""
-    monkeypatch.setattr(replica, "HEADER_S", 0.3)
+    monkeypatch.setattr(wire, "HEADER_S", 0.3)
     began = time.monotonic()
     with _connect(server) as conn:
         answer = conn.makefile("rb").readline().decode()
-    assert answer.startswith("ERR the header took more than 0.3s"), answer
-    assert time.monotonic() - began < replica.TIMEOUT_S
+    assert answer == "ERR refused\n", answer
+    assert time.monotonic() - began < wire.TIMEOUT_S
 
 
 def test_a_file_that_grows_after_its_manifest_is_not_sent_past_its_size(
@@ -305,15 +328,15 @@ def test_a_file_that_grows_after_its_manifest_is_not_sent_past_its_size(
     with open(tmp_path / "mine" / "__0_0.distcp", "ab") as f:
         f.write(b"appended by the worker")
     with pytest.raises(ReplicaError, match=r"not the .* bytes its manifest says"):
-        replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+        send(server.address, JOB, "a", 3, tmp_path / "mine")
 
 
 def test_closing_the_server_ends_the_copies_under_way(tmp_path: Path) -> None:
-    srv = ReplicaServer(JOB, tmp_path / "replicas", lambda *_: None)
+    srv = ReplicaServer(Listening(JOB, SERVER, OPEN), tmp_path / "replicas", lambda *_: None)
     fake_save(tmp_path / "mine", 12, size=200_000)
     conn = _connect(srv)
     conn.sendall(_header(manifests.read_manifest(tmp_path / "mine")))
-    assert conn.makefile("rb").readline() == b"GO\n"
+    assert conn.makefile("rb").readline() == b"GO -\n"
     srv.close()
     conn.settimeout(5)
     assert conn.recv(100) == b""  # its receive was ended: the connection closed
@@ -326,10 +349,10 @@ def test_a_node_fetches_a_save_from_a_peers_memory_tier_or_replica_area(
 ) -> None:
     fake_save(tier.slots(tmp_path / "tier", 2)[0], 30, rank=2, world=4, size=200_000)
     fake_save(tmp_path / "mine", 30, rank=1)
-    replica.send(server.address, JOB, "a", 3, tmp_path / "mine")  # now in its replica area
+    send(server.address, JOB, "a", 3, tmp_path / "mine")  # now in its replica area
     for rank in (2, 1):
-        want = replica.Want(rank, 30, 3)
-        got = replica.fetch(server.address, JOB, "c", 4, want, tmp_path / "fetched" / "b")
+        want = Want(rank, 30, 3)
+        got = fetch(server.address, JOB, "c", 4, want, tmp_path / "fetched" / "b")
         slot = tier.find_save(None, tmp_path / "fetched", rank, 30, 3)
         assert slot is not None and manifests.verify(slot) == got and got.rank == rank
 
@@ -341,17 +364,17 @@ def test_a_fetch_refused_or_not_matching_leaves_nothing(
     fake_save(held, 30, rank=0, size=200_000)
     area = tmp_path / "fetched" / "b"
     with pytest.raises(ReplicaError, match="no save of rank 0, step 31"):
-        replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 31, 0), area)
+        fetch(server.address, JOB, "c", 4, Want(0, 31, 0), area)
     with pytest.raises(ReplicaError, match="not the save its holder reported"):
-        replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 30, 3), area, "0" * 16)
+        fetch(server.address, JOB, "c", 4, Want(0, 30, 3), area, "0" * 16)
     data = bytearray((held / "__0_0.distcp").read_bytes())
     data[7] ^= 0x01  # a flipped bit in the holder's copy
     (held / "__0_0.distcp").write_bytes(bytes(data))
     with pytest.raises(ReplicaError, match="checksum"):
-        replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 30, 3), area)
+        fetch(server.address, JOB, "c", 4, Want(0, 30, 3), area)
     server.refused["c"] = "c is not a member of the job"  # type: ignore[attr-defined]
     with pytest.raises(ReplicaError, match="refused: c is not a member"):
-        replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 30, 3), area)
+        fetch(server.address, JOB, "c", 4, Want(0, 30, 3), area)
     assert tier.find_save(None, tmp_path / "fetched", 0, 30, None) is None
 
 
@@ -370,7 +393,7 @@ def test_a_forged_file_whose_crc32_was_forced_back_is_refused(
     with _connect(server) as conn:
         conn.sendall(_header(manifest))
         reader = conn.makefile("rb")
-        assert reader.readline() == b"GO\n"
+        assert reader.readline() == b"GO -\n"
         conn.sendall((tmp_path / "mine" / ".metadata").read_bytes() + forged)
         answer = reader.readline().decode()
     assert answer.startswith("ERR __0_0.distcp: checksum SHA-256"), answer
@@ -394,13 +417,13 @@ def test_a_save_of_the_crc32_format_is_read_here_but_never_crosses_the_wire(
     manifests.write_manifest(tmp_path / "mine", legacy)
     assert manifests.verify(tmp_path / "mine") == legacy and not legacy.cryptographic
     with pytest.raises(manifests.BadCopy, match="format 1"):
-        replica.send(server.address, JOB, "a", 3, tmp_path / "mine")
+        send(server.address, JOB, "a", 3, tmp_path / "mine")
     with _connect(server) as conn:
         conn.sendall(_header(legacy))
         assert b"never taken" in conn.makefile("rb").readline()
     shutil.copytree(tmp_path / "mine", tier.slots(tmp_path / "tier", 0)[0])
     with pytest.raises(ReplicaError, match="predates SHA-256"):
-        replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 40, 3), tmp_path / "got")
+        fetch(server.address, JOB, "c", 4, Want(0, 40, 3), tmp_path / "got")
 
 
 def test_a_save_whose_manifest_is_long_is_fetched_whole(
@@ -414,5 +437,66 @@ def test_a_save_whose_manifest_is_long_is_fetched_whole(
     manifest = Manifest(30, 3, 2, 0, manifests.summarize(held), job=JOB)
     manifests.write_manifest(held, manifest)
     assert len(manifest.to_json()) > 2000
-    got = replica.fetch(server.address, JOB, "c", 4, replica.Want(0, 30, 3), tmp_path / "got")
+    got = fetch(server.address, JOB, "c", 4, Want(0, 30, 3), tmp_path / "got")
     assert got == manifest
+
+
+def test_one_address_holds_at_most_two_transfers_and_others_still_get_in(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    """Idle connections from one address no longer take every slot (issue 40)."""
+    fake_save(tmp_path / "mine", 12)
+    idle = [_connect(server) for _ in range(replica.PER_ADDRESS)]
+    try:
+        with _connect(server) as extra:
+            answer = extra.makefile("rb").readline().decode()
+        assert answer.startswith("ERR busy: 2 transfers from one address"), answer
+        host, port = server.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), 5, ("127.0.0.2", 0)) as other:
+            other.sendall(_header(manifests.read_manifest(tmp_path / "mine")))
+            assert other.makefile("rb").readline() == b"GO -\n"
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+def test_a_copy_that_trickles_in_is_given_up_on_at_its_deadline(
+    server: ReplicaServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A byte now and then, each within the per-read timeout, used to hold a slot without end:
+    the whole transfer has a deadline that grows with its size."""
+    monkeypatch.setattr(wire, "TRANSFER_S", 0.5)
+    fake_save(tmp_path / "mine", 12, size=200_000)
+    began = time.monotonic()
+    with _connect(server) as conn:
+        conn.sendall(_header(manifests.read_manifest(tmp_path / "mine")))
+        reader = conn.makefile("rb")
+        assert reader.readline() == b"GO -\n"
+        answer = b""
+        body = (tmp_path / "mine" / ".metadata").read_bytes()
+        body += (tmp_path / "mine" / "__0_0.distcp").read_bytes()
+        for byte in body[:100]:
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:
+                break
+            time.sleep(0.1)
+            conn.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                answer = conn.recv(200)
+            conn.setblocking(True)
+            if answer:
+                break
+    assert b"took longer than its size allows" in answer, answer
+    assert time.monotonic() - began < 5
+    assert not [s for _, s in replica.replicas_held(server.root) if (s / "manifest.json").exists()]
+
+
+def test_a_copy_larger_than_a_ranks_share_is_refused_before_a_byte(tmp_path: Path) -> None:
+    srv = ReplicaServer(Listening(JOB, SERVER, OPEN, most=100_000), tmp_path / "r", lambda _: None)
+    try:
+        fake_save(tmp_path / "mine", 12, size=300_000)
+        with pytest.raises(ReplicaError, match=r"more than the 100,000 one rank's copy may take"):
+            send(srv.address, JOB, "a", 3, tmp_path / "mine")
+    finally:
+        srv.close()

@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry
 from nodeagent.channel import fetching, manifests, tier
 from nodeagent.checkpoint import replicas as peers
 from nodeagent.checkpoint.replicas import Done, Replicas
-from nodeagent.checkpoint.transport import Offer, Want
+from nodeagent.checkpoint.transport import Offer
+from nodeagent.checkpoint.wire import Want
 from nodeagent.coord.bounded import unbounded
 from nodeagent.errors import CoordinationError
 from nodeagent.job.checkpoints import replicaduties as copies_module

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 PLAN_S = 1.0  # while its newest save is not committed, or its last share was not all made
 IDLE_S = 10.0  # otherwise (a peer's copy to re-protect, planned by the leader meanwhile)
 WAIT_READ_S = 0.1  # while the workers wait for the share of their restore: read this often
+REFUSED_EVERY_S = 60.0  # a refused request's event, at most this often for one address
 
 
 class CopyReads(PeerReports, Protocol):
@@ -116,6 +118,7 @@ class ReplicaDuties:
         # than the one before are removed (`_prune`).
         self._committed: tuple[SaveKey | None, SaveKey | None] = (None, None)
         self._handover = Handover(replicas, terms.node, store, call, terms.fetch_timeout, clock)
+        self._said_refused: dict[str, float] = {}  # address -> when its last refusal was said
 
     # -- the listener's threads -------------------------------------------------------------
 
@@ -175,7 +178,7 @@ class ReplicaDuties:
     def tick(self, record: JobRecord | None, own: TierReport) -> list[Event]:
         """One pass: what finished, and the copies of this node's share when due; the events
         to publish."""
-        events = self._finished(record)
+        events = self._finished(record) + self._turned_away(record)
         checkpoint = record.checkpoint if record is not None else None
         if record is None or checkpoint is None or record.state is not JobState.RUNNING:
             return events
@@ -321,6 +324,27 @@ class ReplicaDuties:
                 events.append(_refused_event(done, generation, self._node))
         return events
 
+    def _turned_away(self, record: JobRecord | None) -> list[Event]:
+        """`checkpoint_plane_refused`: a request the listener turned away (a stranger, a peer
+        asking for what the plan does not give it), at most once a minute for one address."""
+        events = []
+        now = self._clock()
+        for refused in self.replicas.take_refused():
+            if now < self._said_refused.get(refused.host, -REFUSED_EVERY_S) + REFUSED_EVERY_S:
+                continue
+            self._said_refused[refused.host] = now
+            claimed = f" claiming to be {refused.node}" if refused.node else ""
+            events.append(
+                Event(
+                    "checkpoint_plane_refused",
+                    record.generation if record is not None else 0,
+                    self._node,
+                    f"a request from {refused.host}{claimed} was refused: {refused.why}",
+                    data={"from": refused.host, "claimed": refused.node, "why": refused.why},
+                )
+            )
+        return events
+
     def _prune(self, committed: SaveKey | None) -> None:
         """Remove the copies older than `committed`: the step committed before the newest one.
         Not the newest: the leader commits from reports a heartbeat old, and a worker may have
@@ -373,12 +397,21 @@ class ReplicaDuties:
 
 
 def _same_host(reported: str, seen: str) -> bool:
-    """The request came from the address a node reports (names are not resolved: a host name
-    reported is taken as it is)."""
+    """The request came from the address a node reports: the same address, or one its host name
+    resolves to (a name that does not resolve matches nothing)."""
     try:
-        return ipaddress.ip_address(reported) == ipaddress.ip_address(seen)
+        peer = ipaddress.ip_address(seen)
     except ValueError:
-        return True
+        return False
+    try:
+        return ipaddress.ip_address(reported) == peer
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(reported, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    return any(ipaddress.ip_address(info[4][0]) == peer for info in found)
 
 
 def _refused_event(done: Done, generation: int, node: str) -> Event:
