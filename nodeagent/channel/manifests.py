@@ -34,6 +34,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodeagent.channel.beneath import open_beneath
+
 FORMAT = 2  # 1: a CRC-32 per file instead of a SHA-256 (read, never written)
 MANIFEST = "manifest.json"
 CHUNK = 8 << 20  # bytes read at a time while checksumming or copying
@@ -219,11 +221,13 @@ def _count(data: Mapping[str, object], key: str, where: str) -> int:
     return value
 
 
-def checksum(path: Path, expected: FileSum | None = None) -> FileSum:
+def checksum(
+    path: Path, expected: FileSum | None = None, beneath: Path | None = None
+) -> FileSum:
     """Size and SHA-256 of a file (its CRC-32 where `expected` is of a format-1 manifest), read
-    in chunks (SHA-256: 2.1 GB/s on one core here)."""
+    in chunks (SHA-256: 2.1 GB/s on one core here). `beneath`: as open_plain's."""
     summer = Summer(expected)
-    with os.fdopen(open_plain(path), "rb") as f:
+    with os.fdopen(open_plain(path, beneath), "rb") as f:
         while chunk := f.read(CHUNK):
             summer.update(chunk)
     return summer.result()
@@ -240,13 +244,14 @@ def summarize(directory: Path) -> dict[str, FileSum]:
     }
 
 
-def read_manifest(directory: Path) -> Manifest:
-    """The manifest of a save, not yet verified against its files. Raises: BadCopy."""
+def read_manifest(directory: Path, beneath: Path | None = None) -> Manifest:
+    """The manifest of a save, not yet verified against its files (`beneath`: as open_plain's).
+    Raises: BadCopy."""
     path = directory / MANIFEST
     if not os.path.lexists(path):
         raise NoSave(f"{directory}: no {MANIFEST} (no save, or one cut short)")
     try:
-        with os.fdopen(open_plain(path), "rb") as f:
+        with os.fdopen(open_plain(path, beneath), "rb") as f:
             raw = f.read(MANIFEST_MAX + 1)
     except OSError as exc:
         raise BadCopy(f"{path}: {exc.strerror}") from None
@@ -255,17 +260,20 @@ def read_manifest(directory: Path) -> Manifest:
     return Manifest.from_json(raw, str(path))
 
 
-def verify(directory: Path, names: Iterable[str] | None = None) -> Manifest:
+def verify(
+    directory: Path, names: Iterable[str] | None = None, beneath: Path | None = None
+) -> Manifest:
     """The manifest of the save in `directory` once every file it names (or only `names`)
-    matches its size and checksum. Raises: BadCopy naming the first file that does not."""
-    manifest = read_manifest(directory)
+    matches its size and checksum (`beneath`: as open_plain's). Raises: BadCopy naming the
+    first file that does not."""
+    manifest = read_manifest(directory, beneath)
     wanted = manifest.files if names is None else {n: manifest.files[n] for n in names}
     for name, expected in wanted.items():
         path = directory / name
         try:
             if path.is_symlink():
                 raise BadCopy(f"{path}: a symbolic link, not a file of the save")
-            found = checksum(path, expected)
+            found = checksum(path, expected, beneath)
         except FileNotFoundError:
             raise BadCopy(f"{path}: missing (named by {MANIFEST})") from None
         except OSError as exc:
@@ -324,16 +332,21 @@ def manifest_in(directory: Path) -> Manifest | None:
         return None
 
 
-def open_plain(path: Path) -> int:
+def open_plain(path: Path, beneath: Path | None = None) -> int:
     """A descriptor of `path` for reading, only if it is a regular file: never through a
     symbolic link, never blocking on a FIFO a worker put in its place (the agent reads the
-    workers' files as root). Raises: BadCopy."""
+    workers' files as root). `beneath`: a directory of the agent's own above `path`
+    (memory_dir): then no component below it is followed either, and each must be the tier
+    owner's or the agent's (channel/beneath.py). Raises: BadCopy."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags) if beneath is None else open_beneath(beneath, path, flags)
     except FileNotFoundError:
         raise BadCopy(f"{path}: missing (named by {MANIFEST})") from None
     except OSError as exc:
-        raise BadCopy(f"{path}: {exc.strerror} (a link or something else than a file)") from None
+        raise BadCopy(
+            f"{path}: {exc.strerror} (a link, something else than a file, or another user's)"
+        ) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise BadCopy(f"{path}: not a regular file")
@@ -341,13 +354,18 @@ def open_plain(path: Path) -> int:
 
 
 def copy_verified(
-    source: Path, target: Path, durable: bool = True, expected: Manifest | None = None
+    source: Path,
+    target: Path,
+    durable: bool = True,
+    expected: Manifest | None = None,
+    beneath: Path | None = None,
 ) -> Manifest:
     """Copy the save in `source` to `target` (made anew), checking every byte copied against
     the source's manifest (which must be `expected`, the one verified, when given: the worker
     may have saved over the slot since) before the copy's manifest is written (last). A copy
-    that does not match is removed. Raises: BadCopy; OSError (a full disk)."""
-    manifest = read_manifest(source)
+    that does not match is removed. `beneath`: as open_plain's, for the source. Raises:
+    BadCopy; OSError (a full disk)."""
+    manifest = read_manifest(source, beneath)
     if expected is not None and manifest != expected:
         raise BadCopy(f"{source}: now holds step {manifest.step}, not the {expected.step} verified")
     begin(target)
@@ -355,7 +373,7 @@ def copy_verified(
         for name, want in manifest.files.items():
             summer = Summer(want)
             with (
-                os.fdopen(open_plain(source / name), "rb") as src,
+                os.fdopen(open_plain(source / name, beneath), "rb") as src,
                 open(target / name, "xb") as dst,
             ):
                 while chunk := src.read(CHUNK):

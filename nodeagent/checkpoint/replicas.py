@@ -234,7 +234,13 @@ class Replicas:
         hello = Hello(self._job, self._node, transfer.target, generation)
         try:
             return sender.send(
-                peer, hello, slot, self._listening.auth, self.max_rate, cancel=self._cancel
+                peer,
+                hello,
+                slot,
+                self._listening.auth,
+                self.max_rate,
+                cancel=self._cancel,
+                beneath=self.memory.parent,
             )
         except manifests.BadCopy as exc:  # the worker saved over the slot meanwhile
             raise ReplicaError(f"replica {transfer}: {exc}") from None

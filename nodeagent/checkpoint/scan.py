@@ -71,7 +71,7 @@ class Verified:
             if known is not None and known[0] == ident:
                 continue
             try:
-                save: Save | None = Save(slot, manifests.verify(slot))
+                save: Save | None = Save(slot, manifests.verify(slot, beneath=self.memory.parent))
             except BadCopy as exc:
                 if identity(slot) != ident:  # its worker is writing a new save there
                     continue
@@ -150,7 +150,9 @@ def persist(saves: list[Save], root: Path) -> Held:
     step = saves[0].manifest.step
     for save in saves:
         target = tier.rank_dir(tier.step_dir(root, step), save.manifest.rank)
-        manifests.copy_verified(save.slot, target, durable=True, expected=save.manifest)
+        manifests.copy_verified(
+            save.slot, target, durable=True, expected=save.manifest, beneath=save.slot.parents[2]
+        )
     first = saves[0].manifest
     return Held(step, first.world_size, tuple(s.manifest.rank for s in saves), first.generation)
 

@@ -29,15 +29,17 @@ def send(
     max_rate: float = 0.0,
     timeout: float = wire.TIMEOUT_S,
     cancel: threading.Event | None = None,
+    beneath: Path | None = None,
 ) -> int:
     """Copy the save in `slot` to the listener at `peer` ("host:port") of node `hello.to`; the
     bytes sent. `cancel`: once set, the send stops at its next slice (a paced one, in its
-    pause).
+    pause). `beneath`: the agent's directory above the slot, nothing below it followed
+    (manifests.open_plain).
 
     Raises: ReplicaError naming the peer and why (its answer, the connection's failure, a
         listener that is not an agent), Cancelled; BadCopy if `slot` holds no save, or one of a
         format never sent."""
-    manifest = manifests.read_manifest(slot)
+    manifest = manifests.read_manifest(slot, beneath)
     if not manifest.cryptographic:
         raise BadCopy(f"{slot}: a save of format 1 (no SHA-256 per file) is never sent")
     sent = 0
@@ -52,7 +54,7 @@ def send(
             _vouched(auth, credential, wire.go_digest(digest), peer)
             # A receiver that gives up mid-body closes the connection: its answer says why.
             with contextlib.suppress(OSError):
-                sent = wire.body(conn, slot, manifest, max_rate, cancel)
+                sent = wire.body(conn, slot, manifest, max_rate, cancel, beneath=beneath)
             said = wire.line(conn)
     except Cancelled as exc:
         raise Cancelled(f"replica to {peer}: {exc}") from None

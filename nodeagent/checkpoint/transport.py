@@ -314,14 +314,15 @@ class ReplicaServer:
         slot = tier.find_save(self.memory, self.root, want.rank, want.step, want.generation)
         if slot is None:
             raise BadCopy(f"no save of rank {want.rank}, step {want.step}@{want.generation} here")
-        manifest = manifests.read_manifest(slot)
+        beneath = self.root.parent  # memory_dir: the tier and the replica area lie below it
+        manifest = manifests.read_manifest(slot, beneath)
         if not manifest.cryptographic:
             raise BadCopy(f"rank {want.rank}'s save of step {want.step} predates SHA-256 manifests")
         credential = self._auth.sign(wire.go_digest(digest, manifest)) or wire.NO_CREDENTIAL
         deadline = wire.transfer_deadline(began, manifest.size)
         with contextlib.suppress(OSError):  # the asker gave up: nothing more to say
             conn.sendall(f"GO {credential} {manifest.to_json()}\n".encode())  # never cut
-            wire.body(conn, slot, manifest, 0.0, deadline=deadline)
+            wire.body(conn, slot, manifest, 0.0, deadline=deadline, beneath=beneath)
 
 
 def _count_ok(value: object) -> bool:

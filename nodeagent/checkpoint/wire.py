@@ -204,16 +204,18 @@ def body(
     max_rate: float,
     cancel: threading.Event | None = None,
     deadline: float | None = None,
+    beneath: Path | None = None,
 ) -> int:
     """Send the manifest's files; paced, in slices of a tenth of a second's worth at
-    `max_rate` (a burst of a whole chunk at line rate is what the cap keeps off the link).
+    `max_rate` (a burst of a whole chunk at line rate is what the cap keeps off the link),
+    each opened below `beneath` without following a link (manifests.open_plain).
     Raises: Cancelled once `cancel` is set, between slices or in a pause; BadCopy past
-    `deadline` (monotonic: a peer that reads a trickle)."""
+    `deadline` (monotonic: a peer that reads a trickle), or a file not plainly there."""
     sent, began = 0, time.monotonic()
     cancel = cancel or threading.Event()  # none given: never set
     size = CHUNK if max_rate <= 0 else int(min(CHUNK, max(PACED_SLICE, max_rate / 10)))
     for name, expected in sorted(manifest.files.items()):
-        with os.fdopen(manifests.open_plain(slot / name), "rb") as f:
+        with os.fdopen(manifests.open_plain(slot / name, beneath), "rb") as f:
             left = expected.size  # what the manifest says, never more (the file may grow)
             while left and (chunk := f.read(min(size, left))):
                 conn.sendall(chunk)

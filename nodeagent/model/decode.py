@@ -186,6 +186,10 @@ class Reader:
         value, present = self._get(name, None)
         return Reader(value, f"{self.what}: {name}") if present else None
 
+    def raw(self, name: str) -> Any:
+        """An optional value as it was read (None when missing or null): the caller checks it."""
+        return self._get(name, None)[0]
+
     def items(self, name: str, max_items: int = MAX_NAMES) -> list[Any]:
         """An optional list (empty when missing)."""
         value, present = self._get(name, None)

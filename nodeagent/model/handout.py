@@ -9,7 +9,8 @@ A node's share, for one generation: the transfers it makes (sends to a peer, fet
 restore of its workers), its successors on the ring (where it copies the save its workers make
 as they stop for a scale-down or a drain, job/checkpoints/handover.py), the addresses of the peers
 these name, and the peers that may ask it for a copy (send it one, or fetch one from it): what its
-listener accepts a request from.
+listener accepts a request from; and the saves each may fetch from it (`serves`): a fetch of
+anything else is refused, whoever asks (issue 40).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from nodeagent.model.decode import NAME_RE, Reader
 from nodeagent.model.tiers import ADDRESS_RE, DIGEST_RE, MAX_RANKS, SaveKey
 
 MAX_TRANSFERS = 4096  # a node's share (k copies of its ranks' saves, or a restore's reads)
+Served = tuple[str, int, int, int]  # (the node asking, step, the generation that saved it, rank)
 
 
 @dataclass(frozen=True)
@@ -75,15 +77,20 @@ class Handout:
     addresses: tuple[tuple[str, str], ...] = ()  # (node, host:port) of every peer named
     peers: tuple[str, ...] = ()  # the nodes whose requests this node's listener serves
     successors: tuple[str, ...] = ()  # the next `replicas` nodes on the ring
+    # The saves peers may fetch from this node; None: a share of a leader from before, which
+    # said nothing of it (a named peer may fetch any save then, as it could).
+    serves: tuple[Served, ...] | None = None
 
     def to_json(self) -> str:
-        body = {
+        body: dict[str, object] = {
             "generation": self.generation,
             "transfers": [t.to_data() for t in self.transfers],
             "addresses": dict(self.addresses),
             "peers": list(self.peers),
             "successors": list(self.successors),
         }
+        if self.serves is not None:
+            body["serves"] = [list(s) for s in self.serves]
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
@@ -105,8 +112,29 @@ class Handout:
             addresses=tuple(sorted(addresses.items())),
             peers=r.names("peers"),
             successors=r.names("successors"),
+            serves=_served(r.raw("serves"), what),
         )
 
     @property
     def address_map(self) -> dict[str, str]:
         return dict(self.addresses)
+
+
+def _served(value: object, what: str) -> tuple[Served, ...] | None:
+    """Raises: CorruptStateError (not a list of [node, step, generation, rank])."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_TRANSFERS * 8:
+        raise CorruptStateError(f"{what}: serves must be a list of [node, step, generation, rank]")
+    served = []
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 4
+            or not isinstance(item[0], str)
+            or not NAME_RE.match(item[0])
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in item[1:])
+        ):
+            raise CorruptStateError(f"{what}: serves holds {item!r}, not [node, step, gen, rank]")
+        served.append((item[0], item[1], item[2], item[3]))
+    return tuple(served)

@@ -302,7 +302,7 @@ def test_a_sender_never_sends_what_a_link_in_the_slot_points_to(
     secret.write_bytes((tmp_path / "mine" / "__0_0.distcp").read_bytes())  # CRC matches
     (tmp_path / "mine" / "__0_0.distcp").unlink()
     (tmp_path / "mine" / "__0_0.distcp").symlink_to(secret)
-    with pytest.raises(ReplicaError, match="a link or something else than a file"):
+    with pytest.raises(ReplicaError, match="a link, something else than a file"):
         send(server.address, JOB, "a", 3, tmp_path / "mine")
     assert not [
         s for _, s in replica.replicas_held(server.root) if (s / manifests.MANIFEST).exists()

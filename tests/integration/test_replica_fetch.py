@@ -383,3 +383,21 @@ def test_the_peers_a_share_names_are_served_without_reading_it_again(holder: Rep
     want = Offer("c", "127.0.0.1", want=Want(1, *KEY[:2]))
     assert copies.accept(want) is None  # its report read once, the share not again
     assert copies.accept(want) is None and len(reads) == 1
+
+
+def test_a_named_peer_fetches_only_what_the_plan_has_it_fetch_from_this_node(
+    holder: Replicas,
+) -> None:
+    """Issue 40: being a member named to this node let a peer fetch any save it holds (any
+    rank, any step); now only the (rank, step) the leader's plan has it bring from here."""
+    planned = ("c", KEY[0], KEY[1], 1)
+    share = Handout(4, peers=("b", "c"), serves=(planned,))
+    copies = duties(holder, lambda: share, {"a": report("a"), "c": report("c")})
+    assert copies.accept(Offer("c", "127.0.0.1", want=Want(1, *KEY[:2]))) is None
+    other_rank = Offer("c", "127.0.0.1", want=Want(0, *KEY[:2]))
+    assert copies.accept(other_rank) == (
+        f"the leader's plan does not have c fetch rank 0 of step {KEY[0]}@{KEY[1]} from a"
+    )
+    older = Offer("c", "127.0.0.1", want=Want(1, KEY[0] - 10, KEY[1]))
+    assert copies.accept(older) is not None
+    assert copies.accept(Offer("b", "127.0.0.1", want=Want(1, *KEY[:2]))) is not None

@@ -192,6 +192,10 @@ def test_each_node_is_handed_its_share_and_the_peers_that_may_ask_it() -> None:
     assert set(shares) == {"a", "b", "d"}  # every member, an empty share too
     assert all(t.fetch and t.target == n for n, s in shares.items() for t in s.transfers)
     assert "a" in shares["b"].peers and "d" in shares["b"].peers  # both read b's rank 1
+    # what each may fetch from b, and nothing else (issue 40)
+    assert shares["b"].serves == (("a", 20, 1, 1), ("d", 20, 1, 0), ("d", 20, 1, 1))
+    assert shares["a"].serves == (("b", 20, 1, 3), ("d", 20, 1, 0))
+    assert Handout.from_json(shares["b"].to_json(), "copies b") == shares["b"]
 
 
 def test_each_share_names_the_successors_a_scale_down_hands_the_stop_save_to() -> None:
@@ -229,6 +233,9 @@ def test_a_share_reads_back_and_garbage_is_refused_naming_it() -> None:
         ({"addresses": {"b": "nowhere"}}, "host:port"),
         ({"peers": ["a", "a"]}, "distinct"),
         ({"successors": "b"}, "successors"),
+        ({"serves": [["a", 20, 1]]}, "serves"),
+        ({"serves": [["a b", 20, 1, 0]]}, "serves"),
+        ({"serves": [["a", 20, 1, -1]]}, "serves"),
     ]
     for wrong, what in wrongs:
         with pytest.raises(CorruptStateError, match=what):

@@ -6,8 +6,10 @@ names, handed to its Replicas, which make them in the background. Before the wor
 restore a memory step: what this node lacks of it, brought from the peers that hold it
 (`holds_start`: the workers start once the share of that generation is read and the copies of the
 last one ended; their restore waits for the fetch). The listener asks `accept` whether a peer's
-request may be served: a peer the leader named to this node, connecting from the address it reports,
-leaving a save whose digest it reported, or asking for one.
+request may be served (the listener asks only once the peer proved it is an agent,
+checkpoint/peerauth.py): a peer the leader named to this node, connecting from the address it
+reports, leaving a save whose digest it reported, or asking for a save the leader's plan has it
+fetch from this node (its share's `serves`; nothing else, issue 40).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
 from nodeagent.job.checkpoints import replication
 from nodeagent.job.checkpoints.handover import Handover, PeerReports
-from nodeagent.model.handout import Handout
+from nodeagent.model.handout import Handout, Served
 from nodeagent.model.job import Event, JobRecord, NodeReport
 from nodeagent.model.tiers import SaveKey, TierReport
 from nodeagent.state import JobState
@@ -100,9 +102,9 @@ class ReplicaDuties:
         self._fetch_timeout = terms.fetch_timeout
         self._share_wait = terms.share_wait
         self._clock = clock
-        # What the listener's threads check requests against (the peers the leader named,
-        # their reports as read): replaced whole, never changed.
-        self._known: tuple[frozenset[str], Mapping[str, NodeReport]] = (frozenset(), {})
+        # What the listener's threads check requests against (the peers the leader named, the
+        # fetches it planned, their reports as read): replaced whole, never changed.
+        self._known = _Named(frozenset(), None, {})
         self._last_read = -IDLE_S
         self._pending = False  # the last share read named copies this node had not made
         self._made: set[tuple[SaveKey, int, str]] = set()  # copies made: not made again
@@ -123,29 +125,39 @@ class ReplicaDuties:
     # -- the listener's threads -------------------------------------------------------------
 
     def accept(self, offer: Offer) -> str | None:
-        peers, reports = self._known
-        why = self._check(offer, peers, reports.get(offer.node))
+        """Whether an agent's request may be served (the module docstring); None: yes."""
+        named = self._known
+        why = self._check(offer, named, named.reports.get(offer.node))
         if why is None:
             return why
         try:  # what this node read may be older than the request: a share of a generation
             # its loop has not read yet (the peer asks at once), a newer report
-            if offer.node not in peers:
+            if not named.lets(offer):
                 share = self._store.handout(self._node)
-                peers = frozenset(share.peers) if share is not None else peers
-            if offer.node not in peers:
+                if share is not None:
+                    named = _Named(frozenset(share.peers), share.serves, named.reports)
+            if not named.lets(offer):
                 return why
             fresh = self._store.peer_reports([offer.node]).get(offer.node)
         except CoordinationError as exc:
             return f"{why} (and it cannot be read now: {exc})"
-        known = {n: r for n, r in reports.items() if n in peers}
+        known = {n: r for n, r in named.reports.items() if n in named.peers}
         if fresh is not None:
             known[offer.node] = fresh
-        self._known = (peers, known)  # the loop's next read may replace it: both are current
-        return self._check(offer, peers, fresh)
+        # the loop's next read may replace it: both are current
+        self._known = named = _Named(named.peers, named.serves, known)
+        return self._check(offer, named, fresh)
 
-    def _check(self, offer: Offer, peers: frozenset[str], report: NodeReport | None) -> str | None:
-        if offer.node not in peers:
+    def _check(self, offer: Offer, named: _Named, report: NodeReport | None) -> str | None:
+        if offer.node not in named.peers:
             return f"{offer.node} is not a peer the leader named to {self._node}"
+        if not named.lets(offer):
+            want = offer.want
+            assert want is not None
+            return (
+                f"the leader's plan does not have {offer.node} fetch rank {want.rank} of step "
+                f"{want.step}@{want.generation} from {self._node}"
+            )
         if report is None or report.tier is None:
             return f"no report of {offer.node} read yet"
         if not _same_host(report.address, offer.host):
@@ -154,7 +166,7 @@ class ReplicaDuties:
             )
         manifest = offer.manifest
         if manifest is None:
-            return None  # a fetch: a peer named may read the job's saves
+            return None  # a fetch the plan names
         key = (manifest.step, manifest.generation, manifest.world_size)
         digest = replication.digest_of(report, key, manifest.rank)
         if digest is None or digest != manifests.digest(manifest):
@@ -287,7 +299,8 @@ class ReplicaDuties:
     def _named(self, share: Handout) -> None:
         """What the listener checks requests against from now: the peers `share` names."""
         peers = frozenset(share.peers)
-        self._known = (peers, {n: r for n, r in self._known[1].items() if n in peers})
+        known = {n: r for n, r in self._known.reports.items() if n in peers}
+        self._known = _Named(peers, share.serves, known)
         self._handover.share(share)
 
     def _read_share(self) -> Handout | None:
@@ -394,6 +407,26 @@ class ReplicaDuties:
                 data={"newest": steps[0], "committed": committed, "interval": interval},
             )
         ]
+
+
+@dataclass(frozen=True)
+class _Named:
+    """What the listener checks a request against: the peers the leader named to this node,
+    the fetches it planned from it (None: a share that says nothing of them), and the peers'
+    reports as read."""
+
+    peers: frozenset[str]
+    serves: tuple[Served, ...] | None
+    reports: Mapping[str, NodeReport]
+
+    def lets(self, offer: Offer) -> bool:
+        """The plan has `offer` made (a push: by a peer named; a fetch: this very one)."""
+        if offer.node not in self.peers:
+            return False
+        want = offer.want
+        if want is None or self.serves is None:
+            return True
+        return (offer.node, want.step, want.generation, want.rank) in self.serves
 
 
 def _same_host(reported: str, seen: str) -> bool:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from nodeagent.channel import layout
 from nodeagent.channel.restore import order_from_env
-from nodeagent.model.handout import Handout, Transfer
+from nodeagent.model.handout import Handout, Served, Transfer
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import SaveKey
 
@@ -235,11 +235,13 @@ def handouts(
 ) -> dict[str, Handout]:
     """Each node's share (model/handout.py) of the copies `sends` (each made by the first of
     its sources) and of the fetches `fetched` (node -> what it brings), with its successors
-    `after` (node -> the next nodes on the ring), the addresses of the peers each names and
-    the peers that may ask it. Every node named, every node of `fetched` and every node of
-    `after` gets a share: an empty one says "written: nothing to do"."""
+    `after` (node -> the next nodes on the ring), the addresses of the peers each names, the
+    peers that may ask it, and the saves each may fetch from it. Every node named, every node
+    of `fetched` and every node of `after` gets a share: an empty one says "written: nothing
+    to do"."""
     transfers: dict[str, list[Transfer]] = {name: [] for name in (*fetched, *after)}
     asking: dict[str, set[str]] = {}
+    serves: dict[str, set[Served]] = {}
     for name, nexts in after.items():
         for successor in nexts:
             asking.setdefault(successor, set()).add(name)
@@ -251,8 +253,10 @@ def handouts(
     for name, wanted in fetched.items():
         for copy in wanted:
             transfers[name].append(_transfer(copy, True))
+            step, saved_by, _world = copy.key
             for source in copy.sources:
                 asking.setdefault(source, set()).add(name)
+                serves.setdefault(source, set()).add((name, step, saved_by, copy.rank))
                 transfers.setdefault(source, [])
     addresses = _listeners(nodes)
     shares = {}
@@ -265,6 +269,7 @@ def handouts(
             tuple(sorted((n, addresses[n]) for n in named if n in addresses)),
             tuple(sorted(asking.get(name, ()))),
             nexts,
+            tuple(sorted(serves.get(name, ()))),
         )
     return shares
 
