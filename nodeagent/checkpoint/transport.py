@@ -47,6 +47,8 @@ from nodeagent.model.credential import MungeUnavailable
 log = logging.getLogger(__name__)
 MAX_RECEIVES = 8  # connections served at once: more are turned away, not queued as threads
 PER_ADDRESS = 2  # of them from one address (a push and a fetch of one peer at once)
+LOG_EVERY_S = 60.0  # a refused address is logged at most this often (then at debug level)
+MAX_LOGGED = 4096  # addresses remembered for that
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class ReplicaServer:
         self._lock = threading.Lock()
         self._serving = 0
         self._by_address: dict[str, int] = {}
+        self._logged: dict[str, float] = {}  # address -> when a refusal of it was last logged
         self._receiving: set[tuple[str, int]] = set()  # (node, rank) copies under way
         self._conns: set[socket.socket] = set()  # served now: close() ends them
         self._thread = threading.Thread(target=self._serve, name="nodeagent-replicas", daemon=True)
@@ -224,7 +227,7 @@ class ReplicaServer:
         except _Refusal as exc:
             self._refused(conn, Refused(host, exc.node, str(exc), exc.authenticated))
             return
-        except (BadCopy, OSError, ValueError) as exc:
+        except (BadCopy, OSError, ValueError, MungeUnavailable) as exc:
             log.warning("replica from %s refused: %s", host, exc)
             wire.answer(conn, f"ERR {exc}")
             return
@@ -232,8 +235,19 @@ class ReplicaServer:
         self._on_received(Received(node, generation, manifest, time.monotonic() - began, slot))
 
     def _refused(self, conn: socket.socket, refused: Refused) -> None:
+        """Answer a refusal (telling a stranger nothing), log it (once a minute per address at
+        most: a flood of connections must not flood the log too) and say it."""
         who = f"{refused.host} (claiming {refused.node or 'no node'})"
-        log.warning("checkpoint plane: refused a request from %s: %s", who, refused.why)
+        now = time.monotonic()
+        with self._lock:
+            said = self._logged.get(refused.host)
+            loud = said is None or now - said >= LOG_EVERY_S
+            if loud:
+                if len(self._logged) >= MAX_LOGGED:  # many addresses: forget, never grow
+                    self._logged.clear()
+                self._logged[refused.host] = now
+        level = logging.WARNING if loud else logging.DEBUG
+        log.log(level, "checkpoint plane: refused a request from %s: %s", who, refused.why)
         told = f": {refused.why}" if refused.authenticated else ""  # nothing to a stranger
         wire.answer(conn, f"ERR {wire.REFUSED}{told}")
         self._on_refused(refused)
