@@ -221,9 +221,7 @@ def _count(data: Mapping[str, object], key: str, where: str) -> int:
     return value
 
 
-def checksum(
-    path: Path, expected: FileSum | None = None, beneath: Path | None = None
-) -> FileSum:
+def checksum(path: Path, expected: FileSum | None = None, beneath: Path | None = None) -> FileSum:
     """Size and SHA-256 of a file (its CRC-32 where `expected` is of a format-1 manifest), read
     in chunks (SHA-256: 2.1 GB/s on one core here). `beneath`: as open_plain's."""
     summer = Summer(expected)

@@ -235,8 +235,8 @@ class ReplicaServer:
         self._on_received(Received(node, generation, manifest, time.monotonic() - began, slot))
 
     def _refused(self, conn: socket.socket, refused: Refused) -> None:
-        """Answer a refusal (telling a stranger nothing), log it (once a minute per address at
-        most: a flood of connections must not flood the log too) and say it."""
+        """Log a refusal (once a minute per address at most: a flood of connections must not
+        flood the log too), say it, and answer it (telling a stranger nothing)."""
         who = f"{refused.host} (claiming {refused.node or 'no node'})"
         now = time.monotonic()
         with self._lock:
@@ -248,9 +248,9 @@ class ReplicaServer:
                 self._logged[refused.host] = now
         level = logging.WARNING if loud else logging.DEBUG
         log.log(level, "checkpoint plane: refused a request from %s: %s", who, refused.why)
+        self._on_refused(refused)  # before the answer: whoever reads it, the refusal is known
         told = f": {refused.why}" if refused.authenticated else ""  # nothing to a stranger
         wire.answer(conn, f"ERR {wire.REFUSED}{told}")
-        self._on_refused(refused)
 
     def _authenticated(self, conn: socket.socket, host: str) -> tuple[dict[str, object], str]:
         """The request's fields once its credential proves an agent sent them, and their

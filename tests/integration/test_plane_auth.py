@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from nodeagent.channel import manifests, tier
 from nodeagent.checkpoint import peerauth, sender, wire
@@ -26,11 +27,16 @@ from nodeagent.checkpoint.transport import Offer
 from nodeagent.checkpoint.wire import Hello, ReplicaError, Want
 from nodeagent.config.load import load_config
 from nodeagent.config.settings import Config
+from nodeagent.coord.bounded import unbounded
+from nodeagent.job.checkpoints.replicaduties import ReplicaDuties
 from nodeagent.model.credential import bound
+from nodeagent.model.job import Event
+from nodeagent.model.tiers import TierReport
 from nodeagent.runtime.jobrun import plane_auth
+from nodeagent.telemetry.checkpoints import CheckpointMetrics
 from tests.helpers.munge import MungeDaemon
 from tests.helpers.runas import AS_TESTER
-from tests.helpers.tiers import fake_save, node_replicas
+from tests.helpers.tiers import CopyState, fake_save, node_replicas, terms
 from tests.helpers.users import User, reachable_dir
 
 JOB = "j"
@@ -195,3 +201,34 @@ def test_no_copies_without_munged_unless_the_config_says_auth_none(
         assert "no copies between nodes" in caplog.text and "auth: none" in caplog.text
         assert isinstance(plane_auth(config("none")), Unauthenticated)
         assert "any host that reaches" in caplog.text
+
+
+def test_a_refusal_is_published_once_a_minute_per_address(
+    b: Replicas, outsider: tuple[Path, User], munged: MungeDaemon
+) -> None:
+    """`checkpoint_plane_refused`, naming the address, what it claimed and why: once, not once
+    per connection of a flood."""
+    clock = [100.0]
+    copies = ReplicaDuties(
+        b,
+        CopyState(),
+        unbounded,
+        terms("b"),
+        CheckpointMetrics(JOB, CollectorRegistry()),
+        clock=lambda: clock[0],
+    )
+    assert b.address is not None
+    for _ in range(2):
+        run_as(outsider, "fetch", b.address, JOB, "a", "b", munged.socket, "0", "30", "3")
+    events = _wait_events(copies)
+    assert [e.type for e in events] == ["checkpoint_plane_refused"], events
+    assert events[0].data["from"] == "127.0.0.1" and events[0].data["claimed"] == "a"
+    assert "uid 65534" in events[0].message
+    clock[0] += 61
+    run_as(outsider, "fetch", b.address, JOB, "a", "b", munged.socket, "0", "30", "3")
+    assert [e.type for e in _wait_events(copies)] == ["checkpoint_plane_refused"]
+
+
+def _wait_events(copies: ReplicaDuties) -> list[Event]:
+    """What one pass of the loop publishes (the listener records a refusal before it answers)."""
+    return copies.tick(None, TierReport())

@@ -345,6 +345,8 @@ class ReplicaDuties:
         for refused in self.replicas.take_refused():
             if now < self._said_refused.get(refused.host, -REFUSED_EVERY_S) + REFUSED_EVERY_S:
                 continue
+            if len(self._said_refused) >= 4096:  # many addresses: forget, never grow
+                self._said_refused.clear()
             self._said_refused[refused.host] = now
             claimed = f" claiming to be {refused.node}" if refused.node else ""
             events.append(
