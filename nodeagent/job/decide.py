@@ -8,7 +8,13 @@ The two rules that keep generations apart:
 - an agent acknowledges generation g only when none of its workers takes part in a process
   group (they have exited, or, in_place, every live one has reported leaving its own), and
   after that never starts a generation older than g;
-- it starts workers of g only when the record says g is RUNNING with this node as a member.
+- it starts workers of g only when the record says g is RUNNING with this node as a member,
+  and only if this agent itself acknowledged g while it formed. An agent that first sees g
+  already RUNNING with its node as a member is a new incarnation of a member whose workers
+  are gone (killed by the fence keeper with its predecessor): its peers are inside g's
+  collectives, and a rank that starts there afresh hangs them. It reports itself FENCED (its
+  workers are out of g, as the fence keeper made them: the agent announces it, and the leader
+  re-forms at once, not a lease later) and waits for g+1.
 """
 
 from __future__ import annotations
@@ -167,6 +173,17 @@ def _signal(view: LocalView, record: JobRecord) -> tuple[Action, ...]:
     return (SignalWorkers(record.signal, record.signal_id),)
 
 
+def _under_way_without_me(view: LocalView, record: JobRecord) -> bool:
+    """`record`'s generation runs with this node as a member, and this agent never acknowledged
+    it: it formed under this node's previous agent (the module docstring)."""
+    return (
+        record.state is JobState.RUNNING
+        and view.acked_generation < record.generation
+        and view.group.generation != record.generation
+        and record.group_rank(view.name) is not None
+    )
+
+
 def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
     group = view.group
     actions: list[Action] = []
@@ -178,7 +195,8 @@ def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
         return NodeDecision(
             NodeState.READY, (), f"checkpoint tiers settling before generation {record.generation}"
         )
-    if record.generation > acked:
+    fresh = _under_way_without_me(view, record)
+    if record.generation > acked and not fresh:
         actions.append(Acknowledge(record.generation))
         acked = record.generation
     this_generation = group.generation == record.generation
@@ -192,6 +210,13 @@ def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
         if parked:
             actions.append(StopWorkers(why))
         return NodeDecision(NodeState.CORDONED, tuple(actions), why)
+    if fresh:
+        return NodeDecision(
+            NodeState.FENCED,
+            tuple(actions),
+            f"generation {record.generation} was running before this agent started: its "
+            "workers here are gone; waiting for the next generation",
+        )
     rank = record.group_rank(view.name)
     if record.state is JobState.RUNNING and rank is None:
         if parked:

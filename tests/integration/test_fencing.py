@@ -230,6 +230,53 @@ def test_killed_agent_takes_its_workers_and_their_children_along(
         cluster.stop()
 
 
+def test_an_agent_restarted_inside_its_lease_never_starts_into_the_running_generation(
+    redis_server: RedisServer, workdir: Path, job_id: str
+) -> None:
+    """Issue 41: an agent SIGKILLed and restarted while its lease (20 s) is alive and before the
+    leader reacted (the leader is frozen meanwhile: on a loaded machine it simply had not read
+    yet). It used to acknowledge the running generation and start its rank again beside peers
+    deep inside it (CI saw the job never re-form). Now it says it is a new agent of a member
+    whose workers are gone, and the leader re-forms at once, not once the lease lapsed."""
+    lease_s = 20.0
+    cluster = LocalCluster(
+        redis_server.url,
+        workdir,
+        job=job_id,
+        max_nodes=3,
+        timing={"lease_ttl": f"{lease_s:g}s", "stop_grace_period": "3s"},
+        job_options={"env": {"RECORD_DIR": str(workdir / "records")}},
+    )
+    try:
+        cluster.start("a", "b", "c")
+        doc = cluster.wait_running(3)
+        gen = doc["generation"]
+        leader = str(doc["leader"]).split(" ", 1)[0]
+        # neither the leader nor rank 0 (whose agent sees the master it published change)
+        other = next(s["node"] for s in cluster.starts(gen) if s["rank"] and s["node"] != leader)
+        (worker,) = [psutil.Process(p) for p in cluster.worker_pids(other)]
+        cluster.agents[leader].proc.send_signal(signal.SIGSTOP)
+        try:
+            cluster.agents[other].proc.kill()
+            cluster.agents[other].proc.wait(10)
+            _wait_dead(worker, "the worker to die with its agent")
+            restarted = time.monotonic()
+            cluster.start(other)  # inside its lease, the leader not looking
+            wait_for(
+                lambda: "was running before this agent started" in cluster.agents[other].log(),
+                30,
+                "the restarted agent to see the generation ran before it",
+            )
+        finally:
+            cluster.agents[leader].proc.send_signal(signal.SIGCONT)
+        cluster.wait_running(3, timeout=60, after_generation=gen)
+        assert time.monotonic() - restarted < lease_s, "re-formed only once the lease lapsed"
+        assert [s["node"] for s in cluster.starts(gen)].count(other) == 1  # never again in gen
+        assert not [r for r in cluster.records() if r["event"] == "overlap"]
+    finally:
+        cluster.stop()
+
+
 def test_restarted_agent_kills_what_its_predecessor_left(
     redis_server: RedisServer, workdir: Path, job_id: str
 ) -> None:

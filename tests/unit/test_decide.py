@@ -51,12 +51,16 @@ def view(
         # a new generation: ack (no workers), then start once RUNNING with us as member
         (view(rec(JobState.RESTARTING, 4), acked=3), NodeState.READY, [Acknowledge]),
         (view(rec(JobState.RUNNING, 4), acked=4), NodeState.READY, [StartWorkers]),
-        (view(rec(JobState.RUNNING, 4), acked=3), NodeState.READY, [Acknowledge, StartWorkers]),
-        # the last generation's copies are being cancelled: ack, start once they ended
+        # generation 4 formed before this agent started (it never acknowledged it): a new
+        # incarnation of a member whose workers are gone never starts into it (issue 41)
+        (view(rec(JobState.RUNNING, 4), acked=3), NodeState.FENCED, []),
+        (view(rec(JobState.RUNNING, 4), acked=0), NodeState.FENCED, []),
+        (view(rec(JobState.RUNNING, 4), acked=0, name="z"), NodeState.STANDBY, [Acknowledge]),
+        # the last generation's copies are being cancelled: start once they ended
         (
-            view(rec(JobState.RUNNING, 4), acked=3, tiers_copying=True),
+            view(rec(JobState.RUNNING, 4), acked=4, tiers_copying=True),
             NodeState.READY,
-            [Acknowledge],
+            [],
         ),
         (view(rec(JobState.RUNNING, 4), acked=4, name="z"), NodeState.STANDBY, []),
         (view(rec(JobState.RUNNING, 4), RUNNING_G, acked=4), NodeState.RUNNING, []),
@@ -91,10 +95,10 @@ def view(
         # an old group that succeeded does not hold back a new generation
         (
             view(
-                rec(JobState.RUNNING, 5), GroupStatus(4, GroupPhase.EXITED, succeeded=True), acked=4
+                rec(JobState.RUNNING, 5), GroupStatus(4, GroupPhase.EXITED, succeeded=True), acked=5
             ),
             NodeState.READY,
-            [Acknowledge, StartWorkers],
+            [StartWorkers],
         ),
         # shutting down
         (
@@ -414,9 +418,14 @@ CORDON = Cordon(reason="maintenance", by="ops")
         # a plain cordon keeps the running generation; the next one goes on without the node
         (view(rec(JobState.RUNNING, 4), RUNNING_G, acked=4, cordon=CORDON), NodeState.RUNNING, []),
         (
+            view(rec(JobState.RUNNING, 5), EXITED_G, acked=5, cordon=CORDON),
+            NodeState.CORDONED,
+            [],
+        ),
+        (  # cordoned after a restart: no acknowledgement of a generation it never saw form
             view(rec(JobState.RUNNING, 5), EXITED_G, acked=4, cordon=CORDON),
             NodeState.CORDONED,
-            [Acknowledge],
+            [],
         ),
         (
             view(rec(JobState.RUNNING, 5), NONE, acked=5, unfit="1 usable GPU"),
