@@ -401,3 +401,38 @@ def test_a_named_peer_fetches_only_what_the_plan_has_it_fetch_from_this_node(
     older = Offer("c", "127.0.0.1", want=Want(1, KEY[0] - 10, KEY[1]))
     assert copies.accept(older) is not None
     assert copies.accept(Offer("b", "127.0.0.1", want=Want(1, *KEY[:2]))) is not None
+
+
+def test_replication_behind_fires_when_saves_outpace_the_copies_and_clears_after(
+    holder: Replicas,
+) -> None:
+    """Issue 41: with the committed save pinned, the two slots say nothing of skipped saves;
+    the first member says `replication_behind` once the newest save waited for its commit
+    longer than a save interval, while copies are still under way, and `replication_caught_up`
+    once it is committed."""
+    clock = [0.0]
+    copies = duties(holder, lambda: None, {}, clock=lambda: clock[0])
+
+    def tick(newest: int, committed: int | None) -> list[str]:
+        checkpoint = CheckpointRecord(
+            replicas=1,
+            committed_step=committed,
+            committed_generation=3,
+            committed_world=2,
+        )
+        record = make_record(JobState.RUNNING, 4, ("a", "c"), checkpoint=checkpoint)
+        own = TierReport(memory=(Held(newest, 2, (0,), 3),))
+        return [e.type for e in copies.tick(record, own)]
+
+    assert tick(10, None) == []  # one save seen: no interval yet
+    clock[0] = 5.0
+    assert tick(15, 10) == []
+    clock[0] = 10.0
+    assert tick(20, 15) == []  # step 20's copies under way
+    clock[0] = 17.0
+    assert tick(20, 15) == []  # within an interval and a half
+    clock[0] = 18.0
+    assert tick(20, 15) == ["replication_behind"]  # step 25 found no slot: skipped
+    clock[0] = 19.0
+    assert tick(20, 15) == []  # said once
+    assert tick(20, 20) == ["replication_caught_up"]

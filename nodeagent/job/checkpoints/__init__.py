@@ -3,7 +3,8 @@ state in memory across faults (docs/checkpoints.md).
 
 Pure decisions: restore.py (the leader's restore order: which step, from which tier, for the
 next generation), replication.py (the ring of nodes and the copies each save needs: what is
-whole, what is committed, who sends what to whom, what a restore fetches). Executors:
+whole, what is committed, who sends what to whom, what a restore fetches), lag.py (whether
+the copies keep up with the saves: replication_behind's verdict). Executors:
 handouts.py (Handouts: the leader plans every node's share of the copies and writes it
 fenced), tierduties.py (TierDuties: the agent's loop's duties about its tiers, around the
 node's TierKeeper), replicaduties.py (ReplicaDuties: this node's share of the copies, its

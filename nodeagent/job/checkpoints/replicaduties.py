@@ -28,7 +28,7 @@ from nodeagent.checkpoint.transport import Offer
 from nodeagent.config.settings import Config
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
-from nodeagent.job.checkpoints import replication
+from nodeagent.job.checkpoints import lag, replication
 from nodeagent.job.checkpoints.handover import Handover, PeerReports
 from nodeagent.model.handout import Handout, Served
 from nodeagent.model.job import Event, JobRecord, NodeReport
@@ -116,6 +116,7 @@ class ReplicaDuties:
         # they did or this clock time.
         self._restoring_until = 0.0
         self._behind = False
+        self._saves = lag.Saves()  # the newest saves seen, and when: the save interval
         # The committed saves the record named, the one before and the newest: copies older
         # than the one before are removed (`_prune`).
         self._committed: tuple[SaveKey | None, SaveKey | None] = (None, None)
@@ -196,6 +197,7 @@ class ReplicaDuties:
             return events
         committed, newest = checkpoint.committed, own.newest_memory()
         self._metrics.lag(newest, committed[0] if committed else None)
+        events += self._lagging(record, own)  # while copies are under way too: when it matters
         if self._node not in record.members or self.replicas.busy:
             return events  # a fetch or copies under way: the next read once they ended
         now = self._clock()
@@ -218,7 +220,6 @@ class ReplicaDuties:
             self.replicas.run(mine, share.address_map, record.generation)
         else:
             self._prune(self._committed[0])
-        events += self._lagging(record, own)
         return events
 
     def holds_start(self, record: JobRecord | None) -> bool:
@@ -376,20 +377,19 @@ class ReplicaDuties:
             )
 
     def _lagging(self, record: JobRecord, own: TierReport) -> list[Event]:
-        """`replication_behind`, said once by the first member, when the committed step falls
-        more than one save interval behind this node's newest save."""
+        """`replication_behind`, said once by the first member, when the copies do not keep up
+        with the saves (job/checkpoints/lag.py), and `replication_caught_up` once they do."""
         checkpoint = record.checkpoint
         if checkpoint is None or record.group_rank(self._node) != 0:
             return []
-        steps = sorted({h.step for h in own.memory}, reverse=True)
-        if len(steps) < 2:
+        now = self._clock()
+        self._saves = self._saves.saw(own.newest_memory(), now)
+        committed = checkpoint.committed_step
+        why = lag.behind(self._saves, committed, now)
+        if (why is not None) == self._behind:
             return []
-        interval, committed = steps[0] - steps[1], checkpoint.committed_step
-        behind = committed is None or steps[0] - committed > interval
-        if behind == self._behind:
-            return []
-        self._behind = behind
-        if not behind:
+        self._behind = why is not None
+        if why is None:
             return [
                 Event(
                     "replication_caught_up",
@@ -398,15 +398,15 @@ class ReplicaDuties:
                     f"step {committed} is committed (on {self._k + 1} nodes)",
                 )
             ]
+        newest = self._saves.seen[-1][0]
         return [
             Event(
                 "replication_behind",
                 record.generation,
                 self._node,
-                f"the newest step committed on {self._k + 1} nodes is {committed}, more than "
-                f"one save interval ({interval} steps) behind step {steps[0]}: a node lost now "
-                "restores an older step (raise replication.max_rate or save less often)",
-                data={"newest": steps[0], "committed": committed, "interval": interval},
+                f"{why}: a node lost now restores an older step (raise replication.max_rate "
+                "or save less often)",
+                data={"newest": newest, "committed": committed},
             )
         ]
 
