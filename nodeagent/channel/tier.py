@@ -83,11 +83,12 @@ def memory_saves(tier: Path) -> Iterator[tuple[Path, int]]:
     """Every slot of every rank in the memory tier, with its rank (unverified, unordered)."""
     if not tier.is_dir():
         return
-    for entry in os.scandir(tier):
-        match = _RANK_DIR.fullmatch(entry.name)
-        if match and entry.is_dir(follow_symlinks=False):
-            for slot in SLOTS:
-                yield Path(entry.path) / slot, int(match.group(1))
+    with os.scandir(tier) as entries:  # closed too when the caller stops early
+        for entry in entries:
+            match = _RANK_DIR.fullmatch(entry.name)
+            if match and entry.is_dir(follow_symlinks=False):
+                for slot in SLOTS:
+                    yield Path(entry.path) / slot, int(match.group(1))
 
 
 # -- a replica area: <area>/<node>/rank-<R>/slot-N (copies of peers' saves) ----------------
@@ -97,9 +98,10 @@ def area_saves(area: Path) -> Iterator[tuple[Path, int]]:
     """Every slot of every rank under a replica area, from every node (unverified)."""
     if not area.is_dir():
         return
-    for entry in os.scandir(area):
-        if entry.is_dir(follow_symlinks=False) and plain_name(entry.name):
-            yield from memory_saves(Path(entry.path))
+    with os.scandir(area) as entries:  # closed too when the caller stops early
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False) and plain_name(entry.name):
+                yield from memory_saves(Path(entry.path))
 
 
 def find_save(

@@ -299,11 +299,17 @@ class TierKeeper:
                 self.refuse([s for r in note.refused if (s := r.condemned) is not None])
                 if any(r.kind.meaning.verify_again for r in note.refused):
                     self._reverify = True  # a copy here is bad: verify everything again
-        if notes and not self._expected and self._ranks:
+        return notes
+
+    def drop_other_ranks(self) -> None:
+        """Remove the saves of ranks this node no longer runs. Only once a step saved by the
+        running generation is committed (the caller says when): until then they may be all
+        that is whole of the step it restored (issue 41: removed right after a restore at a
+        new world, a crash before the first commit there restored the start)."""
+        if self._ranks and not self._expected:
             removed = scan.keep_ranks(self.memory, self._ranks)
             if removed:
                 log.info("memory tier: removed ranks %s (run elsewhere now)", removed)
-        return notes
 
     def remove(self) -> None:
         """The job ended: the memory tier goes, now or, if a copy is under way (a persist_dir

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from nodeagent.channel import manifests, pin, tier
 from nodeagent.channel.pin import Pin
+from nodeagent.channel.restore import RestoreReport, write_report
 from nodeagent.checkpoint import sender
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.peerauth import Unauthenticated
@@ -22,6 +23,7 @@ from nodeagent.job.checkpoints.tierduties import TierDuties
 from nodeagent.model.handout import Handout
 from nodeagent.model.tiers import CheckpointRecord, TierReport
 from nodeagent.state import JobState
+from nodeagent.supervisor.spec import WorkerSpec, restore_report_path
 from nodeagent.supervisor.status import GroupPhase, GroupStatus
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
 from tests.helpers.factories import make_record
@@ -141,3 +143,29 @@ def test_copies_of_the_step_committed_before_the_newest_are_kept(tmp_path: Path)
             now[0] += 60
             duties.tick(make_record(JobState.RUNNING, 3, MEMBERS, checkpoint=checkpoint), held)
             assert steps_held(b.area / "a", 0) == left, step
+
+
+def test_saves_of_ranks_run_elsewhere_stay_until_the_new_world_commits(tmp_path: Path) -> None:
+    """Issue 41: node a ran rank 3 of world 4 and restored step 45 (world 4) as rank 2 of
+    world 3. Its save of old rank 3 may be all that is whole of step 45 until a step of the
+    new generation is committed: kept until then, removed after."""
+    config = CheckpointConfig(memory_size=1 << 24, memory_dir=str(tmp_path))
+    keeper = TierKeeper(config, "a", JOB)
+    keeper.prepare(None)
+    fake_save(tier.slots(keeper.memory, 3)[0], 45, rank=3, world=4, generation=4)
+    duties = TierDuties(keeper, "a", CheckpointMetrics(JOB, CollectorRegistry()))
+    members = ("b", "c", "a")  # a is rank 2 of world 3
+    logs = tmp_path / "logs"
+    spec = WorkerSpec(2, 0, ("x",), {"NODEAGENT_JOB_ID": JOB}, None, logs / "x", logs / "p")
+    restored = CheckpointRecord(committed_step=45, committed_generation=4, committed_world=4)
+    record = make_record(JobState.RUNNING, 5, members, checkpoint=restored)
+    duties.started(record, [spec], str(logs))
+    said = restore_report_path(str(logs), JOB, 5, 2)
+    said.parent.mkdir(parents=True, exist_ok=True)
+    write_report(said, RestoreReport(2, "memory", 45, 1.0))
+    running = GroupStatus(5, GroupPhase.RUNNING)
+    duties.tick(running, record)  # the restore said: the old rank stays
+    assert steps_held(keeper.memory, 3) == [45]
+    new = CheckpointRecord(committed_step=50, committed_generation=5, committed_world=3)
+    duties.tick(running, replace(record, checkpoint=new))
+    assert not tier.rank_dir(keeper.memory, 3).exists()

@@ -22,6 +22,7 @@ from nodeagent.job.checkpoints import restore
 from nodeagent.job.checkpoints.replicaduties import CopyReads, CopyTerms, ReplicaDuties
 from nodeagent.model.job import Event, JobRecord
 from nodeagent.model.tiers import TierReport
+from nodeagent.state import JobState
 from nodeagent.supervisor.spec import WorkerSpec, restore_report_path
 from nodeagent.supervisor.status import GroupStatus
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
@@ -157,6 +158,8 @@ class TierDuties:
             log.warning("checkpoint tiers: %s", problem)
             events.append(Event("checkpoint_slow", self._generation, self._node, problem))
         events += self._restored(keeper.restores())
+        if record is not None and _committed_here(record):
+            keeper.drop_other_ranks()
         if self.copies is not None:
             own = keeper.report()
             events += self.copies.tick(record, own)
@@ -280,3 +283,15 @@ def _take(items: list[str]) -> list[str]:
     taken = list(items)
     del items[: len(taken)]
     return taken
+
+
+def _committed_here(record: JobRecord) -> bool:
+    """A step saved by `record`'s own generation is committed: the saves of ranks of another
+    world (or that ran elsewhere) are no longer what is whole of the newest committed step."""
+    committed = record.checkpoint.committed if record.checkpoint is not None else None
+    return (
+        record.state is JobState.RUNNING
+        and committed is not None
+        and committed[1] == record.generation
+        and committed[2] == record.world_size
+    )
