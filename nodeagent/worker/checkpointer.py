@@ -149,18 +149,21 @@ class Checkpointer:
         if reform is not None:
             if self._staged != (self.generation, step):  # not saved at this step already
                 self.save(state, step)
-            self._told_to_leave = True  # a save skipped is written as the rank leaves
             raise reform
 
     def reform_due(self) -> Reform | None:
         """Why the job re-forms, if the agent told any rank to leave the generation, agreed by
         every rank (one all_reduce; None without an agent): `check` without the save, for a
-        script that saves its own way first."""
+        script that saves its own way first. Once it said so, a save skipped (the newer one
+        not committed yet) is written as the rank leaves, as after `check`: the leave was asked
+        for, every rank saved that step."""
         if self.follower.channel is None:
             return None
         reform = self.follower.news()
         if any_rank(reform is not None) and reform is None:
             reform = Reform(f"another rank was told to leave generation {self.generation}")
+        if reform is not None:
+            self._told_to_leave = True
         return reform
 
     def sync(self) -> None:

@@ -259,6 +259,40 @@ def test_check_saves_the_step_reached_once_and_leaves_when_told(tmp_path: Path) 
     assert steps == [2, 3]
 
 
+def test_reform_due_keeps_the_step_reached_as_check_does(tmp_path: Path) -> None:
+    """Issue 41: a script that saves its own way asks `reform_due()`, then saves the step it
+    reached; that save is skipped (the newer one is not committed) and must be written as the
+    rank leaves, as after `check()`, not dropped as after a failure (it lost a step on a
+    graceful scale 4 -> 3: left at 21, restored 20)."""
+    import torch
+
+    from nodeagent.channel import control, pin
+    from nodeagent.channel.pin import Pin
+    from nodeagent.worker import Checkpointer, TrainState
+
+    memory = tmp_path / "m"
+    env = {"RANK": "0", "WORLD_SIZE": "1", "NODEAGENT_GENERATION": "3"}
+    env[tier.MEMORY_ENV] = str(memory)
+    env[tier.REPLICAS_ENV] = str(tmp_path / "area")  # copies to peers: the pin counts
+    model = torch.nn.Linear(4, 3)
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ck = Checkpointer(env=env)
+    assert ck.save(state, 10) and ck.save(state, 20)
+    ck.wait()
+    pin.write(memory, Pin((10, 3, 1)))  # 20's copies not all made
+    channel_path = tmp_path / "rank-0.control"
+    control.create(channel_path)
+    ck.follower.attach(control.ControlFile(channel_path))
+    control.ControlFile(channel_path).leave(3)  # a scale: the agent asks the ranks to leave
+    assert ck.reform_due() is not None
+    assert not ck.save(state, 21)  # the script's own save of the step reached: skipped
+    ck.leaving()
+    held = sorted(
+        manifests.read_manifest(s).step for s in tier.slots(memory, 0) if s.is_dir()
+    )
+    assert held == [10, 21]
+
+
 def test_a_save_never_goes_over_the_committed_one_the_agent_pinned(tmp_path: Path) -> None:
     """Steps 2 and 4 saved, 2 committed (4's copies not all made): step 6 is skipped, not saved
     over 2, and written over 4 as the worker stops; so is a save once the newer one is older
