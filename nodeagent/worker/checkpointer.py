@@ -423,10 +423,12 @@ class Checkpointer:
             return self._load(state, self._rank_dirs(root, step), step, generation), step
         except NoSave as exc:  # a rank's save missing: nothing wrong with any copy
             return (RefusalKind.ABSENT, str(exc)), -1
-        except (BadCopy, OSError) as exc:  # a copy that does not verify, or cannot be read
+        except (BadCopy, dcpio.Unsafe, OSError) as exc:  # forged, damaged or unreadable
             return (RefusalKind.BAD_COPY, f"{type(exc).__name__}: {exc}"), -1
         except (ValueError, RuntimeError, KeyError) as exc:  # DCP: not this model's state
             return (RefusalKind.ABSENT, f"{type(exc).__name__}: {exc}"), -1
+        except Exception as exc:  # whatever else reading a source raised: the next one is tried
+            return (RefusalKind.BAD_COPY, f"{type(exc).__name__}: {exc}"), -1
 
     def _memory_slots(self, step: int, generation: int | None) -> list[Path]:
         """The slots this rank reads step `step` from, on this node (its memory tier, then the

@@ -6,6 +6,13 @@ with their global offsets, and its own `.metadata`. At the same world a rank loa
 directory. At another world, `MergedReader` reads every old rank's directory as one checkpoint
 (their metadata merged: a replicated tensor's identical chunks kept once), and DCP reshards at
 load time, again with no collective: each rank plans its own reads. torch is imported lazily.
+
+Nothing read is unpickled freely (issue 40): a save may have come from a peer, and DCP's own
+reader unpickles `.metadata` and loads non-tensor values with `torch.load(weights_only=False)`,
+either of which runs whatever code a forged file names. Here `.metadata` goes through an
+unpickler that builds only the classes DCP's metadata is made of, its file names must be plain
+names in the save's own directory, and values load with `weights_only=True`. A file that asks
+for anything else raises `Unsafe`: the source is refused, never a crash or code run.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from nodeagent.channel import manifests
 
 _NO_DIST = "torch.distributed is disabled"  # DCP warns so on every no_dist call
 
@@ -48,6 +57,8 @@ def _plain_errors(what: str) -> Iterator[None]:
     except CheckpointException as exc:
         causes = [failure[0] for failure in exc.failures.values()]  # (exception, traceback)
         first = causes[0] if causes else exc
+        if isinstance(first, Unsafe | pickle.UnpicklingError):
+            raise Unsafe(f"DCP could not {what}: {first}") from None
         raise RuntimeError(f"DCP could not {what}: {type(first).__name__}: {first}") from None
 
 
@@ -57,24 +68,24 @@ def load(state_dict: dict[str, Any], directories: Sequence[Path]) -> None:
 
     Raises:
         NotCovered: they do not hold every element of this rank's shards (nothing loaded)."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    reader = (
-        FileSystemReader(str(directories[0]))
-        if len(directories) == 1
-        else merged_reader(directories)
-    )
+    reader = merged_reader(directories)
     short = uncovered(state_dict, reader.read_metadata())
     if short is not None:
         raise NotCovered(f"the {len(directories)} saves read hold only part of {short}")
     with warnings.catch_warnings(), _plain_errors("load"):
         warnings.filterwarnings("ignore", message=_NO_DIST)
-        dcp_load(state_dict, storage_reader=reader, no_dist=True)
+        dcp_load(state_dict, storage_reader=reader, planner=_planner(), no_dist=True)
 
 
 class NotCovered(ValueError):
     """The saves read at another world do not hold every element this rank loads."""
+
+
+class Unsafe(ValueError):
+    """A save's file asks to build something a DCP checkpoint never holds (a class outside its
+    format, a file outside its directory): forged or not DCP's; refused, never loaded."""
 
 
 def uncovered(state_dict: dict[str, Any], metadata: Any) -> str | None:
@@ -102,23 +113,129 @@ def uncovered(state_dict: dict[str, Any], metadata: Any) -> str | None:
 
 def merged_reader(directories: Sequence[Path]) -> Any:
     """A DCP reader of the rank directories `directories` as one checkpoint (siblings in a
-    persistent tier; on a node, some in its memory tier and some in its replica area)."""
+    persistent tier; on a node, some in its memory tier and some in its replica area); of one
+    directory, that save as it is. Its metadata is read once, safely (`read_metadata`).
+
+    Raises:
+        Unsafe: a `.metadata` is not DCP's metadata."""
     from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
 
-    root = Path(os.path.commonpath([str(d) for d in directories]))
+    if len(directories) == 1:
+        root, metadata = directories[0], read_metadata(directories[0])
+    else:
+        root = Path(os.path.commonpath([str(d) for d in directories]))
+        parts = [(os.path.relpath(d, root), read_metadata(d)) for d in directories]
+        metadata = merge_metadata(parts)
 
-    class MergedReader(FileSystemReader):
-        def read_metadata(self) -> Any:
-            return merge_metadata(
-                [(os.path.relpath(d, root), _read_metadata(d)) for d in directories]
-            )
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id  # as FileSystemReader does
+            return metadata
 
-    return MergedReader(str(root))
+    return SafeReader(str(root))
 
 
-def _read_metadata(directory: Path) -> Any:
+def read_metadata(directory: Path) -> Any:
+    """The DCP Metadata of the save in `directory`, unpickled with only its format's classes,
+    every data file it names a plain name in that directory.
+
+    Raises:
+        Unsafe: anything else (a forged or foreign file); OSError: it cannot be read."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
     with open(directory / ".metadata", "rb") as f:
-        return pickle.load(f)  # DCP's own format (FileSystemReader reads it so too)
+        try:
+            metadata = _MetadataUnpickler(f).load()
+        except Unsafe:
+            raise
+        except Exception as exc:  # a truncated or garbled pickle raises anything
+            raise Unsafe(f"{directory}/.metadata is not DCP metadata: {exc}") from None
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+        raise Unsafe(f"{directory}/.metadata holds a {type(metadata).__name__}, not DCP metadata")
+    for info in metadata.storage_data.values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or not manifests.plain_name(name):
+            raise Unsafe(
+                f"{directory}/.metadata names data file {name!r}: only a plain file name in "
+                "the save's own directory is read"
+            )
+    return metadata
+
+
+# What DCP's metadata pickles are made of (torch 2.4 to 2.13): its dataclasses, torch.Size, a
+# dtype, a layout by name, an enum of memory formats, and the path a checkpoint was saved to.
+_METADATA_CLASSES = frozenset(
+    [
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ]
+    + [
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.distributed.checkpoint.planner", "LoadItemType"),
+        ("torch.distributed.checkpoint.planner", "WriteItemType"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("pathlib", "PosixPath"),
+        ("collections", "OrderedDict"),
+    ]
+)
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds only `_METADATA_CLASSES` and torch's dtypes: a payload naming anything else (the
+    `os.system` of a forged `.metadata`) is refused before it is looked up."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_CLASSES:
+            return super().find_class(module, name)
+        if module == "torch":
+            import torch
+
+            found = getattr(torch, name, None)
+            if isinstance(found, torch.dtype):
+                return found
+        raise Unsafe(f"{module}.{name} is not part of DCP's metadata: refused, not built")
+
+
+def _planner() -> Any:
+    """DCP's default load planner but for non-tensor values (an epoch, a sampler's state):
+    loaded with `weights_only=True`, torch's safe unpickler, not `weights_only=False`."""
+    import io
+
+    import torch
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            try:
+                loaded = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as exc:  # torch's long advice: keep what it refused
+                lines = str(exc).splitlines()
+                why = next((line for line in lines if "GLOBAL" in line), lines[0] if lines else "")
+                raise Unsafe(
+                    f"value {read_item.dest_index.fqn} is more than plain data: {why}"
+                ) from None
+            if self.flatten_state_dict:
+                set_element(
+                    self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded
+                )
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return SafeLoadPlanner()
 
 
 def merge_metadata(parts: Sequence[tuple[str, Any]]) -> Any:

@@ -287,9 +287,7 @@ def test_reform_due_keeps_the_step_reached_as_check_does(tmp_path: Path) -> None
     assert ck.reform_due() is not None
     assert not ck.save(state, 21)  # the script's own save of the step reached: skipped
     ck.leaving()
-    held = sorted(
-        manifests.read_manifest(s).step for s in tier.slots(memory, 0) if s.is_dir()
-    )
+    held = sorted(manifests.read_manifest(s).step for s in tier.slots(memory, 0) if s.is_dir())
     assert held == [10, 21]
 
 

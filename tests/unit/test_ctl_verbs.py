@@ -13,6 +13,7 @@ import pytest
 import nodeagent.cli.ctl
 from nodeagent.cli.ctl import verbs
 from nodeagent.cli.ctl.parser import parser
+from nodeagent.errors import UsageError
 from nodeagent.model.request import Verb
 
 # What changes the pool: each has a signed form (pool.auth: munge).
@@ -49,6 +50,21 @@ def test_every_verb_module_has_the_shape_and_only_pool_changes_sign() -> None:
     assert signing == POOL_CHANGES
 
 
+def test_every_verb_only_reads_or_signs_and_one_that_does_neither_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fail closed (issue 40): under pool.auth: munge a verb runs its direct path only if it
+    never changes anything; a verb added with neither a signed form nor a place in READS is
+    refused."""
+    assert verbs.READS.isdisjoint(POOL_CHANGES)
+    assert set(verbs.VERBS) == verbs.READS | POOL_CHANGES
+    assert all(verbs.unsigned(name) is None for name in verbs.VERBS)
+    writes_directly = argparse.Namespace(HELP="x", add_arguments=print, run=print)
+    monkeypatch.setattr(verbs, "VERBS", {**verbs.VERBS, "purge": writes_directly})
+    refusal = verbs.unsigned("purge")
+    assert refusal is not None and "purge has no signed form" in refusal
+
+
 def test_every_module_of_the_package_is_a_verb_or_named_as_shared() -> None:
     """A new module is either a row of the table or one of the shared ones the package's
     docstring lists; a verb's module forgotten in the table is caught."""
@@ -62,53 +78,69 @@ def test_every_module_of_the_package_is_a_verb_or_named_as_shared() -> None:
     assert modules - shared == set(verbs.VERBS) - one_shape["holding"] | set(one_shape)
 
 
-@pytest.mark.parametrize(
-    ("argv", "job", "expected"),
-    [
-        (["cancel", "x"], None, (Verb.CANCEL, {"job": "x"})),
-        (["scale", "x", "+2"], None, (Verb.SCALE, {"job": "x", "target": "+2"})),
-        (["scale", "3"], "x", (Verb.SCALE, {"job": "x", "target": "3"})),
-        (["stop"], "x", (Verb.COMMAND, {"job": "x", "kind": "stop"})),
-        (["restart"], "x", (Verb.COMMAND, {"job": "x", "kind": "restart"})),
-        (
-            ["drain", "n1", "--reason", "disk"],
-            None,
-            (Verb.CORDON, {"action": "drain", "node": "n1", "reason": "disk"}),
-        ),
-        (
-            ["uncordon", "n1"],
-            "x",
-            (Verb.CORDON, {"action": "uncordon", "node": "n1", "reason": "", "job": "x"}),
-        ),
-        (
-            ["queue", "set", "q", "--max-priority", "10"],
-            None,
-            (Verb.QUEUE, {"action": "set", "name": "q", "max_priority": 10}),
-        ),
-        (
-            ["queue", "create", "q", "--quota", "none", "--guaranteed", "2"],
-            None,
-            (Verb.QUEUE, {"action": "create", "name": "q", "quota": None, "guaranteed": 2}),
-        ),
-        (["queue", "delete", "q"], None, (Verb.QUEUE, {"action": "delete", "name": "q"})),
-        (["queue", "list"], None, None),  # reads change nothing
-        (["hold", "x"], None, (Verb.HOLD, {"job": "x"})),
-        (["release", "x"], None, (Verb.RELEASE, {"job": "x"})),
-        (["requeue", "x"], None, (Verb.REQUEUE, {"job": "x"})),
-        (
-            ["cordon", "n1"],
-            None,
-            (Verb.CORDON, {"action": "cordon", "node": "n1", "reason": "cordoned by an operator"}),
-        ),
-        (["jobs"], None, None),
-        (["status"], "x", None),
-        (["stop"], None, None),  # no job: the job's own command path says what is missing
-    ],
-)
+SIGNED_LINES: list[tuple[list[str], str | None, tuple[Verb, dict[str, Any]] | None]] = [
+    (["cancel", "x"], None, (Verb.CANCEL, {"job": "x"})),
+    (["scale", "x", "+2"], None, (Verb.SCALE, {"job": "x", "target": "+2"})),
+    (["scale", "3"], "x", (Verb.SCALE, {"job": "x", "target": "3"})),
+    (["stop"], "x", (Verb.COMMAND, {"job": "x", "kind": "stop"})),
+    (["restart"], "x", (Verb.COMMAND, {"job": "x", "kind": "restart"})),
+    (
+        ["drain", "n1", "--reason", "disk"],
+        None,
+        (Verb.CORDON, {"action": "drain", "node": "n1", "reason": "disk"}),
+    ),
+    (
+        ["uncordon", "n1"],
+        "x",
+        (Verb.CORDON, {"action": "uncordon", "node": "n1", "reason": "", "job": "x"}),
+    ),
+    (
+        ["queue", "set", "q", "--max-priority", "10"],
+        None,
+        (Verb.QUEUE, {"action": "set", "name": "q", "max_priority": 10}),
+    ),
+    (
+        ["queue", "create", "q", "--quota", "none", "--guaranteed", "2"],
+        None,
+        (Verb.QUEUE, {"action": "create", "name": "q", "quota": None, "guaranteed": 2}),
+    ),
+    (["queue", "delete", "q"], None, (Verb.QUEUE, {"action": "delete", "name": "q"})),
+    (["queue", "list"], None, None),  # reads change nothing
+    (["hold", "x"], None, (Verb.HOLD, {"job": "x"})),
+    (["release", "x"], None, (Verb.RELEASE, {"job": "x"})),
+    (["requeue", "x"], None, (Verb.REQUEUE, {"job": "x"})),
+    (
+        ["cordon", "n1"],
+        None,
+        (Verb.CORDON, {"action": "cordon", "node": "n1", "reason": "cordoned by an operator"}),
+    ),
+    (["jobs"], None, None),
+    (["status"], "x", None),
+]
+
+
+@pytest.mark.parametrize(("argv", "job", "expected"), SIGNED_LINES)
 def test_the_signed_form_of_a_command_line(
     argv: list[str], job: str | None, expected: object
 ) -> None:
     assert request(argv, job) == expected
+
+
+def test_every_verb_that_changes_the_pool_has_a_signed_form_in_the_table() -> None:
+    """The table above lists a signed line for every pool-changing verb (submit below): a verb
+    added to POOL_CHANGES without one fails here."""
+    signed = {argv[0] for argv, _, expected in SIGNED_LINES if expected is not None}
+    assert signed | {"submit"} == POOL_CHANGES
+
+
+@pytest.mark.parametrize("argv", [["stop"], ["restart"], ["scale", "3"], ["scale", "x", "3", "4"]])
+def test_a_change_that_names_no_job_is_a_usage_error_not_an_unsigned_write(
+    argv: list[str],
+) -> None:
+    """A command line that would change something has a signed form or is an error: never
+    None (which means "this only reads" and runs the verb's direct path)."""
+    with pytest.raises(UsageError, match=r"--job ID|give \[JOB\] N"):
+        request(argv, None)
 
 
 def test_a_submission_carries_the_spec_as_alice_wrote_it() -> None:

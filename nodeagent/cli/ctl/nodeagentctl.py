@@ -37,7 +37,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from nodeagent.cli.ctl import argtypes, caller, checks, logs, parser, rc, signing, targets
+from nodeagent.cli.ctl import argtypes, caller, checks, logs, parser, rc, signing, targets, verbs
 from nodeagent.cli.ctl.targets import Target
 from nodeagent.cli.ctl.verbs import VERBS, signed_form
 from nodeagent.config.load import read_config
@@ -54,19 +54,18 @@ EX_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
 
 def dispatch(target: Target, args: argparse.Namespace) -> int:
-    """The verb's signed form when the pool takes only those (pool.auth: munge), else the verb."""
-    signed = _signed(target, args)
-    if signed is not None:
-        return signed
-    return VERBS[args.command].run(target, args)
-
-
-def _signed(target: Target, args: argparse.Namespace) -> int | None:
+    """The verb's signed form when the pool takes only those (pool.auth: munge), else the verb.
+    Fails closed: under munge a verb that neither only reads nor has a signed form is refused
+    (verbs.unsigned); a command line with no signed form is one that reads (verbs.py)."""
     found = signed_form(args.command, args, caller.user(), target.job)
-    if found is None or RequestStore(target.client, target.pool_store.keys).auth() != "munge":
-        return None
-    munge = MungeProgram(targets.munge_socket(target, args))
-    return signing.run(target.pool_store, args, munge, *found)
+    refusal = verbs.unsigned(args.command)
+    changes = found is not None or refusal is not None
+    if changes and RequestStore(target.client, target.pool_store.keys).auth() == "munge":
+        if found is None:
+            raise UsageError(str(refusal))
+        munge = MungeProgram(targets.munge_socket(target, args))
+        return signing.run(target.pool_store, args, munge, *found)
+    return VERBS[args.command].run(target, args)
 
 
 def _redis_failure(exc: CoordinationError, target: Target | None) -> int:

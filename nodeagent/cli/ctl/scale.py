@@ -10,7 +10,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.cli.ctl import argtypes, caller, checks, wait
+from nodeagent.cli.ctl import argtypes, caller, checks, targets, wait
 from nodeagent.cli.ctl.targets import Target
 from nodeagent.config.settings import NodeSettings
 from nodeagent.coord.pool import PoolStore
@@ -23,6 +23,7 @@ from nodeagent.model.spec import JobSpec
 from nodeagent.pool import requests
 
 HELP = "change a job's target number of nodes: scale [JOB] N, +N or -N"
+USAGE = "scale: give [JOB] N, such as `scale llama 4` or `scale llama +2`"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,20 +39,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollback", action="store_true", help="on timeout restore the old target")
 
 
-def request(
-    args: argparse.Namespace, user: str, job: str | None
-) -> tuple[Verb, dict[str, Any]] | None:
-    if len(args.what) != 2 and job is None:
-        return None
-    return Verb.SCALE, {
-        "job": args.what[0] if len(args.what) == 2 else job,
-        "target": args.what[-1],
-    }
+def request(args: argparse.Namespace, user: str, job: str | None) -> tuple[Verb, dict[str, Any]]:
+    if len(args.what) > 2:
+        raise UsageError(USAGE)
+    named = args.what[0] if len(args.what) == 2 else targets.required(job)
+    return Verb.SCALE, {"job": named, "target": args.what[-1]}
 
 
 def run(target: Target, args: argparse.Namespace) -> int:
     if len(args.what) > 2:
-        raise UsageError("scale: give [JOB] N, such as `scale llama 4` or `scale llama +2`")
+        raise UsageError(USAGE)
     args.value = args.what[-1]
     if len(args.what) == 2:
         target = replace(target, job=argtypes.checked_name(args.what[0], "scale: JOB"))

@@ -53,9 +53,7 @@ class Target:
 
     @property
     def store(self) -> JobStore:
-        if self.job is None:
-            raise UsageError("give --config PATH of a node with a job: section, or --job ID")
-        return JobStore(self.client, JobKeys(self.prefix, self.job))
+        return JobStore(self.client, JobKeys(self.prefix, required(self.job)))
 
     @property
     def pool_store(self) -> PoolStore:
@@ -99,6 +97,16 @@ def target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
         origin = origin if args.redis else f"redis.url in {args.config}" if config else URL_ENV
         raise UsageError(f"{origin}: {redisurl.redact(url)}: {exc}") from None
     return Target(client, config, prefix, pool, job, password_given)
+
+
+NO_JOB = "give --config PATH of a node with a job: section, or --job ID"
+
+
+def required(job: str | None) -> str:
+    """The job a job's own verb acts on (--job, --config). Raises: UsageError where none."""
+    if job is None:
+        raise UsageError(NO_JOB)
+    return job
 
 
 def munge_socket(target: Target, args: argparse.Namespace) -> str:

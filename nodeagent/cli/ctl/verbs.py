@@ -9,8 +9,12 @@ may share a module that makes an object with these names for each: holding.py):
     run(target, args)           do it; the exit code
 and a verb that can change the pool also (`PoolVerbModule`)
     request(args, user, job)    its signed form under pool.auth: munge (model/request.py): the
-                                request's verb and body, or None where this command line
-                                changes nothing of the pool (signing.py sends it)
+                                request's verb and body, or None only where this command line
+                                reads (`queue list`); a change it cannot name (no job given)
+                                raises UsageError (signing.py sends it)
+Every other verb only reads, and is in READS: under pool.auth: munge a verb that is neither is
+refused (`unsigned`), so a verb added without its signed form fails closed, not open to a
+direct Redis write.
 
 To add a verb: write its module with these names, and add its row here.
 """
@@ -89,6 +93,22 @@ VERBS: Mapping[str, VerbModule] = {
     "history": history,
     "queue": queue,
 }
+
+
+# The verbs that never change anything (tests/unit/test_ctl_verbs.py checks every other one
+# has a signed form, tests/integration/test_ctl_fail_closed.py that these write nothing).
+READS = frozenset({"status", "events", "health", "logs", "jobs", "nodes", "show", "history"})
+
+
+def unsigned(name: str) -> str | None:
+    """Why verb `name` cannot run under pool.auth: munge, where every change is a signed request:
+    it neither only reads nor has a signed form. None: it may run."""
+    if name in READS or isinstance(VERBS[name], PoolVerbModule):
+        return None
+    return (
+        f"{name}: this pool takes only signed requests (pool.auth: munge) and {name} has no "
+        "signed form; refused, nothing written"
+    )
 
 
 def signed_form(
