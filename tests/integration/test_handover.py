@@ -80,7 +80,7 @@ class Peers:
                 name,
                 "127.0.0.1",
                 NodeState.READY,
-                tier=TierReport(replicas=self.nodes[name].held()),
+                tier=TierReport(replicas=self.nodes[name].held(), address=self.nodes[name].address),
             )
             for name in names
             if name in self.nodes

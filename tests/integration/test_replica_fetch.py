@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -251,11 +252,11 @@ def test_a_peer_named_in_a_share_this_node_has_not_read_yet_is_served(
     assert copies.accept(elsewhere) == "c reports address 127.0.0.1, the request came from 10.9.9.9"
 
 
-def test_copies_wait_until_this_nodes_workers_restored_the_new_generation(
+def a_and_c(
     holder: Replicas, asker: Replicas
-) -> None:
-    """Re-protecting (a's rank 0 of step 30 is on a alone) does not start beside the workers'
-    restore, the recovery's critical path: only once they said they restored."""
+) -> tuple[dict[str, TierReport], dict[str, NodeReport]]:
+    """a (listening, all accepted) holds rank 0 of step 30 alone, c rank 1: their tiers and
+    reports."""
     holder.listen(lambda _offer: None)
     mine = Held(KEY[0], KEY[2], (0,), KEY[1], (saved(holder),))
     tiers = {
@@ -265,6 +266,15 @@ def test_copies_wait_until_this_nodes_workers_restored_the_new_generation(
         ),
     }
     reports = {n: NodeReport(n, "127.0.0.1", NodeState.RUNNING, tier=t) for n, t in tiers.items()}
+    return tiers, reports
+
+
+def test_copies_wait_until_this_nodes_workers_restored_the_new_generation(
+    holder: Replicas, asker: Replicas
+) -> None:
+    """Re-protecting (a's rank 0 of step 30 is on a alone) does not start beside the workers'
+    restore, the recovery's critical path: only once they said they restored."""
+    tiers, reports = a_and_c(holder, asker)
     sends = replication.copies(("a", "c"), reports, 1)
     shares = replication.handouts(4, reports, sends)  # as the leader hands them out
     copies = duties(holder, lambda: shares["a"], reports)
@@ -277,6 +287,35 @@ def test_copies_wait_until_this_nodes_workers_restored_the_new_generation(
     copies.tick(record, tiers["a"])
     [done] = finished(holder)
     assert (done.transfer.rank, done.transfer.target) == (0, "c")
+
+
+def test_a_share_naming_a_strangers_address_for_a_member_is_ignored_not_dialled(
+    holder: Replicas, asker: Replicas, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 40: the share is written by whoever holds the agents' Redis password; one that
+    gives member c the address of a stranger's listener (here a socket that counts the
+    connections it gets) has the node dial nobody there; with c's own address it dials c."""
+    tiers, reports = a_and_c(holder, asker)
+    with socket.create_server(("127.0.0.1", 0)) as stranger:
+        stranger.settimeout(0.5)
+        forged = dict(replication.handouts(4, reports, replication.copies(("a", "c"), reports, 1)))
+        forged["a"] = replace(
+            forged["a"], addresses=(("c", f"127.0.0.1:{stranger.getsockname()[1]}"),)
+        )
+        written, now = [forged["a"]], [100.0]
+        copies = duties(holder, lambda: written[0], reports, clock=lambda: now[0])
+        record = make_record(JobState.RUNNING, 4, ("a", "c"), checkpoint=CheckpointRecord())
+        copies.tick(record, tiers["a"])
+        [done] = finished(holder)
+        assert done.error is not None and "its listener is not known" in done.error
+        with pytest.raises(TimeoutError):
+            stranger.accept()
+    assert "ignoring c at 127.0.0.1:" in caplog.text
+    written[0] = replace(forged["a"], addresses=(("c", str(asker.address)),))
+    now[0] += copies_module.IDLE_S  # the share's next read
+    copies.tick(record, tiers["a"])
+    [done] = finished(holder)  # c's own listener, which takes no copies in these tests
+    assert done.error is not None and "c takes no copies" in done.error, done.error
 
 
 def test_the_workers_of_a_memory_restore_wait_for_this_nodes_share_then_start(
@@ -300,7 +339,7 @@ def test_the_workers_of_a_memory_restore_wait_for_this_nodes_share_then_start(
     fetches = replication.restore_fetches(("a", "c"), 1, checkpoint.restore, ("a", "c"), reports)
     assert [(f.rank, f.sources) for f in fetches["c"]] == [(1, ("a",))] and fetches["a"] == []
     written: list[Handout] = []
-    copies = duties(asker, lambda: written[0] if written else None, wait=30, node="c")
+    copies = duties(asker, lambda: written[0] if written else None, reports, wait=30, node="c")
     assert copies.holds_start(record) and copies.waiting  # no share yet: the workers wait
     written.append(replication.handouts(5, reports, [], fetches)["c"])
     deadline = time.monotonic() + 5

@@ -9,5 +9,6 @@ handouts.py (Handouts: the leader plans every node's share of the copies and wri
 fenced), tierduties.py (TierDuties: the agent's loop's duties about its tiers, around the
 node's TierKeeper), replicaduties.py (ReplicaDuties: this node's share of the copies, its
 listener's checks, the restore's fetches), handover.py (Handover: a node that leaves hands its
-stop save to its successors). Talks to Redis only through the job's store (job/port.py).
+stop save to its successors), dialling.py (Dialling: only the listeners the members report are
+dialled). Talks to Redis only through the job's store (job/port.py).
 """

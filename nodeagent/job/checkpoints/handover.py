@@ -25,26 +25,19 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from nodeagent.checkpoint.replicas import Done, Replicas
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
 from nodeagent.job.checkpoints import replication
+from nodeagent.job.checkpoints.dialling import Dialling, PeerReports
 from nodeagent.model.handout import Handout, Transfer
-from nodeagent.model.job import JobRecord, NodeReport, RestartReason
+from nodeagent.model.job import JobRecord, RestartReason
 from nodeagent.model.tiers import Held, SaveKey, TierReport
 from nodeagent.state import JobState
 
 log = logging.getLogger(__name__)
 CONFIRM_S = 0.25  # how often the successors' reports are read until they hold the copies
-
-
-class PeerReports(Protocol):
-    """What a hand-over reads of the job's state (JobPort has it)."""
-
-    def peer_reports(self, names: Sequence[str]) -> dict[str, NodeReport]:
-        """The reports of the nodes named whose lease holds. Raises: CoordinationError."""
 
 
 def leaving(record: JobRecord, node: str, drained: bool) -> bool:
@@ -85,6 +78,7 @@ class Handover:
         self._node = node
         self._store = store
         self._call = call
+        self._dialling = Dialling(store, call)
         self._timeout = timeout
         self._clock = clock
         self._share: Handout | None = None  # the last share read: its successors, addresses
@@ -184,7 +178,8 @@ class Handover:
             list(newest.ranks),
             ", ".join(share.successors),
         )
-        self._replicas.run(transfers, share.address_map, record.generation)
+        addresses = self._dialling.addresses(share)
+        self._replicas.run(transfers, addresses, record.generation)
         return True
 
     def _confirm(self, under: _Under) -> None:

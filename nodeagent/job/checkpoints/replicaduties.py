@@ -29,7 +29,8 @@ from nodeagent.config.settings import Config
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
 from nodeagent.job.checkpoints import lag, replication
-from nodeagent.job.checkpoints.handover import Handover, PeerReports
+from nodeagent.job.checkpoints.dialling import Dialling, PeerReports
+from nodeagent.job.checkpoints.handover import Handover
 from nodeagent.model.handout import Handout, Served
 from nodeagent.model.job import Event, JobRecord, NodeReport
 from nodeagent.model.tiers import SaveKey, TierReport
@@ -121,6 +122,7 @@ class ReplicaDuties:
         # than the one before are removed (`_prune`).
         self._committed: tuple[SaveKey | None, SaveKey | None] = (None, None)
         self._handover = Handover(replicas, terms.node, store, call, terms.fetch_timeout, clock)
+        self._dialling = Dialling(store, call)
         self._said_refused: dict[str, float] = {}  # address -> when its last refusal was said
 
     # -- the listener's threads -------------------------------------------------------------
@@ -217,7 +219,7 @@ class ReplicaDuties:
         if committed != self._committed[1]:
             self._committed = (self._committed[1], committed)
         if mine:
-            self.replicas.run(mine, share.address_map, record.generation)
+            self.replicas.run(mine, self._dialling.addresses(share), record.generation)
         else:
             self._prune(self._committed[0])
         return events
@@ -251,7 +253,7 @@ class ReplicaDuties:
             return False
         log.info("bringing %d saves from peers for the restore", len(transfers))
         deadline = self._clock() + self._fetch_timeout  # what is not brought by then: given up
-        self.replicas.run(transfers, share.address_map, record.generation, deadline)
+        self.replicas.run(transfers, self._dialling.addresses(share), record.generation, deadline)
         return False
 
     def owes_handover(self, record: JobRecord | None, drained: bool) -> bool:
@@ -362,13 +364,11 @@ class ReplicaDuties:
         return events
 
     def _prune(self, committed: SaveKey | None) -> None:
-        """Remove the copies older than `committed`: the step committed before the newest one.
-        Not the newest: the leader commits from reports a heartbeat old, and a worker may have
-        written over its save since (channel/pin.py); one committed step back is kept whole."""
+        """Remove the copies older than `committed`, the step committed before the newest one
+        (replication.keeps_copy)."""
         if committed is None:
             return
-        floor = (committed[0], committed[1])
-        removed = self.replicas.prune(lambda key: (key[0], key[1]) >= floor)
+        removed = self.replicas.prune(lambda key: replication.keeps_copy(key, committed))
         if removed:
             log.info(
                 "replica area: removed %d copies older than step %d, committed before the newest",

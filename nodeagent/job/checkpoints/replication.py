@@ -274,6 +274,18 @@ def handouts(
     return shares
 
 
+def members_listeners(
+    addresses: Mapping[str, str], reports: Mapping[str, NodeReport]
+) -> dict[str, str]:
+    """The peer addresses of a share (node -> host:port) that are the listener each node
+    reports itself (`reports`: the job's nodes whose lease holds): the share is written by
+    whoever holds the agents' Redis password, and one naming a stranger's address for a node
+    is ignored, not dialled (the listener there would also have to prove it is an agent:
+    checkpoint/peerauth.py)."""
+    listening = _listeners(reports)
+    return {n: a for n, a in addresses.items() if listening.get(n) == a}
+
+
 def _listeners(nodes: Mapping[str, NodeReport]) -> dict[str, str]:
     """Node -> the address of its replica listener, for the nodes that report one."""
     return {n: r.tier.address for n, r in nodes.items() if r.tier and r.tier.address}
@@ -287,6 +299,21 @@ def _in(order: Sequence[str], nodes: Mapping[str, NodeReport]) -> dict[str, Node
 
 def _transfer(copy: Copy, fetch: bool) -> Transfer:
     return Transfer(copy.key, copy.rank, copy.digest, copy.sources, copy.target, fetch)
+
+
+def committed_here(committed: SaveKey | None, generation: int, world: int) -> bool:
+    """The committed save `committed` was saved by the running `generation` at its `world`:
+    only then may a node drop the saves of ranks it no longer runs (until then they may be all
+    that is whole of the step the generation restored: issue 41)."""
+    return committed is not None and committed[1] == generation and committed[2] == world
+
+
+def keeps_copy(key: SaveKey, committed_before: SaveKey | None) -> bool:
+    """Whether a node keeps its copy of save `key`, given the step committed before the newest
+    committed one: the copies older than that go (not those of the newest: the leader commits
+    from reports a heartbeat old, and a worker may have written over its save since,
+    channel/pin.py; one committed step back is kept whole)."""
+    return committed_before is None or (key[0], key[1]) >= committed_before[:2]
 
 
 def under_replicated(held: Holders, key: SaveKey | None, replicas: int) -> list[int]:

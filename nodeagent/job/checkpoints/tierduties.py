@@ -18,7 +18,7 @@ from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.config.settings import Config
 from nodeagent.coord.bounded import CallRunner
-from nodeagent.job.checkpoints import restore
+from nodeagent.job.checkpoints import replication, restore
 from nodeagent.job.checkpoints.replicaduties import CopyReads, CopyTerms, ReplicaDuties
 from nodeagent.model.job import Event, JobRecord
 from nodeagent.model.tiers import TierReport
@@ -286,12 +286,10 @@ def _take(items: list[str]) -> list[str]:
 
 
 def _committed_here(record: JobRecord) -> bool:
-    """A step saved by `record`'s own generation is committed: the saves of ranks of another
-    world (or that ran elsewhere) are no longer what is whole of the newest committed step."""
+    """A step saved by `record`'s own generation is committed (replication.committed_here):
+    the saves of ranks of another world (or that ran elsewhere) are no longer what is whole
+    of the newest committed step."""
     committed = record.checkpoint.committed if record.checkpoint is not None else None
-    return (
-        record.state is JobState.RUNNING
-        and committed is not None
-        and committed[1] == record.generation
-        and committed[2] == record.world_size
+    return record.state is JobState.RUNNING and replication.committed_here(
+        committed, record.generation, record.world_size
     )
