@@ -116,6 +116,10 @@ class CheckpointRecord:
     persisted_world: int = 0
     persisted_generation: int = 0  # the generation that saved it
     bad: tuple[int, ...] = ()  # steps never restored again
+    # The step a generation restored and then failed before any node held a newer save, once:
+    # bad if the next generation that restores it fails so too (a crash that happens to come
+    # soon after a restore, in a burst of faults, must not cost the step: issue 41)
+    suspect: int | None = None
     newest: int = 0  # the newest step held anywhere when `restore` was chosen
     # The newest save every rank of which is verified on replicas + 1 live nodes (issue 27):
     # what a node loss restores from memory, at any world
@@ -148,6 +152,7 @@ class CheckpointRecord:
             persisted_world=r.integer("persisted_world", 0, high=MAX_RANKS),
             persisted_generation=r.integer("persisted_generation", 0),
             bad=_steps(r, "bad"),
+            suspect=r.opt_integer("suspect"),
             newest=r.integer("newest", 0),
             committed_step=r.opt_integer("committed_step"),
             committed_generation=r.integer("committed_generation", 0),

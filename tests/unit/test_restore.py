@@ -135,13 +135,21 @@ def record(checkpoint: CheckpointRecord, members: tuple[str, ...] = ("n0", "n1")
     )
 
 
-def test_a_generation_that_failed_before_a_newer_save_makes_its_step_bad() -> None:
+def test_two_generations_in_a_row_that_failed_before_a_newer_save_make_its_step_bad() -> None:
+    """Issue 41: one failure soon after a restore (a burst: a worker killed a second after the
+    survivors of a node loss restored) makes the step suspect, not bad; the next generation
+    restores it again, and only its failure too makes it bad (no restart loop)."""
     chosen = CheckpointRecord(restore=("memory:20@7", "memory:10@7", "script", "start"))
-    failed = restore.after_failure(record(chosen), BOTH_AT_20)
-    assert failed is not None and failed.bad == (20,)
+    once = restore.after_failure(record(chosen), BOTH_AT_20)
+    assert once is not None and (once.bad, once.suspect) == ((), 20)
+    twice = restore.after_failure(record(once), BOTH_AT_20)
+    assert twice is not None and (twice.bad, twice.suspect) == ((20,), None)
     newer = nodes_holding((held(25, 4, 0, 1),), (held(25, 4, 2, 3),))
-    went_on = restore.after_failure(record(chosen), newer)
-    assert went_on is not None and went_on.bad == ()
+    went_on = restore.after_failure(record(once), newer)
+    assert went_on is not None and (went_on.bad, went_on.suspect) == ((), None)
+    other = replace(chosen, suspect=10)  # another step was suspect: this one is now
+    moved = restore.after_failure(record(other), BOTH_AT_20)
+    assert moved is not None and (moved.bad, moved.suspect) == ((), 20)
     fresh = CheckpointRecord(restore=("script", "start"))
     assert restore.after_failure(record(fresh), {}) == fresh
 
@@ -175,14 +183,18 @@ def test_plan_writes_the_restore_order_with_the_running_record_and_says_so() -> 
     assert "memory:20@7" in event.message
 
 
-def test_plan_marks_the_restored_step_bad_when_its_generation_fails_at_once() -> None:
-    running = record(CheckpointRecord(restore=("memory:20@7", "script", "start")))
+@pytest.mark.parametrize(("suspect", "bad"), [(None, ()), (20, (20,))])
+def test_plan_marks_the_restored_step_bad_when_two_generations_fail_at_once(
+    suspect: int | None, bad: tuple[int, ...]
+) -> None:
+    checkpoint = CheckpointRecord(restore=("memory:20@7", "script", "start"), suspect=suspect)
+    running = record(checkpoint)
     failure = Failure(generation=3, node="n1", rank=2, kind="exit_code", exit_code=1)
     reports = dict(BOTH_AT_20)
     reports["n1"] = replace(reports["n1"], failure=failure)
     result = plan(ClusterView(now_ms=1000, record=running, nodes=reports), POLICY, LeaderMemory())
     assert result.record is not None and result.record.state is JobState.RESTARTING
-    assert result.record.checkpoint is not None and result.record.checkpoint.bad == (20,)
+    assert result.record.checkpoint is not None and result.record.checkpoint.bad == bad
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ sources every rank tries (the workers agree at each one, nodeagent.worker.checkp
 3. the script's own checkpoints; 4. the start.
 
 Newest step first whatever the tier, the memory tier first on a tie; steps in `bad` never. A
-step is bad once a worker found a NaN or an infinity in it (every copy holds the same) or once a
-generation that would have restored it failed before any node held a newer save (no restart
-loop on a bad copy). A copy that fails its checksum is that node's to drop: it verifies its tier
-again and stops offering it.
+step is bad once a worker found a NaN or an infinity in it (every copy holds the same) or once
+two generations in a row that restored it failed before any node held a newer save (no restart
+loop on a bad copy; one such failure makes it suspect: `after_failure`). A copy that fails its
+checksum is that node's to drop: it verifies its tier again and stops offering it.
 `fold(checkpoint, nodes)` keeps the record's view of the persistent tier and bad steps current.
 """
 
@@ -182,9 +182,12 @@ def first_step(checkpoint: CheckpointRecord) -> int | None:
 
 
 def after_failure(record: JobRecord, nodes: Mapping[str, NodeReport]) -> CheckpointRecord | None:
-    """`record`'s checkpoint part once its generation failed (a worker crashed or hung): the
-    step it restored becomes bad if no member holds a newer save since (it failed within one
-    save interval of that restore). None when `record` has no tiers."""
+    """`record`'s checkpoint part once its generation failed (a worker crashed or hung) before
+    any member held a newer save than the step it restored (within one save interval of that
+    restore): the step becomes suspect; if it was suspect already (the generation before
+    restored it and failed so too), bad. A restart loop on a step that crashes the training
+    ends at the second failure, and one crash that only happens to follow a restore (faults
+    come in bursts) does not cost the step. None when `record` has no tiers."""
     checkpoint = record.checkpoint
     if checkpoint is None:
         return None
@@ -197,4 +200,8 @@ def after_failure(record: JobRecord, nodes: Mapping[str, NodeReport]) -> Checkpo
         and (report.tier.newest_memory() or -1) > step
         for name in record.members
     )
-    return checkpoint if newer else replace(checkpoint, bad=(*checkpoint.bad, step)[-MAX_BAD:])
+    if newer:
+        return replace(checkpoint, suspect=None)
+    if checkpoint.suspect != step:
+        return replace(checkpoint, suspect=step)
+    return replace(checkpoint, bad=(*checkpoint.bad, step)[-MAX_BAD:], suspect=None)
