@@ -18,6 +18,7 @@ from nodeagent.model.decode import Reader
 MAX_HELD = 64  # steps a node reports per tier (two slots per rank: a handful in practice)
 MAX_RANKS = 1 << 20
 MAX_BAD = 256
+BAD_AFTER = 3  # generations in a row that restored a step and failed before a newer save
 _SOURCE = re.compile(r"(memory|persistent):[0-9]{1,15}(@[0-9]{1,15})?|script|start")
 # A save's manifest digest (channel.manifests.digest): a SHA-256; 16 hex digits from agents
 # before it (read during a rolling upgrade, and never matching a save of this one).
@@ -116,10 +117,12 @@ class CheckpointRecord:
     persisted_world: int = 0
     persisted_generation: int = 0  # the generation that saved it
     bad: tuple[int, ...] = ()  # steps never restored again
-    # The step a generation restored and then failed before any node held a newer save, once:
-    # bad if the next generation that restores it fails so too (a crash that happens to come
-    # soon after a restore, in a burst of faults, must not cost the step: issue 41)
+    # The step the last generations restored and then failed before any node held a newer
+    # save, and how many did so in a row: bad at BAD_AFTER (a crash or two that happen to come
+    # soon after a restore, in a burst of faults or from a bad host, must not cost the step:
+    # issue 41; a step that crashes every generation restoring it is a restart loop)
     suspect: int | None = None
+    suspect_failures: int = 0
     newest: int = 0  # the newest step held anywhere when `restore` was chosen
     # The newest save every rank of which is verified on replicas + 1 live nodes (issue 27):
     # what a node loss restores from memory, at any world
@@ -153,6 +156,7 @@ class CheckpointRecord:
             persisted_generation=r.integer("persisted_generation", 0),
             bad=_steps(r, "bad"),
             suspect=r.opt_integer("suspect"),
+            suspect_failures=r.integer("suspect_failures", 0, high=BAD_AFTER),
             newest=r.integer("newest", 0),
             committed_step=r.opt_integer("committed_step"),
             committed_generation=r.integer("committed_generation", 0),

@@ -3,14 +3,16 @@ the commits, the membership, driven by the product's own pure decisions.
 
 Nothing here decides for the product: where a save or a copy goes is `pin.choose`, which copies
 the leader plans is `replication.copies`, what is committed is `restore.fold`, the restore order
-is `restore.choose` and what a node brings for it `replication.restore_fetches`, which copies a
+is `restore.choose` and what a node brings for it `replication.restore_fetches`, whether a
+crash makes the restored step bad `restore.after_failure`, which copies a
 node keeps is `replication.keeps_copy`, and when it drops the saves of ranks it no longer runs
 is `replication.committed_here`. The model only plays the cluster: workers save, copies land
 (all or some), the leader rounds, nodes are lost, workers crash, the job scales, agents restart.
 One process per node: group rank = rank.
 
 `whole(cluster)` is the property: the step the record names committed has every rank on a live
-node, and no re-form restored an older step than the one committed when it began.
+node, and no re-form restored an older step than the newest committed, unless the restart-loop
+guard gave that step up (BAD_AFTER generations in a row restored it and failed at once).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from nodeagent.channel.restore import order_from_env
 from nodeagent.job.checkpoints import replication, restore
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import CheckpointRecord, Held, SaveKey, TierReport
-from nodeagent.state import NodeState
+from nodeagent.state import JobState, NodeState
+from tests.helpers.factories import make_record
 
 Slots = list[Slot | None]
 ROWS = (12,)  # the state: tensors of 12 rows sharded row-wise (FSDP2): a rank reads few old ranks
@@ -146,12 +149,10 @@ class Cluster:
             node.pin = Pin(committed)
             if committed != node.committed[1]:
                 node.committed = (node.committed[1], committed)
-            before = node.committed[0]
-            if before is not None:
-                for pair in node.area.values():
-                    for i, slot in enumerate(pair):
-                        if slot is not None and not replication.keeps_copy(slot.key, before):
-                            pair[i] = None
+            for pair in node.area.values():
+                for i, slot in enumerate(pair):
+                    if slot is not None and not replication.keeps_copy(slot.key, *node.committed):
+                        pair[i] = None
             if replication.committed_here(committed, self.generation, self.world):
                 for rank in [r for r in node.memory if r not in node.ranks]:
                     del node.memory[rank]
@@ -167,7 +168,15 @@ class Cluster:
 
     def crash(self) -> None:
         """A worker crashed (or an agent restarted: its workers go with it; its tiers stay):
-        the same members re-form."""
+        the leader judges the step the generation restored (`restore.after_failure`: a crash
+        before any newer save makes it suspect, a second one bad), and the same members
+        re-form."""
+        record = make_record(
+            JobState.RUNNING, self.generation, tuple(self.members), checkpoint=self.checkpoint
+        )
+        judged = restore.after_failure(record, self.reports())
+        assert judged is not None
+        self.checkpoint = judged
         self._reform("crash")
 
     def scale(self, target: int) -> None:
@@ -248,7 +257,7 @@ def whole(cluster: Cluster) -> str | None:
     nodes, and the last re-form restored no older step than the one committed as it began."""
     if cluster.restored:
         why, floor, step = cluster.restored[-1]
-        if step < floor:
+        if step < floor and floor not in cluster.checkpoint.bad:  # bad: the restart-loop guard
             return f"{why}: restored step {step}, older than step {floor} committed"
     committed = cluster.checkpoint.committed
     if committed is not None:

@@ -135,21 +135,24 @@ def record(checkpoint: CheckpointRecord, members: tuple[str, ...] = ("n0", "n1")
     )
 
 
-def test_two_generations_in_a_row_that_failed_before_a_newer_save_make_its_step_bad() -> None:
-    """Issue 41: one failure soon after a restore (a burst: a worker killed a second after the
-    survivors of a node loss restored) makes the step suspect, not bad; the next generation
-    restores it again, and only its failure too makes it bad (no restart loop)."""
+def test_generations_in_a_row_that_failed_before_a_newer_save_make_its_step_bad() -> None:
+    """Issue 41: a failure soon after a restore (a burst: a worker killed a second after the
+    survivors of a node loss restored; a bad host crashing the job twice) makes the step
+    suspect, not bad; only the third generation in a row restoring it and failing before a
+    newer save makes it bad (no restart loop)."""
     chosen = CheckpointRecord(restore=("memory:20@7", "memory:10@7", "script", "start"))
     once = restore.after_failure(record(chosen), BOTH_AT_20)
-    assert once is not None and (once.bad, once.suspect) == ((), 20)
+    assert once is not None and (once.bad, once.suspect, once.suspect_failures) == ((), 20, 1)
     twice = restore.after_failure(record(once), BOTH_AT_20)
-    assert twice is not None and (twice.bad, twice.suspect) == ((20,), None)
+    assert twice is not None and (twice.bad, twice.suspect_failures) == ((), 2)
+    thrice = restore.after_failure(record(twice), BOTH_AT_20)
+    assert thrice is not None and (thrice.bad, thrice.suspect) == ((20,), None)
     newer = nodes_holding((held(25, 4, 0, 1),), (held(25, 4, 2, 3),))
-    went_on = restore.after_failure(record(once), newer)
-    assert went_on is not None and (went_on.bad, went_on.suspect) == ((), None)
-    other = replace(chosen, suspect=10)  # another step was suspect: this one is now
+    went_on = restore.after_failure(record(twice), newer)
+    assert went_on is not None and (went_on.bad, went_on.suspect_failures) == ((), 0)
+    other = replace(chosen, suspect=10, suspect_failures=2)  # another step was suspect
     moved = restore.after_failure(record(other), BOTH_AT_20)
-    assert moved is not None and (moved.bad, moved.suspect) == ((), 20)
+    assert moved is not None and (moved.bad, moved.suspect, moved.suspect_failures) == ((), 20, 1)
     fresh = CheckpointRecord(restore=("script", "start"))
     assert restore.after_failure(record(fresh), {}) == fresh
 
@@ -183,11 +186,15 @@ def test_plan_writes_the_restore_order_with_the_running_record_and_says_so() -> 
     assert "memory:20@7" in event.message
 
 
-@pytest.mark.parametrize(("suspect", "bad"), [(None, ()), (20, (20,))])
-def test_plan_marks_the_restored_step_bad_when_two_generations_fail_at_once(
-    suspect: int | None, bad: tuple[int, ...]
+@pytest.mark.parametrize(("failures", "bad"), [(0, ()), (1, ()), (2, (20,))])
+def test_plan_marks_the_restored_step_bad_when_three_generations_fail_at_once(
+    failures: int, bad: tuple[int, ...]
 ) -> None:
-    checkpoint = CheckpointRecord(restore=("memory:20@7", "script", "start"), suspect=suspect)
+    checkpoint = CheckpointRecord(
+        restore=("memory:20@7", "script", "start"),
+        suspect=20 if failures else None,
+        suspect_failures=failures,
+    )
     running = record(checkpoint)
     failure = Failure(generation=3, node="n1", rank=2, kind="exit_code", exit_code=1)
     reports = dict(BOTH_AT_20)

@@ -7,6 +7,7 @@ committed step whole nowhere, and no re-form restores an older step than the com
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -109,3 +110,17 @@ def test_a_scale_down_by_more_than_replicas_nodes_keeps_the_committed_step() -> 
     assert job.checkpoint.committed == (5, 1, 6)
     job.scale(4)
     assert whole(job) is None
+
+
+def test_the_property_catches_copies_pruned_past_a_committed_step_that_went_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rule before: a node removed the copies older than the step committed before the
+    newest; when the restart-loop guard gives up a step the committed step goes back, and that
+    rule removed the copies of the older step now committed."""
+
+    def by_the_one_before(key: Any, before: Any, committed: Any) -> bool:
+        return before is None or key[:2] >= before[:2]
+
+    monkeypatch.setattr(replication, "keeps_copy", by_the_one_before)
+    assert any(run(seed, 1)[-1].startswith("BROKEN") for seed in range(150))

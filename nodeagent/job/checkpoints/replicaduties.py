@@ -221,7 +221,7 @@ class ReplicaDuties:
         if mine:
             self.replicas.run(mine, self._dialling.addresses(share), record.generation)
         else:
-            self._prune(self._committed[0])
+            self._prune(*self._committed)
         return events
 
     def holds_start(self, record: JobRecord | None) -> bool:
@@ -363,17 +363,16 @@ class ReplicaDuties:
             )
         return events
 
-    def _prune(self, committed: SaveKey | None) -> None:
-        """Remove the copies older than `committed`, the step committed before the newest one
-        (replication.keeps_copy)."""
-        if committed is None:
-            return
-        removed = self.replicas.prune(lambda key: replication.keeps_copy(key, committed))
+    def _prune(self, before: SaveKey | None, committed: SaveKey | None) -> None:
+        """Remove the copies older than the last two committed saves (replication.keeps_copy)."""
+        removed = self.replicas.prune(lambda key: replication.keeps_copy(key, before, committed))
         if removed:
+            floor = min(k[:2] for k in (before, committed) if k is not None)
             log.info(
-                "replica area: removed %d copies older than step %d, committed before the newest",
+                "replica area: removed %d copies older than step %d, the older of the last two "
+                "committed",
                 len(removed),
-                committed[0],
+                floor[0],
             )
 
     def _lagging(self, record: JobRecord, own: TierReport) -> list[Event]:

@@ -308,12 +308,16 @@ def committed_here(committed: SaveKey | None, generation: int, world: int) -> bo
     return committed is not None and committed[1] == generation and committed[2] == world
 
 
-def keeps_copy(key: SaveKey, committed_before: SaveKey | None) -> bool:
-    """Whether a node keeps its copy of save `key`, given the step committed before the newest
-    committed one: the copies older than that go (not those of the newest: the leader commits
-    from reports a heartbeat old, and a worker may have written over its save since,
-    channel/pin.py; one committed step back is kept whole)."""
-    return committed_before is None or (key[0], key[1]) >= committed_before[:2]
+def keeps_copy(key: SaveKey, committed_before: SaveKey | None, committed: SaveKey | None) -> bool:
+    """Whether a node keeps its copy of save `key`, given the last two committed saves it read
+    (the one before, and the newest): the copies older than both go. Not those of the one
+    before: the leader commits from reports a heartbeat old, and a worker may have written over
+    its save since (channel/pin.py), so one committed step back is kept whole; and when the
+    committed step went back (a step given up as bad, issue 41), the newest is the older one,
+    and its copies are what is whole of it."""
+    if committed_before is None or committed is None:
+        return True
+    return key[:2] >= min(committed_before[:2], committed[:2])
 
 
 def under_replicated(held: Holders, key: SaveKey | None, replicas: int) -> list[int]:

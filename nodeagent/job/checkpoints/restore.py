@@ -14,9 +14,10 @@ sources every rank tries (the workers agree at each one, nodeagent.worker.checkp
 
 Newest step first whatever the tier, the memory tier first on a tie; steps in `bad` never. A
 step is bad once a worker found a NaN or an infinity in it (every copy holds the same) or once
-two generations in a row that restored it failed before any node held a newer save (no restart
-loop on a bad copy; one such failure makes it suspect: `after_failure`). A copy that fails its
-checksum is that node's to drop: it verifies its tier again and stops offering it.
+BAD_AFTER (3) generations in a row that restored it failed before any node held a newer save
+(no restart loop on a bad copy; fewer such failures make it suspect: `after_failure`). A copy
+that fails its checksum is that node's to drop: it verifies its tier again and stops offering
+it.
 `fold(checkpoint, nodes)` keeps the record's view of the persistent tier and bad steps current.
 """
 
@@ -28,7 +29,7 @@ from dataclasses import replace
 from nodeagent.channel.restore import Source, order_from_env, order_to_env
 from nodeagent.job.checkpoints import replication
 from nodeagent.model.job import JobRecord, NodeReport
-from nodeagent.model.tiers import MAX_BAD, CheckpointRecord, Held, SaveKey
+from nodeagent.model.tiers import BAD_AFTER, MAX_BAD, CheckpointRecord, Held, SaveKey
 
 MEMORY_CHOICES = 2  # memory steps offered (a rank holds two)
 TAIL = (Source("script"), Source("start"))
@@ -184,10 +185,10 @@ def first_step(checkpoint: CheckpointRecord) -> int | None:
 def after_failure(record: JobRecord, nodes: Mapping[str, NodeReport]) -> CheckpointRecord | None:
     """`record`'s checkpoint part once its generation failed (a worker crashed or hung) before
     any member held a newer save than the step it restored (within one save interval of that
-    restore): the step becomes suspect; if it was suspect already (the generation before
-    restored it and failed so too), bad. A restart loop on a step that crashes the training
-    ends at the second failure, and one crash that only happens to follow a restore (faults
-    come in bursts) does not cost the step. None when `record` has no tiers."""
+    restore): the step is suspect, and bad once BAD_AFTER generations in a row restored it and
+    failed so. A restart loop on a step that crashes the training ends there, and a crash or
+    two that only happen to follow a restore (faults come in bursts; a bad host crashes the
+    job twice) do not cost the step. None when `record` has no tiers."""
     checkpoint = record.checkpoint
     if checkpoint is None:
         return None
@@ -201,7 +202,9 @@ def after_failure(record: JobRecord, nodes: Mapping[str, NodeReport]) -> Checkpo
         for name in record.members
     )
     if newer:
-        return replace(checkpoint, suspect=None)
-    if checkpoint.suspect != step:
-        return replace(checkpoint, suspect=step)
-    return replace(checkpoint, bad=(*checkpoint.bad, step)[-MAX_BAD:], suspect=None)
+        return replace(checkpoint, suspect=None, suspect_failures=0)
+    failures = checkpoint.suspect_failures + 1 if checkpoint.suspect == step else 1
+    if failures < BAD_AFTER:
+        return replace(checkpoint, suspect=step, suspect_failures=failures)
+    bad = (*checkpoint.bad, step)[-MAX_BAD:]
+    return replace(checkpoint, bad=bad, suspect=None, suspect_failures=0)
