@@ -305,6 +305,8 @@ def test_a_share_naming_a_strangers_address_for_a_member_is_ignored_not_dialled(
         written, now = [forged["a"]], [100.0]
         copies = duties(holder, lambda: written[0], reports, clock=lambda: now[0])
         record = make_record(JobState.RUNNING, 4, ("a", "c"), checkpoint=CheckpointRecord())
+        copies.tick(record, tiers["a"])  # sees a's save: its report goes out, no read yet
+        now[0] += 0.25
         copies.tick(record, tiers["a"])
         [done] = finished(holder)
         assert done.error is not None and "its listener is not known" in done.error
@@ -386,7 +388,10 @@ def test_a_node_reads_its_share_each_second_while_its_newest_save_is_not_committ
     holder: Replicas,
 ) -> None:
     """Every read is a round trip to Redis: once its newest save is committed (and the copies
-    of its last share made), a node reads its share every IDLE_S only."""
+    of its last share made), a node reads its share every IDLE_S only; after a new save, not at
+    the tick that saw it (its report goes out then), at each of the EAGER_TICKS next ticks
+    while no share names its copies (the leader plans them at its next round), then every
+    PLAN_S."""
     now, reads = [100.0], []
 
     def share() -> Handout | None:
@@ -405,7 +410,9 @@ def test_a_node_reads_its_share_each_second_while_its_newest_save_is_not_committ
             copies.tick(record, tiers)
             now[0] += 0.5
     gaps = [round(b - a, 1) for a, b in itertools.pairwise(reads)]
-    assert gaps == [copies_module.IDLE_S] * 2 + [copies_module.PLAN_S] * 19
+    assert reads[0] == 100.5 and reads[3] == 121.0  # the ticks that saw a new save: no read
+    eager = [0.5] * (copies_module.EAGER_TICKS - 1)
+    assert gaps == [copies_module.IDLE_S] * 2 + eager + [copies_module.PLAN_S] * 18
 
 
 def test_the_peers_a_share_names_are_served_without_reading_it_again(holder: Replicas) -> None:

@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 PLAN_S = 1.0  # while its newest save is not committed, or its last share was not all made
 IDLE_S = 10.0  # otherwise (a peer's copy to re-protect, planned by the leader meanwhile)
 WAIT_READ_S = 0.1  # while the workers wait for the share of their restore: read this often
+# After a new save of this node's is verified: its share read at each of the next ticks (the
+# report naming the save goes out at the tick that saw it; the leader plans its copies at its
+# next round), not a PLAN_S after the last read: that wait was a second of every save's commit
+# at a 250 ms heartbeat (docs/benchmarks.md, "Commit latency"). Until the share names them.
+EAGER_TICKS = 3
 REFUSED_EVERY_S = 60.0  # a refused request's event, at most this often for one address
 
 
@@ -108,6 +113,8 @@ class ReplicaDuties:
         self._known = _Named(frozenset(), None, {})
         self._last_read = -IDLE_S
         self._pending = False  # the last share read named copies this node had not made
+        self._newest_seen: int | None = None  # this node's newest save, as last reported
+        self._eager = 0  # ticks left at which the share is read whatever PLAN_S says
         self._made: set[tuple[SaveKey, int, str]] = set()  # copies made: not made again
         self._generation = -1  # the generation whose restore was fetched for (or is being)
         self._waiting: float | None = None  # since when the workers wait for their share
@@ -200,13 +207,18 @@ class ReplicaDuties:
         committed, newest = checkpoint.committed, own.newest_memory()
         self._metrics.lag(newest, committed[0] if committed else None)
         events += self._lagging(record, own)  # while copies are under way too: when it matters
-        if self._node not in record.members or self.replicas.busy:
+        fresh = newest is not None and newest != self._newest_seen
+        if fresh:  # its report goes out with this tick's heartbeat: no share names it yet
+            self._newest_seen, self._eager = newest, EAGER_TICKS
+        if fresh or self._node not in record.members or self.replicas.busy:
             return events  # a fetch or copies under way: the next read once they ended
         now = self._clock()
         behind = committed is None or (newest is not None and newest > committed[0])
         due = self._last_read + (PLAN_S if behind or self._pending else IDLE_S)
-        if now < self._restoring_until or now < due:
+        eager = self._eager > 0 and behind
+        if now < self._restoring_until or (now < due and not eager):
             return events
+        self._eager = self._eager - 1 if eager else 0
         self._last_read = now
         share = self._read_share()
         if share is None or share.generation != record.generation:
@@ -216,6 +228,8 @@ class ReplicaDuties:
         self._made &= {(t.key, t.rank, t.target) for t in wanted}
         mine = [t for t in wanted if (t.key, t.rank, t.target) not in self._made]
         self._pending = bool(mine)
+        if any(t.key[0] == newest for t in mine):
+            self._eager = 0  # the share names the new save's copies: PLAN_S from here
         if committed != self._committed[1]:
             self._committed = (self._committed[1], committed)
         if mine:
