@@ -218,13 +218,13 @@ def test_five_nodes_one_killed_mid_copy_never_restore_a_mixed_step(
         shm,
         nodes,
         model=model,
-        max_rate="512KiB/s",
+        max_rate="256KiB/s",  # slower than the saves even when a loaded machine slows them
         munge_socket=munged.socket,
     ) as cluster:
         before = committed(cluster, 2 * EVERY)
         # copies slower than the saves: skipped saves are said (issue 41), not only logged
         behind = wait_for(
-            lambda: events(cluster, "replication_behind"), 60, "replication_behind said"
+            lambda: events(cluster, "replication_behind"), 120, "replication_behind said"
         )
         assert "skipped" in behind[0]["message"] or "behind" in behind[0]["message"]
         cut = wait_for(lambda: copies_under_way(shm, job_id, "c"), 90, "a copy from c under way")
@@ -247,7 +247,7 @@ def copies_under_way(shm: Path, job_id: str, sender: str) -> list[Path]:
         return found
 
     first = sizes()
-    time.sleep(0.3)  # slices of 64 KiB at 512 KiB/s: one in an eighth of a second
+    time.sleep(0.3)  # slices of 64 KiB at 256 KiB/s: one in a quarter of a second
     return [slot for slot, size in sizes().items() if size > first.get(slot, size)]
 
 
