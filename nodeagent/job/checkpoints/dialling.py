@@ -3,7 +3,7 @@
 A node's share (model/handout.py) names, for each peer it copies to or fetches from, that
 peer's address; the leader writes it, but so can whoever holds the agents' Redis password. The
 node dials only an address that is that node's own listener as its report in this job says
-(replication.members_listeners; not the record's members: the record a node reads names only
+(replication.reported_listeners; not the record's members: the record a node reads names only
 some of them); another is ignored and said once in the log. (The listener there would also
 have to prove it is an agent before a byte is sent: checkpoint/peerauth.py.)
 """
@@ -51,7 +51,7 @@ class Dialling:
         except CoordinationError as exc:
             log.info("cannot read the peers' reports to check this node's share: %s", exc)
             return {}
-        kept = replication.members_listeners(given, reports)
+        kept = replication.reported_listeners(given, reports)
         for name in sorted(set(given) - set(kept)):
             if (name, given[name]) in self._said:
                 continue

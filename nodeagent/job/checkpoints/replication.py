@@ -274,7 +274,7 @@ def handouts(
     return shares
 
 
-def members_listeners(
+def reported_listeners(
     addresses: Mapping[str, str], reports: Mapping[str, NodeReport]
 ) -> dict[str, str]:
     """The peer addresses of a share (node -> host:port) that are the listener each node
