@@ -30,7 +30,7 @@ from typing import Any, Protocol, TypeVar
 from nodeagent.channel import control
 from nodeagent.channel.control import Assignment, ControlFile
 from nodeagent.worker.follow import Follower, Reform, ReformTimedOut, Stopped
-from nodeagent.worker.release import release_destroyed_groups
+from nodeagent.worker.release import init_rolled_back, release_destroyed_groups
 
 log = logging.getLogger(__name__)
 ENV = control.PATH_ENV
@@ -253,7 +253,8 @@ def _init_process_group(backend: str | None, timeout: timedelta | None) -> None:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     _await_store(timeout or DEFAULT_PG_TIMEOUT)
-    dist.init_process_group(backend, timeout=timeout)
+    with init_rolled_back():  # else a timed-out init would leave this rank apart from the rest
+        dist.init_process_group(backend, timeout=timeout)
 
 
 def _await_store(timeout: timedelta) -> None:

@@ -22,10 +22,18 @@ where DTensor was imported: a DDP job's old group has no cycle to wait for (see
 elastic._detached). Each step is skipped where the torch at hand lacks what it touches.
 Another torch release may keep other references: then the peer waits for the collective
 timeout, as it did before (tests/integration/test_elastic_worker.py catches that).
+
+A failed `init_process_group` leaves something behind too: torch names the default group by a
+counter (`_world.group_count`, "0" in a fresh process) and counts it before the rendezvous, so
+a rank whose init timed out would name its next group "1". Its gloo keys then sit under another
+prefix of the store than those of fresh processes, and every later re-form with one of them
+times out. `init_rolled_back` puts the counter back when an init fails (found by
+bench/goodput.py; tests/integration/test_release.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import sys
@@ -42,6 +50,21 @@ def release_destroyed_groups() -> None:
     if f"{PACKAGE}.tensor" in sys.modules:
         _clear_caches()
         gc.collect()
+
+
+@contextlib.contextmanager
+def init_rolled_back() -> Iterator[None]:
+    """Around `init_process_group`: if it raises, torch's group counter is as it was before."""
+    from torch.distributed import distributed_c10d
+
+    world = getattr(distributed_c10d, "_world", None)
+    before = getattr(world, "group_count", None)
+    try:
+        yield
+    except BaseException:
+        if world is not None and before is not None:
+            world.group_count = before
+        raise
 
 
 def _modules() -> Iterator[types.ModuleType]:

@@ -61,3 +61,50 @@ def test_the_release_frees_a_group_fsdp2_kept_alive_after_destroy() -> None:
     # torch 2.13 keeps it (if a later torch does not, release.py may be obsolete: see there)
     assert result["held_after_destroy"] is True
     assert result["held_after_release"] is False
+
+
+RANK = """
+import json, os, sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+from nodeagent.worker.elastic import _init_process_group
+
+os.environ.update(RANK=sys.argv[1], WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+failed = None
+if len(sys.argv) > 3:  # first a generation whose rank 0 never came
+    os.environ["MASTER_PORT"] = sys.argv[3]
+    try:
+        _init_process_group("gloo", timedelta(seconds=2))
+    except Exception as exc:
+        failed = type(exc).__name__
+os.environ["MASTER_PORT"] = sys.argv[2]
+_init_process_group("gloo", timedelta(seconds=30))
+total = torch.ones(1)
+dist.all_reduce(total)
+print(json.dumps({"failed_first": failed, "sum": total.item()}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_whose_init_timed_out_joins_fresh_ranks_at_the_next_generation() -> None:
+    """torch counts the default group before the rendezvous: without the roll-back, the
+    survivor's second group would be named "1" and the fresh rank 0's "0", and their gloo
+    rendezvous would wait under two prefixes of one store until the 30 s timeout."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    port, never = free_port(), free_port()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in (["0", str(port)], ["1", str(port), str(never)])
+    ]
+    outputs = [rank.communicate(timeout=100) for rank in ranks]
+    for rank, (_, err) in zip(ranks, outputs, strict=True):
+        assert rank.returncode == 0, err[-3000:]
+    zero, one = (json.loads(out.strip().splitlines()[-1]) for out, _ in outputs)
+    assert one["failed_first"] is not None and zero["failed_first"] is None
+    assert zero["sum"] == one["sum"] == 2.0
