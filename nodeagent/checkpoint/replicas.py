@@ -61,15 +61,23 @@ class Replicas:
         job: str,
         listening: Listening,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        per_node: int = 1,
+        landed: Callable[[], None] = lambda: None,
     ) -> None:
         """`listening`: where the listener listens, how it and the copies authenticate peers,
-        and the most bytes one copy may take (a rank's share of the memory tier)."""
+        and the most bytes one copy may take (a rank's share of the memory tier). `landed` is
+        called (from the listener's thread) when a copy completes what one node of `per_node`
+        ranks saved of a step: the agent then reports it at once rather than at its next
+        heartbeat, so that the leader may commit the step within one heartbeat."""
         self.area = Path(config.replica_area(node, job))
         self.memory = Path(config.memory_tier(node, job))
         self._node, self._job = node, job
         self._listening = listening
         self.max_rate = float(config.max_rate)
         self._clock = clock
+        self._per_node = per_node
+        self._landed = landed
         self._lock = threading.Lock()
         self._verified = scan.Verified(self.area, tier.area_saves)
         self._server: ReplicaServer | None = None
@@ -117,8 +125,17 @@ class Replicas:
         return self._server.address if self._server is not None else None
 
     def _received(self, got: replica.Received) -> None:
+        m = got.manifest
         with self._lock:
-            self._verified.trust(got.slot, got.manifest)
+            self._verified.trust(got.slot, m)
+            whole = scan.completes_node(scan.held(self._verified.saves()), m, self._per_node)
+        log.debug(
+            "copy of rank %d step %d (generation %d) from %s taken in %.3f s%s",
+            *(m.rank, m.step, m.generation, got.node, got.seconds),
+            ": the node's save is whole here" if whole else "",
+        )
+        if whole:
+            self._landed()
 
     def _turned_away(self, refused: Refused) -> None:
         with self._lock:

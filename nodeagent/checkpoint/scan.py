@@ -130,6 +130,21 @@ def held(saves: Iterable[Save]) -> tuple[Held, ...]:
     )
 
 
+def completes_node(held: Iterable[Held], got: Manifest, per_node: int) -> bool:
+    """Whether the copy `got` completes, among `held`, the saves of its step that one node of
+    its world made (its rank's group of `per_node` ranks, as torchrun numbers them): the last
+    copy its sender sends of that save, in the common case. A node that copies other ranks'
+    saves (after a restore at another world) never completes one: its copies are reported at
+    the next heartbeat instead."""
+    first = got.rank - got.rank % per_node
+    group = set(range(first, min(first + per_node, got.world_size)))
+    return any(
+        (h.step, h.generation, h.world_size) == (got.step, got.generation, got.world_size)
+        and group <= set(h.ranks)
+        for h in held
+    )
+
+
 def newest_whole(saves: Iterable[Save], ranks: Iterable[int]) -> list[Save]:
     """The saves of the newest step, all of one generation, that every one of `ranks` holds
     (empty if there is none)."""

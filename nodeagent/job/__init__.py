@@ -1,6 +1,7 @@
 """The job protocol: how the agents of one job agree on members, ranks and a generation.
 
-Pure decisions: plan.py (the leader's `plan(view, policy, memory)`), decide.py (one node's
+Pure decisions: plan.py (the leader's `plan(view, policy, memory)`), members.py (who may run
+the next generation and who does), decide.py (one node's
 `decide(view)` about its own workers), outcome.py, timeline.py, events.py, history.py (a job's
 generations and restarts from its events), repeats.py (a failure that repeats the one before).
 Executors: leadership.py (plan, then commit fenced), agent.py (the loop: observe, decide, act,

@@ -78,9 +78,10 @@ def _tiers(config: Config) -> TierKeeper | None:
     return keeper
 
 
-def _replicas(config: Config) -> Replicas | None:
+def _replicas(config: Config, landed: Callable[[], None]) -> Replicas | None:
     """The job's replica area on this node (job.checkpoint.replicas), readable by its workers;
-    None where the job keeps no copies, or where the plane cannot authenticate its peers."""
+    None where the job keeps no copies, or where the plane cannot authenticate its peers.
+    `landed`: wakes the loop when a peer's save is whole here (the report goes out at once)."""
     checkpoint = config.job.checkpoint
     if checkpoint is None or not checkpoint.replicas:
         return None
@@ -95,7 +96,14 @@ def _replicas(config: Config) -> Replicas | None:
         checkpoint.replica_port,
         checkpoint.rank_limit(config.job.nproc_per_node),
     )
-    replicas = Replicas(checkpoint, config.node.name, config.job.id, listening)
+    replicas = Replicas(
+        checkpoint,
+        config.node.name,
+        config.job.id,
+        listening,
+        per_node=config.job.nproc_per_node,
+        landed=landed,
+    )
     user = config.job.user
     replicas.prepare(user.gid if user is not None and user.switch else None)
     return replicas
@@ -153,7 +161,7 @@ class JobRun:
         needed = job.nproc_per_node * job.gpus_per_worker
         self._health = NodeHealth(config.node.name, config.health, needed, monitor)
         self.tiers = _tiers(config)
-        self.replicas = _replicas(config) if self.tiers is not None else None
+        self.replicas = _replicas(config, parts.waker.wake) if self.tiers is not None else None
         store = JobStore(parts.client, keys)
         # What this node acts on is checked against what it knows itself (job/verify.py).
         store.check = RecordCheck(keys.record, config.job.nproc_per_node, store.read_lease)

@@ -71,25 +71,26 @@ def replicated(
 def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise(
     redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, munged: MungeDaemon
 ) -> None:
-    """Then a scale-down and a drain, without a persistent tier: the node leaving hands the save
-    its worker made as it stopped to its successor, and the new world resumes from memory at
-    that step."""
-    nodes = ("a", "b", "c", "d")
+    """Then a scale-down by two nodes with one copy and a drain, without a persistent tier:
+    the nodes leaving hand the save their workers made as they stopped to nodes that stay (d's
+    ring successor is e, which leaves too), and the new world resumes from memory at that
+    step."""
+    nodes = ("a", "b", "c", "d", "e")
     with replicated(
         redis_server, job_id, tmp_path, shm, nodes, fewest=2, munge_socket=munged.socket
     ) as cluster:
         before = committed(cluster, 2 * EVERY)
         assert before["replicas"] == 1 and before["under_replicated"] == []
         lose(cluster, shm, "c")
-        step = resumed_from_memory(cluster, 3, before["committed"])
-        # 4 -> 3, FSDP2's row-wise shards: every rank read the two old saves overlapping its own
+        step = resumed_from_memory(cluster, 4, before["committed"])
+        # 5 -> 4, FSDP2's row-wise shards: every rank read the two old saves overlapping its own
         generation = cluster.status()["generation"]
         said = [e for e in events(cluster, "checkpoint_restored") if e["generation"] == generation]
-        assert [e["data"]["saves"] for e in said] == [2, 2, 2]
+        assert [e["data"]["saves"] for e in said] == [2, 2, 2, 2]
         # Re-protected: the new world's saves are committed on 2 nodes again.
         after = committed(cluster, step + EVERY)
         assert after["under_replicated"] == []
-        assert cluster.ctl("scale", "2").returncode == 0  # d leaves: its ranks only on d so far
+        assert cluster.ctl("scale", "2").returncode == 0  # d and e leave
         cluster.wait_status(
             lambda d: d["generation"] > generation and d["world_size"] == 2, 90, "world 2"
         )
@@ -99,7 +100,7 @@ def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise
         assert stopped == [back["step"]]  # the step the graceful stop saved: none lost
         assert back["digest"] == saved_digests(cluster, generation)[back["step"]]
         assert tiers_said(cluster, scaled, 2) == {"memory"}
-        assert "held by its successors" in cluster.agents["d"].log()
+        assert all("held by its successors" in cluster.agents[n].log() for n in "de")
         # A drain: b hands its stop save to a, and d, standby since the scale, takes b's place.
         wait_until_step(cluster, scaled, back["step"] + 2)
         assert cluster.ctl("drain", "b").returncode == 0

@@ -5,9 +5,11 @@ Nothing here decides for the product: where a save or a copy goes is `pin.choose
 the leader plans is `replication.copies`, what is committed is `restore.fold`, the restore order
 is `restore.choose` and what a node brings for it `replication.restore_fetches`, whether a
 crash makes the restored step bad `restore.after_failure`, which copies a
-node keeps is `replication.keeps_copy`, and when it drops the saves of ranks it no longer runs
-is `replication.committed_here`. The model only plays the cluster: workers save, copies land
-(all or some), the leader rounds, nodes are lost, workers crash, the job scales, agents restart.
+node keeps is `replication.keeps_copy`, when it drops the saves of ranks it no longer runs
+is `replication.committed_here`, who stays at a scale-down is `members.choose`, and where the
+nodes hand their stop saves is `replication.successors`. The model only plays the cluster:
+workers save, copies land (all or some), the leader rounds, nodes are lost, workers crash, the
+job scales, agents restart.
 One process per node: group rank = rank.
 
 `whole(cluster)` is the property: the step the record names committed has every rank on a live
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 from nodeagent.channel.pin import Pin, Slot, choose
 from nodeagent.channel.restore import order_from_env
+from nodeagent.job import members
 from nodeagent.job.checkpoints import replication, restore
 from nodeagent.model.job import NodeReport
 from nodeagent.model.tiers import CheckpointRecord, Held, SaveKey, TierReport
@@ -181,8 +184,9 @@ class Cluster:
 
     def scale(self, target: int) -> None:
         """`nodeagentctl scale`: a graceful re-form. Every rank saves the step it reached as it
-        stops; a node that leaves hands its stop save to its ring successors first
-        (job/checkpoints/handover.py), then its tiers go with the job."""
+        stops; at a scale-down every member hands its stop save to its successors among the
+        nodes expected to stay first (`members.choose`, `replication.successors`;
+        job/checkpoints/handover.py), then the leaving nodes' tiers go with the job."""
         self.now += 1.0
         key = (self.step, self.generation, self.world)
         for name in self.members:
@@ -192,17 +196,18 @@ class Cluster:
                 index = choose(pair, node.pin, None, self.now)
                 assert index is not None
                 pair[index] = Slot(key, self.now)
-        leaving = self.members[target:]
+        staying = members.choose(self.members, self.members, target)
+        leaving = [name for name in self.members if name not in staying]
         if leaving:
             live = {n: r for n, r in self.reports().items() if n in self.members}
-            after = replication.successors(tuple(self.members), self.replicas, live)
-            for name in leaving:
+            after = replication.successors(tuple(self.members), self.replicas, live, staying)
+            for name in self.members:
                 for successor in after.get(name, ()):
                     for rank in self.nodes[name].ranks:
                         self._land(key, rank, name, successor)
             for name in leaving:
                 del self.nodes[name]
-            self.members = self.members[:target]
+            self.members = list(staying)
         while len(self.members) < target:
             self.spare += 1
             name = f"n{self.spare}"

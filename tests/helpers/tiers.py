@@ -61,13 +61,15 @@ def node_replicas(
     job: str = "j",
     auth: PlaneAuth | None = None,
     address: str = "127.0.0.1",
+    per_node: int = 1,
+    landed: Callable[[], None] = lambda: None,
 ) -> Iterator[Replicas]:
     """`node`'s replicas (memory tier and replica area under `tmp_path`), listening on
     `address` with `accept` if given (else once a test tells it whom to accept), closed at the
     end; peers authenticated by `auth` (none: the tests of what is copied where)."""
     config = CheckpointConfig(memory_size=1 << 24, memory_dir=str(tmp_path))
     listening = Listening(job, node, auth or Unauthenticated(), address, most=1 << 23)
-    made = Replicas(config, node, job, listening)
+    made = Replicas(config, node, job, listening, per_node=per_node, landed=landed)
     try:
         made.prepare(None)
         if accept is not None:
@@ -78,7 +80,7 @@ def node_replicas(
 
 
 class CopyState:
-    """The job's state as a node's copies read it (job/checkpoints/replicaduties.py CopyReads):
+    """The job's state as a node's copies read it (job/checkpoints/dialling.py CopyReads):
     this node's share, as `share` returns it now, and the reports of its peers."""
 
     def __init__(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.coord.bounded import unbounded
 from nodeagent.errors import CoordinationError
+from nodeagent.job.checkpoints import handover as handover_module
 from nodeagent.job.checkpoints.handover import Handover, leaving
 from nodeagent.job.checkpoints.replicaduties import ReplicaDuties
 from nodeagent.job.checkpoints.tierduties import TierDuties
@@ -65,11 +67,14 @@ class Peers:
 
     def __init__(self, nodes: Mapping[str, Replicas]) -> None:
         self.nodes = nodes
+        self.shares: dict[str, Handout] = {}  # what the leader wrote
         self.reads = 0
         self.down = False
 
     def handout(self, name: str) -> Handout | None:
-        return None
+        if self.down:
+            raise CoordinationError("Redis is down")
+        return self.shares.get(name)
 
     def peer_reports(self, names: Sequence[str]) -> dict[str, NodeReport]:
         self.reads += 1
@@ -88,11 +93,20 @@ class Peers:
 
 
 def handover(
-    departing: Replicas, successor: Replicas, peers: Peers, timeout: float = 30
+    departing: Replicas,
+    successor: Replicas,
+    peers: Peers,
+    timeout: float = 30,
+    announced: int | None = SCALE.generation,
 ) -> Handover:
+    """d's hand-over, having read its share of generation 3 (successor a); the leader wrote
+    its share of the scale-down `announced` too (successor a)."""
     made = Handover(departing, "d", peers, unbounded, timeout)
     assert successor.address is not None
-    made.share(Handout(3, addresses=(("a", successor.address),), successors=("a",)))
+    share = Handout(3, addresses=(("a", successor.address),), successors=("a",))
+    made.share(share)
+    if announced is not None:
+        peers.shares["d"] = replace(share, generation=announced)
     return made
 
 
@@ -175,7 +189,7 @@ def test_a_copy_the_ring_made_already_is_not_sent_again(
     made.reported(own)
     run(made, SCALE, own)
     again = make_record(JobState.RESTARTING, 5, MEMBERS, reason="scale", target_nodes=2)
-    sent = handover(departing, successor, Peers({"a": successor}))
+    sent = handover(departing, successor, Peers({"a": successor}), announced=5)
     sent.reported(own)
     assert not sent.step(again, own)  # a reports it: nothing to send, nothing to wait for
     assert not departing.busy
@@ -248,3 +262,35 @@ def test_a_successor_that_never_reports_the_copy_is_given_up_on_after_the_timeou
 )
 def test_which_nodes_may_leave(record: JobRecord, drained: bool, expected: bool) -> None:
     assert leaving(record, "d", drained) is expected
+
+
+def test_at_a_scale_down_the_stop_save_goes_where_the_announcements_share_says(
+    departing: Replicas, successor: Replicas, tmp_path: Path
+) -> None:
+    """The running generation's share named c, which leaves too; the share the leader wrote
+    with the announcement names a, which stays (replication.successors `staying`)."""
+    with node_replicas(tmp_path, "c", lambda _offer: None) as leaves_too:
+        own = stop_save(departing)
+        peers = Peers({"a": successor, "c": leaves_too})
+        made = Handover(departing, "d", peers, unbounded, 30)
+        assert successor.address is not None and leaves_too.address is not None
+        made.share(Handout(3, addresses=(("c", leaves_too.address),), successors=("c",)))
+        peers.shares["d"] = Handout(4, addresses=(("a", successor.address),), successors=("a",))
+        made.reported(own)
+        run(made, SCALE, own)
+        assert [h.key for h in successor.held()] == [KEY] and leaves_too.held() == ()
+
+
+def test_a_leader_that_writes_no_share_with_the_announcement_is_waited_for_a_while(
+    departing: Replicas, successor: Replicas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader from before the rule writes no share at a scale-down: after SHARE_WAIT_S the
+    running generation's share is used, as it was."""
+    monkeypatch.setattr(handover_module, "SHARE_WAIT_S", 0.3)
+    own = stop_save(departing)
+    made = handover(departing, successor, Peers({"a": successor}), announced=None)
+    made.reported(own)
+    began = time.monotonic()
+    run(made, SCALE, own)
+    assert time.monotonic() - began >= 0.3
+    assert [h.key for h in successor.held()] == [KEY]

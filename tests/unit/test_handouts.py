@@ -103,3 +103,28 @@ def test_nothing_is_handed_out_without_replicas_or_a_running_job() -> None:
     leader.lead("a 1", replace(record, state=JobState.RESTARTING), nodes)
     leader.lead("a 1", replace(record, checkpoint=None), nodes)
     assert store.writes == []
+
+
+def test_a_scale_down_announced_gets_shares_handing_over_to_the_nodes_that_stay() -> None:
+    """a, b, d -> 1 node with one copy: b's and d's ring successors were d and a; now every
+    member hands its stop save to a, the one that stays, which may take it from both. Nothing
+    else is copied until the new generation runs, and a failure's restart writes nothing."""
+    store, leader, _ = setup()
+    checkpoint = CheckpointRecord(replicas=1)
+    nodes = {n: node(n, {20: [i]}, world=3) for i, n in enumerate(MEMBERS)}
+    failed = make_record(JobState.RESTARTING, 6, MEMBERS, reason="worker_failed")
+    leader.lead("a 1", replace(failed, checkpoint=checkpoint), nodes)
+    assert store.writes == []
+    down = make_record(
+        JobState.RESTARTING, 6, MEMBERS, reason="scale", target_nodes=1, checkpoint=checkpoint
+    )
+    leader.lead("a 1", down, nodes)
+    shares = {n: store.handout(n) for n in MEMBERS}
+    assert {n: s.successors for n, s in shares.items() if s} == {
+        "a": (),
+        "b": ("a",),
+        "d": ("a",),
+    }
+    a = shares["a"]
+    assert a is not None and a.generation == 6 and a.peers == ("b", "d")
+    assert all(s is not None and s.transfers == () for s in shares.values())

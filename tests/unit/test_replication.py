@@ -250,3 +250,21 @@ def _with_rows(report: NodeReport, rows: tuple[int, ...]) -> NodeReport:
         replicas=tuple(replace(h, rows=rows) for h in report.tier.replicas),
     )
     return replace(report, tier=tier)
+
+
+def test_at_a_scale_down_the_successors_are_the_nodes_that_stay() -> None:
+    """6 -> 3 with one copy: d's and e's ring successors leave too. A node that stays hands to
+    the next that stays; the nodes that leave are dealt out over those that stay, one each."""
+    names = list("abcdef")
+    nodes = {n: node(n, {20: [i]}, world=6) for i, n in enumerate(names)}
+    order = replication.ring(names, {})
+    after = replication.successors(order, 1, nodes, staying=("a", "b", "c"))
+    assert after == {"a": ("b",), "b": ("c",), "c": ("a",), "d": ("a",), "e": ("b",), "f": ("c",)}
+    two = replication.successors(order, 2, nodes, staying=("a", "c"))
+    assert (two["a"], two["c"]) == (("c",), ("a",))  # never itself
+    assert (two["b"], two["d"], two["e"]) == (("a", "c"), ("c", "a"), ("a", "c"))
+    assert replication.successors(order, 1, nodes, staying=()) == {n: () for n in names}
+    big = [f"n{i:05}" for i in range(10_000)]  # halving a large job: one node's saves each
+    many = {n: node(n, {20: [0]}) for n in big}
+    dealt = replication.successors(big, 1, many, staying=big[:5000])
+    assert sorted(dealt[n][0] for n in big[5000:]) == big[:5000]

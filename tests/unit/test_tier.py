@@ -14,10 +14,11 @@ import pytest
 from nodeagent.channel import manifests, restore, tier
 from nodeagent.channel.manifests import BadCopy, Manifest
 from nodeagent.channel.restore import Source
-from nodeagent.checkpoint import space
+from nodeagent.checkpoint import scan, space
 from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.errors import ConfigError
+from nodeagent.model.tiers import Held
 from tests.helpers.tiers import fake_save
 
 
@@ -256,3 +257,26 @@ def test_a_manifest_a_worker_replaced_is_refused_without_blocking_or_following(
     manifest.unlink()
     with pytest.raises(manifests.NoSave, match=r"no manifest\.json"):  # nothing there: absent
         manifests.read_manifest(slot)
+
+
+@pytest.mark.parametrize(
+    ("held_ranks", "got", "whole"),
+    [
+        ((2,), 2, False),  # rank 3 of that node is not here yet
+        ((2, 3), 3, True),
+        ((0, 1, 2), 2, False),  # ranks of another node do not make this one whole
+        ((4,), 4, True),  # the last node of world 5 runs one rank
+    ],
+)
+def test_a_copy_completes_the_save_of_the_node_that_made_it(
+    held_ranks: tuple[int, ...], got: int, whole: bool
+) -> None:
+    held = (Held(10, 5, held_ranks, 2),)
+    assert scan.completes_node(held, Manifest(10, 2, 5, got), per_node=2) is whole
+
+
+def test_copies_of_another_generation_or_world_do_not_complete_a_save() -> None:
+    got = Manifest(10, 2, 4, 3)
+    assert not scan.completes_node((Held(10, 4, (2, 3), 1),), got, per_node=2)
+    assert not scan.completes_node((Held(10, 6, (2, 3), 2),), got, per_node=2)
+    assert scan.completes_node((Held(10, 4, (2, 3), 2),), got, per_node=2)

@@ -31,6 +31,14 @@ class PeerReports(Protocol):
         """The reports of the nodes named whose lease holds. Raises: CoordinationError."""
 
 
+class CopyReads(PeerReports, Protocol):
+    """What the copies read of the job's state (JobPort has it). Each may raise
+    CoordinationError."""
+
+    def handout(self, name: str) -> Handout | None:
+        """Node `name`'s share of the copies (None: none written)."""
+
+
 class Dialling:
     """The addresses of a share this node may dial (the module docstring)."""
 

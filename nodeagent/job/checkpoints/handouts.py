@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
+from nodeagent.job import members
 from nodeagent.job.checkpoints import replication
 from nodeagent.job.checkpoints.replication import Copy
 from nodeagent.job.port import JobPort
@@ -54,23 +55,33 @@ class Handouts:
         checkpoint = record.checkpoint if record is not None else None
         if not self._k or record is None or checkpoint is None:
             return
-        if record.state is not JobState.RUNNING:
+        running = record.state is JobState.RUNNING
+        if not running and not replication.scaling_down(record):
             return
         now = self._clock()
         reset = token != self._token  # a new term: what another leader wrote goes
         again = reset or now >= self._rewrite_at
         if again:
             self._token, self._basis, self._rewrite_at = token, None, now + REWRITE_S
-        members = record.members
-        live = {name: nodes[name] for name in members if name in nodes}
+        live = {name: nodes[name] for name in record.members if name in nodes}
         tiers = [(n, r.tier) for n, r in live.items() if r.tier is not None]
-        basis = (record.generation, checkpoint, tiers)
+        # A scale-down announced: every member hands its stop save over to the nodes expected
+        # to stay (job/checkpoints/handover.py), and nothing else is copied until it runs.
+        staying = (
+            None
+            if running
+            else members.choose(record.members, members.eligible(live), record.target_nodes)
+        )
+        basis = (record.generation, record.state, checkpoint, tiers, staying)
         if basis == self._basis:
             return  # nothing it plans from changed since it wrote
-        order = replication.ring(members, {n: t.domain for n, t in tiers})
-        sends = replication.copies(order, live, self._k, checkpoint.committed, checkpoint.bad)
-        fetched = self._fetched(record, order, live)
-        after = replication.successors(order, self._k, live)
+        order = replication.ring(record.members, {n: t.domain for n, t in tiers})
+        sends: list[Copy] = []
+        fetched: dict[str, list[Copy]] = {}
+        if running:
+            sends = replication.copies(order, live, self._k, checkpoint.committed, checkpoint.bad)
+            fetched = self._fetched(record, order, live)
+        after = replication.successors(order, self._k, live, staying)
         shares = replication.handouts(record.generation, live, sends, fetched, after)
         values = {name: share.to_json() for name, share in shares.items()}
         written = {} if reset else self._written

@@ -30,14 +30,17 @@ from nodeagent.checkpoint.replicas import Done, Replicas
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
 from nodeagent.job.checkpoints import replication
-from nodeagent.job.checkpoints.dialling import Dialling, PeerReports
+from nodeagent.job.checkpoints.dialling import CopyReads, Dialling
 from nodeagent.model.handout import Handout, Transfer
-from nodeagent.model.job import JobRecord, RestartReason
+from nodeagent.model.job import JobRecord
 from nodeagent.model.tiers import Held, SaveKey, TierReport
 from nodeagent.state import JobState
 
 log = logging.getLogger(__name__)
 CONFIRM_S = 0.25  # how often the successors' reports are read until they hold the copies
+# At a scale-down, how long the share the leader writes with the announcement (the successors
+# among the nodes expected to stay) is waited for before the running generation's share is used.
+SHARE_WAIT_S = 5.0
 
 
 def leaving(record: JobRecord, node: str, drained: bool) -> bool:
@@ -46,8 +49,7 @@ def leaving(record: JobRecord, node: str, drained: bool) -> bool:
     is drained."""
     if record.state is not JobState.RESTARTING or node not in record.members:
         return False
-    scale_down = record.reason == RestartReason.SCALE and record.target_nodes < len(record.members)
-    return drained or scale_down
+    return drained or replication.scaling_down(record)
 
 
 @dataclass
@@ -68,7 +70,7 @@ class Handover:
         self,
         replicas: Replicas,
         node: str,
-        store: PeerReports,
+        store: CopyReads,
         call: CallRunner,
         timeout: float,
         clock: Callable[[], float] = time.monotonic,
@@ -85,6 +87,8 @@ class Handover:
         self._published: frozenset[SaveKey] = frozenset()  # in the last report built
         self._under: _Under | None = None
         self._handled = -1  # the announcement whose hand-over is done or given up on
+        # (announcement, since, next read): the share written with a scale-down's announcement
+        self._asked: tuple[int, float, float] | None = None
 
     def share(self, share: Handout) -> None:
         self._share = share
@@ -147,7 +151,36 @@ class Handover:
         )
         return self._done(record.generation)
 
+    def _announced_share(self, record: JobRecord) -> bool:
+        """At a scale-down: read the share the leader writes with the announcement, whose
+        successors are nodes expected to stay (replication.successors `staying`); whether to
+        wait for it still. After SHARE_WAIT_S (a leader from before this rule writes none) the
+        running generation's share is used."""
+        share = self._share
+        if not replication.scaling_down(record):
+            return False
+        if share is not None and share.generation == record.generation:
+            return False
+        now = self._clock()
+        if self._asked is None or self._asked[0] != record.generation:
+            self._asked = (record.generation, now, now)
+        generation, since, next_read = self._asked
+        if now < next_read:
+            return True
+        self._asked = (generation, since, now + CONFIRM_S)
+        try:
+            read = self._call(lambda: self._store.handout(self._node), "read the copies")
+        except CoordinationError as exc:
+            log.info("cannot read this node's share of the hand-over: %s", exc)
+            read = None
+        if read is not None and read.generation == record.generation:
+            self._share = read
+            return False
+        return now - since < SHARE_WAIT_S
+
     def _begin(self, record: JobRecord, own: TierReport) -> bool:
+        if self._announced_share(record):
+            return True
         newest = _newest(own.memory)
         share = self._share
         if newest is None or share is None or not share.successors:

@@ -20,7 +20,6 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 from nodeagent.channel import manifests
 from nodeagent.checkpoint.replicas import Done, Replicas
@@ -29,7 +28,7 @@ from nodeagent.config.settings import Config
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
 from nodeagent.job.checkpoints import lag, replication
-from nodeagent.job.checkpoints.dialling import Dialling, PeerReports
+from nodeagent.job.checkpoints.dialling import CopyReads, Dialling
 from nodeagent.job.checkpoints.handover import Handover
 from nodeagent.model.handout import Handout, Served
 from nodeagent.model.job import Event, JobRecord, NodeReport
@@ -49,14 +48,6 @@ WAIT_READ_S = 0.1  # while the workers wait for the share of their restore: read
 # at a 250 ms heartbeat (docs/benchmarks.md, "Commit latency"). Until the share names them.
 EAGER_TICKS = 3
 REFUSED_EVERY_S = 60.0  # a refused request's event, at most this often for one address
-
-
-class CopyReads(PeerReports, Protocol):
-    """What the copies read of the job's state (JobPort has it). Each may raise
-    CoordinationError."""
-
-    def handout(self, name: str) -> Handout | None:
-        """Node `name`'s share of the copies (None: none written)."""
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,17 @@ Saves are told apart by (step, generation, world): a step number can recur after
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import bisect
+import itertools
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nodeagent.channel import layout
 from nodeagent.channel.restore import order_from_env
 from nodeagent.model.handout import Handout, Served, Transfer
-from nodeagent.model.job import NodeReport
+from nodeagent.model.job import JobRecord, NodeReport, RestartReason
 from nodeagent.model.tiers import SaveKey
+from nodeagent.state import JobState
 
 # key -> rank -> node -> the digest that node reports for its copy
 Holders = dict[SaveKey, dict[int, dict[str, str]]]
@@ -207,23 +210,52 @@ def _fetches(
     return found
 
 
+def scaling_down(record: JobRecord) -> bool:
+    """`record` announces a generation with fewer nodes than run now (`nodeagentctl scale`): its
+    member list is still the running one's until the new generation starts."""
+    return (
+        record.state is JobState.RESTARTING
+        and record.reason == RestartReason.SCALE
+        and record.target_nodes < len(record.members)
+    )
+
+
 def successors(
-    order: Sequence[str], replicas: int, nodes: Mapping[str, NodeReport]
+    order: Sequence[str],
+    replicas: int,
+    nodes: Mapping[str, NodeReport],
+    staying: Collection[str] | None = None,
 ) -> dict[str, tuple[str, ...]]:
     """Each node of the ring `order` -> the next `replicas` nodes after it with a replica
     listener (as `nodes` report them): where it copies the save its workers make as they stop
     for a scale-down or its drain (job/checkpoints/handover.py), the same ring a save's copies
-    follow."""
+    follow.
+
+    With `staying` (the nodes a scale-down is expected to keep), only those are successors: a
+    scale-down by more than `replicas` nodes would otherwise hand saves to nodes that leave
+    too. A node that stays hands to the next ones that stay; the nodes that leave are dealt
+    out over those that stay in turn, in the ring's order, so that halving a job adds one
+    node's saves to each node kept, not all of them to the first one after the block that
+    leaves."""
     listening = _listeners(nodes)
     reachable = [name for name in order if name in listening]
-    count = min(replicas, len(reachable) - 1)
-    position = {name: i for i, name in enumerate(reachable)}
-    return {
-        name: tuple(
-            reachable[(position[name] + step) % len(reachable)] for step in range(1, count + 1)
-        )
-        for name in reachable
-    }
+    keep = set(reachable if staying is None else staying)
+    kept = [name for name in reachable if name in keep]
+    count = min(replicas, len(kept))
+    after: dict[str, tuple[str, ...]] = {}
+    dealt = 0  # nodes that leave, dealt out so far
+    first = bisect.bisect_right  # the next kept node after a ring position
+    index = {name: i for i, name in enumerate(reachable)}
+    positions = [index[name] for name in kept]
+    for position, name in enumerate(reachable):
+        if name in keep:
+            start = first(positions, position)
+            nexts = (kept[(start + i) % len(kept)] for i in range(len(kept)))
+            after[name] = tuple(itertools.islice((n for n in nexts if n != name), replicas))
+        else:
+            after[name] = tuple(kept[(dealt + i) % len(kept)] for i in range(count))
+            dealt += 1
+    return after
 
 
 def handouts(

@@ -19,7 +19,8 @@ from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.config.settings import Config
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.job.checkpoints import replication, restore
-from nodeagent.job.checkpoints.replicaduties import CopyReads, CopyTerms, ReplicaDuties
+from nodeagent.job.checkpoints.dialling import CopyReads
+from nodeagent.job.checkpoints.replicaduties import CopyTerms, ReplicaDuties
 from nodeagent.model.job import Event, JobRecord
 from nodeagent.model.tiers import TierReport
 from nodeagent.state import JobState
