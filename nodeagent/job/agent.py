@@ -42,6 +42,7 @@ from nodeagent.job.leadership import Leadership
 from nodeagent.job.lease import LeaseClock
 from nodeagent.job.plan import policy_from
 from nodeagent.job.port import JobPort
+from nodeagent.job.progress import Progress
 from nodeagent.job.watch import WorkerWatch
 from nodeagent.model.job import Cordon, Event, JobRecord, NodeReport, WorkerInfo
 from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
@@ -121,6 +122,7 @@ class Agent:
         self._left = False
         self._last_error: str | None = None
         self._watchers = WorkerWatch(self.name, config.timing.hang_timeout, health)
+        self._progress = Progress(self.name)
         self._metrics = metrics or AgentMetrics(config.job.id, __version__)
         self._calls = BoundedCalls(clock)
         self._tiers = (
@@ -211,6 +213,13 @@ class Agent:
         self._watch(now)
         if self._tiers is not None:
             self._events += self._tiers.tick(self._workers.status(), self.record, self._drained)
+        self._events += self._progress.tick(
+            now,
+            self._workers.status(),
+            self.record.group_rank(self.name) if self.record is not None else None,
+            self._watchers.stretch(0),
+            self._tiers.newest_save if self._tiers is not None else None,
+        )
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
         now = self._clock()  # the sync may have used its whole budget: decide on a fresh clock
@@ -221,6 +230,8 @@ class Agent:
         self._metrics.beats(self._watchers.last_progress())
         if snapshot is not None and self._leader is not None and not self._shutting_down:
             self._lead(snapshot)
+        elif self._leader is None:
+            self._leadership.stepped_down()
 
     def _call(self, fn: Callable[[], T], what: str) -> T:
         """A Redis call bounded by the fence point (lease.LeaseClock.call_deadline)."""
@@ -506,6 +517,7 @@ class Agent:
             self.log_context.generation = led.record.generation
         if led.again:
             self._dirty = True
+        self._leadership.account(snapshot.now_ms, self.record.generation if self.record else 0)
 
 
 _ANNOUNCED = {NodeState.LEAVING: "node_leaving", NodeState.FENCED: "node_fenced"}

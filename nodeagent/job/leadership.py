@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.coord.store import Snapshot
 from nodeagent.errors import CoordinationError, FencedError, IllegalTransition
+from nodeagent.job import goodput
 from nodeagent.job.checkpoints.handouts import Handouts
 from nodeagent.job.plan import LeaderMemory, Plan, Policy, plan
 from nodeagent.job.port import JobPort
@@ -23,6 +24,8 @@ from nodeagent.model.job import JobRecord
 from nodeagent.telemetry.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
+GOODPUT_S = 30.0  # the leader accounts the job's goodput for its metrics this often
+EVENTS_READ = 10_000  # the job's whole event stream (coord/keys.py EVENTS_MAXLEN)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,34 @@ class Leadership:
         self._handouts = Handouts(store, policy.replicas, call, clock)
         self._last_reason = ""
         self.next_expiry: float | None = None  # local time the earliest known lease lapses
+        # when the job's goodput was last accounted, and the generation then
+        self._accounted_at: tuple[float, int] | None = None
+
+    def account(self, now_ms: int, generation: int) -> None:
+        """Every GOODPUT_S, and when the generation moved: the job's goodput from its events
+        (job/goodput.py), for the metrics. The events are read whole (up to EVENTS_READ, about
+        2 MB at most): not at every round."""
+        now = self._clock()
+        due = self._accounted_at is None or now - self._accounted_at[0] >= GOODPUT_S
+        if not due and self._accounted_at is not None and self._accounted_at[1] == generation:
+            return
+        self._accounted_at = (now, generation)
+        try:
+            events = self._call(lambda: self._store.events_tail(EVENTS_READ), "read the events")
+        except CoordinationError as exc:
+            log.info("cannot read the job's events to account its goodput: %s", exc)
+            return
+        found = goodput.account(events, now_ms)
+        if found is None:
+            self._metrics.goodput(None)
+        else:
+            self._metrics.goodput(found.parts, found.ettr, found.steps_lost)
+
+    def stepped_down(self) -> None:
+        """No longer the leader: its goodput series go (another leader's are current)."""
+        if self._accounted_at is not None:
+            self._accounted_at = None
+            self._metrics.goodput(None)
 
     def lead(self, token: str, snapshot: Snapshot) -> Led:
         view = snapshot.cluster_view()

@@ -53,6 +53,9 @@ class JobPort(Protocol):
     def handout(self, name: str) -> Handout | None:
         """Node `name`'s share of the copies (None: none written)."""
 
+    def events_tail(self, count: int) -> list[Event]:
+        """The job's newest `count` events, oldest first."""
+
     def leave(self, name: str, event: Event) -> None: ...
     def wake(self, why: str) -> None: ...
     def cordon(self, name: str, cordon: Cordon) -> None: ...

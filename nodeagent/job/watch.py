@@ -69,6 +69,10 @@ class WorkerWatch:
     def last_progress(self) -> dict[int, Beat]:
         return self._hangs.last_progress()
 
+    def stretch(self, local_rank: int) -> Stretch | None:
+        """What `local_rank` trained in the generation that runs (job/progress.py)."""
+        return self._hangs.stretch(local_rank)
+
     def next_check(self) -> float | None:
         return self._hangs.next_check()
 
@@ -128,6 +132,18 @@ class _Seen:
     beats: int
     changed_at: float
     last: Beat | None = None
+    first: tuple[float, int] | None = None  # when (this clock) its first change was read, step
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """What a rank trained in its generation, as its beats were read (the agent's clock): the
+    first change read and its step, the last and its step."""
+
+    first_at: float
+    first_step: int
+    last_at: float
+    last_step: int
 
 
 class HangWatch:
@@ -159,10 +175,17 @@ class HangWatch:
             beat = beats.read(path)
             seen = self._seen[rank]
             if beat is not None and beat.beats != seen.beats:
-                self._seen[rank] = _Seen(beat.beats, now, beat)
+                self._seen[rank] = _Seen(beat.beats, now, beat, seen.first or (now, beat.step))
             elif self.timeout_s > 0 and seen.beats > 0 and now - seen.changed_at >= self.timeout_s:
                 hung.append(rank)
         return hung
+
+    def stretch(self, rank: int) -> Stretch | None:
+        """What `rank` trained since its generation was watched; None: no beat read yet."""
+        seen = self._seen.get(rank)
+        if seen is None or seen.first is None or seen.last is None:
+            return None
+        return Stretch(seen.first[0], seen.first[1], seen.changed_at, seen.last.step)
 
     def stalled_for(self, rank: int, now: float) -> float:
         """Seconds since `rank` last made progress (0 if it never beat)."""

@@ -203,6 +203,25 @@ class AgentMetrics:
             ["job_id", "local_rank"],
             registry=r,
         )
+        self.goodput_seconds = Gauge(
+            "nodeagent_job_goodput_seconds",
+            "The job's wall time by part (docs/observability.md, Goodput), as its leader last "
+            "accounted it from the job's events",
+            ["job_id", "part"],
+            registry=r,
+        )
+        self.ettr = Gauge(
+            "nodeagent_job_effective_training_ratio",
+            "Productive training time / wall time (ETTR), as the job's leader last accounted it",
+            j,
+            registry=r,
+        )
+        self.steps_lost = Gauge(
+            "nodeagent_job_steps_lost",
+            "Steps the job's re-forms lost (trained again), as its leader last accounted it",
+            j,
+            registry=r,
+        )
         self.checkpoints = CheckpointMetrics(job_id, r)
         Info("nodeagent_build", "nodeagent's version", registry=r).info({"version": version})
         # Every series exists from the start, at zero: rate() and increase() need a sample
@@ -251,6 +270,23 @@ class AgentMetrics:
                 self.restarts.labels(j, why.value if why is not None else "other").inc()
                 self._announced_at.setdefault(record.generation, now)
             self._generation_seen = record.generation
+
+    def goodput(
+        self, parts: Mapping[str, float] | None, ettr: float | None = None, steps_lost: int = 0
+    ) -> None:
+        """The leader's accounting of the job's time (job/goodput.py); None: this agent does
+        not lead, or there is nothing to account (its series go: only the leader's are
+        current)."""
+        for gauge in (self.goodput_seconds, self.ettr, self.steps_lost):
+            gauge.clear()
+        if parts is None:
+            return
+        j = self.job_id
+        for part, seconds in parts.items():
+            self.goodput_seconds.labels(j, part).set(seconds)
+        if ettr is not None:
+            self.ettr.labels(j).set(ettr)
+        self.steps_lost.labels(j).set(steps_lost)
 
     def sync_failed(self) -> None:
         self.redis_errors.labels(self.job_id).inc()

@@ -85,6 +85,9 @@ class MemoryJobStore:
             n: self.reports[n] for n in names if n in self.reports and self.leases.get(n, 0) > now
         }
 
+    def events_tail(self, count: int) -> list[Event]:
+        return self.events[-count:]
+
     def sync(self, report: NodeReport, events: Sequence[Event] = ()) -> Snapshot:
         now, name = self.now_ms(), report.name
         self.leases[name] = now + report.lease_ttl_ms

@@ -7,6 +7,9 @@ with the code written to $RECORD_DIR/exit-<generation> (all workers of that gene
 runs until stopped.
 With SPAWN_CHILD=1 it first starts a child process (like a data loader) that sleeps for ever,
 and names it in the start record.
+With a file $RECORD_DIR/train ("STEP_S EVERY") it trains too: a step every STEP_S seconds, each
+beaten (nodeagent.worker.progress), rank 0 saving the step to $RECORD_DIR/saved every EVERY
+steps, and every rank resuming from the step saved there.
 """
 
 from __future__ import annotations
@@ -66,6 +69,32 @@ def older_alive(directory: Path, generation: int) -> list[dict[str, object]]:
     return alive
 
 
+class Training:
+    """Steps at a fixed pace, beaten, saved by rank 0 every few, resumed from the last save."""
+
+    def __init__(self, directory: Path, rank0: bool) -> None:
+        settings = directory / "train"
+        self.on = settings.exists()
+        values = settings.read_text().split() if self.on else ["0", "0"]
+        self.step_s, self.every = float(values[0]), int(values[1])
+        self.saved = directory / "saved"
+        self.step = int(self.saved.read_text()) if self.on and self.saved.exists() else 0
+        self.rank0 = rank0
+        self.next_at = time.monotonic()
+
+    def tick(self) -> None:
+        from nodeagent.worker.progress import beat
+
+        while self.on and time.monotonic() >= self.next_at:
+            self.step += 1
+            beat(self.step)
+            if self.rank0 and self.step % self.every == 0:
+                fresh = self.saved.with_suffix(".tmp")
+                fresh.write_text(str(self.step))
+                fresh.replace(self.saved)
+            self.next_at += self.step_s
+
+
 def main() -> int:
     directory = Path(os.environ["RECORD_DIR"])
     generation = int(os.environ.get("NODEAGENT_GENERATION", "0"))
@@ -95,8 +124,14 @@ def main() -> int:
     child = None
     if os.environ.get("SPAWN_CHILD") == "1":
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
+    training = Training(directory, base["rank"] == 0)
     record(
-        directory, event="start", create_time=psutil.Process().create_time(), child=child, **base
+        directory,
+        event="start",
+        create_time=psutil.Process().create_time(),
+        child=child,
+        resumed=training.step,
+        **base,
     )
     stopping = False
 
@@ -111,12 +146,13 @@ def main() -> int:
     signal.signal(signal.SIGUSR1, on_usr1)
     exit_file = directory / f"exit-{generation}"
     while not stopping:
+        training.tick()
         if exit_file.exists():
             code = int(exit_file.read_text().strip() or 0)
             record(directory, event="exit", code=code, **base)
             return code
         time.sleep(0.02)
-    record(directory, event="stop", **base)
+    record(directory, event="stop", step=training.step, **base)
     return 0
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from nodeagent.channel.pin import Pin
 from nodeagent.channel.restore import RestoreReport
-from nodeagent.checkpoint.keeper import TierKeeper
+from nodeagent.checkpoint.keeper import Look, TierKeeper
 from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.config.settings import Config
 from nodeagent.coord.bounded import CallRunner
@@ -72,6 +72,7 @@ class TierDuties:
         self._notes: list[RestoreReport] = []
         self._generation = 0
         self._offered: tuple[str, int] | None = None  # the restore's first source, its step
+        self._look: Look | None = None  # the keeper's, as the last report saw it
 
     @property
     def settling(self) -> bool:
@@ -94,12 +95,22 @@ class TierDuties:
         return settling or (self._graceful and handing)
 
     def report(self) -> TierReport:
-        look = self.keeper.look()
+        look = self._look = self.keeper.look()
         report = look.report
         self._metrics.held(
             report.newest_memory(), _newest(report), look.memory_bytes, look.save_blocked_s
         )
         return self.copies.report(report) if self.copies is not None else report
+
+    @property
+    def newest_save(self) -> tuple[int, float] | None:
+        """The memory tier's newest verified save as the last report saw it: its step and how
+        long it held the training step (job/progress.py counts the stalls)."""
+        look = self._look
+        step = look.report.newest_memory() if look is not None else None
+        if look is None or step is None or look.save_blocked_s is None:
+            return None
+        return step, look.save_blocked_s
 
     def holds_start(self, record: JobRecord | None) -> bool:
         """The workers of `record`'s generation must wait: the copies of the last one end

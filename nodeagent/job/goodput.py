@@ -1,0 +1,275 @@
+"""Where a job's wall time went, from its events (issue 42; `nodeagentctl show`). Pure.
+
+The job's stream holds, on Redis' one clock, each generation's announcement and start
+(`generation_announced`, `generation_started`, with the world size), the stretches in between
+when it waited for nodes (`job_waiting`), its end (`job_succeeded`, `job_failed`,
+`job_stopped`), and what rank 0 trained in each generation (`training_started`,
+`training_stopped`: job/progress.py, from the workers' progress beats). The wall time, from the
+first announcement to the end (or now), is cut into consecutive pieces, each counted once:
+
+- first start: the first announcement -> rank 0's first step (nodes stopping nothing, the
+  rendezvous, the workers' start-up and restore);
+- training: each generation's first step -> its last, split into
+  - checkpoint stalls: the seconds its saves held the training step,
+  - re-training: the steps the restart before it lost (the last step reached before it, less
+    the step it resumed from), at its own pace,
+  - productive: the rest;
+- each re-form, by the reason announced, split into
+  - detection: the last step read -> the announcement (for a failure: the time from the fault's
+    effect to its detection, plus up to a tick of the beats' reading),
+  - re-forming: the announcement -> the generation started (the workers stopped, the
+    rendezvous), less any waiting for nodes,
+  - start-up and restore: started -> its first step;
+- waiting: `job_waiting` (below `min_nodes`) -> the next announcement;
+- ending: the last step -> the end.
+
+The effective training time ratio (ETTR) is productive / wall. A generation whose rank 0 said
+nothing (no beats, or its node lost before `training_stopped`) counts from its start to the next
+announcement as training, all productive: the figures then overstate the goodput, and
+`unaccounted` names those generations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from nodeagent.model.job import Event
+
+ENDS = frozenset({"job_succeeded", "job_failed", "job_stopped"})
+PARTS = (
+    "productive",
+    "checkpoint_stalls",
+    "retrained",
+    "first_start",
+    "detection",
+    "reforming",
+    "startup_restore",
+    "waiting",
+    "ending",
+)
+
+
+@dataclass(frozen=True)
+class Reform:
+    """One re-form: into which generation, why, and what it cost."""
+
+    generation: int
+    reason: str
+    detection_s: float
+    reforming_s: float
+    startup_restore_s: float
+    steps_lost: int | None  # None: a step it resumed from or reached before is not known
+    retrained_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.detection_s + self.reforming_s + self.startup_restore_s + self.retrained_s
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """The job's wall time cut into PARTS (seconds), and its re-forms."""
+
+    wall_s: float
+    parts: Mapping[str, float]
+    reforms: tuple[Reform, ...] = ()
+    rank_seconds: float = 0.0  # productive seconds times the world size trained at
+    unaccounted: tuple[int, ...] = ()  # generations whose rank 0 said nothing of its training
+    ended: bool = False
+
+    @property
+    def ettr(self) -> float | None:
+        """The effective training time ratio: productive / wall."""
+        return self.parts["productive"] / self.wall_s if self.wall_s > 0 else None
+
+    @property
+    def steps_lost(self) -> int:
+        return sum(r.steps_lost or 0 for r in self.reforms)
+
+    def to_data(self) -> dict[str, object]:
+        return {
+            "wall_s": round(self.wall_s, 3),
+            "ettr": None if self.ettr is None else round(self.ettr, 4),
+            "parts": {k: round(v, 3) for k, v in self.parts.items()},
+            "steps_lost": self.steps_lost,
+            "rank_hours": round(self.rank_seconds / 3600, 4),
+            "reforms": [
+                {
+                    "generation": r.generation,
+                    "reason": r.reason,
+                    "detection_s": round(r.detection_s, 3),
+                    "reforming_s": round(r.reforming_s, 3),
+                    "startup_restore_s": round(r.startup_restore_s, 3),
+                    "steps_lost": r.steps_lost,
+                    "retrained_s": round(r.retrained_s, 3),
+                }
+                for r in self.reforms
+            ],
+            "unaccounted": list(self.unaccounted),
+            "ended": self.ended,
+        }
+
+
+@dataclass
+class _Generation:
+    number: int
+    announced: float | None = None
+    reason: str = ""
+    started: float | None = None
+    world: int = 0
+    first: float | None = None  # rank 0's first step read (seconds, Redis' clock)
+    first_step: int | None = None
+    last: float | None = None
+    last_step: int | None = None
+    steps: int = 0
+    stalled_s: float = 0.0
+    waits: list[float] = field(default_factory=list)  # job_waiting times after its announcement
+
+
+def account(events: Sequence[Event], now_ms: int) -> Goodput | None:
+    """Where the wall time went, from `events` (any order); None: no generation announced."""
+    ordered = sorted((e for e in events if e.at_ms is not None), key=lambda e: e.at_ms or 0)
+    gens: dict[int, _Generation] = {}
+    begin: float | None = None
+    end = now_ms / 1000
+    ended = False
+    announced: list[_Generation] = []  # in announcement order
+    for event in ordered:
+        at = (event.at_ms or 0) / 1000
+        if event.type in ENDS:
+            end, ended = at, True
+            break
+        number = event.generation
+        if number is None:
+            continue
+        gen = gens.setdefault(number, _Generation(number))
+        data = event.data
+        if event.type == "generation_announced":
+            gen.announced, gen.reason = at, str(data.get("reason", ""))
+            announced.append(gen)
+            begin = at if begin is None else begin
+        elif event.type == "generation_started":
+            gen.started, gen.world = at, _int(data.get("world_size"))
+            begin = at if begin is None else begin
+        elif event.type == "job_waiting" and announced:
+            announced[-1].waits.append(at)
+        elif event.type == "training_started":
+            gen.first, gen.first_step = at - _int(data.get("age_ms")) / 1000, _int(data.get("step"))
+        elif event.type == "training_stopped":
+            gen.last, gen.last_step = at - _int(data.get("age_ms")) / 1000, _int(data.get("step"))
+            gen.steps = _int(data.get("steps"))
+            gen.stalled_s = max(0.0, _float(data.get("stalled_s")))
+    if begin is None:
+        return None
+    return _cut(begin, end, ended, announced, [g for g in gens.values() if g.started is not None])
+
+
+def _cut(
+    begin: float,
+    end: float,
+    ended: bool,
+    announced: list[_Generation],
+    ran: list[_Generation],
+) -> Goodput:
+    ran.sort(key=lambda g: g.started or 0.0)
+    parts = dict.fromkeys(PARTS, 0.0)
+    reforms: list[Reform] = []
+    unaccounted: list[int] = []
+    rank_seconds = 0.0
+    cursor = begin  # the end of what is cut so far
+    previous: _Generation | None = None
+    for i, gen in enumerate(ran):
+        started = _clamp(gen.started or cursor, cursor, end)
+        following = [g.announced for g in announced if g.announced and g.announced > started]
+        stop = min(following[0] if following else end, end)
+        first = _clamp(gen.first if gen.first is not None else started, started, stop)
+        last = _clamp(gen.last if gen.last is not None else stop, first, stop)
+        running = not ended and i == len(ran) - 1 and not following
+        if gen.first is None or (gen.last is None and not running):
+            unaccounted.append(gen.number)
+        waiting = _waiting(announced, cursor, started)
+        lost, retrained = _lost(previous, gen, last - first)
+        if previous is None:
+            parts["first_start"] += first - cursor - waiting
+        else:
+            detection = _clamp(_announced_after(announced, cursor) or started, cursor, started)
+            reform = Reform(
+                gen.number,
+                _reason(announced, cursor, started),
+                detection - cursor,
+                started - detection - waiting,
+                first - started,
+                lost,
+                retrained,
+            )
+            reforms.append(reform)
+            parts["detection"] += reform.detection_s
+            parts["reforming"] += reform.reforming_s
+            parts["startup_restore"] += reform.startup_restore_s
+        parts["waiting"] += waiting
+        stalls = min(gen.stalled_s, last - first - retrained)
+        productive = last - first - stalls - retrained
+        parts["checkpoint_stalls"] += stalls
+        parts["retrained"] += retrained
+        parts["productive"] += productive
+        rank_seconds += productive * gen.world
+        cursor, previous = last, gen
+        if i == len(ran) - 1:
+            parts["waiting"] += _waiting(announced, cursor, end)
+            parts["ending"] += end - cursor - _waiting(announced, cursor, end)
+    if not ran:
+        parts["waiting"] += _waiting(announced, begin, end)
+        parts["first_start"] += end - begin - _waiting(announced, begin, end)
+    return Goodput(end - begin, parts, tuple(reforms), rank_seconds, tuple(unaccounted), ended)
+
+
+def _lost(
+    previous: _Generation | None, gen: _Generation, trained_s: float
+) -> tuple[int | None, float]:
+    """Steps the re-form into `gen` lost, and the seconds `gen` took to train them again."""
+    if previous is None or previous.last_step is None or gen.first_step is None:
+        return None, 0.0
+    lost = max(0, previous.last_step - (gen.first_step - 1))
+    if lost == 0 or gen.steps < 2 or trained_s <= 0:
+        return lost, 0.0
+    pace = trained_s / (gen.steps - 1)
+    return lost, min(lost * pace, trained_s)
+
+
+def _waiting(announced: list[_Generation], after: float, before: float) -> float:
+    """Seconds in (after, before) the job waited for nodes: each `job_waiting` to the next
+    announcement (or `before`)."""
+    total = 0.0
+    times = sorted(g.announced for g in announced if g.announced is not None)
+    for gen in announced:
+        for wait in gen.waits:
+            if not after <= wait < before:
+                continue
+            nexts = [t for t in times if t > wait]
+            total += min(nexts[0] if nexts else before, before) - wait
+    return total
+
+
+def _announced_after(announced: list[_Generation], at: float) -> float | None:
+    times = [g.announced for g in announced if g.announced is not None and g.announced >= at]
+    return min(times, default=None)
+
+
+def _reason(announced: list[_Generation], after: float, before: float) -> str:
+    within = [g for g in announced if g.announced is not None and after <= g.announced <= before]
+    return within[0].reason if within else ""
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return min(max(value, low), max(low, high))
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value)

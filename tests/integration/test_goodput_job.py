@@ -1,0 +1,86 @@
+"""Where a real job's time went (issue 42, part 1): two real agents, a real redis-server, workers
+that step at a fixed pace, beat, and resume from rank 0's last save (tests/helpers/worker.py).
+A worker is SIGKILLed mid-run; `nodeagentctl show JOB --json` then cuts the wall time into
+pieces that add up to it, and counts the steps the kill lost as the workers' own records do."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.cluster import LocalCluster, RedisServer, check_records, local_cluster, wait_for
+
+TIMING = {"heartbeat_interval": "250ms", "lease_ttl": "1500ms"}
+STEP_S, EVERY = 0.05, 20
+BEAT_READ = 0.25 / STEP_S + 1  # the agent reads the beats once a tick: this many steps behind
+
+
+@pytest.fixture
+def cluster(redis_server: RedisServer, job_id: str, tmp_path: Path) -> Iterator[LocalCluster]:
+    with local_cluster(
+        redis_server.url, tmp_path, job=job_id, max_nodes=2, target_nodes=2, timing=TIMING
+    ) as c:
+        (c.records_dir / "train").write_text(f"{STEP_S} {EVERY}")
+        yield c
+        check_records(c)
+
+
+def saved(cluster: LocalCluster) -> int:
+    path = cluster.records_dir / "saved"
+    return int(path.read_text()) if path.exists() else 0
+
+
+def of(cluster: LocalCluster, event: str, generation: int, rank: int = 0) -> dict[str, Any]:
+    [found] = [
+        r
+        for r in cluster.records()
+        if r["event"] == event and r["generation"] == generation and r["rank"] == rank
+    ]
+    return found
+
+
+def test_a_killed_workers_job_accounts_for_its_wall_time_and_the_steps_it_lost(
+    cluster: LocalCluster,
+) -> None:
+    cluster.start("a", "b")
+    first = cluster.wait_running(2)["generation"]
+    wait_for(lambda: saved(cluster) >= 3 * EVERY, 30, "three saves")
+    time.sleep(EVERY * STEP_S / 2)  # half a save interval on: about 10 steps to lose
+    os.kill(cluster.worker_pids("b")[0], signal.SIGKILL)
+    second = cluster.wait_running(2, after_generation=first)["generation"]
+    resumed = of(cluster, "start", second)["resumed"]
+    wait_for(lambda: saved(cluster) >= resumed + 2 * EVERY, 30, "two saves after the re-form")
+    cluster.exit_generation(second, 0)
+    cluster.wait_status(lambda d: d["state"] == "succeeded", 30, "the job succeeded")
+
+    shown = cluster.ctl("show", cluster.job, "--json")
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    found = doc["goodput"]
+    assert found["ended"] and found["unaccounted"] == []
+    parts = found["parts"]
+    assert sum(parts.values()) == pytest.approx(found["wall_s"], abs=0.01)
+    assert parts["productive"] > 0 and parts["first_start"] > 0
+    assert 0 < found["ettr"] < 1
+    [reform] = found["reforms"]
+    assert (reform["generation"], reform["reason"]) == (second, "worker_failed")
+    assert reform["reforming_s"] > 0 and reform["startup_restore_s"] > 0
+    # rank 0 (on a) stepped on until its SIGTERM; the new generation resumed from its save
+    reached = of(cluster, "stop", first)["step"]
+    assert resumed == saved_before(reached)
+    assert reached - BEAT_READ <= resumed + reform["steps_lost"] <= reached
+    assert reform["steps_lost"] >= EVERY / 4
+    assert reform["retrained_s"] == pytest.approx(reform["steps_lost"] * STEP_S, rel=0.5, abs=0.3)
+    text = cluster.ctl("show", cluster.job).stdout
+    assert "goodput:" in text and "ETTR" in text and "worker_failed" in text
+
+
+def saved_before(step: int) -> int:
+    return step - step % EVERY

@@ -1,0 +1,166 @@
+"""Where a job's wall time went (nodeagent/job/goodput.py), what rank 0's node says of its
+training (nodeagent/job/progress.py), and the leader's metrics of it (job/leadership.py):
+events on one clock, cut into pieces that add up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from nodeagent.coord.bounded import unbounded
+from nodeagent.job import goodput
+from nodeagent.job.leadership import GOODPUT_S, Leadership
+from nodeagent.job.plan import Policy
+from nodeagent.job.progress import Progress
+from nodeagent.job.watch import Stretch
+from nodeagent.model.job import Event
+from nodeagent.supervisor.status import GroupPhase, GroupStatus
+from nodeagent.telemetry.metrics import AgentMetrics
+from tests.helpers import memstore
+
+
+def at(seconds: float, kind: str, generation: int | None = None, **data: Any) -> Event:
+    return Event(kind, generation=generation, data=data, at_ms=round(seconds * 1000))
+
+
+def two_generations() -> list[Event]:
+    """Announced at 0, started at 2, first step at 5 (said at 6), step 100 at 105 (a worker
+    killed: said at 107), announced again at 106, started at 108, first step 91 at 112, the
+    job succeeded at 200 having reached step 190 at 199."""
+    return [
+        at(0, "generation_announced", 1, reason="node_joined"),
+        at(2, "generation_started", 1, world_size=4),
+        at(6, "training_started", 1, step=1, age_ms=1000),
+        at(106, "generation_announced", 2, reason="worker_failed"),
+        at(107, "training_stopped", 1, step=100, age_ms=2000, steps=100, stalled_s=3.0),
+        at(108, "generation_started", 2, world_size=4),
+        at(113, "training_started", 2, step=91, age_ms=1000),
+        at(199.5, "training_stopped", 2, step=190, age_ms=500, steps=100, stalled_s=2.0),
+        at(200, "job_succeeded"),
+    ]
+
+
+def test_the_pieces_add_up_to_the_wall_time_and_each_is_what_it_says() -> None:
+    found = goodput.account(two_generations(), now_ms=10**9)
+    assert found is not None and found.ended and found.wall_s == 200
+    parts = found.parts
+    assert sum(parts.values()) == pytest.approx(200)
+    assert parts["first_start"] == pytest.approx(5)  # announced -> rank 0's first step
+    [reform] = found.reforms
+    assert (reform.generation, reform.reason) == (2, "worker_failed")
+    assert reform.detection_s == pytest.approx(1)  # step 100 at 105, announced at 106
+    assert reform.reforming_s == pytest.approx(2)  # -> started at 108
+    assert reform.startup_restore_s == pytest.approx(4)  # -> first step at 112
+    # resumed at step 91 having reached 100: 10 steps trained again, at 87 s / 99 steps each
+    assert reform.steps_lost == 10
+    assert reform.retrained_s == pytest.approx(10 * 87 / 99)
+    assert parts["checkpoint_stalls"] == pytest.approx(5)
+    assert parts["ending"] == pytest.approx(1)  # step 190 at 199 -> the end at 200
+    assert parts["productive"] == pytest.approx(100 + 87 - 5 - reform.retrained_s)
+    assert found.ettr == pytest.approx(parts["productive"] / 200)
+    assert found.rank_seconds == pytest.approx(parts["productive"] * 4)
+    assert found.unaccounted == ()
+
+
+def test_waiting_for_nodes_is_not_a_reform_and_a_running_job_ends_now() -> None:
+    events = [
+        *two_generations()[:3],
+        at(50, "generation_announced", 2, reason="node_lost"),
+        at(50.5, "job_waiting", 2),
+        at(80, "generation_announced", 3, reason="node_joined"),
+        at(82, "generation_started", 3, world_size=3),
+        at(90, "training_started", 3, step=40, age_ms=0),
+    ]
+    found = goodput.account(events, now_ms=120_000)
+    assert found is not None and not found.ended and found.wall_s == 120
+    assert sum(found.parts.values()) == pytest.approx(120)
+    assert found.parts["waiting"] == pytest.approx(29.5)  # 50.5 -> 80
+    [reform] = found.reforms
+    assert reform.generation == 3 and reform.reason == "node_lost"
+    # rank 0's node said nothing of generation 1's end (lost): trained until the announcement
+    assert reform.detection_s == 0 and found.unaccounted == (1,)
+    assert reform.reforming_s == pytest.approx(82 - 50 - 29.5)
+    assert found.parts["productive"] == pytest.approx(50 - 5 + 120 - 90)
+
+
+def test_nothing_announced_is_nothing_to_account() -> None:
+    assert goodput.account([at(1, "node_joined")], now_ms=5000) is None
+
+
+def test_garbage_in_the_events_data_counts_as_nothing_said() -> None:
+    events = two_generations()
+    events[2] = at(6, "training_started", 1, step="one", age_ms=[1])
+    found = goodput.account(events, now_ms=10**9)
+    assert found is not None and sum(found.parts.values()) == pytest.approx(200)
+
+
+def test_rank_0s_node_says_when_its_generation_trained_and_where_it_stopped() -> None:
+    progress = Progress("a")
+    running = GroupStatus(4, GroupPhase.RUNNING)
+    assert progress.tick(10.0, running, 0, None) == []  # no beat read yet
+    assert progress.tick(10.0, running, 1, Stretch(9.0, 21, 9.0, 21)) == []  # not rank 0's node
+    [started] = progress.tick(10.5, running, 0, Stretch(9.5, 21, 9.5, 21), (20, 0.25))
+    assert (started.type, started.generation, started.data) == (
+        "training_started",
+        4,
+        {"step": 21, "age_ms": 1000},
+    )
+    assert progress.tick(30.0, running, 0, Stretch(9.5, 21, 29.0, 60), (25, 0.5)) == []
+    assert progress.tick(31.0, running, 0, Stretch(9.5, 21, 30.0, 62), (25, 0.5)) == []
+    assert progress.tick(32.0, running, 0, Stretch(9.5, 21, 31.0, 63), (30, 0.75)) == []
+    [stopped] = progress.tick(33.5, GroupStatus(4, GroupPhase.STOPPING), 0, None)
+    assert stopped.type == "training_stopped" and stopped.generation == 4
+    # the save of step 20 was the one restored: its stall is not this generation's
+    assert stopped.data == {
+        "step": 63,
+        "age_ms": 2500,
+        "steps": 43,
+        "trained_s": 21.5,
+        "stalled_s": 1.25,
+    }
+    assert progress.tick(34.0, GroupStatus(4, GroupPhase.EXITED), 0, None) == []  # said once
+
+
+class Counting(memstore.MemoryJobStore):
+    """The in-memory store, counting the leader's reads of the events."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.reads = 0
+
+    def events_tail(self, count: int) -> list[Event]:
+        self.reads += 1
+        return super().events_tail(count)
+
+
+def value(metrics: AgentMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, {"job_id": "j", **labels})
+
+
+def test_the_leader_exports_the_goodput_every_so_often_and_drops_it_when_it_steps_down() -> None:
+    store = Counting(now_ms=lambda: 0)
+    store.events = two_generations()
+    metrics = AgentMetrics("j", "test", CollectorRegistry())
+    now = [0.0]
+    policy = Policy(1, 2, 2, 1, 3, 0, 60_000)
+    leadership = Leadership(store, policy, metrics, 5.0, lambda: now[0], unbounded)
+    leadership.account(10**9, 2)
+    expected = goodput.account(store.events, 10**9)
+    assert expected is not None and expected.ettr is not None
+    ettr = value(metrics, "nodeagent_job_effective_training_ratio")
+    assert ettr == pytest.approx(expected.ettr)
+    assert value(metrics, "nodeagent_job_steps_lost") == 10
+    stalls = value(metrics, "nodeagent_job_goodput_seconds", part="checkpoint_stalls")
+    assert stalls == pytest.approx(5)
+    now[0] += GOODPUT_S / 2
+    leadership.account(10**9, 2)
+    assert store.reads == 1  # not at every round
+    leadership.account(10**9, 3)  # a new generation: at once
+    assert store.reads == 2
+    now[0] += GOODPUT_S
+    leadership.account(10**9, 3)
+    assert store.reads == 3
+    leadership.stepped_down()
+    assert value(metrics, "nodeagent_job_effective_training_ratio") is None
