@@ -7,6 +7,8 @@ when it waited for nodes (`job_waiting`), its end (`job_succeeded`, `job_failed`
 `training_stopped`: job/progress.py, from the workers' progress beats). The wall time, from the
 first announcement to the end (or now), is cut into consecutive pieces, each counted once:
 
+- queued: a pool job's submission -> its first announcement (pending, held; given by the
+  caller: the pool keeps it, not the job's stream);
 - first start: the first announcement -> rank 0's first step (nodes stopping nothing, the
   rendezvous, the workers' start-up and restore);
 - training: each generation's first step -> its last, split into
@@ -23,7 +25,8 @@ first announcement to the end (or now), is cut into consecutive pieces, each cou
 - waiting: `job_waiting` (below `min_nodes`) -> the next announcement;
 - ending: the last step -> the end.
 
-The effective training time ratio (ETTR) is productive / wall. A generation whose rank 0 said
+The wall time starts at the submission where it is given, else at the first announcement. The
+effective training time ratio (ETTR) is productive / wall. A generation whose rank 0 said
 nothing (no beats, or its node lost before `training_stopped`) counts from its start to the next
 announcement as training, all productive: the figures then overstate the goodput, and
 `unaccounted` names those generations.
@@ -32,13 +35,14 @@ announcement as training, all productive: the figures then overstate the goodput
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nodeagent.model.job import Event
 
 ENDS = frozenset({"job_succeeded", "job_failed", "job_stopped"})
 PARTS = (
     "productive",
+    "queued",
     "checkpoint_stalls",
     "retrained",
     "first_start",
@@ -127,8 +131,11 @@ class _Generation:
     waits: list[float] = field(default_factory=list)  # job_waiting times after its announcement
 
 
-def account(events: Sequence[Event], now_ms: int) -> Goodput | None:
-    """Where the wall time went, from `events` (any order); None: no generation announced."""
+def account(
+    events: Sequence[Event], now_ms: int, submitted_ms: int | None = None
+) -> Goodput | None:
+    """Where the wall time went, from `events` (any order) and, for a pool job, when it was
+    submitted; None: no generation announced."""
     ordered = sorted((e for e in events if e.at_ms is not None), key=lambda e: e.at_ms or 0)
     gens: dict[int, _Generation] = {}
     begin: float | None = None
@@ -162,7 +169,12 @@ def account(events: Sequence[Event], now_ms: int) -> Goodput | None:
             gen.stalled_s = max(0.0, _float(data.get("stalled_s")))
     if begin is None:
         return None
-    return _cut(begin, end, ended, announced, [g for g in gens.values() if g.started is not None])
+    found = _cut(begin, end, ended, announced, [g for g in gens.values() if g.started is not None])
+    if submitted_ms is None or submitted_ms / 1000 >= begin:
+        return found
+    queued = begin - submitted_ms / 1000
+    parts = {**found.parts, "queued": queued}
+    return replace(found, wall_s=found.wall_s + queued, parts=parts)
 
 
 def _cut(

@@ -164,3 +164,11 @@ def test_the_leader_exports_the_goodput_every_so_often_and_drops_it_when_it_step
     assert store.reads == 3
     leadership.stepped_down()
     assert value(metrics, "nodeagent_job_effective_training_ratio") is None
+
+
+def test_a_pool_jobs_time_in_the_queue_starts_its_wall_time() -> None:
+    found = goodput.account(two_generations(), now_ms=10**9, submitted_ms=-30_000)
+    assert found is not None and found.wall_s == 230
+    assert found.parts["queued"] == 30 and sum(found.parts.values()) == pytest.approx(230)
+    later = goodput.account(two_generations(), now_ms=10**9, submitted_ms=5_000)
+    assert later is not None and later.wall_s == 200 and later.parts["queued"] == 0

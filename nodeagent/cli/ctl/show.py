@@ -62,7 +62,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
         detail=record.detail if record else None,
         spec_error=spec if isinstance(spec, str) else None,
     )
-    account = goodput.account(events, snap.now_ms)
+    account = goodput.account(events, snap.now_ms, status.submitted_ms)
     doc["goodput"] = account.to_data() if account is not None else None
     if as_json:
         print(json.dumps(doc, indent=2))
@@ -186,6 +186,7 @@ def _print_show(doc: dict[str, Any]) -> None:
 
 LABELS = {
     "productive": "productive",
+    "queued": "queued (pending, held)",
     "checkpoint_stalls": "checkpoint stalls",
     "retrained": "re-training lost steps",
     "first_start": "first start",
