@@ -207,12 +207,19 @@ class ReplicaServer:
                 if not self._closed.is_set():
                     self._take(conn, host)
         finally:
-            with self._lock:
-                self._conns.discard(conn)
-                self._serving -= 1
-                left = self._by_address.pop(host, 1) - 1
-                if left:
-                    self._by_address[host] = left
+            self._release(conn, host)
+
+    def _release(self, conn: socket.socket, host: str) -> None:
+        """The transfer on `conn` is no longer under way (once): before its last answer, so
+        that a peer that reads the answer and asks again at once is not told it is busy."""
+        with self._lock:
+            if conn not in self._conns:
+                return
+            self._conns.discard(conn)
+            self._serving -= 1
+            left = self._by_address.pop(host, 1) - 1
+            if left:
+                self._by_address[host] = left
 
     def _take(self, conn: socket.socket, host: str) -> None:
         began = time.monotonic()
@@ -225,12 +232,15 @@ class ReplicaServer:
             assert manifest is not None
             slot = self._keep(conn, Offer(node, host, manifest=manifest), digest, began)
         except _Refusal as exc:
+            self._release(conn, host)
             self._refused(conn, Refused(host, exc.node, str(exc), exc.authenticated))
             return
         except (BadCopy, OSError, ValueError, MungeUnavailable) as exc:
             log.warning("replica from %s refused: %s", host, exc)
+            self._release(conn, host)
             wire.answer(conn, f"ERR {exc}")
             return
+        self._release(conn, host)
         wire.answer(conn, "OK")
         self._on_received(Received(node, generation, manifest, time.monotonic() - began, slot))
 

@@ -169,6 +169,8 @@ def account(
             gen.stalled_s = max(0.0, _float(data.get("stalled_s")))
     if begin is None:
         return None
+    if not ended and ordered:  # `now_ms` read before the newest events were written
+        end = max(end, (ordered[-1].at_ms or 0) / 1000)
     found = _cut(begin, end, ended, announced, [g for g in gens.values() if g.started is not None])
     if submitted_ms is None or submitted_ms / 1000 >= begin:
         return found

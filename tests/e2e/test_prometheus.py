@@ -137,6 +137,9 @@ def test_restarts_counted_and_dashboard_queries_answer(
         30,
         "recovery",
     )
+    # the leader accounts the job's goodput at each new generation (and every 30 s)
+    ettr = f'max(nodeagent_job_effective_training_ratio{{job_id="{cluster.job}"}})'
+    wait_for(lambda: values(prometheus.query(ettr)), 30, "the goodput after the re-form")
     expected_empty = {"GPU health", "GPU temperatures", "GPU XIDs"}  # no GPUs on this machine
     for title, expr in dashboard_queries(cluster.job):
         result = prometheus.query(expr)

@@ -172,3 +172,9 @@ def test_a_pool_jobs_time_in_the_queue_starts_its_wall_time() -> None:
     assert found.parts["queued"] == 30 and sum(found.parts.values()) == pytest.approx(230)
     later = goodput.account(two_generations(), now_ms=10**9, submitted_ms=5_000)
     assert later is not None and later.wall_s == 200 and later.parts["queued"] == 0
+
+
+def test_a_clock_read_before_the_newest_event_never_makes_a_negative_part() -> None:
+    found = goodput.account(two_generations()[:2], now_ms=1_000)  # started at 2 s, read at 1 s
+    assert found is not None and found.wall_s == 2
+    assert all(v >= 0 for v in found.parts.values())
