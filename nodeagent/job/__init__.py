@@ -3,8 +3,8 @@
 Pure decisions: plan.py (the leader's `plan(view, policy, memory)`), members.py (who may run
 the next generation and who does), decide.py (one node's
 `decide(view)` about its own workers), outcome.py, timeline.py, events.py, history.py (a job's
-generations and restarts from its events), goodput.py (where its wall time went), repeats.py
-(a failure that repeats the one before).
+generations and restarts from its events), repeats.py (a failure that repeats the one
+before).
 Executors: leadership.py (plan, then commit fenced), agent.py (the loop: observe, decide, act,
 the only place that executes a decision), lease.py (self-fencing on this node's clock),
 watch.py (hangs and GPU health as findings), progress.py (the node running rank 0

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.coord.store import Snapshot
 from nodeagent.errors import CoordinationError, FencedError, IllegalTransition
-from nodeagent.job import goodput
 from nodeagent.job.checkpoints.handouts import Handouts
 from nodeagent.job.plan import LeaderMemory, Plan, Policy, plan
 from nodeagent.job.port import JobPort
+from nodeagent.model import goodput
 from nodeagent.model.job import JobRecord
 from nodeagent.telemetry.metrics import AgentMetrics
 
@@ -61,7 +61,7 @@ class Leadership:
 
     def account(self, now_ms: int, generation: int) -> None:
         """Every GOODPUT_S, and when the generation moved: the job's goodput from its events
-        (job/goodput.py), for the metrics. The events are read whole (up to EVENTS_READ, about
+        (model/goodput.py), for the metrics. The events are read whole (up to EVENTS_READ, about
         2 MB at most): not at every round."""
         now = self._clock()
         due = self._accounted_at is None or now - self._accounted_at[0] >= GOODPUT_S

@@ -2,7 +2,7 @@
 
 The agent reads its workers' progress beats at every tick (job/watch.py). The node whose group
 rank is 0 turns its local rank 0's into two events per generation, on the job's stream, where
-the goodput accounting reads them (job/goodput.py, `nodeagentctl show`):
+the goodput accounting reads them (model/goodput.py, `nodeagentctl show`):
 
 - `training_started`: the first step read in the generation (`step`), `age_ms` before the event
   was made (on the agent's clock: the event's time is Redis', the stream ID);

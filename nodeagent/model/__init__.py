@@ -5,6 +5,7 @@ statuses), queues.py (the pool's queues), spec.py (a submitted job spec), tiers.
 holds in its checkpoint tiers, the leader's restore order and committed step), handout.py (a node's
 share of the checkpoint copies), request.py (a signed request to change the pool, its reply, its
 caller), credential.py (a MUNGE credential bound to a request, and the verdict on it), garbage.py
-(what was found in Redis that nodeagent did not write), decode.py (the strict reader all of them
-use). Pure: no Redis here (coord/ reads and writes these).
+(what was found in Redis that nodeagent did not write), goodput.py (where a job's wall time
+went, from its events: `nodeagentctl show`, the leader's metrics, the pool's ended jobs),
+decode.py (the strict reader all of them use). Pure: no Redis here (coord/ reads and writes these).
 """

@@ -135,6 +135,9 @@ class PoolJob:
     node_ms: int = 0
     accounted_ms: int | None = None
     peak_nodes: int = 0
+    # Once ended: its effective training time ratio (model/goodput.py), as the pool leader
+    # accounted it from the job's events as it ended; None: not accounted (no generation ran).
+    ettr: float | None = None
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -163,6 +166,7 @@ class PoolJob:
             node_ms=r.integer("node_ms", 0),
             accounted_ms=r.opt_integer("accounted_ms"),
             peak_nodes=r.integer("peak_nodes", 0, high=1_000_000),
+            ettr=r.number("ettr", 0.0, 1.0),
         )
 
     def moved(self, state: PoolJobState, now_ms: int, reason: str) -> PoolJob:
@@ -178,7 +182,9 @@ class PoolJob:
                 time_up_ms=None,
             )
         if state.ended:
-            return replace(self, state=state, reason=reason, ended_ms=now_ms, exit_code=None)
+            return replace(
+                self, state=state, reason=reason, ended_ms=now_ms, exit_code=None, ettr=None
+            )
         return replace(self, state=state, reason=reason)
 
 

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from nodeagent.coord.ended import clear_job, prune
 from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
 from nodeagent.coord.store import JobStore
+from nodeagent.errors import CoordinationError
+from nodeagent.model import goodput
 from nodeagent.model.job import Command, CommandType, Cordon, Event, JobRecord
-from nodeagent.model.pool import PoolJobState, PoolNode
+from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool import lifecycle
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 
 log = logging.getLogger(__name__)
+EVENTS_READ = 10_000  # a job's whole event stream (coord/keys.py EVENTS_MAXLEN)
 
 
 @dataclass(frozen=True)
@@ -181,11 +184,34 @@ def lead(
     if (unplace or place) and not events:  # every placement change wakes the pool's nodes
         moved = sorted({*unplace, *place})
         events = (Event("placements", message=f"nodes {', '.join(moved)} moved"),)
-    write = PoolWrite(unplace, place, {**fresh, **timed, **result.jobs}, lapsed, events)
+    jobs = {**fresh, **timed, **_with_goodput(store, snap, result.jobs)}
+    write = PoolWrite(unplace, place, jobs, lapsed, events)
     for event in result.events:
         log.info("pool: %s", event.message)
     store.commit(leader, write)
     return Round(view, write, snap.garbage)
+
+
+def _with_goodput(
+    store: PoolStore, snap: PoolSnapshot, jobs: Mapping[str, PoolJob]
+) -> dict[str, PoolJob]:
+    """`jobs`, each that ends now with its effective training time ratio, accounted from its
+    own events before the pool prunes them (job/goodput.py; `nodeagentctl history`). One read
+    of a job's events as it ends; a job whose events cannot be read keeps none."""
+    found = dict(jobs)
+    for job_id, status in jobs.items():
+        before = snap.jobs.get(job_id)
+        if not status.state.ended or (before is not None and before.state.ended):
+            continue
+        try:
+            events = JobStore(store.client, store.keys.job(job_id)).events_tail(EVENTS_READ)
+        except CoordinationError as exc:
+            log.info("pool: job %s: its goodput cannot be read: %s", job_id, exc)
+            continue
+        account = goodput.account(events, snap.now_ms, status.submitted_ms)
+        if account is not None and account.ettr is not None:
+            found[job_id] = replace(status, ettr=round(min(max(account.ettr, 0.0), 1.0), 4))
+    return found
 
 
 def _send(store: PoolStore, deadline: lifecycle.Deadline) -> None:

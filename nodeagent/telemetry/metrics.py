@@ -274,7 +274,7 @@ class AgentMetrics:
     def goodput(
         self, parts: Mapping[str, float] | None, ettr: float | None = None, steps_lost: int = 0
     ) -> None:
-        """The leader's accounting of the job's time (job/goodput.py); None: this agent does
+        """The leader's accounting of the job's time (model/goodput.py); None: this agent does
         not lead, or there is nothing to account (its series go: only the leader's are
         current)."""
         for gauge in (self.goodput_seconds, self.ettr, self.steps_lost):

@@ -289,6 +289,10 @@ def test_show_and_history_account_for_a_job_s_runs(pool: PoolCluster, job_id: st
     assert shown["command"] == [sys.executable, str(WORKER)]
     assert sorted(shown["placed"]) == ["a", "b"] and shown["exit_code"] is None
     assert shown["restarts_by_cause"] == {"worker_failed": 1}
+    # where its time went: queued, then a first start, a re-form for the failure, adding up
+    spent = shown["goodput"]
+    assert [r["reason"] for r in spent["reforms"]] == ["worker_failed"]
+    assert sum(spent["parts"].values()) == pytest.approx(spent["wall_s"], abs=0.01)
     assert [g["generation"] for g in shown["generations"]] == [1, again["generation"]]
     assert all(sorted(g["nodes"]) == ["a", "b"] for g in shown["generations"])
     for key in ("submitted", "started"):
@@ -313,12 +317,15 @@ def test_show_and_history_account_for_a_job_s_runs(pool: PoolCluster, job_id: st
     assert (rows[name]["exit_code"], rows[failing]["exit_code"]) == (0, 4)
     assert rows[name]["nodes"] == 2 and rows[name]["node_hours"] > 0
     assert rows[name]["elapsed_s"] > 0 and rows[name]["user"] == shown["user"]
+    # accounted by the pool leader as each ended: training (no beats: all of it) over wall time
+    assert all(0 < rows[job]["ettr"] < 1 for job in (name, failing))
     assert [r["job"] for r in history("--state", "failed")] == [failing]
     assert history("--user", "nobody-at-all") == []
     assert {r["job"] for r in history("--since", "1h")} == {name, failing}
     assert history("--since", "2999-01-01T00:00:00Z") == []
     table = pool.ctl("history").stdout.splitlines()
     assert table[0].split()[:3] == ["JOB", "USER", "STATE"] and len(table) == 3
+    assert table[0].split()[-1] == "ETTR" and table[1].endswith("%")
     for bad, code, message in (
         (("show", "ghost"), 3, "no job 'ghost'"),
         (("history", "--since", "x"), 2, "--since"),

@@ -1,21 +1,25 @@
-"""Where a job's wall time went (nodeagent/job/goodput.py), what rank 0's node says of its
+"""Where a job's wall time went (nodeagent/model/goodput.py), what rank 0's node says of its
 training (nodeagent/job/progress.py), and the leader's metrics of it (job/leadership.py):
 events on one clock, cut into pieces that add up."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from nodeagent.coord.bounded import unbounded
-from nodeagent.job import goodput
+from nodeagent.errors import CorruptStateError
 from nodeagent.job.leadership import GOODPUT_S, Leadership
 from nodeagent.job.plan import Policy
 from nodeagent.job.progress import Progress
 from nodeagent.job.watch import Stretch
+from nodeagent.model import goodput
 from nodeagent.model.job import Event
+from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.supervisor.status import GroupPhase, GroupStatus
 from nodeagent.telemetry.metrics import AgentMetrics
 from tests.helpers import memstore
@@ -178,3 +182,17 @@ def test_a_clock_read_before_the_newest_event_never_makes_a_negative_part() -> N
     found = goodput.account(two_generations()[:2], now_ms=1_000)  # started at 2 s, read at 1 s
     assert found is not None and found.wall_s == 2
     assert all(v >= 0 for v in found.parts.values())
+
+
+def test_an_ended_pool_jobs_ettr_reads_back_and_garbage_is_refused() -> None:
+    ended = PoolJob(PoolJobState.SUCCEEDED, 3, 1000, ended_ms=9000, ettr=0.8125)
+    assert PoolJob.from_json(ended.to_json()) == ended
+    assert PoolJob.from_json(replace(ended, ettr=None).to_json()).ettr is None
+    for bad in (1.5, -0.1, "high"):
+        raw = json.dumps({**json.loads(ended.to_json()), "ettr": bad})
+        with pytest.raises(CorruptStateError, match="ettr"):
+            PoolJob.from_json(raw)
+    again = ended.moved(PoolJobState.RUNNING, 10_000, "requeued").moved(
+        PoolJobState.FAILED, 20_000, "failed"
+    )
+    assert again.ettr is None  # a later end is accounted anew

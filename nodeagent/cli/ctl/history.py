@@ -1,6 +1,7 @@
 """nodeagentctl history (sacct): the ended jobs the pool keeps (pool.keep_ended) with their
-user, elapsed time, nodes, node-hours and exit code. `--json` documents carry
-`"version": 1`."""
+user, elapsed time, nodes, node-hours, exit code and effective training time ratio (ETTR: the
+pool leader accounts it from the job's events as it ends, model/goodput.py). `--json` documents
+carry `"version": 1`."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from nodeagent.errors import ConfigError, UsageError
 from nodeagent.model.pool import PoolJobState
 from nodeagent.model.spec import JobSpec
 
-HELP = "the ended jobs the pool keeps: user, elapsed, nodes, node-hours, exit"
+HELP = "the ended jobs the pool keeps: user, elapsed, nodes, node-hours, exit, ETTR"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,15 +53,20 @@ def run(target: Target, args: argparse.Namespace) -> int:
         return 0
     print(
         f"{'JOB':<24} {'USER':<12} {'STATE':<10} {'ENDED':<25} {'ELAPSED':>9} {'NODES':>5} "
-        f"{'NODE-H':>8} {'EXIT':>4}"
+        f"{'NODE-H':>8} {'EXIT':>4} {'ETTR':>6}"
     )
     for r in rows:
         elapsed = format_duration(r["elapsed_s"]) if r["elapsed_s"] is not None else "-"
         print(
             f"{r['job']:<24} {r['user'] or '-':<12} {r['state']:<10} {r['ended'] or '-':<25} "
-            f"{elapsed:>9} {r['nodes']:>5} {r['node_hours']:>8.2f} {r['exit_code']!s:>4}"
+            f"{elapsed:>9} {r['nodes']:>5} {r['node_hours']:>8.2f} {r['exit_code']!s:>4} "
+            f"{_percent(r['ettr']):>6}"
         )
     return 0
+
+
+def _percent(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{100 * ratio:.1f}%"
 
 
 def _since(value: str, now_ms: int) -> int:

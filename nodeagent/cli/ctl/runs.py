@@ -44,6 +44,7 @@ class Run:
             "node_hours": round(self.node_hours(now_ms, placed), 4),
             "exit_code": _exit_code(status),
             "reason": status.reason,
+            "ettr": status.ettr,  # once ended (model/goodput.py)
         }
 
 

@@ -1,5 +1,5 @@
 """nodeagentctl show JOB (scontrol show job): a pool job's spec, times, nodes per generation,
-exit code, restarts by cause, and where its time went (job/goodput.py: the effective training
+exit code, restarts by cause, and where its time went (model/goodput.py: the effective training
 time ratio and the wall time cut into productive training, checkpoint stalls, re-training,
 re-forms and waiting). `--json` documents carry `"version": 1`."""
 
@@ -19,8 +19,8 @@ from nodeagent.coord import eventlog, holds
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import CorruptStateError, NotFoundError
-from nodeagent.job import goodput
 from nodeagent.job.history import generations, restarts_by_cause
+from nodeagent.model import goodput
 from nodeagent.model.job import Event
 from nodeagent.model.spec import JobSpec
 
