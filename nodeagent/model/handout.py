@@ -80,6 +80,10 @@ class Handout:
     # The saves peers may fetch from this node; None: a share of a leader from before, which
     # said nothing of it (a named peer may fetch any save then, as it could).
     serves: tuple[Served, ...] | None = None
+    # Written with a scale-down's announcement (job/checkpoints/handouts.py): successors for
+    # the hand-over only. Never the running generation's share, though its generation is the
+    # same: a node that read it as that would start its workers with nothing to bring.
+    announced: bool = False
 
     def to_json(self) -> str:
         body: dict[str, object] = {
@@ -91,6 +95,8 @@ class Handout:
         }
         if self.serves is not None:
             body["serves"] = [list(s) for s in self.serves]
+        if self.announced:
+            body["announced"] = True
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
@@ -113,6 +119,7 @@ class Handout:
             peers=r.names("peers"),
             successors=r.names("successors"),
             serves=_served(r.raw("serves"), what),
+            announced=r.flag("announced", False),
         )
 
     @property

@@ -343,7 +343,11 @@ def test_the_workers_of_a_memory_restore_wait_for_this_nodes_share_then_start(
     written: list[Handout] = []
     copies = duties(asker, lambda: written[0] if written else None, reports, wait=30, node="c")
     assert copies.holds_start(record) and copies.waiting  # no share yet: the workers wait
-    written.append(replication.handouts(5, reports, [], fetches)["c"])
+    # the share of the scale-down's announcement (same generation, nothing to bring) is not it
+    written.append(replication.handouts(5, reports, [], {}, {"c": ("a",)}, announced=True)["c"])
+    time.sleep(copies_module.WAIT_READ_S * 1.5)
+    assert copies.holds_start(record) and copies.waiting
+    written[0] = replication.handouts(5, reports, [], fetches)["c"]
     deadline = time.monotonic() + 5
     while copies.holds_start(record) and time.monotonic() < deadline:
         time.sleep(0.02)  # read again WAIT_READ_S later

@@ -128,3 +128,24 @@ def test_a_scale_down_announced_gets_shares_handing_over_to_the_nodes_that_stay(
     a = shares["a"]
     assert a is not None and a.generation == 6 and a.peers == ("b", "d")
     assert all(s is not None and s.transfers == () for s in shares.values())
+
+
+def test_the_announced_shares_say_so_and_read_back() -> None:
+    """A node must not take the scale-down's share for the new generation's: same number."""
+    store, leader, _ = setup()
+    nodes = {n: node(n, {20: [i]}, world=3) for i, n in enumerate(MEMBERS)}
+    down = make_record(
+        JobState.RESTARTING,
+        6,
+        MEMBERS,
+        reason="scale",
+        target_nodes=1,
+        checkpoint=CheckpointRecord(replicas=1),
+    )
+    leader.lead("a 1", down, nodes)
+    announced = store.handout("b")
+    assert announced is not None and announced.announced
+    running = replace(down, state=JobState.RUNNING, members=("a",))
+    leader.lead("a 1", running, nodes)
+    share = store.handout("a")
+    assert share is not None and share.generation == 6 and not share.announced

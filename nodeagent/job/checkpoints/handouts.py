@@ -82,7 +82,7 @@ class Handouts:
             sends = replication.copies(order, live, self._k, checkpoint.committed, checkpoint.bad)
             fetched = self._fetched(record, order, live)
         after = replication.successors(order, self._k, live, staying)
-        shares = replication.handouts(record.generation, live, sends, fetched, after)
+        shares = replication.handouts(record.generation, live, sends, fetched, after, not running)
         values = {name: share.to_json() for name, share in shares.items()}
         written = {} if reset else self._written
         write = {n: v for n, v in values.items() if again or written.get(n) != v}

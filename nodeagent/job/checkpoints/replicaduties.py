@@ -215,7 +215,7 @@ class ReplicaDuties:
         self._eager = self._eager - 1 if eager else 0
         self._last_read = now
         share = self._read_share()
-        if share is None or share.generation != record.generation:
+        if share is None or share.generation != record.generation or share.announced:
             return events
         self._named(share)
         wanted = [t for t in share.transfers if not t.fetch]
@@ -294,7 +294,7 @@ class ReplicaDuties:
             return None
         self._next_wait_read = now + WAIT_READ_S
         share = self._read_share()
-        if share is not None and share.generation == generation:
+        if share is not None and share.generation == generation and not share.announced:
             self._named(share)
             return share
         if now - self._waiting >= self._share_wait:

@@ -264,13 +264,14 @@ def handouts(
     sends: Sequence[Copy],
     fetched: Mapping[str, Sequence[Copy]] = {},
     after: Mapping[str, Sequence[str]] = {},
+    announced: bool = False,
 ) -> dict[str, Handout]:
     """Each node's share (model/handout.py) of the copies `sends` (each made by the first of
     its sources) and of the fetches `fetched` (node -> what it brings), with its successors
     `after` (node -> the next nodes on the ring), the addresses of the peers each names, the
     peers that may ask it, and the saves each may fetch from it. Every node named, every node
     of `fetched` and every node of `after` gets a share: an empty one says "written: nothing
-    to do"."""
+    to do". `announced`: shares of a scale-down's announcement (Handout.announced)."""
     transfers: dict[str, list[Transfer]] = {name: [] for name in (*fetched, *after)}
     asking: dict[str, set[str]] = {}
     serves: dict[str, set[Served]] = {}
@@ -302,6 +303,7 @@ def handouts(
             tuple(sorted(asking.get(name, ()))),
             nexts,
             tuple(sorted(serves.get(name, ()))),
+            announced,
         )
     return shares
 
