@@ -4,7 +4,10 @@ A beat is a store into shared memory (about a microsecond, no syscall, no Redis)
 loop can call it every step. The agent never trusts the worker's clock: it notes, on its own
 clock, when the beat counter last changed.
 
-Layout (little-endian): magic b"NAPB", version u32, beats u64, step i64, wall time f64.
+Layout (little-endian): magic b"NAPB", version u32, beats u64, step i64, wall time f64, and
+from version 2 the seconds the rank spent in its marked compute sections, summed (f64: the
+worker's `progress.compute()`; job/speed.py compares ranks by it). A version 1 file (32 bytes)
+still reads, with no compute time.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = b"NAPB"
-VERSION = 1
-LAYOUT = struct.Struct("<4sIQqd")
+VERSION = 2
+LAYOUT = struct.Struct("<4sIQqdd")
 SIZE = LAYOUT.size
+LAYOUT_V1 = struct.Struct("<4sIQqd")
 
 
 MODE = 0o640  # the worker (its owner) writes, the agent (its group) reads, nobody else
@@ -32,7 +36,7 @@ def create(path: Path, owner: int | None = None) -> None:
     the worker can map it for writing; its group stays the agent's, so the agent reads it
     without overriding file permissions.
     """
-    worker_file(path, owner, LAYOUT.pack(MAGIC, VERSION, 0, -1, 0.0))
+    worker_file(path, owner, LAYOUT.pack(MAGIC, VERSION, 0, -1, 0.0, 0.0))
 
 
 def worker_file(path: Path, owner: int | None, content: bytes = b"") -> None:
@@ -68,6 +72,7 @@ class Beat:
     beats: int
     step: int
     wall_time: float
+    compute_s: float | None = None  # marked compute, summed; None: a version 1 file
 
 
 def read(path: Path) -> Beat | None:
@@ -77,16 +82,20 @@ def read(path: Path) -> Beat | None:
             data = f.read(SIZE)
     except OSError:
         return None
+    if len(data) == LAYOUT_V1.size:
+        magic, version, beats, step, wall = LAYOUT_V1.unpack(data)
+        return Beat(beats, step, wall) if magic == MAGIC and version == 1 else None
     if len(data) != SIZE:
         return None
-    magic, version, beats, step, wall = LAYOUT.unpack(data)
-    if magic != MAGIC or version != VERSION:
+    magic, version, beats, step, wall, compute = LAYOUT.unpack(data)
+    if magic != MAGIC or version != VERSION or not 0.0 <= compute < 1e12:
         return None
-    return Beat(beats, step, wall)
+    return Beat(beats, step, wall, compute)
 
 
 class BeatWriter:
-    """The worker's end: `beat(step)` stores into the mapped file."""
+    """The worker's end: `beat(step)` stores into the mapped file; `computed(seconds)` adds to
+    the compute time the next beat stores."""
 
     def __init__(self, path: Path) -> None:
         fd = os.open(path, os.O_RDWR)
@@ -94,11 +103,16 @@ class BeatWriter:
             self._map = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)
-        self._beats = LAYOUT.unpack_from(self._map)[2]
+        _, _, self._beats, _, _, self._compute = LAYOUT.unpack_from(self._map)
+
+    def computed(self, seconds: float) -> None:
+        self._compute += max(0.0, seconds)
 
     def beat(self, step: int) -> None:
         self._beats += 1
-        LAYOUT.pack_into(self._map, 0, MAGIC, VERSION, self._beats, step, time.time())
+        LAYOUT.pack_into(
+            self._map, 0, MAGIC, VERSION, self._beats, step, time.time(), self._compute
+        )
 
     def close(self) -> None:
         self._map.close()

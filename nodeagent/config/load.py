@@ -29,6 +29,7 @@ from nodeagent.config.settings import (
     LOG_FORMATS,
     LOG_LEVELS,
     RECOVERY_MODES,
+    SLOW_NODE_POLICIES,
     Config,
     HealthConfig,
     JobConfig,
@@ -39,6 +40,7 @@ from nodeagent.config.settings import (
     Operators,
     PoolConfig,
     RedisConfig,
+    SlowNodeConfig,
     TimingConfig,
 )
 from nodeagent.config.values import (
@@ -117,7 +119,40 @@ def job_fields(section: Section) -> JobConfig:
         python=_python(section),
         recovery=_recovery(section),
         checkpoint=load_checkpoint(section.section("checkpoint")),
+        slow_node=_slow_node(section.section("slow_node")),
     )
+
+
+def _slow_node(section: Section) -> SlowNodeConfig:
+    """job.slow_node (docs/slow-nodes.md); the defaults when absent."""
+    policy = section.get("policy", str, SlowNodeConfig.policy)
+    if policy not in SLOW_NODE_POLICIES:
+        raise ConfigError(
+            section.key("policy"),
+            f"must be one of {', '.join(SLOW_NODE_POLICIES)}, got {policy!r} (report names a "
+            "slow node, replace swaps it for a spare, exclude re-forms without it)",
+        )
+    threshold = section.get("threshold", float, SlowNodeConfig.threshold)
+    if not 1.0 < threshold <= 100.0:
+        raise ConfigError(
+            section.key("threshold"),
+            f"must be above 1 and at most 100 (a node's own work a step over its peers' "
+            f"median, such as 1.5), got {threshold!r}",
+        )
+    config = SlowNodeConfig(
+        policy=policy,
+        threshold=threshold,
+        windows=positive_int(section, "windows", SlowNodeConfig.windows),
+        window=duration(
+            section.raw("window"),
+            section.key("window"),
+            SlowNodeConfig.window,
+            minimum=1.0,
+            off=True,
+        ),
+    )
+    section.reject_unknown()
+    return config
 
 
 def _recovery(section: Section) -> str:

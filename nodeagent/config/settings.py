@@ -70,6 +70,19 @@ class CheckpointConfig:
         return self.memory_size // (2 * nproc_per_node)
 
 
+SLOW_NODE_POLICIES = ("report", "replace", "exclude")
+
+
+@dataclass(frozen=True)
+class SlowNodeConfig:
+    """job.slow_node: how the leader finds a slow member and what it does (docs/slow-nodes.md)."""
+
+    policy: str = "report"  # SLOW_NODE_POLICIES
+    threshold: float = 1.5  # a member's own work a step over its peers' median
+    windows: int = 3  # windows in a row above it to name the node slow, below it to clear it
+    window: float = 10.0  # seconds; 0: off (no node measures its speed)
+
+
 @dataclass(frozen=True)
 class JobConfig:
     id: str
@@ -93,6 +106,7 @@ class JobConfig:
     # torchrun does, or keep them running (in_place: nodeagent.worker.elastic scripts only).
     recovery: str = "restart"
     checkpoint: CheckpointConfig | None = None  # None: no tiers (the script's own checkpoints)
+    slow_node: SlowNodeConfig = field(default_factory=SlowNodeConfig)
 
     @property
     def in_place(self) -> bool:

@@ -24,7 +24,8 @@ from nodeagent.model.pool import PoolJob
 from nodeagent.model.spec import JobSpec
 
 # Delete every key of one job: its nodes' reports (the nodes its leases name), its leases,
-# leader, record, ranks, streams, cordons, change set and copies. Only for a job that has ended.
+# leader, record, ranks, streams, cordons, change set, copies, speeds and slow verdicts. Only for
+# a job that has ended.
 JOB_CLEAR = Script(
     "JOB_CLEAR",
     keys=(
@@ -41,6 +42,8 @@ JOB_CLEAR = Script(
         "change_seq",
         "digests",
         "copies",
+        "speeds",
+        "slow",
     ),
     args=("node_prefix",),
     returns="the number of keys deleted",
@@ -51,7 +54,7 @@ if type(nodes) == 'table' then
   for _, name in ipairs(nodes) do deleted = deleted + redis.call('DEL', A.node_prefix .. name) end
 end
 return deleted + redis.call('DEL', K.leases, K.leader, K.epoch, K.record, K.ranks, K.events,
-  K.commands, K.wake, K.cordons, K.changes, K.change_seq, K.digests, K.copies)
+  K.commands, K.wake, K.cordons, K.changes, K.change_seq, K.digests, K.copies, K.speeds, K.slow)
 """,
 )
 
@@ -114,6 +117,8 @@ def clear_job(client: redis.Redis, keys: JobKeys) -> int:
             "change_seq": keys.change_seq,
             "digests": keys.digests,
             "copies": keys.copies,
+            "speeds": keys.speeds,
+            "slow": keys.slow,
         },
         {"node_prefix": keys.node_prefix()},
     )

@@ -27,6 +27,10 @@ DIGESTS_KEY = "%s:{%s}:digests"  # HASH node name -> digest of what the leader p
 # node name -> JSON Handout: the node's share of the copies of the job's saves (issue 27),
 # written by the leader (coord/handouts.py)
 COPIES_KEY = "%s:{%s}:copies"  # HASH
+# node name -> JSON NodeSpeed: its ranks' pace over its last window, written by the node once a
+# window; the leader reads it whole once a window (job/speed.py, job/slowness.py)
+SPEEDS_KEY = "%s:{%s}:speeds"  # HASH
+SLOW_KEY = "%s:{%s}:slow"  # HASH node name -> JSON SlowVerdict, written by the leader
 
 EVENTS_MAXLEN = 10_000
 COMMANDS_MAXLEN = 1_000
@@ -98,6 +102,14 @@ class JobKeys:
     @property
     def copies(self) -> str:
         return COPIES_KEY % (self.prefix, self.job)
+
+    @property
+    def speeds(self) -> str:
+        return SPEEDS_KEY % (self.prefix, self.job)
+
+    @property
+    def slow(self) -> str:
+        return SLOW_KEY % (self.prefix, self.job)
 
 
 # The pool's keys: one hash tag per pool, {pool:<name>} (job ids cannot hold a ':', so a pool's

@@ -35,6 +35,7 @@ from nodeagent.coord.replies import (
     read_lease,
 )
 from nodeagent.coord.scripts import leave_call, read_page_call
+from nodeagent.coord.speeds import SpeedHashes
 from nodeagent.coord.view import PAGE, SWEEP, LeaderView, ViewRead, sweep_all
 from nodeagent.errors import CoordinationError, CorruptStateError
 from nodeagent.model.garbage import Garbage, GarbageLog
@@ -46,6 +47,7 @@ from nodeagent.model.job import (
     JobRecord,
     NodeReport,
 )
+from nodeagent.model.speed import NodeSpeed, SlowVerdict
 
 __all__ = ["JobStore", "NodeLease", "Snapshot"]
 log = logging.getLogger(__name__)
@@ -101,6 +103,7 @@ class JobStore:
         self._write_ranks = scripts.WRITE_RANKS.bind(client)
         self._leave = scripts.LEAVE.bind(client)
         self._copies = CopiesHash(client, keys)
+        self._speeds = SpeedHashes(client, keys)
 
     def sync(self, report: NodeReport, events: Sequence[Event] = ()) -> Snapshot:
         """Heartbeat: renew the lease, take or keep the leader lease, append events, read.
@@ -224,6 +227,26 @@ class JobStore:
     def handout(self, name: str) -> Handout | None:
         """Node `name`'s share of the copies, as the leader wrote it (None: none)."""
         return self._copies.read(name)
+
+    def put_speed(self, speed: NodeSpeed) -> None:
+        """This node's pace over its last window (coord/speeds.py)."""
+        self._speeds.put(speed)
+
+    def speeds(self) -> dict[str, NodeSpeed]:
+        return self._speeds.speeds()
+
+    def slow_verdicts(self) -> dict[str, SlowVerdict]:
+        return self._speeds.verdicts()
+
+    def write_verdicts(
+        self,
+        leader: str,
+        put: Sequence[SlowVerdict],
+        gone: Sequence[str],
+        drop_speeds: Sequence[str] = (),
+    ) -> None:
+        """The leader's slow verdicts, fenced by its lease (coord/speeds.py)."""
+        self._speeds.write_verdicts(leader, put, gone, drop_speeds)
 
     def sync_many(self, reports: Sequence[NodeReport], held: str = "") -> None:
         """Heartbeats of many nodes in one pipeline (the fleet simulator, bench/fleet.py), each

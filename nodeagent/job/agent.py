@@ -43,6 +43,8 @@ from nodeagent.job.lease import LeaseClock
 from nodeagent.job.plan import policy_from
 from nodeagent.job.port import JobPort
 from nodeagent.job.progress import Progress
+from nodeagent.job.slowwatch import SlowWatch, slow_policy
+from nodeagent.job.speed import SpeedWatch
 from nodeagent.job.watch import WorkerWatch
 from nodeagent.model.job import Cordon, Event, JobRecord, NodeReport, WorkerInfo
 from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
@@ -135,6 +137,9 @@ class Agent:
         self._leadership = Leadership(
             store, policy_from(config), self._metrics, config.timing.lease_ttl, clock, self._call
         )
+        window = config.job.slow_node.window
+        self._speed = SpeedWatch(self.name, window) if window > 0 else None
+        self._slow = SlowWatch(store, slow_policy(config), self._metrics, clock, self._call)
         self.metrics_address: str | None = None  # set once the metrics server listens
         self._last_tick = clock()
         self._notify = notifier or Notifier(None)
@@ -220,6 +225,7 @@ class Agent:
             self._watchers.stretch(0),
             self._tiers.newest_save if self._tiers is not None else None,
         )
+        self._measure_speed(now)
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
         now = self._clock()  # the sync may have used its whole budget: decide on a fresh clock
@@ -232,6 +238,7 @@ class Agent:
             self._lead(snapshot)
         elif self._leader is None:
             self._leadership.stepped_down()
+            self._slow.stepped_down()
 
     def _call(self, fn: Callable[[], T], what: str) -> T:
         """A Redis call bounded by the fence point (lease.LeaseClock.call_deadline)."""
@@ -342,6 +349,29 @@ class Agent:
             self._log.warning("cannot update this node's cordon now: %s", exc)
         if found.anything:
             self._dirty = True
+
+    def _measure_speed(self, now: float) -> None:
+        """Once a window: this node's ranks' pace, for the leader's slow-node watch."""
+        if self._speed is None:
+            return
+        speed = self._speed.tick(
+            now, self._workers.status(), self._watchers.last_progress(), self._workers.workers()
+        )
+        if speed is None:
+            return
+        self._metrics.node_work(
+            {
+                "step": speed.step_s,
+                "busy": speed.busy_s,
+                "cpu": speed.cpu_s,
+                "delay": speed.delay_s,
+                "compute": speed.compute_s,
+            }
+        )
+        try:
+            self._call(lambda: self._store.put_speed(speed), "write this node's speed")
+        except CoordinationError as exc:  # the next window says it again
+            self._log.info("cannot write this node's speed: %s", exc)
 
     def _fence_due(self, now: float) -> bool:
         return self._lease.fence_due(now)
@@ -518,6 +548,9 @@ class Agent:
         if led.again:
             self._dirty = True
         self._leadership.account(snapshot.now_ms, self.record.generation if self.record else 0)
+        self._events += self._slow.tick(
+            self._leader, self.record, lambda: snapshot.cluster_view().nodes, snapshot.now_ms
+        )
 
 
 _ANNOUNCED = {NodeState.LEAVING: "node_leaving", NodeState.FENCED: "node_fenced"}

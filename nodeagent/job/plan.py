@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from nodeagent.config.settings import Config
-from nodeagent.job import members, repeats
+from nodeagent.job import members, repeats, slowness
 from nodeagent.job.checkpoints import restore
 from nodeagent.model.job import (
     ClusterView,
@@ -340,15 +340,19 @@ def _failure_detail(record: JobRecord, failure: Failure) -> str:
 
 def _why_gone(reports: Sequence[NodeReport | None]) -> RestartReason:
     """The restart reason for members that dropped out: a drain is gpu_fault when the agent
-    cordoned itself for a GPU fault, operator when a person did; leaving is node_left."""
+    cordoned itself for a GPU fault, slow_node when the leader's slow-node policy did, operator
+    when a person did; leaving is node_left."""
     if reports and all(r is not None and r.state is NodeState.LEAVING for r in reports):
         return RestartReason.NODE_LEFT
     drains = [
         r.cordon for r in reports if r is not None and r.cordon is not None and r.cordon.drain
     ]
     if drains and len(drains) == len(reports):
-        gpu = all(c.by == "gpu" for c in drains)
-        return RestartReason.GPU_FAULT if gpu else RestartReason.OPERATOR
+        if all(c.by == "gpu" for c in drains):
+            return RestartReason.GPU_FAULT
+        if all(c.by == slowness.BY for c in drains):
+            return RestartReason.SLOW_NODE
+        return RestartReason.OPERATOR
     return RestartReason.NODE_LOST
 
 

@@ -15,6 +15,7 @@ from nodeagent.coord.store import RecordWrite, SnapshotCheck
 from nodeagent.model.garbage import Garbage, GarbageLog
 from nodeagent.model.handout import Handout
 from nodeagent.model.job import Cordon, Event, NodeReport
+from nodeagent.model.speed import NodeSpeed, SlowVerdict
 
 
 class JobPort(Protocol):
@@ -55,6 +56,25 @@ class JobPort(Protocol):
 
     def events_tail(self, count: int) -> list[Event]:
         """The job's newest `count` events, oldest first."""
+
+    def put_speed(self, speed: NodeSpeed) -> None:
+        """This node's pace over its last window (job/speed.py)."""
+
+    def speeds(self) -> dict[str, NodeSpeed]:
+        """Every node's latest window, garbage left out."""
+
+    def slow_verdicts(self) -> dict[str, SlowVerdict]:
+        """The nodes the leader named slow."""
+
+    def write_verdicts(
+        self,
+        leader: str,
+        put: Sequence[SlowVerdict],
+        gone: Sequence[str],
+        drop_speeds: Sequence[str] = (),
+    ) -> None:
+        """Write and remove slow verdicts, drop the speeds of `drop_speeds`, fenced by the
+        leader's token."""
 
     def leave(self, name: str, event: Event) -> None: ...
     def wake(self, why: str) -> None: ...

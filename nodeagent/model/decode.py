@@ -138,6 +138,13 @@ class Reader:
             raise self._bad(name, value, f"a finite number in [{low:g}, {high:g}]")
         return float(value)
 
+    def real(self, name: str, low: float = -1e12, high: float = 1e12) -> float:
+        """A finite number (integers too) in [low, high] that must be present."""
+        value = self.number(name, low, high)
+        if value is None:
+            raise self._bad(name, value, f"a finite number in [{low:g}, {high:g}]")
+        return value
+
     def flag(self, name: str, default: Any = _REQUIRED) -> bool:
         """A JSON boolean: "false", 0 and 1 are not booleans."""
         value, present = self._get(name, default)

@@ -256,6 +256,7 @@ class RestartReason(str, Enum):
     SCALE          the target changed (nodeagentctl scale)
     OPERATOR       an operator's restart, or an operator's drain of every member that left
     GPU_FAULT      every member that left drained itself for a GPU fault
+    SLOW_NODE      every member that left was drained by the slow-node policy (job/slowness.py)
     """
 
     WORKER_FAILED = "worker_failed"
@@ -266,6 +267,7 @@ class RestartReason(str, Enum):
     SCALE = "scale"
     OPERATOR = "operator"
     GPU_FAULT = "gpu_fault"
+    SLOW_NODE = "slow_node"
 
     @property
     def breaks_generation(self) -> bool:

@@ -52,6 +52,7 @@ _FIELDS = (
     "python",
     "recovery",
     "checkpoint",
+    "slow_node",
 )
 
 
@@ -96,6 +97,7 @@ class JobSpec:
             "gpus_per_worker": job.gpus_per_worker,
             "preload": list(job.preload),
             "recovery": job.recovery,
+            "slow_node": dataclasses.asdict(job.slow_node),
             "user": self.user,
             "queue": self.queue,
             "priority": self.priority,

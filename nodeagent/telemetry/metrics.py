@@ -222,6 +222,27 @@ class AgentMetrics:
             j,
             registry=r,
         )
+        self.work = Gauge(
+            "nodeagent_node_step_work_seconds",
+            "This node's slowest local rank over its last speed window, seconds a step: `step` "
+            "(the job's step time), `busy` (on a CPU or waiting for one), `cpu`, `delay` "
+            "(waiting for a CPU), `compute` (the script's marked sections; docs/slow-nodes.md)",
+            ["job_id", "figure"],
+            registry=r,
+        )
+        self.slow_ratio = Gauge(
+            "nodeagent_node_slow_ratio",
+            "A node the job's leader names slow: its own work a step over its peers' median "
+            "(only the leader exports it, one series per node named slow)",
+            ["job_id", "node"],
+            registry=r,
+        )
+        self.slow_nodes = Gauge(
+            "nodeagent_job_slow_nodes",
+            "Members the job's leader names slow (docs/slow-nodes.md)",
+            j,
+            registry=r,
+        )
         self.checkpoints = CheckpointMetrics(job_id, r)
         Info("nodeagent_build", "nodeagent's version", registry=r).info({"version": version})
         # Every series exists from the start, at zero: rate() and increase() need a sample
@@ -287,6 +308,24 @@ class AgentMetrics:
         if ettr is not None:
             self.ettr.labels(j).set(ettr)
         self.steps_lost.labels(j).set(steps_lost)
+
+    def node_work(self, figures: Mapping[str, float | None]) -> None:
+        """This node's last speed window (job/speed.py); a figure it has not: no series."""
+        self.work.clear()
+        for figure, seconds in figures.items():
+            if seconds is not None:
+                self.work.labels(self.job_id, figure).set(seconds)
+
+    def slow(self, named: Mapping[str, float] | None) -> None:
+        """The leader's slow verdicts (node -> ratio); None: this agent does not lead (its
+        series go)."""
+        self.slow_ratio.clear()
+        self.slow_nodes.clear()
+        if named is None:
+            return
+        for node, ratio in named.items():
+            self.slow_ratio.labels(self.job_id, node).set(ratio)
+        self.slow_nodes.labels(self.job_id).set(len(named))
 
     def sync_failed(self) -> None:
         self.redis_errors.labels(self.job_id).inc()

@@ -20,7 +20,8 @@ checkpointer.py (Checkpointer: sharded saves in the agent's tiers that survive a
 crash and a node loss), trainstate.py (TrainState: what a save holds), dcpio.py
 (torch.distributed.checkpoint as the tiers use it), agree.py (the ranks' one verdict per
 restore source), checkpoint.py (CheckpointManager: whole-file checkpoints that cannot be
-half-read), graceful.py (GracefulExit: an emergency save on SIGTERM), progress.py (`beat`),
+half-read), graceful.py (GracefulExit: an emergency save on SIGTERM), progress.py (`beat`;
+`compute`: the part of a step that waits for no peer, for slow-rank detection),
 scaling.py (`rescale`: hyperparameters for another world), elastic.py (in-place recovery:
 `elastic.run`, State, Reform), follow.py (what a worker was told over its control channel),
 release.py (a destroyed process group really closes), preloaded.py (a pre-started
@@ -33,7 +34,7 @@ from nodeagent.worker.checkpoint import Checkpoint, CheckpointManager
 from nodeagent.worker.checkpointer import Checkpointer, Restored
 from nodeagent.worker.elastic import Reform, ReformTimedOut, State, Stopped
 from nodeagent.worker.graceful import GracefulExit
-from nodeagent.worker.progress import beat
+from nodeagent.worker.progress import beat, compute
 from nodeagent.worker.scaling import Rescaled, rescale
 from nodeagent.worker.trainstate import TrainState
 
@@ -50,6 +51,7 @@ __all__ = [
     "Stopped",
     "TrainState",
     "beat",
+    "compute",
     "elastic",
     "rescale",
 ]

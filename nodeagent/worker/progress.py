@@ -1,4 +1,6 @@
-"""`beat(step)`: tell the agent this rank made progress (enables hang detection for it)."""
+"""`beat(step)`: tell the agent this rank made progress (enables hang detection for it).
+`compute()`: mark the part of a step that waits for no peer, so the job's leader can tell a
+slow rank from ranks that wait for it (docs/slow-nodes.md)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,9 @@ import faulthandler
 import os
 import signal
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from nodeagent.channel.beats import BeatWriter
@@ -20,13 +25,7 @@ class _Default:
     resolved = False
 
 
-def beat(step: int) -> None:
-    """Record progress at `step`. A no-op outside nodeagent (e.g. under plain torchrun).
-
-    Beating opts this rank into hang detection, so the first beat also makes SIGUSR1 dump the
-    stacks (faulthandler) unless the program handles SIGUSR1 itself: that is how the agent asks
-    a hung rank what it is doing when py-spy cannot.
-    """
+def _writer() -> BeatWriter | None:
     if not _Default.resolved:
         _Default.resolved = True
         path = os.environ.get(ENV)
@@ -34,5 +33,37 @@ def beat(step: int) -> None:
             _Default.writer = BeatWriter(Path(path))
             if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
                 faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    if _Default.writer is not None:
-        _Default.writer.beat(step)
+    return _Default.writer
+
+
+@contextmanager
+def compute() -> Iterator[None]:
+    """Time the block as this rank's own work in the step: a section with no collective in it
+    (the forward pass and the loss, up to `loss.item()` on a GPU, before DDP's backward starts
+    its all-reduce). The time is handed to the agent at the next `beat`. Two clock reads: cheap
+    enough for every step. A no-op outside nodeagent.
+
+        with progress.compute():
+            loss = model(batch).sum()
+            loss.item()
+        loss.backward()
+    """
+    writer = _writer()
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        if writer is not None:
+            writer.computed(time.perf_counter() - started)
+
+
+def beat(step: int) -> None:
+    """Record progress at `step`. A no-op outside nodeagent (e.g. under plain torchrun).
+
+    Beating opts this rank into hang detection, so the first beat also makes SIGUSR1 dump the
+    stacks (faulthandler) unless the program handles SIGUSR1 itself: that is how the agent asks
+    a hung rank what it is doing when py-spy cannot.
+    """
+    writer = _writer()
+    if writer is not None:
+        writer.beat(step)

@@ -20,6 +20,7 @@ from nodeagent.errors import FencedError
 from nodeagent.model.garbage import Garbage, GarbageLog
 from nodeagent.model.handout import Handout
 from nodeagent.model.job import Command, Cordon, Event, JobRecord, NodeReport
+from nodeagent.model.speed import NodeSpeed, SlowVerdict
 
 
 def _as_read(snapshot: Snapshot, me: str) -> Snapshot:
@@ -57,6 +58,8 @@ class MemoryJobStore:
     cordons: dict[str, Cordon] = field(default_factory=dict)
     wakes: int = 0
     copies: dict[str, str] = field(default_factory=dict)  # node -> JSON Handout
+    node_speeds: dict[str, NodeSpeed] = field(default_factory=dict)
+    verdicts: dict[str, SlowVerdict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.check: SnapshotCheck = _as_read  # the agent sets its own (job/verify.py)
@@ -78,6 +81,30 @@ class MemoryJobStore:
     def handout(self, name: str) -> Handout | None:
         raw = self.copies.get(name)
         return Handout.from_json(raw, name) if raw is not None else None
+
+    def put_speed(self, speed: NodeSpeed) -> None:
+        self.node_speeds[speed.node] = speed
+
+    def speeds(self) -> dict[str, NodeSpeed]:
+        return dict(self.node_speeds)
+
+    def slow_verdicts(self) -> dict[str, SlowVerdict]:
+        return dict(self.verdicts)
+
+    def write_verdicts(
+        self,
+        leader: str,
+        put: Sequence[SlowVerdict],
+        gone: Sequence[str],
+        drop_speeds: Sequence[str] = (),
+    ) -> None:
+        if self.leader is None or self.leader.value != leader:
+            raise FencedError(f"write the slow verdicts: leader lease is not {leader}")
+        self.verdicts.update({v.node: v for v in put})
+        for name in gone:
+            self.verdicts.pop(name, None)
+        for name in drop_speeds:
+            self.node_speeds.pop(name, None)
 
     def peer_reports(self, names: Sequence[str]) -> dict[str, NodeReport]:
         now = self.now_ms()

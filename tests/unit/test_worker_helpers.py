@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,28 @@ def test_first_beat_makes_sigusr1_dump_stacks(tmp_path: Path) -> None:
     assert result.returncode == 0 and "alive" in result.stdout
     assert "most recent call first" in result.stderr
     assert beats.read(path) is not None and beats.read(path).step == 1  # type: ignore[union-attr]
+
+
+def test_compute_time_reaches_the_beat_and_version_1_still_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nodeagent.worker import progress
+
+    path = tmp_path / "rank-0.progress"
+    beats.create(path)
+    monkeypatch.setenv(progress.ENV, str(path))
+    monkeypatch.setattr(progress._Default, "resolved", False)
+    monkeypatch.setattr(progress._Default, "writer", None)
+    with progress.compute():
+        time.sleep(0.02)
+    assert beats.read(path) == beats.Beat(0, -1, 0.0, 0.0)  # handed over at the next beat
+    progress.beat(7)
+    read = beats.read(path)
+    assert read is not None and read.step == 7 and read.compute_s is not None
+    assert read.compute_s >= 0.02
+    # a file an older worker package wrote: no compute time, the rest as before
+    path.write_bytes(beats.LAYOUT_V1.pack(beats.MAGIC, 1, 3, 9, 1.5))
+    assert beats.read(path) == beats.Beat(3, 9, 1.5, None)
+    # garbage compute time (negative, NaN) is no beat
+    path.write_bytes(beats.LAYOUT.pack(beats.MAGIC, 2, 3, 9, 1.5, float("nan")))
+    assert beats.read(path) is None

@@ -1,0 +1,249 @@
+"""The slow-node judgment (job/slowness.py) as tables, and a node's windows (job/speed.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from nodeagent.channel.beats import Beat
+from nodeagent.job.slowness import BY, Judgment, SlowMemory, SlowPolicy, judge
+from nodeagent.job.speed import SpeedWatch
+from nodeagent.model.job import GpuInfo, GpuSummary, JobRecord, NodeReport, WorkerInfo
+from nodeagent.model.speed import NodeSpeed
+from nodeagent.state import JobState, NodeState
+from nodeagent.supervisor.status import GroupPhase, GroupStatus
+from nodeagent.supervisor.usage import CpuUsage
+from tests.helpers.factories import make_record
+
+MEMBERS = ("a", "b", "c", "d")
+
+
+def _record(
+    members: tuple[str, ...] = MEMBERS, generation: int = 5, **changes: object
+) -> JobRecord:
+    return make_record(JobState.RUNNING, generation, members, target_nodes=len(members), **changes)
+
+
+def _nodes(*names: str, gpu: GpuSummary | None = None) -> dict[str, NodeReport]:
+    return {
+        n: NodeReport(n, "10.0.0.1", NodeState.RUNNING, lease_ttl_ms=5000, gpu=gpu) for n in names
+    }
+
+
+def _speeds(seq: int, busy: Mapping[str, float], step_s: float = 0.1) -> dict[str, NodeSpeed]:
+    """Every node steps in `step_s` (a synchronous job); their own work differs."""
+    return {
+        n: NodeSpeed(n, 5, seq, 10.0, 100, step_s, busy_s=b, cpu_s=b * 0.8, delay_s=b * 0.2)
+        for n, b in busy.items()
+    }
+
+
+def _windows(
+    busy: Mapping[str, float],
+    count: int,
+    policy: SlowPolicy = SlowPolicy(),
+    memory: SlowMemory | None = None,
+    record: JobRecord | None = None,
+    nodes: Mapping[str, NodeReport] | None = None,
+) -> list[Judgment]:
+    memory = memory or SlowMemory()
+    record = record or _record()
+    nodes = nodes if nodes is not None else _nodes(*record.members)
+    found = []
+    for seq in range(1, count + 1):
+        judged = judge(_speeds(seq, busy), nodes, record, policy, memory, now_ms=seq * 10_000)
+        memory = judged.memory
+        found.append(judged)
+    return found
+
+
+def test_a_node_whose_own_work_is_twice_its_peers_is_named_after_three_windows() -> None:
+    found = _windows({"a": 0.02, "b": 0.021, "c": 0.019, "d": 0.04}, 3)
+    assert [j.events for j in found[:2]] == [(), ()]
+    (event,) = found[2].events
+    assert (event.type, event.node) == ("node_slow", "d")
+    assert "2.00x its peers' median 20.0 ms" in event.message
+    assert "waiting for one 8.0 ms" in event.message
+    assert [v.node for v in found[2].put] == ["d"] and found[2].drain is None  # report
+
+
+def test_nodes_that_wait_for_a_third_are_never_blamed() -> None:
+    """c is throttled: a, b and d step as slowly (0.2 s), but sleep in the collective."""
+    found = _windows({"a": 0.05, "b": 0.05, "c": 0.19, "d": 0.05}, 6)
+    named = {e.node for j in found for e in j.events if e.type == "node_slow"}
+    assert named == {"c"}
+    assert all(found[-1].ratios[n] <= 1.0 for n in "abd")  # their peers' median, or below
+
+
+def test_a_job_at_one_pace_names_nobody_and_a_noisy_window_resets_the_count() -> None:
+    healthy = _windows({"a": 0.02, "b": 0.024, "c": 0.018, "d": 0.022}, 20)
+    assert not any(j.events for j in healthy)
+    memory = SlowMemory()
+    record, nodes = _record(), _nodes(*MEMBERS)
+    pattern = [0.04, 0.04, 0.02, 0.04, 0.04, 0.02]  # never three in a row
+    for seq, d in enumerate(pattern, 1):
+        busy = {"a": 0.02, "b": 0.02, "c": 0.02, "d": d}
+        judged = judge(_speeds(seq, busy), nodes, record, SlowPolicy(), memory, seq * 10_000)
+        assert not judged.events
+        memory = judged.memory
+
+
+def test_marked_compute_is_compared_when_every_node_marks_it() -> None:
+    speeds = {
+        n: NodeSpeed(n, 5, 1, 10.0, 100, 0.1, busy_s=0.05, compute_s=c)
+        for n, c in {"a": 0.01, "b": 0.01, "c": 0.03}.items()
+    }
+    judged = judge(
+        speeds,
+        _nodes("a", "b", "c"),
+        _record(("a", "b", "c")),
+        SlowPolicy(windows=1),
+        SlowMemory(),
+        1,
+    )
+    assert judged.ratios["c"] == pytest.approx(3.0)
+    assert "computes 30.0 ms a step" in judged.events[0].message
+
+
+def test_two_nodes_judge_each_other_and_one_alone_is_never_judged() -> None:
+    pair = _windows({"a": 0.02, "b": 0.05}, 3, record=_record(("a", "b")))
+    assert [e.node for e in pair[2].events] == ["b"]
+    alone = _windows({"a": 0.5}, 5, record=_record(("a",)))
+    assert not any(j.events or j.ratios for j in alone)
+
+
+def test_only_fresh_windows_of_the_generation_and_of_members_count() -> None:
+    record, nodes = _record(), _nodes(*MEMBERS, "spare")
+    busy = {"a": 0.02, "b": 0.02, "c": 0.02, "d": 0.08}
+    memory = SlowMemory()
+    for now in range(5):  # the same window read five times: one window
+        judged = judge(_speeds(1, busy), nodes, record, SlowPolicy(), memory, now)
+        memory = judged.memory
+    assert memory.above["d"] == 1
+    old = {n: NodeSpeed(n, 4, 2, 10.0, 10, 0.1, busy_s=b) for n, b in busy.items()}
+    assert judge(old, nodes, record, SlowPolicy(), memory, 9).ratios == {}
+    stranger = {**_speeds(3, busy), "spare": NodeSpeed("spare", 5, 1, 10.0, 10, 0.1, busy_s=9.0)}
+    assert "spare" not in judge(stranger, nodes, record, SlowPolicy(), memory, 10).ratios
+
+
+def test_recovery_is_said_after_as_many_windows_below() -> None:
+    slow = _windows({"a": 0.02, "b": 0.02, "c": 0.05}, 3, record=_record(("a", "b", "c")))
+    memory = slow[-1].memory
+    assert "c" in memory.named
+    found = _windows(
+        {"a": 0.02, "b": 0.02, "c": 0.021}, 3, memory=memory, record=_record(("a", "b", "c"))
+    )
+    assert [j.events for j in found[:2]] == [(), ()]
+    (event,) = found[2].events
+    assert (event.type, event.node) == ("node_recovered_speed", "c")
+    assert found[2].gone == ("c",) and "c" not in found[2].memory.named
+
+
+def test_replace_drains_the_slow_node_only_with_a_spare_standing_by() -> None:
+    busy = {"a": 0.02, "b": 0.02, "c": 0.02, "d": 0.05}
+    policy = SlowPolicy(policy="replace")
+    without = _windows(busy, 4, policy)
+    assert all(j.drain is None for j in without)
+    assert without[2].memory.named["d"].action == "report: no spare stands by to replace it"
+    with_spare = _windows(busy, 3, policy, nodes=_nodes(*MEMBERS, "e"))
+    drain = with_spare[2].drain
+    assert drain is not None and drain[0] == "d"
+    assert drain[1].by == BY and drain[1].drain and drain[1].reason.startswith("slow: busy")
+    assert with_spare[2].memory.named["d"].action.startswith("replaced by a spare")
+    # a cordoned spare does not stand by
+    cordoned = _nodes(*MEMBERS, "e")
+    cordoned["e"] = NodeReport("e", "h", NodeState.CORDONED, lease_ttl_ms=5000)
+    assert all(j.drain is None for j in _windows(busy, 3, policy, nodes=cordoned))
+
+
+def test_never_more_than_one_drain_a_window() -> None:
+    busy = {"a": 0.02, "b": 0.02, "c": 0.05, "d": 0.06, "e": 0.02}
+    members = ("a", "b", "c", "d", "e")
+    found = _windows(
+        busy,
+        5,
+        SlowPolicy(policy="replace", window_s=10.0),
+        record=_record(members),
+        nodes=_nodes(*members, "s1", "s2"),
+    )
+    drains = [(i, j.drain[0]) for i, j in enumerate(found) if j.drain is not None]
+    assert drains == [(2, "d"), (3, "c")]  # the slowest first, the next a window later
+
+
+def test_exclude_keeps_min_nodes_and_only_when_fewer_nodes_step_more() -> None:
+    policy = SlowPolicy(policy="exclude")
+    busy = {"a": 0.02, "b": 0.02, "c": 0.02, "d": 0.04}  # 2x > 4/3: worth it
+    found = _windows(busy, 3, policy)
+    assert found[2].drain is not None and found[2].drain[0] == "d"
+    at_min = _windows(busy, 3, policy, record=_record(min_nodes=4))
+    assert at_min[2].drain is None
+    assert "min_nodes is 4" in at_min[2].memory.named["d"].action
+    pair = {"a": 0.02, "b": 0.035}  # 1.75x < 2/1: one node alone would step less
+    small = _windows(
+        pair, 3, SlowPolicy(policy="exclude", threshold=1.5), record=_record(("a", "b"))
+    )
+    assert small[2].drain is None
+    assert "would step less" in small[2].memory.named["b"].action
+
+
+def test_a_verdict_goes_with_its_node_and_a_new_generation_counts_afresh() -> None:
+    found = _windows({"a": 0.02, "b": 0.02, "c": 0.05}, 3, record=_record(("a", "b", "c")))
+    memory = found[-1].memory
+    after = judge(
+        {}, _nodes("a", "b", "e"), _record(("a", "b", "e"), generation=6), SlowPolicy(), memory, 99
+    )
+    assert after.gone == ("c",) and after.memory.named == {}
+    assert after.memory.above == {} and after.memory.generation == 6
+
+
+def test_the_why_names_a_gpu_whose_clocks_are_limited() -> None:
+    gpu = GpuSummary(True, gpus=(GpuInfo(0, "degraded", "none", "clocks limited: HW slowdown"),))
+    nodes = {**_nodes("a", "b"), **_nodes("c", gpu=gpu)}
+    found = _windows(
+        {"a": 0.02, "b": 0.02, "c": 0.05}, 3, record=_record(("a", "b", "c")), nodes=nodes
+    )
+    assert "its GPUs: clocks limited: HW slowdown" in found[2].events[0].message
+
+
+def _beat(step: int, compute: float | None = None) -> Beat:
+    return Beat(step + 1, step, 0.0, compute)
+
+
+def test_a_node_window_is_its_slowest_rank_per_step() -> None:
+    usage = {11: CpuUsage(1.0, 0.0), 12: CpuUsage(1.0, 0.0)}
+    watch = SpeedWatch("n", window_s=10.0, usage=lambda pid: usage.get(pid))
+    group = GroupStatus(generation=3, phase=GroupPhase.RUNNING)
+    workers = (WorkerInfo(0, 0, 11, "running"), WorkerInfo(1, 1, 12, "running"))
+    assert watch.tick(0.0, group, {0: _beat(10), 1: _beat(10)}, workers) is None  # begins
+    assert watch.tick(5.0, group, {0: _beat(30), 1: _beat(30)}, workers) is None  # not yet
+    usage[11], usage[12] = CpuUsage(2.0, 0.5), CpuUsage(3.0, 2.0)  # rank 1 waited for a CPU
+    speed = watch.tick(10.0, group, {0: _beat(60), 1: _beat(60)}, workers)
+    assert speed is not None
+    assert (speed.node, speed.generation, speed.seq, speed.steps) == ("n", 3, 1, 50)
+    assert speed.step_s == pytest.approx(0.2)
+    assert (speed.cpu_s, speed.delay_s, speed.busy_s) == pytest.approx((0.04, 0.04, 0.08))
+    assert speed.compute_s is None
+    # a rank that restarted (another pid) is left out of the window; a new generation begins
+    workers = (WorkerInfo(0, 0, 11, "running"), WorkerInfo(1, 1, 13, "running"))
+    usage[11] = CpuUsage(3.0, 0.5)
+    speed = watch.tick(20.0, group, {0: _beat(110, 1.0), 1: _beat(110)}, workers)
+    assert speed is not None and speed.busy_s == pytest.approx(1.0 / 50)
+    later = GroupStatus(generation=4, phase=GroupPhase.RUNNING)
+    assert watch.tick(40.0, later, {0: _beat(1)}, workers) is None
+    assert watch.tick(45.0, GroupStatus(), {}, ()) is None
+
+
+def test_node_speed_garbage_is_refused() -> None:
+    from nodeagent.errors import CorruptStateError
+
+    good = NodeSpeed("n", 1, 1, 10.0, 5, 0.1, busy_s=0.05)
+    assert NodeSpeed.from_json(good.to_json()) == good
+    for bad in (
+        '{"node":"n","generation":1,"seq":1,"window_s":10,"steps":0,"step_s":0.1}',
+        '{"node":"n","generation":1,"seq":1,"window_s":10,"steps":5,"step_s":-1}',
+        '{"node":"../x","generation":1,"seq":1,"window_s":10,"steps":5,"step_s":0.1}',
+        '{"node":"n","generation":1,"seq":1,"window_s":10,"steps":5,"step_s":0.1,"busy_s":1e400}',
+    ):
+        with pytest.raises(CorruptStateError):
+            NodeSpeed.from_json(bad)
