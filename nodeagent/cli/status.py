@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -9,6 +10,7 @@ from nodeagent.coord.store import NodeLease, Snapshot
 from nodeagent.job.checkpoints import replication
 from nodeagent.job.checkpoints.restore import memory_steps
 from nodeagent.model.job import JobRecord, NodeReport
+from nodeagent.model.speed import NodeSpeed, SlowVerdict
 from nodeagent.state import JobState
 
 
@@ -89,11 +91,29 @@ def checkpoints(record: JobRecord | None, snapshot: Snapshot) -> dict[str, Any] 
     }
 
 
-def status_document(snapshot: Snapshot, job: str) -> dict[str, Any]:
+def _speed(speed: NodeSpeed | None, verdict: SlowVerdict | None) -> dict[str, Any]:
+    """A node's last speed window and, if the leader named it slow, why."""
+    return {
+        "speed": {k: v for k, v in asdict(speed).items() if k not in ("node", "seq")}
+        if speed
+        else None,
+        "slow": {k: v for k, v in asdict(verdict).items() if k != "node"} if verdict else None,
+    }
+
+
+def status_document(
+    snapshot: Snapshot,
+    job: str,
+    speeds: Mapping[str, NodeSpeed] | None = None,
+    slow: Mapping[str, SlowVerdict] | None = None,
+) -> dict[str, Any]:
+    """`speeds`, `slow`: the job's speed hash and slow verdicts (coord/speeds.py)."""
     record = snapshot.record
     running = record is not None and record.state is JobState.RUNNING
+    speeds, slow = speeds or {}, slow or {}
     nodes = [
         _node(lease, snapshot.now_ms, record.group_rank(lease.name) if record and running else None)
+        | _speed(speeds.get(lease.name), slow.get(lease.name))
         for lease in sorted(snapshot.leases, key=lambda lease: lease.name)
     ]
     return {
@@ -115,5 +135,6 @@ def status_document(snapshot: Snapshot, job: str) -> dict[str, Any]:
         "record_error": snapshot.record_error,
         "garbage": [g.describe() for g in snapshot.garbage],
         "checkpoints": checkpoints(record, snapshot),
+        "slow_nodes": sorted(slow),
         "nodes": nodes,
     }

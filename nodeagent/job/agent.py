@@ -548,8 +548,10 @@ class Agent:
         if led.again:
             self._dirty = True
         self._leadership.account(snapshot.now_ms, self.record.generation if self.record else 0)
+        # the record as stored, whole: a node's own record names only its own place
+        record = led.record or snapshot.stored_record
         self._events += self._slow.tick(
-            self._leader, self.record, lambda: snapshot.cluster_view().nodes, snapshot.now_ms
+            self._leader, record, lambda: snapshot.cluster_view().nodes, snapshot.now_ms
         )
 
 

@@ -113,6 +113,8 @@ def _rank_speed(before: _Mark, after: _Mark, elapsed: float) -> RankSpeed | None
     if steps <= 0 or after.pid != before.pid:  # no step, or another process (restarted)
         return None
     compute = _per_step(before.compute_s, after.compute_s, steps)
+    if not compute:  # nothing marked in the window: the script does not mark its compute
+        compute = None
     cpu = delay = None
     if before.usage is not None and after.usage is not None:
         cpu = _per_step(before.usage.cpu_s, after.usage.cpu_s, steps)

@@ -8,17 +8,16 @@ every step): each process appends "synced", "step" and "final" lines to RECORD_D
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+from tests.helpers.inplace import Lines, kept_through, reformed, workers
 from tests.helpers.pool import pool_cluster
 
 pytest.importorskip("torch")
@@ -28,30 +27,6 @@ SCRIPT = Path(__file__).resolve().parents[1] / "helpers" / "elastic_worker.py"
 # A 3 s lease (heartbeat 250 ms): with 1 s, a loaded CI machine lapsed a lease and the job
 # re-formed once more than the test counts (seen: 8 survivors kept, not 7).
 TIMING = {"heartbeat_interval": "250ms", "lease_ttl": "3s", "stop_grace_period": "5s"}
-
-
-class Lines:
-    """What the workers recorded, by process."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def all(self, event: str) -> list[dict[str, Any]]:
-        found = []
-        for path in sorted(self.directory.glob("[0-9]*.jsonl")):
-            for text in path.read_text().splitlines():
-                line = json.loads(text)
-                if line["event"] == event:
-                    found.append(line)
-        return found
-
-    def steps(self, pid: int) -> list[dict[str, Any]]:
-        return [line for line in self.all("step") if line["pid"] == pid]
-
-    def stepping(self, pids: list[int], generation: int) -> bool:
-        """Every one of `pids` has taken two steps in `generation`."""
-        steps = [line for line in self.all("step") if line["gen"] == generation]
-        return all(sum(1 for s in steps if s["pid"] == pid) >= 2 for pid in pids)
 
 
 def in_place(
@@ -79,25 +54,6 @@ def in_place(
 def cluster(redis_server: RedisServer, job_id: str, tmp_path: Path) -> Iterator[LocalCluster]:
     with in_place(redis_server, job_id, tmp_path, 3, "30s", target=2) as cluster:
         yield cluster
-
-
-def workers(cluster: LocalCluster, *nodes: str) -> dict[str, int]:
-    """Each node's one worker process."""
-    return {node: cluster.worker_pids(node)[0] for node in nodes}
-
-
-def reformed(cluster: LocalCluster, world: int, after: int) -> int:
-    """Wait for a generation after `after` running at `world` with every member's worker
-    stepping in it; its number."""
-    doc = cluster.wait_running(world, 90, after_generation=after)
-    generation, nodes = int(doc["generation"]), doc["members"]
-    lines = Lines(cluster.records_dir)
-    wait_for(
-        lambda: lines.stepping(list(workers(cluster, *nodes).values()), generation),
-        90,
-        f"every rank stepping in generation {generation}",
-    )
-    return generation
 
 
 def test_survivors_keep_their_processes_through_a_kill_scale_up_and_down_a_drain_and_a_node_loss(
@@ -145,18 +101,6 @@ def test_survivors_keep_their_processes_through_a_kill_scale_up_and_down_a_drain
     assert [(line["pid"], line["step"]) for line in finals] == [(*alive.values(), stop_at)]
     started = [e for e in cluster.events() if e["type"] == "workers_started"]
     assert sum(e["data"].get("kept", 0) for e in started) == 7  # 1 + 2 + 2 + 1 + 1 survivors
-
-
-def kept_through(cluster: LocalCluster, before: dict[str, int]) -> dict[str, int]:
-    """The members' worker processes now; those of `before` that are still members must be the
-    same processes (kept through the re-form, not restarted)."""
-    now = workers(cluster, *cluster.status()["members"])
-    survivors = {n: p for n, p in before.items() if n in now}
-    if before:
-        assert survivors, f"no member of {sorted(before)} is one any more"
-        restarted = sorted(n for n in survivors if now[n] != survivors[n])
-        assert not restarted, f"{restarted} restarted\n{cluster.diagnostics()}"
-    return now
 
 
 def assert_nothing_lost(lines: Lines, pid: int) -> None:

@@ -7,10 +7,15 @@ It stops, every rank at the same step, once $RECORD_DIR/stop holds a step it has
 REFORM_TIMEOUT_S sets run()'s reform_timeout, PG_TIMEOUT_S its pg_timeout (default 90 s).
 SHARDED=1 also trains an FSDP2-sharded layer beside the model, made anew in every generation,
 so that FSDP2 and DTensor hold on to the process group the way a sharded job's do.
+WORK=N adds N 256x256 matrix products to each step's forward (about 0.45 ms each on one core
+here: CPU work that a throttled node is slow at), with STEP_TIME_S its pause between steps
+(default 0.02); MARK_COMPUTE=1 marks that forward with nodeagent.worker.compute. Every step
+beats (nodeagent.worker.beat).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,10 +30,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from nodeagent.worker import elastic
+from nodeagent.worker import beat, compute, elastic
 
 FEATURES = 8
-STEP_TIME_S = 0.02
+STEP_TIME_S = float(os.environ.get("STEP_TIME_S", "0.02"))
+WORK = int(os.environ.get("WORK", "0"))
+MARK_COMPUTE = os.environ.get("MARK_COMPUTE") == "1"
 
 
 def params_sha256(model: nn.Module) -> str:
@@ -72,6 +79,7 @@ def sharded_layer() -> nn.Module:
 
 
 def main() -> int:
+    torch.set_num_threads(1)
     record = Recorder(Path(os.environ["RECORD_DIR"]))
     torch.manual_seed(int(os.environ.get("SEED", "0")))  # newcomers start elsewhere on purpose
     model = nn.Linear(FEATURES, 1)
@@ -94,16 +102,21 @@ def main() -> int:
         ddp = DistributedDataParallel(model)
         sharded = sharded_layer() if os.environ.get("SHARDED") == "1" else None
         rank, world = dist.get_rank(), dist.get_world_size()
+        square = torch.randn(256, 256)
         while not record.should_stop(state.step):
             x, y = batch(state.step + 1, rank, world)
             optimizer.zero_grad()
-            loss = nn.functional.mse_loss(ddp(x), y)
+            with compute() if MARK_COMPUTE else contextlib.nullcontext():
+                for _ in range(WORK):
+                    square = torch.tanh(square @ square)
+                loss = nn.functional.mse_loss(ddp(x), y)
             torch.autograd.backward(loss)
             if sharded is not None:
                 sharded(x).sum().backward()
             optimizer.step()
             state.step += 1
             record("step", step=state.step, rank=rank, world=world, gen=state.generation)
+            beat(state.step)
             state.commit()  # may raise Reform: the step is committed by then
             time.sleep(STEP_TIME_S)
 

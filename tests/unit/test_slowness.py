@@ -42,7 +42,7 @@ def _speeds(seq: int, busy: Mapping[str, float], step_s: float = 0.1) -> dict[st
 def _windows(
     busy: Mapping[str, float],
     count: int,
-    policy: SlowPolicy = SlowPolicy(),
+    policy: SlowPolicy = SlowPolicy(),  # noqa: B008 (frozen: one default shared is fine)
     memory: SlowMemory | None = None,
     record: JobRecord | None = None,
     nodes: Mapping[str, NodeReport] | None = None,
@@ -218,7 +218,7 @@ def test_a_node_window_is_its_slowest_rank_per_step() -> None:
     assert watch.tick(0.0, group, {0: _beat(10), 1: _beat(10)}, workers) is None  # begins
     assert watch.tick(5.0, group, {0: _beat(30), 1: _beat(30)}, workers) is None  # not yet
     usage[11], usage[12] = CpuUsage(2.0, 0.5), CpuUsage(3.0, 2.0)  # rank 1 waited for a CPU
-    speed = watch.tick(10.0, group, {0: _beat(60), 1: _beat(60)}, workers)
+    speed = watch.tick(10.0, group, {0: _beat(60, 1.0), 1: _beat(60)}, workers)
     assert speed is not None
     assert (speed.node, speed.generation, speed.seq, speed.steps) == ("n", 3, 1, 50)
     assert speed.step_s == pytest.approx(0.2)
@@ -229,6 +229,7 @@ def test_a_node_window_is_its_slowest_rank_per_step() -> None:
     usage[11] = CpuUsage(3.0, 0.5)
     speed = watch.tick(20.0, group, {0: _beat(110, 1.0), 1: _beat(110)}, workers)
     assert speed is not None and speed.busy_s == pytest.approx(1.0 / 50)
+    assert speed.compute_s is None  # rank 0 marked nothing in the window (1.0 before and after)
     later = GroupStatus(generation=4, phase=GroupPhase.RUNNING)
     assert watch.tick(40.0, later, {0: _beat(1)}, workers) is None
     assert watch.tick(45.0, GroupStatus(), {}, ()) is None

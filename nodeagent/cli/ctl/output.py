@@ -59,6 +59,11 @@ def print_status(doc: dict[str, Any]) -> None:
             print(f"{'':<20} cordoned: {node['cordon']['reason']} (by {node['cordon']['by']})")
         if node["unfit"]:
             print(f"{'':<20} cannot take part: {node['unfit']}")
+        if node.get("slow"):
+            slow = node["slow"]
+            print(
+                f"{'':<20} SLOW ({slow['ratio']:.2f}x its peers): {slow['why']}; {slow['action']}"
+            )
 
 
 def _step(step: int | None) -> str:

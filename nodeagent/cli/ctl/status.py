@@ -20,7 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(target: Target, args: argparse.Namespace) -> int:
     store = target.store
-    doc = {"version": output.JSON_VERSION, **status_document(store.snapshot(), store.keys.job)}
+    snapshot = store.snapshot()
+    doc = {
+        "version": output.JSON_VERSION,
+        **status_document(snapshot, store.keys.job, store.speeds(), store.slow_verdicts()),
+    }
     pooled = target.pool_store.status(store.keys.job)
     doc["pool"] = (
         {"pool": target.pool, "state": pooled.state.value, "reason": pooled.reason}

@@ -1,0 +1,121 @@
+"""End to end, a slow node: real agents, a real Redis, real DDP training (gloo) in place, one
+node's workers throttled by the kernel's CPU controller (tests/helpers/throttle.py).
+
+The script marks nothing: the agents see the throttled rank by what the kernel says of it (it
+waits for a CPU most of each step, while its peers sleep in the all-reduce waiting for it). The
+leader names it slow, and with `policy: replace` drains it: the spare takes its place in place,
+the other members keep their processes, and the job steps at its healthy pace again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import throttle
+from tests.helpers.cluster import RedisServer, local_cluster, wait_for
+from tests.helpers.inplace import Lines, kept_through, reformed, workers
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SCRIPT = Path(__file__).resolve().parents[1] / "helpers" / "elastic_worker.py"
+WINDOW_S, WINDOWS = 2.0, 3
+SHARE = 0.15  # of one CPU: the throttled rank's work takes several times its peers'
+# Named slow within this of the throttle (docs/slow-nodes.md: windows x window, plus the window
+# under way and the leader's own window, plus a loaded machine's slack).
+DETECT_S = (WINDOWS + 2) * WINDOW_S + 10
+
+
+def step_time(lines: Lines, generation: int, since: float, until: float) -> float:
+    """The median time between rank 0's consecutive steps in `generation`, within [since,
+    until] (this machine's clock)."""
+    times: list[float] = sorted(
+        line["t"]
+        for line in lines.all("step")
+        if line["gen"] == generation and line["rank"] == 0 and since <= line["t"] <= until
+    )
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert len(gaps) >= 10, f"only {len(gaps)} steps of rank 0 in generation {generation}"
+    return float(statistics.median(gaps))
+
+
+def measure(lines: Lines, generation: int, seconds: float) -> float:
+    start = time.time()
+    time.sleep(seconds)
+    return step_time(lines, generation, start, time.time())
+
+
+@pytest.mark.skipif(throttle.available() is not None, reason=str(throttle.available()))
+def test_a_throttled_node_is_named_slow_and_replaced_by_the_spare_in_place(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    records = tmp_path / "records"
+    env = {"RECORD_DIR": str(records), "PYTHONUNBUFFERED": "1", "WORK": "30", "STEP_TIME_S": "0"}
+    with local_cluster(
+        redis_server.url,
+        tmp_path,
+        job=job_id,
+        max_nodes=4,
+        target_nodes=3,
+        max_restarts=5,
+        timing={
+            "heartbeat_interval": "250ms",
+            "lease_ttl": "3s",
+            "stop_grace_period": "5s",
+            "reform_timeout": "30s",
+        },
+        entrypoint=[sys.executable, str(SCRIPT)],
+        job_options={
+            "recovery": "in_place",
+            "env": env,
+            "slow_node": {"policy": "replace", "window": f"{WINDOW_S:g}s", "windows": WINDOWS},
+        },
+    ) as cluster:
+        lines = Lines(cluster.records_dir)
+        cluster.start("a", "b", "c", "d")  # target 3: the last to join stands by as the spare
+        gen = reformed(cluster, 3, 0)
+        members = cluster.status()["members"]
+        victim, kept = members[1], [members[0], members[2]]
+        (spare,) = {"a", "b", "c", "d"} - set(members)
+        alive = kept_through(cluster, {})
+        time.sleep(3 * WINDOW_S)  # a few windows at the healthy pace
+        healthy = measure(lines, gen, 6.0)
+        assert not [e for e in cluster.events() if e["type"] == "node_slow"]
+
+        throttled_at = time.time()
+        with throttle.throttled(f"nodeagent-test-{job_id}", [alive[victim]], SHARE):
+            slow = wait_for(
+                lambda: [e for e in cluster.events() if e["type"] == "node_slow"],
+                DETECT_S + 30,
+                "a node named slow",
+            )
+            named_after = time.time() - throttled_at
+            assert [e["node"] for e in slow] == [victim], cluster.diagnostics()
+            during = step_time(lines, gen, throttled_at + WINDOW_S, time.time())
+            gen = reformed(cluster, 3, gen)
+        doc = cluster.status()
+        assert doc["members"] == [*kept, spare]
+        alive = kept_through(cluster, alive)  # the others kept their processes
+        drained = next(n for n in doc["nodes"] if n["name"] == victim)
+        assert drained["cordon"]["by"] == "slow-node" and drained["cordon"]["drain"]
+        assert drained["cordon"]["reason"].startswith("slow: busy")
+        announced = [e for e in cluster.events() if e["type"] == "generation_announced"]
+        assert announced[-1]["data"]["reason"] == "slow_node"
+        time.sleep(2.0)  # the newcomer's first steps
+        after = measure(lines, gen, 6.0)
+        report = (
+            f"step time healthy {healthy * 1000:.1f} ms, throttled {during * 1000:.1f} ms, "
+            f"after the replacement {after * 1000:.1f} ms; named slow after {named_after:.1f} s"
+        )
+        print(report)
+        assert during > 1.5 * healthy, report  # the throttle slowed the whole job
+        assert after <= 1.10 * healthy, report
+        assert named_after <= DETECT_S, report
+        assert not [e for e in cluster.events() if e["type"] == "node_slow" and e["node"] != victim]
+        assert workers(cluster, *kept) == {n: alive[n] for n in kept}

@@ -1,0 +1,65 @@
+"""What the in-place e2e tests share: the records tests/helpers/elastic_worker.py writes, and
+waiting for a re-formed generation whose members all step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.cluster import LocalCluster, wait_for
+
+
+class Lines:
+    """What the workers recorded, by process."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def all(self, event: str) -> list[dict[str, Any]]:
+        found = []
+        for path in sorted(self.directory.glob("[0-9]*.jsonl")):
+            for text in path.read_text().splitlines():
+                line = json.loads(text)
+                if line["event"] == event:
+                    found.append(line)
+        return found
+
+    def steps(self, pid: int) -> list[dict[str, Any]]:
+        return [line for line in self.all("step") if line["pid"] == pid]
+
+    def stepping(self, pids: list[int], generation: int) -> bool:
+        """Every one of `pids` has taken two steps in `generation`."""
+        steps = [line for line in self.all("step") if line["gen"] == generation]
+        return all(sum(1 for s in steps if s["pid"] == pid) >= 2 for pid in pids)
+
+
+def workers(cluster: LocalCluster, *nodes: str) -> dict[str, int]:
+    """Each node's one worker process."""
+    return {node: cluster.worker_pids(node)[0] for node in nodes}
+
+
+def reformed(cluster: LocalCluster, world: int, after: int) -> int:
+    """Wait for a generation after `after` running at `world` with every member's worker
+    stepping in it; its number."""
+    doc = cluster.wait_running(world, 90, after_generation=after)
+    generation, nodes = int(doc["generation"]), doc["members"]
+    lines = Lines(cluster.records_dir)
+    wait_for(
+        lambda: lines.stepping(list(workers(cluster, *nodes).values()), generation),
+        90,
+        f"every rank stepping in generation {generation}",
+    )
+    return generation
+
+
+def kept_through(cluster: LocalCluster, before: dict[str, int]) -> dict[str, int]:
+    """The members' worker processes now; those of `before` that are still members must be the
+    same processes (kept through the re-form, not restarted)."""
+    now = workers(cluster, *cluster.status()["members"])
+    survivors = {n: p for n, p in before.items() if n in now}
+    if before:
+        assert survivors, f"no member of {sorted(before)} is one any more"
+        restarted = sorted(n for n in survivors if now[n] != survivors[n])
+        assert not restarted, f"{restarted} restarted\n{cluster.diagnostics()}"
+    return now
