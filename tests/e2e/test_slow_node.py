@@ -1,5 +1,6 @@
-"""End to end, a slow node: real agents, a real Redis, real DDP training (gloo) in place, one
-node's workers throttled by the kernel's CPU controller (tests/helpers/throttle.py).
+"""End to end, a slow node: real agents, a real Redis, real training in place (a DDP model and an
+FSDP2-sharded layer, gloo), one node's workers throttled by the kernel's CPU controller
+(tests/helpers/throttle.py).
 
 The script marks nothing: the agents see the throttled rank by what the kernel says of it (it
 waits for a CPU most of each step, while its peers sleep in the all-reduce waiting for it). The
@@ -57,6 +58,7 @@ def test_a_throttled_node_is_named_slow_and_replaced_by_the_spare_in_place(
 ) -> None:
     records = tmp_path / "records"
     env = {"RECORD_DIR": str(records), "PYTHONUNBUFFERED": "1", "WORK": "30", "STEP_TIME_S": "0"}
+    env["SHARDED"] = "1"  # an FSDP2-sharded layer beside the DDP model
     with local_cluster(
         redis_server.url,
         tmp_path,
