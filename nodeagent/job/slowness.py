@@ -61,6 +61,7 @@ class SlowMemory:
     seen: Mapping[str, int] = field(default_factory=dict)  # the last window judged, by node
     named: Mapping[str, SlowVerdict] = field(default_factory=dict)
     drained_ms: int | None = None  # when the policy last drained a node
+    pace_s: float | None = None  # the generation's step time in its last window with none slow
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def judge(
     if record is None or record.state is not JobState.RUNNING:
         return Judgment(memory, {})
     if memory.generation != record.generation:  # a new world, a new pace: count afresh
-        memory = replace(memory, generation=record.generation, above={}, below={})
+        memory = replace(memory, generation=record.generation, above={}, below={}, pace_s=None)
     fresh = {
         name: speed
         for name in record.members
@@ -94,37 +95,57 @@ def judge(
         and speed.seq != memory.seen.get(name)
     }
     figures = _figures(fresh)
-    ratios = _ratios(figures)
+    found = _ratios(figures)
     above, below = dict(memory.above), dict(memory.below)
-    for name, ratio in ratios.items():
+    for name, ratio in found.items():
         slow = ratio > policy.threshold
         above[name] = above.get(name, 0) + 1 if slow else 0
         below[name] = 0 if slow else below.get(name, 0) + 1
+    step_s = statistics.median(s.step_s for s in fresh.values()) if fresh else None
+    pace_s = memory.pace_s
+    if (
+        step_s is not None
+        and found
+        and not memory.named
+        and max(found.values()) <= policy.threshold
+    ):
+        pace_s = step_s
     named = dict(memory.named)
     events: list[Event] = []
     put: list[SlowVerdict] = []
     gone = [n for n in named if n not in record.members]  # replaced, excluded, lost
     for name in gone:
         del named[name]
-    for name, ratio in sorted(ratios.items()):
+    for name, ratio in sorted(found.items()):
         if name not in named and above[name] >= policy.windows:
             why = _why(name, fresh, figures, ratio, nodes.get(name))
             named[name] = SlowVerdict(name, now_ms, round(ratio, 3), why)
             put.append(named[name])
-            events.append(_event("node_slow", record, name, why, ratio))
+            # for the goodput (model/goodput.py): since when it has been slow, how fast the
+            # job steps now, and how fast it stepped before
+            pace = {"began_s": round(policy.windows * policy.window_s, 3)}
+            pace |= {"step_s": round(step_s or 0.0, 6)}
+            pace |= {"pace_s": round(pace_s, 6)} if pace_s is not None else {}
+            events.append(_event("node_slow", record, name, why, ratio, pace))
         elif name in named and below[name] >= policy.windows:
             del named[name]
             gone.append(name)
             message = f"steps at its peers' pace again ({ratio:.2f}x their median)"
             events.append(_event("node_recovered_speed", record, name, message, ratio))
     seen = {**memory.seen, **{name: speed.seq for name, speed in fresh.items()}}
-    memory = replace(memory, above=above, below=below, seen=seen, named=named)
+    memory = replace(memory, above=above, below=below, seen=seen, named=named, pace_s=pace_s)
     drain = None
     if policy.policy != "report" and named:
         memory, drain, acted = _act(record, nodes, policy, memory, now_ms)
         put += acted
         events += [_event("slow_node_policy", record, v.node, v.action, v.ratio) for v in acted]
-    return Judgment(memory, ratios, tuple(events), tuple(put), tuple(gone), drain)
+    return Judgment(memory, found, tuple(events), tuple(put), tuple(gone), drain)
+
+
+def ratios(speeds: Mapping[str, NodeSpeed]) -> dict[str, float]:
+    """Each node's own work a step over the median of the others', as `judge` compares them
+    (for a bench or a dashboard reading the speed hash)."""
+    return _ratios(_figures(speeds))
 
 
 def _figures(fresh: Mapping[str, NodeSpeed]) -> dict[str, tuple[str, float]]:
@@ -218,14 +239,16 @@ def _act(
     return memory, (slowest.node, cordon), [verdict]
 
 
-def _event(kind: str, record: JobRecord, node: str, message: str, ratio: float) -> Event:
-    return Event(
-        kind,
-        generation=record.generation,
-        node=node,
-        message=message,
-        data={"ratio": round(ratio, 3)},
-    )
+def _event(
+    kind: str,
+    record: JobRecord,
+    node: str,
+    message: str,
+    ratio: float,
+    more: Mapping[str, float] | None = None,
+) -> Event:
+    data = {"ratio": round(ratio, 3), **(more or {})}
+    return Event(kind, generation=record.generation, node=node, message=message, data=data)
 
 
 def _ms(seconds: float | None) -> str:

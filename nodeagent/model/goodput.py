@@ -15,6 +15,10 @@ first announcement to the end (or now), is cut into consecutive pieces, each cou
   - checkpoint stalls: the seconds its saves held the training step,
   - re-training: the steps the restart before it lost (the last step reached before it, less
     the step it resumed from), at its own pace,
+  - slow ranks: while a member was slow (`node_slow`, job/slowness.py: from `began_s` before it
+    was named to its `node_recovered_speed` or the generation's end), the share of the time the
+    job would have saved at its pace before (`1 - pace_s / step_s`); not counted where the
+    generation had no window without a slow node (no pace known),
   - productive: the rest;
 - each re-form, by the reason announced, split into
   - detection: the last step read -> the announcement (for a failure: the time from the fault's
@@ -45,6 +49,7 @@ PARTS = (
     "queued",
     "checkpoint_stalls",
     "retrained",
+    "slow_ranks",
     "first_start",
     "detection",
     "reforming",
@@ -129,6 +134,24 @@ class _Generation:
     steps: int = 0
     stalled_s: float = 0.0
     waits: list[float] = field(default_factory=list)  # job_waiting times after its announcement
+    # node_slow: (node, since, the share of the time lost); node_recovered_speed: node -> when
+    slow: list[tuple[str, float, float]] = field(default_factory=list)
+    recovered: list[tuple[str, float]] = field(default_factory=list)
+
+    def slow_s(self, first: float, last: float) -> float:
+        """The time its slow members cost within [first, last], each moment counted once (at
+        the largest share lost then)."""
+        stretches = []
+        for node, since, share in self.slow:
+            until = min((t for n, t in self.recovered if n == node and t > since), default=last)
+            stretches.append((_clamp(since, first, last), _clamp(until, first, last), share))
+        cost, cursor = 0.0, first
+        for start, stop, share in sorted(stretches):
+            start = max(start, cursor)
+            if stop > start:
+                cost += (stop - start) * share
+                cursor = stop
+        return cost
 
 
 def account(
@@ -167,6 +190,12 @@ def account(
             gen.last, gen.last_step = at - _int(data.get("age_ms")) / 1000, _int(data.get("step"))
             gen.steps = _int(data.get("steps"))
             gen.stalled_s = max(0.0, _float(data.get("stalled_s")))
+        elif event.type == "node_slow" and event.node:
+            step_s, pace_s = _float(data.get("step_s")), _float(data.get("pace_s"))
+            share = 1 - pace_s / step_s if 0 < pace_s < step_s else 0.0
+            gen.slow.append((event.node, at - max(0.0, _float(data.get("began_s"))), share))
+        elif event.type == "node_recovered_speed" and event.node:
+            gen.recovered.append((event.node, at))
     if begin is None:
         return None
     if not ended and ordered:  # `now_ms` read before the newest events were written
@@ -223,9 +252,11 @@ def _cut(
             parts["startup_restore"] += reform.startup_restore_s
         parts["waiting"] += waiting
         stalls = min(gen.stalled_s, last - first - retrained)
-        productive = last - first - stalls - retrained
+        slow = min(gen.slow_s(first, last), last - first - retrained - stalls)
+        productive = last - first - stalls - retrained - slow
         parts["checkpoint_stalls"] += stalls
         parts["retrained"] += retrained
+        parts["slow_ranks"] += slow
         parts["productive"] += productive
         rank_seconds += productive * gen.world
         cursor, previous = last, gen

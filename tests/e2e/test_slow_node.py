@@ -11,6 +11,9 @@ the other members keep their processes, and the job steps at its healthy pace ag
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import signal
 import statistics
 import sys
 import time
@@ -121,3 +124,20 @@ def test_a_throttled_node_is_named_slow_and_replaced_by_the_spare_in_place(
         assert named_after <= DETECT_S, report
         assert not [e for e in cluster.events() if e["type"] == "node_slow" and e["node"] != victim]
         assert workers(cluster, *kept) == {n: alive[n] for n in kept}
+
+        # Then a worker killed and a node lost: where did the job's time go?
+        os.kill(alive[spare], signal.SIGKILL)
+        gen = reformed(cluster, 3, gen)
+        cluster.kill_tree(kept[1])
+        gen = reformed(cluster, 2, gen)
+        time.sleep(2.0)
+        shown = cluster.ctl("show", job_id, "--json")
+        assert shown.returncode == 0, shown.stderr
+        found = json.loads(shown.stdout)["goodput"]
+        parts = found["parts"]
+        assert sum(parts.values()) == pytest.approx(found["wall_s"], abs=0.01), found
+        reasons = [r["reason"] for r in found["reforms"]]
+        assert reasons == ["slow_node", "worker_failed", "node_lost"], found
+        # the throttled stretch stepped about 3x slower: most of it is the slow ranks'
+        assert 0.3 * named_after < parts["slow_ranks"] < named_after + 2 * WINDOW_S, found
+        assert 0 < found["ettr"] < 1 and found["unaccounted"] == [], found

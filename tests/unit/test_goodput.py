@@ -196,3 +196,22 @@ def test_an_ended_pool_jobs_ettr_reads_back_and_garbage_is_refused() -> None:
         PoolJobState.FAILED, 20_000, "failed"
     )
     assert again.ettr is None  # a later end is accounted anew
+
+
+def test_a_slow_member_costs_the_share_of_time_the_job_would_have_saved() -> None:
+    """Generation 2 steps at 0.1 s, then one node is slow from 130 (named at 160, 30 s of
+    windows before) until it recovers at 170: the job stepped in 0.4 s, so 3/4 of those 40 s
+    are the slow ranks'. A second node named slow at 180 with no pace known costs nothing."""
+    events = [
+        *two_generations()[:-2],
+        replace(at(160, "node_slow", 2, ratio=4.0, began_s=30, step_s=0.4, pace_s=0.1), node="c"),
+        replace(at(170, "node_recovered_speed", 2, ratio=1.0), node="c"),
+        replace(at(180, "node_slow", 2, ratio=2.0, began_s=5, step_s=0.2), node="d"),
+        *two_generations()[-2:],
+    ]
+    plain = goodput.account(two_generations(), now_ms=10**9)
+    found = goodput.account(events, now_ms=10**9)
+    assert plain is not None and found is not None
+    assert found.parts["slow_ranks"] == pytest.approx(30)
+    assert found.parts["productive"] == pytest.approx(plain.parts["productive"] - 30)
+    assert sum(found.parts.values()) == pytest.approx(found.wall_s)
