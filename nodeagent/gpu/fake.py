@@ -12,6 +12,8 @@ running agent:
         slowdown_temperature_c: 90
         power_w: 300
         clocks_event_reasons: 0
+        sm_clock_mhz: 1980                      # SM clock now, and its most
+        sm_clock_max_mhz: 1980
         ecc_uncorrected_volatile: 0
         remapped_rows: [0, 0, false, false]   # correctable, uncorrectable, pending, failure
         retired_pages_pending: false
@@ -143,6 +145,12 @@ class FakeNvml:
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: _Handle) -> int:
         return int(self._gpu(h, "clocks_event_reasons"))
+
+    def nvmlDeviceGetClockInfo(self, h: _Handle, clock: int) -> int:
+        return int(self._gpu(h, "sm_clock_mhz"))
+
+    def nvmlDeviceGetMaxClockInfo(self, h: _Handle, clock: int) -> int:
+        return int(self._gpu(h, "sm_clock_max_mhz"))
 
     def nvmlDeviceGetTotalEccErrors(self, h: _Handle, kind: int, counter: int) -> int:
         return int(self._gpu(h, "ecc_uncorrected_volatile"))

@@ -148,6 +148,8 @@ class NodeHealth:
                     v.reason,
                     readings[v.index].temperature_c if v.index in readings else None,
                     readings[v.index].power_w if v.index in readings else None,
+                    readings[v.index].sm_clock_mhz if v.index in readings else None,
+                    readings[v.index].sm_clock_max_mhz if v.index in readings else None,
                 )
                 for v in self.monitor.verdicts()
             ),

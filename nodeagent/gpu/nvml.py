@@ -135,6 +135,8 @@ class NvmlBackend:
             ),
             power_w=power_mw / 1000 if power_mw is not None else None,
             clocks_event_reasons=get(nvml.nvmlDeviceGetCurrentClocksEventReasons, h),
+            sm_clock_mhz=get(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM),
+            sm_clock_max_mhz=get(nvml.nvmlDeviceGetMaxClockInfo, h, nvml.NVML_CLOCK_SM),
             ecc_uncorrected_volatile=get(
                 nvml.nvmlDeviceGetTotalEccErrors,
                 h,

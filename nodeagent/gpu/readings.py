@@ -25,6 +25,8 @@ class GpuReading:
     slowdown_temperature_c: float | None = None
     power_w: float | None = None
     clocks_event_reasons: int | None = None
+    sm_clock_mhz: int | None = None  # now, and the most it may run at: a slow GPU's why
+    sm_clock_max_mhz: int | None = None
     ecc_uncorrected_volatile: int | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None

@@ -36,6 +36,7 @@ from nodeagent.state import JobState
 POLICIES = ("report", "replace", "exclude")
 BY = "slow-node"  # the cordon's author: the plan names the restart slow_node for it
 MIN_FIGURE_S = 1e-6  # peers' work below this per step: nothing to compare with
+CLOCK_SLOW = 0.9  # a GPU's SM clock below this share of its most is named in a slow node's why
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,17 @@ def _why(
     why = f"{what}: {ratio:.2f}x its peers' median {_ms(median)}"
     why += f"; the job steps in {_ms(speed.step_s)}"
     if report is not None and report.gpu is not None:
-        limited = sorted({g.reason for g in report.gpu.gpus if g.reason.startswith("clocks")})
+        gpus = report.gpu.gpus
+        limited = sorted({g.reason for g in gpus if g.reason.startswith("clocks")})
+        slowest = min(
+            (g for g in gpus if g.sm_clock_mhz is not None and g.sm_clock_max_mhz),
+            key=lambda g: (g.sm_clock_mhz or 0) / (g.sm_clock_max_mhz or 1),
+            default=None,
+        )
+        if slowest is not None and slowest.sm_clock_mhz is not None:
+            max_mhz = slowest.sm_clock_max_mhz or 1
+            if slowest.sm_clock_mhz < CLOCK_SLOW * max_mhz:
+                limited.append(f"GPU {slowest.index} SM clock {slowest.sm_clock_mhz}/{max_mhz} MHz")
         if limited:
             why += f"; its GPUs: {', '.join(limited)}"
     return why

@@ -136,6 +136,8 @@ class GpuInfo:
     reason: str
     temperature_c: float | None = None
     power_w: float | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
 
     @classmethod
     def read(cls, r: Reader) -> GpuInfo:
@@ -146,6 +148,8 @@ class GpuInfo:
             reason=r.text("reason"),
             temperature_c=r.number("temperature_c", -300, 1000),
             power_w=r.number("power_w", 0, 100_000),
+            sm_clock_mhz=r.opt_integer("sm_clock_mhz", high=100_000),
+            sm_clock_max_mhz=r.opt_integer("sm_clock_max_mhz", high=100_000),
         )
 
 
@@ -200,12 +204,15 @@ class NodeReport:
     @functools.cached_property
     def digest(self) -> str:
         """What changes when anything the leader plans from changes, and only then: the report
-        without its GPUs' readings (temperature and power move at every heartbeat; their
+        without its GPUs' readings (temperature, power and clock move at every heartbeat; their
         verdicts do not). A heartbeat with a new digest marks the node changed (scripts.SYNC),
         and the leader reads it again."""
         gpu = self.gpu and replace(
             self.gpu,
-            gpus=tuple(replace(g, temperature_c=None, power_w=None) for g in self.gpu.gpus),
+            gpus=tuple(
+                replace(g, temperature_c=None, power_w=None, sm_clock_mhz=None)
+                for g in self.gpu.gpus
+            ),
         )
         planned = replace(self, gpu=gpu).to_json().encode()
         return hashlib.blake2b(planned, digest_size=8).hexdigest()

@@ -34,6 +34,8 @@ def test_every_gpu_is_read() -> None:
             assert r.temperature_c is not None and 0 < r.temperature_c < 120
             assert r.power_w is None or r.power_w > 0
             assert r.slowdown_temperature_c is None or r.slowdown_temperature_c > r.temperature_c
+            if r.sm_clock_mhz is not None and r.sm_clock_max_mhz is not None:  # data-center GPUs
+                assert 0 < r.sm_clock_mhz <= r.sm_clock_max_mhz
             print(r, classify(r, Thresholds()))
     finally:
         backend.close()

@@ -16,6 +16,8 @@ def healthy_gpu(**changes: Any) -> dict[str, Any]:
         "slowdown_temperature_c": 90,
         "power_w": 300.5,
         "clocks_event_reasons": 0,
+        "sm_clock_mhz": 1410,
+        "sm_clock_max_mhz": 1980,
         "ecc_uncorrected_volatile": 0,
         "remapped_rows": [0, 0, False, False],
         "retired_pages_pending": False,

@@ -210,6 +210,7 @@ def test_backend_reads_every_field() -> None:
     )
     assert reading.recovery_action == 1 and reading.nvlinks_down == (1,)
     assert reading.remapped_rows_pending is False and reading.ecc_uncorrected_volatile == 0
+    assert (reading.sm_clock_mhz, reading.sm_clock_max_mhz) == (1410, 1980)
 
 
 @pytest.mark.parametrize(

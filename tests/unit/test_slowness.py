@@ -197,13 +197,23 @@ def test_a_verdict_goes_with_its_node_and_a_new_generation_counts_afresh() -> No
     assert after.memory.above == {} and after.memory.generation == 6
 
 
-def test_the_why_names_a_gpu_whose_clocks_are_limited() -> None:
-    gpu = GpuSummary(True, gpus=(GpuInfo(0, "degraded", "none", "clocks limited: HW slowdown"),))
+def test_the_why_names_a_gpu_whose_clocks_are_limited_or_low() -> None:
+    gpu = GpuSummary(
+        True,
+        gpus=(
+            GpuInfo(0, "degraded", "none", "clocks limited: HW slowdown", sm_clock_mhz=1980),
+            GpuInfo(1, "ok", "none", "", sm_clock_mhz=1000, sm_clock_max_mhz=1980),
+            GpuInfo(2, "ok", "none", "", sm_clock_mhz=1900, sm_clock_max_mhz=1980),
+        ),
+    )
     nodes = {**_nodes("a", "b"), **_nodes("c", gpu=gpu)}
     found = _windows(
         {"a": 0.02, "b": 0.02, "c": 0.05}, 3, record=_record(("a", "b", "c")), nodes=nodes
     )
-    assert "its GPUs: clocks limited: HW slowdown" in found[2].events[0].message
+    assert (
+        "its GPUs: clocks limited: HW slowdown, GPU 1 SM clock 1000/1980 MHz"
+        in found[2].events[0].message
+    )
 
 
 def _beat(step: int, compute: float | None = None) -> Beat:
