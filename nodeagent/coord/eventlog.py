@@ -12,7 +12,8 @@ import redis
 
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
-from nodeagent.errors import CoordinationError
+from nodeagent.errors import CoordinationError, CorruptStateError
+from nodeagent.model.job import Event
 
 
 def tail(store: JobStore | PoolStore, count: int) -> list[tuple[str, dict[str, str]]]:
@@ -27,3 +28,19 @@ def tail(store: JobStore | PoolStore, count: int) -> list[tuple[str, dict[str, s
     except redis.RedisError as exc:
         raise CoordinationError(f"read events: {type(exc).__name__}: {exc}") from exc
     return [(str(entry_id), dict(fields)) for entry_id, fields in reversed(entries)]
+
+
+def decoded(store: JobStore | PoolStore, count: int) -> list[Event]:
+    """The newest `count` events that decode, oldest first (what does not is left out: the
+    stream may hold what someone else wrote).
+
+    Raises:
+        CoordinationError: Redis could not be read.
+    """
+    found = []
+    for entry_id, fields in tail(store, count):
+        try:
+            found.append(Event.from_stream(entry_id, fields.get("event", "")))
+        except CorruptStateError:
+            continue
+    return found

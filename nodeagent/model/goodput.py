@@ -29,6 +29,10 @@ first announcement to the end (or now), is cut into consecutive pieces, each cou
 - waiting: `job_waiting` (below `min_nodes`) -> the next announcement;
 - ending: the last step -> the end.
 
+A pool job requeued or evicted (the pool's `job_requeued`, `job_evicted`, then `job_admitted`
+again: `pending_spans`) was pending again from then until its re-admission: that time, within
+the re-form that follows, counts as queued, not as detection or re-forming.
+
 The wall time starts at the submission where it is given, else at the first announcement. The
 effective training time ratio (ETTR) is productive / wall. A generation whose rank 0 said
 nothing (no beats, or its node lost before `training_stopped`) counts from its start to the next
@@ -154,11 +158,35 @@ class _Generation:
         return cost
 
 
+PENDING_AGAIN = frozenset({"job_requeued", "job_evicted"})
+
+
+def pending_spans(pool_events: Sequence[Event], job: str) -> tuple[tuple[int, int | None], ...]:
+    """When the pool put `job` back in its queue (requeued, evicted) and when it admitted it
+    again (None: not yet), in ms, from the pool's events."""
+    spans: list[tuple[int, int | None]] = []
+    opened: int | None = None
+    for event in sorted(pool_events, key=lambda e: e.at_ms or 0):
+        if event.at_ms is None or event.data.get("job") != job:
+            continue
+        if event.type in PENDING_AGAIN and opened is None:
+            opened = event.at_ms
+        elif event.type == "job_admitted" and opened is not None:
+            spans.append((opened, event.at_ms))
+            opened = None
+    if opened is not None:
+        spans.append((opened, None))
+    return tuple(spans)
+
+
 def account(
-    events: Sequence[Event], now_ms: int, submitted_ms: int | None = None
+    events: Sequence[Event],
+    now_ms: int,
+    submitted_ms: int | None = None,
+    pending: Sequence[tuple[int, int | None]] = (),
 ) -> Goodput | None:
     """Where the wall time went, from `events` (any order) and, for a pool job, when it was
-    submitted; None: no generation announced."""
+    submitted and when it was pending again (`pending_spans`); None: no generation announced."""
     ordered = sorted((e for e in events if e.at_ms is not None), key=lambda e: e.at_ms or 0)
     gens: dict[int, _Generation] = {}
     begin: float | None = None
@@ -200,11 +228,13 @@ def account(
         return None
     if not ended and ordered:  # `now_ms` read before the newest events were written
         end = max(end, (ordered[-1].at_ms or 0) / 1000)
-    found = _cut(begin, end, ended, announced, [g for g in gens.values() if g.started is not None])
+    spans = [(a / 1000, end if b is None else b / 1000) for a, b in pending]
+    ran = [g for g in gens.values() if g.started is not None]
+    found = _cut(begin, end, ended, announced, ran, spans)
     if submitted_ms is None or submitted_ms / 1000 >= begin:
         return found
     queued = begin - submitted_ms / 1000
-    parts = {**found.parts, "queued": queued}
+    parts = {**found.parts, "queued": found.parts["queued"] + queued}
     return replace(found, wall_s=found.wall_s + queued, parts=parts)
 
 
@@ -214,6 +244,7 @@ def _cut(
     ended: bool,
     announced: list[_Generation],
     ran: list[_Generation],
+    pending: Sequence[tuple[float, float]] = (),
 ) -> Goodput:
     ran.sort(key=lambda g: g.started or 0.0)
     parts = dict.fromkeys(PARTS, 0.0)
@@ -237,11 +268,17 @@ def _cut(
             parts["first_start"] += first - cursor - waiting
         else:
             detection = _clamp(_announced_after(announced, cursor) or started, cursor, started)
+            # pending again in the pool (requeued, evicted): queued, not the re-form's
+            queued_detect = _overlap(pending, cursor, detection)
+            queued_reform = min(
+                _overlap(pending, detection, started), max(0.0, started - detection - waiting)
+            )
+            parts["queued"] += queued_detect + queued_reform
             reform = Reform(
                 gen.number,
                 _reason(announced, cursor, started),
-                detection - cursor,
-                started - detection - waiting,
+                detection - cursor - queued_detect,
+                started - detection - waiting - queued_reform,
                 first - started,
                 lost,
                 retrained,
@@ -261,8 +298,11 @@ def _cut(
         rank_seconds += productive * gen.world
         cursor, previous = last, gen
         if i == len(ran) - 1:
+            tail = end - cursor - _waiting(announced, cursor, end)
+            queued = min(_overlap(pending, cursor, end), tail)  # pending again, not yet back
             parts["waiting"] += _waiting(announced, cursor, end)
-            parts["ending"] += end - cursor - _waiting(announced, cursor, end)
+            parts["queued"] += queued
+            parts["ending"] += tail - queued
     if not ran:
         parts["waiting"] += _waiting(announced, begin, end)
         parts["first_start"] += end - begin - _waiting(announced, begin, end)
@@ -280,6 +320,11 @@ def _lost(
         return lost, 0.0
     pace = trained_s / (gen.steps - 1)
     return lost, min(lost * pace, trained_s)
+
+
+def _overlap(spans: Sequence[tuple[float, float]], start: float, stop: float) -> float:
+    """Seconds of [start, stop] inside `spans` (which do not overlap each other)."""
+    return sum(max(0.0, min(b, stop) - max(a, start)) for a, b in spans)
 
 
 def _waiting(announced: list[_Generation], after: float, before: float) -> float:

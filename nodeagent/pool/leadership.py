@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from nodeagent.coord import eventlog
 from nodeagent.coord.ended import clear_job, prune
 from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
 from nodeagent.coord.store import JobStore
@@ -199,16 +200,20 @@ def _with_goodput(
     own events before the pool prunes them (job/goodput.py; `nodeagentctl history`). One read
     of a job's events as it ends; a job whose events cannot be read keeps none."""
     found = dict(jobs)
+    pool_events: list[Event] | None = None  # read once a round, if a job ends in it
     for job_id, status in jobs.items():
         before = snap.jobs.get(job_id)
         if not status.state.ended or (before is not None and before.state.ended):
             continue
         try:
             events = JobStore(store.client, store.keys.job(job_id)).events_tail(EVENTS_READ)
+            if pool_events is None:
+                pool_events = eventlog.decoded(store, EVENTS_READ)
         except CoordinationError as exc:
             log.info("pool: job %s: its goodput cannot be read: %s", job_id, exc)
             continue
-        account = goodput.account(events, snap.now_ms, status.submitted_ms)
+        pending = goodput.pending_spans(pool_events, job_id)
+        account = goodput.account(events, snap.now_ms, status.submitted_ms, pending)
         if account is not None and account.ettr is not None:
             found[job_id] = replace(status, ettr=round(min(max(account.ettr, 0.0), 1.0), 4))
     return found

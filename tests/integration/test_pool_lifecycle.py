@@ -177,6 +177,7 @@ def test_hold_keeps_a_pending_job_out_until_release_and_refusals_change_nothing(
 CHECKPOINTING = """
 import json, os, signal, time
 from pathlib import Path
+from nodeagent.worker import beat
 
 records = Path(os.environ["RECORD_DIR"])
 checkpoint = records / f"step-{os.environ['RANK']}"
@@ -197,6 +198,7 @@ signal.signal(signal.SIGTERM, on_term)
 log(event="resumed", step=step)
 while not stopping:
     step += 1
+    beat(step)
     time.sleep(0.02)
 checkpoint.write_text(str(step))
 log(event="saved", step=step)
@@ -236,6 +238,15 @@ def test_requeue_checkpoints_and_runs_the_job_again_in_its_place_under_its_id(
     assert len(saved) == 2 and resumed == saved and min(saved.values()) > 0, steps()
     restarts = pool.jobs()[name]["restarts"]
     assert restarts == 0  # a requeue is not a failure: no restart charged
+    # Where its time went: pending again after the requeue is queued, not a re-form's.
+    listed = pool.ctl("events", "--pool", "--json", "--last", "1000").stdout.splitlines()
+    mine = [e for e in map(json.loads, listed) if e["data"].get("job") == name]
+    requeued_at = next(e["at_ms"] for e in mine if e["type"] == "job_requeued")
+    admitted_at = [e["at_ms"] for e in mine if e["type"] == "job_admitted"][-1]
+    pending = (admitted_at - requeued_at) / 1000
+    shown = json.loads(pool.ctl("show", name, "--json").stdout)["goodput"]
+    assert shown["parts"]["queued"] >= pending > 0, (pending, shown)
+    assert sum(shown["parts"].values()) == pytest.approx(shown["wall_s"], abs=0.01)
 
 
 def test_submit_wait_returns_with_the_job_s_exit_code_and_wait_running_once_it_runs(

@@ -215,3 +215,40 @@ def test_a_slow_member_costs_the_share_of_time_the_job_would_have_saved() -> Non
     assert found.parts["slow_ranks"] == pytest.approx(30)
     assert found.parts["productive"] == pytest.approx(plain.parts["productive"] - 30)
     assert sum(found.parts.values()) == pytest.approx(found.wall_s)
+
+
+def test_a_pool_job_pending_again_after_a_requeue_counts_as_queued() -> None:
+    """Generation 1 stepped until 105; the pool requeued the job at 105.5 and admitted it again
+    at 150; generation 2 was announced at 151, started at 153, stepped from 157. Without the
+    pool's spans those 44.5 s were the re-form's detection; with them they are queued."""
+    events = [
+        at(0, "generation_announced", 1, reason="node_joined"),
+        at(2, "generation_started", 1, world_size=4),
+        at(6, "training_started", 1, step=1, age_ms=1000),
+        at(107, "training_stopped", 1, step=100, age_ms=2000, steps=100),
+        at(151, "generation_announced", 2, reason="node_joined"),
+        at(153, "generation_started", 2, world_size=4),
+        at(158, "training_started", 2, step=91, age_ms=1000),
+        at(199.5, "training_stopped", 2, step=130, age_ms=500, steps=40),
+        at(200, "job_succeeded"),
+    ]
+    pool = [
+        at(1, "job_admitted", job="j"),
+        at(105.5, "job_requeued", job="j"),
+        at(120, "job_evicted", job="other"),
+        at(150, "job_admitted", job="j"),
+        at(300, "job_evicted", job="j"),
+    ]
+    spans = goodput.pending_spans(pool, "j")
+    assert spans == ((105_500, 150_000), (300_000, None))
+    plain = goodput.account(events, now_ms=10**9)
+    found = goodput.account(events, now_ms=10**9, pending=spans[:1])
+    assert plain is not None and found is not None
+    assert found.parts["queued"] == pytest.approx(44.5)
+    assert found.reforms[0].detection_s == pytest.approx(plain.reforms[0].detection_s - 44.5)
+    assert sum(found.parts.values()) == pytest.approx(found.wall_s)
+    # still pending now: the tail after the last step is queued, not ending
+    running = events[:4]
+    now = goodput.account(running, now_ms=130_000, pending=((105_500, None),))
+    assert now is not None and now.parts["queued"] == pytest.approx(130 - 105.5)
+    assert sum(now.parts.values()) == pytest.approx(now.wall_s)

@@ -17,8 +17,9 @@ from nodeagent.cli.ctl.targets import Target
 from nodeagent.config.values import format_duration
 from nodeagent.coord import eventlog, holds
 from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
-from nodeagent.errors import CorruptStateError, NotFoundError
+from nodeagent.errors import NotFoundError
 from nodeagent.job.history import generations, restarts_by_cause
 from nodeagent.model import goodput
 from nodeagent.model.job import Event
@@ -62,7 +63,8 @@ def run(target: Target, args: argparse.Namespace) -> int:
         detail=record.detail if record else None,
         spec_error=spec if isinstance(spec, str) else None,
     )
-    account = goodput.account(events, snap.now_ms, status.submitted_ms)
+    pending = goodput.pending_spans(_events(store), job_id)  # requeued, evicted: queued again
+    account = goodput.account(events, snap.now_ms, status.submitted_ms, pending)
     doc["goodput"] = account.to_data() if account is not None else None
     if as_json:
         print(json.dumps(doc, indent=2))
@@ -122,14 +124,9 @@ def _limit(spec: JobSpec | None) -> str | None:
     return format_duration(spec.time_limit) if spec and spec.time_limit is not None else None
 
 
-def _events(jobs: JobStore) -> list[Event]:
-    found = []
-    for entry_id, fields in eventlog.tail(jobs, EVENTS_READ):
-        try:
-            found.append(Event.from_stream(entry_id, fields.get("event", "")))
-        except CorruptStateError:
-            continue
-    return found
+def _events(stream: JobStore | PoolStore) -> list[Event]:
+    """A job's (or the pool's) events, the newest EVENTS_READ; what does not decode is left out."""
+    return eventlog.decoded(stream, EVENTS_READ)
 
 
 SHOWN = (
