@@ -90,6 +90,9 @@ class Goodput:
     rank_seconds: float = 0.0  # productive seconds times the world size trained at
     unaccounted: tuple[int, ...] = ()  # generations whose rank 0 said nothing of its training
     ended: bool = False
+    # productive seconds times the ranks short of the target world (a job shrunk by a
+    # preemption, or short of nodes): what the allocation it asked for did not train
+    short_rank_seconds: float = 0.0
 
     @property
     def ettr(self) -> float | None:
@@ -107,6 +110,7 @@ class Goodput:
             "parts": {k: round(v, 3) for k, v in self.parts.items()},
             "steps_lost": self.steps_lost,
             "rank_hours": round(self.rank_seconds / 3600, 4),
+            "short_rank_hours": round(self.short_rank_seconds / 3600, 4),
             "reforms": [
                 {
                     "generation": r.generation,
@@ -131,6 +135,7 @@ class _Generation:
     reason: str = ""
     started: float | None = None
     world: int = 0
+    target_world: int = 0  # target_nodes x ranks a node, as announced (0: not said)
     first: float | None = None  # rank 0's first step read (seconds, Redis' clock)
     first_step: int | None = None
     last: float | None = None
@@ -205,6 +210,7 @@ def account(
         data = event.data
         if event.type == "generation_announced":
             gen.announced, gen.reason = at, str(data.get("reason", ""))
+            gen.target_world = _target_world(data)
             announced.append(gen)
             begin = at if begin is None else begin
         elif event.type == "generation_started":
@@ -250,7 +256,7 @@ def _cut(
     parts = dict.fromkeys(PARTS, 0.0)
     reforms: list[Reform] = []
     unaccounted: list[int] = []
-    rank_seconds = 0.0
+    rank_seconds = short_rank_seconds = 0.0
     cursor = begin  # the end of what is cut so far
     previous: _Generation | None = None
     for i, gen in enumerate(ran):
@@ -296,6 +302,7 @@ def _cut(
         parts["slow_ranks"] += slow
         parts["productive"] += productive
         rank_seconds += productive * gen.world
+        short_rank_seconds += productive * max(0, gen.target_world - gen.world)
         cursor, previous = last, gen
         if i == len(ran) - 1:
             tail = end - cursor - _waiting(announced, cursor, end)
@@ -306,7 +313,15 @@ def _cut(
     if not ran:
         parts["waiting"] += _waiting(announced, begin, end)
         parts["first_start"] += end - begin - _waiting(announced, begin, end)
-    return Goodput(end - begin, parts, tuple(reforms), rank_seconds, tuple(unaccounted), ended)
+    return Goodput(
+        end - begin,
+        parts,
+        tuple(reforms),
+        rank_seconds,
+        tuple(unaccounted),
+        ended,
+        short_rank_seconds,
+    )
 
 
 def _lost(
@@ -353,6 +368,14 @@ def _reason(announced: list[_Generation], after: float, before: float) -> str:
 
 def _clamp(value: float, low: float, high: float) -> float:
     return min(max(value, low), max(low, high))
+
+
+def _target_world(data: Mapping[str, object]) -> int:
+    """The world the announcement's target asks for: target_nodes x the ranks a node runs."""
+    members = data.get("members")
+    nodes = (len(members) if isinstance(members, list) else 0) + _int(data.get("members_more"))
+    world = _int(data.get("world_size"))
+    return _int(data.get("target_nodes")) * (world // nodes) if nodes and world else 0
 
 
 def _int(value: object) -> int:

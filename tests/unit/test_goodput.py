@@ -252,3 +252,47 @@ def test_a_pool_job_pending_again_after_a_requeue_counts_as_queued() -> None:
     now = goodput.account(running, now_ms=130_000, pending=((105_500, None),))
     assert now is not None and now.parts["queued"] == pytest.approx(130 - 105.5)
     assert sum(now.parts.values()) == pytest.approx(now.wall_s)
+
+
+def test_a_job_below_its_target_world_trains_short_rank_hours() -> None:
+    """Generation 1 ran 2 nodes of 2 ranks for a target of 3 nodes: 2 ranks short while it
+    trained; generation 2 ran the 3 nodes."""
+    events = [
+        at(
+            0,
+            "generation_announced",
+            1,
+            reason="node_joined",
+            members=["a", "b"],
+            world_size=4,
+            target_nodes=3,
+        ),
+        at(2, "generation_started", 1, world_size=4),
+        at(6, "training_started", 1, step=1, age_ms=1000),
+        at(
+            106,
+            "generation_announced",
+            2,
+            reason="node_joined",
+            members=["a", "b"],
+            members_more=1,
+            world_size=6,
+            target_nodes=3,
+        ),
+        at(107, "training_stopped", 1, step=100, age_ms=2000, steps=100),
+        at(108, "generation_started", 2, world_size=6),
+        at(113, "training_started", 2, step=101, age_ms=1000),
+        at(199.5, "training_stopped", 2, step=190, age_ms=500, steps=90),
+        at(200, "job_succeeded"),
+    ]
+    found = goodput.account(events, now_ms=10**9)
+    assert found is not None
+    assert found.short_rank_seconds == pytest.approx(100 * 2)  # 5 -> 105, 2 ranks short
+    assert found.to_data()["short_rank_hours"] == pytest.approx(200 / 3600, abs=1e-4)
+    assert found.rank_seconds == pytest.approx(100 * 4 + 87 * 6)
+
+
+def test_show_labels_every_part() -> None:
+    from nodeagent.cli.ctl.show import LABELS
+
+    assert list(LABELS) == list(goodput.PARTS)

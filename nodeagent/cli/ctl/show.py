@@ -186,6 +186,7 @@ LABELS = {
     "queued": "queued (pending, held)",
     "checkpoint_stalls": "checkpoint stalls",
     "retrained": "re-training lost steps",
+    "slow_ranks": "slow ranks",
     "first_start": "first start",
     "detection": "detection",
     "reforming": "re-forming",
@@ -214,6 +215,9 @@ def print_goodput(data: dict[str, Any]) -> None:
             f"restore {r['startup_restore_s']:.1f} s, {lost} steps lost "
             f"({r['retrained_s']:.1f} s)"
         )
+    print(f"  {'rank-hours trained:':<24} {data['rank_hours']:>9.3f}", end="")
+    short = data.get("short_rank_hours", 0.0)
+    print(f"  (short of the target world: {short:.3f})" if short else "")
     if data["unaccounted"]:
         gens = ", ".join(str(g) for g in data["unaccounted"])
         print(f"  (rank 0 said nothing of its training in generation {gens}: counted productive)")
