@@ -184,13 +184,17 @@ def run_torchrun(directory: Path, args: argparse.Namespace, throttled_s: float) 
             end = time.time()
         during = step_time(lines, throttled_at + args.window, end)
         after = step_time(lines, end - args.phase_s, end)
-        (records / "stop").write_text(str(10**9))
         return {"step_s": {"before": before, "during": during, "after": after}}
     finally:
+        # torchrun starts its workers in sessions of their own: kill them by their parent
+        workers = [child for launcher in launchers for child in _children(launcher.pid)]
         for launcher in launchers:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(launcher.pid, 9)
             launcher.wait(10)
+        for child in workers:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
 
 
 def run_healthy(redis: RedisServer, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -217,6 +221,13 @@ def run_healthy(redis: RedisServer, directory: Path, args: argparse.Namespace) -
         }
 
 
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return []
+
+
 def free_port() -> int:
     import socket
 
@@ -232,11 +243,18 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--healthy-minutes", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/slow-node.json")
+    parser.add_argument(
+        "--healthy-only",
+        action="store_true",
+        help="run only the healthy job, keeping the other results already in --out",
+    )
     args = parser.parse_args()
     why = throttle.available()
     if why is not None:
         sys.exit(f"cannot throttle here: {why}")
+    kept = json.loads(args.out.read_text()) if args.healthy_only and args.out.exists() else {}
     results: dict[str, Any] = {
+        **kept,
         "args": {k: str(v) for k, v in vars(args).items()},
         "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -246,12 +264,13 @@ def main() -> None:
     redis = RedisServer(tmp / "redis")
     redis.start()
     try:
-        results["nodeagent"] = run_nodeagent(redis, tmp / "nodeagent", args)
-        print(json.dumps(results["nodeagent"], indent=1))
-        results["torchrun"] = run_torchrun(
-            tmp / "torchrun", args, results["nodeagent"]["during_s"] + args.phase_s
-        )
-        print(json.dumps(results["torchrun"], indent=1))
+        if not args.healthy_only:
+            results["nodeagent"] = run_nodeagent(redis, tmp / "nodeagent", args)
+            print(json.dumps(results["nodeagent"], indent=1))
+            results["torchrun"] = run_torchrun(
+                tmp / "torchrun", args, results["nodeagent"]["during_s"] + args.phase_s
+            )
+            print(json.dumps(results["torchrun"], indent=1))
         if args.healthy_minutes > 0:
             results["healthy"] = run_healthy(redis, tmp / "healthy", args)
             print(json.dumps(results["healthy"], indent=1))
@@ -260,7 +279,10 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
-    na, tr = results["nodeagent"], results["torchrun"]
+    na, tr = results.get("nodeagent"), results.get("torchrun")
+    if na is None or tr is None:
+        print(json.dumps(results.get("healthy"), indent=1))
+        return
     print(f"\n{'':<10} {'before':>8} {'during':>8} {'after':>8}   (median step, ms)")
     for name, got in (("nodeagent", na), ("torchrun", tr)):
         s = got["step_s"]
