@@ -258,3 +258,27 @@ def test_node_speed_garbage_is_refused() -> None:
     ):
         with pytest.raises(CorruptStateError):
             NodeSpeed.from_json(bad)
+
+
+def test_status_says_which_node_is_slow_and_why(capsys: pytest.CaptureFixture[str]) -> None:
+    from nodeagent.cli.ctl.output import print_status
+    from nodeagent.cli.status import status_document
+    from nodeagent.coord.replies import Snapshot
+    from nodeagent.coord.view import Lease
+    from nodeagent.model.speed import SlowVerdict
+
+    record = _record(("a", "b"))
+    leases = tuple(Lease(n, 10_000, r) for n, r in _nodes("a", "b").items())
+    snapshot = Snapshot(now_ms=5_000, leader="a 1", rev=1, record=record, leases=leases)
+    speeds = _speeds(4, {"a": 0.02, "b": 0.05})
+    why = "busy 50.0 ms a step: 2.50x its peers' median 20.0 ms"
+    slow = {"b": SlowVerdict("b", 4_000, 2.5, why, "report: no spare stands by to replace it")}
+    doc = status_document(snapshot, "j", speeds, slow)
+    assert doc["slow_nodes"] == ["b"]
+    nodes = {n["name"]: n for n in doc["nodes"]}
+    assert nodes["a"]["slow"] is None and nodes["a"]["speed"]["busy_s"] == 0.02
+    assert nodes["b"]["slow"]["ratio"] == 2.5 and nodes["b"]["speed"]["generation"] == 5
+    print_status(doc)
+    out = capsys.readouterr().out
+    assert f"SLOW (2.50x its peers): {why}; report: no spare stands by" in out
+    assert out.count("SLOW") == 1
