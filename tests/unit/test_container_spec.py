@@ -70,9 +70,10 @@ def test_the_node_runs_only_what_its_rule_allows() -> None:
     other = ContainerSpec("docker.io/torch:2.5")
     assert "not from an image prefix this node allows (localhost/, " in (refusal(RULE, other) or "")
     near = ContainerSpec("localhost/x", parse_mounts("/database:/db"))  # not under /data
-    assert refusal(
-        RULE, near
-    ) == "mount source /database is not under a directory this node allows (/data)"
+    assert (
+        refusal(RULE, near)
+        == "mount source /database is not under a directory this node allows (/data)"
+    )
     # a link under /data that points elsewhere: the node says where it resolved to
     linked = ContainerSpec("localhost/x", parse_mounts("/data/etc:/etc2"))
     assert "/data/etc (-> /etc)" in (refusal(RULE, linked, ["/etc"]) or "")
