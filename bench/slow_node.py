@@ -50,22 +50,11 @@ sys.path.insert(0, str(ROOT))
 from nodeagent.job.slowness import ratios  # noqa: E402
 from nodeagent.model.speed import NodeSpeed  # noqa: E402
 from tests.helpers import throttle  # noqa: E402
-from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for  # noqa: E402
+from tests.helpers.cluster import LocalCluster, RedisServer, wait_for  # noqa: E402
 from tests.helpers.inplace import Lines, reformed  # noqa: E402
+from tests.helpers.slowjob import NODES, SCRIPT, slow_node_job, workload_env  # noqa: E402
 
-SCRIPT = ROOT / "tests" / "helpers" / "elastic_worker.py"
-NODES = ("a", "b", "c", "d")
 WINDOWS, THRESHOLD = 3, 1.5
-
-
-def workload_env(records: Path) -> dict[str, str]:
-    return {
-        "RECORD_DIR": str(records),
-        "PYTHONUNBUFFERED": "1",
-        "WORK": "30",
-        "STEP_TIME_S": "0",
-        "SHARDED": "1",
-    }
 
 
 def step_time(lines: Lines, since: float, until: float, generation: int | None = None) -> float:
@@ -86,27 +75,7 @@ def step_time(lines: Lines, since: float, until: float, generation: int | None =
 def nodeagent_job(
     redis: RedisServer, directory: Path, policy: str, window: float
 ) -> Iterator[LocalCluster]:
-    records = directory / "records"
-    with local_cluster(
-        redis.url,
-        directory,
-        job=f"slow-{policy}",
-        max_nodes=4,
-        target_nodes=3,
-        max_restarts=5,
-        timing={
-            "heartbeat_interval": "250ms",
-            "lease_ttl": "3s",
-            "stop_grace_period": "5s",
-            "reform_timeout": "30s",
-        },
-        entrypoint=[sys.executable, str(SCRIPT)],
-        job_options={
-            "recovery": "in_place",
-            "env": workload_env(records),
-            "slow_node": {"policy": policy, "window": f"{window:g}s", "windows": WINDOWS},
-        },
-    ) as cluster:
+    with slow_node_job(redis.url, directory, f"slow-{policy}", policy, window, WINDOWS) as cluster:
         cluster.start(*NODES)
         yield cluster
 

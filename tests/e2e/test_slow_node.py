@@ -15,20 +15,19 @@ import json
 import os
 import signal
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import throttle
-from tests.helpers.cluster import RedisServer, local_cluster, wait_for
+from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.inplace import Lines, kept_through, reformed, workers
+from tests.helpers.slowjob import NODES, slow_node_job
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-SCRIPT = Path(__file__).resolve().parents[1] / "helpers" / "elastic_worker.py"
 WINDOW_S, WINDOWS = 2.0, 3
 SHARE = 0.15  # of one CPU: the throttled rank's work takes several times its peers'
 # Named slow within this of the throttle (docs/slow-nodes.md: windows x window, plus the window
@@ -59,35 +58,13 @@ def measure(lines: Lines, generation: int, seconds: float) -> float:
 def test_a_throttled_node_is_named_slow_and_replaced_by_the_spare_in_place(
     redis_server: RedisServer, job_id: str, tmp_path: Path
 ) -> None:
-    records = tmp_path / "records"
-    env = {"RECORD_DIR": str(records), "PYTHONUNBUFFERED": "1", "WORK": "30", "STEP_TIME_S": "0"}
-    env["SHARDED"] = "1"  # an FSDP2-sharded layer beside the DDP model
-    with local_cluster(
-        redis_server.url,
-        tmp_path,
-        job=job_id,
-        max_nodes=4,
-        target_nodes=3,
-        max_restarts=5,
-        timing={
-            "heartbeat_interval": "250ms",
-            "lease_ttl": "3s",
-            "stop_grace_period": "5s",
-            "reform_timeout": "30s",
-        },
-        entrypoint=[sys.executable, str(SCRIPT)],
-        job_options={
-            "recovery": "in_place",
-            "env": env,
-            "slow_node": {"policy": "replace", "window": f"{WINDOW_S:g}s", "windows": WINDOWS},
-        },
-    ) as cluster:
+    with slow_node_job(redis_server.url, tmp_path, job_id, "replace", WINDOW_S, WINDOWS) as cluster:
         lines = Lines(cluster.records_dir)
-        cluster.start("a", "b", "c", "d")  # target 3: the last to join stands by as the spare
+        cluster.start(*NODES)  # target 3: the last to join stands by as the spare
         gen = reformed(cluster, 3, 0)
         members = cluster.status()["members"]
         victim, kept = members[1], [members[0], members[2]]
-        (spare,) = {"a", "b", "c", "d"} - set(members)
+        (spare,) = set(NODES) - set(members)
         alive = kept_through(cluster, {})
         time.sleep(2 * WINDOW_S)  # a few windows at the healthy pace (the leader learns it)
         healthy = measure(lines, gen, 4.0)
