@@ -96,8 +96,10 @@ def spec(base: Path, script: str, env: dict[str, str] | None = None) -> WorkerSp
     )
 
 
-def run_one(spawner: Spawner, worker: WorkerSpec) -> list[str]:
-    """Start one worker under a real supervisor and return its output lines once it exited."""
+def run_one(spawner: Spawner, worker: WorkerSpec, last: str = "") -> list[str]:
+    """Start one worker under a real supervisor and return its output lines once it exited
+    and its log holds `last` (the log is written by a thread that pumps the worker's output:
+    on a loaded machine it can lag the exit)."""
     lines: list[str] = []
     supervisor = Supervisor(
         echo=lambda rank, line: lines.append(line), wake=threading.Event().set, spawner=spawner
@@ -112,7 +114,13 @@ def run_one(spawner: Spawner, worker: WorkerSpec) -> list[str]:
         wait_for(exited, 30, "the worker to exit")
     finally:
         supervisor.kill()
-    wait_for(lambda: worker.log_path.read_text().count("\n") >= 1, 10, "the worker's log")
+    wait_for(
+        lambda: (
+            worker.log_path.read_text().count("\n") >= 1 and last in worker.log_path.read_text()
+        ),
+        10,
+        "the worker's log",
+    )
     return worker.log_path.read_text().splitlines()
 
 
@@ -128,6 +136,7 @@ WHOAMI = textwrap.dedent(
     if [ -w "$LOG" ]; then echo log_write=allowed; else echo log_write=denied; fi
     """
 )
+LAST = "log_write="  # WHOAMI's last line
 
 
 def facts(lines: list[str]) -> dict[str, str]:
@@ -145,7 +154,7 @@ def test_workers_run_as_the_job_user_and_cannot_read_root_files(
     env = {**worker.env, "SECRET": str(secret), "LOG": str(worker.log_path)}
     worker = WorkerSpec(**{**worker.__dict__, "env": env})
     user = job_user.run_as
-    got = facts(run_one(Spawner(user=user), worker))
+    got = facts(run_one(Spawner(user=user), worker, LAST))
     assert got["uid"] == str(user.uid) and got["gid"] == str(user.gid)
     assert set(got["groups"].split()) == {str(g) for g in user.groups}
     if job_user.name != "nobody" and Resolver().group(SHARED_GROUP) is not None:
@@ -161,7 +170,8 @@ def test_workers_run_as_the_job_user_and_cannot_read_root_files(
 @ROOT_ONLY
 def test_job_env_overrides_the_session_variables(job_user: JobUser, shared_dir: Path) -> None:
     run_as = resolve(job_user.name, None, False, {"HOME": "/scratch"}, Resolver())
-    got = facts(run_one(Spawner(user=run_as), spec(shared_dir, WHOAMI, {"HOME": "/scratch"})))
+    worker = spec(shared_dir, WHOAMI, {"HOME": "/scratch"})
+    got = facts(run_one(Spawner(user=run_as), worker, LAST))
     assert got["session"] == f"/scratch {job_user.name} {job_user.name}"
 
 
