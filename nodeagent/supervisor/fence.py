@@ -36,16 +36,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from nodeagent.supervisor import cgroups
+
 log = logging.getLogger(__name__)
 KEEPER_MODULE = "nodeagent.supervisor.fence"
 
 
 class Group(NamedTuple):
     """A worker's process group: its id and its leader's start time (clock ticks since boot),
-    so that a pid reused by another process is never signalled."""
+    so that a pid reused by another process is never signalled; and, for a containerised
+    worker, the cgroup its container runs in (cgroups.py: the container is not in the group)."""
 
     pgid: int
     started: int
+    cgroup: str = ""
+
+    @classmethod
+    def read(cls, item: object) -> Group:
+        """A group as `to_list` wrote it. Raises ValueError, TypeError or CgroupNameError."""
+        if not isinstance(item, list) or len(item) not in (2, 3):
+            raise ValueError(f"not a worker group: {item!r}")
+        cgroup = str(item[2]) if len(item) == 3 else ""
+        return cls(int(item[0]), int(item[1]), cgroups.check_name(cgroup) if cgroup else "")
+
+    def to_list(self) -> list[int | str]:
+        return [self.pgid, self.started, self.cgroup] if self.cgroup else [self.pgid, self.started]
 
 
 def start_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
@@ -56,6 +71,11 @@ def start_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces
     return int(fields[19])
+
+
+def leftover_alive(group: Group, proc: Path = Path("/proc")) -> bool:
+    """Whether anything of `group` still runs: its process group, or its container's cgroup."""
+    return group_alive(group.pgid, proc) or (bool(group.cgroup) and cgroups.alive(group.cgroup))
 
 
 def group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
@@ -78,15 +98,17 @@ def signal_group(group: Group, sig: signal.Signals, proc: Path = Path("/proc")) 
 
     While any process of a group lives, Linux does not hand its id to a new process, so a group
     whose leader has exited but whose children live on is still ours. A leader with another
-    start time means the old group is gone and the id was reused: leave it alone.
+    start time means the old group is gone and the id was reused: leave it alone. SIGKILL also
+    kills a containerised worker's cgroup (its name is the agent's alone, whatever its pgid).
     """
+    killed = sig is signal.SIGKILL and bool(group.cgroup) and cgroups.kill(group.cgroup)
     started = start_ticks(group.pgid, proc)
     if started is not None and started != group.started:
-        return False
+        return killed
     try:
         os.killpg(group.pgid, sig)
     except (ProcessLookupError, PermissionError):
-        return False
+        return killed
     return True
 
 
@@ -120,7 +142,7 @@ class Orders:
         doc = {
             "term_at": self.term_at,
             "kill_at": self.kill_at,
-            "groups": [list(g) for g in self.groups],
+            "groups": [g.to_list() for g in self.groups],
             "goodbye": self.goodbye,
         }
         return json.dumps(doc).encode() + b"\n"
@@ -131,7 +153,7 @@ class Orders:
         return cls(
             term_at=_optional_float(doc.get("term_at")),
             kill_at=_optional_float(doc.get("kill_at")),
-            groups=tuple(Group(int(p), int(s)) for p, s in doc.get("groups", [])),
+            groups=tuple(Group.read(g) for g in doc.get("groups", [])),
             goodbye=bool(doc.get("goodbye", False)),
         )
 
@@ -283,7 +305,7 @@ class Keeper:
         tmp = self._record.with_name(f".{self._record.name}.tmp")
         try:
             with open(tmp, "w", encoding="utf-8", opener=_private) as f:
-                f.write(json.dumps({"groups": [list(g) for g in groups]}))
+                f.write(json.dumps({"groups": [g.to_list() for g in groups]}))
             os.replace(tmp, self._record)
         except OSError as exc:
             log.warning("cannot record the worker process groups in %s: %s", self._record, exc)
@@ -314,21 +336,22 @@ def _private(path: str, flags: int) -> int:
     return fd
 
 
-def kill_leftovers(record: Path, proc: Path = Path("/proc")) -> list[int]:
-    """SIGKILL the process groups a previous agent recorded and left running; their pgids.
+def kill_leftovers(record: Path, proc: Path = Path("/proc")) -> list[Group]:
+    """SIGKILL the process groups (and containers' cgroups) a previous agent recorded and left
+    running; those it killed.
 
     A record that cannot be read is reported and removed: it can only name processes that a
     previous agent started, and guessing would risk killing someone else's.
     """
     try:
         doc = json.loads(record.read_text())
-        groups = [Group(int(p), int(s)) for p, s in doc["groups"]]
+        groups = [Group.read(g) for g in doc["groups"]]
     except FileNotFoundError:
         return []
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+    except (OSError, ValueError, TypeError, KeyError) as exc:  # CgroupNameError is a ValueError
         log.warning("ignoring unreadable worker record %s: %s", record, exc)
         groups = []
-    killed = [g.pgid for g in groups if signal_group(g, signal.SIGKILL, proc)]
+    killed = [g for g in groups if signal_group(g, signal.SIGKILL, proc)]
     with contextlib.suppress(OSError):
         record.unlink()
     return killed

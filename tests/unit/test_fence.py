@@ -75,7 +75,7 @@ def test_leftovers_are_killed_unless_the_pid_was_reused(
         (tmp_path / str(pid) / "stat").write_text(f"{pid} (x) S {rest} {started} 0\n")
     record = tmp_path / "n.workers.json"
     record.write_text('{"groups": [[4242, 1], [4343, 5], [4444, 7]]}')
-    assert kill_leftovers(record, tmp_path) == [4343, 4444]
+    assert [g.pgid for g in kill_leftovers(record, tmp_path)] == [4343, 4444]
     assert sent == [(4343, signal.SIGKILL), (4444, signal.SIGKILL)]
 
 
@@ -106,3 +106,24 @@ def test_bounded_call_gives_up_at_its_deadline_and_blocks_nothing_behind_it() ->
         except CoordinationError:
             assert time.monotonic() < deadline
             time.sleep(0.01)
+
+
+def test_a_containerised_group_names_its_cgroup_and_reads_back() -> None:
+    orders = Orders(1.0, 2.0, (Group(10, 3), Group(11, 4, "nodeagent/job-a/g2-rank1")))
+    assert Orders.from_line(orders.to_line()) == orders
+    assert b'"groups": [[10, 3], [11, 4, "nodeagent/job-a/g2-rank1"]]' in orders.to_line()
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        [1, 2, "system.slice/sshd.service"],  # not the agent's
+        [1, 2, "nodeagent/../system.slice"],
+        [1, 2, "nodeagent"],
+        [1, 2, 3, 4],
+        "1 2",
+    ],
+)
+def test_a_group_that_is_not_the_agents_is_refused(item: object) -> None:
+    with pytest.raises(ValueError):
+        Group.read(item)
