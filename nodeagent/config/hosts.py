@@ -52,6 +52,11 @@ class Resolver:
         """The user's supplementary groups with `gid`, as initgroups(3) would set them."""
         return tuple(os.getgrouplist(user, gid))
 
+    def real_path(self, path: str) -> str | None:
+        """`path` with its links followed, as a bind mount would reach it (None: no such path
+        here)."""
+        return os.path.realpath(path) if os.path.exists(path) else None
+
     def hostname(self) -> str:
         return socket.gethostname().split(".")[0] or "localhost"
 

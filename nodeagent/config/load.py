@@ -19,6 +19,7 @@ import yaml
 
 from nodeagent.config import redisurl, strictyaml
 from nodeagent.config.checkpoint import load_checkpoint
+from nodeagent.config.container import load_container, load_rule, node_refusal
 from nodeagent.config.entrypoint import NotPython, split_python
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.identity import WorkerUser
@@ -120,6 +121,7 @@ def job_fields(section: Section) -> JobConfig:
         recovery=_recovery(section),
         checkpoint=load_checkpoint(section.section("checkpoint")),
         slow_node=_slow_node(section.section("slow_node")),
+        container=load_container(section.section("container")),
     )
 
 
@@ -401,9 +403,14 @@ def load_settings(data: object, resolve: Resolver | None = None) -> NodeSettings
         log_dir=path_value(root, "log_dir", "/var/log/nodeagent"),
         state_dir=optional_path(root, "state_dir"),
         pool=_load_pool(root.section("pool"), pinned=job_data is not None),
+        containers=load_rule(root.section("containers")),
     )
     job = None if job_data is None else _load_job(root.section("job"), resolve)
     root.reject_unknown()
+    if job is not None and job.container is not None:
+        why = node_refusal(settings.containers, job.container, resolve.real_path)
+        if why is not None:
+            raise ConfigError("job.container", f"{why} (its containers: section)")
     if settings.redis.url == EMBEDDED and (job is None or job.max_nodes > 1):
         raise ConfigError(
             "redis.url",

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nodeagent.config import redisurl
+from nodeagent.config.container import ContainerRule, ContainerSpec
 from nodeagent.config.identity import WorkerUser
 from nodeagent.config.values import parse_duration as parse_duration  # nodeagentctl's --timeout
 
@@ -107,6 +108,9 @@ class JobConfig:
     recovery: str = "restart"
     checkpoint: CheckpointConfig | None = None  # None: no tiers (the script's own checkpoints)
     slow_node: SlowNodeConfig = field(default_factory=SlowNodeConfig)
+    # The image its workers run in and what is mounted into it (docs/pool.md, "Your own
+    # software"); None: they run on the node's own software.
+    container: ContainerSpec | None = None
 
     @property
     def in_place(self) -> bool:
@@ -221,6 +225,7 @@ class NodeSettings:
     log_dir: str = "/var/log/nodeagent"
     state_dir: str | None = None  # None: DEFAULT_STATE_DIR, used only if it can be written
     pool: PoolConfig = field(default_factory=PoolConfig)
+    containers: ContainerRule = field(default_factory=ContainerRule)  # what jobs' images it runs
     job: JobConfig | None = None
 
     def running(self, job: JobConfig, timing: TimingConfig | None = None) -> Config:

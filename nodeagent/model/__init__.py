@@ -7,7 +7,6 @@ share of the checkpoint copies), request.py (a signed request to change the pool
 caller), credential.py (a MUNGE credential bound to a request, and the verdict on it), garbage.py
 (what was found in Redis that nodeagent did not write), goodput.py (where a job's wall time
 went, from its events: `nodeagentctl show`, the leader's metrics, the pool's ended jobs),
-speed.py (a node's pace over a window, the leader's verdict on a slow node), container.py (a
-job's container image and mounts, and the node's rule for them; not wired yet: issue 43),
-decode.py (the strict reader all of them use). Pure: no Redis here (coord/ reads and writes these).
+speed.py (a node's pace over a window, the leader's verdict on a slow node), decode.py (the
+strict reader all of them use). Pure: no Redis here (coord/ reads and writes these).
 """

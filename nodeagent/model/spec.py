@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodeagent.config.container import node_refusal
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.identity import resolve as resolve_user
 from nodeagent.config.load import JOB_TIMING, job_fields, job_timing
@@ -53,6 +54,7 @@ _FIELDS = (
     "recovery",
     "checkpoint",
     "slow_node",
+    "container",
 )
 
 
@@ -109,6 +111,7 @@ class JobSpec:
             "working_dir": job.working_dir,
             "python": job.python,
             "checkpoint": _checkpoint_doc(job.checkpoint),
+            "container": job.container.to_doc() if job.container is not None else None,
             "group": self.group,
             "submitted_by": self.submitted_by or None,
             "signature": self.signature or None,
@@ -299,7 +302,8 @@ def run_config(spec: JobSpec, settings: NodeSettings, resolve: Resolver | None =
 
     Raises:
         ConfigError: naming `user` (or `group`): not allowed on this node, unknown here, or
-            root without pool.allow_root.
+            root without pool.allow_root; naming `container`: an image or a mount this node's
+            `containers:` section does not allow.
     """
     resolve = resolve or Resolver()
     pool = settings.pool
@@ -317,6 +321,14 @@ def run_config(spec: JobSpec, settings: NodeSettings, resolve: Resolver | None =
             f"pool.users ({', '.join(pool.users) or 'none'}) nor a member of its pool.groups "
             f"({', '.join(pool.groups) or 'none'})",
         )
+    container = spec.job.container
+    why = (
+        None
+        if container is None
+        else node_refusal(settings.containers, container, resolve.real_path)
+    )
+    if why is not None:
+        raise ConfigError("container", f"node {settings.node.name}: {why}")
     worker = resolve_user(spec.user, spec.group, pool.allow_root, spec.job.env, resolve)
     timing = dataclasses.replace(settings.timing, **spec.timing)
     return settings.running(dataclasses.replace(spec.job, user=worker), timing)

@@ -233,7 +233,8 @@ def test_example_config_is_valid_and_documents_every_key() -> None:
         if isinstance(body, dict)
         for key in body
     }
-    for section in ("node", "redis", "job", "timing", "metrics", "health", "logging", "pool"):
+    sections = ("node", "redis", "job", "timing", "metrics", "health", "logging", "pool")
+    for section in (*sections, "containers"):
         fields = getattr(config, section).__dataclass_fields__
         missing = {f"{section}.{name}" for name in fields} - documented
         assert not missing, f"config/nodeagent.example.yaml does not document {missing}"

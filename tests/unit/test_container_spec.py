@@ -1,10 +1,15 @@
-"""A job's container as a spec gives it, and the node's rule for it (model/container.py)."""
+"""A job's container as a spec gives it, and the node's rule for it (config/container.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from nodeagent.model.container import (
+from nodeagent.cli.ctl import parser
+from nodeagent.cli.ctl.submit import spec_from_args
+from nodeagent.config.container import (
     ContainerError,
     ContainerRule,
     ContainerSpec,
@@ -13,6 +18,27 @@ from nodeagent.model.container import (
     parse_mounts,
     refusal,
 )
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.identity import Account
+from nodeagent.config.load import load_settings
+from nodeagent.errors import ConfigError, UsageError
+from nodeagent.model.spec import JobSpec, load_spec, run_config
+
+
+class Accounts(Resolver):
+    """alice (uid 1000) and root, and this machine's paths (a mount's links are the node's)."""
+
+    def agent(self) -> Account:
+        return Account("root", 0, 0, "/root")
+
+    def user(self, name: str) -> Account | None:
+        return {"alice": Account("alice", 1000, 1000, "/home/alice")}.get(name)
+
+    def group(self, name: str) -> int | None:
+        return None
+
+    def groups_of(self, user: str, gid: int) -> tuple[int, ...]:
+        return (gid,)
 
 
 def test_mounts_read_as_pyxis_spells_them() -> None:
@@ -79,3 +105,147 @@ def test_the_node_runs_only_what_its_rule_allows() -> None:
     assert "/data/etc (-> /etc)" in (refusal(RULE, linked, ["/etc"]) or "")
     with pytest.raises(ValueError):
         refusal(RULE, linked, ["/data/etc", "/extra"])
+
+
+def test_a_spec_container_reads_as_a_string_or_a_list_and_round_trips() -> None:
+    base = {"id": "llama", "entrypoint": ["python", "train.py"], "user": "alice"}
+    as_text = load_spec({**base, "container": {"image": "localhost/t:1", "mounts": "/data:/d:ro"}})
+    as_list = load_spec(
+        {**base, "container": {"image": "localhost/t:1", "mounts": ["/data:/d:ro"]}}
+    )
+    assert (
+        as_text.job.container
+        == as_list.job.container
+        == ContainerSpec("localhost/t:1", (Mount("/data", "/d", True),))
+    )
+    assert JobSpec.from_json(as_text.to_json()) == as_text
+    assert load_spec(base).job.container is None
+    assert "container" not in load_spec(base).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("container", "key", "says"),
+    [
+        ({"mounts": "/data"}, "container.image", "required"),
+        ({"image": "a b"}, "container.image", "not an image reference"),
+        ({"image": "localhost/x", "mounts": "/data:/proc"}, "container.mounts", "the runtime's"),
+        ({"image": "localhost/x", "mounts": {"a": 1}}, "container.mounts", "as pyxis spells it"),
+        ({"image": "localhost/x", "user": "root"}, "container.user", "unknown key"),
+    ],
+)
+def test_a_bad_container_names_its_key(container: dict[str, Any], key: str, says: str) -> None:
+    spec = {
+        "id": "llama",
+        "entrypoint": ["python", "t.py"],
+        "user": "alice",
+        "container": container,
+    }
+    with pytest.raises(ConfigError) as info:
+        load_spec(spec)
+    assert info.value.key == key and says in str(info.value)
+
+
+def _node(containers: dict[str, Any], job: dict[str, Any] | None = None) -> Any:
+    doc: dict[str, Any] = {
+        "node": {"name": "n1", "address": "10.0.0.1"},
+        "redis": {"url": "redis://r:6379/0"},
+        "pool": {"users": ["alice"]},
+        "containers": containers,
+    }
+    if job is not None:
+        doc["job"] = job
+    return load_settings(doc, Accounts())
+
+
+def test_the_nodes_containers_section_reads_with_its_defaults() -> None:
+    assert _node({}).containers == ContainerRule()
+    rule = _node(
+        {
+            "allowed": True,
+            "images": ["localhost/"],
+            "mount_sources": ["/data"],
+            "oci_runtime": "runc",
+            "ulimits": ["nofile=4096:4096"],
+            "shm_size": "2GiB",
+            "pull_timeout": "5m",
+        }
+    ).containers
+    assert rule == ContainerRule(
+        True, ("localhost/",), ("/data",), "podman", "runc", ("nofile=4096:4096",), 2 << 30, 300.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("containers", "key"),
+    [
+        ({"runtime": "docker"}, "containers.runtime"),
+        ({"images": "localhost/"}, "containers.images"),
+        ({"mount_sources": ["data"]}, "containers.mount_sources[0]"),
+        ({"mount_sources": ["/"]}, "containers.mount_sources[0]"),
+        ({"ulimits": ["nofile 10"]}, "containers.ulimits[0]"),
+        ({"oci_runtime": "runc; rm"}, "containers.oci_runtime"),
+        ({"pull_timeout": 0}, "containers.pull_timeout"),
+        ({"allow": True}, "containers.allow"),
+    ],
+)
+def test_a_bad_containers_section_names_its_key(containers: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _node(containers)
+    assert info.value.key == key
+
+
+def test_the_node_refuses_at_placement_what_its_rule_does_not_allow(tmp_path: Path) -> None:
+    """run_config (a placed node) resolves each mount's links on the node before it asks."""
+    allowed = tmp_path / "data"
+    (allowed / "set").mkdir(parents=True)
+    (allowed / "escape").symlink_to("/etc")
+    node = _node({"allowed": True, "images": ["localhost/"], "mount_sources": [str(allowed)]})
+    base = {"id": "llama", "entrypoint": ["python", "t.py"], "user": "alice"}
+
+    def placed(image: str, mounts: str) -> str | None:
+        spec = load_spec({**base, "container": {"image": image, "mounts": mounts}})
+        try:
+            config = run_config(spec, node, Accounts())
+        except ConfigError as exc:
+            assert exc.key == "container"
+            return str(exc)
+        assert config.job.container == spec.job.container
+        return None
+
+    assert placed("localhost/t:1", f"{allowed}/set:/in:ro") is None
+    assert "image docker.io/t is not from an image prefix" in (placed("docker.io/t", "") or "")
+    assert f"{allowed}/escape (-> /etc) is not under" in (
+        placed("localhost/t", f"{allowed}/escape:/x") or ""
+    )
+    assert "/nowhere does not exist on this node" in (placed("localhost/t", "/nowhere:/x") or "")
+    no_containers = _node({})
+    spec = load_spec({**base, "container": {"image": "localhost/t"}})
+    with pytest.raises(ConfigError, match="node n1: this node runs no containers"):
+        run_config(spec, no_containers, Accounts())
+
+
+def test_a_pinned_job_asking_for_a_container_its_node_refuses_is_a_config_error() -> None:
+    job = {
+        "id": "llama",
+        "entrypoint": ["python", "t.py"],
+        "user": "alice",
+        "container": {"image": "localhost/t"},
+    }
+    with pytest.raises(ConfigError) as info:
+        _node({}, job)
+    assert info.value.key == "job.container" and "containers.allowed is off" in str(info.value)
+    assert _node({"allowed": True, "images": ["localhost/"]}, job).job.container is not None
+
+
+def test_submit_takes_the_container_as_srun_spells_it() -> None:
+    args = parser.parser().parse_args(
+        ["submit", "--container-image", "localhost/t:1", "--container-mounts", "/data:/d:ro,/m"]
+    )
+    args.argv = ["python", "t.py"]
+    spec = spec_from_args(args, "alice", "alice@h")
+    assert spec.job.container == ContainerSpec(
+        "localhost/t:1", (Mount("/data", "/d", True), Mount("/m", "/m"))
+    )
+    args.container_mounts = "/data:/dev/shm"
+    with pytest.raises(UsageError, match=r"container\.mounts.*the runtime's or the agent's"):
+        spec_from_args(args, "alice", "alice@h")

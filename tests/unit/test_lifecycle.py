@@ -86,6 +86,8 @@ def submit_args(**given: object) -> argparse.Namespace:
         "time": None,
         "signal": None,
         "hold": False,
+        "container_image": None,
+        "container_mounts": None,
     }
     args.update(given)
     return argparse.Namespace(**args)

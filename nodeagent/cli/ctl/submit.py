@@ -94,6 +94,18 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
         "default TIME 60s), such as USR1@300 or USR1@5m",
     )
     submit.add_argument(
+        "--container-image",
+        metavar="IMAGE",
+        help="run the workers in this image, as yourself (as srun --container-image; the "
+        "nodes' containers: section must allow it), such as localhost/torch:2.5",
+    )
+    submit.add_argument(
+        "--container-mounts",
+        metavar="SRC[:DST[:ro]],...",
+        help="host paths mounted into the container (as srun --container-mounts; only under "
+        "the nodes' containers.mount_sources)",
+    )
+    submit.add_argument(
         "--hold",
         action="store_true",
         help="submit it held: it is not admitted until `nodeagentctl release JOB`",
@@ -186,6 +198,14 @@ def spec_from_args(
         if not eq or not name:
             raise UsageError(f"--env: expected K=V, got {pair!r}")
         doc.setdefault("env", {})[name] = value
+    if args.container_image is not None or args.container_mounts is not None:
+        container = doc.setdefault("container", {})
+        if not isinstance(container, dict):
+            raise UsageError(f"{where}: container: expected a mapping of image and mounts")
+        if args.container_image is not None:
+            container["image"] = args.container_image
+        if args.container_mounts is not None:
+            container["mounts"] = args.container_mounts
     if not args.spec and not command:
         raise UsageError("give a job spec file, or the command after --")
     try:

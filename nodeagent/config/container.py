@@ -1,0 +1,265 @@
+"""A job's container: the image its workers run in and the host paths mounted into it, as a
+job spec or a `job:` section gives them (`job.container`), and the node's `containers:` section:
+what it runs and how. Pure.
+
+Spelled as pyxis spells them (`srun --container-image=... --container-mounts=SRC:DST[:ro],...`):
+a mount is `SRC` (mounted at the same path), `SRC:DST`, or `SRC:DST:ro`. Both paths absolute and
+plain (no `..`, no `.`, no empty component), the target never over what the runtime or the
+agent owns (/proc, /sys, /dev, /run/nodeagent: the agent binds the memory tier and the worker
+channel there). An image is a reference a container runtime pulls (`registry/name:tag`,
+`name@sha256:...`), letters, digits and `._-/:@+` only.
+
+The node decides (`containers:` in its config, `ContainerRule`): containers allowed at all,
+from which image prefixes, with mount sources under which directories. A spec that asks for
+anything else is refused with the reason (`refusal`). Paths are compared a component at a time
+(`/data` allows `/data/x`, never `/database`); the node resolves a source's links before it
+asks (a link under an allowed directory may point anywhere).
+
+The node's runtime settings (`runtime`, `oci_runtime`, `ulimits`, `shm_size`, `pull_timeout`)
+are read here too; supervisor/container.py turns them into the runtime's commands.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nodeagent.config.values import Section, duration, parse_size
+from nodeagent.errors import ConfigError
+
+MAX_MOUNTS = 64
+MAX_PATH = 4096
+# What the runtime mounts itself, and where the agent binds its own files into a container.
+RESERVED_TARGETS = ("/proc", "/sys", "/dev", "/run/nodeagent")
+_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/:@+]{0,510}$")
+
+
+class ContainerError(ValueError):
+    """A container spec that cannot be: the message names what is wrong and what would be right."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = False
+
+    def spelled(self) -> str:
+        """As pyxis spells it (and `parse_mounts` reads it back)."""
+        return f"{self.source}:{self.target}" + (":ro" if self.read_only else "")
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """`job.container`: the image a job's workers run in, and what is mounted into it."""
+
+    image: str
+    mounts: tuple[Mount, ...] = ()
+
+    def to_doc(self) -> dict[str, Any]:
+        """As a spec stores it (`load_container` reads it back)."""
+        return {"image": self.image, "mounts": ",".join(m.spelled() for m in self.mounts)}
+
+
+def parse_image(image: str) -> str:
+    """`image`, checked. Raises ContainerError."""
+    if not _IMAGE.match(image) or ".." in image or "//" in image:
+        raise ContainerError(
+            f"not an image reference: {image!r} (such as registry.example.com/team/torch:2.5 or "
+            "localhost/torch@sha256:<digest>: letters, digits and ._-/:@+)"
+        )
+    return image
+
+
+def parse_mounts(text: str) -> tuple[Mount, ...]:
+    """`SRC[:DST[:ro]],...` as pyxis spells it. Raises ContainerError naming the mount."""
+    items = [item for item in text.split(",") if item]
+    if len(items) > MAX_MOUNTS:
+        raise ContainerError(f"{len(items)} mounts: at most {MAX_MOUNTS}")
+    mounts = tuple(_mount(item) for item in items)
+    targets = [m.target for m in mounts]
+    twice = sorted({t for t in targets if targets.count(t) > 1})
+    if twice:
+        raise ContainerError(f"two mounts at {', '.join(twice)}: one target, one mount")
+    return mounts
+
+
+def _mount(item: str) -> Mount:
+    parts = item.split(":")
+    if len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+        raise ContainerError(
+            f"mount {item!r}: expected SRC, SRC:DST or SRC:DST:ro (absolute paths, no ':')"
+        )
+    source = _path(parts[0], item, "source")
+    target = _path(parts[1], item, "target") if len(parts) > 1 else source
+    if any(_under(target, reserved) for reserved in RESERVED_TARGETS) or target == "/":
+        raise ContainerError(
+            f"mount {item!r}: {target} is the runtime's or the agent's inside the container "
+            f"({', '.join(RESERVED_TARGETS)} and / are not for a job's mounts)"
+        )
+    return Mount(source, target, len(parts) == 3 and parts[2] == "ro")
+
+
+def _path(path: str, item: str, what: str) -> str:
+    components = path.split("/")[1:]
+    plain = path.startswith("/") and all(c not in ("", ".", "..") for c in components)
+    if not plain or len(path) > MAX_PATH or "\x00" in path or path == "/":
+        raise ContainerError(
+            f"mount {item!r}: its {what} {path!r} must be an absolute path with no '.', '..' "
+            "or empty component, such as /data/imagenet"
+        )
+    return path
+
+
+def _under(path: str, root: str) -> bool:
+    """`path` is `root` or below it, a component at a time."""
+    root = root.rstrip("/") or "/"
+    return path == root or path.startswith(root + "/") or root == "/"
+
+
+RUNTIMES = ("podman",)
+DEFAULT_PULL_TIMEOUT_S = 600.0
+DEFAULT_SHM_SIZE = 1 << 30  # a job's /dev/shm on a node, shared by its containers there
+_ULIMIT = re.compile(r"^[a-z]+=-?[0-9]+(:-?[0-9]+)?$")
+
+
+@dataclass(frozen=True)
+class ContainerRule:
+    """The node's `containers:` section: what it runs, and how."""
+
+    allowed: bool = False
+    images: tuple[str, ...] = ()  # image prefixes: "registry.example.com/team/", "localhost/"
+    mount_sources: tuple[str, ...] = ()  # directories a mount's source must be under
+    runtime: str = "podman"  # RUNTIMES
+    oci_runtime: str | None = None  # podman --runtime (runc where crun cannot run); None: its own
+    ulimits: tuple[str, ...] = ()  # podman --ulimit (name=soft:hard); none: the runtime's own
+    shm_size: int = DEFAULT_SHM_SIZE  # bytes: the job's /dev/shm on this node
+    pull_timeout: float = DEFAULT_PULL_TIMEOUT_S  # a pull that takes longer is a refusal
+
+
+def refusal(rule: ContainerRule, spec: ContainerSpec, sources: Sequence[str] = ()) -> str | None:
+    """Why this node does not run `spec` (None: it does). `sources`: each mount's source as the
+    node resolved it (its links followed), in order; the spec's own where not given."""
+    if not rule.allowed:
+        return "this node runs no containers (its containers.allowed is off)"
+    if not any(spec.image.startswith(prefix) for prefix in rule.images):
+        allowed = ", ".join(rule.images) or "none"
+        return f"image {spec.image} is not from an image prefix this node allows ({allowed})"
+    resolved = list(sources) if sources else [m.source for m in spec.mounts]
+    for mount, source in zip(spec.mounts, resolved, strict=True):
+        if not any(_under(source, root) for root in rule.mount_sources):
+            where = ", ".join(rule.mount_sources) or "none"
+            shown = source if source == mount.source else f"{mount.source} (-> {source})"
+            return f"mount source {shown} is not under a directory this node allows ({where})"
+    return None
+
+
+def load_container(section: Section) -> ContainerSpec | None:
+    """`job.container` (or a spec's `container`): `image`, and `mounts` as pyxis spells them
+    (a string, or a list of mounts); None when the section is absent.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    if section.raw("image") is None and section.raw("mounts") is None:
+        section.reject_unknown()
+        return None
+    image = section.get("image", str, "")
+    if not image:
+        raise ConfigError(section.key("image"), "required: an image such as localhost/torch:2.5")
+    raw = section.raw("mounts") or ""
+    if isinstance(raw, list) and all(isinstance(item, str) for item in raw):
+        raw = ",".join(raw)
+    if not isinstance(raw, str):
+        raise ConfigError(
+            section.key("mounts"), "expected SRC:DST[:ro],... as pyxis spells it, or a list"
+        )
+    try:
+        spec = ContainerSpec(parse_image(image), parse_mounts(raw))
+    except ContainerError as exc:
+        key = "image" if str(exc).startswith("not an image") else "mounts"
+        raise ConfigError(section.key(key), str(exc)) from None
+    section.reject_unknown()
+    return spec
+
+
+def load_rule(section: Section) -> ContainerRule:
+    """The node's `containers:` section (docs/pool.md, "Your own software").
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    runtime = section.get("runtime", str, "podman")
+    if runtime not in RUNTIMES:
+        raise ConfigError(
+            section.key("runtime"),
+            f"must be one of {', '.join(RUNTIMES)}, got {runtime!r} (docs/pool.md says what "
+            "another runtime would run)",
+        )
+    oci = section.get("oci_runtime", str, "") or None
+    if oci is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", oci):
+        raise ConfigError(section.key("oci_runtime"), f"expected runc, crun or a path, got {oci!r}")
+    shm = section.raw("shm_size")
+    rule = ContainerRule(
+        allowed=section.get("allowed", bool, False),
+        images=_strings(section, "images", _image_prefix),
+        mount_sources=_strings(section, "mount_sources", _source_root),
+        runtime=runtime,
+        oci_runtime=oci,
+        ulimits=_strings(section, "ulimits", _ulimit),
+        shm_size=DEFAULT_SHM_SIZE if shm is None else parse_size(shm, section.key("shm_size")),
+        pull_timeout=duration(
+            section.raw("pull_timeout"),
+            section.key("pull_timeout"),
+            DEFAULT_PULL_TIMEOUT_S,
+            positive=True,
+        ),
+    )
+    section.reject_unknown()
+    return rule
+
+
+def _strings(section: Section, name: str, check: Any) -> tuple[str, ...]:
+    raw = section.raw(name) or []
+    if isinstance(raw, Mapping) or not isinstance(raw, list):
+        raise ConfigError(section.key(name), f"expected a list, such as {check.__doc__}")
+    found = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, str) or check(item) is None:
+            raise ConfigError(f"{section.key(name)}[{i}]", f"expected such as {check.__doc__}")
+        found.append(item)
+    return tuple(found)
+
+
+def _image_prefix(item: str) -> str | None:
+    """[localhost/, registry.example.com/team/]"""
+    return item if item and _IMAGE.match(item) and ".." not in item else None
+
+
+def _source_root(item: str) -> str | None:
+    """[/data, /home] (absolute plain paths)"""
+    try:
+        return _path(item, item, "directory") if item != "/" else None
+    except ContainerError:
+        return None
+
+
+def _ulimit(item: str) -> str | None:
+    """[nofile=4096:4096, nproc=4096:4096] (podman's --ulimit)"""
+    return item if _ULIMIT.match(item) else None
+
+
+def node_refusal(
+    rule: ContainerRule, spec: ContainerSpec, real_path: Callable[[str], str | None]
+) -> str | None:
+    """`refusal`, with each mount's source as this node resolves it (`real_path`: its links
+    followed; None where it does not exist here, which is a refusal too)."""
+    sources = []
+    for mount in spec.mounts:
+        real = real_path(mount.source)
+        if real is None:
+            return f"mount source {mount.source} does not exist on this node"
+        sources.append(real)
+    return refusal(rule, spec, sources)
