@@ -15,7 +15,7 @@ anything else is refused with the reason (`refusal`). Paths are compared a compo
 (`/data` allows `/data/x`, never `/database`); the node resolves a source's links before it
 asks (a link under an allowed directory may point anywhere).
 
-The node's runtime settings (`runtime`, `oci_runtime`, `ulimits`, `shm_size`, `pull_timeout`)
+The node's runtime settings (`runtime`, `oci_runtime`, `ulimits`, `pull_timeout`)
 are read here too; supervisor/container.py turns them into the runtime's commands.
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.config.values import Section, duration, parse_size
+from nodeagent.config.values import Section, duration
 from nodeagent.errors import ConfigError
 
 MAX_MOUNTS = 64
@@ -121,7 +121,6 @@ def _under(path: str, root: str) -> bool:
 
 RUNTIMES = ("podman",)
 DEFAULT_PULL_TIMEOUT_S = 600.0
-DEFAULT_SHM_SIZE = 1 << 30  # a job's /dev/shm on a node, shared by its containers there
 _ULIMIT = re.compile(r"^[a-z]+=-?[0-9]+(:-?[0-9]+)?$")
 
 
@@ -135,7 +134,6 @@ class ContainerRule:
     runtime: str = "podman"  # RUNTIMES
     oci_runtime: str | None = None  # podman --runtime (runc where crun cannot run); None: its own
     ulimits: tuple[str, ...] = ()  # podman --ulimit (name=soft:hard); none: the runtime's own
-    shm_size: int = DEFAULT_SHM_SIZE  # bytes: the job's /dev/shm on this node
     pull_timeout: float = DEFAULT_PULL_TIMEOUT_S  # a pull that takes longer is a refusal
 
 
@@ -201,7 +199,6 @@ def load_rule(section: Section) -> ContainerRule:
     oci = section.get("oci_runtime", str, "") or None
     if oci is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", oci):
         raise ConfigError(section.key("oci_runtime"), f"expected runc, crun or a path, got {oci!r}")
-    shm = section.raw("shm_size")
     rule = ContainerRule(
         allowed=section.get("allowed", bool, False),
         images=_strings(section, "images", _image_prefix),
@@ -209,7 +206,6 @@ def load_rule(section: Section) -> ContainerRule:
         runtime=runtime,
         oci_runtime=oci,
         ulimits=_strings(section, "ulimits", _ulimit),
-        shm_size=DEFAULT_SHM_SIZE if shm is None else parse_size(shm, section.key("shm_size")),
         pull_timeout=duration(
             section.raw("pull_timeout"),
             section.key("pull_timeout"),

@@ -3,6 +3,7 @@
 run.py (`run_agent`: Redis, the GPU monitor, the fence keeper, the metrics server, signals),
 locks.py (one agent per node and job: the worker record and its lock), jobrun.py (one job's
 agent and what only it uses), nodeloop.py (a pool node's loop: its membership and its job),
+pulls.py (a job's image pulled before its workers start),
 preflight.py and access.py (what only this node can tell about a config), signalwatch.py and
 wakeup.py (signals and wake-ups for the loop).
 """

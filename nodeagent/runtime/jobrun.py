@@ -9,6 +9,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
@@ -19,7 +20,7 @@ from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.peerauth import MungePlane, PlaneAuth, Unauthenticated
 from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.checkpoint.transport import Listening
-from nodeagent.config.settings import Config
+from nodeagent.config.settings import CheckpointConfig, Config
 from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.listener import StreamListener
@@ -30,6 +31,7 @@ from nodeagent.job.agent import Agent
 from nodeagent.job.verify import RecordCheck
 from nodeagent.model.credential import MungeUnavailable
 from nodeagent.runtime.wakeup import Waker
+from nodeagent.supervisor.container import Containers, Podman
 from nodeagent.supervisor.fence import Keeper
 from nodeagent.supervisor.group import Supervisor
 from nodeagent.supervisor.munge import MungeProgram
@@ -141,6 +143,18 @@ def plane_auth(config: Config) -> PlaneAuth | None:
     return MungePlane(munge, os.geteuid())
 
 
+def _containers(config: Config) -> Containers | None:
+    """A job with `container:`: its workers run in its image (supervisor/container.py)."""
+    spec = config.job.container
+    if spec is None:
+        return None
+    tiers = config.job.checkpoint
+    memory_dir = tiers.memory_dir if tiers is not None else CheckpointConfig.memory_dir
+    shm = Path(memory_dir) / f"{config.node.name}.{config.job.id}.shm"
+    runtime = Podman(config.containers, spec)
+    return Containers(runtime, config.node.name, config.job.id, shm, config.job.user)
+
+
 class JobRun:
     """One job's Agent on this node, and what only it uses."""
 
@@ -152,7 +166,7 @@ class JobRun:
         self.supervisor = Supervisor(
             echo=WorkerEcho(config.logging.format, parts.context),
             wake=parts.waker.wake,
-            spawner=Spawner(config.job.preload, config.job.user),
+            spawner=Spawner(config.job.preload, config.job.user, _containers(config)),
         )
         self.metrics = AgentMetrics(config.job.id, __version__)
         monitor = parts.monitor

@@ -27,6 +27,7 @@ from nodeagent.errors import ConfigError
 from nodeagent.model.pool import MAX_REFUSED
 from nodeagent.model.spec import JobSpec, run_config, spec_of
 from nodeagent.pool.member import NodeState
+from nodeagent.runtime.pulls import Pulling, PullRefused, Pulls
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.telemetry.sdnotify import Notifier
 
@@ -91,6 +92,7 @@ class NodeLoop:
         listener: Listener | None = None,
         notifier: Notifier | None = None,
         sweep: Callable[[NodeSettings, str | None], object] | None = None,
+        pulls: Pulls | None = None,
     ) -> None:
         if member is None and settings.job is None:
             raise ValueError("a node loop with no pool serves its config's job: there is none")
@@ -108,6 +110,8 @@ class NodeLoop:
         self._asked_to_leave = False
         self._sweep = sweep or sweep_tiers
         self._swept: tuple[str | None] | None = None  # the job served at the last sweep
+        self._pulls = pulls or Pulls(waker.wake)
+        self._pulling: str | None = None  # the image a job waits for (healthz says so)
 
     def request_stop(self) -> None:
         """First call: the job's agent leaves gracefully, then this node leaves the pool.
@@ -120,6 +124,8 @@ class NodeLoop:
     def healthz(self) -> tuple[bool, str]:
         if self.runner is not None:
             return self.runner.healthz()
+        if self._pulling is not None:
+            return False, f"pulling image {self._pulling}"
         if self._member is None:
             return False, "not serving its job yet"
         if not self._member.synced:
@@ -152,6 +158,9 @@ class NodeLoop:
                 self._notify.report(self._status_line(), self._stopping)
             had = self.runner
             self._reconcile()
+            if member is None and pinned is not None and pinned.id in self._refused:
+                log.error("cannot serve job %s: %s", pinned.id, self._refused[pinned.id])
+                return 1  # served once, and it could not start (its image, say)
             self._sweep_stale()
             waits = [] if member is None else [member.next_wakeup()]
             if (ping := self._notify.next_ping()) is not None:
@@ -231,26 +240,45 @@ class NodeLoop:
 
     def _config_for(self, job_id: str) -> Config | None:
         settings = self._settings
-        if settings.job is not None and settings.job.id == job_id:
-            return settings.running(settings.job)
-        if self._member is None:
-            return None
-        spec = self._member.spec(job_id)
-        if spec is None:  # Redis cannot be asked now: try again at the next pass
-            return None
         try:
+            if settings.job is not None and settings.job.id == job_id:
+                return self._pulled(settings.running(settings.job))
+            if self._member is None:
+                return None
+            spec = self._member.spec(job_id)
+            if spec is None:  # Redis cannot be asked now: try again at the next pass
+                return None
             if isinstance(spec, str):
                 raise ConfigError("", f"its spec cannot be read: {spec}")
             config = run_config(spec, settings)
             if config.job.checkpoint is not None:
                 check_room(config.job.checkpoint, settings.node.name, job_id)
-            return config
+            return self._pulled(config)
         except ConfigError as exc:
             log.warning("refusing job %s: %s", job_id, exc)
             self._refused[job_id] = str(exc)
             while len(self._refused) > REFUSALS_KEPT:  # the oldest go: a report stays small
                 del self._refused[next(iter(self._refused))]
             return None
+
+    def _pulled(self, config: Config) -> Config | None:
+        """`config` once its image is on this node (None while it is being pulled).
+
+        Raises:
+            ConfigError: naming `container`: the pull failed (the node's refusal of the job).
+        """
+        container = config.job.container
+        if container is None:
+            return config
+        state = self._pulls.state(config)
+        if isinstance(state, Pulling):
+            self._pulling = state.image
+            return None
+        self._pulling = None
+        if isinstance(state, PullRefused):
+            self._pulls.forget(state.image)  # asked again only if the job is placed here again
+            raise ConfigError("container", f"node {config.node.name}: {state.reason}")
+        return config
 
 
 def sweep_tiers(settings: NodeSettings, serving: str | None) -> None:

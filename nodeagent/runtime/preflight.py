@@ -56,13 +56,19 @@ def check_node(
     """
     job = config.job
     user = job.user if job is not None and job.user is not None and job.user.switch else None
-    _log_dir(Path(config.log_dir), user, create)
+    contained = job is not None and job.container is not None
+    # A containerised worker reaches the job's log directory through a bind mount, and its
+    # program and working directory are the image's: the host's paths to them do not matter.
+    _log_dir(Path(config.log_dir), None if contained else user, create)
     state_dir, warnings = _state_dir(config, create)
     if job is None:  # a pool node: each job's spec is checked when the node is placed on it
         _metrics_address(config.metrics.listen)
         return NodeCheck(state_dir, warnings)
     if job.checkpoint is not None:
         check_room(job.checkpoint, config.node.name, job.id)
+    if contained:
+        _metrics_address(config.metrics.listen)
+        return NodeCheck(state_dir, warnings)
     workdir = _working_dir(job, cwd or Path.cwd())
     program, script = _entrypoint(job, environ, workdir)
     if user is not None:

@@ -5,7 +5,8 @@ group.py (the Supervisor: spawn, watch, release, stop one generation's workers),
 started with: torchrun's environment, argv, cwd, files), ranklogs.py (a rank's log files),
 spares.py (pre-started interpreters, `job.preload`), fence.py (the fence keeper, `python -m
 nodeagent.supervisor.fence`), cgroups.py (a containerised worker fenced by its cgroup: what
-left its process group dies too), errorfile.py (a failed rank's root cause), munge.py (MUNGE's
+left its process group dies too), container.py (a worker in the job's image: podman's commands,
+its pulls), errorfile.py (a failed rank's root cause), munge.py (MUNGE's
 `munge` and `unmunge` programs: the credentials of the pool's requests), usage.py (what
 the kernel says a worker got of the CPU: its run time and its wait for one). Apart from the
 embedded redis-server (coord/embedded.py), only this package starts processes.

@@ -43,10 +43,11 @@ def check_name(name: str) -> str:
     return name
 
 
-def worker_cgroup(job: str, generation: int, rank: int) -> str:
+def worker_cgroup(job: str, node: str, generation: int, rank: int) -> str:
     """The cgroup a containerised worker is started in: one per spawn (a rank starts once a
-    generation), so fencing one worker never reaches a survivor of another generation."""
-    return check_name(f"{PREFIX}/{job}/g{generation}-rank{rank}")
+    generation), so fencing one worker never reaches a survivor of another generation, nor
+    another agent's worker on the same machine."""
+    return check_name(f"{PREFIX}/{job}/{node}-g{generation}-rank{rank}")
 
 
 def hierarchies(root: Path = ROOT) -> list[Path]:

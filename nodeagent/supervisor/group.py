@@ -37,6 +37,7 @@ import psutil
 from nodeagent.channel import beats, control
 from nodeagent.channel.control import ControlFile, ControlFileError
 from nodeagent.model.job import Failure, WorkerInfo
+from nodeagent.supervisor import cgroups
 from nodeagent.supervisor.errorfile import read_error_file
 from nodeagent.supervisor.fence import Group, start_ticks
 from nodeagent.supervisor.ranklogs import (
@@ -229,6 +230,8 @@ class Supervisor:
 
     def _drop(self, worker: _Worker) -> None:
         beats.discard_unused(worker.spec.progress_path)
+        if worker.group is not None and worker.group.cgroup:
+            cgroups.remove(worker.group.cgroup)  # its container has exited: the group is gone
         if worker.channel is not None:
             worker.channel.close()
             worker.channel = None
@@ -280,7 +283,8 @@ class Supervisor:
             target=self._await_exit, args=(popen,), name=f"wait-rank-{spec.rank}", daemon=True
         ).start()
         started = start_ticks(popen.pid)
-        group = Group(popen.pid, started) if started is not None else None
+        cgroup = self._spawner.cgroup(spec)
+        group = Group(popen.pid, started, cgroup) if started is not None else None
         channel = ControlFile(spec.control_path) if spec.control_path is not None else None
         return _Worker(
             spec,
@@ -344,6 +348,8 @@ class Supervisor:
     def _kill_worker(self, worker: _Worker) -> None:
         if worker.popen is not None:
             _signal_group(worker.popen.pid, signal.SIGKILL)
+        if worker.group is not None and worker.group.cgroup:
+            cgroups.kill(worker.group.cgroup)  # a container is not in the process group
 
     def _enforce_release(self) -> None:
         """Past the release deadline: kill each worker still in its old process group (blocked
@@ -415,7 +421,7 @@ class Supervisor:
         for worker in self._workers:
             if worker.popen is None:
                 continue
-            _signal_group(worker.popen.pid, signal.SIGKILL)
+            self._kill_worker(worker)
             for proc in worker.descendants:
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
@@ -532,6 +538,12 @@ class Supervisor:
                 continue
             if worker.returncode is None or _group_alive(worker.popen.pid):
                 return True
+            if (
+                worker.group is not None
+                and worker.group.cgroup
+                and cgroups.alive(worker.group.cgroup)
+            ):
+                return True  # its container (conmon's child, not in the group) still runs
             if any(_process_alive(p) for p in worker.descendants):
                 return True
         return False

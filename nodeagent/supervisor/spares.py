@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 from nodeagent.config.entrypoint import split_python
 from nodeagent.config.identity import WorkerUser
+from nodeagent.supervisor.container import Containers
 from nodeagent.supervisor.spec import TORCHRUN_VARIABLES, WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -125,11 +126,18 @@ class _Spare:
 
 class Spawner:
     """Starts a worker process: a fresh one, or a preloaded spare when `modules` is not empty,
-    as `user` (config.job.user; None: as the agent, with its environment)."""
+    as `user` (config.job.user; None: as the agent, with its environment); or, for a job with
+    `containers`, the runtime's process that runs the worker in the job's image."""
 
-    def __init__(self, modules: Sequence[str] = (), user: WorkerUser | None = None) -> None:
-        self._modules = tuple(modules)
+    def __init__(
+        self,
+        modules: Sequence[str] = (),
+        user: WorkerUser | None = None,
+        containers: Containers | None = None,
+    ) -> None:
+        self._modules = tuple(modules) if containers is None else ()
         self.user = user
+        self.containers = containers
         self._spares: dict[int, _Spare] = {}
         self._planned: tuple[float, Sequence[WorkerSpec]] | None = None
 
@@ -137,6 +145,12 @@ class Spawner:
         """The worker for `spec`, stdout and stderr on one pipe, and whether it runs in a
         preloaded interpreter. Raises OSError if it cannot be started."""
         spec = self._as_user(spec)
+        if self.containers is not None:
+            try:
+                argv, env = self.containers.command(spec)
+            except ValueError as exc:
+                raise OSError(f"cannot start its container: {exc}") from None
+            return _start(argv, env, None, subprocess.DEVNULL), False  # podman: root's
         spare = self._spares.pop(spec.local_rank, None)
         if spare is not None:
             if spare.popen.poll() is None and spare.fits(spec):
@@ -150,6 +164,10 @@ class Spawner:
             )
             spare.discard()
         return _start(spec.argv, dict(spec.env), spec.cwd, subprocess.DEVNULL, self.user), False
+
+    def cgroup(self, spec: WorkerSpec) -> str:
+        """The cgroup `spec`'s worker runs in, if it is the agent's to fence ("" if not)."""
+        return self.containers.cgroup(spec) if self.containers is not None else ""
 
     def _as_user(self, spec: WorkerSpec) -> WorkerSpec:
         """`spec` with the user's HOME, USER and LOGNAME (those job.env does not set)."""
@@ -203,3 +221,5 @@ class Spawner:
         for spare in self._spares.values():
             spare.discard()
         self._spares.clear()
+        if self.containers is not None:
+            self.containers.close()

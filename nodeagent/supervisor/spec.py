@@ -272,6 +272,8 @@ def worker_specs(
     if warning is not None:
         log.warning(warning)
     argv = resolve_argv(config.job.entrypoint, config.job.python)
+    if config.job.container is not None and config.job.python is None:
+        argv = tuple(config.job.entrypoint)  # the image's own python, found on its PATH
     specs = []
     for local_rank in range(nproc):
         rank = group_rank * nproc + local_rank

@@ -169,6 +169,7 @@ class LocalCluster:
     prefixes: dict[str, list[str]] = field(default_factory=dict)
     control_url: str | None = None
     pool: dict[str, Any] = field(default_factory=dict)  # a pool: section (munge_socket, say)
+    node_options: dict[str, Any] = field(default_factory=dict)  # more sections (containers:)
 
     def __post_init__(self) -> None:
         self.records_dir = self.directory / "records"
@@ -208,6 +209,7 @@ class LocalCluster:
             },
             "timing": timing,
             **({"pool": self.pool} if self.pool else {}),
+            **self.node_options,
             "metrics": {"listen": "127.0.0.1:0"},  # several agents on one machine
             "log_dir": str(self.directory / "logs"),
             "state_dir": str(self.directory / "state"),

@@ -166,12 +166,11 @@ def test_the_nodes_containers_section_reads_with_its_defaults() -> None:
             "mount_sources": ["/data"],
             "oci_runtime": "runc",
             "ulimits": ["nofile=4096:4096"],
-            "shm_size": "2GiB",
             "pull_timeout": "5m",
         }
     ).containers
     assert rule == ContainerRule(
-        True, ("localhost/",), ("/data",), "podman", "runc", ("nofile=4096:4096",), 2 << 30, 300.0
+        True, ("localhost/",), ("/data",), "podman", "runc", ("nofile=4096:4096",), 300.0
     )
 
 
