@@ -188,6 +188,11 @@ class Agent:
         )
         return f"{self.state.value}; {job}{' (leader)' if self._leader else ''}"
 
+    def note(self, event: Event) -> None:
+        """An event of this node's that the agent did not see itself (its image's pull), sent
+        with the next sync."""
+        self._events.append(event)
+
     def healthz(self) -> tuple[bool, str]:
         """For /healthz: the loop ticks and the lease is being renewed. Any thread."""
         now, timing = self._clock(), self.config.timing

@@ -69,6 +69,7 @@ class PoolNode:
     refused: dict[str, str] = field(default_factory=dict)
     metrics: str | None = None
     version: str = ""
+    pulling: str | None = None  # the image of the job placed here, pulled before it starts
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
@@ -99,6 +100,7 @@ class PoolNode:
             refused={str(k)[:63]: str(v)[:1024] for k, v in refused.items()},
             metrics=r.opt_text("metrics", 300),
             version=r.text("version", "", max_len=64),
+            pulling=r.opt_text("pulling", 1024),
         )
 
 

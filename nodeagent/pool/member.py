@@ -39,6 +39,7 @@ class NodeState:
     unfit: str | None = None
     refused: Mapping[str, str] = field(default_factory=dict)
     metrics: str | None = None
+    pulling: str | None = None  # the image of the job placed here, before its agent starts
 
 
 class PoolMember:
@@ -122,6 +123,7 @@ class PoolMember:
             unfit=state.unfit,
             refused=dict(state.refused),
             metrics=state.metrics,
+            pulling=state.pulling,
             version=__version__,
         )
         start = self._clock()

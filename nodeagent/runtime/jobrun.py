@@ -30,6 +30,8 @@ from nodeagent.gpu.monitor import GpuMonitor
 from nodeagent.job.agent import Agent
 from nodeagent.job.verify import RecordCheck
 from nodeagent.model.credential import MungeUnavailable
+from nodeagent.model.job import Event
+from nodeagent.runtime.pulls import Pulled
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.container import Containers, Podman
 from nodeagent.supervisor.fence import Keeper
@@ -225,6 +227,20 @@ class JobRun:
 
     def unfit(self) -> str | None:
         return self._health.unfit
+
+    def pulled(self, ready: Pulled) -> None:
+        """The job's image was made ready on this node before its agent started (the pull
+        phase): said in the job's events and the node's metrics."""
+        self.metrics.image_pull.labels(self.job_id, ready.image).set(ready.seconds)
+        how = f"pulled in {ready.seconds:.1f}s" if ready.seconds else "already present"
+        self.agent.note(
+            Event(
+                "image_ready",
+                node=self.agent.name,
+                message=f"image {ready.image}: {how}",
+                data={"image": ready.image, "seconds": round(ready.seconds, 3)},
+            )
+        )
 
     def close(self, keep_tiers: bool = True) -> None:
         """`keep_tiers`: the agent stops, and its memory tier must outlive it; otherwise this

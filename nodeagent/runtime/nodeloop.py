@@ -27,12 +27,13 @@ from nodeagent.errors import ConfigError
 from nodeagent.model.pool import MAX_REFUSED
 from nodeagent.model.spec import JobSpec, run_config, spec_of
 from nodeagent.pool.member import NodeState
-from nodeagent.runtime.pulls import Pulling, PullRefused, Pulls
+from nodeagent.runtime.pulls import Pulled, Pulling, PullRefused, Pulls
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.telemetry.sdnotify import Notifier
 
 log = logging.getLogger(__name__)
 REFUSALS_KEPT = MAX_REFUSED // 2  # jobs this node refused, reported to the pool
+PULL_POLL_S = 1.0  # how often a loop waiting for a pull looks, besides the pull's own wake-up
 
 
 class Membership(Protocol):
@@ -71,6 +72,7 @@ class JobRunner(Protocol):
     def close(self, keep_tiers: bool = True) -> None: ...
     def unfit(self) -> str | None: ...
     def healthz(self) -> tuple[bool, str]: ...
+    def pulled(self, ready: Pulled) -> None: ...
 
 
 class Listener(Protocol):
@@ -112,6 +114,7 @@ class NodeLoop:
         self._swept: tuple[str | None] | None = None  # the job served at the last sweep
         self._pulls = pulls or Pulls(waker.wake)
         self._pulling: str | None = None  # the image a job waits for (healthz says so)
+        self._ready: Pulled | None = None  # the image of the job about to start
 
     def request_stop(self) -> None:
         """First call: the job's agent leaves gracefully, then this node leaves the pool.
@@ -185,6 +188,8 @@ class NodeLoop:
                 if member is not None:
                     member.leave()
                 return None
+            if self._pulling is not None:  # a pull's end wakes the loop; look now and then too
+                waits.append(self._clock() + PULL_POLL_S)
             woken = self._waker.wait(max(0.0, min(waits) - self._clock()))
 
     @property
@@ -201,6 +206,7 @@ class NodeLoop:
             unfit=self.runner.unfit() if self.runner is not None else None,
             refused=dict(self._refused),
             metrics=self._metrics_address(),
+            pulling=self._pulling,
         )
 
     def _wanted(self) -> str | None:
@@ -224,6 +230,9 @@ class NodeLoop:
         if config is not None:
             log.info("serving job %s", wanted)
             self.runner = self._start_job(config)
+            if self._ready is not None:
+                self.runner.pulled(self._ready)
+                self._ready = None
             if self._member is not None:
                 self._member.poke()  # the pool learns at once, not a pool heartbeat later
 
@@ -278,6 +287,7 @@ class NodeLoop:
         if isinstance(state, PullRefused):
             self._pulls.forget(state.image)  # asked again only if the job is placed here again
             raise ConfigError("container", f"node {config.node.name}: {state.reason}")
+        self._ready = state
         return config
 
 

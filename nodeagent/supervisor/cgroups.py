@@ -104,6 +104,30 @@ def alive(name: str, root: Path = ROOT) -> bool:
     return False
 
 
+def main_process(
+    name: str, depth: int, root: Path = ROOT, proc: Path = Path("/proc")
+) -> int | None:
+    """The process `depth` generations below the first process of cgroup `name` (the one whose
+    parent is outside it), the lowest pid where several are: a runtime's helpers come first
+    (podman: conmon, then the container's init, then the worker). None until it runs.
+    """
+    parents = {pid: _parent(pid, proc) for pid in members(name, root)}
+    level = sorted(pid for pid, parent in parents.items() if parent not in parents)
+    if len(level) != 1:
+        return None
+    for _ in range(depth):
+        level = sorted(pid for pid, parent in parents.items() if parent in level)
+    return level[0] if level else None
+
+
+def _parent(pid: int, proc: Path) -> int | None:
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
 def remove(name: str, root: Path = ROOT) -> None:
     """Remove cgroup `name`, what is below it and its parents below `nodeagent/` that are left
     empty, in every hierarchy; a cgroup that still holds a process stays (EBUSY)."""

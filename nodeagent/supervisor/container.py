@@ -66,7 +66,12 @@ class Launch:
 
 class ContainerRuntime(Protocol):
     """What the supervisor needs of a container runtime (podman here; Apptainer or enroot
-    would be another class: docs/pool.md, "Your own software", says what each would run)."""
+    would be another class: docs/pool.md, "Your own software", says what each would run).
+
+    `worker_depth`: how many generations of the runtime's own processes stand above the worker
+    in its cgroup (what the agent reads a worker's CPU figures from: cgroups.main_process)."""
+
+    worker_depth: int
 
     def run_argv(self, launch: Launch) -> list[str]: ...
     def present(self, image: str) -> bool: ...
@@ -76,6 +81,8 @@ class ContainerRuntime(Protocol):
 
 class Podman:
     """Root's podman with the node's settings (`containers:`) and the job's image and mounts."""
+
+    worker_depth = 2  # conmon, then the container's init (--init), then the worker
 
     def __init__(self, rule: ContainerRule, spec: ContainerSpec, program: str = "podman") -> None:
         self._rule = rule

@@ -77,10 +77,21 @@ class _Worker:
     kept: bool = False  # an in_place survivor carried into this generation
     abandoned: bool = False  # killed for not leaving its generation in time
     group_termed: bool = False  # a stop sent SIGTERM to its whole process group
+    depth: int = 0  # the runtime's processes above a containerised worker (Spawner.depth)
+    inner: int | None = None  # a containerised worker's own process (host pid), once seen
 
     @property
     def pid(self) -> int | None:
         return self.popen.pid if self.popen else None
+
+    def worker_pid(self) -> int | None:
+        """The process that runs the worker's code: its main process, or, in a container, the
+        worker inside (its `podman run` process only proxies), None until it runs."""
+        if self.group is None or not self.group.cgroup or self.returncode is not None:
+            return self.pid
+        if self.inner is None:
+            self.inner = cgroups.main_process(self.group.cgroup, self.depth)
+        return self.inner
 
     def has_left(self) -> bool:
         """It reported leaving its generation's process group (in_place workers only)."""
@@ -295,6 +306,7 @@ class Supervisor:
             log=log_file,
             channel=channel,
             generation=generation,
+            depth=self._spawner.depth,
         )
 
     def _await_exit(self, popen: subprocess.Popen[bytes]) -> None:
@@ -607,5 +619,7 @@ class Supervisor:
                 state = "running"
             else:
                 state = "exited" if w.returncode == 0 else "failed"
-            infos.append(WorkerInfo(w.spec.rank, w.spec.local_rank, w.pid, state, w.returncode))
+            infos.append(
+                WorkerInfo(w.spec.rank, w.spec.local_rank, w.worker_pid(), state, w.returncode)
+            )
         return tuple(infos)

@@ -169,6 +169,12 @@ class Spawner:
         """The cgroup `spec`'s worker runs in, if it is the agent's to fence ("" if not)."""
         return self.containers.cgroup(spec) if self.containers is not None else ""
 
+    @property
+    def depth(self) -> int:
+        """How far below the spawned process's cgroup the worker's code runs (0: it is that
+        process; cgroups.main_process)."""
+        return self.containers.runtime.worker_depth if self.containers is not None else 0
+
     def _as_user(self, spec: WorkerSpec) -> WorkerSpec:
         """`spec` with the user's HOME, USER and LOGNAME (those job.env does not set)."""
         if self.user is None or not self.user.env:

@@ -184,6 +184,13 @@ class AgentMetrics:
             registry=r,
         )
         self.redis_errors = Counter("nodeagent_redis_errors", "Failed Redis calls", j, registry=r)
+        self.image_pull = Gauge(
+            "nodeagent_container_pull_seconds",
+            "How long this node took to make the job's image ready before its workers started "
+            "(0: it was present)",
+            ["job_id", "image"],
+            registry=r,
+        )
         self.garbage = Counter(
             "nodeagent_redis_garbage",
             "Values read from Redis that nodeagent did not write, by kind of key (each counted "

@@ -1,6 +1,7 @@
-"""End to end: a DDP job whose workers run in the job's own image (real podman, real agents,
-a real Redis, real gloo training), as the job's user, recovering a worker kill and a lost node
-as a bare job does; its containers are fenced and cleaned up by cgroup.
+"""End to end: jobs whose workers run in the job's own image (real podman, real agents, a real
+Redis, real gloo training), as the job's user: a DDP job recovers a worker kill and a lost node
+as a bare one does; an FSDP2 job restores from the memory tier into a containerised worker, and
+a graceful stop saves its last step; containers are fenced and cleaned up by cgroup.
 """
 
 from __future__ import annotations
@@ -15,6 +16,15 @@ import pytest
 
 from nodeagent.supervisor import cgroups
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+from tests.helpers.fsdp import (
+    events,
+    fsdp_cluster,
+    rank0,
+    restored,
+    saved_digests,
+    tiers_said,
+    wait_until_step,
+)
 from tests.helpers.images import (
     MARKER,
     RUNC,
@@ -33,6 +43,7 @@ pytestmark = [
 ]
 
 STEPS, EVERY = 40, 5
+FSDP = b"train_fsdp.py"
 NOBODY = 65534  # Debian's nobody: a user that is not the agent's
 
 
@@ -53,7 +64,7 @@ def _containers(tmp_path: Path) -> dict[str, object]:
     }
 
 
-def _workers(job: str, node: str) -> list[int]:
+def _workers(job: str, node: str, script: bytes = b"train_ddp.py") -> list[int]:
     """The training processes in `node`'s containers (host pids), not their init."""
     found = []
     for pid in cgroups.members(f"{cgroups.PREFIX}/{job}"):
@@ -63,7 +74,7 @@ def _workers(job: str, node: str) -> list[int]:
         except OSError:
             continue
         python = Path(cmdline[0].decode(errors="replace")).name.startswith("python")
-        if f"/{node}-g" in cgroup and python and any(b"train_ddp.py" in p for p in cmdline):
+        if f"/{node}-g" in cgroup and python and any(script in p for p in cmdline):
             found.append(pid)
     return found
 
@@ -108,6 +119,11 @@ def test_a_containerised_job_runs_as_its_user_and_recovers(
         assert f"Uid:\t{NOBODY}\t{NOBODY}" in status, status  # the job's user, inside
         # The worker's root is the image's: its marker, read through /proc from outside.
         assert Path(f"/proc/{pid}/root{MARKER}").read_text().strip() == image
+        # What status shows (and the slow-node watch reads) is that process, not podman's.
+        (shown,) = [
+            w["pid"] for n in cluster.status()["nodes"] if n["name"] == node for w in n["workers"]
+        ]
+        assert shown == pid
 
     os.kill(_workers(cluster.job, "b")[0], signal.SIGKILL)  # a worker dies inside its container
     wait_for(lambda: cluster.status()["restart_count"] == 1, 60, "the restart")
@@ -122,3 +138,40 @@ def test_a_containerised_job_runs_as_its_user_and_recovers(
     gens = check_history(cluster, STEPS, EVERY)
     assert [g.world for g in gens] == [2, 2, 1]
     wait_for(lambda: not cgroups.members(f"{cgroups.PREFIX}/{cluster.job}"), 30, "no container")
+
+
+def test_the_memory_tier_restores_into_a_container_and_a_stop_saves_the_last_step(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, image: str
+) -> None:
+    tmp_path.chmod(0o777)
+    job = {
+        "user": "nobody",
+        "allow_root": False,
+        "container": {"image": image, "mounts": host_software_mounts(tmp_path)},
+    }
+    options = {"containers": _containers(tmp_path)}
+    with fsdp_cluster(
+        redis_server, job_id, tmp_path, shm, steps=200, job=job, node_options=options
+    ) as cluster:
+        for directory in ("records", "logs"):
+            (tmp_path / directory).mkdir(exist_ok=True)
+            (tmp_path / directory).chmod(0o777)
+        cluster.start("a", "b", "c")
+        wait_until_step(cluster, 1, 12)
+        os.kill(_workers(job_id, "b", FSDP)[0], signal.SIGKILL)
+        cluster.wait_status(lambda d: d["generation"] >= 2 and d["state"] == "running", 60, "gen 2")
+        back = restored(cluster, 2)
+        assert back["digest"] == saved_digests(cluster, 1)[back["step"]]  # bit for bit
+        assert tiers_said(cluster, 2, 3) == {"memory"}
+        ready = [e for e in events(cluster, "image_ready") if e["node"] == "b"]
+        assert ready and ready[0]["data"]["image"] == image
+
+        wait_until_step(cluster, 2, back["step"] + 8)
+        assert cluster.ctl("scale", "2").returncode == 0  # a graceful stop: every rank saves
+        cluster.wait_status(lambda d: d["generation"] >= 3 and d["world_size"] == 2, 90, "world 2")
+        back = restored(cluster, 3)
+        stopped = [x["step"] for x in rank0(cluster, 2, "stopped")]
+        assert stopped == [back["step"]]  # the step the stop saved inside the container: none lost
+        assert back["digest"] == saved_digests(cluster, 2)[back["step"]]
+        wait_until_step(cluster, 3, back["step"] + 4)
+        cluster.ctl("stop")

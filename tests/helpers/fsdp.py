@@ -45,6 +45,7 @@ def fsdp_cluster(
     max_rate: str | None = None,
     memory_size: str = "256MiB",
     munge_socket: str | None = None,
+    job: dict[str, Any] | None = None,
     **cluster: Any,
 ) -> Any:
     """Agents running examples/train_fsdp.py with the memory and persistent tiers (in_place:
@@ -54,7 +55,7 @@ def fsdp_cluster(
     rank's state, with room to spare: the default fits the tests' small models);
     `munge_socket`: the munged the checkpoint plane authenticates peers with (none given: the
     config says replication.auth: none); `cluster`: more LocalCluster fields (nodes in network
-    namespaces)."""
+    namespaces); `job`: more of the job section (its container, its user)."""
     entrypoint = [
         sys.executable,
         str(ROOT / "examples" / "train_fsdp.py"),
@@ -92,6 +93,7 @@ def fsdp_cluster(
             "checkpoint": checkpoint,
             "env": {"OMP_NUM_THREADS": "1", **(env or {})},
             **({"recovery": "in_place"} if in_place else {}),
+            **(job or {}),
         },
         **cluster,
     )

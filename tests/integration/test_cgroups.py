@@ -162,3 +162,28 @@ def test_a_killed_podman_run_leaves_its_container_and_the_cgroup_kill_ends_it() 
         subprocess.run(["podman", "rm", "-f", container], capture_output=True, check=False)
         wait_for(lambda: not cgroups.alive(name), 10, "the container's cgroup to empty")
         cgroups.remove(name)
+
+
+def test_the_main_process_is_found_below_the_runtimes_own(name: str) -> None:
+    """As podman runs a worker: a monitor (conmon), its child the container's init, the init's
+    child the worker; before the worker runs there is none to name."""
+    chain = (
+        "import subprocess, sys, time; time.sleep(float(sys.argv[1])); subprocess.run(sys.argv[2:])"
+    )
+    init = [sys.executable, "-c", chain, "3", "sleep", "600"]  # runs the worker in 3 s
+    monitor = subprocess.Popen(
+        [sys.executable, "-c", chain, "0", *init],
+        start_new_session=True,
+        preexec_fn=lambda: _enter(name),
+    )
+    try:
+        wait_for(lambda: cgroups.main_process(name, 1), 10, "the init")
+        assert cgroups.main_process(name, 0) == monitor.pid
+        assert cgroups.main_process(name, 2) is None  # the init has not started the worker yet
+        worker = wait_for(lambda: cgroups.main_process(name, 2), 10, "the worker")
+        assert Path(f"/proc/{worker}/cmdline").read_bytes().startswith(b"sleep\0")
+        assert cgroups.main_process(name, 3) is None  # nothing runs below the worker
+    finally:
+        cgroups.kill(name)
+        monitor.wait(10)
+    assert cgroups.main_process(name, 2) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -12,7 +13,10 @@ from nodeagent.config.settings import Config
 from nodeagent.model.spec import load_spec
 from nodeagent.pool.member import NodeState
 from nodeagent.runtime.nodeloop import REFUSALS_KEPT, NodeLoop
+from nodeagent.runtime.pulls import Pulled, Pulls
 from nodeagent.runtime.wakeup import Waker
+from nodeagent.supervisor.container import PullFailed
+from tests.helpers.cluster import wait_for
 from tests.helpers.runas import AS_TESTER
 
 
@@ -49,6 +53,8 @@ class Member:
 
 
 class Runner:
+    ready: Pulled
+
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         self.stops = 0
@@ -71,6 +77,9 @@ class Runner:
 
     def healthz(self) -> tuple[bool, str]:
         return True, "ok"
+
+    def pulled(self, ready: Pulled) -> None:
+        self.ready = ready
 
 
 R = TypeVar("R", bound=Runner)
@@ -247,4 +256,86 @@ def test_between_jobs_the_loop_sweeps_stale_tiers_once_per_job_wanted() -> None:
     member.placement = "k"
     loop._sweep_stale()
     assert swept == [None, "j"]  # serving j: its agent owns its tier
+    waker.close()
+
+
+class Registry:
+    """A container runtime whose pulls the test lets finish (or fail)."""
+
+    worker_depth = 2
+
+    def __init__(self, present: bool = False, fails: str | None = None) -> None:
+        self.is_present = present
+        self.fails = fails
+        self.go = threading.Event()
+        self.pulls: list[str] = []
+
+    def present(self, image: str) -> bool:
+        return self.is_present
+
+    def pull(self, image: str, timeout_s: float) -> None:
+        self.pulls.append(image)
+        self.go.wait(10)
+        if self.fails:
+            raise PullFailed(self.fails)
+
+    def run_argv(self, launch: Any) -> list[str]:
+        raise AssertionError("not started here")
+
+    def remove(self, name: str) -> None:
+        pass
+
+
+def contained_config() -> Config:
+    job = {"id": "j", "entrypoint": ["true"], "container": {"image": "localhost/t:1"}, **AS_TESTER}
+    containers = {"allowed": True, "images": ["localhost/"]}
+    doc = {"redis": {"url": "redis://r:6379/0"}, "containers": containers, "job": job}
+    config = load_settings(doc)
+    assert isinstance(config, Config)
+    return config
+
+
+def _reconciled(loop: NodeLoop) -> bool:
+    loop._reconcile()
+    return True
+
+
+def _loop(registry: Registry) -> tuple[NodeLoop, list[Runner], Waker]:
+    runners, start = starter(Runner)
+    waker = Waker()
+    pulls = Pulls(waker.wake, runtime_of=lambda config: registry)
+    loop = NodeLoop(contained_config(), None, start, waker, lambda: 0.0, pulls=pulls)
+    return loop, runners, waker
+
+
+def test_a_jobs_image_is_pulled_before_its_agent_starts_and_said_once_ready() -> None:
+    registry = Registry()
+    loop, runners, waker = _loop(registry)
+    loop._reconcile()
+    assert not runners and loop.healthz() == (False, "pulling image localhost/t:1")
+    assert loop._state().pulling == "localhost/t:1"  # the pool's nodes listing says so
+    loop._reconcile()  # still pulling: one pull, not another
+    registry.go.set()
+    wait_for(lambda: _reconciled(loop) and runners, 10, "the agent to start once pulled")
+    assert registry.pulls == ["localhost/t:1"]
+    assert runners[0].ready.image == "localhost/t:1" and runners[0].ready.seconds >= 0
+    assert loop._state().pulling is None
+    waker.close()
+
+
+def test_an_image_present_is_not_pulled_again() -> None:
+    registry = Registry(present=True)
+    loop, runners, waker = _loop(registry)
+    wait_for(lambda: _reconciled(loop) and runners, 10, "the agent to start")
+    assert registry.pulls == [] and runners[0].ready == Pulled("localhost/t:1", 0.0)
+    waker.close()
+
+
+def test_a_failed_pull_is_a_refusal_not_a_crash_loop() -> None:
+    registry = Registry(fails="manifest unknown")
+    registry.go.set()
+    loop, runners, waker = _loop(registry)
+    assert loop.run() == 1  # served once (nodeagent launch): it could not start
+    assert not runners and registry.pulls == ["localhost/t:1"]
+    assert loop._refused["j"].endswith("pulling image localhost/t:1 failed: manifest unknown")
     waker.close()

@@ -30,6 +30,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
                 "alive": report is not None,
                 "job": snap.placements.get(name),
                 "serving": report.serving if report else None,
+                "pulling": report.pulling if report else None,
                 "health": (report.unfit or "ok") if report else "lost",
                 "cordon": cordon.reason if cordon else None,
                 "labels": dict(report.labels) if report else {},
@@ -45,8 +46,9 @@ def run(target: Target, args: argparse.Namespace) -> int:
         labels = ",".join(f"{k}={v}" for k, v in sorted(r["labels"].items())) or "-"
         age = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.1f}s"
         health = r["health"] if len(r["health"]) <= 10 else r["health"][:9] + "~"
+        job = f"{r['job']} (pulling)" if r["job"] and r["pulling"] else r["job"] or "(free)"
         print(
-            f"{r['name']:<20} {r['job'] or '(free)':<24} {health:<10} {age:>7}  "
+            f"{r['name']:<20} {job:<24} {health:<10} {age:>7}  "
             f"{r['cordon'] or '-':<12} {labels}"
         )
     return 0
