@@ -141,16 +141,16 @@ def refusal(rule: ContainerRule, spec: ContainerSpec, sources: Sequence[str] = (
     """Why this node does not run `spec` (None: it does). `sources`: each mount's source as the
     node resolved it (its links followed), in order; the spec's own where not given."""
     if not rule.allowed:
-        return "this node runs no containers (its containers.allowed is off)"
+        return "containers are off (containers.allowed)"
     if not any(spec.image.startswith(prefix) for prefix in rule.images):
         allowed = ", ".join(rule.images) or "none"
-        return f"image {spec.image} is not from an image prefix this node allows ({allowed})"
+        return f"image {spec.image} is not from an allowed image prefix ({allowed})"
     resolved = list(sources) if sources else [m.source for m in spec.mounts]
     for mount, source in zip(spec.mounts, resolved, strict=True):
         if not any(_under(source, root) for root in rule.mount_sources):
             where = ", ".join(rule.mount_sources) or "none"
             shown = source if source == mount.source else f"{mount.source} (-> {source})"
-            return f"mount source {shown} is not under a directory this node allows ({where})"
+            return f"mount source {shown} is not under an allowed directory ({where})"
     return None
 
 
@@ -245,6 +245,57 @@ def _source_root(item: str) -> str | None:
 def _ulimit(item: str) -> str | None:
     """[nofile=4096:4096, nproc=4096:4096] (podman's --ulimit)"""
     return item if _ULIMIT.match(item) else None
+
+
+MAX_OFFERED = 64  # image prefixes or mount sources a node's pool report carries
+
+
+def offer(rule: ContainerRule) -> dict[str, Any]:
+    """What a node tells the pool of its rule (its pool report): enough for `submit` to refuse
+    a container no node would run; the runtime's own settings stay on the node."""
+    return {
+        "allowed": rule.allowed,
+        "images": list(rule.images[:MAX_OFFERED]),
+        "mount_sources": list(rule.mount_sources[:MAX_OFFERED]),
+    }
+
+
+def read_offer(doc: object) -> ContainerRule:
+    """`offer`'s document read back, strictly (it comes from Redis).
+
+    Raises:
+        ValueError: naming what is wrong.
+    """
+    if not isinstance(doc, Mapping) or set(doc) != {"allowed", "images", "mount_sources"}:
+        raise ValueError("containers: expected allowed, images and mount_sources")
+    allowed, images, sources = doc["allowed"], doc["images"], doc["mount_sources"]
+    lists = (images, sources)
+    if not isinstance(allowed, bool) or not all(isinstance(x, list) for x in lists):
+        raise ValueError("containers: allowed is true or false, images and mount_sources lists")
+    if len(images) > MAX_OFFERED or len(sources) > MAX_OFFERED:
+        raise ValueError(f"containers: at most {MAX_OFFERED} images and mount sources")
+    if not all(isinstance(i, str) and _image_prefix(i) for i in images):
+        raise ValueError("containers: images holds image prefixes")
+    if not all(isinstance(s, str) and _source_root(s) for s in sources):
+        raise ValueError("containers: mount_sources holds absolute plain paths")
+    return ContainerRule(allowed, tuple(images), tuple(sources))
+
+
+def pool_refusal(spec: ContainerSpec, rules: Sequence[ContainerRule]) -> str | None:
+    """Why no node of a pool would run `spec`, from the rules its nodes offer (None: one
+    would, or no node said: nodes that join later may). Paths are compared as written: the
+    node that is placed on the job resolves their links and may still refuse."""
+    if not rules:
+        return None
+    reasons: list[str] = []
+    for rule in rules:
+        reason = refusal(rule, spec)
+        if reason is None:
+            return None
+        if reason not in reasons:
+            reasons.append(reason)
+    more = f" (and {len(reasons) - 3} other reasons)" if len(reasons) > 3 else ""
+    return f"no node that could run it takes its container: {'; '.join(reasons[:3])}{more}"
 
 
 def node_refusal(

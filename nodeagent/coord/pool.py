@@ -242,6 +242,15 @@ class PoolStore:
             requeues=_decoded(requeues, Requeue.from_json, "pool requeue", garbage),
         )
 
+    def nodes(self) -> dict[str, PoolNode]:
+        """The live nodes' reports, page by page at Redis server time, without the rest of the
+        pool, and leaving the pool leader's view of them (`read(led_by)`) as it is."""
+        with redis_errors("read the pool's clock"):
+            seconds, micros = self.client.time()
+        now = int(seconds) * 1000 + int(micros) // 1000
+        leases = self._all(now, [])
+        return {x.name: x.report for x in leases if x.report is not None and x.deadline_ms > now}
+
     def _led(self, token: str, now: int, garbage: list[str]) -> tuple[Lease[PoolNode], ...]:
         view = self._view
         first = self._read_page(now, view.cursor, view.sweep, SWEEP, 0, garbage)

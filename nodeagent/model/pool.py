@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from nodeagent.config.container import ContainerRule, offer, read_offer
 from nodeagent.errors import CorruptStateError
 from nodeagent.model.decode import Reader
 
@@ -56,7 +57,9 @@ class PoolNode:
     `pinned`: the job of this node's `job:` section (the node serves only it). `serving`: the
     job this node's agent runs now. `unfit`: why it cannot take a job (its GPUs). `refused`:
     jobs this node cannot run (the spec's user is not allowed here, or the spec is invalid), with
-    why; the scheduler places them elsewhere.
+    why; the scheduler places them elsewhere. `containers`: what its `containers:` section allows
+    (config.container.offer; None: an agent that does not say), so `submit` refuses a container
+    no node would run. `pulling`: the image of the job placed here, pulled before it starts.
     """
 
     name: str
@@ -69,10 +72,13 @@ class PoolNode:
     refused: dict[str, str] = field(default_factory=dict)
     metrics: str | None = None
     version: str = ""
-    pulling: str | None = None  # the image of the job placed here, pulled before it starts
+    pulling: str | None = None
+    containers: ContainerRule | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+        doc = asdict(self)
+        doc["containers"] = offer(self.containers) if self.containers is not None else None
+        return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
     @functools.cached_property
     def digest(self) -> str:
@@ -89,6 +95,11 @@ class PoolNode:
             raise CorruptStateError("pool node report: too many labels or refused jobs")
         if not all(isinstance(v, str) for v in [*labels.values(), *refused.values()]):
             raise CorruptStateError("pool node report: labels and refused hold strings")
+        offered = r.raw("containers")
+        try:
+            containers = read_offer(offered) if offered is not None else None
+        except ValueError as exc:
+            raise CorruptStateError(f"pool node report: {exc}") from None
         return cls(
             name=r.name("name"),
             address=r.host("address"),
@@ -101,6 +112,7 @@ class PoolNode:
             metrics=r.opt_text("metrics", 300),
             version=r.text("version", "", max_len=64),
             pulling=r.opt_text("pulling", 1024),
+            containers=containers,
         )
 
 

@@ -124,6 +124,7 @@ class PoolMember:
             refused=dict(state.refused),
             metrics=state.metrics,
             pulling=state.pulling,
+            containers=self._settings.containers,
             version=__version__,
         )
         start = self._clock()

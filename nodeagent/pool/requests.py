@@ -15,10 +15,11 @@ another user, act on every job, and alone change queues and cordons.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from nodeagent.config.container import pool_refusal
 from nodeagent.coord import holds
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
@@ -31,12 +32,13 @@ from nodeagent.model.credential import (
     credential_id,
 )
 from nodeagent.model.job import Command, CommandType, Cordon, Event
-from nodeagent.model.pool import PoolJob, PoolJobState
+from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
 from nodeagent.model.queues import DEFAULT, MAX_NODES, QueueView
 from nodeagent.model.request import Caller, Reply, Request, Verb
 from nodeagent.model.spec import JobSpec, load_spec
 from nodeagent.pool import jobverbs
 from nodeagent.pool.authority import Authority
+from nodeagent.pool.schedule import matches
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,9 @@ class Requests:
                 f"priority {spec.priority} is above queue {queue.name}'s ceiling of "
                 f"{queue.max_priority}"
             )
+        refused = container_refusal(spec, self._store.nodes().values())
+        if refused is not None:
+            raise Refused(refused)
         signed = self._sign(replace(spec, submitted_by=caller.name))
         created, status = self._store.submit(signed, held_by=caller.name if hold else "")
         if not created:
@@ -333,6 +338,19 @@ class Requests:
             return self._authority.sign(spec)
         except MungeUnavailable as exc:
             raise Refused(f"the pool leader cannot sign the spec: {exc}") from None
+
+
+def container_refusal(spec: JobSpec, nodes: Iterable[PoolNode]) -> str | None:
+    """Why `submit` refuses `spec`'s container: no live node its selector names would run it,
+    by the rules the nodes offer in their reports (docs/pool.md, "Your own software"). None
+    also when no node said (a pool of older agents, or none up yet): placement decides then."""
+    container = spec.job.container
+    if container is None:
+        return None
+    offers = [
+        n.containers for n in nodes if n.containers is not None and matches(n.labels, spec.selector)
+    ]
+    return pool_refusal(container, offers)
 
 
 def in_use(job_id: str, pool: str, status: PoolJob | None) -> str:

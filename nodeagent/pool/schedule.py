@@ -81,7 +81,7 @@ class _Run:
                 self.refusers.setdefault(job_id, set()).add(node.name)
         for job in view.jobs.values():
             if job.selector:
-                lacking = {n.name for n in nodes if not _matches(n.labels, job.selector)}
+                lacking = {n.name for n in nodes if not matches(n.labels, job.selector)}
                 self.refusers.setdefault(job.id, set()).update(lacking)
                 self.unmatched[job.id] = len(lacking)
         self.serving: dict[str, set[str]] = {}  # job -> the nodes whose agent still runs it
@@ -448,7 +448,7 @@ def _could_fit(run: _Run, job: JobView) -> str | None:
     return f"needs {job.min_nodes} nodes, the pool has {healthy} healthy nodes that can run it{why}"
 
 
-def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+def matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in selector.items())
 
 

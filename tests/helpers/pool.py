@@ -47,6 +47,7 @@ class PoolCluster:
     agents: dict[str, AgentProcess] = field(default_factory=dict)
     timing: dict[str, str] = field(default_factory=lambda: dict(TIMING))
     scheduling: dict[str, str] = field(default_factory=dict)  # more of the pool: section
+    node_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> more sections
 
     @property
     def records_dir(self) -> Path:
@@ -80,6 +81,7 @@ class PoolCluster:
         }
         if job is not None:
             config["job"] = job
+        config.update(self.node_options.get(name, {}))
         return config
 
     def start(

@@ -104,6 +104,9 @@ def test_alice_acts_as_alice_and_on_her_own_jobs_only(
     as_bob = submit(pool, munged, alice, "hers-as-bob", "--user", bob.name)
     assert as_bob.returncode == 2
     assert f"{alice.name} may not submit as {bob.name}" in as_bob.stderr
+    image = submit(pool, munged, alice, "in-an-image", "--container-image", "localhost/t:1")
+    assert image.returncode == 2  # the pool leader checks a signed submit as submit does
+    assert "no node that could run it takes its container: containers are off" in image.stderr
     for args in (("cancel", "mine"), ("scale", "mine", "2")):
         refused = ctl(pool, munged, bob, *args)
         assert refused.returncode == 2, refused

@@ -16,6 +16,7 @@ from nodeagent.config.container import (
     Mount,
     parse_image,
     parse_mounts,
+    pool_refusal,
     refusal,
 )
 from nodeagent.config.hosts import Resolver
@@ -90,16 +91,11 @@ RULE = ContainerRule(
 def test_the_node_runs_only_what_its_rule_allows() -> None:
     ok = ContainerSpec("localhost/torch:2.5", parse_mounts("/data/imagenet:/in:ro"))
     assert refusal(RULE, ok) is None
-    assert refusal(ContainerRule(), ok) == (
-        "this node runs no containers (its containers.allowed is off)"
-    )
+    assert refusal(ContainerRule(), ok) == ("containers are off (containers.allowed)")
     other = ContainerSpec("docker.io/torch:2.5")
-    assert "not from an image prefix this node allows (localhost/, " in (refusal(RULE, other) or "")
+    assert "not from an allowed image prefix (localhost/, " in (refusal(RULE, other) or "")
     near = ContainerSpec("localhost/x", parse_mounts("/database:/db"))  # not under /data
-    assert (
-        refusal(RULE, near)
-        == "mount source /database is not under a directory this node allows (/data)"
-    )
+    assert refusal(RULE, near) == "mount source /database is not under an allowed directory (/data)"
     # a link under /data that points elsewhere: the node says where it resolved to
     linked = ContainerSpec("localhost/x", parse_mounts("/data/etc:/etc2"))
     assert "/data/etc (-> /etc)" in (refusal(RULE, linked, ["/etc"]) or "")
@@ -212,14 +208,16 @@ def test_the_node_refuses_at_placement_what_its_rule_does_not_allow(tmp_path: Pa
         return None
 
     assert placed("localhost/t:1", f"{allowed}/set:/in:ro") is None
-    assert "image docker.io/t is not from an image prefix" in (placed("docker.io/t", "") or "")
+    assert "image docker.io/t is not from an allowed image prefix" in (
+        placed("docker.io/t", "") or ""
+    )
     assert f"{allowed}/escape (-> /etc) is not under" in (
         placed("localhost/t", f"{allowed}/escape:/x") or ""
     )
     assert "/nowhere does not exist on this node" in (placed("localhost/t", "/nowhere:/x") or "")
     no_containers = _node({})
     spec = load_spec({**base, "container": {"image": "localhost/t"}})
-    with pytest.raises(ConfigError, match="node n1: this node runs no containers"):
+    with pytest.raises(ConfigError, match="node n1: containers are off"):
         run_config(spec, no_containers, Accounts())
 
 
@@ -232,7 +230,9 @@ def test_a_pinned_job_asking_for_a_container_its_node_refuses_is_a_config_error(
     }
     with pytest.raises(ConfigError) as info:
         _node({}, job)
-    assert info.value.key == "job.container" and "containers.allowed is off" in str(info.value)
+    assert info.value.key == "job.container" and "containers are off (containers.allowed)" in str(
+        info.value
+    )
     assert _node({"allowed": True, "images": ["localhost/"]}, job).job.container is not None
 
 
@@ -248,3 +248,18 @@ def test_submit_takes_the_container_as_srun_spells_it() -> None:
     args.container_mounts = "/data:/dev/shm"
     with pytest.raises(UsageError, match=r"container\.mounts.*the runtime's or the agent's"):
         spec_from_args(args, "alice", "alice@h")
+
+
+def test_the_pool_refuses_a_container_only_when_every_node_that_said_refuses_it() -> None:
+    spec = ContainerSpec("localhost/t:1", parse_mounts("/data/x:/x"))
+    off, other = ContainerRule(), ContainerRule(True, ("docker.io/",), ("/data",))
+    assert pool_refusal(spec, []) is None  # no node said: placement decides
+    assert pool_refusal(spec, [off, RULE]) is None  # one node takes it
+    said = pool_refusal(spec, [off, other, off])
+    assert said == (
+        "no node that could run it takes its container: containers are off "
+        "(containers.allowed); image localhost/t:1 is not from an allowed image prefix "
+        "(docker.io/)"
+    )  # each reason once
+    many = [ContainerRule(True, (f"r{i}/",)) for i in range(5)]
+    assert (pool_refusal(spec, many) or "").endswith("(r2/) (and 2 other reasons)")

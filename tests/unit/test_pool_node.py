@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from nodeagent.config.container import ContainerRule
 from nodeagent.errors import CorruptStateError
 from nodeagent.model.pool import PoolNode
 
@@ -26,4 +27,33 @@ def test_a_report_without_pulling_reads_as_not_pulling() -> None:
 def test_a_bad_pulling_is_refused(pulling: object) -> None:
     doc = {**json.loads(PoolNode("a", "10.0.0.1", 5000).to_json()), "pulling": pulling}
     with pytest.raises(CorruptStateError, match="pulling"):
+        PoolNode.from_json(json.dumps(doc))
+
+
+def test_a_report_carries_what_its_containers_section_allows_and_no_more() -> None:
+    rule = ContainerRule(True, ("localhost/",), ("/data",), oci_runtime="runc", ulimits=("a=1",))
+    doc = json.loads(PoolNode("a", "10.0.0.1", 5000, containers=rule).to_json())
+    assert doc["containers"] == {
+        "allowed": True,
+        "images": ["localhost/"],
+        "mount_sources": ["/data"],
+    }
+    back = PoolNode.from_json(json.dumps(doc)).containers
+    assert back == ContainerRule(True, ("localhost/",), ("/data",))  # the runtime's own stays home
+
+
+@pytest.mark.parametrize(
+    ("containers", "says"),
+    [
+        ({"allowed": "yes", "images": [], "mount_sources": []}, "allowed is true or false"),
+        ({"allowed": True, "images": ["../x"], "mount_sources": []}, "image prefixes"),
+        ({"allowed": True, "images": [], "mount_sources": ["data"]}, "absolute plain paths"),
+        ({"allowed": True, "images": [], "mount_sources": [], "runtime": "x"}, "expected allowed"),
+        ({"allowed": True, "images": ["a/"] * 65, "mount_sources": []}, "at most 64"),
+        ([], "expected allowed"),
+    ],
+)
+def test_a_bad_containers_offer_is_refused(containers: object, says: str) -> None:
+    doc = {**json.loads(PoolNode("a", "10.0.0.1", 5000).to_json()), "containers": containers}
+    with pytest.raises(CorruptStateError, match=says):
         PoolNode.from_json(json.dumps(doc))

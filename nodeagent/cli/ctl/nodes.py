@@ -47,8 +47,5 @@ def run(target: Target, args: argparse.Namespace) -> int:
         age = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.1f}s"
         health = r["health"] if len(r["health"]) <= 10 else r["health"][:9] + "~"
         job = f"{r['job']} (pulling)" if r["job"] and r["pulling"] else r["job"] or "(free)"
-        print(
-            f"{r['name']:<20} {job:<24} {health:<10} {age:>7}  "
-            f"{r['cordon'] or '-':<12} {labels}"
-        )
+        print(f"{r['name']:<20} {job:<24} {health:<10} {age:>7}  {r['cordon'] or '-':<12} {labels}")
     return 0

@@ -235,6 +235,9 @@ def run(target: Target, args: argparse.Namespace) -> int:
         raise UsageError(
             f"priority {spec.priority} is above queue {spec.queue}'s ceiling of {ceiling}"
         )
+    refused = requests.container_refusal(spec, store.nodes().values())
+    if refused is not None:
+        raise UsageError(f"job {spec.id}: {refused}")
     created, status = store.submit(spec, held_by=by if args.hold else "")
     if not created:
         raise UsageError(requests.in_use(spec.id, store.keys.pool, status))
