@@ -9,6 +9,11 @@ K=3 simulated nodes on this machine, one worker each, run examples/train_ddp.py 
   `timing.reform_timeout: 10s` (as long as hang_timeout), running examples/train_elastic.py
   instead (nodeagent.worker.elastic, a commit every step, the same ~30 ms step and a checkpoint
   every 10 steps): survivors keep their processes, only missing ranks are started (preloaded);
+- `nodeagent+container`: `nodeagent` with the workers in a container image (root's podman, a
+  small image the bench imports with the machine's Python and torch mounted read only, as
+  tests/helpers/images.py builds it): what a container adds to a recovery. Its workers log
+  their pids inside the containers' pid namespaces (the same in every container), so only the
+  detection, the total and the steps lost are measured for it, not the phases in between;
 - `torchrun`: three `torchrun --nnodes=1:3 --rdzv-backend=c10d` launchers at their defaults
   (monitor interval 0.1 s);
 - `torchrun-best`: the same with the best settings a torchrun user has: the rendezvous store not
@@ -84,6 +89,13 @@ from tests.helpers.cluster import (  # noqa: E402
     free_port,
     local_cluster,
     wait_for,
+)
+from tests.helpers.images import (  # noqa: E402
+    build_image,
+    container_processes,
+    containers_section,
+    host_software_mounts,
+    remove_image,
 )
 from tests.helpers.training import training_entrypoint  # noqa: E402
 
@@ -163,6 +175,7 @@ def rank_of_pid(lines: list[dict[str, Any]]) -> dict[int, int]:
 class NodeagentLaunch:
     cluster: LocalCluster
     preload: bool = False
+    contained: bool = False  # the workers run in containers (not the agent's children)
 
     def start(self, *names: str) -> None:
         self.cluster.start(*names)
@@ -217,7 +230,12 @@ class NodeagentLaunch:
 
     def processes(self, node: str) -> list[psutil.Process]:
         agent = self.launcher(node)
-        return [agent, *agent.children(recursive=True)]
+        found = [agent, *agent.children(recursive=True)]
+        if self.contained:
+            for pid in container_processes(self.cluster.job, node):
+                with contextlib.suppress(psutil.Error):
+                    found.append(psutil.Process(pid))
+        return found
 
 
 GLOG = re.compile(r"^[IWEF]\d{4} [\d:.]+ +(\d+) ")
@@ -358,9 +376,19 @@ class TorchrunLaunch:
 
 
 def training_process(launch: Launch, node: str) -> psutil.Process:
-    """The node's training process (a preloaded one runs the script in a spare interpreter)."""
+    """The node's training process (a preloaded one runs the script in a spare interpreter; a
+    containerised one logs its pid in the container)."""
     stepping = {line["pid"] for line in launch.lines() if line.get("event") == "step"}
-    return next(p for p in launch.processes(node)[1:] if p.pid in stepping)
+    return next(p for p in launch.processes(node)[1:] if logged_pid(p) in stepping)
+
+
+def logged_pid(proc: psutil.Process) -> int:
+    """The pid `proc` sees itself as: in its innermost pid namespace (a container's)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    return proc.pid
 
 
 def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> list[psutil.Process]:
@@ -517,18 +545,30 @@ def launched(
             options["recovery"] = "in_place"
             timing["reform_timeout"] = REFORM_TIMEOUT
         timing.update(workload.timing)
-        with local_cluster(
-            server.url,
-            directory,
-            job=job,
-            max_nodes=len(NODES),
-            target_nodes=len(NODES),
-            max_restarts=10,
-            timing=timing,
-            entrypoint=workload.argv(system, directory),
-            job_options=options,
-        ) as cluster:
-            yield NodeagentLaunch(cluster, preload=preload)
+        contained = system == "nodeagent+container"
+        node_options: dict[str, Any] = {}
+        if contained:
+            image = build_image(job)
+            options["container"] = {"image": image, "mounts": host_software_mounts(directory)}
+            node_options["containers"] = containers_section(directory)
+        with (
+            contextlib.ExitStack() as cleanup,
+            local_cluster(
+                server.url,
+                directory,
+                job=job,
+                max_nodes=len(NODES),
+                target_nodes=len(NODES),
+                max_restarts=10,
+                timing=timing,
+                entrypoint=workload.argv(system, directory),
+                job_options=options,
+                node_options=node_options,
+            ) as cluster,
+        ):
+            if contained:
+                cleanup.callback(remove_image, image)
+            yield NodeagentLaunch(cluster, preload=preload, contained=contained)
     else:
         launch = TorchrunLaunch(directory, best=system == "torchrun-best", workload=workload)
         try:
@@ -590,7 +630,10 @@ def one_run(
                 launch.lines(), t0, fault.after, launch.noticed(t0, fault.cause), in_place
             )
         _signal_all(hit, signal.SIGCONT)
-    if row is not None:
+    if row is not None and system == "nodeagent+container":  # pids of the containers' own
+        for key in ("restart_s", "import_s", "init_s", "first_step_s", "pids"):
+            row.pop(key)
+    elif row is not None:
         row["survivors_restarted"] = len(survivors - set(row.pop("pids")))
     return {"outcome": outcome, **(row or {})}
 

@@ -27,8 +27,9 @@ from tests.helpers.fsdp import (
 )
 from tests.helpers.images import (
     MARKER,
-    RUNC,
     build_image,
+    container_processes,
+    containers_section,
     host_software_mounts,
     podman_missing,
     remove_image,
@@ -54,27 +55,16 @@ def image() -> Iterator[str]:
     remove_image(name)
 
 
-def _containers(tmp_path: Path) -> dict[str, object]:
-    return {
-        "allowed": True,
-        "images": ["localhost/"],
-        "mount_sources": [m.split(":")[0] for m in host_software_mounts(tmp_path).split(",")],
-        "oci_runtime": RUNC[0].split("=")[1] if RUNC else None,
-        "ulimits": ["nofile=4096:4096", "nproc=4096:4096"],
-    }
-
-
 def _workers(job: str, node: str, script: bytes = b"train_ddp.py") -> list[int]:
     """The training processes in `node`'s containers (host pids), not their init."""
     found = []
-    for pid in cgroups.members(f"{cgroups.PREFIX}/{job}"):
+    for pid in container_processes(job, node):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
         except OSError:
             continue
         python = Path(cmdline[0].decode(errors="replace")).name.startswith("python")
-        if f"/{node}-g" in cgroup and python and any(script in p for p in cmdline):
+        if python and any(script in p for p in cmdline):
             found.append(pid)
     return found
 
@@ -98,7 +88,7 @@ def cluster(
             "allow_root": False,
             "container": {"image": image, "mounts": host_software_mounts(tmp_path)},
         },
-        node_options={"containers": _containers(tmp_path)},
+        node_options={"containers": containers_section(tmp_path)},
     ) as running:
         for directory in ("records", "logs"):
             (tmp_path / directory).mkdir(exist_ok=True)
@@ -149,7 +139,7 @@ def test_the_memory_tier_restores_into_a_container_and_a_stop_saves_the_last_ste
         "allow_root": False,
         "container": {"image": image, "mounts": host_software_mounts(tmp_path)},
     }
-    options = {"containers": _containers(tmp_path)}
+    options = {"containers": containers_section(tmp_path)}
     with fsdp_cluster(
         redis_server, job_id, tmp_path, shm, steps=200, job=job, node_options=options
     ) as cluster:

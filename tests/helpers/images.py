@@ -16,6 +16,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from nodeagent.supervisor import cgroups
+
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "/etc/nodeagent-test-image"
 RUNC = ["--runtime=runc"] if shutil.which("runc") else []
@@ -65,5 +67,29 @@ def host_software_mounts(*writable: Path) -> str:
     return ",".join([*read_only, *(f"{w}:{w}" for w in writable)])
 
 
+def containers_section(*writable: Path) -> dict[str, object]:
+    """A node's `containers:` section that runs the test images with `host_software_mounts`."""
+    return {
+        "allowed": True,
+        "images": ["localhost/"],
+        "mount_sources": [m.split(":")[0] for m in host_software_mounts(*writable).split(",")],
+        "oci_runtime": RUNC[0].split("=")[1] if RUNC else None,
+        "ulimits": ["nofile=4096:4096", "nproc=4096:4096"],
+    }
+
+
 def remove_image(image: str) -> None:
     subprocess.run(["podman", "rmi", "--force", image], capture_output=True, check=False)
+
+
+def container_processes(job: str, node: str) -> list[int]:
+    """The host pids in `node`'s worker containers of `job` (its runtime's and the workers')."""
+    found = []
+    for pid in sorted(cgroups.members(f"{cgroups.PREFIX}/{job}")):
+        try:
+            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            continue
+        if f"/{node}-g" in cgroup:
+            found.append(pid)
+    return found

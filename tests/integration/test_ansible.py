@@ -207,15 +207,17 @@ def test_rolling_upgrade_drain_step_against_running_agents(
 
 CONFIG_PLAY = [
     {
-        "name": "The role's configuration steps alone",
+        "name": "Some of the role's steps alone",
         "hosts": "nodeagent_nodes",
         "gather_facts": False,
-        "tasks": [
-            {"ansible.builtin.import_role": {"name": "nodeagent", "tasks_from": part}}
-            for part in ("pinning", "config")
-        ],
     }
 ]
+
+
+def _part(name: str) -> dict[str, Any]:
+    return {"ansible.builtin.import_role": {"name": "nodeagent", "tasks_from": name}}
+
+
 POOL_VARS: dict[str, Any] = {
     "nodeagent_pool_name": "research",
     "nodeagent_pool_labels": {"gpu": "h100", "rack": "r12"},
@@ -228,10 +230,12 @@ POOL_VARS: dict[str, Any] = {
 }
 
 
-def configure(tmp_path: Path, job_id: str, **variables: Any) -> subprocess.CompletedProcess[str]:
-    """tasks/pinning.yml and tasks/config.yml into tmp_path/root with this venv's nodeagent: the
-    unpin guard, the --syntax-only validation, then the full `config check` (the pinned job's
-    program is this Python)."""
+def configure(
+    tmp_path: Path, job_id: str, parts: tuple[str, ...] = ("pinning", "config"), **variables: Any
+) -> subprocess.CompletedProcess[str]:
+    """The role's `parts` (tasks/<part>.yml) into tmp_path/root with this venv's nodeagent: by
+    default the unpin guard, the --syntax-only validation, then the full `config check` (the
+    pinned job's program is this Python)."""
     extra = {
         **prefix_install(tmp_path / "root", "redis://127.0.0.1:6379/0", job_id),
         "nodeagent_venv": str(BIN.parent),
@@ -239,7 +243,8 @@ def configure(tmp_path: Path, job_id: str, **variables: Any) -> subprocess.Compl
     }
     (tmp_path / "root/etc/nodeagent").mkdir(parents=True, exist_ok=True)
     playbook = tmp_path / "config-play.yml"
-    playbook.write_text(json.dumps(CONFIG_PLAY))
+    play = [{**CONFIG_PLAY[0], "tasks": [_part(part) for part in parts]}]
+    playbook.write_text(json.dumps(play))
     return tool(
         "ansible-playbook",
         *("-i", str(localhost_inventory(tmp_path)), str(playbook), "-e", json.dumps(extra)),
@@ -418,3 +423,26 @@ def test_the_roles_unit_validation_rejects_a_bad_unit(tmp_path: Path) -> None:
             timeout=60,
         )
         assert (result.returncode == 0) is ok, (name, result.stdout, result.stderr)
+
+
+def test_a_node_that_runs_images_gets_its_containers_section_and_the_units_drop_in(
+    tmp_path: Path, job_id: str
+) -> None:
+    """nodeagent_containers.allowed: the config's containers: section and the drop-in that lets
+    root's podman start (systemd/nodeagent.service.d/containers.conf); without it, neither."""
+    parts = ("pinning", "config", "containers")
+    containers = {"allowed": True, "images": ["localhost/"], "oci_runtime": "runc"}
+    drop_in = tmp_path / "root/etc/systemd/system/nodeagent.service.d/containers.conf"
+    result = configure(
+        tmp_path, job_id, parts, nodeagent_job={}, nodeagent_containers=containers, **POOL_VARS
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert drop_in.read_text() == (ROOT / "systemd/nodeagent.service.d/containers.conf").read_text()
+    data, settings = rendered(tmp_path)
+    assert data["containers"] == containers
+    assert settings.containers.allowed and settings.containers.oci_runtime == "runc"
+
+    result = configure(tmp_path, job_id, parts, nodeagent_job={}, **POOL_VARS)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert not drop_in.exists() and "containers" not in rendered(tmp_path)[0]
+    assert not rendered(tmp_path)[1].containers.allowed

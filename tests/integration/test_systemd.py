@@ -146,3 +146,57 @@ def test_the_ansible_role_installs_this_unit() -> None:
         .replace("{{ nodeagent_config_dir }}", "/etc/nodeagent")
     )
     assert rendered == UNIT.read_text()
+
+
+DROP_IN = ROOT / "systemd" / "nodeagent.service.d" / "containers.conf"
+CONTAINER_EXPOSURE = 4.8  # what the drop-in costs, said in its header and docs/pool.md
+
+
+def with_containers(tmp_path: Path) -> Path:
+    """The unit and its containers drop-in, laid out as /etc/systemd/system holds them."""
+    unit = installed_unit(tmp_path)
+    drop_ins = tmp_path / "nodeagent.service.d"
+    drop_ins.mkdir()
+    (drop_ins / "containers.conf").write_text(DROP_IN.read_text())
+    return unit
+
+
+def test_the_containers_drop_in_verifies_and_costs_what_it_says(tmp_path: Path) -> None:
+    unit = with_containers(tmp_path)
+    result = verify(unit)
+    assert result.returncode == 0 and result.stderr == "" and result.stdout == "", result.stderr
+    assert exposure(unit) == CONTAINER_EXPOSURE  # read with the unit: it adds what it says
+    assert f"3.4 without this file, {CONTAINER_EXPOSURE} with it" in DROP_IN.read_text()
+    (tmp_path / "bare").mkdir()
+    assert exposure(installed_unit(tmp_path / "bare")) <= 3.4  # the unit alone: today's score
+
+
+def test_the_containers_drop_in_adds_only_what_the_runtime_needs() -> None:
+    settings = dict(
+        line.split("=", 1)
+        for line in DROP_IN.read_text().splitlines()
+        if line and not line.startswith(("#", "["))
+    )
+    assert set(settings["CapabilityBoundingSet"].split()) == {
+        "CAP_SYS_ADMIN",  # runc's mounts and namespaces
+        "CAP_SYS_CHROOT",
+        "CAP_SETPCAP",  # it drops the container's capabilities
+        "CAP_DAC_OVERRIDE",  # the job's own 0700 directories, bound in
+        "CAP_FOWNER",  # an image's layers unpacked as they are
+        "CAP_FSETID",
+        "CAP_MKNOD",
+    }
+    assert settings["RestrictNamespaces"].split() == ["mnt", "pid", "ipc", "uts", "cgroup"]
+    assert settings["SystemCallFilter"] == "@mount"  # off the deny list, nothing else
+    assert set(settings) == {
+        "CapabilityBoundingSet",
+        "RestrictNamespaces",
+        "SystemCallFilter",
+        "ProtectControlGroups",
+        "RestrictSUIDSGID",
+    }
+
+
+def test_the_ansible_role_installs_this_drop_in() -> None:
+    role = ROOT / "ansible/roles/nodeagent/files/containers.conf"
+    assert role.read_text() == DROP_IN.read_text()
