@@ -15,7 +15,7 @@ anything else is refused with the reason (`refusal`). Paths are compared a compo
 (`/data` allows `/data/x`, never `/database`); the node resolves a source's links before it
 asks (a link under an allowed directory may point anywhere).
 
-The node's runtime settings (`runtime`, `oci_runtime`, `ulimits`, `pull_timeout`)
+The node's runtime settings (`runtime`, `oci_runtime`, `ulimits`, `devices`, `pull_timeout`)
 are read here too; supervisor/container.py turns them into the runtime's commands.
 """
 
@@ -134,6 +134,7 @@ class ContainerRule:
     runtime: str = "podman"  # RUNTIMES
     oci_runtime: str | None = None  # podman --runtime (runc where crun cannot run); None: its own
     ulimits: tuple[str, ...] = ()  # podman --ulimit (name=soft:hard); none: the runtime's own
+    devices: tuple[str, ...] = ()  # host devices every worker gets (RDMA: /dev/infiniband/...)
     pull_timeout: float = DEFAULT_PULL_TIMEOUT_S  # a pull that takes longer is a refusal
 
 
@@ -206,6 +207,7 @@ def load_rule(section: Section) -> ContainerRule:
         runtime=runtime,
         oci_runtime=oci,
         ulimits=_strings(section, "ulimits", _ulimit),
+        devices=_strings(section, "devices", _device),
         pull_timeout=duration(
             section.raw("pull_timeout"),
             section.key("pull_timeout"),
@@ -238,6 +240,14 @@ def _source_root(item: str) -> str | None:
     """[/data, /home] (absolute plain paths)"""
     try:
         return _path(item, item, "directory") if item != "/" else None
+    except ContainerError:
+        return None
+
+
+def _device(item: str) -> str | None:
+    """[/dev/infiniband/uverbs0, /dev/infiniband/rdma_cm] (paths under /dev)"""
+    try:
+        return item if _path(item, item, "device").startswith("/dev/") else None
     except ContainerError:
         return None
 

@@ -122,6 +122,7 @@ class Podman:
         argv += [f"--volume={path}:{path}" for path in launch.binds]
         argv += [f"--volume={m.spelled()}" for m in self._spec.mounts]
         argv += [f"--device=nvidia.com/gpu={gpu}" for gpu in launch.gpus]
+        argv += [f"--device={device}" for device in self._rule.devices]
         return [*argv, self._spec.image, *launch.argv]
 
     def present(self, image: str) -> bool:

@@ -33,7 +33,9 @@ def _launch(**change: object) -> Launch:
 
 
 def test_a_workers_podman_run_says_all_it_must() -> None:
-    rule = ContainerRule(True, ("localhost/",), ("/data",), "podman", "runc", ("nofile=4096:4096",))
+    rule = ContainerRule(
+        True, ("localhost/",), ("/data",), "podman", "runc", ("nofile=4096:4096",), ("/dev/ib0",)
+    )
     spec = ContainerSpec("localhost/torch:2.5", parse_mounts("/data/in:/in:ro"))
     argv = Podman(rule, spec).run_argv(_launch())
     assert argv[:3] == ["podman", "--runtime=runc", "--cgroup-manager=cgroupfs"]
@@ -57,6 +59,7 @@ def test_a_workers_podman_run_says_all_it_must() -> None:
         "--volume=/dev/shm/nodeagent/a.j:/dev/shm/nodeagent/a.j",
         "--volume=/data/in:/in:ro",
         "--device=nvidia.com/gpu=GPU-1234",
+        "--device=/dev/ib0",  # the node's devices (RDMA), to every worker
     ):
         assert flag in flags, flag
     assert "--group-add=1000" not in flags  # the primary group is --user's

@@ -162,11 +162,19 @@ def test_the_nodes_containers_section_reads_with_its_defaults() -> None:
             "mount_sources": ["/data"],
             "oci_runtime": "runc",
             "ulimits": ["nofile=4096:4096"],
+            "devices": ["/dev/infiniband/uverbs0"],
             "pull_timeout": "5m",
         }
     ).containers
     assert rule == ContainerRule(
-        True, ("localhost/",), ("/data",), "podman", "runc", ("nofile=4096:4096",), 300.0
+        True,
+        ("localhost/",),
+        ("/data",),
+        "podman",
+        "runc",
+        ("nofile=4096:4096",),
+        ("/dev/infiniband/uverbs0",),
+        pull_timeout=300.0,
     )
 
 
@@ -178,6 +186,8 @@ def test_the_nodes_containers_section_reads_with_its_defaults() -> None:
         ({"mount_sources": ["data"]}, "containers.mount_sources[0]"),
         ({"mount_sources": ["/"]}, "containers.mount_sources[0]"),
         ({"ulimits": ["nofile 10"]}, "containers.ulimits[0]"),
+        ({"devices": ["/etc/passwd"]}, "containers.devices[0]"),
+        ({"devices": ["/dev/../etc/shadow"]}, "containers.devices[0]"),
         ({"oci_runtime": "runc; rm"}, "containers.oci_runtime"),
         ({"pull_timeout": 0}, "containers.pull_timeout"),
         ({"allow": True}, "containers.allow"),
