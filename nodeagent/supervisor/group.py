@@ -78,7 +78,6 @@ class _Worker:
     abandoned: bool = False  # killed for not leaving its generation in time
     group_termed: bool = False  # a stop sent SIGTERM to its whole process group
     depth: int = 0  # the runtime's processes above a containerised worker (Spawner.depth)
-    inner: int | None = None  # a containerised worker's own process (host pid), once seen
 
     @property
     def pid(self) -> int | None:
@@ -86,12 +85,12 @@ class _Worker:
 
     def worker_pid(self) -> int | None:
         """The process that runs the worker's code: its main process, or, in a container, the
-        worker inside (its `podman run` process only proxies), None until it runs."""
+        worker inside (its `podman run` process only proxies), None until it runs. Read anew
+        each time (a few /proc reads): while the container starts, the runtime's own processes
+        stand where the worker will."""
         if self.group is None or not self.group.cgroup or self.returncode is not None:
             return self.pid
-        if self.inner is None:
-            self.inner = cgroups.main_process(self.group.cgroup, self.depth)
-        return self.inner
+        return cgroups.main_process(self.group.cgroup, self.depth)
 
     def has_left(self) -> bool:
         """It reported leaving its generation's process group (in_place workers only)."""
