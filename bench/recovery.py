@@ -12,8 +12,8 @@ K=3 simulated nodes on this machine, one worker each, run examples/train_ddp.py 
 - `nodeagent+container`: `nodeagent` with the workers in a container image (root's podman, a
   small image the bench imports with the machine's Python and torch mounted read only, as
   tests/helpers/images.py builds it): what a container adds to a recovery. Its workers log
-  their pids inside the containers' pid namespaces (the same in every container), so only the
-  detection, the total and the steps lost are measured for it, not the phases in between;
+  their pids inside the containers' pid namespaces (the same in every container): a run is told
+  by its log file, pid and generation instead, and survivors restarted are not counted;
 - `torchrun`: three `torchrun --nnodes=1:3 --rdzv-backend=c10d` launchers at their defaults
   (monitor interval 0.1 s);
 - `torchrun-best`: the same with the best settings a torchrun user has: the rendezvous store not
@@ -72,6 +72,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,12 +203,14 @@ class NodeagentLaunch:
 
     def lines(self) -> list[dict[str, Any]]:
         root = self.cluster.directory / "logs" / self.cluster.job
-        texts = (
-            text
-            for log in root.glob("*/rank-*.log")
-            for text in log.read_text(errors="replace").splitlines()
-        )
-        return workload_lines(texts)
+        found = []
+        for log in root.glob("*/rank-*.log"):
+            lines = workload_lines(iter(log.read_text(errors="replace").splitlines()))
+            if self.contained:  # every container's worker is the same pid in its namespace
+                for line in lines:
+                    line["pid"] = zlib.crc32(f"{log}:{line['pid']}:{line.get('gen')}".encode())
+            found += lines
+        return found
 
     def noticed(self, t0: float, cause: str) -> float | None:
         for event in self.cluster.store.events("-", count=10_000):
@@ -377,18 +380,13 @@ class TorchrunLaunch:
 
 def training_process(launch: Launch, node: str) -> psutil.Process:
     """The node's training process (a preloaded one runs the script in a spare interpreter; a
-    containerised one logs its pid in the container)."""
+    containerised one is the python in its container)."""
+    if isinstance(launch, NodeagentLaunch) and launch.contained:
+        return next(
+            p for p in launch.processes(node)[1:] if "train_ddp.py" in " ".join(p.cmdline())
+        )
     stepping = {line["pid"] for line in launch.lines() if line.get("event") == "step"}
-    return next(p for p in launch.processes(node)[1:] if logged_pid(p) in stepping)
-
-
-def logged_pid(proc: psutil.Process) -> int:
-    """The pid `proc` sees itself as: in its innermost pid namespace (a container's)."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-            if line.startswith("NSpid:"):
-                return int(line.split()[-1])
-    return proc.pid
+    return next(p for p in launch.processes(node)[1:] if p.pid in stepping)
 
 
 def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> list[psutil.Process]:
@@ -630,9 +628,8 @@ def one_run(
                 launch.lines(), t0, fault.after, launch.noticed(t0, fault.cause), in_place
             )
         _signal_all(hit, signal.SIGCONT)
-    if row is not None and system == "nodeagent+container":  # pids of the containers' own
-        for key in ("restart_s", "import_s", "init_s", "first_step_s", "pids"):
-            row.pop(key)
+    if row is not None and system == "nodeagent+container":  # no host pids to follow
+        row.pop("pids")
     elif row is not None:
         row["survivors_restarted"] = len(survivors - set(row.pop("pids")))
     return {"outcome": outcome, **(row or {})}
