@@ -54,6 +54,19 @@ BARE_PYTHONS = frozenset({"python", "python3"})
 # And the agent's Redis password (nodeagentctl's variable, set for the agent by some operators):
 # workers must not inherit the credentials that rewrite the job.
 STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "NODEAGENT_REDIS_PASSWORD")
+# The agent's channel to its workers: only the agent sets them, never job.env or the agent's own
+# environment (a job that named its own "memory tier" would have the agent bind that host path
+# into its container, past the node's containers.mount_sources, and mislead the worker helper).
+CHANNEL_ENV = (
+    tier.MEMORY_ENV,
+    tier.MEMORY_LIMIT_ENV,
+    tier.PERSIST_ENV,
+    tier.REPLICAS_ENV,
+    restore.RESTORE_ENV,
+    restore.RESTORE_REPORT_ENV,
+    control.PATH_ENV,
+    control.TIMEOUT_ENV,
+)
 
 
 @dataclass(frozen=True)
@@ -142,14 +155,16 @@ def worker_env(
 ) -> dict[str, str]:
     """The environment torchrun would give this worker, plus NODEAGENT_* and job.env.
 
-    job.env wins over the agent's environment, the torchrun and NODEAGENT_ variables over both;
+    job.env wins over the agent's environment, the torchrun and NODEAGENT_ variables over both
+    (the agent's channel, CHANNEL_ENV, is set by the agent alone or not at all);
     TORCHRUN_DEFAULTS and PYTHONUNBUFFERED=1 (torchrun runs a Python entrypoint unbuffered, so
     output shows as it is printed) only where neither sets them."""
     nproc = config.job.nproc_per_node
     rank = group_rank * nproc + local_rank
     world = len(record.members) * nproc
-    env = {k: v for k, v in base.items() if k not in STRIPPED_ENV}
-    env.update(config.job.env)
+    env = {k: v for k, v in {**base, **config.job.env}.items() if k not in STRIPPED_ENV}
+    for name in CHANNEL_ENV:
+        env.pop(name, None)
     env.setdefault(
         "TORCH_NCCL_ASYNC_ERROR_HANDLING", TORCHRUN_DEFAULTS["TORCH_NCCL_ASYNC_ERROR_HANDLING"]
     )

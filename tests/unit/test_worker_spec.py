@@ -13,8 +13,10 @@ from nodeagent.config.entrypoint import NotPython, split_python
 from nodeagent.config.load import load_config
 from nodeagent.model.tiers import CheckpointRecord
 from nodeagent.state import JobState
+from nodeagent.supervisor.container import TIER_DIRS, binds_of
 from nodeagent.supervisor.spares import static_env
 from nodeagent.supervisor.spec import (
+    CHANNEL_ENV,
     TORCHRUN_VARIABLES,
     omp_warning,
     resolve_argv,
@@ -286,3 +288,15 @@ def test_an_in_place_survivor_is_told_the_restore_order_a_new_worker_starts_with
     assert told["RANK"] == specs[1].env["RANK"] == "3"
     plain = worker_specs({}, config, replace(RECORD, checkpoint=None), group_rank=1)
     assert plain[0].assignment is not None and plain[0].assignment.restore == ""
+
+
+def test_the_agents_channel_is_set_by_the_agent_alone(tmp_path: Path) -> None:
+    """A job that names its own tier or control file (job.env, or the agent's environment) has
+    them dropped: its container would get that host path bound in (binds_of), past the node's
+    containers.mount_sources."""
+    elsewhere = str(tmp_path)  # a directory that exists, as /etc would
+    forged = dict.fromkeys(CHANNEL_ENV, elsewhere)
+    config = replace(CONFIG, job=replace(CONFIG.job, env={**forged, "NCCL_DEBUG": "INFO"}))
+    env = worker_specs(forged, config, RECORD, group_rank=0)[0].env
+    assert not set(CHANNEL_ENV) & set(env)  # no job.checkpoint: no tier, no channel at all
+    assert env["NCCL_DEBUG"] == "INFO" and binds_of(env, TIER_DIRS) == ()
