@@ -28,6 +28,7 @@ from tests.helpers.fsdp import (
 from tests.helpers.images import (
     MARKER,
     build_image,
+    clean_cgroups,
     container_processes,
     containers_section,
     host_software_mounts,
@@ -46,6 +47,13 @@ pytestmark = [
 STEPS, EVERY = 40, 5
 FSDP = b"train_fsdp.py"
 NOBODY = 65534  # Debian's nobody: a user that is not the agent's
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers(job_id: str) -> Iterator[None]:
+    """What a failed test, or a node killed in it, left of the job's containers goes."""
+    yield
+    clean_cgroups(job_id)
 
 
 @pytest.fixture
@@ -94,8 +102,6 @@ def cluster(
             (tmp_path / directory).mkdir(exist_ok=True)
             (tmp_path / directory).chmod(0o777)
         yield running
-    for pid in cgroups.members(f"{cgroups.PREFIX}/{job_id}"):
-        os.kill(pid, signal.SIGKILL)  # what a failed test left
 
 
 def test_a_containerised_job_runs_as_its_user_and_recovers(

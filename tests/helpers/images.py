@@ -93,3 +93,10 @@ def container_processes(job: str, node: str) -> list[int]:
         if f"/{node}-g" in cgroup:
             found.append(pid)
     return found
+
+
+def clean_cgroups(job: str) -> None:
+    """What a test or a killed node left of `job`'s containers: killed, their cgroups removed."""
+    name = f"{cgroups.PREFIX}/{job}"
+    cgroups.kill(name)
+    cgroups.remove(name)

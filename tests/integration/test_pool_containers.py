@@ -1,6 +1,7 @@
 """A pool whose nodes say what containers they run: `submit` refuses an image or a mount no node
 would take, with the reason, before anything is stored; a node that cannot pull the image
-refuses the job once placed (real agents, a real redis-server, real podman)."""
+refuses the job once placed; two users' jobs run side by side, each in its own image (real
+agents, a real redis-server, real podman, real Unix users)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cluster import RedisServer, wait_for
-from tests.helpers.images import RUNC, podman_missing
+from tests.helpers.images import (
+    MARKER,
+    RUNC,
+    build_image,
+    clean_cgroups,
+    containers_section,
+    podman_missing,
+    remove_image,
+)
 from tests.helpers.pool import PoolCluster, pool_cluster
+from tests.helpers.users import unix_users
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -73,3 +83,56 @@ def test_a_pull_that_fails_is_the_nodes_refusal(pool: PoolCluster) -> None:
     assert "b: container: node b: containers are off" in pool.jobs()["nowhere"]["reason"]
     row = pool.jobs()["nowhere"]
     assert row["state"] == "pending" and row["world_size"] == 0, row
+
+
+@pytest.mark.skipif(podman_missing() is not None, reason=str(podman_missing()))
+def test_two_users_run_jobs_in_their_own_images_on_one_pool(
+    redis_server: RedisServer, tmp_path: Path, job_id: str
+) -> None:
+    """What the issue asked for: two teams' software side by side, each job in its own image,
+    each as its submitter (the image's marker and the uid, read from inside)."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    images = {"alpha": build_image(f"{job_id}-alpha"), "beta": build_image(f"{job_id}-beta")}
+    try:
+        with (
+            unix_users("alice", "bob") as users,
+            pool_cluster(
+                redis_server.url,
+                tmp_path,
+                pool=job_id,
+                scheduling={"users": [user.name for user in users.values()]},
+                node_options={
+                    name: {"containers": containers_section(shared)} for name in ("a", "b")
+                },
+            ) as pool,
+        ):
+            pool.start("a", "b")
+            pool.wait_nodes(2)
+            owners = {"alpha": users["alice"], "beta": users["bob"]}
+            for job, user in owners.items():
+                mark = shared / job
+                result = pool.ctl(
+                    "submit", "--name", job, "--nodes", "1", "--user", user.name,
+                    "--container-image", images[job],
+                    "--container-mounts", f"/usr:/usr:ro,{shared}",
+                    "--", "/bin/sh", "-c", f"cat {MARKER} > {mark}.part; id -u >> {mark}.part; "
+                    f"mv {mark}.part {mark}; exec sleep 600",
+                )  # fmt: skip
+                assert result.returncode == 0, result.stderr
+            for job, user in owners.items():
+                mark = shared / job
+                try:
+                    wait_for(mark.exists, 60, f"{job}'s worker to say where it runs")
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}\n{pool.diagnostics()}") from None
+                assert mark.read_text().split() == [images[job], str(user.uid)]
+            assert {pool.placements()[n] for n in ("a", "b")} == {"alpha", "beta"}
+            for job in owners:
+                assert pool.ctl("cancel", job).returncode == 0
+            wait_for(lambda: not any(pool.placements().values()), 60, "the jobs to end")
+    finally:
+        for job, image in images.items():
+            clean_cgroups(job)
+            remove_image(image)
