@@ -1,7 +1,8 @@
 """End to end: jobs whose workers run in the job's own image (real podman, real agents, a real
 Redis, real gloo training), as the job's user: a DDP job recovers a worker kill and a lost node
 as a bare one does; an FSDP2 job restores from the memory tier into a containerised worker, and
-a graceful stop saves its last step; containers are fenced and cleaned up by cgroup.
+a graceful stop saves its last step; in place, the survivors keep their containers; containers
+are fenced and cleaned up by cgroup.
 """
 
 from __future__ import annotations
@@ -170,4 +171,38 @@ def test_the_memory_tier_restores_into_a_container_and_a_stop_saves_the_last_ste
         assert stopped == [back["step"]]  # the step the stop saved inside the container: none lost
         assert back["digest"] == saved_digests(cluster, 2)[back["step"]]
         wait_until_step(cluster, 3, back["step"] + 4)
+        cluster.ctl("stop")
+
+
+def test_in_place_survivors_keep_their_containers_and_the_new_rank_restores_from_memory(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, image: str
+) -> None:
+    """recovery: in_place through the control file bound into each container: the survivors'
+    containers keep their processes, only the killed rank's is started again."""
+    tmp_path.chmod(0o777)
+    job = {
+        "user": "nobody",
+        "allow_root": False,
+        "container": {"image": image, "mounts": host_software_mounts(tmp_path)},
+    }
+    options = {"containers": containers_section(tmp_path)}
+    with fsdp_cluster(
+        redis_server, job_id, tmp_path, shm, steps=200, in_place=True, job=job, node_options=options
+    ) as cluster:
+        for directory in ("records", "logs"):
+            (tmp_path / directory).mkdir(exist_ok=True)
+            (tmp_path / directory).chmod(0o777)
+        cluster.start("a", "b", "c")
+        wait_until_step(cluster, 1, 10)
+        before = {node: _workers(job_id, node, FSDP) for node in ("a", "b", "c")}
+        os.kill(before["b"][0], signal.SIGKILL)
+        cluster.wait_status(lambda d: d["generation"] >= 2 and d["state"] == "running", 60, "gen 2")
+        back = restored(cluster, 2)
+        assert back["digest"] == saved_digests(cluster, 1)[back["step"]]  # bit for bit
+        assert tiers_said(cluster, 2, 3) == {"memory"}
+        wait_until_step(cluster, 2, back["step"] + 4)
+        after = {node: _workers(job_id, node, FSDP) for node in ("a", "b", "c")}
+        assert after["a"] == before["a"] and after["c"] == before["c"]  # the same processes
+        assert after["b"] and after["b"] != before["b"]  # the killed rank's: a new container
+        assert cluster.status()["restart_count"] == 1
         cluster.ctl("stop")
