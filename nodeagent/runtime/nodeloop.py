@@ -287,6 +287,7 @@ class NodeLoop:
         if isinstance(state, PullRefused):
             self._pulls.forget(state.image)  # asked again only if the job is placed here again
             raise ConfigError("container", f"node {config.node.name}: {state.reason}")
+        self._pulls.forget(state.image)  # the next job asks again: the image may be removed
         self._ready = state
         return config
 

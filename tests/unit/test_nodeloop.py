@@ -328,6 +328,12 @@ def test_an_image_present_is_not_pulled_again() -> None:
     loop, runners, waker = _loop(registry)
     wait_for(lambda: _reconciled(loop) and runners, 10, "the agent to start")
     assert registry.pulls == [] and runners[0].ready == Pulled("localhost/t:1", 0.0)
+    registry.is_present = False  # removed from the node since (podman image prune)
+    runners.clear()
+    loop.runner = None  # the job left; placed here again
+    registry.go.set()
+    wait_for(lambda: _reconciled(loop) and runners, 10, "the agent to start again")
+    assert registry.pulls == ["localhost/t:1"]  # looked again, and pulled it
     waker.close()
 
 
