@@ -7,11 +7,13 @@ are fenced and cleaned up by cgroup.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,7 +84,6 @@ def _workers(job: str, node: str, script: bytes = b"train_ddp.py") -> list[int]:
 def cluster(
     redis_server: RedisServer, job_id: str, tmp_path: Path, image: str
 ) -> Iterator[LocalCluster]:
-    tmp_path.chmod(0o777)  # the job's user writes its checkpoints and records below it
     with local_cluster(
         redis_server.url,
         tmp_path,
@@ -99,9 +100,7 @@ def cluster(
         },
         node_options={"containers": containers_section(tmp_path)},
     ) as running:
-        for directory in ("records", "logs"):
-            (tmp_path / directory).mkdir(exist_ok=True)
-            (tmp_path / directory).chmod(0o777)
+        _writable(tmp_path)
         yield running
 
 
@@ -137,10 +136,20 @@ def test_a_containerised_job_runs_as_its_user_and_recovers(
     wait_for(lambda: not cgroups.members(f"{cgroups.PREFIX}/{cluster.job}"), 30, "no container")
 
 
-def test_the_memory_tier_restores_into_a_container_and_a_stop_saves_the_last_step(
-    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, image: str
-) -> None:
+def _writable(tmp_path: Path) -> None:
+    """The job's user (nobody) writes its checkpoints, records and logs below tmp_path."""
     tmp_path.chmod(0o777)
+    for directory in ("records", "logs"):
+        (tmp_path / directory).mkdir(exist_ok=True)
+        (tmp_path / directory).chmod(0o777)
+
+
+@contextlib.contextmanager
+def fsdp_in_image(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, image: str, **more: Any
+) -> Iterator[LocalCluster]:
+    """examples/train_fsdp.py with the memory and persistent tiers (tests/helpers/fsdp.py), its
+    workers in `image` as nobody, three nodes not started yet."""
     job = {
         "user": "nobody",
         "allow_root": False,
@@ -148,11 +157,16 @@ def test_the_memory_tier_restores_into_a_container_and_a_stop_saves_the_last_ste
     }
     options = {"containers": containers_section(tmp_path)}
     with fsdp_cluster(
-        redis_server, job_id, tmp_path, shm, steps=200, job=job, node_options=options
+        redis_server, job_id, tmp_path, shm, steps=200, job=job, node_options=options, **more
     ) as cluster:
-        for directory in ("records", "logs"):
-            (tmp_path / directory).mkdir(exist_ok=True)
-            (tmp_path / directory).chmod(0o777)
+        _writable(tmp_path)
+        yield cluster
+
+
+def test_the_memory_tier_restores_into_a_container_and_a_stop_saves_the_last_step(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, image: str
+) -> None:
+    with fsdp_in_image(redis_server, job_id, tmp_path, shm, image) as cluster:
         cluster.start("a", "b", "c")
         wait_until_step(cluster, 1, 12)
         os.kill(_workers(job_id, "b", FSDP)[0], signal.SIGKILL)
@@ -179,19 +193,7 @@ def test_in_place_survivors_keep_their_containers_and_the_new_rank_restores_from
 ) -> None:
     """recovery: in_place through the control file bound into each container: the survivors'
     containers keep their processes, only the killed rank's is started again."""
-    tmp_path.chmod(0o777)
-    job = {
-        "user": "nobody",
-        "allow_root": False,
-        "container": {"image": image, "mounts": host_software_mounts(tmp_path)},
-    }
-    options = {"containers": containers_section(tmp_path)}
-    with fsdp_cluster(
-        redis_server, job_id, tmp_path, shm, steps=200, in_place=True, job=job, node_options=options
-    ) as cluster:
-        for directory in ("records", "logs"):
-            (tmp_path / directory).mkdir(exist_ok=True)
-            (tmp_path / directory).chmod(0o777)
+    with fsdp_in_image(redis_server, job_id, tmp_path, shm, image, in_place=True) as cluster:
         cluster.start("a", "b", "c")
         wait_until_step(cluster, 1, 10)
         before = {node: _workers(job_id, node, FSDP) for node in ("a", "b", "c")}
