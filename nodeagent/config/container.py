@@ -21,6 +21,7 @@ are read here too; supervisor/container.py turns them into the runtime's command
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -313,10 +314,26 @@ def node_refusal(
 ) -> str | None:
     """`refusal`, with each mount's source as this node resolves it (`real_path`: its links
     followed; None where it does not exist here, which is a refusal too)."""
+    placed = on_node(rule, spec, real_path)
+    return placed if isinstance(placed, str) else None
+
+
+def on_node(
+    rule: ContainerRule, spec: ContainerSpec, real_path: Callable[[str], str | None]
+) -> ContainerSpec | str:
+    """`spec` as this node runs it, each mount's source the path it resolved and judged (so
+    podman binds what was checked, not a link its owner may point elsewhere afterwards); or
+    why this node refuses it."""
     sources = []
     for mount in spec.mounts:
         real = real_path(mount.source)
         if real is None:
             return f"mount source {mount.source} does not exist on this node"
         sources.append(real)
-    return refusal(rule, spec, sources)
+    why = refusal(rule, spec, sources)
+    if why is not None:
+        return why
+    mounts = tuple(
+        dataclasses.replace(m, source=s) for m, s in zip(spec.mounts, sources, strict=True)
+    )
+    return dataclasses.replace(spec, mounts=mounts)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeagent.config.container import node_refusal
+from nodeagent.config.container import on_node
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.identity import resolve as resolve_user
 from nodeagent.config.load import JOB_TIMING, job_fields, job_timing
@@ -322,16 +322,15 @@ def run_config(spec: JobSpec, settings: NodeSettings, resolve: Resolver | None =
             f"({', '.join(pool.groups) or 'none'})",
         )
     container = spec.job.container
-    why = (
-        None
-        if container is None
-        else node_refusal(settings.containers, container, resolve.real_path)
-    )
-    if why is not None:
-        raise ConfigError("container", f"node {settings.node.name}: {why}")
+    if container is not None:
+        placed = on_node(settings.containers, container, resolve.real_path)
+        if isinstance(placed, str):
+            raise ConfigError("container", f"node {settings.node.name}: {placed}")
+        container = placed  # mounts from the paths resolved and judged here
     worker = resolve_user(spec.user, spec.group, pool.allow_root, spec.job.env, resolve)
     timing = dataclasses.replace(settings.timing, **spec.timing)
-    return settings.running(dataclasses.replace(spec.job, user=worker), timing)
+    job = dataclasses.replace(spec.job, user=worker, container=container)
+    return settings.running(job, timing)
 
 
 def _allowed(

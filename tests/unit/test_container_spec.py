@@ -204,6 +204,7 @@ def test_the_node_refuses_at_placement_what_its_rule_does_not_allow(tmp_path: Pa
     allowed = tmp_path / "data"
     (allowed / "set").mkdir(parents=True)
     (allowed / "escape").symlink_to("/etc")
+    (allowed / "alias").symlink_to(allowed / "set")
     node = _node({"allowed": True, "images": ["localhost/"], "mount_sources": [str(allowed)]})
     base = {"id": "llama", "entrypoint": ["python", "t.py"], "user": "alice"}
 
@@ -214,10 +215,15 @@ def test_the_node_refuses_at_placement_what_its_rule_does_not_allow(tmp_path: Pa
         except ConfigError as exc:
             assert exc.key == "container"
             return str(exc)
-        assert config.job.container == spec.job.container
+        assert config.job.container is not None and spec.job.container is not None
+        runs = [(m.target, m.read_only) for m in config.job.container.mounts]
+        assert runs == [(m.target, m.read_only) for m in spec.job.container.mounts]
+        assert [m.source for m in config.job.container.mounts] == [str(allowed / "set")] * len(runs)
         return None
 
     assert placed("localhost/t:1", f"{allowed}/set:/in:ro") is None
+    # podman binds the path judged, not the link (its owner could point it elsewhere later)
+    assert placed("localhost/t:1", f"{allowed}/alias:/in:ro") is None
     assert "image docker.io/t is not from an allowed image prefix" in (
         placed("docker.io/t", "") or ""
     )
