@@ -62,7 +62,11 @@ class SlowMemory:
     seen: Mapping[str, int] = field(default_factory=dict)  # the last window judged, by node
     named: Mapping[str, SlowVerdict] = field(default_factory=dict)
     drained_ms: int | None = None  # when the policy last drained a node
-    pace_s: float | None = None  # the generation's step time in its last window with none slow
+    pace_s: float | None = None  # the generation's step time in a window with none slow...
+    # ... once the window after it had none slow either: the window in which a node became
+    # slow can still look healthy by its ratios (the throttle came late in it) while its steps
+    # were already slower, and a pace taken from it hides the slow node's cost (goodput)
+    pace_next_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,9 @@ def judge(
     if record is None or record.state is not JobState.RUNNING:
         return Judgment(memory, {})
     if memory.generation != record.generation:  # a new world, a new pace: count afresh
-        memory = replace(memory, generation=record.generation, above={}, below={}, pace_s=None)
+        memory = replace(
+            memory, generation=record.generation, above={}, below={}, pace_s=None, pace_next_s=None
+        )
     fresh = {
         name: speed
         for name in record.members
@@ -103,14 +109,15 @@ def judge(
         above[name] = above.get(name, 0) + 1 if slow else 0
         below[name] = 0 if slow else below.get(name, 0) + 1
     step_s = statistics.median(s.step_s for s in fresh.values()) if fresh else None
-    pace_s = memory.pace_s
+    pace_s, pace_next_s = memory.pace_s, None
     if (
         step_s is not None
         and found
         and not memory.named
         and max(found.values()) <= policy.threshold
     ):
-        pace_s = step_s
+        pace_s = memory.pace_next_s if memory.pace_next_s is not None else pace_s
+        pace_next_s = step_s
     named = dict(memory.named)
     events: list[Event] = []
     put: list[SlowVerdict] = []
@@ -134,7 +141,15 @@ def judge(
             message = f"steps at its peers' pace again ({ratio:.2f}x their median)"
             events.append(_event("node_recovered_speed", record, name, message, ratio))
     seen = {**memory.seen, **{name: speed.seq for name, speed in fresh.items()}}
-    memory = replace(memory, above=above, below=below, seen=seen, named=named, pace_s=pace_s)
+    memory = replace(
+        memory,
+        above=above,
+        below=below,
+        seen=seen,
+        named=named,
+        pace_s=pace_s,
+        pace_next_s=pace_next_s,
+    )
     drain = None
     if policy.policy != "report" and named:
         memory, drain, acted = _act(record, nodes, policy, memory, now_ms)

@@ -9,7 +9,7 @@ import pytest
 from nodeagent.channel.beats import Beat
 from nodeagent.job.slowness import BY, Judgment, SlowMemory, SlowPolicy, judge
 from nodeagent.job.speed import SpeedWatch
-from nodeagent.model.job import GpuInfo, GpuSummary, JobRecord, NodeReport, WorkerInfo
+from nodeagent.model.job import Event, GpuInfo, GpuSummary, JobRecord, NodeReport, WorkerInfo
 from nodeagent.model.speed import NodeSpeed
 from nodeagent.state import JobState, NodeState
 from nodeagent.supervisor.status import GroupPhase, GroupStatus
@@ -282,3 +282,22 @@ def test_status_says_which_node_is_slow_and_why(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert f"SLOW (2.50x its peers): {why}; report: no spare stands by" in out
     assert out.count("SLOW") == 1
+
+
+def test_the_pace_before_a_slow_node_skips_the_window_it_became_slow_in() -> None:
+    """The throttle came late in window 4: its ratios still look healthy, its steps are slower
+    already. The pace the goodput compares with is window 3's, the last healthy one."""
+    healthy = {"a": 0.02, "b": 0.021, "c": 0.019, "d": 0.02}
+    windows = [(healthy, 0.1)] * 3 + [({**healthy, "d": 0.028}, 0.25)]
+    windows += [({**healthy, "d": 0.08}, 0.4)] * 3
+    memory, record, nodes = SlowMemory(), _record(), _nodes(*MEMBERS)
+    events: list[Event] = []
+    for seq, (busy, step_s) in enumerate(windows, start=1):
+        judged = judge(
+            _speeds(seq, busy, step_s), nodes, record, SlowPolicy(), memory, seq * 10_000
+        )
+        memory = judged.memory
+        events += judged.events
+    (event,) = events
+    assert event.node == "d" and event.data["step_s"] == 0.4
+    assert event.data["pace_s"] == 0.1  # not 0.25
