@@ -62,11 +62,10 @@ class SlowMemory:
     seen: Mapping[str, int] = field(default_factory=dict)  # the last window judged, by node
     named: Mapping[str, SlowVerdict] = field(default_factory=dict)
     drained_ms: int | None = None  # when the policy last drained a node
-    pace_s: float | None = None  # the generation's step time in a window with none slow...
-    # ... once the window after it had none slow either: the window in which a node became
-    # slow can still look healthy by its ratios (the throttle came late in it) while its steps
-    # were already slower, and a pace taken from it hides the slow node's cost (goodput)
-    pace_next_s: float | None = None
+    # The generation's fastest step time in a window with none slow: the window in which a node
+    # became slow can still look healthy by its ratios (the throttle came late in it) while its
+    # steps were already slower, and a pace taken from it hides the slow node's cost (goodput).
+    pace_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -91,9 +90,7 @@ def judge(
     if record is None or record.state is not JobState.RUNNING:
         return Judgment(memory, {})
     if memory.generation != record.generation:  # a new world, a new pace: count afresh
-        memory = replace(
-            memory, generation=record.generation, above={}, below={}, pace_s=None, pace_next_s=None
-        )
+        memory = replace(memory, generation=record.generation, above={}, below={}, pace_s=None)
     fresh = {
         name: speed
         for name in record.members
@@ -109,15 +106,14 @@ def judge(
         above[name] = above.get(name, 0) + 1 if slow else 0
         below[name] = 0 if slow else below.get(name, 0) + 1
     step_s = statistics.median(s.step_s for s in fresh.values()) if fresh else None
-    pace_s, pace_next_s = memory.pace_s, None
+    pace_s = memory.pace_s
     if (
         step_s is not None
         and found
         and not memory.named
         and max(found.values()) <= policy.threshold
     ):
-        pace_s = memory.pace_next_s if memory.pace_next_s is not None else pace_s
-        pace_next_s = step_s
+        pace_s = step_s if pace_s is None else min(pace_s, step_s)
     named = dict(memory.named)
     events: list[Event] = []
     put: list[SlowVerdict] = []
@@ -148,7 +144,6 @@ def judge(
         seen=seen,
         named=named,
         pace_s=pace_s,
-        pace_next_s=pace_next_s,
     )
     drain = None
     if policy.policy != "report" and named:

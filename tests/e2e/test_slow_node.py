@@ -66,7 +66,7 @@ def test_a_throttled_node_is_named_slow_and_replaced_by_the_spare_in_place(
         victim, kept = members[1], [members[0], members[2]]
         (spare,) = set(NODES) - set(members)
         alive = kept_through(cluster, {})
-        time.sleep(2 * WINDOW_S)  # a few windows at the healthy pace (the leader learns it)
+        time.sleep(3 * WINDOW_S)  # a few windows at the healthy pace (the leader learns it)
         healthy = measure(lines, gen, 4.0)
         assert not [e for e in cluster.events() if e["type"] == "node_slow"]
 

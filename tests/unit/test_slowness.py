@@ -286,7 +286,7 @@ def test_status_says_which_node_is_slow_and_why(capsys: pytest.CaptureFixture[st
 
 def test_the_pace_before_a_slow_node_skips_the_window_it_became_slow_in() -> None:
     """The throttle came late in window 4: its ratios still look healthy, its steps are slower
-    already. The pace the goodput compares with is window 3's, the last healthy one."""
+    already. The pace the goodput compares with is the healthy windows' (the fastest of them)."""
     healthy = {"a": 0.02, "b": 0.021, "c": 0.019, "d": 0.02}
     windows = [(healthy, 0.1)] * 3 + [({**healthy, "d": 0.028}, 0.25)]
     windows += [({**healthy, "d": 0.08}, 0.4)] * 3
