@@ -97,9 +97,7 @@ class Pulls:
                 runtime.pull(image, timeout)
                 state = Pulled(image, self._clock() - started.since)
                 log.info("pulled image %s in %.1fs", image, state.seconds)
-        except PullFailed as exc:
-            state = PullRefused(image, f"pulling image {image} failed: {exc}")
-        except (OSError, ValueError) as exc:  # the runtime cannot be run at all
+        except (PullFailed, OSError, ValueError) as exc:  # OSError, ValueError: no runtime at all
             state = PullRefused(image, f"pulling image {image} failed: {exc}")
         with self._lock:
             self._states[image] = state
