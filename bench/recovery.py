@@ -93,7 +93,7 @@ from tests.helpers.cluster import (  # noqa: E402
 )
 from tests.helpers.images import (  # noqa: E402
     build_image,
-    clean_cgroups,
+    clean_containers,
     container_processes,
     containers_section,
     host_software_mounts,
@@ -567,7 +567,7 @@ def launched(
         ):
             if contained:
                 cleanup.callback(remove_image, image)
-                cleanup.callback(clean_cgroups, job)  # a killed node's containers' cgroups
+                cleanup.callback(clean_containers, job)  # a killed node's containers' cgroups
             yield NodeagentLaunch(cluster, preload=preload, contained=contained)
     else:
         launch = TorchrunLaunch(directory, best=system == "torchrun-best", workload=workload)

@@ -15,8 +15,8 @@ anything else is refused with the reason (`refusal`). Paths are compared a compo
 (`/data` allows `/data/x`, never `/database`); the node resolves a source's links before it
 asks (a link under an allowed directory may point anywhere).
 
-The node's runtime settings (`runtime`, `oci_runtime`, `ulimits`, `devices`, `pull_timeout`)
-are read here too; supervisor/container.py turns them into the runtime's commands.
+The node's runtime settings (`runtime`, `socket`, `ulimits`, `devices`, `pull_timeout`) are
+read here too; supervisor/container.py turns them into the runtime's commands.
 """
 
 from __future__ import annotations
@@ -122,6 +122,7 @@ def _under(path: str, root: str) -> bool:
 
 RUNTIMES = ("podman",)
 DEFAULT_PULL_TIMEOUT_S = 600.0
+DEFAULT_SOCKET = "/run/podman/podman.sock"  # Debian's podman.socket, root's alone
 _ULIMIT = re.compile(r"^[a-z]+=-?[0-9]+(:-?[0-9]+)?$")
 
 
@@ -133,7 +134,7 @@ class ContainerRule:
     images: tuple[str, ...] = ()  # image prefixes: "registry.example.com/team/", "localhost/"
     mount_sources: tuple[str, ...] = ()  # directories a mount's source must be under
     runtime: str = "podman"  # RUNTIMES
-    oci_runtime: str | None = None  # podman --runtime (runc where crun cannot run); None: its own
+    socket: str = DEFAULT_SOCKET  # the podman service the agent asks to run containers
     ulimits: tuple[str, ...] = ()  # podman --ulimit (name=soft:hard); none: the runtime's own
     devices: tuple[str, ...] = ()  # host devices every worker gets (RDMA: /dev/infiniband/...)
     pull_timeout: float = DEFAULT_PULL_TIMEOUT_S  # a pull that takes longer is a refusal
@@ -198,15 +199,23 @@ def load_rule(section: Section) -> ContainerRule:
             f"must be one of {', '.join(RUNTIMES)}, got {runtime!r} (docs/pool.md says what "
             "another runtime would run)",
         )
-    oci = section.get("oci_runtime", str, "") or None
-    if oci is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", oci):
-        raise ConfigError(section.key("oci_runtime"), f"expected runc, crun or a path, got {oci!r}")
+    if section.raw("oci_runtime") is not None:
+        raise ConfigError(
+            section.key("oci_runtime"),
+            "not read any more: the podman service runs the containers, with the OCI runtime "
+            'its containers.conf names ([engine] runtime = "runc"); remove the key',
+        )
+    socket = section.get("socket", str, DEFAULT_SOCKET)
+    if not socket.startswith("/") or "\0" in socket:
+        raise ConfigError(
+            section.key("socket"), f"expected the absolute path of a unix socket, got {socket!r}"
+        )
     rule = ContainerRule(
         allowed=section.get("allowed", bool, False),
         images=_strings(section, "images", _image_prefix),
         mount_sources=_strings(section, "mount_sources", _source_root),
         runtime=runtime,
-        oci_runtime=oci,
+        socket=socket,
         ulimits=_strings(section, "ulimits", _ulimit),
         devices=_strings(section, "devices", _device),
         pull_timeout=duration(

@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from nodeagent import __version__
+from nodeagent.checkpoint import space
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.peerauth import MungePlane, PlaneAuth, Unauthenticated
 from nodeagent.checkpoint.replicas import Replicas
@@ -25,6 +26,7 @@ from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.listener import StreamListener
 from nodeagent.coord.store import JobStore
+from nodeagent.errors import ConfigError
 from nodeagent.gpu.health import NodeHealth
 from nodeagent.gpu.monitor import GpuMonitor
 from nodeagent.job.agent import Agent
@@ -152,9 +154,18 @@ def _containers(config: Config) -> Containers | None:
         return None
     tiers = config.job.checkpoint
     memory_dir = tiers.memory_dir if tiers is not None else CheckpointConfig.memory_dir
-    shm = Path(memory_dir) / f"{config.node.name}.{config.job.id}.shm"
+    node, job = config.node.name, config.job.id
+    base = Path(memory_dir) / f"{node}.{job}"
     runtime = Podman(config.containers, spec)
-    return Containers(runtime, config.node.name, config.job.id, shm, config.job.user)
+
+    def make_dir(path: Path, mode: int, uid: int, gid: int) -> None:
+        try:
+            space.make_marked(path, "the job's container files", mode, node, job, uid, gid)
+        except ConfigError as exc:
+            raise OSError(str(exc)) from None
+
+    shm, run = base.with_name(f"{base.name}.shm"), base.with_name(f"{base.name}.run")
+    return Containers(runtime, node, job, shm, run, config.job.user, make_dir)
 
 
 class JobRun:

@@ -12,7 +12,6 @@ from pathlib import Path
 from nodeagent.config.settings import NodeSettings
 from nodeagent.errors import ConfigError
 from nodeagent.runtime.preflight import NodeCheck
-from nodeagent.supervisor import cgroups
 from nodeagent.supervisor.fence import kill_leftovers, leftover_alive
 
 
@@ -90,11 +89,8 @@ def clean_leftovers(record: Path | None) -> None:
         return
     logging.getLogger(__name__).warning(
         "killed worker process groups %s left by a previous agent",
-        [g.cgroup or g.pgid for g in killed],
+        [g.cidfile or g.pgid for g in killed],
     )
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(leftover_alive(g) for g in killed):
         time.sleep(0.01)
-    for group in killed:
-        if group.cgroup:
-            cgroups.remove(group.cgroup)

@@ -1,17 +1,22 @@
-"""Killing a worker by its cgroup: what a container runtime starts escapes its process group.
+"""Killing a worker by its container's cgroup: what a container runtime starts escapes its
+process group.
 
-`podman run` starts the container through conmon, which leaves the caller's session, and the
-container's processes are conmon's children: SIGKILL to the `podman run` process (what the fence
-keeper, PR_SET_PDEATHSIG and a stop's deadline do to a worker's process group) leaves the
-container running. So a containerised worker is started in a cgroup the agent names
-(`nodeagent/<job>/<worker>`, podman's `--cgroup-parent`), and fencing it kills every process of
-that cgroup and below: `cgroup.kill` on cgroup v2 (Linux 5.14: the kernel kills the whole tree at
-once, forks included), then SIGKILL to each process listed in `cgroup.procs` of every hierarchy
-mounted (cgroup v1, a v2 `unified` mount beside v1 controllers, or a read-only /sys/fs/cgroup
-under systemd's ProtectControlGroups=), round after round until none is left.
+`podman run` asks the node's podman service to start the container (supervisor/container.py);
+conmon and the container's processes are the service's, not the agent's children, and not in
+the worker's process group: SIGKILL to the `podman run` process (what the fence keeper,
+PR_SET_PDEATHSIG and a stop's deadline do to a worker's process group) leaves the container
+running. So each worker's `podman run` writes its container's id to a file the agent names (its
+cidfile), and fencing it kills every process of that container's cgroup: `cgroup.kill` on cgroup
+v2 where the cgroup tree is writable, then SIGKILL to each process listed in `cgroup.procs` of
+every hierarchy mounted, round after round until none is left. Reading `cgroup.procs` and
+signalling are all that takes: it works under systemd's ProtectControlGroups= (a read-only
+/sys/fs/cgroup), which is why the agent needs nothing of the cgroup tree but to read it.
 
-Names are checked (`check_name`): a name read back from the leftovers record can only reach
-below `nodeagent/`, never another service's cgroup.
+Where the container's cgroup is follows from its id alone: podman puts it below the parent the
+agent names (`--cgroup-parent`, `parent_flag`): `nodeagent/libpod-<id>` with podman's cgroupfs
+manager, `nodeagent.slice/libpod-<id>.scope` with its systemd one. The runtime removes it when
+the container exits. Names are checked (`check_name`): a cidfile or a record read back can only
+lead to a podman container's cgroup below those parents, never another service's.
 """
 
 from __future__ import annotations
@@ -23,31 +28,83 @@ import signal
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
-PREFIX = "nodeagent"
+PARENT = "nodeagent"  # cgroupfs: /nodeagent; systemd: nodeagent.slice
+CIDFILE_SUFFIX = ".cid"
 KILL_ROUNDS = 100  # a tree that forks faster than it dies is still killed by cgroup.kill
-_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ID = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(
+    rf"^(?:{PARENT}/libpod-[0-9a-f]{{64}}|{PARENT}\.slice/libpod-[0-9a-f]{{64}}\.scope)$"
+)
 
 
 class CgroupNameError(ValueError):
-    """Not a cgroup the agent makes for its workers."""
+    """Not a cgroup or a cidfile of the agent's workers."""
 
 
 def check_name(name: str) -> str:
-    """`name`, if it is a cgroup of the agent's own: `nodeagent/` and plain components below."""
-    parts = name.split("/")
-    if len(parts) < 2 or parts[0] != PREFIX or not all(_COMPONENT.match(p) for p in parts[1:]):
+    """`name`, if it is the cgroup of a container the agent started (`container_names`)."""
+    if not _NAME.match(name):
         raise CgroupNameError(
-            f"not a worker cgroup: {name!r} (expected {PREFIX}/<job>/<worker>: letters, digits "
-            "and ._- in each component)"
+            f"not a worker container's cgroup: {name!r} (expected {PARENT}/libpod-<id> or "
+            f"{PARENT}.slice/libpod-<id>.scope, <id> 64 hex digits)"
         )
     return name
 
 
-def worker_cgroup(job: str, node: str, generation: int, rank: int) -> str:
-    """The cgroup a containerised worker is started in: one per spawn (a rank starts once a
-    generation), so fencing one worker never reaches a survivor of another generation, nor
-    another agent's worker on the same machine."""
-    return check_name(f"{PREFIX}/{job}/{node}-g{generation}-rank{rank}")
+def parent_flag(manager: str) -> str:
+    """podman's `--cgroup-parent` for its cgroup manager (`podman info`'s Host.CgroupManager):
+    a slice for systemd's, a path for cgroupfs."""
+    return f"{PARENT}.slice" if manager == "systemd" else f"/{PARENT}"
+
+
+def container_names(container_id: str) -> tuple[str, str]:
+    """Where a container with this id has its cgroup (cgroupfs manager, systemd manager)."""
+    return f"{PARENT}/libpod-{container_id}", f"{PARENT}.slice/libpod-{container_id}.scope"
+
+
+def check_cidfile(path: str) -> str:
+    """`path`, if it is a cidfile as the agent names them: absolute, `<name>.cid`, no `..`."""
+    parts = path.split("/")
+    if not path.startswith("/") or not path.endswith(CIDFILE_SUFFIX) or ".." in parts:
+        raise CgroupNameError(
+            f"not a worker's cidfile: {path!r} (expected an absolute path ending {CIDFILE_SUFFIX})"
+        )
+    return path
+
+
+def container_id(cidfile: str) -> str | None:
+    """The container id `podman run --cidfile` wrote (None: none yet, or not an id)."""
+    try:
+        with open(cidfile, "rb") as f:
+            text = f.read(128).decode(errors="replace").strip()
+    except OSError:
+        return None
+    return text if _ID.match(text) else None
+
+
+def container_cgroup(cidfile: str, root: Path = ROOT) -> str | None:
+    """The cgroup of the container `cidfile` names, if it exists (None: not created or started
+    yet, or gone)."""
+    found = container_id(cidfile)
+    if found is None:
+        return None
+    bases = hierarchies(root)
+    for name in container_names(found):
+        if any((base / name).is_dir() for base in bases):
+            return name
+    return None
+
+
+def kill_container(cidfile: str, root: Path = ROOT) -> bool:
+    """SIGKILL everything in the container `cidfile` names; True if anything was killed."""
+    name = container_cgroup(cidfile, root)
+    return name is not None and kill(name, root)
+
+
+def container_alive(cidfile: str, root: Path = ROOT) -> bool:
+    """Whether a process that is not a zombie is left in the container `cidfile` names."""
+    name = container_cgroup(cidfile, root)
+    return name is not None and alive(name, root)
 
 
 def hierarchies(root: Path = ROOT) -> list[Path]:
@@ -109,7 +166,7 @@ def main_process(
 ) -> int | None:
     """The process `depth` generations below the first process of cgroup `name` (the one whose
     parent is outside it), the lowest pid where several are: a runtime's helpers come first
-    (podman: conmon, then the container's init, then the worker). None until it runs.
+    (podman: the container's init, then the worker). None until it runs.
     """
     parents = {pid: _parent(pid, proc) for pid in members(name, root)}
     level = sorted(pid for pid, parent in parents.items() if parent not in parents)
@@ -126,17 +183,3 @@ def _parent(pid: int, proc: Path) -> int | None:
     except OSError:
         return None
     return int(stat[stat.rindex(")") + 2 :].split()[1])
-
-
-def remove(name: str, root: Path = ROOT) -> None:
-    """Remove cgroup `name`, what is below it and its parents below `nodeagent/` that are left
-    empty, in every hierarchy; a cgroup that still holds a process stays (EBUSY)."""
-    check_name(name)
-    parts = name.split("/")
-    for base in hierarchies(root):
-        for directory, _, _ in os.walk(base / name, topdown=False):
-            with contextlib.suppress(OSError):
-                Path(directory).rmdir()
-        for depth in range(len(parts) - 1, 1, -1):
-            with contextlib.suppress(OSError):
-                (base / "/".join(parts[:depth])).rmdir()

@@ -3,8 +3,13 @@
 The agent stays outside. Each worker is one `podman run` in the foreground: its output is the
 worker's output, its exit the worker's exit, SIGTERM and SIGUSR1 reach the worker through
 podman's signal proxy and the container's init (`--init`: a script needs no PID 1 handling).
-What escapes the `podman run` process (conmon and the container are not its children) is
-fenced by the cgroup the container is started in (`--cgroup-parent`, cgroups.py).
+
+The agent is a client of the node's podman service (`podman system service`, Debian's
+`podman.socket`; `containers.socket`): the service, outside the agent's systemd sandbox, unpacks
+images, makes the container's mounts and namespaces and its cgroup, so the agent's unit keeps
+every restriction it has without containers (docs/pool.md, "systemd"). What escapes the
+`podman run` process (conmon and the container are the service's) is fenced by the container's
+cgroup, found from the id `--cidfile` writes (cgroups.py).
 
 Root's podman, each worker with `--user` set to the job's uid, gid and groups: the workload holds
 no more than a bare worker (`--cap-drop=all`, `no-new-privileges`), while the image store,
@@ -13,13 +18,14 @@ would read its configuration from the user's home (the user would choose the run
 agent starts) and cannot fence by cgroup on a cgroup v1 node.
 
 Nothing of the job reaches podman itself: it runs with the agent's PATH and HOME only, and the
-worker's environment goes in through an env file only root reads (job.env in podman's own
-environment would let the job name podman's configuration: CONTAINERS_CONF, HOME). The host's
-network (the process group's rendezvous, NCCL), the job's own /dev/shm directory on this node
-(shared by its containers here, as NCCL's shared-memory transport needs), and the agent's files
-bound at the same paths (the job's log directory with the progress, control and error files, the
-checkpoint tiers), so torchrun's environment is exactly as outside. GPUs by CDI
-(`--device=nvidia.com/gpu=<UUID>`, the NVIDIA container toolkit's generated spec).
+worker's environment goes in through an env file only root reads (`podman --remote` reads it and
+sends the variables; job.env in podman's own environment would let the job name podman's
+configuration: CONTAINERS_CONF, HOME). The host's network (the process group's rendezvous,
+NCCL), the job's own /dev/shm directory on this node (shared by its containers here, as NCCL's
+shared-memory transport needs), and the agent's files bound at the same paths (the job's log
+directory with the progress, control and error files, the checkpoint tiers), so torchrun's
+environment is exactly as outside. GPUs by CDI (`--device=nvidia.com/gpu=<UUID>`, the NVIDIA
+container toolkit's generated spec).
 """
 
 from __future__ import annotations
@@ -28,8 +34,7 @@ import contextlib
 import os
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -54,7 +59,8 @@ class Launch:
     """One worker's container: what `run_argv` needs besides the node's rule and the job's spec."""
 
     name: str  # the container's name: unique a spawn
-    cgroup: str  # cgroups.worker_cgroup
+    cidfile: Path  # where podman writes the container's id (cgroups.container_cgroup)
+    cgroup_parent: str  # cgroups.parent_flag
     env_file: Path
     workdir: str | None
     user: WorkerUser | None
@@ -69,29 +75,58 @@ class ContainerRuntime(Protocol):
     would be another class: docs/pool.md, "Your own software", says what each would run).
 
     `worker_depth`: how many generations of the runtime's own processes stand above the worker
-    in its cgroup (what the agent reads a worker's CPU figures from: cgroups.main_process)."""
+    in its container's cgroup (what the agent reads a worker's CPU figures from:
+    cgroups.main_process)."""
 
     worker_depth: int
 
+    def cgroup_parent(self) -> str: ...
     def run_argv(self, launch: Launch) -> list[str]: ...
     def present(self, image: str) -> bool: ...
     def pull(self, image: str, timeout_s: float) -> None: ...
-    def remove(self, name: str) -> None: ...
 
 
 class Podman:
-    """Root's podman with the node's settings (`containers:`) and the job's image and mounts."""
+    """A client of the node's podman service, with the node's settings (`containers:`) and the
+    job's image and mounts."""
 
-    worker_depth = 2  # conmon, then the container's init (--init), then the worker
+    worker_depth = 1  # the container's init (--init), then the worker
 
     def __init__(self, rule: ContainerRule, spec: ContainerSpec, program: str = "podman") -> None:
         self._rule = rule
         self._spec = spec
         self._program = program
+        self._parent: str | None = None
 
     def _global(self) -> list[str]:
-        runtime = [f"--runtime={self._rule.oci_runtime}"] if self._rule.oci_runtime else []
-        return [self._program, *runtime, "--cgroup-manager=cgroupfs"]
+        return [self._program, "--remote", f"--url=unix://{self._rule.socket}"]
+
+    def _call(self, args: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        """Raises OSError (no podman) or subprocess.TimeoutExpired."""
+        return subprocess.run(
+            [*self._global(), *args],
+            capture_output=True,
+            text=True,
+            env=agent_env(os.environ),
+            timeout=timeout_s,
+            check=False,
+        )
+
+    def cgroup_parent(self) -> str:
+        """`--cgroup-parent` for the service's cgroup manager, asked once.
+
+        Raises:
+            OSError: the service cannot be asked (not running, no podman), with why.
+        """
+        if self._parent is None:
+            try:
+                result = self._call(["info", "--format={{.Host.CgroupManager}}"], 60)
+            except subprocess.TimeoutExpired:
+                raise OSError(f"the podman service at {self._rule.socket} did not answer") from None
+            if result.returncode != 0:
+                raise OSError(f"the podman service at {self._rule.socket}: {_last(result)}")
+            self._parent = cgroups.parent_flag(result.stdout.strip())
+        return self._parent
 
     def run_argv(self, launch: Launch) -> list[str]:
         """The `podman run` command line of one worker. Flags as `--flag=value`: podman 4.3
@@ -100,13 +135,15 @@ class Podman:
             *self._global(),
             "run",
             "--rm",
+            "--replace",  # a container of this name an earlier agent only created
             f"--name={launch.name}",
+            f"--cidfile={launch.cidfile}",
             "--init",
             "--pull=never",  # pulled before the workers start, as a phase of its own
             "--network=host",
             "--cap-drop=all",
             "--security-opt=no-new-privileges",
-            f"--cgroup-parent=/{launch.cgroup}",
+            f"--cgroup-parent={launch.cgroup_parent}",
             f"--env-file={launch.env_file}",
             "--label=nodeagent.worker=1",
         ]
@@ -128,45 +165,26 @@ class Podman:
     def present(self, image: str) -> bool:
         """Whether `image` is in the node's store (False also when podman cannot say)."""
         try:
-            result = subprocess.run(
-                [*self._global(), "image", "exists", image],
-                capture_output=True,
-                env=agent_env(os.environ),
-                timeout=60,
-                check=False,
-            )
+            return self._call(["image", "exists", image], 60).returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             return False
-        return result.returncode == 0
 
     def pull(self, image: str, timeout_s: float) -> None:
         """Raises PullFailed with the runtime's last line, or when `timeout_s` passed."""
         try:
-            result = subprocess.run(
-                [*self._global(), "pull", "--quiet", image],
-                capture_output=True,
-                text=True,
-                env=agent_env(os.environ),
-                timeout=timeout_s,
-                check=False,
-            )
+            result = self._call(["pull", "--quiet", image], timeout_s)
         except subprocess.TimeoutExpired:
             raise PullFailed(f"no image after {timeout_s:g}s (containers.pull_timeout)") from None
         except OSError as exc:
             raise PullFailed(f"cannot run {self._program}: {exc.strerror or exc}") from None
         if result.returncode != 0:
-            lines = (result.stderr or result.stdout).strip().splitlines()
-            raise PullFailed(lines[-1] if lines else f"exit code {result.returncode}")
+            raise PullFailed(_last(result))
 
-    def remove(self, name: str) -> None:
-        """Forget a container whose `podman run` was killed (its --rm never ran)."""
-        subprocess.run(
-            [*self._global(), "rm", "--force", "--ignore", name],
-            capture_output=True,
-            env=agent_env(os.environ),
-            timeout=60,
-            check=False,
-        )
+
+def _last(result: subprocess.CompletedProcess[str]) -> str:
+    """A podman call's last line of output: its reason."""
+    lines = (result.stderr or result.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit code {result.returncode}"
 
 
 def agent_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -184,32 +202,22 @@ def cdi_names(visible: str | None) -> tuple[str, ...]:
     return tuple(item for item in visible.split(",") if item)
 
 
-class EnvFiles:
-    """The workers' env files: in a directory only root enters, each removed once its worker
-    has started (podman reads it at once) or when the job's agent leaves."""
+def write_env_file(path: Path, env: Mapping[str, str]) -> None:
+    """`env` as an env file at `path` (mode 0600, in a directory only root enters).
 
-    def __init__(self) -> None:
-        self._dir = Path(tempfile.mkdtemp(prefix="nodeagent-env-"))
-        os.chmod(self._dir, 0o700)
-
-    def write(self, name: str, env: Mapping[str, str]) -> Path:
-        """Raises ValueError naming a variable whose value holds a line break (an env file
-        cannot carry it: it would become another variable)."""
-        bad = sorted(k for k, v in env.items() if "\n" in v or "\n" in k or "=" in k)
-        if bad:
-            raise ValueError(f"variables an env file cannot carry (a line break or '='): {bad}")
-        path = self._dir / f"{name}.env"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(f"{k}={v}\n" for k, v in env.items())
-        return path
-
-    def close(self) -> None:
-        for path in self._dir.glob("*.env"):
-            with contextlib.suppress(OSError):
-                path.unlink()
-        with contextlib.suppress(OSError):
-            self._dir.rmdir()
+    Raises:
+        ValueError: naming a variable an env file cannot carry (a line break would make it
+            another variable).
+    """
+    bad = sorted(k for k, v in env.items() if "\n" in v or "\n" in k or "=" in k)
+    if bad:
+        raise ValueError(f"variables an env file cannot carry (a line break or '='): {bad}")
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.writelines(f"{k}={v}\n" for k, v in env.items())
 
 
 def binds_of(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, ...]:
@@ -226,10 +234,19 @@ def binds_of(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, ...]:
 # Variables of a worker's environment that name a directory of the agent's to bind in.
 TIER_DIRS = (tier.MEMORY_ENV, tier.REPLICAS_ENV, tier.PERSIST_ENV)
 
+# Makes a directory of the job's on this node (path, mode, uid, gid; -1: the agent's), refusing
+# one a user made first or a link (checkpoint/space.py make_marked). Raises OSError.
+MakeDir = Callable[[Path, int, int, int], None]
+
 
 class Containers:
-    """One job's containerised workers on this node: each spawn's command, environment and
-    cgroup; the job's /dev/shm directory here (`shm_dir`, the job's user's alone)."""
+    """One job's containerised workers on this node: each spawn's command and environment.
+
+    Two directories of the job's on this node (under memory_dir, a tmpfs: they outlive an
+    agent's restart, not the machine's, like the containers): `shm_dir`, the job's /dev/shm (its
+    user's alone), and `run_dir`, root's alone: each worker's env file and cidfile. A cidfile
+    must outlive the agent: the leftovers record names it, and a restarted agent fences by it.
+    """
 
     def __init__(
         self,
@@ -237,36 +254,50 @@ class Containers:
         node: str,
         job: str,
         shm_dir: Path,
+        run_dir: Path,
         user: WorkerUser | None,
+        make_dir: MakeDir,
     ) -> None:
         self.runtime = runtime
         self._node, self._job = node, job
-        self._shm_dir = shm_dir
+        self._shm_dir, self._run_dir = shm_dir, run_dir
         self._user = user
-        self._env_files = EnvFiles()
+        self._make_dir = make_dir
 
-    def cgroup(self, spec: WorkerSpec) -> str:
+    def name(self, spec: WorkerSpec) -> str:
+        """The container's name: one per spawn (a rank starts once a generation), whatever
+        other agents on this machine run."""
         generation = int(spec.env.get("NODEAGENT_GENERATION", "0"))
-        return cgroups.worker_cgroup(self._job, self._node, generation, spec.rank)
+        return f"nodeagent-{self._job}-{self._node}-g{generation}-rank{spec.rank}"
+
+    def cidfile(self, spec: WorkerSpec) -> Path:
+        return self._run_dir / f"{self.name(spec)}{cgroups.CIDFILE_SUFFIX}"
 
     def command(self, spec: WorkerSpec) -> tuple[list[str], dict[str, str]]:
         """`podman run`'s argv and its own environment for `spec`'s worker.
 
         Raises:
-            OSError: the job's /dev/shm directory or the env file cannot be made.
+            OSError: a directory of the job's cannot be made, or the runtime cannot be asked.
             ValueError: a variable an env file cannot carry.
         """
-        self._make_shm_dir()
-        cgroup = self.cgroup(spec)
-        name = cgroup.replace("/", "-")
-        env_file = self._env_files.write(name, spec.env)
+        user = self._user
+        uid, gid = (user.uid, user.gid) if user is not None and user.switch else (-1, -1)
+        self._make_dir(self._shm_dir, 0o700, uid, gid)
+        self._make_dir(self._run_dir, 0o700, -1, -1)
+        name = self.name(spec)
+        env_file = self._run_dir / f"{name}.env"
+        write_env_file(env_file, spec.env)
+        cidfile = self.cidfile(spec)
+        with contextlib.suppress(FileNotFoundError):
+            cidfile.unlink()  # podman refuses to write over one
         binds = (str(spec.log_path.parent.parent), *binds_of(spec.env, TIER_DIRS))
         launch = Launch(
             name=name,
-            cgroup=cgroup,
+            cidfile=cidfile,
+            cgroup_parent=self.runtime.cgroup_parent(),
             env_file=env_file,
             workdir=spec.cwd,
-            user=self._user,
+            user=user,
             binds=binds,
             shm_dir=str(self._shm_dir),
             gpus=cdi_names(spec.env.get("CUDA_VISIBLE_DEVICES")) if spec.gpus else (),
@@ -274,13 +305,8 @@ class Containers:
         )
         return self.runtime.run_argv(launch), agent_env(os.environ)
 
-    def _make_shm_dir(self) -> None:
-        self._shm_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        user = self._user
-        if user is not None and user.switch:
-            os.chown(self._shm_dir, user.uid, user.gid)
-
     def close(self) -> None:
-        """The job's agent leaves this node: its env files and its /dev/shm go."""
-        self._env_files.close()
+        """The job's agent leaves this node (its workers are gone): its env files, cidfiles
+        and /dev/shm go."""
+        shutil.rmtree(self._run_dir, ignore_errors=True)
         shutil.rmtree(self._shm_dir, ignore_errors=True)

@@ -45,22 +45,24 @@ KEEPER_MODULE = "nodeagent.supervisor.fence"
 class Group(NamedTuple):
     """A worker's process group: its id and its leader's start time (clock ticks since boot),
     so that a pid reused by another process is never signalled; and, for a containerised
-    worker, the cgroup its container runs in (cgroups.py: the container is not in the group)."""
+    worker, the file its container's id is written to (cgroups.py: the container is not in the
+    group, and is fenced by its cgroup)."""
 
     pgid: int
     started: int
-    cgroup: str = ""
+    cidfile: str = ""
 
     @classmethod
     def read(cls, item: object) -> Group:
         """A group as `to_list` wrote it. Raises ValueError, TypeError or CgroupNameError."""
         if not isinstance(item, list) or len(item) not in (2, 3):
             raise ValueError(f"not a worker group: {item!r}")
-        cgroup = str(item[2]) if len(item) == 3 else ""
-        return cls(int(item[0]), int(item[1]), cgroups.check_name(cgroup) if cgroup else "")
+        cidfile = str(item[2]) if len(item) == 3 else ""
+        return cls(int(item[0]), int(item[1]), cgroups.check_cidfile(cidfile) if cidfile else "")
 
     def to_list(self) -> list[int | str]:
-        return [self.pgid, self.started, self.cgroup] if self.cgroup else [self.pgid, self.started]
+        head: list[int | str] = [self.pgid, self.started]
+        return [*head, self.cidfile] if self.cidfile else head
 
 
 def start_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
@@ -75,7 +77,9 @@ def start_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
 
 def leftover_alive(group: Group, proc: Path = Path("/proc")) -> bool:
     """Whether anything of `group` still runs: its process group, or its container's cgroup."""
-    return group_alive(group.pgid, proc) or (bool(group.cgroup) and cgroups.alive(group.cgroup))
+    return group_alive(group.pgid, proc) or (
+        bool(group.cidfile) and cgroups.container_alive(group.cidfile)
+    )
 
 
 def group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
@@ -99,9 +103,9 @@ def signal_group(group: Group, sig: signal.Signals, proc: Path = Path("/proc")) 
     While any process of a group lives, Linux does not hand its id to a new process, so a group
     whose leader has exited but whose children live on is still ours. A leader with another
     start time means the old group is gone and the id was reused: leave it alone. SIGKILL also
-    kills a containerised worker's cgroup (its name is the agent's alone, whatever its pgid).
+    kills a containerised worker's container (by its cgroup, whatever its pgid).
     """
-    killed = sig is signal.SIGKILL and bool(group.cgroup) and cgroups.kill(group.cgroup)
+    killed = sig is signal.SIGKILL and bool(group.cidfile) and cgroups.kill_container(group.cidfile)
     started = start_ticks(group.pgid, proc)
     if started is not None and started != group.started:
         return killed

@@ -78,6 +78,7 @@ class _Worker:
     abandoned: bool = False  # killed for not leaving its generation in time
     group_termed: bool = False  # a stop sent SIGTERM to its whole process group
     depth: int = 0  # the runtime's processes above a containerised worker (Spawner.depth)
+    cgroup: str | None = None  # its container's, once found (cgroups.container_cgroup)
 
     @property
     def pid(self) -> int | None:
@@ -87,10 +88,12 @@ class _Worker:
         """The process that runs the worker's code: its main process, or, in a container, the
         worker inside (its `podman run` process only proxies), None until it runs. Read anew
         each time (a few /proc reads): while the container starts, the runtime's own processes
-        stand where the worker will."""
-        if self.group is None or not self.group.cgroup or self.returncode is not None:
+        stand where the worker will. The container's cgroup is looked up once it exists."""
+        if self.group is None or not self.group.cidfile or self.returncode is not None:
             return self.pid
-        return cgroups.main_process(self.group.cgroup, self.depth)
+        if self.cgroup is None:
+            self.cgroup = cgroups.container_cgroup(self.group.cidfile)
+        return cgroups.main_process(self.cgroup, self.depth) if self.cgroup else None
 
     def has_left(self) -> bool:
         """It reported leaving its generation's process group (in_place workers only)."""
@@ -240,8 +243,9 @@ class Supervisor:
 
     def _drop(self, worker: _Worker) -> None:
         beats.discard_unused(worker.spec.progress_path)
-        if worker.group is not None and worker.group.cgroup:
-            cgroups.remove(worker.group.cgroup)  # its container has exited: the group is gone
+        if worker.group is not None and worker.group.cidfile:
+            with contextlib.suppress(OSError):  # its container has exited (podman removed it)
+                os.unlink(worker.group.cidfile)
         if worker.channel is not None:
             worker.channel.close()
             worker.channel = None
@@ -293,8 +297,8 @@ class Supervisor:
             target=self._await_exit, args=(popen,), name=f"wait-rank-{spec.rank}", daemon=True
         ).start()
         started = start_ticks(popen.pid)
-        cgroup = self._spawner.cgroup(spec)
-        group = Group(popen.pid, started, cgroup) if started is not None else None
+        cidfile = self._spawner.cidfile(spec)
+        group = Group(popen.pid, started, cidfile) if started is not None else None
         channel = ControlFile(spec.control_path) if spec.control_path is not None else None
         return _Worker(
             spec,
@@ -359,8 +363,8 @@ class Supervisor:
     def _kill_worker(self, worker: _Worker) -> None:
         if worker.popen is not None:
             _signal_group(worker.popen.pid, signal.SIGKILL)
-        if worker.group is not None and worker.group.cgroup:
-            cgroups.kill(worker.group.cgroup)  # a container is not in the process group
+        if worker.group is not None and worker.group.cidfile:
+            cgroups.kill_container(worker.group.cidfile)  # a container is not in the group
 
     def _enforce_release(self) -> None:
         """Past the release deadline: kill each worker still in its old process group (blocked
@@ -551,8 +555,8 @@ class Supervisor:
                 return True
             if (
                 worker.group is not None
-                and worker.group.cgroup
-                and cgroups.alive(worker.group.cgroup)
+                and worker.group.cidfile
+                and cgroups.container_alive(worker.group.cidfile)
             ):
                 return True  # its container (conmon's child, not in the group) still runs
             if any(_process_alive(p) for p in worker.descendants):

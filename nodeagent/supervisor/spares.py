@@ -165,14 +165,15 @@ class Spawner:
             spare.discard()
         return _start(spec.argv, dict(spec.env), spec.cwd, subprocess.DEVNULL, self.user), False
 
-    def cgroup(self, spec: WorkerSpec) -> str:
-        """The cgroup `spec`'s worker runs in, if it is the agent's to fence ("" if not)."""
-        return self.containers.cgroup(spec) if self.containers is not None else ""
+    def cidfile(self, spec: WorkerSpec) -> str:
+        """Where `spec`'s container id is written, if it runs in one ("" if not): the agent
+        fences it by that container's cgroup."""
+        return str(self.containers.cidfile(spec)) if self.containers is not None else ""
 
     @property
     def depth(self) -> int:
-        """How far below the spawned process's cgroup the worker's code runs (0: it is that
-        process; cgroups.main_process)."""
+        """How far below the top of its container's cgroup the worker's code runs (0: not in a
+        container, it is the spawned process; cgroups.main_process)."""
         return self.containers.runtime.worker_depth if self.containers is not None else 0
 
     def _as_user(self, spec: WorkerSpec) -> WorkerSpec:

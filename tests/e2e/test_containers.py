@@ -2,7 +2,7 @@
 Redis, real gloo training), as the job's user: a DDP job recovers a worker kill and a lost node
 as a bare one does; an FSDP2 job restores from the memory tier into a containerised worker, and
 a graceful stop saves its last step; in place, the survivors keep their containers; containers
-are fenced and cleaned up by cgroup.
+are fenced by their cgroup and removed by the podman service the test started.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from nodeagent.supervisor import cgroups
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
 from tests.helpers.fsdp import (
     events,
@@ -31,8 +30,9 @@ from tests.helpers.fsdp import (
 from tests.helpers.images import (
     MARKER,
     build_image,
-    clean_cgroups,
+    clean_containers,
     container_processes,
+    containers_named,
     containers_section,
     host_software_mounts,
     podman_missing,
@@ -56,7 +56,7 @@ NOBODY = 65534  # Debian's nobody: a user that is not the agent's
 def _no_leftovers(job_id: str) -> Iterator[None]:
     """What a failed test, or a node killed in it, left of the job's containers goes."""
     yield
-    clean_cgroups(job_id)
+    clean_containers(job_id)
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_a_containerised_job_runs_as_its_user_and_recovers(
     cluster.wait_status(lambda d: d["state"] == "succeeded", 180, "the job to succeed")
     gens = check_history(cluster, STEPS, EVERY)
     assert [g.world for g in gens] == [2, 2, 1]
-    wait_for(lambda: not cgroups.members(f"{cgroups.PREFIX}/{cluster.job}"), 30, "no container")
+    wait_for(lambda: not containers_named(f"nodeagent-{cluster.job}-"), 30, "no container left")
 
 
 def _writable(tmp_path: Path) -> None:

@@ -8,12 +8,15 @@ test can tell which image a worker runs in (the marker) at no cost in build time
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 from nodeagent.supervisor import cgroups
@@ -73,7 +76,7 @@ def containers_section(*writable: Path) -> dict[str, object]:
         "allowed": True,
         "images": ["localhost/"],
         "mount_sources": [m.split(":")[0] for m in host_software_mounts(*writable).split(",")],
-        "oci_runtime": RUNC[0].split("=")[1] if RUNC else None,
+        "socket": service_socket(),
         "ulimits": ["nofile=4096:4096", "nproc=4096:4096"],
     }
 
@@ -83,20 +86,70 @@ def remove_image(image: str) -> None:
 
 
 def container_processes(job: str, node: str) -> list[int]:
-    """The host pids in `node`'s worker containers of `job` (its runtime's and the workers')."""
-    found = []
-    for pid in sorted(cgroups.members(f"{cgroups.PREFIX}/{job}")):
-        try:
-            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
-        except OSError:
-            continue
-        if f"/{node}-g" in cgroup:
-            found.append(pid)
-    return found
+    """The host pids in `node`'s worker containers of `job` (their inits and the workers)."""
+    found: set[int] = set()
+    for container in containers_named(f"nodeagent-{job}-{node}-g"):
+        for name in cgroups.container_names(container):
+            with contextlib.suppress(OSError):
+                found |= cgroups.members(name)
+    return sorted(found)
 
 
-def clean_cgroups(job: str) -> None:
-    """What a test or a killed node left of `job`'s containers: killed, their cgroups removed."""
-    name = f"{cgroups.PREFIX}/{job}"
-    cgroups.kill(name)
-    cgroups.remove(name)
+def clean_containers(job: str) -> None:
+    """What a test or a killed node left of `job`'s containers: removed, their processes
+    killed."""
+    ids = containers_named(f"nodeagent-{job}-")
+    if ids:
+        _remote("rm", "--force", "--time=0", *ids)
+
+
+def containers_named(prefix: str) -> list[str]:
+    """The ids of the service's containers whose name starts with `prefix`."""
+    listed = _remote("ps", "--all", "--no-trunc", "--format={{.ID}} {{.Names}}").stdout
+    pairs = [line.split() for line in listed.splitlines()]
+    return [p[0] for p in pairs if len(p) == 2 and p[1].startswith(prefix)]
+
+
+def _remote(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["podman", "--remote", f"--url=unix://{service_socket()}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+_SERVICE: list[tuple[subprocess.Popen[bytes], str]] = []
+
+
+def service_socket() -> str:
+    """The socket of a podman service this process started (`podman system service`, as
+    Debian's podman.socket runs it), started on first use and stopped at exit. runc and
+    podman's cgroupfs manager: this machine has neither crun nor a running systemd."""
+    if _SERVICE:
+        return _SERVICE[0][1]
+    directory = tempfile.mkdtemp(prefix="nodeagent-podman-")
+    socket = f"{directory}/podman.sock"
+    url = f"unix://{socket}"
+    proc = subprocess.Popen(
+        ["podman", *RUNC, "--cgroup-manager=cgroupfs", "system", "service", "--time=0", url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    _SERVICE.append((proc, socket))
+    atexit.register(_stop_service, proc, directory)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(socket):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"podman system service did not start (exit {proc.returncode})")
+        time.sleep(0.05)
+    return socket
+
+
+def _stop_service(proc: subprocess.Popen[bytes], directory: str) -> None:
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(30)
+    shutil.rmtree(directory, ignore_errors=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 import yaml
 
 from nodeagent.config.load import load_settings
@@ -428,19 +429,28 @@ def test_the_roles_unit_validation_rejects_a_bad_unit(tmp_path: Path) -> None:
 def test_a_node_that_runs_images_gets_its_containers_section_and_the_units_drop_in(
     tmp_path: Path, job_id: str
 ) -> None:
-    """nodeagent_containers.allowed: the config's containers: section and the drop-in that lets
-    root's podman start (systemd/nodeagent.service.d/containers.conf); without it, neither."""
+    """nodeagent_containers.allowed: the config's containers: section, the drop-in that orders
+    the agent after podman's socket, and the OCI runtime the podman service is to use; without
+    it, no drop-in."""
     parts = ("pinning", "config", "containers")
-    containers = {"allowed": True, "images": ["localhost/"], "oci_runtime": "runc"}
+    containers = {"allowed": True, "images": ["localhost/"], "socket": "/run/podman/podman.sock"}
     drop_in = tmp_path / "root/etc/systemd/system/nodeagent.service.d/containers.conf"
+    engine = tmp_path / "root/etc/containers/containers.conf.d/50-nodeagent.conf"
     result = configure(
-        tmp_path, job_id, parts, nodeagent_job={}, nodeagent_containers=containers, **POOL_VARS
+        tmp_path,
+        job_id,
+        parts,
+        nodeagent_job={},
+        nodeagent_containers=containers,
+        nodeagent_container_oci_runtime="runc",
+        **POOL_VARS,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert drop_in.read_text() == (ROOT / "systemd/nodeagent.service.d/containers.conf").read_text()
+    assert tomllib.loads(engine.read_text()) == {"engine": {"runtime": "runc"}}
     data, settings = rendered(tmp_path)
     assert data["containers"] == containers
-    assert settings.containers.allowed and settings.containers.oci_runtime == "runc"
+    assert settings.containers.allowed and settings.containers.socket == "/run/podman/podman.sock"
 
     result = configure(tmp_path, job_id, parts, nodeagent_job={}, **POOL_VARS)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

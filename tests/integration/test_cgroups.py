@@ -1,18 +1,22 @@
-"""A worker is fenced by its cgroup: what left its process group and session dies too.
+"""A containerised worker is fenced by its container's cgroup: what left its process group and
+session dies too.
 
-Real cgroups (root makes them below nodeagent/ in every hierarchy this machine mounts, and
-removes them after), real processes, the real fence keeper; and real podman, where installed,
-to show why: SIGKILL of `podman run` leaves the container running.
+Real cgroups (root makes one where podman puts a container's, nodeagent/libpod-<id>, in every
+hierarchy this machine mounts, and removes it after), a cidfile naming it, real processes, the
+real fence keeper; and a real podman service, where installed, to show why: SIGKILL of
+`podman run` leaves the container running.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -21,9 +25,12 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.config.container import ContainerRule, ContainerSpec
 from nodeagent.supervisor import cgroups
+from nodeagent.supervisor.container import Podman
 from nodeagent.supervisor.fence import Group, Keeper, kill_leftovers, start_ticks
 from tests.helpers.cluster import wait_for
+from tests.helpers.images import build_image, podman_missing, remove_image, service_socket
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not cgroups.hierarchies(), reason="making cgroups needs root and cgroupfs"
@@ -49,15 +56,20 @@ ESCAPER = textwrap.dedent(
 
 
 @pytest.fixture
-def name() -> Iterator[str]:
-    """A cgroup below nodeagent/, made in every hierarchy; removed after."""
-    made = f"nodeagent/test-{uuid.uuid4().hex[:8]}/w"
+def name(tmp_path: Path) -> Iterator[str]:
+    """A container's cgroup as podman's cgroupfs manager names it, made in every hierarchy, and
+    its cidfile at tmp_path/w.cid; removed after."""
+    container = secrets.token_hex(32)
+    made = cgroups.container_names(container)[0]
     for base in cgroups.hierarchies():
         (base / made).mkdir(parents=True)
+    (tmp_path / "w.cid").write_text(container)
     yield made
     cgroups.kill(made)
     wait_for(lambda: not cgroups.alive(made), 10, "the test's cgroup to empty")
-    cgroups.remove(made)
+    for base in cgroups.hierarchies():
+        with contextlib.suppress(OSError):
+            (base / made).rmdir()
 
 
 def _enter(name: str) -> None:
@@ -90,31 +102,28 @@ def _dead(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] == "Z"
 
 
-def test_kill_reaches_what_left_the_process_group_and_remove_cleans_up(
-    tmp_path: Path, name: str
-) -> None:
+def test_kill_reaches_what_left_the_process_group(tmp_path: Path, name: str) -> None:
+    cidfile = str(tmp_path / "w.cid")
     proc, escaped = _escaper(tmp_path, name)
+    assert cgroups.container_cgroup(cidfile) == name
     assert {proc.pid, escaped} <= cgroups.members(name)
     os.killpg(proc.pid, signal.SIGKILL)  # what a stop or the keeper did before cgroups
     proc.wait(10)
-    assert not _dead(escaped) and cgroups.alive(name)
-    assert cgroups.kill(name)
+    assert not _dead(escaped) and cgroups.container_alive(cidfile)
+    assert cgroups.kill_container(cidfile)
     wait_for(lambda: _dead(escaped), 10, "the escaped grandchild to die")
-    assert not cgroups.alive(name)
-    cgroups.remove(name)
-    job = name.rsplit("/", 1)[0]
-    assert not any((base / job).exists() for base in cgroups.hierarchies())
-    assert not cgroups.kill(name)  # gone: nothing to kill
+    assert not cgroups.container_alive(cidfile)
+    assert not cgroups.kill_container(str(tmp_path / "none.cid"))  # no container: nothing
 
 
-def test_keeper_kills_the_cgroup_when_the_agent_dies(tmp_path: Path, name: str) -> None:
+def test_keeper_kills_the_container_when_the_agent_dies(tmp_path: Path, name: str) -> None:
     proc, escaped = _escaper(tmp_path, name)
     started = start_ticks(proc.pid)
     assert started is not None
     keeper = Keeper(None)
     keeper.start()
     now = time.monotonic()
-    keeper.update(now + 100, now + 200, [Group(proc.pid, started, name)])
+    keeper.update(now + 100, now + 200, [Group(proc.pid, started, str(tmp_path / "w.cid"))])
     assert keeper._proc is not None and keeper._proc.stdin is not None
     keeper._proc.stdin.close()  # the pipe's end without a goodbye: the agent died
     keeper._proc.wait(10)
@@ -122,51 +131,69 @@ def test_keeper_kills_the_cgroup_when_the_agent_dies(tmp_path: Path, name: str) 
     wait_for(lambda: _dead(escaped), 10, "the keeper to kill the escaped grandchild")
 
 
-def test_leftovers_record_kills_the_cgroup_and_refuses_a_foreign_one(
+def test_leftovers_record_kills_the_container_and_refuses_a_foreign_cgroup(
     tmp_path: Path, name: str
 ) -> None:
     proc, escaped = _escaper(tmp_path, name)
     proc.kill()
     proc.wait(10)
     record = tmp_path / "node.workers.json"
-    record.write_text(f'{{"groups": [[{proc.pid}, 1, "{name}"]]}}')
-    assert [g.cgroup for g in kill_leftovers(record)] == [name]
-    wait_for(lambda: _dead(escaped), 10, "the leftover's cgroup to die")
+    cidfile = str(tmp_path / "w.cid")
+    record.write_text(f'{{"groups": [[{proc.pid}, 1, "{cidfile}"]]}}')
+    assert [g.cidfile for g in kill_leftovers(record)] == [cidfile]
+    wait_for(lambda: _dead(escaped), 10, "the leftover's container to die")
     # A record naming another service's cgroup is garbage: nothing in it is signalled.
     record.write_text(f'{{"groups": [[{os.getpid()}, 1, "system.slice/sshd.service"]]}}')
     assert kill_leftovers(record) == [] and not record.exists()
 
 
-@pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
-def test_a_killed_podman_run_leaves_its_container_and_the_cgroup_kill_ends_it() -> None:
-    """Why containerised workers are fenced by cgroup (issue 43)."""
-    name = f"nodeagent/test-{uuid.uuid4().hex[:8]}/podman"
-    container = f"nodeagent-test-{uuid.uuid4().hex[:8]}"
+@pytest.mark.skipif(podman_missing() is not None, reason=str(podman_missing()))
+def test_a_killed_podman_run_leaves_its_container_and_its_cgroup_kill_ends_it(
+    tmp_path: Path,
+) -> None:
+    """Why containerised workers are fenced by cgroup (issue 43); the agent only reads the
+    cgroup tree and signals (the unit's ProtectControlGroups= holds)."""
+    cidfile = tmp_path / "w.cid"
+    SLEEP = b"/bin/sleep\x00600\x00"
+    image = build_image(f"nodeagent-cgroups-{uuid.uuid4().hex[:8]}")
+    podman = Podman(ContainerRule(True, socket=service_socket()), ContainerSpec("x"))
+    parent = podman.cgroup_parent()
+    assert parent == "/nodeagent"  # the test's service runs podman's cgroupfs manager
     argv = [
-        *("podman", "--runtime=runc", "run", "--rm", f"--name={container}", "--network=host"),
-        *("--ulimit=nofile=4096:4096", "--ulimit=nproc=4096:4096", f"--cgroup-parent=/{name}"),
-        *("--rootfs", "/:O", "/bin/sleep", "600"),
+        *("podman", "--remote", f"--url=unix://{service_socket()}", "run", "--rm"),
+        *(f"--name=nodeagent-test-{uuid.uuid4().hex[:8]}", f"--cidfile={cidfile}", "--init"),
+        *("--network=host", "--ulimit=nofile=4096:4096", "--ulimit=nproc=4096:4096"),
+        *(f"--cgroup-parent={parent}", "--volume=/usr:/usr:ro", image, "/bin/sleep", "600"),
     ]
     client = subprocess.Popen(argv, start_new_session=True)
     try:
-        wait_for(lambda: bool(cgroups.members(name)), 30, "the container to start")
-        inside = cgroups.members(name)
+        name = wait_for(lambda: cgroups.container_cgroup(str(cidfile)), 60, "the container")
+        sleep = wait_for(lambda: cgroups.main_process(name, 1), 30, "the container's command")
+        init = cgroups.main_process(name, 0)
+        assert init is not None and Path(f"/proc/{sleep}/cmdline").read_bytes() == SLEEP
         os.killpg(client.pid, signal.SIGKILL)
         client.wait(10)
         time.sleep(0.5)
-        assert cgroups.alive(name), "the container died with its client: fencing by group works"
-        assert cgroups.kill(name)
-        wait_for(lambda: all(_dead(p) for p in inside), 10, "the container to die")
+        assert cgroups.container_alive(str(cidfile)), "died with its client: fenced by group"
+        assert cgroups.kill_container(str(cidfile))
+        wait_for(lambda: _dead(sleep) and _dead(init), 10, "the container to die")
+        # podman removes what it made: the container, and its cgroup.
+        wait_for(lambda: cgroups.container_cgroup(str(cidfile)) is None, 30, "its cgroup to go")
     finally:
-        cgroups.kill(name)
-        subprocess.run(["podman", "rm", "-f", container], capture_output=True, check=False)
-        wait_for(lambda: not cgroups.alive(name), 10, "the container's cgroup to empty")
-        cgroups.remove(name)
+        cgroups.kill_container(str(cidfile))
+        remove_image(image)
+
+
+def test_an_unreachable_podman_service_is_an_error_naming_its_socket(tmp_path: Path) -> None:
+    socket = str(tmp_path / "none.sock")
+    podman = Podman(ContainerRule(True, socket=socket), ContainerSpec("x"))
+    with pytest.raises(OSError, match=f"the podman service at {socket}"):
+        podman.cgroup_parent()
 
 
 def test_the_main_process_is_found_below_the_runtimes_own(name: str) -> None:
-    """As podman runs a worker: a monitor (conmon), its child the container's init, the init's
-    child the worker; before the worker runs there is none to name."""
+    """Three generations in one cgroup, the first one's parent outside it (as conmon is outside
+    a container's): each is named by its depth; before the last runs there is none to name."""
     chain = (
         "import subprocess, sys, time; time.sleep(float(sys.argv[1])); subprocess.run(sys.argv[2:])"
     )
@@ -187,3 +214,32 @@ def test_the_main_process_is_found_below_the_runtimes_own(name: str) -> None:
         cgroups.kill(name)
         monitor.wait(10)
     assert cgroups.main_process(name, 2) is None
+
+
+@pytest.mark.skipif(podman_missing() is not None, reason=str(podman_missing()))
+def test_podman_as_the_services_client_writes_nothing_but_the_cidfile(tmp_path: Path) -> None:
+    """What the agent's unit allows is enough for a worker's `podman run`: here in a mount
+    namespace whose root is read-only (stricter than ProtectSystem=full), no namespace, mount
+    or capability of its own; only the cidfile's directory (a tmpfs) is written."""
+    image = build_image(f"nodeagent-ro-{uuid.uuid4().hex[:8]}")
+    run_dir = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    cidfile = run_dir / "w.cid"
+    podman = (
+        f"podman --remote --url=unix://{service_socket()} run --rm --cidfile={cidfile} --init "
+        "--ulimit=nofile=4096:4096 --ulimit=nproc=4096:4096 --user=65534:65534 "
+        f"--volume=/usr:/usr:ro --cgroup-parent=/nodeagent {image} /usr/bin/id -u"
+    )
+    script = f"mount -o remount,bind,ro / && ! touch /etc/nodeagent-probe 2>/dev/null && {podman}"
+    try:
+        result = subprocess.run(
+            ["unshare", "--mount", "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0 and result.stdout.strip() == "65534", result.stderr
+        assert cgroups.container_id(str(cidfile)) is not None
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        remove_image(image)

@@ -13,12 +13,12 @@ import pytest
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.images import (
     MARKER,
-    RUNC,
     build_image,
-    clean_cgroups,
+    clean_containers,
     containers_section,
     podman_missing,
     remove_image,
+    service_socket,
 )
 from tests.helpers.pool import PoolCluster, pool_cluster
 from tests.helpers.users import unix_users
@@ -34,7 +34,7 @@ def pool(redis_server: RedisServer, tmp_path: Path, job_id: str) -> Iterator[Poo
         "allowed": True,
         "images": ["localhost/ok/"],
         "mount_sources": [str(data)],
-        "oci_runtime": RUNC[0].split("=")[1] if RUNC else None,
+        "socket": service_socket() if podman_missing() is None else "/run/podman/podman.sock",
         "pull_timeout": "30s",
     }
     with pool_cluster(redis_server.url, tmp_path, pool=job_id) as cluster:
@@ -134,5 +134,5 @@ def test_two_users_run_jobs_in_their_own_images_on_one_pool(
             wait_for(lambda: not any(pool.placements().values()), 60, "the jobs to end")
     finally:
         for job, image in images.items():
-            clean_cgroups(job)
+            clean_containers(job)
             remove_image(image)

@@ -149,7 +149,6 @@ def test_the_ansible_role_installs_this_unit() -> None:
 
 
 DROP_IN = ROOT / "systemd" / "nodeagent.service.d" / "containers.conf"
-CONTAINER_EXPOSURE = 4.8  # what the drop-in costs, said in its header and docs/pool.md
 
 
 def with_containers(tmp_path: Path) -> Path:
@@ -161,40 +160,30 @@ def with_containers(tmp_path: Path) -> Path:
     return unit
 
 
-def test_the_containers_drop_in_verifies_and_costs_what_it_says(tmp_path: Path) -> None:
+def test_the_containers_drop_in_verifies_and_costs_nothing(tmp_path: Path) -> None:
+    """Issue 43: a node that runs jobs in their own images scores as one that does not."""
     unit = with_containers(tmp_path)
     result = verify(unit)
     assert result.returncode == 0 and result.stderr == "" and result.stdout == "", result.stderr
-    assert exposure(unit) == CONTAINER_EXPOSURE  # read with the unit: it adds what it says
-    assert f"3.4 without this file, {CONTAINER_EXPOSURE} with it" in DROP_IN.read_text()
     (tmp_path / "bare").mkdir()
-    assert exposure(installed_unit(tmp_path / "bare")) <= 3.4  # the unit alone: today's score
+    bare = exposure(installed_unit(tmp_path / "bare"))
+    assert bare <= 3.4  # the unit alone: the score before containers
+    assert exposure(unit) == bare  # read with the unit: it adds nothing
+    assert "rates the unit 3.4 with it as without it" in DROP_IN.read_text()
 
 
-def test_the_containers_drop_in_adds_only_what_the_runtime_needs() -> None:
-    settings = dict(
-        line.split("=", 1)
-        for line in DROP_IN.read_text().splitlines()
-        if line and not line.startswith(("#", "["))
-    )
-    assert set(settings["CapabilityBoundingSet"].split()) == {
-        "CAP_SYS_ADMIN",  # runc's mounts and namespaces
-        "CAP_SYS_CHROOT",
-        "CAP_SETPCAP",  # it drops the container's capabilities
-        "CAP_DAC_OVERRIDE",  # the job's own 0700 directories, bound in
-        "CAP_FOWNER",  # an image's layers unpacked as they are
-        "CAP_FSETID",
-        "CAP_MKNOD",
-    }
-    assert settings["RestrictNamespaces"].split() == ["mnt", "pid", "ipc", "uts", "cgroup"]
-    assert settings["SystemCallFilter"] == "@mount"  # off the deny list, nothing else
-    assert set(settings) == {
-        "CapabilityBoundingSet",
-        "RestrictNamespaces",
-        "SystemCallFilter",
-        "ProtectControlGroups",
-        "RestrictSUIDSGID",
-    }
+def test_the_containers_drop_in_only_orders_the_agent_after_the_podman_socket() -> None:
+    """Nothing in [Service]: no capability, namespace, system call or cgroup access is added."""
+    sections: dict[str, dict[str, str]] = {}
+    current = ""
+    for line in DROP_IN.read_text().splitlines():
+        if line.startswith("["):
+            current = line.strip("[]")
+            sections[current] = {}
+        elif line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            sections[current][key] = value
+    assert sections == {"Unit": {"Wants": "podman.socket", "After": "podman.socket"}}
 
 
 def test_the_ansible_role_installs_this_drop_in() -> None:

@@ -1,9 +1,9 @@
 """The container runtime's commands (podman), pure: what a worker's `podman run` says, what
-podman itself is given of the environment, and the env file only root reads."""
+podman itself is given of the environment, the env file only root reads, and each worker's
+name, cidfile and directories."""
 
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 
@@ -11,7 +11,16 @@ import pytest
 
 from nodeagent.config.container import ContainerRule, ContainerSpec, parse_mounts
 from nodeagent.config.identity import WorkerUser
-from nodeagent.supervisor.container import EnvFiles, Launch, Podman, agent_env, cdi_names
+from nodeagent.supervisor import cgroups
+from nodeagent.supervisor.container import (
+    Containers,
+    Launch,
+    Podman,
+    agent_env,
+    cdi_names,
+    write_env_file,
+)
+from nodeagent.supervisor.spec import WorkerSpec
 
 ALICE = WorkerUser("alice", 1000, 1000, (1000, 2000), switch=True)
 
@@ -19,7 +28,8 @@ ALICE = WorkerUser("alice", 1000, 1000, (1000, 2000), switch=True)
 def _launch(**change: object) -> Launch:
     fields: dict[str, object] = {
         "name": "nodeagent-j-a-g3-rank1",
-        "cgroup": "nodeagent/j/a-g3-rank1",
+        "cidfile": Path("/dev/shm/nodeagent/a.j.run/nodeagent-j-a-g3-rank1.cid"),
+        "cgroup_parent": "/nodeagent",
         "env_file": Path("/run/x/w.env"),
         "workdir": "/work",
         "user": ALICE,
@@ -34,21 +44,29 @@ def _launch(**change: object) -> Launch:
 
 def test_a_workers_podman_run_says_all_it_must() -> None:
     rule = ContainerRule(
-        True, ("localhost/",), ("/data",), "podman", "runc", ("nofile=4096:4096",), ("/dev/ib0",)
+        True,
+        ("localhost/",),
+        ("/data",),
+        socket="/run/podman/podman.sock",
+        ulimits=("nofile=4096:4096",),
+        devices=("/dev/ib0",),
     )
     spec = ContainerSpec("localhost/torch:2.5", parse_mounts("/data/in:/in:ro"))
     argv = Podman(rule, spec).run_argv(_launch())
-    assert argv[:3] == ["podman", "--runtime=runc", "--cgroup-manager=cgroupfs"]
+    # A client of the node's podman service: nothing of the runtime runs in the agent's unit.
+    assert argv[:4] == ["podman", "--remote", "--url=unix:///run/podman/podman.sock", "run"]
     flags = set(argv)
     for flag in (
-        "run",
         "--rm",
+        "--replace",
+        "--name=nodeagent-j-a-g3-rank1",
+        "--cidfile=/dev/shm/nodeagent/a.j.run/nodeagent-j-a-g3-rank1.cid",
         "--init",
         "--pull=never",
         "--network=host",
         "--cap-drop=all",
         "--security-opt=no-new-privileges",
-        "--cgroup-parent=/nodeagent/j/a-g3-rank1",
+        "--cgroup-parent=/nodeagent",
         "--env-file=/run/x/w.env",
         "--ulimit=nofile=4096:4096",
         "--user=1000:1000",
@@ -65,7 +83,6 @@ def test_a_workers_podman_run_says_all_it_must() -> None:
     assert "--group-add=1000" not in flags  # the primary group is --user's
     # The image, then the entrypoint exactly as given: nothing after the image is podman's.
     assert argv[-5:] == ["localhost/torch:2.5", "python", "train.py", "--lr", "0.1"]
-    assert all(a.startswith("--") or a in ("podman", "run") for a in argv[: argv.index("run")])
 
 
 def test_without_a_user_switch_or_settings_podman_uses_its_own() -> None:
@@ -76,6 +93,11 @@ def test_without_a_user_switch_or_settings_podman_uses_its_own() -> None:
     assert not [a for a in argv if a.startswith("--device")]
 
 
+def test_the_cgroup_parent_is_the_services_managers_kind() -> None:
+    assert cgroups.parent_flag("systemd") == "nodeagent.slice"
+    assert cgroups.parent_flag("cgroupfs") == "/nodeagent"
+
+
 def test_podman_gets_nothing_of_the_jobs_environment() -> None:
     """Root's podman reads CONTAINERS_CONF and $HOME/.config/containers: a job that could set
     them would choose the runtime root starts."""
@@ -84,18 +106,18 @@ def test_podman_gets_nothing_of_the_jobs_environment() -> None:
     assert agent_env({})["PATH"].startswith("/usr/local/sbin")
 
 
-def test_env_files_are_roots_alone_and_refuse_a_line_break(tmp_path: Path) -> None:
-    files = EnvFiles()
-    try:
-        path = files.write("w", {"A": "1", "NODEAGENT_JOB_ID": "j", "EMPTY": ""})
-        assert path.read_text() == "A=1\nNODEAGENT_JOB_ID=j\nEMPTY=\n"
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-        with pytest.raises(ValueError, match="'B'"):
-            files.write("x", {"B": "one\nC=two"})  # would smuggle C in
-    finally:
-        files.close()
-    assert not path.exists() and not path.parent.exists()
+def test_an_env_file_is_roots_alone_never_through_a_link_and_refuses_a_line_break(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "w.env"
+    target = tmp_path / "elsewhere"
+    path.symlink_to(target)  # a link where the file goes is replaced, never written through
+    write_env_file(path, {"A": "1", "NODEAGENT_JOB_ID": "j", "EMPTY": ""})
+    assert path.read_text() == "A=1\nNODEAGENT_JOB_ID=j\nEMPTY=\n"
+    assert not path.is_symlink() and not target.exists()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(ValueError, match="'B'"):
+        write_env_file(tmp_path / "x.env", {"B": "one\nC=two"})  # would smuggle C in
 
 
 def test_cdi_names_are_the_workers_visible_devices() -> None:
@@ -104,11 +126,59 @@ def test_cdi_names_are_the_workers_visible_devices() -> None:
     assert cdi_names(None) == () == cdi_names("")
 
 
-def test_env_file_directory_is_not_shared_between_jobs() -> None:
-    one, two = EnvFiles(), EnvFiles()
-    try:
-        assert one.write("w", {}).parent != two.write("w", {}).parent
-        assert os.stat(one.write("w", {}).parent).st_uid == os.geteuid()
-    finally:
-        one.close()
-        two.close()
+class _Runtime:
+    """The runtime's side, recorded: what Containers hands it."""
+
+    worker_depth = 1
+
+    def __init__(self) -> None:
+        self.launches: list[Launch] = []
+
+    def cgroup_parent(self) -> str:
+        return "/nodeagent"
+
+    def run_argv(self, launch: Launch) -> list[str]:
+        self.launches.append(launch)
+        return ["podman", "run", launch.name]
+
+    def present(self, image: str) -> bool:
+        return True
+
+    def pull(self, image: str, timeout_s: float) -> None:
+        return None
+
+
+def _spec(tmp_path: Path, rank: int, generation: int) -> WorkerSpec:
+    env = {"NODEAGENT_GENERATION": str(generation), "CUDA_VISIBLE_DEVICES": "GPU-9"}
+    log = tmp_path / "logs" / "j" / "g1" / f"rank{rank}.log"
+    return WorkerSpec(rank, rank, ("python", "t.py"), env, "/work", log, tmp_path / "p", (0,))
+
+
+def test_a_jobs_containers_have_their_own_directories_names_and_cidfiles(tmp_path: Path) -> None:
+    made: list[tuple[Path, int, int, int]] = []
+    runtime = _Runtime()
+    shm, run = tmp_path / "a.j.shm", tmp_path / "a.j.run"
+
+    def make_dir(path: Path, mode: int, uid: int, gid: int) -> None:
+        made.append((path, mode, uid, gid))
+        path.mkdir(mode=mode, exist_ok=True)
+
+    containers = Containers(runtime, "a", "j", shm, run, ALICE, make_dir)
+    stale = run / "nodeagent-j-a-g3-rank1.cid"
+    run.mkdir()
+    stale.write_text("0" * 64)  # what an earlier spawn left: podman refuses to write over it
+    argv, env = containers.command(_spec(tmp_path, 1, 3))
+    assert argv == ["podman", "run", "nodeagent-j-a-g3-rank1"]
+    assert set(env) <= {"PATH", "HOME"}
+    # The job's /dev/shm is its user's; the env files and cidfiles root's.
+    assert (shm, 0o700, 1000, 1000) in made and (run, 0o700, -1, -1) in made
+    (launch,) = runtime.launches
+    assert launch.cidfile == stale and not stale.exists()
+    assert containers.cidfile(_spec(tmp_path, 1, 3)) == stale
+    assert launch.env_file.parent == run and launch.env_file.read_text().startswith("NODEAGENT_")
+    assert launch.gpus == ("GPU-9",) and launch.shm_dir == str(shm)
+    assert launch.binds[0] == str(tmp_path / "logs" / "j")
+    # Each spawn its own container: another generation or rank is another name.
+    assert containers.name(_spec(tmp_path, 1, 4)) != containers.name(_spec(tmp_path, 0, 3))
+    containers.close()
+    assert not run.exists() and not shm.exists()

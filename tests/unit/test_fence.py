@@ -11,6 +11,7 @@ import pytest
 
 from nodeagent.coord.bounded import BoundedCalls
 from nodeagent.errors import CoordinationError
+from nodeagent.supervisor import cgroups
 from nodeagent.supervisor.fence import Due, Group, Orders, due, kill_leftovers, start_ticks
 
 G = (Group(100, 5),)
@@ -108,18 +109,19 @@ def test_bounded_call_gives_up_at_its_deadline_and_blocks_nothing_behind_it() ->
             time.sleep(0.01)
 
 
-def test_a_containerised_group_names_its_cgroup_and_reads_back() -> None:
-    orders = Orders(1.0, 2.0, (Group(10, 3), Group(11, 4, "nodeagent/job-a/g2-rank1")))
+def test_a_containerised_group_names_its_cidfile_and_reads_back() -> None:
+    cidfile = "/dev/shm/nodeagent/a.j.run/nodeagent-j-a-g2-rank1.cid"
+    orders = Orders(1.0, 2.0, (Group(10, 3), Group(11, 4, cidfile)))
     assert Orders.from_line(orders.to_line()) == orders
-    assert b'"groups": [[10, 3], [11, 4, "nodeagent/job-a/g2-rank1"]]' in orders.to_line()
+    assert f'"groups": [[10, 3], [11, 4, "{cidfile}"]]'.encode() in orders.to_line()
 
 
 @pytest.mark.parametrize(
     "item",
     [
-        [1, 2, "system.slice/sshd.service"],  # not the agent's
-        [1, 2, "nodeagent/../system.slice"],
-        [1, 2, "nodeagent"],
+        [1, 2, "system.slice/sshd.service"],  # not a cidfile
+        [1, 2, "/dev/shm/nodeagent/../../etc/x.cid"],
+        [1, 2, "relative/w.cid"],
         [1, 2, 3, 4],
         "1 2",
     ],
@@ -127,3 +129,35 @@ def test_a_containerised_group_names_its_cgroup_and_reads_back() -> None:
 def test_a_group_that_is_not_the_agents_is_refused(item: object) -> None:
     with pytest.raises(ValueError):
         Group.read(item)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "system.slice/sshd.service",
+        "nodeagent/job/w",
+        "nodeagent/libpod-" + "0" * 63,
+        "nodeagent/../system.slice/libpod-" + "0" * 64,
+        "machine.slice/libpod-" + "0" * 64 + ".scope",  # another parent than the agent's
+    ],
+)
+def test_only_a_container_cgroup_below_the_agents_parent_is_one_to_kill(name: str) -> None:
+    with pytest.raises(cgroups.CgroupNameError):
+        cgroups.check_name(name)
+    assert cgroups.check_name(f"nodeagent/libpod-{'a' * 64}")
+    assert cgroups.check_name(f"nodeagent.slice/libpod-{'a' * 64}.scope")
+
+
+def test_a_cidfile_leads_to_its_containers_cgroup_and_nothing_else(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"  # a v2 tree as the kernel mounts it
+    (root / "cgroup.controllers").parent.mkdir()
+    (root / "cgroup.controllers").write_text("")
+    cid = "b" * 64
+    cidfile = tmp_path / "w.cid"
+    assert cgroups.container_cgroup(str(cidfile), root) is None  # not written yet
+    cidfile.write_text(cid + "\n")
+    assert cgroups.container_cgroup(str(cidfile), root) is None  # not started yet
+    (root / "nodeagent.slice" / f"libpod-{cid}.scope").mkdir(parents=True)
+    assert cgroups.container_cgroup(str(cidfile), root) == f"nodeagent.slice/libpod-{cid}.scope"
+    cidfile.write_text("../../system.slice")  # garbage is no id
+    assert cgroups.container_cgroup(str(cidfile), root) is None

@@ -262,7 +262,7 @@ def test_between_jobs_the_loop_sweeps_stale_tiers_once_per_job_wanted() -> None:
 class Registry:
     """A container runtime whose pulls the test lets finish (or fail)."""
 
-    worker_depth = 2
+    worker_depth = 1
 
     def __init__(self, present: bool = False, fails: str | None = None) -> None:
         self.is_present = present
@@ -279,11 +279,11 @@ class Registry:
         if self.fails:
             raise PullFailed(self.fails)
 
-    def run_argv(self, launch: Any) -> list[str]:
+    def cgroup_parent(self) -> str:
         raise AssertionError("not started here")
 
-    def remove(self, name: str) -> None:
-        pass
+    def run_argv(self, launch: Any) -> list[str]:
+        raise AssertionError("not started here")
 
 
 def contained_config() -> Config:

@@ -31,7 +31,7 @@ def test_a_bad_pulling_is_refused(pulling: object) -> None:
 
 
 def test_a_report_carries_what_its_containers_section_allows_and_no_more() -> None:
-    rule = ContainerRule(True, ("localhost/",), ("/data",), oci_runtime="runc", ulimits=("a=1",))
+    rule = ContainerRule(True, ("localhost/",), ("/data",), socket="/s", ulimits=("a=1",))
     doc = json.loads(PoolNode("a", "10.0.0.1", 5000, containers=rule).to_json())
     assert doc["containers"] == {
         "allowed": True,
