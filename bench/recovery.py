@@ -9,7 +9,7 @@ K=3 simulated nodes on this machine, one worker each, run examples/train_ddp.py 
   `timing.reform_timeout: 10s` (as long as hang_timeout), running examples/train_elastic.py
   instead (nodeagent.worker.elastic, a commit every step, the same ~30 ms step and a checkpoint
   every 10 steps): survivors keep their processes, only missing ranks are started (preloaded);
-- `nodeagent+container`: `nodeagent` with the workers in a container image (root's podman, a
+- `nodeagent+container`: `nodeagent` with the workers in a container image (the podman service, a
   small image the bench imports with the machine's Python and torch mounted read only, as
   tests/helpers/images.py builds it): what a container adds to a recovery. Its workers log
   their pids inside the containers' pid namespaces (the same in every container): a run is told
@@ -567,7 +567,7 @@ def launched(
         ):
             if contained:
                 cleanup.callback(remove_image, image)
-                cleanup.callback(clean_containers, job)  # a killed node's containers' cgroups
+                cleanup.callback(clean_containers, job)  # what a killed node's agent left running
             yield NodeagentLaunch(cluster, preload=preload, contained=contained)
     else:
         launch = TorchrunLaunch(directory, best=system == "torchrun-best", workload=workload)

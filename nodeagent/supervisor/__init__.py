@@ -4,9 +4,9 @@ group.py (the Supervisor: spawn, watch, release, stop one generation's workers),
 (what it reports: GroupPhase, GroupStatus, WorkerExit, Started), spec.py (what a worker is
 started with: torchrun's environment, argv, cwd, files), ranklogs.py (a rank's log files),
 spares.py (pre-started interpreters, `job.preload`), fence.py (the fence keeper, `python -m
-nodeagent.supervisor.fence`), cgroups.py (a containerised worker fenced by its cgroup: what
-left its process group dies too), container.py (a worker in the job's image: podman's commands,
-its pulls), errorfile.py (a failed rank's root cause), munge.py (MUNGE's
+nodeagent.supervisor.fence`), cgroups.py (a containerised worker fenced by its container's
+cgroup: what left its process group dies too), container.py (a worker in the job's image: the
+podman service's client, its pulls), errorfile.py (a failed rank's root cause), munge.py (MUNGE's
 `munge` and `unmunge` programs: the credentials of the pool's requests), usage.py (what
 the kernel says a worker got of the CPU: its run time and its wait for one). Apart from the
 embedded redis-server (coord/embedded.py), only this package starts processes.
