@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.config.values import Section, duration
+from nodeagent.config.values import Section, choice, duration
 from nodeagent.errors import ConfigError
 
 MAX_MOUNTS = 64
@@ -192,13 +192,8 @@ def load_rule(section: Section) -> ContainerRule:
     Raises:
         ConfigError: naming the key.
     """
-    runtime = section.get("runtime", str, "podman")
-    if runtime not in RUNTIMES:
-        raise ConfigError(
-            section.key("runtime"),
-            f"must be one of {', '.join(RUNTIMES)}, got {runtime!r} (docs/pool.md says what "
-            "another runtime would run)",
-        )
+    hint = "docs/pool.md says what another runtime would run"
+    runtime = choice(section, "runtime", RUNTIMES, "podman", hint)
     if section.raw("oci_runtime") is not None:
         raise ConfigError(
             section.key("oci_runtime"),

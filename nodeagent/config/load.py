@@ -48,6 +48,7 @@ from nodeagent.config.values import (
     YAML_BOOLEANS,
     Section,
     check_name,
+    choice,
     duration,
     optional_limit,
     optional_path,
@@ -127,13 +128,13 @@ def job_fields(section: Section) -> JobConfig:
 
 def _slow_node(section: Section) -> SlowNodeConfig:
     """job.slow_node (docs/slow-nodes.md); the defaults when absent."""
-    policy = section.get("policy", str, SlowNodeConfig.policy)
-    if policy not in SLOW_NODE_POLICIES:
-        raise ConfigError(
-            section.key("policy"),
-            f"must be one of {', '.join(SLOW_NODE_POLICIES)}, got {policy!r} (report names a "
-            "slow node, replace swaps it for a spare, exclude re-forms without it)",
-        )
+    policy = choice(
+        section,
+        "policy",
+        SLOW_NODE_POLICIES,
+        SlowNodeConfig.policy,
+        "report names a slow node, replace swaps it for a spare, exclude re-forms without it",
+    )
     threshold = section.get("threshold", float, SlowNodeConfig.threshold)
     if not 1.0 < threshold <= 100.0:
         raise ConfigError(
@@ -158,14 +159,8 @@ def _slow_node(section: Section) -> SlowNodeConfig:
 
 
 def _recovery(section: Section) -> str:
-    recovery = section.get("recovery", str, "restart")
-    if recovery not in RECOVERY_MODES:
-        raise ConfigError(
-            section.key("recovery"),
-            f"must be one of {', '.join(RECOVERY_MODES)}, got {recovery!r} (in_place needs a "
-            "script written for nodeagent.worker.elastic)",
-        )
-    return recovery
+    hint = "in_place needs a script written for nodeagent.worker.elastic"
+    return choice(section, "recovery", RECOVERY_MODES, "restart", hint)
 
 
 def _python(section: Section) -> str | None:
@@ -315,10 +310,8 @@ def _load_health(section: Section) -> HealthConfig:
     gpu = (
         ("on" if raw_gpu else "off")
         if isinstance(raw_gpu, bool)
-        else section.get("gpu", str, "auto")
+        else choice(section, "gpu", GPU_MODES, "auto")
     )
-    if gpu not in GPU_MODES:
-        raise ConfigError(section.key("gpu"), f"must be one of {', '.join(GPU_MODES)}, got {gpu!r}")
     interval = duration(section.raw("interval"), section.key("interval"), 5.0, minimum=0.05)
     fake = optional_path(section, "fake_gpus")
     if fake is not None and not Path(fake).is_file():
@@ -342,7 +335,7 @@ def _load_logging(section: Section) -> LoggingConfig:
         raise ConfigError(section.key("format"), f"must be text or json, got {fmt!r}")
     level = section.get("level", str, "INFO").upper()
     if level not in LOG_LEVELS:
-        raise ConfigError(
+        raise ConfigError(  # not choice(): any case is taken (info, INFO)
             section.key("level"), f"must be one of {', '.join(LOG_LEVELS)}, got {level!r}"
         )
     section.reject_unknown()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from nodeagent.errors import ConfigError
@@ -226,6 +226,19 @@ def positive_int(section: Section, name: str, default: int, minimum: int = 1) ->
     value = section.get(name, int, default)
     if value < minimum:
         raise ConfigError(section.key(name), f"must be >= {minimum}, got {value}")
+    return value
+
+
+def choice(
+    section: Section, name: str, allowed: Sequence[str], default: str, hint: str = ""
+) -> str:
+    """A string key that must be one of `allowed`; `hint` (what each means) ends the error."""
+    value = section.get(name, str, default)
+    if value not in allowed:
+        raise ConfigError(
+            section.key(name),
+            f"must be one of {', '.join(allowed)}, got {value!r}" + (f" ({hint})" if hint else ""),
+        )
     return value
 
 
