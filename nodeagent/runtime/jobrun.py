@@ -159,6 +159,11 @@ def _containers(config: Config) -> Containers | None:
     runtime = Podman(config.containers, spec)
 
     def make_dir(path: Path, mode: int, uid: int, gid: int) -> None:
+        """A job id may end in `.run` or `.shm`: its memory tier would be another job's
+        directory here, its user's. One marked as another's is refused, not taken over."""
+        marked = space.owner(path)
+        if marked is not None and marked != (node, job):
+            raise OSError(f"{path} is job {marked[1]}'s on node {marked[0]}, not {job}'s")
         try:
             space.make_marked(path, "the job's container files", mode, node, job, uid, gid)
         except ConfigError as exc:

@@ -15,7 +15,8 @@ signalling are all that takes: it works under systemd's ProtectControlGroups= (a
 Where the container's cgroup is follows from its id alone: podman puts it below the parent the
 agent names (`--cgroup-parent`, `parent_flag`): `nodeagent/libpod-<id>` with podman's cgroupfs
 manager, `nodeagent.slice/libpod-<id>.scope` with its systemd one. The runtime removes it when
-the container exits. Names are checked (`check_name`): a cidfile or a record read back can only
+the container exits. A cidfile is read only if nobody but the agent could have written it
+(`container_id`), and names are checked (`check_name`): a cidfile or a record read back can only
 lead to a podman container's cgroup below those parents, never another service's.
 """
 
@@ -25,6 +26,7 @@ import contextlib
 import os
 import re
 import signal
+import stat
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
@@ -73,13 +75,44 @@ def check_cidfile(path: str) -> str:
 
 
 def container_id(cidfile: str) -> str | None:
-    """The container id `podman run --cidfile` wrote (None: none yet, or not an id)."""
+    """The container id `podman run --cidfile` wrote (None: none yet, or not an id).
+
+    Only a file nobody but the agent could have put there is read: a regular file of the
+    agent's (never through a link, never blocking on a FIFO), in a directory of the agent's
+    that only it may write, under another such directory (memory_dir). A leftovers record
+    outlives a reboot, /dev/shm does not: a user who made memory_dir first must not steer the
+    record's kill at another job's container, nor hang the agent's start."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        with open(cidfile, "rb") as f:
-            text = f.read(128).decode(errors="replace").strip()
+        fd = os.open(cidfile, flags)
     except OSError:
         return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            return None
+        directory = os.path.dirname(cidfile)
+        if not (_agents_own(directory) and _agents_own(os.path.dirname(directory))):
+            return None
+        text = os.read(fd, 128).decode(errors="replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return text if _ID.match(text) else None
+
+
+def _agents_own(directory: str) -> bool:
+    """A real directory (not a link) of the agent's that no one else may write."""
+    try:
+        info = os.lstat(directory)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(info.st_mode)
+        and info.st_uid == os.geteuid()
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
 
 
 def container_cgroup(cidfile: str, root: Path = ROOT) -> str | None:

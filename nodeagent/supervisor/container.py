@@ -31,9 +31,11 @@ container toolkit's generated spec).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +47,12 @@ from nodeagent.config.identity import WorkerUser
 from nodeagent.supervisor import cgroups
 from nodeagent.supervisor.spec import WorkerSpec
 
+log = logging.getLogger(__name__)
+
 AGENT_ENV = ("PATH", "HOME")  # all podman itself is given of the agent's environment
+ASK_TIMEOUT_S = 10.0  # the service's cgroup manager, asked in the agent's loop (WatchdogSec=30s)
+RETRY_S = 30.0  # a service that could not be asked is asked again after this
+REMOVE_TIMEOUT_S = 30.0  # a worker's container removed after it exited (not in the loop)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 UUID_PREFIXES = ("GPU-", "MIG-")
 
@@ -82,6 +89,7 @@ class ContainerRuntime(Protocol):
 
     def cgroup_parent(self) -> str: ...
     def run_argv(self, launch: Launch) -> list[str]: ...
+    def remove(self, name: str) -> None: ...
     def present(self, image: str) -> bool: ...
     def pull(self, image: str, timeout_s: float) -> None: ...
 
@@ -92,11 +100,19 @@ class Podman:
 
     worker_depth = 1  # the container's init (--init), then the worker
 
-    def __init__(self, rule: ContainerRule, spec: ContainerSpec, program: str = "podman") -> None:
+    def __init__(
+        self,
+        rule: ContainerRule,
+        spec: ContainerSpec,
+        program: str = "podman",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._rule = rule
         self._spec = spec
         self._program = program
+        self._clock = clock
         self._parent: str | None = None
+        self._unreachable: tuple[float, str] | None = None  # when asking failed, and why
 
     def _global(self) -> list[str]:
         return [self._program, "--remote", f"--url=unix://{self._rule.socket}"]
@@ -113,20 +129,31 @@ class Podman:
         )
 
     def cgroup_parent(self) -> str:
-        """`--cgroup-parent` for the service's cgroup manager, asked once.
+        """`--cgroup-parent` for the service's cgroup manager, asked once (the first worker's
+        start). A service that could not be asked is not asked again for RETRY_S: each rank's
+        start fails at once, and the agent's loop never waits on it longer than ASK_TIMEOUT_S.
 
         Raises:
             OSError: the service cannot be asked (not running, no podman), with why.
         """
-        if self._parent is None:
-            try:
-                result = self._call(["info", "--format={{.Host.CgroupManager}}"], 60)
-            except subprocess.TimeoutExpired:
-                raise OSError(f"the podman service at {self._rule.socket} did not answer") from None
-            if result.returncode != 0:
-                raise OSError(f"the podman service at {self._rule.socket}: {_last(result)}")
+        if self._parent is not None:
+            return self._parent
+        if self._unreachable is not None and self._clock() < self._unreachable[0] + RETRY_S:
+            raise OSError(self._unreachable[1])
+        why = f"the podman service at {self._rule.socket}"
+        try:
+            result = self._call(["info", "--format={{.Host.CgroupManager}}"], ASK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            result, why = None, f"{why} did not answer in {ASK_TIMEOUT_S:g}s"
+        except OSError as exc:
+            result, why = None, f"cannot run {self._program}: {exc.strerror or exc}"
+        if result is not None and result.returncode == 0:
             self._parent = cgroups.parent_flag(result.stdout.strip())
-        return self._parent
+            return self._parent
+        if result is not None:
+            why = f"{why}: {_last(result)}"
+        self._unreachable = (self._clock(), why)
+        raise OSError(why)
 
     def run_argv(self, launch: Launch) -> list[str]:
         """The `podman run` command line of one worker. Flags as `--flag=value`: podman 4.3
@@ -135,7 +162,6 @@ class Podman:
             *self._global(),
             "run",
             "--rm",
-            "--replace",  # a container of this name an earlier agent only created
             f"--name={launch.name}",
             f"--cidfile={launch.cidfile}",
             "--init",
@@ -161,6 +187,19 @@ class Podman:
         argv += [f"--device=nvidia.com/gpu={gpu}" for gpu in launch.gpus]
         argv += [f"--device={device}" for device in self._rule.devices]
         return [*argv, self._spec.image, *launch.argv]
+
+    def remove(self, name: str) -> None:
+        """Remove container `name` whatever its state, killing what runs in it. The service
+        takes the container's lock for it, as for a start: once this returns, a start the
+        worker's `podman run` asked for before it was killed has failed or been undone.
+        Raises nothing: a service that cannot be reached cannot start anything either."""
+        try:
+            result = self._call(["rm", "--force", "--time=0", "--ignore", name], REMOVE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("cannot remove container %s: %s", name, exc)
+            return
+        if result.returncode != 0:
+            log.warning("cannot remove container %s: %s", name, _last(result))
 
     def present(self, image: str) -> bool:
         """Whether `image` is in the node's store (False also when podman cannot say)."""
@@ -234,9 +273,21 @@ def binds_of(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, ...]:
 # Variables of a worker's environment that name a directory of the agent's to bind in.
 TIER_DIRS = (tier.MEMORY_ENV, tier.REPLICAS_ENV, tier.PERSIST_ENV)
 
-# Makes a directory of the job's on this node (path, mode, uid, gid; -1: the agent's), refusing
-# one a user made first or a link (checkpoint/space.py make_marked). Raises OSError.
+# Makes a directory of the job's on this node (path, mode, owner uid and gid), refusing a link,
+# a parent another user may write, or one marked as another job's (runtime/jobrun.py, with
+# checkpoint/space.py make_marked). Raises OSError.
 MakeDir = Callable[[Path, int, int, int], None]
+
+
+def job_prefix(job: str) -> str:
+    """What the names of `job`'s containers start with. The job id's length comes first: ids
+    and node names may hold '-', and job `a-b` on node `c` must not be named as job `a` on
+    node `b-c`."""
+    return f"nodeagent-{len(job)}-{job}-"
+
+
+def container_name(job: str, node: str, generation: int, rank: int) -> str:
+    return f"{job_prefix(job)}{node}-g{generation}-rank{rank}"
 
 
 class Containers:
@@ -266,9 +317,13 @@ class Containers:
 
     def name(self, spec: WorkerSpec) -> str:
         """The container's name: one per spawn (a rank starts once a generation), whatever
-        other agents on this machine run."""
+        other agents on this machine run (`container_name`)."""
         generation = int(spec.env.get("NODEAGENT_GENERATION", "0"))
-        return f"nodeagent-{self._job}-{self._node}-g{generation}-rank{spec.rank}"
+        return container_name(self._job, self._node, generation, spec.rank)
+
+    def remove(self, spec: WorkerSpec) -> None:
+        """Remove the container of `spec`'s spawn through the service (Podman.remove)."""
+        self.runtime.remove(self.name(spec))
 
     def cidfile(self, spec: WorkerSpec) -> Path:
         return self._run_dir / f"{self.name(spec)}{cgroups.CIDFILE_SUFFIX}"
@@ -283,7 +338,7 @@ class Containers:
         user = self._user
         uid, gid = (user.uid, user.gid) if user is not None and user.switch else (-1, -1)
         self._make_dir(self._shm_dir, 0o700, uid, gid)
-        self._make_dir(self._run_dir, 0o700, -1, -1)
+        self._make_dir(self._run_dir, 0o700, os.geteuid(), os.getegid())
         name = self.name(spec)
         env_file = self._run_dir / f"{name}.env"
         write_env_file(env_file, spec.env)

@@ -300,7 +300,7 @@ class Keeper:
         if self._proc is None or self._proc.stdin is None:
             return
         with contextlib.suppress(OSError):  # it died: alive() says so and the agent restarts it
-            os.write(self._proc.stdin.fileno(), orders.to_line())  # < PIPE_BUF: atomic
+            os.write(self._proc.stdin.fileno(), orders.to_line())  # one writer: lines whole
 
     def _save(self, groups: tuple[Group, ...]) -> None:
         self._recorded = groups

@@ -79,6 +79,7 @@ class _Worker:
     group_termed: bool = False  # a stop sent SIGTERM to its whole process group
     depth: int = 0  # the runtime's processes above a containerised worker (Spawner.depth)
     cgroup: str | None = None  # its container's, once found (cgroups.container_cgroup)
+    settled: threading.Event | None = None  # set: nothing of it can run any more (_await_exit)
 
     @property
     def pid(self) -> int | None:
@@ -293,11 +294,17 @@ class Supervisor:
             daemon=True,
         )
         pump.start()
+        cidfile = self._spawner.cidfile(spec)
+        settled = threading.Event()
+        if not cidfile:
+            settled.set()  # a bare worker is gone when its process group is
         threading.Thread(
-            target=self._await_exit, args=(popen,), name=f"wait-rank-{spec.rank}", daemon=True
+            target=self._await_exit,
+            args=(popen, spec, None if settled.is_set() else settled),
+            name=f"wait-rank-{spec.rank}",
+            daemon=True,
         ).start()
         started = start_ticks(popen.pid)
-        cidfile = self._spawner.cidfile(spec)
         group = Group(popen.pid, started, cidfile) if started is not None else None
         channel = ControlFile(spec.control_path) if spec.control_path is not None else None
         return _Worker(
@@ -310,11 +317,22 @@ class Supervisor:
             channel=channel,
             generation=generation,
             depth=self._spawner.depth,
+            settled=settled,
         )
 
-    def _await_exit(self, popen: subprocess.Popen[bytes]) -> None:
+    def _await_exit(
+        self, popen: subprocess.Popen[bytes], spec: WorkerSpec, settled: threading.Event | None
+    ) -> None:
+        """Wake the agent when the worker's process exits; for a containerised worker, then
+        remove its container through the service (a start its `podman run` asked for before
+        it was killed could otherwise still come) and wake the agent again: until then the
+        worker is not gone (`_alive`)."""
         popen.wait()
         self._wake()
+        if settled is not None:
+            self._spawner.remove_container(spec)
+            settled.set()
+            self._wake()
 
     # -- re-forming in place -----------------------------------------------------------------
 
@@ -553,6 +571,8 @@ class Supervisor:
                 continue
             if worker.returncode is None or _group_alive(worker.popen.pid):
                 return True
+            if worker.settled is not None and not worker.settled.is_set():
+                return True  # its container is being removed
             if (
                 worker.group is not None
                 and worker.group.cidfile

@@ -170,6 +170,12 @@ class Spawner:
         fences it by that container's cgroup."""
         return str(self.containers.cidfile(spec)) if self.containers is not None else ""
 
+    def remove_container(self, spec: WorkerSpec) -> None:
+        """Remove the container `spec`'s worker was started in, if any (blocks: not in the
+        agent's loop)."""
+        if self.containers is not None:
+            self.containers.remove(spec)
+
     @property
     def depth(self) -> int:
         """How far below the top of its container's cgroup the worker's code runs (0: not in a

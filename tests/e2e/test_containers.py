@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from nodeagent.supervisor.container import job_prefix
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
 from tests.helpers.fsdp import (
     events,
@@ -133,7 +134,7 @@ def test_a_containerised_job_runs_as_its_user_and_recovers(
     cluster.wait_status(lambda d: d["state"] == "succeeded", 180, "the job to succeed")
     gens = check_history(cluster, STEPS, EVERY)
     assert [g.world for g in gens] == [2, 2, 1]
-    wait_for(lambda: not containers_named(f"nodeagent-{cluster.job}-"), 30, "no container left")
+    wait_for(lambda: not containers_named(job_prefix(cluster.job)), 30, "no container left")
 
 
 def _writable(tmp_path: Path) -> None:

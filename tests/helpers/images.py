@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from nodeagent.supervisor import cgroups
+from nodeagent.supervisor.container import job_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "/etc/nodeagent-test-image"
@@ -88,7 +89,7 @@ def remove_image(image: str) -> None:
 def container_processes(job: str, node: str) -> list[int]:
     """The host pids in `node`'s worker containers of `job` (their inits and the workers)."""
     found: set[int] = set()
-    for container in containers_named(f"nodeagent-{job}-{node}-g"):
+    for container in containers_named(f"{job_prefix(job)}{node}-g"):
         for name in cgroups.container_names(container):
             with contextlib.suppress(OSError):
                 found |= cgroups.members(name)
@@ -98,7 +99,7 @@ def container_processes(job: str, node: str) -> list[int]:
 def clean_containers(job: str) -> None:
     """What a test or a killed node left of `job`'s containers: removed, their processes
     killed."""
-    ids = containers_named(f"nodeagent-{job}-")
+    ids = containers_named(job_prefix(job))
     if ids:
         _remote("rm", "--force", "--time=0", *ids)
 

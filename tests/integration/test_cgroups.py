@@ -25,12 +25,24 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.config.container import ContainerRule, ContainerSpec
+from nodeagent.checkpoint import space
+from nodeagent.config.container import ContainerRule, ContainerSpec, parse_mounts
 from nodeagent.supervisor import cgroups
-from nodeagent.supervisor.container import Podman
+from nodeagent.supervisor.container import Containers, Podman, job_prefix
 from nodeagent.supervisor.fence import Group, Keeper, kill_leftovers, start_ticks
+from nodeagent.supervisor.group import Supervisor
+from nodeagent.supervisor.spares import Spawner
+from nodeagent.supervisor.spec import WorkerSpec
+from nodeagent.supervisor.status import GroupPhase
 from tests.helpers.cluster import wait_for
-from tests.helpers.images import build_image, podman_missing, remove_image, service_socket
+from tests.helpers.images import (
+    build_image,
+    clean_containers,
+    containers_named,
+    podman_missing,
+    remove_image,
+    service_socket,
+)
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not cgroups.hierarchies(), reason="making cgroups needs root and cgroupfs"
@@ -222,7 +234,9 @@ def test_podman_as_the_services_client_writes_nothing_but_the_cidfile(tmp_path: 
     namespace whose root is read-only (stricter than ProtectSystem=full), no namespace, mount
     or capability of its own; only the cidfile's directory (a tmpfs) is written."""
     image = build_image(f"nodeagent-ro-{uuid.uuid4().hex[:8]}")
-    run_dir = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    private = Path(tempfile.mkdtemp(dir="/dev/shm"))  # as memory_dir: the agent's alone
+    run_dir = private / "run"
+    run_dir.mkdir(mode=0o700)
     cidfile = run_dir / "w.cid"
     podman = (
         f"podman --remote --url=unix://{service_socket()} run --rm --cidfile={cidfile} --init "
@@ -241,5 +255,68 @@ def test_podman_as_the_services_client_writes_nothing_but_the_cidfile(tmp_path: 
         assert result.returncode == 0 and result.stdout.strip() == "65534", result.stderr
         assert cgroups.container_id(str(cidfile)) is not None
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)
+        remove_image(image)
+
+
+@pytest.mark.skipif(podman_missing() is not None, reason=str(podman_missing()))
+def test_a_containerised_worker_is_gone_only_once_its_container_is(tmp_path: Path) -> None:
+    """The supervisor with a real podman service: a worker whose `podman run` is killed (as the
+    fence keeper kills a process group) leaves its container running; the supervisor kills it
+    as what the worker left, and the group is EXITED only once the service removed it."""
+    image = build_image(f"nodeagent-sup-{uuid.uuid4().hex[:8]}")
+    job = f"sup{uuid.uuid4().hex[:6]}"
+    memory_dir = tmp_path / "shm"
+    memory_dir.mkdir(mode=0o755)
+    (tmp_path / "logs" / job).mkdir(parents=True)
+
+    def make_dir(path: Path, mode: int, uid: int, gid: int) -> None:
+        space.make_marked(path, "test", mode, "n", job, uid, gid)
+
+    rule = ContainerRule(
+        True, socket=service_socket(), ulimits=("nofile=4096:4096", "nproc=4096:4096")
+    )
+    removed: list[str] = []
+
+    class Recorded(Podman):
+        def remove(self, name: str) -> None:
+            super().remove(name)
+            removed.append(name)  # once the service has answered
+
+    runtime = Recorded(rule, ContainerSpec(image, parse_mounts("/usr:/usr:ro")))
+    shm, run = memory_dir / f"n.{job}.shm", memory_dir / f"n.{job}.run"
+    containers = Containers(runtime, "n", job, shm, run, None, make_dir)
+    sup = Supervisor(
+        echo=lambda rank, line: None, wake=lambda: None, spawner=Spawner(containers=containers)
+    )
+    spec = WorkerSpec(
+        rank=0,
+        local_rank=0,
+        argv=("/usr/bin/sleep", "600"),
+        env={"NODEAGENT_GENERATION": "1", "PATH": "/usr/bin"},
+        cwd=None,
+        log_path=tmp_path / "logs" / job / "rank-0.log",
+        progress_path=tmp_path / "logs" / job / "rank-0.progress",
+    )
+
+    def phase() -> GroupPhase:
+        sup.poll()
+        return sup.status().phase
+
+    try:
+        sup.start(1, "n", [spec])
+        cidfile = str(containers.cidfile(spec))
+        wait_for(lambda: cgroups.container_alive(cidfile), 60, "the container to start")
+        name = cgroups.container_cgroup(cidfile)
+        assert name is not None
+        sleep = wait_for(lambda: cgroups.main_process(name, 1), 30, "the container's command")
+        (client,) = [w.pid for w in sup._workers]
+        assert client is not None
+        os.killpg(client, signal.SIGKILL)
+        wait_for(lambda: phase() is GroupPhase.EXITED, 60, "the group to end")
+        assert removed == [containers.name(spec)]  # asked of the service before the end
+        assert _dead(sleep) and not containers_named(job_prefix(job))
+    finally:
+        sup.kill()
+        clean_containers(job)
         remove_image(image)

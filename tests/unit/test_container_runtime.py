@@ -4,31 +4,40 @@ name, cidfile and directories."""
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
 import pytest
 
+from nodeagent.checkpoint import space
 from nodeagent.config.container import ContainerRule, ContainerSpec, parse_mounts
 from nodeagent.config.identity import WorkerUser
+from nodeagent.config.load import load_settings
+from nodeagent.config.settings import Config
+from nodeagent.runtime.jobrun import _containers
 from nodeagent.supervisor import cgroups
 from nodeagent.supervisor.container import (
+    RETRY_S,
     Containers,
     Launch,
     Podman,
     agent_env,
     cdi_names,
+    container_name,
+    job_prefix,
     write_env_file,
 )
 from nodeagent.supervisor.spec import WorkerSpec
+from tests.helpers.runas import AS_TESTER
 
 ALICE = WorkerUser("alice", 1000, 1000, (1000, 2000), switch=True)
 
 
 def _launch(**change: object) -> Launch:
     fields: dict[str, object] = {
-        "name": "nodeagent-j-a-g3-rank1",
-        "cidfile": Path("/dev/shm/nodeagent/a.j.run/nodeagent-j-a-g3-rank1.cid"),
+        "name": "nodeagent-1-j-a-g3-rank1",
+        "cidfile": Path("/dev/shm/nodeagent/a.j.run/nodeagent-1-j-a-g3-rank1.cid"),
         "cgroup_parent": "/nodeagent",
         "env_file": Path("/run/x/w.env"),
         "workdir": "/work",
@@ -58,9 +67,8 @@ def test_a_workers_podman_run_says_all_it_must() -> None:
     flags = set(argv)
     for flag in (
         "--rm",
-        "--replace",
-        "--name=nodeagent-j-a-g3-rank1",
-        "--cidfile=/dev/shm/nodeagent/a.j.run/nodeagent-j-a-g3-rank1.cid",
+        "--name=nodeagent-1-j-a-g3-rank1",
+        "--cidfile=/dev/shm/nodeagent/a.j.run/nodeagent-1-j-a-g3-rank1.cid",
         "--init",
         "--pull=never",
         "--network=host",
@@ -133,6 +141,7 @@ class _Runtime:
 
     def __init__(self) -> None:
         self.launches: list[Launch] = []
+        self.removed: list[str] = []
 
     def cgroup_parent(self) -> str:
         return "/nodeagent"
@@ -140,6 +149,9 @@ class _Runtime:
     def run_argv(self, launch: Launch) -> list[str]:
         self.launches.append(launch)
         return ["podman", "run", launch.name]
+
+    def remove(self, name: str) -> None:
+        self.removed.append(name)
 
     def present(self, image: str) -> bool:
         return True
@@ -164,14 +176,16 @@ def test_a_jobs_containers_have_their_own_directories_names_and_cidfiles(tmp_pat
         path.mkdir(mode=mode, exist_ok=True)
 
     containers = Containers(runtime, "a", "j", shm, run, ALICE, make_dir)
-    stale = run / "nodeagent-j-a-g3-rank1.cid"
+    stale = run / "nodeagent-1-j-a-g3-rank1.cid"
     run.mkdir()
     stale.write_text("0" * 64)  # what an earlier spawn left: podman refuses to write over it
     argv, env = containers.command(_spec(tmp_path, 1, 3))
-    assert argv == ["podman", "run", "nodeagent-j-a-g3-rank1"]
+    assert argv == ["podman", "run", "nodeagent-1-j-a-g3-rank1"]
     assert set(env) <= {"PATH", "HOME"}
-    # The job's /dev/shm is its user's; the env files and cidfiles root's.
-    assert (shm, 0o700, 1000, 1000) in made and (run, 0o700, -1, -1) in made
+    # The job's /dev/shm is its user's; the env files and cidfiles the agent's (taken back if
+    # a user had made the directory first).
+    agent = (os.geteuid(), os.getegid())
+    assert (shm, 0o700, 1000, 1000) in made and (run, 0o700, *agent) in made
     (launch,) = runtime.launches
     assert launch.cidfile == stale and not stale.exists()
     assert containers.cidfile(_spec(tmp_path, 1, 3)) == stale
@@ -180,5 +194,65 @@ def test_a_jobs_containers_have_their_own_directories_names_and_cidfiles(tmp_pat
     assert launch.binds[0] == str(tmp_path / "logs" / "j")
     # Each spawn its own container: another generation or rank is another name.
     assert containers.name(_spec(tmp_path, 1, 4)) != containers.name(_spec(tmp_path, 0, 3))
+    containers.remove(_spec(tmp_path, 1, 3))
+    assert runtime.removed == ["nodeagent-1-j-a-g3-rank1"]
     containers.close()
     assert not run.exists() and not shm.exists()
+
+
+def test_container_names_of_two_jobs_on_two_nodes_never_meet() -> None:
+    """Ids and node names may hold '-': job a-b on node c is not job a on node b-c."""
+    assert container_name("a-b", "c", 1, 0) != container_name("a", "b-c", 1, 0)
+    assert container_name("a-b", "c", 1, 0).startswith(job_prefix("a-b"))
+    assert not container_name("a", "b-c", 1, 0).startswith(job_prefix("a-b"))
+
+
+def test_a_service_that_cannot_be_asked_is_not_asked_again_at_each_ranks_start(
+    tmp_path: Path,
+) -> None:
+    """Every rank's start fails at once with why, the agent's loop never waits on each; asked
+    again after RETRY_S."""
+    calls = tmp_path / "calls"
+    program = tmp_path / "podman"
+    program.write_text(f"#!/bin/sh\necho x >> {calls}\necho 'cannot connect' >&2\nexit 125\n")
+    program.chmod(0o755)
+    now = [0.0]
+    podman = Podman(
+        ContainerRule(True, socket="/run/none.sock"),
+        ContainerSpec("x"),
+        str(program),
+        clock=lambda: now[0],
+    )
+    for _ in range(3):
+        with pytest.raises(OSError, match=r"podman service at /run/none\.sock: cannot connect"):
+            podman.cgroup_parent()
+    assert calls.read_text().count("x") == 1
+    now[0] = RETRY_S + 1
+    with pytest.raises(OSError):
+        podman.cgroup_parent()
+    assert calls.read_text().count("x") == 2
+
+
+def test_a_directory_another_jobs_tier_holds_is_refused_not_taken_over(tmp_path: Path) -> None:
+    """Job `j.run`'s memory tier on node a would be job j's env-file directory there, its
+    user's: a worker of j does not start (its log says why) rather than write its
+    environment where that user can read and change it."""
+    memory_dir = tmp_path / "shm"
+    memory_dir.mkdir(mode=0o755)
+    space.make_marked(memory_dir / "a.j.run", "the tier", 0o700, "a", "j.run", uid=65534)
+    job = {
+        "id": "j",
+        "entrypoint": ["true"],
+        "container": {"image": "localhost/t:1"},
+        "checkpoint": {"memory_dir": str(memory_dir), "memory_size": "1GiB"},
+        **AS_TESTER,
+    }
+    containers = {"allowed": True, "images": ["localhost/"]}
+    doc = {"redis": {"url": "redis://r:6379/0"}, "node": {"name": "a"}, "job": job}
+    config = load_settings({**doc, "containers": containers})
+    assert isinstance(config, Config)
+    made = _containers(config)
+    assert made is not None
+    with pytest.raises(OSError, match=r"a\.j\.run is job j\.run's on node a, not j's"):
+        made.command(_spec(tmp_path, 0, 1))
+    assert (memory_dir / "a.j.run").stat().st_uid == 65534  # left as it was

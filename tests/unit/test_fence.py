@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -149,6 +150,7 @@ def test_only_a_container_cgroup_below_the_agents_parent_is_one_to_kill(name: st
 
 
 def test_a_cidfile_leads_to_its_containers_cgroup_and_nothing_else(tmp_path: Path) -> None:
+    tmp_path.chmod(0o700)
     root = tmp_path / "cgroup"  # a v2 tree as the kernel mounts it
     (root / "cgroup.controllers").parent.mkdir()
     (root / "cgroup.controllers").write_text("")
@@ -161,3 +163,32 @@ def test_a_cidfile_leads_to_its_containers_cgroup_and_nothing_else(tmp_path: Pat
     assert cgroups.container_cgroup(str(cidfile), root) == f"nodeagent.slice/libpod-{cid}.scope"
     cidfile.write_text("../../system.slice")  # garbage is no id
     assert cgroups.container_cgroup(str(cidfile), root) is None
+
+
+def test_only_a_cidfile_the_agent_alone_could_have_written_is_read(tmp_path: Path) -> None:
+    """A record outlives a reboot, /dev/shm does not: a user who makes memory_dir first must
+    not steer the record's kill at another container, nor hang the agent on a FIFO."""
+    memory_dir = tmp_path / "nodeagent"
+    run = memory_dir / "a.j.run"
+    run.mkdir(parents=True)
+    for directory in (tmp_path, memory_dir, run):
+        directory.chmod(0o700)
+    cid = "c" * 64
+    cidfile = run / "w.cid"
+    cidfile.write_text(cid)
+    assert cgroups.container_id(str(cidfile)) == cid
+    memory_dir.chmod(0o777)  # a parent another user may write
+    assert cgroups.container_id(str(cidfile)) is None
+    memory_dir.chmod(0o755)
+    run.chmod(0o770)
+    assert cgroups.container_id(str(cidfile)) is None
+    run.chmod(0o700)
+    os.chown(cidfile, 65534, 65534)  # a file of another user's
+    assert cgroups.container_id(str(cidfile)) is None
+    cidfile.unlink()
+    (run / "real").write_text(cid)
+    cidfile.symlink_to(run / "real")
+    assert cgroups.container_id(str(cidfile)) is None  # never through a link
+    cidfile.unlink()
+    os.mkfifo(cidfile)
+    assert cgroups.container_id(str(cidfile)) is None  # and never waiting on a FIFO

@@ -282,6 +282,9 @@ class Registry:
     def cgroup_parent(self) -> str:
         raise AssertionError("not started here")
 
+    def remove(self, name: str) -> None:
+        raise AssertionError("not started here")
+
     def run_argv(self, launch: Any) -> list[str]:
         raise AssertionError("not started here")
 
