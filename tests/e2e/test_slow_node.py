@@ -121,6 +121,11 @@ def test_a_throttled_node_is_named_slow_and_replaced_by_the_spare_in_place(
         assert sum(parts.values()) == pytest.approx(found["wall_s"], abs=0.01), found
         reasons = [r["reason"] for r in found["reforms"]]
         assert reasons == ["slow_node", "worker_failed", "node_lost"], found
-        # the throttled stretch stepped about 3x slower: most of it is the slow ranks'
-        assert 0.3 * named_after < parts["slow_ranks"] < named_after + 2 * WINDOW_S, found
+        # The slow ranks' time: from `windows` windows before the node was named slow to the
+        # re-form, the share of each step the job would not have spent at its healthy pace
+        # (model/goodput.py). At least half of what the test's own step times say; not the
+        # throttled stretch itself: another test worker's load slows the healthy pace too
+        # (seen in CI: healthy 47.8 ms, throttled 98.2 ms; 2.66 s counted of 9.8 s throttled).
+        expected = WINDOWS * WINDOW_S * (1 - healthy / during)
+        assert 0.5 * expected < parts["slow_ranks"] < named_after + 2 * WINDOW_S, (expected, found)
         assert 0 < found["ettr"] < 1 and found["unaccounted"] == [], found
