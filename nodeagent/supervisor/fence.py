@@ -9,8 +9,10 @@ debugger, a stalled kernel call) or a dead one cannot do that, so three more lay
   on a pipe: the local monotonic times at which the lease is lapsing and the worker process groups
   to fence. The keeper SIGTERMs each group's main process (and SIGCONTs the group) at `term_at`
   and SIGKILLs the groups at `kill_at` unless a newer line moved those times. When the pipe
-  closes without a goodbye (the agent died) it SIGKILLs them at once. A pipe rather than shared
-  memory: no torn reads, and its end-of-file tells the keeper at once that the agent is gone.
+  closes without a goodbye (the agent died) it SIGKILLs them at once. A containerised worker's
+  container is killed by its cgroup, and watched for LINGER_S after (a start under way). A
+  pipe rather than shared memory: no torn reads, and its end-of-file tells the keeper at once
+  that the agent is gone.
 - `PR_SET_PDEATHSIG`: each worker's main process is SIGKILLed by the kernel when the agent dies.
 - **The leftovers record**: the agent keeps the groups it runs in `state_dir`, with each leader's
   start time, so a restarted agent kills what its predecessor left before it joins (when the
@@ -40,6 +42,8 @@ from nodeagent.supervisor import cgroups
 
 log = logging.getLogger(__name__)
 KEEPER_MODULE = "nodeagent.supervisor.fence"
+LINGER_S = 10.0  # how long fenced containers are watched for a start that was under way
+LINGER_POLL_S = 0.1
 
 
 class Group(NamedTuple):
@@ -207,8 +211,12 @@ def _fence(groups: Sequence[Group], sig: signal.Signals, why: str) -> None:
 
 
 def keep(fd: int, clock: Callable[[], float] = time.monotonic) -> int:
-    """The keeper's loop: read orders from `fd`, fence when they say so. Returns on EOF."""
+    """The keeper's loop: read orders from `fd`, fence when they say so. Returns on EOF.
+
+    After a SIGKILL it watches the fenced containers for LINGER_S (`_linger`): a container whose
+    start its `podman run` asked for just before it was killed can still come up."""
     orders, sent, buffer = Orders(), None, b""
+    lingering: tuple[tuple[str, ...], float] | None = None  # cidfiles, until when
     while True:
         now = clock()
         action = due(orders, now, sent)
@@ -216,8 +224,16 @@ def keep(fd: int, clock: Callable[[], float] = time.monotonic) -> int:
             why = "the agent did not renew its lease in time"
             _fence(orders.groups, action.signal, why)
             sent = action.signal
+            if sent is signal.SIGKILL:
+                lingering = _lingering(orders.groups, now)
             continue
         timeout = None if action.next_at is None else max(0.0, action.next_at - now)
+        if lingering is not None:
+            if now >= lingering[1]:
+                lingering = None
+            else:
+                _kill_late(lingering[0])
+                timeout = LINGER_POLL_S if timeout is None else min(timeout, LINGER_POLL_S)
         ready, _, _ = select.select([fd], [], [], timeout)
         if not ready:
             continue
@@ -225,6 +241,10 @@ def keep(fd: int, clock: Callable[[], float] = time.monotonic) -> int:
         if not chunk:  # the agent is gone
             if orders.groups and not orders.goodbye:
                 _fence(orders.groups, signal.SIGKILL, "the agent died")
+                lingering = _lingering(orders.groups, clock())
+            while lingering is not None and clock() < lingering[1]:
+                _kill_late(lingering[0])
+                time.sleep(LINGER_POLL_S)
             return 0
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
@@ -237,6 +257,19 @@ def keep(fd: int, clock: Callable[[], float] = time.monotonic) -> int:
             if new.groups != orders.groups or _later(new.term_at, orders.term_at):
                 sent = None  # a renewal or a new group: start over
             orders = new
+
+
+def _lingering(groups: Sequence[Group], now: float) -> tuple[tuple[str, ...], float] | None:
+    """The fenced groups' cidfiles to watch after a SIGKILL, and until when (None: none)."""
+    cidfiles = tuple(g.cidfile for g in groups if g.cidfile)
+    return (cidfiles, now + LINGER_S) if cidfiles else None
+
+
+def _kill_late(cidfiles: Sequence[str]) -> None:
+    """Kill a fenced container that came up after the fence (its start was under way)."""
+    hit = [c for c in cidfiles if cgroups.container_alive(c) and cgroups.kill_container(c)]
+    if hit:
+        _say(f"killed containers that started after they were fenced: {', '.join(hit)}")
 
 
 def _later(new: float | None, old: float | None) -> bool:

@@ -29,7 +29,7 @@ from nodeagent.checkpoint import space
 from nodeagent.config.container import ContainerRule, ContainerSpec, parse_mounts
 from nodeagent.supervisor import cgroups
 from nodeagent.supervisor.container import Containers, Podman, job_prefix
-from nodeagent.supervisor.fence import Group, Keeper, kill_leftovers, start_ticks
+from nodeagent.supervisor.fence import LINGER_S, Group, Keeper, kill_leftovers, start_ticks
 from nodeagent.supervisor.group import Supervisor
 from nodeagent.supervisor.spares import Spawner
 from nodeagent.supervisor.spec import WorkerSpec
@@ -138,9 +138,9 @@ def test_keeper_kills_the_container_when_the_agent_dies(tmp_path: Path, name: st
     keeper.update(now + 100, now + 200, [Group(proc.pid, started, str(tmp_path / "w.cid"))])
     assert keeper._proc is not None and keeper._proc.stdin is not None
     keeper._proc.stdin.close()  # the pipe's end without a goodbye: the agent died
-    keeper._proc.wait(10)
     proc.wait(10)
     wait_for(lambda: _dead(escaped), 10, "the keeper to kill the escaped grandchild")
+    keeper._proc.wait(LINGER_S + 10)  # it watches the container a while, then leaves
 
 
 def test_leftovers_record_kills_the_container_and_refuses_a_foreign_cgroup(
@@ -320,3 +320,26 @@ def test_a_containerised_worker_is_gone_only_once_its_container_is(tmp_path: Pat
         sup.kill()
         clean_containers(job)
         remove_image(image)
+
+
+def test_the_keeper_kills_a_container_that_comes_up_after_the_fence(
+    tmp_path: Path, name: str
+) -> None:
+    """A container whose start was under way when the agent died (its cgroup empty when the
+    keeper fenced) is killed when it comes up, within the keeper's LINGER_S."""
+    client = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    started = start_ticks(client.pid)
+    assert started is not None
+    keeper = Keeper(None)
+    keeper.start()
+    now = time.monotonic()
+    keeper.update(now + 100, now + 200, [Group(client.pid, started, str(tmp_path / "w.cid"))])
+    assert keeper._proc is not None and keeper._proc.stdin is not None
+    keeper._proc.stdin.close()  # the agent died: the keeper fences what it was told
+    client.wait(10)
+    time.sleep(1.0)  # the container's start, still under way, finishes
+    proc, escaped = _escaper(tmp_path, name)
+    wait_for(lambda: _dead(escaped) and proc.poll() is not None, 10, "the late container killed")
+    keeper._proc.wait(LINGER_S + 10)  # then it leaves
