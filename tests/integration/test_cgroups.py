@@ -130,17 +130,24 @@ def test_kill_reaches_what_left_the_process_group(tmp_path: Path, name: str) -> 
 
 def test_keeper_kills_the_container_when_the_agent_dies(tmp_path: Path, name: str) -> None:
     proc, escaped = _escaper(tmp_path, name)
-    started = start_ticks(proc.pid)
+    keeper = _agent_died(proc, tmp_path / "w.cid")
+    proc.wait(10)
+    wait_for(lambda: _dead(escaped), 10, "the keeper to kill the escaped grandchild")
+    keeper.wait(LINGER_S + 10)  # it watches the container a while, then leaves
+
+
+def _agent_died(client: subprocess.Popen[bytes], cidfile: Path) -> subprocess.Popen[bytes]:
+    """A fence keeper told of `client`'s group and container, whose agent then died (the pipe's
+    end without a goodbye): the keeper process."""
+    started = start_ticks(client.pid)
     assert started is not None
     keeper = Keeper(None)
     keeper.start()
     now = time.monotonic()
-    keeper.update(now + 100, now + 200, [Group(proc.pid, started, str(tmp_path / "w.cid"))])
+    keeper.update(now + 100, now + 200, [Group(client.pid, started, str(cidfile))])
     assert keeper._proc is not None and keeper._proc.stdin is not None
-    keeper._proc.stdin.close()  # the pipe's end without a goodbye: the agent died
-    proc.wait(10)
-    wait_for(lambda: _dead(escaped), 10, "the keeper to kill the escaped grandchild")
-    keeper._proc.wait(LINGER_S + 10)  # it watches the container a while, then leaves
+    keeper._proc.stdin.close()
+    return keeper._proc
 
 
 def test_leftovers_record_kills_the_container_and_refuses_a_foreign_cgroup(
@@ -330,16 +337,9 @@ def test_the_keeper_kills_a_container_that_comes_up_after_the_fence(
     client = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
     )
-    started = start_ticks(client.pid)
-    assert started is not None
-    keeper = Keeper(None)
-    keeper.start()
-    now = time.monotonic()
-    keeper.update(now + 100, now + 200, [Group(client.pid, started, str(tmp_path / "w.cid"))])
-    assert keeper._proc is not None and keeper._proc.stdin is not None
-    keeper._proc.stdin.close()  # the agent died: the keeper fences what it was told
+    keeper = _agent_died(client, tmp_path / "w.cid")  # it fences what it was told
     client.wait(10)
     time.sleep(1.0)  # the container's start, still under way, finishes
     proc, escaped = _escaper(tmp_path, name)
     wait_for(lambda: _dead(escaped) and proc.poll() is not None, 10, "the late container killed")
-    keeper._proc.wait(LINGER_S + 10)  # then it leaves
+    keeper.wait(LINGER_S + 10)  # then it leaves
