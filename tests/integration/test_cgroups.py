@@ -334,12 +334,18 @@ def test_the_keeper_kills_a_container_that_comes_up_after_the_fence(
 ) -> None:
     """A container whose start was under way when the agent died (its cgroup empty when the
     keeper fenced) is killed when it comes up, within the keeper's LINGER_S."""
-    client = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
-    )
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    client = subprocess.Popen(sleeper, start_new_session=True)
     keeper = _agent_died(client, tmp_path / "w.cid")  # it fences what it was told
-    client.wait(10)
-    time.sleep(1.0)  # the container's start, still under way, finishes
-    proc, escaped = _escaper(tmp_path, name)
-    wait_for(lambda: _dead(escaped) and proc.poll() is not None, 10, "the late container killed")
-    keeper.wait(LINGER_S + 10)  # then it leaves
+    late: subprocess.Popen[bytes] | None = None
+    try:
+        assert client.wait(10) == -signal.SIGKILL
+        time.sleep(1.0)  # the container's start, still under way, finishes
+        late = subprocess.Popen(sleeper, start_new_session=True, preexec_fn=lambda: _enter(name))
+        assert late.wait(10) == -signal.SIGKILL  # within what is left of LINGER_S
+        keeper.wait(LINGER_S + 10)  # then it leaves
+    finally:
+        for proc in (client, late, keeper):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
