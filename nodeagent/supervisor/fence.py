@@ -213,8 +213,8 @@ def _fence(groups: Sequence[Group], sig: signal.Signals, why: str) -> None:
 def keep(fd: int, clock: Callable[[], float] = time.monotonic) -> int:
     """The keeper's loop: read orders from `fd`, fence when they say so. Returns on EOF.
 
-    After a SIGKILL it watches the fenced containers for LINGER_S (`_linger`): a container whose
-    start its `podman run` asked for just before it was killed can still come up."""
+    After a SIGKILL it watches the fenced containers for LINGER_S (`_kill_late`): a container
+    whose start its `podman run` asked for just before it was killed can still come up."""
     orders, sent, buffer = Orders(), None, b""
     lingering: tuple[tuple[str, ...], float] | None = None  # cidfiles, until when
     while True:

@@ -295,12 +295,10 @@ class Supervisor:
         )
         pump.start()
         cidfile = self._spawner.cidfile(spec)
-        settled = threading.Event()
-        if not cidfile:
-            settled.set()  # a bare worker is gone when its process group is
+        settled = threading.Event() if cidfile else None  # bare: gone with its process group
         threading.Thread(
             target=self._await_exit,
-            args=(popen, spec, None if settled.is_set() else settled),
+            args=(popen, spec, settled),
             name=f"wait-rank-{spec.rank}",
             daemon=True,
         ).start()
