@@ -185,6 +185,8 @@ class NodeLoop:
                         return ended
                     member.poke()  # the pool learns at once that this node serves nothing
             if self._leaving:
+                # STOPPING=1 (once), also when the stop came after this pass's report
+                self._notify.report(self._status_line(), True)
                 if member is not None:
                     member.leave()
                 return None
