@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote
 
 import redis
 from redis.backoff import NoBackoff
@@ -73,7 +73,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     Raises:
         ConfigError: naming redis.url, when the URL has no hosts or no service name.
     """
-    parts = urlsplit(url)
+    parts = redisurl.split(url)
     hosts = _addresses(parts.netloc, 26379, "sentinel")
     path = [p for p in parts.path.split("/") if p]
     if not hosts or not path:
@@ -99,7 +99,7 @@ def parse_cluster_url(url: str) -> ClusterTarget:
     Raises:
         ConfigError: naming redis.url, when the URL names no node or another database than 0.
     """
-    parts = urlsplit(url)
+    parts = redisurl.split(url)
     hosts = _addresses(parts.netloc, 6379, "cluster node")
     problem = redisurl.problem(url)
     if not hosts or problem:

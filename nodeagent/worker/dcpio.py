@@ -195,11 +195,18 @@ _METADATA_CLASSES = frozenset(
 
 class _MetadataUnpickler(pickle.Unpickler):
     """Builds only `_METADATA_CLASSES` and torch's dtypes: a payload naming anything else (the
-    `os.system` of a forged `.metadata`) is refused before it is looked up."""
+    `os.system` of a forged `.metadata`) is refused before it is looked up.
+
+    An enum member comes in one of two forms, depending on the CPython that wrote it: by value
+    (`cls(value)`: 3.10, 3.11.7 and later, 3.12, 3.13) or by name (`getattr(cls, name)`: 3.11.0
+    to 3.11.4, Debian 12's 3.11.2 among them). `builtins.getattr` is therefore answered with
+    `_enum_member`, which looks up a member of an allowed enum and nothing else."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _METADATA_CLASSES:
             return super().find_class(module, name)
+        if name == "getattr" and module in ("builtins", "__builtin__"):  # protocol 2: __builtin__
+            return _enum_member
         if module == "torch":
             import torch
 
@@ -207,6 +214,27 @@ class _MetadataUnpickler(pickle.Unpickler):
             if isinstance(found, torch.dtype):
                 return found
         raise Unsafe(f"{module}.{name} is not part of DCP's metadata: refused, not built")
+
+
+def _enum_member(cls: Any, name: Any) -> Any:
+    """`getattr(cls, name)` as a metadata pickle may ask it: only a member, by its name, of an
+    enum `_METADATA_CLASSES` allows.
+
+    Raises: Unsafe: any other target or name (a class's method, a module's function)."""
+    import enum
+
+    allowed = (
+        isinstance(cls, type)
+        and issubclass(cls, enum.Enum)
+        and (cls.__module__, cls.__qualname__) in _METADATA_CLASSES
+    )
+    if not allowed or not isinstance(name, str) or name not in cls.__members__:
+        target = getattr(cls, "__qualname__", type(cls).__name__)
+        raise Unsafe(
+            f"getattr({target}, {name!r}) is not a member of an enum of DCP's metadata: "
+            "refused, not built"
+        )
+    return cls.__members__[name]
 
 
 def _planner() -> Any:

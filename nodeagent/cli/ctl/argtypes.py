@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, urlunsplit
 
+from nodeagent.config import redisurl
 from nodeagent.config.values import check_name, parse_duration
 from nodeagent.errors import ConfigError, UsageError
 
@@ -68,7 +69,7 @@ def count(value: str) -> int:
 
 def url_password(url: str) -> str | None:
     """The password a URL carries (in its user part or as ?password=), if any."""
-    parts = urlsplit(url)
+    parts = redisurl.split(url)
     auth, at, _ = parts.netloc.rpartition("@")
     if at and ":" in auth:
         return auth.split(":", 1)[1]
@@ -78,7 +79,7 @@ def url_password(url: str) -> str | None:
 
 def with_password(url: str, password: str) -> str:
     """`url` carrying `password` (percent-encoded), keeping its user name if it has one."""
-    parts = urlsplit(url)
+    parts = redisurl.split(url)
     auth, at, hosts = parts.netloc.rpartition("@")
     user = auth.split(":", 1)[0] if at else ""
     return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{hosts}"))
