@@ -39,19 +39,23 @@ def create(path: Path, owner: int | None = None) -> None:
     worker_file(path, owner, LAYOUT.pack(MAGIC, VERSION, 0, -1, 0.0, 0.0))
 
 
-def worker_file(path: Path, owner: int | None, content: bytes = b"") -> None:
-    """A file the agent makes for a worker to write (its progress file, its error file): MODE,
-    `owner`'s (the worker's uid, when it runs as another user), holding `content`. Never a
-    symbolic link: one is replaced, not followed."""
+def worker_file(path: Path, owner: int | None, content: bytes = b"", mode: int = MODE) -> None:
+    """A file the agent makes for a worker to write (its progress file, its error file, its
+    control file): `mode`, `owner`'s (the worker's uid, when it runs as another user), holding
+    `content`. Never a symbolic link: one is replaced, not followed. The mode is set before the
+    owner: the agent holds no CAP_FOWNER under its unit, so it cannot chmod a worker's file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, MODE)
-    except OSError:  # a link (ELOOP) or a file the agent cannot open: start afresh
+        fd = os.open(path, flags, mode)
+        if os.fstat(fd).st_uid != os.geteuid():  # an earlier worker's: not the agent's to chmod
+            os.close(fd)
+            raise PermissionError(path)
+    except OSError:  # a link (ELOOP), a file the agent cannot open or own: start afresh
         path.unlink(missing_ok=True)
-        fd = os.open(path, flags | os.O_EXCL, MODE)
+        fd = os.open(path, flags | os.O_EXCL, mode)
     try:
-        os.fchmod(fd, MODE)  # a file left by an earlier run keeps its mode otherwise
+        os.fchmod(fd, mode)  # a file left by an earlier run keeps its mode otherwise
         if owner is not None:
             os.fchown(fd, owner, -1)
         os.write(fd, content)

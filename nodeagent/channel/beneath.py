@@ -12,12 +12,17 @@ agent's replica area: every later component and the file itself must be owned by
 or by the agent, so a file of another user hard-linked into a tier is not read either.
 openat2's RESOLVE_NO_SYMLINKS would do the walk in one call; Python has no binding for it, and
 a walk of three components costs a few microseconds.
+
+`remove_tree` removes a tier the workers' user may have closed to the agent (which holds no
+CAP_DAC_OVERRIDE under its unit).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
+import stat
 from pathlib import Path
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -61,3 +66,31 @@ def _owned(fd: int, owners: set[int], first: bool) -> None:
         owners.add(uid)
     elif uid not in owners:
         raise OSError(errno.EPERM, f"owned by uid {uid}, not by the tier's owner")
+
+
+def remove_tree(directory: Path) -> None:
+    """Remove `directory` (a direct child of memory_dir, the agent's alone), also where the
+    workers' user closed part of it to the agent: under its unit the agent has no
+    CAP_DAC_OVERRIDE, so a subdirectory a worker made 0700 cannot be entered or emptied. What
+    plain removal leaves is taken back with CAP_CHOWN from the top down, each directory the
+    agent's and 0700 before its entries are looked at (so none can be swapped for a link once
+    looked at: its parent is the agent's alone by then), and removed again. Errors are left:
+    what cannot be removed stays (the sweep of a later start tries again)."""
+    shutil.rmtree(directory, ignore_errors=True)
+    if os.path.lexists(directory):
+        _take_back_tree(str(directory))
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _take_back_tree(path: str) -> None:
+    try:
+        os.chown(path, os.geteuid(), os.getegid(), follow_symlinks=False)
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return
+        os.chmod(path, 0o700)
+        with os.scandir(path) as entries:
+            below = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for entry in below:
+        _take_back_tree(entry)

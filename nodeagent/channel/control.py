@@ -154,12 +154,7 @@ def _initial() -> bytes:
 def create(path: Path, owner: int | None = None) -> None:
     """An empty control file (no assignment, nothing reported), made by the agent before the
     worker starts. `owner` as in progress.create; the mode lets the agent's group write too."""
-    worker_file(path, owner, _initial())
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.fchmod(fd, MODE)
-    finally:
-        os.close(fd)
+    worker_file(path, owner, _initial(), mode=MODE)
 
 
 def encode(message: Message) -> bytes:

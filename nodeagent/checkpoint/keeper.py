@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,13 +22,16 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from nodeagent.channel import manifests, pin, tier
+from nodeagent.channel import beneath, manifests, pin, tier
 from nodeagent.channel.restore import RestoreReport, read_report
 from nodeagent.checkpoint import scan, space
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.model.tiers import MAX_BAD, Held, TierReport
 
 log = logging.getLogger(__name__)
+# The memory tier: the workers' user's, the agent's group's by ACL (so is what the workers make
+# in it), nobody else's. The agent holds no CAP_DAC_OVERRIDE under its unit.
+TIER_MODE = 0o770
 KEEP_PERSISTED = 2  # steps of this node's ranks kept in the persistent tier
 # The longest a settle holds up the next generation: a persist_dir that hangs (a stuck NFS
 # mount) must not stop the job; the copy goes on in the background, and the leader chooses
@@ -114,19 +116,23 @@ class TierKeeper:
         self._protected: int | None = None  # the step the leader records as persisted
         self._pinned: tuple[pin.Pin | None] | None = None  # the pin as written (None: not yet)
         self._reverify = False  # a worker refused a copy: forget what was verified
+        self._group = -1  # the workers' group, which reads the persistent tier (-1: the agent's)
         self.last_persist: Persisted | None = None
         self.problems: list[str] = []  # copies that did not verify, for the agent to say
         self.slow: list[str] = []  # settles given up on, for the agent to say
 
     # -- the agent's calls ------------------------------------------------------------------
 
-    def prepare(self, owner: int | None) -> None:
-        """Make the memory tier (the workers' user owns it, nobody else may enter:
-        space.make_marked), and verify what an earlier agent's workers left in it.
+    def prepare(self, owner: int | None, group: int | None = None) -> None:
+        """Make the memory tier (the workers' user `owner` owns it, the agent's group reads and
+        removes what they save, nobody else may enter: space.make_marked), and verify what an
+        earlier agent's workers left in it. The steps copied to the persistent tier are the
+        workers' group's (`group`) to read.
 
         Raises: ConfigError naming job.checkpoint.memory_dir and what is wrong."""
+        self._group = group if group is not None else -1
         uid = owner if owner is not None else -1
-        space.make_marked(self.memory, "the tier", 0o700, self._node, self._job, uid=uid)
+        space.make_marked(self.memory, "the tier", TIER_MODE, self._node, self._job, uid=uid)
         if self.phase is TierPhase.REMOVED:
             self._move(TierPhase.ACTIVE, "prepared again")
         self.settle(persist=False)
@@ -329,12 +335,12 @@ class TierKeeper:
 
             def after_copy() -> None:
                 thread.join()
-                shutil.rmtree(doomed, ignore_errors=True)
+                beneath.remove_tree(doomed)
 
             threading.Thread(target=after_copy, name="nodeagent-tier-removal", daemon=True).start()
             return
         self._thread = None
-        shutil.rmtree(self.memory, ignore_errors=True)
+        beneath.remove_tree(self.memory)
 
     # -- the background thread --------------------------------------------------------------
 
@@ -370,7 +376,7 @@ class TierKeeper:
         began = self._clock()
         before = [scan.identity(save.slot) for save in newest]
         try:
-            copied = scan.persist(newest, root)
+            copied = scan.persist(newest, root, self._group)
         except manifests.BadCopy:
             if [scan.identity(save.slot) for save in newest] != before:
                 log.info("step %d was replaced while being copied", newest[0].manifest.step)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.channel import fetching, manifests, tier
+from nodeagent.channel import beneath, fetching, manifests, tier
 from nodeagent.checkpoint import scan, sender, space, wire
 from nodeagent.checkpoint import transport as replica
 from nodeagent.checkpoint.transport import Accept, Listening, Refused, ReplicaServer
@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 FETCH_ROUNDS = 20
 FETCH_PAUSE_S = 0.5
 MAX_REFUSED = 64  # refusals kept between two passes of the agent's loop
+# The replica area: the agent's, read by the workers' group (by ACL: every copy in it too,
+# whatever the agent's umask), nobody else's.
+AREA_MODE = 0o750
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class Replicas:
 
         Raises: ConfigError naming job.checkpoint.memory_dir (the area cannot be made)."""
         gid = group if group is not None else -1
-        space.make_marked(self.area, "the replica area", 0o750, self._node, self._job, gid=gid)
+        space.make_marked(self.area, "the replica area", AREA_MODE, self._node, self._job, gid=gid)
         fetching.end(self.area)  # an earlier agent's: its fetches ended with it
         with self._lock:
             self._verified.refresh()
@@ -348,4 +351,4 @@ class Replicas:
         thread = self._thread
         if thread is not None:
             thread.join(timeout=5)
-        shutil.rmtree(self.area, ignore_errors=True)
+        beneath.remove_tree(self.area)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nodeagent.channel import manifests, tier
 from nodeagent.channel.manifests import BadCopy, Manifest
+from nodeagent.checkpoint import space
 from nodeagent.model.tiers import Held
 
 log = logging.getLogger(__name__)
@@ -159,10 +160,12 @@ def newest_whole(saves: Iterable[Save], ranks: Iterable[int]) -> list[Save]:
     return []
 
 
-def persist(saves: list[Save], root: Path) -> Held:
+def persist(saves: list[Save], root: Path, group: int = -1) -> Held:
     """Copy `saves` (one step) to the persistent tier at `root`, each verified byte by byte
-    and fsync'd (manifests.copy_verified). Raises: BadCopy, OSError."""
+    and fsync'd (manifests.copy_verified), readable by the workers' `group` (-1: the agent's)
+    whatever the agent's umask (space.shared_dir). Raises: BadCopy, OSError."""
     step = saves[0].manifest.step
+    space.shared_dir(tier.step_dir(root, step), group)
     for save in saves:
         target = tier.rank_dir(tier.step_dir(root, step), save.manifest.rank)
         manifests.copy_verified(

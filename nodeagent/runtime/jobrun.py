@@ -80,7 +80,10 @@ def _tiers(config: Config) -> TierKeeper | None:
         return None
     keeper = TierKeeper(checkpoint, config.node.name, config.job.id)
     user = config.job.user
-    keeper.prepare(user.uid if user is not None and user.switch else None)
+    if user is not None and user.switch:
+        keeper.prepare(user.uid, user.gid)
+    else:
+        keeper.prepare(None)
     return keeper
 
 
@@ -160,12 +163,12 @@ def _containers(config: Config) -> Containers | None:
 
     def make_dir(path: Path, mode: int, uid: int, gid: int) -> None:
         """A job id may end in `.run` or `.shm`: its memory tier would be another job's
-        directory here, its user's. One marked as another's is refused, not taken over."""
-        marked = space.owner(path)
-        if marked is not None and marked != (node, job):
-            raise OSError(f"{path} is job {marked[1]}'s on node {marked[0]}, not {job}'s")
+        directory here, its user's. One marked as another's is refused, not taken over
+        (space.make_marked)."""
         try:
-            space.make_marked(path, "the job's container files", mode, node, job, uid, gid)
+            space.make_marked(
+                path, "the job's container files", mode, node, job, uid, gid, inherit=False
+            )
         except ConfigError as exc:
             raise OSError(str(exc)) from None
 

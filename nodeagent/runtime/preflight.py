@@ -86,10 +86,15 @@ def check_node(
 def _log_dir(directory: Path, user: WorkerUser | None, create: bool) -> None:
     """log_dir as writable_dir wants it and, for workers of another user, searchable by them
     all the way down (their progress files are below it): what `create` makes is theirs to
-    enter (their group, 0750); what was there already must let them."""
+    enter (their group, 0750); what was there already must let them. A pool node's (`user`
+    None: each job's user is known only when it is placed) is made 0755 whatever the agent's
+    umask, as the unit's LogsDirectoryMode makes /var/log/nodeagent: every job's directory
+    below it is that job's group's (supervisor/ranklogs.py)."""
     missing = [d for d in (*reversed(directory.parents), directory) if not d.exists()]
     writable_dir(directory, "log_dir", create=create)
     if user is None:
+        for made in missing if create else ():
+            os.chmod(made, 0o755)
         return
     if create:
         for made in missing:

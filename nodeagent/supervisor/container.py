@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from nodeagent.channel import tier
+from nodeagent.channel import beneath, tier
 from nodeagent.config.container import ContainerRule, ContainerSpec
 from nodeagent.config.identity import WorkerUser
 from nodeagent.supervisor import cgroups
@@ -277,6 +277,9 @@ TIER_DIRS = (tier.MEMORY_ENV, tier.REPLICAS_ENV, tier.PERSIST_ENV)
 # a parent another user may write, or one marked as another job's (runtime/jobrun.py, with
 # checkpoint/space.py make_marked). Raises OSError.
 MakeDir = Callable[[Path, int, int, int], None]
+# The job's /dev/shm: its user's with the agent's group, so that the agent, which holds no
+# CAP_DAC_OVERRIDE under its unit, can remove what the workers left in it (channel/beneath.py).
+SHM_MODE = 0o770
 
 
 def job_prefix(job: str) -> str:
@@ -336,8 +339,8 @@ class Containers:
             ValueError: a variable an env file cannot carry.
         """
         user = self._user
-        uid, gid = (user.uid, user.gid) if user is not None and user.switch else (-1, -1)
-        self._make_dir(self._shm_dir, 0o700, uid, gid)
+        uid = user.uid if user is not None and user.switch else -1
+        self._make_dir(self._shm_dir, SHM_MODE, uid, os.getegid())
         self._make_dir(self._run_dir, 0o700, os.geteuid(), os.getegid())
         name = self.name(spec)
         env_file = self._run_dir / f"{name}.env"
@@ -364,4 +367,4 @@ class Containers:
         """The job's agent leaves this node (its workers are gone): its env files, cidfiles
         and /dev/shm go."""
         shutil.rmtree(self._run_dir, ignore_errors=True)
-        shutil.rmtree(self._shm_dir, ignore_errors=True)
+        beneath.remove_tree(self._shm_dir)

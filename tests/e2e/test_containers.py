@@ -201,7 +201,9 @@ def test_in_place_survivors_keep_their_containers_and_the_new_rank_restores_from
         os.kill(before["b"][0], signal.SIGKILL)
         cluster.wait_status(lambda d: d["generation"] >= 2 and d["state"] == "running", 60, "gen 2")
         back = restored(cluster, 2)
-        assert back["digest"] == saved_digests(cluster, 1)[back["step"]]  # bit for bit
+        # Up to generation 2: a survivor's line read by the agent after the re-form is in the
+        # new generation's log, though its process saved the step before it.
+        assert back["digest"] == saved_digests(cluster, 2)[back["step"]]  # bit for bit
         assert tiers_said(cluster, 2, 3) == {"memory"}
         wait_until_step(cluster, 2, back["step"] + 4)
         after = {node: _workers(job_id, node, FSDP) for node in ("a", "b", "c")}

@@ -27,6 +27,7 @@ from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
 from nodeagent.supervisor.fence import KEEPER_MODULE
 from tests.helpers.runas import AS_TESTER
+from tests.helpers.unitcaps import unit_prefix
 
 WORKER = Path(__file__).with_name("worker.py")
 T = TypeVar("T")
@@ -134,11 +135,17 @@ def start_agent(
     env: dict[str, str] | None = None,
 ) -> AgentProcess:
     """`nodeagent run --config CONFIG` in a session of its own (a command `prefix` such as
-    `ip netns exec NS` first), its output appended to DIRECTORY/agent-NAME.log."""
+    `ip netns exec NS` first), its output appended to DIRECTORY/agent-NAME.log.
+
+    Run as root, the agent has what its shipped unit gives it, not more: the unit's capability
+    bounding set (no CAP_DAC_OVERRIDE), no new privileges, its umask (tests/helpers/unitcaps.py).
+    What only works as full root would not work on a node."""
     log_path = directory / f"agent-{name}.log"
+    unit = unit_prefix() if os.geteuid() == 0 else []
+    argv = [sys.executable, "-m", "nodeagent", "run", "--config", str(config)]
     with log_path.open("ab") as log_file:
         proc = subprocess.Popen(
-            [*(prefix or []), sys.executable, "-m", "nodeagent", "run", "--config", str(config)],
+            [*(prefix or []), *unit, *argv],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,

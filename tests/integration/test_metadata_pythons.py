@@ -25,7 +25,7 @@ from nodeagent.channel import tier
 torch = pytest.importorskip("torch")
 
 from nodeagent.worker import dcpio  # noqa: E402
-from tests.integration.test_safe_load import reseal, restored, saved  # noqa: E402
+from tests.helpers.safeload import reseal, restored, saved  # noqa: E402
 
 _METADATA = "torch.distributed.checkpoint.metadata"
 _PLANNER = "torch.distributed.checkpoint.planner"

@@ -5,8 +5,6 @@ next source is restored, and the payload never runs. One process, no process gro
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import pickle
 import shlex
@@ -15,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from nodeagent.channel import manifests, restore, tier
+from nodeagent.channel import tier
+from tests.helpers.safeload import reseal, restored, saved
 
 torch = pytest.importorskip("torch")
 
@@ -28,46 +27,6 @@ class Payload:
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         return os.system, (f"touch {shlex.quote(str(self.marker))}",)
-
-
-def reseal(slot: Path) -> None:
-    """The manifest made to match the slot's files again: what a forger who got past the digest
-    check would have; the worker must not depend on it to stay safe."""
-    manifest = manifests.read_manifest(slot)
-    manifests.write_manifest(slot, dataclasses.replace(manifest, files=manifests.summarize(slot)))
-    manifests.verify(slot)
-
-
-def saved(memory: Path, *steps: int) -> Any:
-    """A rank's TrainState (epoch 2) saved at `steps` into the memory tier `memory`."""
-    from nodeagent.worker import Checkpointer, TrainState
-
-    model = torch.nn.Linear(4, 3)
-    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1), epoch=2)
-    ck = Checkpointer(env={"RANK": "0", "WORLD_SIZE": "1", tier.MEMORY_ENV: str(memory)})
-    for step in steps:
-        assert ck.save(state, step)
-        ck.wait()
-    return state
-
-
-def restored(tmp_path: Path, order: str) -> tuple[int, int, list[tuple[str, str, str]]]:
-    """(step restored, the epoch it carries, [(source, kind, reason) refused]) of a new rank."""
-    from nodeagent.worker import Checkpointer, TrainState
-
-    model = torch.nn.Linear(4, 3)
-    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1), epoch=0)
-    report = tmp_path / "report.json"
-    env = {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        tier.MEMORY_ENV: str(tmp_path / "m"),
-        restore.RESTORE_ENV: order,
-        restore.RESTORE_REPORT_ENV: str(report),
-    }
-    step = Checkpointer(env=env).restore(state)
-    refused = json.loads(report.read_text())["refused"]
-    return step, state.epoch, [(r["source"], r["kind"], r["reason"]) for r in refused]
 
 
 def test_a_payload_in_a_value_or_in_metadata_is_refused_and_never_runs(tmp_path: Path) -> None:

@@ -182,10 +182,11 @@ def test_a_jobs_containers_have_their_own_directories_names_and_cidfiles(tmp_pat
     argv, env = containers.command(_spec(tmp_path, 1, 3))
     assert argv == ["podman", "run", "nodeagent-1-j-a-g3-rank1"]
     assert set(env) <= {"PATH", "HOME"}
-    # The job's /dev/shm is its user's; the env files and cidfiles the agent's (taken back if
-    # a user had made the directory first).
+    # The job's /dev/shm is its user's with the agent's group (which removes what the workers
+    # left there without CAP_DAC_OVERRIDE); the env files and cidfiles the agent's alone (taken
+    # back if a user had made the directory first).
     agent = (os.geteuid(), os.getegid())
-    assert (shm, 0o700, 1000, 1000) in made and (run, 0o700, *agent) in made
+    assert (shm, 0o770, 1000, os.getegid()) in made and (run, 0o700, *agent) in made
     (launch,) = runtime.launches
     assert launch.cidfile == stale and not stale.exists()
     assert containers.cidfile(_spec(tmp_path, 1, 3)) == stale

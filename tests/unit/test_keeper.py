@@ -170,7 +170,7 @@ def test_a_link_where_the_tier_goes_is_refused_not_followed(tmp_path: Path) -> N
     k.memory.parent.mkdir(mode=0o755)
     (tmp_path / "etc").mkdir(mode=0o755)
     k.memory.symlink_to(tmp_path / "etc")
-    with pytest.raises(ConfigError, match="a link or a file where the tier goes"):
+    with pytest.raises(ConfigError, match="a link where the tier goes, not a directory"):
         k.prepare(65534)
     assert (tmp_path / "etc").stat().st_uid == os.geteuid()  # not handed to the user
 
