@@ -53,9 +53,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 # Under pytest-xdist (-n, --dist loadgroup), the tests of each of these folders run one after
-# another on one worker: the chaos suite's namespaces share a subnet, and two trainings at once
-# on two cores would time each other out.
-SERIAL_GROUPS = ("chaos", "e2e")
+# another on one worker: the chaos suite's namespaces share a subnet, two trainings at once on
+# two cores would time each other out, and the booted nodes are booted once for their folder.
+SERIAL_GROUPS = ("chaos", "e2e", "booted")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

@@ -1,0 +1,196 @@
+"""Issue 51: nodeagent as a node runs it. Three nodes booted with systemd as PID 1, Redis and
+nodeagent installed by the Ansible role (tests/booted/conftest.py); the shipped unit runs the
+agent (no CAP_DAC_OVERRIDE, UMask=0027, the sandbox), Debian's own Python runs it, munged from
+Debian's package signs the requests. Each test acts as an operator or a user would, on the nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+import pytest
+
+from tests.helpers.booted import ROOT, BootedPool, Node
+from tests.helpers.cluster import wait_for
+
+pytestmark = [pytest.mark.booted, pytest.mark.timeout(600)]
+PYTHON = ROOT / ".venv" / "bin" / "python"  # this checkout's venv (torch), seen by every node
+EVERY = 6  # steps between saves of the FSDP2 job
+
+
+def jobs(pool: BootedPool) -> dict[str, dict[str, Any]]:
+    return {j["job"]: j for j in json.loads(pool.ctl("jobs", "--json"))["jobs"]}
+
+
+def status(pool: BootedPool, job: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(pool.ctl("--job", job, "status", "--json"))
+    return found
+
+
+def rank_lines(pool: BootedPool, job: str, generation: int) -> list[dict[str, Any]]:
+    """The JSON lines the ranks of `generation` printed, from every node's rank logs."""
+    found = []
+    for node in pool.nodes:
+        text = node.sh(f"cat /var/log/nodeagent/{job}/{generation}/rank-*.log", check=False).stdout
+        found += [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return found
+
+
+def test_the_role_makes_a_pool_that_runs_each_job_as_its_submitter(pool: BootedPool) -> None:
+    """Every node's agent runs under the shipped unit and joins the pool; alice's and bob's
+    jobs run as alice and bob (MUNGE says who submitted), and the ranks' output is in the
+    journal."""
+    for node in pool.nodes:
+        unit = node.systemctl("show", "-p", "ActiveState,User,ExecStart", "nodeagent").stdout
+        assert "ActiveState=active" in unit and "/opt/nodeagent/venv/bin/nodeagent" in unit
+        python = node.sh("readlink -f /opt/nodeagent/venv/bin/python").stdout.strip()
+        assert python == "/usr/bin/python3.11", python  # Debian's own
+    nodes = json.loads(pool.ctl("nodes", "--json"))["nodes"]
+    assert sorted(n["name"] for n in nodes) == ["n1", "n2", "n3"], nodes
+    for user in ("alice", "bob"):
+        script = f"echo {user}-runs-as-uid=$(id -u) && sleep 30"
+        pool.ctl(
+            "submit",
+            f"--name=who-{user}",
+            "--nodes=1",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+            user=user,
+        )
+    for user, uid in (("alice", 2001), ("bob", 2002)):
+        said = f"{user}-runs-as-uid={uid}"
+
+        def in_journal(said: str = said) -> Node | None:
+            return next((n for n in pool.nodes if said in n.journal()), None)
+
+        wait_for(in_journal, 120, f"{said} in a node's journal")
+        assert jobs(pool)[f"who-{user}"]["user"] == user
+    for user in ("alice", "bob"):
+        pool.ctl("cancel", f"who-{user}", user=user)
+
+
+def _fsdp_spec(job: str, nodes: int, steps: int) -> dict[str, Any]:
+    return {
+        "id": job,
+        "entrypoint": [
+            str(PYTHON),
+            str(ROOT / "examples" / "train_fsdp.py"),
+            *("--steps", str(steps), "--save-every", str(EVERY), "--step-time", "0.15"),
+            "--digest",
+        ],
+        "min_nodes": nodes - 1,
+        "max_nodes": nodes,
+        "target_nodes": nodes,
+        "max_restarts": 5,
+        "env": {"OMP_NUM_THREADS": "1"},
+        "checkpoint": {"memory_size": "64MiB", "replicas": 1},
+    }
+
+
+def _submit_spec(pool: BootedPool, user: str, spec: dict[str, Any]) -> None:
+    path = f"/tmp/{spec['id']}.json"
+    pool.node("n1").sh(f"echo {shlex.quote(json.dumps(spec))} > {path} && chmod 644 {path}")
+    pool.ctl("submit", path, user=user)
+
+
+def _restored(pool: BootedPool, job: str, generation: int, world: int) -> dict[str, Any]:
+    """Rank 0's restore in `generation`, once every rank restored the same step."""
+
+    def probe() -> dict[str, Any] | None:
+        found = [x for x in rank_lines(pool, job, generation) if x["event"] == "restored"]
+        if len(found) < world:
+            return None
+        assert len({x["step"] for x in found}) == 1, f"ranks restored different steps: {found}"
+        return next(x for x in found if x["rank"] == 0)
+
+    return wait_for(probe, 180, f"generation {generation} of {job} to restore")
+
+
+def _tiers_said(pool: BootedPool, job: str, generation: int, nodes: int) -> set[str]:
+    """The tiers every node's agent said its ranks restored `generation` from."""
+
+    def probe() -> list[dict[str, Any]] | None:
+        lines = pool.ctl("--job", job, "events", "--json").splitlines()
+        said = [e for line in lines if (e := json.loads(line))["type"] == "checkpoint_restored"]
+        said = [e for e in said if e["generation"] == generation]
+        return said if len(said) >= nodes else None
+
+    return {e["data"]["tier"] for e in wait_for(probe, 60, f"{nodes} restore events")}
+
+
+def _saved(pool: BootedPool, job: str, upto: int, step: int) -> str:
+    """The digest rank 0 printed when it saved `step`, in a generation up to `upto` (read
+    again until found: a node's `podman exec` can fail for a moment)."""
+
+    def probe() -> str | None:
+        for generation in range(1, upto + 1):
+            for x in rank_lines(pool, job, generation):
+                if x["event"] == "saved" and x["rank"] == 0 and x["step"] == step:
+                    return str(x["digest"])
+        return None
+
+    return wait_for(probe, 30, f"rank 0's save of step {step}")
+
+
+def _committed(pool: BootedPool, job: str, at_least: int) -> int:
+    def probe() -> int | None:
+        step = (status(pool, job).get("checkpoints") or {}).get("committed")
+        return step if step is not None and step >= at_least else None
+
+    try:
+        return wait_for(probe, 180, f"a committed step >= {at_least}")
+    except AssertionError:
+        said = {n.name: n.journal()[-3000:] for n in pool.nodes}
+        raise AssertionError(f"{jobs(pool).get(job)}\n{status(pool, job)}\n{said}") from None
+
+
+def _reformed(pool: BootedPool, job: str, after: int, world: int) -> int:
+    def probe() -> int | None:
+        found = status(pool, job)
+        good = found["generation"] > after and found["world_size"] == world
+        return found["generation"] if good and found["state"] == "running" else None
+
+    return wait_for(probe, 180, f"{job} re-formed at world {world} after generation {after}")
+
+
+def _node_of_rank(pool: BootedPool, job: str, rank: int) -> Node:
+    for node in pool.nodes:
+        if node.sh(f"ls /var/log/nodeagent/{job}/rank-{rank}.log", check=False).returncode == 0:
+            return node
+    raise AssertionError(f"no node has rank {rank}'s log")
+
+
+def test_the_memory_tier_restores_a_lost_worker_and_a_lost_node_bitwise(pool: BootedPool) -> None:
+    """alice's FSDP2 job with the memory tier and one copy of each save, on all three nodes,
+    the default memory_dir and job user: a worker SIGKILLed, then a whole node's power cut.
+    Each time the job re-forms and every rank restores from memory (its own, then its peers'
+    copies), bit for bit the state saved, no older than the committed step."""
+    job = "fsdp-alice"
+    _submit_spec(pool, "alice", _fsdp_spec(job, nodes=3, steps=2000))
+    committed = _committed(pool, job, 2 * EVERY)
+    generation = status(pool, job)["generation"]
+
+    victim = _node_of_rank(pool, job, 2)
+    victim.sh("pkill -KILL -u alice -f train_fsdp.py")
+    generation = _reformed(pool, job, generation, world=3)
+    back = _restored(pool, job, generation, world=3)
+    assert back["step"] >= committed, back
+    assert back["digest"] == _saved(pool, job, generation - 1, back["step"])
+    assert _tiers_said(pool, job, generation, 3) == {"memory"}
+
+    committed = _committed(pool, job, back["step"] + 2 * EVERY)
+    lost = _node_of_rank(pool, job, 1)
+    lost.kill()
+    try:
+        generation = _reformed(pool, job, generation, world=2)
+        back = _restored(pool, job, generation, world=2)
+        assert back["step"] >= committed, back
+        assert back["digest"] == _saved(pool, job, generation - 1, back["step"])
+        assert _tiers_said(pool, job, generation, 2) == {"memory"}  # from peers' copies
+    finally:
+        lost.boot()
+    pool.ctl("cancel", job, user="alice")

@@ -1,0 +1,425 @@
+"""Nodes booted with systemd as PID 1, as a site's nodes are: podman containers made from this
+machine's own root filesystem (an overlay: nothing written reaches the host), each with its own
+address on a podman network of the test's own, installed by the Ansible role over SSH.
+
+A `Node` is what an operator has of a node: `systemctl`, `journal`, a shell, `kill` (a power
+loss) and `boot` (the same container started again: its disk, the overlay, is kept; /run,
+/tmp and /dev/shm are new), and its `address`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import random
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# Units of this machine that would start in every node and that no test needs (the host's
+# Prometheus for promtool, its exporter); named on systemd's command line, as a kernel's would.
+MASKED = (
+    "prometheus.service",
+    "prometheus-node-exporter.service",
+    "postgresql.service",
+    "podman.service",
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+)
+RUNC = ["--runtime=runc"] if shutil.which("runc") else []
+SHM = "1g"  # the memory tier and the workers' /dev/shm (podman's default is 64 MiB)
+
+
+def booted_missing() -> str | None:
+    """Why nodes cannot be booted here (None: they can)."""
+    if os.geteuid() != 0:
+        return "booting nodes needs root's podman"
+    for program, package in (("podman", "podman"), ("sshd", "openssh-server")):
+        found = shutil.which(program) or Path(f"/usr/sbin/{program}").exists()
+        if not found:
+            return f"{program} is missing (Debian's {package}; .ci/setup installs it)"
+    if not Path("/lib/systemd/systemd").exists():
+        return "systemd is not installed"
+    return None
+
+
+@dataclass
+class Node:
+    name: str
+    container: str
+    address: str
+
+    def sh(
+        self, script: str, user: str = "root", check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """`script` run by /bin/sh on the node as `user`."""
+        done = subprocess.run(
+            ["podman", "exec", "--user", user, self.container, "/bin/sh", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"{self.name}: {script!r} exited {done.returncode}: {done.stdout}{done.stderr}"
+            )
+        return done
+
+    def systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.sh("systemctl " + " ".join(args), check=check)
+
+    def journal(self, unit: str = "nodeagent", since: str | None = None) -> str:
+        """What `journalctl -u UNIT` shows (since a `journalctl --since` time, if given)."""
+        more = f" --since '{since}'" if since else ""
+        return self.sh(f"journalctl --no-pager -o cat -u {unit}{more}", check=False).stdout
+
+    def now(self) -> str:
+        """The node's clock, as `journalctl --since` takes it."""
+        return self.sh("date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
+
+    def main_pid(self, unit: str = "nodeagent") -> int:
+        return int(self.systemctl("show", "-p", "MainPID", "--value", unit).stdout.strip())
+
+    def kill(self) -> None:
+        """The node loses its power: every process dies at once, nothing is told."""
+        subprocess.run(["podman", "kill", self.container], capture_output=True, timeout=60)
+        subprocess.run(["podman", "wait", self.container], capture_output=True, timeout=60)
+
+    def boot(self) -> None:
+        """The node starts again (its disk kept), until systemd says it is up."""
+        subprocess.run(["podman", "start", self.container], check=True, capture_output=True)
+        self.wait_booted()
+
+    def wait_booted(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            done = subprocess.run(
+                ["podman", "exec", self.container, "systemctl", "is-system-running"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            state = done.stdout.strip()
+            if state in ("running", "degraded"):
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{self.name} did not boot in {timeout:g}s (systemd says {state!r})")
+
+
+@dataclass
+class Network:
+    name: str
+    subnet: ipaddress.IPv4Network
+
+    def address(self, index: int) -> str:
+        return str(self.subnet.network_address + 10 + index)
+
+
+@contextlib.contextmanager
+def network(tag: str) -> Iterator[Network]:
+    """A podman network of the test's own, on a subnet no other network here uses."""
+    taken = subprocess.run(
+        ["podman", "network", "ls", "--format", "{{range .Subnets}}{{.Subnet}} {{end}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    used = [ipaddress.ip_network(s) for s in taken if ":" not in s]
+    for _ in range(100):
+        subnet = ipaddress.ip_network(
+            f"10.{random.randint(160, 250)}.{random.randint(0, 255)}.0/24"
+        )
+        if not any(subnet.overlaps(u) for u in used):
+            break
+    name = f"nodeagent-booted-{tag}"
+    subprocess.run(
+        ["podman", "network", "create", "--subnet", str(subnet), name],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield Network(name, ipaddress.IPv4Network(subnet))
+    finally:
+        if os.environ.get("NODEAGENT_BOOTED_KEEP") != "1":
+            subprocess.run(["podman", "network", "rm", "-f", name], capture_output=True)
+
+
+# Directories of the nodes' disks that start empty, as on a machine that boots: the host's own
+# (its runtime state, sockets of its daemons) would be copied into each node's tmpfs by podman's
+# systemd mode (tmpcopyup), which cannot copy a socket and refuses to start.
+EMPTY = ("tmp", "run", "var/log/journal")
+DISKS = Path("/var/lib/nodeagent-booted")
+
+
+def _disk(name: str, tag: str) -> Path:
+    """The node's root file system: an overlay of this machine's (never written) and an upper
+    directory of the node's own, which outlives a power loss; its mount point."""
+    base = DISKS / tag / name
+    upper, work, merged = base / "upper", base / "work", base / "merged"
+    for directory in (work, merged):
+        directory.mkdir(parents=True)
+    for empty in EMPTY:
+        path = upper / empty
+        path.mkdir(parents=True)
+        os.setxattr(path, "trusted.overlay.opaque", b"y")  # nothing of the host's below it
+    (upper / "tmp").chmod(0o1777)
+    # What this machine has and a site's node does not: pyenv's Pythons before Debian's on
+    # root's PATH (its .bashrc), which the role's `python3 -m venv` would find first.
+    home = upper / "root"
+    home.mkdir(mode=0o700)
+    os.mknod(home / ".pyenv", stat.S_IFCHR, os.makedev(0, 0))  # an overlay's whiteout
+    shutil.copyfile("/etc/skel/.bashrc", home / ".bashrc")
+    subprocess.run(
+        [
+            "mount",
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir=/,upperdir={upper},workdir={work}",
+            str(merged),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return merged
+
+
+def boot_nodes(names: Sequence[str], net: Network, tag: str) -> list[Node]:
+    """Containers with systemd as PID 1 from this machine's root file system, booted."""
+    nodes = []
+    for index, name in enumerate(names):
+        container = f"nodeagent-booted-{tag}-{name}"
+        node = Node(name, container, net.address(index + 1))
+        nodes.append(node)
+        subprocess.run(
+            [
+                "podman",
+                *RUNC,
+                "run",
+                "-d",
+                f"--name={container}",
+                f"--hostname={name}",
+                f"--network={net.name}",
+                f"--ip={node.address}",
+                "--systemd=always",
+                f"--shm-size={SHM}",
+                "--ulimit=nofile=4096:4096",
+                "--ulimit=nproc=4096:4096",
+                "--rootfs",
+                str(_disk(name, tag)),
+                "/lib/systemd/systemd",
+                *(f"systemd.mask={unit}" for unit in MASKED),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    for node in nodes:
+        node.wait_booted()
+    return nodes
+
+
+def remove_nodes(tag: str) -> None:
+    """Every node booted under `tag`, its container and its disk."""
+    names = subprocess.run(
+        [
+            "podman",
+            "ps",
+            "-a",
+            "--format",
+            "{{.Names}}",
+            "--filter",
+            f"name=nodeagent-booted-{tag}-",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for container in names:
+        subprocess.run(
+            ["podman", "rm", "-f", "-t", "0", container], capture_output=True, timeout=120
+        )
+    for merged in (DISKS / tag).glob("*/merged"):
+        subprocess.run(["umount", "-l", str(merged)], capture_output=True, timeout=60)
+    shutil.rmtree(DISKS / tag, ignore_errors=True)
+
+
+def new_tag() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+# -- a pool of booted nodes, installed by the role ------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE = ROOT / "ansible"
+NAMES = ("n1", "n2", "n3")
+USERS = {"alice": 2001, "bob": 2002}  # the site's users (its LDAP), the same uid on each node
+TIMING = {"heartbeat_interval": "500ms", "lease_ttl": "5s", "stop_grace_period": "20s"}
+
+
+@dataclass
+class BootedPool:
+    """Three booted nodes serving one pool (pool.auth: munge), Redis on n1, all installed by
+    the role; `share` is a directory of this machine every node sees (its overlay's lower)."""
+
+    nodes: list[Node]
+    share: Path
+    inventory: Path
+    passwords: dict[str, str]
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    @property
+    def redis_host(self) -> Node:
+        return self.nodes[0]
+
+    def url(self, who: str) -> str:
+        """The Redis URL of `who` (agent, operator, submitter), as the role made its user."""
+        user = {"agent": "nodeagent-agent", "operator": "nodeagent-operator"}.get(
+            who, "nodeagent-submitter"
+        )
+        return f"redis://{user}:{self.passwords[who]}@{self.redis_host.address}:6379/0"
+
+    def ctl(self, *args: str, user: str = "root", node: str = "n1", check: bool = True) -> str:
+        """`nodeagentctl ARGS` on `node` as `user`: root as an operator, another user as a
+        submitter (its MUNGE credential signs what it asks)."""
+        who = "operator" if user == "root" else "submitter"
+        quoted = " ".join(shlex.quote(a) for a in args)
+        script = f"/opt/nodeagent/venv/bin/nodeagentctl --redis {self.url(who)} {quoted}"
+        return self.node(node).sh(script, user=user, check=check, timeout=300).stdout
+
+    def playbook(self, *playbooks: str, extra: dict[str, str] | None = None) -> str:
+        """`ansible-playbook` of `playbooks` against the nodes, from this machine (the
+        controller) over SSH; its output. Fails the test on a failed play."""
+        args = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(self.inventory)]
+        for name, value in (extra or {}).items():
+            args += ["-e", f"{name}={value}"]
+        done = subprocess.run(
+            [*args, *playbooks],
+            cwd=ANSIBLE,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "False", "ANSIBLE_NOCOLOR": "1"},
+        )
+        assert done.returncode == 0, f"{playbooks} failed:\n{done.stdout[-6000:]}{done.stderr}"
+        return done.stdout
+
+
+def _wheelhouse(share: Path) -> Path:
+    """This checkout's wheel and its dependencies' (pip's cache: the nodes install offline)."""
+    wheels = share / "wheels"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wheels), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert built.returncode == 0, built.stderr
+    return next(wheels.glob("nodeagent-*.whl"))
+
+
+def _authorize(nodes: Sequence[Node], directory: Path) -> Path:
+    """An SSH key of the controller's, authorized for root on every node."""
+    key = directory / "id_ed25519"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
+        check=True,
+        capture_output=True,
+    )
+    public = key.with_suffix(".pub").read_text().strip()
+    for node in nodes:
+        node.sh(
+            "mkdir -p /root/.ssh && chmod 700 /root/.ssh && "
+            f"echo {shlex.quote(public)} > /root/.ssh/authorized_keys && "
+            "chmod 600 /root/.ssh/authorized_keys && systemctl start ssh"
+        )
+    return key
+
+
+def _inventory(
+    nodes: Sequence[Node], key: Path, wheel: Path, passwords: dict[str, str], path: Path
+) -> Path:
+    redis = nodes[0]
+    agent_url = f"redis://nodeagent-agent:{passwords['agent']}@{redis.address}:6379/0"
+    inventory = {
+        "all": {
+            "vars": {
+                "ansible_user": "root",
+                "ansible_become": False,
+                "ansible_python_interpreter": "/usr/bin/python3",
+                "ansible_ssh_private_key_file": str(key),
+                "ansible_ssh_common_args": "-o StrictHostKeyChecking=no "
+                "-o UserKnownHostsFile=/dev/null",
+            },
+            "children": {
+                "redis": {
+                    "hosts": {redis.name: {"ansible_host": redis.address}},
+                    "vars": {
+                        "redis_bind": redis.address,
+                        "redis_agent_password": passwords["agent"],
+                        "redis_operator_password": passwords["operator"],
+                        "redis_submitter_password": passwords["submitter"],
+                    },
+                },
+                "nodeagent_nodes": {
+                    "hosts": {
+                        n.name: {"ansible_host": n.address, "nodeagent_node_address": n.address}
+                        for n in nodes
+                    },
+                    "vars": {
+                        "nodeagent_package": str(wheel),
+                        "nodeagent_pip_extra_args": f"--no-index --find-links {wheel.parent}",
+                        "nodeagent_redis_url": agent_url,
+                        "nodeagent_pool_users": sorted(USERS),
+                        "nodeagent_pool_auth": "munge",
+                        "nodeagent_timing": TIMING,
+                    },
+                },
+            },
+        }
+    }
+    path.write_text(json.dumps(inventory, indent=1))
+    return path
+
+
+@contextlib.contextmanager
+def booted_pool(directory: Path) -> Iterator[BootedPool]:
+    """Boot NAMES, install Redis (n1) and nodeagent (every node) with the role, the pool's
+    users made as a site's directory service would; removed at the end (kept, to look at
+    them, with NODEAGENT_BOOTED_KEEP=1: `podman exec -it nodeagent-booted-TAG-n1 bash`, then
+    remove_nodes(TAG) and the network `nodeagent-booted-TAG`)."""
+    tag = new_tag()
+    share = Path(f"/var/tmp/nodeagent-booted-{tag}")  # made before the nodes boot: they see it
+    share.mkdir(mode=0o755)
+    try:
+        wheel = _wheelhouse(share)
+        with network(tag) as net:
+            try:
+                nodes = boot_nodes(NAMES, net, tag)
+                key = _authorize(nodes, directory)
+                for node in nodes:
+                    for user, uid in USERS.items():
+                        node.sh(f"useradd -u {uid} -U -M -d /nonexistent -s /bin/sh {user}")
+                passwords = {w: uuid.uuid4().hex for w in ("agent", "operator", "submitter")}
+                inventory = _inventory(nodes, key, wheel, passwords, directory / "inventory.json")
+                made = BootedPool(nodes, share, inventory, passwords)
+                made.playbook("redis.yml", "site.yml")
+                yield made
+            finally:
+                if os.environ.get("NODEAGENT_BOOTED_KEEP") != "1":
+                    remove_nodes(tag)
+    finally:
+        if os.environ.get("NODEAGENT_BOOTED_KEEP") != "1":
+            shutil.rmtree(share, ignore_errors=True)
