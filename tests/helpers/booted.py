@@ -36,6 +36,7 @@ MASKED = (
     "apt-daily-upgrade.timer",
 )
 RUNC = ["--runtime=runc"] if shutil.which("runc") else []
+CHECKOUT = Path(__file__).resolve().parents[2]
 SHM = "1g"  # the memory tier and the workers' /dev/shm (podman's default is 64 MiB)
 
 
@@ -214,6 +215,9 @@ def boot_nodes(names: Sequence[str], net: Network, tag: str) -> list[Node]:
                 f"--ip={node.address}",
                 "--systemd=always",
                 f"--shm-size={SHM}",
+                # This checkout (its venv, torch, the example scripts) at its own path, wherever
+                # it is (under /tmp, which starts empty on a node, too).
+                f"--volume={CHECKOUT}:{CHECKOUT}:ro",
                 "--ulimit=nofile=4096:4096",
                 "--ulimit=nproc=4096:4096",
                 "--rootfs",
