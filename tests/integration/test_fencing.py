@@ -288,6 +288,9 @@ def test_restarted_agent_kills_what_its_predecessor_left(
         gen = cluster.wait_running(2)["generation"]
         child = _child_alive(cluster, gen, "b")
         assert child is not None
+        # Frozen first: an agent that saw its keeper die would start another one (CI saw that
+        # keeper fence the leftovers when the agent was killed a moment later).
+        cluster.agents["b"].proc.send_signal(signal.SIGSTOP)
         keeper = cluster.keeper_pid("b")
         assert keeper is not None
         os.kill(keeper, signal.SIGKILL)
