@@ -15,7 +15,7 @@ While the job runs, a thread samples every POLL_S, on this machine's clock:
 - the job record (the committed step) and every node's report (what it says its memory tier
   and replica area hold): the first sample that shows each;
 - every manifest in the nodes' memory tiers and replica areas (`<memory_dir>/<node>.<job>` and
-  `.replicas`): its mtime, written last, is when a rank's save was written (memory tier) and
+  `+replicas`): its mtime, written last, is when a rank's save was written (memory tier) and
   when its copy landed on the peer (replica area: checkpoint/transport.py writes the manifest
   last).
 And a second thread follows Redis' MONITOR for the copies hash: when the leader's HAND_OUT
@@ -162,7 +162,7 @@ class Sampler:
         for name in NODES:
             memory = self._shm / f"{name}.{self._job}"
             self._manifests("written", name, memory.glob("rank-*/slot-*/manifest.json"))
-            replicas = Path(f"{memory}.replicas")
+            replicas = Path(f"{memory}+replicas")
             self._manifests("landed", name, replicas.glob("*/rank-*/slot-*/manifest.json"))
 
     def _manifests(self, what: str, node: str, paths: Any) -> None:

@@ -30,9 +30,10 @@ import re
 import shutil
 import stat
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from nodeagent.channel.beneath import open_beneath
 
@@ -223,12 +224,32 @@ def _count(data: Mapping[str, object], key: str, where: str) -> int:
 
 def checksum(path: Path, expected: FileSum | None = None, beneath: Path | None = None) -> FileSum:
     """Size and SHA-256 of a file (its CRC-32 where `expected` is of a format-1 manifest), read
-    in chunks (SHA-256: 2.1 GB/s on one core here). `beneath`: as open_plain's."""
+    in chunks (SHA-256: 2.1 GB/s on one core here). `beneath`: as open_plain's.
+
+    With `expected`, a file of another size is not read (its size alone is returned: it cannot
+    match; a worker's 2 GiB sparse file under a manifest of a few bytes was read whole by the
+    root agent: issue 52), and no more than that size and one byte (it may grow meanwhile)."""
     summer = Summer(expected)
     with os.fdopen(open_plain(path, beneath), "rb") as f:
-        while chunk := f.read(CHUNK):
+        if expected is not None:
+            size = os.fstat(f.fileno()).st_size
+            if size != expected.size:
+                return FileSum(size)
+        for chunk in _chunks(f, None if expected is None else expected.size + 1):
             summer.update(chunk)
     return summer.result()
+
+
+def _chunks(f: BinaryIO, most: int | None) -> Iterator[bytes]:
+    """The bytes of the open file `f` in chunks of CHUNK, no more than `most` (None: all)."""
+    left = most
+    while left is None or left > 0:
+        chunk = f.read(CHUNK if left is None else min(CHUNK, left))
+        if not chunk:
+            return
+        if left is not None:
+            left -= len(chunk)
+        yield chunk
 
 
 def summarize(directory: Path) -> dict[str, FileSum]:
@@ -242,9 +263,12 @@ def summarize(directory: Path) -> dict[str, FileSum]:
     }
 
 
-def read_manifest(directory: Path, beneath: Path | None = None) -> Manifest:
+def read_manifest(
+    directory: Path, beneath: Path | None = None, most: int | None = None
+) -> Manifest:
     """The manifest of a save, not yet verified against its files (`beneath`: as open_plain's).
-    Raises: BadCopy."""
+    `most`: the bytes a rank's save may take where it lies (the tier's bound): a manifest
+    naming more is refused before any file of it is read. Raises: BadCopy."""
     path = directory / MANIFEST
     if not os.path.lexists(path):
         raise NoSave(f"{directory}: no {MANIFEST} (no save, or one cut short)")
@@ -255,16 +279,25 @@ def read_manifest(directory: Path, beneath: Path | None = None) -> Manifest:
         raise BadCopy(f"{path}: {exc.strerror}") from None
     if len(raw) > MANIFEST_MAX:
         raise BadCopy(f"{path}: more than {MANIFEST_MAX} bytes, not a manifest nodeagent wrote")
-    return Manifest.from_json(raw, str(path))
+    manifest = Manifest.from_json(raw, str(path))
+    if most is not None and manifest.size > most:
+        raise BadCopy(
+            f"{path}: names {manifest.size:,} bytes, more than the {most:,} a rank's save may "
+            "take here (checkpoint.memory_size): not read"
+        )
+    return manifest
 
 
 def verify(
-    directory: Path, names: Iterable[str] | None = None, beneath: Path | None = None
+    directory: Path,
+    names: Iterable[str] | None = None,
+    beneath: Path | None = None,
+    most: int | None = None,
 ) -> Manifest:
     """The manifest of the save in `directory` once every file it names (or only `names`)
-    matches its size and checksum (`beneath`: as open_plain's). Raises: BadCopy naming the
-    first file that does not."""
-    manifest = read_manifest(directory, beneath)
+    matches its size and checksum (`beneath`, `most`: as read_manifest's). Raises: BadCopy
+    naming the first file that does not."""
+    manifest = read_manifest(directory, beneath, most)
     wanted = manifest.files if names is None else {n: manifest.files[n] for n in names}
     for name, expected in wanted.items():
         path = directory / name
@@ -374,7 +407,10 @@ def copy_verified(
                 os.fdopen(open_plain(source / name, beneath), "rb") as src,
                 open(target / name, "xb") as dst,
             ):
-                while chunk := src.read(CHUNK):
+                size = os.fstat(src.fileno()).st_size
+                if size != want.size:  # not read (see checksum)
+                    raise BadCopy(str(mismatch(source / name, FileSum(size), want)))
+                for chunk in _chunks(src, want.size + 1):
                     summer.update(chunk)
                     dst.write(chunk)
             why = mismatch(source / name, summer.result(), want)

@@ -7,7 +7,7 @@ nodeagent.channel.restore's.
 
 Layout:
     memory tier       <memory_dir>/<node>.<job>/rank-<R>/slot-0|slot-1/   (two slots per rank)
-    replica area      <memory_dir>/<node>.<job>.replicas/<from>/rank-<R>/slot-0|slot-1/
+    replica area      <memory_dir>/<node>.<job>+replicas/<from>/rank-<R>/slot-0|slot-1/
                                                       (peers' saves, sent by node <from>)
     persistent tier   <dir>/step-<S>/rank-<R>/                      (also a script's own
                                                                       directory under torchrun)

@@ -90,8 +90,12 @@ class TierKeeper:
         node: str,
         job: str,
         clock: Callable[[], float] = time.monotonic,
+        most: int | None = None,
     ) -> None:
+        """`most`: the bytes one rank's save may take (a manifest naming more is refused
+        before a byte of it is read); None: half the tier, what one local rank may take."""
         self.memory = Path(config.memory_tier(node, job))
+        self.most = most if most is not None else config.rank_limit(1)
         self._node, self._job = node, job
         self.persist_root = Path(config.persist_dir) if config.persist_dir else None
         self.every = config.persist_every
@@ -99,7 +103,7 @@ class TierKeeper:
         # only those due for the persistent tier, so that it is reported and can be sent.
         self.verify_every_save = config.replicas > 0
         self._clock = clock
-        self._verified = scan.Verified(self.memory)
+        self._verified = scan.Verified(self.memory, most=self.most)
         self._lock = threading.Lock()  # what the thread hands back
         self._thread: threading.Thread | None = None
         self.phase = TierPhase.ACTIVE
@@ -358,7 +362,7 @@ class TierKeeper:
     def _work_again(self, _persist: bool, _settle: bool) -> None:
         """Verify everything again, from scratch (a worker refused a copy this node offered);
         what is reported meanwhile is what was verified before."""
-        fresh = scan.Verified(self.memory)
+        fresh = scan.Verified(self.memory, most=self.most)
         problems = fresh.refresh()
         with self._lock:
             self._verified = fresh

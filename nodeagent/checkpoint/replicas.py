@@ -82,7 +82,7 @@ class Replicas:
         self._per_node = per_node
         self._landed = landed
         self._lock = threading.Lock()
-        self._verified = scan.Verified(self.area, tier.area_saves)
+        self._verified = scan.Verified(self.area, tier.area_saves, listening.most)
         self._server: ReplicaServer | None = None
         self._thread: threading.Thread | None = None
         self._done: list[Done] = []
@@ -261,6 +261,7 @@ class Replicas:
                 self.max_rate,
                 cancel=self._cancel,
                 beneath=self.memory.parent,
+                most=self._listening.most,
             )
         except manifests.BadCopy as exc:  # the worker saved over the slot meanwhile
             raise ReplicaError(f"replica {transfer}: {exc}") from None

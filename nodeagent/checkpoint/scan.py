@@ -47,15 +47,18 @@ def identity(slot: Path) -> Identity | None:
 
 class Verified:
     """The memory tier's saves whose every file matched their manifest when last looked at
-    (or a replica area's, with `slots=tier.area_saves`)."""
+    (or a replica area's, with `slots=tier.area_saves`). `most`: the bytes one save may take
+    there (a manifest naming more is refused unread)."""
 
     def __init__(
         self,
         memory: Path,
         slots: Callable[[Path], Iterator[tuple[Path, int]]] = tier.memory_saves,
+        most: int | None = None,
     ) -> None:
         self.memory = memory
         self._slots = slots
+        self._most = most
         self._seen: dict[Path, tuple[Identity, Save | None]] = {}
 
     def refresh(self) -> list[str]:
@@ -72,7 +75,8 @@ class Verified:
             if known is not None and known[0] == ident:
                 continue
             try:
-                save: Save | None = Save(slot, manifests.verify(slot, beneath=self.memory.parent))
+                found = manifests.verify(slot, beneath=self.memory.parent, most=self._most)
+                save: Save | None = Save(slot, found)
             except BadCopy as exc:
                 if identity(slot) != ident:  # its worker is writing a new save there
                     continue

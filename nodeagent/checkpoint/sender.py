@@ -30,16 +30,17 @@ def send(
     timeout: float = wire.TIMEOUT_S,
     cancel: threading.Event | None = None,
     beneath: Path | None = None,
+    most: int | None = None,
 ) -> int:
     """Copy the save in `slot` to the listener at `peer` ("host:port") of node `hello.to`; the
     bytes sent. `cancel`: once set, the send stops at its next slice (a paced one, in its
     pause). `beneath`: the agent's directory above the slot, nothing below it followed
-    (manifests.open_plain).
+    (manifests.open_plain); `most`: the bytes a save may take (manifests.read_manifest).
 
     Raises: ReplicaError naming the peer and why (its answer, the connection's failure, a
         listener that is not an agent), Cancelled; BadCopy if `slot` holds no save, or one of a
         format never sent."""
-    manifest = manifests.read_manifest(slot, beneath)
+    manifest = manifests.read_manifest(slot, beneath, most)
     if not manifest.cryptographic:
         raise BadCopy(f"{slot}: a save of format 1 (no SHA-256 per file) is never sent")
     sent = 0

@@ -11,8 +11,14 @@ The listener trusts nothing it is sent (issue 40):
 - Only as planned: `accept(offer)` must say yes (the agent checks the request against the
   leader's plan and what the peer reported in Redis: a member of the job, connecting from its
   address, offering a save whose digest it reported or asking for one the plan lets it).
-- Bounded: at most MAX_RECEIVES connections at once and PER_ADDRESS from one address (more are
-  answered `ERR busy`), the header within HEADER_S, the whole transfer within a deadline that
+- Bounded: at most MAX_RECEIVES transfers of agents at once and PER_ADDRESS from one address
+  (more are answered `ERR busy`), counted once a request proved an agent made it: an agent
+  shares its address with every user of its host, so a connection that has not proven anything
+  takes no agent's place (issue 52: two idle connections of a local user, reopened as they were
+  dropped, turned every send of the genuine agent away). Those are bounded on their own: at
+  most MAX_UNPROVEN at once, the oldest of them dropped to let a new one in (never a new one
+  refused: an agent's request, sent at once, is never the oldest for long), each given up on
+  at HEADER_S. Then the header within HEADER_S, the whole transfer within a deadline that
   grows with its size (wire.transfer_deadline), a copy no larger than `most` bytes (a rank's
   share of the memory tier), one copy of a node's rank at a time (a second would write into
   the same slot).
@@ -45,8 +51,9 @@ from nodeagent.checkpoint.wire import Busy, Want
 from nodeagent.model.credential import MungeUnavailable
 
 log = logging.getLogger(__name__)
-MAX_RECEIVES = 8  # connections served at once: more are turned away, not queued as threads
+MAX_RECEIVES = 8  # agents' transfers served at once: more are turned away, not queued
 PER_ADDRESS = 2  # of them from one address (a push and a fetch of one peer at once)
+MAX_UNPROVEN = 64  # connections whose request has not proven an agent sent it (a thread each)
 LOG_EVERY_S = 60.0  # a refused address is logged at most this often (then at debug level)
 MAX_LOGGED = 4096  # addresses remembered for that
 
@@ -133,8 +140,10 @@ class ReplicaServer:
         self._sock.listen(16)
         self._closed = threading.Event()
         self._lock = threading.Lock()
+        self._unproven: dict[socket.socket, None] = {}  # oldest first
         self._serving = 0
         self._by_address: dict[str, int] = {}
+        self._admitted: set[socket.socket] = set()  # counted in _serving and _by_address
         self._logged: dict[str, float] = {}  # address -> when a refusal of it was last logged
         self._receiving: set[tuple[str, int]] = set()  # (node, rank) copies under way
         self._conns: set[socket.socket] = set()  # served now: close() ends them
@@ -156,8 +165,7 @@ class ReplicaServer:
         with self._lock:
             serving = list(self._conns)
         for conn in serving:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
+            _drop(conn)
 
     @contextlib.contextmanager
     def reserve(self, node: str, rank: int) -> Iterator[None]:
@@ -179,28 +187,29 @@ class ReplicaServer:
                 conn, peer = self._sock.accept()
             except OSError:
                 return
-            host = str(peer[0])
-            why = self._admit(host)
-            if why is not None:
-                with conn:
-                    conn.settimeout(1.0)
-                    wire.answer(conn, f"ERR busy: {why}, try again")
-                continue
-            threading.Thread(target=self._handle, args=(conn, host), daemon=True).start()
+            with self._lock:
+                self._conns.add(conn)
+                self._unproven[conn] = None
+                if len(self._unproven) > MAX_UNPROVEN:
+                    oldest = next(iter(self._unproven))
+                    del self._unproven[oldest]
+                    _drop(oldest)  # its thread ends it
+            threading.Thread(target=self._handle, args=(conn, str(peer[0])), daemon=True).start()
 
-    def _admit(self, host: str) -> str | None:
+    def _admit(self, conn: socket.socket, host: str) -> str | None:
+        """Count the transfer on `conn`, whose request proved an agent made it, against the
+        limits; None when it may go on, else why not."""
         with self._lock:
             if self._serving >= MAX_RECEIVES:
                 return f"{MAX_RECEIVES} transfers under way"
             if self._by_address.get(host, 0) >= PER_ADDRESS:
                 return f"{PER_ADDRESS} transfers from one address under way"
+            self._admitted.add(conn)
             self._serving += 1
             self._by_address[host] = self._by_address.get(host, 0) + 1
             return None
 
     def _handle(self, conn: socket.socket, host: str) -> None:
-        with self._lock:
-            self._conns.add(conn)
         try:
             with conn:
                 conn.settimeout(wire.TIMEOUT_S)
@@ -208,14 +217,17 @@ class ReplicaServer:
                     self._take(conn, host)
         finally:
             self._release(conn, host)
+            with self._lock:
+                self._conns.discard(conn)
+                self._unproven.pop(conn, None)
 
     def _release(self, conn: socket.socket, host: str) -> None:
         """The transfer on `conn` is no longer under way (once): before its last answer, so
         that a peer that reads the answer and asks again at once is not told it is busy."""
         with self._lock:
-            if conn not in self._conns:
+            if conn not in self._admitted:
                 return
-            self._conns.discard(conn)
+            self._admitted.discard(conn)
             self._serving -= 1
             left = self._by_address.pop(host, 1) - 1
             if left:
@@ -225,6 +237,12 @@ class ReplicaServer:
         began = time.monotonic()
         try:
             data, digest = self._authenticated(conn, host)
+            with self._lock:
+                self._unproven.pop(conn, None)
+            busy = self._admit(conn, host)
+            if busy is not None:
+                wire.answer(conn, f"ERR busy: {busy}, try again")
+                return
             node, generation, manifest, want = self._request(data)
             if want is not None:
                 self._give(conn, Offer(node, host, want=want), digest, began)
@@ -339,7 +357,7 @@ class ReplicaServer:
         if slot is None:
             raise BadCopy(f"no save of rank {want.rank}, step {want.step}@{want.generation} here")
         beneath = self.root.parent  # memory_dir: the tier and the replica area lie below it
-        manifest = manifests.read_manifest(slot, beneath)
+        manifest = manifests.read_manifest(slot, beneath, self._most)
         if not manifest.cryptographic:
             raise BadCopy(f"rank {want.rank}'s save of step {want.step} predates SHA-256 manifests")
         credential = self._auth.sign(wire.go_digest(digest, manifest)) or wire.NO_CREDENTIAL
@@ -347,6 +365,12 @@ class ReplicaServer:
         with contextlib.suppress(OSError):  # the asker gave up: nothing more to say
             conn.sendall(f"GO {credential} {manifest.to_json()}\n".encode())  # never cut
             wire.body(conn, slot, manifest, 0.0, deadline=deadline, beneath=beneath)
+
+
+def _drop(conn: socket.socket) -> None:
+    """End a connection another thread serves (its reads fail at once)."""
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_RDWR)
 
 
 def _count_ok(value: object) -> bool:

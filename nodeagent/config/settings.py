@@ -63,13 +63,17 @@ class CheckpointConfig:
 
     def replica_area(self, node: str, job: str) -> str:
         """Where this node keeps the copies of peers' saves it holds: beside the memory tier,
-        the agent's own (the workers read it, never write it)."""
-        return f"{self.memory_tier(node, job)}.replicas"
+        the agent's own (the workers read it, never write it). Its suffix starts with a
+        character no job id or node name may hold (config/values.check_name), so no job's
+        tier is another job's replica area (job `train.replicas` once named `train`'s)."""
+        return f"{self.memory_tier(node, job)}{REPLICA_AREA_SUFFIX}"
 
     def rank_limit(self, nproc_per_node: int) -> int:
         """Bytes one rank's save may take: two slots per local rank share memory_size."""
         return self.memory_size // (2 * nproc_per_node)
 
+
+REPLICA_AREA_SUFFIX = "+replicas"
 
 SLOW_NODE_POLICIES = ("report", "replace", "exclude")
 

@@ -78,7 +78,8 @@ def _tiers(config: Config) -> TierKeeper | None:
     checkpoint = config.job.checkpoint
     if checkpoint is None:
         return None
-    keeper = TierKeeper(checkpoint, config.node.name, config.job.id)
+    most = checkpoint.rank_limit(config.job.nproc_per_node)
+    keeper = TierKeeper(checkpoint, config.node.name, config.job.id, most=most)
     user = config.job.user
     if user is not None and user.switch:
         keeper.prepare(user.uid, user.gid)

@@ -178,7 +178,7 @@ def test_a_flipped_bit_in_the_lost_nodes_copy_is_refused_and_the_disk_tier_used(
         (rank_dir,) = (shm / f"c.{job_id}").glob("rank-*")
         lose(cluster, shm, "c")  # no copy of its rank changes after this
         flipped = [
-            flip_a_bit(slot) for slot in shm.glob(f"*.{job_id}.replicas/c/{rank_dir.name}/slot-*")
+            flip_a_bit(slot) for slot in shm.glob(f"*.{job_id}+replicas/c/{rank_dir.name}/slot-*")
         ]
         assert any(flipped), "no copy of the lost node's rank to corrupt"
         cluster.wait_status(
@@ -247,7 +247,7 @@ def copies_under_way(shm: Path, job_id: str, sender: str) -> list[Path]:
 
     def sizes() -> dict[Path, int]:
         found = {}
-        for slot in shm.glob(f"*.{job_id}.replicas/{sender}/rank-*/slot-*"):
+        for slot in shm.glob(f"*.{job_id}+replicas/{sender}/rank-*/slot-*"):
             with contextlib.suppress(OSError):
                 if not (slot / "manifest.json").exists():
                     found[slot] = sum(f.stat().st_size for f in slot.iterdir())

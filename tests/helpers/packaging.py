@@ -9,12 +9,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def build_wheel(directory: Path) -> Path:
+def build_wheel(directory: Path, source: Path = ROOT, version: str = "*") -> Path:
+    """The wheel of `source` (this checkout), built into `directory` without its dependencies;
+    `version`: the one to find there when it holds several."""
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q"]
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(directory), str(ROOT)],
+        [*pip, "-w", str(directory), str(source)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert built.returncode == 0, built.stderr
-    return next(directory.glob("nodeagent-*.whl"))
+    return next(directory.glob(f"nodeagent-{version}-*.whl"))

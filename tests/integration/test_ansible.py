@@ -18,6 +18,7 @@ import pytest
 import tomllib
 import yaml
 
+from nodeagent import __version__
 from nodeagent.config.load import load_settings
 from nodeagent.config.settings import Config, NodeSettings, Operators, PoolConfig
 from nodeagent.coord.client import connect
@@ -341,6 +342,7 @@ def test_rolling_upgrade_steps_against_a_pool_node(
         nodes = json.loads(pool.ctl("nodes", "--json").stdout)["nodes"]
         row = next(r for r in nodes if r["name"] == node)
         assert row["alive"] and row["cordon"] is None
+        assert row["version"] == __version__  # what a rolling upgrade looks at
 
 
 PREFLIGHT_PLAY = [

@@ -267,15 +267,74 @@ def test_a_second_copy_of_the_same_rank_meanwhile_is_turned_away(
     ) == [0, 1]
 
 
-def test_connections_beyond_the_cap_are_turned_away_not_queued(server: ReplicaServer) -> None:
-    idle = [_connect(server) for _ in range(replica.MAX_RECEIVES)]  # each holds a receive
+def _from(server: ReplicaServer, address: str) -> socket.socket:
+    host, port = server.address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), 5, (address, 0))
+
+
+def _held(server: ReplicaServer, tmp_path: Path, address: str, rank: int) -> socket.socket:
+    """A transfer of an agent under way from `address`: its request answered GO, its body not
+    sent yet (node a's rank `rank`: one copy of a rank at a time)."""
+    save = tmp_path / f"held-{rank}"
+    fake_save(save, 12, rank=rank, world=16)
+    conn = _from(server, address)
+    conn.sendall(_header(manifests.read_manifest(save)))
+    assert conn.makefile("rb").readline() == b"GO -\n"
+    return conn
+
+
+def _ended(conn: socket.socket) -> bool:
+    """The server closed `conn` (it reads its end); False while it keeps it waiting."""
+    conn.settimeout(0.5)
     try:
-        with _connect(server) as extra:
+        return conn.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def test_transfers_beyond_the_cap_are_turned_away_not_queued(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    held = [
+        _held(server, tmp_path, f"127.0.0.{1 + i // 2}", i) for i in range(replica.MAX_RECEIVES)
+    ]
+    try:
+        fake_save(tmp_path / "more", 12, rank=15, world=16)
+        with _from(server, "127.0.0.9") as extra:
+            extra.sendall(_header(manifests.read_manifest(tmp_path / "more")))
             answer = extra.makefile("rb").readline().decode()
-        assert answer.startswith("ERR busy"), answer
+        assert answer.startswith(f"ERR busy: {replica.MAX_RECEIVES} transfers under way"), answer
     finally:
-        for conn in idle:
+        for conn in held:
             conn.close()
+
+
+def test_connections_that_prove_nothing_never_turn_an_agent_away(
+    server: ReplicaServer, tmp_path: Path
+) -> None:
+    """Issue 52: a local user opened 2 connections to the listener that sent nothing (and 8
+    from 4 addresses), and every send of the genuine agent from its address was answered
+    `busy`. Only transfers whose request proved an agent made it count against the limits;
+    connections that prove nothing are bounded apart, the oldest dropped to let a new one in."""
+    fake_save(tmp_path / "mine", 12)
+    strangers = [_from(server, f"127.0.0.{1 + i // 2}") for i in range(8)]
+    try:
+        for _ in range(3):
+            send(server.address, JOB, "a", 3, tmp_path / "mine")
+        flood = [_from(server, "127.0.0.1") for _ in range(replica.MAX_UNPROVEN)]
+        try:
+            send(server.address, JOB, "a", 3, tmp_path / "mine")
+            assert all(_ended(conn) for conn in strangers)  # the oldest: dropped for the new
+            assert not _ended(flood[-1])  # the newest still waits for its header
+        finally:
+            for conn in flood:
+                conn.close()
+    finally:
+        for conn in strangers:
+            conn.close()
+    assert [r.node for r in server.received] == ["a"] * 4  # type: ignore[attr-defined]
 
 
 def test_a_header_that_trickles_in_is_given_up_on(
@@ -444,19 +503,18 @@ def test_a_save_whose_manifest_is_long_is_fetched_whole(
 def test_one_address_holds_at_most_two_transfers_and_others_still_get_in(
     server: ReplicaServer, tmp_path: Path
 ) -> None:
-    """Idle connections from one address no longer take every slot (issue 40)."""
-    fake_save(tmp_path / "mine", 12)
-    idle = [_connect(server) for _ in range(replica.PER_ADDRESS)]
+    """One agent's transfers no longer take every slot (issue 40)."""
+    held = [_held(server, tmp_path, "127.0.0.1", rank) for rank in range(replica.PER_ADDRESS)]
     try:
-        with _connect(server) as extra:
-            answer = extra.makefile("rb").readline().decode()
-        assert answer.startswith("ERR busy: 2 transfers from one address"), answer
-        host, port = server.address.rsplit(":", 1)
-        with socket.create_connection((host, int(port)), 5, ("127.0.0.2", 0)) as other:
-            other.sendall(_header(manifests.read_manifest(tmp_path / "mine")))
+        with pytest.raises(ReplicaError, match="busy: 2 transfers from one address"):
+            fake_save(tmp_path / "third", 12, rank=9, world=16)
+            send(server.address, JOB, "a", 3, tmp_path / "third")
+        fake_save(tmp_path / "mine", 12)
+        with _from(server, "127.0.0.2") as other:
+            other.sendall(_header(manifests.read_manifest(tmp_path / "mine"), node="c"))
             assert other.makefile("rb").readline() == b"GO -\n"
     finally:
-        for conn in idle:
+        for conn in held:
             conn.close()
 
 

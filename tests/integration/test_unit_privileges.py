@@ -92,7 +92,7 @@ def test_a_workers_save_is_verified_copied_and_removed_without_dac_override(
 ) -> None:
     user, base = place
     memory_dir = base / "shm"
-    tier, area = memory_dir / f"n1.{JOB}", memory_dir / f"n1.{JOB}.replicas"
+    tier, area = memory_dir / f"n1.{JOB}", memory_dir / f"n1.{JOB}+replicas"
     stage = staged(base, 4)
     agent("prepare", memory_dir, user)
     saved = as_worker(user, f"mkdir -p {tier}/rank-0 && cp -r {stage} {tier}/rank-0/slot-0")

@@ -13,10 +13,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from nodeagent.channel import manifests, tier
+from nodeagent.channel.manifests import Manifest
 from nodeagent.checkpoint import space
 from nodeagent.checkpoint.keeper import PHASE_TRANSITIONS, TierKeeper, TierPhase
 from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig
+from nodeagent.config.values import check_name
 from nodeagent.errors import ConfigError
 from nodeagent.job.checkpoints.tierduties import TierDuties
 from nodeagent.model.tiers import CheckpointRecord
@@ -85,6 +87,51 @@ def test_it_reports_what_verifies_and_persists_the_newest_whole_step(tmp_path: P
     assert any("checksum" in p or "bytes" in p for p in k.problems)
     k.remove()  # at once, or once a copy under way ends: never blocking the agent's loop
     assert gone(k.memory)
+
+
+def _bytes_read() -> int:
+    """What this process read so far through read(2) (/proc/self/io's rchar): page cache and
+    the holes of a sparse file count too."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+SPARSE = 2 << 30
+
+
+@pytest.mark.parametrize("manifest_says", ["its true size", "a few bytes"])
+def test_a_sparse_file_of_a_save_is_refused_before_a_byte_is_read(
+    tmp_path: Path, manifest_says: str
+) -> None:
+    """Issue 52: the job's user left a 2 GiB sparse file in its tier under a manifest; the root
+    agent's verify read all of it (5.8 s) before refusing it. Now a manifest naming more than
+    a rank's save may take (memory_size 1 GiB, one rank: 512 MiB) is refused unread, and a file
+    whose size is not the one its manifest names is not read either."""
+    k = keeper(tmp_path)
+    k.prepare(None)
+    slot = tier.slot_for_save(k.memory, 0)
+    fake_save(slot, 10)
+    big = slot / "__0_0.distcp"
+    with big.open("r+b") as f:
+        f.truncate(SPARSE)  # a hole: no memory taken, 2 GiB to read
+    found = manifests.read_manifest(slot)
+    files = dict(found.files)
+    if manifest_says == "its true size":
+        files[big.name] = manifests.FileSum(SPARSE, sha256="0" * 64)
+    manifests.write_manifest(slot, Manifest(10, 3, 2, 0, files, job="j"))
+    before = _bytes_read()
+    settle(k, persist=False)
+    read = _bytes_read() - before
+    assert read < 1 << 20, f"{read:,} bytes read"
+    assert k.report().memory == ()
+    said = " ".join(k.problems)
+    if manifest_says == "its true size":
+        named = sum(f.size for f in files.values())
+        assert f"names {named:,} bytes, more than the {1 << 29:,}" in said, said
+    else:
+        assert f"{SPARSE} bytes, the manifest says" in said, said
 
 
 def test_a_settle_that_hangs_stops_holding_the_generation_up(tmp_path: Path) -> None:
@@ -173,6 +220,44 @@ def test_a_link_where_the_tier_goes_is_refused_not_followed(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match="a link where the tier goes, not a directory"):
         k.prepare(65534)
     assert (tmp_path / "etc").stat().st_uid == os.geteuid()  # not handed to the user
+
+
+def test_no_job_id_names_another_jobs_replica_area(tmp_path: Path) -> None:
+    """Issue 52: jobs `train` and `train.replicas` on one node, the default layout. The second
+    job's tier was the first one's replica area: its keeper took it over and its user planted
+    a copy there that the first job restored. Now the two cannot meet (a job id holds no '+'),
+    and each is made and marked beside the other."""
+    config = CheckpointConfig(memory_size=1 << 20, memory_dir=str(tmp_path / "shm"))
+    area = Path(config.replica_area("n0", "train"))
+    second = TierKeeper(config, "n0", "train.replicas")
+    assert second.memory != area
+    with pytest.raises(ConfigError, match="letters, digits"):
+        check_name(area.name.split(".", 1)[1], "job.id")  # no job's tier is named so
+    space.make_marked(area, "the replica area", 0o750, "n0", "train")
+    second.prepare(None)
+    first = TierKeeper(config, "n0", "train")
+    first.prepare(None)
+    assert space.owner(area) == ("n0", "train")
+    assert space.owner(second.memory) == ("n0", "train.replicas")
+    assert space.owner(first.memory) == ("n0", "train")
+    assert len({area, second.memory, first.memory}) == 3
+
+
+def test_a_directory_marked_as_another_jobs_is_refused_not_taken_over(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    k.memory.parent.mkdir(mode=0o755)
+    k.memory.mkdir(mode=0o750)
+    fd = os.open(k.memory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        space.mark(fd, "n0", "other")
+    finally:
+        os.close(fd)
+    os.chown(k.memory, 65534, 65534)
+    with pytest.raises(ConfigError, match="is job other's on node n0, not j's: refused"):
+        k.prepare(2001)
+    st = k.memory.stat()
+    assert (st.st_uid, st.st_mode & 0o7777) == (65534, 0o750)  # neither chowned nor chmodded
+    assert space.owner(k.memory) == ("n0", "other")
 
 
 def test_a_group_that_ended_holds_the_next_generation_back_before_its_settle_began(

@@ -1,4 +1,5 @@
-"""nodeagentctl nodes: the pool's nodes, the job each serves, health, cordon, labels."""
+"""nodeagentctl nodes: the pool's nodes, the job each serves, health, cordon, labels (and with
+--json, each agent's version)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
                 "labels": dict(report.labels) if report else {},
                 "heartbeat_age_s": (snap.now_ms - (deadline - ttl)) / 1000 if report else None,
                 "address": report.address if report else None,
+                "version": report.version if report else None,  # its agent's (an upgrade)
             }
         )
     if as_json:
