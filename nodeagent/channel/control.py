@@ -16,6 +16,10 @@ Layout (344 bytes; little-endian, but each seq in the machine's own order, see S
                restore (192 bytes, ASCII, NUL-padded: the leader's restore order for the
                generation, nodeagent.channel.restore's RESTORE_ENV; empty without tiers);
                a leave has zeros after its kind
+    offset 316 finished (worker -> agent): u32, 0 until the worker's training returned,
+               then the generation it returned in plus one; one aligned 4-byte store, once,
+               so no seqlock. In bytes earlier versions left unused: a worker of this version
+               and an agent of the last (or the reverse) still understand each other.
     offset 320 report (worker -> agent), under a seqlock of its own:
                seq u64, left_generation i64 (-1: none yet), committed_step i64 (-1: none yet)
 
@@ -58,12 +62,14 @@ MESSAGE = struct.Struct(f"<qi8i{ADDR_BYTES}s{RESTORE_BYTES}s")  # the body after
 ASSIGN, LEAVE = 1, 2  # its kinds
 REPORT = struct.Struct("<qq")
 MESSAGE_AT = HEADER.size  # 8
+FINISHED_AT = MESSAGE_AT + SEQ.size + MESSAGE.size  # 316
+FINISHED = struct.Struct("I")  # native order, stored whole (as SEQ is)
 REPORT_AT = 320
 SIZE = REPORT_AT + SEQ.size + REPORT.size  # 344
 MODE = 0o660  # both ends write: the worker (its owner) and the agent (its group)
 READ_PATIENCE_S = 1.0  # a seq odd for this long: the writer died mid-write
 
-assert MESSAGE_AT + SEQ.size + MESSAGE.size <= REPORT_AT
+assert FINISHED_AT + FINISHED.size <= REPORT_AT and FINISHED_AT % FINISHED.size == 0
 
 
 class ControlFileError(NodeagentError):
@@ -239,9 +245,11 @@ class ControlFile:
                 f"{path}: magic {magic!r} version {version}, expected {MAGIC!r} version {VERSION}"
             )
         self._words = memoryview(self._map).cast("Q")  # see SEQ
+        self._finished = memoryview(self._map).cast("I")  # see FINISHED
 
     def close(self) -> None:
         self._words.release()
+        self._finished.release()
         self._map.close()
 
     def _write(self, at: int, body: bytes) -> None:
@@ -311,6 +319,15 @@ class ControlFile:
     def report_left(self, generation: int) -> None:
         """The worker is in no process group of `generation` any more."""
         self._write(REPORT_AT, REPORT.pack(generation, self.report().committed_step))
+
+    def report_finished(self, generation: int) -> None:
+        """The worker's training returned in `generation`: whatever its exit code then (a
+        library's teardown may abort the interpreter), the rank reached its end."""
+        self._finished[FINISHED_AT // FINISHED.size] = generation + 1
+
+    def finished_generation(self) -> int:
+        """The generation in which the worker's training returned; -1: not yet (agent side)."""
+        return int(self._finished[FINISHED_AT // FINISHED.size]) - 1
 
     def report_step(self, step: int) -> None:
         """The worker committed `step` (its in-memory snapshot holds it)."""

@@ -218,7 +218,7 @@ class Agent:
             self._apply(decide(self._local_view(now)), now)
         for ended in self._workers.poll():
             self._events.append(worker_events.exited(self.name, ended))
-            if not ended.expected and ended.exit_code != 0:
+            if ended.failed:
                 self._metrics.worker_failed("signal" if ended.signal else "exit_code")
         self._watch(now)
         if self._tiers is not None:

@@ -23,13 +23,13 @@ def started(node: str, generation: int, ranks: Sequence[int], how: Started) -> E
 def exited(node: str, ended: WorkerExit) -> Event:
     """A worker's exit: worker_failed (not asked to stop, non-zero) or worker_exited."""
     how = f"signal {ended.signal}" if ended.signal else f"exit code {ended.exit_code}"
-    failed = not ended.expected and ended.exit_code != 0
     return Event(
-        "worker_failed" if failed else "worker_exited",
+        "worker_failed" if ended.failed else "worker_exited",
         generation=ended.generation,
         node=node,
         message=f"rank {ended.rank} ended with {how}"
         + (" (stopped by agent)" if ended.expected else "")
+        + (" after it finished (its training returned)" if ended.finished else "")
         + (f": {ended.cause}" if ended.cause else ""),
         data={
             "rank": ended.rank,
@@ -37,5 +37,6 @@ def exited(node: str, ended: WorkerExit) -> Event:
             "exit_code": ended.exit_code,
             "signal": ended.signal,
             "expected": ended.expected,
+            "finished": ended.finished,
         },
     )

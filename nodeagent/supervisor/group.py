@@ -80,6 +80,7 @@ class _Worker:
     depth: int = 0  # the runtime's processes above a containerised worker (Spawner.depth)
     cgroup: str | None = None  # its container's, once found (cgroups.container_cgroup)
     settled: threading.Event | None = None  # set: nothing of it can run any more (_await_exit)
+    finished: bool = False  # it said it reached its end before it exited (has_finished)
 
     @property
     def pid(self) -> int | None:
@@ -95,6 +96,16 @@ class _Worker:
         if self.cgroup is None:
             self.cgroup = cgroups.container_cgroup(self.group.cidfile)
         return cgroups.main_process(self.cgroup, self.depth) if self.cgroup else None
+
+    def has_finished(self) -> bool:
+        """It reported that its training returned in its generation (in_place workers only)."""
+        if self.channel is None:
+            return False
+        try:
+            return self.channel.finished_generation() >= self.generation
+        except ControlFileError as exc:
+            log.warning("rank %d: unreadable control channel: %s", self.spec.rank, exc)
+            return False
 
     def has_left(self) -> bool:
         """It reported leaving its generation's process group (in_place workers only)."""
@@ -474,7 +485,15 @@ class Supervisor:
             # (an in_place survivor that exits instead is started anew with the next one).
             expected = self._stop_deadline is not None or self._release_deadline is not None
             cause = None
-            if not expected and code != 0:
+            worker.finished = code != 0 and not expected and worker.has_finished()
+            if worker.finished:
+                log.warning(
+                    "rank %d reached its end (its training returned), then exited with %s: "
+                    "counted as finished",
+                    worker.spec.rank,
+                    _signal_name(code) or f"exit code {code}",
+                )
+            elif not expected and code != 0:
                 cause = self._cause(worker)
                 self._note_failure(worker, cause)
             exits.append(
@@ -486,6 +505,7 @@ class Supervisor:
                     signal=_signal_name(code),
                     expected=expected,
                     cause=cause,
+                    finished=worker.finished,
                 )
             )
         self._enforce_release()
@@ -596,7 +616,7 @@ class Supervisor:
             phase = GroupPhase.RUNNING
         # Workers that exit 0 because we asked them to stop have not finished the job.
         asked = self._stop_deadline is not None or self._release_deadline is not None
-        succeeded = not asked and all(w.returncode == 0 for w in self._workers)
+        succeeded = not asked and all(w.returncode == 0 or w.finished for w in self._workers)
         return GroupStatus(self._generation, phase, self._failure, succeeded)
 
     def close(self) -> None:
@@ -639,7 +659,7 @@ class Supervisor:
             elif w.returncode is None:
                 state = "running"
             else:
-                state = "exited" if w.returncode == 0 else "failed"
+                state = "exited" if w.returncode == 0 or w.finished else "failed"
             infos.append(
                 WorkerInfo(w.spec.rank, w.spec.local_rank, w.worker_pid(), state, w.returncode)
             )

@@ -12,7 +12,10 @@ from nodeagent.supervisor.spec import WorkerSpec
 
 @dataclass(frozen=True)
 class WorkerExit:
-    """A worker's main process ended. `expected` when the agent had asked it to stop."""
+    """A worker's main process ended. `expected` when the agent had asked it to stop;
+    `finished` when it had said it reached its end first (in place: its training returned),
+    so that an exit that fails after that (a library's teardown aborting the interpreter) is
+    not a failure of the job, which would then train again from its start (issue 52)."""
 
     generation: int
     rank: int
@@ -21,6 +24,11 @@ class WorkerExit:
     signal: str | None
     expected: bool
     cause: str | None = None  # a failure's root cause or last lines (Supervisor._cause)
+    finished: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return not self.expected and not self.finished and self.exit_code != 0
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,10 @@ class LogFetchError(NodeagentError):
     """A node's agent could not be asked for a log (unreachable, or it answered an error)."""
 
 
+class LogRefused(LogFetchError):
+    """The node's agent answered, with an error (a refusal: 401, 403, ...)."""
+
+
 class LogAccess(Protocol):
     """Who may read a log over HTTP (pool.auth: munge)."""
 
@@ -268,7 +272,7 @@ def fetch(
     (pool.auth: munge); None: it has no such log (404).
 
     Raises:
-        LogFetchError: unreachable, or an answer other than the log or 404.
+        LogFetchError: unreachable; LogRefused: an answer other than the log or 404.
     """
     target = request.target
     if sign is not None:
@@ -281,7 +285,7 @@ def fetch(
         if exc.code == 404:
             return None
         detail = exc.read(300).decode("utf-8", "replace").strip()
-        raise LogFetchError(f"it answered {exc.code}: {detail}") from None
+        raise LogRefused(f"it answered {exc.code}: {detail}") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         reason = getattr(exc, "reason", None) or exc
         raise LogFetchError(f"unreachable: {reason}") from None

@@ -16,6 +16,7 @@ never raises and a failed collective raises as usual. torch is imported lazily.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import logging
 import os
@@ -379,6 +380,10 @@ def run(
     script already did, syncs the state, runs `train_fn`. On Reform (from check()/commit()) or
     a failed collective, with a control channel: re-forms (see the module docstring) and calls
     `train_fn(state)` again. Create DDP wrappers, samplers and iterators inside `train_fn`.
+    Once it returns, the rank is reported finished to the agent (a failing exit after that is
+    not a failure of the job), and the process group is destroyed when the interpreter exits
+    (atexit): after `run` returns, a script may still use the group (rank 0 saving, a
+    barrier), then returns from its main or calls sys.exit.
 
     `reform_timeout`: default NODEAGENT_REFORM_TIMEOUT_S (the job's timing.reform_timeout, set
     by the agent), else DEFAULT_REFORM_TIMEOUT_S. `stop`: asked while waiting for an
@@ -409,7 +414,7 @@ def run(
                 state.follower.check()  # the job may have moved on while this process started
                 _init_process_group(backend, pg_timeout)
             state.sync()
-            return train_fn(state)
+            result = train_fn(state)
         except Reform as exc:
             if channel is None:
                 raise
@@ -418,3 +423,34 @@ def run(
             if channel is None or not _collective_failed(exc):
                 raise
             pending = _detached(exc)
+        else:
+            _finish(state, channel)
+            return result
+
+
+def _finish(state: Resumable, channel: ControlFile | None) -> None:
+    """The training returned: say so, and tear the process group down before the
+    interpreter's own teardown.
+
+    Said first, so that the agent counts this rank as finished whatever its exit: a survivor
+    of re-forms holds what its old groups left, and its interpreter's exit can abort there
+    (issue 52: "terminate called without an active exception", SIGABRT, after every rank
+    printed its last step; the job was started again from step 0). The group is destroyed at
+    exit (atexit: the script may still use it once `run` returns, e.g. rank 0 saving after a
+    barrier), before the interpreter's finalization destroys it in no chosen order; a script
+    that ends with os._exit skips both, as it skips the abort."""
+    if channel is not None:
+        channel.report_finished(state.follower.generation)
+    atexit.unregister(_teardown)  # once, however many times run() returned
+    atexit.register(_teardown)
+
+
+def _teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # peers that ended first may leave it unable to tear down
+            log.warning("destroying the process group at exit: %s", exc)
+    release_destroyed_groups()

@@ -10,7 +10,8 @@ so that FSDP2 and DTensor hold on to the process group the way a sharded job's d
 WORK=N adds N 256x256 matrix products to each step's forward (about 0.45 ms each on one core
 here: CPU work that a throttled node is slow at), with STEP_TIME_S its pause between steps
 (default 0.02); MARK_COMPUTE=1 marks that forward with nodeagent.worker.compute. Every step
-beats (nodeagent.worker.beat).
+beats (nodeagent.worker.beat). ABORT_AT_EXIT_RANK=R: rank R aborts (SIGABRT) after its final
+line, as a survivor's interpreter did at exit in issue 52.
 """
 
 from __future__ import annotations
@@ -130,9 +131,12 @@ def main() -> int:
         record("timed_out", error=str(exc))
         sys.stdout.flush()
         os._exit(3)
-    record("final", step=state.step, rank=dist.get_rank(), hash=params_sha256(model))
+    rank = dist.get_rank()
+    record("final", step=state.step, rank=rank, hash=params_sha256(model))
     sys.stdout.flush()
     sys.stderr.flush()
+    if os.environ.get("ABORT_AT_EXIT_RANK") == str(rank):
+        os.abort()  # what a backend's teardown did at a survivor's exit (issue 52)
     os._exit(0)  # skip gloo's teardown at exit (see examples/train_ddp.py leave())
 
 

@@ -214,6 +214,7 @@ def check_logs(
     theirs = ctl(pool, munged, bob, "logs", "mine")
     assert theirs.returncode == 2 and "403" in theirs.stderr
     assert f"{bob.name} may not read this log" in theirs.stderr
+    assert "reachable" not in theirs.stderr  # it answered: the refusal alone (issue 52)
     node = next(n for n, j in pool.placements().items() if j == "mine")
     client = redis_server.client()
     try:

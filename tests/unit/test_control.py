@@ -45,6 +45,13 @@ def test_assignments_and_reports_round_trip_between_two_mappings(path: Path) -> 
     worker.report_left(4)
     worker.report_step(42)
     assert agent.report() == Report(left_generation=4, committed_step=42)
+    assert agent.finished_generation() == -1
+    worker.report_finished(5)
+    worker.report_step(43)
+    agent.assign(B)  # neither area is the other's
+    assert agent.finished_generation() == 5
+    assert agent.report() == Report(left_generation=4, committed_step=43)
+    assert worker.message() == (3, B)
 
 
 def test_leave_and_assignments_share_the_message_area(path: Path) -> None:

@@ -40,6 +40,7 @@ from nodeagent.telemetry.logserve import (
     MAX_TAIL_LINES,
     LogChunk,
     LogFetchError,
+    LogRefused,
     LogRequest,
     Sign,
     fetch,
@@ -206,8 +207,8 @@ class _Pool:
 def _ask(place: Place, request: LogRequest, sign: Sign | None) -> LogChunk | None:
     try:
         return fetch(place.address, request, sign=sign)
-    except LogFetchError as exc:
-        raise LogFetchError(f"node {place.node} at {place.address}: {exc}") from None
+    except LogFetchError as exc:  # of the same kind: refused, or not reached
+        raise type(exc)(f"node {place.node} at {place.address}: {exc}") from None
 
 
 def _drain(pool: _Pool, rank: int, source: _Source) -> None:
@@ -286,6 +287,8 @@ def _from_pool(
         raise UsageError(place)
     try:
         chunk = _ask(place, LogRequest(pool.job, rank, tail=args.tail), pool.sign)
+    except LogRefused as exc:  # it answered: the refusal says it all
+        raise UsageError(str(exc)) from None
     except LogFetchError as exc:
         raise UsageError(f"{exc} (is its metrics.listen reachable from here?)") from None
     if chunk is None:

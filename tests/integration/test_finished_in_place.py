@@ -1,0 +1,62 @@
+"""Issue 52: an in-place job whose ranks all reached their end is never started again because
+one of them died in its exit. Seen: after every rank printed its last step, a worker kept
+through a re-form died with SIGABRT at exit ("terminate called without an active exception");
+the agent counted worker_failed and started a new generation that trained from step 0.
+
+Real agents, a real redis-server, real gloo training (tests/helpers/elastic_worker.py), whose
+rank 1 aborts after its training returned."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cluster import RedisServer, local_cluster, wait_for
+from tests.helpers.inplace import Lines
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.timeout(240)
+SCRIPT = Path(__file__).resolve().parents[1] / "helpers" / "elastic_worker.py"
+TIMING = {"heartbeat_interval": "250ms", "lease_ttl": "3s", "stop_grace_period": "5s"}
+
+
+def test_a_rank_that_aborts_after_it_finished_does_not_start_the_job_again(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    with local_cluster(
+        redis_server.url,
+        tmp_path,
+        job=job_id,
+        max_nodes=2,
+        max_restarts=3,
+        timing=TIMING,
+        entrypoint=[sys.executable, str(SCRIPT)],
+        job_options={
+            "recovery": "in_place",
+            "env": {"RECORD_DIR": str(tmp_path / "records"), "ABORT_AT_EXIT_RANK": "1"},
+        },
+    ) as cluster:
+        lines = Lines(cluster.records_dir)
+        cluster.start("a", "b")
+        generation = int(cluster.wait_running(2, 90)["generation"])
+
+        def stepping() -> bool:
+            return {x["rank"] for x in lines.all("step") if x["gen"] == generation} == {0, 1}
+
+        wait_for(stepping, 90, "both ranks stepping")
+        stop_at = max(line["step"] for line in lines.all("step")) + 5
+        (cluster.records_dir / "stop").write_text(str(stop_at))
+        done = cluster.wait_status(lambda d: d["state"] != "running", 60, "the job to end")
+        assert done["state"] == "succeeded", done
+        assert done["generation"] == generation  # never started again
+        assert sorted((x["rank"], x["step"]) for x in lines.all("final")) == [
+            (0, stop_at),
+            (1, stop_at),
+        ]
+        events = cluster.events()
+        assert not [e for e in events if e["type"] == "worker_failed"], events
+        (aborted,) = [e for e in events if e["type"] == "worker_exited" and e["data"]["signal"]]
+        assert aborted["data"]["signal"] == "SIGABRT" and aborted["data"]["finished"], aborted
+        assert "after it finished" in aborted["message"]
