@@ -124,6 +124,7 @@ RUNTIMES = ("podman",)
 DEFAULT_PULL_TIMEOUT_S = 600.0
 DEFAULT_SOCKET = "/run/podman/podman.sock"  # Debian's podman.socket, root's alone
 _ULIMIT = re.compile(r"^[a-z]+=-?[0-9]+(:-?[0-9]+)?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,9 @@ class ContainerRule:
     ulimits: tuple[str, ...] = ()  # podman --ulimit (name=soft:hard); none: the runtime's own
     devices: tuple[str, ...] = ()  # host devices every worker gets (RDMA: /dev/infiniband/...)
     pull_timeout: float = DEFAULT_PULL_TIMEOUT_S  # a pull that takes longer is a refusal
+    # Variables of the agent's environment every worker's container gets (a site's proxy,
+    # NCCL_SOCKET_IFNAME): nothing else of the agent's, so that the image's ENV stands.
+    env: tuple[str, ...] = ()
 
 
 def refusal(rule: ContainerRule, spec: ContainerSpec, sources: Sequence[str] = ()) -> str | None:
@@ -213,6 +217,7 @@ def load_rule(section: Section) -> ContainerRule:
         socket=socket,
         ulimits=_strings(section, "ulimits", _ulimit),
         devices=_strings(section, "devices", _device),
+        env=_strings(section, "env", _env_name),
         pull_timeout=duration(
             section.raw("pull_timeout"),
             section.key("pull_timeout"),
@@ -255,6 +260,11 @@ def _device(item: str) -> str | None:
         return item if _path(item, item, "device").startswith("/dev/") else None
     except ContainerError:
         return None
+
+
+def _env_name(item: str) -> str | None:
+    """[NCCL_SOCKET_IFNAME, https_proxy] (names of the agent's environment variables)"""
+    return item if _ENV_NAME.match(item) else None
 
 
 def _ulimit(item: str) -> str | None:

@@ -63,17 +63,21 @@ class CheckpointConfig:
 
     def replica_area(self, node: str, job: str) -> str:
         """Where this node keeps the copies of peers' saves it holds: beside the memory tier,
-        the agent's own (the workers read it, never write it). Its suffix starts with a
-        character no job id or node name may hold (config/values.check_name), so no job's
-        tier is another job's replica area (job `train.replicas` once named `train`'s)."""
-        return f"{self.memory_tier(node, job)}{REPLICA_AREA_SUFFIX}"
+        the agent's own (the workers read it, never write it)."""
+        return beside_tier(self.memory_tier(node, job), "replicas")
 
     def rank_limit(self, nproc_per_node: int) -> int:
         """Bytes one rank's save may take: two slots per local rank share memory_size."""
         return self.memory_size // (2 * nproc_per_node)
 
 
-REPLICA_AREA_SUFFIX = "+replicas"
+def beside_tier(tier: str, kind: str) -> str:
+    """A directory of a job's own beside its memory tier `tier` (its replica area, its
+    containers' /dev/shm and run files): `<tier>+<kind>`. '+' is a character no job id or node
+    name may hold (config/values.check_name), so no job's tier is another job's directory of
+    this kind (job `train.replicas`'s tier was once job `train`'s replica area)."""
+    return f"{tier}+{kind}"
+
 
 SLOW_NODE_POLICIES = ("report", "replace", "exclude")
 

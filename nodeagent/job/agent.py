@@ -419,6 +419,10 @@ class Agent:
             deadlines.append(ping)
         if (hang_check := self._watchers.next_check()) is not None:
             deadlines.append(hang_check)
+        if self._speed is not None and (window_end := self._speed.next_due()) is not None:
+            deadlines.append(window_end)
+        if self._leader is not None and (judgment := self._slow.next_due()) is not None:
+            deadlines.append(judgment)
         if self._tiers is not None and (
             self._holds_back(self._workers.status()) or self._tiers.awaiting_share
         ):

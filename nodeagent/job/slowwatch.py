@@ -53,7 +53,10 @@ class SlowWatch:
         now = self._clock()
         if not self._policy.enabled or now < self._next:
             return []
-        self._next = now + self._policy.window_s
+        window = self._policy.window_s
+        # On a grid of windows from the first judgment (not from when each ran: that drifted
+        # a heartbeat a window), unless the leader fell a whole window behind.
+        self._next = self._next + window if now - self._next < window else now + window
         try:
             speeds = self._call(self._store.speeds, "read the speeds")
             if self._memory is None:  # a new term: what the last leader named stays named
@@ -85,6 +88,10 @@ class SlowWatch:
         self._memory = found.memory
         self._metrics.slow({n: v.ratio for n, v in found.memory.named.items()})
         return list(found.events)
+
+    def next_due(self) -> float | None:
+        """When the leader judges next (it wakes for it); None: the watch is off."""
+        return self._next if self._policy.enabled else None
 
     def stepped_down(self) -> None:
         if self._memory is not None:

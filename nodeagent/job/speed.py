@@ -98,6 +98,12 @@ class SpeedWatch:
         self._seq += 1
         return _node_speed(self._node, group.generation, self._seq, elapsed, ranks)
 
+    def next_due(self) -> float | None:
+        """When the window under way ends (the agent wakes for it, not at its next heartbeat:
+        a 2 s window once lasted 2.998 s, and the time to name a slow node with it); None:
+        none is under way."""
+        return None if self._generation is None else self._started + self.window_s
+
     def _begin(self, now: float, beats: Mapping[int, Beat], workers: Sequence[WorkerInfo]) -> None:
         self._started = now
         pids = {w.local_rank: w.pid for w in workers if w.pid is not None}

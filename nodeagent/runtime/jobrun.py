@@ -21,7 +21,7 @@ from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.peerauth import MungePlane, PlaneAuth, Unauthenticated
 from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.checkpoint.transport import Listening
-from nodeagent.config.settings import CheckpointConfig, Config
+from nodeagent.config.settings import CheckpointConfig, Config, beside_tier
 from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.listener import StreamListener
@@ -163,9 +163,8 @@ def _containers(config: Config) -> Containers | None:
     runtime = Podman(config.containers, spec)
 
     def make_dir(path: Path, mode: int, uid: int, gid: int) -> None:
-        """A job id may end in `.run` or `.shm`: its memory tier would be another job's
-        directory here, its user's. One marked as another's is refused, not taken over
-        (space.make_marked)."""
+        """No job's tier is named so (settings.beside_tier); one marked as another job's is
+        refused all the same, not taken over (space.make_marked)."""
         try:
             space.make_marked(
                 path, "the job's container files", mode, node, job, uid, gid, inherit=False
@@ -173,7 +172,7 @@ def _containers(config: Config) -> Containers | None:
         except ConfigError as exc:
             raise OSError(str(exc)) from None
 
-    shm, run = base.with_name(f"{base.name}.shm"), base.with_name(f"{base.name}.run")
+    shm, run = Path(beside_tier(str(base), "shm")), Path(beside_tier(str(base), "run"))
     return Containers(runtime, node, job, shm, run, config.job.user, make_dir)
 
 

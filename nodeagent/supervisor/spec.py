@@ -280,9 +280,14 @@ def worker_specs(
     """One spec per local rank. With GPU monitoring, local rank i gets the i-th slice of
     `gpus_per_worker` usable GPUs (NVML indices) as CUDA_VISIBLE_DEVICES, by UUID where `uuids`
     names them (visible_devices). The number of local ranks is this node's
-    job.nproc_per_node, whatever the record says."""
+    job.nproc_per_node, whatever the record says. A worker in a container gets none of
+    `base_env` (the agent's environment) but the variables the node's `containers.env` names:
+    its image's ENV (PATH above all) stands, and only torchrun's variables, nodeagent's and the
+    job's `env` are set over it."""
     nproc = config.job.nproc_per_node
     per_worker = config.job.gpus_per_worker
+    if config.job.container is not None:  # the image's own ENV stands (PATH, HOME, conda's)
+        base_env = {k: base_env[k] for k in config.containers.env if k in base_env}
     warning = omp_warning(config, base_env)
     if warning is not None:
         log.warning(warning)

@@ -17,6 +17,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from nodeagent.supervisor import cgroups
@@ -36,8 +37,9 @@ def podman_missing() -> str | None:
     return None
 
 
-def build_image(name: str) -> str:
-    """`localhost/<name>:test`, built (again) from a root filesystem made here."""
+def build_image(name: str, env: Mapping[str, str] | None = None) -> str:
+    """`localhost/<name>:test`, built (again) from a root filesystem made here, with `env` as
+    its `ENV` (a Containerfile's)."""
     image = f"localhost/{name}:test"
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"
@@ -54,7 +56,11 @@ def build_image(name: str) -> str:
         with tarfile.open(tarball, "w") as tar:
             tar.add(root, arcname=".")
         subprocess.run(
-            ["podman", *RUNC, "import", "--quiet", str(tarball), image],
+            [
+                *("podman", *RUNC, "import", "--quiet"),
+                *(f"--change=ENV {k}={v}" for k, v in (env or {}).items()),
+                *(str(tarball), image),
+            ],
             check=True,
             capture_output=True,
         )
@@ -71,9 +77,11 @@ def host_software_mounts(*writable: Path) -> str:
     return ",".join([*read_only, *(f"{w}:{w}" for w in writable)])
 
 
-def containers_section(*writable: Path) -> dict[str, object]:
-    """A node's `containers:` section that runs the test images with `host_software_mounts`."""
+def containers_section(*writable: Path, env: tuple[str, ...] = ()) -> dict[str, object]:
+    """A node's `containers:` section that runs the test images with `host_software_mounts`
+    (`env`: its variables of the agent's that every worker gets)."""
     return {
+        "env": list(env),
         "allowed": True,
         "images": ["localhost/"],
         "mount_sources": [m.split(":")[0] for m in host_software_mounts(*writable).split(",")],

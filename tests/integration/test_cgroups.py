@@ -291,7 +291,7 @@ def test_a_containerised_worker_is_gone_only_once_its_container_is(tmp_path: Pat
             removed.append(name)  # once the service has answered
 
     runtime = Recorded(rule, ContainerSpec(image, parse_mounts("/usr:/usr:ro")))
-    shm, run = memory_dir / f"n.{job}.shm", memory_dir / f"n.{job}.run"
+    shm, run = memory_dir / f"n.{job}+shm", memory_dir / f"n.{job}+run"
     containers = Containers(runtime, "n", job, shm, run, None, make_dir)
     sup = Supervisor(
         echo=lambda rank, line: None, wake=lambda: None, spawner=Spawner(containers=containers)

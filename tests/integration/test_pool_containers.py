@@ -5,6 +5,7 @@ agents, a real redis-server, real podman, real Unix users)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,16 +86,26 @@ def test_a_pull_that_fails_is_the_nodes_refusal(pool: PoolCluster) -> None:
     assert row["state"] == "pending" and row["world_size"] == 0, row
 
 
+TEAM_PATH = "/opt/teamb/bin:/usr/bin:/bin"
+
+
 @pytest.mark.skipif(podman_missing() is not None, reason=str(podman_missing()))
 def test_two_users_run_jobs_in_their_own_images_on_one_pool(
-    redis_server: RedisServer, tmp_path: Path, job_id: str
+    redis_server: RedisServer, tmp_path: Path, job_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the issue asked for: two teams' software side by side, each job in its own image,
-    each as its submitter (the image's marker and the uid, read from inside)."""
+    each as its submitter (the image's marker and the uid, read from inside). Issue 52: each
+    worker sees its image's own ENV (alpha's PATH), none of the agent's environment but what
+    the node's containers.env names."""
+    monkeypatch.setenv("NODEAGENT_TEST_AGENT_ONLY", "leaked")  # the agents' environment
+    monkeypatch.setenv("NODEAGENT_TEST_SITE", "site")
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
-    images = {"alpha": build_image(f"{job_id}-alpha"), "beta": build_image(f"{job_id}-beta")}
+    images = {
+        "alpha": build_image(f"{job_id}-alpha", env={"PATH": TEAM_PATH}),
+        "beta": build_image(f"{job_id}-beta"),
+    }
     try:
         with (
             unix_users("alice", "bob") as users,
@@ -104,7 +115,8 @@ def test_two_users_run_jobs_in_their_own_images_on_one_pool(
                 pool=job_id,
                 scheduling={"users": [user.name for user in users.values()]},
                 node_options={
-                    name: {"containers": containers_section(shared)} for name in ("a", "b")
+                    name: {"containers": containers_section(shared, env=("NODEAGENT_TEST_SITE",))}
+                    for name in ("a", "b")
                 },
             ) as pool,
         ):
@@ -118,7 +130,8 @@ def test_two_users_run_jobs_in_their_own_images_on_one_pool(
                     "--container-image", images[job],
                     "--container-mounts", f"/usr:/usr:ro,{shared}",
                     "--", "/bin/sh", "-c", f"cat {MARKER} > {mark}.part; id -u >> {mark}.part; "
-                    f"mv {mark}.part {mark}; exec sleep 600",
+                    f"echo $PATH ${{NODEAGENT_TEST_AGENT_ONLY:-absent}} $NODEAGENT_TEST_SITE "
+                    f">> {mark}.part; mv {mark}.part {mark}; exec sleep 600",
                 )  # fmt: skip
                 assert result.returncode == 0, result.stderr
             for job, user in owners.items():
@@ -127,7 +140,12 @@ def test_two_users_run_jobs_in_their_own_images_on_one_pool(
                     wait_for(mark.exists, 60, f"{job}'s worker to say where it runs")
                 except AssertionError as exc:
                     raise AssertionError(f"{exc}\n{pool.diagnostics()}") from None
-                assert mark.read_text().split() == [images[job], str(user.uid)]
+                found = mark.read_text().split()
+                assert found[:2] == [images[job], str(user.uid)]
+                assert found[3:] == ["absent", "site"], found  # nothing else of the agent's
+                if job == "alpha":
+                    assert found[2] == TEAM_PATH  # the image's ENV, not the agent's PATH
+                assert found[2] != os.environ["PATH"]
             assert {pool.placements()[n] for n in ("a", "b")} == {"alpha", "beta"}
             for job in owners:
                 assert pool.ctl("cancel", job).returncode == 0

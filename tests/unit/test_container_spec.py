@@ -163,6 +163,7 @@ def test_the_nodes_containers_section_reads_with_its_defaults() -> None:
             "socket": "/run/podman-site/podman.sock",
             "ulimits": ["nofile=4096:4096"],
             "devices": ["/dev/infiniband/uverbs0"],
+            "env": ["NCCL_SOCKET_IFNAME", "https_proxy"],
             "pull_timeout": "5m",
         }
     ).containers
@@ -175,6 +176,7 @@ def test_the_nodes_containers_section_reads_with_its_defaults() -> None:
         ("nofile=4096:4096",),
         ("/dev/infiniband/uverbs0",),
         pull_timeout=300.0,
+        env=("NCCL_SOCKET_IFNAME", "https_proxy"),
     )
 
 
@@ -188,6 +190,8 @@ def test_the_nodes_containers_section_reads_with_its_defaults() -> None:
         ({"ulimits": ["nofile 10"]}, "containers.ulimits[0]"),
         ({"devices": ["/etc/passwd"]}, "containers.devices[0]"),
         ({"devices": ["/dev/../etc/shadow"]}, "containers.devices[0]"),
+        ({"env": ["PATH=/x"]}, "containers.env[0]"),
+        ({"env": "NCCL_SOCKET_IFNAME"}, "containers.env"),
         ({"oci_runtime": "runc"}, "containers.oci_runtime"),  # the service's containers.conf
         ({"socket": "podman.sock"}, "containers.socket"),
         ({"pull_timeout": 0}, "containers.pull_timeout"),

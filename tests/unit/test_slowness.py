@@ -225,7 +225,9 @@ def test_a_node_window_is_its_slowest_rank_per_step() -> None:
     watch = SpeedWatch("n", window_s=10.0, usage=lambda pid: usage.get(pid))
     group = GroupStatus(generation=3, phase=GroupPhase.RUNNING)
     workers = (WorkerInfo(0, 0, 11, "running"), WorkerInfo(1, 1, 12, "running"))
+    assert watch.next_due() is None
     assert watch.tick(0.0, group, {0: _beat(10), 1: _beat(10)}, workers) is None  # begins
+    assert watch.next_due() == 10.0  # the agent wakes then, not at its next heartbeat
     assert watch.tick(5.0, group, {0: _beat(30), 1: _beat(30)}, workers) is None  # not yet
     usage[11], usage[12] = CpuUsage(2.0, 0.5), CpuUsage(3.0, 2.0)  # rank 1 waited for a CPU
     speed = watch.tick(10.0, group, {0: _beat(60, 1.0), 1: _beat(60)}, workers)
@@ -234,6 +236,7 @@ def test_a_node_window_is_its_slowest_rank_per_step() -> None:
     assert speed.step_s == pytest.approx(0.2)
     assert (speed.cpu_s, speed.delay_s, speed.busy_s) == pytest.approx((0.04, 0.04, 0.08))
     assert speed.compute_s is None
+    assert watch.next_due() == 20.0
     # a rank that restarted (another pid) is left out of the window; a new generation begins
     workers = (WorkerInfo(0, 0, 11, "running"), WorkerInfo(1, 1, 13, "running"))
     usage[11] = CpuUsage(3.0, 0.5)
@@ -243,6 +246,7 @@ def test_a_node_window_is_its_slowest_rank_per_step() -> None:
     later = GroupStatus(generation=4, phase=GroupPhase.RUNNING)
     assert watch.tick(40.0, later, {0: _beat(1)}, workers) is None
     assert watch.tick(45.0, GroupStatus(), {}, ()) is None
+    assert watch.next_due() is None
 
 
 def test_node_speed_garbage_is_refused() -> None:
@@ -301,3 +305,54 @@ def test_the_pace_before_a_slow_node_skips_the_window_it_became_slow_in() -> Non
     (event,) = events
     assert event.node == "d" and event.data["step_s"] == 0.4
     assert event.data["pace_s"] == 0.1  # not 0.25
+
+
+class _Speeds:
+    """The two reads a judgment makes of the job's state (JobPort's), counted."""
+
+    def __init__(self) -> None:
+        self.read = 0
+
+    def speeds(self) -> dict[str, NodeSpeed]:
+        self.read += 1
+        return {}
+
+    def slow_verdicts(self) -> dict[str, object]:
+        return {}
+
+
+def test_the_leaders_judgments_keep_to_a_grid_of_windows() -> None:
+    """Issue 52: the next judgment was counted from when the last one ran (at the agent's next
+    heartbeat after it was due), so it drifted by up to a heartbeat a window. Now it is due a
+    window after the last one was due, and the agent wakes for it (next_due); only a leader a
+    whole window behind starts the grid anew."""
+    from typing import Any
+
+    from nodeagent.job.slowwatch import SlowWatch
+    from nodeagent.telemetry.metrics import AgentMetrics
+
+    now = [100.0]
+    store = _Speeds()
+    slow = SlowWatch(
+        store,  # type: ignore[arg-type]
+        SlowPolicy(window_s=2.0),
+        AgentMetrics("j", "test"),
+        lambda: now[0],
+        lambda fn, _what: fn(),
+    )
+    record: Any = None
+    for at, judged, due in ((100.0, 1, 102.0), (101.0, 1, 102.0), (102.3, 2, 104.0)):
+        now[0] = at
+        slow.tick("token", record, dict, 0)
+        assert (store.read, slow.next_due()) == (judged, due), at
+    now[0] = 107.5  # a leader that was frozen for two windows
+    slow.tick("token", record, dict, 0)
+    assert (store.read, slow.next_due()) == (3, 109.5)
+    off = SlowWatch(
+        store,  # type: ignore[arg-type]
+        SlowPolicy(window_s=0),
+        AgentMetrics("j", "test"),
+        lambda: now[0],
+        lambda fn, _what: fn(),
+    )
+    assert off.next_due() is None

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.channel import restore
+from nodeagent.config.container import ContainerRule, ContainerSpec
 from nodeagent.config.entrypoint import NotPython, split_python
 from nodeagent.config.load import load_config
 from nodeagent.model.tiers import CheckpointRecord
@@ -300,3 +301,18 @@ def test_the_agents_channel_is_set_by_the_agent_alone(tmp_path: Path) -> None:
     env = worker_specs(forged, config, RECORD, group_rank=0)[0].env
     assert not set(CHANNEL_ENV) & set(env)  # no job.checkpoint: no tier, no channel at all
     assert env["NCCL_DEBUG"] == "INFO" and binds_of(env, TIER_DIRS) == ()
+
+
+def test_a_worker_in_an_image_gets_none_of_the_agents_environment_but_what_the_node_names() -> None:
+    """Issue 52: a worker in an image with `ENV PATH=/opt/teamb/bin:...` saw the agent's PATH
+    and HOME: its environment was the agent's whole environment. Now its env file holds only
+    torchrun's and nodeagent's variables, the job's env and what containers.env names."""
+    base = {"PATH": "/root/.pyenv/shims:/usr/bin", "HOME": "/root", "https_proxy": "http://p:3128"}
+    job = replace(CONFIG.job, container=ContainerSpec("localhost/team:1"))
+    config = replace(CONFIG, job=job, containers=ContainerRule(env=("https_proxy", "ABSENT")))
+    env = worker_specs(base, config, RECORD, group_rank=0)[0].env
+    assert "PATH" not in env and "HOME" not in env
+    assert env["https_proxy"] == "http://p:3128" and "ABSENT" not in env
+    assert env["NCCL_DEBUG"] == "WARN" and env["RANK"] == "0"  # the job's and torchrun's
+    bare = worker_specs(base, CONFIG, RECORD, group_rank=0)[0].env
+    assert bare["PATH"] == base["PATH"]  # a bare worker keeps the agent's, as torchrun's do
