@@ -25,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.helpers.packaging import build_wheel
+
 # Units of this machine that would start in every node and that no test needs (the host's
 # Prometheus for promtool, its exporter); named on systemd's command line, as a kernel's would.
 MASKED = (
@@ -317,7 +319,9 @@ class BootedPool:
             timeout=900,
             env={**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "False", "ANSIBLE_NOCOLOR": "1"},
         )
-        assert done.returncode == 0, f"{playbooks} failed:\n{done.stdout[-6000:]}{done.stderr}"
+        if done.returncode != 0:
+            said = "".join(f"\n--- {n.name}'s journal:\n{n.journal()[-4000:]}" for n in self.nodes)
+            raise AssertionError(f"{playbooks} failed:\n{done.stdout[-6000:]}{done.stderr}{said}")
         return done.stdout
 
 
@@ -332,6 +336,22 @@ def _wheelhouse(share: Path) -> Path:
     )
     assert built.returncode == 0, built.stderr
     return next(wheels.glob("nodeagent-*.whl"))
+
+
+def upgrade_wheel(pool: BootedPool) -> tuple[Path, str]:
+    """A wheel of this checkout with a version above its own, beside the pool's wheelhouse:
+    what a site's next release is to the role. Its path and version."""
+    source = pool.share / "upgrade-source"
+    skip = shutil.ignore_patterns(
+        ".*", "__pycache__", "build", "dist", "tests", "bench", "examples", "*.egg-info"
+    )
+    shutil.copytree(ROOT, source, ignore=skip)
+    init = source / "nodeagent" / "__init__.py"
+    text = init.read_text()
+    current = text.split('__version__ = "', 1)[1].split('"', 1)[0]
+    version = f"{current}.post1"
+    init.write_text(text.replace(f'__version__ = "{current}"', f'__version__ = "{version}"'))
+    return build_wheel(pool.share / "wheels", source, version), version
 
 
 def _authorize(nodes: Sequence[Node], directory: Path) -> Path:
