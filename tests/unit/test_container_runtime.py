@@ -14,7 +14,7 @@ from nodeagent.checkpoint import space
 from nodeagent.config.container import ContainerRule, ContainerSpec, parse_mounts
 from nodeagent.config.identity import WorkerUser
 from nodeagent.config.load import load_settings
-from nodeagent.config.settings import Config
+from nodeagent.config.settings import CheckpointConfig, Config
 from nodeagent.runtime.jobrun import _containers
 from nodeagent.supervisor import cgroups
 from nodeagent.supervisor.container import (
@@ -37,13 +37,13 @@ ALICE = WorkerUser("alice", 1000, 1000, (1000, 2000), switch=True)
 def _launch(**change: object) -> Launch:
     fields: dict[str, object] = {
         "name": "nodeagent-1-j-a-g3-rank1",
-        "cidfile": Path("/dev/shm/nodeagent/a.j.run/nodeagent-1-j-a-g3-rank1.cid"),
+        "cidfile": Path("/dev/shm/nodeagent/a.j+run/nodeagent-1-j-a-g3-rank1.cid"),
         "cgroup_parent": "/nodeagent",
         "env_file": Path("/run/x/w.env"),
         "workdir": "/work",
         "user": ALICE,
         "binds": ("/var/log/nodeagent/j", "/dev/shm/nodeagent/a.j"),
-        "shm_dir": "/dev/shm/nodeagent/a.j.shm",
+        "shm_dir": "/dev/shm/nodeagent/a.j+shm",
         "gpus": ("GPU-1234",),
         "argv": ("python", "train.py", "--lr", "0.1"),
     }
@@ -68,7 +68,7 @@ def test_a_workers_podman_run_says_all_it_must() -> None:
     for flag in (
         "--rm",
         "--name=nodeagent-1-j-a-g3-rank1",
-        "--cidfile=/dev/shm/nodeagent/a.j.run/nodeagent-1-j-a-g3-rank1.cid",
+        "--cidfile=/dev/shm/nodeagent/a.j+run/nodeagent-1-j-a-g3-rank1.cid",
         "--init",
         "--pull=never",
         "--network=host",
@@ -80,7 +80,7 @@ def test_a_workers_podman_run_says_all_it_must() -> None:
         "--user=1000:1000",
         "--group-add=2000",
         "--workdir=/work",
-        "--volume=/dev/shm/nodeagent/a.j.shm:/dev/shm",
+        "--volume=/dev/shm/nodeagent/a.j+shm:/dev/shm",
         "--volume=/var/log/nodeagent/j:/var/log/nodeagent/j",
         "--volume=/dev/shm/nodeagent/a.j:/dev/shm/nodeagent/a.j",
         "--volume=/data/in:/in:ro",
@@ -169,7 +169,7 @@ def _spec(tmp_path: Path, rank: int, generation: int) -> WorkerSpec:
 def test_a_jobs_containers_have_their_own_directories_names_and_cidfiles(tmp_path: Path) -> None:
     made: list[tuple[Path, int, int, int]] = []
     runtime = _Runtime()
-    shm, run = tmp_path / "a.j.shm", tmp_path / "a.j.run"
+    shm, run = tmp_path / "a.j+shm", tmp_path / "a.j+run"
 
     def make_dir(path: Path, mode: int, uid: int, gid: int) -> None:
         made.append((path, mode, uid, gid))
@@ -235,12 +235,15 @@ def test_a_service_that_cannot_be_asked_is_not_asked_again_at_each_ranks_start(
 
 
 def test_a_directory_another_jobs_tier_holds_is_refused_not_taken_over(tmp_path: Path) -> None:
-    """Job `j.run`'s memory tier on node a would be job j's env-file directory there, its
-    user's: a worker of j does not start (its log says why) rather than write its
-    environment where that user can read and change it."""
+    """Job `j.run`'s memory tier on node a was job j's env-file directory there, its user's.
+    No job's tier has that name now (`<tier>+run`); a directory there marked as another job's
+    all the same: a worker of j does not start (its log says why) rather than write its
+    environment where that job's user can read and change it."""
     memory_dir = tmp_path / "shm"
     memory_dir.mkdir(mode=0o755)
-    space.make_marked(memory_dir / "a.j.run", "the tier", 0o700, "a", "j.run", uid=65534)
+    tier = CheckpointConfig(memory_size=1, memory_dir=str(memory_dir)).memory_tier("a", "j.run")
+    assert Path(tier) != memory_dir / "a.j+run"
+    space.make_marked(memory_dir / "a.j+run", "the tier", 0o700, "a", "j.run", uid=65534)
     job = {
         "id": "j",
         "entrypoint": ["true"],
@@ -254,6 +257,6 @@ def test_a_directory_another_jobs_tier_holds_is_refused_not_taken_over(tmp_path:
     assert isinstance(config, Config)
     made = _containers(config)
     assert made is not None
-    with pytest.raises(OSError, match=r"a\.j\.run is job j\.run's on node a, not j's"):
+    with pytest.raises(OSError, match=r"a\.j\+run is job j\.run's on node a, not j's"):
         made.command(_spec(tmp_path, 0, 1))
-    assert (memory_dir / "a.j.run").stat().st_uid == 65534  # left as it was
+    assert (memory_dir / "a.j+run").stat().st_uid == 65534  # left as it was

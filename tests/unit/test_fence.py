@@ -111,7 +111,7 @@ def test_bounded_call_gives_up_at_its_deadline_and_blocks_nothing_behind_it() ->
 
 
 def test_a_containerised_group_names_its_cidfile_and_reads_back() -> None:
-    cidfile = "/dev/shm/nodeagent/a.j.run/nodeagent-j-a-g2-rank1.cid"
+    cidfile = "/dev/shm/nodeagent/a.j+run/nodeagent-j-a-g2-rank1.cid"
     orders = Orders(1.0, 2.0, (Group(10, 3), Group(11, 4, cidfile)))
     assert Orders.from_line(orders.to_line()) == orders
     assert f'"groups": [[10, 3], [11, 4, "{cidfile}"]]'.encode() in orders.to_line()
@@ -169,7 +169,7 @@ def test_only_a_cidfile_the_agent_alone_could_have_written_is_read(tmp_path: Pat
     """A record outlives a reboot, /dev/shm does not: a user who makes memory_dir first must
     not steer the record's kill at another container, nor hang the agent on a FIFO."""
     memory_dir = tmp_path / "nodeagent"
-    run = memory_dir / "a.j.run"
+    run = memory_dir / "a.j+run"
     run.mkdir(parents=True)
     for directory in (tmp_path, memory_dir, run):
         directory.chmod(0o700)
