@@ -237,7 +237,11 @@ class Agent:
         self._apply(decide(self._local_view(now)), now)
         self._guard()
         self._metrics.worker_states(self._workers.workers())
-        self._notify.report(self._status_line(), self._shutting_down)  # after the sync
+        # STOPPING=1 only where this job's end is the daemon's (`nodeagent launch`). A pool
+        # node's loop says it itself when the daemon stops: a job's agent leaving its job said
+        # it too, and systemd, taking the whole service for stopping, SIGKILLed the agent and
+        # the next job's workers TimeoutStopSec later (found on booted nodes, tests/booted).
+        self._notify.report(self._status_line(), self._shutting_down and self._single is not None)
         self._metrics.beats(self._watchers.last_progress())
         if snapshot is not None and self._leader is not None and not self._shutting_down:
             self._lead(snapshot)

@@ -124,3 +124,38 @@ def test_a_pool_node_without_a_job_is_ready_and_pings(
         assert any(m.startswith("STOPPING=1") for m in systemd.receive())
     finally:
         pool.stop()
+
+
+def test_a_pool_node_leaving_a_job_does_not_tell_systemd_it_stops(
+    systemd: FakeSystemd, redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """A pool node whose job ends (here: cancelled) goes on serving the pool: STOPPING=1 is the
+    daemon's to say, when it stops. The job's agent said it as it left its job, and systemd
+    took the whole service for stopping: TimeoutStopSec later it SIGKILLed the agent and the
+    workers of the job it served by then (booted nodes, under the shipped unit)."""
+    pool = PoolCluster(redis_server.url, tmp_path, pool=job_id)
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(pool.config("a")))
+    env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "400000"}
+    pool.agents["a"] = agent = start_agent("a", path, tmp_path, env=env)
+    try:
+        pool.wait_nodes(1)
+        submitted = pool.ctl("submit", "--name", "short", "--nodes", "1", "--", "sleep", "600")
+        assert submitted.returncode == 0, submitted.stderr
+        wait_for(lambda: pool.placements().get("a") == "short", 30, "the job to be placed")
+        wait_for(lambda: any("job running" in m for m in systemd.receive()), 30, "the job to run")
+        said = len(systemd.receive())
+        assert pool.ctl("cancel", "short").returncode == 0
+        wait_for(lambda: not pool.placements().get("a"), 30, "the node to be free again")
+        wait_for(
+            lambda: any("free in pool" in m for m in systemd.receive()[said:]),
+            30,
+            "the node to say it is free",
+        )
+        assert not [m for m in systemd.receive() if "STOPPING=1" in m]
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(15) == 0
+        time.sleep(0.2)
+        assert any(m.startswith("STOPPING=1") for m in systemd.receive())
+    finally:
+        pool.stop()
