@@ -13,7 +13,13 @@ import pytest
 import yaml
 
 from nodeagent.telemetry.sdnotify import Notifier
-from tests.helpers.cluster import RedisServer, local_cluster, start_agent, wait_for
+from tests.helpers.cluster import (
+    AgentProcess,
+    RedisServer,
+    local_cluster,
+    start_agent,
+    wait_for,
+)
 from tests.helpers.pool import PoolCluster
 
 
@@ -103,6 +109,14 @@ def test_agent_under_systemd(
         assert cluster.starts(1)
 
 
+def _stops_saying_so(agent: AgentProcess, systemd: FakeSystemd) -> None:
+    """SIGTERM: the daemon exits 0, having told systemd STOPPING=1."""
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.proc.wait(15) == 0
+    time.sleep(0.2)
+    assert any(m.startswith("STOPPING=1") for m in systemd.receive())
+
+
 def test_a_pool_node_without_a_job_is_ready_and_pings(
     systemd: FakeSystemd, redis_server: RedisServer, job_id: str, tmp_path: Path
 ) -> None:
@@ -118,10 +132,7 @@ def test_a_pool_node_without_a_job_is_ready_and_pings(
         wait_for(lambda: sum(m == "WATCHDOG=1" for m in systemd.receive()) >= 3, 15, "pings")
         messages = systemd.receive()
         assert messages[0] == f"READY=1\nSTATUS=free in pool {job_id}", messages[:3]
-        agent.proc.send_signal(signal.SIGTERM)
-        assert agent.proc.wait(15) == 0
-        time.sleep(0.2)
-        assert any(m.startswith("STOPPING=1") for m in systemd.receive())
+        _stops_saying_so(agent, systemd)
     finally:
         pool.stop()
 
@@ -153,9 +164,6 @@ def test_a_pool_node_leaving_a_job_does_not_tell_systemd_it_stops(
             "the node to say it is free",
         )
         assert not [m for m in systemd.receive() if "STOPPING=1" in m]
-        agent.proc.send_signal(signal.SIGTERM)
-        assert agent.proc.wait(15) == 0
-        time.sleep(0.2)
-        assert any(m.startswith("STOPPING=1") for m in systemd.receive())
+        _stops_saying_so(agent, systemd)
     finally:
         pool.stop()

@@ -333,13 +333,17 @@ def test_the_leaders_judgments_keep_to_a_grid_of_windows() -> None:
 
     now = [100.0]
     store = _Speeds()
-    slow = SlowWatch(
-        store,  # type: ignore[arg-type]
-        SlowPolicy(window_s=2.0),
-        AgentMetrics("j", "test"),
-        lambda: now[0],
-        lambda fn, _what: fn(),
-    )
+
+    def watch(window_s: float) -> SlowWatch:
+        return SlowWatch(
+            store,  # type: ignore[arg-type]
+            SlowPolicy(window_s=window_s),
+            AgentMetrics("j", "test"),
+            lambda: now[0],
+            lambda fn, _what: fn(),
+        )
+
+    slow = watch(2.0)
     record: Any = None
     for at, judged, due in ((100.0, 1, 102.0), (101.0, 1, 102.0), (102.3, 2, 104.0)):
         now[0] = at
@@ -348,11 +352,4 @@ def test_the_leaders_judgments_keep_to_a_grid_of_windows() -> None:
     now[0] = 107.5  # a leader that was frozen for two windows
     slow.tick("token", record, dict, 0)
     assert (store.read, slow.next_due()) == (3, 109.5)
-    off = SlowWatch(
-        store,  # type: ignore[arg-type]
-        SlowPolicy(window_s=0),
-        AgentMetrics("j", "test"),
-        lambda: now[0],
-        lambda fn, _what: fn(),
-    )
-    assert off.next_due() is None
+    assert watch(0).next_due() is None
