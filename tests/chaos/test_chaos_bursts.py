@@ -19,11 +19,11 @@ import pytest
 from tests.helpers.cluster import LocalCluster, RedisServer, wait_for
 from tests.helpers.fsdp import (
     committed,
+    formed,
     fsdp_cluster,
     lines,
     lose,
     resumed_from_memory,
-    wait_until_step,
 )
 from tests.helpers.munge import MungeDaemon
 
@@ -71,7 +71,7 @@ def test_two_nodes_lost_at_once_then_a_worker_crash_never_restore_the_start(
     ) as cluster:
         cluster.min_nodes = 2
         cluster.start(*NODES)
-        wait_until_step(cluster, 1, 3 * EVERY)
+        formed(cluster, len(NODES), 3 * EVERY)
         before = committed(cluster, 2 * EVERY)["committed"]
         members = cluster.status()["members"]
         lost = [str(members[0]), str(members[-1])]  # rank 0's node and another, at once

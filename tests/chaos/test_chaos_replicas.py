@@ -19,7 +19,7 @@ import pytest
 
 from tests.chaos import netns
 from tests.chaos.harness import RedisInHub, network
-from tests.helpers.fsdp import committed, fsdp_cluster, resumed_from_memory, wait_until_step
+from tests.helpers.fsdp import committed, formed, fsdp_cluster, resumed_from_memory
 from tests.helpers.munge import MungeDaemon
 
 pytest.importorskip("torch")
@@ -65,7 +65,7 @@ def test_a_partitioned_nodes_copies_are_not_counted_while_it_is_cut_off(
                 munge_socket=munged.socket,
             ) as cluster:
                 cluster.start(*NODES)
-                wait_until_step(cluster, 1, 3 * EVERY)
+                formed(cluster, len(NODES), 3 * EVERY)
                 before = committed(cluster, 2 * EVERY)
                 assert before["under_replicated"] == []
                 leader = str(cluster.status()["leader"]).split(" ", 1)[0]

@@ -21,6 +21,7 @@ from nodeagent.supervisor.container import job_prefix
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
 from tests.helpers.fsdp import (
     events,
+    formed,
     fsdp_cluster,
     rank0,
     restored,
@@ -169,23 +170,27 @@ def test_the_memory_tier_restores_into_a_container_and_a_stop_saves_the_last_ste
 ) -> None:
     with fsdp_in_image(redis_server, job_id, tmp_path, shm, image) as cluster:
         cluster.start("a", "b", "c")
-        wait_until_step(cluster, 1, 12)
+        first = formed(cluster, 3, 12)
         os.kill(_workers(job_id, "b", FSDP)[0], signal.SIGKILL)
-        cluster.wait_status(lambda d: d["generation"] >= 2 and d["state"] == "running", 60, "gen 2")
-        back = restored(cluster, 2)
-        assert back["digest"] == saved_digests(cluster, 1)[back["step"]]  # bit for bit
-        assert tiers_said(cluster, 2, 3) == {"memory"}
+        killed = cluster.wait_status(
+            lambda d: d["generation"] > first and d["state"] == "running", 60, "a re-form"
+        )["generation"]
+        back = restored(cluster, killed)
+        assert back["digest"] == saved_digests(cluster, first)[back["step"]]  # bit for bit
+        assert tiers_said(cluster, killed, 3) == {"memory"}
         ready = [e for e in events(cluster, "image_ready") if e["node"] == "b"]
         assert ready and ready[0]["data"]["image"] == image
 
-        wait_until_step(cluster, 2, back["step"] + 8)
+        wait_until_step(cluster, killed, back["step"] + 8)
         assert cluster.ctl("scale", "2").returncode == 0  # a graceful stop: every rank saves
-        cluster.wait_status(lambda d: d["generation"] >= 3 and d["world_size"] == 2, 90, "world 2")
-        back = restored(cluster, 3)
-        stopped = [x["step"] for x in rank0(cluster, 2, "stopped")]
+        scaled = cluster.wait_status(
+            lambda d: d["generation"] > killed and d["world_size"] == 2, 90, "world 2"
+        )["generation"]
+        back = restored(cluster, scaled)
+        stopped = [x["step"] for x in rank0(cluster, killed, "stopped")]
         assert stopped == [back["step"]]  # the step the stop saved inside the container: none lost
-        assert back["digest"] == saved_digests(cluster, 2)[back["step"]]
-        wait_until_step(cluster, 3, back["step"] + 4)
+        assert back["digest"] == saved_digests(cluster, killed)[back["step"]]
+        wait_until_step(cluster, scaled, back["step"] + 4)
         cluster.ctl("stop")
 
 

@@ -16,6 +16,7 @@ from tests.helpers.cluster import LocalCluster, RedisServer
 from tests.helpers.fsdp import (
     EVERY,
     events,
+    formed,
     fsdp_cluster,
     lines,
     pids,
@@ -53,12 +54,12 @@ def test_survivors_of_a_killed_worker_keep_their_processes_and_resume_from_memor
 ) -> None:
     with fsdp_cluster(redis_server, job_id, tmp_path, shm, steps=60, in_place=True) as cluster:
         cluster.start("a", "b", "c")
-        wait_until_step(cluster, 1, 10)
-        before = pids(cluster, 1)
+        first = formed(cluster, 3, 10)
+        before = pids(cluster, first)
         victim = psutil.Process(cluster.worker_pids("b")[0])
         victim.kill()
         victim.wait(10)
-        generation = next_generation(cluster, 1, 3)
+        generation = next_generation(cluster, first, 3)
         back = restored(cluster, generation)
         after = pids(cluster, generation)
         assert after[0] == before[0] and after[2] == before[2]  # survivors: the same processes
@@ -75,8 +76,7 @@ def test_scale_in_place_saves_the_step_reached_and_reshards_it_bitwise(
 ) -> None:
     with fsdp_cluster(redis_server, job_id, tmp_path, shm, steps=400, in_place=True) as cluster:
         cluster.start("a", "b", "c")
-        wait_until_step(cluster, 1, 2 * EVERY + 1)
-        generation = 1
+        first = generation = formed(cluster, 3, 2 * EVERY + 1)
         for target in (2, 3):
             before = generation
             kept = pids(cluster, before)
@@ -94,6 +94,6 @@ def test_scale_in_place_saves_the_step_reached_and_reshards_it_bitwise(
             assert len(survivors) == min(target, len(kept))  # nobody restarted who stayed
             wait_until_step(cluster, generation, back["step"] + 2)
         said = events(cluster, "checkpoint_restored")
-        assert {e["data"]["tier"] for e in said if e["generation"] > 1} == {"persistent"}
+        assert {e["data"]["tier"] for e in said if e["generation"] > first} == {"persistent"}
         cluster.ctl("stop")
         cluster.wait_status(lambda d: d["state"] == "stopped", 60, "the job to stop")

@@ -20,6 +20,7 @@ from tests.helpers.cluster import LocalCluster, RedisServer, wait_for
 from tests.helpers.fsdp import (
     committed,
     events,
+    formed,
     fsdp_cluster,
     lose,
     pids,
@@ -64,7 +65,7 @@ def replicated(
     ) as cluster:
         cluster.min_nodes = fewest or len(nodes) - 1
         cluster.start(*nodes)
-        wait_until_step(cluster, 1, 3 * EVERY)
+        formed(cluster, len(nodes), 3 * EVERY)
         yield cluster
 
 
@@ -137,7 +138,7 @@ def test_three_nodes_in_place_survive_a_second_loss_keeping_their_processes(
     ) as cluster:
         cluster.min_nodes = 1
         cluster.start("a", "b", "c")
-        wait_until_step(cluster, 1, 3 * EVERY)
+        formed(cluster, 3, 3 * EVERY)
         before = committed(cluster, 2 * EVERY)
         kept = {cluster.worker_pids(n)[0] for n in ("a", "b")}
         lose(cluster, shm, "c")

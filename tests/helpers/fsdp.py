@@ -143,6 +143,15 @@ def wait_until_step(cluster: LocalCluster, generation: int, step: int) -> None:
     wait_for(lambda: newest_step(cluster, generation) >= step, 90, f"step {step}")
 
 
+def formed(cluster: LocalCluster, world: int, step: int) -> int:
+    """The generation that runs all `world` started nodes, once its rank 0 printed `step`. On a
+    loaded machine an agent can start after the join settle (300 ms) has formed a smaller world
+    of the others: the generation a test first acts on is then not the first one."""
+    generation: int = cluster.wait_running(world, 120)["generation"]
+    wait_until_step(cluster, generation, step)
+    return generation
+
+
 def events(cluster: LocalCluster, kind: str) -> list[dict[str, Any]]:
     return [e for e in cluster.events() if e["type"] == kind]
 
