@@ -8,6 +8,7 @@ of tiers this node no longer serves), wire.py (the replica protocol's wire forma
 transport.py (the listener: copies of peers' saves taken, fetches served), sender.py (a copy
 sent, a save fetched), peerauth.py (how peers on the checkpoint plane prove they are agents:
 MUNGE), replicas.py (Replicas: a job's replica area on this node, its listener and the copies
-it makes). The formats are nodeagent.channel's (tier, manifests,
+it makes), persistcopy.py (a submitted job's copies to its persistent tier, made by a
+program run as the job's user). The formats are nodeagent.channel's (tier, manifests,
 restore); what goes into Redis is nodeagent.model.tiers'.
 """

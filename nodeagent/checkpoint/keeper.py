@@ -25,6 +25,7 @@ from pathlib import Path
 from nodeagent.channel import beneath, manifests, pin, tier
 from nodeagent.channel.restore import RestoreReport, read_report
 from nodeagent.checkpoint import scan, space
+from nodeagent.checkpoint.persistcopy import IN_AGENT, Copier
 from nodeagent.config.settings import CheckpointConfig
 from nodeagent.model.tiers import MAX_BAD, Held, TierReport
 
@@ -91,13 +92,17 @@ class TierKeeper:
         job: str,
         clock: Callable[[], float] = time.monotonic,
         most: int | None = None,
+        copier: Copier = IN_AGENT,
     ) -> None:
         """`most`: the bytes one rank's save may take (a manifest naming more is refused
-        before a byte of it is read); None: half the tier, what one local rank may take."""
+        before a byte of it is read); None: half the tier, what one local rank may take.
+        `copier`: where the copies to the persistent tier run (a submitted job's: as its
+        user, checkpoint/persistcopy.py)."""
         self.memory = Path(config.memory_tier(node, job))
         self.most = most if most is not None else config.rank_limit(1)
         self._node, self._job = node, job
         self.persist_root = Path(config.persist_dir) if config.persist_dir else None
+        self._copier = copier
         self.every = config.persist_every
         # Copies go to peers (job.checkpoint.replicas): every save is verified as it comes, not
         # only those due for the persistent tier, so that it is reported and can be sent.
@@ -380,7 +385,7 @@ class TierKeeper:
         began = self._clock()
         before = [scan.identity(save.slot) for save in newest]
         try:
-            copied = scan.persist(newest, root, self._group)
+            copied = self._copier.persist(newest, root, self._group, self.most)
         except manifests.BadCopy:
             if [scan.identity(save.slot) for save in newest] != before:
                 log.info("step %d was replaced while being copied", newest[0].manifest.step)
@@ -389,7 +394,7 @@ class TierKeeper:
         seconds = self._clock() - began
         # Outside the lock, which the agent's heartbeat takes (look): a slow persist_dir must
         # not hold its loop up. Only this thread writes _persisted.
-        kept = scan.prune(
+        kept = self._copier.prune(
             root, [*self._persisted, copied], KEEP_PERSISTED, self._protected, copied.ranks
         )
         size = sum(s.manifest.size for s in newest)

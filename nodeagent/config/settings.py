@@ -57,6 +57,10 @@ class CheckpointConfig:
     # or none (anyone who reaches the listener; only where the config says so). Under
     # pool.auth: munge the plane is always munge's.
     replica_auth: str = "munge"
+    # Copies into persist_dir run as the workers' user (checkpoint/persistcopy.py), never as
+    # root: set for a submitted job, whose persist_dir its submitter chose (model/spec.py's
+    # run_config). Never read from a config file or a spec.
+    persist_as_user: bool = False
 
     def memory_tier(self, node: str, job: str) -> str:
         return f"{self.memory_dir.rstrip('/') or '/'}/{node}.{job}"

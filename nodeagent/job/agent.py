@@ -47,7 +47,7 @@ from nodeagent.job.slowwatch import SlowWatch, slow_policy
 from nodeagent.job.speed import SpeedWatch
 from nodeagent.job.watch import WorkerWatch
 from nodeagent.model.job import Cordon, Event, JobRecord, NodeReport, WorkerInfo
-from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
+from nodeagent.state import NODE_TRANSITIONS, JobState, NodeState, check_transition
 from nodeagent.supervisor.fence import Group, Keeper
 from nodeagent.supervisor.spec import WorkerSpec, pick_free_port, worker_specs
 from nodeagent.supervisor.status import GroupPhase, GroupStatus, Started, WorkerExit
@@ -120,6 +120,7 @@ class Agent:
         self._next_sync = 0.0
         self._dirty = True
         self._shutting_down = False
+        self._shutdown_began: float | None = None  # when a tick first saw it
         self._force = False
         self._left = False
         self._last_error: str | None = None
@@ -211,6 +212,8 @@ class Agent:
 
     def tick(self) -> None:
         now = self._last_tick = self._clock()
+        if self._shutting_down and self._shutdown_began is None:
+            self._shutdown_began = now
         if self._fence_due(now) and self._fenced_generation is None:
             # The loop ran late (the agent was frozen, the machine starved it): the lease may be
             # lapsing and the keeper may have acted. Fence before reaping, so that these exits
@@ -387,12 +390,32 @@ class Agent:
 
     @property
     def _drained(self) -> bool:
-        return self._cordon is not None and self._cordon.drain
+        """This node leaves the job's next generation of its own accord: it is drained, or its
+        agent is shutting down (`systemctl stop`). Either way it hands the save its workers made
+        as they stopped to its successors before it acknowledges (job/checkpoints/handover.py):
+        else the new world, lacking its ranks of that step, went back to the committed one
+        (found on the booted nodes: 6 steps lost to a `systemctl stop` on a member)."""
+        return (self._cordon is not None and self._cordon.drain) or self._shutting_down
 
     def _holds_back(self, group: GroupStatus) -> bool:
         """This node's tiers hold back its acknowledgement of the next generation."""
         assert self._tiers is not None
-        return self._tiers.holds_back(group, self.record, self._drained)
+        held = self._tiers.holds_back(group, self.record, self._drained)
+        return held or self._awaiting_announcement(group)
+
+    def _awaiting_announcement(self, group: GroupStatus) -> bool:
+        """Shutting down, this node hands its stop save over once the leader announces the
+        generation it leaves; its workers may stop before that announcement comes (the leader
+        makes it at its next round after reading this node LEAVING). Until it comes, or for a
+        lease at most (no leader to announce: the whole job stopping), the node stays."""
+        record, began = self.record, self._shutdown_began
+        if not self._shutting_down or began is None or record is None or group.active:
+            return False
+        if self._tiers is None or not self._tiers.hands_over:
+            return False
+        if record.state is not JobState.RUNNING or self.name not in record.members:
+            return False
+        return self._clock() - began < self.config.timing.lease_ttl
 
     def _local_view(self, now: float) -> LocalView:
         group = self._workers.status()

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeagent.config.container import on_node
+from nodeagent.config.container import Mount, on_node
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.identity import resolve as resolve_user
 from nodeagent.config.load import JOB_TIMING, job_fields, job_timing
@@ -225,9 +225,8 @@ def _time_limit(root: Section) -> tuple[float | None, tuple[str, float] | None]:
 
 def _nodes_own_paths(checkpoint: CheckpointConfig | None) -> None:
     """A submitted job names no path the agent writes as root: its memory tier is where each
-    node keeps them (the default memory_dir), and a persistent tier it would copy into, as
-    root, a directory the submitter controls (not supported for submitted jobs yet; a node's
-    own job: section may name one).
+    node keeps them (the default memory_dir). Its persistent tier, a directory the submitter
+    chose, the agent writes as the job's user (run_config).
 
     Raises: ConfigError naming the key."""
     if checkpoint is None:
@@ -238,19 +237,13 @@ def _nodes_own_paths(checkpoint: CheckpointConfig | None) -> None:
             "where the memory tier lives is each node's decision, not a submitted job's "
             f"(they keep it under {CheckpointConfig.memory_dir}): remove the key",
         )
-    if checkpoint.persist_dir is not None:
-        raise ConfigError(
-            "checkpoint.persist_dir",
-            "a submitted job cannot have a persistent tier yet (the agent would write it, as "
-            "root, into a directory the submitter controls): remove the key; the script's own "
-            "Checkpointer(directory) is the last source its restores fall back to",
-        )
 
 
 def _checkpoint_doc(checkpoint: CheckpointConfig | None) -> dict[str, Any] | None:
     if checkpoint is None:
         return None
     doc = dataclasses.asdict(checkpoint)
+    del doc["persist_as_user"]  # each node's decision (run_config), not the spec's
     doc["replication"] = {
         "max_rate": doc.pop("max_rate"),
         "port": doc.pop("replica_port"),
@@ -298,7 +291,8 @@ def spec_of(job: JobConfig, timing: TimingConfig) -> JobSpec:
 
 def run_config(spec: JobSpec, settings: NodeSettings, resolve: Resolver | None = None) -> Config:
     """What this node runs the job with: its settings, the spec's job and timing, and the
-    workers' user, if this node allows it.
+    workers' user, if this node allows it. Its persistent tier is copied as that user (in a
+    container, bound in as one of the job's mounts, judged like them).
 
     Raises:
         ConfigError: naming `user` (or `group`): not allowed on this node, unknown here, or
@@ -321,15 +315,22 @@ def run_config(spec: JobSpec, settings: NodeSettings, resolve: Resolver | None =
             f"pool.users ({', '.join(pool.users) or 'none'}) nor a member of its pool.groups "
             f"({', '.join(pool.groups) or 'none'})",
         )
+    checkpoint = spec.job.checkpoint
+    if checkpoint is not None and checkpoint.persist_dir is not None:
+        checkpoint = dataclasses.replace(checkpoint, persist_as_user=True)
     container = spec.job.container
     if container is not None:
+        if checkpoint is not None and checkpoint.persist_dir is not None:
+            # bound into the containers: judged as any mount the job asks for
+            tier = Mount(checkpoint.persist_dir, checkpoint.persist_dir)
+            container = dataclasses.replace(container, mounts=(*container.mounts, tier))
         placed = on_node(settings.containers, container, resolve.real_path)
         if isinstance(placed, str):
             raise ConfigError("container", f"node {settings.node.name}: {placed}")
         container = placed  # mounts from the paths resolved and judged here
     worker = resolve_user(spec.user, spec.group, pool.allow_root, spec.job.env, resolve)
     timing = dataclasses.replace(settings.timing, **spec.timing)
-    job = dataclasses.replace(spec.job, user=worker, container=container)
+    job = dataclasses.replace(spec.job, user=worker, container=container, checkpoint=checkpoint)
     return settings.running(job, timing)
 
 

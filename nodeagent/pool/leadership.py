@@ -148,6 +148,7 @@ def _job_view(
         held=snap.holds.get(job_id),
         requeue=requeue.by if requeue and requeue.admitted_ms == status.admitted_ms else None,
         exit_code=record.exit_code if record is not None and record.state.terminal else None,
+        standby=job.slow_node.policy == "replace",
     )
 
 

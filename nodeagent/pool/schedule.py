@@ -223,6 +223,7 @@ def schedule(view: PoolView, policy: SchedulePolicy) -> Schedule:
     reserved = _admit(run, policy)
     if not reserved:
         _grow(run, policy)
+        _stand_by(run)
     settled = {job.id: run.status(job) for job in view.jobs.values()}
     run.jobs.update(lifecycle.account(view, run.placements, settled))
     return Schedule(run.placements, run.jobs, tuple(run.events))
@@ -450,6 +451,33 @@ def _could_fit(run: _Run, job: JobView) -> str | None:
 
 def matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in selector.items())
+
+
+def _stand_by(run: _Run) -> None:
+    """A running job that replaces its slow nodes (slow_node.policy: replace) holds one free
+    node beyond its target: the spare its leader swaps in for a slow member
+    (docs/slow-nodes.md). Last in the round, so only a node that no pending job and no growing
+    job took (none while free nodes are held for a pending one); `_shrink` hands it back at
+    the start of the next round, where they come first again, and here the same node is taken
+    again while it is free (its agent keeps standing by: no churn)."""
+    for job in sorted(run.view.jobs.values(), key=lambda j: j.order):
+        status = run.status(job)
+        if not job.standby or status.state is not PoolJobState.RUNNING or status.pinned:
+            continue
+        if len(run.by_job.get(job.id, ())) != job.target_nodes:
+            continue  # short of its target (no free node is left) or holding one already
+        room = run.ledger.room(job.queue)
+        if room is not None and room < 1:
+            continue
+        before = sorted(
+            node
+            for node, held in run.view.placements.items()
+            if held == job.id and node not in run.placements and run.usable(job, node)
+        )
+        if before:
+            run.place(before[0], job.id)
+        else:
+            run.take(job, 1)
 
 
 def _grow(run: _Run, policy: SchedulePolicy) -> None:

@@ -51,6 +51,7 @@ class JobView:
     held: str | None = None  # who holds it (a pending job is not admitted while held)
     requeue: str | None = None  # who asked to put this run back in the queue
     exit_code: int | None = None  # its record's, once the record has ended
+    standby: bool = False  # holds a free node beyond its target (slow_node.policy: replace)
 
     @property
     def order(self) -> tuple[int, int]:

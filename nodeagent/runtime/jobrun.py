@@ -5,6 +5,7 @@ metrics are its own, made when the node starts serving the job and closed when i
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -16,9 +17,10 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from nodeagent import __version__
-from nodeagent.checkpoint import space
+from nodeagent.checkpoint import persistcopy, space
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.peerauth import MungePlane, PlaneAuth, Unauthenticated
+from nodeagent.checkpoint.persistcopy import IN_AGENT, AsJobUser
 from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.checkpoint.transport import Listening
 from nodeagent.config.settings import CheckpointConfig, Config, beside_tier
@@ -35,6 +37,7 @@ from nodeagent.model.credential import MungeUnavailable
 from nodeagent.model.job import Event
 from nodeagent.runtime.pulls import Pulled
 from nodeagent.runtime.wakeup import Waker
+from nodeagent.supervisor.asuser import run_as
 from nodeagent.supervisor.container import Containers, Podman
 from nodeagent.supervisor.fence import Keeper
 from nodeagent.supervisor.group import Supervisor
@@ -79,8 +82,11 @@ def _tiers(config: Config) -> TierKeeper | None:
     if checkpoint is None:
         return None
     most = checkpoint.rank_limit(config.job.nproc_per_node)
-    keeper = TierKeeper(checkpoint, config.node.name, config.job.id, most=most)
     user = config.job.user
+    copier = IN_AGENT
+    if checkpoint.persist_as_user and user is not None:  # a submitted job's own directory
+        copier = AsJobUser(functools.partial(run_as, user, most=persistcopy.REPLY_MAX))
+    keeper = TierKeeper(checkpoint, config.node.name, config.job.id, most=most, copier=copier)
     if user is not None and user.switch:
         keeper.prepare(user.uid, user.gid)
     else:

@@ -182,7 +182,10 @@ class Podman:
             argv.append(f"--workdir={launch.workdir}")
         if launch.shm_dir:
             argv.append(f"--volume={launch.shm_dir}:/dev/shm")
-        argv += [f"--volume={path}:{path}" for path in launch.binds]
+        # A directory the job mounts itself (a submitted job's persist_dir, judged as a mount:
+        # model/spec.run_config) is bound once, from the source judged.
+        mounted = {m.target for m in self._spec.mounts}
+        argv += [f"--volume={path}:{path}" for path in launch.binds if path not in mounted]
         argv += [f"--volume={m.spelled()}" for m in self._spec.mounts]
         argv += [f"--device=nvidia.com/gpu={gpu}" for gpu in launch.gpus]
         argv += [f"--device={device}" for device in self._rule.devices]

@@ -46,7 +46,7 @@ _PR_SET_PDEATHSIG = 1
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 
 
-def _die_with(parent: int) -> Callable[[], None]:
+def die_with(parent: int) -> Callable[[], None]:
     """Runs in the child before exec: the kernel SIGKILLs it when the agent dies, even by
     SIGKILL (PR_SET_PDEATHSIG survives exec). Only async-signal-safe calls here."""
 
@@ -84,7 +84,7 @@ def _start(
         user=ids[0],
         group=ids[1],
         extra_groups=ids[2],
-        preexec_fn=_die_with(os.getpid()),  # only prctl and getppid run there
+        preexec_fn=die_with(os.getpid()),  # only prctl and getppid run there
     )
 
 

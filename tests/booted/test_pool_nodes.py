@@ -6,13 +6,14 @@ Debian's package signs the requests. Each test acts as an operator or a user wou
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import shlex
 from typing import Any
 
 import pytest
 
-from tests.helpers.booted import ROOT, BootedPool, Node
+from tests.helpers.booted import ROOT, SHARED, BootedPool, Node
 from tests.helpers.cluster import wait_for
 
 pytestmark = [pytest.mark.booted, pytest.mark.timeout(600)]
@@ -193,4 +194,74 @@ def test_the_memory_tier_restores_a_lost_worker_and_a_lost_node_bitwise(pool: Bo
         assert _tiers_said(pool, job, generation, 2) == {"memory"}  # from peers' copies
     finally:
         lost.boot()
+    # Rebooted, the node's agent starts with it (enabled by the role), rejoins its pool, and
+    # the job grows back onto it.
+    generation = _reformed(pool, job, generation, world=3)
+    assert lost.name in status(pool, job)["members"]
+    back = _restored(pool, job, generation, world=3)
+    assert back["digest"] == _saved(pool, job, generation - 1, back["step"])
     pool.ctl("cancel", job, user="alice")
+
+
+def test_a_persistent_tier_written_as_its_user_outlives_every_nodes_memory(
+    pool: BootedPool,
+) -> None:
+    """alice's job keeps a persistent tier in her own directory of the nodes' shared file
+    system (issue 51: a submitted job's persist_dir, copied as its user, never as root). Every
+    node's agent and workers are killed at once and the memory tiers wiped: the unit restarts
+    each agent, and the job resumes from the persistent tier, bit for bit, no older than the
+    step it recorded as persisted. Then `systemctl stop nodeagent` on a member: its ranks take
+    the emergency save and the job re-forms without it, losing no step; started again, it
+    grows back."""
+    job = "persist-alice"
+    n1 = pool.node("n1")
+    n1.sh(f"install -d -o alice -g alice -m 0700 {SHARED}/alice")
+    spec = _fsdp_spec(job, nodes=3, steps=4000)
+    spec["checkpoint"] |= {"persist_dir": f"{SHARED}/alice/ckpt", "persist_every": 2}
+    _submit_spec(pool, "alice", spec)
+    _persisted(pool, job, 2 * EVERY)
+    # Each node's copies are alice's, none root's: made by a program run as alice.
+    assert n1.sh(f"find {SHARED}/alice -not -user alice").stdout == ""
+    assert n1.sh(f"ls {SHARED}/alice/ckpt").stdout.split()[0].startswith("step-")
+
+    generation = status(pool, job)["generation"]
+    persisted = status(pool, job)["checkpoints"]["persisted"]
+    _on_every_node(pool, "systemctl kill -s KILL nodeagent; rm -rf /dev/shm/nodeagent/*")
+    generation = _reformed(pool, job, generation, world=3)  # Restart=on-failure, 5 s later
+    back = _restored(pool, job, generation, world=3)
+    assert back["step"] >= persisted, back
+    assert back["digest"] == _saved(pool, job, generation - 1, back["step"])
+    assert _tiers_said(pool, job, generation, 3) == {"persistent"}
+
+    member = pool.node("n3")
+    _committed(pool, job, back["step"] + EVERY)
+    member.systemctl("stop", "nodeagent")
+    try:
+        stopped = generation
+        generation = _reformed(pool, job, generation, world=2)
+        back = _restored(pool, job, generation, world=2)
+        # every rank saved the step it reached as it was told to stop: that step, none lost
+        reached = {x["step"] for x in rank_lines(pool, job, stopped) if x["event"] == "stopped"}
+        assert reached == {back["step"]}, reached
+        assert back["digest"] == _saved(pool, job, stopped, back["step"])
+    finally:
+        member.systemctl("start", "nodeagent")
+    _reformed(pool, job, generation, world=3)
+    pool.ctl("cancel", job, user="alice")
+
+
+def _persisted(pool: BootedPool, job: str, at_least: int) -> int:
+    """The step the job's record names as persisted, once it is `at_least`."""
+
+    def probe() -> int | None:
+        step = (status(pool, job).get("checkpoints") or {}).get("persisted")
+        return step if step is not None and step >= at_least else None
+
+    return wait_for(probe, 240, f"a persisted step >= {at_least}")
+
+
+def _on_every_node(pool: BootedPool, script: str) -> None:
+    """`script` on every node at once (one `podman exec` each, side by side)."""
+    with concurrent.futures.ThreadPoolExecutor(len(pool.nodes)) as run:
+        for done in run.map(lambda n: n.sh(script, check=False), pool.nodes):
+            assert done.returncode == 0, done

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from tests.helpers.fsdp import (
     events,
     formed,
     fsdp_cluster,
+    lines,
     lose,
     pids,
     rank0,
@@ -113,6 +115,30 @@ def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise
         assert [x["step"] for x in rank0(cluster, scaled, "stopped")] == [back["step"]]
         assert back["digest"] == saved_digests(cluster, scaled)[back["step"]]
         assert tiers_said(cluster, drained, 2) == {"memory"}
+
+
+def test_an_agent_stopped_hands_its_stop_save_to_its_successor_and_none_is_lost(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, munged: MungeDaemon
+) -> None:
+    """`systemctl stop nodeagent` on a member (SIGTERM to its agent), without a persistent
+    tier: its ranks save the step they reached as they stop, and so do the others as the job
+    re-forms without it. Its agent waits for the leader's announcement and hands its ranks of
+    that save to its successor before it leaves, so the new world resumes from memory at that
+    step. (Before: the node left with them, and the job went back to the committed step: 6
+    steps lost on the booted nodes.)"""
+    nodes = ("a", "b", "c")
+    with replicated(
+        redis_server, job_id, tmp_path, shm, nodes, fewest=2, munge_socket=munged.socket
+    ) as cluster:
+        committed(cluster, 2 * EVERY)
+        generation = cluster.status()["generation"]
+        agent = cluster.agents["c"]
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(90) == 0
+        step = resumed_from_memory(cluster, 2, 0)
+        stopped = {x["step"] for x in lines(cluster, generation) if x["event"] == "stopped"}
+        assert stopped == {step}, (stopped, step)  # every rank's stop save: none lost
+        assert "held by its successors" in agent.log()
 
 
 def test_three_nodes_in_place_survive_a_second_loss_keeping_their_processes(

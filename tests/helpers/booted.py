@@ -4,7 +4,9 @@ address on a podman network of the test's own, installed by the Ansible role ove
 
 A `Node` is what an operator has of a node: `systemctl`, `journal`, a shell, `kill` (a power
 loss) and `boot` (the same container started again: its disk, the overlay, is kept; /run,
-/tmp and /dev/shm are new), and its `address`.
+/tmp and /dev/shm are new), and its `address`. Every node mounts one directory of this
+machine at /shared, as a site's nodes mount a shared file system (where a job's persistent
+checkpoint tier goes).
 """
 
 from __future__ import annotations
@@ -198,8 +200,12 @@ def _disk(name: str, tag: str) -> Path:
     return merged
 
 
-def boot_nodes(names: Sequence[str], net: Network, tag: str) -> list[Node]:
-    """Containers with systemd as PID 1 from this machine's root file system, booted."""
+SHARED = "/shared"  # where every node mounts the directory `boot_nodes` is given
+
+
+def boot_nodes(names: Sequence[str], net: Network, tag: str, shared: Path) -> list[Node]:
+    """Containers with systemd as PID 1 from this machine's root file system, booted, each
+    with `shared` mounted at SHARED."""
     nodes = []
     for index, name in enumerate(names):
         container = f"nodeagent-booted-{tag}-{name}"
@@ -220,6 +226,7 @@ def boot_nodes(names: Sequence[str], net: Network, tag: str) -> list[Node]:
                 # This checkout (its venv, torch, the example scripts) at its own path, wherever
                 # it is (under /tmp, which starts empty on a node, too).
                 f"--volume={CHECKOUT}:{CHECKOUT}:ro",
+                f"--volume={shared}:{SHARED}",
                 "--ulimit=nofile=4096:4096",
                 "--ulimit=nproc=4096:4096",
                 "--rootfs",
@@ -431,7 +438,9 @@ def booted_pool(directory: Path) -> Iterator[BootedPool]:
         wheel = _wheelhouse(share)
         with network(tag) as net:
             try:
-                nodes = boot_nodes(NAMES, net, tag)
+                shared = share / "shared"
+                shared.mkdir(mode=0o755)
+                nodes = boot_nodes(NAMES, net, tag, shared)
                 key = _authorize(nodes, directory)
                 for node in nodes:
                     for user, uid in USERS.items():

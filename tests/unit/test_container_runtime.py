@@ -93,6 +93,15 @@ def test_a_workers_podman_run_says_all_it_must() -> None:
     assert argv[-5:] == ["localhost/torch:2.5", "python", "train.py", "--lr", "0.1"]
 
 
+def test_a_directory_the_job_mounts_itself_is_bound_once_from_the_source_judged() -> None:
+    """A submitted job's persist_dir: a mount of the job's (model/spec.run_config judged it and
+    resolved its links), not bound again from the variable that names it."""
+    spec = ContainerSpec("localhost/t", parse_mounts("/data/real-ckpt:/shared/ckpt"))
+    launch = _launch(binds=("/var/log/nodeagent/j", "/shared/ckpt"))
+    volumes = [a for a in Podman(ContainerRule(True), spec).run_argv(launch) if "/ckpt" in a]
+    assert volumes == ["--volume=/data/real-ckpt:/shared/ckpt"]
+
+
 def test_without_a_user_switch_or_settings_podman_uses_its_own() -> None:
     argv = Podman(ContainerRule(True), ContainerSpec("localhost/t")).run_argv(
         _launch(user=None, workdir=None, gpus=(), shm_dir=None)

@@ -284,3 +284,36 @@ def test_the_pool_refuses_a_container_only_when_every_node_that_said_refuses_it(
     )  # each reason once
     many = [ContainerRule(True, (f"r{i}/",)) for i in range(5)]
     assert (pool_refusal(spec, many) or "").endswith("(r2/) (and 2 other reasons)")
+
+
+def test_a_submitted_jobs_persistent_tier_is_bound_into_its_containers_as_a_mount(
+    tmp_path: Path,
+) -> None:
+    """Bound in from a path the job chose, so judged like its mounts: under the node's
+    mount_sources, its links resolved (a bind of /root/x would show the job's user what
+    /root's mode hides)."""
+    allowed = tmp_path / "data"
+    (allowed / "ckpt").mkdir(parents=True)
+    (allowed / "escape").symlink_to("/root")
+    node = _node({"allowed": True, "images": ["localhost/"], "mount_sources": [str(allowed)]})
+
+    def placed(persist_dir: str) -> Any:
+        spec = load_spec(
+            {
+                "id": "llama",
+                "entrypoint": ["python", "t.py"],
+                "user": "alice",
+                "container": {"image": "localhost/t:1"},
+                "checkpoint": {"memory_size": "1GiB", "persist_dir": persist_dir},
+            }
+        )
+        return run_config(spec, node, Accounts())
+
+    config = placed(str(allowed / "ckpt"))
+    assert config.job.container is not None
+    [mount] = config.job.container.mounts
+    assert (mount.source, mount.target, mount.read_only) == (str(allowed / "ckpt"),) * 2 + (False,)
+    with pytest.raises(ConfigError, match="escape \\(-> /root\\) is not under"):
+        placed(str(allowed / "escape"))
+    with pytest.raises(ConfigError, match="/elsewhere does not exist on this node"):
+        placed("/elsewhere")

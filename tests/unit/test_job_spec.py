@@ -183,3 +183,26 @@ def test_a_pinned_jobs_spec_names_none_of_its_nodes_paths_and_reads_back() -> No
     assert back.job.checkpoint.memory_dir == CheckpointConfig.memory_dir
     assert back.job.checkpoint.persist_dir is None
     assert config.job.checkpoint is not None and config.job.checkpoint.persist_dir == "/shared/ckpt"
+
+
+def test_a_submitted_jobs_persistent_tier_is_copied_as_its_user_and_named_in_its_spec() -> None:
+    """Its own directory, the submitter's choice: kept in the spec (every node copies there),
+    and copied by each node as the job's user, never as root (checkpoint/persistcopy.py)."""
+    checkpoint = {"memory_size": "1GiB", "persist_dir": "/shared/alice/ckpt"}
+    doc = {"id": "j", "entrypoint": ["python", "t.py"], "user": "alice", "checkpoint": checkpoint}
+    spec = JobSpec.from_json(load_spec(doc).to_json())
+    assert spec.job.checkpoint is not None
+    assert spec.job.checkpoint.persist_dir == "/shared/alice/ckpt"
+    assert not spec.job.checkpoint.persist_as_user  # a node's decision, not the spec's
+    assert "persist_as_user" not in spec.to_json()
+    config = run_config(spec, settings({"users": ["alice"]}), Accounts())  # type: ignore[arg-type]
+    assert config.job.checkpoint is not None and config.job.checkpoint.persist_as_user
+    assert config.job.checkpoint.persist_dir == "/shared/alice/ckpt"
+    pinned = load_config(
+        {
+            "node": {"name": "a", "address": "10.0.0.1"},
+            "redis": {"url": "redis://10.0.0.9:6379/0"},
+            "job": {"id": "j", "entrypoint": ["t"], "checkpoint": checkpoint, **AS_TESTER},
+        }
+    )
+    assert pinned.job.checkpoint is not None and not pinned.job.checkpoint.persist_as_user

@@ -44,7 +44,12 @@ ONLY: Mapping[str, frozenset[str]] = {
 }
 # Programs of their own (a child process's main), which may print and exit like cli/.
 PROGRAMS = frozenset(
-    {"nodeagent.__main__", "nodeagent.supervisor.fence", "nodeagent.worker.preloaded"}
+    {
+        "nodeagent.__main__",
+        "nodeagent.supervisor.fence",
+        "nodeagent.worker.preloaded",
+        "nodeagent.checkpoint.persistcopy",
+    }
 )
 ROOT_MODULES = frozenset({"__init__", "__main__", "errors", "state"})
 

@@ -239,19 +239,13 @@ def test_a_node_never_prunes_the_step_the_leader_records_as_persisted(tmp_path: 
     assert tier.steps(tmp_path) == [40, 30, 10]
 
 
-@pytest.mark.parametrize(
-    ("key", "value", "said"),
-    [
-        ("memory_dir", "/etc/systemd", "each node's decision, not a submitted job's"),
-        ("persist_dir", "/home/alice/ckpt", "cannot have a persistent tier yet"),
-    ],
-)
-def test_a_submitted_job_names_no_path_the_agent_writes_as_root(
-    key: str, value: str, said: str
-) -> None:
-    checkpoint = {"memory_size": "1GiB", key: value}
+def test_a_submitted_job_names_no_path_the_agent_writes_as_root() -> None:
+    """Its memory tier is where each node keeps them; its persistent tier is its own, written
+    as its user (tests/unit/test_job_spec.py, tests/integration/test_persist_as_user.py)."""
+    checkpoint = {"memory_size": "1GiB", "memory_dir": "/etc/systemd"}
     doc = {"id": "j", "entrypoint": ["python", "t.py"], "user": "alice", "checkpoint": checkpoint}
-    with pytest.raises(ConfigError, match=f"checkpoint.{key}: .*{said}"):
+    said = "each node's decision, not a submitted job's"
+    with pytest.raises(ConfigError, match=f"checkpoint.memory_dir: .*{said}"):
         load_spec(doc)
     assert load_spec({**doc, "checkpoint": {"memory_size": "1GiB"}}).job.checkpoint is not None
 

@@ -318,3 +318,43 @@ def test_a_pool_leader_keeps_each_nodes_view_until_its_report_or_cordon_changes(
     changed = views.of({"a": a2}, {})
     assert changed["a"].refused == {"j": "no user"} and not changed["a"].cordoned
     assert list(changed) == ["a"]  # b is gone
+
+
+def test_a_job_that_replaces_slow_nodes_holds_one_free_node_as_its_standby() -> None:
+    """slow_node.policy: replace needs a spare beside the members (docs/slow-nodes.md): the
+    pool lends it a node no other job wants, and keeps lending the same one."""
+    replacing = replace(
+        job("j", 2, 3, state=RUNNING, record=JobState.RUNNING, members=("a", "b", "c")),
+        standby=True,
+    )
+    reporting = replace(replacing, id="k", standby=False)
+    placed = {"a": "j", "b": "j", "c": "j"}
+    placements, _ = run(nodes("a", "b", "c", "d", "e"), [replacing], placed)
+    assert on(placements, "j") == ["a", "b", "c", "d"]
+    again, _ = run(nodes("a", "b", "c", "d", "e"), [replacing], placements)
+    assert again == placements  # settled: nothing moves
+    # A lower-named node freed since does not take the standby's place (its agent stands by).
+    placements, _ = run(nodes("0", "a", "b", "c", "d", "e"), [replacing], placements)
+    assert on(placements, "j") == ["a", "b", "c", "d"]
+    without, _ = run(nodes("a", "b", "c", "d"), [reporting], {n: "k" for n in "abc"})
+    assert on(without, "k") == ["a", "b", "c"]
+
+
+def test_a_standby_gives_way_to_a_pending_job_and_to_a_job_below_its_target() -> None:
+    replacing = replace(
+        job("j", 2, 3, state=RUNNING, record=JobState.RUNNING, members=("a", "b", "c")),
+        standby=True,
+    )
+    pending = job("p", 1, seq=2)
+    placements, jobs = run(
+        nodes("a", "b", "c", "d"), [replacing, pending], {"a": "j", "b": "j", "c": "j", "d": "j"}
+    )
+    assert on(placements, "p") == ["d"] and jobs["p"].state is RUNNING
+    assert on(placements, "j") == ["a", "b", "c"]
+    short = job("g", 1, 2, state=RUNNING, record=JobState.RUNNING, members=("e",), seq=3)
+    placements, _ = run(
+        nodes("a", "b", "c", "d", "e"),
+        [replacing, short],
+        {"a": "j", "b": "j", "c": "j", "d": "j", "e": "g"},
+    )
+    assert on(placements, "g") == ["d", "e"] and on(placements, "j") == ["a", "b", "c"]

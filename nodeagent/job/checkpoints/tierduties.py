@@ -120,6 +120,12 @@ class TierDuties:
         )
 
     @property
+    def hands_over(self) -> bool:
+        """This node copies its saves to peers and its workers' last stop was graceful: a stop
+        save it may hand to its successors as it leaves (job/checkpoints/handover.py)."""
+        return self.copies is not None and self._graceful
+
+    @property
     def awaiting_share(self) -> bool:
         """The workers wait for this node's share of their restore's copies
         (job/checkpoints/replicaduties.py)."""
