@@ -38,6 +38,7 @@ MODULE = "nodeagent.checkpoint.persistcopy"
 REQUEST_MAX = 1 << 20  # bytes of a request: a node's ranks' slots, a few kept steps
 REPLY_MAX = 1 << 16  # bytes of what the program writes, reason or reply
 BAD_COPY = 2  # its exit status when a save is not the one verified
+REASON_MAX = 300  # characters of its reason the agent logs and says in an event
 
 
 class Copier(Protocol):
@@ -108,8 +109,8 @@ class AsJobUser:
     def _call(self, request: Mapping[str, Any]) -> dict[str, Any]:
         status, said = self._run(self._argv, json.dumps(request).encode())
         text = said.decode("utf-8", "replace").strip()
-        if status != 0:
-            last = text.splitlines()[-1] if text else f"exit status {status}"
+        if status != 0:  # its last line is its reason (the user's to write: kept short)
+            last = text.splitlines()[-1][:REASON_MAX] if text else f"exit status {status}"
             if status == BAD_COPY:
                 raise manifests.BadCopy(last)
             raise OSError(f"as the job's user: {last}")

@@ -59,6 +59,9 @@ class SlowMemory:
     generation: int | None = None
     above: Mapping[str, int] = field(default_factory=dict)  # windows in a row above threshold
     below: Mapping[str, int] = field(default_factory=dict)  # ... below, of nodes named slow
+    # When the first window of a node's run above threshold began (this leader's clock, ms):
+    # where its slowdown began, for the goodput, whenever the judgments ran (issue 52).
+    since: Mapping[str, int] = field(default_factory=dict)
     seen: Mapping[str, int] = field(default_factory=dict)  # the last window judged, by node
     named: Mapping[str, SlowVerdict] = field(default_factory=dict)
     drained_ms: int | None = None  # when the policy last drained a node
@@ -90,7 +93,9 @@ def judge(
     if record is None or record.state is not JobState.RUNNING:
         return Judgment(memory, {})
     if memory.generation != record.generation:  # a new world, a new pace: count afresh
-        memory = replace(memory, generation=record.generation, above={}, below={}, pace_s=None)
+        memory = replace(
+            memory, generation=record.generation, above={}, below={}, since={}, pace_s=None
+        )
     fresh = {
         name: speed
         for name in record.members
@@ -100,11 +105,15 @@ def judge(
     }
     figures = _figures(fresh)
     found = _ratios(figures)
-    above, below = dict(memory.above), dict(memory.below)
+    above, below, since = dict(memory.above), dict(memory.below), dict(memory.since)
     for name, ratio in found.items():
         slow = ratio > policy.threshold
         above[name] = above.get(name, 0) + 1 if slow else 0
         below[name] = 0 if slow else below.get(name, 0) + 1
+        if not slow:
+            since.pop(name, None)
+        elif above[name] == 1:  # the window just judged: it ended about now
+            since[name] = now_ms - round(fresh[name].window_s * 1000)
     step_s = statistics.median(s.step_s for s in fresh.values()) if fresh else None
     pace_s = memory.pace_s
     if (
@@ -127,7 +136,8 @@ def judge(
             put.append(named[name])
             # for the goodput (model/goodput.py): since when it has been slow, how fast the
             # job steps now, and how fast it stepped before
-            pace = {"began_s": round(policy.windows * policy.window_s, 3)}
+            began_ms = since.get(name, now_ms - round(policy.windows * policy.window_s * 1000))
+            pace = {"began_s": round((now_ms - began_ms) / 1000, 3)}
             pace |= {"step_s": round(step_s or 0.0, 6)}
             pace |= {"pace_s": round(pace_s, 6)} if pace_s is not None else {}
             events.append(_event("node_slow", record, name, why, ratio, pace))
@@ -141,6 +151,7 @@ def judge(
         memory,
         above=above,
         below=below,
+        since=since,
         seen=seen,
         named=named,
         pace_s=pace_s,

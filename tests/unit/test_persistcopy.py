@@ -53,6 +53,7 @@ def test_a_copy_asks_for_the_slots_verified_and_holds_what_the_agent_knows(tmp_p
         (0, b"", OSError, "not JSON"),
         (1, b"PermissionError: [Errno 13] Permission denied: '/x'", OSError, "Permission denied"),
         (-9, b"", OSError, "exit status -9"),
+        (1, b"x" * 5000, OSError, "^as the job's user: x{300}$"),
         (BAD_COPY, b"/m/rank-2/slot-0: not the save the agent verified", manifests.BadCopy, "not"),
     ],
 )

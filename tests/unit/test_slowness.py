@@ -307,6 +307,27 @@ def test_the_pace_before_a_slow_node_skips_the_window_it_became_slow_in() -> Non
     assert event.data["pace_s"] == 0.1  # not 0.25
 
 
+def test_a_slow_node_is_said_slow_since_its_first_window_above_threshold() -> None:
+    """The goodput counts a slow node's cost from where its slowdown began (issue 52): the start
+    of its first window above threshold, by the leader's clock, however late the judgments ran
+    (here 13 s apart for windows of 10 s: windows x window would say 30 s, not 36)."""
+    healthy = {"a": 0.02, "b": 0.021, "c": 0.019, "d": 0.02}
+    slow = {**healthy, "d": 0.06}
+    memory, record, nodes = SlowMemory(), _record(), _nodes(*MEMBERS)
+    events: list[Event] = []
+    windows = [(healthy, 12_000), (slow, 25_000), (slow, 38_000), (slow, 51_000)]
+    for seq, (busy, now_ms) in enumerate(windows, start=1):
+        judged = judge(_speeds(seq, busy), nodes, record, SlowPolicy(), memory, now_ms)
+        memory = judged.memory
+        events += judged.events
+    (event,) = events
+    # slow from the window judged at 25 s, which began 10 s before: named at 51 s
+    assert event.node == "d" and event.data["began_s"] == 36.0
+    assert memory.since == {"d": 15_000}
+    later = judge(_speeds(5, healthy), nodes, record, SlowPolicy(), memory, 64_000)
+    assert later.memory.since == {}  # below threshold: the run is over
+
+
 class _Speeds:
     """The two reads a judgment makes of the job's state (JobPort's), counted."""
 
