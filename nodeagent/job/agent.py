@@ -246,7 +246,11 @@ class Agent:
         # the next job's workers TimeoutStopSec later (found on booted nodes, tests/booted).
         self._notify.report(self._status_line(), self._shutting_down and self._single is not None)
         self._metrics.beats(self._watchers.last_progress())
-        if snapshot is not None and self._leader is not None and not self._shutting_down:
+        # A leader shutting down leads until it leaves (LEAVE gives the lease up at once): it
+        # announces the generation that goes on without it, so that it hands its stop save
+        # over first, as any member leaving does (else nobody announced before it had left,
+        # and the new world went back to the committed step; found on the booted nodes).
+        if snapshot is not None and self._leader is not None:
             self._lead(snapshot)
         elif self._leader is None:
             self._leadership.stepped_down()
@@ -567,6 +571,12 @@ class Agent:
             self._call(lambda: self._store.wake(f"leader {self.name}"), "wake")
         except CoordinationError as exc:  # it still ticks every heartbeat
             self._log.info("could not wake the stream listener: %s", exc)
+
+    @property
+    def drained_from_job(self) -> Cordon | None:
+        """This node's cordon in the job when it drains it (an operator's, the slow-node
+        policy's): the job goes on without this node."""
+        return self._cordon if self._cordon is not None and self._cordon.drain else None
 
     @property
     def leading(self) -> bool:

@@ -253,6 +253,11 @@ class JobRun:
     def unfit(self) -> str | None:
         return self._health.unfit
 
+    def drained(self) -> str | None:
+        """Why the job drained this node (by whom, the reason), while its cordon says so."""
+        cordon = self.agent.drained_from_job
+        return None if cordon is None else f"{cordon.by}: {cordon.reason}"
+
     def pulled(self, ready: Pulled) -> None:
         """The job's image was made ready on this node before its agent started (the pull
         phase): said in the job's events and the node's metrics."""

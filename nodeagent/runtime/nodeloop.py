@@ -71,6 +71,7 @@ class JobRunner(Protocol):
     def request_stop(self) -> None: ...
     def close(self, keep_tiers: bool = True) -> None: ...
     def unfit(self) -> str | None: ...
+    def drained(self) -> str | None: ...
     def healthz(self) -> tuple[bool, str]: ...
     def pulled(self, ready: Pulled) -> None: ...
 
@@ -173,6 +174,7 @@ class NodeLoop:
                 # add job heartbeats (each pass of an agent syncs with Redis).
                 if woken or self.runner is not had or self._clock() >= runner_due:
                     runner_due = self._clock() + self.runner.step()
+                    self._refuse_if_drained(member)
                 waits.append(runner_due)
                 if self.runner.left:
                     log.info("left job %s", self.runner.job_id)
@@ -267,10 +269,30 @@ class NodeLoop:
             return self._pulled(config)
         except ConfigError as exc:
             log.warning("refusing job %s: %s", job_id, exc)
-            self._refused[job_id] = str(exc)
-            while len(self._refused) > REFUSALS_KEPT:  # the oldest go: a report stays small
-                del self._refused[next(iter(self._refused))]
+            self._refuse(job_id, str(exc))
             return None
+
+    def _refuse(self, job_id: str, why: str) -> None:
+        self._refused[job_id] = why
+        while len(self._refused) > REFUSALS_KEPT:  # the oldest go: a report stays small
+            del self._refused[next(iter(self._refused))]
+
+    def _refuse_if_drained(self, member: Membership | None) -> None:
+        """A pool job that drained this node (its slow-node policy, an operator's `--job J
+        drain`) goes on without it: the node refuses it from now on, so that the pool takes it
+        off the job at once, frees it for others, and never lends it back to that job (as its
+        standby, say: a drained node cannot stand by). Until the agent restarts, as any
+        refusal. Not a pinned node's own job: that node serves nothing else."""
+        runner = self.runner
+        if member is None or runner is None or runner.job_id in self._refused:
+            return
+        pinned = self._settings.job
+        why = runner.drained()
+        if why is None or (pinned is not None and pinned.id == runner.job_id):
+            return
+        log.info("refusing job %s from now on: it drained this node (%s)", runner.job_id, why)
+        self._refuse(runner.job_id, f"drained from it by {why}")
+        member.poke()
 
     def _pulled(self, config: Config) -> Config | None:
         """`config` once its image is on this node (None while it is being pulled).

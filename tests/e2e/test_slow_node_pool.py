@@ -2,12 +2,13 @@
 replace` has no spare of its own (the pool gives it `target_nodes` nodes), so the pool lends it
 a free node beyond its target as a standby. One member's worker throttled by the kernel's CPU
 controller is named slow and drained, and the standby takes its place in place, the other
-members keeping their processes."""
+members keeping their processes; the drained node leaves the job and the pool frees it."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,7 @@ def test_a_pool_jobs_slow_node_is_replaced_by_the_standby_the_pool_lends(
     redis_server: RedisServer, job_id: str, tmp_path: Path
 ) -> None:
     records = tmp_path / "records"
+    records.mkdir()
     spec = {
         "id": job_id,
         "entrypoint": [sys.executable, str(SCRIPT)],
@@ -108,7 +110,11 @@ def test_a_pool_jobs_slow_node_is_replaced_by_the_standby_the_pool_lends(
             doc = running(pool, job_id, doc["generation"], records)
         assert doc["members"] == [*kept, standby]
         assert {n: worker(pool, n) for n in kept} == before  # in place: the same processes
-        drained = next(n for n in doc["nodes"] if n["name"] == victim)
-        assert drained["cordon"]["by"] == "slow-node" and drained["cordon"]["drain"]
-        # The drained node leaves the job; no other node is free to stand by now.
+        acted = events(pool, job_id, "slow_node_policy")
+        assert [e["node"] for e in acted] == [victim], acted
+        # Drained from the job, the node refuses it from now on: the pool frees it at once
+        # and never lends it back to the job as its standby.
         wait_for(lambda: pool.placements().get(victim) is None, 30, "the slow node freed")
+        assert "it drained this node (slow-node: slow: busy" in pool.agents[victim].log()
+        time.sleep(2.0)  # a few pool rounds: still free
+        assert pool.placements().get(victim) is None

@@ -120,19 +120,20 @@ def test_a_lost_node_resumes_from_its_peers_memory_at_the_committed_step_bitwise
 def test_an_agent_stopped_hands_its_stop_save_to_its_successor_and_none_is_lost(
     redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, munged: MungeDaemon
 ) -> None:
-    """`systemctl stop nodeagent` on a member (SIGTERM to its agent), without a persistent
-    tier: its ranks save the step they reached as they stop, and so do the others as the job
-    re-forms without it. Its agent waits for the leader's announcement and hands its ranks of
-    that save to its successor before it leaves, so the new world resumes from memory at that
-    step. (Before: the node left with them, and the job went back to the committed step: 6
-    steps lost on the booted nodes.)"""
+    """`systemctl stop nodeagent` on a member, the job's leader (SIGTERM to its agent),
+    without a persistent tier: its ranks save the step they reached as they stop, and so do the
+    others as the job re-forms without it. It leads until it leaves: it announces the new
+    generation, hands its ranks of that save to its successor and then goes, so the new world
+    resumes from memory at that step. (Before: the node left with them, and the job went back
+    to the committed step: 6 steps lost on the booted nodes.)"""
     nodes = ("a", "b", "c")
     with replicated(
         redis_server, job_id, tmp_path, shm, nodes, fewest=2, munge_socket=munged.socket
     ) as cluster:
         committed(cluster, 2 * EVERY)
         generation = cluster.status()["generation"]
-        agent = cluster.agents["c"]
+        # The job's leader: it must announce the generation it leaves before it goes.
+        agent = cluster.agents[str(cluster.status()["leader"]).split(" ", 1)[0]]
         agent.proc.send_signal(signal.SIGTERM)
         assert agent.proc.wait(90) == 0
         step = resumed_from_memory(cluster, 2, 0)

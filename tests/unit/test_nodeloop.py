@@ -60,6 +60,7 @@ class Runner:
         self.stops = 0
         self.left = False
         self.outcome: int | None = None
+        self.drained_by: str | None = None
 
     def step(self) -> float:
         if self.stops:
@@ -74,6 +75,9 @@ class Runner:
 
     def unfit(self) -> str | None:
         return None
+
+    def drained(self) -> str | None:
+        return self.drained_by
 
     def healthz(self) -> tuple[bool, str]:
         return True, "ok"
@@ -142,6 +146,35 @@ def test_refusals_reported_stay_within_what_a_pool_report_may_hold() -> None:
     waker.close()
     refused = loop._state().refused
     assert len(refused) == REFUSALS_KEPT and "broken-99" in refused and "broken-0" not in refused
+
+
+def test_a_pool_job_that_drained_this_node_is_refused_from_then_on() -> None:
+    """Its slow-node policy drained the node (a cordon in the job): the node says it refuses
+    the job, so the pool frees it at once and never lends it back to that job as a standby.
+    A pinned node's own job is never refused so: that node serves nothing else."""
+    settings = load_settings({"redis": {"url": "redis://r:6379/0"}})
+    member, waker = Member(), Waker()
+    loop = NodeLoop(settings, member, lambda c: Runner(c.job.id), waker, lambda: 0.0)
+    runner = loop.runner = Runner("p")
+    loop._refuse_if_drained(member)
+    assert "p" not in loop._state().refused
+    runner.drained_by = "slow-node: slow: busy 4.0x its peers' median"
+    loop._refuse_if_drained(member)
+    assert loop._state().refused == {
+        "p": "drained from it by slow-node: slow: busy 4.0x its peers' median"
+    }
+    assert member.poked == 1  # the pool learns at once
+    loop.runner = None
+    member.placement = "p"  # placed on it again before the pool read the refusal
+    loop._reconcile()
+    assert loop.runner is None
+
+    pinned = NodeLoop(pinned_config(), Member(), lambda c: Runner(c.job.id), waker, lambda: 0.0)
+    own = pinned.runner = Runner("j")
+    own.drained_by = "operator: drained"
+    pinned._refuse_if_drained(Member())
+    waker.close()
+    assert pinned._state().refused == {}
 
 
 class EndingRunner(Runner):
