@@ -5,6 +5,13 @@ once for the session; each test acts as an operator would and reads what an oper
 Run alone with `pytest -m booted`. The nodes share this machine's root filesystem (an overlay),
 so Debian's packages the tests need are the host's: .ci/setup installs them (openssh-server for
 Ansible, munge, redis-server, podman).
+
+Not here: a job in its own image. podman cannot run containers inside these nodes: they are
+unprivileged containers without /dev/fuse (fuse-overlayfs; a kernel overlay mount needs
+CAP_SYS_ADMIN), /dev/net/tun (slirp4netns) or a writable /proc/sys, and the host's
+podman.service is masked in them (tests/helpers/booted.py MASKED), so podman.socket refuses to
+start. Nodes started --privileged would have all that and would no longer keep the suite apart
+from this machine (docs/operations.md, "Tested on nodes booted with systemd").
 """
 
 from __future__ import annotations
