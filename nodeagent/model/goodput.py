@@ -31,7 +31,8 @@ first announcement to the end (or now), is cut into consecutive pieces, each cou
 
 A pool job requeued or evicted (the pool's `job_requeued`, `job_evicted`, then `job_admitted`
 again: `pending_spans`) was pending again from then until its re-admission: that time, within
-the re-form that follows, counts as queued, not as detection or re-forming.
+the re-form that follows, counts as queued, not as detection, re-forming or waiting for
+nodes (the agent leading the record as the job's agents leave finds nobody eligible).
 
 The wall time starts at the submission where it is given, else at the first announcement. The
 effective training time ratio (ETTR) is productive / wall. A generation whose rank 0 said
@@ -268,7 +269,7 @@ def _cut(
         running = not ended and i == len(ran) - 1 and not following
         if gen.first is None or (gen.last is None and not running):
             unaccounted.append(gen.number)
-        waiting = _waiting(announced, cursor, started)
+        waiting = _waiting(announced, cursor, started, pending)
         lost, retrained = _lost(previous, gen, last - first)
         if previous is None:
             parts["first_start"] += first - cursor - waiting
@@ -305,14 +306,14 @@ def _cut(
         short_rank_seconds += productive * max(0, gen.target_world - gen.world)
         cursor, previous = last, gen
         if i == len(ran) - 1:
-            tail = end - cursor - _waiting(announced, cursor, end)
+            tail = end - cursor - _waiting(announced, cursor, end, pending)
             queued = min(_overlap(pending, cursor, end), tail)  # pending again, not yet back
-            parts["waiting"] += _waiting(announced, cursor, end)
+            parts["waiting"] += _waiting(announced, cursor, end, pending)
             parts["queued"] += queued
             parts["ending"] += tail - queued
     if not ran:
-        parts["waiting"] += _waiting(announced, begin, end)
-        parts["first_start"] += end - begin - _waiting(announced, begin, end)
+        parts["waiting"] += _waiting(announced, begin, end, pending)
+        parts["first_start"] += end - begin - _waiting(announced, begin, end, pending)
     return Goodput(
         end - begin,
         parts,
@@ -342,9 +343,16 @@ def _overlap(spans: Sequence[tuple[float, float]], start: float, stop: float) ->
     return sum(max(0.0, min(b, stop) - max(a, start)) for a, b in spans)
 
 
-def _waiting(announced: list[_Generation], after: float, before: float) -> float:
+def _waiting(
+    announced: list[_Generation],
+    after: float,
+    before: float,
+    pending: Sequence[tuple[float, float]] = (),
+) -> float:
     """Seconds in (after, before) the job waited for nodes: each `job_waiting` to the next
-    announcement (or `before`)."""
+    announcement (or `before`), but for what of it the pool held the job `pending` (requeued,
+    evicted: its agents left it, and the one leading the record as it left saw nobody
+    eligible): that is queued."""
     total = 0.0
     times = sorted(g.announced for g in announced if g.announced is not None)
     for gen in announced:
@@ -352,7 +360,8 @@ def _waiting(announced: list[_Generation], after: float, before: float) -> float
             if not after <= wait < before:
                 continue
             nexts = [t for t in times if t > wait]
-            total += min(nexts[0] if nexts else before, before) - wait
+            until = min(nexts[0] if nexts else before, before)
+            total += until - wait - _overlap(pending, wait, until)
     return total
 
 

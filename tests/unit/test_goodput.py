@@ -254,6 +254,30 @@ def test_a_pool_job_pending_again_after_a_requeue_counts_as_queued() -> None:
     assert sum(now.parts.values()) == pytest.approx(now.wall_s)
 
 
+def test_a_requeued_job_whose_record_waited_for_nodes_meanwhile_counts_it_as_queued() -> None:
+    """Requeued at 105.5: its agents left, and the one leading the record as it left announced
+    generation 2 and found nobody eligible (`job_waiting` at 106). The pool's pending span
+    (to 150) is queued, not waiting for nodes (CI saw 0.16 s queued of 1.6 s pending)."""
+    events = [
+        at(0, "generation_announced", 1, reason="node_joined"),
+        at(2, "generation_started", 1, world_size=4),
+        at(6, "training_started", 1, step=1, age_ms=1000),
+        at(107, "training_stopped", 1, step=100, age_ms=2000, steps=100),
+        at(105.8, "generation_announced", 2, reason="node_left"),
+        at(106, "job_waiting", 2),
+        at(151, "generation_announced", 3, reason="node_joined"),
+        at(153, "generation_started", 3, world_size=4),
+        at(158, "training_started", 3, step=91, age_ms=1000),
+        at(199.5, "training_stopped", 3, step=130, age_ms=500, steps=40),
+        at(200, "job_succeeded"),
+    ]
+    found = goodput.account(events, now_ms=10**9, pending=((105_500, 150_000),))
+    assert found is not None
+    assert found.parts["queued"] == pytest.approx(44.5)
+    assert found.parts["waiting"] == pytest.approx(1.0)  # 150 -> 151: back, waiting for nodes
+    assert sum(found.parts.values()) == pytest.approx(found.wall_s)
+
+
 def test_a_job_below_its_target_world_trains_short_rank_hours() -> None:
     """Generation 1 ran 2 nodes of 2 ranks for a target of 3 nodes: 2 ranks short while it
     trained; generation 2 ran the 3 nodes."""
