@@ -399,7 +399,7 @@ class Agent:
         as they stopped to its successors before it acknowledges (job/checkpoints/handover.py):
         else the new world, lacking its ranks of that step, went back to the committed one
         (found on the booted nodes: 6 steps lost to a `systemctl stop` on a member)."""
-        return (self._cordon is not None and self._cordon.drain) or self._shutting_down
+        return self.drained_from_job is not None or self._shutting_down
 
     def _holds_back(self, group: GroupStatus) -> bool:
         """This node's tiers hold back its acknowledgement of the next generation."""

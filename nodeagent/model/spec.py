@@ -316,14 +316,14 @@ def run_config(spec: JobSpec, settings: NodeSettings, resolve: Resolver | None =
             f"({', '.join(pool.groups) or 'none'})",
         )
     checkpoint = spec.job.checkpoint
-    if checkpoint is not None and checkpoint.persist_dir is not None:
+    persist = checkpoint.persist_dir if checkpoint is not None else None
+    if checkpoint is not None and persist is not None:
         checkpoint = dataclasses.replace(checkpoint, persist_as_user=True)
     container = spec.job.container
     if container is not None:
-        if checkpoint is not None and checkpoint.persist_dir is not None:
-            # bound into the containers: judged as any mount the job asks for
-            tier = Mount(checkpoint.persist_dir, checkpoint.persist_dir)
-            container = dataclasses.replace(container, mounts=(*container.mounts, tier))
+        if persist is not None:  # bound into the containers: judged as any mount the job asks for
+            mounts = (*container.mounts, Mount(persist, persist))
+            container = dataclasses.replace(container, mounts=mounts)
         placed = on_node(settings.containers, container, resolve.real_path)
         if isinstance(placed, str):
             raise ConfigError("container", f"node {settings.node.name}: {placed}")
