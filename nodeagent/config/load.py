@@ -261,12 +261,14 @@ _TIMING_RULES: Mapping[str, Mapping[str, Any]] = {
     "restart_backoff_max": {},
     "restart_backoff_reset": {},
     "reform_timeout": {"positive": True},
+    "peer_interval": {"off": True},
+    "peer_timeout": {"positive": True},
 }
-# What a job may set for itself (a job spec's timing:); the heartbeat and the lease are the
-# node's: every job a node serves is fenced on the same lease.
-JOB_TIMING = tuple(
-    name for name in _TIMING_RULES if name not in ("heartbeat_interval", "lease_ttl")
-)
+# What a job may set for itself (a job spec's timing:); the heartbeat, the lease and the peer
+# watch are the node's: every job a node serves is fenced on the same lease.
+PEER_INTERVAL_MIN = 0.01  # a beat more often than this is a busy loop, not a faster watch
+NODE_TIMING = ("heartbeat_interval", "lease_ttl", "peer_interval", "peer_timeout")
+JOB_TIMING = tuple(name for name in _TIMING_RULES if name not in NODE_TIMING)
 
 
 def _timed(section: Section, base: TimingConfig, names: tuple[str, ...]) -> TimingConfig:
@@ -288,6 +290,17 @@ def _load_timing(section: Section) -> TimingConfig:
             f"must be at least twice heartbeat_interval ({timing.heartbeat_interval}s) so one late "
             f"heartbeat does not expire the lease, got {timing.lease_ttl}s",
         )
+    if 0 < timing.peer_interval < PEER_INTERVAL_MIN:
+        raise ConfigError(
+            section.key("peer_interval"),
+            f"must be off or at least {PEER_INTERVAL_MIN * 1000:g}ms, got {timing.peer_interval}s",
+        )
+    if timing.peer_interval > 0 and timing.peer_timeout < 3 * timing.peer_interval:
+        raise ConfigError(
+            section.key("peer_timeout"),
+            f"must be at least three times peer_interval ({timing.peer_interval}s) so one late "
+            f"beat does not make a peer suspect, got {timing.peer_timeout}s",
+        )
     return timing
 
 
@@ -295,9 +308,9 @@ def job_timing(section: Section, base: TimingConfig) -> TimingConfig:
     """A job spec's timing: section over the node's `base` (only the keys in JOB_TIMING).
 
     Raises:
-        ConfigError: naming the key; heartbeat_interval and lease_ttl are refused (the node's).
+        ConfigError: naming the key; NODE_TIMING's keys are refused (the node's).
     """
-    for name in ("heartbeat_interval", "lease_ttl"):
+    for name in NODE_TIMING:
         if section.raw(name) is not None:
             raise ConfigError(
                 section.key(name), "is the node's (its config's timing:), not a job's to set"

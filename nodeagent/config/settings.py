@@ -155,6 +155,12 @@ class TimingConfig:
     # told to is killed (and restarted); a worker with no assignment this long after leaving
     # exits (nodeagent.worker.elastic).
     reform_timeout: float = 60.0
+    # The job's members watch each other directly (job/peerwatch.py): a beat every
+    # peer_interval (0: off, the leases alone find a lost node); a peer whose agent's
+    # connection closes is suspected at once, one silent for peer_timeout too. A strict
+    # majority of the members suspecting a node re-forms without it (job/suspicion.py).
+    peer_interval: float = 0.1
+    peer_timeout: float = 2.0
 
 
 GPU_MODES = ("auto", "on", "off")

@@ -4,13 +4,16 @@ Pure decisions: plan.py (the leader's `plan(view, policy, memory)`), members.py 
 the next generation and who does), decide.py (one node's
 `decide(view)` about its own workers), outcome.py, timeline.py, events.py, history.py (a job's
 generations and restarts from its events), repeats.py (a failure that repeats the one
-before), slowness.py (which member is slow, and what the policy does about it).
+before), slowness.py (which member is slow, and what the policy does about it), suspicion.py
+(which nodes a majority of the members hold out as lost before their leases lapse).
 Executors: leadership.py (plan, then commit fenced), agent.py (the loop: observe, decide, act, the
 only place that executes a decision), lease.py (self-fencing on this node's clock), watch.py (hangs
 and GPU health as findings), progress.py (the node running rank 0 says when each generation
 trained), speed.py (this node's ranks' pace, a window at a time), slowwatch.py (the leader's
 slow-node watch: judge, write the verdicts, drain), verify.py (what this node may act on, checked
-against what it knows itself). port.py: what the agent needs of the job's shared state (a Protocol:
+against what it knows itself), peerwatch.py (the members' beats to each other over TCP, in a
+thread) and peers.py (whom this node watches, and what it reports of them). port.py: what the
+agent needs of the job's shared state (a Protocol:
 coord/'s JobStore, or an in-memory one in the tests). checkpoints/: the checkpoint protocol (the
 tiers' duties, the copies, the hand-over, the restore order). Talks to Redis only through the store
 it is given (coord/).

@@ -40,6 +40,8 @@ from nodeagent.job.decide import (
 )
 from nodeagent.job.leadership import Leadership
 from nodeagent.job.lease import LeaseClock
+from nodeagent.job.peers import PeerDuties
+from nodeagent.job.peerwatch import PeerWatch
 from nodeagent.job.plan import policy_from
 from nodeagent.job.port import JobPort
 from nodeagent.job.progress import Progress
@@ -93,11 +95,13 @@ class Agent:
         until_done: bool = False,
         tiers: TierKeeper | None = None,
         replicas: Replicas | None = None,
+        peers: PeerWatch | None = None,
     ) -> None:
         """`until_done`: serve this one job and leave when it ends (`nodeagent launch`, an
         embedded Redis); `outcome` is then its exit code. Otherwise a daemon: run until stopped.
         `tiers`: the job's checkpoint tiers on this node (job.checkpoint), prepared; `replicas`:
-        its replica area (job.checkpoint.replicas), prepared: the agent listens on it."""
+        its replica area (job.checkpoint.replicas), prepared: the agent listens on it. `peers`:
+        its watch of the job's other members (timing.peer_interval), listening."""
         self.config = config
         self.name = config.node.name
         self.state = NodeState.JOINING
@@ -137,6 +141,11 @@ class Agent:
         )
         self._leadership = Leadership(
             store, policy_from(config), self._metrics, config.timing.lease_ttl, clock, self._call
+        )
+        self._peers = (
+            PeerDuties(peers, self.name, store, self._call, config.timing.lease_ttl, clock)
+            if peers is not None
+            else None
         )
         window = config.job.slow_node.window
         self._speed = SpeedWatch(self.name, window) if window > 0 else None
@@ -234,6 +243,8 @@ class Agent:
             self._tiers.newest_save if self._tiers is not None else None,
         )
         self._measure_speed(now)
+        if self._peers is not None:
+            self._events += self._peers.tick(self.record)
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
         now = self._clock()  # the sync may have used its whole budget: decide on a fresh clock
@@ -292,6 +303,9 @@ class Agent:
             unfit=self._watchers.unfit,
             gpu=self._watchers.gpu_summary(),
             tier=self._tiers.report() if self._tiers is not None else None,
+            watch_port=self._peers.port if self._peers is not None else 0,
+            watch_token=self._peers.token if self._peers is not None else None,
+            suspects=self._peers.suspects if self._peers is not None else (),
         )
 
     def _sync(self, now: float) -> Snapshot | None:

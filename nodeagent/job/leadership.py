@@ -115,8 +115,10 @@ class Leadership:
         if decision.reason != self._last_reason:
             log.info("leader: %s", decision.reason)
             self._last_reason = decision.reason
+        # The copies go only to the nodes the plan counted: not to one held out as lost.
+        nodes = {n: r for n, r in view.nodes.items() if n not in decision.held}
         if not decision.writes:
-            self._handouts.lead(token, view.record, view.nodes)
+            self._handouts.lead(token, view.record, nodes)
             return Led()
 
         def write() -> int:
@@ -133,7 +135,7 @@ class Leadership:
             return Led()
         self._observe_losses(snapshot, decision)
         # Right after the record: a generation's fetches are there when its nodes read it.
-        self._handouts.lead(token, decision.record or view.record, view.nodes)
+        self._handouts.lead(token, decision.record or view.record, nodes)
         return Led(record=decision.record, rev=rev, again=True)
 
     def _observe_losses(self, snapshot: Snapshot, decision: Plan) -> None:

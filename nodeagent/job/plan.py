@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from nodeagent.config.settings import Config
-from nodeagent.job import members, repeats, slowness
+from nodeagent.job import members, repeats, slowness, suspicion
 from nodeagent.job.checkpoints import restore
 from nodeagent.model.job import (
     ClusterView,
@@ -95,6 +95,7 @@ class Plan:
     memory: LeaderMemory
     reason: str
     drop: tuple[tuple[str, str], ...] = ()  # garbage leases to remove
+    held: frozenset[str] = frozenset()  # live leases planned as lapsed (job/suspicion.py)
 
     @property
     def writes(self) -> bool:
@@ -125,6 +126,8 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     events = [
         Event("node_lost", node=name, message=f"lease of {name} expired") for name in view.expired
     ]
+    view, held, suspected = _hold_out(view)
+    events += suspected
     base = view.record or _initial_record(view, policy)
     record = _refresh_policy(base, policy)
     if policy.tiers:
@@ -150,7 +153,29 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
         memory=memory,
         reason=reason,
         drop=view.drop,
+        held=held,
     )
+
+
+def _hold_out(view: ClusterView) -> tuple[ClusterView, frozenset[str], list[Event]]:
+    """The view without the nodes the members hold out (job/suspicion.py), planned from as if
+    their leases had lapsed, and a node_lost event for each member of a running generation."""
+    record = view.record
+    voters = record.members if record is not None else ()
+    held = suspicion.held_out(voters, view.nodes)
+    if not held:
+        return view, held, []
+    events = []
+    if record is not None and record.state is JobState.RUNNING:
+        for name in (m for m in record.members if m in held):
+            votes = suspicion.suspected_by(name, voters, view.nodes)
+            message = (
+                f"{name} suspected lost by {votes} of {len(voters)} members "
+                "(its lease still holds: it is planned as lapsed)"
+            )
+            events.append(Event("node_lost", node=name, message=message, data={"suspected": votes}))
+    nodes = {name: report for name, report in view.nodes.items() if name not in held}
+    return replace(view, nodes=nodes), held, events
 
 
 def _initial_record(view: ClusterView, policy: Policy) -> JobRecord:

@@ -26,6 +26,7 @@ from nodeagent.state import JOB_TRANSITIONS, JobState, NodeState, check_transiti
 WORKER_STATES = ("running", "exited", "failed", "stopping", "leaving", "parked")
 FAILURE_KINDS = ("exit_code", "signal", "hang", "xid")
 MAX_LEASE_TTL_MS = 86_400_000
+WATCH_TOKEN_CHARS = 16  # a peer watch's token: 8 random bytes, in hexadecimal
 _CODE = 1 << 31  # exit codes, signals and XIDs stay within an int32
 
 
@@ -190,6 +191,11 @@ class NodeReport:
     gpu: GpuSummary | None = None
     metrics: str | None = None  # host:port of this agent's /metrics
     tier: TierReport | None = None  # the job's checkpoint tiers on this node (job.checkpoint)
+    # Its peer watch (job/peerwatch.py): the port its beats are served on (0: none) and the
+    # token they carry; the members it suspects lost (job/suspicion.py).
+    watch_port: int = 0
+    watch_token: str | None = None
+    suspects: tuple[str, ...] = ()
 
     @property
     def eligible(self) -> bool:
@@ -241,7 +247,15 @@ class NodeReport:
             gpu=GpuSummary.read(gpu) if gpu else None,
             metrics=r.opt_text("metrics", 300),
             tier=TierReport.read(tier) if tier else None,
+            watch_port=r.integer("watch_port", 0, high=65535),
+            watch_token=r.opt_text("watch_token", WATCH_TOKEN_CHARS),
+            suspects=r.names("suspects"),
         )
+        if report.watch_token is not None and not _is_token(report.watch_token):
+            raise CorruptStateError(
+                f"node report of {report.name}: watch_token {report.watch_token!r} is not "
+                f"{WATCH_TOKEN_CHARS} hexadecimal digits"
+            )
         if report.failure is not None and report.failure.node != report.name:
             raise CorruptStateError(
                 f"node report of {report.name} carries a failure of {report.failure.node}"
@@ -301,6 +315,12 @@ _BREAKING = frozenset(
     {RestartReason.WORKER_FAILED, RestartReason.WORKER_HUNG, RestartReason.NODE_LOST}
 )
 _NODE_STATES = tuple(s.value for s in NodeState)
+
+
+def _is_token(text: str) -> bool:
+    return len(text) == WATCH_TOKEN_CHARS and all(c in "0123456789abcdef" for c in text)
+
+
 _JOB_STATES = tuple(s.value for s in JobState)
 
 

@@ -32,6 +32,7 @@ from nodeagent.errors import ConfigError
 from nodeagent.gpu.health import NodeHealth
 from nodeagent.gpu.monitor import GpuMonitor
 from nodeagent.job.agent import Agent
+from nodeagent.job.peerwatch import PeerWatch
 from nodeagent.job.verify import RecordCheck
 from nodeagent.model.credential import MungeUnavailable
 from nodeagent.model.job import Event
@@ -125,6 +126,15 @@ def _replicas(config: Config, landed: Callable[[], None]) -> Replicas | None:
     return replicas
 
 
+def _peers(config: Config, wake: Callable[[], None]) -> PeerWatch | None:
+    """The watch of the job's other members (job/peerwatch.py), unless timing.peer_interval
+    is off. It listens on the node's address, as the workers' process groups do."""
+    timing = config.timing
+    if timing.peer_interval <= 0:
+        return None
+    return PeerWatch(config.node.address, timing.peer_interval, timing.peer_timeout, wake)
+
+
 def plane_auth(config: Config) -> PlaneAuth | None:
     """How this node's checkpoint plane authenticates its peers (checkpoint/peerauth.py):
     MUNGE under pool.auth: munge or job.checkpoint.replication.auth: munge (the default), once
@@ -206,6 +216,7 @@ class JobRun:
         store = JobStore(parts.client, keys)
         # What this node acts on is checked against what it knows itself (job/verify.py).
         store.check = RecordCheck(keys.record, config.job.nproc_per_node, store.read_lease)
+        self.peers = _peers(config, parts.waker.wake)
         self.agent = Agent(
             config,
             store,
@@ -219,6 +230,7 @@ class JobRun:
             until_done=until_done,
             tiers=self.tiers,
             replicas=self.replicas,
+            peers=self.peers,
         )
         self.agent.metrics_address = parts.metrics_address()
         # The leader is woken by every node's events and by commands; a follower only when the
@@ -277,6 +289,8 @@ class JobRun:
         node left the job (placed elsewhere: persisted on the way out) and the tier goes."""
         self.supervisor.close()
         self._listener.stop()
+        if self.peers is not None:
+            self.peers.close()
         if self.tiers is not None and not keep_tiers:
             self.tiers.remove()
         if self.replicas is not None:

@@ -37,6 +37,7 @@ def in_place(
     nodes: int,
     reform_timeout: str,
     target: int | None = None,
+    lease_ttl: str = TIMING["lease_ttl"],
 ) -> contextlib.AbstractContextManager[LocalCluster]:
     return local_cluster(
         redis_server.url,
@@ -45,7 +46,7 @@ def in_place(
         max_nodes=nodes,
         target_nodes=target or nodes,
         max_restarts=5,
-        timing={**TIMING, "reform_timeout": reform_timeout},
+        timing={**TIMING, "reform_timeout": reform_timeout, "lease_ttl": lease_ttl},
         entrypoint=[sys.executable, str(SCRIPT)],
         job_options={"recovery": "in_place"},
     )
@@ -102,6 +103,29 @@ def test_survivors_keep_their_processes_through_a_kill_scale_up_and_down_a_drain
     assert [(line["pid"], line["step"]) for line in finals] == [(*alive.values(), stop_at)]
     started = [e for e in cluster.events() if e["type"] == "workers_started"]
     assert sum(e["data"].get("kept", 0) for e in started) == 7  # 1 + 2 + 2 + 1 + 1 survivors
+
+
+def test_a_killed_node_is_left_out_by_its_peers_long_before_its_lease_lapses(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """A node loses power (its agent and worker SIGKILLed) under a 60 s lease: the two others,
+    whose beat connections to its agent close, suspect it at once, and being two of three they
+    re-form without it while its lease still holds (job/suspicion.py); their workers go on in
+    place."""
+    with in_place(redis_server, job_id, tmp_path, 3, "30s", lease_ttl="60s") as cluster:
+        cluster.start("a", "b", "c")
+        gen = reformed(cluster, 3, 0)
+        alive = kept_through(cluster, {})
+        victim = cluster.status()["members"][-1]  # not rank 0, whose store the group uses
+        cluster.kill_tree(victim)
+        gen = reformed(cluster, 2, gen)
+        kept_through(cluster, {n: p for n, p in alive.items() if n != victim})
+        lost = [e for e in cluster.events() if e["type"] == "node_lost"]
+        assert [e["node"] for e in lost] == [victim], lost
+        assert "suspected lost by 2 of 3 members" in lost[0]["message"]
+        assert redis_server.client().exists(cluster.store.keys.node(victim)), "its lease lapsed"
+        suspected = [e for e in cluster.events() if e["type"] == "peer_suspected"]
+        assert {e["node"] for e in suspected} == set(alive) - {victim}
 
 
 def assert_nothing_lost(lines: Lines, pid: int) -> None:

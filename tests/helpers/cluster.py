@@ -262,7 +262,9 @@ class LocalCluster:
             if doc["generation"] <= after_generation:
                 return False
             if self.entrypoint[-1] != str(WORKER):  # not the test worker: trust the agents
-                running = [w for n in doc["nodes"] for w in n["workers"] if w["state"] == "running"]
+                members = set(doc["members"])  # not a lost node's, whose lease may still hold
+                nodes = [n for n in doc["nodes"] if n["name"] in members]
+                running = [w for n in nodes for w in n["workers"] if w["state"] == "running"]
                 return len(running) == world
             return len(self.starts(doc["generation"])) == world
 

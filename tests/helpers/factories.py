@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from nodeagent.job.plan import Policy
 from nodeagent.model.job import JobRecord
 from nodeagent.state import JobState
 
@@ -25,3 +26,15 @@ def make_record(
         members=members,
     )
     return replace(base, **changes)
+
+
+# The leader's policy the plan's unit tests share (tests/unit/test_plan.py, test_suspicion.py).
+PLAN_POLICY = Policy(
+    min_nodes=2,
+    max_nodes=4,
+    target_nodes=3,
+    nproc_per_node=2,
+    max_restarts=2,
+    join_settle_ms=1000,
+    rendezvous_timeout_ms=60_000,
+)

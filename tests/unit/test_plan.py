@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from nodeagent.job import repeats
-from nodeagent.job.plan import LeaderMemory, Plan, Policy, backoff_ms, plan
+from nodeagent.job.plan import LeaderMemory, Plan, backoff_ms, plan
 from nodeagent.model.job import (
     ClusterView,
     Command,
@@ -18,17 +18,9 @@ from nodeagent.model.job import (
     NodeReport,
 )
 from nodeagent.state import JobState, NodeState
+from tests.helpers.factories import PLAN_POLICY as POLICY
 from tests.helpers.factories import make_record
 
-POLICY = Policy(
-    min_nodes=2,
-    max_nodes=4,
-    target_nodes=3,
-    nproc_per_node=2,
-    max_restarts=2,
-    join_settle_ms=1000,
-    rendezvous_timeout_ms=60_000,
-)
 NOW = 1_000_000
 SETTLED = LeaderMemory(frozenset(), 0)  # eligible set "changed" long ago -> settled once seen
 

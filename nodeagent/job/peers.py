@@ -1,0 +1,106 @@
+"""The agent's side of its peer watch (job/peerwatch.py): whom to watch, and what it reports.
+
+As a generation runs, the members watch each other (job/suspicion.py): the member list and the
+peers' endpoints are read from Redis once a generation (two calls), not at every heartbeat. A
+peer this node suspects stays watched while its lease holds, though it is no member any more:
+so the leader does not choose it again while it is silent, and a peer that comes back (beats
+again, or a new agent on a new endpoint) is cleared. Those reports are read again every lease.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from nodeagent.coord.bounded import CallRunner
+from nodeagent.errors import CoordinationError
+from nodeagent.job import suspicion
+from nodeagent.job.peerwatch import Peer, PeerWatch
+from nodeagent.job.port import JobPort
+from nodeagent.model.job import Event, JobRecord, NodeReport
+from nodeagent.state import JobState
+
+log = logging.getLogger(__name__)
+
+
+class PeerDuties:
+    def __init__(
+        self,
+        watch: PeerWatch,
+        name: str,
+        store: JobPort,
+        call: CallRunner,
+        reread_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._watch, self._name, self._store, self._call = watch, name, store, call
+        self._reread_s, self._clock = reread_s, clock
+        self._generation: int | None = None  # the running generation whose members it watches
+        self._members: tuple[str, ...] = ()
+        self._watching: tuple[str, ...] = ()
+        self._read_at = 0.0
+        self.suspects: tuple[str, ...] = ()  # as reported
+
+    @property
+    def port(self) -> int:
+        return self._watch.port
+
+    @property
+    def token(self) -> str:
+        return self._watch.token
+
+    def tick(self, record: JobRecord | None) -> list[Event]:
+        """Follow the running generation's members; an event when a peer is newly suspected
+        (it wakes the leader, whose stream listener sees it at once)."""
+        running = record is not None and record.state is JobState.RUNNING
+        if running and record is not None and record.generation != self._generation:
+            self._follow(record)
+        elif self._stale() and self._clock() >= self._read_at + self._reread_s:
+            self._read(self._members)
+        suspects = tuple(sorted(self._watch.suspects() & set(self._watching)))
+        new = [name for name in suspects if name not in self.suspects]
+        self.suspects = suspects
+        if not new:
+            return []
+        log.warning("peer watch: %s suspected lost", ", ".join(new))
+        return [Event("peer_suspected", node=self._name, message=f"suspects {', '.join(new)}")]
+
+    def _stale(self) -> bool:
+        """Some watched peer is suspected, or is no member: its report may have moved."""
+        return any(n not in self._members for n in self._watching) or bool(self.suspects)
+
+    def _follow(self, record: JobRecord) -> None:
+        if self._name not in record.members or len(record.members) > suspicion.MAX_WATCHED:
+            members: tuple[str, ...] = ()
+        else:
+            try:
+                members = self._call(self._store.members, "read the members")
+            except CoordinationError as exc:  # the next tick tries again
+                log.info("peer watch: cannot read the members: %s", exc)
+                return
+        self._generation = record.generation
+        self._members = members
+        self._read(members)
+
+    def _read(self, members: tuple[str, ...]) -> None:
+        names = suspicion.watched(members, self._name) if members else ()
+        kept = [n for n in self.suspects if n not in names]
+        wanted = (*names, *kept)
+        self._read_at = self._clock()
+        try:
+            found = self._call(lambda: self._store.peer_reports(wanted), "read the peers")
+        except CoordinationError as exc:
+            log.info("peer watch: cannot read the peers' reports: %s", exc)
+            return
+        peers = [_peer(found[n]) for n in wanted if n in found and found[n].watch_port]
+        # A suspect whose lease lapsed is the leases' business now: no longer watched.
+        self._watching = tuple(n for n in names if n in found) + tuple(
+            k for k in kept if k in found
+        )
+        self._watch.watch(p for p in peers if p is not None)
+
+
+def _peer(report: NodeReport) -> Peer | None:
+    if report.watch_token is None:
+        return None
+    return Peer(report.name, report.address, report.watch_port, report.watch_token)

@@ -1,0 +1,300 @@
+"""This node's watch of its job's peers: beats served and heard over TCP, Redis not in the path.
+
+Each agent listens on a port of its node's address (reported as `NodeReport.watch_port`, with
+a random `watch_token`) and sends a 16-byte beat every `timing.peer_interval` to every
+connection it accepted. It dials each peer it watches (job/suspicion.py: the job's other
+members), at the address and port that peer reports, and reads its beats. A peer is suspected:
+- at once when a connection that brought its beats ends: its agent died (a SIGKILL, an OOM
+  kill) and the kernel closed its sockets, or its host reset the connection;
+- when nothing came from it for `timing.peer_timeout`: a host that lost power, a link down, a
+  frozen agent. A peer never heard yet is judged from when the watch began.
+A beat heard clears the suspicion. The watch thread judges only the time it was itself running:
+after a pass that came late (this agent was starved or stopped), it hears everyone afresh
+rather than blame its peers for its own gap.
+
+What is read, and from whom: only beats on connections this agent dialled, to the endpoint the
+peer reported through Redis, each checked for the magic and that peer's token; the accepted
+connections are never read. A beat can only clear a suspicion, never raise one, so a forger
+(who must read the token from a served beat, and reach the port) can at worst make a dead peer
+look alive: it is then lost at its lease, as without the watch. Ending a connection to a live
+peer needs the peer's host or a forged reset on the path. Connections served are bounded
+(SERVED_MAX); one past the bound is closed at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import secrets
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+BEAT = struct.Struct("!4sB3x8s")  # magic, version, padding, the sender's token
+MAGIC = b"NAbt"
+VERSION = 1
+SERVED_MAX = 1024  # connections served at once: far above a job's members (MAX_WATCHED)
+READ_MAX = 4096  # bytes read from a dialled connection at a time
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A peer as its report names it: where its beats are served, and their token (hex)."""
+
+    name: str
+    address: str
+    port: int
+    token: str
+
+
+@dataclass
+class Heard:
+    """What this watch knows of one peer (local clock)."""
+
+    since: float  # when watching this endpoint began, or the last late pass
+    last: float | None = None  # the last beat
+    ended: bool = False  # a connection that brought beats ended, and none came since
+
+    def silent(self, now: float, timeout: float) -> bool:
+        return self.ended or now - (self.last if self.last is not None else self.since) > timeout
+
+
+@dataclass
+class _Dial:
+    peer: Peer
+    heard: Heard
+    sock: socket.socket | None = None
+    connected: bool = False
+    beats: int = 0  # beats this connection brought
+    buffer: bytes = b""
+    retry_at: float = 0.0
+
+
+class PeerWatch:
+    """The listener and the dialled connections, in a thread of their own."""
+
+    def __init__(
+        self,
+        address: str,
+        interval: float,
+        timeout: float,
+        wake: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval, self.timeout = interval, timeout
+        self._wake, self._clock = wake, clock
+        self.token = secrets.token_hex(8)
+        self._beat = BEAT.pack(MAGIC, VERSION, bytes.fromhex(self.token))
+        self._listener = socket.create_server((address, 0))
+        self._listener.setblocking(False)
+        self.port: int = self._listener.getsockname()[1]
+        self._poke_r, self._poke_w = socket.socketpair()
+        self._poke_r.setblocking(False)
+        self._poke_w.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+        self._selector.register(self._poke_r, selectors.EVENT_READ, "poke")
+        self._served: list[socket.socket] = []
+        self._dials: dict[str, _Dial] = {}
+        self._lock = threading.Lock()
+        self._wanted: tuple[Peer, ...] | None = None
+        self._suspects: frozenset[str] = frozenset()
+        self._heard: frozenset[str] = frozenset()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="peer-watch", daemon=True)
+        self._thread.start()
+
+    # -- the agent's side (any thread) --------------------------------------------------------
+
+    def watch(self, peers: Iterable[Peer]) -> None:
+        """Watch exactly `peers` from now on (a peer whose endpoint changed is a new one)."""
+        with self._lock:
+            self._wanted = tuple(peers)
+        self._poke()
+
+    def suspects(self) -> frozenset[str]:
+        with self._lock:
+            return self._suspects
+
+    def heard(self) -> frozenset[str]:
+        """The peers whose beats the connection open to them has brought."""
+        with self._lock:
+            return self._heard
+
+    def close(self) -> None:
+        self._stopped = True
+        self._poke()
+        self._thread.join(timeout=5)
+
+    def _poke(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._poke_w.send(b"\0")
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_beat = last_pass = self._clock()
+        try:
+            while not self._stopped:
+                wait = max(0.0, min(next_beat - self._clock(), self.interval))
+                for key, _ in self._selector.select(wait):
+                    self._ready(key)
+                now = self._clock()
+                if now - last_pass > self.timeout / 2:  # this thread was not running: hear
+                    for dial in self._dials.values():  # everyone afresh
+                        dial.heard.since, dial.heard.last = now, None
+                last_pass = now
+                self._follow()
+                if now >= next_beat:
+                    next_beat = now + self.interval
+                    self._serve()
+                    self._redial(now)
+                self._judge(now)
+        except Exception:  # a bug here must not take the agent down: its leases still work
+            log.exception("the peer watch stopped; peers are judged by their leases only")
+        finally:
+            self._shut()
+
+    def _ready(self, key: selectors.SelectorKey) -> None:
+        if key.data == "accept":
+            self._accept()
+        elif key.data == "poke":
+            with contextlib.suppress(BlockingIOError, OSError):
+                while self._poke_r.recv(4096):
+                    pass
+        elif isinstance(key.data, _Dial):
+            self._on_dial(key.data)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors: the next pass tries again
+                log.warning("peer watch cannot accept: %s", exc)
+                return
+            if len(self._served) >= SERVED_MAX:
+                conn.close()
+                continue
+            conn.setblocking(False)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._served.append(conn)
+            self._send(conn)  # at once: the dialler hears this node without waiting a beat
+
+    def _send(self, conn: socket.socket) -> bool:
+        try:
+            conn.send(self._beat)
+            return True
+        except OSError:  # closed by the peer, or a full buffer (it does not read): drop it
+            conn.close()
+            return False
+
+    def _serve(self) -> None:
+        self._served = [conn for conn in self._served if self._send(conn)]
+
+    def _follow(self) -> None:
+        with self._lock:
+            wanted, self._wanted = self._wanted, None
+        if wanted is None:
+            return
+        now = self._clock()
+        peers = {peer.name: peer for peer in wanted}
+        for name in list(self._dials):
+            if name not in peers or peers[name] != self._dials[name].peer:
+                self._drop(self._dials.pop(name))
+        for name, peer in peers.items():
+            if name not in self._dials:
+                self._dials[name] = _Dial(peer, Heard(since=now))
+        self._redial(now)
+
+    def _redial(self, now: float) -> None:
+        for dial in self._dials.values():
+            if dial.sock is None and now >= dial.retry_at:
+                self._dial(dial, now)
+
+    def _dial(self, dial: _Dial, now: float) -> None:
+        dial.retry_at = now + self.interval
+        try:
+            infos = socket.getaddrinfo(dial.peer.address, dial.peer.port, type=socket.SOCK_STREAM)
+            family, kind, proto, _, where = infos[0]
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:
+            log.debug("peer watch cannot reach %s: %s", dial.peer.name, exc)
+            return
+        sock.setblocking(False)
+        code = sock.connect_ex(where)
+        if code not in (0, errno.EINPROGRESS):
+            sock.close()
+            return
+        dial.sock, dial.connected, dial.beats, dial.buffer = sock, False, 0, b""
+        self._selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, dial)
+
+    def _on_dial(self, dial: _Dial) -> None:
+        sock = dial.sock
+        assert sock is not None
+        if not dial.connected:
+            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                self._end(dial)
+                return
+            dial.connected = True
+            self._selector.modify(sock, selectors.EVENT_READ, dial)
+        try:
+            data = sock.recv(READ_MAX)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._end(dial)
+            return
+        dial.buffer += data
+        while len(dial.buffer) >= BEAT.size:
+            magic, version, token = BEAT.unpack_from(dial.buffer)
+            dial.buffer = dial.buffer[BEAT.size :]
+            if magic != MAGIC or version != VERSION or token.hex() != dial.peer.token:
+                log.warning("peer watch: %s's port serves no beats of its own", dial.peer.name)
+                self._end(dial, heard=False)
+                return
+            dial.beats += 1
+            dial.heard.last, dial.heard.ended = self._clock(), False
+
+    def _end(self, dial: _Dial, heard: bool = True) -> None:
+        """The connection ended: if it brought beats, the peer is gone (module docstring)."""
+        if heard and dial.beats:
+            dial.heard.ended = True
+        self._drop(dial)
+
+    def _drop(self, dial: _Dial) -> None:
+        if dial.sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(dial.sock)
+            dial.sock.close()
+        dial.sock, dial.connected = None, False
+
+    def _judge(self, now: float) -> None:
+        suspects = frozenset(
+            name for name, dial in self._dials.items() if dial.heard.silent(now, self.timeout)
+        )
+        heard = frozenset(name for name, dial in self._dials.items() if dial.beats)
+        with self._lock:
+            changed, self._suspects = suspects != self._suspects, suspects
+            self._heard = heard
+        if changed:
+            self._wake()
+
+    def _shut(self) -> None:
+        for dial in self._dials.values():
+            self._drop(dial)
+        for conn in self._served:
+            conn.close()
+        self._selector.close()
+        for sock in (self._listener, self._poke_r, self._poke_w):
+            sock.close()

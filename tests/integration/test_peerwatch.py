@@ -1,0 +1,139 @@
+"""The members' watch of each other (job/peerwatch.py), over real TCP on this machine: peers in
+this process and in child processes, killed and frozen for real."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from nodeagent.job.peerwatch import BEAT, MAGIC, Heard, Peer, PeerWatch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHILD = """
+import sys, time
+from nodeagent.job.peerwatch import PeerWatch
+watch = PeerWatch("127.0.0.1", 0.05, float(sys.argv[1]), lambda: None)
+print(watch.port, watch.token, flush=True)
+time.sleep(600)
+"""
+
+
+def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()
+
+
+@contextmanager
+def watches(count: int, timeout: float = 30.0) -> Iterator[list[PeerWatch]]:
+    made = [PeerWatch("127.0.0.1", 0.05, timeout, lambda: None) for _ in range(count)]
+    try:
+        yield made
+    finally:
+        for watch in made:
+            watch.close()
+
+
+def peer(name: str, watch: PeerWatch) -> Peer:
+    return Peer(name, "127.0.0.1", watch.port, watch.token)
+
+
+@contextmanager
+def child_peer(timeout: float = 30.0) -> Iterator[tuple[subprocess.Popen[str], Peer]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(timeout)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    try:
+        assert proc.stdout is not None
+        port, token = proc.stdout.readline().split()
+        yield proc, Peer("child", "127.0.0.1", int(port), token)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_members_hear_each_other_and_suspect_one_whose_agent_is_gone() -> None:
+    with watches(3) as (a, b, c):
+        a.watch([peer("b", b), peer("c", c)])
+        b.watch([peer("a", a), peer("c", c)])
+        c.watch([peer("a", a), peer("b", b)])
+        time.sleep(0.3)  # many beats: nobody is suspected while all beat
+        assert a.suspects() == b.suspects() == c.suspects() == frozenset()
+        c.close()  # its sockets close, as the kernel closes a dead agent's
+        # long before the 30 s of silence: the closed connection says it
+        assert eventually(lambda: a.suspects() == b.suspects() == {"c"}, within=5.0)
+
+
+def test_a_killed_peer_is_suspected_at_once_and_a_new_agent_in_its_place_is_heard() -> None:
+    with watches(1) as (watcher,), child_peer() as (proc, first):
+        watcher.watch([first])
+        assert eventually(lambda: "child" in watcher.heard())
+        assert watcher.suspects() == frozenset()
+        proc.kill()
+        assert eventually(lambda: watcher.suspects() == {"child"}, within=5.0)
+        with child_peer() as (_, second):  # the node's next agent, on a new endpoint
+            watcher.watch([second])
+            assert eventually(lambda: watcher.suspects() == frozenset(), within=5.0)
+
+
+def test_a_frozen_peer_is_suspected_after_the_timeout_and_cleared_when_it_beats_again() -> None:
+    with watches(1, timeout=0.5) as (watcher,), child_peer() as (proc, child):
+        watcher.watch([child])
+        assert eventually(lambda: "child" in watcher.heard())
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert eventually(lambda: watcher.suspects() == {"child"})
+        assert "child" in watcher.heard()  # still connected: silent, not closed
+        os.kill(proc.pid, signal.SIGCONT)
+        assert eventually(lambda: watcher.suspects() == frozenset())
+
+
+def test_beats_with_another_token_or_no_listener_prove_nothing() -> None:
+    with watches(2, timeout=0.5) as (watcher, other):
+        impostor = Peer("b", "127.0.0.1", other.port, "00" * 8)  # b's endpoint, not b's beats
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            nobody = Peer("c", "127.0.0.1", closed.getsockname()[1], "11" * 8)
+        watcher.watch([impostor, nobody])
+        assert eventually(lambda: watcher.suspects() == {"b", "c"})
+        assert watcher.heard() == frozenset()
+
+
+def test_the_port_serves_beats_to_anyone_and_reads_nothing_from_them() -> None:
+    with watches(1) as (watch,), socket.create_connection(("127.0.0.1", watch.port)) as conn:
+        conn.sendall(b"x" * 100_000)  # never read by the watch: it cannot be made to parse it
+        conn.settimeout(5)
+        magic, version, token = BEAT.unpack(conn.recv(BEAT.size, socket.MSG_WAITALL))
+        assert (magic, version, token.hex()) == (MAGIC, 1, watch.token)
+
+
+@pytest.mark.parametrize(
+    ("heard", "now", "silent"),
+    [
+        (Heard(since=10.0), 11.0, False),
+        (Heard(since=10.0), 12.5, True),  # never heard: judged from when the watch began
+        (Heard(since=10.0, last=12.0), 12.5, False),
+        (Heard(since=10.0, last=12.0), 14.5, True),
+        (Heard(since=10.0, last=12.0, ended=True), 12.1, True),  # its connection ended
+    ],
+)
+def test_silence_is_judged_from_the_last_beat(heard: Heard, now: float, silent: bool) -> None:
+    assert heard.silent(now, timeout=2.0) is silent
