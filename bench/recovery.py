@@ -9,6 +9,9 @@ K=3 simulated nodes on this machine, one worker each, run examples/train_ddp.py 
   `timing.reform_timeout: 10s` (as long as hang_timeout), running examples/train_elastic.py
   instead (nodeagent.worker.elastic, a commit every step, the same ~30 ms step and a checkpoint
   every 10 steps): survivors keep their processes, only missing ranks are started (preloaded);
+- `nodeagent+inplace-lease`: the same with `timing.peer_interval: off`, the members' watch of each
+  other off (docs/design.md, "Fast detection"): a lost node is found when its lease lapses, as
+  before the watch;
 - `nodeagent+container`: `nodeagent` with the workers in a container image (the podman service, a
   small image the bench imports with the machine's Python and torch mounted read only, as
   tests/helpers/images.py builds it): what a container adds to a recovery. Its workers log
@@ -130,13 +133,18 @@ class Workload:
     timing: tuple[tuple[str, str], ...] = ()  # nodeagent's, over NODEAGENT_TIMING
 
     def argv(self, system: str, directory: Path) -> list[str]:
-        if system != "nodeagent+inplace":
+        if not inplace_system(system):
             return [*training_entrypoint(directory, 100_000, self.every, STEP_TIME), *self.model]
         checkpoints = str(directory / "checkpoints")
         return [
             *(sys.executable, str(ELASTIC), "--steps", "100000", "--checkpoint-dir", checkpoints),
             *("--checkpoint-every", str(self.every), "--step-time", str(STEP_TIME), *self.model),
         ]
+
+
+def inplace_system(system: str) -> bool:
+    """nodeagent+inplace, or nodeagent+inplace-lease (its members' watch off)."""
+    return system.startswith("nodeagent+inplace")
 
 
 LIGHT = Workload()
@@ -537,12 +545,14 @@ def launched(
     system: str, server: RedisServer, directory: Path, job: str, workload: Workload
 ) -> Iterator[Launch]:
     if system.startswith("nodeagent"):
-        preload = system in ("nodeagent+preload", "nodeagent+inplace")
+        preload = system == "nodeagent+preload" or inplace_system(system)
         options: dict[str, Any] = {"preload": list(PRELOAD)} if preload else {}
         timing = dict(NODEAGENT_TIMING)
-        if system == "nodeagent+inplace":
+        if inplace_system(system):
             options["recovery"] = "in_place"
             timing["reform_timeout"] = REFORM_TIMEOUT
+        if system.endswith("-lease"):  # the members' watch off: a lost node found by its lease
+            timing["peer_interval"] = "off"
         timing.update(workload.timing)
         contained = system == "nodeagent+container"
         node_options: dict[str, Any] = {}
@@ -597,7 +607,7 @@ def one_run(
     workload: Workload = LIGHT,
 ) -> dict[str, Any]:
     fault = FAULTS[fault_name]
-    in_place = system == "nodeagent+inplace"
+    in_place = inplace_system(system)
     directory = tmp / f"{system}-{fault_name}-{rep}"
     directory.mkdir(parents=True)
     job = f"bench-{system}-{fault_name}-{rep}-{os.getpid()}".replace("_", "-").replace("+", "-")
