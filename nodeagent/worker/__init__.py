@@ -24,6 +24,7 @@ half-read), graceful.py (GracefulExit: an emergency save on SIGTERM), progress.p
 `compute`: the part of a step that waits for no peer, for slow-rank detection),
 scaling.py (`rescale`: hyperparameters for another world), elastic.py (in-place recovery:
 `elastic.run`, State, Reform), follow.py (what a worker was told over its control channel),
+abort.py (a collective blocked on a frozen peer ended once the job re-forms),
 release.py (a destroyed process group really closes), preloaded.py (a pre-started
 interpreter, `job.preload`). Every helper also works under plain torchrun (or no launcher):
 without nodeagent's environment `beat` does nothing and `GracefulExit` still catches SIGTERM.

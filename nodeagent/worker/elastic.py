@@ -17,6 +17,7 @@ never raises and a failed collective raises as usual. torch is imported lazily.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import logging
 import os
@@ -30,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 from nodeagent.channel import control
 from nodeagent.channel.control import Assignment, ControlFile
+from nodeagent.worker import abort
 from nodeagent.worker.follow import Follower, Reform, ReformTimedOut, Stopped
 from nodeagent.worker.release import init_rolled_back, release_destroyed_groups
 
@@ -404,6 +406,8 @@ def run(
     if channel is not None:
         require_numpy()  # now, not at the first re-form
     state.follower.attach(channel)
+    group_sockets: set[int] = set()  # the inodes of the default group's connections
+    aborter = _aborter(state.follower, channel, group_sockets)
     pending: Reform | None = None
     while True:
         try:
@@ -412,9 +416,12 @@ def run(
                 pending = None
             if not dist.is_initialized():
                 state.follower.check()  # the job may have moved on while this process started
-                _init_process_group(backend, pg_timeout)
-            state.sync()
-            result = train_fn(state)
+                group_sockets.clear()
+                with abort.group_sockets(group_sockets):
+                    _init_process_group(backend, pg_timeout)
+            with aborter.armed() if aborter is not None else contextlib.nullcontext():
+                state.sync()
+                result = train_fn(state)
         except Reform as exc:
             if channel is None:
                 raise
@@ -426,6 +433,18 @@ def run(
         else:
             _finish(state, channel)
             return result
+
+
+def _aborter(
+    follower: Follower, channel: ControlFile | None, sockets: set[int]
+) -> abort.Aborter | None:
+    """What ends a collective blocked on a frozen peer once the job re-forms (worker/abort.py);
+    none without a channel (plain torchrun: nobody says to re-form)."""
+    if channel is None:
+        return None
+    return abort.Aborter(
+        follower.told, lambda: channel.report().committed_step, lambda: abort.abort_group(sockets)
+    )
 
 
 def _finish(state: Resumable, channel: ControlFile | None) -> None:

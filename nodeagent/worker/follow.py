@@ -64,6 +64,17 @@ class Follower:
             return Reform(f"new assignment for generation {message.generation}", message)
         return None
 
+    def told(self) -> bool:
+        """Whether the agent has said to leave this generation (news() would say why), without
+        taking the news: for a thread beside the training (worker/abort.py)."""
+        channel = self.channel
+        if channel is None or channel.sequence() == self.seen:
+            return False
+        _, message = channel.message()
+        if isinstance(message, Leave):
+            return message.generation >= self.generation
+        return isinstance(message, Assignment) and message.generation > self.generation
+
     def check(self) -> None:
         """Raise Reform if the agent has told this worker to leave its generation or published
         a newer assignment."""

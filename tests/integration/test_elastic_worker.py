@@ -187,6 +187,31 @@ def test_a_rank_that_leaves_first_frees_its_peers_blocked_in_a_collective(
     assert_identical(job.finish(first, second), 2)
 
 
+@pytest.mark.timeout(90)
+def test_a_survivor_blocked_on_a_frozen_peer_leaves_as_soon_as_it_is_told(job: Job) -> None:
+    """Rank 1 freezes (SIGSTOP) with its connections open: rank 0 blocks in the next
+    all-reduce, where no check() runs and gloo would wait out its 30 min timeout. Told to
+    leave, its abort thread shuts the group's connections down after a grace of two steps
+    (nodeagent/worker/abort.py), so it leaves and re-forms with a newcomer, the same process,
+    long before the 30 s reform_timeout (its fallback, which would kill it)."""
+    first, second = start_two(job)
+    os.kill(second.pid, signal.SIGSTOP)
+    time.sleep(1.0)
+    blocked_at = len(job.steps(first.pid))
+    time.sleep(0.5)
+    assert len(job.steps(first.pid)) == blocked_at  # blocked: no step comes
+    first.channel.leave(1)
+    job.wait("rank 0 to leave", lambda: first.channel.report().left_generation == 1, 20)
+    assert first.process.poll() is None  # it left; nobody killed it
+    os.kill(second.pid, signal.SIGKILL)
+    port = free_port()
+    first.channel.assign(assignment(2, 0, 2, port))
+    newcomer = job.start(assignment(2, 1, 2, port), seed=7)
+    job.wait("both stepping in 2", lambda: all(job.stepping(w.pid, 2) for w in (first, newcomer)))
+    assert "shut down" in (job.directory / "worker-0.log").read_text()
+    assert_identical(job.finish(first, newcomer), 2)
+
+
 @pytest.mark.timeout(60)
 def test_survivor_of_a_killed_peer_reforms_and_the_newcomer_gets_its_state(job: Job) -> None:
     first, second = start_two(job)
