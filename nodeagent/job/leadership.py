@@ -115,8 +115,9 @@ class Leadership:
         if decision.reason != self._last_reason:
             log.info("leader: %s", decision.reason)
             self._last_reason = decision.reason
-        # The copies go only to the nodes the plan counted: not to one held out as lost.
-        nodes = {n: r for n, r in view.nodes.items() if n not in decision.held}
+        # The copies go by what the plan counted: not to a node held out as lost, and never of
+        # a save on an abandoned timeline.
+        nodes = decision.nodes
         if not decision.writes:
             self._handouts.lead(token, view.record, nodes)
             return Led()

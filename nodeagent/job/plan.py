@@ -13,7 +13,7 @@ never run at the same time.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from nodeagent.config.settings import Config
 from nodeagent.job import members, repeats, slowness, suspicion
@@ -96,6 +96,9 @@ class Plan:
     reason: str
     drop: tuple[tuple[str, str], ...] = ()  # garbage leases to remove
     held: frozenset[str] = frozenset()  # live leases planned as lapsed (job/suspicion.py)
+    # The reports planned from: the live ones but those held out, each with only the saves on
+    # the job's timeline (restore.current). The copies are handed out from these too.
+    nodes: Mapping[str, NodeReport] = field(default_factory=dict)
 
     @property
     def writes(self) -> bool:
@@ -130,6 +133,9 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     events += suspected
     base = view.record or _initial_record(view, policy)
     record = _refresh_policy(base, policy)
+    if policy.tiers and record.checkpoint is not None and record.checkpoint.rollbacks:
+        nodes = restore.current(view.nodes, record.checkpoint.rollbacks)
+        view = replace(view, nodes=nodes)
     if policy.tiers:
         tiers = restore.fold(record.checkpoint or CheckpointRecord(), view.nodes, policy.replicas)
         record = replace(record, checkpoint=tiers)
@@ -154,6 +160,7 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
         reason=reason,
         drop=view.drop,
         held=held,
+        nodes=view.nodes,
     )
 
 
@@ -507,7 +514,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
     events = [_job_event("generation_started", running, message)]
     if running.checkpoint is not None:
         tiers = restore.choose(running.checkpoint, chosen, record.nproc_per_node, nodes)
-        running = replace(running, checkpoint=tiers)
+        running = replace(running, checkpoint=restore.rolled_back(tiers, running.generation))
         events.append(_restore_event(running, tiers))
     if running.reason == RestartReason.SCALE:
         applied = f"running on {len(chosen)} nodes (target {running.target_nodes})"

@@ -13,11 +13,12 @@ import re
 from dataclasses import dataclass
 
 from nodeagent.errors import CorruptStateError
-from nodeagent.model.decode import Reader
+from nodeagent.model.decode import MAX_INT, Reader
 
 MAX_HELD = 64  # steps a node reports per tier (two slots per rank: a handful in practice)
 MAX_RANKS = 1 << 20
 MAX_BAD = 256
+MAX_ROLLBACKS = 16  # the rollbacks a record keeps (CheckpointRecord.rollbacks)
 BAD_AFTER = 3  # generations in a row that restored a step and failed before a newer save
 _SOURCE = re.compile(r"(memory|persistent):[0-9]{1,15}(@[0-9]{1,15})?|script|start")
 # A save's manifest digest (channel.manifests.digest): a SHA-256; 16 hex digits from agents
@@ -130,6 +131,12 @@ class CheckpointRecord:
     committed_generation: int = 0
     committed_world: int = 0
     replicas: int = 0  # job.checkpoint.replicas, as the leader plans with it
+    # (generation, step): that generation went back to that step, older than saves held then.
+    # The saves of older generations beyond it lie on a timeline no generation continues, and
+    # are never restored, committed or persisted as the job's (job/checkpoints/restore.py:
+    # `current`): a node that held some while it was cut off (held out by its peers, or back
+    # after its lease lapsed) offers them in vain.
+    rollbacks: tuple[tuple[int, int], ...] = ()
 
     @property
     def committed(self) -> SaveKey | None:
@@ -162,7 +169,20 @@ class CheckpointRecord:
             committed_generation=r.integer("committed_generation", 0),
             committed_world=r.integer("committed_world", 0, high=MAX_RANKS),
             replicas=r.integer("replicas", 0, high=MAX_REPLICAS),
+            rollbacks=_rollbacks(r),
         )
+
+
+def _rollbacks(r: Reader) -> tuple[tuple[int, int], ...]:
+    values = r.items("rollbacks", MAX_ROLLBACKS)
+    if not all(
+        isinstance(v, list)
+        and len(v) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_INT for x in v)
+        for v in values
+    ):
+        raise CorruptStateError(f"{r.what}: rollbacks must be [generation, step] pairs")
+    return tuple((v[0], v[1]) for v in values)
 
 
 def _steps(r: Reader, name: str) -> tuple[int, ...]:

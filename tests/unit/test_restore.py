@@ -18,6 +18,7 @@ from nodeagent.model.job import ClusterView, Failure, JobRecord, NodeReport
 from nodeagent.model.spec import load_spec
 from nodeagent.model.tiers import CheckpointRecord, Held, TierReport
 from nodeagent.state import JobState, NodeState
+from tests.helpers.factories import make_record
 
 NPROC = 2
 
@@ -292,3 +293,78 @@ def test_a_node_reports_the_row_counts_its_saves_record(tmp_path: Path) -> None:
 
     held = scan.held([save(20, 0, (12, 5)), save(20, 1, (12, 5)), save(10, 0, None)])
     assert [(h.step, h.ranks, h.rows) for h in held] == [(20, (0, 1), (12, 5)), (10, (0,), ())]
+
+
+# -- a generation that went back behind saves held: their timeline is abandoned ------------------
+
+
+def test_a_generation_that_goes_back_behind_the_newest_save_records_a_rollback() -> None:
+    back = CheckpointRecord(restore=("memory:30@5", "script", "start"), newest=40)
+    assert restore.rolled_back(back, 6).rollbacks == ((6, 30),)
+    newest = replace(back, restore=("memory:40@5", "script", "start"))
+    assert restore.rolled_back(newest, 6).rollbacks == ()
+    script = replace(back, restore=("script", "start"))
+    assert restore.rolled_back(script, 6).rollbacks == ()  # of no known step
+
+
+def test_saves_of_an_abandoned_timeline_are_left_out_of_every_report() -> None:
+    rollbacks = ((6, 30),)  # generation 6 went back to step 30
+    kept, dropped = held(30, 4, 0, 1, generation=5), held(40, 4, 0, 1, generation=5)
+    again = held(40, 4, 0, 1, generation=7)  # step 40 saved again on the new timeline
+    report = node("n0", (kept, dropped, again), replicas=(dropped,), persisted=(dropped,))
+    assert report.tier is not None
+    current = restore.current({"n0": report}, rollbacks)["n0"].tier
+    assert current is not None
+    assert current.memory == (kept, again)
+    assert current.replicas == current.persisted == ()
+    assert restore.current({"n0": report}, ()) == {"n0": report}
+
+
+def test_a_node_back_with_saves_of_the_old_timeline_is_never_restored_from() -> None:
+    """c was cut off at generation 5 holding step 40 whole (a and b's copies reached it); the
+    job went back to 30 in generation 6 and saved 35 since. c is back for generation 8: the
+    restore is the new timeline's 35, not c's 40, which no generation continues."""
+    every = (0, 1, 2, 3, 4, 5)
+    old = Held(40, 6, every, 5)
+    new = Held(35, 6, every, 6)
+    announced = make_record(
+        JobState.RESTARTING,
+        8,
+        ("a", "b"),
+        reason="node_joined",
+        min_nodes=2,
+        max_nodes=3,
+        nproc_per_node=2,
+        checkpoint=CheckpointRecord(rollbacks=((6, 30),), replicas=1),
+    )
+    reports = {
+        "a": replace(node("a", (new,)), acked_generation=8),
+        "b": replace(node("b", (new,)), acked_generation=8),
+        "c": replace(node("c", (old,)), acked_generation=8),
+    }
+    policy = Policy(2, 3, 3, 2, 3, 0, 60_000, tiers=True, replicas=1)
+    view = ClusterView(now_ms=1_000_000, record=announced, nodes=reports)
+    decision = plan(view, policy, LeaderMemory(frozenset(reports), 0))
+    assert decision.record is not None and decision.record.checkpoint is not None
+    assert decision.record.state is JobState.RUNNING
+    assert decision.record.checkpoint.restore[0] == "memory:35@6"
+    assert decision.record.checkpoint.newest == 35
+    forgetting = CheckpointRecord(replicas=1)
+    before = plan(
+        replace(view, record=replace(announced, checkpoint=forgetting)),
+        policy,
+        LeaderMemory(frozenset(reports), 0),
+    ).record
+    assert before is not None and before.checkpoint is not None
+    assert before.checkpoint.restore[0] == "memory:40@5"  # what it chose without the rule
+
+
+def test_rollbacks_survive_the_record_and_garbage_is_refused() -> None:
+    checkpoint = CheckpointRecord(rollbacks=((6, 30), (9, 0)))
+    record = make_record(JobState.RUNNING, 9, ("a",), checkpoint=checkpoint)
+    assert JobRecord.from_json(record.to_json()).checkpoint == checkpoint
+    data = json.loads(record.to_json())
+    for garbage in ([[6]], [[6, -1]], [["6", 30]], [[6, 30.5]], [[True, 3]]):
+        data["checkpoint"]["rollbacks"] = garbage
+        with pytest.raises(CorruptStateError, match="rollbacks"):
+            JobRecord.from_json(json.dumps(data))

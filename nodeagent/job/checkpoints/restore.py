@@ -19,6 +19,9 @@ BAD_AFTER (3) generations in a row that restored it failed before any node held 
 that fails its checksum is that node's to drop: it verifies its tier again and stops offering
 it.
 `fold(checkpoint, nodes)` keeps the record's view of the persistent tier and bad steps current.
+`rolled_back(checkpoint, generation)` records a generation that goes back behind saves held then,
+and `current(nodes, rollbacks)` leaves out of the nodes' reports the saves that lie on the
+timeline it abandoned: the leader plans from those reports only.
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ from dataclasses import replace
 from nodeagent.channel.restore import Source, order_from_env, order_to_env
 from nodeagent.job.checkpoints import replication
 from nodeagent.model.job import JobRecord, NodeReport
-from nodeagent.model.tiers import BAD_AFTER, MAX_BAD, CheckpointRecord, Held, SaveKey
+from nodeagent.model.tiers import (
+    BAD_AFTER,
+    MAX_BAD,
+    MAX_ROLLBACKS,
+    CheckpointRecord,
+    Held,
+    SaveKey,
+)
 
 MEMORY_CHOICES = 2  # memory steps offered (a rank holds two)
 TAIL = (Source("script"), Source("start"))
@@ -172,6 +182,48 @@ def _anywhere(
     newest = replication.newest_whole(held, checkpoint.bad)
     keys = (newest, checkpoint.committed)
     return [key for key in keys if key is not None and replication.whole(held, key)]
+
+
+def rolled_back(checkpoint: CheckpointRecord, generation: int) -> CheckpointRecord:
+    """`checkpoint` as `generation` starts with it: with a rollback recorded when the step its
+    workers try first is older than the newest held (none when they try the script's own
+    checkpoints first, of no step known here)."""
+    step = first_step(checkpoint)
+    if step is None or step >= checkpoint.newest:
+        return checkpoint
+    rollbacks = (*checkpoint.rollbacks, (generation, step))[-MAX_ROLLBACKS:]
+    return replace(checkpoint, rollbacks=rollbacks)
+
+
+def on_timeline(held: Held, rollbacks: Sequence[tuple[int, int]]) -> bool:
+    """`held` was saved on the timeline the job goes on with: no later generation went back
+    behind its step."""
+    return not any(
+        generation > held.generation and held.step > step for generation, step in rollbacks
+    )
+
+
+def current(
+    nodes: Mapping[str, NodeReport], rollbacks: Sequence[tuple[int, int]]
+) -> Mapping[str, NodeReport]:
+    """The reports with only the saves on the job's timeline (`on_timeline`)."""
+    if not rollbacks:
+        return nodes
+    return {name: _current(report, rollbacks) for name, report in nodes.items()}
+
+
+def _current(report: NodeReport, rollbacks: Sequence[tuple[int, int]]) -> NodeReport:
+    tier = report.tier
+    if tier is None:
+        return report
+
+    def keep(held: tuple[Held, ...]) -> tuple[Held, ...]:
+        return tuple(h for h in held if on_timeline(h, rollbacks))
+
+    kept = replace(
+        tier, memory=keep(tier.memory), persisted=keep(tier.persisted), replicas=keep(tier.replicas)
+    )
+    return report if kept == tier else replace(report, tier=kept)
 
 
 def first_step(checkpoint: CheckpointRecord) -> int | None:
