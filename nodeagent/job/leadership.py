@@ -17,7 +17,7 @@ from nodeagent.coord.bounded import CallRunner
 from nodeagent.coord.store import Snapshot
 from nodeagent.errors import CoordinationError, FencedError, IllegalTransition
 from nodeagent.job.checkpoints.handouts import Handouts
-from nodeagent.job.plan import LeaderMemory, Plan, Policy, plan
+from nodeagent.job.plan import LeaderMemory, Policy, plan
 from nodeagent.job.port import JobPort
 from nodeagent.model import goodput
 from nodeagent.model.job import JobRecord
@@ -107,7 +107,8 @@ class Leadership:
             log.error("cannot plan from the job record in Redis (%s); rewriting it", exc)
             decision = plan(replace(view, record=None), self._policy, self._memory)
             garbage = True
-        self._memory = decision.memory
+        before, self._memory = self._memory, decision.memory
+        self._observe(snapshot, decision.held - before.held)  # held out: noticed now
         if snapshot.stale_head is not None and not decision.writes and view.record is not None:
             # What the others read of the record is not the record: write it again (COMMIT
             # writes its head and, for members it has not written, the ranks).
@@ -134,13 +135,15 @@ class Leadership:
             log.warning("leader write failed: %s", exc)
             self._metrics.sync_failed()
             return Led()
-        self._observe_losses(snapshot, decision)
+        # a lapsed lease, unless held out before (noticed then)
+        self._observe(snapshot, frozenset(decision.reap) - before.held)
         # Right after the record: a generation's fetches are there when its nodes read it.
         self._handouts.lead(token, decision.record or view.record, nodes)
         return Led(record=decision.record, rev=rev, again=True)
 
-    def _observe_losses(self, snapshot: Snapshot, decision: Plan) -> None:
+    def _observe(self, snapshot: Snapshot, names: frozenset[str]) -> None:
+        """How long each of `names` went unnoticed: from its last heartbeat, in server time."""
         for lease in snapshot.leases:
-            if lease.name in decision.reap:  # last heartbeat -> noticed, in server time
+            if lease.name in names:  # last heartbeat -> noticed, in server time
                 lost_for = snapshot.now_ms - (lease.deadline_ms - self._lease_ttl_ms)
                 self._metrics.detected("node_lost", lost_for / 1000)

@@ -85,6 +85,7 @@ class LeaderMemory:
     # restart_backoff_reset: the exponent of the crash-loop backoff (see backoff_ms).
     crash_streak: int = 0
     crash_kind: str = ""
+    held: frozenset[str] = frozenset()  # nodes held out (job/suspicion.py) whose leases hold
 
 
 @dataclass(frozen=True)
@@ -126,11 +127,12 @@ _Step = tuple[JobRecord, list[Event], str]
 
 def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     """Decide what the job record should become. Pure."""
-    events = [
-        Event("node_lost", node=name, message=f"lease of {name} expired") for name in view.expired
-    ]
+    events = [_expired(name, memory) for name in view.expired]
+    live = frozenset(view.nodes)
     view, held, suspected = _hold_out(view)
     events += suspected
+    # Remembered while their leases hold: one held out is lost once, not again at its lease.
+    memory = replace(memory, held=(held | memory.held) & live)
     base = view.record or _initial_record(view, policy)
     record = _refresh_policy(base, policy)
     if policy.tiers and record.checkpoint is not None and record.checkpoint.rollbacks:
@@ -162,6 +164,14 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
         held=held,
         nodes=view.nodes,
     )
+
+
+def _expired(name: str, memory: LeaderMemory) -> Event:
+    """node_lost for a lease that lapsed; node_reaped for one of a node held out before, lost
+    then already (a new leader, which remembers none, says node_lost)."""
+    if name in memory.held:
+        return Event("node_reaped", node=name, message=f"lease of {name} expired (held out)")
+    return Event("node_lost", node=name, message=f"lease of {name} expired")
 
 
 def _hold_out(view: ClusterView) -> tuple[ClusterView, frozenset[str], list[Event]]:

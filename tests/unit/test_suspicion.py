@@ -201,3 +201,20 @@ def test_the_plan_of_a_job_without_suspicions_is_unchanged() -> None:
     rec: JobRecord = running(5)
     plain = run(rec, *(node(n, NodeState.RUNNING) for n in "abc"))
     assert plain.record is None and plain.held == frozenset() and POLICY.min_nodes == 2
+
+
+def test_a_node_held_out_is_lost_once_and_only_reaped_when_its_lease_lapses() -> None:
+    first = run(running(5), suspected("a"), suspected("b"), node("c", NodeState.RUNNING))
+    assert first.memory.held == {"c"}
+    after = running(6, members=("a", "b"))
+    view = ClusterView(
+        now_ms=NOW,
+        record=after,
+        nodes={n.name: n for n in (suspected("a"), suspected("b"))},
+        expired=("c",),
+    )
+    reaped = plan(view, POLICY, first.memory)
+    assert [(e.type, e.node) for e in reaped.events] == [("node_reaped", "c")]
+    assert reaped.reap == ("c",) and reaped.memory.held == frozenset()
+    forgotten = plan(view, POLICY, LeaderMemory())  # a new leader remembers nothing
+    assert [(e.type, e.node) for e in forgotten.events] == [("node_lost", "c")]
