@@ -6,11 +6,12 @@ connection it accepted. It dials each peer it watches (job/suspicion.py: the job
 members), at the address and port that peer reports, and reads its beats. A peer is suspected:
 - at once when a connection that brought its beats ends: its agent died (a SIGKILL, an OOM
   kill) and the kernel closed its sockets, or its host reset the connection;
-- when nothing came from it for `timing.peer_timeout`: a host that lost power, a link down, a
-  frozen agent. A peer never heard yet is judged from when the watch began.
-A beat heard clears the suspicion. The watch thread judges only the time it was itself running:
-after a pass that came late (this agent was starved or stopped), it hears everyone afresh
-rather than blame its peers for its own gap.
+- when nothing came from it for `timing.peer_timeout` after it was heard: a host that lost
+  power, a link down, a frozen agent.
+A beat heard clears the suspicion. A peer never heard (its port unreachable: a firewall) is never
+suspected, only warned of: its lease finds it, as without the watch. The watch thread judges
+only the time it was itself running: after a pass that came late (this agent was starved or
+stopped), it restarts every peer's silence rather than blame its peers for its own gap.
 
 What is read, and from whom: only beats on connections this agent dialled, to the endpoint the
 peer reported through Redis, each checked for the magic and that peer's token; the accepted
@@ -62,7 +63,15 @@ class Heard:
     ended: bool = False  # a connection that brought beats ended, and none came since
 
     def silent(self, now: float, timeout: float) -> bool:
-        return self.ended or now - (self.last if self.last is not None else self.since) > timeout
+        """Suspected: its connection ended, or it fell silent. A peer never heard is not
+        judged (a firewall that keeps this node from its port would otherwise hold it out of
+        every generation): the lease finds it, and the watch says so (`unheard`)."""
+        if self.ended:
+            return True
+        return self.last is not None and now - self.last > timeout
+
+    def unheard(self, now: float, timeout: float) -> bool:
+        return self.last is None and not self.ended and now - self.since > timeout
 
 
 @dataclass
@@ -74,6 +83,7 @@ class _Dial:
     beats: int = 0  # beats this connection brought
     buffer: bytes = b""
     retry_at: float = 0.0
+    warned: bool = False  # said that it is not heard
 
 
 class PeerWatch:
@@ -146,9 +156,11 @@ class PeerWatch:
                 for key, _ in self._selector.select(wait):
                     self._ready(key)
                 now = self._clock()
-                if now - last_pass > self.timeout / 2:  # this thread was not running: hear
-                    for dial in self._dials.values():  # everyone afresh
-                        dial.heard.since, dial.heard.last = now, None
+                if now - last_pass > self.timeout / 2:  # this thread was not running: judge
+                    for dial in self._dials.values():  # nobody's silence over that gap
+                        heard = dial.heard
+                        heard.since = now
+                        heard.last = now if heard.last is not None else None
                 last_pass = now
                 self._follow()
                 if now >= next_beat:
@@ -284,6 +296,14 @@ class PeerWatch:
             name for name, dial in self._dials.items() if dial.heard.silent(now, self.timeout)
         )
         heard = frozenset(name for name, dial in self._dials.items() if dial.beats)
+        for name, dial in self._dials.items():
+            if not dial.warned and dial.heard.unheard(now, self.timeout):
+                dial.warned = True
+                log.warning(
+                    "peer watch: nothing heard from %s at %s:%d in %gs (a firewall?): it is "
+                    "left to its lease",
+                    *(name, dial.peer.address, dial.peer.port, self.timeout),
+                )
         with self._lock:
             changed, self._suspects = suspects != self._suspects, suspects
             self._heard = heard

@@ -93,6 +93,38 @@ class Network:
     def heal(self, node: str) -> None:
         _ip("-n", self.hub, "link", "set", self._port(node), "up")
 
+    def isolate(self, node: str) -> None:
+        """Cut `node` off from the other nodes alone: their packets dropped both ways in its
+        namespace (silently, no reset), while it still reaches the hub (Redis)."""
+        self._peers(node, "-A")
+
+    def rejoin(self, node: str) -> None:
+        self._peers(node, "-D")
+
+    def _peers(self, node: str, how: str) -> None:
+        namespace, _ = self.nodes[node]
+        for other, (_, address) in self.nodes.items():
+            if other == node:
+                continue
+            for chain, side in (("INPUT", "-s"), ("OUTPUT", "-d")):
+                subprocess.run(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        namespace,
+                        "iptables",
+                        how,
+                        chain,
+                        side,
+                        address,
+                        "-j",
+                        "DROP",
+                    ],
+                    check=True,
+                    capture_output=True,
+                )
+
     def close(self) -> None:
         for namespace in reversed(self.namespaces):
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)

@@ -73,7 +73,10 @@ def _partition(job: ChaosJob, role: str) -> None:
     _assert_fenced_in_time(job, life, f"partition of the {role}")
     job.net.heal(victim)
     job.wait_world(3, after=survivors_gen)
-    job.check_no_overlap()
+    # A follower cut off is held out by the two others before its lease lapses: its worker
+    # may still run (it cannot hear of the new generation), until it fences itself, checked
+    # above. A cut-off leader is not: nobody plans until its leader lease lapses.
+    job.check_no_overlap(held_out=job.held_out())
 
 
 @pytest.mark.lease(3.0)
@@ -126,6 +129,36 @@ def test_agent_killed_and_restarted_without_systemd(
     job.cluster.start(victim)
     job.wait_world(3, after=survivors_gen)
     job.check_no_overlap()
+
+
+@pytest.mark.lease(5.0)
+def test_a_node_cut_off_from_its_peers_alone_is_held_out_and_stops_its_worker(
+    chaos: tuple[ChaosJob, RedisInHub], rep: int
+) -> None:
+    """Fast detection's hard case: a follower drops every packet of the two other nodes (and
+    they its), silently, but still reaches Redis, so its lease holds. The two others, hearing
+    no beat for peer_timeout, hold it out and re-form without it; it reads the new generation
+    and stops its worker (its lease never lapses). Nothing it does counts: it is no member of
+    any generation while it is cut off, its worker is in no group with the new one, and the
+    job grows back to three once it is heard again."""
+    job, _ = chaos
+    gen = job.start()
+    victim = job.follower()
+    job.net.isolate(victim)
+    try:
+        survivors_gen = job.wait_world(2, after=gen)
+        life = job.wait_probe_dead(victim, gen)
+        assert job.held_out() == {victim}
+        assert job.margin(life) > 0  # its lease never lapsed: renewed all along
+        events = job.cluster.events()
+        assert not [e for e in events if e["type"] in ("node_reaped", "node_fenced")]
+        time.sleep(3.0)  # still silent to its peers: not chosen again
+        status = job.cluster.status()
+        assert victim not in status["members"] and status["generation"] == survivors_gen
+    finally:
+        job.net.rejoin(victim)
+    job.wait_world(3, after=survivors_gen)
+    job.check_no_overlap(held_out={victim})
 
 
 def _all_fenced(job: ChaosJob, gen: int, scenario: str) -> None:
