@@ -22,7 +22,14 @@ K=3 simulated nodes on this machine, one worker each, run examples/train_ddp.py 
 - `torchrun-best`: the same with the best settings a torchrun user has: the rendezvous store not
   shared with the workers (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), keep-alive 1 s x 5 and a 1 s
   last call (the same 5 s to declare a node dead as nodeagent's lease), and a 10 s process-group
-  timeout in the workload (the same 10 s as nodeagent's hang_timeout).
+  timeout in the workload (the same 10 s as nodeagent's hang_timeout);
+- `torchft`: torchft (its lighthouse off the nodes, one replica group a node under torchft's own
+  torchrun with restarts) running the same MLP through torchft's Manager, DDP and Optimizer
+  wrappers, bench/peers/torchft_train.py in a virtual environment of its own
+  (build/venv-torchft): survivors keep their processes, a newcomer heals from a peer
+  (bench/peers/torchft_launch.py says how it is started); the lighthouse's heartbeat timeout at
+  its default, 5 s. The light workload only: --heavy does not apply to it;
+- `torchft-1s`: the same with a heartbeat timeout of 1 s.
 
 Each repetition is a fresh job: train to step 15, inject one fault, wait up to --bound seconds.
 Everything is measured on one clock from the workload's own log lines, the same way for every
@@ -33,15 +40,15 @@ launcher, except detection:
 - import:     -> the last finished importing torch;
 - init:       -> the last finished init_process_group;
 - first step: -> every rank of the new world finished its first step (= recovery time).
-For in-place the new world is the first generation after the fault in which every rank
-stepped. Survivors do not restart, import or init: restart and import are those of the
+For in-place (and torchft, whose generation is its quorum's id) the new world is the first
+generation after the fault in which every rank stepped. Survivors do not restart, import or init: restart and import are those of the
 processes started for it (a replacement, a joiner), "-" when none was; init ends when every rank
 has joined the new group and synced (its "synced" line: init_process_group, then the state of
 the rank with the highest commit broadcast to all), so init holds what a restart spends loading
 the checkpoint, which for the other systems falls in first step; first step is the same: every
 rank of the new world finished a step in the new generation.
 Also the steps lost (the last step trained before the fault minus the step resumed from: the
-checkpoint's, or for in-place the synced commit's), the survivors restarted (workers of the old
+checkpoint's, or for in-place the commit the first generation after the fault synced), the survivors restarted (workers of the old
 world that the fault did not hit but that are not in the new world: replaced although alive; 0
 is in-place's goal), and the outcome: recovered, job lost (every launcher exited) or not
 recovered within the bound.
@@ -104,6 +111,8 @@ from tests.helpers.images import (  # noqa: E402
 )
 from tests.helpers.training import training_entrypoint  # noqa: E402
 
+from bench.peers.torchft_launch import TorchftLaunch, TorchftSettings  # noqa: E402
+
 NODES = ("a", "b", "c")
 EVERY = 10
 HEAVY_EVERY = 5  # a 1 GiB save takes seconds, so does a step: the fault comes at step 7
@@ -121,6 +130,8 @@ REFORM_TIMEOUT = "10s"  # nodeagent+inplace: a survivor stuck in a collective, k
 TORCHRUN_BEST_RDZV = "keep_alive_interval=1,keep_alive_max_attempt=5,last_call_timeout=1"
 TORCHRUN_BEST_PG_TIMEOUT = "10"
 PRELOAD = ("torch", "torch._dynamo")  # torch.optim imports torch._dynamo: 1.4 s more
+TORCHFT_VENV = ROOT / "build" / "venv-torchft"
+TORCHFT_HEARTBEAT_MS = {"torchft": None, "torchft-1s": 1000}  # None: the lighthouse's 5 s
 
 
 @dataclass(frozen=True)
@@ -145,6 +156,11 @@ class Workload:
 def inplace_system(system: str) -> bool:
     """nodeagent+inplace, or nodeagent+inplace-lease (its members' watch off)."""
     return system.startswith("nodeagent+inplace")
+
+
+def keeps_survivors(system: str) -> bool:
+    """Measured in place: the survivors keep their processes (nodeagent+inplace*, torchft*)."""
+    return inplace_system(system) or system in TORCHFT_HEARTBEAT_MS
 
 
 LIGHT = Workload()
@@ -504,7 +520,7 @@ def measure(
         joined = [x for x in lines if x.get("event") == "synced" and (x["pid"], x["gen"]) in new]
         ready = [x for x in joined if x["pid"] in pids and x["gen"] == gen]
         initialized = max(x["t"] for x in ready)
-        resumed = max(x["step"] for x in ready)
+        resumed = min(x["step"] for x in joined)  # the first generation after the fault's
     else:
         initialized = max(starts[p]["t"] for p in pids)
         resumed = max(
@@ -544,7 +560,14 @@ def _training(launch: Launch, world: int, step: int) -> bool:
 def launched(
     system: str, server: RedisServer, directory: Path, job: str, workload: Workload
 ) -> Iterator[Launch]:
-    if system.startswith("nodeagent"):
+    if system in TORCHFT_HEARTBEAT_MS:
+        settings = TorchftSettings(TORCHFT_VENV, TORCHFT_HEARTBEAT_MS[system], STEP_TIME)
+        torchft = TorchftLaunch(directory, settings)
+        try:
+            yield torchft
+        finally:
+            torchft.stop()
+    elif system.startswith("nodeagent"):
         preload = system == "nodeagent+preload" or inplace_system(system)
         options: dict[str, Any] = {"preload": list(PRELOAD)} if preload else {}
         timing = dict(NODEAGENT_TIMING)
@@ -607,7 +630,7 @@ def one_run(
     workload: Workload = LIGHT,
 ) -> dict[str, Any]:
     fault = FAULTS[fault_name]
-    in_place = inplace_system(system)
+    in_place = keeps_survivors(system)
     directory = tmp / f"{system}-{fault_name}-{rep}"
     directory.mkdir(parents=True)
     job = f"bench-{system}-{fault_name}-{rep}-{os.getpid()}".replace("_", "-").replace("+", "-")
@@ -713,6 +736,22 @@ def versions() -> dict[str, str]:
     }
 
 
+def torchft_settings() -> dict[str, Any]:
+    """The lighthouse's and each node's command lines and the versions in torchft's venv."""
+    probe = "import importlib.metadata as m; print(m.version('torchft'), m.version('torch'))"
+    python = str(TORCHFT_VENV / "bin" / "python")
+    found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True)
+    torchft, torch = found.stdout.split()
+    settings = TorchftSettings(TORCHFT_VENV, step_time=STEP_TIME)
+    return {
+        "torchft": torchft,
+        "torch": torch,
+        "lighthouse": " ".join(settings.lighthouse_argv(0)[1:]),
+        "heartbeat_timeout_ms": {s: ms or 5000 for s, ms in TORCHFT_HEARTBEAT_MS.items()},
+        "node": " ".join(settings.node_argv("NODE")[1:]),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heavy", action="store_true", help="a model and optimizer of 1 GiB")
@@ -758,6 +797,8 @@ def main() -> None:
         "reps": reps,
         "cells": {},
     }
+    if any(s in TORCHFT_HEARTBEAT_MS for s in systems):
+        results["torchft"] = torchft_settings()
     with contextlib.ExitStack() as stack:
         tmp = args.keep or stack.enter_context(tempfile.TemporaryDirectory())
         Path(tmp).mkdir(parents=True, exist_ok=True)

@@ -189,8 +189,9 @@ class PeerWatch:
                 conn, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # out of descriptors: the next pass tries again
+            except OSError as exc:  # out of descriptors: a pause, not a busy loop on select
                 log.warning("peer watch cannot accept: %s", exc)
+                time.sleep(self.interval)
                 return
             if len(self._served) >= SERVED_MAX:
                 conn.close()
