@@ -41,17 +41,18 @@ launcher, except detection:
 - init:       -> the last finished init_process_group;
 - first step: -> every rank of the new world finished its first step (= recovery time).
 For in-place (and torchft, whose generation is its quorum's id) the new world is the first
-generation after the fault in which every rank stepped. Survivors do not restart, import or init: restart and import are those of the
-processes started for it (a replacement, a joiner), "-" when none was; init ends when every rank
-has joined the new group and synced (its "synced" line: init_process_group, then the state of
-the rank with the highest commit broadcast to all), so init holds what a restart spends loading
-the checkpoint, which for the other systems falls in first step; first step is the same: every
-rank of the new world finished a step in the new generation.
+generation after the fault in which every rank stepped. Survivors do not restart, import or
+init: restart and import are those of the processes started for it (a replacement, a joiner),
+"-" when none was; init ends when every rank has joined the new group and synced (its "synced"
+line: init_process_group, then the state of the rank with the highest commit broadcast to all),
+so init holds what a restart spends loading the checkpoint, which for the other systems falls in
+first step; first step is the same: every rank of the new world finished a step in the new
+generation.
 Also the steps lost (the last step trained before the fault minus the step resumed from: the
-checkpoint's, or for in-place the commit the first generation after the fault synced), the survivors restarted (workers of the old
-world that the fault did not hit but that are not in the new world: replaced although alive; 0
-is in-place's goal), and the outcome: recovered, job lost (every launcher exited) or not
-recovered within the bound.
+checkpoint's, or for in-place the commit the first generation after the fault synced), the
+survivors restarted (workers of the old world that the fault did not hit but that are not in the
+new world: replaced although alive; 0 is in-place's goal), and the outcome: recovered, job lost
+(every launcher exited) or not recovered within the bound.
 
 `--heavy`: the same with a model and optimizer of about 1 GiB (an MLP of 9 hidden layers of 4096
 units, 134 M parameters, SGD momentum: 2 x 537 MB), a checkpoint every HEAVY_EVERY steps, the
@@ -93,6 +94,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.peers.torchft_launch import TorchftLaunch, TorchftSettings  # noqa: E402
 from nodeagent.supervisor.spares import SPARE_MODULE  # noqa: E402
 from tests.helpers.cluster import (  # noqa: E402
     LocalCluster,
@@ -110,8 +112,6 @@ from tests.helpers.images import (  # noqa: E402
     remove_image,
 )
 from tests.helpers.training import training_entrypoint  # noqa: E402
-
-from bench.peers.torchft_launch import TorchftLaunch, TorchftSettings  # noqa: E402
 
 NODES = ("a", "b", "c")
 EVERY = 10

@@ -179,7 +179,8 @@ def _hold_out(view: ClusterView) -> tuple[ClusterView, frozenset[str], list[Even
     their leases had lapsed, and a node_lost event for each member of a running generation."""
     record = view.record
     voters = record.members if record is not None else ()
-    held = suspicion.held_out(voters, view.nodes)
+    # Only live leases: a lapsed one is lost by its expiry (node_lost), once.
+    held = suspicion.held_out(voters, view.nodes) & frozenset(view.nodes)
     if not held:
         return view, held, []
     events = []
