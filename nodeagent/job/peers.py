@@ -10,12 +10,13 @@ again, or a new agent on a new endpoint) is cleared. Those reports are read agai
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.errors import CoordinationError
 from nodeagent.job import suspicion
-from nodeagent.job.peerwatch import Peer, PeerWatch
+from nodeagent.job.peerwatch import Peer
 from nodeagent.job.port import JobPort
 from nodeagent.model.job import Event, JobRecord, NodeReport
 from nodeagent.state import JobState
@@ -23,10 +24,21 @@ from nodeagent.state import JobState
 log = logging.getLogger(__name__)
 
 
+class Watch(Protocol):
+    """What the agent needs of its peer watch (job/peerwatch.py's PeerWatch; a fake in tests)."""
+
+    @property
+    def port(self) -> int: ...
+    @property
+    def token(self) -> str: ...
+    def watch(self, peers: Iterable[Peer]) -> None: ...
+    def suspects(self) -> frozenset[str]: ...
+
+
 class PeerDuties:
     def __init__(
         self,
-        watch: PeerWatch,
+        watch: Watch,
         name: str,
         store: JobPort,
         call: CallRunner,
