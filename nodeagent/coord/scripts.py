@@ -460,6 +460,27 @@ return 1
 )
 
 
+# A follower takes the leader lease from a leader that a strict majority of the members hold
+# out (job/suspicion.py, judged by the caller from the members' reports): only if the lease
+# still holds the value the caller read, so a leader elected meanwhile is never deposed. The
+# new token fences every write of the deposed one (COMMIT checks the lease's value).
+DEPOSE = Script(
+    "DEPOSE",
+    keys=("leader", "epoch", "events"),
+    args=("name", "expected", "ttl", "events_maxlen", "event"),
+    returns="the new lease value, or false when the lease moved",
+    body=GARBAGE
+    + """
+if redis.call('GET', K.leader) ~= A.expected then return false end
+local token = redis.call('INCR', K.epoch)
+local leader = A.name .. ' ' .. fmt(token)
+redis.call('SET', K.leader, leader, 'PX', A.ttl)
+redis.pcall('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'event', A.event)
+return leader
+""",
+)
+
+
 def leave_call(keys: NodeKeys, name: str, event: Event) -> Call:
     """A call of LEAVE: node `name` leaves, telling so with `event`."""
     return Call(

@@ -102,6 +102,7 @@ class JobStore:
         self._commit = scripts.COMMIT.bind(client)
         self._write_ranks = scripts.WRITE_RANKS.bind(client)
         self._leave = scripts.LEAVE.bind(client)
+        self._depose = scripts.DEPOSE.bind(client)
         self._copies = CopiesHash(client, keys)
         self._speeds = SpeedHashes(client, keys)
 
@@ -408,6 +409,23 @@ class JobStore:
         keys = self.keys
         with redis_errors("leave"):
             self._leave(leave_call(keys, name, event))
+
+    def depose(self, name: str, expected: str, ttl_ms: int, event: Event) -> bool:
+        """Take the leader lease from `expected` (its value as read: "node token") for `name`,
+        unless it moved meanwhile (scripts.DEPOSE); whether it was taken."""
+        keys = self.keys
+        call = Call(
+            {"leader": keys.leader, "epoch": keys.leader_epoch, "events": keys.events},
+            {
+                "name": name,
+                "expected": expected,
+                "ttl": ttl_ms,
+                "events_maxlen": EVENTS_MAXLEN,
+                "event": event.to_json(),
+            },
+        )
+        with redis_errors("take over the leader lease"):
+            return bool(self._depose(call))
 
     def cordon(self, name: str, cordon: Cordon) -> None:
         """Keep `name` out of new generations (and, with drain, out of the running one)."""

@@ -247,6 +247,8 @@ class Agent:
             self._events += self._peers.tick(self.record)
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
+        if self._deposes(snapshot):  # it leads from its next heartbeat
+            self._dirty = True
         now = self._clock()  # the sync may have used its whole budget: decide on a fresh clock
         self._apply(decide(self._local_view(now)), now)
         self._guard()
@@ -266,6 +268,12 @@ class Agent:
         elif self._leader is None:
             self._leadership.stepped_down()
             self._slow.stepped_down()
+
+    def _deposes(self, snapshot: Snapshot | None) -> bool:
+        """Took the leader lease from a leader the members hold out (job/peers.py)."""
+        if snapshot is None or self._leader is not None or self._peers is None:
+            return False
+        return self._peers.depose(snapshot.leader)
 
     def _call(self, fn: Callable[[], T], what: str) -> T:
         """A Redis call bounded by the fence point (lease.LeaseClock.call_deadline)."""
@@ -460,6 +468,8 @@ class Agent:
         expiry = self._leadership.next_expiry
         if self._leader is not None and expiry is not None:
             deadlines.append(expiry)
+        if self._peers is not None and (count := self._peers.next_due) is not None:
+            deadlines.append(count)
         if (ping := self._notify.next_ping()) is not None:
             deadlines.append(ping)
         if (hang_check := self._watchers.next_check()) is not None:

@@ -22,6 +22,7 @@ from nodeagent.model.job import Event, JobRecord, NodeReport
 from nodeagent.state import JobState
 
 log = logging.getLogger(__name__)
+DEPOSE_POLL_S = 0.05  # while it suspects the leader: how often it counts the members' votes
 
 
 class Watch(Protocol):
@@ -51,6 +52,7 @@ class PeerDuties:
         self._members: tuple[str, ...] = ()
         self._watching: tuple[str, ...] = ()
         self._read_at = 0.0
+        self._depose_at: float | None = None  # when to count the votes on the leader again
         self.suspects: tuple[str, ...] = ()  # as reported
 
     @property
@@ -76,6 +78,45 @@ class PeerDuties:
             return []
         log.warning("peer watch: %s suspected lost", ", ".join(new))
         return [Event("peer_suspected", node=self._name, message=f"suspects {', '.join(new)}")]
+
+    def depose(self, leader: str | None) -> bool:
+        """Take the leader lease (`leader`: its value as read) when a strict majority of the
+        members hold its holder out (job/suspicion.py): a dead or cut-off leader would
+        otherwise hold every re-form until its lease lapsed. Only by a member that suspects it
+        itself; the votes are counted from the members' reports, again every DEPOSE_POLL_S
+        while they do not reach a majority (the others' reports come in their own heartbeats).
+        Whether this node now leads."""
+        holder = leader.split(" ", 1)[0] if leader else None
+        if leader is None or holder in (None, self._name) or holder not in self.suspects:
+            self._depose_at = None
+            return False
+        now = self._clock()
+        if self._depose_at is not None and now < self._depose_at:
+            return False
+        self._depose_at = now + DEPOSE_POLL_S
+        members = self._members
+        try:
+            reports = self._call(lambda: self._store.peer_reports(members), "count the votes")
+            if holder not in suspicion.held_out(members, reports):
+                return False
+            message = f"{holder} held out by a majority of the members: {self._name} leads"
+            event = Event("leader_deposed", node=holder, message=message)
+            ttl_ms = int(self._reread_s * 1000)
+            taken = self._call(
+                lambda: self._store.depose(self._name, leader, ttl_ms, event), "depose"
+            )
+        except CoordinationError as exc:
+            log.info("peer watch: cannot take over from %s now: %s", holder, exc)
+            return False
+        if taken:
+            log.warning("peer watch: %s", message)
+            self._depose_at = None
+        return taken
+
+    @property
+    def next_due(self) -> float | None:
+        """When the votes on a suspected leader are counted again (None: no such count)."""
+        return self._depose_at
 
     def _stale(self) -> bool:
         """Some watched peer is suspected, or is no member: its report may have moved."""

@@ -112,6 +112,14 @@ class MemoryJobStore:
             n: self.reports[n] for n in names if n in self.reports and self.leases.get(n, 0) > now
         }
 
+    def depose(self, name: str, expected: str, ttl_ms: int, event: Event) -> bool:
+        if self.leader is None or self.leader.value != expected:
+            return False
+        self.epoch += 1
+        self.leader = Held(name, self.epoch, self.now_ms() + ttl_ms)
+        self.events.append(event)
+        return True
+
     def events_tail(self, count: int) -> list[Event]:
         return self.events[-count:]
 

@@ -216,16 +216,36 @@ def test_operator_stop_and_restart(cluster: LocalCluster) -> None:
     assert [e["type"] for e in events_of(cluster, "job_stopped")] == ["job_stopped"]
 
 
-def test_killing_the_leader_hands_leadership_over(cluster: LocalCluster) -> None:
-    cluster.start("a", "b", "c")
-    before = cluster.wait_running(3)
-    leader = before["leader"]
-    cluster.kill_tree(leader)
-    after = cluster.wait_running(2, after_generation=before["generation"])
-    assert after["leader"] not in (None, leader)
-    assert leader not in {n["name"] for n in after["nodes"]}
-    lost = events_of(cluster, "node_lost")
-    assert [e["node"] for e in lost] == [leader]
+def test_killing_the_leader_hands_leadership_over(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """Under a 10 s lease: the two others hold the dead leader out, and one of them takes its
+    lease at once (job/peers.py `depose`), so the job re-forms long before the dead leader's
+    leases (its node's and its leader lease) would have lapsed."""
+    timing = {"heartbeat_interval": f"{HEARTBEAT_MS}ms", "lease_ttl": "10s"}
+    with local_cluster(
+        redis_server.url, tmp_path, job=job_id, max_nodes=4, target_nodes=3, timing=timing
+    ) as cluster:
+        cluster.start("a", "b", "c")
+        before = cluster.wait_running(3)
+        leader = before["leader"]
+        cluster.kill_tree(leader)
+        lease = next(lease for lease in cluster.store.snapshot().leases if lease.name == leader)
+        after = cluster.wait_running(2, after_generation=before["generation"])
+        deposed = events_of(cluster, "leader_deposed")
+        assert [e["node"] for e in deposed] == [leader]
+        started = [
+            e
+            for e in events_of(cluster, "generation_started")
+            if e["generation"] == after["generation"]
+        ]
+        assert started[0]["at_ms"] < lease.deadline_ms
+        assert after["leader"] not in (None, leader)
+        assert leader in {n["name"] for n in after["nodes"]}  # its lease still held
+        lost = events_of(cluster, "node_lost")
+        assert [e["node"] for e in lost] == [leader]
+        assert "suspected lost by 2 of 3 members" in lost[0]["message"]
+        check_records(cluster)
 
 
 def test_second_sigterm_kills_workers_that_ignore_the_first(

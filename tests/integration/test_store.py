@@ -98,6 +98,27 @@ def test_stale_leader_is_fenced_after_its_lease_expires(
     assert store.commit(new.leader, new.rev, write(job_record(1))) == 1  # type: ignore[arg-type]
 
 
+def test_a_deposed_leader_is_fenced_and_a_moved_lease_is_never_taken(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """DEPOSE (job/peers.py): the lease goes to the caller only while it holds the value the
+    caller read; the deposed leader's writes are refused from then on."""
+    store = store_for(redis_server, job_id)
+    old = store.sync(report("a", ttl_ms=60_000))
+    assert old.leader is not None
+    event = Event("leader_deposed", node="a", message="held out")
+    assert not store.depose("b", "a 999999", 60_000, event)  # not the lease's value
+    assert store.depose("b", old.leader, 60_000, event)
+    new = store.sync(report("b", ttl_ms=60_000))
+    assert new.leader_name == "b"
+    assert int(new.leader.split()[1]) > int(old.leader.split()[1])  # type: ignore[union-attr]
+    with pytest.raises(FencedError, match="leader lease"):
+        store.commit(old.leader, old.rev, write(job_record(1)))
+    assert not store.depose("c", old.leader, 60_000, event)  # it moved: b keeps it
+    assert store.sync(report("a", ttl_ms=60_000)).leader_name == "b"
+    assert [e.type for e in store.events()][-1:] == ["leader_deposed"]
+
+
 def test_record_writes_are_compare_and_set(redis_server: RedisServer, job_id: str) -> None:
     store = store_for(redis_server, job_id)
     snap = store.sync(report("a", ttl_ms=5000))
