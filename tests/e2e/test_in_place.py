@@ -105,18 +105,23 @@ def test_survivors_keep_their_processes_through_a_kill_scale_up_and_down_a_drain
     assert sum(e["data"].get("kept", 0) for e in started) == 7  # 1 + 2 + 2 + 1 + 1 survivors
 
 
+@pytest.mark.parametrize("role", ["member", "leader"])
 def test_a_killed_node_is_left_out_by_its_peers_long_before_its_lease_lapses(
-    redis_server: RedisServer, job_id: str, tmp_path: Path
+    redis_server: RedisServer, job_id: str, tmp_path: Path, role: str
 ) -> None:
     """A node loses power (its agent and worker SIGKILLed) under a 60 s lease: the two others,
     whose beat connections to its agent close, suspect it at once, and being two of three they
     re-form without it while its lease still holds (job/suspicion.py); their workers go on in
-    place."""
+    place. The leader's node too: one of the two takes its lease over first."""
     with in_place(redis_server, job_id, tmp_path, 3, "30s", lease_ttl="60s") as cluster:
         cluster.start("a", "b", "c")
         gen = reformed(cluster, 3, 0)
         alive = kept_through(cluster, {})
-        victim = cluster.status()["members"][-1]  # not rank 0, whose store the group uses
+        status = cluster.status()
+        # a member: neither rank 0, whose store the group uses, nor the leader; the leader:
+        # its lease too, taken over by a peer that suspects it (job/peers.py `depose`)
+        others = [m for m in status["members"][1:] if m != status["leader"]]
+        victim = others[-1] if role == "member" else status["leader"]
         cluster.kill_tree(victim)
         gen = reformed(cluster, 2, gen)
         kept_through(cluster, {n: p for n, p in alive.items() if n != victim})
@@ -126,6 +131,8 @@ def test_a_killed_node_is_left_out_by_its_peers_long_before_its_lease_lapses(
         assert redis_server.client().exists(cluster.store.keys.node(victim)), "its lease lapsed"
         suspected = [e for e in cluster.events() if e["type"] == "peer_suspected"]
         assert {e["node"] for e in suspected} == set(alive) - {victim}
+        deposed = [e["node"] for e in cluster.events() if e["type"] == "leader_deposed"]
+        assert deposed == ([victim] if role == "leader" else [])
 
 
 def assert_nothing_lost(lines: Lines, pid: int) -> None:
