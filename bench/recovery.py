@@ -29,7 +29,10 @@ K=3 simulated nodes on this machine, one worker each, run examples/train_ddp.py 
   (build/venv-torchft): survivors keep their processes, a newcomer heals from a peer
   (bench/peers/torchft_launch.py says how it is started); the lighthouse's heartbeat timeout at
   its default, 5 s. The light workload only: --heavy does not apply to it;
-- `torchft-1s`: the same with a heartbeat timeout of 1 s.
+- `torchft-1s`: the same with a heartbeat timeout of 1 s;
+- `torchft+hookfix`, `torchft-1s+hookfix`: the same with torchft's DDP comm hook replaced by one
+  that survives a failed all-reduce (torchft's asserts, killing every survivor that was in an
+  all-reduce with the lost peer: bench/peers/torchft_train.py, tolerant_hook).
 
 Each repetition is a fresh job: train to step 15, inject one fault, wait up to --bound seconds.
 Everything is measured on one clock from the workload's own log lines, the same way for every
@@ -131,7 +134,13 @@ TORCHRUN_BEST_RDZV = "keep_alive_interval=1,keep_alive_max_attempt=5,last_call_t
 TORCHRUN_BEST_PG_TIMEOUT = "10"
 PRELOAD = ("torch", "torch._dynamo")  # torch.optim imports torch._dynamo: 1.4 s more
 TORCHFT_VENV = ROOT / "build" / "venv-torchft"
-TORCHFT_HEARTBEAT_MS = {"torchft": None, "torchft-1s": 1000}  # None: the lighthouse's 5 s
+# system -> (the lighthouse's heartbeat timeout, None for its default 5 s; the comm hook fixed)
+TORCHFT_SYSTEMS = {
+    "torchft": (None, False),
+    "torchft-1s": (1000, False),
+    "torchft+hookfix": (None, True),
+    "torchft-1s+hookfix": (1000, True),
+}
 
 
 @dataclass(frozen=True)
@@ -160,7 +169,7 @@ def inplace_system(system: str) -> bool:
 
 def keeps_survivors(system: str) -> bool:
     """Measured in place: the survivors keep their processes (nodeagent+inplace*, torchft*)."""
-    return inplace_system(system) or system in TORCHFT_HEARTBEAT_MS
+    return inplace_system(system) or system in TORCHFT_SYSTEMS
 
 
 LIGHT = Workload()
@@ -560,8 +569,9 @@ def _training(launch: Launch, world: int, step: int) -> bool:
 def launched(
     system: str, server: RedisServer, directory: Path, job: str, workload: Workload
 ) -> Iterator[Launch]:
-    if system in TORCHFT_HEARTBEAT_MS:
-        settings = TorchftSettings(TORCHFT_VENV, TORCHFT_HEARTBEAT_MS[system], STEP_TIME)
+    if system in TORCHFT_SYSTEMS:
+        heartbeat_ms, hook_fix = TORCHFT_SYSTEMS[system]
+        settings = TorchftSettings(TORCHFT_VENV, heartbeat_ms, hook_fix, STEP_TIME)
         torchft = TorchftLaunch(directory, settings)
         try:
             yield torchft
@@ -747,7 +757,8 @@ def torchft_settings() -> dict[str, Any]:
         "torchft": torchft,
         "torch": torch,
         "lighthouse": " ".join(settings.lighthouse_argv(0)[1:]),
-        "heartbeat_timeout_ms": {s: ms or 5000 for s, ms in TORCHFT_HEARTBEAT_MS.items()},
+        "heartbeat_timeout_ms": {s: ms or 5000 for s, (ms, _) in TORCHFT_SYSTEMS.items()},
+        "hook_fix": [s for s, (_, fix) in TORCHFT_SYSTEMS.items() if fix],
         "node": " ".join(settings.node_argv("NODE")[1:]),
     }
 
@@ -797,7 +808,7 @@ def main() -> None:
         "reps": reps,
         "cells": {},
     }
-    if any(s in TORCHFT_HEARTBEAT_MS for s in systems):
+    if any(s in TORCHFT_SYSTEMS for s in systems):
         results["torchft"] = torchft_settings()
     with contextlib.ExitStack() as stack:
         tmp = args.keep or stack.enter_context(tempfile.TemporaryDirectory())
