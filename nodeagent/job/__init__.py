@@ -12,7 +12,8 @@ and GPU health as findings), progress.py (the node running rank 0 says when each
 trained), speed.py (this node's ranks' pace, a window at a time), slowwatch.py (the leader's
 slow-node watch: judge, write the verdicts, drain), verify.py (what this node may act on, checked
 against what it knows itself), peerwatch.py (the members' beats to each other over TCP, in a
-thread) and peers.py (whom this node watches, and what it reports of them). port.py: what the
+thread) and peers.py (whom this node watches, what it reports of them, a held-out leader
+deposed). port.py: what the
 agent needs of the job's shared state (a Protocol:
 coord/'s JobStore, or an in-memory one in the tests). checkpoints/: the checkpoint protocol (the
 tiers' duties, the copies, the hand-over, the restore order). Talks to Redis only through the store
