@@ -30,6 +30,7 @@ BASE: dict[str, Any] = {"id": "llama", "entrypoint": ["python", "train.py"], "us
         ({"priority": 10**9}, "priority", "within"),
         ({"queue": "a b"}, "queue", "must be 1-63"),
         ({"timing": {"lease_ttl": "5s"}}, "timing.lease_ttl", "the node's"),
+        ({"timing": {"peer_timeout": "1s"}}, "timing.peer_timeout", "the node's"),
         ({"timing": {"hang_timeout": "soon"}}, "timing.hang_timeout", "duration"),
         ({"submitted_by": "mallory"}, "submitted_by", "unknown key"),
         ({"selector": ["gpu"]}, "selector", "a mapping of labels"),
