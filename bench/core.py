@@ -134,6 +134,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--overhead", type=float, default=60.0, help="seconds of overhead window")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "core.json"))
+    parser.add_argument(
+        "--peer-interval",
+        help="timing.peer_interval (default the agents' own, 100ms; off: the members' watch off)",
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {
         "machine": {
@@ -156,6 +160,9 @@ def main() -> None:
                 "stop_grace_period": "10s",
                 "restart_backoff": "off",
             }
+            if args.peer_interval is not None:
+                fast["peer_interval"] = args.peer_interval
+            results["peer_interval"] = args.peer_interval or "100ms (default)"
             with local_cluster(
                 server.url,
                 Path(tmp) / "a",
