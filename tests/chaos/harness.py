@@ -301,8 +301,10 @@ class ChaosJob:
 
         return wait_for(dead, timeout, f"the probe of {node} (generation {generation}) to die")
 
-    def check_no_overlap(self, held_out: Iterable[str] = ()) -> None:
-        found = overlaps(self.lives(), held_out)
+    def check_no_overlap(self, held_out: Iterable[str] | None = None) -> None:
+        """No two generations overlapped, but a held-out node's worker beside generations it
+        is no member of (`overlaps`); `held_out` None: the nodes the job's events say were."""
+        found = overlaps(self.lives(), self.held_out() if held_out is None else held_out)
         assert not found, (
             "generations overlapped: "
             + "; ".join(

@@ -73,10 +73,10 @@ def _partition(job: ChaosJob, role: str) -> None:
     _assert_fenced_in_time(job, life, f"partition of the {role}")
     job.net.heal(victim)
     job.wait_world(3, after=survivors_gen)
-    # A follower cut off is held out by the two others before its lease lapses: its worker
-    # may still run (it cannot hear of the new generation), until it fences itself, checked
-    # above. A cut-off leader is not: nobody plans until its leader lease lapses.
-    job.check_no_overlap(held_out=job.held_out())
+    # A node cut off is held out by the two others before its lease lapses (a leader is
+    # deposed first): its worker may still run (it cannot hear of the new generation), until
+    # it fences itself, checked above; check_no_overlap allows that and nothing else.
+    job.check_no_overlap()
 
 
 @pytest.mark.lease(3.0)
