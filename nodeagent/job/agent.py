@@ -244,7 +244,10 @@ class Agent:
         )
         self._measure_speed(now)
         if self._peers is not None:
-            self._events += self._peers.tick(self.record)
+            suspected = self._peers.tick(self.record)
+            self._events += suspected
+            new = sum(len(e.data.get("new", ())) for e in suspected)
+            self._metrics.peers(len(self._peers.suspects), new)
         self._dirty = False
         snapshot = self._sync(now) if now >= self._retry_at else None
         if self._deposes(snapshot):  # it leads from its next heartbeat

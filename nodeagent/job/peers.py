@@ -77,7 +77,8 @@ class PeerDuties:
         if not new:
             return []
         log.warning("peer watch: %s suspected lost", ", ".join(new))
-        return [Event("peer_suspected", node=self._name, message=f"suspects {', '.join(new)}")]
+        message = f"suspects {', '.join(new)}"
+        return [Event("peer_suspected", node=self._name, message=message, data={"new": new})]
 
     def depose(self, leader: str | None) -> bool:
         """Take the leader lease (`leader`: its value as read) when a strict majority of the

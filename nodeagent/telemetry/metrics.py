@@ -250,6 +250,19 @@ class AgentMetrics:
             j,
             registry=r,
         )
+        self.peers_suspected = Gauge(
+            "nodeagent_peers_suspected",
+            "Members of the job this node's watch suspects lost now (docs/design.md, "
+            '"Fast detection")',
+            j,
+            registry=r,
+        )
+        self.peer_suspicions = Counter(
+            "nodeagent_peer_suspicions",
+            "Members this node's watch began to suspect lost",
+            j,
+            registry=r,
+        )
         self.checkpoints = CheckpointMetrics(job_id, r)
         Info("nodeagent_build", "nodeagent's version", registry=r).info({"version": version})
         # Every series exists from the start, at zero: rate() and increase() need a sample
@@ -260,6 +273,8 @@ class AgentMetrics:
             self.worker_failures.labels(job_id, kind)
         for kind in DETECTION_KINDS:
             self.detection.labels(job_id, kind)
+        self.peers_suspected.labels(job_id)
+        self.peer_suspicions.labels(job_id)
         for kind in GARBAGE_KINDS:
             self.garbage.labels(job_id, kind)
         for metric in (self.recovery, self.heartbeat, self.redis_errors, self.is_leader):
@@ -333,6 +348,12 @@ class AgentMetrics:
         for node, ratio in named.items():
             self.slow_ratio.labels(self.job_id, node).set(ratio)
         self.slow_nodes.labels(self.job_id).set(len(named))
+
+    def peers(self, suspected: int, new: int) -> None:
+        """This node's watch: how many members it suspects now, `new` of them since the last."""
+        self.peers_suspected.labels(self.job_id).set(suspected)
+        if new:
+            self.peer_suspicions.labels(self.job_id).inc(new)
 
     def sync_failed(self) -> None:
         self.redis_errors.labels(self.job_id).inc()

@@ -172,3 +172,14 @@ def test_garbage_counts_by_kind_and_reasons_from_redis_are_no_labels() -> None:
     m.synced(0.001, replace(record, generation=5, reason="x" * 200), leader=False, now=2.0)
     assert value(m, "nodeagent_restarts_total", reason="other") == 1
     assert "x" * 200 not in generate_latest(m.registry).decode()
+
+
+def test_the_members_watch_suspects_now_and_suspicions_begun() -> None:
+    m = AgentMetrics("llama", "0")
+    assert value(m, "nodeagent_peers_suspected") == 0  # the series exist from the start
+    assert value(m, "nodeagent_peer_suspicions_total") == 0
+    m.peers(2, 2)
+    m.peers(2, 0)  # still the same two
+    m.peers(1, 0)
+    assert value(m, "nodeagent_peers_suspected") == 1
+    assert value(m, "nodeagent_peer_suspicions_total") == 2

@@ -86,6 +86,7 @@ def test_a_new_suspect_is_said_once_and_stays_watched_while_its_lease_holds() ->
     watch.silent = frozenset({"c"})
     events = duties.tick(store.record)
     assert [(e.type, e.node, e.message) for e in events] == [("peer_suspected", "a", "suspects c")]
+    assert events[0].data == {"new": ["c"]}
     assert duties.suspects == ("c",)
     assert duties.tick(store.record) == []  # said once
     store.record = running(4, ("a", "b"))  # the job went on without c
