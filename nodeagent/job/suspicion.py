@@ -11,9 +11,9 @@ partition can never hold out the majority, and a job of two waits for the lease 
 
 A node held out is planned as if its lease had lapsed (job/plan.py): it is lost to the running
 generation, not waited for in the next one, never chosen, and no checkpoint it reports is a
-restore source. If it is alive (a partition, a freeze) its workers may run on until its own
-lease fences it: nothing they do counts, because every shared write is fenced by the generation
-and its generation is over (docs/recovery.md, "Fast detection").
+restore source. If it is alive (a partition, a freeze) its workers may run on until it reads
+the new generation or its own lease fences it: what counts of what they do, and what does not
+yet, is in docs/design.md ("Fast detection: the members watch each other").
 
 A node stays held out while its watchers suspect it, which they do until it beats again: a
 member left out of the next generation is still watched by the members that suspect it, so it
@@ -44,11 +44,7 @@ def held_out(members: Sequence[str], nodes: Mapping[str, NodeReport]) -> frozens
     if the members left are still a strict majority; else none (the leases decide)."""
     if len(members) > MAX_WATCHED:
         return frozenset()
-    votes: Counter[str] = Counter()
-    for name in members:
-        report = nodes.get(name)
-        if report is not None:
-            votes.update(s for s in set(report.suspects) if s != name)
+    votes = _votes(members, nodes)
     quorum = len(members) // 2 + 1
     held = frozenset(name for name, count in votes.items() if count >= quorum)
     kept = sum(1 for name in members if name not in held)
@@ -57,4 +53,14 @@ def held_out(members: Sequence[str], nodes: Mapping[str, NodeReport]) -> frozens
 
 def suspected_by(name: str, members: Sequence[str], nodes: Mapping[str, NodeReport]) -> int:
     """How many of `members` with a live lease suspect `name` (for the event that says so)."""
-    return sum(1 for m in members if m != name and m in nodes and name in nodes[m].suspects)
+    return _votes(members, nodes)[name]
+
+
+def _votes(members: Sequence[str], nodes: Mapping[str, NodeReport]) -> Counter[str]:
+    """Each node's suspicions by `members` with a live lease (a node's of itself not counted)."""
+    votes: Counter[str] = Counter()
+    for name in members:
+        report = nodes.get(name)
+        if report is not None:
+            votes.update(s for s in set(report.suspects) if s != name)
+    return votes
