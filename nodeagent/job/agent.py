@@ -37,6 +37,7 @@ from nodeagent.job.decide import (
     StartWorkers,
     StopWorkers,
     decide,
+    fenced_at,
 )
 from nodeagent.job.leadership import Leadership
 from nodeagent.job.lease import LeaseClock
@@ -505,9 +506,7 @@ class Agent:
                 )
         if decision.state is NodeState.FENCED and self._fenced_generation is None:
             group_gen = self._workers.status().generation or 0
-            self._fenced_generation = max(
-                self._acked, group_gen, self.record.generation if self.record else 0
-            )
+            self._fenced_generation = fenced_at(self._acked, group_gen, self.record)
             self._leader = None
         for action in decision.actions:
             self._dirty = True

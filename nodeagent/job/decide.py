@@ -95,6 +95,24 @@ class NodeDecision:
     reason: str
 
 
+def fenced_at(acked: int, group_generation: int, record: JobRecord | None) -> int:
+    """The generation a node that fences itself stays out of: it waits for a newer one.
+
+    Every generation its workers or its acknowledgement touched, and the record's when that one
+    runs. A generation only announced (RESTARTING) is not yet running anywhere, and the leader
+    waits for this node's acknowledgement of it (every live node's, the barrier): staying out of
+    it too would hold the barrier forever, and with it the job, while the lease keeps this node
+    live. It acknowledges the announced generation once its workers have stopped, as any node
+    does (found in the suite: a leader that fenced itself under load right after announcing
+    waited for its own acknowledgement, and the job never re-formed)."""
+    seen = max(acked, group_generation)
+    if record is None:
+        return seen
+    if record.state is JobState.RESTARTING:
+        return max(seen, record.generation - 1)
+    return max(seen, record.generation)
+
+
 def decide(view: LocalView) -> NodeDecision:
     """The node's next state and actions. Pure."""
     group = view.group

@@ -14,6 +14,7 @@ from nodeagent.job.decide import (
     StartWorkers,
     StopWorkers,
     decide,
+    fenced_at,
 )
 from nodeagent.model.job import Cordon, Failure, JobRecord
 from nodeagent.state import NODE_TRANSITIONS, JobState, NodeState
@@ -140,6 +141,39 @@ def test_decide(local: LocalView, state: NodeState, actions: list[type]) -> None
     assert [type(a) for a in decision.actions] == actions
 
 
+@pytest.mark.parametrize(
+    ("record", "acked", "group", "fenced"),
+    [
+        (rec(JobState.RUNNING, 4), 4, 4, 4),  # its generation runs: out of it, wait for 5
+        (rec(JobState.RESTARTING, 5), 4, 4, 4),  # 5 only announced: it will acknowledge 5
+        (rec(JobState.RESTARTING, 5), 5, 4, 5),  # it acknowledged 5 already: wait for 6
+        (rec(JobState.WAITING, 3), 3, 0, 3),
+        (None, 2, 3, 3),
+    ],
+)
+def test_a_fenced_node_stays_out_of_what_ran_and_not_of_what_is_only_announced(
+    record: JobRecord | None, acked: int, group: int, fenced: int
+) -> None:
+    assert fenced_at(acked, group, record) == fenced
+
+
+def test_a_node_fenced_while_a_generation_is_announced_acknowledges_it_once_stopped() -> None:
+    """The barrier waits for every live node: one fenced out of the announced generation for
+    good would hold the job forever while its lease lives."""
+    announced = rec(JobState.RESTARTING, 5)
+    fenced = decide(view(announced, RUNNING_G, acked=4, fence=True))
+    assert fenced.state is NodeState.FENCED
+    assert [type(a) for a in fenced.actions] == [StopWorkers]
+    out_of = fenced_at(4, RUNNING_G.generation or 0, announced)
+    stopping = decide(view(announced, STOPPING_G, acked=4, fenced_generation=out_of))
+    assert stopping.state is NodeState.STOPPING, stopping.reason
+    stopped = decide(view(announced, EXITED_G, acked=4, fenced_generation=out_of))
+    assert (stopped.state, [type(a) for a in stopped.actions]) == (
+        NodeState.READY,
+        [Acknowledge],
+    )
+
+
 def test_start_carries_group_rank() -> None:
     decision = decide(view(rec(JobState.RUNNING, 4, ("b", "a")), acked=4))
     start = decision.actions[0]
@@ -251,7 +285,7 @@ def test_random_histories_only_make_legal_transitions() -> None:
             check_transition(NODE_TRANSITIONS, state, decision.state)
             state = decision.state
             if state is NodeState.FENCED and fenced is None:
-                fenced = max(acked, group.generation or 0, record.generation if record else 0)
+                fenced = fenced_at(acked, group.generation or 0, record)
             for action in decision.actions:
                 if isinstance(action, Acknowledge):
                     # The invariant: no worker of this node is in any generation's group.
