@@ -318,6 +318,7 @@ class Agent:
             watch_port=self._peers.port if self._peers is not None else 0,
             watch_token=self._peers.token if self._peers is not None else None,
             suspects=self._peers.suspects if self._peers is not None else (),
+            warming=group.warming,
         )
 
     def _sync(self, now: float) -> Snapshot | None:

@@ -202,6 +202,13 @@ def _under_way_without_me(view: LocalView, record: JobRecord) -> bool:
     )
 
 
+def _rejoins(group: GroupStatus, record: JobRecord) -> bool:
+    """Parked workers left out of `record`'s generation are kept for the next: while a warm-up
+    of theirs is starting (the job went on without this node: job/members.ready), or while
+    the job has fewer members than its target (it takes a ready node back at once)."""
+    return group.warming > 0 or len(record.members) < record.target_nodes
+
+
 def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
     group = view.group
     actions: list[Action] = []
@@ -221,6 +228,11 @@ def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
     if this_generation and group.succeeded:
         return NodeDecision(NodeState.SUCCEEDED, tuple(actions), "workers succeeded")
     if this_generation and group.failure is not None:
+        if view.in_place and group.phase is GroupPhase.EXITED and not group.released:
+            # Every local worker is gone: released all the same, so that the failed ones'
+            # replacements warm up now (supervisor/group.py), not when the job has re-formed.
+            why = f"a local worker failed: {group.failure.describe()}"
+            actions.append(ReleaseWorkers(why, broken=True))
         return NodeDecision(NodeState.FAILED, tuple(actions), group.failure.describe())
     parked = group.phase is GroupPhase.PARKED  # in_place survivors waiting for an assignment
     if view.cordon is not None or view.unfit is not None:
@@ -237,9 +249,10 @@ def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
         )
     rank = record.group_rank(view.name)
     if record.state is JobState.RUNNING and rank is None:
-        if parked:
+        if parked and not _rejoins(group, record):
             actions.append(StopWorkers(f"not a member of generation {record.generation}"))
-        return NodeDecision(NodeState.STANDBY, tuple(actions), "standby")
+        why = f"standby: {group.warming} workers warming up" if group.warming else "standby"
+        return NodeDecision(NodeState.STANDBY, tuple(actions), why)
     if record.state is JobState.RUNNING and rank is not None and not this_generation:
         if view.tiers_copying:
             return NodeDecision(NodeState.READY, tuple(actions), "ending the copies under way")

@@ -11,12 +11,18 @@ from nodeagent.supervisor.status import Started, WorkerExit
 def started(node: str, generation: int, ranks: Sequence[int], how: Started) -> Event:
     notes = [f"{how.kept} kept running in place"] if how.kept else []
     notes += [f"{how.preloaded} in preloaded interpreters"] if how.preloaded else []
+    notes += [f"{how.warmed} warmed up ahead"] if how.warmed else []
     return Event(
         "workers_started",
         generation=generation,
         node=node,
         message=f"ranks {ranks[0]}-{ranks[-1]}" + (f" ({', '.join(notes)})" if notes else ""),
-        data={"ranks": list(ranks), "preloaded": how.preloaded, "kept": how.kept},
+        data={
+            "ranks": list(ranks),
+            "preloaded": how.preloaded,
+            "kept": how.kept,
+            "warmed": how.warmed,
+        },
     )
 
 

@@ -32,3 +32,25 @@ def choose(previous: Sequence[str], able: Sequence[str], target: int) -> tuple[s
     kept = set(survivors)
     newcomers = sorted(name for name in able if name not in kept)
     return tuple((survivors + newcomers)[:target])
+
+
+def ready(names: Sequence[str], nodes: Mapping[str, NodeReport]) -> tuple[str, ...]:
+    """Those of `names` with no replacement worker still warming up (NodeReport.warming): the
+    survivors never wait for a newcomer's imports and set-up (issue 53); it joins once ready."""
+    return tuple(name for name in names if nodes[name].warming == 0)
+
+
+def next_members(
+    previous: Sequence[str],
+    eligible: Sequence[str],
+    nodes: Mapping[str, NodeReport],
+    target: int,
+    min_nodes: int,
+) -> tuple[str, ...]:
+    """The members of the next generation: chosen among the ready nodes, or among every
+    eligible one when fewer than `min_nodes` are ready (the job cannot go on without the
+    warming ones, so it waits for them, as it did before warm-ups)."""
+    chosen = choose(previous, ready(eligible, nodes), target)
+    if len(chosen) >= min_nodes:
+        return chosen
+    return choose(previous, eligible, target)

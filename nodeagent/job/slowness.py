@@ -246,7 +246,9 @@ def _act(
     slowest = max(pending, key=lambda v: v.ratio)
     world = len(record.members)
     if policy.policy == "replace":
-        spares = [n for n in members.eligible(nodes) if n not in record.members]
+        spares = [
+            n for n in members.ready(members.eligible(nodes), nodes) if n not in record.members
+        ]
         done = f"replaced by a spare ({spares[0]} stands by)" if spares else None
         refused = "report: no spare stands by to replace it"
     else:

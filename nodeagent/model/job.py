@@ -23,7 +23,7 @@ from nodeagent.model.tiers import CheckpointRecord, TierReport
 from nodeagent.state import JOB_TRANSITIONS, JobState, NodeState, check_transition
 
 # parked, leaving: an in_place worker told to leave its generation has (not yet) left it.
-WORKER_STATES = ("running", "exited", "failed", "stopping", "leaving", "parked")
+WORKER_STATES = ("running", "exited", "failed", "stopping", "leaving", "parked", "warming")
 FAILURE_KINDS = ("exit_code", "signal", "hang", "xid")
 MAX_LEASE_TTL_MS = 86_400_000
 WATCH_TOKEN_CHARS = 16  # a peer watch's token: 8 random bytes, in hexadecimal
@@ -196,6 +196,9 @@ class NodeReport:
     watch_port: int = 0
     watch_token: str | None = None
     suspects: tuple[str, ...] = ()
+    # In place: its workers' replacements still starting outside any generation (warm-ups,
+    # supervisor/group.py); the leader goes on without it meanwhile (members.ready).
+    warming: int = 0
 
     @property
     def eligible(self) -> bool:
@@ -250,6 +253,7 @@ class NodeReport:
             watch_port=r.integer("watch_port", 0, high=65535),
             watch_token=r.opt_text("watch_token", WATCH_TOKEN_CHARS),
             suspects=r.names("suspects"),
+            warming=r.integer("warming", 0, high=65535),
         )
         if report.watch_token is not None and not _is_token(report.watch_token):
             raise CorruptStateError(

@@ -204,6 +204,7 @@ class JobRun:
             echo=WorkerEcho(config.logging.format, parts.context),
             wake=parts.waker.wake,
             spawner=Spawner(config.job.preload, config.job.user, _containers(config)),
+            warm_ups=config.job.in_place,
         )
         self.metrics = AgentMetrics(config.job.id, __version__)
         monitor = parts.monitor

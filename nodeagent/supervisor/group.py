@@ -15,6 +15,13 @@ In-place recovery (job.recovery: in_place): `release()` tells every worker over 
 live worker has reported leaving, and the next `start()` hands survivors their new ranks and spawns
 only the local ranks with no survivor. A survivor that has not left by the release deadline is
 killed, and its local rank is spawned anew.
+
+Warm-ups (`warm_ups`, in place): while the group is released, a local rank whose worker failed
+and has no preloaded spare gets its replacement at once, outside any generation: a worker of the
+old generation's environment told, before it starts, to leave that generation. It imports and
+sets up while the job goes on without this node, reaches `elastic.run`, and parks like a
+survivor; the status counts it as warming until then (the leader does not wait for a warming
+node: job/plan.py), and the next `start()` hands it its rank as it does a survivor's.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ from nodeagent.supervisor.ranklogs import (
     worker_files,
 )
 from nodeagent.supervisor.spares import PRESTART_DELAY_S, Spawner
-from nodeagent.supervisor.spec import WorkerSpec
+from nodeagent.supervisor.spec import WorkerSpec, warmup_spec
 from nodeagent.supervisor.status import GroupPhase, GroupStatus, Started, WorkerExit
 
 log = logging.getLogger(__name__)
@@ -81,6 +88,7 @@ class _Worker:
     cgroup: str | None = None  # its container's, once found (cgroups.container_cgroup)
     settled: threading.Event | None = None  # set: nothing of it can run any more (_await_exit)
     finished: bool = False  # it said it reached its end before it exited (has_finished)
+    warmup: bool = False  # started outside any generation to replace a failed one; unassigned
 
     @property
     def pid(self) -> int | None:
@@ -197,8 +205,11 @@ class Supervisor:
         wake: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
         spawner: Spawner | None = None,
+        warm_ups: bool = False,
     ) -> None:
         self._echo = echo
+        self._warm_ups = warm_ups
+        self._warmed: set[int] = set()  # local ranks given a warm-up since the last release
         self._wake = wake
         self._clock = clock
         self._spawner = spawner or Spawner()
@@ -227,6 +238,7 @@ class Supervisor:
         self._stop_deadline, self._killed, self._failure = None, False, None
         self._release_deadline = None
         workers = []
+        warmed = sum(1 for w in survivors.values() if w.warmup)
         for spec in specs:
             survivor = survivors.pop(spec.local_rank, None)
             workers.append(self._spawn(spec) if survivor is None else self._keep(survivor, spec))
@@ -238,6 +250,7 @@ class Supervisor:
             tuple(w.spec for w in workers),
             preloaded=sum(w.preloaded for w in workers),
             kept=sum(w.kept for w in workers),
+            warmed=warmed,
         )
 
     def _live(self) -> list[_Worker]:
@@ -245,8 +258,9 @@ class Supervisor:
         return [w for w in self._workers if w.popen is not None and w.returncode is None]
 
     def _survivors(self) -> list[_Worker]:
-        """In_place workers that are alive and have left their generation: they can be kept."""
-        return [w for w in self._live() if w.has_left()]
+        """In_place workers that are alive and in no generation's group: they can be kept (a
+        warm-up still starting takes its assignment when it reaches `elastic.run`)."""
+        return [w for w in self._live() if w.warmup or w.has_left()]
 
     def _drop(self, worker: _Worker) -> None:
         beats.discard_unused(worker.spec.progress_path)
@@ -274,22 +288,31 @@ class Supervisor:
         restore_report(kept, self._spawner.user)
         survivor.channel.assign(spec.assignment)
         survivor.spec, survivor.generation = kept, spec.assignment.generation
-        survivor.kept, survivor.preloaded = True, False
+        survivor.kept, survivor.preloaded = not survivor.warmup, False
+        survivor.warmup = False
         return survivor
 
-    def _spawn(self, spec: WorkerSpec) -> _Worker:
-        title = banner(self._generation or 0, self._node, spec, time.time())
+    def _spawn(self, spec: WorkerSpec, outside: int | None = None) -> _Worker:
+        """Start `spec`'s worker into this group's generation, or, `outside` one (a warm-up),
+        told to leave generation `outside` before it can read anything else."""
+        generation = (self._generation or 0) if outside is None else outside
+        title = banner(generation, self._node, spec, time.time())
         log_file = RankLog(spec, worker_files(spec, self._spawner.user), title)  # pump closes
-        generation = self._generation or 0
+        channel = ControlFile(spec.control_path) if spec.control_path is not None else None
+        if channel is not None and outside is not None:
+            channel.leave(outside)
         try:
             popen, preloaded = self._spawner.spawn(spec)
         except OSError as exc:
             message = f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"
             log_file.write(message.encode() + b"\n")
             log_file.close()
+            if channel is not None:
+                channel.close()
             self._echo(spec.rank, message)
             worker = _Worker(spec, None, returncode=SPAWN_FAILED, generation=generation)
-            self._note_failure(worker)
+            if outside is None:
+                self._note_failure(worker)
             self._wake()
             return worker
         assert popen.stdout is not None
@@ -310,7 +333,6 @@ class Supervisor:
         ).start()
         started = start_ticks(popen.pid)
         group = Group(popen.pid, started, cidfile) if started is not None else None
-        channel = ControlFile(spec.control_path) if spec.control_path is not None else None
         return _Worker(
             spec,
             popen,
@@ -322,6 +344,7 @@ class Supervisor:
             generation=generation,
             depth=self._spawner.depth,
             settled=settled,
+            warmup=outside is not None,
         )
 
     def _await_exit(
@@ -346,6 +369,7 @@ class Supervisor:
         if self._release_deadline is not None or self._stop_deadline is not None:
             return
         self._release_deadline = self._clock() + timeout_s
+        self._warmed.clear()
         culprit = self._failure.rank if self._failure and self._failure.kind in _STUCK else None
         for worker in self._workers:
             if worker.returncode is None and worker.spec.rank == culprit:
@@ -364,6 +388,35 @@ class Supervisor:
             threading.Thread(
                 target=self._watch_leaving, args=(waiting,), name="release-watch", daemon=True
             ).start()
+        self._warm()
+
+    def _warm(self) -> None:
+        """Start a warm-up (the module docstring) for each local rank whose worker failed while
+        the group is released, once a release; none for a rank with a preloaded spare (it
+        starts in the next generation at once) or for a warm-up that failed itself (its rank
+        starts in the next generation as any other, cold, and fails there if it must)."""
+        if not self._warm_ups or self._release_deadline is None or self._stop_deadline is not None:
+            return
+        live = {w.spec.local_rank for w in self._live()}
+        for dead in list(self._workers):
+            rank = dead.spec.local_rank
+            failed = dead.returncode is not None and dead.returncode != 0 and not dead.finished
+            if not failed or dead.warmup or rank in live or rank in self._warmed:
+                continue
+            self._warmed.add(rank)
+            spec = warmup_spec(dead.spec, dead.generation)
+            if self._spawner.has_spare(spec):
+                continue
+            log.info(
+                "rank %d: its replacement warms up outside generation %d", rank, dead.generation
+            )
+            worker = self._spawn(spec, outside=dead.generation)
+            self._workers.append(worker)
+            live.add(rank)
+            if worker.returncode is None:
+                threading.Thread(
+                    target=self._watch_leaving, args=([worker],), name="warm-watch", daemon=True
+                ).start()
 
     def _watch_leaving(self, waiting: list[_Worker]) -> None:
         """Wake the agent as workers report leaving: a report is a write to shared memory,
@@ -491,6 +544,12 @@ class Supervisor:
             elif not expected and code != 0:
                 cause = self._cause(worker)
                 self._note_failure(worker, cause)
+            if worker.warmup and not worker.has_left():
+                log.warning(
+                    "local rank %d: its warm-up exited (%s) before it was ready; the rank starts "
+                    "with the next generation",
+                    *(worker.spec.local_rank, _signal_name(code) or f"exit code {code}"),
+                )
             exits.append(
                 WorkerExit(
                     generation=self._generation or 0,
@@ -503,6 +562,7 @@ class Supervisor:
                     finished=worker.finished,
                 )
             )
+        self._warm()
         self._enforce_release()
         stopping = self._stop_deadline is not None
         if stopping:
@@ -605,14 +665,16 @@ class Supervisor:
             phase = GroupPhase.STOPPING
         elif self._release_deadline is not None:
             live = self._live()
-            left = all(w.has_left() for w in live) and bool(live)
+            left = all(w.warmup or w.has_left() for w in live) and bool(live)
             phase = GroupPhase.PARKED if left else GroupPhase.RELEASING
         else:
             phase = GroupPhase.RUNNING
         # Workers that exit 0 because we asked them to stop have not finished the job.
         asked = self._stop_deadline is not None or self._release_deadline is not None
         succeeded = not asked and all(w.returncode == 0 or w.finished for w in self._workers)
-        return GroupStatus(self._generation, phase, self._failure, succeeded)
+        warming = sum(1 for w in self._live() if w.warmup and not w.has_left())
+        released = self._release_deadline is not None
+        return GroupStatus(self._generation, phase, self._failure, succeeded, warming, released)
 
     def close(self) -> None:
         """Release what outlives a group (preloaded interpreters); the agent is leaving."""
@@ -650,7 +712,7 @@ class Supervisor:
             if w.returncode is None and self._stop_deadline is not None:
                 state = "stopping"
             elif w.returncode is None and self._release_deadline is not None:
-                state = "parked" if w.has_left() else "leaving"
+                state = "parked" if w.has_left() else "warming" if w.warmup else "leaving"
             elif w.returncode is None:
                 state = "running"
             else:

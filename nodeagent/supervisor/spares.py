@@ -165,6 +165,11 @@ class Spawner:
             spare.discard()
         return _start(spec.argv, dict(spec.env), spec.cwd, subprocess.DEVNULL, self.user), False
 
+    def has_spare(self, spec: WorkerSpec) -> bool:
+        """A live preloaded interpreter that `spec`'s worker would start in."""
+        spare = self._spares.get(spec.local_rank)
+        return spare is not None and spare.popen.poll() is None and spare.fits(self._as_user(spec))
+
     def cidfile(self, spec: WorkerSpec) -> str:
         """Where `spec`'s container id is written, if it runs in one ("" if not): the agent
         fences it by that container's cgroup."""

@@ -13,7 +13,7 @@ import logging
 import socket
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nodeagent.channel import control, restore, tier
@@ -92,6 +92,33 @@ class WorkerSpec:
         """Where this worker's @record writes the exception it died of (errorfile.py reads it)."""
         path = self.env.get("TORCHELASTIC_ERROR_FILE")
         return Path(path) if path else None
+
+
+WARMUP_FILES = {  # a warm-up's own files: the variable naming each, its name's suffix
+    "NODEAGENT_PROGRESS_FILE": "progress",
+    "TORCHELASTIC_ERROR_FILE": "error.json",
+    control.PATH_ENV: "control",
+}
+
+
+def warmup_spec(spec: WorkerSpec, generation: int) -> WorkerSpec:
+    """The spec of a warm-up replacing `spec`'s failed worker (supervisor/group.py): the same
+    environment, that of `generation` (which it is told to leave before it starts), and files
+    of its own beside the failed one's log (`rank-R.warmup.log`, `.progress`, ...), so that
+    the failed one's log and error file keep why it died."""
+    directory = spec.log_path.parent
+    env = dict(spec.env)
+    env["NODEAGENT_GENERATION"] = str(generation)
+    for name, suffix in WARMUP_FILES.items():
+        if env.get(name):
+            env[name] = str(directory / f"rank-{spec.rank}.warmup.{suffix}")
+    return replace(
+        spec,
+        env=env,
+        log_path=directory / f"rank-{spec.rank}.warmup.log",
+        progress_path=directory / f"rank-{spec.rank}.warmup.progress",
+        assignment=None,
+    )
 
 
 def pick_free_port(address: str) -> int:

@@ -34,11 +34,13 @@ class WorkerExit:
 @dataclass(frozen=True)
 class Started:
     """What start() did: the workers' specs (a survivor's keeps its own progress file),
-    processes started in preloaded interpreters, in_place survivors kept."""
+    processes started in preloaded interpreters, in_place survivors kept, warm-ups (started
+    before the generation formed, outside it) handed their ranks."""
 
     specs: tuple[WorkerSpec, ...] = ()
     preloaded: int = 0
     kept: int = 0
+    warmed: int = 0
 
 
 class GroupPhase(str, Enum):
@@ -50,7 +52,8 @@ class GroupPhase(str, Enum):
     EXITED     every process of the group is gone.
     RELEASING  in_place: the workers were told to leave the generation; some have not yet.
     PARKED     in_place: every live worker has left the generation's process group and waits,
-               alive, for its next assignment (no worker takes part in any collective).
+               alive, for its next assignment (no worker takes part in any collective); a
+               warm-up still starting (GroupStatus.warming) was never in one.
     """
 
     NONE = "none"
@@ -67,6 +70,8 @@ class GroupStatus:
     phase: GroupPhase = GroupPhase.NONE
     failure: Failure | None = None
     succeeded: bool = False  # every worker exited 0
+    warming: int = 0  # in place: warm-ups started outside any generation, not parked yet
+    released: bool = False  # in place: told to leave its generation (Supervisor.release)
 
     @property
     def active(self) -> bool:

@@ -135,6 +135,54 @@ def test_a_killed_node_is_left_out_by_its_peers_long_before_its_lease_lapses(
         assert deposed == ([victim] if role == "leader" else [])
 
 
+def test_survivors_go_on_without_a_slow_replacement_which_joins_once_ready(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """Issue 53: a worker killed, and its replacement slow to start (SET_UP_S, no preloaded
+    interpreter). The replacement warms up outside any generation; the survivors re-form at
+    world 2 and step meanwhile; the node rejoins at world 3 once its warm-up parked, handed its
+    rank in the same process; every survivor is kept through both re-forms."""
+    with local_cluster(
+        redis_server.url,
+        tmp_path,
+        job=job_id,
+        max_nodes=3,
+        target_nodes=3,
+        min_nodes=2,
+        max_restarts=5,
+        timing={**TIMING, "reform_timeout": "60s"},
+        entrypoint=[sys.executable, str(SCRIPT)],
+        job_options={"recovery": "in_place"},
+    ) as cluster:
+        lines = Lines(cluster.records_dir)
+        cluster.start("a", "b", "c", env={"SET_UP_S": "4"})  # the workers' too
+        gen = reformed(cluster, 3, 0)
+        alive = kept_through(cluster, {})
+        victim = cluster.status()["members"][-1]  # not rank 0's node (its store)
+        os.kill(alive[victim], signal.SIGKILL)
+        smaller = reformed(cluster, 2, gen)
+        survivors = kept_through(cluster, {n: p for n, p in alive.items() if n != victim})
+        assert victim not in survivors
+        # The survivors stepped at world 2 before the replacement was ready (set up).
+        first_step = min(line["t"] for line in lines.all("step") if line["gen"] == smaller)
+        rejoined = reformed(cluster, 3, smaller)
+        set_up = [line for line in lines.all("set_up") if line["pid"] not in alive.values()]
+        assert len(set_up) == 1, set_up
+        assert first_step < set_up[0]["t"], "the survivors waited for the replacement"
+        now = kept_through(cluster, survivors)
+        assert now[victim] == set_up[0]["pid"]  # the warm-up itself, not a process started now
+        started = [
+            e
+            for e in cluster.events()
+            if e["type"] == "workers_started" and e["generation"] == rejoined
+        ]
+        assert {e["node"]: e["data"]["warmed"] for e in started}[victim] == 1
+        joined = [e for e in cluster.events() if e["type"] == "generation_announced"]
+        assert joined[-1]["generation"] == rejoined and "node_joined" in joined[-1]["message"]
+        synced = [line for line in lines.all("synced") if line["gen"] == rejoined]
+        assert len({line["hash"] for line in synced}) == 1  # the newcomer took the state
+
+
 def assert_nothing_lost(lines: Lines, pid: int) -> None:
     """A survivor's steps go up one at a time, and after each re-form it resumes from a sync at
     or beyond the last step it had committed."""

@@ -11,7 +11,8 @@ WORK=N adds N 256x256 matrix products to each step's forward (about 0.45 ms each
 here: CPU work that a throttled node is slow at), with STEP_TIME_S its pause between steps
 (default 0.02); MARK_COMPUTE=1 marks that forward with nodeagent.worker.compute. Every step
 beats (nodeagent.worker.beat). ABORT_AT_EXIT_RANK=R: rank R aborts (SIGABRT) after its final
-line, as a survivor's interpreter did at exit in issue 52.
+line, as a survivor's interpreter did at exit in issue 52. SET_UP_S: a pause before run(), a
+slow start (a large model built, a dataset opened) that every new process pays.
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ def main() -> int:
     # A re-form waits for a newcomer's start-up (its torch import: 20 s and more on a busy
     # two-core machine), as a real job's would for up to its rendezvous timeout.
     pg_timeout = timedelta(seconds=float(os.environ.get("PG_TIMEOUT_S", "90")))
+    time.sleep(float(os.environ.get("SET_UP_S", "0")))
+    record("set_up", gen=state.generation)
     try:
         elastic.run(train, state, reform_timeout=timeout, pg_timeout=pg_timeout)
     except elastic.ReformTimedOut as exc:

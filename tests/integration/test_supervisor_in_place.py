@@ -30,6 +30,7 @@ from nodeagent.channel.control import Assignment, ControlFile, Leave
 channel = ControlFile(Path(os.environ["NODEAGENT_CONTROL_FILE"]))
 generation, seen = int(os.environ["NODEAGENT_GENERATION"]), 0
 print(f"started: generation {generation} rank {os.environ['RANK']}", flush=True)
+time.sleep(float(os.environ.get("SET_UP_S", "0")))  # imports, a model built: a slow start
 while True:
     if channel.sequence() != seen:
         seen, message = channel.message()
@@ -44,10 +45,10 @@ while True:
 
 
 class Harness:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, warm_ups: bool = False) -> None:
         self.logs = tmp_path / "logs"
         self.woken = threading.Event()
-        self.sup = Supervisor(echo=lambda rank, line: None, wake=self.woken.set)
+        self.sup = Supervisor(echo=lambda rank, line: None, wake=self.woken.set, warm_ups=warm_ups)
 
     def specs(self, generation: int, first_rank: int, stuck: int | None = None) -> list[WorkerSpec]:
         """Two local ranks of `generation`, global ranks first_rank and first_rank + 1."""
@@ -89,6 +90,19 @@ class Harness:
 
     def pids(self) -> list[int | None]:
         return [w.pid for w in self.sup.workers()]
+
+    def kill_second_and_release(self, set_up_s: float) -> tuple[WorkerSpec, int | None, int]:
+        """Generation 1 started with a slow start (`set_up_s`), local rank 1 SIGKILLed, the
+        group released: generation 1's second spec, the survivor's pid and the victim's."""
+        first = [replace(s, env={**s.env, "SET_UP_S": str(set_up_s)}) for s in self.specs(1, 0)]
+        self.sup.start(1, "n", first)
+        self.wait_lines(first[1].log_path, "started: generation 1 rank 1")
+        survivor, victim = self.pids()
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: self.sup.poll() or self.sup.status().failure, 10, "the failure seen")
+        self.sup.release(30)
+        return first[1], survivor, victim
 
     def wait_lines(self, path: Path, text: str) -> None:
         wait_for(lambda: path.exists() and text in path.read_text(), 15, f"{text!r} in {path}")
@@ -191,3 +205,66 @@ def test_the_agent_is_woken_when_its_workers_have_left(h: Harness) -> None:
     h.sup.release(30)
     assert h.woken.wait(5), "not woken"
     wait_for(lambda: h.woken.wait(0.1) and h.sup.status().phase is GroupPhase.PARKED, 5, "parked")
+
+
+def test_a_failed_rank_warms_up_outside_the_generation_and_is_kept_once_ready(
+    tmp_path: Path,
+) -> None:
+    """Warm-ups (issue 53): the dead rank's replacement starts at the release, told to leave
+    the old generation before it can read anything else, and parks once set up. Meanwhile the
+    group is PARKED (nobody is in a collective) with one warming: the agent acknowledges the
+    next generation at once and the leader goes on without this node."""
+    h = Harness(tmp_path, warm_ups=True)
+    try:
+        dead, survivor, victim = h.kill_second_and_release(1.5)
+        status = h.sup.status()
+        assert (status.phase, status.warming) == (GroupPhase.PARKED, 1) or (
+            status.phase is GroupPhase.RELEASING  # the survivor has not reported leaving yet
+        )
+        warmup = [w for w in h.sup.workers() if w.state == "warming"]
+        assert len(warmup) == 1 and warmup[0].pid not in (None, survivor, victim)
+        directory = dead.log_path.parent
+        h.wait_lines(directory / "rank-1.warmup.log", "started: generation 1 rank 1")
+        assert (directory / "rank-1.warmup.control").exists()
+        assert dead.log_path.read_text().count("started") == 1  # the dead one's log kept
+
+        def ready() -> bool:
+            h.sup.poll()
+            return h.sup.status().warming == 0 and h.sup.status().phase is GroupPhase.PARKED
+
+        wait_for(ready, 15, "the warm-up parked")
+        assert [w.state for w in h.sup.workers()] == ["parked", "failed", "parked"]
+
+        second = h.specs(2, 4)
+        started = h.sup.start(2, "n", second)
+        assert (started.kept, started.warmed) == (1, 1)  # the warm-up was in no generation
+        assert [w.pid for w in h.sup.workers()] == [survivor, warmup[0].pid]
+        h.wait_lines(second[1].log_path, "assigned: generation 2 rank 5")
+        assert h.sup.status().phase is GroupPhase.RUNNING
+    finally:
+        h.sup.kill()
+
+
+def test_a_rank_warming_up_when_the_node_is_chosen_takes_its_assignment_as_it_starts(
+    tmp_path: Path,
+) -> None:
+    """A job that cannot go on without this node (min_nodes) chooses it while it warms: the
+    warm-up is handed its rank like a survivor, never started twice."""
+    h = Harness(tmp_path, warm_ups=True)
+    try:
+        h.kill_second_and_release(2)
+        warming = [w.pid for w in h.sup.workers() if w.state == "warming"]
+        assert len(warming) == 1
+        wait_for(lambda: h.sup.poll() or h.sup.status().phase is GroupPhase.PARKED, 15, "parked")
+        assert h.sup.status().warming == 1
+        h.sup.start(2, "n", h.specs(2, 0))
+        assert h.sup.workers()[1].pid == warming[0]
+        h.wait_lines(h.specs(2, 0)[1].log_path, "assigned: generation 2 rank 1")
+    finally:
+        h.sup.kill()
+
+
+def test_without_warm_ups_a_dead_rank_waits_for_the_next_generation(h: Harness) -> None:
+    h.kill_second_and_release(0)
+    h.settle(GroupPhase.PARKED)
+    assert len(h.sup.workers()) == 2 and h.sup.status().warming == 0

@@ -298,8 +298,11 @@ def test_random_histories_only_make_legal_transitions() -> None:
                 elif isinstance(action, StopWorkers) and group.stoppable:
                     group = copy(group, phase=GroupPhase.STOPPING)
                 elif isinstance(action, ReleaseWorkers):
-                    assert in_place and group.phase is GroupPhase.RUNNING
-                    group = copy(group, phase=GroupPhase.RELEASING)
+                    assert in_place and not group.released
+                    assert group.phase in (GroupPhase.RUNNING, GroupPhase.EXITED)
+                    if group.phase is GroupPhase.RUNNING:
+                        group = copy(group, phase=GroupPhase.RELEASING)
+                    group = copy(group, released=True)
             if state is NodeState.LEAVING and any(isinstance(a, Leave) for a in decision.actions):
                 break
 
@@ -327,8 +330,34 @@ PARKED_G = GroupStatus(4, GroupPhase.PARKED)
             NodeState.FAILED,
             [],
         ),
+        # every local worker gone: released all the same (its replacements warm up), once
+        (
+            view(rec(JobState.RUNNING, 4), GroupStatus(4, GroupPhase.EXITED, FAIL), 4),
+            NodeState.FAILED,
+            [ReleaseWorkers],
+        ),
+        (
+            view(
+                rec(JobState.RUNNING, 4),
+                GroupStatus(4, GroupPhase.EXITED, FAIL, released=True),
+                4,
+            ),
+            NodeState.FAILED,
+            [],
+        ),
         # parked workers with no place in the new generation, or no job to go on with: stop
-        (view(rec(JobState.RUNNING, 5, ("b",)), PARKED_G, 5), NodeState.STANDBY, [StopWorkers]),
+        (
+            view(rec(JobState.RUNNING, 5, ("b", "c")), PARKED_G, 5),
+            NodeState.STANDBY,
+            [StopWorkers],
+        ),
+        # left out while its replacement warms up, or while the job is below its target: kept
+        (
+            view(rec(JobState.RUNNING, 5, ("b", "c")), replace(PARKED_G, warming=1), 5),
+            NodeState.STANDBY,
+            [],
+        ),
+        (view(rec(JobState.RUNNING, 5, ("b",)), PARKED_G, 5), NodeState.STANDBY, []),
         (view(rec(JobState.STOPPED, 5), PARKED_G, 5), NodeState.READY, [StopWorkers]),
         (
             view(rec(JobState.RUNNING, 5), PARKED_G, 5, cordon=Cordon("r", "ops")),

@@ -163,6 +163,39 @@ def test_below_min_nodes_after_barrier_waits() -> None:
     assert new is not None and new.state is JobState.WAITING and new.members == ()
 
 
+# -- warm-ups: survivors never wait for a newcomer ------------------------------------------------
+
+
+def test_a_node_whose_replacement_warms_up_is_left_out_while_the_rest_can_run() -> None:
+    """In place, b's failed worker is replaced by a warm-up started outside any generation: the
+    job goes on at the smaller world instead of waiting for its imports and set-up."""
+    rec = record(JobState.RESTARTING, 6, members=("a", "b", "c"), target_nodes=3)
+    nodes = [node("a", acked=6), node("b", acked=6, warming=1), node("c", acked=6)]
+    new = run(rec, *nodes).record
+    assert new is not None and new.state is JobState.RUNNING and new.members == ("a", "c")
+
+
+def test_a_warming_node_is_chosen_when_the_job_cannot_run_without_it() -> None:
+    rec = record(JobState.RESTARTING, 6, members=("a", "b"), target_nodes=2, min_nodes=2)
+    nodes = [node("a", acked=6), node("b", acked=6, warming=2)]
+    new = run(rec, *nodes).record
+    assert new is not None and new.state is JobState.RUNNING and new.members == ("a", "b")
+
+
+def test_a_warming_standby_is_taken_back_once_ready_and_not_before() -> None:
+    rec = running(6, ("a", "c"))
+    warming = node("b", NodeState.STANDBY, acked=6, warming=1)
+    assert run(rec, *members_running(6, "ac"), warming).record is None
+    new = run(rec, *members_running(6, "ac"), replace(warming, warming=0)).record
+    assert new is not None and new.state is JobState.RESTARTING and new.reason == "node_joined"
+
+
+def test_a_report_says_how_many_of_its_workers_warm_up() -> None:
+    report = node("b", NodeState.STANDBY, acked=6, warming=3)
+    assert NodeReport.from_json(report.to_json()).warming == 3
+    assert NodeReport.from_json(node("b").to_json().replace(',"warming":0', "")).warming == 0
+
+
 # -- rank stability ---------------------------------------------------------------------------
 
 

@@ -70,7 +70,13 @@ class Handouts:
         staying = (
             None
             if running
-            else members.choose(record.members, members.eligible(live), record.target_nodes)
+            else members.next_members(
+                record.members,
+                members.eligible(live),
+                live,
+                record.target_nodes,
+                record.min_nodes,
+            )
         )
         basis = (record.generation, record.state, checkpoint, tiers, staying)
         if basis == self._basis:
