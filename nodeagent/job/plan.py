@@ -527,7 +527,10 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
     events = [_job_event("generation_started", running, message)]
     if running.checkpoint is not None:
         tiers = restore.choose(running.checkpoint, chosen, record.nproc_per_node, nodes)
-        running = replace(running, checkpoint=restore.rolled_back(tiers, running.generation))
+        zombies = bool(ctx.memory.held)  # held out, alive: they may save on for a while
+        running = replace(
+            running, checkpoint=restore.rolled_back(tiers, running.generation, zombies)
+        )
         events.append(_restore_event(running, tiers))
     if running.reason == RestartReason.SCALE:
         applied = f"running on {len(chosen)} nodes (target {running.target_nodes})"

@@ -305,6 +305,12 @@ def test_a_generation_that_goes_back_behind_the_newest_save_records_a_rollback()
     assert restore.rolled_back(newest, 6).rollbacks == ()
     script = replace(back, restore=("script", "start"))
     assert restore.rolled_back(script, 6).rollbacks == ()  # of no known step
+    # A node held out alive may save steps of generation 5 beyond 40 until its lease fences
+    # it (and copy them to its peers): the start is recorded, so that none of them counts.
+    assert restore.rolled_back(newest, 6, zombies=True).rollbacks == ((6, 40),)
+    late = Held(45, 4, (0, 1, 2, 3), 5)
+    assert not restore.on_timeline(late, ((6, 40),))
+    assert restore.on_timeline(replace(late, generation=6), ((6, 40),))
 
 
 def test_saves_of_an_abandoned_timeline_are_left_out_of_every_report() -> None:
@@ -368,3 +374,38 @@ def test_rollbacks_survive_the_record_and_garbage_is_refused() -> None:
         data["checkpoint"]["rollbacks"] = garbage
         with pytest.raises(CorruptStateError, match="rollbacks"):
             JobRecord.from_json(json.dumps(data))
+
+
+def test_a_generation_formed_while_a_node_is_held_out_alive_records_its_start() -> None:
+    """c is held out by a and b (suspected lost, its lease still holding): generation 6 goes on
+    from 40, the newest save, and records (6, 40), so that a step 45 c's worker saves (and
+    copies) in generation 5 before its lease fences it is never restored from."""
+    every = (0, 1, 2, 3, 4, 5)
+    at_40 = Held(40, 6, every, 5)
+    announced = make_record(
+        JobState.RESTARTING,
+        6,
+        ("a", "b", "c"),
+        reason="node_lost",
+        min_nodes=2,
+        max_nodes=3,
+        nproc_per_node=2,
+        checkpoint=CheckpointRecord(replicas=1),
+    )
+    reports = {
+        name: replace(node(name, (at_40,)), acked_generation=6, suspects=suspects)
+        for name, suspects in (("a", ("c",)), ("b", ("c",)), ("c", ()))
+    }
+    policy = Policy(2, 3, 3, 2, 3, 0, 60_000, tiers=True, replicas=1)
+    view = ClusterView(now_ms=1_000_000, record=announced, nodes=reports)
+    formed = plan(view, policy, LeaderMemory(frozenset(reports), 0)).record
+    assert formed is not None and formed.checkpoint is not None
+    assert formed.members == ("a", "b")
+    assert formed.checkpoint.restore[0] == "memory:40@5"
+    assert formed.checkpoint.rollbacks == ((6, 40),)
+    late = {
+        **reports,
+        "c": replace(reports["c"], tier=TierReport(memory=(at_40, Held(45, 6, every, 5)))),
+    }
+    current = restore.current(late, formed.checkpoint.rollbacks)["c"].tier
+    assert current is not None and [h.step for h in current.memory] == [40]

@@ -19,9 +19,10 @@ BAD_AFTER (3) generations in a row that restored it failed before any node held 
 that fails its checksum is that node's to drop: it verifies its tier again and stops offering
 it.
 `fold(checkpoint, nodes)` keeps the record's view of the persistent tier and bad steps current.
-`rolled_back(checkpoint, generation)` records a generation that goes back behind saves held then,
-and `current(nodes, rollbacks)` leaves out of the nodes' reports the saves that lie on the
-timeline it abandoned: the leader plans from those reports only.
+`rolled_back(checkpoint, generation, zombies)` records a generation that goes back behind saves
+held then, or that starts while a node held out may still be training the one before (its saves
+and copies would come later), and `current(nodes, rollbacks)` leaves out of the nodes' reports
+the saves that lie on the timeline it abandoned: the leader plans from those reports only.
 """
 
 from __future__ import annotations
@@ -184,12 +185,16 @@ def _anywhere(
     return [key for key in keys if key is not None and replication.whole(held, key)]
 
 
-def rolled_back(checkpoint: CheckpointRecord, generation: int) -> CheckpointRecord:
+def rolled_back(
+    checkpoint: CheckpointRecord, generation: int, zombies: bool = False
+) -> CheckpointRecord:
     """`checkpoint` as `generation` starts with it: with a rollback recorded when the step its
-    workers try first is older than the newest held (none when they try the script's own
-    checkpoints first, of no step known here)."""
+    workers try first is older than the newest held, or whatever that step when `zombies`
+    (nodes held out alive: job/suspicion.py) may still save and copy steps of an older
+    generation beyond it until their leases fence them, none of which any generation goes on
+    from. None when the workers try the script's own checkpoints first (no step known here)."""
     step = first_step(checkpoint)
-    if step is None or step >= checkpoint.newest:
+    if step is None or (step >= checkpoint.newest and not zombies):
         return checkpoint
     rollbacks = (*checkpoint.rollbacks, (generation, step))[-MAX_ROLLBACKS:]
     return replace(checkpoint, rollbacks=rollbacks)
