@@ -1,0 +1,196 @@
+"""Lightning: the memory tier, beats, compute marks and the stop save for a `lightning.Trainer`.
+
+    from nodeagent.integrations.lightning import NodeagentCallback, trainer_options
+
+    trainer = Trainer(max_steps=1000, **trainer_options(NodeagentCallback(save_every=10)))
+    trainer.fit(model, datamodule)
+
+`trainer_options` reads the world from the environment at every start, as torchrun and
+nodeagent set it per generation (`num_nodes` = GROUP_WORLD_SIZE, `devices` = LOCAL_WORLD_SIZE),
+so the job re-forms at any size between min_nodes and max_nodes. The callback, on every rank:
+
+- restores, as the fit starts, what the leader chose for this generation (the memory tier of
+  this node or its peers, the persistent tier, then `directory`): the model, the optimizers,
+  the learning-rate schedulers, the precision plugin's state and the fit loop's progress
+  (epoch, global step, batch index, and the data loaders' positions where they are stateful,
+  e.g. torchdata's StatefulDataLoader, as in Lightning's own checkpoints);
+- beats every step (hang detection, goodput) and marks the forward pass as this rank's own
+  compute (slow-node detection: from the batch's start to `backward`);
+- saves the same into the memory tier every `save_every` optimizer steps, staged in host
+  memory and written in the background (`nodeagent.worker.Checkpointer`, DCP: sharded for
+  FSDP2/ModelParallelStrategy, whole for DDP);
+- saves the step reached when Lightning stops on SIGTERM (the agent's stop, a drain), then
+  waits for the write.
+
+Under plain torchrun (no nodeagent) it saves to and restores from `directory`, which it then
+needs. Survivors do not keep their processes (job.recovery: restart only): Lightning's Trainer
+owns the process group and the DDP wrapper for the whole of `fit` and cannot re-form them in
+place (docs/frameworks.md).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from nodeagent.worker import Checkpointer, TrainState, beat, compute
+
+log = logging.getLogger(__name__)
+
+
+def trainer_options(callback: NodeagentCallback | None = None) -> dict[str, Any]:
+    """`Trainer(**trainer_options(...))`: this generation's world from the environment
+    (GROUP_WORLD_SIZE nodes of LOCAL_WORLD_SIZE processes; one process without a launcher)
+    and the callback, if given."""
+    options: dict[str, Any] = {
+        "num_nodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
+        "devices": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    }
+    if callback is not None:
+        options["callbacks"] = [callback]
+    return options
+
+
+class _Opaque:
+    """A Lightning object's state saved whole, as one value: the fit loop's holds the data
+    loaders' states, which only exist once the fit has begun (the restore comes before), and a
+    DCP load fills only the keys its target already has. Serialized with torch.save and read
+    back with `weights_only` (no code runs at load)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def state_dict(self) -> dict[str, Any]:
+        buffer = io.BytesIO()
+        torch.save(self.target.state_dict(), buffer)
+        return {"bytes": buffer.getvalue()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.target.load_state_dict(torch.load(io.BytesIO(state["bytes"]), weights_only=True))
+
+
+class _Schedulers:
+    """The trainer's learning-rate schedulers, in their configured order."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.schedulers = [config.scheduler for config in trainer.lr_scheduler_configs]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {str(i): s.state_dict() for i, s in enumerate(self.schedulers)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for i, scheduler in enumerate(self.schedulers):
+            scheduler.load_state_dict(state[str(i)])
+
+
+class NodeagentCallback(Callback):
+    """See the module docstring.
+
+    Args:
+        save_every: optimizer steps between two saves into the memory tier.
+        directory: the script's own checkpoints (DCP, `step-<S>/rank-<R>/`): where saves go
+            without nodeagent, and the last source tried under it. None: only the tiers.
+        keep: how many steps `directory` keeps.
+    """
+
+    def __init__(
+        self, save_every: int = 10, directory: str | Path | None = None, keep: int = 2
+    ) -> None:
+        if save_every < 1:
+            raise ValueError(f"save_every must be at least 1 step, not {save_every}")
+        self.save_every = save_every
+        self.directory = directory
+        self.keep = keep
+        self.checkpointer: Checkpointer | None = None
+        self.restored_step = 0  # the global step the fit went on from (0: the start)
+        self._state: TrainState | None = None
+        self._computing: AbstractContextManager[None] | None = None
+        self._saved = -1  # the last global step saved
+
+    # -- the fit's start and end --------------------------------------------------------------
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Restore here: the optimizers, schedulers and the (DDP- or FSDP-wrapped) model exist,
+        and the fit loop has not run yet; Lightning restores a `ckpt_path` at the same point."""
+        self.checkpointer = Checkpointer(self.directory, keep=self.keep)
+        self._state = TrainState(
+            pl_module,
+            list(trainer.optimizers),
+            schedulers=_Schedulers(trainer),
+            precision=_Opaque(trainer.precision_plugin),
+            loops=_Opaque(trainer.fit_loop),
+        )
+        self.restored_step = self.checkpointer.restore(self._state)
+        self._saved = trainer.global_step if self.restored_step else -1
+        if self.restored_step:
+            log.info(
+                "rank %d: resumed at global step %d, epoch %d",
+                trainer.global_rank,
+                trainer.global_step,
+                trainer.current_epoch,
+            )
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._close()
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        """Lightning stops on SIGTERM between two steps (SIGTERMException, every rank): the
+        step reached is saved, and written before the process exits."""
+        self._end_compute()
+        if isinstance(exception, SIGTERMException) and self._state is not None:
+            self._save(trainer)
+        self._close()
+
+    # -- every step ---------------------------------------------------------------------------
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._computing = compute()
+        self._computing.__enter__()
+
+    def on_before_backward(
+        self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor
+    ) -> None:
+        self._end_compute()
+
+    def on_train_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self._end_compute()  # manual optimization: no backward hook was called
+        step = trainer.global_step
+        beat(step)
+        if step > 0 and step % self.save_every == 0 and step != self._saved:
+            self._save(trainer)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _end_compute(self) -> None:
+        computing, self._computing = self._computing, None
+        if computing is not None:
+            computing.__exit__(None, None, None)
+
+    def _save(self, trainer: Trainer) -> None:
+        assert self.checkpointer is not None and self._state is not None
+        step = trainer.global_step
+        self.checkpointer.save(self._state, step)
+        self._saved = step
+
+    def _close(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.close()

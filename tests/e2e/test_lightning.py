@@ -1,0 +1,155 @@
+"""End to end: a Lightning job (examples/train_lightning.py, DDP on gloo, one worker a node)
+with nodeagent.integrations.lightning under real agents and the memory tier with a copy of each
+save on a peer (restart mode: Lightning owns its process group). A worker killed, a whole node
+lost, a node drained: each new generation resumes from memory at most one save interval back
+(the drain: at the very step its stop saved), bit for bit the state saved, with Lightning's
+own progress (global step, epoch, batch index) and its scheduler's learning rate."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
+
+pytest.importorskip("lightning")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+ROOT = Path(__file__).resolve().parents[2]
+EVERY = 5  # the tier's save interval, steps
+TIMING = {
+    "heartbeat_interval": "250ms",
+    "lease_ttl": "3s",
+    "stop_grace_period": "20s",
+    "join_settle": "300ms",
+}
+
+
+def records(cluster: LocalCluster) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(cluster.records_dir.glob("[0-9]*.jsonl")):
+        found += [json.loads(text) for text in path.read_text().splitlines()]
+    return sorted(found, key=lambda x: x["t"])
+
+
+def of(cluster: LocalCluster, event: str, generation: int) -> list[dict[str, Any]]:
+    return [x for x in records(cluster) if x["event"] == event and x["generation"] == generation]
+
+
+def stepping(cluster: LocalCluster, world: int, after: int, steps: int = 3) -> int:
+    """The generation after `after` running at `world`, once each rank took `steps` steps."""
+    generation: int = cluster.wait_running(world, 150, after_generation=after)["generation"]
+
+    def probe() -> bool:
+        taken = of(cluster, "step", generation)
+        return all(sum(1 for x in taken if x["rank"] == r) >= steps for r in range(world))
+
+    wait_for(probe, 150, f"every rank stepping in generation {generation}")
+    return generation
+
+
+def resumed(cluster: LocalCluster, before: int, now: int) -> tuple[int, int]:
+    """Every rank of generation `now` restored one step, saved by an earlier generation: bit
+    for bit its state then, with its epoch going on from there, and the same batch and learning
+    rate next as when it was first trained. The step restored, and the last `before` took."""
+    restored = of(cluster, "restored", now)
+    assert len({x["step"] for x in restored}) == 1, restored
+    step = restored[0]["step"]
+    trained: dict[int, dict[str, Any]] = {}  # step -> rank 0's line, the latest generation's
+    for x in records(cluster):
+        if x["event"] == "step" and x["rank"] == 0 and x["generation"] < now:
+            trained[x["step"]] = x
+    assert step in trained, (step, sorted(trained))
+    assert {x["hash"] for x in restored} == {trained[step]["hash"]}
+    assert {x["epoch"] for x in restored} == {trained[step]["epoch"]}
+    first = next(x for x in of(cluster, "step", now) if x["rank"] == 0)
+    assert first["step"] == step + 1
+    if step + 1 in trained:  # the loop went on where it was: the same batch, the same rate
+        again = (first["lr"], first["batch_idx"])
+        assert again == (trained[step + 1]["lr"], trained[step + 1]["batch_idx"])
+    last = max(x["step"] for x in of(cluster, "step", before) if x["rank"] == 0)
+    return step, last
+
+
+def committed(cluster: LocalCluster) -> int:
+    """The step committed now (held on two nodes), once there is one."""
+
+    def probe() -> int | None:
+        step: int | None = cluster.status()["checkpoints"]["committed"]
+        return step
+
+    found: int = wait_for(probe, 90, "a committed step")
+    return found
+
+
+def test_lightning_resumes_from_the_memory_tier_after_a_kill_a_node_loss_and_a_drain(
+    redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path
+) -> None:
+    with local_cluster(
+        redis_server.url,
+        tmp_path,
+        job=job_id,
+        min_nodes=2,
+        max_nodes=3,
+        target_nodes=3,
+        max_restarts=5,
+        timing=TIMING,
+        entrypoint=[sys.executable, str(ROOT / "examples" / "train_lightning.py")],
+        job_options={
+            "checkpoint": {
+                "memory_size": "64MiB",
+                "memory_dir": str(shm),
+                "replicas": 1,
+                "replication": {"auth": "none"},
+            },
+        },
+    ) as cluster:
+        cluster.job_options["env"] = {
+            "RECORD_DIR": str(cluster.records_dir),
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "MAX_STEPS": "100000",
+            "SAVE_EVERY": str(EVERY),
+            "STEP_TIME_S": "0.2",
+        }
+        cluster.start("a", "b", "c")
+        first = stepping(cluster, 3, 0, steps=2 * EVERY + 2)
+
+        before = committed(cluster)  # a worker killed: every rank restarts
+        os.kill(cluster.worker_pids(cluster.status()["members"][-1])[0], signal.SIGKILL)
+        killed = stepping(cluster, 3, first)
+        step, last = resumed(cluster, first, killed)
+        assert step >= before and last - step <= 2 * EVERY, (before, step, last)
+
+        before = committed(cluster)  # a whole node: its agent, worker and tmpfs
+        lost = cluster.status()["members"][-1]
+        cluster.kill_tree(lost)
+        for gone in shm.glob(f"{lost}.{cluster.job}*"):
+            shutil.rmtree(gone)
+        smaller = stepping(cluster, 2, killed)
+        step, last = resumed(cluster, killed, smaller)
+        assert step >= before and last - step <= 2 * EVERY, (before, step, last)
+
+        # Back, empty: it joins. The others save the step they reached as they stop, but a
+        # newcomer brings only the committed step from its peers (docs/checkpoints.md).
+        before = committed(cluster)
+        cluster.start(lost)
+        joined = stepping(cluster, 3, smaller)
+        step, last = resumed(cluster, smaller, joined)
+        assert step >= before and last - step <= 2 * EVERY, (before, step, last)
+
+        # A drain: every rank saves the step it reached as Lightning stops on SIGTERM, and the
+        # drained node hands its save to a node that stays: not one step lost.
+        assert cluster.ctl("drain", cluster.status()["members"][-1]).returncode == 0
+        after = stepping(cluster, 2, joined)
+        step, last = resumed(cluster, joined, after)
+        assert step == last, f"lost {last - step} steps at a drain"
+        said = [e for e in cluster.events() if e["type"] == "checkpoint_restored"]
+        assert {e["data"]["tier"] for e in said if e["generation"] == after} == {"memory"}
