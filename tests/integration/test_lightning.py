@@ -19,22 +19,26 @@ pytestmark = pytest.mark.timeout(300)
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_lightning.py"
 
 
-def train(tmp_path: Path, name: str, **env: str) -> list[dict[str, Any]]:
-    """Run the script as its own process; its lines, in order."""
+def train(script: Path, tmp_path: Path, name: str, **env: str) -> list[dict[str, Any]]:
+    """Run `script` as its own process; its lines, in order."""
     records = tmp_path / name
     records.mkdir(exist_ok=True)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
     environ.update(RECORD_DIR=str(records), PYTHONUNBUFFERED="1", **env)
-    subprocess.run([sys.executable, str(SCRIPT)], env=environ, timeout=240, check=False)
+    subprocess.run([sys.executable, str(script)], env=environ, timeout=240, check=False)
     lines = []
     for path in sorted(records.glob("*.jsonl")):
         lines += [json.loads(text) for text in path.read_text().splitlines()]
     return sorted(lines, key=lambda line: line["t"])
 
 
-def steps(lines: list[dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
+def steps_of(lines: list[dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
+    """Step -> what the script says of it: epoch (and batch index), the batch, the rate, the
+    parameters after it."""
     return {
-        line["step"]: (line["epoch"], line["batch_idx"], line["batch_sum"], line["lr"])
+        line["step"]: tuple(
+            line[k] for k in ("epoch", "batch_idx", "batch_sum", "lr", "hash") if k in line
+        )
         for line in lines
         if line["event"] == "step"
     }
@@ -43,20 +47,20 @@ def steps(lines: list[dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
 def test_a_fit_resumed_from_its_last_save_is_the_uninterrupted_one_bit_for_bit(
     tmp_path: Path,
 ) -> None:
-    whole = train(tmp_path, "whole", CKPT_DIR=str(tmp_path / "whole-ckpt"))
+    whole = train(SCRIPT, tmp_path, "whole", CKPT_DIR=str(tmp_path / "whole-ckpt"))
     ckpt = str(tmp_path / "ckpt")
-    crashed = train(tmp_path, "crashed", CKPT_DIR=ckpt, CRASH_AT="13")  # saved 5 and 10
-    assert max(steps(crashed)) == 13 and not [x for x in crashed if x["event"] == "final"]
-    resumed = train(tmp_path, "resumed", CKPT_DIR=ckpt)
+    crashed = train(SCRIPT, tmp_path, "crashed", CKPT_DIR=ckpt, CRASH_AT="13")  # saved 5 and 10
+    assert max(steps_of(crashed)) == 13 and not [x for x in crashed if x["event"] == "final"]
+    resumed = train(SCRIPT, tmp_path, "resumed", CKPT_DIR=ckpt)
 
     restored = [x for x in resumed if x["event"] == "restored"]
     assert [(x["step"], x["epoch"]) for x in restored] == [(10, 0)]
     at_10 = [x for x in crashed if x["event"] == "step" and x["step"] == 10]
     assert at_10, crashed
-    expected = steps(whole)
+    expected = steps_of(whole)
     # The resumed fit takes the same batches (the loader went on from batch 10 of epoch 0,
     # then epoch 1 from its start), at the same learning rates (the scheduler), from step 11.
-    assert steps(resumed) == {s: v for s, v in expected.items() if s > 10}
+    assert steps_of(resumed) == {s: v for s, v in expected.items() if s > 10}
     assert expected[17][:2] == (1, 0)  # 16 batches an epoch: step 17 begins epoch 1
     final = [x["hash"] for x in resumed + whole if x["event"] == "final"]
     assert len(final) == 2 and final[0] == final[1]

@@ -1,0 +1,39 @@
+"""nodeagent.integrations.transformers against a real transformers Trainer, one process, no
+agent: what it saves, a fresh process resumes bit for bit, with Trainer's own progress (global
+step, epoch, the batches skipped, the schedule, the RNG after them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_lightning import steps_of, train
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.timeout(300)
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_transformers.py"
+
+
+def test_a_training_resumed_from_its_last_save_is_the_uninterrupted_one_bit_for_bit(
+    tmp_path: Path,
+) -> None:
+    whole = train(SCRIPT, tmp_path, "whole", CKPT_DIR=str(tmp_path / "whole-ckpt"))
+    ckpt = str(tmp_path / "ckpt")
+    crashed = train(SCRIPT, tmp_path, "crashed", CKPT_DIR=ckpt, CRASH_AT="13")
+    assert max(steps_of(crashed)) == 13 and not [x for x in crashed if x["event"] == "final"]
+    resumed = train(SCRIPT, tmp_path, "resumed", CKPT_DIR=ckpt)
+
+    assert [x["step"] for x in resumed if x["event"] == "restored"] == [10]
+    expected = steps_of(whole)
+    assert steps_of(resumed) == {s: v for s, v in expected.items() if s > 10}
+    final = [x["hash"] for x in resumed + whole if x["event"] == "final"]
+    assert len(final) == 2 and final[0] == final[1]
+
+
+def test_save_every_must_be_a_step_or_more() -> None:
+    from nodeagent.integrations.transformers import NodeagentCallback
+
+    with pytest.raises(ValueError, match="save_every must be at least 1"):
+        NodeagentCallback(save_every=0)
