@@ -32,7 +32,16 @@ K=3 simulated nodes on this machine, one worker each, run examples/train_ddp.py 
 - `torchft-1s`: the same with a heartbeat timeout of 1 s;
 - `torchft+hookfix`, `torchft-1s+hookfix`: the same with torchft's DDP comm hook replaced by one
   that survives a failed all-reduce (torchft's asserts, killing every survivor that was in an
-  all-reduce with the lost peer: bench/peers/torchft_train.py, tolerant_hook).
+  all-reduce with the lost peer: bench/peers/torchft_train.py, tolerant_hook);
+- `dlrover`: DLRover (its job master off the nodes, `dlrover-run` on each node, a virtual
+  environment of its own, build/venv-dlrover) running the same MLP as examples/train_ddp.py with
+  DLRover's flash checkpoint to memory every 10 steps, bench/peers/dlrover_train.py: every fault
+  restarts every node's training processes, which load the node's last checkpoint from memory
+  (bench/peers/dlrover_launch.py says how it is started); DLRover's defaults (the master's
+  rendezvous waits 60 s for a lost node) and the 120 s gloo timeout of DLRover's examples. The
+  light workload only;
+- `dlrover-fast`: the same with a 1 s rendezvous last call (`--rdzv-conf lastcall_timeout=1`),
+  a flash checkpoint to memory every step and a 10 s gloo timeout (torchrun-best's).
 
 Each repetition is a fresh job: train to step 15, inject one fault, wait up to --bound seconds.
 Everything is measured on one clock from the workload's own log lines, the same way for every
@@ -43,7 +52,8 @@ launcher, except detection:
 - import:     -> the last finished importing torch;
 - init:       -> the last finished init_process_group;
 - first step: -> every rank of the new world finished its first step (= recovery time).
-For in-place (and torchft, whose generation is its quorum's id) the new world is the first
+For in-place (and torchft, whose generation is its quorum's id, and DLRover, whose generation is
+its agents' restart count and which restarts every process) the new world is the first
 generation after the fault in which every rank stepped. Survivors do not restart, import or
 init: restart and import are those of the processes started for it (a replacement, a joiner),
 "-" when none was; init ends when every rank has joined the new group and synced (its "synced"
@@ -97,6 +107,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.peers.dlrover_launch import DlroverLaunch, DlroverSettings  # noqa: E402
 from bench.peers.torchft_launch import TorchftLaunch, TorchftSettings  # noqa: E402
 from nodeagent.supervisor.spares import SPARE_MODULE  # noqa: E402
 from tests.helpers.cluster import (  # noqa: E402
@@ -141,6 +152,13 @@ TORCHFT_SYSTEMS = {
     "torchft+hookfix": (None, True),
     "torchft-1s+hookfix": (1000, True),
 }
+DLROVER_VENV = ROOT / "build" / "venv-dlrover"
+# system -> (the rendezvous' lastcall_timeout, None for its default 60 s; steps between flash
+# checkpoints to memory; the workload's gloo timeout in seconds)
+DLROVER_SYSTEMS: dict[str, tuple[int | None, int, float]] = {
+    "dlrover": (None, EVERY, 120.0),  # 120 s: DLRover's examples/pytorch (fcp_demo, mnist)
+    "dlrover-fast": (1, 1, float(TORCHRUN_BEST_PG_TIMEOUT)),
+}
 
 
 @dataclass(frozen=True)
@@ -168,8 +186,11 @@ def inplace_system(system: str) -> bool:
 
 
 def keeps_survivors(system: str) -> bool:
-    """Measured in place: the survivors keep their processes (nodeagent+inplace*, torchft*)."""
-    return inplace_system(system) or system in TORCHFT_SYSTEMS
+    """Measured in place: the survivors keep their processes (nodeagent+inplace*, torchft*).
+    DLRover's do not, but its workload says when each process synced as torchft's does, so it
+    is measured the same way: the new world is the first generation after the fault in which
+    every rank stepped, survivors restarted counted from the pids."""
+    return inplace_system(system) or system in TORCHFT_SYSTEMS or system in DLROVER_SYSTEMS
 
 
 LIGHT = Workload()
@@ -577,6 +598,12 @@ def launched(
             yield torchft
         finally:
             torchft.stop()
+    elif system in DLROVER_SYSTEMS:
+        dlrover = DlroverLaunch(directory, dlrover_settings(system), job)
+        try:
+            yield dlrover
+        finally:
+            dlrover.stop()
     elif system.startswith("nodeagent"):
         preload = system == "nodeagent+preload" or inplace_system(system)
         options: dict[str, Any] = {"preload": list(PRELOAD)} if preload else {}
@@ -763,6 +790,31 @@ def torchft_settings() -> dict[str, Any]:
     }
 
 
+def dlrover_settings(system: str) -> DlroverSettings:
+    lastcall, save_every, pg_timeout = DLROVER_SYSTEMS[system]
+    return DlroverSettings(DLROVER_VENV, lastcall, save_every, pg_timeout, STEP_TIME)
+
+
+def dlrover_report() -> dict[str, Any]:
+    """The master's and each node's command lines and the versions in DLRover's venv."""
+    probe = "import importlib.metadata as m; print(m.version('dlrover'), m.version('torch'))"
+    python = str(DLROVER_VENV / "bin" / "python")
+    found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True)
+    dlrover, torch = found.stdout.split()
+    run = Path("RUN")
+    return {
+        "dlrover": dlrover,
+        "torch": torch,
+        "master": " ".join(dlrover_settings("dlrover").master_argv(0, "JOB")[1:]),
+        "node": {
+            s: " ".join(dlrover_settings(s).node_argv(run / "checkpoints", run / "logs")[1:])
+            for s in DLROVER_SYSTEMS
+        },
+        "node_env": "NODE_RANK=i NODE_ID=i DLROVER_MASTER_ADDR=127.0.0.1:PORT "
+        "ELASTIC_JOB_NAME=JOB-NODE",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heavy", action="store_true", help="a model and optimizer of 1 GiB")
@@ -810,6 +862,8 @@ def main() -> None:
     }
     if any(s in TORCHFT_SYSTEMS for s in systems):
         results["torchft"] = torchft_settings()
+    if any(s in DLROVER_SYSTEMS for s in systems):
+        results["dlrover"] = dlrover_report()
     with contextlib.ExitStack() as stack:
         tmp = args.keep or stack.enter_context(tempfile.TemporaryDirectory())
         Path(tmp).mkdir(parents=True, exist_ok=True)
