@@ -12,6 +12,9 @@ K=3 simulated nodes on this machine, one worker each, run examples/train_ddp.py 
 - `nodeagent+inplace-lease`: the same with `timing.peer_interval: off`, the members' watch of each
   other off (docs/design.md, "Fast detection"): a lost node is found when its lease lapses, as
   before the watch;
+- `nodeagent+inplace-cold`: `nodeagent+inplace` without `job.preload`: a failed worker's
+  replacement starts cold (imports torch), warming up while the survivors go on without its
+  node (docs/worker.md, in-place step 5);
 - `nodeagent+container`: `nodeagent` with the workers in a container image (the podman service, a
   small image the bench imports with the machine's Python and torch mounted read only, as
   tests/helpers/images.py builds it): what a container adds to a recovery. Its workers log
@@ -51,7 +54,9 @@ launcher, except detection:
 - restart:    -> the last worker of the new world began running the script;
 - import:     -> the last finished importing torch;
 - init:       -> the last finished init_process_group;
-- first step: -> every rank of the new world finished its first step (= recovery time).
+- first step: -> every rank of the new world finished its first step (= recovery time);
+- survivors:  -> every worker the fault did not hit stepped again, in place (any world: with a
+              warm-up, first at the smaller one), "-" where survivors restart.
 For in-place (and torchft, whose generation is its quorum's id, and DLRover, whose generation is
 its agents' restart count and which restarts every process) the new world is the first
 generation after the fault in which every rank stepped. Survivors do not restart, import or
@@ -605,7 +610,9 @@ def launched(
         finally:
             dlrover.stop()
     elif system.startswith("nodeagent"):
-        preload = system == "nodeagent+preload" or inplace_system(system)
+        preload = system == "nodeagent+preload" or (
+            inplace_system(system) and not system.endswith("-cold")
+        )
         options: dict[str, Any] = {"preload": list(PRELOAD)} if preload else {}
         timing = dict(NODEAGENT_TIMING)
         if inplace_system(system):
@@ -704,7 +711,24 @@ def one_run(
         row.pop("pids")
     elif row is not None:
         row["survivors_restarted"] = len(survivors - set(row.pop("pids")))
+        if in_place:
+            row["survivors_s"] = survivors_stepping(launch.lines(), t0, survivors)
     return {"outcome": outcome, **(row or {})}
+
+
+def survivors_stepping(lines: list[dict[str, Any]], t0: float, survivors: set[int]) -> float | None:
+    """Seconds from the fault at t0 until every survivor stepped in a generation after it (in
+    place, at whatever world: with a warm-up the job first goes on without the newcomer's
+    node); None if one has not, or was restarted."""
+    synced = {(x["pid"], x["gen"]) for x in lines if x.get("event") == "synced" and x["t"] >= t0}
+    firsts: dict[int, float] = {}
+    for line in lines:
+        key = (line["pid"], line.get("gen", 0))
+        if line.get("event") == "step" and line["pid"] in survivors and key in synced:
+            firsts[line["pid"]] = min(firsts.get(line["pid"], line["t"]), line["t"])
+    if not survivors or set(firsts) != survivors:
+        return None
+    return max(firsts.values()) - t0
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -714,7 +738,15 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "runs": len(runs),
         "outcomes": sorted({r["outcome"] for r in runs}),
     }
-    for key in ("detect_s", "restart_s", "import_s", "init_s", "first_step_s", "total_s"):
+    for key in (
+        "detect_s",
+        "restart_s",
+        "import_s",
+        "init_s",
+        "first_step_s",
+        "total_s",
+        "survivors_s",
+    ):
         values = [r[key] for r in recovered if r.get(key) is not None]
         if values:
             out[key] = {
@@ -732,8 +764,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def table(results: dict[str, Any]) -> str:
     rows = [
         "| fault | launcher | recovered | total: min / median / max | detect | restart | import "
-        "| init | first step | steps lost | survivors restarted |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| init | first step | steps lost | survivors restarted | survivors stepping |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for fault, systems in results["cells"].items():
         for system, cell in systems.items():
@@ -753,7 +785,7 @@ def table(results: dict[str, Any]) -> str:
                 f"| {fault} | {system} | {s['recovered']}/{s['runs']}{failed} | {total} "
                 f"| {med('detect_s')} | {med('restart_s')} | {med('import_s')} | {med('init_s')} "
                 f"| {med('first_step_s')} | {s.get('steps_lost', '-')} "
-                f"| {s.get('survivors_restarted', '-')} |"
+                f"| {s.get('survivors_restarted', '-')} | {med('survivors_s')} |"
             )
     return "\n".join(rows)
 

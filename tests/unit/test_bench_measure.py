@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bench.peers.dlrover_launch import first_notice, log_time
-from bench.recovery import measure
+from bench.recovery import measure, survivors_stepping
 
 
 def process(
@@ -148,3 +148,18 @@ def test_the_first_notice_at_or_after_the_fault_counts() -> None:
     lines = [f"[{_stamp(at)}] {fails}" for at in (t0 - 5.0, t0 + 2.0, t0 + 3.0)]
     assert first_notice(lines, t0) == pytest.approx(t0 + 2.0, abs=0.001)
     assert first_notice(lines[:1], t0) is None
+
+
+def test_survivors_step_again_at_the_smaller_world_before_the_whole_world_is_back() -> None:
+    """A warm-up (in place, a cold replacement): survivors 1 and 2 go on at world 2 in
+    generation 6 at 0.4 s; the whole world is back in generation 7 at 3.5 s."""
+    lines: list[dict[str, Any]] = []
+    for pid in (1, 2):
+        lines += [
+            {"event": "step", "pid": pid, "gen": 5, "t": 99.9, "rank": pid - 1, "world": 3},
+            {"event": "synced", "pid": pid, "gen": 6, "t": 100.3},
+            {"event": "step", "pid": pid, "gen": 6, "t": 100.3 + pid / 20, "rank": 0, "world": 2},
+        ]
+    assert survivors_stepping(lines, 100.0, {1, 2}) == pytest.approx(0.4)
+    assert survivors_stepping(lines, 100.0, {1, 2, 3}) is None  # 3 never stepped again
+    assert survivors_stepping(lines[:3], 100.0, {1, 2}) is None
