@@ -56,7 +56,10 @@ launcher, except detection:
 - init:       -> the last finished init_process_group;
 - first step: -> every rank of the new world finished its first step (= recovery time);
 - survivors:  -> every worker the fault did not hit stepped again, in place (any world: with a
-              warm-up, first at the smaller one), "-" where survivors restart.
+              warm-up, first at the smaller one), "-" where survivors restart;
+- stalled:    the time a survivor did not train from the fault to a second after the whole
+              world was back (the window, less its steps at its pace before the fault: a
+              warm-up's second re-form, a newcomer's heal counted too), the most of any.
 For in-place (and torchft, whose generation is its quorum's id, and DLRover, whose generation is
 its agents' restart count and which restarts every process) the new world is the first
 generation after the fault in which every rank stepped. Survivors do not restart, import or
@@ -90,6 +93,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -712,8 +716,34 @@ def one_run(
     elif row is not None:
         row["survivors_restarted"] = len(survivors - set(row.pop("pids")))
         if in_place:
-            row["survivors_s"] = survivors_stepping(launch.lines(), t0, survivors)
+            time.sleep(STALL_TAIL_S + 0.5)  # the window's tail, and its lines flushed
+            lines = launch.lines()
+            row["survivors_s"] = survivors_stepping(lines, t0, survivors)
+            row["stalled_s"] = survivors_stalled(lines, t0, survivors, t0 + row["total_s"])
     return {"outcome": outcome, **(row or {})}
+
+
+STALL_TAIL_S = 1.0  # how long after the whole world is back a survivor's stalls still count
+
+
+def survivors_stalled(
+    lines: list[dict[str, Any]], t0: float, survivors: set[int], back: float
+) -> float | None:
+    """The most any survivor did not train from the fault at t0 until STALL_TAIL_S after the
+    whole world was back (`back`): the window less its steps there at its median pace of the
+    ten steps before the fault. None without such a pace."""
+    worst = None
+    end = back + STALL_TAIL_S
+    for pid in survivors:
+        times = sorted(x["t"] for x in lines if x.get("event") == "step" and x["pid"] == pid)
+        before = [t for t in times if t < t0][-11:]
+        if len(before) < 3:
+            return None
+        pace = statistics.median(b - a for a, b in itertools.pairwise(before))
+        taken = sum(1 for t in times if t0 <= t < end)
+        stalled = max(0.0, (end - t0) - taken * pace)
+        worst = stalled if worst is None else max(worst, stalled)
+    return worst
 
 
 def survivors_stepping(lines: list[dict[str, Any]], t0: float, survivors: set[int]) -> float | None:
@@ -746,6 +776,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "first_step_s",
         "total_s",
         "survivors_s",
+        "stalled_s",
     ):
         values = [r[key] for r in recovered if r.get(key) is not None]
         if values:
@@ -764,8 +795,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def table(results: dict[str, Any]) -> str:
     rows = [
         "| fault | launcher | recovered | total: min / median / max | detect | restart | import "
-        "| init | first step | steps lost | survivors restarted | survivors stepping |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| init | first step | steps lost | survivors restarted | survivors stepping "
+        "| survivors stalled |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for fault, systems in results["cells"].items():
         for system, cell in systems.items():
@@ -785,7 +817,8 @@ def table(results: dict[str, Any]) -> str:
                 f"| {fault} | {system} | {s['recovered']}/{s['runs']}{failed} | {total} "
                 f"| {med('detect_s')} | {med('restart_s')} | {med('import_s')} | {med('init_s')} "
                 f"| {med('first_step_s')} | {s.get('steps_lost', '-')} "
-                f"| {s.get('survivors_restarted', '-')} | {med('survivors_s')} |"
+                f"| {s.get('survivors_restarted', '-')} | {med('survivors_s')} "
+                f"| {med('stalled_s')} |"
             )
     return "\n".join(rows)
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bench.peers.dlrover_launch import first_notice, log_time
-from bench.recovery import measure, survivors_stepping
+from bench.recovery import measure, survivors_stalled, survivors_stepping
 
 
 def process(
@@ -163,3 +163,15 @@ def test_survivors_step_again_at_the_smaller_world_before_the_whole_world_is_bac
     assert survivors_stepping(lines, 100.0, {1, 2}) == pytest.approx(0.4)
     assert survivors_stepping(lines, 100.0, {1, 2, 3}) is None  # 3 never stepped again
     assert survivors_stepping(lines[:3], 100.0, {1, 2}) is None
+
+
+def test_a_survivor_stalled_for_the_window_less_its_steps_at_its_pace() -> None:
+    """Steps every 0.1 s; the fault at 10.0; a stall to 10.5, steps to 12.0, a second stall to
+    12.4 (a warm-up's rejoin), steps again; the whole world back at 12.5: window to 13.5."""
+    times = [9.0 + i / 10 for i in range(10)]  # 9.0 .. 9.9
+    times += [10.5 + i / 10 for i in range(15)]  # 10.5 .. 11.9: 15 steps
+    times += [12.4 + i / 10 for i in range(11)]  # 12.4 .. 13.4: 11 steps
+    lines = [{"event": "step", "pid": 7, "t": t} for t in times]
+    stalled = survivors_stalled(lines, 10.0, {7}, 12.5)
+    assert stalled == pytest.approx(3.5 - 26 * 0.1)  # 0.9 s: 0.5 + 0.4 and the rounding
+    assert survivors_stalled(lines[10:], 10.0, {7}, 12.5) is None  # no pace before the fault
