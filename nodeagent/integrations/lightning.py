@@ -19,8 +19,9 @@ so the job re-forms at any size between min_nodes and max_nodes. The callback, o
 - saves the same into the memory tier every `save_every` optimizer steps, staged in host
   memory and written in the background (`nodeagent.worker.Checkpointer`, DCP: sharded for
   FSDP2/ModelParallelStrategy, whole for DDP);
-- saves the step reached when Lightning stops on SIGTERM (the agent's stop, a drain), then
-  waits for the write.
+- stops every rank after the same step once any got SIGTERM (the agent's stop, a drain: one
+  tiny all_reduce a step, as Lightning broadcasts only rank 0's), saves that step and waits for
+  the write; `callback.stopped` says so.
 
 Under plain torchrun (no nodeagent) it saves to and restores from `directory`, which it then
 needs. Survivors do not keep their processes (job.recovery: restart only): Lightning's Trainer
@@ -42,6 +43,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from nodeagent.worker import Checkpointer, TrainState, beat, compute
+from nodeagent.worker.agree import any_rank
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,7 @@ class NodeagentCallback(Callback):
         self.keep = keep
         self.checkpointer: Checkpointer | None = None
         self.restored_step = 0  # the global step the fit went on from (0: the start)
+        self.stopped = False  # the fit ended because of SIGTERM (its step saved)
         self._state: TrainState | None = None
         self._computing: AbstractContextManager[None] | None = None
         self._saved = -1  # the last global step saved
@@ -147,8 +150,10 @@ class NodeagentCallback(Callback):
         """Lightning stops on SIGTERM between two steps (SIGTERMException, every rank): the
         step reached is saved, and written before the process exits."""
         self._end_compute()
-        if isinstance(exception, SIGTERMException) and self._state is not None:
-            self._save(trainer)
+        stopped = isinstance(exception, SIGTERMException)
+        if stopped and self._state is not None and trainer.global_step != self._saved:
+            self._save(trainer)  # between the agreed stop and here: cannot happen, kept safe
+        self.stopped = self.stopped or stopped
         self._close()
 
     # -- every step ---------------------------------------------------------------------------
@@ -175,8 +180,15 @@ class NodeagentCallback(Callback):
         self._end_compute()  # manual optimization: no backward hook was called
         step = trainer.global_step
         beat(step)
-        if step > 0 and step % self.save_every == 0 and step != self._saved:
+        # Lightning stops on SIGTERM only on the ranks that got it (only rank 0's is
+        # broadcast): every rank agrees here, saves this step and stops after it, so that no
+        # rank is left in a collective (the save's own, the next step's) with one that left.
+        stop = any_rank(trainer.received_sigterm)
+        if (stop or (step > 0 and step % self.save_every == 0)) and step != self._saved:
             self._save(trainer)
+        if stop:
+            trainer.should_stop = True
+            self.stopped = True
 
     # -- helpers --------------------------------------------------------------------------------
 

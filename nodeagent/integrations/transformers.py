@@ -11,10 +11,11 @@ On every rank:
 - `resume(trainer)`, before `train`: restores the step the leader chose for this generation
   (this node's memory tier, a peer's copy, the persistent tier, then `directory`) and hands it
   to `Trainer` the one way it resumes, a checkpoint directory: a private one is written for
-  this process with what `Trainer` reads there (the weights as restored, and the optimizer's,
-  scheduler's, scaler's and RNG's files and trainer_state.json as they were saved). `Trainer`
-  then goes on as from its own checkpoint: the global step and epoch, the data loader
-  fast-forwarded past the batches trained, the learning-rate schedule, the RNG after them.
+  this process (in its TMPDIR, removed after the first step) with what `Trainer` reads there
+  (the weights as restored, and the optimizer's, scheduler's and RNG's files and
+  trainer_state.json as they were saved). `Trainer` then goes on as from its own checkpoint:
+  the global step and epoch, the data loader fast-forwarded past the batches trained, the
+  learning-rate schedule, the RNG after them.
   None (start afresh) when no step was saved.
 - every `save_every` optimizer steps, saves into the memory tier: the model's tensors through
   DCP (`nodeagent.worker.Checkpointer`; staged in host memory, written from a thread, verified
@@ -23,7 +24,7 @@ On every rank:
 - beats every step (hang detection, goodput);
 - on SIGTERM (the agent's stop, a drain), every rank stops after the same step (one tiny
   all_reduce a step: ranks told a step apart would wait in each other's collectives), saves it
-  and waits for the write; `train` returns.
+  and waits for the write; `train` returns, with `callback.stopped` set.
 
 No compute marks: `Trainer` runs the forward and the backward in one call, with no hook
 between them. Survivors do not keep their processes (job.recovery: restart only): `Trainer`
@@ -33,11 +34,11 @@ and Accelerate own the process group and the DDP wrapper for the whole of `train
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import io
 import json
 import logging
-import os
 import random
 import shutil
 import signal
@@ -50,7 +51,6 @@ import numpy as np
 import torch
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from nodeagent.channel import tier
 from nodeagent.worker import Checkpointer, TrainState, beat
 from nodeagent.worker.agree import any_rank
 
@@ -104,6 +104,7 @@ class NodeagentCallback(TrainerCallback):
         self.keep = keep
         self.checkpointer: Checkpointer | None = None
         self.restored_step = 0  # the global step the training went on from (0: the start)
+        self.stopped = False  # train() returned because of SIGTERM (its step saved)
         self._files = _Files()
         self._state: TrainState | None = None
         self._saved = -1
@@ -122,9 +123,11 @@ class NodeagentCallback(TrainerCallback):
         self._saved = self.restored_step or -1
         if not self.restored_step:
             return None
-        root = os.environ.get(tier.MEMORY_ENV)  # tmpfs, the agent's, beside the saves
-        parent = Path(root).parent if root and Path(root).parent.is_dir() else None
-        directory = Path(tempfile.mkdtemp(prefix="nodeagent-resume-", dir=parent))
+        # The process's own temporary directory (TMPDIR): the memory tier's is the agent's, and
+        # what is written here is not counted in its size. Removed after the first step, or
+        # at exit if training never got there.
+        directory = Path(tempfile.mkdtemp(prefix="nodeagent-resume-"))
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
         model = trainer.model
         assert model is not None
         torch.save(model.state_dict(), directory / WEIGHTS)
@@ -170,6 +173,7 @@ class NodeagentCallback(TrainerCallback):
         if stop:
             log.info("stopping at step %d (SIGTERM): saved", step)
             control.should_training_stop = True
+            self.stopped = True
 
     def on_train_end(
         self,
@@ -180,6 +184,9 @@ class NodeagentCallback(TrainerCallback):
     ) -> None:
         if self.checkpointer is not None:
             self.checkpointer.close()
+        if self._resume_dir is not None:
+            shutil.rmtree(self._resume_dir, ignore_errors=True)
+            self._resume_dir = None
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
             self._previous_handler = None

@@ -228,7 +228,13 @@ def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
     if this_generation and group.succeeded:
         return NodeDecision(NodeState.SUCCEEDED, tuple(actions), "workers succeeded")
     if this_generation and group.failure is not None:
-        if view.in_place and group.phase is GroupPhase.EXITED and not group.released:
+        taking_part = view.cordon is None and view.unfit is None
+        if (
+            view.in_place
+            and taking_part
+            and group.phase is GroupPhase.EXITED
+            and not group.released
+        ):
             # Every local worker is gone: released all the same, so that the failed ones'
             # replacements warm up now (supervisor/group.py), not when the job has re-formed.
             why = f"a local worker failed: {group.failure.describe()}"

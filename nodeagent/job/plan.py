@@ -120,6 +120,7 @@ class _Context:
     memory: LeaderMemory
     eligible: tuple[str, ...]
     requests: _Requests
+    held: frozenset[str] = frozenset()  # held out now (job/suspicion.py): alive, maybe training
 
 
 _Step = tuple[JobRecord, list[Event], str]
@@ -147,7 +148,7 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     events += command_events
     eligible = members.eligible(view.nodes)
     memory = _remember(memory, eligible, view.now_ms)
-    ctx = _Context(view, policy, memory, eligible, requests)
+    ctx = _Context(view, policy, memory, eligible, requests, held)
     record, step_events, reason = _step(record, ctx)
     events += step_events
     memory, backoff = _count_crash(memory, view.record, record, policy, view.now_ms)
@@ -527,7 +528,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
     events = [_job_event("generation_started", running, message)]
     if running.checkpoint is not None:
         tiers = restore.choose(running.checkpoint, chosen, record.nproc_per_node, nodes)
-        zombies = bool(ctx.memory.held)  # held out, alive: they may save on for a while
+        zombies = bool(ctx.held)  # held out, alive: they may save on for a while
         running = replace(
             running, checkpoint=restore.rolled_back(tiers, running.generation, zombies)
         )

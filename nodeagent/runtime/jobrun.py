@@ -204,7 +204,9 @@ class JobRun:
             echo=WorkerEcho(config.logging.format, parts.context),
             wake=parts.waker.wake,
             spawner=Spawner(config.job.preload, config.job.user, _containers(config)),
-            warm_ups=config.job.in_place,
+            # Not in containers: a container's name and cidfile come from its generation and
+            # rank, which a warm-up shares with the worker it replaces.
+            warm_ups=config.job.in_place and config.job.container is None,
         )
         self.metrics = AgentMetrics(config.job.id, __version__)
         monitor = parts.monitor

@@ -89,6 +89,7 @@ class _Worker:
     settled: threading.Event | None = None  # set: nothing of it can run any more (_await_exit)
     finished: bool = False  # it said it reached its end before it exited (has_finished)
     warmup: bool = False  # started outside any generation to replace a failed one; unassigned
+    warm_until: float = 0.0  # a warm-up not parked by then is killed (its own reform_timeout)
 
     @property
     def pid(self) -> int | None:
@@ -221,6 +222,7 @@ class Supervisor:
         self._started_at = 0.0
         self._node = ""
         self._release_deadline: float | None = None  # set by release(): in_place re-forming
+        self._release_timeout = 0.0
 
     # -- starting --------------------------------------------------------------------------
 
@@ -260,7 +262,7 @@ class Supervisor:
     def _survivors(self) -> list[_Worker]:
         """In_place workers that are alive and in no generation's group: they can be kept (a
         warm-up still starting takes its assignment when it reaches `elastic.run`)."""
-        return [w for w in self._live() if w.warmup or w.has_left()]
+        return [w for w in self._live() if not w.abandoned and (w.warmup or w.has_left())]
 
     def _drop(self, worker: _Worker) -> None:
         beats.discard_unused(worker.spec.progress_path)
@@ -369,6 +371,7 @@ class Supervisor:
         if self._release_deadline is not None or self._stop_deadline is not None:
             return
         self._release_deadline = self._clock() + timeout_s
+        self._release_timeout = timeout_s
         self._warmed.clear()
         culprit = self._failure.rank if self._failure and self._failure.kind in _STUCK else None
         for worker in self._workers:
@@ -395,7 +398,12 @@ class Supervisor:
         the group is released, once a release; none for a rank with a preloaded spare (it
         starts in the next generation at once) or for a warm-up that failed itself (its rank
         starts in the next generation as any other, cold, and fails there if it must)."""
-        if not self._warm_ups or self._release_deadline is None or self._stop_deadline is not None:
+        deadline = self._release_deadline
+        if not self._warm_ups or deadline is None or self._stop_deadline is not None:
+            return
+        if self._clock() >= deadline:  # a survivor that gave up waiting: the next start's
+            return
+        if self._failure is not None and self._failure.kind == "xid":  # its GPU: cordoned
             return
         live = {w.spec.local_rank for w in self._live()}
         for dead in list(self._workers):
@@ -411,6 +419,7 @@ class Supervisor:
                 "rank %d: its replacement warms up outside generation %d", rank, dead.generation
             )
             worker = self._spawn(spec, outside=dead.generation)
+            worker.warm_until = self._clock() + self._release_timeout
             self._workers.append(worker)
             live.add(rank)
             if worker.returncode is None:
@@ -444,16 +453,27 @@ class Supervisor:
     def _enforce_release(self) -> None:
         """Past the release deadline: kill each worker still in its old process group (blocked
         in a collective with a frozen peer: gloo cannot be aborted). Its local rank starts anew."""
-        if self._release_deadline is None or self._clock() < self._release_deadline:
+        if self._release_deadline is None:
             return
+        now = self._clock()
         for worker in self._unleft():
-            if not worker.abandoned:
-                worker.abandoned = True
+            if worker.abandoned:
+                continue
+            if worker.warmup and now >= worker.warm_until:
+                log.warning(
+                    "local rank %d: its warm-up (pid %d) did not reach elastic.run in "
+                    "reform_timeout: killing it; the rank starts with the next generation",
+                    *(worker.spec.local_rank, worker.pid),
+                )
+            elif worker.warmup or now < self._release_deadline:
+                continue
+            else:
                 log.warning(
                     "rank %d (pid %d) did not leave generation %d in reform_timeout: killing it",
                     *(worker.spec.rank, worker.pid, worker.generation),
                 )
-                self._kill_worker(worker)
+            worker.abandoned = True
+            self._kill_worker(worker)
 
     # -- stopping --------------------------------------------------------------------------
 
@@ -672,7 +692,7 @@ class Supervisor:
         # Workers that exit 0 because we asked them to stop have not finished the job.
         asked = self._stop_deadline is not None or self._release_deadline is not None
         succeeded = not asked and all(w.returncode == 0 or w.finished for w in self._workers)
-        warming = sum(1 for w in self._live() if w.warmup and not w.has_left())
+        warming = sum(1 for w in self._live() if w.warmup and not w.abandoned and not w.has_left())
         released = self._release_deadline is not None
         return GroupStatus(self._generation, phase, self._failure, succeeded, warming, released)
 
@@ -696,8 +716,9 @@ class Supervisor:
             if any(w.group_termed for w in self._workers):  # their exits wake nobody
                 return min(self._stop_deadline, self._clock() + LEFTOVER_POLL_S)
             return self._stop_deadline
-        if self._release_deadline is not None and any(not w.abandoned for w in self._unleft()):
-            return self._release_deadline  # (a killed one's exit wakes the loop by itself)
+        waiting = [w for w in self._unleft() if not w.abandoned]
+        if self._release_deadline is not None and waiting:  # (a killed one's exit wakes it)
+            return min(w.warm_until if w.warmup else self._release_deadline for w in waiting)
         return None
 
     def groups(self) -> tuple[Group, ...]:

@@ -98,6 +98,7 @@ WARMUP_FILES = {  # a warm-up's own files: the variable naming each, its name's 
     "NODEAGENT_PROGRESS_FILE": "progress",
     "TORCHELASTIC_ERROR_FILE": "error.json",
     control.PATH_ENV: "control",
+    restore.RESTORE_REPORT_ENV: "restore.json",
 }
 
 
