@@ -4,7 +4,8 @@ The packages, top layer first (docs/architecture.md; tests/unit/test_layers.py c
 every import points down): cli/ (the command lines), runtime/ (the wiring), job/ and pool/
 (the protocols), supervisor/, telemetry/, gpu/, coord/, checkpoint/ (the parts), model/,
 channel/, config/ (the formats and settings), and state.py, errors.py at the root. worker/
-is what training scripts import, beside the agent. __main__.py: `python -m nodeagent`.
+is what training scripts import, beside the agent, and integrations/ what scripts of a
+framework's Trainer import. __main__.py: `python -m nodeagent`.
 """
 
 __version__ = "0.1.0"

@@ -128,6 +128,16 @@ class JobConfig:
     def in_place(self) -> bool:
         return self.recovery == IN_PLACE
 
+    @property
+    def warm_ups(self) -> bool:
+        """Whether a failed worker's replacement warms up while the job goes on without its
+        node (supervisor/group.py): in place, but not in containers (a container's name and
+        cidfile come from its generation and rank, which a warm-up shares with the worker it
+        replaces) nor with checkpoint tiers (every re-form restores there: a smaller world and
+        back would reshard twice, from the persistent tier, where the same world restores from
+        memory)."""
+        return self.in_place and self.container is None and self.checkpoint is None
+
 
 IN_PLACE = "in_place"
 

@@ -4,6 +4,6 @@ marks without a script written against `nodeagent.worker` (docs/frameworks.md).
 Each module imports its framework (and torch) when it is imported, and only a training script
 imports it: the agent never does, and none of the frameworks is a dependency of nodeagent.
 
-- `nodeagent.integrations.lightning`: `NodeagentCallback` for a `lightning.Trainer`;
-- `nodeagent.integrations.transformers`: `NodeagentCallback` for a `transformers.Trainer`.
+- lightning.py: `NodeagentCallback` for a `lightning.Trainer`;
+- transformers.py: `NodeagentCallback` for a `transformers.Trainer`.
 """

@@ -461,6 +461,7 @@ class Agent:
             cordon=self._cordon,
             unfit=self._watchers.unfit,
             in_place=self.config.job.in_place,
+            warm_ups=self.config.job.warm_ups,
             tiers_settling=self._tiers is not None and self._holds_back(group),
             tiers_copying=self._tiers is not None and self._tiers.holds_start(self.record),
             signalled=self._signalled,

@@ -38,6 +38,7 @@ class LocalView:
     cordon: Cordon | None = None  # this node's cordon, as last read from Redis
     unfit: str | None = None  # why this node cannot take part (too few usable GPUs)
     in_place: bool = False  # job.recovery: in_place (survivors are released, not stopped)
+    warm_ups: bool = False  # JobConfig.warm_ups: a failed worker's replacement warms up at once
     # The checkpoint tiers are verifying (or persisting) the stopped workers' last saves: the
     # leader chooses the next restore from what this node reports, so it must not move on yet.
     tiers_settling: bool = False
@@ -230,7 +231,7 @@ def _decide_idle(view: LocalView, record: JobRecord) -> NodeDecision:
     if this_generation and group.failure is not None:
         taking_part = view.cordon is None and view.unfit is None
         if (
-            view.in_place
+            view.warm_ups
             and taking_part
             and group.phase is GroupPhase.EXITED
             and not group.released

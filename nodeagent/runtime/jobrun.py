@@ -204,9 +204,7 @@ class JobRun:
             echo=WorkerEcho(config.logging.format, parts.context),
             wake=parts.waker.wake,
             spawner=Spawner(config.job.preload, config.job.user, _containers(config)),
-            # Not in containers: a container's name and cidfile come from its generation and
-            # rank, which a warm-up shares with the worker it replaces.
-            warm_ups=config.job.in_place and config.job.container is None,
+            warm_ups=config.job.warm_ups,
         )
         self.metrics = AgentMetrics(config.job.id, __version__)
         monitor = parts.monitor

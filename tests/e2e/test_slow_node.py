@@ -120,7 +120,12 @@ def test_a_throttled_node_is_named_slow_and_replaced_by_the_spare_in_place(
         print({"wall_s": found["wall_s"], "ettr": found["ettr"], **parts})
         assert sum(parts.values()) == pytest.approx(found["wall_s"], abs=0.01), found
         reasons = [r["reason"] for r in found["reforms"]]
-        assert reasons == ["slow_node", "worker_failed", "node_lost"], found
+        # The killed worker's replacement warms up (no preload): the job goes on without its
+        # node and takes it back once it is ready (node_joined), unless it was ready first.
+        assert reasons in (
+            ["slow_node", "worker_failed", "node_lost"],
+            ["slow_node", "worker_failed", "node_joined", "node_lost"],
+        ), found
         # The slow ranks' time: from `windows` windows before the node was named slow to the
         # re-form, the share of each step the job would not have spent at its healthy pace
         # (model/goodput.py). At least half of what the test's own step times say; not the

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_lightning import steps_of, train
+from tests.helpers.frameworks import steps_of, train
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.timeout(300)

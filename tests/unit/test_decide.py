@@ -280,6 +280,7 @@ def test_random_histories_only_make_legal_transitions() -> None:
                 cordon=cordon,
                 unfit=unfit,
                 in_place=in_place,
+                warm_ups=in_place and rng.random() < 0.5,
             )
             decision = decide(local)
             check_transition(NODE_TRANSITIONS, state, decision.state)
@@ -330,17 +331,26 @@ PARKED_G = GroupStatus(4, GroupPhase.PARKED)
             NodeState.FAILED,
             [],
         ),
-        # every local worker gone: released all the same (its replacements warm up), once
+        # every local worker gone: released all the same (its replacements warm up), once;
+        # not without warm-ups (checkpoint tiers, containers)
+        (
+            view(
+                rec(JobState.RUNNING, 4), GroupStatus(4, GroupPhase.EXITED, FAIL), 4, warm_ups=True
+            ),
+            NodeState.FAILED,
+            [ReleaseWorkers],
+        ),
         (
             view(rec(JobState.RUNNING, 4), GroupStatus(4, GroupPhase.EXITED, FAIL), 4),
             NodeState.FAILED,
-            [ReleaseWorkers],
+            [],
         ),
         (
             view(
                 rec(JobState.RUNNING, 4),
                 GroupStatus(4, GroupPhase.EXITED, FAIL, released=True),
                 4,
+                warm_ups=True,
             ),
             NodeState.FAILED,
             [],

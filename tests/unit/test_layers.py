@@ -35,12 +35,19 @@ SIDEWAYS: Mapping[tuple[str, str], str] = {
 }
 WORKER = "worker"  # what training scripts import: outside the layers, beside the agent
 WORKER_MAY_IMPORT = frozenset({"worker", "channel"})
+# What scripts of a framework import: nodeagent.worker for the framework's Trainer; the agent
+# never imports it.
+INTEGRATIONS = "integrations"
+INTEGRATIONS_MAY_IMPORT = frozenset({"integrations", "worker", "channel"})
+SCRIPT_SIDE = {WORKER: WORKER_MAY_IMPORT, INTEGRATIONS: INTEGRATIONS_MAY_IMPORT}
 # Third-party modules only some packages (or modules) may import.
 ONLY: Mapping[str, frozenset[str]] = {
     "redis": frozenset({"coord"}),
     "pynvml": frozenset({"gpu"}),
     "subprocess": frozenset({"supervisor", "nodeagent.coord.embedded"}),
-    "torch": frozenset({WORKER}),
+    "torch": frozenset({WORKER, INTEGRATIONS}),
+    "lightning": frozenset({INTEGRATIONS}),
+    "transformers": frozenset({INTEGRATIONS}),
 }
 # Programs of their own (a child process's main), which may print and exit like cli/.
 PROGRAMS = frozenset(
@@ -129,8 +136,8 @@ def upward(graph: Mapping[str, Sequence[Import]]) -> list[str]:
             where = f"{module}:{imp.line} imports {imp.target}"
             if mine == theirs:
                 continue
-            if mine == WORKER or theirs == WORKER:
-                if mine != WORKER or theirs not in WORKER_MAY_IMPORT:
+            if mine in SCRIPT_SIDE or theirs in SCRIPT_SIDE:
+                if mine not in SCRIPT_SIDE or theirs not in SCRIPT_SIDE[mine]:
                     found.append(f"{where} (nodeagent.worker and the agent share only channel/)")
                 continue
             if _rank(theirs) > _rank(mine) or (mine, theirs) in SIDEWAYS:
@@ -220,7 +227,7 @@ def test_the_root_holds_only_packages_errors_and_state() -> None:
     modules = {p.stem for p in ROOT.glob("*.py")}
     assert modules <= ROOT_MODULES, sorted(modules - ROOT_MODULES)
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
-    layered = {name for layer in LAYERS for name in layer} | {WORKER}
+    layered = {name for layer in LAYERS for name in layer} | set(SCRIPT_SIDE)
     assert packages <= layered, f"a package in no layer: {sorted(packages - layered)}"
 
 
