@@ -26,13 +26,14 @@ def test_a_fit_resumed_from_its_last_save_is_the_uninterrupted_one_bit_for_bit(
     resumed = train(SCRIPT, tmp_path, "resumed", CKPT_DIR=ckpt)
 
     restored = [x for x in resumed if x["event"] == "restored"]
-    assert [(x["step"], x["epoch"]) for x in restored] == [(10, 0)]
-    at_10 = [x for x in crashed if x["event"] == "step" and x["step"] == 10]
-    assert at_10, crashed
+    # The newest save written whole: 10, or 5 when the crash came while 10 was being written
+    # (on a loaded machine: the write is a thread, the crash os._exit).
+    [(step, epoch)] = [(x["step"], x["epoch"]) for x in restored]
+    assert step in (5, 10) and epoch == 0
     expected = steps_of(whole)
-    # The resumed fit takes the same batches (the loader went on from batch 10 of epoch 0,
-    # then epoch 1 from its start), at the same learning rates (the scheduler), from step 11.
-    assert steps_of(resumed) == {s: v for s, v in expected.items() if s > 10}
+    # The resumed fit takes the same batches (the loader went on from that batch of epoch 0,
+    # then epoch 1 from its start), at the same learning rates (the scheduler), from there.
+    assert steps_of(resumed) == {s: v for s, v in expected.items() if s > step}
     assert expected[17][:2] == (1, 0)  # 16 batches an epoch: step 17 begins epoch 1
     final = [x["hash"] for x in resumed + whole if x["event"] == "final"]
     assert len(final) == 2 and final[0] == final[1]
