@@ -44,7 +44,15 @@ K=3 simulated nodes on this machine, one worker each, run examples/train_ddp.py 
   rendezvous waits 60 s for a lost node) and the 120 s gloo timeout of DLRover's examples. The
   light workload only;
 - `dlrover-fast`: the same with a 1 s rendezvous last call (`--rdzv-conf lastcall_timeout=1`),
-  a flash checkpoint to memory every step and a 10 s gloo timeout (torchrun-best's).
+  a flash checkpoint to memory every step and a 10 s gloo timeout (torchrun-best's);
+- `lightning`, `transformers` (with `--frameworks`): `nodeagent`'s agents running a Lightning or
+  a transformers `Trainer` fit (bench/frameworks_train.py: an MLP of 1024 x 4, 3.2 M parameters
+  and AdamW, 38 MB of state; a step of 0.5 s of sleep, standing for a GPU's, over its compute)
+  with the framework's own checkpoints every FRAMEWORK_DISK_EVERY steps to a directory every
+  node shares, resumed as the framework's users do;
+- `lightning+tier`, `transformers+tier`: the same with nodeagent.integrations' callback, a save
+  into the memory tier every FRAMEWORK_TIER_EVERY steps with a copy on a peer, restored from
+  memory (restart mode: the framework owns its process group).
 
 Each repetition is a fresh job: train to step 15, inject one fault, wait up to --bound seconds.
 Everything is measured on one clock from the workload's own log lines, the same way for every
@@ -69,6 +77,10 @@ line: init_process_group, then the state of the rank with the highest commit bro
 so init holds what a restart spends loading the checkpoint, which for the other systems falls in
 first step; first step is the same: every rank of the new world finished a step in the new
 generation.
+Also the save's stall (the framework systems): the median over rank 0's saves before the fault
+of how much longer the two step intervals around a save step took than two at the pace of the
+other steps (the save lands in one of them: Lightning's and the callbacks' in the step's own,
+`Trainer`'s own save in the next), and that over the save interval, the stall a step.
 Also the steps lost (the last step trained before the fault minus the step resumed from: the
 checkpoint's, or for in-place the commit the first generation after the fault synced), the
 survivors restarted (workers of the old world that the fault did not hit but that are not in the
@@ -84,9 +96,14 @@ three repetitions.
 
     .venv/bin/python bench/recovery.py [--reps 5] [--faults worker_sigkill,...] [--systems ...]
     .venv/bin/python bench/recovery.py --heavy
+    .venv/bin/python bench/recovery.py --frameworks
 
-Writes bench/results/recovery.json (recovery-heavy.json) after each fault and prints a table for
-docs/benchmarks.md; `--table FILE` prints the table of a results file again.
+`--frameworks`: the framework systems, the fault at step FRAMEWORK_TRAIN_TO (mid-way through the
+disk's interval), a worker kill and a node kill, three repetitions.
+
+Writes bench/results/recovery.json (recovery-heavy.json, recovery-frameworks.json) after each
+fault and prints a table for docs/benchmarks.md; `--table FILE` prints the table of a results
+file again.
 """
 
 from __future__ import annotations
@@ -98,6 +115,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -168,6 +186,22 @@ DLROVER_SYSTEMS: dict[str, tuple[int | None, int, float]] = {
     "dlrover": (None, EVERY, 120.0),  # 120 s: DLRover's examples/pytorch (fcp_demo, mnist)
     "dlrover-fast": (1, 1, float(TORCHRUN_BEST_PG_TIMEOUT)),
 }
+FRAMEWORK_TRAIN = ROOT / "bench" / "frameworks_train.py"
+# system -> (the framework, with nodeagent.integrations' callback)
+FRAMEWORK_SYSTEMS = {
+    "lightning": ("lightning", False),
+    "lightning+tier": ("lightning", True),
+    "transformers": ("transformers", False),
+    "transformers+tier": ("transformers", True),
+}
+FRAMEWORK_DISK_EVERY = 20  # the framework's own checkpoints (the interval issue 54 measured)
+FRAMEWORK_TIER_EVERY = 5  # the memory tier's
+FRAMEWORK_TRAIN_TO = 30
+FRAMEWORK_STEP_TIME = 0.5
+# A save is committed within about a second at 40 MB and this heartbeat (docs/benchmarks.md,
+# "Commit latency"), 3 s at 1 s: below the tier's interval of 5 steps (4 s here) either way.
+FRAMEWORK_TIMING = (("heartbeat_interval", "250ms"),)
+FRAMEWORK_FAULTS = ("worker_sigkill", "node_sigkill_other")
 
 
 @dataclass(frozen=True)
@@ -178,15 +212,31 @@ class Workload:
     train_to: int = TRAIN_TO
     model: tuple[str, ...] = ()
     timing: tuple[tuple[str, str], ...] = ()  # nodeagent's, over NODEAGENT_TIMING
+    step_time: float = STEP_TIME  # seconds of sleep a step, on top of its compute
 
     def argv(self, system: str, directory: Path) -> list[str]:
-        if not inplace_system(system):
-            return [*training_entrypoint(directory, 100_000, self.every, STEP_TIME), *self.model]
         checkpoints = str(directory / "checkpoints")
+        if system in FRAMEWORK_SYSTEMS:
+            framework, tier = FRAMEWORK_SYSTEMS[system]
+            return [
+                *(sys.executable, str(FRAMEWORK_TRAIN), "--framework", framework),
+                *(["--tier"] if tier else []),
+                *("--every", str(self.every_of(system)), "--checkpoint-dir", checkpoints),
+                *("--step-time", str(self.step_time), *self.model),
+            ]
+        if not inplace_system(system):
+            entrypoint = training_entrypoint(directory, 100_000, self.every, self.step_time)
+            return [*entrypoint, *self.model]
         return [
             *(sys.executable, str(ELASTIC), "--steps", "100000", "--checkpoint-dir", checkpoints),
-            *("--checkpoint-every", str(self.every), "--step-time", str(STEP_TIME), *self.model),
+            *("--checkpoint-every", str(self.every), "--step-time", str(self.step_time)),
+            *self.model,
         ]
+
+    def every_of(self, system: str) -> int:
+        """Steps between saves: the memory tier's for a framework with the integration."""
+        tiered = system in FRAMEWORK_SYSTEMS and FRAMEWORK_SYSTEMS[system][1]
+        return FRAMEWORK_TIER_EVERY if tiered else self.every
 
 
 def inplace_system(system: str) -> bool:
@@ -206,6 +256,14 @@ LIGHT = Workload()
 # A heavy step takes ~4 s and a 1 GiB save ~6 s, a beat gap of over 10 s: not hangs.
 HEAVY_TIMING = (("hang_timeout", "30s"), ("reform_timeout", "30s"))
 HEAVY = Workload(HEAVY_EVERY, HEAVY_EVERY + 2, HEAVY_MODEL, HEAVY_TIMING)
+# A GPU's step, as a sleep: the host's cores are free meanwhile for what saves and copies do.
+FRAMEWORKS = Workload(
+    FRAMEWORK_DISK_EVERY,
+    FRAMEWORK_TRAIN_TO,
+    ("--hidden", "1024", "--layers", "4"),
+    FRAMEWORK_TIMING,
+    FRAMEWORK_STEP_TIME,
+)
 
 
 # -- what a launcher must offer the harness ------------------------------------------------------
@@ -511,6 +569,8 @@ FAULTS: dict[str, Fault] = {
     "scale_up_join": Fault(2, 3, "node_joined", join_node),
 }
 HEAVY_FAULTS = ("worker_sigkill", "node_sigkill_other", "scale_up_join")
+DEFAULT_SYSTEMS = ("nodeagent", "torchrun", "torchrun-best")
+HEAVY_SYSTEMS = ("nodeagent+preload", "nodeagent+inplace")
 
 
 # -- measuring, from the workload's log lines ---------------------------------------------------
@@ -613,11 +673,19 @@ def launched(
             yield dlrover
         finally:
             dlrover.stop()
-    elif system.startswith("nodeagent"):
+    elif system.startswith("nodeagent") or system in FRAMEWORK_SYSTEMS:
         preload = system == "nodeagent+preload" or (
             inplace_system(system) and not system.endswith("-cold")
         )
         options: dict[str, Any] = {"preload": list(PRELOAD)} if preload else {}
+        memory = Path("/dev/shm") / f"nodeagent-bench-{job}"
+        if FRAMEWORK_SYSTEMS.get(system, ("", False))[1]:
+            options["checkpoint"] = {
+                "memory_size": "512MiB",
+                "memory_dir": str(memory),
+                "replicas": 1,
+                "replication": {"auth": "none"},
+            }
         timing = dict(NODEAGENT_TIMING)
         if inplace_system(system):
             options["recovery"] = "in_place"
@@ -646,6 +714,7 @@ def launched(
                 node_options=node_options,
             ) as cluster,
         ):
+            cleanup.callback(shutil.rmtree, memory, ignore_errors=True)
             if contained:
                 cleanup.callback(remove_image, image)
                 cleanup.callback(clean_containers, job)  # what a killed node's agent left running
@@ -711,6 +780,10 @@ def one_run(
                 launch.lines(), t0, fault.after, launch.noticed(t0, fault.cause), in_place
             )
         _signal_all(hit, signal.SIGCONT)
+        if row is not None and system in FRAMEWORK_SYSTEMS:
+            stall = save_stall(launch.lines(), t0, workload.every_of(system))
+            row["save_stall_s"] = stall
+            row["stall_per_step_s"] = None if stall is None else stall / workload.every_of(system)
     if row is not None and system == "nodeagent+container":  # no host pids to follow
         row.pop("pids")
     elif row is not None:
@@ -721,6 +794,30 @@ def one_run(
             row["survivors_s"] = survivors_stepping(lines, t0, survivors)
             row["stalled_s"] = survivors_stalled(lines, t0, survivors, t0 + row["total_s"])
     return {"outcome": outcome, **(row or {})}
+
+
+def save_stall(lines: list[dict[str, Any]], t0: float, every: int) -> float | None:
+    """The median over rank 0's saves before the fault at t0 (each after a step s that is a
+    multiple of `every`) of how much longer the intervals s-1 -> s -> s+1 took than two at the
+    median pace of the intervals with no save in them; None without such a save."""
+    times = {
+        x["step"]: x["t"]
+        for x in lines
+        if x.get("event") == "step" and x["rank"] == 0 and x["t"] < t0
+    }
+    plain = [
+        times[s] - times[s - 1]
+        for s in times
+        if s - 1 in times and s % every not in (0, 1) and s > 3  # the first steps warm up
+    ]
+    stalls = [
+        times[s + 1] - times[s - 1]
+        for s in times
+        if s % every == 0 and s - 1 in times and s + 1 in times and s > 3
+    ]
+    if not plain or not stalls:
+        return None
+    return max(0.0, float(statistics.median(stalls) - 2 * statistics.median(plain)))
 
 
 STALL_TAIL_S = 1.0  # how long after the whole world is back a survivor's stalls still count
@@ -777,6 +874,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "total_s",
         "survivors_s",
         "stalled_s",
+        "save_stall_s",
+        "stall_per_step_s",
     ):
         values = [r[key] for r in recovered if r.get(key) is not None]
         if values:
@@ -796,8 +895,8 @@ def table(results: dict[str, Any]) -> str:
     rows = [
         "| fault | launcher | recovered | total: min / median / max | detect | restart | import "
         "| init | first step | steps lost | survivors restarted | survivors stepping "
-        "| survivors stalled |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| survivors stalled | save's stall: a save / a step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for fault, systems in results["cells"].items():
         for system, cell in systems.items():
@@ -813,12 +912,18 @@ def table(results: dict[str, Any]) -> str:
                 else "-"
             )
             failed = "" if s["recovered"] == s["runs"] else f" ({', '.join(s['outcomes'])})"
+            stall = (
+                f"{s['save_stall_s']['median'] * 1000:.0f} ms / "
+                f"{s['stall_per_step_s']['median'] * 1000:.1f} ms"
+                if "save_stall_s" in s
+                else "-"
+            )
             rows.append(
                 f"| {fault} | {system} | {s['recovered']}/{s['runs']}{failed} | {total} "
                 f"| {med('detect_s')} | {med('restart_s')} | {med('import_s')} | {med('init_s')} "
                 f"| {med('first_step_s')} | {s.get('steps_lost', '-')} "
                 f"| {s.get('survivors_restarted', '-')} | {med('survivors_s')} "
-                f"| {med('stalled_s')} |"
+                f"| {med('stalled_s')} | {stall} |"
             )
     return "\n".join(rows)
 
@@ -883,31 +988,44 @@ def dlrover_report() -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heavy", action="store_true", help="a model and optimizer of 1 GiB")
+    parser.add_argument(
+        "--frameworks", action="store_true", help="Lightning and transformers, with the tier or not"
+    )
     parser.add_argument("--reps", type=int, help="default 5, 3 with --heavy")
     parser.add_argument("--faults", help="default all, with --heavy: " + ",".join(HEAVY_FAULTS))
     parser.add_argument(
         "--systems",
-        help="default nodeagent,torchrun,torchrun-best; with --heavy "
-        "nodeagent+preload,nodeagent+inplace",
+        help=f"default {','.join(DEFAULT_SYSTEMS)}; with --heavy {','.join(HEAVY_SYSTEMS)}; "
+        f"with --frameworks {','.join(FRAMEWORK_SYSTEMS)}",
     )
     parser.add_argument("--bound", type=float, default=90.0, help="seconds to wait for recovery")
-    parser.add_argument("--out", help="default bench/results/recovery.json (recovery-heavy.json)")
+    parser.add_argument(
+        "--out", help="default bench/results/recovery.json (-heavy.json, -frameworks.json)"
+    )
     parser.add_argument("--table", metavar="JSON", help="only print the table of a results file")
     parser.add_argument("--keep", metavar="DIR", help="keep every run's logs in DIR")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return
-    workload = HEAVY if args.heavy else LIGHT
-    reps = args.reps or (3 if args.heavy else 5)
-    faults = (args.faults or ",".join(HEAVY_FAULTS if args.heavy else FAULTS)).split(",")
-    default_systems = (
-        "nodeagent+preload,nodeagent+inplace" if args.heavy else "nodeagent,torchrun,torchrun-best"
-    )
-    systems = (args.systems or default_systems).split(",")
-    out = Path(
-        args.out or ROOT / "bench" / "results" / f"recovery{'-heavy' if args.heavy else ''}.json"
-    )
+    faults: tuple[str, ...] = tuple(FAULTS)
+    systems: tuple[str, ...] = DEFAULT_SYSTEMS
+    workload, reps, name = LIGHT, 5, "recovery"
+    if args.heavy:
+        workload, reps, faults, systems, name = (
+            HEAVY,
+            3,
+            HEAVY_FAULTS,
+            HEAVY_SYSTEMS,
+            "recovery-heavy",
+        )
+    elif args.frameworks:
+        workload, reps, faults, name = FRAMEWORKS, 3, FRAMEWORK_FAULTS, "recovery-frameworks"
+        systems = tuple(FRAMEWORK_SYSTEMS)
+    reps = args.reps or reps
+    faults = tuple(args.faults.split(",")) if args.faults else faults
+    systems = tuple(args.systems.split(",")) if args.systems else systems
+    out = Path(args.out or ROOT / "bench" / "results" / f"{name}.json")
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": versions(),
@@ -918,7 +1036,7 @@ def main() -> None:
             "pg_timeout_s": TORCHRUN_BEST_PG_TIMEOUT,
         },
         "reform_timeout": dict(workload.timing).get("reform_timeout", REFORM_TIMEOUT),
-        "checkpoint_every": workload.every,
+        "checkpoint_every": {s: workload.every_of(s) for s in systems},
         "fault_at_step": workload.train_to,
         "model": " ".join(workload.model) or "--hidden 64 --layers 1",
         "bound_s": args.bound,

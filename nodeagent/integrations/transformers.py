@@ -12,15 +12,17 @@ On every rank:
   (this node's memory tier, a peer's copy, the persistent tier, then `directory`) and hands it
   to `Trainer` the one way it resumes, a checkpoint directory: a private one is written for
   this process (in its TMPDIR, removed after the first step) with what `Trainer` reads there
-  (the weights as restored, and the optimizer's, scheduler's and RNG's files and
-  trainer_state.json as they were saved). `Trainer` then goes on as from its own checkpoint:
-  the global step and epoch, the data loader fast-forwarded past the batches trained, the
-  learning-rate schedule, the RNG after them.
-  None (start afresh) when no step was saved.
-- every `save_every` optimizer steps, saves into the memory tier: the model's tensors through
-  DCP (`nodeagent.worker.Checkpointer`; staged in host memory, written from a thread, verified
-  and copied to peers by the agent), and those files' bytes as they would be in a `Trainer`
-  checkpoint;
+  (the weights and the optimizer's state as restored, and the scheduler's and RNG's files
+  and trainer_state.json as they were saved). The optimizer is made here
+  (`Trainer.create_optimizer`, which `train` keeps) so its state is restored in place.
+  `Trainer` then goes on as from its own checkpoint: the global step and epoch, the data
+  loader fast-forwarded past the batches trained, the learning-rate schedule, the RNG after
+  them. None (start afresh) when no step was saved.
+- every `save_every` optimizer steps, saves into the memory tier: the model's and the
+  optimizer's tensors through DCP (`nodeagent.worker.Checkpointer`; staged in host memory,
+  written from a thread, verified and copied to peers by the agent), and the small files'
+  bytes as they would be in a `Trainer` checkpoint (the optimizer's too would be pickled
+  whole at every save: 0.3 s of the step for 25 MB);
 - beats every step (hang detection, goodput);
 - on SIGTERM (the agent's stop, a drain), every rank stops after the same step (one tiny
   all_reduce a step: ranks told a step apart would wait in each other's collectives), saves it
@@ -56,11 +58,13 @@ from nodeagent.worker.agree import any_rank
 
 log = logging.getLogger(__name__)
 WEIGHTS = "pytorch_model.bin"  # transformers' WEIGHTS_NAME: read with weights_only
+OPTIMIZER = "optimizer.pt"  # transformers' OPTIMIZER_NAME
 RNG = "rng"  # the RNG states' file, written as rng_state[_<process index>].pth
 
 
 class _Files:
-    """The files of a `Trainer` checkpoint but the weights, by name, saved whole as one value:
+    """The small files of a `Trainer` checkpoint (not the weights nor the optimizer's state),
+    by name, saved whole as one value:
     a DCP load fills only the keys its target already has, and a fresh one has no files.
     Serialized with torch.save and read back with `weights_only` (names and bytes only)."""
 
@@ -78,6 +82,22 @@ def _saved(value: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(value, buffer)
     return buffer.getvalue()
+
+
+def _optimizer(trainer: Trainer) -> torch.optim.Optimizer:
+    """The optimizer `Trainer` will train with, made now (`create_optimizer`, which `train`
+    then keeps) so that the restore fills its state in place, its tensors through DCP like
+    the model's: `Trainer` makes it after sharding the model under FSDP, tensor parallelism or
+    DeepSpeed, where this cannot be done."""
+    for feature in ("is_fsdp_enabled", "is_tp_enabled", "is_deepspeed_enabled"):
+        if getattr(trainer, feature, False):
+            raise ValueError(
+                f"nodeagent.integrations.transformers: Trainer.{feature}: not supported (Trainer "
+                "makes its optimizer after sharding the model); DDP or a single process is "
+                "(docs/frameworks.md)"
+            )
+    optimizer = trainer.create_optimizer()
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 def _rng_name(args: TrainingArguments) -> str:
@@ -118,7 +138,7 @@ class NodeagentCallback(TrainerCallback):
         """Restore the leader's choice into the model; the checkpoint directory to give
         `train(resume_from_checkpoint=...)`, or None when nothing was saved yet."""
         self.checkpointer = Checkpointer(self.directory, keep=self.keep)
-        self._state = TrainState(trainer.model, None, trainer=self._files)
+        self._state = TrainState(trainer.model, _optimizer(trainer), trainer=self._files)
         self.restored_step = self.checkpointer.restore(self._state)
         self._saved = self.restored_step or -1
         if not self.restored_step:
@@ -131,6 +151,7 @@ class NodeagentCallback(TrainerCallback):
         model = trainer.model
         assert model is not None
         torch.save(model.state_dict(), directory / WEIGHTS)
+        torch.save(_optimizer(trainer).state_dict(), directory / OPTIMIZER)  # as restored
         for name, data in self._files.files.items():
             # this process's RNG file, under the name its rank reads now (the world may differ)
             target = _rng_name(trainer.args) if name == RNG else name
@@ -197,11 +218,8 @@ class NodeagentCallback(TrainerCallback):
         """The files `Trainer._save_checkpoint` writes at this point, and the weights through
         DCP."""
         assert self.checkpointer is not None
-        model, optimizer = objects["model"], objects.get("optimizer")
         scheduler = objects.get("lr_scheduler")
         files = {"trainer_state.json": self._trainer_state(state).encode()}
-        if optimizer is not None:
-            files["optimizer.pt"] = _saved(optimizer.state_dict())
         if scheduler is not None:
             files["scheduler.pt"] = _saved(scheduler.state_dict())
         rng = {
@@ -213,8 +231,10 @@ class NodeagentCallback(TrainerCallback):
             rng["cuda"] = torch.cuda.random.get_rng_state_all()
         files[RNG] = _saved(rng)
         self._files.files = files
-        if self._state is None:
-            self._state = TrainState(model, None, trainer=self._files)
+        if self._state is None:  # resume() was not called
+            optimizer = objects.get("optimizer")
+            optimizer = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper
+            self._state = TrainState(objects["model"], optimizer, trainer=self._files)
         self.checkpointer.save(self._state, state.global_step)
         self._saved = state.global_step
 

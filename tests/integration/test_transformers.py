@@ -39,3 +39,22 @@ def test_save_every_must_be_a_step_or_more() -> None:
 
     with pytest.raises(ValueError, match="save_every must be at least 1"):
         NodeagentCallback(save_every=0)
+
+
+def test_a_trainer_that_shards_before_making_its_optimizer_is_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    """Under FSDP, tensor parallelism or DeepSpeed `Trainer` makes its optimizer after wrapping
+    the model: the one `resume` would make now would not be it."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from nodeagent.integrations.transformers import NodeagentCallback
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    trainer = Trainer(torch.nn.Linear(2, 1), args)
+    trainer.is_fsdp_enabled = True  # what Trainer sets when Accelerate's FSDP plugin is on
+    callback = NodeagentCallback(save_every=5, directory=tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="is_fsdp_enabled: not supported"):
+        callback.resume(trainer)
+    assert trainer.optimizer is None
