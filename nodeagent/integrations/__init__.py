@@ -5,5 +5,6 @@ Each module imports its framework (and torch) when it is imported, and only a tr
 imports it: the agent never does, and none of the frameworks is a dependency of nodeagent.
 
 - lightning.py: `NodeagentCallback` for a `lightning.Trainer`;
-- transformers.py: `NodeagentCallback` for a `transformers.Trainer`.
+- transformers.py: `NodeagentCallback` for a `transformers.Trainer`;
+- torchtitan.py: `NodeagentCheckpointManager`, torchtitan's checkpoint manager on the tiers.
 """

@@ -61,7 +61,7 @@ from nodeagent.channel.restore import (
 from nodeagent.worker import dcpio
 from nodeagent.worker.agree import Problem, agree, any_rank
 from nodeagent.worker.follow import Follower, Reform
-from nodeagent.worker.trainstate import TrainState
+from nodeagent.worker.trainstate import Saveable
 
 log = logging.getLogger(__name__)
 # A save skipped to keep the committed one (channel/pin.py) waits for the newer save to commit
@@ -81,7 +81,7 @@ class Restored:
 
 
 class Checkpointer:
-    """Saves and restores a `TrainState` (see the module docstring).
+    """Saves and restores a `TrainState` or any `Saveable` (see the module docstring).
 
     Args:
         directory: the script's own checkpoints: where they go under plain torchrun, and the
@@ -136,7 +136,7 @@ class Checkpointer:
 
     # -- in place (nodeagent.worker.elastic.run) --------------------------------------------
 
-    def check(self, state: TrainState, step: int) -> None:
+    def check(self, state: Saveable, step: int) -> None:
         """Under `elastic.run(train, checkpoints)` (job.recovery: in_place), after every step, on
         every rank: when the agent has told any rank to leave the generation (a scale, a drain,
         a peer that failed), every rank saves `step` and raises Reform, so the job re-forms
@@ -198,7 +198,7 @@ class Checkpointer:
 
     # -- saving -----------------------------------------------------------------------------
 
-    def save(self, state: TrainState, step: int) -> bool:
+    def save(self, state: Saveable, step: int) -> bool:
         """Stage `state` as step `step` and write it in the background. Returns False when the
         write is skipped: in the memory tier, the slot it would go to holds the committed save
         and the other the newer one, whose copies are still under way (channel/pin.py). The
@@ -358,7 +358,7 @@ class Checkpointer:
 
     # -- restoring --------------------------------------------------------------------------
 
-    def restore(self, state: TrainState) -> int:
+    def restore(self, state: Saveable) -> int:
         """Load the state the job resumes from into `state`; the step it holds (0: none).
         Every rank calls it at the same point (it agrees with the others at each source)."""
         began = time.perf_counter()
@@ -405,7 +405,7 @@ class Checkpointer:
             if manifest is not None and manifest.step > step:
                 manifests.begin(slot)
 
-    def _try(self, source: Source, state: TrainState) -> tuple[Problem | None, int]:
+    def _try(self, source: Source, state: Saveable) -> tuple[Problem | None, int]:
         """Load `source` into `state`; (None, step) or (why not, -1)."""
         try:
             if source.tier == "memory":
@@ -477,7 +477,7 @@ class Checkpointer:
         return None
 
     def _load(
-        self, state: TrainState, directories: list[Path], step: int, generation: int | None = None
+        self, state: Saveable, directories: list[Path], step: int, generation: int | None = None
     ) -> Problem | None:
         """Verify and load (every directory a save of `step`, by `generation` if given); the
         problem, or None.

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 MODEL, OPTIM, OBJECTS, VALUES = "model", "optim", "objects", "values"
+
+
+class Saveable(Protocol):
+    """What `Checkpointer` saves and restores: a `TrainState`, or a framework's own stateful
+    objects gathered as one (nodeagent.integrations.torchtitan). `state_dict()` is DCP's view
+    (tensors its own, not copies: a load fills them in place); `load_state_dict` takes it back."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, loaded: dict[str, Any], /) -> None: ...
 
 
 class TrainState:

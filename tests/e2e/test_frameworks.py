@@ -1,10 +1,12 @@
-"""End to end: a Lightning job (examples/train_lightning.py) and a transformers Trainer job
-(examples/train_transformers.py), DDP on gloo, one worker a node, with nodeagent.integrations
-under real agents and the memory tier with a copy of each save on a peer (restart mode: the
-framework owns its process group). A worker killed, a whole node lost, a node back, a node
-drained: each new generation resumes from memory at or after the step committed when the fault
-came (the drain: at the very step its stop saved), bit for bit the state saved, with the
-framework's own progress: the same batch and learning rate at the next step."""
+"""End to end: a Lightning job (examples/train_lightning.py), a transformers Trainer job
+(examples/train_transformers.py), DDP on gloo, and torchtitan's components with its checkpoint
+manager (examples/train_torchtitan.py, FSDP2: a node's loss reshards the survivors' and the
+peers' copies), one worker a node, with nodeagent.integrations under real agents and the memory
+tier with a copy of each save on a peer (restart mode: the framework owns its process group).
+A worker killed, a whole node lost, a node back, a node drained: each new generation resumes
+from memory at or after the step committed when the fault came (the drain: at the very step its
+stop saved), bit for bit the state saved, with the framework's own progress: the same batch and
+learning rate at the next step (torchtitan's batch only at the world its loader saved)"""
 
 from __future__ import annotations
 
@@ -93,7 +95,7 @@ def committed(cluster: LocalCluster) -> int:
     return found
 
 
-@pytest.mark.parametrize("framework", ["lightning", "transformers"])
+@pytest.mark.parametrize("framework", ["lightning", "transformers", "torchtitan"])
 def test_a_framework_resumes_from_the_memory_tier_after_a_kill_a_loss_a_join_and_a_drain(
     redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, framework: str
 ) -> None:
@@ -125,6 +127,7 @@ def test_a_framework_resumes_from_the_memory_tier_after_a_kill_a_loss_a_join_and
             "SAVE_EVERY": str(EVERY),
             "STEP_TIME_S": "0.2",
             "OUTPUT_DIR": str(tmp_path / "output"),
+            "DUMP_DIR": str(tmp_path / "dump"),
         }
         cluster.start("a", "b", "c")
         first = stepping(cluster, 3, 0, steps=2 * EVERY + 2)

@@ -1,6 +1,6 @@
-"""Running examples/train_lightning.py and examples/train_transformers.py as their own process,
-one rank and no agent, and reading the lines they record (tests/integration/test_lightning.py,
-test_transformers.py)."""
+"""Running examples/train_lightning.py, train_transformers.py and train_torchtitan.py as their
+own processes, no agent, and reading the lines they record (tests/integration/test_lightning.py,
+test_transformers.py, test_torchtitan.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,19 @@ from pathlib import Path
 from typing import Any
 
 
-def train(script: Path, tmp_path: Path, name: str, **env: str) -> list[dict[str, Any]]:
-    """Run `script` as its own process; its lines, in order."""
+def train(
+    script: Path, tmp_path: Path, name: str, ranks: int = 0, **env: str
+) -> list[dict[str, Any]]:
+    """Run `script` as its own process, or as `ranks` processes under torchrun (standalone);
+    their lines, in order."""
     records = tmp_path / name
     records.mkdir(exist_ok=True)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
-    environ.update(RECORD_DIR=str(records), PYTHONUNBUFFERED="1", **env)
-    subprocess.run([sys.executable, str(script)], env=environ, timeout=240, check=False)
+    environ.update(RECORD_DIR=str(records), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **env)
+    launcher = [sys.executable]
+    if ranks:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    subprocess.run([*launcher, str(script)], env=environ, timeout=240, check=False)
     lines = []
     for path in sorted(records.glob("*.jsonl")):
         lines += [json.loads(text) for text in path.read_text().splitlines()]
@@ -35,3 +41,17 @@ def steps_of(lines: list[dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
         for line in lines
         if line["event"] == "step"
     }
+
+
+def assert_the_uninterrupted_run(whole: list[dict[str, Any]], resumed: list[dict[str, Any]]) -> int:
+    """`resumed` (a run crashed after step 13 with saves at 5 and 10, run again) restored the
+    newest save written whole, 10, or 5 when the crash came while 10 was being written (on a
+    loaded machine: the write is a thread, the crash os._exit), then took the same steps as
+    `whole`, the run never interrupted, and ended with its parameters. The step restored."""
+    [step] = [x["step"] for x in resumed if x["event"] == "restored"]
+    assert step in (5, 10)
+    expected = steps_of(whole)
+    assert steps_of(resumed) == {s: v for s, v in expected.items() if s > step}
+    final = [x["hash"] for x in resumed + whole if x["event"] == "final"]
+    assert len(final) == 2 and final[0] == final[1]
+    return int(step)

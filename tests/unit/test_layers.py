@@ -48,6 +48,7 @@ ONLY: Mapping[str, frozenset[str]] = {
     "torch": frozenset({WORKER, INTEGRATIONS}),
     "lightning": frozenset({INTEGRATIONS}),
     "transformers": frozenset({INTEGRATIONS}),
+    "torchtitan": frozenset({INTEGRATIONS}),
 }
 # Programs of their own (a child process's main), which may print and exit like cli/.
 PROGRAMS = frozenset(
