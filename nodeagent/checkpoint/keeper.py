@@ -127,6 +127,7 @@ class TierKeeper:
         self._reverify = False  # a worker refused a copy: forget what was verified
         self._group = -1  # the workers' group, which reads the persistent tier (-1: the agent's)
         self.last_persist: Persisted | None = None
+        self._superseded: tuple[int, int] | None = None  # (step, generation) refused, said once
         self.problems: list[str] = []  # copies that did not verify, for the agent to say
         self.slow: list[str] = []  # settles given up on, for the agent to say
 
@@ -386,6 +387,11 @@ class TierKeeper:
         before = [scan.identity(save.slot) for save in newest]
         try:
             copied = self._copier.persist(newest, root, self._group, self.most)
+        except scan.Superseded as exc:  # a zombie's: its timeline was abandoned
+            if self._superseded != (last.step, last.generation):
+                self._superseded = (last.step, last.generation)
+                log.warning("not persisting: %s", exc)
+            return
         except manifests.BadCopy:
             if [scan.identity(save.slot) for save in newest] != before:
                 log.info("step %d was replaced while being copied", newest[0].manifest.step)
@@ -395,7 +401,12 @@ class TierKeeper:
         # Outside the lock, which the agent's heartbeat takes (look): a slow persist_dir must
         # not hold its loop up. Only this thread writes _persisted.
         kept = self._copier.prune(
-            root, [*self._persisted, copied], KEEP_PERSISTED, self._protected, copied.ranks
+            root,
+            [*self._persisted, copied],
+            KEEP_PERSISTED,
+            self._protected,
+            copied.ranks,
+            copied.generation,
         )
         size = sum(s.manifest.size for s in newest)
         with self._lock:

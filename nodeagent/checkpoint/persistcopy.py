@@ -38,6 +38,7 @@ MODULE = "nodeagent.checkpoint.persistcopy"
 REQUEST_MAX = 1 << 20  # bytes of a request: a node's ranks' slots, a few kept steps
 REPLY_MAX = 1 << 16  # bytes of what the program writes, reason or reply
 BAD_COPY = 2  # its exit status when a save is not the one verified
+SUPERSEDED = 3  # its exit status when the tier holds a newer generation's save (scan.Superseded)
 REASON_MAX = 300  # characters of its reason the agent logs and says in an event
 
 
@@ -50,7 +51,13 @@ class Copier(Protocol):
         ...
 
     def prune(
-        self, root: Path, mine: list[Held], keep: int, protected: int | None, ranks: Sequence[int]
+        self,
+        root: Path,
+        mine: list[Held],
+        keep: int,
+        protected: int | None,
+        ranks: Sequence[int],
+        generation: int | None = None,
     ) -> list[Held]:
         """What is left of `mine` once older steps are gone (scan.prune). Raises: OSError."""
         ...
@@ -61,9 +68,15 @@ class _InAgent:
         return scan.persist(saves, root, group)
 
     def prune(
-        self, root: Path, mine: list[Held], keep: int, protected: int | None, ranks: Sequence[int]
+        self,
+        root: Path,
+        mine: list[Held],
+        keep: int,
+        protected: int | None,
+        ranks: Sequence[int],
+        generation: int | None = None,
     ) -> list[Held]:
-        return scan.prune(root, mine, keep, protected, ranks)
+        return scan.prune(root, mine, keep, protected, ranks, generation)
 
 
 IN_AGENT: Copier = _InAgent()
@@ -90,13 +103,20 @@ class AsJobUser:
         return Held(first.step, first.world_size, ranks, first.generation)
 
     def prune(
-        self, root: Path, mine: list[Held], keep: int, protected: int | None, ranks: Sequence[int]
+        self,
+        root: Path,
+        mine: list[Held],
+        keep: int,
+        protected: int | None,
+        ranks: Sequence[int],
+        generation: int | None = None,
     ) -> list[Held]:
         request = {
             "op": "prune",
             "root": str(root),
             "keep": keep,
             "protected": protected,
+            "generation": generation,
             "ranks": list(ranks),
             "mine": [[h.step, list(h.ranks)] for h in mine],
         }
@@ -111,6 +131,8 @@ class AsJobUser:
         text = said.decode("utf-8", "replace").strip()
         if status != 0:  # its last line is its reason (the user's to write: kept short)
             last = text.splitlines()[-1][:REASON_MAX] if text else f"exit status {status}"
+            if status == SUPERSEDED:
+                raise scan.Superseded(last)
             if status == BAD_COPY:
                 raise manifests.BadCopy(last)
             raise OSError(f"as the job's user: {last}")
@@ -151,13 +173,14 @@ def _persist(request: Mapping[str, Any]) -> dict[str, Any]:
 
 def _prune(request: Mapping[str, Any]) -> dict[str, Any]:
     mine = [Held(int(step), 0, tuple(int(r) for r in ranks)) for step, ranks in request["mine"]]
-    protected = request["protected"]
+    protected, generation = request["protected"], request.get("generation")
     kept = scan.prune(
         Path(request["root"]),
         mine,
         int(request["keep"]),
         None if protected is None else int(protected),
         [int(r) for r in request["ranks"]],
+        None if generation is None else int(generation),
     )
     return {"kept": sorted({h.step for h in kept})}
 
@@ -175,6 +198,9 @@ def main() -> int:
             reply = _prune(request)
         else:
             raise ValueError(f"unknown request {op!r}")
+    except scan.Superseded as exc:
+        print(exc, flush=True)
+        return SUPERSEDED
     except manifests.BadCopy as exc:
         print(exc, flush=True)
         return BAD_COPY

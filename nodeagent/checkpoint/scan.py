@@ -164,11 +164,35 @@ def newest_whole(saves: Iterable[Save], ranks: Iterable[int]) -> list[Save]:
     return []
 
 
+class Superseded(manifests.BadCopy):
+    """The persistent tier holds a newer generation's save of the step and rank: this one is of
+    a timeline the job abandoned (a node held out while alive, a zombie, copying what its old
+    generation saved before its lease fenced it) and must not replace it (docs/design.md)."""
+
+
+def generation_there(directory: Path) -> int | None:
+    """The generation a persisted rank directory's manifest names; None without a readable
+    one (nothing there, a copy cut short, or garbage: a newer save cannot be told there)."""
+    try:
+        return manifests.read_manifest(directory).generation
+    except (manifests.BadCopy, ValueError):
+        return None
+
+
 def persist(saves: list[Save], root: Path, group: int = -1) -> Held:
     """Copy `saves` (one step) to the persistent tier at `root`, each verified byte by byte
     and fsync'd (manifests.copy_verified), readable by the workers' `group` (-1: the agent's)
-    whatever the agent's umask (space.shared_dir). Raises: BadCopy, OSError."""
+    whatever the agent's umask (space.shared_dir); never over a newer generation's save of
+    the step. Raises: Superseded (before anything is copied), BadCopy, OSError."""
     step = saves[0].manifest.step
+    for save in saves:
+        target = tier.rank_dir(tier.step_dir(root, step), save.manifest.rank)
+        there = generation_there(target)
+        if there is not None and there > save.manifest.generation:
+            raise Superseded(
+                f"step {step} of generation {save.manifest.generation}: {target} holds "
+                f"generation {there}'s (this node's timeline was abandoned)"
+            )
     space.shared_dir(tier.step_dir(root, step), group)
     for save in saves:
         target = tier.rank_dir(tier.step_dir(root, step), save.manifest.rank)
@@ -185,11 +209,14 @@ def prune(
     keep: int,
     protected: int | None = None,
     ranks: Iterable[int] = (),
+    generation: int | None = None,
 ) -> list[Held]:
     """Remove this node's copies of all but its `keep` newest persisted steps and `protected`;
     what is left of `mine`. `mine` is what this agent copied; `ranks`, the ranks it copies now:
     their directories of older steps go too, whoever made them (this node before its agent
-    restarted, which `mine` does not know of, would otherwise keep them for good)."""
+    restarted, which `mine` does not know of, would otherwise keep them for good), except
+    those of a generation after `generation`, this node's newest: a node of the job's newer
+    timeline made them, and this one's may be abandoned (a zombie's: docs/design.md)."""
     held: dict[int, set[int]] = {}
     for h in mine:
         held.setdefault(h.step, set()).update(h.ranks)
@@ -206,7 +233,11 @@ def prune(
             continue
         step_path = tier.step_dir(root, step)
         for rank in held[step]:
-            shutil.rmtree(tier.rank_dir(step_path, rank), ignore_errors=True)
+            doomed = tier.rank_dir(step_path, rank)
+            there = generation_there(doomed) if generation is not None else None
+            if there is not None and generation is not None and there > generation:
+                continue
+            shutil.rmtree(doomed, ignore_errors=True)
         with contextlib.suppress(OSError):  # another node's ranks are still there
             step_path.rmdir()
     return [h for h in mine if h.step in kept]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent.channel import manifests
-from nodeagent.checkpoint.persistcopy import BAD_COPY, MODULE, AsJobUser
-from nodeagent.checkpoint.scan import Save
+from nodeagent.checkpoint.persistcopy import BAD_COPY, MODULE, SUPERSEDED, AsJobUser
+from nodeagent.checkpoint.scan import Save, Superseded
 from nodeagent.model.tiers import Held
 
 
@@ -55,6 +55,7 @@ def test_a_copy_asks_for_the_slots_verified_and_holds_what_the_agent_knows(tmp_p
         (-9, b"", OSError, "exit status -9"),
         (1, b"x" * 5000, OSError, "^as the job's user: x{300}$"),
         (BAD_COPY, b"/m/rank-2/slot-0: not the save the agent verified", manifests.BadCopy, "not"),
+        (SUPERSEDED, b"step 20 of generation 4: holds generation 5's", Superseded, "generation 5"),
     ],
 )
 def test_a_reply_not_of_the_expected_shape_is_an_error(
@@ -66,8 +67,10 @@ def test_a_reply_not_of_the_expected_shape_is_an_error(
 
 def test_a_prune_keeps_only_steps_the_agent_copied(tmp_path: Path) -> None:
     mine = [Held(10, 8, (2, 3)), Held(20, 8, (2, 3)), Held(30, 8, (2, 3))]
-    kept = copier(0, b'{"kept": [20, 30, 99]}').prune(tmp_path, mine, 2, None, (2, 3))
+    asked: list[dict[str, object]] = []
+    kept = copier(0, b'{"kept": [20, 30, 99]}', asked).prune(tmp_path, mine, 2, None, (2, 3), 4)
     assert [h.step for h in kept] == [20, 30]  # 99 was never this agent's copy
+    assert asked[0]["generation"] == 4  # newer generations' directories are left (scan.prune)
     for bad in (b'{"kept": [true]}', b'{"kept": "all"}', b'{"kept": [-1]}', b"[]"):
         with pytest.raises(OSError):
             copier(0, bad).prune(tmp_path, mine, 2, None, (2, 3))
