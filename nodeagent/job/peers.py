@@ -124,7 +124,7 @@ class PeerDuties:
         return any(n not in self._members for n in self._watching) or bool(self.suspects)
 
     def _follow(self, record: JobRecord) -> None:
-        if self._name not in record.members or len(record.members) > suspicion.MAX_WATCHED:
+        if self._name not in record.members:
             members: tuple[str, ...] = ()
         else:
             try:

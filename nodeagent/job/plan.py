@@ -189,7 +189,7 @@ def _hold_out(view: ClusterView) -> tuple[ClusterView, frozenset[str], list[Even
         for name in (m for m in record.members if m in held):
             votes = suspicion.suspected_by(name, voters, view.nodes)
             message = (
-                f"{name} suspected lost by {votes} of {len(voters)} members "
+                f"{name} suspected lost by {votes} of {suspicion.judges(voters)} members "
                 "(its lease still holds: it is planned as lapsed)"
             )
             events.append(Event("node_lost", node=name, message=message, data={"suspected": votes}))

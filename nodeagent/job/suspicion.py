@@ -18,6 +18,14 @@ yet, is in docs/design.md ("Fast detection: the members watch each other").
 A node stays held out while its watchers suspect it, which they do until it beats again: a
 member left out of the next generation is still watched by the members that suspect it, so it
 is not chosen again while it is still silent.
+
+A job of more than MAX_WATCHED members is watched on a ring instead: each member watches, and
+is watched by, its RING nearest in the members' order (half on either side; the order is the
+group ranks', interleaved by rack: job/members.py), and is held out when a strict majority of
+those RING suspect it. A watcher's own suspicions do not count while it is itself held out by
+its own watchers: on either side of a cut, the side whose members are suspected by most of
+their watchers loses its votes, so the cut-off few cannot hold out the neighbours they lost.
+The job-wide guard stays: never so many held out that those left are no strict majority.
 """
 
 from __future__ import annotations
@@ -28,32 +36,48 @@ from collections.abc import Mapping, Sequence
 from nodeagent.model.job import NodeReport
 
 # The largest job whose members watch each other (every member each other member: a beat a
-# member is members - 1 connections). A larger job is left to its leases.
+# member is members - 1 connections). A larger job is watched on a ring of RING neighbours.
 MAX_WATCHED = 64
+RING = 8
 
 
 def watched(members: Sequence[str], me: str) -> tuple[str, ...]:
-    """The members `me` watches: every other one, in a job of at most MAX_WATCHED members."""
-    if me not in members or len(members) > MAX_WATCHED:
+    """The members `me` watches: every other one in a job of at most MAX_WATCHED members, its
+    RING nearest on the ring in a larger one (who watch it back)."""
+    if me not in members:
         return ()
+    if len(members) > MAX_WATCHED:
+        return _ring(members, me)
     return tuple(name for name in members if name and name != me)
 
 
 def held_out(members: Sequence[str], nodes: Mapping[str, NodeReport]) -> frozenset[str]:
-    """The nodes a strict majority of `members` (those in `nodes`: their leases hold) suspect,
-    if the members left are still a strict majority; else none (the leases decide)."""
-    if len(members) > MAX_WATCHED:
-        return frozenset()
-    votes = _votes(members, nodes)
-    quorum = len(members) // 2 + 1
-    held = frozenset(name for name, count in votes.items() if count >= quorum)
+    """The nodes a strict majority of their watchers among `members` (those in `nodes`: their
+    leases hold) suspect, if the members left are still a strict majority; else none (the
+    leases decide). A node that is no member: a strict majority of the members (RING's, on a
+    ring) suspect it."""
+    if len(members) <= MAX_WATCHED:
+        votes = _votes(members, nodes)
+        quorum = len(members) // 2 + 1
+        held = frozenset(name for name, count in votes.items() if count >= quorum)
+    else:
+        everyone = _ring_votes(members, nodes, frozenset())
+        held = _ring_held(members, _ring_votes(members, nodes, _ring_held(members, everyone)))
     kept = sum(1 for name in members if name not in held)
     return held if 2 * kept > len(members) else frozenset()
 
 
 def suspected_by(name: str, members: Sequence[str], nodes: Mapping[str, NodeReport]) -> int:
-    """How many of `members` with a live lease suspect `name` (for the event that says so)."""
-    return _votes(members, nodes)[name]
+    """How many of `members` with a live lease (its watchers among them, on a ring) suspect
+    `name` (for the event that says so)."""
+    if len(members) <= MAX_WATCHED:
+        return _votes(members, nodes)[name]
+    return _ring_votes(members, nodes, frozenset())[name]
+
+
+def judges(members: Sequence[str]) -> int:
+    """How many members judge each one: all of them, or its RING watchers on a ring."""
+    return len(members) if len(members) <= MAX_WATCHED else RING
 
 
 def _votes(members: Sequence[str], nodes: Mapping[str, NodeReport]) -> Counter[str]:
@@ -64,3 +88,30 @@ def _votes(members: Sequence[str], nodes: Mapping[str, NodeReport]) -> Counter[s
         if report is not None:
             votes.update(s for s in set(report.suspects) if s != name)
     return votes
+
+
+def _ring(members: Sequence[str], name: str) -> tuple[str, ...]:
+    """`name`'s RING nearest members, RING // 2 on either side of it in `members`' order."""
+    at, count, half = members.index(name), len(members), RING // 2
+    return tuple(members[(at + d) % count] for d in (*range(-half, 0), *range(1, half + 1)))
+
+
+def _ring_votes(
+    members: Sequence[str], nodes: Mapping[str, NodeReport], silenced: frozenset[str]
+) -> Counter[str]:
+    """Each node's suspicions by its ring watchers with a live lease, not `silenced`: a
+    member's suspicions count only of its RING neighbours, and of nodes that are no member."""
+    inside = frozenset(members)
+    votes: Counter[str] = Counter()
+    for name in members:
+        report = nodes.get(name)
+        if report is None or name in silenced:
+            continue
+        near = frozenset(_ring(members, name))
+        votes.update(s for s in set(report.suspects) if s in near or s not in inside)
+    return votes
+
+
+def _ring_held(members: Sequence[str], votes: Counter[str]) -> frozenset[str]:
+    """The nodes whose votes are a strict majority of RING: of their watchers for a member."""
+    return frozenset(name for name, count in votes.items() if count >= RING // 2 + 1)

@@ -105,13 +105,69 @@ def test_a_job_of_two_waits_for_the_lease() -> None:
 def test_members_watch_each_other_up_to_the_cap() -> None:
     assert suspicion.watched(("a", "b", "c"), "b") == ("a", "c")
     assert suspicion.watched(("a", "b", "c"), "x") == ()
-    big = tuple(f"n{i}" for i in range(suspicion.MAX_WATCHED + 1))
-    assert suspicion.watched(big, "n0") == ()
-    votes = {n: ("n1",) for n in big}
-    assert (
-        suspicion.held_out(big, {n: node(n, NodeState.RUNNING, suspects=votes[n]) for n in big})
-        == frozenset()
-    )
+    cap = tuple(f"n{i}" for i in range(suspicion.MAX_WATCHED))
+    assert len(suspicion.watched(cap, "n0")) == suspicion.MAX_WATCHED - 1
+
+
+BIG = tuple(f"n{i}" for i in range(100))  # over MAX_WATCHED: watched on a ring of RING
+
+
+def big(suspects: dict[str, tuple[str, ...]], dead: frozenset[str] = frozenset()) -> frozenset[str]:
+    nodes = {n: node(n, NodeState.RUNNING, suspects=suspects.get(n, ())) for n in BIG}
+    return suspicion.held_out(BIG, {n: r for n, r in nodes.items() if n not in dead})
+
+
+def cut(block: set[str]) -> dict[str, tuple[str, ...]]:
+    """Each node's suspicions when `block` is cut off from the others (not from Redis)."""
+    return {
+        n: tuple(w for w in suspicion.watched(BIG, n) if (w in block) != (n in block)) for n in BIG
+    }
+
+
+def test_a_big_job_watches_on_a_ring_each_member_its_nearest_who_watch_it_back() -> None:
+    assert suspicion.watched(BIG, "n0") == ("n96", "n97", "n98", "n99", "n1", "n2", "n3", "n4")
+    for name in BIG:
+        near = suspicion.watched(BIG, name)
+        assert len(near) == suspicion.RING and name not in near
+        assert all(name in suspicion.watched(BIG, other) for other in near)
+
+
+def test_a_big_jobs_node_is_held_out_by_a_strict_majority_of_its_watchers() -> None:
+    watchers = suspicion.watched(BIG, "n50")
+    # killed: its lease still holds, every watcher suspects it
+    assert big({w: ("n50",) for w in watchers}) == {"n50"}
+    assert big({w: ("n50",) for w in watchers[:5]}) == {"n50"}
+    assert big({w: ("n50",) for w in watchers[:4]}) == frozenset()  # 4 of 8: not a majority
+    # the suspicions of members that do not watch it do not count
+    assert big({f"n{i}": ("n50",) for i in range(10)}) == frozenset()
+    assert suspicion.suspected_by("n50", BIG, {n: node(n, NodeState.RUNNING) for n in BIG}) == 0
+    assert suspicion.judges(BIG) == suspicion.RING and suspicion.judges(MEMBERS) == 5
+
+
+@pytest.mark.parametrize(
+    ("block", "held"),
+    [
+        ({"n50"}, {"n50"}),  # one node cut off: it alone, not the eight it lost
+        ({"n50", "n51", "n52"}, {"n50", "n51", "n52"}),
+        # cut off in every other ring place (a rack, interleaved): each loses all its watchers
+        ({f"n{i}" for i in range(0, 100, 10)}, {f"n{i}" for i in range(0, 100, 10)}),
+        # half a node's watchers gone with it, or more: left to the leases, never the others
+        ({f"n{i}" for i in range(40, 45)}, set()),
+        ({f"n{i}" for i in range(40, 52)}, set()),
+    ],
+)
+def test_a_cut_holds_out_the_few_cut_off_and_never_the_neighbours_they_lost(
+    block: set[str], held: set[str]
+) -> None:
+    assert big(cut(block)) == held
+
+
+def test_a_big_job_whose_members_all_lost_each_other_holds_nobody_out() -> None:
+    """The network between the agents down, Redis still reachable: every member suspects its
+    every watcher, each is held out by its own and so silenced: the leases decide."""
+    assert big({n: suspicion.watched(BIG, n) for n in BIG}) == frozenset()
+    # Every other node cut off: each loses half its watchers, no majority of any
+    assert big(cut({f"n{i}" for i in range(0, 100, 2)})) == frozenset()
 
 
 def suspected(
