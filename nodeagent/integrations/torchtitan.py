@@ -201,13 +201,13 @@ class NodeagentCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
         beat(curr_step)
         stop = any_rank(self._stop_asked)
         due = stop or last_step or curr_step % self.interval == 0
-        if self.load_only or not due:
-            return False
-        saved = self.checkpointer.save(self.states, curr_step)
-        if stop:
+        saved = due and not self.load_only and self.checkpointer.save(self.states, curr_step)
+        if stop:  # torchtitan's loop has no stop of its own: every rank leaves after this step
             self.checkpointer.close()
             self.stopped = True
-            log.info("stopping at step %d (SIGTERM): saved", curr_step)
+            log.info(
+                "stopping at step %d (SIGTERM)%s", curr_step, "" if self.load_only else ": saved"
+            )
             sys.exit(0)
         return saved
 
