@@ -179,6 +179,12 @@ def generation_there(directory: Path) -> int | None:
         return None
 
 
+def _newer_there(directory: Path, generation: int) -> int | None:
+    """The generation of the save in `directory` if it is newer than `generation`."""
+    there = generation_there(directory)
+    return there if there is not None and there > generation else None
+
+
 def persist(saves: list[Save], root: Path, group: int = -1) -> Held:
     """Copy `saves` (one step) to the persistent tier at `root`, each verified byte by byte
     and fsync'd (manifests.copy_verified), readable by the workers' `group` (-1: the agent's)
@@ -187,8 +193,8 @@ def persist(saves: list[Save], root: Path, group: int = -1) -> Held:
     step = saves[0].manifest.step
     for save in saves:
         target = tier.rank_dir(tier.step_dir(root, step), save.manifest.rank)
-        there = generation_there(target)
-        if there is not None and there > save.manifest.generation:
+        there = _newer_there(target, save.manifest.generation)
+        if there is not None:
             raise Superseded(
                 f"step {step} of generation {save.manifest.generation}: {target} holds "
                 f"generation {there}'s (this node's timeline was abandoned)"
@@ -234,10 +240,8 @@ def prune(
         step_path = tier.step_dir(root, step)
         for rank in held[step]:
             doomed = tier.rank_dir(step_path, rank)
-            there = generation_there(doomed) if generation is not None else None
-            if there is not None and generation is not None and there > generation:
-                continue
-            shutil.rmtree(doomed, ignore_errors=True)
+            if generation is None or _newer_there(doomed, generation) is None:
+                shutil.rmtree(doomed, ignore_errors=True)
         with contextlib.suppress(OSError):  # another node's ranks are still there
             step_path.rmdir()
     return [h for h in mine if h.step in kept]

@@ -138,7 +138,8 @@ class NodeagentCallback(TrainerCallback):
         """Restore the leader's choice into the model; the checkpoint directory to give
         `train(resume_from_checkpoint=...)`, or None when nothing was saved yet."""
         self.checkpointer = Checkpointer(self.directory, keep=self.keep)
-        self._state = TrainState(trainer.model, _optimizer(trainer), trainer=self._files)
+        optimizer = _optimizer(trainer)
+        self._state = TrainState(trainer.model, optimizer, trainer=self._files)
         self.restored_step = self.checkpointer.restore(self._state)
         self._saved = self.restored_step or -1
         if not self.restored_step:
@@ -151,7 +152,7 @@ class NodeagentCallback(TrainerCallback):
         model = trainer.model
         assert model is not None
         torch.save(model.state_dict(), directory / WEIGHTS)
-        torch.save(_optimizer(trainer).state_dict(), directory / OPTIMIZER)  # as restored
+        torch.save(optimizer.state_dict(), directory / OPTIMIZER)  # as restored
         for name, data in self._files.files.items():
             # this process's RNG file, under the name its rank reads now (the world may differ)
             target = _rng_name(trainer.args) if name == RNG else name

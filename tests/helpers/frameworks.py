@@ -31,6 +31,11 @@ def train(
     return sorted(lines, key=lambda line: line["t"])
 
 
+def rank0(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lines rank 0 wrote (every line of a run of several ranks names its rank)."""
+    return [x for x in lines if x.get("rank") == 0]
+
+
 def steps_of(lines: list[dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
     """Step -> what the script says of it: epoch (and batch index), the batch, the rate, the
     parameters after it."""

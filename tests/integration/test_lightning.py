@@ -5,11 +5,10 @@ step, epoch, batch index, the scheduler, the data loader's position)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.helpers.frameworks import assert_the_uninterrupted_run, steps_of, train
+from tests.helpers.frameworks import assert_the_uninterrupted_run, rank0, steps_of, train
 
 pytest.importorskip("lightning")
 pytestmark = pytest.mark.timeout(300)
@@ -45,9 +44,6 @@ def test_a_sharded_fit_resumed_on_two_ranks_is_the_uninterrupted_one_bit_for_bit
 ) -> None:
     """FSDP2 under `ModelParallelStrategy` (the model's shards and the optimizer's saved per
     rank through DCP), two gloo ranks under torchrun: the same as the whole fit on rank 0."""
-
-    def rank0(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [x for x in lines if x.get("rank", 0) == 0]
 
     sharded = {"FSDP": "1"}
     whole = train(SCRIPT, tmp_path, "whole", 2, CKPT_DIR=str(tmp_path / "w"), **sharded)

@@ -11,16 +11,12 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.frameworks import assert_the_uninterrupted_run, steps_of, train
+from tests.helpers.frameworks import assert_the_uninterrupted_run, rank0, steps_of, train
 
 pytest.importorskip("torchtitan.components.checkpointer.base")
 pytestmark = pytest.mark.timeout(600)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_torchtitan.py"
-
-
-def rank0(lines: list[dict[str, object]]) -> list[dict[str, object]]:
-    return [x for x in lines if x.get("rank") == 0]
 
 
 def test_a_run_resumed_from_its_last_save_is_the_uninterrupted_one_at_any_world(
