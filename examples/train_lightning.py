@@ -10,8 +10,7 @@ Appends JSON lines to $RECORD_DIR/<pid>.jsonl: "restored" (the step the fit went
 "step" after each optimizer step (global step, epoch, batch index, the batch's sum, the learning
 rate, a hash of the parameters), "final" (the parameters' hash once the fit returned).
 MAX_STEPS (20), SAVE_EVERY (5), CKPT_DIR (the script's own checkpoints), STEP_TIME_S (0), and
-CRASH_AT=S: rank CRASH_RANK (0) exits 1 at once after step S. FSDP=1: the model sharded with
-FSDP2 (`ModelParallelStrategy`, `fully_shard` in `configure_model`), its hash gathered whole.
+CRASH_AT=S: rank CRASH_RANK (0) exits 1 at once after step S.
 """
 
 from __future__ import annotations
@@ -125,32 +124,11 @@ class Model(LightningModule):
         return ResumableLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=BATCH)
 
 
-class ShardedModel(Model):
-    """FSDP=1: the same model sharded over the data-parallel ranks (ModelParallelStrategy)."""
-
-    def configure_model(self) -> None:
-        from torch.distributed.fsdp import fully_shard
-
-        assert self.device_mesh is not None  # ModelParallelStrategy's
-        fully_shard(self.layer, mesh=self.device_mesh["data_parallel"])
-
-
 def params_sha256(model: nn.Module) -> str:
-    """The whole model's (a sharded one gathered: every rank must call it)."""
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
-        if isinstance(model, ShardedModel):
-            tensor = tensor.full_tensor()
         digest.update(tensor.detach().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
-
-
-def strategy() -> Any:
-    if os.environ.get("FSDP") == "1":
-        from lightning.pytorch.strategies import ModelParallelStrategy
-
-        return ModelParallelStrategy()
-    return "ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "auto"
 
 
 def main() -> int:
@@ -158,11 +136,11 @@ def main() -> int:
     callback = NodeagentCallback(
         save_every=int(os.environ.get("SAVE_EVERY", "5")), directory=os.environ.get("CKPT_DIR")
     )
-    model = ShardedModel() if os.environ.get("FSDP") == "1" else Model()
+    model = Model()
     trainer = Trainer(
         max_steps=int(os.environ.get("MAX_STEPS", "20")),
         accelerator="cpu",
-        strategy=strategy(),
+        strategy="ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "auto",
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

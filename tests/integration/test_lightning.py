@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.frameworks import assert_the_uninterrupted_run, rank0, steps_of, train
+from tests.helpers.frameworks import assert_the_uninterrupted_run, steps_of, train
 
 pytest.importorskip("lightning")
 pytestmark = pytest.mark.timeout(300)
@@ -37,19 +37,3 @@ def test_save_every_must_be_a_step_or_more() -> None:
 
     with pytest.raises(ValueError, match="save_every must be at least 1"):
         NodeagentCallback(save_every=0)
-
-
-def test_a_sharded_fit_resumed_on_two_ranks_is_the_uninterrupted_one_bit_for_bit(
-    tmp_path: Path,
-) -> None:
-    """FSDP2 under `ModelParallelStrategy` (the model's shards and the optimizer's saved per
-    rank through DCP), two gloo ranks under torchrun: the same as the whole fit on rank 0."""
-
-    sharded = {"FSDP": "1"}
-    whole = train(SCRIPT, tmp_path, "whole", 2, CKPT_DIR=str(tmp_path / "w"), **sharded)
-    ckpt = str(tmp_path / "ckpt")
-    crashed = train(SCRIPT, tmp_path, "crashed", 2, CKPT_DIR=ckpt, CRASH_AT="13", **sharded)
-    assert max(steps_of(rank0(crashed))) == 13
-    resumed = train(SCRIPT, tmp_path, "resumed", 2, CKPT_DIR=ckpt, **sharded)
-    assert len({x["hash"] for x in whole if x["event"] == "final"}) == 1  # gathered: one model
-    assert_the_uninterrupted_run(rank0(whole), rank0(resumed))
