@@ -4,9 +4,9 @@ pinned host memory, written to disk from a thread), the same model, the same ste
 after the other on the same GPU.
 
 Runs examples/train_torchtitan_trainer.py under torchrun (one rank, FSDP2 on NCCL) with
---flavor (torchtitan's llama3 "1B" by default) for --steps steps with a save every --every, and reads each step's `save_s` (the time of the
-Trainer's `checkpointer.save` call: what the step waits for). Prints the figures and writes
-them to bench/results/torchtitan-gpu.json.
+--flavor (torchtitan's llama3 "1B" by default) for --steps steps with a save every --every,
+and reads each step's `save_s` (the time of the Trainer's `checkpointer.save` call: what the
+step waits for). Prints the figures and writes them to bench/results/torchtitan-gpu.json.
 
     python bench/torchtitan_gpu.py [--flavor 1B] [--steps 16] [--every 5] [--memory /dev/shm/x]
 """

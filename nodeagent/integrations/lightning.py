@@ -44,6 +44,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from nodeagent.worker import Checkpointer, TrainState, beat, compute
 from nodeagent.worker.agree import any_rank
+from nodeagent.worker.graceful import exit_at_once_when_failing, no_longer_exit_at_once
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class NodeagentCallback(Callback):
         self._state: TrainState | None = None
         self._computing: AbstractContextManager[None] | None = None
         self._saved = -1  # the last global step saved
+        self._trainer: Trainer | None = None
 
     # -- the fit's start and end --------------------------------------------------------------
 
@@ -124,6 +126,8 @@ class NodeagentCallback(Callback):
         """Restore here: the optimizers, schedulers and the (DDP- or FSDP-wrapped) model exist,
         and the fit loop has not run yet; Lightning restores a `ckpt_path` at the same point."""
         self.checkpointer = Checkpointer(self.directory, keep=self.keep)
+        self._trainer = trainer
+        exit_at_once_when_failing(self._stopping)
         self._state = TrainState(
             pl_module,
             list(trainer.optimizers),
@@ -143,6 +147,7 @@ class NodeagentCallback(Callback):
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._close()
+        no_longer_exit_at_once(self._stopping)
 
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
@@ -191,6 +196,10 @@ class NodeagentCallback(Callback):
             self.stopped = True
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _stopping(self) -> bool:
+        """Lightning's own SIGTERM handler got the agent's stop."""
+        return self._trainer is not None and bool(self._trainer.received_sigterm)
 
     def _end_compute(self) -> None:
         computing, self._computing = self._computing, None

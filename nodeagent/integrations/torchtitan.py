@@ -54,6 +54,7 @@ from torchtitan.tools import filesystem
 
 from nodeagent.worker import Checkpointer, beat
 from nodeagent.worker.agree import any_rank
+from nodeagent.worker.graceful import exit_at_once_when_failing, no_longer_exit_at_once
 
 log = logging.getLogger(__name__)
 KEEP_ALL = 1 << 30  # keep_latest_k: 0 keeps every step of `folder`
@@ -165,9 +166,13 @@ class NodeagentCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
         }
         self._stop_asked = False
         self._previous_handler = signal.signal(signal.SIGTERM, self._asked_to_stop)
+        exit_at_once_when_failing(self._stopping)
 
     def _asked_to_stop(self, signum: int, frame: FrameType | None) -> None:
         self._stop_asked = True
+
+    def _stopping(self) -> bool:
+        return self._stop_asked
 
     def _load(self, step: int = -1) -> bool:
         if step != -1:
@@ -221,4 +226,5 @@ class NodeagentCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
         self.checkpointer.close()
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
+            no_longer_exit_at_once(self._stopping)
             self._previous_handler = None

@@ -55,6 +55,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from nodeagent.worker import Checkpointer, TrainState, beat
 from nodeagent.worker.agree import any_rank
+from nodeagent.worker.graceful import exit_at_once_when_failing, no_longer_exit_at_once
 
 log = logging.getLogger(__name__)
 WEIGHTS = "pytorch_model.bin"  # transformers' WEIGHTS_NAME: read with weights_only
@@ -173,9 +174,13 @@ class NodeagentCallback(TrainerCallback):
         if self.checkpointer is None:  # resume() was not called: saves only
             self.checkpointer = Checkpointer(self.directory, keep=self.keep)
         self._previous_handler = signal.signal(signal.SIGTERM, self._asked_to_stop)
+        exit_at_once_when_failing(self._stopping)
 
     def _asked_to_stop(self, signum: int, frame: FrameType | None) -> None:
         self._stop_asked = True
+
+    def _stopping(self) -> bool:
+        return self._stop_asked
 
     def on_step_end(
         self,
@@ -211,6 +216,7 @@ class NodeagentCallback(TrainerCallback):
             self._resume_dir = None
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
+            no_longer_exit_at_once(self._stopping)
             self._previous_handler = None
 
     # -- helpers --------------------------------------------------------------------------------
