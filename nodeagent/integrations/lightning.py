@@ -34,8 +34,10 @@ from __future__ import annotations
 import io
 import logging
 import os
+import signal
 from contextlib import AbstractContextManager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -94,6 +96,11 @@ class _Schedulers:
             scheduler.load_state_dict(state[str(i)])
 
 
+def _connector(trainer: Trainer) -> Any:
+    """Lightning's signal connector (private: None where a Lightning release has none)."""
+    return getattr(trainer, "_signal_connector", None)
+
+
 class NodeagentCallback(Callback):
     """See the module docstring.
 
@@ -119,6 +126,7 @@ class NodeagentCallback(Callback):
         self._computing: AbstractContextManager[None] | None = None
         self._saved = -1  # the last global step saved
         self._trainer: Trainer | None = None
+        self._stop_asked = False  # SIGTERM, to on_train_start's handler
 
     # -- the fit's start and end --------------------------------------------------------------
 
@@ -144,6 +152,25 @@ class NodeagentCallback(Callback):
                 trainer.global_step,
                 trainer.current_epoch,
             )
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Lightning's SIGTERM handler, registered just before, sets the signalled rank's flag
+        and broadcasts rank 0's from inside the handler (Lightning 2.6): a collective only
+        that rank makes, which pairs with whatever the others call next, or raises when a peer
+        is gone (and the flag is never set). And the flag alone makes that rank leave at the
+        step's end while the others go on: a SIGTERM landing after this step's agreement
+        (`on_train_batch_end`) stopped one rank a step before the rest. A drain's SIGTERMs
+        reach the ranks one by one. Replaced, where Lightning did not start the processes
+        itself (nodeagent, torchrun), by one that only notes the signal: the ranks agree at
+        the step's end and all set Lightning's flag together. Lightning restores the handlers
+        it found when the fit ends."""
+        environment = getattr(trainer.strategy, "cluster_environment", None)
+        spawned = environment is not None and not environment.creates_processes_externally
+        if not spawned and hasattr(_connector(trainer), "received_sigterm"):
+            signal.signal(signal.SIGTERM, self._asked_to_stop)
+
+    def _asked_to_stop(self, signum: int, frame: FrameType | None) -> None:
+        self._stop_asked = True
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._close()
@@ -188,18 +215,23 @@ class NodeagentCallback(Callback):
         # Lightning stops on SIGTERM only on the ranks that got it (only rank 0's is
         # broadcast): every rank agrees here, saves this step and stops after it, so that no
         # rank is left in a collective (the save's own, the next step's) with one that left.
-        stop = any_rank(trainer.received_sigterm)
+        stop = any_rank(self._stop_asked or trainer.received_sigterm)
         if (stop or (step > 0 and step % self.save_every == 0)) and step != self._saved:
             self._save(trainer)
         if stop:
             trainer.should_stop = True
             self.stopped = True
+            # every rank leaves as Lightning makes a signalled one leave, after this step
+            connector = _connector(trainer)
+            if hasattr(connector, "received_sigterm"):
+                connector.received_sigterm = True
 
     # -- helpers --------------------------------------------------------------------------------
 
     def _stopping(self) -> bool:
-        """Lightning's own SIGTERM handler got the agent's stop."""
-        return self._trainer is not None and bool(self._trainer.received_sigterm)
+        """The agent asked this process to stop (to this handler or Lightning's)."""
+        trainer = self._trainer
+        return self._stop_asked or (trainer is not None and bool(trainer.received_sigterm))
 
     def _end_compute(self) -> None:
         computing, self._computing = self._computing, None
