@@ -10,7 +10,8 @@ Appends JSON lines to $RECORD_DIR/<pid>.jsonl: "restored" (the step the fit went
 "step" after each optimizer step (global step, epoch, batch index, the batch's sum, the learning
 rate, a hash of the parameters), "final" (the parameters' hash once the fit returned).
 MAX_STEPS (20), SAVE_EVERY (5), CKPT_DIR (the script's own checkpoints), STEP_TIME_S (0), and
-CRASH_AT=S: rank CRASH_RANK (0) exits 1 at once after step S.
+CRASH_AT=S: rank CRASH_RANK (0) exits 1 at once after step S. DEVICE (cpu; cuda: one GPU a
+rank, tests/gpu/test_frameworks_cuda.py).
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def main() -> int:
     model = Model()
     trainer = Trainer(
         max_steps=int(os.environ.get("MAX_STEPS", "20")),
-        accelerator="cpu",
+        accelerator=os.environ.get("DEVICE", "cpu"),
         strategy="ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "auto",
         logger=False,
         enable_checkpointing=False,

@@ -9,7 +9,7 @@ Appends JSON lines to $RECORD_DIR/<pid>.jsonl: "restored" (the step `train` went
 "step" after each optimizer step (global step, epoch, the batch's sum, the learning rate, a
 hash of the parameters), "final". MAX_STEPS (20), SAVE_EVERY (5), CKPT_DIR (the script's own
 checkpoints), OUTPUT_DIR (Trainer's), STEP_TIME_S (0), CRASH_AT=S: rank CRASH_RANK (0) exits 1
-at once after step S.
+at once after step S. DEVICE (cpu; cuda: one GPU a rank, tests/gpu/test_frameworks_cuda.py).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def main() -> int:
         save_strategy="no",
         logging_strategy="no",
         report_to="none",
-        use_cpu=True,
+        use_cpu=os.environ.get("DEVICE", "cpu") == "cpu",
         seed=0,
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         disable_tqdm=True,
