@@ -31,6 +31,7 @@ FAILED_EXIT = 1  # a worker that failed after it was asked to stop: as an uncaug
 
 _asked: list[Callable[[], bool]] = []  # exit_at_once_when_failing's questions, in this process
 _failed: list[BaseException] = []  # the exception that ended the main thread after a stop
+_installed = False  # the excepthook and the atexit handler are in place (once a process)
 
 
 def exit_at_once_when_failing(asked: Callable[[], bool]) -> None:
@@ -51,7 +52,9 @@ def exit_at_once_when_failing(asked: Callable[[], bool]) -> None:
     wraps the excepthook (to prefix the traceback with the rank) and writes what it printed
     only once it returns. atexit runs its handlers last registered first, so those registered
     before the first call (torch's, at its import) are the ones skipped."""
-    if not _asked:
+    global _installed
+    if not _installed:  # not `not _asked`: every question may have been forgotten since
+        _installed = True
         previous = sys.excepthook
 
         def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:

@@ -126,3 +126,37 @@ def test_compute_time_reaches_the_beat_and_version_1_still_reads(
     # garbage compute time (negative, NaN) is no beat
     path.write_bytes(beats.LAYOUT.pack(beats.MAGIC, 2, 3, 9, 1.5, float("nan")))
     assert beats.read(path) is None
+
+
+def test_the_failing_exit_is_put_in_place_once_even_after_every_question_was_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second `train()` asks again after the first forgot its question: still one excepthook
+    over the original, one atexit handler."""
+    import atexit
+    import sys
+
+    from nodeagent.worker import graceful
+
+    seen: list[BaseException] = []
+    registered: list[object] = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: seen.append(value))
+    monkeypatch.setattr(atexit, "register", registered.append)
+    monkeypatch.setattr(graceful, "_installed", False)
+    monkeypatch.setattr(graceful, "_asked", [])
+    monkeypatch.setattr(graceful, "_failed", [])
+
+    def first() -> bool:
+        return False
+
+    def second() -> bool:
+        return True
+
+    graceful.exit_at_once_when_failing(first)
+    graceful.no_longer_exit_at_once(first)
+    graceful.exit_at_once_when_failing(second)
+    assert registered == [graceful._exit_if_failed]
+    error = RuntimeError("Connection closed by peer")
+    sys.excepthook(RuntimeError, error, None)
+    assert seen == [error]  # the original hook, once
+    assert graceful._failed == [error]
