@@ -11,13 +11,11 @@ or the framework is not installed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from nodeagent.channel import restore, tier
-from tests.helpers.frameworks import assert_the_uninterrupted_run, steps_of, train
+from tests.helpers.frameworks import assert_resumed_from_the_memory_tier
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 torch = pytest.importorskip("torch")
@@ -36,25 +34,4 @@ def test_a_framework_on_the_gpu_resumes_from_the_memory_tier_as_if_never_interru
 ) -> None:
     pytest.importorskip(framework)
     script = EXAMPLES / f"train_{framework}.py"
-
-    def run(name: str, memory: Path, **env: str) -> list[dict[str, object]]:
-        tiers = {tier.MEMORY_ENV: str(memory), restore.RESTORE_ENV: "start", "DEVICE": "cuda"}
-        return train(script, tmp_path, name, 0, **(tiers | env))
-
-    whole = run("whole", tmp_path / "whole-memory", OUTPUT_DIR=str(tmp_path / "w"))
-    assert max(steps_of(whole)) == 20
-    memory = tmp_path / "memory"
-    crashed = run("crashed", memory, OUTPUT_DIR=str(tmp_path / "c"), CRASH_AT="13")
-    assert max(steps_of(crashed)) == 13 and not [x for x in crashed if x["event"] == "final"]
-
-    slot = tier.newest_in_memory(memory, 0)
-    assert slot is not None
-    step = json.loads((slot / "manifest.json").read_text())["step"]
-    report = tmp_path / "restore.json"
-    order = {restore.RESTORE_ENV: f"memory:{step}", restore.RESTORE_REPORT_ENV: str(report)}
-    resumed = run("resumed", memory, OUTPUT_DIR=str(tmp_path / "r"), **order)
-
-    [back] = [x for x in resumed if x["event"] == "restored"]
-    assert back["step"] == step
-    assert json.loads(report.read_text())["tier"] == "memory"
-    assert_the_uninterrupted_run(whole, resumed)  # every parameter after it, bit for bit
+    assert_resumed_from_the_memory_tier(script, tmp_path, "OUTPUT_DIR", DEVICE="cuda")

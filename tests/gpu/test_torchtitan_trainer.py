@@ -11,14 +11,12 @@ or torchtitan's Trainer cannot be imported (torchtitan 0.3.0 needs PyTorch 2.13 
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import pytest
 
-from nodeagent.channel import restore, tier
-from tests.helpers.frameworks import assert_the_uninterrupted_run, rank0, steps_of, train
+from tests.helpers.frameworks import assert_resumed_from_the_memory_tier
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 torch = pytest.importorskip("torch")
@@ -40,26 +38,4 @@ def _cuda() -> None:
 def test_torchtitans_trainer_resumes_from_the_memory_tier_as_if_never_interrupted(
     tmp_path: Path,
 ) -> None:
-    def run(name: str, memory: Path, **env: str) -> list[dict[str, object]]:
-        tiers = {tier.MEMORY_ENV: str(memory), restore.RESTORE_ENV: "start"}
-        return rank0(train(SCRIPT, tmp_path, name, ranks=1, **(tiers | env)))
-
-    whole = run("whole", tmp_path / "whole-memory", DUMP_DIR=str(tmp_path / "w"))
-    assert max(steps_of(whole)) == 20
-    memory = tmp_path / "memory"
-    crashed = run("crashed", memory, DUMP_DIR=str(tmp_path / "c"), CRASH_AT="13")
-    assert max(steps_of(crashed)) == 13 and not [x for x in crashed if x["event"] == "final"]
-
-    slot = tier.newest_in_memory(memory, 0)
-    assert slot is not None
-    step = json.loads((slot / "manifest.json").read_text())["step"]
-    report = tmp_path / "restore.json"
-    order = {restore.RESTORE_ENV: f"memory:{step}", restore.RESTORE_REPORT_ENV: str(report)}
-    resumed = run("resumed", memory, DUMP_DIR=str(tmp_path / "c"), **order)
-
-    [back] = [x for x in resumed if x["event"] == "restored"]
-    assert back["step"] == step
-    assert back["hash"] == steps_of(crashed)[step][-1]  # the saved state, bit for bit
-    assert json.loads(report.read_text())["tier"] == "memory"
-    # the schedule, the data's position and every parameter after it: the uninterrupted run's
-    assert_the_uninterrupted_run(whole, resumed)
+    assert_resumed_from_the_memory_tier(SCRIPT, tmp_path, "DUMP_DIR", ranks=1)

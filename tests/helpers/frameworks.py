@@ -1,6 +1,6 @@
 """Running examples/train_lightning.py, train_transformers.py and train_torchtitan.py as their
 own processes, no agent, and reading the lines they record (tests/integration/test_lightning.py,
-test_transformers.py, test_torchtitan.py)."""
+test_transformers.py, test_torchtitan.py, tests/gpu/)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from nodeagent.channel import restore, tier
 
 
 def train(
@@ -60,3 +62,37 @@ def assert_the_uninterrupted_run(whole: list[dict[str, Any]], resumed: list[dict
     final = [x["hash"] for x in resumed + whole if x["event"] == "final"]
     assert len(final) == 2 and final[0] == final[1]
     return int(step)
+
+
+def assert_resumed_from_the_memory_tier(
+    script: Path, tmp_path: Path, directory_env: str, ranks: int = 0, **env: str
+) -> None:
+    """`script` (one rank) run whole for 20 steps, then crashed after step 13, then again from
+    the crashed run's newest save in its memory tier, as a job's leader would order it (each
+    run with its own directory in `directory_env`): the restore came from the memory tier at
+    that step, bit for bit the state saved, and the resumed run is the uninterrupted one."""
+
+    def run(name: str, memory: Path, **more: str) -> list[dict[str, Any]]:
+        tiers = {tier.MEMORY_ENV: str(memory), restore.RESTORE_ENV: "start"}
+        own = {directory_env: str(tmp_path / f"{name}-dir")}
+        return train(script, tmp_path, name, ranks, **(env | tiers | own | more))
+
+    whole = run("whole", tmp_path / "whole-memory")
+    assert max(steps_of(whole)) == 20
+    memory = tmp_path / "memory"
+    crashed = run("crashed", memory, CRASH_AT="13")
+    assert max(steps_of(crashed)) == 13 and not [x for x in crashed if x["event"] == "final"]
+
+    slot = tier.newest_in_memory(memory, 0)
+    assert slot is not None
+    step = json.loads((slot / "manifest.json").read_text())["step"]
+    report = tmp_path / "restore.json"
+    order = {restore.RESTORE_ENV: f"memory:{step}", restore.RESTORE_REPORT_ENV: str(report)}
+    resumed = run("resumed", memory, **order)
+
+    [back] = [x for x in resumed if x["event"] == "restored"]
+    assert back["step"] == step
+    assert back["hash"] == steps_of(crashed)[step][-1]  # the saved state, bit for bit
+    assert json.loads(report.read_text())["tier"] == "memory"
+    # the schedule, the data's position and every parameter after it: the uninterrupted run's
+    assert_the_uninterrupted_run(whole, resumed)
