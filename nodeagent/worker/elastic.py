@@ -315,8 +315,10 @@ def _reform(
     reason: Reform,
     reform_timeout: float,
     stop: Callable[[], bool] | None,
+    connections: set[int],
 ) -> Assignment:
-    """Leave the old group, report it, wait for the next assignment, take its environment."""
+    """Leave the old group, report it, wait for the next assignment, take its environment.
+    `connections`: the old group's sockets (abort.group_sockets), for its release."""
     import torch.distributed as dist
 
     started = time.monotonic()
@@ -328,7 +330,7 @@ def _reform(
         except Exception as exc:  # a group whose peers are gone may fail to tear down
             log.warning("destroying the old process group: %s", exc)
     state.leaving()  # drops what it kept of the old group (Checkpointer: its staging copy)
-    release_destroyed_groups()  # so that the old group's connections close now
+    release_destroyed_groups(connections)  # so that the old group's connections close now
     channel.report_left(follower.generation)  # it issues no collective of that group any more
     assignment = reason.assignment
     if assignment is None:
@@ -412,7 +414,7 @@ def run(
     while True:
         try:
             if pending is not None and channel is not None:
-                _reform(state, channel, pending, reform_timeout, stop)
+                _reform(state, channel, pending, reform_timeout, stop, group_sockets)
                 pending = None
             if not dist.is_initialized():
                 state.follower.check()  # the job may have moved on while this process started

@@ -17,9 +17,13 @@ after destroy (nothing else in the process referred to it):
 - the old generation's FSDP2 modules themselves, until a garbage collection: they sit in
   reference cycles (module, state, hooks), and their parameters' specs hold the mesh.
 
-The caches are emptied and the collection made (about 0.15 s with torch loaded here) only
-where DTensor was imported: a DDP job's old group has no cycle to wait for (see
-elastic._detached). Each step is skipped where the torch at hand lacks what it touches.
+The caches are emptied and the collection made (0.3 s together with torch loaded here) only
+where they can matter: DTensor was imported and the old group's connections are still open
+once the defaults are reset. DDP imports DTensor at its first step (torch 2.13) but leaves no
+cycle (see elastic._detached): its group is gone as soon as torch drops it, and every re-form
+of a DDP job paid those 0.3 s for nothing (the survivors' whole stall after a join was 0.44 s;
+tests/integration/test_release.py). Each step is skipped where the torch at hand lacks what it
+touches.
 Another torch release may keep other references: then the peer waits for the collective
 timeout, as it did before (tests/integration/test_elastic_worker.py catches that).
 
@@ -38,18 +42,26 @@ import functools
 import gc
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
+
+from nodeagent.worker.abort import socket_inodes
 
 PACKAGE = "torch.distributed"
 
 
-def release_destroyed_groups() -> None:
-    """After `destroy_process_group()`: drop torch's own references to the destroyed groups."""
+def release_destroyed_groups(connections: Collection[int] = ()) -> None:
+    """After `destroy_process_group()`: drop torch's own references to the destroyed groups.
+
+    `connections`: the inodes of the destroyed group's sockets (abort.group_sockets), if known;
+    when none of them is open any more, the group is gone and the caches are left alone."""
     _reset_group_defaults()
-    if f"{PACKAGE}.tensor" in sys.modules:
-        _clear_caches()
-        gc.collect()
+    if f"{PACKAGE}.tensor" not in sys.modules:
+        return
+    if connections and not set(connections) & set(socket_inodes()):
+        return
+    _clear_caches()
+    gc.collect()
 
 
 @contextlib.contextmanager
