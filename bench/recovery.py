@@ -782,8 +782,9 @@ def one_run(
         _signal_all(hit, signal.SIGCONT)
         if row is not None and in_place:  # the stall window's tail, while the job still runs
             time.sleep(STALL_TAIL_S + 0.5)
-            row["survivors_s"] = survivors_stepping(launch.lines(), t0, survivors)
-            row["stalled_s"] = survivors_stalled(launch.lines(), t0, survivors, t0 + row["total_s"])
+            lines = launch.lines()
+            row["survivors_s"] = survivors_stepping(lines, t0, survivors)
+            row["stalled_s"] = survivors_stalled(lines, t0, survivors, t0 + row["total_s"])
         if row is not None and system in FRAMEWORK_SYSTEMS:
             stall = save_stall(launch.lines(), t0, workload.every_of(system))
             row["save_stall_s"] = stall

@@ -433,7 +433,7 @@ def run(
                 raise
             pending = _detached(exc)
         else:
-            _finish(state, channel)
+            _finish(state, channel, group_sockets)
             return result
 
 
@@ -449,7 +449,7 @@ def _aborter(
     )
 
 
-def _finish(state: Resumable, channel: ControlFile | None) -> None:
+def _finish(state: Resumable, channel: ControlFile | None, connections: set[int]) -> None:
     """The training returned: say so, and tear the process group down before the
     interpreter's own teardown.
 
@@ -463,10 +463,10 @@ def _finish(state: Resumable, channel: ControlFile | None) -> None:
     if channel is not None:
         channel.report_finished(state.follower.generation)
     atexit.unregister(_teardown)  # once, however many times run() returned
-    atexit.register(_teardown)
+    atexit.register(_teardown, connections)  # the group's at exit: this set is refilled at init
 
 
-def _teardown() -> None:
+def _teardown(connections: set[int]) -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -474,4 +474,4 @@ def _teardown() -> None:
             dist.destroy_process_group()
         except Exception as exc:  # peers that ended first may leave it unable to tear down
             log.warning("destroying the process group at exit: %s", exc)
-    release_destroyed_groups()
+    release_destroyed_groups(connections)

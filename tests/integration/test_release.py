@@ -132,6 +132,38 @@ def test_a_ddp_group_is_released_without_the_search_and_collection() -> None:
         assert rank["collections"] == 0
 
 
+AT_EXIT = """
+import atexit, gc, json, os, sys
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from nodeagent.worker import elastic
+
+os.environ.update(RANK=sys.argv[1], WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+os.environ["MASTER_PORT"] = sys.argv[2]
+collections = []
+collect = gc.collect
+gc.collect = lambda *args: collections.append(args) or collect(*args)
+# registered before run's teardown, so it runs after it (atexit: last registered first)
+atexit.register(lambda: print(json.dumps({"collections": len(collections)}), flush=True))
+
+def train(state):
+    model = DistributedDataParallel(torch.nn.Linear(8, 8))
+    model(torch.randn(2, 8)).sum().backward()
+
+elastic.run(train, elastic.State())
+assert "torch.distributed.tensor" in sys.modules  # else this no longer tests the skip
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_finished_ddp_run_tears_its_group_down_at_exit_without_the_collection() -> None:
+    """`elastic.run`'s teardown at exit releases the group as a re-form does: a DDP group's
+    connections are closed once destroyed, so no search and no gc.collect()."""
+    port = str(free_port())
+    for rank in _ranks(AT_EXIT, ["0", port], ["1", port]):
+        assert rank["collections"] == 0
+
+
 RANK = """
 import json, os, sys
 from datetime import timedelta
