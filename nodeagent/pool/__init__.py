@@ -6,6 +6,7 @@ leadership.py (the pool leader's round: read, schedule, commit fenced), member.p
 pool heartbeat), requests.py (pool.auth munge: the pool leader's side of the signed requests),
 authority.py (who is who: callers, operators, specs vouched for, who may read a log),
 jobverbs.py (when a job may be held, released or requeued: one rule for both sides),
+cordoning.py (cordon, drain, uncordon of a pool node, a pinned one's job included: both sides),
 lifecycle.py (what the leader does about ended jobs and time limits).
 metrics.py: the pool's gauges. What is stored lives in model/pool.py and model/request.py.
 """

@@ -36,7 +36,7 @@ from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
 from nodeagent.model.queues import DEFAULT, MAX_NODES, QueueView
 from nodeagent.model.request import Caller, Reply, Request, Verb
 from nodeagent.model.spec import JobSpec, load_spec
-from nodeagent.pool import jobverbs
+from nodeagent.pool import cordoning, jobverbs
 from nodeagent.pool.authority import Authority
 from nodeagent.pool.schedule import matches
 
@@ -302,14 +302,11 @@ class Requests:
             return self._job_cordon(caller, _name(args, "job"), action, node, args)
         if not self._store.knows_node(node):
             raise Missing(f"node {node!r} is not in pool {self._store.keys.pool}")
-        if action == "uncordon":
-            lifted = self._store.uncordon(node, caller.name)
-            return f"node {node}: " + ("uncordoned" if lifted else "was not cordoned")
-        if action not in ("cordon", "drain"):
+        if action not in cordoning.ACTIONS:
             raise Refused(f"cordon: expected cordon, drain or uncordon, got {action!r}")
         reason = str(args.get("reason", ""))[:256] or f"{action}ed by an operator"
-        self._store.cordon(node, Cordon(reason=reason, by=caller.name, drain=action == "drain"))
-        return f"node {node}: {'drained' if action == 'drain' else 'cordoned'} by {caller.name}"
+        done = cordoning.apply(self._store, node, action, reason, caller.name)
+        return done.said(node, action, f" by {caller.name}")
 
     def _job_cordon(
         self, caller: Caller, job_id: str, action: str, node: str, args: Mapping[str, Any]

@@ -46,14 +46,22 @@ _PR_SET_PDEATHSIG = 1
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 
 
-def die_with(parent: int) -> Callable[[], None]:
-    """Runs in the child before exec: the kernel SIGKILLs it when the agent dies, even by
-    SIGKILL (PR_SET_PDEATHSIG survives exec). Only async-signal-safe calls here."""
+def die_with(parent: int, cwd: str | None = None, tell: int = -1) -> Callable[[], None]:
+    """Runs in the child before exec, after the switch to the job's user: the kernel SIGKILLs
+    it when the agent dies, even by SIGKILL (PR_SET_PDEATHSIG survives exec); with `cwd`, it
+    enters that directory as the user, and if it cannot, writes chdir's errno to `tell` and
+    fails (Popen raises SubprocessError). Only a few plain system calls here."""
 
     def preexec() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the agent died before prctl: it would never fire
             os.kill(os.getpid(), signal.SIGKILL)
+        if cwd is not None:
+            try:
+                os.chdir(cwd)
+            except OSError as exc:
+                os.write(tell, (exc.errno or 0).to_bytes(4, "little"))
+                raise
 
     return preexec
 
@@ -68,24 +76,53 @@ def _start(
     """A worker-to-be in its own session (so a stop reaches all it forks), output on one pipe,
     running as `user` when the agent switches users, killed by the kernel if the agent dies.
 
-    The order in the child matters: CPython applies setgroups, setregid and setreuid before it
-    calls preexec_fn, and the kernel clears a parent-death signal when the credentials change,
-    so PR_SET_PDEATHSIG must be (and is) set after the switch, in preexec_fn.
+    The order in the child matters: CPython changes to `cwd`, then applies setgroups, setregid
+    and setreuid, then calls preexec_fn. The kernel clears a parent-death signal when the
+    credentials change, so PR_SET_PDEATHSIG is set in preexec_fn. And the working directory is
+    entered there too, as the job's user: the agent is root without CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH (the unit drops them), so it cannot enter the user's own 0700 home, and
+    on a root-squashed NFS home root could not even with them.
+
+    Raises:
+        OSError: it could not be started; `WorkdirError` when the user cannot enter `cwd`.
     """
-    ids = (user.uid, user.gid, list(user.groups)) if user and user.switch else (None, None, None)
-    return subprocess.Popen(
-        argv,
-        env=env,
-        cwd=cwd,
-        stdin=stdin,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        user=ids[0],
-        group=ids[1],
-        extra_groups=ids[2],
-        preexec_fn=die_with(os.getpid()),  # only prctl and getppid run there
-    )
+    switch = user is not None and user.switch
+    ids = (user.uid, user.gid, list(user.groups)) if user and switch else (None, None, None)
+    told, tell = os.pipe2(os.O_CLOEXEC) if switch and cwd else (-1, -1)
+    try:
+        return subprocess.Popen(
+            argv,
+            env=env,
+            cwd=None if tell >= 0 else cwd,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            user=ids[0],
+            group=ids[1],
+            extra_groups=ids[2],
+            preexec_fn=die_with(os.getpid(), cwd if tell >= 0 else None, tell),
+        )
+    except subprocess.SubprocessError:  # only preexec_fn raises it: the chdir failed
+        assert user is not None and cwd is not None
+        os.close(tell)
+        tell = -1
+        code = int.from_bytes(os.read(told, 4) or b"\0", "little")
+        raise WorkdirError(code, cwd, user.name) from None
+    finally:
+        for fd in (told, tell):
+            if fd >= 0:
+                os.close(fd)
+
+
+class WorkdirError(OSError):
+    """The job's user cannot enter the workers' working directory (errno from chdir)."""
+
+    def __init__(self, code: int, directory: str, user: str) -> None:
+        reason = os.strerror(code) if code else "failed"
+        super().__init__(
+            code, f"cannot enter its working directory {directory} as user {user}: {reason}"
+        )
 
 
 @dataclass

@@ -74,6 +74,32 @@ def test_the_role_makes_a_pool_that_runs_each_job_as_its_submitter(pool: BootedP
         pool.ctl("cancel", f"who-{user}", user=user)
 
 
+def test_a_job_runs_in_its_users_private_home_directory(pool: BootedPool) -> None:
+    """Issue 62: alice's home directory is hers alone (0700, as Debian 12 makes homes; on the
+    nodes' shared file system, as an NFS home), and her job runs in it: the agent, root without
+    CAP_DAC_OVERRIDE under the shipped unit, enters it as alice. bob's submit naming it is
+    refused, naming the directory, before anything is stored."""
+    home = f"{SHARED}/alice"
+    pool.node("n1").sh(
+        f"install -d -o alice -g alice -m 0700 {home} {home}/work"
+        f" && echo alice-note > {home}/work/note && chown alice: {home}/work/note"
+        f" && chmod 0600 {home}/work/note"
+    )
+    script = "echo in=$(pwd) said=$(cat note) && sleep 30"
+    submit = ("submit", "--nodes=1", f"--workdir={home}/work", "--", "/bin/sh", "-c", script)
+    pool.ctl(submit[0], "--name=private-alice", *submit[1:], user="alice")
+    said = f"in={home}/work said=alice-note"
+    wait_for(lambda: any(said in n.journal() for n in pool.nodes), 120, f"{said!r} in a journal")
+    pool.ctl("cancel", "private-alice", user="alice")
+
+    quoted = " ".join(shlex.quote(a) for a in ("--name=private-bob", *submit[1:]))
+    ctl = f"/opt/nodeagent/venv/bin/nodeagentctl --redis {pool.url('submitter')}"
+    refused = pool.node("n1").sh(f"{ctl} submit {quoted}", user="bob", check=False)
+    assert refused.returncode == 2, refused
+    assert f"working_dir {home}/work cannot be reached (Permission denied)" in refused.stderr
+    assert "private-bob" not in jobs(pool)
+
+
 def _fsdp_spec(job: str, nodes: int, steps: int) -> dict[str, Any]:
     return {
         "id": job,

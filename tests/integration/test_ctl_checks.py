@@ -431,3 +431,30 @@ def test_the_commands_still_work_on_known_nodes(cluster: LocalCluster, db: redis
     assert "node b: workers stopped, out of the job" in drain.stdout
     doc = cluster.wait_running(1, timeout=60, after_generation=generation)
     assert [n["name"] for n in doc["nodes"] if n["group_rank"] is not None] == ["a"]
+
+
+def test_a_pool_drain_takes_a_pinned_node_out_of_its_job(
+    cluster: LocalCluster, db: redis.Redis
+) -> None:
+    """Issue 62: `drain NODE` without --job on a node its config pins to a job said "drained"
+    and the node trained on (the pool does not place a pinned node, so its cordon moved
+    nothing). Now it drains the node in its job too, and `uncordon` lifts both. Last too: it
+    changes the job."""
+    job_cordons, pool_cordons = (
+        f"nodeagent:{{{cluster.job}}}:cordons",
+        PoolKeys("nodeagent", "default").cordons,
+    )
+    assert ctl(*where(cluster), "uncordon", "b").returncode == 0  # back from the test before
+    generation = cluster.wait_running(2, timeout=90)["generation"]
+    drain = ctl("--redis", cluster.redis_url, "drain", "b", "--wait", "--timeout", "60s")
+    assert drain.returncode == 0, drain.stderr
+    assert drain.stdout.startswith(
+        "node b: drained in pool default, and in job checks, which its job: section pins it to"
+    ), drain.stdout
+    doc = cluster.wait_running(1, timeout=60, after_generation=generation)
+    assert [n["name"] for n in doc["nodes"] if n["group_rank"] is not None] == ["a"]
+    assert "b" in db.hgetall(job_cordons) and "b" in db.hgetall(pool_cordons)
+    lifted = ctl("--redis", cluster.redis_url, "uncordon", "b")
+    assert lifted.returncode == 0 and "node b: uncordoned in pool default" in lifted.stdout
+    assert "b" not in db.hgetall(job_cordons) and "b" not in db.hgetall(pool_cordons)
+    cluster.wait_running(2, timeout=90, after_generation=doc["generation"])

@@ -12,8 +12,8 @@ from nodeagent.cli.ctl.targets import Target
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import NotFoundError
-from nodeagent.model.job import Cordon
 from nodeagent.model.request import Verb
+from nodeagent.pool import cordoning
 
 
 def request(args: argparse.Namespace, job: str | None) -> tuple[Verb, dict[str, Any]]:
@@ -43,13 +43,11 @@ def in_pool(store: PoolStore, args: argparse.Namespace, by: str) -> int:
     if name not in snap.deadlines and name not in snap.placements and name not in snap.cordons:
         known = ", ".join(sorted(snap.deadlines)) or "none"
         raise NotFoundError(f"node {name!r} is not in pool {store.keys.pool} (its nodes: {known})")
-    if args.command == "uncordon":
-        lifted = store.uncordon(name, by)
-        print(f"node {name}: " + ("uncordoned" if lifted else "was not cordoned"))
+    done = cordoning.apply(store, name, args.command, getattr(args, "reason", ""), by)
+    print(done.said(name, args.command, f" in pool {store.keys.pool}"))
+    if args.command != "drain" or not args.wait:
         return 0
-    drain = args.command == "drain"
-    store.cordon(name, Cordon(reason=args.reason, by=by, drain=drain))
-    print(f"node {name}: {'drained' if drain else 'cordoned'} in pool {store.keys.pool}")
-    if not drain or not args.wait:
-        return 0
+    if done.pinned is not None:
+        jobs = JobStore(store.client, store.keys.job(done.pinned))
+        return wait.wait_job_drained(jobs, name, args.timeout)
     return wait.wait_drained(store, name, args.timeout)

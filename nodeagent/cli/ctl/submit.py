@@ -7,7 +7,9 @@ cli/signing.py sends it as a signed request), and its id printed.
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
+import stat
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -208,12 +210,46 @@ def spec_from_args(
             container["mounts"] = args.container_mounts
     if not args.spec and not command:
         raise UsageError("give a job spec file, or the command after --")
+    if isinstance(doc.get("working_dir"), str):
+        doc["working_dir"] = enterable(doc["working_dir"], where)
     try:
         job_id = args.name or (None if doc.get("id") is not None else new_id())
         spec = load_spec(doc, default_user=user, job_id=job_id)
     except ConfigError as exc:
         raise UsageError(f"{where}: invalid job spec: {exc}") from None
     return replace(spec, submitted_by=by)
+
+
+def enterable(directory: str, where: str) -> str:
+    """The working directory as the workers will be given it: relative to the submitter's own
+    (as sbatch --chdir). One that is here and that the submitter cannot enter is refused now,
+    naming it, rather than at every worker's start; one that is not here may be on the nodes
+    only, and the workers say so if it is not (their user enters it: it may be private to
+    them, a 0700 home directory).
+
+    Raises:
+        UsageError: it is here and the submitter cannot enter it.
+    """
+    if not directory:
+        return directory  # refused by load_spec, naming the key
+    path = Path(directory).absolute()
+    try:
+        found = path.stat()
+    except FileNotFoundError:
+        return str(path)
+    except OSError as exc:  # a directory above it that the submitter cannot enter, say
+        problem = f"cannot be reached ({exc.strerror})"
+    else:
+        if not stat.S_ISDIR(found.st_mode):
+            problem = "is not a directory"
+        elif not os.access(path, os.X_OK):
+            problem = "cannot be entered by you"
+        else:
+            return str(path)
+    raise UsageError(
+        f"{where}: working_dir {path} {problem}: the workers run there as the job's user; "
+        "give a directory that user can enter (--workdir)"
+    )
 
 
 def request(args: argparse.Namespace, user: str, job: str | None) -> tuple[Verb, dict[str, Any]]:
