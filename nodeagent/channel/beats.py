@@ -4,10 +4,14 @@ A beat is a store into shared memory (about a microsecond, no syscall, no Redis)
 loop can call it every step. The agent never trusts the worker's clock: it notes, on its own
 clock, when the beat counter last changed.
 
-Layout (little-endian): magic b"NAPB", version u32, beats u64, step i64, wall time f64, and
-from version 2 the seconds the rank spent in its marked compute sections, summed (f64: the
-worker's `progress.compute()`; job/speed.py compares ranks by it). A version 1 file (32 bytes)
-still reads, with no compute time.
+Layout (little-endian): magic b"NAPB", version u32, beats u64, step i64, wall time f64, from
+version 2 the seconds the rank spent in its marked compute sections, summed (f64: the worker's
+`progress.compute()`; job/speed.py compares ranks by it), and from version 3 `finished` (u64, 1
+once the rank's training reached its end: `progress.finished()`; an exit after it, even a
+failing one, is not the job's failure, and a rank that lingers after it is not hung). Older
+versions still read (the file's version, not its length, says which), and a worker with an
+older nodeagent writes its own version into the agent's longer file; a worker with a newer one
+writes version 2 into a version 2 file an older agent made.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = b"NAPB"
-VERSION = 2
-LAYOUT = struct.Struct("<4sIQqdd")
+VERSION = 3
+LAYOUT = struct.Struct("<4sIQqddQ")
 SIZE = LAYOUT.size
-LAYOUT_V1 = struct.Struct("<4sIQqd")
+LAYOUTS = {1: struct.Struct("<4sIQqd"), 2: struct.Struct("<4sIQqdd"), VERSION: LAYOUT}
+HEADER = struct.Struct("<4sI")
 
 
 MODE = 0o640  # the worker (its owner) writes, the agent (its group) reads, nobody else
@@ -36,7 +41,7 @@ def create(path: Path, owner: int | None = None) -> None:
     the worker can map it for writing; its group stays the agent's, so the agent reads it
     without overriding file permissions.
     """
-    worker_file(path, owner, LAYOUT.pack(MAGIC, VERSION, 0, -1, 0.0, 0.0))
+    worker_file(path, owner, LAYOUT.pack(MAGIC, VERSION, 0, -1, 0.0, 0.0, 0))
 
 
 def worker_file(path: Path, owner: int | None, content: bytes = b"", mode: int = MODE) -> None:
@@ -77,6 +82,7 @@ class Beat:
     step: int
     wall_time: float
     compute_s: float | None = None  # marked compute, summed; None: a version 1 file
+    finished: bool = False  # the rank's training reached its end (version 3)
 
 
 def read(path: Path) -> Beat | None:
@@ -86,37 +92,58 @@ def read(path: Path) -> Beat | None:
             data = f.read(SIZE)
     except OSError:
         return None
-    if len(data) == LAYOUT_V1.size:
-        magic, version, beats, step, wall = LAYOUT_V1.unpack(data)
-        return Beat(beats, step, wall) if magic == MAGIC and version == 1 else None
-    if len(data) != SIZE:
+    if len(data) < HEADER.size:
         return None
-    magic, version, beats, step, wall, compute = LAYOUT.unpack(data)
-    if magic != MAGIC or version != VERSION or not 0.0 <= compute < 1e12:
+    magic, version = HEADER.unpack_from(data)
+    layout = LAYOUTS.get(version)
+    if magic != MAGIC or layout is None or len(data) < layout.size:
         return None
-    return Beat(beats, step, wall, compute)
+    _, _, beats, step, wall, *more = layout.unpack_from(data)
+    if version == 1:
+        return Beat(beats, step, wall)
+    compute, finished = more[0], bool(more[1]) if version >= 3 else False
+    if not 0.0 <= compute < 1e12:
+        return None
+    return Beat(beats, step, wall, compute, finished)
 
 
 class BeatWriter:
     """The worker's end: `beat(step)` stores into the mapped file; `computed(seconds)` adds to
-    the compute time the next beat stores."""
+    the compute time the next beat stores; `finish()` says the training reached its end."""
 
     def __init__(self, path: Path) -> None:
         fd = os.open(path, os.O_RDWR)
         try:
-            self._map = mmap.mmap(fd, SIZE)
+            # An older agent's file is shorter: written in its own version, with no `finished`.
+            self._layout = LAYOUT if os.fstat(fd).st_size >= SIZE else LAYOUTS[2]
+            self._map = mmap.mmap(fd, self._layout.size)
         finally:
             os.close(fd)
-        _, _, self._beats, _, _, self._compute = LAYOUT.unpack_from(self._map)
+        _, _, self._beats, self._step, self._wall, self._compute, *_ = self._layout.unpack_from(
+            self._map
+        )
+        self._finished = 0
 
     def computed(self, seconds: float) -> None:
         self._compute += max(0.0, seconds)
 
     def beat(self, step: int) -> None:
         self._beats += 1
-        LAYOUT.pack_into(
-            self._map, 0, MAGIC, VERSION, self._beats, step, time.time(), self._compute
-        )
+        self._step, self._wall = step, time.time()
+        self._store()
+
+    def finish(self) -> bool:
+        """Say the training reached its end; False where the agent's file cannot say it."""
+        self._finished = 1
+        self._store()
+        return self._layout is LAYOUT
+
+    def _store(self) -> None:
+        fields = (self._beats, self._step, self._wall, self._compute)
+        if self._layout is LAYOUT:
+            LAYOUT.pack_into(self._map, 0, MAGIC, VERSION, *fields, self._finished)
+        else:
+            self._layout.pack_into(self._map, 0, MAGIC, 2, *fields)
 
     def close(self) -> None:
         self._map.close()

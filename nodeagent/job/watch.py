@@ -7,7 +7,7 @@ or lift, events, detection times); the agent executes them, as it does every oth
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nodeagent.channel import beats
@@ -133,6 +133,7 @@ class _Seen:
     changed_at: float
     last: Beat | None = None
     first: tuple[float, int] | None = None  # when (this clock) its first change was read, step
+    finished: bool = False  # it said its training reached its end: never hung after that
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,10 @@ class HangWatch:
             beat = beats.read(path)
             seen = self._seen[rank]
             if beat is not None and beat.beats != seen.beats:
-                self._seen[rank] = _Seen(beat.beats, now, beat, seen.first or (now, beat.step))
+                seen = _Seen(beat.beats, now, beat, seen.first or (now, beat.step))
+                self._seen[rank] = seen
+            if beat is not None and beat.finished:  # waiting for its exit, or for its peers'
+                self._seen[rank] = replace(seen, last=beat, finished=True)
             elif self.timeout_s > 0 and seen.beats > 0 and now - seen.changed_at >= self.timeout_s:
                 hung.append(rank)
         return hung
@@ -194,5 +198,9 @@ class HangWatch:
 
     def next_check(self) -> float | None:
         """When a rank that is beating would first count as hung."""
-        times = [s.changed_at + self.timeout_s for s in self._seen.values() if s.beats > 0]
+        times = [
+            s.changed_at + self.timeout_s
+            for s in self._seen.values()
+            if s.beats > 0 and not s.finished
+        ]
         return min(times) if times and self.timeout_s > 0 else None

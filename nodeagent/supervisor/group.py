@@ -107,9 +107,13 @@ class _Worker:
         return cgroups.main_process(self.cgroup, self.depth) if self.cgroup else None
 
     def has_finished(self) -> bool:
-        """It reported that its training returned in its generation (in_place workers only:
-        one aligned word, read whole, so nothing to retry or refuse)."""
-        return self.channel is not None and self.channel.finished_generation() >= self.generation
+        """It reported that its training returned in its generation: through its in_place
+        channel (one aligned word, read whole, so nothing to retry or refuse), or, any worker,
+        through its progress file (`progress.finished()`, the integrations')."""
+        if self.channel is not None and self.channel.finished_generation() >= self.generation:
+            return True
+        beat = beats.read(self.spec.progress_path)
+        return beat is not None and beat.finished
 
     def has_left(self) -> bool:
         """It reported leaving its generation's process group (in_place workers only)."""

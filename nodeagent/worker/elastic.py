@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 from nodeagent.channel import control
 from nodeagent.channel.control import Assignment, ControlFile
-from nodeagent.worker import abort
+from nodeagent.worker import abort, progress
 from nodeagent.worker.follow import Follower, Reform, ReformTimedOut, Stopped
 from nodeagent.worker.release import init_rolled_back, release_destroyed_groups
 
@@ -462,6 +462,7 @@ def _finish(state: Resumable, channel: ControlFile | None, connections: set[int]
     that ends with os._exit skips both, as it skips the abort."""
     if channel is not None:
         channel.report_finished(state.follower.generation)
+    progress.finished()  # the same, for a worker without the in-place channel
     atexit.unregister(_teardown)  # once, however many times run() returned
     atexit.register(_teardown, connections)  # the group's at exit: this set is refilled at init
 

@@ -1,6 +1,7 @@
 """`beat(step)`: tell the agent this rank made progress (enables hang detection for it).
 `compute()`: mark the part of a step that waits for no peer, so the job's leader can tell a
-slow rank from ranks that wait for it (docs/slow-nodes.md)."""
+slow rank from ranks that wait for it (docs/slow-nodes.md). `finished()`: tell the agent this
+rank's training reached its end (what follows is the process's exit)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,15 @@ def beat(step: int) -> None:
     writer = _writer()
     if writer is not None:
         writer.beat(step)
+
+
+def finished() -> None:
+    """Tell the agent this rank's training reached its end. What follows is only the process's
+    exit: if that fails (a library's destructor aborting at interpreter exit, say: "terminate
+    called without an active exception"), the agent counts the rank as finished, not failed,
+    and neither charges the job a restart nor re-forms it; and a rank waiting after it for its
+    peers to end is not taken for a hung one. A no-op outside nodeagent. The integrations
+    (nodeagent.integrations) and `elastic.run` call it for you."""
+    writer = _writer()
+    if writer is not None:
+        writer.finish()

@@ -1,13 +1,15 @@
-"""Issue 52: an in-place job whose ranks all reached their end is never started again because
+"""Issues 52 and 62: a job whose ranks all reached their end is never started again because
 one of them died in its exit. Seen: after every rank printed its last step, a worker kept
 through a re-form died with SIGABRT at exit ("terminate called without an active exception");
 the agent counted worker_failed and started a new generation that trained from step 0.
 
 Real agents, a real redis-server, real gloo training (tests/helpers/elastic_worker.py), whose
-rank 1 aborts after its training returned."""
+rank 1 aborts after its training returned; and a restart-mode job, whose worker says its end
+through its progress file (tests/helpers/ends_then_aborts.py)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -60,3 +62,38 @@ def test_a_rank_that_aborts_after_it_finished_does_not_start_the_job_again(
         (aborted,) = [e for e in events if e["type"] == "worker_exited" and e["data"]["signal"]]
         assert aborted["data"]["signal"] == "SIGABRT" and aborted["data"]["finished"], aborted
         assert "after it finished" in aborted["message"]
+
+
+def test_a_restart_mode_rank_that_aborts_after_it_finished_is_not_charged(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """Issue 62: a Trainer run logged its last step on every rank, then one rank died at exit
+    (SIGABRT): the agent charged a restart and started another generation. A worker of a
+    restart-mode job says its end through its progress file (progress.finished(), which the
+    integrations call): the abort after it is counted as finished, the job succeeds in its
+    generation, with no restart used."""
+    records = tmp_path / "records"
+    records.mkdir()
+    with local_cluster(
+        redis_server.url,
+        tmp_path,
+        job=job_id,
+        max_nodes=2,
+        max_restarts=3,
+        timing=TIMING,
+        entrypoint=[sys.executable, str(SCRIPT.parent / "ends_then_aborts.py")],
+        job_options={"env": {"RECORD_DIR": str(records), "ABORT_AT_EXIT_RANK": "1"}},
+    ) as cluster:
+        cluster.start("a", "b")
+        ended = ("succeeded", "failed")
+        done = cluster.wait_status(lambda d: d["state"] in ended, 120, "the job to end")
+        assert done["state"] == "succeeded", done
+        finals = [json.loads(x) for x in (records / "records.jsonl").read_text().splitlines()]
+        assert sorted((x["rank"], x["gen"]) for x in finals) == [
+            (0, done["generation"]),
+            (1, done["generation"]),
+        ]
+        events = cluster.events()
+        assert not [e for e in events if e["type"] in ("worker_failed", "restart")], events
+        (aborted,) = [e for e in events if e["type"] == "worker_exited" and e["data"]["signal"]]
+        assert aborted["data"]["signal"] == "SIGABRT" and aborted["data"]["finished"], aborted

@@ -73,6 +73,24 @@ def test_beats_and_hang_watch(tmp_path: Path) -> None:
     assert off.hung(now=1e9) == [] and off.last_progress()[0].step == 43
 
 
+def test_a_rank_that_finished_is_never_hung(tmp_path: Path) -> None:
+    """Issue 62: a rank whose training reached its end waits for its exit, or for its peers'
+    ends, without beating: not a hang. Its stretch still ends at its last step."""
+    path = tmp_path / "rank-0.progress"
+    beats.create(path)
+    watch = HangWatch(timeout_s=10)
+    watch.watch({0: path}, now=0.0)
+    writer = BeatWriter(path)
+    writer.beat(7)
+    assert watch.hung(now=5.0) == []
+    writer.finish()
+    assert watch.hung(now=100.0) == [] and watch.next_check() is None
+    assert watch.last_progress()[0].finished
+    stretch = watch.stretch(0)
+    assert stretch is not None and (stretch.last_at, stretch.last_step) == (5.0, 7)
+    writer.close()
+
+
 def test_corrupt_progress_file_reads_as_none(tmp_path: Path) -> None:
     path = tmp_path / "p"
     path.write_bytes(b"garbage" * 5)
@@ -121,11 +139,43 @@ def test_compute_time_reaches_the_beat_and_version_1_still_reads(
     assert read is not None and read.step == 7 and read.compute_s is not None
     assert read.compute_s >= 0.02
     # a file an older worker package wrote: no compute time, the rest as before
-    path.write_bytes(beats.LAYOUT_V1.pack(beats.MAGIC, 1, 3, 9, 1.5))
+    path.write_bytes(beats.LAYOUTS[1].pack(beats.MAGIC, 1, 3, 9, 1.5))
     assert beats.read(path) == beats.Beat(3, 9, 1.5, None)
     # garbage compute time (negative, NaN) is no beat
-    path.write_bytes(beats.LAYOUT.pack(beats.MAGIC, 2, 3, 9, 1.5, float("nan")))
+    path.write_bytes(beats.LAYOUTS[2].pack(beats.MAGIC, 2, 3, 9, 1.5, float("nan")))
     assert beats.read(path) is None
+
+
+def test_finished_reaches_the_agent_and_an_older_file_is_written_in_its_own_version(
+    tmp_path: Path,
+) -> None:
+    """Issue 62: `finish()` sets version 3's `finished`, keeping the last beat. A version 2
+    file (an older agent's) is written as version 2 (it has no room for the flag), and a
+    version 2 writer (an older worker package) in the agent's version 3 file still reads."""
+    path = tmp_path / "rank-0.progress"
+    beats.create(path)
+    writer = beats.BeatWriter(path)
+    writer.beat(41)
+    assert beats.read(path) == beats.Beat(1, 41, beats.read(path).wall_time, 0.0)  # type: ignore[union-attr]
+    assert writer.finish() is True
+    read = beats.read(path)
+    assert read is not None and (read.beats, read.step, read.finished) == (1, 41, True)
+    writer.close()
+
+    older = tmp_path / "rank-1.progress"
+    older.write_bytes(beats.LAYOUTS[2].pack(beats.MAGIC, 2, 0, -1, 0.0, 0.0))
+    writer = beats.BeatWriter(older)
+    writer.beat(3)
+    assert writer.finish() is False
+    assert older.stat().st_size == beats.LAYOUTS[2].size
+    read = beats.read(older)
+    assert read is not None and (read.step, read.finished) == (3, False)
+    writer.close()
+
+    beats.create(path)
+    with open(path, "r+b") as f:  # an older worker's writer: its version in the first 40 bytes
+        f.write(beats.LAYOUTS[2].pack(beats.MAGIC, 2, 5, 12, 2.5, 1.0))
+    assert beats.read(path) == beats.Beat(5, 12, 2.5, 1.0, False)
 
 
 def test_the_failing_exit_is_put_in_place_once_even_after_every_question_was_forgotten(
