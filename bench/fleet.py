@@ -471,7 +471,7 @@ class JobLeader:
             rendezvous_timeout_ms=600_000,
         )
         self.timed = Timed()
-        metrics = AgentMetrics(job, name)
+        metrics = AgentMetrics(job)
         self.leadership = Leadership(
             self.store, policy, metrics, LEASE_S, time.monotonic, self.timed
         )

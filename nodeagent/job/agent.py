@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
-from nodeagent import __version__
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.config.settings import Config
@@ -131,7 +130,7 @@ class Agent:
         self._last_error: str | None = None
         self._watchers = WorkerWatch(self.name, config.timing.hang_timeout, health)
         self._progress = Progress(self.name)
-        self._metrics = metrics or AgentMetrics(config.job.id, __version__)
+        self._metrics = metrics or AgentMetrics(config.job.id)
         self._calls = BoundedCalls(clock)
         self._tiers = (
             tier_duties(

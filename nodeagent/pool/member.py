@@ -8,6 +8,7 @@ are bounded by one heartbeat, not by a fence point, and a failed one only delays
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -49,8 +50,11 @@ class PoolMember:
         settings: NodeSettings,
         clock: Callable[[], float],
         authority: Authority | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
-        """`authority`: pool.auth munge (None: none, whoever writes Redis is trusted)."""
+        """`authority`: pool.auth munge (None: none, whoever writes Redis is trusted); `wall`:
+        the clock of the heartbeat time the metrics export (`clock` may be monotonic)."""
+        self._wall = wall
         self._store = store
         self._authority = authority
         self._requests = Requests(store, authority) if authority is not None else None
@@ -74,6 +78,10 @@ class PoolMember:
         self.leading = False
         self.synced = False  # a heartbeat went through since start
         self.last_error: str | None = None
+        self.redis_errors = 0  # pool calls that failed (the pool's metrics count them)
+        self.beaten_at: float | None = (
+            None  # wall time of the last pool heartbeat that went through
+        )
         # The view the last pool leader round scheduled from (nodeagent/pool/metrics.py reads
         # it on the HTTP thread: assigning a reference is atomic and a PoolView is frozen).
         self.last_view: PoolView | None = None
@@ -139,6 +147,7 @@ class PoolMember:
             log.info("pool: Redis reachable again")
         self.last_error = None
         self.synced = True
+        self.beaten_at = self._wall()
         leading = beat.leader_name == self.name
         if leading != self.leading:
             log.info("pool leadership %s", "acquired" if leading else f"held by {beat.leader_name}")
@@ -202,7 +211,7 @@ class PoolMember:
             self._failed(exc)
             return
         except MungeUnavailable as exc:
-            self._failed(CoordinationError(f"pool leader round: {exc}"))
+            self._failed(CoordinationError(f"pool leader round: {exc}"), redis=False)
             return
         self.last_view = done.view
         if done.garbage != self._garbage:  # said once, not at every heartbeat
@@ -218,7 +227,10 @@ class PoolMember:
                 if kind is not None:
                     self.preemptions[kind] = self.preemptions.get(kind, 0) + 1
 
-    def _failed(self, exc: CoordinationError) -> None:
+    def _failed(self, exc: CoordinationError, redis: bool = True) -> None:
+        """A pool call failed: said once while it keeps failing; counted when Redis failed
+        it (not MUNGE, nor a leader's round that read garbage)."""
+        self.redis_errors += 1 if redis else 0
         if str(exc) != self.last_error:
             log.warning("pool: %s", exc)
         self.last_error = str(exc)
@@ -236,7 +248,7 @@ class PoolMember:
             self._failed(exc)
             return None
         except MungeUnavailable as exc:
-            self._failed(CoordinationError(f"check the job spec: {exc}"))
+            self._failed(CoordinationError(f"check the job spec: {exc}"), redis=False)
             return None
         return "no spec is stored for it" if spec is None else spec
 
@@ -252,7 +264,7 @@ class PoolMember:
             self._failed(exc)
             return
         except MungeUnavailable as exc:
-            self._failed(CoordinationError(f"sign the pinned job's spec: {exc}"))
+            self._failed(CoordinationError(f"sign the pinned job's spec: {exc}"), redis=False)
             return
         if created:
             log.info("pool: job %s of this node's config is now known to the pool", spec.id)

@@ -110,12 +110,18 @@ class PoolLeadership(Protocol):
     def last_view(self) -> PoolView | None: ...
     @property
     def preemptions(self) -> Mapping[str, int]: ...
+    @property
+    def redis_errors(self) -> int: ...
+    @property
+    def beaten_at(self) -> float | None: ...
 
 
 class PoolCollector(Collector):
-    """`nodeagent_pool_*` of one node: whether it leads its pool, and, on the leader, the
-    figures of the last round. A leader whose last pool call failed exports neither (it may
-    have lost the lease without knowing it yet)."""
+    """`nodeagent_pool_*` of one node: whether it leads its pool, its own pool heartbeat and
+    failed pool calls (a node serving no job has no job heartbeat: its pool's is what says it
+    is alive and reaches Redis), and, on the leader, the figures of the last round. A leader
+    whose last pool call failed exports no figures (it may have lost the lease without knowing
+    it yet)."""
 
     def __init__(self, member: PoolLeadership, pool: str) -> None:
         self._member = member
@@ -140,6 +146,22 @@ class PoolCollector(Collector):
         for kind in ("shrink", "evict"):
             preemptions.add_metric([self._pool, kind], self._member.preemptions.get(kind, 0))
         yield preemptions
+        errors = CounterMetricFamily(
+            "nodeagent_pool_redis_errors",
+            "This node's pool calls that Redis failed (its heartbeat, and as leader its rounds)",
+            labels=["pool"],
+        )
+        errors.add_metric([self._pool], self._member.redis_errors)
+        yield errors
+        beaten = self._member.beaten_at
+        if beaten is not None:
+            heartbeat = GaugeMetricFamily(
+                "nodeagent_pool_last_heartbeat_timestamp_seconds",
+                "When this node last renewed its pool lease",
+                labels=["pool"],
+            )
+            heartbeat.add_metric([self._pool], beaten)
+            yield heartbeat
         if leads and view is not None:
             yield from self._figures(pool_figures(view))
 

@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from nodeagent import __version__
 from nodeagent.checkpoint import persistcopy, space
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.peerauth import MungePlane, PlaneAuth, Unauthenticated
@@ -206,9 +205,8 @@ class JobRun:
             spawner=Spawner(config.job.preload, config.job.user, _containers(config)),
             warm_ups=config.job.warm_ups,
         )
-        self.metrics = AgentMetrics(config.job.id, __version__)
+        self.metrics = AgentMetrics(config.job.id)  # its GPUs are the node's (node_metrics)
         monitor = parts.monitor
-        self.metrics.watch_gpus(monitor.snapshot, monitor.verdicts, monitor.xid_counts)
         job = config.job
         needed = job.nproc_per_node * job.gpus_per_worker
         self._health = NodeHealth(config.node.name, config.health, needed, monitor)

@@ -18,6 +18,7 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
+from nodeagent import __version__
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.settings import EMBEDDED, Config, NodeSettings, PoolConfig
 from nodeagent.coord.client import check_credentials, connect
@@ -40,7 +41,7 @@ from nodeagent.supervisor.fence import Keeper
 from nodeagent.supervisor.munge import MungeProgram
 from nodeagent.telemetry.logs import LogContext
 from nodeagent.telemetry.logserve import LogRoute
-from nodeagent.telemetry.metrics import MetricsServer
+from nodeagent.telemetry.metrics import MetricsServer, node_metrics
 from nodeagent.telemetry.sdnotify import Notifier
 
 
@@ -117,6 +118,14 @@ def _run_agent(
     )
     authority = None if until_done else pool_authority(settings.pool)  # ConfigError: exit 78
     loop = _node_loop(settings, parts, current, registry, until_done, authority)
+
+    def serving() -> str:
+        runner = loop.runner
+        return runner.job_id if runner is not None else ""
+
+    node_metrics(
+        registry, __version__, serving, monitor.snapshot, monitor.verdicts, monitor.xid_counts
+    )
     server = None
     if settings.metrics.listen != "off":
         # GET /logs/JOB/RANK: with pool.auth munge, for the job's user and operators only

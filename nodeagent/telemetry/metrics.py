@@ -44,20 +44,24 @@ HEARTBEAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
 
 
 class _GpuCollector(Collector):
+    """The node's GPUs, from the monitor's cache, labelled with the job the node serves at the
+    scrape ("" while it serves none: an idle node's GPUs are watched too)."""
+
     def __init__(
         self,
-        job_id: str,
+        job_id: Callable[[], str],
         snapshot: Callable[[], GpuSnapshot],
         verdicts: Callable[[], Sequence[Verdict]],
         xids: Callable[[], Mapping[tuple[int, int], int]],
     ) -> None:
-        self._job = job_id
+        self._job_id = job_id
         self._snapshot = snapshot
         self._verdicts = verdicts
         self._xids = xids
 
     def collect(self) -> Iterable[Metric]:
         snap = self._snapshot()
+        self._job = self._job_id()
         available = GaugeMetricFamily(
             "nodeagent_gpu_monitoring_available", "1 if NVML works on this node", labels=["job_id"]
         )
@@ -105,12 +109,27 @@ class _GpuCollector(Collector):
         yield from (healthy, temperature, power, ecc, remap, xid)
 
 
+def node_metrics(
+    registry: CollectorRegistry,
+    version: str,
+    serving: Callable[[], str],
+    snapshot: Callable[[], GpuSnapshot],
+    verdicts: Callable[[], Sequence[Verdict]],
+    xids: Callable[[], Mapping[tuple[int, int], int]],
+) -> None:
+    """What every agent exports whether it serves a job or not (issue 62: an idle pool node
+    exported only its pool's series, so no dashboard or alert saw its version or its GPUs):
+    `nodeagent_build_info{version}`, and its GPUs (read from the monitor's cache at scrape
+    time, labelled with the job `serving()` names, "" for none)."""
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    Info("nodeagent_build", "nodeagent's version", registry=registry).info({"version": version})
+    registry.register(_GpuCollector(serving, snapshot, verdicts, xids))
+
+
 class AgentMetrics:
     """The agent's metrics; the agent calls the update methods, a scrape reads the registry."""
 
-    def __init__(
-        self, job_id: str, version: str, registry: CollectorRegistry | None = None
-    ) -> None:
+    def __init__(self, job_id: str, registry: CollectorRegistry | None = None) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.job_id = job_id
         r = self.registry = registry or CollectorRegistry()
@@ -264,7 +283,6 @@ class AgentMetrics:
             registry=r,
         )
         self.checkpoints = CheckpointMetrics(job_id, r)
-        Info("nodeagent_build", "nodeagent's version", registry=r).info({"version": version})
         # Every series exists from the start, at zero: rate() and increase() need a sample
         # before the first event to see it.
         for reason in RestartReason:
@@ -281,15 +299,6 @@ class AgentMetrics:
             metric.labels(job_id)
         self._generation_seen = 0
         self._announced_at: dict[int, float] = {}
-
-    def watch_gpus(
-        self,
-        snapshot: Callable[[], GpuSnapshot],
-        verdicts: Callable[[], Sequence[Verdict]],
-        xids: Callable[[], Mapping[tuple[int, int], int]],
-    ) -> None:
-        """Export GPU metrics, read from the monitor's cache at scrape time."""
-        self.registry.register(_GpuCollector(self.job_id, snapshot, verdicts, xids))
 
     # -- updates from the agent's loop ------------------------------------------------------
 

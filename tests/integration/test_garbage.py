@@ -82,7 +82,7 @@ class Job:
 def form(server: RedisServer, job: str) -> Job:
     keys = JobKeys("nodeagent", job)
     store = JobStore(connect(server.url, 2.0), keys)
-    metrics = AgentMetrics(job, "test")
+    metrics = AgentMetrics(job)
     leadership = Leadership(store, POLICY, metrics, TTL / 1000, time.monotonic, unbounded)
     follower = JobStore(connect(server.url, 2.0), keys)
     follower.check = RecordCheck(follower.keys.record, 1, follower.read_lease)

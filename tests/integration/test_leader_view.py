@@ -184,7 +184,7 @@ def test_the_leader_wakes_at_the_earliest_real_deadline(
     policy = Policy(1, M, M, 1, 0, join_settle_ms=0, rendezvous_timeout_ms=60_000)
     clock = [100.0]
     leadership = Leadership(
-        leader, policy, AgentMetrics(job_id, "a"), TTL / 1000, lambda: clock[0], unbounded
+        leader, policy, AgentMetrics(job_id), TTL / 1000, lambda: clock[0], unbounded
     )
     assert snap.leader is not None
     leadership.lead(snap.leader, snap)

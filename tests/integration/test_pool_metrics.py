@@ -88,6 +88,13 @@ def test_the_pool_leader_exports_nodes_jobs_and_the_queue_wait(
     theirs = scrape(addresses[other])
     assert sample(theirs, "nodeagent_pool_leader", pool=name) == 0
     assert not any(n.startswith("nodeagent_pool_nodes") for n, _ in theirs)  # counted once
+    # Issue 62: a node that serves no job says its version, its pool heartbeat, its failed
+    # pool calls and its GPUs (job_id "": none; no NVML on this machine: not available).
+    assert [labels for n, labels in theirs if n == "nodeagent_build_info"] != []
+    beaten = sample(theirs, "nodeagent_pool_last_heartbeat_timestamp_seconds", pool=name)
+    assert beaten is not None and beaten > 0
+    assert sample(theirs, "nodeagent_pool_redis_errors_total", pool=name) == 0
+    assert sample(theirs, "nodeagent_gpu_monitoring_available", job_id="") is not None
 
     pool.start("c")  # big fits now: admitted, nothing pends
     pool.wait_job("big", "running", world=3)

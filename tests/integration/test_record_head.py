@@ -187,7 +187,7 @@ POLICY = Policy(
 def _tick(job: Job, snapshot: Snapshot) -> None:
     """One leader plan and write, as the agent runs it: the plan for a stopped job writes
     nothing, so what is written is the record again."""
-    metrics = AgentMetrics(job.keys.job, "test")
+    metrics = AgentMetrics(job.keys.job)
     leadership = Leadership(job.leader, POLICY, metrics, 5.0, lambda: 0.0, unbounded)
     assert snapshot.leader is not None
     led = leadership.lead(snapshot.leader, snapshot)

@@ -146,7 +146,7 @@ def value(metrics: AgentMetrics, name: str, **labels: str) -> float | None:
 def test_the_leader_exports_the_goodput_every_so_often_and_drops_it_when_it_steps_down() -> None:
     store = Counting(now_ms=lambda: 0)
     store.events = two_generations()
-    metrics = AgentMetrics("j", "test", CollectorRegistry())
+    metrics = AgentMetrics("j", CollectorRegistry())
     now = [0.0]
     policy = Policy(1, 2, 2, 1, 3, 0, 60_000)
     leadership = Leadership(store, policy, metrics, 5.0, lambda: now[0], unbounded)

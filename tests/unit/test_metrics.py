@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from nodeagent.channel.beats import Beat
-from nodeagent.gpu.classify import Thresholds, classify
+from nodeagent.gpu.classify import Thresholds, Verdict, classify
 from nodeagent.gpu.readings import GpuReading, GpuSnapshot
 from nodeagent.model.job import RestartReason, WorkerInfo
 from nodeagent.state import JobState, NodeState
 from nodeagent.telemetry.httpd import answer, too_large
-from nodeagent.telemetry.metrics import AgentMetrics
+from nodeagent.telemetry.metrics import AgentMetrics, node_metrics
 from tests.helpers.factories import make_record
 
 J = {"job_id": "llama"}
@@ -24,7 +24,7 @@ def value(m: AgentMetrics, name: str, **labels: str) -> float | None:
 
 
 def test_job_gauges_and_restarts_by_reason() -> None:
-    m = AgentMetrics("llama", "1.2.3")
+    m = AgentMetrics("llama")
     record = make_record(JobState.RUNNING, 4, ("a", "b"), nproc_per_node=8, restart_count=1)
     m.synced(0.003, record, leader=True, now=100.0)
     assert value(m, "nodeagent_generation") == 4
@@ -45,11 +45,10 @@ def test_job_gauges_and_restarts_by_reason() -> None:
     m.workers_started(5, now=104.5)
     assert value(m, "nodeagent_recovery_seconds_count") == 1
     assert value(m, "nodeagent_recovery_seconds_sum") == 3.5
-    assert m.registry.get_sample_value("nodeagent_build_info", {"version": "1.2.3"}) == 1
 
 
 def test_node_workers_failures_detection_progress() -> None:
-    m = AgentMetrics("llama", "0")
+    m = AgentMetrics("llama")
     m.state(NodeState.DRAINING)
     assert value(m, "nodeagent_node_state", nodeagent_node_state="draining") == 1
     assert value(m, "nodeagent_node_state", nodeagent_node_state="running") == 0
@@ -75,8 +74,21 @@ def test_node_workers_failures_detection_progress() -> None:
     )
 
 
+def node(
+    snapshot: GpuSnapshot,
+    verdicts: tuple[Verdict, ...] = (),
+    xids: dict[tuple[int, int], int] | None = None,
+    serving: list[str] | None = None,
+) -> CollectorRegistry:
+    """A registry with what every agent exports, serving `serving[0]` ("" for no job)."""
+    registry = CollectorRegistry()
+    held = serving if serving is not None else ["llama"]
+    node_metrics(registry, "1.2.3", lambda: held[0], lambda: snapshot, lambda: verdicts,
+                 lambda: xids or {})  # fmt: skip
+    return registry
+
+
 def test_gpu_families_and_no_created_series() -> None:
-    m = AgentMetrics("llama", "0")
     hot = GpuReading(
         index=1,
         temperature_c=95,
@@ -87,24 +99,45 @@ def test_gpu_families_and_no_created_series() -> None:
     )
     snap = GpuSnapshot(True, gpus=(GpuReading(index=0, temperature_c=50, power_w=300.0), hot))
     verdicts = tuple(classify(r, Thresholds()) for r in snap.gpus)
-    m.watch_gpus(lambda: snap, lambda: verdicts, lambda: {(1, 79): 2})
-    assert value(m, "nodeagent_gpu_monitoring_available") == 1
-    assert value(m, "nodeagent_gpu_healthy", gpu="0") == 1
-    assert value(m, "nodeagent_gpu_healthy", gpu="1") == 0
-    assert value(m, "nodeagent_gpu_temperature_celsius", gpu="1") == 95
-    assert value(m, "nodeagent_gpu_power_watts", gpu="1") == 410.5
-    assert value(m, "nodeagent_gpu_ecc_uncorrected_errors_total", gpu="1") == 2
-    assert value(m, "nodeagent_gpu_remapped_rows_pending", gpu="1") == 1
-    assert value(m, "nodeagent_gpu_xid_errors_total", gpu="1", xid="79") == 2
-    text = generate_latest(m.registry).decode()
+    registry = node(snap, verdicts, {(1, 79): 2})
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {**J, **labels})
+
+    assert value("nodeagent_gpu_monitoring_available") == 1
+    assert value("nodeagent_gpu_healthy", gpu="0") == 1
+    assert value("nodeagent_gpu_healthy", gpu="1") == 0
+    assert value("nodeagent_gpu_temperature_celsius", gpu="1") == 95
+    assert value("nodeagent_gpu_power_watts", gpu="1") == 410.5
+    assert value("nodeagent_gpu_ecc_uncorrected_errors_total", gpu="1") == 2
+    assert value("nodeagent_gpu_remapped_rows_pending", gpu="1") == 1
+    assert value("nodeagent_gpu_xid_errors_total", gpu="1", xid="79") == 2
+    assert registry.get_sample_value("nodeagent_build_info", {"version": "1.2.3"}) == 1
+    text = (
+        generate_latest(registry).decode()
+        + generate_latest(AgentMetrics("llama").registry).decode()
+    )
     assert "_created" not in text
 
 
+def test_an_idle_node_exports_its_version_and_gpus() -> None:
+    """Issue 62: a node serving no job exported only its pool's series. Its version and its
+    GPUs are the node's, labelled with the job it serves at the scrape ("" for none)."""
+    snap = GpuSnapshot(True, gpus=(GpuReading(index=0, temperature_c=50),))
+    verdicts = tuple(classify(r, Thresholds()) for r in snap.gpus)
+    serving = [""]
+    registry = node(snap, verdicts, serving=serving)
+    assert registry.get_sample_value("nodeagent_build_info", {"version": "1.2.3"}) == 1
+    assert registry.get_sample_value("nodeagent_gpu_healthy", {"job_id": "", "gpu": "0"}) == 1
+    serving[0] = "llama"
+    assert registry.get_sample_value("nodeagent_gpu_healthy", {"job_id": "llama", "gpu": "0"}) == 1
+    assert registry.get_sample_value("nodeagent_gpu_healthy", {"job_id": "", "gpu": "0"}) is None
+
+
 def test_gpu_monitoring_unavailable() -> None:
-    m = AgentMetrics("llama", "0")
-    m.watch_gpus(lambda: GpuSnapshot(False, "no driver"), lambda: (), dict)
-    assert value(m, "nodeagent_gpu_monitoring_available") == 0
-    assert value(m, "nodeagent_gpu_healthy", gpu="0") is None
+    registry = node(GpuSnapshot(False, "no driver"))
+    assert registry.get_sample_value("nodeagent_gpu_monitoring_available", J) == 0
+    assert registry.get_sample_value("nodeagent_gpu_healthy", {**J, "gpu": "0"}) is None
 
 
 def route(target: str) -> tuple[int, bytes, str]:
@@ -151,7 +184,7 @@ def test_every_restart_reason_the_plan_gives_is_counted_by_its_own_name(
 ) -> None:
     """The plan announces generations only with a RestartReason (job/plan.py `_begin` takes
     nothing else); the metrics know each one, none is counted as "other"."""
-    m = AgentMetrics("llama", "0")
+    m = AgentMetrics("llama")
     assert value(m, "nodeagent_restarts_total", reason=reason.value) == 0  # from the start
     record = make_record(JobState.RUNNING, 4, ("a",))
     m.synced(0.001, record, leader=False, now=1.0)
@@ -161,7 +194,7 @@ def test_every_restart_reason_the_plan_gives_is_counted_by_its_own_name(
 
 
 def test_garbage_counts_by_kind_and_reasons_from_redis_are_no_labels() -> None:
-    m = AgentMetrics("llama", "0")
+    m = AgentMetrics("llama")
     assert value(m, "nodeagent_redis_garbage_total", key="leases") == 0  # exists from the start
     m.redis_garbage("leases")
     m.redis_garbage("no-such-kind")
@@ -175,7 +208,7 @@ def test_garbage_counts_by_kind_and_reasons_from_redis_are_no_labels() -> None:
 
 
 def test_the_members_watch_suspects_now_and_suspicions_begun() -> None:
-    m = AgentMetrics("llama", "0")
+    m = AgentMetrics("llama")
     assert value(m, "nodeagent_peers_suspected") == 0  # the series exist from the start
     assert value(m, "nodeagent_peer_suspicions_total") == 0
     m.peers(2, 2)

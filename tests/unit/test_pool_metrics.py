@@ -152,6 +152,8 @@ class Member:
     last_error: str | None = None
     last_view: PoolView | None = None
     preemptions: dict[str, int] = field(default_factory=dict)
+    redis_errors: int = 0
+    beaten_at: float | None = None
 
 
 def scrape(member: Member) -> str:
@@ -227,3 +229,16 @@ def test_only_a_leader_in_touch_exports_figures(member: Member) -> None:
     assert f'nodeagent_pool_leader{{pool="research"}} {1.0 if leads else 0.0}' in text
     assert "nodeagent_pool_nodes" not in text
     assert "nodeagent_pool_queue_head_wait_seconds" not in text
+
+
+def test_every_node_exports_its_pool_heartbeat_and_failed_calls() -> None:
+    """Issue 62: a node serving no job has no job heartbeat; its pool's says it is alive and
+    reaches Redis (the alerts read both)."""
+    text = scrape(Member(redis_errors=2, beaten_at=1_700_000_000.5)).splitlines()
+    assert 'nodeagent_pool_redis_errors_total{pool="research"} 2.0' in text
+    assert (
+        'nodeagent_pool_last_heartbeat_timestamp_seconds{pool="research"} 1.7000000005e+09' in text
+    )
+    never = scrape(Member())
+    assert "nodeagent_pool_last_heartbeat_timestamp_seconds{" not in never  # none went through
+    assert 'nodeagent_pool_redis_errors_total{pool="research"} 0.0' in never.splitlines()

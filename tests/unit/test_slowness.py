@@ -359,7 +359,7 @@ def test_the_leaders_judgments_keep_to_a_grid_of_windows() -> None:
         return SlowWatch(
             store,  # type: ignore[arg-type]
             SlowPolicy(window_s=window_s),
-            AgentMetrics("j", "test"),
+            AgentMetrics("j"),
             lambda: now[0],
             lambda fn, _what: fn(),
         )
