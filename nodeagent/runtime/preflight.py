@@ -30,6 +30,7 @@ from nodeagent.config.identity import WorkerUser
 from nodeagent.config.settings import DEFAULT_STATE_DIR, JobConfig, NodeSettings
 from nodeagent.errors import ConfigError
 from nodeagent.runtime import access
+from nodeagent.supervisor.asuser import run_as
 from nodeagent.supervisor.ranklogs import DIR_MODE
 from nodeagent.supervisor.spec import resolve_argv
 
@@ -69,8 +70,18 @@ def check_node(
     if contained:
         _metrics_address(config.metrics.listen)
         return NodeCheck(state_dir, warnings)
-    workdir = _working_dir(job, cwd or Path.cwd())
-    program, script = _entrypoint(job, environ, workdir)
+    try:
+        workdir = _working_dir(job, cwd or Path.cwd())
+        program, script = _entrypoint(job, environ, workdir)
+    except PermissionError as exc:
+        # Behind a directory private to the job's user (a 0700 home): the agent, root without
+        # CAP_DAC_READ_SEARCH under its unit (or squashed on NFS), cannot look; its user can.
+        if user is None:
+            problem = f"cannot look at {exc.filename}: {_reason(exc)}"
+            raise ConfigError("job.working_dir", problem) from None
+        _check_as_user(job, user, cwd or Path.cwd())
+        _metrics_address(config.metrics.listen)
+        return NodeCheck(state_dir, warnings)
     if user is not None:
         where = "their working directory"
         if job.working_dir is None:
@@ -220,6 +231,43 @@ def _python_script(entrypoint: tuple[str, ...], workdir: Path) -> Path | None:
     if not script.is_file():
         raise ConfigError("job.entrypoint", f"script {rest[0]} not found on this node")
     return script
+
+
+# Run as the job's user: enter the working directory ($1), find a program given with a '/'
+# ($2, "" for one found on PATH) and a script ($3, "" for none) there. Its exit status names
+# what failed (the keys below); what it prints is the reason.
+_AS_USER = """
+cd -- "$1" 2>/dev/null || { echo "cannot enter $1"; exit 3; }
+case "$2" in */*) [ -f "$2" ] && [ -x "$2" ] || { echo "no program $2 in $1"; exit 4; };; esac
+[ -z "$3" ] || [ -r "$3" ] || { echo "cannot read the script $3 in $1"; exit 5; }
+"""
+_AS_USER_KEYS = {3: "job.working_dir", 4: "job.entrypoint", 5: "job.entrypoint"}
+
+
+def _check_as_user(job: JobConfig, user: WorkerUser, cwd: Path) -> None:
+    """What `_working_dir` and `_entrypoint` check, made by the job's user itself (a short
+    shell run as that user): for a working directory the agent cannot look into.
+
+    Raises:
+        ConfigError: naming job.working_dir or job.entrypoint, as the user found it.
+    """
+    workdir = cwd / job.working_dir if job.working_dir is not None else cwd
+    argv = resolve_argv(job.entrypoint, job.python)
+    program = argv[0] if "/" in argv[0] else ""
+    try:
+        _, rest = split_python(argv)
+        script = "" if rest[0] == "-m" else rest[0]
+    except NotPython:
+        script = ""
+    command = ["/bin/sh", "-c", _AS_USER, "sh", str(workdir), program, script]
+    try:
+        status, said = run_as(user, command, b"", 400)
+    except OSError as exc:
+        raise ConfigError("job.working_dir", f"cannot check it as {user.name!r}: {exc}") from None
+    if status != 0:
+        reason = said.decode("utf-8", "replace").strip() or f"exit status {status}"
+        key = _AS_USER_KEYS.get(status, "job.working_dir")
+        raise ConfigError(key, f"the workers' user {user.name!r}: {reason}")
 
 
 def _metrics_address(listen: str) -> None:

@@ -83,3 +83,35 @@ def test_a_directory_the_user_cannot_enter_is_named_in_the_error(
     )
     missing = spawn(user, directory.parent / "gone")
     assert missing["errno"] == errno.ENOENT, missing
+
+
+def check(user: User, base: Path, workdir: Path, script: str) -> dict[str, object]:
+    """A pinned node's preflight, with the unit's privileges (tests/helpers/checkas.py)."""
+    done = subprocess.run(
+        [*unit_prefix(), sys.executable, "-m", "tests.helpers.checkas", user.name, str(base),
+         str(workdir), script],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found: dict[str, object] = json.loads(done.stdout)
+    return found
+
+
+def test_a_pinned_nodes_check_looks_into_a_private_directory_as_its_user(
+    home: tuple[User, Path],
+) -> None:
+    """The same directory named by a node's own `job:` section: `nodeagent config check` and
+    `run` checked it as the agent, which cannot look into it (a PermissionError, and a
+    traceback where exit 78 was due). The check is made as the job's user."""
+    user, directory = home
+    base = directory.parent
+    assert check(user, base, directory / "work", "say.py") == {"ok": True}
+    missing = check(user, base, directory / "work", "nothere.py")
+    assert missing == {
+        "key": "job.entrypoint",
+        "problem": f"the workers' user {user.name!r}: cannot read the script nothere.py in "
+        f"{directory / 'work'}",
+    }
+    gone = check(user, base, directory / "gone", "say.py")
+    assert gone["key"] == "job.working_dir", gone
+    assert f"cannot enter {directory / 'gone'}" in str(gone["problem"])
