@@ -54,6 +54,7 @@ from torchtitan.tools import filesystem
 
 from nodeagent.worker import Checkpointer, beat
 from nodeagent.worker.agree import any_rank
+from nodeagent.worker.ending import training_ended
 from nodeagent.worker.graceful import exit_at_once_when_failing, no_longer_exit_at_once
 
 log = logging.getLogger(__name__)
@@ -214,6 +215,8 @@ class NodeagentCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
                 "stopping at step %d (SIGTERM)%s", curr_step, "" if self.load_only else ": saved"
             )
             sys.exit(0)
+        if last_step:
+            training_ended()  # what follows is the exit: its failure is not the job's
         return saved
 
     def _maybe_wait_for_staging(self) -> None:

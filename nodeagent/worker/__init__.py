@@ -21,7 +21,9 @@ crash and a node loss), trainstate.py (TrainState: what a save holds), dcpio.py
 (torch.distributed.checkpoint as the tiers use it), agree.py (the ranks' one verdict per
 restore source), checkpoint.py (CheckpointManager: whole-file checkpoints that cannot be
 half-read), graceful.py (GracefulExit: an emergency save on SIGTERM), progress.py (`beat`;
-`compute`: the part of a step that waits for no peer, for slow-rank detection),
+`compute`: the part of a step that waits for no peer, for slow-rank detection; `finished`),
+ending.py (`training_ended`: a rank's end said and its process group destroyed at exit, for
+the integrations),
 scaling.py (`rescale`: hyperparameters for another world), elastic.py (in-place recovery:
 `elastic.run`, State, Reform), follow.py (what a worker was told over its control channel),
 abort.py (a collective blocked on a frozen peer ended once the job re-forms),

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 from nodeagent.channel import control
 from nodeagent.channel.control import Assignment, ControlFile
-from nodeagent.worker import abort, progress
+from nodeagent.worker import abort, ending, progress
 from nodeagent.worker.follow import Follower, Reform, ReformTimedOut, Stopped
 from nodeagent.worker.release import init_rolled_back, release_destroyed_groups
 
@@ -468,11 +468,5 @@ def _finish(state: Resumable, channel: ControlFile | None, connections: set[int]
 
 
 def _teardown(connections: set[int]) -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception as exc:  # peers that ended first may leave it unable to tear down
-            log.warning("destroying the process group at exit: %s", exc)
+    ending.destroy_default_group()
     release_destroyed_groups(connections)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -210,3 +213,36 @@ def test_the_failing_exit_is_put_in_place_once_even_after_every_question_was_for
     sys.excepthook(RuntimeError, error, None)
     assert seen == [error]  # the original hook, once
     assert graceful._failed == [error]
+
+
+ENDED = """
+import atexit, os, sys
+import torch.distributed as dist
+from nodeagent.worker import ending
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+atexit.register(lambda: print("initialized at the end:", dist.is_initialized(), flush=True))
+ending.training_ended()
+ending.training_ended()  # once, however many times
+"""
+
+
+def test_training_ended_tells_the_agent_and_destroys_the_group_at_exit(tmp_path: Path) -> None:
+    """What the integrations call once a rank's training returned (issue 62): the progress
+    file says finished, and the group is gone before the interpreter's finalization (the
+    handler registered before it runs after it)."""
+    path = tmp_path / "rank-0.progress"
+    beats.create(path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run(
+        [sys.executable, "-c", ENDED, str(port)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NODEAGENT_PROGRESS_FILE": str(path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["initialized at the end: False"]
+    read = beats.read(path)
+    assert read is not None and read.finished

@@ -1,0 +1,42 @@
+"""`training_ended()`: what a rank does once its training returned, for the framework
+integrations (nodeagent.integrations) as `elastic.run` does it for itself.
+
+Two things, both about the process's exit. The agent is told (progress.finished()): an exit
+that fails after it is not the job's failure, and neither charges a restart nor re-forms the
+job. And the default process group is destroyed at exit (atexit), before the interpreter's
+finalization destroys it in no chosen order: a backend's threads torn down there can abort the
+process ("terminate called without an active exception", SIGABRT), as a transformers Trainer
+rank did after logging its last step (issue 62) and elastic.run's survivors did (issue 52). A
+script that ends with os._exit skips both, as it skips the abort. torch is imported only at
+exit, and only if the script imported it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+
+from nodeagent.worker import progress
+
+log = logging.getLogger(__name__)
+
+
+def training_ended() -> None:
+    """Say this rank's training reached its end, and destroy the process group at exit (once,
+    however many times it is called)."""
+    progress.finished()
+    atexit.unregister(destroy_default_group)
+    atexit.register(destroy_default_group)
+
+
+def destroy_default_group() -> None:
+    """Destroy torch.distributed's default group if one is up (peers that ended first may
+    leave it unable to: said, not raised)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception as exc:
+        log.warning("destroying the process group at exit: %s", exc)
