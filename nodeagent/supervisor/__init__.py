@@ -1,14 +1,17 @@
 """Every child process of the agent: worker groups, spares, the fence keeper, munge.
 
-group.py (the Supervisor: spawn, watch, release, stop one generation's workers), status.py
-(what it reports: GroupPhase, GroupStatus, WorkerExit, Started), spec.py (what a worker is
-started with: torchrun's environment, argv, cwd, files), ranklogs.py (a rank's log files),
-spares.py (pre-started interpreters, `job.preload`), fence.py (the fence keeper, `python -m
-nodeagent.supervisor.fence`), cgroups.py (a containerised worker fenced by its container's
-cgroup: what left its process group dies too), container.py (a worker in the job's image: the
-podman service's client, its pulls), errorfile.py (a failed rank's root cause), munge.py (MUNGE's
-`munge` and `unmunge` programs: the credentials of the pool's requests), usage.py (what
-the kernel says a worker got of the CPU: its run time and its wait for one), asuser.py (a short
-program run as the job's user: the copies into a submitted job's persistent tier). Apart from the
-embedded redis-server (coord/embedded.py), only this package starts processes.
+group.py (the Supervisor: spawn, watch, release, stop one generation's workers), worker.py (one
+worker's record, and what is done to one worker: signals, kills, liveness, its stacks, the
+failure its exit makes), release.py (in place: a group released, its survivors parked, a failed
+rank's warm-up), status.py (what it reports: GroupPhase, GroupStatus, WorkerExit, Started),
+spec.py (what a worker is started with: torchrun's environment, argv, cwd, files), ranklogs.py
+(a rank's log files), spares.py (pre-started interpreters, `job.preload`), fence.py (the fence
+keeper, `python -m nodeagent.supervisor.fence`), cgroups.py (a containerised worker fenced by
+its container's cgroup: what left its process group dies too), container.py (a worker in the
+job's image: the podman service's client, its pulls), errorfile.py (a failed rank's root cause),
+munge.py (MUNGE's `munge` and `unmunge` programs: the credentials of the pool's requests),
+usage.py (what the kernel says a worker got of the CPU: its run time and its wait for one),
+asuser.py (a short program run as the job's user: the copies into a submitted job's persistent
+tier). Apart from the embedded redis-server (coord/embedded.py), only this package starts
+processes.
 """

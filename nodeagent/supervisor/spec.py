@@ -103,7 +103,7 @@ WARMUP_FILES = {  # a warm-up's own files: the variable naming each, its name's 
 
 
 def warmup_spec(spec: WorkerSpec, generation: int) -> WorkerSpec:
-    """The spec of a warm-up replacing `spec`'s failed worker (supervisor/group.py): the same
+    """The spec of a warm-up replacing `spec`'s failed worker (supervisor/release.py): the same
     environment, that of `generation` (which it is told to leave before it starts), and files
     of its own beside the failed one's log (`rank-R.warmup.log`, `.progress`, ...), so that
     the failed one's log and error file keep why it died."""

@@ -23,7 +23,7 @@ class WorkerExit:
     exit_code: int | None
     signal: str | None
     expected: bool
-    cause: str | None = None  # a failure's root cause or last lines (Supervisor._cause)
+    cause: str | None = None  # a failure's root cause or last lines (Worker.cause)
     finished: bool = False
 
     @property
