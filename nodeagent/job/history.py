@@ -1,7 +1,7 @@
 """A job's generations and restarts as its events tell them (`nodeagentctl show`). Pure.
 
 Each `generation_started` event names its generation, members (the first EVENT_MEMBERS of
-them, and how many more) and the reason the generation was announced; each
+them, and how many more: job/leaderevents.py) and the reason the generation was announced; each
 `generation_announced` after the first generation is a restart, by that reason
 (model/job.py RestartReason; "other" for text nodeagent did not write, as the metrics count it).
 """

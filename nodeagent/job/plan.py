@@ -8,6 +8,9 @@ The protocol it drives: to change anything, the leader announces generation g+1 
 every live agent stops its workers and acknowledges g+1; only when all have (or their leases have
 expired) does the leader choose members and write RUNNING. Workers of two generations therefore
 never run at the same time.
+
+Read in before each step: the nodes the members hold out (suspicion.hold_out) and the operator's
+commands (commands.py); the events it appends about the job are made by leaderevents.py.
 """
 
 from __future__ import annotations
@@ -18,16 +21,9 @@ from dataclasses import dataclass, field, replace
 from nodeagent.config.settings import Config
 from nodeagent.job import members, repeats, slowness, suspicion
 from nodeagent.job.checkpoints import restore
-from nodeagent.model.job import (
-    ClusterView,
-    Command,
-    CommandType,
-    Event,
-    Failure,
-    JobRecord,
-    NodeReport,
-    RestartReason,
-)
+from nodeagent.job.commands import Requests, apply_commands
+from nodeagent.job.leaderevents import job_event, names, restore_event
+from nodeagent.model.job import ClusterView, Event, Failure, JobRecord, NodeReport, RestartReason
 from nodeagent.model.tiers import CheckpointRecord
 from nodeagent.state import JobState, NodeState
 
@@ -107,19 +103,12 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class _Requests:
-    restart: bool = False
-    stop: bool = False
-    scaled: bool = False
-
-
-@dataclass(frozen=True)
 class _Context:
     view: ClusterView
     policy: Policy
     memory: LeaderMemory
     eligible: tuple[str, ...]
-    requests: _Requests
+    requests: Requests
     held: frozenset[str] = frozenset()  # held out now (job/suspicion.py): alive, maybe training
 
 
@@ -130,7 +119,7 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     """Decide what the job record should become. Pure."""
     events = [_expired(name, memory) for name in view.expired]
     live = frozenset(view.nodes)
-    view, held, suspected = _hold_out(view)
+    view, held, suspected = suspicion.hold_out(view)
     events += suspected
     # Remembered while their leases hold: one held out is lost once, not again at its lease.
     memory = replace(memory, held=(held | memory.held) & live)
@@ -142,7 +131,7 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     if policy.tiers:
         tiers = restore.fold(record.checkpoint or CheckpointRecord(), view.nodes, policy.replicas)
         record = replace(record, checkpoint=tiers)
-    record, requests, command_events = _apply_commands(record, view.commands)
+    record, requests, command_events = apply_commands(record, view.commands)
     if view.command_cursor is not None:
         record = replace(record, command_cursor=view.command_cursor)
     events += command_events
@@ -173,28 +162,6 @@ def _expired(name: str, memory: LeaderMemory) -> Event:
     if name in memory.held:
         return Event("node_reaped", node=name, message=f"lease of {name} expired (held out)")
     return Event("node_lost", node=name, message=f"lease of {name} expired")
-
-
-def _hold_out(view: ClusterView) -> tuple[ClusterView, frozenset[str], list[Event]]:
-    """The view without the nodes the members hold out (job/suspicion.py), planned from as if
-    their leases had lapsed, and a node_lost event for each member of a running generation."""
-    record = view.record
-    voters = record.members if record is not None else ()
-    # Only live leases: a lapsed one is lost by its expiry (node_lost), once.
-    held = suspicion.held_out(voters, view.nodes) & frozenset(view.nodes)
-    if not held:
-        return view, held, []
-    events = []
-    if record is not None and record.state is JobState.RUNNING:
-        for name in (m for m in record.members if m in held):
-            votes = suspicion.suspected_by(name, voters, view.nodes)
-            message = (
-                f"{name} suspected lost by {votes} of {suspicion.judges(voters)} members "
-                "(its lease still holds: it is planned as lapsed)"
-            )
-            events.append(Event("node_lost", node=name, message=message, data={"suspected": votes}))
-    nodes = {name: report for name, report in view.nodes.items() if name not in held}
-    return replace(view, nodes=nodes), held, events
 
 
 def _initial_record(view: ClusterView, policy: Policy) -> JobRecord:
@@ -236,53 +203,11 @@ def _refresh_policy(record: JobRecord, policy: Policy) -> JobRecord:
     )
 
 
-def _apply_commands(
-    record: JobRecord, commands: Sequence[Command]
-) -> tuple[JobRecord, _Requests, list[Event]]:
-    requests = _Requests()
-    events: list[Event] = []
-    for cmd in commands:
-        record = replace(record, command_cursor=cmd.id)
-        if cmd.type is CommandType.SCALE:
-            target = cmd.target if cmd.target is not None else -1
-            if record.min_nodes <= target <= record.max_nodes:
-                events.append(
-                    Event(
-                        "scale_requested",
-                        message=f"target {record.target_nodes} -> {target} (by {cmd.by})",
-                        data={"from": record.target_nodes, "to": target},
-                    )
-                )
-                record = replace(record, target_nodes=target)
-                requests = replace(requests, scaled=True)
-            else:
-                events.append(
-                    Event(
-                        "scale_rejected",
-                        message=f"target {cmd.target} outside "
-                        f"[{record.min_nodes}, {record.max_nodes}] (by {cmd.by})",
-                    )
-                )
-        elif cmd.type is CommandType.RESTART:
-            requests = replace(requests, restart=True)
-            events.append(Event("restart_requested", message=f"by {cmd.by}"))
-        elif cmd.type is CommandType.STOP:
-            requests = replace(requests, stop=True)
-            events.append(Event("stop_requested", message=f"by {cmd.by}"))
-        elif cmd.type is CommandType.SIGNAL and cmd.signal:
-            record = replace(
-                record, signal=cmd.signal, signal_id=cmd.id, signal_generation=record.generation
-            )
-            message = f"SIG{cmd.signal} to the workers of generation {record.generation}"
-            events.append(Event("signal_requested", message=f"{message} (by {cmd.by})"))
-    return record, requests, events
-
-
 def _remember(memory: LeaderMemory, eligible: Sequence[str], now_ms: int) -> LeaderMemory:
-    names = frozenset(eligible)
-    if names == memory.eligible:
+    now_eligible = frozenset(eligible)
+    if now_eligible == memory.eligible:
         return memory
-    return replace(memory, eligible=names, changed_ms=now_ms)
+    return replace(memory, eligible=now_eligible, changed_ms=now_ms)
 
 
 def backoff_ms(policy: Policy, streak: int) -> int:
@@ -327,7 +252,7 @@ def _count_crash(
         f"failure {streak} in a row ({after.reason}, generation {before.generation} ran "
         f"{ran_ms / 1000:.1f}s): waiting {wait / 1000:g}s before generation {after.generation}"
     )
-    return memory, _job_event("restart_backoff", after, message)
+    return memory, job_event("restart_backoff", after, message)
 
 
 def _step(record: JobRecord, ctx: _Context) -> _Step:
@@ -338,7 +263,7 @@ def _step(record: JobRecord, ctx: _Context) -> _Step:
             since_ms=ctx.view.now_ms,
             pending_failure=None,
         )
-        return stopped, [_job_event("job_stopped", stopped, "stopped by operator")], "stop"
+        return stopped, [job_event("job_stopped", stopped, "stopped by operator")], "stop"
     if record.state.terminal:
         if ctx.requests.restart:
             reset = record.state is JobState.FAILED
@@ -373,7 +298,7 @@ def _begin(
     message = f"generation {generation} announced ({reason})"
     if failure is not None and new.detail.endswith(repeats.SAME_CAUSE):
         message += f": {repeats.SAME_CAUSE}"
-    return new, [_job_event("generation_announced", new, message)], reason
+    return new, [job_event("generation_announced", new, message)], reason
 
 
 def _failure_detail(record: JobRecord, failure: Failure) -> str:
@@ -438,7 +363,7 @@ def _step_running(record: JobRecord, ctx: _Context) -> _Step:
         done = record.moved_to(
             JobState.SUCCEEDED, reason="completed", detail="", since_ms=ctx.view.now_ms
         )
-        return done, [_job_event("job_succeeded", done, "every worker exited 0")], "succeeded"
+        return done, [job_event("job_succeeded", done, "every worker exited 0")], "succeeded"
     if ctx.requests.restart:
         return _begin(record, ctx, RestartReason.OPERATOR)
     # A cordoned member keeps running until the next generation (cordon is not drain).
@@ -460,7 +385,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
         return (
             record,
             [],
-            f"waiting for {_names(waiting)} to stop generation < {record.generation}",
+            f"waiting for {names(waiting)} to stop generation < {record.generation}",
         )
     restart_count = record.restart_count
     failure = record.pending_failure
@@ -472,7 +397,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
     # a dead peer makes the survivors' collectives fail too.
     if failure is not None and lost:
         reason = RestartReason.NODE_LOST.value
-        detail = f"{failure.describe()} after losing {_names(lost)}: not charged"
+        detail = f"{failure.describe()} after losing {names(lost)}: not charged"
     elif failure is not None and (reporter is None or reporter.failure != failure):
         # Only a failure its node still reports is charged: not one written into the record.
         detail = f"{failure.describe()}: not reported by {failure.node}, not charged"
@@ -486,7 +411,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
                 since_ms=ctx.view.now_ms,
                 detail=f"{_failure_detail(record, failure)}; {restart_count - 1} restarts used",
             )
-            return failed, [_job_event("job_failed", failed, failed.detail)], "failed"
+            return failed, [job_event("job_failed", failed, failed.detail)], "failed"
         left_ms = (
             record.since_ms + backoff_ms(ctx.policy, ctx.memory.crash_streak) - ctx.view.now_ms
         )
@@ -507,7 +432,7 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
         )
         return (
             waiting_record,
-            [_job_event("job_waiting", waiting_record, waiting_record.detail)],
+            [job_event("job_waiting", waiting_record, waiting_record.detail)],
             "waiting",
         )
     master = nodes[chosen[0]]
@@ -523,19 +448,19 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
         since_ms=ctx.view.now_ms,
     )
     message = (
-        f"generation {running.generation} started: world {running.world_size} on {_names(chosen)}"
+        f"generation {running.generation} started: world {running.world_size} on {names(chosen)}"
     )
-    events = [_job_event("generation_started", running, message)]
+    events = [job_event("generation_started", running, message)]
     if running.checkpoint is not None:
         tiers = restore.choose(running.checkpoint, chosen, record.nproc_per_node, nodes)
         zombies = bool(ctx.held)  # held out, alive: they may save on for a while
         running = replace(
             running, checkpoint=restore.rolled_back(tiers, running.generation, zombies)
         )
-        events.append(_restore_event(running, tiers))
+        events.append(restore_event(running, tiers))
     if running.reason == RestartReason.SCALE:
         applied = f"running on {len(chosen)} nodes (target {running.target_nodes})"
-        events.append(_job_event("scale_applied", running, applied))
+        events.append(job_event("scale_applied", running, applied))
     return running, events, "started"
 
 
@@ -552,51 +477,5 @@ def _step_waiting(record: JobRecord, ctx: _Context) -> _Step:
             detail=f"only {count} of min_nodes={record.min_nodes} nodes "
             f"after {waited_ms / 1000:.0f}s",
         )
-        return failed, [_job_event("job_failed", failed, failed.detail)], "failed"
+        return failed, [job_event("job_failed", failed, failed.detail)], "failed"
     return record, [], f"waiting for nodes: {count} eligible, min_nodes {record.min_nodes}"
-
-
-def _names(names: Sequence[str], shown: int = 8) -> str:
-    """Node names for a message: all of a small job's, the first few of a large one's (a
-    10,000-node job's would be 100 KB in every log line and event)."""
-    if len(names) <= shown:
-        return ", ".join(names)
-    return f"{', '.join(names[:shown])} and {len(names) - shown:,} more"
-
-
-def _restore_event(record: JobRecord, checkpoint: CheckpointRecord) -> Event:
-    order = " ".join(checkpoint.restore)
-    first = restore.first_step(checkpoint)
-    lost = f", {checkpoint.newest - first} steps behind the newest" if first is not None else ""
-    return Event(
-        "restore_chosen",
-        generation=record.generation,
-        message=f"restore order {order} (newest step held {checkpoint.newest}{lost})",
-        data={
-            "restore": list(checkpoint.restore),
-            "newest": checkpoint.newest,
-            "persisted": checkpoint.persisted_step,
-            "bad": list(checkpoint.bad),
-        },
-    )
-
-
-EVENT_MEMBERS = 64  # members listed in an event's data; a larger job's count is in members_more
-
-
-def _job_event(kind: str, record: JobRecord, message: str) -> Event:
-    more = len(record.members) - EVENT_MEMBERS
-    return Event(
-        kind,
-        generation=record.generation,
-        message=message,
-        data={
-            "state": record.state.value,
-            "reason": record.reason,
-            "members": list(record.members[:EVENT_MEMBERS]),
-            **({"members_more": more} if more > 0 else {}),
-            "world_size": record.world_size,
-            "restart_count": record.restart_count,
-            "target_nodes": record.target_nodes,
-        },
-    )

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
-from nodeagent.model.job import NodeReport
+from nodeagent.model.job import ClusterView, Event, NodeReport
+from nodeagent.state import JobState
 
 # The largest job whose members watch each other (every member each other member: a beat a
 # member is members - 1 connections). A larger job is watched on a ring of RING neighbours.
@@ -65,6 +67,28 @@ def held_out(members: Sequence[str], nodes: Mapping[str, NodeReport]) -> frozens
         held = _ring_held(members, _ring_votes(members, nodes, _ring_held(members, everyone)))
     kept = sum(1 for name in members if name not in held)
     return held if 2 * kept > len(members) else frozenset()
+
+
+def hold_out(view: ClusterView) -> tuple[ClusterView, frozenset[str], list[Event]]:
+    """The view without the nodes the members hold out, planned from as if their leases had
+    lapsed (job/plan.py), and a node_lost event for each member of a running generation."""
+    record = view.record
+    voters = record.members if record is not None else ()
+    # Only live leases: a lapsed one is lost by its expiry (node_lost), once.
+    held = held_out(voters, view.nodes) & frozenset(view.nodes)
+    if not held:
+        return view, held, []
+    events = []
+    if record is not None and record.state is JobState.RUNNING:
+        for name in (m for m in record.members if m in held):
+            votes = suspected_by(name, voters, view.nodes)
+            message = (
+                f"{name} suspected lost by {votes} of {judges(voters)} members "
+                "(its lease still holds: it is planned as lapsed)"
+            )
+            events.append(Event("node_lost", node=name, message=message, data={"suspected": votes}))
+    nodes = {name: report for name, report in view.nodes.items() if name not in held}
+    return replace(view, nodes=nodes), held, events
 
 
 def suspected_by(name: str, members: Sequence[str], nodes: Mapping[str, NodeReport]) -> int:
