@@ -6,12 +6,14 @@ fixed samples in batches of 4 (16 batches an epoch: 20 steps cross an epoch boun
 a data loader that can say where it is (state_dict/load_state_dict, as torchdata's
 StatefulDataLoader can), so a mid-epoch resume goes on with the next batch.
 
-Appends JSON lines to $RECORD_DIR/<pid>.jsonl: "restored" (the step the fit went on from),
-"step" after each optimizer step (global step, epoch, batch index, the batch's sum, the learning
-rate, a hash of the parameters), "final" (the parameters' hash once the fit returned).
-MAX_STEPS (20), SAVE_EVERY (5), CKPT_DIR (the script's own checkpoints), STEP_TIME_S (0), and
-CRASH_AT=S: rank CRASH_RANK (0) exits 1 at once after step S. DEVICE (cpu; cuda: one GPU a
-rank, tests/gpu/test_frameworks_cuda.py).
+The lines are written by a callback of the script's own (`Record`), given to the Trainer beside
+the integration's. Appends JSON lines to $RECORD_DIR/<pid>.jsonl: "restored" (the step the fit
+went on from), "step" after each optimizer step (global step, epoch, batch index, the batch's
+sum, the learning rate, a hash of the parameters), and once `fit` returned, "stopped" (SIGTERM:
+every rank stopped after the same step, saved) or "final" (the fit ran to its end), with the
+parameters' hash. MAX_STEPS (20), SAVE_EVERY (5), CKPT_DIR (the script's own checkpoints),
+STEP_TIME_S (0), and CRASH_AT=S: rank CRASH_RANK (0) exits 1 at once after step S. DEVICE (cpu;
+cuda: one GPU a rank, tests/gpu/test_frameworks_cuda.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -78,39 +80,6 @@ class Model(LightningModule):
         self.batch_sum = float(x.sum())
         return loss
 
-    def on_fit_start(self) -> None:  # after the callbacks': the restored progress
-        trainer = self.trainer
-        record(
-            "restored",
-            step=trainer.global_step,
-            epoch=trainer.current_epoch,
-            rank=trainer.global_rank,
-            world=trainer.world_size,
-            generation=int(os.environ.get("NODEAGENT_GENERATION", "0")),
-            hash=params_sha256(self),
-        )
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        trainer = self.trainer
-        record(
-            "step",
-            step=trainer.global_step,
-            epoch=trainer.current_epoch,
-            batch_idx=batch_idx,
-            batch_sum=round(self.batch_sum, 6),
-            lr=trainer.optimizers[0].param_groups[0]["lr"],
-            rank=trainer.global_rank,
-            world=trainer.world_size,
-            generation=int(os.environ.get("NODEAGENT_GENERATION", "0")),
-            hash=params_sha256(self),
-        )
-        crash = os.environ.get("CRASH_AT")
-        rank = int(os.environ.get("CRASH_RANK", "0"))
-        if crash and trainer.global_step == int(crash) and trainer.global_rank == rank:
-            sys.stdout.flush()
-            os._exit(1)
-        time.sleep(float(os.environ.get("STEP_TIME_S", "0")))
-
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.9)
@@ -132,9 +101,48 @@ def params_sha256(model: nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
+class Record(Callback):
+    """The script's own callback, beside the integration's (which comes first in the list: its
+    restore and its saves come before these hooks)."""
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        record(
+            "restored",
+            step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            rank=trainer.global_rank,
+            world=trainer.world_size,
+            generation=int(os.environ.get("NODEAGENT_GENERATION", "0")),
+            hash=params_sha256(pl_module),
+        )
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, index: int
+    ) -> None:
+        assert isinstance(pl_module, Model)
+        record(
+            "step",
+            step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            batch_idx=index,
+            batch_sum=round(pl_module.batch_sum, 6),
+            lr=trainer.optimizers[0].param_groups[0]["lr"],
+            rank=trainer.global_rank,
+            world=trainer.world_size,
+            generation=int(os.environ.get("NODEAGENT_GENERATION", "0")),
+            hash=params_sha256(pl_module),
+        )
+        crash = os.environ.get("CRASH_AT")
+        rank = int(os.environ.get("CRASH_RANK", "0"))
+        if crash and trainer.global_step == int(crash) and trainer.global_rank == rank:
+            sys.stdout.flush()
+            os._exit(1)
+        time.sleep(float(os.environ.get("STEP_TIME_S", "0")))
+
+
 def main() -> int:
     torch.set_num_threads(1)
-    callback = NodeagentCallback(
+    nodeagent = NodeagentCallback(
         save_every=int(os.environ.get("SAVE_EVERY", "5")), directory=os.environ.get("CKPT_DIR")
     )
     model = Model()
@@ -146,10 +154,13 @@ def main() -> int:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        **trainer_options(callback),
+        callbacks=[nodeagent, Record()],
+        **trainer_options(),  # num_nodes, devices
     )
     trainer.fit(model)
-    record("final", step=trainer.global_step, hash=params_sha256(model), rank=trainer.global_rank)
+    # fit returns after a stop too: every rank stopped after the same step, saved
+    event = "stopped" if nodeagent.stopped else "final"
+    record(event, step=trainer.global_step, hash=params_sha256(model), rank=trainer.global_rank)
     sys.stdout.flush()
     return 0
 

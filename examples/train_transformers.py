@@ -7,9 +7,11 @@ and a linear schedule with warm-up, 64 fixed samples in batches of 4 a rank (shu
 
 Appends JSON lines to $RECORD_DIR/<pid>.jsonl: "restored" (the step `train` went on from),
 "step" after each optimizer step (global step, epoch, the batch's sum, the learning rate, a
-hash of the parameters), "final". MAX_STEPS (20), SAVE_EVERY (5), CKPT_DIR (the script's own
-checkpoints), OUTPUT_DIR (Trainer's), STEP_TIME_S (0), CRASH_AT=S: rank CRASH_RANK (0) exits 1
-at once after step S. DEVICE (cpu; cuda: one GPU a rank, tests/gpu/test_frameworks_cuda.py).
+hash of the parameters), and once `train` returned, "stopped" (SIGTERM: every rank stopped after
+the same step, saved) or "final" (it ran to its end). MAX_STEPS (20), SAVE_EVERY (5), CKPT_DIR
+(the script's own checkpoints), OUTPUT_DIR (Trainer's), STEP_TIME_S (0), CRASH_AT=S: rank
+CRASH_RANK (0) exits 1 at once after step S. DEVICE (cpu; cuda: one GPU a rank,
+tests/gpu/test_frameworks_cuda.py).
 """
 
 from __future__ import annotations
@@ -128,7 +130,11 @@ def main() -> int:
         hash=params_sha256(model),
     )
     trainer.train(resume_from_checkpoint=resume)
-    record("final", step=trainer.state.global_step, hash=params_sha256(model))
+    # train returns after a stop too: every rank stopped after the same step, saved
+    event = "stopped" if nodeagent.stopped else "final"
+    record(
+        event, step=trainer.state.global_step, hash=params_sha256(model), rank=args.process_index
+    )
     sys.stdout.flush()
     return 0
 

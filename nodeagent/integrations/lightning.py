@@ -21,7 +21,10 @@ so the job re-forms at any size between min_nodes and max_nodes. The callback, o
   FSDP2/ModelParallelStrategy, whole for DDP);
 - stops every rank after the same step once any got SIGTERM (the agent's stop, a drain: one
   tiny all_reduce a step, as Lightning broadcasts only rank 0's), saves that step and waits for
-  the write; `callback.stopped` says so.
+  the write. `fit` then returns, as when `trainer.should_stop` ends it (no validation on the
+  way out, min_epochs and min_steps not waited for), with `callback.stopped` True: the code after
+  `fit` runs, as after a transformers `Trainer.train` stopped so. Not Lightning's own way,
+  SIGTERMException (a SystemExit with status 0 out of `fit`, the code after it never run).
 
 Under plain torchrun (no nodeagent) it saves to and restores from `directory`, which it then
 needs. Survivors do not keep their processes (job.recovery: restart only): Lightning's Trainer
@@ -127,6 +130,7 @@ class NodeagentCallback(Callback):
         self._saved = -1  # the last global step saved
         self._trainer: Trainer | None = None
         self._stop_asked = False  # SIGTERM, to on_train_start's handler
+        self._set_for_the_stop: tuple[Any, Any, Any] | None = None  # what _stop changed, to undo
 
     # -- the fit's start and end --------------------------------------------------------------
 
@@ -162,8 +166,8 @@ class NodeagentCallback(Callback):
         (`on_train_batch_end`) stopped one rank a step before the rest. A drain's SIGTERMs
         reach the ranks one by one. Replaced, where Lightning did not start the processes
         itself (nodeagent, torchrun), by one that only notes the signal: the ranks agree at
-        the step's end and all set Lightning's flag together. Lightning restores the handlers
-        it found when the fit ends."""
+        the step's end and all stop together (`_stop`). Lightning restores the handlers it
+        found when the fit ends."""
         environment = getattr(trainer.strategy, "cluster_environment", None)
         spawned = environment is not None and not environment.creates_processes_externally
         if not spawned and hasattr(_connector(trainer), "received_sigterm"):
@@ -175,11 +179,18 @@ class NodeagentCallback(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._close()
         no_longer_exit_at_once(self._stopping)
+        if self._set_for_the_stop is not None:  # the trainer as it was, for a validate() after
+            min_epochs, min_steps, limit_val_batches = self._set_for_the_stop
+            trainer.fit_loop.min_epochs = min_epochs
+            trainer.fit_loop.epoch_loop.min_steps = min_steps
+            trainer.limit_val_batches = limit_val_batches
+            self._set_for_the_stop = None
 
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
     ) -> None:
-        """Lightning stops on SIGTERM between two steps (SIGTERMException, every rank): the
+        """Where Lightning's own SIGTERM handler stays (processes it started itself), its
+        SIGTERMException can still end the fit (rank 0's flag, broadcast before a step): the
         step reached is saved, and written before the process exits."""
         self._end_compute()
         stopped = isinstance(exception, SIGTERMException)
@@ -219,19 +230,45 @@ class NodeagentCallback(Callback):
         if (stop or (step > 0 and step % self.save_every == 0)) and step != self._saved:
             self._save(trainer)
         if stop:
-            trainer.should_stop = True
-            self.stopped = True
-            # every rank leaves as Lightning makes a signalled one leave, after this step
-            connector = _connector(trainer)
-            if hasattr(connector, "received_sigterm"):
-                connector.received_sigterm = True
+            self._stop(trainer)
 
     # -- helpers --------------------------------------------------------------------------------
 
+    def _stop(self, trainer: Trainer) -> None:
+        """End the fit after this step, on every rank alike, the step's save written first:
+        as `trainer.should_stop` ends it (EarlyStopping's way), so that `fit` returns. The
+        epoch's end hooks and `on_train_end` run; the validation `should_stop` asks for does
+        not (a drain's grace is for the save), nor do min_epochs and min_steps hold the stop
+        back. Lightning's own flag, where its handler set it, is cleared: it would end the fit
+        with SIGTERMException instead, on that rank alone."""
+        assert self.checkpointer is not None
+        self.checkpointer.close()
+        self.stopped = True
+        loop = trainer.fit_loop
+        self._set_for_the_stop = (
+            loop.min_epochs,
+            loop.epoch_loop.min_steps,
+            trainer.limit_val_batches,
+        )
+        loop.min_epochs = None
+        loop.epoch_loop.min_steps = None
+        trainer.limit_val_batches = 0
+        trainer.should_stop = True
+        connector = _connector(trainer)
+        if getattr(connector, "received_sigterm", False):
+            connector.received_sigterm = False
+        log.info(
+            "rank %d: stopping after step %d (SIGTERM): saved",
+            trainer.global_rank,
+            trainer.global_step,
+        )
+
     def _stopping(self) -> bool:
-        """The agent asked this process to stop (to this handler or Lightning's)."""
+        """The fit is stopping: the agent asked this process (this handler or Lightning's), or
+        the ranks agreed to stop (a peer was asked)."""
         trainer = self._trainer
-        return self._stop_asked or (trainer is not None and bool(trainer.received_sigterm))
+        asked = trainer is not None and bool(trainer.received_sigterm)
+        return self._stop_asked or self.stopped or asked
 
     def _end_compute(self) -> None:
         computing, self._computing = self._computing, None

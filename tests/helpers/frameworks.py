@@ -1,13 +1,16 @@
 """Running examples/train_lightning.py, train_transformers.py and train_torchtitan.py as their
-own processes, no agent, and reading the lines they record (tests/integration/test_lightning.py,
-test_transformers.py, test_torchtitan.py, tests/gpu/)."""
+own processes, no agent (one, several under torchrun, one of them sent SIGTERM), and reading the
+lines they record (tests/integration/test_lightning.py, test_transformers.py, test_torchtitan.py,
+tests/gpu/)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,40 @@ def train(
     for path in sorted(records.glob("*.jsonl")):
         lines += [json.loads(text) for text in path.read_text().splitlines()]
     return sorted(lines, key=lambda line: line["t"])
+
+
+def stopped_by_sigterm(
+    script: Path, tmp_path: Path, name: str, after: int = 7, **env: str
+) -> tuple[int, list[dict[str, Any]]]:
+    """`script` on two ranks under torchrun (standalone), a step taking 0.1 s, and SIGTERM to
+    rank 1 alone once it took `after` steps, as a drain's SIGTERMs reach the ranks one by one:
+    torchrun's exit status (every rank's) and the lines, in order."""
+    records = tmp_path / name
+    records.mkdir()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    environ |= {"RECORD_DIR": str(records), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    environ |= {"MAX_STEPS": "1000", "STEP_TIME_S": "0.1", **env}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    fit = subprocess.Popen([*torchrun, "--nproc-per-node=2", str(script)], env=environ)
+
+    def lines() -> list[dict[str, Any]]:
+        found = [json.loads(t) for p in records.glob("*.jsonl") for t in p.read_text().splitlines()]
+        return sorted(found, key=lambda line: line["t"])
+
+    try:
+        rank1 = None
+        deadline = time.monotonic() + 120
+        while rank1 is None and time.monotonic() < deadline:
+            steps = [x for x in lines() if x["event"] == "step" and x["rank"] == 1]
+            rank1 = steps[0]["pid"] if steps and steps[-1]["step"] >= after else None
+            time.sleep(0.1)
+        assert rank1 is not None, f"rank 1 never reached step {after}"
+        os.kill(rank1, signal.SIGTERM)
+        status = fit.wait(timeout=120)
+    finally:
+        fit.kill()
+        fit.wait()
+    return status, lines()
 
 
 def rank0(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:

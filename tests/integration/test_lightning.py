@@ -1,26 +1,27 @@
 """nodeagent.integrations.lightning against a real Lightning Trainer, no agent: what it saves,
 a fresh process restores bit for bit, with Lightning's own progress (global step, epoch, batch
 index, the scheduler, the data loader's position); a SIGTERM that reaches one rank of two stops
-both after the same step, saved."""
+both after the same step, saved, and `fit` returns on both."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.frameworks import assert_the_uninterrupted_run, rank0, steps_of, train
+from tests.helpers.frameworks import (
+    assert_the_uninterrupted_run,
+    rank0,
+    steps_of,
+    stopped_by_sigterm,
+    train,
+)
 
 pytest.importorskip("lightning")
 pytestmark = pytest.mark.timeout(300)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_lightning.py"
+END = ("stopped", "final")  # the lines the script writes once `fit` returned
 
 
 def test_a_fit_resumed_from_its_last_save_is_the_uninterrupted_one_bit_for_bit(
@@ -46,43 +47,28 @@ def test_save_every_must_be_a_step_or_more() -> None:
         NodeagentCallback(save_every=0)
 
 
-def test_a_sigterm_to_one_rank_stops_both_after_the_same_step_saved(tmp_path: Path) -> None:
+def test_a_sigterm_to_one_rank_stops_both_after_the_same_step_saved_and_fit_returns(
+    tmp_path: Path,
+) -> None:
     """A drain's SIGTERMs reach the ranks one by one, rank 0 not first. Lightning's own handler
     broadcasts from rank 0 inside the signal handler, a collective the other ranks are not in
     (it pairs with whatever they call next); the callback's handler only sets the flag, and
-    every rank agrees at the step's end."""
-    records = tmp_path / "records"
-    records.mkdir()
+    every rank agrees at the step's end. Then `fit` returns on every rank (Lightning's own stop
+    raises SIGTERMException, a SystemExit out of `fit`): the script's code after it runs, sees
+    `stopped`, and the script exits 0."""
     ckpt = str(tmp_path / "ckpt")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
-    env |= {"RECORD_DIR": str(records), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env |= {"CKPT_DIR": ckpt, "MAX_STEPS": "1000", "STEP_TIME_S": "0.1"}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    fit = subprocess.Popen([*torchrun, "--nproc-per-node=2", str(SCRIPT)], env=env)
-    try:
-        rank1 = None
-        deadline = time.monotonic() + 120
-        while rank1 is None and time.monotonic() < deadline:
-            lines = [
-                json.loads(t) for p in records.glob("*.jsonl") for t in p.read_text().splitlines()
-            ]
-            steps = [x for x in lines if x["event"] == "step" and x["rank"] == 1]
-            rank1 = steps[0]["pid"] if steps and steps[-1]["step"] >= 7 else None
-            time.sleep(0.1)
-        assert rank1 is not None, "rank 1 never reached step 7"
-        os.kill(rank1, signal.SIGTERM)
-        assert fit.wait(timeout=120) == 0
-    finally:
-        fit.kill()
-        fit.wait()
-    lines = [json.loads(t) for p in records.glob("*.jsonl") for t in p.read_text().splitlines()]
+    status, lines = stopped_by_sigterm(SCRIPT, tmp_path, "stopped", CKPT_DIR=ckpt)
+    assert status == 0
     last = {
         r: max(x["step"] for x in lines if x["event"] == "step" and x["rank"] == r) for r in (0, 1)
     }
     assert last[0] == last[1] > 7, last
+    after_fit = [(x["event"], x["rank"], x["step"]) for x in lines if x["event"] in END]
+    assert sorted(after_fit) == [("stopped", 0, last[0]), ("stopped", 1, last[0])]
 
     resumed = rank0(
         train(SCRIPT, tmp_path, "resumed", ranks=2, CKPT_DIR=ckpt, MAX_STEPS=str(last[0] + 2))
     )
     [restored] = [x for x in resumed if x["event"] == "restored"]
     assert restored["step"] == last[0]  # the stop's own save: not one step lost
+    assert [x["event"] for x in resumed][-1] == "final"

@@ -1,6 +1,7 @@
-"""nodeagent.integrations.transformers against a real transformers Trainer, one process, no
-agent: what it saves, a fresh process resumes bit for bit, with Trainer's own progress (global
-step, epoch, the batches skipped, the schedule, the RNG after them)."""
+"""nodeagent.integrations.transformers against a real transformers Trainer, no agent: what it
+saves, a fresh process resumes bit for bit, with Trainer's own progress (global step, epoch, the
+batches skipped, the schedule, the RNG after them); a SIGTERM to one rank of two stops both after
+the same step and `train` returns on both, as Lightning's `fit` does."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.frameworks import assert_the_uninterrupted_run, steps_of, train
+from tests.helpers.frameworks import (
+    assert_the_uninterrupted_run,
+    steps_of,
+    stopped_by_sigterm,
+    train,
+)
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.timeout(300)
@@ -26,6 +32,23 @@ def test_a_training_resumed_from_its_last_save_is_the_uninterrupted_one_bit_for_
     resumed = train(SCRIPT, tmp_path, "resumed", CKPT_DIR=ckpt)
 
     assert_the_uninterrupted_run(whole, resumed)
+
+
+def test_a_sigterm_to_one_rank_stops_both_after_the_same_step_and_train_returns(
+    tmp_path: Path,
+) -> None:
+    """As tests/integration/test_lightning.py's: the script's code after `train` runs on every
+    rank, sees `stopped`, and the script exits 0."""
+    status, lines = stopped_by_sigterm(SCRIPT, tmp_path, "stopped", CKPT_DIR=str(tmp_path / "c"))
+    assert status == 0
+    last = {
+        r: max(x["step"] for x in lines if x["event"] == "step" and x["rank"] == r) for r in (0, 1)
+    }
+    assert last[0] == last[1] > 7, last
+    after = [
+        (x["event"], x["rank"], x["step"]) for x in lines if x["event"] in ("stopped", "final")
+    ]
+    assert sorted(after) == [("stopped", 0, last[0]), ("stopped", 1, last[0])]
 
 
 def test_save_every_must_be_a_step_or_more() -> None:
