@@ -4,7 +4,8 @@ once for the session; each test acts as an operator would and reads what an oper
 
 Run alone with `pytest -m booted`. The nodes share this machine's root filesystem (an overlay),
 so Debian's packages the tests need are the host's: .ci/setup installs them (openssh-server for
-Ansible, munge, redis-server, podman).
+Ansible, munge, redis-server, podman). MUNGE's key and service are the role's
+(nodeagent_munge_install, with a key the fixture makes): each node's own are removed first.
 
 Not here: a job in its own image. podman cannot run containers inside these nodes: they are
 unprivileged containers without /dev/fuse (fuse-overlayfs; a kernel overlay mount needs

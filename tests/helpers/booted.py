@@ -12,6 +12,7 @@ checkpoint tier goes).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import ipaddress
 import json
 import os
@@ -306,10 +307,11 @@ class BootedPool:
 
     def ctl(self, *args: str, user: str = "root", node: str = "n1", check: bool = True) -> str:
         """`nodeagentctl ARGS` on `node` as `user`: root as an operator, another user as a
-        submitter (its MUNGE credential signs what it asks)."""
+        submitter (its MUNGE credential signs what it asks). By its name, found on PATH
+        (the role's link in /usr/local/bin), as a user types it."""
         who = "operator" if user == "root" else "submitter"
         quoted = " ".join(shlex.quote(a) for a in args)
-        script = f"/opt/nodeagent/venv/bin/nodeagentctl --redis {self.url(who)} {quoted}"
+        script = f"nodeagentctl --redis {self.url(who)} {quoted}"
         return self.node(node).sh(script, user=user, check=check, timeout=300).stdout
 
     def playbook(self, *playbooks: str, extra: dict[str, str] | None = None) -> str:
@@ -379,8 +381,39 @@ def _authorize(nodes: Sequence[Node], directory: Path) -> Path:
     return key
 
 
+def _munge_key(nodes: Sequence[Node], directory: Path) -> Path:
+    """The site's MUNGE key, made on the controller for the role to install; each node left
+    without one and without munged, as a node before its first install (the overlay would
+    otherwise give every node this machine's key and running munged)."""
+    key = directory / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o600)
+    for node in nodes:
+        node.sh("systemctl disable --now munge && rm -f /etc/munge/munge.key")
+    return key
+
+
+def _check_the_roles_install(nodes: Sequence[Node], munge_key: Path) -> None:
+    """What the role was to leave on every node besides the agent: the controller's MUNGE key,
+    munge's alone, under a munged that runs (and starts at boot), and nodeagentctl on PATH."""
+    digest = hashlib.sha256(munge_key.read_bytes()).hexdigest()
+    for node in nodes:
+        key = node.sh("stat -c '%U:%G %a' /etc/munge/munge.key && sha256sum /etc/munge/munge.key")
+        assert key.stdout.split()[:3] == ["munge:munge", "400", digest], (node.name, key.stdout)
+        munged = node.sh("systemctl is-enabled munge && systemctl is-active munge")
+        assert munged.stdout.split() == ["enabled", "active"], (node.name, munged.stdout)
+        found = node.sh("command -v nodeagentctl && readlink /usr/local/bin/nodeagentctl")
+        link = ["/usr/local/bin/nodeagentctl", "/opt/nodeagent/venv/bin/nodeagentctl"]
+        assert found.stdout.split() == link, (node.name, found.stdout)
+
+
 def _inventory(
-    nodes: Sequence[Node], key: Path, wheel: Path, passwords: dict[str, str], path: Path
+    nodes: Sequence[Node],
+    key: Path,
+    wheel: Path,
+    passwords: dict[str, str],
+    munge_key: Path,
+    path: Path,
 ) -> Path:
     redis = nodes[0]
     agent_url = f"redis://nodeagent-agent:{passwords['agent']}@{redis.address}:6379/0"
@@ -415,6 +448,8 @@ def _inventory(
                         "nodeagent_redis_url": agent_url,
                         "nodeagent_pool_users": sorted(USERS),
                         "nodeagent_pool_auth": "munge",
+                        "nodeagent_munge_install": True,  # the role's MUNGE, this key
+                        "nodeagent_munge_key_file": str(munge_key),
                         "nodeagent_timing": TIMING,
                     },
                 },
@@ -427,8 +462,9 @@ def _inventory(
 
 @contextlib.contextmanager
 def booted_pool(directory: Path) -> Iterator[BootedPool]:
-    """Boot NAMES, install Redis (n1) and nodeagent (every node) with the role, the pool's
-    users made as a site's directory service would; removed at the end (kept, to look at
+    """Boot NAMES, install Redis (n1) and nodeagent (every node, with MUNGE and a key the
+    controller made: nodeagent_munge_install) with the roles, the pool's users made as a site's
+    directory service would; removed at the end (kept, to look at
     them, with NODEAGENT_BOOTED_KEEP=1: `podman exec -it nodeagent-booted-TAG-n1 bash`, then
     remove_nodes(TAG) and the network `nodeagent-booted-TAG`)."""
     tag = new_tag()
@@ -445,10 +481,14 @@ def booted_pool(directory: Path) -> Iterator[BootedPool]:
                 for node in nodes:
                     for user, uid in USERS.items():
                         node.sh(f"useradd -u {uid} -U -M -d /nonexistent -s /bin/sh {user}")
+                munge_key = _munge_key(nodes, directory)
                 passwords = {w: uuid.uuid4().hex for w in ("agent", "operator", "submitter")}
-                inventory = _inventory(nodes, key, wheel, passwords, directory / "inventory.json")
+                inventory = _inventory(
+                    nodes, key, wheel, passwords, munge_key, directory / "inventory.json"
+                )
                 made = BootedPool(nodes, share, inventory, passwords)
                 made.playbook("redis.yml", "site.yml")
+                _check_the_roles_install(nodes, munge_key)
                 yield made
             finally:
                 if os.environ.get("NODEAGENT_BOOTED_KEEP") != "1":

@@ -6,6 +6,9 @@ import getpass
 import grp
 import json
 import os
+import pwd
+import re
+import secrets
 import shlex
 import stat
 import subprocess
@@ -14,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import jinja2.meta
 import pytest
 import tomllib
 import yaml
@@ -100,13 +105,16 @@ def prefix_install(prefix: Path, redis_url: str, job_id: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("form", ["pinned", "pool"])
+@pytest.mark.parametrize("form", ["pinned", "pool", "munge"])
 def test_check_mode_against_localhost(tmp_path: Path, job_id: str, form: str) -> None:
-    """--check --diff: what the role would change, without changing anything."""
+    """--check --diff: what the role would change, without changing anything (and, with
+    nodeagent_munge_install, without showing the key)."""
     prefix = tmp_path / "root"
     extra = prefix_install(prefix, "redis://127.0.0.1:6379/0", job_id)
-    if form == "pool":
+    if form != "pinned":
         del extra["nodeagent_job"]
+    if form == "munge":
+        extra.update(munge_install(munge_key(tmp_path / "munge.key")))
     result = tool(
         "ansible-playbook",
         *("-i", str(localhost_inventory(tmp_path)), "site.yml", "--check", "--diff"),
@@ -114,6 +122,9 @@ def test_check_mode_against_localhost(tmp_path: Path, job_id: str, form: str) ->
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "failed=0" in result.stdout and not prefix.exists()
+    if form == "munge":
+        assert "Install the site's MUNGE key" in result.stdout
+        assert (tmp_path / "munge.key").read_text() not in result.stdout + result.stderr
 
 
 def test_the_role_refuses_the_old_default_password(tmp_path: Path, job_id: str) -> None:
@@ -124,6 +135,211 @@ def test_the_role_refuses_the_old_default_password(tmp_path: Path, job_id: str) 
         *("-e", json.dumps(extra)),
     )
     assert result.returncode != 0 and "carries the password 'change-me'" in result.stdout
+
+
+def munge_key(path: Path) -> Path:
+    """A MUNGE key on the controller: text here, so that a --diff of it would show it."""
+    path.write_text(secrets.token_hex(64))
+    path.chmod(0o600)
+    return path
+
+
+def munge_owner() -> tuple[str, str]:
+    """Who owns the installed key: munge, as on a node, when the tests run as root."""
+    if os.geteuid() == 0:
+        return "munge", "munge"  # Debian's munge (.ci/setup installs it)
+    return getpass.getuser(), grp.getgrgid(os.getegid()).gr_name
+
+
+def munge_install(key: Path) -> dict[str, Any]:
+    user, group = munge_owner()
+    return {
+        "nodeagent_munge_install": True,
+        "nodeagent_munge_key_file": str(key),
+        "nodeagent_munge_user": user,
+        "nodeagent_munge_group": group,
+    }
+
+
+MUNGE_PLAY = [
+    {
+        "name": "The role's MUNGE steps alone",
+        "hosts": "nodeagent_nodes",
+        "gather_facts": False,
+        "tasks": [{"ansible.builtin.import_role": {"name": "nodeagent", "tasks_from": "munge"}}],
+    }
+]
+
+
+def two_local_nodes(tmp_path: Path) -> Path:
+    """node-a and node-b, both this machine, each installing under a prefix of its own."""
+    hosts = {
+        name: {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "nodeagent_prefix": str(tmp_path / name),
+        }
+        for name in ("node-a", "node-b")
+    }
+    inventory = tmp_path / "two.yml"
+    inventory.write_text(json.dumps({"nodeagent_nodes": {"hosts": hosts}}))
+    return inventory
+
+
+def test_the_role_puts_one_munge_key_on_every_node_and_never_shows_it(tmp_path: Path) -> None:
+    """tasks/munge.yml on two nodes: the controller's key on each, munge's alone (0400 in a
+    0700 directory), not in the output even with --diff -v; a second run changes nothing, a new
+    key replaces it on both and restarts munged (the handler; skipped in a prefix)."""
+    key = munge_key(tmp_path / "munge.key")
+    playbook = tmp_path / "munge-play.yml"
+    playbook.write_text(json.dumps(MUNGE_PLAY))
+    inventory = two_local_nodes(tmp_path)
+    variables = json.dumps(munge_install(key))
+
+    def play() -> subprocess.CompletedProcess[str]:
+        args = ("-i", str(inventory), str(playbook), "--diff", "-v", "-e", variables)
+        done = tool("ansible-playbook", *args)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        assert key.read_text() not in done.stdout + done.stderr  # no_log, no diff
+        return done
+
+    def installed() -> None:
+        owner = pwd.getpwnam(munge_owner()[0]).pw_uid
+        for node in ("node-a", "node-b"):
+            directory = tmp_path / node / "etc/munge"
+            installed = (directory / "munge.key").stat()
+            assert (directory / "munge.key").read_bytes() == key.read_bytes()
+            assert (stat.S_IMODE(installed.st_mode), installed.st_uid) == (0o400, owner)
+            assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+    first = play()
+    installed()
+    assert "RUNNING HANDLER [nodeagent : Restart munge]" in first.stdout
+    again = play()
+    assert re.findall(r"changed=(\d+)", again.stdout) == ["0", "0"]
+    assert "Restart munge" not in again.stdout
+    munge_key(key)  # the site's new key
+    renewed = play()
+    installed()
+    assert "RUNNING HANDLER [nodeagent : Restart munge]" in renewed.stdout
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["unset", "missing"])
+def test_the_role_refuses_munge_without_its_key(tmp_path: Path, job_id: str, named: bool) -> None:
+    """nodeagent_munge_install without a key file on the controller: the play fails before it
+    changes anything on the node, naming the variable."""
+    prefix = tmp_path / "root"
+    extra = {
+        **prefix_install(prefix, "redis://127.0.0.1:6379/0", job_id),
+        **munge_install(tmp_path / "missing.key"),
+    }
+    if not named:
+        extra["nodeagent_munge_key_file"] = ""
+    result = tool(
+        "ansible-playbook",
+        *("-i", str(localhost_inventory(tmp_path)), "site.yml", "-e", json.dumps(extra)),
+    )
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "nodeagent_munge_key_file" in result.stdout
+    assert "names no file on the controller" in result.stdout, result.stdout[-3000:]
+    assert not prefix.exists()
+
+
+# Conditions Ansible evaluates as Jinja without braces.
+CONDITIONS = frozenset({"when", "that", "until", "changed_when", "failed_when"})
+# What Ansible itself defines (facts, magic variables, lookup's function, a loop's item).
+ANSIBLES_OWN = frozenset(
+    {
+        "ansible_check_mode",
+        "ansible_facts",
+        "ansible_managed",
+        "inventory_hostname_short",
+        "item",
+        "lookup",
+        "omit",
+    }
+)
+# Variables whose role default is "" and that the example group_vars may leave unset, and why.
+UNSET_IN_THE_EXAMPLE = {
+    "nodeagent_prefix": "an install under a directory (tests, staging)",
+    "nodeagent_pip_extra_args": "nodes that reach PyPI need no more pip options",
+    "nodeagent_redis_ca": "only for a rediss:// URL",
+    "nodeagent_pool_auth": "'' is the config's default (munge for a pool node)",
+    "nodeagent_pool_munge_socket": "'' is Debian's munged socket",
+    "nodeagent_pool_reserve_after": "'' is the config's default (5m)",
+    "nodeagent_container_oci_runtime": "only on a cgroup v1/v2 hybrid (shown commented)",
+    "nodeagent_munge_key_file": "only with nodeagent_munge_install (shown commented)",
+    "redis_admin_password": "no admin user unless a site wants one",
+    "redis_tls_cert": "only with redis_tls",
+    "redis_tls_key": "only with redis_tls",
+    "redis_tls_ca": "only with redis_tls",
+}
+
+
+class _AnyName(dict[str, Any]):
+    """Every filter and test name, for parsing Ansible's Jinja with plain Jinja."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return lambda *args, **kwargs: None
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+def referenced_variables() -> tuple[set[str], set[str]]:
+    """The variables the playbooks and roles (tasks, handlers, defaults, vars, templates) read,
+    and those they bind themselves (register, a play's or task's vars)."""
+    env = jinja2.Environment()
+    env.filters = env.tests = _AnyName()
+
+    def names(text: str) -> set[str]:
+        return set(jinja2.meta.find_undeclared_variables(env.parse(text)))
+
+    read: set[str] = set()
+    bound: set[str] = set()
+
+    def walk(node: Any, key: str | None = None) -> None:
+        if isinstance(node, dict):
+            for name, value in node.items():
+                if name == "register":
+                    bound.add(value)
+                if name == "vars" and isinstance(value, dict):
+                    bound.update(value)
+                walk(value, name)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, key)
+        elif isinstance(node, str) and key in CONDITIONS:
+            read.update(names("{{ (" + node + ") }}"))
+        elif isinstance(node, str) and ("{{" in node or "{%" in node):
+            read.update(names(node))
+
+    for path in (*ANSIBLE.glob("*.yml"), *ANSIBLE.glob("roles/*/*/*.yml")):
+        walk(yaml.safe_load(path.read_text()))
+    for path in ANSIBLE.glob("roles/*/templates/*.j2"):
+        read.update(names(path.read_text()))
+    return read, bound
+
+
+def test_the_example_group_vars_sets_what_the_roles_leave_empty() -> None:
+    """Every variable the roles and playbooks read either has a default or is set in
+    inventory/group_vars/all.yml; a default of "" (a password, a choice the role cannot make)
+    is set there too unless UNSET_IN_THE_EXAMPLE says why not. And every variable the example
+    sets is one the roles read (no misspelled name that silently does nothing)."""
+    read, bound = referenced_variables()
+    defaults: dict[str, Any] = {}
+    for path in ANSIBLE.glob("roles/*/defaults/main.yml"):
+        defaults.update(yaml.safe_load(path.read_text()))
+    derived: set[str] = set()
+    for path in ANSIBLE.glob("roles/*/vars/main.yml"):
+        derived.update(yaml.safe_load(path.read_text()))
+    example = set(yaml.safe_load((ANSIBLE / "inventory/group_vars/all.yml").read_text()))
+    assert {"nodeagent_redis_url", "redis_submitter_password", "nodeagent_munge_key_file"} <= read
+    assert set(UNSET_IN_THE_EXAMPLE) <= {name for name, value in defaults.items() if value == ""}
+    no_default = read - set(defaults) - derived - bound - ANSIBLES_OWN
+    empty = {name for name in read if defaults.get(name) == ""} - set(UNSET_IN_THE_EXAMPLE)
+    assert no_default | empty <= example, sorted((no_default | empty) - example)
+    assert example <= read | set(defaults), sorted(example - read - set(defaults))
 
 
 @pytest.mark.slow
@@ -151,6 +367,11 @@ def test_role_applied_to_localhost_runs_a_job(
     exec_start = next(x for x in unit.read_text().splitlines() if x.startswith("ExecStart="))
     argv = shlex.split(exec_start.removeprefix("ExecStart="))
     assert argv[0] == str(prefix / "opt/nodeagent/venv/bin/nodeagent") and argv[-1] == str(config)
+    # nodeagentctl on the users' PATH: /usr/local/bin's link to the venv's, which runs
+    ctl = prefix / "usr/local/bin/nodeagentctl"
+    assert os.readlink(ctl) == str(prefix / "opt/nodeagent/venv/bin/nodeagentctl")
+    said = subprocess.run([str(ctl), "--version"], capture_output=True, text=True, timeout=60)
+    assert said.returncode == 0 and __version__ in said.stdout, said
     with (tmp_path / "agent.log").open("w") as log:
         agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
