@@ -93,7 +93,7 @@ def test_a_job_runs_in_its_users_private_home_directory(pool: BootedPool) -> Non
     pool.ctl("cancel", "private-alice", user="alice")
 
     quoted = " ".join(shlex.quote(a) for a in ("--name=private-bob", *submit[1:]))
-    ctl = f"/opt/nodeagent/venv/bin/nodeagentctl --redis {pool.url('submitter')}"
+    ctl = f"nodeagentctl --redis {pool.url('submitter')}"  # on PATH: the role links it
     refused = pool.node("n1").sh(f"{ctl} submit {quoted}", user="bob", check=False)
     assert refused.returncode == 2, refused
     assert f"working_dir {home}/work cannot be reached (Permission denied)" in refused.stderr

@@ -37,7 +37,7 @@ HELP = "submit a job to the pool: a spec file, or torchrun-like flags and -- COM
 def add_arguments(submit: argparse.ArgumentParser) -> None:
     submit.description = (
         "nodeagentctl submit job.yaml | nodeagentctl submit --name llama "
-        "--nodes 2:8 --nproc-per-node 8 -- python train.py --cfg big.yaml"
+        "--nodes 2:8 --nproc-per-node 8 -- /shared/llama/venv/bin/python train.py"
     )
     submit.add_argument("spec", nargs="?", help="a job spec file (YAML)")
     submit.add_argument(
