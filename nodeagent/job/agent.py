@@ -1,12 +1,14 @@
 """The agent's loop: observe (supervisor, Redis), decide (decide.py, plan.py), act.
 
 This is the only place that executes decisions. Each tick:
-1. reap worker exits (turned into events);
-2. sync with Redis: publish this node's report, renew the lease, read the job record
-   (and, as leader, the whole cluster);
+1. reap worker exits (turned into events), act on what the node's own watches found
+   (watchduties.py);
+2. sync with Redis (heartbeat.py): publish this node's report, renew the lease, read the job
+   record (and, as leader, the whole cluster);
 3. run decide() and execute its actions;
-4. as leader, run plan() and commit the result, fenced by the leader token.
+4. as leader, run plan() and commit the result, fenced by the leader token (leaderduties.py).
 A tick runs on every wake-up (stream entry, worker exit, signal) and at least every heartbeat.
+How the agent leaves its job (a stop asked, a single job's end, the LEAVE) is leaving.py's.
 """
 
 from __future__ import annotations
@@ -14,17 +16,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 from nodeagent.checkpoint.keeper import TierKeeper
 from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.config.settings import Config
 from nodeagent.coord.bounded import BoundedCalls
 from nodeagent.coord.store import Snapshot
-from nodeagent.errors import CoordinationError
 from nodeagent.gpu.health import NodeHealth
 from nodeagent.job import events as worker_events
-from nodeagent.job import outcome
 from nodeagent.job.checkpoints.tierduties import tier_duties
 from nodeagent.job.decide import (
     Acknowledge,
@@ -38,21 +39,20 @@ from nodeagent.job.decide import (
     decide,
     fenced_at,
 )
-from nodeagent.job.leadership import Leadership
+from nodeagent.job.heartbeat import Heartbeat
+from nodeagent.job.leaderduties import LeaderDuties
 from nodeagent.job.lease import LeaseClock
+from nodeagent.job.leaving import Leaving
 from nodeagent.job.peers import PeerDuties
 from nodeagent.job.peerwatch import PeerWatch
-from nodeagent.job.plan import policy_from
-from nodeagent.job.port import JobPort
+from nodeagent.job.port import JobPort, WorkerGroup
 from nodeagent.job.progress import Progress
-from nodeagent.job.slowwatch import SlowWatch, slow_policy
-from nodeagent.job.speed import SpeedWatch
-from nodeagent.job.watch import WorkerWatch
-from nodeagent.model.job import Cordon, Event, JobRecord, NodeReport, WorkerInfo
-from nodeagent.state import NODE_TRANSITIONS, JobState, NodeState, check_transition
-from nodeagent.supervisor.fence import Group, Keeper
-from nodeagent.supervisor.spec import WorkerSpec, pick_free_port, worker_specs
-from nodeagent.supervisor.status import GroupPhase, GroupStatus, Started, WorkerExit
+from nodeagent.job.watchduties import WatchDuties
+from nodeagent.model.job import Cordon, Event, JobRecord, NodeReport
+from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
+from nodeagent.supervisor.fence import Keeper
+from nodeagent.supervisor.spec import pick_free_port, worker_specs
+from nodeagent.supervisor.status import GroupPhase, GroupStatus
 from nodeagent.telemetry.logs import LogContext
 from nodeagent.telemetry.metrics import AgentMetrics
 from nodeagent.telemetry.sdnotify import Notifier
@@ -62,21 +62,23 @@ T = TypeVar("T")
 SETTLE_POLL_S = 0.05  # how often the loop looks whether the checkpoint tiers have settled
 
 
-class WorkerGroup(Protocol):
-    """What the agent needs from the supervisor (a seam for tests)."""
+@dataclass(frozen=True)
+class AgentParts:
+    """What a job's agent is handed beside its config, the job's state and its workers
+    (runtime/jobrun.py; a test leaves out what it does not need). `tiers`: the job's checkpoint
+    tiers on this node (job.checkpoint), prepared; `replicas`: its replica area
+    (job.checkpoint.replicas), prepared: the agent listens on it; `peers`: its watch of the
+    job's other members (timing.peer_interval), listening."""
 
-    def start(self, generation: int, node: str, specs: list[WorkerSpec]) -> Started: ...
-    def release(self, timeout_s: float) -> None: ...
-    def stop(self, grace_s: float) -> None: ...
-    def kill(self) -> None: ...
-    def poll(self) -> list[WorkerExit]: ...
-    def mark_failed(self, local_rank: int, kind: str, code: int | None = None) -> None: ...
-    def dump_stacks(self, local_rank: int) -> str: ...
-    def signal(self, name: str) -> None: ...
-    def status(self) -> GroupStatus: ...
-    def next_deadline(self) -> float | None: ...
-    def workers(self) -> tuple[WorkerInfo, ...]: ...
-    def groups(self) -> tuple[Group, ...]: ...
+    health: NodeHealth | None = None
+    metrics: AgentMetrics | None = None
+    log_context: LogContext | None = None
+    notifier: Notifier | None = None
+    keeper: Keeper | None = None
+    tiers: TierKeeper | None = None
+    replicas: Replicas | None = None
+    peers: PeerWatch | None = None
+    clock: Callable[[], float] = time.monotonic
 
 
 class Agent:
@@ -86,117 +88,84 @@ class Agent:
         store: JobPort,
         workers: WorkerGroup,
         base_env: Mapping[str, str],
-        health: NodeHealth | None = None,
-        metrics: AgentMetrics | None = None,
-        log_context: LogContext | None = None,
-        notifier: Notifier | None = None,
-        keeper: Keeper | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        parts: AgentParts = AgentParts(),
         until_done: bool = False,
-        tiers: TierKeeper | None = None,
-        replicas: Replicas | None = None,
-        peers: PeerWatch | None = None,
     ) -> None:
         """`until_done`: serve this one job and leave when it ends (`nodeagent launch`, an
-        embedded Redis); `outcome` is then its exit code. Otherwise a daemon: run until stopped.
-        `tiers`: the job's checkpoint tiers on this node (job.checkpoint), prepared; `replicas`:
-        its replica area (job.checkpoint.replicas), prepared: the agent listens on it. `peers`:
-        its watch of the job's other members (timing.peer_interval), listening."""
+        embedded Redis; job/leaving.py). Otherwise a daemon: run until stopped."""
         self.config = config
         self.name = config.node.name
         self.state = NodeState.JOINING
         self.record: JobRecord | None = None
-        self._store = store
         self._workers = workers
         self._base_env = base_env
-        self._clock = clock
+        self._clock = clock = parts.clock
         self._log = log
-        self.log_context = log_context or LogContext(self.name, config.job.id)
-        self._leader: str | None = None
+        self.log_context = parts.log_context or LogContext(self.name, config.job.id)
         self._rev = 0
         self._acked = 0
         self._fenced_generation: int | None = None
         self._signalled = "0-0"  # the last record signal sent to this node's workers
         self._free_port = pick_free_port(config.node.address)
         self._events: list[Event] = [Event("node_joined", node=self.name, message="agent started")]
-        self._lease = LeaseClock(config.timing.lease_ttl, keeper)
-        self._retry_at = 0.0
-        self._next_sync = 0.0
+        self._lease = LeaseClock(config.timing.lease_ttl, parts.keeper)
         self._dirty = True
-        self._shutting_down = False
-        self._shutdown_began: float | None = None  # when a tick first saw it
-        self._force = False
-        self._left = False
-        self._last_error: str | None = None
-        self._watchers = WorkerWatch(self.name, config.timing.hang_timeout, health)
         self._progress = Progress(self.name)
-        self._metrics = metrics or AgentMetrics(config.job.id)
+        self._metrics = metrics = parts.metrics or AgentMetrics(config.job.id)
         self._calls = BoundedCalls(clock)
+        self._heartbeat = Heartbeat(store, self._lease, self._call, clock, config.timing)
+        self._watch = WatchDuties(config, parts.health, store, metrics, self._call)
         self._tiers = (
             tier_duties(
-                config, tiers, replicas, store, self._call, self._metrics.checkpoints, clock
+                config, parts.tiers, parts.replicas, store, self._call, metrics.checkpoints, clock
             )
-            if tiers
+            if parts.tiers
             else None
         )
-        self._leadership = Leadership(
-            store, policy_from(config), self._metrics, config.timing.lease_ttl, clock, self._call
-        )
+        self._leading = LeaderDuties(config, store, metrics, clock, self._call)
         self._peers = (
-            PeerDuties(peers, self.name, store, self._call, config.timing.lease_ttl, clock)
-            if peers is not None
+            PeerDuties(parts.peers, self.name, store, self._call, config.timing.lease_ttl, clock)
+            if parts.peers is not None
             else None
         )
-        window = config.job.slow_node.window
-        self._speed = SpeedWatch(self.name, window) if window > 0 else None
-        self._slow = SlowWatch(store, slow_policy(config), self._metrics, clock, self._call)
         self.metrics_address: str | None = None  # set once the metrics server listens
         self._last_tick = clock()
-        self._notify = notifier or Notifier(None)
-        self._cordon: Cordon | None = None
-        self._single = outcome.SingleJob(config.job.id) if until_done else None
-        self.outcome: int | None = None  # the job's exit code, once a single job ended
+        self._notify = parts.notifier or Notifier(None)
+        self._leaving = Leaving(config, store, self._call, clock, until_done)
         self._log.info("agent started (address %s)", config.node.address)
 
     # -- control, safe from signal handlers (flags only) -------------------------------------
 
     def request_stop(self) -> None:
         """First call: stop workers gracefully and leave. Second call: kill workers now."""
-        if self._shutting_down:
-            self._force = True
-        self._shutting_down = True
+        self._leaving.ask()
 
     @property
     def left(self) -> bool:
-        return self._left
+        return self._leaving.left
+
+    @property
+    def outcome(self) -> int | None:
+        """The job's exit code, once a single job ended."""
+        return self._leaving.outcome
 
     def step(self) -> float:
         """One pass of the loop; the seconds until the next is due (0: at once). For a loop
         that drives this agent along with other work (nodeagent.runtime.nodeloop)."""
-        if self._force:
+        if self._leaving.forced:
             self._workers.kill()
         self.tick()
-        if self._left:
+        if self._leaving.left:
             return 0.0
-        self._end_with_job()
+        self._leaving.observe(self.record)
         return 0.0 if self._dirty else self._next_wakeup() - self._clock()
-
-    def _end_with_job(self) -> None:
-        if self._single is None or self._shutting_down:
-            return
-        ending = self._single.observe(self.record)
-        if ending is None:
-            return
-        self.outcome = ending.code
-        self._log.log(logging.ERROR if ending.error else logging.INFO, "%s", ending.message)
-        self.request_stop()
 
     def _status_line(self) -> str:
         record = self.record
         job = (
             f"job {record.state.value}, generation {record.generation}" if record else "no job yet"
         )
-        return f"{self.state.value}; {job}{' (leader)' if self._leader else ''}"
+        return f"{self.state.value}; {job}{' (leader)' if self.leading else ''}"
 
     def note(self, event: Event) -> None:
         """An event of this node's that the agent did not see itself (its image's pull), sent
@@ -205,24 +174,14 @@ class Agent:
 
     def healthz(self) -> tuple[bool, str]:
         """For /healthz: the loop ticks and the lease is being renewed. Any thread."""
-        now, timing = self._clock(), self.config.timing
-        stalled = now - self._last_tick
-        if stalled > max(5 * timing.heartbeat_interval, 5.0):
-            return False, f"agent loop stalled for {stalled:.1f}s"
-        last = self._lease.last_ok_send
-        if last is None:
-            return False, f"not connected to Redis yet: {self._last_error or 'starting'}"
-        if now - last > timing.lease_ttl:
-            return False, f"no lease renewal for {now - last:.1f}s: {self._last_error}"
-        return (
-            True,
-            f"ok: {self.state.value}, generation {self.record.generation if self.record else 0}",
+        generation = self.record.generation if self.record else 0
+        return self._heartbeat.healthz(
+            self._last_tick, f"ok: {self.state.value}, generation {generation}"
         )
 
     def tick(self) -> None:
         now = self._last_tick = self._clock()
-        if self._shutting_down and self._shutdown_began is None:
-            self._shutdown_began = now
+        self._leaving.tick(now)
         if self._fence_due(now) and self._fenced_generation is None:
             # The loop ran late (the agent was frozen, the machine starved it): the lease may be
             # lapsing and the keeper may have acted. Fence before reaping, so that these exits
@@ -232,24 +191,27 @@ class Agent:
             self._events.append(worker_events.exited(self.name, ended))
             if ended.failed:
                 self._metrics.worker_failed("signal" if ended.signal else "exit_code")
-        self._watch(now)
+        found = self._watch.check(now, self._workers)
+        self._events += found.events
+        if found.anything:
+            self._dirty = True
         if self._tiers is not None:
             self._events += self._tiers.tick(self._workers.status(), self.record, self._drained)
         self._events += self._progress.tick(
             now,
             self._workers.status(),
             self.record.group_rank(self.name) if self.record is not None else None,
-            self._watchers.stretch(0),
+            self._watch.watchers.stretch(0),
             self._tiers.newest_save if self._tiers is not None else None,
         )
-        self._measure_speed(now)
+        self._watch.measure(now, self._workers)
         if self._peers is not None:
             suspected = self._peers.tick(self.record)
             self._events += suspected
             new = sum(len(e.data.get("new", ())) for e in suspected)
             self._metrics.peers(len(self._peers.suspects), new)
         self._dirty = False
-        snapshot = self._sync(now) if now >= self._retry_at else None
+        snapshot = self._sync() if self._heartbeat.due(now) else None
         if self._deposes(snapshot):  # it leads from its next heartbeat
             self._dirty = True
         now = self._clock()  # the sync may have used its whole budget: decide on a fresh clock
@@ -260,21 +222,20 @@ class Agent:
         # node's loop says it itself when the daemon stops: a job's agent leaving its job said
         # it too, and systemd, taking the whole service for stopping, SIGKILLed the agent and
         # the next job's workers TimeoutStopSec later (found on booted nodes, tests/booted).
-        self._notify.report(self._status_line(), self._shutting_down and self._single is not None)
-        self._metrics.beats(self._watchers.last_progress())
+        self._notify.report(self._status_line(), self._leaving.ends_daemon)
+        self._metrics.beats(self._watch.watchers.last_progress())
         # A leader shutting down leads until it leaves (LEAVE gives the lease up at once): it
         # announces the generation that goes on without it, so that it hands its stop save
         # over first, as any member leaving does (else nobody announced before it had left,
         # and the new world went back to the committed step; found on the booted nodes).
-        if snapshot is not None and self._leader is not None:
+        if snapshot is not None and self.leading:
             self._lead(snapshot)
-        elif self._leader is None:
-            self._leadership.stepped_down()
-            self._slow.stepped_down()
+        elif not self.leading:
+            self._leading.stepped_down()
 
     def _deposes(self, snapshot: Snapshot | None) -> bool:
         """Took the leader lease from a leader the members hold out (job/peers.py)."""
-        if snapshot is None or self._leader is not None or self._peers is None:
+        if snapshot is None or self.leading or self._peers is None:
             return False
         return self._peers.depose(snapshot.leader)
 
@@ -308,11 +269,11 @@ class Agent:
             succeeded_generation=group.generation
             if group.succeeded and group.phase is GroupPhase.EXITED
             else None,
-            last_error=self._last_error,
+            last_error=self._heartbeat.last_error,
             metrics=self.metrics_address,
-            cordon=self._cordon,
-            unfit=self._watchers.unfit,
-            gpu=self._watchers.gpu_summary(),
+            cordon=self._watch.cordon,
+            unfit=self._watch.watchers.unfit,
+            gpu=self._watch.watchers.gpu_summary(),
             tier=self._tiers.report() if self._tiers is not None else None,
             watch_port=self._peers.port if self._peers is not None else 0,
             watch_token=self._peers.token if self._peers is not None else None,
@@ -320,100 +281,25 @@ class Agent:
             warming=group.warming,
         )
 
-    def _sync(self, now: float) -> Snapshot | None:
+    def _sync(self) -> Snapshot | None:
         events, self._events = self._events, []
-        report = self._report()
-        now = self._clock()  # when the call is sent: the lease lasts at least lease_ttl from here
-        try:
-            snapshot = self._call(lambda: self._store.sync(report, events), "heartbeat")
-        except CoordinationError as exc:
+        snapshot = self._heartbeat.send(self._report(), events)
+        if snapshot is None:
             self._metrics.sync_failed()
             self._events = events + self._events
-            self._retry_at = self._clock() + self.config.timing.heartbeat_interval / 2
-            self._leader = None
-            if self._last_error != str(exc):
-                self._log.warning("cannot reach Redis: %s", exc)
-            self._last_error = str(exc)
+            self._leading.token = None
             return None
-        self._lease.renewed(now)
-        self._next_sync = now + self.config.timing.heartbeat_interval
-        if self._last_error is not None:
-            self._log.info("Redis reachable again")
-            self._last_error = None
+        now = self._heartbeat.sent_at
         self.record = snapshot.record
         self._rev = snapshot.rev
         self.log_context.generation = snapshot.record.generation if snapshot.record else 0
-        if self._cordon is not None and snapshot.cordon is None:
-            self._watchers.uncordoned(self._cordon)
-        self._cordon = snapshot.cordon
-        leader = snapshot.leader if snapshot.leader_name == self.name else None
-        if leader != self._leader:
-            self._log.info(
-                "leadership %s", "acquired" if leader else f"held by {snapshot.leader_name}"
-            )
-        acquired = leader is not None and self._leader is None
-        self._leader = leader
-        if acquired:  # now its stream listener must watch the events too (runtime/jobrun.py)
-            self._wake_listeners()
-        if leader is None and snapshot.leader_deadline_ms is not None:
-            # A dead leader is replaced when its lease lapses, not up to a heartbeat later.
-            lapse = now + (snapshot.leader_deadline_ms - snapshot.now_ms) / 1000 + 0.005
-            self._next_sync = min(self._next_sync, max(lapse, now + 0.01))
-        self._metrics.synced(self._clock() - now, snapshot.record, leader is not None, now)
+        self._watch.synced(snapshot.cordon)
+        self._leading.synced(snapshot)
+        if not self.leading:
+            self._heartbeat.follow_leader(snapshot)
+        self._metrics.synced(self._clock() - now, snapshot.record, self.leading, now)
         self._notify.ready(self._status_line())  # joined Redis: the service has started
         return snapshot
-
-    def _watch(self, now: float) -> None:
-        """Execute what the watch found: fail a hung rank or one hit by an application XID,
-        cordon (and drain) on a node-level GPU fault, lift a GPU cordon (gpu/policy.py)."""
-        found = self._watchers.check(
-            now, self._workers.status(), self._cordon, self._workers.dump_stacks
-        )
-        self._events += found.events
-        for kind, seconds in found.detected:
-            self._metrics.detected(kind, seconds)
-        if found.fail is not None:
-            self._log.warning("local rank %d failed: %s", found.fail.local_rank, found.fail.message)
-            self._workers.mark_failed(found.fail.local_rank, found.fail.kind, found.fail.code)
-            self._metrics.worker_failed(found.fail.kind)
-        try:
-            if found.cordon is not None:
-                self._log.warning("cordoning this node: %s", found.cordon.reason)
-                cordon = found.cordon
-                self._call(lambda: self._store.cordon(self.name, cordon), "cordon")
-                self._cordon = found.cordon
-            if found.uncordon:
-                self._log.info("GPU condition cleared: lifting this node's cordon")
-                by = "gpu (auto_uncordon)"
-                self._call(lambda: self._store.uncordon(self.name, by), "uncordon")
-                self._cordon = None
-        except CoordinationError as exc:
-            self._log.warning("cannot update this node's cordon now: %s", exc)
-        if found.anything:
-            self._dirty = True
-
-    def _measure_speed(self, now: float) -> None:
-        """Once a window: this node's ranks' pace, for the leader's slow-node watch."""
-        if self._speed is None:
-            return
-        speed = self._speed.tick(
-            now, self._workers.status(), self._watchers.last_progress(), self._workers.workers()
-        )
-        if speed is None:
-            return
-        self._metrics.node_work(
-            {
-                "step": speed.step_s,
-                "busy": speed.busy_s,
-                "cpu": speed.cpu_s,
-                "delay": speed.delay_s,
-                "compute": speed.compute_s,
-            }
-        )
-        try:
-            self._call(lambda: self._store.put_speed(speed), "write this node's speed")
-        except CoordinationError as exc:  # the next window says it again
-            self._log.info("cannot write this node's speed: %s", exc)
 
     def _fence_due(self, now: float) -> bool:
         return self._lease.fence_due(now)
@@ -425,27 +311,14 @@ class Agent:
         as they stopped to its successors before it acknowledges (job/checkpoints/handover.py):
         else the new world, lacking its ranks of that step, went back to the committed one
         (found on the booted nodes: 6 steps lost to a `systemctl stop` on a member)."""
-        return self.drained_from_job is not None or self._shutting_down
+        return self.drained_from_job is not None or self._leaving.asked
 
     def _holds_back(self, group: GroupStatus) -> bool:
         """This node's tiers hold back its acknowledgement of the next generation."""
         assert self._tiers is not None
         held = self._tiers.holds_back(group, self.record, self._drained)
-        return held or self._awaiting_announcement(group)
-
-    def _awaiting_announcement(self, group: GroupStatus) -> bool:
-        """Shutting down, this node hands its stop save over once the leader announces the
-        generation it leaves; its workers may stop before that announcement comes (the leader
-        makes it at its next round after reading this node LEAVING). Until it comes, or for a
-        lease at most (no leader to announce: the whole job stopping), the node stays."""
-        record, began = self.record, self._shutdown_began
-        if not self._shutting_down or began is None or record is None or group.active:
-            return False
-        if self._tiers is None or not self._tiers.hands_over:
-            return False
-        if record.state is not JobState.RUNNING or self.name not in record.members:
-            return False
-        return self._clock() - began < self.config.timing.lease_ttl
+        hands_over = self._tiers.hands_over
+        return held or self._leaving.awaiting_announcement(self.record, group, hands_over)
 
     def _local_view(self, now: float) -> LocalView:
         group = self._workers.status()
@@ -454,11 +327,11 @@ class Agent:
             acked_generation=self._acked,
             group=group,
             record=self.record,
-            shutting_down=self._shutting_down,
+            shutting_down=self._leaving.asked,
             fence=self._fence_due(now),
             fenced_generation=self._fenced_generation,
-            cordon=self._cordon,
-            unfit=self._watchers.unfit,
+            cordon=self._watch.cordon,
+            unfit=self._watch.watchers.unfit,
             in_place=self.config.job.in_place,
             warm_ups=self.config.job.warm_ups,
             tiers_settling=self._tiers is not None and self._holds_back(group),
@@ -467,22 +340,14 @@ class Agent:
         )
 
     def _next_wakeup(self) -> float:
-        deadlines = [self._next_sync if self._last_error is None else self._retry_at]
-        if (stop_deadline := self._workers.next_deadline()) is not None:
-            deadlines.append(stop_deadline)
-        expiry = self._leadership.next_expiry
-        if self._leader is not None and expiry is not None:
-            deadlines.append(expiry)
-        if self._peers is not None and (count := self._peers.next_due) is not None:
-            deadlines.append(count)
-        if (ping := self._notify.next_ping()) is not None:
-            deadlines.append(ping)
-        if (hang_check := self._watchers.next_check()) is not None:
-            deadlines.append(hang_check)
-        if self._speed is not None and (window_end := self._speed.next_due()) is not None:
-            deadlines.append(window_end)
-        if self._leader is not None and (judgment := self._slow.next_due()) is not None:
-            deadlines.append(judgment)
+        deadlines = [
+            self._heartbeat.next_due,
+            self._workers.next_deadline(),
+            self._leading.next_due(),
+            self._peers.next_due if self._peers is not None else None,
+            self._notify.next_ping(),
+            self._watch.next_due(),
+        ]
         if self._tiers is not None and (
             self._holds_back(self._workers.status()) or self._tiers.awaiting_share
         ):
@@ -490,7 +355,7 @@ class Agent:
         point = self._lease.fence_point
         if point is not None and self._fenced_generation is None:
             deadlines.append(point)
-        return min(deadlines)
+        return min(at for at in deadlines if at is not None)
 
     # -- act ---------------------------------------------------------------------------------
 
@@ -508,7 +373,7 @@ class Agent:
         if decision.state is NodeState.FENCED and self._fenced_generation is None:
             group_gen = self._workers.status().generation or 0
             self._fenced_generation = fenced_at(self._acked, group_gen, self.record)
-            self._leader = None
+            self._leading.token = None
         for action in decision.actions:
             self._dirty = True
             if isinstance(action, StopWorkers):
@@ -520,7 +385,7 @@ class Agent:
             elif isinstance(action, StartWorkers):
                 self._start_workers(action)
             elif isinstance(action, Leave):
-                self._leave()
+                self._leaving.leave()
             elif isinstance(action, SignalWorkers):
                 self._log.info("sending SIG%s to the workers (%s)", action.signal, action.id)
                 self._workers.signal(action.signal)
@@ -557,7 +422,7 @@ class Agent:
 
     def _start_workers(self, action: StartWorkers) -> None:
         record = action.record
-        watch = self._watchers
+        watch = self._watch.watchers
         specs = worker_specs(
             self._base_env,
             self.config,
@@ -579,40 +444,23 @@ class Agent:
             self._tiers.started(record, specs, self.config.log_dir)
         started = self._workers.start(record.generation, self.name, specs)
         self._metrics.workers_started(record.generation, self._clock())
-        self._watchers.started(started.specs, self._clock())
+        watch.started(started.specs, self._clock())
         ranks = [spec.rank for spec in specs]
         self._events.append(worker_events.started(self.name, record.generation, ranks, started))
-
-    def _leave(self) -> None:
-        try:
-            event = Event("node_left", node=self.name, message="agent stopped")
-            self._call(lambda: self._store.leave(self.name, event), "leave")
-        except CoordinationError as exc:
-            self._log.warning("could not remove the lease (%s); it will expire", exc)
-        self._left = True
-
-    def _wake_listeners(self) -> None:
-        """An entry on the wake stream: this agent's listener, blocked on that stream alone
-        while it followed, returns and watches the events and commands from now on."""
-        try:
-            self._call(lambda: self._store.wake(f"leader {self.name}"), "wake")
-        except CoordinationError as exc:  # it still ticks every heartbeat
-            self._log.info("could not wake the stream listener: %s", exc)
 
     @property
     def drained_from_job(self) -> Cordon | None:
         """This node's cordon in the job when it drains it (an operator's, the slow-node
         policy's): the job goes on without this node."""
-        return self._cordon if self._cordon is not None and self._cordon.drain else None
+        return self._watch.drained_from_job
 
     @property
     def leading(self) -> bool:
         """This agent held the leader lease at its last sync."""
-        return self._leader is not None
+        return self._leading.token is not None
 
     def _lead(self, snapshot: Snapshot) -> None:
-        assert self._leader is not None
-        led = self._leadership.lead(self._leader, snapshot)
+        led, events = self._leading.lead(snapshot, self.record)
         if led.rev is not None:
             self._rev = led.rev
         if led.record is not None:
@@ -620,12 +468,7 @@ class Agent:
             self.log_context.generation = led.record.generation
         if led.again:
             self._dirty = True
-        self._leadership.account(snapshot.now_ms, self.record.generation if self.record else 0)
-        # the record as stored, whole: a node's own record names only its own place
-        record = led.record or snapshot.stored_record
-        self._events += self._slow.tick(
-            self._leader, record, lambda: snapshot.cluster_view().nodes, snapshot.now_ms
-        )
+        self._events += events
 
 
 _ANNOUNCED = {NodeState.LEAVING: "node_leaving", NodeState.FENCED: "node_fenced"}

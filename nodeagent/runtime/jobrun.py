@@ -30,7 +30,7 @@ from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError
 from nodeagent.gpu.health import NodeHealth
 from nodeagent.gpu.monitor import GpuMonitor
-from nodeagent.job.agent import Agent
+from nodeagent.job.agent import Agent, AgentParts
 from nodeagent.job.peerwatch import PeerWatch
 from nodeagent.job.verify import RecordCheck
 from nodeagent.model.credential import MungeUnavailable
@@ -216,20 +216,18 @@ class JobRun:
         # What this node acts on is checked against what it knows itself (job/verify.py).
         store.check = RecordCheck(keys.record, config.job.nproc_per_node, store.read_lease)
         self.peers = _peers(config, parts.waker.wake)
-        self.agent = Agent(
-            config,
-            store,
-            self.supervisor,
-            base_env=dict(os.environ),
+        handed = AgentParts(
             health=self._health,
             metrics=self.metrics,
             log_context=parts.context,
             notifier=parts.notifier,
             keeper=parts.keeper,
-            until_done=until_done,
             tiers=self.tiers,
             replicas=self.replicas,
             peers=self.peers,
+        )
+        self.agent = Agent(
+            config, store, self.supervisor, dict(os.environ), parts=handed, until_done=until_done
         )
         self.agent.metrics_address = parts.metrics_address()
         # The leader is woken by every node's events and by commands; a follower only when the

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from nodeagent.config.load import load_config
-from nodeagent.job.agent import Agent
+from nodeagent.job.agent import Agent, AgentParts
 from nodeagent.job.verify import RecordCheck
 from nodeagent.model.job import Command, CommandType, Failure, WorkerInfo
 from nodeagent.state import JobState
@@ -116,9 +116,8 @@ class Job:
         config = load_config(data, FixedResolver())
         store = self.store  # checked as runtime/jobrun.py checks a JobStore it makes
         store.check = RecordCheck(store.keys.record, config.job.nproc_per_node, store.read_lease)
-        self.agents[name] = Agent(
-            config, self.store, self.workers[name], base_env={}, clock=lambda: self.now
-        )
+        parts = AgentParts(clock=lambda: self.now)
+        self.agents[name] = Agent(config, self.store, self.workers[name], base_env={}, parts=parts)
 
     def run(self, seconds: float) -> None:
         for _ in range(round(seconds / STEP_S)):
