@@ -13,7 +13,8 @@ sum, the learning rate, a hash of the parameters), and once `fit` returned, "sto
 every rank stopped after the same step, saved) or "final" (the fit ran to its end), with the
 parameters' hash. MAX_STEPS (20), SAVE_EVERY (5), CKPT_DIR (the script's own checkpoints),
 STEP_TIME_S (0), and CRASH_AT=S: rank CRASH_RANK (0) exits 1 at once after step S. DEVICE (cpu;
-cuda: one GPU a rank, tests/gpu/test_frameworks_cuda.py).
+cuda: one GPU a rank, tests/gpu/test_frameworks_cuda.py). DROPOUT=P (0): dropout on the inputs,
+each step's mask drawn from torch's generator, which a resume must put back.
 """
 
 from __future__ import annotations
@@ -73,10 +74,11 @@ class Model(LightningModule):
         super().__init__()
         torch.manual_seed(0)
         self.layer = nn.Linear(FEATURES, 1)
+        self.dropout = nn.Dropout(float(os.environ.get("DROPOUT", "0")))  # 0: draws nothing
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
-        loss = nn.functional.mse_loss(self.layer(x), y)
+        loss = nn.functional.mse_loss(self.layer(self.dropout(x)), y)
         self.batch_sum = float(x.sum())
         return loss
 

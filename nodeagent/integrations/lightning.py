@@ -13,7 +13,9 @@ so the job re-forms at any size between min_nodes and max_nodes. The callback, o
   this node or its peers, the persistent tier, then `directory`): the model, the optimizers,
   the learning-rate schedulers, the precision plugin's state and the fit loop's progress
   (epoch, global step, batch index, and the data loaders' positions where they are stateful,
-  e.g. torchdata's StatefulDataLoader, as in Lightning's own checkpoints);
+  e.g. torchdata's StatefulDataLoader, as in Lightning's own checkpoints), and the random
+  generators (Python's, NumPy's, torch's, the CUDA device's: not in Lightning's checkpoints),
+  put back where the uninterrupted fit drew from them next (`_put_back`);
 - beats every step (hang detection, goodput) and marks the forward pass as this rank's own
   compute (slow-node detection: from the batch's start to `backward`);
 - saves the same into the memory tier every `save_every` optimizer steps, staged in host
@@ -37,7 +39,9 @@ from __future__ import annotations
 import io
 import logging
 import os
+import random
 import signal
+import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import FrameType
@@ -67,22 +71,96 @@ def trainer_options(callback: NodeagentCallback | None = None) -> dict[str, Any]
     return options
 
 
+def _saved(value: Any) -> dict[str, Any]:
+    """`value` as one value of a save: torch.save's bytes (read back with `weights_only`: no
+    code runs at load)."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return {"bytes": buffer.getvalue()}
+
+
+def _loaded(state: dict[str, Any]) -> Any:
+    return torch.load(io.BytesIO(state["bytes"]), weights_only=True)
+
+
 class _Opaque:
-    """A Lightning object's state saved whole, as one value: the fit loop's holds the data
-    loaders' states, which only exist once the fit has begun (the restore comes before), and a
-    DCP load fills only the keys its target already has. Serialized with torch.save and read
-    back with `weights_only` (no code runs at load)."""
+    """A Lightning object's state saved whole, as one value: a DCP load fills only the keys its
+    target already has, and the fit loop's, say, holds the data loaders' states, which only
+    exist once the fit has begun (the restore comes before)."""
 
     def __init__(self, target: Any) -> None:
         self.target = target
 
     def state_dict(self) -> dict[str, Any]:
-        buffer = io.BytesIO()
-        torch.save(self.target.state_dict(), buffer)
-        return {"bytes": buffer.getvalue()}
+        return _saved(self.target.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.target.load_state_dict(torch.load(io.BytesIO(state["bytes"]), weights_only=True))
+        self.target.load_state_dict(_loaded(state))
+
+
+class _Progress:
+    """Where the fit is, saved whole as one value (as `_Opaque`): the fit loop's progress
+    (`_fit_loop_state`) and this process's random generators as the step left them
+    (`_generators`). The generators are loaded into `generators`, for the callback to put
+    back when the fit gets to the point they were read at (`NodeagentCallback._put_back`).
+    A save from before they were kept holds the loop's progress alone."""
+
+    def __init__(self, fit_loop: Any) -> None:
+        self.fit_loop = fit_loop
+        self.generators: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return _saved({"loop": _fit_loop_state(self.fit_loop), "generators": _generators()})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        loaded = _loaded(state)
+        if "loop" not in loaded:  # the loop's progress alone
+            loaded = {"loop": loaded}
+        self.fit_loop.load_state_dict(loaded["loop"])
+        self.generators = loaded.get("generators")
+
+
+def _generators() -> dict[str, Any]:
+    """Python's, NumPy's (if imported), torch's and the current CUDA device's (if CUDA is in
+    use) random generators' states, as plain data."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        kind, keys, position, has_gauss, gauss = numpy.random.get_state()
+        keys = torch.from_numpy(keys.astype(numpy.int64))
+        state["numpy"] = (kind, keys, int(position), int(has_gauss), float(gauss))
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # (never started here)
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _put_back_generators(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and "numpy" in state:
+        kind, keys, position, has_gauss, gauss = state["numpy"]
+        numpy.random.set_state(
+            (kind, keys.numpy().astype(numpy.uint32), position, has_gauss, gauss)
+        )
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _fit_loop_state(fit_loop: Any) -> dict[str, Any]:
+    """The fit loop's state; at an epoch's last batch, without the data loaders' positions.
+
+    Restored from a step that ended its epoch, Lightning goes on with the next epoch (its
+    loop counts the epoch done), but a stateful loader's position then is "every batch of
+    this pass handed out": loaded, it hands out nothing of the next pass, and Lightning counts
+    that empty pass as one more epoch (Lightning 2.6.6, torchdata's StatefulDataLoader and
+    Lightning's own checkpoints alike). The next epoch was skipped: its number, and under DDP
+    its batches (the DistributedSampler shuffles by epoch). Left out, the loader starts the
+    next pass from its first batch, as the uninterrupted fit does."""
+    state: dict[str, Any] = fit_loop.state_dict()
+    if fit_loop.epoch_loop.batch_progress.is_last_batch:
+        state.get("state_dict", {}).pop("combined_loader", None)
+    return state
 
 
 class _Schedulers:
@@ -126,6 +204,7 @@ class NodeagentCallback(Callback):
         self.restored_step = 0  # the global step the fit went on from (0: the start)
         self.stopped = False  # the fit ended because of SIGTERM (its step saved)
         self._state: TrainState | None = None
+        self._progress = _Progress(None)
         self._computing: AbstractContextManager[None] | None = None
         self._saved = -1  # the last global step saved
         self._trainer: Trainer | None = None
@@ -140,12 +219,13 @@ class NodeagentCallback(Callback):
         self.checkpointer = Checkpointer(self.directory, keep=self.keep)
         self._trainer = trainer
         exit_at_once_when_failing(self._stopping)
+        self._progress = _Progress(trainer.fit_loop)
         self._state = TrainState(
             pl_module,
             list(trainer.optimizers),
             schedulers=_Schedulers(trainer),
             precision=_Opaque(trainer.precision_plugin),
-            loops=_Opaque(trainer.fit_loop),
+            loops=self._progress,
         )
         self.restored_step = self.checkpointer.restore(self._state)
         self._saved = trainer.global_step if self.restored_step else -1
@@ -156,6 +236,8 @@ class NodeagentCallback(Callback):
                 trainer.global_step,
                 trainer.current_epoch,
             )
+            if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+                self._put_back()
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Lightning's SIGTERM handler, registered just before, sets the signalled rank's flag
@@ -204,6 +286,7 @@ class NodeagentCallback(Callback):
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._put_back()  # the first step after a restore inside an epoch (else: done)
         self._computing = compute()
         self._computing.__enter__()
 
@@ -269,6 +352,16 @@ class NodeagentCallback(Callback):
         trainer = self._trainer
         asked = trainer is not None and bool(trainer.received_sigterm)
         return self._stop_asked or self.stopped or asked
+
+    def _put_back(self) -> None:
+        """The random generators as the restored step left them, once. Where the uninterrupted
+        fit drew from them next: after a step that ended its epoch, the next epoch's data
+        loader iterators (a DataLoader's base seed, a RandomSampler's seed), made after this
+        hook (`on_fit_start`) in a resumed fit; after a step inside its epoch, the next step
+        itself (dropout), the batch fetched (`on_train_batch_start`)."""
+        generators, self._progress.generators = self._progress.generators, None
+        if generators is not None:
+            _put_back_generators(generators)
 
     def _end_compute(self) -> None:
         computing, self._computing = self._computing, None
