@@ -55,6 +55,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from nodeagent.worker import Checkpointer, TrainState, beat
 from nodeagent.worker.agree import any_rank
+from nodeagent.worker.ending import training_ended
 from nodeagent.worker.graceful import exit_at_once_when_failing, no_longer_exit_at_once
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,8 @@ class NodeagentCallback(TrainerCallback):
             signal.signal(signal.SIGTERM, self._previous_handler)
             no_longer_exit_at_once(self._stopping)
             self._previous_handler = None
+        if not self.stopped:  # trained to its end: what follows is the exit (worker.ending)
+            training_ended()
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -302,10 +302,14 @@ class Supervisor:
             # (an in_place survivor that exits instead is started anew with the next one).
             expected = self._stop_deadline is not None or self._release is not None
             cause = None
-            worker.finished = code != 0 and not expected and worker.has_finished()
+            # Died by a signal after it said its training returned (a backend's teardown that
+            # aborts at exit): finished. An exit status there is the script's own failure
+            # after its training (an evaluation that raised): charged, as any.
+            died = code < 0 or code > 128  # 128+N: a container runtime's report of signal N
+            worker.finished = died and not expected and worker.has_finished()
             if worker.finished:
                 log.warning(
-                    "rank %d reached its end (its training returned), then exited with %s: "
+                    "rank %d reached its end (its training returned), then died of %s: "
                     "counted as finished",
                     worker.spec.rank,
                     signal_name(code) or f"exit code {code}",

@@ -72,9 +72,10 @@ def beat(step: int) -> None:
 
 def finished() -> None:
     """Tell the agent this rank's training reached its end. What follows is only the process's
-    exit: if that fails (a library's destructor aborting at interpreter exit, say: "terminate
-    called without an active exception"), the agent counts the rank as finished, not failed,
-    and neither charges the job a restart nor re-forms it; and a rank waiting after it for its
+    exit: if it dies of a signal then (a library's destructor aborting at interpreter exit,
+    say: "terminate called without an active exception"), the agent counts the rank as
+    finished, not failed, and neither charges the job a restart nor re-forms it (an exit
+    status is still the script's failure); and a rank waiting after it for its
     peers to end is not taken for a hung one. A no-op outside nodeagent. The integrations
     (nodeagent.integrations) and `elastic.run` call it for you."""
     writer = _writer()

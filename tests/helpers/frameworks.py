@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nodeagent.channel import restore, tier
+from nodeagent.channel import beats, restore, tier
 
 
 def train(
@@ -34,6 +34,20 @@ def train(
     for path in sorted(records.glob("*.jsonl")):
         lines += [json.loads(text) for text in path.read_text().splitlines()]
     return sorted(lines, key=lambda line: line["t"])
+
+
+def progress_files(tmp_path: Path) -> dict[str, Path]:
+    """A progress file for a "whole" and a "crashed" run, as the agent makes them."""
+    files = {name: tmp_path / f"{name}.progress" for name in ("whole", "crashed")}
+    for path in files.values():
+        beats.create(path)
+    return files
+
+
+def finished(path: Path) -> bool:
+    """The run said its training reached its end (nodeagent.worker.ending.training_ended)."""
+    beat = beats.read(path)
+    return beat is not None and beat.finished
 
 
 def stopped_by_sigterm(

@@ -12,6 +12,8 @@ import pytest
 
 from tests.helpers.frameworks import (
     assert_the_uninterrupted_run,
+    finished,
+    progress_files,
     rank0,
     steps_of,
     stopped_by_sigterm,
@@ -31,10 +33,15 @@ def test_a_fit_resumed_from_its_last_save_is_the_uninterrupted_one_bit_for_bit(
     """One process, dropout on: each step draws its mask from torch's generator, which the
     save keeps and the resumed fit puts back before its first step (without it, that step's
     mask is the one the fresh process draws: the parameters apart from there)."""
-    whole = train(SCRIPT, tmp_path, "whole", CKPT_DIR=str(tmp_path / "w"), DROPOUT="0.2")
+    said = progress_files(tmp_path)  # what the agent would read: the end said, or not
+    whole = train(SCRIPT, tmp_path, "whole", CKPT_DIR=str(tmp_path / "w"), DROPOUT="0.2",
+                  NODEAGENT_PROGRESS_FILE=str(said["whole"]))  # fmt: skip
+    assert finished(said["whole"])  # fit returned: its exit's failure would not be the job's
     ckpt = str(tmp_path / "ckpt")
-    crashed = train(SCRIPT, tmp_path, "crashed", CKPT_DIR=ckpt, CRASH_AT="13", DROPOUT="0.2")
+    crashed = train(SCRIPT, tmp_path, "crashed", CKPT_DIR=ckpt, CRASH_AT="13", DROPOUT="0.2",
+                    NODEAGENT_PROGRESS_FILE=str(said["crashed"]))  # fmt: skip
     assert max(steps_of(crashed)) == 13 and not [x for x in crashed if x["event"] in END]
+    assert not finished(said["crashed"])
     resumed = train(SCRIPT, tmp_path, "resumed", CKPT_DIR=ckpt, DROPOUT="0.2")  # saved 5, 10
 
     step = assert_the_uninterrupted_run(whole, resumed)

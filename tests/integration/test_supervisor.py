@@ -77,6 +77,28 @@ def test_success_logs_and_echo(h: Harness) -> None:
     assert [w.state for w in h.sup.workers()] == ["exited", "exited"]
 
 
+@pytest.mark.parametrize(
+    ("end", "finished"),
+    [("os.abort()", True), ("os.kill(os.getpid(), signal.SIGSEGV)", True), ("sys.exit(1)", False)],
+    ids=["abort", "segv", "exit-status"],
+)
+def test_a_rank_that_said_its_end_and_then_died_of_a_signal_finished(
+    h: Harness, end: str, finished: bool
+) -> None:
+    """Issue 62: after `progress.finished()` a death by a signal (a destructor aborting at
+    interpreter exit) is the rank's end, not a failure; an exit status there is the script's
+    own failure after its training (an evaluation that raised), charged as any."""
+    code = (
+        "import os, signal, sys; from nodeagent.worker import progress; "
+        f"progress.beat(1); progress.finished(); {end}"
+    )
+    h.sup.start(1, "n", h.specs(code, n=1))
+    h.settle(GroupPhase.EXITED)
+    status = h.sup.status()
+    assert status.succeeded is finished, status
+    assert (status.failure is None) is finished, status.failure
+
+
 def test_failure_by_exit_code_and_by_signal(h: Harness) -> None:
     code = (
         "import os, sys, time; r = int(os.environ['LOCAL_RANK']); time.sleep(0.3 * r); sys.exit(3)"

@@ -11,6 +11,8 @@ import pytest
 
 from tests.helpers.frameworks import (
     assert_the_uninterrupted_run,
+    finished,
+    progress_files,
     steps_of,
     stopped_by_sigterm,
     train,
@@ -25,10 +27,15 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_transformers.
 def test_a_training_resumed_from_its_last_save_is_the_uninterrupted_one_bit_for_bit(
     tmp_path: Path,
 ) -> None:
-    whole = train(SCRIPT, tmp_path, "whole", CKPT_DIR=str(tmp_path / "whole-ckpt"))
+    said = progress_files(tmp_path)  # what the agent would read: the end said, or not
+    whole = train(SCRIPT, tmp_path, "whole", CKPT_DIR=str(tmp_path / "whole-ckpt"),
+                  NODEAGENT_PROGRESS_FILE=str(said["whole"]))  # fmt: skip
+    assert finished(said["whole"])  # train returned: its exit's failure would not be the job's
     ckpt = str(tmp_path / "ckpt")
-    crashed = train(SCRIPT, tmp_path, "crashed", CKPT_DIR=ckpt, CRASH_AT="13")
+    crashed = train(SCRIPT, tmp_path, "crashed", CKPT_DIR=ckpt, CRASH_AT="13",
+                    NODEAGENT_PROGRESS_FILE=str(said["crashed"]))  # fmt: skip
     assert max(steps_of(crashed)) == 13 and not [x for x in crashed if x["event"] == "final"]
+    assert not finished(said["crashed"])
     resumed = train(SCRIPT, tmp_path, "resumed", CKPT_DIR=ckpt)
 
     assert_the_uninterrupted_run(whole, resumed)
