@@ -7,8 +7,8 @@ clock, when the beat counter last changed.
 Layout (little-endian): magic b"NAPB", version u32, beats u64, step i64, wall time f64, from
 version 2 the seconds the rank spent in its marked compute sections, summed (f64: the worker's
 `progress.compute()`; job/speed.py compares ranks by it), and from version 3 `finished` (u64, 1
-once the rank's training reached its end: `progress.finished()`; an exit after it, even a
-failing one, is not the job's failure, and a rank that lingers after it is not hung). Older
+once the rank's training reached its end: `progress.finished()`; a death by a signal after it
+is not the job's failure, and a rank that lingers after it is not hung). Older
 versions still read (the file's version, not its length, says which), and a worker with an
 older nodeagent writes its own version into the agent's longer file; a worker with a newer one
 writes version 2 into a version 2 file an older agent made.

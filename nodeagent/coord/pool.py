@@ -251,6 +251,19 @@ class PoolStore:
         leases = self._all(now, [])
         return {x.name: x.report for x in leases if x.report is not None and x.deadline_ms > now}
 
+    def report(self, name: str) -> PoolNode | None:
+        """One node's report while its key lives (None: none, or not one nodeagent wrote),
+        without reading the rest of the pool."""
+        with redis_errors("read a node's report"):
+            raw: Any = self.client.get(self.keys.node(name))
+        if raw is None:
+            return None
+        try:
+            report = PoolNode.from_json(raw)
+        except CorruptStateError:
+            return None
+        return report if report.name == name else None
+
     def _led(self, token: str, now: int, garbage: list[str]) -> tuple[Lease[PoolNode], ...]:
         view = self._view
         first = self._read_page(now, view.cursor, view.sweep, SWEEP, 0, garbage)

@@ -41,7 +41,7 @@ class Done:
 def apply(store: PoolStore, node: str, action: str, reason: str, by: str) -> Done:
     """Cordon, drain or uncordon `node` in the pool (and, pinned, in its job). The caller has
     checked that the node is the pool's and that `action` is one of ACTIONS."""
-    report = store.nodes().get(node)
+    report = store.report(node)
     pinned = report.pinned if report is not None else None
     jobs = JobStore(store.client, store.keys.job(pinned)) if pinned is not None else None
     if action == "uncordon":

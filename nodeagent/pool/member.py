@@ -79,9 +79,8 @@ class PoolMember:
         self.synced = False  # a heartbeat went through since start
         self.last_error: str | None = None
         self.redis_errors = 0  # pool calls that failed (the pool's metrics count them)
-        self.beaten_at: float | None = (
-            None  # wall time of the last pool heartbeat that went through
-        )
+        # The wall time of the last pool heartbeat that went through (the metrics export it).
+        self.beaten_at: float | None = None
         # The view the last pool leader round scheduled from (nodeagent/pool/metrics.py reads
         # it on the HTTP thread: assigning a reference is atomic and a PoolView is frozen).
         self.last_view: PoolView | None = None
@@ -230,7 +229,8 @@ class PoolMember:
     def _failed(self, exc: CoordinationError, redis: bool = True) -> None:
         """A pool call failed: said once while it keeps failing; counted when Redis failed
         it (not MUNGE, nor a leader's round that read garbage)."""
-        self.redis_errors += 1 if redis else 0
+        if redis:
+            self.redis_errors += 1
         if str(exc) != self.last_error:
             log.warning("pool: %s", exc)
         self.last_error = str(exc)

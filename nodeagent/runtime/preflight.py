@@ -221,16 +221,22 @@ def _entrypoint(
 
 def _python_script(entrypoint: tuple[str, ...], workdir: Path) -> Path | None:
     """`python script.py ...`: the script is there too (`-m module` is not checked)."""
+    name = _script_name(entrypoint)
+    if name is None:
+        return None
+    script = workdir / name
+    if not script.is_file():
+        raise ConfigError("job.entrypoint", f"script {name} not found on this node")
+    return script
+
+
+def _script_name(entrypoint: tuple[str, ...]) -> str | None:
+    """The script of `python script.py ...` as given (None: not Python, or `-m module`)."""
     try:
         _, rest = split_python(entrypoint)
     except NotPython:
         return None
-    if rest[0] == "-m":
-        return None
-    script = workdir / rest[0]
-    if not script.is_file():
-        raise ConfigError("job.entrypoint", f"script {rest[0]} not found on this node")
-    return script
+    return None if rest[0] == "-m" else rest[0]
 
 
 # Run as the job's user: enter the working directory ($1), find a program given with a '/'
@@ -254,11 +260,7 @@ def _check_as_user(job: JobConfig, user: WorkerUser, cwd: Path) -> None:
     workdir = cwd / job.working_dir if job.working_dir is not None else cwd
     argv = resolve_argv(job.entrypoint, job.python)
     program = argv[0] if "/" in argv[0] else ""
-    try:
-        _, rest = split_python(argv)
-        script = "" if rest[0] == "-m" else rest[0]
-    except NotPython:
-        script = ""
+    script = _script_name(argv) or ""
     command = ["/bin/sh", "-c", _AS_USER, "sh", str(workdir), program, script]
     try:
         status, said = run_as(user, command, b"", 400)

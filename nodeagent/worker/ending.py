@@ -1,14 +1,15 @@
 """`training_ended()`: what a rank does once its training returned, for the framework
 integrations (nodeagent.integrations) as `elastic.run` does it for itself.
 
-Two things, both about the process's exit. The agent is told (progress.finished()): an exit
-that fails after it is not the job's failure, and neither charges a restart nor re-forms the
-job. And the default process group is destroyed at exit (atexit), before the interpreter's
-finalization destroys it in no chosen order: a backend's threads torn down there can abort the
-process ("terminate called without an active exception", SIGABRT), as a transformers Trainer
-rank did after logging its last step (issue 62) and elastic.run's survivors did (issue 52). A
-script that ends with os._exit skips both, as it skips the abort. torch is imported only at
-exit, and only if the script imported it.
+Two things, both about the process's exit. The agent is told (progress.finished()): a death
+by a signal after it is not the job's failure, and neither charges a restart nor re-forms the
+job (an exit status still is). And the default process group is destroyed at exit (atexit),
+before the interpreter's finalization destroys it in no chosen order: a backend's threads torn
+down there can abort the process ("terminate called without an active exception", SIGABRT),
+as a transformers Trainer rank did after logging its last step (issue 62) and elastic.run's
+survivors did (issue 52). A script that ends with os._exit skips both, as it skips the abort.
+torch is never imported here: the group is looked for only where the script imported
+torch.distributed.
 """
 
 from __future__ import annotations
