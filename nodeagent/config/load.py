@@ -43,6 +43,7 @@ from nodeagent.config.settings import (
     RedisConfig,
     SlowNodeConfig,
     TimingConfig,
+    Tokens,
 )
 from nodeagent.config.values import (
     YAML_BOOLEANS,
@@ -475,7 +476,8 @@ def _load_pool(section: Section, pinned: bool = False) -> PoolConfig:
 
 def _load_auth(section: Section, pinned: bool) -> dict[str, Any]:
     """pool.auth (munge, the default of a pool node; none, of a node pinned by its job:
-    section), pool.munge_socket, pool.operators: {users: [...], groups: [...]}."""
+    section), pool.munge_socket, pool.operators: {users: [...], groups: [...]}, pool.tokens:
+    {key_file, max_lifetime}, pool.api_users: [...]."""
     auth = section.get("auth", str, "none" if pinned else "munge")
     if auth not in AUTH_MODES:
         raise ConfigError(
@@ -487,12 +489,22 @@ def _load_auth(section: Section, pinned: bool) -> dict[str, Any]:
     if not socket.startswith("/") or "\0" in socket:
         raise ConfigError(section.key("munge_socket"), f"expected an absolute path, got {socket!r}")
     operators = section.section("operators")
+    tokens = section.section("tokens")
+    key_file = tokens.get("key_file", str, "")
+    if key_file and (not key_file.startswith("/") or "\0" in key_file):
+        raise ConfigError(tokens.key("key_file"), f"expected an absolute path, got {key_file!r}")
     found = {
         "auth": auth,
         "munge_socket": socket,
         "operators": Operators(_names(operators, "users"), _names(operators, "groups")),
+        "tokens": Tokens(
+            key_file,
+            duration(tokens.raw("max_lifetime"), tokens.key("max_lifetime"), 86400.0, minimum=60.0),
+        ),
+        "api_users": _names(section, "api_users"),
     }
     operators.reject_unknown()
+    tokens.reject_unknown()
     return found
 
 

@@ -214,6 +214,16 @@ class Operators:
 
 
 @dataclass(frozen=True)
+class Tokens:
+    """pool.tokens: API tokens (model/token.py, docs/api.md): the key the pool's agents make
+    and check them with ("": this pool mints none and takes none), and the longest lifetime a
+    user may ask for."""
+
+    key_file: str = ""
+    max_lifetime: float = 86400.0
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     """The pool this node serves (pool:): its name, free-form labels, and whom it runs jobs as.
 
@@ -236,6 +246,10 @@ class PoolConfig:
     auth: str = "munge"
     munge_socket: str = "/run/munge/munge.socket.2"
     operators: Operators = field(default_factory=lambda: Operators())
+    tokens: Tokens = field(default_factory=lambda: Tokens())
+    # The accounts of the API service (nodeagent api) whose MUNGE credential may vouch for the
+    # uid of a caller on its Unix socket (SO_PEERCRED); never for root or an operator.
+    api_users: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -139,6 +139,8 @@ POOL_REQUEST_CURSOR_KEY = "%s:{pool:%s}:request-cursor"  # STRING last request i
 POOL_SEEN_KEY = "%s:{pool:%s}:seen"  # ZSET credential id -> its expiry (server ms): replays
 POOL_REPLY_KEY = "%s:{pool:%s}:reply:%s"  # STRING JSON Reply to one request, EX REPLY_TTL_S
 POOL_AUTH_KEY = "%s:{pool:%s}:auth"  # STRING the pool leader's pool.auth (munge, none)
+# API tokens not revoked: id -> JSON {user, uid, iat, exp} (coord/tokens.py; the pool leader's)
+POOL_TOKENS_KEY = "%s:{pool:%s}:tokens"  # HASH
 REQUESTS_MAXLEN = 10_000
 REPLY_TTL_S = 600
 
@@ -246,6 +248,10 @@ class PoolKeys:
     @property
     def seen(self) -> str:
         return self._key(POOL_SEEN_KEY)
+
+    @property
+    def tokens(self) -> str:
+        return self._key(POOL_TOKENS_KEY)
 
     def reply(self, request_id: str) -> str:
         return POOL_REPLY_KEY % (self.prefix, self.pool, request_id)

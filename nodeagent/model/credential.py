@@ -84,8 +84,12 @@ class MungeUnavailable(Exception):
 class Munge(Protocol):
     """Encodes and decodes credentials through this host's munged."""
 
-    def encode(self, payload: str, ttl_s: int | None = None) -> str:
-        """A credential for the caller of this process, carrying `payload`.
+    def encode(
+        self, payload: str, ttl_s: int | None = None, restrict_uid: int | None = None
+    ) -> str:
+        """A credential for the caller of this process, carrying `payload`; with
+        `restrict_uid`, one that only that uid (and root) can decode (MUNGE encrypts the
+        payload: what hands a minted token to its user through Redis, model/token.py).
 
         Raises:
             MungeUnavailable: munged cannot be reached.

@@ -38,6 +38,11 @@ class Verb(str, Enum):
     HOLD, RELEASE, REQUEUE  args {job}: keep a pending job from admission, let it go, put a
              running one back in the queue (its owner or an operator; pool/jobverbs.py).
     SUBMIT's args may hold `hold: true` (submit --hold).
+    TOKEN    args {action: mint, lifetime_s} or {action: revoke, id} (an id, or "all": every
+             token of the caller's): API tokens (model/token.py). Minted only for a MUNGE
+             credential's own caller; the reply's `sealed` carries the token.
+    WHOAMI   args {}: changes nothing; the reply names the caller (the API service asks it of
+             a token it has not seen, since it cannot check one itself).
     """
 
     SUBMIT = "submit"
@@ -49,19 +54,33 @@ class Verb(str, Enum):
     HOLD = "hold"
     RELEASE = "release"
     REQUEUE = "requeue"
+    TOKEN = "token"
+    WHOAMI = "whoami"
 
 
 @dataclass(frozen=True)
 class Request:
+    """One request. `as_uid`: the uid of the caller on the API service's Unix socket (the
+    kernel's SO_PEERCRED), for whom the service's own MUNGE credential vouches; taken only from
+    the accounts of pool.api_users (pool/requests.py)."""
+
     pool: str
     verb: Verb
     args: Mapping[str, Any]
     nonce: str = field(default_factory=lambda: secrets.token_hex(8))
     credential: str = ""
+    as_uid: int | None = None
 
     def canonical(self) -> bytes:
         """What the credential signs: everything but the credential, in one spelling."""
-        body = {"pool": self.pool, "verb": self.verb.value, "args": self.args, "nonce": self.nonce}
+        body: dict[str, Any] = {
+            "pool": self.pool,
+            "verb": self.verb.value,
+            "args": self.args,
+            "nonce": self.nonce,
+        }
+        if self.as_uid is not None:
+            body["as_uid"] = self.as_uid
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
     @property
@@ -91,6 +110,7 @@ class Request:
             args=dict(r.mapping("args")),
             nonce=r.text("nonce", max_len=64),
             credential=r.text("credential", "", max_len=4096),
+            as_uid=r.opt_integer("as_uid", 0, 2**32 - 1),
         )
 
 
@@ -102,11 +122,14 @@ class Reply:
     message: str
     user: str = ""  # the authenticated caller ("" when the credential said nobody)
     missing: bool = False  # refused because the job or node named does not exist
+    sealed: str = ""  # TOKEN mint: a MUNGE credential only the caller's uid decodes
 
     def to_json(self) -> str:
         body: dict[str, Any] = {"ok": self.ok, "message": self.message, "user": self.user}
         if self.missing:
             body["missing"] = True
+        if self.sealed:
+            body["sealed"] = self.sealed
         return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
     @classmethod
@@ -118,6 +141,7 @@ class Reply:
             r.text("message", "", 2048),
             r.text("user", "", 256),
             r.flag("missing", False),
+            r.text("sealed", "", 4096),
         )
 
 

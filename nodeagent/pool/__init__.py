@@ -4,7 +4,8 @@ Pure decisions: schedule.py (`schedule(view, policy)`, which node serves which j
 (shrinking running jobs for a pending one), schedview.py (what it decides from). Executors:
 leadership.py (the pool leader's round: read, schedule, commit fenced), member.py (a node's
 pool heartbeat), requests.py (pool.auth munge: the pool leader's side of the signed requests),
-authority.py (who is who: callers, operators, specs vouched for, who may read a log),
+tokens.py (API tokens: who a token credential names, minting, revoking), authority.py (who is
+who: callers, operators, specs vouched for, who may read a log),
 jobverbs.py (when a job may be held, released or requeued: one rule for both sides),
 cordoning.py (cordon, drain, uncordon of a pool node, a pinned one's job included: both sides),
 lifecycle.py (what the leader does about ended jobs and time limits).

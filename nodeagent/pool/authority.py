@@ -10,7 +10,14 @@ from dataclasses import dataclass, field, replace
 
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.settings import PoolConfig
-from nodeagent.model.credential import Decoded, Munge, MungeUnavailable, bound, check
+from nodeagent.model.credential import (
+    Decoded,
+    Munge,
+    MungeStatus,
+    MungeUnavailable,
+    bound,
+    check,
+)
 from nodeagent.model.request import Caller
 from nodeagent.model.spec import JobSpec
 
@@ -22,6 +29,7 @@ class Authority:
     munge: Munge
     pool: PoolConfig
     resolve: Resolver
+    token_key: bytes | None = None  # pool.tokens.key_file's (model/token.py); None: no tokens
     _vouched: dict[tuple[str, str], str | None] = field(default_factory=dict, compare=False)
 
     def caller(self, found: Decoded) -> Caller:
@@ -33,6 +41,24 @@ class Authority:
             gids = {self.resolve.group(g) for g in operators.groups}
             operator = bool(member_of & gids)
         return Caller(found.uid, found.gid, name, operator)
+
+    def on_behalf(self, api: Caller, uid: int) -> Caller | str:
+        """The caller on the API service's Unix socket, uid `uid` by the kernel, for whom the
+        service's account `api` vouches; or why not: only accounts of pool.api_users vouch,
+        and never for root or an operator (they sign their own requests, or use a token)."""
+        if api.name not in self.pool.api_users:
+            return f"{api.name} may not act for others: not in pool.api_users"
+        name = self.resolve.name_of(uid)
+        account = self.resolve.user(name) if name is not None else None
+        if account is None:
+            return f"uid {uid} has no user on the pool leader's host"
+        caller = self.caller(Decoded(MungeStatus.SUCCESS, uid, account.gid, "", 0, 0))
+        if caller.operator:
+            return (
+                f"{caller.name} is an operator: the API service does not act for operators "
+                "(sign with nodeagentctl, or use a token)"
+            )
+        return caller
 
     def sign(self, spec: JobSpec) -> JobSpec:
         """The spec with this agent's credential over it: what nodes accept (vouch).

@@ -15,7 +15,8 @@ another user, act on every job, and alone change queues and cordons.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +25,7 @@ from nodeagent.coord import holds
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
+from nodeagent.coord.tokens import TokenStore
 from nodeagent.errors import ConfigError, CorruptStateError
 from nodeagent.model.credential import (
     Decoded,
@@ -36,9 +38,11 @@ from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
 from nodeagent.model.queues import DEFAULT, MAX_NODES, QueueView
 from nodeagent.model.request import Caller, Reply, Request, Verb
 from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.model.token import is_token_credential
 from nodeagent.pool import cordoning, jobverbs
 from nodeagent.pool.authority import Authority
 from nodeagent.pool.schedule import matches
+from nodeagent.pool.tokens import Minted, TokenRefused, Tokens
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +58,16 @@ class Missing(Refused):
 class Requests:
     """The pool leader's side of the requests stream, one batch per round."""
 
-    def __init__(self, store: PoolStore, authority: Authority) -> None:
+    def __init__(
+        self, store: PoolStore, authority: Authority, now: Callable[[], float] = time.time
+    ) -> None:
         # A store of its own: its reads must not reset what the leader's store keeps between
         # rounds (its view of the nodes, the specs decoded, PoolStore.read and specs).
         self._store = PoolStore(store.client, store.keys)
         self._requests = RequestStore(store.client, store.keys)
         self._authority = authority
+        self._tokens = Tokens(TokenStore(store.client, store.keys), authority)
+        self._now = now
 
     def serve(self, leader: str) -> list[Reply]:
         """Take and answer every request waiting (at most one batch).
@@ -103,22 +111,39 @@ class Requests:
             ), data
         if request.pool != self._store.keys.pool:
             return Reply(False, f"refused: signed for pool {request.pool}", caller.name), data
+        munge_signed = not is_token_credential(request.credential)
+        if request.as_uid is not None:
+            behalf = self._authority.on_behalf(caller, request.as_uid) if munge_signed else None
+            if not isinstance(behalf, Caller):
+                why = behalf or "a token holder may not act for others"
+                return Reply(False, f"refused: {why}", caller.name), data
+            data["user"], caller, munge_signed = behalf.name, behalf, False
         try:
-            message = self._apply(caller, request)
-        except Refused as exc:
+            done = self._apply(caller, request, munge_signed)
+        except (Refused, TokenRefused) as exc:
             return Reply(False, f"refused: {exc}", caller.name, isinstance(exc, Missing)), data
-        return Reply(True, message, caller.name), data
+        if isinstance(done, Minted):
+            return Reply(True, done.message, caller.name, sealed=done.sealed), data
+        return Reply(True, done, caller.name), data
 
     def _decode(self, request: Request) -> tuple[Decoded | None, Decoded | str]:
-        """What the credential says if munged verified it, and the verdict on it."""
+        """What the credential says if munged (or the token key) verified it, and the verdict
+        on it."""
         if not request.credential:
             return None, "not signed: pool.auth is munge, every request needs a MUNGE credential"
+        if is_token_credential(request.credential):
+            proven = self._tokens.identify(request, int(self._now()))
+            return (proven if isinstance(proven, Decoded) else None), proven
         found = self._authority.munge.decode(request.credential)
         signed = found if isinstance(found, Decoded) and found.status.signed else None
         return signed, check(found, request.digest)
 
-    def _apply(self, caller: Caller, request: Request) -> str:
+    def _apply(self, caller: Caller, request: Request, munge_signed: bool) -> str | Minted:
         args = request.args
+        if request.verb is Verb.WHOAMI:
+            return f"you are {caller.name}" + (" (an operator)" if caller.operator else "")
+        if request.verb is Verb.TOKEN:
+            return self._tokens.apply(caller, args, munge_signed, int(self._now()))
         if request.verb is Verb.SUBMIT:
             return self._submit(caller, args.get("spec"), args.get("hold") is True)
         if request.verb in (Verb.HOLD, Verb.RELEASE, Verb.REQUEUE):

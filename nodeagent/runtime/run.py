@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from nodeagent import __version__
 from nodeagent.config.hosts import Resolver
+from nodeagent.config.keyfile import read_token_key
 from nodeagent.config.settings import EMBEDDED, Config, NodeSettings, PoolConfig
 from nodeagent.coord.client import check_credentials, connect
 from nodeagent.coord.embedded import EmbeddedRedis
@@ -214,4 +215,5 @@ def pool_authority(pool: PoolConfig, resolve: Resolver | None = None) -> Authori
             "pool's nodes share /etc/munge/munge.key), point pool.munge_socket at its socket, "
             "or set pool.auth: none (whoever can write the pool's Redis keys then acts as anyone)",
         ) from None
-    return Authority(munge, pool, resolve or Resolver())
+    key = read_token_key(pool.tokens.key_file) if pool.tokens.key_file else None
+    return Authority(munge, pool, resolve or Resolver(), key)

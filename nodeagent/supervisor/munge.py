@@ -33,10 +33,14 @@ class MungeProgram:
     munge: str = "munge"
     unmunge: str = "unmunge"
 
-    def encode(self, payload: str, ttl_s: int | None = None) -> str:
+    def encode(
+        self, payload: str, ttl_s: int | None = None, restrict_uid: int | None = None
+    ) -> str:
         argv = [self.munge, "-S", self.socket]
         if ttl_s is not None:
             argv += ["-t", str(ttl_s)]
+        if restrict_uid is not None:
+            argv += ["-U", str(restrict_uid)]
         done = self._run(argv, payload)
         if done.returncode != 0:
             raise MungeUnavailable(self._why(done))

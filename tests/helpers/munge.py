@@ -92,7 +92,9 @@ class FakeMunge:
     seen: set[str] = field(default_factory=set)
     reachable: bool = True
 
-    def encode(self, payload: str, ttl_s: int | None = None) -> str:
+    def encode(
+        self, payload: str, ttl_s: int | None = None, restrict_uid: int | None = None
+    ) -> str:
         if not self.reachable:
             raise MungeUnavailable("munged at /fake: not running")
         credential = f"MUNGE:fake-{self.key}:{len(self.made)}"

@@ -20,7 +20,7 @@ from nodeagent.model.request import Verb
 POOL_CHANGES = frozenset(
     {
         "submit", "cancel", "hold", "release", "requeue", "scale", "queue",
-        "cordon", "drain", "uncordon", "stop", "restart",
+        "cordon", "drain", "uncordon", "stop", "restart", "token",
     }
 )  # fmt: skip
 
@@ -114,6 +114,10 @@ SIGNED_LINES: list[tuple[list[str], str | None, tuple[Verb, dict[str, Any]] | No
         None,
         (Verb.CORDON, {"action": "cordon", "node": "n1", "reason": "cordoned by an operator"}),
     ),
+    (["token"], None, (Verb.TOKEN, {"action": "mint", "lifetime_s": 3600})),
+    (["token", "--lifetime", "2h"], None, (Verb.TOKEN, {"action": "mint", "lifetime_s": 7200})),
+    (["token", "--revoke", "all"], None, (Verb.TOKEN, {"action": "revoke", "id": "all"})),
+    (["token", "--list"], None, None),
     (["jobs"], None, None),
     (["status"], "x", None),
 ]

@@ -18,7 +18,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.cli.ctl import scale, submit, wait
+from nodeagent.cli.ctl import scale, submit, token, wait
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
@@ -47,6 +47,8 @@ def run(
     if verb is Verb.SCALE and args.wait:
         print(reply.message, flush=True)
         return _scaled(store, munge, args, body, before)
+    if verb is Verb.TOKEN and reply.sealed:
+        return token.received(munge, reply)
     if verb is Verb.SUBMIT:
         job_id = str(body["spec"]["id"])
         submit.submitted(job_id, args)

@@ -43,6 +43,7 @@ from nodeagent.cli.ctl import (
     status,
     stop,
     submit,
+    token,
     uncordon,
 )
 from nodeagent.cli.ctl.targets import Target
@@ -92,6 +93,7 @@ VERBS: Mapping[str, VerbModule] = {
     "show": show,
     "history": history,
     "queue": queue,
+    "token": token,
 }
 
 
