@@ -34,13 +34,13 @@ from typing import Any
 import psutil
 import yaml
 
-from nodeagent.cli.status import status_document
 from nodeagent.coord.client import connect
 from nodeagent.coord.embedded import EmbeddedRedis
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.store import JobStore
 from nodeagent.job.timeline import recovery
 from nodeagent.supervisor.spares import SPARE_MODULE
+from nodeagent.views.status import status_document
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = ("a", "b", "c", "d")

@@ -2,6 +2,6 @@
 
 daemon.py (`nodeagent run`, `config check`, `health`), launch.py and launchargs.py (`nodeagent
 launch`: torchrun's flags, an embedded Redis), nodehealth.py (`nodeagent health`: one node's GPU
-preflight), status.py (a job's status as a plain document, what `nodeagentctl status --json`
-prints), and ctl/ (`nodeagentctl`: one module per verb, one table).
+preflight), api.py (`nodeagent api`: the HTTP API service, nodeagent/api/), and ctl/
+(`nodeagentctl`: one module per verb, one table).
 """

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from nodeagent import __version__
-from nodeagent.cli import launch, nodehealth
+from nodeagent.cli import api, launch, nodehealth
 from nodeagent.config.load import read_settings
 from nodeagent.config.settings import EX_CONFIG, NodeSettings
 from nodeagent.errors import ConfigError
@@ -63,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         help="only the file and its values, not this node (for a config written for others)",
     )
     nodehealth.add_parser(commands, DEFAULT_CONFIG)
+    api.add_parser(commands)
     return parser
 
 
@@ -135,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _config_check(args)
     if args.command == "health":
         return nodehealth.run(args, DEFAULT_CONFIG)
+    if args.command == "api":
+        return api.run(args)
     config = _load(args.config)
     if config is None:
         return EX_CONFIG

@@ -5,7 +5,8 @@ value named by its dotted key), values.py (the value rules every section shares)
 (facts of this host: users, groups, addresses; injected), identity.py (who workers run as),
 checkpoint.py (job.checkpoint: the checkpoint tiers' settings), container.py (job.container, as
 pyxis spells image and mounts, and the node's containers: section with the reason it refuses
-one), keyfile.py (the pool's token key, pool.tokens.key_file), redisurl.py, entrypoint.py,
+one), keyfile.py (the pool's token key, pool.tokens.key_file), api.py (the API
+service's config file), redisurl.py, entrypoint.py,
 strictyaml.py. Settings are made here and nowhere else; the
 environment comes in from the edges (cli/ passes os.environ to the checks, runtime/ hands the
 workers theirs and reads what systemd gives the service: RUNTIME_DIRECTORY, NOTIFY_SOCKET).

@@ -8,7 +8,7 @@ without a service name cannot work at all, nor a Redis Cluster URL with a databa
 
 from __future__ import annotations
 
-from urllib.parse import SplitResult, parse_qs, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qs, quote, urlsplit, urlunsplit
 
 SCHEMES = (
     "redis",
@@ -136,3 +136,11 @@ def _db_problem(db: str, query: str) -> str | None:
         if not value.isdigit():
             return f"the database must be a number such as /0, got {value!r}"
     return None
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` carrying `password` (percent-encoded), keeping its user name if it has one."""
+    parts = split(url)
+    auth, at, hosts = parts.netloc.rpartition("@")
+    user = auth.split(":", 1)[0] if at else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{hosts}"))

@@ -122,12 +122,17 @@ class Reply:
     message: str
     user: str = ""  # the authenticated caller ("" when the credential said nobody)
     missing: bool = False  # refused because the job or node named does not exist
+    # why refused, for a face that says it in its own terms (HTTP's status): missing,
+    # forbidden (the caller may not), invalid (the request is wrong), unauthenticated, or ""
+    kind: str = ""
     sealed: str = ""  # TOKEN mint: a MUNGE credential only the caller's uid decodes
 
     def to_json(self) -> str:
         body: dict[str, Any] = {"ok": self.ok, "message": self.message, "user": self.user}
         if self.missing:
             body["missing"] = True
+        if self.kind:
+            body["kind"] = self.kind
         if self.sealed:
             body["sealed"] = self.sealed
         return json.dumps(body, separators=(",", ":"), sort_keys=True)
@@ -141,6 +146,7 @@ class Reply:
             r.text("message", "", 2048),
             r.text("user", "", 256),
             r.flag("missing", False),
+            r.text("kind", "", 32),
             r.text("sealed", "", 4096),
         )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,6 +142,11 @@ class JobSpec:
             return load_spec(data, submitted=True)
         except ConfigError as exc:
             raise CorruptStateError(f"job spec: {exc}") from None
+
+
+def new_job_id() -> str:
+    """A job id for a submission that names none: job- and 8 random hex digits."""
+    return f"job-{secrets.token_hex(4)}"
 
 
 def load_spec(

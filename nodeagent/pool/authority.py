@@ -6,6 +6,8 @@ asks who may read a log (`may_read`, telemetry/logserve.LogAccess).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from nodeagent.config.hosts import Resolver
@@ -20,6 +22,7 @@ from nodeagent.model.credential import (
 )
 from nodeagent.model.request import Caller
 from nodeagent.model.spec import JobSpec
+from nodeagent.model.token import check_credential, is_token_credential
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,9 @@ class Authority:
     pool: PoolConfig
     resolve: Resolver
     token_key: bytes | None = None  # pool.tokens.key_file's (model/token.py); None: no tokens
+    # whether a token's id is registered, not revoked (coord/tokens.TokenStore.live; the
+    # wiring sets it once Redis is connected: until then a log is read with MUNGE only)
+    token_live: Callable[[str], bool] | None = None
     _vouched: dict[tuple[str, str], str | None] = field(default_factory=dict, compare=False)
 
     def caller(self, found: Decoded) -> Caller:
@@ -93,18 +99,41 @@ class Authority:
             return f"signed by uid {found.uid}, not by an agent of the pool"
         return None
 
-    def may_read(self, digest: str, credential: str, gid: int) -> str | None:
-        """telemetry/logserve.LogAccess: a fresh credential bound to the log request of
-        `digest`, of an operator or of a member of the log's group `gid` (the job's)."""
-        try:
-            found = check(self.munge.decode(credential), digest)
-        except MungeUnavailable as exc:
-            return f"this node cannot check credentials: {exc}"
+    def may_read(
+        self, digest: str, credential: str, gid: int, as_uid: int | None = None
+    ) -> str | None:
+        """telemetry/logserve.LogAccess: a fresh credential (MUNGE, or an API token's) bound to
+        the log request of `digest`, of an operator or of a member of the log's group `gid`
+        (the job's); `as_uid`: the API service's socket caller, whom its account vouches for."""
+        found = self._log_reader(digest, credential)
         if isinstance(found, str):
             return found
         caller = self.caller(found)
-        if caller.operator or gid == found.gid:
+        if as_uid is not None:
+            behalf = self.on_behalf(caller, as_uid) if not is_token_credential(credential) else None
+            if not isinstance(behalf, Caller):
+                return behalf or "a token holder may not act for others"
+            caller = behalf
+        if caller.operator or gid == caller.gid:
             return None
-        if gid in self.resolve.groups_of(caller.name, found.gid):
+        if gid in self.resolve.groups_of(caller.name, caller.gid):
             return None
         return f"{caller.name} may not read this log: it is another user's job's"
+
+    def _log_reader(self, digest: str, credential: str) -> Decoded | str:
+        if is_token_credential(credential):
+            if self.token_key is None or self.token_live is None:
+                return "this node takes no API tokens (pool.tokens.key_file)"
+            proven = check_credential(
+                self.token_key, credential, digest, self.pool.name, int(time.time())
+            )
+            if isinstance(proven, str):
+                return proven
+            if not self.token_live(proven.claims.id):
+                return f"token {proven.claims.id} revoked"
+            claims = proven.claims
+            return Decoded(MungeStatus.SUCCESS, claims.uid, claims.gid, "", claims.issued_s, 0)
+        try:
+            return check(self.munge.decode(credential), digest)
+        except MungeUnavailable as exc:
+            return f"this node cannot check credentials: {exc}"

@@ -52,7 +52,15 @@ class Refused(Exception):
 
 
 class Missing(Refused):
-    """Refused: the job or node it names does not exist (nodeagentctl exits 3)."""
+    """Refused: the job or node it names does not exist (nodeagentctl exits 3; HTTP 404)."""
+
+
+class Forbidden(Refused):
+    """Refused: the caller may not do this to what it names (HTTP 403)."""
+
+
+class Invalid(Refused):
+    """Refused: the request itself is wrong (a spec that does not load; HTTP 422)."""
 
 
 class Requests:
@@ -100,15 +108,15 @@ class Requests:
             data["user"] = self._authority.caller(decoded).name
         if isinstance(found, str):
             self._requests.claim(leader, request_id, "", 0)
-            return Reply(False, f"refused: {found}", data.get("user", "")), data
+            why = f"refused: {found}"
+            return Reply(False, why, data.get("user", ""), kind="unauthenticated"), data
         caller = self._authority.caller(found)
         expires_ms = (found.encoded_s + found.ttl_s) * 1000
         if not self._requests.claim(
             leader, request_id, credential_id(request.credential), expires_ms
         ):
-            return Reply(
-                False, "refused: credential replayed: it was used before", caller.name
-            ), data
+            why = "refused: credential replayed: it was used before"
+            return Reply(False, why, caller.name, kind="unauthenticated"), data
         if request.pool != self._store.keys.pool:
             return Reply(False, f"refused: signed for pool {request.pool}", caller.name), data
         munge_signed = not is_token_credential(request.credential)
@@ -116,12 +124,13 @@ class Requests:
             behalf = self._authority.on_behalf(caller, request.as_uid) if munge_signed else None
             if not isinstance(behalf, Caller):
                 why = behalf or "a token holder may not act for others"
-                return Reply(False, f"refused: {why}", caller.name), data
+                return Reply(False, f"refused: {why}", caller.name, kind="forbidden"), data
             data["user"], caller, munge_signed = behalf.name, behalf, False
         try:
             done = self._apply(caller, request, munge_signed)
         except (Refused, TokenRefused) as exc:
-            return Reply(False, f"refused: {exc}", caller.name, isinstance(exc, Missing)), data
+            kind = _KINDS.get(type(exc), "")
+            return Reply(False, f"refused: {exc}", caller.name, kind == "missing", kind), data
         if isinstance(done, Minted):
             return Reply(True, done.message, caller.name, sealed=done.sealed), data
         return Reply(True, done, caller.name), data
@@ -156,7 +165,7 @@ class Requests:
             return self._command(caller, _name(args, "job"), str(args.get("kind", "")))
         if not caller.operator:
             what = "queues" if request.verb is Verb.QUEUE else "cordons and drains"
-            raise Refused(
+            raise Forbidden(
                 f"{caller.name} is not an operator of the pool: only operators manage {what}"
             )
         if request.verb is Verb.QUEUE:
@@ -167,9 +176,9 @@ class Requests:
         try:
             spec = load_spec(doc, default_user=caller.name)
         except ConfigError as exc:
-            raise Refused(f"invalid job spec: {exc}") from None
+            raise Invalid(f"invalid job spec: {exc}") from None
         if spec.user != caller.name and not caller.operator:
-            raise Refused(
+            raise Forbidden(
                 f"{caller.name} may not submit as {spec.user}: only operators (pool.operators) "
                 "name another user"
             )
@@ -211,7 +220,7 @@ class Requests:
             if not pinned_ok:
                 raise Refused(f"job {job_id} comes from its nodes' job: sections")
             if not caller.operator:
-                raise Refused(
+                raise Forbidden(
                     f"{caller.name} may not {verb} job {job_id}: it is pinned by its nodes' "
                     "job: sections, only operators act on it"
                 )
@@ -220,7 +229,7 @@ class Requests:
         if not isinstance(spec, JobSpec):
             raise Refused(f"job {job_id}: its spec cannot be read ({spec})")
         if not caller.may_act_on(spec.user):
-            raise Refused(f"{caller.name} may not {verb} job {job_id} of {spec.user}")
+            raise Forbidden(f"{caller.name} may not {verb} job {job_id} of {spec.user}")
         return status.state, spec
 
     def _cancel(self, caller: Caller, job_id: str) -> str:
@@ -360,6 +369,9 @@ class Requests:
             return self._authority.sign(spec)
         except MungeUnavailable as exc:
             raise Refused(f"the pool leader cannot sign the spec: {exc}") from None
+
+
+_KINDS = {Missing: "missing", Forbidden: "forbidden", Invalid: "invalid", TokenRefused: "forbidden"}
 
 
 def container_refusal(spec: JobSpec, nodes: Iterable[PoolNode]) -> str | None:

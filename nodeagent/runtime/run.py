@@ -27,6 +27,7 @@ from nodeagent.coord.embedded import EmbeddedRedis
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.listener import StreamListener
 from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.tokens import TokenStore
 from nodeagent.errors import ConfigError
 from nodeagent.gpu.health import build_monitor, start_monitor
 from nodeagent.model.credential import MungeUnavailable
@@ -118,6 +119,9 @@ def _run_agent(
         lambda: address[0] if address else None,
     )
     authority = None if until_done else pool_authority(settings.pool)  # ConfigError: exit 78
+    if authority is not None and authority.token_key is not None:  # tokens' logs: not revoked
+        keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
+        authority = replace(authority, token_live=TokenStore(parts.client, keys).live)
     loop = _node_loop(settings, parts, current, registry, until_done, authority)
 
     def serving() -> str:

@@ -40,7 +40,7 @@ class MungeProgram:
         if ttl_s is not None:
             argv += ["-t", str(ttl_s)]
         if restrict_uid is not None:
-            argv += ["-U", str(restrict_uid)]
+            argv += ["--restrict-uid", str(restrict_uid)]
         done = self._run(argv, payload)
         if done.returncode != 0:
             raise MungeUnavailable(self._why(done))

@@ -47,8 +47,11 @@ MAX_TAIL_LINES = 10_000
 DEFAULT_TAIL = 20
 BLOCK = 65536
 _NUMBER = re.compile(r"[0-9]{1,15}")
-_PARAMS = ("tail", "offset", "generation")
-_CREDENTIAL = re.compile(r"MUNGE:[A-Za-z0-9+/=]{1,4000}:")
+_PARAMS = ("tail", "offset", "generation", "as_uid")
+# a MUNGE credential, or an API token's (model/token.py: token1.<claims>.<time>.<proof>)
+_CREDENTIAL = re.compile(
+    r"MUNGE:[A-Za-z0-9+/=]{1,4000}:|token1\.[A-Za-z0-9_-]{1,1000}\.[0-9]{1,12}\.[0-9a-f]{64}"
+)
 JSON = "application/json"
 TEXT = "text/plain"
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no http_proxy
@@ -65,13 +68,16 @@ class LogRefused(LogFetchError):
 class LogAccess(Protocol):
     """Who may read a log over HTTP (pool.auth: munge)."""
 
-    def may_read(self, digest: str, credential: str, gid: int) -> str | None:
+    def may_read(
+        self, digest: str, credential: str, gid: int, as_uid: int | None = None
+    ) -> str | None:
         """None when `credential` is fresh, binds the request of `digest`, and names an
-        operator or a member of group `gid` (the log's); else why not."""
+        operator or a member of group `gid` (the log's); else why not. `as_uid`: the API
+        service's socket caller its credential vouches for (pool.api_users)."""
         ...
 
 
-Sign = Callable[[str], str]  # a payload (log_payload) -> a MUNGE credential carrying it
+Sign = Callable[[str], str]  # a payload (log_payload) -> a credential carrying it
 
 
 def log_digest(target: str) -> str:
@@ -95,6 +101,7 @@ class LogRequest:
     offset: int | None = None
     generation: int | None = None
     credential: str = ""
+    as_uid: int | None = None  # the API service asks for its socket caller (may_read)
 
     @property
     def target(self) -> str:
@@ -104,6 +111,7 @@ class LogRequest:
                 ("tail", self.tail),
                 ("offset", self.offset),
                 ("generation", self.generation),
+                ("as_uid", self.as_uid),
             )
             if value is not None
         ]
@@ -136,11 +144,11 @@ def parse(target: str) -> LogRequest | str:
     if pairs and pairs[-1].startswith("credential="):
         credential = pairs.pop().partition("=")[2]
         if not _CREDENTIAL.fullmatch(credential):
-            return "bad credential: expected a MUNGE credential"
+            return "bad credential: expected a MUNGE credential or an API token's"
     for pair in pairs:
         name, _, value = pair.partition("=")
         if name not in _PARAMS or name in params or not _NUMBER.fullmatch(value):
-            return f"bad parameter {pair[:40]!r}: expected tail=N, offset=B, generation=G"
+            return f"bad parameter {pair[:40]!r}: expected tail=N, offset=B, generation=G, as_uid=U"
         params[name] = int(value)
     if "tail" in params and "offset" in params:
         return "tail and offset exclude each other"
@@ -148,7 +156,13 @@ def parse(target: str) -> LogRequest | str:
     if tail is not None and tail > MAX_TAIL_LINES:
         return f"tail: at most {MAX_TAIL_LINES} lines"
     return LogRequest(
-        job, int(rank), tail, params.get("offset"), params.get("generation"), credential
+        job,
+        int(rank),
+        tail,
+        params.get("offset"),
+        params.get("generation"),
+        credential,
+        params.get("as_uid"),
     )
 
 
@@ -231,7 +245,8 @@ class LogRoute:
             path = directory / f"rank-{request.rank}.log"
             if self._access is not None:
                 gid = os.lstat(path).st_gid
-                why = self._access.may_read(log_digest(request.target), request.credential, gid)
+                digest = log_digest(request.target)
+                why = self._access.may_read(digest, request.credential, gid, request.as_uid)
                 if why is not None:
                     return 403, f"{why}\n".encode(), TEXT
             if request.offset is not None:

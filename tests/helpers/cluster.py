@@ -21,11 +21,11 @@ import psutil
 import redis
 import yaml
 
-from nodeagent.cli.status import status_document
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
 from nodeagent.supervisor.fence import KEEPER_MODULE
+from nodeagent.views.status import status_document
 from tests.helpers.runas import AS_TESTER
 from tests.helpers.unitcaps import unit_prefix
 

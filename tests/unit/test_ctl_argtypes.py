@@ -11,6 +11,7 @@ import redis
 from redis.connection import parse_url
 
 from nodeagent.cli.ctl import argtypes
+from nodeagent.config import redisurl
 from nodeagent.coord.client import parse_sentinel_url
 from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.errors import CoordinationError, UsageError
@@ -29,7 +30,7 @@ PASSWORDS = ["plain", "with space", "a/b@c:d", "pct%41", "üñí"]
     ],
 )
 def test_a_password_survives_the_url_as_redis_py_reads_it(url: str, password: str) -> None:
-    with_it = argtypes.with_password(url, password)
+    with_it = redisurl.with_password(url, password)
     parsed = parse_url(with_it)  # type: ignore[no-untyped-call]
     assert parsed["password"] == password
     assert parsed.get("username") == ("operator" if "operator@" in url else None)
@@ -39,7 +40,7 @@ def test_a_password_survives_the_url_as_redis_py_reads_it(url: str, password: st
 
 @pytest.mark.parametrize("password", PASSWORDS)
 def test_a_password_survives_a_sentinel_url(password: str) -> None:
-    url = argtypes.with_password("redis+sentinel://a:26379,b:26379/mymaster/0", password)
+    url = redisurl.with_password("redis+sentinel://a:26379,b:26379/mymaster/0", password)
     target = parse_sentinel_url(url)
     assert target.password == password and target.service == "mymaster"
 

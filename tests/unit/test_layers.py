@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2] / "nodeagent"
 # `python -m nodeagent`, a command line.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "__main__"),
-    ("runtime",),
+    ("api",),  # the HTTP face (`nodeagent api` is a command line above it)
+    ("runtime", "views"),  # views: what the verbs compute, below every face
     ("job", "pool"),
     ("supervisor", "telemetry", "gpu", "coord", "checkpoint"),
     ("model", "channel", "config"),
@@ -39,7 +40,13 @@ WORKER_MAY_IMPORT = frozenset({"worker", "channel"})
 # never imports it.
 INTEGRATIONS = "integrations"
 INTEGRATIONS_MAY_IMPORT = frozenset({"integrations", "worker", "channel"})
-SCRIPT_SIDE = {WORKER: WORKER_MAY_IMPORT, INTEGRATIONS: INTEGRATIONS_MAY_IMPORT}
+# The Python client of the API (nodeagent/client.py): what notebooks import, with httpx alone.
+CLIENT = "client"
+SCRIPT_SIDE = {
+    WORKER: WORKER_MAY_IMPORT,
+    INTEGRATIONS: INTEGRATIONS_MAY_IMPORT,
+    CLIENT: frozenset({CLIENT}),
+}
 # Third-party modules only some packages (or modules) may import.
 ONLY: Mapping[str, frozenset[str]] = {
     "redis": frozenset({"coord"}),
@@ -49,6 +56,11 @@ ONLY: Mapping[str, frozenset[str]] = {
     "lightning": frozenset({INTEGRATIONS}),
     "transformers": frozenset({INTEGRATIONS}),
     "torchtitan": frozenset({INTEGRATIONS}),
+    "fastapi": frozenset({"api"}),
+    "starlette": frozenset({"api"}),
+    "uvicorn": frozenset({"api"}),
+    "pydantic": frozenset({"api"}),
+    "httpx": frozenset({CLIENT}),
 }
 # Programs of their own (a child process's main), which may print and exit like cli/.
 PROGRAMS = frozenset(
@@ -59,7 +71,7 @@ PROGRAMS = frozenset(
         "nodeagent.checkpoint.persistcopy",
     }
 )
-ROOT_MODULES = frozenset({"__init__", "__main__", "errors", "state"})
+ROOT_MODULES = frozenset({"__init__", "__main__", "errors", "state", "client"})
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.cli.ctl.argtypes import url_password, with_password
+from nodeagent.cli.ctl.argtypes import url_password
 from nodeagent.config import redisurl
+from nodeagent.config.redisurl import with_password
 from nodeagent.coord.client import parse_sentinel_url
 
 LISTS = [

@@ -266,10 +266,10 @@ def test_node_speed_garbage_is_refused() -> None:
 
 def test_status_says_which_node_is_slow_and_why(capsys: pytest.CaptureFixture[str]) -> None:
     from nodeagent.cli.ctl.output import print_status
-    from nodeagent.cli.status import status_document
     from nodeagent.coord.replies import Snapshot
     from nodeagent.coord.view import Lease
     from nodeagent.model.speed import SlowVerdict
+    from nodeagent.views.status import status_document
 
     record = _record(("a", "b"))
     leases = tuple(Lease(n, 10_000, r) for n, r in _nodes("a", "b").items())

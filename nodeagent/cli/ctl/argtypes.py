@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from urllib.parse import parse_qs, quote, urlunsplit
+from urllib.parse import parse_qs
 
 from nodeagent.config import redisurl
 from nodeagent.config.values import check_name, parse_duration
@@ -75,14 +75,6 @@ def url_password(url: str) -> str | None:
         return auth.split(":", 1)[1]
     found = parse_qs(parts.query).get("password")
     return found[0] if found else None
-
-
-def with_password(url: str, password: str) -> str:
-    """`url` carrying `password` (percent-encoded), keeping its user name if it has one."""
-    parts = redisurl.split(url)
-    auth, at, hosts = parts.netloc.rpartition("@")
-    user = auth.split(":", 1)[0] if at else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{hosts}"))
 
 
 def read_password_file(path: str) -> str:

@@ -7,8 +7,8 @@ import argparse
 
 from nodeagent.cli.ctl import argtypes, output
 from nodeagent.cli.ctl.targets import Target
-from nodeagent.cli.status import status_document
-from nodeagent.errors import NotFoundError, UsageError
+from nodeagent.errors import UsageError
+from nodeagent.views.status import node_health
 
 HELP = "a node's GPU verdicts (default: this node)"
 
@@ -25,8 +25,5 @@ def run(target: Target, args: argparse.Namespace) -> int:
     name = args.node or (config.node.name if config else None)
     if name is None:
         raise UsageError("give --node NAME, or --config of the node")
-    nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
-    if name not in nodes:
-        raise NotFoundError(f"node {name} is not in job {store.keys.job} (no live lease)")
-    output.print_health(name, nodes[name], args.json)
+    output.print_health(name, node_health(store, name), args.json)
     return 0

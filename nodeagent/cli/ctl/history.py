@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime
 
-from nodeagent.cli.ctl.output import listing
-from nodeagent.cli.ctl.runs import Run
 from nodeagent.cli.ctl.targets import Target
-from nodeagent.config.values import format_duration, parse_duration
-from nodeagent.coord.ended import archived
-from nodeagent.errors import ConfigError, UsageError
+from nodeagent.config.values import format_duration
 from nodeagent.model.pool import PoolJobState
-from nodeagent.model.spec import JobSpec
+from nodeagent.views import history as views
+from nodeagent.views.documents import listing
 
 HELP = "the ended jobs the pool keeps: user, elapsed, nodes, node-hours, exit, ETTR"
 
@@ -35,19 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(target: Target, args: argparse.Namespace) -> int:
     store = target.pool_store
-    snap = store.read()
-    since = _since(args.since, snap.now_ms) if args.since else None
-    ended = [j for j, s in snap.jobs.items() if s.state.ended and not s.pinned]
-    specs = store.specs(ended)
-    runs = [Run(j, s if isinstance(s, JobSpec) else None, snap.jobs[j]) for j, s in specs.items()]
-    runs += [Run(j, spec, status) for j, spec, status in archived(store.client, store.keys)]
-    rows = [
-        run.row(snap.now_ms)
-        for run in sorted(runs, key=lambda r: r.status.ended_ms or 0)
-        if (since is None or (run.status.ended_ms or 0) >= since)
-        and (args.user is None or (run.spec is not None and run.spec.user == args.user))
-        and (args.state is None or run.status.state.value == args.state)
-    ]
+    rows = views.history(store, args.since, args.user, args.state)
     if args.json:
         print(json.dumps(listing("jobs", store.keys.pool, rows), indent=2))
         return 0
@@ -67,25 +51,3 @@ def run(target: Target, args: argparse.Namespace) -> int:
 
 def _percent(ratio: float | None) -> str:
     return "-" if ratio is None else f"{100 * ratio:.1f}%"
-
-
-def _since(value: str, now_ms: int) -> int:
-    """--since: a duration ago, or an RFC 3339 time (a date alone: its midnight, UTC).
-
-    Raises:
-        UsageError: neither.
-    """
-    try:
-        return now_ms - round(parse_duration(value, "--since") * 1000)
-    except ConfigError:
-        pass
-    try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(
-            f"--since: expected a duration ago (2h, 7d) or an RFC 3339 time "
-            f"(2026-11-23T08:00:00Z), got {value!r}"
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return round(when.timestamp() * 1000)

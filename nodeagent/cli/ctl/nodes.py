@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
-from nodeagent.cli.ctl.output import listing
 from nodeagent.cli.ctl.targets import Target
+from nodeagent.views import nodes as views
+from nodeagent.views.documents import listing
 
 HELP = "the pool's nodes: job, health, cordon, labels"
 
@@ -19,27 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(target: Target, args: argparse.Namespace) -> int:
     store, as_json = target.pool_store, args.json
-    snap = store.read()
-    rows: list[dict[str, Any]] = []
-    for name, deadline in sorted(snap.deadlines.items()):
-        report = snap.nodes.get(name)
-        ttl = report.lease_ttl_ms if report else 0
-        cordon = snap.cordons.get(name)
-        rows.append(
-            {
-                "name": name,
-                "alive": report is not None,
-                "job": snap.placements.get(name),
-                "serving": report.serving if report else None,
-                "pulling": report.pulling if report else None,
-                "health": (report.unfit or "ok") if report else "lost",
-                "cordon": cordon.reason if cordon else None,
-                "labels": dict(report.labels) if report else {},
-                "heartbeat_age_s": (snap.now_ms - (deadline - ttl)) / 1000 if report else None,
-                "address": report.address if report else None,
-                "version": report.version if report else None,  # its agent's (an upgrade)
-            }
-        )
+    rows = views.nodes(store)
     if as_json:
         print(json.dumps(listing("nodes", store.keys.pool, rows), indent=2))
         return 0

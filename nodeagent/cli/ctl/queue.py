@@ -7,13 +7,13 @@ import json
 from typing import Any
 
 from nodeagent.cli.ctl import argtypes, caller
-from nodeagent.cli.ctl.output import listing
 from nodeagent.cli.ctl.targets import Target
 from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import UsageError
-from nodeagent.model.pool import PoolJobState
 from nodeagent.model.queues import DEFAULT, QueueView
 from nodeagent.model.request import Verb
+from nodeagent.views import queues as views
+from nodeagent.views.documents import listing
 
 HELP = "the pool's queues: quota, guaranteed share, use"
 QUEUE_KEYS = frozenset({"quota", "guaranteed", "max_priority"})  # absent: unchanged
@@ -130,31 +130,8 @@ def _delete(store: PoolStore, name: str, by: str) -> int:
     return 0
 
 
-def rows(store: PoolStore) -> list[dict[str, Any]]:
-    """Every queue (`default` too), with the nodes and jobs it holds now."""
-    snap = store.read()
-    live = [j for j, s in snap.jobs.items() if not s.state.ended]
-    specs = store.specs(live)
-    queue_of = {j: spec.queue for j, spec in specs.items() if not isinstance(spec, str)}
-    queues = {DEFAULT: QueueView(DEFAULT), **snap.queues}
-    found = []
-    for name, queue in sorted(queues.items()):
-        jobs = [j for j in live if queue_of.get(j) == name]
-        found.append(
-            {
-                "queue": name,
-                "quota": queue.quota,
-                "guaranteed": queue.guaranteed,
-                "nodes": sum(1 for j in snap.placements.values() if queue_of.get(j) == name),
-                "running": sum(1 for j in jobs if snap.jobs[j].state is PoolJobState.RUNNING),
-                "pending": sum(1 for j in jobs if snap.jobs[j].state is PoolJobState.PENDING),
-            }
-        )
-    return found
-
-
 def _list(store: PoolStore, as_json: bool) -> int:
-    found = rows(store)
+    found = views.queues(store)
     if as_json:
         print(json.dumps(listing("queues", store.keys.pool, found), indent=2))
         return 0

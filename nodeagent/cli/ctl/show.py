@@ -10,23 +10,11 @@ import json
 from typing import Any
 
 from nodeagent.cli.ctl import argtypes
-from nodeagent.cli.ctl.output import JSON_VERSION as VERSION
-from nodeagent.cli.ctl.output import rfc3339
-from nodeagent.cli.ctl.runs import Run
 from nodeagent.cli.ctl.targets import Target
 from nodeagent.config.values import format_duration
-from nodeagent.coord import eventlog, holds
-from nodeagent.coord.keys import JobKeys
-from nodeagent.coord.pool import PoolStore
-from nodeagent.coord.store import JobStore
-from nodeagent.errors import NotFoundError
-from nodeagent.job.history import generations, restarts_by_cause
-from nodeagent.model import goodput
-from nodeagent.model.job import Event
-from nodeagent.model.spec import JobSpec
+from nodeagent.views import show as views
 
 HELP = "a pool job in full: command, user, times, nodes per generation, exit code"
-EVENTS_READ = 10_000  # a job's whole event stream (it is capped at that)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,98 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(target: Target, args: argparse.Namespace) -> int:
-    store, job_id, as_json = target.pool_store, args.job_id, args.json
-    snap = store.read()
-    status = snap.jobs.get(job_id)
-    if status is None:
-        return _outside_the_pool(target, job_id, snap.now_ms, as_json)
-    spec = store.spec(job_id)
-    entry = Run(job_id, spec if isinstance(spec, JobSpec) else None, status)
-    doc = entry.row(snap.now_ms, len(snap.placements_of(job_id)))
-    jobs = JobStore(store.client, store.keys.job(job_id))
-    events = _events(jobs)
-    record = jobs.snapshot().record
-    doc.update(
-        version=VERSION,
-        pool=store.keys.pool,
-        submitted_by=entry.spec.submitted_by if entry.spec else None,
-        command=list(entry.spec.job.entrypoint) if entry.spec else None,
-        working_dir=entry.spec.job.working_dir if entry.spec else None,
-        min_nodes=entry.spec.job.min_nodes if entry.spec else None,
-        max_nodes=entry.spec.job.max_nodes if entry.spec else None,
-        time_limit=_limit(entry.spec),
-        held_by=holds.held_by(store, job_id),
-        placed=snap.placements_of(job_id),
-        restarts=record.restart_count if record else None,
-        restarts_by_cause=restarts_by_cause(events),
-        generations=_generations(events),
-        detail=record.detail if record else None,
-        spec_error=spec if isinstance(spec, str) else None,
-    )
-    pending = goodput.pending_spans(_events(store), job_id)  # requeued, evicted: queued again
-    account = goodput.account(events, snap.now_ms, status.submitted_ms, pending)
-    doc["goodput"] = account.to_data() if account is not None else None
-    if as_json:
+    doc = views.show(target.pool_store, target.prefix, args.job_id)
+    if args.json:
         print(json.dumps(doc, indent=2))
     else:
         _print_show(doc)
     return 0
-
-
-def _outside_the_pool(target: Target, job_id: str, now_ms: int, as_json: bool) -> int:
-    """A job no pool knows (a node config's `job:` section without a pool, `nodeagent
-    launch`): its record, generations and goodput.
-
-    Raises:
-        NotFoundError: no such job either."""
-    jobs = JobStore(target.client, JobKeys(target.prefix, job_id))
-    record = jobs.snapshot().record
-    if record is None:
-        raise NotFoundError(
-            f"no job {job_id!r} in pool {target.pool_store.keys.pool} nor outside it "
-            "(see nodeagentctl jobs)"
-        )
-    events = _events(jobs)
-    account = goodput.account(events, now_ms)
-    doc: dict[str, Any] = {
-        "version": VERSION,
-        "job": job_id,
-        "pool": None,
-        "state": record.state.value,
-        "reason": record.reason,
-        "restarts": record.restart_count,
-        "restarts_by_cause": restarts_by_cause(events),
-        "generations": _generations(events),
-        "goodput": account.to_data() if account is not None else None,
-        "detail": record.detail,
-    }
-    if as_json:
-        print(json.dumps(doc, indent=2))
-    else:
-        _print_show(doc)
-    return 0
-
-
-def _generations(events: list[Event]) -> list[dict[str, Any]]:
-    return [
-        {
-            "generation": g.number,
-            "started": rfc3339(g.started_ms),
-            "reason": g.reason,
-            "nodes": list(g.members),
-            "more_nodes": g.more,
-        }
-        for g in generations(events)
-    ]
-
-
-def _limit(spec: JobSpec | None) -> str | None:
-    return format_duration(spec.time_limit) if spec and spec.time_limit is not None else None
-
-
-def _events(stream: JobStore | PoolStore) -> list[Event]:
-    """A job's (or the pool's) events, the newest EVENTS_READ; what does not decode is left out."""
-    return eventlog.decoded(stream, EVENTS_READ)
 
 
 SHOWN = (

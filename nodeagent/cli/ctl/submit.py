@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import stat
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,7 +24,7 @@ from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import ConfigError, UsageError
 from nodeagent.model.queues import DEFAULT
 from nodeagent.model.request import Verb
-from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.model.spec import JobSpec, load_spec, new_job_id
 from nodeagent.pool import requests
 
 WAIT_RUNNING_S = 600.0  # --wait-running's default --timeout
@@ -134,11 +133,6 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
         "then exit 1",
     )
     submit.set_defaults(argv=[])  # what follows `--` (nodeagentctl's main splits it off)
-
-
-def new_job_id() -> str:
-    """A job id for a submission that names none: job- and 8 random hex digits."""
-    return f"job-{secrets.token_hex(4)}"
 
 
 def submitted(job_id: str, args: argparse.Namespace) -> None:

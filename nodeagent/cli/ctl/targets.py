@@ -88,7 +88,7 @@ def target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
     password = _password(args, url, environ)
     password_given = password is not None or argtypes.url_password(url) is not None
     if password is not None:
-        url = argtypes.with_password(url, password)
+        url = redisurl.with_password(url, password)
     prefix = args.key_prefix or (config.redis.key_prefix if config else "nodeagent")
     pool = args.pool or (config.pool.name if config else "default")
     try:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import sys
 import time
 
-from nodeagent.cli.status import status_document
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.model.pool import PoolJobState
 from nodeagent.state import JobState, NodeState
+from nodeagent.views.status import status_document
 
 POLL_S = 0.5  # how often --wait looks at a job that may run for days
 

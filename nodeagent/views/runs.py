@@ -1,4 +1,4 @@
-"""A pool job's run as nodeagentctl show and history print it: its spec and status as one row
+"""A pool job's run as show and history give it (every face): its spec and status as one row
 (user, times, nodes, node-hours, exit code). Times are RFC 3339 (UTC)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.cli.ctl.output import rfc3339
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.spec import JobSpec
+from nodeagent.views.documents import rfc3339
 
 
 @dataclass(frozen=True)

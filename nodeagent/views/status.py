@@ -1,4 +1,5 @@
-"""The job's status as a plain document (what `nodeagentctl status --json` prints). Pure."""
+"""The job's status as a plain document (what `nodeagentctl status --json` prints and GET
+/v1/jobs/{job}/status returns): status_document is pure; job_status and node_health read it."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
-from nodeagent.coord.store import NodeLease, Snapshot
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.store import JobStore, NodeLease, Snapshot
+from nodeagent.errors import NotFoundError
 from nodeagent.job.checkpoints import replication
 from nodeagent.job.checkpoints.restore import memory_steps
 from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.model.speed import NodeSpeed, SlowVerdict
 from nodeagent.state import JobState
+from nodeagent.views.documents import JSON_VERSION
 
 
 def _node(lease: NodeLease, now_ms: int, group_rank: int | None) -> dict[str, Any]:
@@ -138,3 +142,32 @@ def status_document(
         "slow_nodes": sorted(slow),
         "nodes": nodes,
     }
+
+
+def job_status(store: JobStore, pool: PoolStore) -> dict[str, Any]:
+    """`nodeagentctl status`, GET /v1/jobs/{job}/status: the job's status document with its
+    place in the pool (why it waits, was shrunk or evicted)."""
+    doc = {
+        "version": JSON_VERSION,
+        **status_document(store.snapshot(), store.keys.job, store.speeds(), store.slow_verdicts()),
+    }
+    pooled = pool.status(store.keys.job)
+    doc["pool"] = (
+        {"pool": pool.keys.pool, "state": pooled.state.value, "reason": pooled.reason}
+        if pooled is not None
+        else None
+    )
+    return doc
+
+
+def node_health(store: JobStore, name: str) -> dict[str, Any]:
+    """One node of the job's status document (its cordon, why it is unfit, its GPU verdicts).
+
+    Raises:
+        NotFoundError: no live lease of that node in the job.
+    """
+    nodes = {n["name"]: n for n in status_document(store.snapshot(), store.keys.job)["nodes"]}
+    if name not in nodes:
+        raise NotFoundError(f"node {name} is not in job {store.keys.job} (no live lease)")
+    found: dict[str, Any] = nodes[name]
+    return found

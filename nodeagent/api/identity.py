@@ -1,0 +1,115 @@
+"""Who calls the API, before anything is read or asked (docs/api.md, "Who is who").
+
+- `Authorization: Bearer <token>`: an API token (model/token.py). The service cannot check one
+  itself (it holds no key), so the first time it sees a token it asks the pool leader who that
+  is (Verb.WHOAMI, signed with the token's proof); the answer is kept for a minute, or until the
+  token expires. A token the pool refused is refused again for a while without asking.
+- No token on the Unix socket: the kernel's uid of the caller (SO_PEERCRED).
+- No token on a network address: 401.
+
+Each caller then spends one token of its user's rate (api/limits.py): 429 past it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pwd
+import threading
+import time
+from collections.abc import Callable
+
+from fastapi import Request
+
+from nodeagent.api.connections import PEER_KEY
+from nodeagent.api.limits import RateLimiter
+from nodeagent.api.problems import Problem, unauthorized
+from nodeagent.api.service import Identity, Service, token_user
+from nodeagent.model.request import Verb
+
+KEPT_S = 60.0  # a token the pool vouched for is taken this long without asking again
+REFUSED_S = 10.0  # a token the pool refused is refused this long without asking again
+MAX_KEPT = 10_000
+
+
+class Tokens:
+    """What the pool said of the tokens this service has seen, for a while."""
+
+    def __init__(self, service: Service, clock: Callable[[], float] = time.time) -> None:
+        self._service = service
+        self._clock = clock
+        self._said: dict[str, tuple[float, str | None, str]] = {}  # digest -> until, user, why
+        self._lock = threading.Lock()
+
+    def user(self, token: str, before_asking: Callable[[], None] = lambda: None) -> str:
+        """The user the pool says `token` is; `before_asking` runs before the pool is asked
+        (what charges an unproven caller's rate).
+
+        Raises:
+            Problem: 401 (not a token, expired, of another pool, refused by the pool), or as
+                Service.ask.
+        """
+        now = self._clock()
+        named = token_user(token, self._service.pool, now)
+        key = hashlib.sha256(token.encode()).hexdigest()
+        with self._lock:
+            until, user, why = self._said.get(key, (0.0, None, ""))
+        if now < until:
+            if user is None:
+                raise unauthorized(why)
+            return user
+        before_asking()
+        reply = self._service.ask(Identity(named, token=token), Verb.WHOAMI, {})
+        with self._lock:
+            if len(self._said) >= MAX_KEPT:
+                self._said.clear()
+            if reply.ok:
+                self._said[key] = (now + KEPT_S, reply.user, "")
+            else:
+                self._said[key] = (now + REFUSED_S, None, reply.message)
+        if not reply.ok:
+            raise unauthorized(reply.message)
+        return reply.user
+
+
+def _bearer(header: str) -> str:
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise unauthorized("expected Authorization: Bearer <token> (nodeagentctl token)")
+    return token.strip()
+
+
+def identify(request: Request) -> Identity:
+    """FastAPI's dependency: the caller, or 401; 429 past its user's rate."""
+    tokens: Tokens = request.app.state.tokens
+    limiter: RateLimiter = request.app.state.limiter
+    header = request.headers.get("authorization")
+    peer = request.scope.get(PEER_KEY)
+    if header is not None:
+        where = request.client.host if request.client else "the socket"
+        token = _bearer(header)
+        # a token not seen yet costs the pool a request: its address pays for it
+        user = tokens.user(token, lambda: _limited(limiter, f"unproven callers from {where}"))
+        who = Identity(user, token=token)
+    elif peer is not None:
+        uid = int(peer[1])
+        who = Identity(_name_of(uid), peer_uid=uid)
+    else:
+        raise unauthorized("this address takes API tokens: Authorization: Bearer <token>")
+    _limited(limiter, who.user)
+    return who
+
+
+def _limited(limiter: RateLimiter, key: str) -> None:
+    wait = limiter.take(key)
+    if wait > 0:
+        raise Problem(
+            429, f"{key}: too many requests; try again in {wait:.1f} s",
+            {"Retry-After": str(max(1, round(wait)))},
+        )  # fmt: skip
+
+
+def _name_of(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"

@@ -1,0 +1,301 @@
+"""The API's routes: one handler per route of the verb table (views/table.py), each only
+turning its request into a call of views/ or a signed request, and the result into JSON.
+`install` registers exactly the table's routes, and fails at start on one without a handler
+or a handler without a route."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from nodeagent.api import bodies
+from nodeagent.api.identity import identify
+from nodeagent.api.service import Identity, Service
+from nodeagent.coord import eventlog
+from nodeagent.coord.keys import JobKeys
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.store import JobStore
+from nodeagent.coord.tokens import TokenStore
+from nodeagent.errors import NotFoundError
+from nodeagent.model.pool import PoolJobState
+from nodeagent.model.request import Verb
+from nodeagent.model.spec import new_job_id
+from nodeagent.telemetry.logserve import MAX_TAIL_LINES
+from nodeagent.views import history, jobs, logs, nodes, queues, show, status
+from nodeagent.views.documents import event_doc, listing
+from nodeagent.views.table import ROUTES
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+Who = Annotated[Identity, Depends(identify)]
+Job = Annotated[str, Path(pattern=NAME)]
+Node = Annotated[str, Path(pattern=NAME)]
+EVENTS_BLOCK_MS = 2000  # a follower's wait for new events between keep-alives
+SSE = "text/event-stream"
+
+
+def _service(request: Request) -> Service:
+    service: Service = request.app.state.service
+    return service
+
+
+Svc = Annotated[Service, Depends(_service)]
+
+
+def _jobs(service: Service, job: str) -> JobStore:
+    return JobStore(service.client, JobKeys(service.settings.key_prefix, job))
+
+
+def _done(service: Service, who: Identity, verb: Verb, args: dict[str, Any]) -> bodies.Done:
+    reply = service.change(who, verb, args)
+    return bodies.Done(message=reply.message, user=reply.user)
+
+
+# -- reads ---------------------------------------------------------------------------------
+
+
+def list_jobs(
+    svc: Svc,
+    who: Who,
+    user: str | None = None,
+    state: PoolJobState | None = None,
+    queue: str | None = None,
+) -> dict[str, Any]:
+    value = state.value if state is not None else None
+    return listing("jobs", svc.pool, jobs.jobs(svc.store, user, value, queue))
+
+
+def show_job(svc: Svc, who: Who, job: Job) -> dict[str, Any]:
+    return show.show(svc.store, svc.settings.key_prefix, job)
+
+
+def job_status(svc: Svc, who: Who, job: Job) -> dict[str, Any]:
+    store = _jobs(svc, job)
+    if store.snapshot().record is None:
+        raise NotFoundError(f"no job {job!r} in pool {svc.pool} nor outside it (GET /v1/jobs)")
+    return status.job_status(store, svc.store)
+
+
+def node_health(svc: Svc, who: Who, job: Job, node: Node) -> dict[str, Any]:
+    return status.node_health(_jobs(svc, job), node)
+
+
+def list_history(
+    svc: Svc,
+    who: Who,
+    since: str | None = None,
+    user: str | None = None,
+    state: PoolJobState | None = None,
+) -> dict[str, Any]:
+    value = state.value if state is not None else None
+    return listing("jobs", svc.pool, history.history(svc.store, since, user, value))
+
+
+def list_nodes(svc: Svc, who: Who) -> dict[str, Any]:
+    return listing("nodes", svc.pool, nodes.nodes(svc.store))
+
+
+def list_queues(svc: Svc, who: Who) -> dict[str, Any]:
+    return listing("queues", svc.pool, queues.queues(svc.store))
+
+
+def list_tokens(svc: Svc, who: Who) -> dict[str, Any]:
+    mine = TokenStore(svc.client, svc.store.keys).listing()
+    rows = [{"id": i, **entry} for i, entry in sorted(mine.items()) if entry["user"] == who.user]
+    return listing("tokens", svc.pool, rows)
+
+
+def job_events(
+    svc: Svc,
+    who: Who,
+    job: Job,
+    last: Annotated[int, Query(ge=0, le=10_000)] = 50,
+    follow: bool = False,
+) -> Any:
+    return _events(_jobs(svc, job), last, follow)
+
+
+def pool_events(
+    svc: Svc,
+    who: Who,
+    last: Annotated[int, Query(ge=0, le=10_000)] = 50,
+    follow: bool = False,
+) -> Any:
+    return _events(svc.store, last, follow)
+
+
+def _events(store: JobStore | PoolStore, last: int, follow: bool) -> Any:
+    entries = eventlog.tail(store, last) if last > 0 else []
+    if not follow:
+        return {"version": 1, "events": [event_doc(i, f) for i, f in entries]}
+    cursor = entries[-1][0] if entries else store.last_event_id()
+
+    def stream() -> Iterator[str]:
+        nonlocal cursor
+        for entry_id, fields in entries:
+            yield _sse(event_doc(entry_id, fields), entry_id)
+        while True:
+            got = store.wait_events({store.keys.events: cursor}, EVENTS_BLOCK_MS)
+            if not got:
+                yield ": idle\n\n"  # a reader gone is found at this write
+            for _, entry_id, fields in got:
+                cursor = entry_id
+                yield _sse(event_doc(entry_id, fields), entry_id)
+
+    return StreamingResponse(stream(), media_type=SSE)
+
+
+def rank_log(
+    svc: Svc,
+    who: Who,
+    job: Job,
+    rank: Annotated[int, Path(ge=0, le=1_000_000)],
+    tail: Annotated[int, Query(ge=0, le=MAX_TAIL_LINES)] = 20,
+    follow: bool = False,
+) -> Any:
+    """The rank's last `tail` lines as {"lines": [...]}; with follow, a stream of server-sent
+    events ({"line": text} and {"notice": text}) until the job ends."""
+    sign, as_uid = svc.signer(who)
+    munge = svc.requests.auth() == "munge"
+    ranks = logs.RankLogs(
+        svc.client, svc.settings.key_prefix, svc.pool, job, sign if munge else None, as_uid
+    )
+    items = logs.read(ranks, rank, tail, follow)  # refusals raise here, before any byte
+    if not follow:
+        lines = [i.text for i in items if isinstance(i, logs.Line)]
+        return {"version": 1, "job": job, "rank": rank, "lines": lines}
+
+    def stream() -> Iterator[str]:
+        for item in items:
+            if isinstance(item, logs.Line):
+                yield _sse({"line": item.text})
+            elif isinstance(item, logs.Notice):
+                yield _sse({"notice": item.text})
+            else:
+                yield ": idle\n\n"
+
+    return StreamingResponse(stream(), media_type=SSE)
+
+
+def _sse(doc: Any, entry_id: str | None = None) -> str:
+    head = f"id: {entry_id}\n" if entry_id else ""
+    return f"{head}data: {json.dumps(doc, default=str)}\n\n"
+
+
+# -- changes -------------------------------------------------------------------------------
+
+
+def submit(svc: Svc, who: Who, body: bodies.Submit, response: Response) -> bodies.Submitted:
+    """The pool leader checks the spec as it checks nodeagentctl's (and says what is wrong in
+    the same words); a spec without an id gets one, as `submit` without --name."""
+    spec = {**body.spec, "id": body.spec.get("id") or new_job_id()}
+    args: dict[str, Any] = {"spec": spec, **({"hold": True} if body.hold else {})}
+    reply = svc.change(who, Verb.SUBMIT, args)
+    job = str(spec["id"])
+    response.status_code = 201
+    response.headers["Location"] = f"/v1/jobs/{job}"
+    return bodies.Submitted(message=reply.message, user=reply.user, job=job)
+
+
+def scale(svc: Svc, who: Who, job: Job, body: bodies.Scale) -> bodies.Done:
+    return _done(svc, who, Verb.SCALE, {"job": job, "target": body.target})
+
+
+def _job_verb(verb: Verb, extra: dict[str, str] | None = None) -> Callable[..., bodies.Done]:
+    def handler(svc: Svc, who: Who, job: Job) -> bodies.Done:
+        return _done(svc, who, verb, {"job": job, **(extra or {})})
+
+    return handler
+
+
+def _cordon(action: str) -> Callable[..., bodies.Done]:
+    def handler(svc: Svc, who: Who, node: Node, body: bodies.Cordon | None = None) -> bodies.Done:
+        body = body or bodies.Cordon()
+        args: dict[str, Any] = {"action": action, "node": node, "reason": body.reason}
+        if body.job is not None:
+            args["job"] = body.job
+        return _done(svc, who, Verb.CORDON, args)
+
+    return handler
+
+
+def create_queue(svc: Svc, who: Who, body: bodies.QueueNew) -> bodies.Done:
+    args = {"action": "create", **body.model_dump()}
+    return _done(svc, who, Verb.QUEUE, args)
+
+
+def change_queue(
+    svc: Svc, who: Who, body: bodies.QueueChange, queue: Annotated[str, Path(pattern=NAME)]
+) -> bodies.Done:
+    given = {k: v for k, v in body.model_dump().items() if k in body.model_fields_set}
+    return _done(svc, who, Verb.QUEUE, {"action": "set", "name": queue, **given})
+
+
+def delete_queue(svc: Svc, who: Who, queue: Annotated[str, Path(pattern=NAME)]) -> bodies.Done:
+    return _done(svc, who, Verb.QUEUE, {"action": "delete", "name": queue})
+
+
+def revoke_token(
+    svc: Svc, who: Who, token: Annotated[str, Path(pattern=r"^(all|[0-9a-f]{16})$")]
+) -> bodies.Done:
+    return _done(svc, who, Verb.TOKEN, {"action": "revoke", "id": token})
+
+
+HANDLERS: dict[tuple[str, str], Callable[..., Any]] = {
+    ("GET", "/v1/jobs/{job}/status"): job_status,
+    ("POST", "/v1/jobs/{job}/scale"): scale,
+    ("GET", "/v1/jobs/{job}/events"): job_events,
+    ("GET", "/v1/events"): pool_events,
+    ("POST", "/v1/jobs/{job}/restart"): _job_verb(Verb.COMMAND, {"kind": "restart"}),
+    ("POST", "/v1/jobs/{job}/stop"): _job_verb(Verb.COMMAND, {"kind": "stop"}),
+    ("POST", "/v1/nodes/{node}/cordon"): _cordon("cordon"),
+    ("POST", "/v1/nodes/{node}/drain"): _cordon("drain"),
+    ("POST", "/v1/nodes/{node}/uncordon"): _cordon("uncordon"),
+    ("GET", "/v1/jobs/{job}/nodes/{node}/health"): node_health,
+    ("GET", "/v1/jobs/{job}/logs/{rank}"): rank_log,
+    ("POST", "/v1/jobs"): submit,
+    ("GET", "/v1/jobs"): list_jobs,
+    ("GET", "/v1/nodes"): list_nodes,
+    ("POST", "/v1/jobs/{job}/cancel"): _job_verb(Verb.CANCEL),
+    ("POST", "/v1/jobs/{job}/hold"): _job_verb(Verb.HOLD),
+    ("POST", "/v1/jobs/{job}/release"): _job_verb(Verb.RELEASE),
+    ("POST", "/v1/jobs/{job}/requeue"): _job_verb(Verb.REQUEUE),
+    ("GET", "/v1/jobs/{job}"): show_job,
+    ("GET", "/v1/history"): list_history,
+    ("GET", "/v1/queues"): list_queues,
+    ("POST", "/v1/queues"): create_queue,
+    ("PATCH", "/v1/queues/{queue}"): change_queue,
+    ("DELETE", "/v1/queues/{queue}"): delete_queue,
+    ("GET", "/v1/tokens"): list_tokens,
+    ("DELETE", "/v1/tokens/{token}"): revoke_token,
+}
+
+
+def install(app: FastAPI) -> None:
+    """Register the table's routes, each under its verb (its OpenAPI tag).
+
+    Raises:
+        RuntimeError: a route of the table without a handler, or a handler without a route.
+    """
+    table = {(r.method, r.path): (verb, r) for verb, routes in ROUTES.items() for r in routes}
+    if set(table) != set(HANDLERS):
+        raise RuntimeError(
+            f"routes without handlers: {sorted(set(table) - set(HANDLERS))}; handlers without "
+            f"routes: {sorted(set(HANDLERS) - set(table))}"
+        )
+    for key, (verb, route) in table.items():
+        app.add_api_route(
+            route.path,
+            HANDLERS[key],
+            methods=[route.method],
+            summary=route.summary,
+            tags=[verb],
+            operation_id=f"{verb}_{route.method.lower()}_{_slug(route.path)}",
+        )
+
+
+def _slug(path: str) -> str:
+    return "_".join(p.strip("{}") for p in path.split("/")[2:]) or "root"

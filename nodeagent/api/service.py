@@ -1,0 +1,167 @@
+"""What the API service does for every route: read the pool, and ask the pool leader for a
+change as the caller. It holds no power of its own (docs/api.md): each change goes to the
+pool's requests stream signed as the caller, which the pool leader judges as it judges
+`nodeagentctl`'s:
+- a caller with an API token: the request carries the token's proof (model/token.py; the
+  token itself never goes into Redis);
+- a caller on the Unix socket: the service's own MUNGE credential vouches for the uid the
+  kernel gave it (Request.as_uid), which the pool takes only from pool.api_users' accounts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nodeagent.api.problems import RETRY_AFTER_S, Problem, refused
+from nodeagent.config.api import ApiSettings
+from nodeagent.coord.client import Redis
+from nodeagent.coord.keys import PoolKeys
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
+from nodeagent.model.credential import PAYLOAD_PREFIX, Munge, MungeUnavailable
+from nodeagent.model.request import Reply, Request, Verb
+from nodeagent.model.token import TokenError, credential, parse_token
+from nodeagent.telemetry.logserve import Sign
+
+AUTH_KEPT_S = 10.0  # how long the pool leader's pool.auth is taken as read
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who calls: `token`, a bearer's API token; `peer_uid`, the kernel's uid of a caller on
+    the Unix socket without one."""
+
+    user: str
+    token: str | None = None
+    peer_uid: int | None = None
+
+
+class Service:
+    def __init__(
+        self,
+        settings: ApiSettings,
+        client: Redis,
+        munge: Munge,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.settings = settings
+        self.client = client
+        self.store = PoolStore(client, PoolKeys(settings.key_prefix, settings.pool))
+        self.requests = RequestStore(client, self.store.keys)
+        self.munge = munge
+        self._clock = clock
+        self._sleep = sleep
+        self._auth: tuple[float, str | None] = (-AUTH_KEPT_S, None)
+
+    @property
+    def pool(self) -> str:
+        return self.store.keys.pool
+
+    def change(self, who: Identity, verb: Verb, args: dict[str, Any]) -> Reply:
+        """Ask the pool leader for a change as `who`; its answer when done.
+
+        Raises:
+            Problem: refused (its status from the refusal's kind), no answer (504), the pool
+                takes no signed requests or munged is away (503).
+            CoordinationError: Redis (503).
+        """
+        reply = self.ask(who, verb, args)
+        if not reply.ok:
+            raise refused(reply)
+        return reply
+
+    def ask(self, who: Identity, verb: Verb, args: dict[str, Any]) -> Reply:
+        """One signed request as `who`, and the pool leader's answer, whatever it is."""
+        self._signed_pool()
+        as_uid = who.peer_uid if who.token is None else None
+        request = Request(self.pool, verb, args, as_uid=as_uid)
+        request = replace(
+            request, credential=self._credential(who, request.digest, request.payload)
+        )
+        request_id = self.requests.send(request)
+        reply = self._answer(request_id)
+        if reply is None:
+            raise Problem(
+                504,
+                f"no pool leader answered request {request_id} within "
+                f"{self.settings.limits.answer_timeout:g} s: are the agents of pool "
+                f"{self.pool} running? (the request may still be taken: GET /v1/events)",
+            )
+        return reply
+
+    def signer(self, who: Identity) -> tuple[Sign, int | None]:
+        """How a log request to a node's agent is signed as `who`, and the uid to name."""
+        if who.token is not None:
+            token = who.token
+            return (
+                lambda payload: credential(
+                    token, payload.removeprefix(PAYLOAD_PREFIX), int(self._clock())
+                )
+            ), None
+        return (lambda payload: self._munge(payload)), who.peer_uid
+
+    def _credential(self, who: Identity, digest: str, payload: str) -> str:
+        if who.token is None:
+            return self._munge(payload)
+        try:
+            return credential(who.token, digest, int(self._clock()))
+        except TokenError as exc:
+            raise Problem(401, str(exc)) from None
+
+    def _munge(self, payload: str) -> str:
+        try:
+            return self.munge.encode(payload)
+        except MungeUnavailable as exc:
+            raise Problem(
+                503,
+                f"the API service cannot sign for its socket's callers: {exc}",
+                {"Retry-After": str(RETRY_AFTER_S)},
+            ) from None
+
+    def _signed_pool(self) -> None:
+        at, auth = self._auth
+        now = self._clock()
+        if now - at >= AUTH_KEPT_S:
+            auth = self.requests.auth()
+            self._auth = (now, auth)
+        if auth != "munge":
+            said = f"pool.auth: {auth}" if auth else "no pool leader has said its pool.auth yet"
+            raise Problem(
+                503,
+                f"pool {self.pool} takes no signed requests ({said}): the API service changes "
+                "only a pool whose agents judge who asks (pool.auth: munge)",
+                {"Retry-After": str(RETRY_AFTER_S)},
+            )
+
+    def _answer(self, request_id: str) -> Reply | None:
+        deadline = self._clock() + self.settings.limits.answer_timeout
+        pause = 0.002
+        while self._clock() < deadline:
+            reply = self.requests.reply(request_id)
+            if reply is not None:
+                return reply
+            self._sleep(pause)
+            pause = min(pause * 2, 0.05)
+        return None
+
+
+def token_user(text: str, pool: str, now_s: float) -> str:
+    """The user a token names, if it can be one at all (its shape, pool and expiry; only the
+    pool can say if it is genuine).
+
+    Raises:
+        Problem: 401, why not.
+    """
+    try:
+        claims, _ = parse_token(text)
+    except TokenError as exc:
+        raise Problem(401, str(exc)) from None
+    if claims.pool != pool:
+        raise Problem(401, f"token made for pool {claims.pool}, not {pool}")
+    if now_s >= claims.expires_s:
+        raise Problem(401, f"token {claims.id} expired: mint another (nodeagentctl token)")
+    return claims.user

@@ -1,0 +1,81 @@
+"""The pool's jobs as rows (`nodeagentctl jobs`, GET /v1/jobs): state, queue position, world,
+user and why, filtered by user, state and queue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodeagent.coord.pool import PoolSnapshot, PoolStore
+from nodeagent.model.job import JobRecord
+from nodeagent.model.pool import PoolJob, PoolJobState
+from nodeagent.model.spec import JobSpec
+from nodeagent.pool.leadership import read_view
+from nodeagent.pool.schedule import PoolView
+from nodeagent.views.documents import rfc3339
+
+
+def jobs(
+    store: PoolStore, user: str | None = None, state: str | None = None, queue: str | None = None
+) -> list[dict[str, Any]]:
+    """Running first, then pending by queue position, then ended (newest first)."""
+    snap, view, records = read_view(store)
+    specs = store.specs(list(snap.jobs))
+    running = [j for j, s in snap.jobs.items() if s.state is PoolJobState.RUNNING]
+    records.update(store.records(j for j in running if j not in records))  # stale pinned jobs
+    pending = sorted(
+        (j for j in view.jobs.values() if j.status.state is PoolJobState.PENDING),
+        key=lambda j: j.order,
+    )
+    positions = {job.id: i + 1 for i, job in enumerate(pending)}
+    rows = [
+        _job_row(j, s, snap, view, records.get(j) if j in running else None, positions.get(j))
+        for j, s in snap.jobs.items()
+    ]
+    for row in rows:
+        spec = specs.get(row["job"])
+        row["user"] = spec.user if isinstance(spec, JobSpec) else None
+        row["submitted_by"] = spec.submitted_by if isinstance(spec, JobSpec) else None
+    rows = [
+        r
+        for r in rows
+        if (user is None or r["user"] == user)
+        and (state is None or r["state"] == state)
+        and (queue is None or r["queue"] == queue)
+    ]
+    rows.sort(key=lambda r: (_STATE_ORDER[r["state"]], r["position"] or 0, -r["seq"]))
+    return rows
+
+
+_STATE_ORDER = {
+    s.value: 0 if s is PoolJobState.RUNNING else 1 if not s.ended else 2 for s in PoolJobState
+}
+
+
+def _job_row(
+    job_id: str,
+    status: PoolJob,
+    snap: PoolSnapshot,
+    view: PoolView,
+    record: JobRecord | None,
+    position: int | None,
+) -> dict[str, Any]:
+    jobview = view.jobs.get(job_id)
+    return {
+        "job": job_id,
+        "state": status.state.value,
+        "position": position,
+        "seq": status.seq,
+        "priority": jobview.priority if jobview else None,
+        "queue": jobview.queue if jobview else None,
+        "world_size": record.world_size if record else 0,
+        "generation": record.generation if record else None,
+        "nodes": len(snap.placements_of(job_id)),
+        "target_nodes": jobview.target_nodes if jobview else None,
+        "restarts": record.restart_count if record else None,
+        "age_s": (snap.now_ms - status.submitted_ms) / 1000,
+        "submitted": rfc3339(status.submitted_ms),
+        "started": rfc3339(status.admitted_ms),
+        "ended": rfc3339(status.ended_ms),
+        "reason": status.reason,
+        "pinned": status.pinned,
+    }

@@ -1,0 +1,33 @@
+"""The pool's nodes as rows (`nodeagentctl nodes`, GET /v1/nodes): the job each serves,
+health, cordon, labels, heartbeat age, address and its agent's version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodeagent.coord.pool import PoolStore
+
+
+def nodes(store: PoolStore) -> list[dict[str, Any]]:
+    snap = store.read()
+    rows: list[dict[str, Any]] = []
+    for name, deadline in sorted(snap.deadlines.items()):
+        report = snap.nodes.get(name)
+        ttl = report.lease_ttl_ms if report else 0
+        cordon = snap.cordons.get(name)
+        rows.append(
+            {
+                "name": name,
+                "alive": report is not None,
+                "job": snap.placements.get(name),
+                "serving": report.serving if report else None,
+                "pulling": report.pulling if report else None,
+                "health": (report.unfit or "ok") if report else "lost",
+                "cordon": cordon.reason if cordon else None,
+                "labels": dict(report.labels) if report else {},
+                "heartbeat_age_s": (snap.now_ms - (deadline - ttl)) / 1000 if report else None,
+                "address": report.address if report else None,
+                "version": report.version if report else None,  # its agent's (an upgrade)
+            }
+        )
+    return rows

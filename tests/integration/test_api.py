@@ -1,0 +1,273 @@
+"""The pool from anywhere (issue 63): the API service as it runs on a login host, against real
+parts. A real munged (the tests' key), redis-server, two pool agents, three Unix users the tests
+create (alice and bob submit; apisvc is the service's own account, the agents' pool.api_users),
+`nodeagent api` as apisvc on a Unix socket and on HTTPS with a self-signed certificate, and the
+Python client (nodeagent.client).
+
+alice mints a token with `nodeagentctl token`, and through the client over HTTPS submits a job
+that runs on the agents as alice, follows its log across a worker's kill and the restart that
+follows, reads the recovery in `show`, scales and cancels it. bob's token, an expired token, a
+forged one, a revoked one and none at all are refused, and the pool's audit trail names who
+asked. On the socket the kernel names the caller: alice submits with no token."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import ssl
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from nodeagent.client import ApiError, Client
+from nodeagent.config.keyfile import read_token_key
+from nodeagent.model.token import new_claims, secret_of, token_text
+from tests.helpers.api import ApiService, api_service
+from tests.helpers.cluster import RedisServer, wait_for
+from tests.helpers.munge import MungeDaemon
+from tests.helpers.pool import PoolCluster, pool_cluster
+from tests.helpers.users import User, reachable_dir, unix_users
+
+pytestmark = pytest.mark.timeout(300)
+TICKING = 'echo "started gen=$NODEAGENT_GENERATION"; while :; do echo tick; sleep 0.3; done'
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[dict[str, User]]:
+    with unix_users("alice", "bob", "apisvc") as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Path]:
+    with reachable_dir("na-api-") as path:
+        yield path
+
+
+@pytest.fixture(scope="module")
+def key_file(shared: Path) -> Path:
+    path = shared / "token.key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(os.urandom(32).hex() + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def pool(
+    redis_server: RedisServer,
+    shared: Path,
+    munged: MungeDaemon,
+    users: dict[str, User],
+    key_file: Path,
+) -> Iterator[PoolCluster]:
+    scheduling: dict[str, Any] = {
+        "auth": "munge",
+        "munge_socket": munged.socket,
+        "users": [users["alice"].name, users["bob"].name],
+        "tokens": {"key_file": str(key_file), "max_lifetime": "1h"},
+        "api_users": [users["apisvc"].name],
+    }
+    with pool_cluster(redis_server.url, shared, pool="api", scheduling=scheduling) as cluster:
+        cluster.start("a", "b")
+        cluster.wait_nodes(2)
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def api(
+    pool: PoolCluster, shared: Path, munged: MungeDaemon, users: dict[str, User]
+) -> Iterator[ApiService]:
+    directory = shared / "api"
+    directory.mkdir()
+    directory.chmod(0o755)
+    with api_service(directory, pool.redis_url, pool.pool, munged.socket, users["apisvc"]) as s:
+        yield s
+
+
+def mint(pool: PoolCluster, munged: MungeDaemon, user: User, lifetime: str = "10m") -> str:
+    where = ["--redis", pool.redis_url, "--pool", pool.pool, "--munge-socket", munged.socket]
+    done = user.nodeagentctl(*where, "token", "--lifetime", lifetime)
+    assert done.returncode == 0, done.stderr
+    assert f"for {user.name}, valid" in done.stderr
+    return done.stdout.strip()
+
+
+def client(api: ApiService, token: str) -> Client:
+    return Client(api.url, token=token, verify=str(api.certificate.cert))
+
+
+def refused(call: Any, status: int, words: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        call()
+    assert caught.value.status == status and words in caught.value.detail, caught.value
+
+
+def test_a_token_holder_submits_follows_recovers_scales_and_cancels_as_herself(
+    pool: PoolCluster,
+    api: ApiService,
+    munged: MungeDaemon,
+    users: dict[str, User],
+    key_file: Path,
+    shared: Path,
+) -> None:
+    alice, bob = users["alice"], users["bob"]
+    token = mint(pool, munged, alice)
+    assert token.startswith("nat1.")
+    with client(api, token) as mine:
+        job = mine.submit(
+            ["/bin/sh", "-c", TICKING], name="ticking", nodes="1:2", workdir=str(shared)
+        )
+        assert job == "ticking"
+        wait_for(lambda: mine.show(job)["state"] == "running", 60, "the job running")
+        assert mine.show(job)["user"] == alice.name  # judged by her own identity
+        lines: list[str] = []
+        follower = threading.Thread(
+            target=lambda: lines.extend(mine.logs(job, rank=0, tail=5, follow=True)), daemon=True
+        )
+        follower.start()
+        wait_for(lambda: "tick" in lines, 60, "rank 0's log followed")
+        pid = _worker_pid(mine.status(job))
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: "started gen=2" in lines, 90, "the restarted generation followed")
+        shown = mine.show(job)
+        assert shown["restarts"] == 1 and shown["restarts_by_cause"], shown
+        assert [g["generation"] for g in shown["generations"]][-2:] == [1, 2], shown
+        assert shown["goodput"]["reforms"], shown["goodput"]
+
+        with client(api, mint(pool, munged, bob)) as theirs:
+            refused(lambda: theirs.cancel(job), 403, f"{bob.name} may not cancel job ticking")
+            assert [r["job"] for r in theirs.jobs(user=alice.name)] == [job]  # reads: as the CLI
+
+        assert "target" in mine.scale(job, 1)
+        assert f"cancel requested by {alice.name}" in mine.cancel(job)
+        assert mine.wait(job, timeout=60)["state"] == "cancelled"
+        follower.join(30)
+        assert not follower.is_alive(), "the follow did not end with the job"
+
+        (mine_id,) = [t["id"] for t in mine.tokens()]
+        assert "revoked by" in mine.revoke(mine_id)
+        refused(lambda: mine.hold(job), 401, f"token {mine_id} revoked")
+
+    key = read_token_key(str(key_file))
+    now = int(time.time())
+    old = new_claims(pool.pool, alice.name, alice.uid, alice.gid, now - 7200, 3600)
+    with client(api, token_text(old, secret_of(key, old))) as expired:
+        refused(expired.jobs, 401, "expired")
+    made = new_claims(pool.pool, alice.name, alice.uid, alice.gid, now, 3600)
+    with client(api, token_text(made, os.urandom(32))) as forged:
+        refused(forged.jobs, 401, "token forged or altered")
+    with Client(api.url, verify=str(api.certificate.cert)) as anonymous:
+        refused(anonymous.jobs, 401, "Authorization: Bearer")
+
+    with client(api, mint(pool, munged, bob)) as theirs:
+        audit = theirs.events(last=200)
+    who = {(e["data"].get("user"), e["data"].get("verb"), e["type"]) for e in audit}
+    assert (alice.name, "submit", "request_done") in who
+    assert (bob.name, "cancel", "request_refused") in who
+    assert (None, "hold", "request_refused") in who  # a revoked token names no one
+
+
+def test_on_the_socket_the_kernel_names_the_caller(
+    pool: PoolCluster, api: ApiService, users: dict[str, User], shared: Path
+) -> None:
+    """No token: alice's process on the API host is alice (SO_PEERCRED), and the pool takes the
+    service's word for it because the service runs as an account of pool.api_users."""
+    alice = users["alice"]
+    script = (
+        "import json, sys\n"
+        "from nodeagent.client import Client\n"
+        f"with Client(socket={api.socket!r}) as c:\n"
+        f"    job = c.submit(['/bin/sleep', '600'], name='socketed', workdir={str(shared)!r})\n"
+        "    print(json.dumps([job, c.cancel(job)]))\n"
+    )
+    done = alice.run([sys.executable, "-c", script], reach=True)
+    assert done.returncode == 0, done.stderr
+    job, said = json.loads(done.stdout)
+    assert job == "socketed" and f"cancel requested by {alice.name}" in said
+    with Client(socket=api.socket) as root:  # root is an operator: the service vouches not
+        refused(lambda: root.hold("socketed"), 403, "does not act for operators")
+
+
+def test_what_a_client_sends_wrong_is_a_problem_not_a_500(
+    api: ApiService, pool: PoolCluster, munged: MungeDaemon, users: dict[str, User]
+) -> None:
+    headers = {"Authorization": f"Bearer {mint(pool, munged, users['alice'])}"}
+    trust = ssl.create_default_context(cafile=str(api.certificate.cert))
+    with httpx.Client(base_url=api.url, verify=trust, headers=headers) as h:
+        cases = [
+            h.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}),
+            h.post("/v1/jobs", json={"spec": {"entrypoint": ["x"]}, "colour": "red"}),
+            h.post("/v1/jobs", json={"spec": {"entrypoint": "x", "nproc_per_node": "many"}}),
+            h.post("/v1/jobs", content=b"x" * (300 * 1024)),
+            h.get("/v1/jobs/nope"),
+            h.get("/v1/jobs/../../etc/passwd"),
+            h.post("/v1/jobs/ticking/scale", json={"target": "lots"}),
+        ]
+    statuses = [r.status_code for r in cases]
+    assert statuses == [422, 422, 422, 413, 404, 404, 422], [r.text for r in cases]
+    for response in cases:
+        assert response.headers["content-type"] == "application/problem+json", response.text
+        doc = response.json()
+        assert doc["status"] == response.status_code and doc["detail"], doc
+    assert "refused: invalid job spec" in cases[2].json()["detail"]  # the pool leader's words
+
+
+def _worker_pid(status: dict[str, Any]) -> int:
+    workers = [w for n in status["nodes"] for w in n["workers"] if w["rank"] == 0]
+    assert workers and workers[0]["pid"], status
+    return int(workers[0]["pid"])
+
+
+def test_a_redis_outage_is_a_503_and_clients_are_bounded(
+    shared: Path, munged: MungeDaemon, users: dict[str, User]
+) -> None:
+    """The service keeps nothing of its own: Redis away is 503 with Retry-After, Redis back is
+    served again without a restart. A user past their rate gets 429 with Retry-After, and
+    connections that never send a request are closed after `idle`, serving the others
+    meanwhile."""
+    directory = shared / "bounded"
+    directory.mkdir()
+    directory.chmod(0o755)
+    redis_server = RedisServer(directory)
+    redis_server.start()
+    limits = {"requests_per_second": 0.5, "burst": 3, "idle": "1s"}
+    try:
+        with api_service(
+            directory, redis_server.url, "p", munged.socket, users["apisvc"], limits
+        ) as api:
+            with httpx.Client(transport=httpx.HTTPTransport(uds=api.socket)) as h:
+                assert h.get("http://api/v1/nodes").json()["nodes"] == []
+                redis_server.stop()
+                away = h.get("http://api/v1/nodes")
+                assert away.status_code == 503 and away.headers["retry-after"], away.text
+                assert "cannot be reached" in away.json()["detail"]
+                redis_server.start()
+                back = h.get("http://api/v1/queues")
+                assert back.status_code == 200, back.text
+                limited = h.get("http://api/v1/nodes")
+                assert limited.status_code == 429, limited.text
+                assert int(limited.headers["retry-after"]) >= 1
+
+            port = int(api.url.rsplit(":", 1)[1])
+            silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+            try:
+                answered = httpx.get(f"{api.url}/healthz", verify=False)
+                assert answered.status_code == 200
+                time.sleep(3)  # idle 1 s: every silent connection closed by now
+                for sock in silent:
+                    sock.settimeout(5)
+                    assert sock.recv(1) == b"", "a silent connection was kept open"
+            finally:
+                for sock in silent:
+                    sock.close()
+    finally:
+        redis_server.stop()
