@@ -4,6 +4,8 @@ views/ beside `nodeagentctl`, holding no power of its own (the pool judges every
 app.py (the FastAPI application: `make_app`, its OpenAPI document), routes.py (one handler per
 route of the verb table, views/table.py), bodies.py (the pydantic shapes of what it takes and
 gives), service.py (reads, and changes asked of the pool leader signed as the caller),
+answers.py (one thread following the pool leader's answers, waking each waiting caller),
+cache.py (a read shared by every caller for limits.read_cache),
 identity.py (who calls: an API token the pool vouched for, or the Unix socket's peer), limits.py
 (a rate per user, a bound on bodies), problems.py (every error as RFC 9457 problem details),
 connections.py (uvicorn's protocol with the socket's SO_PEERCRED and a deadline for request

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
 
 from nodeagent.api.connections import PEER_KEY
 from nodeagent.api.limits import RateLimiter
@@ -39,6 +40,22 @@ class Tokens:
         self._clock = clock
         self._said: dict[str, tuple[float, str | None, str]] = {}  # digest -> until, user, why
         self._lock = threading.Lock()
+
+    def known(self, token: str) -> str | None:
+        """The user the pool said `token` is, if it said so less than a minute ago (no I/O);
+        None: ask (`user`).
+
+        Raises:
+            Problem: 401, the pool refused it a moment ago.
+        """
+        key = hashlib.sha256(token.encode()).hexdigest()
+        with self._lock:
+            until, user, why = self._said.get(key, (0.0, None, ""))
+        if self._clock() >= until:
+            return None
+        if user is None:
+            raise unauthorized(why)
+        return user
 
     def user(self, token: str, before_asking: Callable[[], None] = lambda: None) -> str:
         """The user the pool says `token` is; `before_asking` runs before the pool is asked
@@ -78,8 +95,10 @@ def _bearer(header: str) -> str:
     return token.strip()
 
 
-def identify(request: Request) -> Identity:
-    """FastAPI's dependency: the caller, or 401; 429 past its user's rate."""
+async def identify(request: Request) -> Identity:
+    """FastAPI's dependency: the caller, or 401; 429 past its user's rate. On the event loop
+    for a token the pool vouched for a moment ago or a socket's peer; asking the pool of a new
+    token waits in a worker thread."""
     tokens: Tokens = request.app.state.tokens
     limiter: RateLimiter = request.app.state.limiter
     header = request.headers.get("authorization")
@@ -87,8 +106,10 @@ def identify(request: Request) -> Identity:
     if header is not None:
         where = request.client.host if request.client else "the socket"
         token = _bearer(header)
-        # a token not seen yet costs the pool a request: its address pays for it
-        user = tokens.user(token, lambda: _limited(limiter, f"unproven callers from {where}"))
+        user = tokens.known(token)
+        if user is None:  # a token not seen yet costs the pool a request: its address pays
+            charge = lambda: _limited(limiter, f"unproven callers from {where}")  # noqa: E731
+            user = await run_in_threadpool(tokens.user, token, charge)
         who = Identity(user, token=token)
     elif peer is not None:
         uid = int(peer[1])

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from nodeagent.api import bodies
@@ -35,6 +36,7 @@ Job = Annotated[str, Path(pattern=NAME)]
 Node = Annotated[str, Path(pattern=NAME)]
 EVENTS_BLOCK_MS = 2000  # a follower's wait for new events between keep-alives
 SSE = "text/event-stream"
+JSON = "application/json"
 
 
 def _service(request: Request) -> Service:
@@ -57,49 +59,72 @@ def _done(service: Service, who: Identity, verb: Verb, args: dict[str, Any]) -> 
 # -- reads ---------------------------------------------------------------------------------
 
 
-def list_jobs(
+async def _kept(svc: Service, request: Request, document: Callable[[], Any]) -> Response:
+    """The document, read once for every caller of the same read within limits.read_cache
+    (api/cache.py): a read kept is answered on the event loop, one to make in a worker
+    thread."""
+    key = f"{request.url.path}?{request.url.query}"
+    body = svc.reads.peek(key)
+    if body is None:
+        render = lambda: json.dumps(document(), default=str).encode()  # noqa: E731
+        body = await run_in_threadpool(svc.reads.get, key, render)
+    return Response(body, media_type=JSON)
+
+
+async def list_jobs(
     svc: Svc,
     who: Who,
+    request: Request,
     user: str | None = None,
     state: PoolJobState | None = None,
     queue: str | None = None,
-) -> dict[str, Any]:
+) -> Response:
     value = state.value if state is not None else None
-    return listing("jobs", svc.pool, jobs.jobs(svc.store, user, value, queue))
+    return await _kept(
+        svc, request, lambda: listing("jobs", svc.pool, jobs.jobs(svc.store, user, value, queue))
+    )
 
 
-def show_job(svc: Svc, who: Who, job: Job) -> dict[str, Any]:
-    return show.show(svc.store, svc.settings.key_prefix, job)
+async def show_job(svc: Svc, who: Who, request: Request, job: Job) -> Response:
+    return await _kept(svc, request, lambda: show.show(svc.store, svc.settings.key_prefix, job))
 
 
-def job_status(svc: Svc, who: Who, job: Job) -> dict[str, Any]:
-    store = _jobs(svc, job)
-    if store.snapshot().record is None:
-        raise NotFoundError(f"no job {job!r} in pool {svc.pool} nor outside it (GET /v1/jobs)")
-    return status.job_status(store, svc.store)
+async def job_status(svc: Svc, who: Who, request: Request, job: Job) -> Response:
+    def document() -> dict[str, Any]:
+        store = _jobs(svc, job)
+        if store.snapshot().record is None:
+            raise NotFoundError(f"no job {job!r} in pool {svc.pool} nor outside it (GET /v1/jobs)")
+        return status.job_status(store, svc.store)
+
+    return await _kept(svc, request, document)
 
 
-def node_health(svc: Svc, who: Who, job: Job, node: Node) -> dict[str, Any]:
-    return status.node_health(_jobs(svc, job), node)
+async def node_health(svc: Svc, who: Who, request: Request, job: Job, node: Node) -> Response:
+    return await _kept(svc, request, lambda: status.node_health(_jobs(svc, job), node))
 
 
-def list_history(
+async def list_history(
     svc: Svc,
     who: Who,
+    request: Request,
     since: str | None = None,
     user: str | None = None,
     state: PoolJobState | None = None,
-) -> dict[str, Any]:
+) -> Response:
     value = state.value if state is not None else None
-    return listing("jobs", svc.pool, history.history(svc.store, since, user, value))
+    return await _kept(
+        svc,
+        request,
+        lambda: listing("jobs", svc.pool, history.history(svc.store, since, user, value)),
+    )
 
 
-def list_nodes(svc: Svc, who: Who) -> dict[str, Any]:
-    return listing("nodes", svc.pool, nodes.nodes(svc.store))
+async def list_nodes(svc: Svc, who: Who, request: Request) -> Response:
+    return await _kept(svc, request, lambda: listing("nodes", svc.pool, nodes.nodes(svc.store)))
 
 
-def list_queues(svc: Svc, who: Who) -> dict[str, Any]:
-    return listing("queues", svc.pool, queues.queues(svc.store))
+async def list_queues(svc: Svc, who: Who, request: Request) -> Response:
+    return await _kept(svc, request, lambda: listing("queues", svc.pool, queues.queues(svc.store)))
 
 
 def list_tokens(svc: Svc, who: Who) -> dict[str, Any]:
@@ -108,29 +133,33 @@ def list_tokens(svc: Svc, who: Who) -> dict[str, Any]:
     return listing("tokens", svc.pool, rows)
 
 
-def job_events(
+async def job_events(
     svc: Svc,
     who: Who,
+    request: Request,
     job: Job,
     last: Annotated[int, Query(ge=0, le=10_000)] = 50,
     follow: bool = False,
-) -> Any:
-    return _events(_jobs(svc, job), last, follow)
+) -> Response:
+    return await _events(svc, request, _jobs(svc, job), last, follow)
 
 
-def pool_events(
+async def pool_events(
     svc: Svc,
     who: Who,
+    request: Request,
     last: Annotated[int, Query(ge=0, le=10_000)] = 50,
     follow: bool = False,
-) -> Any:
-    return _events(svc.store, last, follow)
+) -> Response:
+    return await _events(svc, request, svc.store, last, follow)
 
 
-def _events(store: JobStore | PoolStore, last: int, follow: bool) -> Any:
-    entries = eventlog.tail(store, last) if last > 0 else []
+async def _events(
+    svc: Service, request: Request, store: JobStore | PoolStore, last: int, follow: bool
+) -> Response:
     if not follow:
-        return {"version": 1, "events": [event_doc(i, f) for i, f in entries]}
+        return await _kept(svc, request, lambda: _events_document(store, last))
+    entries = await run_in_threadpool(lambda: eventlog.tail(store, last) if last > 0 else [])
     cursor = entries[-1][0] if entries else store.last_event_id()
 
     def stream() -> Iterator[str]:
@@ -146,6 +175,11 @@ def _events(store: JobStore | PoolStore, last: int, follow: bool) -> Any:
                 yield _sse(event_doc(entry_id, fields), entry_id)
 
     return StreamingResponse(stream(), media_type=SSE)
+
+
+def _events_document(store: JobStore | PoolStore, last: int) -> dict[str, Any]:
+    entries = eventlog.tail(store, last) if last > 0 else []
+    return {"version": 1, "events": [event_doc(i, f) for i, f in entries]}
 
 
 def rank_log(

@@ -86,7 +86,8 @@ def tcp_socket(listen: str) -> socket.socket:
 def _config(service: Service, tls: bool) -> uvicorn.Config:
     settings = service.settings
     limits = settings.limits
-    protocol = type("Protocol", (ApiProtocol,), {"head_timeout": limits.idle})
+    bounds = {"head_timeout": limits.idle, "head_bytes": limits.header_bytes}
+    protocol = type("Protocol", (ApiProtocol,), bounds)
     return uvicorn.Config(
         asgi(service),
         http=protocol,
@@ -95,7 +96,6 @@ def _config(service: Service, tls: bool) -> uvicorn.Config:
         access_log=False,
         limit_concurrency=limits.connections,
         timeout_keep_alive=max(1, round(limits.idle)),
-        h11_max_incomplete_event_size=limits.header_bytes,
         ssl_certfile=settings.tls_cert if tls else None,
         ssl_keyfile=settings.tls_key if tls else None,
         server_header=False,

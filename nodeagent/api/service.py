@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from nodeagent.api.answers import Answers
+from nodeagent.api.cache import Fresh
 from nodeagent.api.problems import RETRY_AFTER_S, Problem, refused
 from nodeagent.config.api import ApiSettings
 from nodeagent.coord.client import Redis
@@ -46,7 +48,6 @@ class Service:
         client: Redis,
         munge: Munge,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings
         self.client = client
@@ -54,8 +55,9 @@ class Service:
         self.requests = RequestStore(client, self.store.keys)
         self.munge = munge
         self._clock = clock
-        self._sleep = sleep
         self._auth: tuple[float, str | None] = (-AUTH_KEPT_S, None)
+        self.reads = Fresh(settings.limits.read_cache)
+        self._answers = Answers(self.store)
 
     @property
     def pool(self) -> str:
@@ -138,15 +140,21 @@ class Service:
             )
 
     def _answer(self, request_id: str) -> Reply | None:
+        """The reply, once the pool leader's event says it is written (api/answers.py), or
+        polled each second; None after limits.answer_timeout."""
         deadline = self._clock() + self.settings.limits.answer_timeout
-        pause = 0.002
-        while self._clock() < deadline:
-            reply = self.requests.reply(request_id)
-            if reply is not None:
-                return reply
-            self._sleep(pause)
-            pause = min(pause * 2, 0.05)
-        return None
+        woken = self._answers.expect(request_id)
+        try:
+            while True:
+                reply = self.requests.reply(request_id)
+                if reply is not None:
+                    return reply
+                left = deadline - self._clock()
+                if left <= 0:
+                    return None
+                woken.wait(min(left, 1.0))
+        finally:
+            self._answers.forget(request_id)
 
 
 def token_user(text: str, pool: str, now_s: float) -> str:

@@ -32,6 +32,7 @@ class ApiLimits:
     connections: int = 1024  # open at once; past it, 503
     idle: float = 5.0  # an idle keep-alive connection is closed after this
     answer_timeout: float = 30.0  # how long a change waits for the pool leader's answer
+    read_cache: float = 0.5  # a read is served to every caller this long (0: read each time)
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ def _limits(section: Section) -> ApiLimits:
         answer_timeout=duration(
             section.raw("answer_timeout"), section.key("answer_timeout"), 30.0, positive=True
         ),
+        read_cache=duration(section.raw("read_cache"), section.key("read_cache"), 0.5, off=True),
     )
     section.reject_unknown()
     return limits

@@ -128,6 +128,7 @@ class PoolStore:
         self._view: LeaderView[PoolNode] = LeaderView()  # what it read while leading the pool
         self._records: dict[str, tuple[str, JobRecord | None]] = {}  # by revision as read
         self._specs: dict[str, tuple[str, JobSpec | str]] = {}  # by their text as read
+        self._statuses: dict[str, PoolJob] = {}  # each job status decoded, by its text
         self._placements: HeldPlacements | None = None
         self.last_read = 0  # node reports read by the last read(), every page of it
 
@@ -227,7 +228,7 @@ class PoolStore:
             deadlines=deadlines,
             nodes=nodes,
             placements=dict(placements),
-            jobs=_decoded(jobs, PoolJob.from_json, "pool job", garbage),
+            jobs=self._job_statuses(jobs, garbage),
             cancels={j: by[:256] for j, by in _pairs(cancels)},
             cordons=_decoded(cordons, Cordon.from_json, "pool cordon", garbage),
             garbage=tuple(dict.fromkeys(garbage)),
@@ -241,6 +242,22 @@ class PoolStore:
             holds={j: by[:256] for j, by in _pairs(holds)},
             requeues=_decoded(requeues, Requeue.from_json, "pool requeue", garbage),
         )
+
+    def _job_statuses(self, flat: Sequence[Any], garbage: list[str]) -> dict[str, PoolJob]:
+        """The jobs' statuses, each decoded once while its text stays the same: a pool leader
+        reading 10,000 pending jobs a round decodes only those that moved."""
+        kept, found = {}, {}
+        for name, raw in _pairs(flat):
+            status = self._statuses.get(raw)
+            if status is None:
+                try:
+                    status = PoolJob.from_json(raw)
+                except CorruptStateError as exc:
+                    garbage.append(f"pool job {name[:64]!r}: {exc}")
+                    continue
+            kept[raw] = found[name] = status
+        self._statuses = kept
+        return found
 
     def nodes(self) -> dict[str, PoolNode]:
         """The live nodes' reports, page by page at Redis server time, without the rest of the
@@ -291,6 +308,17 @@ class PoolStore:
             return deadline if deadline is not None and NAME_RE.match(name) else None
 
         return ViewRead(reply[1] or None, leases, gone, page=parse_page(reply, check))
+
+    def placed(self, job_id: str) -> tuple[int, list[str]]:
+        """Redis' time (ms) and the nodes placed on `job_id`, without reading the whole pool
+        (what `show` needs of it)."""
+        with redis_errors("read the placements"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.time()
+            pipe.hgetall(self.keys.placements)
+            (seconds, micros), raw = pipe.execute()
+        placed = sorted(str(n) for n, j in raw.items() if str(j) == job_id and NAME_RE.match(n))
+        return int(seconds) * 1000 + int(micros) // 1000, placed
 
     def status(self, job_id: str) -> PoolJob | None:
         """One job's pool status (None: no such job, or its status is unreadable), without

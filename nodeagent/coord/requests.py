@@ -7,9 +7,8 @@ from typing import Any
 
 import redis
 
-from nodeagent.coord import streams
 from nodeagent.coord.errors import redis_errors
-from nodeagent.coord.keys import REPLY_TTL_S, REQUESTS_MAXLEN, PoolKeys
+from nodeagent.coord.keys import EVENTS_MAXLEN, REPLY_TTL_S, REQUESTS_MAXLEN, PoolKeys
 from nodeagent.coord.lua import Call
 from nodeagent.coord.poolscripts import POOL_CLAIM
 from nodeagent.errors import CorruptStateError
@@ -91,12 +90,20 @@ class RequestStore:
             )
         return str(found) == "ok"
 
-    def answer(self, request_id: str, reply: Reply, event: Event) -> None:
-        """The reply to one request, and the event in the pool's stream that tells of it."""
-        streams.write_with_event(
-            self.client,
-            "answer a request",
-            lambda pipe: pipe.set(self.keys.reply(request_id), reply.to_json(), ex=REPLY_TTL_S),
-            self.keys.events,
-            event,
-        )
+    def answer(self, answers: list[tuple[str, Reply, Event]]) -> None:
+        """The replies to a batch of requests, and the events in the pool's stream that tell
+        of them (each naming its request: what wakes a waiter, api/answers.py), in one
+        MULTI/EXEC."""
+        if not answers:
+            return
+        with redis_errors("answer the requests"):
+            pipe = self.client.pipeline(transaction=True)
+            for request_id, reply, event in answers:
+                pipe.set(self.keys.reply(request_id), reply.to_json(), ex=REPLY_TTL_S)
+                pipe.xadd(
+                    self.keys.events,
+                    {"event": event.to_json()},
+                    maxlen=EVENTS_MAXLEN,
+                    approximate=True,
+                )
+            pipe.execute()

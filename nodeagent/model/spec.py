@@ -16,6 +16,7 @@ Redis, never trusted. Whom it runs as is decided on the node (`run_config`): the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import secrets
 from collections.abc import Mapping
@@ -72,7 +73,9 @@ class JobSpec:
     submitted_by: str = ""
     selector: Mapping[str, str] = field(default_factory=dict)  # labels a node must have
     preemptible: bool = False  # may be evicted whole for a job of higher priority
-    signature: str = ""  # pool.auth munge: an agent's credential over the rest (signed_digest)
+    # pool.auth munge: an agent's signature over the rest (signed_digest): a MUNGE credential,
+    # or an HMAC with the pool's key (pool/authority.py)
+    signature: str = ""
     time_limit: float | None = None  # seconds it may run once admitted (sbatch --time)
     signal: tuple[str, float] | None = None  # (USR1, 300): sent 300 s before the time limit
 
@@ -80,9 +83,10 @@ class JobSpec:
     def id(self) -> str:
         return self.job.id
 
-    @property
+    @functools.cached_property
     def signed_digest(self) -> str:
-        """What the spec's signature binds: the digest of the spec without it."""
+        """What the spec's signature binds: the digest of the spec without it (made once per
+        spec object: the pool leader checks every queued spec every round)."""
         return digest_of(dataclasses.replace(self, signature="").to_json().encode())
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,6 +6,8 @@ asks who may read a log (`may_read`, telemetry/logserve.LogAccess).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -23,6 +25,12 @@ from nodeagent.model.credential import (
 from nodeagent.model.request import Caller
 from nodeagent.model.spec import JobSpec
 from nodeagent.model.token import check_credential, is_token_credential
+
+SPEC_HMAC = "hmac1:"  # a spec signed with the pool's key, not a MUNGE credential
+
+
+def _spec_mac(key: bytes, digest: str) -> str:
+    return hmac.new(key, b"nodeagent-spec-v1 " + digest.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -67,13 +75,23 @@ class Authority:
         return caller
 
     def sign(self, spec: JobSpec) -> JobSpec:
-        """The spec with this agent's credential over it: what nodes accept (vouch).
+        """The spec with this agent's signature over it: what nodes accept (vouch). With the
+        pool's key (pool.tokens.key_file) an HMAC of it, which only the pool's agents can make
+        (a uid-0 MUNGE credential can be made by root on any host of the MUNGE realm, a login
+        host included); else a MUNGE credential of this agent's.
 
         Raises:
             MungeUnavailable: munged cannot be reached.
         """
         unsigned = replace(spec, signature="")
-        return replace(unsigned, signature=self.munge.encode(bound(unsigned.signed_digest)))
+        digest = unsigned.signed_digest
+        if self.token_key is not None:  # the pool's key: no munge process per submission
+            signature = SPEC_HMAC + _spec_mac(self.token_key, digest)
+        else:
+            signature = self.munge.encode(bound(digest))
+        signed = replace(unsigned, signature=signature)
+        self._remember((signed.signature, signed.signed_digest), None)  # made here: sound
+        return signed
 
     def vouch(self, spec: JobSpec) -> str | None:
         """Why a stored spec must not run (None: an agent of this pool signed it as it is).
@@ -85,12 +103,25 @@ class Authority:
             return "not signed (pool.auth: munge): written to Redis by hand, not by the pool leader"
         held = (spec.signature, spec.signed_digest)
         if held not in self._vouched:
-            if len(self._vouched) > 4096:
-                self._vouched.clear()
-            self._vouched[held] = self._vouch(spec)
+            self._remember(held, self._vouch(spec))
         return self._vouched[held]
 
+    def _remember(self, held: tuple[str, str], verdict: str | None) -> None:
+        if len(self._vouched) > 4096:
+            self._vouched.clear()
+        self._vouched[held] = verdict
+
     def _vouch(self, spec: JobSpec) -> str | None:
+        if spec.signature.startswith(SPEC_HMAC):
+            if self.token_key is None:
+                return (
+                    "signed with the pool's key (pool.tokens.key_file), which this node lacks: "
+                    "give every node of the pool the same key"
+                )
+            mac = _spec_mac(self.token_key, spec.signed_digest)
+            if not hmac.compare_digest(SPEC_HMAC + mac, spec.signature):
+                return "its signature: not made with this pool's key, or the spec altered"
+            return None
         found = check(self.munge.decode(spec.signature), spec.signed_digest, stored=True)
         if isinstance(found, str):
             return f"its signature: {found}"

@@ -24,10 +24,11 @@ from nodeagent.model.pool import PoolNode
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool import leadership, lifecycle
 from nodeagent.pool.authority import Authority
-from nodeagent.pool.requests import Requests
+from nodeagent.pool.requests import BATCH, Requests
 from nodeagent.pool.schedule import PoolView, SchedulePolicy
 
 log = logging.getLogger(__name__)
+SERVE_BUDGET_S = 0.25  # a leader serves requests this long before its next round
 T = TypeVar("T")
 _PREEMPTIONS = {"job_shrunk": "shrink", "job_evicted": "evict"}  # pool event -> metric kind
 
@@ -181,7 +182,7 @@ class PoolMember:
                 self._store_call(lambda: self._auth.publish_auth(mode), "say the pool's auth")
                 self._auth_said = token
             if requests is not None:
-                self._store_call(lambda: requests.serve(token), "take the pool's requests")
+                self._drain(requests, token)
         except FencedError:
             raise
         except (CoordinationError, MungeUnavailable) as exc:
@@ -191,6 +192,16 @@ class PoolMember:
             self._requests_error = why
             return
         self._requests_error = None
+
+    def _drain(self, requests: Requests, token: str) -> None:
+        """Batches of requests until the stream is drained or SERVE_BUDGET_S has passed: a
+        submission is answered once it is queued, so a burst is not held back by a leader's
+        round (read, schedule, commit) after every batch; the round follows the burst."""
+        deadline = self._clock() + SERVE_BUDGET_S
+        while True:
+            taken = self._store_call(lambda: requests.serve(token), "take the pool's requests")
+            if len(taken) < BATCH or self._clock() >= deadline:
+                return
 
     def _lead(self, token: str) -> None:
         vouch = self._authority.vouch if self._authority is not None else None

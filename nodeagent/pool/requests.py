@@ -45,6 +45,7 @@ from nodeagent.pool.schedule import matches
 from nodeagent.pool.tokens import Minted, TokenRefused, Tokens
 
 log = logging.getLogger(__name__)
+BATCH = 64  # requests taken at once (their answers written in one round trip)
 
 
 class Refused(Exception):
@@ -84,16 +85,16 @@ class Requests:
             CoordinationError, FencedError: as the store's calls.
             MungeUnavailable: munged cannot be reached (nothing was taken).
         """
-        replies = []
-        for request_id, raw in self._requests.requests():
+        answers = []
+        for request_id, raw in self._requests.requests(BATCH):
             reply, data = self._take(leader, request_id, raw)
             kind = "request_done" if reply.ok else "request_refused"
             level = logging.INFO if reply.ok else logging.WARNING  # a refusal: as garbage
             log.log(level, "pool request %s %s: %s", request_id, kind, reply.message)
             event = Event(kind, message=f"{reply.user or 'nobody'}: {reply.message}", data=data)
-            self._requests.answer(request_id, reply, event)
-            replies.append(reply)
-        return replies
+            answers.append((request_id, reply, event))
+        self._requests.answer(answers)  # the batch's answers in one round trip
+        return [reply for _, reply, _ in answers]
 
     def _take(self, leader: str, request_id: str, raw: str) -> tuple[Reply, dict[str, Any]]:
         data: dict[str, Any] = {"request": request_id}
@@ -188,9 +189,10 @@ class Requests:
                 f"priority {spec.priority} is above queue {queue.name}'s ceiling of "
                 f"{queue.max_priority}"
             )
-        refused = container_refusal(spec, self._store.nodes().values())
-        if refused is not None:
-            raise Refused(refused)
+        if spec.job.container is not None:  # every node's report read only where it matters
+            refused = container_refusal(spec, self._store.nodes().values())
+            if refused is not None:
+                raise Refused(refused)
         signed = self._sign(replace(spec, submitted_by=caller.name))
         created, status = self._store.submit(signed, held_by=caller.name if hold else "")
         if not created:

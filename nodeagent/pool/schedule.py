@@ -79,9 +79,10 @@ class _Run:
         for node in nodes:
             for job_id in node.refused:
                 self.refusers.setdefault(job_id, set()).add(node.name)
+        lacking_of = _Lacking(nodes)
         for job in view.jobs.values():
             if job.selector:
-                lacking = {n.name for n in nodes if not matches(n.labels, job.selector)}
+                lacking = lacking_of(job.selector)
                 self.refusers.setdefault(job.id, set()).update(lacking)
                 self.unmatched[job.id] = len(lacking)
         self.serving: dict[str, set[str]] = {}  # job -> the nodes whose agent still runs it
@@ -447,6 +448,31 @@ def _could_fit(run: _Run, job: JobView) -> str | None:
         labels = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
         why += f"; {unmatched} lack {labels}"
     return f"needs {job.min_nodes} nodes, the pool has {healthy} healthy nodes that can run it{why}"
+
+
+class _Lacking:
+    """The nodes that lack a selector's labels, matched once per distinct label set and once
+    per distinct selector: a queue of many jobs that ask for the same labels costs nodes +
+    jobs, not nodes x jobs."""
+
+    def __init__(self, nodes: Iterable[NodeView]) -> None:
+        self._groups: dict[frozenset[tuple[str, str]], list[str]] = {}
+        for node in nodes:
+            self._groups.setdefault(frozenset(node.labels.items()), []).append(node.name)
+        self._found: dict[frozenset[tuple[str, str]], frozenset[str]] = {}
+
+    def __call__(self, selector: Mapping[str, str]) -> frozenset[str]:
+        key = frozenset(selector.items())
+        found = self._found.get(key)
+        if found is None:
+            found = frozenset(
+                name
+                for labels, names in self._groups.items()
+                if not matches(dict(labels), selector)
+                for name in names
+            )
+            self._found[key] = found
+        return found
 
 
 def matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:

@@ -30,13 +30,13 @@ def show(store: PoolStore, prefix: str, job_id: str) -> dict[str, Any]:
     Raises:
         NotFoundError: no such job in the pool nor outside it.
     """
-    snap = store.read()
-    status = snap.jobs.get(job_id)
+    status = store.status(job_id)
+    now_ms, placed = store.placed(job_id)
     if status is None:
-        return _outside_the_pool(store, prefix, job_id, snap.now_ms)
+        return _outside_the_pool(store, prefix, job_id, now_ms)
     spec = store.spec(job_id)
     entry = Run(job_id, spec if isinstance(spec, JobSpec) else None, status)
-    doc = entry.row(snap.now_ms, len(snap.placements_of(job_id)))
+    doc = entry.row(now_ms, len(placed))
     jobs = JobStore(store.client, store.keys.job(job_id))
     events = _events(jobs)
     record = jobs.snapshot().record
@@ -50,7 +50,7 @@ def show(store: PoolStore, prefix: str, job_id: str) -> dict[str, Any]:
         max_nodes=entry.spec.job.max_nodes if entry.spec else None,
         time_limit=_limit(entry.spec),
         held_by=holds.held_by(store, job_id),
-        placed=snap.placements_of(job_id),
+        placed=placed,
         restarts=record.restart_count if record else None,
         restarts_by_cause=restarts_by_cause(events),
         generations=_generations(events),
@@ -58,7 +58,7 @@ def show(store: PoolStore, prefix: str, job_id: str) -> dict[str, Any]:
         spec_error=spec if isinstance(spec, str) else None,
     )
     pending = goodput.pending_spans(_events(store), job_id)  # requeued, evicted: queued again
-    account = goodput.account(events, snap.now_ms, status.submitted_ms, pending)
+    account = goodput.account(events, now_ms, status.submitted_ms, pending)
     doc["goodput"] = account.to_data() if account is not None else None
     return doc
 
