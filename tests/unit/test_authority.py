@@ -11,6 +11,7 @@ from nodeagent.config.hosts import Resolver
 from nodeagent.config.identity import Account
 from nodeagent.config.settings import JobConfig, Operators, PoolConfig
 from nodeagent.model.credential import Decoded, bound
+from nodeagent.model.request import Caller
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool.authority import Authority
 from tests.helpers.munge import FakeMunge
@@ -105,3 +106,47 @@ def test_a_log_credential_is_good_once_and_for_its_request() -> None:
     )
     site.reachable = False
     assert "cannot check credentials" in str(checker.may_read("ab" * 32, credential, 1001))
+
+
+def test_with_the_pool_s_key_a_spec_is_signed_by_hmac_and_checked_without_munged() -> None:
+    """With pool.tokens.key_file the leader signs a spec with an HMAC (no munge process per
+    submission); a node with the same key vouches for it, munged away or not; a node without
+    the key, another key, or an altered spec refuses it."""
+    key = b"k" * 32
+    agent = FakeMunge(900, 900)
+    signed = dataclasses.replace(authority(agent), token_key=key).sign(spec())
+    assert signed.signature.startswith("hmac1:") and not agent.made  # no credential made
+    agent.reachable = False
+    checker = dataclasses.replace(authority(FakeMunge(900, 900)), token_key=key)
+    assert checker.vouch(signed) is None
+    altered = dataclasses.replace(signed, user="bob")
+    assert "not made with this pool's key" in str(checker.vouch(altered))
+    other = dataclasses.replace(authority(FakeMunge(900, 900)), token_key=b"x" * 32)
+    assert "not made with this pool's key" in str(other.vouch(signed))
+    assert "which this node lacks" in str(authority(FakeMunge(900, 900)).vouch(signed))
+
+
+@pytest.mark.parametrize(
+    ("as_uid", "api", "verdict"),
+    [
+        (1001, "apisvc", None),  # alice on the API service's socket
+        (1002, "apisvc", "bob is an operator: the API service does not act for operators"),
+        (0, "apisvc", "root is an operator"),
+        (1001, "alice", "alice may not act for others: not in pool.api_users"),
+    ],
+)
+def test_the_api_service_vouches_only_for_ordinary_users(
+    as_uid: int, api: str, verdict: str | None
+) -> None:
+    class WithApi(Users):
+        def user(self, name: str) -> Account | None:
+            uid = {v: k for k, v in USERS.items()}.get(name)
+            return Account(name, uid, uid, "/") if uid is not None else None
+
+    pool = dataclasses.replace(POOL, api_users=("apisvc",))
+    checker = Authority(FakeMunge(0, 0), pool, WithApi())
+    found = checker.on_behalf(Caller(2000, 2000, api), as_uid)
+    if verdict is None:
+        assert isinstance(found, Caller) and (found.name, found.operator) == ("alice", False)
+    else:
+        assert isinstance(found, str) and verdict in found

@@ -1,0 +1,128 @@
+"""The API service's small parts, pure: a read kept for every caller (api/cache.py), the rate
+per user (api/limits.RateLimiter), the config file (config/api.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from nodeagent.api.cache import Fresh
+from nodeagent.api.limits import RateLimiter
+from nodeagent.config.api import load_api
+from nodeagent.errors import ConfigError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_read_is_made_once_for_everyone_within_its_time_then_again() -> None:
+    clock, made = Clock(), []
+    fresh = Fresh(0.5, clock)
+
+    def read() -> bytes:
+        made.append(round(clock.now, 1))
+        return f"at {clock.now:.1f}".encode()
+
+    assert fresh.get("/v1/nodes?", read) == b"at 100.0"
+    clock.now += 0.4
+    assert fresh.get("/v1/nodes?", read) == b"at 100.0" and made == [100.0]
+    assert fresh.peek("/v1/nodes?") == b"at 100.0"
+    clock.now += 0.2
+    assert fresh.peek("/v1/nodes?") is None  # stale, nobody reading: read again
+    assert fresh.get("/v1/nodes?", read) == b"at 100.6" and len(made) == 2
+    assert fresh.get("/v1/queues?", read) == b"at 100.6" and len(made) == 3  # its own key
+
+
+def test_callers_wait_for_the_one_read_and_share_its_error() -> None:
+    started, release = threading.Event(), threading.Event()
+    fresh, calls = Fresh(0.5), []
+
+    def slow() -> bytes:
+        calls.append(1)
+        started.set()
+        release.wait(10)
+        raise ConnectionError("Redis away")
+
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            fresh.get("k", slow)
+        except ConnectionError as exc:
+            errors.append(exc)
+
+    first = threading.Thread(target=ask)
+    first.start()
+    started.wait(10)
+    others = [threading.Thread(target=ask) for _ in range(5)]
+    for thread in others:
+        thread.start()
+    release.set()
+    for thread in [first, *others]:
+        thread.join(10)
+    assert len(calls) == 1 and len(errors) == 6  # one read, its error for all six
+    assert fresh.peek("k") is None  # an error is not kept
+
+
+def test_while_a_kept_read_is_read_again_the_others_get_the_last_answer() -> None:
+    clock = Clock()
+    fresh = Fresh(0.5, clock)
+    fresh.get("k", lambda: b"old")
+    clock.now += 1
+    inside = threading.Event()
+    done = threading.Event()
+
+    def again() -> bytes:
+        inside.set()
+        done.wait(10)
+        return b"new"
+
+    reader = threading.Thread(target=lambda: fresh.get("k", again))
+    reader.start()
+    inside.wait(10)
+    assert fresh.peek("k") == b"old" and fresh.get("k", lambda: b"never") == b"old"
+    done.set()
+    reader.join(10)
+    assert fresh.get("k", lambda: b"never") == b"new"
+
+
+def test_a_user_past_their_rate_waits_for_it() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=2.0, burst=3, clock=clock)
+    assert [limiter.take("alice") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limiter.take("alice") == pytest.approx(0.5)  # 1 token at 2 a second
+    assert limiter.take("bob") == 0.0  # each user has their own
+    clock.now += 0.5
+    assert limiter.take("alice") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("doc", "key", "words"),
+    [
+        ({}, "redis.url", "required"),
+        ({"redis": {"url": "http://x"}}, "redis.url", "redis"),
+        ({"redis": {"url": "redis://h:6379/0"}, "listen": "0.0.0.0:8443"}, "tls", "tls.cert"),
+        ({"redis": {"url": "redis://h:6379/0"}, "listen": "nowhere"}, "listen", "host:port"),
+        ({"redis": {"url": "redis://h:6379/0"}, "socket": ""}, "listen", "listens nowhere"),
+        ({"redis": {"url": "redis://h:6379/0"}, "socket": "rel/sock"}, "socket", "absolute"),
+        ({"redis": {"url": "redis://h:6379/0"}, "socket_mode": "999"}, "socket_mode", "octal"),
+        ({"redis": {"url": "redis://h:6379/0"}, "limits": {"burst": 0}}, "limits.burst", ""),
+        ({"redis": {"url": "redis://h:6379/0"}, "colour": "red"}, "colour", "unknown key"),
+    ],
+)
+def test_a_bad_api_config_names_its_key(doc: object, key: str, words: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_api(doc)
+    assert caught.value.key == key and words in str(caught.value)
+
+
+def test_the_api_config_s_defaults() -> None:
+    settings = load_api({"redis": {"url": "redis://h:6379/0"}, "socket_mode": 0o660})
+    assert settings.socket == "/run/nodeagent-api/api.sock" and settings.listen == ""
+    assert settings.socket_mode == 0o660 and settings.limits.read_cache == 0.5
