@@ -6,6 +6,8 @@ Run alone with `pytest -m booted`. The nodes share this machine's root filesyste
 so Debian's packages the tests need are the host's: .ci/setup installs them (openssh-server for
 Ansible, munge, redis-server, podman). MUNGE's key and service are the role's
 (nodeagent_munge_install, with a key the fixture makes): each node's own are removed first.
+n2 is also the pool's API host (nodeagent_api_install, with a certificate the fixture makes;
+every node has the pool's token key and names the service's account in pool.api_users).
 
 Not here: a job in its own image. podman cannot run containers inside these nodes: they are
 unprivileged containers without /dev/fuse (fuse-overlayfs; a kernel overlay mount needs

@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.helpers.packaging import build_wheel
 
@@ -278,21 +279,31 @@ ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = ROOT / "ansible"
 NAMES = ("n1", "n2", "n3")
 USERS = {"alice": 2001, "bob": 2002}  # the site's users (its LDAP), the same uid on each node
+API_NODE = "n2"  # also the pool's API host, as a login host (nodeagent_api_install)
+API_PORT = 8443
+API_UID = 900  # nodeagent-api's on every node (nodeagent_api_uid): the agents name it by its uid
 TIMING = {"heartbeat_interval": "500ms", "lease_ttl": "5s", "stop_grace_period": "20s"}
 
 
 @dataclass
 class BootedPool:
-    """Three booted nodes serving one pool (pool.auth: munge), Redis on n1, all installed by
-    the role; `share` is a directory of this machine every node sees (its overlay's lower)."""
+    """Three booted nodes serving one pool (pool.auth: munge), Redis on n1, the API service on
+    API_NODE, all installed by the roles; `share` is a directory of this machine every node
+    sees (its overlay's lower)."""
 
     nodes: list[Node]
     share: Path
     inventory: Path
     passwords: dict[str, str]
+    api_cert: Path  # the API host's certificate (self-signed: its own CA)
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
+
+    @property
+    def api_url(self) -> str:
+        """The API service's HTTPS address, on API_NODE."""
+        return f"https://{self.node(API_NODE).address}:{API_PORT}"
 
     @property
     def redis_host(self) -> Node:
@@ -335,10 +346,11 @@ class BootedPool:
 
 
 def _wheelhouse(share: Path) -> Path:
-    """This checkout's wheel and its dependencies' (pip's cache: the nodes install offline)."""
+    """This checkout's wheel and its dependencies', the api extra's too (pip's cache: the
+    nodes install offline)."""
     wheels = share / "wheels"
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wheels), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wheels), f"{ROOT}[api]"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -393,6 +405,39 @@ def _munge_key(nodes: Sequence[Node], directory: Path) -> Path:
     return key
 
 
+def _token_key(directory: Path) -> Path:
+    """The pool's token key, made on the controller for the role to put on every node."""
+    key = directory / "token.key"
+    key.write_text(os.urandom(32).hex() + "\n")
+    key.chmod(0o600)
+    return key
+
+
+def _api_host(api: Node, redis: Node, passwords: dict[str, str], directory: Path) -> dict[str, Any]:
+    """The API host's variables: the service on its socket and on HTTPS, with a certificate
+    for its address (self-signed on the controller), reading the pool as the submitters'
+    Redis user."""
+    cert, key = directory / "api.crt", directory / "api.key"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", f"/CN={api.address}", "-addext", f"subjectAltName=IP:{api.address}"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    submitter = f"redis://nodeagent-submitter:{passwords['submitter']}@{redis.address}:6379/0"
+    return {
+        "nodeagent_api_install": True,
+        "nodeagent_api_redis_url": submitter,
+        "nodeagent_api_listen": f"0.0.0.0:{API_PORT}",
+        "nodeagent_api_tls_cert": str(cert),
+        "nodeagent_api_tls_key": str(key),
+    }
+
+
 def _check_the_roles_install(nodes: Sequence[Node], munge_key: Path) -> None:
     """What the role was to leave on every node besides the agent: the controller's MUNGE key,
     munge's alone, under a munged that runs (and starts at boot), and nodeagentctl on PATH."""
@@ -417,6 +462,11 @@ def _inventory(
 ) -> Path:
     redis = nodes[0]
     agent_url = f"redis://nodeagent-agent:{passwords['agent']}@{redis.address}:6379/0"
+    hosts = {
+        n.name: {"ansible_host": n.address, "nodeagent_node_address": n.address} for n in nodes
+    }
+    api = next(n for n in nodes if n.name == API_NODE)
+    hosts[API_NODE].update(_api_host(api, redis, passwords, path.parent))
     inventory = {
         "all": {
             "vars": {
@@ -438,10 +488,7 @@ def _inventory(
                     },
                 },
                 "nodeagent_nodes": {
-                    "hosts": {
-                        n.name: {"ansible_host": n.address, "nodeagent_node_address": n.address}
-                        for n in nodes
-                    },
+                    "hosts": hosts,
                     "vars": {
                         "nodeagent_package": str(wheel),
                         "nodeagent_pip_extra_args": f"--no-index --find-links {wheel.parent}",
@@ -451,6 +498,9 @@ def _inventory(
                         "nodeagent_munge_install": True,  # the role's MUNGE, this key
                         "nodeagent_munge_key_file": str(munge_key),
                         "nodeagent_timing": TIMING,
+                        "nodeagent_token_key_file": str(_token_key(path.parent)),
+                        "nodeagent_api_users": ["nodeagent-api"],
+                        "nodeagent_api_uid": API_UID,
                     },
                 },
             },
@@ -463,7 +513,8 @@ def _inventory(
 @contextlib.contextmanager
 def booted_pool(directory: Path) -> Iterator[BootedPool]:
     """Boot NAMES, install Redis (n1) and nodeagent (every node, with MUNGE and a key the
-    controller made: nodeagent_munge_install) with the roles, the pool's users made as a site's
+    controller made: nodeagent_munge_install; the pool's token key and API account; the API
+    service on API_NODE) with the roles, the pool's users made as a site's
     directory service would; removed at the end (kept, to look at
     them, with NODEAGENT_BOOTED_KEEP=1: `podman exec -it nodeagent-booted-TAG-n1 bash`, then
     remove_nodes(TAG) and the network `nodeagent-booted-TAG`)."""
@@ -486,7 +537,7 @@ def booted_pool(directory: Path) -> Iterator[BootedPool]:
                 inventory = _inventory(
                     nodes, key, wheel, passwords, munge_key, directory / "inventory.json"
                 )
-                made = BootedPool(nodes, share, inventory, passwords)
+                made = BootedPool(nodes, share, inventory, passwords, directory / "api.crt")
                 made.playbook("redis.yml", "site.yml")
                 _check_the_roles_install(nodes, munge_key)
                 yield made
