@@ -8,7 +8,8 @@ requeue), ended.py (clearing an ended job's keys), cordons.py (one cordon write 
 stores), tokens.py (the register of API tokens not revoked). Their keys and scripts: keys.py
 (every key, in one place), lua.py (one wrapper per
 script: its KEYS, ARGV and reply), scripts.py and poolscripts.py (a job's and a pool's
-scripts), fragments.py (the Lua they share). Reading: replies.py (a heartbeat's reply as a
+scripts), fragments.py (the Lua they share). Reading: poolreplies.py (a pool read's reply
+decoded: leases, hashes, statuses once per text), replies.py (a heartbeat's reply as a
 Snapshot), view.py (the leader's kept view of the leases), streams.py, eventlog.py,
 listener.py (a thread blocking on streams). Connections: client.py (URLs, Sentinel, Cluster,
 TLS), cluster.py, embedded.py (`redis.url: embedded`), bounded.py (calls that never outlast

@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 
+from nodeagent.coord import poolreplies as replies
 from nodeagent.coord import streams
 from nodeagent.coord.cordons import lift_cordon, put_cordon
 from nodeagent.coord.errors import redis_errors
@@ -128,7 +129,7 @@ class PoolStore:
         self._view: LeaderView[PoolNode] = LeaderView()  # what it read while leading the pool
         self._records: dict[str, tuple[str, JobRecord | None]] = {}  # by revision as read
         self._specs: dict[str, tuple[str, JobSpec | str]] = {}  # by their text as read
-        self._statuses: dict[str, PoolJob] = {}  # each job status decoded, by its text
+        self._statuses = replies.StatusMemo()  # each job status decoded once, by its text
         self._placements: HeldPlacements | None = None
         self.last_read = 0  # node reports read by the last read(), every page of it
 
@@ -207,7 +208,7 @@ class PoolStore:
         else:
             placements = {
                 n: j
-                for n, j in _pairs(raw_placements or [])
+                for n, j in replies.pairs(raw_placements or [])
                 if NAME_RE.match(n) and NAME_RE.match(j)
             }
             self._placements = None if led_by is None else HeldPlacements(led_by, 0, placements)
@@ -228,36 +229,20 @@ class PoolStore:
             deadlines=deadlines,
             nodes=nodes,
             placements=dict(placements),
-            jobs=self._job_statuses(jobs, garbage),
-            cancels={j: by[:256] for j, by in _pairs(cancels)},
-            cordons=_decoded(cordons, Cordon.from_json, "pool cordon", garbage),
+            jobs=self._statuses.decode(jobs, garbage),
+            cancels={j: by[:256] for j, by in replies.pairs(cancels)},
+            cordons=replies.decoded(cordons, Cordon.from_json, "pool cordon", garbage),
             garbage=tuple(dict.fromkeys(garbage)),
             queues={
                 name: queue
-                for name, queue in _decoded(
+                for name, queue in replies.decoded(
                     queues, QueueView.from_json, "pool queue", garbage
                 ).items()
                 if queue.name == name
             },
-            holds={j: by[:256] for j, by in _pairs(holds)},
-            requeues=_decoded(requeues, Requeue.from_json, "pool requeue", garbage),
+            holds={j: by[:256] for j, by in replies.pairs(holds)},
+            requeues=replies.decoded(requeues, Requeue.from_json, "pool requeue", garbage),
         )
-
-    def _job_statuses(self, flat: Sequence[Any], garbage: list[str]) -> dict[str, PoolJob]:
-        """The jobs' statuses, each decoded once while its text stays the same: a pool leader
-        reading 10,000 pending jobs a round decodes only those that moved."""
-        kept, found = {}, {}
-        for name, raw in _pairs(flat):
-            status = self._statuses.get(raw)
-            if status is None:
-                try:
-                    status = PoolJob.from_json(raw)
-                except CorruptStateError as exc:
-                    garbage.append(f"pool job {name[:64]!r}: {exc}")
-                    continue
-            kept[raw] = found[name] = status
-        self._statuses = kept
-        return found
 
     def nodes(self) -> dict[str, PoolNode]:
         """The live nodes' reports, page by page at Redis server time, without the rest of the
@@ -301,10 +286,10 @@ class PoolStore:
         with redis_errors("read the pool's nodes"):
             reply: Any = self._page(read_page_call(k, cursor, sweep, count, expired))
         garbage += (str(g) for g in reply[6])
-        leases, gone = _leases(now, reply[7], reply[8], garbage)
+        leases, gone = replies.leases(now, reply[7], reply[8], garbage)
 
         def check(name: str, score: str) -> int | None:
-            deadline = _deadline(name, score, garbage)
+            deadline = replies.deadline(name, score, garbage)
             return deadline if deadline is not None and NAME_RE.match(name) else None
 
         return ViewRead(reply[1] or None, leases, gone, page=parse_page(reply, check))
@@ -559,56 +544,3 @@ class PoolStore:
         event = Event("node_left", node=name, message=f"{name} left the pool")
         with redis_errors("leave the pool"):
             self._leave(leave_call(k, name, event))
-
-
-def _pairs(flat: Sequence[Any]) -> list[tuple[str, str]]:
-    return [(str(flat[i]), str(flat[i + 1])) for i in range(0, len(flat) - 1, 2)]
-
-
-def _decoded(flat: Sequence[Any], decode: Any, what: str, garbage: list[str]) -> dict[str, Any]:
-    found = {}
-    for name, raw in _pairs(flat):
-        try:
-            found[name] = decode(raw)
-        except CorruptStateError as exc:
-            garbage.append(f"{what} {name[:64]!r}: {exc}")
-    return found
-
-
-def _leases(
-    now: int, flat: Sequence[Any], reports: Sequence[Any], garbage: list[str]
-) -> tuple[tuple[Lease[PoolNode], ...], tuple[str, ...]]:
-    """The leases of a READ_PAGE reply (an entry with no deadline: its node holds none)."""
-    leases: list[Lease[PoolNode]] = []
-    gone: list[str] = []
-    for i, raw in enumerate(reports):
-        name, score = str(flat[2 * i]), flat[2 * i + 1]
-        if score is None:
-            gone.append(name)
-            continue
-        deadline = _deadline(name, str(score), garbage)
-        if deadline is None:
-            continue
-        if not NAME_RE.match(name):
-            garbage.append(f"pool lease {name[:64]!r}: not a node name")
-            continue
-        report = None
-        if deadline > now and raw:
-            try:
-                report = PoolNode.from_json(raw)
-            except CorruptStateError as exc:
-                garbage.append(f"pool node {name!r}: {exc}")
-            else:
-                if report.name != name:
-                    garbage.append(f"pool node {name!r}: its report names {report.name!r}")
-                    report = None
-        leases.append(Lease(name, deadline, report))
-    return tuple(leases), tuple(gone)
-
-
-def _deadline(name: str, score: str, garbage: list[str]) -> int | None:
-    try:
-        return int(float(score))
-    except (ValueError, OverflowError):
-        garbage.append(f"pool lease {name[:64]!r}: deadline {score[:32]!r} is not a number")
-        return None

@@ -13,7 +13,6 @@ import shlex
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +25,7 @@ import yaml
 from nodeagent import __version__
 from nodeagent.config.load import load_settings
 from nodeagent.config.settings import Config, NodeSettings, Operators, PoolConfig
-from nodeagent.coord.client import connect
-from nodeagent.coord.keys import JobKeys
-from nodeagent.coord.store import JobStore
 from tests.helpers.cluster import RedisServer, wait_for
-from tests.helpers.packaging import build_wheel
 from tests.helpers.runas import AS_TESTER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -346,55 +341,6 @@ def test_the_example_group_vars_sets_what_the_roles_leave_empty() -> None:
     empty = {name for name in read if defaults.get(name) == ""} - set(UNSET_IN_THE_EXAMPLE)
     assert no_default | empty <= example, sorted((no_default | empty) - example)
     assert example <= read | set(defaults), sorted(example - read - set(defaults))
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_role_applied_to_localhost_runs_a_job(
-    redis_server: RedisServer, job_id: str, tmp_path: Path
-) -> None:
-    wheel = build_wheel(tmp_path / "dist")
-    prefix = tmp_path / "root"
-    inventory = localhost_inventory(tmp_path)
-    extra = {**prefix_install(prefix, redis_server.url, job_id), "nodeagent_package": str(wheel)}
-    applied = tool("ansible-playbook", "-i", str(inventory), "site.yml", "-e", json.dumps(extra))
-    assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-2000:]
-    assert "skipping: [localhost]" in applied.stdout  # no systemd as PID 1 here: no service
-    # the entrypoint is there, so this node's part was checked (not just the syntax)
-    assert "Check this node's part of the configuration" in applied.stdout
-    assert "Not checked on this node yet" not in applied.stdout
-    # the GPU preflight ran: no NVIDIA driver here, which passes on a node without GPUs
-    assert "Say that this node's GPUs were not checked" in applied.stdout
-    unit = prefix / "etc/systemd/system/nodeagent.service"
-    config = prefix / "etc/nodeagent/config.yaml"
-    assert unit.is_file() and config.is_file()
-    mode = config.stat()
-    assert (stat.S_IMODE(mode.st_mode), mode.st_uid) == (0o600, os.geteuid())  # the password
-    exec_start = next(x for x in unit.read_text().splitlines() if x.startswith("ExecStart="))
-    argv = shlex.split(exec_start.removeprefix("ExecStart="))
-    assert argv[0] == str(prefix / "opt/nodeagent/venv/bin/nodeagent") and argv[-1] == str(config)
-    # nodeagentctl on the users' PATH: /usr/local/bin's link to the venv's, which runs
-    ctl = prefix / "usr/local/bin/nodeagentctl"
-    assert os.readlink(ctl) == str(prefix / "opt/nodeagent/venv/bin/nodeagentctl")
-    said = subprocess.run([str(ctl), "--version"], capture_output=True, text=True, timeout=60)
-    assert said.returncode == 0 and __version__ in said.stdout, said
-    with (tmp_path / "agent.log").open("w") as log:
-        agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        store = JobStore(connect(redis_server.url, 5.0), JobKeys("nodeagent", job_id))
-
-        def succeeded() -> bool:
-            record = store.snapshot().record
-            return record is not None and record.state.value == "succeeded"
-
-        wait_for(succeeded, 60, "the installed agent to run the job")
-    finally:
-        agent.terminate()
-        agent.wait(30)
-    time.sleep(0.1)
-    assert "[rank 0]: trained" in (tmp_path / "agent.log").read_text()
-    again = tool("ansible-playbook", "-i", str(inventory), "site.yml", "-e", json.dumps(extra))
-    assert again.returncode == 0 and "changed=0" in again.stdout  # idempotent
 
 
 def run_drain_step(config: Path, node: str) -> subprocess.CompletedProcess[str]:

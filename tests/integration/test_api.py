@@ -127,14 +127,21 @@ def test_a_token_holder_submits_follows_recovers_scales_and_cancels_as_herself(
             ["/bin/sh", "-c", TICKING], name="ticking", nodes="1:2", workdir=str(shared)
         )
         assert job == "ticking"
-        wait_for(lambda: mine.show(job)["state"] == "running", 60, "the job running")
+        wait_for(lambda: _has_rank_0(mine, job), 60, "rank 0 running")
         assert mine.show(job)["user"] == alice.name  # judged by her own identity
         lines: list[str] = []
-        follower = threading.Thread(
-            target=lambda: lines.extend(mine.logs(job, rank=0, tail=5, follow=True)), daemon=True
-        )
+        failed: list[BaseException] = []
+
+        def follow() -> None:
+            try:
+                lines.extend(mine.logs(job, rank=0, tail=5, follow=True))
+            except BaseException as exc:  # said by the assertions below, not lost in a thread
+                failed.append(exc)
+
+        follower = threading.Thread(target=follow, daemon=True)
         follower.start()
-        wait_for(lambda: "tick" in lines, 60, "rank 0's log followed")
+        wait_for(lambda: "tick" in lines or failed, 60, "rank 0's log followed")
+        assert not failed, failed
         pid = _worker_pid(mine.status(job))
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: "started gen=2" in lines, 90, "the restarted generation followed")
@@ -152,6 +159,7 @@ def test_a_token_holder_submits_follows_recovers_scales_and_cancels_as_herself(
         assert mine.wait(job, timeout=60)["state"] == "cancelled"
         follower.join(30)
         assert not follower.is_alive(), "the follow did not end with the job"
+        assert not failed, failed
 
         (mine_id,) = [t["id"] for t in mine.tokens()]
         assert "revoked by" in mine.revoke(mine_id)
@@ -219,6 +227,18 @@ def test_what_a_client_sends_wrong_is_a_problem_not_a_500(
         doc = response.json()
         assert doc["status"] == response.status_code and doc["detail"], doc
     assert "refused: invalid job spec" in cases[2].json()["detail"]  # the pool leader's words
+
+
+def _has_rank_0(client: Client, job: str) -> bool:
+    """The job formed and rank 0's worker started (the pool's `running` comes first: admitted,
+    its nodes not joined yet; before it formed, its status is a 404)."""
+    try:
+        status = client.status(job)
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return any(w["rank"] == 0 and w["pid"] for n in status["nodes"] for w in n["workers"])
 
 
 def _worker_pid(status: dict[str, Any]) -> int:

@@ -21,6 +21,7 @@ def test_wheel_contents(tmp_path: Path) -> None:
         "share/nodeagent/grafana/nodeagent-dashboard.json",
         "share/nodeagent/prometheus/nodeagent-alerts.yml",
         "share/nodeagent/prometheus/scrape-nodeagent.yml",
+        "share/nodeagent/systemd/nodeagent-api.service",
         "share/nodeagent/systemd/nodeagent.service",
     ]
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
