@@ -13,7 +13,6 @@ Each caller then spends one token of its user's rate (api/limits.py): 429 past i
 from __future__ import annotations
 
 import hashlib
-import pwd
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from nodeagent.api.connections import PEER_KEY
 from nodeagent.api.limits import RateLimiter
 from nodeagent.api.problems import Problem, unauthorized
 from nodeagent.api.service import Identity, Service, token_user
+from nodeagent.config.hosts import Resolver
 from nodeagent.model.request import Verb
 
 KEPT_S = 60.0  # a token the pool vouched for is taken this long without asking again
@@ -48,9 +48,8 @@ class Tokens:
         Raises:
             Problem: 401, the pool refused it a moment ago.
         """
-        key = hashlib.sha256(token.encode()).hexdigest()
         with self._lock:
-            until, user, why = self._said.get(key, (0.0, None, ""))
+            until, user, why = self._said.get(_digest(token), (0.0, None, ""))
         if self._clock() >= until:
             return None
         if user is None:
@@ -67,15 +66,12 @@ class Tokens:
         """
         now = self._clock()
         named = token_user(token, self._service.pool, now)
-        key = hashlib.sha256(token.encode()).hexdigest()
-        with self._lock:
-            until, user, why = self._said.get(key, (0.0, None, ""))
-        if now < until:
-            if user is None:
-                raise unauthorized(why)
-            return user
+        known = self.known(token)
+        if known is not None:
+            return known
         before_asking()
         reply = self._service.ask(Identity(named, token=token), Verb.WHOAMI, {})
+        key = _digest(token)
         with self._lock:
             if len(self._said) >= MAX_KEPT:
                 self._said.clear()
@@ -86,6 +82,10 @@ class Tokens:
         if not reply.ok:
             raise unauthorized(reply.message)
         return reply.user
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _bearer(header: str) -> str:
@@ -113,7 +113,7 @@ async def identify(request: Request) -> Identity:
         who = Identity(user, token=token)
     elif peer is not None:
         uid = int(peer[1])
-        who = Identity(_name_of(uid), peer_uid=uid)
+        who = Identity(Resolver().name_of(uid) or f"uid {uid}", peer_uid=uid)
     else:
         raise unauthorized("this address takes API tokens: Authorization: Bearer <token>")
     _limited(limiter, who.user)
@@ -127,10 +127,3 @@ def _limited(limiter: RateLimiter, key: str) -> None:
             429, f"{key}: too many requests; try again in {wait:.1f} s",
             {"Retry-After": str(max(1, round(wait)))},
         )  # fmt: skip
-
-
-def _name_of(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"

@@ -26,6 +26,14 @@ from nodeagent.model.request import Caller
 from nodeagent.model.spec import JobSpec
 from nodeagent.model.token import check_credential, is_token_credential
 
+
+def not_taken(pool: str) -> str:
+    return (
+        f"pool {pool} takes no API tokens: its agents have no token key (pool.tokens.key_file, "
+        "docs/api.md)"
+    )
+
+
 SPEC_HMAC = "hmac1:"  # a spec signed with the pool's key, not a MUNGE credential
 
 
@@ -151,19 +159,29 @@ class Authority:
             return None
         return f"{caller.name} may not read this log: it is another user's job's"
 
+    def token_holder(
+        self, credential: str, digest: str, live: Callable[[str], bool] | None, now_s: int
+    ) -> Decoded | str:
+        """Who a token credential proving the request of `digest` comes from (model/token.py),
+        as a decoded credential good while its proof is (the replay memory keeps it that
+        long), or why it is refused; `live`: whether a token's id is registered, not revoked
+        (None: this node cannot tell, and takes no token)."""
+        if self.token_key is None or live is None:
+            return not_taken(self.pool.name)
+        proven = check_credential(self.token_key, credential, digest, self.pool.name, now_s)
+        if isinstance(proven, str):
+            return proven
+        claims = proven.claims
+        if not live(claims.id):
+            return f"token {claims.id} revoked (or never minted by this pool)"
+        ttl_s = proven.fresh_until_s - claims.issued_s
+        return Decoded(
+            MungeStatus.SUCCESS, claims.uid, claims.gid, bound(digest), claims.issued_s, ttl_s
+        )
+
     def _log_reader(self, digest: str, credential: str) -> Decoded | str:
         if is_token_credential(credential):
-            if self.token_key is None or self.token_live is None:
-                return "this node takes no API tokens (pool.tokens.key_file)"
-            proven = check_credential(
-                self.token_key, credential, digest, self.pool.name, int(time.time())
-            )
-            if isinstance(proven, str):
-                return proven
-            if not self.token_live(proven.claims.id):
-                return f"token {proven.claims.id} revoked"
-            claims = proven.claims
-            return Decoded(MungeStatus.SUCCESS, claims.uid, claims.gid, "", claims.issued_s, 0)
+            return self.token_holder(credential, digest, self.token_live, int(time.time()))
         try:
             return check(self.munge.decode(credential), digest)
         except MungeUnavailable as exc:

@@ -13,16 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.coord.tokens import TokenStore
-from nodeagent.model.credential import Decoded, MungeStatus, MungeUnavailable, bound
+from nodeagent.model.credential import Decoded, MungeUnavailable
 from nodeagent.model.request import Caller, Request
 from nodeagent.model.token import (
-    Proven,
-    check_credential,
     new_claims,
     sealed_payload,
     secret_of,
 )
-from nodeagent.pool.authority import Authority
+from nodeagent.pool.authority import Authority, not_taken
 
 
 class TokenRefused(Exception):
@@ -35,13 +33,6 @@ class Minted:
     sealed: str  # a MUNGE credential only the caller's uid decodes, carrying the token
 
 
-def not_taken(pool: str) -> str:
-    return (
-        f"pool {pool} takes no API tokens: its agents have no token key (pool.tokens.key_file, "
-        "docs/api.md)"
-    )
-
-
 class Tokens:
     def __init__(self, store: TokenStore, authority: Authority) -> None:
         self._store = store
@@ -50,16 +41,9 @@ class Tokens:
     def identify(self, request: Request, now_s: int) -> Decoded | str:
         """Who a request signed with a token comes from, as a decoded credential valid while
         its proof is (the replay memory keeps it that long), or why it is refused."""
-        key = self._authority.token_key
-        pool = self._store.keys.pool
-        if key is None:
-            return not_taken(pool)
-        found = check_credential(key, request.credential, request.digest, pool, now_s)
-        if isinstance(found, str):
-            return found
-        if not self._store.live(found.claims.id):
-            return f"token {found.claims.id} revoked (or never minted by this pool)"
-        return _decoded(found, request)
+        return self._authority.token_holder(
+            request.credential, request.digest, self._store.live, now_s
+        )
 
     def apply(self, caller: Caller, args: Any, munge_signed: bool, now_s: int) -> str | Minted:
         """TOKEN {action: mint, lifetime_s} or {action: revoke, id}.
@@ -117,15 +101,3 @@ class Tokens:
             raise TokenRefused(f"{caller.name} may not revoke token {token_id} of {entry['user']}")
         self._store.revoke([token_id])
         return f"token {token_id} of {entry['user']} revoked by {caller.name}"
-
-
-def _decoded(found: Proven, request: Request) -> Decoded:
-    claims = found.claims
-    return Decoded(
-        status=MungeStatus.SUCCESS,
-        uid=claims.uid,
-        gid=claims.gid,
-        payload=bound(request.digest),
-        encoded_s=claims.issued_s,
-        ttl_s=found.fresh_until_s - claims.issued_s,
-    )
