@@ -156,6 +156,9 @@ class TimingConfig:
     join_settle: float = 1.0
     rendezvous_timeout: float = 600.0
     hang_timeout: float = 0.0  # 0: off
+    # A rank that beats and whose process is stopped by a signal (SIGSTOP, SIGTSTP) this long
+    # with no beat has hung: it alone, its peers wait for it (job/watch.py). 0: off.
+    stopped_timeout: float = 0.5
     # Crash-loop backoff: a failed generation that ran less than restart_backoff_reset waits
     # restart_backoff, doubled per such failure in a row, at most restart_backoff_max.
     restart_backoff: float = 1.0  # 0: off
@@ -167,10 +170,12 @@ class TimingConfig:
     reform_timeout: float = 60.0
     # The job's members watch each other directly (job/peerwatch.py): a beat every
     # peer_interval (0: off, the leases alone find a lost node); a peer whose agent's
-    # connection closes is suspected at once, one silent for peer_timeout too. A strict
-    # majority of the members suspecting a node re-forms without it (job/suspicion.py).
+    # connection closes is suspected at once; one whose silence is unlikely at the intervals
+    # its beats came at (phi >= peer_phi, job/accrual.py; 0: off) or lasts peer_timeout too. A
+    # strict majority of the members suspecting a node re-forms without it (job/suspicion.py).
     peer_interval: float = 0.1
     peer_timeout: float = 2.0
+    peer_phi: float = 8.0
 
 
 GPU_MODES = ("auto", "on", "off")

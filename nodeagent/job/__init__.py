@@ -6,7 +6,8 @@ the job), members.py (who may run the next generation and who does), decide.py (
 `decide(view)` about its own workers), outcome.py, timeline.py, events.py, history.py (a job's
 generations and restarts from its events), repeats.py (a failure that repeats the one
 before), slowness.py (which member is slow, and what the policy does about it), suspicion.py
-(which nodes a majority of the members hold out as lost before their leases lapse).
+(which nodes a majority of the members hold out as lost before their leases lapse), accrual.py
+(when a peer's silence is suspect at the intervals its beats came at: the phi accrual detector).
 Executors: leadership.py (plan, then commit fenced), agent.py (the loop: observe, decide, act,
 the only place that executes a decision, with the duties it holds: heartbeat.py (its sync with
 the job's state, when the next is due), watchduties.py (what its own watches find, acted on: a

@@ -6,8 +6,10 @@ connection it accepted. It dials each peer it watches (job/suspicion.py: the job
 members), at the address and port that peer reports, and reads its beats. A peer is suspected:
 - at once when a connection that brought its beats ends: its agent died (a SIGKILL, an OOM
   kill) and the kernel closed its sockets, or its host reset the connection;
-- when nothing came from it for `timing.peer_timeout` after it was heard: a host that lost
-  power, a link down, a frozen agent.
+- when its silence since it was last heard is unlikely at the intervals its beats came at so
+  far (job/accrual.py: the phi accrual detector, `timing.peer_phi`; 500 ms at the least, beats
+  every 100 ms), or lasts `timing.peer_timeout` whatever they were: a host that lost power, a
+  link down, a frozen agent.
 A beat heard clears the suspicion. A peer never heard (its port unreachable: a firewall) is never
 suspected, only warned of: its lease finds it, as without the watch. The watch thread judges
 only the time it was itself running: after a pass that came late (this agent was starved or
@@ -34,7 +36,9 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from nodeagent.job.accrual import Arrivals, Silence
 
 log = logging.getLogger(__name__)
 BEAT = struct.Struct("!4sB3x8s")  # magic, version, padding, the sender's token
@@ -61,14 +65,21 @@ class Heard:
     since: float  # when watching this endpoint began, or the last late pass
     last: float | None = None  # the last beat
     ended: bool = False  # a connection that brought beats ended, and none came since
+    arrivals: Arrivals = field(default_factory=Arrivals)  # the intervals its beats came at
 
-    def silent(self, now: float, timeout: float) -> bool:
-        """Suspected: its connection ended, or it fell silent. A peer never heard is not
-        judged (a firewall that keeps this node from its port would otherwise hold it out of
-        every generation): the lease finds it, and the watch says so (`unheard`)."""
+    def beat(self, now: float) -> None:
+        if self.last is not None:
+            self.arrivals.add(now - self.last)
+        self.last, self.ended = now, False
+
+    def silent(self, now: float, rule: Silence) -> bool:
+        """Suspected: its connection ended, or its silence is suspect by `rule`. A peer never
+        heard is not judged (a firewall that keeps this node from its port would otherwise
+        hold it out of every generation): the lease finds it, and the watch says so
+        (`unheard`)."""
         if self.ended:
             return True
-        return self.last is not None and now - self.last > timeout
+        return self.last is not None and rule.suspect(now - self.last, self.arrivals)
 
     def unheard(self, now: float, timeout: float) -> bool:
         return self.last is None and not self.ended and now - self.since > timeout
@@ -96,8 +107,13 @@ class PeerWatch:
         timeout: float,
         wake: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
+        phi: float = 0.0,
     ) -> None:
         self.interval, self.timeout = interval, timeout
+        self.rule = Silence(interval, timeout, phi)
+        # A pass this late means this thread did not run (a starved or stopped agent): nobody's
+        # silence over the gap is judged.
+        self._late = max(2 * interval, self.rule.floor / 2)
         self._wake, self._clock = wake, clock
         self.token = secrets.token_hex(8)
         self._beat = BEAT.pack(MAGIC, VERSION, bytes.fromhex(self.token))
@@ -156,7 +172,7 @@ class PeerWatch:
                 for key, _ in self._selector.select(wait):
                     self._ready(key)
                 now = self._clock()
-                if now - last_pass > self.timeout / 2:  # this thread was not running: judge
+                if now - last_pass > self._late:  # this thread was not running: judge
                     for dial in self._dials.values():  # nobody's silence over that gap
                         heard = dial.heard
                         heard.since = now
@@ -269,6 +285,7 @@ class PeerWatch:
             self._end(dial)
             return
         dial.buffer += data
+        beats = dial.beats
         while len(dial.buffer) >= BEAT.size:
             magic, version, token = BEAT.unpack_from(dial.buffer)
             dial.buffer = dial.buffer[BEAT.size :]
@@ -277,7 +294,8 @@ class PeerWatch:
                 self._end(dial, heard=False)
                 return
             dial.beats += 1
-            dial.heard.last, dial.heard.ended = self._clock(), False
+        if dial.beats > beats:  # beats read at once count as one arrival: the read's time
+            dial.heard.beat(self._clock())
 
     def _end(self, dial: _Dial, heard: bool = True) -> None:
         """The connection ended: if it brought beats, the peer is gone (module docstring)."""
@@ -294,7 +312,7 @@ class PeerWatch:
 
     def _judge(self, now: float) -> None:
         suspects = frozenset(
-            name for name, dial in self._dials.items() if dial.heard.silent(now, self.timeout)
+            name for name, dial in self._dials.items() if dial.heard.silent(now, self.rule)
         )
         heard = frozenset(name for name, dial in self._dials.items() if dial.beats)
         for name, dial in self._dials.items():

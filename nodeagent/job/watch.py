@@ -1,5 +1,15 @@
 """What an agent watches besides worker exits: progress beats (hangs) and GPU health.
 
+Two verdicts of a hang, both on ranks that beat (`nodeagent.worker.beat`):
+- **stopped**: no beat for `timing.stopped_timeout` (500 ms) and its process is stopped by a
+  signal (state T: SIGSTOP, SIGTSTP). Only the stuck rank itself is ever stopped: its peers,
+  blocked in a collective with it, sleep. So it alone is failed, in about half a second, and an
+  in_place job replaces it and keeps the survivors (supervisor/release.py kills it: its sockets
+  close and the survivors' collective ends at once).
+- **no progress**: no beat for `timing.hang_timeout`. A rank stuck while it runs (a deadlock, a
+  collective that never returns) looks from outside like every peer waiting for it, so this one
+  is slow and fails whichever rank the node sees first.
+
 `WorkerWatch.check()` returns findings as plain data (a rank to fail and why, a cordon to set
 or lift, events, detection times); the agent executes them, as it does every other decision.
 """
@@ -40,9 +50,15 @@ class Findings:
 
 
 class WorkerWatch:
-    def __init__(self, node: str, hang_timeout_s: float, health: NodeHealth | None) -> None:
+    def __init__(
+        self,
+        node: str,
+        hang_timeout_s: float,
+        health: NodeHealth | None,
+        stopped_timeout_s: float = 0.0,
+    ) -> None:
         self._node = node
-        self._hangs = HangWatch(hang_timeout_s)
+        self._hangs = HangWatch(hang_timeout_s, stopped_timeout_s)
         self._health = health
         self._gpus_by_rank: dict[int, tuple[int, ...]] = {}
 
@@ -89,13 +105,19 @@ class WorkerWatch:
     # -- the check --------------------------------------------------------------------------
 
     def check(
-        self, now: float, group: GroupStatus, cordon: Cordon | None, dump: Callable[[int], str]
+        self,
+        now: float,
+        group: GroupStatus,
+        cordon: Cordon | None,
+        dump: Callable[[int], str],
+        stopped: Callable[[int], bool] = lambda local_rank: False,
     ) -> Findings:
-        """Hangs first (they fail the group), then GPU verdicts. `dump` captures a rank's stacks."""
+        """Hangs first (they fail the group), then GPU verdicts. `dump` captures a rank's stacks;
+        `stopped` says whether a rank's process is stopped by a signal."""
         running = group.phase is GroupPhase.RUNNING and group.failure is None
         findings = Findings()
         if running:
-            self._check_hangs(now, group, dump, findings)
+            self._check_hangs(now, group, dump, stopped, findings)
         if self._health is not None:
             check = self._health.check(cordon, self._gpus_by_rank if running else {})
             findings.events += check.events
@@ -106,25 +128,48 @@ class WorkerWatch:
         return findings
 
     def _check_hangs(
-        self, now: float, group: GroupStatus, dump: Callable[[int], str], findings: Findings
+        self,
+        now: float,
+        group: GroupStatus,
+        dump: Callable[[int], str],
+        stopped: Callable[[int], bool],
+        findings: Findings,
     ) -> None:
-        """A rank that beat and then made no progress for hang_timeout has hung."""
-        hung = self._hangs.hung(now)
-        if not hung:
+        """A rank stopped by a signal, else one that made no progress for hang_timeout, has
+        hung (the module docstring)."""
+        hangs = self._hangs.hung(now, stopped)
+        if not hangs:
             return
-        local_rank, timeout = hung[0], self._hangs.timeout_s
-        stacks = dump(local_rank)
-        findings.fail = Failed(local_rank, "hang", None, f"no progress for {timeout:g}s")
-        findings.detected.append(("hang", self._hangs.stalled_for(local_rank, now)))
+        hang = hangs[0]
+        if hang.stopped:  # its stacks would say nothing of who stopped it
+            what, stacks = f"stopped by a signal, no progress for {hang.for_s:.2f}s", ""
+        else:
+            what, stacks = f"no progress for {self._hangs.timeout_s:g}s", dump(hang.local_rank)
+        findings.fail = Failed(hang.local_rank, "hang", None, what)
+        findings.detected.append(("hang", hang.for_s))
         findings.events.append(
             Event(
                 "worker_hung",
                 generation=group.generation,
                 node=self._node,
-                message=f"local rank {local_rank}: no progress for {timeout:g}s",
-                data={"local_rank": local_rank, "stacks": stacks[-4000:]},
+                message=f"local rank {hang.local_rank}: {what}",
+                data={
+                    "local_rank": hang.local_rank,
+                    "stopped": hang.stopped,
+                    "stacks": stacks[-4000:],
+                },
             )
         )
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A rank found hung: stopped by a signal (it, not a peer, is stuck), or silent for
+    hang_timeout; for how long it made no progress."""
+
+    local_rank: int
+    stopped: bool
+    for_s: float
 
 
 @dataclass
@@ -134,6 +179,7 @@ class _Seen:
     last: Beat | None = None
     first: tuple[float, int] | None = None  # when (this clock) its first change was read, step
     finished: bool = False  # it said its training reached its end: never hung after that
+    asked: float | None = None  # when it was last found silent stopped_s and not stopped
 
 
 @dataclass(frozen=True)
@@ -148,14 +194,15 @@ class Stretch:
 
 
 class HangWatch:
-    """The agent's end: which ranks that have beaten made no progress for `timeout_s`.
+    """The agent's end: which ranks that have beaten made no progress for `timeout_s`, or for
+    `stopped_s` while stopped by a signal (0: that verdict off).
 
     `hung()` reads each rank's file once and keeps the beat, so `last_progress()` (for metrics)
     costs no I/O.
     """
 
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s: float, stopped_s: float = 0.0) -> None:
+        self.timeout_s, self.stopped_s = timeout_s, stopped_s
         self._files: dict[int, Path] = {}
         self._seen: dict[int, _Seen] = {}
 
@@ -168,10 +215,11 @@ class HangWatch:
         """The latest beat, as last read by hung(), of each rank that has beaten."""
         return {rank: s.last for rank, s in self._seen.items() if s.last is not None and s.beats}
 
-    def hung(self, now: float) -> list[int]:
+    def hung(self, now: float, stopped: Callable[[int], bool] = lambda rank: False) -> list[Hang]:
         """Read every rank's beat; return the ranks that have beaten at least once and not
-        since `timeout_s` (none when hang detection is off)."""
-        hung = []
+        since `stopped_s` while `stopped` says their process is stopped, or since `timeout_s`
+        (stopped ranks first). `stopped` is asked only of a rank silent that long."""
+        found = []
         for rank, path in self._files.items():
             beat = beats.read(path)
             seen = self._seen[rank]
@@ -180,9 +228,18 @@ class HangWatch:
                 self._seen[rank] = seen
             if beat is not None and beat.finished:  # waiting for its exit, or for its peers'
                 self._seen[rank] = replace(seen, last=beat, finished=True)
-            elif self.timeout_s > 0 and seen.beats > 0 and now - seen.changed_at >= self.timeout_s:
-                hung.append(rank)
-        return hung
+                continue
+            silent = now - seen.changed_at
+            if seen.beats == 0:
+                continue
+            if 0 < self.stopped_s <= silent:
+                seen.asked = now  # asked again stopped_s from now (a slow step, a sleeper)
+                if stopped(rank):
+                    found.append(Hang(rank, True, silent))
+                    continue
+            if 0 < self.timeout_s <= silent:
+                found.append(Hang(rank, False, silent))
+        return sorted(found, key=lambda hang: not hang.stopped)
 
     def stretch(self, rank: int) -> Stretch | None:
         """What `rank` trained since its generation was watched; None: no beat read yet."""
@@ -191,16 +248,15 @@ class HangWatch:
             return None
         return Stretch(seen.first[0], seen.first[1], seen.changed_at, seen.last.step)
 
-    def stalled_for(self, rank: int, now: float) -> float:
-        """Seconds since `rank` last made progress (0 if it never beat)."""
-        seen = self._seen.get(rank)
-        return now - seen.changed_at if seen is not None and seen.beats else 0.0
-
     def next_check(self) -> float | None:
-        """When a rank that is beating would first count as hung."""
-        times = [
-            s.changed_at + self.timeout_s
-            for s in self._seen.values()
-            if s.beats > 0 and not s.finished
-        ]
-        return min(times) if times and self.timeout_s > 0 else None
+        """When a rank that is beating would first count as hung, or is next asked whether it
+        is stopped (every stopped_s while it is silent)."""
+        times = []
+        for seen in self._seen.values():
+            if not seen.beats or seen.finished:
+                continue
+            if self.timeout_s > 0:
+                times.append(seen.changed_at + self.timeout_s)
+            if self.stopped_s > 0:
+                times.append((seen.asked or seen.changed_at) + self.stopped_s)
+        return min(times, default=None)

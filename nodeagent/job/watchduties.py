@@ -32,7 +32,8 @@ class WatchDuties:
         call: CallRunner,
     ) -> None:
         self._name = config.node.name
-        self.watchers = WorkerWatch(self._name, config.timing.hang_timeout, health)
+        timing = config.timing
+        self.watchers = WorkerWatch(self._name, timing.hang_timeout, health, timing.stopped_timeout)
         window = config.job.slow_node.window
         self._speed = SpeedWatch(self._name, window) if window > 0 else None
         self._store, self._metrics, self._call = store, metrics, call
@@ -53,7 +54,9 @@ class WatchDuties:
     def check(self, now: float, workers: WorkerGroup) -> Findings:
         """Execute what the watch found: fail a hung rank or one hit by an application XID,
         cordon (and drain) on a node-level GPU fault, lift a GPU cordon (gpu/policy.py)."""
-        found = self.watchers.check(now, workers.status(), self.cordon, workers.dump_stacks)
+        found = self.watchers.check(
+            now, workers.status(), self.cordon, workers.dump_stacks, workers.stopped
+        )
         for kind, seconds in found.detected:
             self._metrics.detected(kind, seconds)
         if found.fail is not None:

@@ -131,7 +131,9 @@ def _peers(config: Config, wake: Callable[[], None]) -> PeerWatch | None:
     timing = config.timing
     if timing.peer_interval <= 0:
         return None
-    return PeerWatch(config.node.address, timing.peer_interval, timing.peer_timeout, wake)
+    return PeerWatch(
+        config.node.address, timing.peer_interval, timing.peer_timeout, wake, phi=timing.peer_phi
+    )
 
 
 def plane_auth(config: Config) -> PlaneAuth | None:

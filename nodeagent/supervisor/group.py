@@ -365,6 +365,10 @@ class Supervisor:
                 exit_code=code,
             )
 
+    def stopped(self, local_rank: int) -> bool:
+        """Whether the worker of `local_rank` is stopped by a signal (Worker.stopped)."""
+        return any(w.stopped() for w in self._workers if w.spec.local_rank == local_rank)
+
     def dump_stacks(self, local_rank: int) -> str:
         """Capture a hung worker's stacks into its log (Worker.dump_stacks)."""
         return next(w for w in self._workers if w.spec.local_rank == local_rank).dump_stacks()

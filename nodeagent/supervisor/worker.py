@@ -68,6 +68,17 @@ class Worker:
             self.cgroup = cgroups.container_cgroup(self.group.cidfile)
         return cgroups.main_process(self.cgroup, self.depth) if self.cgroup else None
 
+    def stopped(self) -> bool:
+        """Its worker process is stopped by a signal (SIGSTOP, SIGTSTP: state T; a tracer's
+        stop is not counted): it cannot be waiting for a peer, it is the one stuck."""
+        pid = self.worker_pid()
+        if pid is None:
+            return False
+        try:
+            return bool(psutil.Process(pid).status() == psutil.STATUS_STOPPED)
+        except psutil.Error:
+            return False
+
     def has_finished(self) -> bool:
         """It reported that its training returned in its generation: through its in_place
         channel (one aligned word, read whole, so nothing to retry or refuse), or, any worker,

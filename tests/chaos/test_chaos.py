@@ -137,7 +137,7 @@ def test_a_node_cut_off_from_its_peers_alone_is_held_out_and_stops_its_worker(
 ) -> None:
     """Fast detection's hard case: a follower drops every packet of the two other nodes (and
     they its), silently, but still reaches Redis, so its lease holds. The two others, hearing
-    no beat for peer_timeout, hold it out and re-form without it; it reads the new generation
+    no beat (job/accrual.py), hold it out and re-form without it; it reads the new generation
     and stops its worker (its lease never lapses). Nothing it does counts: it is no member of
     any generation while it is cut off, its worker is in no group with the new one, and the
     job grows back to three once it is heard again."""

@@ -58,7 +58,7 @@ def cluster(redis_server: RedisServer, job_id: str, tmp_path: Path) -> Iterator[
         yield cluster
 
 
-def test_survivors_keep_their_processes_through_a_kill_scale_up_and_down_a_drain_and_a_node_loss(
+def test_survivors_keep_their_processes_through_a_kill_a_stop_scale_and_a_drain_and_a_node_loss(
     cluster: LocalCluster,
 ) -> None:
     lines = Lines(cluster.records_dir)
@@ -72,6 +72,15 @@ def test_survivors_keep_their_processes_through_a_kill_scale_up_and_down_a_drain
     gen = reformed(cluster, 2, gen)
     ran.append(gen)
     alive = kept_through(cluster, {n: p for n, p in alive.items() if n != victim})
+    # A worker stopped by a signal (a hang: its peer blocks in the all-reduce with it) is found
+    # by its own agent at stopped_timeout, killed, and replaced; its peer is kept.
+    frozen = next(n for n in sorted(alive) if n != cluster.status()["members"][0])
+    os.kill(alive[frozen], signal.SIGSTOP)
+    gen = reformed(cluster, 2, gen)
+    ran.append(gen)
+    alive = kept_through(cluster, {n: p for n, p in alive.items() if n != frozen})
+    hung = [e for e in cluster.events() if e["type"] == "worker_hung"]
+    assert [(e["node"], e["data"]["stopped"]) for e in hung] == [(frozen, True)], hung
     assert cluster.ctl("scale", "3").returncode == 0  # the spare joins, both members stay
     gen = reformed(cluster, 3, gen)
     ran.append(gen)
@@ -101,8 +110,12 @@ def test_survivors_keep_their_processes_through_a_kill_scale_up_and_down_a_drain
         assert len({line["hash"] for line in synced}) == 1, f"generation {generation} diverged"
     finals = lines.all("final")
     assert [(line["pid"], line["step"]) for line in finals] == [(*alive.values(), stop_at)]
+    # Every re-form the test waited for kept a survivor (kept_through checked which). A loaded
+    # machine may add a re-form between two of them (a warm-up joining): not counted here.
     started = [e for e in cluster.events() if e["type"] == "workers_started"]
-    assert sum(e["data"].get("kept", 0) for e in started) == 7  # 1 + 2 + 2 + 1 + 1 survivors
+    for generation in ran[1:]:
+        kept = sum(e["data"].get("kept", 0) for e in started if e["generation"] == generation)
+        assert kept >= 1, f"generation {generation} kept no survivor"
 
 
 @pytest.mark.parametrize("role", ["member", "leader"])

@@ -79,26 +79,22 @@ def test_agent_kill(training: LocalCluster) -> None:
 
 
 def test_hung_worker_is_detected(training: LocalCluster) -> None:
+    """A worker stopped by a signal (SIGSTOP: no crash, no exit, no TCP reset, only the beats
+    stop) is found by its own agent in about timing.stopped_timeout (500 ms), long before
+    hang_timeout (4 s here), and named alone: its peers, blocked in the all-reduce with it, are
+    not stopped. The stacks a hang_timeout verdict dumps are tests/integration/test_supervisor's."""
     training.start("a", "b", "c")
     run_until_step(training, 12)
     frozen = worker_of(training, "c")
-    frozen.suspend()  # SIGSTOP: no crash, no exit, no TCP reset; only the beats stop
+    frozen.suspend()
     finish(training)
     gens = check_history(training, STEPS, EVERY)
     assert [g.world for g in gens] == [3, 3]
     hung = [e for e in training.events() if e["type"] == "worker_hung"]
-    assert hung and "no progress" in hung[0]["message"]
+    assert [(e["node"], e["data"]["stopped"]) for e in hung] == [("c", True)], hung
+    assert "stopped by a signal" in hung[0]["message"]
     assert not frozen.is_running() or frozen.status() == psutil.STATUS_ZOMBIE
     assert training.status()["restart_count"] == 1
-    # The detection that triggered the restart left the stacks in its rank's log: py-spy for a
-    # rank blocked in the all-reduce, faulthandler via SIGUSR1 for the stopped one (py-spy
-    # cannot read a stopped process). Later detections of the same stall on other nodes may
-    # race with the stop the first one caused, so only the first is checked.
-    rank_of = {"a": 0, "b": 1, "c": 2}  # members in name order, one worker each
-    first = min(hung, key=lambda e: e["at_ms"])
-    log = training.directory / "logs" / training.job / str(first["generation"])
-    text = (log / f"rank-{rank_of[first['node']]}.log").read_text(errors="replace")
-    assert "py-spy dump" in text or "most recent call first" in text, first
 
 
 @pytest.mark.parametrize("training", [0, 2], indirect=True, ids=["main", "dataloader-workers"])

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from nodeagent.job.accrual import MIN_SAMPLES, Silence
 from nodeagent.job.peerwatch import BEAT, MAGIC, Heard, Peer, PeerWatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -141,4 +142,25 @@ def test_the_port_serves_beats_to_anyone_and_reads_nothing_from_them() -> None:
     ],
 )
 def test_silence_is_judged_from_the_last_beat(heard: Heard, now: float, silent: bool) -> None:
-    assert heard.silent(now, timeout=2.0) is silent
+    assert heard.silent(now, Silence(interval=0.1, timeout=2.0)) is silent
+
+
+def test_a_frozen_peer_is_suspected_by_its_beats_history_long_before_the_timeout() -> None:
+    """With the accrual detector (timing.peer_phi) a peer that beat steadily is suspected about
+    FLOOR_BEATS intervals after its last beat, not at the 30 s timeout; one that beats is not."""
+    made = [PeerWatch("127.0.0.1", 0.05, 30.0, lambda: None, phi=8.0) for _ in range(2)]
+    watcher, steady = made
+    try:
+        with child_peer() as (proc, child):
+            watcher.watch([child, peer("steady", steady)])
+            assert eventually(lambda: watcher.heard() == {"child", "steady"})
+            time.sleep(MIN_SAMPLES * 0.05 * 2)  # a history to judge by
+            os.kill(proc.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            assert eventually(lambda: watcher.suspects() == {"child"}, within=10.0)
+            assert time.monotonic() - stopped < 10.0  # a third of the timeout, at the most
+            os.kill(proc.pid, signal.SIGCONT)
+            assert eventually(lambda: watcher.suspects() == frozenset())
+    finally:
+        for watch in made:
+            watch.close()

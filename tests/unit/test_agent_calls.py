@@ -61,6 +61,9 @@ class IdleGroup:
     def dump_stacks(self, local_rank: int) -> str:
         return ""
 
+    def stopped(self, local_rank: int) -> bool:
+        return False
+
     def signal(self, name: str) -> None: ...
 
     def status(self) -> GroupStatus:

@@ -75,6 +75,9 @@ class FakeWorkers:
     def dump_stacks(self, local_rank: int) -> str:
         return ""
 
+    def stopped(self, local_rank: int) -> bool:
+        return False
+
     def signal(self, name: str) -> None:
         self.signals.append(name)
 

@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 
 from nodeagent.channel import beats
-from nodeagent.channel.beats import BeatWriter
-from nodeagent.job.watch import HangWatch
 from nodeagent.worker import GracefulExit, rescale
 
 torch = pytest.importorskip("torch")
@@ -52,46 +50,6 @@ def test_rescale_errors_and_callbacks() -> None:
     from nodeagent.worker import Rescaled
 
     assert rescale(1.0, 8, 2, 3, policy=lambda lr, b, o, n: Rescaled(lr * 2, b)).lr == 2.0
-
-
-def test_beats_and_hang_watch(tmp_path: Path) -> None:
-    path = tmp_path / "rank-0.progress"
-    beats.create(path)
-    watch = HangWatch(timeout_s=10)
-    watch.watch({0: path, 1: tmp_path / "never-beats"}, now=0.0)
-    assert watch.hung(now=100.0) == []  # never beat: not watched
-    writer = BeatWriter(path)
-    writer.beat(41)
-    writer.beat(42)
-    assert watch.hung(now=100.0) == []  # progress seen at t=100
-    assert watch.last_progress()[0].step == 42
-    assert watch.next_check() == 110.0
-    assert watch.hung(now=109.0) == []
-    assert watch.hung(now=110.0) == [0]
-    writer.beat(43)
-    assert watch.hung(now=111.0) == []
-    writer.close()
-    off = HangWatch(timeout_s=0)  # hang detection off: nobody is hung, beats still read
-    off.watch({0: path}, now=0.0)
-    assert off.hung(now=1e9) == [] and off.last_progress()[0].step == 43
-
-
-def test_a_rank_that_finished_is_never_hung(tmp_path: Path) -> None:
-    """Issue 62: a rank whose training reached its end waits for its exit, or for its peers'
-    ends, without beating: not a hang. Its stretch still ends at its last step."""
-    path = tmp_path / "rank-0.progress"
-    beats.create(path)
-    watch = HangWatch(timeout_s=10)
-    watch.watch({0: path}, now=0.0)
-    writer = BeatWriter(path)
-    writer.beat(7)
-    assert watch.hung(now=5.0) == []
-    writer.finish()
-    assert watch.hung(now=100.0) == [] and watch.next_check() is None
-    assert watch.last_progress()[0].finished
-    stretch = watch.stretch(0)
-    assert stretch is not None and (stretch.last_at, stretch.last_step) == (5.0, 7)
-    writer.close()
 
 
 def test_corrupt_progress_file_reads_as_none(tmp_path: Path) -> None:

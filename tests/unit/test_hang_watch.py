@@ -1,0 +1,108 @@
+"""The agent's hang verdicts (job/watch.py's HangWatch) on real progress files: no progress for
+hang_timeout, and a rank stopped by a signal, found in stopped_timeout and named alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nodeagent.channel import beats
+from nodeagent.channel.beats import BeatWriter
+from nodeagent.job.watch import Hang, HangWatch
+
+
+def beating(tmp_path: Path, rank: int, step: int) -> BeatWriter:
+    path = tmp_path / f"rank-{rank}.progress"
+    beats.create(path)
+    writer = BeatWriter(path)
+    writer.beat(step)
+    return writer
+
+
+def test_beats_and_hang_watch(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.progress"
+    beats.create(path)
+    watch = HangWatch(timeout_s=10)
+    watch.watch({0: path, 1: tmp_path / "never-beats"}, now=0.0)
+    assert watch.hung(now=100.0) == []  # never beat: not watched
+    writer = BeatWriter(path)
+    writer.beat(41)
+    writer.beat(42)
+    assert watch.hung(now=100.0) == []  # progress seen at t=100
+    assert watch.last_progress()[0].step == 42
+    assert watch.next_check() == 110.0
+    assert watch.hung(now=109.0) == []
+    assert watch.hung(now=110.0) == [Hang(0, False, 10.0)]
+    writer.beat(43)
+    assert watch.hung(now=111.0) == []
+    writer.close()
+    off = HangWatch(timeout_s=0)  # hang detection off: nobody is hung, beats still read
+    off.watch({0: path}, now=0.0)
+    assert off.hung(now=1e9) == [] and off.last_progress()[0].step == 43
+
+
+def test_a_rank_that_finished_is_never_hung(tmp_path: Path) -> None:
+    """Issue 62: a rank whose training reached its end waits for its exit, or for its peers'
+    ends, without beating: not a hang. Its stretch still ends at its last step."""
+    path = tmp_path / "rank-0.progress"
+    beats.create(path)
+    watch = HangWatch(timeout_s=10, stopped_s=0.5)
+    watch.watch({0: path}, now=0.0)
+    writer = BeatWriter(path)
+    writer.beat(7)
+    assert watch.hung(now=5.0) == []
+    writer.finish()
+    assert watch.hung(now=100.0, stopped=lambda rank: True) == [] and watch.next_check() is None
+    assert watch.last_progress()[0].finished
+    stretch = watch.stretch(0)
+    assert stretch is not None and (stretch.last_at, stretch.last_step) == (5.0, 7)
+    writer.close()
+
+
+def test_a_stopped_rank_is_hung_at_stopped_timeout_and_its_waiting_peer_is_not(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 is stopped by a signal; rank 0 waits for it in a collective (asleep, not
+    stopped). At 0.5 s without a beat rank 1 alone is hung; rank 0 only at hang_timeout."""
+    writers = [beating(tmp_path, rank, 12) for rank in (0, 1)]
+    watch = HangWatch(timeout_s=10, stopped_s=0.5)
+    watch.watch({rank: tmp_path / f"rank-{rank}.progress" for rank in (0, 1)}, now=0.0)
+    asked: list[int] = []
+
+    def stopped(rank: int) -> bool:
+        asked.append(rank)
+        return rank == 1
+
+    assert watch.hung(now=0.0, stopped=stopped) == [] and asked == []  # beat just read
+    assert watch.next_check() == 0.5
+    assert watch.hung(now=0.4, stopped=stopped) == [] and asked == []  # not silent long enough
+    assert watch.hung(now=0.5, stopped=stopped) == [Hang(1, True, 0.5)]
+    assert asked == [0, 1]
+    # Rank 0 asleep in its collective is asked again each stopped_s, not at every pass
+    assert watch.next_check() == 1.0
+    # At hang_timeout both are silent: the stopped one comes first, whichever rank it is
+    assert watch.hung(now=10.0, stopped=stopped) == [Hang(1, True, 10.0), Hang(0, False, 10.0)]
+    for writer in writers:
+        writer.close()
+
+
+def test_a_slow_step_is_not_a_stopped_rank_and_off_asks_nothing(tmp_path: Path) -> None:
+    """A rank silent for seconds in a long step (running, not stopped) is not hung before
+    hang_timeout; with stopped_timeout off its process is never asked."""
+    writer = beating(tmp_path, 0, 3)
+    files = {0: tmp_path / "rank-0.progress"}
+    watch = HangWatch(timeout_s=0, stopped_s=0.5)
+    watch.watch(files, now=0.0)
+    watch.hung(now=0.0)
+    assert watch.hung(now=5.0, stopped=lambda rank: False) == []
+    assert watch.next_check() == 5.5
+    writer.beat(4)
+    assert watch.hung(now=6.0) == [] and watch.next_check() == 6.5
+
+    off = HangWatch(timeout_s=0, stopped_s=0)
+    off.watch(files, now=0.0)
+
+    def never(rank: int) -> bool:
+        raise AssertionError("asked with stopped_timeout off")
+
+    assert off.hung(now=100.0, stopped=never) == [] and off.next_check() is None
+    writer.close()
