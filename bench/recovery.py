@@ -55,6 +55,9 @@ K=3 simulated nodes on this machine, one worker each, run examples/train_ddp.py 
   memory (restart mode: the framework owns its process group).
 
 Each repetition is a fresh job: train to step 15, inject one fault, wait up to --bound seconds.
+A system whose survivors go on without the whole world coming back (torchft leaves a stopped
+worker where it is, outside its quorum) is counted "survivors only" WORLD_WAIT_S after its
+survivors stepped again: their figures (survivors stepping, stalled) are kept, the others are not.
 Everything is measured on one clock from the workload's own log lines, the same way for every
 launcher, except detection:
 - detect:     fault -> the launcher noticed (nodeagent: the event naming the fault, in Redis time;
@@ -763,15 +766,20 @@ def one_run(
         survivors = old - {proc.pid for proc in hit}
         row = None
         outcome = "not recovered"
+        stepping = None  # in place: when every survivor stepped again, at whatever world
         while time.time() < t0 + bound:
-            row = measure(
-                launch.lines(), t0, fault.after, launch.noticed(t0, fault.cause), in_place
-            )
+            lines = launch.lines()
+            row = measure(lines, t0, fault.after, launch.noticed(t0, fault.cause), in_place)
             if row is not None:
                 outcome = "recovered"
                 break
             if launch.all_exited():
                 outcome = "job lost"
+                break
+            if in_place and stepping is None:
+                stepping = survivors_stepping(lines, t0, survivors)
+            if stepping is not None and time.time() > t0 + stepping + WORLD_WAIT_S:
+                outcome = "survivors only"  # torchft leaves a stopped worker where it is
                 break
             time.sleep(0.5)
         if row is not None and row["detect_s"] is None:  # the log came in after the first step
@@ -780,7 +788,11 @@ def one_run(
                 launch.lines(), t0, fault.after, launch.noticed(t0, fault.cause), in_place
             )
         _signal_all(hit, signal.SIGCONT)
-        if row is not None and in_place:  # the stall window's tail, while the job still runs
+        if row is None and stepping is not None and outcome == "survivors only":
+            lines = launch.lines()
+            row = {"survivors_s": stepping, "pids": sorted(survivors)}  # none restarted
+            row["stalled_s"] = survivors_stalled(lines, t0, survivors, t0 + stepping)
+        elif row is not None and in_place:  # the stall window's tail, while the job still runs
             time.sleep(STALL_TAIL_S + 0.5)
             lines = launch.lines()
             row["survivors_s"] = survivors_stepping(lines, t0, survivors)
@@ -820,6 +832,10 @@ def save_stall(lines: list[dict[str, Any]], t0: float, every: int) -> float | No
     return max(0.0, float(statistics.median(stalls) - 2 * statistics.median(plain)))
 
 
+# A fault that leaves its world short (torchft leaves a stopped worker where it is, out of its
+# quorum): the survivors' figures are taken this long after they stepped again.
+WORLD_WAIT_S = 15.0
+KEPT_KEYS = ("survivors_s", "stalled_s")  # also of a run whose survivors went on short
 STALL_TAIL_S = 1.0  # how long after the whole world is back a survivor's stalls still count
 
 
@@ -860,6 +876,7 @@ def survivors_stepping(lines: list[dict[str, Any]], t0: float, survivors: set[in
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     recovered = [r for r in runs if r["outcome"] == "recovered"]
+    kept = [r for r in runs if r["outcome"] in ("recovered", "survivors only")]
     out: dict[str, Any] = {
         "recovered": len(recovered),
         "runs": len(runs),
@@ -877,7 +894,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "save_stall_s",
         "stall_per_step_s",
     ):
-        values = [r[key] for r in recovered if r.get(key) is not None]
+        values = [
+            r[key] for r in (kept if key in KEPT_KEYS else recovered) if r.get(key) is not None
+        ]
         if values:
             out[key] = {
                 "min": round(min(values), 3),

@@ -16,6 +16,7 @@ or lift, events, detection times); the agent executes them, as it does every oth
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -180,6 +181,7 @@ class _Seen:
     first: tuple[float, int] | None = None  # when (this clock) its first change was read, step
     finished: bool = False  # it said its training reached its end: never hung after that
     asked: float | None = None  # when it was last found silent stopped_s and not stopped
+    read_at: float = 0.0  # when its file was last read
 
 
 @dataclass(frozen=True)
@@ -198,18 +200,24 @@ class HangWatch:
     `stopped_s` while stopped by a signal (0: that verdict off).
 
     `hung()` reads each rank's file once and keeps the beat, so `last_progress()` (for metrics)
-    costs no I/O.
+    costs no I/O. A beat is dated on the agent's clock: when it was read, less how old the
+    worker's wall time says it is (`wall`: this host's clock, which the worker shares), never
+    before the read that did not see it yet. The agent reads the files when it wakes, not at
+    every beat, so a beat's read time alone would date it up to a wake too late, and a stopped
+    rank would be found that much later.
     """
 
-    def __init__(self, timeout_s: float, stopped_s: float = 0.0) -> None:
-        self.timeout_s, self.stopped_s = timeout_s, stopped_s
+    def __init__(
+        self, timeout_s: float, stopped_s: float = 0.0, wall: Callable[[], float] = time.time
+    ) -> None:
+        self.timeout_s, self.stopped_s, self._wall = timeout_s, stopped_s, wall
         self._files: dict[int, Path] = {}
         self._seen: dict[int, _Seen] = {}
 
     def watch(self, files: dict[int, Path], now: float) -> None:
         """Start watching a new generation's files (local rank -> path)."""
         self._files = dict(files)
-        self._seen = {rank: _Seen(0, now) for rank in files}
+        self._seen = {rank: _Seen(0, now, read_at=now) for rank in files}
 
     def last_progress(self) -> dict[int, Beat]:
         """The latest beat, as last read by hung(), of each rank that has beaten."""
@@ -224,8 +232,11 @@ class HangWatch:
             beat = beats.read(path)
             seen = self._seen[rank]
             if beat is not None and beat.beats != seen.beats:
-                seen = _Seen(beat.beats, now, beat, seen.first or (now, beat.step))
+                age = min(max(0.0, self._wall() - beat.wall_time), now - seen.read_at)
+                at = now - age
+                seen = _Seen(beat.beats, at, beat, seen.first or (at, beat.step))
                 self._seen[rank] = seen
+            seen.read_at = now
             if beat is not None and beat.finished:  # waiting for its exit, or for its peers'
                 self._seen[rank] = replace(seen, last=beat, finished=True)
                 continue

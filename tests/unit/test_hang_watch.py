@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from nodeagent.channel import beats
 from nodeagent.channel.beats import BeatWriter
 from nodeagent.job.watch import Hang, HangWatch
+
+
+def UNDATED() -> float:
+    """A wall clock before every beat: each beat is dated when it is read (the tests' times)."""
+    return 0.0
 
 
 def beating(tmp_path: Path, rank: int, step: int) -> BeatWriter:
@@ -21,7 +28,7 @@ def beating(tmp_path: Path, rank: int, step: int) -> BeatWriter:
 def test_beats_and_hang_watch(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.progress"
     beats.create(path)
-    watch = HangWatch(timeout_s=10)
+    watch = HangWatch(timeout_s=10, wall=UNDATED)
     watch.watch({0: path, 1: tmp_path / "never-beats"}, now=0.0)
     assert watch.hung(now=100.0) == []  # never beat: not watched
     writer = BeatWriter(path)
@@ -35,7 +42,9 @@ def test_beats_and_hang_watch(tmp_path: Path) -> None:
     writer.beat(43)
     assert watch.hung(now=111.0) == []
     writer.close()
-    off = HangWatch(timeout_s=0)  # hang detection off: nobody is hung, beats still read
+    off = HangWatch(
+        timeout_s=0, wall=UNDATED
+    )  # hang detection off: nobody is hung, beats still read
     off.watch({0: path}, now=0.0)
     assert off.hung(now=1e9) == [] and off.last_progress()[0].step == 43
 
@@ -45,7 +54,7 @@ def test_a_rank_that_finished_is_never_hung(tmp_path: Path) -> None:
     ends, without beating: not a hang. Its stretch still ends at its last step."""
     path = tmp_path / "rank-0.progress"
     beats.create(path)
-    watch = HangWatch(timeout_s=10, stopped_s=0.5)
+    watch = HangWatch(timeout_s=10, stopped_s=0.5, wall=UNDATED)
     watch.watch({0: path}, now=0.0)
     writer = BeatWriter(path)
     writer.beat(7)
@@ -64,7 +73,7 @@ def test_a_stopped_rank_is_hung_at_stopped_timeout_and_its_waiting_peer_is_not(
     """Rank 1 is stopped by a signal; rank 0 waits for it in a collective (asleep, not
     stopped). At 0.5 s without a beat rank 1 alone is hung; rank 0 only at hang_timeout."""
     writers = [beating(tmp_path, rank, 12) for rank in (0, 1)]
-    watch = HangWatch(timeout_s=10, stopped_s=0.5)
+    watch = HangWatch(timeout_s=10, stopped_s=0.5, wall=UNDATED)
     watch.watch({rank: tmp_path / f"rank-{rank}.progress" for rank in (0, 1)}, now=0.0)
     asked: list[int] = []
 
@@ -90,7 +99,7 @@ def test_a_slow_step_is_not_a_stopped_rank_and_off_asks_nothing(tmp_path: Path) 
     hang_timeout; with stopped_timeout off its process is never asked."""
     writer = beating(tmp_path, 0, 3)
     files = {0: tmp_path / "rank-0.progress"}
-    watch = HangWatch(timeout_s=0, stopped_s=0.5)
+    watch = HangWatch(timeout_s=0, stopped_s=0.5, wall=UNDATED)
     watch.watch(files, now=0.0)
     watch.hung(now=0.0)
     assert watch.hung(now=5.0, stopped=lambda rank: False) == []
@@ -98,11 +107,34 @@ def test_a_slow_step_is_not_a_stopped_rank_and_off_asks_nothing(tmp_path: Path) 
     writer.beat(4)
     assert watch.hung(now=6.0) == [] and watch.next_check() == 6.5
 
-    off = HangWatch(timeout_s=0, stopped_s=0)
+    off = HangWatch(timeout_s=0, stopped_s=0, wall=UNDATED)
     off.watch(files, now=0.0)
 
     def never(rank: int) -> bool:
         raise AssertionError("asked with stopped_timeout off")
 
     assert off.hung(now=100.0, stopped=never) == [] and off.next_check() is None
+    writer.close()
+
+
+def test_a_beat_is_dated_by_its_wall_time_never_before_the_read_that_missed_it(
+    tmp_path: Path,
+) -> None:
+    """The agent reads the files when it wakes: a beat 0.3 s old when read is dated 0.3 s
+    earlier, so a stopped rank is found stopped_s after its last beat, not after the read. A
+    wall time from before the last read (a worker's clock is no authority) is clamped to it."""
+    writer = beating(tmp_path, 0, 5)
+    written = beats.read(tmp_path / "rank-0.progress")
+    assert written is not None
+    clock = {"wall": written.wall_time + 0.3}
+    watch = HangWatch(timeout_s=0, stopped_s=0.5, wall=lambda: clock["wall"])
+    watch.watch({0: tmp_path / "rank-0.progress"}, now=10.0)
+    watch.hung(now=11.0)
+    assert watch.next_check() == pytest.approx(11.2)  # 10.7 + 0.5
+    found = watch.hung(now=11.25, stopped=lambda rank: True)
+    assert [(h.local_rank, h.stopped, round(h.for_s, 6)) for h in found] == [(0, True, 0.55)]
+    writer.beat(6)
+    clock["wall"] += 100.0  # a beat that says it is 100 s old, read 1 s after the last read
+    found = watch.hung(now=12.25, stopped=lambda rank: True)
+    assert [(h.local_rank, round(h.for_s, 6)) for h in found] == [(0, 1.0)]  # from 11.25
     writer.close()
