@@ -195,7 +195,11 @@ def clean_step(steps: list[dict[str, Any]], t0: float) -> float:
 
 
 def account(steps: list[dict[str, Any]], t0: float, end: float, clean: float) -> dict[str, Any]:
-    """Useful steps, ETTR and goodput of the window [t0, end) (the module docstring)."""
+    """Useful steps, ETTR and goodput of the window [t0, end) (the module docstring), on rank
+    0's timeline: DDP starts every new world from rank 0's parameters, so its step is the
+    model's (a rank that started afresh counts from 0 until then, and where it became rank 0,
+    the model did too)."""
+    steps = [x for x in steps if x["rank"] == 0]
     before = [x["step"] for x in steps if x["t"] < t0]
     start = max(before, default=0)
     inside = [x for x in steps if t0 <= x["t"] < end]

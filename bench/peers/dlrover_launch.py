@@ -144,8 +144,8 @@ class DlroverLaunch:
                 if self.master.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"the DLRover master did not listen on {self.port}")
                 time.sleep(0.1)
-        for name in names:
-            rank = str(len(self.nodes))
+        for name in names:  # a node started again (after a kill) keeps its rank
+            rank = str(list(self.nodes).index(name) if name in self.nodes else len(self.nodes))
             env = {**self._env(name), "NODE_RANK": rank, "NODE_ID": rank}
             env["ELASTIC_JOB_NAME"] = self.node_job(name)
             argv = self.settings.node_argv(

@@ -12,8 +12,8 @@ import pytest
 from bench.goodput_peers import KINDS, PERIOD_S, account, costs, schedule
 
 
-def step(t: float, n: int, world: int = 3) -> dict[str, Any]:
-    return {"event": "step", "t": t, "step": n, "world": world, "pid": 1, "rank": 0}
+def step(t: float, n: int, world: int = 3, rank: int = 0) -> dict[str, Any]:
+    return {"event": "step", "t": t, "step": n, "world": world, "pid": 1 + rank, "rank": rank}
 
 
 def test_the_schedule_is_the_seeds_and_deals_every_kind_evenly() -> None:
@@ -29,6 +29,7 @@ def test_a_rollback_counts_a_step_once_and_a_short_world_as_its_share() -> None:
     steps = [step(i * 0.1, i) for i in range(1, 11)]
     steps += [step(10 + i * 0.1, 10 + i) for i in range(1, 11)]
     steps += [step(20 + i * 0.1, 15 + i, world=2) for i in range(1, 11)]
+    steps += [step(30 + i * 0.1, i, world=2, rank=1) for i in range(1, 5)]  # started afresh
     found = account(steps, t0=10.0, end=40.0, clean=0.1)
     assert (found["start_step"], found["end_step"], found["useful_steps"]) == (10, 25, 15)
     assert found["ettr"] == pytest.approx(15 * 0.1 / 30)
