@@ -52,6 +52,7 @@ import itertools
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -72,6 +73,7 @@ from bench.recovery import (  # noqa: E402
     NODES,
     Launch,
     launched,
+    signal_all,
     training_process,
     versions,
 )
@@ -103,9 +105,8 @@ class Player:
     """Plays the schedule on one launch: the faults, and what each undoes later."""
 
     launch: Launch
-    tmp: Path
     hung: dict[str, psutil.Process] = field(default_factory=dict)  # a worker stopped for good
-    later: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
+    later: list[tuple[float, Callable[[], object]]] = field(default_factory=list)
     stopped: list[psutil.Process] = field(default_factory=list)
     throttles: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
@@ -133,16 +134,11 @@ class Player:
             self.stopped.append(proc)
             self.hung[node] = proc
         elif kind == "node_kill":
-            for proc in self.launch.processes(node):
-                with contextlib.suppress(psutil.Error):
-                    proc.kill()
+            signal_all(self.launch.processes(node), signal.SIGKILL)
             self.later.append((now + BACK_S, lambda: self.launch.start(node)))
         elif kind == "frozen_node":
-            procs = self.launch.processes(node)
-            for proc in procs:
-                with contextlib.suppress(psutil.Error):
-                    proc.suspend()
-            self.later.append((now + FREEZE_S, lambda: _resume(procs)))
+            procs = signal_all(self.launch.processes(node), signal.SIGSTOP)
+            self.later.append((now + FREEZE_S, lambda: signal_all(procs, signal.SIGCONT)))
         elif kind == "slow_node":
             pid = training_process(self.launch, node).pid
             name = f"nodeagent-goodput-{os.getpid()}-{int(now)}"
@@ -164,7 +160,7 @@ class Player:
             with contextlib.suppress(Exception):
                 undo()
         self.throttles.close()
-        _resume(self.stopped)
+        signal_all(self.stopped, signal.SIGCONT)
 
 
 def _stopped(proc: psutil.Process) -> bool:
@@ -172,12 +168,6 @@ def _stopped(proc: psutil.Process) -> bool:
         return bool(proc.status() == psutil.STATUS_STOPPED)
     except psutil.Error:
         return False
-
-
-def _resume(procs: list[psutil.Process]) -> None:
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.resume()
 
 
 def steps_of(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -261,7 +251,7 @@ def run_system(
     system: str, server: RedisServer, tmp: Path, plan: list[tuple[float, str]], minutes: float
 ) -> dict[str, Any]:
     with one_system(system, server, tmp) as launch:
-        player = Player(launch, tmp)
+        player = Player(launch)
         played: list[dict[str, Any]] = []
         t0 = time.time()
         end = t0 + minutes * 60

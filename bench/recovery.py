@@ -514,7 +514,7 @@ def training_process(launch: Launch, node: str) -> psutil.Process:
     return next(p for p in launch.processes(node)[1:] if p.pid in stepping)
 
 
-def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> list[psutil.Process]:
+def signal_all(procs: list[psutil.Process], sig: signal.Signals) -> list[psutil.Process]:
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
@@ -524,28 +524,28 @@ def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> list[psutil
 # Each returns the processes it hit (a whole node for a node fault): the workers among them are
 # no survivors; the harness sends them SIGCONT once the run is over, for those it froze.
 def kill_worker(launch: Launch) -> list[psutil.Process]:
-    return _signal_all([training_process(launch, launch.other_node())], signal.SIGKILL)
+    return signal_all([training_process(launch, launch.other_node())], signal.SIGKILL)
 
 
 def stop_worker(launch: Launch) -> list[psutil.Process]:
-    return _signal_all([training_process(launch, launch.other_node())], signal.SIGSTOP)
+    return signal_all([training_process(launch, launch.other_node())], signal.SIGSTOP)
 
 
 def kill_rank0_node(launch: Launch) -> list[psutil.Process]:
-    return _signal_all(launch.processes(launch.rank0_node()), signal.SIGKILL)
+    return signal_all(launch.processes(launch.rank0_node()), signal.SIGKILL)
 
 
 def kill_other_node(launch: Launch) -> list[psutil.Process]:
-    return _signal_all(launch.processes(launch.other_node()), signal.SIGKILL)
+    return signal_all(launch.processes(launch.other_node()), signal.SIGKILL)
 
 
 def stop_other_node(launch: Launch) -> list[psutil.Process]:
-    return _signal_all(launch.processes(launch.other_node()), signal.SIGSTOP)
+    return signal_all(launch.processes(launch.other_node()), signal.SIGSTOP)
 
 
 def terminate_other_node(launch: Launch) -> list[psutil.Process]:
     node = launch.processes(launch.other_node())
-    _signal_all(node[:1], signal.SIGTERM)  # the launcher; it stops its workers
+    signal_all(node[:1], signal.SIGTERM)  # the launcher; it stops its workers
     return node
 
 
@@ -787,7 +787,7 @@ def one_run(
             row = measure(
                 launch.lines(), t0, fault.after, launch.noticed(t0, fault.cause), in_place
             )
-        _signal_all(hit, signal.SIGCONT)
+        signal_all(hit, signal.SIGCONT)
         if row is None and stepping is not None and outcome == "survivors only":
             lines = launch.lines()
             row = {"survivors_s": stepping, "pids": sorted(survivors)}  # none restarted
