@@ -131,7 +131,10 @@ def test_graceful_changes_lose_no_step(
     loader_workers: int,
     worlds: list[int],
 ) -> None:
-    steps = 60
+    # Enough steps that the job is still training when the next change lands: on a loaded
+    # machine one `nodeagentctl` call takes seconds, and a job that ended first has no
+    # generation left to change.
+    steps = 150
     with local_cluster(
         redis_server.url,
         tmp_path,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -80,11 +81,13 @@ def test_status_table_and_events(redis_server: RedisServer, job_id: str, tmp_pat
         table = cluster.ctl("status")
         assert table.returncode == 0
         assert f"job {job_id}: running" in table.stdout
-        lines = [line.split() for line in table.stdout.splitlines()]
-        assert ["a", "running", "0"] in [line[:3] for line in lines]
-        assert ["b", "running", "1"] in [line[:3] for line in lines]
+        rows = [line.split()[:3] for line in table.stdout.splitlines()]
+        # Ranks follow the order the nodes joined in, which a loaded machine may swap.
+        ranks = {row[0]: row[2] for row in rows if row[1:2] == ["running"] and row[0] in ("a", "b")}
+        assert sorted(ranks) == ["a", "b"] and sorted(ranks.values()) == ["0", "1"], rows
         events = cluster.ctl("events")
-        assert "generation_started" in events.stdout and "world 2 on a, b" in events.stdout
+        assert "generation_started" in events.stdout
+        assert re.search(r"world 2 on (a, b|b, a)\b", events.stdout), events.stdout
         via_config = run(
             "nodeagent.cli.ctl", "--config", str(cluster.config_path("a")), "status", "--json"
         )

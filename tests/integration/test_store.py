@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from nodeagent.cli.ctl.wait import wait_job_drained
+from nodeagent.cli.ctl.wait import wait_job_drained, wait_scaled
 from nodeagent.coord.client import connect, parse_sentinel_url
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
@@ -246,3 +246,19 @@ def test_drain_wait_returns_once_the_job_went_on_without_the_node(
     assert wait_job_drained(store, "b", 0.5) == 1  # b has not acknowledged yet
     lead(JobState.RUNNING, 2, ("a",))
     assert wait_job_drained(store, "b", 10) == 0
+
+
+def test_scale_wait_ends_when_the_job_ends_first(
+    redis_server: RedisServer, job_id: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`nodeagentctl scale N --wait` on a job that ends before it runs on N nodes (its ranks
+    finished first) says so at once instead of waiting out its timeout."""
+    store = store_for(redis_server, job_id)
+    snap = store.sync(report("a", ttl_ms=30_000, acked=1))
+    assert snap.leader is not None
+    at = {"master_addr": "127.0.0.1", "master_port": 1}
+    store.commit(snap.leader, 0, write(make_record(JobState.SUCCEEDED, 1, ("a", "b"), **at)))
+    started = time.monotonic()
+    assert wait_scaled(store, 1, 60) is False
+    assert time.monotonic() - started < 30  # it did not wait out its 60 s
+    assert f"job {job_id} succeeded before it ran on 1 nodes" in capsys.readouterr().err

@@ -10,7 +10,8 @@ count, name or Redis URL all exit 2 and change nothing.
 
 Exit codes:
   0   done (also `uncordon` of a node that was not cordoned: nothing to do)
-  1   a --wait timed out (submit --wait: the job's own exit code once it has ended)
+  1   a --wait timed out, or the job ended before what it waited for (submit --wait: the
+      job's own exit code once it has ended)
   2   a request that can never succeed as given: bad arguments, a job in a state that does
       not take the verb, a target outside [min_nodes, max_nodes], an unreadable
       --redis-password-file

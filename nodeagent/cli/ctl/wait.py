@@ -64,10 +64,17 @@ def wait_running(store: PoolStore, job_id: str, timeout: float) -> int:
 
 
 def wait_scaled(store: JobStore, nodes: int, timeout: float) -> bool:
-    """Until the job runs on `nodes` nodes (True), or `timeout` passes (False, said)."""
+    """Until the job runs on `nodes` nodes (True), or it ends or `timeout` passes first (False,
+    said)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         record = store.snapshot().record
+        if record is not None and record.state.terminal:
+            print(
+                f"job {store.keys.job} {record.state.value} before it ran on {nodes} nodes",
+                file=sys.stderr,
+            )
+            return False
         if (
             record is not None
             and record.state is JobState.RUNNING
