@@ -21,18 +21,55 @@ from tests.helpers.rediscluster import Certificate, self_signed
 from tests.helpers.users import User
 
 
-@dataclass(frozen=True)
+@dataclass
 class ApiService:
     url: str
     socket: str
     certificate: Certificate
     log: Path
-    proc: subprocess.Popen[bytes]
+    command: list[str]
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start it and wait until both its socket and its address accept connections."""
+        with self.log.open("ab") as out:
+            proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, cwd="/")
+        self.proc = proc
+        wait_for(
+            lambda: proc.poll() is not None or (_answers(self.port) and _accepts(self.socket)),
+            30,
+            "the API service to listen",
+        )
+        assert proc.poll() is None, self.log.read_text()
+
+    def crash(self) -> None:
+        """SIGKILL, as the OOM killer or a power cut would: no clean-up of its own (its socket
+        file stays behind)."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _answers(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _accepts(path: str) -> bool:
+    """A listener on the Unix socket at `path` (a stale socket file refuses)."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        return sock.connect_ex(path) == 0
 
 
 @contextmanager
@@ -64,30 +101,18 @@ def api_service(
     }
     path = directory / "api.yaml"
     path.write_text(yaml.safe_dump(config))
-    log = directory / "api.log"
     caps = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]  # the checkout
     command = ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", *caps]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*command, sys.executable, "-m", "nodeagent", "api", "--config", str(path)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd="/",
-        )
-    sock = str(run_dir / "api.sock")
-    service = ApiService(f"https://127.0.0.1:{port}", sock, certificate, log, proc)
+    service = ApiService(
+        url=f"https://127.0.0.1:{port}",
+        socket=str(run_dir / "api.sock"),
+        certificate=certificate,
+        log=directory / "api.log",
+        command=[*command, sys.executable, "-m", "nodeagent", "api", "--config", str(path)],
+        port=port,
+    )
     try:
-        wait_for(
-            lambda: proc.poll() is not None or (_answers(port) and Path(service.socket).exists()),
-            30,
-            "the API service to listen",
-        )
-        assert proc.poll() is None, log.read_text()
+        service.start()
         yield service
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        service.stop()

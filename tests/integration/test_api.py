@@ -184,6 +184,48 @@ def test_a_token_holder_submits_follows_recovers_scales_and_cancels_as_herself(
     assert (None, "hold", "request_refused") in who  # a revoked token names no one
 
 
+def test_a_crashed_service_comes_back_and_loses_nothing(
+    pool: PoolCluster, api: ApiService, munged: MungeDaemon, users: dict[str, User], shared: Path
+) -> None:
+    """The service keeps no state but a short read cache: SIGKILLed mid-follow, a follower's
+    stream ends with an error instead of hanging, the job never notices, and the service started
+    again (its stale socket file left behind) serves alice's token minted before the crash, on
+    the same client, to read and to change."""
+    token = mint(pool, munged, users["alice"])
+    with client(api, token) as mine:
+        job = mine.submit(["/bin/sh", "-c", TICKING], name="steady", nodes="1", workdir=str(shared))
+        wait_for(lambda: _has_rank_0(mine, job), 60, "rank 0 running")
+        pid = _worker_pid(mine.status(job))
+        lines: list[str] = []
+        ended: list[BaseException] = []
+
+        def follow() -> None:
+            try:
+                lines.extend(mine.logs(job, rank=0, tail=5, follow=True))
+            except BaseException as exc:
+                ended.append(exc)
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        wait_for(lambda: "tick" in lines or ended, 60, "rank 0's log followed")
+        assert not ended, ended
+        api.crash()
+        follower.join(30)
+        assert not follower.is_alive(), "the follow hung on a dead service"
+        assert len(ended) == 1 and isinstance(ended[0], httpx.TransportError), ended
+        assert Path(api.socket).exists()  # what a crash leaves: replaced at the next start
+        api.start()
+
+        shown = mine.show(job)  # the same client: its kept connection died with the service
+        assert shown["state"] == "running" and shown["restarts"] == 0, shown
+        assert _worker_pid(mine.status(job)) == pid  # the job never noticed
+        assert "tick" in list(mine.logs(job, rank=0, tail=5))
+        with Client(socket=api.socket) as root:
+            assert {n["name"] for n in root.nodes()} == {"a", "b"}
+        assert f"cancel requested by {users['alice'].name}" in mine.cancel(job)
+        assert mine.wait(job, timeout=60)["state"] == "cancelled"
+
+
 def test_on_the_socket_the_kernel_names_the_caller(
     pool: PoolCluster, api: ApiService, users: dict[str, User], shared: Path
 ) -> None:
