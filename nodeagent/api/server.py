@@ -56,20 +56,32 @@ def _bound_handshakes(loop: asyncio.AbstractEventLoop, seconds: float) -> None:
 
 
 def unix_socket(path: str, mode: int) -> socket.socket:
-    """A listening socket at `path` (a stale socket there is replaced; anything else is not).
+    """A listening socket at `path` (a stale socket there, one a crash left, is replaced;
+    anything else is not, and neither is one that a running service still answers on).
 
     Raises:
-        OSError: cannot be made; FileExistsError: something other than a socket is there.
+        OSError: cannot be made; FileExistsError: something other than a stale socket is there.
     """
     with contextlib.suppress(FileNotFoundError):
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
             raise FileExistsError(f"{path} exists and is not a socket: remove it or pick another")
+        if _answered(path):
+            raise FileExistsError(
+                f"{path}: another process listens on it (a second nodeagent api?): stop it or "
+                "pick another socket"
+            )
         os.unlink(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
     os.chmod(path, mode)
     sock.listen(1024)
     return sock
+
+
+def _answered(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        return probe.connect_ex(path) == 0
 
 
 def tcp_socket(listen: str) -> socket.socket:

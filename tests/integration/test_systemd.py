@@ -148,6 +148,19 @@ def test_the_ansible_role_installs_this_unit() -> None:
     assert rendered == UNIT.read_text()
 
 
+def test_the_ansible_role_installs_this_api_unit() -> None:
+    """The same for the API service's unit (the booted suite checks it on a node too)."""
+    template = ROOT / "ansible/roles/nodeagent/templates/nodeagent-api.service.j2"
+    rendered = (
+        template.read_text()
+        .removeprefix("# {{ ansible_managed }}\n")
+        .replace("{{ nodeagent_venv }}", PREFIX)
+        .replace("{{ nodeagent_config_dir }}", "/etc/nodeagent")
+    )
+    assert "{{" not in rendered
+    assert rendered == (ROOT / "systemd" / "nodeagent-api.service").read_text()
+
+
 DROP_IN = ROOT / "systemd" / "nodeagent.service.d" / "containers.conf"
 
 

@@ -3,12 +3,15 @@ per user (api/limits.RateLimiter), the config file (config/api.py)."""
 
 from __future__ import annotations
 
+import socket
 import threading
+from pathlib import Path
 
 import pytest
 
 from nodeagent.api.cache import Fresh
 from nodeagent.api.limits import RateLimiter
+from nodeagent.api.server import unix_socket
 from nodeagent.config.api import load_api
 from nodeagent.errors import ConfigError
 
@@ -126,3 +129,23 @@ def test_the_api_config_s_defaults() -> None:
     settings = load_api({"redis": {"url": "redis://h:6379/0"}, "socket_mode": 0o660})
     assert settings.socket == "/run/nodeagent-api/api.sock" and settings.listen == ""
     assert settings.socket_mode == 0o660 and settings.limits.read_cache == 0.5
+
+
+def test_the_socket_replaces_a_stale_one_and_refuses_a_live_one(tmp_path: Path) -> None:
+    """A crash leaves the socket file behind: the next start replaces it. A second service on
+    the path of a running one is refused (nodeagent api exits 78 then), not given its socket."""
+    path = str(tmp_path / "api.sock")
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(path)
+    stale.close()  # the file stays, nothing listens
+    first = unix_socket(path, 0o666)
+    try:
+        with pytest.raises(FileExistsError, match="another process listens on it"):
+            unix_socket(path, 0o666)
+        with socket.socket(socket.AF_UNIX) as caller:
+            caller.connect(path)  # still the first service's
+    finally:
+        first.close()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(FileExistsError, match="is not a socket"):
+        unix_socket(str(tmp_path / "file"), 0o666)
