@@ -136,29 +136,28 @@ def test_unit_settings_the_agent_relies_on() -> None:
     assert TimingConfig().stop_grace_period < 90
 
 
-def test_the_ansible_role_installs_this_unit() -> None:
-    """The role's template is this file with the install paths templated: no hardening drifts."""
-    template = ROOT / "ansible/roles/nodeagent/templates/nodeagent.service.j2"
+def role_template(name: str) -> str:
+    """The role's template of unit `name` with the install paths the units name."""
+    template = ROOT / "ansible/roles/nodeagent/templates" / f"{name}.j2"
     rendered = (
         template.read_text()
         .removeprefix("# {{ ansible_managed }}\n")
         .replace("{{ nodeagent_venv }}", PREFIX)
         .replace("{{ nodeagent_config_dir }}", "/etc/nodeagent")
     )
-    assert rendered == UNIT.read_text()
+    assert "{{" not in rendered, rendered
+    return rendered
+
+
+def test_the_ansible_role_installs_this_unit() -> None:
+    """The role's template is this file with the install paths templated: no hardening drifts."""
+    assert role_template("nodeagent.service") == UNIT.read_text()
 
 
 def test_the_ansible_role_installs_this_api_unit() -> None:
     """The same for the API service's unit (the booted suite checks it on a node too)."""
-    template = ROOT / "ansible/roles/nodeagent/templates/nodeagent-api.service.j2"
-    rendered = (
-        template.read_text()
-        .removeprefix("# {{ ansible_managed }}\n")
-        .replace("{{ nodeagent_venv }}", PREFIX)
-        .replace("{{ nodeagent_config_dir }}", "/etc/nodeagent")
-    )
-    assert "{{" not in rendered
-    assert rendered == (ROOT / "systemd" / "nodeagent-api.service").read_text()
+    api_unit = ROOT / "systemd" / "nodeagent-api.service"
+    assert role_template("nodeagent-api.service") == api_unit.read_text()
 
 
 DROP_IN = ROOT / "systemd" / "nodeagent.service.d" / "containers.conf"
