@@ -109,7 +109,7 @@ def read(path: Path) -> Beat | None:
 
 class BeatWriter:
     """The worker's end: `beat(step)` stores into the mapped file; `computed(seconds)` adds to
-    the compute time the next beat stores; `finish()` says the training reached its end."""
+    the compute time it holds; `finish()` says the training reached its end."""
 
     def __init__(self, path: Path) -> None:
         fd = os.open(path, os.O_RDWR)
@@ -125,7 +125,11 @@ class BeatWriter:
         self._finished = 0
 
     def computed(self, seconds: float) -> None:
+        """Add a compute section's time, stored at once: a rank whose compute moved on since
+        its last beat has done its own part of the next step and waits on its peers (the
+        agent's hang watch, job/watch.py). The beat count stays, so it is no beat."""
         self._compute += max(0.0, seconds)
+        self._store()
 
     def beat(self, step: int) -> None:
         self._beats += 1

@@ -7,8 +7,13 @@ Two verdicts of a hang, both on ranks that beat (`nodeagent.worker.beat`):
   in_place job replaces it and keeps the survivors (supervisor/release.py kills it: its sockets
   close and the survivors' collective ends at once).
 - **no progress**: no beat for `timing.hang_timeout`. A rank stuck while it runs (a deadlock, a
-  collective that never returns) looks from outside like every peer waiting for it, so this one
-  is slow and fails whichever rank the node sees first.
+  data loader that never answers) looks from outside like every peer waiting for it. Ranks that
+  mark their compute (`nodeagent.worker.compute`) tell the two apart: a rank whose compute
+  moved on since its last beat did its own part of the next step and waits on a peer. It is
+  given `waiting_grace_s` more, so that the node of the rank it waits for, whose compute did
+  not move on, fails that rank first: an in_place job then replaces the stuck rank alone and
+  keeps the waiting ones. If every rank waits (a collective that never returns, a network
+  fault), each is failed after the grace and the job restarts, as without the marks.
 
 `WorkerWatch.check()` returns findings as plain data (a rank to fail and why, a cordon to set
 or lift, events, detection times); the agent executes them, as it does every other decision.
@@ -57,9 +62,10 @@ class WorkerWatch:
         hang_timeout_s: float,
         health: NodeHealth | None,
         stopped_timeout_s: float = 0.0,
+        waiting_grace_s: float = 0.0,
     ) -> None:
         self._node = node
-        self._hangs = HangWatch(hang_timeout_s, stopped_timeout_s)
+        self._hangs = HangWatch(hang_timeout_s, stopped_timeout_s, waiting_grace_s=waiting_grace_s)
         self._health = health
         self._gpus_by_rank: dict[int, tuple[int, ...]] = {}
 
@@ -145,7 +151,9 @@ class WorkerWatch:
         if hang.stopped:  # its stacks would say nothing of who stopped it
             what, stacks = f"stopped by a signal, no progress for {hang.for_s:.2f}s", ""
         else:
-            what, stacks = f"no progress for {self._hangs.timeout_s:g}s", dump(hang.local_rank)
+            what, stacks = f"no progress for {hang.for_s:.1f}s", dump(hang.local_rank)
+            if hang.waiting:
+                what += ", waiting on its peers (its own part of the step done)"
         findings.fail = Failed(hang.local_rank, "hang", None, what)
         findings.detected.append(("hang", hang.for_s))
         findings.events.append(
@@ -157,6 +165,7 @@ class WorkerWatch:
                 data={
                     "local_rank": hang.local_rank,
                     "stopped": hang.stopped,
+                    "waiting": hang.waiting,
                     "stacks": stacks[-4000:],
                 },
             )
@@ -166,11 +175,13 @@ class WorkerWatch:
 @dataclass(frozen=True)
 class Hang:
     """A rank found hung: stopped by a signal (it, not a peer, is stuck), or silent for
-    hang_timeout; for how long it made no progress."""
+    hang_timeout; for how long it made no progress; whether it waits on its peers (its compute
+    moved on since its last beat)."""
 
     local_rank: int
     stopped: bool
     for_s: float
+    waiting: bool = False
 
 
 @dataclass
@@ -182,6 +193,7 @@ class _Seen:
     finished: bool = False  # it said its training reached its end: never hung after that
     asked: float | None = None  # when it was last found silent stopped_s and not stopped
     read_at: float = 0.0  # when its file was last read
+    waiting: bool = False  # its compute moved on since its last beat: it waits on a peer
 
 
 @dataclass(frozen=True)
@@ -208,9 +220,14 @@ class HangWatch:
     """
 
     def __init__(
-        self, timeout_s: float, stopped_s: float = 0.0, wall: Callable[[], float] = time.time
+        self,
+        timeout_s: float,
+        stopped_s: float = 0.0,
+        wall: Callable[[], float] = time.time,
+        waiting_grace_s: float = 0.0,
     ) -> None:
         self.timeout_s, self.stopped_s, self._wall = timeout_s, stopped_s, wall
+        self.waiting_grace_s = waiting_grace_s
         self._files: dict[int, Path] = {}
         self._seen: dict[int, _Seen] = {}
 
@@ -236,6 +253,8 @@ class HangWatch:
                 at = now - age
                 seen = _Seen(beat.beats, at, beat, seen.first or (at, beat.step))
                 self._seen[rank] = seen
+            elif beat is not None and seen.last is not None:
+                seen.waiting = _moved_on(seen.last, beat)
             seen.read_at = now
             if beat is not None and beat.finished:  # waiting for its exit, or for its peers'
                 self._seen[rank] = replace(seen, last=beat, finished=True)
@@ -249,7 +268,9 @@ class HangWatch:
                     found.append(Hang(rank, True, silent))
                     continue
             if 0 < self.timeout_s <= silent:
-                found.append(Hang(rank, False, silent))
+                if seen.waiting and silent < self.timeout_s + self.waiting_grace_s:
+                    continue  # the node of the rank it waits for fails that one first
+                found.append(Hang(rank, False, silent, seen.waiting))
         return sorted(found, key=lambda hang: not hang.stopped)
 
     def stretch(self, rank: int) -> Stretch | None:
@@ -267,7 +288,16 @@ class HangWatch:
             if not seen.beats or seen.finished:
                 continue
             if self.timeout_s > 0:
-                times.append(seen.changed_at + self.timeout_s)
+                grace = self.waiting_grace_s if seen.waiting else 0.0
+                times.append(seen.changed_at + self.timeout_s + grace)
             if self.stopped_s > 0:
                 times.append((seen.asked or seen.changed_at) + self.stopped_s)
         return min(times, default=None)
+
+
+def _moved_on(last: Beat, now: Beat) -> bool:
+    """The rank's compute moved on since its last beat (the same count of beats): it did its
+    own part of the next step, and what holds it now is a collective, a peer."""
+    return (
+        last.compute_s is not None and now.compute_s is not None and now.compute_s > last.compute_s
+    )

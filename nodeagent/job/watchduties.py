@@ -33,7 +33,13 @@ class WatchDuties:
     ) -> None:
         self._name = config.node.name
         timing = config.timing
-        self.watchers = WorkerWatch(self._name, timing.hang_timeout, health, timing.stopped_timeout)
+        # A rank that waits on its peers is given this much more than hang_timeout (job/watch.py):
+        # the node of the rank it waits for reports that one failed at its next heartbeat, and
+        # the leader's new generation reaches this node at this one's next.
+        grace = 2 * timing.heartbeat_interval + 1.0
+        self.watchers = WorkerWatch(
+            self._name, timing.hang_timeout, health, timing.stopped_timeout, grace
+        )
         window = config.job.slow_node.window
         self._speed = SpeedWatch(self._name, window) if window > 0 else None
         self._store, self._metrics, self._call = store, metrics, call

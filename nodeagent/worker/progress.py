@@ -41,8 +41,10 @@ def _writer() -> BeatWriter | None:
 def compute() -> Iterator[None]:
     """Time the block as this rank's own work in the step: a section with no collective in it
     (the forward pass and the loss, up to `loss.item()` on a GPU, before DDP's backward starts
-    its all-reduce). The time is handed to the agent at the next `beat`. Two clock reads: cheap
-    enough for every step. A no-op outside nodeagent.
+    its all-reduce). The time is handed to the agent at once, as a store into the beat file:
+    a rank whose compute moved on since its last beat waits on its peers, so a hung job's
+    agents know which ranks wait and which one they wait for (docs/worker.md). Two clock
+    reads and a store: cheap enough for every step. A no-op outside nodeagent.
 
         with progress.compute():
             loss = model(batch).sum()

@@ -237,6 +237,41 @@ def test_a_survivor_blocked_by_a_frozen_peer_leaves_its_collective_and_is_kept(
         cluster.kill_tree("b")
 
 
+def test_a_rank_hung_while_it_runs_is_replaced_alone_when_its_peer_waits_for_it(
+    redis_server: RedisServer, job_id: str, tmp_path: Path
+) -> None:
+    """Rank 1 stops at the top of a step, running but asleep (a data loader that never
+    answers); rank 0 did its part of the step, marked with compute(), and waits in the
+    all-reduce. Neither beats. At hang_timeout rank 1's agent fails it: its compute did not
+    move on. Rank 0's agent gives its rank the grace first (its compute moved on: it waits),
+    and the job re-forms in place before that: rank 1 replaced, rank 0 kept."""
+    with local_cluster(
+        redis_server.url,
+        tmp_path,
+        job=job_id,
+        max_nodes=2,
+        target_nodes=2,
+        max_restarts=5,
+        timing={**TIMING, "reform_timeout": "60s", "hang_timeout": "4s"},
+        entrypoint=[sys.executable, str(SCRIPT)],
+        job_options={"recovery": "in_place"},
+    ) as cluster:
+        lines = Lines(cluster.records_dir)
+        cluster.start("a", "b", env={"MARK_COMPUTE": "1"})  # the workers' too
+        gen = reformed(cluster, 2, 0)
+        alive = kept_through(cluster, {})
+        stuck, waiting = cluster.status()["members"][1], cluster.status()["members"][0]
+        (cluster.records_dir / "deadlock").write_text("1")
+        wait_for(lambda: lines.all("deadlocked"), 60, "rank 1 to stop in its step")
+        gen = reformed(cluster, 2, gen)
+        now = kept_through(cluster, {waiting: alive[waiting]})
+        assert now[stuck] != alive[stuck]
+        hung = [e for e in cluster.events() if e["type"] == "worker_hung"]
+        assert [(e["node"], e["data"]["stopped"], e["data"]["waiting"]) for e in hung] == [
+            (stuck, False, False)
+        ], hung
+
+
 def test_an_in_place_job_beside_a_restart_job_in_one_pool(
     redis_server: RedisServer, job_id: str, tmp_path: Path
 ) -> None:

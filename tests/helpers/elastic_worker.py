@@ -12,7 +12,9 @@ here: CPU work that a throttled node is slow at), with STEP_TIME_S its pause bet
 (default 0.02); MARK_COMPUTE=1 marks that forward with nodeagent.worker.compute. Every step
 beats (nodeagent.worker.beat). ABORT_AT_EXIT_RANK=R: rank R aborts (SIGABRT) after its final
 line, as a survivor's interpreter did at exit in issue 52. SET_UP_S: a pause before run(), a
-slow start (a large model built, a dataset opened) that every new process pays.
+slow start (a large model built, a dataset opened) that every new process pays. The rank named
+in $RECORD_DIR/deadlock stops at the top of its next step, running but silent for ever, as
+behind a data loader that never answers (it removes the file first: its replacement trains).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -65,6 +68,18 @@ class Recorder:
             self.stop_at = int(text) if text else None
         return self.stop_at is not None and step >= self.stop_at
 
+    def deadlock_if_named(self, rank: int, step: int) -> None:
+        named = self.directory / "deadlock"
+        try:
+            text = named.read_text().strip()
+        except FileNotFoundError:
+            return
+        if text != str(rank):
+            return
+        named.unlink()
+        self("deadlocked", rank=rank, step=step)
+        threading.Event().wait()  # running, asleep, never beating again
+
 
 def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(step * 1000 + rank)
@@ -106,6 +121,7 @@ def main() -> int:
         rank, world = dist.get_rank(), dist.get_world_size()
         square = torch.randn(256, 256)
         while not record.should_stop(state.step):
+            record.deadlock_if_named(rank, state.step)
             x, y = batch(state.step + 1, rank, world)
             optimizer.zero_grad()
             with compute() if MARK_COMPUTE else contextlib.nullcontext():

@@ -138,3 +138,36 @@ def test_a_beat_is_dated_by_its_wall_time_never_before_the_read_that_missed_it(
     found = watch.hung(now=12.25, stopped=lambda rank: True)
     assert [(h.local_rank, round(h.for_s, 6)) for h in found] == [(0, 1.0)]  # from 11.25
     writer.close()
+
+
+def test_a_rank_waiting_on_its_peers_is_given_the_grace_and_the_one_it_waits_for_is_not(
+    tmp_path: Path,
+) -> None:
+    """A hang while every rank runs: rank 1 did its own part of the next step (its compute
+    moved on since its last beat) and waits in the collective; rank 0 never got that far (a
+    deadlocked data loader). At hang_timeout rank 0 alone is hung; rank 1 is hung only after
+    the grace, when nothing replaced the rank it waits for."""
+    stuck, waiting = beating(tmp_path, 0, 5), beating(tmp_path, 1, 5)
+    watch = HangWatch(timeout_s=10, wall=UNDATED, waiting_grace_s=3)
+    watch.watch({0: tmp_path / "rank-0.progress", 1: tmp_path / "rank-1.progress"}, now=0.0)
+    assert watch.hung(now=1.0) == []  # both beats read at t=1
+    waiting.computed(0.25)  # step 6's forward: done, then the all-reduce blocks
+    assert watch.hung(now=2.0) == []
+    assert watch.hung(now=11.0) == [Hang(0, False, 10.0)]
+    assert watch.next_check() == 11.0  # rank 0's check comes again; rank 1's at 1 + 10 + 3
+    assert watch.hung(now=13.9) == [Hang(0, False, 12.9)]
+    assert watch.hung(now=14.0) == [Hang(0, False, 13.0), Hang(1, False, 13.0, waiting=True)]
+    waiting.beat(6)  # a beat ends the wait
+    stuck.beat(6)
+    assert watch.hung(now=15.0) == []
+    for writer in (stuck, waiting):
+        writer.close()
+
+
+def test_marked_compute_is_stored_at_once_and_is_no_beat(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.progress"
+    writer = beating(tmp_path, 0, 3)
+    writer.computed(0.5)
+    read = beats.read(path)
+    assert read is not None and (read.beats, read.step, read.compute_s) == (1, 3, 0.5)
+    writer.close()
