@@ -28,8 +28,10 @@ from nodeagent.api.app import asgi
 from nodeagent.api.connections import ApiProtocol
 from nodeagent.api.service import Service
 from nodeagent.config.api import ApiSettings
+from nodeagent.telemetry.sdnotify import Notifier
 
 log = logging.getLogger(__name__)
+READY_POLL_S = 0.05  # how often serve() looks whether every server serves yet
 THREADS = 256  # the routes' worker threads (each blocking read, or wait for an answer, holds one)
 
 
@@ -114,20 +116,34 @@ def _config(service: Service, tls: bool) -> uvicorn.Config:
     )
 
 
-async def serve(service: Service, sockets: list[tuple[socket.socket, bool]]) -> None:
-    """Serve on each (socket, with TLS) until SIGTERM or SIGINT."""
+async def serve(
+    service: Service, sockets: list[tuple[socket.socket, bool]], notifier: Notifier | None = None
+) -> None:
+    """Serve on each (socket, with TLS) until SIGTERM or SIGINT. Under systemd (`notifier`),
+    READY=1 once every server serves, STOPPING=1 when told to stop: the unit is Type=notify,
+    so `systemctl start` (and the Ansible role's task) fails when the service exits first."""
     anyio.to_thread.current_default_thread_limiter().total_tokens = THREADS
     servers = [(_Server(_config(service, tls)), sock) for sock, tls in sockets]
 
     def stop() -> None:  # a flag only: each server finishes what is in flight
+        if notifier is not None:
+            notifier.send("STOPPING=1")
         for server, _ in servers:
             server.should_exit = True
+
+    async def ready() -> None:
+        while not all(server.started for server, _ in servers):
+            if any(server.should_exit for server, _ in servers):
+                return
+            await asyncio.sleep(READY_POLL_S)
+        if notifier is not None:
+            notifier.ready(f"serving pool {service.settings.pool}")
 
     loop = asyncio.get_running_loop()
     _bound_handshakes(loop, service.settings.limits.idle)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop)
-    await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
+    await asyncio.gather(ready(), *(server.serve(sockets=[sock]) for server, sock in servers))
 
 
 def listening(settings: ApiSettings) -> list[tuple[socket.socket, bool]]:

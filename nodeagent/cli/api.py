@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 
 from nodeagent.config.api import read_api
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from nodeagent.coord.client import check_credentials, connect
     from nodeagent.errors import CoordinationError
     from nodeagent.supervisor.munge import MungeProgram
+    from nodeagent.telemetry.sdnotify import Notifier
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -64,5 +66,5 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("nodeagent.api").info(
         "serving pool %s on %s", settings.pool, " and ".join(w for w in where if w)
     )
-    asyncio.run(serve(service, sockets))
+    asyncio.run(serve(service, sockets, Notifier.from_environ(os.environ)))
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,3 +169,36 @@ def test_a_pool_node_leaving_a_job_does_not_tell_systemd_it_stops(
         _stops_saying_so(agent, systemd)
     finally:
         pool.stop()
+
+
+def test_the_api_service_says_it_is_ready_once_it_serves_and_that_it_stops(
+    systemd: FakeSystemd, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """nodeagent-api.service is Type=notify: READY=1 only once its socket accepts, so that
+    `systemctl start` fails when the service exits first; STOPPING=1 on SIGTERM, then exit 0.
+    A configuration error exits 78 having said nothing (systemd then reports the start failed)."""
+    path = tmp_path / "api.yaml"
+    sock = tmp_path / "api.sock"
+    config = {"redis": {"url": redis_server.url}, "pool": "p", "socket": str(sock), "listen": ""}
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")}
+    command = [sys.executable, "-m", "nodeagent", "api", "--config", str(path)]
+    log = tmp_path / "api.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: systemd.receive() or proc.poll() is not None, 30, "READY=1")
+        assert systemd.receive() == ["READY=1\nSTATUS=serving pool p"], log.read_text()
+        with socket.socket(socket.AF_UNIX) as caller:
+            caller.connect(str(sock))  # it serves by then
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        assert systemd.receive()[1:] == ["STOPPING=1"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    path.write_text(yaml.safe_dump({**config, "pool": "no spaces allowed"}))
+    failed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert failed.returncode == 78, failed.stderr
+    assert systemd.receive()[2:] == []
