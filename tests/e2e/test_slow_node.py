@@ -121,11 +121,11 @@ def test_a_throttled_node_is_named_slow_and_replaced_by_the_spare_in_place(
         assert sum(parts.values()) == pytest.approx(found["wall_s"], abs=0.01), found
         reasons = [r["reason"] for r in found["reforms"]]
         # The killed worker's replacement warms up (no preload): the job goes on without its
-        # node and takes it back once it is ready (node_joined), unless it was ready first.
-        assert reasons in (
-            ["slow_node", "worker_failed", "node_lost"],
-            ["slow_node", "worker_failed", "node_joined", "node_lost"],
-        ), found
+        # node and takes it back once it is ready (node_joined), unless it was ready first. On
+        # a loaded machine (CI, another test worker beside this one) a node was once also lost
+        # and joined again in between: accounted like any re-form, which is what this checks.
+        assert reasons[:2] == ["slow_node", "worker_failed"] and reasons[-1] == "node_lost", found
+        assert set(reasons[2:-1]) <= {"node_joined", "node_lost"}, found
         # The slow ranks' time: from `windows` windows before the node was named slow to the
         # re-form, the share of each step the job would not have spent at its healthy pace
         # (model/goodput.py). At least half of what the test's own step times say; not the
