@@ -193,7 +193,11 @@ def test_a_crashed_service_comes_back_and_loses_nothing(
     the same client, to read and to change."""
     token = mint(pool, munged, users["alice"])
     with client(api, token) as mine:
-        job = mine.submit(["/bin/sh", "-c", TICKING], name="steady", nodes="1", workdir=str(shared))
+        # A name no other test submits: job ids share one namespace per Redis key prefix, so
+        # this job's stopped record would end another pool's job of the same name.
+        job = mine.submit(
+            ["/bin/sh", "-c", TICKING], name="survives-crash", nodes="1", workdir=str(shared)
+        )
         wait_for(lambda: _has_rank_0(mine, job), 60, "rank 0 running")
         pid = _worker_pid(mine.status(job))
         lines: list[str] = []
