@@ -1,4 +1,4 @@
-"""Progress beats: a 32-byte file per worker that it updates through mmap and the agent reads.
+"""Progress beats: a 56-byte file per worker that it updates through mmap and the agent reads.
 
 A beat is a store into shared memory (about a microsecond, no syscall, no Redis), so a training
 loop can call it every step. The agent never trusts the worker's clock: it notes, on its own
@@ -8,10 +8,12 @@ Layout (little-endian): magic b"NAPB", version u32, beats u64, step i64, wall ti
 version 2 the seconds the rank spent in its marked compute sections, summed (f64: the worker's
 `progress.compute()`; job/speed.py compares ranks by it), and from version 3 `finished` (u64, 1
 once the rank's training reached its end: `progress.finished()`; a death by a signal after it
-is not the job's failure, and a rank that lingers after it is not hung). Older
-versions still read (the file's version, not its length, says which), and a worker with an
-older nodeagent writes its own version into the agent's longer file; a worker with a newer one
-writes version 2 into a version 2 file an older agent made.
+is not the job's failure, and a rank that lingers after it is not hung), and from version 4
+`waiting` (u64, 1 from the end of a compute section to the next beat: the rank did its own
+part of the next step and waits on its peers; job/watch.py). Older versions still read (the
+file's version, not its length, says which), and a worker with an older nodeagent writes its
+own version into the agent's longer file; a worker with a newer one writes the newest version
+that fits into a shorter file an older agent made.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = b"NAPB"
-VERSION = 3
-LAYOUT = struct.Struct("<4sIQqddQ")
+VERSION = 4
+LAYOUT = struct.Struct("<4sIQqddQQ")
 SIZE = LAYOUT.size
-LAYOUTS = {1: struct.Struct("<4sIQqd"), 2: struct.Struct("<4sIQqdd"), VERSION: LAYOUT}
+LAYOUTS = {
+    1: struct.Struct("<4sIQqd"),
+    2: struct.Struct("<4sIQqdd"),
+    3: struct.Struct("<4sIQqddQ"),
+    VERSION: LAYOUT,
+}
 HEADER = struct.Struct("<4sI")
 
 
@@ -41,7 +48,7 @@ def create(path: Path, owner: int | None = None) -> None:
     the worker can map it for writing; its group stays the agent's, so the agent reads it
     without overriding file permissions.
     """
-    worker_file(path, owner, LAYOUT.pack(MAGIC, VERSION, 0, -1, 0.0, 0.0, 0))
+    worker_file(path, owner, LAYOUT.pack(MAGIC, VERSION, 0, -1, 0.0, 0.0, 0, 0))
 
 
 def worker_file(path: Path, owner: int | None, content: bytes = b"", mode: int = MODE) -> None:
@@ -83,6 +90,7 @@ class Beat:
     wall_time: float
     compute_s: float | None = None  # marked compute, summed; None: a version 1 file
     finished: bool = False  # the rank's training reached its end (version 3)
+    waiting: bool = False  # a compute section ended since the last beat (version 4)
 
 
 def read(path: Path) -> Beat | None:
@@ -102,9 +110,10 @@ def read(path: Path) -> Beat | None:
     if version == 1:
         return Beat(beats, step, wall)
     compute, finished = more[0], bool(more[1]) if version >= 3 else False
+    waiting = bool(more[2]) if version >= 4 else False
     if not 0.0 <= compute < 1e12:
         return None
-    return Beat(beats, step, wall, compute, finished)
+    return Beat(beats, step, wall, compute, finished, waiting)
 
 
 class BeatWriter:
@@ -114,8 +123,12 @@ class BeatWriter:
     def __init__(self, path: Path) -> None:
         fd = os.open(path, os.O_RDWR)
         try:
-            # An older agent's file is shorter: written in its own version, with no `finished`.
-            self._layout = LAYOUT if os.fstat(fd).st_size >= SIZE else LAYOUTS[2]
+            # An older agent's file is shorter: written in the newest version that fits it.
+            size = os.fstat(fd).st_size
+            self._version = max(
+                v for v, layout in LAYOUTS.items() if v >= 2 and layout.size <= size
+            )
+            self._layout = LAYOUTS[self._version]
             self._map = mmap.mmap(fd, self._layout.size)
         finally:
             os.close(fd)
@@ -123,31 +136,32 @@ class BeatWriter:
             self._map
         )
         self._finished = 0
+        self._waiting = 0
 
     def computed(self, seconds: float) -> None:
         """Add a compute section's time, stored at once: a rank whose compute moved on since
         its last beat has done its own part of the next step and waits on its peers (the
         agent's hang watch, job/watch.py). The beat count stays, so it is no beat."""
         self._compute += max(0.0, seconds)
+        self._waiting = 1
         self._store()
 
     def beat(self, step: int) -> None:
         self._beats += 1
         self._step, self._wall = step, time.time()
+        self._waiting = 0
         self._store()
 
     def finish(self) -> bool:
         """Say the training reached its end; False where the agent's file cannot say it."""
         self._finished = 1
         self._store()
-        return self._layout is LAYOUT
+        return self._version >= 3
 
     def _store(self) -> None:
         fields = (self._beats, self._step, self._wall, self._compute)
-        if self._layout is LAYOUT:
-            LAYOUT.pack_into(self._map, 0, MAGIC, VERSION, *fields, self._finished)
-        else:
-            self._layout.pack_into(self._map, 0, MAGIC, 2, *fields)
+        more = (self._finished, self._waiting)[: self._version - 2]
+        self._layout.pack_into(self._map, 0, MAGIC, self._version, *fields, *more)
 
     def close(self) -> None:
         self._map.close()

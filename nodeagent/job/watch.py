@@ -193,7 +193,7 @@ class _Seen:
     finished: bool = False  # it said its training reached its end: never hung after that
     asked: float | None = None  # when it was last found silent stopped_s and not stopped
     read_at: float = 0.0  # when its file was last read
-    waiting: bool = False  # its compute moved on since its last beat: it waits on a peer
+    waiting: bool = False  # a compute section ended since its last beat: it waits on a peer
 
 
 @dataclass(frozen=True)
@@ -253,8 +253,8 @@ class HangWatch:
                 at = now - age
                 seen = _Seen(beat.beats, at, beat, seen.first or (at, beat.step))
                 self._seen[rank] = seen
-            elif beat is not None and seen.last is not None:
-                seen.waiting = _moved_on(seen.last, beat)
+            if beat is not None:
+                seen.waiting = beat.waiting
             seen.read_at = now
             if beat is not None and beat.finished:  # waiting for its exit, or for its peers'
                 self._seen[rank] = replace(seen, last=beat, finished=True)
@@ -293,11 +293,3 @@ class HangWatch:
             if self.stopped_s > 0:
                 times.append((seen.asked or seen.changed_at) + self.stopped_s)
         return min(times, default=None)
-
-
-def _moved_on(last: Beat, now: Beat) -> bool:
-    """The rank's compute moved on since its last beat (the same count of beats): it did its
-    own part of the next step, and what holds it now is a collective, a peer."""
-    return (
-        last.compute_s is not None and now.compute_s is not None and now.compute_s > last.compute_s
-    )

@@ -170,4 +170,22 @@ def test_marked_compute_is_stored_at_once_and_is_no_beat(tmp_path: Path) -> None
     writer.computed(0.5)
     read = beats.read(path)
     assert read is not None and (read.beats, read.step, read.compute_s) == (1, 3, 0.5)
+    assert read.waiting
+    writer.close()
+
+
+def test_a_rank_read_only_after_its_next_compute_is_waiting_too(tmp_path: Path) -> None:
+    """The agent reads the files when it wakes: a beat and the next step's compute may both
+    come between two reads. The file says the compute ended since the beat (version 4), so the
+    rank is still known to wait (comparing compute times across reads took it for stuck)."""
+    path = tmp_path / "rank-0.progress"
+    beats.create(path)
+    watch = HangWatch(timeout_s=10, wall=UNDATED, waiting_grace_s=3)
+    watch.watch({0: path}, now=0.0)
+    writer = BeatWriter(path)
+    writer.beat(9)
+    writer.computed(0.1)  # step 10's forward, before the agent woke
+    assert watch.hung(now=1.0) == []
+    assert watch.hung(now=11.0) == []  # in its grace
+    assert watch.hung(now=14.0) == [Hang(0, False, 13.0, waiting=True)]
     writer.close()

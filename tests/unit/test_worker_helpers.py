@@ -95,11 +95,12 @@ def test_compute_time_is_stored_at_once_and_version_1_still_reads(
     with progress.compute():
         time.sleep(0.02)
     stored = beats.read(path)  # at once, and no beat: the rank did its part, it waits
-    assert stored is not None and (stored.beats, stored.step) == (0, -1)
+    assert stored is not None and (stored.beats, stored.step, stored.waiting) == (0, -1, True)
     assert stored.compute_s is not None and stored.compute_s >= 0.02
     progress.beat(7)
     read = beats.read(path)
     assert read is not None and read.step == 7 and read.compute_s is not None
+    assert not read.waiting  # a beat ends the wait
     assert read.compute_s >= 0.02
     # a file an older worker package wrote: no compute time, the rest as before
     path.write_bytes(beats.LAYOUTS[1].pack(beats.MAGIC, 1, 3, 9, 1.5))
@@ -123,6 +124,19 @@ def test_finished_reaches_the_agent_and_an_older_file_is_written_in_its_own_vers
     assert writer.finish() is True
     read = beats.read(path)
     assert read is not None and (read.beats, read.step, read.finished) == (1, 41, True)
+    writer.close()
+
+    # an agent of version 3 (no `waiting`): version 3 is written, `finished` with it
+    three = tmp_path / "rank-3.progress"
+    three.write_bytes(beats.LAYOUTS[3].pack(beats.MAGIC, 3, 0, -1, 0.0, 0.0, 0))
+    writer = beats.BeatWriter(three)
+    writer.computed(0.5)
+    writer.beat(5)
+    assert writer.finish() is True
+    assert three.stat().st_size == beats.LAYOUTS[3].size
+    read = beats.read(three)
+    assert read is not None and (read.step, read.compute_s, read.finished) == (5, 0.5, True)
+    assert not read.waiting
     writer.close()
 
     older = tmp_path / "rank-1.progress"
