@@ -531,6 +531,56 @@ def stop_worker(launch: Launch) -> list[psutil.Process]:
     return signal_all([training_process(launch, launch.other_node())], signal.SIGSTOP)
 
 
+def hang_worker_main_thread(launch: Launch) -> list[psutil.Process]:
+    """A rank stuck while its process runs: its main thread made to call libc's sleep() for a
+    day wherever it was (gdb, given no symbols so that it stops the process for a moment only,
+    then killed, which detaches it); its other threads (torch's, gloo's, torchft's Manager and
+    its heartbeats) go on. Neither stopped by a signal nor dead."""
+    proc = training_process(launch, launch.other_node())
+    call = f"call ((unsigned int (*)(unsigned int)){_libc_sleep(proc.pid):#x})(86400)"
+    command = ["gdb", "-nx", "-batch", "-p", str(proc.pid), "-ex", "set auto-solib-add off"]
+    gdb = subprocess.Popen(
+        [*command, "-ex", call], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        held = 0
+
+        def asleep() -> bool:
+            nonlocal held  # five reads in a row: not the moment before gdb stopped it
+            held = held + 1 if _called_sleep(proc.pid) else 0
+            return held >= 5
+
+        wait_for(asleep, 30, "the main thread to sleep")
+    finally:
+        gdb.kill()
+        gdb.wait()
+    return [proc]
+
+
+def _libc_sleep(pid: int) -> int:
+    """Where libc's sleep() is in the process: its libc's base address plus the symbol's."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    first = next(line.split() for line in maps if line.endswith("/libc.so.6"))
+    base, library = int(first[0].split("-")[0], 16), first[-1]
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", library], capture_output=True, text=True, check=True
+    ).stdout
+    defined = (line.split() for line in symbols.splitlines())
+    offset = next(int(fields[0], 16) for fields in defined if fields[-1].startswith("sleep@@"))
+    return base + offset
+
+
+def _called_sleep(pid: int) -> bool:
+    """gdb's call runs: the process is traced, running again, its main thread asleep."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return False
+    traced = re.search(r"^TracerPid:\s*[1-9]", status, re.MULTILINE) is not None
+    return traced and "\nState:\tS" in status and "nanosleep" in wchan
+
+
 def kill_rank0_node(launch: Launch) -> list[psutil.Process]:
     return signal_all(launch.processes(launch.rank0_node()), signal.SIGKILL)
 
@@ -565,6 +615,7 @@ class Fault:
 FAULTS: dict[str, Fault] = {
     "worker_sigkill": Fault(3, 3, "worker_failed", kill_worker),
     "worker_sigstop_hang": Fault(3, 3, "worker_hung", stop_worker),
+    "worker_main_thread_hang": Fault(3, 3, "worker_hung", hang_worker_main_thread),
     "node_sigkill_rank0": Fault(3, 2, "node_lost", kill_rank0_node),
     "node_sigkill_other": Fault(3, 2, "node_lost", kill_other_node),
     "node_sigstop_other": Fault(3, 2, "node_lost", stop_other_node),

@@ -14,7 +14,9 @@ ranks. What it shows of nodeagent.worker:
 - `train` builds the DistributedSampler for the current world and skips `offset`, so a change
   of world size skips no sample of the epoch (and repeats fewer than one a rank, see remaining);
 - rank 0 saves a checkpoint every --checkpoint-every steps, for a restart of the whole job;
-- beats every step (beat); on SIGTERM a rank stops after its step, rank 0 saving it first.
+- beats every step (beat) and marks its forward (compute): a rank hung in its own part of a
+  step is then replaced alone while the ranks that wait for it keep their processes
+  (docs/worker.md); on SIGTERM a rank stops after its step, rank 0 saving it first.
 
 Each rank prints JSON lines: "imported" once, when the process began and finished its imports
 (for benchmarks), "synced" after every sync, "step" every --print-every steps ({"step", "epoch",
@@ -42,7 +44,14 @@ from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset  # noqa: E402
 
-from nodeagent.worker import CheckpointManager, GracefulExit, beat, elastic, rescale  # noqa: E402  # noqa: E402
+from nodeagent.worker import (  # noqa: E402
+    CheckpointManager,
+    GracefulExit,
+    beat,
+    compute,
+    elastic,
+    rescale,
+)
 
 IMPORTED = time.time()
 
@@ -174,7 +183,8 @@ def main() -> int:
             indices = remaining(data, state.epoch, state.offset, rank, world)
             for x, y in DataLoader(data, batch_size=args.batch, sampler=indices):
                 optimizer.zero_grad()
-                loss = nn.functional.mse_loss(ddp(x.to(device)), y.to(device))
+                with compute():  # this rank's own part: the all-reduce is in backward
+                    loss = nn.functional.mse_loss(ddp(x.to(device)), y.to(device))
                 torch.autograd.backward(loss)
                 optimizer.step()
                 state.step += 1
