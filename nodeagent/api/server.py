@@ -67,7 +67,7 @@ def unix_socket(path: str, mode: int) -> socket.socket:
     with contextlib.suppress(FileNotFoundError):
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
             raise FileExistsError(f"{path} exists and is not a socket: remove it or pick another")
-        if _answered(path):
+        if answers(path):
             raise FileExistsError(
                 f"{path}: another process listens on it (a second nodeagent api?): stop it or "
                 "pick another socket"
@@ -80,7 +80,8 @@ def unix_socket(path: str, mode: int) -> socket.socket:
     return sock
 
 
-def _answered(path: str) -> bool:
+def answers(path: str) -> bool:
+    """Something listens on the Unix socket at `path` (a stale socket file refuses)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(1.0)
         return probe.connect_ex(path) == 0

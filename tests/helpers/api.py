@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from nodeagent.api.server import answers
 from tests.helpers.cluster import free_port, wait_for
 from tests.helpers.rediscluster import Certificate, self_signed
 from tests.helpers.users import User
@@ -37,7 +38,7 @@ class ApiService:
             proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, cwd="/")
         self.proc = proc
         wait_for(
-            lambda: proc.poll() is not None or (_answers(self.port) and _accepts(self.socket)),
+            lambda: proc.poll() is not None or (_port_answers(self.port) and answers(self.socket)),
             30,
             "the API service to listen",
         )
@@ -61,15 +62,9 @@ class ApiService:
             self.proc.wait()
 
 
-def _answers(port: int) -> bool:
+def _port_answers(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _accepts(path: str) -> bool:
-    """A listener on the Unix socket at `path` (a stale socket file refuses)."""
-    with socket.socket(socket.AF_UNIX) as sock:
-        return sock.connect_ex(path) == 0
 
 
 @contextmanager
