@@ -6,7 +6,12 @@ tier with a copy of each save on a peer (restart mode: the framework owns its pr
 A worker killed, a whole node lost, a node back, a node drained: each new generation resumes
 from memory at or after the step committed when the fault came (the drain: at the very step its
 stop saved), bit for bit the state saved, with the framework's own progress: the same batch and
-learning rate at the next step (torchtitan's batch only at the world its loader saved)"""
+learning rate at the next step (torchtitan's batch only at the world its loader saved).
+
+Lightning goes through all four. The others go through the faults whose handling is their own
+(CI's time is spent where it finds something): transformers restores after a kill and saves as
+it stops at a drain; torchtitan reshards FSDP2 to the survivors after a loss and back as the node
+returns. The agent's side of every fault is the same for each framework."""
 
 from __future__ import annotations
 
@@ -95,10 +100,18 @@ def committed(cluster: LocalCluster) -> int:
     return found
 
 
-@pytest.mark.parametrize("framework", ["lightning", "transformers", "torchtitan"])
-def test_a_framework_resumes_from_the_memory_tier_after_a_kill_a_loss_a_join_and_a_drain(
+FAULTS = {
+    "lightning": ("kill", "loss", "join", "drain"),
+    "transformers": ("kill", "drain"),
+    "torchtitan": ("kill", "loss", "join"),
+}
+
+
+@pytest.mark.parametrize("framework", list(FAULTS))
+def test_a_framework_resumes_from_the_memory_tier_after_each_of_its_faults(
     redis_server: RedisServer, job_id: str, tmp_path: Path, shm: Path, framework: str
 ) -> None:
+    faults = FAULTS[framework]
     pytest.importorskip(framework)
     with local_cluster(
         redis_server.url,
@@ -134,32 +147,38 @@ def test_a_framework_resumes_from_the_memory_tier_after_a_kill_a_loss_a_join_and
 
         before = committed(cluster)  # a worker killed: every rank restarts
         os.kill(cluster.worker_pids(cluster.status()["members"][-1])[0], signal.SIGKILL)
-        killed = stepping(cluster, 3, first)
-        step, last = resumed(cluster, first, killed)
+        latest = stepping(cluster, 3, first)
+        step, last = resumed(cluster, first, latest)
         assert step >= before and last - step <= 2 * EVERY, (before, step, last)
+        world = 3
 
-        before = committed(cluster)  # a whole node: its agent, worker and tmpfs
-        lost = cluster.status()["members"][-1]
-        cluster.kill_tree(lost)
-        for gone in shm.glob(f"{lost}.{cluster.job}*"):
-            shutil.rmtree(gone)
-        smaller = stepping(cluster, 2, killed)
-        step, last = resumed(cluster, killed, smaller)
-        assert step >= before and last - step <= 2 * EVERY, (before, step, last)
+        if "loss" in faults:
+            before = committed(cluster)  # a whole node: its agent, worker and tmpfs
+            lost = cluster.status()["members"][-1]
+            cluster.kill_tree(lost)
+            for gone in shm.glob(f"{lost}.{cluster.job}*"):
+                shutil.rmtree(gone)
+            smaller = stepping(cluster, 2, latest)
+            step, last = resumed(cluster, latest, smaller)
+            assert step >= before and last - step <= 2 * EVERY, (before, step, last)
+            latest, world = smaller, 2
 
-        # Back, empty: it joins. The others save the step they reached as they stop, but a
-        # newcomer brings only the committed step from its peers (docs/checkpoints.md).
-        before = committed(cluster)
-        cluster.start(lost)
-        joined = stepping(cluster, 3, smaller)
-        step, last = resumed(cluster, smaller, joined)
-        assert step >= before and last - step <= 2 * EVERY, (before, step, last)
+        if "join" in faults:
+            # Back, empty: it joins. The others save the step they reached as they stop, but a
+            # newcomer brings only the committed step from its peers (docs/checkpoints.md).
+            before = committed(cluster)
+            cluster.start(lost)
+            joined = stepping(cluster, 3, latest)
+            step, last = resumed(cluster, latest, joined)
+            assert step >= before and last - step <= 2 * EVERY, (before, step, last)
+            latest, world = joined, 3
 
-        # A drain: every rank saves the step it reached as Lightning stops on SIGTERM, and the
-        # drained node hands its save to a node that stays: not one step lost.
-        assert cluster.ctl("drain", cluster.status()["members"][-1]).returncode == 0
-        after = stepping(cluster, 2, joined)
-        step, last = resumed(cluster, joined, after)
-        assert step == last, f"lost {last - step} steps at a drain"
-        said = [e for e in cluster.events() if e["type"] == "checkpoint_restored"]
-        assert {e["data"]["tier"] for e in said if e["generation"] == after} == {"memory"}
+        if "drain" in faults:
+            # A drain: every rank saves the step it reached as the framework stops on SIGTERM,
+            # and the drained node hands its save to a node that stays: not one step lost.
+            assert cluster.ctl("drain", cluster.status()["members"][-1]).returncode == 0
+            after = stepping(cluster, world - 1, latest)
+            step, last = resumed(cluster, latest, after)
+            assert step == last, f"lost {last - step} steps at a drain"
+            said = [e for e in cluster.events() if e["type"] == "checkpoint_restored"]
+            assert {e["data"]["tier"] for e in said if e["generation"] == after} == {"memory"}
