@@ -1,4 +1,5 @@
-"""The API service's application: the routes of the verb table (api/routes.py), who calls
+"""The API service's application: the routes of the verb table (api/routes.py), the web UI
+under /ui/ (api/ui.py), who calls
 (api/identity.py), problem details for every error (api/problems.py), and a bound on bodies
 (api/limits.py). `make_app(service)` builds it around a Service; nothing else is kept, so a
 restart loses nothing the pool does not keep."""
@@ -11,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from nodeagent import __version__
-from nodeagent.api import problems, routes
+from nodeagent.api import problems, routes, ui
 from nodeagent.api.identity import Tokens
 from nodeagent.api.limits import BodyLimit, RateLimiter
 from nodeagent.api.service import Service
@@ -41,6 +42,7 @@ def make_app(service: Service | None) -> FastAPI:
         app.state.limiter = RateLimiter(limits.requests_per_second, limits.burst)
     problems.install(app)
     routes.install(app)
+    ui.install(app)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> PlainTextResponse:

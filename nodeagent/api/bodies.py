@@ -74,3 +74,18 @@ class Listing(BaseModel):
 
     version: int
     pool: str
+
+
+class SignIn(Strict):
+    token: Annotated[
+        str, Field(max_length=1024, description="the token of a `nodeagentctl ui` link")
+    ]
+
+
+class Session(BaseModel):
+    """Who a browser's session is, and the value its changes carry in X-Nodeagent-CSRF."""
+
+    user: str
+    operator: bool
+    expires: str | None
+    csrf: str | None

@@ -4,6 +4,8 @@
   itself (it holds no key), so the first time it sees a token it asks the pool leader who that
   is (Verb.WHOAMI, signed with the token's proof); the answer is kept for a minute, or until the
   token expires. A token the pool refused is refused again for a while without asking.
+- A browser's session cookie (api/session.py): the same token, taken the same way; a change
+  made with it must carry the page's X-Nodeagent-CSRF from the page's origin, or it is 403.
 - No token on the Unix socket: the kernel's uid of the caller (SO_PEERCRED).
 - No token on a network address: 401.
 
@@ -24,8 +26,10 @@ from nodeagent.api.connections import PEER_KEY
 from nodeagent.api.limits import RateLimiter
 from nodeagent.api.problems import Problem, unauthorized
 from nodeagent.api.service import Identity, Service, token_user
+from nodeagent.api.session import SAFE_METHODS, check_csrf, cookie_token
 from nodeagent.config.hosts import Resolver
 from nodeagent.model.request import Verb
+from nodeagent.pool.tokens import is_operator
 
 KEPT_S = 60.0  # a token the pool vouched for is taken this long without asking again
 REFUSED_S = 10.0  # a token the pool refused is refused this long without asking again
@@ -38,8 +42,25 @@ class Tokens:
     def __init__(self, service: Service, clock: Callable[[], float] = time.time) -> None:
         self._service = service
         self._clock = clock
-        self._said: dict[str, tuple[float, str | None, str]] = {}  # digest -> until, user, why
+        # digest -> until, the user (None: refused), why refused or the pool's WHOAMI answer
+        self._said: dict[str, tuple[float, str | None, str]] = {}
         self._lock = threading.Lock()
+
+    def operator(self, token: str) -> bool:
+        """The pool said `token`'s user is an operator, a moment ago (what a page shows; the
+        pool judges every change itself)."""
+        with self._lock:
+            _, user, said = self._said.get(_digest(token), (0.0, None, ""))
+        return user is not None and is_operator(said)
+
+    def forget(self, token: str) -> None:
+        """`token` was revoked here (a sign-out): it is asked of the pool again next time."""
+        with self._lock:
+            self._said.pop(_digest(token), None)
+
+    def remember(self, token: str, user: str, said: str) -> None:
+        """What the pool has just said of `token` another way (a sign-in)."""
+        self._keep(token, (self._clock() + KEPT_S, user, said))
 
     def known(self, token: str) -> str | None:
         """The user the pool said `token` is, if it said so less than a minute ago (no I/O);
@@ -71,17 +92,17 @@ class Tokens:
             return known
         before_asking()
         reply = self._service.ask(Identity(named, token=token), Verb.WHOAMI, {})
-        key = _digest(token)
+        if reply.ok:
+            self._keep(token, (now + KEPT_S, reply.user, reply.message))
+            return reply.user
+        self._keep(token, (now + REFUSED_S, None, reply.message))
+        raise unauthorized(reply.message)
+
+    def _keep(self, token: str, said: tuple[float, str | None, str]) -> None:
         with self._lock:
             if len(self._said) >= MAX_KEPT:
                 self._said.clear()
-            if reply.ok:
-                self._said[key] = (now + KEPT_S, reply.user, "")
-            else:
-                self._said[key] = (now + REFUSED_S, None, reply.message)
-        if not reply.ok:
-            raise unauthorized(reply.message)
-        return reply.user
+            self._said[_digest(token)] = said
 
 
 def _digest(token: str) -> str:
@@ -102,13 +123,16 @@ async def identify(request: Request) -> Identity:
     tokens: Tokens = request.app.state.tokens
     limiter: RateLimiter = request.app.state.limiter
     header = request.headers.get("authorization")
+    session = cookie_token(request.cookies) if header is None else None
     peer = request.scope.get(PEER_KEY)
-    if header is not None:
+    if header is not None or session is not None:
         where = request.client.host if request.client else "the socket"
-        token = _bearer(header)
+        token = _bearer(header) if header is not None else str(session)
+        if header is None and request.method not in SAFE_METHODS:
+            check_csrf(request, token)
         user = tokens.known(token)
         if user is None:  # a token not seen yet costs the pool a request: its address pays
-            charge = lambda: _limited(limiter, f"unproven callers from {where}")  # noqa: E731
+            charge = lambda: limited(limiter, f"unproven callers from {where}")  # noqa: E731
             user = await run_in_threadpool(tokens.user, token, charge)
         who = Identity(user, token=token)
     elif peer is not None:
@@ -116,11 +140,12 @@ async def identify(request: Request) -> Identity:
         who = Identity(Resolver().name_of(uid) or f"uid {uid}", peer_uid=uid)
     else:
         raise unauthorized("this address takes API tokens: Authorization: Bearer <token>")
-    _limited(limiter, who.user)
+    limited(limiter, who.user)
     return who
 
 
-def _limited(limiter: RateLimiter, key: str) -> None:
+def limited(limiter: RateLimiter, key: str) -> None:
+    """Spend one of `key`'s requests. Raises: Problem 429 past its rate."""
     wait = limiter.take(key)
     if wait > 0:
         raise Problem(

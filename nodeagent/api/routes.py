@@ -13,8 +13,8 @@ from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from nodeagent.api import bodies
-from nodeagent.api.identity import identify
+from nodeagent.api import bodies, session
+from nodeagent.api.identity import Tokens, identify, limited
 from nodeagent.api.service import Identity, Service
 from nodeagent.coord import eventlog
 from nodeagent.coord.keys import JobKeys
@@ -278,6 +278,34 @@ def revoke_token(
     return _done(svc, who, Verb.TOKEN, {"action": "revoke", "id": token})
 
 
+# -- a browser's session (api/session.py) -------------------------------------------------
+
+
+def sign_in(svc: Svc, request: Request, response: Response, body: bodies.SignIn) -> bodies.Session:
+    where = request.client.host if request.client else "the socket"
+    limited(request.app.state.limiter, f"sign-ins from {where}")
+    tokens: Tokens = request.app.state.tokens
+    return session.sign_in(svc, request, response, body.token, tokens.remember)
+
+
+def who_signed_in(who: Who, request: Request) -> bodies.Session:
+    if who.token is None:  # the Unix socket's caller: no session, no token
+        return bodies.Session(user=who.user, operator=False, expires=None, csrf=None)
+    tokens: Tokens = request.app.state.tokens
+    cookie = session.cookie_token(request.cookies) == who.token
+    return session.document(who.token, who.user, tokens.operator(who.token), with_csrf=cookie)
+
+
+def sign_out(svc: Svc, who: Who, request: Request, response: Response) -> bodies.Done:
+    session.sign_out(response)
+    if who.token is None:
+        return bodies.Done(message="no session on the socket", user=who.user)
+    done = _done(svc, who, Verb.TOKEN, {"action": "revoke", "id": session.token_id(who.token)})
+    tokens: Tokens = request.app.state.tokens
+    tokens.forget(who.token)
+    return done
+
+
 HANDLERS: dict[tuple[str, str], Callable[..., Any]] = {
     ("GET", "/v1/jobs/{job}/status"): job_status,
     ("POST", "/v1/jobs/{job}/scale"): scale,
@@ -305,6 +333,9 @@ HANDLERS: dict[tuple[str, str], Callable[..., Any]] = {
     ("DELETE", "/v1/queues/{queue}"): delete_queue,
     ("GET", "/v1/tokens"): list_tokens,
     ("DELETE", "/v1/tokens/{token}"): revoke_token,
+    ("POST", "/v1/session"): sign_in,
+    ("GET", "/v1/session"): who_signed_in,
+    ("DELETE", "/v1/session"): sign_out,
 }
 
 

@@ -54,7 +54,7 @@ class Service:
         self.store = PoolStore(client, PoolKeys(settings.key_prefix, settings.pool))
         self.requests = RequestStore(client, self.store.keys)
         self.munge = munge
-        self._clock = clock
+        self.clock = clock
         self._auth: tuple[float, str | None] = (-AUTH_KEPT_S, None)
         self.reads = Fresh(settings.limits.read_cache)
         self._answers = Answers(self.store)
@@ -101,7 +101,7 @@ class Service:
             token = who.token
             return (
                 lambda payload: credential(
-                    token, payload.removeprefix(PAYLOAD_PREFIX), int(self._clock())
+                    token, payload.removeprefix(PAYLOAD_PREFIX), int(self.clock())
                 )
             ), None
         return (lambda payload: self._munge(payload)), who.peer_uid
@@ -110,7 +110,7 @@ class Service:
         if who.token is None:
             return self._munge(payload)
         try:
-            return credential(who.token, digest, int(self._clock()))
+            return credential(who.token, digest, int(self.clock()))
         except TokenError as exc:
             raise Problem(401, str(exc)) from None
 
@@ -126,7 +126,7 @@ class Service:
 
     def _signed_pool(self) -> None:
         at, auth = self._auth
-        now = self._clock()
+        now = self.clock()
         if now - at >= AUTH_KEPT_S:
             auth = self.requests.auth()
             self._auth = (now, auth)
@@ -142,14 +142,14 @@ class Service:
     def _answer(self, request_id: str) -> Reply | None:
         """The reply, once the pool leader's event says it is written (api/answers.py), or
         polled each second; None after limits.answer_timeout."""
-        deadline = self._clock() + self.settings.limits.answer_timeout
+        deadline = self.clock() + self.settings.limits.answer_timeout
         woken = self._answers.expect(request_id)
         try:
             while True:
                 reply = self.requests.reply(request_id)
                 if reply is not None:
                     return reply
-                left = deadline - self._clock()
+                left = deadline - self.clock()
                 if left <= 0:
                     return None
                 woken.wait(min(left, 1.0))

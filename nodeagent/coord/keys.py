@@ -141,6 +141,8 @@ POOL_REPLY_KEY = "%s:{pool:%s}:reply:%s"  # STRING JSON Reply to one request, EX
 POOL_AUTH_KEY = "%s:{pool:%s}:auth"  # STRING the pool leader's pool.auth (munge, none)
 # API tokens not revoked: id -> JSON {user, uid, iat, exp} (coord/tokens.py; the pool leader's)
 POOL_TOKENS_KEY = "%s:{pool:%s}:tokens"  # HASH
+# Tokens a browser has signed in with (POST /v1/session), once each: id -> when (seconds)
+POOL_SIGNINS_KEY = "%s:{pool:%s}:signins"  # HASH
 REQUESTS_MAXLEN = 10_000
 REPLY_TTL_S = 600
 
@@ -252,6 +254,10 @@ class PoolKeys:
     @property
     def tokens(self) -> str:
         return self._key(POOL_TOKENS_KEY)
+
+    @property
+    def signins(self) -> str:
+        return self._key(POOL_SIGNINS_KEY)
 
     def reply(self, request_id: str) -> str:
         return POOL_REPLY_KEY % (self.prefix, self.pool, request_id)

@@ -49,7 +49,26 @@ class TokenStore:
         if not token_ids:
             return 0
         with redis_errors("revoke tokens"):
-            return int(self.client.hdel(self.keys.tokens, *token_ids))
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hdel(self.keys.tokens, *token_ids)
+            pipe.hdel(self.keys.signins, *token_ids)
+            gone, _ = pipe.execute()
+        return int(gone)
+
+    def sign_in(self, token_id: str, now_s: int) -> int | None:
+        """Mark a token as having signed a browser in (POST /v1/session): None the first time,
+        else when it did (a sign-in link works once)."""
+        with redis_errors("record a sign-in"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hsetnx(self.keys.signins, token_id, str(now_s))
+            pipe.hget(self.keys.signins, token_id)
+            first, when = pipe.execute()
+        if first:
+            return None
+        try:
+            return int(when)
+        except (TypeError, ValueError):
+            return 0
 
     def listing(self) -> dict[str, dict[str, Any]]:
         """Every registered token: id -> {user, uid, iat, exp}; an entry nodeagent did not

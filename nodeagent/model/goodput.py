@@ -75,10 +75,43 @@ class Reform:
     startup_restore_s: float
     steps_lost: int | None  # None: a step it resumed from or reached before is not known
     retrained_s: float
+    at_s: float = 0.0  # when the stretch it cost began: the last step read before it
+    # re-forming_s split: the announcement -> the last node's ack of the new generation (the
+    # old workers stopped), and -> the generation started (the rendezvous)
+    stopping_s: float = 0.0
+    rendezvous_s: float = 0.0
 
     @property
     def total_s(self) -> float:
         return self.detection_s + self.reforming_s + self.startup_restore_s + self.retrained_s
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What one generation trained, as rank 0 said: from its first step read to its last
+    (seconds since the epoch; `last_s` None: still training, or never said)."""
+
+    generation: int
+    world: int
+    first_s: float
+    last_s: float | None
+    steps: int
+
+    @property
+    def step_s(self) -> float | None:
+        if self.last_s is None or self.steps < 2:
+            return None
+        return (self.last_s - self.first_s) / (self.steps - 1)
+
+
+@dataclass(frozen=True)
+class Slow:
+    """A node named slow (job/slowness.py): when, its step time then, and the pace before."""
+
+    node: str
+    at_s: float
+    step_s: float
+    pace_s: float
 
 
 @dataclass(frozen=True)
@@ -94,6 +127,8 @@ class Goodput:
     # productive seconds times the ranks short of the target world (a job shrunk by a
     # preemption, or short of nodes): what the allocation it asked for did not train
     short_rank_seconds: float = 0.0
+    trained: tuple[Trained, ...] = ()  # each generation's training, in order (step times)
+    slow: tuple[Slow, ...] = ()
 
     @property
     def ettr(self) -> float | None:
@@ -121,8 +156,26 @@ class Goodput:
                     "startup_restore_s": round(r.startup_restore_s, 3),
                     "steps_lost": r.steps_lost,
                     "retrained_s": round(r.retrained_s, 3),
+                    "at_s": round(r.at_s, 3),
+                    "stopping_s": round(r.stopping_s, 3),
+                    "rendezvous_s": round(r.rendezvous_s, 3),
                 }
                 for r in self.reforms
+            ],
+            "trained": [
+                {
+                    "generation": t.generation,
+                    "world": t.world,
+                    "first_s": round(t.first_s, 3),
+                    "last_s": None if t.last_s is None else round(t.last_s, 3),
+                    "steps": t.steps,
+                    "step_s": None if t.step_s is None else round(t.step_s, 4),
+                }
+                for t in self.trained
+            ],
+            "slow": [
+                {"node": x.node, "at_s": round(x.at_s, 3), "step_s": x.step_s, "pace_s": x.pace_s}
+                for x in self.slow
             ],
             "unaccounted": list(self.unaccounted),
             "ended": self.ended,
@@ -147,6 +200,11 @@ class _Generation:
     # node_slow: (node, since, the share of the time lost); node_recovered_speed: node -> when
     slow: list[tuple[str, float, float]] = field(default_factory=list)
     recovered: list[tuple[str, float]] = field(default_factory=list)
+    acks: list[float] = field(default_factory=list)  # node_ready of this generation
+
+    def acked(self, by: float) -> float | None:
+        """When the last node acknowledged it, by `by` (its start): the old workers stopped."""
+        return max((t for t in self.acks if t <= by), default=None)
 
     def slow_s(self, first: float, last: float) -> float:
         """The time its slow members cost within [first, last], each moment counted once (at
@@ -199,6 +257,7 @@ def account(
     end = now_ms / 1000
     ended = False
     announced: list[_Generation] = []  # in announcement order
+    slow: list[Slow] = []
     for event in ordered:
         at = (event.at_ms or 0) / 1000
         if event.type in ENDS:
@@ -229,6 +288,9 @@ def account(
             step_s, pace_s = _float(data.get("step_s")), _float(data.get("pace_s"))
             share = 1 - pace_s / step_s if 0 < pace_s < step_s else 0.0
             gen.slow.append((event.node, at - max(0.0, _float(data.get("began_s"))), share))
+            slow.append(Slow(event.node, at, step_s, pace_s))
+        elif event.type == "node_ready":
+            gen.acks.append(at)
         elif event.type == "node_recovered_speed" and event.node:
             gen.recovered.append((event.node, at))
     if begin is None:
@@ -237,7 +299,7 @@ def account(
         end = max(end, (ordered[-1].at_ms or 0) / 1000)
     spans = [(a / 1000, end if b is None else b / 1000) for a, b in pending]
     ran = [g for g in gens.values() if g.started is not None]
-    found = _cut(begin, end, ended, announced, ran, spans)
+    found = replace(_cut(begin, end, ended, announced, ran, spans), slow=tuple(slow))
     if submitted_ms is None or submitted_ms / 1000 >= begin:
         return found
     queued = begin - submitted_ms / 1000
@@ -257,6 +319,7 @@ def _cut(
     parts = dict.fromkeys(PARTS, 0.0)
     reforms: list[Reform] = []
     unaccounted: list[int] = []
+    trained: list[Trained] = []
     rank_seconds = short_rank_seconds = 0.0
     cursor = begin  # the end of what is cut so far
     previous: _Generation | None = None
@@ -281,14 +344,20 @@ def _cut(
                 _overlap(pending, detection, started), max(0.0, started - detection - waiting)
             )
             parts["queued"] += queued_detect + queued_reform
+            reforming = started - detection - waiting - queued_reform
+            acked = gen.acked(started)
+            stopping = _clamp((acked or detection) - detection, 0.0, reforming)
             reform = Reform(
                 gen.number,
                 _reason(announced, cursor, started),
                 detection - cursor - queued_detect,
-                started - detection - waiting - queued_reform,
+                reforming,
                 first - started,
                 lost,
                 retrained,
+                at_s=cursor,
+                stopping_s=stopping,
+                rendezvous_s=reforming - stopping,
             )
             reforms.append(reform)
             parts["detection"] += reform.detection_s
@@ -303,6 +372,9 @@ def _cut(
         parts["slow_ranks"] += slow
         parts["productive"] += productive
         rank_seconds += productive * gen.world
+        if gen.first is not None:
+            said = last if gen.last is not None else None  # None: still training, or lost
+            trained.append(Trained(gen.number, gen.world, first, said, gen.steps))
         short_rank_seconds += productive * max(0, gen.target_world - gen.world)
         cursor, previous = last, gen
         if i == len(ran) - 1:
@@ -322,6 +394,7 @@ def _cut(
         tuple(unaccounted),
         ended,
         short_rank_seconds,
+        tuple(trained),
     )
 
 

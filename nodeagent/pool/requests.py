@@ -42,7 +42,7 @@ from nodeagent.model.token import is_token_credential
 from nodeagent.pool import cordoning, jobverbs
 from nodeagent.pool.authority import Authority
 from nodeagent.pool.schedule import matches
-from nodeagent.pool.tokens import Minted, TokenRefused, Tokens
+from nodeagent.pool.tokens import Minted, TokenRefused, Tokens, who_is
 
 log = logging.getLogger(__name__)
 BATCH = 64  # requests taken at once (their answers written in one round trip)
@@ -151,9 +151,9 @@ class Requests:
     def _apply(self, caller: Caller, request: Request, munge_signed: bool) -> str | Minted:
         args = request.args
         if request.verb is Verb.WHOAMI:
-            return f"you are {caller.name}" + (" (an operator)" if caller.operator else "")
+            return who_is(caller)
         if request.verb is Verb.TOKEN:
-            return self._tokens.apply(caller, args, munge_signed, int(self._now()))
+            return self._tokens.apply(caller, request, munge_signed, int(self._now()))
         if request.verb is Verb.SUBMIT:
             return self._submit(caller, args.get("spec"), args.get("hold") is True)
         if request.verb in (Verb.HOLD, Verb.RELEASE, Verb.REQUEUE):

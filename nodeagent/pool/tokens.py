@@ -10,17 +10,29 @@ credential restricted to their uid; the reply in Redis gives no one else anythin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from nodeagent.coord.tokens import TokenStore
 from nodeagent.model.credential import Decoded, MungeUnavailable
 from nodeagent.model.request import Caller, Request
 from nodeagent.model.token import (
+    TokenError,
+    credential_claims,
     new_claims,
     sealed_payload,
     secret_of,
 )
 from nodeagent.pool.authority import Authority, not_taken
+
+OPERATOR = " (an operator)"
+
+
+def who_is(caller: Caller) -> str:
+    """WHOAMI's answer, which the API service reads (`is_operator`)."""
+    return f"you are {caller.name}" + (OPERATOR if caller.operator else "")
+
+
+def is_operator(message: str) -> bool:
+    return message.endswith(OPERATOR)
 
 
 class TokenRefused(Exception):
@@ -45,13 +57,18 @@ class Tokens:
             request.credential, request.digest, self._store.live, now_s
         )
 
-    def apply(self, caller: Caller, args: Any, munge_signed: bool, now_s: int) -> str | Minted:
-        """TOKEN {action: mint, lifetime_s} or {action: revoke, id}.
+    def apply(
+        self, caller: Caller, request: Request, munge_signed: bool, now_s: int
+    ) -> str | Minted:
+        """TOKEN {action: mint, lifetime_s}, {action: revoke, id} or {action: signin}.
 
         Raises:
             TokenRefused: why not.
         """
+        args = request.args
         action = args.get("action")
+        if action == "signin":
+            return self._sign_in(caller, request, munge_signed, now_s)
         if action == "mint":
             if not munge_signed:
                 raise TokenRefused(
@@ -61,7 +78,7 @@ class Tokens:
             return self._mint(caller, args.get("lifetime_s"), now_s)
         if action == "revoke":
             return self._revoke(caller, args.get("id"))
-        raise TokenRefused(f"token: expected mint or revoke, got {str(action)[:32]!r}")
+        raise TokenRefused(f"token: expected mint, revoke or signin, got {str(action)[:32]!r}")
 
     def _mint(self, caller: Caller, lifetime: object, now_s: int) -> Minted:
         key, pool = self._authority.token_key, self._store.keys.pool
@@ -86,6 +103,24 @@ class Tokens:
         if not self._store.add(claims, now_s):
             raise TokenRefused("this pool's token register is full: revoke tokens first")
         return Minted(f"token {claims.id} for {caller.name}, valid {lifetime} s", sealed)
+
+    def _sign_in(self, caller: Caller, request: Request, munge_signed: bool, now_s: int) -> str:
+        """A browser signs in with the token that signs this request, once (`nodeagentctl
+        ui`'s link): a link found later in a history or a terminal's scroll-back signs no one
+        in again. The reply names the caller as WHOAMI's does."""
+        if munge_signed or not request.credential:
+            raise TokenRefused("signin: a browser signs in with a token (nodeagentctl ui)")
+        try:
+            token_id = credential_claims(request.credential).id
+        except TokenError as exc:
+            raise TokenRefused(f"signin: {exc}") from None
+        before = self._store.sign_in(token_id, now_s)
+        if before is not None:
+            raise TokenRefused(
+                f"token {token_id} signed a browser in already, {max(0, now_s - before)} s ago: "
+                "a sign-in link works once (nodeagentctl ui makes another)"
+            )
+        return who_is(caller)
 
     def _revoke(self, caller: Caller, token_id: object) -> str:
         if not isinstance(token_id, str) or not token_id or len(token_id) > 64:

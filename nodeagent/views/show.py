@@ -97,6 +97,7 @@ def _generations(events: list[Event]) -> list[dict[str, Any]]:
         {
             "generation": g.number,
             "started": rfc3339(g.started_ms),
+            "started_ms": g.started_ms,
             "reason": g.reason,
             "nodes": list(g.members),
             "more_nodes": g.more,

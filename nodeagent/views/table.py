@@ -55,4 +55,11 @@ ROUTES: Mapping[str, tuple[Route, ...]] = {
         Route("GET", "/v1/tokens", "your API tokens"),
         Route("DELETE", "/v1/tokens/{token}", "revoke a token (or all: every one of yours)"),
     ),
+    # A browser's session (docs/ui.md): `nodeagentctl ui` mints a token and prints the link
+    # whose sign-in page posts it here, once.
+    "ui": (
+        Route("POST", "/v1/session", "sign a browser in with a nodeagentctl ui link (once)"),
+        Route("GET", "/v1/session", "who this session is"),
+        Route("DELETE", "/v1/session", "sign out: the session's token revoked"),
+    ),
 }

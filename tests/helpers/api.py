@@ -18,6 +18,7 @@ import yaml
 
 from nodeagent.api.server import answers
 from tests.helpers.cluster import free_port, wait_for
+from tests.helpers.pool import PoolCluster, pool_cluster
 from tests.helpers.rediscluster import Certificate, self_signed
 from tests.helpers.users import User
 
@@ -111,3 +112,42 @@ def api_service(
         yield service
     finally:
         service.stop()
+
+
+def token_key(path: Path) -> Path:
+    """A pool's token key (pool.tokens.key_file), readable by root alone."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(os.urandom(32).hex() + "\n")
+    return path
+
+
+@contextmanager
+def token_pool(
+    redis_url: str, shared: Path, munge_socket: str, users: dict[str, User], key: Path, pool: str
+) -> Iterator[PoolCluster]:
+    """Two agents (a, b) of a pool that takes signed requests and tokens made with `key`:
+    users alice and bob submit; apisvc is its pool.api_users (the API service's account)."""
+    scheduling: dict[str, object] = {
+        "auth": "munge",
+        "munge_socket": munge_socket,
+        "users": [users["alice"].name, users["bob"].name],
+        "tokens": {"key_file": str(key), "max_lifetime": "1h"},
+        "api_users": [users["apisvc"].name],
+    }
+    with pool_cluster(redis_url, shared, pool=pool, scheduling=scheduling) as cluster:
+        cluster.start("a", "b")
+        cluster.wait_nodes(2)
+        yield cluster
+
+
+@contextmanager
+def api_beside(
+    pool: PoolCluster, shared: Path, munge_socket: str, user: User
+) -> Iterator[ApiService]:
+    """`nodeagent api` for `pool`, as `user`, its files in `shared`/api."""
+    directory = shared / "api"
+    directory.mkdir()
+    directory.chmod(0o755)
+    with api_service(directory, pool.redis_url, pool.pool, munge_socket, user) as service:
+        yield service

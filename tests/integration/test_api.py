@@ -30,10 +30,10 @@ import pytest
 from nodeagent.client import ApiError, Client
 from nodeagent.config.keyfile import read_token_key
 from nodeagent.model.token import new_claims, secret_of, token_text
-from tests.helpers.api import ApiService, api_service
+from tests.helpers.api import ApiService, api_beside, api_service, token_key, token_pool
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.munge import MungeDaemon
-from tests.helpers.pool import PoolCluster, pool_cluster
+from tests.helpers.pool import PoolCluster
 from tests.helpers.users import User, reachable_dir, unix_users
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,11 +54,7 @@ def shared() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def key_file(shared: Path) -> Path:
-    path = shared / "token.key"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(os.urandom(32).hex() + "\n")
-    return path
+    return token_key(shared / "token.key")
 
 
 @pytest.fixture(scope="module")
@@ -69,16 +65,7 @@ def pool(
     users: dict[str, User],
     key_file: Path,
 ) -> Iterator[PoolCluster]:
-    scheduling: dict[str, Any] = {
-        "auth": "munge",
-        "munge_socket": munged.socket,
-        "users": [users["alice"].name, users["bob"].name],
-        "tokens": {"key_file": str(key_file), "max_lifetime": "1h"},
-        "api_users": [users["apisvc"].name],
-    }
-    with pool_cluster(redis_server.url, shared, pool="api", scheduling=scheduling) as cluster:
-        cluster.start("a", "b")
-        cluster.wait_nodes(2)
+    with token_pool(redis_server.url, shared, munged.socket, users, key_file, "api") as cluster:
         yield cluster
 
 
@@ -86,11 +73,8 @@ def pool(
 def api(
     pool: PoolCluster, shared: Path, munged: MungeDaemon, users: dict[str, User]
 ) -> Iterator[ApiService]:
-    directory = shared / "api"
-    directory.mkdir()
-    directory.chmod(0o755)
-    with api_service(directory, pool.redis_url, pool.pool, munged.socket, users["apisvc"]) as s:
-        yield s
+    with api_beside(pool, shared, munged.socket, users["apisvc"]) as service:
+        yield service
 
 
 def mint(pool: PoolCluster, munged: MungeDaemon, user: User, lifetime: str = "10m") -> str:

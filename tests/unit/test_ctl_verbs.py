@@ -20,7 +20,7 @@ from nodeagent.model.request import Verb
 POOL_CHANGES = frozenset(
     {
         "submit", "cancel", "hold", "release", "requeue", "scale", "queue",
-        "cordon", "drain", "uncordon", "stop", "restart", "token",
+        "cordon", "drain", "uncordon", "stop", "restart", "token", "ui",
     }
 )  # fmt: skip
 
@@ -118,6 +118,11 @@ SIGNED_LINES: list[tuple[list[str], str | None, tuple[Verb, dict[str, Any]] | No
     (["token", "--lifetime", "2h"], None, (Verb.TOKEN, {"action": "mint", "lifetime_s": 7200})),
     (["token", "--revoke", "all"], None, (Verb.TOKEN, {"action": "revoke", "id": "all"})),
     (["token", "--list"], None, None),
+    (
+        ["ui", "--url", "https://login1:8443"],
+        None,
+        (Verb.TOKEN, {"action": "mint", "lifetime_s": 28800}),
+    ),
     (["jobs"], None, None),
     (["status"], "x", None),
 ]

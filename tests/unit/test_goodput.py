@@ -68,6 +68,47 @@ def test_the_pieces_add_up_to_the_wall_time_and_each_is_what_it_says() -> None:
     assert found.unaccounted == ()
 
 
+def test_a_reform_splits_into_stopping_and_rendezvous_and_each_generation_says_its_pace() -> None:
+    """The UI's timeline and step-time chart (docs/ui.md): the last node's ack of generation 2
+    at 107.5 (its old workers stopped) splits re-forming 106 -> 108; a node_ready after the
+    start, or of another generation, does not count; a node named slow is kept."""
+    events = [
+        *two_generations()[:5],
+        at(106.5, "node_ready", 2),
+        at(107.5, "node_ready", 2),
+        at(109, "node_ready", 2),  # after the start: not the stopping
+        at(107.8, "node_ready", 1),
+        Event(
+            "node_slow", 2, "c", data={"step_s": 1.5, "pace_s": 0.9, "began_s": 10}, at_ms=150_000
+        ),
+        *two_generations()[5:],
+    ]
+    found = goodput.account(events, now_ms=10**9)
+    assert found is not None
+    [reform] = found.reforms
+    assert reform.at_s == pytest.approx(105)  # step 100, the last before the fault
+    assert reform.stopping_s == pytest.approx(1.5)  # announced 106 -> acked 107.5
+    assert reform.rendezvous_s == pytest.approx(0.5)  # -> started 108
+    assert reform.stopping_s + reform.rendezvous_s == pytest.approx(reform.reforming_s)
+    first, second = found.trained
+    assert (first.generation, first.world, first.steps) == (1, 4, 100)
+    assert first.step_s == pytest.approx(100 / 99)  # 5 -> 105, 100 steps
+    assert second.step_s == pytest.approx(87 / 99)
+    [slow] = found.slow
+    assert (slow.node, slow.at_s, slow.step_s, slow.pace_s) == ("c", 150, 1.5, 0.9)
+    data: Any = found.to_data()
+    assert data["reforms"][0]["stopping_s"] == 1.5 and data["trained"][1]["steps"] == 100
+
+
+def test_a_generation_still_training_has_no_pace_yet() -> None:
+    running = goodput.account(two_generations()[:7], now_ms=150_000)
+    assert running is not None
+    assert [(t.generation, t.last_s, t.step_s) for t in running.trained] == [
+        (1, 105, 100 / 99),
+        (2, None, None),
+    ]
+
+
 def test_waiting_for_nodes_is_not_a_reform_and_a_running_job_ends_now() -> None:
     events = [
         *two_generations()[:3],

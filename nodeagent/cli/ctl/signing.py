@@ -18,7 +18,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.cli.ctl import scale, submit, token, wait
+from nodeagent.cli.ctl import scale, submit, token, ui, wait
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
@@ -47,6 +47,8 @@ def run(
     if verb is Verb.SCALE and args.wait:
         print(reply.message, flush=True)
         return _scaled(store, munge, args, body, before)
+    if verb is Verb.TOKEN and reply.sealed and args.command == "ui":
+        return ui.received(munge, reply, args.url)
     if verb is Verb.TOKEN and reply.sealed:
         return token.received(munge, reply)
     if verb is Verb.SUBMIT:

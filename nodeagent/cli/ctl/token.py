@@ -72,15 +72,24 @@ def run(target: Target, args: argparse.Namespace) -> int:
 
 def received(munge: Munge, reply: Reply) -> int:
     """Print the token a mint's reply hands out (stdout: the token alone)."""
+    token = unseal(munge, reply)
+    print(reply.message, file=sys.stderr)
+    print(token, flush=True)
+    return 0
+
+
+def unseal(munge: Munge, reply: Reply) -> str:
+    """The token a mint's reply hands out, from the MUNGE credential only this uid decodes.
+
+    Raises:
+        UsageError: not decodable here, not made by an agent, or carrying no token.
+    """
     found = munge.decode(reply.sealed)
     if not isinstance(found, Decoded) or not found.status.signed:
         raise UsageError(f"the pool's answer cannot be decoded here ({found}): is this your uid?")
     if found.uid != 0:
         raise UsageError(f"the pool's answer was made by uid {found.uid}, not by an agent (root)")
     try:
-        token = unsealed(found.payload)
+        return unsealed(found.payload)
     except TokenError as exc:
         raise UsageError(str(exc)) from None
-    print(reply.message, file=sys.stderr)
-    print(token, flush=True)
-    return 0

@@ -44,6 +44,7 @@ from nodeagent.cli.ctl import (
     stop,
     submit,
     token,
+    ui,
     uncordon,
 )
 from nodeagent.cli.ctl.targets import Target
@@ -94,6 +95,7 @@ VERBS: Mapping[str, VerbModule] = {
     "history": history,
     "queue": queue,
     "token": token,
+    "ui": ui,
 }
 
 

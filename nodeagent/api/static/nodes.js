@@ -1,0 +1,27 @@
+// Nodes: health (GPUs, cordons, drains), the job each serves, its labels; read every 2 s.
+import { get, q } from "./api.js";
+import { el, poll, replace, seconds, table } from "./dom.js";
+
+export function nodesPage(main) {
+  const said = el("p", { class: "quiet" });
+  const body = el("div", { id: "nodes" });
+  replace(main, el("h1", {}, "Nodes"), said, body);
+  return poll(async () => {
+    const doc = await get("/v1/nodes");
+    const rows = doc.nodes.map((n) =>
+      el(
+        "tr",
+        { dataset: { node: n.name, health: n.health } },
+        el("td", {}, n.name),
+        el("td", { class: n.health === "ok" ? "" : "bad" }, n.health),
+        el("td", {}, n.job ? el("a", { href: `#/jobs/${q(n.job)}` }, n.job) : "–"),
+        el("td", {}, n.cordon === null ? "" : `cordoned: ${n.cordon || "(no reason)"}`),
+        el("td", {}, Object.entries(n.labels || {}).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`))),
+        el("td", { class: "num" }, seconds(n.heartbeat_age_s)),
+        el("td", {}, n.version ?? "–"),
+      ),
+    );
+    replace(body, table(["node", "health", "job", "cordon", "labels", "heartbeat", "agent"], rows, { class: "rows" }));
+    said.textContent = `${doc.nodes.length} node(s)`;
+  }, said);
+}

@@ -1,0 +1,308 @@
+"""The web UI (issue 65) in a real browser: Debian's Chromium, driven by Selenium through
+Debian's chromedriver, against a live pool. A real munged, redis-server, two pool agents,
+Unix users the tests create (alice and bob submit; apisvc is the API service's account), and
+`nodeagent api` as apisvc on HTTPS with a self-signed certificate.
+
+alice signs in with the link `nodeagentctl ui` prints, sees her job listed, follows rank 0's
+log, watches a killed worker's recovery appear on the job's timeline split into its phases,
+reads where the time went from the goodput chart (its parts add up to the wall time shown),
+and cancels the job from the page. bob, signed in, sees her job with no cancel button, and
+the pool refuses his cancel; a POST forged without the page's CSRF header, or from another
+site, is refused. Screenshots of every page are kept under the test's temporary directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import ssl
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from nodeagent.client import Client
+from tests.helpers.api import ApiService, api_beside, token_key, token_pool
+from tests.helpers.cluster import RedisServer, wait_for
+from tests.helpers.munge import MungeDaemon
+from tests.helpers.pool import PoolCluster
+from tests.helpers.users import User, reachable_dir, unix_users
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.common.by import By  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("ui")]
+CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+STEPPER = """\
+import os, time
+from nodeagent.worker.progress import beat
+print("rank", os.environ["RANK"], "generation", os.environ["NODEAGENT_GENERATION"], flush=True)
+step = 0
+while True:
+    step += 1
+    beat(step)
+    print("step", step, flush=True)
+    time.sleep(0.2)
+"""
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[dict[str, User]]:
+    with unix_users("alice", "bob", "apisvc") as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Path]:
+    with reachable_dir("na-ui-") as path:
+        (path / "stepper.py").write_text(STEPPER)
+        (path / "stepper.py").chmod(0o644)
+        yield path
+
+
+@pytest.fixture(scope="module")
+def pool(
+    redis_server: RedisServer, shared: Path, munged: MungeDaemon, users: dict[str, User]
+) -> Iterator[PoolCluster]:
+    key = token_key(shared / "token.key")
+    with token_pool(redis_server.url, shared, munged.socket, users, key, "ui") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def api(
+    pool: PoolCluster, shared: Path, munged: MungeDaemon, users: dict[str, User]
+) -> Iterator[ApiService]:
+    with api_beside(pool, shared, munged.socket, users["apisvc"]) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def browser(api: ApiService, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if not (os.path.exists(CHROMIUM) and os.path.exists(DRIVER)):
+        pytest.skip("Debian's chromium and chromium-driver are not installed (.ci/setup does)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium')}")
+    options.accept_insecure_certs = True  # the tests' self-signed certificate
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(DRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def ctl(pool: PoolCluster, munged: MungeDaemon, user: User, *args: str) -> str:
+    where = ["--redis", pool.redis_url, "--pool", pool.pool, "--munge-socket", munged.socket]
+    done = user.nodeagentctl(*where, *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def sign_in(browser: Any, link: str, user: str) -> None:
+    browser.delete_all_cookies()
+    browser.get(link)
+    shown(browser, lambda: _text(browser, "who").startswith(user), 30, f"{user} signed in")
+    assert "#" not in browser.current_url.partition("#/")[0]  # the token left the address
+
+
+def shown(browser: Any, probe: Any, timeout: float, what: str) -> Any:
+    """wait_for, saying on a timeout what the page showed and what its console said."""
+    try:
+        return wait_for(probe, timeout, what)
+    except AssertionError as exc:
+        page = browser.find_elements(By.TAG_NAME, "main")
+        console = [e["message"] for e in browser.get_log("browser")]
+        raise AssertionError(
+            f"{exc}\nat {browser.current_url}:\n{page[0].text[:3000] if page else ''}\n"
+            f"console: {console[-20:]}"
+        ) from None
+
+
+def _text(browser: Any, element_id: str) -> str:
+    found = browser.find_elements(By.ID, element_id)
+    return str(found[0].text) if found else ""
+
+
+def _csp_violations(browser: Any) -> list[str]:
+    return [e["message"] for e in browser.get_log("browser") if "Content Security" in e["message"]]
+
+
+def _worker_pid(api: ApiService, token: str, job: str, rank: int) -> int | None:
+    with Client(api.url, token=token, verify=str(api.certificate.cert)) as client:
+        for node in client.status(job)["nodes"]:
+            for worker in node["workers"]:
+                if worker["rank"] == rank and worker["pid"] and worker["state"] == "running":
+                    return int(worker["pid"])
+    return None
+
+
+def test_alice_signs_in_watches_her_job_recover_and_cancels_it_from_the_page(
+    pool: PoolCluster,
+    api: ApiService,
+    munged: MungeDaemon,
+    users: dict[str, User],
+    shared: Path,
+    browser: Any,
+    tmp_path: Path,
+) -> None:
+    alice = users["alice"]
+    link = ctl(pool, munged, alice, "ui", "--url", api.url, "--lifetime", "20m")
+    assert link.startswith(f"{api.url}/ui/signin#nat1.")
+    sign_in(browser, link, alice.name)
+
+    token = ctl(pool, munged, alice, "token", "--lifetime", "20m")
+    with Client(api.url, token=token, verify=str(api.certificate.cert)) as client:
+        submitted = time.monotonic()
+        job = client.submit(
+            [sys.executable, str(shared / "stepper.py")], name="ui-watched", nodes="2:2",
+            workdir=str(shared),
+        )  # fmt: skip
+    row = f'tr[data-job="{job}"]'
+    shown(browser, lambda: browser.find_elements(By.CSS_SELECTOR, row), 30, "the job listed")
+    listed_s = time.monotonic() - submitted
+    browser.save_screenshot(str(tmp_path / "jobs.png"))
+    user = browser.find_element(By.NAME, "user")
+    user.send_keys("nobody-at-all")
+    shown(browser, lambda: "No jobs." in _text(browser, "jobs"), 30, "no job of nobody")
+    user.clear()
+    user.send_keys(alice.name)
+    shown(browser, lambda: browser.find_elements(By.CSS_SELECTOR, row), 30, "her job filtered")
+
+    browser.find_element(By.CSS_SELECTOR, f"{row} a").click()
+    shown(browser, lambda: "step " in _text(browser, "log-lines"), 90, "rank 0's log followed")
+    seen = _text(browser, "log-lines").count("step ")
+    shown(browser, lambda: _text(browser, "log-lines").count("step ") > seen + 3, 30, "new lines")
+
+    pid = wait_for(lambda: _worker_pid(api, token, job, 1), 30, "rank 1's pid")
+    os.kill(pid, signal.SIGKILL)
+    recovery = '#recoveries tr[data-reason="worker_failed"]'
+    shown(
+        browser, lambda: browser.find_elements(By.CSS_SELECTOR, recovery), 90, "the recovery shown"
+    )
+    shown(browser, lambda: _phases(browser, recovery)["start-up"] > 0, 60, "its first step after")
+    phases = _phases(browser, recovery)
+    assert set(phases) == {"detect", "stop", "rendezvous", "start-up"}
+    assert all(v >= 0 for v in phases.values()) and sum(phases.values()) > 0, phases
+    assert browser.find_elements(By.CSS_SELECTOR, "#timeline .fault")
+
+    wall, parts = browser.execute_script(
+        "const c = Chart.getChart('goodput-chart');"
+        "return [Number(document.getElementById('goodput-said').dataset.wall),"
+        " c.data.datasets.map(d => d.data[0])];"
+    )
+    assert len(parts) >= 3 and sum(parts) == pytest.approx(wall, abs=0.002 * len(parts)), parts
+    browser.save_screenshot(str(tmp_path / "job.png"))
+
+    # A change without the page's CSRF header, and a form posted from another site: refused.
+    forged = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        f"fetch('/v1/jobs/{job}/cancel', {{method: 'POST', credentials: 'same-origin'}})"
+        ".then(r => done(r.status));"
+    )
+    assert forged == 403
+    _post_from_another_site(browser, f"{api.url}/v1/jobs/{job}/cancel")
+    assert "401" in browser.page_source or "403" in browser.page_source
+    browser.back()
+    browser.back()
+
+    for page in ("nodes", "queues"):
+        browser.get(f"{api.url}/ui/#/{page}")
+        shown(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "table.rows"), 30, page)
+        browser.save_screenshot(str(tmp_path / f"{page}.png"))
+    browser.get(f"{api.url}/ui/#/jobs/{job}")
+    cancel = shown(browser, lambda: browser.find_elements(By.ID, "cancel"), 30, "the cancel button")
+    assert "running" in _text(browser, "job-head")  # the forged requests changed nothing
+    cancel[0].click()
+    shown(browser, lambda: "cancelled" in _text(browser, "job-head"), 60, "the job cancelled")
+    assert _csp_violations(browser) == []
+    print(f"listed {listed_s:.2f} s after its submission; screenshots in {tmp_path}")
+
+
+def test_bob_sees_alices_job_without_its_actions_and_the_pool_refuses_his_cancel(
+    pool: PoolCluster,
+    api: ApiService,
+    munged: MungeDaemon,
+    users: dict[str, User],
+    shared: Path,
+    browser: Any,
+) -> None:
+    alice, bob = users["alice"], users["bob"]
+    token = ctl(pool, munged, alice, "token", "--lifetime", "10m")
+    with Client(api.url, token=token, verify=str(api.certificate.cert)) as client:
+        job = client.submit(
+            [sys.executable, str(shared / "stepper.py")], name="ui-not-bobs", nodes="1:2",
+            workdir=str(shared),
+        )  # fmt: skip
+        link = ctl(pool, munged, bob, "ui", "--url", api.url, "--lifetime", "10m")
+        sign_in(browser, link, bob.name)
+        browser.get(f"{api.url}/ui/#/jobs/{job}")
+        shown(browser, lambda: alice.name in _text(browser, "job-facts"), 30, "alice's job shown")
+        shown(browser, lambda: "running" in _text(browser, "job-head"), 60, "it runs")
+        assert browser.find_elements(By.ID, "cancel") == []
+        said = browser.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "fetch('/v1/session').then(r => r.json()).then(s =>"
+            f" fetch('/v1/jobs/{job}/cancel', {{method: 'POST',"
+            "  headers: {'x-nodeagent-csrf': s.csrf}}))"
+            ".then(r => r.json().then(p => done([r.status, p.detail])));"
+        )
+        assert said[0] == 403 and "may not" in said[1], said
+        assert client.show(job)["state"] == "running"
+        client.cancel(job)
+
+
+def test_a_link_signs_in_once_and_signing_out_revokes_it(
+    pool: PoolCluster, api: ApiService, munged: MungeDaemon, users: dict[str, User]
+) -> None:
+    link = ctl(pool, munged, users["alice"], "ui", "--url", api.url, "--lifetime", "10m")
+    token = link.partition("#")[2]
+    origin = {"origin": api.url}
+    trust = ssl.create_default_context(cafile=str(api.certificate.cert))
+    with httpx.Client(base_url=api.url, verify=trust) as http:
+        first = http.post("/v1/session", json={"token": token}, headers=origin)
+        assert first.status_code == 200, first.text
+        cookie = first.cookies.get("__Host-nodeagent-session")
+        assert cookie == token and "httponly" in first.headers["set-cookie"].lower()
+        assert "samesite=strict" in first.headers["set-cookie"].lower()
+        again = http.post("/v1/session", json={"token": token}, headers=origin)
+        assert again.status_code == 401 and "works once" in again.json()["detail"]
+        elsewhere = http.post(
+            "/v1/session", json={"token": token}, headers={"origin": "https://evil.example"}
+        )
+        assert elsewhere.status_code == 403
+        session = http.get("/v1/session").json()
+        assert session["user"] == users["alice"].name and len(session["csrf"]) == 64
+        out = http.delete("/v1/session", headers={**origin, "x-nodeagent-csrf": session["csrf"]})
+        assert out.status_code == 200, out.text
+        http.cookies.set("__Host-nodeagent-session", token, domain="127.0.0.1")
+        gone = http.get("/v1/jobs", headers={"authorization": f"Bearer {token}"})
+        assert gone.status_code == 401  # revoked in the pool: no one uses the link's token
+
+
+def _phases(browser: Any, row: str) -> dict[str, float]:
+    cells = browser.find_elements(By.CSS_SELECTOR, f"{row} td[data-phase]")
+    return {c.get_attribute("data-phase"): _seconds(c.text) for c in cells}
+
+
+def _seconds(text: str) -> float:
+    value, _, unit = text.partition(" ")
+    if value in ("\u2013", ""):
+        return 0.0
+    return float(value) / 1000 if unit == "ms" else float(value) * (60 if unit == "min" else 1)
+
+
+def _post_from_another_site(browser: Any, action: str) -> None:
+    """A form on another origin (a data: page) that posts to the API, as a hostile tab would."""
+    page = (
+        "data:text/html,<form id=f method=post action='" + action + "'></form>"
+        "<script>document.getElementById('f').submit()</script>"
+    )
+    browser.get(page)
+    shown(browser, lambda: browser.current_url.startswith(action), 30, "the forged form posted")
