@@ -24,6 +24,7 @@ def nodes(store: PoolStore) -> list[dict[str, Any]]:
                 "pulling": report.pulling if report else None,
                 "health": (report.unfit or "ok") if report else "lost",
                 "cordon": cordon.reason if cordon else None,
+                "drained": cordon.drain if cordon else False,
                 "labels": dict(report.labels) if report else {},
                 "heartbeat_age_s": (snap.now_ms - (deadline - ttl)) / 1000 if report else None,
                 "address": report.address if report else None,

@@ -18,13 +18,14 @@ import ssl
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from nodeagent.client import Client
+from nodeagent.client import ApiError, Client
 from tests.helpers.api import ApiService, api_beside, token_key, token_pool
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.munge import MungeDaemon
@@ -32,6 +33,7 @@ from tests.helpers.pool import PoolCluster
 from tests.helpers.users import User, reachable_dir, unix_users
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("ui")]
@@ -98,6 +100,22 @@ def browser(api: ApiService, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         driver.quit()
 
 
+@contextmanager
+def stepping(api: ApiService, token: str, shared: Path, name: str, nodes: str) -> Iterator[str]:
+    """A job of stepper.py submitted with `token`, cancelled on the way out (whatever the test
+    did), so that the next test finds the pool's nodes free."""
+    with Client(api.url, token=token, verify=str(api.certificate.cert)) as client:
+        job = client.submit(
+            [sys.executable, str(shared / "stepper.py")], name=name, nodes=nodes,
+            workdir=str(shared),
+        )  # fmt: skip
+        try:
+            yield job
+        finally:
+            with suppress(ApiError):
+                client.cancel(job)
+
+
 def ctl(pool: PoolCluster, munged: MungeDaemon, user: User, *args: str) -> str:
     where = ["--redis", pool.redis_url, "--pool", pool.pool, "--munge-socket", munged.socket]
     done = user.nodeagentctl(*where, *args)
@@ -126,8 +144,24 @@ def shown(browser: Any, probe: Any, timeout: float, what: str) -> Any:
 
 
 def _text(browser: Any, element_id: str) -> str:
-    found = browser.find_elements(By.ID, element_id)
-    return str(found[0].text) if found else ""
+    """The element's text now ("" if absent, or replaced as it was read: the pages draw
+    themselves again every second or two)."""
+    try:
+        found = browser.find_elements(By.ID, element_id)
+        return str(found[0].text) if found else ""
+    except StaleElementReferenceException:
+        return ""
+
+
+def _click(browser: Any, css: str) -> bool:
+    """Click the element, if it is there and not replaced meanwhile (then: False, try again)."""
+    try:
+        found = browser.find_elements(By.CSS_SELECTOR, css)
+        if found:
+            found[0].click()
+        return bool(found)
+    except StaleElementReferenceException:
+        return False
 
 
 def _csp_violations(browser: Any) -> list[str]:
@@ -158,12 +192,22 @@ def test_alice_signs_in_watches_her_job_recover_and_cancels_it_from_the_page(
     sign_in(browser, link, alice.name)
 
     token = ctl(pool, munged, alice, "token", "--lifetime", "20m")
-    with Client(api.url, token=token, verify=str(api.certificate.cert)) as client:
-        submitted = time.monotonic()
-        job = client.submit(
-            [sys.executable, str(shared / "stepper.py")], name="ui-watched", nodes="2:2",
-            workdir=str(shared),
-        )  # fmt: skip
+    submitted = time.monotonic()
+    with stepping(api, token, shared, "ui-watched", "2:2") as job:
+        watched(browser, api, token, job, alice.name, submitted, tmp_path)
+    assert _csp_violations(browser) == []
+
+
+def watched(
+    browser: Any,
+    api: ApiService,
+    token: str,
+    job: str,
+    user_name: str,
+    submitted: float,
+    tmp_path: Path,
+) -> None:
+    """alice's page from the listing to the cancel."""
     row = f'tr[data-job="{job}"]'
     shown(browser, lambda: browser.find_elements(By.CSS_SELECTOR, row), 30, "the job listed")
     listed_s = time.monotonic() - submitted
@@ -172,10 +216,10 @@ def test_alice_signs_in_watches_her_job_recover_and_cancels_it_from_the_page(
     user.send_keys("nobody-at-all")
     shown(browser, lambda: "No jobs." in _text(browser, "jobs"), 30, "no job of nobody")
     user.clear()
-    user.send_keys(alice.name)
+    user.send_keys(user_name)
     shown(browser, lambda: browser.find_elements(By.CSS_SELECTOR, row), 30, "her job filtered")
 
-    browser.find_element(By.CSS_SELECTOR, f"{row} a").click()
+    shown(browser, lambda: _click(browser, f"{row} a"), 30, "the job's link clicked")
     shown(browser, lambda: "step " in _text(browser, "log-lines"), 90, "rank 0's log followed")
     seen = _text(browser, "log-lines").count("step ")
     shown(browser, lambda: _text(browser, "log-lines").count("step ") > seen + 3, 30, "new lines")
@@ -186,7 +230,12 @@ def test_alice_signs_in_watches_her_job_recover_and_cancels_it_from_the_page(
     shown(
         browser, lambda: browser.find_elements(By.CSS_SELECTOR, recovery), 90, "the recovery shown"
     )
-    shown(browser, lambda: _phases(browser, recovery)["start-up"] > 0, 60, "its first step after")
+    shown(
+        browser,
+        lambda: _phases(browser, recovery).get("start-up", 0) > 0,
+        60,
+        "its first step after",
+    )
     phases = _phases(browser, recovery)
     assert set(phases) == {"detect", "stop", "rendezvous", "start-up"}
     assert all(v >= 0 for v in phases.values()) and sum(phases.values()) > 0, phases
@@ -217,11 +266,10 @@ def test_alice_signs_in_watches_her_job_recover_and_cancels_it_from_the_page(
         shown(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "table.rows"), 30, page)
         browser.save_screenshot(str(tmp_path / f"{page}.png"))
     browser.get(f"{api.url}/ui/#/jobs/{job}")
-    cancel = shown(browser, lambda: browser.find_elements(By.ID, "cancel"), 30, "the cancel button")
-    assert "running" in _text(browser, "job-head")  # the forged requests changed nothing
-    cancel[0].click()
+    shown(browser, lambda: "running" in _text(browser, "job-head"), 30, "the job's page")
+    assert browser.find_elements(By.ID, "cancel")  # the forged requests changed nothing
+    shown(browser, lambda: _click(browser, "#cancel"), 30, "the cancel button clicked")
     shown(browser, lambda: "cancelled" in _text(browser, "job-head"), 60, "the job cancelled")
-    assert _csp_violations(browser) == []
     print(f"listed {listed_s:.2f} s after its submission; screenshots in {tmp_path}")
 
 
@@ -235,11 +283,11 @@ def test_bob_sees_alices_job_without_its_actions_and_the_pool_refuses_his_cancel
 ) -> None:
     alice, bob = users["alice"], users["bob"]
     token = ctl(pool, munged, alice, "token", "--lifetime", "10m")
-    with Client(api.url, token=token, verify=str(api.certificate.cert)) as client:
-        job = client.submit(
-            [sys.executable, str(shared / "stepper.py")], name="ui-not-bobs", nodes="1:2",
-            workdir=str(shared),
-        )  # fmt: skip
+    trust = str(api.certificate.cert)
+    with (
+        stepping(api, token, shared, "ui-not-bobs", "1:2") as job,
+        Client(api.url, token=token, verify=trust) as client,
+    ):
         link = ctl(pool, munged, bob, "ui", "--url", api.url, "--lifetime", "10m")
         sign_in(browser, link, bob.name)
         browser.get(f"{api.url}/ui/#/jobs/{job}")
@@ -255,7 +303,6 @@ def test_bob_sees_alices_job_without_its_actions_and_the_pool_refuses_his_cancel
         )
         assert said[0] == 403 and "may not" in said[1], said
         assert client.show(job)["state"] == "running"
-        client.cancel(job)
 
 
 def test_a_link_signs_in_once_and_signing_out_revokes_it(
@@ -287,8 +334,11 @@ def test_a_link_signs_in_once_and_signing_out_revokes_it(
 
 
 def _phases(browser: Any, row: str) -> dict[str, float]:
-    cells = browser.find_elements(By.CSS_SELECTOR, f"{row} td[data-phase]")
-    return {c.get_attribute("data-phase"): _seconds(c.text) for c in cells}
+    try:
+        cells = browser.find_elements(By.CSS_SELECTOR, f"{row} td[data-phase]")
+        return {c.get_attribute("data-phase"): _seconds(c.text) for c in cells}
+    except StaleElementReferenceException:
+        return {}
 
 
 def _seconds(text: str) -> float:

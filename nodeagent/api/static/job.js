@@ -68,7 +68,7 @@ export function jobPage(main, name) {
       charts.steps.show(doc.goodput);
       replace(parts.nodes, ranks(status));
       replace(parts.events, eventList(events.events));
-      log.world(status?.world_size || 0);
+      log.world(status?.world_size || 0, ENDED.has(doc.state));
       parts.said.textContent = `read ${new Date().toLocaleTimeString()}`;
       parts.said.className = "quiet";
     } catch (error) {
@@ -141,6 +141,7 @@ function facts(doc) {
     ["ended", doc.ended],
     ["restarts", doc.restarts],
     ["held by", doc.held_by],
+    ["dependency", doc.dependency],
     ["detail", doc.detail],
   ].filter(([, v]) => v !== null && v !== undefined && v !== "");
   return el("dl", { class: "facts" }, rows.map(([k, v]) => [el("dt", {}, k), el("dd", {}, `${v}`)]));
@@ -212,7 +213,8 @@ function ranks(status) {
       el("td", {}, n.name),
       el("td", { class: "num" }, n.group_rank ?? "–"),
       el("td", {}, (n.workers || []).map((w) => `${w.rank}:${w.state}`).join(" ")),
-      el("td", {}, n.unfit || "ok"),
+      el("td", { class: n.unfit ? "bad" : "" }, n.unfit || "ok"),
+      el("td", {}, gpus(n.gpu)),
       el("td", {}, status.slow_nodes?.includes(n.name) ? "slow" : ""),
     ),
   );
@@ -221,8 +223,17 @@ function ranks(status) {
     {},
     el("p", {}, `generation ${status.generation}, world ${status.world_size}, `,
       `target ${status.target_nodes ?? "–"} nodes, leader ${status.leader ?? "–"}`),
-    table(["node", "group rank", "ranks", "health", ""], rows, { class: "rows" }),
+    table(["node", "group rank", "ranks", "health", "GPUs", ""], rows, { class: "rows" }),
   );
+}
+
+// Each GPU's verdict (gpu/: NVML's health, XIDs), its reason on hover.
+function gpus(summary) {
+  if (!summary) return "–";
+  if (!summary.available) return `not watched: ${summary.reason}`;
+  return summary.gpus.map((g) =>
+    el("span", { class: `label ${g.health === "healthy" ? "" : "bad"}`, title: g.reason || g.action },
+      `${g.index}: ${g.health}`));
 }
 
 function eventList(events) {
@@ -240,42 +251,63 @@ function eventList(events) {
   return table(["at", "gen", "event", "node", ""], rows, { class: "rows events" });
 }
 
-// A rank's log: its last lines, then new ones as they come (server-sent events).
+// A rank's log: its last lines, then new ones as they come (server-sent events). A stream
+// refused or cut (the rank not started yet, a new generation on another node) is opened again
+// after a moment, without the lines shown already, until the job has ended.
 function logPanel(root, base) {
   const rank = el("select", { name: "rank", id: "log-rank" });
   const out = el("pre", { class: "log", id: "log-lines" });
   const said = el("p", { class: "quiet", id: "log-said" });
-  let stop = () => {};
-  let ranks = 0;
-  const start = () => {
-    stop();
-    out.replaceChildren();
+  let close = () => {};
+  let retry = null;
+  let shown = 0;
+  let ended = false;
+  const start = (fresh) => {
+    close();
+    clearTimeout(retry);
+    if (fresh) {
+      out.replaceChildren();
+      shown = 0;
+    }
     said.textContent = `following rank ${rank.value}…`;
-    stop = follow(
-      `${base}/logs/${q(rank.value)}?tail=50&follow=true`,
+    const tail = shown ? 0 : 50;
+    close = follow(
+      `${base}/logs/${q(rank.value)}?tail=${tail}&follow=true`,
       (doc) => {
         if (doc.line !== undefined) {
           out.append(`${doc.line}\n`);
+          shown += 1;
           out.scrollTop = out.scrollHeight;
         } else if (doc.notice !== undefined) said.textContent = doc.notice;
       },
       () => {
-        said.textContent = `rank ${rank.value}'s log ended`;
+        if (ended) {
+          said.textContent = `rank ${rank.value}'s log: the job has ended`;
+          return;
+        }
+        said.textContent = `rank ${rank.value}'s log: not reachable now, trying again`;
+        retry = setTimeout(() => start(false), 2000);
       },
     );
   };
-  rank.addEventListener("change", start);
+  rank.addEventListener("change", () => start(true));
   root.append(el("label", {}, "rank ", rank), said, out);
+  let ranks = 0;
   return {
-    world(size) {
+    world(size, jobEnded) {
+      ended = jobEnded;
       if (size === ranks || size === 0) return;
       const first = ranks === 0;
       ranks = size;
       const chosen = rank.value || "0";
       rank.replaceChildren(...Array.from({ length: size }, (_, r) => el("option", { value: r }, `${r}`)));
       rank.value = Number(chosen) < size ? chosen : "0";
-      if (first) start();
+      if (first) start(true);
     },
-    stop: () => stop(),
+    stop: () => {
+      ended = true;
+      clearTimeout(retry);
+      close();
+    },
   };
 }

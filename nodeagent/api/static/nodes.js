@@ -15,7 +15,7 @@ export function nodesPage(main) {
         el("td", {}, n.name),
         el("td", { class: n.health === "ok" ? "" : "bad" }, n.health),
         el("td", {}, n.job ? el("a", { href: `#/jobs/${q(n.job)}` }, n.job) : "–"),
-        el("td", {}, n.cordon === null ? "" : `cordoned: ${n.cordon || "(no reason)"}`),
+        el("td", {}, n.cordon === null ? "" : `${n.drained ? "drained" : "cordoned"}: ${n.cordon || "(no reason)"}`),
         el("td", {}, Object.entries(n.labels || {}).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`))),
         el("td", { class: "num" }, seconds(n.heartbeat_age_s)),
         el("td", {}, n.version ?? "–"),
