@@ -339,6 +339,27 @@ class PoolStore:
             self._specs[job_id] = (raw, found[job_id])
         return found
 
+    def tasks_of(self, array_id: str) -> list[str]:
+        """The ids of array `array_id`'s tasks (model/array.py) the pool holds: the jobs
+        `ARRAY_T` whose spec says they are its tasks, in index order. A rare read (a verb on a
+        whole array): every status and these specs, not the leader's cached specs."""
+        prefix = f"{array_id}_"
+        with redis_errors("read the pool's jobs"):
+            ids: Any = self.client.hgetall(self.keys.jobs)  # HKEYS is not in the ACL
+            named = [
+                str(j) for j in ids if str(j).startswith(prefix) and str(j)[len(prefix) :].isdigit()
+            ]
+            raws: Any = self.client.hmget(self.keys.specs, named) if named else []
+        found = []
+        for job_id, raw in zip(named, raws, strict=True):
+            try:
+                spec = JobSpec.from_json(raw) if raw is not None else None
+            except CorruptStateError:
+                continue
+            if spec is not None and spec.array_task is not None and spec.array_task.job == array_id:
+                found.append((spec.array_task.index, job_id))
+        return [job_id for _, job_id in sorted(found)]
+
     def spec(self, job_id: str) -> JobSpec | str | None:
         """One job's spec, why it is unreadable, or None when no such job was submitted."""
         found = self.specs([job_id])[job_id]
@@ -409,41 +430,53 @@ class PoolStore:
         """Store a new job (pending); (False, its status) when the id is in use by a job that
         has not ended (or a pinned one). The id of an ended job is taken over: that job moves to
         the history (poolscripts.POOL_SUBMIT). `held_by`: submitted held (submit --hold)."""
+        with redis_errors("submit"):
+            created, raw = self._submit(self._submission(spec, pinned, held_by, True))
+        return bool(created), _status(raw)
+
+    def submit_many(
+        self, specs: Sequence[JobSpec], held_by: str, event: Event
+    ) -> list[tuple[bool, PoolJob | None]]:
+        """Store the jobs of one submission (an array's tasks) in one round trip, as `submit`
+        stores each; one event says so, not one per job."""
+        pipe = self.client.pipeline(transaction=False)
+        for i, spec in enumerate(specs):
+            call = self._submission(spec, False, held_by, False)
+            if i == 0:
+                call = call._replace(args={**call.args, "event": event.to_json()})
+            self._submit(call, client=pipe)
+        with redis_errors("submit"):
+            replies = pipe.execute()
+        return [(bool(created), _status(raw)) for created, raw in replies]
+
+    def _submission(self, spec: JobSpec, pinned: bool, held_by: str, said: bool) -> Call:
         k = self.keys
         event = Event(
             "job_submitted",
             message=f"job {spec.id}: submitted by {spec.submitted_by or 'its nodes'}",
             data={"job": spec.id},
         )
-        with redis_errors("submit"):
-            created, raw = self._submit(
-                Call(
-                    {
-                        "specs": k.specs,
-                        "jobs": k.jobs,
-                        "seq": k.seq,
-                        "events": k.events,
-                        "cancels": k.cancels,
-                        "history": k.history,
-                        "ended": k.ended,
-                        "holds": k.holds,
-                        "requeues": k.requeues,
-                    },
-                    {
-                        "held_by": held_by,
-                        "job": spec.id,
-                        "spec": spec.to_json(),
-                        "pinned": "1" if pinned else "0",
-                        "events_maxlen": EVENTS_MAXLEN,
-                        "event": event.to_json(),
-                    },
-                )
-            )
-        try:
-            status = PoolJob.from_json(raw) if raw else None
-        except CorruptStateError:
-            status = None
-        return bool(created), status
+        return Call(
+            {
+                "specs": k.specs,
+                "jobs": k.jobs,
+                "seq": k.seq,
+                "events": k.events,
+                "cancels": k.cancels,
+                "history": k.history,
+                "ended": k.ended,
+                "holds": k.holds,
+                "requeues": k.requeues,
+            },
+            {
+                "held_by": held_by,
+                "job": spec.id,
+                "spec": spec.to_json(),
+                "pinned": "1" if pinned else "0",
+                "events_maxlen": EVENTS_MAXLEN,
+                "event": event.to_json() if said else "",
+            },
+        )
 
     def cordon(self, name: str, cordon: Cordon) -> None:
         """Keep `name` out of new placements (and, with drain, off its job now)."""
@@ -544,3 +577,10 @@ class PoolStore:
         event = Event("node_left", node=name, message=f"{name} left the pool")
         with redis_errors("leave the pool"):
             self._leave(leave_call(k, name, event))
+
+
+def _status(raw: Any) -> PoolJob | None:
+    try:
+        return PoolJob.from_json(raw) if raw else None
+    except CorruptStateError:
+        return None

@@ -166,7 +166,9 @@ local status = string.format('{"pinned":%s,"reason":"submitted","seq":%.0f,"stal
   .. '"state":"pending","submitted_ms":%.0f}', pinned, seq, stale, now)
 redis.call('HSET', K.specs, A.job, A.spec)
 redis.call('HSET', K.jobs, A.job, status)
-redis.pcall('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'event', A.event)
+if A.event ~= '' then
+  redis.pcall('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'event', A.event)
+end
 return {1, status}
 """,
 )

@@ -36,7 +36,10 @@ from nodeagent.config.settings import (
 )
 from nodeagent.config.values import Section, check_name, parse_duration, parse_signal
 from nodeagent.errors import ConfigError, CorruptStateError
+from nodeagent.model import array, depend
+from nodeagent.model.array import Array, ArrayError, ArrayTask, task_id, task_of
 from nodeagent.model.credential import digest_of
+from nodeagent.model.depend import Dependency, DependencyError
 
 MAX_PRIORITY = 1_000_000
 SPEC_MAX_BYTES = 64 * 1024  # a spec is a page of YAML; anything bigger is not one
@@ -78,6 +81,10 @@ class JobSpec:
     signature: str = ""
     time_limit: float | None = None  # seconds it may run once admitted (sbatch --time)
     signal: tuple[str, float] | None = None  # (USR1, 300): sent 300 s before the time limit
+    dependency: tuple[Dependency, ...] = ()  # what must hold first (sbatch --dependency)
+    name: str | None = None  # its name for `singleton` (sbatch --job-name; default: its id)
+    array: Array | None = None  # a submission of one job per task (sbatch --array)
+    array_task: ArrayTask | None = None  # the task of an array this job is
 
     @property
     def id(self) -> str:
@@ -122,6 +129,10 @@ class JobSpec:
             "signature": self.signature or None,
             "time_limit": self.time_limit,
             "signal": f"{self.signal[0]}@{self.signal[1]:g}" if self.signal else None,
+            "dependency": depend.text(self.dependency) or None,
+            "name": self.name,
+            "array": str(self.array) if self.array is not None else None,
+            "array_task": self.array_task.to_doc() if self.array_task is not None else None,
         }
         doc.update({k: v for k, v in optional.items() if v is not None})
         return doc
@@ -193,6 +204,12 @@ def load_spec(
     selector = _selector(root)
     preemptible = root.get("preemptible", bool, False)
     time_limit, signal = _time_limit(root)
+    dependency = _dependency(root)
+    name = root.get("name", str, "") or None
+    if name is not None:
+        check_name(name, "name")
+    array = _array(root, job.id)
+    task = _array_task(root.section("array_task")) if submitted and root.raw("array_task") else None
     root.reject_unknown()
     return JobSpec(
         job,
@@ -207,7 +224,62 @@ def load_spec(
         signature[:4096],
         time_limit=time_limit,
         signal=signal,
+        dependency=dependency,
+        name=name,
+        array=array,
+        array_task=task,
     )
+
+
+def array_tasks(spec: JobSpec) -> list[JobSpec]:
+    """The jobs an array submission makes, one per task: `JOB_T`, each with its task's
+    variables in its environment (model/array.py)."""
+    if spec.array is None:
+        return [spec]
+    found = []
+    for index in spec.array.indices:
+        task = task_of(spec.id, spec.array, index)
+        job = dataclasses.replace(
+            spec.job, id=task_id(spec.id, index), env={**spec.job.env, **task.env()}
+        )
+        found.append(dataclasses.replace(spec, job=job, array=None, array_task=task))
+    return found
+
+
+def _array(root: Section, job_id: str) -> Array | None:
+    given = root.get("array", str, "")
+    if not given:
+        return None
+    try:
+        found = array.parse(given)
+    except ArrayError as exc:
+        raise ConfigError("array", str(exc)) from None
+    longest = task_id(job_id, found.indices[-1])
+    if len(longest) > 63:
+        raise ConfigError("array", f"task id {longest!r} is over 63 characters: a shorter id")
+    return found
+
+
+def _array_task(section: Section) -> ArrayTask:
+    limit = section.get("limit", int, 0)
+    return ArrayTask(
+        check_name(section.get("job", str, ""), "array_task.job"),
+        section.get("index", int, 0),
+        section.get("count", int, 0),
+        section.get("first", int, 0),
+        section.get("last", int, 0),
+        limit or None,
+    )
+
+
+def _dependency(root: Section) -> tuple[Dependency, ...]:
+    given = root.get("dependency", str, "")
+    if not given:
+        return ()
+    try:
+        return depend.parse(given)
+    except DependencyError as exc:
+        raise ConfigError("dependency", str(exc)) from None
 
 
 def _time_limit(root: Section) -> tuple[float | None, tuple[str, float] | None]:

@@ -101,7 +101,9 @@ def read_view(
     )
     nodes = (views or NodeViews()).of(snap.nodes, snap.cordons)
     jobs = {j: _job_view(j, snap, specs[j], records.get(j)) for j in live}
-    return snap, PoolView(snap.now_ms, nodes, jobs, snap.placements, snap.queues), records
+    ended = {j: s.state for j, s in snap.jobs.items() if j not in jobs and s.state.ended}
+    view = PoolView(snap.now_ms, nodes, jobs, snap.placements, snap.queues, ended)
+    return snap, view, records
 
 
 _NONE: Mapping[str, str] = MappingProxyType({})
@@ -149,6 +151,11 @@ def _job_view(
         requeue=requeue.by if requeue and requeue.admitted_ms == status.admitted_ms else None,
         exit_code=record.exit_code if record is not None and record.state.terminal else None,
         standby=job.slow_node.policy == "replace",
+        dependency=spec.dependency,
+        user=spec.user,
+        name=spec.name or job_id,
+        array=spec.array_task.job if spec.array_task is not None else None,
+        array_limit=spec.array_task.limit if spec.array_task is not None else None,
     )
 
 

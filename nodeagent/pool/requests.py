@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.config.container import pool_refusal
 from nodeagent.coord import holds
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
@@ -34,22 +33,23 @@ from nodeagent.model.credential import (
     credential_id,
 )
 from nodeagent.model.job import Command, CommandType, Cordon, Event
-from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
+from nodeagent.model.pool import PoolJobState
 from nodeagent.model.queues import DEFAULT, MAX_NODES, QueueView
 from nodeagent.model.request import Caller, Reply, Request, Verb
 from nodeagent.model.spec import JobSpec, load_spec
 from nodeagent.model.token import is_token_credential
 from nodeagent.pool import cordoning, jobverbs
 from nodeagent.pool.authority import Authority
-from nodeagent.pool.schedule import matches
+from nodeagent.pool.submission import (
+    Refused,
+    in_use,
+    store_array,
+    submission_refusal,
+)
 from nodeagent.pool.tokens import Minted, TokenRefused, Tokens, who_is
 
 log = logging.getLogger(__name__)
 BATCH = 64  # requests taken at once (their answers written in one round trip)
-
-
-class Refused(Exception):
-    """A request the caller may not make, or one that cannot be done: the reply says why."""
 
 
 class Missing(Refused):
@@ -157,9 +157,14 @@ class Requests:
         if request.verb is Verb.SUBMIT:
             return self._submit(caller, args.get("spec"), args.get("hold") is True)
         if request.verb in (Verb.HOLD, Verb.RELEASE, Verb.REQUEUE):
-            return self._job_verb(caller, request.verb.value, _name(args, "job"))
+            verb = request.verb.value
+            return self._each(
+                caller, verb, _name(args, "job"), lambda j: self._job_verb(caller, verb, j)
+            )
         if request.verb is Verb.CANCEL:
-            return self._cancel(caller, _name(args, "job"))
+            return self._each(
+                caller, "cancel", _name(args, "job"), lambda j: self._cancel(caller, j)
+            )
         if request.verb is Verb.SCALE:
             return self._scale(caller, _name(args, "job"), str(args.get("target", "")))
         if request.verb is Verb.COMMAND:
@@ -183,30 +188,17 @@ class Requests:
                 f"{caller.name} may not submit as {spec.user}: only operators (pool.operators) "
                 "name another user"
             )
-        queue = self._queue_of(spec.queue)
-        if queue.max_priority is not None and spec.priority > queue.max_priority:
-            raise Refused(
-                f"priority {spec.priority} is above queue {queue.name}'s ceiling of "
-                f"{queue.max_priority}"
-            )
-        if spec.job.container is not None:  # every node's report read only where it matters
-            refused = container_refusal(spec, self._store.nodes().values())
-            if refused is not None:
-                raise Refused(refused)
+        refused = submission_refusal(self._store, spec)
+        if refused is not None:
+            raise Refused(refused)
+        if spec.array is not None:
+            by = replace(spec, submitted_by=caller.name)
+            return store_array(self._store, by, caller.name if hold else "", self._sign)
         signed = self._sign(replace(spec, submitted_by=caller.name))
         created, status = self._store.submit(signed, held_by=caller.name if hold else "")
         if not created:
             raise Refused(in_use(spec.id, self._store.keys.pool, status))
         return f"job {spec.id} submitted, runs as {spec.user}"
-
-    def _queue_of(self, name: str) -> QueueView:
-        found = self._store.queue(name)
-        if found is None and name != DEFAULT:
-            raise Refused(
-                f"queue {name} does not exist in pool {self._store.keys.pool}: an operator "
-                f"makes it (`nodeagentctl queue create {name}`)"
-            )
-        return found or QueueView(DEFAULT)
 
     def _owned(
         self, caller: Caller, job_id: str, verb: str, pinned_ok: bool = False
@@ -233,6 +225,31 @@ class Requests:
         if not caller.may_act_on(spec.user):
             raise Forbidden(f"{caller.name} may not {verb} job {job_id} of {spec.user}")
         return status.state, spec
+
+    def _each(self, caller: Caller, verb: str, job_id: str, act: Callable[[str], str]) -> str:
+        """`verb` on the job, or, when no job has that id, on each task of the array of that
+        id it can be done to now (model/array.py): those that have ended, say, are left."""
+        if self._store.status(job_id) is not None:
+            return act(job_id)
+        tasks = self._store.tasks_of(job_id)
+        if not tasks:
+            raise Missing(
+                f"no job {job_id!r} in pool {self._store.keys.pool}, nor an array of that id"
+            )
+        done, left = 0, []
+        for task in tasks:
+            try:
+                act(task)
+                done += 1
+            except Forbidden:
+                raise
+            except (Refused, Missing) as exc:
+                left.append(str(exc))
+        if not done:
+            raise Refused(
+                f"array {job_id}: {verb} done to none of its {len(tasks)} tasks: {left[0]}"
+            )
+        return f"array {job_id}: {verb} done to {done} of its {len(tasks)} tasks by {caller.name}"
 
     def _cancel(self, caller: Caller, job_id: str) -> str:
         state, _ = self._owned(caller, job_id, "cancel")
@@ -374,30 +391,6 @@ class Requests:
 
 
 _KINDS = {Missing: "missing", Forbidden: "forbidden", Invalid: "invalid", TokenRefused: "forbidden"}
-
-
-def container_refusal(spec: JobSpec, nodes: Iterable[PoolNode]) -> str | None:
-    """Why `submit` refuses `spec`'s container: no live node its selector names would run it,
-    by the rules the nodes offer in their reports (docs/pool.md, "Your own software"). None
-    also when no node said (a pool of older agents, or none up yet): placement decides then."""
-    container = spec.job.container
-    if container is None:
-        return None
-    offers = [
-        n.containers for n in nodes if n.containers is not None and matches(n.labels, spec.selector)
-    ]
-    return pool_refusal(container, offers)
-
-
-def in_use(job_id: str, pool: str, status: PoolJob | None) -> str:
-    """Why a submission under `job_id` is refused: a job of that id has not ended."""
-    if status is not None and status.pinned:
-        return f"job {job_id} exists in pool {pool}: its nodes' job: sections run it"
-    state = status.state.value if status is not None else "its status unreadable"
-    return (
-        f"job {job_id} exists in pool {pool} and has not ended ({state}); choose another "
-        "--name, or submit it again once it has ended"
-    )
 
 
 def resolve_target(value: str, current: int) -> int:

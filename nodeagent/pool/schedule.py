@@ -8,6 +8,12 @@ Rules (docs/design.md, "The pool"):
 - queues (nodeagent.model.queues): a job is admitted, or grows, only within its queue's quota;
   a job of a queue that does not exist waits;
 - order: priority (higher first), then first come, first served;
+- arrays (model/array.py): a task is admitted only while its array runs fewer tasks than its
+  limit (`--array 0-999%50`);
+- dependencies (model/depend.py, sbatch --dependency): a pending job whose dependencies do not
+  hold yet waits, saying for what, and holds nothing back; one whose dependencies can never hold
+  ends cancelled, saying why; each is judged on the states this round settled, so a dependent is
+  admitted in the round that records its parent's success;
 - preemption by shrinking (nodeagent.pool.preempt): a pending job that does not fit takes the
   nodes lower-priority jobs hold above their min_nodes (or, for a queue below its guaranteed
   share, those of queues above theirs), after waiting `preempt_after`, and evicts whole
@@ -30,10 +36,12 @@ Rules (docs/design.md, "The pool"):
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from nodeagent.config.values import format_duration
+from nodeagent.model import depend
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT, Ledger, QueueView
@@ -52,6 +60,7 @@ __all__ = [
 ]
 
 _CANCELLED = PoolJobState.CANCELLED
+RUNNING = PoolJobState.RUNNING
 _ENDED = {
     JobState.SUCCEEDED: PoolJobState.SUCCEEDED,
     JobState.FAILED: PoolJobState.FAILED,
@@ -340,9 +349,19 @@ def _admit(run: _Run, policy: SchedulePolicy) -> bool:
         key=lambda j: j.order,
     )
     reserving: JobView | None = None
+    tasks = Counter(  # the tasks of each array running now, for arrays with a limit
+        j.array
+        for j in view.jobs.values()
+        if j.array_limit and run.status(j).state is PoolJobState.RUNNING
+    )
     for job in pending:
         if job.held is not None:
             run.note(job, f"held by {job.held}: `nodeagentctl release {job.id}` lets it go")
+            continue
+        if job.dependency and not _depends(run, job):
+            continue
+        if job.array is not None and job.array_limit and tasks[job.array] >= job.array_limit:
+            run.note(job, f"array {job.array} runs {job.array_limit} tasks at once, its limit")
             continue
         if reserving is None and run.serving.get(job.id):  # requeued, evicted: it keeps its
             stopping = ", ".join(sorted(run.serving[job.id])[:3])  # place, nodes wait for it
@@ -362,8 +381,10 @@ def _admit(run: _Run, policy: SchedulePolicy) -> bool:
         if free >= job.min_nodes:
             take = run.take(job, want)
             run.move(job, PoolJobState.RUNNING, f"admitted on {len(take)} nodes", "job_admitted")
+            tasks[job.array] += 1
             continue
         if _preempt(run, job, policy, job.min_nodes - free, want):
+            tasks[job.array] += 1
             continue
         fits_pool = _could_fit(run, job)
         if fits_pool is not None:
@@ -374,6 +395,34 @@ def _admit(run: _Run, policy: SchedulePolicy) -> bool:
         if waited >= policy.reserve_after_ms:
             reserving = job
     return reserving is not None
+
+
+def _depends(run: _Run, job: JobView) -> bool:
+    """Whether `job`'s dependencies hold (model/depend.py), on the states this round settled:
+    a job whose parent's success is recorded in this round is admitted in it. One that waits
+    says for what; one whose dependencies can never hold ends, saying why."""
+    jobs, ended = run.view.jobs, run.view.ended
+
+    def state_of(job_id: str) -> PoolJobState | None:
+        found = jobs.get(job_id)
+        return run.status(found).state if found is not None else ended.get(job_id)
+
+    def earlier_namesakes() -> list[str]:
+        seq = job.status.seq
+        return [
+            j.id
+            for j in jobs.values()
+            if j.user == job.user and j.name == job.name and j.status.seq < seq
+            and not run.status(j).state.ended
+        ]  # fmt: skip
+
+    found = depend.verdict(job.dependency, state_of, earlier_namesakes)
+    if found.never:
+        reason = f"dependency never satisfied: {found.why}"
+        run.move(job, PoolJobState.CANCELLED, reason, "job_ended")
+    elif not found.ready:
+        run.note(job, found.why)
+    return found.ready
 
 
 def _held_by_queue(run: _Run, job: JobView) -> str | None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from nodeagent.model.depend import Dependency
 from nodeagent.model.job import Event
-from nodeagent.model.pool import PoolJob
+from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import QueueView
 from nodeagent.state import JobState
 
@@ -52,6 +53,11 @@ class JobView:
     requeue: str | None = None  # who asked to put this run back in the queue
     exit_code: int | None = None  # its record's, once the record has ended
     standby: bool = False  # holds a free node beyond its target (slow_node.policy: replace)
+    dependency: tuple[Dependency, ...] = ()  # what must hold before it is admitted
+    user: str = ""
+    name: str = ""  # its spec's name, else its id (singleton)
+    array: str | None = None  # the array it is a task of (model/array.py)
+    array_limit: int | None = None  # ... which runs at most this many tasks at once
 
     @property
     def order(self) -> tuple[int, int]:
@@ -65,6 +71,8 @@ class PoolView:
     jobs: Mapping[str, JobView]
     placements: Mapping[str, str]  # node -> job, as committed
     queues: Mapping[str, QueueView] = field(default_factory=dict)  # `default` is implicit
+    # how the jobs not in `jobs` ended (kept for pool.keep_ended): what dependencies look at
+    ended: Mapping[str, PoolJobState] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import NotFoundError
 from nodeagent.job.history import generations, restarts_by_cause
-from nodeagent.model import goodput
+from nodeagent.model import depend, goodput
 from nodeagent.model.job import Event
 from nodeagent.model.spec import JobSpec
 from nodeagent.views.documents import JSON_VERSION as VERSION
@@ -49,6 +49,7 @@ def show(store: PoolStore, prefix: str, job_id: str) -> dict[str, Any]:
         min_nodes=entry.spec.job.min_nodes if entry.spec else None,
         max_nodes=entry.spec.job.max_nodes if entry.spec else None,
         time_limit=_limit(entry.spec),
+        dependency=depend.text(entry.spec.dependency) or None if entry.spec else None,
         held_by=holds.held_by(store, job_id),
         placed=placed,
         restarts=record.restart_count if record else None,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nodeagent.cli.ctl import argtypes, caller
+from nodeagent.cli.ctl import argtypes, caller, checks
 from nodeagent.cli.ctl.targets import Target
-from nodeagent.errors import NotFoundError, UsageError
+from nodeagent.errors import UsageError
 from nodeagent.model.pool import PoolJobState
 from nodeagent.model.request import Verb
 
@@ -25,17 +25,24 @@ def request(args: argparse.Namespace, user: str, job: str | None) -> tuple[Verb,
 
 
 def run(target: Target, args: argparse.Namespace) -> int:
+    """The job, or each task of the array of that id that has not ended."""
     store, job_id, by = target.pool_store, args.job_id, caller.by()
-    status = store.status(job_id)
-    if status is None:
-        raise NotFoundError(f"no job {job_id!r} in pool {store.keys.pool} (see nodeagentctl jobs)")
-    if status.state.ended:
-        raise UsageError(f"job {job_id} has ended already ({status.state.value})")
-    if status.pinned:
-        raise UsageError(
-            f"job {job_id} comes from its nodes' job: sections; stop it with "
-            f"`nodeagentctl --job {job_id} stop`"
-        )
-    store.cancel(job_id, by, running=status.state is PoolJobState.RUNNING)
-    print(f"job {job_id}: cancel requested")
+    found = checks.job_or_tasks(store, job_id)
+    array = len(found) > 1 or found[0][0] != job_id
+    if array:
+        found = [(t, s) for t, s in found if not s.state.ended]
+    for task, status in found:
+        if status.state.ended:
+            raise UsageError(f"job {task} has ended already ({status.state.value})")
+        if status.pinned:
+            raise UsageError(
+                f"job {task} comes from its nodes' job: sections; stop it with "
+                f"`nodeagentctl --job {task} stop`"
+            )
+    if not found:
+        raise UsageError(f"array {job_id}: every task has ended already")
+    for task, status in found:
+        store.cancel(task, by, running=status.state is PoolJobState.RUNNING)
+    print(f"array {job_id}: cancel requested for {len(found)} tasks" if array
+          else f"job {job_id}: cancel requested")  # fmt: skip
     return 0

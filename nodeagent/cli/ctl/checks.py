@@ -8,9 +8,11 @@ import argparse
 
 from nodeagent.cli.ctl import caller
 from nodeagent.cli.ctl.targets import Target
+from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore, Snapshot
 from nodeagent.errors import NotFoundError, UsageError
 from nodeagent.model.job import Command, CommandType
+from nodeagent.model.pool import PoolJob
 from nodeagent.pool import jobverbs
 
 
@@ -71,3 +73,22 @@ def send_command(store: JobStore, kind: CommandType) -> int:
     store.send_command(Command(kind, by=caller.by()))
     print(f"job {store.keys.job}: {kind.value} requested")
     return 0
+
+
+def job_or_tasks(store: PoolStore, job_id: str) -> list[tuple[str, PoolJob]]:
+    """The pool job `job_id`, or, when no job has that id, the tasks of the array of that id
+    (model/array.py) with their statuses: what `cancel`, `hold`, `release` and `requeue` act on.
+
+    Raises:
+        NotFoundError: neither.
+    """
+    status = store.status(job_id)
+    if status is not None:
+        return [(job_id, status)]
+    found = [(t, s) for t in store.tasks_of(job_id) if (s := store.status(t)) is not None]
+    if not found:
+        raise NotFoundError(
+            f"no job {job_id!r} in pool {store.keys.pool}, nor an array of that id "
+            "(see nodeagentctl jobs)"
+        )
+    return found

@@ -13,10 +13,10 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.cli.ctl import argtypes, caller
+from nodeagent.cli.ctl import argtypes, caller, checks
 from nodeagent.cli.ctl.targets import Target
 from nodeagent.coord import holds
-from nodeagent.errors import NotFoundError, UsageError
+from nodeagent.errors import UsageError
 from nodeagent.model.request import Verb
 from nodeagent.pool import jobverbs
 
@@ -37,23 +37,31 @@ class JobVerb:
         return Verb(self.name), {"job": args.job_id}
 
     def run(self, target: Target, args: argparse.Namespace) -> int:
-        """Raises: NotFoundError: no such job; UsageError: not in a state the verb takes."""
+        """The job, or each task of the array of that id the verb can be done to now.
+
+        Raises: NotFoundError: no such job; UsageError: not in a state the verb takes."""
         store, job_id, by = target.pool_store, args.job_id, caller.by()
-        status = store.status(job_id)
-        if status is None:
-            raise NotFoundError(
-                f"no job {job_id!r} in pool {store.keys.pool} (see nodeagentctl jobs)"
-            )
-        why = jobverbs.refusal(self.name, job_id, status, holds.held_by(store, job_id))
-        if why is not None:
-            raise UsageError(why)
-        if self.name == "hold":
-            holds.hold(store, job_id, by)
-        elif self.name == "release":
-            holds.release(store, job_id, by)
+        found = checks.job_or_tasks(store, job_id)
+        whys = [
+            (task, status, jobverbs.refusal(self.name, task, status, holds.held_by(store, task)))
+            for task, status in found
+        ]
+        if len(found) == 1 and found[0][0] == job_id and whys[0][2] is not None:
+            raise UsageError(str(whys[0][2]))
+        doable = [(task, status) for task, status, why in whys if why is None]
+        if not doable:
+            raise UsageError(f"array {job_id}: {self.name} can be done to none of its tasks")
+        for task, status in doable:
+            if self.name == "hold":
+                holds.hold(store, task, by)
+            elif self.name == "release":
+                holds.release(store, task, by)
+            else:
+                holds.requeue(store, task, by, status.admitted_ms or 0)
+        if doable[0][0] == job_id:
+            print(jobverbs.done(self.name, job_id, by))
         else:
-            holds.requeue(store, job_id, by, status.admitted_ms or 0)
-        print(jobverbs.done(self.name, job_id, by))
+            print(f"array {job_id}: {self.name} done to {len(doable)} of {len(found)} tasks")
         return 0
 
 

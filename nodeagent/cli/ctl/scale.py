@@ -20,7 +20,7 @@ from nodeagent.model.job import Command, CommandType
 from nodeagent.model.pool import PoolJobState
 from nodeagent.model.request import Verb
 from nodeagent.model.spec import JobSpec
-from nodeagent.pool import requests
+from nodeagent.pool import requests, submission
 
 HELP = "change a job's target number of nodes: scale [JOB] N, +N or -N"
 USAGE = "scale: give [JOB] N, such as `scale llama 4` or `scale llama +2`"
@@ -129,5 +129,5 @@ def resolve_target(value: str, current: int) -> int:
     """
     try:
         return requests.resolve_target(value, current)
-    except requests.Refused as exc:
+    except submission.Refused as exc:
         raise UsageError(str(exc)) from None

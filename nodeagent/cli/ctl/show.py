@@ -43,6 +43,7 @@ SHOWN = (
     ("working_dir", "working dir"),
     ("time_limit", "time limit"),
     ("held_by", "held by"),
+    ("dependency", "dependency"),
     ("submitted", "submitted"),
     ("started", "started"),
     ("ended", "ended"),

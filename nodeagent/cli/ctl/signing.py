@@ -51,6 +51,9 @@ def run(
         return ui.received(munge, reply, args.url)
     if verb is Verb.TOKEN and reply.sealed:
         return token.received(munge, reply)
+    if verb is Verb.SUBMIT and body["spec"].get("array"):
+        print(body["spec"]["id"] if args.parsable else reply.message, flush=True)
+        return 0
     if verb is Verb.SUBMIT:
         job_id = str(body["spec"]["id"])
         submit.submitted(job_id, args)

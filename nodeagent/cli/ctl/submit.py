@@ -22,10 +22,9 @@ from nodeagent.config import strictyaml
 from nodeagent.config.settings import RECOVERY_MODES
 from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import ConfigError, UsageError
-from nodeagent.model.queues import DEFAULT
 from nodeagent.model.request import Verb
 from nodeagent.model.spec import JobSpec, load_spec, new_job_id
-from nodeagent.pool import requests
+from nodeagent.pool import submission
 
 WAIT_RUNNING_S = 600.0  # --wait-running's default --timeout
 
@@ -107,6 +106,27 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
         "the nodes' containers.mount_sources)",
     )
     submit.add_argument(
+        "--dependency",
+        "-d",
+        metavar="KIND:ID[:ID...],...",
+        help="start only once this holds, as sbatch --dependency: afterok:ID (each succeeded), "
+        "afterany:ID (each ended), afternotok:ID (each ended without success), singleton (no "
+        "earlier job of yours with its --job-name runs)",
+    )
+    submit.add_argument(
+        "--array",
+        "-a",
+        metavar="INDICES[%LIMIT]",
+        help="one job per task, as sbatch --array: 0-999%%50 (at most 50 running at once), "
+        "1,3,8-11, 0-20:5; task T is job ID_T, with NODEAGENT_ARRAY_TASK_ID (and "
+        "SLURM_ARRAY_TASK_ID) set",
+    )
+    submit.add_argument(
+        "--job-name",
+        metavar="NAME",
+        help="its name, which `singleton` looks at (default: its id)",
+    )
+    submit.add_argument(
         "--hold",
         action="store_true",
         help="submit it held: it is not admitted until `nodeagentctl release JOB`",
@@ -182,6 +202,9 @@ def spec_from_args(
         "preemptible": args.preemptible,
         "time_limit": args.time,
         "signal": args.signal,
+        "dependency": args.dependency,
+        "name": args.job_name,
+        "array": args.array,
     }
     doc.update({k: v for k, v in flags.items() if v is not None})
     for pair in args.selector:
@@ -204,6 +227,8 @@ def spec_from_args(
             container["mounts"] = args.container_mounts
     if not args.spec and not command:
         raise UsageError("give a job spec file, or the command after --")
+    if doc.get("array") and (args.wait or args.wait_running):
+        raise UsageError("--wait and --wait-running wait for one job, not an array's tasks")
     if isinstance(doc.get("working_dir"), str):
         doc["working_dir"] = enterable(doc["working_dir"], where)
     try:
@@ -254,23 +279,19 @@ def request(args: argparse.Namespace, user: str, job: str | None) -> tuple[Verb,
 def run(target: Target, args: argparse.Namespace) -> int:
     store, by = target.pool_store, caller.by()
     spec = spec_from_args(args, caller.user(), by)
-    queue = store.queue(spec.queue)
-    if queue is None and spec.queue != DEFAULT:
-        raise UsageError(
-            f"queue {spec.queue} does not exist in pool {store.keys.pool}: "
-            f"`nodeagentctl queue create {spec.queue}` makes it, or submit to another"
-        )
-    ceiling = queue.max_priority if queue is not None else None
-    if ceiling is not None and spec.priority > ceiling:
-        raise UsageError(
-            f"priority {spec.priority} is above queue {spec.queue}'s ceiling of {ceiling}"
-        )
-    refused = requests.container_refusal(spec, store.nodes().values())
+    refused = submission.submission_refusal(store, spec)
     if refused is not None:
         raise UsageError(f"job {spec.id}: {refused}")
+    if spec.array is not None:
+        try:
+            said = submission.store_array(store, spec, by if args.hold else "", lambda s: s)
+        except submission.Refused as exc:
+            raise UsageError(str(exc)) from None
+        print(spec.id if args.parsable else said, flush=True)
+        return 0
     created, status = store.submit(spec, held_by=by if args.hold else "")
     if not created:
-        raise UsageError(requests.in_use(spec.id, store.keys.pool, status))
+        raise UsageError(submission.in_use(spec.id, store.keys.pool, status))
     submitted(spec.id, args)
     return follow(store, spec.id, args)
 

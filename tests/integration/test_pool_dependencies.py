@@ -1,0 +1,84 @@
+"""Dependencies (issue 67) with real agents and a real redis-server: a pipeline of three jobs,
+the middle one failing, and a clean-up that runs only because it failed. Each waits saying for
+what (`jobs`, `show`); a job whose parent succeeded is admitted at once; one whose parent
+failed under afterok ends saying so, instead of waiting for ever; a dependency on a job the
+pool does not have is refused at submission."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.cluster import RedisServer
+from tests.helpers.pool import PoolCluster, pool_cluster
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def pool(redis_server: RedisServer, tmp_path: Path, job_id: str) -> Iterator[PoolCluster]:
+    with pool_cluster(redis_server.url, tmp_path, pool=job_id) as cluster:
+        cluster.start("a", "b")
+        cluster.wait_nodes(2)
+        yield cluster
+
+
+def ended(pool: PoolCluster, job: str, code: int) -> None:
+    """Its running generation's workers exit with `code`."""
+    generation = pool.wait_job(job, "running", world=1)["generation"]
+    (pool.job_records(job) / f"exit-{generation}").write_text(str(code))
+
+
+def show(pool: PoolCluster, job: str) -> dict[str, Any]:
+    said = pool.ctl("show", job, "--json")
+    assert said.returncode == 0, said.stderr
+    found: dict[str, Any] = json.loads(said.stdout)
+    return found
+
+
+def test_a_pipeline_runs_in_order_and_a_failed_stage_ends_what_needed_its_success(
+    pool: PoolCluster, job_id: str
+) -> None:
+    pre, train, evaluate, cleanup = (
+        f"{job_id}-{s}"[:63] for s in ("pre", "train", "eval", "clean")
+    )
+    pool.submit(pre, "1")
+    pool.submit(train, "1", "--dependency", f"afterok:{pre}", "--max-restarts", "0")
+    pool.submit(evaluate, "1", "--dependency", f"afterok:{pre}:{train}")
+    pool.submit(cleanup, "1", "--dependency", f"afternotok:{train}")
+    pool.wait_job(pre, "running", world=1)
+    rows = pool.jobs()
+    assert rows[train]["state"] == "pending"
+    assert rows[train]["reason"] == f"waits for {pre} to succeed (afterok)"
+    assert show(pool, evaluate)["dependency"] == f"afterok:{pre}:{train}"
+
+    ended(pool, pre, 0)
+    pool.wait_job(pre, "succeeded")
+    ended(pool, train, 1)  # admitted once pre succeeded; then its workers fail, no restart left
+    pool.wait_job(train, "failed")
+    done = pool.wait_job(evaluate, "cancelled")
+    assert done["reason"] == (
+        f"dependency never satisfied: {train} failed, and it waited for its success"
+    )
+    ended(pool, cleanup, 0)  # afternotok: it runs because train failed
+    pool.wait_job(cleanup, "succeeded")
+    assert "dependency never satisfied" in show(pool, evaluate)["reason"]
+
+
+def test_a_dependency_on_a_job_the_pool_does_not_have_is_refused(
+    pool: PoolCluster, job_id: str
+) -> None:
+    said = pool.ctl(
+        "submit", "--name", f"{job_id}-x"[:63], "--dependency", "afterok:no-such-job",
+        "--", "true",
+    )  # fmt: skip
+    assert said.returncode == 2
+    assert "dependency: no job 'no-such-job' in pool" in said.stderr
+    said = pool.ctl("submit", "--dependency", "afterok", "--", "true")
+    assert said.returncode == 2 and "singleton names no job, the others at least one" in (
+        said.stderr
+    )
