@@ -120,9 +120,15 @@ class Client:
         return str(done["job"])
 
     def jobs(
-        self, *, user: str | None = None, state: str | None = None, queue: str | None = None
+        self,
+        *,
+        user: str | None = None,
+        state: str | None = None,
+        queue: str | None = None,
+        array: str | None = None,
     ) -> list[dict[str, Any]]:
-        params = {k: v for k, v in {"user": user, "state": state, "queue": queue}.items() if v}
+        given = {"user": user, "state": state, "queue": queue, "array": array}
+        params = {k: v for k, v in given.items() if v}
         rows: list[dict[str, Any]] = self._call("GET", "/v1/jobs", params=params)["jobs"]
         return rows
 

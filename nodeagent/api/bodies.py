@@ -77,8 +77,14 @@ class Listing(BaseModel):
 
 
 class SignIn(Strict):
-    token: Annotated[
-        str, Field(max_length=1024, description="the token of a `nodeagentctl ui` link")
+    code: Annotated[
+        str,
+        Field(
+            min_length=16,
+            max_length=128,
+            pattern=r"^[A-Za-z0-9_-]+$",
+            description="the one-time code of a `nodeagentctl ui` link",
+        ),
     ]
 
 

@@ -123,8 +123,8 @@ async def identify(request: Request) -> Identity:
     tokens: Tokens = request.app.state.tokens
     limiter: RateLimiter = request.app.state.limiter
     header = request.headers.get("authorization")
-    session = cookie_token(request.cookies) if header is None else None
     peer = request.scope.get(PEER_KEY)
+    session = cookie_token(request.cookies, peer is not None) if header is None else None
     if header is not None or session is not None:
         where = request.client.host if request.client else "the socket"
         token = _bearer(header) if header is not None else str(session)

@@ -14,7 +14,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from nodeagent.api import bodies, session
+from nodeagent.api.connections import PEER_KEY
 from nodeagent.api.identity import Tokens, identify, limited
+from nodeagent.api.problems import Problem
 from nodeagent.api.service import Identity, Service
 from nodeagent.coord import eventlog
 from nodeagent.coord.keys import JobKeys
@@ -78,11 +80,14 @@ async def list_jobs(
     user: str | None = None,
     state: PoolJobState | None = None,
     queue: str | None = None,
+    array: str | None = None,
 ) -> Response:
     value = state.value if state is not None else None
-    return await _kept(
-        svc, request, lambda: listing("jobs", svc.pool, jobs.jobs(svc.store, user, value, queue))
-    )
+
+    def document() -> dict[str, Any]:
+        return listing("jobs", svc.pool, jobs.jobs(svc.store, user, value, queue, array))
+
+    return await _kept(svc, request, document)
 
 
 async def show_job(svc: Svc, who: Who, request: Request, job: Job) -> Response:
@@ -285,14 +290,23 @@ def sign_in(svc: Svc, request: Request, response: Response, body: bodies.SignIn)
     where = request.client.host if request.client else "the socket"
     limited(request.app.state.limiter, f"sign-ins from {where}")
     tokens: Tokens = request.app.state.tokens
-    return session.sign_in(svc, request, response, body.token, tokens.remember)
+    open_now = session.cookie_token(request.cookies, request.scope.get(PEER_KEY) is not None)
+    if open_now is not None:  # a page of another site must not swap this browser's user
+        try:
+            user = tokens.user(open_now)
+        except Problem:
+            user = None  # revoked, expired: replaced
+        if user is not None:
+            raise Problem(409, f"this browser is signed in as {user} already: sign out first")
+    return session.sign_in(svc, request, response, body.code, tokens.remember)
 
 
 def who_signed_in(who: Who, request: Request) -> bodies.Session:
     if who.token is None:  # the Unix socket's caller: no session, no token
         return bodies.Session(user=who.user, operator=False, expires=None, csrf=None)
     tokens: Tokens = request.app.state.tokens
-    cookie = session.cookie_token(request.cookies) == who.token
+    on_socket = request.scope.get(PEER_KEY) is not None
+    cookie = session.cookie_token(request.cookies, on_socket) == who.token
     return session.document(who.token, who.user, tokens.operator(who.token), with_csrf=cookie)
 
 

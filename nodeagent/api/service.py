@@ -10,6 +10,7 @@ pool's requests stream signed as the caller, which the pool leader judges as it 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -19,13 +20,14 @@ from nodeagent.api.answers import Answers
 from nodeagent.api.cache import Fresh
 from nodeagent.api.problems import RETRY_AFTER_S, Problem, refused
 from nodeagent.config.api import ApiSettings
+from nodeagent.config.hosts import Resolver
 from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
-from nodeagent.model.credential import PAYLOAD_PREFIX, Munge, MungeUnavailable
+from nodeagent.model.credential import PAYLOAD_PREFIX, Decoded, Munge, MungeUnavailable
 from nodeagent.model.request import Reply, Request, Verb
-from nodeagent.model.token import TokenError, credential, parse_token
+from nodeagent.model.token import TokenError, credential, parse_token, unsealed
 from nodeagent.telemetry.logserve import Sign
 
 AUTH_KEPT_S = 10.0  # how long the pool leader's pool.auth is taken as read
@@ -58,6 +60,8 @@ class Service:
         self._auth: tuple[float, str | None] = (-AUTH_KEPT_S, None)
         self.reads = Fresh(settings.limits.read_cache)
         self._answers = Answers(self.store)
+        uid = os.geteuid()
+        self.account = Resolver().name_of(uid) or f"uid {uid}"  # the service's own user
 
     @property
     def pool(self) -> str:
@@ -113,6 +117,23 @@ class Service:
             return credential(who.token, digest, int(self.clock()))
         except TokenError as exc:
             raise Problem(401, str(exc)) from None
+
+    def unseal(self, sealed: str) -> str:
+        """The token a pool leader's reply hands this service (sealed for its uid alone).
+
+        Raises:
+            Problem: 502, the reply does not decode here, is not an agent's, or holds no token.
+        """
+        try:
+            found = self.munge.decode(sealed)
+        except MungeUnavailable as exc:
+            raise Problem(503, f"the API service cannot open the pool's answer: {exc}") from None
+        if not isinstance(found, Decoded) or not found.status.signed or found.uid != 0:
+            raise Problem(502, f"the pool's answer is not an agent's sealed token ({found})")
+        try:
+            return unsealed(found.payload)
+        except TokenError as exc:
+            raise Problem(502, str(exc)) from None
 
     def _munge(self, payload: str) -> str:
         try:

@@ -1,8 +1,10 @@
 """A browser's session (docs/ui.md, "Signing in"): `nodeagentctl ui` prints a link whose
-fragment carries a fresh API token; the sign-in page posts it here once.
+fragment carries a one-time code; the sign-in page posts it here.
 
-- The pool leader takes each token for one sign-in only (TOKEN signin, pool/tokens.py), so a
-  link found later in a history or a terminal's scroll-back signs no one in.
+- The link carries a code, not a token: the pool leader minted the session's token for
+  `nodeagentctl ui` and keeps it for whoever brings the code first, for ten minutes (TOKEN
+  signin, pool/tokens.py). The service redeems it as itself and gets the token sealed for its
+  own uid; so a link found later in a history or a terminal's scroll-back is worth nothing.
 - The session is the token itself, in an HttpOnly, SameSite=Strict cookie that lives as long as
   the token (`__Host-` and Secure on HTTPS): the page's scripts never hold it, and another
   site's requests never carry it.
@@ -21,7 +23,7 @@ from fastapi import Request, Response
 
 from nodeagent.api import bodies
 from nodeagent.api.problems import Problem, unauthorized
-from nodeagent.api.service import Identity, Service, token_user
+from nodeagent.api.service import Identity, Service
 from nodeagent.model.request import Verb
 from nodeagent.model.token import TokenError, parse_token
 from nodeagent.pool.tokens import is_operator
@@ -38,8 +40,12 @@ def csrf_of(token: str) -> str:
     return hashlib.sha256(b"nodeagent-csrf-v1\0" + token.encode()).hexdigest()
 
 
-def cookie_token(cookies: Mapping[str, str]) -> str | None:
-    return cookies.get(SECURE_COOKIE) or cookies.get(PLAIN_COOKIE)
+def cookie_token(cookies: Mapping[str, str], on_socket: bool) -> str | None:
+    """The session's token: on HTTPS only from the `__Host-` cookie (a plain one could be
+    planted by any server of the same host name, whatever its port)."""
+    if on_socket:
+        return cookies.get(SECURE_COOKIE) or cookies.get(PLAIN_COOKIE)
+    return cookies.get(SECURE_COOKIE)
 
 
 def same_origin(request: Request) -> None:
@@ -91,35 +97,37 @@ def sign_in(
     service: Service,
     request: Request,
     response: Response,
-    token: str,
+    code: str,
     remember: Callable[[str, str, str], None],
 ) -> bodies.Session:
-    """Take a link's token for this browser, once; `remember(token, user, the pool's words)`
-    keeps who it is (api/identity.Tokens), so the page's first reads do not ask again.
+    """Redeem a link's code for this browser: the service asks the pool leader as itself (its
+    own MUNGE credential; pool.api_users), which hands back the link's token sealed for the
+    service's uid alone, once. `remember(token, user, the pool's words)` keeps who it is
+    (api/identity.Tokens), so the page's first reads do not ask again.
 
     Raises:
-        Problem: 401 (not a token, expired, revoked, used before), 403 (another site's
-            page), or as Service.ask.
+        Problem: 401 (a code used, expired or never made), 403 (another site's page), or as
+            Service.ask.
     """
     same_origin(request)
-    now = service.clock()
-    user = token_user(token, service.pool, now)
-    reply = service.ask(Identity(user, token=token), Verb.TOKEN, {"action": "signin"})
+    itself = Identity(service.account)
+    reply = service.ask(itself, Verb.TOKEN, {"action": "signin", "code": code})
     if not reply.ok:
         raise unauthorized(reply.message)
-    remember(token, reply.user, reply.message)
+    token = service.unseal(reply.sealed)
     claims, _ = parse_token(token)
+    remember(token, claims.user, reply.message)
     secure = request.url.scheme == "https"
     response.set_cookie(
         SECURE_COOKIE if secure else PLAIN_COOKIE,
         token,
-        max_age=max(1, int(claims.expires_s - now)),
+        max_age=max(1, int(claims.expires_s - service.clock())),
         path="/",
         secure=secure,
         httponly=True,
         samesite="strict",
     )
-    return document(token, reply.user, is_operator(reply.message), with_csrf=True)
+    return document(token, claims.user, is_operator(reply.message), with_csrf=True)
 
 
 def sign_out(response: Response) -> None:

@@ -1,6 +1,7 @@
-"""The pool's token key (pool.tokens.key_file): read once at the agent's start, refused unless
-it is a regular file of this agent's user (or root) that no one else can read, with enough
-bytes to be a key. Its errors are configuration errors (exit 78), naming the key and the fix."""
+"""The pool's keys (pool.tokens.key_file, pool.notify.key_file): read once at the agent's start,
+refused unless a regular file of this agent's user (or root) that no one else can read, with
+enough bytes to be a key. Its errors are configuration errors (exit 78), naming the key and the
+fix."""
 
 from __future__ import annotations
 
@@ -14,33 +15,33 @@ MAX_BYTES = 4096
 KEY_MIN_BYTES = 32  # HMAC-SHA256's own size (model/token.py)
 
 
-def read_token_key(path: str) -> bytes:
+def read_token_key(path: str, name: str = KEY) -> bytes:
     """The key's bytes (surrounding whitespace stripped, as `openssl rand -hex 32 > FILE`
     writes a newline).
 
     Raises:
-        ConfigError: naming pool.tokens.key_file and what is wrong.
+        ConfigError: naming the config key (`name`) and what is wrong.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
-        raise ConfigError(KEY, f"cannot open {path}: {exc.strerror}") from None
+        raise ConfigError(name, f"cannot open {path}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(KEY, f"{path} is not a regular file")
+            raise ConfigError(name, f"{path} is not a regular file")
         if info.st_uid not in (0, os.geteuid()):
-            raise ConfigError(KEY, f"{path} belongs to uid {info.st_uid}: expected root's")
+            raise ConfigError(name, f"{path} belongs to uid {info.st_uid}: expected root's")
         if info.st_mode & 0o077:
             raise ConfigError(
-                KEY, f"{path} is mode {stat.S_IMODE(info.st_mode):o}: expected 0600 or 0400"
+                name, f"{path} is mode {stat.S_IMODE(info.st_mode):o}: expected 0600 or 0400"
             )
         key = os.read(fd, MAX_BYTES + 1).strip()
     finally:
         os.close(fd)
     if not KEY_MIN_BYTES <= len(key) <= MAX_BYTES:
         raise ConfigError(
-            KEY,
+            name,
             f"{path} holds {len(key)} bytes: expected {KEY_MIN_BYTES} or more "
             "(make one with `openssl rand -hex 32`)",
         )

@@ -24,6 +24,7 @@ from nodeagent.config.entrypoint import NotPython, split_python
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.identity import WorkerUser
 from nodeagent.config.identity import resolve as resolve_user
+from nodeagent.config.poolconfig import load_pool
 from nodeagent.config.settings import (
     EMBEDDED,
     GPU_MODES,
@@ -38,19 +39,17 @@ from nodeagent.config.settings import (
     MetricsConfig,
     NodeConfig,
     NodeSettings,
-    Operators,
-    PoolConfig,
     RedisConfig,
     SlowNodeConfig,
     TimingConfig,
-    Tokens,
 )
 from nodeagent.config.values import (
-    YAML_BOOLEANS,
     Section,
     check_name,
     choice,
     duration,
+    env_scalar,
+    not_a_string,
     optional_limit,
     optional_path,
     path_value,
@@ -193,19 +192,9 @@ def _entrypoint(section: Section) -> tuple[str, ...]:
             "required: a non-empty list such as [python, train.py] (it is exec'd, no shell)",
         )
     for i, arg in enumerate(entrypoint):
-        if not _env_scalar(arg) or "\0" in str(arg):
-            raise ConfigError(f"{section.key('entrypoint')}[{i}]", _not_a_string(arg))
+        if not env_scalar(arg) or "\0" in str(arg):
+            raise ConfigError(f"{section.key('entrypoint')}[{i}]", not_a_string(arg))
     return tuple(str(arg) for arg in entrypoint)
-
-
-def _not_a_string(value: object) -> str:
-    hint = f"; quote it ({YAML_BOOLEANS})" if isinstance(value, bool) else ""
-    return f"expected a string, got {type(value).__name__} {value!r}{hint}"
-
-
-def _env_scalar(value: object) -> bool:
-    """A string, or a number that stands for its own text; not a boolean, null or collection."""
-    return isinstance(value, str | int | float) and not isinstance(value, bool)
 
 
 def _env(section: Section) -> dict[str, str]:
@@ -221,8 +210,8 @@ def _env(section: Section) -> dict[str, str]:
         key = f"{section.key('env')}.{name}"
         if not isinstance(name, str) or not name or "=" in name or "\0" in name:
             raise ConfigError(key, "a variable name is a non-empty string without '='")
-        if not _env_scalar(value) or "\0" in str(value):
-            raise ConfigError(key, _not_a_string(value))
+        if not env_scalar(value) or "\0" in str(value):
+            raise ConfigError(key, not_a_string(value))
         result[name] = str(value)
     return result
 
@@ -432,7 +421,7 @@ def load_settings(data: object, resolve: Resolver | None = None) -> NodeSettings
         logging=_load_logging(root.section("logging")),
         log_dir=path_value(root, "log_dir", "/var/log/nodeagent"),
         state_dir=optional_path(root, "state_dir"),
-        pool=_load_pool(root.section("pool"), pinned=job_data is not None),
+        pool=load_pool(root.section("pool"), pinned=job_data is not None),
         containers=load_rule(root.section("containers")),
     )
     job = None if job_data is None else _load_job(root.section("job"), resolve)
@@ -461,81 +450,6 @@ def load_config(data: object, resolve: Resolver | None = None) -> Config:
     if not isinstance(settings, Config):
         raise ConfigError("job.id", "required: a job id such as llama-ft")
     return settings
-
-
-AUTH_MODES = ("munge", "none")
-
-
-def _load_pool(section: Section, pinned: bool = False) -> PoolConfig:
-    labels = section.raw("labels") or {}
-    if not isinstance(labels, Mapping):
-        raise ConfigError(
-            section.key("labels"), "expected a mapping such as {gpu: h100, rack: r12}"
-        )
-    for name, value in labels.items():
-        key = f"{section.key('labels')}.{name}"
-        check_name(str(name), key)
-        if not _env_scalar(value) or "\0" in str(value) or len(str(value)) > 256:
-            raise ConfigError(key, _not_a_string(value))
-    pool = PoolConfig(
-        name=check_name(section.get("name", str, "default"), section.key("name")),
-        labels={str(k): str(v) for k, v in labels.items()},
-        users=_names(section, "users"),
-        groups=_names(section, "groups"),
-        allow_root=section.get("allow_root", bool, False),
-        reserve_after=duration(section.raw("reserve_after"), section.key("reserve_after"), 300.0),
-        resize_cooldown=duration(
-            section.raw("resize_cooldown"), section.key("resize_cooldown"), 60.0
-        ),
-        preempt_after=duration(section.raw("preempt_after"), section.key("preempt_after"), 0.0),
-        keep_ended=duration(
-            section.raw("keep_ended"), section.key("keep_ended"), 7 * 86400.0, positive=True
-        ),
-        **_load_auth(section, pinned),
-    )
-    section.reject_unknown()
-    return pool
-
-
-def _load_auth(section: Section, pinned: bool) -> dict[str, Any]:
-    """pool.auth (munge, the default of a pool node; none, of a node pinned by its job:
-    section), pool.munge_socket, pool.operators: {users: [...], groups: [...]}, pool.tokens:
-    {key_file, max_lifetime}, pool.api_users: [...]."""
-    auth = section.get("auth", str, "none" if pinned else "munge")
-    if auth not in AUTH_MODES:
-        raise ConfigError(
-            section.key("auth"),
-            f"expected munge (requests signed by MUNGE) or none (whoever can write Redis), "
-            f"got {auth!r}",
-        )
-    socket = section.get("munge_socket", str, "/run/munge/munge.socket.2")
-    if not socket.startswith("/") or "\0" in socket:
-        raise ConfigError(section.key("munge_socket"), f"expected an absolute path, got {socket!r}")
-    operators = section.section("operators")
-    tokens = section.section("tokens")
-    key_file = tokens.get("key_file", str, "")
-    if key_file and (not key_file.startswith("/") or "\0" in key_file):
-        raise ConfigError(tokens.key("key_file"), f"expected an absolute path, got {key_file!r}")
-    found = {
-        "auth": auth,
-        "munge_socket": socket,
-        "operators": Operators(_names(operators, "users"), _names(operators, "groups")),
-        "tokens": Tokens(
-            key_file,
-            duration(tokens.raw("max_lifetime"), tokens.key("max_lifetime"), 86400.0, minimum=60.0),
-        ),
-        "api_users": _names(section, "api_users"),
-    }
-    operators.reject_unknown()
-    tokens.reject_unknown()
-    return found
-
-
-def _names(section: Section, name: str) -> tuple[str, ...]:
-    value = section.raw(name) or []
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(section.key(name), f"expected a list of {name} names, such as [alice]")
-    return tuple(value)
 
 
 def read_config(path: str | Path, resolve: Resolver | None = None) -> Config:

@@ -229,6 +229,18 @@ class Tokens:
 
 
 @dataclass(frozen=True)
+class Notify:
+    """pool.notify: where the pool leader tells of a job's state changes its submitter asked
+    for (`submit --notify`; docs/pool.md, "Notifications"): webhook URLs the operator names
+    (a user never names one: root would reach any address for them), each body signed with
+    HMAC-SHA256 under the key in `key_file`, each delivery given up after `timeout`."""
+
+    endpoints: tuple[str, ...] = ()
+    key_file: str = ""
+    timeout: float = 2.0
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     """The pool this node serves (pool:): its name, free-form labels, and whom it runs jobs as.
 
@@ -255,6 +267,7 @@ class PoolConfig:
     # The accounts of the API service (nodeagent api) whose MUNGE credential may vouch for the
     # uid of a caller on its Unix socket (SO_PEERCRED); never for root or an operator.
     api_users: tuple[str, ...] = ()
+    notify: Notify = field(default_factory=lambda: Notify())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -263,3 +263,13 @@ def optional_limit(section: Section, name: str, kind: type[T]) -> T | None:
     if not 0 <= value < math.inf:  # type: ignore[operator]
         raise ConfigError(section.key(name), f"must be a number >= 0, got {value!r}")
     return value
+
+
+def not_a_string(value: object) -> str:
+    hint = f"; quote it ({YAML_BOOLEANS})" if isinstance(value, bool) else ""
+    return f"expected a string, got {type(value).__name__} {value!r}{hint}"
+
+
+def env_scalar(value: object) -> bool:
+    """A string, or a number that stands for its own text; not a boolean, null or collection."""
+    return isinstance(value, str | int | float) and not isinstance(value, bool)

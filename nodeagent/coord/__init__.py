@@ -5,7 +5,8 @@ The stores: store.py (JobStore: a job's state), pool.py (PoolStore: a pool's), r
 job's copies hash: each node's share of the checkpoint copies), speeds.py (each node's pace a
 window, and the leader's slow verdicts), holds.py (hold, release,
 requeue), ended.py (clearing an ended job's keys), cordons.py (one cordon write for both
-stores), tokens.py (the register of API tokens not revoked). Their keys and scripts: keys.py
+stores), tokens.py (the register of API tokens not revoked), runs.py (an array's tasks, and
+earlier runs of a reused id: rare reads). Their keys and scripts: keys.py
 (every key, in one place), lua.py (one wrapper per
 script: its KEYS, ARGV and reply), scripts.py and poolscripts.py (a job's and a pool's
 scripts), fragments.py (the Lua they share). Reading: poolreplies.py (a pool read's reply

@@ -143,6 +143,11 @@ POOL_AUTH_KEY = "%s:{pool:%s}:auth"  # STRING the pool leader's pool.auth (munge
 POOL_TOKENS_KEY = "%s:{pool:%s}:tokens"  # HASH
 # Tokens a browser has signed in with (POST /v1/session), once each: id -> when (seconds)
 POOL_SIGNINS_KEY = "%s:{pool:%s}:signins"  # HASH
+# Arrays submitted: id -> its user (pool/submission.py: an id a live array holds is not given
+# to another job or array)
+POOL_ARRAYS_KEY = "%s:{pool:%s}:arrays"  # HASH
+# The last pool event the pool leader has told of (pool/notify.py)
+POOL_NOTIFIED_KEY = "%s:{pool:%s}:notified"  # STRING stream ID
 REQUESTS_MAXLEN = 10_000
 REPLY_TTL_S = 600
 
@@ -258,6 +263,14 @@ class PoolKeys:
     @property
     def signins(self) -> str:
         return self._key(POOL_SIGNINS_KEY)
+
+    @property
+    def arrays(self) -> str:
+        return self._key(POOL_ARRAYS_KEY)
+
+    @property
+    def notified(self) -> str:
+        return self._key(POOL_NOTIFIED_KEY)
 
     def reply(self, request_id: str) -> str:
         return POOL_REPLY_KEY % (self.prefix, self.pool, request_id)

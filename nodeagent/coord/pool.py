@@ -339,31 +339,19 @@ class PoolStore:
             self._specs[job_id] = (raw, found[job_id])
         return found
 
-    def tasks_of(self, array_id: str) -> list[str]:
-        """The ids of array `array_id`'s tasks (model/array.py) the pool holds: the jobs
-        `ARRAY_T` whose spec says they are its tasks, in index order. A rare read (a verb on a
-        whole array): every status and these specs, not the leader's cached specs."""
-        prefix = f"{array_id}_"
-        with redis_errors("read the pool's jobs"):
-            ids: Any = self.client.hgetall(self.keys.jobs)  # HKEYS is not in the ACL
-            named = [
-                str(j) for j in ids if str(j).startswith(prefix) and str(j)[len(prefix) :].isdigit()
-            ]
-            raws: Any = self.client.hmget(self.keys.specs, named) if named else []
-        found = []
-        for job_id, raw in zip(named, raws, strict=True):
-            try:
-                spec = JobSpec.from_json(raw) if raw is not None else None
-            except CorruptStateError:
-                continue
-            if spec is not None and spec.array_task is not None and spec.array_task.job == array_id:
-                found.append((spec.array_task.index, job_id))
-        return [job_id for _, job_id in sorted(found)]
-
     def spec(self, job_id: str) -> JobSpec | str | None:
         """One job's spec, why it is unreadable, or None when no such job was submitted."""
-        found = self.specs([job_id])[job_id]
-        return None if found == "no spec stored" else found
+        with redis_errors("read a job spec"):
+            raw: Any = self.client.hget(self.keys.specs, job_id)
+        if raw is None:
+            return None
+        held = self._specs.get(job_id)  # the leader's round's (not replaced: it is theirs)
+        if held is not None and held[0] == raw:
+            return held[1]
+        try:
+            return JobSpec.from_json(raw)
+        except CorruptStateError as exc:
+            return str(exc)
 
     def records(self, ids: Iterable[str]) -> dict[str, JobRecord | None]:
         """Each job's own record (None: none yet, or unreadable: its leader rewrites it). A

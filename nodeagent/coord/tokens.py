@@ -14,7 +14,7 @@ from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.errors import CorruptStateError
 from nodeagent.model.decode import Reader
-from nodeagent.model.token import Claims
+from nodeagent.model.token import Claims, TokenError
 
 MAX_TOKENS = 100_000  # a register past this refuses to mint (pruned of expired ones first)
 
@@ -49,26 +49,36 @@ class TokenStore:
         if not token_ids:
             return 0
         with redis_errors("revoke tokens"):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hdel(self.keys.tokens, *token_ids)
-            pipe.hdel(self.keys.signins, *token_ids)
-            gone, _ = pipe.execute()
-        return int(gone)
+            return int(self.client.hdel(self.keys.tokens, *token_ids))
 
-    def sign_in(self, token_id: str, now_s: int) -> int | None:
-        """Mark a token as having signed a browser in (POST /v1/session): None the first time,
-        else when it did (a sign-in link works once)."""
-        with redis_errors("record a sign-in"):
+    def add_signin(self, code_hash: str, claims: Claims, until_s: int, now_s: int) -> None:
+        """A sign-in link's code (by its hash: the code itself is never stored) for the token
+        of `claims`, redeemable once until `until_s`; expired ones are forgotten first."""
+        entry = json.loads(claims.canonical()) | {"until": until_s}
+        with redis_errors("register a sign-in link"):
+            raw: Any = self.client.hgetall(self.keys.signins)
+            gone = [h for h, text in raw.items() if _until(text) <= now_s]
             pipe = self.client.pipeline(transaction=False)
-            pipe.hsetnx(self.keys.signins, token_id, str(now_s))
-            pipe.hget(self.keys.signins, token_id)
-            first, when = pipe.execute()
-        if first:
+            if gone:
+                pipe.hdel(self.keys.signins, *gone)
+            pipe.hset(self.keys.signins, code_hash, json.dumps(entry, sort_keys=True))
+            pipe.execute()
+
+    def take_signin(self, code_hash: str, now_s: int) -> Claims | None:
+        """The token a sign-in code names, taken once (None: no such code, used, expired)."""
+        with redis_errors("take a sign-in link"):
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hget(self.keys.signins, code_hash)
+            pipe.hdel(self.keys.signins, code_hash)
+            raw, taken = pipe.execute()
+        if raw is None or not taken or _until(raw) <= now_s:
             return None
         try:
-            return int(when)
-        except (TypeError, ValueError):
-            return 0
+            doc = json.loads(raw)
+            fields = {k: doc[k] for k in ("id", "pool", "user", "uid", "gid", "iat", "exp")}
+            return Claims.from_canonical(json.dumps(fields).encode())
+        except (ValueError, KeyError, TypeError, TokenError):
+            return None
 
     def listing(self) -> dict[str, dict[str, Any]]:
         """Every registered token: id -> {user, uid, iat, exp}; an entry nodeagent did not
@@ -93,3 +103,11 @@ class TokenStore:
         """Forget the tokens expired by `now_s` (they are refused by their expiry anyway)."""
         gone = [i for i, entry in self.listing().items() if entry["exp"] <= now_s]
         self.revoke(gone)
+
+
+def _until(text: str) -> int:
+    try:
+        until = json.loads(text).get("until")
+    except (ValueError, AttributeError):
+        return 0
+    return until if isinstance(until, int) else 0

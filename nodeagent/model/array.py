@@ -16,7 +16,8 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-MAX_TASKS = 10_000  # one array's tasks at most (Slurm's MaxArraySize is 1001 by default)
+MAX_TASKS = 1001  # one array's tasks at most: Slurm's default MaxArraySize (one request's
+# writes and the pool round's work stay bounded: bench/array.py)
 MAX_INDEX = 9_999_999
 _RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
 HINT = "expected indices such as 0-999, 1,3,8-11 or 0-20:5, optionally with %LIMIT (0-999%50)"

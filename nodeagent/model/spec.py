@@ -36,10 +36,11 @@ from nodeagent.config.settings import (
 )
 from nodeagent.config.values import Section, check_name, parse_duration, parse_signal
 from nodeagent.errors import ConfigError, CorruptStateError
-from nodeagent.model import array, depend
+from nodeagent.model import array, depend, notify
 from nodeagent.model.array import Array, ArrayError, ArrayTask, task_id, task_of
 from nodeagent.model.credential import digest_of
 from nodeagent.model.depend import Dependency, DependencyError
+from nodeagent.model.notify import NotifyError
 
 MAX_PRIORITY = 1_000_000
 SPEC_MAX_BYTES = 64 * 1024  # a spec is a page of YAML; anything bigger is not one
@@ -82,9 +83,13 @@ class JobSpec:
     time_limit: float | None = None  # seconds it may run once admitted (sbatch --time)
     signal: tuple[str, float] | None = None  # (USR1, 300): sent 300 s before the time limit
     dependency: tuple[Dependency, ...] = ()  # what must hold first (sbatch --dependency)
+    # the run of each job named there, by its pool seq, bound at submission: a parent's id
+    # taken over later by another job (its own user's, or anyone's) changes nothing
+    dependency_runs: Mapping[str, int] = field(default_factory=dict)
     name: str | None = None  # its name for `singleton` (sbatch --job-name; default: its id)
     array: Array | None = None  # a submission of one job per task (sbatch --array)
     array_task: ArrayTask | None = None  # the task of an array this job is
+    notify: tuple[str, ...] = ()  # what its user is told of (model/notify.py; --mail-type)
 
     @property
     def id(self) -> str:
@@ -130,9 +135,11 @@ class JobSpec:
             "time_limit": self.time_limit,
             "signal": f"{self.signal[0]}@{self.signal[1]:g}" if self.signal else None,
             "dependency": depend.text(self.dependency) or None,
+            "dependency_runs": dict(self.dependency_runs) or None,
             "name": self.name,
             "array": str(self.array) if self.array is not None else None,
             "array_task": self.array_task.to_doc() if self.array_task is not None else None,
+            "notify": ",".join(self.notify) or None,
         }
         doc.update({k: v for k, v in optional.items() if v is not None})
         return doc
@@ -209,6 +216,8 @@ def load_spec(
     if name is not None:
         check_name(name, "name")
     array = _array(root, job.id)
+    told = _notify(root)
+    runs = _runs(root.raw("dependency_runs")) if submitted else {}
     task = _array_task(root.section("array_task")) if submitted and root.raw("array_task") else None
     root.reject_unknown()
     return JobSpec(
@@ -228,7 +237,26 @@ def load_spec(
         name=name,
         array=array,
         array_task=task,
+        notify=told,
+        dependency_runs=runs,
     )
+
+
+def _runs(raw: object) -> dict[str, int]:
+    """dependency_runs, as the pool stored it: job id -> the seq of the run named."""
+    section = Section(raw, "dependency_runs")
+    found: dict[str, int] = {}
+    for name in list(raw) if isinstance(raw, Mapping) else []:
+        found[check_name(str(name), section.key(str(name)))] = section.get(str(name), int, 0)
+    return found
+
+
+def _notify(root: Section) -> tuple[str, ...]:
+    given = root.get("notify", str, "")
+    try:
+        return notify.parse(given) if given else ()
+    except NotifyError as exc:
+        raise ConfigError("notify", str(exc)) from None
 
 
 def array_tasks(spec: JobSpec) -> list[JobSpec]:

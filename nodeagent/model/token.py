@@ -154,14 +154,6 @@ def is_token_credential(text: str) -> bool:
     return text.startswith(CREDENTIAL_PREFIX)
 
 
-def credential_claims(text: str) -> Claims:
-    """The claims a token credential carries, unchecked: only for a credential the pool
-    leader has already proven (check_credential). Raises: TokenError."""
-    if not is_token_credential(text):
-        raise TokenError("not a token credential: expected token1.<claims>.<time>.<proof>")
-    return Claims.from_canonical(_unb64(text[len(CREDENTIAL_PREFIX) :].split(".")[0], "claims"))
-
-
 @dataclass(frozen=True)
 class Proven:
     """A token credential that checked: whose token, and when its proof stops being taken."""

@@ -9,6 +9,7 @@ who: callers, operators, specs vouched for, who may read a log),
 jobverbs.py (when a job may be held, released or requeued: one rule for both sides),
 cordoning.py (cordon, drain, uncordon of a pool node, a pinned one's job included: both sides),
 lifecycle.py (what the leader does about ended jobs and time limits), submission.py (what a
-submission is checked against, and an array stored one job per task: both sides).
+submission is checked against, and an array stored one job per task: both sides), notify.py
+(the leader telling the operator's endpoints of job changes, from a thread of its own).
 metrics.py: the pool's gauges. What is stored lives in model/pool.py and model/request.py.
 """

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from nodeagent.coord import eventlog
+from nodeagent.coord import eventlog, runs
 from nodeagent.coord.ended import clear_job, prune
 from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
 from nodeagent.coord.store import JobStore
@@ -102,8 +102,29 @@ def read_view(
     nodes = (views or NodeViews()).of(snap.nodes, snap.cordons)
     jobs = {j: _job_view(j, snap, specs[j], records.get(j)) for j in live}
     ended = {j: s.state for j, s in snap.jobs.items() if j not in jobs and s.state.ended}
-    view = PoolView(snap.now_ms, nodes, jobs, snap.placements, snap.queues, ended)
+    view = PoolView(
+        snap.now_ms, nodes, jobs, snap.placements, snap.queues, ended, _runs(store, snap, jobs)
+    )
     return snap, view, records
+
+
+def _runs(
+    store: PoolStore, snap: PoolSnapshot, jobs: Mapping[str, JobView]
+) -> dict[str, PoolJobState]:
+    """How each ended run the pending jobs' dependencies name ended, by "id:seq": the pool's
+    ended jobs, and, for a parent whose id another job has taken over since, its run in the
+    pool's history (read only then)."""
+    ended = {f"{j}:{s.seq}": s.state for j, s in snap.jobs.items() if s.state.ended}
+    wanted = [
+        f"{parent}:{seq}"
+        for job in jobs.values()
+        if job.dependency_runs and job.status.state is PoolJobState.PENDING
+        for parent, seq in job.dependency_runs.items()
+        if f"{parent}:{seq}" not in ended and getattr(snap.jobs.get(parent), "seq", None) != seq
+    ]
+    if wanted:
+        ended.update(runs.history_states(store, wanted))
+    return ended
 
 
 _NONE: Mapping[str, str] = MappingProxyType({})
@@ -152,10 +173,12 @@ def _job_view(
         exit_code=record.exit_code if record is not None and record.state.terminal else None,
         standby=job.slow_node.policy == "replace",
         dependency=spec.dependency,
+        dependency_runs=spec.dependency_runs,
         user=spec.user,
         name=spec.name or job_id,
         array=spec.array_task.job if spec.array_task is not None else None,
         array_limit=spec.array_task.limit if spec.array_task is not None else None,
+        notify=spec.notify,
     )
 
 

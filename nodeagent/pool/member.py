@@ -24,6 +24,7 @@ from nodeagent.model.pool import PoolNode
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool import leadership, lifecycle
 from nodeagent.pool.authority import Authority
+from nodeagent.pool.notify import Webhooks
 from nodeagent.pool.requests import BATCH, Requests
 from nodeagent.pool.schedule import PoolView, SchedulePolicy
 
@@ -52,9 +53,12 @@ class PoolMember:
         clock: Callable[[], float],
         authority: Authority | None = None,
         wall: Callable[[], float] = time.time,
+        notifier: Webhooks | None = None,
     ) -> None:
         """`authority`: pool.auth munge (None: none, whoever writes Redis is trusted); `wall`:
-        the clock of the heartbeat time the metrics export (`clock` may be monotonic)."""
+        the clock of the heartbeat time the metrics export (`clock` may be monotonic);
+        `notifier`: pool.notify's, when the operator named endpoints."""
+        self._notifier = notifier
         self._wall = wall
         self._store = store
         self._authority = authority
@@ -224,6 +228,12 @@ class PoolMember:
             self._failed(CoordinationError(f"pool leader round: {exc}"), redis=False)
             return
         self.last_view = done.view
+        if self._notifier is not None:
+            notifier = self._notifier
+            try:
+                self._store_call(lambda: notifier.tick(token), "tell of job changes")
+            except CoordinationError as exc:
+                self._failed(exc)
         if done.garbage != self._garbage:  # said once, not at every heartbeat
             if done.garbage:
                 log.warning(

@@ -14,7 +14,7 @@ the HTTP server's thread. It takes no lock: the loop only ever assigns a new ref
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -41,6 +41,7 @@ class PoolFigures:
     head_wait_s: float  # the first pending job in order (priority, then FIFO); 0: none pends
     pending_s: Mapping[str, float]  # each pending job's wait
     queues: Mapping[str, QueueFigures]  # every queue that exists or holds a job
+    users: Mapping[str, str] = field(default_factory=dict)  # each pending job's user
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ def pool_figures(view: PoolView) -> PoolFigures:
     )
     waits = {j.id: max(0, view.now_ms - j.status.submitted_ms) / 1000 for j in pending}
     head = waits[pending[0].id] if pending else 0.0
-    return PoolFigures(nodes, jobs, head, waits, _queue_figures(view, waits))
+    users = {j.id: j.user for j in pending}
+    return PoolFigures(nodes, jobs, head, waits, _queue_figures(view, waits), users)
 
 
 def _queue_figures(view: PoolView, waits: Mapping[str, float]) -> dict[str, QueueFigures]:
@@ -186,10 +188,10 @@ class PoolCollector(Collector):
         pending = GaugeMetricFamily(
             "nodeagent_pool_job_pending_seconds",
             "How long each pending job has waited since it was submitted",
-            labels=["pool", "job_id"],
+            labels=["pool", "job_id", "user"],  # user: Alertmanager routes to the submitter
         )
         for job_id, waited in sorted(figures.pending_s.items()):
-            pending.add_metric([pool, job_id], waited)
+            pending.add_metric([pool, job_id, figures.users.get(job_id, "")], waited)
         return (nodes, jobs, head, pending, *self._queues(figures))
 
     def _queues(self, figures: PoolFigures) -> Iterable[Metric]:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.coord import holds
+from nodeagent.coord import holds, runs
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
@@ -42,9 +42,9 @@ from nodeagent.pool import cordoning, jobverbs
 from nodeagent.pool.authority import Authority
 from nodeagent.pool.submission import (
     Refused,
+    checked,
     in_use,
     store_array,
-    submission_refusal,
 )
 from nodeagent.pool.tokens import Minted, TokenRefused, Tokens, who_is
 
@@ -188,9 +188,7 @@ class Requests:
                 f"{caller.name} may not submit as {spec.user}: only operators (pool.operators) "
                 "name another user"
             )
-        refused = submission_refusal(self._store, spec)
-        if refused is not None:
-            raise Refused(refused)
+        spec = checked(self._store, spec)
         if spec.array is not None:
             by = replace(spec, submitted_by=caller.name)
             return store_array(self._store, by, caller.name if hold else "", self._sign)
@@ -231,24 +229,30 @@ class Requests:
         id it can be done to now (model/array.py): those that have ended, say, are left."""
         if self._store.status(job_id) is not None:
             return act(job_id)
-        tasks = self._store.tasks_of(job_id)
+        tasks = runs.tasks_of(self._store, job_id)
         if not tasks:
             raise Missing(
                 f"no job {job_id!r} in pool {self._store.keys.pool}, nor an array of that id"
             )
-        done, left = 0, []
+        doable = []  # each task checked before any is acted on: all of them, or none
         for task in tasks:
+            try:
+                self._owned(caller, task, verb)
+            except Forbidden:
+                raise  # before anything is done
+            except Refused:  # ended, say: left alone
+                continue
+            doable.append(task)
+        done, left = 0, []
+        for task in doable:
             try:
                 act(task)
                 done += 1
-            except Forbidden:
-                raise
-            except (Refused, Missing) as exc:
+            except Refused as exc:
                 left.append(str(exc))
         if not done:
-            raise Refused(
-                f"array {job_id}: {verb} done to none of its {len(tasks)} tasks: {left[0]}"
-            )
+            why = left[0] if left else "every task has ended"
+            raise Refused(f"array {job_id}: {verb} done to none of its tasks: {why}")
         return f"array {job_id}: {verb} done to {done} of its {len(tasks)} tasks by {caller.name}"
 
     def _cancel(self, caller: Caller, job_id: str) -> str:

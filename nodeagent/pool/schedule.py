@@ -104,6 +104,7 @@ class _Run:
         self.ledger = Ledger(view.queues)
         self._queue_of = {job.id: job.queue for job in view.jobs.values()}
         self._victims: list[JobView] | None = None  # see victims()
+        self._namesakes: dict[tuple[str, str], list[tuple[int, str]]] | None = None
 
     def status(self, job: JobView) -> PoolJob:
         return self.jobs.get(job.id, job.status)
@@ -119,7 +120,12 @@ class _Run:
         moved = self.status(job).moved(state, self.view.now_ms, reason)
         self.jobs[job.id] = replace(moved, exit_code=job.exit_code) if state.ended else moved
         message = f"job {job.id}: {reason}"
-        self.events.append(Event(event, message=message, data=dict(data or {"job": job.id})))
+        said: dict[str, object] = {**(data or {"job": job.id}), "state": state.value}
+        if job.user:  # whom it runs as, and what they asked to be told of (pool/notify.py),
+            said["user"] = job.user  # as they were when it happened: the id may be reused
+        if job.notify:
+            said["notify"] = list(job.notify)
+        self.events.append(Event(event, message=message, data=said))
 
     def note(self, job: JobView, reason: str) -> None:
         """Say why a job waits (written only when the reason changes); an evicted job says so
@@ -155,6 +161,16 @@ class _Run:
             if node in self._eligible:
                 self._free += 1
                 self._head = min(self._head, self._eligible[node])  # freed: the cursor sees it
+
+    def namesakes(self) -> dict[tuple[str, str], list[tuple[int, str]]]:
+        """The jobs not ended, by (user, name): what `singleton` waits for. Made once a round,
+        when first asked."""
+        if self._namesakes is None:
+            self._namesakes = {}
+            for j in self.view.jobs.values():
+                if not self.status(j).state.ended:
+                    self._namesakes.setdefault((j.user, j.name), []).append((j.status.seq, j.id))
+        return self._namesakes
 
     def placed(self, job: str) -> list[str]:
         return sorted(self.by_job.get(job, ()))
@@ -401,20 +417,19 @@ def _depends(run: _Run, job: JobView) -> bool:
     """Whether `job`'s dependencies hold (model/depend.py), on the states this round settled:
     a job whose parent's success is recorded in this round is admitted in it. One that waits
     says for what; one whose dependencies can never hold ends, saying why."""
-    jobs, ended = run.view.jobs, run.view.ended
+    jobs, view = run.view.jobs, run.view
 
     def state_of(job_id: str) -> PoolJobState | None:
-        found = jobs.get(job_id)
-        return run.status(found).state if found is not None else ended.get(job_id)
+        """The state of the run the dependency names (its seq, bound at submission)."""
+        found, seq = jobs.get(job_id), job.dependency_runs.get(job_id)
+        if found is not None and (seq is None or found.status.seq == seq):
+            return run.status(found).state
+        return view.ended.get(job_id) if seq is None else view.runs.get(f"{job_id}:{seq}")
 
     def earlier_namesakes() -> list[str]:
-        seq = job.status.seq
         return [
-            j.id
-            for j in jobs.values()
-            if j.user == job.user and j.name == job.name and j.status.seq < seq
-            and not run.status(j).state.ended
-        ]  # fmt: skip
+            j for seq, j in run.namesakes().get((job.user, job.name), ()) if seq < job.status.seq
+        ]
 
     found = depend.verdict(job.dependency, state_of, earlier_namesakes)
     if found.never:

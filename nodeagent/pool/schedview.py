@@ -54,10 +54,12 @@ class JobView:
     exit_code: int | None = None  # its record's, once the record has ended
     standby: bool = False  # holds a free node beyond its target (slow_node.policy: replace)
     dependency: tuple[Dependency, ...] = ()  # what must hold before it is admitted
+    dependency_runs: Mapping[str, int] = field(default_factory=dict)  # parent -> its run's seq
     user: str = ""
     name: str = ""  # its spec's name, else its id (singleton)
     array: str | None = None  # the array it is a task of (model/array.py)
     array_limit: int | None = None  # ... which runs at most this many tasks at once
+    notify: tuple[str, ...] = ()  # what its user asked to be told of (model/notify.py)
 
     @property
     def order(self) -> tuple[int, int]:
@@ -73,6 +75,9 @@ class PoolView:
     queues: Mapping[str, QueueView] = field(default_factory=dict)  # `default` is implicit
     # how the jobs not in `jobs` ended (kept for pool.keep_ended): what dependencies look at
     ended: Mapping[str, PoolJobState] = field(default_factory=dict)
+    # how each ended run a dependency names ended, by "id:seq" (an id taken over since: its
+    # earlier run, from the pool's history)
+    runs: Mapping[str, PoolJobState] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,14 @@ stored, one job per task, in one round trip."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
 
 from nodeagent.config.container import pool_refusal
+from nodeagent.coord import runs
+from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.pool import PoolStore
+from nodeagent.errors import CorruptStateError
 from nodeagent.model import depend
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolNode
@@ -33,10 +38,13 @@ def store_array(
     own = store.status(spec.id)
     if own is not None and not own.state.ended:
         raise Refused(in_use(spec.id, pool, own))
-    for task in tasks:
-        status = store.status(task.id)
-        if status is not None and not status.state.ended:
-            raise Refused(in_use(task.id, pool, status))
+    with redis_errors("read the tasks' ids"):
+        raws: Any = store.client.hmget(store.keys.jobs, [t.id for t in tasks])
+    for task, raw in zip(tasks, raws, strict=True):
+        if raw is not None and not _ended(raw):
+            raise Refused(in_use(task.id, pool, _status(raw)))
+    with redis_errors("register the array"):
+        store.client.hset(store.keys.arrays, spec.id, spec.user)
     array = spec.array
     limit = f", at most {array.limit} at once" if array is not None and array.limit else ""
     said = f"array {spec.id}: {len(tasks)} tasks submitted by {spec.submitted_by}{limit}"
@@ -50,30 +58,78 @@ def store_array(
     return f"{said}: {tasks[0].id} to {tasks[-1].id}, runs as {spec.user}"
 
 
-def submission_refusal(store: PoolStore, spec: JobSpec) -> str | None:
-    """Why the pool refuses a valid spec, whoever stores it (the pool leader for a signed
-    request, nodeagentctl under pool.auth: none): its queue does not exist, or caps its
-    priority below it; a job it depends on is not in the pool; no node would run its
-    container."""
+def checked(store: PoolStore, spec: JobSpec) -> JobSpec:
+    """`spec` as the pool stores it, whoever stores it (the pool leader for a signed request,
+    nodeagentctl under pool.auth: none): each job it depends on bound to the run it names now
+    (its seq: a job that takes over the id later is not that run).
+
+    Raises:
+        Refused: its queue does not exist, or caps its priority below it; a job it depends on
+            is not in the pool; an array's id is a live array's; no node would run its
+            container.
+    """
     pool = store.keys.pool
+    live = _live_array(store, spec.id)
+    if live:
+        raise Refused(
+            f"{spec.id} is an array of {live} tasks not ended in pool {pool}: choose another "
+            "--name, or submit it once they have ended"
+        )
     queue = store.queue(spec.queue)
     if queue is None and spec.queue != DEFAULT:
-        return (
+        raise Refused(
             f"queue {spec.queue} does not exist in pool {pool}: an operator makes it "
             f"(`nodeagentctl queue create {spec.queue}`), or submit to another"
         )
     ceiling = queue.max_priority if queue is not None else None
     if ceiling is not None and spec.priority > ceiling:
-        return f"priority {spec.priority} is above queue {spec.queue}'s ceiling of {ceiling}"
+        raise Refused(
+            f"priority {spec.priority} is above queue {spec.queue}'s ceiling of {ceiling}"
+        )
+    runs = {}
     for parent in depend.named(spec.dependency):
-        if store.status(parent) is None:
-            return (
+        status = store.status(parent)
+        if status is None:
+            raise Refused(
                 f"dependency: no job {parent!r} in pool {pool} "
                 "(a job depends only on jobs submitted before it)"
             )
+        runs[parent] = status.seq
     if spec.job.container is not None:  # every node's report read only where it matters
-        return container_refusal(spec, store.nodes().values())
-    return None
+        refused = container_refusal(spec, store.nodes().values())
+        if refused is not None:
+            raise Refused(refused)
+    return replace(spec, dependency_runs=runs)
+
+
+def _live_array(store: PoolStore, job_id: str) -> int:
+    """How many tasks not ended the array of this id has (0: none, or no such array). One
+    HGET for an id that never named an array."""
+    with redis_errors("read the arrays"):
+        if not store.client.hexists(store.keys.arrays, job_id):
+            return 0
+    tasks = runs.tasks_of(store, job_id)
+    with redis_errors("read the tasks"):
+        raws: Any = store.client.hmget(store.keys.jobs, tasks) if tasks else []
+    live = sum(1 for raw in raws if raw is not None and not _ended(raw))
+    if not live:
+        with redis_errors("forget an ended array"):
+            store.client.hdel(store.keys.arrays, job_id)
+    return live
+
+
+def _status(raw: str) -> PoolJob | None:
+    try:
+        return PoolJob.from_json(raw)
+    except CorruptStateError:
+        return None
+
+
+def _ended(raw: str) -> bool:
+    """A stored status says its job ended (one that does not decode: in use, as the pool's
+    submit script takes it)."""
+    status = _status(raw)
+    return status is not None and status.state.ended
 
 
 def container_refusal(spec: JobSpec, nodes: Iterable[PoolNode]) -> str | None:

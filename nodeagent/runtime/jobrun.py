@@ -44,7 +44,7 @@ from nodeagent.supervisor.group import Supervisor
 from nodeagent.supervisor.munge import MungeProgram
 from nodeagent.supervisor.spares import Spawner
 from nodeagent.telemetry.logs import LogContext, WorkerEcho
-from nodeagent.telemetry.metrics import AgentMetrics
+from nodeagent.telemetry.metrics import AgentMetrics, with_user
 from nodeagent.telemetry.sdnotify import Notifier
 
 log = logging.getLogger(__name__)
@@ -66,14 +66,27 @@ class NodeParts:
 
 
 class CurrentJobMetrics(Collector):
-    """The /metrics of whichever job the node serves now (none: nothing)."""
+    """The /metrics of whichever job the node serves now (none: nothing), each per-job series
+    (those with a job_id) labelled with the job's `user` too, so that an alert can be routed
+    to its submitter (config/prometheus/nodeagent-alerts.yml keeps it)."""
 
     def __init__(self) -> None:
-        self.registry: CollectorRegistry | None = None
+        self._serving: tuple[CollectorRegistry, str] | None = None  # one assignment: no mix
+
+    def serve(self, registry: CollectorRegistry, user: str) -> None:
+        """The job's metrics from now on, `user`: whom it runs as ("": the agent's own)."""
+        self._serving = (registry, user)
+
+    @property
+    def user(self) -> str:
+        return self._serving[1] if self._serving is not None else ""
 
     def collect(self) -> Iterable[Metric]:
-        registry = self.registry
-        return registry.collect() if registry is not None else ()
+        serving = self._serving
+        if serving is None:
+            return ()
+        registry, user = serving
+        return with_user(registry.collect(), user)
 
 
 def _tiers(config: Config) -> TierKeeper | None:

@@ -34,6 +34,7 @@ from nodeagent.model.credential import MungeUnavailable
 from nodeagent.pool.authority import Authority
 from nodeagent.pool.member import PoolMember
 from nodeagent.pool.metrics import PoolCollector
+from nodeagent.pool.notify import Webhooks
 from nodeagent.runtime.jobrun import LISTEN_BLOCK_MS, CurrentJobMetrics, JobRun, NodeParts
 from nodeagent.runtime.locks import clean_leftovers, clean_legacy, hold, worker_record
 from nodeagent.runtime.nodeloop import NodeLoop
@@ -129,7 +130,13 @@ def _run_agent(
         return runner.job_id if runner is not None else ""
 
     node_metrics(
-        registry, __version__, serving, monitor.snapshot, monitor.verdicts, monitor.xid_counts
+        registry,
+        __version__,
+        serving,
+        monitor.snapshot,
+        monitor.verdicts,
+        monitor.xid_counts,
+        lambda: current.user,
     )
     server = None
     if settings.metrics.listen != "off":
@@ -171,7 +178,8 @@ def _node_loop(
 
     def start_job(config: Config) -> JobRun:
         run = JobRun(config, parts, until_done=until_done)
-        current.registry = run.metrics.registry
+        user = config.job.user.name if config.job.user is not None else ""
+        current.serve(run.metrics.registry, user)
         return run
 
     if until_done:
@@ -179,7 +187,14 @@ def _node_loop(
             settings, None, start_job, parts.waker, time.monotonic, notifier=parts.notifier
         )
     keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
-    member = PoolMember(PoolStore(parts.client, keys), settings, time.monotonic, authority)
+    store = PoolStore(parts.client, keys)
+    notify = settings.pool.notify
+    told = (
+        Webhooks(store, notify, read_token_key(notify.key_file, "pool.notify.key_file"))
+        if notify.endpoints
+        else None
+    )
+    member = PoolMember(store, settings, time.monotonic, authority, notifier=told)
     registry.register(PoolCollector(member, settings.pool.name))
 
     def poked() -> None:  # a submission, a placement: heartbeat now, not at the next beat

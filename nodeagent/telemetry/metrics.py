@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -43,6 +43,19 @@ DETECTION_BUCKETS = (0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900)
 HEARTBEAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
+def with_user(families: Iterable[Metric], user: str) -> Iterator[Metric]:
+    """Each per-job sample (one with a job_id) labelled with `user`, whom the job runs as, too,
+    so that an alert can be routed to its submitter (config/prometheus/nodeagent-alerts.yml
+    keeps it); "" labels nothing."""
+    for family in families:
+        if user:
+            family.samples = [
+                s._replace(labels={**s.labels, "user": user}) if "job_id" in s.labels else s
+                for s in family.samples
+            ]
+        yield family
+
+
 class _GpuCollector(Collector):
     """The node's GPUs, from the monitor's cache, labelled with the job the node serves at the
     scrape ("" while it serves none: an idle node's GPUs are watched too)."""
@@ -53,13 +66,18 @@ class _GpuCollector(Collector):
         snapshot: Callable[[], GpuSnapshot],
         verdicts: Callable[[], Sequence[Verdict]],
         xids: Callable[[], Mapping[tuple[int, int], int]],
+        user: Callable[[], str],
     ) -> None:
         self._job_id = job_id
+        self._user = user
         self._snapshot = snapshot
         self._verdicts = verdicts
         self._xids = xids
 
     def collect(self) -> Iterable[Metric]:
+        return with_user(self._families(), self._user())
+
+    def _families(self) -> Iterable[Metric]:
         snap = self._snapshot()
         self._job = self._job_id()
         available = GaugeMetricFamily(
@@ -116,14 +134,15 @@ def node_metrics(
     snapshot: Callable[[], GpuSnapshot],
     verdicts: Callable[[], Sequence[Verdict]],
     xids: Callable[[], Mapping[tuple[int, int], int]],
+    user: Callable[[], str] = lambda: "",
 ) -> None:
     """What every agent exports whether it serves a job or not (issue 62: an idle pool node
     exported only its pool's series, so no dashboard or alert saw its version or its GPUs):
     `nodeagent_build_info{version}`, and its GPUs (read from the monitor's cache at scrape
-    time, labelled with the job `serving()` names, "" for none)."""
+    time, labelled with the job `serving()` names, "" for none, and whom it runs as)."""
     disable_created_metrics()  # type: ignore[no-untyped-call]
     Info("nodeagent_build", "nodeagent's version", registry=registry).info({"version": version})
-    registry.register(_GpuCollector(serving, snapshot, verdicts, xids))
+    registry.register(_GpuCollector(serving, snapshot, verdicts, xids, user))
 
 
 class AgentMetrics:

@@ -1,5 +1,5 @@
 """The pool's jobs as rows (`nodeagentctl jobs`, GET /v1/jobs): state, queue position, world,
-user and why, filtered by user, state and queue."""
+user, array and why, filtered by user, state, queue and array."""
 
 from __future__ import annotations
 
@@ -15,9 +15,14 @@ from nodeagent.views.documents import rfc3339
 
 
 def jobs(
-    store: PoolStore, user: str | None = None, state: str | None = None, queue: str | None = None
+    store: PoolStore,
+    user: str | None = None,
+    state: str | None = None,
+    queue: str | None = None,
+    array: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Running first, then pending by queue position, then ended (newest first)."""
+    """Running first, then pending by queue position, then ended (newest first); `array`:
+    only the tasks of that array (model/array.py)."""
     snap, view, records = read_view(store)
     specs = store.specs(list(snap.jobs))
     running = [j for j, s in snap.jobs.items() if s.state is PoolJobState.RUNNING]
@@ -35,12 +40,15 @@ def jobs(
         spec = specs.get(row["job"])
         row["user"] = spec.user if isinstance(spec, JobSpec) else None
         row["submitted_by"] = spec.submitted_by if isinstance(spec, JobSpec) else None
+        task = spec.array_task if isinstance(spec, JobSpec) else None
+        row["array"] = task.job if task is not None else None
     rows = [
         r
         for r in rows
         if (user is None or r["user"] == user)
         and (state is None or r["state"] == state)
         and (queue is None or r["queue"] == queue)
+        and (array is None or r["array"] == array)
     ]
     rows.sort(key=lambda r: (_STATE_ORDER[r["state"]], r["position"] or 0, -r["seq"]))
     return rows

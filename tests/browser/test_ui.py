@@ -188,7 +188,7 @@ def test_alice_signs_in_watches_her_job_recover_and_cancels_it_from_the_page(
 ) -> None:
     alice = users["alice"]
     link = ctl(pool, munged, alice, "ui", "--url", api.url, "--lifetime", "20m")
-    assert link.startswith(f"{api.url}/ui/signin#nat1.")
+    assert link.startswith(f"{api.url}/ui/signin#") and "nat1." not in link  # no token in it
     sign_in(browser, link, alice.name)
 
     token = ctl(pool, munged, alice, "token", "--lifetime", "20m")
@@ -305,32 +305,40 @@ def test_bob_sees_alices_job_without_its_actions_and_the_pool_refuses_his_cancel
         assert client.show(job)["state"] == "running"
 
 
-def test_a_link_signs_in_once_and_signing_out_revokes_it(
+def test_a_link_signs_in_once_carries_no_token_and_signing_out_revokes_the_session(
     pool: PoolCluster, api: ApiService, munged: MungeDaemon, users: dict[str, User]
 ) -> None:
-    link = ctl(pool, munged, users["alice"], "ui", "--url", api.url, "--lifetime", "10m")
-    token = link.partition("#")[2]
+    """The link's code is redeemed once, by the API service, for a token the link never held;
+    a page of another site can neither redeem it nor swap a signed-in browser's user."""
+    alice = users["alice"]
+    code = ctl(pool, munged, alice, "ui", "--url", api.url, "--lifetime", "10m").partition("#")[2]
     origin = {"origin": api.url}
     trust = ssl.create_default_context(cafile=str(api.certificate.cert))
     with httpx.Client(base_url=api.url, verify=trust) as http:
-        first = http.post("/v1/session", json={"token": token}, headers=origin)
-        assert first.status_code == 200, first.text
-        cookie = first.cookies.get("__Host-nodeagent-session")
-        assert cookie == token and "httponly" in first.headers["set-cookie"].lower()
-        assert "samesite=strict" in first.headers["set-cookie"].lower()
-        again = http.post("/v1/session", json={"token": token}, headers=origin)
-        assert again.status_code == 401 and "works once" in again.json()["detail"]
         elsewhere = http.post(
-            "/v1/session", json={"token": token}, headers={"origin": "https://evil.example"}
+            "/v1/session", json={"code": code}, headers={"origin": "https://evil.example"}
         )
         assert elsewhere.status_code == 403
+        as_bearer = http.get("/v1/jobs", headers={"authorization": f"Bearer {code}"})
+        assert as_bearer.status_code == 401  # a code is no token
+        first = http.post("/v1/session", json={"code": code}, headers=origin)
+        assert first.status_code == 200, first.text
+        token = first.cookies.get("__Host-nodeagent-session")
+        assert token is not None and token.startswith("nat1.") and code not in token
+        assert "httponly" in first.headers["set-cookie"].lower()
+        assert "samesite=strict" in first.headers["set-cookie"].lower()
+        other = ctl(pool, munged, users["bob"], "ui", "--url", api.url, "--lifetime", "10m")
+        swapped = http.post("/v1/session", json={"code": other.partition("#")[2]}, headers=origin)
+        assert swapped.status_code == 409 and "signed in as" in swapped.json()["detail"]
         session = http.get("/v1/session").json()
-        assert session["user"] == users["alice"].name and len(session["csrf"]) == 64
+        assert session["user"] == alice.name and len(session["csrf"]) == 64
         out = http.delete("/v1/session", headers={**origin, "x-nodeagent-csrf": session["csrf"]})
         assert out.status_code == 200, out.text
-        http.cookies.set("__Host-nodeagent-session", token, domain="127.0.0.1")
+        http.cookies.clear()
+        again = http.post("/v1/session", json={"code": code}, headers=origin)
+        assert again.status_code == 401 and "works once" in again.json()["detail"]
         gone = http.get("/v1/jobs", headers={"authorization": f"Bearer {token}"})
-        assert gone.status_code == 401  # revoked in the pool: no one uses the link's token
+        assert gone.status_code == 401  # revoked in the pool at sign-out
 
 
 def _phases(browser: Any, row: str) -> dict[str, float]:

@@ -26,7 +26,7 @@ from tests.helpers.fsdp import (
     tiers_said,
     wait_until_step,
 )
-from tests.helpers.scrape import scrape
+from tests.helpers.scrape import job_labels, scrape
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -59,7 +59,7 @@ def test_a_killed_worker_resumes_from_the_memory_tier_with_the_state_it_saved(
         printed = cluster.ctl("status").stdout
         assert f"this generation restores from {saved_by} > " in printed
         node_b = next(n for n in cluster.status()["nodes"] if n["name"] == "b")
-        job = (("job_id", job_id),)
+        job = job_labels(job_id)
 
         def saving() -> dict[tuple[str, Any], float] | None:
             # The blocked time and the bytes are the newest verified save's: none just after
@@ -69,7 +69,8 @@ def test_a_killed_worker_resumes_from_the_memory_tier_with_the_state_it_saved(
             return found if blocked > 0 else None
 
         samples = wait_for(saving, 30, "b's metrics to show a verified save")
-        assert samples[("nodeagent_checkpoint_restores_total", (*job, ("tier", "memory")))] == 1
+        restores = ("nodeagent_checkpoint_restores_total", job_labels(job_id, tier="memory"))
+        assert samples[restores] == 1
         assert samples[("nodeagent_checkpoint_memory_bytes", job)] > 0
         lost = samples[("nodeagent_checkpoint_steps_lost", job)]
         assert 0 <= lost <= 2 * EVERY

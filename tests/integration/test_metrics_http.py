@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
-from tests.helpers.scrape import scrape
+from tests.helpers.scrape import AGENT_USER, scrape
 
 TIMING = {"heartbeat_interval": "200ms", "lease_ttl": "1s"}
 
@@ -50,7 +50,7 @@ def test_scrape_counts_a_restart(redis_server: RedisServer, job_id: str, tmp_pat
 
         where = wait_for(both, 10, "both metrics addresses")
         samples = scrape(where["a"])
-        job = {"job_id": cluster.job}
+        job = {"job_id": cluster.job, "user": AGENT_USER}  # whom it runs as: on every series
         assert sample(samples, "nodeagent_generation", **job) == before["generation"]
         assert sample(samples, "nodeagent_world_size", **job) == 2
         assert sample(samples, "nodeagent_node_state", nodeagent_node_state="running", **job) == 1

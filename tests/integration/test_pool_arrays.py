@@ -4,6 +4,7 @@ whole array or on one task."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def test_an_array_runs_its_tasks_limit_at_a_time_and_its_verbs_take_the_whole_or
     assert (out / "1").read_text().split() == [array, "1", "of", "4"]
     assert states(pool, array) == dict(zip(tasks, ["running"] * 2 + ["pending"] * 2, strict=True))
     assert pool.jobs()[tasks[2]]["reason"] == f"array {array} runs 2 tasks at once, its limit"
+    listed = pool.ctl("jobs", "--array", array, "--json")
+    assert sorted(row["job"] for row in json.loads(listed.stdout)["jobs"]) == tasks
 
     held = pool.ctl("hold", array)  # the pending ones; the running ones cannot be held
     assert held.returncode == 0 and f"array {array}: hold done to 2 of 4 tasks" in held.stdout
@@ -68,3 +71,19 @@ def test_an_array_whose_task_ids_are_taken_is_refused_whole(pool: PoolCluster, j
     said = pool.ctl("submit", "--name", array, "--array", "0-2", "--", "true")
     assert said.returncode == 2 and f"job {array}_1 exists in pool" in said.stderr
     assert f"{array}_0" not in pool.jobs()  # nothing of it written
+
+
+def test_a_live_arrays_id_is_not_given_to_another_array_or_job(
+    pool: PoolCluster, job_id: str
+) -> None:
+    array = f"{job_id}-live"[:40]
+    said = pool.ctl("submit", "--name", array, "--array", "1-2", "--", "sleep", "600")
+    assert said.returncode == 0, said.stderr
+    again = pool.ctl("submit", "--name", array, "--array", "0", "--", "true")
+    assert again.returncode == 2 and f"{array} is an array of 2 tasks not ended" in again.stderr
+    plain = pool.ctl("submit", "--name", array, "--", "true")
+    assert plain.returncode == 2 and f"{array} is an array of 2 tasks not ended" in plain.stderr
+    assert pool.ctl("cancel", array).returncode == 0
+    wait_for(lambda: set(states(pool, array).values()) == {"cancelled"}, 60, "its tasks ended")
+    taken = pool.ctl("submit", "--name", array, "--", "true")  # ended: the id is free again
+    assert taken.returncode == 0, taken.stderr

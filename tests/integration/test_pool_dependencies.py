@@ -69,6 +69,30 @@ def test_a_pipeline_runs_in_order_and_a_failed_stage_ends_what_needed_its_succes
     assert "dependency never satisfied" in show(pool, evaluate)["reason"]
 
 
+def test_a_dependency_follows_the_run_it_named_not_a_later_job_under_its_id(
+    pool: PoolCluster, job_id: str
+) -> None:
+    """pre succeeds; then its ended id is taken over by a job that is cancelled. The job that
+    waited for pre's success and another's still runs once the other succeeds: it was bound to
+    pre's run, not to the id."""
+    pre, other, after = (f"{job_id}-{x}"[:63] for x in ("pre", "other", "after"))
+    pool.submit(pre, "1")
+    pool.submit(other, "1", "--hold")
+    pool.submit(after, "1", "--dependency", f"afterok:{pre}:{other}")
+    ended(pool, pre, 0)
+    pool.wait_job(pre, "succeeded")
+    for told in pool.job_records(pre).glob("exit-*"):
+        told.unlink()  # the next run of the id does not end by itself
+    pool.submit(pre, "1")  # the id taken over by another run
+    assert pool.ctl("cancel", pre).returncode == 0
+    pool.wait_job(pre, "cancelled")
+    assert pool.jobs()[after]["state"] == "pending"
+    assert pool.ctl("release", other).returncode == 0
+    ended(pool, other, 0)
+    pool.wait_job(other, "succeeded")
+    pool.wait_job(after, "running", world=1)
+
+
 def test_a_dependency_on_a_job_the_pool_does_not_have_is_refused(
     pool: PoolCluster, job_id: str
 ) -> None:

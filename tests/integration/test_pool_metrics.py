@@ -15,6 +15,7 @@ from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolStore
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.pool import PoolCluster, pool_cluster
+from tests.helpers.runas import AS_TESTER
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -82,7 +83,13 @@ def test_the_pool_leader_exports_nodes_jobs_and_the_queue_wait(
     assert sample(got, "nodeagent_pool_nodes", pool=name, state="unhealthy") == 0
     assert sample(got, "nodeagent_pool_jobs", pool=name, state="pending") == 1
     assert sample(got, "nodeagent_pool_jobs", pool=name, state="running") == 0
-    pending = sample(got, "nodeagent_pool_job_pending_seconds", pool=name, job_id="big")
+    pending = sample(
+        got,
+        "nodeagent_pool_job_pending_seconds",
+        pool=name,
+        job_id="big",
+        user=str(AS_TESTER["user"]),
+    )  # the user: whom an alert of it is routed to
     assert pending is not None and pending > 0
     (other,) = set(addresses) - {leader}
     theirs = scrape(addresses[other])

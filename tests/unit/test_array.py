@@ -42,7 +42,7 @@ def test_slurms_spellings_give_the_tasks_in_order_each_once(
         ("0-9%0", "a whole number of tasks, 1 or more"),
         ("0-20:0", "empty or out of bounds"),
         ("a-b", "expected indices such as 0-999"),
-        ("0-10000", "more than 10000 tasks"),
+        ("0-1001", "more than 1001 tasks"),
     ],
 )
 def test_what_is_not_an_array_is_refused_saying_why(text: str, words: str) -> None:

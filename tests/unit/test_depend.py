@@ -4,6 +4,8 @@ success is recorded; and ends when its dependency can never hold."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from nodeagent.model import depend
@@ -133,3 +135,22 @@ def test_a_waiting_dependent_holds_no_nodes_back_from_the_jobs_behind_it() -> No
     parent = job("pre", RUNNING, seq=1, record=JobState.RUNNING)
     found = round_of(parent, job("eval", seq=2, after="afterok:pre"), job("other", seq=3))
     assert found["eval"].state is PENDING and found["other"].state is RUNNING
+
+
+def test_a_dependency_names_the_run_it_was_bound_to_not_whoever_takes_its_id_later() -> None:
+    """alice's eval waits for pre, run 1, which succeeded; bob then submitted a job under the
+    ended id pre (run 5) and cancelled it: eval still runs, on run 1's success (from the pool's
+    history), and bob's run 5 changes nothing. Unbound (run not known): the newest run."""
+    bobs = job("pre", PoolJobState.CANCELLED, seq=5, user="bob")
+    bound = replace(job("eval", seq=6, after="afterok:pre"), dependency_runs={"pre": 1})
+    nodes = {n: NodeView(n) for n in ("n1", "n2")}
+    view = PoolView(
+        NOW, nodes, {j.id: j for j in (bobs, bound)}, {},
+        runs={"pre:1": PoolJobState.SUCCEEDED, "pre:5": PoolJobState.CANCELLED},
+    )  # fmt: skip
+    decided = schedule(view, SchedulePolicy())
+    assert decided.jobs["eval"].state is RUNNING
+    forgotten = replace(bound, dependency_runs={"pre": 0})  # pruned from the history
+    view = PoolView(NOW, nodes, {j.id: j for j in (bobs, forgotten)}, {}, runs={})
+    ended = schedule(view, SchedulePolicy()).jobs["eval"]
+    assert ended.state is PoolJobState.CANCELLED and "pre is no longer known" in ended.reason

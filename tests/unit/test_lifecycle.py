@@ -88,6 +88,7 @@ def submit_args(**given: object) -> argparse.Namespace:
         "dependency": None,
         "job_name": None,
         "array": None,
+        "notify": None,
         "hold": False,
         "container_image": None,
         "container_mounts": None,

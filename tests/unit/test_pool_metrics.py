@@ -28,7 +28,7 @@ def job(
     pinned: bool = False,
 ) -> JobView:
     status = PoolJob(state, seq=seq, submitted_ms=NOW - waited_ms, pinned=pinned)
-    return JobView(id, status, 1, 1, 1, priority=priority)
+    return JobView(id, status, 1, 1, 1, priority=priority, user=f"{id}-user")
 
 
 def view(
@@ -142,7 +142,8 @@ def test_jobs_and_waits(
     pending: dict[str, float],
 ) -> None:
     figures = pool_figures(view([NodeView("a")], listed))
-    assert figures == PoolFigures(counts(free=1), expected, head, pending, figures.queues)
+    users = {j: f"{j}-user" for j in pending}
+    assert figures == PoolFigures(counts(free=1), expected, head, pending, figures.queues, users)
     assert figures.queues["default"].pending == expected["pending"]
 
 
@@ -180,7 +181,7 @@ def test_the_leader_exports_the_pool() -> None:
         'nodeagent_pool_jobs{pool="research",state="pending"} 1.0',
         'nodeagent_pool_jobs{pool="research",state="running"} 1.0',
         'nodeagent_pool_queue_head_wait_seconds{pool="research"} 61.5',
-        'nodeagent_pool_job_pending_seconds{job_id="big",pool="research"} 61.5',
+        'nodeagent_pool_job_pending_seconds{job_id="big",pool="research",user="big-user"} 61.5',
     ]:
         assert line in text.splitlines(), (line, text)
     assert text.count("nodeagent_pool_job_pending_seconds{") == 1  # pending jobs only

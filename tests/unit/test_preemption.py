@@ -250,7 +250,7 @@ def test_when_shrinking_is_not_enough_a_preemptible_job_is_evicted_whole() -> No
     assert result.jobs["low"].reason == "evicted by job high (priority 10 > 0)"
     assert result.jobs["low"].evicted == "by job high (priority 10 > 0)"
     (evicted,) = [e for e in result.events if e.type == "job_evicted"]
-    assert evicted.data == {"job": "low", "for": "high", "nodes": ["a", "b"]}
+    assert evicted.data == {"job": "low", "for": "high", "nodes": ["a", "b"], "state": "pending"}
 
 
 def test_a_job_not_marked_preemptible_is_never_evicted() -> None:

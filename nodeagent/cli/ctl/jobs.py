@@ -20,11 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--state", choices=[s.value for s in PoolJobState], help="only the jobs in this state"
     )
     parser.add_argument("--queue", help="only the jobs of this queue")
+    parser.add_argument("--array", help="only the tasks of this array (as squeue -j ARRAY)")
 
 
 def run(target: Target, args: argparse.Namespace) -> int:
     store = target.pool_store
-    rows = views.jobs(store, args.user, args.state, args.queue)
+    rows = views.jobs(store, args.user, args.state, args.queue, args.array)
     if args.json:
         print(json.dumps(listing("jobs", store.keys.pool, rows), indent=2))
         return 0

@@ -47,8 +47,8 @@ def run(
     if verb is Verb.SCALE and args.wait:
         print(reply.message, flush=True)
         return _scaled(store, munge, args, body, before)
-    if verb is Verb.TOKEN and reply.sealed and args.command == "ui":
-        return ui.received(munge, reply, args.url)
+    if verb is Verb.TOKEN and args.command == "ui":
+        return ui.received(reply, args)
     if verb is Verb.TOKEN and reply.sealed:
         return token.received(munge, reply)
     if verb is Verb.SUBMIT and body["spec"].get("array"):

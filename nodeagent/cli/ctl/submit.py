@@ -122,6 +122,12 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
         "SLURM_ARRAY_TASK_ID) set",
     )
     submit.add_argument(
+        "--notify",
+        metavar="KIND,...",
+        help="tell of these to the endpoints the operator set up (pool.notify), as sbatch "
+        "--mail-type: BEGIN, END, FAIL, REQUEUE, TIME_LIMIT or ALL",
+    )
+    submit.add_argument(
         "--job-name",
         metavar="NAME",
         help="its name, which `singleton` looks at (default: its id)",
@@ -205,6 +211,7 @@ def spec_from_args(
         "dependency": args.dependency,
         "name": args.job_name,
         "array": args.array,
+        "notify": args.notify,
     }
     doc.update({k: v for k, v in flags.items() if v is not None})
     for pair in args.selector:
@@ -279,9 +286,10 @@ def request(args: argparse.Namespace, user: str, job: str | None) -> tuple[Verb,
 def run(target: Target, args: argparse.Namespace) -> int:
     store, by = target.pool_store, caller.by()
     spec = spec_from_args(args, caller.user(), by)
-    refused = submission.submission_refusal(store, spec)
-    if refused is not None:
-        raise UsageError(f"job {spec.id}: {refused}")
+    try:
+        spec = submission.checked(store, spec)
+    except submission.Refused as exc:
+        raise UsageError(f"job {spec.id}: {exc}") from None
     if spec.array is not None:
         try:
             said = submission.store_array(store, spec, by if args.hold else "", lambda s: s)

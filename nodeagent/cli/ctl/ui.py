@@ -3,25 +3,27 @@
 
     nodeagentctl ui [--url https://login1:8443] [--lifetime 8h]
 
-It mints an API token for you as `nodeagentctl token` does (your own MUNGE credential) and
-prints `URL/ui/signin#TOKEN`. The token rides in the fragment, which a browser never sends to a
-server nor puts in a Referer; the sign-in page posts it once (POST /v1/session), the pool takes
-it for one sign-in only, and the session is a cookie the page's scripts cannot read. The
+It asks the pool leader, with your own MUNGE credential, for an API token for you that it keeps
+for whoever brings a code made here, once, within ten minutes, and prints `URL/ui/signin#CODE`.
+The code rides in the fragment, which a browser never sends to a server nor puts in a Referer;
+the sign-in page posts it (POST /v1/session), the API service redeems it for the token, and the
+session is a cookie the page's scripts cannot read. The token itself is never in the link. The
 session lasts as long as the token; signing out revokes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import secrets
 import sys
 from typing import Any
 from urllib.parse import urlsplit
 
-from nodeagent.cli.ctl import argtypes, token
+from nodeagent.cli.ctl import argtypes
 from nodeagent.cli.ctl.targets import Target
 from nodeagent.errors import UsageError
-from nodeagent.model.credential import Munge
 from nodeagent.model.request import Reply, Verb
 
 HELP = "a one-time link that signs your browser in to the web UI (docs/ui.md)"
@@ -60,7 +62,9 @@ def request(
 ) -> tuple[Verb, dict[str, Any]] | None:
     if args.url is None:
         raise UsageError(f"ui: the API service's address is needed: --url URL or ${URL_ENV}")
-    return Verb.TOKEN, {"action": "mint", "lifetime_s": round(args.lifetime)}
+    args.code = secrets.token_urlsafe(32)  # the link's; only its hash goes to the pool
+    code_hash = hashlib.sha256(args.code.encode()).hexdigest()
+    return Verb.TOKEN, {"action": "mint", "lifetime_s": round(args.lifetime), "signin": code_hash}
 
 
 def run(target: Target, args: argparse.Namespace) -> int:
@@ -71,9 +75,8 @@ def run(target: Target, args: argparse.Namespace) -> int:
     )
 
 
-def received(munge: Munge, reply: Reply, url: str) -> int:
+def received(reply: Reply, args: argparse.Namespace) -> int:
     """Print the link (stdout: the link alone)."""
-    minted = token.unseal(munge, reply)
-    print(f"{reply.message}: open the link once, in your browser", file=sys.stderr)
-    print(f"{url}/ui/signin#{minted}", flush=True)
+    print(f"{reply.message}: open it in your browser", file=sys.stderr)
+    print(f"{args.url}/ui/signin#{args.code}", flush=True)
     return 0

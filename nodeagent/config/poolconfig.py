@@ -1,0 +1,113 @@
+"""The pool: section of a node's config (docs/pool.md, docs/configuration.md): the pool's name
+and labels, whom it runs jobs as, its scheduling times, who may change it (pool.auth,
+operators, tokens, api_users) and where it tells of job state changes (pool.notify)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from nodeagent.config.settings import Notify, Operators, PoolConfig, Tokens
+from nodeagent.config.values import Section, check_name, duration, env_scalar, not_a_string
+from nodeagent.errors import ConfigError
+
+AUTH_MODES = ("munge", "none")
+
+
+def load_pool(section: Section, pinned: bool = False) -> PoolConfig:
+    labels = section.raw("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise ConfigError(
+            section.key("labels"), "expected a mapping such as {gpu: h100, rack: r12}"
+        )
+    for name, value in labels.items():
+        key = f"{section.key('labels')}.{name}"
+        check_name(str(name), key)
+        if not env_scalar(value) or "\0" in str(value) or len(str(value)) > 256:
+            raise ConfigError(key, not_a_string(value))
+    pool = PoolConfig(
+        name=check_name(section.get("name", str, "default"), section.key("name")),
+        labels={str(k): str(v) for k, v in labels.items()},
+        users=_names(section, "users"),
+        groups=_names(section, "groups"),
+        allow_root=section.get("allow_root", bool, False),
+        reserve_after=duration(section.raw("reserve_after"), section.key("reserve_after"), 300.0),
+        resize_cooldown=duration(
+            section.raw("resize_cooldown"), section.key("resize_cooldown"), 60.0
+        ),
+        preempt_after=duration(section.raw("preempt_after"), section.key("preempt_after"), 0.0),
+        keep_ended=duration(
+            section.raw("keep_ended"), section.key("keep_ended"), 7 * 86400.0, positive=True
+        ),
+        **_load_auth(section, pinned),
+        notify=_notify(section.section("notify")),
+    )
+    section.reject_unknown()
+    return pool
+
+
+def _notify(section: Section) -> Notify:
+    """pool.notify: {endpoints: [URL, ...], key_file: PATH, timeout: 2s}."""
+    endpoints = section.raw("endpoints") or []
+    if not isinstance(endpoints, list) or not all(isinstance(u, str) for u in endpoints):
+        raise ConfigError(
+            section.key("endpoints"), "expected a list of URLs, such as [https://hooks/nodeagent]"
+        )
+    for url in endpoints:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or "\0" in url:
+            raise ConfigError(
+                section.key("endpoints"), f"expected an http(s) URL with a host, got {url!r}"
+            )
+    key_file = section.get("key_file", str, "")
+    if endpoints and not key_file.startswith("/"):
+        raise ConfigError(
+            section.key("key_file"),
+            "required with endpoints: the absolute path of the key each body is signed with "
+            "(make one with `openssl rand -hex 32`, mode 0600)",
+        )
+    timeout = duration(section.raw("timeout"), section.key("timeout"), 2.0, positive=True)
+    section.reject_unknown()
+    return Notify(tuple(endpoints), key_file, timeout)
+
+
+def _load_auth(section: Section, pinned: bool) -> dict[str, Any]:
+    """pool.auth (munge, the default of a pool node; none, of a node pinned by its job:
+    section), pool.munge_socket, pool.operators: {users: [...], groups: [...]}, pool.tokens:
+    {key_file, max_lifetime}, pool.api_users: [...]."""
+    auth = section.get("auth", str, "none" if pinned else "munge")
+    if auth not in AUTH_MODES:
+        raise ConfigError(
+            section.key("auth"),
+            f"expected munge (requests signed by MUNGE) or none (whoever can write Redis), "
+            f"got {auth!r}",
+        )
+    socket = section.get("munge_socket", str, "/run/munge/munge.socket.2")
+    if not socket.startswith("/") or "\0" in socket:
+        raise ConfigError(section.key("munge_socket"), f"expected an absolute path, got {socket!r}")
+    operators = section.section("operators")
+    tokens = section.section("tokens")
+    key_file = tokens.get("key_file", str, "")
+    if key_file and (not key_file.startswith("/") or "\0" in key_file):
+        raise ConfigError(tokens.key("key_file"), f"expected an absolute path, got {key_file!r}")
+    found = {
+        "auth": auth,
+        "munge_socket": socket,
+        "operators": Operators(_names(operators, "users"), _names(operators, "groups")),
+        "tokens": Tokens(
+            key_file,
+            duration(tokens.raw("max_lifetime"), tokens.key("max_lifetime"), 86400.0, minimum=60.0),
+        ),
+        "api_users": _names(section, "api_users"),
+    }
+    operators.reject_unknown()
+    tokens.reject_unknown()
+    return found
+
+
+def _names(section: Section, name: str) -> tuple[str, ...]:
+    value = section.raw(name) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(section.key(name), f"expected a list of {name} names, such as [alice]")
+    return tuple(value)
