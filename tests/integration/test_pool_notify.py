@@ -54,6 +54,7 @@ def hook() -> Iterator[Hook]:
     found = Hook()
     yield found
     found.server.shutdown()
+    found.server.server_close()  # its listening socket too: left to the GC, it warns
 
 
 @pytest.fixture
