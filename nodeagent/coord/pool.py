@@ -310,10 +310,7 @@ class PoolStore:
         reading the whole pool."""
         with redis_errors("read a job's status"):
             raw: Any = self.client.hget(self.keys.jobs, job_id)
-        try:
-            return PoolJob.from_json(raw) if raw is not None else None
-        except CorruptStateError:
-            return None
+        return status_of(raw)
 
     def specs(self, ids: Sequence[str]) -> dict[str, JobSpec | str]:
         """Each job's spec, or why it cannot be read. A spec read before as the same text is
@@ -419,8 +416,13 @@ class PoolStore:
         has not ended (or a pinned one). The id of an ended job is taken over: that job moves to
         the history (poolscripts.POOL_SUBMIT). `held_by`: submitted held (submit --hold)."""
         with redis_errors("submit"):
-            created, raw = self._submit(self._submission(spec, pinned, held_by, True))
-        return bool(created), _status(raw)
+            said = Event(
+                "job_submitted",
+                message=f"job {spec.id}: submitted by {spec.submitted_by or 'its nodes'}",
+                data={"job": spec.id},
+            )
+            created, raw = self._submit(self._submission(spec, pinned, held_by, said))
+        return bool(created), status_of(raw)
 
     def submit_many(
         self, specs: Sequence[JobSpec], held_by: str, event: Event
@@ -429,21 +431,15 @@ class PoolStore:
         stores each; one event says so, not one per job."""
         pipe = self.client.pipeline(transaction=False)
         for i, spec in enumerate(specs):
-            call = self._submission(spec, False, held_by, False)
-            if i == 0:
-                call = call._replace(args={**call.args, "event": event.to_json()})
-            self._submit(call, client=pipe)
+            self._submit(self._submission(spec, False, held_by, event if i == 0 else None), pipe)
         with redis_errors("submit"):
             replies = pipe.execute()
-        return [(bool(created), _status(raw)) for created, raw in replies]
+        return [(bool(created), status_of(raw)) for created, raw in replies]
 
-    def _submission(self, spec: JobSpec, pinned: bool, held_by: str, said: bool) -> Call:
+    def _submission(self, spec: JobSpec, pinned: bool, held_by: str, event: Event | None) -> Call:
+        """POOL_SUBMIT's call for `spec`; `event`: what the pool's stream says of it (None:
+        nothing, another job of the same submission says it)."""
         k = self.keys
-        event = Event(
-            "job_submitted",
-            message=f"job {spec.id}: submitted by {spec.submitted_by or 'its nodes'}",
-            data={"job": spec.id},
-        )
         return Call(
             {
                 "specs": k.specs,
@@ -462,7 +458,7 @@ class PoolStore:
                 "spec": spec.to_json(),
                 "pinned": "1" if pinned else "0",
                 "events_maxlen": EVENTS_MAXLEN,
-                "event": event.to_json() if said else "",
+                "event": event.to_json() if event is not None else "",
             },
         )
 
@@ -567,7 +563,8 @@ class PoolStore:
             self._leave(leave_call(k, name, event))
 
 
-def _status(raw: Any) -> PoolJob | None:
+def status_of(raw: Any) -> PoolJob | None:
+    """A stored status, None when there is none or it does not decode."""
     try:
         return PoolJob.from_json(raw) if raw else None
     except CorruptStateError:

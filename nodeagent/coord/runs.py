@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from nodeagent.coord.errors import redis_errors
-from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.pool import PoolStore, status_of
 from nodeagent.errors import CorruptStateError
-from nodeagent.model.pool import PoolJobState
+from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.spec import JobSpec
 
 
@@ -29,15 +29,18 @@ def history_states(store: PoolStore, runs: Sequence[str]) -> dict[str, PoolJobSt
     return found
 
 
-def tasks_of(store: PoolStore, array_id: str) -> list[str]:
-    """The ids of array `array_id`'s tasks (model/array.py) the pool holds: the jobs
-    `ARRAY_T` whose spec says they are its tasks, in index order. A rare read (a verb on a
-    whole array): every status and these specs, not the leader's cached specs."""
+def tasks_of(store: PoolStore, array_id: str) -> dict[str, PoolJob | None]:
+    """Array `array_id`'s tasks (model/array.py) the pool holds, in index order, each with its
+    status (None: one that does not decode): the jobs `ARRAY_T` whose spec says they are its
+    tasks. A rare read (a verb on a whole array): every status and these specs, not the
+    leader's cached specs."""
     prefix = f"{array_id}_"
     with redis_errors("read the pool's jobs"):
-        ids: Any = store.client.hgetall(store.keys.jobs)  # HKEYS is not in the ACL
+        statuses: Any = store.client.hgetall(store.keys.jobs)  # HKEYS is not in the ACL
         named = [
-            str(j) for j in ids if str(j).startswith(prefix) and str(j)[len(prefix) :].isdigit()
+            str(j)
+            for j in statuses
+            if str(j).startswith(prefix) and str(j)[len(prefix) :].isdigit()
         ]
         raws: Any = store.client.hmget(store.keys.specs, named) if named else []
     found = []
@@ -48,4 +51,4 @@ def tasks_of(store: PoolStore, array_id: str) -> list[str]:
             continue
         if spec is not None and spec.array_task is not None and spec.array_task.job == array_id:
             found.append((spec.array_task.index, job_id))
-    return [job_id for _, job_id in sorted(found)]
+    return {job_id: status_of(statuses[job_id]) for _, job_id in sorted(found)}

@@ -229,7 +229,7 @@ class Requests:
         id it can be done to now (model/array.py): those that have ended, say, are left."""
         if self._store.status(job_id) is not None:
             return act(job_id)
-        tasks = runs.tasks_of(self._store, job_id)
+        tasks = list(runs.tasks_of(self._store, job_id))
         if not tasks:
             raise Missing(
                 f"no job {job_id!r} in pool {self._store.keys.pool}, nor an array of that id"

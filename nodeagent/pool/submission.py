@@ -11,8 +11,7 @@ from typing import Any
 from nodeagent.config.container import pool_refusal
 from nodeagent.coord import runs
 from nodeagent.coord.errors import redis_errors
-from nodeagent.coord.pool import PoolStore
-from nodeagent.errors import CorruptStateError
+from nodeagent.coord.pool import PoolStore, status_of
 from nodeagent.model import depend
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolNode
@@ -42,7 +41,7 @@ def store_array(
         raws: Any = store.client.hmget(store.keys.jobs, [t.id for t in tasks])
     for task, raw in zip(tasks, raws, strict=True):
         if raw is not None and not _ended(raw):
-            raise Refused(in_use(task.id, pool, _status(raw)))
+            raise Refused(in_use(task.id, pool, status_of(raw)))
     with redis_errors("register the array"):
         store.client.hset(store.keys.arrays, spec.id, spec.user)
     array = spec.array
@@ -108,27 +107,18 @@ def _live_array(store: PoolStore, job_id: str) -> int:
     with redis_errors("read the arrays"):
         if not store.client.hexists(store.keys.arrays, job_id):
             return 0
-    tasks = runs.tasks_of(store, job_id)
-    with redis_errors("read the tasks"):
-        raws: Any = store.client.hmget(store.keys.jobs, tasks) if tasks else []
-    live = sum(1 for raw in raws if raw is not None and not _ended(raw))
+    statuses = runs.tasks_of(store, job_id).values()  # one that does not decode: in use
+    live = sum(1 for status in statuses if status is None or not status.state.ended)
     if not live:
         with redis_errors("forget an ended array"):
             store.client.hdel(store.keys.arrays, job_id)
     return live
 
 
-def _status(raw: str) -> PoolJob | None:
-    try:
-        return PoolJob.from_json(raw)
-    except CorruptStateError:
-        return None
-
-
 def _ended(raw: str) -> bool:
     """A stored status says its job ended (one that does not decode: in use, as the pool's
     submit script takes it)."""
-    status = _status(raw)
+    status = status_of(raw)
     return status is not None and status.state.ended
 
 

@@ -86,7 +86,7 @@ def job_or_tasks(store: PoolStore, job_id: str) -> list[tuple[str, PoolJob]]:
     status = store.status(job_id)
     if status is not None:
         return [(job_id, status)]
-    found = [(t, s) for t in runs.tasks_of(store, job_id) if (s := store.status(t)) is not None]
+    found = [(t, s) for t, s in runs.tasks_of(store, job_id).items() if s is not None]
     if not found:
         raise NotFoundError(
             f"no job {job_id!r} in pool {store.keys.pool}, nor an array of that id "
