@@ -227,12 +227,19 @@ def test_the_main_process_is_found_below_the_runtimes_own(name: str) -> None:
         assert cgroups.main_process(name, 0) == monitor.pid
         assert cgroups.main_process(name, 2) is None  # the init has not started the worker yet
         worker = wait_for(lambda: cgroups.main_process(name, 2), 10, "the worker")
-        assert Path(f"/proc/{worker}/cmdline").read_bytes().startswith(b"sleep\0")
+        # Found between its fork and its exec, the worker still shows the init's command line:
+        # the same process, which the exec does not change.
+        wait_for(lambda: _cmdline(worker).startswith(b"sleep\0"), 10, "the worker's exec")
+        assert cgroups.main_process(name, 2) == worker
         assert cgroups.main_process(name, 3) is None  # nothing runs below the worker
     finally:
         cgroups.kill(name)
         monitor.wait(10)
     assert cgroups.main_process(name, 2) is None
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 @pytest.mark.skipif(podman_missing() is not None, reason=str(podman_missing()))
