@@ -36,5 +36,10 @@ class CorruptStateError(CoordinationError):
     """A value read from Redis is not what nodeagent writes there (garbage, foreign writer)."""
 
 
+class AccountingError(CoordinationError):
+    """The accounting database could not be reached or answered unexpectedly (the pool's
+    records wait in Redis meanwhile); retrying later may succeed."""
+
+
 class IllegalTransition(NodeagentError):
     """A state machine was asked to make a transition its table does not allow (a bug)."""

@@ -1,4 +1,5 @@
-"""The pool's keys (pool.tokens.key_file, pool.notify.key_file): read once at the agent's start,
+"""The pool's keys (pool.tokens.key_file, pool.notify.key_file) and the accounting database's
+password (pool.accounting.password_file): read once at the agent's start,
 refused unless a regular file of this agent's user (or root) that no one else can read, with
 enough bytes to be a key. Its errors are configuration errors (exit 78), naming the key and the
 fix."""
@@ -15,9 +16,9 @@ MAX_BYTES = 4096
 KEY_MIN_BYTES = 32  # HMAC-SHA256's own size (model/token.py)
 
 
-def read_token_key(path: str, name: str = KEY) -> bytes:
+def read_token_key(path: str, name: str = KEY, min_bytes: int = KEY_MIN_BYTES) -> bytes:
     """The key's bytes (surrounding whitespace stripped, as `openssl rand -hex 32 > FILE`
-    writes a newline).
+    writes a newline); `min_bytes`: fewer is refused (a password may be shorter than a key).
 
     Raises:
         ConfigError: naming the config key (`name`) and what is wrong.
@@ -39,10 +40,10 @@ def read_token_key(path: str, name: str = KEY) -> bytes:
         key = os.read(fd, MAX_BYTES + 1).strip()
     finally:
         os.close(fd)
-    if not KEY_MIN_BYTES <= len(key) <= MAX_BYTES:
+    if not min_bytes <= len(key) <= MAX_BYTES:
         raise ConfigError(
             name,
-            f"{path} holds {len(key)} bytes: expected {KEY_MIN_BYTES} or more "
+            f"{path} holds {len(key)} bytes: expected {min_bytes} or more "
             "(make one with `openssl rand -hex 32`)",
         )
     return key

@@ -1,6 +1,7 @@
 """The pool: section of a node's config (docs/pool.md, docs/configuration.md): the pool's name
 and labels, whom it runs jobs as, its scheduling times, who may change it (pool.auth,
-operators, tokens, api_users) and where it tells of job state changes (pool.notify)."""
+operators, tokens, api_users), where it tells of job state changes (pool.notify) and where
+it keeps the records of ended jobs (pool.accounting)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from nodeagent.config.settings import Notify, Operators, PoolConfig, Tokens
+from nodeagent.config.database import database_of
+from nodeagent.config.settings import Accounting, Notify, Operators, PoolConfig, Tokens
 from nodeagent.config.values import Section, check_name, duration, env_scalar, not_a_string
 from nodeagent.errors import ConfigError
 
@@ -42,6 +44,7 @@ def load_pool(section: Section, pinned: bool = False) -> PoolConfig:
         ),
         **_load_auth(section, pinned),
         notify=_notify(section.section("notify")),
+        accounting=_accounting(section.section("accounting")),
     )
     section.reject_unknown()
     return pool
@@ -70,6 +73,19 @@ def _notify(section: Section) -> Notify:
     timeout = duration(section.raw("timeout"), section.key("timeout"), 2.0, positive=True)
     section.reject_unknown()
     return Notify(tuple(endpoints), key_file, timeout)
+
+
+def _accounting(section: Section) -> Accounting:
+    """pool.accounting: {database: URL, password_file: PATH}."""
+    database = section.get("database", str, "")
+    database_of(database, section.key("database"))
+    password_file = section.get("password_file", str, "")
+    if password_file and (not password_file.startswith("/") or "\0" in password_file):
+        raise ConfigError(
+            section.key("password_file"), f"expected an absolute path, got {password_file!r}"
+        )
+    section.reject_unknown()
+    return Accounting(database, password_file)
 
 
 def _load_auth(section: Section, pinned: bool) -> dict[str, Any]:

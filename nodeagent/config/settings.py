@@ -241,6 +241,17 @@ class Notify:
 
 
 @dataclass(frozen=True)
+class Accounting:
+    """pool.accounting: the database every ended job's record goes to (docs/accounting.md).
+    `database`: a `postgresql://` URL (a cluster), a `sqlite:///PATH` file, "" for the default
+    (the file accounting.sqlite in the agent's state directory: one host), or "none" (no
+    records kept beyond pool.keep_ended). `password_file`: PostgreSQL's password, if any."""
+
+    database: str = ""
+    password_file: str = ""
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     """The pool this node serves (pool:): its name, free-form labels, and whom it runs jobs as.
 
@@ -268,6 +279,7 @@ class PoolConfig:
     # uid of a caller on its Unix socket (SO_PEERCRED); never for root or an operator.
     api_users: tuple[str, ...] = ()
     notify: Notify = field(default_factory=lambda: Notify())
+    accounting: Accounting = field(default_factory=lambda: Accounting())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -148,6 +148,10 @@ POOL_SIGNINS_KEY = "%s:{pool:%s}:signins"  # HASH
 POOL_ARRAYS_KEY = "%s:{pool:%s}:arrays"  # HASH
 # The last pool event the pool leader has told of (pool/notify.py)
 POOL_NOTIFIED_KEY = "%s:{pool:%s}:notified"  # STRING stream ID
+# Accounting records of ended jobs not yet in the accounting database, scored by their end (ms),
+# each its record's JSON (model/accounting.py; written with the job's end, taken by
+# pool/ledger.py)
+POOL_LEDGER_KEY = "%s:{pool:%s}:ledger"  # ZSET
 REQUESTS_MAXLEN = 10_000
 REPLY_TTL_S = 600
 
@@ -271,6 +275,10 @@ class PoolKeys:
     @property
     def notified(self) -> str:
         return self._key(POOL_NOTIFIED_KEY)
+
+    @property
+    def ledger(self) -> str:
+        return self._key(POOL_LEDGER_KEY)
 
     def reply(self, request_id: str) -> str:
         return POOL_REPLY_KEY % (self.prefix, self.pool, request_id)

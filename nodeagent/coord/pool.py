@@ -33,6 +33,7 @@ from nodeagent.coord.view import (
     sweep_all,
 )
 from nodeagent.errors import CorruptStateError
+from nodeagent.model.accounting import Record
 from nodeagent.model.decode import NAME_RE
 from nodeagent.model.job import (
     Command,
@@ -95,6 +96,7 @@ class PoolWrite:
     jobs: Mapping[str, PoolJob] = field(default_factory=dict)
     drop_leases: tuple[str, ...] = ()
     events: tuple[Event, ...] = ()
+    booked: tuple[Record, ...] = ()  # the accounting records of the jobs that end in it
 
 
 PLACEMENTS_REREAD = 60  # rounds between the pool leader's full reads of the placements
@@ -385,6 +387,7 @@ class PoolStore:
         rest: list[Any] = [len(write.unplace), *write.unplace]
         rest += [len(write.place), *(x for pair in write.place.items() for x in pair)]
         rest += [len(write.jobs), *(x for j, s in write.jobs.items() for x in (j, s.to_json()))]
+        rest += [len(write.booked), *(x for r in write.booked for x in (r.ended_ms, r.to_json()))]
         rest += [len(write.drop_leases), *write.drop_leases]
         rest += [e.to_json() for e in write.events]
         held, self._placements = self._placements, None  # unknown if the write fails
@@ -395,6 +398,7 @@ class PoolStore:
                         "leader": k.leader,
                         "placements": k.placements,
                         "jobs": k.jobs,
+                        "ledger": k.ledger,
                         "events": k.events,
                         "leases": k.leases,
                         "changes": k.changes,

@@ -3,8 +3,7 @@
 Pure decisions: plan.py (the leader's `plan(view, policy, memory)`), commands.py (the
 operator's commands read into the record), leaderevents.py (the events the plan appends about
 the job), members.py (who may run the next generation and who does), decide.py (one node's
-`decide(view)` about its own workers), outcome.py, timeline.py, events.py, history.py (a job's
-generations and restarts from its events), repeats.py (a failure that repeats the one
+`decide(view)` about its own workers), outcome.py, timeline.py, events.py, repeats.py (a failure that repeats the one
 before), slowness.py (which member is slow, and what the policy does about it), suspicion.py
 (which nodes a majority of the members hold out as lost before their leases lapse), accrual.py
 (when a peer's silence is suspect at the intervals its beats came at: the phi accrual detector).

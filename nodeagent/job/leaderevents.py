@@ -1,7 +1,7 @@
 """The events the leader's plan (job/plan.py) appends about the job to its event stream. Pure.
 
 Each job event carries the record it was written with: its state, reason, members (the first
-EVENT_MEMBERS of them, and how many more: job/history.py reads them back), world size, restart
+EVENT_MEMBERS of them, and how many more: model/history.py reads them back), world size, restart
 count and target. Node names in a message are shortened for a large job.
 """
 

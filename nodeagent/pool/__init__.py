@@ -10,6 +10,7 @@ jobverbs.py (when a job may be held, released or requeued: one rule for both sid
 cordoning.py (cordon, drain, uncordon of a pool node, a pinned one's job included: both sides),
 lifecycle.py (what the leader does about ended jobs and time limits), submission.py (what a
 submission is checked against, and an array stored one job per task: both sides), notify.py
-(the leader telling the operator's endpoints of job changes, from a thread of its own).
+(the leader telling the operator's endpoints of job changes, from a thread of its own),
+ledger.py (the leader taking ended jobs' records into the accounting database, from a thread).
 metrics.py: the pool's gauges. What is stored lives in model/pool.py and model/request.py.
 """

@@ -18,7 +18,9 @@ from nodeagent.coord.ended import clear_job, prune
 from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import CoordinationError
-from nodeagent.model import goodput
+from nodeagent.model import accounting, goodput
+from nodeagent.model.accounting import Record
+from nodeagent.model.history import restarts_by_cause
 from nodeagent.model.job import Command, CommandType, Cordon, Event, JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
 from nodeagent.model.spec import JobSpec
@@ -189,9 +191,11 @@ def lead(
     views: NodeViews | None = None,
     vouch: Vouch | None = None,
     pruning: lifecycle.Pruning | None = None,
+    book: bool = False,
 ) -> Round:
     """One round as pool leader (`views`, `vouch`: as read_view's; `pruning`: when it last
-    pruned ended jobs, kept between rounds).
+    pruned ended jobs, kept between rounds; `book`: the ending jobs' accounting records go to
+    the pool's ledger, pool/ledger.py).
 
     Raises:
         CoordinationError: Redis could not be read or written.
@@ -216,38 +220,58 @@ def lead(
     if (unplace or place) and not events:  # every placement change wakes the pool's nodes
         moved = sorted({*unplace, *place})
         events = (Event("placements", message=f"nodes {', '.join(moved)} moved"),)
-    jobs = {**fresh, **timed, **_with_goodput(store, snap, result.jobs)}
-    write = PoolWrite(unplace, place, jobs, lapsed, events)
+    ending, booked = _ending(store, snap, view, result.jobs, book)
+    jobs = {**fresh, **timed, **ending}
+    write = PoolWrite(unplace, place, jobs, lapsed, events, booked)
     for event in result.events:
         log.info("pool: %s", event.message)
     store.commit(leader, write)
     return Round(view, write, snap.garbage)
 
 
-def _with_goodput(
-    store: PoolStore, snap: PoolSnapshot, jobs: Mapping[str, PoolJob]
-) -> dict[str, PoolJob]:
+def _ending(
+    store: PoolStore, snap: PoolSnapshot, view: PoolView, jobs: Mapping[str, PoolJob], book: bool
+) -> tuple[dict[str, PoolJob], tuple[Record, ...]]:
     """`jobs`, each that ends now with its effective training time ratio, accounted from its
-    own events before the pool prunes them (job/goodput.py; `nodeagentctl history`). One read
-    of a job's events as it ends; a job whose events cannot be read keeps none."""
+    own events before the pool prunes them (model/goodput.py; `nodeagentctl history`), and
+    (`book`: pool.accounting keeps them) the accounting records of those that end. One read of
+    a job's events as it ends; a job whose events cannot be read keeps no goodput."""
     found = dict(jobs)
+    records = []
     pool_events: list[Event] | None = None  # read once a round, if a job ends in it
     for job_id, status in jobs.items():
         before = snap.jobs.get(job_id)
         if not status.state.ended or (before is not None and before.state.ended):
             continue
+        account, events = None, []
         try:
             events = JobStore(store.client, store.keys.job(job_id)).events_tail(EVENTS_READ)
             if pool_events is None:
                 pool_events = eventlog.decoded(store, EVENTS_READ)
+            pending = goodput.pending_spans(pool_events, job_id)
+            account = goodput.account(events, snap.now_ms, status.submitted_ms, pending)
         except CoordinationError as exc:
             log.info("pool: job %s: its goodput cannot be read: %s", job_id, exc)
-            continue
-        pending = goodput.pending_spans(pool_events, job_id)
-        account = goodput.account(events, snap.now_ms, status.submitted_ms, pending)
         if account is not None and account.ettr is not None:
-            found[job_id] = replace(status, ettr=round(min(max(account.ettr, 0.0), 1.0), 4))
-    return found
+            status = found[job_id] = replace(
+                status, ettr=round(min(max(account.ettr, 0.0), 1.0), 4)
+            )
+        if book:
+            job = view.jobs.get(job_id)
+            records.append(
+                accounting.record_of(
+                    store.keys.pool,
+                    job_id,
+                    status,
+                    restarts_by_cause(events),
+                    account,
+                    user=job.user if job else None,
+                    queue=job.queue if job else None,
+                    name=job.name if job else None,
+                    array=job.array if job else None,
+                )
+            )
+    return found, tuple(records)
 
 
 def _send(store: PoolStore, deadline: lifecycle.Deadline) -> None:

@@ -24,6 +24,7 @@ from nodeagent.model.pool import PoolNode
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool import leadership, lifecycle
 from nodeagent.pool.authority import Authority
+from nodeagent.pool.ledger import Bookkeeper
 from nodeagent.pool.notify import Webhooks
 from nodeagent.pool.requests import BATCH, Requests
 from nodeagent.pool.schedule import PoolView, SchedulePolicy
@@ -54,11 +55,14 @@ class PoolMember:
         authority: Authority | None = None,
         wall: Callable[[], float] = time.time,
         notifier: Webhooks | None = None,
+        bookkeeper: Bookkeeper | None = None,
     ) -> None:
         """`authority`: pool.auth munge (None: none, whoever writes Redis is trusted); `wall`:
         the clock of the heartbeat time the metrics export (`clock` may be monotonic);
-        `notifier`: pool.notify's, when the operator named endpoints."""
+        `notifier`: pool.notify's, when the operator named endpoints; `bookkeeper`:
+        pool.accounting's, when records are kept."""
         self._notifier = notifier
+        self.bookkeeper = bookkeeper
         self._wall = wall
         self._store = store
         self._authority = authority
@@ -213,7 +217,13 @@ class PoolMember:
             self._serve_requests(token)
             done = self._store_call(
                 lambda: leadership.lead(
-                    self._store, token, self._policy, self._views, vouch, self._pruning
+                    self._store,
+                    token,
+                    self._policy,
+                    self._views,
+                    vouch,
+                    self._pruning,
+                    book=self.bookkeeper is not None,
                 ),
                 "pool leader round",
             )
@@ -232,6 +242,12 @@ class PoolMember:
             notifier = self._notifier
             try:
                 self._store_call(lambda: notifier.tick(token), "tell of job changes")
+            except CoordinationError as exc:
+                self._failed(exc)
+        if self.bookkeeper is not None:
+            keeper = self.bookkeeper
+            try:
+                self._store_call(keeper.tick, "take ended jobs to the accounting database")
             except CoordinationError as exc:
                 self._failed(exc)
         if done.garbage != self._garbage:  # said once, not at every heartbeat

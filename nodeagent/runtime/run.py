@@ -19,10 +19,12 @@ from types import FrameType
 from prometheus_client import CollectorRegistry
 
 from nodeagent import __version__
+from nodeagent.accounting.databases import open_ledger
+from nodeagent.config.database import Database, default_database
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.keyfile import read_token_key
 from nodeagent.config.settings import EMBEDDED, Config, NodeSettings, PoolConfig
-from nodeagent.coord.client import check_credentials, connect
+from nodeagent.coord.client import Redis, check_credentials, connect
 from nodeagent.coord.embedded import EmbeddedRedis
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.listener import StreamListener
@@ -32,6 +34,7 @@ from nodeagent.errors import ConfigError
 from nodeagent.gpu.health import build_monitor, start_monitor
 from nodeagent.model.credential import MungeUnavailable
 from nodeagent.pool.authority import Authority
+from nodeagent.pool.ledger import Bookkeeper
 from nodeagent.pool.member import PoolMember
 from nodeagent.pool.metrics import PoolCollector
 from nodeagent.pool.notify import Webhooks
@@ -63,14 +66,18 @@ def run_agent(
         hold(record)
     clean_legacy(config, node)
     single = config.redis.url == EMBEDDED if until_done is None else until_done
+    account = config.pool.accounting.database
+    database = (
+        None if single else default_database(account, node.state_dir, "pool.accounting.database")
+    )
     if config.redis.url != EMBEDDED or config.job is None:
-        return _run(config, context, record, single)
+        return _run(config, context, record, single, database)
     embedded = EmbeddedRedis(config.job.id, base=_runtime_directory())
     embedded.start()
     logging.getLogger(__name__).info("embedded redis-server at %s", embedded.url)
     try:
         embedded_config = replace(config, redis=replace(config.redis, url=embedded.url))
-        return _run(embedded_config, context, record, single)
+        return _run(embedded_config, context, record, single, database)
     finally:
         embedded.stop()
 
@@ -82,19 +89,27 @@ def _runtime_directory() -> Path | None:
 
 
 def _run(
-    config: NodeSettings, context: LogContext, record: Path | None, until_done: bool
+    config: NodeSettings,
+    context: LogContext,
+    record: Path | None,
+    until_done: bool,
+    database: Database | None,
 ) -> int | None:
     clean_leftovers(record)
     keeper = Keeper(record)
     keeper.start()
     try:
-        return _run_agent(config, context, keeper, until_done)
+        return _run_agent(config, context, keeper, until_done, database)
     finally:
         keeper.close()
 
 
 def _run_agent(
-    settings: NodeSettings, context: LogContext, keeper: Keeper, until_done: bool
+    settings: NodeSettings,
+    context: LogContext,
+    keeper: Keeper,
+    until_done: bool,
+    database: Database | None,
 ) -> int | None:
     timing = settings.timing
     timeout = max(0.2, min(2.0, timing.lease_ttl / 4))
@@ -123,7 +138,8 @@ def _run_agent(
     if authority is not None and authority.token_key is not None:  # tokens' logs: not revoked
         keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
         authority = replace(authority, token_live=TokenStore(parts.client, keys).live)
-    loop = _node_loop(settings, parts, current, registry, until_done, authority)
+    booking = _bookkeeper(settings, parts.client, database)  # ConfigError: exit 78
+    loop = _node_loop(settings, parts, current, registry, until_done, authority, booking)
 
     def serving() -> str:
         runner = loop.runner
@@ -171,6 +187,7 @@ def _node_loop(
     registry: CollectorRegistry,
     until_done: bool,
     authority: Authority | None,
+    booking: Bookkeeper | None,
 ) -> NodeLoop:
     """The node's loop (nodeagent.runtime.nodeloop): a pool member serving what it is placed on
     or pinned to; `until_done` (`nodeagent launch`, an embedded Redis), no pool: the config's job
@@ -194,7 +211,9 @@ def _node_loop(
         if notify.endpoints
         else None
     )
-    member = PoolMember(store, settings, time.monotonic, authority, notifier=told)
+    member = PoolMember(
+        store, settings, time.monotonic, authority, notifier=told, bookkeeper=booking
+    )
     registry.register(PoolCollector(member, settings.pool.name))
 
     def poked() -> None:  # a submission, a placement: heartbeat now, not at the next beat
@@ -213,6 +232,26 @@ def _node_loop(
         listener=listen,
         notifier=parts.notifier,
     )
+
+
+def _bookkeeper(
+    settings: NodeSettings, client: Redis, database: Database | None
+) -> Bookkeeper | None:
+    """What takes the pool's ended jobs into pool.accounting's database (None: kept nowhere).
+
+    Raises:
+        ConfigError: its password file cannot be read, or PostgreSQL without psycopg.
+    """
+    if database is None:
+        return None
+    account = settings.pool.accounting
+    password = None
+    if account.password_file:
+        secret = read_token_key(account.password_file, "pool.accounting.password_file", 1)
+        password = secret.decode(errors="replace")
+    keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
+    ledger = open_ledger(database, password)
+    return Bookkeeper(PoolStore(client, keys), ledger, time.monotonic)
 
 
 def pool_authority(pool: PoolConfig, resolve: Resolver | None = None) -> Authority | None:

@@ -13,8 +13,8 @@ from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import NotFoundError
-from nodeagent.job.history import generations, restarts_by_cause
 from nodeagent.model import depend, goodput
+from nodeagent.model.history import generations, restarts_by_cause
 from nodeagent.model.job import Event
 from nodeagent.model.spec import JobSpec
 from nodeagent.views.documents import JSON_VERSION as VERSION

@@ -1,8 +1,8 @@
-"""job/history.py: a job's generations and restarts by cause, from its events."""
+"""model/history.py: a job's generations and restarts by cause, from its events."""
 
 from __future__ import annotations
 
-from nodeagent.job.history import Generation, generations, restarts_by_cause
+from nodeagent.model.history import Generation, generations, restarts_by_cause
 from nodeagent.model.job import Event
 
 

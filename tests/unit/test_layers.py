@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("api",),  # the HTTP face (`nodeagent api` is a command line above it)
     ("runtime", "views"),  # views: what the verbs compute, below every face
     ("job", "pool"),
-    ("supervisor", "telemetry", "gpu", "coord", "checkpoint"),
+    ("supervisor", "telemetry", "gpu", "coord", "checkpoint", "accounting"),
     ("model", "channel", "config"),
     ("state", "errors", "nodeagent"),
 )
@@ -61,6 +61,8 @@ ONLY: Mapping[str, frozenset[str]] = {
     "uvicorn": frozenset({"api"}),
     "pydantic": frozenset({"api"}),
     "httpx": frozenset({CLIENT}),
+    "psycopg": frozenset({"accounting"}),
+    "sqlite3": frozenset({"accounting"}),
 }
 # Programs of their own (a child process's main), which may print and exit like cli/.
 PROGRAMS = frozenset(

@@ -1,0 +1,136 @@
+"""The two accounting databases behind one Ledger (ledger.py): PostgreSQL through psycopg (the
+`accounting` extra), SQLite from Python's own sqlite3. Each connects on first use and again
+after an error, so a database that comes back is used again without a restart."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from nodeagent.accounting.ledger import (
+    Filter,
+    Usage,
+    decoded,
+    insert,
+    report_query,
+    runs_query,
+    schema,
+    values,
+)
+from nodeagent.config.database import Database
+from nodeagent.errors import AccountingError, ConfigError
+from nodeagent.model.accounting import Record
+
+CONNECT_TIMEOUT_S = 5
+BUSY_TIMEOUT_S = 10.0  # SQLite: how long a writer waits for another's lock
+
+
+class SqlLedger:
+    """A DB-API connection made by `connect`, with `mark` for a placeholder. `errors`: what
+    the driver raises when the database fails (said as AccountingError)."""
+
+    def __init__(
+        self,
+        database: Database,
+        connect: Callable[[], Any],
+        mark: str,
+        errors: tuple[type[Exception], ...],
+        ddl: Sequence[str],
+    ) -> None:
+        self.database = database
+        self._connect = connect
+        self._mark = mark
+        self._errors = errors
+        self._ddl = ddl
+        self._conn: Any = None
+
+    @contextmanager
+    def _cursor(self, what: str) -> Any:
+        try:
+            if self._conn is None:
+                conn = self._connect()
+                cursor = conn.cursor()
+                for statement in self._ddl:
+                    cursor.execute(statement)
+                conn.commit()
+                self._conn = conn
+            cursor = self._conn.cursor()
+            try:
+                yield cursor
+                self._conn.commit()
+            except BaseException:
+                self._conn.rollback()
+                raise
+        except self._errors as exc:
+            self.close()
+            raise AccountingError(f"{what} ({self.database}): {exc}".strip()) from exc
+
+    def write(self, records: Sequence[Record]) -> int:
+        if not records:
+            return 0
+        with self._cursor("write accounting records") as cursor:
+            cursor.executemany(insert(self._mark), [values(r) for r in records])
+            return int(cursor.rowcount)  # both drivers sum it: the rows inserted
+
+    def runs(self, where: Filter, limit: int) -> list[Record]:
+        sql, params = runs_query(self._mark, where, limit)
+        with self._cursor("read accounting records") as cursor:
+            cursor.execute(sql, params)
+            return list(decoded(cursor.fetchall()))
+
+    def report(self, by: str, where: Filter) -> list[Usage]:
+        sql, params = report_query(self._mark, by, where)
+        with self._cursor("report usage") as cursor:
+            cursor.execute(sql, params)
+            return [Usage.of(row) for row in cursor.fetchall()]
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with suppress(*self._errors):
+                conn.close()
+
+
+def open_ledger(database: Database, password: str | None = None) -> SqlLedger:
+    """The ledger of `database` (not connected yet). `password`: PostgreSQL's, if not in the
+    URL nor libpq's own places (~/.pgpass, PGPASSWORD).
+
+    Raises:
+        ConfigError: PostgreSQL is named but psycopg is not installed.
+    """
+    if database.kind == "sqlite":
+        return SqlLedger(
+            database, lambda: _sqlite(Path(database.where)), "?", (sqlite3.Error, OSError),
+            schema("TEXT", "INTEGER", "REAL"),
+        )  # fmt: skip
+    try:
+        import psycopg
+    except ImportError:
+        raise ConfigError(
+            "pool.accounting.database",
+            "PostgreSQL needs psycopg: install nodeagent with its accounting extra "
+            "(pip install 'nodeagent[accounting]')",
+        ) from None
+
+    def connect() -> Any:
+        extra: dict[str, Any] = {"password": password} if password else {}
+        return psycopg.connect(database.where, connect_timeout=CONNECT_TIMEOUT_S, **extra)
+
+    return SqlLedger(
+        database, connect, "%s", (psycopg.Error,), schema("TEXT", "BIGINT", "DOUBLE PRECISION")
+    )
+
+
+def _sqlite(path: Path) -> sqlite3.Connection:
+    """The file, made readable by whoever may read the pool (its records are what `jobs` and
+    `history` show anyone who reads Redis) and written by its owner alone."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    return conn
