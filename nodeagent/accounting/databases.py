@@ -14,11 +14,16 @@ from typing import Any
 from nodeagent.accounting.ledger import (
     Filter,
     Usage,
+    add_usage,
     decoded,
     insert,
+    merged,
+    plan,
     report_query,
     runs_query,
     schema,
+    usage_query,
+    usage_values,
     values,
 )
 from nodeagent.config.database import Database
@@ -70,11 +75,14 @@ class SqlLedger:
             raise AccountingError(f"{what} ({self.database}): {exc}".strip()) from exc
 
     def write(self, records: Sequence[Record]) -> int:
-        if not records:
-            return 0
+        new = 0
         with self._cursor("write accounting records") as cursor:
-            cursor.executemany(insert(self._mark), [values(r) for r in records])
-            return int(cursor.rowcount)  # both drivers sum it: the rows inserted
+            for record in records:
+                cursor.execute(insert(self._mark), values(record))
+                if cursor.rowcount == 1:  # not there yet: its sums go to its day's
+                    cursor.execute(add_usage(self._mark), usage_values(record))
+                    new += 1
+        return new
 
     def runs(self, where: Filter, limit: int) -> list[Record]:
         sql, params = runs_query(self._mark, where, limit)
@@ -83,10 +91,20 @@ class SqlLedger:
             return list(decoded(cursor.fetchall()))
 
     def report(self, by: str, where: Filter) -> list[Usage]:
-        sql, params = report_query(self._mark, by, where)
+        how = plan(where)
+        found = []
         with self._cursor("report usage") as cursor:
-            cursor.execute(sql, params)
-            return [Usage.of(row) for row in cursor.fetchall()]
+            if how.days:
+                sql, params = usage_query(
+                    self._mark, by, where.pool, how.first_day, how.end_day, where.user
+                )
+                cursor.execute(sql, params)
+                found += [Usage.of(row) for row in cursor.fetchall()]
+            for edge in how.edges:
+                sql, params = report_query(self._mark, by, edge)
+                cursor.execute(sql, params)
+                found += [Usage.of(row) for row in cursor.fetchall()]
+        return merged(found)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -95,18 +113,23 @@ class SqlLedger:
                 conn.close()
 
 
-def open_ledger(database: Database, password: str | None = None) -> SqlLedger:
+def open_ledger(database: Database, password: str | None = None, writer: bool = True) -> SqlLedger:
     """The ledger of `database` (not connected yet). `password`: PostgreSQL's, if not in the
-    URL nor libpq's own places (~/.pgpass, PGPASSWORD).
+    URL nor libpq's own places (~/.pgpass, PGPASSWORD). `writer`: the pool leader's, which
+    makes the table (and the SQLite file) if missing; a reader's opens a SQLite file read-only.
 
     Raises:
         ConfigError: PostgreSQL is named but psycopg is not installed.
     """
     if database.kind == "sqlite":
+        path = Path(database.where)
         return SqlLedger(
-            database, lambda: _sqlite(Path(database.where)), "?", (sqlite3.Error, OSError),
-            schema("TEXT", "INTEGER", "REAL"),
-        )  # fmt: skip
+            database,
+            (lambda: _sqlite(path)) if writer else (lambda: _sqlite_read(path)),
+            "?",
+            (sqlite3.Error, OSError),
+            schema("TEXT", "INTEGER", "REAL") if writer else (),
+        )
     try:
         import psycopg
     except ImportError:
@@ -120,9 +143,8 @@ def open_ledger(database: Database, password: str | None = None) -> SqlLedger:
         extra: dict[str, Any] = {"password": password} if password else {}
         return psycopg.connect(database.where, connect_timeout=CONNECT_TIMEOUT_S, **extra)
 
-    return SqlLedger(
-        database, connect, "%s", (psycopg.Error,), schema("TEXT", "BIGINT", "DOUBLE PRECISION")
-    )
+    ddl = schema("TEXT", "BIGINT", "DOUBLE PRECISION") if writer else ()
+    return SqlLedger(database, connect, "%s", (psycopg.Error,), ddl)
 
 
 def _sqlite(path: Path) -> sqlite3.Connection:
@@ -130,7 +152,17 @@ def _sqlite(path: Path) -> sqlite3.Connection:
     `history` show anyone who reads Redis) and written by its owner alone."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask
+        finally:
+            os.close(fd)
     conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     return conn
+
+
+def _sqlite_read(path: Path) -> sqlite3.Connection:
+    if not path.is_file():
+        raise OSError(f"no such file: {path}")
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from nodeagent.errors import CoordinationError, NotFoundError, UsageError
+from nodeagent.errors import AccountingError, CoordinationError, NotFoundError, UsageError
 from nodeagent.model.request import Reply
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(CoordinationError)
     async def _redis(request: Request, exc: CoordinationError) -> JSONResponse:
-        log.warning("Redis: %s", exc)
-        detail = f"the pool's Redis cannot be reached now: {exc}"
+        if isinstance(exc, AccountingError):
+            log.warning("accounting: %s", exc)
+            detail = f"the accounting database cannot be read now: {exc}"
+        else:
+            log.warning("Redis: %s", exc)
+            detail = f"the pool's Redis cannot be reached now: {exc}"
         return response(503, detail, request.url.path, {"Retry-After": str(RETRY_AFTER_S)})
 
     @app.exception_handler(RequestValidationError)

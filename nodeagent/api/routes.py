@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any
+from contextlib import contextmanager
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
+from nodeagent.accounting.ledger import Ledger
 from nodeagent.api import bodies, session
 from nodeagent.api.connections import PEER_KEY
 from nodeagent.api.identity import Tokens, identify, limited
@@ -28,8 +30,8 @@ from nodeagent.model.pool import PoolJobState
 from nodeagent.model.request import Verb
 from nodeagent.model.spec import new_job_id
 from nodeagent.telemetry.logserve import MAX_TAIL_LINES
-from nodeagent.views import history, jobs, logs, nodes, queues, show, status
-from nodeagent.views.documents import event_doc, listing
+from nodeagent.views import accounting, jobs, logs, nodes, queues, show, status
+from nodeagent.views.documents import JSON_VERSION, event_doc, listing
 from nodeagent.views.table import ROUTES
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -115,13 +117,43 @@ async def list_history(
     since: str | None = None,
     user: str | None = None,
     state: PoolJobState | None = None,
+    limit: Annotated[int, Query(ge=0)] = accounting.HISTORY_LIMIT,
 ) -> Response:
     value = state.value if state is not None else None
-    return await _kept(
-        svc,
-        request,
-        lambda: listing("jobs", svc.pool, history.history(svc.store, since, user, value)),
-    )
+
+    def document() -> dict[str, Any]:
+        with _ledger(svc) as ledger:
+            rows = accounting.history(svc.store, ledger, since, user, value, limit)
+        return listing("jobs", svc.pool, rows)
+
+    return await _kept(svc, request, document)
+
+
+async def usage_report(
+    svc: Svc,
+    who: Who,
+    request: Request,
+    by: Literal["user", "queue", "day"] = "user",
+    since: str | None = None,
+    until: str | None = None,
+    user: str | None = None,
+) -> Response:
+    def document() -> dict[str, Any]:
+        with _ledger(svc) as ledger:
+            doc = accounting.report(svc.store, ledger, by, since, until, user)
+        return {"version": JSON_VERSION, "pool": svc.pool, **doc}
+
+    return await _kept(svc, request, document)
+
+
+@contextmanager
+def _ledger(svc: Service) -> Iterator[Ledger | None]:
+    ledger = svc.ledger()
+    try:
+        yield ledger
+    finally:
+        if ledger is not None:
+            ledger.close()
 
 
 async def list_nodes(svc: Svc, who: Who, request: Request) -> Response:
@@ -341,6 +373,7 @@ HANDLERS: dict[tuple[str, str], Callable[..., Any]] = {
     ("POST", "/v1/jobs/{job}/requeue"): _job_verb(Verb.REQUEUE),
     ("GET", "/v1/jobs/{job}"): show_job,
     ("GET", "/v1/history"): list_history,
+    ("GET", "/v1/report"): usage_report,
     ("GET", "/v1/queues"): list_queues,
     ("POST", "/v1/queues"): create_queue,
     ("PATCH", "/v1/queues/{queue}"): change_queue,

@@ -16,11 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from nodeagent.accounting.databases import open_ledger
+from nodeagent.accounting.ledger import Ledger
 from nodeagent.api.answers import Answers
 from nodeagent.api.cache import Fresh
 from nodeagent.api.problems import RETRY_AFTER_S, Problem, refused
 from nodeagent.config.api import ApiSettings
 from nodeagent.config.hosts import Resolver
+from nodeagent.config.keyfile import read_token_key
 from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolStore
@@ -66,6 +69,22 @@ class Service:
     @property
     def pool(self) -> str:
         return self.store.keys.pool
+
+    def ledger(self) -> Ledger | None:
+        """The accounting database, opened for one read (a connection per read: reads run in
+        worker threads, and a connection is not shared between them); None: none configured.
+
+        Raises:
+            ConfigError: its password file cannot be read.
+        """
+        database = self.settings.accounting
+        if database is None:
+            return None
+        password = None
+        if self.settings.accounting_password_file:
+            path, key = self.settings.accounting_password_file, "accounting.password_file"
+            password = read_token_key(path, key, 1).decode(errors="replace")
+        return open_ledger(database, password, writer=False)
 
     def change(self, who: Identity, verb: Verb, args: dict[str, Any]) -> Reply:
         """Ask the pool leader for a change as `who`; its answer when done.

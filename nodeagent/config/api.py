@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from nodeagent.config import redisurl, strictyaml
+from nodeagent.config.database import Database, database_of
 from nodeagent.config.values import Section, check_name, duration, positive_int
 from nodeagent.errors import ConfigError
 
@@ -47,6 +49,10 @@ class ApiSettings:
     tls_cert: str = ""
     tls_key: str = ""
     limits: ApiLimits = field(default_factory=ApiLimits)
+    # The accounting database `history` and `report` read (docs/accounting.md; None: the
+    # pool's window only, and no report), and PostgreSQL's password in its file.
+    accounting: Database | None = None
+    accounting_password_file: str = ""
 
 
 def load_api(data: object) -> ApiSettings:
@@ -74,11 +80,20 @@ def load_api(data: object) -> ApiSettings:
         tls_cert=_absolute(tls, "cert", "", empty=True),
         tls_key=_absolute(tls, "key", "", empty=True),
         limits=_limits(root.section("limits")),
+        **_accounting(root.section("accounting")),
     )
     tls.reject_unknown()
     root.reject_unknown()
     _check_listening(settings)
     return settings
+
+
+def _accounting(section: Section) -> dict[str, Any]:
+    """accounting: {database: URL, password_file: PATH}, as the pool's (docs/accounting.md)."""
+    database = database_of(section.get("database", str, ""), section.key("database"))
+    password_file = _absolute(section, "password_file", "", empty=True)
+    section.reject_unknown()
+    return {"accounting": database, "accounting_password_file": password_file}
 
 
 def read_api(path: str | Path) -> ApiSettings:

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from nodeagent.model.pool import PoolJobState
 from nodeagent.model.queues import DEFAULT, QueueView
+from nodeagent.pool.ledger import Bookkeeper
 from nodeagent.pool.schedule import NodeView, PoolView
 
 # A node counts once, under the first of these that holds: unhealthy (its GPUs cannot take a
@@ -116,6 +117,8 @@ class PoolLeadership(Protocol):
     def redis_errors(self) -> int: ...
     @property
     def beaten_at(self) -> float | None: ...
+    @property
+    def bookkeeper(self) -> Bookkeeper | None: ...
 
 
 class PoolCollector(Collector):
@@ -166,6 +169,28 @@ class PoolCollector(Collector):
             yield heartbeat
         if leads and view is not None:
             yield from self._figures(pool_figures(view))
+        keeper = self._member.bookkeeper
+        if keeper is not None:
+            yield from self._accounting(keeper)
+
+    def _accounting(self, keeper: Bookkeeper) -> Iterable[Metric]:
+        """The accounting database's backlog (docs/accounting.md): records waiting in Redis
+        (read by this node while it led), and those it wrote."""
+        waiting = GaugeMetricFamily(
+            "nodeagent_pool_accounting_waiting",
+            "Ended jobs' records waiting in Redis for the accounting database, as this node "
+            "last read them leading the pool (grows while the database is down)",
+            labels=["pool"],
+        )
+        waiting.add_metric([self._pool], keeper.waiting)
+        yield waiting
+        written = CounterMetricFamily(
+            "nodeagent_pool_accounting_written",
+            "Records this node wrote to the accounting database (each run once)",
+            labels=["pool"],
+        )
+        written.add_metric([self._pool], keeper.written)
+        yield written
 
     def _figures(self, figures: PoolFigures) -> Iterable[Metric]:
         pool = self._pool

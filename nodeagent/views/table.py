@@ -42,7 +42,8 @@ ROUTES: Mapping[str, tuple[Route, ...]] = {
     "release": (Route("POST", "/v1/jobs/{job}/release", "let a held job start"),),
     "requeue": (Route("POST", "/v1/jobs/{job}/requeue", "put a running job back in its queue"),),
     "show": (Route("GET", "/v1/jobs/{job}", "a job in full, with its goodput"),),
-    "history": (Route("GET", "/v1/history", "the ended jobs the pool keeps"),),
+    "history": (Route("GET", "/v1/history", "the ended jobs, with the accounting database's"),),
+    "report": (Route("GET", "/v1/report", "usage by user, queue or day (sreport)"),),
     "queue": (
         Route("GET", "/v1/queues", "the pool's queues"),
         Route("POST", "/v1/queues", "create a queue"),

@@ -73,7 +73,7 @@ def test_every_module_of_the_package_is_a_verb_or_named_as_shared() -> None:
     modules = {m.name for m in pkgutil.iter_modules(package.__path__)}
     shared = {
         "__main__", "nodeagentctl", "verbs", "parser", "targets", "argtypes", "rc", "caller",
-        "checks", "cordons", "runs", "output", "wait", "signing",
+        "checks", "cordons", "runs", "output", "wait", "signing", "accounting",
     }  # fmt: skip
     one_shape = {"holding": {"hold", "release", "requeue"}}  # a module, a verb object each
     assert modules - shared == set(verbs.VERBS) - one_shape["holding"] | set(one_shape)

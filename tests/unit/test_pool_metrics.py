@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import QueueView
+from nodeagent.pool.ledger import Bookkeeper
 from nodeagent.pool.metrics import PoolCollector, PoolFigures, pool_figures
 from nodeagent.pool.schedule import JobView, NodeView, PoolView
 
@@ -155,6 +156,7 @@ class Member:
     preemptions: dict[str, int] = field(default_factory=dict)
     redis_errors: int = 0
     beaten_at: float | None = None
+    bookkeeper: Bookkeeper | None = None
 
 
 def scrape(member: Member) -> str:
@@ -243,3 +245,13 @@ def test_every_node_exports_its_pool_heartbeat_and_failed_calls() -> None:
     never = scrape(Member())
     assert "nodeagent_pool_last_heartbeat_timestamp_seconds{" not in never  # none went through
     assert 'nodeagent_pool_redis_errors_total{pool="research"} 0.0' in never.splitlines()
+
+
+def test_a_bookkeeper_exports_the_accounting_backlog() -> None:
+    member = Member(leading=True)
+    keeper = Bookkeeper(None, None, lambda: 0.0)  # type: ignore[arg-type]  # read only here
+    keeper.waiting, keeper.written = 12, 340
+    text = scrape(replace(member, bookkeeper=keeper))
+    assert 'nodeagent_pool_accounting_waiting{pool="research"} 12.0' in text
+    assert 'nodeagent_pool_accounting_written_total{pool="research"} 340.0' in text
+    assert "accounting" not in scrape(member)

@@ -8,13 +8,14 @@ verb's arguments).
 The verbs, a module each: status.py, scale.py, events.py, restart.py, stop.py, cordon.py,
 drain.py, uncordon.py, health.py, logs.py (a job's own); submit.py, jobs.py, nodes.py,
 cancel.py, holding.py (hold, release, requeue: one shape, an object each), show.py, history.py,
-queue.py (the pool's); token.py (API tokens: mint, list, revoke); ui.py (a one-time link
-that signs a browser in to the web UI).
+report.py (usage from the accounting database), queue.py (the pool's); token.py (API tokens:
+mint, list, revoke); ui.py (a one-time link that signs a browser in to the web UI).
 
 What verbs share: targets.py (the Redis, prefix, pool and job a command acts on), argtypes.py
 (argument checks), rc.py (nodeagentctl's own defaults file), caller.py (who runs it), checks.py
 (a job and a node exist), cordons.py (cordon, drain, uncordon), runs.py (a pool job's run as a
-row), output.py (printing), wait.py (--wait), signing.py (a signed request sent and answered).
+row), output.py (printing), wait.py (--wait), signing.py (a signed request sent and answered),
+accounting.py (the accounting database history and report read).
 
 To add a verb: write its module (HELP, add_arguments, run, and request if it changes the
 pool) and add its row to verbs.py.

@@ -1,20 +1,24 @@
-"""nodeagentctl history (sacct): the ended jobs the pool keeps (pool.keep_ended) with their
-user, elapsed time, nodes, node-hours, exit code and effective training time ratio (ETTR: the
-pool leader accounts it from the job's events as it ends, model/goodput.py). `--json` documents
-carry `"version": 1`."""
+"""nodeagentctl history (sacct): the ended jobs the pool keeps (pool.keep_ended), and those
+the accounting database keeps beyond it (docs/accounting.md), with their user, elapsed time,
+nodes, node-hours, exit code and effective training time ratio (ETTR: the pool leader accounts
+it from the job's events as it ends, model/goodput.py). `--json` documents carry
+`"version": 1`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from nodeagent.cli.ctl import accounting
+from nodeagent.cli.ctl.argtypes import count
 from nodeagent.cli.ctl.targets import Target
 from nodeagent.config.values import format_duration
 from nodeagent.model.pool import PoolJobState
-from nodeagent.views import history as views
+from nodeagent.views import accounting as views
+from nodeagent.views.accounting import HISTORY_LIMIT
 from nodeagent.views.documents import listing
 
-HELP = "the ended jobs the pool keeps: user, elapsed, nodes, node-hours, exit, ETTR"
+HELP = "the ended jobs, with the accounting database's: user, elapsed, nodes, node-hours, ETTR"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,12 +30,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user", help="only the jobs that ran as this user")
     ended = [s.value for s in PoolJobState if s.ended]
     parser.add_argument("--state", choices=ended, help="only the jobs that ended so")
+    parser.add_argument(
+        "--limit",
+        type=count,
+        default=HISTORY_LIMIT,
+        help=f"at most this many runs from the accounting database, the newest "
+        f"(default {HISTORY_LIMIT})",
+    )
+    accounting.add_argument(parser)
     parser.add_argument("--json", action="store_true")
 
 
 def run(target: Target, args: argparse.Namespace) -> int:
     store = target.pool_store
-    rows = views.history(store, args.since, args.user, args.state)
+    ledger = accounting.ledger_of(target, args)
+    try:
+        rows = views.history(store, ledger, args.since, args.user, args.state, args.limit)
+    finally:
+        if ledger is not None:
+            ledger.close()
     if args.json:
         print(json.dumps(listing("jobs", store.keys.pool, rows), indent=2))
         return 0

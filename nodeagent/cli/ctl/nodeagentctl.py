@@ -45,7 +45,13 @@ from nodeagent.config.load import read_config
 from nodeagent.config.settings import EX_CONFIG
 from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.coord.requests import RequestStore
-from nodeagent.errors import ConfigError, CoordinationError, NotFoundError, UsageError
+from nodeagent.errors import (
+    AccountingError,
+    ConfigError,
+    CoordinationError,
+    NotFoundError,
+    UsageError,
+)
 from nodeagent.supervisor.munge import MungeProgram
 
 EX_UNAVAILABLE = 69
@@ -71,6 +77,13 @@ def dispatch(target: Target, args: argparse.Namespace) -> int:
 
 def _redis_failure(exc: CoordinationError, target: Target | None) -> int:
     """Say what kind of Redis failure `exc` is; its exit code."""
+    if isinstance(exc, AccountingError):
+        print(
+            f"nodeagentctl: cannot read the accounting database: {exc}; --accounting none "
+            "reads the pool's own window only",
+            file=sys.stderr,
+        )
+        return EX_UNAVAILABLE
     kind = classify(exc)
     if kind is RedisFailure.CREDENTIALS:
         given = "" if target is None or target.password_given else "; no password was given"

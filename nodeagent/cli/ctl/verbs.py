@@ -37,6 +37,7 @@ from nodeagent.cli.ctl import (
     logs,
     nodes,
     queue,
+    report,
     restart,
     scale,
     show,
@@ -93,6 +94,7 @@ VERBS: Mapping[str, VerbModule] = {
     "requeue": holding.REQUEUE,
     "show": show,
     "history": history,
+    "report": report,
     "queue": queue,
     "token": token,
     "ui": ui,
@@ -101,7 +103,9 @@ VERBS: Mapping[str, VerbModule] = {
 
 # The verbs that never change anything (tests/unit/test_ctl_verbs.py checks every other one
 # has a signed form, tests/integration/test_ctl_fail_closed.py that these write nothing).
-READS = frozenset({"status", "events", "health", "logs", "jobs", "nodes", "show", "history"})
+READS = frozenset(
+    {"status", "events", "health", "logs", "jobs", "nodes", "show", "history", "report"}
+)
 
 
 def unsigned(name: str) -> str | None:
