@@ -176,9 +176,29 @@ class Client:
     def history(
         self, *, since: str | None = None, user: str | None = None, state: str | None = None
     ) -> list[dict[str, Any]]:
+        """The ended jobs: the pool's, then the accounting database's older ones."""
         params = {k: v for k, v in {"since": since, "user": user, "state": state}.items() if v}
         rows: list[dict[str, Any]] = self._call("GET", "/v1/history", params=params)["jobs"]
         return rows
+
+    def report(
+        self,
+        by: str = "user",
+        *,
+        since: str | None = None,
+        until: str | None = None,
+        user: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Usage by user, queue or day, from the accounting database (docs/accounting.md)."""
+        given = {"by": by, "since": since, "until": until, "user": user}
+        params = {k: v for k, v in given.items() if v}
+        rows: list[dict[str, Any]] = self._call("GET", "/v1/report", params=params)["rows"]
+        return rows
+
+    def share(self) -> dict[str, Any]:
+        """Each user's fair share, usage and factor (docs/pool.md, "Fair share")."""
+        doc: dict[str, Any] = self._call("GET", "/v1/share")
+        return doc
 
     def logs(
         self, job: str, rank: int = 0, *, tail: int = 20, follow: bool = False

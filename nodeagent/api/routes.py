@@ -30,7 +30,7 @@ from nodeagent.model.pool import PoolJobState
 from nodeagent.model.request import Verb
 from nodeagent.model.spec import new_job_id
 from nodeagent.telemetry.logserve import MAX_TAIL_LINES
-from nodeagent.views import accounting, jobs, logs, nodes, queues, show, status
+from nodeagent.views import accounting, fairshare, jobs, logs, nodes, queues, show, status
 from nodeagent.views.documents import JSON_VERSION, event_doc, listing
 from nodeagent.views.table import ROUTES
 
@@ -144,6 +144,10 @@ async def usage_report(
         return {"version": JSON_VERSION, "pool": svc.pool, **doc}
 
     return await _kept(svc, request, document)
+
+
+async def fair_share(svc: Svc, who: Who, request: Request) -> Response:
+    return await _kept(svc, request, lambda: fairshare.share(svc.store))
 
 
 @contextmanager
@@ -374,6 +378,7 @@ HANDLERS: dict[tuple[str, str], Callable[..., Any]] = {
     ("GET", "/v1/jobs/{job}"): show_job,
     ("GET", "/v1/history"): list_history,
     ("GET", "/v1/report"): usage_report,
+    ("GET", "/v1/share"): fair_share,
     ("GET", "/v1/queues"): list_queues,
     ("POST", "/v1/queues"): create_queue,
     ("PATCH", "/v1/queues/{queue}"): change_queue,

@@ -1,7 +1,7 @@
 """The pool: section of a node's config (docs/pool.md, docs/configuration.md): the pool's name
 and labels, whom it runs jobs as, its scheduling times, who may change it (pool.auth,
-operators, tokens, api_users), where it tells of job state changes (pool.notify) and where
-it keeps the records of ended jobs (pool.accounting)."""
+operators, tokens, api_users), where it tells of job state changes (pool.notify), where it
+keeps the records of ended jobs (pool.accounting) and its fair share (pool.fair_share)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from nodeagent.config.database import database_of
-from nodeagent.config.settings import Accounting, Notify, Operators, PoolConfig, Tokens
+from nodeagent.config.settings import (
+    Accounting,
+    FairShareConfig,
+    Notify,
+    Operators,
+    PoolConfig,
+    Tokens,
+)
 from nodeagent.config.values import Section, check_name, duration, env_scalar, not_a_string
 from nodeagent.errors import ConfigError
 
@@ -45,6 +52,7 @@ def load_pool(section: Section, pinned: bool = False) -> PoolConfig:
         **_load_auth(section, pinned),
         notify=_notify(section.section("notify")),
         accounting=_accounting(section.section("accounting")),
+        fair_share=_fair_share(section.section("fair_share")),
     )
     section.reject_unknown()
     return pool
@@ -86,6 +94,36 @@ def _accounting(section: Section) -> Accounting:
         )
     section.reject_unknown()
     return Accounting(database, password_file)
+
+
+def _fair_share(section: Section) -> FairShareConfig:
+    """pool.fair_share: {weight: 1000, half_life: 7d, shares: {alice: 2}, queues: {prod: 3}}."""
+    weight = section.raw("weight")
+    weight = 0 if weight is None else weight
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight <= 1e9:
+        raise ConfigError(
+            section.key("weight"),
+            f"expected a number from 0 (off) to 1e9, such as 1000, got {weight!r}",
+        )
+    half_life = duration(
+        section.raw("half_life"), section.key("half_life"), 7 * 86400.0, positive=True
+    )
+    found = FairShareConfig(
+        float(weight), half_life, _shares(section, "shares"), _shares(section, "queues")
+    )
+    section.reject_unknown()
+    return found
+
+
+def _shares(section: Section, name: str) -> dict[str, float]:
+    shares = section.raw(name) or {}
+    if not isinstance(shares, Mapping):
+        raise ConfigError(section.key(name), "expected a mapping such as {alice: 2, bob: 1}")
+    for who, value in shares.items():
+        check_name(str(who), f"{section.key(name)}.{who}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ConfigError(f"{section.key(name)}.{who}", f"expected a number > 0, got {value!r}")
+    return {str(who): float(value) for who, value in shares.items()}
 
 
 def _load_auth(section: Section, pinned: bool) -> dict[str, Any]:

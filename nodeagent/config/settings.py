@@ -252,6 +252,18 @@ class Accounting:
 
 
 @dataclass(frozen=True)
+class FairShareConfig:
+    """pool.fair_share (docs/pool.md, "Fair share"): `weight` x each user's fair-share factor
+    (in (0, 1]) is added to its jobs' priority; 0 turns it off. Usage decays with `half_life`;
+    `shares`: a user's shares, `queues`: a queue's (default 1)."""
+
+    weight: float = 0.0
+    half_life: float = 7 * 86400.0
+    shares: Mapping[str, float] = field(default_factory=dict)
+    queues: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     """The pool this node serves (pool:): its name, free-form labels, and whom it runs jobs as.
 
@@ -280,6 +292,7 @@ class PoolConfig:
     api_users: tuple[str, ...] = ()
     notify: Notify = field(default_factory=lambda: Notify())
     accounting: Accounting = field(default_factory=lambda: Accounting())
+    fair_share: FairShareConfig = field(default_factory=lambda: FairShareConfig())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -152,6 +152,9 @@ POOL_NOTIFIED_KEY = "%s:{pool:%s}:notified"  # STRING stream ID
 # each its record's JSON (model/accounting.py; written with the job's end, taken by
 # pool/ledger.py)
 POOL_LEDGER_KEY = "%s:{pool:%s}:ledger"  # ZSET
+# Fair share: each user's decayed usage and the policy it was charged under (model/fairshare.py;
+# the pool leader's, written fenced)
+POOL_USAGE_KEY = "%s:{pool:%s}:usage"  # STRING JSON
 REQUESTS_MAXLEN = 10_000
 REPLY_TTL_S = 600
 
@@ -279,6 +282,10 @@ class PoolKeys:
     @property
     def ledger(self) -> str:
         return self._key(POOL_LEDGER_KEY)
+
+    @property
+    def usage(self) -> str:
+        return self._key(POOL_USAGE_KEY)
 
     def reply(self, request_id: str) -> str:
         return POOL_REPLY_KEY % (self.prefix, self.pool, request_id)

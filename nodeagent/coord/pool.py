@@ -35,6 +35,7 @@ from nodeagent.coord.view import (
 from nodeagent.errors import CorruptStateError
 from nodeagent.model.accounting import Record
 from nodeagent.model.decode import NAME_RE
+from nodeagent.model.fairshare import Usage
 from nodeagent.model.job import (
     Command,
     CommandType,
@@ -97,6 +98,7 @@ class PoolWrite:
     drop_leases: tuple[str, ...] = ()
     events: tuple[Event, ...] = ()
     booked: tuple[Record, ...] = ()  # the accounting records of the jobs that end in it
+    usage: Usage | None = None  # fair share's, to keep (model/fairshare.py)
 
 
 PLACEMENTS_REREAD = 60  # rounds between the pool leader's full reads of the placements
@@ -388,6 +390,7 @@ class PoolStore:
         rest += [len(write.place), *(x for pair in write.place.items() for x in pair)]
         rest += [len(write.jobs), *(x for j, s in write.jobs.items() for x in (j, s.to_json()))]
         rest += [len(write.booked), *(x for r in write.booked for x in (r.ended_ms, r.to_json()))]
+        rest += [write.usage.to_json() if write.usage is not None else ""]
         rest += [len(write.drop_leases), *write.drop_leases]
         rest += [e.to_json() for e in write.events]
         held, self._placements = self._placements, None  # unknown if the write fails
@@ -399,6 +402,7 @@ class PoolStore:
                         "placements": k.placements,
                         "jobs": k.jobs,
                         "ledger": k.ledger,
+                        "usage": k.usage,
                         "events": k.events,
                         "leases": k.leases,
                         "changes": k.changes,

@@ -81,12 +81,22 @@ return {now, leader, placements, all('jobs', K.jobs), all('cancels', K.cancels),
 
 # The pool leader's write, fenced by its lease value. `rest`: n, then n nodes to unplace; then
 # m, then m (node, job) placements; then k, then k (job, status JSON); then b, then b (ended
-# ms, accounting record JSON) for the ledger, written with the ends they record; then r, then r
-# lapsed leases to drop (kept if renewed meanwhile; a dropped lease's node leaves the change
-# set); then events to append.
+# ms, accounting record JSON) for the ledger, written with the ends they record; then the
+# fair-share usage JSON ('' for none); then r, then r lapsed leases to drop (kept if renewed
+# meanwhile; a dropped lease's node leaves the change set); then events to append.
 POOL_COMMIT = Script(
     "POOL_COMMIT",
-    keys=("leader", "placements", "jobs", "ledger", "events", "leases", "changes", "digests"),
+    keys=(
+        "leader",
+        "placements",
+        "jobs",
+        "ledger",
+        "usage",
+        "events",
+        "leases",
+        "changes",
+        "digests",
+    ),
     args=("leader_value", "events_maxlen"),
     returns="1, or an error starting with FENCED",
     body=NOW
@@ -112,6 +122,8 @@ for j = first, first + 2 * n - 1, 2 do redis.pcall('HSET', K.jobs, ARGV[j], ARGV
 first, n = take()
 i = i + n
 for j = first, first + 2 * n - 1, 2 do redis.call('ZADD', K.ledger, ARGV[j], ARGV[j + 1]) end
+if ARGV[i] ~= '' then redis.call('SET', K.usage, ARGV[i]) end
+i = i + 1
 first, n = take()
 for j = first, first + n - 1 do
   local deadline = redis.pcall('ZSCORE', K.leases, ARGV[j])

@@ -11,6 +11,7 @@ cordoning.py (cordon, drain, uncordon of a pool node, a pinned one's job include
 lifecycle.py (what the leader does about ended jobs and time limits), submission.py (what a
 submission is checked against, and an array stored one job per task: both sides), notify.py
 (the leader telling the operator's endpoints of job changes, from a thread of its own),
-ledger.py (the leader taking ended jobs' records into the accounting database, from a thread).
+ledger.py (the leader taking ended jobs' records into the accounting database, from a thread),
+fairness.py (the leader's fair share: usage charged each round, priorities raised by it).
 metrics.py: the pool's gauges. What is stored lives in model/pool.py and model/request.py.
 """

@@ -25,6 +25,7 @@ from nodeagent.model.job import Command, CommandType, Cordon, Event, JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool import lifecycle
+from nodeagent.pool.fairness import Fairness
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 
 log = logging.getLogger(__name__)
@@ -192,23 +193,27 @@ def lead(
     vouch: Vouch | None = None,
     pruning: lifecycle.Pruning | None = None,
     book: bool = False,
+    fairness: Fairness | None = None,
 ) -> Round:
     """One round as pool leader (`views`, `vouch`: as read_view's; `pruning`: when it last
     pruned ended jobs, kept between rounds; `book`: the ending jobs' accounting records go to
-    the pool's ledger, pool/ledger.py).
+    the pool's ledger, pool/ledger.py; `fairness`: pool.fair_share's, kept between rounds).
 
     Raises:
         CoordinationError: Redis could not be read or written.
         FencedError: another node leads the pool now.
     """
     snap, view, _ = read_view(store, leader, views, vouch)
+    usage = None
+    if fairness is not None:
+        view, usage = fairness.apply(store, leader, snap, view)
     view, fresh = lifecycle.unstale(view)
     view, timed, due = lifecycle.deadlines(view)
     result = schedule(view, policy)
     before = dict(snap.placements)
     lapsed = snap.lapsed
     _prune(store, leader, snap, policy, pruning or lifecycle.Pruning())
-    if not result.changed(before) and not lapsed and not fresh and not timed:
+    if not result.changed(before) and not lapsed and not fresh and not timed and not usage:
         return Round(view, None, snap.garbage)
     for job_id in fresh:  # a reused id: the ended job's keys go before the new one is placed
         clear_job(store.client, store.keys.job(job_id))
@@ -222,10 +227,12 @@ def lead(
         events = (Event("placements", message=f"nodes {', '.join(moved)} moved"),)
     ending, booked = _ending(store, snap, view, result.jobs, book)
     jobs = {**fresh, **timed, **ending}
-    write = PoolWrite(unplace, place, jobs, lapsed, events, booked)
+    write = PoolWrite(unplace, place, jobs, lapsed, events, booked, usage)
     for event in result.events:
         log.info("pool: %s", event.message)
     store.commit(leader, write)
+    if fairness is not None and usage is not None:
+        fairness.saved(snap.now_ms)
     return Round(view, write, snap.garbage)
 
 

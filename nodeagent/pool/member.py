@@ -20,10 +20,12 @@ from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import CoordinationError, FencedError
 from nodeagent.model.credential import MungeUnavailable
+from nodeagent.model.fairshare import QUEUE, FairShare
 from nodeagent.model.pool import PoolNode
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool import leadership, lifecycle
 from nodeagent.pool.authority import Authority
+from nodeagent.pool.fairness import Fairness
 from nodeagent.pool.ledger import Bookkeeper
 from nodeagent.pool.notify import Webhooks
 from nodeagent.pool.requests import BATCH, Requests
@@ -81,6 +83,10 @@ class PoolMember:
             keep_ended_ms=int(pool.keep_ended * 1000),
         )
         self._pruning = lifecycle.Pruning()  # when this node, leading, last pruned
+        fair = pool.fair_share
+        shares = {**fair.shares, **{QUEUE + q: n for q, n in fair.queues.items()}}
+        policy = FairShare(fair.weight, fair.half_life, shares)
+        self._fairness = Fairness(policy) if policy.on else None
         self._views = leadership.NodeViews()  # kept between rounds while this node leads
         self.placement: str | None = None
         self._garbage: tuple[str, ...] = ()
@@ -224,6 +230,7 @@ class PoolMember:
                     vouch,
                     self._pruning,
                     book=self.bookkeeper is not None,
+                    fairness=self._fairness,
                 ),
                 "pool leader round",
             )

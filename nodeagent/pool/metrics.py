@@ -170,16 +170,16 @@ class PoolCollector(Collector):
         if leads and view is not None:
             yield from self._figures(pool_figures(view))
         keeper = self._member.bookkeeper
-        if keeper is not None:
+        if leads and keeper is not None:  # what a node read while it led goes stale after
             yield from self._accounting(keeper)
 
     def _accounting(self, keeper: Bookkeeper) -> Iterable[Metric]:
-        """The accounting database's backlog (docs/accounting.md): records waiting in Redis
-        (read by this node while it led), and those it wrote."""
+        """The accounting database's backlog (docs/accounting.md): records waiting in Redis,
+        and those this node wrote."""
         waiting = GaugeMetricFamily(
             "nodeagent_pool_accounting_waiting",
-            "Ended jobs' records waiting in Redis for the accounting database, as this node "
-            "last read them leading the pool (grows while the database is down)",
+            "Ended jobs' records waiting in Redis for the accounting database, as the pool "
+            "leader last read them (grows while the database cannot be written)",
             labels=["pool"],
         )
         waiting.add_metric([self._pool], keeper.waiting)

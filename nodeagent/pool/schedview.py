@@ -60,10 +60,11 @@ class JobView:
     array: str | None = None  # the array it is a task of (model/array.py)
     array_limit: int | None = None  # ... which runs at most this many tasks at once
     notify: tuple[str, ...] = ()  # what its user asked to be told of (model/notify.py)
+    fair_share: float = 0.0  # added to its priority: weight x its user's factor (fairshare.py)
 
     @property
-    def order(self) -> tuple[int, int]:
-        return (-self.priority, self.status.seq)
+    def order(self) -> tuple[float, int]:
+        return (-(self.priority + self.fair_share), self.status.seq)
 
 
 @dataclass(frozen=True)

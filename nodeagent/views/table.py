@@ -44,6 +44,7 @@ ROUTES: Mapping[str, tuple[Route, ...]] = {
     "show": (Route("GET", "/v1/jobs/{job}", "a job in full, with its goodput"),),
     "history": (Route("GET", "/v1/history", "the ended jobs, with the accounting database's"),),
     "report": (Route("GET", "/v1/report", "usage by user, queue or day (sreport)"),),
+    "share": (Route("GET", "/v1/share", "each user's fair share, usage and factor (sshare)"),),
     "queue": (
         Route("GET", "/v1/queues", "the pool's queues"),
         Route("POST", "/v1/queues", "create a queue"),

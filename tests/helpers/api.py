@@ -76,6 +76,7 @@ def api_service(
     munge_socket: str,
     user: User,
     limits: dict[str, object] | None = None,
+    accounting: str = "",
 ) -> Iterator[ApiService]:
     """`directory` must be reachable by `user` (its files are made readable to it)."""
     run_dir = directory / "run"
@@ -94,6 +95,7 @@ def api_service(
         "listen": f"127.0.0.1:{port}",
         "tls": {"cert": str(certificate.cert), "key": str(certificate.key)},
         "limits": limits or {},
+        "accounting": {"database": accounting},
     }
     path = directory / "api.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -135,6 +137,9 @@ def token_pool(
         "tokens": {"key_file": str(key), "max_lifetime": "1h"},
         "api_users": [users["apisvc"].name],
     }
+    state = shared / "state"  # as systemd's StateDirectory= makes /var/lib/nodeagent: 0755
+    state.mkdir(exist_ok=True)
+    state.chmod(0o755)
     with pool_cluster(redis_url, shared, pool=pool, scheduling=scheduling) as cluster:
         cluster.start("a", "b")
         cluster.wait_nodes(2)
@@ -145,9 +150,13 @@ def token_pool(
 def api_beside(
     pool: PoolCluster, shared: Path, munge_socket: str, user: User
 ) -> Iterator[ApiService]:
-    """`nodeagent api` for `pool`, as `user`, its files in `shared`/api."""
+    """`nodeagent api` for `pool`, as `user`, its files in `shared`/api; it reads the pool's
+    accounting database, the default file its agents write (docs/accounting.md)."""
     directory = shared / "api"
     directory.mkdir()
     directory.chmod(0o755)
-    with api_service(directory, pool.redis_url, pool.pool, munge_socket, user) as service:
+    accounting = f"sqlite://{pool.directory / 'state' / 'accounting.sqlite'}"
+    with api_service(
+        directory, pool.redis_url, pool.pool, munge_socket, user, accounting=accounting
+    ) as service:
         yield service

@@ -145,6 +145,12 @@ def test_a_token_holder_submits_follows_recovers_scales_and_cancels_as_herself(
         assert not follower.is_alive(), "the follow did not end with the job"
         assert not failed, failed
 
+        # its record, in the accounting database the service reads as its own user
+        wait_for(lambda: mine.report("user", since="1h"), 30, "the report of its record")
+        (usage,) = mine.report("user", since="1h")
+        assert (usage["key"], usage["jobs"], usage["failed"]) == (alice.name, 1, 1), usage
+        assert [r["job"] for r in mine.history(user=alice.name)] == [job]
+
         (mine_id,) = [t["id"] for t in mine.tokens()]
         assert "revoked by" in mine.revoke(mine_id)
         refused(lambda: mine.hold(job), 401, f"token {mine_id} revoked")

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from nodeagent.coord.keys import PoolKeys
+from nodeagent.model.fairshare import Usage
 from tests.helpers.cluster import RedisServer, nodeagentctl, wait_for
 from tests.helpers.pool import PoolCluster, pool_cluster
 from tests.helpers.postgres import Postgres
@@ -141,3 +142,61 @@ def _pg_runs(postgres: Postgres, pool: str) -> list[tuple[str, Any]]:
         except psycopg.errors.UndefinedTable:  # not made yet
             return []
     return [(str(job), n) for job, n in rows]
+
+
+def test_fair_share_charges_the_user_and_a_new_leader_goes_on_from_its_usage(
+    redis_server: RedisServer, tmp_path: Path, job_id: str
+) -> None:
+    """pool.fair_share on: the leader charges the running job's user for its node and saves
+    the usage (every 10 s, fenced); `share` shows it; the leader killed, the next one goes on
+    from what was saved instead of from nothing."""
+    fair = {"fair_share": {"weight": 1000, "half_life": "1h"}}
+    job = f"{job_id}-fs"[:63]
+    with pool_cluster(redis_server.url, tmp_path, pool=job_id, scheduling=fair) as pool:
+        pool.start("a", "b")
+        pool.wait_nodes(2)
+        pool.submit(job, "1")
+        pool.wait_job(job, "running", world=1, timeout=60)
+
+        def used() -> float:
+            said = pool.ctl("share", "--json")
+            assert said.returncode == 0, said.stderr
+            rows = json.loads(said.stdout)["users"]
+            return float(rows[0]["usage_node_hours"]) if rows else 0.0
+
+        wait_for(lambda: used() >= 0.01, 90, "36 node-seconds charged and saved")
+        shown = json.loads(pool.ctl("share", "--json").stdout)
+        (row,) = shown["users"]
+        assert shown["on"] and shown["weight"] == 1000 and shown["half_life_s"] == 3600
+        assert row["usage"] == 1.0 and row["factor"] == 0.5  # all of it, with a half share
+        (queue,) = shown["queues"]
+        assert (queue["queue"], queue["usage"], queue["factor"]) == ("default", 1.0, 0.5)
+        text = pool.ctl("share")
+        assert text.returncode == 0 and "QUEUE" in text.stdout, text.stderr
+        leader = str(redis_server.client().get(PoolKeys("nodeagent", job_id).leader))
+        killed = leader.split()[0]
+        survivor = next(n for n in pool.placements() if n != killed)
+        client, key = redis_server.client(), PoolKeys("nodeagent", job_id).usage
+        before = _usage(client.get(key))
+        pool.kill_tree(killed)
+        wait_for(
+            lambda: str(client.get(PoolKeys("nodeagent", job_id).leader)).startswith(survivor),
+            30,
+            "the other node leading",
+        )
+
+        # the new leader's first save goes on from the last one's (less the charges since it,
+        # 10 s at most), not from nothing (about 10 node-seconds after its first 10 s)
+        def saved_again() -> Usage | None:
+            usage = _usage(client.get(key))
+            return usage if usage.at_ms > before.at_ms else None
+
+        after = wait_for(saved_again, 60, "a save by the next leader")
+        assert len(before.users) == 2  # the user's, and the default queue's
+        for name, charged in before.users.items():
+            assert after.users[name] >= charged * 0.9, (before, after)
+
+
+def _usage(raw: Any) -> Usage:
+    assert raw is not None, "no usage saved"
+    return Usage.from_json(str(raw))

@@ -255,3 +255,4 @@ def test_a_bookkeeper_exports_the_accounting_backlog() -> None:
     assert 'nodeagent_pool_accounting_waiting{pool="research"} 12.0' in text
     assert 'nodeagent_pool_accounting_written_total{pool="research"} 340.0' in text
     assert "accounting" not in scrape(member)
+    assert "accounting" not in scrape(replace(member, bookkeeper=keeper, leading=False))

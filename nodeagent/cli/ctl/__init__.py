@@ -8,8 +8,9 @@ verb's arguments).
 The verbs, a module each: status.py, scale.py, events.py, restart.py, stop.py, cordon.py,
 drain.py, uncordon.py, health.py, logs.py (a job's own); submit.py, jobs.py, nodes.py,
 cancel.py, holding.py (hold, release, requeue: one shape, an object each), show.py, history.py,
-report.py (usage from the accounting database), queue.py (the pool's); token.py (API tokens:
-mint, list, revoke); ui.py (a one-time link that signs a browser in to the web UI).
+report.py (usage from the accounting database), share.py (fair share), queue.py (the pool's);
+token.py (API tokens: mint, list, revoke); ui.py (a one-time link that signs a browser in to the
+web UI).
 
 What verbs share: targets.py (the Redis, prefix, pool and job a command acts on), argtypes.py
 (argument checks), rc.py (nodeagentctl's own defaults file), caller.py (who runs it), checks.py

@@ -40,6 +40,7 @@ from nodeagent.cli.ctl import (
     report,
     restart,
     scale,
+    share,
     show,
     status,
     stop,
@@ -95,6 +96,7 @@ VERBS: Mapping[str, VerbModule] = {
     "show": show,
     "history": history,
     "report": report,
+    "share": share,
     "queue": queue,
     "token": token,
     "ui": ui,
@@ -104,7 +106,7 @@ VERBS: Mapping[str, VerbModule] = {
 # The verbs that never change anything (tests/unit/test_ctl_verbs.py checks every other one
 # has a signed form, tests/integration/test_ctl_fail_closed.py that these write nothing).
 READS = frozenset(
-    {"status", "events", "health", "logs", "jobs", "nodes", "show", "history", "report"}
+    {"status", "events", "health", "logs", "jobs", "nodes", "show", "history", "report", "share"}
 )
 
 
