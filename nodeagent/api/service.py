@@ -65,6 +65,10 @@ class Service:
         self._answers = Answers(self.store)
         uid = os.geteuid()
         self.account = Resolver().name_of(uid) or f"uid {uid}"  # the service's own user
+        self._accounting_password: str | None = None  # read once: a bad file stops the start
+        if settings.accounting_password_file:
+            path, key = settings.accounting_password_file, "accounting.password_file"
+            self._accounting_password = read_token_key(path, key, 1).decode(errors="replace")
 
     @property
     def pool(self) -> str:
@@ -72,19 +76,11 @@ class Service:
 
     def ledger(self) -> Ledger | None:
         """The accounting database, opened for one read (a connection per read: reads run in
-        worker threads, and a connection is not shared between them); None: none configured.
-
-        Raises:
-            ConfigError: its password file cannot be read.
-        """
+        worker threads, and a connection is not shared between them); None: none configured."""
         database = self.settings.accounting
         if database is None:
             return None
-        password = None
-        if self.settings.accounting_password_file:
-            path, key = self.settings.accounting_password_file, "accounting.password_file"
-            password = read_token_key(path, key, 1).decode(errors="replace")
-        return open_ledger(database, password, writer=False)
+        return open_ledger(database, self._accounting_password, writer=False)
 
     def change(self, who: Identity, verb: Verb, args: dict[str, Any]) -> Reply:
         """Ask the pool leader for a change as `who`; its answer when done.

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         client = connect(settings.redis_url, 5.0, client_name="nodeagent-api")
         check_credentials(client)
         sockets = listening(settings)
+        service = Service(settings, client, MungeProgram(settings.munge_socket))
     except ConfigError as exc:
         print(f"nodeagent api: invalid configuration: {exc}", file=sys.stderr)
         return EX_CONFIG
@@ -61,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"nodeagent api: cannot listen: {exc}", file=sys.stderr)
         return EX_CONFIG
-    service = Service(settings, client, MungeProgram(settings.munge_socket))
     where = [settings.socket or "", f"https://{settings.listen}" if settings.listen else ""]
     logging.getLogger("nodeagent.api").info(
         "serving pool %s on %s", settings.pool, " and ".join(w for w in where if w)

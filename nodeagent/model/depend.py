@@ -7,6 +7,10 @@
     singleton              once no job of the same user and name submitted before it is
                            pending or running
 
+An ID may be a job array's (model/array.py), as in Slurm: its tasks taken together, which have
+all succeeded once every one has, have ended once every one has, and have failed once every
+one has ended and one did not succeed (`array_state`).
+
 Several, comma-separated, must all hold (Slurm's `,`; its `?`, any of them, is not taken). A
 dependency that can no longer hold (afterok on a job that failed, afternotok on one that
 succeeded, a job the pool no longer knows) never will: the job ends saying so, as Slurm's
@@ -16,12 +20,13 @@ succeeded, a job the pool no longer knows) never will: the job ends saying so, a
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from nodeagent.model.pool import PoolJobState
 
 KINDS = ("afterok", "afterany", "afternotok", "singleton")
+ARRAY = -1  # an array's id in a spec's dependency_runs: its tasks are bound there, each to its run
 MAX_JOBS = 100  # job ids one spec names, all kinds together
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 HINT = "expected afterok:ID[:ID...], afterany:..., afternotok:... or singleton, comma-separated"
@@ -112,6 +117,27 @@ def verdict(
     if waits:
         return Verdict(False, "waits for " + "; ".join(waits[:3]) + _more(len(waits) - 3))
     return READY
+
+
+def tasks_of(array_id: str, runs: Mapping[str, int]) -> list[str]:
+    """The tasks of array `array_id` a spec's dependency_runs binds (ARRAY_T), in index order."""
+    prefix = array_id + "_"
+    found = [k for k in runs if k.startswith(prefix) and k[len(prefix) :].isdigit()]
+    return sorted(found, key=lambda k: int(k[len(prefix) :]))
+
+
+def array_state(states: Iterable[PoolJobState | None]) -> PoolJobState | None:
+    """An array's state as a dependency sees it, from its tasks' (None: a task the pool no
+    longer knows, or no task): pending while one has not ended; then succeeded if every one
+    did, else failed."""
+    found = list(states)
+    if not found or any(s is None for s in found):
+        return None
+    if any(s is not None and not s.ended for s in found):
+        return PoolJobState.PENDING
+    if all(s is PoolJobState.SUCCEEDED for s in found):
+        return PoolJobState.SUCCEEDED
+    return PoolJobState.FAILED
 
 
 def _more(count: int) -> str:

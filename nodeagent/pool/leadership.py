@@ -18,7 +18,7 @@ from nodeagent.coord.ended import clear_job, prune
 from nodeagent.coord.pool import PoolSnapshot, PoolStore, PoolWrite
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import CoordinationError
-from nodeagent.model import accounting, goodput
+from nodeagent.model import accounting, depend, goodput
 from nodeagent.model.accounting import Record
 from nodeagent.model.history import restarts_by_cause
 from nodeagent.model.job import Command, CommandType, Cordon, Event, JobRecord
@@ -123,7 +123,9 @@ def _runs(
         for job in jobs.values()
         if job.dependency_runs and job.status.state is PoolJobState.PENDING
         for parent, seq in job.dependency_runs.items()
-        if f"{parent}:{seq}" not in ended and getattr(snap.jobs.get(parent), "seq", None) != seq
+        if seq != depend.ARRAY  # an array's id: its tasks are bound one by one
+        and f"{parent}:{seq}" not in ended
+        and getattr(snap.jobs.get(parent), "seq", None) != seq
     ]
     if wanted:
         ended.update(runs.history_states(store, wanted))

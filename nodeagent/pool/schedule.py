@@ -46,7 +46,14 @@ from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT, Ledger, QueueView
 from nodeagent.pool import lifecycle, preempt
-from nodeagent.pool.schedview import JobView, NodeView, PoolView, Schedule, SchedulePolicy
+from nodeagent.pool.schedview import (
+    JobView,
+    Lacking,
+    NodeView,
+    PoolView,
+    Schedule,
+    SchedulePolicy,
+)
 from nodeagent.state import JobState
 
 __all__ = [
@@ -88,7 +95,7 @@ class _Run:
         for node in nodes:
             for job_id in node.refused:
                 self.refusers.setdefault(job_id, set()).add(node.name)
-        lacking_of = _Lacking(nodes)
+        lacking_of = Lacking(nodes)
         for job in view.jobs.values():
             if job.selector:
                 lacking = lacking_of(job.selector)
@@ -420,7 +427,13 @@ def _depends(run: _Run, job: JobView) -> bool:
     jobs, view = run.view.jobs, run.view
 
     def state_of(job_id: str) -> PoolJobState | None:
-        """The state of the run the dependency names (its seq, bound at submission)."""
+        """The state of the run the dependency names (its seq, bound at submission), or of
+        the array of that id (its tasks, bound likewise)."""
+        tasks = job.dependency_runs.get(job_id) == depend.ARRAY and depend.tasks_of(
+            job_id, job.dependency_runs
+        )
+        if tasks:
+            return depend.array_state(state_of(task) for task in tasks)
         found, seq = jobs.get(job_id), job.dependency_runs.get(job_id)
         if found is not None and (seq is None or found.status.seq == seq):
             return run.status(found).state
@@ -512,35 +525,6 @@ def _could_fit(run: _Run, job: JobView) -> str | None:
         labels = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
         why += f"; {unmatched} lack {labels}"
     return f"needs {job.min_nodes} nodes, the pool has {healthy} healthy nodes that can run it{why}"
-
-
-class _Lacking:
-    """The nodes that lack a selector's labels, matched once per distinct label set and once
-    per distinct selector: a queue of many jobs that ask for the same labels costs nodes +
-    jobs, not nodes x jobs."""
-
-    def __init__(self, nodes: Iterable[NodeView]) -> None:
-        self._groups: dict[frozenset[tuple[str, str]], list[str]] = {}
-        for node in nodes:
-            self._groups.setdefault(frozenset(node.labels.items()), []).append(node.name)
-        self._found: dict[frozenset[tuple[str, str]], frozenset[str]] = {}
-
-    def __call__(self, selector: Mapping[str, str]) -> frozenset[str]:
-        key = frozenset(selector.items())
-        found = self._found.get(key)
-        if found is None:
-            found = frozenset(
-                name
-                for labels, names in self._groups.items()
-                if not matches(dict(labels), selector)
-                for name in names
-            )
-            self._found[key] = found
-        return found
-
-
-def matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
-    return all(labels.get(key) == value for key, value in selector.items())
 
 
 def _stand_by(run: _Run) -> None:

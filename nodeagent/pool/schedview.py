@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from nodeagent.model.depend import Dependency
@@ -97,3 +97,32 @@ class Schedule:
 
     def changed(self, before: Mapping[str, str]) -> bool:
         return bool(self.jobs) or self.placements != dict(before)
+
+
+class Lacking:
+    """The nodes that lack a selector's labels, matched once per distinct label set and once
+    per distinct selector: a queue of many jobs that ask for the same labels costs nodes +
+    jobs, not nodes x jobs."""
+
+    def __init__(self, nodes: Iterable[NodeView]) -> None:
+        self._groups: dict[frozenset[tuple[str, str]], list[str]] = {}
+        for node in nodes:
+            self._groups.setdefault(frozenset(node.labels.items()), []).append(node.name)
+        self._found: dict[frozenset[tuple[str, str]], frozenset[str]] = {}
+
+    def __call__(self, selector: Mapping[str, str]) -> frozenset[str]:
+        key = frozenset(selector.items())
+        found = self._found.get(key)
+        if found is None:
+            found = frozenset(
+                name
+                for labels, names in self._groups.items()
+                if not matches(dict(labels), selector)
+                for name in names
+            )
+            self._found[key] = found
+        return found
+
+
+def matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())

@@ -16,8 +16,8 @@ from nodeagent.model import depend
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolNode
 from nodeagent.model.queues import DEFAULT
-from nodeagent.model.spec import JobSpec, array_tasks
-from nodeagent.pool.schedule import matches
+from nodeagent.model.spec import SPEC_MAX_BYTES, JobSpec, array_tasks
+from nodeagent.pool.schedview import matches
 
 
 class Refused(Exception):
@@ -85,20 +85,42 @@ def checked(store: PoolStore, spec: JobSpec) -> JobSpec:
         raise Refused(
             f"priority {spec.priority} is above queue {spec.queue}'s ceiling of {ceiling}"
         )
-    runs = {}
+    bound: dict[str, int] = {}
     for parent in depend.named(spec.dependency):
-        status = store.status(parent)
-        if status is None:
-            raise Refused(
-                f"dependency: no job {parent!r} in pool {pool} "
-                "(a job depends only on jobs submitted before it)"
-            )
-        runs[parent] = status.seq
+        bound.update(_bound(store, parent))
     if spec.job.container is not None:  # every node's report read only where it matters
         refused = container_refusal(spec, store.nodes().values())
         if refused is not None:
             raise Refused(refused)
-    return replace(spec, dependency_runs=runs)
+    found = replace(spec, dependency_runs=bound)
+    if len(found.to_json()) > SPEC_MAX_BYTES:
+        raise Refused(
+            f"dependency: the runs it names make the spec larger than {SPEC_MAX_BYTES} bytes "
+            "(an array's tasks are bound one by one): name fewer"
+        )
+    return found
+
+
+def _bound(store: PoolStore, parent: str) -> dict[str, int]:
+    """The run a dependency names: the job's, or each task's of the array of that id (the
+    array's id then marked depend.ARRAY).
+
+    Raises:
+        Refused: neither is in the pool.
+    """
+    status = store.status(parent)
+    if status is not None:
+        return {parent: status.seq}
+    tasks = runs.tasks_of(store, parent)
+    if not tasks:
+        raise Refused(
+            f"dependency: no job or array {parent!r} in pool {store.keys.pool} "
+            "(a job depends only on jobs submitted before it)"
+        )
+    unreadable = [task for task, status in tasks.items() if status is None]
+    if unreadable:
+        raise Refused(f"dependency: the status of task {unreadable[0]} cannot be read")
+    return {parent: depend.ARRAY} | {t: s.seq for t, s in tasks.items() if s is not None}
 
 
 def _live_array(store: PoolStore, job_id: str) -> int:

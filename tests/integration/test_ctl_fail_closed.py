@@ -14,10 +14,13 @@ from typing import Any
 
 import pytest
 
+from nodeagent.accounting.databases import open_ledger
 from nodeagent.cli.ctl import nodeagentctl, targets, verbs
+from nodeagent.config.database import Database
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import UsageError
+from nodeagent.model.accounting import Record
 from tests.helpers.cluster import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -70,11 +73,17 @@ def test_under_munge_reads_write_nothing_and_unsigned_changes_are_refused(
     assert submitted == 0  # a pool with no leader yet: written directly
     RequestStore(redis_server.client(), PoolKeys("nodeagent", pool)).publish_auth("munge")
 
+    database = tmp_path / "accounting.sqlite"  # report reads the accounting database only
+    writer = open_ledger(Database("sqlite", str(database)))
+    writer.write([Record(pool, "old", 1, "succeeded", 1_795_000_000_000, user="alice")])
+    writer.close()
     reads = [
         ["jobs"],
         ["jobs", "--json"],
         ["show", "j1"],
         ["history"],
+        ["share"],
+        ["report", "--accounting", f"sqlite://{database}"],
         ["nodes"],
         ["queue", "list"],
         ["status", "j1"],

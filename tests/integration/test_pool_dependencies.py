@@ -101,8 +101,29 @@ def test_a_dependency_on_a_job_the_pool_does_not_have_is_refused(
         "--", "true",
     )  # fmt: skip
     assert said.returncode == 2
-    assert "dependency: no job 'no-such-job' in pool" in said.stderr
+    assert "dependency: no job or array 'no-such-job' in pool" in said.stderr
     said = pool.ctl("submit", "--dependency", "afterok", "--", "true")
     assert said.returncode == 2 and "singleton names no job, the others at least one" in (
         said.stderr
     )
+
+
+def test_a_dependency_on_an_arrays_id_waits_for_every_task(pool: PoolCluster, job_id: str) -> None:
+    """As Slurm's afterok on an array's id: the dependent waits while any task has not ended,
+    and ends saying why once a task ended without succeeding (its tasks cancelled here)."""
+    array, after = f"{job_id}-arr"[:60], f"{job_id}-after"[:63]
+    said = pool.ctl(
+        "submit", "--name", array, "--array", "0-2", "--nodes", "1", "--", "sleep", "600"
+    )
+    assert said.returncode == 0, said.stderr
+    said = pool.ctl(
+        "submit", "--name", after, "--nodes", "1", "--dependency", f"afterok:{array}",
+        "--", "true",
+    )  # fmt: skip
+    assert said.returncode == 0, said.stderr
+    row = pool.wait_job(after, "pending")
+    assert row["reason"] == f"waits for {array} to succeed (afterok)"
+    assert show(pool, after)["dependency"] == f"afterok:{array}"
+    assert pool.ctl("cancel", array).returncode == 0  # every task
+    row = pool.wait_job(after, "cancelled")
+    assert f"dependency never satisfied: {array} failed" in row["reason"]

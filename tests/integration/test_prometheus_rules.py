@@ -21,7 +21,7 @@ def promtool(*args: str, cwd: Path = CONFIG) -> subprocess.CompletedProcess[str]
 def test_rules_are_valid() -> None:
     result = promtool("check", "rules", "nodeagent-alerts.yml")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 12 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
 
 
 def test_every_alert_has_a_passing_unit_test() -> None:
@@ -30,7 +30,7 @@ def test_every_alert_has_a_passing_unit_test() -> None:
     rules = (CONFIG / "nodeagent-alerts.yml").read_text()
     tests = (CONFIG / "nodeagent-alerts.test.yml").read_text()
     alerts = [line.split(":", 1)[1].strip() for line in rules.splitlines() if "- alert:" in line]
-    assert len(alerts) == 12
+    assert len(alerts) == 13
     assert all(f"alertname: {name}" in tests for name in alerts)
 
 

@@ -154,3 +154,40 @@ def test_a_dependency_names_the_run_it_was_bound_to_not_whoever_takes_its_id_lat
     view = PoolView(NOW, nodes, {j.id: j for j in (bobs, forgotten)}, {}, runs={})
     ended = schedule(view, SchedulePolicy()).jobs["eval"]
     assert ended.state is PoolJobState.CANCELLED and "pre is no longer known" in ended.reason
+
+
+def test_an_arrays_id_waits_for_all_its_tasks_as_slurm_does() -> None:
+    """afterok on an array: once every task succeeded; afternotok: once all ended and one did
+    not succeed; afterany: once all ended. Its tasks are bound at submission (depend.ARRAY)."""
+    runs = {"sweep": depend.ARRAY, "sweep_0": 1, "sweep_1": 2}
+    ok = replace(job("eval", seq=5, after="afterok:sweep"), dependency_runs=runs)
+    not_ok = replace(job("alert", seq=6, after="afternotok:sweep"), dependency_runs=runs)
+    nodes = {n: NodeView(n) for n in ("n1", "n2", "n3")}
+
+    def decide(*tasks: PoolJobState) -> dict[str, PoolJob]:
+        ran = {f"sweep_{i}:{i + 1}": state for i, state in enumerate(tasks) if state.ended}
+        live = [
+            job(f"sweep_{i}", state, seq=i + 1, record=JobState.RUNNING)
+            for i, state in enumerate(tasks)
+            if not state.ended
+        ]
+        jobs = {j.id: j for j in (*live, ok, not_ok)}
+        placements = {f"n{i + 1}": j.id for i, j in enumerate(live)}
+        view = PoolView(NOW, nodes, jobs, placements, runs=ran)
+        decided = schedule(view, SchedulePolicy())
+        return {j: decided.jobs.get(j, jobs[j].status) for j in ("eval", "alert")}
+
+    waiting = decide(PoolJobState.SUCCEEDED, RUNNING)
+    assert waiting["eval"].state is PENDING
+    assert waiting["eval"].reason == "waits for sweep to succeed (afterok)"
+    done = decide(PoolJobState.SUCCEEDED, PoolJobState.SUCCEEDED)
+    assert done["eval"].state is RUNNING
+    assert done["alert"].state is PoolJobState.CANCELLED
+    assert "sweep succeeded, and it waited for its failure" in done["alert"].reason
+    one_failed = decide(PoolJobState.SUCCEEDED, PoolJobState.FAILED)
+    assert one_failed["alert"].state is RUNNING
+    assert one_failed["eval"].state is PoolJobState.CANCELLED
+    assert depend.array_state([]) is None and depend.array_state([None]) is None
+    assert depend.tasks_of("sweep", {"sweep_10": 3, "sweep_2": 2, "sweep_x": 1, "sweep": -1}) == [
+        "sweep_2", "sweep_10",
+    ]  # fmt: skip
