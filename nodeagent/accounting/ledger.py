@@ -15,6 +15,7 @@ PostgreSQL and SQLite (their SQL differs only in the placeholder and the types' 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -336,3 +337,13 @@ class Ledger(Protocol):
         """
 
     def close(self) -> None: ...
+
+
+@contextmanager
+def opened(ledger: Ledger | None) -> Iterator[Ledger | None]:
+    """`ledger` (None: no database named) for one read, closed after it."""
+    try:
+        yield ledger
+    finally:
+        if ledger is not None:
+            ledger.close()

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from nodeagent.accounting.ledger import Ledger
+from nodeagent.accounting.ledger import opened
 from nodeagent.api import bodies, session
 from nodeagent.api.connections import PEER_KEY
 from nodeagent.api.identity import Tokens, identify, limited
@@ -122,7 +121,7 @@ async def list_history(
     value = state.value if state is not None else None
 
     def document() -> dict[str, Any]:
-        with _ledger(svc) as ledger:
+        with opened(svc.ledger()) as ledger:
             rows = accounting.history(svc.store, ledger, since, user, value, limit)
         return listing("jobs", svc.pool, rows)
 
@@ -139,7 +138,7 @@ async def usage_report(
     user: str | None = None,
 ) -> Response:
     def document() -> dict[str, Any]:
-        with _ledger(svc) as ledger:
+        with opened(svc.ledger()) as ledger:
             doc = accounting.report(svc.store, ledger, by, since, until, user)
         return {"version": JSON_VERSION, "pool": svc.pool, **doc}
 
@@ -148,16 +147,6 @@ async def usage_report(
 
 async def fair_share(svc: Svc, who: Who, request: Request) -> Response:
     return await _kept(svc, request, lambda: fairshare.share(svc.store))
-
-
-@contextmanager
-def _ledger(svc: Service) -> Iterator[Ledger | None]:
-    ledger = svc.ledger()
-    try:
-        yield ledger
-    finally:
-        if ledger is not None:
-            ledger.close()
 
 
 async def list_nodes(svc: Svc, who: Who, request: Request) -> Response:

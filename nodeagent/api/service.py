@@ -23,7 +23,7 @@ from nodeagent.api.cache import Fresh
 from nodeagent.api.problems import RETRY_AFTER_S, Problem, refused
 from nodeagent.config.api import ApiSettings
 from nodeagent.config.hosts import Resolver
-from nodeagent.config.keyfile import read_token_key
+from nodeagent.config.keyfile import read_password
 from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolStore
@@ -68,7 +68,7 @@ class Service:
         self._accounting_password: str | None = None  # read once: a bad file stops the start
         if settings.accounting_password_file:
             path, key = settings.accounting_password_file, "accounting.password_file"
-            self._accounting_password = read_token_key(path, key, 1).decode(errors="replace")
+            self._accounting_password = read_password(path, key)
 
     @property
     def pool(self) -> str:

@@ -47,3 +47,13 @@ def read_token_key(path: str, name: str = KEY, min_bytes: int = KEY_MIN_BYTES) -
             "(make one with `openssl rand -hex 32`)",
         )
     return key
+
+
+def read_password(path: str, name: str) -> str:
+    """A password kept as the keys are (its owner's or root's, mode 0600): its first bytes,
+    whitespace stripped.
+
+    Raises:
+        ConfigError: naming the config key (`name`) and what is wrong.
+    """
+    return read_token_key(path, name, 1).decode(errors="replace")

@@ -248,12 +248,16 @@ class PoolStore:
             requeues=replies.decoded(requeues, Requeue.from_json, "pool requeue", garbage),
         )
 
+    def now_ms(self) -> int:
+        """Redis' time, the pool's one clock (ms)."""
+        with redis_errors("read the pool's clock"):
+            seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
     def nodes(self) -> dict[str, PoolNode]:
         """The live nodes' reports, page by page at Redis server time, without the rest of the
         pool, and leaving the pool leader's view of them (`read(led_by)`) as it is."""
-        with redis_errors("read the pool's clock"):
-            seconds, micros = self.client.time()
-        now = int(seconds) * 1000 + int(micros) // 1000
+        now = self.now_ms()
         leases = self._all(now, [])
         return {x.name: x.report for x in leases if x.report is not None and x.deadline_ms > now}
 

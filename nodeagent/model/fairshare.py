@@ -102,8 +102,20 @@ def charged(usage: Usage, holding: Mapping[str, int], now_ms: int, half_life_s: 
     return Usage(now_ms, {u: v for u, v in users.items() if v >= 1e-3}, usage.policy)
 
 
-def factors(policy: FairShare, usage: Usage, names: Iterable[str]) -> dict[str, float]:
-    """F for each of `names` (users, and QUEUE + queues) and each with usage, in (0, 1]: the
+@dataclass(frozen=True)
+class Standing:
+    """One user's (or queue's) share of the pool and of its usage, among its level's."""
+
+    share: float
+    used: float
+
+    @property
+    def factor(self) -> float:
+        return float(2.0 ** (-self.used / self.share))
+
+
+def standings(policy: FairShare, usage: Usage, names: Iterable[str]) -> dict[str, Standing]:
+    """The standing of each of `names` (users, and QUEUE + queues) and each with usage: the
     users against the users, the queues against the queues."""
     known = set(usage.users) | set(names)
     found = {}
@@ -112,10 +124,14 @@ def factors(policy: FairShare, usage: Usage, names: Iterable[str]) -> dict[str, 
         total_shares = sum(policy.shares_of(n) for n in level) or 1.0
         total_usage = sum(usage.users.get(n, 0.0) for n in level)
         for name in level:
-            share = policy.shares_of(name) / total_shares
             used = usage.users.get(name, 0.0) / total_usage if total_usage > 0 else 0.0
-            found[name] = 2.0 ** (-used / share)
+            found[name] = Standing(policy.shares_of(name) / total_shares, used)
     return found
+
+
+def factors(policy: FairShare, usage: Usage, names: Iterable[str]) -> dict[str, float]:
+    """F for each of `names` and each with usage (`standings`), in (0, 1]."""
+    return {n: s.factor for n, s in standings(policy, usage, names).items()}
 
 
 def holding(placements: Mapping[str, str], users: Mapping[str, str]) -> dict[str, int]:

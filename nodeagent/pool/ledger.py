@@ -61,8 +61,9 @@ class Bookkeeper:
         if busy or self._clock() < self._retry_at:
             return
         with redis_errors("read the pool's ledger"):
-            self.waiting = int(client.zcard(key))
             members: Any = client.zrangebyscore(key, "-inf", "+inf", start=0, num=BATCH)
+            # all of them, unless a batch is full (a backlog): then counted
+            self.waiting = len(members) if len(members) < BATCH else int(client.zcard(key))
         if not members:
             return
         records, garbage = [], []

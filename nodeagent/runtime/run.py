@@ -22,7 +22,7 @@ from nodeagent import __version__
 from nodeagent.accounting.databases import open_ledger
 from nodeagent.config.database import Database, default_database
 from nodeagent.config.hosts import Resolver
-from nodeagent.config.keyfile import read_token_key
+from nodeagent.config.keyfile import read_password, read_token_key
 from nodeagent.config.settings import EMBEDDED, Config, NodeSettings, PoolConfig
 from nodeagent.coord.client import Redis, check_credentials, connect
 from nodeagent.coord.embedded import EmbeddedRedis
@@ -247,8 +247,7 @@ def _bookkeeper(
     account = settings.pool.accounting
     password = None
     if account.password_file:
-        secret = read_token_key(account.password_file, "pool.accounting.password_file", 1)
-        password = secret.decode(errors="replace")
+        password = read_password(account.password_file, "pool.accounting.password_file")
     keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
     ledger = open_ledger(database, password)
     return Bookkeeper(PoolStore(client, keys), ledger, time.monotonic)

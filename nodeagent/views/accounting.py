@@ -33,16 +33,12 @@ def history(
         UsageError: a bad `since`.
         AccountingError: the database could not be read.
     """
-    rows = pool_history.history(store, since, user, state)
+    snap = store.read()
+    since_ms = pool_history.since_ms_of(since, snap.now_ms) if since else None
+    rows = pool_history.history(store, snap, since_ms, user, state)
     if ledger is None:
         return rows
-    now_ms = store.read().now_ms if since else 0
-    where = Filter(
-        store.keys.pool,
-        since_ms=pool_history.since_ms_of(since, now_ms) if since else None,
-        user=user,
-        state=state,
-    )
+    where = Filter(store.keys.pool, since_ms=since_ms, user=user, state=state)
     kept = {(row["job"], row["seq"]) for row in rows}
     older = [r for r in ledger.runs(where, limit) if (r.job, r.seq) not in kept]
     merged = [row_of(r) for r in older] + rows
@@ -70,7 +66,7 @@ def report(
         )
     if by not in BY:
         raise UsageError(f"--by: expected one of {', '.join(BY)}, got {by!r}")
-    now_ms = store.read().now_ms
+    now_ms = store.now_ms()
     where = Filter(
         store.keys.pool,
         since_ms=pool_history.since_ms_of(since, now_ms) if since else None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from nodeagent.coord.pool import PoolStore
-from nodeagent.model.fairshare import QUEUE, FairShare, Usage, charged, factors
+from nodeagent.model.fairshare import QUEUE, FairShare, Standing, Usage, charged, standings
 from nodeagent.pool.fairness import read_usage
 from nodeagent.views.documents import JSON_VERSION, rfc3339
 
@@ -26,7 +26,7 @@ def share(store: PoolStore) -> dict[str, Any]:
     specs = store.specs([j for j, s in snap.jobs.items() if not s.state.ended])
     live = [spec for spec in specs.values() if not isinstance(spec, str)]
     names = [s.user for s in live if s.user] + [QUEUE + s.queue for s in live]
-    found = factors(policy, usage, names)
+    found = standings(policy, usage, names)
     return {
         **doc,
         "on": policy.on,
@@ -39,19 +39,17 @@ def share(store: PoolStore) -> dict[str, Any]:
 
 
 def _rows(
-    policy: FairShare, usage: Usage, found: dict[str, float], queues: bool
+    policy: FairShare, usage: Usage, found: dict[str, Standing], queues: bool
 ) -> list[dict[str, Any]]:
-    level = {n: f for n, f in found.items() if n.startswith(QUEUE) == queues}
-    total_shares = sum(policy.shares_of(n) for n in level) or 1.0
-    total_usage = sum(usage.users.get(n, 0.0) for n in level)
     return [
         {
-            "queue" if queues else "user": name.removeprefix(QUEUE) if queues else name,
+            "queue" if queues else "user": name.removeprefix(QUEUE),
             "shares": policy.shares_of(name),
-            "share": round(policy.shares_of(name) / total_shares, 4),
+            "share": round(standing.share, 4),
             "usage_node_hours": round(usage.users.get(name, 0.0) / 3600, 4),
-            "usage": round(usage.users.get(name, 0.0) / total_usage, 4) if total_usage else 0.0,
-            "factor": round(factor, 4),
+            "usage": round(standing.used, 4),
+            "factor": round(standing.factor, 4),
         }
-        for name, factor in sorted(level.items())
+        for name, standing in sorted(found.items())
+        if name.startswith(QUEUE) == queues
     ]

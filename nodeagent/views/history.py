@@ -9,22 +9,20 @@ from typing import Any
 
 from nodeagent.config.values import parse_duration
 from nodeagent.coord.ended import archived
-from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.pool import PoolSnapshot, PoolStore
 from nodeagent.errors import ConfigError, UsageError
 from nodeagent.model.spec import JobSpec
 from nodeagent.views.runs import Run
 
 
 def history(
-    store: PoolStore, since: str | None = None, user: str | None = None, state: str | None = None
+    store: PoolStore,
+    snap: PoolSnapshot,
+    since_ms: int | None = None,
+    user: str | None = None,
+    state: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The ended jobs, oldest end first.
-
-    Raises:
-        UsageError: `since` is neither a duration nor an RFC 3339 time.
-    """
-    snap = store.read()
-    since_ms = since_ms_of(since, snap.now_ms) if since else None
+    """The ended jobs of the pool as `snap` read it, oldest end first."""
     ended = [j for j, s in snap.jobs.items() if s.state.ended and not s.pinned]
     specs = store.specs(ended)
     runs = [Run(j, s if isinstance(s, JobSpec) else None, snap.jobs[j]) for j, s in specs.items()]

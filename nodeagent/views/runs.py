@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.model.pool import PoolJob, PoolJobState
+from nodeagent.model.accounting import exit_code
+from nodeagent.model.pool import PoolJob
 from nodeagent.model.spec import JobSpec
 from nodeagent.views.documents import rfc3339
 
@@ -42,15 +43,7 @@ class Run:
             "elapsed_s": elapsed,
             "nodes": status.peak_nodes,
             "node_hours": round(self.node_hours(now_ms, placed), 4),
-            "exit_code": _exit_code(status),
+            "exit_code": exit_code(status),
             "reason": status.reason,
             "ettr": status.ettr,  # once ended (model/goodput.py)
         }
-
-
-def _exit_code(status: PoolJob) -> int | None:
-    if not status.state.ended:
-        return None
-    if status.state is PoolJobState.SUCCEEDED:
-        return 0
-    return status.exit_code or 1

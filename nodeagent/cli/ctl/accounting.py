@@ -14,7 +14,7 @@ from nodeagent.accounting.databases import open_ledger
 from nodeagent.accounting.ledger import Ledger
 from nodeagent.cli.ctl.targets import Target
 from nodeagent.config.database import database_of, default_database
-from nodeagent.config.keyfile import read_token_key
+from nodeagent.config.keyfile import read_password
 from nodeagent.config.settings import DEFAULT_STATE_DIR
 from nodeagent.errors import ConfigError, UsageError
 
@@ -47,8 +47,7 @@ def ledger_of(target: Target, args: argparse.Namespace) -> Ledger | None:
             if database is not None and database.kind == "sqlite" and not account.database:
                 database = database if Path(database.where).is_file() else None
             if account.password_file and os.access(account.password_file, os.R_OK):
-                secret = read_token_key(account.password_file, "pool.accounting.password_file", 1)
-                password = secret.decode(errors="replace")
+                password = read_password(account.password_file, "pool.accounting.password_file")
         else:
             database = database_of(os.environ.get(URL_ENV, ""), URL_ENV)
         return None if database is None else open_ledger(database, password, writer=False)

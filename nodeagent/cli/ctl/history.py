@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from nodeagent.accounting.ledger import opened
 from nodeagent.cli.ctl import accounting
 from nodeagent.cli.ctl.argtypes import count
 from nodeagent.cli.ctl.targets import Target
@@ -43,12 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(target: Target, args: argparse.Namespace) -> int:
     store = target.pool_store
-    ledger = accounting.ledger_of(target, args)
-    try:
+    with opened(accounting.ledger_of(target, args)) as ledger:
         rows = views.history(store, ledger, args.since, args.user, args.state, args.limit)
-    finally:
-        if ledger is not None:
-            ledger.close()
     if args.json:
         print(json.dumps(listing("jobs", store.keys.pool, rows), indent=2))
         return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from nodeagent.accounting.ledger import opened
 from nodeagent.cli.ctl import accounting
 from nodeagent.cli.ctl.targets import Target
 from nodeagent.model.accounting import BY
@@ -32,12 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(target: Target, args: argparse.Namespace) -> int:
-    ledger = accounting.ledger_of(target, args)
-    try:
+    with opened(accounting.ledger_of(target, args)) as ledger:
         doc = views.report(target.pool_store, ledger, args.by, args.since, args.until, args.user)
-    finally:
-        if ledger is not None:
-            ledger.close()
     if args.json:
         print(json.dumps({"version": JSON_VERSION, "pool": target.pool, **doc}, indent=2))
         return 0
