@@ -8,6 +8,8 @@ running agent:
     gpus:
       - uuid: GPU-fake-0
         bus_id: "00000000:3B:00.0"
+        name: NVIDIA H100 80GB HBM3
+        memory_mib: 81559
         temperature_c: 45
         slowdown_temperature_c: 90
         power_w: 300
@@ -21,6 +23,7 @@ running agent:
         nvlinks: [1, 1]                         # link states; omit for no NVLink
         recovery_action: 0                      # omit: field not supported (driver < r570)
         mig: [1, 1]                             # MIG mode, current and pending; omit: none
+        mig_devices: [{uuid: MIG-fake-0-0, memory_mib: 9856}]   # its instances, with MIG on
         errors: {temperature_c: 3}              # NVML error code per reading; "all": every call
     xids: [{gpu: 0, xid: 79}]                   # each entry is delivered once as an event
 
@@ -38,7 +41,8 @@ from typing import Any
 import pynvml
 import yaml
 
-NOT_SUPPORTED, INVALID_ARGUMENT, TIMEOUT = 3, 2, 10
+NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND, TIMEOUT = 3, 2, 6, 10
+MAX_MIG_DEVICES = 7  # an A100's or H100's most instances
 
 
 @dataclass
@@ -49,6 +53,17 @@ class _Handle:
 @dataclass
 class _Pci:
     busId: str
+
+
+@dataclass
+class _Memory:
+    total: int  # bytes, as NVML's nvmlMemory_t
+
+
+@dataclass
+class _MigHandle:
+    parent: int
+    slot: int
 
 
 @dataclass
@@ -128,8 +143,40 @@ class FakeNvml:
 
     # -- readings ---------------------------------------------------------------------------
 
-    def nvmlDeviceGetUUID(self, h: _Handle) -> str:
+    def nvmlDeviceGetUUID(self, h: _Handle | _MigHandle) -> str:
+        if isinstance(h, _MigHandle):
+            return str(self._mig(h)["uuid"])
         return str(self._gpu(h, "uuid"))
+
+    def nvmlDeviceGetName(self, h: _Handle) -> str:
+        return str(self._gpu(h, "name"))
+
+    def nvmlDeviceGetMemoryInfo(self, h: _Handle | _MigHandle) -> _Memory:
+        if isinstance(h, _MigHandle):
+            mib = self._mig(h).get("memory_mib")
+            if mib is None:
+                raise pynvml.NVMLError(NOT_SUPPORTED)
+        else:
+            mib = self._gpu(h, "memory_mib")
+        return _Memory(int(mib) << 20)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: _Handle) -> int:
+        self._gpu(h, "mig")  # NOT_SUPPORTED without MIG, as a GPU that has none
+        return MAX_MIG_DEVICES
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: _Handle, slot: int) -> _MigHandle:
+        devices = self._raw(h).get("mig_devices") or []
+        if slot >= len(devices):
+            raise pynvml.NVMLError(NOT_FOUND)  # an empty slot, as NVML says of one
+        return _MigHandle(h.index, slot)
+
+    def _raw(self, h: _Handle) -> Mapping[str, Any]:
+        gpus = self._state().get("gpus") or []
+        return gpus[h.index] if h.index < len(gpus) else {}
+
+    def _mig(self, h: _MigHandle) -> Mapping[str, Any]:
+        devices = self._gpu(_Handle(h.parent), "mig_devices")
+        return dict(devices[h.slot])
 
     def nvmlDeviceGetPciInfo(self, h: _Handle) -> _Pci:
         return _Pci(str(self._gpu(h, "bus_id")))

@@ -71,6 +71,7 @@ class NodeHealth:
         self.monitor = monitor
         self.usable: tuple[int, ...] | None = None
         self.unfit: str | None = None
+        self.in_use: tuple[int, ...] = ()  # the running workers' GPUs, at the last check
         self._last: dict[int, tuple[str, str]] = {}
 
     def check(
@@ -80,6 +81,7 @@ class NodeHealth:
         snapshot = self.monitor.snapshot()
         verdicts = self.monitor.verdicts()
         in_use = [gpu for gpus in gpus_by_rank.values() for gpu in gpus]
+        self.in_use = tuple(in_use)
         decision = decide_gpus(
             snapshot.available,
             verdicts,
@@ -128,6 +130,11 @@ class NodeHealth:
                 )
             self._last[v.index] = now
         return events
+
+    def held(self) -> tuple[str, ...]:
+        """The UUIDs of the GPUs the running workers use (what the node tells the pool)."""
+        uuids = {g.index: g.uuid for g in self.monitor.snapshot().gpus if g.uuid}
+        return tuple(uuids[i] for i in self.in_use if i in uuids)
 
     def uncordoned(self, cordon_before: Cordon | None) -> None:
         """An operator lifted the cordon: the XIDs behind it count as dealt with."""

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from nodeagent.errors import NodeagentError
-from nodeagent.gpu.readings import DeviceError, GpuReading
+from nodeagent.gpu.readings import DeviceError, GpuReading, MigDevice
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -25,6 +25,7 @@ GPU_IS_LOST, RESET_REQUIRED, TIMEOUT = 15, 16, 10
 RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, driver >= r570
 XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 MAX_NVLINKS = 18
+MIB = 1 << 20
 
 
 class GpuUnavailable(NodeagentError):
@@ -125,10 +126,13 @@ class NvmlBackend:
         retired = get(nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
         pci = get(nvml.nvmlDeviceGetPciInfo, h)
         mig = get(nvml.nvmlDeviceGetMigMode, h)  # (current, pending)
+        mig_on = mig is not None and mig[0] == nvml.NVML_DEVICE_MIG_ENABLE
         return GpuReading(
             index=index,
             uuid=_text(get(nvml.nvmlDeviceGetUUID, h) or ""),
             bus_id=_text(pci.busId) if pci is not None else "",
+            name=_text(get(nvml.nvmlDeviceGetName, h) or ""),
+            memory_mib=self._memory_mib(h),
             temperature_c=get(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
             slowdown_temperature_c=get(
                 nvml.nvmlDeviceGetTemperatureThreshold, h, nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
@@ -149,8 +153,26 @@ class NvmlBackend:
             pcie_replays=get(nvml.nvmlDeviceGetPcieReplayCounter, h),
             nvlinks_down=self._nvlinks_down(h),
             recovery_action=self._recovery_action(h),
-            mig=mig[0] == nvml.NVML_DEVICE_MIG_ENABLE if mig is not None else None,
+            mig=mig_on if mig is not None else None,
+            mig_devices=self._mig_devices(h) if mig_on else (),
         )
+
+    def _memory_mib(self, handle: Any) -> int | None:
+        memory = self._get(self._nvml.nvmlDeviceGetMemoryInfo, handle)
+        return int(memory.total) // MIB if memory is not None else None
+
+    def _mig_devices(self, handle: Any) -> tuple[MigDevice, ...]:
+        """The MIG instances made on a GPU in MIG mode (an empty slot raises NOT_FOUND: none
+        there). An instance that cannot be read is left out: it is not offered."""
+        nvml, found = self._nvml, []
+        for slot in range(self._get(nvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0):
+            try:
+                instance = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                uuid = _text(nvml.nvmlDeviceGetUUID(instance))
+            except nvml.NVMLError:
+                continue
+            found.append(MigDevice(uuid, self._memory_mib(instance)))
+        return tuple(found)
 
     def _nvlinks_down(self, handle: Any) -> tuple[int, ...]:
         down = []

@@ -15,12 +15,22 @@ class DeviceError(str, Enum):
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """A MIG instance of a GPU in MIG mode: a unit of its own, handed out by its UUID."""
+
+    uuid: str
+    memory_mib: int | None = None
+
+
+@dataclass(frozen=True)
 class GpuReading:
     """One GPU's state. None means "not supported" or "not read", never "zero"."""
 
     index: int
     uuid: str = ""
     bus_id: str = ""
+    name: str = ""  # the model, as NVML names it ("NVIDIA H100 80GB HBM3")
+    memory_mib: int | None = None
     temperature_c: float | None = None
     slowdown_temperature_c: float | None = None
     power_w: float | None = None
@@ -35,6 +45,7 @@ class GpuReading:
     nvlinks_down: tuple[int, ...] = ()
     recovery_action: int | None = None
     mig: bool | None = None  # MIG mode on (None: not supported, not an Ampere+ data-center GPU)
+    mig_devices: tuple[MigDevice, ...] = ()  # its MIG instances, when MIG mode is on
     xids: tuple[int, ...] = ()  # XIDs seen on this GPU since the agent started
     error: DeviceError | None = None
     error_detail: str = ""

@@ -25,9 +25,10 @@ BY = ("user", "queue", "day")  # what `report` groups by
 
 @dataclass(frozen=True)
 class Record:
-    """One ended run of a job. `gpus`, `gpu_hours`: None until nodes advertise their GPUs to
-    the pool (issue 66); `goodput`: model/goodput.Goodput.to_data(), None when no generation
-    ran."""
+    """One ended run of a job. `gpus`: the most GPU units it held at once; `gpu_hours`: the
+    units it held over time (a whole-node job holds every unit its nodes offer:
+    model/gpus.py); both None where its nodes offered no GPU (no NVML there); `goodput`:
+    model/goodput.Goodput.to_data(), None when no generation ran."""
 
     pool: str
     job: str
@@ -128,6 +129,8 @@ def record_of(
         elapsed_s=None if start is None else max(0, end - start) / 1000,
         nodes=status.peak_nodes,
         node_hours=status.node_ms / 3_600_000,
+        gpus=status.peak_gpus or None,  # None: its nodes advertised no GPU (no NVML there)
+        gpu_hours=status.gpu_ms / 3_600_000 if status.peak_gpus else None,
         exit_code=exit_code(status),
         reason=status.reason,
         ettr=status.ettr,

@@ -18,6 +18,7 @@ from typing import Any
 from nodeagent.config.container import ContainerRule, offer, read_offer
 from nodeagent.errors import CorruptStateError
 from nodeagent.model.decode import Reader
+from nodeagent.model.gpus import GpuUnit, read_units
 
 MAX_LABELS = 64
 MAX_REFUSED = 64
@@ -60,6 +61,7 @@ class PoolNode:
     why; the scheduler places them elsewhere. `containers`: what its `containers:` section allows
     (config.container.offer; None: an agent that does not say), so `submit` refuses a container
     no node would run. `pulling`: the image of the job placed here, pulled before it starts.
+    `gpus`: the GPU units it offers (model/gpus.py), each with the job whose workers hold it.
     """
 
     name: str
@@ -74,10 +76,12 @@ class PoolNode:
     version: str = ""
     pulling: str | None = None
     containers: ContainerRule | None = None
+    gpus: tuple[GpuUnit, ...] = ()
 
     def to_json(self) -> str:
         doc = asdict(self)
         doc["containers"] = offer(self.containers) if self.containers is not None else None
+        doc["gpus"] = [unit.to_data() for unit in self.gpus]
         return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
     @functools.cached_property
@@ -113,6 +117,7 @@ class PoolNode:
             version=r.text("version", "", max_len=64),
             pulling=r.opt_text("pulling", 1024),
             containers=containers,
+            gpus=read_units(r, "gpus"),
         )
 
 
@@ -144,11 +149,14 @@ class PoolJob:
     signalled_ms: int | None = None
     time_up_ms: int | None = None
     exit_code: int | None = None  # once ended: its record's (JobRecord.exit_code), if it formed
-    # Accounting (pool/schedule.py, _account): node-milliseconds held so far, counted up to
-    # `accounted_ms` (the last change of its node count), and the most nodes it held at once.
+    # Accounting (pool/lifecycle.py, account): node-milliseconds held so far, counted up to
+    # `accounted_ms` (the last change of its node or GPU count), and the most nodes it held at
+    # once.
     node_ms: int = 0
     accounted_ms: int | None = None
     peak_nodes: int = 0
+    gpu_ms: int = 0  # ... and GPU-unit-milliseconds, the most units held at once
+    peak_gpus: int = 0
     # Once ended: its effective training time ratio (model/goodput.py), as the pool leader
     # accounted it from the job's events as it ended; None: not accounted (no generation ran).
     ettr: float | None = None
@@ -180,6 +188,8 @@ class PoolJob:
             node_ms=r.integer("node_ms", 0),
             accounted_ms=r.opt_integer("accounted_ms"),
             peak_nodes=r.integer("peak_nodes", 0, high=1_000_000),
+            gpu_ms=r.integer("gpu_ms", 0),
+            peak_gpus=r.integer("peak_gpus", 0, high=128_000_000),
             ettr=r.number("ettr", 0.0, 1.0),
         )
 

@@ -40,6 +40,7 @@ from nodeagent.model import array, depend, notify
 from nodeagent.model.array import Array, ArrayError, ArrayTask, task_id, task_of
 from nodeagent.model.credential import digest_of
 from nodeagent.model.depend import Dependency, DependencyError
+from nodeagent.model.gpus import MAX_GPUS_PER_NODE
 from nodeagent.model.notify import NotifyError
 
 MAX_PRIORITY = 1_000_000
@@ -90,6 +91,8 @@ class JobSpec:
     array: Array | None = None  # a submission of one job per task (sbatch --array)
     array_task: ArrayTask | None = None  # the task of an array this job is
     notify: tuple[str, ...] = ()  # what its user is told of (model/notify.py; --mail-type)
+    gpus_per_node: int | None = None  # GPU units it holds on each node (None: the whole node)
+    exclusive: bool = False  # the whole node whatever it asks for (sbatch --exclusive)
 
     @property
     def id(self) -> str:
@@ -140,6 +143,8 @@ class JobSpec:
             "array": str(self.array) if self.array is not None else None,
             "array_task": self.array_task.to_doc() if self.array_task is not None else None,
             "notify": ",".join(self.notify) or None,
+            "gpus_per_node": self.gpus_per_node,
+            "exclusive": self.exclusive or None,
         }
         doc.update({k: v for k, v in optional.items() if v is not None})
         return doc
@@ -218,6 +223,8 @@ def load_spec(
     array = _array(root, job.id)
     told = _notify(root)
     runs = _runs(root.raw("dependency_runs")) if submitted else {}
+    gpus_per_node = _gpus_per_node(root, job)
+    exclusive = root.get("exclusive", bool, False)
     task = _array_task(root.section("array_task")) if submitted and root.raw("array_task") else None
     root.reject_unknown()
     return JobSpec(
@@ -239,7 +246,31 @@ def load_spec(
         array_task=task,
         notify=told,
         dependency_runs=runs,
+        gpus_per_node=gpus_per_node,
+        exclusive=exclusive,
     )
+
+
+def _gpus_per_node(root: Section, job: JobConfig) -> int | None:
+    """gpus_per_node: the GPU units the job holds on each of its nodes, at least what its
+    workers are handed (nproc_per_node x gpus_per_worker). Raises: ConfigError."""
+    given = root.get("gpus_per_node", int, 0)
+    if root.raw("gpus_per_node") is None:
+        return None
+    if not 1 <= given <= MAX_GPUS_PER_NODE:
+        raise ConfigError(
+            "gpus_per_node",
+            f"must be within 1..{MAX_GPUS_PER_NODE}, got {given} (omit it: the whole node)",
+        )
+    used = job.nproc_per_node * job.gpus_per_worker
+    if used > given:
+        raise ConfigError(
+            "gpus_per_node",
+            f"{given}, but nproc_per_node {job.nproc_per_node} x gpus_per_worker "
+            f"{job.gpus_per_worker} hand out {used} GPUs on each node: ask for {used}, or "
+            "fewer workers",
+        )
+    return given
 
 
 def _runs(raw: object) -> dict[str, int]:

@@ -146,7 +146,15 @@ def _node_view(name: str, report: PoolNode, cordon: Cordon | None) -> NodeView:
     refused = MappingProxyType(dict(report.refused)) if report.refused else _NONE
     reason, drain = (cordon.reason, cordon.drain) if cordon is not None else (None, False)
     return NodeView(
-        name, report.pinned, report.unfit, reason, drain, refused, report.labels, report.serving
+        name,
+        report.pinned,
+        report.unfit,
+        reason,
+        drain,
+        refused,
+        report.labels,
+        report.serving,
+        len(report.gpus),
     )
 
 
@@ -184,6 +192,8 @@ def _job_view(
         array=spec.array_task.job if spec.array_task is not None else None,
         array_limit=spec.array_task.limit if spec.array_task is not None else None,
         notify=spec.notify,
+        gpus_per_node=spec.gpus_per_node,
+        exclusive=spec.exclusive,
     )
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from nodeagent.config.values import format_duration
+from nodeagent.model.gpus import gpus_needed
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.pool.schedview import JobView, PoolView
 
@@ -115,26 +116,38 @@ def _deadline(job: JobView, now_ms: int) -> tuple[Deadline, PoolJob] | None:
 def account(
     view: PoolView, placements: Mapping[str, str], statuses: Mapping[str, PoolJob]
 ) -> dict[str, PoolJob]:
-    """Node-time held by each job: at every change of its node count (admission, growth,
-    shrinking, a lost node, its end) the nodes it held since its last change (`view`'s
-    placements) are added to its node_ms. `placements` and `statuses`: as this round leaves
-    them; returns the statuses that changed."""
-    before: dict[str, int] = {}
-    for job_id in view.placements.values():
-        before[job_id] = before.get(job_id, 0) + 1
-    after: dict[str, int] = {}
-    for job_id in placements.values():
-        after[job_id] = after.get(job_id, 0) + 1
+    """Node-time and GPU-time held by each job: at every change of its node or GPU count
+    (admission, growth, shrinking, a lost node, its end) what it held since its last change
+    (`view`'s placements) is added to its node_ms and gpu_ms. A node counts the units a job asks
+    for (`gpus_per_node`), or all the units it offers for a whole-node or exclusive job.
+    `placements` and `statuses`: as this round leaves them; returns the statuses that
+    changed."""
+    before, after = _holdings(view, view.placements), _holdings(view, placements)
     now, changed = view.now_ms, {}
     for job_id, status in statuses.items():
-        held, holds = before.get(job_id, 0), after.get(job_id, 0)
+        held, holds = before.get(job_id, (0, 0)), after.get(job_id, (0, 0))
         if held == holds:
             continue
         since = status.accounted_ms if status.accounted_ms is not None else now
+        span = max(0, now - since)
         changed[job_id] = replace(
             status,
-            node_ms=status.node_ms + held * max(0, now - since),
+            node_ms=status.node_ms + held[0] * span,
+            gpu_ms=status.gpu_ms + held[1] * span,
             accounted_ms=now,
-            peak_nodes=max(status.peak_nodes, holds),
+            peak_nodes=max(status.peak_nodes, holds[0]),
+            peak_gpus=max(status.peak_gpus, holds[1]),
         )
     return changed
+
+
+def _holdings(view: PoolView, placements: Mapping[str, str]) -> dict[str, tuple[int, int]]:
+    """Each job's nodes and GPU units in `placements`."""
+    found: dict[str, tuple[int, int]] = {}
+    for node_id, job_id in placements.items():
+        node, job = view.nodes.get(node_id), view.jobs.get(job_id)
+        offered = node.gpus if node is not None else 0
+        asked = (job.gpus_per_node, job.exclusive) if job is not None else (None, False)
+        nodes, gpus = found.get(job_id, (0, 0))
+        found[job_id] = (nodes + 1, gpus + gpus_needed(asked[0], offered, asked[1]))
+    return found

@@ -21,6 +21,7 @@ from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import CoordinationError, FencedError
 from nodeagent.model.credential import MungeUnavailable
 from nodeagent.model.fairshare import QUEUE, FairShare
+from nodeagent.model.gpus import GpuUnit
 from nodeagent.model.pool import PoolNode
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool import leadership, lifecycle
@@ -46,6 +47,7 @@ class NodeState:
     refused: Mapping[str, str] = field(default_factory=dict)
     metrics: str | None = None
     pulling: str | None = None  # the image of the job placed here, before its agent starts
+    gpus: tuple[GpuUnit, ...] = ()  # the units it offers, each with the job holding it
 
 
 class PoolMember:
@@ -146,6 +148,7 @@ class PoolMember:
             refused=dict(state.refused),
             metrics=state.metrics,
             pulling=state.pulling,
+            gpus=state.gpus,
             containers=self._settings.containers,
             version=__version__,
         )

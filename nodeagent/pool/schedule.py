@@ -53,6 +53,7 @@ from nodeagent.pool.schedview import (
     PoolView,
     Schedule,
     SchedulePolicy,
+    Short,
 )
 from nodeagent.state import JobState
 
@@ -92,6 +93,7 @@ class _Run:
         self._free = len(self.eligible)  # eligible nodes not placed
         self.refusers: dict[str, set[str]] = {}  # nodes that refuse a job, or lack its labels
         self.unmatched: dict[str, int] = {}  # of those, how many lack its labels
+        self.short: dict[str, int] = {}  # ... and how many offer fewer GPUs than it asks for
         for node in nodes:
             for job_id in node.refused:
                 self.refusers.setdefault(job_id, set()).add(node.name)
@@ -101,6 +103,13 @@ class _Run:
                 lacking = lacking_of(job.selector)
                 self.refusers.setdefault(job.id, set()).update(lacking)
                 self.unmatched[job.id] = len(lacking)
+        short_of = Short(nodes)
+        for job in view.jobs.values():
+            if job.gpus_per_node is not None:
+                short = short_of(job.gpus_per_node) - self.refusers.get(job.id, set())
+                if short:
+                    self.refusers.setdefault(job.id, set()).update(short)
+                    self.short[job.id] = len(short)
         self.serving: dict[str, set[str]] = {}  # job -> the nodes whose agent still runs it
         for node in nodes:
             if node.serving is not None:
@@ -515,15 +524,16 @@ def _could_fit(run: _Run, job: JobView) -> str | None:
     healthy = len(run.healthy) - len(excluded & run.healthy)
     if healthy >= job.min_nodes:
         return None
-    unmatched = run.unmatched.get(job.id, 0)
+    unmatched, short = run.unmatched.get(job.id, 0), run.short.get(job.id, 0)
     why = ""
-    if len(excluded) > unmatched:
-        why = (
-            f"; {len(excluded) - unmatched} refuse it ({refusals(run.view.nodes.values(), job.id)})"
-        )
+    if len(excluded) > unmatched + short:
+        refusing = len(excluded) - unmatched - short
+        why = f"; {refusing} refuse it ({refusals(run.view.nodes.values(), job.id)})"
     if unmatched:
         labels = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
         why += f"; {unmatched} lack {labels}"
+    if short:
+        why += f"; {short} offer fewer than {job.gpus_per_node} GPUs"
     return f"needs {job.min_nodes} nodes, the pool has {healthy} healthy nodes that can run it{why}"
 
 

@@ -24,6 +24,7 @@ class NodeView:
     refused: Mapping[str, str] = field(default_factory=dict)  # jobs it cannot run -> why
     labels: Mapping[str, str] = field(default_factory=dict)
     serving: str | None = None  # the job its agent runs now (its workers may be stopping)
+    gpus: int = 0  # the GPU units it offers (model/gpus.py), held or free
 
     @property
     def eligible(self) -> bool:
@@ -61,6 +62,8 @@ class JobView:
     array_limit: int | None = None  # ... which runs at most this many tasks at once
     notify: tuple[str, ...] = ()  # what its user asked to be told of (model/notify.py)
     fair_share: float = 0.0  # added to its priority: weight x its user's factor (fairshare.py)
+    gpus_per_node: int | None = None  # GPU units it holds on each node (None: the whole node)
+    exclusive: bool = False  # whole nodes whatever it asks for
 
     @property
     def order(self) -> tuple[float, int]:
@@ -121,6 +124,25 @@ class Lacking:
                 for name in names
             )
             self._found[key] = found
+        return found
+
+
+class Short:
+    """The nodes that offer fewer than K GPU units, found once per distinct K (as Lacking)."""
+
+    def __init__(self, nodes: Iterable[NodeView]) -> None:
+        self._by_count: dict[int, list[str]] = {}
+        for node in nodes:
+            self._by_count.setdefault(node.gpus, []).append(node.name)
+        self._found: dict[int, frozenset[str]] = {}
+
+    def __call__(self, wanted: int) -> frozenset[str]:
+        found = self._found.get(wanted)
+        if found is None:
+            found = frozenset(
+                name for count, names in self._by_count.items() if count < wanted for name in names
+            )
+            self._found[wanted] = found
         return found
 
 

@@ -277,6 +277,9 @@ class JobRun:
     def unfit(self) -> str | None:
         return self._health.unfit
 
+    def gpus_held(self) -> tuple[str, ...]:
+        return self._health.held()
+
     def drained(self) -> str | None:
         """Why the job drained this node (by whom, the reason), while its cordon says so."""
         cordon = self.agent.drained_from_job

@@ -24,6 +24,7 @@ from nodeagent.checkpoint import space
 from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig, Config, NodeSettings
 from nodeagent.errors import ConfigError
+from nodeagent.model.gpus import GpuUnit, held_by
 from nodeagent.model.pool import MAX_REFUSED
 from nodeagent.model.spec import JobSpec, run_config, spec_of
 from nodeagent.pool.member import NodeState
@@ -71,6 +72,9 @@ class JobRunner(Protocol):
     def request_stop(self) -> None: ...
     def close(self, keep_tiers: bool = True) -> None: ...
     def unfit(self) -> str | None: ...
+    def gpus_held(self) -> tuple[str, ...]:
+        """The UUIDs of the GPUs its workers use now."""
+
     def drained(self) -> str | None: ...
     def healthz(self) -> tuple[bool, str]: ...
     def pulled(self, ready: Pulled) -> None: ...
@@ -96,7 +100,10 @@ class NodeLoop:
         notifier: Notifier | None = None,
         sweep: Callable[[NodeSettings, str | None], object] | None = None,
         pulls: Pulls | None = None,
+        inventory: Callable[[], tuple[GpuUnit, ...]] = tuple,
     ) -> None:
+        """`inventory`: the GPU units this node offers (gpu/inventory.py), advertised to the
+        pool at each heartbeat with the job holding each."""
         if member is None and settings.job is None:
             raise ValueError("a node loop with no pool serves its config's job: there is none")
         self._settings = settings
@@ -104,6 +111,7 @@ class NodeLoop:
         self._start_job = start_job
         self._waker = waker
         self._clock = clock
+        self._inventory = inventory
         self._metrics_address = metrics_address
         self._listener = listener
         self._notify = notifier or Notifier(None)
@@ -205,9 +213,12 @@ class NodeLoop:
         return f"{serving} in pool {self._settings.pool.name}"
 
     def _state(self) -> NodeState:
+        runner = self.runner
+        held = runner.gpus_held() if runner is not None else ()
         return NodeState(
-            serving=self.runner.job_id if self.runner is not None else None,
-            unfit=self.runner.unfit() if self.runner is not None else None,
+            serving=runner.job_id if runner is not None else None,
+            unfit=runner.unfit() if runner is not None else None,
+            gpus=held_by(self._inventory(), runner.job_id if runner else None, held),
             refused=dict(self._refused),
             metrics=self._metrics_address(),
             pulling=self._pulling,

@@ -32,6 +32,7 @@ from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.tokens import TokenStore
 from nodeagent.errors import ConfigError
 from nodeagent.gpu.health import build_monitor, start_monitor
+from nodeagent.gpu.inventory import offered
 from nodeagent.model.credential import MungeUnavailable
 from nodeagent.pool.authority import Authority
 from nodeagent.pool.ledger import Bookkeeper
@@ -231,6 +232,7 @@ def _node_loop(
         parts.metrics_address,
         listener=listen,
         notifier=parts.notifier,
+        inventory=lambda: offered(parts.monitor.snapshot(), parts.monitor.verdicts()),
     )
 
 

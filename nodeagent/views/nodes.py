@@ -1,5 +1,6 @@
 """The pool's nodes as rows (`nodeagentctl nodes`, GET /v1/nodes): the job each serves,
-health, cordon, labels, heartbeat age, address and its agent's version."""
+health, its GPU units and the job holding each, cordon, labels, heartbeat age, address and its
+agent's version."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def nodes(store: PoolStore) -> list[dict[str, Any]]:
                 "serving": report.serving if report else None,
                 "pulling": report.pulling if report else None,
                 "health": (report.unfit or "ok") if report else "lost",
+                "gpus": [unit.to_data() for unit in report.gpus] if report else [],
                 "cordon": cordon.reason if cordon else None,
                 "drained": cordon.drain if cordon else False,
                 "labels": dict(report.labels) if report else {},

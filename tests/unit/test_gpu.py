@@ -15,9 +15,11 @@ import yaml
 from nodeagent.gpu import kmsg
 from nodeagent.gpu.classify import Action, Health, Thresholds, classify
 from nodeagent.gpu.fake import FakeNvml
+from nodeagent.gpu.inventory import offered
 from nodeagent.gpu.monitor import GpuMonitor
 from nodeagent.gpu.nvml import GpuUnavailable, NvmlBackend, load_pynvml
-from nodeagent.gpu.readings import DeviceError, GpuReading
+from nodeagent.gpu.readings import DeviceError, GpuReading, GpuSnapshot, MigDevice
+from nodeagent.model.gpus import GpuUnit
 from nodeagent.supervisor.spec import visible_devices
 from tests.helpers.gpus import FIXTURES, healthy_gpu
 
@@ -382,3 +384,39 @@ def test_a_node_whose_gpus_are_in_mig_mode_refuses_a_job_that_needs_gpus() -> No
     assert "nvidia-smi -i 1 -mig 0" in refused.unfit
     assert decide_gpus(True, verdicts, (), None, (), 0, False, mig).unfit is None  # no GPUs
     assert decide_gpus(True, verdicts, (), None, (), 2, False).unfit is None  # MIG off
+
+
+def test_the_backend_reads_each_gpus_model_and_memory_and_the_mig_instances_made() -> None:
+    gpus = [
+        healthy_gpu(uuid="GPU-fake-0", name="NVIDIA H100 80GB HBM3", memory_mib=81559),
+        healthy_gpu(
+            uuid="GPU-fake-1",
+            name="NVIDIA A100-SXM4-40GB",
+            memory_mib=40960,
+            mig=[1, 1],
+            mig_devices=[{"uuid": "MIG-fake-1-0", "memory_mib": 9856}, {"uuid": "MIG-fake-1-1"}],
+        ),
+    ]
+    backend = NvmlBackend(FakeNvml({"gpus": gpus}))
+    backend.open()
+    plain, split = backend.sample()
+    assert (plain.name, plain.memory_mib, plain.mig_devices) == ("NVIDIA H100 80GB HBM3", 81559, ())
+    assert split.mig_devices == (MigDevice("MIG-fake-1-0", 9856), MigDevice("MIG-fake-1-1", None))
+
+
+def test_a_node_offers_its_healthy_gpus_and_the_mig_instances_of_those_in_mig_mode() -> None:
+    gpus = [
+        healthy_gpu(uuid="GPU-fake-0", name="H100", memory_mib=81559),
+        healthy_gpu(
+            uuid="GPU-fake-1", name="A100", mig=[1, 1], mig_devices=[{"uuid": "MIG-fake-1-0"}]
+        ),
+        healthy_gpu(uuid="GPU-fake-2", name="H100", ecc_uncorrected_volatile=3),  # drains
+        healthy_gpu(uuid="GPU-fake-3", errors={"all": pynvml.NVML_ERROR_GPU_IS_LOST}),
+    ]
+    backend = NvmlBackend(FakeNvml({"gpus": gpus}))
+    backend.open()
+    readings = backend.sample()
+    snapshot = GpuSnapshot(True, gpus=readings)
+    units = offered(snapshot, [classify(r, T) for r in readings])
+    assert units == (GpuUnit("GPU-fake-0", "H100", 81559), GpuUnit("MIG-fake-1-0", "A100 MIG"))
+    assert offered(GpuSnapshot(False, "no NVML"), []) == ()

@@ -42,6 +42,15 @@ BASE: dict[str, Any] = {"id": "llama", "entrypoint": ["python", "train.py"], "us
         ({"time_limit": "1m", "signal": "KILL@10"}, "signal", "a worker can catch"),
         ({"time_limit": "1m", "signal": "USR1@1m"}, "signal", "60s before the end"),
         ({"time_limit": "1m", "signal": "USR1@x"}, "signal", "duration"),
+        ({"gpus_per_node": 0}, "gpus_per_node", "within 1..128"),
+        ({"gpus_per_node": 129}, "gpus_per_node", "within 1..128"),
+        ({"gpus_per_node": "2"}, "gpus_per_node", "expected int"),
+        (
+            {"gpus_per_node": 2, "nproc_per_node": 4},
+            "gpus_per_node",
+            "nproc_per_node 4 x gpus_per_worker 1 hand out 4 GPUs on each node: ask for 4",
+        ),
+        ({"exclusive": "yes"}, "exclusive", "expected bool"),
     ],
 )
 def test_bad_specs_name_the_key(change: dict[str, Any], key: str, message: str) -> None:
@@ -61,12 +70,18 @@ def test_round_trip_through_json_keeps_everything() -> None:
             "queue": "research",
             "priority": 5,
             "selector": {"gpu": "h100", "rack": 12},
+            "gpus_per_node": 2,
+            "exclusive": True,
         }
     )
     assert spec.timing == {"hang_timeout": 120.0, "stop_grace_period": 0.0}
     back = JobSpec.from_json(spec.to_json())
     assert back == spec and back.job.target_nodes == 8 and back.job.env == {"A": "1"}
     assert back.selector == {"gpu": "h100", "rack": "12"}
+    assert (back.gpus_per_node, back.exclusive) == (2, True)
+    whole = load_spec(BASE)  # what it always was: the whole node, and not a key more
+    assert (whole.gpus_per_node, whole.exclusive) == (None, False)
+    assert "gpus_per_node" not in whole.to_dict() and "exclusive" not in whole.to_dict()
 
 
 def test_a_time_limit_and_its_signal_round_trip() -> None:

@@ -74,6 +74,8 @@ def submit_args(**given: object) -> argparse.Namespace:
         "name": None,
         "nodes": None,
         "nproc_per_node": None,
+        "gpus_per_node": None,
+        "exclusive": None,
         "workdir": None,
         "user": None,
         "queue": None,
@@ -210,3 +212,28 @@ def test_submit_takes_torchrun_s_and_slurm_s_spellings_too() -> None:
     plain = ctl_parser().parse_args(["submit", "--nodes", "3"])
     plain.argv = ["x"]
     assert spec_from_args(plain, "a", "a").job.max_nodes == 3
+
+
+def test_gpu_time_counts_the_units_a_job_asked_for_or_every_unit_of_its_whole_nodes() -> None:
+    hour = 3_600_000
+    status = PoolJob(
+        S.RUNNING, seq=1, submitted_ms=0, admitted_ms=NOW - hour, accounted_ms=NOW - hour
+    )
+    nodes = {"a": NodeView("a", gpus=8), "b": NodeView("b", gpus=4)}
+    placed = {"a": "j", "b": "j"}
+    for asked, exclusive, gpu_hours in ((2, False, 4), (None, False, 12), (2, True, 12)):
+        job = JobView(
+            "j",
+            status,
+            1,
+            2,
+            2,
+            record_state=JobState.SUCCEEDED,
+            gpus_per_node=asked,
+            exclusive=exclusive,
+        )
+        ended = schedule(PoolView(NOW, nodes, {"j": job}, placed), SchedulePolicy()).jobs["j"]
+        assert (ended.gpu_ms, ended.node_ms) == (gpu_hours * hour, 2 * hour)
+    fresh = JobView("new", PoolJob(S.PENDING, seq=2, submitted_ms=0), 2, 2, 2, gpus_per_node=3)
+    admitted = schedule(PoolView(NOW, nodes, {"new": fresh}, {}), SchedulePolicy()).jobs["new"]
+    assert (admitted.peak_gpus, admitted.peak_nodes, admitted.gpu_ms) == (6, 2, 0)

@@ -10,6 +10,7 @@ import pytest
 
 from nodeagent.config.load import load_settings
 from nodeagent.config.settings import Config
+from nodeagent.model.gpus import GpuUnit
 from nodeagent.model.spec import load_spec
 from nodeagent.pool.member import NodeState
 from nodeagent.runtime.nodeloop import REFUSALS_KEPT, NodeLoop
@@ -61,6 +62,7 @@ class Runner:
         self.left = False
         self.outcome: int | None = None
         self.drained_by: str | None = None
+        self.held: tuple[str, ...] = ()
 
     def step(self) -> float:
         if self.stops:
@@ -75,6 +77,9 @@ class Runner:
 
     def unfit(self) -> str | None:
         return None
+
+    def gpus_held(self) -> tuple[str, ...]:
+        return self.held
 
     def drained(self) -> str | None:
         return self.drained_by
@@ -381,3 +386,21 @@ def test_a_failed_pull_is_a_refusal_not_a_crash_loop() -> None:
     assert not runners and registry.pulls == ["localhost/t:1"]
     assert loop._refused["j"].endswith("pulling image localhost/t:1 failed: manifest unknown")
     waker.close()
+
+
+def test_the_node_advertises_its_gpus_with_the_job_whose_workers_hold_each() -> None:
+    """Every unit the inventory offers goes into the pool report; those the running workers
+    use are marked as their job's, the others free (and all free once it serves nothing)."""
+    settings = load_settings({"redis": {"url": "redis://r:6379/0"}})
+    units = (GpuUnit("GPU-a", "H100", 81559), GpuUnit("GPU-b", "H100", 81559))
+    member, waker = Member(), Waker()
+    loop = NodeLoop(
+        settings, member, lambda c: Runner(c.job.id), waker, lambda: 0.0, inventory=lambda: units
+    )
+    waker.close()
+    assert loop._state().gpus == units
+    runner = loop.runner = Runner("p")
+    runner.held = ("GPU-b",)
+    assert [(u.uuid, u.job) for u in loop._state().gpus] == [("GPU-a", None), ("GPU-b", "p")]
+    loop.runner = None
+    assert all(u.job is None for u in loop._state().gpus)

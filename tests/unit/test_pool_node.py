@@ -9,6 +9,7 @@ import pytest
 
 from nodeagent.config.container import ContainerRule
 from nodeagent.errors import CorruptStateError
+from nodeagent.model.gpus import GpuUnit
 from nodeagent.model.pool import PoolNode
 
 
@@ -55,5 +56,31 @@ def test_a_report_carries_what_its_containers_section_allows_and_no_more() -> No
 )
 def test_a_bad_containers_offer_is_refused(containers: object, says: str) -> None:
     doc = {**json.loads(PoolNode("a", "10.0.0.1", 5000).to_json()), "containers": containers}
+    with pytest.raises(CorruptStateError, match=says):
+        PoolNode.from_json(json.dumps(doc))
+
+
+def test_a_report_round_trips_with_its_gpu_units_and_their_holders() -> None:
+    units = (GpuUnit("GPU-1", "NVIDIA H100", 81559, "j"), GpuUnit("MIG-2", "NVIDIA A100 MIG", 9856))
+    node = PoolNode("a", "10.0.0.1", 5000, gpus=units)
+    assert PoolNode.from_json(node.to_json()) == node
+    doc = json.loads(node.to_json())
+    del doc["gpus"]  # an agent of an earlier version: offers none
+    assert PoolNode.from_json(json.dumps(doc)).gpus == ()
+
+
+@pytest.mark.parametrize(
+    ("gpus", "says"),
+    [
+        ("GPU-1", "gpus"),
+        ([{"uuid": "GPU-1"}] * 2, "names a GPU twice"),
+        ([{"uuid": "../../etc"}], "not a GPU or MIG UUID"),
+        ([{"uuid": "GPU-1", "memory_mib": -1}], "memory_mib"),
+        ([{"uuid": "GPU-1", "job": "x" * 64}], "job"),
+        ([{"uuid": f"GPU-{i}"} for i in range(129)], "at most 128"),
+    ],
+)
+def test_bad_gpu_units_are_refused(gpus: object, says: str) -> None:
+    doc = {**json.loads(PoolNode("a", "10.0.0.1", 5000).to_json()), "gpus": gpus}
     with pytest.raises(CorruptStateError, match=says):
         PoolNode.from_json(json.dumps(doc))

@@ -358,3 +358,23 @@ def test_a_standby_gives_way_to_a_pending_job_and_to_a_job_below_its_target() ->
         {"a": "j", "b": "j", "c": "j", "d": "j", "e": "g"},
     )
     assert on(placements, "g") == ["d", "e"] and on(placements, "j") == ["a", "b", "c"]
+
+
+def test_a_job_asking_for_gpus_goes_only_to_nodes_offering_that_many() -> None:
+    """Until a node serves several jobs (issue 66's next step), a job that asks for K GPUs
+    still holds its nodes whole: only nodes offering at least K units can run it, and one that
+    no node can run says which fall short."""
+    view_nodes = nodes(
+        a=NodeView("a", gpus=2), b=NodeView("b", gpus=8), c=NodeView("c"), d=NodeView("d", gpus=8)
+    )
+    four = replace(job("four", 2), gpus_per_node=4)
+    placements, jobs = run(view_nodes, [four])
+    assert on(placements, "four") == ["b", "d"] and jobs["four"].state is RUNNING
+    anything = job("any", 4)  # a whole-node job: any node, with GPUs or none
+    assert on(run(view_nodes, [anything])[0], "any") == ["a", "b", "c", "d"]
+    sixteen = replace(job("big", 1), gpus_per_node=16)
+    placements, jobs = run(view_nodes, [sixteen])
+    assert placements == {}
+    assert jobs["big"].reason == (
+        "needs 1 nodes, the pool has 0 healthy nodes that can run it; 4 offer fewer than 16 GPUs"
+    )

@@ -51,6 +51,17 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
         help="MIN:MAX (or MIN-MAX) or N nodes, as torchrun's --nnodes",
     )
     submit.add_argument("--nproc-per-node", type=int, help="workers per node")
+    submit.add_argument(
+        "--gpus-per-node",
+        type=int,
+        help="GPUs it holds on each node (default: the whole node), as sbatch's",
+    )
+    submit.add_argument(
+        "--exclusive",
+        action="store_true",
+        default=None,
+        help="hold whole nodes whatever --gpus-per-node says, as sbatch's",
+    )
     submit.add_argument("--env", action="append", default=[], metavar="K=V")
     submit.add_argument(
         "--workdir",
@@ -199,6 +210,8 @@ def spec_from_args(
         doc.pop("target_nodes", None)
     flags = {
         "nproc_per_node": args.nproc_per_node,
+        "gpus_per_node": args.gpus_per_node,
+        "exclusive": args.exclusive,
         "working_dir": args.workdir,
         "user": args.user,
         "queue": args.queue,

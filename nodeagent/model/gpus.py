@@ -1,0 +1,92 @@
+"""A node's GPUs as the pool sees them, and what a job asks of them. Pure.
+
+A node advertises the units it offers (pool/member.py, in its `PoolNode` report): each healthy
+GPU by its UUID, or, for a GPU in MIG mode, each of its MIG instances by its own `MIG-` UUID
+instead (a unit of its own, as Slurm's GRES counts them). A GPU whose health drains it is not
+offered. Each unit says which job holds it now, as the node's agent gave it to that job's
+workers.
+
+A job asks for `gpus_per_node` units on each node it runs on (`submit --gpus-per-node K`;
+None: the whole node, as before), or `exclusive` for the whole node whatever it asks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nodeagent.errors import CorruptStateError
+from nodeagent.model.decode import Reader
+
+MAX_UNITS = 128  # 8 GPUs x 7 MIG instances is 56; a report bounds what it holds
+MAX_GPUS_PER_NODE = MAX_UNITS
+UUID_RE = re.compile(r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9/.:_-]{0,94}$")
+
+
+@dataclass(frozen=True)
+class GpuUnit:
+    """One unit a node offers: a whole GPU or a MIG instance. `job`: the job whose workers hold
+    it now (None: free)."""
+
+    uuid: str
+    model: str = ""
+    memory_mib: int | None = None
+    job: str | None = None
+
+    @property
+    def mig(self) -> bool:
+        return self.uuid.startswith("MIG-")
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "model": self.model,
+            "memory_mib": self.memory_mib,
+            "job": self.job,
+        }
+
+    @classmethod
+    def read(cls, r: Reader) -> GpuUnit:
+        """Raises: CorruptStateError, and nothing else."""
+        uuid = r.text("uuid", max_len=100)
+        if not UUID_RE.match(uuid):
+            raise CorruptStateError(f"{r.what}: uuid {uuid[:40]!r} is not a GPU or MIG UUID")
+        return cls(
+            uuid=uuid,
+            model=r.text("model", "", max_len=96),
+            memory_mib=r.opt_integer("memory_mib", high=1 << 24),
+            job=r.opt_text("job", 63),
+        )
+
+
+def read_units(r: Reader, name: str) -> tuple[GpuUnit, ...]:
+    """A report's list of units, at most MAX_UNITS, each UUID once. Raises: CorruptStateError."""
+    units = tuple(GpuUnit.read(item) for item in r.objects(name, MAX_UNITS))
+    if len({u.uuid for u in units}) != len(units):
+        raise CorruptStateError(f"{r.what}: {name} names a GPU twice")
+    return units
+
+
+def held_by(units: Iterable[GpuUnit], job: str | None, uuids: Sequence[str]) -> tuple[GpuUnit, ...]:
+    """`units` with those named in `uuids` marked as `job`'s (the others free)."""
+    mine = set(uuids)
+    return tuple(replace(u, job=job if u.uuid in mine else None) for u in units)
+
+
+def summary(units: Sequence[GpuUnit]) -> str:
+    """`8 x NVIDIA H100 80GB HBM3`, or each model counted when they differ; `-` for none."""
+    counts: dict[str, int] = {}
+    for unit in units:
+        model = unit.model or ("MIG instance" if unit.mig else "GPU")
+        counts[model] = counts.get(model, 0) + 1
+    return ", ".join(f"{n} x {model}" for model, n in counts.items()) or "-"
+
+
+def gpus_needed(gpus_per_node: int | None, offered: int, exclusive: bool) -> int:
+    """The units a job holds on a node offering `offered`: all of them for a whole-node or
+    exclusive job, else what it asked for."""
+    if gpus_per_node is None or exclusive:
+        return offered
+    return gpus_per_node
