@@ -15,13 +15,18 @@ their nodes are consecutive names, as schedule() gives them.
   pending with min_nodes 1-32, some admitted, some backfilled, some that do not fit the free
   nodes; none has waited reserve_after, so no reservation and every step runs;
 - mixed-10k: the same mix at 10,000 nodes and 1,000 jobs (600 running, 400 pending), to show
-  how it scales.
+  how it scales;
+- gpus-1k: 1,000 nodes of 8 GPUs and 5,000 jobs (issue 66): 50 whole-node jobs of 4 nodes
+  running, 4,000 jobs of 1, 2 or 4 GPUs (weighted 75:20:5) packed onto the
+  other nodes, first fit, to about 85 % of their units, and 950 pending (900 asking for GPUs,
+  50 for 1-8 whole nodes): some packed into what is free, the rest waiting.
 
 Each call is timed alone (time.perf_counter) after one warm-up call, on the same view, up to
 --reps calls or --budget seconds per scenario (at least 3 calls), gc on as in the leader;
 median, p90 and max in ms; also this thread's CPU time per call (time.thread_time), which
 other processes on a busy machine inflate less. The load average at the start is recorded.
-The goal (the pool issue): under 50 ms per decision at 1,000 nodes and 100 jobs. It is a
+The goals: under 50 ms per decision at 1,000 nodes and 100 jobs (the pool issue), and at
+1,000 nodes x 8 GPUs with 5,000 jobs (issue 66). It is a
 figure printed here, never asserted in a test. Writes bench/results/schedule.json.
 """
 
@@ -76,7 +81,68 @@ SCENARIOS = (
     Scenario("steady-1k", 1_000, 100, 0, 0.0, "all running at target, nothing to change"),
     Scenario("mixed-1k", 1_000, 100, 40, 0.2, "60 running (a fifth below target), 40 pending"),
     Scenario("mixed-10k", 10_000, 1_000, 400, 0.2, "600 running (a fifth below), 400 pending"),
+    Scenario("gpus-1k", 1_000, 5_000, 950, 0.0, "1,000 x 8 GPUs: 4,050 running, 950 pending"),
 )
+GPUS = 8  # a node's, in gpus-1k
+GPU_ASKS, GPU_WEIGHTS = (1, 2, 4), (75, 20, 5)  # a shared job's gpus_per_node
+
+
+def build_gpus(sc: Scenario, rng: random.Random) -> PoolView:
+    """gpus-1k: whole-node jobs, jobs sharing nodes by GPUs, and both kinds pending."""
+    names = [f"gpu-{i:05d}" for i in range(sc.nodes)]
+    bad = rng.sample(range(sc.nodes), k=sc.nodes // 20)
+    nodes = {n: NodeView(n, gpus=GPUS) for n in names}
+    for i in bad[: sc.nodes // 50]:
+        nodes[names[i]] = NodeView(names[i], unfit="2 of 8 GPUs usable (xid 79)", gpus=GPUS)
+    for i in bad[sc.nodes // 50 :]:
+        nodes[names[i]] = NodeView(names[i], cordoned="rack maintenance (ops@example)", gpus=GPUS)
+    free = [n for n in names if nodes[n].eligible]
+    jobs: dict[str, JobView] = {}
+    placements: dict[str, str] = {}
+    shares: dict[str, dict[str, int]] = {}
+    seq = 0
+
+    def add(job_id: str, state: PoolJobState, nodes_: int, gpus: int | None) -> None:
+        nonlocal seq
+        seq += 1
+        running = state is PoolJobState.RUNNING
+        status = PoolJob(
+            state,
+            seq=seq,
+            submitted_ms=NOW_MS - (3_600_000 if running else rng.randint(0, 299_000)),
+            admitted_ms=NOW_MS - 3_000_000 if running else None,
+        )
+        jobs[job_id] = JobView(
+            job_id,
+            status,
+            nodes_,
+            nodes_,
+            nodes_,
+            priority=rng.choice((0, 0, 0, 1)),
+            record_state=JobState.RUNNING if running else None,
+            gpus_per_node=gpus,
+        )
+
+    for i in range(50):  # whole-node jobs, 4 nodes each
+        job_id = f"whole-{i:04d}"
+        took, free = free[:4], free[4:]
+        placements.update((n, job_id) for n in took)
+        add(job_id, PoolJobState.RUNNING, 4, None)
+    running_shared = sc.jobs - sc.pending - 50
+    node, room = 0, GPUS
+    for i in range(running_shared):  # first fit onto the free nodes left
+        job_id = f"small-{i:05d}"
+        units = rng.choices(GPU_ASKS, weights=GPU_WEIGHTS)[0]
+        if units > room:
+            node, room = node + 1, GPUS
+        shares.setdefault(free[node], {})[job_id] = units
+        room -= units
+        add(job_id, PoolJobState.RUNNING, 1, units)
+    for i in range(sc.pending - 50):
+        add(f"wait-{i:05d}", PoolJobState.PENDING, 1, rng.choices(GPU_ASKS, GPU_WEIGHTS)[0])
+    for i in range(50):
+        add(f"big-{i:04d}", PoolJobState.PENDING, rng.randint(1, 8), None)
+    return PoolView(NOW_MS, nodes, jobs, placements, shares=shares)
 
 
 def build(sc: Scenario, rng: random.Random) -> PoolView:
@@ -164,7 +230,9 @@ def describe(view: PoolView) -> dict[str, Any]:
             for j in view.jobs.values()
             if result.jobs.get(j.id, j.status).state is PoolJobState.PENDING
         ),
-        "changed": result.changed(view.placements),
+        "shared_nodes_before": len(view.shares),
+        "shared_nodes_after": len(result.shares),
+        "changed": result.changed(view.placements, view.shares),
     }
 
 
@@ -221,14 +289,15 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "seed": args.seed,
         "quick": args.quick,
-        "goal_ms": {"steady-1k": GOAL_MS, "mixed-1k": GOAL_MS},
+        "goal_ms": {"steady-1k": GOAL_MS, "mixed-1k": GOAL_MS, "gpus-1k": GOAL_MS},
         "scenarios": {},
     }
     header = f"{'scenario':<10} {'nodes':>6} {'jobs':>5} {'calls':>5} "
     header += f"{'median ms':>10} {'p90 ms':>9} {'max ms':>9} {'cpu med':>9} {'cpu max':>9}"
     print(header + "  what", flush=True)
     for sc in chosen:
-        view = build(sc, random.Random(f"{args.seed}-{sc.name}"))
+        rng = random.Random(f"{args.seed}-{sc.name}")
+        view = build_gpus(sc, rng) if sc.name.startswith("gpus") else build(sc, rng)
         facts = describe(view)
         if sc.pending == 0 and facts["changed"]:
             raise SystemExit(f"{sc.name}: the steady view is not steady: {facts}")

@@ -8,7 +8,7 @@ import errno
 import os
 import stat
 import struct
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from nodeagent.channel import beneath
@@ -253,8 +253,8 @@ def owner(tier: Path) -> tuple[str, str] | None:
     return (words[0], words[1]) if len(words) == 3 and not words[2] else None
 
 
-def sweep(memory_dirs: Iterable[str], node: str, serving: str | None) -> list[Path]:
-    """Remove this node's memory tiers of jobs other than `serving` (under each of
+def sweep(memory_dirs: Iterable[str], node: str, serving: Collection[str]) -> list[Path]:
+    """Remove this node's memory tiers of jobs other than those `serving` (under each of
     `memory_dirs`); the paths removed.
 
     A tier normally goes when its job ends or the pool moves the node off it; one outlives that
@@ -276,7 +276,7 @@ def sweep(memory_dirs: Iterable[str], node: str, serving: str | None) -> list[Pa
             if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
                 continue
             marked = owner(Path(entry.path))
-            if marked is None or marked[0] != node or marked[1] == serving:
+            if marked is None or marked[0] != node or marked[1] in serving:
                 continue
             beneath.remove_tree(Path(entry.path))
             removed.append(Path(entry.path))

@@ -36,6 +36,7 @@ from nodeagent.errors import CorruptStateError
 from nodeagent.model.accounting import Record
 from nodeagent.model.decode import NAME_RE
 from nodeagent.model.fairshare import Usage
+from nodeagent.model.gpus import read_placement, split_placements
 from nodeagent.model.job import (
     Command,
     CommandType,
@@ -55,8 +56,9 @@ class PoolBeat:
     now_ms: int
     leader: str | None  # "<node> <token>"
     leader_deadline_ms: int | None
-    placement: str | None  # the job this node is placed on
+    placement: str | None  # the job this node is placed on whole
     garbage: tuple[str, ...] = ()
+    shares: Mapping[str, int] = field(default_factory=dict)  # or: the jobs sharing it, units
 
     @property
     def leader_name(self) -> str | None:
@@ -79,9 +81,12 @@ class PoolSnapshot:
     queues: Mapping[str, QueueView] = field(default_factory=dict)
     holds: Mapping[str, str] = field(default_factory=dict)  # job -> who holds it
     requeues: Mapping[str, Requeue] = field(default_factory=dict)  # job -> who asked, when
+    shares: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # node -> job -> units
 
     def placements_of(self, job_id: str) -> list[str]:
-        return sorted(n for n, j in self.placements.items() if j == job_id)
+        """The nodes `job_id` is placed on, whole or sharing them."""
+        shared = (n for n, held in self.shares.items() if job_id in held)
+        return sorted([*(n for n, j in self.placements.items() if j == job_id), *shared])
 
     @property
     def lapsed(self) -> tuple[str, ...]:
@@ -141,13 +146,14 @@ class PoolStore:
         with redis_errors("pool heartbeat"):
             reply: Any = self._sync(self.sync_call(report))
         now, leader, deadline, placement, garbage = reply
-        placement = placement if isinstance(placement, str) and NAME_RE.match(placement) else None
+        placed = read_placement(placement) if isinstance(placement, str) else None
         return PoolBeat(
             int(now),
             leader or None,
             int(deadline) if deadline else None,
-            placement,
+            placed if isinstance(placed, str) else None,
             tuple(str(g) for g in garbage),
+            placed if isinstance(placed, dict) else {},
         )
 
     def sync_many(self, reports: Sequence[PoolNode]) -> None:
@@ -211,11 +217,12 @@ class PoolStore:
             self._placements = replace(held, rounds=held.rounds + 1)
         else:
             placements = {
-                n: j
-                for n, j in replies.pairs(raw_placements or [])
-                if NAME_RE.match(n) and NAME_RE.match(j)
+                n: text
+                for n, text in replies.pairs(raw_placements or [])
+                if NAME_RE.match(n) and read_placement(text) is not None
             }
             self._placements = None if led_by is None else HeldPlacements(led_by, 0, placements)
+        whole, shares = split_placements(placements)
         if led_by is not None:
             leases = self._led(led_by, int(now), garbage)
         else:
@@ -232,7 +239,8 @@ class PoolStore:
             leader=leader or None,
             deadlines=deadlines,
             nodes=nodes,
-            placements=dict(placements),
+            placements=whole,
+            shares=shares,
             jobs=self._statuses.decode(jobs, garbage),
             cancels={j: by[:256] for j, by in replies.pairs(cancels)},
             cordons=replies.decoded(cordons, Cordon.from_json, "pool cordon", garbage),
@@ -310,7 +318,9 @@ class PoolStore:
             pipe.time()
             pipe.hgetall(self.keys.placements)
             (seconds, micros), raw = pipe.execute()
-        placed = sorted(str(n) for n, j in raw.items() if str(j) == job_id and NAME_RE.match(n))
+        whole, shares = split_placements({str(n): str(t) for n, t in raw.items()})
+        placed = [n for n, j in whole.items() if j == job_id and NAME_RE.match(n)]
+        placed = sorted([*placed, *(n for n, held in shares.items() if job_id in held)])
         return int(seconds) * 1000 + int(micros) // 1000, placed
 
     def status(self, job_id: str) -> PoolJob | None:

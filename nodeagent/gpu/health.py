@@ -61,14 +61,23 @@ class HealthCheck:
 
 class NodeHealth:
     def __init__(
-        self, node: str, health: HealthConfig, gpus_needed: int, monitor: GpuMonitor
+        self,
+        node: str,
+        health: HealthConfig,
+        gpus_needed: int,
+        monitor: GpuMonitor,
+        grant: tuple[str, ...] | None = None,
     ) -> None:
         """`gpus_needed`: what this node's part of the job takes (nproc_per_node x
-        gpus_per_worker); with fewer usable GPUs the node is unfit."""
+        gpus_per_worker); with fewer usable GPUs the node is unfit. `grant`: the UUIDs of the
+        GPUs the job was given on a node it shares (None: the whole node): it uses only those,
+        and only their faults are its (another job's GPU failing is that job's)."""
         self._node = node
         self._health = health
         self._needed = gpus_needed
+        self._grant = grant
         self.monitor = monitor
+        self._xids = monitor.xid_cursor()  # XIDs from its start on, each job its own cursor
         self.usable: tuple[int, ...] | None = None
         self.unfit: str | None = None
         self.in_use: tuple[int, ...] = ()  # the running workers' GPUs, at the last check
@@ -80,12 +89,17 @@ class NodeHealth:
         """Decide from the cached verdicts; `gpus_by_rank` are the running workers' GPUs."""
         snapshot = self.monitor.snapshot()
         verdicts = self.monitor.verdicts()
+        xids, self._xids = self.monitor.xids_since(self._xids)
+        if self._grant is not None:  # its GPUs only: the others are other jobs'
+            mine = {g.index for g in snapshot.gpus if g.uuid in self._grant}
+            verdicts = tuple(v for v in verdicts if v.index in mine)
+            xids = [(gpu, xid) for gpu, xid in xids if gpu in mine]
         in_use = [gpu for gpus in gpus_by_rank.values() for gpu in gpus]
         self.in_use = tuple(in_use)
         decision = decide_gpus(
             snapshot.available,
             verdicts,
-            self.monitor.take_new_xids(),
+            xids,
             cordon,
             in_use,
             self._needed if self._health.gpu != "off" else 0,

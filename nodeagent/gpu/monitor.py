@@ -20,6 +20,7 @@ from nodeagent.gpu.readings import GpuSnapshot
 
 log = logging.getLogger(__name__)
 XID_WAIT_S = 5.0
+XID_LOG = 1024  # the XIDs kept for readers that have not seen them yet
 
 
 class GpuMonitor:
@@ -40,7 +41,9 @@ class GpuMonitor:
         self._snapshot = GpuSnapshot(available=False, reason=unavailable_reason)
         self._verdicts: tuple[Verdict, ...] = ()
         self._xids: dict[int, list[int]] = {}
-        self._new_xids: list[tuple[int, int]] = []
+        self._new_xids: list[tuple[int, int]] = []  # the last XID_LOG seen, oldest first
+        self._xids_seen = 0  # how many were ever seen: each reader's cursor counts up to it
+        self._taken = 0  # take_new_xids' cursor
         self._xid_counts: dict[tuple[int, int], int] = {}
         self.on_change: Callable[[], None] = lambda: None  # e.g. wake the agent's loop
 
@@ -79,10 +82,22 @@ class GpuMonitor:
         with self._lock:
             return dict(self._xid_counts)
 
-    def take_new_xids(self) -> list[tuple[int, int]]:
-        """(GPU index, XID) pairs seen since the last call, for the agent to act on once."""
+    def xids_since(self, seen: int) -> tuple[list[tuple[int, int]], int]:
+        """(GPU index, XID) pairs seen after the first `seen`, and the cursor to pass next: each
+        job a node serves acts on each XID once (NodeHealth keeps its own cursor)."""
         with self._lock:
-            new, self._new_xids = self._new_xids, []
+            total, kept = self._xids_seen, self._new_xids
+            missed = total - max(seen, total - len(kept))
+            return kept[len(kept) - missed :] if missed > 0 else [], total
+
+    def xid_cursor(self) -> int:
+        """The cursor of a reader that has seen every XID so far (xids_since)."""
+        with self._lock:
+            return self._xids_seen
+
+    def take_new_xids(self) -> list[tuple[int, int]]:
+        """(GPU index, XID) pairs seen since the last call (a single reader's cursor)."""
+        new, self._taken = self.xids_since(self._taken)
         return new
 
     def clear_xids(self) -> None:
@@ -107,13 +122,15 @@ class GpuMonitor:
             self.on_change()
 
     def _record_xid(self, index: int, xid: int) -> None:
-        """Every XID is acted on once (take_new_xids); only those that say something about
+        """Every XID is acted on once by each job the node serves (xids_since: each its own
+        cursor); only those that say something about
         the GPU itself stay in its verdict. An application-level XID is over once the
         workers restart."""
         with self._lock:
             if xid not in APPLICATION_XIDS:
                 self._xids.setdefault(index, []).append(xid)
-            self._new_xids.append((index, xid))
+            self._new_xids = [*self._new_xids[-(XID_LOG - 1) :], (index, xid)]
+            self._xids_seen += 1
             self._xid_counts[index, xid] = self._xid_counts.get((index, xid), 0) + 1
         log.warning("XID %d on GPU %d", xid, index)
 

@@ -50,7 +50,7 @@ from nodeagent.job.progress import Progress
 from nodeagent.job.watchduties import WatchDuties
 from nodeagent.model.job import Cordon, Event, JobRecord, NodeReport
 from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
-from nodeagent.supervisor.fence import Keeper
+from nodeagent.supervisor.fence import JobFence, Keeper
 from nodeagent.supervisor.spec import pick_free_port, worker_specs
 from nodeagent.supervisor.status import GroupPhase, GroupStatus
 from nodeagent.telemetry.logs import LogContext
@@ -74,7 +74,7 @@ class AgentParts:
     metrics: AgentMetrics | None = None
     log_context: LogContext | None = None
     notifier: Notifier | None = None
-    keeper: Keeper | None = None
+    keeper: Keeper | JobFence | None = None
     tiers: TierKeeper | None = None
     replicas: Replicas | None = None
     peers: PeerWatch | None = None

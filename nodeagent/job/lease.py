@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from nodeagent.supervisor.fence import Group, Keeper
+from nodeagent.supervisor.fence import Group, JobFence, Keeper
 
 log = logging.getLogger(__name__)
 FENCE_AT = 0.5
@@ -22,7 +22,7 @@ KILL_AT = 0.9
 
 
 class LeaseClock:
-    def __init__(self, lease_ttl: float, keeper: Keeper | None) -> None:
+    def __init__(self, lease_ttl: float, keeper: Keeper | JobFence | None) -> None:
         self.lease_ttl = lease_ttl
         self.last_ok_send: float | None = None  # when the last renewal that worked was sent
         self._keeper = keeper

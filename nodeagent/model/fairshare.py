@@ -89,7 +89,7 @@ def _amount(value: object) -> float:
     return float(value)
 
 
-def charged(usage: Usage, holding: Mapping[str, int], now_ms: int, half_life_s: float) -> Usage:
+def charged(usage: Usage, holding: Mapping[str, float], now_ms: int, half_life_s: float) -> Usage:
     """`usage` decayed to `now_ms`, plus what each user's `holding` nodes held since, each
     second decayed as it ages (the integral of nodes x 2^(-age / half_life)). Users whose
     usage decayed below a millisecond of a node are dropped."""
@@ -134,11 +134,22 @@ def factors(policy: FairShare, usage: Usage, names: Iterable[str]) -> dict[str, 
     return {n: s.factor for n, s in standings(policy, usage, names).items()}
 
 
-def holding(placements: Mapping[str, str], users: Mapping[str, str]) -> dict[str, int]:
-    """How many nodes each user's jobs hold: `placements` node -> job, `users` job -> user."""
-    found: dict[str, int] = {}
+def holding(
+    placements: Mapping[str, str],
+    users: Mapping[str, str],
+    shares: Mapping[str, Mapping[str, float]] | None = None,
+) -> dict[str, float]:
+    """How many nodes each user's jobs hold: `placements` node -> job, `users` job -> user;
+    `shares`: node -> job -> the fraction of the node it holds (its GPUs of those offered),
+    on the nodes jobs share."""
+    found: dict[str, float] = {}
     for job in placements.values():
         user = users.get(job)
         if user:
             found[user] = found.get(user, 0) + 1
+    for held in (shares or {}).values():
+        for job, part in held.items():
+            user = users.get(job)
+            if user:
+                found[user] = found.get(user, 0) + part
     return found

@@ -7,18 +7,21 @@ offered. Each unit says which job holds it now, as the node's agent gave it to t
 workers.
 
 A job asks for `gpus_per_node` units on each node it runs on (`submit --gpus-per-node K`;
-None: the whole node, as before), or `exclusive` for the whole node whatever it asks.
+None: the whole node, as before), or `exclusive` for the whole node whatever it asks. A job
+that asks for units and is not exclusive shares its nodes with other such jobs, each on units
+of its own; which units is the node's choice (as a kubelet's device manager picks the devices
+for the count the Kubernetes scheduler placed).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from nodeagent.errors import CorruptStateError
-from nodeagent.model.decode import Reader
+from nodeagent.model.decode import NAME_RE, Reader
 
 MAX_UNITS = 128  # 8 GPUs x 7 MIG instances is 56; a report bounds what it holds
 MAX_GPUS_PER_NODE = MAX_UNITS
@@ -90,3 +93,59 @@ def gpus_needed(gpus_per_node: int | None, offered: int, exclusive: bool) -> int
     if gpus_per_node is None or exclusive:
         return offered
     return gpus_per_node
+
+
+# -- a shared node's placement ----------------------------------------------------------------
+#
+# A node a whole-node job is placed on holds that job's id in the pool's placements hash, as it
+# always did. A node shared by jobs that asked for GPUs holds their shares instead: each job's
+# id and the units it holds there, "llama:2 eval:1" (sorted by job). An agent of an earlier
+# version reads that as no name at all (':' is not in one) and serves nothing there.
+
+Shares = Mapping[str, int]  # job -> the units it holds on one node
+
+
+def share_text(shares: Shares) -> str:
+    return " ".join(f"{job}:{count}" for job, count in sorted(shares.items()))
+
+
+def read_placement(text: str) -> str | dict[str, int] | None:
+    """A placements hash value: a whole-node job's id, a shared node's shares, or None for
+    anything else (garbage: not what a pool leader writes)."""
+    if NAME_RE.match(text):
+        return text
+    shares: dict[str, int] = {}
+    for entry in text.split(" ")[:MAX_UNITS]:
+        job, colon, count = entry.rpartition(":")
+        if not colon or not NAME_RE.match(job) or not count.isdigit() or job in shares:
+            return None
+        if not 1 <= int(count) <= MAX_UNITS:
+            return None
+        shares[job] = int(count)
+    return shares or None
+
+
+def shares_nodes(gpus_per_node: int | None, exclusive: bool) -> bool:
+    """A job that asked for units, and not for whole nodes, shares its nodes."""
+    return gpus_per_node is not None and not exclusive
+
+
+def split_placements(
+    texts: Mapping[str, str],
+) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+    """The placements hash as read (node -> its value's text, each readable): the nodes placed
+    whole (node -> job) and the nodes shared (node -> job -> units)."""
+    whole: dict[str, str] = {}
+    shares: dict[str, dict[str, int]] = {}
+    for node, text in texts.items():
+        placed = read_placement(text)
+        if isinstance(placed, str):
+            whole[node] = placed
+        elif placed is not None:
+            shares[node] = placed
+    return whole, shares
+
+
+def placement_texts(whole: Mapping[str, str], shares: Mapping[str, Shares]) -> dict[str, str]:
+    """What split_placements reads back: the placements hash's values."""
+    return {**whole, **{node: share_text(held) for node, held in shares.items() if held}}

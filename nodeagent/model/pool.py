@@ -17,8 +17,8 @@ from typing import Any
 
 from nodeagent.config.container import ContainerRule, offer, read_offer
 from nodeagent.errors import CorruptStateError
-from nodeagent.model.decode import Reader
-from nodeagent.model.gpus import GpuUnit, read_units
+from nodeagent.model.decode import NAME_RE, Reader
+from nodeagent.model.gpus import MAX_UNITS, GpuUnit, read_units
 
 MAX_LABELS = 64
 MAX_REFUSED = 64
@@ -62,6 +62,7 @@ class PoolNode:
     (config.container.offer; None: an agent that does not say), so `submit` refuses a container
     no node would run. `pulling`: the image of the job placed here, pulled before it starts.
     `gpus`: the GPU units it offers (model/gpus.py), each with the job whose workers hold it.
+    `sharing`: the jobs sharing it (each on units of its own) whose agents run here now.
     """
 
     name: str
@@ -77,6 +78,7 @@ class PoolNode:
     pulling: str | None = None
     containers: ContainerRule | None = None
     gpus: tuple[GpuUnit, ...] = ()
+    sharing: tuple[str, ...] = ()  # the jobs that share it whose agents run here now
 
     def to_json(self) -> str:
         doc = asdict(self)
@@ -118,7 +120,14 @@ class PoolNode:
             pulling=r.opt_text("pulling", 1024),
             containers=containers,
             gpus=read_units(r, "gpus"),
+            sharing=_job_names(r.items("sharing", MAX_UNITS)),
         )
+
+
+def _job_names(items: list[Any]) -> tuple[str, ...]:
+    if not all(isinstance(i, str) and NAME_RE.match(i) for i in items):
+        raise CorruptStateError("pool node report: sharing holds job ids")
+    return tuple(items)
 
 
 @dataclass(frozen=True)

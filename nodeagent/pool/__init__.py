@@ -1,7 +1,9 @@
 """The pool: many jobs on one set of nodes, the same shape as job/.
 
 Pure decisions: schedule.py (`schedule(view, policy)`, which node serves which job), preempt.py
-(shrinking running jobs for a pending one), schedview.py (what it decides from). Executors:
+(shrinking running jobs for a pending one), sharing.py (the nodes jobs asking for GPUs share:
+packed best fit), schedrun.py (the round's working state), schedview.py (what it decides
+from). Executors:
 leadership.py (the pool leader's round: read, schedule, commit fenced), member.py (a node's
 pool heartbeat), requests.py (pool.auth munge: the pool leader's side of the signed requests),
 tokens.py (API tokens: who a token credential names, minting, revoking), authority.py (who is

@@ -37,11 +37,16 @@ def read_usage(store: PoolStore) -> Usage | None:
 
 def charge(policy: FairShare, usage: Usage, view: PoolView) -> tuple[Usage, PoolView]:
     """`usage` charged up to the view's time for the nodes each user's and each queue's jobs
-    hold (as placed), and the view with each job's boost: weight x its user's factor x its
-    queue's. Pure."""
+    hold (as placed; on a node jobs share, the part of it their GPUs are), and the view with
+    each job's boost: weight x its user's factor x its queue's. Pure."""
     users = {job_id: job.user for job_id, job in view.jobs.items()}
     queues = {job_id: QUEUE + job.queue for job_id, job in view.jobs.items()}
-    held = holding(view.placements, users) | holding(view.placements, queues)
+    parts = {  # a node jobs share: each charged its GPUs' part of it
+        node: {job: units / max(1, view.nodes[node].gpus) for job, units in held.items()}
+        for node, held in view.shares.items()
+        if node in view.nodes
+    }
+    held = holding(view.placements, users, parts) | holding(view.placements, queues, parts)
     usage = charged(usage, held, view.now_ms, policy.half_life_s)
     found = factors(policy, usage, [u for u in users.values() if u] + list(queues.values()))
     jobs = {

@@ -20,6 +20,7 @@ from nodeagent.coord.store import JobStore
 from nodeagent.errors import CoordinationError
 from nodeagent.model import accounting, depend, goodput
 from nodeagent.model.accounting import Record
+from nodeagent.model.gpus import placement_texts
 from nodeagent.model.history import restarts_by_cause
 from nodeagent.model.job import Command, CommandType, Cordon, Event, JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
@@ -86,7 +87,7 @@ def read_view(
     """
     snap = store.read(led_by)
     pinning = {report.pinned for report in snap.nodes.values()}
-    placed = set(snap.placements.values())
+    placed = set(snap.placements.values()).union(*snap.shares.values())
     live = [
         j
         for j, status in snap.jobs.items()
@@ -106,7 +107,14 @@ def read_view(
     jobs = {j: _job_view(j, snap, specs[j], records.get(j)) for j in live}
     ended = {j: s.state for j, s in snap.jobs.items() if j not in jobs and s.state.ended}
     view = PoolView(
-        snap.now_ms, nodes, jobs, snap.placements, snap.queues, ended, _runs(store, snap, jobs)
+        snap.now_ms,
+        nodes,
+        jobs,
+        snap.placements,
+        snap.queues,
+        ended,
+        _runs(store, snap, jobs),
+        snap.shares,
     )
     return snap, view, records
 
@@ -155,6 +163,7 @@ def _node_view(name: str, report: PoolNode, cordon: Cordon | None) -> NodeView:
         report.labels,
         report.serving,
         len(report.gpus),
+        report.sharing,
     )
 
 
@@ -222,17 +231,18 @@ def lead(
     view, fresh = lifecycle.unstale(view)
     view, timed, due = lifecycle.deadlines(view)
     result = schedule(view, policy)
-    before = dict(snap.placements)
+    before = placement_texts(snap.placements, snap.shares)
+    after = placement_texts(result.placements, result.shares)
     lapsed = snap.lapsed
     _prune(store, leader, snap, policy, pruning or lifecycle.Pruning())
-    if not result.changed(before) and not lapsed and not fresh and not timed and not usage:
+    if after == before and not result.jobs and not lapsed and not fresh and not timed and not usage:
         return Round(view, None, snap.garbage)
     for job_id in fresh:  # a reused id: the ended job's keys go before the new one is placed
         clear_job(store.client, store.keys.job(job_id))
     for deadline in due:  # sent before the status says so: at least once
         _send(store, deadline)
-    unplace = tuple(n for n in before if n not in result.placements)
-    place = {n: j for n, j in result.placements.items() if before.get(n) != j}
+    unplace = tuple(n for n in before if n not in after)
+    place = {n: text for n, text in after.items() if before.get(n) != text}
     events = result.events
     if (unplace or place) and not events:  # every placement change wakes the pool's nodes
         moved = sorted({*unplace, *place})
@@ -317,7 +327,8 @@ def _prune(
         CoordinationError, FencedError: as the store's calls.
     """
     keep, now = policy.keep_ended_ms, snap.now_ms
-    due = lifecycle.prunable(snap.jobs, set(snap.placements.values()), now, keep)
+    placed = set(snap.placements.values()).union(*snap.shares.values())
+    due = lifecycle.prunable(snap.jobs, placed, now, keep)
     if not pruning.due(now, keep, due):
         return
     for job_id in due:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -114,40 +115,65 @@ def _deadline(job: JobView, now_ms: int) -> tuple[Deadline, PoolJob] | None:
 
 
 def account(
-    view: PoolView, placements: Mapping[str, str], statuses: Mapping[str, PoolJob]
+    view: PoolView,
+    placements: Mapping[str, str],
+    statuses: Mapping[str, PoolJob],
+    shares: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, PoolJob]:
-    """Node-time and GPU-time held by each job: at every change of its node or GPU count
-    (admission, growth, shrinking, a lost node, its end) what it held since its last change
-    (`view`'s placements) is added to its node_ms and gpu_ms. A node counts the units a job asks
-    for (`gpus_per_node`), or all the units it offers for a whole-node or exclusive job.
-    `placements` and `statuses`: as this round leaves them; returns the statuses that
-    changed."""
-    before, after = _holdings(view, view.placements), _holdings(view, placements)
+    """Node-time and GPU-time held by each job: at every change of its node count (admission,
+    growth, shrinking, a lost node, its end) what it held since its last change (`view`'s
+    placements) is added to its node_ms and gpu_ms. A node counts the units a job asks for
+    (`gpus_per_node`), or all the units it offers for a whole-node or exclusive job; a node a
+    job shares, the units it holds there. `placements`, `statuses` and `shares`: as this round
+    leaves them; returns the statuses that changed. The nodes are counted for every job, the
+    GPUs only for those whose node count changed (bench/schedule.py's 10,000 nodes)."""
+    shares = shares or {}
+    before, after = _nodes(view.placements, view.shares), _nodes(placements, shares)
+    moved = {j for j in statuses if before.get(j, 0) != after.get(j, 0)}
+    if not moved:
+        return {}
+    gpus_before = _gpus(view, view.placements, view.shares, moved)
+    gpus_after = _gpus(view, placements, shares, moved)
     now, changed = view.now_ms, {}
-    for job_id, status in statuses.items():
-        held, holds = before.get(job_id, (0, 0)), after.get(job_id, (0, 0))
-        if held == holds:
-            continue
+    for job_id in moved:
+        status = statuses[job_id]
         since = status.accounted_ms if status.accounted_ms is not None else now
         span = max(0, now - since)
         changed[job_id] = replace(
             status,
-            node_ms=status.node_ms + held[0] * span,
-            gpu_ms=status.gpu_ms + held[1] * span,
+            node_ms=status.node_ms + before.get(job_id, 0) * span,
+            gpu_ms=status.gpu_ms + gpus_before.get(job_id, 0) * span,
             accounted_ms=now,
-            peak_nodes=max(status.peak_nodes, holds[0]),
-            peak_gpus=max(status.peak_gpus, holds[1]),
+            peak_nodes=max(status.peak_nodes, after.get(job_id, 0)),
+            peak_gpus=max(status.peak_gpus, gpus_after.get(job_id, 0)),
         )
     return changed
 
 
-def _holdings(view: PoolView, placements: Mapping[str, str]) -> dict[str, tuple[int, int]]:
-    """Each job's nodes and GPU units in `placements`."""
-    found: dict[str, tuple[int, int]] = {}
+def _nodes(placements: Mapping[str, str], shares: Mapping[str, Mapping[str, int]]) -> Counter[str]:
+    """Each job's nodes: placed on it whole, or shared."""
+    found = Counter(placements.values())
+    found.update(job for held in shares.values() for job in held)
+    return found
+
+
+def _gpus(
+    view: PoolView,
+    placements: Mapping[str, str],
+    shares: Mapping[str, Mapping[str, int]],
+    jobs: set[str],
+) -> dict[str, int]:
+    """The GPU units each of `jobs` holds in `placements` and `shares`."""
+    found: dict[str, int] = {}
+    for held in shares.values():
+        for job_id, units in held.items():
+            if job_id in jobs:
+                found[job_id] = found.get(job_id, 0) + units
     for node_id, job_id in placements.items():
+        if job_id not in jobs:
+            continue
         node, job = view.nodes.get(node_id), view.jobs.get(job_id)
         offered = node.gpus if node is not None else 0
         asked = (job.gpus_per_node, job.exclusive) if job is not None else (None, False)
-        nodes, gpus = found.get(job_id, (0, 0))
-        found[job_id] = (nodes + 1, gpus + gpus_needed(asked[0], offered, asked[1]))
+        found[job_id] = found.get(job_id, 0) + gpus_needed(asked[0], offered, asked[1])
     return found

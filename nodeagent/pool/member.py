@@ -48,6 +48,7 @@ class NodeState:
     metrics: str | None = None
     pulling: str | None = None  # the image of the job placed here, before its agent starts
     gpus: tuple[GpuUnit, ...] = ()  # the units it offers, each with the job holding it
+    sharing: tuple[str, ...] = ()  # the jobs sharing it whose agents run here
 
 
 class PoolMember:
@@ -90,7 +91,8 @@ class PoolMember:
         policy = FairShare(fair.weight, fair.half_life, shares)
         self._fairness = Fairness(policy) if policy.on else None
         self._views = leadership.NodeViews()  # kept between rounds while this node leads
-        self.placement: str | None = None
+        self.placement: str | None = None  # the job it is placed on whole
+        self.shares: dict[str, int] = {}  # or: the jobs sharing it, and the units each holds
         self._garbage: tuple[str, ...] = ()
         self.leading = False
         self.synced = False  # a heartbeat went through since start
@@ -149,6 +151,7 @@ class PoolMember:
             metrics=state.metrics,
             pulling=state.pulling,
             gpus=state.gpus,
+            sharing=state.sharing,
             containers=self._settings.containers,
             version=__version__,
         )
@@ -173,10 +176,11 @@ class PoolMember:
         if not leading and beat.leader_deadline_ms is not None:
             lapse = start + (beat.leader_deadline_ms - beat.now_ms) / 1000 + 0.005
             self._next = min(self._next, max(lapse, start + 0.01))
-        changed = beat.placement != self.placement
+        changed = beat.placement != self.placement or beat.shares != self.shares
         if changed:
-            log.info("pool: placed on %s", beat.placement or "nothing (free)")
-        self.placement = beat.placement
+            shared = ", ".join(f"{j} ({n} GPUs)" for j, n in sorted(beat.shares.items()))
+            log.info("pool: placed on %s", beat.placement or shared or "nothing (free)")
+        self.placement, self.shares = beat.placement, dict(beat.shares)
         if leading and beat.leader is not None:
             self._lead(beat.leader)
         return changed

@@ -54,13 +54,16 @@ class QueueFigures:
     guaranteed: int
 
 
-def node_state(node: NodeView, placements: Mapping[str, str]) -> str:
-    """The one state a node counts under (the first of unhealthy, cordoned, busy, free)."""
+def node_state(
+    node: NodeView, placements: Mapping[str, str], shares: Mapping[str, object] | None = None
+) -> str:
+    """The one state a node counts under (the first of unhealthy, cordoned, busy, free); a
+    node jobs share is busy."""
     if node.unfit is not None:
         return "unhealthy"
     if node.cordoned is not None:
         return "cordoned"
-    if node.pinned is not None or node.name in placements:
+    if node.pinned is not None or node.name in placements or node.name in (shares or {}):
         return "busy"
     return "free"
 
@@ -69,7 +72,7 @@ def pool_figures(view: PoolView) -> PoolFigures:
     """The pool's figures in `view` (the nodes holding a live pool lease, the jobs not ended)."""
     nodes = dict.fromkeys(NODE_STATES, 0)
     for node in view.nodes.values():
-        nodes[node_state(node, view.placements)] += 1
+        nodes[node_state(node, view.placements, view.shares)] += 1
     jobs = dict.fromkeys(JOB_STATES, 0)
     for job in view.jobs.values():
         if job.status.state.value in jobs:
@@ -88,10 +91,10 @@ def _queue_figures(view: PoolView, waits: Mapping[str, float]) -> dict[str, Queu
     queues = {DEFAULT: QueueView(DEFAULT), **view.queues}
     names = {*queues, *(j.queue for j in view.jobs.values())}
     held: dict[str, int] = dict.fromkeys(names, 0)
-    for job_id in view.placements.values():
+    for job_id in [*view.placements.values(), *(j for s in view.shares.values() for j in s)]:
         job = view.jobs.get(job_id)
         if job is not None:
-            held[job.queue] += 1
+            held[job.queue] += 1  # a node shared counts once for each job sharing it
     found = {}
     for name in sorted(names):
         queue = queues.get(name, QueueView(name))

@@ -37,23 +37,22 @@ Rules (docs/design.md, "The pool"):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
 
 from nodeagent.config.values import format_duration
 from nodeagent.model import depend
 from nodeagent.model.job import Event
-from nodeagent.model.pool import PoolJob, PoolJobState
-from nodeagent.model.queues import DEFAULT, Ledger, QueueView
-from nodeagent.pool import lifecycle, preempt
+from nodeagent.model.pool import PoolJobState
+from nodeagent.model.queues import QueueView
+from nodeagent.pool import lifecycle, preempt, sharing
+from nodeagent.pool.schedrun import Run
 from nodeagent.pool.schedview import (
     JobView,
-    Lacking,
     NodeView,
     PoolView,
     Schedule,
     SchedulePolicy,
-    Short,
 )
 from nodeagent.state import JobState
 
@@ -76,186 +75,13 @@ _ENDED = {
 }
 
 
-class _Run:
-    """The working state of one schedule() call, indexed so that a decision costs about
-    nodes + jobs, not nodes x jobs (bench/schedule.py)."""
-
-    def __init__(self, view: PoolView) -> None:
-        self.view = view
-        self.placements: dict[str, str] = {}
-        self.by_job: dict[str, set[str]] = {}
-        self.jobs: dict[str, PoolJob] = {}
-        self.events: list[Event] = []
-        nodes = view.nodes.values()
-        self.eligible = sorted(n.name for n in nodes if n.eligible)  # handed out in this order
-        self._eligible = {name: i for i, name in enumerate(self.eligible)}  # -> its index
-        self._head = 0  # every node of eligible[:_head] is placed
-        self._free = len(self.eligible)  # eligible nodes not placed
-        self.refusers: dict[str, set[str]] = {}  # nodes that refuse a job, or lack its labels
-        self.unmatched: dict[str, int] = {}  # of those, how many lack its labels
-        self.short: dict[str, int] = {}  # ... and how many offer fewer GPUs than it asks for
-        for node in nodes:
-            for job_id in node.refused:
-                self.refusers.setdefault(job_id, set()).add(node.name)
-        lacking_of = Lacking(nodes)
-        for job in view.jobs.values():
-            if job.selector:
-                lacking = lacking_of(job.selector)
-                self.refusers.setdefault(job.id, set()).update(lacking)
-                self.unmatched[job.id] = len(lacking)
-        short_of = Short(nodes)
-        for job in view.jobs.values():
-            if job.gpus_per_node is not None:
-                short = short_of(job.gpus_per_node) - self.refusers.get(job.id, set())
-                if short:
-                    self.refusers.setdefault(job.id, set()).update(short)
-                    self.short[job.id] = len(short)
-        self.serving: dict[str, set[str]] = {}  # job -> the nodes whose agent still runs it
-        for node in nodes:
-            if node.serving is not None:
-                self.serving.setdefault(node.serving, set()).add(node.name)
-        self.healthy = {
-            n.name for n in nodes if n.pinned is None and n.unfit is None and n.cordoned is None
-        }
-        self.ledger = Ledger(view.queues)
-        self._queue_of = {job.id: job.queue for job in view.jobs.values()}
-        self._victims: list[JobView] | None = None  # see victims()
-        self._namesakes: dict[tuple[str, str], list[tuple[int, str]]] | None = None
-
-    def status(self, job: JobView) -> PoolJob:
-        return self.jobs.get(job.id, job.status)
-
-    def move(
-        self,
-        job: JobView,
-        state: PoolJobState,
-        reason: str,
-        event: str,
-        data: Mapping[str, object] | None = None,
-    ) -> None:
-        moved = self.status(job).moved(state, self.view.now_ms, reason)
-        self.jobs[job.id] = replace(moved, exit_code=job.exit_code) if state.ended else moved
-        message = f"job {job.id}: {reason}"
-        said: dict[str, object] = {**(data or {"job": job.id}), "state": state.value}
-        if job.user:  # whom it runs as, and what they asked to be told of (pool/notify.py),
-            said["user"] = job.user  # as they were when it happened: the id may be reused
-        if job.notify:
-            said["notify"] = list(job.notify)
-        self.events.append(Event(event, message=message, data=said))
-
-    def note(self, job: JobView, reason: str) -> None:
-        """Say why a job waits (written only when the reason changes); an evicted job says so
-        first."""
-        evicted = self.status(job).evicted
-        if evicted is not None:
-            reason = f"evicted {evicted}; {reason}"
-        if self.status(job).reason != reason:
-            self.jobs[job.id] = replace(self.status(job), reason=reason)
-
-    def place(self, node: str, job: str) -> None:
-        self.unplace(node)
-        self.keep([node], job)
-
-    def keep(self, nodes: list[str], job: str) -> None:
-        """Place nodes that are placed nowhere yet (place() moves one from its job first); a
-        job's nodes at once (at 10,000 nodes, node by node took most of a steady round)."""
-        self.placements.update(dict.fromkeys(nodes, job))
-        self.by_job.setdefault(job, set()).update(nodes)
-        self._free -= sum(1 for node in nodes if node in self._eligible)
-        self.ledger.add(self._queue_of.get(job, DEFAULT), len(nodes))
-
-    def running(self) -> set[str]:
-        """The jobs running now (as this round has settled them)."""
-        jobs = self.view.jobs.values()
-        return {job.id for job in jobs if self.status(job).state is PoolJobState.RUNNING}
-
-    def unplace(self, node: str) -> None:
-        job = self.placements.pop(node, None)
-        if job is not None:
-            self.by_job[job].discard(node)
-            self.ledger.add(self._queue_of.get(job, DEFAULT), -1)
-            if node in self._eligible:
-                self._free += 1
-                self._head = min(self._head, self._eligible[node])  # freed: the cursor sees it
-
-    def namesakes(self) -> dict[tuple[str, str], list[tuple[int, str]]]:
-        """The jobs not ended, by (user, name): what `singleton` waits for. Made once a round,
-        when first asked."""
-        if self._namesakes is None:
-            self._namesakes = {}
-            for j in self.view.jobs.values():
-                if not self.status(j).state.ended:
-                    self._namesakes.setdefault((j.user, j.name), []).append((j.status.seq, j.id))
-        return self._namesakes
-
-    def placed(self, job: str) -> list[str]:
-        return sorted(self.by_job.get(job, ()))
-
-    def victims(self) -> list[JobView]:
-        """The jobs that may give nodes to a pending one: running, not pinned, in victim order.
-        Taken once, when first needed: jobs admitted later in the round are not among them
-        (they come in priority order, so no job after them outranks them; and a job is not
-        shrunk in the round that admitted it)."""
-        if self._victims is None:
-            running = [
-                j
-                for j in self.view.jobs.values()
-                if self.status(j).state is PoolJobState.RUNNING and not self.status(j).pinned
-            ]
-            self._victims = sorted(running, key=preempt.order)
-        return self._victims
-
-    def could_preempt(self, job: JobView) -> bool:
-        """A cheap bound: some running job has a lower priority than `job`, or its queue is
-        below its guaranteed share while another is above its own."""
-        victims = self.victims()
-        if victims and job.priority > victims[0].priority:
-            return True
-        return self.ledger.deficit(job.queue) > 0 and self.ledger.any_above_share(job.queue)
-
-    def usable(self, job: JobView, node: str) -> bool:
-        """`node` could serve `job`: eligible, not refusing it, carrying its labels."""
-        return node in self._eligible and node not in self.refusers.get(job.id, ())
-
-    def shrunk(self, job: JobView, reason: str) -> None:
-        status = self.status(job)
-        self.jobs[job.id] = replace(status, shrunk_ms=self.view.now_ms, reason=reason)
-
-    def grown(self, job: JobView) -> None:
-        self.jobs[job.id] = replace(self.status(job), grown_ms=self.view.now_ms)
-
-    def free_count(self, job: JobView) -> int:
-        """Free eligible nodes that do not refuse `job`."""
-        refusing = self.refusers.get(job.id, set())
-        free = refusing & self._eligible.keys()
-        return self._free - sum(1 for n in free if n not in self.placements)
-
-    def take(self, job: JobView, limit: int) -> list[str]:
-        """Place up to `limit` free nodes (in name order) that do not refuse `job` on it."""
-        self._advance()
-        refusing = self.refusers.get(job.id, set())
-        taken: list[str] = []
-        for name in self.eligible[self._head :]:
-            if len(taken) >= limit:
-                break
-            if name not in self.placements and name not in refusing:
-                taken.append(name)
-        for name in taken:
-            self.place(name, job.id)
-        return taken
-
-    def _advance(self) -> None:
-        eligible = self.eligible
-        while self._head < len(eligible) and eligible[self._head] in self.placements:
-            self._head += 1
-
-
 def schedule(view: PoolView, policy: SchedulePolicy) -> Schedule:
     """The placements and job statuses that follow from `view`."""
-    run = _Run(view)
+    run = Run(view)
     for job in sorted(view.jobs.values(), key=lambda j: j.order):
         _settle(run, job)
     _keep(run)
+    sharing.keep(run)
     _pin(run)
     for job in view.jobs.values():
         _refused(run, job)
@@ -267,11 +93,11 @@ def schedule(view: PoolView, policy: SchedulePolicy) -> Schedule:
         _grow(run, policy)
         _stand_by(run)
     settled = {job.id: run.status(job) for job in view.jobs.values()}
-    run.jobs.update(lifecycle.account(view, run.placements, settled))
-    return Schedule(run.placements, run.jobs, tuple(run.events))
+    run.jobs.update(lifecycle.account(view, run.placements, settled, run.shares))
+    return Schedule(run.placements, run.jobs, tuple(run.events), run.shares)
 
 
-def _settle(run: _Run, job: JobView) -> None:
+def _settle(run: Run, job: JobView) -> None:
     """End jobs whose record ended (a pinned one follows its record both ways); cancel pending
     jobs asked to; a running job asked to cancel ends once stopped (or if it never formed)."""
     state, record = job.status.state, job.record_state
@@ -303,7 +129,7 @@ def _settle(run: _Run, job: JobView) -> None:
         run.move(job, ended, f"its record is {record.value}", "job_ended")
 
 
-def _keep(run: _Run) -> None:
+def _keep(run: Run) -> None:
     """Keep the placements that still hold: a live node, on a running job it does not refuse.
     (The first placements of the round: each job's are made at once, run.keep.)"""
     view, running = run.view, run.running()
@@ -322,14 +148,14 @@ def _keep(run: _Run) -> None:
         run.keep(nodes, job_id)
 
 
-def _refused(run: _Run, job: JobView) -> None:
+def _refused(run: Run, job: JobView) -> None:
     """A running job that never formed and has no node left (each refused it, as `_keep`
     found) goes back to pending, saying why; `_admit` then places it elsewhere or says why not.
     """
     status = run.status(job)
     if status.state is not PoolJobState.RUNNING or status.pinned or job.record_state is not None:
         return
-    if run.by_job.get(job.id) or job.id not in run.refusers:
+    if run.holds(job.id) or job.id not in run.refusers:
         return
     why = refusals(run.view.nodes.values(), job.id)
     if not why:  # only nodes without its labels: lost nodes re-admit it as before
@@ -354,7 +180,7 @@ def refusals(nodes: Iterable[NodeView], job_id: str, names: int = 3) -> str:
     return "; ".join(parts)
 
 
-def _pin(run: _Run) -> None:
+def _pin(run: Run) -> None:
     running, placements = run.running(), run.placements
     for node in run.view.nodes.values():
         job = node.pinned
@@ -362,7 +188,7 @@ def _pin(run: _Run) -> None:
             run.place(node.name, job)  # (_keep kept most: a pinned pool places nothing)
 
 
-def _shrink(run: _Run, job: JobView) -> None:
+def _shrink(run: Run, job: JobView) -> None:
     """Above target (after a scale down): give back placed nodes that are not members."""
     extra = len(run.by_job.get(job.id, ())) - job.target_nodes
     if extra <= 0:
@@ -373,7 +199,7 @@ def _shrink(run: _Run, job: JobView) -> None:
         run.unplace(node)
 
 
-def _admit(run: _Run, policy: SchedulePolicy) -> bool:
+def _admit(run: Run, policy: SchedulePolicy) -> bool:
     """Admit pending jobs in order; True when free nodes are now reserved for the head."""
     view = run.view
     pending = sorted(
@@ -400,10 +226,16 @@ def _admit(run: _Run, policy: SchedulePolicy) -> bool:
             run.note(job, f"waiting for its workers to stop on {stopping}")
             reserving = job
             continue
+        held = _held_by_queue(run, job)
+        if job.shared and held is None:  # on nodes it shares: partly used ones even now
+            if sharing.admit(run, job, reserving is not None):
+                tasks[job.array] += 1
+            elif (never := _could_fit(run, job)) is not None:
+                run.note(job, never)
+            continue
         if reserving is not None:
             run.note(job, f"waiting: nodes are held for {reserving.id}, pending longer")
             continue
-        held = _held_by_queue(run, job)
         if held is not None:
             run.note(job, held)
             continue
@@ -429,7 +261,7 @@ def _admit(run: _Run, policy: SchedulePolicy) -> bool:
     return reserving is not None
 
 
-def _depends(run: _Run, job: JobView) -> bool:
+def _depends(run: Run, job: JobView) -> bool:
     """Whether `job`'s dependencies hold (model/depend.py), on the states this round settled:
     a job whose parent's success is recorded in this round is admitted in it. One that waits
     says for what; one whose dependencies can never hold ends, saying why."""
@@ -462,7 +294,7 @@ def _depends(run: _Run, job: JobView) -> bool:
     return found.ready
 
 
-def _held_by_queue(run: _Run, job: JobView) -> str | None:
+def _held_by_queue(run: Run, job: JobView) -> str | None:
     """Why `job`'s queue keeps it pending: it does not exist, or it is at its quota."""
     if not run.ledger.exists(job.queue):
         return f"pending: queue {job.queue} does not exist (nodeagentctl queue create {job.queue})"
@@ -472,7 +304,7 @@ def _held_by_queue(run: _Run, job: JobView) -> str | None:
     return None
 
 
-def _preempt(run: _Run, job: JobView, policy: SchedulePolicy, need: int, want: int) -> bool:
+def _preempt(run: Run, job: JobView, policy: SchedulePolicy, need: int, want: int) -> bool:
     """Admit `job` on nodes taken from running jobs (nodeagent.pool.preempt), if enough can
     be; each victim shrinks and says why."""
     view = run.view
@@ -518,7 +350,7 @@ def _preempt(run: _Run, job: JobView, policy: SchedulePolicy, need: int, want: i
     return True
 
 
-def _could_fit(run: _Run, job: JobView) -> str | None:
+def _could_fit(run: Run, job: JobView) -> str | None:
     """Why `job` can never fit this pool as it is, or None."""
     excluded = run.refusers.get(job.id, set())
     healthy = len(run.healthy) - len(excluded & run.healthy)
@@ -537,14 +369,16 @@ def _could_fit(run: _Run, job: JobView) -> str | None:
     return f"needs {job.min_nodes} nodes, the pool has {healthy} healthy nodes that can run it{why}"
 
 
-def _stand_by(run: _Run) -> None:
+def _stand_by(run: Run) -> None:
     """A running job that replaces its slow nodes (slow_node.policy: replace) holds one free
     node beyond its target: the spare its leader swaps in for a slow member
     (docs/slow-nodes.md). Last in the round, so only a node that no pending job and no growing
     job took (none while free nodes are held for a pending one); `_shrink` hands it back at
     the start of the next round, where they come first again, and here the same node is taken
     again while it is free (its agent keeps standing by: no churn)."""
-    jobs = sorted((j for j in run.view.jobs.values() if j.standby), key=lambda j: j.order)
+    jobs = sorted(
+        (j for j in run.view.jobs.values() if j.standby and not j.shared), key=lambda j: j.order
+    )
     if not jobs:
         return
     # The nodes each such job held before this round and nobody holds now (one pass over the
@@ -569,17 +403,24 @@ def _stand_by(run: _Run) -> None:
             run.take(job, 1)
 
 
-def _grow(run: _Run, policy: SchedulePolicy) -> None:
+def _grow(run: Run, policy: SchedulePolicy) -> None:
     """Running jobs below their target take free nodes, in order, within their queue's quota;
     a job shrunk for another waits out the resize cooldown first (no thrash)."""
     now = run.view.now_ms
-    running = sorted(
-        (j for j in run.view.jobs.values() if run.status(j).state is PoolJobState.RUNNING),
+    running = sorted(  # (those below their target: a pool of 5,000 small jobs has few)
+        (
+            j
+            for j in run.view.jobs.values()
+            if j.id in run.running() and run.holds(j.id) < j.target_nodes
+        ),
         key=lambda j: j.order,
     )
     for job in running:
         status = run.status(job)
         if status.pinned:
+            continue
+        if job.shared:
+            sharing.grow(run, job, reserving=False)
             continue
         shrunk = status.shrunk_ms
         if shrunk is not None and now - shrunk < policy.resize_cooldown_ms:

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from nodeagent.model.depend import Dependency
+from nodeagent.model.gpus import shares_nodes
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import QueueView
@@ -25,6 +26,7 @@ class NodeView:
     labels: Mapping[str, str] = field(default_factory=dict)
     serving: str | None = None  # the job its agent runs now (its workers may be stopping)
     gpus: int = 0  # the GPU units it offers (model/gpus.py), held or free
+    sharing: tuple[str, ...] = ()  # the jobs sharing it whose agents run here now
 
     @property
     def eligible(self) -> bool:
@@ -66,6 +68,11 @@ class JobView:
     exclusive: bool = False  # whole nodes whatever it asks for
 
     @property
+    def shared(self) -> bool:
+        """It asked for GPUs, not whole nodes: it shares its nodes (model/gpus.py)."""
+        return shares_nodes(self.gpus_per_node, self.exclusive)
+
+    @property
     def order(self) -> tuple[float, int]:
         return (-(self.priority + self.fair_share), self.status.seq)
 
@@ -75,13 +82,15 @@ class PoolView:
     now_ms: int
     nodes: Mapping[str, NodeView]
     jobs: Mapping[str, JobView]
-    placements: Mapping[str, str]  # node -> job, as committed
+    placements: Mapping[str, str]  # node -> job, as committed: whole-node jobs
     queues: Mapping[str, QueueView] = field(default_factory=dict)  # `default` is implicit
     # how the jobs not in `jobs` ended (kept for pool.keep_ended): what dependencies look at
     ended: Mapping[str, PoolJobState] = field(default_factory=dict)
     # how each ended run a dependency names ended, by "id:seq" (an id taken over since: its
     # earlier run, from the pool's history)
     runs: Mapping[str, PoolJobState] = field(default_factory=dict)
+    # node -> job -> the GPU units it holds there: the nodes jobs that asked for GPUs share
+    shares: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -97,9 +106,13 @@ class Schedule:
     placements: dict[str, str]  # node -> job, all of them
     jobs: dict[str, PoolJob] = field(default_factory=dict)  # statuses that changed
     events: tuple[Event, ...] = ()
+    shares: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> job -> units
 
-    def changed(self, before: Mapping[str, str]) -> bool:
-        return bool(self.jobs) or self.placements != dict(before)
+    def changed(
+        self, before: Mapping[str, str], shares: Mapping[str, Mapping[str, int]] | None = None
+    ) -> bool:
+        was = {n: dict(s) for n, s in (shares or {}).items()}
+        return bool(self.jobs) or self.placements != dict(before) or self.shares != was
 
 
 class Lacking:

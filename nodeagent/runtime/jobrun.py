@@ -66,27 +66,31 @@ class NodeParts:
 
 
 class CurrentJobMetrics(Collector):
-    """The /metrics of whichever job the node serves now (none: nothing), each per-job series
-    (those with a job_id) labelled with the job's `user` too, so that an alert can be routed
+    """The /metrics of the jobs the node serves now (none: nothing), each per-job series
+    (those with a job_id) labelled with its job's `user` too, so that an alert can be routed
     to its submitter (config/prometheus/nodeagent-alerts.yml keeps it)."""
 
     def __init__(self) -> None:
-        self._serving: tuple[CollectorRegistry, str] | None = None  # one assignment: no mix
+        # job -> its registry and user; replaced whole, never changed: a scrape reads one
+        self._serving: dict[str, tuple[CollectorRegistry, str]] = {}
 
-    def serve(self, registry: CollectorRegistry, user: str) -> None:
+    def serve(self, job: str, registry: CollectorRegistry, user: str) -> None:
         """The job's metrics from now on, `user`: whom it runs as ("": the agent's own)."""
-        self._serving = (registry, user)
+        self._serving = {**self._serving, job: (registry, user)}
+
+    def drop(self, job: str) -> None:
+        """The node left the job: its series go."""
+        self._serving = {j: served for j, served in self._serving.items() if j != job}
 
     @property
     def user(self) -> str:
-        return self._serving[1] if self._serving is not None else ""
+        """Whom the job the node serves runs as, if it serves one ("" for none, or several)."""
+        serving = list(self._serving.values())
+        return serving[0][1] if len(serving) == 1 else ""
 
     def collect(self) -> Iterable[Metric]:
-        serving = self._serving
-        if serving is None:
-            return ()
-        registry, user = serving
-        return with_user(registry.collect(), user)
+        for registry, user in self._serving.values():
+            yield from with_user(registry.collect(), user)
 
 
 def _tiers(config: Config) -> TierKeeper | None:
@@ -209,13 +213,27 @@ def _containers(config: Config) -> Containers | None:
 class JobRun:
     """One job's Agent on this node, and what only it uses."""
 
-    def __init__(self, config: Config, parts: NodeParts, until_done: bool = False) -> None:
+    def __init__(
+        self,
+        config: Config,
+        parts: NodeParts,
+        until_done: bool = False,
+        grant: tuple[str, ...] | None = None,
+        on_close: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`grant`: the GPUs (UUIDs) this node gave the job, when it shares the node (None: the
+        whole node's); `on_close`: called once it closed (its metrics go)."""
         self.job_id = config.job.id
+        self._on_close = on_close
         keys = JobKeys(config.redis.key_prefix, config.job.id)
-        parts.context.job = config.job.id
-        parts.context.generation = 0
+        # The node's log lines say which job and generation they are of: the one context is
+        # this job's while its agent acts (_acting), and its workers' lines have their own.
+        self._context = parts.context
+        self._generation = 0
+        self._workers_context = LogContext(config.node.name, config.job.id)
+        self._acting()
         self.supervisor = Supervisor(
-            echo=WorkerEcho(config.logging.format, parts.context),
+            echo=WorkerEcho(config.logging.format, self._workers_context),
             wake=parts.waker.wake,
             spawner=Spawner(config.job.preload, config.job.user, _containers(config)),
             warm_ups=config.job.warm_ups,
@@ -224,7 +242,7 @@ class JobRun:
         monitor = parts.monitor
         job = config.job
         needed = job.nproc_per_node * job.gpus_per_worker
-        self._health = NodeHealth(config.node.name, config.health, needed, monitor)
+        self._health = NodeHealth(config.node.name, config.health, needed, monitor, grant)
         self.tiers = _tiers(config)
         self.replicas = _replicas(config, parts.waker.wake) if self.tiers is not None else None
         store = JobStore(parts.client, keys)
@@ -236,7 +254,7 @@ class JobRun:
             metrics=self.metrics,
             log_context=parts.context,
             notifier=parts.notifier,
-            keeper=parts.keeper,
+            keeper=parts.keeper.fence(config.job.id),
             tiers=self.tiers,
             replicas=self.replicas,
             peers=self.peers,
@@ -265,10 +283,21 @@ class JobRun:
     def outcome(self) -> int | None:
         return self.agent.outcome
 
+    def _acting(self) -> None:
+        self._context.job, self._context.generation = self.job_id, self._generation
+
+    def _acted(self) -> None:
+        self._generation = self._workers_context.generation = self._context.generation
+
     def step(self) -> float:
-        return self.agent.step()
+        self._acting()
+        try:
+            return self.agent.step()
+        finally:
+            self._acted()
 
     def request_stop(self) -> None:
+        self._acting()
         self.agent.request_stop()
 
     def healthz(self) -> tuple[bool, str]:
@@ -302,6 +331,13 @@ class JobRun:
     def close(self, keep_tiers: bool = True) -> None:
         """`keep_tiers`: the agent stops, and its memory tier must outlive it; otherwise this
         node left the job (placed elsewhere: persisted on the way out) and the tier goes."""
+        self._acting()
+        try:
+            self._close(keep_tiers)
+        finally:
+            self._on_close()
+
+    def _close(self, keep_tiers: bool) -> None:
         self.supervisor.close()
         self._listener.stop()
         if self.peers is not None:

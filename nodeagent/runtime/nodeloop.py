@@ -1,12 +1,17 @@
-"""Every node's loop: its pool membership and the one job it serves, as two pieces.
+"""Every node's loop: its pool membership and the jobs it serves, as separate pieces.
 
 The pool side (pool/member.py) heartbeats to the pool and, on the node holding the pool leader
-lease, schedules. The job side is an Agent (job/agent.py) for the job this node is placed on: it
-joins that job through the job's own protocol (its keys, leader, generations, fencing and
-restart budgets). This loop only reconciles the two: placed on a job and serving none, it
+lease, schedules. The job side is an Agent (job/agent.py) for each job this node is placed on:
+it joins that job through the job's own protocol (its keys, leader, generations, fencing and
+restart budgets). This loop only reconciles the two: placed on a job and not serving it, it
 reads the job's spec and starts serving it, or refuses it (the spec's user is not allowed
-here; the scheduler then places the job elsewhere); placed elsewhere or nowhere, it asks the
-job's agent to leave (its workers get the stop grace) and waits until it has.
+here; the scheduler then places the job elsewhere); no longer placed on a job it serves, it
+asks that job's agent to leave (its workers get the stop grace) and waits until it has.
+
+A node is placed on one job whole, or shared by jobs that asked for GPUs (pool/sharing.py):
+then each gets GPU units of its own, chosen here from what the node offers and no other job
+holds (`grant`), and its agent hands its workers only those. A whole-node job starts once every
+job sharing the node left it, and a shared one once a whole-node job left.
 
 A node whose config has a `job:` section is pinned to that job: it serves it from the start,
 whatever the pool says, and makes it known to the pool (`nodeagentctl jobs` shows it). With no
@@ -18,13 +23,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from nodeagent.checkpoint import space
 from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig, Config, NodeSettings
 from nodeagent.errors import ConfigError
-from nodeagent.model.gpus import GpuUnit, held_by
+from nodeagent.model.gpus import GpuUnit
 from nodeagent.model.pool import MAX_REFUSED
 from nodeagent.model.spec import JobSpec, run_config, spec_of
 from nodeagent.pool.member import NodeState
@@ -42,6 +48,8 @@ class Membership(Protocol):
 
     @property
     def placement(self) -> str | None: ...
+    @property
+    def shares(self) -> dict[str, int]: ...
     @property
     def synced(self) -> bool: ...
     @property
@@ -92,13 +100,13 @@ class NodeLoop:
         self,
         settings: NodeSettings,
         member: Membership | None,
-        start_job: Callable[[Config], JobRunner],
+        start_job: Callable[[Config, tuple[str, ...] | None], JobRunner],
         waker: Waker,
         clock: Callable[[], float],
         metrics_address: Callable[[], str | None] = lambda: None,
         listener: Listener | None = None,
         notifier: Notifier | None = None,
-        sweep: Callable[[NodeSettings, str | None], object] | None = None,
+        sweep: Callable[[NodeSettings, tuple[str, ...]], object] | None = None,
         pulls: Pulls | None = None,
         inventory: Callable[[], tuple[GpuUnit, ...]] = tuple,
     ) -> None:
@@ -115,12 +123,14 @@ class NodeLoop:
         self._metrics_address = metrics_address
         self._listener = listener
         self._notify = notifier or Notifier(None)
-        self.runner: JobRunner | None = None
+        self.runners: dict[str, JobRunner] = {}  # job -> its agent here
+        self._grants: dict[str, tuple[str, ...]] = {}  # a job sharing the node -> its GPUs
+        self._due: dict[str, float] = {}  # job -> when its agent wants its next pass
         self._refused: dict[str, str] = {}
         self._stopping = False
-        self._asked_to_leave = False
+        self._asked: set[str] = set()  # the jobs whose agents were asked to leave
         self._sweep = sweep or sweep_tiers
-        self._swept: tuple[str | None] | None = None  # the job served at the last sweep
+        self._swept: tuple[str, ...] | None = None  # the jobs wanted at the last sweep
         self._pulls = pulls or Pulls(waker.wake)
         self._pulling: str | None = None  # the image a job waits for (healthz says so)
         self._ready: Pulled | None = None  # the image of the job about to start
@@ -129,13 +139,18 @@ class NodeLoop:
         """First call: the job's agent leaves gracefully, then this node leaves the pool.
         Second call: its workers are killed now. Flags only (safe from a signal handler)."""
         self._stopping = True
-        if self.runner is not None:
-            self.runner.request_stop()
-            self._asked_to_leave = True  # once: a second request_stop means "force"
+        for job_id, runner in self.runners.items():
+            runner.request_stop()  # a second request_stop means "force"
+            self._asked.add(job_id)
 
     def healthz(self) -> tuple[bool, str]:
-        if self.runner is not None:
-            return self.runner.healthz()
+        if len(self.runners) == 1:
+            return next(iter(self.runners.values())).healthz()
+        if self.runners:
+            said = {job_id: runner.healthz() for job_id, runner in sorted(self.runners.items())}
+            return all(ok for ok, _ in said.values()), "; ".join(
+                f"{job_id}: {why}" for job_id, (_, why) in said.items()
+            )
         if self._pulling is not None:
             return False, f"pulling image {self._pulling}"
         if self._member is None:
@@ -159,16 +174,14 @@ class NodeLoop:
         if pinned is not None and member is not None:
             member.submit_pinned(spec_of(pinned, self._settings.timing))
         woken = True
-        runner_due = 0.0  # when the job's agent wants its next pass (it also runs when woken)
         while True:
             now = self._clock()
             if member is not None and member.due(now) and not self._leaving:
                 member.beat(self._state())
                 if member.synced:  # in the pool: systemd may consider the service started
                     self._notify.ready(self._status_line())
-            if self.runner is None and member is not None:  # else the job's agent reports
+            if not self.runners and member is not None:  # else the jobs' agents report
                 self._notify.report(self._status_line(), self._stopping)
-            had = self.runner
             self._reconcile()
             if member is None and pinned is not None and pinned.id in self._refused:
                 log.error("cannot serve job %s: %s", pinned.id, self._refused[pinned.id])
@@ -177,23 +190,23 @@ class NodeLoop:
             waits = [] if member is None else [member.next_wakeup()]
             if (ping := self._notify.next_ping()) is not None:
                 waits.append(ping)
-            if self.runner is not None:
+            for job_id, runner in list(self.runners.items()):
                 # Only when something happened or it is due: the pool's own heartbeats must not
                 # add job heartbeats (each pass of an agent syncs with Redis).
-                if woken or self.runner is not had or self._clock() >= runner_due:
-                    runner_due = self._clock() + self.runner.step()
-                    self._refuse_if_drained(member)
-                waits.append(runner_due)
-                if self.runner.left:
-                    log.info("left job %s", self.runner.job_id)
-                    ended = self.runner.outcome
-                    self.runner.close(keep_tiers=self._stopping)
-                    self.runner = None
-                    self._asked_to_leave = False
+                due = self._due.get(job_id)
+                if woken or due is None or self._clock() >= due:
+                    due = self._due[job_id] = self._clock() + runner.step()
+                    self._refuse_if_drained(member, runner)
+                waits.append(due)
+                if runner.left:
+                    log.info("left job %s", job_id)
+                    ended = runner.outcome
+                    runner.close(keep_tiers=self._stopping)
+                    self._forget(job_id)
                     waits.append(0.0)
                     if member is None:  # served once
                         return ended
-                    member.poke()  # the pool learns at once that this node serves nothing
+                    member.poke()  # the pool learns at once that this node serves less
             if self._leaving:
                 # STOPPING=1 (once), also when the stop came after this pass's report
                 self._notify.report(self._status_line(), True)
@@ -204,62 +217,96 @@ class NodeLoop:
                 waits.append(self._clock() + PULL_POLL_S)
             woken = self._waker.wait(max(0.0, min(waits) - self._clock()))
 
+    def _forget(self, job_id: str) -> None:
+        del self.runners[job_id]
+        self._due.pop(job_id, None)
+        self._grants.pop(job_id, None)
+        self._asked.discard(job_id)
+
     @property
     def _leaving(self) -> bool:
-        return self._stopping and self.runner is None
+        return self._stopping and not self.runners
 
     def _status_line(self) -> str:
-        serving = f"joining job {self.runner.job_id}" if self.runner is not None else "free"
+        serving = f"joining job {', '.join(sorted(self.runners))}" if self.runners else "free"
         return f"{serving} in pool {self._settings.pool.name}"
 
+    def _whole(self) -> JobRunner | None:
+        """The runner of the job this node is placed on whole, if any."""
+        return next((r for j, r in self.runners.items() if j not in self._grants), None)
+
     def _state(self) -> NodeState:
-        runner = self.runner
-        held = runner.gpus_held() if runner is not None else ()
+        whole = self._whole()
+        holder = {uuid: job_id for job_id, grant in self._grants.items() for uuid in grant}
+        if whole is not None:
+            holder.update(dict.fromkeys(whole.gpus_held(), whole.job_id))
         return NodeState(
-            serving=runner.job_id if runner is not None else None,
-            unfit=runner.unfit() if runner is not None else None,
-            gpus=held_by(self._inventory(), runner.job_id if runner else None, held),
+            serving=whole.job_id if whole is not None else None,
+            unfit=whole.unfit() if whole is not None else None,
+            gpus=tuple(replace(u, job=holder.get(u.uuid)) for u in self._inventory()),
+            sharing=tuple(sorted(self._grants)),
             refused=dict(self._refused),
             metrics=self._metrics_address(),
             pulling=self._pulling,
         )
 
-    def _wanted(self) -> str | None:
+    def _wanted(self) -> dict[str, int | None]:
+        """The jobs this node is placed on: whole (None), or sharing it with the units each
+        holds."""
         if self._settings.job is not None:
-            return self._settings.job.id
-        return self._member.placement if self._member is not None else None
+            return {self._settings.job.id: None}
+        if self._member is None:
+            return {}
+        if self._member.placement is not None:
+            return {self._member.placement: None}
+        return dict(self._member.shares)
 
     def _reconcile(self) -> None:
-        wanted = None if self._stopping else self._wanted()
-        runner = self.runner
-        if runner is not None:
-            if runner.job_id != wanted and not self._asked_to_leave:
-                why = "stopping" if self._stopping else f"placed on {wanted or 'nothing'}"
-                log.info("leaving job %s (%s)", runner.job_id, why)
+        wanted = {} if self._stopping else self._wanted()
+        for job_id, runner in self.runners.items():
+            if job_id not in wanted and job_id not in self._asked:
+                why = "stopping" if self._stopping else "no longer placed on it"
+                log.info("leaving job %s (%s)", job_id, why)
                 runner.request_stop()
-                self._asked_to_leave = True
-            return
-        if wanted is None or wanted in self._refused:
-            return
-        config = self._config_for(wanted)
-        if config is not None:
-            log.info("serving job %s", wanted)
-            self.runner = self._start_job(config)
+                self._asked.add(job_id)
+        for job_id, units in wanted.items():
+            if job_id in self.runners or job_id in self._refused:
+                continue
+            if units is None and self.runners:
+                continue  # a whole node: once every job before it left
+            if units is not None and self._whole() is not None:
+                continue  # shared from now on: once the whole-node job left
+            grant = None if units is None else self._grant(units)
+            if units is not None and grant is None:
+                continue  # its units are still another job's, leaving: a later pass
+            config = self._config_for(job_id)
+            if config is None:
+                continue
+            log.info("serving job %s%s", job_id, f" on GPUs {', '.join(grant)}" if grant else "")
+            runner = self.runners[job_id] = self._start_job(config, grant)
+            if grant is not None:
+                self._grants[job_id] = grant
             if self._ready is not None:
-                self.runner.pulled(self._ready)
+                runner.pulled(self._ready)
                 self._ready = None
             if self._member is not None:
                 self._member.poke()  # the pool learns at once, not a pool heartbeat later
+
+    def _grant(self, units: int) -> tuple[str, ...] | None:
+        """`units` GPUs this node offers that no job it serves holds (None: not so many)."""
+        held = {uuid for grant in self._grants.values() for uuid in grant}
+        free = [u.uuid for u in self._inventory() if u.uuid not in held]
+        return tuple(free[:units]) if len(free) >= units else None
 
     def _sweep_stale(self) -> None:
         """Between jobs, once per job wanted: the memory tiers of jobs this node left while its
         agent was down (space.sweep)."""
         member = self._member
-        if self.runner is not None or member is None or not member.synced or self._stopping:
+        if self.runners or member is None or not member.synced or self._stopping:
             return
-        wanted = self._wanted()
-        if self._swept != (wanted,):
-            self._swept = (wanted,)
+        wanted = tuple(sorted(self._wanted()))
+        if self._swept != wanted:
+            self._swept = wanted
             self._sweep(self._settings, wanted)
 
     def _config_for(self, job_id: str) -> Config | None:
@@ -288,14 +335,13 @@ class NodeLoop:
         while len(self._refused) > REFUSALS_KEPT:  # the oldest go: a report stays small
             del self._refused[next(iter(self._refused))]
 
-    def _refuse_if_drained(self, member: Membership | None) -> None:
+    def _refuse_if_drained(self, member: Membership | None, runner: JobRunner) -> None:
         """A pool job that drained this node (its slow-node policy, an operator's `--job J
         drain`) goes on without it: the node refuses it from now on, so that the pool takes it
         off the job at once, frees it for others, and never lends it back to that job (as its
         standby, say: a drained node cannot stand by). Until the agent restarts, as any
         refusal. Not a pinned node's own job: that node serves nothing else."""
-        runner = self.runner
-        if member is None or runner is None or runner.job_id in self._refused:
+        if member is None or runner.job_id in self._refused:
             return
         pinned = self._settings.job
         why = runner.drained()
@@ -327,7 +373,7 @@ class NodeLoop:
         return config
 
 
-def sweep_tiers(settings: NodeSettings, serving: str | None) -> None:
+def sweep_tiers(settings: NodeSettings, serving: tuple[str, ...]) -> None:
     """space.sweep under the memory_dir a submitted job's tier goes in, and the pinned job's."""
     dirs = [CheckpointConfig.memory_dir]
     pinned = settings.job.checkpoint if settings.job is not None else None

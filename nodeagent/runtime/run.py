@@ -143,8 +143,10 @@ def _run_agent(
     loop = _node_loop(settings, parts, current, registry, until_done, authority, booking)
 
     def serving() -> str:
-        runner = loop.runner
-        return runner.job_id if runner is not None else ""
+        """The job the node's GPU series are labelled with: the one it serves, if only one
+        (a node jobs share: "", as an idle node's; each job's own series carry its job_id)."""
+        runners = list(loop.runners)
+        return runners[0] if len(runners) == 1 else ""
 
     node_metrics(
         registry,
@@ -173,8 +175,8 @@ def _run_agent(
     try:
         return loop.run()
     finally:
-        if loop.runner is not None:
-            loop.runner.close()
+        for runner in loop.runners.values():
+            runner.close()
         monitor.stop()
         if server is not None:
             server.stop()
@@ -194,10 +196,11 @@ def _node_loop(
     or pinned to; `until_done` (`nodeagent launch`, an embedded Redis), no pool: the config's job
     once, then its exit code."""
 
-    def start_job(config: Config) -> JobRun:
-        run = JobRun(config, parts, until_done=until_done)
+    def start_job(config: Config, grant: tuple[str, ...] | None) -> JobRun:
+        job_id = config.job.id
+        run = JobRun(config, parts, until_done, grant, on_close=lambda: current.drop(job_id))
         user = config.job.user.name if config.job.user is not None else ""
-        current.serve(run.metrics.registry, user)
+        current.serve(config.job.id, run.metrics.registry, user)
         return run
 
     if until_done:

@@ -138,13 +138,16 @@ def signal_leader(group: Group, sig: signal.Signals, proc: Path = Path("/proc"))
 
 @dataclass(frozen=True)
 class Orders:
-    """What the agent last told the keeper. `term_at`/`kill_at` are time.monotonic() values;
-    None while the agent holds no lease worth fencing (no workers, or never renewed)."""
+    """What the agent last told the keeper of one job's workers (`key`: the job; a node serves
+    several jobs, each fenced on its own lease). `term_at`/`kill_at` are time.monotonic()
+    values; None while that job's agent holds no lease worth fencing (no workers, or never
+    renewed). A line's orders replace the orders of its key only."""
 
     term_at: float | None = None
     kill_at: float | None = None
     groups: tuple[Group, ...] = ()
     goodbye: bool = False  # the agent is exiting on purpose: its workers are already gone
+    key: str = ""
 
     def to_line(self) -> bytes:
         doc = {
@@ -152,6 +155,7 @@ class Orders:
             "kill_at": self.kill_at,
             "groups": [g.to_list() for g in self.groups],
             "goodbye": self.goodbye,
+            "key": self.key,
         }
         return json.dumps(doc).encode() + b"\n"
 
@@ -163,6 +167,7 @@ class Orders:
             kill_at=_optional_float(doc.get("kill_at")),
             groups=tuple(Group.read(g) for g in doc.get("groups", [])),
             goodbye=bool(doc.get("goodbye", False)),
+            key=str(doc.get("key", "")),
         )
 
 
@@ -211,23 +216,30 @@ def _fence(groups: Sequence[Group], sig: signal.Signals, why: str) -> None:
 
 
 def keep(fd: int, clock: Callable[[], float] = time.monotonic) -> int:
-    """The keeper's loop: read orders from `fd`, fence when they say so. Returns on EOF.
+    """The keeper's loop: read orders from `fd`, fence each job's workers when its orders say
+    so. Returns on EOF.
 
     After a SIGKILL it watches the fenced containers for LINGER_S (`_kill_late`): a container
     whose start its `podman run` asked for just before it was killed can still come up."""
-    orders, sent, buffer = Orders(), None, b""
+    fences: dict[str, tuple[Orders, signal.Signals | None]] = {}  # key -> orders, sent
+    goodbye, buffer = False, b""
     lingering: tuple[tuple[str, ...], float] | None = None  # cidfiles, until when
     while True:
         now = clock()
-        action = due(orders, now, sent)
-        if action.signal is not None:
-            why = "the agent did not renew its lease in time"
-            _fence(orders.groups, action.signal, why)
-            sent = action.signal
-            if sent is signal.SIGKILL:
-                lingering = _lingering(orders.groups, now)
+        acted, waits = False, []
+        for key, (orders, sent) in list(fences.items()):
+            action = due(orders, now, sent)
+            if action.signal is not None:
+                _fence(orders.groups, action.signal, "the agent did not renew its lease in time")
+                fences[key] = (orders, action.signal)
+                if action.signal is signal.SIGKILL:
+                    lingering = _lingering(orders.groups, now) or lingering
+                acted = True
+            elif action.next_at is not None:
+                waits.append(action.next_at)
+        if acted:
             continue
-        timeout = None if action.next_at is None else max(0.0, action.next_at - now)
+        timeout = None if not waits else max(0.0, min(waits) - now)
         if lingering is not None:
             if now >= lingering[1]:
                 lingering = None
@@ -239,9 +251,10 @@ def keep(fd: int, clock: Callable[[], float] = time.monotonic) -> int:
             continue
         chunk = os.read(fd, 65536)
         if not chunk:  # the agent is gone
-            if orders.groups and not orders.goodbye:
-                _fence(orders.groups, signal.SIGKILL, "the agent died")
-                lingering = _lingering(orders.groups, clock())
+            groups = tuple(g for orders, _ in fences.values() for g in orders.groups)
+            if groups and not goodbye:
+                _fence(groups, signal.SIGKILL, "the agent died")
+                lingering = _lingering(groups, clock())
             while lingering is not None and clock() < lingering[1]:
                 _kill_late(lingering[0])
                 time.sleep(LINGER_POLL_S)
@@ -254,9 +267,11 @@ def keep(fd: int, clock: Callable[[], float] = time.monotonic) -> int:
             except (ValueError, TypeError, KeyError) as exc:
                 _say(f"ignoring unreadable orders {line[:200]!r}: {exc}")
                 continue
-            if new.groups != orders.groups or _later(new.term_at, orders.term_at):
+            goodbye = new.goodbye
+            old, sent = fences.get(new.key, (Orders(), None))
+            if new.groups != old.groups or _later(new.term_at, old.term_at):
                 sent = None  # a renewal or a new group: start over
-            orders = new
+            fences[new.key] = (new, sent)
 
 
 def _lingering(groups: Sequence[Group], now: float) -> tuple[tuple[str, ...], float] | None:
@@ -289,7 +304,7 @@ class Keeper:
         self._record = record
         self._python = python
         self._proc: subprocess.Popen[bytes] | None = None
-        self._orders = Orders()
+        self._orders: dict[str, Orders] = {}  # by key: each job the node serves
         self._recorded: tuple[Group, ...] | None = None
 
     def start(self) -> None:
@@ -304,7 +319,8 @@ class Keeper:
             stdout=subprocess.DEVNULL,
             start_new_session=True,  # signals meant for the agent's group do not reach it
         )
-        self._send(self._orders)
+        for orders in self._orders.values():
+            self._send(orders)
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -316,18 +332,34 @@ class Keeper:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def update(self, term_at: float | None, kill_at: float | None, groups: Sequence[Group]) -> None:
-        orders = Orders(term_at, kill_at, tuple(groups))
-        if orders != self._orders:
-            self._orders = orders
+    def update(
+        self,
+        term_at: float | None,
+        kill_at: float | None,
+        groups: Sequence[Group],
+        key: str = "",
+    ) -> None:
+        """The orders of one job's workers (`key`), the others' unchanged."""
+        orders = Orders(term_at, kill_at, tuple(groups), key=key)
+        if orders != self._orders.get(key, Orders(key=key)):
+            self._orders[key] = orders
             self._send(orders)
-        if self._recorded != orders.groups:
-            self._save(orders.groups)
+        every = tuple(g for o in self._orders.values() for g in o.groups)
+        if self._recorded != every:
+            self._save(every)
 
     @property
     def term_at(self) -> float | None:
         """When the keeper, as last told, SIGTERMs the workers (None: it will not)."""
-        return self._orders.term_at if self._orders.groups else None
+        return self.term_of("")
+
+    def term_of(self, key: str) -> float | None:
+        orders = self._orders.get(key)
+        return orders.term_at if orders is not None and orders.groups else None
+
+    def fence(self, key: str) -> JobFence:
+        """The keeper as one job's agent sees it: its own orders, the process shared."""
+        return JobFence(self, key)
 
     def _send(self, orders: Orders) -> None:
         if self._proc is None or self._proc.stdin is None:
@@ -352,7 +384,8 @@ class Keeper:
         (the agent is failing) it just closes the pipe, and the keeper kills them."""
         if self._proc is None:
             return
-        if not self._orders.groups:
+        running = any(o.groups for o in self._orders.values())
+        if not running:
             self._send(Orders(goodbye=True))
         if self._proc.stdin is not None:
             with contextlib.suppress(OSError):
@@ -362,8 +395,33 @@ class Keeper:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        if not self._orders.groups:
+        if not running:
             self._save(())
+
+
+class JobFence:
+    """One job's handle on the node's fence keeper (job/lease.py's LeaseClock): its orders
+    are its own, so a job whose lease lapses has only its own workers fenced."""
+
+    def __init__(self, keeper: Keeper, key: str) -> None:
+        self._keeper = keeper
+        self._key = key
+
+    def alive(self) -> bool:
+        return self._keeper.alive()
+
+    def exit_status(self) -> int | None:
+        return self._keeper.exit_status()
+
+    def start(self) -> None:
+        self._keeper.start()
+
+    def update(self, term_at: float | None, kill_at: float | None, groups: Sequence[Group]) -> None:
+        self._keeper.update(term_at, kill_at, groups, self._key)
+
+    @property
+    def term_at(self) -> float | None:
+        return self._keeper.term_of(self._key)
 
 
 def _private(path: str, flags: int) -> int:

@@ -286,15 +286,19 @@ def assignment(config: Config, record: JobRecord, group_rank: int, local_rank: i
 
 
 def visible_devices(gpus: tuple[int, ...], uuids: Mapping[int, str]) -> dict[str, str]:
-    """What tells CUDA which GPUs a worker has: their UUIDs (`GPU-...`, `MIG-...`), which name
-    one device whatever order CUDA counts in; else NVML's indices, with CUDA told to count in
-    NVML's order (PCI bus order: CUDA's default, fastest first, may differ, and a worker would
-    get another GPU than the one judged healthy)."""
+    """What tells CUDA (and NVIDIA's container tools) which GPUs a worker has: their UUIDs
+    (`GPU-...`, `MIG-...`), which name one device whatever order CUDA counts in; else NVML's
+    indices, with CUDA told to count in NVML's order (PCI bus order: CUDA's default, fastest
+    first, may differ, and a worker would get another GPU than the one judged healthy)."""
     if all(uuids.get(i) for i in gpus):
         visible = ",".join(uuids[i] for i in gpus)
     else:
         visible = ",".join(map(str, gpus))
-    return {"CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    return {
+        "CUDA_VISIBLE_DEVICES": visible,
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "NVIDIA_VISIBLE_DEVICES": visible,  # what NVIDIA's container tools read, by the same names
+    }
 
 
 def worker_specs(

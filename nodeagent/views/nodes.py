@@ -20,7 +20,8 @@ def nodes(store: PoolStore) -> list[dict[str, Any]]:
             {
                 "name": name,
                 "alive": report is not None,
-                "job": snap.placements.get(name),
+                "job": snap.placements.get(name),  # placed on it whole
+                "shares": dict(snap.shares.get(name, {})),  # or: job -> the GPUs it holds here
                 "serving": report.serving if report else None,
                 "pulling": report.pulling if report else None,
                 "health": (report.unfit or "ok") if report else "lost",

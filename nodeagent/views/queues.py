@@ -17,6 +17,8 @@ def queues(store: PoolStore) -> list[dict[str, Any]]:
     specs = store.specs(live)
     queue_of = {j: spec.queue for j, spec in specs.items() if not isinstance(spec, str)}
     queues = {DEFAULT: QueueView(DEFAULT), **snap.queues}
+    # each node a job holds: placed on it whole, or one of the jobs sharing it (as quotas count)
+    holders = [*snap.placements.values(), *(j for held in snap.shares.values() for j in held)]
     found = []
     for name, queue in sorted(queues.items()):
         jobs = [j for j in live if queue_of.get(j) == name]
@@ -25,7 +27,7 @@ def queues(store: PoolStore) -> list[dict[str, Any]]:
                 "queue": name,
                 "quota": queue.quota,
                 "guaranteed": queue.guaranteed,
-                "nodes": sum(1 for j in snap.placements.values() if queue_of.get(j) == name),
+                "nodes": sum(1 for j in holders if queue_of.get(j) == name),
                 "running": sum(1 for j in jobs if snap.jobs[j].state is PoolJobState.RUNNING),
                 "pending": sum(1 for j in jobs if snap.jobs[j].state is PoolJobState.PENDING),
             }

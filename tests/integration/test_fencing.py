@@ -6,6 +6,7 @@ real job against the session's redis-server.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -79,6 +80,36 @@ def test_keeper_terms_then_kills_at_its_deadlines_unless_renewed(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_one_jobs_lapsed_lease_fences_only_that_jobs_workers(
+    tmp_path: Path, keeper: Keeper
+) -> None:
+    """A node serving two jobs: each job's agent tells the keeper its own deadlines (a
+    JobFence each). Job b stops renewing: only b's workers are fenced; a's keep running, and
+    both are in the leftovers record."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a_proc, a_group, a_term = _stubborn(tmp_path / "a")
+    b_proc, b_group, b_term = _stubborn(tmp_path / "b")
+    a, b = keeper.fence("a"), keeper.fence("b")
+    try:
+        now = time.monotonic()
+        b.update(now + 0.2, now + 0.5, [b_group])
+        assert b.term_at == now + 0.2 and a.term_at is None
+        for _ in range(10):  # a renews every 0.1 s
+            now = time.monotonic()
+            a.update(now + 0.3, now + 0.6, [a_group])
+            time.sleep(0.1)
+        b_proc.wait(10)
+        assert b_proc.returncode == -signal.SIGKILL and b_term.exists()
+        assert a_proc.poll() is None and not a_term.exists()
+        recorded = json.loads((tmp_path / "node.workers.json").read_text())["groups"]
+        assert sorted(g[0] for g in recorded) == sorted([a_group.pgid, b_group.pgid])
+    finally:
+        for proc in (a_proc, b_proc):
+            proc.kill()
+            proc.wait()
 
 
 # A main process that starts one child in its group; each notes when SIGTERM reached it.

@@ -6,6 +6,8 @@ and its accounting record counts GPU-hours by what it held."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +44,12 @@ def units(pool: PoolCluster) -> dict[str, list[dict[str, Any]]]:
     return {row["name"]: row["gpus"] for row in json.loads(result.stdout)["nodes"]}
 
 
+def shares(pool: PoolCluster) -> dict[str, dict[str, int]]:
+    result = pool.ctl("nodes", "--json")
+    assert result.returncode == 0, result.stderr
+    return {row["name"]: row["shares"] for row in json.loads(result.stdout)["nodes"]}
+
+
 def every_node_offers(pool: PoolCluster, count: int) -> dict[str, list[dict[str, Any]]] | None:
     found = units(pool)
     return found if all(len(offered) == count for offered in found.values()) else None
@@ -52,6 +60,15 @@ def started(pool: PoolCluster, job: str, count: int) -> list[dict[str, Any]] | N
     lines = path.read_text().splitlines() if path.exists() else []
     found = [r for r in map(json.loads, filter(None, lines)) if r["event"] == "start"]
     return found if len(found) >= count else None
+
+
+def first_start(pool: PoolCluster, job: str) -> dict[str, Any]:
+    return wait_for(lambda: started(pool, job, 1), 30, f"{job}'s worker to start")[0]
+
+
+def holding(pool: PoolCluster, node: str, jobs: set[str]) -> set[str] | None:
+    held = {unit["job"] for unit in units(pool)[node]}
+    return held if held == jobs else None
 
 
 def test_nodes_advertise_their_gpus_and_a_job_holds_what_it_asked_for(
@@ -70,7 +87,7 @@ def test_nodes_advertise_their_gpus_and_a_job_holds_what_it_asked_for(
     pair = f"{job_id}-pair"[:63]
     pool.submit(pair, "1", "--nproc-per-node", "2", "--gpus-per-node", "2")
     row = pool.wait_job(pair, "running", world=2)
-    node = next(n for n, j in pool.placements().items() if j == pair)
+    node = next(n for n, held in shares(pool).items() if pair in held)
     starts = wait_for(lambda: started(pool, pair, 2), 30, "its workers' starts")
     assert sorted(s["cuda"] for s in starts) == ["GPU-fake-0", "GPU-fake-1"]  # each its own
     held = wait_for(
@@ -102,3 +119,42 @@ def test_nodes_advertise_their_gpus_and_a_job_holds_what_it_asked_for(
     nodes, node_hours, gpu_hours, kept = wait_for(record, 30, "its accounting record")
     assert (nodes, json.loads(kept)["gpus"]) == (1, 2)
     assert node_hours > 0 and gpu_hours == pytest.approx(2 * node_hours)
+
+
+def test_eight_one_gpu_jobs_share_a_node_each_on_its_own_gpu_and_a_crash_stays_in_its_job(
+    pool: PoolCluster, job_id: str, tmp_path: Path
+) -> None:
+    """Issue 66's pool: eight one-GPU jobs packed onto one 8-GPU node, each worker seeing only
+    its own GPU, beside a two-node job that holds two whole nodes; a worker killed in one of
+    the eight re-forms that job alone: every other job keeps its generation and processes."""
+    pool.node_options["c"] = eight_gpus(tmp_path / "gpus-c.yaml")
+    pool.start("a", "b", "c")
+    pool.wait_nodes(3)
+    wait_for(lambda: every_node_offers(pool, 8), 30, "8 GPUs a node")
+    ones = [f"{job_id}-{i}"[-63:] for i in range(8)]
+    for name in ones:
+        pool.submit(name, "1", "--gpus-per-node", "1")
+    whole = f"{job_id}-whole"[-63:]
+    pool.submit(whole, "2")
+    rows = {name: pool.wait_job(name, "running", world=1, timeout=60) for name in ones}
+    pool.wait_job(whole, "running", world=2, timeout=60)
+    (shared,) = {n for n, held in shares(pool).items() if held}
+    assert shares(pool)[shared] == dict.fromkeys(ones, 1)
+    placed = pool.placements()
+    assert sorted(n for n, j in placed.items() if j == whole) == sorted({"a", "b", "c"} - {shared})
+    first = {name: first_start(pool, name) for name in ones}
+    assert sorted(s["cuda"] for s in first.values()) == [f"GPU-fake-{i}" for i in range(8)]
+    assert {s["node"] for s in first.values()} == {shared}
+    holders = wait_for(lambda: holding(pool, shared, set(ones)), 30, "each GPU's holder")
+    assert holders == set(ones)
+
+    victim, others = ones[3], [n for n in ones if n != ones[3]]
+    os.kill(first[victim]["pid"], signal.SIGKILL)
+    pool.wait_job(victim, "running", world=1, after=rows[victim]["generation"], timeout=60)
+    again = wait_for(lambda: started(pool, victim, 2), 30, "its worker started again")
+    assert again[-1]["cuda"] == first[victim]["cuda"]  # its own GPU, kept
+    now = pool.jobs()
+    assert {n: now[n]["generation"] for n in others} == {n: rows[n]["generation"] for n in others}
+    for name in others:  # one start each: never restarted, their workers still running
+        assert len(started(pool, name, 1) or ()) == 1
+        os.kill(first[name]["pid"], 0)

@@ -62,6 +62,12 @@ def test_queues_are_weighed_against_queues_and_users_against_users() -> None:
 def test_holding_counts_each_users_nodes() -> None:
     placements = {"n1": "a", "n2": "a", "n3": "b", "n4": "x"}
     assert holding(placements, {"a": "alice", "b": "bob", "x": ""}) == {"alice": 2, "bob": 1}
+    shared = {"n9": {"a": 0.25, "c": 0.5}}  # on a node jobs share: the part their GPUs are
+    assert holding(placements, {"a": "alice", "b": "bob", "c": "carol"}, shared) == {
+        "alice": 2.25,
+        "bob": 1,
+        "carol": 0.5,
+    }
 
 
 def test_the_saved_usage_comes_back_and_garbage_is_refused() -> None:

@@ -12,9 +12,11 @@ import pynvml
 import pytest
 import yaml
 
+from nodeagent.config.settings import HealthConfig
 from nodeagent.gpu import kmsg
 from nodeagent.gpu.classify import Action, Health, Thresholds, classify
 from nodeagent.gpu.fake import FakeNvml
+from nodeagent.gpu.health import NodeHealth
 from nodeagent.gpu.inventory import offered
 from nodeagent.gpu.monitor import GpuMonitor
 from nodeagent.gpu.nvml import GpuUnavailable, NvmlBackend, load_pynvml
@@ -420,3 +422,25 @@ def test_a_node_offers_its_healthy_gpus_and_the_mig_instances_of_those_in_mig_mo
     units = offered(snapshot, [classify(r, T) for r in readings])
     assert units == (GpuUnit("GPU-fake-0", "H100", 81559), GpuUnit("MIG-fake-1-0", "A100 MIG"))
     assert offered(GpuSnapshot(False, "no NVML"), []) == ()
+
+
+def test_each_job_on_a_node_acts_on_each_xid_once_and_only_on_its_own_gpus() -> None:
+    """Two jobs sharing a node, one GPU each (their grants): an application XID on job b's GPU
+    fails b's rank and is nothing to a; a fault that drains job a's GPU cordons a alone. Each
+    reads the monitor's XIDs with a cursor of its own, so neither takes them from the other."""
+    gpus = [healthy_gpu(uuid="GPU-fake-0"), healthy_gpu(uuid="GPU-fake-1")]
+    monitor = GpuMonitor(NvmlBackend(FakeNvml({"gpus": gpus})), 60.0, T, kernel_log=list)
+    monitor.start()
+    try:
+        a = NodeHealth("n", HealthConfig(), 1, monitor, grant=("GPU-fake-0",))
+        b = NodeHealth("n", HealthConfig(), 1, monitor, grant=("GPU-fake-1",))
+        monitor._record_xid(1, 43)
+        assert a.check(None, {0: (0,)}).fail_rank is None
+        assert b.check(None, {0: (1,)}).fail_rank == (0, 43)
+        assert (a.usable, b.usable) == ((0,), (1,))
+        monitor._record_xid(0, 79)  # fell off the bus: drains GPU 0, job a's
+        monitor.sample()
+        assert a.check(None, {0: (0,)}).cordon is not None
+        assert b.check(None, {0: (1,)}).cordon is None and b.usable == (1,)
+    finally:
+        monitor.stop()

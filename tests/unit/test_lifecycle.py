@@ -237,3 +237,16 @@ def test_gpu_time_counts_the_units_a_job_asked_for_or_every_unit_of_its_whole_no
     fresh = JobView("new", PoolJob(S.PENDING, seq=2, submitted_ms=0), 2, 2, 2, gpus_per_node=3)
     admitted = schedule(PoolView(NOW, nodes, {"new": fresh}, {}), SchedulePolicy()).jobs["new"]
     assert (admitted.peak_gpus, admitted.peak_nodes, admitted.gpu_ms) == (6, 2, 0)
+
+
+def test_a_job_sharing_nodes_is_charged_the_units_it_holds_on_each() -> None:
+    hour = 3_600_000
+    status = PoolJob(
+        S.RUNNING, seq=1, submitted_ms=0, admitted_ms=NOW - hour, accounted_ms=NOW - hour
+    )
+    job = JobView("j", status, 1, 2, 2, record_state=JobState.SUCCEEDED, gpus_per_node=3)
+    nodes = {"a": NodeView("a", gpus=8), "b": NodeView("b", gpus=8)}
+    shares = {"a": {"j": 3, "k": 5}, "b": {"j": 3}}
+    ended = schedule(PoolView(NOW, nodes, {"j": job}, {}, shares=shares), SchedulePolicy())
+    assert (ended.jobs["j"].gpu_ms, ended.jobs["j"].node_ms) == (6 * hour, 2 * hour)
+    assert ended.shares == {}  # its end frees both (k is not a job of this view: not kept)

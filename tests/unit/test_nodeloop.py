@@ -27,6 +27,7 @@ class Member:
         self.synced = True
         self.last_error = None
         self.left = False
+        self.shares: dict[str, int] = {}
         self.beats: list[NodeState] = []
         self.poked = 0
 
@@ -94,11 +95,11 @@ class Runner:
 R = TypeVar("R", bound=Runner)
 
 
-def starter(kind: type[R]) -> tuple[list[R], Callable[[Config], R]]:
+def starter(kind: type[R]) -> tuple[list[R], Callable[[Config, tuple[str, ...] | None], R]]:
     """The runners a loop starts, and how it starts them."""
     runners: list[R] = []
 
-    def start(config: Config) -> R:
+    def start(config: Config, grant: tuple[str, ...] | None) -> R:
         runners.append(kind(config.job.id))
         return runners[-1]
 
@@ -133,10 +134,10 @@ def test_a_job_whose_spec_cannot_be_read_is_refused_and_reported() -> None:
     member = Member()
     member.placement = "broken"
     waker = Waker()
-    loop = NodeLoop(settings, member, lambda c: Runner(c.job.id), waker, lambda: 0.0)
+    loop = NodeLoop(settings, member, lambda c, g: Runner(c.job.id), waker, lambda: 0.0)
     loop._reconcile()
     waker.close()
-    assert loop.runner is None
+    assert not loop.runners
     assert "its spec cannot be read: not JSON" in loop._state().refused["broken"]
 
 
@@ -144,7 +145,7 @@ def test_refusals_reported_stay_within_what_a_pool_report_may_hold() -> None:
     settings = load_settings({"redis": {"url": "redis://r:6379/0"}})
     member = Member()
     waker = Waker()
-    loop = NodeLoop(settings, member, lambda c: Runner(c.job.id), waker, lambda: 0.0)
+    loop = NodeLoop(settings, member, lambda c, g: Runner(c.job.id), waker, lambda: 0.0)
     for n in range(100):
         member.placement = f"broken-{n}"
         loop._reconcile()
@@ -159,25 +160,25 @@ def test_a_pool_job_that_drained_this_node_is_refused_from_then_on() -> None:
     A pinned node's own job is never refused so: that node serves nothing else."""
     settings = load_settings({"redis": {"url": "redis://r:6379/0"}})
     member, waker = Member(), Waker()
-    loop = NodeLoop(settings, member, lambda c: Runner(c.job.id), waker, lambda: 0.0)
-    runner = loop.runner = Runner("p")
-    loop._refuse_if_drained(member)
+    loop = NodeLoop(settings, member, lambda c, g: Runner(c.job.id), waker, lambda: 0.0)
+    runner = loop.runners["p"] = Runner("p")
+    loop._refuse_if_drained(member, runner)
     assert "p" not in loop._state().refused
     runner.drained_by = "slow-node: slow: busy 4.0x its peers' median"
-    loop._refuse_if_drained(member)
+    loop._refuse_if_drained(member, runner)
     assert loop._state().refused == {
         "p": "drained from it by slow-node: slow: busy 4.0x its peers' median"
     }
     assert member.poked == 1  # the pool learns at once
-    loop.runner = None
+    loop.runners.clear()
     member.placement = "p"  # placed on it again before the pool read the refusal
     loop._reconcile()
-    assert loop.runner is None
+    assert not loop.runners
 
-    pinned = NodeLoop(pinned_config(), Member(), lambda c: Runner(c.job.id), waker, lambda: 0.0)
-    own = pinned.runner = Runner("j")
+    pinned = NodeLoop(pinned_config(), Member(), lambda c, g: Runner(c.job.id), waker, lambda: 0.0)
+    own = pinned.runners["j"] = Runner("j")
     own.drained_by = "operator: drained"
-    pinned._refuse_if_drained(Member())
+    pinned._refuse_if_drained(Member(), own)
     waker.close()
     assert pinned._state().refused == {}
 
@@ -205,7 +206,7 @@ def test_with_no_pool_the_pinned_job_is_served_once_and_its_exit_code_returned()
     assert loop.run() == 3
     waker.close()
     assert [(r.job_id, r.passes) for r in runners] == [("j", 3)]  # not started again
-    assert loop.runner is None
+    assert not loop.runners
 
 
 def test_with_no_pool_a_stop_ends_the_loop_once_the_job_has_left() -> None:
@@ -224,7 +225,7 @@ def test_with_no_pool_a_loop_needs_a_job_to_serve() -> None:
     settings = load_settings({"redis": {"url": "redis://r:6379/0"}})
     waker = Waker()
     with pytest.raises(ValueError, match="no pool serves its config's job"):
-        NodeLoop(settings, None, lambda c: Runner(c.job.id), waker, lambda: 0.0)
+        NodeLoop(settings, None, lambda c, g: Runner(c.job.id), waker, lambda: 0.0)
     waker.close()
 
 
@@ -250,15 +251,15 @@ def test_a_node_placed_elsewhere_lets_its_tiers_go_and_a_stopping_one_keeps_them
             kept.append(keep_tiers)
             loop.request_stop()
 
-    loop = NodeLoop(settings, member, lambda c: Closing(c.job.id), waker, lambda: 0.0)
+    loop = NodeLoop(settings, member, lambda c, g: Closing(c.job.id), waker, lambda: 0.0)
     member.placement = "j"
     loop._reconcile()
-    assert loop.runner is not None
+    assert loop.runners
     member.placement = "k"  # the pool placed this node on another job
     loop.run()
     assert kept == [False]
 
-    loop = NodeLoop(pinned_config(), Member(), lambda c: Closing(c.job.id), waker, lambda: 0.0)
+    loop = NodeLoop(pinned_config(), Member(), lambda c, g: Closing(c.job.id), waker, lambda: 0.0)
     loop._reconcile()
     loop.request_stop()
     loop.run()
@@ -271,12 +272,12 @@ def test_between_jobs_the_loop_sweeps_stale_tiers_once_per_job_wanted() -> None:
     never while it serves a job (the agent owns that job's tier)."""
     member = Member()
     member.synced = False
-    swept: list[str | None] = []
+    swept: list[tuple[str, ...]] = []
     waker = Waker()
     loop = NodeLoop(
         load_settings({"redis": {"url": "redis://r:6379/0"}}),
         member,
-        lambda c: Runner(c.job.id),
+        lambda c, g: Runner(c.job.id),
         waker,
         lambda: 0.0,
         sweep=lambda _settings, serving: swept.append(serving),
@@ -286,14 +287,14 @@ def test_between_jobs_the_loop_sweeps_stale_tiers_once_per_job_wanted() -> None:
     member.synced = True
     loop._sweep_stale()
     loop._sweep_stale()
-    assert swept == [None]  # free: every tier of this node is stale, once
+    assert swept == [()]  # free: every tier of this node is stale, once
     member.placement = "j"
     loop._sweep_stale()
-    assert swept == [None, "j"]
-    loop.runner = Runner("j")
+    assert swept == [(), ("j",)]
+    loop.runners["j"] = Runner("j")
     member.placement = "k"
     loop._sweep_stale()
-    assert swept == [None, "j"]  # serving j: its agent owns its tier
+    assert swept == [(), ("j",)]  # serving j: its agent owns its tier
     waker.close()
 
 
@@ -371,7 +372,7 @@ def test_an_image_present_is_not_pulled_again() -> None:
     assert registry.pulls == [] and runners[0].ready == Pulled("localhost/t:1", 0.0)
     registry.is_present = False  # removed from the node since (podman image prune)
     runners.clear()
-    loop.runner = None  # the job left; placed here again
+    loop.runners.clear()  # the job left; placed here again
     registry.go.set()
     wait_for(lambda: _reconciled(loop) and runners, 10, "the agent to start again")
     assert registry.pulls == ["localhost/t:1"]  # looked again, and pulled it
@@ -395,12 +396,65 @@ def test_the_node_advertises_its_gpus_with_the_job_whose_workers_hold_each() -> 
     units = (GpuUnit("GPU-a", "H100", 81559), GpuUnit("GPU-b", "H100", 81559))
     member, waker = Member(), Waker()
     loop = NodeLoop(
-        settings, member, lambda c: Runner(c.job.id), waker, lambda: 0.0, inventory=lambda: units
+        settings, member, lambda c, g: Runner(c.job.id), waker, lambda: 0.0, inventory=lambda: units
     )
     waker.close()
     assert loop._state().gpus == units
-    runner = loop.runner = Runner("p")
+    runner = loop.runners["p"] = Runner("p")
     runner.held = ("GPU-b",)
     assert [(u.uuid, u.job) for u in loop._state().gpus] == [("GPU-a", None), ("GPU-b", "p")]
-    loop.runner = None
+    loop.runners.clear()
     assert all(u.job is None for u in loop._state().gpus)
+
+
+def test_jobs_sharing_a_node_each_get_gpus_of_their_own_and_leave_alone() -> None:
+    """Placed as shares, the node starts an agent per job, each with units no other job holds
+    (the first free in the order the node offers them); a job no longer placed here is asked to
+    leave, the others untouched; a share whose units are still another job's waits for them,
+    and a whole-node job waits until every job sharing the node left."""
+    settings = load_settings({"redis": {"url": "redis://r:6379/0"}})
+    units = tuple(GpuUnit(f"GPU-{i}", "H100") for i in range(4))
+    granted: dict[str, tuple[str, ...] | None] = {}
+    started: dict[str, Runner] = {}
+
+    def start(config: Config, grant: tuple[str, ...] | None) -> Runner:
+        granted[config.job.id] = grant
+        runner = started[config.job.id] = Runner(config.job.id)
+        return runner
+
+    def config_for(job_id: str) -> Config:
+        config = load_settings(
+            {
+                "redis": {"url": "redis://r:6379/0"},
+                "job": {"id": job_id, "entrypoint": ["true"], **AS_TESTER},
+            }
+        )
+        assert isinstance(config, Config)
+        return config
+
+    member, waker = Member(), Waker()
+    loop = NodeLoop(settings, member, start, waker, lambda: 0.0, inventory=lambda: units)
+    loop._config_for = config_for  # type: ignore[method-assign]
+    member.shares = {"a": 1, "b": 2}
+    loop._reconcile()
+    assert granted == {"a": ("GPU-0",), "b": ("GPU-1", "GPU-2")}
+    state = loop._state()
+    assert (state.serving, state.sharing) == (None, ("a", "b"))
+    assert [u.job for u in state.gpus] == ["a", "b", "b", None]
+
+    member.shares = {"b": 2, "c": 2}  # a leaves; c needs 2 of the 1 free: it waits for a's
+    loop._reconcile()
+    assert (started["a"].stops, started["b"].stops) == (1, 0)
+    assert "c" not in loop.runners
+    loop._forget("a")  # a's agent left
+    loop._reconcile()
+    assert granted["c"] == ("GPU-0", "GPU-3") and started["b"].stops == 0
+
+    member.shares, member.placement = {}, "whole"  # a whole-node job: after every share left
+    loop._reconcile()
+    assert "whole" not in loop.runners and started["c"].stops == 1
+    loop._forget("b")
+    loop._forget("c")
+    loop._reconcile()
+    waker.close()
+    assert granted["whole"] is None and list(loop.runners) == ["whole"]

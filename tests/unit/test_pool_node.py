@@ -9,7 +9,13 @@ import pytest
 
 from nodeagent.config.container import ContainerRule
 from nodeagent.errors import CorruptStateError
-from nodeagent.model.gpus import GpuUnit
+from nodeagent.model.gpus import (
+    GpuUnit,
+    placement_texts,
+    read_placement,
+    share_text,
+    split_placements,
+)
 from nodeagent.model.pool import PoolNode
 
 
@@ -84,3 +90,17 @@ def test_bad_gpu_units_are_refused(gpus: object, says: str) -> None:
     doc = {**json.loads(PoolNode("a", "10.0.0.1", 5000).to_json()), "gpus": gpus}
     with pytest.raises(CorruptStateError, match=says):
         PoolNode.from_json(json.dumps(doc))
+
+
+def test_a_placement_is_a_whole_node_job_or_the_shares_of_the_jobs_sharing_it() -> None:
+    assert read_placement("llama") == "llama"
+    assert read_placement(share_text({"b": 2, "a": 1})) == {"a": 1, "b": 2}
+    assert share_text({"b": 2, "a": 1}) == "a:1 b:2"
+    for garbage in ("", "a:0", "a:1 a:2", "a:x", "../x:1", "a:1  b:2", "a:999"):
+        assert read_placement(garbage) is None, garbage
+    texts = placement_texts({"n1": "whole"}, {"n2": {"x": 1, "y": 7}, "n3": {}})
+    assert texts == {"n1": "whole", "n2": "x:1 y:7"}  # a node no job shares holds nothing
+    assert split_placements({**texts, "n4": "a:1 a:1"}) == (
+        {"n1": "whole"},
+        {"n2": {"x": 1, "y": 7}},
+    )

@@ -361,15 +361,15 @@ def test_a_standby_gives_way_to_a_pending_job_and_to_a_job_below_its_target() ->
 
 
 def test_a_job_asking_for_gpus_goes_only_to_nodes_offering_that_many() -> None:
-    """Until a node serves several jobs (issue 66's next step), a job that asks for K GPUs
-    still holds its nodes whole: only nodes offering at least K units can run it, and one that
-    no node can run says which fall short."""
+    """A job that asks for K GPUs shares nodes offering at least K units; one that no node can
+    run says which fall short; a whole-node job goes anywhere free, with GPUs or none."""
     view_nodes = nodes(
         a=NodeView("a", gpus=2), b=NodeView("b", gpus=8), c=NodeView("c"), d=NodeView("d", gpus=8)
     )
     four = replace(job("four", 2), gpus_per_node=4)
-    placements, jobs = run(view_nodes, [four])
-    assert on(placements, "four") == ["b", "d"] and jobs["four"].state is RUNNING
+    result = schedule(PoolView(NOW, view_nodes, {"four": four}, {}), POLICY)
+    assert result.placements == {} and result.shares == {"b": {"four": 4}, "d": {"four": 4}}
+    assert result.jobs["four"].reason == "admitted on 2 nodes, 4 GPUs each"
     anything = job("any", 4)  # a whole-node job: any node, with GPUs or none
     assert on(run(view_nodes, [anything])[0], "any") == ["a", "b", "c", "d"]
     sixteen = replace(job("big", 1), gpus_per_node=16)
@@ -378,3 +378,69 @@ def test_a_job_asking_for_gpus_goes_only_to_nodes_offering_that_many() -> None:
     assert jobs["big"].reason == (
         "needs 1 nodes, the pool has 0 healthy nodes that can run it; 4 offer fewer than 16 GPUs"
     )
+
+
+def gpu_jobs(*asks: tuple[str, int], seq: int = 1) -> list[JobView]:
+    return [replace(job(name, 1, seq=seq + i), gpus_per_node=k) for i, (name, k) in enumerate(asks)]
+
+
+def test_eight_one_gpu_jobs_pack_one_node_and_leave_the_others_whole() -> None:
+    view_nodes = {n: NodeView(n, gpus=8) for n in "abc"}
+    ones = gpu_jobs(*((f"one-{i}", 1) for i in range(8)))
+    pair = job("pair", 2, seq=20)  # a two-node whole-node job
+    result = schedule(PoolView(NOW, view_nodes, {j.id: j for j in [*ones, pair]}, {}), POLICY)
+    assert result.shares == {"a": {f"one-{i}": 1 for i in range(8)}}
+    assert result.placements == {"b": "pair", "c": "pair"}
+    split = gpu_jobs(("four", 4), ("two", 2), ("too", 2))
+    packed = schedule(PoolView(NOW, view_nodes, {j.id: j for j in split}, {}), POLICY)
+    assert packed.shares == {"a": {"four": 4, "two": 2, "too": 2}}  # 4+2+2: one node
+
+
+def test_packing_takes_the_fullest_node_that_fits_and_keeps_shares_between_rounds() -> None:
+    view_nodes = {n: NodeView(n, gpus=8) for n in "abc"}
+    running = [
+        replace(
+            j,
+            status=replace(j.status, state=RUNNING, admitted_ms=NOW),
+            record_state=JobState.RUNNING,
+        )
+        for j in gpu_jobs(("six", 6), ("three", 3))
+    ]
+    shares = {"a": {"six": 6}, "b": {"three": 3}}
+    new = gpu_jobs(("two", 2), seq=10)[0]
+    view = PoolView(NOW, view_nodes, {j.id: j for j in [*running, new]}, {}, shares=shares)
+    result = schedule(view, POLICY)
+    assert result.shares == {"a": {"six": 6, "two": 2}, "b": {"three": 3}}  # best fit: a
+    five = gpu_jobs(("five", 5), seq=11)[0]
+    view = PoolView(NOW, view_nodes, {j.id: j for j in [*running, five]}, {}, shares=shares)
+    assert schedule(view, POLICY).shares["b"] == {"three": 3, "five": 5}
+    # a share of an ended job is freed in its round; one on a lost node is dropped
+    ended = replace(running[0], record_state=JobState.SUCCEEDED)
+    lost = {n: v for n, v in view_nodes.items() if n != "b"}
+    view = PoolView(NOW, lost, {"six": ended, "three": running[1]}, {}, shares=shares)
+    result = schedule(view, POLICY)
+    assert result.shares == {"a": {"three": 3}}  # three grew back into a, now free of six
+    assert result.jobs["six"].state is PoolJobState.SUCCEEDED
+
+
+def test_a_shared_node_is_no_whole_node_job_s_and_a_reservation_keeps_free_nodes_whole() -> None:
+    view_nodes = {n: NodeView(n, gpus=8) for n in "ab"}
+    one = replace(
+        gpu_jobs(("one", 1))[0], status=PoolJob(RUNNING, seq=1, submitted_ms=0, admitted_ms=0)
+    )
+    whole = job("whole", 2, seq=2, waited_ms=POLICY.reserve_after_ms)  # waited long: reserves
+    more = gpu_jobs(("more", 1), ("big", 8), seq=3)
+    shares = {"a": {"one": 1}}
+    view = PoolView(NOW, view_nodes, {j.id: j for j in [one, whole, *more]}, {}, shares=shares)
+    result = schedule(view, POLICY)
+    assert result.placements == {}  # a is shared: the whole-node job waits for it
+    assert result.jobs["whole"].reason == "needs 2 nodes, 1 free"
+    assert result.shares == {"a": {"one": 1, "more": 1}}  # a partly used node: still packed
+    assert result.jobs["big"].reason == "needs 1 nodes with 8 free GPUs, 0 have them"  # not b
+
+
+def test_an_exclusive_gpu_job_holds_whole_nodes() -> None:
+    view_nodes = {n: NodeView(n, gpus=8) for n in "ab"}
+    alone = replace(job("alone", 1), gpus_per_node=1, exclusive=True)
+    result = schedule(PoolView(NOW, view_nodes, {"alone": alone}, {}), POLICY)
+    assert result.placements == {"a": "alone"} and result.shares == {}

@@ -218,10 +218,10 @@ def test_a_sweep_removes_this_nodes_tiers_of_jobs_it_does_not_serve(tmp_path: Pa
     (memory / "a.file").write_text("not a tier")
     (tmp_path / "elsewhere").mkdir()
     (memory / "a.link").symlink_to(tmp_path / "elsewhere")
-    removed = space.sweep([str(memory), str(tmp_path / "absent")], "a", "served")
+    removed = space.sweep([str(memory), str(tmp_path / "absent")], "a", ("served",))
     assert removed == [left]
     assert all(p.exists() for p in [served, *others, tmp_path / "elsewhere", memory / "a.file"])
-    assert space.sweep([str(memory)], "a", None) == [served]  # serving nothing
+    assert space.sweep([str(memory)], "a", ()) == [served]  # serving nothing
 
 
 def test_a_sweep_leaves_a_memory_dir_someone_else_may_write_alone(tmp_path: Path) -> None:
@@ -229,7 +229,7 @@ def test_a_sweep_leaves_a_memory_dir_someone_else_may_write_alone(tmp_path: Path
     memory.mkdir()
     memory.chmod(0o777)
     tier_path = _tier(memory, "a", "job")
-    assert space.sweep([str(memory)], "a", None) == []
+    assert space.sweep([str(memory)], "a", ()) == []
     assert tier_path.exists()
 
 

@@ -251,12 +251,14 @@ def test_workers_get_their_gpus_by_uuid_and_by_index_only_in_pci_order() -> None
     assert visible_devices((0, 2), uuids) == {
         "CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-cccc",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-aaaa,GPU-cccc",
     }
     assert visible_devices((3,), uuids)["CUDA_VISIBLE_DEVICES"] == "MIG-dddd"
     # One GPU without a UUID: all by index, counted in NVML's (PCI) order.
     assert visible_devices((1, 2), uuids) == {
         "CUDA_VISIBLE_DEVICES": "1,2",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "NVIDIA_VISIBLE_DEVICES": "1,2",
     }
     usable = (2, 0, 3, 1)
     specs = worker_specs({}, CONFIG, RECORD, group_rank=0, usable_gpus=usable, uuids=uuids)

@@ -15,7 +15,7 @@ export function nodesPage(main) {
         { dataset: { node: n.name, health: n.health } },
         el("td", {}, n.name),
         el("td", { class: n.health === "ok" ? "" : "bad" }, n.health),
-        el("td", {}, n.job ? el("a", { href: `#/jobs/${q(n.job)}` }, n.job) : "–"),
+        el("td", {}, ...jobLinks(n)),
         gpuCell(n.gpus || []),
         el("td", {}, n.cordon === null ? "" : `${n.drained ? "drained" : "cordoned"}: ${n.cordon || "(no reason)"}`),
         el("td", {}, Object.entries(n.labels || {}).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`))),
@@ -33,4 +33,10 @@ function gpuCell(units) {
   const held = units.filter((u) => u.job).length;
   const title = units.map((u) => `${u.uuid} ${u.model || ""}: ${u.job || "free"}`).join("\n");
   return el("td", { class: "num", title, dataset: { gpus: String(units.length), held: String(held) } }, `${held}/${units.length}`);
+}
+
+function jobLinks(n) {
+  const jobs = n.job ? [n.job] : Object.keys(n.shares || {}).sort();
+  if (!jobs.length) return ["–"];
+  return jobs.flatMap((job, i) => [i ? ", " : "", el("a", { href: `#/jobs/${q(job)}` }, job)]);
 }

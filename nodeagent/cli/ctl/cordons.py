@@ -40,7 +40,8 @@ def in_pool(store: PoolStore, args: argparse.Namespace, by: str) -> int:
     """
     snap = store.read()
     name = args.node
-    if name not in snap.deadlines and name not in snap.placements and name not in snap.cordons:
+    seen = snap.deadlines.keys() | snap.placements.keys() | snap.shares.keys()
+    if name not in seen and name not in snap.cordons:
         known = ", ".join(sorted(snap.deadlines)) or "none"
         raise NotFoundError(f"node {name!r} is not in pool {store.keys.pool} (its nodes: {known})")
     done = cordoning.apply(store, name, args.command, getattr(args, "reason", ""), by)

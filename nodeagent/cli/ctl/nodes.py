@@ -38,6 +38,9 @@ def run(target: Target, args: argparse.Namespace) -> int:
         age = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.1f}s"
         health = r["health"] if len(r["health"]) <= 10 else r["health"][:9] + "~"
         job = f"{r['job']} (pulling)" if r["job"] and r["pulling"] else r["job"] or "(free)"
+        if r["shares"]:
+            shared = ",".join(sorted(r["shares"]))
+            job = shared if len(shared) <= 24 else f"{len(r['shares'])} jobs (shared)"
         gpus = r["gpus"]
         used = f"{sum(1 for u in gpus if u['job'])}/{len(gpus)}" if gpus else "-"
         cordon = r["cordon"] or "-"

@@ -125,7 +125,8 @@ def wait_drained(store: PoolStore, name: str, timeout: float) -> int:
     while time.monotonic() < deadline:
         snap = store.read()
         report = snap.nodes.get(name)
-        if name not in snap.placements and (report is None or report.serving is None):
+        serving = report is not None and (report.serving is not None or report.sharing)
+        if name not in snap.placements and name not in snap.shares and not serving:
             print(f"node {name}: off its job, serving nothing")
             return 0
         time.sleep(0.2)

@@ -1,0 +1,262 @@
+"""The working state of one schedule() call (pool/schedule.py's rules; pool/sharing.py's for
+the nodes that jobs asking for GPUs share): placements, statuses and events as the round makes
+them, indexed so that a decision costs about nodes + jobs, not nodes x jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from nodeagent.model.job import Event
+from nodeagent.model.pool import PoolJob, PoolJobState
+from nodeagent.model.queues import DEFAULT, Ledger
+from nodeagent.pool import preempt
+from nodeagent.pool.schedview import JobView, Lacking, PoolView, Short
+
+
+class Run:
+    """The working state of one schedule() call, indexed so that a decision costs about
+    nodes + jobs, not nodes x jobs (bench/schedule.py)."""
+
+    def __init__(self, view: PoolView) -> None:
+        self.view = view
+        self.placements: dict[str, str] = {}
+        self.by_job: dict[str, set[str]] = {}
+        self.jobs: dict[str, PoolJob] = {}
+        self.events: list[Event] = []
+        nodes = view.nodes.values()
+        self.eligible = sorted(n.name for n in nodes if n.eligible)  # handed out in this order
+        self._eligible = {name: i for i, name in enumerate(self.eligible)}  # -> its index
+        self._head = 0  # every node of eligible[:_head] is placed
+        self._free = len(self.eligible)  # eligible nodes not placed
+        self.refusers: dict[str, set[str]] = {}  # nodes that refuse a job, or lack its labels
+        self.unmatched: dict[str, int] = {}  # of those, how many lack its labels
+        self.short: dict[str, int] = {}  # ... and how many offer fewer GPUs than it asks for
+        for node in nodes:
+            for job_id in node.refused:
+                self.refusers.setdefault(job_id, set()).add(node.name)
+        lacking_of = Lacking(nodes)
+        for job in view.jobs.values():
+            if job.selector:
+                lacking = lacking_of(job.selector)
+                self.refusers.setdefault(job.id, set()).update(lacking)
+                self.unmatched[job.id] = len(lacking)
+        short_of = Short(nodes)
+        for job in view.jobs.values():
+            if job.gpus_per_node is not None:
+                short = short_of(job.gpus_per_node) - self.refusers.get(job.id, set())
+                if short:
+                    self.refusers.setdefault(job.id, set()).update(short)
+                    self.short[job.id] = len(short)
+        self.serving: dict[str, set[str]] = {}  # job -> the nodes whose agent still runs it
+        for node in nodes:
+            served = node.sharing if node.serving is None else (node.serving, *node.sharing)
+            for job_id in served:
+                self.serving.setdefault(job_id, set()).add(node.name)
+        # The nodes jobs that asked for GPUs share (pool/sharing.py): node -> job -> units,
+        # and each such job's nodes. A shared node is taken, for a whole-node job, as a placed
+        # one is.
+        self.shares: dict[str, dict[str, int]] = {}
+        self.shared_by_job: dict[str, set[str]] = {}
+        self._units: dict[str, int] = {}  # a shared node -> its units no job holds
+        self.by_free: dict[int, dict[str, None]] = {}  # free units -> the shared nodes (ordered)
+        self.healthy = {
+            n.name for n in nodes if n.pinned is None and n.unfit is None and n.cordoned is None
+        }
+        self.ledger = Ledger(view.queues)
+        self._queue_of = {job.id: job.queue for job in view.jobs.values()}
+        self._victims: list[JobView] | None = None  # see victims()
+        self._running: set[str] | None = None  # see running()
+        self._namesakes: dict[tuple[str, str], list[tuple[int, str]]] | None = None
+
+    def status(self, job: JobView) -> PoolJob:
+        return self.jobs.get(job.id, job.status)
+
+    def move(
+        self,
+        job: JobView,
+        state: PoolJobState,
+        reason: str,
+        event: str,
+        data: Mapping[str, object] | None = None,
+    ) -> None:
+        self._running = None
+        moved = self.status(job).moved(state, self.view.now_ms, reason)
+        self.jobs[job.id] = replace(moved, exit_code=job.exit_code) if state.ended else moved
+        message = f"job {job.id}: {reason}"
+        said: dict[str, object] = {**(data or {"job": job.id}), "state": state.value}
+        if job.user:  # whom it runs as, and what they asked to be told of (pool/notify.py),
+            said["user"] = job.user  # as they were when it happened: the id may be reused
+        if job.notify:
+            said["notify"] = list(job.notify)
+        self.events.append(Event(event, message=message, data=said))
+
+    def note(self, job: JobView, reason: str) -> None:
+        """Say why a job waits (written only when the reason changes); an evicted job says so
+        first."""
+        evicted = self.status(job).evicted
+        if evicted is not None:
+            reason = f"evicted {evicted}; {reason}"
+        if self.status(job).reason != reason:
+            self.jobs[job.id] = replace(self.status(job), reason=reason)
+
+    def place(self, node: str, job: str) -> None:
+        self.unplace(node)
+        self.keep([node], job)
+
+    def keep(self, nodes: list[str], job: str) -> None:
+        """Place nodes that are placed nowhere yet (place() moves one from its job first); a
+        job's nodes at once (at 10,000 nodes, node by node took most of a steady round)."""
+        self.placements.update(dict.fromkeys(nodes, job))
+        self.by_job.setdefault(job, set()).update(nodes)
+        self._free -= sum(1 for node in nodes if node in self._eligible)
+        self.ledger.add(self._queue_of.get(job, DEFAULT), len(nodes))
+
+    def share(self, node: str, job: str, units: int, refile: bool = True) -> None:
+        """`job` holds `units` GPUs of `node`, which no whole-node job is placed on (`refile`
+        False: the caller refiles the node once it added every share of it)."""
+        held = self.shares.get(node)
+        if held is None:
+            held = self.shares[node] = {}
+            if node in self._eligible:
+                self._free -= 1
+        if job not in held:
+            self.shared_by_job.setdefault(job, set()).add(node)
+            self.ledger.add(self._queue_of.get(job, DEFAULT), 1)
+        held[job] = units
+        if refile:
+            self.refile(node)
+
+    def unshare(self, node: str, job: str) -> None:
+        held = self.shares.get(node, {})
+        if held.pop(job, None) is None:
+            return
+        self.shared_by_job[job].discard(node)
+        self.ledger.add(self._queue_of.get(job, DEFAULT), -1)
+        if held:
+            self.refile(node)
+            return
+        del self.shares[node]
+        self.by_free.get(self._units.pop(node), {}).pop(node, None)
+        if node in self._eligible:
+            self._free += 1
+            self._head = min(self._head, self._eligible[node])
+
+    def refile(self, node: str) -> None:
+        """File a shared node under its free units now (by_free: the packing's best fit)."""
+        before = self._units.get(node)
+        if before is not None:
+            self.by_free.get(before, {}).pop(node, None)
+        offered = self.view.nodes[node].gpus if node in self.view.nodes else 0
+        free = self._units[node] = offered - sum(self.shares[node].values())
+        self.by_free.setdefault(free, {})[node] = None
+
+    def free_units(self, node: str) -> int:
+        """The GPU units of `node` no job holds (a node no job is placed on: all it offers)."""
+        if node in self._units:
+            return self._units[node]
+        return self.view.nodes[node].gpus if node in self.view.nodes else 0
+
+    def holds(self, job: str) -> int:
+        """The nodes `job` holds: placed on it whole, or sharing them."""
+        return len(self.by_job.get(job, ())) + len(self.shared_by_job.get(job, ()))
+
+    def running(self) -> set[str]:
+        """The jobs running now (as this round has settled them; made once until a job
+        moves)."""
+        if self._running is None:
+            jobs = self.view.jobs.values()
+            self._running = {j.id for j in jobs if self.status(j).state is PoolJobState.RUNNING}
+        return self._running
+
+    def unplace(self, node: str) -> None:
+        job = self.placements.pop(node, None)
+        if job is not None:
+            self.by_job[job].discard(node)
+            self.ledger.add(self._queue_of.get(job, DEFAULT), -1)
+            if node in self._eligible:
+                self._free += 1
+                self._head = min(self._head, self._eligible[node])  # freed: the cursor sees it
+
+    def namesakes(self) -> dict[tuple[str, str], list[tuple[int, str]]]:
+        """The jobs not ended, by (user, name): what `singleton` waits for. Made once a round,
+        when first asked."""
+        if self._namesakes is None:
+            self._namesakes = {}
+            for j in self.view.jobs.values():
+                if not self.status(j).state.ended:
+                    self._namesakes.setdefault((j.user, j.name), []).append((j.status.seq, j.id))
+        return self._namesakes
+
+    def placed(self, job: str) -> list[str]:
+        return sorted(self.by_job.get(job, ()))
+
+    def victims(self) -> list[JobView]:
+        """The jobs that may give nodes to a pending one: running, not pinned, in victim order.
+        Taken once, when first needed: jobs admitted later in the round are not among them
+        (they come in priority order, so no job after them outranks them; and a job is not
+        shrunk in the round that admitted it)."""
+        if self._victims is None:
+            running = [
+                j
+                for j in self.view.jobs.values()
+                if self.status(j).state is PoolJobState.RUNNING
+                and not self.status(j).pinned
+                and not j.shared  # (it holds no whole node to give)
+            ]
+            self._victims = sorted(running, key=preempt.order)
+        return self._victims
+
+    def could_preempt(self, job: JobView) -> bool:
+        """A cheap bound: some running job has a lower priority than `job`, or its queue is
+        below its guaranteed share while another is above its own."""
+        victims = self.victims()
+        if victims and job.priority > victims[0].priority:
+            return True
+        return self.ledger.deficit(job.queue) > 0 and self.ledger.any_above_share(job.queue)
+
+    def usable(self, job: JobView, node: str) -> bool:
+        """`node` could serve `job`: eligible, not refusing it, carrying its labels."""
+        return node in self._eligible and node not in self.refusers.get(job.id, ())
+
+    def shrunk(self, job: JobView, reason: str) -> None:
+        status = self.status(job)
+        self.jobs[job.id] = replace(status, shrunk_ms=self.view.now_ms, reason=reason)
+
+    def grown(self, job: JobView) -> None:
+        self.jobs[job.id] = replace(self.status(job), grown_ms=self.view.now_ms)
+
+    def free_count(self, job: JobView) -> int:
+        """Free eligible nodes that do not refuse `job`."""
+        refusing = self.refusers.get(job.id, set())
+        free = refusing & self._eligible.keys()
+        return self._free - sum(
+            1 for n in free if n not in self.placements and n not in self.shares
+        )
+
+    def take(self, job: JobView, limit: int) -> list[str]:
+        """Place up to `limit` free nodes (in name order) that do not refuse `job` on it."""
+        taken = self.free_nodes(job, limit)
+        for name in taken:
+            self.place(name, job.id)
+        return taken
+
+    def _advance(self) -> None:
+        eligible = self.eligible
+        while self._head < len(eligible) and (
+            eligible[self._head] in self.placements or eligible[self._head] in self.shares
+        ):
+            self._head += 1
+
+    def free_nodes(self, job: JobView, limit: int) -> list[str]:
+        """Up to `limit` free eligible nodes (no job placed on them, none sharing them) that do
+        not refuse `job`, in the order take() hands them out."""
+        self._advance()
+        refusing = self.refusers.get(job.id, set())
+        found: list[str] = []
+        for name in self.eligible[self._head :]:
+            if len(found) >= limit:
+                break
+            if name not in self.placements and name not in self.shares and name not in refusing:
+                found.append(name)
+        return found
