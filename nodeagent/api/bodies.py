@@ -46,6 +46,10 @@ class QueueNew(Strict):
     ] = None
     guaranteed: Annotated[int, Field(ge=0)] = 0
     max_priority: int | None = None
+    gpu_quota: Annotated[
+        int | None,
+        Field(ge=0, description="the most GPUs its jobs hold, a whole node's all (null: none)"),
+    ] = None
 
 
 class QueueChange(Strict):
@@ -54,6 +58,7 @@ class QueueChange(Strict):
     quota: Annotated[int | None, Field(ge=0)] = None
     guaranteed: Annotated[int | None, Field(ge=0)] = None
     max_priority: int | None = None
+    gpu_quota: Annotated[int | None, Field(ge=0)] = None
 
 
 class Done(BaseModel):

@@ -1,7 +1,9 @@
 """The pool's queues: how many nodes each may hold, and how many it is guaranteed. Pure.
 
 Every job belongs to one queue (`queue` in its spec, default `default`). A queue has a quota,
-the most nodes its jobs hold at once (none: no limit), and a guaranteed share: while it holds
+the most nodes its jobs hold at once (none: no limit), a GPU quota, the most GPU units its jobs
+hold at once (a whole-node job holds every unit of its nodes, a job sharing nodes those it
+asked for: model/gpus.py), and a guaranteed share: while it holds
 fewer, its pending jobs may take nodes back from queues that hold more than their own share,
 whatever those jobs' priorities (nodeagent.pool.preempt). `default` always exists, with no
 quota and no guarantee, unless an operator sets one.
@@ -18,6 +20,7 @@ from nodeagent.model.decode import Reader
 
 DEFAULT = "default"
 MAX_NODES = 1_000_000
+MAX_GPUS = 128 * MAX_NODES
 MAX_PRIORITY = 1_000_000  # as model/spec.py's
 
 
@@ -27,10 +30,15 @@ class QueueView:
     quota: int | None = None  # at most this many nodes at once; None: no limit
     guaranteed: int = 0  # nodes it may reclaim from queues above their own share
     max_priority: int | None = None  # the highest priority a job may be submitted with
+    gpu_quota: int | None = None  # at most this many GPU units at once; None: no limit
 
     def describe(self) -> str:
         ceiling = "none" if self.max_priority is None else str(self.max_priority)
-        return f"quota {self.quota or 'none'}, guaranteed {self.guaranteed}, max priority {ceiling}"
+        gpus = "" if self.gpu_quota is None else f", GPU quota {self.gpu_quota}"
+        return (
+            f"quota {self.quota or 'none'}{gpus}, guaranteed {self.guaranteed}, "
+            f"max priority {ceiling}"
+        )
 
     def problems(self) -> list[str]:
         """Why this queue is impossible (empty when it is fine)."""
@@ -41,6 +49,8 @@ class QueueView:
             found.append(f"guaranteed {self.guaranteed}: expected 0 to {MAX_NODES} nodes")
         if self.max_priority is not None and abs(self.max_priority) > MAX_PRIORITY:
             found.append(f"max priority {self.max_priority}: expected within +-{MAX_PRIORITY}")
+        if self.gpu_quota is not None and not 0 <= self.gpu_quota <= MAX_GPUS:
+            found.append(f"GPU quota {self.gpu_quota}: expected 0 to {MAX_GPUS} GPUs, or none")
         if self.quota is not None and self.guaranteed > self.quota:
             found.append(f"guaranteed {self.guaranteed} above its quota of {self.quota}")
         return found
@@ -57,6 +67,7 @@ class QueueView:
             quota=r.opt_integer("quota", 1, MAX_NODES),
             guaranteed=r.integer("guaranteed", 0, 0, MAX_NODES),
             max_priority=r.opt_integer("max_priority", -MAX_PRIORITY, MAX_PRIORITY),
+            gpu_quota=r.opt_integer("gpu_quota", 0, MAX_GPUS),
         )
         if queue.problems():
             raise CorruptStateError(f"pool queue: {'; '.join(queue.problems())}")
@@ -64,11 +75,27 @@ class QueueView:
 
 
 class Ledger:
-    """Nodes held per queue during one schedule() call, kept up to date as nodes move."""
+    """Nodes and GPU units held per queue during one schedule() call, kept up to date as nodes
+    move."""
 
     def __init__(self, queues: Mapping[str, QueueView]) -> None:
         self._queues = {DEFAULT: QueueView(DEFAULT), **queues}
         self._used: dict[str, int] = {}
+        self._gpus: dict[str, int] = {}
+
+    def add_gpus(self, name: str, count: int) -> None:
+        self._gpus[name] = self._gpus.get(name, 0) + count
+
+    def gpus_used(self, name: str) -> int:
+        return self._gpus.get(name, 0)
+
+    def gpu_quota(self, name: str) -> int | None:
+        return self._queues[name].gpu_quota if name in self._queues else None
+
+    def gpu_room(self, name: str) -> int | None:
+        """How many more GPU units the queue may hold; None: no limit."""
+        quota = self.gpu_quota(name)
+        return None if quota is None else max(0, quota - self.gpus_used(name))
 
     def exists(self, name: str) -> bool:
         return name in self._queues

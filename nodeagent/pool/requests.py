@@ -342,6 +342,7 @@ class Requests:
             quota=_number(args, "quota", base.quota),
             guaranteed=_number(args, "guaranteed", base.guaranteed) or 0,
             max_priority=_number(args, "max_priority", base.max_priority),
+            gpu_quota=_number(args, "gpu_quota", base.gpu_quota),
         )
         if queue.problems():
             raise Refused(f"queue {name}: {'; '.join(queue.problems())}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from nodeagent.model.gpus import gpus_needed
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT, Ledger
@@ -65,6 +66,10 @@ class Run:
         }
         self.ledger = Ledger(view.queues)
         self._queue_of = {job.id: job.queue for job in view.jobs.values()}
+        # the queues with a GPU quota: only their whole-node jobs' GPUs are counted (a node's
+        # units looked up for each of 10,000 placements would cost every round)
+        self._gpu_queues = {q.name for q in view.queues.values() if q.gpu_quota is not None}
+        self.widest = max((n.gpus for n in nodes if n.eligible), default=0)  # most units a node
         self._victims: list[JobView] | None = None  # see victims()
         self._running: set[str] | None = None  # see running()
         self._namesakes: dict[tuple[str, str], list[tuple[int, str]]] | None = None
@@ -110,7 +115,33 @@ class Run:
         self.placements.update(dict.fromkeys(nodes, job))
         self.by_job.setdefault(job, set()).update(nodes)
         self._free -= sum(1 for node in nodes if node in self._eligible)
-        self.ledger.add(self._queue_of.get(job, DEFAULT), len(nodes))
+        queue = self._queue_of.get(job, DEFAULT)
+        self.ledger.add(queue, len(nodes))
+        if queue in self._gpu_queues:
+            self.ledger.add_gpus(queue, sum(self.whole_gpus(node, job) for node in nodes))
+
+    def per_node_gpus(self, job: JobView) -> int:
+        """The GPU units `job` holds on each node, as a quota counts them ahead of placing it:
+        what it asks for where it shares nodes, else the most any node offers."""
+        return (job.gpus_per_node or 0) if job.shared else self.widest
+
+    def room(self, job: JobView) -> int | None:
+        """How many more nodes `job`'s queue lets it hold: its quota in nodes and its GPU quota
+        (per_node_gpus a node); None: no limit."""
+        rooms = [self.ledger.room(job.queue)]
+        gpus, per_node = self.ledger.gpu_room(job.queue), self.per_node_gpus(job)
+        if gpus is not None and per_node > 0:
+            rooms.append(gpus // per_node)
+        limits = [r for r in rooms if r is not None]
+        return min(limits) if limits else None
+
+    def whole_gpus(self, node: str, job: str) -> int:
+        """The GPU units a job placed on `node` whole holds there (model/gpus.py)."""
+        found, view = self.view.jobs.get(job), self.view.nodes.get(node)
+        offered = view.gpus if view is not None else 0
+        if found is None:
+            return offered
+        return gpus_needed(found.gpus_per_node, offered, found.exclusive)
 
     def share(self, node: str, job: str, units: int, refile: bool = True) -> None:
         """`job` holds `units` GPUs of `node`, which no whole-node job is placed on (`refile`
@@ -120,19 +151,23 @@ class Run:
             held = self.shares[node] = {}
             if node in self._eligible:
                 self._free -= 1
+        queue = self._queue_of.get(job, DEFAULT)
         if job not in held:
             self.shared_by_job.setdefault(job, set()).add(node)
-            self.ledger.add(self._queue_of.get(job, DEFAULT), 1)
+            self.ledger.add(queue, 1)
+        self.ledger.add_gpus(queue, units - held.get(job, 0))
         held[job] = units
         if refile:
             self.refile(node)
 
     def unshare(self, node: str, job: str) -> None:
         held = self.shares.get(node, {})
-        if held.pop(job, None) is None:
+        units = held.pop(job, None)
+        if units is None:
             return
         self.shared_by_job[job].discard(node)
         self.ledger.add(self._queue_of.get(job, DEFAULT), -1)
+        self.ledger.add_gpus(self._queue_of.get(job, DEFAULT), -units)
         if held:
             self.refile(node)
             return
@@ -173,7 +208,10 @@ class Run:
         job = self.placements.pop(node, None)
         if job is not None:
             self.by_job[job].discard(node)
-            self.ledger.add(self._queue_of.get(job, DEFAULT), -1)
+            queue = self._queue_of.get(job, DEFAULT)
+            self.ledger.add(queue, -1)
+            if queue in self._gpu_queues:
+                self.ledger.add_gpus(queue, -self.whole_gpus(node, job))
             if node in self._eligible:
                 self._free += 1
                 self._head = min(self._head, self._eligible[node])  # freed: the cursor sees it

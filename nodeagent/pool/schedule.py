@@ -239,7 +239,7 @@ def _admit(run: Run, policy: SchedulePolicy) -> bool:
         if held is not None:
             run.note(job, held)
             continue
-        room = run.ledger.room(job.queue)
+        room = run.room(job)
         want = job.target_nodes if room is None else min(job.target_nodes, room)
         free = run.free_count(job)
         if free >= job.min_nodes:
@@ -301,6 +301,13 @@ def _held_by_queue(run: Run, job: JobView) -> str | None:
     quota, used = run.ledger.quota(job.queue), run.ledger.used(job.queue)
     if quota is not None and quota - used < job.min_nodes:
         return f"pending: queue {job.queue} at its quota of {quota} nodes ({used} in use)"
+    gpus, held = run.ledger.gpu_quota(job.queue), run.ledger.gpus_used(job.queue)
+    needs = job.min_nodes * run.per_node_gpus(job)
+    if gpus is not None and gpus - held < needs:
+        return (
+            f"pending: queue {job.queue} at its GPU quota of {gpus} ({held} in use, "
+            f"it needs {needs})"
+        )
     return None
 
 
@@ -393,7 +400,7 @@ def _stand_by(run: Run) -> None:
             continue
         if len(run.by_job.get(job.id, ())) != job.target_nodes:
             continue  # short of its target (no free node is left) or holding one already
-        room = run.ledger.room(job.queue)
+        room = run.room(job)
         if room is not None and room < 1:
             continue
         before = sorted(n for n in freed[job.id] if n not in run.placements and run.usable(job, n))
@@ -426,7 +433,7 @@ def _grow(run: Run, policy: SchedulePolicy) -> None:
         if shrunk is not None and now - shrunk < policy.resize_cooldown_ms:
             continue
         want = job.target_nodes - len(run.by_job.get(job.id, ()))
-        room = run.ledger.room(job.queue)
+        room = run.room(job)
         if room is not None:
             want = min(want, room)
         if want > 0 and run.take(job, want) and status.admitted_ms != now:

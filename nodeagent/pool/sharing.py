@@ -12,7 +12,8 @@ Rules (docs/pool.md, "GPUs"):
   once, up to its target; it grows back the same way when it lost one;
 - a share lasts while its job runs on a live node that is not drained and does not refuse it;
   a job above its target (a scale down) gives back the nodes its record does not name;
-- a queue's quota counts each node a job shares as one of the queue's nodes.
+- a queue's quota counts each node a job shares as one of the queue's nodes, and its GPU quota
+  the units the job holds there.
 
 Which units a job gets on a node is the node's choice (runtime/nodeloop.py).
 """
@@ -51,7 +52,7 @@ def keep(run: Run) -> None:
 def admit(run: Run, job: JobView, reserving: bool) -> bool:
     """Admit pending `job` on nodes it can share (True), or leave it pending (False)."""
     units = job.gpus_per_node or 0
-    room = run.ledger.room(job.queue)
+    room = run.room(job)
     want = job.target_nodes if room is None else min(job.target_nodes, room)
     picked = _pick(run, job, want, reserving)
     if len(picked) < job.min_nodes:
@@ -69,7 +70,7 @@ def admit(run: Run, job: JobView, reserving: bool) -> bool:
 def grow(run: Run, job: JobView, reserving: bool) -> None:
     """A running job below its target takes nodes back the way it was admitted."""
     want = job.target_nodes - run.holds(job.id)
-    room = run.ledger.room(job.queue)
+    room = run.room(job)
     if room is not None:
         want = min(want, room)
     if want <= 0:

@@ -53,6 +53,8 @@ def test_a_queue_at_its_quota_keeps_its_next_job_pending(pool: PoolCluster) -> N
     assert rows["research"] == {
         "queue": "research",
         "quota": 1,
+        "gpu_quota": None,
+        "gpus": 0,  # these nodes have no GPUs (no NVML here)
         "guaranteed": 1,
         "nodes": 1,
         "running": 1,

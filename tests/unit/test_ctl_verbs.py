@@ -105,6 +105,11 @@ SIGNED_LINES: list[tuple[list[str], str | None, tuple[Verb, dict[str, Any]] | No
         None,
         (Verb.QUEUE, {"action": "create", "name": "q", "quota": None, "guaranteed": 2}),
     ),
+    (
+        ["queue", "set", "q", "--gpu-quota", "32"],
+        None,
+        (Verb.QUEUE, {"action": "set", "name": "q", "gpu_quota": 32}),
+    ),
     (["queue", "delete", "q"], None, (Verb.QUEUE, {"action": "delete", "name": "q"})),
     (["queue", "list"], None, None),  # reads change nothing
     (["hold", "x"], None, (Verb.HOLD, {"job": "x"})),

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import replace
 
+import pytest
+
+from nodeagent.errors import CorruptStateError
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.pool.schedule import (
     JobView,
@@ -282,3 +286,14 @@ def test_an_evicted_job_is_admitted_again_when_nodes_free_up() -> None:
     result = plan([evicted, done], names="ab")
     assert on(result, "low") == "ab" and result.jobs["low"].state is RUNNING
     assert result.jobs["low"].evicted is None
+
+
+def test_a_queue_round_trips_with_its_gpu_quota_and_an_impossible_one_is_garbage() -> None:
+    queue = QueueView("research", quota=8, guaranteed=2, gpu_quota=32)
+    assert QueueView.from_json(queue.to_json()) == queue
+    assert "GPU quota 32" in queue.describe()
+    older = json.loads(queue.to_json())
+    del older["gpu_quota"]  # written before GPU quotas: none
+    assert QueueView.from_json(json.dumps(older)).gpu_quota is None
+    with pytest.raises(CorruptStateError, match="gpu_quota"):
+        QueueView.from_json(json.dumps({**older, "gpu_quota": -1}))

@@ -8,6 +8,7 @@ import pytest
 
 from nodeagent.model.job import Cordon
 from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
+from nodeagent.model.queues import QueueView
 from nodeagent.pool.leadership import NodeViews
 from nodeagent.pool.schedule import (
     JobView,
@@ -444,3 +445,24 @@ def test_an_exclusive_gpu_job_holds_whole_nodes() -> None:
     alone = replace(job("alone", 1), gpus_per_node=1, exclusive=True)
     result = schedule(PoolView(NOW, view_nodes, {"alone": alone}, {}), POLICY)
     assert result.placements == {"a": "alone"} and result.shares == {}
+
+
+def test_a_gpu_quota_holds_under_a_burst_and_counts_a_whole_node_as_all_its_gpus() -> None:
+    view_nodes = {n: NodeView(n, gpus=8) for n in "abc"}
+    queues = {"research": QueueView("research", gpu_quota=4)}
+    burst = [replace(j, queue="research") for j in gpu_jobs(*((f"b{i}", 1) for i in range(10)))]
+    result = schedule(PoolView(NOW, view_nodes, {j.id: j for j in burst}, {}, queues), POLICY)
+    running = sorted(j for j, s in result.jobs.items() if s.state is RUNNING)
+    assert running == ["b0", "b1", "b2", "b3"] and result.shares == {"a": dict.fromkeys(running, 1)}
+    assert result.jobs["b4"].reason == (
+        "pending: queue research at its GPU quota of 4 (4 in use, it needs 1)"
+    )
+    # whole nodes: every unit of each counts, ahead of placing (the widest node's)
+    eight = {"train": QueueView("train", gpu_quota=8)}
+    pair = replace(job("pair", 2), queue="train")
+    one = replace(job("one", 1, 2, seq=2), queue="train")
+    result = schedule(PoolView(NOW, view_nodes, {"pair": pair, "one": one}, {}, eight), POLICY)
+    assert result.jobs["pair"].reason == (
+        "pending: queue train at its GPU quota of 8 (0 in use, it needs 16)"
+    )
+    assert on(result.placements, "one") == ["a"]  # its target 2 cut to what 8 GPUs allow

@@ -16,12 +16,12 @@ from nodeagent.views import queues as views
 from nodeagent.views.documents import listing
 
 HELP = "the pool's queues: quota, guaranteed share, use"
-QUEUE_KEYS = frozenset({"quota", "guaranteed", "max_priority"})  # absent: unchanged
+QUEUE_KEYS = frozenset({"quota", "guaranteed", "max_priority", "gpu_quota"})  # absent: unchanged
 
 
 def add_arguments(queue: argparse.ArgumentParser) -> None:
     queue.description = (
-        "nodeagentctl queue create research --quota 8 --guaranteed 4 | "
+        "nodeagentctl queue create research --quota 8 --gpu-quota 32 --guaranteed 4 | "
         "queue set research --quota none | queue delete research | queue list"
     )
     actions = queue.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -33,6 +33,12 @@ def add_arguments(queue: argparse.ArgumentParser) -> None:
             type=_quota,
             default=argparse.SUPPRESS,  # absent, unlike `--quota none`
             help="most nodes its jobs hold at once (none: no limit)",
+        )
+        parser.add_argument(
+            "--gpu-quota",
+            type=_quota,
+            default=argparse.SUPPRESS,
+            help="most GPUs its jobs hold at once, a whole node's all of them (none: no limit)",
         )
         parser.add_argument(
             "--guaranteed", type=int, help="nodes it may take back from queues above theirs"
@@ -98,6 +104,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
         quota=args.quota if "quota" in vars(args) else base.quota,
         guaranteed=base.guaranteed if args.guaranteed is None else args.guaranteed,
         max_priority=args.max_priority if "max_priority" in vars(args) else base.max_priority,
+        gpu_quota=args.gpu_quota if "gpu_quota" in vars(args) else base.gpu_quota,
     )
     problems = queue.problems()
     if problems:
@@ -136,12 +143,14 @@ def _list(store: PoolStore, as_json: bool) -> int:
         print(json.dumps(listing("queues", store.keys.pool, found), indent=2))
         return 0
     print(
-        f"{'QUEUE':<16} {'QUOTA':>6} {'GUARANTEED':>10} {'NODES':>6} {'RUNNING':>7} {'PENDING':>7}"
+        f"{'QUEUE':<16} {'QUOTA':>6} {'GUARANTEED':>10} {'NODES':>6} {'GPUS':>9} "
+        f"{'RUNNING':>7} {'PENDING':>7}"
     )
     for r in found:
         quota = "-" if r["quota"] is None else str(r["quota"])
+        gpus = str(r["gpus"]) + ("" if r["gpu_quota"] is None else f"/{r['gpu_quota']}")
         print(
-            f"{r['queue']:<16} {quota:>6} {r['guaranteed']:>10} {r['nodes']:>6} "
+            f"{r['queue']:<16} {quota:>6} {r['guaranteed']:>10} {r['nodes']:>6} {gpus:>9} "
             f"{r['running']:>7} {r['pending']:>7}"
         )
     return 0
