@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,9 +51,13 @@ def shares(pool: PoolCluster) -> dict[str, dict[str, int]]:
     return {row["name"]: row["shares"] for row in json.loads(result.stdout)["nodes"]}
 
 
-def every_node_offers(pool: PoolCluster, count: int) -> dict[str, list[dict[str, Any]]] | None:
+def every_node_offers(
+    pool: PoolCluster, count: int, *only: str
+) -> dict[str, list[dict[str, Any]]] | None:
+    """The nodes' units once every node (of `only`, if named) offers `count`."""
     found = units(pool)
-    return found if all(len(offered) == count for offered in found.values()) else None
+    chosen = [offered for node, offered in found.items() if not only or node in only]
+    return found if all(len(offered) == count for offered in chosen) else None
 
 
 def started(pool: PoolCluster, job: str, count: int) -> list[dict[str, Any]] | None:
@@ -158,3 +163,49 @@ def test_eight_one_gpu_jobs_share_a_node_each_on_its_own_gpu_and_a_crash_stays_i
     for name in others:  # one start each: never restarted, their workers still running
         assert len(started(pool, name, 1) or ()) == 1
         os.kill(first[name]["pid"], 0)
+
+
+def test_a_failing_gpu_takes_only_its_holder_off_the_node(
+    pool: PoolCluster, job_id: str, tmp_path: Path
+) -> None:
+    """Two one-GPU jobs packed onto node a: GPU 0 (x's) fails. x's agent drains a from x, the
+    node refuses x from then on, and the pool re-places x on b; y keeps its generation and its
+    worker; a no longer offers the failed GPU."""
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    wait_for(lambda: every_node_offers(pool, 8), 30, "8 GPUs a node")
+    x, y = f"{job_id}-x"[-63:], f"{job_id}-y"[-63:]
+    pool.submit(x, "1", "--gpus-per-node", "1")
+    row_x = pool.wait_job(x, "running", world=1)
+    pool.submit(y, "1", "--gpus-per-node", "1")
+    row_y = pool.wait_job(y, "running", world=1)
+    assert shares(pool)["a"] == {x: 1, y: 1}
+    first_x, first_y = first_start(pool, x), first_start(pool, y)
+    assert (first_x["cuda"], first_y["cuda"]) == ("GPU-fake-0", "GPU-fake-1")
+
+    path = tmp_path / "gpus-a.yaml"
+    state = yaml.safe_load(path.read_text())
+    state["gpus"][0]["ecc_uncorrected_volatile"] = 3  # uncorrectable ECC: the GPU drains
+    time.sleep(0.02)  # a new mtime: FakeNvml reads it again
+    path.write_text(yaml.safe_dump(state))
+    pool.wait_job(x, "running", world=1, after=row_x["generation"], timeout=60)
+    wait_for(lambda: shares(pool).get("b") == {x: 1}, 30, "x moved to b")
+    offered = wait_for(lambda: every_node_offers(pool, 7, "a"), 30, "a offering 7 GPUs")
+    assert "GPU-fake-0" not in {unit["uuid"] for unit in offered["a"]}
+    assert pool.jobs()[y]["generation"] == row_y["generation"]
+    assert len(started(pool, y, 1) or ()) == 1
+    os.kill(first_y["pid"], 0)  # y's worker: the same process, still running
+
+
+def test_a_node_killed_re_forms_every_job_it_served(pool: PoolCluster, job_id: str) -> None:
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    wait_for(lambda: every_node_offers(pool, 8), 30, "8 GPUs a node")
+    jobs = [f"{job_id}-{n}"[-63:] for n in ("x", "y")]
+    for name in jobs:
+        pool.submit(name, "1:2", "--gpus-per-node", "1")
+    rows = {name: pool.wait_job(name, "running", world=2, timeout=60) for name in jobs}
+    assert shares(pool) == {"a": dict.fromkeys(jobs, 1), "b": dict.fromkeys(jobs, 1)}
+    pool.kill_tree("b")
+    for name in jobs:
+        pool.wait_job(name, "running", world=1, after=rows[name]["generation"], timeout=60)
