@@ -19,8 +19,9 @@ class Run:
     """The working state of one schedule() call, indexed so that a decision costs about
     nodes + jobs, not nodes x jobs (bench/schedule.py)."""
 
-    def __init__(self, view: PoolView) -> None:
+    def __init__(self, view: PoolView, cooldown_ms: int = 60_000) -> None:
         self.view = view
+        self.cooldown_ms = cooldown_ms  # SchedulePolicy.resize_cooldown_ms
         self.placements: dict[str, str] = {}
         self.by_job: dict[str, set[str]] = {}
         self.jobs: dict[str, PoolJob] = {}
@@ -72,6 +73,7 @@ class Run:
         self.widest = max((n.gpus for n in nodes if n.eligible), default=0)  # most units a node
         self._victims: list[JobView] | None = None  # see victims()
         self._running: set[str] | None = None  # see running()
+        self.givers: list[JobView] | None = None  # GPU jobs that could shrink (pool/sharing.py)
         self._namesakes: dict[tuple[str, str], list[tuple[int, str]]] | None = None
 
     def status(self, job: JobView) -> PoolJob:

@@ -77,7 +77,7 @@ _ENDED = {
 
 def schedule(view: PoolView, policy: SchedulePolicy) -> Schedule:
     """The placements and job statuses that follow from `view`."""
-    run = Run(view)
+    run = Run(view, policy.resize_cooldown_ms)
     for job in sorted(view.jobs.values(), key=lambda j: j.order):
         _settle(run, job)
     _keep(run)
@@ -228,7 +228,7 @@ def _admit(run: Run, policy: SchedulePolicy) -> bool:
             continue
         held = _held_by_queue(run, job)
         if job.shared and held is None:  # on nodes it shares: partly used ones even now
-            if sharing.admit(run, job, reserving is not None):
+            if sharing.admit(run, job, reserving is not None, policy):
                 tasks[job.array] += 1
             elif (never := _could_fit(run, job)) is not None:
                 run.note(job, never)
@@ -426,11 +426,11 @@ def _grow(run: Run, policy: SchedulePolicy) -> None:
         status = run.status(job)
         if status.pinned:
             continue
-        if job.shared:
-            sharing.grow(run, job, reserving=False)
-            continue
         shrunk = status.shrunk_ms
         if shrunk is not None and now - shrunk < policy.resize_cooldown_ms:
+            continue
+        if job.shared:
+            sharing.grow(run, job, reserving=False)
             continue
         want = job.target_nodes - len(run.by_job.get(job.id, ()))
         room = run.room(job)

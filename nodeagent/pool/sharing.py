@@ -13,16 +13,24 @@ Rules (docs/pool.md, "GPUs"):
 - a share lasts while its job runs on a live node that is not drained and does not refuse it;
   a job above its target (a scale down) gives back the nodes its record does not name;
 - a queue's quota counts each node a job shares as one of the queue's nodes, and its GPU quota
-  the units the job holds there.
+  the units the job holds there;
+- preemption by shrinking (`shrink_for`): a pending job that found too few nodes, once it has
+  waited `preempt_after`, takes the shares of running jobs of lower priority (strictly) that
+  share nodes and hold more than their `min_nodes`, on the nodes where that frees enough: the
+  fewest such shares a node, lowest priority and youngest first, so exactly the units it
+  needs are freed there and no more; all or nothing; never from a job resized less than
+  `resize_cooldown` ago.
 
 Which units a job gets on a node is the node's choice (runtime/nodeloop.py).
 """
 
 from __future__ import annotations
 
+from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJobState
+from nodeagent.pool import preempt
 from nodeagent.pool.schedrun import Run
-from nodeagent.pool.schedview import JobView
+from nodeagent.pool.schedview import JobView, SchedulePolicy
 
 RUNNING = PoolJobState.RUNNING
 
@@ -49,22 +57,108 @@ def keep(run: Run) -> None:
                 run.unshare(node, job.id)
 
 
-def admit(run: Run, job: JobView, reserving: bool) -> bool:
+def admit(run: Run, job: JobView, reserving: bool, policy: SchedulePolicy) -> bool:
     """Admit pending `job` on nodes it can share (True), or leave it pending (False)."""
     units = job.gpus_per_node or 0
     room = run.room(job)
     want = job.target_nodes if room is None else min(job.target_nodes, room)
     picked = _pick(run, job, want, reserving)
+    taken: list[tuple[JobView, str]] = []
     if len(picked) < job.min_nodes:
-        run.note(
-            job, f"needs {job.min_nodes} nodes with {units} free GPUs, {len(picked)} have them"
-        )
-        return False
-    for node in picked:
+        taken = shrink_for(run, job, picked, policy)
+        if not taken:
+            have = len(picked)
+            run.note(job, f"needs {job.min_nodes} nodes with {units} free GPUs, {have} have them")
+            return False
+    freed = sorted({node for _, node in taken})
+    for victim, node in taken:
+        run.unshare(node, victim.id)
+        run.shrunk(victim, f"shrunk: its GPUs on {node} went to job {job.id}")
+        data = {"job": victim.id, "for": job.id, "nodes": [node], "gpus": victim.gpus_per_node}
+        message = f"job {victim.id}: its GPUs on {node} went to job {job.id} (priority "
+        message += f"{job.priority} > {victim.priority})"
+        run.events.append(Event("job_shrunk", message=message, data=data))
+    for node in [*picked, *freed]:
         run.share(node, job.id, units)
-    reason = f"admitted on {len(picked)} nodes, {units} GPUs each"
+    reason = f"admitted on {len(picked) + len(freed)} nodes, {units} GPUs each"
+    if freed:
+        reason += f", preempting {', '.join(sorted({v.id for v, _ in taken}))}"
     run.move(job, RUNNING, reason, "job_admitted")
     return True
+
+
+def shrink_for(
+    run: Run, job: JobView, picked: list[str], policy: SchedulePolicy
+) -> list[tuple[JobView, str]]:
+    """The shares to take (victim, node) so that `job` has K free units on `min_nodes` nodes
+    with those `picked` already (empty: none, or not enough: nothing is taken)."""
+    view = run.view
+    if view.now_ms - job.status.submitted_ms < policy.preempt_after_ms:
+        return []
+    units, need = job.gpus_per_node or 0, job.min_nodes - len(picked)
+    plans: list[tuple[int, str, list[JobView]]] = []
+    for node in sorted(_victims_nodes(run, job)):  # (a bound: most pending jobs find none)
+        held = run.shares.get(node, {})
+        if node in picked or job.id in held or not run.usable(job, node):
+            continue
+        free = run.free_units(node)
+        victims = sorted(
+            (v for j in held if (v := view.jobs.get(j)) is not None and _shrinkable(run, v, job)),
+            key=preempt.order,
+        )
+        chosen: list[JobView] = []
+        for victim in victims:
+            if free >= units:
+                break
+            chosen.append(victim)
+            free += held[victim.id]
+        if free >= units and chosen:
+            plans.append((len(chosen), node, chosen))
+    spare: dict[str, int] = {}  # victim -> the nodes it may still give (above its min_nodes)
+    taken: list[tuple[JobView, str]] = []
+    for _, node, chosen in sorted(plans, key=lambda p: (p[0], p[1])):
+        if need <= 0:
+            break
+        gives = [spare.setdefault(v.id, run.holds(v.id) - v.min_nodes) for v in chosen]
+        if min(gives) <= 0:
+            continue  # one of them would go below its min_nodes: another node
+        for victim in chosen:
+            spare[victim.id] -= 1
+            taken.append((victim, node))
+        need -= 1
+    return taken if need <= 0 else []
+
+
+def _victims_nodes(run: Run, claimant: JobView) -> set[str]:
+    """The nodes shared by running GPU jobs of lower priority than `claimant` that hold more
+    than their min_nodes (those jobs found once a round: run.givers)."""
+    if run.givers is None:
+        view = run.view
+        run.givers = sorted(
+            (
+                j
+                for j in view.jobs.values()
+                if j.shared and j.id in run.running() and run.holds(j.id) > j.min_nodes
+            ),
+            key=lambda j: j.priority,
+        )
+    found: set[str] = set()
+    for giver in run.givers:
+        if giver.priority >= claimant.priority:
+            break
+        found |= run.shared_by_job.get(giver.id, set())
+    return found
+
+
+def _shrinkable(run: Run, victim: JobView, claimant: JobView) -> bool:
+    status = run.status(victim)
+    return (
+        victim.priority < claimant.priority
+        and run.holds(victim.id) > victim.min_nodes
+        and status.state is RUNNING
+        and not status.pinned
+        and not preempt.cooling(status, run.view.now_ms, run.cooldown_ms)
+    )
 
 
 def grow(run: Run, job: JobView, reserving: bool) -> None:

@@ -466,3 +466,30 @@ def test_a_gpu_quota_holds_under_a_burst_and_counts_a_whole_node_as_all_its_gpus
         "pending: queue train at its GPU quota of 8 (0 in use, it needs 16)"
     )
     assert on(result.placements, "one") == ["a"]  # its target 2 cut to what 8 GPUs allow
+
+
+def test_a_gpu_job_of_higher_priority_takes_exactly_the_units_it_needs_from_lower_ones() -> None:
+    """Nodes a and b full: l (priority 0, 4 GPUs on each, min 1 node) and m (priority 0, 4 on
+    each, min 2: it cannot give). h (priority 5, 4 GPUs, 1 node) takes l's share on a, and
+    nothing more: l keeps b, m both; l says why and is not shrunk again within the cooldown."""
+    view_nodes = {n: NodeView(n, gpus=8) for n in "ab"}
+
+    def running(name: str, min_nodes: int, seq: int) -> JobView:
+        view = replace(job(name, min_nodes, 2, seq=seq), gpus_per_node=4)
+        status = replace(view.status, state=RUNNING, admitted_ms=NOW - 600_000)
+        return replace(view, status=status, record_state=JobState.RUNNING, members=("a", "b"))
+
+    low, mid = running("l", 1, 1), running("m", 2, 2)
+    high = replace(job("h", 1, priority=5, seq=3), gpus_per_node=4)
+    shares = {"a": {"l": 4, "m": 4}, "b": {"l": 4, "m": 4}}
+    view = PoolView(NOW, view_nodes, {j.id: j for j in (low, mid, high)}, {}, shares=shares)
+    result = schedule(view, POLICY)
+    assert result.shares == {"a": {"m": 4, "h": 4}, "b": {"l": 4, "m": 4}}
+    assert result.jobs["h"].reason == "admitted on 1 nodes, 4 GPUs each, preempting l"
+    assert result.jobs["l"].shrunk_ms == NOW and "went to job h" in result.jobs["l"].reason
+    (shrunk,) = [e for e in result.events if e.type == "job_shrunk"]
+    assert shrunk.data["nodes"] == ["a"] and shrunk.data["for"] == "h"
+    # an equal priority takes nothing
+    equal = replace(high, priority=0)
+    view = PoolView(NOW, view_nodes, {j.id: j for j in (low, mid, equal)}, {}, shares=shares)
+    assert schedule(view, POLICY).jobs["h"].state is PoolJobState.PENDING
