@@ -82,11 +82,9 @@ class CurrentJobMetrics(Collector):
         """The node left the job: its series go."""
         self._serving = {j: served for j, served in self._serving.items() if j != job}
 
-    @property
-    def user(self) -> str:
-        """Whom the job the node serves runs as, if it serves one ("" for none, or several)."""
-        serving = list(self._serving.values())
-        return serving[0][1] if len(serving) == 1 else ""
+    def users(self) -> dict[str, str]:
+        """Whom each job the node serves runs as."""
+        return {job: user for job, (_, user) in self._serving.items()}
 
     def collect(self) -> Iterable[Metric]:
         for registry, user in self._serving.values():

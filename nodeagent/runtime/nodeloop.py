@@ -233,13 +233,22 @@ class NodeLoop:
 
     def _whole(self) -> JobRunner | None:
         """The runner of the job this node is placed on whole, if any."""
-        return next((r for j, r in self.runners.items() if j not in self._grants), None)
+        runners = list(self.runners.items())  # (the metrics thread asks too: a copy, whole)
+        return next((r for j, r in runners if j not in self._grants), None)
+
+    def gpu_holders(self) -> dict[str, str]:
+        """Each GPU (UUID) a job holds on this node -> that job: those given to the jobs that
+        share the node, those the whole-node job's workers use. (Read by the metrics thread: it
+        copies the dicts it reads.)"""
+        holder = {uuid: job for job, grant in dict(self._grants).items() for uuid in grant}
+        whole = self._whole()
+        if whole is not None:
+            holder.update(dict.fromkeys(whole.gpus_held(), whole.job_id))
+        return holder
 
     def _state(self) -> NodeState:
         whole = self._whole()
-        holder = {uuid: job_id for job_id, grant in self._grants.items() for uuid in grant}
-        if whole is not None:
-            holder.update(dict.fromkeys(whole.gpus_held(), whole.job_id))
+        holder = self.gpu_holders()
         return NodeState(
             serving=whole.job_id if whole is not None else None,
             unfit=whole.unfit() if whole is not None else None,

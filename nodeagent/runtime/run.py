@@ -155,7 +155,8 @@ def _run_agent(
         monitor.snapshot,
         monitor.verdicts,
         monitor.xid_counts,
-        lambda: current.user,
+        current.users,
+        loop.gpu_holders,
     )
     server = None
     if settings.metrics.listen != "off":

@@ -47,18 +47,27 @@ def with_user(families: Iterable[Metric], user: str) -> Iterator[Metric]:
     """Each per-job sample (one with a job_id) labelled with `user`, whom the job runs as, too,
     so that an alert can be routed to its submitter (config/prometheus/nodeagent-alerts.yml
     keeps it); "" labels nothing."""
+    return with_users(families, lambda job: user)
+
+
+def with_users(families: Iterable[Metric], user_of: Callable[[str], str]) -> Iterator[Metric]:
+    """with_user, each sample's user the one its job_id runs as (a node several jobs share)."""
     for family in families:
-        if user:
-            family.samples = [
-                s._replace(labels={**s.labels, "user": user}) if "job_id" in s.labels else s
-                for s in family.samples
-            ]
+        samples = []
+        for sample in family.samples:
+            job = sample.labels.get("job_id")
+            user = user_of(job) if job is not None else ""
+            samples.append(
+                sample._replace(labels={**sample.labels, "user": user}) if user else sample
+            )
+        family.samples = samples
         yield family
 
 
 class _GpuCollector(Collector):
-    """The node's GPUs, from the monitor's cache, labelled with the job the node serves at the
-    scrape ("" while it serves none: an idle node's GPUs are watched too)."""
+    """The node's GPUs, from the monitor's cache, each labelled with the job that holds it at
+    the scrape (on a node jobs share, its holder), else the job the node serves ("" while it
+    serves none: an idle node's GPUs are watched too), and whom that job runs as."""
 
     def __init__(
         self,
@@ -66,20 +75,25 @@ class _GpuCollector(Collector):
         snapshot: Callable[[], GpuSnapshot],
         verdicts: Callable[[], Sequence[Verdict]],
         xids: Callable[[], Mapping[tuple[int, int], int]],
-        user: Callable[[], str],
+        users: Callable[[], Mapping[str, str]],
+        holders: Callable[[], Mapping[str, str]],
     ) -> None:
         self._job_id = job_id
-        self._user = user
+        self._users = users
+        self._holders = holders
         self._snapshot = snapshot
         self._verdicts = verdicts
         self._xids = xids
 
     def collect(self) -> Iterable[Metric]:
-        return with_user(self._families(), self._user())
+        users = self._users()
+        return with_users(self._families(), lambda job: users.get(job, ""))
 
     def _families(self) -> Iterable[Metric]:
         snap = self._snapshot()
         self._job = self._job_id()
+        holders = self._holders()  # a GPU's UUID -> the job holding it
+        job_of = {r.index: holders.get(r.uuid, self._job) for r in snap.gpus}
         available = GaugeMetricFamily(
             "nodeagent_gpu_monitoring_available", "1 if NVML works on this node", labels=["job_id"]
         )
@@ -109,7 +123,7 @@ class _GpuCollector(Collector):
         )
         drains = {v.index for v in self._verdicts() if v.drains}
         for r in snap.gpus:
-            gpu = [self._job, str(r.index)]
+            gpu = [job_of[r.index], str(r.index)]
             healthy.add_metric(gpu, 0.0 if r.index in drains else 1.0)
             if r.temperature_c is not None:
                 temperature.add_metric(gpu, float(r.temperature_c))
@@ -123,7 +137,7 @@ class _GpuCollector(Collector):
             "nodeagent_gpu_xid_errors", "XIDs seen, by GPU and XID", labels=["job_id", "gpu", "xid"]
         )
         for (gpu_index, code), count in sorted(self._xids().items()):
-            xid.add_metric([self._job, str(gpu_index), str(code)], float(count))
+            xid.add_metric([job_of.get(gpu_index, self._job), str(gpu_index), str(code)], count)
         yield from (healthy, temperature, power, ecc, remap, xid)
 
 
@@ -134,15 +148,17 @@ def node_metrics(
     snapshot: Callable[[], GpuSnapshot],
     verdicts: Callable[[], Sequence[Verdict]],
     xids: Callable[[], Mapping[tuple[int, int], int]],
-    user: Callable[[], str] = lambda: "",
+    users: Callable[[], Mapping[str, str]] = dict,
+    holders: Callable[[], Mapping[str, str]] = dict,
 ) -> None:
     """What every agent exports whether it serves a job or not (issue 62: an idle pool node
     exported only its pool's series, so no dashboard or alert saw its version or its GPUs):
     `nodeagent_build_info{version}`, and its GPUs (read from the monitor's cache at scrape
-    time, labelled with the job `serving()` names, "" for none, and whom it runs as)."""
+    time, each labelled with the job `holders()` names for its UUID, else the one `serving()`
+    names, "" for none, and whom that job runs as: `users()`, job -> user)."""
     disable_created_metrics()  # type: ignore[no-untyped-call]
     Info("nodeagent_build", "nodeagent's version", registry=registry).info({"version": version})
-    registry.register(_GpuCollector(serving, snapshot, verdicts, xids, user))
+    registry.register(_GpuCollector(serving, snapshot, verdicts, xids, users, holders))
 
 
 class AgentMetrics:

@@ -216,3 +216,37 @@ def test_the_members_watch_suspects_now_and_suspicions_begun() -> None:
     m.peers(1, 0)
     assert value(m, "nodeagent_peers_suspected") == 1
     assert value(m, "nodeagent_peer_suspicions_total") == 2
+
+
+def test_on_a_node_jobs_share_each_gpu_carries_its_holders_job_and_user() -> None:
+    """Two jobs sharing a node: each GPU's series say the job holding it (and whom that job
+    runs as), a free GPU the node's default ("" when it serves several), its XIDs too."""
+    snap = GpuSnapshot(
+        True,
+        gpus=(
+            GpuReading(index=0, uuid="GPU-0", temperature_c=40),
+            GpuReading(index=1, uuid="GPU-1", temperature_c=41),
+            GpuReading(index=2, uuid="GPU-2", temperature_c=42),
+        ),
+    )
+    registry = CollectorRegistry()
+    node_metrics(
+        registry,
+        "1.2.3",
+        lambda: "",
+        lambda: snap,
+        lambda: (),
+        lambda: {(1, 43): 1},
+        users=lambda: {"eval": "alice", "tune": "bob"},
+        holders=lambda: {"GPU-0": "eval", "GPU-1": "tune"},
+    )
+
+    def temperature(gpu: str, **labels: str) -> float | None:
+        found = {"gpu": gpu, **labels}
+        return registry.get_sample_value("nodeagent_gpu_temperature_celsius", found)
+
+    assert temperature("0", job_id="eval", user="alice") == 40
+    assert temperature("1", job_id="tune", user="bob") == 41
+    assert temperature("2", job_id="") == 42  # free: no job, no user
+    xid = {"job_id": "tune", "user": "bob", "gpu": "1", "xid": "43"}
+    assert registry.get_sample_value("nodeagent_gpu_xid_errors_total", xid) == 1
