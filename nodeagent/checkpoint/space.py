@@ -8,7 +8,7 @@ import errno
 import os
 import stat
 import struct
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
 from nodeagent.channel import beneath
@@ -19,11 +19,18 @@ from nodeagent.errors import ConfigError
 GiB = 1 << 30
 
 
-def check_room(config: CheckpointConfig, node: str, job: str) -> None:
+def check_room(
+    config: CheckpointConfig,
+    node: str,
+    job: str,
+    beside: Mapping[str, CheckpointConfig] | None = None,
+) -> None:
     """Raises: ConfigError naming job.checkpoint.memory_size (or memory_dir) and the numbers,
     when the file system under memory_dir has less room than memory_size for the node's own
     saves and as much again for each of `replicas` peers' (what the job's memory tier and
-    replica area already hold there counts as room: an agent restarted)."""
+    replica area already hold there counts as room: an agent restarted). `beside`: the other
+    jobs this node serves (on a node jobs share), by id: what each asked for and has not yet
+    filled is promised to it, so not room for this one."""
     tier = Path(config.memory_tier(node, job))
     check_parent(tier.parent)
     existing = tier
@@ -37,17 +44,35 @@ def check_room(config: CheckpointConfig, node: str, job: str) -> None:
         ) from None
     area = Path(config.replica_area(node, job))
     free = stat.f_bavail * stat.f_frsize + _used(tier) + _used(area)
-    wanted = config.memory_size * (1 + config.replicas)  # peers' copies beside its own
+    promised = {
+        other: max(0, _wanted(theirs) - _held(theirs, node, other))
+        for other, theirs in (beside or {}).items()
+        if Path(theirs.memory_dir) == Path(config.memory_dir)
+    }
+    free -= sum(promised.values())
+    wanted = _wanted(config)  # peers' copies beside its own
     if free < wanted:
         replicas = f" and {config.replicas} peers' copies" if config.replicas else ""
+        others = ""
+        if any(promised.values()):
+            names = ", ".join(sorted(j for j, n in promised.items() if n))
+            others = f" beside the {sum(promised.values()) / GiB:.2f} GiB promised to {names}"
         raise ConfigError(
             "job.checkpoint.memory_size",
             f"{wanted / GiB:.2f} GiB wanted for the memory tier{replicas}, but "
-            f"{existing} has {free / GiB:.2f} GiB free on this node (total "
+            f"{existing} has {max(0, free) / GiB:.2f} GiB free on this node{others} (total "
             f"{stat.f_blocks * stat.f_frsize / GiB:.2f} GiB): lower memory_size, or give "
             "memory_dir a larger tmpfs (e.g. /dev/shm's size= mount option)"
             + (", or lower replicas" if config.replicas else ""),
         )
+
+
+def _wanted(config: CheckpointConfig) -> int:
+    return config.memory_size * (1 + config.replicas)
+
+
+def _held(config: CheckpointConfig, node: str, job: str) -> int:
+    return _used(Path(config.memory_tier(node, job))) + _used(Path(config.replica_area(node, job)))
 
 
 def check_parent(parent: Path) -> None:

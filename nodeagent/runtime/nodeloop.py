@@ -125,6 +125,7 @@ class NodeLoop:
         self._notify = notifier or Notifier(None)
         self.runners: dict[str, JobRunner] = {}  # job -> its agent here
         self._grants: dict[str, tuple[str, ...]] = {}  # a job sharing the node -> its GPUs
+        self._tiers: dict[str, CheckpointConfig] = {}  # a job served -> its memory tier's
         self._due: dict[str, float] = {}  # job -> when its agent wants its next pass
         self._refused: dict[str, str] = {}
         self._stopping = False
@@ -219,6 +220,7 @@ class NodeLoop:
 
     def _forget(self, job_id: str) -> None:
         del self.runners[job_id]
+        self._tiers.pop(job_id, None)
         self._due.pop(job_id, None)
         self._grants.pop(job_id, None)
         self._asked.discard(job_id)
@@ -293,6 +295,8 @@ class NodeLoop:
                 continue
             log.info("serving job %s%s", job_id, f" on GPUs {', '.join(grant)}" if grant else "")
             runner = self.runners[job_id] = self._start_job(config, grant)
+            if config.job.checkpoint is not None:
+                self._tiers[job_id] = config.job.checkpoint
             if grant is not None:
                 self._grants[job_id] = grant
             if self._ready is not None:
@@ -331,8 +335,9 @@ class NodeLoop:
             if isinstance(spec, str):
                 raise ConfigError("", f"its spec cannot be read: {spec}")
             config = run_config(spec, settings)
-            if config.job.checkpoint is not None:
-                check_room(config.job.checkpoint, settings.node.name, job_id)
+            if config.job.checkpoint is not None:  # its share of the memory tier's space
+                beside = {j: tier for j, tier in self._tiers.items() if j != job_id}
+                check_room(config.job.checkpoint, settings.node.name, job_id, beside)
             return self._pulled(config)
         except ConfigError as exc:
             log.warning("refusing job %s: %s", job_id, exc)

@@ -193,6 +193,25 @@ def test_room_is_wanted_for_the_peers_copies_too(tmp_path: Path) -> None:
         check_room(CheckpointConfig(memory_size=half, memory_dir=shm, replicas=1), "n0", "j")
 
 
+def test_jobs_sharing_a_node_share_its_memory_tier_space_by_what_each_asked_for(
+    tmp_path: Path,
+) -> None:
+    """Two jobs on one node: each is promised what it asked for. A third that would not fit
+    beside what the others asked for (and have not filled yet) is refused, naming them; what
+    a job already holds is not counted twice."""
+    shm = tmp_path / "shm"
+    part = shutil.disk_usage(tmp_path).free * 4 // 10  # room for two, not three
+    a = CheckpointConfig(memory_size=part, memory_dir=str(shm), replicas=0)
+    check_room(a, "n0", "c", {"a": a})  # one beside: room for both
+    with pytest.raises(ConfigError, match=r"beside the .* GiB promised to a, b \(total"):
+        check_room(a, "n0", "c", {"a": a, "b": a})
+    fake_save(shm / "n0.a" / "rank-0" / "slot-0", step=1)  # a's tier holds a little already
+    with pytest.raises(ConfigError, match="promised to a, b"):
+        check_room(a, "n0", "c", {"a": a, "b": a})
+    elsewhere = CheckpointConfig(memory_size=part, memory_dir=str(tmp_path / "other"))
+    check_room(a, "n0", "c", {"a": elsewhere, "b": elsewhere})  # another memory_dir: not this
+
+
 def _tier(memory: Path, node: str, job: str, marked: bool = True) -> Path:
     path = memory / f"{node}.{job}"
     fake_save(path / "rank-0" / "slot-0", step=3)
