@@ -87,9 +87,9 @@ def run(args: argparse.Namespace, default_config: str) -> int:
         )
     snapshot = read_gpus(settings.health)
     verdicts = [classify(r, _thresholds(settings.health)) for r in snapshot.gpus]
-    mig = tuple(g.index for g in snapshot.gpus if g.mig)
+    units = {g.index: len(g.mig_devices) for g in snapshot.gpus if g.mig}  # MIG: instances
     decision = decide_gpus(
-        snapshot.available, verdicts, [], None, [], settings.gpus_needed or 0, False, mig
+        snapshot.available, verdicts, [], None, [], settings.gpus_needed or 0, False, units
     )
     code = exit_code(settings.health, snapshot, decision)
     if code == EX_CONFIG:

@@ -16,7 +16,7 @@ from nodeagent.errors import ConfigError
 from nodeagent.gpu.classify import Thresholds, Verdict
 from nodeagent.gpu.monitor import GpuMonitor
 from nodeagent.gpu.nvml import GpuUnavailable, NvmlBackend, load_pynvml
-from nodeagent.gpu.policy import GPU_CORDON, decide_gpus
+from nodeagent.gpu.policy import GPU_CORDON, Device, decide_gpus, hand_out
 from nodeagent.model.job import Cordon, Event, GpuInfo, GpuSummary
 
 
@@ -67,18 +67,21 @@ class NodeHealth:
         gpus_needed: int,
         monitor: GpuMonitor,
         grant: tuple[str, ...] | None = None,
+        per_worker: int = 1,
     ) -> None:
         """`gpus_needed`: what this node's part of the job takes (nproc_per_node x
-        gpus_per_worker); with fewer usable GPUs the node is unfit. `grant`: the UUIDs of the
-        GPUs the job was given on a node it shares (None: the whole node): it uses only those,
-        and only their faults are its (another job's GPU failing is that job's)."""
+        gpus_per_worker, `per_worker`); with fewer usable GPUs the node is unfit. `grant`: the
+        UUIDs of the GPUs (or MIG instances) the job was given on a node it shares (None: the
+        whole node): it uses only those, and only their faults are its (another job's GPU
+        failing is that job's)."""
         self._node = node
         self._health = health
         self._needed = gpus_needed
+        self._per_worker = per_worker
         self._grant = grant
         self.monitor = monitor
         self._xids = monitor.xid_cursor()  # XIDs from its start on, each job its own cursor
-        self.usable: tuple[int, ...] | None = None
+        self.usable: tuple[Device, ...] | None = None  # in hand-out order; None: not monitored
         self.unfit: str | None = None
         self.in_use: tuple[int, ...] = ()  # the running workers' GPUs, at the last check
         self._last: dict[int, tuple[str, str]] = {}
@@ -90,8 +93,13 @@ class NodeHealth:
         snapshot = self.monitor.snapshot()
         verdicts = self.monitor.verdicts()
         xids, self._xids = self.monitor.xids_since(self._xids)
-        if self._grant is not None:  # its GPUs only: the others are other jobs'
-            mine = {g.index for g in snapshot.gpus if g.uuid in self._grant}
+        grant = self._grant
+        if grant is not None:  # its GPUs only (a MIG instance's: its GPU's): others' are theirs
+            mine = {
+                g.index
+                for g in snapshot.gpus
+                if g.uuid in grant or any(m.uuid in grant for m in g.mig_devices)
+            }
             verdicts = tuple(v for v in verdicts if v.index in mine)
             xids = [(gpu, xid) for gpu, xid in xids if gpu in mine]
         in_use = [gpu for gpus in gpus_by_rank.values() for gpu in gpus]
@@ -104,9 +112,20 @@ class NodeHealth:
             in_use,
             self._needed if self._health.gpu != "off" else 0,
             self._health.auto_uncordon,
-            mig=tuple(g.index for g in snapshot.gpus if g.mig),
+            units={g.index: len(g.mig_devices) for g in snapshot.gpus if g.mig},
         )
-        self.usable, self.unfit = decision.usable, decision.unfit
+        self.usable, self.unfit = None, decision.unfit
+        if decision.usable is not None:
+            devices = hand_out(decision.usable, snapshot.gpus)
+            if grant is not None:  # a MIG GPU shared: only the instances given
+                devices = tuple(d for d in devices if d[1] in grant)
+            self.usable = devices
+            mig = any(uuid.startswith("MIG-") for _, uuid in devices)
+            if mig and self._per_worker > 1 and self._health.gpu != "off":
+                self.unfit = (
+                    "MIG instances are handed out one a worker (a CUDA process uses one): "
+                    f"set job.gpus_per_worker: 1, not {self._per_worker}"
+                )
         check = HealthCheck(
             cordon=decision.cordon, uncordon=decision.uncordon, events=self._changes(verdicts)
         )
@@ -146,9 +165,10 @@ class NodeHealth:
         return events
 
     def held(self) -> tuple[str, ...]:
-        """The UUIDs of the GPUs the running workers use (what the node tells the pool)."""
-        uuids = {g.index: g.uuid for g in self.monitor.snapshot().gpus if g.uuid}
-        return tuple(uuids[i] for i in self.in_use if i in uuids)
+        """The UUIDs of the GPUs the running workers use (what the node tells the pool; a MIG
+        GPU's: all its instances)."""
+        in_use = set(self.in_use)
+        return tuple(uuid for index, uuid in self.usable or () if uuid and index in in_use)
 
     def uncordoned(self, cordon_before: Cordon | None) -> None:
         """An operator lifted the cordon: the XIDs behind it count as dealt with."""

@@ -6,18 +6,21 @@
   asked for) cordons and drains the node: its workers get the full grace period, it leaves the
   job's membership, and it stays out until uncordoned (by an operator, or by itself with
   `health.auto_uncordon` once the condition has cleared). Draining does not count as a restart.
-- A node with fewer usable GPUs than nproc_per_node x gpus_per_worker does not take part.
+- A node with fewer usable GPUs than nproc_per_node x gpus_per_worker does not take part. A GPU
+  in MIG mode counts as its MIG instances, each handed out by its own UUID (`hand_out`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nodeagent.gpu.classify import APPLICATION_XIDS, Verdict
+from nodeagent.gpu.readings import GpuReading
 from nodeagent.model.job import Cordon
 
 GPU_CORDON = "gpu"  # Cordon.by for cordons the agent sets itself
+Device = tuple[int, str]  # what a worker is handed: its GPU's NVML index, the UUID to use
 
 
 @dataclass(frozen=True)
@@ -37,25 +40,26 @@ def decide_gpus(
     gpus_in_use: Sequence[int],
     gpus_needed: int,
     auto_uncordon: bool,
-    mig: Sequence[int] = (),
+    units: Mapping[int, int] | None = None,
 ) -> GpuDecision:
-    """`mig`: the GPUs in MIG mode. nodeagent hands out whole GPUs: a node whose GPUs are in MIG
-    mode does not take part in a job that needs GPUs, and says why (its MIG instances would need
-    handing out as devices of their own, health judged per parent: not done yet)."""
+    """`units`: how many units each GPU gives (a GPU in MIG mode: the MIG instances made on it;
+    1 when not named): the node takes part only if its usable GPUs give `gpus_needed`."""
     if not available:
         return GpuDecision(None, None, None, False, None)
     usable = tuple(v.index for v in verdicts if not v.drains)
-    unfit = (
-        f"{len(usable)} usable GPUs of {len(verdicts)}, the job needs {gpus_needed}"
-        if len(usable) < gpus_needed
-        else None
-    )
-    if mig and gpus_needed > 0 and unfit is None:
-        listed = ", ".join(map(str, mig))
-        unfit = (
-            f"GPU {listed} in MIG mode: nodeagent hands out whole GPUs only; disable MIG "
-            f"(nvidia-smi -i {mig[0]} -mig 0, then reset the GPU) or set job.gpus_per_worker: 0"
+    give = units or {}
+    count = sum(give.get(i, 1) for i in usable)
+    unfit = None
+    if count < gpus_needed:
+        total = sum(give.get(v.index, 1) for v in verdicts)
+        empty = [i for i in usable if give.get(i, 1) == 0]
+        why = (
+            f" (GPU {', '.join(map(str, empty))} in MIG mode with no MIG instance made: "
+            f"nvidia-smi mig -i {empty[0]} -cgi ... -C, or disable MIG)"
+            if empty
+            else ""
         )
+        unfit = f"{count} usable GPUs of {total}, the job needs {gpus_needed}{why}"
     draining = [v for v in verdicts if v.drains]
     new_cordon = None
     if draining and cordon is None:
@@ -71,3 +75,17 @@ def decide_gpus(
         ((gpu, xid) for gpu, xid in new_xids if xid in APPLICATION_XIDS and gpu in in_use), None
     )
     return GpuDecision(usable, unfit, new_cordon, lift, failing)
+
+
+def hand_out(usable: Sequence[int], gpus: Sequence[GpuReading]) -> tuple[Device, ...]:
+    """The devices the usable GPUs give, in order: each GPU by its UUID ("" when NVML gave
+    none: handed out by index), a GPU in MIG mode as each of its MIG instances."""
+    by_index = {g.index: g for g in gpus}
+    found: list[Device] = []
+    for index in usable:
+        gpu = by_index.get(index)
+        if gpu is not None and gpu.mig:
+            found += [(index, m.uuid) for m in gpu.mig_devices]
+        else:
+            found.append((index, gpu.uuid if gpu is not None else ""))
+    return tuple(found)

@@ -429,7 +429,6 @@ class Agent:
             record,
             action.group_rank,
             watch.usable_gpus,
-            watch.gpu_uuids,
         )
         self._log.info(
             "starting %d workers: ranks %d-%d of %s, master %s:%d",

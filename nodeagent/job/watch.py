@@ -29,6 +29,7 @@ from pathlib import Path
 from nodeagent.channel import beats
 from nodeagent.channel.beats import Beat
 from nodeagent.gpu.health import NodeHealth
+from nodeagent.gpu.policy import Device
 from nodeagent.model.job import Cordon, Event, GpuSummary
 from nodeagent.supervisor.spec import WorkerSpec
 from nodeagent.supervisor.status import GroupPhase, GroupStatus
@@ -72,15 +73,10 @@ class WorkerWatch:
     # -- what the agent reads -----------------------------------------------------------------
 
     @property
-    def usable_gpus(self) -> tuple[int, ...] | None:
+    def usable_gpus(self) -> tuple[Device, ...] | None:
+        """What the workers may be handed, in order: (GPU index, UUID), a MIG instance each of
+        a GPU in MIG mode (None: no monitoring)."""
         return self._health.usable if self._health else None
-
-    @property
-    def gpu_uuids(self) -> dict[int, str]:
-        """Each GPU's UUID by NVML index, as last sampled (empty without monitoring)."""
-        if self._health is None:
-            return {}
-        return {g.index: g.uuid for g in self._health.monitor.snapshot().gpus if g.uuid}
 
     @property
     def unfit(self) -> str | None:

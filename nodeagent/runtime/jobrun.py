@@ -240,7 +240,9 @@ class JobRun:
         monitor = parts.monitor
         job = config.job
         needed = job.nproc_per_node * job.gpus_per_worker
-        self._health = NodeHealth(config.node.name, config.health, needed, monitor, grant)
+        self._health = NodeHealth(
+            config.node.name, config.health, needed, monitor, grant, job.gpus_per_worker
+        )
         self.tiers = _tiers(config)
         self.replicas = _replicas(config, parts.waker.wake) if self.tiers is not None else None
         store = JobStore(parts.client, keys)

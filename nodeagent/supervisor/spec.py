@@ -286,14 +286,19 @@ def assignment(config: Config, record: JobRecord, group_rank: int, local_rank: i
 
 
 def visible_devices(gpus: tuple[int, ...], uuids: Mapping[int, str]) -> dict[str, str]:
+    """visible_devices_of the GPUs `gpus` (NVML indices), each by its UUID in `uuids`."""
+    return visible_devices_of(tuple((i, uuids.get(i, "")) for i in gpus))
+
+
+def visible_devices_of(devices: Sequence[tuple[int, str]]) -> dict[str, str]:
     """What tells CUDA (and NVIDIA's container tools) which GPUs a worker has: their UUIDs
     (`GPU-...`, `MIG-...`), which name one device whatever order CUDA counts in; else NVML's
     indices, with CUDA told to count in NVML's order (PCI bus order: CUDA's default, fastest
     first, may differ, and a worker would get another GPU than the one judged healthy)."""
-    if all(uuids.get(i) for i in gpus):
-        visible = ",".join(uuids[i] for i in gpus)
+    if all(uuid for _, uuid in devices):
+        visible = ",".join(uuid for _, uuid in devices)
     else:
-        visible = ",".join(map(str, gpus))
+        visible = ",".join(str(index) for index, _ in devices)
     return {
         "CUDA_VISIBLE_DEVICES": visible,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -306,16 +311,15 @@ def worker_specs(
     config: Config,
     record: JobRecord,
     group_rank: int,
-    usable_gpus: tuple[int, ...] | None = None,
-    uuids: Mapping[int, str] | None = None,
+    usable_gpus: Sequence[tuple[int, str]] | None = None,
 ) -> list[WorkerSpec]:
     """One spec per local rank. With GPU monitoring, local rank i gets the i-th slice of
-    `gpus_per_worker` usable GPUs (NVML indices) as CUDA_VISIBLE_DEVICES, by UUID where `uuids`
-    names them (visible_devices). The number of local ranks is this node's
-    job.nproc_per_node, whatever the record says. A worker in a container gets none of
-    `base_env` (the agent's environment) but the variables the node's `containers.env` names:
-    its image's ENV (PATH above all) stands, and only torchrun's variables, nodeagent's and the
-    job's `env` are set over it."""
+    `gpus_per_worker` of `usable_gpus` ((NVML index, UUID) each: a GPU, or a MIG instance of a
+    GPU in MIG mode) as CUDA_VISIBLE_DEVICES, by UUID where each has one (visible_devices_of).
+    The number of local ranks is this node's job.nproc_per_node, whatever the record says. A
+    worker in a container gets none of `base_env` (the agent's environment) but the variables
+    the node's `containers.env` names: its image's ENV (PATH above all) stands, and only
+    torchrun's variables, nodeagent's and the job's `env` are set over it."""
     nproc = config.job.nproc_per_node
     per_worker = config.job.gpus_per_worker
     if config.job.container is not None:  # the image's own ENV stands (PATH, HOME, conda's)
@@ -332,8 +336,9 @@ def worker_specs(
         env = worker_env(base_env, config, record, group_rank, local_rank)
         gpus: tuple[int, ...] = ()
         if usable_gpus is not None and per_worker > 0:
-            gpus = usable_gpus[local_rank * per_worker : (local_rank + 1) * per_worker]
-            env.update(visible_devices(gpus, uuids or {}))
+            handed = usable_gpus[local_rank * per_worker : (local_rank + 1) * per_worker]
+            gpus = tuple(index for index, _ in handed)
+            env.update(visible_devices_of(handed))
         specs.append(
             WorkerSpec(
                 rank=rank,

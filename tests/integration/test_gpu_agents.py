@@ -131,16 +131,23 @@ def test_a_node_with_too_few_usable_gpus_stays_out(
     assert sorted(doc["members"]) == ["a", "b"]  # (in the order they joined)
 
 
-def test_a_node_whose_gpus_are_in_mig_mode_stays_out_and_says_why(
+def test_a_mig_node_takes_part_with_its_mig_instances_once_they_are_made(
     gpu_cluster: tuple[LocalCluster, FakeGpus],
 ) -> None:
+    """Node c's GPUs are in MIG mode with no instance made: it stays out, saying why. Once
+    GPU 0 has two instances, c takes part, each worker on a MIG instance by its UUID."""
     cluster, fakes = gpu_cluster
     fakes.write("c", {"gpus": [gpu(0) | {"mig": [1, 1]}, gpu(1) | {"mig": [1, 1]}]})
     cluster.start("a", "b", "c")
     doc = cluster.wait_running(4)
     c = nodes_of(doc)["c"]
-    assert c["state"] == "cordoned" and c["unfit"].startswith("GPU 0, 1 in MIG mode")
+    assert c["state"] == "cordoned" and "GPU 0, 1 in MIG mode with no MIG instance" in c["unfit"]
     assert sorted(doc["members"]) == ["a", "b"]
+    made = [{"uuid": "MIG-fake-c-0"}, {"uuid": "MIG-fake-c-1"}]
+    fakes.write("c", {"gpus": [gpu(0) | {"mig": [1, 1], "mig_devices": made}, gpu(1)]})
+    grown = cluster.wait_running(6, after_generation=doc["generation"])
+    on_c = sorted(s["cuda"] for s in cluster.starts(grown["generation"]) if s["node"] == "c")
+    assert on_c == ["MIG-fake-c-0", "MIG-fake-c-1"]
 
 
 def test_operator_drain_waits_for_the_workers(gpu_cluster: tuple[LocalCluster, FakeGpus]) -> None:

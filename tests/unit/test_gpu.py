@@ -12,6 +12,7 @@ import pynvml
 import pytest
 import yaml
 
+from nodeagent.config.load import load_config
 from nodeagent.config.settings import HealthConfig
 from nodeagent.gpu import kmsg
 from nodeagent.gpu.classify import Action, Health, Thresholds, classify
@@ -22,8 +23,11 @@ from nodeagent.gpu.monitor import GpuMonitor
 from nodeagent.gpu.nvml import GpuUnavailable, NvmlBackend, load_pynvml
 from nodeagent.gpu.readings import DeviceError, GpuReading, GpuSnapshot, MigDevice
 from nodeagent.model.gpus import GpuUnit
-from nodeagent.supervisor.spec import visible_devices
+from nodeagent.state import JobState
+from nodeagent.supervisor.spec import visible_devices, worker_specs
+from tests.helpers.factories import make_record
 from tests.helpers.gpus import FIXTURES, healthy_gpu
+from tests.helpers.runas import AS_TESTER
 
 OK = GpuReading(
     index=0,
@@ -307,7 +311,7 @@ def test_monitor_without_nvml_reports_why() -> None:
 
 # -- what verdicts mean for the node (pure) --------------------------------------------------
 
-from nodeagent.gpu.policy import GPU_CORDON, decide_gpus  # noqa: E402
+from nodeagent.gpu.policy import GPU_CORDON, decide_gpus, hand_out  # noqa: E402
 from nodeagent.model.job import Cordon  # noqa: E402
 
 HEALTHY = [classify(replace(OK, index=i), T) for i in range(4)]
@@ -371,21 +375,46 @@ def test_a_worker_never_gets_an_excluded_gpu_whatever_the_pci_order() -> None:
     assert handed == ["GPU-fake-0", "GPU-fake-2"]
 
 
-def test_a_node_whose_gpus_are_in_mig_mode_refuses_a_job_that_needs_gpus() -> None:
-    gpus = [healthy_gpu(uuid=f"GPU-fake-{i}", mig=[1, 1] if i else [0, 0]) for i in range(2)]
+MIG_CONFIG = load_config(
+    {
+        "node": {"name": "a", "address": "10.0.0.1"},
+        "redis": {"url": "redis://10.0.0.9:6379/0"},
+        "job": {"id": "mig", "entrypoint": ["python", "t.py"], "nproc_per_node": 2, **AS_TESTER},
+    }
+)
+MIG_RECORD = make_record(JobState.RUNNING, 1, ("a",), nproc_per_node=2)
+
+
+def test_a_gpu_in_mig_mode_counts_and_is_handed_out_as_its_mig_instances() -> None:
+    instances = [{"uuid": "MIG-fake-1-0"}, {"uuid": "MIG-fake-1-1"}]
+    gpus = [
+        healthy_gpu(uuid="GPU-fake-0", mig=[0, 0]),
+        healthy_gpu(uuid="GPU-fake-1", mig=[1, 1], mig_devices=instances),
+        healthy_gpu(uuid="GPU-fake-2", mig=[1, 1]),  # MIG on, no instance made yet
+    ]
     backend = NvmlBackend(FakeNvml({"gpus": gpus}))
-    assert backend.open() == 2
+    assert backend.open() == 3
     readings = backend.sample()
-    assert [r.mig for r in readings] == [False, True]
+    assert [r.mig for r in readings] == [False, True, True]
     plain = NvmlBackend(FakeNvml({"gpus": [healthy_gpu()]}))  # no MIG support: not "off"
     assert plain.open() == 1 and plain.sample()[0].mig is None
     verdicts = [classify(r, T) for r in readings]
-    mig = tuple(r.index for r in readings if r.mig)
-    refused = decide_gpus(True, verdicts, (), None, (), 2, False, mig)
-    assert refused.unfit is not None and refused.unfit.startswith("GPU 1 in MIG mode")
-    assert "nvidia-smi -i 1 -mig 0" in refused.unfit
-    assert decide_gpus(True, verdicts, (), None, (), 0, False, mig).unfit is None  # no GPUs
-    assert decide_gpus(True, verdicts, (), None, (), 2, False).unfit is None  # MIG off
+    units = {r.index: len(r.mig_devices) for r in readings if r.mig}
+    fits = decide_gpus(True, verdicts, (), None, (), 3, False, units)
+    assert fits.unfit is None and fits.usable == (0, 1, 2)
+    assert hand_out(fits.usable, readings) == (
+        (0, "GPU-fake-0"),
+        (1, "MIG-fake-1-0"),
+        (1, "MIG-fake-1-1"),
+    )
+    short = decide_gpus(True, verdicts, (), None, (), 4, False, units)
+    assert short.unfit == (
+        "3 usable GPUs of 3, the job needs 4 (GPU 2 in MIG mode with no MIG instance made: "
+        "nvidia-smi mig -i 2 -cgi ... -C, or disable MIG)"
+    )
+    specs = worker_specs({}, MIG_CONFIG, MIG_RECORD, 0, hand_out(fits.usable, readings))
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["GPU-fake-0", "MIG-fake-1-0"]
+    assert [s.gpus for s in specs] == [(0,), (1,)]  # an XID on GPU 1 is its instances' workers'
 
 
 def test_the_backend_reads_each_gpus_model_and_memory_and_the_mig_instances_made() -> None:
@@ -437,10 +466,10 @@ def test_each_job_on_a_node_acts_on_each_xid_once_and_only_on_its_own_gpus() -> 
         monitor._record_xid(1, 43)
         assert a.check(None, {0: (0,)}).fail_rank is None
         assert b.check(None, {0: (1,)}).fail_rank == (0, 43)
-        assert (a.usable, b.usable) == ((0,), (1,))
+        assert (a.usable, b.usable) == (((0, "GPU-fake-0"),), ((1, "GPU-fake-1"),))
         monitor._record_xid(0, 79)  # fell off the bus: drains GPU 0, job a's
         monitor.sample()
         assert a.check(None, {0: (0,)}).cordon is not None
-        assert b.check(None, {0: (1,)}).cordon is None and b.usable == (1,)
+        assert b.check(None, {0: (1,)}).cordon is None and b.usable == ((1, "GPU-fake-1"),)
     finally:
         monitor.stop()

@@ -260,8 +260,8 @@ def test_workers_get_their_gpus_by_uuid_and_by_index_only_in_pci_order() -> None
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "NVIDIA_VISIBLE_DEVICES": "1,2",
     }
-    usable = (2, 0, 3, 1)
-    specs = worker_specs({}, CONFIG, RECORD, group_rank=0, usable_gpus=usable, uuids=uuids)
+    usable = ((2, "GPU-cccc"), (0, "GPU-aaaa"), (3, "MIG-dddd"), (1, ""))
+    specs = worker_specs({}, CONFIG, RECORD, group_rank=0, usable_gpus=usable)
     cuda = [s.env["CUDA_VISIBLE_DEVICES"] for s in specs]
     assert cuda == ["GPU-cccc", "GPU-aaaa", "MIG-dddd", "1"]  # GPU 1 has no UUID here
     assert [s.gpus for s in specs] == [(2,), (0,), (3,), (1,)]  # health follows NVML's indices
