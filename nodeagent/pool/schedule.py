@@ -1,11 +1,14 @@
 """The pool's decision: which node serves which job. Pure: `schedule(view, policy)`.
 
 Rules (docs/design.md, "The pool"):
-- a node serves one job at a time; a node pinned by its `job:` section serves only that job;
+- a node serves one whole-node job at a time, or jobs that asked for GPUs share it, each on
+  units of its own (pool/sharing.py: the packing, their admission and preemption); a node
+  pinned by its `job:` section serves only that job;
 - gang admission: a pending job is admitted only when at least `min_nodes` healthy,
   uncordoned, free nodes that do not refuse it (and carry the labels its `selector` names) can
   be given to it at once; it gets up to its target; never a partial start below `min_nodes`;
-- queues (nodeagent.model.queues): a job is admitted, or grows, only within its queue's quota;
+- queues (nodeagent.model.queues): a job is admitted, or grows, only within its queue's quota
+  (nodes) and GPU quota (a whole-node job's nodes counted at the widest node's units);
   a job of a queue that does not exist waits;
 - order: priority (higher first), then first come, first served;
 - arrays (model/array.py): a task is admitted only while its array runs fewer tasks than its
