@@ -136,7 +136,10 @@ def restored(cluster: LocalCluster, generation: int) -> dict[str, Any]:
         assert len({x["step"] for x in found}) == 1, f"ranks restored different steps: {found}"
         return next(x for x in found if x["rank"] == 0)
 
-    return wait_for(probe, 120, f"generation {generation} to restore")
+    try:
+        return wait_for(probe, 120, f"generation {generation} to restore")
+    except AssertionError as exc:  # what the agents did meanwhile (CI once waited out the 120 s)
+        raise AssertionError(f"{exc}\n{cluster.diagnostics()}") from None
 
 
 def wait_until_step(cluster: LocalCluster, generation: int, step: int) -> None:
