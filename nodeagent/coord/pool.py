@@ -216,10 +216,9 @@ class PoolStore:
             placements = held.placements
             self._placements = replace(held, rounds=held.rounds + 1)
         else:
+            # (a value that is no placement is left out as split_placements reads it)
             placements = {
-                n: text
-                for n, text in replies.pairs(raw_placements or [])
-                if NAME_RE.match(n) and read_placement(text) is not None
+                n: text for n, text in replies.pairs(raw_placements or []) if NAME_RE.match(n)
             }
             self._placements = None if led_by is None else HeldPlacements(led_by, 0, placements)
         whole, shares = split_placements(placements)

@@ -43,7 +43,6 @@ class GpuMonitor:
         self._xids: dict[int, list[int]] = {}
         self._new_xids: list[tuple[int, int]] = []  # the last XID_LOG seen, oldest first
         self._xids_seen = 0  # how many were ever seen: each reader's cursor counts up to it
-        self._taken = 0  # take_new_xids' cursor
         self._xid_counts: dict[tuple[int, int], int] = {}
         self.on_change: Callable[[], None] = lambda: None  # e.g. wake the agent's loop
 
@@ -94,11 +93,6 @@ class GpuMonitor:
         """The cursor of a reader that has seen every XID so far (xids_since)."""
         with self._lock:
             return self._xids_seen
-
-    def take_new_xids(self) -> list[tuple[int, int]]:
-        """(GPU index, XID) pairs seen since the last call (a single reader's cursor)."""
-        new, self._taken = self.xids_since(self._taken)
-        return new
 
     def clear_xids(self) -> None:
         """Forget past XIDs (after an operator uncordons: they were dealt with). Recomputes the

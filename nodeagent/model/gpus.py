@@ -16,8 +16,8 @@ for the count the Kubernetes scheduler placed).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.errors import CorruptStateError
@@ -37,10 +37,6 @@ class GpuUnit:
     model: str = ""
     memory_mib: int | None = None
     job: str | None = None
-
-    @property
-    def mig(self) -> bool:
-        return self.uuid.startswith("MIG-")
 
     def to_data(self) -> dict[str, Any]:
         return {
@@ -70,21 +66,6 @@ def read_units(r: Reader, name: str) -> tuple[GpuUnit, ...]:
     if len({u.uuid for u in units}) != len(units):
         raise CorruptStateError(f"{r.what}: {name} names a GPU twice")
     return units
-
-
-def held_by(units: Iterable[GpuUnit], job: str | None, uuids: Sequence[str]) -> tuple[GpuUnit, ...]:
-    """`units` with those named in `uuids` marked as `job`'s (the others free)."""
-    mine = set(uuids)
-    return tuple(replace(u, job=job if u.uuid in mine else None) for u in units)
-
-
-def summary(units: Sequence[GpuUnit]) -> str:
-    """`8 x NVIDIA H100 80GB HBM3`, or each model counted when they differ; `-` for none."""
-    counts: dict[str, int] = {}
-    for unit in units:
-        model = unit.model or ("MIG instance" if unit.mig else "GPU")
-        counts[model] = counts.get(model, 0) + 1
-    return ", ".join(f"{n} x {model}" for model, n in counts.items()) or "-"
 
 
 def gpus_needed(gpus_per_node: int | None, offered: int, exclusive: bool) -> int:

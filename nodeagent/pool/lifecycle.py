@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from nodeagent.config.values import format_duration
-from nodeagent.model.gpus import gpus_needed
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.pool.schedview import JobView, PoolView
 
@@ -170,10 +169,6 @@ def _gpus(
             if job_id in jobs:
                 found[job_id] = found.get(job_id, 0) + units
     for node_id, job_id in placements.items():
-        if job_id not in jobs:
-            continue
-        node, job = view.nodes.get(node_id), view.jobs.get(job_id)
-        offered = node.gpus if node is not None else 0
-        asked = (job.gpus_per_node, job.exclusive) if job is not None else (None, False)
-        found[job_id] = found.get(job_id, 0) + gpus_needed(asked[0], offered, asked[1])
+        if job_id in jobs:
+            found[job_id] = found.get(job_id, 0) + view.whole_gpus(node_id, job_id)
     return found

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from nodeagent.model.gpus import gpus_needed
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT, Ledger
@@ -120,7 +119,7 @@ class Run:
         queue = self._queue_of.get(job, DEFAULT)
         self.ledger.add(queue, len(nodes))
         if queue in self._gpu_queues:
-            self.ledger.add_gpus(queue, sum(self.whole_gpus(node, job) for node in nodes))
+            self.ledger.add_gpus(queue, sum(self.view.whole_gpus(node, job) for node in nodes))
 
     def per_node_gpus(self, job: JobView) -> int:
         """The GPU units `job` holds on each node, as a quota counts them ahead of placing it:
@@ -136,14 +135,6 @@ class Run:
             rooms.append(gpus // per_node)
         limits = [r for r in rooms if r is not None]
         return min(limits) if limits else None
-
-    def whole_gpus(self, node: str, job: str) -> int:
-        """The GPU units a job placed on `node` whole holds there (model/gpus.py)."""
-        found, view = self.view.jobs.get(job), self.view.nodes.get(node)
-        offered = view.gpus if view is not None else 0
-        if found is None:
-            return offered
-        return gpus_needed(found.gpus_per_node, offered, found.exclusive)
 
     def share(self, node: str, job: str, units: int, refile: bool = True) -> None:
         """`job` holds `units` GPUs of `node`, which no whole-node job is placed on (`refile`
@@ -213,7 +204,7 @@ class Run:
             queue = self._queue_of.get(job, DEFAULT)
             self.ledger.add(queue, -1)
             if queue in self._gpu_queues:
-                self.ledger.add_gpus(queue, -self.whole_gpus(node, job))
+                self.ledger.add_gpus(queue, -self.view.whole_gpus(node, job))
             if node in self._eligible:
                 self._free += 1
                 self._head = min(self._head, self._eligible[node])  # freed: the cursor sees it

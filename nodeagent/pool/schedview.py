@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from nodeagent.model.depend import Dependency
-from nodeagent.model.gpus import shares_nodes
+from nodeagent.model.gpus import gpus_needed, shares_nodes
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import QueueView
@@ -91,6 +91,15 @@ class PoolView:
     runs: Mapping[str, PoolJobState] = field(default_factory=dict)
     # node -> job -> the GPU units it holds there: the nodes jobs that asked for GPUs share
     shares: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+    def whole_gpus(self, node: str, job: str) -> int:
+        """The GPU units `job`, placed on `node` whole, holds there: what it asked for, or every
+        unit the node offers (model/gpus.py)."""
+        found, view = self.jobs.get(job), self.nodes.get(node)
+        offered = view.gpus if view is not None else 0
+        if found is None:
+            return offered
+        return gpus_needed(found.gpus_per_node, offered, found.exclusive)
 
 
 @dataclass(frozen=True)

@@ -285,11 +285,6 @@ def assignment(config: Config, record: JobRecord, group_rank: int, local_rank: i
     )
 
 
-def visible_devices(gpus: tuple[int, ...], uuids: Mapping[int, str]) -> dict[str, str]:
-    """visible_devices_of the GPUs `gpus` (NVML indices), each by its UUID in `uuids`."""
-    return visible_devices_of(tuple((i, uuids.get(i, "")) for i in gpus))
-
-
 def visible_devices_of(devices: Sequence[tuple[int, str]]) -> dict[str, str]:
     """What tells CUDA (and NVIDIA's container tools) which GPUs a worker has: their UUIDs
     (`GPU-...`, `MIG-...`), which name one device whatever order CUDA counts in; else NVML's

@@ -24,7 +24,7 @@ from nodeagent.gpu.nvml import GpuUnavailable, NvmlBackend, load_pynvml
 from nodeagent.gpu.readings import DeviceError, GpuReading, GpuSnapshot, MigDevice
 from nodeagent.model.gpus import GpuUnit
 from nodeagent.state import JobState
-from nodeagent.supervisor.spec import visible_devices, worker_specs
+from nodeagent.supervisor.spec import visible_devices_of, worker_specs
 from tests.helpers.factories import make_record
 from tests.helpers.gpus import FIXTURES, healthy_gpu
 from tests.helpers.runas import AS_TESTER
@@ -293,7 +293,7 @@ def test_monitor_samples_in_the_background_and_sees_new_xids(tmp_path: Path) -> 
         time.sleep(0.01)  # a new mtime
         path.write_text(yaml.safe_dump(state))
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (1, 48) not in monitor.take_new_xids():
+        while time.monotonic() < deadline and (1, 48) not in monitor.xids_since(0)[0]:
             time.sleep(0.05)
         verdict = monitor.verdicts()[1]
         assert "XID 48" in verdict.reason and verdict.drains
@@ -370,8 +370,7 @@ def test_a_worker_never_gets_an_excluded_gpu_whatever_the_pci_order() -> None:
     verdicts = [classify(r, T) for r in readings]
     usable = decide_gpus(True, verdicts, (), None, (), 2, False).usable
     assert usable == (0, 2)
-    uuids = {r.index: r.uuid for r in readings}
-    handed = [visible_devices((i,), uuids)["CUDA_VISIBLE_DEVICES"] for i in usable]
+    handed = [visible_devices_of((d,))["CUDA_VISIBLE_DEVICES"] for d in hand_out(usable, readings)]
     assert handed == ["GPU-fake-0", "GPU-fake-2"]
 
 

@@ -21,7 +21,7 @@ from nodeagent.supervisor.spec import (
     TORCHRUN_VARIABLES,
     omp_warning,
     resolve_argv,
-    visible_devices,
+    visible_devices_of,
     worker_specs,
 )
 from tests.helpers.factories import make_record
@@ -247,15 +247,14 @@ def test_a_spec_names_its_error_file() -> None:
 
 
 def test_workers_get_their_gpus_by_uuid_and_by_index_only_in_pci_order() -> None:
-    uuids = {0: "GPU-aaaa", 2: "GPU-cccc", 3: "MIG-dddd"}
-    assert visible_devices((0, 2), uuids) == {
+    assert visible_devices_of(((0, "GPU-aaaa"), (2, "GPU-cccc"))) == {
         "CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-cccc",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "NVIDIA_VISIBLE_DEVICES": "GPU-aaaa,GPU-cccc",
     }
-    assert visible_devices((3,), uuids)["CUDA_VISIBLE_DEVICES"] == "MIG-dddd"
+    assert visible_devices_of(((3, "MIG-dddd"),))["CUDA_VISIBLE_DEVICES"] == "MIG-dddd"
     # One GPU without a UUID: all by index, counted in NVML's (PCI) order.
-    assert visible_devices((1, 2), uuids) == {
+    assert visible_devices_of(((1, ""), (2, "GPU-cccc"))) == {
         "CUDA_VISIBLE_DEVICES": "1,2",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "NVIDIA_VISIBLE_DEVICES": "1,2",
