@@ -11,6 +11,7 @@ from nodeagent.channel.beats import Beat
 from nodeagent.gpu.classify import Thresholds, Verdict, classify
 from nodeagent.gpu.readings import GpuReading, GpuSnapshot
 from nodeagent.model.job import RestartReason, WorkerInfo
+from nodeagent.runtime.jobrun import CurrentJobMetrics
 from nodeagent.state import JobState, NodeState
 from nodeagent.telemetry.httpd import answer, too_large
 from nodeagent.telemetry.metrics import AgentMetrics, node_metrics
@@ -250,3 +251,25 @@ def test_on_a_node_jobs_share_each_gpu_carries_its_holders_job_and_user() -> Non
     assert temperature("2", job_id="") == 42  # free: no job, no user
     xid = {"job_id": "tune", "user": "bob", "gpu": "1", "xid": "43"}
     assert registry.get_sample_value("nodeagent_gpu_xid_errors_total", xid) == 1
+
+
+def test_a_node_exports_each_job_it_serves_with_its_user_until_it_leaves_it() -> None:
+    """Two jobs sharing a node: both jobs' series, each with whom it runs as; the series of a
+    job the node left go with it (runtime/jobrun.CurrentJobMetrics)."""
+    current = CurrentJobMetrics()
+    eval_job, tune_job = AgentMetrics("eval"), AgentMetrics("tune")
+    for metrics in (eval_job, tune_job):
+        metrics.restarts.labels(metrics.job_id, "worker_failed").inc()
+    current.serve("eval", eval_job.registry, "alice")
+    current.serve("tune", tune_job.registry, "bob")
+    registry = CollectorRegistry()
+    registry.register(current)
+
+    def restarts(job: str, user: str) -> float | None:
+        labels = {"job_id": job, "reason": "worker_failed", "user": user}
+        return registry.get_sample_value("nodeagent_restarts_total", labels)
+
+    assert (restarts("eval", "alice"), restarts("tune", "bob")) == (1, 1)
+    assert current.users() == {"eval": "alice", "tune": "bob"}
+    current.drop("eval")
+    assert (restarts("eval", "alice"), restarts("tune", "bob")) == (None, 1)
