@@ -24,10 +24,12 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from nodeagent.client import ApiError, Client
 from tests.helpers.api import ApiService, api_beside, token_key, token_pool
 from tests.helpers.cluster import RedisServer, wait_for
+from tests.helpers.gpus import gpu
 from tests.helpers.munge import MungeDaemon
 from tests.helpers.pool import PoolCluster
 from tests.helpers.users import User, reachable_dir, unix_users
@@ -70,7 +72,10 @@ def pool(
     redis_server: RedisServer, shared: Path, munged: MungeDaemon, users: dict[str, User]
 ) -> Iterator[PoolCluster]:
     key = token_key(shared / "token.key")
-    with token_pool(redis_server.url, shared, munged.socket, users, key, "ui") as cluster:
+    fake = shared / "gpus.yaml"  # two fake GPUs a node: the nodes and queues pages count them
+    fake.write_text(yaml.safe_dump({"gpus": [gpu(0), gpu(1)]}))
+    health = {"health": {"gpu": "on", "interval": "100ms", "fake_gpus": str(fake)}}
+    with token_pool(redis_server.url, shared, munged.socket, users, key, "ui", health) as cluster:
         yield cluster
 
 
@@ -162,6 +167,11 @@ def _click(browser: Any, css: str) -> bool:
         return bool(found)
     except StaleElementReferenceException:
         return False
+
+
+def _counts(browser: Any, css: str, count: int) -> Any:
+    """A probe: does the page show `count` elements matching `css`?"""
+    return lambda: len(browser.find_elements(By.CSS_SELECTOR, css)) == count
 
 
 def _csp_violations(browser: Any) -> list[str]:
@@ -261,9 +271,15 @@ def watched(
     browser.back()
     browser.back()
 
-    for page in ("nodes", "queues"):
+    # The job holds both nodes whole: its queue is charged their four GPUs; on each node its one
+    # worker holds one of the two.
+    held = {
+        "nodes": ('tr[data-node] td[data-gpus="2"][data-held="1"]', 2),
+        "queues": ('tr[data-queue="default"] td[data-gpus="4"]', 1),
+    }
+    for page, (cells, count) in held.items():
         browser.get(f"{api.url}/ui/#/{page}")
-        shown(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "table.rows"), 30, page)
+        shown(browser, _counts(browser, cells, count), 30, f"the {page} page counting its GPUs")
         browser.save_screenshot(str(tmp_path / f"{page}.png"))
     browser.get(f"{api.url}/ui/#/jobs/{job}")
     shown(browser, lambda: "running" in _text(browser, "job-head"), 30, "the job's page")

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -126,10 +127,17 @@ def token_key(path: Path) -> Path:
 
 @contextmanager
 def token_pool(
-    redis_url: str, shared: Path, munge_socket: str, users: dict[str, User], key: Path, pool: str
+    redis_url: str,
+    shared: Path,
+    munge_socket: str,
+    users: dict[str, User],
+    key: Path,
+    pool: str,
+    node_options: dict[str, Any] | None = None,
 ) -> Iterator[PoolCluster]:
     """Two agents (a, b) of a pool that takes signed requests and tokens made with `key`:
-    users alice and bob submit; apisvc is its pool.api_users (the API service's account)."""
+    users alice and bob submit; apisvc is its pool.api_users (the API service's account).
+    `node_options`: more config sections, the same on both nodes."""
     scheduling: dict[str, object] = {
         "auth": "munge",
         "munge_socket": munge_socket,
@@ -141,6 +149,7 @@ def token_pool(
     state.mkdir(exist_ok=True)
     state.chmod(0o755)
     with pool_cluster(redis_url, shared, pool=pool, scheduling=scheduling) as cluster:
+        cluster.node_options.update(dict.fromkeys("ab", node_options or {}))
         cluster.start("a", "b")
         cluster.wait_nodes(2)
         yield cluster

@@ -1,4 +1,5 @@
-// Queues: quota, guarantee, what each holds, and its pending jobs in order, with why they wait.
+// Queues: quotas (nodes, GPUs), guarantee, the nodes and GPUs each holds, and its pending jobs in
+// order, with why they wait.
 import { get, q } from "./api.js";
 import { el, poll, replace, seconds, table } from "./dom.js";
 
@@ -14,8 +15,10 @@ export function queuesPage(main) {
         { dataset: { queue: x.queue } },
         el("td", {}, x.queue),
         el("td", { class: "num" }, x.quota ?? "no limit"),
+        el("td", { class: "num" }, x.gpu_quota ?? "no limit"),
         el("td", { class: "num" }, x.guaranteed),
         el("td", { class: "num" }, x.nodes),
+        el("td", { class: "num", dataset: { gpus: String(x.gpus) } }, x.gpus),
         el("td", { class: "num" }, x.running),
         el("td", { class: "num" }, x.pending),
       ),
@@ -35,7 +38,7 @@ export function queuesPage(main) {
     );
     replace(
       body,
-      table(["queue", "quota (nodes)", "guaranteed", "nodes held", "running", "pending"], rows, { class: "rows" }),
+      table(["queue", "quota (nodes)", "quota (GPUs)", "guaranteed", "nodes held", "GPUs held", "running", "pending"], rows, { class: "rows" }),
       el("h2", {}, "Pending, in the order they start"),
       waiting.length
         ? table(["#", "job", "queue", "user", "priority", "waiting", "why"], waiting, { class: "rows", id: "pending" })
