@@ -255,11 +255,13 @@ _TIMING_RULES: Mapping[str, Mapping[str, Any]] = {
     "peer_interval": {"off": True},
     "peer_timeout": {"positive": True},
     "peer_phi": {},  # not a duration: _phi
+    "waited_phi": {},  # not a duration: _phi
 }
 # What a job may set for itself (a job spec's timing:); the heartbeat, the lease and the peer
 # watch are the node's: every job a node serves is fenced on the same lease.
 PEER_INTERVAL_MIN = 0.01  # a beat more often than this is a busy loop, not a faster watch
 NODE_TIMING = ("heartbeat_interval", "lease_ttl", "peer_interval", "peer_timeout", "peer_phi")
+PHIS = ("peer_phi", "waited_phi")  # thresholds, not durations
 PHI_MIN = 1.0  # one late beat in ten suspected: below, a threshold suspects healthy peers
 JOB_TIMING = tuple(name for name in _TIMING_RULES if name not in NODE_TIMING)
 
@@ -267,8 +269,8 @@ JOB_TIMING = tuple(name for name in _TIMING_RULES if name not in NODE_TIMING)
 def _timed(section: Section, base: TimingConfig, names: tuple[str, ...]) -> TimingConfig:
     values = {
         name: (
-            _phi(section, base.peer_phi)
-            if name == "peer_phi"
+            _phi(section, name, getattr(base, name))
+            if name in PHIS
             else duration(
                 section.raw(name), section.key(name), getattr(base, name), **_TIMING_RULES[name]
             )
@@ -279,16 +281,17 @@ def _timed(section: Section, base: TimingConfig, names: tuple[str, ...]) -> Timi
     return dataclasses.replace(base, **values)
 
 
-def _phi(section: Section, default: float) -> float:
-    """timing.peer_phi: the accrual detector's threshold (job/accrual.py), a number, or off."""
-    raw = section.raw("peer_phi")
+def _phi(section: Section, name: str, default: float) -> float:
+    """timing.peer_phi, timing.waited_phi: an accrual detector's threshold (job/accrual.py), a
+    number, or off."""
+    raw = section.raw(name)
     if raw is None:
         return default
     if raw is False or raw == "off":
         return 0.0
     if isinstance(raw, bool) or not isinstance(raw, int | float) or not PHI_MIN <= raw < 100:
         raise ConfigError(
-            section.key("peer_phi"),
+            section.key(name),
             f"must be off or a number from {PHI_MIN:g} to 100 (phi: a silence suspected when a "
             f"beat that late has one chance in 10^phi; Cassandra and Akka use 8), got {raw!r}",
         )

@@ -159,6 +159,10 @@ class TimingConfig:
     # A rank that beats and whose process is stopped by a signal (SIGSTOP, SIGTSTP) this long
     # with no beat has hung: it alone, its peers wait for it (job/watch.py). 0: off.
     stopped_timeout: float = 0.5
+    # A rank silent in its own work past its step times while every peer waits on it is named
+    # hung by the job's leader (job/stalls.py): how unlikely its silence must be at its own step
+    # intervals (phi, as peer_phi; 0: off, hang_timeout alone). Only ranks that mark compute.
+    waited_phi: float = 8.0
     # Crash-loop backoff: a failed generation that ran less than restart_backoff_reset waits
     # restart_backoff, doubled per such failure in a row, at most restart_backoff_max.
     restart_backoff: float = 1.0  # 0: off

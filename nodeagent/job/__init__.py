@@ -6,6 +6,7 @@ members.py (who may run the next generation and who does), decide.py (one node's
 about its own workers), outcome.py, timeline.py, events.py, repeats.py (a failure that repeats
 the one before), slowness.py (which member is slow, and what the policy does about it),
 suspicion.py (which nodes a majority of the members hold out as lost before their leases lapse),
+stalls.py (a rank every other rank waits on, named by the leader),
 accrual.py (when a peer's silence is suspect at the intervals its beats came at: the phi accrual
 detector). Executors: leadership.py (plan, then commit fenced), agent.py (the loop: observe,
 decide, act, the only place that executes a decision, with the duties it holds: heartbeat.py

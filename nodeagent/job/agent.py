@@ -214,6 +214,9 @@ class Agent:
         snapshot = self._sync() if self._heartbeat.due(now) else None
         if self._deposes(snapshot):  # it leads from its next heartbeat
             self._dirty = True
+        named = self._watch.named(self.record, self._workers) if snapshot is not None else None
+        if named is not None:
+            self._events += named.events
         now = self._clock()  # the sync may have used its whole budget: decide on a fresh clock
         self._apply(decide(self._local_view(now)), now)
         self._guard()
@@ -279,6 +282,8 @@ class Agent:
             watch_token=self._peers.token if self._peers is not None else None,
             suspects=self._peers.suspects if self._peers is not None else (),
             warming=group.warming,
+            stalled=self._watch.watchers.stalls[0],
+            waiting=self._watch.watchers.stalls[1],
         )
 
     def _sync(self) -> Snapshot | None:

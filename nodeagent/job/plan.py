@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from nodeagent.config.settings import Config
-from nodeagent.job import members, repeats, slowness, suspicion
+from nodeagent.job import members, repeats, slowness, stalls, suspicion
 from nodeagent.job.checkpoints import restore
 from nodeagent.job.commands import Requests, apply_commands
 from nodeagent.job.leaderevents import job_event, names, restore_event
@@ -140,6 +140,8 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     ctx = _Context(view, policy, memory, eligible, requests, held)
     record, step_events, reason = _step(record, ctx)
     events += step_events
+    record, named = _waited_on(record, view.nodes)
+    events += named
     memory, backoff = _count_crash(memory, view.record, record, policy, view.now_ms)
     if backoff is not None:
         events.append(backoff)
@@ -154,6 +156,19 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
         held=held,
         nodes=view.nodes,
     )
+
+
+def _waited_on(record: JobRecord, nodes: Mapping[str, NodeReport]) -> tuple[JobRecord, list[Event]]:
+    """The members every other rank waits on (job/stalls.py), named in the record: each fails
+    its rank asleep in its own work. Said once, as they are named."""
+    named = stalls.waited_on(record, nodes)
+    if named == record.waited_on:
+        return record, []
+    record = replace(record, waited_on=named)
+    if not named:
+        return record, []
+    message = f"every other rank waits on the ranks of {names(named)}, asleep in their own work"
+    return record, [job_event("ranks_waited_on", record, message)]
 
 
 def _expired(name: str, memory: LeaderMemory) -> Event:

@@ -30,9 +30,17 @@ from nodeagent.channel import beats
 from nodeagent.channel.beats import Beat
 from nodeagent.gpu.health import NodeHealth
 from nodeagent.gpu.policy import Device
+from nodeagent.job import stalls
+from nodeagent.job.accrual import Arrivals
 from nodeagent.model.job import Cordon, Event, GpuSummary
 from nodeagent.supervisor.spec import WorkerSpec
-from nodeagent.supervisor.status import GroupPhase, GroupStatus
+from nodeagent.supervisor.status import Activity, GroupPhase, GroupStatus
+
+# A rank asleep in its own work is listed this much after the ranks that wait on it would be:
+# their nodes' reports (written at once, with no event) reach the job's leader before the one
+# this node's event wakes it for (job/stalls.py).
+LISTED_LAG_S = 0.2
+STALL_POLL_S = 0.25  # how often a rank silent past its step times but busy is looked at again
 
 
 @dataclass
@@ -50,10 +58,11 @@ class Findings:
     uncordon: bool = False
     events: list[Event] = field(default_factory=list)
     detected: list[tuple[str, float]] = field(default_factory=list)  # (kind, seconds)
+    relisted: bool = False  # its stalled ranks changed: the report goes out at once
 
     @property
     def anything(self) -> bool:
-        return bool(self.fail or self.cordon or self.uncordon or self.events)
+        return bool(self.fail or self.cordon or self.uncordon or self.events or self.relisted)
 
 
 class WorkerWatch:
@@ -64,9 +73,16 @@ class WorkerWatch:
         health: NodeHealth | None,
         stopped_timeout_s: float = 0.0,
         waiting_grace_s: float = 0.0,
+        waited_phi: float = 0.0,
     ) -> None:
         self._node = node
-        self._hangs = HangWatch(hang_timeout_s, stopped_timeout_s, waiting_grace_s=waiting_grace_s)
+        self._hangs = HangWatch(
+            hang_timeout_s,
+            stopped_timeout_s,
+            waiting_grace_s=waiting_grace_s,
+            waited_phi=waited_phi,
+        )
+        self.stalls: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # as last reported
         self._health = health
         self._gpus_by_rank: dict[int, tuple[int, ...]] = {}
 
@@ -114,13 +130,16 @@ class WorkerWatch:
         cordon: Cordon | None,
         dump: Callable[[int], str],
         stopped: Callable[[int], bool] = lambda local_rank: False,
+        activity: Callable[[int], Activity | None] = lambda local_rank: None,
     ) -> Findings:
         """Hangs first (they fail the group), then GPU verdicts. `dump` captures a rank's stacks;
-        `stopped` says whether a rank's process is stopped by a signal."""
+        `stopped` says whether a rank's process is stopped by a signal; `activity`, whether it
+        sleeps and its CPU time (the stalled ranks listed for the job's leader)."""
         running = group.phase is GroupPhase.RUNNING and group.failure is None
         findings = Findings()
         if running:
-            self._check_hangs(now, group, dump, stopped, findings)
+            self._check_hangs(now, group, dump, stopped, activity, findings)
+        self._relist(group, running, findings)
         if self._health is not None:
             check = self._health.check(cordon, self._gpus_by_rank if running else {})
             findings.events += check.events
@@ -136,11 +155,12 @@ class WorkerWatch:
         group: GroupStatus,
         dump: Callable[[int], str],
         stopped: Callable[[int], bool],
+        activity: Callable[[int], Activity | None],
         findings: Findings,
     ) -> None:
         """A rank stopped by a signal, else one that made no progress for hang_timeout, has
         hung (the module docstring)."""
-        hangs = self._hangs.hung(now, stopped)
+        hangs = self._hangs.hung(now, stopped, activity)
         if not hangs:
             return
         hang = hangs[0]
@@ -150,22 +170,67 @@ class WorkerWatch:
             what, stacks = f"no progress for {hang.for_s:.1f}s", dump(hang.local_rank)
             if hang.waiting:
                 what += ", waiting on its peers (its own part of the step done)"
-        findings.fail = Failed(hang.local_rank, "hang", None, what)
         findings.detected.append(("hang", hang.for_s))
+        data = {"stopped": hang.stopped, "waiting": hang.waiting}
+        self._hung(findings, group, hang.local_rank, what, stacks, data)
+
+    def _hung(
+        self,
+        findings: Findings,
+        group: GroupStatus,
+        local_rank: int,
+        what: str,
+        stacks: str,
+        data: dict[str, bool],
+    ) -> None:
+        """`local_rank` failed as hung, said in a worker_hung event with its stacks."""
+        findings.fail = Failed(local_rank, "hang", None, what)
         findings.events.append(
             Event(
                 "worker_hung",
                 generation=group.generation,
                 node=self._node,
-                message=f"local rank {hang.local_rank}: {what}",
-                data={
-                    "local_rank": hang.local_rank,
-                    "stopped": hang.stopped,
-                    "waiting": hang.waiting,
-                    "stacks": stacks[-4000:],
-                },
+                message=f"local rank {local_rank}: {what}",
+                data={"local_rank": local_rank, **data, "stacks": stacks[-4000:]},
             )
         )
+
+    def _relist(self, group: GroupStatus, running: bool, findings: Findings) -> None:
+        """Its stalled ranks as the report says them (none unless its group runs); an event
+        (which wakes the job's leader) when a rank asleep in its own work is listed or
+        cleared, the reports of ranks that only wait going out at once without one."""
+        listed = (self._hangs.stalled, self._hangs.waiting) if running else ((), ())
+        if listed == self.stalls:
+            return
+        before, self.stalls = self.stalls, listed
+        findings.relisted = True
+        stalled, waiting = listed
+        if stalled != before[0]:
+            what = f"local rank(s) {list(stalled)} asleep in their own work" if stalled else "none"
+            findings.events.append(
+                Event(
+                    "ranks_stalled",
+                    generation=group.generation,
+                    node=self._node,
+                    message=f"silent past their steps: {what}; waiting on a peer: {list(waiting)}",
+                    data={"stalled": list(stalled), "waiting": list(waiting)},
+                )
+            )
+
+    def named(self, group: GroupStatus, dump: Callable[[int], str]) -> Findings:
+        """The job's leader named this node: every other rank waits on its rank asleep in its
+        own work (job/stalls.py). That rank, if it still is, has hung: its stacks are taken
+        (`dump`) and it is failed."""
+        findings = Findings()
+        running = group.phase is GroupPhase.RUNNING and group.failure is None
+        if not running or not self.stalls[0]:
+            return findings
+        local_rank = self.stalls[0][0]
+        what = "no progress, asleep in its own work, while every other rank waits on it (named "
+        what += "by the job's leader)"
+        data = {"stopped": False, "waiting": False, "waited_on": True}
+        self._hung(findings, group, local_rank, what, dump(local_rank), data)
+        return findings
 
 
 @dataclass(frozen=True)
@@ -190,6 +255,9 @@ class _Seen:
     asked: float | None = None  # when it was last found silent stopped_s and not stopped
     read_at: float = 0.0  # when its file was last read
     waiting: bool = False  # a compute section ended since its last beat: it waits on a peer
+    arrivals: Arrivals = field(default_factory=Arrivals)  # its step intervals (job/stalls.py)
+    stall_after: float | None = None  # the silence after which it is listed as stalled
+    activity: Activity | None = None  # its process when its last beat was read
 
 
 @dataclass(frozen=True)
@@ -221,34 +289,44 @@ class HangWatch:
         stopped_s: float = 0.0,
         wall: Callable[[], float] = time.time,
         waiting_grace_s: float = 0.0,
+        waited_phi: float = 0.0,
     ) -> None:
         self.timeout_s, self.stopped_s, self._wall = timeout_s, stopped_s, wall
-        self.waiting_grace_s = waiting_grace_s
+        self.waiting_grace_s, self.waited_phi = waiting_grace_s, waited_phi
         self._files: dict[int, Path] = {}
         self._seen: dict[int, _Seen] = {}
+        # Its ranks listed as stalled at the last read: silent in their own work, asleep; and
+        # waiting on a peer (job/stalls.py).
+        self.stalled: tuple[int, ...] = ()
+        self.waiting: tuple[int, ...] = ()
 
     def watch(self, files: dict[int, Path], now: float) -> None:
         """Start watching a new generation's files (local rank -> path)."""
         self._files = dict(files)
         self._seen = {rank: _Seen(0, now, read_at=now) for rank in files}
+        self.stalled, self.waiting = (), ()
 
     def last_progress(self) -> dict[int, Beat]:
         """The latest beat, as last read by hung(), of each rank that has beaten."""
         return {rank: s.last for rank, s in self._seen.items() if s.last is not None and s.beats}
 
-    def hung(self, now: float, stopped: Callable[[int], bool] = lambda rank: False) -> list[Hang]:
+    def hung(
+        self,
+        now: float,
+        stopped: Callable[[int], bool] = lambda rank: False,
+        activity: Callable[[int], Activity | None] = lambda rank: None,
+    ) -> list[Hang]:
         """Read every rank's beat; return the ranks that have beaten at least once and not
         since `stopped_s` while `stopped` says their process is stopped, or since `timeout_s`
-        (stopped ranks first). `stopped` is asked only of a rank silent that long."""
+        (stopped ranks first). `stopped` is asked only of a rank silent that long. Lists the
+        stalled ranks (`stalled`, `waiting`); `activity` is asked of a rank as its beat is
+        read and once it is silent past its step times."""
         found = []
         for rank, path in self._files.items():
             beat = beats.read(path)
             seen = self._seen[rank]
             if beat is not None and beat.beats != seen.beats:
-                age = min(max(0.0, self._wall() - beat.wall_time), now - seen.read_at)
-                at = now - age
-                seen = _Seen(beat.beats, at, beat, seen.first or (at, beat.step))
-                self._seen[rank] = seen
+                seen = self._moved_on(rank, seen, beat, now, activity)
             if beat is not None:
                 seen.waiting = beat.waiting
             seen.read_at = now
@@ -267,7 +345,47 @@ class HangWatch:
                 if seen.waiting and silent < self.timeout_s + self.waiting_grace_s:
                     continue  # the node of the rank it waits for fails that one first
                 found.append(Hang(rank, False, silent, seen.waiting))
+        self._list_stalls(now, activity)
         return sorted(found, key=lambda hang: not hang.stopped)
+
+    def _moved_on(
+        self,
+        rank: int,
+        seen: _Seen,
+        beat: Beat,
+        now: float,
+        activity: Callable[[int], Activity | None],
+    ) -> _Seen:
+        """A rank's new beat, dated (the class docstring); its step interval learnt."""
+        age = min(max(0.0, self._wall() - beat.wall_time), now - seen.read_at)
+        at = now - age
+        moved = _Seen(beat.beats, at, beat, seen.first or (at, beat.step), arrivals=seen.arrivals)
+        if self.waited_phi > 0 and seen.beats:
+            steps = beat.beats - seen.beats
+            for _ in range(min(steps, 10)):  # each step of the stretch at its mean
+                moved.arrivals.add((at - seen.changed_at) / steps)
+            moved.stall_after = stalls.stall_after(moved.arrivals, self.waited_phi)
+            moved.activity = activity(rank) if moved.stall_after is not None else None
+        self._seen[rank] = moved
+        return moved
+
+    def _list_stalls(self, now: float, activity: Callable[[int], Activity | None]) -> None:
+        """The ranks silent past their step times: waiting on a peer, or asleep in their own
+        work (job/stalls.py). A rank busy in its own work is neither."""
+        stalled, waiting = [], []
+        for rank, seen in self._seen.items():
+            if not seen.beats or seen.finished or seen.stall_after is None:
+                continue
+            silent = now - seen.changed_at
+            if silent < seen.stall_after:
+                continue
+            if seen.waiting:
+                waiting.append(rank)
+            elif silent >= seen.stall_after + LISTED_LAG_S and stalls.idle(
+                seen.activity, activity(rank), silent
+            ):
+                stalled.append(rank)
+        self.stalled, self.waiting = tuple(stalled), tuple(waiting)
 
     def stretch(self, rank: int) -> Stretch | None:
         """What `rank` trained since its generation was watched; None: no beat read yet."""
@@ -278,9 +396,11 @@ class HangWatch:
 
     def next_check(self) -> float | None:
         """When a rank that is beating would first count as hung, or is next asked whether it
-        is stopped (every stopped_s while it is silent)."""
+        is stopped (every stopped_s while it is silent), or would be listed as stalled (asked
+        again every STALL_POLL_S while it is silent past that but busy)."""
         times = []
-        for seen in self._seen.values():
+        listed = {*self.stalled, *self.waiting}
+        for rank, seen in self._seen.items():
             if not seen.beats or seen.finished:
                 continue
             if self.timeout_s > 0:
@@ -288,4 +408,8 @@ class HangWatch:
                 times.append(seen.changed_at + self.timeout_s + grace)
             if self.stopped_s > 0:
                 times.append((seen.asked or seen.changed_at) + self.stopped_s)
+            if seen.stall_after is not None and rank not in listed:
+                lag = 0.0 if seen.waiting else LISTED_LAG_S
+                due = seen.changed_at + seen.stall_after + lag
+                times.append(due if due > seen.read_at else seen.read_at + STALL_POLL_S)
         return min(times, default=None)

@@ -16,7 +16,8 @@ from nodeagent.gpu.health import NodeHealth
 from nodeagent.job.port import JobPort, WorkerGroup
 from nodeagent.job.speed import SpeedWatch
 from nodeagent.job.watch import Findings, WorkerWatch
-from nodeagent.model.job import Cordon
+from nodeagent.model.job import Cordon, JobRecord
+from nodeagent.state import JobState
 from nodeagent.telemetry.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,9 @@ class WatchDuties:
         # the leader's new generation reaches this node at this one's next.
         grace = 2 * timing.heartbeat_interval + 1.0
         self.watchers = WorkerWatch(
-            self._name, timing.hang_timeout, health, timing.stopped_timeout, grace
-        )
+            self._name, timing.hang_timeout, health, timing.stopped_timeout, grace,
+            timing.waited_phi,
+        )  # fmt: skip
         window = config.job.slow_node.window
         self._speed = SpeedWatch(self._name, window) if window > 0 else None
         self._store, self._metrics, self._call = store, metrics, call
@@ -61,14 +63,16 @@ class WatchDuties:
         """Execute what the watch found: fail a hung rank or one hit by an application XID,
         cordon (and drain) on a node-level GPU fault, lift a GPU cordon (gpu/policy.py)."""
         found = self.watchers.check(
-            now, workers.status(), self.cordon, workers.dump_stacks, workers.stopped
+            now,
+            workers.status(),
+            self.cordon,
+            workers.dump_stacks,
+            workers.stopped,
+            workers.activity,
         )
         for kind, seconds in found.detected:
             self._metrics.detected(kind, seconds)
-        if found.fail is not None:
-            log.warning("local rank %d failed: %s", found.fail.local_rank, found.fail.message)
-            workers.mark_failed(found.fail.local_rank, found.fail.kind, found.fail.code)
-            self._metrics.worker_failed(found.fail.kind)
+        self._fail(found, workers)
         try:
             if found.cordon is not None:
                 log.warning("cordoning this node: %s", found.cordon.reason)
@@ -83,6 +87,27 @@ class WatchDuties:
         except CoordinationError as exc:
             log.warning("cannot update this node's cordon now: %s", exc)
         return found
+
+    def named(self, record: JobRecord | None, workers: WorkerGroup) -> Findings | None:
+        """The job's leader named this node in the generation its workers run: every other rank
+        waits on its rank asleep in its own work, failed now as hung (job/stalls.py)."""
+        group = workers.status()
+        if (
+            record is None
+            or self._name not in record.waited_on
+            or record.state is not JobState.RUNNING
+            or record.generation != group.generation
+        ):
+            return None
+        found = self.watchers.named(group, workers.dump_stacks)
+        self._fail(found, workers)
+        return found
+
+    def _fail(self, found: Findings, workers: WorkerGroup) -> None:
+        if found.fail is not None:
+            log.warning("local rank %d failed: %s", found.fail.local_rank, found.fail.message)
+            workers.mark_failed(found.fail.local_rank, found.fail.kind, found.fail.code)
+            self._metrics.worker_failed(found.fail.kind)
 
     def measure(self, now: float, workers: WorkerGroup) -> None:
         """Once a window: this node's ranks' pace, for the leader's slow-node watch."""

@@ -199,6 +199,10 @@ class NodeReport:
     # In place: its workers' replacements still starting outside any generation (warm-ups,
     # supervisor/group.py); the leader goes on without it meanwhile (members.ready).
     warming: int = 0
+    # Its ranks silent past their step times (job/stalls.py): in their own work, asleep; or
+    # waiting on a peer. Empty in a healthy job.
+    stalled: tuple[int, ...] = ()
+    waiting: tuple[int, ...] = ()
 
     @property
     def eligible(self) -> bool:
@@ -254,6 +258,8 @@ class NodeReport:
             watch_token=r.opt_text("watch_token", WATCH_TOKEN_CHARS),
             suspects=r.names("suspects"),
             warming=r.integer("warming", 0, high=65535),
+            stalled=r.local_ranks("stalled"),
+            waiting=r.local_ranks("waiting"),
         )
         if report.watch_token is not None and not _is_token(report.watch_token):
             raise CorruptStateError(
@@ -357,6 +363,9 @@ class JobRecord:
     signal: str = ""
     signal_id: str = "0-0"
     signal_generation: int = 0
+    # The members whose ranks every other rank waits on (job/stalls.py): each fails its rank
+    # silent in its own work as hung. Empty but while that holds.
+    waited_on: tuple[str, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -466,6 +475,7 @@ class JobRecord:
             signal=_signal_name(r.text("signal", "", max_len=16), "job record") or "",
             signal_id=r.stream_id("signal_id", "0-0"),
             signal_generation=r.integer("signal_generation", 0),
+            waited_on=r.names("waited_on"),
         )
 
 

@@ -41,7 +41,7 @@ from nodeagent.supervisor.ranklogs import (
 from nodeagent.supervisor.release import Release
 from nodeagent.supervisor.spares import PRESTART_DELAY_S, Spawner
 from nodeagent.supervisor.spec import WorkerSpec, warmup_spec
-from nodeagent.supervisor.status import GroupPhase, GroupStatus, Started, WorkerExit
+from nodeagent.supervisor.status import Activity, GroupPhase, GroupStatus, Started, WorkerExit
 from nodeagent.supervisor.worker import Worker, live, signal_name, signal_process, unleft
 
 log = logging.getLogger(__name__)
@@ -368,6 +368,11 @@ class Supervisor:
     def stopped(self, local_rank: int) -> bool:
         """Whether the worker of `local_rank` is stopped by a signal (Worker.stopped)."""
         return any(w.stopped() for w in self._workers if w.spec.local_rank == local_rank)
+
+    def activity(self, local_rank: int) -> Activity | None:
+        """The live worker of `local_rank`'s process: asleep or not, its CPU time."""
+        found = [w for w in self._workers if w.spec.local_rank == local_rank and w.alive()]
+        return found[0].activity() if found else None
 
     def dump_stacks(self, local_rank: int) -> str:
         """Capture a hung worker's stacks into its log (Worker.dump_stacks)."""

@@ -82,3 +82,12 @@ class GroupStatus:
     def stoppable(self) -> bool:
         """Live workers that no stop was requested for: what a stop must reach."""
         return self.phase in (GroupPhase.RUNNING, GroupPhase.RELEASING, GroupPhase.PARKED)
+
+
+@dataclass(frozen=True)
+class Activity:
+    """A worker process as /proc shows it: whether it sleeps (neither running nor in disk I/O)
+    and the CPU seconds it has used (job/stalls.py)."""
+
+    sleeping: bool
+    cpu_s: float

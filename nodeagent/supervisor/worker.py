@@ -27,6 +27,7 @@ from nodeagent.supervisor.errorfile import read_error_file
 from nodeagent.supervisor.fence import Group
 from nodeagent.supervisor.ranklogs import RankLog, last_lines, open_log
 from nodeagent.supervisor.spec import WorkerSpec
+from nodeagent.supervisor.status import Activity
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,21 @@ class Worker:
             return bool(psutil.Process(pid).status() == psutil.STATUS_STOPPED)
         except psutil.Error:
             return False
+
+    def activity(self) -> Activity | None:
+        """Whether its worker process sleeps (state S: neither running, nor in disk I/O, nor
+        stopped) and the CPU seconds it used, its threads' together; None: not readable."""
+        pid = self.worker_pid()
+        if pid is None:
+            return None
+        try:
+            process = psutil.Process(pid)
+            with process.oneshot():
+                times = process.cpu_times()
+                sleeping = process.status() == psutil.STATUS_SLEEPING
+        except psutil.Error:
+            return None
+        return Activity(sleeping, times.user + times.system)
 
     def has_finished(self) -> bool:
         """It reported that its training returned in its generation: through its in_place

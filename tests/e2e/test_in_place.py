@@ -237,14 +237,15 @@ def test_a_survivor_blocked_by_a_frozen_peer_leaves_its_collective_and_is_kept(
         cluster.kill_tree("b")
 
 
-def test_a_rank_hung_while_it_runs_is_replaced_alone_when_its_peer_waits_for_it(
+def test_a_rank_hung_while_it_runs_is_named_by_the_leader_and_replaced_alone(
     redis_server: RedisServer, job_id: str, tmp_path: Path
 ) -> None:
     """Rank 1 stops at the top of a step, running but asleep (a data loader that never
     answers); rank 0 did its part of the step, marked with compute(), and waits in the
-    all-reduce. Neither beats. At hang_timeout rank 1's agent fails it: its compute did not
-    move on. Rank 0's agent gives its rank the grace first (its compute moved on: it waits),
-    and the job re-forms in place before that: rank 1 replaced, rank 0 kept."""
+    all-reduce. Neither beats. Past their step times, rank 0's node lists it waiting and rank
+    1's lists it asleep in its own work; the job's leader names rank 1's node, which fails it
+    as hung: the job re-forms in place long before hang_timeout (300 s here, so only the
+    leader's verdict can do it within the wait), rank 1 replaced, rank 0 kept."""
     with local_cluster(
         redis_server.url,
         tmp_path,
@@ -252,7 +253,7 @@ def test_a_rank_hung_while_it_runs_is_replaced_alone_when_its_peer_waits_for_it(
         max_nodes=2,
         target_nodes=2,
         max_restarts=5,
-        timing={**TIMING, "reform_timeout": "60s", "hang_timeout": "4s"},
+        timing={**TIMING, "reform_timeout": "60s", "hang_timeout": "300s"},
         entrypoint=[sys.executable, str(SCRIPT)],
         job_options={"recovery": "in_place"},
     ) as cluster:
@@ -261,15 +262,19 @@ def test_a_rank_hung_while_it_runs_is_replaced_alone_when_its_peer_waits_for_it(
         gen = reformed(cluster, 2, 0)
         alive = kept_through(cluster, {})
         stuck, waiting = cluster.status()["members"][1], cluster.status()["members"][0]
+        wait_for(lambda: len(lines.all("step")) >= 40, 60, "twenty steps of each rank")
         (cluster.records_dir / "deadlock").write_text("1")
         wait_for(lambda: lines.all("deadlocked"), 60, "rank 1 to stop in its step")
         gen = reformed(cluster, 2, gen)
         now = kept_through(cluster, {waiting: alive[waiting]})
         assert now[stuck] != alive[stuck]
-        hung = [e for e in cluster.events() if e["type"] == "worker_hung"]
-        assert [(e["node"], e["data"]["stopped"], e["data"]["waiting"]) for e in hung] == [
-            (stuck, False, False)
+        events = cluster.events()
+        hung = [e for e in events if e["type"] == "worker_hung"]
+        assert [(e["node"], e["data"]["waiting"], e["data"].get("waited_on")) for e in hung] == [
+            (stuck, False, True)
         ], hung
+        named = [e for e in events if e["type"] == "ranks_waited_on"]
+        assert len(named) == 1 and stuck in named[0]["message"], named
 
 
 def test_an_in_place_job_beside_a_restart_job_in_one_pool(

@@ -21,7 +21,7 @@ from nodeagent.model.job import Event, NodeReport, WorkerInfo
 from nodeagent.state import NodeState
 from nodeagent.supervisor.fence import Group
 from nodeagent.supervisor.spec import WorkerSpec
-from nodeagent.supervisor.status import GroupStatus, Started, WorkerExit
+from nodeagent.supervisor.status import Activity, GroupStatus, Started, WorkerExit
 from tests.helpers.hosts import VALID, FixedResolver
 
 
@@ -63,6 +63,9 @@ class IdleGroup:
 
     def stopped(self, local_rank: int) -> bool:
         return False
+
+    def activity(self, local_rank: int) -> Activity | None:
+        return None
 
     def signal(self, name: str) -> None: ...
 

@@ -21,7 +21,7 @@ from nodeagent.model.job import Command, CommandType, Failure, WorkerInfo
 from nodeagent.state import JobState
 from nodeagent.supervisor.fence import Group
 from nodeagent.supervisor.spec import WorkerSpec
-from nodeagent.supervisor.status import GroupPhase, GroupStatus, Started, WorkerExit
+from nodeagent.supervisor.status import Activity, GroupPhase, GroupStatus, Started, WorkerExit
 from tests.helpers.hosts import VALID, FixedResolver
 from tests.helpers.memstore import MemoryJobStore
 
@@ -77,6 +77,9 @@ class FakeWorkers:
 
     def stopped(self, local_rank: int) -> bool:
         return False
+
+    def activity(self, local_rank: int) -> Activity | None:
+        return None
 
     def signal(self, name: str) -> None:
         self.signals.append(name)
