@@ -543,12 +543,19 @@ def hang_worker_main_thread(launch: Launch) -> list[psutil.Process]:
         [*command, "-ex", call], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        held = 0
+        held, seen = 0, False
 
         def asleep() -> bool:
-            nonlocal held  # five reads in a row: not the moment before gdb stopped it
-            held = held + 1 if _called_sleep(proc.pid) else 0
-            return held >= 5
+            """Five reads in a row (not the moment before gdb stopped it), or traced once and
+            gone since: a system found it stuck (gdb's attach holds it stopped, then its call
+            sleeps) before the reads did, and killed it."""
+            nonlocal held, seen
+            seen = seen or _traced(proc.pid)
+            if _called_sleep(proc.pid):
+                held += 1
+                return held >= 5
+            held = 0
+            return seen and _gone(proc)
 
         wait_for(asleep, 30, "the main thread to sleep")
     finally:
@@ -577,8 +584,25 @@ def _called_sleep(pid: int) -> bool:
         wchan = Path(f"/proc/{pid}/wchan").read_text()
     except OSError:
         return False
-    traced = re.search(r"^TracerPid:\s*[1-9]", status, re.MULTILINE) is not None
-    return traced and "\nState:\tS" in status and "nanosleep" in wchan
+    return _tracer(status) and "\nState:\tS" in status and "nanosleep" in wchan
+
+
+def _traced(pid: int) -> bool:
+    try:
+        return _tracer(Path(f"/proc/{pid}/status").read_text())
+    except OSError:
+        return False
+
+
+def _tracer(status: str) -> bool:
+    return re.search(r"^TracerPid:\s*[1-9]", status, re.MULTILINE) is not None
+
+
+def _gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def kill_rank0_node(launch: Launch) -> list[psutil.Process]:

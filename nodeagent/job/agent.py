@@ -282,8 +282,7 @@ class Agent:
             watch_token=self._peers.token if self._peers is not None else None,
             suspects=self._peers.suspects if self._peers is not None else (),
             warming=group.warming,
-            stalled=self._watch.watchers.stalls[0],
-            waiting=self._watch.watchers.stalls[1],
+            stalls=self._watch.watchers.stalls,
         )
 
     def _sync(self) -> Snapshot | None:

@@ -68,10 +68,11 @@ class LeaderDuties:
         self._slow.stepped_down()
 
     def next_due(self) -> float | None:
-        """While it leads: when a member's lease lapses, or the slow-node watch judges."""
+        """While it leads: when a member's lease lapses, the slow-node watch judges, or the
+        members' lists of stalled ranks are read again (job/stalls.py)."""
         if self.token is None:
             return None
-        due = [self._leadership.next_expiry, self._slow.next_due()]
+        due = [self._leadership.next_expiry, self._slow.next_due(), self._leadership.next_poll]
         return min((at for at in due if at is not None), default=None)
 
     def _wake_listeners(self) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from nodeagent.coord.bounded import CallRunner
 from nodeagent.coord.store import Snapshot
 from nodeagent.errors import CoordinationError, FencedError, IllegalTransition
+from nodeagent.job import stalls
 from nodeagent.job.checkpoints.handouts import Handouts
 from nodeagent.job.plan import LeaderMemory, Policy, plan
 from nodeagent.job.port import JobPort
@@ -56,6 +57,7 @@ class Leadership:
         self._handouts = Handouts(store, policy.replicas, call, clock)
         self._last_reason = ""
         self.next_expiry: float | None = None  # local time the earliest known lease lapses
+        self.next_poll: float | None = None  # local time it reads the reports again, if sooner
         # when the job's goodput was last accounted, and the generation then
         self._accounted_at: tuple[float, int] | None = None
 
@@ -108,6 +110,10 @@ class Leadership:
             decision = plan(replace(view, record=None), self._policy, self._memory)
             garbage = True
         before, self._memory = self._memory, decision.memory
+        # While a member lists ranks silent past their step times, the reports are read again
+        # soon: the others' lists come in one by one, and no event brings them (job/stalls.py).
+        listing = stalls.listing(view.nodes)
+        self.next_poll = self._clock() + stalls.POLL_S if listing else None
         self._observe(snapshot, decision.held - before.held)  # held out: noticed now
         if snapshot.stale_head is not None and not decision.writes and view.record is not None:
             # What the others read of the record is not the record: write it again (COMMIT

@@ -159,15 +159,16 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
 
 
 def _waited_on(record: JobRecord, nodes: Mapping[str, NodeReport]) -> tuple[JobRecord, list[Event]]:
-    """The members every other rank waits on (job/stalls.py), named in the record: each fails
-    its rank asleep in its own work. Said once, as they are named."""
+    """The ranks every other rank waits on (job/stalls.py), named in the record: each one's node
+    fails it. Said once, as they are named."""
     named = stalls.waited_on(record, nodes)
     if named == record.waited_on:
         return record, []
     record = replace(record, waited_on=named)
     if not named:
         return record, []
-    message = f"every other rank waits on the ranks of {names(named)}, asleep in their own work"
+    ranks = ", ".join(f"local rank {w.local_rank} of {w.node}" for w in named[:8])
+    message = f"every other rank waits on {ranks}{' ...' if len(named) > 8 else ''}"
     return record, [job_event("ranks_waited_on", record, message)]
 
 

@@ -1,29 +1,34 @@
-"""A rank every peer waits on, named by the job's leader in about a second (pure).
+"""A rank every other rank waits on, named by the job's leader in about a second (pure).
 
-A rank stuck while its process runs (a deadlocked data loader, an I/O call that never returns)
-is as silent as its peers, which are blocked in the step's collective with it: its own agent
-cannot tell it from them, and alone would wait `hang_timeout`. But the job can: ranks that mark
-their own part of a step (`progress.compute()`) say, in their beat, that they did it and wait
-on a peer. So:
+A rank stuck while its process runs (a deadlocked data loader, a call that never returns) is as
+silent as its peers, which are blocked in a collective with it: its own agent cannot tell it
+from them, and alone would wait `hang_timeout`. The job can:
 
 - **Each agent** lists, in its report, its ranks whose silence has become unlikely at their own
   step times (`stall_after`: the phi accrual detector of job/accrual.py over the rank's beat
-  intervals, `timing.waited_phi`, never under FLOOR_S nor FLOOR_STEPS steps), split into those
-  waiting on a peer and those silent in their own work. A rank counts as silent in its own work
-  only while its process sleeps (not running, not in disk I/O) and used under IDLE_CPU of a CPU
-  over its silence: a rank saving (pickling, writing, fsyncing) or computing is busy, not stuck.
-  The lists are empty in a healthy job, so its reports do not change at every heartbeat.
-- **The job's leader** (`waited_on`) names the nodes of the ranks silent in their own work when
-  every rank of the generation is listed, at least one of them waiting: every peer waits on
-  those. The record carries the names (`JobRecord.waited_on`), and only while it holds.
-- **The named node** fails its silent rank as hung (job/watch.py). From there it is any hang:
-  in place, that rank alone is killed (its sockets close, the waiting ranks' collective ends)
-  and replaced; in restart mode, the job restarts.
+  intervals, `timing.waited_phi`, never under FLOOR_S nor FLOOR_STEPS steps), each with its
+  last step, whether it waits on a peer (its `progress.compute()` mark moved on since that beat)
+  and whether its process is asleep (it sleeps, and used under IDLE_CPU of a CPU over its
+  silence: a rank saving, pickling, writing, fsyncing or computing is busy). A healthy job lists
+  nothing, so its reports do not change at every heartbeat.
+- **The job's leader** (`waited_on`), once every rank of the running generation is listed:
+  - ranks behind the others (a lower last step: the others went through a collective they did
+    not come back from) are the ones waited on, if each of them is asleep (one busy behind, as
+    rank 0 saving alone, is working: nobody);
+  - all at one step: the ranks asleep that do not wait are the ones waited on, if some rank
+    waits and none is busy in its own work.
+  It names them in the record (`JobRecord.waited_on`), only while that holds, and reads the
+  reports again every POLL_S while some member lists a rank and nobody is named.
+- **The named node** fails its rank as hung (job/watch.py). From there it is any hang: in
+  place, that rank alone is killed (its sockets close, the waiting ranks' collective ends) and
+  replaced; in restart mode, the job restarts.
 
-A rank busy in long work of its own that sleeps (an upload at a trickle, a read of a network
-file system that blocks) while every peer waits looks stuck after its step history's silence;
-the job's history learns such pauses once they are seen, and the first costs the rank a
-restart. `waited_phi: off` leaves such jobs to `hang_timeout`.
+A rank asleep in long work of its own while every peer waits (an upload at a trickle, a read of
+a network file system that blocks) looks stuck after its step history's silence; the job's
+history learns such pauses once they are seen, and the first costs the rank a restart.
+`waited_phi: off` leaves such jobs to `hang_timeout`, as are jobs whose ranks do not mark their
+compute (nobody is known to wait, unless a rank fell behind) and every rank waiting at one step
+(a collective that never returns, a network fault).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from collections.abc import Mapping
 
 from nodeagent.job.accrual import MIN_SAMPLES, Arrivals, Silence
 from nodeagent.model.job import JobRecord, NodeReport
+from nodeagent.model.stalls import RankStall, WaitedOn
 from nodeagent.state import JobState, NodeState
 from nodeagent.supervisor.status import Activity
 
@@ -39,6 +45,7 @@ FLOOR_S = 0.5  # the least silence listed, whatever the rank's steps
 FLOOR_STEPS = 3  # nor under this many of its mean step
 CAP_S = 3600.0  # the longest silence the detector is asked about (hang_timeout judges past it)
 IDLE_CPU = 0.25  # a rank that used more of a CPU than this over its silence is busy
+POLL_S = 0.1  # how often the leader reads the reports while some member lists a rank
 
 
 def stall_after(arrivals: Arrivals, phi: float) -> float | None:
@@ -66,26 +73,35 @@ def idle(since_beat: Activity | None, now: Activity | None, silence: float) -> b
     return (now.cpu_s - since_beat.cpu_s) < IDLE_CPU * silence
 
 
-def waited_on(record: JobRecord, nodes: Mapping[str, NodeReport]) -> tuple[str, ...]:
-    """The members whose ranks every other rank waits on (the module docstring); () unless
-    every rank of the running generation is listed stalled by its node, some waiting and
-    some silent in their own work."""
+def waited_on(record: JobRecord, nodes: Mapping[str, NodeReport]) -> tuple[WaitedOn, ...]:
+    """The ranks every other rank waits on (the module docstring); () unless every rank of the
+    running generation is listed by its node."""
     if record.state is not JobState.RUNNING or not record.members:
         return ()
-    named, waiting = [], 0
+    every = range(record.nproc_per_node)
+    listed: list[tuple[str, RankStall]] = []
     for member in record.members:
         report = nodes.get(member)
         if (
             report is None
             or report.state is not NodeState.RUNNING
             or report.worker_generation != record.generation
+            or sorted(s.local_rank for s in report.stalls) != list(every)
         ):
             return ()
-        listed = set(report.stalled) | set(report.waiting)
-        overlap = set(report.stalled) & set(report.waiting)
-        if listed != set(range(record.nproc_per_node)) or overlap:
-            return ()
-        waiting += len(report.waiting)
-        if report.stalled:
-            named.append(member)
-    return tuple(named) if named and waiting else ()
+        listed += [(member, stall) for stall in report.stalls]
+    top = max(stall.step for _, stall in listed)
+    behind = [(node, stall) for node, stall in listed if stall.step < top]
+    if behind:
+        chosen = behind if all(stall.asleep for _, stall in behind) else []
+    else:
+        own = [(node, stall) for node, stall in listed if not stall.waiting]
+        busy = any(not stall.asleep for _, stall in own)
+        some_wait = len(own) < len(listed)
+        chosen = own if own and some_wait and not busy else []
+    return tuple(WaitedOn(node, stall.local_rank) for node, stall in chosen)
+
+
+def listing(nodes: Mapping[str, NodeReport]) -> bool:
+    """Some node lists a rank silent past its step times: the leader reads again soon."""
+    return any(report.stalls for report in nodes.values())

@@ -33,14 +33,11 @@ from nodeagent.gpu.policy import Device
 from nodeagent.job import stalls
 from nodeagent.job.accrual import Arrivals
 from nodeagent.model.job import Cordon, Event, GpuSummary
+from nodeagent.model.stalls import RankStall
 from nodeagent.supervisor.spec import WorkerSpec
 from nodeagent.supervisor.status import Activity, GroupPhase, GroupStatus
 
-# A rank asleep in its own work is listed this much after the ranks that wait on it would be:
-# their nodes' reports (written at once, with no event) reach the job's leader before the one
-# this node's event wakes it for (job/stalls.py).
-LISTED_LAG_S = 0.2
-STALL_POLL_S = 0.25  # how often a rank silent past its step times but busy is looked at again
+STALL_POLL_S = 0.25  # how often a rank listed as stalled but busy is looked at again
 
 
 @dataclass
@@ -82,7 +79,7 @@ class WorkerWatch:
             waiting_grace_s=waiting_grace_s,
             waited_phi=waited_phi,
         )
-        self.stalls: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # as last reported
+        self.stalls: tuple[RankStall, ...] = ()  # as last reported (job/stalls.py)
         self._health = health
         self._gpus_by_rank: dict[int, tuple[int, ...]] = {}
 
@@ -196,38 +193,21 @@ class WorkerWatch:
         )
 
     def _relist(self, group: GroupStatus, running: bool, findings: Findings) -> None:
-        """Its stalled ranks as the report says them (none unless its group runs); an event
-        (which wakes the job's leader) when a rank asleep in its own work is listed or
-        cleared, the reports of ranks that only wait going out at once without one."""
-        listed = (self._hangs.stalled, self._hangs.waiting) if running else ((), ())
-        if listed == self.stalls:
-            return
-        before, self.stalls = self.stalls, listed
-        findings.relisted = True
-        stalled, waiting = listed
-        if stalled != before[0]:
-            what = f"local rank(s) {list(stalled)} asleep in their own work" if stalled else "none"
-            findings.events.append(
-                Event(
-                    "ranks_stalled",
-                    generation=group.generation,
-                    node=self._node,
-                    message=f"silent past their steps: {what}; waiting on a peer: {list(waiting)}",
-                    data={"stalled": list(stalled), "waiting": list(waiting)},
-                )
-            )
+        """Its ranks silent past their step times, as the report says them (none unless its
+        group runs): a change goes out at once."""
+        listed = self._hangs.stalls if running else ()
+        if listed != self.stalls:
+            self.stalls, findings.relisted = listed, True
 
-    def named(self, group: GroupStatus, dump: Callable[[int], str]) -> Findings:
-        """The job's leader named this node: every other rank waits on its rank asleep in its
-        own work (job/stalls.py). That rank, if it still is, has hung: its stacks are taken
-        (`dump`) and it is failed."""
+    def named(self, group: GroupStatus, local_rank: int, dump: Callable[[int], str]) -> Findings:
+        """The job's leader named `local_rank` as the rank every other rank waits on
+        (job/stalls.py). If it still is silent past its step times, it has hung: its stacks are
+        taken (`dump`) and it is failed."""
         findings = Findings()
         running = group.phase is GroupPhase.RUNNING and group.failure is None
-        if not running or not self.stalls[0]:
+        if not running or local_rank not in {stall.local_rank for stall in self.stalls}:
             return findings
-        local_rank = self.stalls[0][0]
-        what = "no progress, asleep in its own work, while every other rank waits on it (named "
-        what += "by the job's leader)"
+        what = "no progress, asleep while every other rank waits on it (named by the job's leader)"
         data = {"stopped": False, "waiting": False, "waited_on": True}
         self._hung(findings, group, local_rank, what, dump(local_rank), data)
         return findings
@@ -295,16 +275,13 @@ class HangWatch:
         self.waiting_grace_s, self.waited_phi = waiting_grace_s, waited_phi
         self._files: dict[int, Path] = {}
         self._seen: dict[int, _Seen] = {}
-        # Its ranks listed as stalled at the last read: silent in their own work, asleep; and
-        # waiting on a peer (job/stalls.py).
-        self.stalled: tuple[int, ...] = ()
-        self.waiting: tuple[int, ...] = ()
+        self.stalls: tuple[RankStall, ...] = ()  # as listed at the last read (job/stalls.py)
 
     def watch(self, files: dict[int, Path], now: float) -> None:
         """Start watching a new generation's files (local rank -> path)."""
         self._files = dict(files)
         self._seen = {rank: _Seen(0, now, read_at=now) for rank in files}
-        self.stalled, self.waiting = (), ()
+        self.stalls = ()
 
     def last_progress(self) -> dict[int, Beat]:
         """The latest beat, as last read by hung(), of each rank that has beaten."""
@@ -319,8 +296,8 @@ class HangWatch:
         """Read every rank's beat; return the ranks that have beaten at least once and not
         since `stopped_s` while `stopped` says their process is stopped, or since `timeout_s`
         (stopped ranks first). `stopped` is asked only of a rank silent that long. Lists the
-        stalled ranks (`stalled`, `waiting`); `activity` is asked of a rank as its beat is
-        read and once it is silent past its step times."""
+        ranks silent past their step times (`stalls`); `activity` is asked of a rank as its
+        beat is read and once it is silent that long."""
         found = []
         for rank, path in self._files.items():
             beat = beats.read(path)
@@ -370,22 +347,17 @@ class HangWatch:
         return moved
 
     def _list_stalls(self, now: float, activity: Callable[[int], Activity | None]) -> None:
-        """The ranks silent past their step times: waiting on a peer, or asleep in their own
-        work (job/stalls.py). A rank busy in its own work is neither."""
-        stalled, waiting = [], []
+        """The ranks silent past their step times, each with its last step, whether it waits
+        on a peer and whether it is asleep (job/stalls.py)."""
+        listed = []
         for rank, seen in self._seen.items():
-            if not seen.beats or seen.finished or seen.stall_after is None:
+            if not seen.beats or seen.finished or seen.stall_after is None or seen.last is None:
                 continue
             silent = now - seen.changed_at
-            if silent < seen.stall_after:
-                continue
-            if seen.waiting:
-                waiting.append(rank)
-            elif silent >= seen.stall_after + LISTED_LAG_S and stalls.idle(
-                seen.activity, activity(rank), silent
-            ):
-                stalled.append(rank)
-        self.stalled, self.waiting = tuple(stalled), tuple(waiting)
+            if silent >= seen.stall_after:
+                asleep = stalls.idle(seen.activity, activity(rank), silent)
+                listed.append(RankStall(rank, seen.last.step, seen.waiting, asleep))
+        self.stalls = tuple(listed)
 
     def stretch(self, rank: int) -> Stretch | None:
         """What `rank` trained since its generation was watched; None: no beat read yet."""
@@ -396,10 +368,10 @@ class HangWatch:
 
     def next_check(self) -> float | None:
         """When a rank that is beating would first count as hung, or is next asked whether it
-        is stopped (every stopped_s while it is silent), or would be listed as stalled (asked
-        again every STALL_POLL_S while it is silent past that but busy)."""
+        is stopped (every stopped_s while it is silent), or would be listed as silent past its
+        step times (and, listed busy, every STALL_POLL_S: asleep yet?)."""
         times = []
-        listed = {*self.stalled, *self.waiting}
+        asleep = {stall.local_rank: stall.asleep for stall in self.stalls}
         for rank, seen in self._seen.items():
             if not seen.beats or seen.finished:
                 continue
@@ -408,8 +380,8 @@ class HangWatch:
                 times.append(seen.changed_at + self.timeout_s + grace)
             if self.stopped_s > 0:
                 times.append((seen.asked or seen.changed_at) + self.stopped_s)
-            if seen.stall_after is not None and rank not in listed:
-                lag = 0.0 if seen.waiting else LISTED_LAG_S
-                due = seen.changed_at + seen.stall_after + lag
-                times.append(due if due > seen.read_at else seen.read_at + STALL_POLL_S)
+            if seen.stall_after is not None and rank not in asleep:
+                times.append(seen.changed_at + seen.stall_after)
+            elif asleep.get(rank) is False:
+                times.append(seen.read_at + STALL_POLL_S)
         return min(times, default=None)

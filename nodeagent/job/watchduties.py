@@ -17,6 +17,7 @@ from nodeagent.job.port import JobPort, WorkerGroup
 from nodeagent.job.speed import SpeedWatch
 from nodeagent.job.watch import Findings, WorkerWatch
 from nodeagent.model.job import Cordon, JobRecord
+from nodeagent.model.stalls import RankStall
 from nodeagent.state import JobState
 from nodeagent.telemetry.metrics import AgentMetrics
 
@@ -72,6 +73,8 @@ class WatchDuties:
         )
         for kind, seconds in found.detected:
             self._metrics.detected(kind, seconds)
+        if found.relisted:
+            log.info("ranks silent past their step times: %s", _said(self.watchers.stalls))
         self._fail(found, workers)
         try:
             if found.cordon is not None:
@@ -89,17 +92,15 @@ class WatchDuties:
         return found
 
     def named(self, record: JobRecord | None, workers: WorkerGroup) -> Findings | None:
-        """The job's leader named this node in the generation its workers run: every other rank
-        waits on its rank asleep in its own work, failed now as hung (job/stalls.py)."""
+        """The job's leader named a rank of this node, in the generation its workers run, as
+        the one every other rank waits on: failed now as hung (job/stalls.py)."""
         group = workers.status()
-        if (
-            record is None
-            or self._name not in record.waited_on
-            or record.state is not JobState.RUNNING
-            or record.generation != group.generation
-        ):
+        if record is None or record.state is not JobState.RUNNING:
             return None
-        found = self.watchers.named(group, workers.dump_stacks)
+        ranks = [w.local_rank for w in record.waited_on if w.node == self._name]
+        if not ranks or record.generation != group.generation:
+            return None
+        found = self.watchers.named(group, ranks[0], workers.dump_stacks)
         self._fail(found, workers)
         return found
 
@@ -136,3 +137,13 @@ class WatchDuties:
         """When a rank may have hung, or this node's speed window ends."""
         due = [self.watchers.next_check(), self._speed.next_due() if self._speed else None]
         return min((at for at in due if at is not None), default=None)
+
+
+def _said(listed: tuple[RankStall, ...]) -> str:
+    if not listed:
+        return "none"
+    return ", ".join(
+        f"local rank {s.local_rank} at step {s.step} ({'waiting' if s.waiting else 'its own work'}"
+        f", {'asleep' if s.asleep else 'busy'})"
+        for s in listed
+    )

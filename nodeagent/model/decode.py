@@ -221,16 +221,6 @@ class Reader:
             raise self._bad(name, values, "distinct node names")
         return tuple(values)
 
-    def local_ranks(self, name: str) -> tuple[int, ...]:
-        """A list of distinct local ranks (0-65534), as a node's report names its workers."""
-        values = self.items(name)
-        ranks = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
-        if len(ranks) != len(values) or not all(0 <= v < 65535 for v in ranks):
-            raise self._bad(name, values, "a list of local ranks (integers from 0 to 65534)")
-        if len(set(values)) != len(values):
-            raise self._bad(name, values, "distinct local ranks")
-        return tuple(values)
-
     def mapping(self, name: str) -> Mapping[str, Any]:
         """An optional object, as a plain mapping (event data): never a list or a string."""
         value, present = self._get(name, None)

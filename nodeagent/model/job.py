@@ -19,6 +19,7 @@ from typing import Any
 from nodeagent.config.values import parse_signal
 from nodeagent.errors import ConfigError, CorruptStateError
 from nodeagent.model.decode import MAX_NAMES, MAX_RAW, Reader, is_stream_id
+from nodeagent.model.stalls import RankStall, WaitedOn
 from nodeagent.model.tiers import CheckpointRecord, TierReport
 from nodeagent.state import JOB_TRANSITIONS, JobState, NodeState, check_transition
 
@@ -199,10 +200,8 @@ class NodeReport:
     # In place: its workers' replacements still starting outside any generation (warm-ups,
     # supervisor/group.py); the leader goes on without it meanwhile (members.ready).
     warming: int = 0
-    # Its ranks silent past their step times (job/stalls.py): in their own work, asleep; or
-    # waiting on a peer. Empty in a healthy job.
-    stalled: tuple[int, ...] = ()
-    waiting: tuple[int, ...] = ()
+    # Its ranks silent past their step times (job/stalls.py). Empty in a healthy job.
+    stalls: tuple[RankStall, ...] = ()
 
     @property
     def eligible(self) -> bool:
@@ -258,8 +257,7 @@ class NodeReport:
             watch_token=r.opt_text("watch_token", WATCH_TOKEN_CHARS),
             suspects=r.names("suspects"),
             warming=r.integer("warming", 0, high=65535),
-            stalled=r.local_ranks("stalled"),
-            waiting=r.local_ranks("waiting"),
+            stalls=tuple(RankStall.read(s) for s in r.objects("stalls", 65535)),
         )
         if report.watch_token is not None and not _is_token(report.watch_token):
             raise CorruptStateError(
@@ -363,9 +361,9 @@ class JobRecord:
     signal: str = ""
     signal_id: str = "0-0"
     signal_generation: int = 0
-    # The members whose ranks every other rank waits on (job/stalls.py): each fails its rank
-    # silent in its own work as hung. Empty but while that holds.
-    waited_on: tuple[str, ...] = ()
+    # The ranks every other rank waits on (job/stalls.py): each one's node fails it as hung.
+    # Empty but while that holds.
+    waited_on: tuple[WaitedOn, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -475,7 +473,7 @@ class JobRecord:
             signal=_signal_name(r.text("signal", "", max_len=16), "job record") or "",
             signal_id=r.stream_id("signal_id", "0-0"),
             signal_generation=r.integer("signal_generation", 0),
-            waited_on=r.names("waited_on"),
+            waited_on=tuple(WaitedOn.read(w) for w in r.objects("waited_on")),
         )
 
 

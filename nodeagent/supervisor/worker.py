@@ -29,6 +29,13 @@ from nodeagent.supervisor.ranklogs import RankLog, last_lines, open_log
 from nodeagent.supervisor.spec import WorkerSpec
 from nodeagent.supervisor.status import Activity
 
+# What a worker's main thread may be doing while it makes no progress of its own (job/stalls.py):
+# asleep (a lock, a queue, a sleep), or held by a signal or a tracer. Running and disk I/O (a
+# save's fsync) are work.
+ASLEEP = frozenset(
+    {psutil.STATUS_SLEEPING, psutil.STATUS_IDLE, psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP}
+)
+
 log = logging.getLogger(__name__)
 
 
@@ -81,8 +88,9 @@ class Worker:
             return False
 
     def activity(self) -> Activity | None:
-        """Whether its worker process sleeps (state S: neither running, nor in disk I/O, nor
-        stopped) and the CPU seconds it used, its threads' together; None: not readable."""
+        """Whether its worker process's main thread makes no progress of its own (asleep, or
+        held by a signal or a tracer: neither running nor in disk I/O) and the CPU seconds it
+        used, its threads' together; None: not readable."""
         pid = self.worker_pid()
         if pid is None:
             return None
@@ -90,7 +98,7 @@ class Worker:
             process = psutil.Process(pid)
             with process.oneshot():
                 times = process.cpu_times()
-                sleeping = process.status() == psutil.STATUS_SLEEPING
+                sleeping = process.status() in ASLEEP
         except psutil.Error:
             return None
         return Activity(sleeping, times.user + times.system)

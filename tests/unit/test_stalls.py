@@ -15,8 +15,9 @@ from nodeagent.errors import CorruptStateError
 from nodeagent.job import stalls
 from nodeagent.job.accrual import Arrivals
 from nodeagent.job.plan import LeaderMemory, plan
-from nodeagent.job.watch import LISTED_LAG_S, HangWatch, WorkerWatch
+from nodeagent.job.watch import STALL_POLL_S, HangWatch, WorkerWatch
 from nodeagent.model.job import ClusterView, JobRecord, NodeReport
+from nodeagent.model.stalls import RankStall, WaitedOn
 from nodeagent.state import JobState, NodeState
 from nodeagent.supervisor.status import Activity, GroupPhase, GroupStatus
 from tests.helpers.factories import PLAN_POLICY, make_record
@@ -59,9 +60,7 @@ def test_a_process_is_idle_only_asleep_and_using_little_cpu(
     assert stalls.idle(at_beat, now, silence) is idle
 
 
-def report(
-    name: str, stalled: tuple[int, ...] = (), waiting: tuple[int, ...] = (), **kw: object
-) -> NodeReport:
+def report(name: str, *stalls_: RankStall, **kw: object) -> NodeReport:
     fields: dict[str, object] = {
         "address": f"10.0.0.{ord(name[0]) - 96}",
         "state": NodeState.RUNNING,
@@ -69,40 +68,61 @@ def report(
         "lease_ttl_ms": 5000,
         **kw,
     }
-    return NodeReport(name=name, stalled=stalled, waiting=waiting, **fields)  # type: ignore[arg-type]
+    return NodeReport(name=name, stalls=stalls_, **fields)  # type: ignore[arg-type]
 
 
 def running(*members: str, nproc: int = 2) -> JobRecord:
     return make_record(JobState.RUNNING, 3, members, nproc_per_node=nproc, since_ms=NOW - 10)
 
 
+def waits(rank: int, step: int = 9) -> RankStall:
+    """Did its part of step + 1 and waits on a peer, asleep in the collective (gloo)."""
+    return RankStall(rank, step, waiting=True, asleep=True)
+
+
+def own(rank: int, step: int = 9, asleep: bool = True) -> RankStall:
+    """Silent in its own work: asleep (a deadlock), or busy (a save)."""
+    return RankStall(rank, step, waiting=False, asleep=asleep)
+
+
+A0, A1 = WaitedOn("a", 0), WaitedOn("a", 1)
+B1 = WaitedOn("b", 1)
+
+
 @pytest.mark.parametrize(
     ("reports", "named"),
     [
-        # b's rank 1 asleep in its own work, every other rank waits: b is named
-        ([report("a", waiting=(0, 1)), report("b", stalled=(1,), waiting=(0,))], ("b",)),
+        # b's rank 1 asleep at the top of its step, every other rank waits on it
+        ([report("a", waits(0), waits(1)), report("b", waits(0), own(1))], (B1,)),
         # two stuck, on two nodes
-        ([report("a", stalled=(0,), waiting=(1,)), report("b", stalled=(1,), waiting=(0,))],
-         ("a", "b")),
-        # a rank not listed (still stepping, or busy in its own work): nobody
-        ([report("a", waiting=(0, 1)), report("b", waiting=(0,))], ()),
-        # every rank waits (a collective that never returns): nobody here, hang_timeout's
-        ([report("a", waiting=(0, 1)), report("b", waiting=(0, 1))], ()),
-        # every rank asleep in its own work, none waiting (no compute marks): nobody
-        ([report("a", stalled=(0, 1)), report("b", stalled=(0, 1))], ()),
+        ([report("a", own(0), waits(1)), report("b", waits(0), own(1))], (A0, B1)),
+        # b's rank 1 stuck after a collective the others came back from: behind, its mark stale
+        ([report("a", waits(0, 10), waits(1, 10)), report("b", waits(0, 10), waits(1, 9))],
+         (B1,)),
+        # behind and busy (rank 1 saving alone while the others wait): working, nobody
+        ([report("a", waits(0, 10), waits(1, 10)),
+          report("b", waits(0, 10), RankStall(1, 9, waiting=True, asleep=False))], ()),
+        # one busy in its own work at one step: nobody
+        ([report("a", waits(0), waits(1)), report("b", waits(0), own(1, asleep=False))], ()),
+        # a rank not listed (still stepping): nobody
+        ([report("a", waits(0), waits(1)), report("b", waits(0))], ()),
+        # every rank waits at one step (a collective that never returns): hang_timeout's
+        ([report("a", waits(0), waits(1)), report("b", waits(0), waits(1))], ()),
+        # every rank in its own work, none waiting (no compute marks): nobody
+        ([report("a", own(0), own(1)), report("b", own(0), own(1))], ()),
         # a member's report of another generation, or none, or not running: nobody
-        ([report("a", waiting=(0, 1)), report("b", stalled=(1,), waiting=(0,),
-                                               worker_generation=2)], ()),
-        ([report("a", waiting=(0, 1))], ()),
-        ([report("a", waiting=(0, 1)), report("b", stalled=(1,), waiting=(0,),
-                                               state=NodeState.FAILED)], ()),
-        # a rank listed both ways, or one the job does not have: garbage, nobody
-        ([report("a", waiting=(0, 1)), report("b", stalled=(1,), waiting=(0, 1))], ()),
-        ([report("a", waiting=(0, 1)), report("b", stalled=(2,), waiting=(0, 1))], ()),
+        ([report("a", waits(0), waits(1)), report("b", waits(0), own(1), worker_generation=2)],
+         ()),
+        ([report("a", waits(0), waits(1))], ()),
+        ([report("a", waits(0), waits(1)),
+          report("b", waits(0), own(1), state=NodeState.FAILED)], ()),
+        # a rank listed twice, or one the job does not have: garbage, nobody
+        ([report("a", waits(0), waits(1)), report("b", waits(0), own(0))], ()),
+        ([report("a", waits(0), waits(1)), report("b", waits(0), own(2))], ()),
     ],
 )  # fmt: skip
-def test_the_leader_names_the_nodes_every_other_rank_waits_on(
-    reports: list[NodeReport], named: tuple[str, ...]
+def test_the_leader_names_the_ranks_every_other_rank_waits_on(
+    reports: list[NodeReport], named: tuple[WaitedOn, ...]
 ) -> None:
     nodes = {r.name: r for r in reports}
     assert stalls.waited_on(running("a", "b"), nodes) == named
@@ -112,7 +132,7 @@ def test_the_leader_names_the_nodes_every_other_rank_waits_on(
 
 def test_the_plan_names_them_in_the_record_once_and_clears_them() -> None:
     record = running("a", "b")
-    stuck = {"a": report("a", waiting=(0, 1)), "b": report("b", stalled=(1,), waiting=(0,))}
+    stuck = {"a": report("a", waits(0), waits(1)), "b": report("b", waits(0), own(1))}
 
     def planned(rec: JobRecord, nodes: dict[str, NodeReport]) -> tuple[JobRecord, list[str]]:
         view = ClusterView(now_ms=NOW, record=rec, nodes=nodes)
@@ -121,25 +141,39 @@ def test_the_plan_names_them_in_the_record_once_and_clears_them() -> None:
         return done.record or rec, [e.type for e in done.events]
 
     named, events = planned(record, stuck)
-    assert named.waited_on == ("b",) and named.generation == 3
+    assert named.waited_on == (B1,) and named.generation == 3
     assert events == ["ranks_waited_on"]
     again, events = planned(named, stuck)
     assert again == named and events == []  # said once
     back = {"a": report("a"), "b": report("b")}  # stepping again
     cleared, events = planned(named, back)
     assert cleared.waited_on == () and events == []
-    assert JobRecord.from_json(named.to_json()).waited_on == ("b",)
+    assert JobRecord.from_json(named.to_json()).waited_on == (B1,)
+    head = JobRecord.from_head(named.head_json(), "b", 1)
+    assert head.waited_on == (B1,)  # what the named node reads
+    assert stalls.listing(stuck) and not stalls.listing(back)
 
 
 def test_a_node_report_carries_its_stalled_ranks_and_refuses_garbage() -> None:
-    listed = report("a", stalled=(1,), waiting=(0, 2))
+    listed = report("a", waits(0), own(1, 7, asleep=False))
     read = NodeReport.from_json(listed.to_json())
-    assert (read.stalled, read.waiting) == ((1,), (0, 2))
+    assert read.stalls == listed.stalls
     assert read.digest != report("a").digest  # the leader reads it again
-    for bad in ("[1, 1]", "[-1]", "[true]", '"1"', "[1.5]"):
-        raw = listed.to_json().replace('"stalled":[1]', f'"stalled":{bad}')
-        with pytest.raises(CorruptStateError, match="stalled"):
-            NodeReport.from_json(raw)
+    good = '"stalls":[{"local_rank":0,'
+    assert good in listed.to_json()
+    for bad in (
+        '"stalls":[{"local_rank":-1,',
+        '"stalls":[{"local_rank":true,',
+        '"stalls":[{"local_rank":"0",',
+    ):
+        with pytest.raises(CorruptStateError, match="local_rank"):
+            NodeReport.from_json(listed.to_json().replace(good, bad))
+    with pytest.raises(CorruptStateError, match="asleep"):
+        NodeReport.from_json(listed.to_json().replace('"asleep":true', '"asleep":1'))
+
+
+def listed(watch: HangWatch) -> tuple[RankStall, ...]:
+    return watch.stalls
 
 
 def beating(
@@ -151,20 +185,19 @@ def beating(
     return paths, {rank: BeatWriter(path) for rank, path in paths.items()}
 
 
-def test_each_node_lists_its_ranks_waiting_and_the_one_asleep_in_its_own_work(
+def test_each_node_lists_its_ranks_silent_past_their_steps_waiting_or_not_asleep_or_not(
     tmp_path: Path,
 ) -> None:
-    """Two ranks step every 100 ms. Rank 1 stops at the top of a step, asleep; rank 0 did its
-    marked compute and waits. Past the floor rank 0 is listed waiting, and rank 1, a moment
-    later, asleep in its own work; a busy rank 1 (its CPU time moving) never is."""
+    """Two ranks step every 100 ms. Rank 1 stops at the top of step 31; rank 0 did its marked
+    compute and waits. Past the floor both are listed: rank 0 waiting, rank 1 in its own work,
+    busy while its CPU time moves (a save), asleep once it does not."""
     paths, writers = beating(tmp_path, (0, 1))
     cpu = {0: 5.0, 1: 7.0}
-    asleep = {0: True, 1: True}
     watch = HangWatch(timeout_s=0, wall=lambda: 0.0, waited_phi=8)
     watch.watch(paths, now=0.0)
 
     def activity(rank: int) -> Activity:
-        return Activity(asleep[rank], cpu[rank])
+        return Activity(True, cpu[rank])
 
     now = 0.0
     for step in range(1, 31):
@@ -172,37 +205,29 @@ def test_each_node_lists_its_ranks_waiting_and_the_one_asleep_in_its_own_work(
         for writer in writers.values():
             writer.beat(step)
         assert watch.hung(now, activity=activity) == []
-    assert (watch.stalled, watch.waiting) == ((), ())
+    assert watch.stalls == ()
     writers[0].computed(0.02)  # step 31's forward done: the all-reduce blocks on rank 1
     watch.hung(now + 0.3, activity=activity)
-    assert (watch.stalled, watch.waiting) == ((), ())  # under the floor
+    assert watch.stalls == ()  # under the floor
+    due = watch.next_check()
+    assert due is not None and due == pytest.approx(now + stalls.FLOOR_S)
+    cpu[1] += 0.4  # rank 1 busy in its own work
     watch.hung(now + stalls.FLOOR_S, activity=activity)
-    assert (watch.stalled, watch.waiting) == ((), (0,))
-    cpu[1] += 0.4  # rank 1 busy in its own work (a save): never listed
-    watch.hung(now + stalls.FLOOR_S + LISTED_LAG_S, activity=activity)
-    assert (watch.stalled, watch.waiting) == ((), (0,))
-    checked = watch.next_check()
-    assert checked is not None and checked > now + stalls.FLOOR_S + LISTED_LAG_S
+    assert listed(watch) == (waits(0, 30), own(1, 30, asleep=False))
+    assert watch.next_check() == pytest.approx(now + stalls.FLOOR_S + STALL_POLL_S)  # asleep yet?
     watch.hung(now + 2.0, activity=activity)  # asleep since, using nothing more
-    assert (watch.stalled, watch.waiting) == ((1,), (0,))
+    assert listed(watch) == (waits(0, 30), own(1, 30))
     writers[1].beat(31)
     writers[0].beat(31)
     watch.hung(now + 2.1, activity=activity)
-    assert (watch.stalled, watch.waiting) == ((), ())
+    assert listed(watch) == ()
     for writer in writers.values():
         writer.close()
 
 
-def listed(watch: WorkerWatch) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    return watch.stalls
-
-
-def test_a_named_node_fails_its_rank_asleep_in_its_own_work_and_says_it_changed(
-    tmp_path: Path,
-) -> None:
-    """WorkerWatch: the listing changes make an event only when a rank asleep in its own work
-    comes or goes (a waiting rank's goes out in the report alone); named by the leader, the
-    node fails that rank as hung, with its stacks."""
+def test_a_named_node_fails_the_rank_named_if_it_still_is_silent(tmp_path: Path) -> None:
+    """WorkerWatch: a change of the listing goes out at once (no event); named by the leader,
+    the node fails that rank as hung, with its stacks, and only while it is listed."""
     paths, writers = beating(tmp_path, (0, 1))
     watch = WorkerWatch("b", 0, None, waited_phi=8)
     group = GroupStatus(phase=GroupPhase.RUNNING, generation=3)
@@ -215,14 +240,12 @@ def test_a_named_node_fails_its_rank_asleep_in_its_own_work_and_says_it_changed(
         for writer in writers.values():
             writer.beat(step)
         watch.check(now, group, None, str, activity=idle.get)
-    assert watch.named(group, str).fail is None  # nothing listed: nothing to fail
+    assert watch.named(group, 1, str).fail is None  # not listed: nothing to fail
     writers[0].computed(0.02)
     found = watch.check(now + stalls.FLOOR_S, group, None, str, activity=idle.get)
-    assert found.relisted and found.events == [] and listed(watch) == ((), (0,))
-    found = watch.check(now + 1.5, group, None, str, activity=idle.get)
-    assert found.relisted and [e.type for e in found.events] == ["ranks_stalled"]
-    assert listed(watch) == ((1,), (0,))
-    named = watch.named(group, lambda rank: f"stacks of {rank}")
+    assert found.relisted and found.events == [] and watch.stalls == (waits(0, 30), own(1, 30))
+    assert not watch.check(now + stalls.FLOOR_S + 0.1, group, None, str, activity=idle.get).anything
+    named = watch.named(group, 1, lambda rank: f"stacks of {rank}")
     assert named.fail is not None and (named.fail.local_rank, named.fail.kind) == (1, "hang")
     (event,) = named.events
     assert event.type == "worker_hung" and event.data["waited_on"] is True
