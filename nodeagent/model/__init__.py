@@ -1,9 +1,9 @@
 """What goes into Redis and comes back: records, reports, specs, and the strict decoder.
 
 job.py (a job's node reports, record, events, commands), stalls.py (ranks silent past their
-step times as a report lists them, the ranks the leader names waited on), pool.py (a pool's node reports and job
-statuses), gpus.py (the GPU units a node offers, what a job asks of them), queues.py (the pool's
-queues), spec.py (a submitted job spec), array.py (job arrays),
+step times as a report lists them, the ranks the leader names waited on), pool.py (a pool's
+node reports and job statuses), gpus.py (the GPU units a node offers, what a job asks of them),
+queues.py (the pool's queues), spec.py (a submitted job spec), array.py (job arrays),
 notify.py (what a submitter is told of), depend.py (its dependencies), accounting.py (an ended
 job's accounting record), fairshare.py (fair share: decayed usage, shares, the factor),
 history.py (a job's generations and restarts from its events), tiers.py (what a node holds in
