@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -98,10 +99,10 @@ def alarms(launch: NodeagentLaunch, t0: float) -> dict[str, Any]:
     return {
         "counts": {kind: counts.get(kind, 0) for kind in ALARMS},
         "generations": launch.cluster.status()["generation"],
-        "events": [
+        "events": [  # the alarms, and what the job's leader named (job/stalls.py)
             {"type": e.type, "node": e.node, "message": e.message}
             for e in events
-            if e.type in ALARMS
+            if e.type in ALARMS or e.type == "ranks_waited_on"
         ][:50],
     }
 
@@ -113,6 +114,7 @@ def main() -> None:
     parser.add_argument("--save-every", type=float, default=60.0, help="seconds between saves")
     parser.add_argument("--share", type=float, default=0.3, help="the throttled worker's CPU")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/false-alarms.json")
+    parser.add_argument("--keep", type=Path, help="copy the run's files (agents' logs) here")
     args = parser.parse_args()
     if why := throttle.available():
         sys.exit(f"cannot throttle a worker here: {why}")
@@ -143,6 +145,8 @@ def main() -> None:
                         loads.append(os.getloadavg()[0])
                 found = alarms(launch, t0)
                 steps = [x for x in launch.lines() if x.get("event") == "step" and x["t"] >= t0]
+                if args.keep is not None:  # the agents' logs, before the directory goes
+                    shutil.copytree(Path(tmp) / "run", args.keep, dirs_exist_ok=True)
         finally:
             server.stop()
     result = {

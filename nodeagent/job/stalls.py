@@ -8,9 +8,10 @@ from them, and alone would wait `hang_timeout`. The job can:
   step times (`stall_after`: the phi accrual detector of job/accrual.py over the rank's beat
   intervals, `timing.waited_phi`, never under FLOOR_S nor FLOOR_STEPS steps), each with its
   last step, whether it waits on a peer (its `progress.compute()` mark moved on since that beat)
-  and whether its process is asleep (it sleeps, and used under IDLE_CPU of a CPU over its
-  silence: a rank saving, pickling, writing, fsyncing or computing is busy). A healthy job lists
-  nothing, so its reports do not change at every heartbeat.
+  and whether it is asleep (no thread of its process or of those it started running or in
+  disk I/O, supervisor/activity.py, and under IDLE_CPU of a CPU used over its silence: a rank
+  saving, pickling, writing, fsyncing or computing is busy). A healthy job lists nothing, so
+  its reports do not change at every heartbeat.
 - **The job's leader** (`waited_on`), once every rank of the running generation is listed:
   - ranks behind the others (a lower last step: the others went through a collective they did
     not come back from) are the ones waited on, if each of them is asleep (one busy behind, as
@@ -24,8 +25,9 @@ from them, and alone would wait `hang_timeout`. The job can:
   replaced; in restart mode, the job restarts.
 
 A rank asleep in long work of its own while every peer waits (an upload at a trickle, a read of
-a network file system that blocks) looks stuck after its step history's silence; the job's
-history learns such pauses once they are seen, and the first costs the rank a restart.
+a network file system that blocks) looks stuck after its step history's silence; pauses
+within its last 200 steps (accrual.WINDOW) are part of that history, a rarer one costs the rank
+a restart.
 `waited_phi: off` leaves such jobs to `hang_timeout`, as are jobs whose ranks do not mark their
 compute (nobody is known to wait, unless a rank fell behind) and every rank waiting at one step
 (a collective that never returns, a network fault).

@@ -86,9 +86,9 @@ class GroupStatus:
 
 @dataclass(frozen=True)
 class Activity:
-    """A worker process as /proc shows it: whether its main thread sleeps (neither running nor
-    in disk I/O: asleep, or held by a signal or a tracer) and the CPU seconds it has used
-    (job/stalls.py)."""
+    """A worker as /proc shows it (supervisor/activity.py): whether it does no work of its own
+    (no thread of its process or of those it started running or in disk I/O) and the CPU
+    seconds they have used (job/stalls.py)."""
 
     sleeping: bool
     cpu_s: float

@@ -23,18 +23,12 @@ from nodeagent.channel import beats
 from nodeagent.channel.control import ControlFile, ControlFileError
 from nodeagent.model.job import Failure, WorkerInfo
 from nodeagent.supervisor import cgroups
+from nodeagent.supervisor.activity import activity_of
 from nodeagent.supervisor.errorfile import read_error_file
 from nodeagent.supervisor.fence import Group
 from nodeagent.supervisor.ranklogs import RankLog, last_lines, open_log
 from nodeagent.supervisor.spec import WorkerSpec
 from nodeagent.supervisor.status import Activity
-
-# What a worker's main thread may be doing while it makes no progress of its own (job/stalls.py):
-# asleep (a lock, a queue, a sleep), or held by a signal or a tracer. Running and disk I/O (a
-# save's fsync) are work.
-ASLEEP = frozenset(
-    {psutil.STATUS_SLEEPING, psutil.STATUS_IDLE, psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP}
-)
 
 log = logging.getLogger(__name__)
 
@@ -88,20 +82,10 @@ class Worker:
             return False
 
     def activity(self) -> Activity | None:
-        """Whether its worker process's main thread makes no progress of its own (asleep, or
-        held by a signal or a tracer: neither running nor in disk I/O) and the CPU seconds it
-        used, its threads' together; None: not readable."""
+        """Whether its worker does no work of its own (supervisor/activity.py); None: not
+        readable."""
         pid = self.worker_pid()
-        if pid is None:
-            return None
-        try:
-            process = psutil.Process(pid)
-            with process.oneshot():
-                times = process.cpu_times()
-                sleeping = process.status() in ASLEEP
-        except psutil.Error:
-            return None
-        return Activity(sleeping, times.user + times.system)
+        return None if pid is None else activity_of(pid)
 
     def has_finished(self) -> bool:
         """It reported that its training returned in its generation: through its in_place

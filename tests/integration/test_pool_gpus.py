@@ -152,6 +152,16 @@ def test_eight_one_gpu_jobs_share_a_node_each_on_its_own_gpu_and_a_crash_stays_i
     assert {s["node"] for s in first.values()} == {shared}
     holders = wait_for(lambda: holding(pool, shared, set(ones)), 30, "each GPU's holder")
     assert holders == set(ones)
+    # The node's one log: each line names the job whose agent logged it (runtime/jobrun.py
+    # switches the context as each job's agent acts), and each job's master is its own.
+    log = pool.agents[shared].log().splitlines()
+    for name, start in first.items():
+        said = [
+            line
+            for line in log
+            if f"starting 1 workers: ranks 0-0 of 1, master {start['master']}" in line
+        ]
+        assert said and all(f" job={name} gen=" in line for line in said), (name, said)
 
     victim, others = ones[3], [n for n in ones if n != ones[3]]
     os.kill(first[victim]["pid"], signal.SIGKILL)

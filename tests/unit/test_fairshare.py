@@ -8,9 +8,9 @@ import math
 import pytest
 
 from nodeagent.errors import CorruptStateError
-from nodeagent.model.fairshare import FairShare, Usage, charged, factors, holding
+from nodeagent.model.fairshare import QUEUE, FairShare, Usage, charged, factors, holding
 from nodeagent.model.pool import PoolJob, PoolJobState
-from nodeagent.pool.fairness import boost
+from nodeagent.pool.fairness import boost, charge
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 
 HOUR_MS = 3_600_000
@@ -99,3 +99,30 @@ def test_a_user_who_used_less_goes_first_within_a_priority() -> None:
     jobs["a1"] = job("a1", 1, "alice", 100 * 0.1, priority=1000)
     result = schedule(PoolView(0, nodes, jobs, {}), SchedulePolicy())
     assert result.placements == {"n1": "a1"}
+
+
+def test_a_shared_node_is_charged_to_each_job_by_its_gpus_part_and_a_whole_node_whole() -> None:
+    """pool/fairness.charge over a round's view: bob's two-GPU job on an 8-GPU node alice's
+    six-GPU job shares is a quarter of that node an hour, alice's three quarters, and her
+    whole-node job on another node one; the queues are charged the same."""
+
+    def job(job_id: str, user: str, queue: str, gpus: int | None) -> JobView:
+        status = PoolJob(PoolJobState.RUNNING, 1, 0)
+        return JobView(job_id, status, 1, 1, 1, user=user, queue=queue, gpus_per_node=gpus)
+
+    nodes = {"n1": NodeView("n1", gpus=8), "n2": NodeView("n2", gpus=8)}
+    jobs = {
+        "a-six": job("a-six", "alice", "research", 6),
+        "b-two": job("b-two", "bob", "prod", 2),
+        "a-whole": job("a-whole", "alice", "research", None),
+    }
+    shares = {"n1": {"a-six": 6, "b-two": 2}}
+    view = PoolView(HOUR_MS, nodes, jobs, {"n2": "a-whole"}, shares=shares)
+    usage, boosted = charge(FairShare(weight=100, half_life_s=3600), Usage(0), view)
+    hour = 3600 / math.log(2) * 0.5  # a node held for an hour, each second decayed as it ages
+    assert usage.users["bob"] == pytest.approx(0.25 * hour)
+    assert usage.users["alice"] == pytest.approx(1.75 * hour)
+    assert usage.users[QUEUE + "prod"] == pytest.approx(0.25 * hour)
+    assert usage.users[QUEUE + "research"] == pytest.approx(1.75 * hour)
+    # bob used less: his job's boost is the larger
+    assert boosted.jobs["b-two"].fair_share > boosted.jobs["a-six"].fair_share
