@@ -67,12 +67,12 @@ def stall_after(arrivals: Arrivals, phi: float) -> float | None:
     return high
 
 
-def idle(since_beat: Activity | None, now: Activity | None, silence: float) -> bool:
-    """The process slept through its silence: it sleeps now and used under IDLE_CPU of a CPU
-    since its last beat. Unknown activity is never idle."""
-    if since_beat is None or now is None or not now.sleeping or silence <= 0:
+def idle(cpu_at_beat: float | None, now: Activity | None, silence: float) -> bool:
+    """The worker slept through its silence: none of its threads works now and its process used
+    under IDLE_CPU of a CPU since its last beat. Unknown activity is never idle."""
+    if cpu_at_beat is None or now is None or not now.sleeping or silence <= 0:
         return False
-    return (now.cpu_s - since_beat.cpu_s) < IDLE_CPU * silence
+    return (now.cpu_s - cpu_at_beat) < IDLE_CPU * silence
 
 
 def waited_on(record: JobRecord, nodes: Mapping[str, NodeReport]) -> tuple[WaitedOn, ...]:

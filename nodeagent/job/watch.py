@@ -128,6 +128,7 @@ class WorkerWatch:
         dump: Callable[[int], str],
         stopped: Callable[[int], bool] = lambda local_rank: False,
         activity: Callable[[int], Activity | None] = lambda local_rank: None,
+        cpu: Callable[[int], float | None] = lambda local_rank: None,
     ) -> Findings:
         """Hangs first (they fail the group), then GPU verdicts. `dump` captures a rank's stacks;
         `stopped` says whether a rank's process is stopped by a signal; `activity`, whether it
@@ -135,7 +136,7 @@ class WorkerWatch:
         running = group.phase is GroupPhase.RUNNING and group.failure is None
         findings = Findings()
         if running:
-            self._check_hangs(now, group, dump, stopped, activity, findings)
+            self._check_hangs(now, group, dump, stopped, (activity, cpu), findings)
         self._relist(group, running, findings)
         if self._health is not None:
             check = self._health.check(cordon, self._gpus_by_rank if running else {})
@@ -152,12 +153,12 @@ class WorkerWatch:
         group: GroupStatus,
         dump: Callable[[int], str],
         stopped: Callable[[int], bool],
-        activity: Callable[[int], Activity | None],
+        probes: tuple[Callable[[int], Activity | None], Callable[[int], float | None]],
         findings: Findings,
     ) -> None:
         """A rank stopped by a signal, else one that made no progress for hang_timeout, has
-        hung (the module docstring)."""
-        hangs = self._hangs.hung(now, stopped, activity)
+        hung (the module docstring). `probes`: a rank's activity and its CPU time."""
+        hangs = self._hangs.hung(now, stopped, *probes)
         if not hangs:
             return
         hang = hangs[0]
@@ -237,7 +238,9 @@ class _Seen:
     waiting: bool = False  # a compute section ended since its last beat: it waits on a peer
     arrivals: Arrivals = field(default_factory=Arrivals)  # its step intervals (job/stalls.py)
     stall_after: float | None = None  # the silence after which it is listed as stalled
-    activity: Activity | None = None  # its process when its last beat was read
+    cpu_at_beat: float | None = None  # its process's CPU seconds as its last beat was read
+    asleep: bool = False  # its process did no work when last asked (at sampled_at)
+    sampled_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -292,18 +295,20 @@ class HangWatch:
         now: float,
         stopped: Callable[[int], bool] = lambda rank: False,
         activity: Callable[[int], Activity | None] = lambda rank: None,
+        cpu: Callable[[int], float | None] = lambda rank: None,
     ) -> list[Hang]:
         """Read every rank's beat; return the ranks that have beaten at least once and not
         since `stopped_s` while `stopped` says their process is stopped, or since `timeout_s`
         (stopped ranks first). `stopped` is asked only of a rank silent that long. Lists the
-        ranks silent past their step times (`stalls`); `activity` is asked of a rank as its
-        beat is read and once it is silent that long."""
+        ranks silent past their step times (`stalls`): `cpu` (cheap) is asked of a rank as its
+        beat is read, `activity` (a walk of the process table) only of a rank silent that long,
+        every STALL_POLL_S at most."""
         found = []
         for rank, path in self._files.items():
             beat = beats.read(path)
             seen = self._seen[rank]
             if beat is not None and beat.beats != seen.beats:
-                seen = self._moved_on(rank, seen, beat, now, activity)
+                seen = self._moved_on(rank, seen, beat, now, cpu)
             if beat is not None:
                 seen.waiting = beat.waiting
             seen.read_at = now
@@ -331,7 +336,7 @@ class HangWatch:
         seen: _Seen,
         beat: Beat,
         now: float,
-        activity: Callable[[int], Activity | None],
+        cpu: Callable[[int], float | None],
     ) -> _Seen:
         """A rank's new beat, dated (the class docstring); its step interval learnt."""
         age = min(max(0.0, self._wall() - beat.wall_time), now - seen.read_at)
@@ -342,7 +347,7 @@ class HangWatch:
             for _ in range(min(steps, 10)):  # each step of the stretch at its mean
                 moved.arrivals.add((at - seen.changed_at) / steps)
             moved.stall_after = stalls.stall_after(moved.arrivals, self.waited_phi)
-            moved.activity = activity(rank) if moved.stall_after is not None else None
+            moved.cpu_at_beat = cpu(rank) if moved.stall_after is not None else None
         self._seen[rank] = moved
         return moved
 
@@ -354,9 +359,12 @@ class HangWatch:
             if not seen.beats or seen.finished or seen.stall_after is None or seen.last is None:
                 continue
             silent = now - seen.changed_at
-            if silent >= seen.stall_after:
-                asleep = stalls.idle(seen.activity, activity(rank), silent)
-                listed.append(RankStall(rank, seen.last.step, seen.waiting, asleep))
+            if silent < seen.stall_after:
+                continue
+            if seen.sampled_at is None or now - seen.sampled_at >= STALL_POLL_S:
+                seen.asleep = stalls.idle(seen.cpu_at_beat, activity(rank), silent)
+                seen.sampled_at = now
+            listed.append(RankStall(rank, seen.last.step, seen.waiting, seen.asleep))
         self.stalls = tuple(listed)
 
     def stretch(self, rank: int) -> Stretch | None:

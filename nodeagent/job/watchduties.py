@@ -70,6 +70,7 @@ class WatchDuties:
             workers.dump_stacks,
             workers.stopped,
             workers.activity,
+            workers.cpu_seconds,
         )
         for kind, seconds in found.detected:
             self._metrics.detected(kind, seconds)

@@ -1,6 +1,6 @@
 """Whether a worker works, as /proc shows it (job/stalls.py): any thread of its process, or of a
 process it started (a data loader's workers, an asynchronous save's writer), running or in disk
-I/O, and the CPU time they have used, together.
+I/O; and the CPU time its process has used.
 
 A rank whose every thread sleeps (on a lock, a queue, a sleep, a collective over gloo), or is
 held by a signal or a tracer, and that used next to no CPU, does no work of its own: stuck, or
@@ -18,6 +18,7 @@ import psutil
 from nodeagent.supervisor.status import Activity
 
 WORKING = frozenset("RD")  # /proc/<pid>/stat states: running (or runnable), disk I/O
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def state_of(stat: str) -> str:
@@ -39,16 +40,25 @@ def threads_work(pid: int, proc: Path = Path("/proc")) -> bool:
     return False
 
 
+def cpu_of(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """The CPU seconds process `pid` has used, its threads' together (one read of its stat: cheap
+    enough for every beat read); None: gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime: fields 14 and 15
+
+
 def activity_of(pid: int) -> Activity | None:
-    """The process `pid` and those it started, together; None: gone or not readable."""
+    """Whether a thread of process `pid` or of those it started works, and `pid`'s own CPU
+    seconds (as `cpu_of`); None: gone or not readable. It walks the process table: asked only of
+    a rank already silent past its step times."""
     try:
         root = psutil.Process(pid)
-        tree = [root, *root.children(recursive=True)]
-        cpu, working = 0.0, False
-        for process in tree:
-            times = process.cpu_times()
-            cpu += times.user + times.system
-            working = working or threads_work(process.pid)
+        working = any(threads_work(p.pid) for p in [root, *root.children(recursive=True)])
     except (psutil.Error, OSError):
         return None
-    return Activity(not working, cpu)
+    cpu = cpu_of(pid)
+    return None if cpu is None else Activity(not working, cpu)

@@ -369,6 +369,11 @@ class Supervisor:
         """Whether the worker of `local_rank` is stopped by a signal (Worker.stopped)."""
         return any(w.stopped() for w in self._workers if w.spec.local_rank == local_rank)
 
+    def cpu_seconds(self, local_rank: int) -> float | None:
+        """The live worker of `local_rank`'s CPU time (cheap: read at its beats)."""
+        found = [w for w in self._workers if w.spec.local_rank == local_rank and w.alive()]
+        return found[0].cpu_seconds() if found else None
+
     def activity(self, local_rank: int) -> Activity | None:
         """The live worker of `local_rank`'s process: asleep or not, its CPU time."""
         found = [w for w in self._workers if w.spec.local_rank == local_rank and w.alive()]

@@ -23,7 +23,7 @@ from nodeagent.channel import beats
 from nodeagent.channel.control import ControlFile, ControlFileError
 from nodeagent.model.job import Failure, WorkerInfo
 from nodeagent.supervisor import cgroups
-from nodeagent.supervisor.activity import activity_of
+from nodeagent.supervisor.activity import activity_of, cpu_of
 from nodeagent.supervisor.errorfile import read_error_file
 from nodeagent.supervisor.fence import Group
 from nodeagent.supervisor.ranklogs import RankLog, last_lines, open_log
@@ -80,6 +80,11 @@ class Worker:
             return bool(psutil.Process(pid).status() == psutil.STATUS_STOPPED)
         except psutil.Error:
             return False
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU seconds its worker process has used (supervisor/activity.py); None: gone."""
+        pid = self.worker_pid()
+        return None if pid is None else cpu_of(pid)
 
     def activity(self) -> Activity | None:
         """Whether its worker does no work of its own (supervisor/activity.py); None: not

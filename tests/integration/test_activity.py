@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from nodeagent.supervisor.activity import activity_of, state_of
+from nodeagent.supervisor.activity import activity_of, cpu_of, state_of
 from nodeagent.supervisor.status import Activity
 from tests.helpers.cluster import wait_for
 
@@ -74,14 +74,19 @@ def test_a_process_asleep_does_no_work_and_uses_no_cpu() -> None:
         assert after.cpu_s - before.cpu_s < 0.05
 
 
-@pytest.mark.parametrize("code", [COMPUTING, THREAD_WORKS, CHILD_WORKS])
-def test_a_thread_or_a_child_computing_is_work(code: str) -> None:
+@pytest.mark.parametrize(
+    ("code", "its_own_cpu"), [(COMPUTING, True), (THREAD_WORKS, True), (CHILD_WORKS, False)]
+)
+def test_a_thread_or_a_child_computing_is_work(code: str, its_own_cpu: bool) -> None:
+    """The CPU time is the worker's own process's (its child's is not counted: its state is)."""
     with running(code) as process:
         before = settled(process.pid)
         time.sleep(0.5)
         after = activity_of(process.pid)
         assert not before.sleeping and after is not None and not after.sleeping
-        assert after.cpu_s > before.cpu_s
+        assert (after.cpu_s - before.cpu_s > 0.1) is its_own_cpu
+        own = cpu_of(process.pid)
+        assert own is not None and own >= after.cpu_s
 
 
 def test_a_process_stopped_by_a_signal_works_no_more() -> None:
@@ -96,6 +101,6 @@ def test_a_process_stopped_by_a_signal_works_no_more() -> None:
 def test_gone_is_unknown_and_the_state_is_read_past_the_command() -> None:
     with running(ASLEEP) as process:
         pid = process.pid
-    assert activity_of(pid) is None
+    assert activity_of(pid) is None and cpu_of(pid) is None
     assert state_of("1234 (a) b (c)) R 1 2 3") == "R"
     assert state_of("99 (python3) S 1 99 99 0 -1") == "S"

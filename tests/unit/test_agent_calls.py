@@ -64,6 +64,9 @@ class IdleGroup:
     def stopped(self, local_rank: int) -> bool:
         return False
 
+    def cpu_seconds(self, local_rank: int) -> float | None:
+        return None
+
     def activity(self, local_rank: int) -> Activity | None:
         return None
 

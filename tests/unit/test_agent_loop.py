@@ -78,6 +78,9 @@ class FakeWorkers:
     def stopped(self, local_rank: int) -> bool:
         return False
 
+    def cpu_seconds(self, local_rank: int) -> float | None:
+        return None
+
     def activity(self, local_rank: int) -> Activity | None:
         return None
 

@@ -47,15 +47,15 @@ def test_a_silence_is_listed_past_the_floor_and_the_ranks_own_step_times() -> No
 @pytest.mark.parametrize(
     ("at_beat", "now", "silence", "idle"),
     [
-        (Activity(True, 10.0), Activity(True, 10.1), 1.0, True),  # asleep, 10% of a CPU
-        (Activity(True, 10.0), Activity(True, 10.5), 1.0, False),  # busy: a save's pickling
-        (Activity(True, 10.0), Activity(False, 10.0), 1.0, False),  # running, or in disk I/O
+        (10.0, Activity(True, 10.1), 1.0, True),  # asleep, 10% of a CPU
+        (10.0, Activity(True, 10.5), 1.0, False),  # busy: a save's pickling
+        (10.0, Activity(False, 10.0), 1.0, False),  # a thread running, or in disk I/O
         (None, Activity(True, 10.0), 1.0, False),  # unknown at its beat
-        (Activity(True, 10.0), None, 1.0, False),  # gone, or not readable
+        (10.0, None, 1.0, False),  # gone, or not readable
     ],
 )
 def test_a_process_is_idle_only_asleep_and_using_little_cpu(
-    at_beat: Activity | None, now: Activity | None, silence: float, idle: bool
+    at_beat: float | None, now: Activity | None, silence: float, idle: bool
 ) -> None:
     assert stalls.idle(at_beat, now, silence) is idle
 
@@ -204,22 +204,22 @@ def test_each_node_lists_its_ranks_silent_past_their_steps_waiting_or_not_asleep
         now = step * 0.1
         for writer in writers.values():
             writer.beat(step)
-        assert watch.hung(now, activity=activity) == []
+        assert watch.hung(now, activity=activity, cpu=cpu.get) == []
     assert watch.stalls == ()
     writers[0].computed(0.02)  # step 31's forward done: the all-reduce blocks on rank 1
-    watch.hung(now + 0.3, activity=activity)
+    watch.hung(now + 0.3, activity=activity, cpu=cpu.get)
     assert watch.stalls == ()  # under the floor
     due = watch.next_check()
     assert due is not None and due == pytest.approx(now + stalls.FLOOR_S)
     cpu[1] += 0.4  # rank 1 busy in its own work
-    watch.hung(now + stalls.FLOOR_S, activity=activity)
+    watch.hung(now + stalls.FLOOR_S, activity=activity, cpu=cpu.get)
     assert listed(watch) == (waits(0, 30), own(1, 30, asleep=False))
     assert watch.next_check() == pytest.approx(now + stalls.FLOOR_S + STALL_POLL_S)  # asleep yet?
-    watch.hung(now + 2.0, activity=activity)  # asleep since, using nothing more
+    watch.hung(now + 2.0, activity=activity, cpu=cpu.get)  # asleep since, using nothing more
     assert listed(watch) == (waits(0, 30), own(1, 30))
     writers[1].beat(31)
     writers[0].beat(31)
-    watch.hung(now + 2.1, activity=activity)
+    watch.hung(now + 2.1, activity=activity, cpu=cpu.get)
     assert listed(watch) == ()
     for writer in writers.values():
         writer.close()
@@ -234,17 +234,20 @@ def test_a_named_node_fails_the_rank_named_if_it_still_is_silent(tmp_path: Path)
     watch._hangs._wall = lambda: 0.0
     watch._hangs.watch(paths, now=0.0)
     idle = {0: Activity(True, 1.0), 1: Activity(True, 2.0)}
+    cpus = {0: 1.0, 1: 2.0}
     now = 0.0
     for step in range(1, 31):
         now = step * 0.1
         for writer in writers.values():
             writer.beat(step)
-        watch.check(now, group, None, str, activity=idle.get)
+        watch.check(now, group, None, str, activity=idle.get, cpu=cpus.get)
     assert watch.named(group, 1, str).fail is None  # not listed: nothing to fail
     writers[0].computed(0.02)
-    found = watch.check(now + stalls.FLOOR_S, group, None, str, activity=idle.get)
+    found = watch.check(now + stalls.FLOOR_S, group, None, str, activity=idle.get, cpu=cpus.get)
     assert found.relisted and found.events == [] and watch.stalls == (waits(0, 30), own(1, 30))
-    assert not watch.check(now + stalls.FLOOR_S + 0.1, group, None, str, activity=idle.get).anything
+    assert not watch.check(
+        now + stalls.FLOOR_S + 0.1, group, None, str, activity=idle.get, cpu=cpus.get
+    ).anything
     named = watch.named(group, 1, lambda rank: f"stacks of {rank}")
     assert named.fail is not None and (named.fail.local_rank, named.fail.kind) == (1, "hang")
     (event,) = named.events
