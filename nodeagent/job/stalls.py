@@ -9,7 +9,7 @@ from them, and alone would wait `hang_timeout`. The job can:
   intervals, `timing.waited_phi`, never under FLOOR_S nor FLOOR_STEPS steps), each with its
   last step, whether it waits on a peer (its `progress.compute()` mark moved on since that beat)
   and whether it is asleep (no thread of its process or of those it started running or in
-  disk I/O, supervisor/activity.py, and under IDLE_CPU of a CPU used over its silence: a rank
+  disk I/O, supervisor/usage.py, and under IDLE_CPU of a CPU used over its silence: a rank
   saving, pickling, writing, fsyncing or computing is busy). A healthy job lists nothing, so
   its reports do not change at every heartbeat.
 - **The job's leader** (`waited_on`), once every rank of the running generation is listed:

@@ -131,12 +131,12 @@ class WorkerWatch:
         cpu: Callable[[int], float | None] = lambda local_rank: None,
     ) -> Findings:
         """Hangs first (they fail the group), then GPU verdicts. `dump` captures a rank's stacks;
-        `stopped` says whether a rank's process is stopped by a signal; `activity`, whether it
-        sleeps and its CPU time (the stalled ranks listed for the job's leader)."""
+        `stopped` says whether a rank's process is stopped by a signal; `activity` whether it
+        works, `cpu` its CPU time (the stalled ranks listed for the job's leader)."""
         running = group.phase is GroupPhase.RUNNING and group.failure is None
         findings = Findings()
         if running:
-            self._check_hangs(now, group, dump, stopped, (activity, cpu), findings)
+            self._check_hangs(now, group, dump, stopped, activity, cpu, findings)
         self._relist(group, running, findings)
         if self._health is not None:
             check = self._health.check(cordon, self._gpus_by_rank if running else {})
@@ -153,12 +153,13 @@ class WorkerWatch:
         group: GroupStatus,
         dump: Callable[[int], str],
         stopped: Callable[[int], bool],
-        probes: tuple[Callable[[int], Activity | None], Callable[[int], float | None]],
+        activity: Callable[[int], Activity | None],
+        cpu: Callable[[int], float | None],
         findings: Findings,
     ) -> None:
         """A rank stopped by a signal, else one that made no progress for hang_timeout, has
-        hung (the module docstring). `probes`: a rank's activity and its CPU time."""
-        hangs = self._hangs.hung(now, stopped, *probes)
+        hung (the module docstring)."""
+        hangs = self._hangs.hung(now, stopped, activity, cpu)
         if not hangs:
             return
         hang = hangs[0]

@@ -10,8 +10,8 @@ keeper, `python -m nodeagent.supervisor.fence`), cgroups.py (a containerised wor
 its container's cgroup: what left its process group dies too), container.py (a worker in the
 job's image: the podman service's client, its pulls), errorfile.py (a failed rank's root cause),
 munge.py (MUNGE's `munge` and `unmunge` programs: the credentials of the pool's requests),
-usage.py (what the kernel says a worker got of the CPU: its run time and its wait for one),
-activity.py (whether a worker works: a thread of its process tree running or in disk I/O),
+usage.py (what the kernel says a worker got of the CPU: its run time and its wait for one, and
+whether it works: a thread of its process tree running or in disk I/O),
 asuser.py (a short program run as the job's user: the copies into a submitted job's persistent
 tier). Apart from the embedded redis-server (coord/embedded.py), only this package starts
 processes.

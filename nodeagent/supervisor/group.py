@@ -371,13 +371,18 @@ class Supervisor:
 
     def cpu_seconds(self, local_rank: int) -> float | None:
         """The live worker of `local_rank`'s CPU time (cheap: read at its beats)."""
-        found = [w for w in self._workers if w.spec.local_rank == local_rank and w.alive()]
-        return found[0].cpu_seconds() if found else None
+        worker = self._live(local_rank)
+        return worker.cpu_seconds() if worker is not None else None
 
     def activity(self, local_rank: int) -> Activity | None:
-        """The live worker of `local_rank`'s process: asleep or not, its CPU time."""
-        found = [w for w in self._workers if w.spec.local_rank == local_rank and w.alive()]
-        return found[0].activity() if found else None
+        """The live worker of `local_rank`'s process: working or not, its CPU time."""
+        worker = self._live(local_rank)
+        return worker.activity() if worker is not None else None
+
+    def _live(self, local_rank: int) -> Worker | None:
+        return next(
+            (w for w in self._workers if w.spec.local_rank == local_rank and w.alive()), None
+        )
 
     def dump_stacks(self, local_rank: int) -> str:
         """Capture a hung worker's stacks into its log (Worker.dump_stacks)."""

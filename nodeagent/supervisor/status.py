@@ -86,7 +86,7 @@ class GroupStatus:
 
 @dataclass(frozen=True)
 class Activity:
-    """A worker as /proc shows it (supervisor/activity.py): whether it does no work of its own
+    """A worker as /proc shows it (supervisor/usage.py): whether it does no work of its own
     (no thread of its process or of those it started running or in disk I/O) and the CPU
     seconds they have used (job/stalls.py)."""
 

@@ -23,12 +23,12 @@ from nodeagent.channel import beats
 from nodeagent.channel.control import ControlFile, ControlFileError
 from nodeagent.model.job import Failure, WorkerInfo
 from nodeagent.supervisor import cgroups
-from nodeagent.supervisor.activity import activity_of, cpu_of
 from nodeagent.supervisor.errorfile import read_error_file
 from nodeagent.supervisor.fence import Group
 from nodeagent.supervisor.ranklogs import RankLog, last_lines, open_log
 from nodeagent.supervisor.spec import WorkerSpec
 from nodeagent.supervisor.status import Activity
+from nodeagent.supervisor.usage import activity_of, cpu_of
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +82,12 @@ class Worker:
             return False
 
     def cpu_seconds(self) -> float | None:
-        """The CPU seconds its worker process has used (supervisor/activity.py); None: gone."""
+        """The CPU seconds its worker process has used (supervisor/usage.py); None: gone."""
         pid = self.worker_pid()
         return None if pid is None else cpu_of(pid)
 
     def activity(self) -> Activity | None:
-        """Whether its worker does no work of its own (supervisor/activity.py); None: not
+        """Whether its worker does no work of its own (supervisor/usage.py); None: not
         readable."""
         pid = self.worker_pid()
         return None if pid is None else activity_of(pid)

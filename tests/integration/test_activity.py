@@ -1,4 +1,4 @@
-"""Whether a worker works (supervisor/activity.py), on real processes: one asleep, one
+"""Whether a worker works (supervisor/usage.py), on real processes: one asleep, one
 computing, one whose main thread waits while another thread works, one whose child works, one
 stopped by a signal."""
 
@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from nodeagent.supervisor.activity import activity_of, cpu_of, state_of
 from nodeagent.supervisor.status import Activity
+from nodeagent.supervisor.usage import activity_of, cpu_of, state_of
 from tests.helpers.cluster import wait_for
 
 ASLEEP = "import time; print('up', flush=True); time.sleep(600)"

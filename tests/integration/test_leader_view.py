@@ -16,11 +16,13 @@ from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PLACEMENTS_REREAD, PoolStore, PoolWrite
 from nodeagent.coord.store import JobStore
 from nodeagent.coord.view import PAGE, SWEEP
+from nodeagent.job import stalls
 from nodeagent.job.leadership import Leadership
 from nodeagent.job.plan import Policy
 from nodeagent.model.job import Event, GpuInfo, GpuSummary, NodeReport
 from nodeagent.model.pool import PoolNode
 from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.model.stalls import RankStall
 from nodeagent.state import NodeState
 from nodeagent.telemetry.metrics import AgentMetrics
 from tests.helpers.cluster import RedisServer
@@ -211,3 +213,29 @@ def test_a_spec_is_decoded_again_only_when_its_text_changes(
     raw.hset(keys.specs, "one", "{x")
     garbage = store.specs(["one"])["one"]
     assert isinstance(garbage, str) and "not JSON" in garbage, garbage
+
+
+def test_the_leader_reads_again_soon_while_a_member_lists_a_stalled_rank(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """job/stalls.py: the members' lists come in one by one with no event to wake the leader,
+    so while any report lists a rank it reads again every POLL_S; a healthy job, not at all."""
+    keys = JobKeys("nodeagent", job_id)
+    leader = JobStore(connect(redis_server.url, 5.0), keys)
+    other = JobStore(connect(redis_server.url, 5.0), keys)
+    assert leader.sync(report("a")).leader_name == "a"
+    other.sync(report("b"))
+    snap = leader.sync(report("a"))
+    assert snap.leader is not None and set(snap.cluster_view().nodes) == {"a", "b"}
+    policy = Policy(1, 2, 2, 1, 0, join_settle_ms=0, rendezvous_timeout_ms=60_000)
+    clock = [100.0]
+    leadership = Leadership(
+        leader, policy, AgentMetrics(job_id), TTL / 1000, lambda: clock[0], unbounded
+    )
+    leadership.lead(snap.leader, snap)
+    assert leadership.next_poll is None
+    other.sync(report("b", stalls=(RankStall(0, 12, waiting=True, asleep=True),)))
+    snap = leader.sync(report("a"))
+    assert snap.leader is not None
+    leadership.lead(snap.leader, snap)
+    assert leadership.next_poll == clock[0] + stalls.POLL_S
