@@ -5,7 +5,8 @@ app.py (the FastAPI application: `make_app`, its OpenAPI document), routes.py (o
 route of the verb table, views/table.py), bodies.py (the pydantic shapes of what it takes and
 gives), service.py (reads, and changes asked of the pool leader signed as the caller),
 answers.py (one thread following the pool leader's answers, waking each waiting caller),
-cache.py (a read shared by every caller for limits.read_cache),
+cache.py (a read shared by every caller for limits.read_cache), kept.py (a kept read for a
+caller known without I/O, answered before FastAPI's routing),
 identity.py (who calls: an API token the pool vouched for, a browser's session cookie, or the
 Unix socket's peer), session.py (a browser's session: a `nodeagentctl ui` link taken once, the
 cookie, the CSRF value), ui.py (the web UI's pages and assets under /ui/), limits.py

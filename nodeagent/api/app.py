@@ -14,6 +14,7 @@ from fastapi.responses import PlainTextResponse
 from nodeagent import __version__
 from nodeagent.api import problems, routes, ui
 from nodeagent.api.identity import Tokens
+from nodeagent.api.kept import KeptReads
 from nodeagent.api.limits import BodyLimit, RateLimiter
 from nodeagent.api.service import Service
 
@@ -52,8 +53,11 @@ def make_app(service: Service | None) -> FastAPI:
 
 
 def asgi(service: Service) -> Any:
-    """The app behind its body limit: what the server runs."""
-    return BodyLimit(make_app(service), service.settings.limits.body_bytes)
+    """The app behind its body limit, with kept reads answered before it: what the server
+    runs."""
+    app = make_app(service)
+    kept = KeptReads(app, service.reads, app.state.tokens, app.state.limiter)
+    return BodyLimit(kept, service.settings.limits.body_bytes)
 
 
 def openapi_document() -> dict[str, Any]:

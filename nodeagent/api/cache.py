@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_KEPT = 10_000  # distinct reads kept at once; past it the oldest are forgotten
+
+
+def read_key(scope: Mapping[str, Any]) -> str:
+    """A read's key: its path as sent (still percent-encoded, so no '?' of a name can pass for
+    the query's) and its query."""
+    path: bytes = scope.get("raw_path") or scope["path"].encode()
+    return f"{path.decode('latin-1')}?{scope['query_string'].decode('latin-1')}"
 
 
 @dataclass

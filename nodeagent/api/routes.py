@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 
 from nodeagent.accounting.ledger import opened
 from nodeagent.api import bodies, session
+from nodeagent.api.cache import read_key
 from nodeagent.api.connections import PEER_KEY
 from nodeagent.api.identity import Tokens, identify, limited
 from nodeagent.api.problems import Problem
@@ -66,7 +67,7 @@ async def _kept(svc: Service, request: Request, document: Callable[[], Any]) -> 
     """The document, read once for every caller of the same read within limits.read_cache
     (api/cache.py): a read kept is answered on the event loop, one to make in a worker
     thread."""
-    key = f"{request.url.path}?{request.url.query}"
+    key = read_key(request.scope)
     body = svc.reads.peek(key)
     if body is None:
         render = lambda: json.dumps(document(), default=str).encode()  # noqa: E731
