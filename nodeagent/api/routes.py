@@ -43,7 +43,9 @@ SSE = "text/event-stream"
 JSON = "application/json"
 
 
-def _service(request: Request) -> Service:
+async def _service(request: Request) -> Service:
+    """The service (a coroutine: FastAPI runs a plain function dependency in a worker thread,
+    a thread hop per request for an attribute read)."""
     service: Service = request.app.state.service
     return service
 

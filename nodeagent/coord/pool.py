@@ -502,11 +502,7 @@ class PoolStore:
         the whole pool."""
         with redis_errors("read a queue"):
             raw: Any = self.client.hget(self.keys.queues, name)
-        try:
-            found = QueueView.from_json(raw) if raw is not None else None
-        except CorruptStateError:
-            return None
-        return found if found is not None and found.name == name else None
+        return queue_of(name, raw)
 
     def knows_node(self, name: str) -> bool:
         """The node holds a pool lease (live or lapsed), a placement or a pool cordon."""
@@ -582,6 +578,15 @@ class PoolStore:
         event = Event("node_left", node=name, message=f"{name} left the pool")
         with redis_errors("leave the pool"):
             self._leave(leave_call(k, name, event))
+
+
+def queue_of(name: str, raw: Any) -> QueueView | None:
+    """Queue `name` from its field in the queues hash (None: not made, or unreadable)."""
+    try:
+        found = QueueView.from_json(raw) if raw is not None else None
+    except CorruptStateError:
+        return None
+    return found if found is not None and found.name == name else None
 
 
 def status_of(raw: Any) -> PoolJob | None:

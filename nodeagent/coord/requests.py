@@ -70,6 +70,13 @@ class RequestStore:
             )
         return [(str(i), str(fields.get("request", ""))[:200_000]) for i, fields in entries]
 
+    def more_after(self, request_id: str, block_ms: int) -> bool:
+        """Whether a request after `request_id` is in the stream, waiting up to `block_ms` for
+        one (XREAD BLOCK: the pool leader lingers for the next request of a burst)."""
+        with redis_errors("wait for requests"):
+            found: Any = self.client.xread({self.keys.requests: request_id}, 1, block_ms)
+        return bool(found)
+
     def claim(self, leader: str, request_id: str, credential_id: str, expires_ms: int) -> bool:
         """Take a request (the cursor moves past it); False when its credential was taken
         before (a replay).

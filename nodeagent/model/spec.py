@@ -32,6 +32,7 @@ from nodeagent.config.settings import (
     Config,
     JobConfig,
     NodeSettings,
+    SlowNodeConfig,
     TimingConfig,
 )
 from nodeagent.config.values import Section, check_name, parse_duration, parse_signal
@@ -45,6 +46,7 @@ from nodeagent.model.notify import NotifyError
 
 MAX_PRIORITY = 1_000_000
 SPEC_MAX_BYTES = 64 * 1024  # a spec is a page of YAML; anything bigger is not one
+_SLOW_FIELDS = dataclasses.fields(SlowNodeConfig)  # flat: no asdict deep copy per spec
 _FIELDS = (
     "id",
     "entrypoint",
@@ -119,7 +121,7 @@ class JobSpec:
             "gpus_per_worker": job.gpus_per_worker,
             "preload": list(job.preload),
             "recovery": job.recovery,
-            "slow_node": dataclasses.asdict(job.slow_node),
+            "slow_node": {f.name: getattr(job.slow_node, f.name) for f in _SLOW_FIELDS},
             "user": self.user,
             "queue": self.queue,
             "priority": self.priority,

@@ -7,6 +7,7 @@ are bounded by one heartbeat, not by a fence point, and a failed one only delays
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -33,7 +34,11 @@ from nodeagent.pool.requests import BATCH, Requests
 from nodeagent.pool.schedule import PoolView, SchedulePolicy
 
 log = logging.getLogger(__name__)
-SERVE_BUDGET_S = 0.25  # a leader serves requests this long before its next round
+# A pool leader serves requests for up to this share of a heartbeat before its next round (the
+# node's own jobs' heartbeats wait meanwhile: they step in the same loop), and waits up to
+# LINGER_S for the next request of a burst before it rounds.
+SERVE_SHARE = 0.5
+LINGER_S = 0.02
 T = TypeVar("T")
 _PREEMPTIONS = {"job_shrunk": "shrink", "job_evicted": "evict"}  # pool event -> metric kind
 
@@ -215,14 +220,21 @@ class PoolMember:
         self._requests_error = None
 
     def _drain(self, requests: Requests, token: str) -> None:
-        """Batches of requests until the stream is drained or SERVE_BUDGET_S has passed: a
-        submission is answered once it is queued, so a burst is not held back by a leader's
-        round (read, schedule, commit) after every batch; the round follows the burst."""
-        deadline = self._clock() + SERVE_BUDGET_S
+        """Batches of requests until none has come for LINGER_S or SERVE_SHARE of a heartbeat
+        has passed: a submission is answered once it is queued, so a burst is not held back by
+        a leader's round (read, schedule, commit) after every batch, nor after every lull
+        shorter than a client's turn-around; the round follows the burst, as Slurm defers its
+        scheduling while RPCs wait (SchedulerParameters=defer, max_rpc_cnt)."""
+        deadline = self._clock() + SERVE_SHARE * self._settings.timing.heartbeat_interval
         while True:
             taken = self._store_call(lambda: requests.serve(token), "take the pool's requests")
-            if len(taken) < BATCH or self._clock() >= deadline:
+            left = deadline - self._clock()
+            if not taken or left <= 0:
                 return
+            if len(taken) < BATCH:
+                more = functools.partial(requests.more, min(LINGER_S, left))
+                if not self._store_call(more, "wait for requests"):
+                    return
 
     def _lead(self, token: str) -> None:
         vouch = self._authority.vouch if self._authority is not None else None

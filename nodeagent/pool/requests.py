@@ -75,8 +75,20 @@ class Requests:
         self._store = PoolStore(store.client, store.keys)
         self._requests = RequestStore(store.client, store.keys)
         self._authority = authority
-        self._tokens = Tokens(TokenStore(store.client, store.keys), authority)
+        self._token_store = TokenStore(store.client, store.keys)
+        self._tokens = Tokens(self._token_store, authority)
         self._now = now
+        # Whether each token seen in this batch is registered and not revoked: read once a
+        # batch (100 clients with one token cost one read, not 100), forgotten at a TOKEN
+        # request, so a revocation holds for every request after it.
+        self._live: dict[str, bool] = {}
+        self.last_taken: str | None = None  # the id of the last request taken
+
+    def more(self, seconds: float) -> bool:
+        """A request after the last one taken is waiting, or comes within `seconds`."""
+        if self.last_taken is None:
+            return False
+        return self._requests.more_after(self.last_taken, max(1, round(seconds * 1000)))
 
     def serve(self, leader: str) -> list[Reply]:
         """Take and answer every request waiting (at most one batch).
@@ -86,6 +98,7 @@ class Requests:
             MungeUnavailable: munged cannot be reached (nothing was taken).
         """
         answers = []
+        self._live.clear()
         for request_id, raw in self._requests.requests(BATCH):
             reply, data = self._take(leader, request_id, raw)
             kind = "request_done" if reply.ok else "request_refused"
@@ -93,6 +106,7 @@ class Requests:
             log.log(level, "pool request %s %s: %s", request_id, kind, reply.message)
             event = Event(kind, message=f"{reply.user or 'nobody'}: {reply.message}", data=data)
             answers.append((request_id, reply, event))
+            self.last_taken = request_id
         self._requests.answer(answers)  # the batch's answers in one round trip
         return [reply for _, reply, _ in answers]
 
@@ -142,17 +156,23 @@ class Requests:
         if not request.credential:
             return None, "not signed: pool.auth is munge, every request needs a MUNGE credential"
         if is_token_credential(request.credential):
-            proven = self._tokens.identify(request, int(self._now()))
+            proven = self._tokens.identify(request, int(self._now()), self._token_live)
             return (proven if isinstance(proven, Decoded) else None), proven
         found = self._authority.munge.decode(request.credential)
         signed = found if isinstance(found, Decoded) and found.status.signed else None
         return signed, check(found, request.digest)
+
+    def _token_live(self, token_id: str) -> bool:
+        if token_id not in self._live:
+            self._live[token_id] = self._token_store.live(token_id)
+        return self._live[token_id]
 
     def _apply(self, caller: Caller, request: Request, munge_signed: bool) -> str | Minted:
         args = request.args
         if request.verb is Verb.WHOAMI:
             return who_is(caller)
         if request.verb is Verb.TOKEN:
+            self._live.clear()
             return self._tokens.apply(caller, request, munge_signed, int(self._now()))
         if request.verb is Verb.SUBMIT:
             return self._submit(caller, args.get("spec"), args.get("hold") is True)

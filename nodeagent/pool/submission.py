@@ -11,7 +11,7 @@ from typing import Any
 from nodeagent.config.container import pool_refusal
 from nodeagent.coord import runs
 from nodeagent.coord.errors import redis_errors
-from nodeagent.coord.pool import PoolStore, status_of
+from nodeagent.coord.pool import PoolStore, queue_of, status_of
 from nodeagent.model import depend
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolNode
@@ -68,13 +68,18 @@ def checked(store: PoolStore, spec: JobSpec) -> JobSpec:
             container.
     """
     pool = store.keys.pool
-    live = _live_array(store, spec.id)
+    with redis_errors("read the arrays and the queue"):  # one round trip for every submission
+        pipe = store.client.pipeline(transaction=False)
+        pipe.hexists(store.keys.arrays, spec.id)
+        pipe.hget(store.keys.queues, spec.queue)
+        named, raw_queue = pipe.execute()
+    live = _live_array(store, spec.id) if named else 0
     if live:
         raise Refused(
             f"{spec.id} is an array of {live} tasks not ended in pool {pool}: choose another "
             "--name, or submit it once they have ended"
         )
-    queue = store.queue(spec.queue)
+    queue = queue_of(spec.queue, raw_queue)
     if queue is None and spec.queue != DEFAULT:
         raise Refused(
             f"queue {spec.queue} does not exist in pool {pool}: an operator makes it "
@@ -124,11 +129,8 @@ def _bound(store: PoolStore, parent: str) -> dict[str, int]:
 
 
 def _live_array(store: PoolStore, job_id: str) -> int:
-    """How many tasks not ended the array of this id has (0: none, or no such array). One
-    HGET for an id that never named an array."""
-    with redis_errors("read the arrays"):
-        if not store.client.hexists(store.keys.arrays, job_id):
-            return 0
+    """How many tasks not ended the array of this id has (0: none), for an id that named an
+    array (the arrays hash has it)."""
     statuses = runs.tasks_of(store, job_id).values()  # one that does not decode: in use
     live = sum(1 for status in statuses if status is None or not status.state.ended)
     if not live:

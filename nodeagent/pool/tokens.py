@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from nodeagent.coord.tokens import TokenStore
@@ -48,11 +49,14 @@ class Tokens:
         self._store = store
         self._authority = authority
 
-    def identify(self, request: Request, now_s: int) -> Decoded | str:
+    def identify(
+        self, request: Request, now_s: int, live: Callable[[str], bool] | None = None
+    ) -> Decoded | str:
         """Who a request signed with a token comes from, as a decoded credential valid while
-        its proof is (the replay memory keeps it that long), or why it is refused."""
+        its proof is (the replay memory keeps it that long), or why it is refused; `live`:
+        whether a token is registered and not revoked (default: the register, read)."""
         return self._authority.token_holder(
-            request.credential, request.digest, self._store.live, now_s
+            request.credential, request.digest, live or self._store.live, now_s
         )
 
     def apply(

@@ -1,0 +1,108 @@
+"""The pool leader's side of the requests stream (pool/requests.py) against a real
+redis-server, in process: token-signed requests appended to the stream, then taken in one batch
+as the leader takes them. What a batch reads once (a token's registration) must not outlive a
+revocation in the same batch; the leader's wait for the next request of a burst wakes when one
+comes."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from nodeagent.config.hosts import Resolver
+from nodeagent.config.settings import PoolConfig
+from nodeagent.coord.client import connect
+from nodeagent.coord.keys import PoolKeys
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
+from nodeagent.coord.tokens import TokenStore
+from nodeagent.model.pool import PoolNode
+from nodeagent.model.request import Reply, Request, Verb
+from nodeagent.model.token import credential, new_claims, secret_of, token_text
+from nodeagent.pool.authority import Authority
+from nodeagent.pool.requests import Requests
+from nodeagent.supervisor.munge import MungeProgram
+from tests.helpers.cluster import RedisServer
+
+NEVER = 100_000  # nodes a job asks for: more than the pool has, so it stays pending
+
+
+Signed = Callable[[Verb, dict[str, Any]], Request]
+
+
+def leader_of(redis_server: RedisServer, pool: str) -> tuple[PoolStore, str, Requests, Signed, str]:
+    """The pool's store, its leader's lease value, the leader's Requests, a signer of requests
+    with a token of this process's user, and that token's id."""
+    store = PoolStore(connect(redis_server.url, 10.0), PoolKeys("nodeagent", pool))
+    leader = store.sync(
+        PoolNode(name="n0", address="127.0.0.1", lease_ttl_ms=600_000, labels={}, metrics="")
+    ).leader
+    assert leader is not None
+    key = os.urandom(32)
+    tokens = TokenStore(store.client, store.keys)
+    me = pwd.getpwuid(os.getuid())
+    unused = MungeProgram("/nonexistent")  # token credentials only: munged is never asked
+    authority = replace(
+        Authority(unused, PoolConfig(name=pool, auth="munge"), Resolver(), key),
+        token_live=tokens.live,
+    )
+    now = int(time.time())
+    claims = new_claims(pool, me.pw_name, me.pw_uid, me.pw_gid, now, 3600)
+    assert tokens.add(claims, now)
+    token = token_text(claims, secret_of(key, claims))
+
+    def signed(verb: Verb, args: dict[str, Any]) -> Request:
+        request = Request(pool, verb, args)
+        return replace(request, credential=credential(token, request.digest, int(time.time())))
+
+    return store, leader, Requests(store, authority), signed, claims.id
+
+
+def spec(job: str) -> dict[str, Any]:
+    return {"spec": {"id": job, "entrypoint": ["true"], "min_nodes": NEVER, "max_nodes": NEVER}}
+
+
+def test_a_token_revoked_in_a_batch_is_refused_for_the_requests_after_it(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    store, leader, leading, signed, token_id = leader_of(redis_server, f"{job_id}-pool")
+    requests = RequestStore(store.client, store.keys)
+    sent = [
+        requests.send(signed(Verb.SUBMIT, spec(f"{job_id}-before"))),
+        requests.send(signed(Verb.TOKEN, {"action": "revoke", "id": token_id})),
+        requests.send(signed(Verb.SUBMIT, spec(f"{job_id}-after"))),
+    ]
+    taken = leading.serve(leader)
+    assert len(taken) == 3  # one batch
+    replies = [requests.reply(request_id) for request_id in sent]
+    assert all(isinstance(reply, Reply) for reply in replies)
+    before, revoked, after = (reply for reply in replies if reply is not None)
+    assert before.ok and revoked.ok, (before, revoked)
+    assert not after.ok and f"token {token_id} revoked" in after.message
+    assert store.status(f"{job_id}-before") is not None
+    assert store.status(f"{job_id}-after") is None
+
+
+def test_the_leader_s_wait_for_the_next_request_wakes_when_one_comes(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    store, leader, leading, signed, _ = leader_of(redis_server, f"{job_id}-pool")
+    requests = RequestStore(store.client, store.keys)
+    assert not leading.more(0.01)  # nothing taken yet: nothing to wait after
+    requests.send(signed(Verb.SUBMIT, spec(f"{job_id}-1")))
+    assert len(leading.serve(leader)) == 1
+    assert not leading.more(0.05)  # none came
+
+    later = threading.Timer(0.3, lambda: requests.send(signed(Verb.SUBMIT, spec(f"{job_id}-2"))))
+    later.start()
+    began = time.monotonic()
+    assert leading.more(30.0)  # woken by the append, not by the 30 s
+    assert time.monotonic() - began < 25.0
+    later.join()
+    assert leading.more(0.001)  # one waits: at once
+    assert [reply.ok for reply in leading.serve(leader)] == [True]
