@@ -1,10 +1,17 @@
 """Reads shared by every caller for a moment (limits.read_cache, default 0.5 s): a listing
 of the pool costs the same at 1 reader and at 100 (one of them reads Redis and renders, the
-others take its bytes: they wait for the first answer, and while a later one is being read
-they get the one before, at most twice read_cache old). What a caller may read does not depend
-on who asks (as `nodeagentctl`, every user reads the pool), except logs and tokens, which are
-never kept.
-An error is shared as the answer would have been: a Redis outage is every waiter's 503."""
+others take its bytes). Past read_cache an answer is stale. A key asked for within the last
+read_cache (one under load) is then made again in the background by the first caller to find
+it stale, who is given the stale answer, as is everyone until the next is made
+(stale-while-revalidate, RFC 5861): under load no caller waits on a read, and the event loop is
+not held up by a crowd of callers hopping through worker threads while one reads. A key asked
+for less often is read again for its caller, who waits for it, so a client that changes
+something and reads it back a moment later sees the change. What a caller
+may read does not depend on who asks (as `nodeagentctl`, every user reads the pool), except
+logs and tokens, which are never kept.
+An error is shared as the answer would have been: a Redis outage is every waiter's 503; a read
+made in the background that fails drops its key, so the next caller reads (and fails) itself.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_KEPT = 10_000  # distinct reads kept at once; past it the oldest are forgotten
+STALE_READS = 3  # an answer is given while the next is read until it is this many ttls old
 
 
 def read_key(scope: Mapping[str, Any]) -> str:
@@ -36,23 +44,77 @@ class Fresh:
         self._ttl = ttl
         self._clock = clock
         self._kept: dict[str, tuple[float, bytes]] = {}
+        self._asked: dict[str, float] = {}  # when each key's answer was last given
         self._flights: dict[str, _Flight] = {}
         self._lock = threading.Lock()
 
     def peek(self, key: str) -> bytes | None:
-        """What `get` would answer at once without reading (fresh, or the last answer while
-        it is being read again); None: `get` must read (or wait for a read)."""
+        """What a caller may be given at once without reading: the answer if fresh, or while
+        the next is being read; None: go through `claim`."""
         with self._lock:
             kept = self._kept.get(key)
             if kept is None:
                 return None
-            if self._clock() - kept[0] < self._ttl or key in self._flights:
+            now = self._clock()
+            age = now - kept[0]
+            if age < self._ttl or (key in self._flights and age < STALE_READS * self._ttl):
+                self._asked[key] = now
                 return kept[1]
             return None
 
+    def claim(self, key: str) -> tuple[bytes | None, bool]:
+        """(answer, refresh): the answer to give at once (None: none to give, call `get`),
+        and whether this caller must make the next in the background (`refresh`): it found
+        the answer stale, nobody reading it again, and the key under load."""
+        if self._ttl <= 0:
+            return None, False
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is None:
+                return None, False
+            now = self._clock()
+            age = now - kept[0]
+            hot = now - self._asked.get(key, kept[0]) < self._ttl
+            if age >= STALE_READS * self._ttl or (age >= self._ttl and not hot):
+                return None, False
+            self._asked[key] = now
+            if age < self._ttl or key in self._flights:
+                return kept[1], False
+            self._flights[key] = _Flight()
+            return kept[1], True
+
+    def refresh(self, key: str, compute: Callable[[], bytes]) -> None:
+        """Make the next answer of `key` (the caller `claim` told to), in a worker thread. A
+        failure drops the key: the next caller reads, and is told the error, itself."""
+        with self._lock:
+            flight = self._flights[key]
+        try:
+            flight.value = compute()
+        except BaseException as exc:  # Redis away, say: said to the next caller by its own read
+            flight.error = exc
+        finally:
+            with self._lock:
+                del self._flights[key]
+                if flight.error is None:
+                    self._kept[key] = (self._clock(), flight.value)
+                else:
+                    self._kept.pop(key, None)
+            flight.done.set()
+
+    def abandon(self, key: str, why: BaseException) -> None:
+        """The read `claim` handed out will not be made (its task never ran): whoever waits
+        for it is told `why`, and the next caller reads."""
+        with self._lock:
+            flight = self._flights.pop(key, None)
+            self._kept.pop(key, None)
+        if flight is not None:
+            flight.error = why
+            flight.done.set()
+
     def get(self, key: str, compute: Callable[[], bytes]) -> bytes:
         """What `compute()` gave for `key` less than `ttl` seconds ago, else its answer now
-        (computed once however many ask at the same time).
+        (computed once however many ask at the same time; while it is computed again, the
+        last answer if not STALE_READS ttls old).
 
         Raises:
             whatever `compute` raised, to everyone who waited for it.
@@ -61,13 +123,14 @@ class Fresh:
             return compute()
         with self._lock:
             kept = self._kept.get(key)
-            if kept is not None and self._clock() - kept[0] < self._ttl:
+            age = self._clock() - kept[0] if kept is not None else 0.0
+            if kept is not None and age < self._ttl:
                 return kept[1]
             flight = self._flights.get(key)
             leading = flight is None
             if flight is None:
                 flight = self._flights[key] = _Flight()
-            elif kept is not None:
+            elif kept is not None and age < STALE_READS * self._ttl:
                 return kept[1]  # being read again: the last answer meanwhile, not a wait
         if not leading:
             flight.done.wait()
@@ -85,6 +148,7 @@ class Fresh:
                 if flight.error is None:
                     if len(self._kept) >= MAX_KEPT:
                         self._kept.clear()
+                        self._asked.clear()
                     self._kept[key] = (self._clock(), flight.value)
             flight.done.set()
         return flight.value

@@ -5,6 +5,7 @@ or a handler without a route."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
@@ -65,15 +66,28 @@ def _done(service: Service, who: Identity, verb: Verb, args: dict[str, Any]) -> 
 # -- reads ---------------------------------------------------------------------------------
 
 
+_REFRESHING: set[asyncio.Task[None]] = set()  # reads made again in the background, held
+
+
 async def _kept(svc: Service, request: Request, document: Callable[[], Any]) -> Response:
     """The document, read once for every caller of the same read within limits.read_cache
-    (api/cache.py): a read kept is answered on the event loop, one to make in a worker
-    thread."""
+    (api/cache.py): a read kept is answered on the event loop; a stale one too, its next read
+    started in a worker thread; only one never made (or long unasked) waits for its read."""
     key = read_key(request.scope)
-    body = svc.reads.peek(key)
+    render = lambda: json.dumps(document(), default=str).encode()  # noqa: E731
+    body, refresh = svc.reads.claim(key)
     if body is None:
-        render = lambda: json.dumps(document(), default=str).encode()  # noqa: E731
         body = await run_in_threadpool(svc.reads.get, key, render)
+    elif refresh:
+        task = asyncio.create_task(run_in_threadpool(svc.reads.refresh, key, render))
+        _REFRESHING.add(task)
+
+        def done(task: asyncio.Task[None]) -> None:
+            _REFRESHING.discard(task)
+            if task.cancelled() or task.exception() is not None:  # refresh itself never raises
+                svc.reads.abandon(key, RuntimeError(f"the read of {key} was not made"))
+
+        task.add_done_callback(done)
     return Response(body, media_type=JSON)
 
 

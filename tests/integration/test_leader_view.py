@@ -215,6 +215,21 @@ def test_a_spec_is_decoded_again_only_when_its_text_changes(
     assert isinstance(garbage, str) and "not JSON" in garbage, garbage
 
 
+def test_a_spec_kept_is_kept_whatever_was_read_between(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """The API service's views read their own jobs' specs through one store: a listing of
+    every job, then one job's, must not make the listing decode every spec again."""
+    store = PoolStore(connect(redis_server.url, 5.0), PoolKeys("nodeagent", job_id))
+    names = [f"job-{i}" for i in range(5)]
+    for name in names:
+        store.submit(load_spec({"id": name, "entrypoint": ["true"], "user": "u"}))
+    listing = store.specs(names)
+    assert store.specs(["job-0"])["job-0"] is listing["job-0"]
+    again = store.specs(names)
+    assert all(again[name] is listing[name] for name in names)
+
+
 def test_the_leader_reads_again_soon_while_a_member_lists_a_stalled_rank(
     redis_server: RedisServer, job_id: str
 ) -> None:

@@ -1,5 +1,6 @@
-"""The API service's small parts, pure: a read kept for every caller (api/cache.py), the rate
-per user (api/limits.RateLimiter), the config file (config/api.py)."""
+"""The API service's small parts, pure: a read kept for every caller, stale ones made again in
+the background (api/cache.py), the rate per user (api/limits.RateLimiter), the config file
+(config/api.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.api.cache import Fresh
+from nodeagent.api.cache import STALE_READS, Fresh
 from nodeagent.api.limits import RateLimiter
 from nodeagent.api.server import unix_socket
 from nodeagent.config.api import load_api
@@ -93,6 +94,73 @@ def test_while_a_kept_read_is_read_again_the_others_get_the_last_answer() -> Non
     done.set()
     reader.join(10)
     assert fresh.get("k", lambda: b"never") == b"new"
+
+
+def test_a_stale_read_is_given_at_once_while_one_caller_makes_the_next() -> None:
+    clock, made = Clock(), []
+    fresh = Fresh(0.5, clock)
+    fresh.get("k", lambda: b"first")
+    clock.now += 0.3
+    assert fresh.peek("k") == b"first"  # asked for: under load
+    clock.now += 0.3  # stale
+    assert fresh.peek("k") is None  # nobody reads it again yet: the route claims it
+    assert fresh.claim("k") == (b"first", True)  # given at once; this caller makes the next
+    assert fresh.peek("k") == b"first" and fresh.claim("k") == (b"first", False)
+
+    def again() -> bytes:
+        made.append(clock.now)
+        return b"second"
+
+    fresh.refresh("k", again)
+    assert made == [100.6] and fresh.claim("k") == (b"second", False)
+
+
+def test_a_failed_background_read_drops_the_key_so_the_next_caller_hears_why() -> None:
+    clock = Clock()
+    fresh = Fresh(0.5, clock)
+    fresh.get("k", lambda: b"first")
+    clock.now += 0.3
+    assert fresh.claim("k") == (b"first", False)  # fresh, and asked for
+    clock.now += 0.3
+    assert fresh.claim("k") == (b"first", True)
+
+    def away() -> bytes:
+        raise ConnectionError("Redis away")
+
+    fresh.refresh("k", away)  # in a worker thread: nobody to raise to
+    assert fresh.peek("k") is None and fresh.claim("k") == (None, False)
+    with pytest.raises(ConnectionError):
+        fresh.get("k", away)  # the next caller's own read: its 503
+
+
+def test_a_background_read_that_never_ran_is_abandoned_and_read_again() -> None:
+    clock = Clock()
+    fresh = Fresh(0.5, clock)
+    fresh.get("k", lambda: b"first")
+    clock.now += 0.3
+    assert fresh.peek("k") == b"first"
+    clock.now += 0.3
+    assert fresh.claim("k") == (b"first", True)
+    fresh.abandon("k", RuntimeError("its task was cancelled"))
+    assert fresh.claim("k") == (None, False) and fresh.get("k", lambda: b"again") == b"again"
+
+
+def test_a_stale_answer_is_not_given_to_a_key_not_under_load_nor_long_after() -> None:
+    clock = Clock()
+    fresh = Fresh(0.5, clock)
+    fresh.get("k", lambda: b"before the change")
+    clock.now += 0.6  # nobody asked since it was made: a client reading back its change
+    assert fresh.claim("k") == (None, False)  # read now, waited for
+    assert fresh.get("k", lambda: b"after") == b"after"
+    clock.now += 0.4
+    assert fresh.peek("k") == b"after"  # asked for: under load
+    clock.now += 0.4
+    assert fresh.claim("k") == (b"after", True)  # stale: this caller reads it again ...
+    clock.now += 0.4
+    assert fresh.peek("k") == b"after"  # ... given meanwhile, asked for ...
+    clock.now += 0.4  # ... but that read never ends: at STALE_READS ttls it is not given
+    assert STALE_READS * 0.5 <= 0.4 * 4
+    assert fresh.peek("k") is None and fresh.claim("k") == (None, False)
 
 
 def test_a_user_past_their_rate_waits_for_it() -> None:
