@@ -318,7 +318,13 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--sizes", default="100,1000,10000")
     parser.add_argument("--clients", type=int, default=100)
-    parser.add_argument("--reads", type=int, default=2000, help="requests per read, per size")
+    parser.add_argument(
+        "--reads",
+        type=int,
+        default=20_000,
+        help="requests per read, per size (each read's first, which waits for its first "
+        "answer to be made, is among them)",
+    )
     parser.add_argument("--cli", type=int, default=1000, help="submissions on the CLI's path")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "api.json"))
     args = parser.parse_args()
