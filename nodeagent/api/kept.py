@@ -58,7 +58,7 @@ class KeptReads:
         for name, value in scope["headers"]:
             if name == b"cookie":
                 return None  # a browser's session: its rules are identify's
-            if name == b"authorization":
+            if name == b"authorization" and authorization is None:  # the first, as Starlette
                 authorization = value.decode("latin-1")
         if authorization is None:
             peer = scope.get(PEER_KEY)

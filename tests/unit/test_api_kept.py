@@ -107,6 +107,16 @@ def test_whatever_the_route_would_judge_goes_on_to_the_app() -> None:
     assert len(inner.reached) == len(cases)
 
 
+def test_of_two_authorization_headers_the_first_counts_as_in_the_route() -> None:
+    kept, inner, _, _ = parts()
+    twice = scope()
+    twice["headers"] = [
+        (b"authorization", b"Bearer unseen"),
+        (b"authorization", b"Bearer " + TOKEN.encode()),
+    ]
+    assert call(kept, twice)[0] == 418 and inner.reached == ["/v1/nodes?"]
+
+
 def test_a_name_with_an_encoded_question_mark_is_not_the_query_s() -> None:
     encoded = scope("/v1/jobs/a?b")
     encoded["raw_path"] = b"/v1/jobs/a%3Fb"
