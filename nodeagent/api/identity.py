@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
@@ -109,11 +110,44 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _bearer(header: str) -> str:
+def bearer(header: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header (None: not one)."""
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _bearer(header: str) -> str:
+    token = bearer(header)
+    if token is None:
         raise unauthorized("expected Authorization: Bearer <token> (nodeagentctl token)")
-    return token.strip()
+    return token
+
+
+def peer_user(uid: int) -> str:
+    """The user a socket's peer of `uid` acts as."""
+    return Resolver().name_of(uid) or f"uid {uid}"
+
+
+def known(tokens: Tokens, scope: Mapping[str, Any]) -> str | None:
+    """The caller's user as `identify` names it, when that takes no I/O (api/kept.py): a bearer
+    token the pool vouched for a moment ago (the first Authorization header, as Starlette's),
+    or the socket's peer with neither token nor cookie; None: leave it to `identify`."""
+    header = None
+    for name, value in scope["headers"]:
+        if name == b"cookie":
+            return None  # a browser's session: its rules are identify's
+        if name == b"authorization" and header is None:
+            header = value.decode("latin-1")
+    if header is None:
+        peer = scope.get(PEER_KEY)
+        return None if peer is None else peer_user(int(peer[1]))
+    token = bearer(header)
+    if token is None:
+        return None
+    try:
+        return tokens.known(token)
+    except Problem:
+        return None  # refused a moment ago: identify says so
 
 
 async def identify(request: Request) -> Identity:
@@ -137,7 +171,7 @@ async def identify(request: Request) -> Identity:
         who = Identity(user, token=token)
     elif peer is not None:
         uid = int(peer[1])
-        who = Identity(Resolver().name_of(uid) or f"uid {uid}", peer_uid=uid)
+        who = Identity(peer_user(uid), peer_uid=uid)
     else:
         raise unauthorized("this address takes API tokens: Authorization: Bearer <token>")
     limited(limiter, who.user)
