@@ -58,7 +58,10 @@ def stepping(cluster: LocalCluster, world: int, after: int, steps: int = 3) -> i
         taken = of(cluster, "step", generation)
         return all(sum(1 for x in taken if x["rank"] == r) >= steps for r in range(world))
 
-    wait_for(probe, 150, f"every rank stepping in generation {generation}")
+    try:
+        wait_for(probe, 150, f"every rank stepping in generation {generation}")
+    except AssertionError as exc:  # what the agents saw: a restart, a rank stuck
+        raise AssertionError(f"{exc}\n{cluster.diagnostics()}") from None
     return generation
 
 
