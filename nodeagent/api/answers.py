@@ -1,67 +1,103 @@
 """The pool leader's answers, as they come: one thread follows the pool's event stream (the
-leader writes an event with every reply, naming the request: coord/requests.RequestStore.answer)
-and wakes the caller waiting for that request, which then reads the reply once. A hundred
-callers waiting cost one blocking read, not a hundred polls; a wake missed (Redis away, the
-thread restarting) costs a caller one second, its fallback poll."""
+leader writes an event with every reply, in one MULTI/EXEC, naming the request:
+coord/requests.RequestStore.answer), reads the replies of a batch of events in one pipelined
+round trip, and hands each to the caller waiting for it. A hundred callers waiting cost one
+blocking read, not a hundred polls, and a caller on the event loop holds no worker thread while
+it waits. A wake missed (Redis away, the thread restarting) costs a caller one second, its
+fallback poll; an answer that came before its caller asked is remembered (`SEEN`), so the
+caller reads it at once."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 
 from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import CoordinationError
+from nodeagent.model.request import Reply
 from nodeagent.views.documents import decode
 
 log = logging.getLogger(__name__)
 BLOCK_MS = 2000
 RETRY_S = 1.0
+SEEN = 4096  # answers nobody waited for yet, remembered: a caller that asks next reads it
+
+Deliver = Callable[[Reply], None]
 
 
 class Answers:
-    def __init__(self, store: PoolStore) -> None:
+    def __init__(self, store: PoolStore, requests: RequestStore) -> None:
         self._store = store
-        self._waiting: dict[str, threading.Event] = {}
+        self._requests = requests
+        self._waiting: dict[str, Deliver] = {}
+        self._seen: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
-    def expect(self, request_id: str) -> threading.Event:
-        """What is set once the answer to `request_id` is written (read the reply after
-        registering, in case it came first)."""
+    def expect(self, request_id: str, deliver: Deliver) -> bool:
+        """Call `deliver` with the reply to `request_id` once it is written (from this class's
+        thread: it must not block). False when its answer went by before this was asked: read
+        the reply now."""
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="answers", daemon=True)
                 self._thread.start()
-            return self._waiting.setdefault(request_id, threading.Event())
+            if request_id in self._seen:
+                return False
+            self._waiting[request_id] = deliver
+            return True
 
     def forget(self, request_id: str) -> None:
         with self._lock:
             self._waiting.pop(request_id, None)
 
+    def close(self) -> None:
+        """Stop following (within one blocking read), as a service that ends."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
     def _run(self) -> None:
         cursor: str | None = None
-        stop = threading.Event()  # never set: the thread lives as long as the service
-        while True:
+        while not self._stop.is_set():
             try:
                 if cursor is None:
                     cursor = self._store.last_event_id()
                 got = self._store.wait_events({self._store.keys.events: cursor}, BLOCK_MS)
+                if got:
+                    cursor = got[-1][1]
+                    answered = [_request_of(entry_id, fields) for _, entry_id, fields in got]
+                    self._deliver([request for request in answered if request is not None])
             except CoordinationError as exc:
                 log.warning("following the pool's answers: %s", exc)
                 cursor = None
-                stop.wait(RETRY_S)
-                continue
-            for _, entry_id, fields in got:
-                cursor = entry_id
-                self._wake(entry_id, fields)
+                self._stop.wait(RETRY_S)
 
-    def _wake(self, entry_id: str, fields: Mapping[str, str]) -> None:
-        event, _ = decode(entry_id, fields)
-        data = event.data if isinstance(event.data, Mapping) else {}
-        request_id = data.get("request")
-        if isinstance(request_id, str):
-            with self._lock:
-                waiting = self._waiting.get(request_id)
-            if waiting is not None:
-                waiting.set()
+    def _deliver(self, answered: list[str]) -> None:
+        """Each answered request's reply to its waiter, read in one round trip; the others
+        remembered."""
+        with self._lock:
+            waiting = [(r, self._waiting[r]) for r in answered if r in self._waiting]
+            for request_id in answered:
+                if request_id not in self._waiting:
+                    self._seen[request_id] = None
+            while len(self._seen) > SEEN:
+                self._seen.popitem(last=False)
+        if not waiting:
+            return
+        replies = self._requests.replies([request_id for request_id, _ in waiting])
+        for (_, deliver), reply in zip(waiting, replies, strict=True):
+            if reply is not None:  # unreadable: the caller's poll says so in time
+                deliver(reply)
+
+
+def _request_of(entry_id: str, fields: Mapping[str, str]) -> str | None:
+    """The request an event of the pool's stream answers, if it answers one."""
+    event, _ = decode(entry_id, fields)
+    data = event.data if isinstance(event.data, Mapping) else {}
+    request_id = data.get("request")
+    return request_id if isinstance(request_id, str) else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
@@ -58,8 +58,8 @@ def _jobs(service: Service, job: str) -> JobStore:
     return JobStore(service.client, JobKeys(service.settings.key_prefix, job))
 
 
-def _done(service: Service, who: Identity, verb: Verb, args: dict[str, Any]) -> bodies.Done:
-    reply = service.change(who, verb, args)
+async def _done(service: Service, who: Identity, verb: Verb, args: dict[str, Any]) -> bodies.Done:
+    reply = await service.change(who, verb, args)
     return bodies.Done(message=reply.message, user=reply.user)
 
 
@@ -269,60 +269,66 @@ def _sse(doc: Any, entry_id: str | None = None) -> str:
 # -- changes -------------------------------------------------------------------------------
 
 
-def submit(svc: Svc, who: Who, body: bodies.Submit, response: Response) -> bodies.Submitted:
+async def submit(svc: Svc, who: Who, body: bodies.Submit, response: Response) -> bodies.Submitted:
     """The pool leader checks the spec as it checks nodeagentctl's (and says what is wrong in
     the same words); a spec without an id gets one, as `submit` without --name."""
     spec = {**body.spec, "id": body.spec.get("id") or new_job_id()}
     args: dict[str, Any] = {"spec": spec, **({"hold": True} if body.hold else {})}
-    reply = svc.change(who, Verb.SUBMIT, args)
+    reply = await svc.change(who, Verb.SUBMIT, args)
     job = str(spec["id"])
     response.status_code = 201
     response.headers["Location"] = f"/v1/jobs/{job}"
     return bodies.Submitted(message=reply.message, user=reply.user, job=job)
 
 
-def scale(svc: Svc, who: Who, job: Job, body: bodies.Scale) -> bodies.Done:
-    return _done(svc, who, Verb.SCALE, {"job": job, "target": body.target})
+async def scale(svc: Svc, who: Who, job: Job, body: bodies.Scale) -> bodies.Done:
+    return await _done(svc, who, Verb.SCALE, {"job": job, "target": body.target})
 
 
-def _job_verb(verb: Verb, extra: dict[str, str] | None = None) -> Callable[..., bodies.Done]:
-    def handler(svc: Svc, who: Who, job: Job) -> bodies.Done:
-        return _done(svc, who, verb, {"job": job, **(extra or {})})
+def _job_verb(
+    verb: Verb, extra: dict[str, str] | None = None
+) -> Callable[..., Awaitable[bodies.Done]]:
+    async def handler(svc: Svc, who: Who, job: Job) -> bodies.Done:
+        return await _done(svc, who, verb, {"job": job, **(extra or {})})
 
     return handler
 
 
-def _cordon(action: str) -> Callable[..., bodies.Done]:
-    def handler(svc: Svc, who: Who, node: Node, body: bodies.Cordon | None = None) -> bodies.Done:
+def _cordon(action: str) -> Callable[..., Awaitable[bodies.Done]]:
+    async def handler(
+        svc: Svc, who: Who, node: Node, body: bodies.Cordon | None = None
+    ) -> bodies.Done:
         body = body or bodies.Cordon()
         args: dict[str, Any] = {"action": action, "node": node, "reason": body.reason}
         if body.job is not None:
             args["job"] = body.job
-        return _done(svc, who, Verb.CORDON, args)
+        return await _done(svc, who, Verb.CORDON, args)
 
     return handler
 
 
-def create_queue(svc: Svc, who: Who, body: bodies.QueueNew) -> bodies.Done:
+async def create_queue(svc: Svc, who: Who, body: bodies.QueueNew) -> bodies.Done:
     args = {"action": "create", **body.model_dump()}
-    return _done(svc, who, Verb.QUEUE, args)
+    return await _done(svc, who, Verb.QUEUE, args)
 
 
-def change_queue(
+async def change_queue(
     svc: Svc, who: Who, body: bodies.QueueChange, queue: Annotated[str, Path(pattern=NAME)]
 ) -> bodies.Done:
     given = {k: v for k, v in body.model_dump().items() if k in body.model_fields_set}
-    return _done(svc, who, Verb.QUEUE, {"action": "set", "name": queue, **given})
+    return await _done(svc, who, Verb.QUEUE, {"action": "set", "name": queue, **given})
 
 
-def delete_queue(svc: Svc, who: Who, queue: Annotated[str, Path(pattern=NAME)]) -> bodies.Done:
-    return _done(svc, who, Verb.QUEUE, {"action": "delete", "name": queue})
+async def delete_queue(
+    svc: Svc, who: Who, queue: Annotated[str, Path(pattern=NAME)]
+) -> bodies.Done:
+    return await _done(svc, who, Verb.QUEUE, {"action": "delete", "name": queue})
 
 
-def revoke_token(
+async def revoke_token(
     svc: Svc, who: Who, token: Annotated[str, Path(pattern=r"^(all|[0-9a-f]{16})$")]
 ) -> bodies.Done:
-    return _done(svc, who, Verb.TOKEN, {"action": "revoke", "id": token})
+    return await _done(svc, who, Verb.TOKEN, {"action": "revoke", "id": token})
 
 
 # -- a browser's session (api/session.py) -------------------------------------------------
@@ -352,11 +358,13 @@ def who_signed_in(who: Who, request: Request) -> bodies.Session:
     return session.document(who.token, who.user, tokens.operator(who.token), with_csrf=cookie)
 
 
-def sign_out(svc: Svc, who: Who, request: Request, response: Response) -> bodies.Done:
+async def sign_out(svc: Svc, who: Who, request: Request, response: Response) -> bodies.Done:
     session.sign_out(response)
     if who.token is None:
         return bodies.Done(message="no session on the socket", user=who.user)
-    done = _done(svc, who, Verb.TOKEN, {"action": "revoke", "id": session.token_id(who.token)})
+    done = await _done(
+        svc, who, Verb.TOKEN, {"action": "revoke", "id": session.token_id(who.token)}
+    )
     tokens: Tokens = request.app.state.tokens
     tokens.forget(who.token)
     return done

@@ -10,11 +10,15 @@ pool's requests stream signed as the caller, which the pool leader judges as it 
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
+
+from starlette.concurrency import run_in_threadpool
 
 from nodeagent.accounting.databases import open_ledger
 from nodeagent.accounting.ledger import Ledger
@@ -34,6 +38,7 @@ from nodeagent.model.token import TokenError, credential, parse_token, unsealed
 from nodeagent.telemetry.logserve import Sign
 
 AUTH_KEPT_S = 10.0  # how long the pool leader's pool.auth is taken as read
+POLL_S = 1.0  # a caller waiting for its answer reads it this often, should its wake be missed
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ class Service:
         self.clock = clock
         self._auth: tuple[float, str | None] = (-AUTH_KEPT_S, None)
         self.reads = Fresh(settings.limits.read_cache)
-        self._answers = Answers(self.store)
+        self._answers = Answers(self.store, self.requests)
         uid = os.geteuid()
         self.account = Resolver().name_of(uid) or f"uid {uid}"  # the service's own user
         self._accounting_password: str | None = None  # read once: a bad file stops the start
@@ -82,21 +87,70 @@ class Service:
             return None
         return open_ledger(database, self._accounting_password, writer=False)
 
-    def change(self, who: Identity, verb: Verb, args: dict[str, Any]) -> Reply:
-        """Ask the pool leader for a change as `who`; its answer when done.
+    async def change(self, who: Identity, verb: Verb, args: dict[str, Any]) -> Reply:
+        """Ask the pool leader for a change as `who`; its answer when done. The request is
+        signed and sent in a worker thread; the answer is awaited on the event loop, holding
+        no thread (api/answers.py hands it over).
 
         Raises:
             Problem: refused (its status from the refusal's kind), no answer (504), the pool
                 takes no signed requests or munged is away (503).
             CoordinationError: Redis (503).
         """
-        reply = self.ask(who, verb, args)
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[Reply] = loop.create_future()
+
+        def deliver(reply: Reply) -> None:
+            loop.call_soon_threadsafe(_settle, answered, reply)
+
+        request_id, expected = await run_in_threadpool(self._send, who, verb, args, deliver)
+        try:
+            reply = None if expected else await run_in_threadpool(self.requests.reply, request_id)
+            deadline = self.clock() + self.settings.limits.answer_timeout
+            while reply is None and (left := deadline - self.clock()) > 0:
+                done, _ = await asyncio.wait({answered}, timeout=min(left, POLL_S))
+                if done:
+                    reply = answered.result()
+                else:  # a wake missed: read it
+                    reply = await run_in_threadpool(self.requests.reply, request_id)
+        finally:
+            self._answers.forget(request_id)
+        if reply is None:
+            raise self._unanswered(request_id)
         if not reply.ok:
             raise refused(reply)
         return reply
 
     def ask(self, who: Identity, verb: Verb, args: dict[str, Any]) -> Reply:
-        """One signed request as `who`, and the pool leader's answer, whatever it is."""
+        """One signed request as `who`, and the pool leader's answer, whatever it is (blocking:
+        from a worker thread)."""
+        box: list[Reply] = []
+        delivered = threading.Event()
+
+        def deliver(reply: Reply) -> None:
+            box.append(reply)
+            delivered.set()
+
+        request_id, expected = self._send(who, verb, args, deliver)
+        try:
+            reply = None if expected else self.requests.reply(request_id)
+            deadline = self.clock() + self.settings.limits.answer_timeout
+            while reply is None and (left := deadline - self.clock()) > 0:
+                if delivered.wait(min(left, POLL_S)):
+                    reply = box[0]
+                else:  # a wake missed: read it
+                    reply = self.requests.reply(request_id)
+        finally:
+            self._answers.forget(request_id)
+        if reply is None:
+            raise self._unanswered(request_id)
+        return reply
+
+    def _send(
+        self, who: Identity, verb: Verb, args: dict[str, Any], deliver: Callable[[Reply], None]
+    ) -> tuple[str, bool]:
+        """Sign a request as `who` and append it; its id, and whether its answer will be
+        delivered (False: it came already)."""
         self._signed_pool()
         as_uid = who.peer_uid if who.token is None else None
         request = Request(self.pool, verb, args, as_uid=as_uid)
@@ -104,15 +158,15 @@ class Service:
             request, credential=self._credential(who, request.digest, request.payload)
         )
         request_id = self.requests.send(request)
-        reply = self._answer(request_id)
-        if reply is None:
-            raise Problem(
-                504,
-                f"no pool leader answered request {request_id} within "
-                f"{self.settings.limits.answer_timeout:g} s: are the agents of pool "
-                f"{self.pool} running? (the request may still be taken: GET /v1/events)",
-            )
-        return reply
+        return request_id, self._answers.expect(request_id, deliver)
+
+    def _unanswered(self, request_id: str) -> Problem:
+        return Problem(
+            504,
+            f"no pool leader answered request {request_id} within "
+            f"{self.settings.limits.answer_timeout:g} s: are the agents of pool "
+            f"{self.pool} running? (the request may still be taken: GET /v1/events)",
+        )
 
     def signer(self, who: Identity) -> tuple[Sign, int | None]:
         """How a log request to a node's agent is signed as `who`, and the uid to name."""
@@ -175,22 +229,10 @@ class Service:
                 {"Retry-After": str(RETRY_AFTER_S)},
             )
 
-    def _answer(self, request_id: str) -> Reply | None:
-        """The reply, once the pool leader's event says it is written (api/answers.py), or
-        polled each second; None after limits.answer_timeout."""
-        deadline = self.clock() + self.settings.limits.answer_timeout
-        woken = self._answers.expect(request_id)
-        try:
-            while True:
-                reply = self.requests.reply(request_id)
-                if reply is not None:
-                    return reply
-                left = deadline - self.clock()
-                if left <= 0:
-                    return None
-                woken.wait(min(left, 1.0))
-        finally:
-            self._answers.forget(request_id)
+
+def _settle(future: asyncio.Future[Reply], reply: Reply) -> None:
+    if not future.done():  # given up on (its wait timed out) or answered twice
+        future.set_result(reply)
 
 
 def token_user(text: str, pool: str, now_s: float) -> str:

@@ -51,10 +51,14 @@ class RequestStore:
         """The pool leader's answer (None: not yet, or unreadable)."""
         with redis_errors("read the reply"):
             raw: Any = self.client.get(self.keys.reply(request_id))
-        try:
-            return Reply.from_json(raw) if raw is not None else None
-        except CorruptStateError:
-            return None
+        return _reply(raw)
+
+    def replies(self, request_ids: list[str]) -> list[Reply | None]:
+        """The answers to several requests, in one round trip (each None: not yet, or
+        unreadable)."""
+        with redis_errors("read the replies"):
+            found: Any = self.client.mget([self.keys.reply(r) for r in request_ids])
+        return [_reply(raw) for raw in found]
 
     def requests(self, count: int = 64) -> list[tuple[str, str]]:
         """The requests after the last one taken, oldest first: (id, raw text)."""
@@ -114,3 +118,10 @@ class RequestStore:
                     approximate=True,
                 )
             pipe.execute()
+
+
+def _reply(raw: Any) -> Reply | None:
+    try:
+        return Reply.from_json(raw) if raw is not None else None
+    except CorruptStateError:
+        return None

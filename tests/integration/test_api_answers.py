@@ -1,0 +1,92 @@
+"""The API service's waiters for the pool leader's answers (api/answers.py) against a real
+redis-server: the answers of one batch handed each to its own waiter, read in one round trip;
+an answer that went by before its caller asked is said to have come, so the caller reads it
+instead of waiting out its poll."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from nodeagent.api.answers import Answers
+from nodeagent.coord.client import connect
+from nodeagent.coord.keys import PoolKeys
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
+from nodeagent.model.job import Event
+from nodeagent.model.request import Reply
+from tests.helpers.cluster import RedisServer
+
+
+@pytest.fixture
+def stores(redis_server: RedisServer) -> Iterator[tuple[PoolStore, RequestStore, Answers]]:
+    store = PoolStore(connect(redis_server.url, 10.0), PoolKeys("nodeagent", "answers"))
+    requests = RequestStore(store.client, store.keys)
+    answers = Answers(store, requests)
+    yield store, requests, answers
+    answers.close()
+    store.client.close()
+
+
+def answer(requests: RequestStore, *request_ids: str) -> None:
+    """As the pool leader answers a batch: each reply and its event in one MULTI/EXEC."""
+    requests.answer(
+        [
+            (r, Reply(True, f"done {r}", user="alice"), Event("request_done", data={"request": r}))
+            for r in request_ids
+        ]
+    )
+
+
+class Waiter:
+    def __init__(self) -> None:
+        self.replies: list[Reply] = []
+        self.delivered = threading.Event()
+
+    def __call__(self, reply: Reply) -> None:
+        self.replies.append(reply)
+        self.delivered.set()
+
+
+def following(answers: Answers, store: PoolStore, requests: RequestStore) -> None:
+    """Until the answers' thread follows the stream: an answer it reads is delivered."""
+    probe = Waiter()
+    assert answers.expect("probe-0", probe)
+    deadline = time.monotonic() + 30
+    while not probe.delivered.wait(0.2):
+        assert time.monotonic() < deadline, "the answers' thread never followed the stream"
+        answer(requests, "probe-0")  # again: the thread may have started after the first
+
+
+def test_a_batchs_answers_go_each_to_its_own_waiter(
+    stores: tuple[PoolStore, RequestStore, Answers],
+) -> None:
+    store, requests, answers = stores
+    following(answers, store, requests)
+    waiters = {f"r{i}": Waiter() for i in range(5)}
+    for request_id, waiter in waiters.items():
+        assert answers.expect(request_id, waiter)
+    answer(requests, *waiters, "someone-elses")
+    for request_id, waiter in waiters.items():
+        assert waiter.delivered.wait(30), request_id
+        assert [r.message for r in waiter.replies] == [f"done {request_id}"]
+    answers.forget("r0")
+
+
+def test_an_answer_that_came_before_its_caller_asked_is_said_to_have_come(
+    stores: tuple[PoolStore, RequestStore, Answers],
+) -> None:
+    """The leader can answer between the service's XADD and its `expect`: without the answers
+    remembered, that caller would wait a whole poll (a second) for a reply already written."""
+    store, requests, answers = stores
+    following(answers, store, requests)
+    marker = Waiter()
+    assert answers.expect("after", marker)
+    answer(requests, "early", "after")  # one batch: "early" is taken before "after" is handed
+    assert marker.delivered.wait(30)
+    assert not answers.expect("early", Waiter())  # read it now
+    assert requests.reply("early") == Reply(True, "done early", user="alice")
+    assert answers.expect("not-yet", Waiter())  # one not answered is waited for
