@@ -1,11 +1,13 @@
-"""When a job may be held, released or requeued. Pure: one rule for nodeagentctl (pool.auth
-none, cli/ctljobverbs.py) and for the pool leader taking signed requests (pool/requests.py).
+"""When a job may be held, released, requeued or scaled. Pure: one rule for nodeagentctl
+(pool.auth none: cli/ctl/holding.py, cli/ctl/scale.py) and for the pool leader taking signed
+requests (pool/requests.py), so the two say the same thing in the same words.
 
 - `hold JOB`: a pending job (not one held already) is kept from being admitted;
 - `release JOB`: a held job may be admitted again;
 - `requeue JOB`: a running job is put back in the queue, in its place (its seq), its workers
   stopped with their grace so that they checkpoint; it runs again when admitted again.
 Ended jobs and jobs pinned by their nodes' `job:` sections take none of these.
+- `scale JOB N|+N|-N`: a new target within the job's [min_nodes, max_nodes].
 """
 
 from __future__ import annotations
@@ -58,3 +60,28 @@ def stop_refusal(job_id: str) -> str:
         f"`nodeagentctl requeue {job_id}` stops it and puts it back in the queue (stop is for "
         "a job pinned by its nodes' job: sections, until `restart`)"
     )
+
+
+def relative_target(value: str, current: int) -> int | None:
+    """N, or Arena's relative +K / -K from the current target; None: not a whole number."""
+    text = value.strip()
+    sign = text[:1] if text[:1] in "+-" else ""
+    digits = text[1:] if sign else text
+    if not digits.isdigit():
+        return None
+    number = int(digits)
+    return current + number if sign == "+" else current - number if sign == "-" else number
+
+
+def scale_target(job_id: str, value: str, current: int, low: int, high: int) -> int | str:
+    """The target `value` names for a job at target `current` with bounds [low, high], or why
+    it cannot be one."""
+    target = relative_target(value, current)
+    if target is None:
+        return f"scale: expected N, +N or -N, got {value[:32]!r}"
+    if not low <= target <= high:
+        return (
+            f"cannot scale job {job_id} to {target}: the target must be within "
+            f"[min_nodes, max_nodes] = [{low}, {high}]"
+        )
+    return target

@@ -308,12 +308,9 @@ class Requests:
         else:
             raise Refused(f"job {job_id} has not formed yet: nothing to scale")
         current = record.target_nodes if record is not None else current
-        target = resolve_target(value, current)
-        if not low <= target <= high:
-            raise Refused(
-                f"cannot scale job {job_id} to {target}: the target must be within "
-                f"[min_nodes, max_nodes] = [{low}, {high}]"
-            )
+        target = jobverbs.scale_target(job_id, value, current, low, high)
+        if isinstance(target, str):
+            raise Refused(target)
         if state is PoolJobState.PENDING and spec is not None:
             job = spec.job
             self._store.replace_spec(
@@ -416,21 +413,6 @@ class Requests:
 
 
 _KINDS = {Missing: "missing", Forbidden: "forbidden", Invalid: "invalid", TokenRefused: "forbidden"}
-
-
-def resolve_target(value: str, current: int) -> int:
-    """N, or Arena's relative +K / -K from the current target.
-
-    Raises:
-        Refused: not a whole number.
-    """
-    text = value.strip()
-    sign = text[:1] if text[:1] in "+-" else ""
-    digits = text[1:] if sign else text
-    if not digits.isdigit():
-        raise Refused(f"scale: expected N, +N or -N, got {value!r}")
-    number = int(digits)
-    return current + number if sign == "+" else current - number if sign == "-" else number
 
 
 def _name(args: Mapping[str, Any], key: str) -> str:

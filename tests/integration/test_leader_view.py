@@ -23,6 +23,7 @@ from nodeagent.model.job import Event, GpuInfo, GpuSummary, NodeReport
 from nodeagent.model.pool import PoolNode
 from nodeagent.model.spec import JobSpec, load_spec
 from nodeagent.model.stalls import RankStall
+from nodeagent.pool.leadership import NodeViews, read_view
 from nodeagent.state import NodeState
 from nodeagent.telemetry.metrics import AgentMetrics
 from tests.helpers.cluster import RedisServer
@@ -254,3 +255,33 @@ def test_the_leader_reads_again_soon_while_a_member_lists_a_stalled_rank(
     assert snap.leader is not None
     leadership.lead(snap.leader, snap)
     assert leadership.next_poll == clock[0] + stalls.POLL_S
+
+
+def test_a_jobs_view_is_made_and_vouched_for_again_only_when_the_job_changed(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """The pool leader's rounds at 10,000 pending jobs: each job's view kept from the last
+    round (its spec not vouched for again) while its status, spec, cancel, hold and requeue
+    are what they were; a job held since gets a view that says so."""
+    keys = PoolKeys("nodeagent", job_id)
+    store = PoolStore(connect(redis_server.url, 5.0), keys)
+    token = store.sync(pool_node("a")).leader
+    assert token is not None
+    for name in ("one", "two"):
+        store.submit(load_spec({"id": name, "entrypoint": ["true"], "user": "u"}))
+    asked: list[str] = []
+
+    def vouch(spec: JobSpec) -> str | None:
+        asked.append(spec.id)
+        return None
+
+    kept = NodeViews()
+    _, first, _ = read_view(store, token, kept, vouch)
+    assert sorted(asked) == ["one", "two"]
+    asked.clear()
+    _, again, _ = read_view(store, token, kept, vouch)
+    assert asked == [] and all(again.jobs[j] is first.jobs[j] for j in ("one", "two"))
+    redis_server.client().hset(keys.holds, "two", "alice")
+    _, held, _ = read_view(store, token, kept, vouch)
+    assert asked == ["two"] and held.jobs["one"] is first.jobs["one"]
+    assert held.jobs["two"].held == "alice" and first.jobs["two"].held is None

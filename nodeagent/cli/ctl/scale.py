@@ -20,7 +20,7 @@ from nodeagent.model.job import Command, CommandType
 from nodeagent.model.pool import PoolJobState
 from nodeagent.model.request import Verb
 from nodeagent.model.spec import JobSpec
-from nodeagent.pool import requests, submission
+from nodeagent.pool import jobverbs
 
 HELP = "change a job's target number of nodes: scale [JOB] N, +N or -N"
 USAGE = "scale: give [JOB] N, such as `scale llama 4` or `scale llama +2`"
@@ -75,12 +75,7 @@ def _scale(
             f"job {store.keys.job} has not formed yet and no --config gives its "
             "bounds; start its agents or pass --config"
         )
-    args.nodes = resolve_target(args.value, before)
-    if not low <= args.nodes <= high:
-        raise UsageError(
-            f"cannot scale job {store.keys.job} to {args.nodes}: the target must be "
-            f"within [min_nodes, max_nodes] = [{low}, {high}]"
-        )
+    args.nodes = _target(store.keys.job, args.value, before, low, high)
     store.send_command(Command(CommandType.SCALE, target=args.nodes, by=caller.by()))
     print(f"job {store.keys.job}: target {before} -> {args.nodes} requested")
     if not args.wait or wait.wait_scaled(store, args.nodes, args.timeout):
@@ -110,24 +105,15 @@ def _pending(store: PoolStore, job_id: str, value: str) -> int | None:
     if not isinstance(spec, JobSpec):
         raise UsageError(f"cannot scale job {job_id}: its spec cannot be read ({spec})")
     job = spec.job
-    target = resolve_target(value, job.target_nodes)
-    if not job.min_nodes <= target <= job.max_nodes:
-        raise UsageError(
-            f"cannot scale job {job_id} to {target}: the target must be within "
-            f"[min_nodes, max_nodes] = [{job.min_nodes}, {job.max_nodes}]"
-        )
+    target = _target(job_id, value, job.target_nodes, job.min_nodes, job.max_nodes)
     store.replace_spec(replace(spec, job=replace(job, target_nodes=target)))
     print(f"job {job_id} (pending): target {job.target_nodes} -> {target}")
     return 0
 
 
-def resolve_target(value: str, current: int) -> int:
-    """N, or Arena's relative +K / -K from the current target.
-
-    Raises:
-        UsageError: not a whole number.
-    """
-    try:
-        return requests.resolve_target(value, current)
-    except submission.Refused as exc:
-        raise UsageError(str(exc)) from None
+def _target(job_id: str, value: str, current: int, low: int, high: int) -> int:
+    """As the pool leader judges it (pool/jobverbs.py). Raises: UsageError, why not."""
+    found = jobverbs.scale_target(job_id, value, current, low, high)
+    if isinstance(found, str):
+        raise UsageError(found)
+    return found

@@ -18,13 +18,14 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.cli.ctl import scale, submit, token, ui, wait
+from nodeagent.cli.ctl import submit, token, ui, wait
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, NotFoundError, UsageError
 from nodeagent.model.credential import Munge, MungeUnavailable
 from nodeagent.model.request import Reply, Request, Verb
+from nodeagent.pool import jobverbs
 
 ANSWER_TIMEOUT_S = 30.0
 
@@ -107,8 +108,8 @@ def _scaled(
 ) -> int:
     """--wait (and --rollback) of a signed scale, as of a job's own (scale.py)."""
     jobs = JobStore(store.client, store.keys.job(str(body["job"])))
-    nodes = scale.resolve_target(str(body["target"]), before or 0)
-    if wait.wait_scaled(jobs, nodes, args.timeout):
+    nodes = jobverbs.relative_target(str(body["target"]), before or 0)
+    if nodes is not None and wait.wait_scaled(jobs, nodes, args.timeout):
         return 0
     if args.rollback and before is not None:
         back = ask(store, munge, Verb.SCALE, {**body, "target": str(before)})

@@ -1,6 +1,7 @@
 """What nodeagentctl waits for after a change: a submitted job's end (submit --wait: its exit
 code), a job running every rank (--wait-running), a job at its new size, a node off its job.
-Each returns (or is) the exit code: 0 reached, 1 timed out."""
+The conditions are views/waits.py's; here they are polled and said. Each returns (or is) the
+exit code: 0 reached, 1 timed out."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import time
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.model.pool import PoolJobState
-from nodeagent.state import JobState, NodeState
-from nodeagent.views.status import status_document
+from nodeagent.views import waits
 
 POLL_S = 0.5  # how often --wait looks at a job that may run for days
 
@@ -26,7 +26,7 @@ def wait_ended(store: PoolStore, job_id: str, timeout: float | None) -> int:
             print(f"job {job_id} is gone from the pool (pruned?)", file=sys.stderr)
             return 1
         if status.state.ended:
-            code = 0 if status.state is PoolJobState.SUCCEEDED else (status.exit_code or 1)
+            code = waits.exit_code(status)
             print(f"job {job_id} {status.state.value}: {status.reason} (exit code {code})")
             return code
         time.sleep(POLL_S)
@@ -44,20 +44,13 @@ def wait_running(store: PoolStore, job_id: str, timeout: float) -> int:
         if status is not None and status.state.ended:
             print(f"job {job_id} {status.state.value}: {status.reason}")
             return 0 if status.state is PoolJobState.SUCCEEDED else 1
-        snapshot = job_store.snapshot()
-        record = snapshot.record
-        if record is not None and record.state is JobState.RUNNING:
-            states = {
-                lease.name: lease.report.state
-                for lease in snapshot.leases
-                if lease.report is not None
-            }
-            if all(states.get(m) is NodeState.RUNNING for m in record.members):
-                print(
-                    f"job {job_id} runs: {record.world_size} ranks on {len(record.members)} "
-                    f"nodes (generation {record.generation})"
-                )
-                return 0
+        record = waits.every_rank_running(job_store.snapshot())
+        if record is not None:
+            print(
+                f"job {job_id} runs: {record.world_size} ranks on {len(record.members)} "
+                f"nodes (generation {record.generation})"
+            )
+            return 0
         time.sleep(0.2)
     print(f"timed out after {timeout:g}s: job {job_id} does not run every rank yet")
     return 1
@@ -75,12 +68,7 @@ def wait_scaled(store: JobStore, nodes: int, timeout: float) -> bool:
                 file=sys.stderr,
             )
             return False
-        if (
-            record is not None
-            and record.state is JobState.RUNNING
-            and record.target_nodes == nodes
-            and len(record.members) == nodes
-        ):
+        if record is not None and waits.runs_on(record, nodes):
             print(f"job {store.keys.job} runs on {nodes} nodes (generation {record.generation})")
             return True
         time.sleep(0.2)
@@ -93,25 +81,10 @@ def wait_scaled(store: JobStore, nodes: int, timeout: float) -> bool:
 
 def wait_job_drained(store: JobStore, name: str, timeout: float) -> int:
     """Until the node's workers in the job have stopped and the job went on without it (0), or
-    `timeout` passes (1). Its agent acknowledges the generation that leaves it out only once it
-    persisted and handed over its workers' last save (docs/checkpoints.md): a rolling upgrade
-    that restarts the agent as soon as this returns cuts neither short."""
+    `timeout` passes (1) (views/waits.out_of_its_job)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        snapshot = store.snapshot()
-        nodes = {n["name"]: n for n in status_document(snapshot, store.keys.job)["nodes"]}
-        node = nodes.get(name)
-        record = snapshot.record
-        went_on = (
-            record is None
-            or record.state.terminal
-            or (record.state is not JobState.RESTARTING and name not in record.members)
-        )
-        if node is None or (
-            went_on
-            and node["state"] in ("cordoned", "lost")
-            and not any(w["state"] in ("running", "stopping") for w in node["workers"])
-        ):
+        if waits.out_of_its_job(store.snapshot(), store.keys.job, name):
             print(f"node {name}: workers stopped, out of the job")
             return 0
         time.sleep(0.2)
@@ -123,10 +96,7 @@ def wait_drained(store: PoolStore, name: str, timeout: float) -> int:
     """Until the node serves nothing (0), or `timeout` passes (1)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        snap = store.read()
-        report = snap.nodes.get(name)
-        serving = report is not None and (report.serving is not None or report.sharing)
-        if name not in snap.placements and name not in snap.shares and not serving:
+        if waits.serves_nothing(store.read(), name):
             print(f"node {name}: off its job, serving nothing")
             return 0
         time.sleep(0.2)
