@@ -439,12 +439,7 @@ class PoolStore:
         has not ended (or a pinned one). The id of an ended job is taken over: that job moves to
         the history (poolscripts.POOL_SUBMIT). `held_by`: submitted held (submit --hold)."""
         with redis_errors("submit"):
-            said = Event(
-                "job_submitted",
-                message=f"job {spec.id}: submitted by {spec.submitted_by or 'its nodes'}",
-                data={"job": spec.id},
-            )
-            created, raw = self._submit(self._submission(spec, pinned, held_by, said))
+            created, raw = self._submit(self.submission(spec, pinned, held_by, submitted(spec)))
         return bool(created), status_of(raw)
 
     def submit_many(
@@ -454,12 +449,12 @@ class PoolStore:
         stores each; one event says so, not one per job."""
         pipe = self.client.pipeline(transaction=False)
         for i, spec in enumerate(specs):
-            self._submit(self._submission(spec, False, held_by, event if i == 0 else None), pipe)
+            self._submit(self.submission(spec, False, held_by, event if i == 0 else None), pipe)
         with redis_errors("submit"):
             replies = pipe.execute()
         return [(bool(created), status_of(raw)) for created, raw in replies]
 
-    def _submission(self, spec: JobSpec, pinned: bool, held_by: str, event: Event | None) -> Call:
+    def submission(self, spec: JobSpec, pinned: bool, held_by: str, event: Event | None) -> Call:
         """POOL_SUBMIT's call for `spec`; `event`: what the pool's stream says of it (None:
         nothing, another job of the same submission says it)."""
         k = self.keys
@@ -589,6 +584,12 @@ def queue_of(name: str, raw: Any) -> QueueView | None:
     except CorruptStateError:
         return None
     return found if found is not None and found.name == name else None
+
+
+def submitted(spec: JobSpec) -> Event:
+    """What the pool's stream says of a job stored."""
+    said = f"job {spec.id}: submitted by {spec.submitted_by or 'its nodes'}"
+    return Event("job_submitted", message=said, data={"job": spec.id})
 
 
 def status_of(raw: Any) -> PoolJob | None:

@@ -149,14 +149,19 @@ return 1
 # until pool.keep_ended) and the new job is marked `stale_keys`, so the pool leader clears the
 # ended job's own keys before admitting it. `pinned` '1': pinned by nodes' job: sections;
 # `held_by` (not ''): submitted held (submit --hold), by whom.
-POOL_SUBMIT = Script(
-    "POOL_SUBMIT",
-    keys=("specs", "jobs", "seq", "events", "cancels", "history", "ended", "holds", "requeues"),
-    args=("job", "spec", "pinned", "events_maxlen", "event", "held_by"),
-    returns="{1, status JSON} when submitted, {0, status JSON or false} when the id is in use",
-    body=NOW
-    + ENDED
-    + """
+_SUBMIT_KEYS = (
+    "specs",
+    "jobs",
+    "seq",
+    "events",
+    "cancels",
+    "history",
+    "ended",
+    "holds",
+    "requeues",
+)
+_SUBMIT_ARGS = ("job", "spec", "pinned", "events_maxlen", "event", "held_by")
+_SUBMIT = """
 local stale = 'false'
 if redis.call('HEXISTS', K.specs, A.job) == 1 then
   local raw = redis.call('HGET', K.jobs, A.job)
@@ -186,7 +191,13 @@ if A.event ~= '' then
   redis.pcall('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'event', A.event)
 end
 return {1, status}
-""",
+"""
+POOL_SUBMIT = Script(
+    "POOL_SUBMIT",
+    keys=_SUBMIT_KEYS,
+    args=_SUBMIT_ARGS,
+    returns="{1, status JSON} when submitted, {0, status JSON or false} when the id is in use",
+    body=NOW + ENDED + _SUBMIT,
 )
 
 
@@ -194,22 +205,35 @@ return {1, status}
 # moves past it, and its credential (by `credential_id`, '' for none) is remembered until it
 # expires, so it is taken once however many leaders see it (munged detects a replay only on its
 # own host). Expired memories are dropped.
-POOL_CLAIM = Script(
-    "POOL_CLAIM",
-    keys=("leader", "cursor", "seen"),
-    args=("leader_value", "request_id", "credential_id", "expires_ms"),
-    returns="'ok', 'replayed', or an error starting with FENCED",
-    body=NOW
-    + POOL_FENCE
-    + """
+_CLAIM_KEYS = ("leader", "cursor", "seen")
+_CLAIM_ARGS = ("leader_value", "request_id", "credential_id", "expires_ms")
+_CLAIM = """
 local fenced = pool_fenced(K.leader, A.leader_value)
 if fenced then return redis.error_reply(fenced) end
 redis.call('SET', K.cursor, A.request_id)
-if A.credential_id == '' then return 'ok' end
-if redis.call('TYPE', K.seen)['ok'] ~= 'zset' then redis.call('DEL', K.seen) end
-redis.call('ZREMRANGEBYSCORE', K.seen, '-inf', now)
-if redis.call('ZSCORE', K.seen, A.credential_id) then return 'replayed' end
-redis.call('ZADD', K.seen, math.max(tonumber(A.expires_ms), now + 1), A.credential_id)
-return 'ok'
-""",
+if A.credential_id ~= '' then
+  if redis.call('TYPE', K.seen)['ok'] ~= 'zset' then redis.call('DEL', K.seen) end
+  redis.call('ZREMRANGEBYSCORE', K.seen, '-inf', now)
+  if redis.call('ZSCORE', K.seen, A.credential_id) then return 'replayed' end
+  redis.call('ZADD', K.seen, math.max(tonumber(A.expires_ms), now + 1), A.credential_id)
+end
+"""
+POOL_CLAIM = Script(
+    "POOL_CLAIM",
+    keys=_CLAIM_KEYS,
+    args=_CLAIM_ARGS,
+    returns="'ok', 'replayed', or an error starting with FENCED",
+    body=NOW + POOL_FENCE + _CLAIM + "return 'ok'\n",
+)
+
+
+# A submission taken with its request, in one script: the claim (POOL_CLAIM's), then the job
+# stored (POOL_SUBMIT's) only if the request was taken now. One round trip less a submission,
+# and a pool leader that dies between the two leaves no request taken but not done.
+POOL_TAKE_SUBMIT = Script(
+    "POOL_TAKE_SUBMIT",
+    keys=_SUBMIT_KEYS + _CLAIM_KEYS,
+    args=_SUBMIT_ARGS + _CLAIM_ARGS,
+    returns="as POOL_SUBMIT, or 'replayed' (nothing stored), or an error starting with FENCED",
+    body=NOW + POOL_FENCE + ENDED + _CLAIM + _SUBMIT,
 )

@@ -3,18 +3,30 @@ answer; the pool leader takes them in order, once each (POOL_CLAIM, fenced), and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import EVENTS_MAXLEN, REPLY_TTL_S, REQUESTS_MAXLEN, PoolKeys
 from nodeagent.coord.lua import Call
-from nodeagent.coord.poolscripts import POOL_CLAIM
+from nodeagent.coord.pool import status_of
+from nodeagent.coord.poolscripts import POOL_CLAIM, POOL_TAKE_SUBMIT
 from nodeagent.errors import CorruptStateError
 from nodeagent.model.decode import is_stream_id
 from nodeagent.model.job import Event
+from nodeagent.model.pool import PoolJob
 from nodeagent.model.request import Reply, Request
+
+
+class Taking(NamedTuple):
+    """A request the pool leader takes: its lease value, the request, and its credential's id
+    ('' for none) with when the credential expires."""
+
+    leader: str
+    request_id: str
+    credential_id: str = ""
+    expires_ms: int = 0
 
 
 class RequestStore:
@@ -25,6 +37,7 @@ class RequestStore:
         self.client = client
         self.keys = keys
         self._claim = POOL_CLAIM.bind(client)
+        self._take_submit = POOL_TAKE_SUBMIT.bind(client)
 
     def auth(self) -> str | None:
         """The pool leader's pool.auth (None: no leader has said yet)."""
@@ -81,25 +94,41 @@ class RequestStore:
             found: Any = self.client.xread({self.keys.requests: request_id}, 1, block_ms)
         return bool(found)
 
-    def claim(self, leader: str, request_id: str, credential_id: str, expires_ms: int) -> bool:
+    def claim(self, taking: Taking) -> bool:
         """Take a request (the cursor moves past it); False when its credential was taken
         before (a replay).
 
         Raises: FencedError when another node leads the pool."""
-        k = self.keys
         with redis_errors("take a request"):
-            found: Any = self._claim(
-                Call(
-                    {"leader": k.leader, "cursor": k.request_cursor, "seen": k.seen},
-                    {
-                        "leader_value": leader,
-                        "request_id": request_id,
-                        "credential_id": credential_id,
-                        "expires_ms": expires_ms,
-                    },
-                )
-            )
+            found: Any = self._claim(self._claiming(taking))
         return str(found) == "ok"
+
+    def take_submit(self, taking: Taking, submission: Call) -> tuple[bool, PoolJob | None] | None:
+        """Take a request and store the job it submits (`submission`: PoolStore.submission's
+        call), in one script; as PoolStore.submit, or None when its credential was taken before
+        (a replay: nothing stored).
+
+        Raises: FencedError when another node leads the pool."""
+        claiming = self._claiming(taking)
+        call = Call({**submission.keys, **claiming.keys}, {**submission.args, **claiming.args})
+        with redis_errors("take a submission"):
+            found: Any = self._take_submit(call)
+        if found == "replayed":
+            return None
+        created, raw = found
+        return bool(created), status_of(raw)
+
+    def _claiming(self, taking: Taking) -> Call:
+        k = self.keys
+        return Call(
+            {"leader": k.leader, "cursor": k.request_cursor, "seen": k.seen},
+            {
+                "leader_value": taking.leader,
+                "request_id": taking.request_id,
+                "credential_id": taking.credential_id,
+                "expires_ms": taking.expires_ms,
+            },
+        )
 
     def answer(self, answers: list[tuple[str, Reply, Event]]) -> None:
         """The replies to a batch of requests, and the events in the pool's stream that tell

@@ -21,8 +21,8 @@ from dataclasses import replace
 from typing import Any
 
 from nodeagent.coord import holds, runs
-from nodeagent.coord.pool import PoolStore
-from nodeagent.coord.requests import RequestStore
+from nodeagent.coord.pool import PoolStore, submitted
+from nodeagent.coord.requests import RequestStore, Taking
 from nodeagent.coord.store import JobStore
 from nodeagent.coord.tokens import TokenStore
 from nodeagent.errors import ConfigError, CorruptStateError
@@ -33,7 +33,7 @@ from nodeagent.model.credential import (
     credential_id,
 )
 from nodeagent.model.job import Command, CommandType, Cordon, Event
-from nodeagent.model.pool import PoolJobState
+from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT, MAX_NODES, QueueView
 from nodeagent.model.request import Caller, Reply, Request, Verb
 from nodeagent.model.spec import JobSpec, load_spec
@@ -64,8 +64,15 @@ class Invalid(Refused):
     """Refused: the request itself is wrong (a spec that does not load; HTTP 422)."""
 
 
+class Replayed(Exception):
+    """The request's credential was taken before: refused, nothing done."""
+
+
 class Requests:
-    """The pool leader's side of the requests stream, one batch per round."""
+    """The pool leader's side of the requests stream, one batch per round. Each request is
+    taken (POOL_CLAIM: the cursor past it, its credential remembered) before anything it asks
+    is done; a submission is taken in the script that stores its job (POOL_TAKE_SUBMIT), one
+    round trip less, and if it is refused, taken then."""
 
     def __init__(
         self, store: PoolStore, authority: Authority, now: Callable[[], float] = time.time
@@ -82,6 +89,7 @@ class Requests:
         # batch (100 clients with one token cost one read, not 100), forgotten at a TOKEN
         # request, so a revocation holds for every request after it.
         self._live: dict[str, bool] = {}
+        self._taking: Taking | None = None  # the request being served, until it is taken
         self.last_taken: str | None = None  # the id of the last request taken
 
     def more(self, seconds: float) -> bool:
@@ -115,23 +123,40 @@ class Requests:
         try:
             request = Request.from_json(raw)
         except CorruptStateError as exc:
-            self._requests.claim(leader, request_id, "", 0)
+            self._requests.claim(Taking(leader, request_id))
             return Reply(False, f"refused: {exc}"), data
         data["verb"] = request.verb.value
         decoded, found = self._decode(request)
         if decoded is not None:  # signed: who tried is said even when refused
             data["user"] = self._authority.caller(decoded).name
         if isinstance(found, str):
-            self._requests.claim(leader, request_id, "", 0)
+            self._requests.claim(Taking(leader, request_id))
             why = f"refused: {found}"
             return Reply(False, why, data.get("user", ""), kind="unauthenticated"), data
         caller = self._authority.caller(found)
         expires_ms = (found.encoded_s + found.ttl_s) * 1000
-        if not self._requests.claim(
-            leader, request_id, credential_id(request.credential), expires_ms
-        ):
+        self._taking = Taking(leader, request_id, credential_id(request.credential), expires_ms)
+        try:
+            if request.verb is not Verb.SUBMIT:  # taken before anything is done
+                self._take_now()
+            judged = self._judge(caller, request, data)
+            self._take_now()  # a submission refused (one stored took its request with it)
+            return judged
+        except Replayed:
             why = "refused: credential replayed: it was used before"
             return Reply(False, why, caller.name, kind="unauthenticated"), data
+        finally:
+            self._taking = None  # not taken if it raised: served again, never done twice
+
+    def _take_now(self) -> None:
+        """Take the request being served, unless it was. Raises: Replayed."""
+        taking, self._taking = self._taking, None
+        if taking is not None and not self._requests.claim(taking):
+            raise Replayed
+
+    def _judge(
+        self, caller: Caller, request: Request, data: dict[str, Any]
+    ) -> tuple[Reply, dict[str, Any]]:
         if request.pool != self._store.keys.pool:
             return Reply(False, f"refused: signed for pool {request.pool}", caller.name), data
         munge_signed = not is_token_credential(request.credential)
@@ -209,14 +234,28 @@ class Requests:
                 "name another user"
             )
         spec = checked(self._store, spec)
+        held_by = caller.name if hold else ""
         if spec.array is not None:
+            self._take_now()  # before its tasks are stored
             by = replace(spec, submitted_by=caller.name)
-            return store_array(self._store, by, caller.name if hold else "", self._sign)
+            return store_array(self._store, by, held_by, self._sign)
         signed = self._sign(replace(spec, submitted_by=caller.name))
-        created, status = self._store.submit(signed, held_by=caller.name if hold else "")
+        created, status = self._stored(signed, held_by)
         if not created:
             raise Refused(in_use(spec.id, self._store.keys.pool, status))
         return f"job {spec.id} submitted, runs as {spec.user}"
+
+    def _stored(self, spec: JobSpec, held_by: str) -> tuple[bool, PoolJob | None]:
+        """Store a submitted job, taking its request with it in one script (untaken: as
+        PoolStore.submit). Raises: Replayed (nothing stored)."""
+        taking, self._taking = self._taking, None
+        if taking is None:
+            return self._store.submit(spec, held_by=held_by)
+        submission = self._store.submission(spec, False, held_by, submitted(spec))
+        found = self._requests.take_submit(taking, submission)
+        if found is None:
+            raise Replayed
+        return found
 
     def _owned(
         self, caller: Caller, job_id: str, verb: str, pinned_ok: bool = False

@@ -20,9 +20,12 @@ import pytest
 import yaml
 
 from nodeagent.coord.keys import PoolKeys
-from nodeagent.coord.requests import RequestStore
+from nodeagent.coord.lua import Call
+from nodeagent.coord.pool import PoolStore, submitted
+from nodeagent.coord.requests import RequestStore, Taking
 from nodeagent.errors import FencedError
 from nodeagent.model.request import Reply, Request, Verb
+from nodeagent.model.spec import load_spec
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.munge import MungeDaemon
 from tests.helpers.pool import PoolCluster, pool_cluster, pool_keys
@@ -345,17 +348,47 @@ def test_a_credential_is_taken_once_whichever_leader_sees_it(
     try:
         later = int(time.time() * 1000) + 60_000
         client.set(keys.leader, "a 1", px=5000)
-        assert store.claim("a 1", "1-0", "credential-x", later)
+        assert store.claim(Taking("a 1", "1-0", "credential-x", later))
         client.set(keys.leader, "b 2", px=5000)  # b took over
-        assert not store.claim("b 2", "2-0", "credential-x", later)
-        assert store.claim("b 2", "3-0", "credential-y", later)
+        assert not store.claim(Taking("b 2", "2-0", "credential-x", later))
+        assert store.claim(Taking("b 2", "3-0", "credential-y", later))
         with pytest.raises(FencedError):
-            store.claim("a 1", "4-0", "credential-z", later)
+            store.claim(Taking("a 1", "4-0", "credential-z", later))
         assert client.get(keys.request_cursor) == "3-0"
-        assert store.claim("b 2", "5-0", "credential-old", 1)  # expired already: kept 1 ms
+        assert store.claim(Taking("b 2", "5-0", "credential-old", 1))  # expired already: kept 1 ms
         time.sleep(0.01)
-        assert store.claim("b 2", "6-0", "credential-w", later)  # drops the expired ones
+        assert store.claim(Taking("b 2", "6-0", "credential-w", later))  # drops the expired ones
         remembered = set(client.zrange(keys.seen, 0, -1))
         assert remembered == {"credential-x", "credential-y", "credential-w"}
+    finally:
+        client.close()
+
+
+def test_a_submission_is_taken_with_its_job_or_not_at_all(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """POOL_TAKE_SUBMIT: the request taken and the job stored in one script; a replayed
+    credential or a deposed leader stores nothing and moves no cursor."""
+    client = redis_server.client()
+    keys = PoolKeys("nodeagent", job_id)
+    store, pool = RequestStore(client, keys), PoolStore(client, keys)
+    later = int(time.time() * 1000) + 60_000
+
+    def submission(name: str) -> Call:
+        spec = load_spec({"id": name, "entrypoint": ["true"], "user": "alice"})
+        return pool.submission(spec, False, "", submitted(spec))
+
+    try:
+        client.set(keys.leader, "a 1", px=5000)
+        taken = store.take_submit(Taking("a 1", "1-0", "credential-x", later), submission("one"))
+        assert taken is not None and taken[0] and client.get(keys.request_cursor) == "1-0"
+        replayed = Taking("a 1", "2-0", "credential-x", later)
+        assert store.take_submit(replayed, submission("two")) is None
+        with pytest.raises(FencedError):
+            store.take_submit(Taking("b 2", "3-0", "credential-y", later), submission("three"))
+        assert set(pool.read().jobs) == {"one"} and client.get(keys.request_cursor) == "2-0"
+        again = store.take_submit(Taking("a 1", "4-0", "credential-z", later), submission("one"))
+        assert again is not None and not again[0]  # the id in use: taken, refused
+        assert client.get(keys.request_cursor) == "4-0"
     finally:
         client.close()

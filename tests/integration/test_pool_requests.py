@@ -106,3 +106,26 @@ def test_the_leader_s_wait_for_the_next_request_wakes_when_one_comes(
     later.join()
     assert leading.more(0.001)  # one waits: at once
     assert [reply.ok for reply in leading.serve(leader)] == [True]
+
+
+def test_a_submission_sent_twice_is_stored_once_and_a_refused_one_is_taken_too(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """A token's proof is no MUNGE credential (munged's replay check does not see it): the
+    pool's memory of the credentials it took refuses the copy, in the script that would store
+    its job (POOL_TAKE_SUBMIT). A submission refused before it is stored is taken then, so its
+    copy is refused as replayed too; every request is taken (the cursor past the last)."""
+    store, leader, leading, signed, _ = leader_of(redis_server, f"{job_id}-pool")
+    requests = RequestStore(store.client, store.keys)
+    good = signed(Verb.SUBMIT, spec(f"{job_id}-once"))
+    bad = signed(Verb.SUBMIT, {"spec": {"id": f"{job_id}-bad", "entrypoint": []}})
+    sent = [requests.send(request) for request in (good, good, bad, bad)]
+    leading.serve(leader)
+    replies = [requests.reply(request_id) for request_id in sent]
+    said = [(r.ok, r.message) if r is not None else None for r in replies]
+    assert said[0] is not None and said[0][0], said
+    replayed = (False, "refused: credential replayed: it was used before")
+    assert said[1] == replayed and said[3] == replayed, said
+    assert said[2] is not None and "invalid job spec" in said[2][1], said
+    assert set(store.read().jobs) == {f"{job_id}-once"}
+    assert store.client.get(store.keys.request_cursor) == sent[-1]
