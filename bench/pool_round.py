@@ -109,7 +109,7 @@ def rounds(pool: PoolStore, leader: str, count: int) -> dict[str, Any]:
         redis_ms.append(sum(e["duration"] for e in calls if e["command"].startswith(b"EVAL")))
         assert result.write is None, "the steady state writes nothing"
         began = time.perf_counter()
-        _, view, _ = pool_leadership.read_view(pool, leader, views)
+        _, view, _, _ = pool_leadership.read_view(pool, leader, views)
         read.append(time.perf_counter() - began)
         began = time.perf_counter()
         schedule(view, SchedulePolicy())

@@ -103,13 +103,17 @@ async def list_jobs(
     value = state.value if state is not None else None
 
     def document() -> dict[str, Any]:
-        return listing("jobs", svc.pool, jobs.jobs(svc.store, user, value, queue, array))
+        found = jobs.jobs(svc.store, user, value, queue, array, svc.views)
+        return listing("jobs", svc.pool, found)
 
     return await _kept(svc, request, document)
 
 
 async def show_job(svc: Svc, who: Who, request: Request, job: Job) -> Response:
-    return await _kept(svc, request, lambda: show.show(svc.store, svc.settings.key_prefix, job))
+    def document() -> dict[str, Any]:
+        return show.show(svc.store, svc.settings.key_prefix, job, svc.pool_events)
+
+    return await _kept(svc, request, document)
 
 
 async def job_status(svc: Svc, who: Who, request: Request, job: Job) -> Response:

@@ -29,13 +29,16 @@ from nodeagent.config.api import ApiSettings
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.keyfile import read_password
 from nodeagent.coord.client import Redis
+from nodeagent.coord.eventlog import DecodedTail
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.model.credential import PAYLOAD_PREFIX, Decoded, Munge, MungeUnavailable
 from nodeagent.model.request import Reply, Request, Verb
 from nodeagent.model.token import TokenError, credential, parse_token, unsealed
+from nodeagent.pool.leadership import NodeViews
 from nodeagent.telemetry.logserve import Sign
+from nodeagent.views.show import EVENTS_READ
 
 AUTH_KEPT_S = 10.0  # how long the pool leader's pool.auth is taken as read
 POLL_S = 1.0  # a caller waiting for its answer reads it this often, should its wake be missed
@@ -67,6 +70,10 @@ class Service:
         self.clock = clock
         self._auth: tuple[float, str | None] = (-AUTH_KEPT_S, None)
         self.reads = Fresh(settings.limits.read_cache)
+        self.pool_events = DecodedTail(EVENTS_READ)  # every show's requeues, decoded once
+        # the jobs' views the listings keep between reads (two listings made at once in two
+        # threads may each miss the other's: made again, never wrong)
+        self.views = NodeViews()
         self._answers = Answers(self.store, self.requests)
         uid = os.geteuid()
         self.account = Resolver().name_of(uid) or f"uid {uid}"  # the service's own user

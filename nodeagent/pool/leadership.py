@@ -118,9 +118,10 @@ def read_view(
     led_by: str | None = None,
     views: NodeViews | None = None,
     vouch: Vouch | None = None,
-) -> tuple[PoolSnapshot, PoolView, dict[str, JobRecord | None]]:
-    """The pool as schedule() sees it (also what `nodeagentctl jobs` shows), and the records
-    of its running and pinned jobs. `led_by`: the pool leader's lease value (it reads only
+) -> tuple[PoolSnapshot, PoolView, dict[str, JobRecord | None], dict[str, JobSpec | str]]:
+    """The pool as schedule() sees it (also what `nodeagentctl jobs` shows), the records of
+    its running and pinned jobs, and the specs of the jobs it holds (as stored: before the
+    leader's check). `led_by`: the pool leader's lease value (it reads only
     the nodes changed since its last round, PoolStore.read); `views`: what it kept of the
     nodes' views; `vouch`: the pool leader's check of a pending job's spec signature (a spec
     it refuses is never admitted, and says why; a node checks it again when placed).
@@ -154,7 +155,7 @@ def read_view(
         _runs(store, snap, jobs),
         snap.shares,
     )
-    return snap, view, records
+    return snap, view, records, specs
 
 
 def _runs(
@@ -262,7 +263,7 @@ def lead(
         CoordinationError: Redis could not be read or written.
         FencedError: another node leads the pool now.
     """
-    snap, view, _ = read_view(store, leader, views, vouch)
+    snap, view, _, _ = read_view(store, leader, views, vouch)
     usage = None
     if fairness is not None:
         view, usage = fairness.apply(store, leader, snap, view)

@@ -9,6 +9,7 @@ from typing import Any
 
 from nodeagent.config.values import format_duration
 from nodeagent.coord import eventlog, holds
+from nodeagent.coord.eventlog import DecodedTail
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
@@ -24,8 +25,11 @@ from nodeagent.views.runs import Run
 EVENTS_READ = 10_000  # a job's whole event stream (it is capped at that)
 
 
-def show(store: PoolStore, prefix: str, job_id: str) -> dict[str, Any]:
-    """The job's document.
+def show(
+    store: PoolStore, prefix: str, job_id: str, pool_events: DecodedTail | None = None
+) -> dict[str, Any]:
+    """The job's document. `pool_events`: the pool's events as a long-lived reader keeps them
+    (None: read now).
 
     Raises:
         NotFoundError: no such job in the pool nor outside it.
@@ -58,7 +62,8 @@ def show(store: PoolStore, prefix: str, job_id: str) -> dict[str, Any]:
         detail=record.detail if record else None,
         spec_error=spec if isinstance(spec, str) else None,
     )
-    pending = goodput.pending_spans(_events(store), job_id)  # requeued, evicted: queued again
+    told = pool_events.read(store) if pool_events is not None else _events(store)
+    pending = goodput.pending_spans(told, job_id)  # requeued, evicted: queued again
     account = goodput.account(events, now_ms, status.submitted_ms, pending)
     doc["goodput"] = account.to_data() if account is not None else None
     return doc

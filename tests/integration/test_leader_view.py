@@ -276,12 +276,12 @@ def test_a_jobs_view_is_made_and_vouched_for_again_only_when_the_job_changed(
         return None
 
     kept = NodeViews()
-    _, first, _ = read_view(store, token, kept, vouch)
+    _, first, _, _ = read_view(store, token, kept, vouch)
     assert sorted(asked) == ["one", "two"]
     asked.clear()
-    _, again, _ = read_view(store, token, kept, vouch)
+    _, again, _, _ = read_view(store, token, kept, vouch)
     assert asked == [] and all(again.jobs[j] is first.jobs[j] for j in ("one", "two"))
     redis_server.client().hset(keys.holds, "two", "alice")
-    _, held, _ = read_view(store, token, kept, vouch)
+    _, held, _, _ = read_view(store, token, kept, vouch)
     assert asked == ["two"] and held.jobs["one"] is first.jobs["one"]
     assert held.jobs["two"].held == "alice" and first.jobs["two"].held is None
