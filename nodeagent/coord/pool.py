@@ -20,6 +20,7 @@ from nodeagent.coord.cordons import lift_cordon, put_cordon
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import EVENTS_MAXLEN, PoolKeys
 from nodeagent.coord.lua import Call
+from nodeagent.coord.poolreplies import queue_of, status_of
 from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_READ, POOL_SUBMIT, POOL_SYNC
 from nodeagent.coord.scripts import LEAVE, READ_PAGE, leave_call, read_page_call
 from nodeagent.coord.store import JobStore
@@ -188,10 +189,11 @@ class PoolStore:
             },
         )
 
-    def read(self, led_by: str | None = None) -> PoolSnapshot:
+    def read(self, led_by: str | None = None, jobs: bool = True) -> PoolSnapshot:
         """The whole pool: its hashes in one call, its nodes in pages. The pool leader (its
         lease value as `led_by`) keeps what it read and reads only the nodes changed since
-        (coord/view.py); anyone else reads every node (a ZSCAN of the leases)."""
+        (coord/view.py); anyone else reads every node (a ZSCAN of the leases). `jobs` False:
+        no job's status is read (`jobs` is empty), for a reader of the nodes alone."""
         k = self.keys
         held = self._placements
         cached = held is not None and held.fresh(led_by)
@@ -208,10 +210,12 @@ class PoolStore:
                         "holds": k.holds,
                         "requeues": k.requeues,
                     },
-                    {"skip_placements": "1" if cached else "0"},
+                    {"skip_placements": "1" if cached else "0", "skip_jobs": "0" if jobs else "1"},
                 )
             )
-        now, leader, raw_placements, jobs, cancels, cordons, queues, holds, requeues, noted = reply
+        now, leader, raw_placements, statuses, cancels, cordons, queues, holds, requeues, noted = (
+            reply
+        )
         garbage = [str(g) for g in noted]
         if cached and held is not None:
             placements = held.placements
@@ -241,7 +245,7 @@ class PoolStore:
             nodes=nodes,
             placements=whole,
             shares=shares,
-            jobs=self._statuses.decode(jobs, garbage),
+            jobs=self._statuses.decode(statuses, garbage) if jobs else {},  # the memo kept
             cancels={j: by[:256] for j, by in replies.pairs(cancels)},
             cordons=replies.decoded(cordons, Cordon.from_json, "pool cordon", garbage),
             garbage=tuple(dict.fromkeys(garbage)),
@@ -577,24 +581,7 @@ class PoolStore:
             self._leave(leave_call(k, name, event))
 
 
-def queue_of(name: str, raw: Any) -> QueueView | None:
-    """Queue `name` from its field in the queues hash (None: not made, or unreadable)."""
-    try:
-        found = QueueView.from_json(raw) if raw is not None else None
-    except CorruptStateError:
-        return None
-    return found if found is not None and found.name == name else None
-
-
 def submitted(spec: JobSpec) -> Event:
     """What the pool's stream says of a job stored."""
     said = f"job {spec.id}: submitted by {spec.submitted_by or 'its nodes'}"
     return Event("job_submitted", message=said, data={"job": spec.id})
-
-
-def status_of(raw: Any) -> PoolJob | None:
-    """A stored status, None when there is none or it does not decode."""
-    try:
-        return PoolJob.from_json(raw) if raw else None
-    except CorruptStateError:
-        return None

@@ -11,6 +11,7 @@ from nodeagent.coord.view import Lease
 from nodeagent.errors import CorruptStateError
 from nodeagent.model.decode import NAME_RE
 from nodeagent.model.pool import PoolJob, PoolNode
+from nodeagent.model.queues import QueueView
 
 
 class StatusMemo:
@@ -85,4 +86,21 @@ def deadline(name: str, score: str, garbage: list[str]) -> int | None:
         return int(float(score))
     except (ValueError, OverflowError):
         garbage.append(f"pool lease {name[:64]!r}: deadline {score[:32]!r} is not a number")
+        return None
+
+
+def queue_of(name: str, raw: Any) -> QueueView | None:
+    """Queue `name` from its field in the queues hash (None: not made, or unreadable)."""
+    try:
+        found = QueueView.from_json(raw) if raw is not None else None
+    except CorruptStateError:
+        return None
+    return found if found is not None and found.name == name else None
+
+
+def status_of(raw: Any) -> PoolJob | None:
+    """A stored status, None when there is none or it does not decode."""
+    try:
+        return PoolJob.from_json(raw) if raw else None
+    except CorruptStateError:
         return None

@@ -55,12 +55,13 @@ return {now, leader or false, deadline, placement, garbage}
 # The pool's hashes, read at once (the pool leader, nodeagentctl): repairs nothing. Its nodes
 # are read in pages (scripts.READ_PAGE), so no call grows with the number of nodes.
 # `skip_placements` '1': the placements are not read (the pool leader has them: it alone writes
-# them).
+# them). `skip_jobs` '1': the jobs' statuses are not read (a listing of the nodes).
 POOL_READ = Script(
     "POOL_READ",
     keys=("placements", "jobs", "cancels", "cordons", "leader", "queues", "holds", "requeues"),
-    args=("skip_placements",),
-    returns="{now_ms, leader or false, placements (false when not read), jobs, cancels, "
+    args=("skip_placements", "skip_jobs"),
+    returns="{now_ms, leader or false, placements (false when not read), jobs (empty when not "
+    "read), cancels, "
     "cordons, queues, holds, requeues (flat field/value lists), garbage}",
     body=NOW
     + GARBAGE
@@ -72,7 +73,9 @@ local leader = redis.pcall('GET', K.leader)
 if type(leader) ~= 'string' then leader = false end
 local placements = false
 if A.skip_placements ~= '1' then placements = all('placements', K.placements) end
-return {now, leader, placements, all('jobs', K.jobs), all('cancels', K.cancels),
+local jobs = {}
+if A.skip_jobs ~= '1' then jobs = all('jobs', K.jobs) end
+return {now, leader, placements, jobs, all('cancels', K.cancels),
   all('cordons', K.cordons), all('queues', K.queues), all('holds', K.holds),
   all('requeues', K.requeues), garbage}
 """,

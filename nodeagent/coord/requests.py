@@ -10,7 +10,7 @@ import redis
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import EVENTS_MAXLEN, REPLY_TTL_S, REQUESTS_MAXLEN, PoolKeys
 from nodeagent.coord.lua import Call
-from nodeagent.coord.pool import status_of
+from nodeagent.coord.poolreplies import status_of
 from nodeagent.coord.poolscripts import POOL_CLAIM, POOL_TAKE_SUBMIT
 from nodeagent.errors import CorruptStateError
 from nodeagent.model.decode import is_stream_id

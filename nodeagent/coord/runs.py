@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from nodeagent.coord.errors import redis_errors
-from nodeagent.coord.pool import PoolStore, status_of
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.poolreplies import status_of
 from nodeagent.errors import CorruptStateError
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.spec import JobSpec

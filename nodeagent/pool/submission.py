@@ -11,7 +11,8 @@ from typing import Any
 from nodeagent.config.container import pool_refusal
 from nodeagent.coord import runs
 from nodeagent.coord.errors import redis_errors
-from nodeagent.coord.pool import PoolStore, queue_of, status_of
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.poolreplies import queue_of, status_of
 from nodeagent.model import depend
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolNode

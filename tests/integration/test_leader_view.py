@@ -285,3 +285,17 @@ def test_a_jobs_view_is_made_and_vouched_for_again_only_when_the_job_changed(
     _, held, _, _ = read_view(store, token, kept, vouch)
     assert asked == ["two"] and held.jobs["one"] is first.jobs["one"]
     assert held.jobs["two"].held == "alice" and first.jobs["two"].held is None
+
+
+def test_a_read_of_the_nodes_alone_reads_no_job_and_keeps_what_was_decoded(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """The nodes listing at 10,000 jobs: their statuses are not read; the statuses decoded
+    before are still kept for the next whole read."""
+    store = PoolStore(connect(redis_server.url, 5.0), PoolKeys("nodeagent", job_id))
+    store.sync(pool_node("a"))
+    store.submit(load_spec({"id": "one", "entrypoint": ["true"], "user": "u"}))
+    before = store.read().jobs["one"]
+    nodes_only = store.read(jobs=False)
+    assert nodes_only.jobs == {} and set(nodes_only.nodes) == {"a"}
+    assert store.read().jobs["one"] is before  # decoded once
