@@ -196,12 +196,16 @@ class Podman:
         takes the container's lock for it, as for a start: once this returns, a start the
         worker's `podman run` asked for before it was killed has failed or been undone.
         Raises nothing: a service that cannot be reached cannot start anything either."""
-        try:
-            result = self._call(["rm", "--force", "--time=0", "--ignore", name], REMOVE_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("cannot remove container %s: %s", name, exc)
-            return
-        if result.returncode != 0:
+        for _ in range(2):  # a container that stops as podman kills it: "could not be stopped
+            try:  # ... container state improper: stopped", left there; asked again, removed
+                result = self._call(
+                    ["rm", "--force", "--time=0", "--ignore", name], REMOVE_TIMEOUT_S
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                log.warning("cannot remove container %s: %s", name, exc)
+                return
+            if result.returncode == 0:
+                return
             log.warning("cannot remove container %s: %s", name, _last(result))
 
     def present(self, image: str) -> bool:
