@@ -23,7 +23,6 @@ from nodeagent.coord.lua import Call
 from nodeagent.coord.poolreplies import queue_of, status_of
 from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_READ, POOL_SUBMIT, POOL_SYNC
 from nodeagent.coord.scripts import LEAVE, READ_PAGE, leave_call, read_page_call
-from nodeagent.coord.store import JobStore
 from nodeagent.coord.view import (
     PAGE,
     SWEEP,
@@ -39,8 +38,6 @@ from nodeagent.model.decode import NAME_RE
 from nodeagent.model.fairshare import Usage
 from nodeagent.model.gpus import read_placement, split_placements
 from nodeagent.model.job import (
-    Command,
-    CommandType,
     Cordon,
     Event,
     JobRecord,
@@ -551,9 +548,9 @@ class PoolStore:
         with redis_errors("update the job spec"):
             self.client.hset(self.keys.specs, spec.id, spec.to_json())
 
-    def cancel(self, job_id: str, by: str, running: bool) -> None:
-        """Ask the pool leader to end `job_id`; a running job is also told to stop (through its
-        own command stream), so its workers get the stop grace to checkpoint."""
+    def cancel(self, job_id: str, by: str) -> None:
+        """Ask the pool leader to end `job_id`. The leader tells a running job to stop, so its
+        workers get the stop grace to checkpoint (pool/lifecycle.Stopping)."""
         event = Event("job_cancel", message=f"job {job_id}: cancel by {by}", data={"job": job_id})
         streams.write_with_event(
             self.client,
@@ -562,9 +559,6 @@ class PoolStore:
             self.keys.events,
             event,
         )
-        if running:
-            job = JobStore(self.client, self.keys.job(job_id))
-            job.send_command(Command(CommandType.STOP, by=by))
 
     def last_event_id(self, stream: str | None = None) -> str:
         return streams.last_id(self.client, stream or self.keys.events)

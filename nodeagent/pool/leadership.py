@@ -254,10 +254,12 @@ def lead(
     pruning: lifecycle.Pruning | None = None,
     book: bool = False,
     fairness: Fairness | None = None,
+    stopping: lifecycle.Stopping | None = None,
 ) -> Round:
     """One round as pool leader (`views`, `vouch`: as read_view's; `pruning`: when it last
     pruned ended jobs, kept between rounds; `book`: the ending jobs' accounting records go to
-    the pool's ledger, pool/ledger.py; `fairness`: pool.fair_share's, kept between rounds).
+    the pool's ledger, pool/ledger.py; `fairness`: pool.fair_share's, kept between rounds;
+    `stopping`: the cancelled jobs it told to stop, kept between rounds).
 
     Raises:
         CoordinationError: Redis could not be read or written.
@@ -269,6 +271,10 @@ def lead(
         view, usage = fairness.apply(store, leader, snap, view)
     view, fresh = lifecycle.unstale(view)
     view, timed, due = lifecycle.deadlines(view)
+    told = stopping or lifecycle.Stopping()
+    for job in told.due(view):
+        _stop(store, job.id, job.cancel or "a cancel")
+        told.sent(job)
     result = schedule(view, policy)
     before = placement_texts(snap.placements, snap.shares)
     after = placement_texts(result.placements, result.shares)
@@ -344,12 +350,17 @@ def _ending(
 
 def _send(store: PoolStore, deadline: lifecycle.Deadline) -> None:
     """A time limit's signal, or its stop, through the job's own command stream."""
-    jobs = JobStore(store.client, store.keys.job(deadline.job))
     if deadline.signal is None:
-        jobs.send_command(Command(CommandType.STOP, by="its time limit"))
+        _stop(store, deadline.job, "its time limit")
     else:
+        jobs = JobStore(store.client, store.keys.job(deadline.job))
         jobs.send_command(Command(CommandType.SIGNAL, by="its time limit", signal=deadline.signal))
     log.info("pool: job %s: %s", deadline.job, deadline.reason)
+
+
+def _stop(store: PoolStore, job_id: str, by: str) -> None:
+    """Tell a running job to stop (its workers get the stop grace to checkpoint)."""
+    JobStore(store.client, store.keys.job(job_id)).send_command(Command(CommandType.STOP, by=by))
 
 
 def _prune(

@@ -9,6 +9,10 @@
 - Time limits (`deadlines`): a running job is sent its signal `signal` before its time limit,
   counted from its admission, and stopped at the limit (its workers get the stop grace, as for
   a cancel); schedule() then ends it as TIMEOUT once its record has stopped.
+- Cancels (`Stopping`): a running job asked to cancel is told to stop by the pool leader, once
+  a term, and schedule() ends it as CANCELLED once its record has stopped. Not by whoever asked:
+  a request written while the job looked pending could meet the round that admitted it, and
+  the job would then run on, cancelled but never told.
 """
 
 from __future__ import annotations
@@ -65,6 +69,34 @@ class Pruning:
     def due(self, now_ms: int, keep_ended_ms: int, jobs: tuple[str, ...]) -> bool:
         every = min(PRUNE_EVERY_MS, keep_ended_ms)
         return bool(jobs) or self.last_ms is None or now_ms - self.last_ms >= every
+
+
+@dataclass
+class Stopping:
+    """The cancelled running jobs this pool leader has told to stop (by id and admission: a
+    job requeued and admitted again is told again). A new leader tells them again, which a job
+    takes as it took the first."""
+
+    told: frozenset[tuple[str, int | None]] = frozenset()
+
+    def due(self, view: PoolView) -> tuple[JobView, ...]:
+        """The jobs to tell now: running, asked to cancel, their record not ended (one that
+        never formed, or stopped, schedule() ends at once), not told yet. Forgets the jobs
+        that no longer need telling."""
+        wanted = {
+            (job.id, job.status.admitted_ms): job
+            for job in view.jobs.values()
+            if job.status.state is PoolJobState.RUNNING
+            and not job.status.pinned
+            and job.cancel is not None
+            and job.record_state is not None
+            and not job.record_state.terminal
+        }
+        self.told = self.told.intersection(wanted)
+        return tuple(job for key, job in wanted.items() if key not in self.told)
+
+    def sent(self, job: JobView) -> None:
+        self.told = self.told | {(job.id, job.status.admitted_ms)}
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ class PoolMember:
             keep_ended_ms=int(pool.keep_ended * 1000),
         )
         self._pruning = lifecycle.Pruning()  # when this node, leading, last pruned
+        self._stopping = lifecycle.Stopping()  # the cancelled jobs it told to stop
         fair = pool.fair_share
         shares = {**fair.shares, **{QUEUE + q: n for q, n in fair.queues.items()}}
         policy = FairShare(fair.weight, fair.half_life, shares)
@@ -250,6 +251,7 @@ class PoolMember:
                     self._pruning,
                     book=self.bookkeeper is not None,
                     fairness=self._fairness,
+                    stopping=self._stopping,
                 ),
                 "pool leader round",
             )

@@ -315,8 +315,8 @@ class Requests:
         return f"array {job_id}: {verb} done to {done} of its {len(tasks)} tasks by {caller.name}"
 
     def _cancel(self, caller: Caller, job_id: str) -> str:
-        state, _ = self._owned(caller, job_id, "cancel")
-        self._store.cancel(job_id, caller.name, running=state is PoolJobState.RUNNING)
+        self._owned(caller, job_id, "cancel")
+        self._store.cancel(job_id, caller.name)
         return f"job {job_id}: cancel requested by {caller.name}"
 
     def _job_verb(self, caller: Caller, verb: str, job_id: str) -> str:

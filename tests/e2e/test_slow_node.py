@@ -35,22 +35,36 @@ SHARE = 0.15  # of one CPU: the throttled rank's work takes several times its pe
 DETECT_S = (WINDOWS + 2) * WINDOW_S + 10
 
 
-def step_time(lines: Lines, generation: int, since: float, until: float) -> float:
-    """The median time between rank 0's consecutive steps in `generation`, within [since,
-    until] (this machine's clock)."""
-    times: list[float] = sorted(
+GAPS = 10  # a median of at least this many steps
+
+
+def steps(lines: Lines, generation: int, since: float, until: float) -> list[float]:
+    """When rank 0 stepped in `generation`, within [since, until] (this machine's clock)."""
+    return sorted(
         line["t"]
         for line in lines.all("step")
         if line["gen"] == generation and line["rank"] == 0 and since <= line["t"] <= until
     )
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert len(gaps) >= 10, f"only {len(gaps)} steps of rank 0 in generation {generation}"
+
+
+def step_time(lines: Lines, generation: int, since: float, until: float) -> float:
+    """The median time between rank 0's consecutive steps in `generation`, within [since,
+    until]."""
+    gaps = [b - a for a, b in itertools.pairwise(steps(lines, generation, since, until))]
+    assert len(gaps) >= GAPS, f"only {len(gaps)} steps of rank 0 in generation {generation}"
     return float(statistics.median(gaps))
 
 
 def measure(lines: Lines, generation: int, seconds: float) -> float:
+    """The step time over `seconds`, or longer until GAPS steps were seen (a loaded machine
+    steps slower: seen in CI, 8 steps in 4 s just after the spare joined)."""
     start = time.time()
     time.sleep(seconds)
+    wait_for(
+        lambda: len(steps(lines, generation, start, time.time())) > GAPS,
+        60,
+        f"{GAPS} steps of rank 0 in generation {generation}",
+    )
     return step_time(lines, generation, start, time.time())
 
 

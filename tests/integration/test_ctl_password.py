@@ -71,7 +71,10 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
             "viewer", enabled=True, passwords=["+viewpw"], keys=["*"], commands=["+@all", "-@write"]
         )
         url = f"redis://:{quoted(PASSWORD)}@127.0.0.1:{port}/0"
-        with local_cluster(url, directory / "job", job=JOB, max_nodes=1) as cluster:
+        # A lease a loaded machine cannot lapse: a re-formed job would change what the refused
+        # commands are shown not to have changed (seen in CI with the 1 s default).
+        timing = {"heartbeat_interval": "1s", "lease_ttl": "10s"}
+        with local_cluster(url, directory / "job", job=JOB, max_nodes=1, timing=timing) as cluster:
             cluster.start("n1")
             cluster.wait_running(1, timeout=60)
             yield Secured(port, admin, directory)

@@ -3,12 +3,14 @@ by side on disjoint nodes, queued until nodes free up; the pool leader fenced.""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from nodeagent.cli.ctl import caller
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolStore, PoolWrite
 from nodeagent.errors import FencedError
@@ -111,6 +113,11 @@ def test_cancel_gives_the_workers_their_grace_and_frees_the_nodes(pool: PoolClus
     wait_for(lambda: not any(pool.placements().values()), 10, "nodes back in the pool")
     stops = (pool.job_records("doomed") / "records.jsonl").read_text().count('"stop"')
     assert stops == 2  # each worker saw SIGTERM (its chance to checkpoint)
+    # Told to stop by the pool leader, once (pool/lifecycle.Stopping), not at every round.
+    shown = pool.ctl("--job", "doomed", "events", "--json")
+    assert shown.returncode == 0, shown.stderr
+    told = [e for e in map(json.loads, shown.stdout.splitlines()) if e["type"] == "stop_requested"]
+    assert [e["message"] for e in told] == [f"by {caller.by()}"], told  # who cancelled it
     again = pool.ctl("cancel", "doomed")
     assert again.returncode == 2 and "has ended already (cancelled)" in again.stderr
     scale = pool.ctl("scale", "doomed", "1")

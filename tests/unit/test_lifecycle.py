@@ -10,7 +10,7 @@ import pytest
 from nodeagent.cli.ctl.parser import parser as ctl_parser
 from nodeagent.cli.ctl.submit import spec_from_args
 from nodeagent.model.pool import PoolJob, PoolJobState
-from nodeagent.pool.lifecycle import Pruning, deadlines, prunable, unstale
+from nodeagent.pool.lifecycle import Pruning, Stopping, deadlines, prunable, unstale
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 from nodeagent.state import JobState
 
@@ -250,3 +250,33 @@ def test_a_job_sharing_nodes_is_charged_the_units_it_holds_on_each() -> None:
     ended = schedule(PoolView(NOW, nodes, {"j": job}, {}, shares=shares), SchedulePolicy())
     assert (ended.jobs["j"].gpu_ms, ended.jobs["j"].node_ms) == (6 * hour, 2 * hour)
     assert ended.shares == {}  # its end frees both (k is not a job of this view: not kept)
+
+
+def test_a_cancelled_running_job_is_told_to_stop_once_a_term_and_again_once_readmitted() -> None:
+    """Stopping: the leader, not whoever asked, tells a cancelled running job to stop (a cancel
+    written while the job looked pending may meet the round that admitted it)."""
+    running = status(S.RUNNING, admitted_ms=NOW)
+
+    def job(job_id: str, record: JobState | None, **changes: object) -> JobView:
+        base = JobView(job_id, running, 1, 1, 1, cancel="alice", record_state=record)
+        return replace(base, **changes)  # type: ignore[arg-type]
+
+    jobs = [
+        job("told", JobState.RUNNING),
+        job("restarting", JobState.RESTARTING),
+        job("unformed", None),  # schedule() ends it at once: nothing to tell
+        job("stopped", JobState.STOPPED),
+        job("uncancelled", JobState.RUNNING, cancel=None),
+        job("pending", JobState.RUNNING, status=status(S.PENDING)),
+        job("pinned", JobState.RUNNING, status=status(S.RUNNING, pinned=True)),
+    ]
+    view = PoolView(NOW, {}, {j.id: j for j in jobs}, {})
+    stopping = Stopping()
+    due = stopping.due(view)
+    assert [j.id for j in due] == ["told", "restarting"]
+    stopping.sent(due[0])
+    assert [j.id for j in stopping.due(view)] == ["restarting"]  # not told twice
+    again = job("told", JobState.RUNNING, status=status(S.RUNNING, admitted_ms=NOW + 1))
+    readmitted = replace(view, jobs={"told": again})
+    assert [j.id for j in stopping.due(readmitted)] == ["told"]  # requeued, admitted, cancelled
+    assert stopping.told == frozenset()  # what no longer needs telling is forgotten

@@ -10,7 +10,6 @@ from typing import Any
 from nodeagent.cli.ctl import argtypes, caller, checks
 from nodeagent.cli.ctl.targets import Target
 from nodeagent.errors import UsageError
-from nodeagent.model.pool import PoolJobState
 from nodeagent.model.request import Verb
 
 HELP = "end a job (its workers get the stop grace)"
@@ -41,8 +40,8 @@ def run(target: Target, args: argparse.Namespace) -> int:
             )
     if not found:
         raise UsageError(f"array {job_id}: every task has ended already")
-    for task, status in found:
-        store.cancel(task, by, running=status.state is PoolJobState.RUNNING)
+    for task, _ in found:
+        store.cancel(task, by)
     print(f"array {job_id}: cancel requested for {len(found)} tasks" if array
           else f"job {job_id}: cancel requested")  # fmt: skip
     return 0
