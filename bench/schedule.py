@@ -19,7 +19,10 @@ their nodes are consecutive names, as schedule() gives them.
 - gpus-1k: 1,000 nodes of 8 GPUs and 5,000 jobs (issue 66): 50 whole-node jobs of 4 nodes
   running, 4,000 jobs of 1, 2 or 4 GPUs (weighted 75:20:5) packed onto the
   other nodes, first fit, to about 85 % of their units, and 950 pending (900 asking for GPUs,
-  50 for 1-8 whole nodes): some packed into what is free, the rest waiting.
+  50 for 1-8 whole nodes): some packed into what is free, the rest waiting;
+- queue-1k: 1,000 nodes, 100 jobs running and a queue of 10,000 pending (issue 63's pool: an
+  API's submissions wait there), min_nodes 1-32: a few are admitted, the rest wait; most
+  share a shape (queue, size, priority) with a job before them that could not start.
 
 Each call is timed alone (time.perf_counter) after one warm-up call, on the same view, up to
 --reps calls or --budget seconds per scenario (at least 3 calls), gc on as in the leader;
@@ -82,6 +85,7 @@ SCENARIOS = (
     Scenario("mixed-1k", 1_000, 100, 40, 0.2, "60 running (a fifth below target), 40 pending"),
     Scenario("mixed-10k", 10_000, 1_000, 400, 0.2, "600 running (a fifth below), 400 pending"),
     Scenario("gpus-1k", 1_000, 5_000, 950, 0.0, "1,000 x 8 GPUs: 4,050 running, 950 pending"),
+    Scenario("queue-1k", 1_000, 10_100, 10_000, 0.0, "100 running, a queue of 10,000 pending"),
 )
 GPUS = 8  # a node's, in gpus-1k
 GPU_ASKS, GPU_WEIGHTS = (1, 2, 4), (75, 20, 5)  # a shared job's gpus_per_node

@@ -74,6 +74,9 @@ class Run:
         self._running: set[str] | None = None  # see running()
         self.givers: list[JobView] | None = None  # GPU jobs that could shrink (pool/sharing.py)
         self._namesakes: dict[tuple[str, str], list[tuple[int, str]]] | None = None
+        # Counts the changes to placements, shares and statuses: a verdict on a pending job
+        # stays true while it does not move (schedule._admit's memo of blocked shapes).
+        self.version = 0
 
     def status(self, job: JobView) -> PoolJob:
         return self.jobs.get(job.id, job.status)
@@ -86,6 +89,7 @@ class Run:
         event: str,
         data: Mapping[str, object] | None = None,
     ) -> None:
+        self.version += 1
         self._running = None
         moved = self.status(job).moved(state, self.view.now_ms, reason)
         self.jobs[job.id] = replace(moved, exit_code=job.exit_code) if state.ended else moved
@@ -100,11 +104,11 @@ class Run:
     def note(self, job: JobView, reason: str) -> None:
         """Say why a job waits (written only when the reason changes); an evicted job says so
         first."""
-        evicted = self.status(job).evicted
-        if evicted is not None:
-            reason = f"evicted {evicted}; {reason}"
-        if self.status(job).reason != reason:
-            self.jobs[job.id] = replace(self.status(job), reason=reason)
+        status = self.status(job)
+        if status.evicted is not None:
+            reason = f"evicted {status.evicted}; {reason}"
+        if status.reason != reason:
+            self.jobs[job.id] = replace(status, reason=reason)
 
     def place(self, node: str, job: str) -> None:
         self.unplace(node)
@@ -113,6 +117,7 @@ class Run:
     def keep(self, nodes: list[str], job: str) -> None:
         """Place nodes that are placed nowhere yet (place() moves one from its job first); a
         job's nodes at once (at 10,000 nodes, node by node took most of a steady round)."""
+        self.version += 1
         self.placements.update(dict.fromkeys(nodes, job))
         self.by_job.setdefault(job, set()).update(nodes)
         self._free -= sum(1 for node in nodes if node in self._eligible)
@@ -139,6 +144,7 @@ class Run:
     def share(self, node: str, job: str, units: int, refile: bool = True) -> None:
         """`job` holds `units` GPUs of `node`, which no whole-node job is placed on (`refile`
         False: the caller refiles the node once it added every share of it)."""
+        self.version += 1
         held = self.shares.get(node)
         if held is None:
             held = self.shares[node] = {}
@@ -154,6 +160,7 @@ class Run:
             self.refile(node)
 
     def unshare(self, node: str, job: str) -> None:
+        self.version += 1
         held = self.shares.get(node, {})
         units = held.pop(job, None)
         if units is None:
@@ -198,6 +205,7 @@ class Run:
         return self._running
 
     def unplace(self, node: str) -> None:
+        self.version += 1
         job = self.placements.pop(node, None)
         if job is not None:
             self.by_job[job].discard(node)
@@ -251,6 +259,7 @@ class Run:
         return node in self._eligible and node not in self.refusers.get(job.id, ())
 
     def shrunk(self, job: JobView, reason: str) -> None:
+        self.version += 1
         status = self.status(job)
         self.jobs[job.id] = replace(status, shrunk_ms=self.view.now_ms, reason=reason)
 

@@ -81,7 +81,8 @@ _ENDED = {
 def schedule(view: PoolView, policy: SchedulePolicy) -> Schedule:
     """The placements and job statuses that follow from `view`."""
     run = Run(view, policy.resize_cooldown_ms)
-    for job in sorted(view.jobs.values(), key=lambda j: j.order):
+    ordered = sorted(view.jobs.values(), key=lambda j: j.order)
+    for job in ordered:
         _settle(run, job)
     _keep(run)
     sharing.keep(run)
@@ -91,7 +92,7 @@ def schedule(view: PoolView, policy: SchedulePolicy) -> Schedule:
     for job in view.jobs.values():
         if run.status(job).state is PoolJobState.RUNNING:
             _shrink(run, job)
-    reserved = _admit(run, policy)
+    reserved = _admit(run, policy, ordered)
     if not reserved:
         _grow(run, policy)
         _stand_by(run)
@@ -202,19 +203,18 @@ def _shrink(run: Run, job: JobView) -> None:
         run.unplace(node)
 
 
-def _admit(run: Run, policy: SchedulePolicy) -> bool:
-    """Admit pending jobs in order; True when free nodes are now reserved for the head."""
+def _admit(run: Run, policy: SchedulePolicy, ordered: list[JobView]) -> bool:
+    """Admit pending jobs in order (`ordered`: every job, in order); True when free nodes are
+    now reserved for the head."""
     view = run.view
-    pending = sorted(
-        (j for j in view.jobs.values() if run.status(j).state is PoolJobState.PENDING),
-        key=lambda j: j.order,
-    )
+    pending = [j for j in ordered if run.status(j).state is PoolJobState.PENDING]
     reserving: JobView | None = None
     tasks = Counter(  # the tasks of each array running now, for arrays with a limit
         j.array
         for j in view.jobs.values()
         if j.array_limit and run.status(j).state is PoolJobState.RUNNING
     )
+    blocked = Blocked(run, policy)
     for job in pending:
         if job.held is not None:
             run.note(job, f"held by {job.held}: `nodeagentctl release {job.id}` lets it go")
@@ -229,7 +229,7 @@ def _admit(run: Run, policy: SchedulePolicy) -> bool:
             run.note(job, f"waiting for its workers to stop on {stopping}")
             reserving = job
             continue
-        held = _held_by_queue(run, job)
+        held = _held_by_queue(run, job) if job.shared else None  # (a whole-node job's: _whole)
         if job.shared and held is None:  # on nodes it shares: partly used ones even now
             if sharing.admit(run, job, reserving is not None, policy):
                 tasks[job.array] += 1
@@ -239,29 +239,76 @@ def _admit(run: Run, policy: SchedulePolicy) -> bool:
         if reserving is not None:
             run.note(job, f"waiting: nodes are held for {reserving.id}, pending longer")
             continue
-        if held is not None:
-            run.note(job, held)
-            continue
-        room = run.room(job)
-        want = job.target_nodes if room is None else min(job.target_nodes, room)
-        free = run.free_count(job)
-        if free >= job.min_nodes:
-            take = run.take(job, want)
-            run.move(job, PoolJobState.RUNNING, f"admitted on {len(take)} nodes", "job_admitted")
-            tasks[job.array] += 1
-            continue
-        if _preempt(run, job, policy, job.min_nodes - free, want):
-            tasks[job.array] += 1
-            continue
-        fits_pool = _could_fit(run, job)
-        if fits_pool is not None:
-            run.note(job, fits_pool)
-            continue
-        waited = view.now_ms - job.status.submitted_ms
-        run.note(job, f"needs {job.min_nodes} nodes, {free} free")
-        if waited >= policy.reserve_after_ms:
+        said = blocked.said(job)
+        if said is None:
+            said = _whole(run, job, policy, held if job.shared else _held_by_queue(run, job))
+            if said is None:
+                tasks[job.array] += 1
+                continue
+            blocked.keep(job, said)
+        reason, reserves = said
+        run.note(job, reason)
+        if reserves and view.now_ms - job.status.submitted_ms >= policy.reserve_after_ms:
             reserving = job
     return reserving is not None
+
+
+def _whole(run: Run, job: JobView, policy: SchedulePolicy, held: str | None) -> Said | None:
+    """Admit a whole-node job now, on free nodes or preempting; else why it waits, and whether
+    it may hold free nodes for itself once it waited long enough (it could run if it had them)."""
+    if held is not None:
+        return held, False
+    room = run.room(job)
+    want = job.target_nodes if room is None else min(job.target_nodes, room)
+    free = run.free_count(job)
+    if free >= job.min_nodes:
+        take = run.take(job, want)
+        run.move(job, PoolJobState.RUNNING, f"admitted on {len(take)} nodes", "job_admitted")
+        return None
+    if _preempt(run, job, policy, job.min_nodes - free, want):
+        return None
+    fits_pool = _could_fit(run, job)
+    if fits_pool is not None:
+        return fits_pool, False
+    return f"needs {job.min_nodes} nodes, {free} free", True
+
+
+Said = tuple[str, bool]  # why a job waits; whether it may hold free nodes for itself
+
+
+class Blocked:
+    """The verdicts on the whole-node jobs that could not start in this round, by their shape:
+    the next pending job of the same shape gets the same while nothing was placed, freed or
+    moved since (Run.version). At 10,000 pending jobs judging each one took most of a round;
+    a queue of such jobs is mostly a few shapes (Kubernetes' equivalence classes, Slurm's
+    skipping of a partition's jobs once one did not fit). A job whose nodes are its own (some
+    refuse it, lack its labels or its GPUs) has no shape: it is judged alone."""
+
+    def __init__(self, run: Run, policy: SchedulePolicy) -> None:
+        self._run, self._policy = run, policy
+        self._version = run.version
+        self._said: dict[tuple[object, ...], Said] = {}
+
+    def _shape(self, job: JobView) -> tuple[object, ...] | None:
+        """What the verdict on `job` reads of it (pool/schedrun.py's room, free_count,
+        could_preempt; _held_by_queue, _preempt, _could_fit), or None."""
+        if job.shared or job.id in self._run.refusers:
+            return None
+        run, policy = self._run, self._policy
+        old = run.view.now_ms - job.status.submitted_ms >= policy.preempt_after_ms
+        return (job.queue, job.min_nodes, job.target_nodes, job.priority, old)
+
+    def said(self, job: JobView) -> Said | None:
+        if self._run.version != self._version:
+            self._said.clear()
+            self._version = self._run.version
+        shape = self._shape(job)
+        return self._said.get(shape) if shape is not None else None
+
+    def keep(self, job: JobView, said: Said) -> None:
+        shape = self._shape(job)
+        if shape is not None and self._run.version == self._version:
+            self._said[shape] = said
 
 
 def _depends(run: Run, job: JobView) -> bool:
