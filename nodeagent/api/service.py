@@ -110,8 +110,11 @@ class Service:
         def deliver(reply: Reply) -> None:
             loop.call_soon_threadsafe(_settle, answered, reply)
 
-        request_id, expected = await run_in_threadpool(self._send, who, verb, args, deliver)
+        # Its answer is expected here, on the loop, once it was sent: a caller gone during the
+        # send (the coroutine cancelled at the await) leaves no waiter behind.
+        request_id = await run_in_threadpool(self._send, who, verb, args)
         try:
+            expected = self._answers.expect(request_id, deliver)
             reply = None if expected else await run_in_threadpool(self.requests.reply, request_id)
             deadline = self.clock() + self.settings.limits.answer_timeout
             while reply is None and (left := deadline - self.clock()) > 0:
@@ -138,8 +141,9 @@ class Service:
             box.append(reply)
             delivered.set()
 
-        request_id, expected = self._send(who, verb, args, deliver)
+        request_id = self._send(who, verb, args)
         try:
+            expected = self._answers.expect(request_id, deliver)
             reply = None if expected else self.requests.reply(request_id)
             deadline = self.clock() + self.settings.limits.answer_timeout
             while reply is None and (left := deadline - self.clock()) > 0:
@@ -153,19 +157,16 @@ class Service:
             raise self._unanswered(request_id)
         return reply
 
-    def _send(
-        self, who: Identity, verb: Verb, args: dict[str, Any], deliver: Callable[[Reply], None]
-    ) -> tuple[str, bool]:
-        """Sign a request as `who` and append it; its id, and whether its answer will be
-        delivered (False: it came already)."""
+    def _send(self, who: Identity, verb: Verb, args: dict[str, Any]) -> str:
+        """Sign a request as `who` and append it; its id. (An answer that comes before its
+        caller expects it is remembered: api/answers.py.)"""
         self._signed_pool()
         as_uid = who.peer_uid if who.token is None else None
         request = Request(self.pool, verb, args, as_uid=as_uid)
         request = replace(
             request, credential=self._credential(who, request.digest, request.payload)
         )
-        request_id = self.requests.send(request)
-        return request_id, self._answers.expect(request_id, deliver)
+        return self.requests.send(request)
 
     def _unanswered(self, request_id: str) -> Problem:
         return Problem(

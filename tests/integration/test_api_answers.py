@@ -5,19 +5,24 @@ instead of waiting out its poll."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 
 from nodeagent.api.answers import Answers
+from nodeagent.api.service import Identity, Service
+from nodeagent.config.api import ApiSettings
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
+from nodeagent.model.credential import Munge
 from nodeagent.model.job import Event
-from nodeagent.model.request import Reply
+from nodeagent.model.request import Reply, Verb
 from tests.helpers.cluster import RedisServer
 
 
@@ -90,3 +95,41 @@ def test_an_answer_that_came_before_its_caller_asked_is_said_to_have_come(
     assert not answers.expect("early", Waiter())  # read it now
     assert requests.reply("early") == Reply(True, "done early", user="alice")
     assert answers.expect("not-yet", Waiter())  # one not answered is waited for
+
+
+def test_a_caller_gone_while_its_request_is_sent_leaves_no_waiter(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The change is cancelled (its client went away) while a worker thread sends it: the
+    thread finishes the send, and no waiter is left for an answer nobody will read."""
+    settings = ApiSettings(redis_url=redis_server.url, pool="answers")
+    service = Service(settings, connect(redis_server.url, 10.0), cast(Munge, None))
+    sending, release = threading.Event(), threading.Event()
+
+    def send(request: object) -> str:
+        sending.set()
+        release.wait(30)
+        return "1-1"
+
+    monkeypatch.setattr(service, "_signed_pool", lambda: None)
+    monkeypatch.setattr(service, "_credential", lambda who, digest, payload: "signed")
+    monkeypatch.setattr(service.requests, "send", send)
+
+    async def gone() -> None:
+        who = Identity("alice", token="a token")
+        change = asyncio.create_task(service.change(who, Verb.CANCEL, {"job": "x"}))
+        while not sending.is_set():
+            await asyncio.sleep(0.01)
+        change.cancel()
+        await asyncio.sleep(0.05)
+        release.set()  # the send completes after its caller went
+        with pytest.raises(asyncio.CancelledError):
+            await change
+
+    try:
+        asyncio.run(gone())
+        assert sending.is_set()
+        assert service._answers._waiting == {}
+    finally:
+        service._answers.close()
+        service.client.close()
