@@ -186,11 +186,15 @@ class PoolStore:
             },
         )
 
-    def read(self, led_by: str | None = None, jobs: bool = True) -> PoolSnapshot:
+    def read(
+        self, led_by: str | None = None, jobs: bool = True, nodes: bool = True
+    ) -> PoolSnapshot:
         """The whole pool: its hashes in one call, its nodes in pages. The pool leader (its
         lease value as `led_by`) keeps what it read and reads only the nodes changed since
         (coord/view.py); anyone else reads every node (a ZSCAN of the leases). `jobs` False:
-        no job's status is read (`jobs` is empty), for a reader of the nodes alone."""
+        no job's status is read (`jobs` is empty), for a reader of the nodes alone; `nodes`
+        False: no node's report nor lease (`nodes` and `deadlines` empty), for a reader of the
+        jobs alone."""
         k = self.keys
         held = self._placements
         cached = held is not None and held.fresh(led_by)
@@ -224,13 +228,14 @@ class PoolStore:
             }
             self._placements = None if led_by is None else HeldPlacements(led_by, 0, placements)
         whole, shares = split_placements(placements)
+        leases: tuple[Lease[PoolNode], ...] = ()
         if led_by is not None:
             leases = self._led(led_by, int(now), garbage)
-        else:
+        elif nodes:
             self._view = LeaderView()
             leases = self._all(int(now), garbage)
         deadlines = {lease.name: lease.deadline_ms for lease in leases}
-        nodes = {
+        reports = {
             lease.name: lease.report
             for lease in leases
             if lease.report is not None and lease.deadline_ms > int(now)
@@ -239,7 +244,7 @@ class PoolStore:
             now_ms=int(now),
             leader=leader or None,
             deadlines=deadlines,
-            nodes=nodes,
+            nodes=reports,
             placements=whole,
             shares=shares,
             jobs=self._statuses.decode(statuses, garbage) if jobs else {},  # the memo kept
