@@ -147,8 +147,14 @@ def main() -> int:
     exit_file = directory / f"exit-{generation}"
     while not stopping:
         training.tick()
-        if exit_file.exists():
-            code = int(exit_file.read_text().strip() or 0)
+        # A file being written is empty at first (a test's write_text, a shell's `>`): it
+        # says its code once written (read empty, it once made a failing worker exit 0).
+        try:
+            told = exit_file.read_text().strip()
+        except FileNotFoundError:  # not told (or the file was taken away: a test's unlink)
+            told = ""
+        if told:
+            code = int(told)
             record(directory, event="exit", code=code, **base)
             return code
         time.sleep(0.02)
