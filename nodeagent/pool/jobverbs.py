@@ -7,10 +7,12 @@ requests (pool/requests.py), so the two say the same thing in the same words.
 - `requeue JOB`: a running job is put back in the queue, in its place (its seq), its workers
   stopped with their grace so that they checkpoint; it runs again when admitted again.
 Ended jobs and jobs pinned by their nodes' `job:` sections take none of these.
-- `scale JOB N|+N|-N`: a new target within the job's [min_nodes, max_nodes].
+- `scale JOB N|+N|-N`: a new target within the job's [min_nodes, max_nodes] (scale_plan).
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from nodeagent.model.pool import PoolJob, PoolJobState
 
@@ -85,3 +87,33 @@ def scale_target(job_id: str, value: str, current: int, low: int, high: int) -> 
             f"[min_nodes, max_nodes] = [{low}, {high}]"
         )
     return target
+
+
+class Sized(Protocol):
+    """A job's bounds and target as a record (model/job.JobRecord), a spec's job or a pinned
+    job's config (config/settings.JobConfig) gives them."""
+
+    @property
+    def min_nodes(self) -> int: ...
+    @property
+    def max_nodes(self) -> int: ...
+    @property
+    def target_nodes(self) -> int: ...
+
+
+def scale_plan(
+    job_id: str, value: str, pending: bool, record: Sized | None, submitted: Sized | None
+) -> tuple[int, int] | str:
+    """(the current target, the new one) of `scale JOB value`, or why not. A pending job
+    (never run, or requeued) is scaled in its spec: `submitted` says its bounds and target. A
+    job that formed is scaled through its record, which says them as it runs (a scale since
+    may have moved the target its spec or config gave); before that, as submitted. Neither
+    known: it cannot be scaled yet."""
+    sized = record if record is not None else submitted
+    if pending and submitted is not None:
+        sized = submitted
+    if sized is None:
+        return f"job {job_id} has not formed yet: nothing to scale"
+    current = sized.target_nodes
+    target = scale_target(job_id, value, current, sized.min_nodes, sized.max_nodes)
+    return target if isinstance(target, str) else (current, target)

@@ -107,7 +107,7 @@ class JobViews:
                 # before admission; every node placed on a job checks it again
                 waiting = status.state is PoolJobState.PENDING and not status.pinned
                 checked = _vouched(spec, vouch) if vouch is not None and waiting else spec
-                view = _job_view(j, snap, checked, record)
+                view = job_view(j, snap, checked, record)
             self._held[j] = (status, spec, record, said, view)
             views[j] = view
         return views
@@ -206,9 +206,11 @@ def _node_view(name: str, report: PoolNode, cordon: Cordon | None) -> NodeView:
     )
 
 
-def _job_view(
+def job_view(
     job_id: str, snap: PoolSnapshot, spec: JobSpec | str, record: JobRecord | None
 ) -> JobView:
+    """A job as schedule() sees it (the job listing shows its priority, queue and target from
+    it: views/jobs.py). Its target is its record's once it formed (a scale moves it there)."""
     status = snap.jobs[job_id]
     requeue = snap.requeues.get(job_id)
     if isinstance(spec, str):

@@ -340,17 +340,14 @@ class Requests:
     def _scale(self, caller: Caller, job_id: str, value: str) -> str:
         state, spec = self._owned(caller, job_id, "scale", pinned_ok=True)
         record = self._store.records([job_id]).get(job_id)
-        if spec is not None:
-            low, high, current = spec.job.min_nodes, spec.job.max_nodes, spec.job.target_nodes
-        elif record is not None:
-            low, high, current = record.min_nodes, record.max_nodes, record.target_nodes
-        else:
-            raise Refused(f"job {job_id} has not formed yet: nothing to scale")
-        current = record.target_nodes if record is not None else current
-        target = jobverbs.scale_target(job_id, value, current, low, high)
-        if isinstance(target, str):
-            raise Refused(target)
-        if state is PoolJobState.PENDING and spec is not None:
+        pending = state is PoolJobState.PENDING
+        plan = jobverbs.scale_plan(
+            job_id, value, pending, record, spec.job if spec is not None else None
+        )
+        if isinstance(plan, str):
+            raise Refused(plan)
+        current, target = plan
+        if pending and spec is not None:
             job = spec.job
             self._store.replace_spec(
                 self._sign(replace(spec, job=replace(job, target_nodes=target)))

@@ -9,7 +9,7 @@ from nodeagent.coord.pool import PoolSnapshot, PoolStore
 from nodeagent.model.job import JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.spec import JobSpec
-from nodeagent.pool.leadership import NodeViews, read_view
+from nodeagent.pool.leadership import NodeViews, job_view, read_view
 from nodeagent.pool.schedule import JobView
 from nodeagent.views.documents import rfc3339
 
@@ -61,11 +61,8 @@ def _running(store: PoolStore) -> list[dict[str, Any]]:
     specs, records = store.specs(running), store.records(running)
     rows = []
     for job_id in running:
-        spec, record = specs.get(job_id), records.get(job_id)
-        asked = None
-        if isinstance(spec, JobSpec):
-            target = record.target_nodes if record is not None else spec.job.target_nodes
-            asked = (spec.priority, spec.queue, target)
+        spec, record = specs.get(job_id, "no spec stored"), records.get(job_id)
+        asked = _asked(job_view(job_id, snap, spec, record)) if isinstance(spec, JobSpec) else None
         rows.append(_job_row(job_id, snap.jobs[job_id], snap, asked, record, None, spec))
     return rows
 

@@ -64,18 +64,15 @@ def run(target: Target, args: argparse.Namespace) -> int:
 def _scale(
     store: JobStore, snapshot: Snapshot, config: NodeSettings | None, args: argparse.Namespace
 ) -> int:
-    record = snapshot.record
-    if record is not None:
-        low, high, before = record.min_nodes, record.max_nodes, record.target_nodes
-    elif config is not None and config.job is not None and config.job.id == store.keys.job:
-        job = config.job
-        low, high, before = job.min_nodes, job.max_nodes, job.target_nodes
-    else:
+    pinned = config.job if config is not None and config.job is not None else None
+    if pinned is not None and pinned.id != store.keys.job:
+        pinned = None
+    if snapshot.record is None and pinned is None:
         raise UsageError(
             f"job {store.keys.job} has not formed yet and no --config gives its "
             "bounds; start its agents or pass --config"
         )
-    args.nodes = _target(store.keys.job, args.value, before, low, high)
+    before, args.nodes = _plan(store.keys.job, args.value, False, snapshot.record, pinned)
     store.send_command(Command(CommandType.SCALE, target=args.nodes, by=caller.by()))
     print(f"job {store.keys.job}: target {before} -> {args.nodes} requested")
     if not args.wait or wait.wait_scaled(store, args.nodes, args.timeout):
@@ -104,16 +101,21 @@ def _pending(store: PoolStore, job_id: str, value: str) -> int | None:
     spec = store.spec(job_id)
     if not isinstance(spec, JobSpec):
         raise UsageError(f"cannot scale job {job_id}: its spec cannot be read ({spec})")
-    job = spec.job
-    target = _target(job_id, value, job.target_nodes, job.min_nodes, job.max_nodes)
-    store.replace_spec(replace(spec, job=replace(job, target_nodes=target)))
-    print(f"job {job_id} (pending): target {job.target_nodes} -> {target}")
+    before, target = _plan(job_id, value, True, None, spec.job)
+    store.replace_spec(replace(spec, job=replace(spec.job, target_nodes=target)))
+    print(f"job {job_id} (pending): target {before} -> {target}")
     return 0
 
 
-def _target(job_id: str, value: str, current: int, low: int, high: int) -> int:
-    """As the pool leader judges it (pool/jobverbs.py). Raises: UsageError, why not."""
-    found = jobverbs.scale_target(job_id, value, current, low, high)
+def _plan(
+    job_id: str,
+    value: str,
+    pending: bool,
+    record: jobverbs.Sized | None,
+    submitted: jobverbs.Sized | None,
+) -> tuple[int, int]:
+    """As the pool leader judges it (pool/jobverbs.scale_plan). Raises: UsageError, why not."""
+    found = jobverbs.scale_plan(job_id, value, pending, record, submitted)
     if isinstance(found, str):
         raise UsageError(found)
     return found
