@@ -51,7 +51,7 @@ from nodeagent.coord.pool import PoolStore  # noqa: E402
 from nodeagent.coord.requests import RequestStore  # noqa: E402
 from nodeagent.model.pool import PoolNode  # noqa: E402
 from nodeagent.model.request import Request, Verb  # noqa: E402
-from nodeagent.supervisor.munge import MungeProgram  # noqa: E402
+from nodeagent.supervisor.libmunge import munge_at  # noqa: E402
 from tests.helpers.cluster import RedisServer, start_agent, wait_for  # noqa: E402
 from tests.helpers.munge import MungeDaemon  # noqa: E402
 
@@ -271,7 +271,7 @@ class Bench:
     def cli_path(self, count: int) -> dict[str, Any]:
         """What nodeagentctl submit sends, from `clients` threads: signed by munge, appended,
         answered by the pool leader."""
-        munge = MungeProgram(self.munged.socket)
+        munge = munge_at(self.munged.socket)  # as nodeagentctl signs
         requests = RequestStore(self.store.client, self.store.keys)
         first = self.submitted
 

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from nodeagent.api.service import Service
     from nodeagent.coord.client import check_credentials, connect
     from nodeagent.errors import CoordinationError
-    from nodeagent.supervisor.munge import MungeProgram
+    from nodeagent.supervisor.libmunge import munge_at
     from nodeagent.telemetry.sdnotify import Notifier
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         client = connect(settings.redis_url, 5.0, client_name="nodeagent-api")
         check_credentials(client)
         sockets = listening(settings)
-        service = Service(settings, client, MungeProgram(settings.munge_socket))
+        service = Service(settings, client, munge_at(settings.munge_socket))
     except ConfigError as exc:
         print(f"nodeagent api: invalid configuration: {exc}", file=sys.stderr)
         return EX_CONFIG

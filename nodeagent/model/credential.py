@@ -6,22 +6,32 @@ a payload. The payload is `bound(digest)`: the digest of the request's canonical
 credential taken from one request proves nothing about another. Whoever holds the site's key
 (every node's munged) decodes it and learns the uid and gid that the kernel gave the caller.
 
-`Munge` is what encodes and decodes (supervisor/munge.py runs the `munge` and `unmunge`
-programs; tests hand a fake). `check(decoded, digest, ...)` is the verdict: the payload must
-bind this request, and the status must be a success, or, for a credential that was checked
-once already when its request was taken (a stored spec), an expired or replayed one, whose
-signature munged has still verified.
+`Munge` is what encodes and decodes (supervisor/libmunge.py calls libmunge, supervisor/munge.py
+runs the `munge` and `unmunge` programs where it cannot; tests hand a fake). A text is decoded
+only when it is a credential and nothing else (`is_munge_credential`): munged reads a
+credential and ignores what follows it, so a replay with a tail would pass for another
+credential; `credential_id` names the bytes the credential carries, not its text.
+
+`check(decoded, digest, ...)` is the verdict: the payload must bind this request, and the
+status must be a success, or, for a credential that was checked once already when its request
+was taken (a stored spec), an expired or replayed one, whose signature munged has still
+verified.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import hashlib
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
 PAYLOAD_PREFIX = "nodeagent-request-v1 "
 CREDENTIAL_MAX_BYTES = 4096  # a munge credential of a 90-byte payload is about 200 bytes
+MUNGE_CREDENTIAL_RE = re.compile(r"MUNGE:([A-Za-z0-9+/]+=*):")  # as `munge` writes one
 
 
 class MungeStatus(str, Enum):
@@ -114,9 +124,22 @@ def bound(digest: str) -> str:
     return PAYLOAD_PREFIX + digest
 
 
+def is_munge_credential(text: str) -> bool:
+    """`text` is one MUNGE credential and nothing more (what is decoded: munged would read a
+    credential followed by anything as that credential)."""
+    return len(text) <= CREDENTIAL_MAX_BYTES and MUNGE_CREDENTIAL_RE.fullmatch(text) is not None
+
+
 def credential_id(credential: str) -> str:
-    """A short name of one credential (the replay record keeps these, not credentials)."""
-    return hashlib.sha256(credential.encode()).hexdigest()[:32]
+    """A short name of one credential (the replay record keeps these, not credentials). A
+    MUNGE credential is named by the bytes it carries: texts that decode alike (base64's
+    padding bits) are one credential."""
+    found = MUNGE_CREDENTIAL_RE.fullmatch(credential)
+    data = credential.encode()
+    if found is not None:
+        with contextlib.suppress(binascii.Error, ValueError):  # else named by its text
+            data = b"MUNGE:" + base64.b64decode(found.group(1))
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 def check(

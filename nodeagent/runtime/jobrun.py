@@ -41,7 +41,7 @@ from nodeagent.supervisor.asuser import run_as
 from nodeagent.supervisor.container import Containers, Podman
 from nodeagent.supervisor.fence import Keeper
 from nodeagent.supervisor.group import Supervisor
-from nodeagent.supervisor.munge import MungeProgram
+from nodeagent.supervisor.libmunge import munge_at
 from nodeagent.supervisor.spares import Spawner
 from nodeagent.telemetry.logs import LogContext, WorkerEcho
 from nodeagent.telemetry.metrics import AgentMetrics, with_user
@@ -166,7 +166,7 @@ def plane_auth(config: Config) -> PlaneAuth | None:
             config.node.address,
         )
         return Unauthenticated()
-    munge = MungeProgram(config.pool.munge_socket)
+    munge = munge_at(config.pool.munge_socket)
     try:
         munge.encode("nodeagent: is munged there")
     except MungeUnavailable as exc:

@@ -45,7 +45,7 @@ from nodeagent.runtime.nodeloop import NodeLoop
 from nodeagent.runtime.preflight import NodeCheck
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.fence import Keeper
-from nodeagent.supervisor.munge import MungeProgram
+from nodeagent.supervisor.libmunge import munge_at
 from nodeagent.telemetry.logs import LogContext
 from nodeagent.telemetry.logserve import LogRoute
 from nodeagent.telemetry.metrics import MetricsServer, node_metrics
@@ -268,7 +268,7 @@ def pool_authority(pool: PoolConfig, resolve: Resolver | None = None) -> Authori
     """
     if pool.auth != "munge":
         return None
-    munge = MungeProgram(pool.munge_socket)
+    munge = munge_at(pool.munge_socket)
     try:
         munge.encode("nodeagent: is munged there")
     except MungeUnavailable as exc:

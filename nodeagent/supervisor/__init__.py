@@ -9,7 +9,8 @@ spec.py (what a worker is started with: torchrun's environment, argv, cwd, files
 keeper, `python -m nodeagent.supervisor.fence`), cgroups.py (a containerised worker fenced by
 its container's cgroup: what left its process group dies too), container.py (a worker in the
 job's image: the podman service's client, its pulls), errorfile.py (a failed rank's root cause),
-munge.py (MUNGE's `munge` and `unmunge` programs: the credentials of the pool's requests),
+libmunge.py (the credentials of the pool's requests, made and checked in process through
+libmunge), munge.py (MUNGE's `munge` and `unmunge` programs, where libmunge does not load),
 usage.py (what the kernel says a worker got of the CPU: its run time and its wait for one, and
 whether it works: a thread of its process tree running or in disk I/O),
 asuser.py (a short program run as the job's user: the copies into a submitted job's persistent

@@ -1,10 +1,10 @@
 """MUNGE's programs: `munge` encodes a credential, `unmunge` decodes one (model/credential.py).
 
-Why the programs and not a binding: libmunge's Python binding on PyPI (pymunge) was last
-released in 2018, and a ctypes binding would tie the agent to one libmunge ABI; the programs
-ship with munged itself (Debian's `munge`), speak to it over its socket, and cost a few
-milliseconds per call, paid once per request. They are child processes, so they live here with
-the agent's other children (only supervisor/ starts processes).
+Where libmunge loads, it does this work in process (supervisor/libmunge.py, 10x cheaper); the
+programs are the fallback of a host without libmunge2. They ship with munged itself (Debian's
+`munge`), speak to it over its socket, and cost a fork and an exec per call. They are child
+processes, so they live here with the agent's other children (only supervisor/ starts
+processes).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import subprocess
 from dataclasses import dataclass
 
 from nodeagent.model.credential import (
-    CREDENTIAL_MAX_BYTES,
     STATUS_OF_CODE,
     Decoded,
     MungeStatus,
     MungeUnavailable,
+    is_munge_credential,
 )
 
 DEFAULT_SOCKET = "/run/munge/munge.socket.2"
@@ -47,7 +47,7 @@ class MungeProgram:
         return done.stdout.strip()
 
     def decode(self, credential: str) -> Decoded | MungeStatus:
-        if len(credential) > CREDENTIAL_MAX_BYTES or not credential.startswith("MUNGE:"):
+        if not is_munge_credential(credential):
             return MungeStatus.MALFORMED
         done = self._run([self.unmunge, "-S", self.socket, "-N"], credential)
         if done.returncode in UNREACHABLE:

@@ -26,7 +26,7 @@ from nodeagent.config.settings import Config
 from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import ConfigError, UsageError
 from nodeagent.model.credential import Munge, MungeUnavailable
-from nodeagent.supervisor.munge import MungeProgram
+from nodeagent.supervisor.libmunge import munge_at
 from nodeagent.telemetry.logserve import MAX_TAIL_LINES, Sign
 from nodeagent.telemetry.logtail import Follower, last_lines, rank_logs
 from nodeagent.views.logs import Line, Notice, RankLogs, read
@@ -117,7 +117,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
     if (args.rank or 0) < 0:
         raise UsageError(f"--rank must be >= 0, got {args.rank}")
     munged = RequestStore(target.client, target.pool_store.keys).auth() == "munge"
-    sign = _signer(MungeProgram(munge_socket(target, args))) if munged else None
+    sign = _signer(munge_at(munge_socket(target, args))) if munged else None
     logs = RankLogs(target.client, target.prefix, target.pool, args.logs_job, sign)
     for item in read(logs, args.rank or 0, args.tail, args.follow):
         if isinstance(item, Line):

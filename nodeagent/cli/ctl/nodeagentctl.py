@@ -52,7 +52,7 @@ from nodeagent.errors import (
     NotFoundError,
     UsageError,
 )
-from nodeagent.supervisor.munge import MungeProgram
+from nodeagent.supervisor.libmunge import munge_at
 
 EX_UNAVAILABLE = 69
 EX_USAGE = 2
@@ -70,7 +70,7 @@ def dispatch(target: Target, args: argparse.Namespace) -> int:
     if changes and RequestStore(target.client, target.pool_store.keys).auth() == "munge":
         if found is None:
             raise UsageError(str(refusal))
-        munge = MungeProgram(targets.munge_socket(target, args))
+        munge = munge_at(targets.munge_socket(target, args))
         return signing.run(target.pool_store, args, munge, *found)
     return VERBS[args.command].run(target, args)
 
