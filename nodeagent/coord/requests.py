@@ -3,6 +3,7 @@ answer; the pool leader takes them in order, once each (POOL_CLAIM, fenced), and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import redis
@@ -103,20 +104,33 @@ class RequestStore:
             found: Any = self._claim(self._claiming(taking))
         return str(found) == "ok"
 
-    def take_submit(self, taking: Taking, submission: Call) -> tuple[bool, PoolJob | None] | None:
-        """Take a request and store the job it submits (`submission`: PoolStore.submission's
-        call), in one script; as PoolStore.submit, or None when its credential was taken before
-        (a replay: nothing stored).
+    def take_submits(
+        self, submissions: Sequence[tuple[Taking, Call]]
+    ) -> list[tuple[bool, PoolJob | None] | None]:
+        """Take each request and store the job it submits (PoolStore.submission's call), each
+        in one script, all in one round trip, in order; for each as PoolStore.submit, or None
+        when its credential was taken before (a replay: nothing stored).
 
-        Raises: FencedError when another node leads the pool."""
-        claiming = self._claiming(taking)
-        call = Call({**submission.keys, **claiming.keys}, {**submission.args, **claiming.args})
-        with redis_errors("take a submission"):
-            found: Any = self._take_submit(call)
-        if found == "replayed":
-            return None
-        created, raw = found
-        return bool(created), status_of(raw)
+        Raises: FencedError when another node leads the pool (those before it are done)."""
+        if not submissions:
+            return []
+        with redis_errors("take the submissions"):
+            pipe = self.client.pipeline(transaction=False)
+            for taking, submission in submissions:
+                claiming = self._claiming(taking)
+                call = Call(
+                    {**submission.keys, **claiming.keys}, {**submission.args, **claiming.args}
+                )
+                self._take_submit(call, client=pipe)
+            found: list[Any] = pipe.execute(raise_on_error=False)
+            for x in found:  # the first refusal as the script said it (FENCED), unannotated
+                if isinstance(x, Exception):
+                    raise x
+        return [None if x == "replayed" else (bool(x[0]), status_of(x[1])) for x in found]
+
+    def take_submit(self, taking: Taking, submission: Call) -> tuple[bool, PoolJob | None] | None:
+        """One request taken and its job stored, as `take_submits`."""
+        return self.take_submits([(taking, submission)])[0]
 
     def _claiming(self, taking: Taking) -> Call:
         k = self.keys

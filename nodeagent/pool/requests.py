@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nodeagent.coord import holds, runs
+from nodeagent.coord.lua import Call
 from nodeagent.coord.pool import PoolStore, submitted
 from nodeagent.coord.requests import RequestStore, Taking
 from nodeagent.coord.store import JobStore
@@ -68,11 +69,39 @@ class Replayed(Exception):
     """The request's credential was taken before: refused, nothing done."""
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A submission whose script (POOL_TAKE_SUBMIT) waits to be sent with the batch's others:
+    who sent it and what it stores, to say what came of it."""
+
+    request_id: str
+    taking: Taking
+    submission: Call
+    user: str  # the caller's name
+    job_id: str
+    runs_as: str
+
+    def reply(self, found: tuple[bool, PoolJob | None] | None, pool: str) -> Reply:
+        """What the script's answer means for the caller."""
+        if found is None:
+            return _replayed(self.user)
+        created, status = found
+        if not created:
+            return _refused(Refused(in_use(self.job_id, pool, status)), self.user)
+        return Reply(True, f"job {self.job_id} submitted, runs as {self.runs_as}", self.user)
+
+
 class Requests:
     """The pool leader's side of the requests stream, one batch per round. Each request is
     taken (POOL_CLAIM: the cursor past it, its credential remembered) before anything it asks
     is done; a submission is taken in the script that stores its job (POOL_TAKE_SUBMIT), one
-    round trip less, and if it is refused, taken then."""
+    round trip less, and if it is refused, taken then.
+
+    The scripts of a batch's submissions go to Redis together, in the batch's order, in one
+    round trip (`Pending`, `_flush`), not one round trip each: anything else that writes or
+    reads what they write (any other verb, a refusal's take, an array, a dependency) first
+    sends those before it. Redis runs them in order, so a leader that dies leaves a prefix of
+    its batch taken, as when it sent them one by one."""
 
     def __init__(
         self, store: PoolStore, authority: Authority, now: Callable[[], float] = time.time
@@ -90,6 +119,8 @@ class Requests:
         # request, so a revocation holds for every request after it.
         self._live: dict[str, bool] = {}
         self._taking: Taking | None = None  # the request being served, until it is taken
+        self._pending: list[Pending] = []  # submissions not sent yet, in the batch's order
+        self._sent: dict[str, Reply] = {}  # what came of those sent, by request id
         self.last_taken: str | None = None  # the id of the last request taken
 
     def more(self, seconds: float) -> bool:
@@ -105,32 +136,53 @@ class Requests:
             CoordinationError, FencedError: as the store's calls.
             MungeUnavailable: munged cannot be reached (nothing was taken).
         """
-        answers = []
         self._live.clear()
+        self._pending.clear()
+        self._sent.clear()
+        taken = []
         for request_id, raw in self._requests.requests(BATCH):
-            reply, data = self._take(leader, request_id, raw)
+            taken.append((request_id, *self._take(leader, request_id, raw)))
+            self.last_taken = request_id
+        self._flush()
+        answers = []
+        for request_id, judged, data in taken:
+            reply = judged if isinstance(judged, Reply) else self._sent[request_id]
             kind = "request_done" if reply.ok else "request_refused"
             level = logging.INFO if reply.ok else logging.WARNING  # a refusal: as garbage
             log.log(level, "pool request %s %s: %s", request_id, kind, reply.message)
             event = Event(kind, message=f"{reply.user or 'nobody'}: {reply.message}", data=data)
             answers.append((request_id, reply, event))
-            self.last_taken = request_id
         self._requests.answer(answers)  # the batch's answers in one round trip
         return [reply for _, reply, _ in answers]
 
-    def _take(self, leader: str, request_id: str, raw: str) -> tuple[Reply, dict[str, Any]]:
+    def _flush(self) -> None:
+        """Send the submissions waiting, in order; what came of each is kept for its answer."""
+        pending, self._pending = self._pending, []
+        found = self._requests.take_submits([(p.taking, p.submission) for p in pending])
+        pool = self._store.keys.pool
+        for each, result in zip(pending, found, strict=True):
+            self._sent[each.request_id] = each.reply(result, pool)
+
+    def _claim(self, taking: Taking) -> bool:
+        """Take a request now, after the submissions before it."""
+        self._flush()
+        return self._requests.claim(taking)
+
+    def _take(
+        self, leader: str, request_id: str, raw: str
+    ) -> tuple[Reply | Pending, dict[str, Any]]:
         data: dict[str, Any] = {"request": request_id}
         try:
             request = Request.from_json(raw)
         except CorruptStateError as exc:
-            self._requests.claim(Taking(leader, request_id))
+            self._claim(Taking(leader, request_id))
             return Reply(False, f"refused: {exc}"), data
         data["verb"] = request.verb.value
         decoded, found = self._decode(request)
         if decoded is not None:  # signed: who tried is said even when refused
             data["user"] = self._authority.caller(decoded).name
         if isinstance(found, str):
-            self._requests.claim(Taking(leader, request_id))
+            self._claim(Taking(leader, request_id))
             why = f"refused: {found}"
             return Reply(False, why, data.get("user", ""), kind="unauthenticated"), data
         caller = self._authority.caller(found)
@@ -143,20 +195,19 @@ class Requests:
             self._take_now()  # a submission refused (one stored took its request with it)
             return judged
         except Replayed:
-            why = "refused: credential replayed: it was used before"
-            return Reply(False, why, caller.name, kind="unauthenticated"), data
+            return _replayed(caller.name), data
         finally:
             self._taking = None  # not taken if it raised: served again, never done twice
 
     def _take_now(self) -> None:
         """Take the request being served, unless it was. Raises: Replayed."""
         taking, self._taking = self._taking, None
-        if taking is not None and not self._requests.claim(taking):
+        if taking is not None and not self._claim(taking):
             raise Replayed
 
     def _judge(
         self, caller: Caller, request: Request, data: dict[str, Any]
-    ) -> tuple[Reply, dict[str, Any]]:
+    ) -> tuple[Reply | Pending, dict[str, Any]]:
         if request.pool != self._store.keys.pool:
             return Reply(False, f"refused: signed for pool {request.pool}", caller.name), data
         munge_signed = not is_token_credential(request.credential)
@@ -169,8 +220,9 @@ class Requests:
         try:
             done = self._apply(caller, request, munge_signed)
         except (Refused, TokenRefused) as exc:
-            kind = _KINDS.get(type(exc), "")
-            return Reply(False, f"refused: {exc}", caller.name, kind == "missing", kind), data
+            return _refused(exc, caller.name), data
+        if isinstance(done, Pending):
+            return done, data
         if isinstance(done, Minted):
             return Reply(True, done.message, caller.name, sealed=done.sealed), data
         return Reply(True, done, caller.name), data
@@ -192,7 +244,9 @@ class Requests:
             self._live[token_id] = self._token_store.live(token_id)
         return self._live[token_id]
 
-    def _apply(self, caller: Caller, request: Request, munge_signed: bool) -> str | Minted:
+    def _apply(
+        self, caller: Caller, request: Request, munge_signed: bool
+    ) -> str | Minted | Pending:
         args = request.args
         if request.verb is Verb.WHOAMI:
             return who_is(caller)
@@ -223,7 +277,7 @@ class Requests:
             return self._queue(caller, args)
         return self._cordon(caller, args)
 
-    def _submit(self, caller: Caller, doc: object, hold: bool) -> str:
+    def _submit(self, caller: Caller, doc: object, hold: bool) -> str | Pending:
         try:
             spec = load_spec(doc, default_user=caller.name)
         except ConfigError as exc:
@@ -233,6 +287,8 @@ class Requests:
                 f"{caller.name} may not submit as {spec.user}: only operators (pool.operators) "
                 "name another user"
             )
+        if spec.dependency:  # what it names may be among the submissions not sent yet
+            self._flush()
         spec = checked(self._store, spec)
         held_by = caller.name if hold else ""
         if spec.array is not None:
@@ -240,22 +296,17 @@ class Requests:
             by = replace(spec, submitted_by=caller.name)
             return store_array(self._store, by, held_by, self._sign)
         signed = self._sign(replace(spec, submitted_by=caller.name))
-        created, status = self._stored(signed, held_by)
-        if not created:
-            raise Refused(in_use(spec.id, self._store.keys.pool, status))
-        return f"job {spec.id} submitted, runs as {spec.user}"
-
-    def _stored(self, spec: JobSpec, held_by: str) -> tuple[bool, PoolJob | None]:
-        """Store a submitted job, taking its request with it in one script (untaken: as
-        PoolStore.submit). Raises: Replayed (nothing stored)."""
         taking, self._taking = self._taking, None
-        if taking is None:
-            return self._store.submit(spec, held_by=held_by)
-        submission = self._store.submission(spec, False, held_by, submitted(spec))
-        found = self._requests.take_submit(taking, submission)
-        if found is None:
-            raise Replayed
-        return found
+        if taking is None:  # (taken already: stored on its own, after those before it)
+            self._flush()
+            created, status = self._store.submit(signed, held_by=held_by)
+            if not created:
+                raise Refused(in_use(spec.id, self._store.keys.pool, status))
+            return f"job {spec.id} submitted, runs as {spec.user}"
+        submission = self._store.submission(signed, False, held_by, submitted(signed))
+        pending = Pending(taking.request_id, taking, submission, caller.name, spec.id, spec.user)
+        self._pending.append(pending)  # sent with the batch's others (_flush)
+        return pending
 
     def _owned(
         self, caller: Caller, job_id: str, verb: str, pinned_ok: bool = False
@@ -449,6 +500,17 @@ class Requests:
 
 
 _KINDS = {Missing: "missing", Forbidden: "forbidden", Invalid: "invalid", TokenRefused: "forbidden"}
+
+
+def _refused(exc: Refused | TokenRefused, user: str) -> Reply:
+    kind = _KINDS.get(type(exc), "")
+    return Reply(False, f"refused: {exc}", user, kind == "missing", kind)
+
+
+def _replayed(user: str) -> Reply:
+    return Reply(
+        False, "refused: credential replayed: it was used before", user, kind="unauthenticated"
+    )
 
 
 def _name(args: Mapping[str, Any], key: str) -> str:

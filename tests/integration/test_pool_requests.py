@@ -129,3 +129,38 @@ def test_a_submission_sent_twice_is_stored_once_and_a_refused_one_is_taken_too(
     assert said[2] is not None and "invalid job spec" in said[2][1], said
     assert set(store.read().jobs) == {f"{job_id}-once"}
     assert store.client.get(store.keys.request_cursor) == sent[-1]
+
+
+def test_a_batch_s_submissions_sent_together_keep_the_stream_s_order(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """The scripts of a batch's submissions go to Redis together (pool/requests.Pending); what
+    else the batch asks sees every submission before it done: a cancel of a job submitted just
+    before, a dependency on one, a second submission of an id, a copy of a credential."""
+    store, leader, leading, signed, _ = leader_of(redis_server, f"{job_id}-pool")
+    requests = RequestStore(store.client, store.keys)
+    first = signed(Verb.SUBMIT, spec(f"{job_id}-a"))
+    after_a = {"dependency": f"afterany:{job_id}-a"}
+    batch = [
+        first,
+        signed(Verb.SUBMIT, spec(f"{job_id}-b")),
+        signed(Verb.CANCEL, {"job": f"{job_id}-a"}),
+        signed(Verb.SUBMIT, {"spec": {**spec(f"{job_id}-c")["spec"], **after_a}}),
+        signed(Verb.SUBMIT, spec(f"{job_id}-b")),
+        first,
+        signed(Verb.SUBMIT, spec(f"{job_id}-d")),
+    ]
+    sent = [requests.send(request) for request in batch]
+    assert len(leading.serve(leader)) == len(batch)  # one batch
+    replies = [requests.reply(request_id) for request_id in sent]
+    said = [(reply.ok, reply.message) for reply in replies if reply is not None]
+    assert len(said) == len(batch)
+    assert [ok for ok, _ in said] == [True, True, True, True, False, False, True], said
+    assert said[2][1].startswith(f"job {job_id}-a: cancel requested")
+    assert said[4][1].startswith(f"refused: job {job_id}-b "), said[4]
+    assert said[5][1] == "refused: credential replayed: it was used before"
+    assert store.spec(f"{job_id}-c") is not None and store.status(f"{job_id}-d") is not None
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert store.read(nodes=False).cancels == {f"{job_id}-a": me}  # the job it cancelled
+    cursor = store.client.get(store.keys.request_cursor)
+    assert cursor == sent[-1]  # every request taken, the last one last
