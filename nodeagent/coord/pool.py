@@ -138,6 +138,7 @@ class PoolStore:
         self._records: dict[str, tuple[str, JobRecord | None]] = {}  # by revision as read
         self._specs: dict[str, tuple[str, JobSpec | str]] = {}  # by their text as read
         self._statuses = replies.StatusMemo()  # each job status decoded once, by its text
+        self._reports = replies.ReportMemo()  # and each node's report
         self._placements: HeldPlacements | None = None
         self.last_read = 0  # node reports read by the last read(), every page of it
 
@@ -308,7 +309,7 @@ class PoolStore:
         with redis_errors("read the pool's nodes"):
             reply: Any = self._page(read_page_call(k, cursor, sweep, count, expired))
         garbage += (str(g) for g in reply[6])
-        leases, gone = replies.leases(now, reply[7], reply[8], garbage)
+        leases, gone = replies.leases(now, reply[7], reply[8], garbage, self._reports.decode)
 
         def check(name: str, score: str) -> int | None:
             deadline = replies.deadline(name, score, garbage)
