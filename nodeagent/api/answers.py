@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import CoordinationError
 from nodeagent.model.request import Reply
-from nodeagent.views.documents import decode
+from nodeagent.views.waits import answered_request
 
 log = logging.getLogger(__name__)
 BLOCK_MS = 2000
@@ -70,7 +70,7 @@ class Answers:
                 got = self._store.wait_events({self._store.keys.events: cursor}, BLOCK_MS)
                 if got:
                     cursor = got[-1][1]
-                    answered = [_request_of(entry_id, fields) for _, entry_id, fields in got]
+                    answered = [answered_request(entry_id, fields) for _, entry_id, fields in got]
                     self._deliver([request for request in answered if request is not None])
             except CoordinationError as exc:
                 log.warning("following the pool's answers: %s", exc)
@@ -93,11 +93,3 @@ class Answers:
         for (_, deliver), reply in zip(waiting, replies, strict=True):
             if reply is not None:  # unreadable: the caller's poll says so in time
                 deliver(reply)
-
-
-def _request_of(entry_id: str, fields: Mapping[str, str]) -> str | None:
-    """The request an event of the pool's stream answers, if it answers one."""
-    event, _ = decode(entry_id, fields)
-    data = event.data if isinstance(event.data, Mapping) else {}
-    request_id = data.get("request")
-    return request_id if isinstance(request_id, str) else None

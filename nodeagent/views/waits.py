@@ -1,16 +1,29 @@
 """What a wait after a change waits for, decided from one read (`nodeagentctl ... --wait`,
 cli/ctl/wait.py, which polls and says): a job's end and its exit code, a job running every
-rank, a job at a new size, a node out of its job, a node serving nothing. Pure: the faces
-poll; the conditions are here once."""
+rank, a job at a new size, a node out of its job, a node serving nothing; and which request an
+event of the pool's stream answers (the pool leader writes one with every reply: what wakes
+nodeagentctl and the API service waiting for an answer). Pure: the faces poll or follow; the
+conditions are here once."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from nodeagent.coord.pool import PoolSnapshot
 from nodeagent.coord.store import Snapshot
 from nodeagent.model.job import JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.state import JobState, NodeState
+from nodeagent.views.documents import decode
 from nodeagent.views.status import status_document
+
+
+def answered_request(entry_id: str, fields: Mapping[str, str]) -> str | None:
+    """The request an entry of the pool's event stream answers, if it answers one."""
+    event, _ = decode(entry_id, fields)
+    data = event.data if isinstance(event.data, Mapping) else {}
+    request_id = data.get("request")
+    return request_id if isinstance(request_id, str) else None
 
 
 def exit_code(status: PoolJob) -> int:

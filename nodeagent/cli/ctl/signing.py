@@ -22,12 +22,14 @@ from nodeagent.cli.ctl import submit, token, ui, wait
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
-from nodeagent.errors import ConfigError, NotFoundError, UsageError
+from nodeagent.errors import ConfigError, CoordinationError, NotFoundError, UsageError
 from nodeagent.model.credential import Munge, MungeUnavailable
 from nodeagent.model.request import Reply, Request, Verb
 from nodeagent.pool import jobverbs
+from nodeagent.views.waits import answered_request
 
 ANSWER_TIMEOUT_S = 30.0
+POLL_S = 1.0  # the answer read at least this often while its event is awaited
 
 
 def run(
@@ -84,8 +86,9 @@ def ask(store: PoolStore, munge: Munge, verb: Verb, body: dict[str, Any]) -> Rep
             f"pool {store.keys.pool} takes signed requests (pool.auth: munge), but {exc}",
         ) from None
     requests = RequestStore(store.client, store.keys)
+    after = store.last_event_id()  # its answer's event comes after this
     request_id = requests.send(request)
-    reply = wait_reply(requests, request_id, ANSWER_TIMEOUT_S)
+    reply = wait_reply(store, requests, request_id, after, ANSWER_TIMEOUT_S)
     if reply is None:
         print(
             f"no pool leader answered request {request_id} within {ANSWER_TIMEOUT_S:g}s: are "
@@ -118,11 +121,28 @@ def _scaled(
     return 1
 
 
-def wait_reply(store: RequestStore, request_id: str, timeout: float) -> Reply | None:
+def wait_reply(
+    store: PoolStore, requests: RequestStore, request_id: str, after: str, timeout: float
+) -> Reply | None:
+    """The answer to `request_id`, read as soon as its event follows `after` in the pool's
+    stream (the leader writes both at once), else at least every POLL_S (an event trimmed
+    away, a stream that is not one): None when none came within `timeout`."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        reply = store.reply(request_id)
-        if reply is not None:
-            return reply
-        time.sleep(0.1)
+    cursor, read_at = after, 0.0
+    while (now := time.monotonic()) < deadline:
+        if now >= read_at:  # at first, once its event came, and every POLL_S
+            reply = requests.reply(request_id)
+            if reply is not None:
+                return reply
+            read_at = now + POLL_S
+        block_ms = max(1, round((min(deadline, read_at) - now) * 1000))
+        try:
+            got = store.wait_events({store.keys.events: cursor}, block_ms)
+        except CoordinationError:  # the stream unreadable: the reply polled alone
+            time.sleep(block_ms / 1000)
+            continue
+        if got:
+            cursor = got[-1][1]
+            if request_id in (answered_request(i, fields) for _, i, fields in got):
+                read_at = 0.0
     return None
