@@ -1,7 +1,8 @@
 """nodeagentctl's wait for the pool leader's answer (cli/ctl/signing.wait_reply) against a real
 redis-server: woken by the answer's event in the pool's stream (others' answers followed past),
 the reply read at least every second without it (an event trimmed away, a stream that is not
-one), None when no answer comes in time."""
+one, or a stream nodeagentctl could not read before it sent), None when no answer comes in
+time."""
 
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ def test_garbage_in_the_stream_leaves_the_poll_and_no_answer_is_none(
     writer = later(0.2, lambda: answered_reply_only(store, "4-4"))
     assert signing.wait_reply(store, requests, "4-4", "0-0", 20.0) == Reply(True, "late", "c")
     writer.join()
+    assert signing.wait_reply(store, requests, "4-4", None, 20.0) == Reply(True, "late", "c")
     assert signing.wait_reply(store, requests, "5-5", "0-0", 1.5) is None
 
 

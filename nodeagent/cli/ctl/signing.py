@@ -30,6 +30,7 @@ from nodeagent.views.waits import answered_request
 
 ANSWER_TIMEOUT_S = 30.0
 POLL_S = 1.0  # the answer read at least this often while its event is awaited
+UNFOLLOWED_S = 0.1  # and this often where the pool's stream cannot be followed
 
 
 def run(
@@ -86,7 +87,10 @@ def ask(store: PoolStore, munge: Munge, verb: Verb, body: dict[str, Any]) -> Rep
             f"pool {store.keys.pool} takes signed requests (pool.auth: munge), but {exc}",
         ) from None
     requests = RequestStore(store.client, store.keys)
-    after = store.last_event_id()  # its answer's event comes after this
+    try:
+        after: str | None = store.last_event_id()  # its answer's event comes after this
+    except CoordinationError:  # not a stream (garbage), or not readable: the reply polled
+        after = None
     request_id = requests.send(request)
     reply = wait_reply(store, requests, request_id, after, ANSWER_TIMEOUT_S)
     if reply is None:
@@ -122,11 +126,12 @@ def _scaled(
 
 
 def wait_reply(
-    store: PoolStore, requests: RequestStore, request_id: str, after: str, timeout: float
+    store: PoolStore, requests: RequestStore, request_id: str, after: str | None, timeout: float
 ) -> Reply | None:
     """The answer to `request_id`, read as soon as its event follows `after` in the pool's
     stream (the leader writes both at once), else at least every POLL_S (an event trimmed
-    away, a stream that is not one): None when none came within `timeout`."""
+    away); every UNFOLLOWED_S where the stream cannot be followed (`after` None, or it turns
+    out unreadable): None when none came within `timeout`."""
     deadline = time.monotonic() + timeout
     cursor, read_at = after, 0.0
     while (now := time.monotonic()) < deadline:
@@ -134,12 +139,15 @@ def wait_reply(
             reply = requests.reply(request_id)
             if reply is not None:
                 return reply
-            read_at = now + POLL_S
+            read_at = now + (POLL_S if cursor is not None else UNFOLLOWED_S)
         block_ms = max(1, round((min(deadline, read_at) - now) * 1000))
+        if cursor is None:
+            time.sleep(block_ms / 1000)
+            continue
         try:
             got = store.wait_events({store.keys.events: cursor}, block_ms)
-        except CoordinationError:  # the stream unreadable: the reply polled alone
-            time.sleep(block_ms / 1000)
+        except CoordinationError:  # not a stream, or not readable: the reply polled alone
+            cursor, read_at = None, 0.0
             continue
         if got:
             cursor = got[-1][1]
