@@ -88,7 +88,7 @@ class Pending:
         created, status = found
         if not created:
             return _refused(Refused(in_use(self.job_id, pool, status)), self.user)
-        return Reply(True, f"job {self.job_id} submitted, runs as {self.runs_as}", self.user)
+        return Reply(True, _submitted(self.job_id, self.runs_as), self.user)
 
 
 class Requests:
@@ -302,7 +302,7 @@ class Requests:
             created, status = self._store.submit(signed, held_by=held_by)
             if not created:
                 raise Refused(in_use(spec.id, self._store.keys.pool, status))
-            return f"job {spec.id} submitted, runs as {spec.user}"
+            return _submitted(spec.id, spec.user)
         submission = self._store.submission(signed, False, held_by, submitted(signed))
         pending = Pending(taking.request_id, taking, submission, caller.name, spec.id, spec.user)
         self._pending.append(pending)  # sent with the batch's others (_flush)
@@ -505,6 +505,10 @@ _KINDS = {Missing: "missing", Forbidden: "forbidden", Invalid: "invalid", TokenR
 def _refused(exc: Refused | TokenRefused, user: str) -> Reply:
     kind = _KINDS.get(type(exc), "")
     return Reply(False, f"refused: {exc}", user, kind == "missing", kind)
+
+
+def _submitted(job_id: str, runs_as: str) -> str:
+    return f"job {job_id} submitted, runs as {runs_as}"
 
 
 def _replayed(user: str) -> Reply:
