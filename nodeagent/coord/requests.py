@@ -39,6 +39,7 @@ class RequestStore:
         self.keys = keys
         self._claim = POOL_CLAIM.bind(client)
         self._take_submit = POOL_TAKE_SUBMIT.bind(client)
+        self.cursor: str | None = None  # the cursor `requests` last read (None: none stored)
 
     def auth(self) -> str | None:
         """The pool leader's pool.auth (None: no leader has said yet)."""
@@ -83,6 +84,7 @@ class RequestStore:
                 cursor = None
             if not is_stream_id(cursor):  # from the start: what was taken is refused again as
                 cursor = None  # replayed or expired (PoolStore.claim), never done twice
+            self.cursor = cursor
             entries: Any = self.client.xrange(
                 self.keys.requests, f"({cursor}" if cursor else "-", "+", count=count
             )
@@ -90,7 +92,8 @@ class RequestStore:
 
     def more_after(self, request_id: str, block_ms: int) -> bool:
         """Whether a request after `request_id` is in the stream, waiting up to `block_ms` for
-        one (XREAD BLOCK: the pool leader lingers for the next request of a burst)."""
+        one (XREAD BLOCK: the pool leader's serving waits for the next request). The client's
+        socket timeout must outlast `block_ms`."""
         with redis_errors("wait for requests"):
             found: Any = self.client.xread({self.keys.requests: request_id}, 1, block_ms)
         return bool(found)

@@ -6,6 +6,7 @@ packed best fit), schedrun.py (the round's working state), schedview.py (what it
 from). Executors:
 leadership.py (the pool leader's round: read, schedule, commit fenced), member.py (a node's
 pool heartbeat), requests.py (pool.auth munge: the pool leader's side of the signed requests),
+serving.py (the thread that serves them while the node leads the pool),
 tokens.py (API tokens: who a token credential names, minting, revoking), authority.py (who is
 who: callers, operators, specs vouched for, who may read a log),
 jobverbs.py (when a job may be held, released or requeued: one rule for both sides),

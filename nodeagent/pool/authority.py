@@ -110,9 +110,12 @@ class Authority:
         if not spec.signature:
             return "not signed (pool.auth: munge): written to Redis by hand, not by the pool leader"
         held = (spec.signature, spec.signed_digest)
-        if held not in self._vouched:
-            self._remember(held, self._vouch(spec))
-        return self._vouched[held]
+        try:
+            return self._vouched[held]
+        except KeyError:  # not known (or just forgotten by the requests' thread: serving.py)
+            verdict = self._vouch(spec)
+        self._remember(held, verdict)
+        return verdict
 
     def _remember(self, held: tuple[str, str], verdict: str | None) -> None:
         if len(self._vouched) > 4096:

@@ -7,7 +7,6 @@ are bounded by one heartbeat, not by a fence point, and a failed one only delays
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -30,22 +29,16 @@ from nodeagent.pool.authority import Authority
 from nodeagent.pool.fairness import Fairness
 from nodeagent.pool.ledger import Bookkeeper
 from nodeagent.pool.notify import Webhooks
-from nodeagent.pool.requests import BATCH, Requests
 from nodeagent.pool.schedule import PoolView, SchedulePolicy
+from nodeagent.pool.serving import RequestServer
 
 log = logging.getLogger(__name__)
-# A pool leader serves requests for up to this share of a heartbeat before its next round (the
-# node's own jobs' heartbeats wait meanwhile: they step in the same loop), and waits for the
-# next request of a burst before it rounds: up to LINGER_S, or LINGER_SHARE of what its last
-# round took when that is longer (a round that costs more is worth a longer wait to put off).
-SERVE_SHARE = 0.5
-LINGER_S = 0.02
-LINGER_SHARE = 0.5
-# While requests keep coming (a serving that ran to its end), a round waits until the leader has
-# served DEFER_RATIO times as long as its last round took (at most DEFER_MAX_BEATS heartbeats):
-# rounds then take at most a third of its time during a burst, however many jobs wait (a round
-# at 10,000 pending jobs took 0.3-0.5 s here, each serving 0.5 s). Slurm's defer and
-# sched_min_interval, adapted to what a round costs.
+# While requests keep coming (one was taken since the last round began), a round waits until
+# DEFER_RATIO times as long as the last round took has passed since it (at most DEFER_MAX_BEATS
+# heartbeats): rounds then take at most a third of the leader's time during a burst, however
+# many jobs wait (a round at 10,000 pending jobs took 0.3-0.5 s here), and the requests, served
+# on their own thread (pool/serving.py), the rest. Slurm's defer and sched_min_interval, adapted
+# to what a round costs.
 DEFER_RATIO = 2.0
 DEFER_MAX_BEATS = 10
 T = TypeVar("T")
@@ -75,20 +68,22 @@ class PoolMember:
         wall: Callable[[], float] = time.time,
         notifier: Webhooks | None = None,
         bookkeeper: Bookkeeper | None = None,
+        server: RequestServer | None = None,
     ) -> None:
         """`authority`: pool.auth munge (None: none, whoever writes Redis is trusted); `wall`:
         the clock of the heartbeat time the metrics export (`clock` may be monotonic);
         `notifier`: pool.notify's, when the operator named endpoints; `bookkeeper`:
-        pool.accounting's, when records are kept."""
+        pool.accounting's, when records are kept; `server`: what serves the signed requests
+        while this node leads the pool (pool.auth munge)."""
         self._notifier = notifier
         self.bookkeeper = bookkeeper
         self._wall = wall
         self._store = store
         self._authority = authority
-        self._requests = Requests(store, authority) if authority is not None else None
+        self._server = server
         self._auth = RequestStore(store.client, store.keys)  # where pool.auth is said
         self._auth_said: str | None = None  # the leader term (lease value) it was said in
-        self._requests_error: str | None = None  # said once
+        self._auth_error: str | None = None  # said once
         self._settings = settings
         self._clock = clock
         self._calls = BoundedCalls(clock)
@@ -107,7 +102,7 @@ class PoolMember:
         self._fairness = Fairness(policy) if policy.on else None
         self._views = leadership.NodeViews()  # kept between rounds while this node leads
         self._round_s = 0.0  # how long its last round as pool leader took
-        self._round_end = 0.0  # when it ended
+        self._round_began = self._round_end = 0.0  # when it began and ended
         self.placement: str | None = None  # the job it is placed on whole
         self.shares: dict[str, int] = {}  # or: the jobs sharing it, and the units each holds
         self._garbage: tuple[str, ...] = ()
@@ -198,6 +193,8 @@ class PoolMember:
             shared = ", ".join(f"{j} ({n} GPUs)" for j, n in sorted(beat.shares.items()))
             log.info("pool: placed on %s", beat.placement or shared or "nothing (free)")
         self.placement, self.shares = beat.placement, dict(beat.shares)
+        if self._server is not None:
+            self._server.lead(beat.leader if leading else None)
         if leading and beat.leader is not None:
             self._lead(beat.leader)
         return changed
@@ -205,61 +202,29 @@ class PoolMember:
     def _store_call(self, fn: Callable[[], T], what: str) -> T:
         return self._calls.run(fn, self._clock() + self._settings.timing.lease_ttl / 2, what)
 
-    def _serve_requests(self, token: str) -> bool:
-        """Say pool.auth once per term and, with munge, take the signed requests; whether they
-        were still coming when it stopped. A failure here (Redis, munged, a requests key
-        holding what nodeagent did not write) is said once and holds back no scheduling.
-
-        Raises:
-            FencedError: another node leads the pool now.
-        """
-        requests = self._requests
+    def _say_auth(self, token: str) -> None:
+        """Say pool.auth once per term (nodeagentctl signs its requests when it reads munge). A
+        failure is said once and holds back no scheduling."""
+        if token == self._auth_said:
+            return
+        mode = self._settings.pool.auth
         try:
-            if token != self._auth_said:  # nodeagentctl signs its requests when it reads munge
-                mode = self._settings.pool.auth
-                self._store_call(lambda: self._auth.publish_auth(mode), "say the pool's auth")
-                self._auth_said = token
-            coming = requests is not None and self._drain(requests, token)
-        except FencedError:
-            raise
-        except (CoordinationError, MungeUnavailable) as exc:
+            self._store_call(lambda: self._auth.publish_auth(mode), "say the pool's auth")
+        except CoordinationError as exc:
             why = f"pool requests: {exc}"
-            if why != self._requests_error:
+            if why != self._auth_error:
                 log.warning("%s", why)
-            self._requests_error = why
-            return False
-        self._requests_error = None
-        return coming
-
-    def _drain(self, requests: Requests, token: str) -> bool:
-        """Batches of requests until none has come for LINGER_S or SERVE_SHARE of a heartbeat
-        has passed: a submission is answered once it is queued, so a burst is not held back by
-        a leader's round (read, schedule, commit) after every batch, nor after every lull
-        shorter than a client's turn-around; the round follows the burst, as Slurm defers its
-        scheduling while RPCs wait (SchedulerParameters=defer, max_rpc_cnt). True when it
-        stopped at its deadline with requests still coming."""
-        deadline = self._clock() + SERVE_SHARE * self._settings.timing.heartbeat_interval
-        linger = max(LINGER_S, LINGER_SHARE * self._round_s)
-        while True:
-            taken = self._store_call(lambda: requests.serve(token), "take the pool's requests")
-            left = deadline - self._clock()
-            if not taken:
-                return False
-            if left <= 0:
-                return True
-            if len(taken) < BATCH:
-                more = functools.partial(requests.more, min(linger, left))
-                if not self._store_call(more, "wait for requests"):
-                    return False
+            self._auth_error = why
+            return
+        self._auth_said, self._auth_error = token, None
 
     def _lead(self, token: str) -> None:
         vouch = self._authority.vouch if self._authority is not None else None
+        self._say_auth(token)
+        began = self._clock()
+        if self._deferred(began):
+            return
         try:
-            coming = self._serve_requests(token)
-            began = self._clock()
-            if coming and self._deferred(began):
-                self._next = began  # serve on at the node loop's next pass
-                return
             done = self._store_call(
                 lambda: leadership.lead(
                     self._store,
@@ -285,7 +250,7 @@ class PoolMember:
             self._failed(CoordinationError(f"pool leader round: {exc}"), redis=False)
             return
         self.last_view = done.view
-        self._round_end = self._clock()
+        self._round_began, self._round_end = began, self._clock()
         self._round_s = self._round_end - began
         if self._notifier is not None:
             notifier = self._notifier
@@ -313,8 +278,15 @@ class PoolMember:
                     self.preemptions[kind] = self.preemptions.get(kind, 0) + 1
 
     def _deferred(self, now: float) -> bool:
+        """Whether this round waits for a burst of requests (then the next pass of the loop
+        comes when it may run)."""
+        if self._server is None or self._server.taken_at < self._round_began:
+            return False  # none taken since the last round began: no burst to wait for
         cap = DEFER_MAX_BEATS * self._settings.timing.heartbeat_interval
-        return defers(now - self._round_end, self._round_s, cap)
+        if not defers(now - self._round_end, self._round_s, cap):
+            return False
+        self._next = min(self._next, self._round_end + min(DEFER_RATIO * self._round_s, cap))
+        return True
 
     def _failed(self, exc: CoordinationError, redis: bool = True) -> None:
         """A pool call failed: said once while it keeps failing; counted when Redis failed
@@ -360,6 +332,8 @@ class PoolMember:
             log.info("pool: job %s of this node's config is now known to the pool", spec.id)
 
     def leave(self) -> None:
+        if self._server is not None:
+            self._server.stop()
         try:
             self._store_call(lambda: self._store.leave(self.name), "leave the pool")
         except CoordinationError as exc:

@@ -104,12 +104,19 @@ class Requests:
     its batch taken, as when it sent them one by one."""
 
     def __init__(
-        self, store: PoolStore, authority: Authority, now: Callable[[], float] = time.time
+        self,
+        store: PoolStore,
+        authority: Authority,
+        now: Callable[[], float] = time.time,
+        waiting: RequestStore | None = None,
     ) -> None:
+        """`waiting`: the requests' store `more` blocks on, on a client whose socket timeout
+        outlasts the wait (by default one on the store's client)."""
         # A store of its own: its reads must not reset what the leader's store keeps between
         # rounds (its view of the nodes, the specs decoded, PoolStore.read and specs).
         self._store = PoolStore(store.client, store.keys)
         self._requests = RequestStore(store.client, store.keys)
+        self._waiting = waiting or self._requests
         self._authority = authority
         self._token_store = TokenStore(store.client, store.keys)
         self._tokens = Tokens(self._token_store, authority)
@@ -121,13 +128,13 @@ class Requests:
         self._taking: Taking | None = None  # the request being served, until it is taken
         self._pending: list[Pending] = []  # submissions not sent yet, in the batch's order
         self._sent: dict[str, Reply] = {}  # what came of those sent, by request id
-        self.last_taken: str | None = None  # the id of the last request taken
+        self.last_taken: str | None = None  # the id of the last request the last serve took
 
     def more(self, seconds: float) -> bool:
-        """A request after the last one taken is waiting, or comes within `seconds`."""
-        if self.last_taken is None:
-            return False
-        return self._requests.more_after(self.last_taken, max(1, round(seconds * 1000)))
+        """A request after those the last serve took (or, none taken, after the cursor it
+        read) is waiting, or comes within `seconds`."""
+        after = self.last_taken or self._requests.cursor or "0-0"
+        return self._waiting.more_after(after, max(1, round(seconds * 1000)))
 
     def serve(self, leader: str) -> list[Reply]:
         """Take and answer every request waiting (at most one batch).
@@ -139,6 +146,7 @@ class Requests:
         self._live.clear()
         self._pending.clear()
         self._sent.clear()
+        self.last_taken = None
         taken = []
         for request_id, raw in self._requests.requests(BATCH):
             taken.append((request_id, *self._take(leader, request_id, raw)))

@@ -10,61 +10,11 @@ import os
 import pwd
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import replace
-from typing import Any
 
-from nodeagent.config.hosts import Resolver
-from nodeagent.config.settings import PoolConfig
-from nodeagent.coord.client import connect
-from nodeagent.coord.keys import PoolKeys
-from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
-from nodeagent.coord.tokens import TokenStore
-from nodeagent.model.pool import PoolNode
-from nodeagent.model.request import Reply, Request, Verb
-from nodeagent.model.token import credential, new_claims, secret_of, token_text
-from nodeagent.pool.authority import Authority
-from nodeagent.pool.requests import Requests
-from nodeagent.supervisor.munge import MungeProgram
+from nodeagent.model.request import Reply, Verb
 from tests.helpers.cluster import RedisServer
-
-NEVER = 100_000  # nodes a job asks for: more than the pool has, so it stays pending
-
-
-Signed = Callable[[Verb, dict[str, Any]], Request]
-
-
-def leader_of(redis_server: RedisServer, pool: str) -> tuple[PoolStore, str, Requests, Signed, str]:
-    """The pool's store, its leader's lease value, the leader's Requests, a signer of requests
-    with a token of this process's user, and that token's id."""
-    store = PoolStore(connect(redis_server.url, 10.0), PoolKeys("nodeagent", pool))
-    leader = store.sync(
-        PoolNode(name="n0", address="127.0.0.1", lease_ttl_ms=600_000, labels={}, metrics="")
-    ).leader
-    assert leader is not None
-    key = os.urandom(32)
-    tokens = TokenStore(store.client, store.keys)
-    me = pwd.getpwuid(os.getuid())
-    unused = MungeProgram("/nonexistent")  # token credentials only: munged is never asked
-    authority = replace(
-        Authority(unused, PoolConfig(name=pool, auth="munge"), Resolver(), key),
-        token_live=tokens.live,
-    )
-    now = int(time.time())
-    claims = new_claims(pool, me.pw_name, me.pw_uid, me.pw_gid, now, 3600)
-    assert tokens.add(claims, now)
-    token = token_text(claims, secret_of(key, claims))
-
-    def signed(verb: Verb, args: dict[str, Any]) -> Request:
-        request = Request(pool, verb, args)
-        return replace(request, credential=credential(token, request.digest, int(time.time())))
-
-    return store, leader, Requests(store, authority), signed, claims.id
-
-
-def spec(job: str) -> dict[str, Any]:
-    return {"spec": {"id": job, "entrypoint": ["true"], "min_nodes": NEVER, "max_nodes": NEVER}}
+from tests.helpers.poolrequests import leader_of, spec
 
 
 def test_a_token_revoked_in_a_batch_is_refused_for_the_requests_after_it(
