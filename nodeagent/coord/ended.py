@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from nodeagent.coord.errors import redis_errors
-from nodeagent.coord.fragments import ENDED, NOW, POOL_FENCE
+from nodeagent.coord.fragments import ENDED, NOTE_JOB, NOW, POOL_FENCE
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.lua import Call, Script
 from nodeagent.errors import CorruptStateError
@@ -64,12 +64,23 @@ return deleted + redis.call('DEL', K.leases, K.leader, K.epoch, K.record, K.rank
 # again since is kept), and the history of ended jobs scored before `cutoff_ms` goes too.
 POOL_PRUNE = Script(
     "POOL_PRUNE",
-    keys=("leader", "specs", "jobs", "cancels", "history", "ended", "holds", "requeues"),
+    keys=(
+        "leader",
+        "specs",
+        "jobs",
+        "cancels",
+        "history",
+        "ended",
+        "holds",
+        "requeues",
+        "job_changes",
+    ),
     args=("leader_value", "cutoff_ms"),
     returns="the number of jobs pruned, or an error starting with FENCED",
     body=NOW
     + POOL_FENCE
     + ENDED
+    + NOTE_JOB
     + """
 local fenced = pool_fenced(K.leader, A.leader_value)
 if fenced then return redis.error_reply(fenced) end
@@ -84,6 +95,7 @@ for i = REST, #ARGV do
     redis.call('HDEL', K.cancels, ARGV[i])
     redis.call('HDEL', K.holds, ARGV[i])
     redis.call('HDEL', K.requeues, ARGV[i])
+    note_job(K.job_changes, ARGV[i])
     pruned = pruned + 1
   end
 end
@@ -147,6 +159,7 @@ def prune(
             "ended": keys.ended,
             "holds": keys.holds,
             "requeues": keys.requeues,
+            "job_changes": keys.job_changes,
         },
         {"leader_value": leader, "cutoff_ms": cutoff_ms},
         list(jobs),

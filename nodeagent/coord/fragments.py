@@ -259,3 +259,13 @@ local function pool_fenced(leader_key, value)
   return nil
 end
 """
+
+
+# A job's status or spec written or deleted: noted in the job changes set at the script's time,
+# what the pool leader reads between its full reads of the jobs (coord/pool.py, HeldJobs). A
+# key that is not a set is left alone: the leader then reads every job.
+NOTE_JOB = """
+local function note_job(key, job)
+  redis.pcall('ZADD', key, now, job)
+end
+"""

@@ -121,6 +121,9 @@ POOL_LEADER_EPOCH_KEY = "%s:{pool:%s}:leader-epoch"  # INCR counter: fencing tok
 POOL_SPECS_KEY = "%s:{pool:%s}:specs"  # HASH job id -> JSON JobSpec (nodeagentctl submit)
 POOL_JOBS_KEY = "%s:{pool:%s}:jobs"  # HASH job id -> JSON PoolJob (the pool leader's)
 POOL_SEQ_KEY = "%s:{pool:%s}:seq"  # INCR counter: submission order
+# ZSET job id -> when its status or spec was last written or deleted (server ms): what the pool
+# leader reads of the jobs between its full reads (coord/pool.py, HeldJobs)
+POOL_JOB_CHANGES_KEY = "%s:{pool:%s}:jobchanges"
 POOL_PLACEMENTS_KEY = "%s:{pool:%s}:placements"  # HASH node -> job id (the pool leader's)
 POOL_CANCELS_KEY = "%s:{pool:%s}:cancels"  # HASH job id -> who asked to cancel it
 POOL_HOLDS_KEY = "%s:{pool:%s}:holds"  # HASH job id -> who holds it (pending, not admitted)
@@ -202,6 +205,10 @@ class PoolKeys:
     @property
     def seq(self) -> str:
         return self._key(POOL_SEQ_KEY)
+
+    @property
+    def job_changes(self) -> str:
+        return self._key(POOL_JOB_CHANGES_KEY)
 
     @property
     def placements(self) -> str:

@@ -20,8 +20,14 @@ from nodeagent.coord.cordons import lift_cordon, put_cordon
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import EVENTS_MAXLEN, PoolKeys
 from nodeagent.coord.lua import Call
-from nodeagent.coord.poolreplies import queue_of, status_of
-from nodeagent.coord.poolscripts import POOL_COMMIT, POOL_READ, POOL_SUBMIT, POOL_SYNC
+from nodeagent.coord.poolreplies import HeldJobs, status_of
+from nodeagent.coord.poolscripts import (
+    POOL_COMMIT,
+    POOL_READ,
+    POOL_REPLACE_SPEC,
+    POOL_SUBMIT,
+    POOL_SYNC,
+)
 from nodeagent.coord.scripts import LEAVE, READ_PAGE, leave_call, read_page_call
 from nodeagent.coord.view import (
     PAGE,
@@ -37,11 +43,7 @@ from nodeagent.model.accounting import Record
 from nodeagent.model.decode import NAME_RE
 from nodeagent.model.fairshare import Usage
 from nodeagent.model.gpus import read_placement, split_placements
-from nodeagent.model.job import (
-    Cordon,
-    Event,
-    JobRecord,
-)
+from nodeagent.model.job import Cordon, Event, JobRecord
 from nodeagent.model.pool import PoolJob, PoolNode, Requeue
 from nodeagent.model.queues import QueueView
 from nodeagent.model.spec import JobSpec
@@ -80,6 +82,9 @@ class PoolSnapshot:
     holds: Mapping[str, str] = field(default_factory=dict)  # job -> who holds it
     requeues: Mapping[str, Requeue] = field(default_factory=dict)  # job -> who asked, when
     shares: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # node -> job -> units
+    # the jobs whose status or spec changed since the pool leader's last read, when it read
+    # only those (coord/poolreplies.HeldJobs); None: every job was read
+    jobs_changed: frozenset[str] | None = None
 
     def placements_of(self, job_id: str) -> list[str]:
         """The nodes `job_id` is placed on, whole or sharing them."""
@@ -105,6 +110,9 @@ class PoolWrite:
 
 
 PLACEMENTS_REREAD = 60  # rounds between the pool leader's full reads of the placements
+# How long the job changes set keeps a change (server ms): a pool leader that read the jobs
+# longer ago than this reads them all again.
+JOB_CHANGES_KEEP_MS = 600_000
 MAX_SPECS = 20_000  # decoded specs a store keeps (by job, with their text) between its reads
 
 
@@ -140,6 +148,7 @@ class PoolStore:
         self._statuses = replies.StatusMemo()  # each job status decoded once, by its text
         self._reports = replies.ReportMemo()  # and each node's report
         self._placements: HeldPlacements | None = None
+        self._jobs: HeldJobs | None = None  # the statuses it read while leading the pool
         self.last_read = 0  # node reports read by the last read(), every page of it
 
     def sync(self, report: PoolNode) -> PoolBeat:
@@ -199,6 +208,8 @@ class PoolStore:
         k = self.keys
         held = self._placements
         cached = held is not None and held.fresh(led_by)
+        kept = self._jobs if jobs and led_by is not None else None
+        since = kept.since(led_by) if kept is not None else None
         with redis_errors("read the pool"):
             reply: Any = self._read(
                 Call(
@@ -211,14 +222,23 @@ class PoolStore:
                         "queues": k.queues,
                         "holds": k.holds,
                         "requeues": k.requeues,
+                        "job_changes": k.job_changes,
                     },
-                    {"skip_placements": "1" if cached else "0", "skip_jobs": "0" if jobs else "1"},
+                    {
+                        "skip_placements": "1" if cached else "0",
+                        "skip_jobs": "0" if jobs else "1",
+                        "jobs_since": since if since is not None else "",
+                        "changes_keep_ms": JOB_CHANGES_KEEP_MS,
+                    },
                 )
             )
-        now, leader, raw_placements, statuses, cancels, cordons, queues, holds, requeues, noted = (
-            reply
-        )
+        now, leader, raw_placements, statuses, cancels, cordons, queues, holds, requeues = reply[:9]
+        noted, delta, now = reply[9], reply[10], int(now)
         garbage = [str(g) for g in noted]
+        decoded, changed = None, None
+        if jobs:
+            decoded, changed = self._decode_jobs(statuses, kept if delta else None, led_by, now)
+            garbage.extend(decoded.bad.values())
         if cached and held is not None:
             placements = held.placements
             self._placements = replace(held, rounds=held.rounds + 1)
@@ -248,7 +268,8 @@ class PoolStore:
             nodes=reports,
             placements=whole,
             shares=shares,
-            jobs=self._statuses.decode(statuses, garbage) if jobs else {},  # the memo kept
+            jobs=decoded.statuses if decoded is not None else {},
+            jobs_changed=changed,
             cancels={j: by[:256] for j, by in replies.pairs(cancels)},
             cordons=replies.decoded(cordons, Cordon.from_json, "pool cordon", garbage),
             garbage=tuple(dict.fromkeys(garbage)),
@@ -262,6 +283,21 @@ class PoolStore:
             holds={j: by[:256] for j, by in replies.pairs(holds)},
             requeues=replies.decoded(requeues, Requeue.from_json, "pool requeue", garbage),
         )
+
+    def _decode_jobs(
+        self, flat: Sequence[Any], held: HeldJobs | None, led_by: str | None, now: int
+    ) -> tuple[HeldJobs, frozenset[str] | None]:
+        """The statuses read, and the jobs changed when only those were read over `held`
+        (None: every job was read). The pool leader keeps what it read for its next read."""
+        if held is not None:
+            statuses, bad, changed = self._statuses.changed(held, flat)
+            self._jobs = HeldJobs(held.leader, now, held.reads + 1, statuses, bad)
+            return self._jobs, changed
+        statuses, bad = self._statuses.decode(flat)
+        whole = HeldJobs(led_by or "", now, 0, statuses, bad)
+        if led_by is not None:
+            self._jobs = whole
+        return whole, None
 
     def now_ms(self) -> int:
         """Redis' time, the pool's one clock (ms)."""
@@ -337,15 +373,24 @@ class PoolStore:
             raw: Any = self.client.hget(self.keys.jobs, job_id)
         return status_of(raw)
 
-    def specs(self, ids: Sequence[str]) -> dict[str, JobSpec | str]:
+    def specs(
+        self, ids: Sequence[str], changed: frozenset[str] | None = None
+    ) -> dict[str, JobSpec | str]:
         """Each job's spec, or why it cannot be read; one read before as the same text is not
-        decoded again, whatever was read between (MAX_SPECS at most)."""
+        decoded again, whatever was read between (MAX_SPECS at most). `changed`: the jobs
+        whose spec may have changed since the last read (PoolSnapshot.jobs_changed): the
+        others' are not read again (None: all are)."""
+        kept = dict(self._specs)  # a copy: another thread's read may be replacing it
+        found: dict[str, JobSpec | str] = {}
+        if changed is not None:
+            for job_id in ids:
+                if job_id not in changed and (held := kept.get(job_id)) is not None:
+                    found[job_id] = held[1]
+            ids = [job_id for job_id in ids if job_id not in found]
         if not ids:
-            return {}
+            return found
         with redis_errors("read job specs"):
             raws: Any = self.client.hmget(self.keys.specs, list(ids))
-        found: dict[str, JobSpec | str] = {}
-        kept = dict(self._specs)  # a copy: another thread's read may be replacing it
         for job_id, raw in zip(ids, raws, strict=True):
             if raw is None:
                 found[job_id] = "no spec stored"
@@ -429,8 +474,13 @@ class PoolStore:
                         "leases": k.leases,
                         "changes": k.changes,
                         "digests": k.digests,
+                        "job_changes": k.job_changes,
                     },
-                    {"leader_value": leader, "events_maxlen": EVENTS_MAXLEN},
+                    {
+                        "leader_value": leader,
+                        "events_maxlen": EVENTS_MAXLEN,
+                        "changes_keep_ms": JOB_CHANGES_KEEP_MS,
+                    },
                     rest,
                 )
             )
@@ -476,6 +526,7 @@ class PoolStore:
                 "ended": k.ended,
                 "holds": k.holds,
                 "requeues": k.requeues,
+                "job_changes": k.job_changes,
             },
             {
                 "held_by": held_by,
@@ -495,19 +546,6 @@ class PoolStore:
         """Lift `name`'s pool cordon; False if it had none."""
         return lift_cordon(self.client, self.keys, name, by, "pool uncordon")
 
-    def queues(self) -> set[str]:
-        """The names of the queues an operator made (`default` exists without being made)."""
-        with redis_errors("read the queues"):
-            found: Any = self.client.hgetall(self.keys.queues)  # small; HKEYS is not in the ACL
-        return {str(n) for n in found}
-
-    def queue(self, name: str) -> QueueView | None:
-        """One queue as an operator made it (None: not made, or unreadable), without reading
-        the whole pool."""
-        with redis_errors("read a queue"):
-            raw: Any = self.client.hget(self.keys.queues, name)
-        return queue_of(name, raw)
-
     def knows_node(self, name: str) -> bool:
         """The node holds a pool lease (live or lapsed), a placement or a pool cordon."""
         k = self.keys
@@ -519,40 +557,13 @@ class PoolStore:
             lease, placed, cordoned = pipe.execute()
         return lease is not None or bool(placed) or bool(cordoned)
 
-    def set_queue(self, queue: QueueView, by: str, created: bool) -> None:
-        """Create or change a queue (nodeagentctl queue create|set)."""
-        how = "created" if created else "changed"
-        event = Event(
-            f"queue_{how}",
-            message=f"queue {queue.name} {how} by {by}: quota {queue.quota or 'none'}, "
-            f"guaranteed {queue.guaranteed}",
-            data={"queue": queue.name, "by": by},
-        )
-        streams.write_with_event(
-            self.client,
-            "pool queue",
-            lambda pipe: pipe.hset(self.keys.queues, queue.name, queue.to_json()),
-            self.keys.events,
-            event,
-        )
-
-    def delete_queue(self, name: str, by: str) -> bool:
-        """Remove a queue; False if there was none."""
-        event = Event(
-            "queue_deleted", message=f"queue {name} deleted by {by}", data={"queue": name}
-        )
-        removed = streams.write_with_event(
-            self.client,
-            "pool queue",
-            lambda pipe: pipe.hdel(self.keys.queues, name),
-            self.keys.events,
-            event,
-        )
-        return bool(removed)
-
     def replace_spec(self, spec: JobSpec) -> None:
+        call = Call(
+            {"specs": self.keys.specs, "job_changes": self.keys.job_changes},
+            {"job": spec.id, "spec": spec.to_json()},
+        )
         with redis_errors("update the job spec"):
-            self.client.hset(self.keys.specs, spec.id, spec.to_json())
+            POOL_REPLACE_SPEC.bind(self.client)(call)
 
     def cancel(self, job_id: str, by: str) -> None:
         """Ask the pool leader to end `job_id`. The leader tells a running job to stop, so its

@@ -5,7 +5,8 @@ said in `garbage`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.coord.view import Lease
@@ -17,6 +18,30 @@ from nodeagent.model.queues import QueueView
 MAX_REPORTS = 50_000
 
 
+JOBS_REREAD = 30  # a pool leader's reads of the changed jobs between two reads of them all
+
+
+@dataclass(frozen=True)
+class HeldJobs:
+    """The jobs' statuses as one pool leader (its lease value) last read them. Between its
+    rounds it reads only the jobs changed since its last read (the job changes set, which every
+    script that writes or deletes a status or a spec notes: fragments.NOTE_JOB), and all of
+    them every JOBS_REREAD reads and on a new term: what was written by hand is seen then. At
+    10,000 pending jobs reading and matching them all took a fifth of a round."""
+
+    leader: str
+    read_ms: int  # the server time of the read (a change at that ms or later is read next)
+    reads: int  # of the changed jobs, since the last read of them all
+    statuses: Mapping[str, PoolJob]
+    bad: Mapping[str, str]  # job -> why its status is not one nodeagent writes
+
+    def since(self, leader: str | None) -> int | None:
+        """Read the jobs changed since this time (None: read them all)."""
+        if leader != self.leader or self.reads >= JOBS_REREAD:
+            return None
+        return self.read_ms
+
+
 class StatusMemo:
     """The jobs' statuses, each decoded once while its text stays the same: a pool leader
     reading 10,000 pending jobs a round decodes only those that moved."""
@@ -24,19 +49,45 @@ class StatusMemo:
     def __init__(self) -> None:
         self._by_text: dict[str, PoolJob] = {}
 
-    def decode(self, flat: Sequence[Any], garbage: list[str]) -> dict[str, PoolJob]:
-        kept, found = {}, {}
+    def decode(self, flat: Sequence[Any]) -> tuple[dict[str, PoolJob], dict[str, str]]:
+        """Every job's status from a whole read, and why each unreadable one is."""
+        kept: dict[str, PoolJob] = {}
+        found: dict[str, PoolJob] = {}
+        bad: dict[str, str] = {}
         for name, raw in pairs(flat):
-            status = self._by_text.get(raw)
-            if status is None:
-                try:
-                    status = PoolJob.from_json(raw)
-                except CorruptStateError as exc:
-                    garbage.append(f"pool job {name[:64]!r}: {exc}")
-                    continue
-            kept[raw] = found[name] = status
+            status = self._one(name, raw, bad)
+            if status is not None:
+                kept[raw] = found[name] = status
         self._by_text = kept
-        return found
+        return found, bad
+
+    def changed(
+        self, held: HeldJobs, flat: Sequence[Any]
+    ) -> tuple[dict[str, PoolJob], dict[str, str], frozenset[str]]:
+        """`held`'s statuses with the changed jobs' (`flat`: job, status or None when deleted)
+        read over them, why each unreadable one is, and the jobs changed. A job keeps its place
+        in the order (as a hash's field does when it is written again)."""
+        found, bad = dict(held.statuses), dict(held.bad)
+        names = []
+        for i in range(0, len(flat) - 1, 2):
+            name, raw = str(flat[i]), flat[i + 1]
+            names.append(name)
+            bad.pop(name, None)
+            status = self._one(name, str(raw), bad) if raw is not None else None
+            if status is None:
+                found.pop(name, None)
+            else:
+                self._by_text[str(raw)] = found[name] = status
+        return found, bad, frozenset(names)
+
+    def _one(self, name: str, raw: str, bad: dict[str, str]) -> PoolJob | None:
+        status = self._by_text.get(raw)
+        if status is None:
+            try:
+                status = PoolJob.from_json(raw)
+            except CorruptStateError as exc:
+                bad[name] = f"pool job {name[:64]!r}: {exc}"
+        return status
 
 
 class ReportMemo:

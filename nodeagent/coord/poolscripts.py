@@ -10,6 +10,7 @@ from nodeagent.coord.fragments import (
     ENDED,
     GARBAGE,
     LEADER,
+    NOTE_JOB,
     NOW,
     POOL_FENCE,
     TAKE_LEADER,
@@ -58,11 +59,21 @@ return {now, leader or false, deadline, placement, garbage}
 # them). `skip_jobs` '1': the jobs' statuses are not read (a listing of the nodes).
 POOL_READ = Script(
     "POOL_READ",
-    keys=("placements", "jobs", "cancels", "cordons", "leader", "queues", "holds", "requeues"),
-    args=("skip_placements", "skip_jobs"),
+    keys=(
+        "placements",
+        "jobs",
+        "cancels",
+        "cordons",
+        "leader",
+        "queues",
+        "holds",
+        "requeues",
+        "job_changes",
+    ),
+    args=("skip_placements", "skip_jobs", "jobs_since", "changes_keep_ms"),
     returns="{now_ms, leader or false, placements (false when not read), jobs (empty when not "
-    "read), cancels, "
-    "cordons, queues, holds, requeues (flat field/value lists), garbage}",
+    "read), cancels, cordons, queues, holds, requeues (flat field/value lists), garbage, "
+    "1 when jobs holds only the jobs changed since jobs_since (a status false: deleted)}",
     body=NOW
     + GARBAGE
     + """
@@ -74,10 +85,24 @@ if type(leader) ~= 'string' then leader = false end
 local placements = false
 if A.skip_placements ~= '1' then placements = all('placements', K.placements) end
 local jobs = {}
-if A.skip_jobs ~= '1' then jobs = all('jobs', K.jobs) end
+local changes = 0
+local since = tonumber(A.jobs_since)
+if A.skip_jobs ~= '1' and since and since >= now - tonumber(A.changes_keep_ms) then
+  local changed = redis.pcall('ZRANGEBYSCORE', K.job_changes, since, '+inf')
+  if type(changed) == 'table' and not changed.err then
+    changes = 1
+    for _, job in ipairs(changed) do
+      local raw = redis.pcall('HGET', K.jobs, job)
+      if type(raw) ~= 'string' then raw = false end
+      jobs[#jobs + 1] = job
+      jobs[#jobs + 1] = raw
+    end
+  end
+end
+if A.skip_jobs ~= '1' and changes == 0 then jobs = all('jobs', K.jobs) end
 return {now, leader, placements, jobs, all('cancels', K.cancels),
   all('cordons', K.cordons), all('queues', K.queues), all('holds', K.holds),
-  all('requeues', K.requeues), garbage}
+  all('requeues', K.requeues), garbage, changes}
 """,
 )
 
@@ -99,11 +124,13 @@ POOL_COMMIT = Script(
         "leases",
         "changes",
         "digests",
+        "job_changes",
     ),
-    args=("leader_value", "events_maxlen"),
+    args=("leader_value", "events_maxlen", "changes_keep_ms"),
     returns="1, or an error starting with FENCED",
     body=NOW
     + POOL_FENCE
+    + NOTE_JOB
     + """
 local fenced = pool_fenced(K.leader, A.leader_value)
 if fenced then return redis.error_reply(fenced) end
@@ -121,7 +148,11 @@ i = i + n
 for j = first, first + 2 * n - 1, 2 do redis.pcall('HSET', K.placements, ARGV[j], ARGV[j + 1]) end
 first, n = take()
 i = i + n
-for j = first, first + 2 * n - 1, 2 do redis.pcall('HSET', K.jobs, ARGV[j], ARGV[j + 1]) end
+for j = first, first + 2 * n - 1, 2 do
+  redis.pcall('HSET', K.jobs, ARGV[j], ARGV[j + 1])
+  note_job(K.job_changes, ARGV[j])
+end
+redis.pcall('ZREMRANGEBYSCORE', K.job_changes, '-inf', now - tonumber(A.changes_keep_ms))
 first, n = take()
 i = i + n
 for j = first, first + 2 * n - 1, 2 do redis.call('ZADD', K.ledger, ARGV[j], ARGV[j + 1]) end
@@ -162,6 +193,7 @@ _SUBMIT_KEYS = (
     "ended",
     "holds",
     "requeues",
+    "job_changes",
 )
 _SUBMIT_ARGS = ("job", "spec", "pinned", "events_maxlen", "event", "held_by")
 _SUBMIT = """
@@ -190,6 +222,7 @@ local status = string.format('{"pinned":%s,"reason":"submitted","seq":%.0f,"stal
   .. '"state":"pending","submitted_ms":%.0f}', pinned, seq, stale, now)
 redis.call('HSET', K.specs, A.job, A.spec)
 redis.call('HSET', K.jobs, A.job, status)
+note_job(K.job_changes, A.job)
 if A.event ~= '' then
   redis.pcall('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'event', A.event)
 end
@@ -200,7 +233,7 @@ POOL_SUBMIT = Script(
     keys=_SUBMIT_KEYS,
     args=_SUBMIT_ARGS,
     returns="{1, status JSON} when submitted, {0, status JSON or false} when the id is in use",
-    body=NOW + ENDED + _SUBMIT,
+    body=NOW + NOTE_JOB + ENDED + _SUBMIT,
 )
 
 
@@ -238,5 +271,21 @@ POOL_TAKE_SUBMIT = Script(
     keys=_SUBMIT_KEYS + _CLAIM_KEYS,
     args=_SUBMIT_ARGS + _CLAIM_ARGS,
     returns="as POOL_SUBMIT, or 'replayed' (nothing stored), or an error starting with FENCED",
-    body=NOW + POOL_FENCE + ENDED + _CLAIM + _SUBMIT,
+    body=NOW + NOTE_JOB + POOL_FENCE + ENDED + _CLAIM + _SUBMIT,
+)
+
+
+# A job's spec replaced (a pending job scaled: pool/jobverbs.scale_plan), noted as changed.
+POOL_REPLACE_SPEC = Script(
+    "POOL_REPLACE_SPEC",
+    keys=("specs", "job_changes"),
+    args=("job", "spec"),
+    returns="1",
+    body=NOW
+    + NOTE_JOB
+    + """
+redis.call('HSET', K.specs, A.job, A.spec)
+note_job(K.job_changes, A.job)
+return 1
+""",
 )

@@ -1,8 +1,9 @@
 """The pool leader's executor: read the pool, run schedule(), commit the result fenced.
 
 Any agent may hold the pool leader lease (taken in its pool heartbeat, like a job's). Every
-heartbeat while it holds it, it reads the whole pool, the specs of the jobs not ended and the
-records of the running ones, builds a PoolView and writes what schedule() changed through the
+heartbeat while it holds it, it reads the pool (of its nodes and jobs only those changed since
+its last round: PoolStore.read), the specs of the jobs not ended that changed and the records
+of the running ones, builds a PoolView and writes what schedule() changed through the
 POOL_COMMIT script, which refuses the write unless the lease value is still this leader's.
 """
 
@@ -137,7 +138,7 @@ def read_view(
         for j, status in snap.jobs.items()
         if (j in pinning if status.pinned else not status.state.ended or j in placed)
     ]
-    specs = store.specs(live)
+    specs = store.specs(live, snap.jobs_changed)
     records = store.records(
         j for j in live if snap.jobs[j].state is PoolJobState.RUNNING or snap.jobs[j].pinned
     )

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nodeagent.coord import holds, runs
+from nodeagent.coord import holds, poolqueues, runs
 from nodeagent.coord.lua import Call
 from nodeagent.coord.pool import PoolStore, submitted
 from nodeagent.coord.requests import RequestStore, Taking
@@ -430,7 +430,7 @@ class Requests:
 
     def _queue(self, caller: Caller, args: Mapping[str, Any]) -> str:
         action, name = str(args.get("action", "")), _name(args, "name")
-        existing = self._store.queue(name)
+        existing = poolqueues.queue(self._store.client, self._store.keys, name)
         if action == "delete":
             if existing is None:
                 raise Refused(f"no queue {name}")
@@ -440,7 +440,7 @@ class Requests:
                     f"queue {name} has {len(inside)} jobs that have not ended "
                     f"({', '.join(inside[:5])}): cancel them or wait for them first"
                 )
-            self._store.delete_queue(name, caller.name)
+            poolqueues.delete_queue(self._store.client, self._store.keys, name, caller.name)
             return f"queue {name}: deleted by {caller.name}"
         if action == "create" and (existing is not None or name == DEFAULT):
             raise Refused(f"queue {name} exists already: `queue set {name}` changes it")
@@ -458,7 +458,9 @@ class Requests:
         )
         if queue.problems():
             raise Refused(f"queue {name}: {'; '.join(queue.problems())}")
-        self._store.set_queue(queue, caller.name, created=existing is None)
+        poolqueues.set_queue(
+            self._store.client, self._store.keys, queue, caller.name, created=existing is None
+        )
         return f"queue {name}: {queue.describe()} (by {caller.name})"
 
     def _jobs_in(self, queue: str) -> list[str]:

@@ -189,7 +189,8 @@ def test_agents_and_operators_work_within_their_acl(
             ("cordon", "b"),
             ("uncordon", "b"),
             ("events", "--last", "5"),
-            ("submit", "--name", pool_job, "--nodes", "1", "--hold", "--", "true"),
+            ("submit", "--name", pool_job, "--nodes", "1:2", "--hold", "--", "true"),
+            ("scale", pool_job, "2"),  # pending: its spec replaced, the change noted
             ("jobs", "--json"),
             ("nodes",),
             ("release", pool_job),

@@ -8,6 +8,7 @@ from typing import Any
 
 from nodeagent.cli.ctl import argtypes, caller
 from nodeagent.cli.ctl.targets import Target
+from nodeagent.coord import poolqueues
 from nodeagent.coord.pool import PoolStore
 from nodeagent.errors import UsageError
 from nodeagent.model.queues import DEFAULT, QueueView
@@ -109,7 +110,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
     problems = queue.problems()
     if problems:
         raise UsageError(f"queue {args.name}: {'; '.join(problems)}")
-    store.set_queue(queue, by, created=existing is None)
+    poolqueues.set_queue(store.client, store.keys, queue, by, created=existing is None)
     print(f"queue {queue.name}: {queue.describe()}")
     promised = sum(q.guaranteed for q in {**snap.queues, queue.name: queue}.values())
     if promised > len(snap.nodes):
@@ -132,7 +133,7 @@ def _delete(store: PoolStore, name: str, by: str) -> int:
             f"queue {name} has {len(inside)} jobs that have not ended ({', '.join(inside[:5])}): "
             "cancel them or wait for them first"
         )
-    store.delete_queue(name, by)
+    poolqueues.delete_queue(store.client, store.keys, name, by)
     print(f"queue {name}: deleted")
     return 0
 
