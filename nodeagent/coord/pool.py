@@ -110,9 +110,7 @@ class PoolWrite:
 
 
 PLACEMENTS_REREAD = 60  # rounds between the pool leader's full reads of the placements
-# How long the job changes set keeps a change (server ms): a pool leader that read the jobs
-# longer ago than this reads them all again.
-JOB_CHANGES_KEEP_MS = 600_000
+JOB_CHANGES_KEEP_MS = 600_000  # a change kept this long (ms): a read older reads every job
 MAX_SPECS = 20_000  # decoded specs a store keeps (by job, with their text) between its reads
 
 
@@ -288,7 +286,7 @@ class PoolStore:
         self, flat: Sequence[Any], held: HeldJobs | None, led_by: str | None, now: int
     ) -> tuple[HeldJobs, frozenset[str] | None]:
         """The statuses read, and the jobs changed when only those were read over `held`
-        (None: every job was read). The pool leader keeps what it read for its next read."""
+        (None: every job was read); the pool leader keeps what it read."""
         if held is not None:
             statuses, bad, changed = self._statuses.changed(held, flat)
             self._jobs = HeldJobs(held.leader, now, held.reads + 1, statuses, bad)
@@ -298,6 +296,10 @@ class PoolStore:
         if led_by is not None:
             self._jobs = whole
         return whole, None
+
+    def forget_jobs(self) -> None:
+        """Read every job at the pool leader's next read (what it kept may be behind)."""
+        self._jobs = None
 
     def now_ms(self) -> int:
         """Redis' time, the pool's one clock (ms)."""

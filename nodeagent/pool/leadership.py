@@ -138,7 +138,11 @@ def read_view(
         for j, status in snap.jobs.items()
         if (j in pinning if status.pinned else not status.state.ended or j in placed)
     ]
-    specs = store.specs(live, snap.jobs_changed)
+    try:
+        specs = store.specs(live, snap.jobs_changed)
+    except CoordinationError:
+        store.forget_jobs()  # the specs of the jobs it changed were not read: read all next
+        raise
     records = store.records(
         j for j in live if snap.jobs[j].state is PoolJobState.RUNNING or snap.jobs[j].pinned
     )

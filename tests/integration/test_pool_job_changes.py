@@ -10,11 +10,14 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import pytest
+
 from nodeagent.coord import ended
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolSnapshot, PoolStore
 from nodeagent.coord.poolreplies import JOBS_REREAD
+from nodeagent.errors import CoordinationError
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJobState, PoolNode
 from nodeagent.model.spec import JobSpec, load_spec
@@ -142,3 +145,22 @@ def test_a_changes_key_holding_garbage_makes_the_leader_read_every_job(
     assert snap.jobs_changed is None and f"{job_id}-b" in snap.jobs
     pool.round()  # its commit skips the note too
     assert pool.read().jobs[f"{job_id}-b"].reason != "submitted"
+
+
+def test_a_round_whose_specs_read_failed_reads_every_job_next(
+    redis_server: RedisServer, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its statuses were read, the specs of the jobs they name were not: the next read must
+    not take them as read (a scaled job would keep its old spec until a full read)."""
+    pool = Pool(redis_server, f"{job_id}-pool")
+    pool.leading.submit(spec(f"{job_id}-a", min_nodes=NEVER))
+    pool.read()
+
+    def away(ids: object, changed: object = None) -> dict[str, JobSpec | str]:
+        raise CoordinationError("read job specs: Redis away")
+
+    monkeypatch.setattr(pool.leading, "specs", away)
+    with pytest.raises(CoordinationError):
+        leadership.read_view(pool.leading, pool.leader)
+    monkeypatch.undo()
+    assert pool.read().jobs_changed is None
