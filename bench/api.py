@@ -279,6 +279,7 @@ class Bench:
         munge = munge_at(self.munged.socket)  # as nodeagentctl signs
         requests = RequestStore(self.store.client, self.store.keys)
         answers = Answers(self.store, requests)
+        answers.start()  # following the stream before the first request is sent
         first = self.submitted
 
         def one(i: int) -> tuple[float, bool]:

@@ -38,14 +38,33 @@ class Answers:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
+    def start(self) -> None:
+        """Follow the stream from where it ends now, if not yet following it: an answer to a
+        request sent after this returns is not missed (called before sending; the first call
+        reads the stream's end in the caller's thread). Following from a later point, the
+        first answers of a service just started went by unseen, and their callers waited for
+        their one-second poll.
+
+        Raises:
+            CoordinationError: Redis could not be read (nothing started).
+        """
+        with self._lock:
+            if self._thread is None:
+                self._follow(self._store.last_event_id())
+
+    def _follow(self, cursor: str | None) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(cursor,), name="answers", daemon=True
+        )
+        self._thread.start()
+
     def expect(self, request_id: str, deliver: Deliver) -> bool:
         """Call `deliver` with the reply to `request_id` once it is written (from this class's
         thread: it must not block). False when its answer went by before this was asked: read
         the reply now."""
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="answers", daemon=True)
-                self._thread.start()
+                self._follow(None)
             if request_id in self._seen:
                 return False
             self._waiting[request_id] = deliver
@@ -61,8 +80,7 @@ class Answers:
         if self._thread is not None:
             self._thread.join()
 
-    def _run(self) -> None:
-        cursor: str | None = None
+    def _run(self, cursor: str | None) -> None:
         while not self._stop.is_set():
             try:
                 if cursor is None:

@@ -159,8 +159,10 @@ class Service:
 
     def _send(self, who: Identity, verb: Verb, args: dict[str, Any]) -> str:
         """Sign a request as `who` and append it; its id. (An answer that comes before its
-        caller expects it is remembered: api/answers.py.)"""
+        caller expects it is remembered: api/answers.py, which follows the stream from before
+        the first request is sent.)"""
         self._signed_pool()
+        self._answers.start()
         as_uid = who.peer_uid if who.token is None else None
         request = Request(self.pool, verb, args, as_uid=as_uid)
         request = replace(

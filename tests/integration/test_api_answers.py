@@ -133,3 +133,17 @@ def test_a_caller_gone_while_its_request_is_sent_leaves_no_waiter(
     finally:
         service._answers.close()
         service.client.close()
+
+
+def test_an_answer_written_just_after_start_reaches_a_caller_that_asks_later(
+    stores: tuple[PoolStore, RequestStore, Answers],
+) -> None:
+    """The service starts following the stream before it sends its first request: that
+    request's answer, written before its caller asks for it, is still handed over (before, the
+    thread read the stream's end only at the first ask, past that answer: a one-second poll)."""
+    _, requests, answers = stores
+    answers.start()
+    answer(requests, "first")  # answered before its caller asks
+    waiter = Waiter()
+    expected = answers.expect("first", waiter)
+    assert not expected or waiter.delivered.wait(10), "the first answer went by unseen"
