@@ -289,10 +289,10 @@ class PoolStore:
         (None: every job was read); the pool leader keeps what it read."""
         if held is not None:
             statuses, bad, changed = self._statuses.changed(held, flat)
-            self._jobs = HeldJobs(held.leader, now, held.reads + 1, statuses, bad)
+            self._jobs = HeldJobs(held.leader, now, held.full_ms, statuses, bad)
             return self._jobs, changed
         statuses, bad = self._statuses.decode(flat)
-        whole = HeldJobs(led_by or "", now, 0, statuses, bad)
+        whole = HeldJobs(led_by or "", now, now, statuses, bad)
         if led_by is not None:
             self._jobs = whole
         return whole, None

@@ -18,7 +18,7 @@ from nodeagent.model.queues import QueueView
 MAX_REPORTS = 50_000
 
 
-JOBS_REREAD = 30  # a pool leader's reads of the changed jobs between two reads of them all
+JOBS_REREAD_MS = 10_000  # how often a pool leader reads every job (server time)
 
 
 @dataclass(frozen=True)
@@ -26,18 +26,18 @@ class HeldJobs:
     """The jobs' statuses as one pool leader (its lease value) last read them. Between its
     rounds it reads only the jobs changed since its last read (the job changes set, which every
     script that writes or deletes a status or a spec notes: fragments.NOTE_JOB), and all of
-    them every JOBS_REREAD reads and on a new term: what was written by hand is seen then. At
+    them every JOBS_REREAD_MS and on a new term: what was written by hand is seen then. At
     10,000 pending jobs reading and matching them all took a fifth of a round."""
 
     leader: str
     read_ms: int  # the server time of the read (a change at that ms or later is read next)
-    reads: int  # of the changed jobs, since the last read of them all
+    full_ms: int  # the server time of its last read of every job
     statuses: Mapping[str, PoolJob]
     bad: Mapping[str, str]  # job -> why its status is not one nodeagent writes
 
     def since(self, leader: str | None) -> int | None:
         """Read the jobs changed since this time (None: read them all)."""
-        if leader != self.leader or self.reads >= JOBS_REREAD:
+        if leader != self.leader or self.read_ms - self.full_ms >= JOBS_REREAD_MS:
             return None
         return self.read_ms
 

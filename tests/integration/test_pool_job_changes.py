@@ -12,11 +12,10 @@ from dataclasses import replace
 
 import pytest
 
-from nodeagent.coord import ended
+from nodeagent.coord import ended, poolreplies
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolSnapshot, PoolStore
-from nodeagent.coord.poolreplies import JOBS_REREAD
 from nodeagent.errors import CoordinationError
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJobState, PoolNode
@@ -116,16 +115,22 @@ def test_the_leader_reads_only_what_changed_and_holds_what_everyone_sees(
 
 
 def test_what_nobody_noted_is_read_at_the_next_read_of_every_job(
-    redis_server: RedisServer, job_id: str
+    redis_server: RedisServer, job_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(poolreplies, "JOBS_REREAD_MS", 500)  # every job read every 0.5 s
     pool = Pool(redis_server, f"{job_id}-pool")
     pool.leading.submit(spec(f"{job_id}-a", min_nodes=NEVER))
     time.sleep(0.01)  # the next read later than its note (a change at a read's ms is read again)
     pool.read()
     pool.leading.client.hset(pool.leading.keys.jobs, f"{job_id}-a", "not a status")  # by hand
-    reads = [pool.leading.read(pool.leader) for _ in range(JOBS_REREAD + 1)]
-    assert f"{job_id}-a" in reads[0].jobs  # not noted: not read again yet
-    whole = next(r for r in reads if r.jobs_changed is None)  # read them all, within 30 reads
+    first = pool.leading.read(pool.leader)
+    assert first.jobs_changed is not None and f"{job_id}-a" in first.jobs  # not noted: unread
+    deadline = time.monotonic() + 30
+    whole = first
+    while whole.jobs_changed is not None:  # every job read again within 0.5 s of Redis' time
+        assert time.monotonic() < deadline, "the leader never read every job again"
+        time.sleep(0.05)
+        whole = pool.leading.read(pool.leader)
     assert f"{job_id}-a" not in whole.jobs
     assert any(f"{job_id}-a" in said for said in whole.garbage)
     later = pool.leading.read(pool.leader)
