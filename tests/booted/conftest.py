@@ -19,11 +19,15 @@ from this machine (docs/operations.md, "Tested on nodes booted with systemd").
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
 
 from tests.helpers.booted import BootedPool, booted_missing, booted_pool
+from tests.helpers.cluster import wait_for
+
+ENDED = {"succeeded", "failed", "cancelled", "timeout"}
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +37,22 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BootedPool]:
         pytest.skip(missing)
     with booted_pool(tmp_path_factory.mktemp("booted")) as made:
         yield made
+
+
+@pytest.fixture(autouse=True)
+def cancel_what_is_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that used the pool, cancel (as an operator) every job it left live, and
+    wait until they have ended: a test that failed before its own cancel would otherwise keep
+    the nodes, and every later test would wait on "nodes are held" (CI: one failure made six)."""
+    yield
+    made = request.node.funcargs.get("pool")  # absent when the pool was skipped
+    if not isinstance(made, BootedPool):
+        return
+
+    def live() -> list[str]:
+        rows = json.loads(made.ctl("jobs", "--json"))["jobs"]
+        return [r["job"] for r in rows if r["state"] not in ENDED]
+
+    for job in live():
+        made.ctl("cancel", job, check=False)
+    wait_for(lambda: not live() or None, 180, "the jobs a test left live to end")
