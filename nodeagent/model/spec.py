@@ -104,7 +104,15 @@ class JobSpec:
     def signed_digest(self) -> str:
         """What the spec's signature binds: the digest of the spec without it (made once per
         spec object: the pool leader checks every queued spec every round)."""
-        return digest_of(dataclasses.replace(self, signature="").to_json().encode())
+        unsigned = dataclasses.replace(self, signature="") if self.signature else self
+        return digest_of(unsigned.to_json().encode())
+
+    def signed_with(self, signature: str) -> JobSpec:
+        """This spec carrying `signature`, its digest (which leaves the signature out) kept
+        rather than made again: the pool leader signs every submission it takes."""
+        signed = dataclasses.replace(self, signature=signature)
+        vars(signed)["signed_digest"] = self.signed_digest
+        return signed
 
     def to_dict(self) -> dict[str, Any]:
         """The normalised document: load_spec(to_dict()) gives this spec back."""

@@ -10,7 +10,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.settings import PoolConfig
@@ -91,13 +91,12 @@ class Authority:
         Raises:
             MungeUnavailable: munged cannot be reached.
         """
-        unsigned = replace(spec, signature="")
-        digest = unsigned.signed_digest
+        digest = spec.signed_digest
         if self.token_key is not None:  # the pool's key: no munge process per submission
             signature = SPEC_HMAC + _spec_mac(self.token_key, digest)
         else:
             signature = self.munge.encode(bound(digest))
-        signed = replace(unsigned, signature=signature)
+        signed = spec.signed_with(signature)
         self._remember((signed.signature, signed.signed_digest), None)  # made here: sound
         return signed
 

@@ -42,6 +42,7 @@ from nodeagent.model.token import is_token_credential
 from nodeagent.pool import cordoning, jobverbs
 from nodeagent.pool.authority import Authority
 from nodeagent.pool.submission import (
+    Known,
     Refused,
     checked,
     in_use,
@@ -125,6 +126,7 @@ class Requests:
         # batch (100 clients with one token cost one read, not 100), forgotten at a TOKEN
         # request, so a revocation holds for every request after it.
         self._live: dict[str, bool] = {}
+        self._known = Known()  # the arrays and queues the batch's submissions name
         self._taking: Taking | None = None  # the request being served, until it is taken
         self._pending: list[Pending] = []  # submissions not sent yet, in the batch's order
         self._sent: dict[str, Reply] = {}  # what came of those sent, by request id
@@ -147,9 +149,11 @@ class Requests:
         self._pending.clear()
         self._sent.clear()
         self.last_taken = None
+        batch = [(request_id, _parsed(raw)) for request_id, raw in self._requests.requests(BATCH)]
+        self._known.read(self._store, *_named([r for _, r in batch if isinstance(r, Request)]))
         taken = []
-        for request_id, raw in self._requests.requests(BATCH):
-            taken.append((request_id, *self._take(leader, request_id, raw)))
+        for request_id, request in batch:
+            taken.append((request_id, *self._take(leader, request_id, request)))
             self.last_taken = request_id
         self._flush()
         answers = []
@@ -177,14 +181,12 @@ class Requests:
         return self._requests.claim(taking)
 
     def _take(
-        self, leader: str, request_id: str, raw: str
+        self, leader: str, request_id: str, request: Request | CorruptStateError
     ) -> tuple[Reply | Pending, dict[str, Any]]:
         data: dict[str, Any] = {"request": request_id}
-        try:
-            request = Request.from_json(raw)
-        except CorruptStateError as exc:
+        if isinstance(request, CorruptStateError):
             self._claim(Taking(leader, request_id))
-            return Reply(False, f"refused: {exc}"), data
+            return Reply(False, f"refused: {request}"), data
         data["verb"] = request.verb.value
         decoded, found = self._decode(request)
         if decoded is not None:  # signed: who tried is said even when refused
@@ -282,6 +284,7 @@ class Requests:
                 f"{caller.name} is not an operator of the pool: only operators manage {what}"
             )
         if request.verb is Verb.QUEUE:
+            self._known.forget()  # what the batch's later submissions read changes
             return self._queue(caller, args)
         return self._cordon(caller, args)
 
@@ -297,9 +300,10 @@ class Requests:
             )
         if spec.dependency:  # what it names may be among the submissions not sent yet
             self._flush()
-        spec = checked(self._store, spec)
+        spec = checked(self._store, spec, self._known)
         held_by = caller.name if hold else ""
         if spec.array is not None:
+            self._known.forget()  # the arrays it registers
             self._take_now()  # before its tasks are stored
             by = replace(spec, submitted_by=caller.name)
             return store_array(self._store, by, held_by, self._sign)
@@ -510,6 +514,26 @@ class Requests:
 
 
 _KINDS = {Missing: "missing", Forbidden: "forbidden", Invalid: "invalid", TokenRefused: "forbidden"}
+
+
+def _parsed(raw: str) -> Request | CorruptStateError:
+    try:
+        return Request.from_json(raw)
+    except CorruptStateError as exc:
+        return exc
+
+
+def _named(requests: list[Request]) -> tuple[list[str], list[str]]:
+    """The job ids and queues the submissions among `requests` name, as their documents say
+    (Known: read for them at once; a spec whose id or queue loads otherwise is read alone)."""
+    ids, queues = [], []
+    for request in requests:
+        doc = request.args.get("spec") if request.verb is Verb.SUBMIT else None
+        if isinstance(doc, dict) and isinstance(doc.get("id"), str):
+            ids.append(doc["id"])
+            queue = doc.get("queue", DEFAULT)
+            queues.append(queue if isinstance(queue, str) else DEFAULT)
+    return ids, queues
 
 
 def _refused(exc: Refused | TokenRefused, user: str) -> Reply:

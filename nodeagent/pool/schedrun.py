@@ -108,7 +108,7 @@ class Run:
         if status.evicted is not None:
             reason = f"evicted {status.evicted}; {reason}"
         if status.reason != reason:
-            self.jobs[job.id] = replace(status, reason=reason)
+            self.jobs[job.id] = status.with_reason(reason)
 
     def place(self, node: str, job: str) -> None:
         self.unplace(node)

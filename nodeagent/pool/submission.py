@@ -5,7 +5,7 @@ stored, one job per task, in one round trip."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeagent.config.container import pool_refusal
@@ -58,10 +58,44 @@ def store_array(
     return f"{said}: {tasks[0].id} to {tasks[-1].id}, runs as {spec.user}"
 
 
-def checked(store: PoolStore, spec: JobSpec) -> JobSpec:
+@dataclass
+class Known:
+    """What `checked` reads of the pool, read for a batch of submissions in one round trip
+    (`read`), not one each: whether each id names an array, and each queue's document. The
+    pool leader reads it as it takes a batch and forgets what a request of the batch changes
+    (a queue written, an array stored); what another writer changes meanwhile is seen as late
+    as when each submission read it just before its own script."""
+
+    arrays: dict[str, bool] = field(default_factory=dict)
+    queues: dict[str, str | None] = field(default_factory=dict)
+
+    def read(self, store: PoolStore, ids: list[str], queues: list[str]) -> None:
+        self.forget()
+        if not ids:
+            return
+        queues = sorted(set(queues))
+        with redis_errors("read the arrays and the queues"):
+            pipe = store.client.pipeline(transaction=False)
+            pipe.hmget(store.keys.arrays, ids)
+            pipe.hmget(store.keys.queues, queues)
+            arrays, raws = pipe.execute()
+        self.arrays = {i: raw is not None for i, raw in zip(ids, arrays, strict=True)}
+        self.queues = dict(zip(queues, raws, strict=True))
+
+    def forget(self) -> None:
+        self.arrays, self.queues = {}, {}
+
+    def of(self, spec: JobSpec) -> tuple[bool, str | None] | None:
+        if spec.id in self.arrays and spec.queue in self.queues:
+            return self.arrays[spec.id], self.queues[spec.queue]
+        return None
+
+
+def checked(store: PoolStore, spec: JobSpec, known: Known | None = None) -> JobSpec:
     """`spec` as the pool stores it, whoever stores it (the pool leader for a signed request,
     nodeagentctl under pool.auth: none): each job it depends on bound to the run it names now
-    (its seq: a job that takes over the id later is not that run).
+    (its seq: a job that takes over the id later is not that run). `known`: the arrays and
+    queues read for a batch of submissions (what it lacks is read here).
 
     Raises:
         Refused: its queue does not exist, or caps its priority below it; a job it depends on
@@ -69,11 +103,15 @@ def checked(store: PoolStore, spec: JobSpec) -> JobSpec:
             container.
     """
     pool = store.keys.pool
-    with redis_errors("read the arrays and the queue"):  # one round trip for every submission
-        pipe = store.client.pipeline(transaction=False)
-        pipe.hexists(store.keys.arrays, spec.id)
-        pipe.hget(store.keys.queues, spec.queue)
-        named, raw_queue = pipe.execute()
+    found_known = known.of(spec) if known is not None else None
+    if found_known is not None:
+        named, raw_queue = found_known
+    else:
+        with redis_errors("read the arrays and the queue"):  # one round trip
+            pipe = store.client.pipeline(transaction=False)
+            pipe.hexists(store.keys.arrays, spec.id)
+            pipe.hget(store.keys.queues, spec.queue)
+            named, raw_queue = pipe.execute()
     live = _live_array(store, spec.id) if named else 0
     if live:
         raise Refused(
@@ -98,6 +136,8 @@ def checked(store: PoolStore, spec: JobSpec) -> JobSpec:
         refused = container_refusal(spec, store.nodes().values())
         if refused is not None:
             raise Refused(refused)
+    if not bound and not spec.dependency_runs:
+        return spec
     found = replace(spec, dependency_runs=bound)
     if len(found.to_json()) > SPEC_MAX_BYTES:
         raise Refused(

@@ -114,3 +114,36 @@ def test_a_batch_s_submissions_sent_together_keep_the_stream_s_order(
     assert store.read(nodes=False).cancels == {f"{job_id}-a": me}  # the job it cancelled
     cursor = store.client.get(store.keys.request_cursor)
     assert cursor == sent[-1]  # every request taken, the last one last
+
+
+def test_a_batch_reads_its_submissions_queues_and_arrays_once_and_sees_its_own_changes(
+    redis_server: RedisServer, job_id: str
+) -> None:
+    """The arrays and queues a batch's submissions name are read once for the batch (Known);
+    a queue made and an array stored by a request of the same batch are seen by the
+    submissions after it, as they were when each submission read them on its own."""
+    store, leader, leading, signed, _ = leader_of(redis_server, f"{job_id}-pool")
+    requests = RequestStore(store.client, store.keys)
+    queued = {"spec": {**spec(f"{job_id}-q1")["spec"], "queue": "fresh"}}
+    again = {"spec": {**spec(f"{job_id}-q2")["spec"], "queue": "fresh"}}
+    array = {"spec": {**spec(f"{job_id}-arr")["spec"], "array": "0-1"}}
+    sent = [
+        requests.send(signed(Verb.SUBMIT, queued)),  # no such queue yet
+        requests.send(signed(Verb.QUEUE, {"action": "create", "name": "fresh"})),
+        requests.send(signed(Verb.SUBMIT, again)),  # the queue made just before
+        requests.send(signed(Verb.SUBMIT, array)),
+        requests.send(signed(Verb.SUBMIT, spec(f"{job_id}-arr"))),  # the array's live id
+        requests.send(signed(Verb.SUBMIT, spec(f"{job_id}-plain"))),
+    ]
+    assert len(leading.serve(leader)) == len(sent)  # one batch
+    replies = [requests.reply(request_id) for request_id in sent]
+    said = [(r.ok, r.message) if r is not None else None for r in replies]
+    assert said[0] is not None and not said[0][0], said
+    assert "queue fresh does not exist" in said[0][1]
+    assert [s[0] if s is not None else None for s in said[1:4]] == [True, True, True], said
+    assert said[4] is not None and not said[4][0], said
+    assert f"{job_id}-arr is an array of 2 tasks not ended" in said[4][1]
+    assert said[5] is not None and said[5][0], said
+    jobs = set(store.read().jobs)
+    assert {f"{job_id}-q2", f"{job_id}-arr_0", f"{job_id}-arr_1", f"{job_id}-plain"} <= jobs
+    assert f"{job_id}-q1" not in jobs and f"{job_id}-arr" not in jobs

@@ -68,6 +68,8 @@ def test_a_spec_runs_only_as_an_agent_signed_it() -> None:
     agent = FakeMunge(900, 900)
     signed = authority(agent).sign(spec())
     assert signed.signature and authority(agent).vouch(signed) is None
+    # the digest sign() carried over to the signed spec is the one a reader makes of it
+    assert JobSpec.from_json(signed.to_json()).signed_digest == signed.signed_digest
     checker = authority(agent.share(900, 900))
     assert checker.vouch(signed) is None  # another node of the same site, replayed: still ok
     assert "not signed" in str(checker.vouch(spec()))

@@ -3,6 +3,7 @@ as absent, and garbage is refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -16,7 +17,7 @@ from nodeagent.model.gpus import (
     share_text,
     split_placements,
 )
-from nodeagent.model.pool import PoolNode
+from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
 
 
 def test_a_report_round_trips_with_the_image_it_pulls() -> None:
@@ -104,3 +105,14 @@ def test_a_placement_is_a_whole_node_job_or_the_shares_of_the_jobs_sharing_it() 
         {"n1": "whole"},
         {"n2": {"x": 1, "y": 7}},
     )
+
+
+def test_a_job_status_with_a_new_reason_is_the_status_replace_makes() -> None:
+    status = PoolJob(PoolJobState.PENDING, seq=7, submitted_ms=1, reason="old", node_ms=5)
+    changed = status.with_reason("needs 4 nodes, 2 free")
+    assert changed == dataclasses.replace(status, reason="needs 4 nodes, 2 free")
+    assert hash(changed) == hash(dataclasses.replace(status, reason="needs 4 nodes, 2 free"))
+    assert status.reason == "old"  # the original unchanged
+    assert PoolJob.from_json(changed.to_json()) == changed
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        changed.reason = "x"  # type: ignore[misc]
