@@ -409,6 +409,11 @@ class PoolStore:
         self._specs = kept
         return found
 
+    def made(self, spec: JobSpec, raw: str) -> None:
+        """`spec`, stored as `raw` by this process: a read that finds that text takes it, not
+        decoding it again (the leader's requests thread stores what its rounds then read)."""
+        self._specs[spec.id] = (raw, spec)
+
     def spec(self, job_id: str) -> JobSpec | str | None:
         """One job's spec, why it is unreadable, or None when no such job was submitted."""
         with redis_errors("read a job spec"):

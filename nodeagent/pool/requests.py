@@ -79,8 +79,7 @@ class Pending:
     taking: Taking
     submission: Call
     user: str  # the caller's name
-    job_id: str
-    runs_as: str
+    spec: JobSpec
 
     def reply(self, found: tuple[bool, PoolJob | None] | None, pool: str) -> Reply:
         """What the script's answer means for the caller."""
@@ -88,8 +87,8 @@ class Pending:
             return _replayed(self.user)
         created, status = found
         if not created:
-            return _refused(Refused(in_use(self.job_id, pool, status)), self.user)
-        return Reply(True, _submitted(self.job_id, self.runs_as), self.user)
+            return _refused(Refused(in_use(self.spec.id, pool, status)), self.user)
+        return Reply(True, _submitted(self.spec.id, self.spec.user), self.user)
 
 
 class Requests:
@@ -116,6 +115,7 @@ class Requests:
         # A store of its own: its reads must not reset what the leader's store keeps between
         # rounds (its view of the nodes, the specs decoded, PoolStore.read and specs).
         self._store = PoolStore(store.client, store.keys)
+        self._rounds = store  # the leader's: told of the specs stored (PoolStore.made)
         self._requests = RequestStore(store.client, store.keys)
         self._waiting = waiting or self._requests
         self._authority = authority
@@ -174,6 +174,8 @@ class Requests:
         pool = self._store.keys.pool
         for each, result in zip(pending, found, strict=True):
             self._sent[each.request_id] = each.reply(result, pool)
+            if result is not None and result[0]:
+                self._rounds.made(each.spec, each.submission.args["spec"])
 
     def _claim(self, taking: Taking) -> bool:
         """Take a request now, after the submissions before it."""
@@ -316,7 +318,7 @@ class Requests:
                 raise Refused(in_use(spec.id, self._store.keys.pool, status))
             return _submitted(spec.id, spec.user)
         submission = self._store.submission(signed, False, held_by, submitted(signed))
-        pending = Pending(taking.request_id, taking, submission, caller.name, spec.id, spec.user)
+        pending = Pending(taking.request_id, taking, submission, caller.name, signed)
         self._pending.append(pending)  # sent with the batch's others (_flush)
         return pending
 

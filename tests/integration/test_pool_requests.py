@@ -11,8 +11,12 @@ import pwd
 import threading
 import time
 
+import pytest
+
+from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.model.request import Reply, Verb
+from nodeagent.model.spec import JobSpec
 from tests.helpers.cluster import RedisServer
 from tests.helpers.poolrequests import leader_of, spec
 
@@ -147,3 +151,42 @@ def test_a_batch_reads_its_submissions_queues_and_arrays_once_and_sees_its_own_c
     jobs = set(store.read().jobs)
     assert {f"{job_id}-q2", f"{job_id}-arr_0", f"{job_id}-arr_1", f"{job_id}-plain"} <= jobs
     assert f"{job_id}-q1" not in jobs and f"{job_id}-arr" not in jobs
+
+
+def test_the_specs_a_batch_stores_are_handed_to_the_rounds_as_a_reader_decodes_them(
+    redis_server: RedisServer, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader's rounds take the specs its requests' thread stored (PoolStore.made), not
+    decoding them again: each is the spec a fresh reader decodes from the stored text."""
+    store, leader, leading, signed, _ = leader_of(redis_server, f"{job_id}-pool")
+    requests = RequestStore(store.client, store.keys)
+    plain = spec(f"{job_id}-plain")
+    rich = {
+        "spec": {
+            **spec(f"{job_id}-rich")["spec"],
+            "env": {"A": "1"},
+            "priority": 3,
+            "timing": {"stop_grace_period": 20},
+            "dependency": f"afterok:{job_id}-plain",
+            "selector": {"gpu": "h100"},
+        }
+    }
+    for doc in (plain, rich):
+        requests.send(signed(Verb.SUBMIT, doc))
+    replies = leading.serve(leader)
+    assert [reply.ok for reply in replies] == [True, True], replies
+    ids = [f"{job_id}-plain", f"{job_id}-rich"]
+    decoded: list[str] = []
+    decode = JobSpec.from_json
+
+    def counted(raw: str | bytes) -> JobSpec:
+        decoded.append(str(raw))
+        return decode(raw)
+
+    monkeypatch.setattr(JobSpec, "from_json", staticmethod(counted))
+    held = store.specs(ids)
+    assert decoded == []  # the leader's store took them as they were made
+    fresh = PoolStore(store.client, store.keys).specs(ids)
+    assert len(decoded) == 2  # a fresh reader decodes both
+    assert held == fresh, (held, fresh)
+    assert held[f"{job_id}-rich"].dependency_runs == {f"{job_id}-plain": 1}  # type: ignore[union-attr]
