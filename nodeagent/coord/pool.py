@@ -27,6 +27,8 @@ from nodeagent.coord.poolscripts import (
     POOL_REPLACE_SPEC,
     POOL_SUBMIT,
     POOL_SYNC,
+    submit_call,
+    submitted,
 )
 from nodeagent.coord.scripts import LEAVE, READ_PAGE, leave_call, read_page_call
 from nodeagent.coord.view import (
@@ -502,8 +504,9 @@ class PoolStore:
         """Store a new job (pending); (False, its status) when the id is in use by a job that
         has not ended (or a pinned one). The id of an ended job is taken over: that job moves to
         the history (poolscripts.POOL_SUBMIT). `held_by`: submitted held (submit --hold)."""
+        call = submit_call(self.keys, spec, pinned, held_by, submitted(spec))
         with redis_errors("submit"):
-            created, raw = self._submit(self.submission(spec, pinned, held_by, submitted(spec)))
+            created, raw = self._submit(call)
         return bool(created), status_of(raw)
 
     def submit_many(
@@ -513,37 +516,11 @@ class PoolStore:
         stores each; one event says so, not one per job."""
         pipe = self.client.pipeline(transaction=False)
         for i, spec in enumerate(specs):
-            self._submit(self.submission(spec, False, held_by, event if i == 0 else None), pipe)
+            said = event if i == 0 else None
+            self._submit(submit_call(self.keys, spec, False, held_by, said), pipe)
         with redis_errors("submit"):
             replies = pipe.execute()
         return [(bool(created), status_of(raw)) for created, raw in replies]
-
-    def submission(self, spec: JobSpec, pinned: bool, held_by: str, event: Event | None) -> Call:
-        """POOL_SUBMIT's call for `spec`; `event`: what the pool's stream says of it (None:
-        nothing, another job of the same submission says it)."""
-        k = self.keys
-        return Call(
-            {
-                "specs": k.specs,
-                "jobs": k.jobs,
-                "seq": k.seq,
-                "events": k.events,
-                "cancels": k.cancels,
-                "history": k.history,
-                "ended": k.ended,
-                "holds": k.holds,
-                "requeues": k.requeues,
-                "job_changes": k.job_changes,
-            },
-            {
-                "held_by": held_by,
-                "job": spec.id,
-                "spec": spec.to_json(),
-                "pinned": "1" if pinned else "0",
-                "events_maxlen": EVENTS_MAXLEN,
-                "event": event.to_json() if event is not None else "",
-            },
-        )
 
     def cordon(self, name: str, cordon: Cordon) -> None:
         """Keep `name` out of new placements (and, with drain, off its job now)."""
@@ -597,9 +574,3 @@ class PoolStore:
         event = Event("node_left", node=name, message=f"{name} left the pool")
         with redis_errors("leave the pool"):
             self._leave(leave_call(k, name, event))
-
-
-def submitted(spec: JobSpec) -> Event:
-    """What the pool's stream says of a job stored."""
-    said = f"job {spec.id}: submitted by {spec.submitted_by or 'its nodes'}"
-    return Event("job_submitted", message=said, data={"job": spec.id})

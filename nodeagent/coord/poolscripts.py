@@ -15,7 +15,10 @@ from nodeagent.coord.fragments import (
     POOL_FENCE,
     TAKE_LEADER,
 )
-from nodeagent.coord.lua import Script
+from nodeagent.coord.keys import EVENTS_MAXLEN, PoolKeys
+from nodeagent.coord.lua import Call, Script
+from nodeagent.model.job import Event
+from nodeagent.model.spec import JobSpec
 
 # A node's pool heartbeat: renew its pool lease, take or renew the pool leader lease, mark the
 # node changed when its report did (as a job's SYNC), read where the pool placed it.
@@ -289,3 +292,39 @@ note_job(K.job_changes, A.job)
 return 1
 """,
 )
+
+
+def submit_call(
+    keys: PoolKeys, spec: JobSpec, pinned: bool, held_by: str, event: Event | None
+) -> Call:
+    """POOL_SUBMIT's call for `spec` (and POOL_TAKE_SUBMIT's, with the request taken);
+    `event`: what the pool's stream says of it (None: nothing, another job of the same
+    submission says it)."""
+    return Call(
+        {
+            "specs": keys.specs,
+            "jobs": keys.jobs,
+            "seq": keys.seq,
+            "events": keys.events,
+            "cancels": keys.cancels,
+            "history": keys.history,
+            "ended": keys.ended,
+            "holds": keys.holds,
+            "requeues": keys.requeues,
+            "job_changes": keys.job_changes,
+        },
+        {
+            "held_by": held_by,
+            "job": spec.id,
+            "spec": spec.to_json(),
+            "pinned": "1" if pinned else "0",
+            "events_maxlen": EVENTS_MAXLEN,
+            "event": event.to_json() if event is not None else "",
+        },
+    )
+
+
+def submitted(spec: JobSpec) -> Event:
+    """What the pool's stream says of a job stored."""
+    said = f"job {spec.id}: submitted by {spec.submitted_by or 'its nodes'}"
+    return Event("job_submitted", message=said, data={"job": spec.id})

@@ -22,7 +22,8 @@ from typing import Any
 
 from nodeagent.coord import holds, poolqueues, runs
 from nodeagent.coord.lua import Call
-from nodeagent.coord.pool import PoolStore, submitted
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.poolscripts import submit_call, submitted
 from nodeagent.coord.requests import RequestStore, Taking
 from nodeagent.coord.store import JobStore
 from nodeagent.coord.tokens import TokenStore
@@ -317,7 +318,7 @@ class Requests:
             if not created:
                 raise Refused(in_use(spec.id, self._store.keys.pool, status))
             return _submitted(spec.id, spec.user)
-        submission = self._store.submission(signed, False, held_by, submitted(signed))
+        submission = submit_call(self._store.keys, signed, False, held_by, submitted(signed))
         pending = Pending(taking.request_id, taking, submission, caller.name, signed)
         self._pending.append(pending)  # sent with the batch's others (_flush)
         return pending

@@ -21,7 +21,8 @@ import yaml
 
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.lua import Call
-from nodeagent.coord.pool import PoolStore, submitted
+from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.poolscripts import submit_call, submitted
 from nodeagent.coord.requests import RequestStore, Taking
 from nodeagent.errors import FencedError
 from nodeagent.model.request import Reply, Request, Verb
@@ -376,7 +377,7 @@ def test_a_submission_is_taken_with_its_job_or_not_at_all(
 
     def submission(name: str) -> Call:
         spec = load_spec({"id": name, "entrypoint": ["true"], "user": "alice"})
-        return pool.submission(spec, False, "", submitted(spec))
+        return submit_call(keys, spec, False, "", submitted(spec))
 
     try:
         client.set(keys.leader, "a 1", px=5000)
