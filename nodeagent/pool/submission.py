@@ -70,7 +70,21 @@ class Known:
     queues: dict[str, str | None] = field(default_factory=dict)
 
     def read(self, store: PoolStore, ids: list[str], queues: list[str]) -> None:
+        """Forget what was read, then read these ids' and queues' (one round trip)."""
         self.forget()
+        self._add(store, ids, queues)
+
+    def forget(self) -> None:
+        self.arrays, self.queues = {}, {}
+
+    def of(self, store: PoolStore, spec: JobSpec) -> tuple[bool, str | None]:
+        """Whether `spec`'s id names an array, and its queue's document: read now if not yet
+        (and kept for the batch)."""
+        if spec.id not in self.arrays or spec.queue not in self.queues:
+            self._add(store, [spec.id], [spec.queue])
+        return self.arrays[spec.id], self.queues[spec.queue]
+
+    def _add(self, store: PoolStore, ids: list[str], queues: list[str]) -> None:
         if not ids:
             return
         queues = sorted(set(queues))
@@ -79,16 +93,8 @@ class Known:
             pipe.hmget(store.keys.arrays, ids)
             pipe.hmget(store.keys.queues, queues)
             arrays, raws = pipe.execute()
-        self.arrays = {i: raw is not None for i, raw in zip(ids, arrays, strict=True)}
-        self.queues = dict(zip(queues, raws, strict=True))
-
-    def forget(self) -> None:
-        self.arrays, self.queues = {}, {}
-
-    def of(self, spec: JobSpec) -> tuple[bool, str | None] | None:
-        if spec.id in self.arrays and spec.queue in self.queues:
-            return self.arrays[spec.id], self.queues[spec.queue]
-        return None
+        self.arrays.update((i, raw is not None) for i, raw in zip(ids, arrays, strict=True))
+        self.queues.update(zip(queues, raws, strict=True))
 
 
 def checked(store: PoolStore, spec: JobSpec, known: Known | None = None) -> JobSpec:
@@ -103,15 +109,7 @@ def checked(store: PoolStore, spec: JobSpec, known: Known | None = None) -> JobS
             container.
     """
     pool = store.keys.pool
-    found_known = known.of(spec) if known is not None else None
-    if found_known is not None:
-        named, raw_queue = found_known
-    else:
-        with redis_errors("read the arrays and the queue"):  # one round trip
-            pipe = store.client.pipeline(transaction=False)
-            pipe.hexists(store.keys.arrays, spec.id)
-            pipe.hget(store.keys.queues, spec.queue)
-            named, raw_queue = pipe.execute()
+    named, raw_queue = (known or Known()).of(store, spec)
     live = _live_array(store, spec.id) if named else 0
     if live:
         raise Refused(
