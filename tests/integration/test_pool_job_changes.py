@@ -117,7 +117,7 @@ def test_the_leader_reads_only_what_changed_and_holds_what_everyone_sees(
 def test_what_nobody_noted_is_read_at_the_next_read_of_every_job(
     redis_server: RedisServer, job_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(poolreplies, "JOBS_REREAD_MS", 500)  # every job read every 0.5 s
+    monkeypatch.setattr(poolreplies, "JOBS_REREAD_MS", 2_000)  # every job read every 2 s
     pool = Pool(redis_server, f"{job_id}-pool")
     pool.leading.submit(spec(f"{job_id}-a", min_nodes=NEVER))
     time.sleep(0.01)  # the next read later than its note (a change at a read's ms is read again)
@@ -127,7 +127,7 @@ def test_what_nobody_noted_is_read_at_the_next_read_of_every_job(
     assert first.jobs_changed is not None and f"{job_id}-a" in first.jobs  # not noted: unread
     deadline = time.monotonic() + 30
     whole = first
-    while whole.jobs_changed is not None:  # every job read again within 0.5 s of Redis' time
+    while whole.jobs_changed is not None:  # every job read again within 2 s of Redis' time
         assert time.monotonic() < deadline, "the leader never read every job again"
         time.sleep(0.05)
         whole = pool.leading.read(pool.leader)
