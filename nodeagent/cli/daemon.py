@@ -23,8 +23,9 @@ from nodeagent.cli import api, launch, nodehealth
 from nodeagent.config.load import read_settings
 from nodeagent.config.settings import EX_CONFIG, NodeSettings
 from nodeagent.errors import ConfigError
+from nodeagent.pool.authority import pool_authority
 from nodeagent.runtime.preflight import NodeCheck, check_node
-from nodeagent.runtime.run import pool_authority, run_agent
+from nodeagent.runtime.run import run_agent
 from nodeagent.runtime.signalwatch import SignalWatch
 from nodeagent.telemetry import logs
 from nodeagent.telemetry.logs import LogContext

@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nodeagent.config.hosts import Resolver
+from nodeagent.config.keyfile import read_token_key
 from nodeagent.config.settings import PoolConfig
+from nodeagent.errors import ConfigError
 from nodeagent.model.credential import (
     Decoded,
     Munge,
@@ -25,6 +27,7 @@ from nodeagent.model.credential import (
 from nodeagent.model.request import Caller
 from nodeagent.model.spec import JobSpec
 from nodeagent.model.token import check_credential, is_token_credential
+from nodeagent.supervisor.libmunge import munge_at
 
 
 def not_taken(pool: str) -> str:
@@ -116,6 +119,11 @@ class Authority:
         self._remember(held, verdict)
         return verdict
 
+    def signed(self, spec: JobSpec) -> None:
+        """`spec` as this pool's serving signed it in another process of this agent
+        (runtime/servechild.py): vouched for without checking its signature again."""
+        self._remember((spec.signature, spec.signed_digest), None)
+
     def _remember(self, held: tuple[str, str], verdict: str | None) -> None:
         if len(self._vouched) > 4096:
             self._vouched.clear()
@@ -188,3 +196,26 @@ class Authority:
             return check(self.munge.decode(credential), digest)
         except MungeUnavailable as exc:
             return f"this node cannot check credentials: {exc}"
+
+
+def pool_authority(pool: PoolConfig, resolve: Resolver | None = None) -> Authority | None:
+    """Who is who in the pool (pool.auth: munge), once this host's munged answers; None for
+    pool.auth: none.
+
+    Raises:
+        ConfigError: naming pool.auth, when munged cannot be reached (exit 78).
+    """
+    if pool.auth != "munge":
+        return None
+    munge = munge_at(pool.munge_socket)
+    try:
+        munge.encode("nodeagent: is munged there")
+    except MungeUnavailable as exc:
+        raise ConfigError(
+            "pool.auth",
+            f"munge, but {exc}: start munged on this node (Debian: apt-get install munge; the "
+            "pool's nodes share /etc/munge/munge.key), point pool.munge_socket at its socket, "
+            "or set pool.auth: none (whoever can write the pool's Redis keys then acts as anyone)",
+        ) from None
+    key = read_token_key(pool.tokens.key_file) if pool.tokens.key_file else None
+    return Authority(munge, pool, resolve or Resolver(), key)

@@ -30,7 +30,7 @@ from nodeagent.pool.fairness import Fairness
 from nodeagent.pool.ledger import Bookkeeper
 from nodeagent.pool.notify import Webhooks
 from nodeagent.pool.schedule import PoolView, SchedulePolicy
-from nodeagent.pool.serving import RequestServer
+from nodeagent.pool.serving import Serving
 
 log = logging.getLogger(__name__)
 # While requests keep coming (one was taken since the last round began), a round waits until
@@ -68,7 +68,7 @@ class PoolMember:
         wall: Callable[[], float] = time.time,
         notifier: Webhooks | None = None,
         bookkeeper: Bookkeeper | None = None,
-        server: RequestServer | None = None,
+        server: Serving | None = None,
     ) -> None:
         """`authority`: pool.auth munge (None: none, whoever writes Redis is trusted); `wall`:
         the clock of the heartbeat time the metrics export (`clock` may be monotonic);

@@ -110,13 +110,16 @@ class Requests:
         authority: Authority,
         now: Callable[[], float] = time.time,
         waiting: RequestStore | None = None,
+        stored: Callable[[JobSpec, str], None] | None = None,
     ) -> None:
         """`waiting`: the requests' store `more` blocks on, on a client whose socket timeout
-        outlasts the wait (by default one on the store's client)."""
+        outlasts the wait (by default one on the store's client). `stored`: told of each spec
+        stored, as it was written (by default the leader's store, `store`: PoolStore.made;
+        served in a process of its own, runtime/servechild.py, that process's parent)."""
         # A store of its own: its reads must not reset what the leader's store keeps between
         # rounds (its view of the nodes, the specs decoded, PoolStore.read and specs).
         self._store = PoolStore(store.client, store.keys)
-        self._rounds = store  # the leader's: told of the specs stored (PoolStore.made)
+        self._stored = stored or store.made
         self._requests = RequestStore(store.client, store.keys)
         self._waiting = waiting or self._requests
         self._authority = authority
@@ -176,7 +179,7 @@ class Requests:
         for each, result in zip(pending, found, strict=True):
             self._sent[each.request_id] = each.reply(result, pool)
             if result is not None and result[0]:
-                self._rounds.made(each.spec, each.submission.args["spec"])
+                self._stored(each.spec, each.submission.args["spec"])
 
     def _claim(self, taking: Taking) -> bool:
         """Take a request now, after the submissions before it."""

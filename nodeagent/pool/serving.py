@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from nodeagent.errors import CoordinationError, FencedError
 from nodeagent.model.credential import MungeUnavailable
@@ -25,6 +26,18 @@ from nodeagent.pool.requests import BATCH, Requests
 
 log = logging.getLogger(__name__)
 WAIT_S = 1.0  # the longest wait for a request before the thread looks at its term again
+
+
+class Serving(Protocol):
+    """What the pool member asks of whatever serves the requests: a RequestServer on a thread
+    of the agent, or one in a process of its own (runtime/servechild.py)."""
+
+    @property
+    def taken_at(self) -> float: ...
+
+    def lead(self, token: str | None) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 class RequestServer:
@@ -37,9 +50,12 @@ class RequestServer:
         requests: Requests,
         clock: Callable[[], float] = time.monotonic,
         retry_s: float = 1.0,
+        took: Callable[[float], None] | None = None,
     ) -> None:
-        """`retry_s`: the pause after a failure (Redis, munged) before it serves again."""
+        """`retry_s`: the pause after a failure (Redis, munged) before it serves again;
+        `took`: told the clock's time after each batch that took a request."""
         self._requests = requests
+        self._took = took
         self._clock = clock
         self._retry_s = retry_s
         self._token: str | None = None
@@ -98,6 +114,8 @@ class RequestServer:
         taken = self._requests.serve(token)
         if taken:
             self.taken_at = self._clock()
+            if self._took is not None:
+                self._took(self.taken_at)
         if len(taken) < BATCH:
             self._requests.more(WAIT_S)
 

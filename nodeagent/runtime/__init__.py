@@ -1,6 +1,8 @@
 """The wiring: build the parts from a node's config and run them.
 
 run.py (`run_agent`: Redis, the GPU monitor, the fence keeper, the metrics server, signals),
+servechild.py (the pool leader's requests served in a process of its own), tuning.py (the
+interpreter's settings for the agent's processes),
 locks.py (one agent per node and job: the worker record and its lock), jobrun.py (one job's
 agent and what only it uses), nodeloop.py (a pool node's loop: its membership and its job),
 pulls.py (a job's image pulled before its workers start),

@@ -8,11 +8,9 @@ runs inside them.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,53 +21,34 @@ from prometheus_client import CollectorRegistry
 from nodeagent import __version__
 from nodeagent.accounting.databases import open_ledger
 from nodeagent.config.database import Database, default_database
-from nodeagent.config.hosts import Resolver
 from nodeagent.config.keyfile import read_password, read_token_key
-from nodeagent.config.settings import EMBEDDED, Config, NodeSettings, PoolConfig
+from nodeagent.config.settings import EMBEDDED, Config, NodeSettings
 from nodeagent.coord.client import Redis, check_credentials, connect
 from nodeagent.coord.embedded import EmbeddedRedis
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.listener import StreamListener
 from nodeagent.coord.pool import PoolStore
-from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.tokens import TokenStore
-from nodeagent.errors import ConfigError
 from nodeagent.gpu.health import build_monitor, start_monitor
 from nodeagent.gpu.inventory import offered
-from nodeagent.model.credential import MungeUnavailable
-from nodeagent.pool.authority import Authority
+from nodeagent.model.spec import JobSpec
+from nodeagent.pool.authority import Authority, pool_authority
 from nodeagent.pool.ledger import Bookkeeper
 from nodeagent.pool.member import PoolMember
 from nodeagent.pool.metrics import PoolCollector
 from nodeagent.pool.notify import Webhooks
-from nodeagent.pool.requests import Requests
-from nodeagent.pool.serving import RequestServer
+from nodeagent.runtime import tuning
 from nodeagent.runtime.jobrun import LISTEN_BLOCK_MS, CurrentJobMetrics, JobRun, NodeParts
 from nodeagent.runtime.locks import clean_leftovers, clean_legacy, hold, worker_record
 from nodeagent.runtime.nodeloop import NodeLoop
 from nodeagent.runtime.preflight import NodeCheck
+from nodeagent.runtime.servechild import ServingProcess
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.fence import Keeper
-from nodeagent.supervisor.libmunge import munge_at
 from nodeagent.telemetry.logs import LogContext
 from nodeagent.telemetry.logserve import LogRoute
 from nodeagent.telemetry.metrics import MetricsServer, node_metrics
 from nodeagent.telemetry.sdnotify import Notifier
-
-# How long a thread holding the GIL keeps it while another waits (CPython's default: 5 ms). The
-# pool leader's round computes for up to half a second at 10,000 jobs while its requests' thread
-# (pool/serving.py) waits on Redis: at 5 ms that thread waited up to 5 ms after each of its
-# replies (bench/api.py at 10,000 jobs, one run each: 473 submissions/s and p99 692 ms at 5 ms,
-# 577/s and 519 ms at 1 ms).
-SWITCH_INTERVAL_S = 0.001
-# The cyclic garbage collector's thresholds (CPython's default: 700, 10, 10). A collection holds
-# the GIL: at 10,000 pending jobs a pool leader's full collection took up to 66 ms (4 in 12
-# rounds of 300 new submissions, 248 ms in all; young ones 557 times, 28 ms), and its requests'
-# thread waited through each. The agent's data is freed by reference counting (its cycles are
-# few: exceptions, threads); young cycles are still collected, 50,000 allocations apart.
-# bench/api.py, six runs with, seven without, alternating at the end: submissions at 10,000
-# jobs p99 191-320 ms (median 249) against 249-370 (320), 621-988/s against 557-825.
-GC_THRESHOLDS = (50_000, 50, 100)
 
 
 def run_agent(
@@ -132,8 +111,7 @@ def _run_agent(
     until_done: bool,
     database: Database | None,
 ) -> int | None:
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    gc.set_threshold(*GC_THRESHOLDS)
+    tuning.tune()
     timing = settings.timing
     timeout = max(0.2, min(2.0, timing.lease_ttl / 4))
     client = connect(settings.redis.url, timeout, f"nodeagent-{settings.node.name}")
@@ -238,11 +216,15 @@ def _node_loop(
         if notify.endpoints
         else None
     )
-    server = (
-        RequestServer(Requests(store, authority, waiting=RequestStore(parts.listen_client, keys)))
-        if authority is not None
-        else None
-    )
+    server = None
+    if authority is not None:
+        signed = authority
+
+        def stored(spec: JobSpec, raw: str) -> None:  # by the serving process (servechild.py)
+            store.made(spec, raw)
+            signed.signed(spec)
+
+        server = ServingProcess(settings, stored)
     member = PoolMember(
         store,
         settings,
@@ -289,26 +271,3 @@ def _bookkeeper(
     keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
     ledger = open_ledger(database, password)
     return Bookkeeper(PoolStore(client, keys), ledger, time.monotonic)
-
-
-def pool_authority(pool: PoolConfig, resolve: Resolver | None = None) -> Authority | None:
-    """Who is who in the pool (pool.auth: munge), once this host's munged answers; None for
-    pool.auth: none.
-
-    Raises:
-        ConfigError: naming pool.auth, when munged cannot be reached (exit 78).
-    """
-    if pool.auth != "munge":
-        return None
-    munge = munge_at(pool.munge_socket)
-    try:
-        munge.encode("nodeagent: is munged there")
-    except MungeUnavailable as exc:
-        raise ConfigError(
-            "pool.auth",
-            f"munge, but {exc}: start munged on this node (Debian: apt-get install munge; the "
-            "pool's nodes share /etc/munge/munge.key), point pool.munge_socket at its socket, "
-            "or set pool.auth: none (whoever can write the pool's Redis keys then acts as anyone)",
-        ) from None
-    key = read_token_key(pool.tokens.key_file) if pool.tokens.key_file else None
-    return Authority(munge, pool, resolve or Resolver(), key)

@@ -15,14 +15,15 @@ from nodeagent.config.settings import PoolConfig
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolStore
+from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.tokens import TokenStore
 from nodeagent.model.pool import PoolNode
-from nodeagent.model.request import Request, Verb
+from nodeagent.model.request import Reply, Request, Verb
 from nodeagent.model.token import credential, new_claims, secret_of, token_text
 from nodeagent.pool.authority import Authority
 from nodeagent.pool.requests import Requests
 from nodeagent.supervisor.munge import MungeProgram
-from tests.helpers.cluster import RedisServer
+from tests.helpers.cluster import RedisServer, wait_for
 
 NEVER = 100_000  # nodes a job asks for: more than the pool has, so it stays pending
 
@@ -30,15 +31,18 @@ NEVER = 100_000  # nodes a job asks for: more than the pool has, so it stays pen
 Signed = Callable[[Verb, dict[str, Any]], Request]
 
 
-def leader_of(redis_server: RedisServer, pool: str) -> tuple[PoolStore, str, Requests, Signed, str]:
+def leader_of(
+    redis_server: RedisServer, pool: str, key: bytes | None = None
+) -> tuple[PoolStore, str, Requests, Signed, str]:
     """The pool's store, its leader's lease value, the leader's Requests, a signer of requests
-    with a token of this process's user, and that token's id."""
+    with a token of this process's user, and that token's id; `key`: the pool's token key
+    (default: a new one)."""
     store = PoolStore(connect(redis_server.url, 10.0), PoolKeys("nodeagent", pool))
     leader = store.sync(
         PoolNode(name="n0", address="127.0.0.1", lease_ttl_ms=600_000, labels={}, metrics="")
     ).leader
     assert leader is not None
-    key = os.urandom(32)
+    key = key or os.urandom(32)
     tokens = TokenStore(store.client, store.keys)
     me = pwd.getpwuid(os.getuid())
     unused = MungeProgram("/nonexistent")  # token credentials only: munged is never asked
@@ -56,6 +60,20 @@ def leader_of(redis_server: RedisServer, pool: str) -> tuple[PoolStore, str, Req
         return replace(request, credential=credential(token, request.digest, int(time.time())))
 
     return store, leader, Requests(store, authority), signed, claims.id
+
+
+def answered(requests: RequestStore, request_id: str) -> Reply:
+    """The answer to `request_id`, once there is one."""
+    found: list[Reply] = []
+
+    def replied() -> bool:
+        reply = requests.reply(request_id)
+        if reply is not None:
+            found.append(reply)
+        return reply is not None
+
+    wait_for(replied, 30, f"the answer to {request_id}")
+    return found[0]
 
 
 def spec(job: str) -> dict[str, Any]:

@@ -12,25 +12,12 @@ from contextlib import contextmanager
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.model.pool import PoolJobState
-from nodeagent.model.request import Reply, Verb
+from nodeagent.model.request import Verb
 from nodeagent.pool import leadership
 from nodeagent.pool.schedule import SchedulePolicy
 from nodeagent.pool.serving import RequestServer
 from tests.helpers.cluster import RedisServer, wait_for
-from tests.helpers.poolrequests import leader_of, spec
-
-
-def answered(requests: RequestStore, request_id: str) -> Reply:
-    found: list[Reply] = []
-
-    def replied() -> bool:
-        reply = requests.reply(request_id)
-        if reply is not None:
-            found.append(reply)
-        return reply is not None
-
-    wait_for(replied, 30, f"the answer to {request_id}")
-    return found[0]
+from tests.helpers.poolrequests import answered, leader_of, spec
 
 
 @contextmanager
