@@ -6,7 +6,8 @@ route of the verb table, views/table.py), bodies.py (the pydantic shapes of what
 gives), service.py (reads, and changes asked of the pool leader signed as the caller),
 answers.py (one thread following the pool leader's answers, waking each waiting caller),
 cache.py (a read shared by every caller for limits.read_cache), kept.py (a kept read for a
-caller known without I/O, answered before FastAPI's routing),
+caller known without I/O, answered before FastAPI's routing), quick.py (a known caller's
+valid submission, handled before FastAPI's routing by the route's own body),
 identity.py (who calls: an API token the pool vouched for, a browser's session cookie, or the
 Unix socket's peer), session.py (a browser's session: a `nodeagentctl ui` link taken once, the
 cookie, the CSRF value), ui.py (the web UI's pages and assets under /ui/), limits.py

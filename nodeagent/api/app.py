@@ -16,6 +16,7 @@ from nodeagent.api import problems, routes, ui
 from nodeagent.api.identity import Tokens
 from nodeagent.api.kept import KeptReads
 from nodeagent.api.limits import BodyLimit, RateLimiter
+from nodeagent.api.quick import QuickSubmit
 from nodeagent.api.service import Service
 
 DESCRIPTION = """The pool from anywhere (docs/api.md): what `nodeagentctl` does, over HTTP.
@@ -53,11 +54,13 @@ def make_app(service: Service | None) -> FastAPI:
 
 
 def asgi(service: Service) -> Any:
-    """The app behind its body limit, with kept reads answered before it: what the server
-    runs."""
+    """The app behind its body limit, with kept reads and known callers' submissions
+    answered before it (api/kept.py, api/quick.py): what the server runs."""
     app = make_app(service)
-    kept = KeptReads(app, service.reads, app.state.tokens, app.state.limiter)
-    return BodyLimit(kept, service.settings.limits.body_bytes)
+    tokens, limiter = app.state.tokens, app.state.limiter
+    kept = KeptReads(app, service.reads, tokens, limiter)
+    quick = QuickSubmit(kept, service, tokens, limiter)
+    return BodyLimit(quick, service.settings.limits.body_bytes)
 
 
 def openapi_document() -> dict[str, Any]:

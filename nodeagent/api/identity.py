@@ -128,10 +128,11 @@ def peer_user(uid: int) -> str:
     return Resolver().name_of(uid) or f"uid {uid}"
 
 
-def known(tokens: Tokens, scope: Mapping[str, Any]) -> str | None:
-    """The caller's user as `identify` names it, when that takes no I/O (api/kept.py): a bearer
-    token the pool vouched for a moment ago (the first Authorization header, as Starlette's),
-    or the socket's peer with neither token nor cookie; None: leave it to `identify`."""
+def known(tokens: Tokens, scope: Mapping[str, Any]) -> Identity | None:
+    """The caller as `identify` names it, when that takes no I/O (api/kept.py, api/quick.py):
+    a bearer token the pool vouched for a moment ago (the first Authorization header, as
+    Starlette's), or the socket's peer with neither token nor cookie; None: leave it to
+    `identify`."""
     header = None
     for name, value in scope["headers"]:
         if name == b"cookie":
@@ -140,14 +141,15 @@ def known(tokens: Tokens, scope: Mapping[str, Any]) -> str | None:
             header = value.decode("latin-1")
     if header is None:
         peer = scope.get(PEER_KEY)
-        return None if peer is None else peer_user(int(peer[1]))
+        return None if peer is None else Identity(peer_user(int(peer[1])), peer_uid=int(peer[1]))
     token = bearer(header)
     if token is None:
         return None
     try:
-        return tokens.known(token)
+        user = tokens.known(token)
     except Problem:
         return None  # refused a moment ago: identify says so
+    return Identity(user, token=token) if user is not None else None
 
 
 async def identify(request: Request) -> Identity:

@@ -40,8 +40,8 @@ class KeptReads:
         if scope["type"] == "http" and scope["method"] == "GET":
             body = self._reads.peek(read_key(scope))
             if body is not None:
-                user = known(self._tokens, scope)
-                if user is not None and self._limiter.take(user) == 0:
+                who = known(self._tokens, scope)
+                if who is not None and self._limiter.take(who.user) == 0:
                     await send({"type": "http.response.start", "status": 200, "headers": [
                         (b"content-length", str(len(body)).encode()),
                         (b"content-type", b"application/json"),

@@ -76,43 +76,47 @@ def response(status: int, detail: str, instance: str = "", headers: Any = None) 
     )
 
 
-def install(app: FastAPI) -> None:
-    """Every error the app can meet, as problem details."""
-
-    @app.exception_handler(Problem)
-    async def _problem(request: Request, exc: Problem) -> JSONResponse:
-        return response(exc.status, exc.detail, request.url.path, exc.headers)
-
-    @app.exception_handler(NotFoundError)
-    async def _missing(request: Request, exc: NotFoundError) -> JSONResponse:
-        return response(404, str(exc), request.url.path)
-
-    @app.exception_handler(UsageError)
-    async def _usage(request: Request, exc: UsageError) -> JSONResponse:
-        return response(409, str(exc), request.url.path)
-
-    @app.exception_handler(CoordinationError)
-    async def _redis(request: Request, exc: CoordinationError) -> JSONResponse:
+def answer(exc: Exception, method: str, path: str) -> JSONResponse:
+    """The problem document for `exc`, raised answering `method` `path`: what the app's
+    handlers send (`install`), and api/quick.py's."""
+    if isinstance(exc, Problem):
+        return response(exc.status, exc.detail, path, exc.headers)
+    if isinstance(exc, NotFoundError):
+        return response(404, str(exc), path)
+    if isinstance(exc, UsageError):
+        return response(409, str(exc), path)
+    if isinstance(exc, CoordinationError):
         if isinstance(exc, AccountingError):
             log.warning("accounting: %s", exc)
             detail = f"the accounting database cannot be read now: {exc}"
         else:
             log.warning("Redis: %s", exc)
             detail = f"the pool's Redis cannot be reached now: {exc}"
-        return response(503, detail, request.url.path, {"Retry-After": str(RETRY_AFTER_S)})
+        return response(503, detail, path, {"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(exc, RequestValidationError):
+        return response(422, _said(exc.errors()), path)
+    if isinstance(exc, StarletteHTTPException):
+        return response(exc.status_code, str(exc.detail), path, exc.headers)
+    log.error("%s %s failed", method, path, exc_info=exc)
+    return response(500, f"the API service failed: {type(exc).__name__}", path)
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return response(422, _said(exc.errors()), request.url.path)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return response(exc.status_code, str(exc.detail), request.url.path, exc.headers)
+def install(app: FastAPI) -> None:
+    """Every error the app can meet, as problem details."""
 
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path)
-        return response(500, f"the API service failed: {type(exc).__name__}", request.url.path)
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        return answer(exc, request.method, request.url.path)
+
+    for kind in (
+        Problem,
+        NotFoundError,
+        UsageError,
+        CoordinationError,
+        RequestValidationError,
+        StarletteHTTPException,
+        Exception,
+    ):
+        app.add_exception_handler(kind, handle)
 
 
 def _said(errors: Any) -> str:

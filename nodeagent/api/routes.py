@@ -276,13 +276,22 @@ def _sse(doc: Any, entry_id: str | None = None) -> str:
 async def submit(svc: Svc, who: Who, body: bodies.Submit, response: Response) -> bodies.Submitted:
     """The pool leader checks the spec as it checks nodeagentctl's (and says what is wrong in
     the same words); a spec without an id gets one, as `submit` without --name."""
+    done = await submitting(svc, who, body)
+    response.status_code = 201
+    response.headers["Location"] = location(done.job)
+    return done
+
+
+async def submitting(svc: Service, who: Identity, body: bodies.Submit) -> bodies.Submitted:
+    """What `submit` does, and api/quick.py for a caller known already."""
     spec = {**body.spec, "id": body.spec.get("id") or new_job_id()}
     args: dict[str, Any] = {"spec": spec, **({"hold": True} if body.hold else {})}
     reply = await svc.change(who, Verb.SUBMIT, args)
-    job = str(spec["id"])
-    response.status_code = 201
-    response.headers["Location"] = f"/v1/jobs/{job}"
-    return bodies.Submitted(message=reply.message, user=reply.user, job=job)
+    return bodies.Submitted(message=reply.message, user=reply.user, job=str(spec["id"]))
+
+
+def location(job: str) -> str:
+    return f"/v1/jobs/{job}"
 
 
 async def scale(svc: Svc, who: Who, job: Job, body: bodies.Scale) -> bodies.Done:
