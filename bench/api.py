@@ -11,8 +11,11 @@ placements), and `nodeagent api` on its Unix socket. The load: --clients concurr
 (asyncio, httpx), each with the same operator's API token (`nodeagentctl token` as root), the
 service's per-user rate set out of the way.
 
-For each size S: submissions through the API until the pool holds S jobs (the window's
-submissions a second, and each submission's latency until the pool leader's answer), then
+For each size S: submissions through the API until the pool holds S jobs, each one's latency
+until the pool leader's answer: the first half as fast as the clients get answers (a closed
+loop: the most submissions a second; its latency is then about clients / rate, Little's law),
+the second half offered at --rate a second whatever the answers' pace (an open loop, as wrk2
+offers it: a submission waiting for a free connection counts its wait), then
 reads by the same clients: `GET /v1/jobs/{job}` (show, with goodput), `GET /v1/nodes`,
 `GET /v1/queues`, `GET /v1/jobs?state=running` (every job's status read, one row back).
 Then the CLI's path at the last size: what `nodeagentctl submit` sends, a request signed by
@@ -236,19 +239,74 @@ class Bench:
                 connection.close()
         return latencies, wall, failed
 
-    async def submit_until(self, size: int) -> dict[str, Any]:
+    async def at_rate(
+        self,
+        count: int,
+        rate: float,
+        call: Callable[[Connection, int], Awaitable[tuple[int, bytes]]],
+    ) -> tuple[list[float], float, int]:
+        """`count` calls offered at `rate` a second whatever the answers' pace (an open loop, as
+        wrk2 offers it), each on whichever of the `clients` connections is free: each call's
+        latency from the moment it was due, so that a call kept waiting for a free connection
+        counts its wait too; the wall time, and how many were not answered 2xx."""
+        latencies: list[float] = []
+        failed = 0
+        free: asyncio.Queue[Connection] = asyncio.Queue()
+        connections = [await Connection.open(self.socket, self.token) for _ in range(self.clients)]
+        for connection in connections:
+            free.put_nowait(connection)
+
+        async def one(i: int, due: float) -> None:
+            nonlocal failed
+            connection = await free.get()
+            status, body = await call(connection, i)
+            latencies.append(time.perf_counter() - due)
+            free.put_nowait(connection)
+            if not 200 <= status < 300:
+                failed += 1
+                if failed <= 3:
+                    print(f"  {status}: {body[:300]!r}", flush=True)
+
+        calls: list[asyncio.Task[None]] = []
+        try:
+            began = time.perf_counter()
+            for i in range(count):
+                due = began + i / rate
+                if (wait := due - time.perf_counter()) > 0:
+                    await asyncio.sleep(wait)
+                calls.append(asyncio.create_task(one(i, due)))
+            await asyncio.gather(*calls)
+            wall = time.perf_counter() - began
+        finally:
+            for connection in connections:
+                connection.close()
+        return latencies, wall, failed
+
+    async def submit_until(self, size: int, rate: float) -> dict[str, Any]:
+        """Submissions until the pool holds `size` jobs: the first half as fast as the clients
+        get answers (a closed loop: the most a second), the second half offered at `rate`."""
         first, count = self.submitted, size - self.submitted
+        closed = count // 2
 
         async def submit(c: Connection, i: int) -> tuple[int, bytes]:
             return await c.request("POST", "/v1/jobs", {"spec": spec(f"api-{first + i:06d}")})
 
-        latencies, wall, failed = await self.load(count, submit)
+        async def submit_later(c: Connection, i: int) -> tuple[int, bytes]:
+            return await submit(c, closed + i)
+
+        latencies, wall, failed = await self.load(closed, submit)
+        most = {"submitted": closed, "failed": failed, "per_s": round(closed / wall, 1)}
+        latencies_at, wall_at, failed_at = await self.at_rate(count - closed, rate, submit_later)
         self.submitted = size
+        offered = {
+            "offered_per_s": rate,
+            "submitted": count - closed,
+            "failed": failed_at,
+            "per_s": round((count - closed) / wall_at, 1),
+        }
         return {
-            "submitted": count,
-            "failed": failed,
-            "per_s": round(count / wall, 1),
-            **percentiles(latencies),
+            "at_most": {**most, **percentiles(latencies)},
+            "at_rate": {**offered, **percentiles(latencies_at)},
         }
 
     async def reads(self, count: int) -> dict[str, Any]:
@@ -322,10 +380,10 @@ class Bench:
         return {"accepted": self.submitted, "in_the_pool": len(jobs)}
 
 
-async def measure(bench: Bench, sizes: list[int], reads: int) -> list[dict[str, Any]]:
+async def measure(bench: Bench, sizes: list[int], reads: int, rate: float) -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
-        submitted = await bench.submit_until(size)
+        submitted = await bench.submit_until(size, rate)
         row = {"jobs": size, "api_submit": submitted, "reads": await bench.reads(reads)}
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -344,6 +402,12 @@ def main() -> None:
         help="requests per read, per size (each read's first, which waits for its first "
         "answer to be made, is among them)",
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=500.0,
+        help="submissions a second offered in each size's second half (Slurm's published 500)",
+    )
     parser.add_argument("--cli", type=int, default=1000, help="submissions on the CLI's path")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "api.json"))
     args = parser.parse_args()
@@ -352,7 +416,7 @@ def main() -> None:
         bench = Bench(Path(tmp), args.nodes, args.clients)
         try:
             bench.start()
-            rows = asyncio.run(measure(bench, sizes, args.reads))
+            rows = asyncio.run(measure(bench, sizes, args.reads, args.rate))
             cli = bench.cli_path(args.cli)
             print(json.dumps({"cli_path": cli}), flush=True)
             time.sleep(2)  # the last answers are written; the pool read after them
@@ -365,6 +429,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "nodes": args.nodes,
         "clients": args.clients,
+        "offered_per_s": args.rate,
         "sizes": rows,
         "cli_path": cli,
         "counted": counted,
