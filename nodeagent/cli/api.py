@@ -43,10 +43,12 @@ def run(args: argparse.Namespace) -> int:
     from nodeagent.api.service import Service
     from nodeagent.coord.client import check_credentials, connect
     from nodeagent.errors import CoordinationError
+    from nodeagent.runtime import tuning
     from nodeagent.supervisor.libmunge import munge_at
     from nodeagent.telemetry.sdnotify import Notifier
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    tuning.tune()  # its reads made in worker threads hold the event loop's GIL 1 ms at most
     try:
         settings = read_api(args.config)
         client = connect(settings.redis_url, 5.0, client_name="nodeagent-api")
