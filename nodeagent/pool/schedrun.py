@@ -73,6 +73,7 @@ class Run:
         self._victims: list[JobView] | None = None  # see victims()
         self._running: set[str] | None = None  # see running()
         self.givers: list[JobView] | None = None  # GPU jobs that could shrink (pool/sharing.py)
+        self.givers_nodes: dict[tuple[int, int], set[str]] = {}  # (priority, version) -> nodes
         self._namesakes: dict[tuple[str, str], list[tuple[int, str]]] | None = None
         # Counts the changes to placements, shares and statuses: a verdict on a pending job
         # stays true while it does not move (schedule._admit's memo of blocked shapes).

@@ -231,10 +231,15 @@ def _admit(run: Run, policy: SchedulePolicy, ordered: list[JobView]) -> bool:
             continue
         held = _held_by_queue(run, job) if job.shared else None  # (a whole-node job's: _whole)
         if job.shared and held is None:  # on nodes it shares: partly used ones even now
-            if sharing.admit(run, job, reserving is not None, policy):
-                tasks[job.array] += 1
-            elif (never := _could_fit(run, job)) is not None:
-                run.note(job, never)
+            sharing_said = blocked.said(job, reserving is not None)
+            if sharing_said is None:
+                why = sharing.admit(run, job, reserving is not None, policy)
+                if why is None:
+                    tasks[job.array] += 1
+                    continue
+                sharing_said = (_could_fit(run, job) or why, False)
+                blocked.keep(job, sharing_said, reserving is not None)
+            run.note(job, sharing_said[0])
             continue
         if reserving is not None:
             run.note(job, f"waiting: nodes are held for {reserving.id}, pending longer")
@@ -277,36 +282,40 @@ Said = tuple[str, bool]  # why a job waits; whether it may hold free nodes for i
 
 
 class Blocked:
-    """The verdicts on the whole-node jobs that could not start in this round, by their shape:
-    the next pending job of the same shape gets the same while nothing was placed, freed or
-    moved since (Run.version). At 10,000 pending jobs judging each one took most of a round;
-    a queue of such jobs is mostly a few shapes (Kubernetes' equivalence classes, Slurm's
-    skipping of a partition's jobs once one did not fit). A job whose nodes are its own (some
-    refuse it, lack its labels or its GPUs) has no shape: it is judged alone."""
+    """The verdicts on the jobs that could not start in this round, by their shape: the next
+    pending job of the same shape gets the same while nothing was placed, freed or moved since
+    (Run.version). At 10,000 pending jobs judging each one took most of a round; a queue of
+    such jobs is mostly a few shapes (Kubernetes' equivalence classes, Slurm's skipping of a
+    partition's jobs once one did not fit). A job whose nodes are its own (some refuse it, lack
+    its labels or its GPUs, or it shares some already) has no shape: it is judged alone. A job
+    that shares nodes by GPUs (pool/sharing.py) has a shape of its own: its units, and whether
+    free nodes are held for another (then it takes only partly used ones)."""
 
     def __init__(self, run: Run, policy: SchedulePolicy) -> None:
         self._run, self._policy = run, policy
         self._version = run.version
         self._said: dict[tuple[object, ...], Said] = {}
 
-    def _shape(self, job: JobView) -> tuple[object, ...] | None:
+    def _shape(self, job: JobView, reserving: bool) -> tuple[object, ...] | None:
         """What the verdict on `job` reads of it (pool/schedrun.py's room, free_count,
-        could_preempt; _held_by_queue, _preempt, _could_fit), or None."""
-        if job.shared or job.id in self._run.refusers:
-            return None
+        could_preempt; _held_by_queue, _preempt, _could_fit; for a job sharing nodes,
+        sharing.admit's _pick and shrink_for too), or None."""
         run, policy = self._run, self._policy
+        if job.id in run.refusers or job.id in run.shared_by_job:
+            return None
         old = run.view.now_ms - job.status.submitted_ms >= policy.preempt_after_ms
-        return (job.queue, job.min_nodes, job.target_nodes, job.priority, old)
+        shape = (job.queue, job.min_nodes, job.target_nodes, job.priority, old)
+        return (*shape, job.gpus_per_node, reserving) if job.shared else shape
 
-    def said(self, job: JobView) -> Said | None:
+    def said(self, job: JobView, reserving: bool = False) -> Said | None:
         if self._run.version != self._version:
             self._said.clear()
             self._version = self._run.version
-        shape = self._shape(job)
+        shape = self._shape(job, reserving)
         return self._said.get(shape) if shape is not None else None
 
-    def keep(self, job: JobView, said: Said) -> None:
-        shape = self._shape(job)
+    def keep(self, job: JobView, said: Said, reserving: bool = False) -> None:
+        shape = self._shape(job, reserving)
         if shape is not None and self._run.version == self._version:
             self._said[shape] = said
 

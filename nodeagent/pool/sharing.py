@@ -57,8 +57,9 @@ def keep(run: Run) -> None:
                 run.unshare(node, job.id)
 
 
-def admit(run: Run, job: JobView, reserving: bool, policy: SchedulePolicy) -> bool:
-    """Admit pending `job` on nodes it can share (True), or leave it pending (False)."""
+def admit(run: Run, job: JobView, reserving: bool, policy: SchedulePolicy) -> str | None:
+    """Admit pending `job` on nodes it can share (None), or say why it stays pending (the
+    caller notes it)."""
     units = job.gpus_per_node or 0
     room = run.room(job)
     want = job.target_nodes if room is None else min(job.target_nodes, room)
@@ -67,9 +68,7 @@ def admit(run: Run, job: JobView, reserving: bool, policy: SchedulePolicy) -> bo
     if len(picked) < job.min_nodes:
         taken = shrink_for(run, job, picked, policy)
         if not taken:
-            have = len(picked)
-            run.note(job, f"needs {job.min_nodes} nodes with {units} free GPUs, {have} have them")
-            return False
+            return f"needs {job.min_nodes} nodes with {units} free GPUs, {len(picked)} have them"
     freed = sorted({node for _, node in taken})
     for victim, node in taken:
         run.unshare(node, victim.id)
@@ -84,7 +83,7 @@ def admit(run: Run, job: JobView, reserving: bool, policy: SchedulePolicy) -> bo
     if freed:
         reason += f", preempting {', '.join(sorted({v.id for v, _ in taken}))}"
     run.move(job, RUNNING, reason, "job_admitted")
-    return True
+    return None
 
 
 def shrink_for(
@@ -131,22 +130,28 @@ def shrink_for(
 
 def _victims_nodes(run: Run, claimant: JobView) -> set[str]:
     """The nodes shared by running GPU jobs of lower priority than `claimant` that hold more
-    than their min_nodes (those jobs found once a round: run.givers)."""
+    than their min_nodes (those jobs found once a round: run.givers; the nodes kept for the
+    next claimant of the same priority while no share moves: run.version)."""
     if run.givers is None:
-        view = run.view
+        running = run.running()
         run.givers = sorted(
             (
                 j
-                for j in view.jobs.values()
-                if j.shared and j.id in run.running() and run.holds(j.id) > j.min_nodes
+                for j in run.view.jobs.values()
+                if j.shared and j.id in running and run.holds(j.id) > j.min_nodes
             ),
             key=lambda j: j.priority,
         )
+    key = (claimant.priority, run.version)
+    kept = run.givers_nodes.get(key)
+    if kept is not None:
+        return kept
     found: set[str] = set()
     for giver in run.givers:
         if giver.priority >= claimant.priority:
             break
         found |= run.shared_by_job.get(giver.id, set())
+    run.givers_nodes = {key: found}  # (an older version's is stale)
     return found
 
 

@@ -1,11 +1,12 @@
-"""schedule()'s memo of blocked shapes (schedule.Blocked): a pending whole-node job that shares
-its shape with one that could not start gets the same verdict, unjudged, while nothing moved.
-Checked against schedule() judging every job alone, on seeded random pools: placements,
-statuses and events the same."""
+"""schedule()'s memo of blocked shapes (schedule.Blocked): a pending job that shares its shape
+with one that could not start gets the same verdict, unjudged, while nothing moved; whole-node
+jobs and jobs that share nodes by GPUs alike. Checked against schedule() judging every job
+alone, on seeded random pools: placements, statuses and events the same."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -70,13 +71,72 @@ def pool(rng: random.Random) -> PoolView:
     return PoolView(NOW, nodes, jobs, placements, queues)
 
 
+def gpu_pool(rng: random.Random) -> PoolView:
+    """Nodes of 4 or 8 GPUs (some cordoned, some refusing a job), jobs sharing them running
+    (some above their min_nodes: what a claimant may shrink), whole-node jobs, and pending jobs
+    of both kinds in few shapes, some waiting long enough to preempt or to hold free nodes."""
+    names = [f"g{i:02d}" for i in range(rng.randint(2, 12))]
+    gpus = {n: rng.choice([4, 8, 8]) for n in names}
+    jobs: dict[str, JobView] = {}
+    placements: dict[str, str] = {}
+    shares: dict[str, dict[str, int]] = {}
+    for i in range(rng.randint(0, 8)):  # running, sharing nodes
+        units = rng.choice([1, 2, 4])
+        nodes = [n for n in rng.sample(names, k=min(len(names), rng.randint(1, 3)))
+                 if sum(shares.get(n, {}).values()) + units <= gpus[n]]  # fmt: skip
+        if not nodes:
+            continue
+        for n in nodes:
+            shares.setdefault(n, {})[f"s{i}"] = units
+        status = PoolJob(
+            PoolJobState.RUNNING, seq=i + 1, submitted_ms=0, admitted_ms=NOW - 100_000 * (i + 1)
+        )
+        jobs[f"s{i}"] = JobView(
+            f"s{i}", status, 1, len(nodes), len(nodes), priority=rng.choice([0, 0, 5]),
+            queue=rng.choice(["default", "a"]), record_state=JobState.RUNNING,
+            members=tuple(nodes), gpus_per_node=units,
+        )  # fmt: skip
+    free = [n for n in names if n not in shares]
+    if free and rng.random() < 0.5:  # a whole-node job
+        members = tuple(free[: rng.randint(1, len(free))])
+        status = PoolJob(PoolJobState.RUNNING, seq=50, submitted_ms=0, admitted_ms=NOW - 50_000)
+        jobs["w"] = JobView("w", status, 1, len(members), len(members),
+                            record_state=JobState.RUNNING, members=members)  # fmt: skip
+        placements.update(dict.fromkeys(members, "w"))
+    for i in range(rng.randint(1, 40)):  # pending, of a few shapes
+        size = rng.choice([1, 1, 2, 3])
+        status = PoolJob(
+            PoolJobState.PENDING, seq=100 + i, submitted_ms=NOW - rng.choice([0, 40_000, 90_000])
+        )
+        jobs[f"p{i:02d}"] = JobView(
+            f"p{i:02d}", status, size, size, size + rng.choice([0, 1]),
+            priority=rng.choice([0, 3, 9]), queue=rng.choice(["default", "a"]),
+            gpus_per_node=rng.choice([1, 2, 4, 8, None]),
+        )  # fmt: skip
+    pending = [j for j in jobs if j.startswith("p")]
+    nodes = {
+        name: NodeView(
+            name,
+            cordoned="x" if rng.random() < 0.1 else None,
+            refused={rng.choice(pending): "no"} if rng.random() < 0.15 else {},
+            serving=placements.get(name),
+            sharing=tuple(shares.get(name, {})),
+            gpus=gpus[name],
+        )
+        for name in names
+    }
+    queues = {"a": QueueView("a", quota=rng.choice([None, 2, 4]), gpu_quota=rng.choice([None, 8]))}
+    return PoolView(NOW, nodes, jobs, placements, queues, shares=shares)
+
+
 @pytest.mark.parametrize("seed", range(300))
+@pytest.mark.parametrize("make", [pool, gpu_pool])
 def test_the_memo_of_blocked_shapes_decides_as_judging_every_job_alone(
-    seed: int, monkeypatch: pytest.MonkeyPatch
+    seed: int, make: Callable[[random.Random], PoolView], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    view = pool(random.Random(seed))
+    view = make(random.Random(seed))
     remembered = schedule(view, POLICY)
-    monkeypatch.setattr(scheduling.Blocked, "said", lambda self, job: None)
+    monkeypatch.setattr(scheduling.Blocked, "said", lambda self, *judged: None)
     alone = schedule(view, POLICY)
     assert remembered.placements == alone.placements
     assert remembered.jobs == alone.jobs
