@@ -11,22 +11,21 @@ The agent starts the process the first time its node leads the pool, and tells i
 (`lead`). After each batch that took a request, the process tells the agent when (the rounds
 wait while requests keep coming: pool/member.py) and which specs it stored, so that the rounds
 take them without decoding them again and vouch for them without checking their signature
-again. The process ends when told to stop, and when the agent is gone however it went: its end
-of the pipe closes, and a SIGKILLed agent leaves no serving behind. One that dies is started
-again at the next heartbeat that leads, at most once every RESTART_S.
+again. The process (`python -m nodeagent.runtime.servechild`, supervisor/program.py) ends when
+told to stop, and when the agent is gone however it went: the agent's end of their socket pair
+closes, and a SIGKILLed agent leaves no serving behind. One that dies is started again at the
+next heartbeat that leads, at most once every RESTART_S.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
-import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from nodeagent.config.settings import NodeSettings
@@ -40,9 +39,11 @@ from nodeagent.pool.authority import pool_authority
 from nodeagent.pool.requests import Requests
 from nodeagent.pool.serving import WAIT_S, RequestServer
 from nodeagent.runtime import tuning
+from nodeagent.supervisor import program
 from nodeagent.telemetry import logs
 
 log = logging.getLogger(__name__)
+MODULE = "nodeagent.runtime.servechild"
 RESTART_S = 5.0  # the least time between two starts of the process
 STOP_S = WAIT_S + 5.0  # how long a stop waits for the process before it is killed
 Stored = Callable[[JobSpec, str], None]
@@ -61,10 +62,7 @@ class ServingProcess:
         self._settings = settings
         self._stored = stored
         self._clock = clock
-        # Not fork: the agent has threads by then, and a forked child inherits their locks held.
-        self._context = multiprocessing.get_context("spawn")
-        self._process: BaseProcess | None = None
-        self._conn: Connection | None = None
+        self._process: program.Program | None = None
         self._started_at = -float("inf")
         self._token: str | None = None  # the term the process was told
         self._said_dead = False
@@ -75,25 +73,20 @@ class ServingProcess:
         the pool); the process is started at the first term, and again if it died."""
         if self._process is None and token is None:
             return
-        if (self._process is None or not self._process.is_alive()) and not self._start():
+        if (self._process is None or self._process.exit_code() is not None) and not self._start():
             return
         if token != self._token:
             self._send(("lead", token))
             self._token = token
 
     def stop(self, timeout_s: float = STOP_S) -> None:
-        """Stop the process: told, then terminated if it has not ended within `timeout_s`."""
+        """Stop the process: told, then killed if it has not ended within `timeout_s`."""
         process, self._process = self._process, None
         if process is None:
             return
-        self._send(("stop", None))
-        process.join(timeout_s)
-        if process.is_alive():
-            log.warning("pool requests: the serving process did not stop; terminated")
-            process.terminate()
-            process.join(timeout_s)
-        if self._conn is not None:
-            self._conn.close()
+        self._send(("stop", None), process)
+        if not process.stop(timeout_s):
+            log.warning("pool requests: the serving process did not stop; killed")
 
     @property
     def pid(self) -> int | None:
@@ -105,35 +98,36 @@ class ServingProcess:
                 log.warning(
                     "pool requests: the serving process ended (exit code %s); started again "
                     "within %.0f s",
-                    self._process.exitcode,
+                    self._process.exit_code(),
                     RESTART_S,
                 )
                 self._said_dead = True
             if self._clock() - self._started_at < RESTART_S:
                 return False
-        ours, theirs = self._context.Pipe()
+        if self._process is not None:
+            self._process.conn.close()
+        try:
+            process = program.start(MODULE)
+        except OSError as exc:
+            log.warning("pool requests: the serving process cannot start: %s", exc)
+            self._started_at = self._clock()
+            return False
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
-        process = self._context.Process(
-            target=serve,
-            args=(self._settings, level, theirs),
-            name="nodeagent-requests",
-            daemon=True,
-        )
-        process.start()
-        theirs.close()  # the child's end, held by the child alone: its closing is an EOF here
-        self._process, self._conn = process, ours
+        self._process = process
         self._started_at, self._token, self._said_dead = self._clock(), None, False
+        self._send(("settings", (self._settings, level)))
         threading.Thread(
-            target=self._read, args=(ours,), name="pool-requests-told", daemon=True
+            target=self._read, args=(process.conn,), name="pool-requests-told", daemon=True
         ).start()
         log.info("pool requests: served by process %s", process.pid)
         return True
 
-    def _send(self, message: tuple[str, str | None]) -> None:
+    def _send(self, message: tuple[str, Any], to: program.Program | None = None) -> None:
+        to = to or self._process
         # the process gone: started again at the next term's heartbeat
         with contextlib.suppress(OSError):
-            if self._conn is not None:
-                self._conn.send(message)
+            if to is not None:
+                to.conn.send(message)
 
     def _read(self, conn: Connection) -> None:
         """What the process tells, until it ends."""
@@ -147,10 +141,20 @@ class ServingProcess:
             self.taken_at = taken_at
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m nodeagent.runtime.servechild FD`: FD, its end of the agent's socket pair,
+    which first sends the node's settings and the log level."""
+    conn = program.connection(sys.argv if argv is None else argv)
+    try:
+        _, (settings, level) = conn.recv()
+    except (EOFError, OSError):  # the agent went before it said anything
+        return 0
+    serve(settings, level, conn)
+    return 0
+
+
 def serve(settings: NodeSettings, level: str, conn: Connection) -> None:
-    """The process's main: serve each term the agent tells, until told to stop or the agent is
-    gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C in a terminal: the agent stops it
+    """Serve each term the agent tells, until told to stop or the agent is gone."""
     tuning.tune()
     logs.configure(settings.logging.format, level, logs.LogContext(settings.node.name, "-"))
     try:
@@ -190,3 +194,7 @@ def _server(settings: NodeSettings, conn: Connection) -> RequestServer:
 
     requests = Requests(store, authority, waiting=waiting, stored=lambda s, r: made.append((s, r)))
     return RequestServer(requests, took=took)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

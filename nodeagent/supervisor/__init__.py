@@ -14,6 +14,7 @@ libmunge), munge.py (MUNGE's `munge` and `unmunge` programs, where libmunge does
 usage.py (what the kernel says a worker got of the CPU: its run time and its wait for one, and
 whether it works: a thread of its process tree running or in disk I/O),
 asuser.py (a short program run as the job's user: the copies into a submitted job's persistent
-tier). Apart from the embedded redis-server (coord/embedded.py), only this package starts
+tier), program.py (a program of the agent's own, `python -m MODULE FD`, talked to over a socket
+pair: the pool leader's requests' serving). Apart from the embedded redis-server (coord/embedded.py), only this package starts
 processes.
 """

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.helpers import throttle
-from tests.helpers.cluster import RedisServer, is_keeper, wait_for
+from tests.helpers.cluster import RedisServer, is_keeper, is_serving, wait_for
 from tests.helpers.inplace import Lines
 from tests.helpers.pool import PoolCluster, pool_cluster
 from tests.helpers.runas import AS_TESTER
@@ -46,7 +46,7 @@ def events(pool: PoolCluster, job: str, kind: str) -> list[dict[str, Any]]:
 
 def worker(pool: PoolCluster, node: str) -> int:
     agent = psutil.Process(pool.agents[node].proc.pid)
-    [pid] = [p.pid for p in agent.children() if not is_keeper(p)]
+    [pid] = [p.pid for p in agent.children() if not is_keeper(p) and not is_serving(p)]
     return pid
 
 

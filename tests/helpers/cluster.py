@@ -24,6 +24,7 @@ import yaml
 from nodeagent.coord.client import connect
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.store import JobStore
+from nodeagent.runtime.servechild import MODULE as SERVING_MODULE
 from nodeagent.supervisor.fence import KEEPER_MODULE
 from nodeagent.views.status import status_document
 from tests.helpers.runas import AS_TESTER
@@ -285,9 +286,9 @@ class LocalCluster:
         (self.records_dir / f"exit-{generation}").write_text(str(code))
 
     def worker_pids(self, name: str) -> list[int]:
-        """The agent's children but its fence keeper."""
+        """The agent's children but its fence keeper and its requests' serving."""
         agent = psutil.Process(self.agents[name].proc.pid)
-        return [p.pid for p in agent.children() if not is_keeper(p)]
+        return [p.pid for p in agent.children() if not is_keeper(p) and not is_serving(p)]
 
     def keeper_pid(self, name: str) -> int | None:
         """The agent's fence keeper, None while it has none (e.g. it just died)."""
@@ -372,6 +373,14 @@ def nodeagentctl(*args: str, env: dict[str, str] | None = None) -> subprocess.Co
 def is_keeper(proc: psutil.Process) -> bool:
     try:
         return KEEPER_MODULE in proc.cmdline()
+    except psutil.Error:
+        return False
+
+
+def is_serving(proc: psutil.Process) -> bool:
+    """The pool leader's requests' serving (runtime/servechild.py), not a worker."""
+    try:
+        return SERVING_MODULE in proc.cmdline()
     except psutil.Error:
         return False
 

@@ -1,7 +1,8 @@
 """The pool leader's requests served in a process of its own (runtime/servechild.py), against a
 real redis-server and a real munged: it answers a token-signed submission and tells the agent
-when it took it and the spec it stored; it ends when stopped, and when its agent is SIGKILLed;
-one killed is started again, no sooner than RESTART_S after the last start, and serves again."""
+when it took it and the spec it stored; it is the agent's only child for it, named by its
+module; it ends when stopped, and when its agent is SIGKILLed; one killed is started again, no
+sooner than RESTART_S after the last start, and serves again."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from nodeagent.config.settings import NodeSettings
 from nodeagent.coord.requests import RequestStore
 from nodeagent.model.request import Verb
 from nodeagent.model.spec import JobSpec
-from nodeagent.runtime.servechild import RESTART_S, ServingProcess
+from nodeagent.runtime.servechild import MODULE, RESTART_S, ServingProcess
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.munge import MungeDaemon
 from tests.helpers.poolrequests import answered, leader_of, spec
@@ -178,6 +179,9 @@ def test_it_ends_when_its_agent_is_killed(
         assert agent.stdout is not None
         child = int(agent.stdout.readline())
         assert not gone(child)
+        # its only child, named by what it runs (`ps`): no helper process of multiprocessing's
+        [only] = psutil.Process(agent.pid).children()
+        assert only.pid == child and MODULE in only.cmdline()
         agent.kill()
         agent.wait(30)
         wait_for(lambda: gone(child), 30, "the serving process ending with its agent")

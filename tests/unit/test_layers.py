@@ -71,6 +71,7 @@ PROGRAMS = frozenset(
         "nodeagent.supervisor.fence",
         "nodeagent.worker.preloaded",
         "nodeagent.checkpoint.persistcopy",
+        "nodeagent.runtime.servechild",
     }
 )
 ROOT_MODULES = frozenset({"__init__", "__main__", "errors", "state", "client"})

@@ -82,19 +82,19 @@ def gpu_pool(rng: random.Random) -> PoolView:
     shares: dict[str, dict[str, int]] = {}
     for i in range(rng.randint(0, 8)):  # running, sharing nodes
         units = rng.choice([1, 2, 4])
-        nodes = [n for n in rng.sample(names, k=min(len(names), rng.randint(1, 3)))
-                 if sum(shares.get(n, {}).values()) + units <= gpus[n]]  # fmt: skip
-        if not nodes:
+        on = [n for n in rng.sample(names, k=min(len(names), rng.randint(1, 3)))
+              if sum(shares.get(n, {}).values()) + units <= gpus[n]]  # fmt: skip
+        if not on:
             continue
-        for n in nodes:
+        for n in on:
             shares.setdefault(n, {})[f"s{i}"] = units
         status = PoolJob(
             PoolJobState.RUNNING, seq=i + 1, submitted_ms=0, admitted_ms=NOW - 100_000 * (i + 1)
         )
         jobs[f"s{i}"] = JobView(
-            f"s{i}", status, 1, len(nodes), len(nodes), priority=rng.choice([0, 0, 5]),
+            f"s{i}", status, 1, len(on), len(on), priority=rng.choice([0, 0, 5]),
             queue=rng.choice(["default", "a"]), record_state=JobState.RUNNING,
-            members=tuple(nodes), gpus_per_node=units,
+            members=tuple(on), gpus_per_node=units,
         )  # fmt: skip
     free = [n for n in names if n not in shares]
     if free and rng.random() < 0.5:  # a whole-node job
