@@ -141,7 +141,10 @@ def known(tokens: Tokens, scope: Mapping[str, Any]) -> Identity | None:
             header = value.decode("latin-1")
     if header is None:
         peer = scope.get(PEER_KEY)
-        return None if peer is None else Identity(peer_user(int(peer[1])), peer_uid=int(peer[1]))
+        if peer is None:
+            return None
+        uid = int(peer[1])
+        return Identity(peer_user(uid), peer_uid=uid)
     token = bearer(header)
     if token is None:
         return None

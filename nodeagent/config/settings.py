@@ -181,6 +181,11 @@ class TimingConfig:
     peer_timeout: float = 2.0
     peer_phi: float = 8.0
 
+    @property
+    def redis_timeout(self) -> float:
+        """An agent's Redis calls' socket timeout: a quarter of the lease, 0.2 to 2 s."""
+        return max(0.2, min(2.0, self.lease_ttl / 4))
+
 
 GPU_MODES = ("auto", "on", "off")
 

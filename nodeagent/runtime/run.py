@@ -112,8 +112,7 @@ def _run_agent(
     database: Database | None,
 ) -> int | None:
     tuning.tune()
-    timing = settings.timing
-    timeout = max(0.2, min(2.0, timing.lease_ttl / 4))
+    timeout = settings.timing.redis_timeout
     client = connect(settings.redis.url, timeout, f"nodeagent-{settings.node.name}")
     check_credentials(client)  # ConfigError (exit 78) when refused; unreachable: retried later
     listen_client = connect(settings.redis.url, LISTEN_BLOCK_MS / 1000 + timeout)

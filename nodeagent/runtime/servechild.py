@@ -81,10 +81,11 @@ class ServingProcess:
 
     def stop(self, timeout_s: float = STOP_S) -> None:
         """Stop the process: told, then killed if it has not ended within `timeout_s`."""
-        process, self._process = self._process, None
+        process = self._process
         if process is None:
             return
-        self._send(("stop", None), process)
+        self._send(("stop", None))
+        self._process = None
         if not process.stop(timeout_s):
             log.warning("pool requests: the serving process did not stop; killed")
 
@@ -104,7 +105,6 @@ class ServingProcess:
                 self._said_dead = True
             if self._clock() - self._started_at < RESTART_S:
                 return False
-        if self._process is not None:
             self._process.conn.close()
         try:
             process = program.start(MODULE)
@@ -122,12 +122,11 @@ class ServingProcess:
         log.info("pool requests: served by process %s", process.pid)
         return True
 
-    def _send(self, message: tuple[str, Any], to: program.Program | None = None) -> None:
-        to = to or self._process
+    def _send(self, message: tuple[str, Any]) -> None:
         # the process gone: started again at the next term's heartbeat
         with contextlib.suppress(OSError):
-            if to is not None:
-                to.conn.send(message)
+            if self._process is not None:
+                self._process.conn.send(message)
 
     def _read(self, conn: Connection) -> None:
         """What the process tells, until it ends."""
@@ -180,7 +179,7 @@ def _server(settings: NodeSettings, conn: Connection) -> RequestServer:
     authority = pool_authority(settings.pool)
     assert authority is not None  # started only where pool.auth is munge
     url, name = settings.redis.url, settings.node.name
-    timeout = max(0.2, min(2.0, settings.timing.lease_ttl / 4))  # as the agent's client
+    timeout = settings.timing.redis_timeout
     keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
     store = PoolStore(connect(url, timeout, f"nodeagent-{name}-requests"), keys)
     waiting = RequestStore(connect(url, WAIT_S + timeout, f"nodeagent-{name}-requests"), keys)
