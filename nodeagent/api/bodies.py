@@ -50,6 +50,9 @@ class QueueNew(Strict):
         int | None,
         Field(ge=0, description="the most GPUs its jobs hold, a whole node's all (null: none)"),
     ] = None
+    gpu_guaranteed: Annotated[
+        int, Field(ge=0, description="GPUs its jobs sharing nodes may take back from others")
+    ] = 0
 
 
 class QueueChange(Strict):
@@ -59,6 +62,7 @@ class QueueChange(Strict):
     guaranteed: Annotated[int | None, Field(ge=0)] = None
     max_priority: int | None = None
     gpu_quota: Annotated[int | None, Field(ge=0)] = None
+    gpu_guaranteed: Annotated[int | None, Field(ge=0)] = None
 
 
 class Done(BaseModel):

@@ -30,8 +30,7 @@ def set_queue(
     how = "created" if created else "changed"
     event = Event(
         f"queue_{how}",
-        message=f"queue {queue.name} {how} by {by}: quota {queue.quota or 'none'}, "
-        f"guaranteed {queue.guaranteed}",
+        message=f"queue {queue.name} {how} by {by}: {queue.describe()}",
         data={"queue": queue.name, "by": by},
     )
     streams.write_with_event(

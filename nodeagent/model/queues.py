@@ -3,10 +3,12 @@
 Every job belongs to one queue (`queue` in its spec, default `default`). A queue has a quota,
 the most nodes its jobs hold at once (none: no limit), a GPU quota, the most GPU units its jobs
 hold at once (a whole-node job holds every unit of its nodes, a job sharing nodes those it
-asked for: model/gpus.py), and a guaranteed share: while it holds
-fewer, its pending jobs may take nodes back from queues that hold more than their own share,
-whatever those jobs' priorities (nodeagent.pool.preempt). `default` always exists, with no
-quota and no guarantee, unless an operator sets one.
+asked for: model/gpus.py), and guaranteed shares, in nodes and in GPU units: while it holds
+fewer nodes than its share, its pending jobs may take nodes back from queues that hold more
+than their own, whatever those jobs' priorities (nodeagent.pool.preempt); while it holds fewer
+GPU units than its GPU share, its pending jobs that share nodes may take the shares of jobs of
+queues above their own GPU share likewise (nodeagent.pool.sharing). `default` always exists,
+with no quota and no guarantee, unless an operator sets one.
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ class QueueView:
     guaranteed: int = 0  # nodes it may reclaim from queues above their own share
     max_priority: int | None = None  # the highest priority a job may be submitted with
     gpu_quota: int | None = None  # at most this many GPU units at once; None: no limit
+    gpu_guaranteed: int = 0  # GPU units its jobs sharing nodes may reclaim likewise
 
     def describe(self) -> str:
         ceiling = "none" if self.max_priority is None else str(self.max_priority)
         gpus = "" if self.gpu_quota is None else f", GPU quota {self.gpu_quota}"
+        if self.gpu_guaranteed:
+            gpus += f", GPUs guaranteed {self.gpu_guaranteed}"
         return (
             f"quota {self.quota or 'none'}{gpus}, guaranteed {self.guaranteed}, "
             f"max priority {ceiling}"
@@ -51,8 +56,14 @@ class QueueView:
             found.append(f"max priority {self.max_priority}: expected within +-{MAX_PRIORITY}")
         if self.gpu_quota is not None and not 0 <= self.gpu_quota <= MAX_GPUS:
             found.append(f"GPU quota {self.gpu_quota}: expected 0 to {MAX_GPUS} GPUs, or none")
+        if not 0 <= self.gpu_guaranteed <= MAX_GPUS:
+            found.append(f"GPUs guaranteed {self.gpu_guaranteed}: expected 0 to {MAX_GPUS} GPUs")
         if self.quota is not None and self.guaranteed > self.quota:
             found.append(f"guaranteed {self.guaranteed} above its quota of {self.quota}")
+        if self.gpu_quota is not None and self.gpu_guaranteed > self.gpu_quota:
+            found.append(
+                f"GPUs guaranteed {self.gpu_guaranteed} above its GPU quota of {self.gpu_quota}"
+            )
         return found
 
     def to_json(self) -> str:
@@ -68,6 +79,7 @@ class QueueView:
             guaranteed=r.integer("guaranteed", 0, 0, MAX_NODES),
             max_priority=r.opt_integer("max_priority", -MAX_PRIORITY, MAX_PRIORITY),
             gpu_quota=r.opt_integer("gpu_quota", 0, MAX_GPUS),
+            gpu_guaranteed=r.integer("gpu_guaranteed", 0, 0, MAX_GPUS),
         )
         if queue.problems():
             raise CorruptStateError(f"pool queue: {'; '.join(queue.problems())}")
@@ -128,3 +140,18 @@ class Ledger:
     def surplus(self, name: str) -> int:
         """Nodes the queue holds above its guaranteed share (0 at or below it)."""
         return max(0, self.used(name) - self.guaranteed(name))
+
+    def gpu_queues(self) -> list[str]:
+        """The queues holding GPU units now."""
+        return [name for name, held in self._gpus.items() if held > 0]
+
+    def gpu_guaranteed(self, name: str) -> int:
+        return self._queues[name].gpu_guaranteed if name in self._queues else 0
+
+    def gpu_deficit(self, name: str) -> int:
+        """GPU units the queue is short of its guaranteed GPU share (0 at or above it)."""
+        return max(0, self.gpu_guaranteed(name) - self.gpus_used(name))
+
+    def gpu_surplus(self, name: str) -> int:
+        """GPU units the queue holds above its guaranteed GPU share (0 at or below it)."""
+        return max(0, self.gpus_used(name) - self.gpu_guaranteed(name))

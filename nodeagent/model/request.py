@@ -31,8 +31,8 @@ class Verb(str, Enum):
     SCALE    args {job, target}: N, +N or -N nodes (its owner or an operator; a job pinned by
              its nodes' job: sections, operators only).
     COMMAND  args {job, kind: stop|restart}: through the job's command stream (as SCALE).
-    QUEUE    args {action: create|set|delete, name, quota?, guaranteed?, max_priority?}
-             (operators only).
+    QUEUE    args {action: create|set|delete, name, quota?, guaranteed?, max_priority?,
+             gpu_quota?, gpu_guaranteed?} (operators only).
     CORDON   args {action: cordon|drain|uncordon, node, reason, job?}: a pool node, or with
              `job` a node inside that job (operators only).
     HOLD, RELEASE, REQUEUE  args {job}: keep a pending job from admission, let it go, put a

@@ -52,6 +52,9 @@ class QueueFigures:
     longest_wait_s: float  # its longest-waiting pending job's wait; 0: none pends
     quota: int | None
     guaranteed: int
+    gpus: int = 0  # GPU units its jobs hold (as its GPU quota counts them)
+    gpu_quota: int | None = None
+    gpu_guaranteed: int = 0
 
 
 def node_state(
@@ -91,16 +94,31 @@ def _queue_figures(view: PoolView, waits: Mapping[str, float]) -> dict[str, Queu
     queues = {DEFAULT: QueueView(DEFAULT), **view.queues}
     names = {*queues, *(j.queue for j in view.jobs.values())}
     held: dict[str, int] = dict.fromkeys(names, 0)
-    for job_id in [*view.placements.values(), *(j for s in view.shares.values() for j in s)]:
+    gpus: dict[str, int] = dict.fromkeys(names, 0)
+    for node, job_id in view.placements.items():
         job = view.jobs.get(job_id)
         if job is not None:
-            held[job.queue] += 1  # a node shared counts once for each job sharing it
+            held[job.queue] += 1
+            gpus[job.queue] += view.whole_gpus(node, job_id)
+    for shares in view.shares.values():
+        for job_id, units in shares.items():
+            job = view.jobs.get(job_id)
+            if job is not None:
+                held[job.queue] += 1  # a node shared counts once for each job sharing it
+                gpus[job.queue] += units
     found = {}
     for name in sorted(names):
         queue = queues.get(name, QueueView(name))
         mine = [waits[j.id] for j in view.jobs.values() if j.queue == name and j.id in waits]
         found[name] = QueueFigures(
-            held[name], len(mine), max(mine, default=0.0), queue.quota, queue.guaranteed
+            held[name],
+            len(mine),
+            max(mine, default=0.0),
+            queue.quota,
+            queue.guaranteed,
+            gpus[name],
+            queue.gpu_quota,
+            queue.gpu_guaranteed,
         )
     return found
 
@@ -234,15 +252,24 @@ class PoolCollector(Collector):
         )
         quota = gauge("nodeagent_pool_queue_quota_nodes", "The queue's quota (queues with one)")
         share = gauge("nodeagent_pool_queue_guaranteed_nodes", "The queue's guaranteed share")
+        gpus = gauge("nodeagent_pool_queue_gpus", "GPU units the queue's jobs hold")
+        gpu_quota = gauge("nodeagent_pool_queue_quota_gpus", "The queue's GPU quota (if any)")
+        gpu_share = gauge(
+            "nodeagent_pool_queue_guaranteed_gpus", "The queue's guaranteed share of GPU units"
+        )
         for name, q in figures.queues.items():
             labels = [self._pool, name]
             nodes.add_metric(labels, q.nodes)
             pending.add_metric(labels, q.pending)
             waited.add_metric(labels, q.longest_wait_s)
             share.add_metric(labels, q.guaranteed)
+            gpus.add_metric(labels, q.gpus)
+            gpu_share.add_metric(labels, q.gpu_guaranteed)
             if q.quota is not None:
                 quota.add_metric(labels, q.quota)
-        return (nodes, pending, waited, quota, share)
+            if q.gpu_quota is not None:
+                gpu_quota.add_metric(labels, q.gpu_quota)
+        return (nodes, pending, waited, quota, share, gpus, gpu_quota, gpu_share)
 
     def _by_state(self, name: str, documentation: str, counts: Mapping[str, int]) -> Metric:
         family = GaugeMetricFamily(name, documentation, labels=["pool", "state"])

@@ -7,7 +7,7 @@ not enough, whole jobs marked `preemptible` (evicted: they go back to pending an
 their checkpoints when admitted again), from:
 - jobs of lower priority (strictly; never for an equal or lower priority), lowest priority
   first, then the youngest (admitted last); never taking another queue below its guaranteed
-  share;
+  shares (nodes, and GPU units: a node counted at the most units a node offers);
 - when the claimant's queue holds less than its guaranteed share (reclaim): jobs of queues
   above their own share, whatever their priority, never taking such a queue below its share
   nor the claimant's queue above its own.
@@ -50,10 +50,13 @@ def victims(
     ledger: Ledger,
     now_ms: int,
     cooldown_ms: int,
+    widest: int = 0,
 ) -> list[Victim] | None:
     """The nodes to take for `claimant`, `need` of them, or None when they cannot be found.
-    `running` in victim order (order()); `status_of` a job's status as of now."""
-    taking = _Taking(claimant, ledger)
+    `running` in victim order (order()); `status_of` a job's status as of now; `widest` the
+    most GPU units a node offers (a node taken from a queue with a guaranteed GPU share counts
+    that many against it: never fewer than it held there)."""
+    taking = _Taking(claimant, ledger, widest)
     candidates = []
     for job in running:
         status = status_of(job)
@@ -84,10 +87,11 @@ def victims(
 class _Taking:
     """What one claimant has taken so far, and what the queues' shares still allow."""
 
-    def __init__(self, claimant: JobView, ledger: Ledger) -> None:
-        self.claimant, self.ledger = claimant, ledger
+    def __init__(self, claimant: JobView, ledger: Ledger, widest: int) -> None:
+        self.claimant, self.ledger, self.widest = claimant, ledger, widest
         self.reclaim = ledger.deficit(claimant.queue)
         self.surplus: dict[str, int] = {}
+        self.gpu_surplus: dict[str, int] = {}  # of queues with a guaranteed GPU share
         self.victims: dict[str, Victim] = {}
         self.got = 0
 
@@ -113,6 +117,9 @@ class _Taking:
         if job.queue != self.claimant.queue:
             spare = self.surplus.setdefault(job.queue, self.ledger.surplus(job.queue))
             wanted = min(wanted, spare + self.taken_from(job.id))
+            if self.widest and self.ledger.gpu_guaranteed(job.queue):
+                units = self.gpu_surplus.setdefault(job.queue, self.ledger.gpu_surplus(job.queue))
+                wanted = min(wanted, units // self.widest + self.taken_from(job.id))
         if self._reclaiming(job):
             wanted = min(wanted, self.reclaim + self.taken_from(job.id))
         return wanted
@@ -127,6 +134,8 @@ class _Taking:
         added = len(victim.nodes) - before
         if job.queue != self.claimant.queue:
             self.surplus[job.queue] = self.surplus.get(job.queue, 0) - added
+            if job.queue in self.gpu_surplus:
+                self.gpu_surplus[job.queue] -= added * self.widest
         if self._reclaiming(job):
             self.reclaim -= added
         self.victims[job.id] = victim

@@ -465,6 +465,7 @@ class Requests:
             guaranteed=_number(args, "guaranteed", base.guaranteed) or 0,
             max_priority=_number(args, "max_priority", base.max_priority),
             gpu_quota=_number(args, "gpu_quota", base.gpu_quota),
+            gpu_guaranteed=_number(args, "gpu_guaranteed", base.gpu_guaranteed) or 0,
         )
         if queue.problems():
             raise Refused(f"queue {name}: {'; '.join(queue.problems())}")

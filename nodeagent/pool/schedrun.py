@@ -66,14 +66,18 @@ class Run:
         }
         self.ledger = Ledger(view.queues)
         self._queue_of = {job.id: job.queue for job in view.jobs.values()}
-        # the queues with a GPU quota: only their whole-node jobs' GPUs are counted (a node's
-        # units looked up for each of 10,000 placements would cost every round)
-        self._gpu_queues = {q.name for q in view.queues.values() if q.gpu_quota is not None}
+        # the queues with a GPU quota or a guaranteed GPU share: only their whole-node jobs'
+        # GPUs are counted (a node's units looked up for each of 10,000 placements would cost
+        # every round)
+        self._gpu_queues = {
+            q.name for q in view.queues.values() if q.gpu_quota is not None or q.gpu_guaranteed
+        }
         self.widest = max((n.gpus for n in nodes if n.eligible), default=0)  # most units a node
         self._victims: list[JobView] | None = None  # see victims()
         self._running: set[str] | None = None  # see running()
         self.givers: list[JobView] | None = None  # GPU jobs that could shrink (pool/sharing.py)
-        self.givers_nodes: dict[tuple[int, int], set[str]] = {}  # (priority, version) -> nodes
+        # (priority, the queue reclaiming GPUs or None, version) -> their nodes
+        self.givers_nodes: dict[tuple[int, str | None, int], set[str]] = {}
         self._namesakes: dict[tuple[str, str], list[tuple[int, str]]] | None = None
         # Counts the changes to placements, shares and statuses: a verdict on a pending job
         # stays true while it does not move (schedule._admit's memo of blocked shapes).

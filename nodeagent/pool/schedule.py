@@ -388,6 +388,7 @@ def _preempt(run: Run, job: JobView, policy: SchedulePolicy, need: int, want: in
         run.ledger,
         view.now_ms,
         policy.resize_cooldown_ms,
+        run.widest,
     )
     if not found:
         return False

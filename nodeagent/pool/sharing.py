@@ -19,12 +19,18 @@ Rules (docs/pool.md, "GPUs"):
   share nodes and hold more than their `min_nodes`, on the nodes where that frees enough: the
   fewest such shares a node, lowest priority and youngest first, so exactly the units it
   needs are freed there and no more; all or nothing; never from a job resized less than
-  `resize_cooldown` ago.
+  `resize_cooldown` ago; never taking another queue below its guaranteed shares (nodes, GPU
+  units);
+- reclaim: while the claimant's queue holds fewer GPU units than its guaranteed GPU share, it
+  may take likewise the shares of jobs of other queues above their own GPU share, whatever
+  their priority, until it holds its share (never above it).
 
 Which units a job gets on a node is the node's choice (runtime/nodeloop.py).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJobState
@@ -64,74 +70,135 @@ def admit(run: Run, job: JobView, reserving: bool, policy: SchedulePolicy) -> st
     room = run.room(job)
     want = job.target_nodes if room is None else min(job.target_nodes, room)
     picked = _pick(run, job, want, reserving)
-    taken: list[tuple[JobView, str]] = []
+    taken: list[Taken] = []
     if len(picked) < job.min_nodes:
         taken = shrink_for(run, job, picked, policy)
         if not taken:
             return f"needs {job.min_nodes} nodes with {units} free GPUs, {len(picked)} have them"
-    freed = sorted({node for _, node in taken})
-    for victim, node in taken:
+    freed = sorted({t.node for t in taken})
+    for victim, node, why in taken:
         run.unshare(node, victim.id)
-        run.shrunk(victim, f"shrunk: its GPUs on {node} went to job {job.id}")
+        run.shrunk(victim, f"shrunk: its GPUs on {node} went to job {job.id} ({why})")
         data = {"job": victim.id, "for": job.id, "nodes": [node], "gpus": victim.gpus_per_node}
-        message = f"job {victim.id}: its GPUs on {node} went to job {job.id} (priority "
-        message += f"{job.priority} > {victim.priority})"
+        message = f"job {victim.id}: its GPUs on {node} went to job {job.id} ({why})"
         run.events.append(Event("job_shrunk", message=message, data=data))
     for node in [*picked, *freed]:
         run.share(node, job.id, units)
     reason = f"admitted on {len(picked) + len(freed)} nodes, {units} GPUs each"
     if freed:
-        reason += f", preempting {', '.join(sorted({v.id for v, _ in taken}))}"
+        reason += f", preempting {', '.join(sorted({t.victim.id for t in taken}))}"
     run.move(job, RUNNING, reason, "job_admitted")
     return None
 
 
-def shrink_for(
-    run: Run, job: JobView, picked: list[str], policy: SchedulePolicy
-) -> list[tuple[JobView, str]]:
-    """The shares to take (victim, node) so that `job` has K free units on `min_nodes` nodes
-    with those `picked` already (empty: none, or not enough: nothing is taken)."""
+class Taken(NamedTuple):
+    victim: JobView
+    node: str  # the node whose share it gives up
+    why: str  # "priority 10 > 5", or "queue research below its guaranteed 16 GPUs"
+
+
+def shrink_for(run: Run, job: JobView, picked: list[str], policy: SchedulePolicy) -> list[Taken]:
+    """The shares to take so that `job` has K free units on `min_nodes` nodes with those
+    `picked` already (empty: none, or not enough: nothing is taken)."""
     view = run.view
     if view.now_ms - job.status.submitted_ms < policy.preempt_after_ms:
         return []
     units, need = job.gpus_per_node or 0, job.min_nodes - len(picked)
-    plans: list[tuple[int, str, list[JobView]]] = []
-    for node in sorted(_victims_nodes(run, job)):  # (a bound: most pending jobs find none)
-        held = run.shares.get(node, {})
+    budget = _Budget(run, job)
+    plans: list[tuple[int, str, list[tuple[JobView, str]]]] = []
+    for node in sorted(_victims_nodes(run, job, budget.reclaiming)):  # (a bound: most pending
+        held = run.shares.get(node, {})  # jobs find none)
         if node in picked or job.id in held or not run.usable(job, node):
             continue
         free = run.free_units(node)
         victims = sorted(
-            (v for j in held if (v := view.jobs.get(j)) is not None and _shrinkable(run, v, job)),
-            key=preempt.order,
+            (
+                (v, why)
+                for j in held
+                if (v := view.jobs.get(j)) is not None and (why := budget.why(v)) is not None
+            ),
+            key=lambda pair: preempt.order(pair[0]),
         )
-        chosen: list[JobView] = []
-        for victim in victims:
+        chosen: list[tuple[JobView, str]] = []
+        for victim, why in victims:
             if free >= units:
                 break
-            chosen.append(victim)
+            chosen.append((victim, why))
             free += held[victim.id]
         if free >= units and chosen:
             plans.append((len(chosen), node, chosen))
-    spare: dict[str, int] = {}  # victim -> the nodes it may still give (above its min_nodes)
-    taken: list[tuple[JobView, str]] = []
+    taken: list[Taken] = []
     for _, node, chosen in sorted(plans, key=lambda p: (p[0], p[1])):
         if need <= 0:
             break
-        gives = [spare.setdefault(v.id, run.holds(v.id) - v.min_nodes) for v in chosen]
-        if min(gives) <= 0:
-            continue  # one of them would go below its min_nodes: another node
-        for victim in chosen:
-            spare[victim.id] -= 1
-            taken.append((victim, node))
-        need -= 1
+        if budget.take([v for v, _ in chosen], node):
+            taken += [Taken(victim, node, why) for victim, why in chosen]
+            need -= 1
     return taken if need <= 0 else []
 
 
-def _victims_nodes(run: Run, claimant: JobView) -> set[str]:
-    """The nodes shared by running GPU jobs of lower priority than `claimant` that hold more
-    than their min_nodes (those jobs found once a round: run.givers; the nodes kept for the
-    next claimant of the same priority while no share moves: run.version)."""
+class _Budget:
+    """What one claimant may take: each victim down to its min_nodes, never another queue
+    below its guaranteed shares (nodes, GPU units), and by reclaim (a victim whose priority
+    is not lower) never the claimant's queue above its guaranteed GPUs."""
+
+    def __init__(self, run: Run, claimant: JobView) -> None:
+        self.run, self.claimant, ledger = run, claimant, run.ledger
+        self.reclaim = ledger.gpu_deficit(claimant.queue)  # units its queue may still reclaim
+        self.reclaiming = self.reclaim > 0 and any(
+            ledger.gpu_surplus(q) > 0 for q in ledger.gpu_queues() if q != claimant.queue
+        )
+        self.spare: dict[str, int] = {}  # victim -> nodes it may still give (above min_nodes)
+        self.nodes: dict[str, int] = {}  # queue -> nodes it may still give (above its share)
+        self.gpus: dict[str, int] = {}  # queue -> units it may still give (above its share)
+
+    def why(self, victim: JobView) -> str | None:
+        """Why `victim` may give a share to the claimant, or None."""
+        claimant, ledger = self.claimant, self.run.ledger
+        if not _shrinkable(self.run, victim):
+            return None
+        if victim.priority < claimant.priority:
+            return f"priority {claimant.priority} > {victim.priority}"
+        if self.reclaiming and victim.queue != claimant.queue and ledger.gpu_surplus(victim.queue):
+            share = ledger.gpu_guaranteed(claimant.queue)
+            return f"queue {claimant.queue} below its guaranteed {share} GPUs"
+        return None
+
+    def take(self, chosen: list[JobView], node: str) -> bool:
+        """Take the shares `chosen` hold on `node`, if every bound allows it."""
+        run, ledger, claimant = self.run, self.run.ledger, self.claimant
+        held = run.shares.get(node, {})
+        spare = {v.id: self.spare.get(v.id, run.holds(v.id) - v.min_nodes) for v in chosen}
+        nodes: dict[str, int] = {}
+        gpus: dict[str, int] = {}
+        for victim in chosen:
+            if victim.queue != claimant.queue:
+                nodes[victim.queue] = nodes.get(victim.queue, 0) + 1
+                gpus[victim.queue] = gpus.get(victim.queue, 0) + held[victim.id]
+        reclaims = any(v.priority >= claimant.priority for v in chosen)
+        if (
+            min(spare.values()) <= 0
+            or any(self.nodes.get(q, ledger.surplus(q)) < n for q, n in nodes.items())
+            or any(self.gpus.get(q, ledger.gpu_surplus(q)) < n for q, n in gpus.items())
+            or (reclaims and self.reclaim < (claimant.gpus_per_node or 0))
+        ):
+            return False
+        for victim in chosen:
+            self.spare[victim.id] = spare[victim.id] - 1
+        for queue, count in nodes.items():
+            self.nodes[queue] = self.nodes.get(queue, ledger.surplus(queue)) - count
+        for queue, count in gpus.items():
+            self.gpus[queue] = self.gpus.get(queue, ledger.gpu_surplus(queue)) - count
+        if reclaims:
+            self.reclaim -= claimant.gpus_per_node or 0
+        return True
+
+
+def _victims_nodes(run: Run, claimant: JobView, reclaiming: bool) -> set[str]:
+    """The nodes shared by running GPU jobs that hold more than their min_nodes and have a
+    lower priority than `claimant` or, when its queue reclaims GPUs, are of another queue (those
+    jobs found once a round: run.givers; the nodes kept for the next claimant of the same
+    priority and queue while no share moves: run.version)."""
     if run.givers is None:
         running = run.running()
         run.givers = sorted(
@@ -142,24 +209,24 @@ def _victims_nodes(run: Run, claimant: JobView) -> set[str]:
             ),
             key=lambda j: j.priority,
         )
-    key = (claimant.priority, run.version)
+    key = (claimant.priority, claimant.queue if reclaiming else None, run.version)
     kept = run.givers_nodes.get(key)
     if kept is not None:
         return kept
     found: set[str] = set()
     for giver in run.givers:
-        if giver.priority >= claimant.priority:
+        if giver.priority < claimant.priority or (reclaiming and giver.queue != claimant.queue):
+            found |= run.shared_by_job.get(giver.id, set())
+        elif not reclaiming:
             break
-        found |= run.shared_by_job.get(giver.id, set())
     run.givers_nodes = {key: found}  # (an older version's is stale)
     return found
 
 
-def _shrinkable(run: Run, victim: JobView, claimant: JobView) -> bool:
+def _shrinkable(run: Run, victim: JobView) -> bool:
     status = run.status(victim)
     return (
-        victim.priority < claimant.priority
-        and run.holds(victim.id) > victim.min_nodes
+        run.holds(victim.id) > victim.min_nodes
         and status.state is RUNNING
         and not status.pinned
         and not preempt.cooling(status, run.view.now_ms, run.cooldown_ms)

@@ -1,5 +1,5 @@
 """The pool's queues as rows (`nodeagentctl queue list`, GET /v1/queues): quota, GPU quota,
-guarantee, and the nodes, GPUs and jobs each holds now."""
+guarantees (nodes, GPUs), and the nodes, GPUs and jobs each holds now."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def queues(store: PoolStore) -> list[dict[str, Any]]:
                 "gpu_quota": queue.gpu_quota,
                 "gpus": gpus.get(name, 0),
                 "guaranteed": queue.guaranteed,
+                "gpu_guaranteed": queue.gpu_guaranteed,
                 "nodes": sum(1 for j in holders if queue_of.get(j) == name),
                 "running": sum(1 for j in jobs if snap.jobs[j].state is PoolJobState.RUNNING),
                 "pending": sum(1 for j in jobs if snap.jobs[j].state is PoolJobState.PENDING),

@@ -219,3 +219,48 @@ def test_a_node_killed_re_forms_every_job_it_served(pool: PoolCluster, job_id: s
     pool.kill_tree("b")
     for name in jobs:
         pool.wait_job(name, "running", world=1, after=rows[name]["generation"], timeout=60)
+
+
+def test_a_queue_below_its_gpu_share_takes_back_exactly_the_units_it_needs(
+    pool: PoolCluster, job_id: str
+) -> None:
+    """a and b full: batch's job (priority 10, min 1 node) holds 4 GPUs of each, keep's (min 2
+    nodes) the other 4 of each. research, guaranteed 4 GPUs, submits a 4-GPU job: it takes
+    batch's share of one node, holding exactly the units batch gave up there, batch
+    goes on on the other node, and keep keeps its generation and its worker."""
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    wait_for(lambda: every_node_offers(pool, 8), 30, "8 GPUs a node")
+    for queue, more in (("research", ("--gpu-guaranteed", "4")), ("batch", ())):
+        made = pool.ctl("queue", "create", queue, *more)
+        assert made.returncode == 0, made.stderr
+    assert "warning" not in made.stdout  # 4 GPUs promised, 16 offered
+    batch, keep = f"{job_id}-batch"[-63:], f"{job_id}-keep"[-63:]
+    pool.submit(batch, "1:2", "--gpus-per-node", "4", "--queue", "batch", "--priority", "10")
+    pool.wait_job(batch, "running", world=2, timeout=60)
+    pool.submit(keep, "2", "--gpus-per-node", "4")
+    row_keep = pool.wait_job(keep, "running", world=2, timeout=60)
+    assert shares(pool) == {n: {batch: 4, keep: 4} for n in "ab"}
+    given_up = wait_for(
+        lambda: {u["uuid"] for u in units(pool)["a"] if u["job"] == batch} or None, 30, "holders"
+    )
+    keep_pids = {s["pid"] for s in wait_for(lambda: started(pool, keep, 2), 30, "keep's workers")}
+
+    claim = f"{job_id}-claim"[-63:]
+    pool.submit(claim, "1", "--gpus-per-node", "4", "--queue", "research")
+    pool.wait_job(claim, "running", world=1, timeout=60)
+    assert shares(pool) == {"a": {keep: 4, claim: 4}, "b": {batch: 4, keep: 4}}
+    says = pool.jobs()[batch]["reason"]
+    assert f"went to job {claim} (queue research below its guaranteed 4 GPUs)" in says, says
+    taken = wait_for(
+        lambda: {u["uuid"] for u in units(pool)["a"] if u["job"] == claim} or None, 30, "holders"
+    )
+    assert taken == given_up
+    assert first_start(pool, claim)["cuda"] in given_up  # its worker: one of them (local rank 0)
+    pool.wait_job(batch, "running", world=1, timeout=60)
+    assert pool.jobs()[keep]["generation"] == row_keep["generation"]
+    for pid in keep_pids:  # keep's workers: the same processes, still running
+        os.kill(pid, 0)
+    listing = {r["queue"]: r for r in json.loads(pool.ctl("queue", "list", "--json").stdout)[
+        "queues"]}  # fmt: skip
+    assert (listing["research"]["gpus"], listing["research"]["gpu_guaranteed"]) == (4, 4)

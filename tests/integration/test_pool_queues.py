@@ -56,6 +56,7 @@ def test_a_queue_at_its_quota_keeps_its_next_job_pending(pool: PoolCluster) -> N
         "gpu_quota": None,
         "gpus": 0,  # these nodes have no GPUs (no NVML here)
         "guaranteed": 1,
+        "gpu_guaranteed": 0,
         "nodes": 1,
         "running": 1,
         "pending": 1,

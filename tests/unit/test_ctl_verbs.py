@@ -110,6 +110,11 @@ SIGNED_LINES: list[tuple[list[str], str | None, tuple[Verb, dict[str, Any]] | No
         None,
         (Verb.QUEUE, {"action": "set", "name": "q", "gpu_quota": 32}),
     ),
+    (
+        ["queue", "set", "q", "--gpu-guaranteed", "16"],
+        None,
+        (Verb.QUEUE, {"action": "set", "name": "q", "gpu_guaranteed": 16}),
+    ),
     (["queue", "delete", "q"], None, (Verb.QUEUE, {"action": "delete", "name": "q"})),
     (["queue", "list"], None, None),  # reads change nothing
     (["hold", "x"], None, (Verb.HOLD, {"job": "x"})),

@@ -256,3 +256,26 @@ def test_a_bookkeeper_exports_the_accounting_backlog() -> None:
     assert 'nodeagent_pool_accounting_written_total{pool="research"} 340.0' in text
     assert "accounting" not in scrape(member)
     assert "accounting" not in scrape(replace(member, bookkeeper=keeper, leading=False))
+
+
+def test_queue_gpus_count_units_held_and_whole_nodes_every_unit() -> None:
+    """A queue's GPUs: a job sharing a node its units there, a whole-node job every unit of
+    its node; its GPU quota (no series without one) and its guaranteed GPUs."""
+    nodes = [NodeView("a", gpus=8), NodeView("b", gpus=8)]
+    small = replace(job("s", RUNNING), queue="research", gpus_per_node=2)
+    whole = replace(job("w", RUNNING), queue="research")
+    pool = replace(
+        view(nodes, [small, whole, job("d", RUNNING)], {"b": "w"}),
+        shares={"a": {"s": 2, "d": 3}},
+        queues={"research": QueueView("research", gpu_quota=16, gpu_guaranteed=10)},
+    )
+    text = scrape(Member(leading=True, last_view=pool)).splitlines()
+    for line in [
+        'nodeagent_pool_queue_gpus{pool="research",queue="research"} 10.0',
+        'nodeagent_pool_queue_gpus{pool="research",queue="default"} 3.0',
+        'nodeagent_pool_queue_quota_gpus{pool="research",queue="research"} 16.0',
+        'nodeagent_pool_queue_guaranteed_gpus{pool="research",queue="research"} 10.0',
+        'nodeagent_pool_queue_guaranteed_gpus{pool="research",queue="default"} 0.0',
+    ]:
+        assert line in text, (line, text)
+    assert not any('quota_gpus{pool="research",queue="default"}' in line for line in text)

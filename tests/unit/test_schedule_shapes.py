@@ -93,7 +93,7 @@ def gpu_pool(rng: random.Random) -> PoolView:
         )
         jobs[f"s{i}"] = JobView(
             f"s{i}", status, 1, len(on), len(on), priority=rng.choice([0, 0, 5]),
-            queue=rng.choice(["default", "a"]), record_state=JobState.RUNNING,
+            queue=rng.choice(["default", "a", "b"]), record_state=JobState.RUNNING,
             members=tuple(on), gpus_per_node=units,
         )  # fmt: skip
     free = [n for n in names if n not in shares]
@@ -110,7 +110,7 @@ def gpu_pool(rng: random.Random) -> PoolView:
         )
         jobs[f"p{i:02d}"] = JobView(
             f"p{i:02d}", status, size, size, size + rng.choice([0, 1]),
-            priority=rng.choice([0, 3, 9]), queue=rng.choice(["default", "a"]),
+            priority=rng.choice([0, 3, 9]), queue=rng.choice(["default", "a", "b"]),
             gpus_per_node=rng.choice([1, 2, 4, 8, None]),
         )  # fmt: skip
     pending = [j for j in jobs if j.startswith("p")]
@@ -125,7 +125,15 @@ def gpu_pool(rng: random.Random) -> PoolView:
         )
         for name in names
     }
-    queues = {"a": QueueView("a", quota=rng.choice([None, 2, 4]), gpu_quota=rng.choice([None, 8]))}
+    queues = {
+        "a": QueueView(
+            "a",
+            quota=rng.choice([None, 2, 4]),
+            gpu_quota=rng.choice([None, 8]),
+            gpu_guaranteed=rng.choice([0, 0, 8]),
+        ),
+        "b": QueueView("b", gpu_guaranteed=rng.choice([0, 4])),
+    }
     return PoolView(NOW, nodes, jobs, placements, queues, shares=shares)
 
 

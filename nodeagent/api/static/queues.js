@@ -17,6 +17,7 @@ export function queuesPage(main) {
         el("td", { class: "num" }, x.quota ?? "no limit"),
         el("td", { class: "num" }, x.gpu_quota ?? "no limit"),
         el("td", { class: "num" }, x.guaranteed),
+        el("td", { class: "num" }, x.gpu_guaranteed ?? 0),
         el("td", { class: "num" }, x.nodes),
         el("td", { class: "num", dataset: { gpus: String(x.gpus) } }, x.gpus),
         el("td", { class: "num" }, x.running),
@@ -38,7 +39,7 @@ export function queuesPage(main) {
     );
     replace(
       body,
-      table(["queue", "quota (nodes)", "quota (GPUs)", "guaranteed", "nodes held", "GPUs held", "running", "pending"], rows, { class: "rows" }),
+      table(["queue", "quota (nodes)", "quota (GPUs)", "guaranteed (nodes)", "guaranteed (GPUs)", "nodes held", "GPUs held", "running", "pending"], rows, { class: "rows" }),
       el("h2", {}, "Pending, in the order they start"),
       waiting.length
         ? table(["#", "job", "queue", "user", "priority", "waiting", "why"], waiting, { class: "rows", id: "pending" })

@@ -16,13 +16,15 @@ from nodeagent.model.request import Verb
 from nodeagent.views import queues as views
 from nodeagent.views.documents import listing
 
+GUARANTEES = ("guaranteed", "gpu_guaranteed")
 HELP = "the pool's queues: quota, guaranteed share, use"
-QUEUE_KEYS = frozenset({"quota", "guaranteed", "max_priority", "gpu_quota"})  # absent: unchanged
+QUEUE_KEYS = frozenset({"quota", "guaranteed", "max_priority", "gpu_quota", "gpu_guaranteed"})
 
 
 def add_arguments(queue: argparse.ArgumentParser) -> None:
     queue.description = (
-        "nodeagentctl queue create research --quota 8 --gpu-quota 32 --guaranteed 4 | "
+        "nodeagentctl queue create research --quota 8 --gpu-quota 32 --guaranteed 4 "
+        "--gpu-guaranteed 16 | "
         "queue set research --quota none | queue delete research | queue list"
     )
     actions = queue.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -43,6 +45,11 @@ def add_arguments(queue: argparse.ArgumentParser) -> None:
         )
         parser.add_argument(
             "--guaranteed", type=int, help="nodes it may take back from queues above theirs"
+        )
+        parser.add_argument(
+            "--gpu-guaranteed",
+            type=int,
+            help="GPUs its jobs sharing nodes may take back from queues above theirs",
         )
         parser.add_argument(
             "--max-priority",
@@ -83,7 +90,9 @@ def request(
         return None
     found: dict[str, Any] = {"action": args.action, "name": args.name}
     given = {key: value for key, value in vars(args).items() if key in QUEUE_KEYS}
-    found.update({k: v for k, v in given.items() if k != "guaranteed" or v is not None})
+    found.update(  # (absent: unchanged; the guarantees' absence is None, not SUPPRESS)
+        {k: v for k, v in given.items() if k not in GUARANTEES or v is not None}
+    )
     return Verb.QUEUE, found
 
 
@@ -106,17 +115,23 @@ def run(target: Target, args: argparse.Namespace) -> int:
         guaranteed=base.guaranteed if args.guaranteed is None else args.guaranteed,
         max_priority=args.max_priority if "max_priority" in vars(args) else base.max_priority,
         gpu_quota=args.gpu_quota if "gpu_quota" in vars(args) else base.gpu_quota,
+        gpu_guaranteed=base.gpu_guaranteed if args.gpu_guaranteed is None else args.gpu_guaranteed,
     )
     problems = queue.problems()
     if problems:
         raise UsageError(f"queue {args.name}: {'; '.join(problems)}")
     poolqueues.set_queue(store.client, store.keys, queue, by, created=existing is None)
     print(f"queue {queue.name}: {queue.describe()}")
-    promised = sum(q.guaranteed for q in {**snap.queues, queue.name: queue}.values())
+    queues = {**snap.queues, queue.name: queue}.values()
+    promised = sum(q.guaranteed for q in queues)
     if promised > len(snap.nodes):
         print(
             f"warning: the queues are guaranteed {promised} nodes, the pool has {len(snap.nodes)}"
         )
+    promised_gpus = sum(q.gpu_guaranteed for q in queues)
+    offered = sum(len(report.gpus) for report in snap.nodes.values())
+    if promised_gpus > offered:
+        print(f"warning: the queues are guaranteed {promised_gpus} GPUs, the pool offers {offered}")
     return 0
 
 
@@ -145,13 +160,13 @@ def _list(store: PoolStore, as_json: bool) -> int:
         return 0
     print(
         f"{'QUEUE':<16} {'QUOTA':>6} {'GUARANTEED':>10} {'NODES':>6} {'GPUS':>9} "
-        f"{'RUNNING':>7} {'PENDING':>7}"
+        f"{'GPUS GUAR.':>10} {'RUNNING':>7} {'PENDING':>7}"
     )
     for r in found:
         quota = "-" if r["quota"] is None else str(r["quota"])
         gpus = str(r["gpus"]) + ("" if r["gpu_quota"] is None else f"/{r['gpu_quota']}")
         print(
             f"{r['queue']:<16} {quota:>6} {r['guaranteed']:>10} {r['nodes']:>6} {gpus:>9} "
-            f"{r['running']:>7} {r['pending']:>7}"
+            f"{r['gpu_guaranteed']:>10} {r['running']:>7} {r['pending']:>7}"
         )
     return 0

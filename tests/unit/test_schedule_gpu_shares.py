@@ -1,0 +1,127 @@
+"""schedule() and queues' guaranteed GPU shares: reclaim by jobs sharing nodes, and what no
+preemption takes from a queue at its share."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from nodeagent.model.pool import PoolJob, PoolJobState
+from nodeagent.model.queues import QueueView
+from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
+from nodeagent.state import JobState
+
+NOW = 10_000_000
+POLICY = SchedulePolicy(reserve_after_ms=60_000, preempt_after_ms=0)
+PENDING, RUNNING = PoolJobState.PENDING, PoolJobState.RUNNING
+
+
+def pending(
+    name: str, units: int | None, queue: str, *, priority: int = 0, seq: int = 10
+) -> JobView:
+    status = PoolJob(PENDING, seq=seq, submitted_ms=NOW)
+    return JobView(name, status, 1, 1, 1, priority=priority, queue=queue, gpus_per_node=units)
+
+
+def running(
+    name: str, units: int | None, queue: str, nodes: tuple[str, ...], *, priority: int = 0
+) -> JobView:
+    """A job running on `nodes` since long ago (out of its resize cooldown), min 1 node."""
+    status = PoolJob(RUNNING, seq=1, submitted_ms=0, admitted_ms=NOW - 600_000)
+    return JobView(
+        name,
+        status,
+        1,
+        len(nodes),
+        len(nodes),
+        priority=priority,
+        queue=queue,
+        gpus_per_node=units,
+        record_state=JobState.RUNNING,
+        members=nodes,
+    )
+
+
+def eights(*names: str) -> dict[str, NodeView]:
+    return {n: NodeView(n, gpus=8) for n in names}
+
+
+def test_a_queue_below_its_gpu_share_reclaims_shares_whatever_their_priority() -> None:
+    """batch (priority 10) shares a and b, 8 GPUs on each; research is guaranteed 8 GPUs and
+    holds none: its 8-GPU job takes batch's share of one node, saying why, and no more."""
+    queues = {
+        "research": QueueView("research", gpu_guaranteed=8),
+        "batch": QueueView("batch"),
+    }
+    big = running("big", 8, "batch", ("a", "b"), priority=10)
+    claim = pending("claim", 8, "research")
+    shares = {"a": {"big": 8}, "b": {"big": 8}}
+    view = PoolView(NOW, eights("a", "b"), {"big": big, "claim": claim}, {}, queues, shares=shares)
+    result = schedule(view, POLICY)
+    assert result.shares == {"a": {"claim": 8}, "b": {"big": 8}}
+    assert result.jobs["claim"].reason == "admitted on 1 nodes, 8 GPUs each, preempting big"
+    assert result.jobs["big"].reason == (
+        "shrunk: its GPUs on a went to job claim (queue research below its guaranteed 8 GPUs)"
+    )
+    # At its share, a second research job takes nothing from batch (priority 0 < 10), though
+    # batch's job could give one of its nodes.
+    admitted = replace(claim, status=replace(claim.status, state=RUNNING, admitted_ms=NOW))
+    more = pending("more", 4, "research", seq=11)
+    grown = replace(big, target_nodes=2, members=("b", "c"))
+    shares = {"a": {"claim": 8}, "b": {"big": 8}, "c": {"big": 8}}
+    jobs = {"big": grown, "claim": admitted, "more": more}
+    after = schedule(PoolView(NOW, eights("a", "b", "c"), jobs, {}, queues, shares=shares), POLICY)
+    assert after.jobs["more"].state is PENDING
+    assert after.shares == shares
+
+
+def test_reclaim_never_takes_the_claimant_s_queue_above_its_gpu_share() -> None:
+    """research is guaranteed 4 GPUs: an 8-GPU job of it would hold 8, above 4, so it takes
+    nothing from batch's priority-10 job; a 4-GPU one does."""
+    queues = {"research": QueueView("research", gpu_guaranteed=4)}
+    big = running("big", 8, "batch", ("a", "b"), priority=10)
+    shares = {"a": {"big": 8}, "b": {"big": 8}}
+    queues["batch"] = QueueView("batch")
+    for units, admitted in ((8, False), (4, True)):
+        claim = pending("claim", units, "research")
+        view = PoolView(
+            NOW, eights("a", "b"), {"big": big, "claim": claim}, {}, queues, shares=shares
+        )
+        result = schedule(view, POLICY)
+        assert (result.jobs["claim"].state is RUNNING) is admitted, result.jobs["claim"]
+
+
+def test_no_preemption_takes_another_queue_below_its_guaranteed_gpus() -> None:
+    """batch is guaranteed 16 GPUs and holds 16 (8 on a and b): a higher-priority job of another
+    queue takes none of them, sharing nodes or whole; one of batch's own queue does."""
+    queues = {"batch": QueueView("batch", gpu_guaranteed=16), "hot": QueueView("hot")}
+    low = running("low", 8, "batch", ("a", "b"))
+    shares = {"a": {"low": 8}, "b": {"low": 8}}
+    for queue, taken in (("hot", False), ("batch", True)):
+        high = pending("high", 8, queue, priority=5)
+        view = PoolView(
+            NOW, eights("a", "b"), {"low": low, "high": high}, {}, queues, shares=shares
+        )
+        assert (schedule(view, POLICY).jobs["high"].state is RUNNING) is taken
+    whole = running("whole", None, "batch", ("a", "b"))
+    for queue, taken in (("hot", False), ("batch", True)):
+        high = pending("high", None, queue, priority=5)
+        jobs = {"whole": whole, "high": high}
+        view = PoolView(NOW, eights("a", "b"), jobs, {"a": "whole", "b": "whole"}, queues)
+        assert (schedule(view, POLICY).jobs["high"].state is RUNNING) is taken
+    # above its share by one node's units, it gives one node
+    queues["batch"] = QueueView("batch", gpu_guaranteed=8)
+    high = pending("high", None, "hot", priority=5)
+    jobs = {"whole": whole, "high": high}
+    view = PoolView(NOW, eights("a", "b"), jobs, {"a": "whole", "b": "whole"}, queues)
+    assert schedule(view, POLICY).placements == {"a": "whole", "b": "high"}
+
+
+def test_a_queue_s_gpu_guarantee_is_checked_against_its_gpu_quota() -> None:
+    assert QueueView("q", gpu_quota=4, gpu_guaranteed=8).problems() == [
+        "GPUs guaranteed 8 above its GPU quota of 4"
+    ]
+    assert QueueView("q", gpu_guaranteed=-1).problems()[0].startswith("GPUs guaranteed -1")
+    kept = QueueView("q", gpu_quota=32, gpu_guaranteed=16)
+    assert QueueView.from_json(kept.to_json()) == kept
+    assert QueueView.from_json('{"name": "old"}').gpu_guaranteed == 0  # written before it
+    assert "GPUs guaranteed 16" in kept.describe()
