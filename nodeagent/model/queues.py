@@ -95,6 +95,12 @@ class Ledger:
         self._used: dict[str, int] = {}
         self._gpus: dict[str, int] = {}
 
+    def copy(self) -> Ledger:
+        """A ledger of its own with what this one counts now (a plan's what-if)."""
+        other = Ledger(self._queues)
+        other._used, other._gpus = dict(self._used), dict(self._gpus)
+        return other
+
     def add_gpus(self, name: str, count: int) -> None:
         self._gpus[name] = self._gpus.get(name, 0) + count
 

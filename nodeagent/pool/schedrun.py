@@ -259,6 +259,43 @@ class Run:
             return True
         return self.ledger.deficit(job.queue) > 0 and self.ledger.any_above_share(job.queue)
 
+    def preemption(
+        self, claimant: JobView, need: int, ledger: Ledger | None = None
+    ) -> list[preempt.Victim] | None:
+        """The whole-node jobs' nodes to take for `claimant`, `need` of them (nodeagent.pool.
+        preempt), as the queues stand in `ledger` (default: now), or None."""
+        return preempt.victims(
+            claimant,
+            need,
+            self.victims(),
+            self.status,
+            self.placed,
+            lambda node: self.usable(claimant, node),
+            ledger or self.ledger,
+            self.view.now_ms,
+            self.cooldown_ms,
+            self.widest,
+        )
+
+    def give_up(self, claimant: JobView, found: list[preempt.Victim]) -> None:
+        """The victims give up their nodes for `claimant`: each shrinks, or is evicted (back to
+        pending), saying why."""
+        for victim in found:
+            before = len(self.by_job.get(victim.job.id, ()))
+            for node in victim.nodes:
+                self.unplace(node)
+            data = {"job": victim.job.id, "for": claimant.id, "nodes": list(victim.nodes)}
+            if victim.evict:
+                why = f"by job {claimant.id} ({victim.why})"
+                self.move(victim.job, PoolJobState.PENDING, f"evicted {why}", "job_evicted", data)
+                self.jobs[victim.job.id] = replace(self.status(victim.job), evicted=why)
+                continue
+            after = before - len(victim.nodes)
+            reason = f"shrunk {before} -> {after} nodes for job {claimant.id}: {victim.why}"
+            self.shrunk(victim.job, reason)
+            message = f"job {victim.job.id}: {reason}"
+            self.events.append(Event("job_shrunk", message=message, data=data))
+
     def usable(self, job: JobView, node: str) -> bool:
         """`node` could serve `job`: eligible, not refusing it, carrying its labels."""
         return node in self._eligible and node not in self.refusers.get(job.id, ())

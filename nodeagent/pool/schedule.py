@@ -20,7 +20,8 @@ Rules (docs/design.md, "The pool"):
 - preemption by shrinking (nodeagent.pool.preempt): a pending job that does not fit takes the
   nodes lower-priority jobs hold above their min_nodes (or, for a queue below its guaranteed
   share, those of queues above theirs), after waiting `preempt_after`, and evicts whole
-  `preemptible` jobs (back to pending) only when that is not enough; a job shrunk this way
+  `preemptible` jobs (back to pending) only when that is not enough, then nodes jobs share
+  whose every sharer may give its share (pool/sharing.py); a job shrunk this way
   grows back into free nodes, but neither is shrunk nor grown back within `resize_cooldown`;
 - backfill with a reservation: a job that does not fit does not block smaller jobs behind it,
   until the first job in order that could fit the pool has waited `reserve_after`; from then on
@@ -41,14 +42,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import replace
 
 from nodeagent.config.values import format_duration
 from nodeagent.model import depend
-from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJobState
 from nodeagent.model.queues import QueueView
-from nodeagent.pool import lifecycle, preempt, sharing
+from nodeagent.pool import lifecycle, sharing
 from nodeagent.pool.schedrun import Run
 from nodeagent.pool.schedview import (
     JobView,
@@ -371,43 +370,26 @@ def _held_by_queue(run: Run, job: JobView) -> str | None:
 
 
 def _preempt(run: Run, job: JobView, policy: SchedulePolicy, need: int, want: int) -> bool:
-    """Admit `job` on nodes taken from running jobs (nodeagent.pool.preempt), if enough can
-    be; each victim shrinks and says why."""
+    """Admit `job` on nodes taken from running jobs (nodeagent.pool.preempt): whole-node
+    jobs' nodes first; when they are not enough, nodes whose every share may go to it
+    (pool/sharing.py, fewest shares first), and whole-node jobs' for what remains. Each victim
+    shrinks (or is evicted) and says why."""
     view = run.view
     if view.now_ms - job.status.submitted_ms < policy.preempt_after_ms:
         return False
-    if not run.could_preempt(job):  # most pending jobs, in a big pool: nothing to look at
-        return False
-    found = preempt.victims(
-        job,
-        need,
-        run.victims(),
-        run.status,
-        run.placed,
-        lambda node: run.usable(job, node),
-        run.ledger,
-        view.now_ms,
-        policy.resize_cooldown_ms,
-        run.widest,
-    )
-    if not found:
-        return False
-    for victim in found:
-        before = len(run.by_job.get(victim.job.id, ()))
-        for node in victim.nodes:
-            run.unplace(node)
-        data = {"job": victim.job.id, "for": job.id, "nodes": list(victim.nodes)}
-        if victim.evict:
-            why = f"by job {job.id} ({victim.why})"
-            run.move(victim.job, PoolJobState.PENDING, f"evicted {why}", "job_evicted", data)
-            run.jobs[victim.job.id] = replace(run.status(victim.job), evicted=why)
-            continue
-        after = before - len(victim.nodes)
-        reason = f"shrunk {before} -> {after} nodes for job {job.id}: {victim.why}"
-        run.shrunk(victim.job, reason)
-        run.events.append(Event("job_shrunk", message=f"job {victim.job.id}: {reason}", data=data))
+    found = run.preemption(job, need) if run.could_preempt(job) else None
+    taken: list[sharing.Taken] = []
+    if found is None:
+        taken, rest = sharing.whole_nodes(run, job, need)
+        if not taken:
+            return False
+        found = run.preemption(job, rest, sharing.after(run, job, taken)) if rest > 0 else []
+        if found is None:
+            return False
+    sharing.give(run, job, taken)
+    run.give_up(job, found)
     take = run.take(job, want)
-    whom = ", ".join(sorted(v.job.id for v in found))
+    whom = ", ".join(sorted({*(v.job.id for v in found), *(t.victim.id for t in taken)}))
     run.move(
         job,
         PoolJobState.RUNNING,

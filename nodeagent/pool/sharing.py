@@ -21,6 +21,10 @@ Rules (docs/pool.md, "GPUs"):
   needs are freed there and no more; all or nothing; never from a job resized less than
   `resize_cooldown` ago; never taking another queue below its guaranteed shares (nodes, GPU
   units);
+- across kinds: when shares are not enough, a pending GPU job takes whole-node jobs' nodes
+  for the rest (pool/preempt.py, as a whole-node job would: none while free nodes are held for
+  a pending job); a pending whole-node job that whole-node jobs' nodes are not enough for takes
+  nodes every sharer of which may give its share (by priority; `whole_nodes`);
 - reclaim: while the claimant's queue holds fewer GPU units than its guaranteed GPU share, it
   may take likewise the shares of jobs of other queues above their own GPU share, whatever
   their priority, until it holds its share (never above it).
@@ -34,6 +38,7 @@ from typing import NamedTuple
 
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJobState
+from nodeagent.model.queues import Ledger
 from nodeagent.pool import preempt
 from nodeagent.pool.schedrun import Run
 from nodeagent.pool.schedview import JobView, SchedulePolicy
@@ -70,23 +75,23 @@ def admit(run: Run, job: JobView, reserving: bool, policy: SchedulePolicy) -> st
     room = run.room(job)
     want = job.target_nodes if room is None else min(job.target_nodes, room)
     picked = _pick(run, job, want, reserving)
-    taken: list[Taken] = []
+    nodes, whom = picked, ""
     if len(picked) < job.min_nodes:
-        taken = shrink_for(run, job, picked, policy)
-        if not taken:
+        plan = _preempting(run, job, picked, reserving, policy)
+        if plan is None:
             return f"needs {job.min_nodes} nodes with {units} free GPUs, {len(picked)} have them"
-    freed = sorted({t.node for t in taken})
-    for victim, node, why in taken:
-        run.unshare(node, victim.id)
-        run.shrunk(victim, f"shrunk: its GPUs on {node} went to job {job.id} ({why})")
-        data = {"job": victim.id, "for": job.id, "nodes": [node], "gpus": victim.gpus_per_node}
-        message = f"job {victim.id}: its GPUs on {node} went to job {job.id} ({why})"
-        run.events.append(Event("job_shrunk", message=message, data=data))
-    for node in [*picked, *freed]:
+        taken, found = plan
+        give(run, job, taken)
+        run.give_up(job, found)
+        nodes = [*picked, *sorted({t.node for t in taken})]
+        if found:  # whole nodes freed: free ones now, as many as it still wants
+            nodes += [n for n in run.free_nodes(job, want) if n not in nodes][: want - len(nodes)]
+        whom = ", ".join(sorted({*(t.victim.id for t in taken), *(v.job.id for v in found)}))
+    for node in nodes:
         run.share(node, job.id, units)
-    reason = f"admitted on {len(picked) + len(freed)} nodes, {units} GPUs each"
-    if freed:
-        reason += f", preempting {', '.join(sorted({t.victim.id for t in taken}))}"
+    reason = f"admitted on {len(nodes)} nodes, {units} GPUs each"
+    if whom:
+        reason += f", preempting {whom}"
     run.move(job, RUNNING, reason, "job_admitted")
     return None
 
@@ -97,20 +102,50 @@ class Taken(NamedTuple):
     why: str  # "priority 10 > 5", or "queue research below its guaranteed 16 GPUs"
 
 
-def shrink_for(run: Run, job: JobView, picked: list[str], policy: SchedulePolicy) -> list[Taken]:
-    """The shares to take so that `job` has K free units on `min_nodes` nodes with those
-    `picked` already (empty: none, or not enough: nothing is taken)."""
+def _preempting(
+    run: Run, job: JobView, picked: list[str], reserving: bool, policy: SchedulePolicy
+) -> tuple[list[Taken], list[preempt.Victim]] | None:
+    """What GPU job `job` takes so that it has K free units on `min_nodes` nodes with those
+    `picked` already: shares first (shrink_for), then whole-node jobs' nodes for what remains
+    (none while free nodes are held for a pending job); None: not enough, nothing is taken."""
+    if run.view.now_ms - job.status.submitted_ms < policy.preempt_after_ms:
+        return None
+    taken, rest = shrink_for(run, job, picked)
+    if rest <= 0:
+        return taken, []
+    if reserving or not run.could_preempt(job):
+        return None
+    found = run.preemption(job, rest, after(run, job, taken))
+    return None if found is None else (taken, found)
+
+
+def shrink_for(run: Run, job: JobView, picked: list[str]) -> tuple[list[Taken], int]:
+    """The shares to take so that GPU job `job` has K free units on as many of the nodes it
+    still needs (`min_nodes` with those `picked` already) as they can, and how many it still
+    needs then."""
+    return _plan(run, job, job.min_nodes - len(picked), set(picked))
+
+
+def whole_nodes(run: Run, claimant: JobView, need: int) -> tuple[list[Taken], int]:
+    """The shares to take so that whole-node `claimant` gets up to `need` nodes that jobs
+    share now, each freed of every share (by priority only: its queue reclaims by nodes), and
+    how many it still needs then."""
+    return _plan(run, claimant, need, set())
+
+
+def _plan(run: Run, claimant: JobView, need: int, skip: set[str]) -> tuple[list[Taken], int]:
+    """Up to `need` nodes (none of `skip`) where taking shares frees what `claimant` needs (K
+    units, or the whole node): the fewest shares a node, lowest priority and youngest first,
+    so exactly what it needs is freed there and no more."""
     view = run.view
-    if view.now_ms - job.status.submitted_ms < policy.preempt_after_ms:
-        return []
-    units, need = job.gpus_per_node or 0, job.min_nodes - len(picked)
-    budget = _Budget(run, job)
+    budget = _Budget(run, claimant)
     plans: list[tuple[int, str, list[tuple[JobView, str]]]] = []
-    for node in sorted(_victims_nodes(run, job, budget.reclaiming)):  # (a bound: most pending
-        held = run.shares.get(node, {})  # jobs find none)
-        if node in picked or job.id in held or not run.usable(job, node):
+    for node in sorted(_victims_nodes(run, claimant, budget.reclaiming)):  # (a bound: most
+        held = run.shares.get(node, {})  # pending jobs find none)
+        if node in skip or claimant.id in held or not run.usable(claimant, node):
             continue
         free = run.free_units(node)
+        wanted = (claimant.gpus_per_node or 0) if claimant.shared else view.nodes[node].gpus
         victims = sorted(
             (
                 (v, why)
@@ -121,11 +156,11 @@ def shrink_for(run: Run, job: JobView, picked: list[str], policy: SchedulePolicy
         )
         chosen: list[tuple[JobView, str]] = []
         for victim, why in victims:
-            if free >= units:
+            if free >= wanted and (claimant.shared or len(chosen) == len(held)):
                 break
             chosen.append((victim, why))
             free += held[victim.id]
-        if free >= units and chosen:
+        if free >= wanted and chosen and (claimant.shared or len(chosen) == len(held)):
             plans.append((len(chosen), node, chosen))
     taken: list[Taken] = []
     for _, node, chosen in sorted(plans, key=lambda p: (p[0], p[1])):
@@ -134,7 +169,31 @@ def shrink_for(run: Run, job: JobView, picked: list[str], policy: SchedulePolicy
         if budget.take([v for v, _ in chosen], node):
             taken += [Taken(victim, node, why) for victim, why in chosen]
             need -= 1
-    return taken if need <= 0 else []
+    return taken, need
+
+
+def after(run: Run, claimant: JobView, taken: list[Taken]) -> Ledger:
+    """The queues' ledger as it would stand once `claimant` had the nodes of `taken`."""
+    ledger = run.ledger.copy()
+    for victim, node, _ in taken:
+        ledger.add(victim.queue, -1)
+        ledger.add_gpus(victim.queue, -run.shares[node][victim.id])
+    nodes = len({t.node for t in taken})
+    ledger.add(claimant.queue, nodes)
+    units = (claimant.gpus_per_node or 0) if claimant.shared else run.widest
+    ledger.add_gpus(claimant.queue, nodes * units)
+    return ledger
+
+
+def give(run: Run, claimant: JobView, taken: list[Taken]) -> None:
+    """The victims give up their shares of the nodes in `taken` to `claimant`, each saying
+    why."""
+    for victim, node, why in taken:
+        run.unshare(node, victim.id)
+        run.shrunk(victim, f"shrunk: its GPUs on {node} went to job {claimant.id} ({why})")
+        data = {"job": victim.id, "for": claimant.id, "nodes": [node], "gpus": victim.gpus_per_node}
+        message = f"job {victim.id}: its GPUs on {node} went to job {claimant.id} ({why})"
+        run.events.append(Event("job_shrunk", message=message, data=data))
 
 
 class _Budget:
@@ -144,7 +203,8 @@ class _Budget:
 
     def __init__(self, run: Run, claimant: JobView) -> None:
         self.run, self.claimant, ledger = run, claimant, run.ledger
-        self.reclaim = ledger.gpu_deficit(claimant.queue)  # units its queue may still reclaim
+        # the units its queue may still reclaim (a whole-node job's reclaims by nodes)
+        self.reclaim = ledger.gpu_deficit(claimant.queue) if claimant.shared else 0
         self.reclaiming = self.reclaim > 0 and any(
             ledger.gpu_surplus(q) > 0 for q in ledger.gpu_queues() if q != claimant.queue
         )

@@ -264,3 +264,25 @@ def test_a_queue_below_its_gpu_share_takes_back_exactly_the_units_it_needs(
     listing = {r["queue"]: r for r in json.loads(pool.ctl("queue", "list", "--json").stdout)[
         "queues"]}  # fmt: skip
     assert (listing["research"]["gpus"], listing["research"]["gpu_guaranteed"]) == (4, 4)
+
+
+def test_a_gpu_job_of_higher_priority_takes_a_node_from_a_whole_node_job(
+    pool: PoolCluster, job_id: str
+) -> None:
+    """w holds a and b whole (min 1); h (priority 5, 4 GPUs) takes one of them: w's agent
+    leaves it and w goes on on the other, h's worker runs there on 4 of its units."""
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    wait_for(lambda: every_node_offers(pool, 8), 30, "8 GPUs a node")
+    whole, high = f"{job_id}-w"[-63:], f"{job_id}-h"[-63:]
+    pool.submit(whole, "1:2")
+    pool.wait_job(whole, "running", world=2, timeout=60)
+    pool.submit(high, "1", "--gpus-per-node", "4", "--priority", "5")
+    pool.wait_job(high, "running", world=1, timeout=60)
+    (node,) = [n for n, held in shares(pool).items() if held == {high: 4}]
+    assert pool.placements()[node] != whole
+    says = pool.jobs()[whole]["reason"]
+    assert says == f"shrunk 2 -> 1 nodes for job {high}: priority 5 > 0", says
+    pool.wait_job(whole, "running", world=1, timeout=60)
+    start = first_start(pool, high)
+    assert start["node"] == node and start["cuda"] in {f"GPU-fake-{i}" for i in range(4)}

@@ -1,5 +1,7 @@
-"""schedule() and queues' guaranteed GPU shares: reclaim by jobs sharing nodes, and what no
-preemption takes from a queue at its share."""
+"""schedule()'s preemption where jobs share nodes by GPUs: across kinds (a GPU job takes a
+whole-node job's node, a whole-node job a node every sharer of which may give), and queues'
+guaranteed GPU shares (reclaim by jobs sharing nodes; what no preemption takes from a queue at
+its share)."""
 
 from __future__ import annotations
 
@@ -23,14 +25,20 @@ def pending(
 
 
 def running(
-    name: str, units: int | None, queue: str, nodes: tuple[str, ...], *, priority: int = 0
+    name: str,
+    units: int | None,
+    queue: str,
+    nodes: tuple[str, ...],
+    *,
+    priority: int = 0,
+    min_nodes: int = 1,
 ) -> JobView:
-    """A job running on `nodes` since long ago (out of its resize cooldown), min 1 node."""
+    """A job running on `nodes` since long ago (out of its resize cooldown)."""
     status = PoolJob(RUNNING, seq=1, submitted_ms=0, admitted_ms=NOW - 600_000)
     return JobView(
         name,
         status,
-        1,
+        min_nodes,
         len(nodes),
         len(nodes),
         priority=priority,
@@ -125,3 +133,74 @@ def test_a_queue_s_gpu_guarantee_is_checked_against_its_gpu_quota() -> None:
     assert QueueView.from_json(kept.to_json()) == kept
     assert QueueView.from_json('{"name": "old"}').gpu_guaranteed == 0  # written before it
     assert "GPUs guaranteed 16" in kept.describe()
+
+
+def test_a_gpu_job_takes_a_whole_node_job_s_node_when_no_share_would_do() -> None:
+    """Nodes a and b: w (priority 0, whole nodes, min 1) holds both. h (priority 5, 4 GPUs)
+    takes the node w gives up last-rank first (b) and shares it; w shrinks, saying why."""
+    whole = running("w", None, "default", ("a", "b"))
+    high = pending("h", 4, "default", priority=5)
+    view = PoolView(NOW, eights("a", "b"), {"w": whole, "h": high}, {"a": "w", "b": "w"})
+    result = schedule(view, POLICY)
+    assert result.placements == {"a": "w"} and result.shares == {"b": {"h": 4}}
+    assert result.jobs["h"].reason == "admitted on 1 nodes, 4 GPUs each, preempting w"
+    assert result.jobs["w"].reason == "shrunk 2 -> 1 nodes for job h: priority 5 > 0"
+
+
+def test_a_gpu_job_takes_shares_before_a_whole_node() -> None:
+    """a is shared full by l (8 GPUs, on a and b, min 1); c and d are w's, whole (min 1): h (8
+    GPUs, priority 5) takes l's share of a, not one of w's nodes."""
+    low = running("l", 8, "default", ("a", "b"))
+    whole = running("w", None, "default", ("c", "d"))
+    high = pending("h", 8, "default", priority=5)
+    jobs = {"l": low, "w": whole, "h": high}
+    shares = {"a": {"l": 8}, "b": {"l": 8}}
+    view = PoolView(NOW, eights(*"abcd"), jobs, {"c": "w", "d": "w"}, shares=shares)
+    result = schedule(view, POLICY)
+    assert result.shares == {"a": {"h": 8}, "b": {"l": 8}}
+    assert result.placements == {"c": "w", "d": "w"}
+
+
+def test_a_whole_node_job_takes_a_node_only_when_every_share_of_it_may_go() -> None:
+    """a is shared by x and y (1 GPU each, both on a and b, min 1), b too; c by z alone (on c
+    only, min 1: it cannot give). h (whole node, priority 5) takes a: both x and y give it up,
+    and nothing else moves."""
+    x = running("x", 1, "default", ("a", "b"))
+    y = running("y", 1, "default", ("a", "b"))
+    z = running("z", 1, "default", ("c",))
+    high = pending("h", None, "default", priority=5)
+    shares = {"a": {"x": 1, "y": 1}, "b": {"x": 1, "y": 1}, "c": {"z": 1}}
+    jobs = {"x": x, "y": y, "z": z, "h": high}
+    result = schedule(PoolView(NOW, eights(*"abc"), jobs, {}, shares=shares), POLICY)
+    assert result.placements == {"a": "h"}
+    assert result.shares == {"b": {"x": 1, "y": 1}, "c": {"z": 1}}
+    assert result.jobs["h"].reason == "admitted on 1 nodes, preempting x, y"
+    said = {e.data["job"]: e.message for e in result.events if e.type == "job_shrunk"}
+    assert said == {
+        "x": "job x: its GPUs on a went to job h (priority 5 > 0)",
+        "y": "job y: its GPUs on a went to job h (priority 5 > 0)",
+    }
+    # y at its min_nodes: a cannot be freed whole, nor b; h waits and nothing moves
+    jobs["y"] = replace(y, min_nodes=2)
+    result = schedule(PoolView(NOW, eights(*"abc"), jobs, {}, shares=shares), POLICY)
+    assert result.jobs["h"].state is PENDING and result.shares == shares
+
+
+def test_a_whole_node_job_takes_whole_nodes_first_then_shared_ones_for_what_remains() -> None:
+    """h (priority 5) needs 2 nodes: w (whole, on a and b, min 1) can give one; the other is
+    c, which x (1 GPU, on c and d, min 1) shares alone; all or nothing."""
+    whole = running("w", None, "default", ("a", "b"))
+    x = running("x", 1, "default", ("c", "d"))
+    high = replace(pending("h", None, "default", priority=5), min_nodes=2, target_nodes=2)
+    jobs = {"w": whole, "x": x, "h": high}
+    shares = {"c": {"x": 1}, "d": {"x": 1}}
+    view = PoolView(NOW, eights(*"abcd"), jobs, {"a": "w", "b": "w"}, shares=shares)
+    result = schedule(view, POLICY)
+    assert sorted(n for n, j in result.placements.items() if j == "h") == ["b", "c"]
+    assert result.shares == {"d": {"x": 1}} and result.placements["a"] == "w"
+    # three nodes needed: one more than both can give, so neither gives any
+    jobs["h"] = replace(high, min_nodes=3, target_nodes=3, max_nodes=3)
+    view = PoolView(NOW, eights(*"abcd"), jobs, {"a": "w", "b": "w"}, shares=shares)
+    result = schedule(view, POLICY)
+    assert result.jobs["h"].state is PENDING
+    assert result.placements == {"a": "w", "b": "w"} and result.shares == shares
