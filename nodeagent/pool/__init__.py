@@ -2,7 +2,8 @@
 
 Pure decisions: schedule.py (`schedule(view, policy)`, which node serves which job), preempt.py
 (shrinking running jobs for a pending one), sharing.py (the nodes jobs asking for GPUs share:
-packed best fit), schedrun.py (the round's working state), schedview.py (what it decides
+packed best fit), sharetake.py (which shares go to a pending job: shrunk, evicted, reclaimed),
+schedrun.py (the round's working state), schedview.py (what it decides
 from). Executors:
 leadership.py (the pool leader's round: read, schedule, commit fenced), member.py (a node's
 pool heartbeat), requests.py (pool.auth munge: the pool leader's side of the signed requests),

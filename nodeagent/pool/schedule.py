@@ -21,7 +21,7 @@ Rules (docs/design.md, "The pool"):
   nodes lower-priority jobs hold above their min_nodes (or, for a queue below its guaranteed
   share, those of queues above theirs), after waiting `preempt_after`, and evicts whole
   `preemptible` jobs (back to pending) only when that is not enough, then nodes jobs share
-  whose every sharer may give its share (pool/sharing.py); a job shrunk this way
+  whose every sharer may give its share (pool/sharetake.py); a job shrunk this way
   grows back into free nodes, but neither is shrunk nor grown back within `resize_cooldown`;
 - backfill with a reservation: a job that does not fit does not block smaller jobs behind it,
   until the first job in order that could fit the pool has waited `reserve_after`; from then on
@@ -47,7 +47,7 @@ from nodeagent.config.values import format_duration
 from nodeagent.model import depend
 from nodeagent.model.pool import PoolJobState
 from nodeagent.model.queues import QueueView
-from nodeagent.pool import lifecycle, sharing
+from nodeagent.pool import lifecycle, sharetake, sharing
 from nodeagent.pool.schedrun import Run
 from nodeagent.pool.schedview import (
     JobView,
@@ -378,15 +378,15 @@ def _preempt(run: Run, job: JobView, policy: SchedulePolicy, need: int, want: in
     if view.now_ms - job.status.submitted_ms < policy.preempt_after_ms:
         return False
     found = run.preemption(job, need) if run.could_preempt(job) else None
-    taken: list[sharing.Taken] = []
+    taken: list[sharetake.Taken] = []
     if found is None:
-        taken, rest = sharing.whole_nodes(run, job, need)
+        taken, rest = sharetake.shares_for(run, job, need, set())
         if not taken:
             return False
-        found = run.preemption(job, rest, sharing.after(run, job, taken)) if rest > 0 else []
+        found = run.preemption(job, rest, sharetake.after(run, job, taken)) if rest > 0 else []
         if found is None:
             return False
-    sharing.give(run, job, taken)
+    sharetake.give(run, job, taken)
     run.give_up(job, found)
     take = run.take(job, want)
     whom = ", ".join(sorted({*(v.job.id for v in found), *(t.victim.id for t in taken)}))

@@ -286,3 +286,32 @@ def test_a_gpu_job_of_higher_priority_takes_a_node_from_a_whole_node_job(
     pool.wait_job(whole, "running", world=1, timeout=60)
     start = first_start(pool, high)
     assert start["node"] == node and start["cuda"] in {f"GPU-fake-{i}" for i in range(4)}
+
+
+def test_a_preemptible_job_sharing_a_node_is_evicted_for_a_whole_node_job_and_resumes(
+    pool: PoolCluster, job_id: str
+) -> None:
+    """spot (preemptible, 4 GPUs) shares a, steady (4 GPUs, not preemptible) shares b. vip
+    (whole node, priority 10) evicts spot and takes a; steady is untouched; once vip ends,
+    spot is admitted again, in a later generation, charged no restart."""
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    wait_for(lambda: every_node_offers(pool, 8), 30, "8 GPUs a node")
+    spot, steady = f"{job_id}-spot"[-63:], f"{job_id}-steady"[-63:]
+    pool.submit(spot, "1", "--gpus-per-node", "8", "--preemptible")
+    first = pool.wait_job(spot, "running", world=1, timeout=60)
+    pool.submit(steady, "1", "--gpus-per-node", "4")
+    row_steady = pool.wait_job(steady, "running", world=1, timeout=60)
+    (node,) = [n for n, held in shares(pool).items() if spot in held]
+    vip = f"{job_id}-vip"[-63:]
+    pool.submit(vip, "1", "--priority", "10")
+    pool.wait_job(vip, "running", world=1, timeout=60)
+    assert pool.placements()[node] == vip
+    evicted = pool.wait_job(spot, "pending")
+    assert evicted["reason"].startswith(f"evicted by job {vip} (priority 10 > 0)"), evicted
+    assert pool.jobs()[steady]["generation"] == row_steady["generation"]
+    row = pool.jobs()[vip]
+    (pool.job_records(vip) / f"exit-{row['generation']}").write_text("0")
+    pool.wait_job(vip, "succeeded", timeout=60)
+    again = pool.wait_job(spot, "running", world=1, timeout=60)
+    assert again["generation"] > first["generation"] and again["restarts"] == first["restarts"]

@@ -122,6 +122,10 @@ def test_a_preemptible_job_is_evicted_and_resumes_a_protected_one_never(
         (["create", "q", "--quota", "0"], "quota 0: expected 1 to 1000000 nodes, or none"),
         (["create", "q", "--quota", "2", "--guaranteed", "3"], "guaranteed 3 above its quota of 2"),
         (["create", "q", "--guaranteed", "-1"], "guaranteed -1: expected 0 to 1000000 nodes"),
+        (
+            ["create", "q", "--gpu-quota", "4", "--gpu-guaranteed", "8"],
+            "GPUs guaranteed 8 above its GPU quota of 4",
+        ),
         (["create", "q", "--quota", "lots"], "expected a number of nodes or none, got 'lots'"),
         (["create", "default"], "queue default exists already"),
         (["set", "nosuch", "--quota", "3"], "no queue nosuch: `queue create nosuch` makes it"),

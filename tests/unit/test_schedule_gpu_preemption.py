@@ -204,3 +204,45 @@ def test_a_whole_node_job_takes_whole_nodes_first_then_shared_ones_for_what_rema
     result = schedule(view, POLICY)
     assert result.jobs["h"].state is PENDING
     assert result.placements == {"a": "w", "b": "w"} and result.shares == shares
+
+
+def test_preemptible_jobs_sharing_nodes_are_evicted_only_when_shrinking_is_not_enough() -> None:
+    """a: p (preemptible, 8 GPUs, on a only); b and c: s (8 GPUs, on both, min 1). h (8 GPUs,
+    priority 5) shrinks s (b), and evicts nothing; then with s at its min_nodes, h2 evicts p:
+    every share it held goes and it waits again, saying why."""
+    p = replace(running("p", 8, "default", ("a",)), preemptible=True)
+    s = running("s", 8, "default", ("b", "c"))
+    high = pending("h", 8, "default", priority=5)
+    shares = {"a": {"p": 8}, "b": {"s": 8}, "c": {"s": 8}}
+    jobs = {"p": p, "s": s, "h": high}
+    result = schedule(PoolView(NOW, eights(*"abc"), jobs, {}, shares=shares), POLICY)
+    assert result.shares == {"a": {"p": 8}, "b": {"h": 8}, "c": {"s": 8}}
+    assert not [e for e in result.events if e.type == "job_evicted"]
+
+    jobs["s"] = replace(s, min_nodes=2)
+    result = schedule(PoolView(NOW, eights(*"abc"), jobs, {}, shares=shares), POLICY)
+    assert result.shares == {"a": {"h": 8}, "b": {"s": 8}, "c": {"s": 8}}
+    assert result.jobs["p"].state is PENDING
+    assert result.jobs["p"].reason == "evicted by job h (priority 5 > 0)"
+    assert result.jobs["p"].evicted == "by job h (priority 5 > 0)"
+    (evicted,) = [e for e in result.events if e.type == "job_evicted"]
+    assert evicted.data["nodes"] == ["a"] and evicted.data["for"] == "h"
+
+
+def test_a_whole_node_job_evicts_preemptible_jobs_sharing_a_node_and_frees_all_they_held() -> None:
+    """a: x (preemptible, 1 GPU, on a and b, min 2) and y (preemptible, 1 GPU, on a only); b:
+    x alone. h (whole node, priority 5) takes b, the node that needs the fewest shares to go:
+    x is evicted, and its share of a goes too; y stays."""
+    x = replace(running("x", 1, "default", ("a", "b"), min_nodes=2), preemptible=True)
+    y = replace(running("y", 1, "default", ("a",)), preemptible=True)
+    high = pending("h", None, "default", priority=5)
+    shares = {"a": {"x": 1, "y": 1}, "b": {"x": 1}}
+    jobs = {"x": x, "y": y, "h": high}
+    result = schedule(PoolView(NOW, eights("a", "b"), jobs, {}, shares=shares), POLICY)
+    assert result.placements == {"b": "h"} and result.shares == {"a": {"y": 1}}
+    assert result.jobs["x"].state is PENDING and "y" not in result.jobs
+    assert result.jobs["h"].reason == "admitted on 1 nodes, preempting x"
+    # not preemptible: nothing moves
+    jobs = {"x": replace(x, preemptible=False), "y": y, "h": high}
+    result = schedule(PoolView(NOW, eights("a", "b"), jobs, {}, shares=shares), POLICY)
+    assert result.jobs["h"].state is PENDING and result.shares == shares

@@ -94,7 +94,7 @@ def gpu_pool(rng: random.Random) -> PoolView:
         jobs[f"s{i}"] = JobView(
             f"s{i}", status, 1, len(on), len(on), priority=rng.choice([0, 0, 5]),
             queue=rng.choice(["default", "a", "b"]), record_state=JobState.RUNNING,
-            members=tuple(on), gpus_per_node=units,
+            members=tuple(on), gpus_per_node=units, preemptible=rng.random() < 0.3,
         )  # fmt: skip
     free = [n for n in names if n not in shares]
     if free and rng.random() < 0.5:  # a whole-node job
@@ -185,3 +185,21 @@ def test_jobs_of_one_shape_are_judged_once_while_nothing_moves(
     assert {result.jobs[f"big{i}"].reason for i in range(10)} == {"needs 3 nodes, 2 free"}
     assert result.jobs["after"].reason == "needs 3 nodes, 1 free"  # small took one
     assert result.jobs["small"].state is PoolJobState.RUNNING
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_what_a_round_decides_on_shared_nodes_fits_them(seed: int) -> None:
+    """Whatever preempts whom: no node holds more units than it offers, none is both placed
+    and shared, a job is on a node at most once, and a job the round leaves pending (evicted
+    ones too) holds nothing."""
+    view = gpu_pool(random.Random(seed))
+    result = schedule(view, POLICY)
+    for node, held in result.shares.items():
+        assert sum(held.values()) <= view.nodes[node].gpus, (node, held)
+        assert node not in result.placements, node
+    state = {j: result.jobs.get(j, view.jobs[j].status).state for j in view.jobs}
+    holding = {*result.placements.values(), *(j for h in result.shares.values() for j in h)}
+    assert not {j for j in holding if state[j] is not PoolJobState.RUNNING}
+    for event in result.events:
+        if event.type == "job_evicted":
+            assert state[str(event.data["job"])] is PoolJobState.PENDING
