@@ -59,6 +59,7 @@ from nodeagent.pool.schedule import (  # noqa: E402
     SchedulePolicy,
     schedule,
 )
+from nodeagent.runtime import tuning  # noqa: E402
 from nodeagent.state import JobState  # noqa: E402
 
 NOW_MS = 1_800_000_000_000
@@ -278,7 +279,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", help="comma-separated scenario names")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "schedule.json"))
+    parser.add_argument(
+        "--default-gc", action="store_true", help="CPython's gc thresholds, not the agent's"
+    )
     args = parser.parse_args()
+    if not args.default_gc:
+        tuning.tune()  # the interpreter's settings of the agent whose round this is
     reps = args.reps or (20 if args.quick else 200)
     budget = args.budget or (3.0 if args.quick else 20.0)
     chosen = [s for s in SCENARIOS if not args.only or s.name in args.only.split(",")]

@@ -155,10 +155,10 @@ def _refused(run: Run, job: JobView) -> None:
     """A running job that never formed and has no node left (each refused it, as `_keep`
     found) goes back to pending, saying why; `_admit` then places it elsewhere or says why not.
     """
+    if job.id not in run.refusers or job.record_state is not None:
+        return  # (most jobs: checked first)
     status = run.status(job)
-    if status.state is not PoolJobState.RUNNING or status.pinned or job.record_state is not None:
-        return
-    if run.holds(job.id) or job.id not in run.refusers:
+    if status.state is not PoolJobState.RUNNING or status.pinned or run.holds(job.id):
         return
     why = refusals(run.view.nodes.values(), job.id)
     if not why:  # only nodes without its labels: lost nodes re-admit it as before
@@ -421,29 +421,35 @@ def _could_fit(run: Run, job: JobView) -> str | None:
 def _stand_by(run: Run) -> None:
     """A running job that replaces its slow nodes (slow_node.policy: replace) holds one free
     node beyond its target: the spare its leader swaps in for a slow member
-    (docs/slow-nodes.md). Last in the round, so only a node that no pending job and no growing
-    job took (none while free nodes are held for a pending one); `_shrink` hands it back at
-    the start of the next round, where they come first again, and here the same node is taken
-    again while it is free (its agent keeps standing by: no churn)."""
-    jobs = sorted(
-        (j for j in run.view.jobs.values() if j.standby and not j.shared), key=lambda j: j.order
-    )
+    (docs/slow-nodes.md); a job sharing nodes by GPUs, K free units of one more node
+    (pool/sharing.py). Last in the round, so only a node that no pending job and no growing
+    job took (none while free nodes are held for a pending one); `_shrink` (sharing.keep) hands
+    it back at the start of the next round, where they come first again, and here the same node
+    is taken again while it is free (its agent keeps standing by: no churn)."""
+    jobs = sorted((j for j in run.view.jobs.values() if j.standby), key=lambda j: j.order)
     if not jobs:
         return
-    # The nodes each such job held before this round and nobody holds now (one pass over the
-    # placements, not one a job: bench/schedule.py's 10,000 nodes)
+    # The nodes each such job held before this round and it holds no more (one pass over the
+    # placements and shares, not one a job: bench/schedule.py's 10,000 nodes)
     freed: dict[str, list[str]] = {job.id: [] for job in jobs}
     for node, held in run.view.placements.items():
         if held in freed and node not in run.placements:
             freed[held].append(node)
+    for node, sharers in run.view.shares.items():
+        for job_id in sharers:
+            if job_id in freed and node not in run.shared_by_job.get(job_id, ()):
+                freed[job_id].append(node)
     for job in jobs:
         status = run.status(job)
         if status.state is not PoolJobState.RUNNING or status.pinned:
             continue
-        if len(run.by_job.get(job.id, ())) != job.target_nodes:
+        if run.holds(job.id) != job.target_nodes:
             continue  # short of its target (no free node is left) or holding one already
         room = run.room(job)
         if room is not None and room < 1:
+            continue
+        if job.shared:
+            sharing.stand_by(run, job, freed[job.id])
             continue
         before = sorted(n for n in freed[job.id] if n not in run.placements and run.usable(job, n))
         if before:
@@ -455,12 +461,12 @@ def _stand_by(run: Run) -> None:
 def _grow(run: Run, policy: SchedulePolicy) -> None:
     """Running jobs below their target take free nodes, in order, within their queue's quota;
     a job shrunk for another waits out the resize cooldown first (no thrash)."""
-    now = run.view.now_ms
+    now, now_running = run.view.now_ms, run.running()
     running = sorted(  # (those below their target: a pool of 5,000 small jobs has few)
         (
             j
             for j in run.view.jobs.values()
-            if j.id in run.running() and run.holds(j.id) < j.target_nodes
+            if j.id in now_running and run.holds(j.id) < j.target_nodes
         ),
         key=lambda j: j.order,
     )

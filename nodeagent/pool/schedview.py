@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from nodeagent.model.depend import Dependency
 from nodeagent.model.gpus import gpus_needed, shares_nodes
@@ -67,7 +68,7 @@ class JobView:
     gpus_per_node: int | None = None  # GPU units it holds on each node (None: the whole node)
     exclusive: bool = False  # whole nodes whatever it asks for
 
-    @property
+    @cached_property  # (asked for each job several times a round)
     def shared(self) -> bool:
         """It asked for GPUs, not whole nodes: it shares its nodes (model/gpus.py)."""
         return shares_nodes(self.gpus_per_node, self.exclusive)

@@ -14,6 +14,8 @@ Rules (docs/pool.md, "GPUs"):
   a job above its target (a scale down) gives back the nodes its record does not name;
 - a queue's quota counts each node a job shares as one of the queue's nodes, and its GPU quota
   the units the job holds there;
+- a running job that replaces its slow nodes, at its target, is lent K free units of one more
+  node as its standby, last in the round (`stand_by`: schedule._stand_by's rule);
 - preemption (pool/sharetake.py, which shares go): a pending job that found too few nodes,
   once it has waited `preempt_after`, takes shares of running jobs of lower priority (or, for
   a queue below its guaranteed GPUs, of queues above theirs) on the nodes where that frees
@@ -37,15 +39,15 @@ RUNNING = PoolJobState.RUNNING
 def keep(run: Run) -> None:
     """Keep the shares that still hold (the first shares of the round)."""
     view, running = run.view, run.running()
+    kept: dict[str, dict[str, int]] = {}
     for node, held in view.shares.items():
         live = view.nodes.get(node)
         if live is None or live.drained or live.pinned is not None or node in run.placements:
             continue
-        kept = [(j, units) for j, units in held.items() if j in running and j not in live.refused]
-        for job_id, units in kept:
-            run.share(node, job_id, units, refile=False)
-        if kept:
-            run.refile(node)
+        still = {j: units for j, units in held.items() if j in running and j not in live.refused}
+        if still:
+            kept[node] = still
+    run.keep_shares(kept)
     for job in view.jobs.values():
         nodes = run.shared_by_job.get(job.id, set())
         extra = len(nodes) - job.target_nodes
@@ -131,3 +133,21 @@ def _pick(run: Run, job: JobView, want: int, reserving: bool) -> list[str]:
     if len(picked) < want and not reserving:
         picked += run.free_nodes(job, want - len(picked))
     return picked
+
+
+def stand_by(run: Run, job: JobView, before: list[str]) -> None:
+    """Lend running `job` (at its target, replacing slow nodes) K free units of one more node
+    as its standby (schedule._stand_by): the node it stood by on before while it still has
+    them, else the one packing would give it."""
+    units = job.gpus_per_node or 0
+    holding = run.shared_by_job.get(job.id, set())
+    kept = [
+        n
+        for n in sorted(before)
+        if n not in holding
+        and n not in run.placements
+        and run.usable(job, n)
+        and run.free_units(n) >= units
+    ]
+    for node in kept[:1] or _pick(run, job, 1, reserving=False):
+        run.share(node, job.id, units)

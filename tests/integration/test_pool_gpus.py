@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sqlite3
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers.cluster import RedisServer, wait_for
+from tests.helpers.cluster import WORKER, RedisServer, wait_for
 from tests.helpers.gpus import gpu
 from tests.helpers.pool import PoolCluster, pool_cluster
 
@@ -315,3 +316,37 @@ def test_a_preemptible_job_sharing_a_node_is_evicted_for_a_whole_node_job_and_re
     pool.wait_job(vip, "succeeded", timeout=60)
     again = pool.wait_job(spot, "running", world=1, timeout=60)
     assert again["generation"] > first["generation"] and again["restarts"] == first["restarts"]
+
+
+def test_a_job_sharing_nodes_that_replaces_slow_ones_gets_a_standby_share(
+    pool: PoolCluster, job_id: str, tmp_path: Path
+) -> None:
+    """slow_node.policy: replace at target 1 node with 2 GPUs: the pool lends it 2 units of the
+    other node, whose agent joins the job and stands by (docs/slow-nodes.md)."""
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    wait_for(lambda: every_node_offers(pool, 8), 30, "8 GPUs a node")
+    spec = {
+        "id": job_id,
+        "entrypoint": [sys.executable, str(WORKER)],
+        "min_nodes": 1,
+        "max_nodes": 2,
+        "target_nodes": 1,
+        "gpus_per_node": 2,
+        "env": {"RECORD_DIR": str(pool.job_records(job_id))},
+        "slow_node": {"policy": "replace"},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    submitted = pool.ctl("submit", str(path))
+    assert submitted.returncode == 0, submitted.stderr
+    wait_for(lambda: shares(pool) == {n: {job_id: 2} for n in "ab"} or None, 60, "a standby")
+
+    def standby() -> dict[str, Any] | None:
+        done = pool.ctl("--job", job_id, "status", "--json")
+        doc: dict[str, Any] = json.loads(done.stdout) if done.returncode == 0 else {}
+        states = sorted(n["state"] for n in doc.get("nodes", ()))
+        return doc if states == ["running", "standby"] and doc["world_size"] == 1 else None
+
+    doc = wait_for(standby, 60, "one member, one standby")
+    assert len(doc["members"]) == 1

@@ -493,3 +493,29 @@ def test_a_gpu_job_of_higher_priority_takes_exactly_the_units_it_needs_from_lowe
     equal = replace(high, priority=0)
     view = PoolView(NOW, view_nodes, {j.id: j for j in (low, mid, equal)}, {}, shares=shares)
     assert schedule(view, POLICY).jobs["h"].state is PoolJobState.PENDING
+
+
+def test_a_job_sharing_nodes_that_replaces_slow_ones_stands_by_on_k_free_units() -> None:
+    """j (2 GPUs a node, on a and b, slow_node.policy: replace) is lent 2 units of one more
+    node, the fullest that fits (c, beside six's 6), kept there round after round; a pending
+    job that wants those units gets them first, and the standby goes to another node."""
+    view_nodes = {n: NodeView(n, gpus=8) for n in "abcd"}
+    status = PoolJob(RUNNING, seq=1, submitted_ms=0, admitted_ms=0)
+    j = replace(
+        job("j", 1, 2, record=JobState.RUNNING, members=("a", "b")),
+        status=status,
+        gpus_per_node=2,
+        standby=True,
+    )
+    six = replace(job("six", 1, record=JobState.RUNNING, seq=2), status=status, gpus_per_node=6)
+    shares = {"a": {"j": 2}, "b": {"j": 2}, "c": {"six": 6}}
+    view = PoolView(NOW, view_nodes, {"j": j, "six": six}, {}, shares=shares)
+    first = schedule(view, POLICY)
+    assert first.shares == {"a": {"j": 2}, "b": {"j": 2}, "c": {"six": 6, "j": 2}}
+    again = schedule(replace(view, shares=first.shares), POLICY)
+    assert again.shares == first.shares  # settled: the standby stays on c
+    two = replace(job("two", 1, seq=3), gpus_per_node=2)
+    jobs = {"j": j, "six": six, "two": two}
+    taken = schedule(PoolView(NOW, view_nodes, jobs, {}, shares=first.shares), POLICY)
+    assert taken.shares["c"] == {"six": 6, "two": 2}  # the pending job first
+    assert taken.shares["d"] == {"j": 2}  # c full, a and b its own: the standby on a free node
