@@ -5,6 +5,7 @@ and its accounting record counts GPU-hours by what it held."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -350,3 +351,37 @@ def test_a_job_sharing_nodes_that_replaces_slow_ones_gets_a_standby_share(
 
     doc = wait_for(standby, 60, "one member, one standby")
     assert len(doc["members"]) == 1
+
+
+def test_a_gpu_quota_holds_under_a_burst_of_submissions(pool: PoolCluster, job_id: str) -> None:
+    """research may hold 4 GPUs: six one-GPU jobs submitted at once, four run (packed on one
+    node), two wait saying why, and one of them starts when a running one ends."""
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    wait_for(lambda: every_node_offers(pool, 8), 30, "8 GPUs a node")
+    made = pool.ctl("queue", "create", "research", "--gpu-quota", "4")
+    assert made.returncode == 0, made.stderr
+    names = [f"{job_id}-{i}"[-63:] for i in range(6)]
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as burst:
+        list(burst.map(lambda n: pool.submit(n, "1", "--gpus-per-node", "1", "--queue",
+                                             "research"), names))  # fmt: skip
+
+    def settled() -> dict[str, dict[str, Any]] | None:
+        rows = {n: pool.jobs()[n] for n in names}
+        running = [n for n, r in rows.items() if r["state"] == "running"]
+        return rows if len(running) == 4 and len(rows) == 6 else None
+
+    rows = wait_for(settled, 60, "four running")
+    waiting = [n for n, r in rows.items() if r["state"] == "pending"]
+    assert len(waiting) == 2
+    for name in waiting:
+        says = pool.jobs()[name]["reason"]
+        assert says == "pending: queue research at its GPU quota of 4 (4 in use, it needs 1)", says
+    (held,) = [held for held in shares(pool).values() if held]
+    assert sorted(held) == sorted(n for n in names if n not in waiting)
+    done = next(n for n in names if n not in waiting)
+    row = pool.wait_job(done, "running", world=1)
+    (pool.job_records(done) / f"exit-{row['generation']}").write_text("0")
+    pool.wait_job(done, "succeeded", timeout=60)
+    wait_for(lambda: [n for n in waiting if pool.jobs()[n]["state"] == "running"], 60, "one more")
+    assert sum(1 for n in names if pool.jobs()[n]["state"] == "running") == 4
