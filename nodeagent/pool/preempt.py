@@ -62,6 +62,8 @@ def victims(
         status = status_of(job)
         if job.id == claimant.id or status.pinned or cooling(status, now_ms, cooldown_ms):
             continue
+        if status.admitted_ms == now_ms:  # admitted in this round: not taken back in it
+            continue
         why = taking.why(job)
         if why is not None:
             candidates.append((job, why))

@@ -225,8 +225,8 @@ class Run:
         return len(self.by_job.get(job, ())) + len(self.shared_by_job.get(job, ()))
 
     def running(self) -> set[str]:
-        """The jobs running now (as this round has settled them; made once until a job
-        moves)."""
+        """The jobs running now (as this round has settled them; made once, then kept up to
+        date by move(): the set itself, which changes as jobs move)."""
         if self._running is None:
             jobs = self.view.jobs.values()
             self._running = {j.id for j in jobs if self.status(j).state is PoolJobState.RUNNING}

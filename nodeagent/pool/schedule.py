@@ -304,7 +304,7 @@ class Blocked:
     def _shape(self, job: JobView, reserving: bool) -> tuple[object, ...] | None:
         """What the verdict on `job` reads of it (pool/schedrun.py's room, free_count,
         could_preempt; _held_by_queue, _preempt, _could_fit; for a job sharing nodes,
-        sharing.admit's _pick and shrink_for too), or None."""
+        sharing.admit's _pick and sharetake.shares_for too), or None."""
         run, policy = self._run, self._policy
         if job.id in run.refusers or job.id in run.shared_by_job:
             return None
@@ -457,7 +457,11 @@ def _stand_by(run: Run) -> None:
         if job.shared:
             sharing.stand_by(run, job, freed[job.id])
             continue
-        before = sorted(n for n in freed[job.id] if n not in run.placements and run.usable(job, n))
+        before = sorted(
+            n
+            for n in freed[job.id]
+            if n not in run.placements and n not in run.shares and run.usable(job, n)
+        )
         if before:
             run.place(before[0], job.id)
         else:

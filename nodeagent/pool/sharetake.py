@@ -43,7 +43,7 @@ def shares_for(run: Run, claimant: JobView, need: int, skip: set[str]) -> tuple[
     """The shares to take so that `claimant` has what it needs (K free units, or a whole node)
     on up to `need` nodes (none of `skip`): by shrinking first, then by evicting; and how many
     nodes it still needs then."""
-    budget = _Budget(run, claimant)
+    budget = _Budget(run, claimant, len(skip))
     taken, need = _plan(run, budget, need, skip)
     if need > 0:
         budget.evicting = True
@@ -89,8 +89,9 @@ def _plan(run: Run, budget: _Budget, need: int, skip: set[str]) -> tuple[list[Ta
     return taken, need
 
 
-def after(run: Run, claimant: JobView, taken: list[Taken]) -> Ledger:
-    """The queues' ledger as it would stand once `claimant` had the nodes of `taken`."""
+def after(run: Run, claimant: JobView, taken: list[Taken], picked: int = 0) -> Ledger:
+    """The queues' ledger as it would stand once `claimant` had the nodes of `taken`, and
+    `picked` nodes more it gets without preempting."""
     ledger = run.ledger.copy()
     evicted: dict[str, JobView] = {}
     for victim, node, _, evict in taken:
@@ -103,7 +104,7 @@ def after(run: Run, claimant: JobView, taken: list[Taken]) -> Ledger:
         held = run.shared_by_job.get(victim.id, set())
         ledger.add(victim.queue, -len(held))
         ledger.add_gpus(victim.queue, -sum(run.shares[n][victim.id] for n in held))
-    nodes = len({t.node for t in taken})
+    nodes = len({t.node for t in taken}) + picked
     ledger.add(claimant.queue, nodes)
     units = (claimant.gpus_per_node or 0) if claimant.shared else run.widest
     ledger.add_gpus(claimant.queue, nodes * units)
@@ -143,10 +144,13 @@ class _Budget:
     by reclaim (a victim whose priority is not lower) never the claimant's queue above its
     guaranteed GPUs."""
 
-    def __init__(self, run: Run, claimant: JobView) -> None:
+    def __init__(self, run: Run, claimant: JobView, picked: int) -> None:
         self.run, self.claimant, ledger = run, claimant, run.ledger
-        # the units its queue may still reclaim (a whole-node job's reclaims by nodes)
-        self.reclaim = ledger.gpu_deficit(claimant.queue) if claimant.shared else 0
+        # the units its queue may still reclaim, once it holds those of the `picked` nodes it
+        # gets without preempting (a whole-node job's queue reclaims by nodes)
+        units = claimant.gpus_per_node or 0
+        deficit = ledger.gpu_deficit(claimant.queue) - picked * units
+        self.reclaim = max(0, deficit) if claimant.shared else 0
         self.reclaiming = self.reclaim > 0 and any(
             ledger.gpu_surplus(q) > 0 for q in ledger.gpu_queues() if q != claimant.queue
         )
@@ -170,8 +174,8 @@ class _Budget:
 
     def _may_give(self, victim: JobView) -> bool:
         run, status = self.run, self.run.status(victim)
-        if status.state is not RUNNING or status.pinned:
-            return False
+        if status.state is not RUNNING or status.pinned or status.admitted_ms == run.view.now_ms:
+            return False  # (one admitted in this round is not taken back in it)
         if preempt.cooling(status, run.view.now_ms, run.cooldown_ms):
             return False
         if victim.id in self.evicted or run.holds(victim.id) > victim.min_nodes:

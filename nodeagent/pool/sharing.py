@@ -100,7 +100,7 @@ def _preempting(
         return taken, []
     if reserving or not run.could_preempt(job):
         return None
-    found = run.preemption(job, rest, sharetake.after(run, job, taken))
+    found = run.preemption(job, rest, sharetake.after(run, job, taken, len(picked)))
     return None if found is None else (taken, found)
 
 

@@ -519,3 +519,18 @@ def test_a_job_sharing_nodes_that_replaces_slow_ones_stands_by_on_k_free_units()
     taken = schedule(PoolView(NOW, view_nodes, jobs, {}, shares=first.shares), POLICY)
     assert taken.shares["c"] == {"six": 6, "two": 2}  # the pending job first
     assert taken.shares["d"] == {"j": 2}  # c full, a and b its own: the standby on a free node
+
+
+def test_a_standby_is_never_a_node_another_job_shares_now() -> None:
+    """w (whole nodes, target 2, replacing slow nodes) stood by on c; at the start of the round
+    the pool takes c back, and a pending GPU job shares it: w's standby goes to d, not back to
+    c (a node is placed on one job or shared, never both)."""
+    view_nodes = {n: NodeView(n, gpus=8) for n in "abcd"}
+    status = PoolJob(RUNNING, seq=1, submitted_ms=0, admitted_ms=0)
+    w = replace(job("w", 1, 2, record=JobState.RUNNING, members=("a", "b")), status=status,
+                standby=True)  # fmt: skip
+    p = replace(job("p", 1, seq=2), gpus_per_node=4)
+    view = PoolView(NOW, view_nodes, {"w": w, "p": p}, {"a": "w", "b": "w", "c": "w"})
+    result = schedule(view, POLICY)
+    assert result.shares == {"c": {"p": 4}}
+    assert result.placements == {"a": "w", "b": "w", "d": "w"}

@@ -246,3 +246,33 @@ def test_a_whole_node_job_evicts_preemptible_jobs_sharing_a_node_and_frees_all_t
     jobs = {"x": replace(x, preemptible=False), "y": y, "h": high}
     result = schedule(PoolView(NOW, eights("a", "b"), jobs, {}, shares=shares), POLICY)
     assert result.jobs["h"].state is PENDING and result.shares == shares
+
+
+def test_reclaim_counts_the_units_the_claimant_gets_without_preempting() -> None:
+    """research is guaranteed 8 GPUs and holds 4 (r on n1); c (research, 4 GPUs, 2 nodes)
+    finds 4 free units on n1 and takes them; a second node from p (priority 10, on n2 and n3)
+    would take research to 12, above its 8: nothing is taken. Guaranteed 12, it is."""
+    r = running("r", 4, "research", ("n1",))
+    p = running("p", 8, "prod", ("n2", "n3"), priority=10)
+    claim = replace(pending("c", 4, "research"), min_nodes=2, max_nodes=2, target_nodes=2)
+    shares = {"n1": {"r": 4}, "n2": {"p": 8}, "n3": {"p": 8}}
+    jobs = {"r": r, "p": p, "c": claim}
+    for guaranteed, admitted in ((8, False), (12, True)):
+        queues = {"research": QueueView("research", gpu_guaranteed=guaranteed)}
+        queues["prod"] = QueueView("prod")
+        view = PoolView(NOW, eights("n1", "n2", "n3"), jobs, {}, queues, shares=shares)
+        result = schedule(view, POLICY)
+        assert (result.jobs["c"].state is RUNNING) is admitted, (guaranteed, result.jobs["c"])
+
+
+def test_a_job_admitted_in_a_round_is_not_taken_back_in_it() -> None:
+    """j1 (priority 10, preemptible, 4 GPUs) is admitted on a; j2 (research, guaranteed 8 GPUs,
+    8 GPUs, priority 0), judged after it in the same round, could reclaim a only by evicting
+    j1: it waits instead."""
+    queues = {"research": QueueView("research", gpu_guaranteed=8), "prod": QueueView("prod")}
+    j1 = replace(pending("j1", 4, "prod", priority=10, seq=2), preemptible=True)
+    j2 = pending("j2", 8, "research", seq=1)
+    view = PoolView(NOW, eights("a"), {"j1": j1, "j2": j2}, {}, queues)
+    result = schedule(view, POLICY)
+    assert result.jobs["j1"].state is RUNNING and result.jobs["j2"].state is PENDING
+    assert result.shares == {"a": {"j1": 4}}

@@ -95,14 +95,19 @@ def gpu_pool(rng: random.Random) -> PoolView:
             f"s{i}", status, 1, len(on), len(on), priority=rng.choice([0, 0, 5]),
             queue=rng.choice(["default", "a", "b"]), record_state=JobState.RUNNING,
             members=tuple(on), gpus_per_node=units, preemptible=rng.random() < 0.3,
+            standby=rng.random() < 0.2,
         )  # fmt: skip
     free = [n for n in names if n not in shares]
     if free and rng.random() < 0.5:  # a whole-node job
         members = tuple(free[: rng.randint(1, len(free))])
         status = PoolJob(PoolJobState.RUNNING, seq=50, submitted_ms=0, admitted_ms=NOW - 50_000)
         jobs["w"] = JobView("w", status, 1, len(members), len(members),
-                            record_state=JobState.RUNNING, members=members)  # fmt: skip
+                            record_state=JobState.RUNNING, members=members,
+                            standby=rng.random() < 0.5)  # fmt: skip
         placements.update(dict.fromkeys(members, "w"))
+        spare = [n for n in free if n not in members]
+        if jobs["w"].standby and spare:  # the standby it was lent last round
+            placements[spare[0]] = "w"
     for i in range(rng.randint(1, 40)):  # pending, of a few shapes
         size = rng.choice([1, 1, 2, 3])
         status = PoolJob(
