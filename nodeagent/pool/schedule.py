@@ -383,13 +383,16 @@ def _preempt(run: Run, job: JobView, policy: SchedulePolicy, need: int, want: in
     view = run.view
     if view.now_ms - job.status.submitted_ms < policy.preempt_after_ms:
         return False
-    found = run.preemption(job, need) if run.could_preempt(job) else None
+    free = job.min_nodes - need  # what it gets without preempting: counted in its queue's share
+    ledger = sharetake.after(run, job, [], free)
+    found = run.preemption(job, need, ledger) if run.could_preempt(job) else None
     taken: list[sharetake.Taken] = []
     if found is None:
         taken, rest = sharetake.shares_for(run, job, need, set())
         if not taken:
             return False
-        found = run.preemption(job, rest, sharetake.after(run, job, taken)) if rest > 0 else []
+        ledger = sharetake.after(run, job, taken, free)
+        found = run.preemption(job, rest, ledger) if rest > 0 else []
         if found is None:
             return False
     sharetake.give(run, job, taken)

@@ -193,6 +193,12 @@ def test_reclaim_stops_at_the_other_queues_share_and_at_our_own() -> None:
     small = (QueueView("ours", guaranteed=1), QueueView("theirs"))
     result = plan([theirs, pending("mine", 2, queue="ours")], names="abcd", queues=small)
     assert result.jobs["mine"].state is PENDING  # reclaim may bring ours to 1, not 2
+    # a free node counts: ours guaranteed 2, a 3-node job with e free would take one from big
+    # and hold 3, above 2; guaranteed 3, it may
+    for share, admitted in ((2, False), (3, True)):
+        queues = (QueueView("ours", guaranteed=share), QueueView("theirs"))
+        result = plan([theirs, pending("mine", 3, queue="ours")], names="abcde", queues=queues)
+        assert (result.jobs["mine"].state is RUNNING) is admitted, share
 
 
 def test_priority_preemption_does_not_take_another_queue_below_its_share() -> None:
