@@ -18,6 +18,7 @@ from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.fsdp import (
     EVERY,
     events,
+    first_restored,
     fsdp_cluster,
     newest_step,
     rank0,
@@ -43,8 +44,7 @@ def test_a_killed_worker_resumes_from_the_memory_tier_with_the_state_it_saved(
         victim.wait(10)
         last = newest_step(cluster, 1)
         cluster.wait_status(lambda d: d["generation"] >= 2 and d["state"] == "running", 60, "gen 2")
-        generation = cluster.status()["generation"]
-        back = restored(cluster, generation)
+        generation, back = first_restored(cluster, 2)
         saved = saved_digests(cluster, generation - 1)
         assert back["step"] in saved
         assert back["digest"] == saved[back["step"]]  # the state saved, bit for bit
@@ -117,8 +117,7 @@ def test_flipped_bits_in_the_memory_tier_are_refused_and_the_persistent_tier_use
         assert damaged  # (a save cut short by the freeze has no manifest: it holds nothing)
         victim.kill()
         cluster.wait_status(lambda d: d["generation"] >= 2 and d["state"] == "running", 60, "gen 2")
-        generation = cluster.status()["generation"]
-        back = restored(cluster, generation)
+        generation, back = first_restored(cluster, 2)
         saved = saved_digests(cluster, generation - 1)
         assert tiers_said(cluster, generation, 3) == {"persistent"}
         assert back["digest"] == saved[back["step"]]

@@ -126,19 +126,40 @@ def newest_step(cluster: LocalCluster, generation: int) -> int:
     return max((x["step"] for x in rank0(cluster, generation, "step")), default=0)
 
 
+def _restore(cluster: LocalCluster, generation: int) -> dict[str, Any] | None:
+    """Rank 0's restore in `generation`, if every rank restored the same step."""
+    found = [x for x in lines(cluster, generation) if x["event"] == "restored"]
+    if not found or len(found) < found[0]["world"]:
+        return None
+    assert len({x["step"] for x in found}) == 1, f"ranks restored different steps: {found}"
+    return next(x for x in found if x["rank"] == 0)
+
+
 def restored(cluster: LocalCluster, generation: int) -> dict[str, Any]:
     """Rank 0's restore in `generation`, once every rank restored the same step."""
+    try:
+        return wait_for(
+            lambda: _restore(cluster, generation), 120, f"generation {generation} to restore"
+        )
+    except AssertionError as exc:  # what the agents did meanwhile (CI once waited out the 120 s)
+        raise AssertionError(f"{exc}\n{cluster.diagnostics()}") from None
 
-    def probe() -> dict[str, Any] | None:
-        found = [x for x in lines(cluster, generation) if x["event"] == "restored"]
-        if not found or len(found) < found[0]["world"]:
-            return None
-        assert len({x["step"] for x in found}) == 1, f"ranks restored different steps: {found}"
-        return next(x for x in found if x["rank"] == 0)
+
+def first_restored(cluster: LocalCluster, since: int) -> tuple[int, dict[str, Any]]:
+    """The first generation from `since` on whose ranks all restored, and rank 0's restore. A
+    generation can be replaced before its ranks restore (a lease that lapsed on a loaded
+    machine: CI once went from 2 to 3 within 2 s, and 2 never restored)."""
+
+    def probe() -> tuple[int, dict[str, Any]] | None:
+        for generation in range(since, int(cluster.status()["generation"]) + 1):
+            found = _restore(cluster, generation)
+            if found is not None:
+                return generation, found
+        return None
 
     try:
-        return wait_for(probe, 120, f"generation {generation} to restore")
-    except AssertionError as exc:  # what the agents did meanwhile (CI once waited out the 120 s)
+        return wait_for(probe, 120, f"a generation from {since} on to restore")
+    except AssertionError as exc:
         raise AssertionError(f"{exc}\n{cluster.diagnostics()}") from None
 
 
