@@ -30,7 +30,7 @@ def test_every_alert_has_a_passing_unit_test() -> None:
     rules = (CONFIG / "nodeagent-alerts.yml").read_text()
     tests = (CONFIG / "nodeagent-alerts.test.yml").read_text()
     alerts = [line.split(":", 1)[1].strip() for line in rules.splitlines() if "- alert:" in line]
-    assert len(alerts) == 13
+    assert len(alerts) == 14
     assert all(f"alertname: {name}" in tests for name in alerts)
 
 
