@@ -310,15 +310,22 @@ class Run:
                 self.unplace(node)
             data = {"job": victim.job.id, "for": claimant.id, "nodes": list(victim.nodes)}
             if victim.evict:
-                why = f"by job {claimant.id} ({victim.why})"
-                self.move(victim.job, PoolJobState.PENDING, f"evicted {why}", "job_evicted", data)
-                self.jobs[victim.job.id] = replace(self.status(victim.job), evicted=why)
+                self.evict(victim.job, claimant, victim.why, data)
                 continue
             after = before - len(victim.nodes)
             reason = f"shrunk {before} -> {after} nodes for job {claimant.id}: {victim.why}"
             self.shrunk(victim.job, reason)
             message = f"job {victim.job.id}: {reason}"
             self.events.append(Event("job_shrunk", message=message, data=data))
+
+    def evict(
+        self, victim: JobView, claimant: JobView, why: str, data: Mapping[str, object]
+    ) -> None:
+        """`victim`, whose nodes were taken, goes back to pending for `claimant`, saying why
+        (`job_evicted`, `data` its fields) until it is admitted again."""
+        said = f"by job {claimant.id} ({why})"
+        self.move(victim, PoolJobState.PENDING, f"evicted {said}", "job_evicted", data)
+        self.jobs[victim.id] = replace(self.status(victim), evicted=said)
 
     def usable(self, job: JobView, node: str) -> bool:
         """`node` could serve `job`: eligible, not refusing it, carrying its labels."""

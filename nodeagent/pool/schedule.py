@@ -378,7 +378,7 @@ def _held_by_queue(run: Run, job: JobView) -> str | None:
 def _preempt(run: Run, job: JobView, policy: SchedulePolicy, need: int, want: int) -> bool:
     """Admit `job` on nodes taken from running jobs (nodeagent.pool.preempt): whole-node
     jobs' nodes first; when they are not enough, nodes whose every share may go to it
-    (pool/sharing.py, fewest shares first), and whole-node jobs' for what remains. Each victim
+    (pool/sharetake.py, fewest shares first), and whole-node jobs' for what remains. Each victim
     shrinks (or is evicted) and says why."""
     view = run.view
     if view.now_ms - job.status.submitted_ms < policy.preempt_after_ms:

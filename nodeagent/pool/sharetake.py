@@ -19,7 +19,6 @@ Rules (docs/pool.md, "GPUs"):
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import NamedTuple
 
 from nodeagent.model.job import Event
@@ -59,9 +58,6 @@ def _plan(run: Run, budget: _Budget, need: int, skip: set[str]) -> tuple[list[Ta
         held = run.shares.get(node, {})  # pending jobs find none)
         if node in skip or claimant.id in held or not run.usable(claimant, node):
             continue
-        free = run.free_units(node)
-        whole = not claimant.shared  # it needs every share of the node to go
-        wanted = view.nodes[node].gpus if whole else (claimant.gpus_per_node or 0)
         victims = sorted(
             (
                 (v, why)
@@ -70,14 +66,21 @@ def _plan(run: Run, budget: _Budget, need: int, skip: set[str]) -> tuple[list[Ta
             ),
             key=lambda pair: preempt.order(pair[0]),
         )
-        chosen: list[tuple[JobView, str]] = []
-        for victim, why in victims:
-            if free >= wanted and not (whole and len(chosen) < len(held)):
-                break
-            chosen.append((victim, why))
-            free += held[victim.id]
-        if chosen and free >= wanted and not (whole and len(chosen) < len(held)):
-            plans.append((len(chosen), node, chosen))
+        if claimant.shared:  # the fewest shares that free its K units there
+            free, units = run.free_units(node), claimant.gpus_per_node or 0
+            chosen: list[tuple[JobView, str]] = []
+            for victim, why in victims:
+                if free >= units:
+                    break
+                chosen.append((victim, why))
+                free += held[victim.id]
+            if not chosen or free < units:
+                continue
+        elif len(victims) == len(held):  # a whole node: every share of it
+            chosen = victims
+        else:
+            continue
+        plans.append((len(chosen), node, chosen))
     taken: list[Taken] = []
     for _, node, chosen in sorted(plans, key=lambda p: (p[0], p[1])):
         if need <= 0:
@@ -101,9 +104,9 @@ def after(run: Run, claimant: JobView, taken: list[Taken], picked: int = 0) -> L
         ledger.add(victim.queue, -1)
         ledger.add_gpus(victim.queue, -run.shares[node][victim.id])
     for victim in evicted.values():
-        held = run.shared_by_job.get(victim.id, set())
-        ledger.add(victim.queue, -len(held))
-        ledger.add_gpus(victim.queue, -sum(run.shares[n][victim.id] for n in held))
+        count, units = _holding(run, victim.id)
+        ledger.add(victim.queue, -count)
+        ledger.add_gpus(victim.queue, -units)
     nodes = len({t.node for t in taken}) + picked
     ledger.add(claimant.queue, nodes)
     units = (claimant.gpus_per_node or 0) if claimant.shared else run.widest
@@ -132,10 +135,14 @@ def _evict(run: Run, claimant: JobView, victim: JobView, why: str) -> None:
     nodes = sorted(run.shared_by_job.get(victim.id, set()))
     for node in nodes:
         run.unshare(node, victim.id)
-    said = f"by job {claimant.id} ({why})"
     data = {"job": victim.id, "for": claimant.id, "nodes": nodes, "gpus": victim.gpus_per_node}
-    run.move(victim, PoolJobState.PENDING, f"evicted {said}", "job_evicted", data)
-    run.jobs[victim.id] = replace(run.status(victim), evicted=said)
+    run.evict(victim, claimant, why, data)
+
+
+def _holding(run: Run, job: str) -> tuple[int, int]:
+    """The nodes `job` shares and the units it holds on them (what its eviction frees)."""
+    nodes = run.shared_by_job.get(job, set())
+    return len(nodes), sum(run.shares[node][job] for node in nodes)
 
 
 class _Budget:
@@ -207,8 +214,7 @@ class _Budget:
             if victim.queue == claimant.queue or victim.id in gone:
                 continue  # (an evicted one's shares were counted when it was evicted)
             if victim.id in evicts:
-                held = run.shared_by_job.get(victim.id, set())
-                count, units = len(held), sum(run.shares[n][victim.id] for n in held)
+                count, units = _holding(run, victim.id)
             else:
                 count, units = 1, run.shares[node][victim.id]
             nodes[victim.queue] = nodes.get(victim.queue, 0) + count
