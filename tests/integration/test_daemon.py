@@ -378,8 +378,9 @@ def test_what_an_older_agent_left_under_the_nodes_record_is_killed(
     agent = running(path, log_path)
     try:
         assert left.wait(30) == -signal.SIGKILL, log_path.read_text()[-2000:]
+        # the record goes with the kill and the warning after it: wait for that line
+        wait_for(lambda: "left by a previous agent" in log_path.read_text(), 30, "the warning")
         assert not legacy.exists()
-        assert "left by a previous agent" in log_path.read_text()
     finally:
         agent.send_signal(signal.SIGTERM)
         agent.wait(30)
