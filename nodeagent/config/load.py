@@ -353,7 +353,14 @@ def _load_health(section: Section) -> HealthConfig:
         max_pcie_replays=optional_limit(section, "max_pcie_replays", int),
         auto_uncordon=section.get("auto_uncordon", bool, False),
         fake_gpus=fake,
+        constrain_devices=section.get("constrain_devices", bool, False),
     )
+    if health.constrain_devices and gpu == "off":
+        raise ConfigError(
+            section.key("constrain_devices"),
+            "needs GPU monitoring, which says which device nodes are a job's: health.gpu auto "
+            "or on, not off",
+        )
     section.reject_unknown()
     return health
 

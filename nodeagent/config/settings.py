@@ -199,6 +199,7 @@ class HealthConfig:
     max_pcie_replays: int | None = None
     auto_uncordon: bool = False
     fake_gpus: str | None = None  # a FakeNvml file instead of the real NVML
+    constrain_devices: bool = False  # a job's bare workers open only its GPUs' device nodes
 
 
 LOG_FORMATS = ("text", "json")

@@ -7,6 +7,7 @@ running agent:
     init_error: null          # an NVML error code for nvmlInit: 12 no library, 9 no driver
     gpus:
       - uuid: GPU-fake-0
+        minor: 0                                # /dev/nvidia0; omit: the GPU's index
         bus_id: "00000000:3B:00.0"
         name: NVIDIA H100 80GB HBM3
         memory_mib: 81559
@@ -147,6 +148,13 @@ class FakeNvml:
         if isinstance(h, _MigHandle):
             return str(self._mig(h)["uuid"])
         return str(self._gpu(h, "uuid"))
+
+    def nvmlDeviceGetMinorNumber(self, h: _Handle) -> int:
+        """/dev/nvidia<minor>: the file's `minor`, else the GPU's index (as on most nodes)."""
+        if "minor" in self._raw(h):
+            return int(self._gpu(h, "minor"))
+        self._gpu(h, "uuid")  # a lost GPU, `errors: {all: ...}`: what NVML would raise
+        return h.index
 
     def nvmlDeviceGetName(self, h: _Handle) -> str:
         return str(self._gpu(h, "name"))

@@ -131,6 +131,7 @@ class NvmlBackend:
             index=index,
             uuid=_text(get(nvml.nvmlDeviceGetUUID, h) or ""),
             bus_id=_text(pci.busId) if pci is not None else "",
+            minor=get(nvml.nvmlDeviceGetMinorNumber, h),
             name=_text(get(nvml.nvmlDeviceGetName, h) or ""),
             memory_mib=self._memory_mib(h),
             temperature_c=get(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),

@@ -38,7 +38,13 @@ from nodeagent.pool.member import PoolMember
 from nodeagent.pool.metrics import PoolCollector
 from nodeagent.pool.notify import Webhooks
 from nodeagent.runtime import tuning
-from nodeagent.runtime.jobrun import LISTEN_BLOCK_MS, CurrentJobMetrics, JobRun, NodeParts
+from nodeagent.runtime.jobrun import (
+    LISTEN_BLOCK_MS,
+    CurrentJobMetrics,
+    JobRun,
+    NodeParts,
+    device_parent,
+)
 from nodeagent.runtime.locks import clean_leftovers, clean_legacy, hold, worker_record
 from nodeagent.runtime.nodeloop import NodeLoop
 from nodeagent.runtime.preflight import NodeCheck
@@ -96,10 +102,11 @@ def _run(
     database: Database | None,
 ) -> int | None:
     clean_leftovers(record)
+    devices = device_parent(config)  # after the leftovers: their cgroups can go
     keeper = Keeper(record)
     keeper.start()
     try:
-        return _run_agent(config, context, keeper, until_done, database)
+        return _run_agent(config, context, keeper, until_done, database, devices)
     finally:
         keeper.close()
 
@@ -110,6 +117,7 @@ def _run_agent(
     keeper: Keeper,
     until_done: bool,
     database: Database | None,
+    devices: Path | None,
 ) -> int | None:
     tuning.tune()
     timeout = settings.timing.redis_timeout
@@ -133,6 +141,7 @@ def _run_agent(
         context,
         Notifier.from_environ(os.environ),
         lambda: address[0] if address else None,
+        devices,
     )
     authority = None if until_done else pool_authority(settings.pool)  # ConfigError: exit 78
     if authority is not None and authority.token_key is not None:  # tokens' logs: not revoked

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from nodeagent.config.entrypoint import split_python
 from nodeagent.config.identity import WorkerUser
 from nodeagent.supervisor.container import Containers
+from nodeagent.supervisor.devices import DeviceCgroupError, JobDevices
 from nodeagent.supervisor.spec import TORCHRUN_VARIABLES, WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -46,24 +47,35 @@ _PR_SET_PDEATHSIG = 1
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 
 
-def die_with(parent: int, cwd: str | None = None, tell: int = -1) -> Callable[[], None]:
+def die_with(
+    parent: int, cwd: str | None = None, tell: int = -1, cgroup: int = -1
+) -> Callable[[], None]:
     """Runs in the child before exec, after the switch to the job's user: the kernel SIGKILLs
-    it when the agent dies, even by SIGKILL (PR_SET_PDEATHSIG survives exec); with `cwd`, it
-    enters that directory as the user, and if it cannot, writes chdir's errno to `tell` and
-    fails (Popen raises SubprocessError). Only a few plain system calls here."""
+    it when the agent dies, even by SIGKILL (PR_SET_PDEATHSIG survives exec); with `cgroup` (a
+    `cgroup.procs` the agent opened), it moves itself into that cgroup (supervisor/devices.py);
+    with `cwd`, it enters that directory as the user. What fails is written to `tell` (which
+    step, its errno) and the child fails (Popen raises SubprocessError). Only a few plain
+    system calls here."""
 
     def preexec() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the agent died before prctl: it would never fire
             os.kill(os.getpid(), signal.SIGKILL)
-        if cwd is not None:
-            try:
+        step = _CGROUP
+        try:
+            if cgroup >= 0:
+                os.write(cgroup, b"0")
+            step = _WORKDIR
+            if cwd is not None:
                 os.chdir(cwd)
-            except OSError as exc:
-                os.write(tell, (exc.errno or 0).to_bytes(4, "little"))
-                raise
+        except OSError as exc:
+            os.write(tell, step + (exc.errno or 0).to_bytes(4, "little"))
+            raise
 
     return preexec
+
+
+_CGROUP, _WORKDIR = b"c", b"w"  # the step of preexec that failed
 
 
 def _start(
@@ -72,9 +84,13 @@ def _start(
     cwd: str | None,
     stdin: int,
     user: WorkerUser | None = None,
+    cgroup: int = -1,
 ) -> subprocess.Popen[bytes]:
     """A worker-to-be in its own session (so a stop reaches all it forks), output on one pipe,
-    running as `user` when the agent switches users, killed by the kernel if the agent dies.
+    running as `user` when the agent switches users, killed by the kernel if the agent dies,
+    in the job's device cgroup when it has one (`cgroup`: its `cgroup.procs`, open, close on
+    exec: preexec_fn runs before CPython closes the fds, and the worker must not keep it, or
+    it could move any process into the cgroup with the agent's credentials).
 
     The order in the child matters: CPython changes to `cwd`, then applies setgroups, setregid
     and setreuid, then calls preexec_fn. The kernel clears a parent-death signal when the
@@ -84,16 +100,18 @@ def _start(
     on a root-squashed NFS home root could not even with them.
 
     Raises:
-        OSError: it could not be started; `WorkdirError` when the user cannot enter `cwd`.
+        OSError: it could not be started; `WorkdirError` when the user cannot enter `cwd`,
+            `DeviceCgroupError` when it cannot enter the device cgroup.
     """
     switch = user is not None and user.switch
     ids = (user.uid, user.gid, list(user.groups)) if user and switch else (None, None, None)
-    told, tell = os.pipe2(os.O_CLOEXEC) if switch and cwd else (-1, -1)
+    as_user = cwd if switch else None
+    told, tell = os.pipe2(os.O_CLOEXEC) if as_user or cgroup >= 0 else (-1, -1)
     try:
         return subprocess.Popen(
             argv,
             env=env,
-            cwd=None if tell >= 0 else cwd,
+            cwd=None if as_user else cwd,
             stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -101,13 +119,18 @@ def _start(
             user=ids[0],
             group=ids[1],
             extra_groups=ids[2],
-            preexec_fn=die_with(os.getpid(), cwd if tell >= 0 else None, tell),
+            preexec_fn=die_with(os.getpid(), as_user, tell, cgroup),
         )
-    except subprocess.SubprocessError:  # only preexec_fn raises it: the chdir failed
-        assert user is not None and cwd is not None
+    except subprocess.SubprocessError:  # only preexec_fn raises it
         os.close(tell)
         tell = -1
-        code = int.from_bytes(os.read(told, 4) or b"\0", "little")
+        said = os.read(told, 5)
+        code = int.from_bytes(said[1:] or b"\0", "little")
+        if said[:1] == _CGROUP:
+            raise DeviceCgroupError(
+                code, f"cannot enter its device cgroup: {os.strerror(code)}"
+            ) from None
+        assert user is not None and cwd is not None
         raise WorkdirError(code, cwd, user.name) from None
     finally:
         for fd in (told, tell):
@@ -171,10 +194,12 @@ class Spawner:
         modules: Sequence[str] = (),
         user: WorkerUser | None = None,
         containers: Containers | None = None,
+        devices: JobDevices | None = None,
     ) -> None:
         self._modules = tuple(modules) if containers is None else ()
         self.user = user
         self.containers = containers
+        self._devices = devices if containers is None else None  # CDI keeps a container's
         self._spares: dict[int, _Spare] = {}
         self._planned: tuple[float, Sequence[WorkerSpec]] | None = None
 
@@ -200,7 +225,22 @@ class Spawner:
                 "preloaded interpreter of local rank %d %s; starting cold", spec.local_rank, reason
             )
             spare.discard()
-        return _start(spec.argv, dict(spec.env), spec.cwd, subprocess.DEVNULL, self.user), False
+        cgroup = self._cgroup()
+        return _start(
+            spec.argv, dict(spec.env), spec.cwd, subprocess.DEVNULL, self.user, cgroup
+        ), False
+
+    def _cgroup(self) -> int:
+        """The job's device cgroup's `cgroup.procs`, confined to the GPUs the job holds now
+        (-1: none).
+
+        Raises:
+            DeviceCgroupError: it cannot be set up.
+        """
+        if self._devices is None:
+            return -1
+        self._devices.refresh()
+        return self._devices.procs_fd()
 
     def has_spare(self, spec: WorkerSpec) -> bool:
         """A live preloaded interpreter that `spec`'s worker would start in."""
@@ -263,7 +303,7 @@ class Spawner:
         interpreter = split_python(spec.argv)[0]
         env = static_env(spec.env)
         argv = [*interpreter, "-m", SPARE_MODULE, *self._modules]
-        popen = _start(argv, env, spec.cwd, subprocess.PIPE, self.user)
+        popen = _start(argv, env, spec.cwd, subprocess.PIPE, self.user, self._cgroup())
         return _Spare(popen, interpreter, env, spec.cwd)
 
     def spare_pids(self) -> list[int]:
@@ -278,3 +318,5 @@ class Spawner:
         self._spares.clear()
         if self.containers is not None:
             self.containers.close()
+        if self._devices is not None:
+            self._devices.close()

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -134,15 +134,16 @@ def start_agent(
     directory: Path,
     prefix: list[str] | None = None,
     env: dict[str, str] | None = None,
+    caps: Sequence[str] = (),
 ) -> AgentProcess:
     """`nodeagent run --config CONFIG` in a session of its own (a command `prefix` such as
     `ip netns exec NS` first), its output appended to DIRECTORY/agent-NAME.log.
 
     Run as root, the agent has what its shipped unit gives it, not more: the unit's capability
-    bounding set (no CAP_DAC_OVERRIDE), no new privileges, its umask (tests/helpers/unitcaps.py).
-    What only works as full root would not work on a node."""
+    bounding set (no CAP_DAC_OVERRIDE) and the `caps` a drop-in adds, no new privileges, its
+    umask (tests/helpers/unitcaps.py). What only works as full root would not work on a node."""
     log_path = directory / f"agent-{name}.log"
-    unit = unit_prefix() if os.geteuid() == 0 else []
+    unit = unit_prefix(extra=caps) if os.geteuid() == 0 else []
     argv = [sys.executable, "-m", "nodeagent", "run", "--config", str(config)]
     with log_path.open("ab") as log_file:
         proc = subprocess.Popen(

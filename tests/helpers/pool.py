@@ -48,6 +48,8 @@ class PoolCluster:
     timing: dict[str, str] = field(default_factory=lambda: dict(TIMING))
     scheduling: dict[str, str] = field(default_factory=dict)  # more of the pool: section
     node_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> more sections
+    prefixes: dict[str, list[str]] = field(default_factory=dict)  # node -> a command prefix
+    caps: dict[str, list[str]] = field(default_factory=dict)  # node -> a drop-in's capabilities
 
     @property
     def records_dir(self) -> Path:
@@ -93,7 +95,8 @@ class PoolCluster:
         for name in names:
             path = self.directory / f"{name}.yaml"
             path.write_text(yaml.safe_dump(self.config(name, job, labels)))
-            self.agents[name] = start_agent(name, path, self.directory)
+            prefix, caps = self.prefixes.get(name), self.caps.get(name, [])
+            self.agents[name] = start_agent(name, path, self.directory, prefix, caps=caps)
 
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return nodeagentctl("--redis", self.redis_url, "--pool", self.pool, *args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -25,14 +26,15 @@ def unit_setting(name: str, unit: Path = UNIT) -> str:
     return str(found[-1]).strip()
 
 
-def unit_prefix(unit: Path = UNIT) -> list[str]:
+def unit_prefix(unit: Path = UNIT, extra: Sequence[str] = ()) -> list[str]:
     """A command prefix that runs what follows as root with the unit's capabilities (its
-    CapabilityBoundingSet), no new privileges, and its umask."""
+    CapabilityBoundingSet, and `extra` ones a drop-in adds), no new privileges, and its umask."""
     if shutil.which("setpriv") is None:
         pytest.skip("util-linux's setpriv is needed")
-    caps = [c.removeprefix("CAP_").lower() for c in unit_setting("CapabilityBoundingSet").split()]
-    umask = unit_setting("UMask")
-    no_new = ["--no-new-privs"] if unit_setting("NoNewPrivileges") == "yes" else []
+    bounding = [*unit_setting("CapabilityBoundingSet", unit).split(), *extra]
+    caps = [c.removeprefix("CAP_").lower() for c in bounding]
+    umask = unit_setting("UMask", unit)
+    no_new = ["--no-new-privs"] if unit_setting("NoNewPrivileges", unit) == "yes" else []
     return [
         "setpriv",
         "--bounding-set=-all," + ",".join(f"+{c}" for c in caps),

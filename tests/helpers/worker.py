@@ -5,6 +5,8 @@ generation, ranks), an "overlap" record if any worker of an older generation is 
 it starts, a "stop" record when SIGTERM arrives, a "signal" record when SIGUSR1 does. It exits
 with the code written to $RECORD_DIR/exit-<generation> (all workers of that generation), else
 runs until stopped.
+With DEVICES_DIR set, the start record says which device nodes there it may open
+(tests/helpers/devicenodes.py).
 With SPAWN_CHILD=1 it first starts a child process (like a data loader) that sleeps for ever,
 and names it in the start record.
 With a file $RECORD_DIR/train ("STEP_S EVERY") it trains too: a step every STEP_S seconds, each
@@ -14,6 +16,7 @@ steps, and every rank resuming from the step saved there.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -95,6 +98,18 @@ class Training:
             self.next_at += self.step_s
 
 
+def opened(directory: str) -> dict[str, str]:
+    """Each device node in `directory`: "ok" if this process may open it, else the errno."""
+    found = {}
+    for name in sorted(os.listdir(directory)):
+        try:
+            os.close(os.open(os.path.join(directory, name), os.O_RDWR))
+            found[name] = "ok"
+        except OSError as exc:
+            found[name] = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return found
+
+
 def main() -> int:
     directory = Path(os.environ["RECORD_DIR"])
     generation = int(os.environ.get("NODEAGENT_GENERATION", "0"))
@@ -131,6 +146,7 @@ def main() -> int:
         create_time=psutil.Process().create_time(),
         child=child,
         resumed=training.step,
+        devices=opened(os.environ["DEVICES_DIR"]) if "DEVICES_DIR" in os.environ else None,
         **base,
     )
     stopping = False

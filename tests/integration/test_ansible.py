@@ -602,15 +602,16 @@ def test_the_roles_unit_validation_rejects_a_bad_unit(tmp_path: Path) -> None:
         assert (result.returncode == 0) is ok, (name, result.stdout, result.stderr)
 
 
-def test_a_node_that_runs_images_gets_its_containers_section_and_the_units_drop_in(
+def test_a_node_that_runs_images_and_confines_devices_gets_its_sections_and_drop_ins(
     tmp_path: Path, job_id: str
 ) -> None:
     """nodeagent_containers.allowed: the config's containers: section, the drop-in that orders
-    the agent after podman's socket, and the OCI runtime the podman service is to use; without
-    it, no drop-in."""
-    parts = ("pinning", "config", "containers")
+    the agent after podman's socket, and the OCI runtime the podman service is to use;
+    nodeagent_constrain_devices: health.constrain_devices and the drop-in that lets the agent
+    make each job's device cgroup. Without them, no drop-in."""
+    parts = ("pinning", "config", "containers", "devices")
     containers = {"allowed": True, "images": ["localhost/"], "socket": "/run/podman/podman.sock"}
-    drop_in = tmp_path / "root/etc/systemd/system/nodeagent.service.d/containers.conf"
+    drop_ins = tmp_path / "root/etc/systemd/system/nodeagent.service.d"
     engine = tmp_path / "root/etc/containers/containers.conf.d/50-nodeagent.conf"
     result = configure(
         tmp_path,
@@ -619,16 +620,21 @@ def test_a_node_that_runs_images_gets_its_containers_section_and_the_units_drop_
         nodeagent_job={},
         nodeagent_containers=containers,
         nodeagent_container_oci_runtime="runc",
+        nodeagent_constrain_devices=True,
         **POOL_VARS,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert drop_in.read_text() == (ROOT / "systemd/nodeagent.service.d/containers.conf").read_text()
+    for name in ("containers.conf", "constrain-devices.conf"):
+        shipped = ROOT / "systemd/nodeagent.service.d" / name
+        assert (drop_ins / name).read_text() == shipped.read_text()
     assert tomllib.loads(engine.read_text()) == {"engine": {"runtime": "runc"}}
     data, settings = rendered(tmp_path)
     assert data["containers"] == containers
     assert settings.containers.allowed and settings.containers.socket == "/run/podman/podman.sock"
+    assert settings.health.constrain_devices and data["health"]["gpu"] == "auto"
 
     result = configure(tmp_path, job_id, parts, nodeagent_job={}, **POOL_VARS)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert not drop_in.exists() and "containers" not in rendered(tmp_path)[0]
+    assert list(drop_ins.iterdir()) == [] and "containers" not in rendered(tmp_path)[0]
     assert not rendered(tmp_path)[1].containers.allowed
+    assert not rendered(tmp_path)[1].health.constrain_devices

@@ -6,6 +6,7 @@ and its accounting record counts GPU-hours by what it held."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +21,13 @@ import pytest
 import yaml
 
 from tests.helpers.cluster import WORKER, RedisServer, wait_for
+from tests.helpers.devicenodes import (
+    allowed_only,
+    delegated_cgroup,
+    device_nodes,
+    drop_in_caps,
+    in_cgroup,
+)
 from tests.helpers.gpus import gpu
 from tests.helpers.pool import PoolCluster, pool_cluster
 
@@ -128,21 +136,55 @@ def test_nodes_advertise_their_gpus_and_a_job_holds_what_it_asked_for(
     assert node_hours > 0 and gpu_hours == pytest.approx(2 * node_hours)
 
 
+@pytest.fixture
+def cgroups() -> Iterator[dict[str, Path]]:
+    """A cgroup for each node's agent to confine its jobs' devices below (tests/helpers/
+    devicenodes.py); asked for before `pool`, so that it goes after the agents."""
+    with contextlib.ExitStack() as stack:
+        yield {node: stack.enter_context(delegated_cgroup()) for node in "abc"}
+
+
+MINOR = 10  # GPU i's device node is nvidia<MINOR + i>: the minor NVML gives, not the index
+
+
+def constrained(pool: PoolCluster, node: str, cgroup: Path, gpus: Path) -> None:
+    """`node` with eight GPUs, constraining its jobs' devices, run as the unit with the
+    drop-in would run it: its capabilities, from a cgroup of its own."""
+    options = eight_gpus(gpus)
+    listed = yaml.safe_load(gpus.read_text())["gpus"]
+    gpus.write_text(
+        yaml.safe_dump({"gpus": [{**g, "minor": MINOR + i} for i, g in enumerate(listed)]})
+    )
+    options["health"]["constrain_devices"] = True
+    pool.node_options[node] = options
+    pool.prefixes[node] = in_cgroup(cgroup)
+    pool.caps[node] = drop_in_caps()
+
+
 def test_eight_one_gpu_jobs_share_a_node_each_on_its_own_gpu_and_a_crash_stays_in_its_job(
-    pool: PoolCluster, job_id: str, tmp_path: Path
+    cgroups: dict[str, Path], pool: PoolCluster, job_id: str, tmp_path: Path
 ) -> None:
     """Issue 66's pool: eight one-GPU jobs packed onto one 8-GPU node, each worker seeing only
-    its own GPU, beside a two-node job that holds two whole nodes; a worker killed in one of
-    the eight re-forms that job alone: every other job keeps its generation and processes."""
-    pool.node_options["c"] = eight_gpus(tmp_path / "gpus-c.yaml")
+    its own GPU, by CUDA_VISIBLE_DEVICES and by the device cgroup (it may open its own GPU's
+    device node and no other), beside a two-node job that holds two whole nodes (all eight
+    GPUs' nodes); a worker killed in one of the eight re-forms that job alone: every other job
+    keeps its generation and processes."""
+    for node, cgroup in cgroups.items():
+        constrained(pool, node, cgroup, tmp_path / f"gpus-{node}.yaml")
     pool.start("a", "b", "c")
     pool.wait_nodes(3)
     wait_for(lambda: every_node_offers(pool, 8), 30, "8 GPUs a node")
-    ones = [f"{job_id}-{i}"[-63:] for i in range(8)]
-    for name in ones:
-        pool.submit(name, "1", "--gpus-per-node", "1")
-    whole = f"{job_id}-whole"[-63:]
-    pool.submit(whole, "2")
+    minors = range(MINOR, MINOR + 8)
+    with device_nodes(minors) as devices:
+        ones = [f"{job_id}-{i}"[-63:] for i in range(8)]
+        for name in ones:
+            pool.submit(name, "1", "--gpus-per-node", "1", "--env", f"DEVICES_DIR={devices}")
+        whole = f"{job_id}-whole"[-63:]
+        pool.submit(whole, "2", "--env", f"DEVICES_DIR={devices}")
+        _eight_and_a_whole(pool, ones, whole, minors)
+
+
+def _eight_and_a_whole(pool: PoolCluster, ones: list[str], whole: str, minors: range) -> None:
     rows = {name: pool.wait_job(name, "running", world=1, timeout=60) for name in ones}
     pool.wait_job(whole, "running", world=2, timeout=60)
     (shared,) = {n for n, held in shares(pool).items() if held}
@@ -152,6 +194,11 @@ def test_eight_one_gpu_jobs_share_a_node_each_on_its_own_gpu_and_a_crash_stays_i
     first = {name: first_start(pool, name) for name in ones}
     assert sorted(s["cuda"] for s in first.values()) == [f"GPU-fake-{i}" for i in range(8)]
     assert {s["node"] for s in first.values()} == {shared}
+    for start in first.values():
+        own = f"nvidia{MINOR + int(start['cuda'].removeprefix('GPU-fake-'))}"
+        assert start["devices"] == allowed_only(minors, own), start
+    for start in wait_for(lambda: started(pool, whole, 2), 30, "the whole job's workers"):
+        assert start["devices"] == allowed_only(minors, *(f"nvidia{m}" for m in minors))
     holders = wait_for(lambda: holding(pool, shared, set(ones)), 30, "each GPU's holder")
     assert holders == set(ones)
     # The node's one log: each line names the job whose agent logged it (runtime/jobrun.py

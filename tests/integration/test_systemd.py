@@ -198,6 +198,39 @@ def test_the_containers_drop_in_only_orders_the_agent_after_the_podman_socket() 
     assert sections == {"Unit": {"Wants": "podman.socket", "After": "podman.socket"}}
 
 
-def test_the_ansible_role_installs_this_drop_in() -> None:
-    role = ROOT / "ansible/roles/nodeagent/files/containers.conf"
-    assert role.read_text() == DROP_IN.read_text()
+def test_the_ansible_role_installs_these_drop_ins() -> None:
+    role = ROOT / "ansible/roles/nodeagent/files"
+    assert (role / "containers.conf").read_text() == DROP_IN.read_text()
+    assert (role / "constrain-devices.conf").read_text() == DEVICES_DROP_IN.read_text()
+
+
+DEVICES_DROP_IN = ROOT / "systemd" / "nodeagent.service.d" / "constrain-devices.conf"
+
+
+def test_the_device_drop_in_verifies_adds_what_it_says_and_costs_what_it_says(
+    tmp_path: Path,
+) -> None:
+    """Issue 66: health.constrain_devices needs the agent's cgroup delegated and writable and
+    two capabilities more; the drop-in holds exactly that, and its comment gives the score
+    systemd-analyze rates the unit with it (tests/integration/test_device_cgroup.py runs the
+    agent with these capabilities)."""
+    unit = installed_unit(tmp_path)
+    drop_ins = tmp_path / "nodeagent.service.d"
+    drop_ins.mkdir()
+    (drop_ins / "constrain-devices.conf").write_text(DEVICES_DROP_IN.read_text())
+    result = verify(unit)
+    assert result.returncode == 0 and result.stderr == "" and result.stdout == "", result.stderr
+    settings = [
+        line
+        for line in DEVICES_DROP_IN.read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert settings == [
+        "[Service]",
+        "Delegate=yes",
+        "ProtectControlGroups=no",
+        "CapabilityBoundingSet=CAP_BPF CAP_NET_ADMIN",
+    ]
+    rated = exposure(unit)
+    assert rated <= EXPOSURE_LIMIT
+    assert f"rates the unit 3.4 alone and {rated} with this file" in DEVICES_DROP_IN.read_text()

@@ -144,6 +144,7 @@ def test_pool_keep_ended_defaults_to_a_week_and_is_checked() -> None:
         ("health.gpu", "maybe", "health.gpu", "auto, on, off"),
         ("health.max_temperature_c", -5, "health.max_temperature_c", ">= 0"),
         ("health.max_pcie_replays", -1, "health.max_pcie_replays", ">= 0"),
+        ("health.constrain_devices", "yes", "health.constrain_devices", "expected bool"),
         # Redis URLs: what redis-py would crash on or silently misread
         ("redis.url", "redis://h:abc/0", "redis.url", "port"),
         ("redis.url", "redis://h:99999/0", "redis.url", "port"),
@@ -279,6 +280,7 @@ def test_logging_section() -> None:
         ("health.gpu", False, "health.gpu", "off"),  # YAML's bare off
         ("health.gpu", True, "health.gpu", "on"),  # YAML's bare on
         ("health.gpu", "off", "health.gpu", "off"),
+        ("health.constrain_devices", True, "health.constrain_devices", True),
         ("metrics.listen", False, "metrics.listen", "off"),  # as the example documents it
         ("metrics.listen", "off", "metrics.listen", "off"),
         ("metrics.listen", ":9410", "metrics.listen", ":9410"),
@@ -349,6 +351,17 @@ def test_bare_off_where_off_is_documented(tmp_path: Path) -> None:
     config = read_config(path, FixedResolver())
     assert config.metrics.listen == "off" and config.health.gpu == "off"
     assert config.timing.hang_timeout == 0.0
+
+
+def test_constraining_devices_needs_the_gpu_monitoring_that_says_which_are_a_jobs(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({**VALID, "health": {"gpu": "off", "constrain_devices": True}}))
+    with pytest.raises(ConfigError) as err:
+        read_config(path, FixedResolver())
+    assert err.value.key == "health.constrain_devices"
+    assert "needs GPU monitoring" in str(err.value) and "health.gpu auto or on" in str(err.value)
 
 
 def test_aliases_and_merge_keys_are_not_duplicates(tmp_path: Path) -> None:

@@ -219,6 +219,20 @@ def test_backend_reads_every_field() -> None:
     assert reading.recovery_action == 1 and reading.nvlinks_down == (1,)
     assert reading.remapped_rows_pending is False and reading.ecc_uncorrected_volatile == 0
     assert (reading.sm_clock_mhz, reading.sm_clock_max_mhz) == (1410, 1980)
+    assert reading.minor == 0  # no minor in the file: the GPU's index, /dev/nvidia0
+
+
+def test_backend_reads_each_gpus_device_minor_and_none_where_nvml_cannot_say() -> None:
+    """The device cgroup allows a job's GPUs by their /dev/nvidia<minor>, which need not be
+    their index (supervisor/devices.py)."""
+    gpus = [
+        healthy_gpu(minor=7),
+        healthy_gpu(uuid="GPU-fake-1", errors={"minor": pynvml.NVML_ERROR_UNKNOWN}, minor=3),
+        healthy_gpu(uuid="GPU-fake-2"),
+    ]
+    backend = NvmlBackend(FakeNvml({"gpus": gpus}))
+    assert backend.open() == 3
+    assert [r.minor for r in backend.sample()] == [7, None, 2]
 
 
 @pytest.mark.parametrize(
