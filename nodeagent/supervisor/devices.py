@@ -34,7 +34,6 @@ import errno
 import os
 import platform
 import struct
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -47,7 +46,7 @@ _PROG_TYPE_CGROUP_DEVICE, _CGROUP_DEVICE = 15, 6  # program type, attach type
 _F_ALLOW_MULTI = 2
 _DEVCG_DEV_CHAR = 2  # bpf_cgroup_dev_ctx.access_type's low 16 bits
 _LOG_SIZE = 1 << 16
-_GONE_S = 5.0  # how long a leftover cgroup's last processes may take to be reaped
+_ATTEMPTS = 16  # names fresh() tries: `job-<node>.<job>`, then `+1`...
 
 
 class DeviceCgroupError(OSError):
@@ -183,7 +182,8 @@ class JobDevices:
         held: Callable[[], Iterable[int]],
         bpf: _Bpf | None = None,
     ) -> None:
-        self.path = parent / f"{PREFIX}{node}.{job}"
+        self._name = parent / f"{PREFIX}{node}.{job}"
+        self.path = self._name  # where it is once made: fresh() may add `+1`
         self._minor_of = minor_of
         self._held = held
         self._bpf = bpf
@@ -244,7 +244,7 @@ class JobDevices:
     def _open(self) -> None:
         if self._dir >= 0:
             return
-        fresh(self.path)
+        self.path = fresh(self._name)
         try:
             self._dir = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             self._procs = os.open(self.path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
@@ -262,30 +262,34 @@ class JobDevices:
             self.path.rmdir()
 
 
-def fresh(path: Path) -> None:
-    """Make `path` a new, empty cgroup: one an earlier agent left (its programs still attached,
-    which would go on refusing) is removed first, once its last processes are gone.
+def fresh(path: Path) -> Path:
+    """A new, empty cgroup named `path`, or `path+1`, `path+2`... when what an earlier agent
+    left there still holds processes: one left empty is removed first (its program, still
+    attached, would go on refusing); one in use is left for the next start's `probe`, never
+    waited for (this runs in the agent's loop).
 
     Raises:
-        DeviceCgroupError: it cannot be made, or what is left in it does not go.
+        DeviceCgroupError: none can be made.
     """
-    deadline = time.monotonic() + _GONE_S
-    while True:
+    for attempt in range(_ATTEMPTS):
+        candidate = path if attempt == 0 else path.with_name(f"{path.name}+{attempt}")
         try:
-            path.mkdir()
-            return
+            candidate.mkdir()
+            return candidate
         except FileExistsError:
             pass
         except OSError as exc:
-            raise DeviceCgroupError(exc.errno, f"cannot make {path}: {exc.strerror}") from None
+            raise DeviceCgroupError(exc.errno, f"cannot make {candidate}: {exc.strerror}") from None
         try:
-            path.rmdir()
+            candidate.rmdir()
+            candidate.mkdir()
+            return candidate
         except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+            if exc.errno not in (errno.EBUSY, errno.EEXIST, errno.ENOTEMPTY):
                 raise DeviceCgroupError(
-                    exc.errno, f"cannot remove {path}, an earlier agent's: {exc.strerror}"
+                    exc.errno, f"cannot replace {candidate}, an earlier agent's: {exc.strerror}"
                 ) from None
-            time.sleep(0.05)
+    raise DeviceCgroupError(errno.EBUSY, f"{path} and {_ATTEMPTS - 1} more are all in use")
 
 
 def probe(parent: Path, node: str) -> None:

@@ -205,10 +205,40 @@ def _disk(name: str, tag: str) -> Path:
 SHARED = "/shared"  # where every node mounts the directory `boot_nodes` is given
 
 
+UNIFIED = Path("/sys/fs/cgroup/unified")  # a cgroup v1/v2 hybrid's v2 hierarchy
+SECCOMP = Path("/usr/share/containers/seccomp.json")  # podman's default profile
+
+
+def _device_control(tag: str) -> list[str]:
+    """What a node needs for its agent to attach BPF device programs (health.constrain_devices,
+    supervisor/devices.py), as a site's node has: cgroup v2 (here the host's unified hierarchy,
+    where the node's systemd then runs hybrid and delegates), CAP_BPF and CAP_NET_ADMIN in the
+    node's bounding set (the unit's drop-in asks for them), and bpf(2) allowed to CAP_BPF:
+    podman's default seccomp profile allows it only with CAP_SYS_ADMIN, which nodes lack.
+    And NVIDIA's device major, 195, made (CAP_MKNOD) and opened (the node's own v1 device
+    cgroup) as on a node with GPUs: tests/booted/test_devices.py makes stand-ins for them."""
+    options = ["--cap-add=BPF,NET_ADMIN,MKNOD", "--device-cgroup-rule=c 195:* rwm"]
+    if UNIFIED.is_dir():
+        options.append(f"--volume={UNIFIED}:{UNIFIED}:rw")
+    if SECCOMP.is_file():
+        profile = json.loads(SECCOMP.read_text())
+        for rule in profile["syscalls"]:
+            if "bpf" in rule["names"]:
+                rule["names"] = [n for n in rule["names"] if n != "bpf"]
+        bpf = {"names": ["bpf"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_BPF"]}}
+        profile["syscalls"].append(bpf)
+        path = DISKS / tag / "seccomp.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile))
+        options.append(f"--security-opt=seccomp={path}")
+    return options
+
+
 def boot_nodes(names: Sequence[str], net: Network, tag: str, shared: Path) -> list[Node]:
     """Containers with systemd as PID 1 from this machine's root file system, booted, each
     with `shared` mounted at SHARED."""
     nodes = []
+    devices = _device_control(tag)
     for index, name in enumerate(names):
         container = f"nodeagent-booted-{tag}-{name}"
         node = Node(name, container, net.address(index + 1))
@@ -231,6 +261,7 @@ def boot_nodes(names: Sequence[str], net: Network, tag: str, shared: Path) -> li
                 f"--volume={shared}:{SHARED}",
                 "--ulimit=nofile=4096:4096",
                 "--ulimit=nproc=4096:4096",
+                *devices,
                 "--rootfs",
                 str(_disk(name, tag)),
                 "/lib/systemd/systemd",

@@ -23,6 +23,7 @@ import yaml
 from nodeagent.supervisor.devices import DeviceCgroupError, JobDevices
 from nodeagent.supervisor.spares import Spawner
 from nodeagent.supervisor.spec import WorkerSpec
+from tests.helpers.cluster import wait_for
 from tests.helpers.devicenodes import (
     allowed_only,
     delegated_cgroup,
@@ -98,18 +99,36 @@ def test_a_jobs_workers_open_only_its_gpus_and_a_new_set_replaces_the_old(
     assert found["left"] is False
 
 
-def test_a_leftover_job_cgroup_with_a_stricter_program_is_replaced(
+def test_an_earlier_agents_job_cgroup_neither_refuses_nor_blocks_the_next(
     tmp_path: Path, devices: Path, delegated: Path, job_id: str
 ) -> None:
-    """An earlier agent's job cgroup, its program (GPU 0 only) still attached: the new agent's
-    start removes it, so the job's new GPU is not refused by what no one holds any more."""
+    """What a killed agent leaves: the job's cgroup, its program (GPU 0 only) still attached.
+    Empty, the next agent's start removes it, so the job's new GPU is not refused by what no
+    one holds any more; still holding a process, it is left (never waited for) and the job
+    gets `+1`, until a later start finds it empty."""
     first = started(tmp_path, delegated, devices, job_id, "0")
     assert [run["opened"] for run in first["runs"]] == [refused_but("nvidia10")]
     left = delegated / f"job-n1.{job_id}"
-    left.mkdir()  # what a killed agent leaves: the directory, a program on it
+    left.mkdir()
     again = started(tmp_path, delegated, devices, job_id, "1")
     assert [run["opened"] for run in again["runs"]] == [refused_but("nvidia11")]
     assert not left.exists()
+
+    left.mkdir()
+    holding = subprocess.Popen([*in_cgroup(left), "sleep", "60"])
+    try:
+        wait_for(lambda: (left / "cgroup.procs").read_text().strip(), 10, "a process in it")
+        busy = started(tmp_path, delegated, devices, job_id, "2")
+        assert [run["opened"] for run in busy["runs"]] == [refused_but("nvidia12")]
+        assert busy["runs"][0]["cgroup"].endswith(f"/job-n1.{job_id}+1"), busy
+        assert left.exists()
+    finally:
+        holding.kill()
+        holding.wait()
+    wait_for(lambda: not (left / "cgroup.procs").read_text().strip(), 10, "it to empty")
+    later = started(tmp_path, delegated, devices, job_id, "3")
+    assert later["runs"][0]["cgroup"].endswith(f"/job-n1.{job_id}"), later
+    assert [p.name for p in delegated.iterdir() if p.is_dir()] == []
 
 
 def test_without_the_drop_in_the_agent_exits_78_naming_what_the_node_lacks(
