@@ -51,7 +51,7 @@ class QueueNew(Strict):
         Field(ge=0, description="the most GPUs its jobs hold, a whole node's all (null: none)"),
     ] = None
     gpu_guaranteed: Annotated[
-        int, Field(ge=0, description="GPUs its jobs sharing nodes may take back from others")
+        int, Field(ge=0, description="GPUs its jobs may take back from others")
     ] = 0
 
 

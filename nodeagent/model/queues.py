@@ -7,8 +7,9 @@ asked for: model/gpus.py), and guaranteed shares, in nodes and in GPU units: whi
 fewer nodes than its share, its pending jobs may take nodes back from queues that hold more
 than their own, whatever those jobs' priorities (nodeagent.pool.preempt); while it holds fewer
 GPU units than its GPU share, its pending jobs that share nodes may take the shares of jobs of
-queues above their own GPU share likewise (nodeagent.pool.sharing). `default` always exists,
-with no quota and no guarantee, unless an operator sets one.
+queues above their own GPU share likewise (nodeagent.pool.sharetake), and its jobs of either
+kind whole-node jobs' nodes, each counted as the units it gives them (nodeagent.pool.preempt).
+`default` always exists, with no quota and no guarantee, unless an operator sets one.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ their checkpoints when admitted again), from:
 - jobs of lower priority (strictly; never for an equal or lower priority), lowest priority
   first, then the youngest (admitted last); never taking another queue below its guaranteed
   shares (nodes, and GPU units: a node counted at the most units a node offers);
-- when the claimant's queue holds less than its guaranteed share (reclaim): jobs of queues
+- when the claimant's queue holds less than its guaranteed share (reclaim), in nodes, or in
+  GPU units (each node taken counted as the units it gives the claimant): jobs of queues
   above their own share, whatever their priority, never taking such a queue below its share
   nor the claimant's queue above its own.
 Never a pinned job's nodes, never a node the claimant cannot use, never from a job that the
@@ -92,6 +93,10 @@ class _Taking:
     def __init__(self, claimant: JobView, ledger: Ledger, widest: int) -> None:
         self.claimant, self.ledger, self.widest = claimant, ledger, widest
         self.reclaim = ledger.deficit(claimant.queue)
+        self.by_gpus = False  # reclaiming the queue's guaranteed GPUs, not its nodes
+        by_gpus = reclaim_by_gpus(claimant, ledger, widest)
+        if by_gpus > self.reclaim:
+            self.reclaim, self.by_gpus = by_gpus, True
         self.surplus: dict[str, int] = {}
         self.gpu_surplus: dict[str, int] = {}  # of queues with a guaranteed GPU share
         self.victims: dict[str, Victim] = {}
@@ -107,6 +112,9 @@ class _Taking:
         if job.priority < claimant.priority:
             return f"priority {claimant.priority} > {job.priority}"
         if job.queue != claimant.queue and self.reclaim > 0:
+            if self.by_gpus:
+                share = self.ledger.gpu_guaranteed(claimant.queue)
+                return f"queue {claimant.queue} below its guaranteed {share} GPUs"
             share = self.ledger.guaranteed(claimant.queue)
             return f"queue {claimant.queue} below its guaranteed {share} nodes"
         return None
@@ -142,6 +150,14 @@ class _Taking:
             self.reclaim -= added
         self.victims[job.id] = victim
         self.got += gain
+
+
+def reclaim_by_gpus(claimant: JobView, ledger: Ledger, widest: int) -> int:
+    """The nodes `claimant` may reclaim for its queue's guaranteed GPU share: as many as keep
+    the queue within it, each node counted as the units it gives the claimant (its
+    `gpus_per_node` where it shares nodes; a whole node, the most units a node offers)."""
+    units = (claimant.gpus_per_node or 0) if claimant.shared else widest
+    return ledger.gpu_deficit(claimant.queue) // units if units > 0 else 0
 
 
 def order(job: JobView) -> tuple[int, int, int]:

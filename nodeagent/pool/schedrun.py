@@ -277,11 +277,15 @@ class Run:
 
     def could_preempt(self, job: JobView) -> bool:
         """A cheap bound: some running job has a lower priority than `job`, or its queue is
-        below its guaranteed share while another is above its own."""
+        below its guaranteed share (nodes, or GPUs by whole nodes) while another is above its
+        own."""
         victims = self.victims()
         if victims and job.priority > victims[0].priority:
             return True
-        return self.ledger.deficit(job.queue) > 0 and self.ledger.any_above_share(job.queue)
+        short = self.ledger.deficit(job.queue) or preempt.reclaim_by_gpus(
+            job, self.ledger, self.widest
+        )
+        return short > 0 and self.ledger.any_above_share(job.queue)
 
     def preemption(
         self, claimant: JobView, need: int, ledger: Ledger | None = None

@@ -276,3 +276,67 @@ def test_a_job_admitted_in_a_round_is_not_taken_back_in_it() -> None:
     result = schedule(view, POLICY)
     assert result.jobs["j1"].state is RUNNING and result.jobs["j2"].state is PENDING
     assert result.shares == {"a": {"j1": 4}}
+
+
+def whole(name: str, queue: str, nodes: int, *, priority: int = 0, seq: int = 10) -> JobView:
+    """A pending whole-node job of `nodes` nodes, all of them needed."""
+    status = PoolJob(PENDING, seq=seq, submitted_ms=NOW)
+    return JobView(name, status, nodes, nodes, nodes, priority=priority, queue=queue)
+
+
+def test_a_whole_node_job_reclaims_its_queues_guaranteed_gpus_by_whole_nodes() -> None:
+    """research is guaranteed 16 GPUs and no nodes, and holds none; batch (priority 10, no
+    guarantee) holds all three 8-GPU nodes with one whole-node job. research's 2-node job
+    takes two of them, whatever batch's priority, each counted as 8 GPUs, and says why; a
+    3-node job would take its queue above its share (24 > 16) and takes nothing."""
+    queues = {"research": QueueView("research", gpu_guaranteed=16), "batch": QueueView("batch")}
+    big = running("big", None, "batch", ("a", "b", "c"), priority=10)
+    for size, admitted in ((2, True), (3, False)):
+        claim = whole("claim", "research", size)
+        jobs = {"big": big, "claim": claim}
+        view = PoolView(NOW, eights("a", "b", "c"), jobs, {n: "big" for n in "abc"}, queues)
+        result = schedule(view, POLICY)
+        if not admitted:
+            assert result.jobs["claim"].state == PENDING, result.jobs["claim"]
+            assert result.placements == {n: "big" for n in "abc"}
+            continue
+        assert sorted(n for n, j in result.placements.items() if j == "claim") == ["b", "c"]
+        assert result.jobs["claim"].reason == "admitted on 2 nodes, preempting big"
+        assert result.jobs["big"].reason == (
+            "shrunk 3 -> 1 nodes for job claim: queue research below its guaranteed 16 GPUs"
+        )
+
+
+def test_whole_node_reclaim_by_gpus_never_takes_a_queue_below_its_own_gpu_share() -> None:
+    """batch is guaranteed 16 GPUs and holds exactly that on two nodes: research's reclaim
+    finds nothing to take there, though research is below its own share."""
+    queues = {
+        "research": QueueView("research", gpu_guaranteed=16),
+        "batch": QueueView("batch", gpu_guaranteed=16),
+    }
+    big = running("big", None, "batch", ("a", "b"), priority=10)
+    claim = whole("claim", "research", 1)
+    held = {"a": "big", "b": "big"}
+    view = PoolView(NOW, eights("a", "b"), {"big": big, "claim": claim}, held, queues)
+    result = schedule(view, POLICY)
+    assert result.jobs["claim"].state == PENDING
+    assert result.placements == held
+    unguaranteed = {**queues, "batch": QueueView("batch")}  # the same, batch guaranteed nothing
+    result = schedule(replace(view, queues=unguaranteed), POLICY)
+    assert result.jobs["claim"].state == RUNNING and result.placements["b"] == "claim"
+
+
+def test_a_gpu_job_reclaims_its_queues_guaranteed_gpus_from_a_whole_node_job() -> None:
+    """research is guaranteed 8 GPUs and holds none; batch's whole-node job (priority 10)
+    holds the only node. research's 8-GPU job takes the node, whatever batch's priority, and
+    shares it."""
+    queues = {"research": QueueView("research", gpu_guaranteed=8), "batch": QueueView("batch")}
+    big = running("big", None, "batch", ("a", "b"), priority=10)
+    claim = pending("claim", 8, "research")
+    held = {"a": "big", "b": "big"}
+    view = PoolView(NOW, eights("a", "b"), {"big": big, "claim": claim}, held, queues)
+    result = schedule(view, POLICY)
+    assert result.shares == {"b": {"claim": 8}}
+    assert result.jobs["big"].reason == (
+        "shrunk 2 -> 1 nodes for job claim: queue research below its guaranteed 8 GPUs"
+    )

@@ -49,7 +49,7 @@ def add_arguments(queue: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--gpu-guaranteed",
             type=int,
-            help="GPUs its jobs sharing nodes may take back from queues above theirs",
+            help="GPUs its jobs may take back from queues above theirs",
         )
         parser.add_argument(
             "--max-priority",
