@@ -31,21 +31,6 @@ GPUS = "/etc/nodeagent/gpus.yaml"
 DEVICES = "/dev/nodeagent-test"  # the node's /dev is a tmpfs that holds device nodes
 MINOR = 6  # GPU i's device node is nvidia<6 + i>: NVML's minor, not the index
 
-# What the job's worker runs: which of DEVICES it may open, its GPU, its cgroup.
-PROBE = """
-import errno, json, os, sys
-found = {}
-for name in sorted(os.listdir(sys.argv[1])):
-    try:
-        os.close(os.open(os.path.join(sys.argv[1], name), os.O_RDWR))
-        found[name] = "ok"
-    except OSError as exc:
-        found[name] = errno.errorcode[exc.errno]
-cgroup = [x[3:] for x in open("/proc/self/cgroup").read().splitlines() if x[:3] == "0::"]
-print(json.dumps({"opened": found, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                  "cgroup": cgroup[0] if cgroup else None}), flush=True)
-"""
-
 
 def offered(pool: BootedPool, node: str) -> list[dict[str, Any]] | None:
     """The GPU units `node` offers the pool (None: it is not in the pool now)."""
@@ -95,7 +80,8 @@ def test_a_jobs_worker_opens_only_its_gpus_device_node_under_the_unit(pool: Boot
         wait_for(lambda: len(offered(pool, "n1") or ()) == 2, 120, "n1 to offer 2 GPUs")
         pool.ctl(
             *("submit", f"--name={job}", "--nodes=1", "--gpus-per-node=1"),
-            *("--", str(PYTHON), "-c", PROBE, DEVICES),
+            f"--env=PYTHONPATH={CHECKOUT}",  # what it runs: which of DEVICES it may open
+            *("--", str(PYTHON), "-m", "tests.helpers.devicenodes", DEVICES),
             user="alice",
         )
 

@@ -8,8 +8,8 @@ refuses with EPERM, before any driver is asked.
 
     python -m tests.helpers.devicenodes DIRECTORY
 
-prints, as one JSON line, what `opened` (tests/helpers/worker.py) finds there and this
-process's cgroup (v2).
+prints, as one JSON line, what `opened` (tests/helpers/worker.py) finds there, this process's
+cgroup (v2) and its CUDA_VISIBLE_DEVICES.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def allowed_only(minors: Iterable[int], *names: str) -> dict[str, str]:
 def main(directory: str) -> None:
     lines = Path("/proc/self/cgroup").read_text().splitlines()
     cgroup = next(line[3:] for line in lines if line.startswith("0::"))
-    print(json.dumps({"opened": opened(directory), "cgroup": cgroup}), flush=True)
+    cuda = os.environ.get("CUDA_VISIBLE_DEVICES")
+    print(json.dumps({"opened": opened(directory), "cgroup": cgroup, "cuda": cuda}), flush=True)
 
 
 if __name__ == "__main__":
