@@ -55,6 +55,9 @@ class SqlLedger:
 
     @contextmanager
     def _cursor(self, what: str) -> Any:
+        """A cursor, committed after the block; a driver's failure said as AccountingError.
+        A reader (no DDL) of a database the pool leader has not written to yet finds no
+        tables there: NoTables, which its readers take for no records."""
         try:
             if self._conn is None:
                 conn = self._connect()
@@ -72,6 +75,8 @@ class SqlLedger:
                 raise
         except self._errors as exc:
             self.close()
+            if not self._ddl and _no_table(exc):
+                raise NoTables(str(exc)) from exc
             raise AccountingError(f"{what} ({self.database}): {exc}".strip()) from exc
 
     def write(self, records: Sequence[Record]) -> int:
@@ -86,14 +91,15 @@ class SqlLedger:
 
     def runs(self, where: Filter, limit: int) -> list[Record]:
         sql, params = runs_query(self._mark, where, limit)
-        with self._cursor("read accounting records") as cursor:
+        with suppress(NoTables), self._cursor("read accounting records") as cursor:
             cursor.execute(sql, params)
             return list(decoded(cursor.fetchall()))
+        return []
 
     def report(self, by: str, where: Filter) -> list[Usage]:
         how = plan(where)
-        found = []
-        with self._cursor("report usage") as cursor:
+        found: list[Usage] = []
+        with suppress(NoTables), self._cursor("report usage") as cursor:
             if how.days:
                 sql, params = usage_query(
                     self._mark, by, where.pool, how.first_day, how.end_day, where.user
@@ -111,6 +117,15 @@ class SqlLedger:
         if conn is not None:
             with suppress(*self._errors):
                 conn.close()
+
+
+class NoTables(Exception):
+    """The database holds none of the ledger's tables yet: nothing was ever written to it."""
+
+
+def _no_table(exc: Exception) -> bool:
+    """SQLite's "no such table", PostgreSQL's undefined_table (SQLSTATE 42P01)."""
+    return "no such table" in str(exc) or getattr(exc, "sqlstate", None) == "42P01"
 
 
 def open_ledger(database: Database, password: str | None = None, writer: bool = True) -> SqlLedger:

@@ -256,11 +256,19 @@ _TIMING_RULES: Mapping[str, Mapping[str, Any]] = {
     "peer_timeout": {"positive": True},
     "peer_phi": {},  # not a duration: _phi
     "waited_phi": {},  # not a duration: _phi
+    "ride_through": {"off": True},
 }
 # What a job may set for itself (a job spec's timing:); the heartbeat, the lease and the peer
 # watch are the node's: every job a node serves is fenced on the same lease.
 PEER_INTERVAL_MIN = 0.01  # a beat more often than this is a busy loop, not a faster watch
-NODE_TIMING = ("heartbeat_interval", "lease_ttl", "peer_interval", "peer_timeout", "peer_phi")
+NODE_TIMING = (
+    "heartbeat_interval",
+    "lease_ttl",
+    "peer_interval",
+    "peer_timeout",
+    "peer_phi",
+    "ride_through",
+)
 PHIS = ("peer_phi", "waited_phi")  # thresholds, not durations
 PHI_MIN = 1.0  # one late beat in ten suspected: below, a threshold suspects healthy peers
 JOB_TIMING = tuple(name for name in _TIMING_RULES if name not in NODE_TIMING)
@@ -316,6 +324,26 @@ def _load_timing(section: Section) -> TimingConfig:
             section.key("peer_timeout"),
             f"must be at least three times peer_interval ({timing.peer_interval}s) so one late "
             f"beat does not make a peer suspect, got {timing.peer_timeout}s",
+        )
+    return _ride_through(section, timing)
+
+
+def _ride_through(section: Section, timing: TimingConfig) -> TimingConfig:
+    """timing.ride_through: off, or at least the lease (a shorter ride ends before the lease
+    lapses, which it is for); off by itself where the peer watch is (it rides on the beats)."""
+    ride = timing.ride_through
+    if timing.peer_interval <= 0 and ride > 0:
+        if section.raw("ride_through") is None:
+            return dataclasses.replace(timing, ride_through=0.0)
+        raise ConfigError(
+            section.key("ride_through"),
+            "needs the peer watch (a member rides through only while it hears every other "
+            f"member): set peer_interval, or ride_through: off; got {ride}s",
+        )
+    if 0 < ride < timing.lease_ttl:
+        raise ConfigError(
+            section.key("ride_through"),
+            f"must be off or at least lease_ttl ({timing.lease_ttl}s), got {ride}s",
         )
     return timing
 

@@ -180,6 +180,11 @@ class TimingConfig:
     peer_interval: float = 0.1
     peer_timeout: float = 2.0
     peer_phi: float = 8.0
+    # A member that cannot reach Redis but hears every other member training its generation
+    # goes on training past its fence point for up to ride_through after its last renewal
+    # (job/ridethrough.py): a Redis failover or stall is not a restart. 0: off (it fences at
+    # half the lease). Needs the peer watch (peer_interval).
+    ride_through: float = 60.0
 
     @property
     def redis_timeout(self) -> float:

@@ -91,12 +91,14 @@ class Snapshot:
             for lease in self.leases
             if lease.report is not None and lease.deadline_ms > self.now_ms
         }
-        expired = tuple(lease.name for lease in self.leases if lease.deadline_ms <= self.now_ms)
+        now = self.now_ms
+        lapsed = {n.name: n.deadline_ms for n in self.leases if n.deadline_ms <= now}
         return ClusterView(
             now_ms=self.now_ms,
             record=self.stored_record,
             nodes=live,
-            expired=expired,
+            expired=tuple(lapsed),
+            expired_ms=lapsed,
             commands=self.commands,
             command_cursor=self.command_cursor,
             drop=self.drop,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from nodeagent.checkpoint.keeper import TierKeeper
@@ -43,10 +43,11 @@ from nodeagent.job.heartbeat import Heartbeat
 from nodeagent.job.leaderduties import LeaderDuties
 from nodeagent.job.lease import LeaseClock
 from nodeagent.job.leaving import Leaving
-from nodeagent.job.peers import PeerDuties
-from nodeagent.job.peerwatch import PeerWatch
+from nodeagent.job.peers import PeerDuties, Watch
 from nodeagent.job.port import JobPort, WorkerGroup
 from nodeagent.job.progress import Progress
+from nodeagent.job.ridethrough import FRESH_BEATS
+from nodeagent.job.riding import Riding
 from nodeagent.job.watchduties import WatchDuties
 from nodeagent.model.job import Cordon, Event, JobRecord, NodeReport
 from nodeagent.state import NODE_TRANSITIONS, NodeState, check_transition
@@ -77,7 +78,7 @@ class AgentParts:
     keeper: Keeper | JobFence | None = None
     tiers: TierKeeper | None = None
     replicas: Replicas | None = None
-    peers: PeerWatch | None = None
+    peers: Watch | None = None
     clock: Callable[[], float] = time.monotonic
 
 
@@ -107,8 +108,13 @@ class Agent:
         self._fenced_generation: int | None = None
         self._signalled = "0-0"  # the last record signal sent to this node's workers
         self._free_port = pick_free_port(config.node.address)
+        self._placed = (0, 0, 0)  # its workers' generation, group rank and members (resume.py)
         self._events: list[Event] = [Event("node_joined", node=self.name, message="agent started")]
-        self._lease = LeaseClock(config.timing.lease_ttl, parts.keeper)
+        timing = config.timing
+        rides = timing.ride_through > 0 and parts.peers is not None
+        self._lease = LeaseClock(
+            timing.lease_ttl, parts.keeper, timing.heartbeat_interval / 2, rides
+        )
         self._dirty = True
         self._progress = Progress(self.name)
         self._metrics = metrics = parts.metrics or AgentMetrics(config.job.id)
@@ -127,6 +133,10 @@ class Agent:
             PeerDuties(parts.peers, self.name, store, self._call, config.timing.lease_ttl, clock)
             if parts.peers is not None
             else None
+        )
+        fresh = FRESH_BEATS * timing.peer_interval
+        self._riding = Riding(
+            self.name, self._peers, self._lease, timing.ride_through, metrics, fresh
         )
         self.metrics_address: str | None = None  # set once the metrics server listens
         self._last_tick = clock()
@@ -182,6 +192,7 @@ class Agent:
     def tick(self) -> None:
         now = self._last_tick = self._clock()
         self._leaving.tick(now)
+        self._ride(now)
         if self._fence_due(now) and self._fenced_generation is None:
             # The loop ran late (the agent was frozen, the machine starved it): the lease may be
             # lapsing and the keeper may have acted. Fence before reaping, so that these exits
@@ -218,6 +229,7 @@ class Agent:
         if named is not None:
             self._events += named.events
         now = self._clock()  # the sync may have used its whole budget: decide on a fresh clock
+        self._ride(now)  # (a ride may begin only now: the fence point passed during the sync)
         self._apply(decide(self._local_view(now)), now)
         self._guard()
         self._metrics.worker_states(self._workers.workers())
@@ -235,6 +247,27 @@ class Agent:
             self._lead(snapshot)
         elif not self.leading:
             self._leading.stepped_down()
+
+    def _ride(self, now: float) -> None:
+        """Past its fence point without a renewal: ride through, or not (job/riding.py)."""
+        group = self._workers.status()
+        if self._fenced_generation is not None:  # nothing to ride: its beats say so
+            group = replace(group, phase=GroupPhase.STOPPING) if group.active else group
+        cut_off = self._heartbeat.last_error is not None
+        events, began = self._riding.tick(now, self.record, group, self._acked, cut_off)
+        self._events += events
+        if began:  # before the keeper acts on the lease's own times
+            self._guard()
+            self._dirty = True
+
+    def critical_at(self) -> float | None:
+        """When this job's lease next needs the node's loop, while its workers run on it: where
+        a ride may begin, its fence point, or, riding, its next beat (None: no workers)."""
+        if self._fenced_generation is not None or not self._workers.status().active:
+            return None
+        if self._lease.riding:
+            return self._clock() + self.config.timing.peer_interval
+        return self._lease.critical_at
 
     def _deposes(self, snapshot: Snapshot | None) -> bool:
         """Took the leader lease from a leader the members hold out (job/peers.py)."""
@@ -257,13 +290,16 @@ class Agent:
     def _report(self) -> NodeReport:
         group = self._workers.status()
         record = self.record
+        generation, rank, size = self._placed
+        placed = group.active and group.generation == generation
         return NodeReport(
             name=self.name,
             address=self.config.node.address,
             state=self.state,
             acked_generation=self._acked,
             worker_generation=group.generation,
-            group_rank=record.group_rank(self.name) if record and group.active else None,
+            group_rank=rank if placed else None,
+            group_size=size if placed else 0,
             free_port=self._free_port,
             restart_count=record.restart_count if record else 0,
             lease_ttl_ms=int(self.config.timing.lease_ttl * 1000),
@@ -283,6 +319,9 @@ class Agent:
             suspects=self._peers.suspects if self._peers is not None else (),
             warming=group.warming,
             stalls=self._watch.watchers.stalls,
+            peers_out=self._peers.out(record.generation if record else self._acked)
+            if self._peers is not None
+            else (),
         )
 
     def _sync(self) -> Snapshot | None:
@@ -294,6 +333,7 @@ class Agent:
             self._leading.token = None
             return None
         now = self._heartbeat.sent_at
+        self._events += self._riding.synced(self._clock())
         self.record = snapshot.record
         self._rev = snapshot.rev
         self.log_context.generation = snapshot.record.generation if snapshot.record else 0
@@ -356,9 +396,13 @@ class Agent:
             self._holds_back(self._workers.status()) or self._tiers.awaiting_share
         ):
             deadlines.append(self._clock() + SETTLE_POLL_S)
-        point = self._lease.fence_point
-        if point is not None and self._fenced_generation is None:
-            deadlines.append(point)
+        lease, now = self._lease, self._clock()
+        if lease.fence_point is not None and self._fenced_generation is None:
+            deadlines.append(lease.fence_point)
+            if (begins := lease.critical_at) is not None and begins > now:
+                deadlines.append(begins)  # where a ride may begin
+        if lease.riding:  # its peers are judged at every beat
+            deadlines.append(now + self.config.timing.peer_interval)
         return min(at for at in deadlines if at is not None)
 
     # -- act ---------------------------------------------------------------------------------
@@ -446,6 +490,7 @@ class Agent:
         if self._tiers is not None:
             self._tiers.started(record, specs, self.config.log_dir)
         started = self._workers.start(record.generation, self.name, specs)
+        self._placed = (record.generation, action.group_rank, len(record.members))
         self._metrics.workers_started(record.generation, self._clock())
         watch.started(started.specs, self._clock())
         ranks = [spec.rank for spec in specs]

@@ -167,6 +167,11 @@ def _decide_running(view: LocalView, record: JobRecord) -> NodeDecision:
         stop = StopWorkers("a local worker failed", broken=True)
         return NodeDecision(NodeState.FAILED, (stop,), group.failure.describe())
     broken = False
+    if _gone_back(record, group):
+        # Redis lost what runs (a restart without persistence, a failover to a replica that
+        # lacked the last writes): never act on its past. The leader writes it back (resume.py).
+        old = f"the record is of generation {record.generation} {record.state.value}"
+        return NodeDecision(NodeState.RUNNING, (), f"{old}, older than its workers': kept")
     if record.generation != group.generation:
         reason = f"generation {record.generation} replaces {group.generation} ({record.reason})"
         why = RestartReason.of(record.reason)
@@ -181,6 +186,16 @@ def _decide_running(view: LocalView, record: JobRecord) -> NodeDecision:
     else:
         return NodeDecision(NodeState.RUNNING, _signal(view, record), "running")
     return NodeDecision(NodeState.STOPPING, (StopWorkers(reason, broken=broken),), reason)
+
+
+def _gone_back(record: JobRecord, group: GroupStatus) -> bool:
+    """The record is older than the generation this node's workers run: a lower generation,
+    or theirs not yet running (every generation is announced, RESTARTING, with a new number,
+    and a record never goes back to it)."""
+    generation = group.generation or 0
+    return record.generation < generation or (
+        record.generation == generation and record.state in (JobState.RESTARTING, JobState.WAITING)
+    )
 
 
 def _signal(view: LocalView, record: JobRecord) -> tuple[Action, ...]:

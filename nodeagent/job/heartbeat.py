@@ -52,7 +52,7 @@ class Heartbeat:
             snapshot = self._call(lambda: self._store.sync(report, events), "heartbeat")
         except CoordinationError as exc:
             self._retry_at = self._clock() + self._timing.heartbeat_interval / 2
-            if self.last_error != str(exc):
+            if self.last_error is None:  # said once an outage, not at every retry
                 log.warning("cannot reach Redis: %s", exc)
             self.last_error = str(exc)
             return None

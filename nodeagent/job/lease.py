@@ -6,6 +6,16 @@ All times are local monotonic seconds, counted from the moment the last successf
 of lease_ttl; its fence keeper SIGTERMs them at KEEPER_TERM_AT if the agent did not (it is
 frozen or dead; a little later, so a renewal that lands just in time is not raced); both SIGKILL
 what is left at KILL_AT, before the lease can lapse on the server.
+
+A member riding through a Redis outage (job/ridethrough.py) may begin its ride from RIDE_AT
+without a renewal (before its fence point, so that a loop that runs late still begins it before
+the keeper acts); it then counts every tick at which the ride's rule still holds as its keeper
+and fence point count a renewal (`vouch`), up to the ride's end: a rider that freezes is fenced
+by its keeper as a member that froze unridden is, from its last tick. A ride cut short fences
+at once, and kills by the lease's own kill point where that is still to come (a node
+partitioned from everything, which rode a moment on beats heard just before, is dead before
+its lease lapses, as if it had never ridden); past it, as long after the cut as a fence point
+allows. A renewal ends the ride.
 """
 
 from __future__ import annotations
@@ -16,24 +26,81 @@ from collections.abc import Sequence
 from nodeagent.supervisor.fence import Group, JobFence, Keeper
 
 log = logging.getLogger(__name__)
+RIDE_AT = 0.4
 FENCE_AT = 0.5
 KEEPER_TERM_AT = 0.55
 KILL_AT = 0.9
 
 
 class LeaseClock:
-    def __init__(self, lease_ttl: float, keeper: Keeper | JobFence | None) -> None:
+    def __init__(
+        self,
+        lease_ttl: float,
+        keeper: Keeper | JobFence | None,
+        ride_call_s: float = 0.0,
+        rides: bool = False,
+    ) -> None:
+        """`ride_call_s`: how long a Redis call may keep the loop while it rides through (it
+        must hear its peers meanwhile); 0: as long as a call may otherwise. `rides`: a ride
+        may begin (timing.ride_through is on): a call returns by RIDE_AT, not the fence
+        point."""
         self.lease_ttl = lease_ttl
         self.last_ok_send: float | None = None  # when the last renewal that worked was sent
         self._keeper = keeper
         self.keeper_down = False  # it cannot be started: fence now
+        self.rides = rides
+        self.ride_until: float | None = None  # a ride's end, while riding or cut short
+        self._vouched = 0.0  # its last tick at which the ride's rule held
+        self._cut: float | None = None  # when the ride was cut short
+        self._ride_call_s = ride_call_s
 
     def renewed(self, sent_at: float) -> None:
         self.last_ok_send = sent_at
+        self.ride_until, self._cut = None, None
+
+    @property
+    def riding(self) -> bool:
+        return self.ride_until is not None and self._cut is None
+
+    def ride(self, until: float, now: float) -> None:
+        """Go on until `until`, the ride's end: its rule held at `now`."""
+        self.ride_until, self._vouched = until, now
+
+    def cut(self, now: float) -> None:
+        """The ride ends now: fence now, at or short of its end (the module docstring)."""
+        if self.riding:
+            self._cut = now
+
+    def may_ride(self, now: float) -> bool:
+        """A ride may begin (from RIDE_AT without a renewal, and before the keeper acts on the
+        lease's own times) or go on (the keeper has not acted on what it was last told)."""
+        told = self._keeper.term_at if self._keeper is not None else None
+        waits = not self.keeper_down and (told is None or now < told)
+        if self.riding or self._cut is not None:
+            return self.riding and waits
+        last = self.last_ok_send
+        if not self.rides or last is None:
+            return False
+        return last + self.lease_ttl * RIDE_AT <= now < last + self.lease_ttl * KEEPER_TERM_AT and (
+            waits
+        )
 
     def _at(self, fraction: float) -> float | None:
         last = self.last_ok_send
-        return None if last is None else last + self.lease_ttl * fraction
+        if last is None:
+            return None
+        own = last + self.lease_ttl * fraction
+        end = self.ride_until
+        if end is None:
+            return own
+        past = self.lease_ttl * (fraction - FENCE_AT)  # how far past a fence point
+        riding = min(self._vouched + self.lease_ttl * fraction, end + past)
+        cut = self._cut
+        if cut is None:
+            return riding
+        if cut < last + self.lease_ttl * KILL_AT:  # before the lease's own kill point: by it
+            return min(riding, own)
+        return min(riding, cut + past)
 
     @property
     def fence_point(self) -> float | None:
@@ -44,15 +111,26 @@ class LeaseClock:
         return self._at(KILL_AT)
 
     def call_deadline(self, now: float, workers_on_lease: bool) -> float:
-        """A Redis call returns (or fails) by the fence point while this node's workers run on
-        its lease, and within half a lease otherwise. (A pending SIGKILL at the end of a stop's
-        grace may wait for the call: a late one delays a re-form, never safety, which the fence
-        point and the keeper hold.)"""
+        """A Redis call returns (or fails) by the fence point (by RIDE_AT, where rides may
+        begin) while this node's workers run on its lease, and within half a lease otherwise.
+        (A pending SIGKILL at the end of a stop's grace may wait for the call: a late one
+        delays a re-form, never safety, which the fence point and the keeper hold.)"""
         deadline = now + self.lease_ttl * FENCE_AT
-        point = self.fence_point
+        point = self.critical_at
         if point is not None and workers_on_lease:
             deadline = min(deadline, point)
+        if self.riding and self._ride_call_s > 0:
+            deadline = min(deadline, now + self._ride_call_s)
         return deadline
+
+    @property
+    def critical_at(self) -> float | None:
+        """The next moment the loop must look at its lease: where a ride may begin, or the
+        fence point (riding, the next tick must come within `ride_call_s`)."""
+        last = self.last_ok_send
+        if self.rides and not self.riding and self._cut is None and last is not None:
+            return last + self.lease_ttl * RIDE_AT
+        return self.fence_point
 
     def fence_due(self, now: float) -> bool:
         """Stop workers before the lease can expire: no renewal for half the lease, the fence

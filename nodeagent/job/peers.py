@@ -5,6 +5,9 @@ peers' endpoints are read from Redis once a generation (two calls), not at every
 peer this node suspects stays watched while its lease holds, though it is no member any more:
 so the leader does not choose it again while it is silent, and a peer that comes back (beats
 again, or a new agent on a new endpoint) is cleared. Those reports are read again every lease.
+
+Its beats say what this node's workers are doing (`tell`), and it reads what its peers' say
+(`heard`, `out`): what a member riding through a Redis outage goes by (job/ridethrough.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from nodeagent.errors import CoordinationError
 from nodeagent.job import suspicion
 from nodeagent.job.peerwatch import Peer
 from nodeagent.job.port import JobPort
+from nodeagent.job.ridethrough import Beat, Said, narrow, widen
 from nodeagent.model.job import Event, JobRecord, NodeReport
 from nodeagent.state import JobState
 
@@ -34,6 +38,9 @@ class Watch(Protocol):
     def token(self) -> str: ...
     def watch(self, peers: Iterable[Peer]) -> None: ...
     def suspects(self) -> frozenset[str]: ...
+    def tell(self, said: int, bits: int) -> None: ...
+    def said(self) -> dict[str, tuple[int, int]]: ...
+    def fresh(self, within: float) -> frozenset[str]: ...
 
 
 class PeerDuties:
@@ -114,6 +121,39 @@ class PeerDuties:
             self._depose_at = None
         return taken
 
+    def tell(self, beat: Beat) -> None:
+        """What this node's beats say from now on."""
+        self._watch.tell(beat.said, narrow(beat.generation))
+
+    def watched(self, record: JobRecord) -> tuple[str, ...] | None:
+        """The members of `record`'s generation this node watches (None: it has not read
+        them for that generation: it cannot tell whom it must hear)."""
+        if self._generation != record.generation:
+            return None
+        return suspicion.watched(self._members, self._name)
+
+    def heard(self, near: int, within: float | None = None) -> dict[str, Beat]:
+        """What the watched peers heard and not suspected last said (generations widened
+        around `near`); `within`: only those whose last beat came at most that long ago."""
+        suspects = self._watch.suspects()
+        fresh = self._watch.fresh(within) if within is not None else None
+        return {
+            name: Beat(_said(state), widen(bits, near))
+            for name, (state, bits) in self._watch.said().items()
+            if name not in suspects and (fresh is None or name in fresh)
+        }
+
+    def out(self, near: int) -> tuple[tuple[str, int], ...]:
+        """The peers heard saying their workers of a generation ended, with it (the report's
+        `peers_out`)."""
+        return tuple(
+            sorted(
+                (name, beat.generation)
+                for name, beat in self.heard(near).items()
+                if beat.said is Said.OUT
+            )
+        )
+
     @property
     def next_due(self) -> float | None:
         """When the votes on a suspected leader are counted again (None: no such count)."""
@@ -152,6 +192,13 @@ class PeerDuties:
             k for k in kept if k in found
         )
         self._watch.watch(p for p in peers if p is not None)
+
+
+def _said(state: int) -> Said:
+    try:
+        return Said(state)
+    except ValueError:  # a newer agent's word this one does not know
+        return Said.UNKNOWN
 
 
 def _peer(report: NodeReport) -> Peer | None:

@@ -2,8 +2,12 @@
 
 Each agent listens on a port of its node's address (reported as `NodeReport.watch_port`, with
 a random `watch_token`) and sends a 16-byte beat every `timing.peer_interval` to every
-connection it accepted. It dials each peer it watches (job/suspicion.py: the job's other
-members), at the address and port that peer reports, and reads its beats. A peer is suspected:
+connection it accepted, and at once when what it says changes: the magic, the version, what the
+agent's workers are doing (one byte, `tell`: job/ridethrough.py's `Said`) and the low 16 bits of
+their generation, and the token. Those three bytes were padding in the first beats, which their
+readers skip: agents of either kind hear each other (an older one says UNKNOWN). It dials each
+peer it watches (job/suspicion.py: the job's other members), at the address and port that peer
+reports, and reads its beats. A peer is suspected:
 - at once when a connection that brought its beats ends: its agent died (a SIGKILL, an OOM
   kill) and the kernel closed its sockets, or its host reset the connection;
 - when its silence since it was last heard is unlikely at the intervals its beats came at so
@@ -41,7 +45,7 @@ from dataclasses import dataclass, field
 from nodeagent.job.accrual import Arrivals, Silence
 
 log = logging.getLogger(__name__)
-BEAT = struct.Struct("!4sB3x8s")  # magic, version, padding, the sender's token
+BEAT = struct.Struct("!4sBBH8s")  # magic, version, said, generation bits, the sender's token
 MAGIC = b"NAbt"
 VERSION = 1
 SERVED_MAX = 1024  # connections served at once: far above a job's members (MAX_WATCHED)
@@ -93,6 +97,7 @@ class _Dial:
     connected: bool = False
     beats: int = 0  # beats this connection brought
     buffer: bytes = b""
+    said: tuple[int, int] = (0, 0)  # what its last beat said: (state, generation bits)
     retry_at: float = 0.0
     warned: bool = False  # said that it is not heard
 
@@ -116,7 +121,9 @@ class PeerWatch:
         self._late = max(2 * interval, self.rule.floor / 2)
         self._wake, self._clock = wake, clock
         self.token = secrets.token_hex(8)
-        self._beat = BEAT.pack(MAGIC, VERSION, bytes.fromhex(self.token))
+        self._says = (0, 0)
+        self._beat = BEAT.pack(MAGIC, VERSION, 0, 0, bytes.fromhex(self.token))
+        self._told = False  # what it says changed: served at once
         self._listener = socket.create_server((address, 0))
         self._listener.setblocking(False)
         self.port: int = self._listener.getsockname()[1]
@@ -132,6 +139,8 @@ class PeerWatch:
         self._wanted: tuple[Peer, ...] | None = None
         self._suspects: frozenset[str] = frozenset()
         self._heard: frozenset[str] = frozenset()
+        self._said: dict[str, tuple[int, int]] = {}
+        self._last: dict[str, float] = {}  # when each peer's last beat was read
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="peer-watch", daemon=True)
         self._thread.start()
@@ -152,6 +161,30 @@ class PeerWatch:
         """The peers whose beats the connection open to them has brought."""
         with self._lock:
             return self._heard
+
+    def tell(self, said: int, bits: int) -> None:
+        """What this agent's beats say from now on: its workers' state and the low 16 bits of
+        their generation (job/ridethrough.py); sent at once when it changed."""
+        says = (said & 0xFF, bits & 0xFFFF)
+        with self._lock:
+            if says == self._says:
+                return
+            self._says = says
+            self._told = True
+        self._poke()
+
+    def said(self) -> dict[str, tuple[int, int]]:
+        """What the last beat of each peer heard on its open connection said: (state,
+        generation bits)."""
+        with self._lock:
+            return dict(self._said)
+
+    def fresh(self, within: float) -> frozenset[str]:
+        """The peers whose last beat came at most `within` seconds ago (any thread: a peer's
+        last beat time is one float, written whole)."""
+        now = self._clock()
+        with self._lock:
+            return frozenset(name for name, at in self._last.items() if now - at <= within)
 
     def close(self) -> None:
         self._stopped = True
@@ -179,6 +212,8 @@ class PeerWatch:
                         heard.last = now if heard.last is not None else None
                 last_pass = now
                 self._follow()
+                if self._retold():
+                    self._serve()
                 if now >= next_beat:
                     next_beat = now + self.interval
                     self._serve()
@@ -227,6 +262,16 @@ class PeerWatch:
 
     def _serve(self) -> None:
         self._served = [conn for conn in self._served if self._send(conn)]
+
+    def _retold(self) -> bool:
+        """The beat made again if what it says changed (`tell`): whether it was."""
+        with self._lock:
+            if not self._told:
+                return False
+            self._told = False
+            said, bits = self._says
+        self._beat = BEAT.pack(MAGIC, VERSION, said, bits, bytes.fromhex(self.token))
+        return True
 
     def _follow(self) -> None:
         with self._lock:
@@ -285,17 +330,25 @@ class PeerWatch:
             self._end(dial)
             return
         dial.buffer += data
-        beats = dial.beats
+        beats, said = dial.beats, dial.said
         while len(dial.buffer) >= BEAT.size:
-            magic, version, token = BEAT.unpack_from(dial.buffer)
+            magic, version, state, bits, token = BEAT.unpack_from(dial.buffer)
             dial.buffer = dial.buffer[BEAT.size :]
             if magic != MAGIC or version != VERSION or token.hex() != dial.peer.token:
                 log.warning("peer watch: %s's port serves no beats of its own", dial.peer.name)
                 self._end(dial, heard=False)
                 return
             dial.beats += 1
+            dial.said = (state, bits)
         if dial.beats > beats:  # beats read at once count as one arrival: the read's time
-            dial.heard.beat(self._clock())
+            now = self._clock()
+            dial.heard.beat(now)
+            with self._lock:
+                self._last[dial.peer.name] = now
+                if dial.said != said:
+                    self._said[dial.peer.name] = dial.said
+            if dial.said != said:  # the agent acts on what its peers say: wake it
+                self._wake()
 
     def _end(self, dial: _Dial, heard: bool = True) -> None:
         """The connection ended: if it brought beats, the peer is gone (module docstring)."""
@@ -304,6 +357,10 @@ class PeerWatch:
         self._drop(dial)
 
     def _drop(self, dial: _Dial) -> None:
+        with self._lock:
+            self._said.pop(dial.peer.name, None)
+            self._last.pop(dial.peer.name, None)
+        dial.said = (0, 0)
         if dial.sock is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(dial.sock)

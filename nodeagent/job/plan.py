@@ -9,8 +9,10 @@ every live agent stops its workers and acknowledges g+1; only when all have (or 
 expired) does the leader choose members and write RUNNING. Workers of two generations therefore
 never run at the same time.
 
-Read in before each step: the nodes the members hold out (suspicion.hold_out) and the operator's
-commands (commands.py); the events it appends about the job are made by leaderevents.py.
+Read in before each step: the nodes the members hold out (suspicion.hold_out), the members
+whose leases lapsed while they may still be riding through a Redis outage (ridethrough.awaited:
+planned as live members, awaited, never reaped) and the operator's commands (commands.py); the
+events it appends about the job are made by leaderevents.py.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from nodeagent.config.settings import Config
-from nodeagent.job import members, repeats, slowness, stalls, suspicion
+from nodeagent.job import members, repeats, resume, ridethrough, slowness, stalls, suspicion
 from nodeagent.job.checkpoints import restore
 from nodeagent.job.commands import Requests, apply_commands
 from nodeagent.job.leaderevents import job_event, names, restore_event
@@ -50,6 +52,7 @@ class Policy:
     restart_backoff_reset_ms: int = 0
     tiers: bool = False  # job.checkpoint: the leader chooses every generation's restore
     replicas: int = 0  # job.checkpoint.replicas: copies of each save on peers
+    ride_through_ms: int = 0  # timing.ride_through: how long a member may ride through
 
 
 def policy_from(config: Config) -> Policy:
@@ -67,6 +70,7 @@ def policy_from(config: Config) -> Policy:
         restart_backoff_reset_ms=int(timing.restart_backoff_reset * 1000),
         tiers=job.checkpoint is not None,
         replicas=job.checkpoint.replicas if job.checkpoint is not None else 0,
+        ride_through_ms=int(timing.ride_through * 1000),
     )
 
 
@@ -82,6 +86,8 @@ class LeaderMemory:
     crash_streak: int = 0
     crash_kind: str = ""
     held: frozenset[str] = frozenset()  # nodes held out (job/suspicion.py) whose leases hold
+    # Since when the members of a generation whose record Redis lost are awaited (resume.py).
+    resume_since_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,7 @@ class _Context:
     eligible: tuple[str, ...]
     requests: Requests
     held: frozenset[str] = frozenset()  # held out now (job/suspicion.py): alive, maybe training
+    awaited: frozenset[str] = frozenset()  # lapsed, maybe riding through (job/ridethrough.py)
 
 
 _Step = tuple[JobRecord, list[Event], str]
@@ -117,13 +124,18 @@ _Step = tuple[JobRecord, list[Event], str]
 
 def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     """Decide what the job record should become. Pure."""
-    events = [_expired(name, memory) for name in view.expired]
+    awaited = _riding(view, policy)
+    expired = tuple(name for name in view.expired if name not in awaited)
+    events = [_expired(name, memory, view) for name in expired]
     live = frozenset(view.nodes)
     view, held, suspected = suspicion.hold_out(view)
     events += suspected
     # Remembered while their leases hold: one held out is lost once, not again at its lease.
     memory = replace(memory, held=(held | memory.held) & live)
     base = view.record or _initial_record(view, policy)
+    base, memory, waiting = _resumed(base, view, policy, memory)
+    if waiting is not None:
+        return Plan(None, tuple(events), expired, memory, waiting, view.drop, held, view.nodes)
     record = _refresh_policy(base, policy)
     if policy.tiers and record.checkpoint is not None and record.checkpoint.rollbacks:
         nodes = restore.current(view.nodes, record.checkpoint.rollbacks)
@@ -137,7 +149,7 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     events += command_events
     eligible = members.eligible(view.nodes)
     memory = _remember(memory, eligible, view.now_ms)
-    ctx = _Context(view, policy, memory, eligible, requests, held)
+    ctx = _Context(view, policy, memory, eligible, requests, held, awaited)
     record, step_events, reason = _step(record, ctx)
     events += step_events
     record, named = _waited_on(record, view.nodes)
@@ -149,7 +161,7 @@ def plan(view: ClusterView, policy: Policy, memory: LeaderMemory) -> Plan:
     return Plan(
         record=record if changed else None,
         events=tuple(events),
-        reap=view.expired,
+        reap=expired,
         memory=memory,
         reason=reason,
         drop=view.drop,
@@ -172,11 +184,48 @@ def _waited_on(record: JobRecord, nodes: Mapping[str, NodeReport]) -> tuple[JobR
     return record, [job_event("ranks_waited_on", record, message)]
 
 
-def _expired(name: str, memory: LeaderMemory) -> Event:
+def _resumed(
+    base: JobRecord, view: ClusterView, policy: Policy, memory: LeaderMemory
+) -> tuple[JobRecord, LeaderMemory, str | None]:
+    """The record to plan from when Redis lost the one of what the members run (resume.py):
+    rebuilt when every rank's report is live; else why it waits for the others (at most the
+    longest ride-through, then it plans from `base` as before)."""
+    now = resume.running(view.nodes)
+    if not resume.lost(view.record, now):
+        return base, replace(memory, resume_since_ms=None), None
+    assert now is not None
+    if now.whole and now.master is not None:
+        found = resume.rebuilt(_refresh_policy(base, policy), now, view.nodes, view.now_ms)
+        return found, replace(memory, resume_since_ms=None), None
+    since = memory.resume_since_ms if memory.resume_since_ms is not None else view.now_ms
+    longest = max(policy.ride_through_ms, base.ride_through_ms)
+    if view.now_ms - since >= longest:
+        return base, memory, None
+    why = f"Redis lost the record: waiting for {now.missing} members of generation "
+    why += f"{now.generation} to come back"
+    return base, replace(memory, resume_since_ms=since), why
+
+
+def _riding(view: ClusterView, policy: Policy) -> frozenset[str]:
+    """The members whose leases lapsed that may be riding through (job/ridethrough.py), for
+    the longer of this leader's ride_through and the record's."""
+    record = view.record
+    longest = max(policy.ride_through_ms, record.ride_through_ms if record else 0)
+    return ridethrough.awaited(record, view.expired_ms, view.nodes, view.now_ms, longest)
+
+
+def _expired(name: str, memory: LeaderMemory, view: ClusterView) -> Event:
     """node_lost for a lease that lapsed; node_reaped for one of a node held out before, lost
-    then already (a new leader, which remembers none, says node_lost)."""
+    then already (a new leader, which remembers none, says node_lost). A lapsed member that a
+    live member suspects is lost as one held out (`suspected` in its data): it may have been
+    riding through a Redis outage, alive (job/ridethrough.py)."""
     if name in memory.held:
         return Event("node_reaped", node=name, message=f"lease of {name} expired (held out)")
+    record = view.record
+    votes = sum(1 for r in view.nodes.values() if name in r.suspects)
+    if votes and record is not None and name in record.members:
+        message = f"lease of {name} expired, suspected lost by {votes} members"
+        return Event("node_lost", node=name, message=message, data={"suspected": votes})
     return Event("node_lost", node=name, message=f"lease of {name} expired")
 
 
@@ -210,6 +259,7 @@ def _refresh_policy(record: JobRecord, policy: Policy) -> JobRecord:
         restarts = min(restarts, policy.max_restarts)
     return replace(
         record,
+        ride_through_ms=policy.ride_through_ms,
         min_nodes=policy.min_nodes,
         max_nodes=policy.max_nodes,
         nproc_per_node=policy.nproc_per_node,
@@ -362,6 +412,15 @@ def _member_failures(record: JobRecord, nodes: Mapping[str, NodeReport]) -> list
     return sorted(found, key=lambda f: f.rank)
 
 
+def _gone(member: str, nodes: Mapping[str, NodeReport], awaited: frozenset[str]) -> bool:
+    """A member no longer in the running generation: it dropped out, or its lease lapsed and
+    it is not riding through (awaited)."""
+    report = nodes.get(member)
+    if report is None:
+        return member not in awaited
+    return report.state in DROPPED_OUT
+
+
 def _step_running(record: JobRecord, ctx: _Context) -> _Step:
     nodes = ctx.view.nodes
     failures = _member_failures(record, nodes)
@@ -370,7 +429,7 @@ def _step_running(record: JobRecord, ctx: _Context) -> _Step:
         reason = RestartReason.WORKER_HUNG if hung else RestartReason.WORKER_FAILED
         record = replace(record, checkpoint=restore.after_failure(record, nodes))
         return _begin(record, ctx, reason, failure=failures[0])
-    gone = [m for m in record.members if m not in nodes or nodes[m].state in DROPPED_OUT]
+    gone = [m for m in record.members if _gone(m, nodes, ctx.awaited)]
     if gone:
         return _begin(record, ctx, _why_gone([nodes.get(m) for m in gone]))
     if all(
@@ -397,6 +456,7 @@ def _step_running(record: JobRecord, ctx: _Context) -> _Step:
 def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
     nodes = ctx.view.nodes
     waiting = sorted(n for n, r in nodes.items() if r.acked_generation < record.generation)
+    waiting += sorted(ctx.awaited)  # riding through a Redis outage: they stop, or come back
     if waiting:
         return (
             record,

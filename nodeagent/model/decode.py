@@ -221,6 +221,24 @@ class Reader:
             raise self._bad(name, values, "distinct node names")
         return tuple(values)
 
+    def generations(self, name: str) -> tuple[tuple[str, int], ...]:
+        """A list of [node name, generation] pairs, each node named once."""
+        values = self.items(name)
+        if not all(
+            isinstance(v, list)
+            and len(v) == 2
+            and isinstance(v[0], str)
+            and NAME_RE.match(v[0])
+            and isinstance(v[1], int)
+            and not isinstance(v[1], bool)
+            and 0 <= v[1] <= MAX_INT
+            for v in values
+        ):
+            raise self._bad(name, values, "a list of [node name, generation] pairs")
+        if len({v[0] for v in values}) != len(values):
+            raise self._bad(name, values, "each node named once")
+        return tuple((str(v[0]), int(v[1])) for v in values)
+
     def mapping(self, name: str) -> Mapping[str, Any]:
         """An optional object, as a plain mapping (event data): never a list or a string."""
         value, present = self._get(name, None)

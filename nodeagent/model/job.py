@@ -179,7 +179,8 @@ class NodeReport:
     state: NodeState
     acked_generation: int = 0
     worker_generation: int | None = None
-    group_rank: int | None = None
+    group_rank: int | None = None  # its group rank in its workers' generation
+    group_size: int = 0  # how many members that generation has (0: no workers)
     free_port: int = 0
     restart_count: int = 0
     lease_ttl_ms: int = 0
@@ -202,6 +203,10 @@ class NodeReport:
     warming: int = 0
     # Its ranks silent past their step times (job/stalls.py). Empty in a healthy job.
     stalls: tuple[RankStall, ...] = ()
+    # The peers it watches whose beats say their workers of a generation ended: (name, that
+    # generation). A member riding through a Redis outage is awaited until such word of it
+    # (job/ridethrough.py).
+    peers_out: tuple[tuple[str, int], ...] = ()
 
     @property
     def eligible(self) -> bool:
@@ -241,6 +246,7 @@ class NodeReport:
             acked_generation=r.integer("acked_generation"),
             worker_generation=r.opt_integer("worker_generation"),
             group_rank=r.opt_integer("group_rank"),
+            group_size=r.integer("group_size", 0, high=MAX_NAMES),
             free_port=r.integer("free_port", high=65535),
             restart_count=r.integer("restart_count"),
             lease_ttl_ms=r.integer("lease_ttl_ms", low=1, high=MAX_LEASE_TTL_MS),
@@ -258,6 +264,7 @@ class NodeReport:
             suspects=r.names("suspects"),
             warming=r.integer("warming", 0, high=65535),
             stalls=tuple(RankStall.read(s) for s in r.objects("stalls", 65535)),
+            peers_out=r.generations("peers_out"),
         )
         if report.watch_token is not None and not _is_token(report.watch_token):
             raise CorruptStateError(
@@ -364,6 +371,10 @@ class JobRecord:
     # The ranks every other rank waits on (job/stalls.py): each one's node fails it as hung.
     # Empty but while that holds.
     waited_on: tuple[WaitedOn, ...] = ()
+    # How long a member may train on without Redis past its fence point (timing.ride_through
+    # of the leader that wrote it; 0: not at all). Members ride the shorter of this and their
+    # own setting, leaders await them the longer (job/ridethrough.py).
+    ride_through_ms: int = 0
 
     @property
     def world_size(self) -> int:
@@ -474,6 +485,7 @@ class JobRecord:
             signal_id=r.stream_id("signal_id", "0-0"),
             signal_generation=r.integer("signal_generation", 0),
             waited_on=tuple(WaitedOn.read(w) for w in r.objects("waited_on")),
+            ride_through_ms=r.integer("ride_through_ms", 0),
         )
 
 
@@ -568,6 +580,7 @@ class ClusterView:
     record: JobRecord | None
     nodes: Mapping[str, NodeReport]  # live nodes: lease deadline in the future, report present
     expired: tuple[str, ...] = ()  # lease deadlines in the past: to reap
+    expired_ms: Mapping[str, int] = field(default_factory=dict)  # and those deadlines
     commands: tuple[Command, ...] = ()  # after record.command_cursor
     command_cursor: str | None = None  # the last command entry read, valid or not
     drop: tuple[tuple[str, str], ...] = ()  # garbage leases: (member, score as read)

@@ -4,7 +4,8 @@ Pure decisions: schedule.py (`schedule(view, policy)`, which node serves which j
 (shrinking running jobs for a pending one), sharing.py (the nodes jobs asking for GPUs share:
 packed best fit), sharetake.py (which shares go to a pending job: shrunk, evicted, reclaimed),
 schedrun.py (the round's working state), schedview.py (what it decides
-from). Executors:
+from), riders.py (the nodes whose pool leases lapsed that keep their jobs while those count them
+members: a Redis outage ridden through). Executors:
 leadership.py (the pool leader's round: read, schedule, commit fenced), member.py (a node's
 pool heartbeat), requests.py (pool.auth munge: the pool leader's side of the signed requests),
 serving.py (the thread that serves them while the node leads the pool),

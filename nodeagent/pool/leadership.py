@@ -26,7 +26,7 @@ from nodeagent.model.history import restarts_by_cause
 from nodeagent.model.job import Command, CommandType, Cordon, Event, JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
 from nodeagent.model.spec import JobSpec
-from nodeagent.pool import lifecycle
+from nodeagent.pool import lifecycle, riders
 from nodeagent.pool.fairness import Fairness
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 
@@ -51,7 +51,22 @@ class NodeViews:
 
     def __init__(self) -> None:
         self._held: dict[str, tuple[PoolNode, Cordon | None, NodeView]] = {}
+        self._riders: dict[str, NodeView] = {}  # the riding nodes' views, as last known
         self.jobs = JobViews()
+
+    def riding(self, names: frozenset[str], snap: PoolSnapshot) -> dict[str, NodeView]:
+        """The views of nodes riding through a Redis outage (pool/riders.py): as last made
+        (or, unknown to this leader, what they hold), taking no new job."""
+        known = {name: view for name, (_, _, view) in self._held.items()}
+        known.update(self._riders)
+        self._riders = {}
+        for name in names:
+            held = snap.shares.get(name, {})
+            last = known.get(name) or NodeView(
+                name, serving=snap.placements.get(name), gpus=sum(held.values())
+            )
+            self._riders[name] = replace(last, unfit=riders.RIDING)
+        return dict(self._riders)
 
     def of(
         self, reports: Mapping[str, PoolNode], cordons: Mapping[str, Cordon]
@@ -119,13 +134,16 @@ def read_view(
     led_by: str | None = None,
     views: NodeViews | None = None,
     vouch: Vouch | None = None,
+    ride_through_ms: int = 0,
 ) -> tuple[PoolSnapshot, PoolView, dict[str, JobRecord | None], dict[str, JobSpec | str]]:
     """The pool as schedule() sees it (also what `nodeagentctl jobs` shows), the records of
     its running and pinned jobs, and the specs of the jobs it holds (as stored: before the
     leader's check). `led_by`: the pool leader's lease value (it reads only
     the nodes changed since its last round, PoolStore.read); `views`: what it kept of the
     nodes' views; `vouch`: the pool leader's check of a pending job's spec signature (a spec
-    it refuses is never admitted, and says why; a node checks it again when placed).
+    it refuses is never admitted, and says why; a node checks it again when placed);
+    `ride_through_ms`: how long a node whose pool lease lapsed keeps what its jobs still count
+    it a member of (pool/riders.py).
 
     Raises:
         CoordinationError: Redis could not be read.
@@ -148,6 +166,10 @@ def read_view(
     )
     kept = views or NodeViews()
     nodes = kept.of(snap.nodes, snap.cordons)
+    held = riders.riding(
+        snap.deadlines, snap.now_ms, snap.placements, snap.shares, records, ride_through_ms
+    )
+    nodes.update(kept.riding(held, snap))
     jobs = kept.jobs.of(live, snap, specs, records, vouch)
     ended = {j: s.state for j, s in snap.jobs.items() if j not in jobs and s.state.ended}
     view = PoolView(
@@ -272,7 +294,7 @@ def lead(
         CoordinationError: Redis could not be read or written.
         FencedError: another node leads the pool now.
     """
-    snap, view, _, _ = read_view(store, leader, views, vouch)
+    snap, view, _, _ = read_view(store, leader, views, vouch, policy.ride_through_ms)
     usage = None
     if fairness is not None:
         view, usage = fairness.apply(store, leader, snap, view)
@@ -285,7 +307,7 @@ def lead(
     result = schedule(view, policy)
     before = placement_texts(snap.placements, snap.shares)
     after = placement_texts(result.placements, result.shares)
-    lapsed = snap.lapsed
+    lapsed = tuple(n for n in snap.lapsed if n not in view.nodes)  # not a rider's
     _prune(store, leader, snap, policy, pruning or lifecycle.Pruning())
     if after == before and not result.jobs and not lapsed and not fresh and not timed and not usage:
         return Round(view, None, snap.garbage)

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 DEFER_RATIO = 2.0
 DEFER_MAX_BEATS = 10
 T = TypeVar("T")
+CALL_FLOOR_S = 0.01  # a call's least budget when a job's lease is due now
 _PREEMPTIONS = {"job_shrunk": "shrink", "job_evicted": "evict"}  # pool event -> metric kind
 
 
@@ -87,12 +88,14 @@ class PoolMember:
         self._settings = settings
         self._clock = clock
         self._calls = BoundedCalls(clock)
+        self._until: float | None = None  # its calls return by then (beat's `until`)
         pool = settings.pool
         self._policy = SchedulePolicy(
             reserve_after_ms=int(pool.reserve_after * 1000),
             resize_cooldown_ms=int(pool.resize_cooldown * 1000),
             preempt_after_ms=int(pool.preempt_after * 1000),
             keep_ended_ms=int(pool.keep_ended * 1000),
+            ride_through_ms=int(settings.timing.ride_through * 1000),
         )
         self._pruning = lifecycle.Pruning()  # when this node, leading, last pruned
         self._stopping = lifecycle.Stopping()  # the cancelled jobs it told to stop
@@ -147,9 +150,10 @@ class PoolMember:
     def next_wakeup(self) -> float:
         return self._next
 
-    def beat(self, state: NodeState) -> bool:
+    def beat(self, state: NodeState, until: float | None = None) -> bool:
         """One pool heartbeat (and, as pool leader, one round). True when the placement
-        changed."""
+        changed. `until`: its Redis calls return by then (a job's lease needs the loop)."""
+        self._until = until
         timing = self._settings.timing
         report = PoolNode(
             name=self.name,
@@ -200,7 +204,11 @@ class PoolMember:
         return changed
 
     def _store_call(self, fn: Callable[[], T], what: str) -> T:
-        return self._calls.run(fn, self._clock() + self._settings.timing.lease_ttl / 2, what)
+        now = self._clock()
+        deadline = now + self._settings.timing.lease_ttl / 2
+        if self._until is not None:
+            deadline = min(deadline, max(self._until, now + CALL_FLOOR_S))
+        return self._calls.run(fn, deadline, what)
 
     def _say_auth(self, token: str) -> None:
         """Say pool.auth once per term (nodeagentctl signs its requests when it reads munge). A

@@ -109,6 +109,7 @@ class SchedulePolicy:
     resize_cooldown_ms: int = 60_000  # a job is shrunk or grown back at most this often
     preempt_after_ms: int = 0  # a pending job preempts only after waiting this long
     keep_ended_ms: int = 7 * 86_400_000  # an ended job is pruned after this (pool/lifecycle.py)
+    ride_through_ms: int = 0  # a lapsed node keeps its jobs this long, while they count it
 
 
 @dataclass(frozen=True)

@@ -341,6 +341,9 @@ class JobRun:
         finally:
             self._acted()
 
+    def critical_at(self) -> float | None:
+        return self.agent.critical_at()
+
     def request_stop(self) -> None:
         self._acting()
         self.agent.request_stop()

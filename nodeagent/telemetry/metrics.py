@@ -38,6 +38,7 @@ from nodeagent.telemetry.httpd import HttpServer, Route
 
 FAILURE_KINDS = ("exit_code", "signal", "hang", "xid")
 DETECTION_KINDS = ("node_lost", "hang")
+RIDE_OUTCOMES = ("resumed", "fenced")  # how a ride through a Redis outage ended
 RECOVERY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 DETECTION_BUCKETS = (0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900)
 HEARTBEAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -317,6 +318,20 @@ class AgentMetrics:
             j,
             registry=r,
         )
+        self.riding = Gauge(
+            "nodeagent_riding_through",
+            "1 while this node trains on without Redis past its fence point, every member "
+            'heard (docs/design.md, "Riding through a Redis outage")',
+            j,
+            registry=r,
+        )
+        self.rides = Counter(
+            "nodeagent_ride_throughs",
+            "Rides through a Redis outage, by how they ended: resumed (Redis reached again, "
+            "the generation went on) or fenced",
+            [*j, "outcome"],
+            registry=r,
+        )
         self.checkpoints = CheckpointMetrics(job_id, r)
         # Every series exists from the start, at zero: rate() and increase() need a sample
         # before the first event to see it.
@@ -328,6 +343,9 @@ class AgentMetrics:
             self.detection.labels(job_id, kind)
         self.peers_suspected.labels(job_id)
         self.peer_suspicions.labels(job_id)
+        self.riding.labels(job_id)
+        for outcome in RIDE_OUTCOMES:
+            self.rides.labels(job_id, outcome)
         for kind in GARBAGE_KINDS:
             self.garbage.labels(job_id, kind)
         for metric in (self.recovery, self.heartbeat, self.redis_errors, self.is_leader):
@@ -401,6 +419,12 @@ class AgentMetrics:
 
     def sync_failed(self) -> None:
         self.redis_errors.labels(self.job_id).inc()
+
+    def ride(self, riding: bool, ended: str | None = None) -> None:
+        """Riding through now, or not; `ended`: how a ride ended (RIDE_OUTCOMES)."""
+        self.riding.labels(self.job_id).set(1 if riding else 0)
+        if ended is not None:
+            self.rides.labels(self.job_id, ended).inc()
 
     def redis_garbage(self, kind: str) -> None:
         """A value of this kind of key in Redis is garbage (garbage.KINDS)."""

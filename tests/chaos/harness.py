@@ -221,6 +221,7 @@ class ChaosJob:
         lease_s: float,
         hang_timeout_s: float = 0.0,
         max_restarts: int = 3,
+        ride_through: str = "60s",
     ):
         self.net, self.directory, self.lease_s = net, directory, lease_s
         self.probes = directory / "probes"
@@ -244,6 +245,7 @@ class ChaosJob:
                 "stop_grace_period": "3s",
                 "failure_stop_grace_period": "1s",
                 "hang_timeout": f"{hang_timeout_s}s",
+                "ride_through": ride_through,
             },
             addresses=addresses,
             prefixes={name: net.prefix(net.nodes[name][0]) for name in names},
@@ -339,11 +341,27 @@ class ChaosJob:
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps(entry) + "\n")
 
-    def margin(self, life: Life) -> float:
-        """The node's lease deadline (as last seen before the worker died) minus its death."""
+    def margin(self, life: Life, ride_s: float = 0.0) -> float:
+        """The node's lease deadline (as last seen before the worker died), plus the ride a
+        leader awaits it past it (`ride_s`: job/ridethrough.py), minus its death."""
         deadline = self.sampler.deadline_at(life.node, life.end)
         assert deadline is not None, f"no lease of {life.node} seen before {life.end}"
-        return deadline - (life.end + RESOLUTION_S)
+        return deadline + ride_s - (life.end + RESOLUTION_S)
+
+    def undisturbed(self, generation: int, redis_up: bool = True) -> None:
+        """Every probe of `generation` runs still, and none of a later one ever started: the
+        job went on, nothing restarted (a ride through a Redis outage); with Redis up, its
+        record says that generation runs."""
+        lives = self.lives()
+        later = [life for life in lives if life.generation > generation]
+        assert not later, f"generation {generation} was replaced: {later}"
+        probes = [life for life in lives if life.generation == generation]
+        assert len(probes) == 3 and all(_running(life.pid) for life in probes), probes
+        assert all(life.term is None for life in probes), "a probe was sent SIGTERM"
+        if not redis_up:
+            return
+        status = self.cluster.status()
+        assert (status["state"], status["generation"]) == ("running", generation), status
 
     def close(self) -> None:
         self.sampler.__exit__()

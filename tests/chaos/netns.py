@@ -101,29 +101,32 @@ class Network:
     def rejoin(self, node: str) -> None:
         self._peers(node, "-D")
 
+    def cut_from_redis(self, node: str) -> None:
+        """Drop every packet between `node` and the hub (Redis, the sentinels), silently,
+        while it still hears the other nodes."""
+        self._hub(node, "-A")
+
+    def reach_redis(self, node: str) -> None:
+        self._hub(node, "-D")
+
+    def _hub(self, node: str, how: str) -> None:
+        self._drop(node, self.hub_address, how)
+
     def _peers(self, node: str, how: str) -> None:
-        namespace, _ = self.nodes[node]
         for other, (_, address) in self.nodes.items():
-            if other == node:
-                continue
-            for chain, side in (("INPUT", "-s"), ("OUTPUT", "-d")):
-                subprocess.run(
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        namespace,
-                        "iptables",
-                        how,
-                        chain,
-                        side,
-                        address,
-                        "-j",
-                        "DROP",
-                    ],
-                    check=True,
-                    capture_output=True,
-                )
+            if other != node:
+                self._drop(node, address, how)
+
+    def _drop(self, node: str, address: str, how: str) -> None:
+        """Add (-A) or remove (-D) the rules dropping `node`'s packets to and from `address`."""
+        namespace, _ = self.nodes[node]
+        for chain, side in (("INPUT", "-s"), ("OUTPUT", "-d")):
+            rule = [chain, side, address, "-j", "DROP"]
+            subprocess.run(
+                ["ip", "netns", "exec", namespace, "iptables", how, *rule],
+                check=True,
+                capture_output=True,
+            )
 
     def close(self) -> None:
         for namespace in reversed(self.namespaces):

@@ -161,44 +161,117 @@ def test_a_node_cut_off_from_its_peers_alone_is_held_out_and_stops_its_worker(
     job.check_no_overlap(held_out={victim})
 
 
-def _all_fenced(job: ChaosJob, gen: int, scenario: str) -> None:
+def _all_fenced(job: ChaosJob, gen: int, scenario: str, ride_s: float = 0.0) -> None:
     for node in ("a", "b", "c"):
-        _assert_fenced_in_time(job, job.wait_probe_dead(node, gen), scenario)
+        life = job.wait_probe_dead(node, gen)
+        if ride_s:  # dead before a leader could count it lost: its lease and its ride
+            job.note(scenario, life)
+            assert job.margin(life, ride_s) > 0, f"{node}'s worker outlived its ride"
+            assert life.grace is not None and life.grace >= job.failure_grace_s - 0.1
+        else:
+            _assert_fenced_in_time(job, life, scenario)
+
+
+def _rode_through(job: ChaosJob, gen: int) -> None:
+    """Every member said it rode through and went on; nothing restarted."""
+    wait_for(
+        lambda: len([e for e in job.cluster.events() if e["type"] == "node_rode_through"]) == 3,
+        30,
+        "every member to say it rode through",
+    )
+    job.undisturbed(gen)
+    job.check_no_overlap()
 
 
 @pytest.mark.lease(3.0)
-def test_redis_frozen(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
-    """SIGSTOP of redis-server for two leases: every agent fences itself, then all re-form."""
+def test_redis_frozen_is_ridden_through(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
+    """SIGSTOP of redis-server for three leases: every member hears the others training, so
+    each trains on past its fence point; Redis back, the same generation goes on."""
     job, server = chaos
     gen = job.start()
     server.signal(signal.SIGSTOP)
     try:
-        time.sleep(2 * job.lease_s)
-        # Redis time stood still: the deadlines last seen are the ones it will apply.
-        _all_fenced(job, gen, "redis frozen")
+        time.sleep(3 * job.lease_s)
+        job.undisturbed(gen, redis_up=False)
     finally:
         server.signal(signal.SIGCONT)
-    job.wait_world(3, after=gen)
-    job.check_no_overlap()
+    _rode_through(job, gen)
+
+
+@pytest.mark.lease(3.0)
+def test_redis_frozen_past_the_ride_fences_every_member(
+    tmp_path: Path, lease: float, rep: int
+) -> None:
+    """ride_through at its least (the lease): Redis stopped for four leases. Every member
+    fences itself at its ride's end, each worker dead before a leader could count it lost
+    (its lease deadline plus the ride), and the job re-forms once Redis is back."""
+    with network() as net:
+        server = RedisInHub(net, tmp_path)
+        server.start()
+        job = ChaosJob(
+            net, tmp_path, server.url, server.control_url, lease, ride_through=f"{lease}s"
+        )
+        try:
+            gen = job.start()
+            server.signal(signal.SIGSTOP)
+            try:
+                time.sleep(4 * job.lease_s)
+                _all_fenced(job, gen, "redis frozen past the ride", ride_s=job.lease_s)
+            finally:
+                server.signal(signal.SIGCONT)
+            job.wait_world(3, after=gen)
+            job.check_no_overlap()
+        finally:
+            job.close()
+            server.kill()
 
 
 @pytest.mark.lease(5.0)
 def test_redis_down_and_restarted_empty(chaos: tuple[ChaosJob, RedisInHub], rep: int) -> None:
+    """Redis killed, back empty two leases later (no persistence): the members ride through,
+    and the leader writes the record back from what they run."""
     job, server = chaos
     gen = job.start()
     server.kill()
-    _all_fenced(job, gen, "redis down")
-    time.sleep(job.lease_s)
+    time.sleep(2 * job.lease_s)
+    job.undisturbed(gen, redis_up=False)
     server.start()  # same address, no data
-    after = job.wait_world(3, after=gen)
-    assert after > gen  # generation numbers are never reused
-    job.check_no_overlap()
+    wait_for(lambda: job.cluster.status()["reason"] == "resumed", 30, "the record written back")
+    _rode_through(job, gen)
 
 
 @pytest.mark.lease(3.0)
-def test_sentinel_failover(tmp_path: Path, lease: float, rep: int) -> None:
-    """A primary, a replica and three sentinels: the primary is killed, a sentinel promotes
-    the replica, and the agents follow it."""
+def test_a_node_cut_off_from_redis_alone_rides_through_while_its_peers_hear_it(
+    chaos: tuple[ChaosJob, RedisInHub], rep: int
+) -> None:
+    """A follower's packets to and from Redis dropped for three leases, silently; it still
+    hears the others, who reach Redis: it trains on, the leader awaits it past its lease
+    instead of re-forming, and it comes back into the same generation."""
+    job, _ = chaos
+    gen = job.start()
+    victim = job.follower()
+    job.net.cut_from_redis(victim)
+    try:
+        time.sleep(3 * job.lease_s)
+        job.undisturbed(gen)
+    finally:
+        job.net.reach_redis(victim)
+    wait_for(
+        lambda: (
+            [e["node"] for e in job.cluster.events() if e["type"] == "node_rode_through"]
+            == [victim]
+        ),
+        30,
+        f"{victim} to say it rode through",
+    )
+    job.undisturbed(gen)
+    job.check_no_overlap()
+
+
+def _sentinel_failover(tmp_path: Path, lease: float, freeze: bool) -> None:
+    """A primary, a replica and three sentinels; the primary killed (or frozen until a
+    sentinel promoted the replica, then resumed: it becomes a replica, losing what it took
+    meanwhile). The agents ride through and follow the new primary: nothing restarts."""
     with network() as net:
         primary = RedisInHub(net, tmp_path, port=6379)
         primary.start()
@@ -216,16 +289,19 @@ def test_sentinel_failover(tmp_path: Path, lease: float, rep: int) -> None:
                 20,
                 "the replica to sync",
             )
-            primary.kill()
+            if freeze:
+                primary.signal(signal.SIGSTOP)
+            else:
+                primary.kill()
             wait_for(
                 lambda: replica.client().info("replication").get("role") == "master",
                 30,
                 "a sentinel to promote the replica",
             )
             promoted = time.time()
+            if freeze:
+                primary.signal(signal.SIGCONT)
             job.cluster.connect_control(replica.control_url)
-            # Every agent renews its lease on the new primary, and the job runs at full size
-            # (re-formed if the agents fenced themselves before the failover completed).
             keys = JobKeys("nodeagent", "chaos")
 
             def renewed_on_new_primary() -> bool:
@@ -234,10 +310,20 @@ def test_sentinel_failover(tmp_path: Path, lease: float, rep: int) -> None:
                 return len(fresh) == 3 and all(fresh)
 
             wait_for(renewed_on_new_primary, 60, "every agent to renew its lease there")
-            job.wait_world(3, after=gen - 1, timeout=60)
+            job.undisturbed(gen)
             job.check_no_overlap()
         finally:
             job.close()
             sentinels.stop()
             replica.kill()
             primary.kill()
+
+
+@pytest.mark.lease(3.0)
+def test_sentinel_failover(tmp_path: Path, lease: float, rep: int) -> None:
+    _sentinel_failover(tmp_path, lease, freeze=False)
+
+
+@pytest.mark.lease(5.0)
+def test_sentinel_failover_of_a_frozen_primary(tmp_path: Path, lease: float, rep: int) -> None:
+    _sentinel_failover(tmp_path, lease, freeze=True)

@@ -4,7 +4,8 @@ What it keeps of the SYNC and COMMIT scripts' rules (coord/scripts.py) is what t
 loop depends on: a lease per node renewed at each heartbeat, one leader lease with a token,
 the record fenced by the leader's token and its revision, a generation that never goes back,
 and a reap only of leases past their deadline. Time is the test's (`now_ms`), so a lease
-lapses when the test says. Nothing here is garbage: the strict decoding is coord's, tested
+lapses when the test says; so is its outages: `down` (no call reaches it) and `cut` (the nodes
+whose heartbeats do not). Nothing here is garbage: the strict decoding is coord's, tested
 against a real redis-server.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.replies import NodeLease, Snapshot
 from nodeagent.coord.store import RecordWrite, SnapshotCheck
-from nodeagent.errors import FencedError
+from nodeagent.errors import CoordinationError, FencedError
 from nodeagent.model.garbage import Garbage, GarbageLog
 from nodeagent.model.handout import Handout
 from nodeagent.model.job import Command, Cordon, Event, JobRecord, NodeReport
@@ -60,6 +61,8 @@ class MemoryJobStore:
     copies: dict[str, str] = field(default_factory=dict)  # node -> JSON Handout
     node_speeds: dict[str, NodeSpeed] = field(default_factory=dict)
     verdicts: dict[str, SlowVerdict] = field(default_factory=dict)
+    down: bool = False  # no call reaches it (a Redis outage)
+    cut: set[str] = field(default_factory=set)  # nodes whose heartbeats do not reach it
 
     def __post_init__(self) -> None:
         self.check: SnapshotCheck = _as_read  # the agent sets its own (job/verify.py)
@@ -125,6 +128,8 @@ class MemoryJobStore:
 
     def sync(self, report: NodeReport, events: Sequence[Event] = ()) -> Snapshot:
         now, name = self.now_ms(), report.name
+        if self.down or name in self.cut:
+            raise CoordinationError(f"heartbeat: {name} cannot reach the store")
         self.leases[name] = now + report.lease_ttl_ms
         self.reports[name] = report
         held = self.leader
@@ -168,6 +173,8 @@ class MemoryJobStore:
         self, leader: str, rev: int, plan: RecordWrite, replacing_garbage: bool = False
     ) -> int:
         now = self.now_ms()
+        if self.down:
+            raise CoordinationError("leader write: the store is down")
         if self.leader is None or self.leader.value != leader or self.leader.deadline_ms <= now:
             raise FencedError(f"{leader} does not hold the leader lease")
         if rev != self.rev:

@@ -174,12 +174,13 @@ def test_agents_survive_garbage_and_the_job_goes_on(cluster: LocalCluster) -> No
     os.kill(cluster.worker_pids(running["members"][0])[0], signal.SIGKILL)
     after = cluster.wait_running(2, after_generation=running["generation"])
     assert after["restart_count"] == running["restart_count"] + 1
-    # The job hash of the wrong type: deleted by the leader, the job re-forms from what the
-    # nodes remember, generation numbers keep going up.
+    # The job hash of the wrong type: deleted by the leader, which writes back the generation
+    # its members still run (job/resume.py): the job goes on, nothing restarts.
     before = cluster.status()["generation"]
     wrong_type(keys.record)(cluster, r)
     reported(cluster, "job", "not a hash")
-    assert cluster.wait_running(2, after_generation=before)["generation"] > before
+    wait_for(lambda: cluster.status()["reason"] == "resumed", 30, "the record written back")
+    assert cluster.wait_running(2)["generation"] == before
     status = cluster.ctl("status")
     assert status.returncode == 0, status.stderr
     all_alive(cluster)
@@ -241,10 +242,15 @@ def test_a_forged_record_or_a_phantom_cannot_redirect_workers(cluster: LocalClus
         master_addr=EVIL,
         master_port=4444,
     )
+    pids = {name: cluster.worker_pids(name) for name in ("a", "b")}
     r.hset(keys.record, mapping={"record": text, "gen": record.generation + 1})
     reported(cluster, "job", "rank-0 member")
+    # The leader writes back what its members run (job/resume.py), not the writer's record:
+    # the same generation, the same workers, never a worker started for the writer's master.
+    wait_for(lambda: cluster.status()["reason"] == "resumed", 30, "the record written back")
     after = still_running(cluster)
-    assert after["generation"] > record.generation  # re-formed by the leader, not the writer
+    assert after["generation"] == record.generation
+    assert {name: cluster.worker_pids(name) for name in ("a", "b")} == pids
     starts = cluster.starts(after["generation"])
     assert {s["master"].split(":")[0] for s in starts} == {"127.0.0.1"}
     assert {s["world_size"] for s in starts} == {2}

@@ -127,8 +127,8 @@ def test_the_port_serves_beats_to_anyone_and_reads_nothing_from_them() -> None:
     with watches(1) as (watch,), socket.create_connection(("127.0.0.1", watch.port)) as conn:
         conn.sendall(b"x" * 100_000)  # never read by the watch: it cannot be made to parse it
         conn.settimeout(5)
-        magic, version, token = BEAT.unpack(conn.recv(BEAT.size, socket.MSG_WAITALL))
-        assert (magic, version, token.hex()) == (MAGIC, 1, watch.token)
+        magic, version, said, bits, token = BEAT.unpack(conn.recv(BEAT.size, socket.MSG_WAITALL))
+        assert (magic, version, said, bits, token.hex()) == (MAGIC, 1, 0, 0, watch.token)
 
 
 @pytest.mark.parametrize(
@@ -164,3 +164,19 @@ def test_a_frozen_peer_is_suspected_by_its_beats_history_long_before_the_timeout
     finally:
         for watch in made:
             watch.close()
+
+
+def test_a_peer_s_beats_say_what_it_told_and_an_older_agent_s_still_count() -> None:
+    """What an agent tells its watch goes out at once in its beats' three bytes that were
+    padding; a reader hears it. An older agent's beats (those bytes zero) are heard as before."""
+    with watches(2) as (a, b):
+        a.watch([peer("b", b)])
+        assert eventually(lambda: "b" in a.heard())
+        assert a.said() == {}  # b says nothing yet: as an older agent
+        b.tell(3, 0x1234)
+        assert eventually(lambda: a.said() == {"b": (3, 0x1234)}, within=2.0)
+        b.tell(5, 7)
+        assert eventually(lambda: a.said() == {"b": (5, 7)}, within=2.0)
+        assert a.suspects() == frozenset()
+        b.close()  # a connection ended: nothing it said stands any more
+        assert eventually(lambda: a.said() == {} and a.suspects() == {"b"}, within=5.0)

@@ -5,6 +5,7 @@ and report queries, a reader that never makes the file."""
 from __future__ import annotations
 
 import random
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,18 @@ def test_a_reader_never_makes_the_file_nor_writes(tmp_path: Path) -> None:
     with pytest.raises(AccountingError, match="readonly"):
         reader.write([_record("b", 2)])
     writer.close()
+    reader.close()
+
+
+def test_a_reader_of_a_database_with_no_tables_yet_finds_no_records(tmp_path: Path) -> None:
+    """The file exists (made by another program, or by a writer that has not made its tables
+    yet) and holds none of the ledger's tables: nothing was ever written, so nothing is read,
+    not "the database cannot be read" (the API service answered 503 for a fresh pool)."""
+    path = tmp_path / "a.sqlite"
+    sqlite3.connect(path).close()
+    reader = open_ledger(Database("sqlite", str(path)), writer=False)
+    assert reader.runs(Filter("gpu"), 10) == []
+    assert reader.report("user", Filter("gpu", since_ms=0, until_ms=86_400_000)) == []
     reader.close()
 
 

@@ -1,7 +1,8 @@
 """The agent's loop (job/agent.py) against an in-memory job store: no Redis, no processes.
 
 Several real Agents share one MemoryJobStore (tests/helpers/memstore.py) and a clock the test
-moves; each node's workers are a fake group that starts and stops at once. Each scenario is a
+moves; each node's workers are a fake group that starts and stops at once
+(tests/helpers/agentloop.py). Each scenario is a
 table row: what happens to the job, and the record and worker starts it must end with. The
 same agents against a real redis-server and real processes: tests/integration/test_agents.py.
 """
@@ -9,148 +10,14 @@ same agents against a real redis-server and real processes: tests/integration/te
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from nodeagent.config.load import load_config
-from nodeagent.job.agent import Agent, AgentParts
-from nodeagent.job.verify import RecordCheck
-from nodeagent.model.job import Command, CommandType, Failure, WorkerInfo
+from nodeagent.model.job import Command, CommandType
 from nodeagent.state import JobState
-from nodeagent.supervisor.fence import Group
-from nodeagent.supervisor.spec import WorkerSpec
-from nodeagent.supervisor.status import Activity, GroupPhase, GroupStatus, Started, WorkerExit
-from tests.helpers.hosts import VALID, FixedResolver
-from tests.helpers.memstore import MemoryJobStore
-
-STEP_S = 0.1  # simulated time between two passes of every agent
-LEASE = "3s"
-
-
-class FakeWorkers:
-    """One node's worker group: starts and stops at once; `crash()` ends it with exit code 1."""
-
-    def __init__(self, node: str) -> None:
-        self.node = node
-        self.generation: int | None = None
-        self.phase = GroupPhase.NONE
-        self.failure: Failure | None = None
-        self.started: list[int] = []  # the generations started, in order
-        self.rank = 0  # of its first worker
-        self.signals: list[str] = []  # the signals sent to its workers, in order
-        self._exits: list[WorkerExit] = []
-
-    def start(self, generation: int, node: str, specs: list[WorkerSpec]) -> Started:
-        self.generation, self.phase, self.failure = generation, GroupPhase.RUNNING, None
-        self.started.append(generation)
-        self.rank = specs[0].rank
-        return Started(specs=tuple(specs))
-
-    def crash(self) -> None:
-        assert self.generation is not None and self.phase is GroupPhase.RUNNING
-        self.phase = GroupPhase.EXITED
-        self.failure = Failure(self.generation, self.node, self.rank, "exit_code", exit_code=1)
-        self._exits.append(WorkerExit(self.generation, self.rank, 0, 1, None, expected=False))
-
-    def release(self, timeout_s: float) -> None:
-        self.stop(timeout_s)
-
-    def stop(self, grace_s: float) -> None:
-        if self.phase is GroupPhase.RUNNING:
-            self.phase = GroupPhase.EXITED
-            assert self.generation is not None
-            exit = WorkerExit(self.generation, self.rank, 0, None, "SIGTERM", expected=True)
-            self._exits.append(exit)
-
-    def kill(self) -> None:
-        self.stop(0.0)
-
-    def poll(self) -> list[WorkerExit]:
-        exits, self._exits = self._exits, []
-        return exits
-
-    def mark_failed(self, local_rank: int, kind: str, code: int | None = None) -> None: ...
-    def dump_stacks(self, local_rank: int) -> str:
-        return ""
-
-    def stopped(self, local_rank: int) -> bool:
-        return False
-
-    def cpu_seconds(self, local_rank: int) -> float | None:
-        return None
-
-    def activity(self, local_rank: int) -> Activity | None:
-        return None
-
-    def signal(self, name: str) -> None:
-        self.signals.append(name)
-
-    def status(self) -> GroupStatus:
-        return GroupStatus(self.generation, self.phase, self.failure)
-
-    def next_deadline(self) -> float | None:
-        return None
-
-    def workers(self) -> tuple[WorkerInfo, ...]:
-        return ()
-
-    def groups(self) -> tuple[Group, ...]:
-        return ()
-
-
-@dataclass
-class Job:
-    """Agents of one job on one in-memory store, driven pass by pass on simulated time."""
-
-    job: dict[str, Any]
-    now: float = 1000.0
-    store: MemoryJobStore = field(init=False)
-    agents: dict[str, Agent] = field(default_factory=dict)
-    workers: dict[str, FakeWorkers] = field(default_factory=dict)
-    frozen: set[str] = field(default_factory=set)  # nodes whose agent no longer runs
-
-    def __post_init__(self) -> None:
-        self.store = MemoryJobStore(lambda: int(self.now * 1000))
-
-    def add(self, name: str) -> None:
-        data = {
-            **VALID,
-            "node": {"name": name, "address": f"10.0.0.{len(self.agents) + 1}"},
-            "job": {**VALID["job"], **self.job},
-            "timing": {"lease_ttl": LEASE, "heartbeat_interval": "500ms", "join_settle": "1s"},
-        }
-        self.workers[name] = FakeWorkers(name)
-        config = load_config(data, FixedResolver())
-        store = self.store  # checked as runtime/jobrun.py checks a JobStore it makes
-        store.check = RecordCheck(store.keys.record, config.job.nproc_per_node, store.read_lease)
-        parts = AgentParts(clock=lambda: self.now)
-        self.agents[name] = Agent(config, self.store, self.workers[name], base_env={}, parts=parts)
-
-    def run(self, seconds: float) -> None:
-        for _ in range(round(seconds / STEP_S)):
-            self.now += STEP_S
-            for name, agent in self.agents.items():
-                if name not in self.frozen:
-                    agent.step()
-
-    def run_until(self, done: Callable[[], bool], seconds: float = 30.0) -> None:
-        for _ in range(round(seconds / STEP_S)):
-            if done():
-                return
-            self.run(STEP_S)
-        raise AssertionError(f"not reached in {seconds} s: record {self.store.record}")
-
-    def running(self, generation: int) -> bool:
-        record = self.store.record
-        members = record.members if record else ()
-        return (
-            record is not None
-            and record.state is JobState.RUNNING
-            and record.generation == generation
-            and all(self.workers[m].started[-1:] == [generation] for m in members)
-        )
+from nodeagent.supervisor.status import GroupPhase
+from tests.helpers.agentloop import Job
 
 
 def form(job: Job, nodes: tuple[str, ...]) -> None:

@@ -219,6 +219,20 @@ def test_the_members_watch_suspects_now_and_suspicions_begun() -> None:
     assert value(m, "nodeagent_peer_suspicions_total") == 2
 
 
+def test_a_ride_through_a_redis_outage_is_shown_while_it_lasts_and_counted_by_its_end() -> None:
+    m = AgentMetrics("llama")
+    assert value(m, "nodeagent_riding_through") == 0  # the series exist from the start
+    assert value(m, "nodeagent_ride_throughs_total", outcome="resumed") == 0
+    m.ride(True)
+    assert value(m, "nodeagent_riding_through") == 1
+    m.ride(False, "resumed")
+    m.ride(True)
+    m.ride(False, "fenced")
+    assert value(m, "nodeagent_riding_through") == 0
+    assert value(m, "nodeagent_ride_throughs_total", outcome="resumed") == 1
+    assert value(m, "nodeagent_ride_throughs_total", outcome="fenced") == 1
+
+
 def test_on_a_node_jobs_share_each_gpu_carries_its_holders_job_and_user() -> None:
     """Two jobs sharing a node: each GPU's series say the job holding it (and whom that job
     runs as), a free GPU the node's default ("" when it serves several), its XIDs too."""

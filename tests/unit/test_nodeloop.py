@@ -34,7 +34,7 @@ class Member:
     def due(self, now: float) -> bool:
         return True
 
-    def beat(self, state: NodeState) -> bool:
+    def beat(self, state: NodeState, until: float | None = None) -> bool:
         self.beats.append(state)
         return False
 
@@ -64,6 +64,9 @@ class Runner:
         self.outcome: int | None = None
         self.drained_by: str | None = None
         self.held: tuple[str, ...] = ()
+
+    def critical_at(self) -> float | None:
+        return None
 
     def step(self) -> float:
         if self.stops:

@@ -31,6 +31,14 @@ class FakeWatch:
     def suspects(self) -> frozenset[str]:
         return self.silent
 
+    def tell(self, said: int, bits: int) -> None: ...
+
+    def said(self) -> dict[str, tuple[int, int]]:
+        return {}
+
+    def fresh(self, within: float) -> frozenset[str]:
+        return frozenset()
+
 
 def call(fn: Callable[[], T], what: str) -> T:
     return fn()
