@@ -9,8 +9,11 @@
 
 `Client(socket="/run/nodeagent-api/api.sock")` on the API host needs no token: the kernel
 names you. Every method is one call of the API; an error the service answers is raised as
-`ApiError` with its status and the service's own words. It needs httpx only (`pip install
-nodeagent[client]`), not the agent's dependencies.
+`ApiError` with its status and the service's own words. A change (a submission, a cancel...)
+carries an Idempotency-Key and is sent again with it when the service could not be reached or
+answered 503 (Redis away, the change not yet on its replicas), TRIES times at most: the pool
+takes it once. It needs httpx only (`pip install nodeagent[client]`), not the agent's
+dependencies.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import ssl
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -25,6 +29,9 @@ from typing import Any
 import httpx
 
 ENDED = frozenset({"succeeded", "failed", "cancelled", "timeout", "preempted"})
+CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+TRIES = 3  # a change is sent this many times at most, with the same Idempotency-Key
+RETRY_AFTER_MAX_S = 5.0
 
 
 class ApiError(Exception):
@@ -245,10 +252,31 @@ class Client:
         return str(self._call(method, path, **kw)["message"])
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
-        response = self._http.request(method, path, **kw)
+        if method not in CHANGES:
+            response = self._http.request(method, path, **kw)
+        else:  # the same change each try: the pool takes it once
+            headers = {**kw.pop("headers", {}), "Idempotency-Key": str(uuid.uuid4())}
+            response = self._again(lambda: self._http.request(method, path, headers=headers, **kw))
         if response.is_error:
             raise _error(response)
         return response.json()
+
+    @staticmethod
+    def _again(send: Any) -> httpx.Response:
+        """`send()`, again while the service cannot be reached or answers 503."""
+        for attempt in range(1, TRIES + 1):
+            try:
+                response: httpx.Response = send()
+            except httpx.TransportError:
+                if attempt == TRIES:
+                    raise
+                time.sleep(attempt)
+                continue
+            if response.status_code != 503 or attempt == TRIES:
+                return response
+            after = response.headers.get("retry-after", "1")
+            time.sleep(min(RETRY_AFTER_MAX_S, float(after) if after.isdigit() else 1.0))
+        raise AssertionError("unreachable")
 
     def _stream(self, path: str, params: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         """Server-sent events' data, as documents."""

@@ -18,6 +18,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
@@ -29,7 +30,7 @@ from nodeagent.api.problems import Problem, unauthorized
 from nodeagent.api.service import Identity, Service, token_user
 from nodeagent.api.session import SAFE_METHODS, check_csrf, cookie_token
 from nodeagent.config.hosts import Resolver
-from nodeagent.model.request import Verb
+from nodeagent.model.request import REQUEST_ID, Verb
 from nodeagent.pool.tokens import is_operator
 
 KEPT_S = 60.0  # a token the pool vouched for is taken this long without asking again
@@ -139,12 +140,15 @@ def known(tokens: Tokens, scope: Mapping[str, Any]) -> Identity | None:
             return None  # a browser's session: its rules are identify's
         if name == b"authorization" and header is None:
             header = value.decode("latin-1")
+    key = _key(scope)
+    if key is None:
+        return None  # not an id: identify says so
     if header is None:
         peer = scope.get(PEER_KEY)
         if peer is None:
             return None
         uid = int(peer[1])
-        return Identity(peer_user(uid), peer_uid=uid)
+        return Identity(peer_user(uid), peer_uid=uid, request_id=key)
     token = bearer(header)
     if token is None:
         return None
@@ -152,7 +156,28 @@ def known(tokens: Tokens, scope: Mapping[str, Any]) -> Identity | None:
         user = tokens.known(token)
     except Problem:
         return None  # refused a moment ago: identify says so
-    return Identity(user, token=token) if user is not None else None
+    return Identity(user, token=token, request_id=key) if user is not None else None
+
+
+def _key(scope: Mapping[str, Any]) -> str | None:
+    """The request's Idempotency-Key (IETF draft: the same for every try of one change); ""
+    for none, None for one that is not a request id."""
+    for name, value in scope["headers"]:
+        if name == b"idempotency-key":
+            key = value.decode("latin-1")
+            return key if key and REQUEST_ID.match(key) else None
+    return ""
+
+
+def idempotency_key(value: str) -> str:
+    """Raises: Problem 400 unless it is a request id (model/request.py REQUEST_ID)."""
+    if not value or not REQUEST_ID.match(value):
+        raise Problem(
+            400,
+            f"Idempotency-Key: expected up to 128 letters, digits and . _ : - (a UUID does), "
+            f"got {value[:80]!r}",
+        )
+    return value
 
 
 async def identify(request: Request) -> Identity:
@@ -180,7 +205,8 @@ async def identify(request: Request) -> Identity:
     else:
         raise unauthorized("this address takes API tokens: Authorization: Bearer <token>")
     limited(limiter, who.user)
-    return who
+    key = request.headers.get("idempotency-key")
+    return replace(who, request_id=idempotency_key(key)) if key is not None else who
 
 
 def limited(limiter: RateLimiter, key: str) -> None:

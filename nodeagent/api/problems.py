@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nodeagent.errors import AccountingError, CoordinationError, NotFoundError, UsageError
-from nodeagent.model.request import Reply
+from nodeagent.model.request import UNACKNOWLEDGED, Reply
 
 log = logging.getLogger(__name__)
 MEDIA_TYPE = "application/problem+json"
@@ -35,7 +35,13 @@ TITLES = {
 }
 # The pool leader's refusal kinds (model/request.Reply.kind) as statuses; other refusals are
 # conflicts with the pool's state (a job that has ended, a queue that exists).
-REPLY_STATUS = {"missing": 404, "forbidden": 403, "invalid": 422, "unauthenticated": 401}
+REPLY_STATUS = {
+    "missing": 404,
+    "forbidden": 403,
+    "invalid": 422,
+    "unauthenticated": 401,
+    UNACKNOWLEDGED: 503,  # done, not yet on the replicas: the same Idempotency-Key again
+}
 
 
 class Problem(Exception):
@@ -55,6 +61,8 @@ def refused(reply: Reply) -> Problem:
     status = REPLY_STATUS.get(reply.kind, 404 if reply.missing else 409)
     if status == 401:
         return unauthorized(reply.message)
+    if reply.unacknowledged:
+        return Problem(status, reply.message, {"Retry-After": "1"})
     return Problem(status, reply.message)
 
 

@@ -47,11 +47,13 @@ POLL_S = 1.0  # a caller waiting for its answer reads it this often, should its 
 @dataclass(frozen=True)
 class Identity:
     """Who calls: `token`, a bearer's API token; `peer_uid`, the kernel's uid of a caller on
-    the Unix socket without one."""
+    the Unix socket without one; `request_id`, the caller's Idempotency-Key for the change this
+    HTTP request asks (its every try the same change: pool/retries.py)."""
 
     user: str
     token: str | None = None
     peer_uid: int | None = None
+    request_id: str = ""
 
 
 class Service:
@@ -164,7 +166,7 @@ class Service:
         self._signed_pool()
         self._answers.start()
         as_uid = who.peer_uid if who.token is None else None
-        request = Request(self.pool, verb, args, as_uid=as_uid)
+        request = Request(self.pool, verb, args, as_uid=as_uid, request_id=who.request_id)
         request = replace(
             request, credential=self._credential(who, request.digest, request.payload)
         )

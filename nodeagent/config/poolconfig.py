@@ -1,7 +1,8 @@
 """The pool: section of a node's config (docs/pool.md, docs/configuration.md): the pool's name
 and labels, whom it runs jobs as, its scheduling times, who may change it (pool.auth,
 operators, tokens, api_users), where it tells of job state changes (pool.notify), where it
-keeps the records of ended jobs (pool.accounting) and its fair share (pool.fair_share)."""
+keeps the records of ended jobs (pool.accounting), its fair share (pool.fair_share) and what
+its "done" is worth (pool.durability)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from urllib.parse import urlsplit
 from nodeagent.config.database import database_of
 from nodeagent.config.settings import (
     Accounting,
+    DurabilityConfig,
     FairShareConfig,
     Notify,
     Operators,
@@ -53,9 +55,35 @@ def load_pool(section: Section, pinned: bool = False) -> PoolConfig:
         notify=_notify(section.section("notify")),
         accounting=_accounting(section.section("accounting")),
         fair_share=_fair_share(section.section("fair_share")),
+        durability=_durability(section.section("durability")),
     )
     section.reject_unknown()
     return pool
+
+
+MAX_REPLICAS = 16
+
+
+def _durability(section: Section) -> DurabilityConfig:
+    """pool.durability: {replicas: 1, timeout: 1s}."""
+    replicas = section.raw("replicas")
+    replicas = 0 if replicas is None else replicas
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        replicas = -1
+    if not 0 <= replicas <= MAX_REPLICAS:
+        raise ConfigError(
+            section.key("replicas"),
+            f"expected how many replicas must have a change before the pool says it is done, "
+            f"0 (a single Redis) to {MAX_REPLICAS}, such as 1 with one replica; got "
+            f"{section.raw('replicas')!r}",
+        )
+    timeout = duration(section.raw("timeout"), section.key("timeout"), 1.0, positive=True)
+    if timeout > 60:
+        raise ConfigError(
+            section.key("timeout"), f"at most 60s (a caller waits it), got {timeout}s"
+        )
+    section.reject_unknown()
+    return DurabilityConfig(replicas, timeout)
 
 
 def _notify(section: Section) -> Notify:

@@ -267,6 +267,16 @@ class Accounting:
 
 
 @dataclass(frozen=True)
+class DurabilityConfig:
+    """pool.durability (coord/durable.py): a change the pool answers "done" to is on
+    `replicas` replicas (Redis WAIT) within `timeout`, or answered "not acknowledged". 0: a
+    single Redis (the write is as safe as its own persistence)."""
+
+    replicas: int = 0
+    timeout: float = 1.0
+
+
+@dataclass(frozen=True)
 class FairShareConfig:
     """pool.fair_share (docs/pool.md, "Fair share"): `weight` x each user's fair-share factor
     (in (0, 1]) is added to its jobs' priority; 0 turns it off. Usage decays with `half_life`;
@@ -308,6 +318,7 @@ class PoolConfig:
     notify: Notify = field(default_factory=lambda: Notify())
     accounting: Accounting = field(default_factory=lambda: Accounting())
     fair_share: FairShareConfig = field(default_factory=lambda: FairShareConfig())
+    durability: DurabilityConfig = field(default_factory=lambda: DurabilityConfig())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,5 +14,7 @@ text, the jobs the pool leader keeps), replies.py (a heartbeat's reply as a Snap
 (the leader's kept view of the leases), streams.py, eventlog.py, listener.py (a thread
 blocking on streams). Connections: client.py (URLs, Sentinel, Cluster, TLS), cluster.py,
 embedded.py (`redis.url: embedded`), bounded.py (calls that never outlast the fence point).
-Failures: errors.py (Redis errors as nodeagent's), failure.py (what kind).
+Failures: errors.py (Redis errors as nodeagent's), failure.py (what kind). What a "done" is
+worth: durable.py (a change confirmed on the operator's replicas with WAIT, or not
+acknowledged).
 """

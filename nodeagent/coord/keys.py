@@ -142,6 +142,11 @@ POOL_REQUEST_CURSOR_KEY = "%s:{pool:%s}:request-cursor"  # STRING last request i
 POOL_SEEN_KEY = "%s:{pool:%s}:seen"  # ZSET credential id -> its expiry (server ms): replays
 POOL_REPLY_KEY = "%s:{pool:%s}:reply:%s"  # STRING JSON Reply to one request, EX REPLY_TTL_S
 POOL_AUTH_KEY = "%s:{pool:%s}:auth"  # STRING the pool leader's pool.auth (munge, none)
+# STRING JSON {replicas, timeout_ms}: the pool leader's pool.durability (coord/durable.py)
+POOL_DURABILITY_KEY = "%s:{pool:%s}:durability"
+POOL_ACKS_KEY = "%s:{pool:%s}:acks"  # STRING counter: the write a WAIT counts from
+# STRING reply JSON (TTL REPLY_TTL_S): what the request of that id was answered, for its retries
+POOL_DONE_KEY = "%s:{pool:%s}:done:%s"
 # API tokens not revoked: id -> JSON {user, uid, iat, exp} (coord/tokens.py; the pool leader's)
 POOL_TOKENS_KEY = "%s:{pool:%s}:tokens"  # HASH
 # Tokens a browser has signed in with (POST /v1/session), once each: id -> when (seconds)
@@ -297,6 +302,18 @@ class PoolKeys:
     def reply(self, request_id: str) -> str:
         return POOL_REPLY_KEY % (self.prefix, self.pool, request_id)
 
+    def done(self, request_id: str) -> str:
+        """A change's answer by its request id (model/request.py REQUEST_ID), not its entry's."""
+        return POOL_DONE_KEY % (self.prefix, self.pool, request_id)
+
     @property
     def auth(self) -> str:
         return self._key(POOL_AUTH_KEY)
+
+    @property
+    def durability(self) -> str:
+        return self._key(POOL_DURABILITY_KEY)
+
+    @property
+    def acks(self) -> str:
+        return self._key(POOL_ACKS_KEY)

@@ -185,7 +185,9 @@ return 1
 # ended (and was submitted, not pinned): then its spec and status move to the history (kept
 # until pool.keep_ended) and the new job is marked `stale_keys`, so the pool leader clears the
 # ended job's own keys before admitting it. `pinned` '1': pinned by nodes' job: sections;
-# `held_by` (not ''): submitted held (submit --hold), by whom.
+# `held_by` (not ''): submitted held (submit --hold), by whom. `request` (not ''): the request's
+# id: an id in use by a spec of that request is this submission arriving again (a retry, by
+# redis-py after a timeout or by nodeagentctl): answered as it was made, nothing written.
 _SUBMIT_KEYS = (
     "specs",
     "jobs",
@@ -198,11 +200,17 @@ _SUBMIT_KEYS = (
     "requeues",
     "job_changes",
 )
-_SUBMIT_ARGS = ("job", "spec", "pinned", "events_maxlen", "event", "held_by")
+_SUBMIT_ARGS = ("job", "spec", "pinned", "events_maxlen", "event", "held_by", "request")
 _SUBMIT = """
 local stale = 'false'
 if redis.call('HEXISTS', K.specs, A.job) == 1 then
   local raw = redis.call('HGET', K.jobs, A.job)
+  if A.request ~= '' then  -- the same request again (a retry): the submission it made
+    local stored, spec = pcall(cjson.decode, redis.call('HGET', K.specs, A.job))
+    if stored and type(spec) == 'table' and spec.request == A.request then
+      return {1, raw or false}
+    end
+  end
   local ok, old = pcall(cjson.decode, raw or '')
     if A.pinned == '1' or not ok or type(old) ~= 'table' or old.pinned ~= false
       or not ENDED[old.state] or not tonumber(old.seq) then
@@ -320,6 +328,7 @@ def submit_call(
             "pinned": "1" if pinned else "0",
             "events_maxlen": EVENTS_MAXLEN,
             "event": event.to_json() if event is not None else "",
+            "request": spec.request,
         },
     )
 

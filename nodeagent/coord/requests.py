@@ -3,11 +3,12 @@ answer; the pool leader takes them in order, once each (POOL_CLAIM, fenced), and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import redis
 
+from nodeagent.coord.durable import Durability
 from nodeagent.coord.errors import redis_errors
 from nodeagent.coord.keys import EVENTS_MAXLEN, REPLY_TTL_S, REQUESTS_MAXLEN, PoolKeys
 from nodeagent.coord.lua import Call
@@ -47,9 +48,14 @@ class RequestStore:
             found: Any = self.client.get(self.keys.auth)
         return str(found) if found is not None else None
 
-    def publish_auth(self, mode: str) -> None:
+    def publish_auth(self, mode: str, durability: Durability) -> None:
+        """Say pool.auth (nodeagentctl signs its requests under munge) and pool.durability
+        (what nodeagentctl confirms its own writes with under none: coord/durable.py)."""
         with redis_errors("publish the pool's auth"):
-            self.client.set(self.keys.auth, mode)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(self.keys.auth, mode)
+            pipe.set(self.keys.durability, durability.to_json())
+            pipe.execute()
 
     def send(self, request: Request) -> str:
         """Append a request to the pool's requests stream; its id (the reply's name)."""
@@ -74,6 +80,16 @@ class RequestStore:
         with redis_errors("read the replies"):
             found: Any = self.client.mget([self.keys.reply(r) for r in request_ids])
         return [_reply(raw) for raw in found]
+
+    def done(self, request_ids: list[str]) -> dict[str, Reply]:
+        """What each of these request ids was answered already (a retry's), in one round
+        trip; an id answered nothing yet, or unreadable, is left out."""
+        if not request_ids:
+            return {}
+        with redis_errors("read the answers given"):
+            found: Any = self.client.mget([self.keys.done(r) for r in request_ids])
+        answered = {r: _reply(raw) for r, raw in zip(request_ids, found, strict=True)}
+        return {r: reply for r, reply in answered.items() if reply is not None}
 
     def requests(self, count: int = 64) -> list[tuple[str, str]]:
         """The requests after the last one taken, oldest first: (id, raw text)."""
@@ -147,14 +163,18 @@ class RequestStore:
             },
         )
 
-    def answer(self, answers: list[tuple[str, Reply, Event]]) -> None:
+    def answer(
+        self, answers: list[tuple[str, Reply, Event]], done: Mapping[str, Reply] | None = None
+    ) -> None:
         """The replies to a batch of requests, and the events in the pool's stream that tell
         of them (each naming its request: what wakes a waiter, api/answers.py), in one
-        MULTI/EXEC."""
+        MULTI/EXEC; `done`: what each request id of the batch came to, for its retries."""
         if not answers:
             return
         with redis_errors("answer the requests"):
             pipe = self.client.pipeline(transaction=True)
+            for request_id, kept in (done or {}).items():
+                pipe.set(self.keys.done(request_id), kept.to_json(), ex=REPLY_TTL_S)
             for request_id, reply, event in answers:
                 pipe.set(self.keys.reply(request_id), reply.to_json(), ex=REPLY_TTL_S)
                 pipe.xadd(

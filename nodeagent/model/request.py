@@ -10,6 +10,7 @@ and answers with a `Reply` under the request's id.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,14 @@ from nodeagent.model.credential import bound, digest_of
 from nodeagent.model.decode import Reader
 
 REQUEST_MAX_BYTES = 96 * 1024  # a spec (64 KiB at most) and the rest
+# A request id: what makes a retry the same request (nodeagentctl makes one per command, the
+# API takes a caller's Idempotency-Key); "" for none (an older client).
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{0,128}$")
+UNACKNOWLEDGED = "unacknowledged"  # a Reply's kind: done, not confirmed on the replicas
+
+
+def new_request_id() -> str:
+    return secrets.token_hex(16)
 
 
 class Verb(str, Enum):
@@ -70,6 +79,7 @@ class Request:
     nonce: str = field(default_factory=lambda: secrets.token_hex(8))
     credential: str = ""
     as_uid: int | None = None
+    request_id: str = ""  # the same for every try of one change (REQUEST_ID)
 
     def canonical(self) -> bytes:
         """What the credential signs: everything but the credential, in one spelling."""
@@ -81,6 +91,8 @@ class Request:
         }
         if self.as_uid is not None:
             body["as_uid"] = self.as_uid
+        if self.request_id:
+            body["request_id"] = self.request_id
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
     @property
@@ -104,6 +116,9 @@ class Request:
             raise CorruptStateError(f"request: {len(raw)} bytes, more than {REQUEST_MAX_BYTES}")
         r = Reader.of(raw, "request")
         verbs = tuple(v.value for v in Verb)
+        request_id = r.text("request_id", "", max_len=128)
+        if not REQUEST_ID.match(request_id):
+            raise CorruptStateError(f"request: request_id {request_id[:40]!r} is not an id")
         return cls(
             pool=r.name("pool"),
             verb=Verb(r.choice("verb", verbs)),
@@ -111,6 +126,7 @@ class Request:
             nonce=r.text("nonce", max_len=64),
             credential=r.text("credential", "", max_len=4096),
             as_uid=r.opt_integer("as_uid", 0, 2**32 - 1),
+            request_id=request_id,
         )
 
 
@@ -126,6 +142,16 @@ class Reply:
     # forbidden (the caller may not), invalid (the request is wrong), unauthenticated, or ""
     kind: str = ""
     sealed: str = ""  # TOKEN mint: a MUNGE credential only the caller's uid decodes
+
+    @property
+    def unacknowledged(self) -> bool:
+        """Done, but not on the replicas pool.durability asks for (coord/durable.py): the pool
+        may or may not keep it; the same request again (its request id) never doubles it."""
+        return self.kind == UNACKNOWLEDGED
+
+    def as_unacknowledged(self, why: str, request_id: str) -> Reply:
+        again = f"; run it again with --request-id {request_id}" if request_id else ""
+        return Reply(False, f"{why}{again}", self.user, kind=UNACKNOWLEDGED)
 
     def to_json(self) -> str:
         body: dict[str, Any] = {"ok": self.ok, "message": self.message, "user": self.user}

@@ -43,6 +43,7 @@ from nodeagent.model.credential import digest_of
 from nodeagent.model.depend import Dependency, DependencyError
 from nodeagent.model.gpus import MAX_GPUS_PER_NODE
 from nodeagent.model.notify import NotifyError
+from nodeagent.model.request import REQUEST_ID
 
 MAX_PRIORITY = 1_000_000
 SPEC_MAX_BYTES = 64 * 1024  # a spec is a page of YAML; anything bigger is not one
@@ -95,6 +96,9 @@ class JobSpec:
     notify: tuple[str, ...] = ()  # what its user is told of (model/notify.py; --mail-type)
     gpus_per_node: int | None = None  # GPU units it holds on each node (None: the whole node)
     exclusive: bool = False  # the whole node whatever it asks for (sbatch --exclusive)
+    # The request that submitted it (nodeagentctl's, the API's Idempotency-Key): the same
+    # request arriving again is this submission, never a second job (coord/poolscripts.py).
+    request: str = ""
 
     @property
     def id(self) -> str:
@@ -155,6 +159,7 @@ class JobSpec:
             "notify": ",".join(self.notify) or None,
             "gpus_per_node": self.gpus_per_node,
             "exclusive": self.exclusive or None,
+            "request": self.request or None,
         }
         doc.update({k: v for k, v in optional.items() if v is not None})
         return doc
@@ -236,6 +241,9 @@ def load_spec(
     gpus_per_node = _gpus_per_node(root, job)
     exclusive = root.get("exclusive", bool, False)
     task = _array_task(root.section("array_task")) if submitted and root.raw("array_task") else None
+    request = root.get("request", str, "") if submitted else ""
+    if not REQUEST_ID.match(request):
+        raise ConfigError("request", f"not a request id: {request[:80]!r}")
     root.reject_unknown()
     return JobSpec(
         job,
@@ -258,6 +266,7 @@ def load_spec(
         dependency_runs=runs,
         gpus_per_node=gpus_per_node,
         exclusive=exclusive,
+        request=request,
     )
 
 

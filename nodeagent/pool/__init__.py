@@ -8,6 +8,8 @@ from), riders.py (the nodes whose pool leases lapsed that keep their jobs while 
 members: a Redis outage ridden through). Executors:
 leadership.py (the pool leader's round: read, schedule, commit fenced), member.py (a node's
 pool heartbeat), requests.py (pool.auth munge: the pool leader's side of the signed requests),
+refusals.py (why a request is refused, and the reply that says it), retries.py (a request that
+arrives again answered as it was, and each "done" confirmed on the replicas first),
 serving.py (the thread that serves them while the node leads the pool),
 tokens.py (API tokens: who a token credential names, minting, revoking), authority.py (who is
 who: callers, operators, specs vouched for, who may read a log),

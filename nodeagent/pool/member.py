@@ -16,6 +16,7 @@ from typing import TypeVar
 from nodeagent import __version__
 from nodeagent.config.settings import NodeSettings
 from nodeagent.coord.bounded import BoundedCalls
+from nodeagent.coord.durable import Durability
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import CoordinationError, FencedError
@@ -210,14 +211,23 @@ class PoolMember:
             deadline = min(deadline, max(self._until, now + CALL_FLOOR_S))
         return self._calls.run(fn, deadline, what)
 
+    @property
+    def durability(self) -> Durability:
+        """pool.durability, as coord/durable.py applies it."""
+        durable = self._settings.pool.durability
+        return Durability(durable.replicas, int(durable.timeout * 1000))
+
     def _say_auth(self, token: str) -> None:
-        """Say pool.auth once per term (nodeagentctl signs its requests when it reads munge). A
-        failure is said once and holds back no scheduling."""
+        """Say pool.auth and pool.durability once per term (nodeagentctl signs its requests
+        when it reads munge, and confirms its own writes under none). A failure is said once
+        and holds back no scheduling."""
         if token == self._auth_said:
             return
-        mode = self._settings.pool.auth
+        mode, durability = self._settings.pool.auth, self.durability
         try:
-            self._store_call(lambda: self._auth.publish_auth(mode), "say the pool's auth")
+            self._store_call(
+                lambda: self._auth.publish_auth(mode, durability), "say the pool's auth"
+            )
         except CoordinationError as exc:
             why = f"pool requests: {exc}"
             if why != self._auth_error:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nodeagent.coord import holds, poolqueues, runs
+from nodeagent.coord.durable import NONE, Durability
 from nodeagent.coord.lua import Call
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.poolscripts import submit_call, submitted
@@ -42,6 +43,16 @@ from nodeagent.model.spec import JobSpec, load_spec
 from nodeagent.model.token import is_token_credential
 from nodeagent.pool import cordoning, jobverbs
 from nodeagent.pool.authority import Authority
+from nodeagent.pool.refusals import (
+    Forbidden,
+    Invalid,
+    Missing,
+    Replayed,
+    refused,
+    replayed,
+    submitted_message,
+)
+from nodeagent.pool.retries import Retries
 from nodeagent.pool.submission import (
     Known,
     Refused,
@@ -53,22 +64,6 @@ from nodeagent.pool.tokens import Minted, TokenRefused, Tokens, who_is
 
 log = logging.getLogger(__name__)
 BATCH = 64  # requests taken at once (their answers written in one round trip)
-
-
-class Missing(Refused):
-    """Refused: the job or node it names does not exist (nodeagentctl exits 3; HTTP 404)."""
-
-
-class Forbidden(Refused):
-    """Refused: the caller may not do this to what it names (HTTP 403)."""
-
-
-class Invalid(Refused):
-    """Refused: the request itself is wrong (a spec that does not load; HTTP 422)."""
-
-
-class Replayed(Exception):
-    """The request's credential was taken before: refused, nothing done."""
 
 
 @dataclass(frozen=True)
@@ -85,11 +80,11 @@ class Pending:
     def reply(self, found: tuple[bool, PoolJob | None] | None, pool: str) -> Reply:
         """What the script's answer means for the caller."""
         if found is None:
-            return _replayed(self.user)
+            return replayed(self.user)
         created, status = found
         if not created:
-            return _refused(Refused(in_use(self.spec.id, pool, status)), self.user)
-        return Reply(True, _submitted(self.spec.id, self.spec.user), self.user)
+            return refused(Refused(in_use(self.spec.id, pool, status)), self.user)
+        return Reply(True, submitted_message(self.spec.id, self.spec.user), self.user)
 
 
 class Requests:
@@ -111,6 +106,7 @@ class Requests:
         now: Callable[[], float] = time.time,
         waiting: RequestStore | None = None,
         stored: Callable[[JobSpec, str], None] | None = None,
+        durability: Durability = NONE,
     ) -> None:
         """`waiting`: the requests' store `more` blocks on, on a client whose socket timeout
         outlasts the wait (by default one on the store's client). `stored`: told of each spec
@@ -122,6 +118,8 @@ class Requests:
         self._stored = stored or store.made
         self._requests = RequestStore(store.client, store.keys)
         self._waiting = waiting or self._requests
+        # what a request id came to (a retry's answer), and each "done" confirmed (retries.py)
+        self._retries = Retries(self._requests, durability, self._waiting)
         self._authority = authority
         self._token_store = TokenStore(store.client, store.keys)
         self._tokens = Tokens(self._token_store, authority)
@@ -154,21 +152,31 @@ class Requests:
         self._sent.clear()
         self.last_taken = None
         batch = [(request_id, _parsed(raw)) for request_id, raw in self._requests.requests(BATCH)]
-        self._known.read(self._store, *_named([r for _, r in batch if isinstance(r, Request)]))
+        requests = [r for _, r in batch if isinstance(r, Request)]
+        self._known.read(self._store, *_named(requests))
+        self._retries.read(requests)
         taken = []
         for request_id, request in batch:
             taken.append((request_id, *self._take(leader, request_id, request)))
             self.last_taken = request_id
         self._flush()
+        done: dict[str, Reply] = {}  # what each request id came to, for its retries
+        replies = []
+        for _, judged, data in taken:
+            reply = judged if isinstance(judged, Reply) else self._sent[judged.request_id]
+            rid = data.get("request_id", "")
+            if rid and not data.get("again") and reply.kind != "unauthenticated":
+                done.setdefault(rid, reply)
+            replies.append((reply, rid))
+        confirmed = self._retries.confirmed(replies)
         answers = []
-        for request_id, judged, data in taken:
-            reply = judged if isinstance(judged, Reply) else self._sent[request_id]
+        for (request_id, _, data), reply in zip(taken, confirmed, strict=True):
             kind = "request_done" if reply.ok else "request_refused"
             level = logging.INFO if reply.ok else logging.WARNING  # a refusal: as garbage
             log.log(level, "pool request %s %s: %s", request_id, kind, reply.message)
             event = Event(kind, message=f"{reply.user or 'nobody'}: {reply.message}", data=data)
             answers.append((request_id, reply, event))
-        self._requests.answer(answers)  # the batch's answers in one round trip
+        self._requests.answer(answers, done)  # the batch's answers in one round trip
         return [reply for _, reply, _ in answers]
 
     def _flush(self) -> None:
@@ -203,15 +211,24 @@ class Requests:
             return Reply(False, why, data.get("user", ""), kind="unauthenticated"), data
         caller = self._authority.caller(found)
         expires_ms = (found.encoded_s + found.ttl_s) * 1000
-        self._taking = Taking(leader, request_id, credential_id(request.credential), expires_ms)
+        taking = Taking(leader, request_id, credential_id(request.credential), expires_ms)
+        if request.request_id:
+            data["request_id"] = request.request_id
+        again = self._retries.again(request, caller.name)
+        if isinstance(again, Reply | Pending):  # its id was served: answered as it was
+            self._claim(taking)  # (the cursor past it, replayed or not)
+            data["again"] = True
+            return again, data
+        self._taking = taking
         try:
             if request.verb is not Verb.SUBMIT:  # taken before anything is done
                 self._take_now()
             judged = self._judge(caller, request, data)
             self._take_now()  # a submission refused (one stored took its request with it)
+            self._retries.served(request, caller.name, judged[0])
             return judged
         except Replayed:
-            return _replayed(caller.name), data
+            return replayed(caller.name), data
         finally:
             self._taking = None  # not taken if it raised: served again, never done twice
 
@@ -236,7 +253,7 @@ class Requests:
         try:
             done = self._apply(caller, request, munge_signed)
         except (Refused, TokenRefused) as exc:
-            return _refused(exc, caller.name), data
+            return refused(exc, caller.name), data
         if isinstance(done, Pending):
             return done, data
         if isinstance(done, Minted):
@@ -270,7 +287,8 @@ class Requests:
             self._live.clear()
             return self._tokens.apply(caller, request, munge_signed, int(self._now()))
         if request.verb is Verb.SUBMIT:
-            return self._submit(caller, args.get("spec"), args.get("hold") is True)
+            hold = args.get("hold") is True
+            return self._submit(caller, args.get("spec"), hold, request.request_id)
         if request.verb in (Verb.HOLD, Verb.RELEASE, Verb.REQUEUE):
             verb = request.verb.value
             return self._each(
@@ -294,9 +312,9 @@ class Requests:
             return self._queue(caller, args)
         return self._cordon(caller, args)
 
-    def _submit(self, caller: Caller, doc: object, hold: bool) -> str | Pending:
+    def _submit(self, caller: Caller, doc: object, hold: bool, request_id: str) -> str | Pending:
         try:
-            spec = load_spec(doc, default_user=caller.name)
+            spec = replace(load_spec(doc, default_user=caller.name), request=request_id)
         except ConfigError as exc:
             raise Invalid(f"invalid job spec: {exc}") from None
         if spec.user != caller.name and not caller.operator:
@@ -320,7 +338,7 @@ class Requests:
             created, status = self._store.submit(signed, held_by=held_by)
             if not created:
                 raise Refused(in_use(spec.id, self._store.keys.pool, status))
-            return _submitted(spec.id, spec.user)
+            return submitted_message(spec.id, spec.user)
         submission = submit_call(self._store.keys, signed, False, held_by, submitted(signed))
         pending = Pending(taking.request_id, taking, submission, caller.name, signed)
         self._pending.append(pending)  # sent with the batch's others (_flush)
@@ -520,9 +538,6 @@ class Requests:
             raise Refused(f"the pool leader cannot sign the spec: {exc}") from None
 
 
-_KINDS = {Missing: "missing", Forbidden: "forbidden", Invalid: "invalid", TokenRefused: "forbidden"}
-
-
 def _parsed(raw: str) -> Request | CorruptStateError:
     try:
         return Request.from_json(raw)
@@ -541,21 +556,6 @@ def _named(requests: list[Request]) -> tuple[list[str], list[str]]:
             queue = doc.get("queue", DEFAULT)
             queues.append(queue if isinstance(queue, str) else DEFAULT)
     return ids, queues
-
-
-def _refused(exc: Refused | TokenRefused, user: str) -> Reply:
-    kind = _KINDS.get(type(exc), "")
-    return Reply(False, f"refused: {exc}", user, kind == "missing", kind)
-
-
-def _submitted(job_id: str, runs_as: str) -> str:
-    return f"job {job_id} submitted, runs as {runs_as}"
-
-
-def _replayed(user: str) -> Reply:
-    return Reply(
-        False, "refused: credential replayed: it was used before", user, kind="unauthenticated"
-    )
 
 
 def _name(args: Mapping[str, Any], key: str) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 from nodeagent.config.settings import NodeSettings
 from nodeagent.coord.client import connect
+from nodeagent.coord.durable import Durability
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
@@ -182,7 +183,11 @@ def _server(settings: NodeSettings, conn: Connection) -> RequestServer:
     timeout = settings.timing.redis_timeout
     keys = PoolKeys(settings.redis.key_prefix, settings.pool.name)
     store = PoolStore(connect(url, timeout, f"nodeagent-{name}-requests"), keys)
-    waiting = RequestStore(connect(url, WAIT_S + timeout, f"nodeagent-{name}-requests"), keys)
+    # Its client blocks in XREAD for a request, and in WAIT for the replicas (retries.py).
+    durable = settings.pool.durability
+    durability = Durability(durable.replicas, int(durable.timeout * 1000))
+    blocks = max(WAIT_S, durable.timeout) + timeout
+    waiting = RequestStore(connect(url, blocks, f"nodeagent-{name}-requests"), keys)
     made: list[tuple[JobSpec, str]] = []
 
     def took(taken_at: float) -> None:
@@ -191,7 +196,13 @@ def _server(settings: NodeSettings, conn: Connection) -> RequestServer:
         with contextlib.suppress(OSError):  # the agent is gone: the main thread stops
             conn.send(told)
 
-    requests = Requests(store, authority, waiting=waiting, stored=lambda s, r: made.append((s, r)))
+    requests = Requests(
+        store,
+        authority,
+        waiting=waiting,
+        stored=lambda s, r: made.append((s, r)),
+        durability=durability,
+    )
     return RequestServer(requests, took=took)
 
 

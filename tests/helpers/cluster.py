@@ -41,13 +41,15 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A private redis-server on a free loopback port, no persistence."""
+    """A private redis-server on a free loopback port, no persistence; `extra`: more of its
+    command line (--replicaof 127.0.0.1 PORT: a replica)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, extra: tuple[str, ...] = ()) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         self.directory = directory
+        self.extra = extra
         self.binary = binary
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -72,6 +74,7 @@ class RedisServer:
                     "no",
                     "--dir",
                     str(self.directory),
+                    *self.extra,
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

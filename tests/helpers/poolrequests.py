@@ -13,6 +13,7 @@ from typing import Any
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.settings import PoolConfig
 from nodeagent.coord.client import connect
+from nodeagent.coord.durable import NONE, Durability
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
@@ -28,11 +29,14 @@ from tests.helpers.cluster import RedisServer, wait_for
 NEVER = 100_000  # nodes a job asks for: more than the pool has, so it stays pending
 
 
-Signed = Callable[[Verb, dict[str, Any]], Request]
+Signed = Callable[..., Request]  # (verb, args, request_id="")
 
 
 def leader_of(
-    redis_server: RedisServer, pool: str, key: bytes | None = None
+    redis_server: RedisServer,
+    pool: str,
+    key: bytes | None = None,
+    durability: Durability = NONE,
 ) -> tuple[PoolStore, str, Requests, Signed, str]:
     """The pool's store, its leader's lease value, the leader's Requests, a signer of requests
     with a token of this process's user, and that token's id; `key`: the pool's token key
@@ -55,11 +59,11 @@ def leader_of(
     assert tokens.add(claims, now)
     token = token_text(claims, secret_of(key, claims))
 
-    def signed(verb: Verb, args: dict[str, Any]) -> Request:
-        request = Request(pool, verb, args)
+    def signed(verb: Verb, args: dict[str, Any], request_id: str = "") -> Request:
+        request = Request(pool, verb, args, request_id=request_id)
         return replace(request, credential=credential(token, request.digest, int(time.time())))
 
-    return store, leader, Requests(store, authority), signed, claims.id
+    return store, leader, Requests(store, authority, durability=durability), signed, claims.id
 
 
 def answered(requests: RequestStore, request_id: str) -> Reply:

@@ -269,6 +269,27 @@ def test_what_a_client_sends_wrong_is_a_problem_not_a_500(
     assert "refused: invalid job spec" in cases[2].json()["detail"]  # the pool leader's words
 
 
+def test_a_submission_sent_again_with_its_idempotency_key_is_the_job_it_made(
+    api: ApiService, pool: PoolCluster, munged: MungeDaemon, users: dict[str, User], shared: Path
+) -> None:
+    """The same POST twice with one Idempotency-Key (a client that lost the first answer): the
+    same job, 201 both times, and one job in the pool; a key that is no request id: 400."""
+    headers = {"Authorization": f"Bearer {mint(pool, munged, users['alice'])}"}
+    trust = ssl.create_default_context(cafile=str(api.certificate.cert))
+    body = {
+        "spec": {"id": "keyed", "entrypoint": ["/bin/sleep", "600"], "working_dir": str(shared)}
+    }
+    with httpx.Client(base_url=api.url, verify=trust, headers=headers) as h:
+        keyed = {"Idempotency-Key": "6b3c1f0e-2d4a-4f8e-9a57-0c1d2e3f4a5b"}
+        first, second = (h.post("/v1/jobs", json=body, headers=keyed) for _ in range(2))
+        bad = h.post("/v1/jobs", json=body, headers={"Idempotency-Key": "a b"})
+        h.delete("/v1/jobs/keyed")
+    assert (first.status_code, second.status_code) == (201, 201), (first.text, second.text)
+    assert first.json()["job"] == second.json()["job"] == "keyed"
+    assert bad.status_code == 400 and "Idempotency-Key" in bad.json()["detail"], bad.text
+    assert "keyed" in pool.jobs()
+
+
 def _has_rank_0(client: Client, job: str) -> bool:
     """The job formed and rank 0's worker started (the pool's `running` comes first: admitted,
     its nodes not joined yet; before it formed, its status is a 404)."""

@@ -17,6 +17,7 @@ import pytest
 from nodeagent.accounting.databases import open_ledger
 from nodeagent.cli.ctl import nodeagentctl, targets, verbs
 from nodeagent.config.database import Database
+from nodeagent.coord.durable import Durability
 from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import UsageError
@@ -71,7 +72,9 @@ def test_under_munge_reads_write_nothing_and_unsigned_changes_are_refused(
     pool = job_id
     submitted = ctl(redis_server, pool, "submit", "--name", "j1", "--nodes", "1", "--", "true")
     assert submitted == 0  # a pool with no leader yet: written directly
-    RequestStore(redis_server.client(), PoolKeys("nodeagent", pool)).publish_auth("munge")
+    RequestStore(redis_server.client(), PoolKeys("nodeagent", pool)).publish_auth(
+        "munge", Durability()
+    )
 
     database = tmp_path / "accounting.sqlite"  # report reads the accounting database only
     writer = open_ledger(Database("sqlite", str(database)))
@@ -132,10 +135,10 @@ def test_a_verb_without_a_signed_form_runs_only_where_the_pool_takes_plain_write
     )  # fmt: skip
     target = targets.target(args, {})
     store = RequestStore(redis_server.client(), PoolKeys("nodeagent", pool))
-    store.publish_auth("munge")
+    store.publish_auth("munge", Durability())
     with pytest.raises(UsageError, match="purge has no signed form"):
         nodeagentctl.dispatch(target, args)
     assert redis_server.client().get(marker) is None
-    store.publish_auth("none")
+    store.publish_auth("none", Durability())
     assert nodeagentctl.dispatch(target, args) == 0
     assert redis_server.client().get(marker) == "1"

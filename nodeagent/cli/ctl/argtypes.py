@@ -13,6 +13,7 @@ from urllib.parse import parse_qs
 from nodeagent.config import redisurl
 from nodeagent.config.values import check_name, parse_duration
 from nodeagent.errors import ConfigError, UsageError
+from nodeagent.model.request import REQUEST_ID
 
 PASSWORD_ENV = "NODEAGENT_REDIS_PASSWORD"
 
@@ -23,6 +24,16 @@ def name(value: str) -> str:
         return check_name(value, "")
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(exc.problem) from None
+
+
+def request_id(value: str) -> str:
+    """argparse type of --request-id: up to 128 letters, digits and . _ : -."""
+    if not value or not REQUEST_ID.match(value):
+        raise argparse.ArgumentTypeError(
+            f"expected up to 128 letters, digits and . _ : - (as an earlier run printed), "
+            f"got {value[:80]!r}"
+        )
+    return value
 
 
 def checked_name(value: str, what: str) -> str:

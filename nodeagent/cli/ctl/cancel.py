@@ -42,6 +42,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
         raise UsageError(f"array {job_id}: every task has ended already")
     for task, _ in found:
         store.cancel(task, by)
+    target.confirm("the cancel")
     print(f"array {job_id}: cancel requested for {len(found)} tasks" if array
           else f"job {job_id}: cancel requested")  # fmt: skip
     return 0

@@ -68,10 +68,12 @@ def not_a_pool_job(target: Target) -> None:
         raise UsageError(jobverbs.stop_refusal(target.job or ""))
 
 
-def send_command(store: JobStore, kind: CommandType) -> int:
+def send_command(target: Target, kind: CommandType) -> int:
     """A job's restart or stop, once the job is known to exist."""
+    store = target.store
     require_job(store, store.snapshot())
     store.send_command(Command(kind, by=caller.by()))
+    target.confirm(f"the {kind.value}")
     print(f"job {store.keys.job}: {kind.value} requested")
     return 0
 

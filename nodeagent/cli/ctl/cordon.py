@@ -25,8 +25,9 @@ def request(args: argparse.Namespace, user: str, job: str | None) -> tuple[Verb,
 
 def run(target: Target, args: argparse.Namespace) -> int:
     if target.job is None:
-        return cordons.in_pool(target.pool_store, args, caller.by())
+        return cordons.in_pool(target, args, caller.by())
     store = cordons.in_job(target, args.node)
     store.cordon(args.node, Cordon(reason=args.reason, by=caller.by()))
+    target.confirm("the cordon")
     print(f"node {args.node}: cordoned ({args.reason})")
     return 0

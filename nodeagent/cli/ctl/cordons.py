@@ -9,7 +9,6 @@ from typing import Any
 
 from nodeagent.cli.ctl import checks, wait
 from nodeagent.cli.ctl.targets import Target
-from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import NotFoundError
 from nodeagent.model.request import Verb
@@ -31,13 +30,14 @@ def in_job(target: Target, node: str) -> JobStore:
     return store
 
 
-def in_pool(store: PoolStore, args: argparse.Namespace, by: str) -> int:
+def in_pool(target: Target, args: argparse.Namespace, by: str) -> int:
     """cordon, drain and uncordon of a node of the pool (no --job): no new job is placed on a
     cordoned node; a drained one also leaves its job now (its workers get the stop grace).
 
     Raises:
         UsageError: the node is not in the pool.
     """
+    store = target.pool_store
     snap = store.read()
     name = args.node
     seen = snap.deadlines.keys() | snap.placements.keys() | snap.shares.keys()
@@ -45,6 +45,7 @@ def in_pool(store: PoolStore, args: argparse.Namespace, by: str) -> int:
         known = ", ".join(sorted(snap.deadlines)) or "none"
         raise NotFoundError(f"node {name!r} is not in pool {store.keys.pool} (its nodes: {known})")
     done = cordoning.apply(store, name, args.command, getattr(args, "reason", ""), by)
+    target.confirm(f"the {args.command}")
     print(done.said(name, args.command, f" in pool {store.keys.pool}"))
     if args.command != "drain" or not args.wait:
         return 0

@@ -27,8 +27,9 @@ def request(args: argparse.Namespace, user: str, job: str | None) -> tuple[Verb,
 
 def run(target: Target, args: argparse.Namespace) -> int:
     if target.job is None:
-        return cordons.in_pool(target.pool_store, args, caller.by())
+        return cordons.in_pool(target, args, caller.by())
     store = cordons.in_job(target, args.node)
     store.cordon(args.node, Cordon(reason=args.reason, by=caller.by(), drain=True))
+    target.confirm("the drain")
     print(f"node {args.node}: drained ({args.reason})")
     return wait.wait_job_drained(store, args.node, args.timeout) if args.wait else 0

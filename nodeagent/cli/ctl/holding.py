@@ -58,6 +58,7 @@ class JobVerb:
                 holds.release(store, task, by)
             else:
                 holds.requeue(store, task, by, status.admitted_ms or 0)
+        target.confirm(f"the {self.name}")
         if doable[0][0] == job_id:
             print(jobverbs.done(self.name, job_id, by))
         else:

@@ -16,8 +16,11 @@ Exit codes:
       not take the verb, a target outside [min_nodes, max_nodes], an unreadable
       --redis-password-file
   3   the job or node named does not exist (in this pool, job or key prefix)
-  69  (EX_UNAVAILABLE) Redis unreachable, or it answered with an error (e.g. WRONGTYPE: a key of
-      the job holds something nodeagent did not write)
+  69  (EX_UNAVAILABLE) unknown: Redis unreachable, or it answered with an error (e.g.
+      WRONGTYPE: a key of the job holds something nodeagent did not write), or no pool leader
+      answered, or the change is not acknowledged on the replicas pool.durability asks for.
+      The change may have been made: run the same command again with the --request-id it
+      printed (a submission, a cancel, a hold... with that id is that change, never twice)
   78  (EX_CONFIG) the --config file is invalid, or Redis refused the credentials or (ACL) the
       command: a fix in configuration, not a retry, helps
   130 interrupted (Ctrl-C), as shells report SIGINT
@@ -43,6 +46,7 @@ from nodeagent.cli.ctl.targets import Target
 from nodeagent.cli.ctl.verbs import VERBS, signed_form
 from nodeagent.config.load import read_config
 from nodeagent.config.settings import EX_CONFIG
+from nodeagent.coord.durable import NotAcknowledged
 from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import (
@@ -67,6 +71,7 @@ def dispatch(target: Target, args: argparse.Namespace) -> int:
     found = signed_form(args.command, args, caller.user(), target.job)
     refusal = verbs.unsigned(args.command)
     changes = found is not None or refusal is not None
+    args.request_id = target.request_id  # the same for every try of this change
     if changes and RequestStore(target.client, target.pool_store.keys).auth() == "munge":
         if found is None:
             raise UsageError(str(refusal))
@@ -136,6 +141,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except UsageError as exc:
         print(f"nodeagentctl: {exc}", file=sys.stderr)
         return EX_USAGE
+    except NotAcknowledged as exc:
+        print(f"nodeagentctl: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
     except CoordinationError as exc:
         return _redis_failure(exc, target)
     except KeyboardInterrupt:

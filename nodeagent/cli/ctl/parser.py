@@ -42,6 +42,13 @@ def parser(description: str = "nodeagentctl") -> argparse.ArgumentParser:
         help="munged's socket, for a pool with pool.auth: munge (default: pool.munge_socket of "
         f"--config, or {DEFAULT_SOCKET})",
     )
+    parser.add_argument(
+        "--request-id",
+        metavar="ID",
+        type=argtypes.request_id,
+        help="the id of this change (default: a new one): the same command run again with the "
+        "id an earlier run printed is that change, never done twice",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for name, verb in VERBS.items():
         verb.add_arguments(commands.add_parser(name, help=verb.HELP))

@@ -101,7 +101,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
     if args.action == "list":
         return _list(store, args.json)
     if args.action == "delete":
-        return _delete(store, args.name, by)
+        return _delete(target, args.name, by)
     snap = store.read()
     existing = snap.queues.get(args.name)
     if args.action == "create" and (existing is not None or args.name == DEFAULT):
@@ -121,6 +121,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
     if problems:
         raise UsageError(f"queue {args.name}: {'; '.join(problems)}")
     poolqueues.set_queue(store.client, store.keys, queue, by, created=existing is None)
+    target.confirm(f"queue {queue.name}")
     print(f"queue {queue.name}: {queue.describe()}")
     queues = {**snap.queues, queue.name: queue}.values()
     promised = sum(q.guaranteed for q in queues)
@@ -135,7 +136,8 @@ def run(target: Target, args: argparse.Namespace) -> int:
     return 0
 
 
-def _delete(store: PoolStore, name: str, by: str) -> int:
+def _delete(target: Target, name: str, by: str) -> int:
+    store = target.pool_store
     snap = store.read()
     if name not in snap.queues:
         raise UsageError(f"no queue {name}")
@@ -149,6 +151,7 @@ def _delete(store: PoolStore, name: str, by: str) -> int:
             "cancel them or wait for them first"
         )
     poolqueues.delete_queue(store.client, store.keys, name, by)
+    target.confirm(f"queue {name}'s deletion")
     print(f"queue {name}: deleted")
     return 0
 

@@ -22,4 +22,4 @@ def request(args: argparse.Namespace, user: str, job: str | None) -> tuple[Verb,
 
 
 def run(target: Target, args: argparse.Namespace) -> int:
-    return checks.send_command(target.store, CommandType.RESTART)
+    return checks.send_command(target, CommandType.RESTART)

@@ -12,9 +12,7 @@ from typing import Any
 
 from nodeagent.cli.ctl import argtypes, caller, checks, targets, wait
 from nodeagent.cli.ctl.targets import Target
-from nodeagent.config.settings import NodeSettings
-from nodeagent.coord.pool import PoolStore
-from nodeagent.coord.store import JobStore, Snapshot
+from nodeagent.coord.store import Snapshot
 from nodeagent.errors import UsageError
 from nodeagent.model.job import Command, CommandType
 from nodeagent.model.pool import PoolJobState
@@ -52,18 +50,17 @@ def run(target: Target, args: argparse.Namespace) -> int:
     args.value = args.what[-1]
     if len(args.what) == 2:
         target = replace(target, job=argtypes.checked_name(args.what[0], "scale: JOB"))
-        handled = _pending(target.pool_store, args.what[0], args.value)
+        handled = _pending(target, args.what[0], args.value)
         if handled is not None:
             return handled
     store = target.store
     snapshot = store.snapshot()
     checks.require_job(store, snapshot)
-    return _scale(store, snapshot, target.config, args)
+    return _scale(target, snapshot, args)
 
 
-def _scale(
-    store: JobStore, snapshot: Snapshot, config: NodeSettings | None, args: argparse.Namespace
-) -> int:
+def _scale(target: Target, snapshot: Snapshot, args: argparse.Namespace) -> int:
+    store, config = target.store, target.config
     pinned = config.job if config is not None and config.job is not None else None
     if pinned is not None and pinned.id != store.keys.job:
         pinned = None
@@ -74,6 +71,7 @@ def _scale(
         )
     before, args.nodes = _plan(store.keys.job, args.value, False, snapshot.record, pinned)
     store.send_command(Command(CommandType.SCALE, target=args.nodes, by=caller.by()))
+    target.confirm("the scale")
     print(f"job {store.keys.job}: target {before} -> {args.nodes} requested")
     if not args.wait or wait.wait_scaled(store, args.nodes, args.timeout):
         return 0
@@ -84,13 +82,14 @@ def _scale(
     return 1
 
 
-def _pending(store: PoolStore, job_id: str, value: str) -> int | None:
+def _pending(target: Target, job_id: str, value: str) -> int | None:
     """`scale JOB N` of a pool job: refuse an unknown or ended one, set the target of a
     pending one (in its spec); None when the job runs (scaled through its own commands).
 
     Raises:
         UsageError: the job has ended, or N is outside its bounds.
     """
+    store = target.pool_store
     status = store.status(job_id)
     if status is None:
         return None  # not a pool job: the job's own keys decide
@@ -101,9 +100,10 @@ def _pending(store: PoolStore, job_id: str, value: str) -> int | None:
     spec = store.spec(job_id)
     if not isinstance(spec, JobSpec):
         raise UsageError(f"cannot scale job {job_id}: its spec cannot be read ({spec})")
-    before, target = _plan(job_id, value, True, None, spec.job)
-    store.replace_spec(replace(spec, job=replace(spec.job, target_nodes=target)))
-    print(f"job {job_id} (pending): target {before} -> {target}")
+    before, nodes = _plan(job_id, value, True, None, spec.job)
+    store.replace_spec(replace(spec, job=replace(spec.job, target_nodes=nodes)))
+    target.confirm("the scale")
+    print(f"job {job_id} (pending): target {before} -> {nodes}")
     return 0
 
 

@@ -5,20 +5,25 @@ uncordon (of a pool node, or with --job of a node in that job), and a job's stop
 become a request (model/request.py) carrying a MUNGE credential from this host's munged (your
 uid and gid, bound to the request), written to the pool's requests stream. The pool leader
 checks it, does it if you may, and answers; this prints the answer: 0 done, 2 refused (why),
-3 no such job or node, 1 no pool leader answered in time (the request may still be taken: see
-`events --pool`). Each verb that changes the pool says its own signed form (its `request`,
-beside its `run`: verbs.py); this module signs, sends and waits for the answer.
+3 no such job or node, 69 unknown: no pool leader answered in time, or the change is not
+acknowledged on the replicas pool.durability asks for (it may or may not be kept: the same
+command with the --request-id it printed is that change again, never done twice). Each request
+carries the command's request id; a request that cannot be sent is signed and sent again, with
+the same id. Each verb that changes the pool says its own signed form (its `request`, beside
+its `run`: verbs.py); this module signs, sends and waits for the answer.
 """
 
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 import time
 from dataclasses import replace
 from typing import Any
 
 from nodeagent.cli.ctl import submit, token, ui, wait
+from nodeagent.coord.durable import NotAcknowledged
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
 from nodeagent.coord.store import JobStore
@@ -29,6 +34,8 @@ from nodeagent.pool import jobverbs
 from nodeagent.views.waits import answered_request
 
 ANSWER_TIMEOUT_S = 30.0
+SEND_TRIES = 3  # a request Redis could not take is sent again, as the same change
+SEND_BACKOFF_S = 1.0
 POLL_S = 1.0  # the answer read at least this often while its event is awaited
 UNFOLLOWED_S = 0.1  # and this often where the pool's stream cannot be followed
 
@@ -43,9 +50,16 @@ def run(
         ConfigError: munged cannot be reached here (exit 78).
     """
     before = _target_now(store, body) if verb is Verb.SCALE else None
-    reply = ask(store, munge, verb, body)
+    rid = getattr(args, "request_id", None) or ""
+    reply = ask(store, munge, verb, body, rid)
     if reply is None:
-        return 1
+        raise NotAcknowledged(
+            f"no pool leader answered within {ANSWER_TIMEOUT_S:g}s: the change may or may not "
+            f"be made (are the agents of pool {store.keys.pool} running? nodeagentctl nodes); "
+            f"run it again with --request-id {rid}"
+        )
+    if reply.unacknowledged:
+        raise NotAcknowledged(reply.message)
     if not reply.ok:
         raise (NotFoundError if reply.missing else UsageError)(reply.message)
     if verb is Verb.SCALE and args.wait:
@@ -72,33 +86,44 @@ def run(
     return 0
 
 
-def ask(store: PoolStore, munge: Munge, verb: Verb, body: dict[str, Any]) -> Reply | None:
-    """Sign and send one request; the answer (None: none came, said).
+def ask(
+    store: PoolStore, munge: Munge, verb: Verb, body: dict[str, Any], request_id: str = ""
+) -> Reply | None:
+    """Sign and send one request (`request_id`: its change's, the same for every try); the
+    answer (None: none came).
 
     Raises:
         ConfigError: munged cannot be reached here (exit 78).
+        CoordinationError: it could not be sent, SEND_TRIES times.
     """
-    request = Request(store.keys.pool, verb, body)
-    try:
-        request = replace(request, credential=munge.encode(request.payload))
-    except MungeUnavailable as exc:
-        raise ConfigError(
-            "--munge-socket",
-            f"pool {store.keys.pool} takes signed requests (pool.auth: munge), but {exc}",
-        ) from None
     requests = RequestStore(store.client, store.keys)
     try:
         after: str | None = store.last_event_id()  # its answer's event comes after this
     except CoordinationError:  # not a stream (garbage), or not readable: the reply polled
         after = None
-    request_id = requests.send(request)
-    reply = wait_reply(store, requests, request_id, after, ANSWER_TIMEOUT_S)
-    if reply is None:
-        print(
-            f"no pool leader answered request {request_id} within {ANSWER_TIMEOUT_S:g}s: are "
-            f"the agents of pool {store.keys.pool} running (nodeagentctl nodes)?"
-        )
-    return reply
+    entry = _send(requests, munge, Request(store.keys.pool, verb, body, request_id=request_id))
+    return wait_reply(store, requests, entry, after, ANSWER_TIMEOUT_S)
+
+
+def _send(requests: RequestStore, munge: Munge, request: Request) -> str:
+    """Sign and send `request`, signed and sent again (the same request id) while Redis cannot
+    take it, SEND_TRIES times at most; its entry's id."""
+    for attempt in range(1, SEND_TRIES + 1):
+        signed = replace(request, nonce=secrets.token_hex(8))  # a new credential each time
+        try:
+            signed = replace(signed, credential=munge.encode(signed.payload))
+        except MungeUnavailable as exc:
+            raise ConfigError(
+                "--munge-socket",
+                f"pool {requests.keys.pool} takes signed requests (pool.auth: munge), but {exc}",
+            ) from None
+        try:
+            return requests.send(signed)
+        except CoordinationError:
+            if attempt == SEND_TRIES or not request.request_id:  # no id: never twice
+                raise
+            time.sleep(SEND_BACKOFF_S * attempt)
+    raise AssertionError("unreachable")
 
 
 def _target_now(store: PoolStore, body: dict[str, Any]) -> int | None:

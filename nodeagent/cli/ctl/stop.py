@@ -24,4 +24,4 @@ def request(args: argparse.Namespace, user: str, job: str | None) -> tuple[Verb,
 
 def run(target: Target, args: argparse.Namespace) -> int:
     checks.not_a_pool_job(target)
-    return checks.send_command(target.store, CommandType.STOP)
+    return checks.send_command(target, CommandType.STOP)

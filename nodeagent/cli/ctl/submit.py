@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -20,13 +21,17 @@ from nodeagent.cli.ctl import argtypes, caller, wait
 from nodeagent.cli.ctl.targets import Target
 from nodeagent.config import strictyaml
 from nodeagent.config.settings import RECOVERY_MODES
+from nodeagent.coord.failure import RedisFailure, classify
 from nodeagent.coord.pool import PoolStore
-from nodeagent.errors import ConfigError, UsageError
+from nodeagent.errors import ConfigError, CoordinationError, UsageError
 from nodeagent.model.request import Verb
 from nodeagent.model.spec import JobSpec, load_spec, new_job_id
 from nodeagent.pool import submission
 
 WAIT_RUNNING_S = 600.0  # --wait-running's default --timeout
+WRITE_TRIES = 3  # a submission Redis could not take is sent again, as the same request
+WRITE_BACKOFF_S = 1.0
+T = TypeVar("T")
 
 
 HELP = "submit a job to the pool: a spec file, or torchrun-like flags and -- COMMAND"
@@ -297,24 +302,43 @@ def request(args: argparse.Namespace, user: str, job: str | None) -> tuple[Verb,
 
 
 def run(target: Target, args: argparse.Namespace) -> int:
+    """Under pool.auth none: the spec stored here, with this command's request id, so that a
+    second arrival of it (redis-py's retry, a run again with --request-id) is this submission,
+    never a second job or a refusal; sent again while Redis cannot take it."""
     store, by = target.pool_store, caller.by()
-    spec = spec_from_args(args, caller.user(), by)
+    spec = replace(spec_from_args(args, caller.user(), by), request=target.request_id)
     try:
         spec = submission.checked(store, spec)
     except submission.Refused as exc:
         raise UsageError(f"job {spec.id}: {exc}") from None
+    held_by = by if args.hold else ""
     if spec.array is not None:
         try:
-            said = submission.store_array(store, spec, by if args.hold else "", lambda s: s)
+            said = submission.store_array(store, spec, held_by, lambda s: s)
         except submission.Refused as exc:
             raise UsageError(str(exc)) from None
+        target.confirm(f"array {spec.id}")
         print(spec.id if args.parsable else said, flush=True)
         return 0
-    created, status = store.submit(spec, held_by=by if args.hold else "")
+    created, status = again(lambda: store.submit(spec, held_by=held_by))
     if not created:
         raise UsageError(submission.in_use(spec.id, store.keys.pool, status))
+    target.confirm(f"job {spec.id}")
     submitted(spec.id, args)
     return follow(store, spec.id, args)
+
+
+def again(write: Callable[[], T]) -> T:
+    """`write`, tried again while Redis cannot be reached (it must be the same request each
+    time: a second arrival is the first), WRITE_TRIES times at most."""
+    for attempt in range(1, WRITE_TRIES + 1):
+        try:
+            return write()
+        except CoordinationError as exc:
+            if attempt == WRITE_TRIES or classify(exc) is not RedisFailure.UNREACHABLE:
+                raise
+            time.sleep(WRITE_BACKOFF_S * attempt)
+    raise AssertionError("unreachable")
 
 
 def follow(store: PoolStore, job_id: str, args: argparse.Namespace) -> int:

@@ -15,11 +15,13 @@ from nodeagent.config import redisurl
 from nodeagent.config.load import read_settings
 from nodeagent.config.settings import EMBEDDED, NodeSettings
 from nodeagent.coord.client import Redis, connect
+from nodeagent.coord.durable import NotAcknowledged, published
 from nodeagent.coord.embedded import embedded_url
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import ConfigError, UsageError
+from nodeagent.model.request import new_request_id
 from nodeagent.supervisor.munge import DEFAULT_SOCKET
 
 URL_ENV = "NODEAGENT_REDIS_URL"
@@ -50,6 +52,7 @@ class Target:
     pool: str
     job: str | None
     password_given: bool  # from a file, the URL or the environment
+    request_id: str = ""  # this change's: the same for every try of it (model/request.py)
 
     @property
     def store(self) -> JobStore:
@@ -58,6 +61,20 @@ class Target:
     @property
     def pool_store(self) -> PoolStore:
         return PoolStore(self.client, PoolKeys(self.prefix, self.pool))
+
+    def confirm(self, what: str) -> None:
+        """Every write of this command is on the replicas the pool's durability asks for, as
+        its leader published it (coord/durable.py): before the command says "done".
+
+        Raises:
+            NotAcknowledged: it is not (exit 69, naming this change's request id).
+        """
+        keys = PoolKeys(self.prefix, self.pool)
+        try:
+            published(self.client, keys.durability).confirm(self.client, keys.acks, what)
+        except NotAcknowledged as exc:
+            again = f"; run it again with --request-id {self.request_id}" if self.request_id else ""
+            raise NotAcknowledged(f"{exc}{again}") from None
 
 
 def target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
@@ -96,7 +113,8 @@ def target(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
     except (ValueError, ConfigError) as exc:
         origin = origin if args.redis else f"redis.url in {args.config}" if config else URL_ENV
         raise UsageError(f"{origin}: {redisurl.redact(url)}: {exc}") from None
-    return Target(client, config, prefix, pool, job, password_given)
+    rid = getattr(args, "request_id", None) or new_request_id()
+    return Target(client, config, prefix, pool, job, password_given, rid)
 
 
 NO_JOB = "give --config PATH of a node with a job: section, or --job ID"

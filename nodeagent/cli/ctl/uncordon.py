@@ -23,7 +23,7 @@ def request(args: argparse.Namespace, user: str, job: str | None) -> tuple[Verb,
 
 def run(target: Target, args: argparse.Namespace) -> int:
     if target.job is None:
-        return cordons.in_pool(target.pool_store, args, caller.by())
+        return cordons.in_pool(target, args, caller.by())
     store = target.store
     snapshot = store.snapshot()
     checks.require_job(store, snapshot)
@@ -33,5 +33,6 @@ def run(target: Target, args: argparse.Namespace) -> int:
         print(f"node {args.node}: was not cordoned")
         return 0
     lifted = store.uncordon(args.node, by=caller.by())
+    target.confirm("the uncordon")
     print(f"node {args.node}: " + ("uncordoned" if lifted else "was not cordoned"))
     return 0
