@@ -72,6 +72,7 @@ def dispatch(target: Target, args: argparse.Namespace) -> int:
     refusal = verbs.unsigned(args.command)
     changes = found is not None or refusal is not None
     args.request_id = target.request_id  # the same for every try of this change
+    args.changes = changes
     if changes and RequestStore(target.client, target.pool_store.keys).auth() == "munge":
         if found is None:
             raise UsageError(str(refusal))
@@ -145,7 +146,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"nodeagentctl: {exc}", file=sys.stderr)
         return EX_UNAVAILABLE
     except CoordinationError as exc:
-        return _redis_failure(exc, target)
+        code = _redis_failure(exc, target)
+        if code == EX_UNAVAILABLE and target is not None and getattr(args, "changes", False):
+            print(
+                "nodeagentctl: the change may or may not be made: run it again with "
+                f"--request-id {target.request_id} (with that id it is done once)",
+                file=sys.stderr,
+            )
+        return code
     except KeyboardInterrupt:
         return EX_INTERRUPTED
 
