@@ -51,7 +51,9 @@ class Durability:
             return
         with redis_errors(f"confirm {what}"):
             pipe = client.pipeline(transaction=False)
-            pipe.incr(acks)  # a write of this connection: WAIT counts from here
+            # A write of this connection's: WAIT counts from it. INCR itself (redis-py's incr
+            # sends INCRBY, which the Redis role's ACL does not grant).
+            pipe.execute_command("INCR", acks)  # type: ignore[no-untyped-call]
             pipe.execute_command("WAIT", self.replicas, self.timeout_ms)  # type: ignore[no-untyped-call]
             found: Any = pipe.execute()
         acked = int(found[-1])

@@ -46,7 +46,7 @@ class PoolCluster:
     pool: str = "default"
     agents: dict[str, AgentProcess] = field(default_factory=dict)
     timing: dict[str, str] = field(default_factory=lambda: dict(TIMING))
-    scheduling: dict[str, str] = field(default_factory=dict)  # more of the pool: section
+    scheduling: dict[str, Any] = field(default_factory=dict)  # more of the pool: section
     node_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> more sections
     prefixes: dict[str, list[str]] = field(default_factory=dict)  # node -> a command prefix
     caps: dict[str, list[str]] = field(default_factory=dict)  # node -> a drop-in's capabilities

@@ -24,7 +24,13 @@ import yaml
 
 from nodeagent import __version__
 from nodeagent.config.load import load_settings
-from nodeagent.config.settings import Config, NodeSettings, Operators, PoolConfig
+from nodeagent.config.settings import (
+    Config,
+    DurabilityConfig,
+    NodeSettings,
+    Operators,
+    PoolConfig,
+)
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.runas import AS_TESTER
 
@@ -274,6 +280,8 @@ UNSET_IN_THE_EXAMPLE = {
     "redis_tls_cert": "only with redis_tls",
     "redis_tls_key": "only with redis_tls",
     "redis_tls_ca": "only with redis_tls",
+    "redis_replica_of": "only on a replica, as a host variable (shown commented)",
+    "redis_sentinel_primary": "only with redis_sentinel (shown commented)",
 }
 
 
@@ -403,6 +411,7 @@ POOL_VARS: dict[str, Any] = {
     "nodeagent_pool_auth": "munge",
     "nodeagent_pool_munge_socket": "/run/munge/other.socket",
     "nodeagent_pool_operators": {"users": ["ops"], "groups": ["hpc-admin"]},
+    "nodeagent_pool_durability": {"replicas": 1, "timeout": "2s"},
 }
 
 
@@ -451,6 +460,7 @@ def test_a_pool_node_gets_a_config_without_a_job(tmp_path: Path, job_id: str) ->
         auth="munge",
         munge_socket="/run/munge/other.socket",
         operators=Operators(users=("ops",), groups=("hpc-admin",)),
+        durability=DurabilityConfig(replicas=1, timeout=2.0),
     )
     assert settings.node.name == "ansible-node" and settings.timing.lease_ttl == 1.0
 

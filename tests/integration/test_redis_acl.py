@@ -26,6 +26,7 @@ import yaml
 
 from nodeagent.coord import ended, poolscripts, scripts
 from nodeagent.coord.client import connect
+from nodeagent.coord.durable import Durability
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.lua import Script
 from nodeagent.coord.store import JobStore
@@ -53,14 +54,19 @@ def command(client: redis.Redis, *args: object) -> Any:
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
-def render(tmp_path: Path, **variables: Any) -> Path:
-    """The role's nodeagent.conf.j2 as Ansible renders it, with the role's defaults and vars."""
+def render(
+    tmp_path: Path,
+    template: str = "nodeagent.conf.j2",
+    dest_name: str = "redis.conf",
+    **variables: Any,
+) -> Path:
+    """One of the role's templates as Ansible renders it, with the role's defaults and vars."""
     ansible = BIN / "ansible"
     if not ansible.exists():
         pytest.fail("ansible is missing: pip install -e '.[test]' (.ci/setup does)")
-    extra = tmp_path / "vars.json"
+    extra = tmp_path / f"{dest_name}.vars.json"
     extra.write_text(json.dumps(variables))
-    dest = tmp_path / "redis.conf"
+    dest = tmp_path / dest_name
     result = subprocess.run(
         [
             str(ansible),
@@ -69,7 +75,7 @@ def render(tmp_path: Path, **variables: Any) -> Path:
             *("-e", f"@{ROLE / 'defaults/main.yml'}", "-e", f"@{ROLE / 'vars/main.yml'}"),
             *("-e", f"@{extra}"),
             *("-m", "ansible.builtin.template"),
-            *("-a", f"src={ROLE / 'templates/nodeagent.conf.j2'} dest={dest}"),
+            *("-a", f"src={ROLE / 'templates' / template} dest={dest}"),
         ],
         cwd=ROOT / "ansible",
         capture_output=True,
@@ -95,20 +101,21 @@ class RoleRedis:
         return [e for e in log if e["object"] not in IGNORED_DENIALS]
 
 
-def start(tmp_path: Path, conf: Path, port: int, admin: redis.Redis) -> RoleRedis:
+def start(tmp_path: Path, conf: Path, port: int, admin: redis.Redis, *more: str) -> RoleRedis:
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.fail("redis-server is not installed (apt-get install redis-server)")
-    with (tmp_path / "redis.log").open("wb") as log:
+    log_path = tmp_path / f"{conf.name}.log"
+    with log_path.open("wb") as log:
         proc = subprocess.Popen(
             # the rendered file as it is; the test only keeps its data out of the way
-            [binary, str(conf), "--dir", str(tmp_path), "--appendonly", "no", "--save", ""],
+            [binary, str(conf), "--dir", str(tmp_path), "--appendonly", "no", "--save", "", *more],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
 
     def up() -> bool:
-        assert proc.poll() is None, (tmp_path / "redis.log").read_text()
+        assert proc.poll() is None, log_path.read_text()
         try:
             return bool(admin.ping())
         except redis.ConnectionError:
@@ -401,3 +408,122 @@ def test_the_redis_role_refuses_bad_passwords(tmp_path: Path, agent: str, operat
     )
     assert result.returncode != 0 and "Set redis_agent_password" in result.stdout, result.stdout
     assert operator not in result.stdout  # the passwords are not echoed
+
+
+SENTINEL_PASSWORDS = {
+    "redis_replication_password": "replication-password-0123456789",
+    "redis_sentinel_password": "sentinel-password-0123456789",
+}
+
+
+def test_the_role_s_primary_replica_and_sentinels_fail_over_with_their_users(
+    tmp_path: Path, job_id: str
+) -> None:
+    """The role's templates for a primary, a replica (its first primary written once) and three
+    sentinels, started as rendered: nodeagent's users find the primary through the sentinels
+    and confirm their writes on the replica (WAIT); the primary killed, a sentinel promotes the
+    replica, the old primary started again comes back as its replica through the replication
+    user, and writes are confirmed there again. Nothing refused by an ACL anywhere."""
+    ports = [free_port() for _ in range(5)]
+    primary_port, replica_port, sentinel_ports = ports[0], ports[1], ports[2:]
+    common: dict[str, Any] = {
+        **PASSWORDS,
+        **SENTINEL_PASSWORDS,
+        "redis_sentinel_down_after_ms": 1000,
+    }
+    dirs = {name: tmp_path / name for name in ("primary", "replica", "s0", "s1", "s2")}
+    for directory in dirs.values():
+        directory.mkdir()
+    primary_conf = render(dirs["primary"], redis_port=primary_port, **common)
+    replica_conf = render(dirs["replica"], redis_port=replica_port, **common)
+    first = render(
+        dirs["replica"],
+        "replication.conf.j2",
+        "replication.conf",
+        redis_replica_of=f"127.0.0.1 {primary_port}",
+        **common,
+    )
+    assert f"replicaof 127.0.0.1 {primary_port}" in first.read_text()
+
+    def admin(port: int) -> redis.Redis:
+        return redis.Redis(
+            port=port, username="admin", password=PASSWORDS["redis_admin_password"],
+            decode_responses=True, socket_timeout=5,
+        )  # fmt: skip
+
+    servers = [start(dirs["primary"], primary_conf, primary_port, admin(primary_port))]
+    servers.append(
+        start(
+            dirs["replica"],
+            replica_conf,
+            replica_port,
+            admin(replica_port),
+            "--include",
+            str(first),
+        )
+    )
+    sentinels = []
+    try:
+        wait_for(
+            lambda: servers[1].admin.info("replication")["master_link_status"] == "up",
+            20,
+            "the replica to sync as the replication user",
+        )
+        for index, port in enumerate(sentinel_ports):
+            conf = render(
+                dirs[f"s{index}"],
+                "sentinel.conf.j2",
+                "sentinel.conf",
+                redis_sentinel_port=port,
+                redis_sentinel_primary="127.0.0.1",
+                redis_port=primary_port,
+                **common,
+            )
+            sentinels.append(start(dirs[f"s{index}"], conf, port, admin(port), "--sentinel"))
+        hosts = ",".join(f"127.0.0.1:{p}" for p in sentinel_ports)
+        agent_url = (
+            f"redis+sentinel://{AGENT}:{PASSWORDS['redis_agent_password']}@{hosts}/nodeagent/0"
+        )
+        agent = connect(agent_url, 5.0)
+        keys = PoolKeys("nodeagent", job_id)
+        durable = Durability(1, 2000)
+        agent.set(keys.durability, durable.to_json())  # as a pool leader publishes it
+        durable.confirm(agent, keys.acks)  # the agents' user: through the sentinels, WAIT
+
+        password = tmp_path / "operator-password"
+        password.write_text(PASSWORDS["redis_operator_password"] + "\n")
+        password.chmod(0o600)
+        operator_url = f"redis+sentinel://{OPERATOR}@{hosts}/nodeagent/0"
+
+        def submit(name: str) -> subprocess.CompletedProcess[str]:
+            return nodeagentctl(
+                *("--redis", operator_url, "--redis-password-file", str(password)),
+                *("--pool", job_id, "submit", "--name", name, "--hold", "--", "true"),
+            )
+
+        done = submit("before")
+        assert done.returncode == 0, done.stderr  # the operator's write, confirmed (WAIT)
+
+        servers[0].proc.kill()
+        servers[0].proc.wait(10)
+        wait_for(
+            lambda: servers[1].admin.info("replication")["role"] == "master",
+            30,
+            "a sentinel to promote the replica",
+        )
+        servers[0] = start(dirs["primary"], primary_conf, primary_port, admin(primary_port))
+        wait_for(
+            lambda: servers[0].admin.info("replication").get("master_link_status") == "up",
+            60,
+            "the old primary to come back as the replica, as the replication user",
+        )
+        after = submit("after")
+        assert after.returncode == 0, after.stderr
+        assert set(servers[1].admin.hkeys(keys.jobs)) == {"before", "after"}
+        assert [s.denials() for s in (*servers, *sentinels)] == [[]] * 5
+        agent.close()
+    finally:
+        for server in (*servers, *sentinels):
+            server.proc.terminate()
+            server.proc.wait(10)
+            server.admin.close()
