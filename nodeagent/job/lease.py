@@ -10,12 +10,13 @@ what is left at KILL_AT, before the lease can lapse on the server.
 A member riding through a Redis outage (job/ridethrough.py) may begin its ride from RIDE_AT
 without a renewal (before its fence point, so that a loop that runs late still begins it before
 the keeper acts); it then counts every tick at which the ride's rule still holds as its keeper
-and fence point count a renewal (`vouch`), up to the ride's end: a rider that freezes is fenced
+and fence point count a renewal (`ride`), up to the ride's end: a rider that freezes is fenced
 by its keeper as a member that froze unridden is, from its last tick. A ride cut short fences
-at once, and kills by the lease's own kill point where that is still to come (a node
+at once, and kills as long after the cut as a fence point allows; cut short because a peer
+went unheard, it kills by the lease's own kill point where that is still to come (a node
 partitioned from everything, which rode a moment on beats heard just before, is dead before
-its lease lapses, as if it had never ridden); past it, as long after the cut as a fence point
-allows. A renewal ends the ride.
+its lease lapses, as if it had never ridden: its peers, reaching Redis, may count it lost
+then). A renewal ends the ride.
 """
 
 from __future__ import annotations
@@ -52,11 +53,12 @@ class LeaseClock:
         self.ride_until: float | None = None  # a ride's end, while riding or cut short
         self._vouched = 0.0  # its last tick at which the ride's rule held
         self._cut: float | None = None  # when the ride was cut short
+        self._unheard = False  # ... because a peer went unheard
         self._ride_call_s = ride_call_s
 
     def renewed(self, sent_at: float) -> None:
         self.last_ok_send = sent_at
-        self.ride_until, self._cut = None, None
+        self.ride_until, self._cut, self._unheard = None, None, False
 
     @property
     def riding(self) -> bool:
@@ -66,10 +68,11 @@ class LeaseClock:
         """Go on until `until`, the ride's end: its rule held at `now`."""
         self.ride_until, self._vouched = until, now
 
-    def cut(self, now: float) -> None:
-        """The ride ends now: fence now, at or short of its end (the module docstring)."""
+    def cut(self, now: float, unheard: bool = False) -> None:
+        """The ride ends now: fence now, at or short of its end (`unheard`: because a peer
+        went unheard; the module docstring)."""
         if self.riding:
-            self._cut = now
+            self._cut, self._unheard = now, unheard
 
     def may_ride(self, now: float) -> bool:
         """A ride may begin (from RIDE_AT without a renewal, and before the keeper acts on the
@@ -98,7 +101,7 @@ class LeaseClock:
         cut = self._cut
         if cut is None:
             return riding
-        if cut < last + self.lease_ttl * KILL_AT:  # before the lease's own kill point: by it
+        if self._unheard and cut < last + self.lease_ttl * KILL_AT:  # by the lease's own
             return min(riding, own)
         return min(riding, cut + past)
 

@@ -122,11 +122,14 @@ class RideView:
 
 @dataclass(frozen=True)
 class Ride:
-    """Whether to go on training without Redis, until when (local seconds), and why."""
+    """Whether to go on training without Redis, until when (local seconds), and why.
+    `unheard`: not, because a peer is not heard: this node may be the one cut off, and its
+    peers, reaching Redis, may count it lost at its lease (job/lease.py's `cut`)."""
 
     on: bool
     until: float | None
     reason: str
+    unheard: bool = False
 
 
 def ride_until(renewed_at: float, ride_through: float, record: JobRecord | None) -> float:
@@ -151,7 +154,7 @@ def ride(view: RideView) -> Ride:
     for peer in view.watched:
         beat = view.heard.get(peer)
         if beat is None:
-            return Ride(False, None, f"{peer} is not heard (no beat lately)")
+            return Ride(False, None, f"{peer} is not heard (no beat lately)", unheard=True)
         if beat.said not in TRAINING or beat.generation != generation:
             doing = f"{beat.said.name} in generation {beat.generation}"
             return Ride(False, None, f"{peer}'s workers are {doing}")

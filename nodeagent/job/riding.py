@@ -90,14 +90,14 @@ class Riding:
             log.warning("%s", message)
             return [self._event("node_riding", record.generation, message)], True
         if lease.riding:
-            return self._cut(now, verdict.reason), False
+            return self._cut(now, verdict.reason, verdict.unheard), False
         if verdict.reason != self._refused:
             self._refused = verdict.reason
             log.warning("cannot reach Redis and cannot ride through: %s", verdict.reason)
         return [], False
 
-    def _cut(self, now: float, why: str) -> list[Event]:
-        self._lease.cut(now)
+    def _cut(self, now: float, why: str, unheard: bool = False) -> list[Event]:
+        self._lease.cut(now, unheard)
         generation = self._began[1] if self._began else None
         self._began = None
         self._metrics.ride(False, "fenced")

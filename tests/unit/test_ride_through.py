@@ -327,20 +327,28 @@ def test_no_ride_without_ride_through() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cut_at", "times"),
+    ("cut_at", "unheard", "times"),
     [
-        (101.9, (102.0, 103.6)),  # before its fence point: the lease's own times
-        (102.5, (102.0, 103.6)),  # before the lease's own kill point: by it, as if no ride
-        (110.0, (110.0, 111.6)),  # long past it: a fence point's grace from the cut
+        (101.9, True, (102.0, 103.6)),  # before its fence point: the lease's own times
+        (102.5, True, (102.0, 103.6)),  # before the lease's own kill point: by it, no ride
+        (110.0, True, (110.0, 111.6)),  # long past it: a fence point's grace from the cut
+        # a peer stopped, its ride ended (it is heard: nobody counts this node lost)
+        (103.5, False, (103.5, 105.1)),
+        (102.5, False, (102.5, 104.1)),
     ],
 )
 def test_a_ride_cut_short_fences_at_once_and_kills_no_later_than_the_lease_would(
-    cut_at: float, times: tuple[float, float]
+    cut_at: float, unheard: bool, times: tuple[float, float]
 ) -> None:
     clock = LeaseClock(4.0, None, rides=True)
     clock.renewed(100.0)
     clock.ride(130.0, cut_at - 0.1)
-    clock.cut(cut_at)
+    clock.cut(cut_at, unheard)
     assert lease_times(clock) == times
     assert not clock.riding and not clock.may_ride(cut_at)
     assert clock.fence_due(max(cut_at, 102.0))
+
+
+def test_a_ride_is_cut_short_as_unheard_only_when_a_peer_is_not_heard() -> None:
+    assert ride(view(heard={"b": Beat(Said.RUNNING, 3)})).unheard
+    assert not ride(view(heard={"b": Beat(Said.OUT, 3), "c": Beat(Said.RUNNING, 3)})).unheard
