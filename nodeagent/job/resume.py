@@ -17,7 +17,7 @@ new generation above every one reported: numbers are never reused).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nodeagent.model.job import JobRecord, NodeReport
 from nodeagent.state import JobState, NodeState
@@ -89,23 +89,17 @@ def rebuilt(
     its members, master and restart count from the reports."""
     assert now.whole and now.master is not None
     members = tuple(m for m in now.members if m is not None)
-    restarts = max([base.restart_count, *(nodes[m].restart_count for m in members)])
-    return JobRecord(
+    return replace(
+        base,
         generation=now.generation,
         state=JobState.RUNNING,
         reason="resumed",
         detail="the record was lost by Redis; rebuilt from what its members run",
-        target_nodes=base.target_nodes,
-        min_nodes=base.min_nodes,
-        max_nodes=base.max_nodes,
-        nproc_per_node=base.nproc_per_node,
-        max_restarts=base.max_restarts,
-        restart_count=restarts,
+        restart_count=max([base.restart_count, *(nodes[m].restart_count for m in members)]),
         members=members,
         master_addr=now.master.address,
         master_port=now.master.free_port,
         since_ms=now_ms,
-        command_cursor=base.command_cursor,
-        checkpoint=base.checkpoint,
-        ride_through_ms=base.ride_through_ms,
+        pending_failure=None,
+        waited_on=(),
     )

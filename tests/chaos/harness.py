@@ -26,6 +26,7 @@ import redis
 from nodeagent.coord.keys import JobKeys
 from tests.chaos.netns import Network
 from tests.helpers.cluster import LeaseSampler, LocalCluster, wait_for
+from tests.helpers.sentinel import sentinel_conf
 
 PROBE = Path(__file__).with_name("probe.py")
 RESOLUTION_S = 0.02  # how often a probe notes it is alive
@@ -187,14 +188,8 @@ class Sentinels:
         assert binary is not None
         for port in self.ports:
             conf = self.directory / f"sentinel-{port}.conf"
-            conf.write_text(
-                f"port {port}\nbind {self.net.hub_address}\nprotected-mode no\n"
-                f"dir {self.directory}\n"
-                f"sentinel monitor chaos {self.net.hub_address} {self.primary.port} 2\n"
-                "sentinel down-after-milliseconds chaos 1000\n"
-                "sentinel failover-timeout chaos 5000\n"
-                "sentinel parallel-syncs chaos 1\n"
-            )
+            hub = self.net.hub_address
+            conf.write_text(sentinel_conf(port, hub, self.primary.port, self.directory, "chaos"))
             self.procs.append(
                 subprocess.Popen(
                     [*self.net.prefix(self.net.hub), binary, str(conf), "--sentinel"],

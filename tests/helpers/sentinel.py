@@ -21,6 +21,20 @@ SERVICE = "pool"
 DOWN_AFTER_MS = 1000
 
 
+def sentinel_conf(
+    port: int, address: str, primary_port: int, directory: Path, service: str = SERVICE
+) -> str:
+    """A sentinel on `address`:`port` watching the primary at `address`:`primary_port` as
+    `service`, quorum 2 of 3, down after DOWN_AFTER_MS (the chaos suite's and this set's)."""
+    return (
+        f"port {port}\nbind {address}\nprotected-mode no\ndir {directory}\n"
+        f"sentinel monitor {service} {address} {primary_port} 2\n"
+        f"sentinel down-after-milliseconds {service} {DOWN_AFTER_MS}\n"
+        f"sentinel failover-timeout {service} 5000\n"
+        f"sentinel parallel-syncs {service} 1\n"
+    )
+
+
 class SentinelSet:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -47,13 +61,7 @@ class SentinelSet:
         assert binary is not None
         for port in self.ports:
             conf = self.directory / f"sentinel-{port}.conf"
-            conf.write_text(
-                f"port {port}\nbind 127.0.0.1\ndir {self.directory}\n"
-                f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary.port} 2\n"
-                f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
-                f"sentinel failover-timeout {SERVICE} 5000\n"
-                f"sentinel parallel-syncs {SERVICE} 1\n"
-            )
+            conf.write_text(sentinel_conf(port, "127.0.0.1", self.primary.port, self.directory))
             self.sentinels.append(
                 subprocess.Popen(
                     [binary, str(conf), "--sentinel"],

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import signal
 import time
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
-from tests.helpers.cluster import RedisServer, local_cluster, wait_for
+from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
 from tests.helpers.pool import PoolCluster, pool_cluster
 
 # The agent stops its workers at half the lease and SIGKILLs what is left at 0.9 of it
@@ -18,21 +19,17 @@ from tests.helpers.pool import PoolCluster, pool_cluster
 LEASE_S = 4.0
 
 
+def _job(server: RedisServer, directory: Path, **timing: str) -> ContextManager[LocalCluster]:
+    """A job of two agents on `server`, heartbeat 200 ms, lease LEASE_S, `timing` more."""
+    every = {"heartbeat_interval": "200ms", "lease_ttl": f"{LEASE_S}s", **timing}
+    return local_cluster(server.url, directory, job="outage", max_nodes=2, timing=every)
+
+
 def test_agents_fence_themselves_and_reform_after_redis_returns(tmp_path: Path) -> None:
     server = RedisServer(tmp_path)
     server.start()
     try:
-        with local_cluster(
-            server.url,
-            tmp_path,
-            job="outage",
-            max_nodes=2,
-            timing={
-                "heartbeat_interval": "200ms",
-                "lease_ttl": f"{LEASE_S}s",
-                "ride_through": "off",
-            },
-        ) as cluster:
+        with _job(server, tmp_path, ride_through="off") as cluster:
             cluster.start("a", "b")
             before = cluster.wait_running(2)
             last_heartbeats = [
@@ -64,13 +61,7 @@ def test_agents_ride_through_and_the_job_goes_on_in_its_generation(tmp_path: Pat
     server = RedisServer(tmp_path)
     server.start()
     try:
-        with local_cluster(
-            server.url,
-            tmp_path,
-            job="outage",
-            max_nodes=2,
-            timing={"heartbeat_interval": "200ms", "lease_ttl": f"{LEASE_S}s"},
-        ) as cluster:
+        with _job(server, tmp_path) as cluster:
             cluster.start("a", "b")
             before = cluster.wait_running(2)
             pids = {name: cluster.worker_pids(name) for name in ("a", "b")}
