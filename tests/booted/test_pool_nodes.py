@@ -190,6 +190,20 @@ def _committed(pool: BootedPool, job: str, at_least: int) -> int:
         raise AssertionError(f"{jobs(pool).get(job)}\n{status(pool, job)}\n{said}") from None
 
 
+def _after_a_save(pool: BootedPool, job: str, generation: int) -> None:
+    """Return once rank 0 printed a save newer than any printed before the call: a fault
+    injected now lands between two saves (one every EVERY steps, about a second), not while
+    a save's digest is being gathered from every rank (--digest): a rank killed then leaves a
+    save whole on every rank and rank 0's digest of it unprinted."""
+
+    def saves() -> list[int]:
+        lines = rank_lines(pool, job, generation)
+        return [x["step"] for x in lines if x["event"] == "saved" and x["rank"] == 0]
+
+    before = max(saves(), default=-1)
+    wait_for(lambda: max(saves(), default=-1) > before, 60, f"rank 0 of {job} to save again")
+
+
 def _reformed(pool: BootedPool, job: str, after: int, world: int) -> int:
     def probe() -> int | None:
         found = status(pool, job)
@@ -217,6 +231,7 @@ def test_the_memory_tier_restores_a_lost_worker_and_a_lost_node_bitwise(pool: Bo
     generation = status(pool, job)["generation"]
 
     victim = _node_of_rank(pool, job, 2)
+    _after_a_save(pool, job, generation)
     victim.sh("pkill -KILL -u alice -f train_fsdp.py")
     generation = _reformed(pool, job, generation, world=3)
     back = _restored(pool, job, generation, world=3)
@@ -226,6 +241,7 @@ def test_the_memory_tier_restores_a_lost_worker_and_a_lost_node_bitwise(pool: Bo
 
     committed = _committed(pool, job, back["step"] + 2 * EVERY)
     lost = _node_of_rank(pool, job, 1)
+    _after_a_save(pool, job, generation)
     lost.kill()
     try:
         generation = _reformed(pool, job, generation, world=2)
