@@ -170,10 +170,22 @@ def wait_until_step(cluster: LocalCluster, generation: int, step: int) -> None:
 def formed(cluster: LocalCluster, world: int, step: int) -> int:
     """The generation that runs all `world` started nodes, once its rank 0 printed `step`. On a
     loaded machine an agent can start after the join settle (300 ms) has formed a smaller world
-    of the others: the generation a test first acts on is then not the first one."""
-    generation: int = cluster.wait_running(world, 120)["generation"]
-    wait_until_step(cluster, generation, step)
-    return generation
+    of the others, and a generation at `world` can be replaced before its rank 0 gets to
+    `step` (CI once waited 90 s on a generation already gone): the generation a test first acts
+    on is whichever runs at `world` when its rank 0 gets there."""
+    cluster.wait_running(world, 120)
+
+    def there() -> int | None:
+        doc = cluster.status()
+        if doc["state"] != "running" or doc["world_size"] != world:
+            return None
+        generation = int(doc["generation"])
+        return generation if newest_step(cluster, generation) >= step else None
+
+    try:
+        return wait_for(there, 120, f"rank 0 at step {step} in a generation at world {world}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{cluster.diagnostics()}") from None
 
 
 def events(cluster: LocalCluster, kind: str) -> list[dict[str, Any]]:
