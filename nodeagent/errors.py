@@ -24,6 +24,15 @@ class NotFoundError(UsageError):
     """A job or node named on the command line does not exist (nodeagentctl exits 3)."""
 
 
+class RefusedError(UsageError):
+    """Who asked may not have it: a node's agent answered 401 or 403 (`status`), which the
+    API answers in turn (nodeagentctl exits 2, as for any refusal)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class CoordinationError(NodeagentError):
     """Redis could not be reached or answered unexpectedly; retrying later may succeed."""
 

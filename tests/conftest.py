@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from _pytest.nodes import Node
 
+from tests.helpers import unitcgroup
 from tests.helpers.cluster import RedisServer
 from tests.helpers.munge import MungeDaemon
 
@@ -84,6 +85,13 @@ def pytest_configure(config: pytest.Config) -> None:
             f"pytest {pytest.__version__} ignores the groups of pytest-xdist's --dist loadgroup; "
             "install the pytest pyproject.toml's test extra pins (pip install -e '.[test]')"
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def unit_cgroups_ended() -> Iterator[None]:
+    """The cgroups made for the session's agents (tests/helpers/unitcgroup.py), ended after."""
+    yield
+    unitcgroup.remove_all()
 
 
 @pytest.fixture(scope="session")

@@ -180,4 +180,5 @@ def _sqlite(path: Path) -> sqlite3.Connection:
 def _sqlite_read(path: Path) -> sqlite3.Connection:
     if not path.is_file():
         raise OSError(f"no such file: {path}")
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+    # A URI of the absolute path, quoted: a path's '?' or '#' is not the URI's
+    return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)

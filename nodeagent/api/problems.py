@@ -13,7 +13,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from nodeagent.errors import AccountingError, CoordinationError, NotFoundError, UsageError
+from nodeagent.errors import (
+    AccountingError,
+    CoordinationError,
+    NotFoundError,
+    RefusedError,
+    UsageError,
+)
 from nodeagent.model.request import UNACKNOWLEDGED, Reply
 
 log = logging.getLogger(__name__)
@@ -91,6 +97,8 @@ def answer(exc: Exception, method: str, path: str) -> JSONResponse:
         return response(exc.status, exc.detail, path, exc.headers)
     if isinstance(exc, NotFoundError):
         return response(404, str(exc), path)
+    if isinstance(exc, RefusedError):  # a node's own 401 or 403, as it said it
+        return response(exc.status, str(exc), path)
     if isinstance(exc, UsageError):
         return response(409, str(exc), path)
     if isinstance(exc, CoordinationError):

@@ -59,6 +59,12 @@ IGNORED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
 )
 
 
+# torchrun 2.13's --numa-binding; node and socket are NVML's affinity of the GPU (its NUMA
+# node's CPUs, on a node of one NUMA node a socket), isolation.cpu_binding: closest.
+NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
+NUMA_BOUND = ("node", "socket")
+
+
 class LaunchError(ValueError):
     """A flag that cannot be honoured; the message says which and why."""
 
@@ -114,6 +120,14 @@ def parser() -> argparse.ArgumentParser:
         default="",
         help="nodeagent: modules spare worker interpreters import ahead of time, comma "
         "separated (job.preload), e.g. torch,torch._dynamo: a restart skips their imports",
+    )
+    p.add_argument(
+        "--numa-binding",
+        "--numa_binding",
+        choices=NUMA_BINDINGS,
+        default=None,
+        help="each worker on the CPUs near its GPU (NVML's affinity), as torchrun's: node and "
+        "socket (exclusive and core-complex are refused)",
     )
     for names, _, why in IGNORED:
         p.add_argument(*names, dest=names[0].lstrip("-").replace("-", "_"), help=f"ignored: {why}")
@@ -207,6 +221,11 @@ def build(argv: Sequence[str], machine: Machine) -> Launch:
     url, job_id = _redis(args, max_nodes, machine)
     if args.max_restarts < 0:
         raise LaunchError("--max-restarts must be >= 0")
+    if args.numa_binding is not None and args.numa_binding not in NUMA_BOUND:
+        raise LaunchError(
+            f"--numa-binding {args.numa_binding} is not supported: node or socket binds each "
+            "worker to the CPUs near its GPU (NVML's affinity); leave it out for no binding"
+        )
     node: dict[str, Any] = {"name": args.node_name or machine.hostname}
     if args.local_addr:
         node["address"] = args.local_addr
@@ -226,6 +245,13 @@ def build(argv: Sequence[str], machine: Machine) -> Launch:
         "metrics": {"listen": args.metrics_listen},
         "logging": {"format": args.log_format, "level": args.log_level},
         "log_dir": args.log_dir or f"{machine.cwd}/{DEFAULT_LOG_DIR}",
+        # like torchrun: the workers share what the caller has (a node's daemon limits its
+        # jobs), and run anywhere unless --numa-binding says near their GPUs
+        "isolation": {
+            "cgroups": "off",
+            "shm": "shared",
+            "cpu_binding": "closest" if args.numa_binding else "off",
+        },
     }
     if args.preload:
         document["job"]["preload"] = [m.strip() for m in args.preload.split(",") if m.strip()]

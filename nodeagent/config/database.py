@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from nodeagent.errors import ConfigError
 
@@ -48,7 +48,10 @@ def database_of(url: str, key: str) -> Database | None:
     if parts.scheme in ("postgresql", "postgres") and parts.path not in ("", "/"):
         return Database("postgresql", url)
     if parts.scheme == "sqlite" and not parts.netloc and parts.path.startswith("/"):
-        return Database("sqlite", parts.path)
+        # sqlite:///var/x and sqlite:////var/x (SQLAlchemy's absolute form) both name /var/x:
+        # "//var/x" would be a path a file: URI takes for a host (its readers refused it).
+        # A '?' or '#' in the file's name is written %3F or %23, as in any URL.
+        return Database("sqlite", "/" + unquote(parts.path).lstrip("/"))
     raise ConfigError(key, f"{EXPECTED}; got {url!r}")
 
 

@@ -24,6 +24,7 @@ from nodeagent.config.entrypoint import NotPython, split_python
 from nodeagent.config.hosts import Resolver
 from nodeagent.config.identity import WorkerUser
 from nodeagent.config.identity import resolve as resolve_user
+from nodeagent.config.isolation import job_memory, load_isolation
 from nodeagent.config.poolconfig import load_pool
 from nodeagent.config.settings import (
     EMBEDDED,
@@ -106,10 +107,12 @@ def job_fields(section: Section) -> JobConfig:
             section.key("target_nodes"),
             f"must be within [min_nodes, max_nodes] = [{min_nodes}, {max_nodes}], got {target}",
         )
+    nproc_per_node = positive_int(section, "nproc_per_node", 1)
+    mem, mem_per_gpu = job_memory(section, nproc_per_node)
     return JobConfig(
         id=job_id,
         entrypoint=entrypoint,
-        nproc_per_node=positive_int(section, "nproc_per_node", 1),
+        nproc_per_node=nproc_per_node,
         min_nodes=min_nodes,
         max_nodes=max_nodes,
         target_nodes=target,
@@ -123,6 +126,8 @@ def job_fields(section: Section) -> JobConfig:
         checkpoint=load_checkpoint(section.section("checkpoint")),
         slow_node=_slow_node(section.section("slow_node")),
         container=load_container(section.section("container")),
+        mem=mem,
+        mem_per_gpu=mem_per_gpu,
     )
 
 
@@ -461,6 +466,7 @@ def load_settings(data: object, resolve: Resolver | None = None) -> NodeSettings
         state_dir=optional_path(root, "state_dir"),
         pool=load_pool(root.section("pool"), pinned=job_data is not None),
         containers=load_rule(root.section("containers")),
+        isolation=load_isolation(root.section("isolation")),
     )
     job = None if job_data is None else _load_job(root.section("job"), resolve)
     root.reject_unknown()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from nodeagent.config import redisurl
 from nodeagent.config.container import ContainerRule, ContainerSpec
 from nodeagent.config.identity import WorkerUser
+from nodeagent.config.isolation import IsolationConfig
 from nodeagent.config.values import parse_duration as parse_duration  # nodeagentctl's --timeout
 
 EX_CONFIG = 78
@@ -123,6 +124,10 @@ class JobConfig:
     # The image its workers run in and what is mounted into it (docs/pool.md, "Your own
     # software"); None: they run on the node's own software.
     container: ContainerSpec | None = None
+    # The memory its workers on a node may use together (config/isolation.py): `mem` a node's
+    # whole, or `mem_per_gpu` times the GPUs it holds there; neither: the node's default share.
+    mem: int | None = None
+    mem_per_gpu: int | None = None
 
     @property
     def in_place(self) -> bool:
@@ -337,6 +342,7 @@ class NodeSettings:
     state_dir: str | None = None  # None: DEFAULT_STATE_DIR, used only if it can be written
     pool: PoolConfig = field(default_factory=PoolConfig)
     containers: ContainerRule = field(default_factory=ContainerRule)  # what jobs' images it runs
+    isolation: IsolationConfig = field(default_factory=IsolationConfig)  # jobs on it kept apart
     job: JobConfig | None = None
 
     def running(self, job: JobConfig, timing: TimingConfig | None = None) -> Config:

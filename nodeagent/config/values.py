@@ -127,6 +127,14 @@ def parse_size(value: object, key: str) -> int:
     return int(float(match.group(1)) * 1024**power)
 
 
+def size_text(size: int) -> str:
+    """A size as an operator writes one: "64 GiB", "1.5 GiB", "512 MiB", "4096 B"."""
+    for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if size >= 1024**power:
+            return f"{size / 1024**power:.4g} {unit}"
+    return f"{size} B"
+
+
 def duration(
     raw: object,
     key: str,

@@ -6,7 +6,8 @@ from /dev/kmsg), classify.py (readings -> a verdict per GPU, pure), policy.py (w
 verdicts mean for this node's part in the job, pure), monitor.py (GpuMonitor: samples in a
 background thread, serves cached verdicts), health.py (the agent's view: owns the monitor),
 inventory.py (the units a node offers the pool: its healthy GPUs, or their MIG instances),
-probe.py (one fresh reading for `nodeagent health`).
+probe.py (one fresh reading for `nodeagent health`), affinity.py (the CPUs near a GPU: NVML's
+masks and the kernel's CPU lists, pure).
 
 Only this package imports pynvml, and only lazily (decision 10: NVML is optional).
 """

@@ -8,6 +8,7 @@ running agent:
     gpus:
       - uuid: GPU-fake-0
         minor: 0                                # /dev/nvidia0; omit: the GPU's index
+        cpus: "0-15,64-79"                      # the CPUs near it (NVML's CPU affinity)
         bus_id: "00000000:3B:00.0"
         name: NVIDIA H100 80GB HBM3
         memory_mib: 81559
@@ -41,6 +42,8 @@ from typing import Any
 
 import pynvml
 import yaml
+
+from nodeagent.gpu.affinity import mask_of_cpus, parse_cpu_list
 
 NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND, TIMEOUT = 3, 2, 6, 10
 MAX_MIG_DEVICES = 7  # an A100's or H100's most instances
@@ -155,6 +158,10 @@ class FakeNvml:
             return int(self._gpu(h, "minor"))
         self._gpu(h, "uuid")  # a lost GPU, `errors: {all: ...}`: what NVML would raise
         return h.index
+
+    def nvmlDeviceGetCpuAffinity(self, h: _Handle, words: int) -> list[int]:
+        """The mask of the file's `cpus` (a CPU list), in `words` 64-bit words."""
+        return mask_of_cpus(parse_cpu_list(str(self._gpu(h, "cpus"))), words)
 
     def nvmlDeviceGetName(self, h: _Handle) -> str:
         return str(self._gpu(h, "name"))

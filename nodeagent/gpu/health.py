@@ -164,12 +164,6 @@ class NodeHealth:
             self._last[v.index] = now
         return events
 
-    def held(self) -> tuple[str, ...]:
-        """The UUIDs of the GPUs the running workers use (what the node tells the pool; a MIG
-        GPU's: all its instances)."""
-        in_use = set(self.in_use)
-        return tuple(uuid for index, uuid in self.usable or () if uuid and index in in_use)
-
     def uncordoned(self, cordon_before: Cordon | None) -> None:
         """An operator lifted the cordon: the XIDs behind it count as dealt with."""
         if cordon_before is not None and cordon_before.by == GPU_CORDON:

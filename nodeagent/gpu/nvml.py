@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from nodeagent.errors import NodeagentError
+from nodeagent.gpu.affinity import cpus_of_mask, mask_words
 from nodeagent.gpu.readings import DeviceError, GpuReading, MigDevice
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,7 @@ class NvmlBackend:
             uuid=_text(get(nvml.nvmlDeviceGetUUID, h) or ""),
             bus_id=_text(pci.busId) if pci is not None else "",
             minor=get(nvml.nvmlDeviceGetMinorNumber, h),
+            cpus=self._cpus(h),
             name=_text(get(nvml.nvmlDeviceGetName, h) or ""),
             memory_mib=self._memory_mib(h),
             temperature_c=get(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
@@ -157,6 +160,11 @@ class NvmlBackend:
             mig=mig_on if mig is not None else None,
             mig_devices=self._mig_devices(h) if mig_on else (),
         )
+
+    def _cpus(self, handle: Any) -> tuple[int, ...]:
+        words = mask_words(os.cpu_count() or 1)
+        mask = self._get(self._nvml.nvmlDeviceGetCpuAffinity, handle, words)
+        return cpus_of_mask(list(mask)) if mask is not None else ()
 
     def _memory_mib(self, handle: Any) -> int | None:
         memory = self._get(self._nvml.nvmlDeviceGetMemoryInfo, handle)

@@ -30,6 +30,7 @@ class GpuReading:
     uuid: str = ""
     bus_id: str = ""
     minor: int | None = None  # its device node's, /dev/nvidia<minor> (character major 195)
+    cpus: tuple[int, ...] = ()  # the CPUs near it (NVML's CPU affinity); empty: not known
     name: str = ""  # the model, as NVML names it ("NVIDIA H100 80GB HBM3")
     memory_mib: int | None = None
     temperature_c: float | None = None

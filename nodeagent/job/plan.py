@@ -421,12 +421,14 @@ def _gone(member: str, nodes: Mapping[str, NodeReport], awaited: frozenset[str])
     return report.state in DROPPED_OUT
 
 
+_FAILURE_REASONS = {"hang": RestartReason.WORKER_HUNG, "oom": RestartReason.WORKER_OOM}
+
+
 def _step_running(record: JobRecord, ctx: _Context) -> _Step:
     nodes = ctx.view.nodes
     failures = _member_failures(record, nodes)
     if failures:
-        hung = failures[0].kind == "hang"
-        reason = RestartReason.WORKER_HUNG if hung else RestartReason.WORKER_FAILED
+        reason = _FAILURE_REASONS.get(failures[0].kind, RestartReason.WORKER_FAILED)
         record = replace(record, checkpoint=restore.after_failure(record, nodes))
         return _begin(record, ctx, reason, failure=failures[0])
     gone = [m for m in record.members if _gone(m, nodes, ctx.awaited)]
@@ -480,12 +482,11 @@ def _step_restarting(record: JobRecord, ctx: _Context) -> _Step:
     elif failure is not None:
         restart_count += 1
         if restart_count > record.max_restarts:
-            failed = record.moved_to(
+            failed = record.moved_to(  # its count stays the restarts it had: `show`'s
                 JobState.FAILED,
                 reason="max_restarts exceeded",
-                restart_count=restart_count,
                 since_ms=ctx.view.now_ms,
-                detail=f"{_failure_detail(record, failure)}; {restart_count - 1} restarts used",
+                detail=f"{_failure_detail(record, failure)}; {record.restart_count} restarts used",
             )
             return failed, [job_event("job_failed", failed, failed.detail)], "failed"
         left_ms = (

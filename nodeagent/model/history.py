@@ -45,10 +45,14 @@ def generations(events: Sequence[Event]) -> list[Generation]:
 
 
 def restarts_by_cause(events: Sequence[Event]) -> dict[str, int]:
-    """How many new generations were announced after the first, by their reason."""
+    """How many new generations were announced after the first, by their reason; not the one
+    the job failed in instead of starting (its restarts were used up), as `show`'s count."""
     causes: dict[str, int] = {}
+    failed = {e.generation for e in events if e.type == "job_failed"}
     for event in events:
         if event.type != "generation_announced" or (event.generation or 0) <= 1:
+            continue
+        if event.generation in failed:
             continue
         why = RestartReason.of(str(event.data.get("reason", "")))
         reason = why.value if why is not None else "other"

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from nodeagent.config.values import parse_signal
+from nodeagent.config.values import parse_signal, size_text
 from nodeagent.errors import ConfigError, CorruptStateError
 from nodeagent.model.decode import MAX_NAMES, MAX_RAW, Reader, is_stream_id
 from nodeagent.model.stalls import RankStall, WaitedOn
@@ -25,10 +25,11 @@ from nodeagent.state import JOB_TRANSITIONS, JobState, NodeState, check_transiti
 
 # parked, leaving: an in_place worker told to leave its generation has (not yet) left it.
 WORKER_STATES = ("running", "exited", "failed", "stopping", "leaving", "parked", "warming")
-FAILURE_KINDS = ("exit_code", "signal", "hang", "xid")
+FAILURE_KINDS = ("exit_code", "signal", "hang", "xid", "oom")
 MAX_LEASE_TTL_MS = 86_400_000
 WATCH_TOKEN_CHARS = 16  # a peer watch's token: 8 random bytes, in hexadecimal
 _CODE = 1 << 31  # exit codes, signals and XIDs stay within an int32
+_MEMORY = 1 << 62  # bytes a cgroup may be limited to (cgroup v2's max is 2^63 - 1)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Failure:
     generation: int
     node: str
     rank: int
-    kind: str  # exit_code | signal | hang
+    kind: str  # exit_code | signal | hang | xid | oom (its job's cgroup ran out of memory)
     exit_code: int | None = None
     signal: str | None = None
     # Why, when the rank said so: the exception its @record wrote (TORCHELASTIC_ERROR_FILE), or
@@ -68,6 +69,7 @@ class Failure:
     # lines of output. And where its whole output is, on its node.
     cause: str | None = None
     log: str | None = None
+    memory_limit: int | None = None  # oom: what the job's workers on the node may use (bytes)
 
     @classmethod
     def read(cls, r: Reader) -> Failure:
@@ -80,6 +82,7 @@ class Failure:
             signal=r.opt_text("signal", 32),
             cause=r.opt_text("cause", CAUSE_MAX),
             log=r.opt_text("log", 4096),
+            memory_limit=r.opt_integer("memory_limit", 0, _MEMORY),
         )
 
     def describe(self) -> str:
@@ -87,9 +90,15 @@ class Failure:
             return f"rank {self.rank} on {self.node} hung (no progress beat)"
         if self.kind == "xid":
             return f"rank {self.rank} on {self.node}: application XID {self.exit_code} on its GPU"
+        where = f" (log: {self.log} on {self.node})" if self.log else ""
+        if self.kind == "oom":
+            limit = f"{size_text(self.memory_limit)}" if self.memory_limit else "its limit"
+            return (
+                f"rank {self.rank} on {self.node} ran out of memory (its job's limit there: "
+                f"{limit}; ask for more with mem_per_gpu or mem){where}"
+            )
         how = f"signal {self.signal}" if self.signal else f"exit code {self.exit_code}"
         cause = f": {self.cause}" if self.cause else ""
-        where = f" (log: {self.log} on {self.node})" if self.log else ""
         return f"rank {self.rank} on {self.node} failed ({how}){cause}{where}"
 
 
@@ -285,6 +294,7 @@ class RestartReason(str, Enum):
 
     WORKER_FAILED  a worker exited with an error or a signal (charged to max_restarts)
     WORKER_HUNG    a worker made no progress for hang_timeout (charged)
+    WORKER_OOM     a worker's job ran out of the memory its cgroup gives it on a node (charged)
     NODE_LOST      a member's lease lapsed, or a worker failed after a member was lost (not
                    charged: a dead peer makes the survivors' collectives fail too)
     NODE_LEFT      every member that dropped out was leaving (its agent stopped)
@@ -297,6 +307,7 @@ class RestartReason(str, Enum):
 
     WORKER_FAILED = "worker_failed"
     WORKER_HUNG = "worker_hung"
+    WORKER_OOM = "worker_oom"
     NODE_LOST = "node_lost"
     NODE_LEFT = "node_left"
     NODE_JOINED = "node_joined"
@@ -314,7 +325,7 @@ class RestartReason(str, Enum):
     @property
     def charged(self) -> bool:
         """A worker's failure: it counts against max_restarts and the crash streak."""
-        return self in (RestartReason.WORKER_FAILED, RestartReason.WORKER_HUNG)
+        return self in _CHARGED
 
     @classmethod
     def of(cls, text: str) -> RestartReason | None:
@@ -326,9 +337,10 @@ class RestartReason(str, Enum):
             return None
 
 
-_BREAKING = frozenset(
-    {RestartReason.WORKER_FAILED, RestartReason.WORKER_HUNG, RestartReason.NODE_LOST}
+_CHARGED = frozenset(
+    {RestartReason.WORKER_FAILED, RestartReason.WORKER_HUNG, RestartReason.WORKER_OOM}
 )
+_BREAKING = _CHARGED | {RestartReason.NODE_LOST}
 _NODE_STATES = tuple(s.value for s in NodeState)
 
 

@@ -65,6 +65,8 @@ _FIELDS = (
     "checkpoint",
     "slow_node",
     "container",
+    "mem",
+    "mem_per_gpu",
 )
 
 
@@ -158,6 +160,8 @@ class JobSpec:
             "array_task": self.array_task.to_doc() if self.array_task is not None else None,
             "notify": ",".join(self.notify) or None,
             "gpus_per_node": self.gpus_per_node,
+            "mem": job.mem,
+            "mem_per_gpu": job.mem_per_gpu,
             "exclusive": self.exclusive or None,
             "request": self.request or None,
         }

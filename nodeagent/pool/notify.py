@@ -3,11 +3,15 @@ model/notify.py) to the endpoints the operator names (pool.notify; docs/pool.md,
 "Notifications").
 
 After each round the leader reads the pool's events past the last one told of (the pool's
-`notified` key), and queues a notice for each endpoint where the job asked for what the event
-says (the event carries its user, state and the kinds asked for); a thread of its own posts
-them, so a slow or dead endpoint never holds a round back. A delivery is tried again twice, then
-given up (said in the log). The `notified` key moves only past events whose deliveries are over:
-a new leader tells again what the old one may not have (a receiver drops a repeat by its
+`notified` key), and queues what each tells (the event carries its job's user, state and the
+kinds asked for) to every endpoint. Each endpoint has a lane of its own: a bounded queue and a
+thread that posts from it, so a slow or dead endpoint never holds a round back nor delays
+another endpoint's notices (one thread for all once made a live endpoint wait 2 to 10 s behind
+a refused one). A delivery is tried again twice, then given up, said in the log with the
+endpoint's host and port and the job. A lane that falls a whole queue behind (an endpoint that
+hangs through a burst) drops its oldest notices, said in the log, rather than hold the others.
+The `notified` key moves only past events whose deliveries are over in every lane: a new
+leader tells again what the old one may not have (a receiver drops a repeat by its
 X-Nodeagent-Delivery), and nothing is told twice by one leader. A new pool starts telling from
 its newest event, not from its history.
 """
@@ -55,6 +59,54 @@ def http_post(url: str, body: bytes, headers: Mapping[str, str], timeout: float)
             raise OSError(f"{url} answered {reply.status}")
 
 
+LANE_SIZE = 1000  # events a lane holds before it drops its oldest
+
+
+class _Lane:
+    """One endpoint's deliveries, in order, on a thread of their own. `over(entry_id)` is called
+    once per event when the lane is done with it (told, given up, or dropped)."""
+
+    def __init__(self, url: str, send: Callable[[str, Notice], None], over: Callable[[str], None]):
+        self.url = url
+        self._send = send
+        self._over = over
+        self._queue: queue.Queue[tuple[str, list[Notice]]] = queue.Queue(LANE_SIZE)
+        self._thread: threading.Thread | None = None
+
+    def put(self, entry_id: str, notices: list[Notice]) -> None:
+        while True:
+            try:
+                self._queue.put_nowait((entry_id, notices))
+                break
+            except queue.Full:  # a whole queue behind: the oldest goes
+                try:
+                    dropped, lost = self._queue.get_nowait()
+                except queue.Empty:
+                    continue
+                for notice in lost:
+                    log.warning(
+                        "notify: %s of job %s not told to %s: it is %d events behind (dropped)",
+                        ",".join(notice.kinds), notice.job, _where(self.url), LANE_SIZE,
+                        extra={"job": notice.job, "generation": 0},
+                    )  # fmt: skip
+                self._over(dropped)
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name=f"notify {_where(self.url)}", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            entry_id, notices = self._queue.get()
+            for notice in notices:
+                try:
+                    self._send(self.url, notice)
+                except Exception:  # a bug here must not stop every later notice
+                    log.exception("notify: %s to %s", notice.job, _where(self.url))
+            self._over(entry_id)
+
+
 class Webhooks:
     def __init__(
         self,
@@ -69,13 +121,13 @@ class Webhooks:
         self._key = key
         self._post = post
         self._sleep = sleep
-        self._queue: queue.Queue[tuple[str, list[Notice]]] = queue.Queue()
+        self._lanes = [_Lane(url, self._send, self._over) for url in config.endpoints]
         self._term: str | None = None  # the leader term the events were read in
         self._read: str | None = None  # the newest event queued
+        self._pending: dict[str, int] = {}  # queued events, in order -> lanes not over with it
         self._done: str | None = None  # the newest event whose deliveries are over
         self._said: str | None = None  # ... as written to the `notified` key
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
 
     def tick(self, term: str) -> None:
         """Record the events told of, and queue those that came since (on the pool leader,
@@ -104,11 +156,14 @@ class Webhooks:
         with redis_errors("read the pool's events"):
             entries: Any = client.xrange(keys.events, f"({self._read}", "+", count=BATCH)
         for entry_id, fields in entries:
-            self._queue.put((str(entry_id), self._notices(str(entry_id), fields)))
-            self._read = str(entry_id)
-        if entries and (self._thread is None or not self._thread.is_alive()):
-            self._thread = threading.Thread(target=self._deliver, name="notify", daemon=True)
-            self._thread.start()
+            entry, notices = str(entry_id), self._notices(str(entry_id), fields)
+            self._read = entry
+            with self._lock:
+                self._pending[entry] = len(self._lanes)
+            for lane in self._lanes:
+                lane.put(entry, notices)
+            if not self._lanes:
+                self._over(entry)
 
     def _notices(self, entry_id: str, fields: Mapping[str, str]) -> list[Notice]:
         """What the event tells, from the event alone: its job's user, state and the kinds it
@@ -133,19 +188,8 @@ class Webhooks:
         pool = self._store.keys.pool
         return [Notice(entry_id, pool, job, user, kinds, now.value, reason, event.at_ms or 0)]
 
-    def _deliver(self) -> None:
-        while True:
-            entry_id, notices = self._queue.get()
-            for notice in notices:
-                for url in self._config.endpoints:
-                    try:
-                        self._send(url, notice)
-                    except Exception:  # a bug here must not stop every later notice
-                        log.exception("notify: %s to %s", notice.job, _where(url))
-            with self._lock:
-                self._done = entry_id
-
     def _send(self, url: str, notice: Notice) -> None:
+        """Post `notice` to `url` (on its lane's thread), tried again twice, then given up."""
         body = notice.body()
         headers = {
             "Content-Type": "application/json",
@@ -162,11 +206,37 @@ class Webhooks:
                 if attempt == len(RETRIES_S):
                     log.warning(
                         "notify: %s of job %s not told to %s: %s (given up)",
-                        ",".join(notice.kinds), notice.job, _where(url), type(exc).__name__,
+                        ",".join(notice.kinds), notice.job, _where(url), _why(exc),
+                        extra={"job": notice.job, "generation": 0},
                     )  # fmt: skip
+
+    def _over(self, entry_id: str) -> None:
+        """A lane is done with `entry_id`: the events every lane is done with, from the oldest
+        on, are over."""
+        with self._lock:
+            if entry_id in self._pending:
+                self._pending[entry_id] -= 1
+            while self._pending:
+                oldest = next(iter(self._pending))
+                if self._pending[oldest] > 0:
+                    break
+                del self._pending[oldest]
+                self._done = oldest
 
 
 def _where(url: str) -> str:
-    """A URL as the log may say it: scheme and host (a webhook's path may be its secret)."""
+    """A URL as the log may say it: scheme, host and port (a webhook's path may be its
+    secret)."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}"
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, in words that name no URL path (urllib's own errors may)."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, BaseException):
+        exc = reason
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return type(exc).__name__

@@ -22,7 +22,7 @@ from nodeagent.checkpoint.peerauth import MungePlane, PlaneAuth, Unauthenticated
 from nodeagent.checkpoint.persistcopy import IN_AGENT, AsJobUser
 from nodeagent.checkpoint.replicas import Replicas
 from nodeagent.checkpoint.transport import Listening
-from nodeagent.config.settings import CheckpointConfig, Config, NodeSettings, beside_tier
+from nodeagent.config.settings import CheckpointConfig, Config, beside_tier
 from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import JobKeys
 from nodeagent.coord.listener import StreamListener
@@ -35,13 +35,14 @@ from nodeagent.job.peerwatch import PeerWatch
 from nodeagent.job.verify import RecordCheck
 from nodeagent.model.credential import MungeUnavailable
 from nodeagent.model.job import Event
+from nodeagent.runtime import isolation
 from nodeagent.runtime.pulls import Pulled
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.asuser import run_as
 from nodeagent.supervisor.container import Containers, Podman
-from nodeagent.supervisor.devices import JobDevices, own_cgroup, probe
 from nodeagent.supervisor.fence import Keeper
 from nodeagent.supervisor.group import Supervisor
+from nodeagent.supervisor.jobcgroup import Layout
 from nodeagent.supervisor.libmunge import munge_at
 from nodeagent.supervisor.spares import Spawner
 from nodeagent.telemetry.logs import LogContext, WorkerEcho
@@ -64,49 +65,7 @@ class NodeParts:
     context: LogContext
     notifier: Notifier
     metrics_address: Callable[[], str | None]
-    devices: Path | None = None  # the agent's cgroup, when it constrains devices (probed)
-
-
-def device_parent(config: NodeSettings) -> Path | None:
-    """The agent's own cgroup, below which each job's device cgroup goes, when the node
-    constrains devices; checked by making one (supervisor/devices.py).
-
-    Raises:
-        ConfigError: the node does not allow it (exit 78: a restart cannot fix it).
-    """
-    if not config.health.constrain_devices:
-        return None
-    try:
-        parent = own_cgroup()
-        probe(parent, config.node.name)
-    except OSError as exc:
-        raise ConfigError(
-            "health.constrain_devices",
-            f"this node cannot confine workers to their GPUs' device nodes: {exc.strerror or exc}."
-            " It needs cgroup v2 with the agent's cgroup writable and CAP_BPF with CAP_NET_ADMIN:"
-            " under systemd, the drop-in docs/gpu.md gives (Delegate=yes,"
-            " ProtectControlGroups=no); or set it false",
-        ) from None
-    return parent
-
-
-def _devices(config: Config, parts: NodeParts, health: NodeHealth) -> JobDevices | None:
-    """The job's device cgroup, when the node constrains devices and the job's workers are
-    bare processes (a container gets only its GPUs' device nodes through CDI): they may open
-    the GPUs the job holds on this node, its grant where it shares the node, the node's usable
-    ones where it has it whole (handed to its ranks or not: `gpus_per_worker: 0` leaves that
-    to the job)."""
-    if parts.devices is None or config.job.container is not None:
-        return None
-    monitor = parts.monitor
-
-    def minor_of(index: int) -> int | None:
-        return next((g.minor for g in monitor.snapshot().gpus if g.index == index), None)
-
-    def held() -> set[int]:
-        return {index for index, _ in health.usable or ()}
-
-    return JobDevices(parts.devices, config.node.name, config.job.id, minor_of, held)
+    cgroups: Layout | None = None  # where job cgroups go (runtime/isolation.py; None: none)
 
 
 class CurrentJobMetrics(Collector):
@@ -274,18 +233,28 @@ class JobRun:
         self._generation = 0
         self._workers_context = LogContext(config.node.name, config.job.id)
         self._acting()
-        self.metrics = AgentMetrics(config.job.id)  # its GPUs are the node's (node_metrics)
         monitor = parts.monitor
         job = config.job
+        limits = None  # ConfigError first, before anything is made: the node refuses the job
+        if parts.cgroups is not None and config.isolation.on and job.container is None:
+            room = isolation.capacity(parts.cgroups, monitor)
+            limits = isolation.job_limits(config.isolation, config, room, grant)
+        self.metrics = AgentMetrics(config.job.id)  # its GPUs are the node's (node_metrics)
         needed = job.nproc_per_node * job.gpus_per_worker
         self._health = NodeHealth(
             config.node.name, config.health, needed, monitor, grant, job.gpus_per_worker
         )
-        devices = _devices(config, parts, self._health)
+        cgroup = isolation.job_cgroup(config, parts.cgroups, limits)
+        devices = isolation.job_devices(config, cgroup, monitor, self._health)
+        space = isolation.job_space(config, cgroup, limits)
+        cpus_of = isolation.job_cpus(config, monitor)
+        spawner = Spawner(
+            job.preload, job.user, _containers(config), cgroup, devices, space, cpus_of
+        )
         self.supervisor = Supervisor(
             echo=WorkerEcho(config.logging.format, self._workers_context),
             wake=parts.waker.wake,
-            spawner=Spawner(job.preload, job.user, _containers(config), devices),
+            spawner=spawner,
             warm_ups=job.warm_ups,
         )
         self.tiers = _tiers(config)
@@ -353,9 +322,6 @@ class JobRun:
 
     def unfit(self) -> str | None:
         return self._health.unfit
-
-    def gpus_held(self) -> tuple[str, ...]:
-        return self._health.held()
 
     def drained(self) -> str | None:
         """Why the job drained this node (by whom, the reason), while its cordon says so."""

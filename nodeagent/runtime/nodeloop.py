@@ -83,9 +83,6 @@ class JobRunner(Protocol):
     def request_stop(self) -> None: ...
     def close(self, keep_tiers: bool = True) -> None: ...
     def unfit(self) -> str | None: ...
-    def gpus_held(self) -> tuple[str, ...]:
-        """The UUIDs of the GPUs its workers use now."""
-
     def drained(self) -> str | None: ...
     def healthz(self) -> tuple[bool, str]: ...
     def pulled(self, ready: Pulled) -> None: ...
@@ -245,13 +242,15 @@ class NodeLoop:
         return next((r for j, r in runners if j not in self._grants), None)
 
     def gpu_holders(self) -> dict[str, str]:
-        """Each GPU (UUID) a job holds on this node -> that job: those given to the jobs that
-        share the node, those the whole-node job's workers use. (Read by the metrics thread: it
-        copies the dicts it reads.)"""
+        """Each GPU unit (UUID) a job holds on this node -> that job: those given to the jobs
+        that share the node; every unit the node offers to a job that has it whole, whether
+        its workers use each or not (its device cgroup allows them all, and the accounting
+        charges them all: `nodes --gpus` showed a MIG instance no worker used as free). (Read by
+        the metrics thread: it copies the dicts it reads.)"""
         holder = {uuid: job for job, grant in dict(self._grants).items() for uuid in grant}
         whole = self._whole()
         if whole is not None:
-            holder.update(dict.fromkeys(whole.gpus_held(), whole.job_id))
+            holder.update(dict.fromkeys((u.uuid for u in self._inventory()), whole.job_id))
         return holder
 
     def _state(self) -> NodeState:
@@ -300,7 +299,12 @@ class NodeLoop:
             if config is None:
                 continue
             log.info("serving job %s%s", job_id, f" on GPUs {', '.join(grant)}" if grant else "")
-            runner = self.runners[job_id] = self._start_job(config, grant)
+            try:
+                runner = self.runners[job_id] = self._start_job(config, grant)
+            except ConfigError as exc:  # more than this node can give it (runtime/isolation.py)
+                log.warning("refusing job %s: %s", job_id, exc)
+                self._refuse(job_id, str(exc))
+                continue
             if config.job.checkpoint is not None:
                 self._tiers[job_id] = config.job.checkpoint
             if grant is not None:

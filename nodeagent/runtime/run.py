@@ -37,13 +37,12 @@ from nodeagent.pool.ledger import Bookkeeper
 from nodeagent.pool.member import PoolMember
 from nodeagent.pool.metrics import PoolCollector
 from nodeagent.pool.notify import Webhooks
-from nodeagent.runtime import tuning
+from nodeagent.runtime import isolation, tuning
 from nodeagent.runtime.jobrun import (
     LISTEN_BLOCK_MS,
     CurrentJobMetrics,
     JobRun,
     NodeParts,
-    device_parent,
 )
 from nodeagent.runtime.locks import clean_leftovers, clean_legacy, hold, worker_record
 from nodeagent.runtime.nodeloop import NodeLoop
@@ -51,6 +50,7 @@ from nodeagent.runtime.preflight import NodeCheck
 from nodeagent.runtime.servechild import ServingProcess
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.fence import Keeper
+from nodeagent.supervisor.jobcgroup import Layout
 from nodeagent.telemetry.logs import LogContext
 from nodeagent.telemetry.logserve import LogRoute
 from nodeagent.telemetry.metrics import MetricsServer, node_metrics
@@ -102,11 +102,12 @@ def _run(
     database: Database | None,
 ) -> int | None:
     clean_leftovers(record)
-    devices = device_parent(config)  # after the leftovers: their cgroups can go
+    cgroups = isolation.node_cgroups(config)  # after the leftovers: their cgroups can go
+    isolation.node_space(config)
     keeper = Keeper(record)
     keeper.start()
     try:
-        return _run_agent(config, context, keeper, until_done, database, devices)
+        return _run_agent(config, context, keeper, until_done, database, cgroups)
     finally:
         keeper.close()
 
@@ -117,7 +118,7 @@ def _run_agent(
     keeper: Keeper,
     until_done: bool,
     database: Database | None,
-    devices: Path | None,
+    cgroups: Layout | None,
 ) -> int | None:
     tuning.tune()
     timeout = settings.timing.redis_timeout
@@ -127,6 +128,10 @@ def _run_agent(
     waker = Waker()
     monitor = build_monitor(settings.health)
     start_monitor(monitor, settings.health)  # ConfigError (exit 78) when gpu: on and no NVML
+    pinned = settings.job
+    if cgroups is not None and pinned is not None and settings.isolation.on:
+        room = isolation.capacity(cgroups, monitor)  # ConfigError (exit 78): more than it has
+        isolation.job_limits(settings.isolation, settings.running(pinned), room, None)
     monitor.on_change = waker.wake
     current = CurrentJobMetrics()
     registry = CollectorRegistry()
@@ -141,7 +146,7 @@ def _run_agent(
         context,
         Notifier.from_environ(os.environ),
         lambda: address[0] if address else None,
-        devices,
+        cgroups,
     )
     authority = None if until_done else pool_authority(settings.pool)  # ConfigError: exit 78
     if authority is not None and authority.token_key is not None:  # tokens' logs: not revoked

@@ -7,8 +7,11 @@ rank's warm-up), status.py (what it reports: GroupPhase, GroupStatus, WorkerExit
 spec.py (what a worker is started with: torchrun's environment, argv, cwd, files), ranklogs.py
 (a rank's log files), spares.py (pre-started interpreters, `job.preload`), fence.py (the fence
 keeper, `python -m nodeagent.supervisor.fence`), cgroups.py (a containerised worker fenced by
-its container's cgroup: what left its process group dies too), devices.py (the device
-cgroup: a job's bare workers may open only its GPUs' device nodes), container.py (a worker in the
+its container's cgroup: what left its process group dies too), jobcgroup.py (a job's
+cgroup on the node: its limits, its workers put in it, the OOM kills in it, everything in it
+ended at the job's end), jobspace.py (a job's own /dev/shm, in namespaces its user makes, and
+its temp directory), devices.py (the device program on it: a job's bare workers may open
+only its GPUs' device nodes), container.py (a worker in the
 job's image: the podman service's client, its pulls), errorfile.py (a failed rank's root cause),
 libmunge.py (the credentials of the pool's requests, made and checked in process through
 libmunge), munge.py (MUNGE's `munge` and `unmunge` programs, where libmunge does not load),

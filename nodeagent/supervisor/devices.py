@@ -2,8 +2,8 @@
 
 `CUDA_VISIBLE_DEVICES` is a convention CUDA keeps, not a wall: a worker that opens
 /dev/nvidia3 itself (NVML, a second CUDA context with the variable unset) reaches a GPU another
-job on the node holds. With `health.constrain_devices` (Slurm's ConstrainDevices), each job's
-workers on a node run in a cgroup of their own below the agent's (`job-<node>.<job>`), with a
+job on the node holds. With `health.constrain_devices` (Slurm's ConstrainDevices), the cgroup
+each job's workers on a node run in (supervisor/jobcgroup.py, `job-<node>.<job>`) has a
 BPF device program attached (cgroup v2's device control) that refuses the NVIDIA GPUs' device
 nodes, character major 195, except the job's GPUs' minors (NVML's minor number), nvidiactl
 (255) and nvidia-modeset (254). Every other device is left to the programs above it: the
@@ -14,10 +14,8 @@ it (BPF_F_ALLOW_MULTI), so this one can only take away, never give what the unit
 The set is the job's, not each rank's: NCCL's peer-to-peer transport between the job's ranks on
 the node opens each other's GPUs, as Slurm constrains a step's GPUs, not a task's.
 
-A worker enters its cgroup in the child between fork and exec, after the switch to the job's
-user: it writes "0" (itself) to the cgroup's `cgroup.procs`, opened by the agent beforehand.
-The kernel judges that write by the credentials of whoever opened the file (Linux 5.16 on), so
-no line of the worker's code ever runs outside the cgroup.
+A worker enters its cgroup before its first line of code runs (supervisor/jobcgroup.py), so
+none of it runs unconfined.
 
 What the node must allow, checked once at start-up (`probe`): cgroup v2, or a hybrid's unified
 hierarchy, with the agent's own cgroup writable (under systemd `Delegate=yes` and
@@ -37,16 +35,16 @@ import struct
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from nodeagent.supervisor.jobcgroup import JobCgroup, JobCgroupError, Layout, read_layout
+
 NVIDIA_MAJOR = 195
 NVIDIA_CTL, NVIDIA_MODESET = 255, 254  # every CUDA process opens nvidiactl
-PREFIX = "job-"  # a job's cgroup below the agent's
 _BPF_SYSCALL = {"x86_64": 321, "aarch64": 280, "ppc64le": 361}
 _PROG_LOAD, _PROG_ATTACH, _PROG_DETACH = 5, 8, 9
 _PROG_TYPE_CGROUP_DEVICE, _CGROUP_DEVICE = 15, 6  # program type, attach type
 _F_ALLOW_MULTI = 2
 _DEVCG_DEV_CHAR = 2  # bpf_cgroup_dev_ctx.access_type's low 16 bits
 _LOG_SIZE = 1 << 16
-_ATTEMPTS = 16  # names fresh() tries: `job-<node>.<job>`, then `+1`...
 
 
 class DeviceCgroupError(OSError):
@@ -152,43 +150,33 @@ def own_cgroup(proc: Path = Path("/proc/self")) -> Path:
     Raises:
         DeviceCgroupError: no cgroup v2 is mounted, or this process is not in it.
     """
-    where = next(
-        (line[3:] for line in (proc / "cgroup").read_text().splitlines() if line[:3] == "0::"),
-        None,
-    )
-    for line in (proc / "mountinfo").read_text().splitlines():
-        fields, _, after = line.partition(" - ")
-        if after.split(" ", 1)[0] != "cgroup2":
-            continue
-        root, mount = fields.split(" ")[3:5]
-        if where is not None and (where == root or where.startswith(root.rstrip("/") + "/")):
-            return Path(mount) / where[len(root.rstrip("/")) :].lstrip("/")
-    raise DeviceCgroupError(
-        errno.ENOENT, "no cgroup v2 hierarchy holds this process (/proc/self/cgroup, mountinfo)"
-    )
+    try:
+        found = read_layout((), proc).unified
+    except JobCgroupError:
+        found = None
+    if found is None:
+        raise DeviceCgroupError(
+            errno.ENOENT, "no cgroup v2 hierarchy holds this process (/proc/self/cgroup, mountinfo)"
+        )
+    return found
 
 
 class JobDevices:
-    """One job's device cgroup on this node: its workers may open the GPUs the job holds here
-    (`held`: NVML indices; the node's grant to the job, or a whole node's usable GPUs), as
-    last `refresh`ed; `procs_fd` is what a worker writes itself into."""
+    """One job's device program on this node, attached to the job's cgroup (`cgroup`'s v2
+    directory): its workers may open the GPUs the job holds here (`held`: NVML indices; the
+    node's grant to the job, or a whole node's usable GPUs), as last `refresh`ed."""
 
     def __init__(
         self,
-        parent: Path,
-        node: str,
-        job: str,
+        cgroup: JobCgroup,
         minor_of: Callable[[int], int | None],
         held: Callable[[], Iterable[int]],
         bpf: _Bpf | None = None,
     ) -> None:
-        self._name = parent / f"{PREFIX}{node}.{job}"
-        self.path = self._name  # where it is once made: fresh() may add `+1`
+        self.cgroup = cgroup
         self._minor_of = minor_of
         self._held = held
         self._bpf = bpf
-        self._dir = -1  # the cgroup's directory, then its cgroup.procs, opened once
-        self._procs = -1
         self._prog = -1
         self._minors: frozenset[int] | None = None
 
@@ -218,93 +206,47 @@ class JobDevices:
         wanted = frozenset(minors | {NVIDIA_CTL, NVIDIA_MODESET})
         if wanted == self._minors:
             return
-        self._open()
+        try:
+            self.cgroup.make()
+            directory = self.cgroup.unified_fd()
+        except JobCgroupError as exc:
+            raise DeviceCgroupError(exc.errno, exc.strerror) from None
         bpf = self._bpf or _Bpf()
         self._bpf = bpf
         prog = bpf.load(program(wanted))
         try:
-            bpf.attach(self._dir, prog)
+            bpf.attach(directory, prog)
         except OSError as exc:
             os.close(prog)
             raise DeviceCgroupError(
-                exc.errno, f"cannot attach a device program to {self.path}: {exc.strerror}"
+                exc.errno,
+                f"cannot attach a device program to {self.cgroup.unified}: {exc.strerror}",
             ) from None
         if self._prog >= 0:  # both hold for a moment: the stricter of the two
             with contextlib.suppress(OSError):
-                bpf.detach(self._dir, self._prog)
+                bpf.detach(directory, self._prog)
             os.close(self._prog)
         self._prog, self._minors = prog, wanted
 
-    def procs_fd(self) -> int:
-        """The cgroup's `cgroup.procs`, open for writing (confine first)."""
-        if self._procs < 0:
-            raise DeviceCgroupError(errno.EBADF, f"{self.path}: not confined yet")
-        return self._procs
-
-    def _open(self) -> None:
-        if self._dir >= 0:
-            return
-        self.path = fresh(self._name)
-        try:
-            self._dir = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            self._procs = os.open(self.path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise DeviceCgroupError(exc.errno, f"cannot open {self.path}: {exc.strerror}") from None
-
     def close(self) -> None:
-        """Let go of it; the directory goes once its last worker has (else at the next start)."""
-        for fd in (self._prog, self._procs, self._dir):
-            if fd >= 0:
-                os.close(fd)
-        self._prog = self._procs = self._dir = -1
+        """Let go of the program (the cgroup is its owner's to end)."""
+        if self._prog >= 0:
+            os.close(self._prog)
+        self._prog = -1
         self._minors = None
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
-
-
-def fresh(path: Path) -> Path:
-    """A new, empty cgroup named `path`, or `path+1`, `path+2`... when what an earlier agent
-    left there still holds processes: one left empty is removed first (its program, still
-    attached, would go on refusing); one in use is left for the next start's `probe`, never
-    waited for (this runs in the agent's loop).
-
-    Raises:
-        DeviceCgroupError: none can be made.
-    """
-    for attempt in range(_ATTEMPTS):
-        candidate = path if attempt == 0 else path.with_name(f"{path.name}+{attempt}")
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise DeviceCgroupError(exc.errno, f"cannot make {candidate}: {exc.strerror}") from None
-        try:
-            candidate.rmdir()
-            candidate.mkdir()
-            return candidate
-        except OSError as exc:
-            if exc.errno not in (errno.EBUSY, errno.EEXIST, errno.ENOTEMPTY):
-                raise DeviceCgroupError(
-                    exc.errno, f"cannot replace {candidate}, an earlier agent's: {exc.strerror}"
-                ) from None
-    raise DeviceCgroupError(errno.EBUSY, f"{path} and {_ATTEMPTS - 1} more are all in use")
 
 
 def probe(parent: Path, node: str) -> None:
     """Whether this node lets the agent confine devices: a cgroup made below `parent`, a
-    program loaded and attached to it, both gone again. Empty job cgroups an earlier agent of
-    `node` left are removed (only its: agents of several nodes can share a cgroup in tests).
+    program loaded and attached to it, both gone again.
 
     Raises:
         DeviceCgroupError: naming what the node does not allow.
     """
-    for left in parent.glob(f"{PREFIX}{node}.*"):
-        with contextlib.suppress(OSError):
-            left.rmdir()
-    trial = JobDevices(parent, node, f"probe-{os.getpid()}", lambda index: index, tuple)
+    trial = JobCgroup(Layout(parent, {parent: frozenset()}), node, f"probe-{os.getpid()}", None)
+    devices = JobDevices(trial, lambda index: index, tuple)
     try:
-        trial.confine(())
+        devices.confine(())
     finally:
+        devices.close()
         trial.close()

@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from nodeagent.channel import control
 from nodeagent.channel.control import ControlFile
+from nodeagent.config.values import size_text
 from nodeagent.model.job import Failure, WorkerInfo
 from nodeagent.supervisor.fence import Group, start_ticks
 from nodeagent.supervisor.ranklogs import (
@@ -85,6 +86,7 @@ class Supervisor:
         self._started_at = 0.0
         self._node = ""
         self._release: Release | None = None  # set by release(): in_place re-forming
+        self._oom_kills = 0  # the job's cgroup's OOM kills when this generation started
 
     # -- starting --------------------------------------------------------------------------
 
@@ -101,6 +103,7 @@ class Supervisor:
         self._started_at = self._clock()
         self._stop_deadline, self._killed, self._failure = None, False, None
         self._release = None
+        self._oom_kills = self._spawner.oom_kills()
         workers = []
         warmed = sum(1 for w in survivors.values() if w.warmup)
         for spec in specs:
@@ -316,6 +319,8 @@ class Supervisor:
                 )
             elif not expected and code != 0:
                 cause = worker.cause(self._clock() - self._started_at <= EARLY_FAILURE_S)
+                if self._out_of_memory():
+                    cause = "; ".join(filter(None, (self._oom_words(), cause)))
                 self._note_failure(worker, cause)
             if worker.warmup and not worker.has_left():
                 log.warning(
@@ -389,8 +394,22 @@ class Supervisor:
         return next(w for w in self._workers if w.spec.local_rank == local_rank).dump_stacks()
 
     def _note_failure(self, worker: Worker, cause: str | None = None) -> None:
-        if self._failure is None and worker.returncode is not None:
-            self._failure = worker.failure(self._generation or 0, self._node, cause)
+        """The generation's first failure; one while its job's cgroup recorded an OOM kill
+        since the generation started is the job's running out of memory (the process killed
+        may have been the worker or one of its own, a data loader's: the worker then raises)."""
+        if self._failure is not None or worker.returncode is None:
+            return
+        failure = worker.failure(self._generation or 0, self._node, cause)
+        if self._out_of_memory():
+            failure = replace(failure, kind="oom", memory_limit=self._spawner.memory_limit)
+        self._failure = failure
+
+    def _out_of_memory(self) -> bool:
+        return self._spawner.oom_kills() > self._oom_kills
+
+    def _oom_words(self) -> str:
+        limit = self._spawner.memory_limit
+        return "out of memory" + (f" (its job's limit here: {size_text(limit)})" if limit else "")
 
     def _alive(self) -> bool:
         return any(worker.alive() for worker in self._workers)

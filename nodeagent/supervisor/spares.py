@@ -15,6 +15,7 @@ not beside it, so their imports do not slow the group's own start-up.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -23,11 +24,14 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from nodeagent.config.entrypoint import split_python
 from nodeagent.config.identity import WorkerUser
 from nodeagent.supervisor.container import Containers
-from nodeagent.supervisor.devices import DeviceCgroupError, JobDevices
+from nodeagent.supervisor.devices import JobDevices
+from nodeagent.supervisor.jobcgroup import JobCgroup, JobCgroupError
+from nodeagent.supervisor.jobspace import JobSpace, JobSpaceError, join
 from nodeagent.supervisor.spec import TORCHRUN_VARIABLES, WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -48,14 +52,25 @@ _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 
 
 def die_with(
-    parent: int, cwd: str | None = None, tell: int = -1, cgroup: int = -1
+    parent: int,
+    cwd: str | None = None,
+    tell: int = -1,
+    cgroups: tuple[int, ...] = (),
+    oom_adjust: int = -1,
+    space: int = 0,
+    cpus: tuple[int, ...] = (),
 ) -> Callable[[], None]:
     """Runs in the child before exec, after the switch to the job's user: the kernel SIGKILLs
-    it when the agent dies, even by SIGKILL (PR_SET_PDEATHSIG survives exec); with `cgroup` (a
-    `cgroup.procs` the agent opened), it moves itself into that cgroup (supervisor/devices.py);
-    with `cwd`, it enters that directory as the user. What fails is written to `tell` (which
-    step, its errno) and the child fails (Popen raises SubprocessError). Only a few plain
-    system calls here."""
+    it when the agent dies, even by SIGKILL (PR_SET_PDEATHSIG survives exec); with `cgroups`
+    (each `cgroup.procs` of its job's cgroup the agent opened), it moves itself into them
+    (supervisor/jobcgroup.py); with `oom_adjust` (/proc/self/oom_score_adj, opened here), it
+    gives up the agent's protection from the OOM killer (the unit's OOMScoreAdjust=): a worker
+    is as likely as any process to be chosen, the agent less; with `space` (the pid of its
+    job's /dev/shm holder, supervisor/jobspace.py), it enters the job's namespaces; with
+    `cpus`, it runs on those (near its GPUs: a placement, not a wall, so a refusal is let
+    be); with `cwd`, it enters that directory as the user. What fails is written to `tell`
+    (which step, its errno) and the child fails (Popen raises SubprocessError). Only a few
+    plain system calls here."""
 
     def preexec() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -63,8 +78,25 @@ def die_with(
             os.kill(os.getpid(), signal.SIGKILL)
         step = _CGROUP
         try:
-            if cgroup >= 0:
-                os.write(cgroup, b"0")
+            for fd in cgroups:
+                os.write(fd, b"0")
+            if oom_adjust >= 0:  # raising it back to 0 needs no privilege
+                adjust = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.write(adjust, b"%d" % oom_adjust)
+                finally:
+                    os.close(adjust)
+            if space:
+                step = _SPACE
+                join(space)
+                # Entering a user namespace changes the credentials, which clears the
+                # parent-death signal: set again, and checked again.
+                _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                if os.getppid() != parent:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            if cpus:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(0, cpus)
             step = _WORKDIR
             if cwd is not None:
                 os.chdir(cwd)
@@ -75,7 +107,15 @@ def die_with(
     return preexec
 
 
-_CGROUP, _WORKDIR = b"c", b"w"  # the step of preexec that failed
+_CGROUP, _SPACE, _WORKDIR = b"c", b"s", b"w"  # the step of preexec that failed
+
+
+def _own_oom_adjust(path: Path = Path("/proc/self/oom_score_adj")) -> int:
+    """This process's oom_score_adj (0: unreadable)."""
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return 0
 
 
 def _start(
@@ -84,13 +124,16 @@ def _start(
     cwd: str | None,
     stdin: int,
     user: WorkerUser | None = None,
-    cgroup: int = -1,
+    cgroups: tuple[int, ...] = (),
+    space: int = 0,
+    cpus: tuple[int, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """A worker-to-be in its own session (so a stop reaches all it forks), output on one pipe,
     running as `user` when the agent switches users, killed by the kernel if the agent dies,
-    in the job's device cgroup when it has one (`cgroup`: its `cgroup.procs`, open, close on
-    exec: preexec_fn runs before CPython closes the fds, and the worker must not keep it, or
-    it could move any process into the cgroup with the agent's credentials).
+    in the job's namespaces when it has a /dev/shm of its own (`space`: its holder's pid),
+    in the job's cgroup when it has one (`cgroups`: its `cgroup.procs` in each hierarchy,
+    open, close on exec: preexec_fn runs before CPython closes the fds, and the worker must not
+    keep them, or it could move any process into the cgroup with the agent's credentials).
 
     The order in the child matters: CPython changes to `cwd`, then applies setgroups, setregid
     and setreuid, then calls preexec_fn. The kernel clears a parent-death signal when the
@@ -101,12 +144,14 @@ def _start(
 
     Raises:
         OSError: it could not be started; `WorkdirError` when the user cannot enter `cwd`,
-            `DeviceCgroupError` when it cannot enter the device cgroup.
+            `JobCgroupError` when it cannot enter its job's cgroup, `JobSpaceError` its
+            job's namespaces.
     """
     switch = user is not None and user.switch
     ids = (user.uid, user.gid, list(user.groups)) if user and switch else (None, None, None)
     as_user = cwd if switch else None
-    told, tell = os.pipe2(os.O_CLOEXEC) if as_user or cgroup >= 0 else (-1, -1)
+    told, tell = os.pipe2(os.O_CLOEXEC) if as_user or cgroups or space else (-1, -1)
+    adjust = _own_oom_adjust()
     try:
         return subprocess.Popen(
             argv,
@@ -119,7 +164,9 @@ def _start(
             user=ids[0],
             group=ids[1],
             extra_groups=ids[2],
-            preexec_fn=die_with(os.getpid(), as_user, tell, cgroup),
+            preexec_fn=die_with(
+                os.getpid(), as_user, tell, cgroups, 0 if adjust < 0 else -1, space, cpus
+            ),
         )
     except subprocess.SubprocessError:  # only preexec_fn raises it
         os.close(tell)
@@ -127,8 +174,12 @@ def _start(
         said = os.read(told, 5)
         code = int.from_bytes(said[1:] or b"\0", "little")
         if said[:1] == _CGROUP:
-            raise DeviceCgroupError(
-                code, f"cannot enter its device cgroup: {os.strerror(code)}"
+            raise JobCgroupError(
+                code, f"cannot enter its job's cgroup: {os.strerror(code)}"
+            ) from None
+        if said[:1] == _SPACE:
+            raise JobSpaceError(
+                code, f"cannot enter its job's /dev/shm: {os.strerror(code)}"
             ) from None
         assert user is not None and cwd is not None
         raise WorkdirError(code, cwd, user.name) from None
@@ -194,18 +245,29 @@ class Spawner:
         modules: Sequence[str] = (),
         user: WorkerUser | None = None,
         containers: Containers | None = None,
+        cgroup: JobCgroup | None = None,
         devices: JobDevices | None = None,
+        space: JobSpace | None = None,
+        cpus_of: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None,
     ) -> None:
+        """`cgroup`: the job's, which its bare workers start in (a container's is its
+        runtime's); `devices`: the device program attached to it (CDI keeps a container's);
+        `space`: the job's /dev/shm and temp directory (a container has its own); `cpus_of`:
+        the CPUs a worker of these GPUs runs on (empty: any; isolation.cpu_binding)."""
         self._modules = tuple(modules) if containers is None else ()
         self.user = user
         self.containers = containers
-        self._devices = devices if containers is None else None  # CDI keeps a container's
+        self.cgroup = cgroup if containers is None else None
+        self._devices = devices if containers is None else None
+        self.space = space if containers is None else None
+        self._cpus_of = cpus_of if containers is None else None
         self._spares: dict[int, _Spare] = {}
         self._planned: tuple[float, Sequence[WorkerSpec]] | None = None
 
     def spawn(self, spec: WorkerSpec) -> tuple[subprocess.Popen[bytes], bool]:
         """The worker for `spec`, stdout and stderr on one pipe, and whether it runs in a
         preloaded interpreter. Raises OSError if it cannot be started."""
+        space = self._space()
         spec = self._as_user(spec)
         if self.containers is not None:
             try:
@@ -225,22 +287,46 @@ class Spawner:
                 "preloaded interpreter of local rank %d %s; starting cold", spec.local_rank, reason
             )
             spare.discard()
-        cgroup = self._cgroup()
+        cgroup, cpus = self._cgroup(), self._cpus(spec)
+        env, user = dict(spec.env), self.user
         return _start(
-            spec.argv, dict(spec.env), spec.cwd, subprocess.DEVNULL, self.user, cgroup
+            spec.argv, env, spec.cwd, subprocess.DEVNULL, user, cgroup, space, cpus
         ), False
 
-    def _cgroup(self) -> int:
-        """The job's device cgroup's `cgroup.procs`, confined to the GPUs the job holds now
-        (-1: none).
+    def _cgroup(self) -> tuple[int, ...]:
+        """The job's cgroup's `cgroup.procs` in each hierarchy, made and, with a device
+        program, confined to the GPUs the job holds now (none: no cgroup).
 
         Raises:
-            DeviceCgroupError: it cannot be set up.
+            JobCgroupError, DeviceCgroupError: it cannot be set up.
         """
-        if self._devices is None:
-            return -1
-        self._devices.refresh()
-        return self._devices.procs_fd()
+        if self.cgroup is None:
+            return ()
+        self.cgroup.make()
+        if self._devices is not None:
+            self._devices.refresh()
+        return self.cgroup.procs_fds()
+
+    def _cpus(self, spec: WorkerSpec) -> tuple[int, ...]:
+        return self._cpus_of(spec.gpus) if self._cpus_of is not None and spec.gpus else ()
+
+    def _space(self) -> int:
+        """The pid of the holder of the job's namespaces, started if need be (0: none).
+
+        Raises:
+            JobSpaceError: it cannot be made.
+        """
+        return self.space.make() if self.space is not None else 0
+
+    def oom_kills(self) -> int:
+        """The processes the OOM killer took in the job's cgroup so far (0: no cgroup)."""
+        return self.cgroup.oom_kills() if self.cgroup is not None else 0
+
+    @property
+    def memory_limit(self) -> int | None:
+        """What the job's workers on this node may use together (None: no limit)."""
+        limits = self.cgroup.limits if self.cgroup is not None else None
+        return limits.memory if limits is not None else None
 
     def has_spare(self, spec: WorkerSpec) -> bool:
         """A live preloaded interpreter that `spec`'s worker would start in."""
@@ -265,10 +351,13 @@ class Spawner:
         return self.containers.runtime.worker_depth if self.containers is not None else 0
 
     def _as_user(self, spec: WorkerSpec) -> WorkerSpec:
-        """`spec` with the user's HOME, USER and LOGNAME (those job.env does not set)."""
-        if self.user is None or not self.user.env:
-            return spec
-        return replace(spec, env={**spec.env, **self.user.env})
+        """`spec` with the user's HOME, USER and LOGNAME (those job.env does not set), and
+        TMPDIR, the job's own temp directory, unless job.env sets one."""
+        env = {**spec.env, **(self.user.env if self.user is not None else {})}
+        tmpdir = self.space.tmpdir if self.space is not None else None
+        if tmpdir is not None and "TMPDIR" not in spec.env:
+            env["TMPDIR"] = str(tmpdir)
+        return spec if env == spec.env else replace(spec, env=env)
 
     def _adopt(self, spare: _Spare, spec: WorkerSpec) -> subprocess.Popen[bytes]:
         order = {"args": split_python(spec.argv)[1], "env": dict(spec.env), "cwd": spec.cwd}
@@ -299,11 +388,13 @@ class Spawner:
                     return
 
     def _start_spare(self, spec: WorkerSpec) -> _Spare:
+        space = self._space()
         spec = self._as_user(spec)
         interpreter = split_python(spec.argv)[0]
         env = static_env(spec.env)
         argv = [*interpreter, "-m", SPARE_MODULE, *self._modules]
-        popen = _start(argv, env, spec.cwd, subprocess.PIPE, self.user, self._cgroup())
+        cgroup, cpus = self._cgroup(), self._cpus(spec)
+        popen = _start(argv, env, spec.cwd, subprocess.PIPE, self.user, cgroup, space, cpus)
         return _Spare(popen, interpreter, env, spec.cwd)
 
     def spare_pids(self) -> list[int]:
@@ -320,3 +411,7 @@ class Spawner:
             self.containers.close()
         if self._devices is not None:
             self._devices.close()
+        if self.space is not None:
+            self.space.close()
+        if self.cgroup is not None:
+            self.cgroup.close()

@@ -33,9 +33,14 @@ class ContextFilter(logging.Filter):
         self._context = context
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Stamp the context, where a line does not name its own job (`extra={"job": ...}`:
+        the pool leader's notice of another job is that job's line, not its node's)."""
         record.node = self._context.node
-        record.job = self._context.job
-        record.generation = self._context.generation
+        if "job" not in record.__dict__:
+            record.job = self._context.job
+            record.generation = self._context.generation
+        elif "generation" not in record.__dict__:
+            record.generation = 0
         return True
 
 

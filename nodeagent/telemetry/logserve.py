@@ -62,7 +62,11 @@ class LogFetchError(NodeagentError):
 
 
 class LogRefused(LogFetchError):
-    """The node's agent answered, with an error (a refusal: 401, 403, ...)."""
+    """The node's agent answered, with an error (a refusal: 401, 403, ...): `code`."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class LogAccess(Protocol):
@@ -300,7 +304,7 @@ def fetch(
         if exc.code == 404:
             return None
         detail = exc.read(300).decode("utf-8", "replace").strip()
-        raise LogRefused(f"it answered {exc.code}: {detail}") from None
+        raise LogRefused(f"it answered {exc.code}: {detail}", exc.code) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         reason = getattr(exc, "reason", None) or exc
         raise LogFetchError(f"unreachable: {reason}") from None

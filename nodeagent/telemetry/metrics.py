@@ -36,7 +36,7 @@ from nodeagent.state import JobState, NodeState
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
 from nodeagent.telemetry.httpd import HttpServer, Route
 
-FAILURE_KINDS = ("exit_code", "signal", "hang", "xid")
+FAILURE_KINDS = ("exit_code", "signal", "hang", "xid", "oom")
 DETECTION_KINDS = ("node_lost", "hang")
 RIDE_OUTCOMES = ("resumed", "fenced")  # how a ride through a Redis outage ended
 RECOVERY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -175,7 +175,7 @@ class AgentMetrics:
         )
         self.worker_failures = Counter(
             "nodeagent_worker_failures",
-            "This node's worker failures, by kind (exit_code, signal, hang, xid)",
+            "This node's worker failures, by kind (exit_code, signal, hang, xid, oom)",
             ["job_id", "kind"],
             registry=r,
         )

@@ -21,7 +21,7 @@ from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.replies import NodeLease
 from nodeagent.coord.store import JobStore
-from nodeagent.errors import NotFoundError, UsageError
+from nodeagent.errors import NotFoundError, RefusedError, UsageError
 from nodeagent.model.job import JobRecord
 from nodeagent.telemetry.logserve import (
     LogChunk,
@@ -32,6 +32,8 @@ from nodeagent.telemetry.logserve import (
     fetch,
     reachable,
 )
+
+FORBIDDEN = (401, 403)  # a node's answers that say the caller may not read the log
 
 FOLLOW_INTERVAL_S = 0.5  # each round asks Redis where the rank is and its agent for lines
 
@@ -141,8 +143,10 @@ class RankLogs:
     def ask(self, place: Place, request: LogRequest) -> LogChunk | None:
         try:
             return fetch(place.address, replace(request, as_uid=self.as_uid), sign=self.sign)
-        except LogFetchError as exc:  # of the same kind: refused, or not reached
-            raise type(exc)(f"node {place.node} at {place.address}: {exc}") from None
+        except LogRefused as exc:
+            raise LogRefused(f"node {place.node} at {place.address}: {exc}", exc.code) from None
+        except LogFetchError as exc:
+            raise LogFetchError(f"node {place.node} at {place.address}: {exc}") from None
 
 
 def read(
@@ -157,6 +161,7 @@ def read(
 
     Raises (before the first item):
         NotFoundError: no such job.
+        RefusedError: its agent refused the caller (401, 403: not the caller's to read).
         UsageError: the rank has no place now, its agent refused or cannot be reached, or it
             has no log yet.
     """
@@ -166,6 +171,8 @@ def read(
     try:
         chunk = logs.ask(place, LogRequest(logs.job, rank, tail=tail))
     except LogRefused as exc:  # it answered: the refusal says it all
+        if exc.code in FORBIDDEN:  # not this caller's to read: no retry changes that
+            raise RefusedError(str(exc), exc.code) from None
         raise UsageError(str(exc)) from None
     except LogFetchError as exc:
         raise UsageError(f"{exc} (is its metrics.listen reachable from here?)") from None

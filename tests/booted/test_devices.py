@@ -1,10 +1,12 @@
-"""Issue 66: the device cgroup under the shipped unit and a real systemd (tests/booted/conftest.py).
+"""Issues 66 and 80: the device cgroup, and the jobs' own cgroups with their limits, under the
+shipped unit and a real systemd (tests/booted/conftest.py).
 
 n1 is set up as `nodeagent_constrain_devices: true` sets a node up: the unit's drop-in
 (systemd/nodeagent.service.d/constrain-devices.conf) and `health.constrain_devices` in its
 config, here with two fake GPUs (`health.fake_gpus`) whose device nodes are minors 6 and 7.
-The nodes run systemd on this machine's cgroup v1/v2 hybrid, with the unified hierarchy, CAP_BPF
-and CAP_NET_ADMIN, and bpf(2) allowed to CAP_BPF (tests/helpers/booted.py `_device_control`).
+The nodes run systemd on this machine's cgroup v1/v2 hybrid, with the unified hierarchy and the
+v1 memory, pids and cpu hierarchies writable, CAP_BPF and CAP_NET_ADMIN, and bpf(2) allowed
+to CAP_BPF (tests/helpers/booted.py `_device_control`).
 Stand-ins for the GPUs' device nodes are made with mknod (tests/helpers/devicenodes.py: an
 allowed one fails to open with ENXIO, no driver; a refused one with EPERM).
 """
@@ -13,13 +15,14 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
 from tests.helpers.booted import CHECKOUT, BootedPool, Node
-from tests.helpers.bootedjobs import rank_lines
+from tests.helpers.bootedjobs import rank_lines, status
 from tests.helpers.cluster import wait_for
 from tests.helpers.gpus import gpu
 
@@ -68,16 +71,29 @@ def unconstrain(node: Node) -> None:
     )
 
 
-def test_a_jobs_worker_opens_only_its_gpus_device_node_under_the_unit(pool: BootedPool) -> None:
+@pytest.fixture(scope="module")
+def n1(pool: BootedPool) -> Iterator[Node]:
+    """n1 constrained, with two fake GPUs, for this module's tests."""
+    node = pool.node("n1")
+    constrain(node)
+    try:
+        wait_for(lambda: len(offered(pool, "n1") or ()) == 2, 120, "n1 to offer 2 GPUs")
+        yield node
+    finally:
+        unconstrain(node)
+    wait_for(lambda: offered(pool, "n1") == [], 120, "n1 back in the pool without GPUs")
+
+
+def test_a_jobs_worker_opens_only_its_gpus_device_node_under_the_unit(
+    pool: BootedPool, n1: Node
+) -> None:
     """alice's one-GPU job on n1: its worker, as alice, in `job-n1.<job>` below the unit's
     delegated cgroup, opens its own GPU's node and nvidiactl, and is refused the other GPU's;
     the agent under the unit with the drop-in made that cgroup and loaded the program."""
-    n1, job = pool.node("n1"), "devices-alice"
-    constrain(n1)
+    job = "devices-alice"
     try:
         unit = n1.systemctl("show", "-p", "Delegate,ProtectControlGroups", "nodeagent").stdout
         assert "Delegate=yes" in unit and "ProtectControlGroups=no" in unit, unit
-        wait_for(lambda: len(offered(pool, "n1") or ()) == 2, 120, "n1 to offer 2 GPUs")
         pool.ctl(
             *("submit", f"--name={job}", "--nodes=1", "--gpus-per-node=1"),
             f"--env=PYTHONPATH={CHECKOUT}",  # what it runs: which of DEVICES it may open
@@ -94,6 +110,48 @@ def test_a_jobs_worker_opens_only_its_gpus_device_node_under_the_unit(pool: Boot
         assert found["opened"] == {own: "ENXIO", other: "EPERM", "nvidia255": "ENXIO"}, found
         assert found["cgroup"].endswith(f"/system.slice/nodeagent.service/job-n1.{job}"), found
     finally:
-        pool.ctl("cancel", job, check=False)
-        unconstrain(n1)
-    wait_for(lambda: offered(pool, "n1") == [], 120, "n1 back in the pool without GPUs")
+        pool.ctl("cancel", job, user="alice", check=False)
+
+
+# bytes * n writes every page it takes: the kernel charges them to the job's cgroup
+GROW = (
+    "import time\nheld = []\nwhile True:\n    held.append(b'x' * (32 << 20))\n    time.sleep(0.05)"
+)
+SLEEP = "import time; time.sleep(3600)"
+
+
+def test_a_jobs_oom_under_the_unit_kills_only_its_worker(pool: BootedPool, n1: Node) -> None:
+    """Two of alice's one-GPU jobs on n1; one grows past its `--mem`. The kernel kills its
+    worker inside its job's cgroup, the job says so (worker_oom), and neither the neighbour nor
+    the agent (OOMPolicy=continue) is touched."""
+    neighbour, hog = "oom-neighbour", "oom-hog"
+    unit = n1.systemctl("show", "-p", "OOMPolicy,Delegate", "nodeagent").stdout
+    assert "OOMPolicy=continue" in unit and "Delegate=yes" in unit, unit
+    agent = n1.main_pid()
+    try:
+        pool.ctl(
+            *("submit", f"--name={neighbour}", "--nodes=1", "--gpus-per-node=1"),
+            *("--", str(PYTHON), "-c", SLEEP),
+            user="alice",
+        )
+        wait_for(lambda: status(pool, neighbour)["state"] == "running", 180, "the neighbour")
+        pool.ctl(
+            *("submit", f"--name={hog}", "--nodes=1", "--gpus-per-node=1", "--mem=256MiB"),
+            *("--max-restarts=1", "--", str(PYTHON), "-c", GROW),
+            user="alice",
+        )
+
+        def ended() -> dict[str, Any] | None:
+            doc: dict[str, Any] = json.loads(pool.ctl("show", hog, "--json"))
+            return doc if doc["state"] == "failed" else None
+
+        doc = wait_for(ended, 180, f"{hog} to fail")
+        assert doc["restarts_by_cause"].get("worker_oom") == 1, doc
+        assert "rank 0 on n1 ran out of memory (its job's limit there: 256 MiB" in doc["detail"]
+        held = status(pool, neighbour)
+        assert held["state"] == "running" and held["generation"] == 1, held
+        assert held["restart_count"] == 0, held
+        assert n1.main_pid() == agent  # the unit was not stopped for its job's OOM
+    finally:
+        for job in (neighbour, hog):
+            pool.ctl("cancel", job, user="alice", check=False)

@@ -271,10 +271,10 @@ def watched(
     browser.back()
     browser.back()
 
-    # The job holds both nodes whole: its queue is charged their four GPUs; on each node its one
-    # worker holds one of the two.
+    # The job holds both nodes whole: its queue is charged their four GPUs, and each node shows
+    # both of its GPUs held, the one its worker uses and the other (issue 81: it showed 1/2).
     held = {
-        "nodes": ('tr[data-node] td[data-gpus="2"][data-held="1"]', 2),
+        "nodes": ('tr[data-node] td[data-gpus="2"][data-held="2"]', 2),
         "queues": ('tr[data-queue="default"] td[data-gpus="4"]', 1),
     }
     for page, (cells, count) in held.items():
@@ -319,6 +319,16 @@ def test_bob_sees_alices_job_without_its_actions_and_the_pool_refuses_his_cancel
         )
         assert said[0] == 403 and "may not" in said[1], said
         assert client.show(job)["state"] == "running"
+        # alice's log is not bob's to read: the page says so once and stops asking
+        shown(browser, lambda: "not allowed" in _text(browser, "log-said"), 30, "not allowed")
+        assert "it answered 403" in _text(browser, "log-said")
+        browser.execute_script(  # every change of the line from now on
+            "window.said = []; const line = document.getElementById('log-said');"
+            "new MutationObserver(() => window.said.push(line.textContent))"
+            ".observe(line, {childList: true, characterData: true, subtree: true});"
+        )
+        time.sleep(3)  # longer than a retry's 2 s
+        assert browser.execute_script("return window.said") == []  # no retry came
 
 
 def test_a_link_signs_in_once_carries_no_token_and_signing_out_revokes_the_session(

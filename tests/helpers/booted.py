@@ -207,6 +207,7 @@ SHARED = "/shared"  # where every node mounts the directory `boot_nodes` is give
 
 UNIFIED = Path("/sys/fs/cgroup/unified")  # a cgroup v1/v2 hybrid's v2 hierarchy
 SECCOMP = Path("/usr/share/containers/seccomp.json")  # podman's default profile
+V1_LIMITS = [Path("/sys/fs/cgroup", name) for name in ("memory", "pids", "cpu", "cpuacct")]
 
 
 def _device_control(tag: str) -> list[str]:
@@ -220,6 +221,12 @@ def _device_control(tag: str) -> list[str]:
     options = ["--cap-add=BPF,NET_ADMIN,MKNOD", "--device-cgroup-rule=c 195:* rwm"]
     if UNIFIED.is_dir():
         options.append(f"--volume={UNIFIED}:{UNIFIED}:rw")
+    # A hybrid's v1 hierarchies whose controllers the agent limits its jobs with
+    # (isolation.cgroups, supervisor/jobcgroup.py), writable as on a site's node: podman
+    # mounts them read-only, where the node's systemd cannot delegate them.
+    for hierarchy in V1_LIMITS:
+        if hierarchy.is_dir():
+            options.append(f"--volume={hierarchy}:{hierarchy}:rw")
     if SECCOMP.is_file():
         profile = json.loads(SECCOMP.read_text())
         for rule in profile["syscalls"]:

@@ -29,6 +29,7 @@ from nodeagent.supervisor.fence import KEEPER_MODULE
 from nodeagent.views.status import status_document
 from tests.helpers.runas import AS_TESTER
 from tests.helpers.unitcaps import unit_prefix
+from tests.helpers.unitcgroup import enter, unit_cgroups
 
 WORKER = Path(__file__).with_name("worker.py")
 T = TypeVar("T")
@@ -144,9 +145,12 @@ def start_agent(
 
     Run as root, the agent has what its shipped unit gives it, not more: the unit's capability
     bounding set (no CAP_DAC_OVERRIDE) and the `caps` a drop-in adds, no new privileges, its
-    umask (tests/helpers/unitcaps.py). What only works as full root would not work on a node."""
+    umask (tests/helpers/unitcaps.py), in a cgroup of its own as the unit's systemd delegates
+    (tests/helpers/unitcgroup.py). What only works as full root would not work on a node."""
     log_path = directory / f"agent-{name}.log"
-    unit = unit_prefix(extra=caps) if os.geteuid() == 0 else []
+    unit = []
+    if os.geteuid() == 0:
+        unit = [*enter(unit_cgroups(name, directory)), *unit_prefix(extra=caps)]
     argv = [sys.executable, "-m", "nodeagent", "run", "--config", str(config)]
     with log_path.open("ab") as log_file:
         proc = subprocess.Popen(

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nodeagent.config.identity import WorkerUser
 from nodeagent.supervisor.devices import JobDevices, own_cgroup, probe
+from nodeagent.supervisor.jobcgroup import JobCgroup, Layout
 from nodeagent.supervisor.spares import Spawner
 from nodeagent.supervisor.spec import WorkerSpec
 
@@ -35,8 +36,10 @@ def main(args: list[str]) -> dict[str, object]:
     except OSError as exc:
         return {"probe": exc.strerror, "errno": exc.errno}
     holding: list[int] = []  # what the job holds on the node: the node's grant, say
-    devices = JobDevices(parent, node, job, by_index.get, lambda: holding)
-    spawner = Spawner(user=user, devices=devices)
+    cgroup = JobCgroup(Layout(parent, {parent: frozenset()}), node, job, None)
+    devices = JobDevices(cgroup, by_index.get, lambda: holding)
+    spawner = Spawner(user=user, cgroup=cgroup, devices=devices)
+    made = parent / cgroup.name
     spec = WorkerSpec(
         rank=0,
         local_rank=0,
@@ -58,11 +61,12 @@ def main(args: list[str]) -> dict[str, object]:
             assert popen.stdout is not None
             said = popen.stdout.read().decode()
             popen.wait(timeout=60)
+            made = cgroup.unified or made
             lines = said.strip().splitlines()
             runs.append(json.loads(lines[-1]) if lines and lines[-1].startswith("{") else said)
     finally:
         spawner.close()
-    return {"runs": runs, "parent": str(parent), "left": devices.path.exists()}
+    return {"runs": runs, "parent": str(parent), "left": made.exists()}
 
 
 if __name__ == "__main__":

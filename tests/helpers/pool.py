@@ -122,6 +122,13 @@ class PoolCluster:
         )
         assert result.returncode == 0 and result.stdout.strip() == name, result.stderr
 
+    def show(self, job: str) -> dict[str, Any]:
+        """`nodeagentctl show JOB --json`."""
+        said = self.ctl("show", job, "--json")
+        assert said.returncode == 0, said.stderr
+        found: dict[str, Any] = json.loads(said.stdout)
+        return found
+
     def jobs(self) -> dict[str, dict[str, Any]]:
         result = self.ctl("jobs", "--json")
         assert result.returncode == 0, result.stderr

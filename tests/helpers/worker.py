@@ -8,7 +8,13 @@ runs until stopped.
 With DEVICES_DIR set, the start record says which device nodes there it may open
 (tests/helpers/devicenodes.py).
 With SPAWN_CHILD=1 it first starts a child process (like a data loader) that sleeps for ever,
-and names it in the start record.
+and names it in the start record; with SPAWN_CHILD=detached that child leaves the worker's
+session and process group (setsid), as a daemon a job starts does.
+With HOLD_MB=N it holds N MiB it has written to; with GROW_MB=N it writes N MiB more every
+0.2 s, up to GROW_CAP_MB (default 2048: where the test's cgroup limit failed, it stops there,
+the machine unharmed).
+With LEAVE_FILES=NAME it writes NAME (1 MiB) in /dev/shm and in its temp directory, and the
+start record says what /dev/shm holds and where its temp directory is.
 With a file $RECORD_DIR/train ("STEP_S EVERY") it trains too: a step every STEP_S seconds, each
 beaten (nodeagent.worker.progress), rank 0 saving the step to $RECORD_DIR/saved every EVERY
 steps, and every rank resuming from the step saved there.
@@ -22,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -110,6 +117,40 @@ def opened(directory: str) -> dict[str, str]:
     return found
 
 
+def touched(mib: int) -> bytearray:
+    """`mib` MiB written to, page by page: memory the kernel charges (calloc's is not yet)."""
+    held = bytearray(mib << 20)
+    held[::4096] = b"\1" * len(range(0, len(held), 4096))
+    return held
+
+
+class Growth:
+    """Memory held from the start (HOLD_MB), and more taken every 0.2 s (GROW_MB)."""
+
+    def __init__(self) -> None:
+        self.held = [touched(int(os.environ.get("HOLD_MB", "0")))]
+        self.step = int(os.environ.get("GROW_MB", "0"))
+        self.cap = int(os.environ.get("GROW_CAP_MB", "2048"))
+        self.next_at = time.monotonic()
+
+    def tick(self) -> None:
+        grown = sum(len(h) for h in self.held) >> 20
+        if self.step and grown < self.cap and time.monotonic() >= self.next_at:
+            self.held.append(touched(self.step))
+            self.next_at = time.monotonic() + 0.2
+
+
+def leave_files(name: str | None) -> dict[str, object]:
+    """NAME written in /dev/shm and the temp directory; what /dev/shm holds, and where that
+    temp directory is."""
+    if not name:
+        return {}
+    tmp = tempfile.gettempdir()
+    for directory in ("/dev/shm", tmp):
+        Path(directory, name).write_bytes(b"x" * 2**20)
+    return {"shm": sorted(os.listdir("/dev/shm")), "tmpdir": tmp}
+
+
 def main() -> int:
     directory = Path(os.environ["RECORD_DIR"])
     generation = int(os.environ.get("NODEAGENT_GENERATION", "0"))
@@ -137,8 +178,11 @@ def main() -> int:
             **base,
         )
     child = None
-    if os.environ.get("SPAWN_CHILD") == "1":
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
+    spawn = os.environ.get("SPAWN_CHILD")
+    if spawn in ("1", "detached"):
+        sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+        child = subprocess.Popen(sleeper, start_new_session=spawn == "detached").pid
+    growth = Growth()
     training = Training(directory, base["rank"] == 0)
     record(
         directory,
@@ -147,6 +191,7 @@ def main() -> int:
         child=child,
         resumed=training.step,
         devices=opened(os.environ["DEVICES_DIR"]) if "DEVICES_DIR" in os.environ else None,
+        **leave_files(os.environ.get("LEAVE_FILES")),
         **base,
     )
     stopping = False
@@ -163,6 +208,7 @@ def main() -> int:
     exit_file = directory / f"exit-{generation}"
     while not stopping:
         training.tick()
+        growth.tick()
         # A file being written is empty at first (a test's write_text, a shell's `>`): it
         # says its code once written (read empty, it once made a failing worker exit 0).
         try:

@@ -145,7 +145,7 @@ def test_exceeding_max_restarts_fails_the_job(
         assert doc["restart_count"] == 1
         cluster.exit_generation(doc["generation"], 1)
         failed = cluster.wait_status(lambda d: d["state"] == "failed", 20, "job failed")
-        assert failed["restart_count"] == 2 and failed["reason"] == "max_restarts exceeded"
+        assert failed["restart_count"] == 1 and failed["reason"] == "max_restarts exceeded"
         assert "exit code 1" in failed["detail"]
         assert events_of(cluster, "job_failed")
         time.sleep(1.0)  # failed stays failed: nothing restarts

@@ -140,6 +140,8 @@ def test_a_token_holder_submits_follows_recovers_scales_and_cancels_as_herself(
 
         with client(api, mint(pool, munged, bob)) as theirs:
             refused(lambda: theirs.cancel(job), 403, f"{bob.name} may not cancel job ticking")
+            # not bob's to read: the node's own 403, not a conflict (docs/api.md)
+            refused(lambda: list(theirs.logs(job, rank=0, tail=5)), 403, "it answered 403")
             assert [r["job"] for r in theirs.jobs(user=alice.name)] == [job]  # reads: as the CLI
 
         assert "target" in mine.scale(job, 1)

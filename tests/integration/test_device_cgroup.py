@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from nodeagent.supervisor.devices import DeviceCgroupError, JobDevices
+from nodeagent.supervisor.devices import JobDevices
+from nodeagent.supervisor.jobcgroup import JobCgroup, JobCgroupError, Layout
 from nodeagent.supervisor.spares import Spawner
 from nodeagent.supervisor.spec import WorkerSpec
 from tests.helpers.cluster import wait_for
@@ -145,6 +146,9 @@ def test_without_the_drop_in_the_agent_exits_78_naming_what_the_node_lacks(
         "job": {"id": job_id, "entrypoint": [sys.executable, "-c", "pass"], **AS_TESTER},
         "metrics": {"listen": "127.0.0.1:0"},
         "health": {"gpu": "auto", "constrain_devices": True},
+        # the devices alone: this test's cgroup is in the unified hierarchy only
+        # (tests/integration/test_isolation.py: the limits' own exit 78)
+        "isolation": {"cgroups": "off"},
         "log_dir": str(tmp_path / "logs"),
         "state_dir": str(tmp_path / "state"),
     }
@@ -173,13 +177,13 @@ def test_without_the_drop_in_the_agent_exits_78_naming_what_the_node_lacks(
     assert [p.name for p in delegated.iterdir() if p.is_dir()] == []  # the probe's cgroup went
 
 
-def test_a_worker_that_cannot_enter_its_device_cgroup_is_not_started(
+def test_a_worker_that_cannot_enter_its_job_cgroup_is_not_started(
     delegated: Path, job_id: str
 ) -> None:
     """Its cgroup removed under the agent (by an operator, say): the worker is not started
     outside it, and the start's error says why."""
-    jobs = JobDevices(delegated, "n1", job_id, MINORS.get, lambda: [1])
-    spawner = Spawner(devices=jobs)
+    cgroup = JobCgroup(Layout(delegated, {delegated: frozenset()}), "n1", job_id, None)
+    spawner = Spawner(cgroup=cgroup, devices=JobDevices(cgroup, MINORS.get, lambda: [1]))
     spec = WorkerSpec(
         rank=0,
         local_rank=0,
@@ -193,7 +197,8 @@ def test_a_worker_that_cannot_enter_its_device_cgroup_is_not_started(
     assert popen.wait(timeout=30) == 0
     assert popen.stdout is not None
     popen.stdout.close()
-    jobs.path.rmdir()
-    with pytest.raises(DeviceCgroupError, match="cannot enter its device cgroup: No such device"):
+    assert cgroup.unified is not None
+    cgroup.unified.rmdir()
+    with pytest.raises(JobCgroupError, match="cannot enter its job's cgroup: No such device"):
         spawner.spawn(spec)
     spawner.close()

@@ -6,10 +6,8 @@ pool does not have is refused at submission."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -33,13 +31,6 @@ def ended(pool: PoolCluster, job: str, code: int) -> None:
     (pool.job_records(job) / f"exit-{generation}").write_text(str(code))
 
 
-def show(pool: PoolCluster, job: str) -> dict[str, Any]:
-    said = pool.ctl("show", job, "--json")
-    assert said.returncode == 0, said.stderr
-    found: dict[str, Any] = json.loads(said.stdout)
-    return found
-
-
 def test_a_pipeline_runs_in_order_and_a_failed_stage_ends_what_needed_its_success(
     pool: PoolCluster, job_id: str
 ) -> None:
@@ -54,7 +45,7 @@ def test_a_pipeline_runs_in_order_and_a_failed_stage_ends_what_needed_its_succes
     rows = pool.jobs()
     assert rows[train]["state"] == "pending"
     assert rows[train]["reason"] == f"waits for {pre} to succeed (afterok)"
-    assert show(pool, evaluate)["dependency"] == f"afterok:{pre}:{train}"
+    assert pool.show(evaluate)["dependency"] == f"afterok:{pre}:{train}"
 
     ended(pool, pre, 0)
     pool.wait_job(pre, "succeeded")
@@ -66,7 +57,7 @@ def test_a_pipeline_runs_in_order_and_a_failed_stage_ends_what_needed_its_succes
     )
     ended(pool, cleanup, 0)  # afternotok: it runs because train failed
     pool.wait_job(cleanup, "succeeded")
-    assert "dependency never satisfied" in show(pool, evaluate)["reason"]
+    assert "dependency never satisfied" in pool.show(evaluate)["reason"]
 
 
 def test_a_dependency_follows_the_run_it_named_not_a_later_job_under_its_id(
@@ -123,7 +114,7 @@ def test_a_dependency_on_an_arrays_id_waits_for_every_task(pool: PoolCluster, jo
     assert said.returncode == 0, said.stderr
     row = pool.wait_job(after, "pending")
     assert row["reason"] == f"waits for {array} to succeed (afterok)"
-    assert show(pool, after)["dependency"] == f"afterok:{array}"
+    assert pool.show(after)["dependency"] == f"afterok:{array}"
     assert pool.ctl("cancel", array).returncode == 0  # every task
     row = pool.wait_job(after, "cancelled")
     assert f"dependency never satisfied: {array} failed" in row["reason"]

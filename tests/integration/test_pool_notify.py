@@ -8,6 +8,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -114,3 +115,62 @@ def test_a_user_names_no_endpoint_and_a_wrong_kind_is_refused(pool: PoolCluster)
     assert said.returncode == 2 and "'LUNCH' is not a kind to be told of" in said.stderr
     said = pool.ctl("submit", "--notify", "http://evil.example/", "--", "true")
     assert said.returncode == 2 and "is not a kind to be told of" in said.stderr
+
+
+class Hanging:
+    """An endpoint that takes connections and never answers; when each came."""
+
+    def __init__(self) -> None:
+        self.accepted: list[float] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hangs"
+        self._held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(time.time())
+            self._held.append(conn)  # open, unread, unanswered
+
+
+def test_a_refused_and_a_hanging_endpoint_delay_no_notice_to_a_live_one(
+    redis_server: RedisServer, tmp_path: Path, job_id: str, hook: Hook, key: bytes
+) -> None:
+    """Named first, a refused endpoint and one that hangs until each try's timeout: the live
+    endpoint named after them is told at once, while the hanging one still waits for its first
+    try to time out (one thread for all told it only after both had given up, 2 to 10 s)."""
+    closed = socket.create_server(("127.0.0.1", 0))
+    refused = f"http://127.0.0.1:{closed.getsockname()[1]}/refuses"
+    closed.close()  # nothing listens there: refused at once
+    hanging = Hanging()
+    told = {
+        "notify": {
+            "endpoints": [refused, hanging.url, hook.url],
+            "key_file": str(tmp_path / "notify.key"),
+        }
+    }
+    try:
+        with pool_cluster(redis_server.url, tmp_path, pool=job_id, scheduling=told) as pool:
+            pool.start("a")
+            pool.wait_nodes(1)
+            pool.submit(job_id, "1", "--notify", "BEGIN")
+            pool.wait_job(job_id, "running", world=1)
+            wait_for(lambda: len(hook.got) == 1, 60, "BEGIN told to the live endpoint")
+            wait_for(lambda: len(hanging.accepted) >= 2, 60, "the hanging endpoint tried again")
+            assert hook.got[0][2] < hanging.accepted[1], (hook.got, hanging.accepted)
+            port = refused.rsplit(":", 1)[1].split("/")[0]
+
+            def given_up() -> str | None:
+                said = pool.agents["a"].log()
+                return said if f"not told to http://127.0.0.1:{port}" in said else None
+
+            said = wait_for(given_up, 60, "the refused endpoint given up, in the log")
+            line = next(x for x in said.splitlines() if f"127.0.0.1:{port}" in x)
+            assert f"job={job_id}" in line and f"of job {job_id}" in line, line
+            assert "/refuses" not in line  # a webhook's path may be its secret
+    finally:
+        hanging.sock.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import sqlite3
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -122,6 +123,25 @@ def test_a_reader_never_makes_the_file_nor_writes(tmp_path: Path) -> None:
     assert [r.run for r in reader.runs(Filter("gpu"), 10)] == ["a:1"]
     with pytest.raises(AccountingError, match="readonly"):
         reader.write([_record("b", 2)])
+    writer.close()
+    reader.close()
+
+
+def test_the_url_an_absolute_path_gives_is_read_as_it_is_written(tmp_path: Path) -> None:
+    """sqlite:/// followed by an absolute path (four slashes, as docs/accounting.md's example
+    filled in gives) names the file the agents write and `report` reads, and so does a path
+    with a character a URI would take for its own."""
+    path = tmp_path / "acct dir" / "a?b#c.sqlite"
+    quoted = quote(str(path))  # a '?' or '#' in a URL's path is written %3F, %23
+    three, four = f"sqlite://{quoted}", f"sqlite:///{quoted}"  # the path's own "/" is the third
+    assert four.startswith("sqlite:////")
+    assert database_of(three, "k") == database_of(four, "k") == Database("sqlite", str(path))
+    named = database_of(four, "k")
+    assert named is not None
+    writer = open_ledger(named)
+    writer.write([_record("a", 1)])
+    reader = open_ledger(named, writer=False)
+    assert [r.run for r in reader.runs(Filter("gpu"), 10)] == ["a:1"]
     writer.close()
     reader.close()
 

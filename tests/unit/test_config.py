@@ -241,7 +241,7 @@ def test_example_config_is_valid_and_documents_every_key() -> None:
         for key in body
     }
     sections = ("node", "redis", "job", "timing", "metrics", "health", "logging", "pool")
-    for section in (*sections, "containers"):
+    for section in (*sections, "containers", "isolation"):
         fields = getattr(config, section).__dataclass_fields__
         missing = {f"{section}.{name}" for name in fields} - documented
         assert not missing, f"config/nodeagent.example.yaml does not document {missing}"

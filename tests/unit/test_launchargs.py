@@ -131,8 +131,22 @@ def test_standalone_is_the_embedded_redis() -> None:
         (["--nproc-per-node", "gpu", "t.py"], "give a number"),
         (["--no-python", "-m", "t"], "cannot go together"),
         (["--max-restarts", "-1", "t.py"], ">= 0"),
+        (["--numa-binding", "exclusive", "t.py"], "exclusive is not supported: node or socket"),
     ],
 )
 def test_refused(argv: list[str], words: str) -> None:
     with pytest.raises(LaunchError, match=words):
         build(argv, MACHINE)
+
+
+@pytest.mark.parametrize(
+    ("argv", "binding"),
+    [
+        (["t.py"], "off"),
+        (["--numa-binding", "node", "t.py"], "closest"),
+        (["--numa_binding=socket", "t.py"], "closest"),
+    ],
+)
+def test_numa_binding_is_the_cpus_near_each_workers_gpu(argv: list[str], binding: str) -> None:
+    isolation = build(argv, MACHINE).document["isolation"]
+    assert isolation == {"cgroups": "off", "shm": "shared", "cpu_binding": binding}

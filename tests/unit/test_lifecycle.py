@@ -68,35 +68,13 @@ def test_a_reused_id_is_admitted_as_new_once_its_keys_are_cleared() -> None:
 
 
 def submit_args(**given: object) -> argparse.Namespace:
-    args: dict[str, object] = {
-        "spec": None,
-        "argv": ["python", "train.py"],
-        "name": None,
-        "nodes": None,
-        "nproc_per_node": None,
-        "gpus_per_node": None,
-        "exclusive": None,
-        "workdir": None,
-        "user": None,
-        "queue": None,
-        "priority": None,
-        "max_restarts": None,
-        "recovery": None,
-        "preemptible": None,
-        "selector": [],
-        "env": [],
-        "time": None,
-        "signal": None,
-        "dependency": None,
-        "job_name": None,
-        "array": None,
-        "notify": None,
-        "hold": False,
-        "container_image": None,
-        "container_mounts": None,
-    }
-    args.update(given)
-    return argparse.Namespace(**args)
+    """`nodeagentctl submit -- python train.py` as the real parser reads it (the command after
+    `--` is taken off before it), with `given`."""
+    args = ctl_parser().parse_args(["submit"])
+    args.argv = ["python", "train.py"]
+    for key, value in given.items():
+        setattr(args, key, value)
+    return args
 
 
 def test_a_submission_without_a_name_gets_a_new_id() -> None:

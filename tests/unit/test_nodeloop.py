@@ -63,7 +63,6 @@ class Runner:
         self.left = False
         self.outcome: int | None = None
         self.drained_by: str | None = None
-        self.held: tuple[str, ...] = ()
 
     def critical_at(self) -> float | None:
         return None
@@ -81,9 +80,6 @@ class Runner:
 
     def unfit(self) -> str | None:
         return None
-
-    def gpus_held(self) -> tuple[str, ...]:
-        return self.held
 
     def drained(self) -> str | None:
         return self.drained_by
@@ -392,20 +388,20 @@ def test_a_failed_pull_is_a_refusal_not_a_crash_loop() -> None:
     waker.close()
 
 
-def test_the_node_advertises_its_gpus_with_the_job_whose_workers_hold_each() -> None:
-    """Every unit the inventory offers goes into the pool report; those the running workers
-    use are marked as their job's, the others free (and all free once it serves nothing)."""
+def test_a_whole_node_job_is_shown_holding_every_unit_the_node_offers() -> None:
+    """Every unit the inventory offers goes into the pool report. A job that has the node
+    whole holds all of them, those its workers use or not (a MIG instance beside 8 GPUs once
+    showed "(free)" while the accounting charged it); all are free once it serves nothing."""
     settings = load_settings({"redis": {"url": "redis://r:6379/0"}})
-    units = (GpuUnit("GPU-a", "H100", 81559), GpuUnit("GPU-b", "H100", 81559))
+    units = (GpuUnit("GPU-a", "H100", 81559), GpuUnit("MIG-b-0", "H100", 9856))
     member, waker = Member(), Waker()
     loop = NodeLoop(
         settings, member, lambda c, g: Runner(c.job.id), waker, lambda: 0.0, inventory=lambda: units
     )
     waker.close()
     assert loop._state().gpus == units
-    runner = loop.runners["p"] = Runner("p")
-    runner.held = ("GPU-b",)
-    assert [(u.uuid, u.job) for u in loop._state().gpus] == [("GPU-a", None), ("GPU-b", "p")]
+    loop.runners["p"] = Runner("p")
+    assert [(u.uuid, u.job) for u in loop._state().gpus] == [("GPU-a", "p"), ("MIG-b-0", "p")]
     loop.runners.clear()
     assert all(u.job is None for u in loop._state().gpus)
 

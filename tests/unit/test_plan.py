@@ -16,6 +16,7 @@ from nodeagent.model.job import (
     Failure,
     JobRecord,
     NodeReport,
+    RestartReason,
 )
 from nodeagent.state import JobState, NodeState
 from tests.helpers.factories import PLAN_POLICY as POLICY
@@ -244,6 +245,21 @@ def test_a_hang_is_reported_as_such() -> None:
     assert new.detail == "rank 2 on b hung (no progress beat)"
 
 
+def test_a_job_out_of_its_memory_is_named_so_and_charged() -> None:
+    nodes = members_running(5)
+    oom = Failure(
+        generation=5, node="b", rank=2, kind="oom", signal="SIGKILL", memory_limit=64 << 30
+    )
+    nodes[1] = replace(nodes[1], state=NodeState.FAILED, failure=oom)
+    new = run(running(5), *nodes).record
+    assert new is not None and new.reason == "worker_oom"
+    assert new.detail.startswith(
+        "rank 2 on b ran out of memory (its job's limit there: 64 GiB; ask for more with "
+        "mem_per_gpu or mem)"
+    )
+    assert RestartReason.WORKER_OOM.charged and RestartReason.WORKER_OOM.breaks_generation
+
+
 def test_failure_from_an_older_generation_is_ignored() -> None:
     nodes = members_running(5)
     nodes[1] = replace(nodes[1], failure=failure(4))
@@ -317,8 +333,9 @@ def test_exceeding_max_restarts_fails_the_job() -> None:
     result = run(rec, *restarted_after(9, failure(8)))
     new = result.record
     assert new is not None and new.state is JobState.FAILED
-    assert new.restart_count == 3 and new.reason == "max_restarts exceeded"
+    assert new.restart_count == 2 and new.reason == "max_restarts exceeded"
     assert "rank 2 on b failed (signal SIGKILL)" in new.detail
+    assert new.detail.endswith("; 2 restarts used")  # as `show` counts them
     assert [e.type for e in result.events] == ["job_failed"]
 
 
@@ -713,7 +730,7 @@ def test_a_crash_loop_is_spaced_by_the_backoff() -> None:
         waits.append(now - announced)
         rec = replace(rec, since_ms=now)
     assert waits == [0, 1000, 2000]
-    assert rec.state is JobState.FAILED and rec.restart_count == 4
+    assert rec.state is JobState.FAILED and rec.restart_count == 3
 
 
 def test_no_backoff_is_announced_when_the_failure_ends_the_job() -> None:

@@ -285,10 +285,25 @@ function logPanel(root, base) {
           said.textContent = `rank ${rank.value}'s log: the job has ended`;
           return;
         }
-        said.textContent = `rank ${rank.value}'s log: not reachable now, trying again`;
-        retry = setTimeout(() => start(false), 2000);
+        // An event stream does not say why it was refused: one plain read of no lines does.
+        // Not this user's to read (401, 403) is said once; no retry changes it.
+        const asked = rank.value;
+        get(`${base}/logs/${q(asked)}?tail=0`).then(
+          () => again(asked),
+          (error) => {
+            if (asked !== rank.value) return;
+            if (error.status === 401 || error.status === 403) {
+              said.textContent = `rank ${asked}'s log: not allowed (${error.message})`;
+            } else again(asked);
+          },
+        );
       },
     );
+  };
+  const again = (asked) => {
+    if (asked !== rank.value || ended) return;
+    said.textContent = `rank ${asked}'s log: not reachable now, trying again`;
+    retry = setTimeout(() => start(false), 2000);
   };
   rank.addEventListener("change", () => start(true));
   root.append(el("label", {}, "rank ", rank), said, out);

@@ -23,7 +23,7 @@ export function nodesPage(main) {
         el("td", {}, n.version ?? "–"),
       ),
     );
-    replace(body, table(["node", "health", "job", "GPUs in use", "cordon", "labels", "heartbeat", "agent"], rows, { class: "rows" }));
+    replace(body, table(["node", "health", "job", "GPUs held", "cordon", "labels", "heartbeat", "agent"], rows, { class: "rows" }));
     said.textContent = `${doc.nodes.length} node(s)`;
   }, said);
 }

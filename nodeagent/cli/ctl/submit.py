@@ -67,6 +67,17 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
         default=None,
         help="hold whole nodes whatever --gpus-per-node says, as sbatch's",
     )
+    submit.add_argument(
+        "--mem",
+        metavar="SIZE",
+        help="memory its workers on each node may use together, such as 64GiB, as sbatch's "
+        "(default: the node's share per GPU it holds)",
+    )
+    submit.add_argument(
+        "--mem-per-gpu",
+        metavar="SIZE",
+        help="memory per GPU it holds on each node, such as 80GiB, as sbatch's",
+    )
     submit.add_argument("--env", action="append", default=[], metavar="K=V")
     submit.add_argument(
         "--workdir",
@@ -217,6 +228,8 @@ def spec_from_args(
         "nproc_per_node": args.nproc_per_node,
         "gpus_per_node": args.gpus_per_node,
         "exclusive": args.exclusive,
+        "mem": args.mem,
+        "mem_per_gpu": args.mem_per_gpu,
         "working_dir": args.workdir,
         "user": args.user,
         "queue": args.queue,
@@ -231,6 +244,9 @@ def spec_from_args(
         "array": args.array,
         "notify": args.notify,
     }
+    for given, other in (("mem", "mem_per_gpu"), ("mem_per_gpu", "mem")):
+        if flags[given] is not None:  # a flag stands for the spec file's memory ask, as sbatch's
+            doc.pop(other, None)
     doc.update({k: v for k, v in flags.items() if v is not None})
     for pair in args.selector:
         name, eq, value = pair.partition("=")

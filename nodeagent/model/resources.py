@@ -1,0 +1,106 @@
+"""What a job may use on one node beside its GPUs, pure: its memory, processes and CPU weight
+from the node's capacity, the operator's `isolation:` settings, the job's own ask and the GPU
+units it holds there (docs/isolation.md).
+
+Memory: the job's `mem` (the node's whole for the job), else `mem_per_gpu` times its GPUs,
+else the node's default per GPU (`isolation.mem_per_gpu`; unset: what is left after the
+reserve, shared evenly between the node's GPUs). A job holding the node whole (or a node with
+no GPUs known) gets all that is left after the reserve. More than is left is refused, never cut
+down: a job that asked for 64 GiB must not run in 40 and die of it an hour in.
+
+CPU time is shared by weight between the jobs (cgroup v2's `cpu.weight`, v1's `cpu.shares`):
+each job's weight is its share of the node's CPUs as its share of the GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nodeagent.config.isolation import MIN_WORKER_MEMORY, IsolationConfig
+from nodeagent.config.settings import JobConfig
+from nodeagent.config.values import size_text
+
+RESERVED_SHARE = 10  # without isolation.reserved_memory: a tenth of the node's memory
+WEIGHT_PER_CPU = 100  # cgroup v2's default weight is one CPU's worth
+MAX_WEIGHT = 10_000
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the node has: memory (bytes), CPUs, GPU units (0: none known)."""
+
+    memory: int
+    cpus: int
+    units: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one job's workers on a node may use together."""
+
+    memory: int  # bytes (memory.max)
+    swap: int  # bytes beside it (memory.swap.max)
+    pids: int  # processes and threads (pids.max)
+    cpu_weight: int  # 1..10000, cgroup v2's scale (cpu.weight)
+
+    def describe(self) -> str:
+        return (
+            f"memory {size_text(self.memory)}, swap {size_text(self.swap)}, "
+            f"{self.pids} processes, CPU weight {self.cpu_weight}"
+        )
+
+
+class LimitError(ValueError):
+    """The job asks for more than this node can give it, or less than its workers need."""
+
+
+def reserved(capacity: Capacity, isolation: IsolationConfig) -> int:
+    """The memory kept from every job."""
+    if isolation.reserved_memory is not None:
+        return isolation.reserved_memory
+    return capacity.memory // RESERVED_SHARE
+
+
+def for_jobs(capacity: Capacity, isolation: IsolationConfig) -> int:
+    """The memory the node's jobs share: all it has, less the reserve."""
+    return max(0, capacity.memory - reserved(capacity, isolation))
+
+
+def limits_for(
+    capacity: Capacity, isolation: IsolationConfig, job: JobConfig, units: int | None
+) -> Limits:
+    """The job's limits on this node, holding `units` GPU units of it (None: the whole node).
+
+    Raises:
+        LimitError: it asks for more memory than the node's jobs share, or its share is less
+            than its workers need to start.
+    """
+    usable = for_jobs(capacity, isolation)
+    held = capacity.units if units is None else units
+    whole = units is None or capacity.units == 0
+    if job.mem is not None:
+        memory, how = job.mem, f"mem {size_text(job.mem)}"
+    elif job.mem_per_gpu is not None:
+        memory = job.mem_per_gpu * max(held, 1)
+        how = f"mem_per_gpu {size_text(job.mem_per_gpu)} x {max(held, 1)} GPUs"
+    elif whole:
+        memory, how = usable, "the node's memory less its reserve"
+    else:
+        per_gpu = isolation.mem_per_gpu or usable // capacity.units
+        memory = per_gpu * max(held, 1)
+        how = f"the node's {size_text(per_gpu)} per GPU x {max(held, 1)}"
+    if memory > usable:
+        raise LimitError(
+            f"asks for {size_text(memory)} of memory ({how}), but this node's jobs share "
+            f"{size_text(usable)} ({size_text(capacity.memory)} less "
+            f"{size_text(reserved(capacity, isolation))} reserved): ask for less"
+        )
+    floor = MIN_WORKER_MEMORY * job.nproc_per_node
+    if memory < floor:
+        raise LimitError(
+            f"would have {size_text(memory)} of memory ({how}), less than its "
+            f"{job.nproc_per_node} workers need to start ({size_text(floor)}): ask for more"
+        )
+    cpus = capacity.cpus if whole else capacity.cpus * held / capacity.units
+    weight = min(MAX_WEIGHT, max(1, round(cpus * WEIGHT_PER_CPU)))
+    return Limits(memory, isolation.swap, isolation.pids_max, weight)
