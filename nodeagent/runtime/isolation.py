@@ -95,7 +95,7 @@ def node_cgroups(config: NodeSettings) -> Layout | None:
             return None
     if devices:
         _probe_devices(layout, config.node.name)
-    killed = sweep(layout, config.node.name)
+    killed = sweep(layout, config.node.name, config.job.id if config.job is not None else None)
     if killed:
         log.warning("ended %d processes an earlier agent's jobs left in their cgroups", killed)
     return layout

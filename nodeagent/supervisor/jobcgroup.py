@@ -364,13 +364,17 @@ def end(paths: Iterable[Path], within: float = REMOVE_WITHIN_S) -> int:
     return killed
 
 
-def sweep(layout: Layout, node: str) -> int:
-    """End what earlier agents of `node` left in job cgroups (only its: agents of several
-    nodes can share a cgroup in tests). Returns how many processes were killed."""
+def sweep(layout: Layout, node: str, job: str | None = None) -> int:
+    """End what earlier agents of `node` left in job cgroups: an agent of one pinned `job`
+    only that job's (agents of several nodes, or of several jobs of one node, can share a
+    cgroup: two `nodeagent run`s outside systemd, the tests'; CI saw one end another's
+    running worker). Returns how many processes were killed."""
+    names = (f"{PREFIX}{node}.{job}", f"{PREFIX}{node}.{job}+*") if job else (f"{PREFIX}{node}.*",)
     left = [
         path
         for parent in layout.parents
-        for path in parent.glob(f"{PREFIX}{node}.*")
+        for name in names
+        for path in parent.glob(name)
         if path.is_dir()
     ]
     return end(left) if left else 0

@@ -84,10 +84,10 @@ class Network:
         return f"p-{node}"[:15]
 
     def prefix(self, namespace: str) -> list[str]:
-        """The command prefix that runs a program inside `namespace`: its network namespace
-        alone. `ip netns exec` would also mount a /sys of its own, without the cgroup
-        hierarchies the agent keeps its jobs' cgroups in (docs/isolation.md)."""
-        return ["nsenter", f"--net=/run/netns/{namespace}", "--"]
+        """The command prefix that runs a program inside `namespace`. It mounts a /sys of its
+        own, without the cgroup hierarchies: an agent started so keeps no job cgroups
+        (tests/helpers/cluster.py NETNS_ISOLATION)."""
+        return ["ip", "netns", "exec", namespace]
 
     def cut(self, node: str) -> None:
         _ip("-n", self.hub, "link", "set", self._port(node), "down")

@@ -32,6 +32,10 @@ from tests.helpers.unitcaps import unit_prefix
 from tests.helpers.unitcgroup import enter, unit_cgroups
 
 WORKER = Path(__file__).with_name("worker.py")
+# An agent in a network namespace of the chaos suite (`ip netns exec`: a /sys of its own, with
+# no cgroup hierarchy) keeps no job cgroups and shares the node's /dev/shm: the suite tests
+# the network's faults, tests/integration/test_isolation.py the isolation.
+NETNS_ISOLATION = {"cgroups": "off", "shm": "shared"}
 T = TypeVar("T")
 
 
@@ -233,7 +237,10 @@ class LocalCluster:
 
     def config_path(self, name: str) -> Path:
         path = self.directory / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(self.config(name)))
+        config = self.config(name)
+        if self.prefixes.get(name):
+            config.setdefault("isolation", NETNS_ISOLATION)
+        path.write_text(yaml.safe_dump(config))
         return path
 
     def start(self, *names: str, env: dict[str, str] | None = None) -> None:

@@ -17,6 +17,7 @@ import yaml
 
 from nodeagent.coord.keys import PoolKeys
 from tests.helpers.cluster import (
+    NETNS_ISOLATION,
     WORKER,
     AgentProcess,
     RedisServer,
@@ -84,6 +85,8 @@ class PoolCluster:
         if job is not None:
             config["job"] = job
         config.update(self.node_options.get(name, {}))
+        if self.prefixes.get(name):
+            config.setdefault("isolation", NETNS_ISOLATION)
         return config
 
     def start(
