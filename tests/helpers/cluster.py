@@ -152,13 +152,13 @@ def start_agent(
     umask (tests/helpers/unitcaps.py), in a cgroup of its own as the unit's systemd delegates
     (tests/helpers/unitcgroup.py). What only works as full root would not work on a node."""
     log_path = directory / f"agent-{name}.log"
-    unit = []
-    if os.geteuid() == 0:
-        unit = [*enter(unit_cgroups(name, directory)), *unit_prefix(extra=caps)]
+    entered, unit = [], []
+    if os.geteuid() == 0:  # its cgroup entered first: `ip netns exec` hides the hierarchies
+        entered, unit = enter(unit_cgroups(name, directory)), unit_prefix(extra=caps)
     argv = [sys.executable, "-m", "nodeagent", "run", "--config", str(config)]
     with log_path.open("ab") as log_file:
         proc = subprocess.Popen(
-            [*(prefix or []), *unit, *argv],
+            [*entered, *(prefix or []), *unit, *argv],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
