@@ -335,13 +335,16 @@ class LocalCluster:
         ]
 
     def diagnostics(self) -> str:
-        lines = ["--- status", json.dumps(self.status(), indent=1)[:3000], "--- events"]
+        """The job's status, its agents' logs and its last events: the events last, where a
+        report that keeps only the tail of a failure (CI's) still shows them."""
+        lines = ["--- status", json.dumps(self.status(), indent=1)[:3000]]
+        for agent in self.agents.values():
+            lines += [f"--- agent {agent.name} (alive={agent.alive()})", agent.log()[-3000:]]
+        lines.append("--- events")
         lines += [
             f"{e['type']} gen={e['generation']} node={e['node']} {e['message']}"
             for e in self.events()[-40:]
         ]
-        for agent in self.agents.values():
-            lines += [f"--- agent {agent.name} (alive={agent.alive()})", agent.log()[-3000:]]
         return "\n".join(lines)
 
     def stop(self) -> None:

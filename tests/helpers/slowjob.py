@@ -40,7 +40,7 @@ def slow_node_job(
         max_restarts=5,
         timing={
             "heartbeat_interval": "250ms",
-            "lease_ttl": "3s",
+            "lease_ttl": "6s",  # its fence point outlasts a loaded machine's stall (test_in_place)
             "stop_grace_period": "5s",
             "reform_timeout": "30s",
         },
