@@ -19,7 +19,9 @@ their nodes are consecutive names, as schedule() gives them.
 - gpus-1k: 1,000 nodes of 8 GPUs and 5,000 jobs (issue 66): 50 whole-node jobs of 4 nodes
   running, 4,000 jobs of 1, 2 or 4 GPUs (weighted 75:20:5) packed onto the
   other nodes, first fit, to about 85 % of their units, and 950 pending (900 asking for GPUs,
-  50 for 1-8 whole nodes): some packed into what is free, the rest waiting;
+  50 for 1-8 whole nodes): some packed into what is free, the rest waiting. Each node says
+  its memory for jobs (issue 80), and a tenth of the jobs sharing nodes ask for a quarter
+  more than a GPU's default share of it, so memory is counted in every packing;
 - queue-1k: 1,000 nodes, 100 jobs running and a queue of 10,000 pending (issue 63's pool: an
   API's submissions wait there), min_nodes 1-32: a few are admitted, the rest wait; most
   share a shape (queue, size, priority) with a job before them that could not start.
@@ -44,7 +46,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,17 +92,22 @@ SCENARIOS = (
 )
 GPUS = 8  # a node's, in gpus-1k
 GPU_ASKS, GPU_WEIGHTS = (1, 2, 4), (75, 20, 5)  # a shared job's gpus_per_node
+# gpus-1k's nodes: 2 TiB less the 10 % reserve for jobs, a GPU's default share an eighth; a
+# tenth of the jobs sharing them ask for more than that share per GPU (mem_per_gpu)
+MEMORY = (2 << 40) * 9 // 10
+MEM_ASK = MEMORY // GPUS * 5 // 4
 
 
 def build_gpus(sc: Scenario, rng: random.Random) -> PoolView:
     """gpus-1k: whole-node jobs, jobs sharing nodes by GPUs, and both kinds pending."""
     names = [f"gpu-{i:05d}" for i in range(sc.nodes)]
     bad = rng.sample(range(sc.nodes), k=sc.nodes // 20)
-    nodes = {n: NodeView(n, gpus=GPUS) for n in names}
+    base = NodeView("", gpus=GPUS, memory=MEMORY, mem_per_gpu=MEMORY // GPUS)
+    nodes = {n: replace(base, name=n) for n in names}
     for i in bad[: sc.nodes // 50]:
-        nodes[names[i]] = NodeView(names[i], unfit="2 of 8 GPUs usable (xid 79)", gpus=GPUS)
+        nodes[names[i]] = replace(base, name=names[i], unfit="2 of 8 GPUs usable (xid 79)")
     for i in bad[sc.nodes // 50 :]:
-        nodes[names[i]] = NodeView(names[i], cordoned="rack maintenance (ops@example)", gpus=GPUS)
+        nodes[names[i]] = replace(base, name=names[i], cordoned="rack maintenance (ops@example)")
     free = [n for n in names if nodes[n].eligible]
     jobs: dict[str, JobView] = {}
     placements: dict[str, str] = {}
@@ -126,6 +133,7 @@ def build_gpus(sc: Scenario, rng: random.Random) -> PoolView:
             priority=rng.choice((0, 0, 0, 1)),
             record_state=JobState.RUNNING if running else None,
             gpus_per_node=gpus,
+            mem_per_gpu=MEM_ASK if gpus is not None and rng.random() < 0.1 else None,
         )
 
     for i in range(50):  # whole-node jobs, 4 nodes each

@@ -63,6 +63,9 @@ class PoolNode:
     no node would run. `pulling`: the image of the job placed here, pulled before it starts.
     `gpus`: the GPU units it offers (model/gpus.py), each with the job whose workers hold it.
     `sharing`: the jobs sharing it (each on units of its own) whose agents run here now.
+    `memory`, `mem_per_gpu`: what it offers its jobs in memory (model/resources.py's
+    MemoryOffer: the bytes they share, the default share of a GPU unit); 0: not said (an
+    agent older than these fields), and the scheduler counts no memory there.
     """
 
     name: str
@@ -79,6 +82,8 @@ class PoolNode:
     containers: ContainerRule | None = None
     gpus: tuple[GpuUnit, ...] = ()
     sharing: tuple[str, ...] = ()  # the jobs that share it whose agents run here now
+    memory: int = 0
+    mem_per_gpu: int = 0
 
     def to_json(self) -> str:
         doc = asdict(self)
@@ -121,6 +126,8 @@ class PoolNode:
             containers=containers,
             gpus=read_units(r, "gpus"),
             sharing=_job_names(r.items("sharing", MAX_UNITS)),
+            memory=r.integer("memory", 0),
+            mem_per_gpu=r.integer("mem_per_gpu", 0),
         )
 
 

@@ -66,6 +66,50 @@ def for_jobs(capacity: Capacity, isolation: IsolationConfig) -> int:
     return max(0, capacity.memory - reserved(capacity, isolation))
 
 
+@dataclass(frozen=True)
+class MemoryOffer:
+    """What a node offers its jobs in memory, as it tells the pool (PoolNode), so that the
+    scheduler counts memory as the agent will limit it: the bytes its jobs share, and the
+    default share of one GPU unit (a job that asks for no memory gets that per unit)."""
+
+    shared: int
+    per_gpu: int
+
+
+def offer(capacity: Capacity, isolation: IsolationConfig) -> MemoryOffer:
+    usable = for_jobs(capacity, isolation)
+    per_gpu = isolation.mem_per_gpu or (usable // capacity.units if capacity.units else usable)
+    return MemoryOffer(usable, per_gpu)
+
+
+def job_memory(
+    shared: int, per_gpu: int, mem: int | None, mem_per_gpu: int | None, held: int, whole: bool
+) -> int:
+    """The memory a job has on a node where it holds `held` GPU units (`whole`: the node
+    itself): its `mem`, else `mem_per_gpu` x its units, else all the node's jobs share (whole)
+    or the node's default share per unit (`shared`, `per_gpu`: its MemoryOffer). (The
+    scheduler asks it for every share it packs: plain numbers; `memory_how` says it in
+    words.)"""
+    if mem is not None:
+        return mem
+    if mem_per_gpu is not None:
+        return mem_per_gpu * max(held, 1)
+    return shared if whole else per_gpu * max(held, 1)
+
+
+def memory_how(
+    offered: MemoryOffer, mem: int | None, mem_per_gpu: int | None, held: int, whole: bool
+) -> str:
+    """How job_memory found its figure, in words."""
+    if mem is not None:
+        return f"mem {size_text(mem)}"
+    if mem_per_gpu is not None:
+        return f"mem_per_gpu {size_text(mem_per_gpu)} x {max(held, 1)} GPUs"
+    if whole:
+        return "the node's memory less its reserve"
+    return f"the node's {size_text(offered.per_gpu)} per GPU x {max(held, 1)}"
+
+
 def limits_for(
     capacity: Capacity, isolation: IsolationConfig, job: JobConfig, units: int | None
 ) -> Limits:
@@ -75,20 +119,12 @@ def limits_for(
         LimitError: it asks for more memory than the node's jobs share, or its share is less
             than its workers need to start.
     """
-    usable = for_jobs(capacity, isolation)
+    offered = offer(capacity, isolation)
+    usable = offered.shared
     held = capacity.units if units is None else units
     whole = units is None or capacity.units == 0
-    if job.mem is not None:
-        memory, how = job.mem, f"mem {size_text(job.mem)}"
-    elif job.mem_per_gpu is not None:
-        memory = job.mem_per_gpu * max(held, 1)
-        how = f"mem_per_gpu {size_text(job.mem_per_gpu)} x {max(held, 1)} GPUs"
-    elif whole:
-        memory, how = usable, "the node's memory less its reserve"
-    else:
-        per_gpu = isolation.mem_per_gpu or usable // capacity.units
-        memory = per_gpu * max(held, 1)
-        how = f"the node's {size_text(per_gpu)} per GPU x {max(held, 1)}"
+    memory = job_memory(offered.shared, offered.per_gpu, job.mem, job.mem_per_gpu, held, whole)
+    how = memory_how(offered, job.mem, job.mem_per_gpu, held, whole)
     if memory > usable:
         raise LimitError(
             f"asks for {size_text(memory)} of memory ({how}), but this node's jobs share "

@@ -230,6 +230,8 @@ def _node_view(name: str, report: PoolNode, cordon: Cordon | None) -> NodeView:
         report.serving,
         len(report.gpus),
         report.sharing,
+        report.memory,
+        report.mem_per_gpu,
     )
 
 
@@ -271,6 +273,8 @@ def job_view(
         notify=spec.notify,
         gpus_per_node=spec.gpus_per_node,
         exclusive=spec.exclusive,
+        mem=job.mem,
+        mem_per_gpu=job.mem_per_gpu,
     )
 
 

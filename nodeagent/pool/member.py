@@ -24,6 +24,7 @@ from nodeagent.model.credential import MungeUnavailable
 from nodeagent.model.fairshare import QUEUE, FairShare
 from nodeagent.model.gpus import GpuUnit
 from nodeagent.model.pool import PoolNode
+from nodeagent.model.resources import MemoryOffer
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool import leadership, lifecycle
 from nodeagent.pool.authority import Authority
@@ -58,6 +59,7 @@ class NodeState:
     pulling: str | None = None  # the image of the job placed here, before its agent starts
     gpus: tuple[GpuUnit, ...] = ()  # the units it offers, each with the job holding it
     sharing: tuple[str, ...] = ()  # the jobs sharing it whose agents run here
+    memory: MemoryOffer | None = None  # what it offers its jobs in memory (None: not said)
 
 
 class PoolMember:
@@ -171,6 +173,8 @@ class PoolMember:
             sharing=state.sharing,
             containers=self._settings.containers,
             version=__version__,
+            memory=state.memory.shared if state.memory is not None else 0,
+            mem_per_gpu=state.memory.per_gpu if state.memory is not None else 0,
         )
         start = self._clock()
         self._next = start + self._interval()

@@ -12,7 +12,7 @@ from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import DEFAULT, Ledger
 from nodeagent.pool import preempt
-from nodeagent.pool.schedview import JobView, Lacking, PoolView, Short
+from nodeagent.pool.schedview import JobView, Lacking, PoolView, Short, Small
 
 
 class Run:
@@ -50,6 +50,14 @@ class Run:
                 if short:
                     self.refusers.setdefault(job.id, set()).update(short)
                     self.short[job.id] = len(short)
+        self.small: dict[str, int] = {}  # ... and how many have less memory than it asks for
+        small_of = Small(nodes)
+        for job in view.jobs.values():
+            if job.asks_memory:
+                small = small_of(job) - self.refusers.get(job.id, set())
+                if small:
+                    self.refusers.setdefault(job.id, set()).update(small)
+                    self.small[job.id] = len(small)
         self.serving: dict[str, set[str]] = {}  # job -> the nodes whose agent still runs it
         for node in nodes:
             served = node.sharing if node.serving is None else (node.serving, *node.sharing)
@@ -61,6 +69,7 @@ class Run:
         self.shares: dict[str, dict[str, int]] = {}
         self.shared_by_job: dict[str, set[str]] = {}
         self._units: dict[str, int] = {}  # a shared node -> its units no job holds
+        self._memory: dict[str, int] = {}  # ... -> the memory its sharers have (fits_memory)
         self.by_free: dict[int, dict[str, None]] = {}  # free units -> the shared nodes (ordered)
         self.healthy = {
             n.name for n in nodes if n.pinned is None and n.unfit is None and n.cordoned is None
@@ -200,6 +209,7 @@ class Run:
             self.refile(node)
             return
         del self.shares[node]
+        self._memory.pop(node, None)
         self.by_free.get(self._units.pop(node), {}).pop(node, None)
         if node in self._eligible:
             self._free += 1
@@ -207,6 +217,7 @@ class Run:
 
     def refile(self, node: str) -> None:
         """File a shared node under its free units now (by_free: the packing's best fit)."""
+        self._memory.pop(node, None)
         before = self._units.get(node)
         if before is not None:
             self.by_free.get(before, {}).pop(node, None)
@@ -219,6 +230,22 @@ class Run:
         if node in self._units:
             return self._units[node]
         return self.view.nodes[node].gpus if node in self.view.nodes else 0
+
+    def fits_memory(self, job: JobView, node: str) -> bool:
+        """`job`, sharing `node` on its units, fits in the memory the node's sharers leave
+        (as each one's agent limits it: model/resources.py); a node that says nothing of its
+        memory always does."""
+        view = self.view.nodes.get(node)
+        if view is None or view.memory == 0:
+            return True
+        used = self._memory.get(node)
+        if used is None:  # (kept until the node's shares change: refile)
+            jobs, used = self.view.jobs, 0
+            for other, units in self.shares.get(node, {}).items():
+                found = jobs.get(other)
+                used += found.memory_on(view, units) if found else view.mem_per_gpu * max(units, 1)
+            self._memory[node] = used
+        return job.memory_on(view, job.gpus_per_node or 0) <= view.memory - used
 
     def holds(self, job: str) -> int:
         """The nodes `job` holds: placed on it whole, or sharing them."""

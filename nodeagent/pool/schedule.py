@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from nodeagent.config.values import format_duration
+from nodeagent.config.values import format_duration, size_text
 from nodeagent.model import depend
 from nodeagent.model.pool import PoolJobState
 from nodeagent.model.queues import QueueView
@@ -310,7 +310,9 @@ class Blocked:
             return None
         old = run.view.now_ms - job.status.submitted_ms >= policy.preempt_after_ms
         shape = (job.queue, job.min_nodes, job.target_nodes, job.priority, old)
-        return (*shape, job.gpus_per_node, reserving) if job.shared else shape
+        if job.shared:
+            return (*shape, job.gpus_per_node, job.mem, job.mem_per_gpu, reserving)
+        return shape
 
     def said(self, job: JobView, reserving: bool = False) -> Said | None:
         if self._run.version != self._version:
@@ -415,16 +417,25 @@ def _could_fit(run: Run, job: JobView) -> str | None:
     if healthy >= job.min_nodes:
         return None
     unmatched, short = run.unmatched.get(job.id, 0), run.short.get(job.id, 0)
+    small = run.small.get(job.id, 0)
     why = ""
-    if len(excluded) > unmatched + short:
-        refusing = len(excluded) - unmatched - short
+    if len(excluded) > unmatched + short + small:
+        refusing = len(excluded) - unmatched - short - small
         why = f"; {refusing} refuse it ({refusals(run.view.nodes.values(), job.id)})"
     if unmatched:
         labels = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
         why += f"; {unmatched} lack {labels}"
     if short:
         why += f"; {short} offer fewer than {job.gpus_per_node} GPUs"
+    if small:
+        why += f"; {small} have less memory for jobs than it asks for ({_asked(job)})"
     return f"needs {job.min_nodes} nodes, the pool has {healthy} healthy nodes that can run it{why}"
+
+
+def _asked(job: JobView) -> str:
+    if job.mem is not None:
+        return f"mem {size_text(job.mem)}"
+    return f"mem_per_gpu {size_text(job.mem_per_gpu or 0)}"
 
 
 def _stand_by(run: Run) -> None:

@@ -11,6 +11,7 @@ from nodeagent.model.gpus import gpus_needed, shares_nodes
 from nodeagent.model.job import Event
 from nodeagent.model.pool import PoolJob, PoolJobState
 from nodeagent.model.queues import QueueView
+from nodeagent.model.resources import job_memory
 from nodeagent.state import JobState
 
 
@@ -28,6 +29,8 @@ class NodeView:
     serving: str | None = None  # the job its agent runs now (its workers may be stopping)
     gpus: int = 0  # the GPU units it offers (model/gpus.py), held or free
     sharing: tuple[str, ...] = ()  # the jobs sharing it whose agents run here now
+    memory: int = 0  # the bytes its jobs share (0: not said; no memory counted here)
+    mem_per_gpu: int = 0  # ... and the default share of one GPU unit
 
     @property
     def eligible(self) -> bool:
@@ -67,6 +70,8 @@ class JobView:
     fair_share: float = 0.0  # added to its priority: weight x its user's factor (fairshare.py)
     gpus_per_node: int | None = None  # GPU units it holds on each node (None: the whole node)
     exclusive: bool = False  # whole nodes whatever it asks for
+    mem: int | None = None  # bytes it asks for on each node
+    mem_per_gpu: int | None = None  # ... or per GPU unit it holds there
 
     @cached_property  # (asked for each job several times a round)
     def shared(self) -> bool:
@@ -76,6 +81,17 @@ class JobView:
     @property
     def order(self) -> tuple[float, int]:
         return (-(self.priority + self.fair_share), self.status.seq)
+
+    @property
+    def asks_memory(self) -> bool:
+        return self.mem is not None or self.mem_per_gpu is not None
+
+    def memory_on(self, node: NodeView, units: int | None = None) -> int:
+        """The memory it has on `node` (model/resources.py, as that node's agent will limit
+        it), holding `units` GPU units of it (None: placed on it whole)."""
+        whole = units is None or node.gpus == 0
+        held = node.gpus if units is None else units
+        return job_memory(node.memory, node.mem_per_gpu, self.mem, self.mem_per_gpu, held, whole)
 
 
 @dataclass(frozen=True)
@@ -167,6 +183,33 @@ class Short:
                 name for count, names in self._by_count.items() if count < wanted for name in names
             )
             self._found[wanted] = found
+        return found
+
+
+class Small:
+    """The nodes whose memory for jobs is less than a job asks for there (as Short: found once
+    per distinct node shape and ask). Nodes that say nothing of their memory are never small."""
+
+    def __init__(self, nodes: Iterable[NodeView]) -> None:
+        self._by_shape: dict[tuple[int, int, int], list[NodeView]] = {}
+        for node in nodes:
+            if node.memory > 0:
+                shape = (node.memory, node.mem_per_gpu, node.gpus)
+                self._by_shape.setdefault(shape, []).append(node)
+        self._found: dict[tuple[object, ...], frozenset[str]] = {}
+
+    def __call__(self, job: JobView) -> frozenset[str]:
+        units = job.gpus_per_node if job.shared else None
+        key = (job.mem, job.mem_per_gpu, units)
+        found = self._found.get(key)
+        if found is None:
+            found = frozenset(
+                node.name
+                for (memory, _, _), nodes in self._by_shape.items()
+                if job.memory_on(nodes[0], units) > memory
+                for node in nodes
+            )
+            self._found[key] = found
         return found
 
 

@@ -10,6 +10,9 @@ Rules (docs/pool.md, "GPUs"):
   pending job (backfill's reservation: schedule.py);
 - gang admission as for whole nodes: at least `min_nodes` nodes with K free units each, at
   once, up to its target; it grows back the same way when it lost one;
+- memory is counted as GPUs are: a job fits a node only in the memory its sharers leave
+  (each one's limit there, model/resources.py: what it asked for, else the node's share per
+  GPU), and never on a node that has less than it asks for (schedrun.Small);
 - a share lasts while its job runs on a live node that is not drained and does not refuse it;
   a job above its target (a scale down) gives back the nodes its record does not name;
 - a queue's quota counts each node a job shares as one of the queue's nodes, and its GPU quota
@@ -28,6 +31,7 @@ Which units a job gets on a node is the node's choice (runtime/nodeloop.py).
 
 from __future__ import annotations
 
+from nodeagent.config.values import size_text
 from nodeagent.model.pool import PoolJobState
 from nodeagent.pool import preempt, sharetake
 from nodeagent.pool.schedrun import Run
@@ -69,7 +73,11 @@ def admit(run: Run, job: JobView, reserving: bool, policy: SchedulePolicy) -> st
     if len(picked) < job.min_nodes:
         plan = _preempting(run, job, picked, reserving, policy)
         if plan is None:
-            return f"needs {job.min_nodes} nodes with {units} free GPUs, {len(picked)} have them"
+            memory = f" and {_memory(job)} of memory" if job.asks_memory else ""
+            return (
+                f"needs {job.min_nodes} nodes with {units} free GPUs{memory}, "
+                f"{len(picked)} have them"
+            )
         taken, found = plan
         sharetake.give(run, job, taken)
         run.give_up(job, found)
@@ -84,6 +92,13 @@ def admit(run: Run, job: JobView, reserving: bool, policy: SchedulePolicy) -> st
         reason += f", preempting {whom}"
     run.move(job, RUNNING, reason, "job_admitted")
     return None
+
+
+def _memory(job: JobView) -> str:
+    """What `job` asks for in memory on each node, in words."""
+    if job.mem is not None:
+        return size_text(job.mem)
+    return size_text((job.mem_per_gpu or 0) * max(job.gpus_per_node or 0, 1))
 
 
 def _preempting(
@@ -128,7 +143,7 @@ def _pick(run: Run, job: JobView, want: int, reserving: bool) -> list[str]:
         for node in run.by_free[free]:
             if len(picked) >= want:
                 return picked
-            if node not in holding and run.usable(job, node):
+            if node not in holding and run.usable(job, node) and run.fits_memory(job, node):
                 picked.append(node)
     if len(picked) < want and not reserving:
         picked += run.free_nodes(job, want - len(picked))
@@ -148,6 +163,7 @@ def stand_by(run: Run, job: JobView, before: list[str]) -> None:
         and n not in run.placements
         and run.usable(job, n)
         and run.free_units(n) >= units
+        and run.fits_memory(job, n)
     ]
     for node in kept[:1] or _pick(run, job, 1, reserving=False):
         run.share(node, job.id, units)

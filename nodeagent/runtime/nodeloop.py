@@ -32,6 +32,7 @@ from nodeagent.config.settings import CheckpointConfig, Config, NodeSettings
 from nodeagent.errors import ConfigError
 from nodeagent.model.gpus import GpuUnit
 from nodeagent.model.pool import MAX_REFUSED
+from nodeagent.model.resources import MemoryOffer
 from nodeagent.model.spec import JobSpec, run_config, spec_of
 from nodeagent.pool.member import NodeState
 from nodeagent.runtime.pulls import Pulled, Pulling, PullRefused, Pulls
@@ -109,9 +110,11 @@ class NodeLoop:
         sweep: Callable[[NodeSettings, tuple[str, ...]], object] | None = None,
         pulls: Pulls | None = None,
         inventory: Callable[[], tuple[GpuUnit, ...]] = tuple,
+        memory: Callable[[], MemoryOffer | None] = lambda: None,
     ) -> None:
         """`inventory`: the GPU units this node offers (gpu/inventory.py), advertised to the
-        pool at each heartbeat with the job holding each."""
+        pool at each heartbeat with the job holding each; `memory`: what it offers its jobs in
+        memory (model/resources.py), advertised alike so the scheduler counts it."""
         if member is None and settings.job is None:
             raise ValueError("a node loop with no pool serves its config's job: there is none")
         self._settings = settings
@@ -120,6 +123,7 @@ class NodeLoop:
         self._waker = waker
         self._clock = clock
         self._inventory = inventory
+        self._memory = memory
         self._metrics_address = metrics_address
         self._listener = listener
         self._notify = notifier or Notifier(None)
@@ -264,6 +268,7 @@ class NodeLoop:
             refused=dict(self._refused),
             metrics=self._metrics_address(),
             pulling=self._pulling,
+            memory=self._memory(),
         )
 
     def _wanted(self) -> dict[str, int | None]:

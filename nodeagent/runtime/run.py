@@ -31,6 +31,7 @@ from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.tokens import TokenStore
 from nodeagent.gpu.health import build_monitor, start_monitor
 from nodeagent.gpu.inventory import offered
+from nodeagent.model import resources
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool.authority import Authority, pool_authority
 from nodeagent.pool.ledger import Bookkeeper
@@ -264,6 +265,9 @@ def _node_loop(
         listener=listen,
         notifier=parts.notifier,
         inventory=lambda: offered(parts.monitor.snapshot(), parts.monitor.verdicts()),
+        memory=lambda: resources.offer(
+            isolation.capacity(parts.cgroups, parts.monitor), settings.isolation
+        ),
     )
 
 

@@ -1,6 +1,6 @@
 """The pool's nodes as rows (`nodeagentctl nodes`, GET /v1/nodes): the job each serves,
-health, its GPU units and the job holding each, cordon, labels, heartbeat age, address and its
-agent's version."""
+health, its GPU units and the job holding each, its memory for jobs, cordon, labels, heartbeat
+age, address and its agent's version."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ def nodes(store: PoolStore) -> list[dict[str, Any]]:
                 "pulling": report.pulling if report else None,
                 "health": (report.unfit or "ok") if report else "lost",
                 "gpus": [unit.to_data() for unit in report.gpus] if report else [],
+                # what its jobs share in memory (bytes), and a GPU unit's default share of it:
+                # what the scheduler counts (null: not said, an older agent)
+                "memory": (report.memory or None) if report else None,
+                "mem_per_gpu": (report.mem_per_gpu or None) if report else None,
                 "cordon": cordon.reason if cordon else None,
                 "drained": cordon.drain if cordon else False,
                 "labels": dict(report.labels) if report else {},

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from nodeagent.config.values import size_text
 from tests.helpers.cluster import WORKER, RedisServer, wait_for
 from tests.helpers.devicenodes import (
     allowed_only,
@@ -134,6 +135,43 @@ def test_nodes_advertise_their_gpus_and_a_job_holds_what_it_asked_for(
     nodes, node_hours, gpu_hours, kept = wait_for(record, 30, "its accounting record")
     assert (nodes, json.loads(kept)["gpus"]) == (1, 2)
     assert node_hours > 0 and gpu_hours == pytest.approx(2 * node_hours)
+
+
+def test_the_scheduler_counts_each_node_s_memory_as_it_counts_its_gpus(
+    pool: PoolCluster, job_id: str
+) -> None:
+    """Each agent says what its jobs share in memory (the machine's, or its cgroup's, less the
+    reserve): two 1-GPU jobs that each ask for 60 % of it go to two nodes, though one node has
+    the GPUs for both; one that asks for more than any node has waits, saying so."""
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+
+    def offering() -> list[dict[str, Any]] | None:
+        """The nodes' rows once each says its memory and its 8 GPUs (its share per GPU)."""
+        rows = json.loads(pool.ctl("nodes", "--json").stdout)["nodes"]
+        return rows if all(r["memory"] and len(r["gpus"]) == 8 for r in rows) else None
+
+    rows = wait_for(offering, 30, "the nodes' memory")
+    assert len(rows) == 2 and all(r["mem_per_gpu"] == r["memory"] // 8 for r in rows), rows
+    least = min(r["memory"] for r in rows)
+    assert size_text(least) in pool.ctl("nodes").stdout  # the MEMORY column
+    mib = least * 6 // 10 >> 20
+    first, second = f"{job_id}-first"[:63], f"{job_id}-second"[:63]
+    for name in (first, second):
+        pool.submit(name, "1", "--gpus-per-node", "1", "--mem", f"{mib}MiB")
+        pool.wait_job(name, "running", world=1)
+    held = shares(pool)
+    assert sorted(n for n, jobs in held.items() if jobs) == ["a", "b"], held
+
+    huge = f"{job_id}-huge"[:63]
+    pool.submit(huge, "1", "--gpus-per-node", "1", "--mem", f"{(least >> 20) + 1024}MiB")
+    says = "have less memory for jobs than it asks for"
+    reason = wait_for(
+        lambda: next((r for r in [pool.jobs()[huge]["reason"]] if says in r), None),
+        30,
+        "why it waits",
+    )
+    assert "2 have less memory" in reason, reason
 
 
 @pytest.fixture

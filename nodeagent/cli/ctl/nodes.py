@@ -1,6 +1,6 @@
 """nodeagentctl nodes: the pool's nodes, the job each serves, health, its GPUs held and
-offered, cordon, labels (with --gpus, each GPU unit and the job holding it; with --json,
-everything, each agent's version too)."""
+offered, its memory for jobs, cordon, labels (with --gpus, each GPU unit and the job holding
+it; with --json, everything, each agent's version too)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from nodeagent.cli.ctl.targets import Target
+from nodeagent.config.values import size_text
 from nodeagent.views import nodes as views
 from nodeagent.views.documents import listing
 
@@ -31,7 +32,8 @@ def run(target: Target, args: argparse.Namespace) -> int:
     if args.gpus:
         return _units(rows)
     print(
-        f"{'NODE':<20} {'JOB':<24} {'HEALTH':<10} {'GPUS':>5} {'HB AGE':>7}  {'CORDON':<12} LABELS"
+        f"{'NODE':<20} {'JOB':<24} {'HEALTH':<10} {'GPUS':>5} {'MEMORY':>9} {'HB AGE':>7}  "
+        f"{'CORDON':<12} LABELS"
     )
     for r in rows:
         labels = ",".join(f"{k}={v}" for k, v in sorted(r["labels"].items())) or "-"
@@ -44,7 +46,11 @@ def run(target: Target, args: argparse.Namespace) -> int:
         gpus = r["gpus"]
         used = f"{sum(1 for u in gpus if u['job'])}/{len(gpus)}" if gpus else "-"
         cordon = r["cordon"] or "-"
-        print(f"{r['name']:<20} {job:<24} {health:<10} {used:>5} {age:>7}  {cordon:<12} {labels}")
+        memory = "-" if r["memory"] is None else size_text(r["memory"])
+        print(
+            f"{r['name']:<20} {job:<24} {health:<10} {used:>5} {memory:>9} {age:>7}  "
+            f"{cordon:<12} {labels}"
+        )
     return 0
 
 
