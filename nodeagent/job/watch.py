@@ -82,6 +82,7 @@ class WorkerWatch:
         self.stalls: tuple[RankStall, ...] = ()  # as last reported (job/stalls.py)
         self._health = health
         self._gpus_by_rank: dict[int, tuple[int, ...]] = {}
+        self._watching = False  # the group ran, failure-free, at the last check
 
     # -- what the agent reads -----------------------------------------------------------------
 
@@ -106,7 +107,11 @@ class WorkerWatch:
         return self._hangs.stretch(local_rank)
 
     def next_check(self) -> float | None:
-        return self._hangs.next_check()
+        """When the hang check is next due; None while the group does not run (a failed or
+        stopped rank is not checked: its last beat's deadline, long past, had the agent's loop
+        spinning, heartbeat after heartbeat, for as long as it stayed so; a slow node drained
+        from its job, leading it, took 74 % of a CPU and slowed the job it left)."""
+        return self._hangs.next_check() if self._watching else None
 
     # -- what the agent tells it ------------------------------------------------------------
 
@@ -133,7 +138,7 @@ class WorkerWatch:
         """Hangs first (they fail the group), then GPU verdicts. `dump` captures a rank's stacks;
         `stopped` says whether a rank's process is stopped by a signal; `activity` whether it
         works, `cpu` its CPU time (the stalled ranks listed for the job's leader)."""
-        running = group.phase is GroupPhase.RUNNING and group.failure is None
+        running = self._watching = group.phase is GroupPhase.RUNNING and group.failure is None
         findings = Findings()
         if running:
             self._check_hangs(now, group, dump, stopped, activity, cpu, findings)

@@ -18,6 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.helpers import throttle
@@ -96,11 +97,22 @@ def test_a_throttled_node_is_named_slow_and_replaced_by_the_spare_in_place(
             )
             named_after = time.time() - throttled_at
             assert [e["node"] for e in slow] == [victim], cluster.diagnostics()
+            said = cluster.ctl("status").stdout  # the text marks it too (issue 81)
+            marked = [line for line in said.splitlines() if "SLOW (" in line]
+            assert len(marked) == 1 and "its peers' median" in marked[0], said
             during = step_time(lines, gen, throttled_at + WINDOW_S, time.time())
             gen = reformed(cluster, 3, gen)
         doc = cluster.status()
         assert doc["members"] == [*kept, spare]
         alive = kept_through(cluster, alive)  # the others kept their processes
+        # The drained node's agent waits between its beats: its loop once spun on a hang check
+        # due since its worker stopped (74 % of a CPU, beside the job it had left: the job's
+        # step time stayed 1.7x its healthy pace here, 1.3x on a 16-core machine).
+        agent = psutil.Process(cluster.agents[victim].proc.pid)
+        before = sum(agent.cpu_times()[:2])
+        time.sleep(3.0)
+        busy = (sum(agent.cpu_times()[:2]) - before) / 3.0
+        assert busy < 0.25, f"the drained node's agent used {busy:.0%} of a CPU"
         drained = next(n for n in doc["nodes"] if n["name"] == victim)
         assert drained["cordon"]["by"] == "slow-node" and drained["cordon"]["drain"]
         assert drained["cordon"]["reason"].startswith("slow: busy")

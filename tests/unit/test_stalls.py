@@ -16,7 +16,7 @@ from nodeagent.job import stalls
 from nodeagent.job.accrual import Arrivals
 from nodeagent.job.plan import LeaderMemory, plan
 from nodeagent.job.watch import STALL_POLL_S, HangWatch, WorkerWatch
-from nodeagent.model.job import ClusterView, JobRecord, NodeReport
+from nodeagent.model.job import ClusterView, Failure, JobRecord, NodeReport
 from nodeagent.model.stalls import RankStall, WaitedOn
 from nodeagent.state import JobState, NodeState
 from nodeagent.supervisor.status import Activity, GroupPhase, GroupStatus
@@ -255,3 +255,22 @@ def test_a_named_node_fails_the_rank_named_if_it_still_is_silent(tmp_path: Path)
     assert event.data["stacks"] == "stacks of 1"
     for writer in writers.values():
         writer.close()
+
+
+def test_a_group_that_does_not_run_has_no_hang_check_due(tmp_path: Path) -> None:
+    """A rank that stopped beating while its group failed (a drained node's worker, stopped)
+    is not checked, so no check is due: its deadline, long past, once had the agent's loop
+    spinning (issue 81: a drained slow node's agent at 74 % of a CPU)."""
+    paths, writers = beating(tmp_path, (0,))
+    watch = WorkerWatch("b", 5.0, None)
+    watch._hangs.watch(paths, now=0.0)
+    writers[0].beat(1)
+    running = GroupStatus(phase=GroupPhase.RUNNING, generation=3)
+    watch.check(0.1, running, None, str)
+    assert watch.next_check() is not None
+    failed = replace(running, failure=Failure(3, "b", 0, "exit_code", 1))
+    watch.check(60.0, failed, None, str)
+    assert watch.next_check() is None
+    watch.check(60.1, running, None, str)  # running again: due again
+    assert watch.next_check() is not None
+    writers[0].close()
