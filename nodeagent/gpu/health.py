@@ -170,6 +170,7 @@ class NodeHealth:
             self.monitor.clear_xids()
 
     def summary(self) -> GpuSummary:
+        """The verdicts with each GPU's readings (temperature, power, clocks)."""
         snapshot = self.monitor.snapshot()
         readings = {r.index: r for r in snapshot.gpus}
         return GpuSummary(
@@ -189,3 +190,17 @@ class NodeHealth:
                 for v in self.monitor.verdicts()
             ),
         )
+
+
+def verdicts_only(monitor: GpuMonitor) -> GpuSummary:
+    """The node's GPU verdicts without their readings: what its pool heartbeat carries (the
+    readings change at every sample, and a report that changes is read again by the pool
+    leader: docs/gpu.md)."""
+    snapshot = monitor.snapshot()
+    return GpuSummary(
+        available=snapshot.available,
+        reason=snapshot.reason,
+        gpus=tuple(
+            GpuInfo(v.index, v.health.value, v.action.value, v.reason) for v in monitor.verdicts()
+        ),
+    )

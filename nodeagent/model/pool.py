@@ -19,6 +19,7 @@ from nodeagent.config.container import ContainerRule, offer, read_offer
 from nodeagent.errors import CorruptStateError
 from nodeagent.model.decode import NAME_RE, Reader
 from nodeagent.model.gpus import MAX_UNITS, GpuUnit, read_units
+from nodeagent.model.job import GpuSummary
 
 MAX_LABELS = 64
 MAX_REFUSED = 64
@@ -84,6 +85,7 @@ class PoolNode:
     sharing: tuple[str, ...] = ()  # the jobs that share it whose agents run here now
     memory: int = 0
     mem_per_gpu: int = 0
+    gpu: GpuSummary | None = None  # its GPU verdicts, without readings (None: not said)
 
     def to_json(self) -> str:
         doc = asdict(self)
@@ -128,6 +130,7 @@ class PoolNode:
             sharing=_job_names(r.items("sharing", MAX_UNITS)),
             memory=r.integer("memory", 0),
             mem_per_gpu=r.integer("mem_per_gpu", 0),
+            gpu=GpuSummary.read(verdicts) if (verdicts := r.obj("gpu")) is not None else None,
         )
 
 

@@ -87,7 +87,7 @@ class Bookkeeper:
         try:
             new = self._ledger.write([record for _, record in records])
         except AccountingError as exc:
-            if str(exc) != self._failing:
+            if self._failing is None:  # once an outage, whatever each try's words
                 log.warning(
                     "accounting: %s; %d records wait in Redis, tried again in %.0fs",
                     exc, self.waiting, self._wait,

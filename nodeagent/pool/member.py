@@ -23,6 +23,7 @@ from nodeagent.errors import CoordinationError, FencedError
 from nodeagent.model.credential import MungeUnavailable
 from nodeagent.model.fairshare import QUEUE, FairShare
 from nodeagent.model.gpus import GpuUnit
+from nodeagent.model.job import GpuSummary
 from nodeagent.model.pool import PoolNode
 from nodeagent.model.resources import MemoryOffer
 from nodeagent.model.spec import JobSpec
@@ -60,6 +61,7 @@ class NodeState:
     gpus: tuple[GpuUnit, ...] = ()  # the units it offers, each with the job holding it
     sharing: tuple[str, ...] = ()  # the jobs sharing it whose agents run here
     memory: MemoryOffer | None = None  # what it offers its jobs in memory (None: not said)
+    gpu: GpuSummary | None = None  # its GPU verdicts, job or not (None: not said)
 
 
 class PoolMember:
@@ -175,6 +177,7 @@ class PoolMember:
             version=__version__,
             memory=state.memory.shared if state.memory is not None else 0,
             mem_per_gpu=state.memory.per_gpu if state.memory is not None else 0,
+            gpu=state.gpu,
         )
         start = self._clock()
         self._next = start + self._interval()

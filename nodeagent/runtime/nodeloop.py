@@ -31,6 +31,7 @@ from nodeagent.checkpoint.space import check_room
 from nodeagent.config.settings import CheckpointConfig, Config, NodeSettings
 from nodeagent.errors import ConfigError
 from nodeagent.model.gpus import GpuUnit
+from nodeagent.model.job import GpuSummary
 from nodeagent.model.pool import MAX_REFUSED
 from nodeagent.model.resources import MemoryOffer
 from nodeagent.model.spec import JobSpec, run_config, spec_of
@@ -111,10 +112,13 @@ class NodeLoop:
         pulls: Pulls | None = None,
         inventory: Callable[[], tuple[GpuUnit, ...]] = tuple,
         memory: Callable[[], MemoryOffer | None] = lambda: None,
+        gpu: Callable[[], GpuSummary | None] = lambda: None,
     ) -> None:
         """`inventory`: the GPU units this node offers (gpu/inventory.py), advertised to the
         pool at each heartbeat with the job holding each; `memory`: what it offers its jobs in
-        memory (model/resources.py), advertised alike so the scheduler counts it."""
+        memory (model/resources.py), advertised alike so the scheduler counts it; `gpu`: its
+        GPU verdicts (gpu/health.py verdicts_only), advertised so `nodes` and `health --node`
+        show them whether it serves a job or not."""
         if member is None and settings.job is None:
             raise ValueError("a node loop with no pool serves its config's job: there is none")
         self._settings = settings
@@ -124,6 +128,7 @@ class NodeLoop:
         self._clock = clock
         self._inventory = inventory
         self._memory = memory
+        self._gpu = gpu
         self._metrics_address = metrics_address
         self._listener = listener
         self._notify = notifier or Notifier(None)
@@ -269,6 +274,7 @@ class NodeLoop:
             metrics=self._metrics_address(),
             pulling=self._pulling,
             memory=self._memory(),
+            gpu=self._gpu(),
         )
 
     def _wanted(self) -> dict[str, int | None]:

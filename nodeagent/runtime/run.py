@@ -29,7 +29,7 @@ from nodeagent.coord.keys import PoolKeys
 from nodeagent.coord.listener import StreamListener
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.tokens import TokenStore
-from nodeagent.gpu.health import build_monitor, start_monitor
+from nodeagent.gpu.health import build_monitor, start_monitor, verdicts_only
 from nodeagent.gpu.inventory import offered
 from nodeagent.model import resources
 from nodeagent.model.spec import JobSpec
@@ -268,6 +268,7 @@ def _node_loop(
         memory=lambda: resources.offer(
             isolation.capacity(parts.cgroups, parts.monitor), settings.isolation
         ),
+        gpu=lambda: verdicts_only(parts.monitor),
     )
 
 

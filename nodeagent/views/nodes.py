@@ -4,9 +4,12 @@ age, address and its agent's version."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from nodeagent.coord.pool import PoolStore
+from nodeagent.errors import NotFoundError
+from nodeagent.model.job import GpuSummary
 
 
 def nodes(store: PoolStore) -> list[dict[str, Any]]:
@@ -24,7 +27,8 @@ def nodes(store: PoolStore) -> list[dict[str, Any]]:
                 "shares": dict(snap.shares.get(name, {})),  # or: job -> the GPUs it holds here
                 "serving": report.serving if report else None,
                 "pulling": report.pulling if report else None,
-                "health": (report.unfit or "ok") if report else "lost",
+                "health": (report.unfit or gpu_health(report.gpu) or "ok") if report else "lost",
+                "gpu": asdict(report.gpu) if report and report.gpu else None,  # its verdicts
                 "gpus": [unit.to_data() for unit in report.gpus] if report else [],
                 # what its jobs share in memory (bytes), and a GPU unit's default share of it:
                 # what the scheduler counts (null: not said, an older agent)
@@ -39,3 +43,30 @@ def nodes(store: PoolStore) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def gpu_health(summary: GpuSummary | None) -> str | None:
+    """What a node's GPU verdicts say against it ("GPU 3 unhealthy: ..."), or None: all
+    healthy, or not said."""
+    bad = [g for g in (summary.gpus if summary else ()) if g.health != "healthy"]
+    return "; ".join(f"GPU {g.index} {g.health}: {g.reason}" for g in bad) or None
+
+
+def pool_node_health(store: PoolStore, name: str) -> dict[str, Any]:
+    """A pool node's health as its pool heartbeat says it, whatever job it serves or none
+    (`nodeagentctl health --node N`, the job's own status document aside): its pool cordon,
+    why it is unfit, its GPU verdicts.
+
+    Raises:
+        NotFoundError: no live pool lease of that node.
+    """
+    snap = store.read(jobs=False)
+    report = snap.nodes.get(name)
+    if report is None:
+        raise NotFoundError(f"node {name} is not in pool {store.keys.pool} (no live pool lease)")
+    cordon = snap.cordons.get(name)
+    return {
+        "cordon": {"reason": cordon.reason, "by": cordon.by} if cordon else None,
+        "unfit": report.unfit,
+        "gpu": asdict(report.gpu) if report.gpu else None,
+    }

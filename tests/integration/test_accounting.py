@@ -117,10 +117,14 @@ def test_records_wait_in_redis_while_the_database_is_down_and_are_written_when_i
         assert "2 records wait in Redis" in caplog.text
         keeper.tick()  # within the retry's wait: nothing is tried
         assert redis_server.client().zcard(ledger) == 2
+        clock.now += RETRY_S  # tried again, still down: said once for the whole outage
+        keeper.tick()
+        wait_for(lambda: _idle(keeper), 30, "the second failed write")
+        assert caplog.text.count("wait in Redis") == 1, caplog.text
         _ledger(redis_server, job_id, *_records(job_id, 4)[2:])  # more jobs end meanwhile
     finally:
         postgres.resume()
-    clock.now += RETRY_S
+    clock.now += 2 * RETRY_S
     keeper.tick()
     wait_for(lambda: _idle(keeper), 30, "the write once the database is back")
     keeper.tick()

@@ -293,6 +293,18 @@ def test_a_failing_gpu_takes_only_its_holder_off_the_node(
     assert len(started(pool, y, 1) or ()) == 1
     os.kill(first_y["pid"], 0)  # y's worker: the same process, still running
 
+    # The node's verdict, job or not (issue 81: `nodes` said ok, `health` wanted a job)
+    rows = {r["name"]: r for r in json.loads(pool.ctl("nodes", "--json").stdout)["nodes"]}
+    assert rows["a"]["health"].startswith("GPU 0 unhealthy: "), rows["a"]
+    assert rows["b"]["health"] == "ok" and rows["b"]["gpu"]["available"], rows["b"]
+    assert "GPU 0 unh~" in pool.ctl("nodes").stdout  # the HEALTH column, cut to its width
+    said = pool.ctl("health", "--node", "a")
+    assert said.returncode == 0, said.stderr
+    assert said.stdout.startswith("GPU 0: unhealthy") and "GPU 1: healthy" in said.stdout, said
+    doc = json.loads(pool.ctl("health", "--node", "a", "--json").stdout)
+    assert [g["health"] for g in doc["gpu"]["gpus"]] == ["unhealthy", *["healthy"] * 7], doc
+    assert pool.ctl("health", "--node", "nowhere").returncode == 3
+
 
 def test_a_node_killed_re_forms_every_job_it_served(pool: PoolCluster, job_id: str) -> None:
     pool.start("a", "b")

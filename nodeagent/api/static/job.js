@@ -176,8 +176,20 @@ function timeline(doc) {
     mark.style.left = pct(r.at_s);
     bar.append(mark);
   }
+  // The last recovery, while its generation has not trained yet, is still under way: its
+  // start-up and the steps it lost are measured once it does (not "0 s" and "–"). Only for a
+  // job whose ranks say when they train (some generation did): one that never says would
+  // show every recovery under way for ever.
+  const trained = new Set((doc.goodput?.trained || []).map((t) => t.generation));
+  const last = reforms.length ? reforms[reforms.length - 1] : null;
+  const underWay = (r) =>
+    r === last && !doc.ended && !doc.goodput?.ended && trained.size > 0 && !trained.has(r.generation);
   const rows = reforms.map((r) => {
     const total = PHASES.reduce((sum, [key]) => sum + (r[key] || 0), 0) || 1;
+    const cell = (key, label) =>
+      underWay(r) && key === "startup_restore_s"
+        ? el("td", { class: "num quiet", dataset: { phase: label } }, "in progress")
+        : el("td", { class: "num", dataset: { phase: label } }, seconds(r[key]));
     const split = el("div", { class: "split" }, PHASES.map(([key, label]) => {
       const piece = el("span", { class: `phase phase-${label}`, title: `${label} ${seconds(r[key])}` });
       piece.style.width = `${((r[key] || 0) / total) * 100}%`;
@@ -188,8 +200,8 @@ function timeline(doc) {
       { dataset: { generation: r.generation, reason: r.reason } },
       el("td", { class: "num" }, `${r.generation}`),
       el("td", {}, r.reason || "–"),
-      PHASES.map(([key, label]) => el("td", { class: "num", dataset: { phase: label } }, seconds(r[key]))),
-      el("td", { class: "num" }, r.steps_lost ?? "–"),
+      PHASES.map(([key, label]) => cell(key, label)),
+      el("td", { class: "num", dataset: { lost: "" } }, underWay(r) ? "in progress" : r.steps_lost ?? "–"),
       el("td", { class: "wide" }, split),
     );
   });

@@ -39,7 +39,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
         print(json.dumps({"version": JSON_VERSION, "pool": target.pool, **doc}, indent=2))
         return 0
     print(
-        f"{args.by.upper():<24} {'JOBS':>8} {'FAILED':>7} {'NODE-H':>12} {'GPU-H':>12} "
+        f"{args.by.upper():<24} {'JOBS':>8} {'NOT-OK':>7} {'NODE-H':>12} {'GPU-H':>12} "
         f"{'ELAPSED-H':>11} {'RESTARTS':>8} {'ETTR':>6}"
     )
     for r in doc["rows"]:
