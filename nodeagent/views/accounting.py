@@ -97,6 +97,8 @@ def row_of(record: Record) -> dict[str, Any]:
         "elapsed_s": record.elapsed_s,
         "nodes": record.nodes,
         "node_hours": round(record.node_hours, 4),
+        "gpus": record.gpus,
+        "gpu_hours": None if record.gpu_hours is None else round(record.gpu_hours, 4),
         "exit_code": record.exit_code,
         "reason": record.reason,
         "ettr": record.ettr,

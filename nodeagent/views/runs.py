@@ -1,5 +1,5 @@
 """A pool job's run as show and history give it (every face): its spec and status as one row
-(user, times, nodes, node-hours, exit code). Times are RFC 3339 (UTC)."""
+(user, times, nodes, node-hours, GPUs and GPU-hours, exit code). Times are RFC 3339 (UTC)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,10 @@ class Run:
             "elapsed_s": elapsed,
             "nodes": status.peak_nodes,
             "node_hours": round(self.node_hours(now_ms, placed), 4),
+            # the most GPU units it held at once, and GPU-hours as accounted so far (None: its
+            # nodes offered no GPU), as its accounting record keeps them (model/accounting.py)
+            "gpus": status.peak_gpus or None,
+            "gpu_hours": round(status.gpu_ms / 3_600_000, 4) if status.peak_gpus else None,
             "exit_code": exit_code(status),
             "reason": status.reason,
             "ettr": status.ettr,  # once ended (model/goodput.py)

@@ -135,6 +135,14 @@ def test_nodes_advertise_their_gpus_and_a_job_holds_what_it_asked_for(
     nodes, node_hours, gpu_hours, kept = wait_for(record, 30, "its accounting record")
     assert (nodes, json.loads(kept)["gpus"]) == (1, 2)
     assert node_hours > 0 and gpu_hours == pytest.approx(2 * node_hours)
+    # history says it too, from the pool and from the database (issue 81)
+    for where in ("none", f"sqlite:///{database}"):
+        said = pool.ctl("history", "--accounting", where, "--json")
+        assert said.returncode == 0, said.stderr
+        (row,) = [r for r in json.loads(said.stdout)["jobs"] if r["job"] == pair]
+        hours = pytest.approx(2 * row["node_hours"], abs=3e-4)  # (each rounded to 4 places)
+        assert row["gpus"] == 2 and row["gpu_hours"] == hours, row
+    assert "GPU-H" in pool.ctl("history").stdout
 
 
 def test_the_scheduler_counts_each_node_s_memory_as_it_counts_its_gpus(

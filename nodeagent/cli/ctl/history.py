@@ -51,14 +51,15 @@ def run(target: Target, args: argparse.Namespace) -> int:
         return 0
     print(
         f"{'JOB':<24} {'USER':<12} {'STATE':<10} {'ENDED':<25} {'ELAPSED':>9} {'NODES':>5} "
-        f"{'NODE-H':>8} {'EXIT':>4} {'ETTR':>6}"
+        f"{'NODE-H':>8} {'GPU-H':>8} {'EXIT':>4} {'ETTR':>6}"
     )
     for r in rows:
         elapsed = format_duration(r["elapsed_s"]) if r["elapsed_s"] is not None else "-"
+        gpu = "-" if r["gpu_hours"] is None else f"{r['gpu_hours']:.2f}"
         print(
             f"{r['job']:<24} {r['user'] or '-':<12} {r['state']:<10} {r['ended'] or '-':<25} "
-            f"{elapsed:>9} {r['nodes']:>5} {r['node_hours']:>8.2f} {r['exit_code']!s:>4} "
-            f"{_percent(r['ettr']):>6}"
+            f"{elapsed:>9} {r['nodes']:>5} {r['node_hours']:>8.2f} {gpu:>8} "
+            f"{r['exit_code']!s:>4} {_percent(r['ettr']):>6}"
         )
     return 0
 
