@@ -5,8 +5,9 @@ read_cache (one under load) is then made again in the background by the first ca
 it stale, who is given the stale answer, as is everyone until the next is made
 (stale-while-revalidate, RFC 5861): under load no caller waits on a read, and the event loop is
 not held up by a crowd of callers hopping through worker threads while one reads. A key asked
-for less often is read again for its caller, who waits for it, so a client that changes
-something and reads it back a moment later sees the change. What a caller
+for less often is read again for its caller, who waits for it. A change made through the
+service (a submission, a cancel, any verb) drops every answer kept and every read under way
+(`changed`): a client that changes something reads the change in its next read. What a caller
 may read does not depend on who asks (as `nodeagentctl`, every user reads the pool), except
 logs and tokens, which are never kept.
 An error is shared as the answer would have been: a Redis outage is every waiter's 503; a read
@@ -34,6 +35,7 @@ def read_key(scope: Mapping[str, Any]) -> str:
 
 @dataclass
 class _Flight:
+    epoch: int = 0  # Fresh's when it began: an answer read before a change is not kept
     done: threading.Event = field(default_factory=threading.Event)
     value: bytes = b""
     error: BaseException | None = None
@@ -46,7 +48,35 @@ class Fresh:
         self._kept: dict[str, tuple[float, bytes]] = {}
         self._asked: dict[str, float] = {}  # when each key's answer was last given
         self._flights: dict[str, _Flight] = {}
+        self._epoch = 0  # changed() counts up: what was read before is not kept
         self._lock = threading.Lock()
+
+    def changed(self) -> None:
+        """A change was made through this service: every answer kept, and every read under
+        way, may be from before it. The next caller of each key reads again, and no caller
+        joins a read begun before (read-your-writes: a client that cancelled a job reads it
+        cancelling at once, not an answer kept from before its cancel)."""
+        with self._lock:
+            self._epoch += 1
+            self._kept.clear()
+            self._asked.clear()
+            self._flights.clear()  # (those under way still answer their own waiters)
+
+    def _landed(self, key: str, flight: _Flight) -> None:
+        """A read ended (under the lock): it is no longer under way, and its answer is kept
+        if it began after the last change."""
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        if flight.error is not None:
+            if flight.epoch == self._epoch:
+                self._kept.pop(key, None)
+            return
+        if flight.epoch != self._epoch:
+            return
+        if len(self._kept) >= MAX_KEPT:
+            self._kept.clear()
+            self._asked.clear()
+        self._kept[key] = (self._clock(), flight.value)
 
     def peek(self, key: str) -> bytes | None:
         """What a caller may be given at once without reading: the answer if fresh, or while
@@ -80,25 +110,23 @@ class Fresh:
             self._asked[key] = now
             if age < self._ttl or key in self._flights:
                 return kept[1], False
-            self._flights[key] = _Flight()
+            self._flights[key] = _Flight(self._epoch)
             return kept[1], True
 
     def refresh(self, key: str, compute: Callable[[], bytes]) -> None:
         """Make the next answer of `key` (the caller `claim` told to), in a worker thread. A
         failure drops the key: the next caller reads, and is told the error, itself."""
         with self._lock:
-            flight = self._flights[key]
+            flight = self._flights.get(key)
+        if flight is None:  # a change dropped it since: the next caller reads
+            return
         try:
             flight.value = compute()
         except BaseException as exc:  # Redis away, say: said to the next caller by its own read
             flight.error = exc
         finally:
             with self._lock:
-                del self._flights[key]
-                if flight.error is None:
-                    self._kept[key] = (self._clock(), flight.value)
-                else:
-                    self._kept.pop(key, None)
+                self._landed(key, flight)
             flight.done.set()
 
     def abandon(self, key: str, why: BaseException) -> None:
@@ -129,7 +157,7 @@ class Fresh:
             flight = self._flights.get(key)
             leading = flight is None
             if flight is None:
-                flight = self._flights[key] = _Flight()
+                flight = self._flights[key] = _Flight(self._epoch)
             elif kept is not None and age < STALE_READS * self._ttl:
                 return kept[1]  # being read again: the last answer meanwhile, not a wait
         if not leading:
@@ -144,11 +172,6 @@ class Fresh:
             raise
         finally:
             with self._lock:
-                del self._flights[key]
-                if flight.error is None:
-                    if len(self._kept) >= MAX_KEPT:
-                        self._kept.clear()
-                        self._asked.clear()
-                    self._kept[key] = (self._clock(), flight.value)
+                self._landed(key, flight)
             flight.done.set()
         return flight.value

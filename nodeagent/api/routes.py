@@ -261,6 +261,9 @@ def rank_log(
                 yield _sse({"notice": item.text})
             else:
                 yield ": idle\n\n"
+        # The stream ends with the job: a listing read next must not say it runs (an answer
+        # kept from before its end did, issue 81).
+        svc.reads.changed()
 
     return StreamingResponse(stream(), media_type=SSE)
 

@@ -131,6 +131,7 @@ class Service:
             raise self._unanswered(request_id)
         if not reply.ok:
             raise refused(reply)
+        self.reads.changed()  # the caller's next read reads its change (api/cache.py)
         return reply
 
     def ask(self, who: Identity, verb: Verb, args: dict[str, Any]) -> Reply:
@@ -157,6 +158,8 @@ class Service:
             self._answers.forget(request_id)
         if reply is None:
             raise self._unanswered(request_id)
+        if reply.ok:
+            self.reads.changed()
         return reply
 
     def _send(self, who: Identity, verb: Verb, args: dict[str, Any]) -> str:

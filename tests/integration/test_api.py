@@ -144,7 +144,11 @@ def test_a_token_holder_submits_follows_recovers_scales_and_cancels_as_herself(
             refused(lambda: list(theirs.logs(job, rank=0, tail=5)), 403, "it answered 403")
             assert [r["job"] for r in theirs.jobs(user=alice.name)] == [job]  # reads: as the CLI
 
+        for _ in range(5):  # her status under load: kept for everyone, made again in turn
+            mine.status(job)
         assert "target" in mine.scale(job, 1)
+        # ... and read back at once, not from before her change (issue 81)
+        assert mine.status(job)["target_nodes"] == 1
         assert f"cancel requested by {alice.name}" in mine.cancel(job)
         assert mine.wait(job, timeout=60)["state"] == "cancelled"
         follower.join(30)

@@ -96,6 +96,43 @@ def test_while_a_kept_read_is_read_again_the_others_get_the_last_answer() -> Non
     assert fresh.get("k", lambda: b"never") == b"new"
 
 
+def test_a_change_through_the_service_is_read_back_at_once() -> None:
+    """changed(): nothing kept from before is given, no caller joins a read begun before it,
+    and that read's answer is not kept (issue 81: a cancel, then history from before it)."""
+    clock = Clock()
+    fresh = Fresh(0.5, clock)
+    assert fresh.get("/v1/jobs?", lambda: b"running") == b"running"
+    fresh.changed()
+    assert fresh.peek("/v1/jobs?") is None and fresh.claim("/v1/jobs?") == (None, False)
+    assert fresh.get("/v1/jobs?", lambda: b"cancelling") == b"cancelling"
+    # a read under way when the change is made: its own caller gets it; nobody else does
+    inside, done = threading.Event(), threading.Event()
+
+    def before() -> bytes:
+        inside.set()
+        done.wait(10)
+        return b"from before"
+
+    clock.now += 1
+    answers: list[bytes] = []
+    reader = threading.Thread(target=lambda: answers.append(fresh.get("k", before)))
+    reader.start()
+    inside.wait(10)
+    fresh.changed()
+    assert fresh.get("k", lambda: b"after") == b"after"  # not a wait for the one before
+    done.set()
+    reader.join(10)
+    assert answers == [b"from before"] and fresh.get("k", lambda: b"never") == b"after"
+    # a background read claimed before the change: its answer is not kept either
+    clock.now += 0.3
+    fresh.peek("k")  # asked for: under load
+    clock.now += 0.3
+    assert fresh.claim("k") == (b"after", True)
+    fresh.changed()
+    fresh.refresh("k", lambda: b"never kept")
+    assert fresh.get("k", lambda: b"fresh") == b"fresh"
+
+
 def test_a_stale_read_is_given_at_once_while_one_caller_makes_the_next() -> None:
     clock, made = Clock(), []
     fresh = Fresh(0.5, clock)
