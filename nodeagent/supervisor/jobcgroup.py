@@ -16,7 +16,8 @@ that from /proc/self/cgroup and mountinfo; a job's cgroup is one directory in ea
 On cgroup v2 a cgroup whose children have controllers enabled may hold no process of its own,
 so the agent moves itself into a leaf, `agent`, below its own cgroup first (`settle`), as
 systemd's delegation asks of a delegated unit; its children (the fence keeper, the serving
-process) start there.
+process) start there, bounded by the leaf's own `pids.max` (the unit sets no TasksMax=, which
+would count every job's threads together).
 
 A worker enters the job's cgroups in the child between fork and exec, after the switch to the
 job's user, by writing "0" to each `cgroup.procs` the agent opened: the kernel judges the write
@@ -48,6 +49,7 @@ CONTROLLERS = ("memory", "pids", "cpu")
 UNIFIED = "cgroup v2"  # what `without` drops to leave out the unified hierarchy itself
 PREFIX = "job-"  # a job's cgroup below the agent's
 AGENT_LEAF = "agent"  # the agent itself, on cgroup v2 with controllers (settle)
+AGENT_PIDS_MAX = 4096  # its leaf's pids.max: the agent's threads and helpers, never a job's
 KILL_ROUNDS = 100
 REMOVE_WITHIN_S = 2.0  # what a kill left dying: waited for this long, else the next start's
 _ATTEMPTS = 16  # names fresh() tries: `job-<node>.<job>`, then `+1`...
@@ -167,15 +169,17 @@ def settle(layout: Layout) -> None:
     if not wanted or parent is None:
         return
     control = parent / "cgroup.subtree_control"
+    leaf = parent / AGENT_LEAF
     try:
         if wanted <= set(control.read_text().split()):
             return
-        leaf = parent / AGENT_LEAF
         leaf.mkdir(exist_ok=True)
         for pid in (parent / "cgroup.procs").read_text().split():
             with contextlib.suppress(ProcessLookupError):
                 (leaf / "cgroup.procs").write_text(pid)
         control.write_text(" ".join(f"+{name}" for name in sorted(wanted)))
+        if "pids" in wanted:  # the unit's TasksMax= is off: the agent's own bound is here
+            (leaf / "pids.max").write_text(str(AGENT_PIDS_MAX))
     except OSError as exc:
         raise JobCgroupError(
             exc.errno,

@@ -120,6 +120,7 @@ def test_unit_settings_the_agent_relies_on() -> None:
         "ProtectControlGroups=no",
         "OOMPolicy=continue",  # one job's OOM is not the unit's
         "OOMScoreAdjust=-900",
+        "TasksMax=infinity",  # each job its own pids.max, the agent's leaf its own
         # each job's own /dev/shm: user and mount namespaces its user makes (jobspace.py)
         "RestrictNamespaces=~cgroup ipc net pid uts",
     ):

@@ -16,7 +16,7 @@ from nodeagent.errors import ConfigError
 from nodeagent.model.history import restarts_by_cause
 from nodeagent.model.job import Event
 from nodeagent.model.resources import Capacity, LimitError, Limits, limits_for
-from nodeagent.supervisor.jobcgroup import UNIFIED, Layout, locate, settle
+from nodeagent.supervisor.jobcgroup import AGENT_PIDS_MAX, UNIFIED, Layout, locate, settle
 
 GIB = 1 << 30
 NODE = Capacity(memory=1000 * GIB, cpus=96, units=8)  # 900 GiB for jobs: 112.5 GiB a GPU
@@ -184,6 +184,8 @@ def test_settle_moves_the_agents_processes_to_its_leaf_before_handing_controller
     settle(Layout(tmp_path, {tmp_path: frozenset({"memory", "pids"})}))
     assert moved == ["101", "102"]
     assert (tmp_path / "cgroup.subtree_control").read_text() == "+memory +pids"
+    # the agent's own bound on processes, where the unit's TasksMax= is off
+    assert (leaf / "pids.max").read_text() == str(AGENT_PIDS_MAX)
 
 
 def test_a_restart_the_job_failed_in_instead_is_not_counted() -> None:
