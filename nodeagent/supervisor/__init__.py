@@ -10,7 +10,7 @@ keeper, `python -m nodeagent.supervisor.fence`), cgroups.py (a containerised wor
 its container's cgroup: what left its process group dies too), jobcgroup.py (a job's
 cgroup on the node: its limits, its workers put in it, the OOM kills in it, everything in it
 ended at the job's end), jobspace.py (a job's own /dev/shm, in namespaces its user makes, and
-its temp directory), devices.py (the device program on it: a job's bare workers may open
+its temp directory), deathsig.py (a child the agent starts dies with it), devices.py (the device program on it: a job's bare workers may open
 only its GPUs' device nodes), container.py (a worker in the
 job's image: the podman service's client, its pulls), errorfile.py (a failed rank's root cause),
 libmunge.py (the credentials of the pool's requests, made and checked in process through

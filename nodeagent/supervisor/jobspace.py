@@ -31,7 +31,6 @@ import errno
 import logging
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,13 +38,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nodeagent.config.identity import WorkerUser
+from nodeagent.supervisor.deathsig import bind_to
 
 log = logging.getLogger(__name__)
 SHM = Path("/dev/shm")
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)  # resolved before any fork
-_setns, _prctl = _libc.setns, _libc.prctl
+_setns = ctypes.CDLL(None, use_errno=True).setns  # resolved before any fork
 # The step of a holder's set-up that failed, told to the agent with its errno
 _STEPS = {
     b"u": "a user namespace (unshare)",
@@ -256,9 +254,7 @@ def _enter(parent: int, cgroups: tuple[int, ...]) -> Callable[[], None]:
     the agent opened) as its workers do (supervisor/spares.py `die_with`)."""
 
     def preexec() -> None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGKILL)
+        bind_to(parent)
         for fd in cgroups:
             os.write(fd, b"0")
 

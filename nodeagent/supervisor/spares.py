@@ -16,11 +16,9 @@ not beside it, so their imports do not slow the group's own start-up.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
-import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -29,6 +27,7 @@ from pathlib import Path
 from nodeagent.config.entrypoint import split_python
 from nodeagent.config.identity import WorkerUser
 from nodeagent.supervisor.container import Containers
+from nodeagent.supervisor.deathsig import bind_to
 from nodeagent.supervisor.devices import JobDevices
 from nodeagent.supervisor.jobcgroup import JobCgroup, JobCgroupError
 from nodeagent.supervisor.jobspace import JobSpace, JobSpaceError, join
@@ -46,9 +45,6 @@ def static_env(env: Mapping[str, str]) -> dict[str, str]:
         k: v for k, v in env.items() if k not in _PER_GENERATION and not k.startswith("NODEAGENT_")
     }
 
-
-_PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 
 
 def die_with(
@@ -73,9 +69,7 @@ def die_with(
     plain system calls here."""
 
     def preexec() -> None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the agent died before prctl: it would never fire
-            os.kill(os.getpid(), signal.SIGKILL)
+        bind_to(parent)
         step = _CGROUP
         try:
             for fd in cgroups:
@@ -89,11 +83,7 @@ def die_with(
             if space:
                 step = _SPACE
                 join(space)
-                # Entering a user namespace changes the credentials, which clears the
-                # parent-death signal: set again, and checked again.
-                _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-                if os.getppid() != parent:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                bind_to(parent)  # entering a user namespace cleared the parent-death signal
             if cpus:
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(0, cpus)
