@@ -119,6 +119,13 @@ def containers_named(prefix: str) -> list[str]:
     return [p[0] for p in pairs if len(p) == 2 and p[1].startswith(prefix)]
 
 
+def container_states(prefix: str) -> list[str]:
+    """Each of the service's containers whose name starts with `prefix`: its name, state and
+    status (what a test that waited for them to go says of those left)."""
+    listed = _remote("ps", "--all", "--format={{.Names}} {{.State}} {{.Status}}").stdout
+    return [line for line in listed.splitlines() if line.startswith(prefix)]
+
+
 def _remote(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["podman", "--remote", f"--url=unix://{service_socket()}", *args],
