@@ -231,21 +231,31 @@ class Run:
             return self._units[node]
         return self.view.nodes[node].gpus if node in self.view.nodes else 0
 
-    def fits_memory(self, job: JobView, node: str) -> bool:
-        """`job`, sharing `node` on its units, fits in the memory the node's sharers leave
-        (as each one's agent limits it: model/resources.py); a node that says nothing of its
-        memory always does."""
+    def memory_free(self, node: str) -> int | None:
+        """The memory of `node` its sharers leave, each counted at its limit there (as its
+        agent limits it: model/resources.py); None: the node says nothing of its memory."""
         view = self.view.nodes.get(node)
         if view is None or view.memory == 0:
-            return True
+            return None
         used = self._memory.get(node)
         if used is None:  # (kept until the node's shares change: refile)
-            jobs, used = self.view.jobs, 0
-            for other, units in self.shares.get(node, {}).items():
-                found = jobs.get(other)
-                used += found.memory_on(view, units) if found else view.mem_per_gpu * max(units, 1)
+            used = sum(self.share_memory(node, other) for other in self.shares.get(node, {}))
             self._memory[node] = used
-        return job.memory_on(view, job.gpus_per_node or 0) <= view.memory - used
+        return view.memory - used
+
+    def share_memory(self, node: str, job: str) -> int:
+        """The memory `job`'s share of `node` holds (0: the node says nothing of it)."""
+        view, units = self.view.nodes.get(node), self.shares.get(node, {}).get(job, 0)
+        if view is None or view.memory == 0:
+            return 0
+        found = self.view.jobs.get(job)
+        return found.memory_on(view, units) if found else view.mem_per_gpu * max(units, 1)
+
+    def fits_memory(self, job: JobView, node: str) -> bool:
+        """`job`, sharing `node` on its units, fits in the memory the node's sharers leave; a
+        node that says nothing of its memory always does."""
+        free = self.memory_free(node)
+        return free is None or job.memory_on(self.view.nodes[node], job.gpus_per_node or 0) <= free
 
     def holds(self, job: str) -> int:
         """The nodes `job` holds: placed on it whole, or sharing them."""

@@ -3,8 +3,9 @@ and the shared nodes a whole-node job may take): pure, a part of schedule()'s ro
 
 Rules (docs/pool.md, "GPUs"):
 - a claimant takes, on each node, the shares of jobs that may give theirs, lowest priority and
-  youngest first, until the node has what it needs (K free units for a GPU job; the whole
-  node, every share of it, for a whole-node job); the nodes needing the fewest such shares
+  youngest first, until the node has what it needs (K free units for a GPU job, and the memory
+  it asks for there, each share counted at its limit; the whole node, every share of it, for a
+  whole-node job); the nodes needing the fewest such shares
   first; all or nothing (the caller's);
 - a job may give its share of a node when it runs there, is not pinned, was not resized within
   `resize_cooldown`, and either has a lower priority than the claimant (strictly) or, for a
@@ -66,15 +67,19 @@ def _plan(run: Run, budget: _Budget, need: int, skip: set[str]) -> tuple[list[Ta
             ),
             key=lambda pair: preempt.order(pair[0]),
         )
-        if claimant.shared:  # the fewest shares that free its K units there
+        if claimant.shared:  # the fewest shares that free its K units, and its memory, there
             free, units = run.free_units(node), claimant.gpus_per_node or 0
+            memory = run.memory_free(node)
+            needs = claimant.memory_on(view.nodes[node], units) if memory is not None else 0
+            memory = memory if memory is not None else 0
             chosen: list[tuple[JobView, str]] = []
             for victim, why in victims:
-                if free >= units:
+                if free >= units and memory >= needs:
                     break
                 chosen.append((victim, why))
                 free += held[victim.id]
-            if not chosen or free < units:
+                memory += run.share_memory(node, victim.id)
+            if not chosen or free < units or memory < needs:
                 continue
         elif len(victims) == len(held):  # a whole node: every share of it
             chosen = victims

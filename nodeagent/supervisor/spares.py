@@ -46,7 +46,6 @@ def static_env(env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-
 def die_with(
     parent: int,
     cwd: str | None = None,

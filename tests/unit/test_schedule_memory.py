@@ -93,3 +93,22 @@ def test_a_job_blocked_by_memory_does_not_block_a_smaller_one_of_its_shape() -> 
         "needs 1 nodes with 1 free GPUs and 50 GiB of memory, 0 have them"
     )
     assert result.jobs["second"].state is RUNNING
+
+
+def test_a_job_of_higher_priority_takes_the_memory_it_needs_from_a_lower_one() -> None:
+    """a has 7 free GPUs but 10 GiB of memory left: a preemptible job of priority 0 holds 70
+    GiB. A 1-GPU job of priority 5 asking for 30 GiB evicts it (its units alone were enough:
+    the memory was not) and takes a."""
+    nodes = {"a": node("a")}
+    low = running(gpu_job("low", mem=70 * GIB))
+    low = replace(
+        low,
+        preemptible=True,
+        members=("a",),
+        status=replace(low.status, admitted_ms=NOW - 600_000),
+    )
+    high = replace(gpu_job("high", seq=2, mem=30 * GIB), priority=5)
+    view = PoolView(NOW, nodes, {"low": low, "high": high}, {}, shares={"a": {"low": 1}})
+    result = schedule(view, POLICY)
+    assert result.shares == {"a": {"high": 1}}, result.jobs
+    assert result.jobs["low"].state is PENDING and "high" in (result.jobs["low"].evicted or "")
