@@ -171,36 +171,38 @@ class NodeHealth:
 
     def summary(self) -> GpuSummary:
         """The verdicts with each GPU's readings (temperature, power, clocks)."""
-        snapshot = self.monitor.snapshot()
-        readings = {r.index: r for r in snapshot.gpus}
-        return GpuSummary(
-            available=snapshot.available,
-            reason=snapshot.reason,
-            gpus=tuple(
-                GpuInfo(
-                    v.index,
-                    v.health.value,
-                    v.action.value,
-                    v.reason,
-                    readings[v.index].temperature_c if v.index in readings else None,
-                    readings[v.index].power_w if v.index in readings else None,
-                    readings[v.index].sm_clock_mhz if v.index in readings else None,
-                    readings[v.index].sm_clock_max_mhz if v.index in readings else None,
-                )
-                for v in self.monitor.verdicts()
-            ),
-        )
+        return gpu_summary(self.monitor, readings=True)
 
 
 def verdicts_only(monitor: GpuMonitor) -> GpuSummary:
     """The node's GPU verdicts without their readings: what its pool heartbeat carries (the
     readings change at every sample, and a report that changes is read again by the pool
     leader: docs/gpu.md)."""
+    return gpu_summary(monitor, readings=False)
+
+
+def gpu_summary(monitor: GpuMonitor, readings: bool) -> GpuSummary:
+    """The monitor's verdicts, each with its GPU's last readings or without them."""
     snapshot = monitor.snapshot()
+    read = {r.index: r for r in snapshot.gpus} if readings else {}
+
+    def info(v: Verdict) -> GpuInfo:
+        r = read.get(v.index)
+        if r is None:
+            return GpuInfo(v.index, v.health.value, v.action.value, v.reason)
+        return GpuInfo(
+            v.index,
+            v.health.value,
+            v.action.value,
+            v.reason,
+            r.temperature_c,
+            r.power_w,
+            r.sm_clock_mhz,
+            r.sm_clock_max_mhz,
+        )
+
     return GpuSummary(
         available=snapshot.available,
         reason=snapshot.reason,
-        gpus=tuple(
-            GpuInfo(v.index, v.health.value, v.action.value, v.reason) for v in monitor.verdicts()
-        ),
+        gpus=tuple(info(v) for v in monitor.verdicts()),
     )
