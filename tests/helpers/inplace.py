@@ -7,7 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nodeagent.job.accrual import MIN_SAMPLES
 from tests.helpers.cluster import LocalCluster, wait_for
+from tests.helpers.scrape import scrape
+
+PROGRESS = "nodeagent_worker_last_progress_timestamp_seconds"
 
 
 class Lines:
@@ -63,3 +67,20 @@ def kept_through(cluster: LocalCluster, before: dict[str, int]) -> dict[str, int
         restarted = sorted(n for n in survivors if now[n] != survivors[n])
         assert not restarted, f"{restarted} restarted\n{cluster.diagnostics()}"
     return now
+
+
+def step_times_learnt(cluster: LocalCluster) -> None:
+    """Wait until every member's agent has read its rank's beat move often enough to judge its
+    step times (job/stalls.py): a stall before that is left to hang_timeout. Each read that
+    saw a new beat sets the agent's progress gauge to it, so MIN_SAMPLES + 1 values seen here
+    (a scrape may miss some, never invent one) mean at least MIN_SAMPLES intervals learnt."""
+    nodes = {n["name"]: n["metrics"] for n in cluster.status()["nodes"]}
+    seen: dict[str, set[float]] = {name: set() for name in nodes}
+
+    def learnt() -> bool:
+        for name, address in nodes.items():
+            samples = scrape(address)
+            seen[name] |= {v for (metric, _), v in samples.items() if metric == PROGRESS}
+        return all(len(values) > MIN_SAMPLES for values in seen.values())
+
+    wait_for(learnt, 90, f"{MIN_SAMPLES + 1} beats read on every member")
