@@ -128,7 +128,13 @@ def job_fields(section: Section) -> JobConfig:
         container=load_container(section.section("container")),
         mem=mem,
         mem_per_gpu=mem_per_gpu,
+        cpus_per_gpu=_cpus_per_gpu(section),
     )
+
+
+def _cpus_per_gpu(section: Section) -> int | None:
+    """job.cpus_per_gpu: None (all its GPUs' cores) or at least 1."""
+    return None if section.raw("cpus_per_gpu") is None else positive_int(section, "cpus_per_gpu", 1)
 
 
 def _slow_node(section: Section) -> SlowNodeConfig:

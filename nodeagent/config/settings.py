@@ -128,6 +128,8 @@ class JobConfig:
     # whole, or `mem_per_gpu` times the GPUs it holds there; neither: the node's default share.
     mem: int | None = None
     mem_per_gpu: int | None = None
+    # The CPUs of its own per GPU it holds on a node (model/cores.py); None: all its GPUs' cores.
+    cpus_per_gpu: int | None = None
 
     @property
     def in_place(self) -> bool:

@@ -14,5 +14,6 @@ caller), credential.py (a MUNGE credential bound to a request, and the verdict o
 garbage.py (what was found in Redis that nodeagent did not write), goodput.py (where a job's
 wall time went, from its events: `nodeagentctl show`, the leader's metrics, the pool's ended
 jobs), speed.py (a node's pace over a window, the leader's verdict on a slow node), resources.py
-(what a job may use on a node beside its GPUs: memory, processes, CPU weight), decode.py
+(what a job may use on a node beside its GPUs: memory, processes, CPU weight), cores.py (a
+node's cores divided between its GPU units: a sharing job's cpuset), decode.py
 (the strict reader all of them use). Pure: no Redis here (coord/ reads and writes these)."""

@@ -65,8 +65,10 @@ class PoolNode:
     `gpus`: the GPU units it offers (model/gpus.py), each with the job whose workers hold it.
     `sharing`: the jobs sharing it (each on units of its own) whose agents run here now.
     `memory`, `mem_per_gpu`: what it offers its jobs in memory (model/resources.py's
-    MemoryOffer: the bytes they share, the default share of a GPU unit); 0: not said (an
-    agent older than these fields), and the scheduler counts no memory there.
+    NodeOffer: the bytes they share, the default share of a GPU unit); 0: not said (an
+    agent older than these fields), and the scheduler counts no memory there. `cpus_per_gpu`:
+    the CPUs each GPU unit holds of its own (model/cores.py); 0: none held, or not said, and
+    the scheduler counts no CPUs there (its agent refuses a job asking more than it holds).
     """
 
     name: str
@@ -85,6 +87,7 @@ class PoolNode:
     sharing: tuple[str, ...] = ()  # the jobs that share it whose agents run here now
     memory: int = 0
     mem_per_gpu: int = 0
+    cpus_per_gpu: int = 0
     gpu: GpuSummary | None = None  # its GPU verdicts, without readings (None: not said)
 
     def to_json(self) -> str:
@@ -130,6 +133,7 @@ class PoolNode:
             sharing=_job_names(r.items("sharing", MAX_UNITS)),
             memory=r.integer("memory", 0),
             mem_per_gpu=r.integer("mem_per_gpu", 0),
+            cpus_per_gpu=r.integer("cpus_per_gpu", 0),
             gpu=GpuSummary.read(verdicts) if (verdicts := r.obj("gpu")) is not None else None,
         )
 

@@ -9,12 +9,14 @@ no GPUs known) gets all that is left after the reserve. More than is left is ref
 down: a job that asked for 64 GiB must not run in 40 and die of it an hour in.
 
 CPU time is shared by weight between the jobs (cgroup v2's `cpu.weight`, v1's `cpu.shares`):
-each job's weight is its share of the node's CPUs as its share of the GPUs.
+each job's weight is its share of the node's CPUs as its share of the GPUs; the cores each job
+holds of its own (its `cpuset`) are model/cores.py's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from nodeagent.config.isolation import MIN_WORKER_MEMORY, IsolationConfig
 from nodeagent.config.settings import JobConfig
@@ -22,16 +24,19 @@ from nodeagent.config.values import size_text
 
 RESERVED_SHARE = 10  # without isolation.reserved_memory: a tenth of the node's memory
 WEIGHT_PER_CPU = 100  # cgroup v2's default weight is one CPU's worth
+SHARES_PER_WEIGHT = 1024 / 100  # cgroup v1's cpu.shares: its default is 1024, cpu.weight's 100
 MAX_WEIGHT = 10_000
 
 
 @dataclass(frozen=True)
 class Capacity:
-    """What the node has: memory (bytes), CPUs, GPU units (0: none known)."""
+    """What the node has: memory (bytes), CPUs, GPU units (0: none known), and the cores each
+    unit holds (model/cores.py; empty: the node divides none)."""
 
     memory: int
     cpus: int
     units: int
+    cores: Mapping[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -42,11 +47,13 @@ class Limits:
     swap: int  # bytes beside it (memory.swap.max)
     pids: int  # processes and threads (pids.max)
     cpu_weight: int  # 1..10000, cgroup v2's scale (cpu.weight)
+    cpus: tuple[int, ...] = ()  # the CPUs of its cores (cpuset.cpus, model/cores.py); (): any
 
     def describe(self) -> str:
+        cpus = f", {len(self.cpus)} CPUs of its own" if self.cpus else ""
         return (
             f"memory {size_text(self.memory)}, swap {size_text(self.swap)}, "
-            f"{self.pids} processes, CPU weight {self.cpu_weight}"
+            f"{self.pids} processes, CPU weight {self.cpu_weight}{cpus}"
         )
 
 
@@ -67,19 +74,22 @@ def for_jobs(capacity: Capacity, isolation: IsolationConfig) -> int:
 
 
 @dataclass(frozen=True)
-class MemoryOffer:
-    """What a node offers its jobs in memory, as it tells the pool (PoolNode), so that the
-    scheduler counts memory as the agent will limit it: the bytes its jobs share, and the
-    default share of one GPU unit (a job that asks for no memory gets that per unit)."""
+class NodeOffer:
+    """What a node offers its jobs beside GPUs, as it tells the pool (PoolNode), so that the
+    scheduler counts it as the agent will limit it: the bytes of memory its jobs share, the
+    default share of one GPU unit (a job that asks for no memory gets that per unit), and the
+    CPUs each unit holds of its own (model/cores.py; 0: none, the jobs share them by weight)."""
 
     shared: int
     per_gpu: int
+    cpus_per_gpu: int = 0
 
 
-def offer(capacity: Capacity, isolation: IsolationConfig) -> MemoryOffer:
+def offer(capacity: Capacity, isolation: IsolationConfig) -> NodeOffer:
     usable = for_jobs(capacity, isolation)
     per_gpu = isolation.mem_per_gpu or (usable // capacity.units if capacity.units else usable)
-    return MemoryOffer(usable, per_gpu)
+    held = (sum(len(core) for core in unit) for unit in capacity.cores.values())
+    return NodeOffer(usable, per_gpu, min(held, default=0))
 
 
 def job_memory(
@@ -87,7 +97,7 @@ def job_memory(
 ) -> int:
     """The memory a job has on a node where it holds `held` GPU units (`whole`: the node
     itself): its `mem`, else `mem_per_gpu` x its units, else all the node's jobs share (whole)
-    or the node's default share per unit (`shared`, `per_gpu`: its MemoryOffer). (The
+    or the node's default share per unit (`shared`, `per_gpu`: its NodeOffer). (The
     scheduler asks it for every share it packs: plain numbers; `memory_how` says it in
     words.)"""
     if mem is not None:
@@ -98,7 +108,7 @@ def job_memory(
 
 
 def memory_how(
-    offered: MemoryOffer, mem: int | None, mem_per_gpu: int | None, held: int, whole: bool
+    offered: NodeOffer, mem: int | None, mem_per_gpu: int | None, held: int, whole: bool
 ) -> str:
     """How job_memory found its figure, in words."""
     if mem is not None:

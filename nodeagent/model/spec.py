@@ -67,6 +67,7 @@ _FIELDS = (
     "container",
     "mem",
     "mem_per_gpu",
+    "cpus_per_gpu",
 )
 
 
@@ -162,6 +163,7 @@ class JobSpec:
             "gpus_per_node": self.gpus_per_node,
             "mem": job.mem,
             "mem_per_gpu": job.mem_per_gpu,
+            "cpus_per_gpu": job.cpus_per_gpu,
             "exclusive": self.exclusive or None,
             "request": self.request or None,
         }

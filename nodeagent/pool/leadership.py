@@ -232,6 +232,7 @@ def _node_view(name: str, report: PoolNode, cordon: Cordon | None) -> NodeView:
         report.sharing,
         report.memory,
         report.mem_per_gpu,
+        report.cpus_per_gpu,
     )
 
 
@@ -275,6 +276,7 @@ def job_view(
         exclusive=spec.exclusive,
         mem=job.mem,
         mem_per_gpu=job.mem_per_gpu,
+        cpus_per_gpu=job.cpus_per_gpu,
     )
 
 

@@ -25,7 +25,7 @@ from nodeagent.model.fairshare import QUEUE, FairShare
 from nodeagent.model.gpus import GpuUnit
 from nodeagent.model.job import GpuSummary
 from nodeagent.model.pool import PoolNode
-from nodeagent.model.resources import MemoryOffer
+from nodeagent.model.resources import NodeOffer
 from nodeagent.model.spec import JobSpec
 from nodeagent.pool import leadership, lifecycle
 from nodeagent.pool.authority import Authority
@@ -60,7 +60,7 @@ class NodeState:
     pulling: str | None = None  # the image of the job placed here, before its agent starts
     gpus: tuple[GpuUnit, ...] = ()  # the units it offers, each with the job holding it
     sharing: tuple[str, ...] = ()  # the jobs sharing it whose agents run here
-    memory: MemoryOffer | None = None  # what it offers its jobs in memory (None: not said)
+    offer: NodeOffer | None = None  # what it offers its jobs beside GPUs (None: not said)
     gpu: GpuSummary | None = None  # its GPU verdicts, job or not (None: not said)
 
 
@@ -175,8 +175,9 @@ class PoolMember:
             sharing=state.sharing,
             containers=self._settings.containers,
             version=__version__,
-            memory=state.memory.shared if state.memory is not None else 0,
-            mem_per_gpu=state.memory.per_gpu if state.memory is not None else 0,
+            memory=state.offer.shared if state.offer is not None else 0,
+            mem_per_gpu=state.offer.per_gpu if state.offer is not None else 0,
+            cpus_per_gpu=state.offer.cpus_per_gpu if state.offer is not None else 0,
             gpu=state.gpu,
         )
         start = self._clock()

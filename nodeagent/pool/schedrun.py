@@ -50,6 +50,14 @@ class Run:
                 if short:
                     self.refusers.setdefault(job.id, set()).update(short)
                     self.short[job.id] = len(short)
+        self.few: dict[str, int] = {}  # ... and how many hold fewer CPUs per GPU than it asks
+        few_of = Short(nodes, lambda node: node.cpus_per_gpu or None)
+        for job in view.jobs.values():
+            if job.cpus_per_gpu is not None and job.shared:  # (a whole node: all its CPUs)
+                few = few_of(job.cpus_per_gpu) - self.refusers.get(job.id, set())
+                if few:
+                    self.refusers.setdefault(job.id, set()).update(few)
+                    self.few[job.id] = len(few)
         self.small: dict[str, int] = {}  # ... and how many have less memory than it asks for
         small_of = Small(nodes)
         for job in view.jobs.values():

@@ -417,10 +417,10 @@ def _could_fit(run: Run, job: JobView) -> str | None:
     if healthy >= job.min_nodes:
         return None
     unmatched, short = run.unmatched.get(job.id, 0), run.short.get(job.id, 0)
-    small = run.small.get(job.id, 0)
+    small, few = run.small.get(job.id, 0), run.few.get(job.id, 0)
     why = ""
-    if len(excluded) > unmatched + short + small:
-        refusing = len(excluded) - unmatched - short - small
+    if len(excluded) > unmatched + short + small + few:
+        refusing = len(excluded) - unmatched - short - small - few
         why = f"; {refusing} refuse it ({refusals(run.view.nodes.values(), job.id)})"
     if unmatched:
         labels = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
@@ -429,6 +429,8 @@ def _could_fit(run: Run, job: JobView) -> str | None:
         why += f"; {short} offer fewer than {job.gpus_per_node} GPUs"
     if small:
         why += f"; {small} have less memory for jobs than it asks for ({_asked(job)})"
+    if few:
+        why += f"; {few} hold fewer CPUs per GPU than it asks for ({job.cpus_per_gpu})"
     return f"needs {job.min_nodes} nodes, the pool has {healthy} healthy nodes that can run it{why}"
 
 

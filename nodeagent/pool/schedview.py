@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -31,6 +31,7 @@ class NodeView:
     sharing: tuple[str, ...] = ()  # the jobs sharing it whose agents run here now
     memory: int = 0  # the bytes its jobs share (0: not said; no memory counted here)
     mem_per_gpu: int = 0  # ... and the default share of one GPU unit
+    cpus_per_gpu: int = 0  # the CPUs each GPU unit holds of its own (0: none counted here)
 
     @property
     def eligible(self) -> bool:
@@ -72,6 +73,7 @@ class JobView:
     exclusive: bool = False  # whole nodes whatever it asks for
     mem: int | None = None  # bytes it asks for on each node
     mem_per_gpu: int | None = None  # ... or per GPU unit it holds there
+    cpus_per_gpu: int | None = None  # CPUs of its own per GPU unit it holds (shared nodes)
 
     @cached_property  # (asked for each job several times a round)
     def shared(self) -> bool:
@@ -168,12 +170,17 @@ class Lacking:
 
 
 class Short:
-    """The nodes that offer fewer than K GPU units, found once per distinct K (as Lacking)."""
+    """The nodes that offer fewer than K of something (GPU units; `count` says how many a node
+    offers, None: it says nothing, never short), found once per distinct K (as Lacking)."""
 
-    def __init__(self, nodes: Iterable[NodeView]) -> None:
+    def __init__(
+        self, nodes: Iterable[NodeView], count: Callable[[NodeView], int | None] = lambda n: n.gpus
+    ) -> None:
         self._by_count: dict[int, list[str]] = {}
         for node in nodes:
-            self._by_count.setdefault(node.gpus, []).append(node.name)
+            offered = count(node)
+            if offered is not None:
+                self._by_count.setdefault(offered, []).append(node.name)
         self._found: dict[int, frozenset[str]] = {}
 
     def __call__(self, wanted: int) -> frozenset[str]:

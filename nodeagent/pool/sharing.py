@@ -13,6 +13,8 @@ Rules (docs/pool.md, "GPUs"):
 - memory is counted as GPUs are: a job fits a node only in the memory its sharers leave
   (each one's limit there, model/resources.py: what it asked for, else the node's share per
   GPU), and never on a node that has less than it asks for (schedrun.Small);
+- CPUs are the node's, divided with its GPUs (model/cores.py): a job that asks for more CPUs
+  per GPU than a node holds for each goes elsewhere (schedrun's `few`);
 - a share lasts while its job runs on a live node that is not drained and does not refuse it;
   a job above its target (a scale down) gives back the nodes its record does not name;
 - a queue's quota counts each node a job shares as one of the queue's nodes, and its GPU quota

@@ -7,10 +7,12 @@ made for its agent (docs/isolation.md).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import pwd
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -19,9 +21,11 @@ from nodeagent.config.identity import WorkerUser
 from nodeagent.config.isolation import IsolationConfig
 from nodeagent.config.settings import Config, NodeSettings
 from nodeagent.errors import ConfigError
+from nodeagent.gpu.affinity import parse_cpu_list
 from nodeagent.gpu.health import NodeHealth
 from nodeagent.gpu.monitor import GpuMonitor
 from nodeagent.gpu.readings import GpuSnapshot
+from nodeagent.model import cores
 from nodeagent.model.resources import Capacity, LimitError, Limits, limits_for
 from nodeagent.supervisor.asuser import run_as
 from nodeagent.supervisor.devices import JobDevices, probe
@@ -43,7 +47,9 @@ _PROBED = {
     "memory": ("memory.max", "memory.limit_in_bytes"),
     "pids": ("pids.max", "pids.max"),
     "cpu": ("cpu.weight", "cpu.shares"),
+    "cpuset": ("cpuset.cpus", "cpuset.cpus"),
 }
+_TOPOLOGY = Path("/sys/devices/system/cpu")
 _UNIT = (
     "under systemd, the shipped unit gives it (Delegate=yes, ProtectControlGroups=no); a "
     "kernel without a controller needs it enabled (cgroup_enable=memory, say)"
@@ -77,7 +83,7 @@ def node_cgroups(config: NodeSettings) -> Layout | None:
     lacking.update(_unwritable(layout, config.node.name))
     if layout.unified is None and isolation.on:
         lacking[UNIFIED] = "no cgroup v2 hierarchy holds the agent"
-    if lacking and isolation.cgroups == "required":
+    if lacking and isolation.cgroups == "required" and set(lacking) - _soft(layout):
         said = "; ".join(f"{name}: {why}" for name, why in sorted(lacking.items()))
         raise ConfigError(
             "isolation.cgroups",
@@ -99,6 +105,14 @@ def node_cgroups(config: NodeSettings) -> Layout | None:
     if killed:
         log.warning("ended %d processes an earlier agent's jobs left in their cgroups", killed)
     return layout
+
+
+def _soft(layout: Layout) -> set[str]:
+    """What `required` does without: on a v1/v2 hybrid, the v1 cpuset, which systemd never
+    delegates (a unit stays in its root); jobs there share CPUs by weight, each worker started
+    on its GPUs' CPUs."""
+    hybrid = any(parent != layout.unified for parent in layout.parents)
+    return {"cpuset"} if hybrid else set()
 
 
 def _unwritable(layout: Layout, node: str) -> dict[str, str]:
@@ -169,25 +183,58 @@ def gpu_units(snapshot: GpuSnapshot) -> int:
 
 
 def capacity(layout: Layout | None, monitor: GpuMonitor) -> Capacity:
-    cpus = len(os.sched_getaffinity(0))
-    return Capacity(node_memory(layout), cpus, gpu_units(monitor.snapshot()))
+    cpus = os.sched_getaffinity(0)
+    snapshot = monitor.snapshot()
+    divided = layout is not None and "cpuset" in layout.controllers
+    held = unit_cores(snapshot, cpus) if divided else {}
+    return Capacity(node_memory(layout), len(cpus), gpu_units(snapshot), held)
+
+
+def unit_cores(snapshot: GpuSnapshot, cpus: Iterable[int]) -> dict[str, tuple[cores.Core, ...]]:
+    """Each GPU unit's cores of `cpus` (model/cores.py), drained units too: what every agent
+    of this node divides alike, from the kernel's thread siblings and NVML's CPU affinity."""
+    if not snapshot.available:
+        return {}
+    units = [
+        cores.Unit(uuid, frozenset(g.cpus))
+        for g in sorted(snapshot.gpus, key=lambda g: g.index)
+        for uuid in ([m.uuid for m in g.mig_devices] if g.mig else [g.uuid])
+    ]
+    return cores.divide(units, cores.cores(cpus, _core_of))
+
+
+@functools.cache  # (asked at every pool heartbeat; a CPU does not change cores)
+def _core_of(cpu: int) -> int:
+    """The first CPU of `cpu`'s core (itself where the kernel does not say)."""
+    try:
+        siblings = (_TOPOLOGY / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()
+        return min(parse_cpu_list(siblings))
+    except (OSError, ValueError):
+        return cpu
 
 
 def job_limits(
     isolation: IsolationConfig, config: Config, room: Capacity, grant: Iterable[str] | None
 ) -> Limits:
-    """The job's limits on this node, holding `grant` (None: the whole node).
+    """The job's limits on this node, holding `grant` (None: the whole node), with the cores
+    of the units it holds (model/cores.py).
 
     Raises:
         ConfigError: it asks for more than the node can give, or too little to start.
     """
-    units = None if grant is None else len(tuple(grant))
+    held = None if grant is None else tuple(grant)
+    job = config.job
     try:
-        return limits_for(room, isolation, config.job, units)
+        limits = limits_for(room, isolation, job, None if held is None else len(held))
     except LimitError as exc:
-        job = config.job
         key = "job.mem" if job.mem else "job.mem_per_gpu" if job.mem_per_gpu else "isolation"
         raise ConfigError(key, str(exc)) from None
+    if held is None or not room.cores:  # the node whole, or no cpuset here: every CPU it has
+        return limits
+    try:
+        return replace(limits, cpus=cores.job_cpus(room.cores, held, job.cpus_per_gpu))
+    except LimitError as exc:
+        raise ConfigError("job.cpus_per_gpu", str(exc)) from None
 
 
 def job_cgroup(config: Config, layout: Layout | None, limits: Limits | None) -> JobCgroup | None:
@@ -287,18 +334,27 @@ def job_space(config: Config, cgroup: JobCgroup | None, limits: Limits | None) -
 
 
 def job_cpus(
-    config: Config, monitor: GpuMonitor
+    config: Config, monitor: GpuMonitor, limits: Limits | None = None
 ) -> Callable[[tuple[int, ...]], tuple[int, ...]] | None:
     """Which CPUs a worker of given GPUs (indices) starts on, isolation.cpu_binding: closest:
-    those NVML says are near them, of those the agent may use; none (any) where NVML says
-    nothing, or near means all. None: the node does not bind (off, or a job in its own image,
-    whose CPUs are its runtime's)."""
+    where the job holds cores of its own (`limits.cpus`), those of its GPUs' units; else those
+    NVML says are near them, of those the agent may use; none (any of the job's) where NVML
+    says nothing, or near means all. None: the node does not bind (off, or a job in its own
+    image, whose CPUs are its runtime's)."""
     if config.isolation.cpu_binding != "closest" or config.job.container is not None:
         return None
-    allowed = frozenset(os.sched_getaffinity(0))
+    node = frozenset(os.sched_getaffinity(0))
+    own = limits is not None and bool(limits.cpus)
+    allowed = frozenset(limits.cpus) if limits is not None and own else node
+    held = unit_cores(monitor.snapshot(), node) if own else {}  # divided as capacity() did
 
     def cpus_of(gpus: tuple[int, ...]) -> tuple[int, ...]:
-        near = {cpu for g in monitor.snapshot().gpus if g.index in gpus for cpu in g.cpus}
+        snapshot = monitor.snapshot()
+        mine = [g for g in snapshot.gpus if g.index in gpus]
+        near = {cpu for g in mine for cpu in g.cpus}
+        if held:  # the cores of its GPUs' units, as model/cores.py divided the node
+            units = {m.uuid for g in mine for m in g.mig_devices} | {g.uuid for g in mine}
+            near = {cpu for uuid in units for core in held.get(uuid, ()) for cpu in core}
         bound = near & allowed
         return tuple(sorted(bound)) if bound and bound != allowed else ()
 

@@ -35,11 +35,12 @@ from nodeagent.job.peerwatch import PeerWatch
 from nodeagent.job.verify import RecordCheck
 from nodeagent.model.credential import MungeUnavailable
 from nodeagent.model.job import Event
+from nodeagent.model.resources import Limits
 from nodeagent.runtime import isolation
 from nodeagent.runtime.pulls import Pulled
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.asuser import run_as
-from nodeagent.supervisor.container import Containers, Podman
+from nodeagent.supervisor.container import Containers, Podman, Share
 from nodeagent.supervisor.fence import Keeper
 from nodeagent.supervisor.group import Supervisor
 from nodeagent.supervisor.jobcgroup import Layout
@@ -186,8 +187,9 @@ def plane_auth(config: Config) -> PlaneAuth | None:
     return MungePlane(munge, os.geteuid())
 
 
-def _containers(config: Config) -> Containers | None:
-    """A job with `container:`: its workers run in its image (supervisor/container.py)."""
+def _containers(config: Config, limits: Limits | None) -> Containers | None:
+    """A job with `container:`: its workers run in its image (supervisor/container.py), each
+    container limited to its part of the job's `limits`."""
     spec = config.job.container
     if spec is None:
         return None
@@ -208,7 +210,8 @@ def _containers(config: Config) -> Containers | None:
             raise OSError(str(exc)) from None
 
     shm, run = Path(beside_tier(str(base), "shm")), Path(beside_tier(str(base), "run"))
-    return Containers(runtime, node, job, shm, run, config.job.user, make_dir)
+    share = Share.of(limits, config.job.nproc_per_node) if limits is not None else None
+    return Containers(runtime, node, job, shm, run, config.job.user, make_dir, share)
 
 
 class JobRun:
@@ -236,7 +239,7 @@ class JobRun:
         monitor = parts.monitor
         job = config.job
         limits = None  # ConfigError first, before anything is made: the node refuses the job
-        if parts.cgroups is not None and config.isolation.on and job.container is None:
+        if parts.cgroups is not None and config.isolation.on:
             room = isolation.capacity(parts.cgroups, monitor)
             limits = isolation.job_limits(config.isolation, config, room, grant)
         self.metrics = AgentMetrics(config.job.id)  # its GPUs are the node's (node_metrics)
@@ -247,9 +250,9 @@ class JobRun:
         cgroup = isolation.job_cgroup(config, parts.cgroups, limits)
         devices = isolation.job_devices(config, cgroup, monitor, self._health)
         space = isolation.job_space(config, cgroup, limits)
-        cpus_of = isolation.job_cpus(config, monitor)
+        cpus_of = isolation.job_cpus(config, monitor, limits)
         spawner = Spawner(
-            job.preload, job.user, _containers(config), cgroup, devices, space, cpus_of
+            job.preload, job.user, _containers(config, limits), cgroup, devices, space, cpus_of
         )
         self.supervisor = Supervisor(
             echo=WorkerEcho(config.logging.format, self._workers_context),

@@ -33,7 +33,7 @@ from nodeagent.errors import ConfigError
 from nodeagent.model.gpus import GpuUnit
 from nodeagent.model.job import GpuSummary
 from nodeagent.model.pool import MAX_REFUSED
-from nodeagent.model.resources import MemoryOffer
+from nodeagent.model.resources import NodeOffer
 from nodeagent.model.spec import JobSpec, run_config, spec_of
 from nodeagent.pool.member import NodeState
 from nodeagent.runtime.pulls import Pulled, Pulling, PullRefused, Pulls
@@ -111,14 +111,14 @@ class NodeLoop:
         sweep: Callable[[NodeSettings, tuple[str, ...]], object] | None = None,
         pulls: Pulls | None = None,
         inventory: Callable[[], tuple[GpuUnit, ...]] = tuple,
-        memory: Callable[[], MemoryOffer | None] = lambda: None,
+        offer: Callable[[], NodeOffer | None] = lambda: None,
         gpu: Callable[[], GpuSummary | None] = lambda: None,
     ) -> None:
         """`inventory`: the GPU units this node offers (gpu/inventory.py), advertised to the
-        pool at each heartbeat with the job holding each; `memory`: what it offers its jobs in
-        memory (model/resources.py), advertised alike so the scheduler counts it; `gpu`: its
-        GPU verdicts (gpu/health.py verdicts_only), advertised so `nodes` and `health --node`
-        show them whether it serves a job or not."""
+        pool at each heartbeat with the job holding each; `offer`: what it offers its jobs in
+        memory and CPUs (model/resources.py), advertised alike so the scheduler counts them;
+        `gpu`: its GPU verdicts (gpu/health.py verdicts_only), advertised so `nodes` and
+        `health --node` show them whether it serves a job or not."""
         if member is None and settings.job is None:
             raise ValueError("a node loop with no pool serves its config's job: there is none")
         self._settings = settings
@@ -127,7 +127,7 @@ class NodeLoop:
         self._waker = waker
         self._clock = clock
         self._inventory = inventory
-        self._memory = memory
+        self._offer = offer
         self._gpu = gpu
         self._metrics_address = metrics_address
         self._listener = listener
@@ -273,7 +273,7 @@ class NodeLoop:
             refused=dict(self._refused),
             metrics=self._metrics_address(),
             pulling=self._pulling,
-            memory=self._memory(),
+            offer=self._offer(),
             gpu=self._gpu(),
         )
 

@@ -265,7 +265,7 @@ def _node_loop(
         listener=listen,
         notifier=parts.notifier,
         inventory=lambda: offered(parts.monitor.snapshot(), parts.monitor.verdicts()),
-        memory=lambda: resources.offer(
+        offer=lambda: resources.offer(
             isolation.capacity(parts.cgroups, parts.monitor), settings.isolation
         ),
         gpu=lambda: verdicts_only(parts.monitor),

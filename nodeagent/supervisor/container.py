@@ -44,6 +44,7 @@ from typing import Protocol
 from nodeagent.channel import beneath, tier
 from nodeagent.config.container import ContainerRule, ContainerSpec
 from nodeagent.config.identity import WorkerUser
+from nodeagent.model.resources import SHARES_PER_WEIGHT, Limits
 from nodeagent.supervisor import cgroups
 from nodeagent.supervisor.spec import WorkerSpec
 
@@ -75,6 +76,38 @@ class Launch:
     shm_dir: str | None  # the job's /dev/shm on this node
     gpus: tuple[str, ...]  # CDI names: UUIDs (GPU-..., MIG-...) or indices
     argv: tuple[str, ...]
+    share: Share | None = None  # its part of the job's limits on the node (None: none)
+
+
+@dataclass(frozen=True)
+class Share:
+    """One worker container's part of its job's limits on the node (model/resources.py): the
+    job's memory, swap, processes and CPU weight divided evenly between its workers there (each
+    container is limited alone: podman makes its cgroup), and the job's own cores."""
+
+    memory: int
+    swap: int
+    pids: int
+    cpu_shares: int  # cgroup v1's scale, which podman takes on v2 too (as cpu.weight)
+    cpus: tuple[int, ...]  # (): any
+
+    @classmethod
+    def of(cls, limits: Limits, workers: int) -> Share:
+        n = max(workers, 1)
+        shares = max(2, round(limits.cpu_weight * SHARES_PER_WEIGHT / n))
+        return cls(
+            limits.memory // n, limits.swap // n, max(1, limits.pids // n), shares, limits.cpus
+        )
+
+    def flags(self) -> list[str]:
+        """podman run's: `--memory-swap` is memory and swap together."""
+        flags = [
+            f"--memory={self.memory}",
+            f"--memory-swap={self.memory + self.swap}",
+            f"--pids-limit={self.pids}",
+            f"--cpu-shares={self.cpu_shares}",
+        ]
+        return flags + ([f"--cpuset-cpus={','.join(map(str, self.cpus))}"] if self.cpus else [])
 
 
 class ContainerRuntime(Protocol):
@@ -89,7 +122,7 @@ class ContainerRuntime(Protocol):
 
     def cgroup_parent(self) -> str: ...
     def run_argv(self, launch: Launch) -> list[str]: ...
-    def remove(self, name: str) -> None: ...
+    def remove(self, *names: str) -> None: ...
     def present(self, image: str) -> bool: ...
     def pull(self, image: str, timeout_s: float) -> None: ...
 
@@ -174,6 +207,7 @@ class Podman:
             "--label=nodeagent.worker=1",
         ]
         argv += [f"--ulimit={u}" for u in self._rule.ulimits]
+        argv += launch.share.flags() if launch.share is not None else []
         user = launch.user
         if user is not None and user.switch:
             argv.append(f"--user={user.uid}:{user.gid}")
@@ -191,22 +225,24 @@ class Podman:
         argv += [f"--device={device}" for device in self._rule.devices]
         return [*argv, self._spec.image, *launch.argv]
 
-    def remove(self, name: str) -> None:
-        """Remove container `name` whatever its state, killing what runs in it. The service
-        takes the container's lock for it, as for a start: once this returns, a start the
-        worker's `podman run` asked for before it was killed has failed or been undone.
+    def remove(self, *names: str) -> None:
+        """Remove containers `names` whatever their state, killing what runs in them. The
+        service takes a container's lock for it, as for a start: once this returns, a start the
+        worker's `podman run` asked for before it was killed has failed or been undone (a
+        create still in flight, not yet named, is not: Containers.close asks again).
         Raises nothing: a service that cannot be reached cannot start anything either."""
+        said = ", ".join(names)
         for _ in range(2):  # a container that stops as podman kills it: "could not be stopped
             try:  # ... container state improper: stopped", left there; asked again, removed
                 result = self._call(
-                    ["rm", "--force", "--time=0", "--ignore", name], REMOVE_TIMEOUT_S
+                    ["rm", "--force", "--time=0", "--ignore", *names], REMOVE_TIMEOUT_S
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
-                log.warning("cannot remove container %s: %s", name, exc)
+                log.warning("cannot remove container %s: %s", said, exc)
                 return
             if result.returncode == 0:
                 return
-            log.warning("cannot remove container %s: %s", name, _last(result))
+            log.warning("cannot remove container %s: %s", said, _last(result))
 
     def present(self, image: str) -> bool:
         """Whether `image` is in the node's store (False also when podman cannot say)."""
@@ -318,12 +354,16 @@ class Containers:
         run_dir: Path,
         user: WorkerUser | None,
         make_dir: MakeDir,
+        share: Share | None = None,
     ) -> None:
+        """`share`: each worker container's part of the job's limits (None: none)."""
         self.runtime = runtime
         self._node, self._job = node, job
         self._shm_dir, self._run_dir = shm_dir, run_dir
         self._user = user
         self._make_dir = make_dir
+        self._share = share
+        self._launched: dict[str, None] = {}  # every container name it ran, in order
 
     def name(self, spec: WorkerSpec) -> str:
         """The container's name: one per spawn (a rank starts once a generation), whatever
@@ -355,6 +395,7 @@ class Containers:
         cidfile = self.cidfile(spec)
         with contextlib.suppress(FileNotFoundError):
             cidfile.unlink()  # podman refuses to write over one
+        self._launched[name] = None
         binds = (str(spec.log_path.parent.parent), *binds_of(spec.env, TIER_DIRS))
         launch = Launch(
             name=name,
@@ -367,11 +408,17 @@ class Containers:
             shm_dir=str(self._shm_dir),
             gpus=cdi_names(spec.env.get("CUDA_VISIBLE_DEVICES")) if spec.gpus else (),
             argv=spec.argv,
+            share=self._share,
         )
         return self.runtime.run_argv(launch), agent_env(os.environ)
 
     def close(self) -> None:
-        """The job's agent leaves this node (its workers are gone): its env files, cidfiles
-        and /dev/shm go."""
+        """The job's agent leaves this node (its workers are gone): every container it ran is
+        removed once more (a `podman run` killed while the service still created its
+        container leaves it `Created`, after the worker's own removal found no such name;
+        seen in CI-like runs), and its env files, cidfiles and /dev/shm go."""
+        if self._launched:
+            self.runtime.remove(*self._launched)
+            self._launched.clear()
         shutil.rmtree(self._run_dir, ignore_errors=True)
         beneath.remove_tree(self._shm_dir)

@@ -3,15 +3,17 @@ inside it did, and the end of everything in it when the job leaves the node.
 
 Each job's workers on a node run in a cgroup of their own below the agent's (`job-<node>.<job>`),
 with the job's limits written in it (model/resources.py): memory and swap, processes, CPU
-weight. The kernel's OOM killer then acts inside the job's cgroup only: the job that went over
-its limit loses a process, never a neighbour (and on cgroup v2 the whole job on the node goes,
+weight, and the cores it holds of its own (`cpuset.cpus`, model/cores.py). The kernel's OOM
+killer then acts inside the job's cgroup only: the job that went over its limit loses a
+process, never a neighbour (and on cgroup v2 the whole job on the node goes,
 `memory.oom.group`, as Kubernetes does for a container). The agent reads the cgroup's OOM kill
 count to name a worker's death for what it was (`oom_kills`).
 
 Which hierarchy holds each controller is the node's: on cgroup v2 (Debian 12) all of them, in
-the unified hierarchy; on a v1/v2 hybrid, memory, pids and cpu in their v1 hierarchies, and the
-job's v2 cgroup (its device program, its `cgroup.kill`) in the unified one. `locate` reads
-that from /proc/self/cgroup and mountinfo; a job's cgroup is one directory in each.
+the unified hierarchy; on a v1/v2 hybrid, memory, pids, cpu and cpuset in their v1
+hierarchies, and the job's v2 cgroup (its device program, its `cgroup.kill`) in the unified
+one. `locate` reads that from /proc/self/cgroup and mountinfo; a job's cgroup is one directory
+in each.
 
 On cgroup v2 a cgroup whose children have controllers enabled may hold no process of its own,
 so the agent moves itself into a leaf, `agent`, below its own cgroup first (`settle`), as
@@ -42,10 +44,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodeagent.model.resources import Limits
+from nodeagent.model.resources import SHARES_PER_WEIGHT, Limits
 
 log = logging.getLogger(__name__)
-CONTROLLERS = ("memory", "pids", "cpu")
+CONTROLLERS = ("memory", "pids", "cpu", "cpuset")
 UNIFIED = "cgroup v2"  # what `without` drops to leave out the unified hierarchy itself
 PREFIX = "job-"  # a job's cgroup below the agent's
 AGENT_LEAF = "agent"  # the agent itself, on cgroup v2 with controllers (settle)
@@ -53,7 +55,6 @@ AGENT_PIDS_MAX = 4096  # its leaf's pids.max: the agent's threads and helpers, n
 KILL_ROUNDS = 100
 REMOVE_WITHIN_S = 2.0  # what a kill left dying: waited for this long, else the next start's
 _ATTEMPTS = 16  # names fresh() tries: `job-<node>.<job>`, then `+1`...
-_V1_SHARES_PER_WEIGHT = 1024 / 100  # cpu.shares' default is 1024, cpu.weight's 100
 
 
 class JobCgroupError(OSError):
@@ -301,7 +302,13 @@ def _write_limits(path: Path, controllers: frozenset[str], limits: Limits, v2: b
     if "cpu" in controllers and v2:
         writes.append(("cpu.weight", str(limits.cpu_weight)))
     elif "cpu" in controllers:
-        writes.append(("cpu.shares", str(max(2, round(limits.cpu_weight * _V1_SHARES_PER_WEIGHT)))))
+        writes.append(("cpu.shares", str(max(2, round(limits.cpu_weight * SHARES_PER_WEIGHT)))))
+    own = ",".join(map(str, limits.cpus))
+    if "cpuset" in controllers and v2 and own:  # (empty: its parent's)
+        writes.append(("cpuset.cpus", own))
+    elif "cpuset" in controllers:  # v1 takes no process before it has CPUs and memory nodes
+        writes.append(("cpuset.mems", _read(path.parent / "cpuset.mems")))
+        writes.append(("cpuset.cpus", own or _read(path.parent / "cpuset.cpus")))
     for name, value in writes:
         try:
             (path / name).write_text(value)
@@ -313,6 +320,13 @@ def _write_limits(path: Path, controllers: frozenset[str], limits: Limits, v2: b
             raise JobCgroupError(
                 exc.errno, f"cannot write {value} to {path / name}: {exc.strerror}"
             ) from None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise JobCgroupError(exc.errno, f"cannot read {path}: {exc.strerror}") from None
 
 
 def members(paths: Iterable[Path]) -> set[int]:

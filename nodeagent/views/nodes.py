@@ -34,6 +34,7 @@ def nodes(store: PoolStore) -> list[dict[str, Any]]:
                 # what the scheduler counts (null: not said, an older agent)
                 "memory": (report.memory or None) if report else None,
                 "mem_per_gpu": (report.mem_per_gpu or None) if report else None,
+                "cpus_per_gpu": (report.cpus_per_gpu or None) if report else None,
                 "cordon": cordon.reason if cordon else None,
                 "drained": cordon.drain if cordon else False,
                 "labels": dict(report.labels) if report else {},

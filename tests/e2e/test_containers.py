@@ -15,8 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
+from nodeagent.config.isolation import PIDS_MAX
 from nodeagent.supervisor.container import job_prefix
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
 from tests.helpers.fsdp import (
@@ -42,6 +44,7 @@ from tests.helpers.images import (
     remove_image,
 )
 from tests.helpers.training import check_history, latest_step, training_entrypoint
+from tests.helpers.unitcgroup import cgroup_file
 
 pytest.importorskip("torch")
 pytestmark = [
@@ -123,6 +126,10 @@ def test_a_containerised_job_runs_as_its_user_and_recovers(
             w["pid"] for n in cluster.status()["nodes"] if n["name"] == node for w in n["workers"]
         ]
         assert shown == pid
+        # Its container holds the job's limits (one worker a node: the whole of them).
+        assert cgroup_file(pid, "pids", "pids.max").strip() == str(PIDS_MAX)
+        memory = cgroup_file(pid, "memory", "memory.limit_in_bytes")
+        assert int(memory) < psutil.virtual_memory().total, memory
 
     os.kill(_workers(cluster.job, "b")[0], signal.SIGKILL)  # a worker dies inside its container
     wait_for(lambda: cluster.status()["restart_count"] == 1, 60, "the restart")

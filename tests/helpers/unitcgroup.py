@@ -1,6 +1,8 @@
 """A cgroup of its own for each agent a test starts, as systemd's `Delegate=yes` gives the unit
 one: made by the test (as full root) in every hierarchy the agent makes job cgroups in, the
 agent moved into it before it drops to the unit's capabilities (tests/helpers/unitcaps.py).
+Its v1 cpuset too, which systemd never delegates on a hybrid: here the agent's job cgroups get
+real cpusets, as on a cgroup v2 node whose unit has them delegated.
 
 The agent under its unit, without CAP_DAC_OVERRIDE, cannot make a cgroup in a hierarchy's root
 (mode 0555): on a node it makes its jobs' below its own unit's, which systemd hands it; here
@@ -45,6 +47,9 @@ def unit_cgroups(name: str, directory: Path) -> list[Path]:
             continue  # a read-only hierarchy: the agent says so itself
         _MADE.append(path)
         made.append(path)
+        if "cpuset" in layout.parents[parent] and parent != layout.unified:
+            for file in ("cpuset.cpus", "cpuset.mems"):  # a v1 cpuset starts with neither
+                (path / file).write_text((parent / file).read_text())
     _UNITS[(name, str(directory))] = made
     return made
 
@@ -58,6 +63,16 @@ def enter(paths: list[Path]) -> list[str]:
         'shift; n=$((n-1)); done; exec "$@"'
     )
     return ["sh", "-c", script, "unit-cgroup", str(len(paths)), *map(str, paths)]
+
+
+def cgroup_file(pid: int, controller: str, name: str) -> str:
+    """A file of `pid`'s cgroup in `controller`'s hierarchy (v1 here, else the unified one)."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    v1 = [line.split(":", 2)[2] for line in lines if controller in line.split(":")[1].split(",")]
+    if v1:
+        return (Path("/sys/fs/cgroup") / controller / v1[0].lstrip("/") / name).read_text()
+    v2 = next(line[3:] for line in lines if line.startswith("0::"))
+    return (Path("/sys/fs/cgroup") / v2.lstrip("/") / name).read_text()
 
 
 def remove_all() -> None:

@@ -293,9 +293,9 @@ def test_a_containerised_worker_is_gone_only_once_its_container_is(tmp_path: Pat
     removed: list[str] = []
 
     class Recorded(Podman):
-        def remove(self, name: str) -> None:
-            super().remove(name)
-            removed.append(name)  # once the service has answered
+        def remove(self, *names: str) -> None:
+            super().remove(*names)
+            removed.extend(names)  # once the service has answered
 
     runtime = Recorded(rule, ContainerSpec(image, parse_mounts("/usr:/usr:ro")))
     shm, run = memory_dir / f"n.{job}+shm", memory_dir / f"n.{job}+run"

@@ -30,6 +30,7 @@ from tests.helpers.gpus import gpu
 from tests.helpers.pool import PoolCluster, pool_cluster
 from tests.helpers.runas import AS_TESTER
 from tests.helpers.unitcaps import unit_prefix
+from tests.helpers.unitcgroup import cgroup_file
 from tests.helpers.users import reachable_dir
 
 pytestmark = pytest.mark.timeout(240)
@@ -60,14 +61,14 @@ def read_records(directory: Path, event: str) -> list[dict[str, Any]]:
     return [r for r in map(json.loads, filter(None, lines)) if r["event"] == event]
 
 
-def cgroup_file(pid: int, controller: str, name: str) -> str:
-    """A file of `pid`'s cgroup in `controller`'s hierarchy (v1 here, else the unified one)."""
-    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    v1 = [line.split(":", 2)[2] for line in lines if controller in line.split(":")[1].split(",")]
-    if v1:
-        return (Path("/sys/fs/cgroup") / controller / v1[0].lstrip("/") / name).read_text()
-    v2 = next(line[3:] for line in lines if line.startswith("0::"))
-    return (Path("/sys/fs/cgroup") / v2.lstrip("/") / name).read_text()
+def waits_saying(pool: PoolCluster, job: str, words: str) -> str:
+    """The reason pending `job` gives once it says `words`."""
+
+    def said() -> str | None:
+        reason = str(pool.jobs()[job].get("reason") or "")
+        return reason if words in reason else None
+
+    return wait_for(said, 60, f"{job} to wait saying {words!r}")
 
 
 def test_a_memory_hog_dies_of_its_own_limit_and_its_neighbour_keeps_running(
@@ -163,12 +164,7 @@ def test_a_job_asking_more_memory_than_a_node_has_waits_saying_so(
     pool.start("a")
     pool.wait_nodes(1)
     pool.submit(job_id, "1", "--gpus-per-node", "1", "--mem", "64TiB")
-
-    def said() -> str | None:
-        reason = str(pool.jobs()[job_id].get("reason") or "")
-        return reason if "have less memory for jobs than it asks for" in reason else None
-
-    reason = wait_for(said, 60, "why it waits")
+    reason = waits_saying(pool, job_id, "have less memory for jobs than it asks for")
     assert reason.endswith("1 have less memory for jobs than it asks for (mem 64 TiB)"), reason
     assert pool.jobs()[job_id]["state"] == "pending"
 
@@ -250,23 +246,51 @@ def test_a_jobs_dev_shm_and_temp_files_are_its_own_and_go_with_it(
         assert pool.ctl("cancel", second).returncode == 0
 
 
-def test_workers_start_on_the_cpus_near_their_gpus(
-    pool: PoolCluster, job_id: str, tmp_path: Path
-) -> None:
-    """A fake node of two sockets, one CPU each here: the even GPUs near CPU 0, the odd ones
-    near CPU 1, as NVML's CPU affinity says. Each one-GPU job's worker runs on its GPU's CPU."""
-    gpus = [{**gpu(i), "cpus": str(i % 2)} for i in range(8)]
-    (tmp_path / "sockets.yaml").write_text(yaml.safe_dump({"gpus": gpus}))
-    pool.node_options["a"]["health"]["fake_gpus"] = str(tmp_path / "sockets.yaml")
+def two_jobs_on(
+    pool: PoolCluster, job_id: str, path: Path, gpus: list[dict[str, Any]], *flags: str
+) -> dict[int, tuple[str, str]]:
+    """Two one-GPU jobs (submitted with `flags`) started on a fake node of `gpus` (`path`): each
+    one's GPU -> its cgroup's cpuset and its worker's Cpus_allowed_list."""
+    path.write_text(yaml.safe_dump({"gpus": gpus}))
+    pool.node_options["a"]["health"]["fake_gpus"] = str(path)
     pool.start("a")
     pool.wait_nodes(1)
     jobs = [f"{job_id}-{n}"[:63] for n in range(2)]
     for job in jobs:
-        pool.submit(job, "1", "--gpus-per-node", "1")
+        pool.submit(job, "1", "--gpus-per-node", "1", *flags)
+    found = {}
     for job in jobs:
-        said = functools.partial(records, pool, job, "start")
-        [started] = wait_for(said, 60, f"{job}'s start")
+        [started] = wait_for(functools.partial(records, pool, job, "start"), 60, f"{job} starts")
         index = int(str(started["cuda"]).removeprefix("GPU-fake-"))
+        cpuset = cgroup_file(started["pid"], "cpuset", "cpuset.cpus").strip()
         status = Path(f"/proc/{started['pid']}/status").read_text()
         allowed = next(line for line in status.splitlines() if line.startswith("Cpus_allowed_list"))
-        assert allowed.split()[-1] == str(index % 2), (job, index, allowed)
+        found[index] = (cpuset, allowed.split()[-1])
+    return found
+
+
+def test_workers_start_on_the_cpus_near_their_gpus(
+    pool: PoolCluster, job_id: str, tmp_path: Path
+) -> None:
+    """A fake node of two sockets, one CPU each here: the even GPUs near CPU 0, the odd ones
+    near CPU 1, as NVML's CPU affinity says. Each one-GPU job's worker runs on its GPU's CPU;
+    8 GPUs on 2 cores divide no cores: the jobs' cpusets are the node's."""
+    gpus = [{**gpu(i), "cpus": str(i % 2)} for i in range(8)]
+    found = two_jobs_on(pool, job_id, tmp_path / "sockets.yaml", gpus)
+    assert found == {index: ("0-1", str(index % 2)) for index in found}, found
+
+
+def test_jobs_sharing_a_node_each_hold_their_gpus_cores(
+    pool: PoolCluster, job_id: str, tmp_path: Path
+) -> None:
+    """A fake node of two GPUs on this machine's two cores, GPU 0 near CPU 1 and GPU 1 near
+    CPU 0: each one-GPU job's cgroup holds its GPU's core alone (cpuset), its worker runs
+    there; a job asking for more CPUs per GPU than the node holds waits, saying so."""
+    gpus = [{**gpu(i), "cpus": str(1 - i)} for i in range(2)]
+    held = two_jobs_on(pool, job_id, tmp_path / "two.yaml", gpus, "--cpus-per-gpu", "1")
+    assert held == {0: ("1", "1"), 1: ("0", "0")}, held
+
+    greedy = f"{job_id}-greedy"[:63]
+    pool.submit(greedy, "1", "--gpus-per-node", "1", "--cpus-per-gpu", "2")
+    reason = waits_saying(pool, greedy, "CPUs per GPU")
+    assert reason.endswith("1 hold fewer CPUs per GPU than it asks for (2)"), reason

@@ -15,6 +15,7 @@ from nodeagent.config.container import ContainerRule, ContainerSpec, parse_mount
 from nodeagent.config.identity import WorkerUser
 from nodeagent.config.load import load_settings
 from nodeagent.config.settings import CheckpointConfig, Config
+from nodeagent.model.resources import Limits
 from nodeagent.runtime.jobrun import _containers
 from nodeagent.supervisor import cgroups
 from nodeagent.supervisor.container import (
@@ -22,6 +23,7 @@ from nodeagent.supervisor.container import (
     Containers,
     Launch,
     Podman,
+    Share,
     agent_env,
     cdi_names,
     container_name,
@@ -49,6 +51,25 @@ def _launch(**change: object) -> Launch:
     }
     fields.update(change)
     return Launch(**fields)  # type: ignore[arg-type]
+
+
+def test_each_container_of_a_job_has_its_part_of_the_jobs_limits() -> None:
+    """A job of 4 workers on a node, limited to 64 GiB, 1 GiB of swap, 1,000 processes,
+    weight 800 and cores 2-3: each container a quarter, every one on the job's cores."""
+    limits = Limits(64 << 30, 1 << 30, 1000, 800, (2, 3))
+    share = Share.of(limits, 4)
+    argv = Podman(ContainerRule(True), ContainerSpec("localhost/t")).run_argv(_launch(share=share))
+    assert {
+        f"--memory={16 << 30}",
+        f"--memory-swap={(16 << 30) + (256 << 20)}",
+        "--pids-limit=250",
+        "--cpu-shares=2048",  # 800 / 4 on cpu.weight's scale: two CPUs' worth
+        "--cpuset-cpus=2,3",
+    } <= set(argv)
+    assert not any(
+        a.startswith(("--memory", "--cpu"))
+        for a in Podman(ContainerRule(True), ContainerSpec("localhost/t")).run_argv(_launch())
+    )  # no limits where the node makes no job cgroups
 
 
 def test_a_workers_podman_run_says_all_it_must() -> None:
@@ -159,8 +180,8 @@ class _Runtime:
         self.launches.append(launch)
         return ["podman", "run", launch.name]
 
-    def remove(self, name: str) -> None:
-        self.removed.append(name)
+    def remove(self, *names: str) -> None:
+        self.removed.append(" ".join(names))
 
     def present(self, image: str) -> bool:
         return True
@@ -206,7 +227,8 @@ def test_a_jobs_containers_have_their_own_directories_names_and_cidfiles(tmp_pat
     assert containers.name(_spec(tmp_path, 1, 4)) != containers.name(_spec(tmp_path, 0, 3))
     containers.remove(_spec(tmp_path, 1, 3))
     assert runtime.removed == ["nodeagent-1-j-a-g3-rank1"]
-    containers.close()
+    containers.close()  # every container it ran, once more: one podman call
+    assert runtime.removed[1:] == ["nodeagent-1-j-a-g3-rank1"]
     assert not run.exists() and not shm.exists()
 
 
@@ -264,7 +286,7 @@ def test_a_directory_another_jobs_tier_holds_is_refused_not_taken_over(tmp_path:
     doc = {"redis": {"url": "redis://r:6379/0"}, "node": {"name": "a"}, "job": job}
     config = load_settings({**doc, "containers": containers})
     assert isinstance(config, Config)
-    made = _containers(config)
+    made = _containers(config, None)
     assert made is not None
     with pytest.raises(OSError, match=r"a\.j\+run is job j\.run's on node a, not j's"):
         made.command(_spec(tmp_path, 0, 1))

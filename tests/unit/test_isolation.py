@@ -113,6 +113,7 @@ def test_the_isolation_section_reads_sizes_and_a_bare_off() -> None:
 HYBRID_CGROUP = (
     "9:name=systemd:/system.slice/nodeagent.service\n"
     "8:pids:/system.slice/nodeagent.service\n"
+    "5:cpuset:/\n"
     "4:memory:/system.slice/nodeagent.service\n"
     "2:cpu,cpuacct:/system.slice/nodeagent.service\n"
     "0::/system.slice/nodeagent.service\n"
@@ -123,6 +124,7 @@ HYBRID_MOUNTS = (
     "32 25 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
     "33 25 0:29 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n"
     "34 25 0:30 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+    "35 25 0:31 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n"
 )
 UNIT = "system.slice/nodeagent.service"
 
@@ -137,6 +139,7 @@ def test_on_a_hybrid_each_controller_is_its_v1_hierarchys() -> None:
             base / "memory" / UNIT: frozenset({"memory"}),
             base / "pids" / UNIT: frozenset({"pids"}),
             base / "cpu,cpuacct" / UNIT: frozenset({"cpu"}),
+            base / "cpuset": frozenset({"cpuset"}),  # systemd leaves v1 cpusets at the root
         },
     )
     assert layout.missing() == [] and layout.v2() == frozenset()
@@ -144,6 +147,7 @@ def test_on_a_hybrid_each_controller_is_its_v1_hierarchys() -> None:
     assert without.unified is None and set(without.parents) == {
         base / "memory" / UNIT,
         base / "cpu,cpuacct" / UNIT,
+        base / "cpuset",
     }
 
 
@@ -151,7 +155,7 @@ def test_on_cgroup_v2_every_controller_is_the_unified_hierarchys() -> None:
     mounts = "29 23 0:26 / /sys/fs/cgroup rw shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
     layout = locate(f"0::/{UNIT}\n", mounts, lambda _: ["cpuset", "cpu", "io", "memory"])
     here = Path("/sys/fs/cgroup") / UNIT
-    assert layout == Layout(here, {here: frozenset({"cpu", "memory"})})
+    assert layout == Layout(here, {here: frozenset({"cpuset", "cpu", "memory"})})
     assert layout.missing() == ["pids"]  # not delegated to it: the agent says so
 
 

@@ -320,7 +320,7 @@ class Registry:
     def cgroup_parent(self) -> str:
         raise AssertionError("not started here")
 
-    def remove(self, name: str) -> None:
+    def remove(self, *names: str) -> None:
         raise AssertionError("not started here")
 
     def run_argv(self, launch: Any) -> list[str]:

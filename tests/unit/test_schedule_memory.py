@@ -1,5 +1,6 @@
 """The scheduler counts memory as it counts GPUs (issue 80): a node's memory for jobs and its
-default share per GPU (what its agent tells the pool), each job's ask (`mem`, `mem_per_gpu`)."""
+default share per GPU (what its agent tells the pool), each job's ask (`mem`, `mem_per_gpu`);
+and the CPUs each GPU unit of a node holds against a job's `cpus_per_gpu`."""
 
 from __future__ import annotations
 
@@ -112,3 +113,24 @@ def test_a_job_of_higher_priority_takes_the_memory_it_needs_from_a_lower_one() -
     result = schedule(view, POLICY)
     assert result.shares == {"a": {"high": 1}}, result.jobs
     assert result.jobs["low"].state is PENDING and "high" in (result.jobs["low"].evicted or "")
+
+
+def test_a_job_asking_more_cpus_per_gpu_than_a_node_holds_goes_elsewhere_or_waits() -> None:
+    """a holds 4 CPUs per GPU, b 12, c says nothing (counted by its agent alone): a job asking
+    for 8 goes to b; one asking for 16 to c; a whole-node job asking for 8 may take a (it has
+    every CPU of the node)."""
+    nodes = {"a": replace(node("a"), cpus_per_gpu=4), "b": replace(node("b"), cpus_per_gpu=12)}
+    eight = replace(gpu_job("eight"), cpus_per_gpu=8)
+    result = schedule(PoolView(NOW, nodes, {"eight": eight}, {}), POLICY)
+    assert result.shares == {"b": {"eight": 1}}
+    sixteen = replace(gpu_job("sixteen"), cpus_per_gpu=16)
+    result = schedule(PoolView(NOW, nodes, {"sixteen": sixteen}, {}), POLICY)
+    assert result.jobs["sixteen"].reason == (
+        "needs 1 nodes, the pool has 0 healthy nodes that can run it; "
+        "2 hold fewer CPUs per GPU than it asks for (16)"
+    )
+    result = schedule(PoolView(NOW, {**nodes, "c": node("c")}, {"sixteen": sixteen}, {}), POLICY)
+    assert result.shares == {"c": {"sixteen": 1}}
+    whole = replace(job("whole", 2), cpus_per_gpu=8)
+    result = schedule(PoolView(NOW, nodes, {"whole": whole}, {}), POLICY)
+    assert sorted(result.placements) == ["a", "b"]

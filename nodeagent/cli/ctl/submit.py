@@ -78,6 +78,13 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="memory per GPU it holds on each node, such as 80GiB, as sbatch's",
     )
+    submit.add_argument(
+        "--cpus-per-gpu",
+        type=int,
+        metavar="N",
+        help="CPUs of its own per GPU it holds, from the cores near it, as sbatch's (default: "
+        "all the cores the node holds for each GPU: its cores divided by its GPUs)",
+    )
     submit.add_argument("--env", action="append", default=[], metavar="K=V")
     submit.add_argument(
         "--workdir",
@@ -230,6 +237,7 @@ def spec_from_args(
         "exclusive": args.exclusive,
         "mem": args.mem,
         "mem_per_gpu": args.mem_per_gpu,
+        "cpus_per_gpu": args.cpus_per_gpu,
         "working_dir": args.workdir,
         "user": args.user,
         "queue": args.queue,
