@@ -1,11 +1,13 @@
 """What a neighbour on a shared node does to a job's step time, with the jobs' limits on and off.
 
-    sudo .venv/bin/python bench/isolation.py [--phase 20] [--out bench/results/isolation.json]
+    sudo .venv/bin/python bench/isolation.py [--phase 20] [--gpus 8] [--out FILE]
 
 One agent (root, the unit's capabilities, in a cgroup of its own as the unit's, that cgroup
 held to --node-memory as the issue's reporters held their pool), a real redis-server, a fake
-node of 8 GPUs. A one-GPU "steady" job does a fixed amount of Python work a step (one CPU) and
-writes each step's time; beside it, one antagonist at a time, each one-GPU too:
+node of --gpus GPUs (8: more than this machine's cores, the jobs share the CPUs by weight; 2 on
+two cores: each job holds a core of its own, its cpuset, model/cores.py). A one-GPU "steady"
+job does a fixed amount of Python work a step (one CPU) and writes each step's time; beside
+it, one antagonist at a time, each one-GPU too:
 
 - cpu: a worker and 3 children that spin;
 - memory: a worker that writes 64 MiB more every 0.2 s (up to 3 GiB), with `--mem 512MiB`
@@ -121,13 +123,15 @@ def figures(times: list[float], baseline: float | None) -> dict[str, Any]:
     }
 
 
-def one_mode(limits: bool, phase: float, node_memory: int, directory: Path) -> dict[str, Any]:
+def one_mode(
+    limits: bool, phase: float, node_memory: int, directory: Path, units: int
+) -> dict[str, Any]:
     redis = RedisServer(directory)
     redis.start()
     try:
         with pool_cluster(redis.url, directory, pool=f"bench-{limits}") as pool:
             gpus = directory / "gpus.yaml"
-            gpus.write_text(yaml.safe_dump({"gpus": [gpu(i) for i in range(8)]}))
+            gpus.write_text(yaml.safe_dump({"gpus": [gpu(i) for i in range(units)]}))
             isolation = {"pids_max": 512} if limits else {"cgroups": "off", "shm": "shared"}
             pool.node_options["a"] = {
                 "health": {"gpu": "on", "interval": "1s", "fake_gpus": str(gpus)},
@@ -174,6 +178,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--phase", type=float, default=20.0, help="seconds a phase")
     parser.add_argument("--node-memory", default=str(3 << 30), help="the pool's memory (bytes)")
+    parser.add_argument("--gpus", type=int, default=8, help="the fake node's GPUs")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "isolation.json"))
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -183,10 +188,11 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
         "phase_s": args.phase,
         "node_memory": int(args.node_memory),
+        "gpus": args.gpus,
     }
     for limits in (True, False):
         with tempfile.TemporaryDirectory(prefix="bench-isolation-") as tmp:
-            found = one_mode(limits, args.phase, int(args.node_memory), Path(tmp))
+            found = one_mode(limits, args.phase, int(args.node_memory), Path(tmp), args.gpus)
         result["on" if limits else "off"] = found
         print(json.dumps({"limits": "on" if limits else "off", **found}, indent=1), flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -36,7 +36,7 @@ from nodeagent.job.verify import RecordCheck
 from nodeagent.model.credential import MungeUnavailable
 from nodeagent.model.job import Event
 from nodeagent.model.resources import Limits
-from nodeagent.runtime import isolation
+from nodeagent.runtime import joblimits
 from nodeagent.runtime.pulls import Pulled
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.asuser import run_as
@@ -240,17 +240,17 @@ class JobRun:
         job = config.job
         limits = None  # ConfigError first, before anything is made: the node refuses the job
         if parts.cgroups is not None and config.isolation.on:
-            room = isolation.capacity(parts.cgroups, monitor)
-            limits = isolation.job_limits(config.isolation, config, room, grant)
+            room = joblimits.capacity(parts.cgroups, monitor)
+            limits = joblimits.job_limits(config.isolation, config, room, grant)
         self.metrics = AgentMetrics(config.job.id)  # its GPUs are the node's (node_metrics)
         needed = job.nproc_per_node * job.gpus_per_worker
         self._health = NodeHealth(
             config.node.name, config.health, needed, monitor, grant, job.gpus_per_worker
         )
-        cgroup = isolation.job_cgroup(config, parts.cgroups, limits)
-        devices = isolation.job_devices(config, cgroup, monitor, self._health)
-        space = isolation.job_space(config, cgroup, limits)
-        cpus_of = isolation.job_cpus(config, monitor, limits)
+        cgroup = joblimits.job_cgroup(config, parts.cgroups, limits)
+        devices = joblimits.job_devices(config, cgroup, monitor, self._health)
+        space = joblimits.job_space(config, cgroup, limits)
+        cpus_of = joblimits.job_cpus(config, monitor, limits)
         spawner = Spawner(
             job.preload, job.user, _containers(config, limits), cgroup, devices, space, cpus_of
         )

@@ -312,7 +312,7 @@ class NodeLoop:
             log.info("serving job %s%s", job_id, f" on GPUs {', '.join(grant)}" if grant else "")
             try:
                 runner = self.runners[job_id] = self._start_job(config, grant)
-            except ConfigError as exc:  # more than this node can give it (runtime/isolation.py)
+            except ConfigError as exc:  # more than this node can give it (runtime/joblimits.py)
                 log.warning("refusing job %s: %s", job_id, exc)
                 self._refuse(job_id, str(exc))
                 continue

@@ -38,7 +38,7 @@ from nodeagent.pool.ledger import Bookkeeper
 from nodeagent.pool.member import PoolMember
 from nodeagent.pool.metrics import PoolCollector
 from nodeagent.pool.notify import Webhooks
-from nodeagent.runtime import isolation, tuning
+from nodeagent.runtime import isolation, joblimits, tuning
 from nodeagent.runtime.jobrun import (
     LISTEN_BLOCK_MS,
     CurrentJobMetrics,
@@ -131,8 +131,8 @@ def _run_agent(
     start_monitor(monitor, settings.health)  # ConfigError (exit 78) when gpu: on and no NVML
     pinned = settings.job
     if cgroups is not None and pinned is not None and settings.isolation.on:
-        room = isolation.capacity(cgroups, monitor)  # ConfigError (exit 78): more than it has
-        isolation.job_limits(settings.isolation, settings.running(pinned), room, None)
+        room = joblimits.capacity(cgroups, monitor)  # ConfigError (exit 78): more than it has
+        joblimits.job_limits(settings.isolation, settings.running(pinned), room, None)
     monitor.on_change = waker.wake
     current = CurrentJobMetrics()
     registry = CollectorRegistry()
@@ -266,7 +266,7 @@ def _node_loop(
         notifier=parts.notifier,
         inventory=lambda: offered(parts.monitor.snapshot(), parts.monitor.verdicts()),
         offer=lambda: resources.offer(
-            isolation.capacity(parts.cgroups, parts.monitor), settings.isolation
+            joblimits.capacity(parts.cgroups, parts.monitor), settings.isolation
         ),
         gpu=lambda: verdicts_only(parts.monitor),
     )
