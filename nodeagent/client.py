@@ -126,6 +126,30 @@ class Client:
         done = self._call("POST", "/v1/jobs", json={"spec": doc, "hold": hold})
         return str(done["job"])
 
+    def allocate(
+        self,
+        nodes: int = 1,
+        *,
+        gpus_per_node: int | None = None,
+        time_limit: str | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        spec: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Hold `nodes` nodes for your own commands (nodeagentctl alloc, as salloc); its id.
+        It runs until `cancel(id)` or its `time_limit` ("2h"); `spec`: more of its shape
+        (exclusive, selector, mem, ...: docs/interactive.md), which the arguments override."""
+        doc: dict[str, Any] = {**(spec or {}), "min_nodes": nodes, "max_nodes": nodes}
+        given = {
+            "id": name,
+            "gpus_per_node": gpus_per_node,
+            "time_limit": time_limit,
+            "queue": queue,
+        }
+        doc.update({k: v for k, v in given.items() if v is not None})
+        done = self._call("POST", "/v1/allocations", json={"spec": doc})
+        return str(done["job"])
+
     def jobs(
         self,
         *,

@@ -26,6 +26,14 @@ class Submit(Strict):
     ] = False
 
 
+class Allocate(Strict):
+    """An allocation: `spec` holds the keys of its shape that `submit`'s spec takes (min_nodes,
+    max_nodes, gpus_per_node, exclusive, queue, time_limit, selector, mem, ...: docs/pool.md);
+    no entrypoint, its nodes hold it (docs/interactive.md)."""
+
+    spec: dict[str, Any]
+
+
 class Scale(Strict):
     target: str = Field(
         pattern=r"^[+-]?[0-9]{1,6}$", description="N nodes, or +N / -N from the current target"

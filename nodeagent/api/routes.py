@@ -32,6 +32,7 @@ from nodeagent.model.request import Verb
 from nodeagent.model.spec import new_job_id
 from nodeagent.telemetry.logserve import MAX_TAIL_LINES
 from nodeagent.views import accounting, fairshare, jobs, logs, nodes, queues, show, status
+from nodeagent.views.allocation import allocation_doc
 from nodeagent.views.documents import JSON_VERSION, event_doc, listing
 from nodeagent.views.table import ROUTES
 
@@ -293,6 +294,19 @@ async def submitting(svc: Service, who: Identity, body: bodies.Submit) -> bodies
     return bodies.Submitted(message=reply.message, user=reply.user, job=str(spec["id"]))
 
 
+async def allocate(
+    svc: Svc, who: Who, body: bodies.Allocate, response: Response
+) -> bodies.Submitted:
+    """An allocation of the shape `spec` says (views/allocation.py), admitted as a job is; it
+    runs until cancelled (POST /v1/jobs/{job}/cancel) or its time limit."""
+    spec = allocation_doc(body.spec)
+    spec["id"] = spec.get("id") or new_job_id()
+    reply = await svc.change(who, Verb.SUBMIT, {"spec": spec})
+    response.status_code = 201
+    response.headers["Location"] = location(str(spec["id"]))
+    return bodies.Submitted(message=reply.message, user=reply.user, job=str(spec["id"]))
+
+
 def location(job: str) -> str:
     return f"/v1/jobs/{job}"
 
@@ -399,6 +413,7 @@ HANDLERS: dict[tuple[str, str], Callable[..., Any]] = {
     ("GET", "/v1/jobs/{job}/nodes/{node}/health"): node_health,
     ("GET", "/v1/jobs/{job}/logs/{rank}"): rank_log,
     ("POST", "/v1/jobs"): submit,
+    ("POST", "/v1/allocations"): allocate,
     ("GET", "/v1/jobs"): list_jobs,
     ("GET", "/v1/nodes"): list_nodes,
     ("POST", "/v1/jobs/{job}/cancel"): _job_verb(Verb.CANCEL),

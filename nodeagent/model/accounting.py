@@ -39,6 +39,7 @@ class Record:
     queue: str | None = None
     name: str | None = None
     array: str | None = None
+    kind: str | None = None  # model/spec.py's KINDS (None: kept before kinds were)
     submitted_ms: int | None = None
     started_ms: int | None = None
     elapsed_s: float | None = None
@@ -82,6 +83,7 @@ class Record:
             queue=r.opt_text("queue"),
             name=r.opt_text("name"),
             array=r.opt_text("array"),
+            kind=r.opt_text("kind"),
             submitted_ms=r.opt_integer("submitted_ms"),
             started_ms=r.opt_integer("started_ms"),
             elapsed_s=r.number("elapsed_s"),
@@ -109,6 +111,7 @@ def record_of(
     queue: str | None,
     name: str | None,
     array: str | None,
+    kind: str | None = None,
 ) -> Record:
     """The record of `job_id`'s run that ends with `status` (its node-time accounted up to its
     end: pool/lifecycle.account), submitted as `user` to `queue`, named `name`, a task of
@@ -124,6 +127,7 @@ def record_of(
         queue=queue,
         name=name,
         array=array,
+        kind=kind,
         submitted_ms=status.submitted_ms,
         started_ms=start,
         elapsed_s=None if start is None else max(0, end - start) / 1000,

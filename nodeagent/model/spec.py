@@ -46,6 +46,8 @@ from nodeagent.model.notify import NotifyError
 from nodeagent.model.request import REQUEST_ID
 
 MAX_PRIORITY = 1_000_000
+BATCH, ALLOCATION = "batch", "allocation"  # a job's kinds: its own program, or nodes held
+KINDS = (BATCH, ALLOCATION)
 SPEC_MAX_BYTES = 64 * 1024  # a spec is a page of YAML; anything bigger is not one
 _SLOW_FIELDS = dataclasses.fields(SlowNodeConfig)  # flat: no asdict deep copy per spec
 _FIELDS = (
@@ -99,6 +101,9 @@ class JobSpec:
     notify: tuple[str, ...] = ()  # what its user is told of (model/notify.py; --mail-type)
     gpus_per_node: int | None = None  # GPU units it holds on each node (None: the whole node)
     exclusive: bool = False  # the whole node whatever it asks for (sbatch --exclusive)
+    # batch: its entrypoint is the job; allocation: nodes held for a user's commands and
+    # shells (nodeagentctl alloc, as salloc), a holder on each node in place of a program.
+    kind: str = BATCH
     # The request that submitted it (nodeagentctl's, the API's Idempotency-Key): the same
     # request arriving again is this submission, never a second job (coord/poolscripts.py).
     request: str = ""
@@ -165,6 +170,7 @@ class JobSpec:
             "mem_per_gpu": job.mem_per_gpu,
             "cpus_per_gpu": job.cpus_per_gpu,
             "exclusive": self.exclusive or None,
+            "kind": self.kind if self.kind != BATCH else None,
             "request": self.request or None,
         }
         doc.update({k: v for k, v in optional.items() if v is not None})
@@ -246,6 +252,9 @@ def load_spec(
     runs = _runs(root.raw("dependency_runs")) if submitted else {}
     gpus_per_node = _gpus_per_node(root, job)
     exclusive = root.get("exclusive", bool, False)
+    kind = root.get("kind", str, BATCH)
+    if kind not in KINDS:
+        raise ConfigError("kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
     task = _array_task(root.section("array_task")) if submitted and root.raw("array_task") else None
     request = root.get("request", str, "") if submitted else ""
     if not REQUEST_ID.match(request):
@@ -272,6 +281,7 @@ def load_spec(
         dependency_runs=runs,
         gpus_per_node=gpus_per_node,
         exclusive=exclusive,
+        kind=kind,
         request=request,
     )
 

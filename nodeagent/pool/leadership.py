@@ -277,6 +277,7 @@ def job_view(
         mem=job.mem,
         mem_per_gpu=job.mem_per_gpu,
         cpus_per_gpu=job.cpus_per_gpu,
+        kind=spec.kind,
     )
 
 
@@ -378,6 +379,7 @@ def _ending(
                     queue=job.queue if job else None,
                     name=job.name if job else None,
                     array=job.array if job else None,
+                    kind=job.kind if job else None,
                 )
             )
     return found, tuple(records)

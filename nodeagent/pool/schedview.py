@@ -74,6 +74,7 @@ class JobView:
     mem: int | None = None  # bytes it asks for on each node
     mem_per_gpu: int | None = None  # ... or per GPU unit it holds there
     cpus_per_gpu: int | None = None  # CPUs of its own per GPU unit it holds (shared nodes)
+    kind: str = "batch"  # model/spec.py's KINDS: an allocation is admitted as any job
 
     @cached_property  # (asked for each job several times a round)
     def shared(self) -> bool:

@@ -19,6 +19,7 @@ usage.py (what the kernel says a worker got of the CPU: its run time and its wai
 whether it works: a thread of its process tree running or in disk I/O), asuser.py (a short
 program run as the job's user: the copies into a submitted job's persistent tier), program.py (a
 program of the agent's own, `python -m MODULE FD`, talked to over a socket pair: the pool
-leader's requests' serving). Apart from the embedded redis-server (coord/embedded.py), only this
+leader's requests' serving), foreground.py (a command run here for a user at a terminal:
+nodeagentctl alloc's shell). Apart from the embedded redis-server (coord/embedded.py), only this
 package starts processes.
 """

@@ -8,4 +8,5 @@ the accounting database), fairshare.py (each user's fair share), status.py (a jo
 document, pure), nodes.py (the pool's nodes), queues.py (the pool's queues), logs.py (a rank's
 log across the pool, read or followed), waits.py (what a --wait after a change waits for),
 table.py (the verbs, and the API route of each: one
-table both faces are held to)."""
+table both faces are held to), allocation.py (an allocation's spec, and its shell's
+variables)."""

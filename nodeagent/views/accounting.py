@@ -88,6 +88,7 @@ def row_of(record: Record) -> dict[str, Any]:
         "job": record.job,
         "seq": record.seq,
         "user": record.user,
+        "kind": record.kind,
         "state": record.state,
         "queue": record.queue,
         "priority": None,

@@ -129,6 +129,7 @@ def _job_row(
         "reason": status.reason,
         "pinned": status.pinned,
         "user": known.user if known is not None else None,
+        "kind": known.kind if known is not None else None,
         "submitted_by": known.submitted_by if known is not None else None,
         "array": task.job if task is not None else None,
     }

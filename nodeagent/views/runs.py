@@ -34,6 +34,7 @@ class Run:
             "job": self.job,
             "seq": status.seq,
             "user": spec.user if spec else None,
+            "kind": spec.kind if spec else None,
             "state": status.state.value,
             "queue": spec.queue if spec else None,
             "priority": spec.priority if spec else None,

@@ -35,6 +35,7 @@ ROUTES: Mapping[str, tuple[Route, ...]] = {
     "logs": (Route("GET", "/v1/jobs/{job}/logs/{rank}", "a rank's log (follow: streamed)"),),
     # the pool's
     "submit": (Route("POST", "/v1/jobs", "submit a job"),),
+    "alloc": (Route("POST", "/v1/allocations", "hold nodes for your own commands (salloc)"),),
     "jobs": (Route("GET", "/v1/jobs", "the pool's jobs"),),
     "nodes": (Route("GET", "/v1/nodes", "the pool's nodes"),),
     "cancel": (Route("POST", "/v1/jobs/{job}/cancel", "end a job"),),

@@ -275,6 +275,39 @@ def test_what_a_client_sends_wrong_is_a_problem_not_a_500(
     assert "refused: invalid job spec" in cases[2].json()["detail"]  # the pool leader's words
 
 
+def test_an_allocation_is_held_for_its_caller_until_cancelled(
+    api: ApiService, pool: PoolCluster, munged: MungeDaemon, users: dict[str, User]
+) -> None:
+    """POST /v1/allocations (issue 82): admitted as alice's job of kind allocation, held by
+    its nodes until she cancels it; a key an allocation does not take is refused, naming it."""
+    with client(api, mint(pool, munged, users["alice"])) as mine:
+        job = mine.allocate(1, name="api-alloc", time_limit="1h")
+        assert job == "api-alloc"
+        wait_for(lambda: mine.show(job)["state"] == "running", 60, "the allocation held")
+        shown = mine.show(job)
+        assert (shown["user"], shown["kind"], shown["command"]) == (
+            users["alice"].name,
+            "allocation",
+            ["sleep", "infinity"],
+        )
+        mine.cancel(job)
+        wait_for(lambda: mine.show(job)["state"] == "cancelled", 60, "the allocation ended")
+        refused(
+            lambda: mine.allocate(1, spec={"entrypoint": ["rm", "-rf", "/"]}),
+            409,
+            "an allocation does not take entrypoint",
+        )
+    # nodeagentctl alloc as alice in this munge pool: signed, and ended by a signed cancel.
+    where = ["--redis", pool.redis_url, "--pool", pool.pool, "--munge-socket", munged.socket]
+    said = users["alice"].nodeagentctl(
+        *where, "alloc", "--name", "cli-alloc", "--", "sh", "-c", "echo in $NODEAGENT_JOB_ID"
+    )
+    assert said.returncode == 0 and said.stdout.strip() == "in cli-alloc", said.stderr
+    assert "relinquishing job allocation cli-alloc" in said.stderr
+    with client(api, mint(pool, munged, users["alice"])) as mine:
+        wait_for(lambda: mine.show("cli-alloc")["state"] == "cancelled", 60, "its end")
+
+
 def test_a_submission_sent_again_with_its_idempotency_key_is_the_job_it_made(
     api: ApiService, pool: PoolCluster, munged: MungeDaemon, users: dict[str, User], shared: Path
 ) -> None:

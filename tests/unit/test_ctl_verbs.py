@@ -20,7 +20,7 @@ from nodeagent.model.request import Verb
 # What changes the pool: each has a signed form (pool.auth: munge).
 POOL_CHANGES = frozenset(
     {
-        "submit", "cancel", "hold", "release", "requeue", "scale", "queue",
+        "submit", "alloc", "cancel", "hold", "release", "requeue", "scale", "queue",
         "cordon", "drain", "uncordon", "stop", "restart", "token", "ui",
     }
 )  # fmt: skip
@@ -150,10 +150,18 @@ def test_ui_asks_for_a_token_kept_for_a_code_whose_hash_alone_it_sends() -> None
 
 
 def test_every_verb_that_changes_the_pool_has_a_signed_form_in_the_table() -> None:
-    """The table above lists a signed line for every pool-changing verb (submit and ui
+    """The table above lists a signed line for every pool-changing verb (submit, alloc and ui
     below): a verb added to POOL_CHANGES without one fails here."""
     signed = {argv[0] for argv, _, expected in SIGNED_LINES if expected is not None}
-    assert signed | {"submit", "ui"} == POOL_CHANGES
+    assert signed | {"submit", "alloc", "ui"} == POOL_CHANGES
+
+
+def test_alloc_is_signed_as_the_submission_of_an_allocation() -> None:
+    verb, body = request(["alloc", "--name", "dev", "--nodes", "2", "--time", "1h"]) or (None, {})
+    spec = body["spec"]
+    assert verb is Verb.SUBMIT and spec["kind"] == "allocation" and spec["user"] == "alice"
+    assert (spec["id"], spec["min_nodes"], spec["time_limit"]) == ("dev", 2, 3600.0)
+    assert spec["entrypoint"] == ["sleep", "infinity"] and "submitted_by" not in spec
 
 
 @pytest.mark.parametrize("argv", [["stop"], ["restart"], ["scale", "3"], ["scale", "x", "3", "4"]])

@@ -128,6 +128,7 @@ function heading(doc, base, refresh) {
 function facts(doc) {
   const rows = [
     ["user", doc.user],
+    ["kind", doc.kind],
     ["submitted by", doc.submitted_by],
     ["queue", doc.queue],
     ["priority", doc.priority],

@@ -57,7 +57,12 @@ function render(jobs) {
     el(
       "tr",
       { dataset: { job: job.job, state: job.state } },
-      el("td", {}, el("a", { href: `#/jobs/${q(job.job)}` }, job.job)),
+      el(
+        "td",
+        {},
+        el("a", { href: `#/jobs/${q(job.job)}` }, job.job),
+        job.kind === "allocation" ? el("span", { class: "quiet" }, " allocation") : "",
+      ),
       el("td", {}, badge(job.state), job.position ? ` #${job.position}` : ""),
       el("td", {}, job.user ?? "–"),
       el("td", {}, job.queue ?? "–"),

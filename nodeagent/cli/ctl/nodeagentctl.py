@@ -1,8 +1,8 @@
 """`nodeagentctl`: submit and follow a pool's jobs (Slurm's verbs), and act inside one job.
 
-Pool: submit, jobs, show, history, cancel, hold, release, requeue, scale, nodes, queue; a job:
-status, events, restart, stop, scale, cordon, drain, uncordon, health; `logs JOB` a rank's log
-from its node's agent, `logs` without JOB this node's rank logs (no Redis).
+Pool: submit, alloc, jobs, show, history, cancel, hold, release, requeue, scale, nodes, queue;
+a job: status, events, restart, stop, scale, cordon, drain, uncordon, health; `logs JOB` a
+rank's log from its node's agent, `logs` without JOB this node's rank logs (no Redis).
 
 Every argument is checked before anything is written to Redis: a node that holds no lease and
 is not a member of the job record, a job with neither a record nor a lease, a bad duration,

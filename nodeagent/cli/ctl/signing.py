@@ -22,7 +22,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.cli.ctl import submit, token, ui, wait
+from nodeagent.cli.ctl import alloc, submit, token, ui, wait
 from nodeagent.coord.durable import NotAcknowledged
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.requests import RequestStore
@@ -72,6 +72,9 @@ def run(
     if verb is Verb.SUBMIT and body["spec"].get("array"):
         print(body["spec"]["id"] if args.parsable else reply.message, flush=True)
         return 0
+    if verb is Verb.SUBMIT and args.command == "alloc":
+        job_id = str(body["spec"]["id"])
+        return alloc.hold(store, job_id, args, lambda: _cancel(store, munge, job_id))
     if verb is Verb.SUBMIT:
         job_id = str(body["spec"]["id"])
         submit.submitted(job_id, args)
@@ -84,6 +87,14 @@ def run(
             return wait.wait_job_drained(jobs, args.node, args.timeout)
         return wait.wait_drained(store, args.node, args.timeout)
     return 0
+
+
+def _cancel(store: PoolStore, munge: Munge, job_id: str) -> None:
+    """An allocation's end, as a signed cancel (said where it is not done)."""
+    reply = ask(store, munge, Verb.CANCEL, {"job": job_id})
+    if reply is None or not reply.ok:
+        said = reply.message if reply is not None else "no pool leader answered"
+        print(f"nodeagentctl: cannot end job allocation {job_id}: {said}", file=sys.stderr)
 
 
 def ask(

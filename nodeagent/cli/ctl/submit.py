@@ -49,42 +49,8 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
         help="job id (overrides the spec's id; default: the spec's, else a new one such as "
         "job-3f9c2a1d); the id of a job that has ended may be used again",
     )
-    submit.add_argument(
-        "--nodes",
-        "--nnodes",
-        dest="nodes",
-        help="MIN:MAX (or MIN-MAX) or N nodes, as torchrun's --nnodes",
-    )
+    shape_arguments(submit)
     submit.add_argument("--nproc-per-node", type=int, help="workers per node")
-    submit.add_argument(
-        "--gpus-per-node",
-        type=int,
-        help="GPUs it holds on each node (default: the whole node), as sbatch's",
-    )
-    submit.add_argument(
-        "--exclusive",
-        action="store_true",
-        default=None,
-        help="hold whole nodes whatever --gpus-per-node says, as sbatch's",
-    )
-    submit.add_argument(
-        "--mem",
-        metavar="SIZE",
-        help="memory its workers on each node may use together, such as 64GiB, as sbatch's "
-        "(default: the node's share per GPU it holds)",
-    )
-    submit.add_argument(
-        "--mem-per-gpu",
-        metavar="SIZE",
-        help="memory per GPU it holds on each node, such as 80GiB, as sbatch's",
-    )
-    submit.add_argument(
-        "--cpus-per-gpu",
-        type=int,
-        metavar="N",
-        help="CPUs of its own per GPU it holds, from the cores near it, as sbatch's (default: "
-        "all the cores the node holds for each GPU: its cores divided by its GPUs)",
-    )
     submit.add_argument("--env", action="append", default=[], metavar="K=V")
     submit.add_argument(
         "--workdir",
@@ -93,8 +59,6 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
         help="the workers' working directory (the spec's working_dir)",
     )
     submit.add_argument("--user", help="the Unix user it runs as (default: you)")
-    submit.add_argument("--queue", help="queue (default: default)")
-    submit.add_argument("--priority", type=int, help="priority (higher first; default 0)")
     submit.add_argument("--max-restarts", type=int, help="restart budget (default 3)")
     submit.add_argument(
         "--preemptible",
@@ -106,20 +70,6 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
         "--recovery",
         choices=RECOVERY_MODES,
         help="restart every worker on a re-form (default), or keep survivors (in_place)",
-    )
-    submit.add_argument(
-        "--selector",
-        action="append",
-        default=[],
-        metavar="LABEL=VALUE",
-        help="only nodes whose pool.labels have it (repeatable)",
-    )
-    submit.add_argument(
-        "--time",
-        type=argtypes.time_limit,
-        metavar="LIMIT",
-        help="how long it may run once admitted, such as 90m, 1h30m, 2d or Slurm's "
-        "[D-]HH:MM:SS; then it is stopped (the stop grace) and ends as timeout",
     )
     submit.add_argument(
         "--signal",
@@ -162,11 +112,6 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
         "--mail-type: BEGIN, END, FAIL, REQUEUE, TIME_LIMIT or ALL",
     )
     submit.add_argument(
-        "--job-name",
-        metavar="NAME",
-        help="its name, which `singleton` looks at (default: its id)",
-    )
-    submit.add_argument(
         "--hold",
         action="store_true",
         help="submit it held: it is not admitted until `nodeagentctl release JOB`",
@@ -193,6 +138,66 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
         "then exit 1",
     )
     submit.set_defaults(argv=[])  # what follows `--` (nodeagentctl's main splits it off)
+
+
+def shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a job holds and where it waits, as sbatch's flags: `submit`'s and `alloc`'s."""
+    parser.add_argument(
+        "--nodes",
+        "--nnodes",
+        dest="nodes",
+        help="MIN:MAX (or MIN-MAX) or N nodes, as torchrun's --nnodes",
+    )
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int,
+        help="GPUs it holds on each node (default: the whole node), as sbatch's",
+    )
+    parser.add_argument(
+        "--exclusive",
+        action="store_true",
+        default=None,
+        help="hold whole nodes whatever --gpus-per-node says, as sbatch's",
+    )
+    parser.add_argument(
+        "--mem",
+        metavar="SIZE",
+        help="memory its workers on each node may use together, such as 64GiB, as sbatch's "
+        "(default: the node's share per GPU it holds)",
+    )
+    parser.add_argument(
+        "--mem-per-gpu",
+        metavar="SIZE",
+        help="memory per GPU it holds on each node, such as 80GiB, as sbatch's",
+    )
+    parser.add_argument(
+        "--cpus-per-gpu",
+        type=int,
+        metavar="N",
+        help="CPUs of its own per GPU it holds, from the cores near it, as sbatch's (default: "
+        "all the cores the node holds for each GPU: its cores divided by its GPUs)",
+    )
+    parser.add_argument("--queue", help="queue (default: default)")
+    parser.add_argument("--priority", type=int, help="priority (higher first; default 0)")
+    parser.add_argument(
+        "--selector",
+        action="append",
+        default=[],
+        metavar="LABEL=VALUE",
+        help="only nodes whose pool.labels have it (repeatable)",
+    )
+    parser.add_argument(
+        "--time",
+        type=argtypes.time_limit,
+        metavar="LIMIT",
+        help="how long it may run once admitted, such as 90m, 1h30m, 2d or Slurm's "
+        "[D-]HH:MM:SS; then it is stopped (the stop grace) and ends as timeout",
+    )
+    parser.add_argument(
+        "--job-name",
+        metavar="NAME",
+        help="its name, which `singleton` looks at (default: its id)",
+    )
 
 
 def submitted(job_id: str, args: argparse.Namespace) -> None:
@@ -223,49 +228,22 @@ def spec_from_args(
     command = list(args.argv)
     if command:
         doc["entrypoint"] = command
-    if args.nodes:
-        low, _, high = args.nodes.replace("-", ":", 1).partition(":")
-        if not (low.isdigit() and (not high or high.isdigit())):
-            raise UsageError(
-                f"--nodes: expected MIN:MAX, MIN-MAX or N, such as 2:8, got {args.nodes!r}"
-            )
-        doc.update(min_nodes=int(low), max_nodes=int(high or low))
-        doc.pop("target_nodes", None)
+    doc = shape_doc(args, doc)
     flags = {
         "nproc_per_node": args.nproc_per_node,
-        "gpus_per_node": args.gpus_per_node,
-        "exclusive": args.exclusive,
-        "mem": args.mem,
-        "mem_per_gpu": args.mem_per_gpu,
-        "cpus_per_gpu": args.cpus_per_gpu,
         "working_dir": args.workdir,
         "user": args.user,
-        "queue": args.queue,
-        "priority": args.priority,
         "max_restarts": args.max_restarts,
         "recovery": args.recovery,
         "preemptible": args.preemptible,
-        "time_limit": args.time,
         "signal": args.signal,
         "dependency": args.dependency,
-        "name": args.job_name,
         "array": args.array,
         "notify": args.notify,
     }
-    for given, other in (("mem", "mem_per_gpu"), ("mem_per_gpu", "mem")):
-        if flags[given] is not None:  # a flag stands for the spec file's memory ask, as sbatch's
-            doc.pop(other, None)
     doc.update({k: v for k, v in flags.items() if v is not None})
-    for pair in args.selector:
-        name, eq, value = pair.partition("=")
-        if not eq or not name:
-            raise UsageError(f"--selector: expected LABEL=VALUE, got {pair!r}")
-        doc.setdefault("selector", {})[name] = value
-    for pair in args.env:
-        name, eq, value = pair.partition("=")
-        if not eq or not name:
-            raise UsageError(f"--env: expected K=V, got {pair!r}")
-        doc.setdefault("env", {})[name] = value
+    if args.env:
+        doc.setdefault("env", {}).update(pairs(args.env, "--env", "K=V"))
     if args.container_image is not None or args.container_mounts is not None:
         container = doc.setdefault("container", {})
         if not isinstance(container, dict):
@@ -286,6 +264,56 @@ def spec_from_args(
     except ConfigError as exc:
         raise UsageError(f"{where}: invalid job spec: {exc}") from None
     return replace(spec, submitted_by=by)
+
+
+def shape_doc(args: argparse.Namespace, doc: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`doc` (a spec file's keys) with what shape_arguments' flags say over it.
+
+    Raises:
+        UsageError: a bad --nodes or --selector.
+    """
+    doc = dict(doc or {})
+    if args.nodes:
+        low, _, high = args.nodes.replace("-", ":", 1).partition(":")
+        if not (low.isdigit() and (not high or high.isdigit())):
+            raise UsageError(
+                f"--nodes: expected MIN:MAX, MIN-MAX or N, such as 2:8, got {args.nodes!r}"
+            )
+        doc.update(min_nodes=int(low), max_nodes=int(high or low))
+        doc.pop("target_nodes", None)
+    flags = {
+        "gpus_per_node": args.gpus_per_node,
+        "exclusive": args.exclusive,
+        "mem": args.mem,
+        "mem_per_gpu": args.mem_per_gpu,
+        "cpus_per_gpu": args.cpus_per_gpu,
+        "queue": args.queue,
+        "priority": args.priority,
+        "time_limit": args.time,
+        "name": args.job_name,
+    }
+    for given, other in (("mem", "mem_per_gpu"), ("mem_per_gpu", "mem")):
+        if flags[given] is not None:  # a flag stands for the spec file's memory ask, as sbatch's
+            doc.pop(other, None)
+    doc.update({k: v for k, v in flags.items() if v is not None})
+    if args.selector:
+        doc.setdefault("selector", {}).update(pairs(args.selector, "--selector", "LABEL=VALUE"))
+    return doc
+
+
+def pairs(given: list[str], flag: str, form: str) -> dict[str, str]:
+    """NAME=VALUE arguments of a repeated flag, in order.
+
+    Raises:
+        UsageError: one without a name or an '='.
+    """
+    found: dict[str, str] = {}
+    for pair in given:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise UsageError(f"{flag}: expected {form}, got {pair!r}")
+        found[name] = value
+    return found
 
 
 def enterable(directory: str, where: str) -> str:
@@ -331,10 +359,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
     never a second job or a refusal; sent again while Redis cannot take it."""
     store, by = target.pool_store, caller.by()
     spec = replace(spec_from_args(args, caller.user(), by), request=target.request_id)
-    try:
-        spec = submission.checked(store, spec)
-    except submission.Refused as exc:
-        raise UsageError(f"job {spec.id}: {exc}") from None
+    spec = checked(store, spec, "job")
     held_by = by if args.hold else ""
     if spec.array is not None:
         try:
@@ -344,12 +369,36 @@ def run(target: Target, args: argparse.Namespace) -> int:
         target.confirm(f"array {spec.id}")
         print(spec.id if args.parsable else said, flush=True)
         return 0
+    store_one(target, spec, held_by, "job")
+    submitted(spec.id, args)
+    return follow(store, spec.id, args)
+
+
+def checked(store: PoolStore, spec: JobSpec, what: str) -> JobSpec:
+    """`spec` as the pool would take it (submission.checked).
+
+    Raises:
+        UsageError: the pool would refuse it, saying why.
+    """
+    try:
+        return submission.checked(store, spec)
+    except submission.Refused as exc:
+        raise UsageError(f"{what} {spec.id}: {exc}") from None
+
+
+def store_one(target: Target, spec: JobSpec, held_by: str, what: str) -> None:
+    """`spec` stored pending (held by `held_by`, "": not held), on the replicas the pool's
+    durability asks for.
+
+    Raises:
+        UsageError: its id is another job's that has not ended.
+        NotAcknowledged: not on those replicas (exit 69).
+    """
+    store = target.pool_store
     created, status = again(lambda: store.submit(spec, held_by=held_by))
     if not created:
         raise UsageError(submission.in_use(spec.id, store.keys.pool, status))
-    target.confirm(f"job {spec.id}")
-    submitted(spec.id, args)
-    return follow(store, spec.id, args)
+    target.confirm(f"{what} {spec.id}")
 
 
 def again(write: Callable[[], T]) -> T:

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from nodeagent.cli.ctl import (
+    alloc,
     cancel,
     cordon,
     drain,
@@ -87,6 +88,7 @@ VERBS: Mapping[str, VerbModule] = {
     "logs": logs,
     # the pool's
     "submit": submit,
+    "alloc": alloc,
     "jobs": jobs,
     "nodes": nodes,
     "cancel": cancel,
