@@ -36,6 +36,7 @@ HELP = "hold nodes for your own commands and shells, as salloc: a shell here onc
 POLL_S = 0.5  # how often the allocation is looked at while the shell runs
 GRACE_S = 10.0  # a shell told its allocation ended is killed after this
 EX_ENDED = 1  # the allocation ended (or never started) before the shell did
+GPUS_SAID_S = 10.0  # how long a held allocation waits for its nodes to say their GPUs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,7 +97,9 @@ def hold(store: PoolStore, job_id: str, args: argparse.Namespace, cancel: Callab
         say(f"job allocation {job_id} cancelled while it waited")
         raise
     if env is None:
-        cancel()
+        status = store.status(job_id)
+        if status is not None and not status.state.ended:
+            cancel()
         return EX_ENDED
     say(f"granted job allocation {job_id} on {env['NODEAGENT_NODELIST']}")
     command = list(args.argv) or [os.environ.get("SHELL") or "/bin/sh"]
@@ -111,10 +114,12 @@ def hold(store: PoolStore, job_id: str, args: argparse.Namespace, cancel: Callab
 
 
 def granted(store: PoolStore, job_id: str, timeout: float | None) -> dict[str, str] | None:
-    """The allocation's variables once every node holds it; None: it ended first, or
-    `timeout` passed (said)."""
+    """The allocation's variables once every node holds it and says which GPUs it gave
+    (its next pool heartbeat; GPUS_SAID_S at most); None: it ended first, or `timeout`
+    passed (said)."""
     jobs = JobStore(store.client, store.keys.job(job_id))
     deadline = None if timeout is None else time.monotonic() + timeout
+    held_at: float | None = None
     while deadline is None or time.monotonic() < deadline:
         status = store.status(job_id)
         if status is not None and status.state.ended:
@@ -122,11 +127,17 @@ def granted(store: PoolStore, job_id: str, timeout: float | None) -> dict[str, s
             return None
         record = waits.every_rank_running(jobs.snapshot())
         if record is not None:
-            spec = store.spec(job_id)
-            queue = spec.queue if isinstance(spec, JobSpec) else "default"
-            gpus = node_gpus(job_id, store.nodes(), record.members)
-            master = f"{record.master_addr}:{record.master_port}" if record.master_port else None
-            return allocation_env(job_id, store.keys.pool, queue, record.members, master, gpus)
+            held_at = held_at if held_at is not None else time.monotonic()
+            nodes = store.nodes()
+            gpus = node_gpus(job_id, nodes, record.members)
+            unsaid = [m for m in record.members if m in nodes and nodes[m].gpus and not gpus[m]]
+            if not unsaid or time.monotonic() - held_at > GPUS_SAID_S:
+                spec = store.spec(job_id)
+                queue = spec.queue if isinstance(spec, JobSpec) else "default"
+                master = (
+                    f"{record.master_addr}:{record.master_port}" if record.master_port else None
+                )
+                return allocation_env(job_id, store.keys.pool, queue, record.members, master, gpus)
         time.sleep(0.2)
     say(f"timed out after {timeout:g}s waiting for job allocation {job_id}: cancelled")
     return None
