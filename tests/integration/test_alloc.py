@@ -5,6 +5,7 @@ end (the command's exit, its time limit) ends the other.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -118,3 +119,39 @@ def test_an_allocation_that_cannot_be_held_is_refused_before_anything_is_written
     assert said.returncode == 2, said.stderr
     assert "gpus_per_node" in said.stderr
     assert job_id not in pool.jobs()
+
+
+def test_sigterm_sent_to_alloc_reaches_its_shell_whose_end_ends_the_allocation(
+    pool: PoolCluster, job_id: str, tmp_path: Path
+) -> None:
+    """As a login session's end sends SIGTERM (or SIGHUP) to what it ran: passed on to the
+    shell, which exits; its exit relinquishes the allocation."""
+    told, started = tmp_path / "told", tmp_path / "started"
+    script = f"trap 'echo TERM > {told}; exit 0' TERM; touch {started}; while :; do sleep 0.1; done"
+    ctl = [sys.executable, "-m", "nodeagent.cli.ctl", "--redis", pool.redis_url, "--pool"]
+    proc = subprocess.Popen(
+        [*ctl, pool.pool, "alloc", "--name", job_id, "--", "sh", "-c", script],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(started.exists, 60, "the shell in the allocation")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert told.read_text().strip() == "TERM"
+    pool.wait_job(job_id, "cancelled", timeout=60)
+
+
+def test_sigterm_while_it_waits_cancels_the_allocation(pool: PoolCluster, job_id: str) -> None:
+    """An allocation that cannot be held yet (a node too many): SIGTERM to alloc cancels it."""
+    ctl = [sys.executable, "-m", "nodeagent.cli.ctl", "--redis", pool.redis_url, "--pool"]
+    proc = subprocess.Popen(
+        [*ctl, pool.pool, "alloc", "--name", job_id, "--nodes", "3", "--", "true"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: pool.jobs().get(job_id, {}).get("state") == "pending", 60, "it pending")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "cancelled while it waited" in err, err
+    pool.wait_job(job_id, "cancelled", timeout=60)

@@ -90,12 +90,16 @@ def hold(store: PoolStore, job_id: str, args: argparse.Namespace, cancel: Callab
     """Wait for the allocation, run the shell in it, and end the allocation with it; the
     shell's exit code (EX_ENDED: the allocation ended, or was never held, first)."""
     say(f"pending job allocation {job_id}")
+    ending = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         env = granted(store, job_id, args.timeout)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM or SIGHUP, while it waits
         cancel()
         say(f"job allocation {job_id} cancelled while it waited")
         raise
+    finally:
+        for sig, handler in ending.items():
+            signal.signal(sig, handler)
     if env is None:
         status = store.status(job_id)
         if status is not None and not status.state.ended:
@@ -169,6 +173,10 @@ def run_in(store: PoolStore, job_id: str, command: list[str], env: dict[str, str
         signal.signal(signal.SIGINT, interrupt)
         for sig, handler in forwarded.items():
             signal.signal(sig, handler)
+
+
+def _interrupted(number: int, _: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(number).name)
 
 
 def say(what: str) -> None:
