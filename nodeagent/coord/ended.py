@@ -74,6 +74,7 @@ POOL_PRUNE = Script(
         "holds",
         "requeues",
         "job_changes",
+        "holders",
     ),
     args=("leader_value", "cutoff_ms"),
     returns="the number of jobs pruned, or an error starting with FENCED",
@@ -95,6 +96,7 @@ for i = REST, #ARGV do
     redis.call('HDEL', K.cancels, ARGV[i])
     redis.call('HDEL', K.holds, ARGV[i])
     redis.call('HDEL', K.requeues, ARGV[i])
+    redis.call('HDEL', K.holders, ARGV[i])
     note_job(K.job_changes, ARGV[i])
     pruned = pruned + 1
   end
@@ -160,6 +162,7 @@ def prune(
             "holds": keys.holds,
             "requeues": keys.requeues,
             "job_changes": keys.job_changes,
+            "holders": keys.holders,
         },
         {"leader_value": leader, "cutoff_ms": cutoff_ms},
         list(jobs),

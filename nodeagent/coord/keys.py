@@ -127,6 +127,8 @@ POOL_JOB_CHANGES_KEY = "%s:{pool:%s}:jobchanges"
 POOL_PLACEMENTS_KEY = "%s:{pool:%s}:placements"  # HASH node -> job id (the pool leader's)
 POOL_CANCELS_KEY = "%s:{pool:%s}:cancels"  # HASH job id -> who asked to cancel it
 POOL_HOLDS_KEY = "%s:{pool:%s}:holds"  # HASH job id -> who holds it (pending, not admitted)
+# HASH allocation id -> until when (Redis server ms) its holder, `nodeagentctl alloc`, renewed it
+POOL_HOLDERS_KEY = "%s:{pool:%s}:holders"
 POOL_REQUEUES_KEY = "%s:{pool:%s}:requeues"  # HASH job id -> JSON {by, admitted_ms}: requeue it
 # An ended job whose name was submitted again: its spec and status, kept until pool.keep_ended
 POOL_HISTORY_KEY = "%s:{pool:%s}:history"  # HASH "<job>:<seq>" -> {"spec": ..., "status": ...}
@@ -226,6 +228,10 @@ class PoolKeys:
     @property
     def holds(self) -> str:
         return self._key(POOL_HOLDS_KEY)
+
+    @property
+    def holders(self) -> str:
+        return self._key(POOL_HOLDERS_KEY)
 
     @property
     def requeues(self) -> str:

@@ -561,6 +561,24 @@ class PoolStore:
             event,
         )
 
+    def keep_holder(self, job_id: str, ttl_ms: int) -> None:
+        """An allocation's holder is alive: its lease runs `ttl_ms` from now (Redis's clock)."""
+        until = self.now_ms() + ttl_ms
+        with redis_errors("renew an allocation's holder"):
+            self.client.hset(self.keys.holders, job_id, str(until))
+
+    def holders(self, job_ids: Sequence[str]) -> dict[str, int | None]:
+        """Until when each allocation's holder renewed it (None: never, or not a number)."""
+        if not job_ids:
+            return {}
+        with redis_errors("read allocations' holders"):
+            raw: list[Any] = self.client.hmget(self.keys.holders, list(job_ids))
+        found: dict[str, int | None] = {}
+        for job_id, value in zip(job_ids, raw, strict=True):
+            text = value.decode() if isinstance(value, bytes) else value
+            found[job_id] = int(text) if isinstance(text, str) and text.isdigit() else None
+        return found
+
     def last_event_id(self, stream: str | None = None) -> str:
         return streams.last_id(self.client, stream or self.keys.events)
 

@@ -164,11 +164,14 @@ class RequestStore:
         )
 
     def answer(
-        self, answers: list[tuple[str, Reply, Event]], done: Mapping[str, Reply] | None = None
+        self,
+        answers: list[tuple[str, Reply, Event | None]],
+        done: Mapping[str, Reply] | None = None,
     ) -> None:
         """The replies to a batch of requests, and the events in the pool's stream that tell
-        of them (each naming its request: what wakes a waiter, api/answers.py), in one
-        MULTI/EXEC; `done`: what each request id of the batch came to, for its retries."""
+        of them (each naming its request: what wakes a waiter, api/answers.py; None: none,
+        its waiter polls the reply), in one MULTI/EXEC; `done`: what each request id of the
+        batch came to, for its retries."""
         if not answers:
             return
         with redis_errors("answer the requests"):
@@ -177,6 +180,8 @@ class RequestStore:
                 pipe.set(self.keys.done(request_id), kept.to_json(), ex=REPLY_TTL_S)
             for request_id, reply, event in answers:
                 pipe.set(self.keys.reply(request_id), reply.to_json(), ex=REPLY_TTL_S)
+                if event is None:
+                    continue
                 pipe.xadd(
                     self.keys.events,
                     {"event": event.to_json()},

@@ -52,6 +52,8 @@ class Verb(str, Enum):
              credential's own caller; the reply's `sealed` carries the token.
     WHOAMI   args {}: changes nothing; the reply names the caller (the API service asks it of
              a token it has not seen, since it cannot check one itself).
+    KEEP     args {job}: an attended allocation's holder renews its lease (its owner or an
+             operator; pool/holders.py).
     """
 
     SUBMIT = "submit"
@@ -65,6 +67,7 @@ class Verb(str, Enum):
     REQUEUE = "requeue"
     TOKEN = "token"
     WHOAMI = "whoami"
+    KEEP = "keep"
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,9 @@ class JobSpec:
     # batch: its entrypoint is the job; allocation: nodes held for a user's commands and
     # shells (nodeagentctl alloc, as salloc), a holder on each node in place of a program.
     kind: str = BATCH
+    # An allocation held from a terminal (nodeagentctl alloc): its holder renews a lease of it
+    # (PoolStore.keep_holder); the pool leader cancels it once the lease runs out.
+    attended: bool = False
     # The request that submitted it (nodeagentctl's, the API's Idempotency-Key): the same
     # request arriving again is this submission, never a second job (coord/poolscripts.py).
     request: str = ""
@@ -171,6 +174,7 @@ class JobSpec:
             "cpus_per_gpu": job.cpus_per_gpu,
             "exclusive": self.exclusive or None,
             "kind": self.kind if self.kind != BATCH else None,
+            "attended": self.attended or None,
             "request": self.request or None,
         }
         doc.update({k: v for k, v in optional.items() if v is not None})
@@ -255,6 +259,9 @@ def load_spec(
     kind = root.get("kind", str, BATCH)
     if kind not in KINDS:
         raise ConfigError("kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
+    attended = root.get("attended", bool, False)
+    if attended and kind != ALLOCATION:
+        raise ConfigError("attended", f"only an allocation is attended (kind: {ALLOCATION})")
     task = _array_task(root.section("array_task")) if submitted and root.raw("array_task") else None
     request = root.get("request", str, "") if submitted else ""
     if not REQUEST_ID.match(request):
@@ -282,6 +289,7 @@ def load_spec(
         gpus_per_node=gpus_per_node,
         exclusive=exclusive,
         kind=kind,
+        attended=attended,
         request=request,
     )
 

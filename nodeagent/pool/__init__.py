@@ -14,6 +14,7 @@ serving.py (the thread that serves them while the node leads the pool),
 tokens.py (API tokens: who a token credential names, minting, revoking), authority.py (who is
 who: callers, operators, specs vouched for, who may read a log),
 jobverbs.py (when a job may be held, released or requeued: one rule for both sides),
+holders.py (an allocation held from a terminal: its holder's lease, cancelled once it lapses),
 cordoning.py (cordon, drain, uncordon of a pool node, a pinned one's job included: both sides),
 lifecycle.py (what the leader does about ended jobs and time limits), submission.py (what a
 submission is checked against, and an array stored one job per task: both sides), notify.py

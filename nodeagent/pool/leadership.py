@@ -26,7 +26,7 @@ from nodeagent.model.history import restarts_by_cause
 from nodeagent.model.job import Command, CommandType, Cordon, Event, JobRecord
 from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
 from nodeagent.model.spec import JobSpec
-from nodeagent.pool import lifecycle, riders
+from nodeagent.pool import holders, lifecycle, riders
 from nodeagent.pool.fairness import Fairness
 from nodeagent.pool.schedule import JobView, NodeView, PoolView, SchedulePolicy, schedule
 
@@ -278,6 +278,7 @@ def job_view(
         mem_per_gpu=job.mem_per_gpu,
         cpus_per_gpu=job.cpus_per_gpu,
         kind=spec.kind,
+        attended=spec.attended,
     )
 
 
@@ -306,6 +307,7 @@ def lead(
     if fairness is not None:
         view, usage = fairness.apply(store, leader, snap, view)
     view, fresh = lifecycle.unstale(view)
+    holders.cancel_lapsed(store, view.jobs, snap.now_ms)  # (done in the next round's view)
     view, timed, due = lifecycle.deadlines(view)
     told = stopping or lifecycle.Stopping()
     for job in told.due(view):

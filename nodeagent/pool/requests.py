@@ -41,7 +41,7 @@ from nodeagent.model.queues import DEFAULT, MAX_NODES, QueueView
 from nodeagent.model.request import Caller, Reply, Request, Verb
 from nodeagent.model.spec import JobSpec, load_spec
 from nodeagent.model.token import is_token_credential
-from nodeagent.pool import cordoning, jobverbs
+from nodeagent.pool import cordoning, holders, jobverbs
 from nodeagent.pool.authority import Authority
 from nodeagent.pool.refusals import (
     Forbidden,
@@ -169,13 +169,16 @@ class Requests:
                 done.setdefault(rid, reply)
             replies.append((reply, rid))
         confirmed = self._retries.confirmed(replies)
-        answers = []
+        answers: list[tuple[str, Reply, Event | None]] = []
         for (request_id, _, data), reply in zip(taken, confirmed, strict=True):
             kind = "request_done" if reply.ok else "request_refused"
-            level = logging.INFO if reply.ok else logging.WARNING  # a refusal: as garbage
+            # An allocation's renewal, every few seconds while its shell runs: no event, no
+            # log line (its holder polls the reply: pool/holders.py).
+            quiet = reply.ok and data.get("verb") == Verb.KEEP.value
+            level = logging.DEBUG if quiet else logging.INFO if reply.ok else logging.WARNING
             log.log(level, "pool request %s %s: %s", request_id, kind, reply.message)
             event = Event(kind, message=f"{reply.user or 'nobody'}: {reply.message}", data=data)
-            answers.append((request_id, reply, event))
+            answers.append((request_id, reply, None if quiet else event))
         self._requests.answer(answers, done)  # the batch's answers in one round trip
         return [reply for _, reply, _ in answers]
 
@@ -300,6 +303,8 @@ class Requests:
             )
         if request.verb is Verb.SCALE:
             return self._scale(caller, _name(args, "job"), str(args.get("target", "")))
+        if request.verb is Verb.KEEP:
+            return self._keep(caller, _name(args, "job"))
         if request.verb is Verb.COMMAND:
             return self._command(caller, _name(args, "job"), str(args.get("kind", "")))
         if not caller.operator:
@@ -405,6 +410,14 @@ class Requests:
         self._owned(caller, job_id, "cancel")
         self._store.cancel(job_id, caller.name)
         return f"job {job_id}: cancel requested by {caller.name}"
+
+    def _keep(self, caller: Caller, job_id: str) -> str:
+        """An attended allocation's holder renews its lease (pool/holders.py)."""
+        _, spec = self._owned(caller, job_id, "keep")
+        if spec is None or not spec.attended:
+            raise Refused(f"job {job_id} is not an allocation held from a terminal")
+        self._store.keep_holder(job_id, holders.TTL_MS)
+        return f"allocation {job_id}: kept"
 
     def _job_verb(self, caller: Caller, verb: str, job_id: str) -> str:
         """hold, release or requeue (pool/jobverbs.py), by the job's owner or an operator."""

@@ -75,6 +75,7 @@ class JobView:
     mem_per_gpu: int | None = None  # ... or per GPU unit it holds there
     cpus_per_gpu: int | None = None  # CPUs of its own per GPU unit it holds (shared nodes)
     kind: str = "batch"  # model/spec.py's KINDS: an allocation is admitted as any job
+    attended: bool = False  # ... held from a terminal, whose lease keeps it (pool/holders.py)
 
     @cached_property  # (asked for each job several times a round)
     def shared(self) -> bool:

@@ -5,6 +5,7 @@ end (the command's exit, its time limit) ends the other.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -155,3 +156,33 @@ def test_sigterm_while_it_waits_cancels_the_allocation(pool: PoolCluster, job_id
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "cancelled while it waited" in err, err
     pool.wait_job(job_id, "cancelled", timeout=60)
+
+
+def test_an_alloc_killed_with_its_shell_leaves_no_allocation_held(
+    pool: PoolCluster, job_id: str, tmp_path: Path
+) -> None:
+    """A login host lost, as SIGKILL to alloc and everything it ran: its holder's lease is
+    not renewed, and the pool leader cancels the allocation (pool/holders.py)."""
+    started = tmp_path / "started"
+    ctl = [sys.executable, "-m", "nodeagent.cli.ctl", "--redis", pool.redis_url, "--pool"]
+    proc = subprocess.Popen(
+        [
+            *ctl,
+            pool.pool,
+            "alloc",
+            "--name",
+            job_id,
+            "--",
+            "sh",
+            "-c",
+            f"touch {started}; sleep 600",
+        ],
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    wait_for(started.exists, 60, "the shell in the allocation")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    ended = pool.wait_job(job_id, "cancelled", timeout=120)
+    assert "stopped renewing" in ended["reason"], ended
+    wait_for(lambda: not holders(job_id), 30, "the holder to end")

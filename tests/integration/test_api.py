@@ -30,6 +30,7 @@ import pytest
 from nodeagent.client import ApiError, Client
 from nodeagent.config.keyfile import read_token_key
 from nodeagent.model.token import new_claims, secret_of, token_text
+from nodeagent.pool import holders
 from tests.helpers.api import ApiService, api_beside, api_service, token_key, token_pool
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.munge import MungeDaemon
@@ -299,13 +300,17 @@ def test_an_allocation_is_held_for_its_caller_until_cancelled(
         )
     # nodeagentctl alloc as alice in this munge pool: signed, and ended by a signed cancel.
     where = ["--redis", pool.redis_url, "--pool", pool.pool, "--munge-socket", munged.socket]
+    # Its shell runs past the holder's lease (pool/holders.TTL_MS): only its signed
+    # renewals keep it, and it ends by her exit, not by the lease.
+    shell = f"sleep {holders.TTL_MS / 1000 + 5:g}; echo in $NODEAGENT_JOB_ID"
     said = users["alice"].nodeagentctl(
-        *where, "alloc", "--name", "cli-alloc", "--", "sh", "-c", "echo in $NODEAGENT_JOB_ID"
+        *where, "alloc", "--name", "cli-alloc", "--", "sh", "-c", shell
     )
     assert said.returncode == 0 and said.stdout.strip() == "in cli-alloc", said.stderr
     assert "relinquishing job allocation cli-alloc" in said.stderr
     with client(api, mint(pool, munged, users["alice"])) as mine:
         wait_for(lambda: mine.show("cli-alloc")["state"] == "cancelled", 60, "its end")
+        assert "stopped renewing" not in mine.show("cli-alloc")["reason"]
 
 
 def test_a_submission_sent_again_with_its_idempotency_key_is_the_job_it_made(

@@ -4,6 +4,7 @@ shell is given (views/allocation.py), pure."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import pytest
 
@@ -11,8 +12,10 @@ from nodeagent.cli.ctl import alloc
 from nodeagent.cli.ctl.parser import parser
 from nodeagent.errors import ConfigError, UsageError
 from nodeagent.model.gpus import GpuUnit
-from nodeagent.model.pool import PoolNode
+from nodeagent.model.pool import PoolJob, PoolJobState, PoolNode
 from nodeagent.model.spec import JobSpec, load_spec
+from nodeagent.pool import holders
+from nodeagent.pool.schedview import JobView
 from nodeagent.views.allocation import HOLDER, allocation_env, node_gpus
 
 
@@ -57,3 +60,32 @@ def test_the_shell_is_told_the_nodes_their_gpus_and_a_master() -> None:
     bare = allocation_env("dev", "default", "default", ["n1"], None, {"n1": []})
     assert bare["MASTER_ADDR"] == "n1" and bare["MASTER_PORT"] == "29500"
     assert "SLURM_GPUS_PER_NODE" not in bare  # no GPUs said
+
+
+def test_an_attended_allocation_lapses_once_its_holder_stops_renewing() -> None:
+    """pool/holders.py: one renewed until later stays; one never renewed gets TTL_MS from
+    its submission; one being cancelled, ended, or made through the API is left alone."""
+    now = 1_000_000
+
+    def view(name: str, submitted: int, **more: object) -> JobView:
+        status = PoolJob(PoolJobState.RUNNING, seq=1, submitted_ms=submitted)
+        return replace(JobView(name, status, 1, 1, 1, attended=True), **more)  # type: ignore[arg-type]
+
+    old = now - holders.TTL_MS - 1
+    jobs = [
+        view("kept", old),
+        view("gone", old),
+        view("fresh", now - 1000),  # its first renewal may not have come yet
+        view("never", old),
+        view("cancelling", old, cancel="alice"),
+        view("api", old, attended=False),
+        replace(
+            view("ended", old), status=PoolJob(PoolJobState.CANCELLED, seq=1, submitted_ms=old)
+        ),
+    ]
+    until = {"kept": now + 5000, "gone": now - 1, "fresh": None, "never": None}
+    assert holders.lapsed(jobs, until, now) == ["gone", "never"]
+    spec = alloc.spec_of(args("--nodes", "1"), "alice", "x")
+    assert spec.attended and JobSpec.from_json(spec.to_json()).attended
+    with pytest.raises(ConfigError, match=r"^attended: only an allocation is attended"):
+        load_spec({"id": "j", "entrypoint": ["x"], "attended": True}, default_user="a")

@@ -13,9 +13,11 @@ after GRACE_S.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,9 +27,10 @@ from nodeagent.cli.ctl import argtypes, caller, submit
 from nodeagent.cli.ctl.targets import Target
 from nodeagent.coord.pool import PoolStore
 from nodeagent.coord.store import JobStore
-from nodeagent.errors import ConfigError, UsageError
+from nodeagent.errors import ConfigError, NodeagentError, UsageError
 from nodeagent.model.request import Verb
 from nodeagent.model.spec import JobSpec, load_spec, new_job_id
+from nodeagent.pool import holders
 from nodeagent.supervisor.foreground import Foreground
 from nodeagent.views import waits
 from nodeagent.views.allocation import allocation_doc, allocation_env, node_gpus
@@ -65,7 +68,7 @@ def spec_of(args: argparse.Namespace, user: str, by: str) -> JobSpec:
     Raises:
         UsageError: naming the flag that is wrong.
     """
-    doc = submit.shape_doc(args, allocation_doc({}))
+    doc = submit.shape_doc(args, {**allocation_doc({}), "attended": True})
     try:
         spec = load_spec(doc, default_user=user, job_id=args.name or new_job_id())
     except ConfigError as exc:
@@ -83,12 +86,46 @@ def run(target: Target, args: argparse.Namespace) -> int:
     spec = replace(spec_of(args, caller.user(), by), request=target.request_id)
     spec = submit.checked(store, spec, "allocation")
     submit.store_one(target, spec, "", "allocation")
-    return hold(store, spec.id, args, lambda: store.cancel(spec.id, by))
+    return hold(
+        store,
+        spec.id,
+        args,
+        lambda: store.cancel(spec.id, by),
+        lambda: store.keep_holder(spec.id, holders.TTL_MS),
+    )
 
 
-def hold(store: PoolStore, job_id: str, args: argparse.Namespace, cancel: Callable[[], Any]) -> int:
-    """Wait for the allocation, run the shell in it, and end the allocation with it; the
-    shell's exit code (EX_ENDED: the allocation ended, or was never held, first)."""
+def hold(
+    store: PoolStore,
+    job_id: str,
+    args: argparse.Namespace,
+    cancel: Callable[[], Any],
+    keep: Callable[[], Any],
+) -> int:
+    """Wait for the allocation, run the shell in it, and end the allocation with it, renewing
+    its holder's lease (`keep`) all the while; the shell's exit code (EX_ENDED: the
+    allocation ended, or was never held, first)."""
+    renewing = threading.Event()
+    renewer = threading.Thread(target=_renew, args=(keep, renewing), daemon=True)
+    renewer.start()
+    try:
+        return _held(store, job_id, args, cancel)
+    finally:
+        renewing.set()
+
+
+def _renew(keep: Callable[[], Any], stop: threading.Event) -> None:
+    """The holder's lease renewed every RENEW_S until `stop` (a failed renewal is tried again
+    at the next: the lease outlives several)."""
+    while not stop.is_set():
+        with contextlib.suppress(NodeagentError):
+            keep()
+        stop.wait(holders.RENEW_S)
+
+
+def _held(
+    store: PoolStore, job_id: str, args: argparse.Namespace, cancel: Callable[[], Any]
+) -> int:
     say(f"pending job allocation {job_id}")
     ending = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:

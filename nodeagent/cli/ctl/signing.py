@@ -74,7 +74,8 @@ def run(
         return 0
     if verb is Verb.SUBMIT and args.command == "alloc":
         job_id = str(body["spec"]["id"])
-        return alloc.hold(store, job_id, args, lambda: _cancel(store, munge, job_id))
+        keep = lambda: ask(store, munge, Verb.KEEP, {"job": job_id})  # noqa: E731
+        return alloc.hold(store, job_id, args, lambda: _cancel(store, munge, job_id), keep)
     if verb is Verb.SUBMIT:
         job_id = str(body["spec"]["id"])
         submit.submitted(job_id, args)
