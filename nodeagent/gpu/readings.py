@@ -52,6 +52,11 @@ class GpuReading:
     error: DeviceError | None = None
     error_detail: str = ""
 
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The UUIDs of the units it is: its MIG instances in MIG mode, else itself."""
+        return tuple(m.uuid for m in self.mig_devices) if self.mig else (self.uuid,)
+
 
 @dataclass(frozen=True)
 class GpuSnapshot:

@@ -28,6 +28,11 @@ SHARES_PER_WEIGHT = 1024 / 100  # cgroup v1's cpu.shares: its default is 1024, c
 MAX_WEIGHT = 10_000
 
 
+def cpu_shares(weight: float) -> int:
+    """cgroup v1's `cpu.shares` (and podman's --cpu-shares) of a cpu.weight."""
+    return max(2, round(weight * SHARES_PER_WEIGHT))
+
+
 @dataclass(frozen=True)
 class Capacity:
     """What the node has: memory (bytes), CPUs, GPU units (0: none known), and the cores each

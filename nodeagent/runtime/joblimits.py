@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -55,7 +55,7 @@ def gpu_units(snapshot: GpuSnapshot) -> int:
     each GPU, or each MIG instance of one in MIG mode."""
     if not snapshot.available:
         return 0
-    return sum(len(g.mig_devices) if g.mig else 1 for g in snapshot.gpus)
+    return sum(len(g.units) for g in snapshot.gpus)
 
 
 def capacity(layout: Layout | None, monitor: GpuMonitor) -> Capacity:
@@ -74,7 +74,7 @@ def unit_cores(snapshot: GpuSnapshot, cpus: Iterable[int]) -> dict[str, tuple[co
     units = [
         cores.Unit(uuid, frozenset(g.cpus))
         for g in sorted(snapshot.gpus, key=lambda g: g.index)
-        for uuid in ([m.uuid for m in g.mig_devices] if g.mig else [g.uuid])
+        for uuid in g.units
     ]
     return cores.divide(units, cores.cores(cpus, _core_of))
 
@@ -164,27 +164,29 @@ def job_space(config: Config, cgroup: JobCgroup | None, limits: Limits | None) -
 
 
 def job_cpus(
-    config: Config, monitor: GpuMonitor, limits: Limits | None = None
+    config: Config,
+    monitor: GpuMonitor,
+    limits: Limits | None = None,
+    held: Mapping[str, Sequence[cores.Core]] | None = None,
 ) -> Callable[[tuple[int, ...]], tuple[int, ...]] | None:
     """Which CPUs a worker of given GPUs (indices) starts on, isolation.cpu_binding: closest:
-    where the job holds cores of its own (`limits.cpus`), those of its GPUs' units; else those
-    NVML says are near them, of those the agent may use; none (any of the job's) where NVML
-    says nothing, or near means all. None: the node does not bind (off, or a job in its own
-    image, whose CPUs are its runtime's)."""
+    where the job holds cores of its own (`limits.cpus`), those of its GPUs' units as `held`
+    (the node's division, Capacity.cores) says; else those NVML says are near them, of those
+    the agent may use; none (any of the job's) where NVML says nothing, or near means all.
+    None: the node does not bind (off, or a job in its own image, whose CPUs are its
+    runtime's)."""
     if config.isolation.cpu_binding != "closest" or config.job.container is not None:
         return None
-    node = frozenset(os.sched_getaffinity(0))
-    own = limits is not None and bool(limits.cpus)
-    allowed = frozenset(limits.cpus) if limits is not None and own else node
-    held = unit_cores(monitor.snapshot(), node) if own else {}  # divided as capacity() did
+    own = limits.cpus if limits is not None else ()
+    allowed = frozenset(own or os.sched_getaffinity(0))
+    divided = held if own and held else {}
 
     def cpus_of(gpus: tuple[int, ...]) -> tuple[int, ...]:
-        snapshot = monitor.snapshot()
-        mine = [g for g in snapshot.gpus if g.index in gpus]
+        mine = [g for g in monitor.snapshot().gpus if g.index in gpus]
         near = {cpu for g in mine for cpu in g.cpus}
-        if held:  # the cores of its GPUs' units, as model/cores.py divided the node
-            units = {m.uuid for g in mine for m in g.mig_devices} | {g.uuid for g in mine}
-            near = {cpu for uuid in units for core in held.get(uuid, ()) for cpu in core}
+        if divided:  # the cores of its GPUs' units
+            units = [uuid for g in mine for uuid in g.units]
+            near = {cpu for uuid in units for core in divided.get(uuid, ()) for cpu in core}
         bound = near & allowed
         return tuple(sorted(bound)) if bound and bound != allowed else ()
 

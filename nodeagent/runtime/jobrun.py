@@ -239,6 +239,7 @@ class JobRun:
         monitor = parts.monitor
         job = config.job
         limits = None  # ConfigError first, before anything is made: the node refuses the job
+        room = None
         if parts.cgroups is not None and config.isolation.on:
             room = joblimits.capacity(parts.cgroups, monitor)
             limits = joblimits.job_limits(config.isolation, config, room, grant)
@@ -250,7 +251,7 @@ class JobRun:
         cgroup = joblimits.job_cgroup(config, parts.cgroups, limits)
         devices = joblimits.job_devices(config, cgroup, monitor, self._health)
         space = joblimits.job_space(config, cgroup, limits)
-        cpus_of = joblimits.job_cpus(config, monitor, limits)
+        cpus_of = joblimits.job_cpus(config, monitor, limits, room.cores if room else None)
         spawner = Spawner(
             job.preload, job.user, _containers(config, limits), cgroup, devices, space, cpus_of
         )

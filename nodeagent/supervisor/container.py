@@ -44,7 +44,7 @@ from typing import Protocol
 from nodeagent.channel import beneath, tier
 from nodeagent.config.container import ContainerRule, ContainerSpec
 from nodeagent.config.identity import WorkerUser
-from nodeagent.model.resources import SHARES_PER_WEIGHT, Limits
+from nodeagent.model.resources import Limits, cpu_shares
 from nodeagent.supervisor import cgroups
 from nodeagent.supervisor.spec import WorkerSpec
 
@@ -94,7 +94,7 @@ class Share:
     @classmethod
     def of(cls, limits: Limits, workers: int) -> Share:
         n = max(workers, 1)
-        shares = max(2, round(limits.cpu_weight * SHARES_PER_WEIGHT / n))
+        shares = cpu_shares(limits.cpu_weight / n)
         return cls(
             limits.memory // n, limits.swap // n, max(1, limits.pids // n), shares, limits.cpus
         )

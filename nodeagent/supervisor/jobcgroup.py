@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodeagent.model.resources import SHARES_PER_WEIGHT, Limits
+from nodeagent.model.resources import Limits, cpu_shares
 
 log = logging.getLogger(__name__)
 CONTROLLERS = ("memory", "pids", "cpu", "cpuset")
@@ -302,7 +302,7 @@ def _write_limits(path: Path, controllers: frozenset[str], limits: Limits, v2: b
     if "cpu" in controllers and v2:
         writes.append(("cpu.weight", str(limits.cpu_weight)))
     elif "cpu" in controllers:
-        writes.append(("cpu.shares", str(max(2, round(limits.cpu_weight * SHARES_PER_WEIGHT)))))
+        writes.append(("cpu.shares", str(cpu_shares(limits.cpu_weight))))
     own = ",".join(map(str, limits.cpus))
     if "cpuset" in controllers and v2 and own:  # (empty: its parent's)
         writes.append(("cpuset.cpus", own))

@@ -138,20 +138,24 @@ def _held(
         for sig, handler in ending.items():
             signal.signal(sig, handler)
     if env is None:
-        status = store.status(job_id)
-        if status is not None and not status.state.ended:
-            cancel()
+        _end(store, job_id, cancel)
         return EX_ENDED
     say(f"granted job allocation {job_id} on {env['NODEAGENT_NODELIST']}")
     command = list(args.argv) or [os.environ.get("SHELL") or "/bin/sh"]
     try:
         code = run_in(store, job_id, command, env)
     finally:
-        status = store.status(job_id)
-        if status is not None and not status.state.ended:
-            say(f"relinquishing job allocation {job_id}")
-            cancel()
+        _end(store, job_id, cancel, f"relinquishing job allocation {job_id}")
     return code
+
+
+def _end(store: PoolStore, job_id: str, cancel: Callable[[], Any], said: str = "") -> None:
+    """The allocation cancelled, `said` first, unless it has ended already."""
+    status = store.status(job_id)
+    if status is not None and not status.state.ended:
+        if said:
+            say(said)
+        cancel()
 
 
 def granted(store: PoolStore, job_id: str, timeout: float | None) -> dict[str, str] | None:
