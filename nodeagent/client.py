@@ -245,6 +245,19 @@ class Client:
             if "line" in doc:
                 yield str(doc["line"])
 
+    def stacks(
+        self, job: str, *, rank: int | None = None, native: bool = False
+    ) -> list[dict[str, Any]]:
+        """Each rank's stacks now (`rank`: that one), as its node's agent dumps them: a dict
+        with rank, node, pid, stacks (py-spy's text) and error."""
+        params: dict[str, Any] = {"native": native}
+        if rank is not None:
+            params["rank"] = rank
+        found: list[dict[str, Any]] = self._call("GET", f"/v1/jobs/{job}/stacks", params=params)[
+            "ranks"
+        ]
+        return found
+
     def events(self, job: str | None = None, *, last: int = 50) -> list[dict[str, Any]]:
         """The job's events (None: the pool's), the newest `last`."""
         path = f"/v1/jobs/{job}/events" if job else "/v1/events"

@@ -31,7 +31,17 @@ from nodeagent.model.pool import PoolJobState
 from nodeagent.model.request import Verb
 from nodeagent.model.spec import new_job_id
 from nodeagent.telemetry.logserve import MAX_TAIL_LINES
-from nodeagent.views import accounting, fairshare, jobs, logs, nodes, queues, show, status
+from nodeagent.views import (
+    accounting,
+    fairshare,
+    jobs,
+    logs,
+    nodes,
+    queues,
+    show,
+    stacks,
+    status,
+)
 from nodeagent.views.allocation import allocation_doc
 from nodeagent.views.documents import JSON_VERSION, event_doc, listing
 from nodeagent.views.table import ROUTES
@@ -269,6 +279,23 @@ def rank_log(
     return StreamingResponse(stream(), media_type=SSE)
 
 
+def job_stacks(
+    svc: Svc,
+    who: Who,
+    job: Job,
+    rank: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
+    native: bool = False,
+) -> Any:
+    """Every rank's Python stacks now (`rank`: that one), as py-spy dumps them on its node;
+    `native`: with native frames. Only the job's user and operators may ask."""
+    sign, as_uid = svc.signer(who)
+    munge = svc.requests.auth() == "munge"
+    ranks = logs.RankLogs(
+        svc.client, svc.settings.key_prefix, svc.pool, job, sign if munge else None, as_uid
+    )
+    return stacks.document(stacks.take(ranks, rank, native))
+
+
 def _sse(doc: Any, entry_id: str | None = None) -> str:
     head = f"id: {entry_id}\n" if entry_id else ""
     return f"{head}data: {json.dumps(doc, default=str)}\n\n"
@@ -412,6 +439,7 @@ HANDLERS: dict[tuple[str, str], Callable[..., Any]] = {
     ("POST", "/v1/nodes/{node}/uncordon"): _cordon("uncordon"),
     ("GET", "/v1/jobs/{job}/nodes/{node}/health"): node_health,
     ("GET", "/v1/jobs/{job}/logs/{rank}"): rank_log,
+    ("GET", "/v1/jobs/{job}/stacks"): job_stacks,
     ("POST", "/v1/jobs"): submit,
     ("POST", "/v1/allocations"): allocate,
     ("GET", "/v1/jobs"): list_jobs,

@@ -154,20 +154,29 @@ class Authority:
         """telemetry/logserve.LogAccess: a fresh credential (MUNGE, or an API token's) bound to
         the log request of `digest`, of an operator or of a member of the log's group `gid`
         (the job's); `as_uid`: the API service's socket caller, whom its account vouches for."""
-        found = self._log_reader(digest, credential)
-        if isinstance(found, str):
-            return found
-        caller = self.caller(found)
-        if as_uid is not None:
-            behalf = self.on_behalf(caller, as_uid) if not is_token_credential(credential) else None
-            if not isinstance(behalf, Caller):
-                return behalf or "a token holder may not act for others"
-            caller = behalf
+        caller = self._requester(digest, credential, as_uid)
+        if isinstance(caller, str):
+            return caller
         if caller.operator or gid == caller.gid:
             return None
         if gid in self.resolve.groups_of(caller.name, caller.gid):
             return None
         return f"{caller.name} may not read this log: it is another user's job's"
+
+    def may_act(
+        self, digest: str, credential: str, uid: int, operators: bool, as_uid: int | None = None
+    ) -> str | None:
+        """telemetry/jobaccess.JobAccess: a fresh credential bound to the request of `digest`,
+        of the job's user `uid` or, where `operators`, of an operator; else why not. Stricter
+        than a log's reader: the job's group is not its user (a shared group would let every
+        member act as each other)."""
+        caller = self._requester(digest, credential, as_uid)
+        if isinstance(caller, str):
+            return caller
+        if caller.uid == uid or (operators and caller.operator):
+            return None
+        whose = "its user or an operator" if operators else "its user alone"
+        return f"{caller.name} may not: the job is another user's ({whose} may)"
 
     def token_holder(
         self, credential: str, digest: str, live: Callable[[str], bool] | None, now_s: int
@@ -188,6 +197,20 @@ class Authority:
         return Decoded(
             MungeStatus.SUCCESS, claims.uid, claims.gid, bound(digest), claims.issued_s, ttl_s
         )
+
+    def _requester(self, digest: str, credential: str, as_uid: int | None) -> Caller | str:
+        """Who sent an agent's request of `digest` (`as_uid`: whom the API service's
+        credential vouches for), or why it is refused."""
+        found = self._log_reader(digest, credential)
+        if isinstance(found, str):
+            return found
+        caller = self.caller(found)
+        if as_uid is None:
+            return caller
+        behalf = self.on_behalf(caller, as_uid) if not is_token_credential(credential) else None
+        if not isinstance(behalf, Caller):
+            return behalf or "a token holder may not act for others"
+        return behalf
 
     def _log_reader(self, digest: str, credential: str) -> Decoded | str:
         if is_token_credential(credential):

@@ -46,9 +46,11 @@ from nodeagent.supervisor.group import Supervisor
 from nodeagent.supervisor.jobcgroup import Layout
 from nodeagent.supervisor.libmunge import munge_at
 from nodeagent.supervisor.spares import Spawner
+from nodeagent.supervisor.worker import py_spy_dump
 from nodeagent.telemetry.logs import LogContext, WorkerEcho
 from nodeagent.telemetry.metrics import AgentMetrics, with_user
 from nodeagent.telemetry.sdnotify import Notifier
+from nodeagent.telemetry.stacks import JobHere, RankHere
 
 log = logging.getLogger(__name__)
 LISTEN_BLOCK_MS = 5000
@@ -228,6 +230,7 @@ class JobRun:
         """`grant`: the GPUs (UUIDs) this node gave the job, when it shares the node (None: the
         whole node's); `on_close`: called once it closed (its metrics go)."""
         self.job_id = config.job.id
+        self._user = config.job.user
         self._on_close = on_close
         keys = JobKeys(config.redis.key_prefix, config.job.id)
         # The node's log lines say which job and generation they are of: the one context is
@@ -296,6 +299,15 @@ class JobRun:
     @property
     def left(self) -> bool:
         return self.agent.left
+
+    def here(self) -> JobHere:
+        """Its user and its live ranks on this node, for a request to its agent (the metrics
+        server's thread asks: `workers()` reads a whole list)."""
+        uid = self._user.uid if self._user is not None else os.getuid()
+        live = [w for w in self.supervisor.workers() if w.pid and w.exit_code is None]
+        ranks = tuple(RankHere(w.rank, w.pid) for w in live if w.pid)
+        tracer = self.supervisor.tracer
+        return JobHere(uid, ranks, lambda pid, native: py_spy_dump(pid, native, tracer))
 
     @property
     def outcome(self) -> int | None:

@@ -52,10 +52,12 @@ from nodeagent.runtime.servechild import ServingProcess
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.fence import Keeper
 from nodeagent.supervisor.jobcgroup import Layout
+from nodeagent.telemetry.httpd import SlowRoutes
 from nodeagent.telemetry.logs import LogContext
 from nodeagent.telemetry.logserve import LogRoute
 from nodeagent.telemetry.metrics import MetricsServer, node_metrics
 from nodeagent.telemetry.sdnotify import Notifier
+from nodeagent.telemetry.stacks import PREFIX, JobHere, StacksRoute
 
 
 def run_agent(
@@ -176,7 +178,19 @@ def _run_agent(
     if settings.metrics.listen != "off":
         # GET /logs/JOB/RANK: with pool.auth munge, for the job's user and operators only
         logs_route = LogRoute(settings.log_dir, settings.node.name, authority)
-        server = MetricsServer(settings.metrics.listen, registry, loop.healthz, logs=logs_route)
+
+        def job_here(job_id: str) -> JobHere | None:
+            runner = loop.runners.get(job_id)
+            return runner.here() if isinstance(runner, JobRun) else None
+
+        stacks = StacksRoute(settings.node.name, job_here, authority)
+        server = MetricsServer(
+            settings.metrics.listen,
+            registry,
+            loop.healthz,
+            logs=logs_route,
+            handoff=SlowRoutes({PREFIX: stacks}),
+        )
         server.start()
         address.append(server.address)
         logging.getLogger(__name__).info("metrics on http://%s/metrics", server.address)

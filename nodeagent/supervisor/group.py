@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from nodeagent.channel import control
 from nodeagent.channel.control import ControlFile
+from nodeagent.config.identity import WorkerUser
 from nodeagent.config.values import size_text
 from nodeagent.model.job import Failure, WorkerInfo
 from nodeagent.supervisor.fence import Group, start_ticks
@@ -390,8 +391,16 @@ class Supervisor:
         )
 
     def dump_stacks(self, local_rank: int) -> str:
-        """Capture a hung worker's stacks into its log (Worker.dump_stacks)."""
-        return next(w for w in self._workers if w.spec.local_rank == local_rank).dump_stacks()
+        """Capture a hung worker's stacks into its log (Worker.dump_stacks), py-spy run as the
+        job's user."""
+        worker = next(w for w in self._workers if w.spec.local_rank == local_rank)
+        return worker.dump_stacks(self.tracer)
+
+    @property
+    def tracer(self) -> WorkerUser | None:
+        """Whom a py-spy dump of a worker runs as: its user (a containerised one's processes
+        are the container runtime's: as the agent)."""
+        return self._spawner.user if self._spawner.containers is None else None
 
     def _note_failure(self, worker: Worker, cause: str | None = None) -> None:
         """The generation's first failure; one while its job's cgroup recorded an OOM kill

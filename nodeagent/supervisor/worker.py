@@ -21,11 +21,13 @@ import psutil
 
 from nodeagent.channel import beats
 from nodeagent.channel.control import ControlFile, ControlFileError
+from nodeagent.config.identity import WorkerUser
 from nodeagent.model.job import Failure, WorkerInfo
 from nodeagent.supervisor import cgroups
 from nodeagent.supervisor.errorfile import read_error_file
 from nodeagent.supervisor.fence import Group
 from nodeagent.supervisor.ranklogs import RankLog, last_lines, open_log
+from nodeagent.supervisor.spares import die_with
 from nodeagent.supervisor.spec import WorkerSpec
 from nodeagent.supervisor.status import Activity
 from nodeagent.supervisor.usage import activity_of, cpu_of
@@ -180,14 +182,17 @@ class Worker:
             self.channel.close()
             self.channel = None
 
-    def dump_stacks(self) -> str:
-        """Capture a hung worker's stacks into its log: py-spy if installed and able, else
-        SIGUSR1 (the worker helper registers faulthandler on it; a stopped process dumps when
-        it is continued)."""
+    def dump_stacks(self, user: WorkerUser | None = None) -> str:
+        """Capture a hung worker's stacks into its log: py-spy (run as `user`, the job's) if
+        installed and able, else SIGUSR1 (the worker helper registers faulthandler on it; a
+        stopped process dumps when it is continued)."""
         if self.popen is None or self.returncode is not None:
             return "worker already exited"
         pid = self.popen.pid
-        dump = _py_spy_dump(pid)
+        try:
+            dump: str | None = py_spy_dump(pid, user=user)
+        except OSError:
+            dump = None
         if dump is not None:
             with open_log(self.spec.log_path) as log_file:
                 log_file.write(
@@ -294,21 +299,52 @@ def signal_process(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
-def _py_spy_dump(pid: int) -> str | None:
-    """py-spy's dump of `pid`, or None if py-spy is missing or cannot read it (a stopped
-    process, no ptrace permission)."""
+def py_spy_dump(
+    pid: int, native: bool = False, user: WorkerUser | None = None, timeout: float = 10.0
+) -> str:
+    """py-spy's dump of `pid`'s Python stacks (`native`: with its native frames), taken while
+    py-spy stops it, for milliseconds; run as `user`, the job's (who may trace their own
+    processes; the agent's unit keeps no CAP_SYS_PTRACE), in `/`, with no variable of the
+    agent's, killed with the agent's thread that waits for it.
+
+    Raises:
+        OSError: py-spy is missing, timed out, or cannot read it (not Python, a stopped
+            process, tracing refused): its words.
+    """
     beside = Path(sys.executable).with_name("py-spy")  # installed in the agent's virtualenv
     py_spy = shutil.which("py-spy") or (str(beside) if beside.exists() else None)
     if py_spy is None:
-        return None
+        raise OSError("py-spy is not installed beside the agent")
+    argv = [py_spy, "dump", "--pid", str(pid), *(["--native"] if native else [])]
+    switch = user is not None and user.switch
     try:
         result = subprocess.run(
-            [py_spy, "dump", "--pid", str(pid)],
+            argv,
             capture_output=True,
             text=True,
-            timeout=10,
+            timeout=timeout,
             check=False,
+            cwd="/",
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+            user=user.uid if user is not None and switch else None,
+            group=user.gid if user is not None and switch else None,
+            extra_groups=list(user.groups) if user is not None and switch else None,
+            preexec_fn=die_with(os.getpid()),
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout if result.returncode == 0 and result.stdout else None
+    except subprocess.TimeoutExpired:
+        raise OSError(f"py-spy took longer than {timeout:g} s") from None
+    if result.returncode != 0 or not result.stdout:
+        raise OSError(f"py-spy: {_py_spy_error(result.stderr or result.stdout)}")
+    return result.stdout
+
+
+def _py_spy_error(said: str) -> str:
+    """py-spy's error and its first cause, without its backtrace. Pure."""
+    lines = [line.strip() for line in said.strip().splitlines() if line.strip()]
+    if not lines:
+        return "it failed and said nothing"
+    first = lines[0].removeprefix("Error: ")
+    if "Caused by:" in lines[:-1]:
+        cause = lines[lines.index("Caused by:") + 1].partition(": ")[2]
+        return f"{first} ({cause})" if cause else first
+    return first

@@ -1,6 +1,9 @@
 """What the agent tells the outside: Prometheus metrics, the bounded HTTP server, structured
-logs, systemd's notify protocol, and rank logs served to `nodeagentctl logs`.
+logs, systemd's notify protocol, and rank logs and stacks served to `nodeagentctl logs` and
+`stacks`.
 
-metrics.py, checkpoints.py (the checkpoint tiers' metrics), httpd.py, logs.py, sdnotify.py,
-logserve.py (a rank's log over HTTP), logtail.py (rank logs on this node).
+metrics.py, checkpoints.py (the checkpoint tiers' metrics), httpd.py (the bounded server, and
+the handoff of a longer request to a thread of its own), logs.py, sdnotify.py, logserve.py (a
+rank's log over HTTP), stacks.py (a live job's stacks over HTTP: py-spy's dumps of its ranks
+here, for its user or an operator), logtail.py (rank logs on this node).
 """

@@ -14,6 +14,10 @@ through a selector, so an idle connection costs a descriptor and a small buffer,
 
 Requests are answered one at a time on that thread (a scrape renders in milliseconds) and every
 response closes its connection. Request lines over 8 KiB get 414, headers over 64 KiB 431.
+
+A request that takes longer than a scrape (a live job's stacks, a command run for its user) is
+handed off: a `Handoff` that wants it gets the connection, whole, in a thread of its own (at
+most `max_handoffs` at once: beyond, 503), so the scrapes go on meanwhile.
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 Route = Callable[[str], tuple[int, bytes, str]]  # path -> (status, body, content type)
 MAX_REQUEST_LINE = 8192
+MAX_HANDOFFS = 16  # connections served in threads of their own at once
 MAX_HEADER = 65536
+TEXT = "text/plain"
 STARVED_LOG_S = 60.0  # report running out of descriptors at most this often
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _REASONS = {
@@ -60,21 +67,65 @@ def response(status: int, body: bytes, content_type: str, head: bool = False) ->
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + (b"" if head else body)
 
 
-def answer(request: bytes, route: Route) -> bytes:
-    """The response to one complete request head (everything before the blank line). Pure."""
-    line, _, _ = request.partition(b"\r\n")
+class Handoff(Protocol):
+    """Requests served outside the server's thread."""
+
+    def wants(self, method: str, target: str) -> bool:
+        """Whether this request is its to serve."""
+        ...
+
+    def take(self, sock: socket.socket, head: bytes, rest: bytes) -> None:
+        """Serve the request of `head` on `sock` (blocking, no timeout set: set one), `rest`
+        what came after the head; runs in a thread of its own, which closes `sock` after."""
+        ...
+
+
+class SlowRoutes:
+    """A `Handoff` of GET routes by their path's prefix, each answered whole in its thread."""
+
+    def __init__(self, routes: dict[str, Route], timeout: float = 10.0) -> None:
+        """`timeout`: for sending the answer once it is made."""
+        self._routes = routes
+        self._timeout = timeout
+
+    def wants(self, method: str, target: str) -> bool:
+        return method in ("GET", "HEAD") and self._route(target) is not None
+
+    def take(self, sock: socket.socket, head: bytes, rest: bytes) -> None:
+        said = request_line(head)
+        route = self._route(said[1]) if said is not None else None
+        assert route is not None  # wants() said so
+        reply = answer(head, route)
+        sock.settimeout(self._timeout)
+        sock.sendall(reply)
+
+    def _route(self, target: str) -> Route | None:
+        return next((r for p, r in self._routes.items() if target.startswith(p)), None)
+
+
+def request_line(head: bytes) -> tuple[str, str] | None:
+    """The method and target of a request head, or None for a malformed one. Pure."""
+    line, _, _ = head.partition(b"\r\n")
     parts = line.split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+        return None
+    return parts[0].decode("latin-1"), parts[1].decode("latin-1")
+
+
+def answer(request: bytes, route: Route) -> bytes:
+    """The response to one complete request head (everything before the blank line). Pure."""
+    said = request_line(request)
+    if said is None:
         return response(400, b"bad request\n", "text/plain")
-    method, target = parts[0], parts[1].decode("latin-1")
-    if method not in (b"GET", b"HEAD"):
+    method, target = said
+    if method not in ("GET", "HEAD"):
         return response(405, b"only GET and HEAD\n", "text/plain")
     try:
         status, body, content_type = route(target)
     except Exception:  # a failing collector must not end the server
         log.exception("metrics: answering %s failed", target[:200])
         status, body, content_type = 500, b"internal error\n", "text/plain"
-    return response(status, body, content_type, head=method == b"HEAD")
+    return response(status, body, content_type, head=method == "HEAD")
 
 
 def too_large(buffer: bytes) -> bytes | None:
@@ -106,6 +157,8 @@ class HttpServer:
         max_connections: int = 64,
         timeout: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        handoff: Handoff | None = None,
+        max_handoffs: int = MAX_HANDOFFS,
     ) -> None:
         host, port = address
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -119,6 +172,8 @@ class HttpServer:
             raise
         self._listener.setblocking(False)
         self._route = route
+        self._handoff = handoff
+        self._handoffs = threading.BoundedSemaphore(max(1, max_handoffs))
         self._max = max(1, max_connections)
         self._timeout = timeout
         self._clock = clock
@@ -246,9 +301,38 @@ class HttpServer:
         error = too_large(head if found else conn.inbox)
         if error is None and not found:
             return
+        said = request_line(head) if error is None else None
+        if said is not None and self._handoff is not None and self._handoff.wants(*said):
+            error = self._hand_off(conn, head)
+            if error is None:
+                return
         conn.outbox = error if error is not None else answer(head, self._route)
         conn.inbox = b""
         self._selector.modify(conn.sock, selectors.EVENT_WRITE)
+
+    def _hand_off(self, conn: _Conn, head: bytes) -> bytes | None:
+        """Give `conn` to the handoff in a thread of its own; else the 503 to answer."""
+        assert self._handoff is not None
+        if not self._handoffs.acquire(blocking=False):
+            return response(503, b"busy: too many long requests at once; try again\n", TEXT)
+        rest = conn.inbox.partition(b"\r\n\r\n")[2]
+        self._conns.pop(conn.sock.fileno(), None)
+        self._selector.unregister(conn.sock)
+        conn.sock.setblocking(True)
+        threading.Thread(
+            target=self._serve_handed, args=(conn.sock, head, rest), name="handoff", daemon=True
+        ).start()
+        return None
+
+    def _serve_handed(self, sock: socket.socket, head: bytes, rest: bytes) -> None:
+        assert self._handoff is not None
+        try:
+            self._handoff.take(sock, head, rest)
+        except Exception:  # one request's failure must not end the server
+            log.exception("metrics server: serving a handed-off request failed")
+        finally:
+            sock.close()
+            self._handoffs.release()
 
     def _close(self, conn: _Conn) -> None:
         if self._conns.pop(conn.sock.fileno(), None) is not None:

@@ -36,7 +36,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from nodeagent.errors import NodeagentError
 from nodeagent.model.credential import bound, digest_of
@@ -49,7 +49,7 @@ BLOCK = 65536
 _NUMBER = re.compile(r"[0-9]{1,15}")
 _PARAMS = ("tail", "offset", "generation", "as_uid")
 # a MUNGE credential, or an API token's (model/token.py: token1.<claims>.<time>.<proof>)
-_CREDENTIAL = re.compile(
+CREDENTIAL_RE = re.compile(
     r"MUNGE:[A-Za-z0-9+/=]{1,4000}:|token1\.[A-Za-z0-9_-]{1,1000}\.[0-9]{1,12}\.[0-9a-f]{64}"
 )
 JSON = "application/json"
@@ -142,18 +142,10 @@ def parse(target: str) -> LogRequest | str:
         return "bad job id"
     if not _NUMBER.fullmatch(rank):
         return "bad rank: digits only"
-    params: dict[str, int] = {}
-    pairs = query.split("&") if query else []
-    credential = ""
-    if pairs and pairs[-1].startswith("credential="):
-        credential = pairs.pop().partition("=")[2]
-        if not _CREDENTIAL.fullmatch(credential):
-            return "bad credential: expected a MUNGE credential or an API token's"
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        if name not in _PARAMS or name in params or not _NUMBER.fullmatch(value):
-            return f"bad parameter {pair[:40]!r}: expected tail=N, offset=B, generation=G, as_uid=U"
-        params[name] = int(value)
+    found = numbers_of(query, _PARAMS, "tail=N, offset=B, generation=G, as_uid=U")
+    if isinstance(found, str):
+        return found
+    params, credential = found
     if "tail" in params and "offset" in params:
         return "tail and offset exclude each other"
     tail = params.get("tail", None if "offset" in params else DEFAULT_TAIL)
@@ -168,6 +160,32 @@ def parse(target: str) -> LogRequest | str:
         credential,
         params.get("as_uid"),
     )
+
+
+def numbers_of(
+    query: str, names: tuple[str, ...], expected: str
+) -> tuple[dict[str, int], str] | str:
+    """A request's numeric parameters (each of `names`, at most once) and its credential (the
+    last parameter, if any), or why they are bad (`expected`: what would be right). Pure."""
+    pairs = query.split("&") if query else []
+    credential = ""
+    if pairs and pairs[-1].startswith("credential="):
+        credential = pairs.pop().partition("=")[2]
+        if not CREDENTIAL_RE.fullmatch(credential):
+            return "bad credential: expected a MUNGE credential or an API token's"
+    params: dict[str, int] = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in names or name in params or not _NUMBER.fullmatch(value):
+            return f"bad parameter {pair[:40]!r}: expected {expected}"
+        params[name] = int(value)
+    return params, credential
+
+
+def unsigned(what: str, verb: str) -> tuple[int, bytes, str]:
+    """The 401 of a request without a credential where the pool signs them."""
+    said = f"{what} for the job's user or an operator: nodeagentctl {verb} signs its requests"
+    return 401, f"{said} with MUNGE (pool.auth: munge)\n".encode(), TEXT
 
 
 def _open(path: Path) -> int:
@@ -234,8 +252,7 @@ class LogRoute:
         if isinstance(request, str):
             return 400, f"{request}\n".encode(), TEXT
         if self._access is not None and not request.credential:
-            need = "a log is served to its job's user or an operator: nodeagentctl logs signs"
-            return 401, f"{need} its requests with MUNGE (pool.auth: munge)\n".encode(), TEXT
+            return unsigned("a log is served", "logs")
         job_dir = self._log_dir / request.job
         directory = job_dir if request.generation is None else job_dir / str(request.generation)
         missing = (
@@ -293,18 +310,32 @@ def fetch(
     Raises:
         LogFetchError: unreachable; LogRefused: an answer other than the log or 404.
     """
-    target = request.target
+    body = ask(address, request.target, timeout, sign)
+    if body is None:
+        return None
+    try:
+        return LogChunk(tuple(map(str, body["lines"])), int(body["offset"]), int(body["size"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LogFetchError(f"it answered garbage: {exc}") from None
+
+
+def ask(address: str, target: str, timeout: float, sign: Sign | None = None) -> Any:
+    """The JSON answer of the agent at `address` to `GET target`, signed by `sign` where given
+    (its credential the last parameter); None: it answered 404.
+
+    Raises:
+        LogFetchError: unreachable, or not JSON; LogRefused: an error other than 404.
+    """
     if sign is not None:
         target += ("&" if "?" in target else "?") + f"credential={sign(log_payload(target))}"
     try:
         with _DIRECT.open(f"http://{address}{target}", timeout=timeout) as r:
-            body = json.loads(r.read())
-        return LogChunk(tuple(map(str, body["lines"])), int(body["offset"]), int(body["size"]))
+            return json.loads(r.read())
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return None
         detail = exc.read(300).decode("utf-8", "replace").strip()
         raise LogRefused(f"it answered {exc.code}: {detail}", exc.code) from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
         raise LogFetchError(f"unreachable: {reason}") from None

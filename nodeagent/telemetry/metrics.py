@@ -34,7 +34,7 @@ from nodeagent.model.garbage import KINDS as GARBAGE_KINDS
 from nodeagent.model.job import WORKER_STATES, JobRecord, RestartReason, WorkerInfo
 from nodeagent.state import JobState, NodeState
 from nodeagent.telemetry.checkpoints import CheckpointMetrics
-from nodeagent.telemetry.httpd import HttpServer, Route
+from nodeagent.telemetry.httpd import Handoff, HttpServer, Route
 
 FAILURE_KINDS = ("exit_code", "signal", "hang", "xid", "oom")
 DETECTION_KINDS = ("node_lost", "hang")
@@ -458,8 +458,9 @@ class AgentMetrics:
 
 
 class MetricsServer:
-    """/metrics and /healthz on `listen` ("host:port"; port 0 picks a free one), and `logs`
-    (nodeagent.telemetry.logserve.LogRoute) answers /logs/... where given.
+    """/metrics and /healthz on `listen` ("host:port"; port 0 picks a free one), `logs`
+    (nodeagent.telemetry.logserve.LogRoute) answers /logs/... where given, and `handoff` the
+    requests it wants, in threads of their own (/stacks/..., /run/...).
 
     Served by nodeagent.telemetry.httpd: one thread, a deadline per connection, a cap on
     connections, and
@@ -474,6 +475,7 @@ class MetricsServer:
         max_connections: int = 64,
         timeout: float = 5.0,
         logs: Route | None = None,
+        handoff: Handoff | None = None,
     ) -> None:
         host, _, port = listen.rpartition(":")
 
@@ -489,7 +491,7 @@ class MetricsServer:
 
         try:
             self._server = HttpServer(
-                (host or "0.0.0.0", int(port)), route, max_connections, timeout
+                (host or "0.0.0.0", int(port)), route, max_connections, timeout, handoff=handoff
             )
         except OSError as exc:
             raise ConfigError(

@@ -6,7 +6,8 @@ job's run as one row), jobs.py (the pool's jobs), show.py (one job in full, with
 history.py (the ended jobs), accounting.py (history beyond the pool's window and `report`, from
 the accounting database), fairshare.py (each user's fair share), status.py (a job's status
 document, pure), nodes.py (the pool's nodes), queues.py (the pool's queues), logs.py (a rank's
-log across the pool, read or followed), waits.py (what a --wait after a change waits for),
+log across the pool, read or followed), stacks.py (a live job's stacks, every node's agent
+asked at once), waits.py (what a --wait after a change waits for),
 table.py (the verbs, and the API route of each: one
 table both faces are held to), allocation.py (an allocation's spec, and its shell's
 variables)."""

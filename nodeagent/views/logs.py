@@ -123,6 +123,18 @@ class RankLogs:
         node = record.members[rank // record.nproc_per_node]
         return record, self._place(node, record.generation, snapshot.leases)
 
+    def members(self) -> tuple[JobRecord, list[Place | str]]:
+        """The job's record, and where each of its members' agents listens or why it cannot
+        be asked.
+
+        Raises: NotFoundError: no such job; UsageError: it has no ranks now."""
+        record, place = self.locate(0)
+        if record is None:
+            raise UsageError(str(place))
+        snapshot = self._store.snapshot()
+        places = [self._place(n, record.generation, snapshot.leases) for n in record.members]
+        return record, places
+
     def _place(self, node: str, generation: int, leases: Sequence[NodeLease]) -> Place | str:
         """Where the node's agent listens (its job report's address, else its pool report's),
         or why it cannot be asked."""

@@ -33,6 +33,7 @@ ROUTES: Mapping[str, tuple[Route, ...]] = {
     "uncordon": (Route("POST", "/v1/nodes/{node}/uncordon", "let a node serve again"),),
     "health": (Route("GET", "/v1/jobs/{job}/nodes/{node}/health", "a node's GPU verdicts"),),
     "logs": (Route("GET", "/v1/jobs/{job}/logs/{rank}", "a rank's log (follow: streamed)"),),
+    "stacks": (Route("GET", "/v1/jobs/{job}/stacks", "a live job's stacks, every rank's"),),
     # the pool's
     "submit": (Route("POST", "/v1/jobs", "submit a job"),),
     "alloc": (Route("POST", "/v1/allocations", "hold nodes for your own commands (salloc)"),),

@@ -233,6 +233,11 @@ def watched(
     shown(browser, lambda: "step " in _text(browser, "log-lines"), 90, "rank 0's log followed")
     seen = _text(browser, "log-lines").count("step ")
     shown(browser, lambda: _text(browser, "log-lines").count("step ") > seen + 3, 30, "new lines")
+    shown(browser, lambda: _click(browser, "#take-stacks"), 30, "the stacks button clicked")
+    taken = lambda: _text(browser, "stacks-out").count("stepper.py") >= 2  # noqa: E731
+    shown(browser, taken, 60, "both ranks' stacks")
+    stacks = _text(browser, "stacks-out")
+    assert "=== rank 0 on " in stacks and "=== rank 1 on " in stacks, stacks
 
     pid = wait_for(lambda: _worker_pid(api, token, job, 1), 30, "rank 1's pid")
     os.kill(pid, signal.SIGKILL)
@@ -329,6 +334,11 @@ def test_bob_sees_alices_job_without_its_actions_and_the_pool_refuses_his_cancel
         )
         time.sleep(3)  # longer than a retry's 2 s
         assert browser.execute_script("return window.said") == []  # no retry came
+        # nor are its stacks
+        shown(browser, lambda: _click(browser, "#take-stacks"), 30, "the stacks button clicked")
+        shown(browser, lambda: "Not taken" in _text(browser, "stacks-said"), 30, "stacks refused")
+        assert "another user's" in _text(browser, "stacks-said")
+        assert _text(browser, "stacks-out") == ""
 
 
 def test_a_link_signs_in_once_carries_no_token_and_signing_out_revokes_the_session(

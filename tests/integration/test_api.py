@@ -130,6 +130,9 @@ def test_a_token_holder_submits_follows_recovers_scales_and_cancels_as_herself(
         # on both nodes (on a loaded machine the second may join a generation later: 1:2)
         status = wait_for(lambda: _on_nodes(mine, job, 2), 90, "both ranks running")
         generation = int(status["generation"])
+        stacks = mine.stacks(job)  # `sh` is no Python: each rank is listed with py-spy's words
+        assert sorted(r["rank"] for r in stacks) == [0, 1], stacks
+        assert all("py-spy" in r["error"] and not r["stacks"] for r in stacks), stacks
         os.kill(_worker_pid(status), signal.SIGKILL)
         restarted = f"started gen={generation + 1}"
         wait_for(lambda: restarted in lines, 90, "the restarted generation followed")
@@ -143,6 +146,7 @@ def test_a_token_holder_submits_follows_recovers_scales_and_cancels_as_herself(
             refused(lambda: theirs.cancel(job), 403, f"{bob.name} may not cancel job ticking")
             # not bob's to read: the node's own 403, not a conflict (docs/api.md)
             refused(lambda: list(theirs.logs(job, rank=0, tail=5)), 403, "it answered 403")
+            refused(lambda: theirs.stacks(job), 403, "the job is another user's")
             assert [r["job"] for r in theirs.jobs(user=alice.name)] == [job]  # reads: as the CLI
 
         for _ in range(5):  # her status under load: kept for everyone, made again in turn

@@ -203,7 +203,7 @@ def check_logs(
     pool: PoolCluster, munged: MungeDaemon, users: dict[str, User], redis_server: RedisServer
 ) -> None:
     """alice reads her job's log on the node and over HTTP; bob neither; root (an operator)
-    over HTTP; nobody without a credential."""
+    over HTTP; nobody without a credential. The same for its stacks."""
     alice, bob = users["alice"], users["bob"]
     log = pool.directory / "logs" / "mine" / "rank-0.log"
     wait_for(log.exists, 20, "the rank's log")
@@ -225,10 +225,20 @@ def check_logs(
         report = json.loads(str(client.get(PoolKeys("nodeagent", pool.pool).node(node))))
     finally:
         client.close()
-    with pytest.raises(urllib.error.HTTPError) as anonymous:
-        urllib.request.urlopen(f"http://{report['metrics']}/logs/mine/0", timeout=10)
-    anonymous.value.close()
-    assert anonymous.value.code == 401
+    for target in ("/logs/mine/0", "/stacks/mine"):
+        with pytest.raises(urllib.error.HTTPError) as anonymous:
+            urllib.request.urlopen(f"http://{report['metrics']}{target}", timeout=10)
+        anonymous.value.close()
+        assert anonymous.value.code == 401
+    # Stacks: alice's and an operator's, never bob's, though he may read the log's group.
+    # Rank 0 runs `sleep`, not Python: py-spy says so, and the rank is listed (exit 1).
+    for caller in (alice, None):
+        stacks = ctl(pool, munged, caller, "stacks", "mine")
+        assert stacks.returncode == 1, stacks
+        assert "=== rank 0 on " in stacks.stdout and "(no stacks: py-spy" in stacks.stdout
+    theirs = ctl(pool, munged, bob, "stacks", "mine")
+    assert theirs.returncode == 2 and "403" in theirs.stderr
+    assert f"{bob.name} may not: the job is another user's" in theirs.stderr
 
 
 def _reply(store: RequestStore, request_id: str) -> Reply:

@@ -98,6 +98,22 @@ def test_who_may_read_a_log(uid: int, gid: int, log_gid: int, verdict: str | Non
     assert authority(site).may_read("ab" * 32, credential, log_gid) == verdict
 
 
+@pytest.mark.parametrize(
+    ("uid", "operators", "verdict"),
+    [
+        (1001, False, None),  # the job's user
+        (1002, True, None),  # an operator, where the request allows (stacks)
+        (1002, False, "bob may not: the job is another user's (its user alone may)"),  # (run)
+        # a member of the job's group is not its user: a log's group is not enough here
+        (600, True, "uid 600 may not: the job is another user's (its user or an operator may)"),
+    ],
+)
+def test_who_may_act_on_a_job(uid: int, operators: bool, verdict: str | None) -> None:
+    site = FakeMunge(uid, uid)
+    credential = site.encode(bound("ab" * 32))
+    assert authority(site).may_act("ab" * 32, credential, 1001, operators) == verdict
+
+
 def test_a_log_credential_is_good_once_and_for_its_request() -> None:
     site = FakeMunge(1001, 1001)
     credential = site.encode(bound("ab" * 32))

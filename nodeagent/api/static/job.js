@@ -1,6 +1,7 @@
 // A job: its state and spec, the timeline of its generations with each fault's recovery split,
 // where its time went (goodput), its step time, its ranks and nodes, its events, a rank's log
-// followed live, and the actions the CLI has for its owner or an operator.
+// followed live, every rank's stacks taken on demand, and the actions the CLI has for its owner
+// or an operator.
 import { follow, get, mayAct, post, q } from "./api.js";
 import { badge, el, replace, seconds, table } from "./dom.js";
 import { goodputChart, stepChart } from "./charts.js";
@@ -26,6 +27,7 @@ export function jobPage(main, name) {
     nodes: el("div", { id: "job-nodes" }),
     events: el("div", { id: "job-events" }),
     log: el("div", { id: "job-log" }),
+    stacks: el("div", { id: "job-stacks" }),
   };
   replace(
     main,
@@ -39,7 +41,9 @@ export function jobPage(main, name) {
     el("section", {}, el("h2", {}, "Ranks and nodes"), parts.nodes),
     el("section", {}, el("h2", {}, "Events"), parts.events),
     el("section", {}, el("h2", {}, "Log"), parts.log),
+    el("section", {}, el("h2", {}, "Stacks"), parts.stacks),
   );
+  stacksPanel(parts.stacks, base);
   const charts = { goodput: goodputChart(parts.goodput), steps: stepChart(parts.steps) };
   const log = logPanel(parts.log, base);
   let timer = null;
@@ -338,4 +342,34 @@ function logPanel(root, base) {
       close();
     },
   };
+}
+
+// Every rank's Python stacks now (py-spy on each node, GET .../stacks): what a user reads when
+// the loss stops moving and the job is not declared hung. Taken when asked, never polled.
+function stacksPanel(root, base) {
+  const native = el("input", { type: "checkbox", id: "stacks-native" });
+  const out = el("pre", { class: "log", id: "stacks-out" });
+  const said = el("p", { class: "quiet", id: "stacks-said" });
+  const take = async () => {
+    said.textContent = "taking every rank's stacks…";
+    said.className = "quiet";
+    try {
+      const doc = await get(`${base}/stacks?native=${native.checked}`);
+      const text = doc.ranks.map((r) =>
+        `=== rank ${r.rank} on ${r.node} (pid ${r.pid}) ===\n` +
+        (r.error ? `(no stacks: ${r.error})` : r.stacks.trimEnd()));
+      text.push(...doc.unreachable.map((why) => `(not asked: ${why})`));
+      out.textContent = text.join("\n") || "no rank runs now";
+      said.textContent = `taken ${new Date().toLocaleTimeString()}, generation ${doc.generation}`;
+    } catch (error) {
+      said.textContent = `Not taken: ${error.message}`;
+      said.className = "error";
+    }
+  };
+  root.append(
+    el("button", { type: "button", id: "take-stacks", onclick: take }, "Take stacks"),
+    el("label", {}, native, " native frames"),
+    said,
+    out,
+  );
 }

@@ -6,8 +6,8 @@ module, and the shape every verb's module has), parser.py (the global options, t
 verb's arguments).
 
 The verbs, a module each: status.py, scale.py, events.py, restart.py, stop.py, cordon.py,
-drain.py, uncordon.py, health.py, logs.py (a job's own); submit.py, alloc.py (nodes held for
-your own shell, as salloc), jobs.py, nodes.py,
+drain.py, uncordon.py, health.py, logs.py, stacks.py (what a live job's ranks are doing) (a
+job's own); submit.py, alloc.py (nodes held for your own shell, as salloc), jobs.py, nodes.py,
 cancel.py, holding.py (hold, release, requeue: one shape, an object each), show.py, history.py,
 report.py (usage from the accounting database), share.py (fair share), queue.py (the pool's);
 token.py (API tokens: mint, list, revoke); ui.py (a one-time link that signs a browser in to the

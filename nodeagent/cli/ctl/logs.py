@@ -25,7 +25,7 @@ from nodeagent.cli.launchargs import DEFAULT_LOG_DIR
 from nodeagent.config.settings import Config
 from nodeagent.coord.requests import RequestStore
 from nodeagent.errors import ConfigError, UsageError
-from nodeagent.model.credential import Munge, MungeUnavailable
+from nodeagent.model.credential import MungeUnavailable
 from nodeagent.supervisor.libmunge import munge_at
 from nodeagent.telemetry.logserve import MAX_TAIL_LINES, Sign
 from nodeagent.telemetry.logtail import Follower, last_lines, rank_logs
@@ -116,8 +116,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
         raise UsageError(f"--tail must be within [0, {MAX_TAIL_LINES}], got {args.tail}")
     if (args.rank or 0) < 0:
         raise UsageError(f"--rank must be >= 0, got {args.rank}")
-    munged = RequestStore(target.client, target.pool_store.keys).auth() == "munge"
-    sign = _signer(munge_at(munge_socket(target, args))) if munged else None
+    sign = agent_signer(target, args)
     logs = RankLogs(target.client, target.prefix, target.pool, args.logs_job, sign)
     for item in read(logs, args.rank or 0, args.tail, args.follow):
         if isinstance(item, Line):
@@ -133,13 +132,19 @@ def run(target: Target, args: argparse.Namespace) -> int:
     return 0
 
 
-def _signer(munge: Munge) -> Sign:
+def agent_signer(target: Target, args: argparse.Namespace) -> Sign | None:
+    """How a request to the pool's agents is signed: by this host's munged under pool.auth:
+    munge (None: the pool signs nothing)."""
+    if RequestStore(target.client, target.pool_store.keys).auth() != "munge":
+        return None
+    munge = munge_at(munge_socket(target, args))
+
     def sign(payload: str) -> str:
         try:
             return munge.encode(payload)
         except MungeUnavailable as exc:
             raise ConfigError(
-                "--munge-socket", f"the pool's agents serve logs to MUNGE credentials, but {exc}"
+                "--munge-socket", f"the pool's agents take MUNGE credentials, but {exc}"
             ) from None
 
     return sign

@@ -43,6 +43,7 @@ from nodeagent.cli.ctl import (
     scale,
     share,
     show,
+    stacks,
     status,
     stop,
     submit,
@@ -86,6 +87,7 @@ VERBS: Mapping[str, VerbModule] = {
     "uncordon": uncordon,
     "health": health,
     "logs": logs,
+    "stacks": stacks,
     # the pool's
     "submit": submit,
     "alloc": alloc,
@@ -108,7 +110,19 @@ VERBS: Mapping[str, VerbModule] = {
 # The verbs that never change anything (tests/unit/test_ctl_verbs.py checks every other one
 # has a signed form, tests/integration/test_ctl_fail_closed.py that these write nothing).
 READS = frozenset(
-    {"status", "events", "health", "logs", "jobs", "nodes", "show", "history", "report", "share"}
+    {
+        "status",
+        "events",
+        "health",
+        "logs",
+        "stacks",
+        "jobs",
+        "nodes",
+        "show",
+        "history",
+        "report",
+        "share",
+    }
 )
 
 
