@@ -40,6 +40,7 @@ from nodeagent.runtime import joblimits
 from nodeagent.runtime.pulls import Pulled
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.asuser import run_as
+from nodeagent.supervisor.command import Command
 from nodeagent.supervisor.container import Containers, Podman, Share
 from nodeagent.supervisor.fence import Keeper
 from nodeagent.supervisor.group import Supervisor
@@ -49,6 +50,7 @@ from nodeagent.supervisor.spares import Spawner
 from nodeagent.supervisor.worker import py_spy_dump
 from nodeagent.telemetry.logs import LogContext, WorkerEcho
 from nodeagent.telemetry.metrics import AgentMetrics, with_user
+from nodeagent.telemetry.runwire import RunOrder
 from nodeagent.telemetry.sdnotify import Notifier
 from nodeagent.telemetry.stacks import JobHere, RankHere
 
@@ -300,10 +302,21 @@ class JobRun:
     def left(self) -> bool:
         return self.agent.left
 
+    @property
+    def uid(self) -> int:
+        """Whom its workers run as."""
+        return self._user.uid if self._user is not None else os.getuid()
+
+    def command(self, order: RunOrder) -> Command:
+        """Start a command its user runs in it here (nodeagentctl run), with the GPUs it
+        holds here. Raises OSError: it cannot be started."""
+        usable = self._health.usable
+        return self.supervisor.command(order.argv, order.rank, order.size, usable, order.env)
+
     def here(self) -> JobHere:
         """Its user and its live ranks on this node, for a request to its agent (the metrics
         server's thread asks: `workers()` reads a whole list)."""
-        uid = self._user.uid if self._user is not None else os.getuid()
+        uid = self.uid
         live = [w for w in self.supervisor.workers() if w.pid and w.exit_code is None]
         ranks = tuple(RankHere(w.rank, w.pid) for w in live if w.pid)
         tracer = self.supervisor.tracer

@@ -48,11 +48,12 @@ from nodeagent.runtime.jobrun import (
 from nodeagent.runtime.locks import clean_leftovers, clean_legacy, hold, worker_record
 from nodeagent.runtime.nodeloop import NodeLoop
 from nodeagent.runtime.preflight import NodeCheck
+from nodeagent.runtime.remote import RunHandoff
 from nodeagent.runtime.servechild import ServingProcess
 from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.fence import Keeper
 from nodeagent.supervisor.jobcgroup import Layout
-from nodeagent.telemetry.httpd import SlowRoutes
+from nodeagent.telemetry.httpd import Handoffs, SlowRoutes
 from nodeagent.telemetry.logs import LogContext
 from nodeagent.telemetry.logserve import LogRoute
 from nodeagent.telemetry.metrics import MetricsServer, node_metrics
@@ -179,17 +180,21 @@ def _run_agent(
         # GET /logs/JOB/RANK: with pool.auth munge, for the job's user and operators only
         logs_route = LogRoute(settings.log_dir, settings.node.name, authority)
 
-        def job_here(job_id: str) -> JobHere | None:
+        def job_run(job_id: str) -> JobRun | None:
             runner = loop.runners.get(job_id)
-            return runner.here() if isinstance(runner, JobRun) else None
+            return runner if isinstance(runner, JobRun) else None
 
+        def job_here(job_id: str) -> JobHere | None:
+            run = job_run(job_id)
+            return run.here() if run is not None else None
+
+        # GET /stacks/JOB and POST /run/JOB: in threads of their own, for the job's user
         stacks = StacksRoute(settings.node.name, job_here, authority)
+        handoffs = Handoffs(
+            SlowRoutes({PREFIX: stacks}), RunHandoff(settings.node.name, job_run, authority)
+        )
         server = MetricsServer(
-            settings.metrics.listen,
-            registry,
-            loop.healthz,
-            logs=logs_route,
-            handoff=SlowRoutes({PREFIX: stacks}),
+            settings.metrics.listen, registry, loop.healthz, logs=logs_route, handoff=handoffs
         )
         server.start()
         address.append(server.address)

@@ -20,6 +20,7 @@ whether it works: a thread of its process tree running or in disk I/O), asuser.p
 program run as the job's user: the copies into a submitted job's persistent tier), program.py (a
 program of the agent's own, `python -m MODULE FD`, talked to over a socket pair: the pool
 leader's requests' serving), foreground.py (a command run here for a user at a terminal:
-nodeagentctl alloc's shell). Apart from the embedded redis-server (coord/embedded.py), only this
-package starts processes.
+nodeagentctl alloc's shell), command.py (a command its user runs in a job on this node,
+nodeagentctl run's: its signals, its end, its hang-up). Apart from the embedded redis-server
+(coord/embedded.py), only this package starts processes.
 """

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from nodeagent.channel import control
@@ -30,6 +30,7 @@ from nodeagent.channel.control import ControlFile
 from nodeagent.config.identity import WorkerUser
 from nodeagent.config.values import size_text
 from nodeagent.model.job import Failure, WorkerInfo
+from nodeagent.supervisor.command import Command
 from nodeagent.supervisor.fence import Group, start_ticks
 from nodeagent.supervisor.ranklogs import (
     Echo,
@@ -42,7 +43,13 @@ from nodeagent.supervisor.ranklogs import (
 )
 from nodeagent.supervisor.release import Release
 from nodeagent.supervisor.spares import PRESTART_DELAY_S, Spawner
-from nodeagent.supervisor.spec import WorkerSpec, warmup_spec
+from nodeagent.supervisor.spec import (
+    WORKERS_OWN,
+    WorkerSpec,
+    task_env,
+    visible_devices_of,
+    warmup_spec,
+)
 from nodeagent.supervisor.status import Activity, GroupPhase, GroupStatus, Started, WorkerExit
 from nodeagent.supervisor.worker import Worker, live, signal_name, signal_process, unleft
 
@@ -395,6 +402,31 @@ class Supervisor:
         job's user."""
         worker = next(w for w in self._workers if w.spec.local_rank == local_rank)
         return worker.dump_stacks(self.tracer)
+
+    def command(
+        self,
+        argv: Sequence[str],
+        rank: int,
+        size: int,
+        devices: Sequence[tuple[int, str]] | None,
+        env: Mapping[str, str],
+    ) -> Command:
+        """A command its user runs in the job (nodeagentctl run; Spawner.command), as task
+        `rank` of `size` (spec.task_env): with the environment of a live worker of this node,
+        less what is that worker's own, the job's `devices` here (None: not known) and `env`
+        over it, in its working directory.
+
+        Raises:
+            OSError: no worker runs here now, or it cannot be started.
+        """
+        base = next((w.spec for w in live(self._workers) if not w.abandoned), None)
+        if base is None:
+            raise OSError("no worker of the job runs on this node now")
+        given = {k: v for k, v in base.env.items() if k not in WORKERS_OWN}
+        given.update(task_env(base.env, rank, size))
+        if devices:
+            given.update(visible_devices_of(devices))
+        return Command(self._spawner.command(argv, {**given, **env}, base.cwd))
 
     @property
     def tracer(self) -> WorkerUser | None:

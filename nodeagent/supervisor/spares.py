@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import subprocess
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -252,11 +253,13 @@ class Spawner:
         self._cpus_of = cpus_of if containers is None else None
         self._spares: dict[int, _Spare] = {}
         self._planned: tuple[float, Sequence[WorkerSpec]] | None = None
+        self._making = threading.Lock()  # the job's cgroup and namespaces, made once
 
     def spawn(self, spec: WorkerSpec) -> tuple[subprocess.Popen[bytes], bool]:
         """The worker for `spec`, stdout and stderr on one pipe, and whether it runs in a
         preloaded interpreter. Raises OSError if it cannot be started."""
-        space = self._space()
+        with self._making:
+            space = self._space()
         spec = self._as_user(spec)
         if self.containers is not None:
             try:
@@ -276,11 +279,29 @@ class Spawner:
                 "preloaded interpreter of local rank %d %s; starting cold", spec.local_rank, reason
             )
             spare.discard()
-        cgroup, cpus = self._cgroup(), self._cpus(spec)
+        with self._making:
+            cgroup = self._cgroup()
         env, user = dict(spec.env), self.user
         return _start(
-            spec.argv, env, spec.cwd, subprocess.DEVNULL, user, cgroup, space, cpus
+            spec.argv, env, spec.cwd, subprocess.DEVNULL, user, cgroup, space, self._cpus(spec)
         ), False
+
+    def command(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None
+    ) -> subprocess.Popen[bytes]:
+        """A command its user runs in the job (nodeagentctl run), started as a worker is: as
+        the workers' user, in the job's cgroup and namespaces, in a session of its own, its
+        output on one pipe, killed by the kernel if the agent's thread that started it ends;
+        stdin closed. Never a spare; never in a container.
+
+        Raises:
+            OSError: it cannot be started (a job whose workers run in containers: none is).
+        """
+        if self.containers is not None:
+            raise OSError("the job's workers run in containers: no command is started beside them")
+        with self._making:
+            space, cgroup = self._space(), self._cgroup()
+        return _start(argv, self._user_env(env), cwd, subprocess.DEVNULL, self.user, cgroup, space)
 
     def _cgroup(self) -> tuple[int, ...]:
         """The job's cgroup's `cgroup.procs` in each hierarchy, made and, with a device
@@ -342,11 +363,16 @@ class Spawner:
     def _as_user(self, spec: WorkerSpec) -> WorkerSpec:
         """`spec` with the user's HOME, USER and LOGNAME (those job.env does not set), and
         TMPDIR, the job's own temp directory, unless job.env sets one."""
-        env = {**spec.env, **(self.user.env if self.user is not None else {})}
-        tmpdir = self.space.tmpdir if self.space is not None else None
-        if tmpdir is not None and "TMPDIR" not in spec.env:
-            env["TMPDIR"] = str(tmpdir)
+        env = self._user_env(spec.env)
         return spec if env == spec.env else replace(spec, env=env)
+
+    def _user_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        given = env
+        env = {**env, **(self.user.env if self.user is not None else {})}
+        tmpdir = self.space.tmpdir if self.space is not None else None
+        if tmpdir is not None and "TMPDIR" not in given:
+            env["TMPDIR"] = str(tmpdir)
+        return env
 
     def _adopt(self, spare: _Spare, spec: WorkerSpec) -> subprocess.Popen[bytes]:
         order = {"args": split_python(spec.argv)[1], "env": dict(spec.env), "cwd": spec.cwd}

@@ -69,6 +69,13 @@ CHANNEL_ENV = (
 )
 
 
+# A worker's own files and channel: a command run beside it in the job (nodeagentctl run) is
+# not told them, or it would beat, report and restore as if it were that worker.
+WORKERS_OWN = frozenset(
+    {"NODEAGENT_PROGRESS_FILE", "TORCHELASTIC_ERROR_FILE", "NODEAGENT_GENERATION", *CHANNEL_ENV}
+)
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     rank: int
@@ -283,6 +290,30 @@ def assignment(config: Config, record: JobRecord, group_rank: int, local_rank: i
         restart_count=record.restart_count,
         restore=" ".join(tiers.restore) if tiers is not None else "",
     )
+
+
+def task_env(base: Mapping[str, str], rank: int, size: int) -> dict[str, str]:
+    """What a command run across the job's nodes is told of its place (nodeagentctl run, as
+    srun's tasks, one a node): task `rank` of `size`, by torchrun's names, Slurm's and, as
+    torchrun's own options (PET_*: its --nnodes, --node-rank, --master-addr, --master-port),
+    so that `torchrun --nproc-per-node N train.py` needs nothing else. The master is the one
+    `base` (the job's worker here) was told. Pure."""
+    master = {k: base[k] for k in ("MASTER_ADDR", "MASTER_PORT") if k in base}
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(size),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": str(rank),
+        "NODE_RANK": str(rank),
+        "SLURM_PROCID": str(rank),
+        "SLURM_NODEID": str(rank),
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": str(size),
+        "PET_NNODES": str(size),
+        "PET_NODE_RANK": str(rank),
+        **{f"PET_{k}": v for k, v in master.items()},
+    }
 
 
 def visible_devices_of(devices: Sequence[tuple[int, str]]) -> dict[str, str]:

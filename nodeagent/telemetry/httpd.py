@@ -103,6 +103,21 @@ class SlowRoutes:
         return next((r for p, r in self._routes.items() if target.startswith(p)), None)
 
 
+class Handoffs:
+    """Several handoffs as one: the first that wants a request takes it."""
+
+    def __init__(self, *handoffs: Handoff) -> None:
+        self._handoffs = handoffs
+
+    def wants(self, method: str, target: str) -> bool:
+        return any(h.wants(method, target) for h in self._handoffs)
+
+    def take(self, sock: socket.socket, head: bytes, rest: bytes) -> None:
+        said = request_line(head)
+        assert said is not None  # wants() read it
+        next(h for h in self._handoffs if h.wants(*said)).take(sock, head, rest)
+
+
 def request_line(head: bytes) -> tuple[str, str] | None:
     """The method and target of a request head, or None for a malformed one. Pure."""
     line, _, _ = head.partition(b"\r\n")

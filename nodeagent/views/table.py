@@ -37,6 +37,9 @@ ROUTES: Mapping[str, tuple[Route, ...]] = {
     # the pool's
     "submit": (Route("POST", "/v1/jobs", "submit a job"),),
     "alloc": (Route("POST", "/v1/allocations", "hold nodes for your own commands (salloc)"),),
+    # A command's output streamed and its signals passed on both ways, straight between the
+    # caller and each node's agent (telemetry/runwire.py): not through the API service.
+    "run": (),
     "jobs": (Route("GET", "/v1/jobs", "the pool's jobs"),),
     "nodes": (Route("GET", "/v1/nodes", "the pool's nodes"),),
     "cancel": (Route("POST", "/v1/jobs/{job}/cancel", "end a job"),),

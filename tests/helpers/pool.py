@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,3 +217,13 @@ def pool_cluster(redis_url: str, directory: Path, **options: Any) -> Iterator[Po
         yield cluster
     finally:
         cluster.stop()
+
+
+@contextmanager
+def munge_pool(
+    redis_url: str, directory: Path, pool: str, munge_socket: str, users: Sequence[str]
+) -> Iterator[PoolCluster]:
+    """A pool under pool.auth: munge whose `users` may submit (the tests' Unix users)."""
+    auth = {"auth": "munge", "munge_socket": munge_socket, "users": list(users)}
+    with pool_cluster(redis_url, directory, pool=pool, scheduling=auth) as cluster:
+        yield cluster

@@ -34,27 +34,37 @@ class User:
     def run(
         self, argv: Sequence[str], reach: bool = False, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        caps = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"] if reach else []
-        environ = {k: v for k, v in os.environ.items() if k != "NODEAGENT_REDIS_PASSWORD"}
-        environ.update(USER=self.name, LOGNAME=self.name, HOME="/nonexistent")
         return subprocess.run(
-            [
-                "setpriv",
-                f"--reuid={self.uid}",
-                f"--regid={self.gid}",
-                "--init-groups",
-                *caps,
-                *argv,
-            ],
+            [*self._as_user(reach), *argv],
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=environ,
+            env=self._environ(),
             cwd="/",
         )
 
     def nodeagentctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.run([sys.executable, "-m", "nodeagent.cli.ctl", *args], reach=True)
+
+    def start_nodeagentctl(self, *args: str) -> subprocess.Popen[str]:
+        """nodeagentctl as this user, in the background: its output on one pipe."""
+        return subprocess.Popen(
+            [*self._as_user(True), sys.executable, "-m", "nodeagent.cli.ctl", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self._environ(),
+            cwd="/",
+        )
+
+    def _as_user(self, reach: bool) -> list[str]:
+        caps = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"] if reach else []
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", *caps]
+
+    def _environ(self) -> dict[str, str]:
+        environ = {k: v for k, v in os.environ.items() if k != "NODEAGENT_REDIS_PASSWORD"}
+        environ.update(USER=self.name, LOGNAME=self.name, HOME="/nonexistent")
+        return environ
 
 
 @contextmanager

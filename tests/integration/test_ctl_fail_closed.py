@@ -93,12 +93,15 @@ def test_under_munge_reads_write_nothing_and_unsigned_changes_are_refused(
         ["--job", "j1", "events"],
         ["--job", "j1", "health", "--node", "n1"],
         ["logs", "j1"],
+        ["stacks", "j1"],
+        ["--job", "j1", "run", "--", "true"],
     ]
     named = {next(word for word in argv if word.isalpha() and word != "j1") for argv in reads}
     assert named == verbs.READS | {"queue"}
     with commands_seen(redis_server) as seen:
         codes = [ctl(redis_server, pool, *argv) for argv in reads]
-    assert codes == [0] * (len(reads) - 2) + [3, 2]  # n1 is no member; j1 has no ranks yet
+    # n1 is no member; j1 has no ranks yet (logs, stacks, run)
+    assert codes == [0] * (len(reads) - 4) + [3, 2, 2, 2]
     assert len(seen) > len(reads)  # the reads were seen
     assert writes(redis_server, seen) == []
 

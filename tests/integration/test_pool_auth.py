@@ -29,7 +29,7 @@ from nodeagent.model.request import Reply, Request, Verb
 from nodeagent.model.spec import load_spec
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.munge import MungeDaemon
-from tests.helpers.pool import PoolCluster, pool_cluster, pool_keys
+from tests.helpers.pool import PoolCluster, munge_pool, pool_keys
 from tests.helpers.users import User, reachable_dir, unix_users
 
 pytestmark = pytest.mark.timeout(240)
@@ -58,12 +58,8 @@ def pool(
     munged: MungeDaemon,
     users: dict[str, User],
 ) -> Iterator[PoolCluster]:
-    auth = {
-        "auth": "munge",
-        "munge_socket": munged.socket,
-        "users": [users["alice"].name, users["bob"].name],
-    }
-    with pool_cluster(redis_server.url, shared, pool=job_id, scheduling=auth) as cluster:
+    names = [users["alice"].name, users["bob"].name]
+    with munge_pool(redis_server.url, shared, job_id, munged.socket, names) as cluster:
         yield cluster
 
 

@@ -7,7 +7,8 @@ verb's arguments).
 
 The verbs, a module each: status.py, scale.py, events.py, restart.py, stop.py, cordon.py,
 drain.py, uncordon.py, health.py, logs.py, stacks.py (what a live job's ranks are doing) (a
-job's own); submit.py, alloc.py (nodes held for your own shell, as salloc), jobs.py, nodes.py,
+job's own); submit.py, alloc.py (nodes held for your own shell, as salloc), run.py (a command across
+them, as srun), jobs.py, nodes.py,
 cancel.py, holding.py (hold, release, requeue: one shape, an object each), show.py, history.py,
 report.py (usage from the accounting database), share.py (fair share), queue.py (the pool's);
 token.py (API tokens: mint, list, revoke); ui.py (a one-time link that signs a browser in to the

@@ -40,6 +40,7 @@ from nodeagent.cli.ctl import (
     queue,
     report,
     restart,
+    run,
     scale,
     share,
     show,
@@ -91,6 +92,7 @@ VERBS: Mapping[str, VerbModule] = {
     # the pool's
     "submit": submit,
     "alloc": alloc,
+    "run": run,
     "jobs": jobs,
     "nodes": nodes,
     "cancel": cancel,
@@ -116,6 +118,7 @@ READS = frozenset(
         "health",
         "logs",
         "stacks",
+        "run",  # writes nothing to the pool: each agent takes its own signed request
         "jobs",
         "nodes",
         "show",

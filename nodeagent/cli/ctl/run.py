@@ -1,0 +1,117 @@
+"""`nodeagentctl run [--nodes K] [--export NAME[=VALUE]] [--no-label] -- CMD...`: a command
+across a job's nodes, as srun inside salloc (views/run.py): one task a node, each started by
+its node's agent as the job's user, in the job's cgroup with its GPUs there and the
+environment its worker has, plus the task's place (RANK, WORLD_SIZE, torchrun's PET_* options,
+SLURM_PROCID...). The job: --job, else $NODEAGENT_JOB_ID (set in an `alloc` shell).
+
+Each line comes labelled `node/rank: ` (--no-label: as written). Ctrl-C and SIGTERM, SIGHUP,
+SIGUSR1 and SIGUSR2 sent to `run` are passed on to every task; a second Ctrl-C within a second
+kills them (SIGKILL), as srun's. A lost node ends the others (SIGTERM). The exit status is the
+worst of the tasks' (a signal's: 128 + N; a lost node's: 255), as srun's. Needs pool.auth:
+munge: the agents run nothing for a caller they cannot tell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from types import FrameType
+
+from nodeagent.cli.ctl.logs import agent_signer
+from nodeagent.cli.ctl.targets import Target
+from nodeagent.errors import UsageError
+from nodeagent.telemetry.runwire import exports
+from nodeagent.views.logs import RankLogs
+from nodeagent.views.run import Ended, Output, Run, worst
+
+HELP = "run a command on a job's nodes (an allocation's), as its user, as srun"
+JOB_ENV = "NODEAGENT_JOB_ID"
+KILL_WITHIN_S = 1.0  # a second Ctrl-C this soon after the first kills the tasks
+PASSED_ON = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "nodeagentctl run -- hostname | nodeagentctl run -N 2 -- torchrun ..."
+    parser.add_argument(
+        "--nodes", "-N", type=int, help="on the job's first K nodes (default: every node)"
+    )
+    parser.add_argument(
+        "--export",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="set NAME for the command (its value here when no =VALUE); repeatable",
+    )
+    parser.add_argument(
+        "--no-label", action="store_true", help="print each line as written, without node/rank"
+    )
+    parser.set_defaults(argv=[])  # the command after `--` (nodeagentctl's main splits it off)
+
+
+def run(target: Target, args: argparse.Namespace) -> int:
+    argv = list(args.argv)
+    if not argv:
+        raise UsageError("give the command after --: nodeagentctl run -- hostname")
+    job = args.job or os.environ.get(JOB_ENV)
+    if not job:
+        raise UsageError(f"give --job ID, or run it in an allocation's shell (${JOB_ENV})")
+    try:
+        env = exports(args.export, os.environ)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    sign = agent_signer(target, args)
+    if sign is None:
+        raise UsageError(
+            f"pool {target.pool} does not sign requests (pool.auth: none): its agents run no "
+            "command for a caller they cannot tell (docs/interactive.md)"
+        )
+    logs = RankLogs(target.client, target.prefix, target.pool, job, sign)
+    started = Run(logs, argv, args.nodes, env, sign)
+    return _follow(started, not args.no_label)
+
+
+def _follow(started: Run, label: bool) -> int:
+    """Print the tasks' lines and ends, passing signals on, until every task ended."""
+    sent: list[signal.Signals] = []
+
+    def caught(number: int, frame: FrameType | None) -> None:
+        sent.append(signal.Signals(number))
+
+    handlers = {sig: signal.signal(sig, caught) for sig in (signal.SIGINT, *PASSED_ON)}
+    ends: list[Ended] = []
+    interrupted_at = 0.0
+    ending = False
+    try:
+        for event in started.events():
+            while sent:
+                sig = sent.pop(0)
+                now = time.monotonic()
+                if sig == signal.SIGINT and now - interrupted_at < KILL_WITHIN_S:
+                    _say("killing the tasks (a second Ctrl-C)")
+                    started.signal("SIGKILL")
+                else:
+                    started.signal(sig.name)
+                interrupted_at = now if sig == signal.SIGINT else interrupted_at
+            if isinstance(event, Output):
+                print(f"{event.node}/{event.rank}: {event.text}" if label else event.text)
+                sys.stdout.flush()
+            elif isinstance(event, Ended):
+                ends.append(event)
+                if event.status:
+                    _say(f"node {event.node} (task {event.rank}): {event.said}")
+                if event.lost and not ending:
+                    ending = True
+                    _say("a node is lost: ending the tasks on the others (SIGTERM)")
+                    started.signal("SIGTERM")
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        started.close()
+    return worst(ends)
+
+
+def _say(text: str) -> None:
+    print(f"nodeagentctl run: {text}", file=sys.stderr, flush=True)

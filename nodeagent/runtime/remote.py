@@ -1,0 +1,235 @@
+"""The agent's side of `nodeagentctl run` (the wire: telemetry/runwire.py): a POST /run/JOB
+handed off by the metrics server to a thread of its own, checked (pool.auth: munge, the job's
+user alone), started in the job as its user (Supervisor.command: its cgroup, namespaces, GPUs)
+and relayed: its output as it comes, a beat while it is silent, the signals its caller sends,
+then how it ended. A caller that goes away hangs it up (SIGHUP, SIGTERM, SIGKILL after
+HANG_UP_GRACE_S); what it left in its process group is killed at its end. The thread that
+started it waits for it: if the agent dies, the kernel kills it (PR_SET_PDEATHSIG), and the
+job's cgroup is swept by the next agent.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from nodeagent.supervisor.command import Command
+from nodeagent.telemetry.httpd import TEXT, request_line, response
+from nodeagent.telemetry.runwire import (
+    BEAT_S,
+    MAX_BODY,
+    PREFIX,
+    RunOrder,
+    frame,
+    parse_order,
+    parse_target,
+    run_digest,
+    signal_named,
+)
+from nodeagent.telemetry.stacks import JobAccess
+
+log = logging.getLogger(__name__)
+BODY_TIMEOUT_S = 10.0  # to send the request's body
+SEND_TIMEOUT_S = 30.0  # a caller that reads nothing for this long is gone
+HANG_UP_GRACE_S = 10.0
+
+
+class Runs(Protocol):
+    """A job this node serves, as a command run in it needs it (runtime/jobrun.JobRun)."""
+
+    @property
+    def uid(self) -> int: ...
+
+    def command(self, order: RunOrder) -> Command: ...
+
+
+class CallerGone(Exception):
+    """The caller's connection closed or stopped reading."""
+
+
+class RunHandoff:
+    """telemetry/httpd.Handoff for POST /run/JOB."""
+
+    def __init__(
+        self, node: str, jobs: Callable[[str], Runs | None], access: JobAccess | None
+    ) -> None:
+        """`jobs`: the job this node serves by that id (None: none); `access`: who may run
+        (None: pool.auth none, where nobody may)."""
+        self._node = node
+        self._jobs = jobs
+        self._access = access
+
+    def wants(self, method: str, target: str) -> bool:
+        return method == "POST" and target.startswith(PREFIX)
+
+    def take(self, sock: socket.socket, head: bytes, rest: bytes) -> None:
+        sock.settimeout(BODY_TIMEOUT_S)
+        command = self._start(sock, head, rest)
+        if isinstance(command, tuple):
+            status, said = command
+            with contextlib.suppress(OSError):
+                sock.sendall(response(status, f"{said}\n".encode(), TEXT))
+            return
+        try:
+            _Relay(sock, command).run()
+        finally:
+            command.close()
+
+    def _start(self, sock: socket.socket, head: bytes, rest: bytes) -> Command | tuple[int, str]:
+        """The command started, or the error to answer."""
+        said = request_line(head)
+        assert said is not None  # the server handed off a request it could read
+        found = parse_target(said[1])
+        if isinstance(found, str):
+            return 400, found
+        job, credential = found
+        body = _body(sock, head, rest)
+        if isinstance(body, tuple):
+            return body
+        order = parse_order(body)
+        if isinstance(order, str):
+            return 400, order
+        if self._access is None:
+            return 403, (
+                "this pool runs no command for its users: only pool.auth: munge tells who asks "
+                "(docs/interactive.md)"
+            )
+        runs = self._jobs(job)
+        if runs is None:
+            return 404, f"node {self._node} runs no job {job}"
+        why = self._access.may_act(run_digest(job, body), credential, runs.uid, False)
+        if why is not None:
+            return 403, why
+        try:
+            command = runs.command(order)
+        except OSError as exc:
+            return 409, f"node {self._node}: cannot start {order.argv[0]!r}: {exc.strerror or exc}"
+        log.info("run: %s for job %s started as pid %d", order.argv[0], job, command.pid)
+        return command
+
+
+def _body(sock: socket.socket, head: bytes, rest: bytes) -> bytes | tuple[int, str]:
+    """The request's body (Content-Length), or the error to answer."""
+    length = None
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value) if value.strip().isdigit() else -1
+    if length is None or not 0 < length <= MAX_BODY:
+        return 400, f"expected a Content-Length of 1 to {MAX_BODY} bytes"
+    body = rest
+    try:
+        while len(body) < length:
+            chunk = sock.recv(min(65536, length - len(body)))
+            if not chunk:
+                return 400, "the body ended early"
+            body += chunk
+    except OSError:
+        return 400, f"the body did not come within {BODY_TIMEOUT_S:g} s"
+    return body[:length]
+
+
+class _Relay:
+    """One command's output to its caller, its caller's signals to it, until it ends."""
+
+    def __init__(self, sock: socket.socket, command: Command) -> None:
+        self._sock = sock
+        self._command = command
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._inbox = b""
+        self._said_at = time.monotonic()
+        self._beats = 0
+
+    def run(self) -> None:
+        self._sock.settimeout(SEND_TIMEOUT_S)
+        try:
+            self._send_raw(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n\r\n")
+            self._relay_output()
+            code = self._await_end()
+        except CallerGone:
+            code = self._command.hang_up(HANG_UP_GRACE_S)
+            log.info("run: its caller went away; hung up (status %d)", code)
+            return
+        with contextlib.suppress(CallerGone):
+            if code >= 0:
+                self._send({"exit": code})
+            else:
+                self._send({"signal": signal.Signals(-code).name})
+
+    def _relay_output(self) -> None:
+        """Until its output closes: each chunk sent as it comes, signals passed on."""
+        os.set_blocking(self._command.output, False)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._command.output, selectors.EVENT_READ)
+            selector.register(self._sock, selectors.EVENT_READ)
+            while True:
+                for key, _ in selector.select(BEAT_S):
+                    if key.fileobj is self._sock:
+                        self._receive()
+                        continue
+                    try:
+                        data = os.read(self._command.output, 65536)
+                    except BlockingIOError:
+                        continue
+                    if not data:
+                        return
+                    self._send({"out": self._decoder.decode(data)})
+                self._beat()
+
+    def _await_end(self) -> int:
+        """Its status, once it exits (it may go on after closing its output)."""
+        while True:
+            code = self._command.wait(BEAT_S / 3)
+            if code is not None:
+                return code
+            with contextlib.suppress(BlockingIOError, TimeoutError):
+                self._sock.setblocking(False)
+                try:
+                    self._receive()
+                finally:
+                    self._sock.settimeout(SEND_TIMEOUT_S)
+            self._beat()
+
+    def _receive(self) -> None:
+        """The caller's signal lines; its connection's end is CallerGone."""
+        try:
+            chunk = self._sock.recv(4096)
+        except (BlockingIOError, TimeoutError):
+            raise
+        except OSError as exc:
+            raise CallerGone() from exc
+        if not chunk:
+            raise CallerGone()
+        self._inbox += chunk
+        while b"\n" in self._inbox:
+            line, _, self._inbox = self._inbox.partition(b"\n")
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                sig = signal_named(str(json.loads(line).get("signal")))
+                if sig is not None:
+                    self._command.signal(sig)
+        if len(self._inbox) > 4096:  # no line in 4 KiB: not a caller of ours
+            raise CallerGone()
+
+    def _beat(self) -> None:
+        if time.monotonic() - self._said_at >= BEAT_S:
+            self._beats += 1
+            self._send({"beat": self._beats})
+
+    def _send(self, doc: dict[str, object]) -> None:
+        self._send_raw(frame(doc))
+
+    def _send_raw(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except OSError as exc:
+            raise CallerGone() from exc
+        self._said_at = time.monotonic()

@@ -1,0 +1,65 @@
+"""A command run for a user in their job on this node (`nodeagentctl run`, as srun), as the
+agent's relay of it sees it: its output's pipe, its signals (to its whole session: a shell's
+children too), its end, and its hang-up when its caller is gone (SIGHUP, SIGTERM, then SIGKILL
+after a grace: as a terminal's hang-up ends a shell). Started by Spawner.command, as a worker."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+
+POLL_S = 0.05
+
+
+class Command:
+    """One started command."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        assert popen.stdout is not None
+        self._popen = popen
+        self.output = popen.stdout.fileno()  # stdout and stderr together; EOF: all closed it
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Signal its session's process group (what it started too, as a terminal would), while
+        it is not reaped."""
+        if self._popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._popen.pid, sig)
+
+    def wait(self, timeout: float) -> int | None:
+        """Its exit status once it exits (-N: killed by signal N), else None after `timeout`.
+        What it left running in its group is killed first, while its unreaped exit still holds
+        its pid (so the group's id cannot be another's yet)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ended = os.waitid(os.P_PID, self._popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # reaped already
+                return self._popen.returncode
+            if ended is not None:
+                self.signal(signal.SIGKILL)
+                return self._popen.wait()
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_S)
+
+    def hang_up(self, grace: float) -> int:
+        """SIGHUP and SIGTERM to its group, SIGKILL after `grace` seconds; its status."""
+        for sig in (signal.SIGHUP, signal.SIGTERM):
+            self.signal(sig)
+        code = self.wait(grace)
+        if code is None:
+            self.signal(signal.SIGKILL)
+            code = self.wait(60.0)
+        return -signal.SIGKILL if code is None else code
+
+    def close(self) -> None:
+        assert self._popen.stdout is not None
+        self._popen.stdout.close()

@@ -1,0 +1,302 @@
+"""`nodeagentctl run` (as srun) across an allocation, with real agents under pool.auth: munge (a
+real munged), two Unix users the tests create and real processes: each node's task started by
+its agent as the job's user with its place in the run, its output labelled, the worst status
+returned, Ctrl-C passed on, another user (or an operator) refused, a lost agent ending the run;
+`alloc` then `run -- torchrun` training a DDP model across two agents."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from nodeagent.telemetry.runwire import RunOrder, parse_order, parse_target
+from tests.helpers.cluster import RedisServer, wait_for
+from tests.helpers.munge import MungeDaemon
+from tests.helpers.pool import PoolCluster, munge_pool
+from tests.helpers.users import User, reachable_dir, unix_users
+
+pytestmark = pytest.mark.timeout(300)
+
+DDP = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+for step in range(20):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    if step in (0, 19):
+        print(f"rank {rank} of {dist.get_world_size()} step {step} loss {loss.item():.4f}")
+dist.barrier()
+print(f"rank {rank} done", flush=True)
+dist.destroy_process_group()
+# gloo's threads can abort the interpreter's own finalization on a loaded machine ("terminate
+# called without an active exception": docs/worker.md, finished()); nothing is left to do
+os._exit(0)
+"""
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[dict[str, User]]:
+    with unix_users("alice", "bob") as made:
+        yield made
+
+
+@pytest.fixture
+def pool(
+    redis_server: RedisServer, job_id: str, munged: MungeDaemon, users: dict[str, User]
+) -> Iterator[PoolCluster]:
+    """Two nodes' agents under pool.auth: munge, in a directory alice and bob reach."""
+    names = [users["alice"].name, users["bob"].name]
+    with (
+        reachable_dir("na-run-") as shared,
+        munge_pool(redis_server.url, shared, job_id, munged.socket, names) as cluster,
+    ):
+        yield cluster
+
+
+def where(pool: PoolCluster, munged: MungeDaemon) -> list[str]:
+    return ["--redis", pool.redis_url, "--pool", pool.pool, "--munge-socket", munged.socket]
+
+
+def holding(
+    pool: PoolCluster, munged: MungeDaemon, user: User, name: str, nodes: int
+) -> subprocess.Popen[str]:
+    """An allocation `user` holds from a terminal (its shell: a long sleep) until killed."""
+    held = user.start_nodeagentctl(
+        *where(pool, munged), "alloc", "--name", name, "--nodes", str(nodes),
+        "--", "sleep", "600",
+    )  # fmt: skip
+
+    def running() -> bool:
+        if held.poll() is not None:
+            said = held.stdout.read() if held.stdout is not None else ""
+            raise AssertionError(f"alloc ended with {held.returncode}: {said}")
+        row = pool.jobs().get(name)
+        return row is not None and row["state"] == "running" and row["world_size"] == nodes
+
+    wait_for(running, 60, f"allocation {name} held")
+    return held
+
+
+def test_a_command_runs_on_every_node_as_the_user_labelled_worst_status(
+    pool: PoolCluster, munged: MungeDaemon, users: dict[str, User]
+) -> None:
+    alice, bob = users["alice"], users["bob"]
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    held = holding(pool, munged, alice, "held", 2)
+    try:
+        said = 'echo "task $RANK of $WORLD_SIZE as $(id -un) node rank $PET_NODE_RANK"; exit $RANK'
+        done = alice.nodeagentctl(
+            *where(pool, munged), "--job", "held", "run", "--", "/bin/sh", "-c", said
+        )
+        assert done.returncode == 1, done  # the worst of 0 and 1
+        lines = sorted(done.stdout.splitlines())
+        assert lines == [
+            f"a/0: task 0 of 2 as {alice.name} node rank 0",
+            f"b/1: task 1 of 2 as {alice.name} node rank 1",
+        ], done
+        assert "node b (task 1): exit 1" in done.stderr
+
+        one = alice.nodeagentctl(
+            *where(pool, munged), "--job", "held", "run", "-N", "1", "--no-label",
+            "--export", "GREETING=hello", "--", "/bin/sh", "-c", 'echo "$GREETING $WORLD_SIZE"',
+        )  # fmt: skip
+        assert (one.returncode, one.stdout) == (0, "hello 1\n"), one
+        missing = alice.nodeagentctl(
+            *where(pool, munged), "--job", "held", "run", "--", "/nonexistent/tool"
+        )
+        assert missing.returncode == 2 and "cannot start '/nonexistent/tool'" in missing.stderr
+
+        theirs = bob.nodeagentctl(*where(pool, munged), "--job", "held", "run", "--", "id")
+        assert theirs.returncode == 2 and "403" in theirs.stderr, theirs
+        assert f"{bob.name} may not: the job is another user's (its user alone may)" in (
+            theirs.stderr
+        )
+        operator = pool.ctl("--munge-socket", munged.socket, "--job", "held", "run", "--", "id")
+        assert operator.returncode == 2 and "its user alone may" in operator.stderr, operator
+        assert theirs.stdout == operator.stdout == ""
+    finally:
+        _end(held)
+
+
+def test_ctrl_c_reaches_every_task_and_a_lost_agent_ends_the_run(
+    pool: PoolCluster, munged: MungeDaemon, users: dict[str, User]
+) -> None:
+    alice = users["alice"]
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    held = holding(pool, munged, alice, "held-ctrl-c", 2)
+    trapping = 'trap "echo got INT; exit 3" INT; echo ready; while :; do sleep 0.1; done'
+    try:
+        run = alice.start_nodeagentctl(
+            *where(pool, munged), "--job", "held-ctrl-c", "run", "--", "/bin/sh", "-c", trapping
+        )
+        out = _until(run, lambda seen: seen.count("ready") == 2)
+        run.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C
+        rest, _ = run.communicate(timeout=60)  # closes its pipe
+        out += rest
+        assert run.returncode == 3, out
+        assert "a/0: got INT" in out and "b/1: got INT" in out, out
+
+        sleeping = alice.start_nodeagentctl(
+            *where(pool, munged),
+            "--job",
+            "held-ctrl-c",
+            "run",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo up; sleep 600",
+        )
+        _until(sleeping, lambda seen: seen.count("up") == 2)
+        pool.kill_tree("b")  # the node's agent, and what it runs, gone at once
+        rest, _ = sleeping.communicate(timeout=90)
+        assert sleeping.returncode == 255, rest
+        assert "node b (task 1): its agent closed the connection" in rest, rest
+        assert "a node is lost: ending the tasks on the others (SIGTERM)" in rest
+        assert "node a (task 0): killed by SIGTERM" in rest
+    finally:
+        _end(held)
+
+
+def _end(held: subprocess.Popen[str]) -> None:
+    """alloc's end as a terminal's: SIGTERM (it ends its shell and cancels the allocation)."""
+    held.terminate()
+    try:
+        held.wait(30)
+    except subprocess.TimeoutExpired:
+        held.kill()
+        held.wait()
+    if held.stdout is not None:
+        held.stdout.close()
+
+
+def _until(proc: subprocess.Popen[str], done: object, timeout: float = 60) -> str:
+    """What `proc` printed, read line by line until `done(seen)`."""
+    assert proc.stdout is not None and callable(done)
+    seen = ""
+
+    def more() -> bool:
+        nonlocal seen
+        line = proc.stdout.readline() if proc.stdout is not None else ""
+        if not line:
+            raise AssertionError(f"it ended first: {seen}")
+        seen += line
+        return bool(done(seen))
+
+    wait_for(more, timeout, "its tasks' lines")
+    return seen
+
+
+def test_alloc_then_run_torchrun_trains_a_ddp_model_across_two_agents(
+    pool: PoolCluster, munged: MungeDaemon, users: dict[str, User]
+) -> None:
+    alice = users["alice"]
+    script = pool.directory / "ddp.py"
+    script.write_text(DDP)
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    nested = [sys.executable, "-m", "nodeagent.cli.ctl", *where(pool, munged), "run", "--"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1"]
+    done = alice.run(
+        [
+            sys.executable,
+            "-m",
+            "nodeagent.cli.ctl",
+            *where(pool, munged),
+            "alloc",
+            "--nodes",
+            "2",
+            "--",
+            *nested,
+            *torchrun,
+            str(script),
+        ],
+        reach=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    for rank, node in ((0, "a"), (1, "b")):
+        assert f"{node}/{rank}: rank {rank} of 2 step 19 loss" in out, out
+        assert f"{node}/{rank}: rank {rank} done" in out
+    first = [line.split("loss ")[1] for line in out.splitlines() if "step 0 loss" in line]
+    last = [line.split("loss ")[1] for line in out.splitlines() if "step 19 loss" in line]
+    assert len(set(last)) == 1 and float(last[0]) < float(first[0]), out  # one model, trained
+
+
+UNSIGNED = "expected ?credential=<a MUNGE credential> (nodeagentctl run signs its requests)"
+BAD_RANK = "rank and size: whole numbers, 0 <= rank < size"
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("/run/j?credential=MUNGE:abc=:", ("j", "MUNGE:abc=:")),
+        ("/run/../x?credential=MUNGE:a:", "expected /run/JOB with a valid job id"),
+        ("/run/j", UNSIGNED),
+        ("/run/j?credential=token1.x", UNSIGNED),
+    ],
+)
+def test_parse_target(target: str, expected: object) -> None:
+    assert parse_target(target) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            b'{"argv": ["id"], "rank": 1, "size": 2, "env": {"A": "b"}}',
+            RunOrder(("id",), 1, 2, {"A": "b"}),
+        ),
+        (b'{"argv": []}', "argv: a list of 1 to 4096 strings"),
+        (b'{"argv": ["id", 3]}', "argv: strings without NUL, the first not empty"),
+        (b'{"argv": ["id"], "rank": 2, "size": 2}', f"{BAD_RANK} (got 2, 2)"),
+        (b'{"argv": ["id"], "rank": true}', f"{BAD_RANK} (got True, 1)"),
+        (b'{"argv": ["id"], "env": {"A B": "x"}}', "env: bad variable 'A B': a name of letters, digits and _"),  # noqa: E501
+        (b'{"argv": ["id"], "pid": 1}', "expected {argv, rank, size, env}"),
+        (b"[1]", "expected {argv, rank, size, env}"),
+        (b"\xff", "the body is not JSON"),
+    ],
+)  # fmt: skip
+def test_parse_order(body: bytes, expected: object) -> None:
+    assert parse_order(body) == expected
+
+
+def test_every_task_of_a_command_is_in_its_own_session_killed_with_what_it_left() -> None:
+    """supervisor/command.Command.wait: what a task left running in its group is killed at its
+    end, before it is reaped (so the group's id is still its own)."""
+    from nodeagent.supervisor.command import Command
+
+    popen = subprocess.Popen(
+        ["/bin/sh", "-c", "sleep 600 & echo $!"],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    command = Command(popen)
+    assert command.wait(30) == 0
+    assert popen.stdout is not None
+    left = int(popen.stdout.read().split()[0])
+    command.close()
+    wait_for(lambda: not _alive(left), 10, "what it left killed")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ")[1][0] != "Z"
