@@ -311,7 +311,9 @@ class JobRun:
         """Start a command its user runs in it here (nodeagentctl run), with the GPUs it
         holds here. Raises OSError: it cannot be started."""
         usable = self._health.usable
-        return self.supervisor.command(order.argv, order.rank, order.size, usable, order.env)
+        return self.supervisor.command(
+            order.argv, order.rank, order.size, usable, order.env, order.window
+        )
 
     def here(self) -> JobHere:
         """Its user and its live ranks on this node, for a request to its agent (the metrics

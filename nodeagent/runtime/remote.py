@@ -10,6 +10,8 @@ job's cgroup is swept by the next agent.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import codecs
 import contextlib
 import json
@@ -32,6 +34,7 @@ from nodeagent.telemetry.runwire import (
     frame,
     parse_order,
     parse_target,
+    parse_window,
     run_digest,
     signal_named,
 )
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 BODY_TIMEOUT_S = 10.0  # to send the request's body
 SEND_TIMEOUT_S = 30.0  # a caller that reads nothing for this long is gone
 HANG_UP_GRACE_S = 10.0
+MAX_LINE = 256 * 1024  # of the caller's: what is typed comes in lines of base64
 
 
 class Runs(Protocol):
@@ -180,6 +184,8 @@ class _Relay:
                         data = os.read(self._command.output, 65536)
                     except BlockingIOError:
                         continue
+                    except OSError:  # EIO: every end of its terminal closed
+                        return
                     if not data:
                         return
                     self._send({"out": self._decoder.decode(data)})
@@ -202,7 +208,7 @@ class _Relay:
     def _receive(self) -> None:
         """The caller's signal lines; its connection's end is CallerGone."""
         try:
-            chunk = self._sock.recv(4096)
+            chunk = self._sock.recv(65536)
         except (BlockingIOError, TimeoutError):
             raise
         except OSError as exc:
@@ -212,12 +218,24 @@ class _Relay:
         self._inbox += chunk
         while b"\n" in self._inbox:
             line, _, self._inbox = self._inbox.partition(b"\n")
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                sig = signal_named(str(json.loads(line).get("signal")))
-                if sig is not None:
-                    self._command.signal(sig)
-        if len(self._inbox) > 4096:  # no line in 4 KiB: not a caller of ours
+            with contextlib.suppress(ValueError, TypeError, AttributeError, binascii.Error):
+                self._obey(json.loads(line))
+        if len(self._inbox) > MAX_LINE:  # no line this long: not a caller of ours
             raise CallerGone()
+
+    def _obey(self, doc: dict[str, object]) -> None:
+        """One line of the caller's: a signal, what is typed, a terminal's new size."""
+        if "signal" in doc:
+            sig = signal_named(str(doc["signal"]))
+            if sig is not None:
+                self._command.signal(sig)
+        elif "in" in doc and isinstance(doc["in"], str):
+            with contextlib.suppress(OSError):  # it closed its terminal: its end says so
+                self._command.write(base64.b64decode(doc["in"], validate=True))
+        elif "resize" in doc:
+            window = parse_window(doc["resize"])
+            if isinstance(window, tuple):
+                self._command.resize(*window)
 
     def _beat(self) -> None:
         if time.monotonic() - self._said_at >= BEAT_S:

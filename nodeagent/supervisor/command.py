@@ -6,9 +6,12 @@ after a grace: as a terminal's hang-up ends a shell). Started by Spawner.command
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
+import struct
 import subprocess
+import termios
 import time
 
 POLL_S = 0.05
@@ -17,10 +20,31 @@ POLL_S = 0.05
 class Command:
     """One started command."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        assert popen.stdout is not None
+    def __init__(self, popen: subprocess.Popen[bytes], terminal: int = -1) -> None:
+        """`terminal`: the agent's end of its pseudo-terminal, if it runs on one (-1: its
+        output is a pipe, its stdin closed)."""
         self._popen = popen
-        self.output = popen.stdout.fileno()  # stdout and stderr together; EOF: all closed it
+        self.terminal = terminal >= 0
+        if terminal >= 0:
+            self.output = terminal  # what it writes, and where what it reads is written
+        else:
+            assert popen.stdout is not None
+            self.output = popen.stdout.fileno()  # stdout and stderr together
+
+    def write(self, data: bytes) -> None:
+        """Type `data` at its terminal (nothing without one). Raises OSError: it is gone."""
+        if self.terminal:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.output, view) :]
+
+    def resize(self, rows: int, columns: int) -> None:
+        """Its terminal's new size (the kernel tells its foreground group: SIGWINCH)."""
+        if self.terminal:
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(
+                    self.output, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0)
+                )
 
     @property
     def pid(self) -> int:
@@ -61,5 +85,7 @@ class Command:
         return -signal.SIGKILL if code is None else code
 
     def close(self) -> None:
-        assert self._popen.stdout is not None
-        self._popen.stdout.close()
+        if self.terminal:
+            os.close(self.output)
+        elif self._popen.stdout is not None:
+            self._popen.stdout.close()

@@ -410,11 +410,12 @@ class Supervisor:
         size: int,
         devices: Sequence[tuple[int, str]] | None,
         env: Mapping[str, str],
+        window: tuple[int, int] | None = None,
     ) -> Command:
         """A command its user runs in the job (nodeagentctl run; Spawner.command), as task
         `rank` of `size` (spec.task_env): with the environment of a live worker of this node,
         less what is that worker's own, the job's `devices` here (None: not known) and `env`
-        over it, in its working directory.
+        over it, in its working directory; with `window`, on a terminal of that size.
 
         Raises:
             OSError: no worker runs here now, or it cannot be started.
@@ -426,7 +427,8 @@ class Supervisor:
         given.update(task_env(base.env, rank, size))
         if devices:
             given.update(visible_devices_of(devices))
-        return Command(self._spawner.command(argv, {**given, **env}, base.cwd))
+        popen, terminal = self._spawner.command(argv, {**given, **env}, base.cwd, window)
+        return Command(popen, terminal)
 
     @property
     def tracer(self) -> WorkerUser | None:

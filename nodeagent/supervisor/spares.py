@@ -16,10 +16,13 @@ not beside it, so their imports do not slow the group's own start-up.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
+import struct
 import subprocess
+import termios
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -55,6 +58,7 @@ def die_with(
     oom_adjust: int = -1,
     space: int = 0,
     cpus: tuple[int, ...] = (),
+    terminal: bool = False,
 ) -> Callable[[], None]:
     """Runs in the child before exec, after the switch to the job's user: the kernel SIGKILLs
     it when the agent dies, even by SIGKILL (PR_SET_PDEATHSIG survives exec); with `cgroups`
@@ -64,14 +68,18 @@ def die_with(
     is as likely as any process to be chosen, the agent less; with `space` (the pid of its
     job's /dev/shm holder, supervisor/jobspace.py), it enters the job's namespaces; with
     `cpus`, it runs on those (near its GPUs: a placement, not a wall, so a refusal is let
-    be); with `cwd`, it enters that directory as the user. What fails is written to `tell`
-    (which step, its errno) and the child fails (Popen raises SubprocessError). Only a few
+    be); with `cwd`, it enters that directory as the user; with `terminal`, its stdin (a
+    pseudo-terminal's end) becomes its session's controlling terminal. What fails is written
+    to `tell` (which step, its errno) and the child fails (Popen raises SubprocessError). Only a few
     plain system calls here."""
 
     def preexec() -> None:
         bind_to(parent)
-        step = _CGROUP
+        step = _TERMINAL
         try:
+            if terminal:
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            step = _CGROUP
             for fd in cgroups:
                 os.write(fd, b"0")
             if oom_adjust >= 0:  # raising it back to 0 needs no privilege
@@ -97,7 +105,7 @@ def die_with(
     return preexec
 
 
-_CGROUP, _SPACE, _WORKDIR = b"c", b"s", b"w"  # the step of preexec that failed
+_CGROUP, _SPACE, _WORKDIR, _TERMINAL = b"c", b"s", b"w", b"t"  # the step of preexec that failed
 
 
 def _own_oom_adjust(path: Path = Path("/proc/self/oom_score_adj")) -> int:
@@ -117,11 +125,14 @@ def _start(
     cgroups: tuple[int, ...] = (),
     space: int = 0,
     cpus: tuple[int, ...] = (),
+    terminal: int = -1,
 ) -> subprocess.Popen[bytes]:
     """A worker-to-be in its own session (so a stop reaches all it forks), output on one pipe,
     running as `user` when the agent switches users, killed by the kernel if the agent dies,
     in the job's namespaces when it has a /dev/shm of its own (`space`: its holder's pid),
-    in the job's cgroup when it has one (`cgroups`: its `cgroup.procs` in each hierarchy,
+    on a pseudo-terminal's end, its controlling terminal, where `terminal` is one (>= 0: stdin,
+    stdout and stderr all on it), in the job's cgroup when it has one (`cgroups`: its
+    `cgroup.procs` in each hierarchy,
     open, close on exec: preexec_fn runs before CPython closes the fds, and the worker must not
     keep them, or it could move any process into the cgroup with the agent's credentials).
 
@@ -140,22 +151,25 @@ def _start(
     switch = user is not None and user.switch
     ids = (user.uid, user.gid, list(user.groups)) if user and switch else (None, None, None)
     as_user = cwd if switch else None
-    told, tell = os.pipe2(os.O_CLOEXEC) if as_user or cgroups or space else (-1, -1)
+    told, tell = (
+        os.pipe2(os.O_CLOEXEC) if as_user or cgroups or space or terminal >= 0 else (-1, -1)
+    )
     adjust = _own_oom_adjust()
     try:
+        on = terminal >= 0
         return subprocess.Popen(
             argv,
             env=env,
             cwd=None if as_user else cwd,
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stdin=terminal if on else stdin,
+            stdout=terminal if on else subprocess.PIPE,
+            stderr=terminal if on else subprocess.STDOUT,
             start_new_session=True,
             user=ids[0],
             group=ids[1],
             extra_groups=ids[2],
             preexec_fn=die_with(
-                os.getpid(), as_user, tell, cgroups, 0 if adjust < 0 else -1, space, cpus
+                os.getpid(), as_user, tell, cgroups, 0 if adjust < 0 else -1, space, cpus, on
             ),
         )
     except subprocess.SubprocessError:  # only preexec_fn raises it
@@ -167,6 +181,8 @@ def _start(
             raise JobCgroupError(
                 code, f"cannot enter its job's cgroup: {os.strerror(code)}"
             ) from None
+        if said[:1] == _TERMINAL:
+            raise OSError(code, f"cannot take its terminal: {os.strerror(code)}") from None
         if said[:1] == _SPACE:
             raise JobSpaceError(
                 code, f"cannot enter its job's /dev/shm: {os.strerror(code)}"
@@ -287,12 +303,18 @@ class Spawner:
         ), False
 
     def command(
-        self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None
-    ) -> subprocess.Popen[bytes]:
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None,
+        window: tuple[int, int] | None = None,
+    ) -> tuple[subprocess.Popen[bytes], int]:
         """A command its user runs in the job (nodeagentctl run), started as a worker is: as
-        the workers' user, in the job's cgroup and namespaces, in a session of its own, its
-        output on one pipe, killed by the kernel if the agent's thread that started it ends;
-        stdin closed. Never a spare; never in a container.
+        the workers' user, in the job's cgroup and namespaces, in a session of its own, killed
+        by the kernel if the agent's thread that started it ends; its output on one pipe and
+        stdin closed, or, with `window` (rows, columns), on a pseudo-terminal of that size, its
+        controlling terminal, handed to its user. Never a spare; never in a container. The
+        popen, and the terminal's end the agent keeps (-1: none).
 
         Raises:
             OSError: it cannot be started (a job whose workers run in containers: none is).
@@ -301,7 +323,25 @@ class Spawner:
             raise OSError("the job's workers run in containers: no command is started beside them")
         with self._making:
             space, cgroup = self._space(), self._cgroup()
-        return _start(argv, self._user_env(env), cwd, subprocess.DEVNULL, self.user, cgroup, space)
+        env = self._user_env(env)
+        if window is None:
+            popen = _start(argv, env, cwd, subprocess.DEVNULL, self.user, cgroup, space)
+            return popen, -1
+        ours, theirs = os.openpty()
+        try:
+            fcntl.ioctl(ours, termios.TIOCSWINSZ, struct.pack("HHHH", *window, 0, 0))
+            if self.user is not None and self.user.switch:
+                os.fchown(theirs, self.user.uid, -1)  # theirs to open again (/dev/pts/N)
+            env.setdefault("TERM", "xterm-256color")
+            popen = _start(
+                argv, env, cwd, subprocess.DEVNULL, self.user, cgroup, space, terminal=theirs
+            )
+        except BaseException:
+            os.close(ours)
+            raise
+        finally:
+            os.close(theirs)
+        return popen, ours
 
     def _cgroup(self) -> tuple[int, ...]:
         """The job's cgroup's `cgroup.procs` in each hierarchy, made and, with a device

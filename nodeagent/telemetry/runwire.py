@@ -7,7 +7,7 @@ The request, on the agent's metrics port (handed to a thread of its own, telemet
     POST /run/<job>?credential=C HTTP/1.1
     Content-Length: N
 
-    {"argv": [...], "rank": R, "size": S, "env": {NAME: VALUE}}
+    {"argv": [...], "rank": R, "size": S, "env": {NAME: VALUE}, "window": [ROWS, COLUMNS]}
 
 The credential is MUNGE's, of the job's user alone (not an operator: a command run as someone
 else is not theirs to start), bound to the method, the target and the body (`run_digest`). A
@@ -18,10 +18,14 @@ The answer, once the command started: `200` and newline-delimited JSON frames un
 while it says nothing, then `{"exit": code}` or `{"signal": name}` (it was killed) or
 `{"error": why}`. Before that, an error is an HTTP status with a line of text. The client sends
 `{"signal": name}` lines (SIGNALS) the other way; its connection closing hangs the command up.
+With a `window`, the command runs on a terminal of that size (`run --pty`): its output is the
+terminal's, and the client also sends what is typed, `{"in": base64}`, and the terminal's new
+size, `{"resize": [ROWS, COLUMNS]}`.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import re
@@ -50,15 +54,24 @@ _CREDENTIAL = re.compile(r"MUNGE:[A-Za-z0-9+/=]{1,4000}:")
 
 @dataclass(frozen=True)
 class RunOrder:
-    """What to run: `argv` as task `rank` of `size`, with `env` set over the job's."""
+    """What to run: `argv` as task `rank` of `size`, with `env` set over the job's; `window`:
+    on a terminal of (rows, columns)."""
 
     argv: tuple[str, ...]
     rank: int = 0
     size: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
+    window: tuple[int, int] | None = None
 
     def body(self) -> bytes:
-        doc = {"argv": list(self.argv), "rank": self.rank, "size": self.size, "env": self.env}
+        doc: dict[str, object] = {
+            "argv": list(self.argv),
+            "rank": self.rank,
+            "size": self.size,
+            "env": self.env,
+        }
+        if self.window is not None:
+            doc["window"] = list(self.window)
         return json.dumps(doc).encode()
 
 
@@ -89,8 +102,8 @@ def parse_order(body: bytes) -> RunOrder | str:
         doc = json.loads(body)
     except ValueError:
         return "the body is not JSON"
-    if not isinstance(doc, dict) or set(doc) - {"argv", "rank", "size", "env"}:
-        return "expected {argv, rank, size, env}"
+    if not isinstance(doc, dict) or set(doc) - {"argv", "rank", "size", "env", "window"}:
+        return "expected {argv, rank, size, env, window}"
     argv, rank, size, env = doc.get("argv"), doc.get("rank", 0), doc.get("size", 1), doc.get("env")
     if not isinstance(argv, list) or not argv or len(argv) > MAX_ARGS:
         return f"argv: a list of 1 to {MAX_ARGS} strings"
@@ -104,7 +117,23 @@ def parse_order(body: bytes) -> RunOrder | str:
     for name, value in env.items():
         if not _ENV_NAME.fullmatch(name) or not isinstance(value, str) or "\0" in value:
             return f"env: bad variable {str(name)[:40]!r}: a name of letters, digits and _"
-    return RunOrder(tuple(argv), rank, size, env)
+    window = parse_window(doc.get("window"))
+    if isinstance(window, str):
+        return window
+    return RunOrder(tuple(argv), rank, size, env, window)
+
+
+def parse_window(value: object) -> tuple[int, int] | str | None:
+    """A terminal's size, [rows, columns] (None: no terminal), or why it is a bad one. Pure."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 10_000 for v in value)
+    ):
+        return value[0], value[1]
+    return f"window: [rows, columns], each 1 to 9999 (got {str(value)[:40]})"
 
 
 def _count(value: object) -> bool:
@@ -224,8 +253,18 @@ class RunStream:
     def signal(self, name: str) -> None:
         """Send the command signal `name` (one of SIGNALS); a broken connection is let be (its
         reader says so)."""
+        self._tell({"signal": name})
+
+    def type(self, data: bytes) -> None:
+        """What is typed, for its terminal (run --pty)."""
+        self._tell({"in": base64.b64encode(data).decode()})
+
+    def resize(self, rows: int, columns: int) -> None:
+        self._tell({"resize": [rows, columns]})
+
+    def _tell(self, doc: Mapping[str, object]) -> None:
         with contextlib.suppress(OSError):
-            self._sock.sendall(frame({"signal": name}))
+            self._sock.sendall(frame(doc))
 
     def close(self) -> None:
         self._sock.close()

@@ -31,7 +31,8 @@ FORBIDDEN = (401, 403)
 
 @dataclass(frozen=True)
 class Output:
-    """A line a task wrote (its last may lack its newline)."""
+    """A line a task wrote (its last may lack its newline); on a terminal, what it wrote as it
+    came."""
 
     node: str
     rank: int
@@ -59,8 +60,10 @@ class Run:
         nodes: int | None,
         env: Mapping[str, str],
         sign: Sign,
+        window: tuple[int, int] | None = None,
     ) -> None:
-        """Starts them all, or none.
+        """Starts them all, or none; with `window` (rows, columns), on a terminal of that size
+        each (run --pty: one node).
 
         Raises:
             NotFoundError: no such job. RefusedError: a node refused the caller.
@@ -74,7 +77,10 @@ class Run:
         if unreachable or not places:
             raise UsageError("; ".join(unreachable) or f"job {logs.job} has no nodes now")
         asked = [p for p in places if isinstance(p, Place)]
-        orders = [RunOrder(tuple(argv), i, len(asked), dict(env)) for i in range(len(asked))]
+        orders = [
+            RunOrder(tuple(argv), i, len(asked), dict(env), window) for i in range(len(asked))
+        ]
+        self._raw = window is not None
         with ThreadPoolExecutor(len(asked), thread_name_prefix="run-open") as pool:
             opened = list(pool.map(lambda p, o: _open(logs.job, p, o, sign), asked, orders))
         failed = [o for o in opened if not isinstance(o, RunStream)]
@@ -111,6 +117,15 @@ class Run:
         for stream in self._streams:
             stream.signal(name)
 
+    def type(self, data: bytes) -> None:
+        """What is typed, to every task's terminal."""
+        for stream in self._streams:
+            stream.type(data)
+
+    def resize(self, rows: int, columns: int) -> None:
+        for stream in self._streams:
+            stream.resize(rows, columns)
+
     def close(self) -> None:
         """Leave: every task still running is hung up by its agent."""
         for stream in self._streams:
@@ -120,7 +135,9 @@ class Run:
         partial = ""
         try:
             for doc in stream.frames():
-                if "out" in doc:
+                if "out" in doc and self._raw:
+                    self._events.put(Output(node, rank, str(doc["out"])))
+                elif "out" in doc:
                     *lines, partial = (partial + str(doc["out"])).split("\n")
                     for line in lines:
                         self._events.put(Output(node, rank, line))

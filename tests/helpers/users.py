@@ -35,11 +35,11 @@ class User:
         self, argv: Sequence[str], reach: bool = False, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*self._as_user(reach), *argv],
+            [*self.argv_as(reach), *argv],
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=self._environ(),
+            env=self.environ(),
             cwd="/",
         )
 
@@ -49,19 +49,20 @@ class User:
     def start_nodeagentctl(self, *args: str) -> subprocess.Popen[str]:
         """nodeagentctl as this user, in the background: its output on one pipe."""
         return subprocess.Popen(
-            [*self._as_user(True), sys.executable, "-m", "nodeagent.cli.ctl", *args],
+            [*self.argv_as(True), sys.executable, "-m", "nodeagent.cli.ctl", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=self._environ(),
+            env=self.environ(),
             cwd="/",
         )
 
-    def _as_user(self, reach: bool) -> list[str]:
+    def argv_as(self, reach: bool = False) -> list[str]:
+        """What runs a command as this user (`reach`: reading every file, as a test needs)."""
         caps = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"] if reach else []
         return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", *caps]
 
-    def _environ(self) -> dict[str, str]:
+    def environ(self) -> dict[str, str]:
         environ = {k: v for k, v in os.environ.items() if k != "NODEAGENT_REDIS_PASSWORD"}
         environ.update(USER=self.name, LOGNAME=self.name, HOME="/nonexistent")
         return environ

@@ -6,10 +6,14 @@ returned, Ctrl-C passed on, another user (or an operator) refused, a lost agent 
 
 from __future__ import annotations
 
+import fcntl
 import os
+import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 from collections.abc import Iterator
 
 import pytest
@@ -266,9 +270,11 @@ def test_parse_target(target: str, expected: object) -> None:
         (b'{"argv": ["id"], "rank": 2, "size": 2}', f"{BAD_RANK} (got 2, 2)"),
         (b'{"argv": ["id"], "rank": true}', f"{BAD_RANK} (got True, 1)"),
         (b'{"argv": ["id"], "env": {"A B": "x"}}', "env: bad variable 'A B': a name of letters, digits and _"),  # noqa: E501
-        (b'{"argv": ["id"], "pid": 1}', "expected {argv, rank, size, env}"),
-        (b"[1]", "expected {argv, rank, size, env}"),
+        (b'{"argv": ["id"], "pid": 1}', "expected {argv, rank, size, env, window}"),
+        (b"[1]", "expected {argv, rank, size, env, window}"),
         (b"\xff", "the body is not JSON"),
+        (b'{"argv": ["sh"], "window": [24, 80]}', RunOrder(("sh",), window=(24, 80))),
+        (b'{"argv": ["sh"], "window": [0, 80]}', "window: [rows, columns], each 1 to 9999 (got [0, 80])"),  # noqa: E501
     ],
 )  # fmt: skip
 def test_parse_order(body: bytes, expected: object) -> None:
@@ -300,3 +306,78 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().split(") ")[1][0] != "Z"
+
+
+def test_a_terminal_on_a_node_driven_through_a_pseudo_terminal(
+    pool: PoolCluster, munged: MungeDaemon, users: dict[str, User]
+) -> None:
+    """run --pty: a shell on the job's first node, on a terminal the agent made there of this
+    one's size (and its new size), typed at through a pseudo-terminal as a person would:
+    Ctrl-C interrupts the far command, not the session; its exit is run's."""
+    alice = users["alice"]
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    held = holding(pool, munged, alice, "held-pty", 2)
+    ours, theirs = os.openpty()
+    _window(theirs, 24, 80)
+    command = [
+        *alice.argv_as(reach=True), sys.executable, "-m", "nodeagent.cli.ctl",
+        *where(pool, munged), "--job", "held-pty", "run", "--pty", "--", "/bin/sh",
+    ]  # fmt: skip
+    session = subprocess.Popen(
+        command, stdin=theirs, stdout=theirs, stderr=theirs, env=alice.environ(), cwd="/"
+    )
+    os.close(theirs)
+    screen = _Screen(ours)
+    try:
+        os.write(ours, b"echo $((6*7))-$RANK-$(id -un); tty; stty size\n")  # typed ahead
+        screen.until(f"42-0-{alice.name}")
+        screen.until("/dev/pts/")
+        screen.until("24 80")
+        _window(ours, 30, 100)  # our terminal resized: the far one follows
+        session.send_signal(signal.SIGWINCH)
+        wait_for(lambda: os.write(ours, b"stty size\n") and screen.seen("30 100"), 30, "resized")
+        os.write(ours, b"sleep 100; echo slept-$((2+3))\n")
+        sleeping = ["pgrep", "-u", alice.name, "-fx", "sleep 100"]
+        wait_for(lambda: subprocess.run(sleeping).returncode == 0, 30, "the far sleep started")
+        os.write(ours, b"\x03")  # Ctrl-C: the far terminal's SIGINT to its foreground job
+        os.write(ours, b"echo still-$((1+1))\n")
+        screen.until("still-2")
+        assert "slept-5" not in screen.text
+        os.write(ours, b"exit 3\n")
+        assert session.wait(60) == 3, screen.text
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
+        os.close(ours)
+        _end(held)
+
+
+def _window(fd: int, rows: int, columns: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+
+
+class _Screen:
+    """What a terminal showed, read as it comes."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self.text = ""
+
+    def seen(self, words: str) -> bool:
+        while select.select([self._fd], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(self._fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            self.text += chunk.decode("utf-8", "replace")
+        return words in self.text
+
+    def until(self, words: str, timeout: float = 30) -> None:
+        try:
+            wait_for(lambda: self.seen(words), timeout, f"{words!r} on the screen")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {self.text!r}") from None

@@ -219,8 +219,10 @@ def test_stack_dump_of_a_stopped_worker_via_faulthandler(
 ) -> None:
     """py-spy cannot read a SIGSTOPped process: the fallback is SIGUSR1, dumped once the stop
     (SIGTERM + SIGCONT) lets the process run."""
-    # as if py-spy were absent
-    monkeypatch.setattr("nodeagent.supervisor.worker._py_spy_dump", lambda pid: None)
+    def absent(pid: int, native: bool = False, user: object = None) -> str:
+        raise OSError("py-spy is not installed beside the agent")
+
+    monkeypatch.setattr("nodeagent.supervisor.worker.py_spy_dump", absent)
     h.sup.start(11, "n", h.specs(STALLS, n=1))
     wait_for(lambda: h.lines, 10, "worker up")
     pid = h.sup.workers()[0].pid

@@ -1,4 +1,4 @@
-"""`nodeagentctl run [--nodes K] [--export NAME[=VALUE]] [--no-label] -- CMD...`: a command
+"""`nodeagentctl run [--nodes K] [--export NAME[=VALUE]] [--no-label] [--pty] -- CMD...`: a command
 across a job's nodes, as srun inside salloc (views/run.py): one task a node, each started by
 its node's agent as the job's user, in the job's cgroup with its GPUs there and the
 environment its worker has, plus the task's place (RANK, WORLD_SIZE, torchrun's PET_* options,
@@ -9,6 +9,11 @@ SIGUSR1 and SIGUSR2 sent to `run` are passed on to every task; a second Ctrl-C w
 kills them (SIGKILL), as srun's. A lost node ends the others (SIGTERM). The exit status is the
 worst of the tasks' (a signal's: 128 + N; a lost node's: 255), as srun's. Needs pool.auth:
 munge: the agents run nothing for a caller they cannot tell.
+
+`--pty` (srun --pty): one task, on the job's first node, on a terminal the agent makes there
+(this terminal's size, kept as it changes); this terminal is put in raw mode and what is typed
+is sent (Ctrl-C too: the far terminal makes it the task's SIGINT), its output written as it
+comes, unlabelled.
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ import argparse
 import os
 import signal
 import sys
+import termios
+import threading
 import time
+import tty
 from types import FrameType
 
 from nodeagent.cli.ctl.logs import agent_signer
@@ -48,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-label", action="store_true", help="print each line as written, without node/rank"
     )
+    parser.add_argument(
+        "--pty",
+        action="store_true",
+        help="one task, on the first node, on a terminal (a shell: run --pty -- bash)",
+    )
     parser.set_defaults(argv=[])  # the command after `--` (nodeagentctl's main splits it off)
 
 
@@ -69,11 +82,49 @@ def run(target: Target, args: argparse.Namespace) -> int:
             "command for a caller they cannot tell (docs/interactive.md)"
         )
     logs = RankLogs(target.client, target.prefix, target.pool, job, sign)
-    started = Run(logs, argv, args.nodes, env, sign)
-    return _follow(started, not args.no_label)
+    if not args.pty:
+        return _follow(Run(logs, argv, args.nodes, env, sign), not args.no_label)
+    if args.nodes not in (None, 1):
+        raise UsageError(f"--pty runs one task, on the job's first node: not --nodes {args.nodes}")
+    if not os.isatty(sys.stdin.fileno()):
+        raise UsageError("--pty needs a terminal on stdin (run it from one, or leave --pty out)")
+    size = os.get_terminal_size(sys.stdin.fileno())
+    started = Run(logs, argv, 1, env, sign, (size.lines, size.columns))
+    return _at_terminal(started)
 
 
-def _follow(started: Run, label: bool) -> int:
+def _at_terminal(started: Run) -> int:
+    """This terminal's keys to the task's, its output here, until it ends (raw mode meanwhile,
+    restored after)."""
+    stdin = sys.stdin.fileno()
+    saved = termios.tcgetattr(stdin)
+
+    def resized(number: int, frame: FrameType | None) -> None:
+        size = os.get_terminal_size(stdin)
+        started.resize(size.lines, size.columns)
+
+    def typing() -> None:
+        while data := _read(stdin):
+            started.type(data)
+
+    window = signal.signal(signal.SIGWINCH, resized)
+    tty.setraw(stdin, termios.TCSADRAIN)  # what was typed ahead is kept, not flushed
+    try:
+        threading.Thread(target=typing, name="typing", daemon=True).start()
+        return _follow(started, label=False, raw=True)
+    finally:
+        termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
+        signal.signal(signal.SIGWINCH, window)
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return b""
+
+
+def _follow(started: Run, label: bool, raw: bool = False) -> int:
     """Print the tasks' lines and ends, passing signals on, until every task ended."""
     sent: list[signal.Signals] = []
 
@@ -95,12 +146,15 @@ def _follow(started: Run, label: bool) -> int:
                 else:
                     started.signal(sig.name)
                 interrupted_at = now if sig == signal.SIGINT else interrupted_at
-            if isinstance(event, Output):
+            if isinstance(event, Output) and raw:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            elif isinstance(event, Output):
                 print(f"{event.node}/{event.rank}: {event.text}" if label else event.text)
                 sys.stdout.flush()
             elif isinstance(event, Ended):
                 ends.append(event)
-                if event.status:
+                if event.status and not raw:
                     _say(f"node {event.node} (task {event.rank}): {event.said}")
                 if event.lost and not ending:
                     ending = True
