@@ -219,6 +219,7 @@ def test_stack_dump_of_a_stopped_worker_via_faulthandler(
 ) -> None:
     """py-spy cannot read a SIGSTOPped process: the fallback is SIGUSR1, dumped once the stop
     (SIGTERM + SIGCONT) lets the process run."""
+
     def absent(pid: int, native: bool = False, user: object = None) -> str:
         raise OSError("py-spy is not installed beside the agent")
 
