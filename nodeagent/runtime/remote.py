@@ -232,8 +232,6 @@ class _Relay:
         elif "in" in doc and isinstance(doc["in"], str):
             with contextlib.suppress(OSError):  # it closed its terminal: its end says so
                 self._command.write(base64.b64decode(doc["in"], validate=True))
-        elif doc.get("eof") is True:
-            self._command.end_input()
         elif "resize" in doc:
             window = parse_window(doc["resize"])
             if isinstance(window, tuple):

@@ -8,16 +8,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import queue
 import signal
 import struct
 import subprocess
 import termios
-import threading
 import time
 
 POLL_S = 0.05
-INPUT_CHUNKS = 64  # what is given to a task's stdin, waiting to be written (64 KiB each)
 
 
 class Command:
@@ -28,40 +25,18 @@ class Command:
         output is a pipe, its stdin closed)."""
         self._popen = popen
         self.terminal = terminal >= 0
-        self._input: queue.Queue[bytes | None] | None = None
         if terminal >= 0:
             self.output = terminal  # what it writes, and where what it reads is written
         else:
             assert popen.stdout is not None
             self.output = popen.stdout.fileno()  # stdout and stderr together
-        if popen.stdin is not None:  # fed by a thread of its own: a task that reads slowly
-            self._input = queue.Queue(INPUT_CHUNKS)  # holds that thread, not the relay's
-            threading.Thread(target=self._feed, name="run-stdin", daemon=True).start()
 
     def write(self, data: bytes) -> None:
-        """Type `data` at its terminal, or give it to its stdin (nothing without either).
-        Raises OSError: its terminal is gone."""
+        """Type `data` at its terminal (nothing without one). Raises OSError: it is gone."""
         if self.terminal:
             view = memoryview(data)
             while view:
                 view = view[os.write(self.output, view) :]
-        elif self._input is not None:
-            self._input.put(data)  # blocks once INPUT_CHUNKS wait: the caller waits too
-
-    def end_input(self) -> None:
-        """Its stdin's end (EOF), once what was given before is written."""
-        if self._input is not None:
-            self._input.put(None)
-
-    def _feed(self) -> None:
-        assert self._input is not None and self._popen.stdin is not None
-        stdin = self._popen.stdin
-        with contextlib.suppress(OSError):  # it closed its stdin, or exited: the rest is let go
-            while (data := self._input.get()) is not None:
-                stdin.write(data)
-                stdin.flush()
-        with contextlib.suppress(OSError):
-            stdin.close()
 
     def resize(self, rows: int, columns: int) -> None:
         """Its terminal's new size (the kernel tells its foreground group: SIGWINCH)."""
@@ -110,7 +85,6 @@ class Command:
         return -signal.SIGKILL if code is None else code
 
     def close(self) -> None:
-        self.end_input()
         if self.terminal:
             os.close(self.output)
         elif self._popen.stdout is not None:

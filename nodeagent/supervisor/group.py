@@ -411,13 +411,11 @@ class Supervisor:
         devices: Sequence[tuple[int, str]] | None,
         env: Mapping[str, str],
         window: tuple[int, int] | None = None,
-        stdin: bool = False,
     ) -> Command:
         """A command its user runs in the job (nodeagentctl run; Spawner.command), as task
         `rank` of `size` (spec.task_env): with the environment of a live worker of this node,
         less what is that worker's own, the job's `devices` here (None: not known) and `env`
-        over it, in its working directory; with `window`, on a terminal of that size; `stdin`:
-        given what its caller sends.
+        over it, in its working directory; with `window`, on a terminal of that size.
 
         Raises:
             OSError: no worker runs here now, or it cannot be started.
@@ -429,7 +427,7 @@ class Supervisor:
         given.update(task_env(base.env, rank, size))
         if devices:
             given.update(visible_devices_of(devices))
-        popen, terminal = self._spawner.command(argv, {**given, **env}, base.cwd, window, stdin)
+        popen, terminal = self._spawner.command(argv, {**given, **env}, base.cwd, window)
         return Command(popen, terminal)
 
     @property

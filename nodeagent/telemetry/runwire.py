@@ -7,8 +7,7 @@ The request, on the agent's metrics port (handed to a thread of its own, telemet
     POST /run/<job>?credential=C HTTP/1.1
     Content-Length: N
 
-    {"argv": [...], "rank": R, "size": S, "env": {NAME: VALUE}, "window": [ROWS, COLUMNS],
-     "stdin": true}
+    {"argv": [...], "rank": R, "size": S, "env": {NAME: VALUE}, "window": [ROWS, COLUMNS]}
 
 The credential is MUNGE's, of the job's user alone (not an operator: a command run as someone
 else is not theirs to start), bound to the method, the target and the body (`run_digest`). A
@@ -21,8 +20,7 @@ while it says nothing, then `{"exit": code}` or `{"signal": name}` (it was kille
 `{"signal": name}` lines (SIGNALS) the other way; its connection closing hangs the command up.
 With a `window`, the command runs on a terminal of that size (`run --pty`): its output is the
 terminal's, and the client also sends what is typed, `{"in": base64}`, and the terminal's new
-size, `{"resize": [ROWS, COLUMNS]}`. With `stdin` (and no window), the command's stdin is a
-pipe the client feeds with `{"in": base64}` lines, then `{"eof": true}`; without, it is closed.
+size, `{"resize": [ROWS, COLUMNS]}`.
 """
 
 from __future__ import annotations
@@ -64,7 +62,6 @@ class RunOrder:
     size: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
     window: tuple[int, int] | None = None
-    stdin: bool = False
 
     def body(self) -> bytes:
         doc: dict[str, object] = {
@@ -75,8 +72,6 @@ class RunOrder:
         }
         if self.window is not None:
             doc["window"] = list(self.window)
-        if self.stdin:
-            doc["stdin"] = True
         return json.dumps(doc).encode()
 
 
@@ -107,8 +102,8 @@ def parse_order(body: bytes) -> RunOrder | str:
         doc = json.loads(body)
     except ValueError:
         return "the body is not JSON"
-    if not isinstance(doc, dict) or set(doc) - {"argv", "rank", "size", "env", "window", "stdin"}:
-        return "expected {argv, rank, size, env, window, stdin}"
+    if not isinstance(doc, dict) or set(doc) - {"argv", "rank", "size", "env", "window"}:
+        return "expected {argv, rank, size, env, window}"
     argv, rank, size, env = doc.get("argv"), doc.get("rank", 0), doc.get("size", 1), doc.get("env")
     if not isinstance(argv, list) or not argv or len(argv) > MAX_ARGS:
         return f"argv: a list of 1 to {MAX_ARGS} strings"
@@ -125,10 +120,7 @@ def parse_order(body: bytes) -> RunOrder | str:
     window = parse_window(doc.get("window"))
     if isinstance(window, str):
         return window
-    stdin = doc.get("stdin", False)
-    if not isinstance(stdin, bool):
-        return "stdin: true or false"
-    return RunOrder(tuple(argv), rank, size, env, window, stdin and window is None)
+    return RunOrder(tuple(argv), rank, size, env, window)
 
 
 def parse_window(value: object) -> tuple[int, int] | str | None:
@@ -269,10 +261,6 @@ class RunStream:
 
     def resize(self, rows: int, columns: int) -> None:
         self._tell({"resize": [rows, columns]})
-
-    def end_input(self) -> None:
-        """The end of what is given to its stdin."""
-        self._tell({"eof": True})
 
     def _tell(self, doc: Mapping[str, object]) -> None:
         with contextlib.suppress(OSError):

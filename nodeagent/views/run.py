@@ -61,11 +61,9 @@ class Run:
         env: Mapping[str, str],
         sign: Sign,
         window: tuple[int, int] | None = None,
-        stdin: bool = False,
     ) -> None:
         """Starts them all, or none; with `window` (rows, columns), on a terminal of that size
-        each (run --pty: one node); `stdin`: task 0's is fed by `give` (srun's default), the
-        others' closed.
+        each (run --pty: one node).
 
         Raises:
             NotFoundError: no such job. RefusedError: a node refused the caller.
@@ -80,8 +78,7 @@ class Run:
             raise UsageError("; ".join(unreachable) or f"job {logs.job} has no nodes now")
         asked = [p for p in places if isinstance(p, Place)]
         orders = [
-            RunOrder(tuple(argv), i, len(asked), dict(env), window, stdin and i == 0)
-            for i in range(len(asked))
+            RunOrder(tuple(argv), i, len(asked), dict(env), window) for i in range(len(asked))
         ]
         self._raw = window is not None
         with ThreadPoolExecutor(len(asked), thread_name_prefix="run-open") as pool:
@@ -128,14 +125,6 @@ class Run:
     def resize(self, rows: int, columns: int) -> None:
         for stream in self._streams:
             stream.resize(rows, columns)
-
-    def give(self, data: bytes) -> None:
-        """What task 0's stdin reads next."""
-        self._streams[0].type(data)
-
-    def end_input(self) -> None:
-        """Task 0's stdin's end."""
-        self._streams[0].end_input()
 
     def close(self) -> None:
         """Leave: every task still running is hung up by its agent."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import fcntl
 import os
 import select
-import shlex
 import signal
 import struct
 import subprocess
@@ -119,12 +118,6 @@ def test_a_command_runs_on_every_node_as_the_user_labelled_worst_status(
             "--export", "GREETING=hello", "--", "/bin/sh", "-c", 'echo "$GREETING $WORLD_SIZE"',
         )  # fmt: skip
         assert (one.returncode, one.stdout) == (0, "hello 1\n"), one
-        # stdin, a pipe here: task 0's (1 MiB of it), the others' closed, as srun's
-        ctl = [sys.executable, "-m", "nodeagent.cli.ctl", *where(pool, munged), "--job", "held"]
-        counted = shlex.join([*ctl, "run", "--", "/bin/sh", "-c", 'echo "$RANK: $(wc -c)"'])
-        piped = alice.run(["/bin/sh", "-c", f"head -c 1048576 /dev/zero | {counted}"], reach=True)
-        assert piped.returncode == 0, piped
-        assert sorted(piped.stdout.splitlines()) == ["a/0: 0: 1048576", "b/1: 1: 0"], piped
         missing = alice.nodeagentctl(
             *where(pool, munged), "--job", "held", "run", "--", "/nonexistent/tool"
         )
@@ -277,13 +270,10 @@ def test_parse_target(target: str, expected: object) -> None:
         (b'{"argv": ["id"], "rank": 2, "size": 2}', f"{BAD_RANK} (got 2, 2)"),
         (b'{"argv": ["id"], "rank": true}', f"{BAD_RANK} (got True, 1)"),
         (b'{"argv": ["id"], "env": {"A B": "x"}}', "env: bad variable 'A B': a name of letters, digits and _"),  # noqa: E501
-        (b'{"argv": ["id"], "pid": 1}', "expected {argv, rank, size, env, window, stdin}"),
-        (b"[1]", "expected {argv, rank, size, env, window, stdin}"),
+        (b'{"argv": ["id"], "pid": 1}', "expected {argv, rank, size, env, window}"),
+        (b"[1]", "expected {argv, rank, size, env, window}"),
         (b"\xff", "the body is not JSON"),
         (b'{"argv": ["sh"], "window": [24, 80]}', RunOrder(("sh",), window=(24, 80))),
-        (b'{"argv": ["cat"], "stdin": true}', RunOrder(("cat",), stdin=True)),
-        (b'{"argv": ["sh"], "window": [2, 8], "stdin": true}', RunOrder(("sh",), window=(2, 8))),
-        (b'{"argv": ["cat"], "stdin": 1}', "stdin: true or false"),
         (b'{"argv": ["sh"], "window": [0, 80]}', "window: [rows, columns], each 1 to 9999 (got [0, 80])"),  # noqa: E501
     ],
 )  # fmt: skip

@@ -1,15 +1,14 @@
-"""`nodeagentctl run [--nodes K] [--export NAME[=VALUE]] [--no-label] [--pty] -- CMD...`: a
-command across a job's nodes, as srun inside salloc (views/run.py): one task a node, each started by
+"""`nodeagentctl run [--nodes K] [--export NAME[=VALUE]] [--no-label] [--pty] -- CMD...`: a command
+across a job's nodes, as srun inside salloc (views/run.py): one task a node, each started by
 its node's agent as the job's user, in the job's cgroup with its GPUs there and the
 environment its worker has, plus the task's place (RANK, WORLD_SIZE, torchrun's PET_* options,
 SLURM_PROCID...). The job: --job, else $NODEAGENT_JOB_ID (set in an `alloc` shell).
 
 Each line comes labelled `node/rank: ` (--no-label: as written). Ctrl-C and SIGTERM, SIGHUP,
 SIGUSR1 and SIGUSR2 sent to `run` are passed on to every task; a second Ctrl-C within a second
-kills them (SIGKILL), as srun's. Its stdin, when it is a pipe or a file, is task 0's (a
-terminal's is not read: the tasks' stdin is closed). A lost node ends the others (SIGTERM).
-The exit status is the worst of the tasks' (a signal's: 128 + N; a lost node's: 255), as
-srun's. Needs pool.auth: munge: the agents run nothing for a caller they cannot tell.
+kills them (SIGKILL), as srun's. A lost node ends the others (SIGTERM). The exit status is the
+worst of the tasks' (a signal's: 128 + N; a lost node's: 255), as srun's. Needs pool.auth:
+munge: the agents run nothing for a caller they cannot tell.
 
 `--pty` (srun --pty): one task, on the job's first node, on a terminal the agent makes there
 (this terminal's size, kept as it changes); this terminal is put in raw mode and what is typed
@@ -84,11 +83,7 @@ def run(target: Target, args: argparse.Namespace) -> int:
         )
     logs = RankLogs(target.client, target.prefix, target.pool, job, sign)
     if not args.pty:
-        given = not os.isatty(sys.stdin.fileno())  # a pipe or a file: task 0's, as srun's
-        started = Run(logs, argv, args.nodes, env, sign, stdin=given)
-        if given:
-            threading.Thread(target=_give, args=(started,), name="stdin", daemon=True).start()
-        return _follow(started, not args.no_label)
+        return _follow(Run(logs, argv, args.nodes, env, sign), not args.no_label)
     if args.nodes not in (None, 1):
         raise UsageError(f"--pty runs one task, on the job's first node: not --nodes {args.nodes}")
     if not os.isatty(sys.stdin.fileno()):
@@ -122,16 +117,9 @@ def _at_terminal(started: Run) -> int:
         signal.signal(signal.SIGWINCH, window)
 
 
-def _give(started: Run) -> None:
-    """This stdin, to task 0's, then its end."""
-    while data := _read(sys.stdin.fileno(), 65536):
-        started.give(data)
-    started.end_input()
-
-
-def _read(fd: int, most: int = 4096) -> bytes:
+def _read(fd: int) -> bytes:
     try:
-        return os.read(fd, most)
+        return os.read(fd, 4096)
     except OSError:
         return b""
 
