@@ -17,7 +17,7 @@ import contextlib
 import json
 import logging
 import os
-import selectors
+import select
 import signal
 import socket
 import time
@@ -45,6 +45,25 @@ BODY_TIMEOUT_S = 10.0  # to send the request's body
 SEND_TIMEOUT_S = 30.0  # a caller that reads nothing for this long is gone
 HANG_UP_GRACE_S = 10.0
 MAX_LINE = 256 * 1024  # of the caller's: what is typed comes in lines of base64
+DRAIN_S = 1.0  # after its exit, what is left of its output is sent for this long at most
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal other than the first and last
+        return f"SIG{number}"
+
+
+def _notice_silence(sock: socket.socket) -> None:
+    """A caller whose host vanished (no FIN, no RST) is noticed within SEND_TIMEOUT_S, not
+    when TCP gives up retrying, 15 minutes on: keepalives, and a bound on unacknowledged data."""
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, int(SEND_TIMEOUT_S / 2))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(SEND_TIMEOUT_S * 1000))
 
 
 class Runs(Protocol):
@@ -110,7 +129,8 @@ class RunHandoff:
         runs = self._jobs(job)
         if runs is None:
             return 404, f"node {self._node} runs no job {job}"
-        why = self._access.may_act(run_digest(job, body), credential, runs.uid, False)
+        digest = run_digest(job, self._node, body)  # a credential for another node is refused
+        why = self._access.may_act(digest, credential, runs.uid, False)
         if why is not None:
             return 403, why
         try:
@@ -131,8 +151,13 @@ def _body(sock: socket.socket, head: bytes, rest: bytes) -> bytes | tuple[int, s
     if length is None or not 0 < length <= MAX_BODY:
         return 400, f"expected a Content-Length of 1 to {MAX_BODY} bytes"
     body = rest
+    deadline = time.monotonic() + BODY_TIMEOUT_S  # for the whole body, however slowly sent
     try:
         while len(body) < length:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError()
+            sock.settimeout(left)
             chunk = sock.recv(min(65536, length - len(body)))
             if not chunk:
                 return 400, "the body ended early"
@@ -155,10 +180,10 @@ class _Relay:
 
     def run(self) -> None:
         self._sock.settimeout(SEND_TIMEOUT_S)
+        _notice_silence(self._sock)
         try:
             self._send_raw(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n\r\n")
-            self._relay_output()
-            code = self._await_end()
+            code = self._relay()
         except CallerGone:
             code = self._command.hang_up(HANG_UP_GRACE_S)
             log.info("run: its caller went away; hung up (status %d)", code)
@@ -167,42 +192,63 @@ class _Relay:
             if code >= 0:
                 self._send({"exit": code})
             else:
-                self._send({"signal": signal.Signals(-code).name})
+                self._send({"signal": _signal_name(-code)})
 
-    def _relay_output(self) -> None:
-        """Until its output closes: each chunk sent as it comes, signals passed on."""
-        os.set_blocking(self._command.output, False)
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._command.output, selectors.EVENT_READ)
-            selector.register(self._sock, selectors.EVENT_READ)
-            while True:
-                for key, _ in selector.select(BEAT_S):
-                    if key.fileobj is self._sock:
-                        self._receive()
-                        continue
-                    try:
-                        data = os.read(self._command.output, 65536)
-                    except BlockingIOError:
-                        continue
-                    except OSError:  # EIO: every end of its terminal closed
-                        return
-                    if not data:
-                        return
-                    self._send({"out": self._decoder.decode(data)})
-                self._beat()
+    def _relay(self) -> int:
+        """Its output sent as it comes, its caller's lines obeyed, until it exits (what it
+        left in its group killed then: Command.wait); then what is left of its output; its
+        status."""
+        output, caller = self._command.output, self._sock.fileno()
+        os.set_blocking(output, False)
+        code: int | None = None
+        drain_until = 0.0
+        while True:
+            pending = self._command.pending_input
+            readable, writable, _ = select.select(
+                [output, caller], [output] if pending else [], [], BEAT_S / 3
+            )
+            if caller in readable:
+                with contextlib.suppress(BlockingIOError, TimeoutError):
+                    self._receive()
+            if writable:
+                self._command.flush_input()
+            if output in readable and not self._read_output():
+                break  # every writer of its output closed it
+            if code is None:
+                code = self._command.wait(0)
+                if code is not None:  # its group was killed with it: its output ends soon
+                    drain_until = time.monotonic() + DRAIN_S
+            elif time.monotonic() >= drain_until:
+                break
+            self._beat()
+        if code is None:
+            code = self._await_end()
+        tail = self._decoder.decode(b"", final=True)
+        if tail:
+            self._send({"out": tail})
+        return code
+
+    def _read_output(self) -> bool:
+        """Send what it wrote; False at its output's end."""
+        try:
+            data = os.read(self._command.output, 65536)
+        except BlockingIOError:
+            return True
+        except OSError:  # EIO: every end of its terminal closed
+            return False
+        if data:
+            self._send({"out": self._decoder.decode(data)})
+        return bool(data)
 
     def _await_end(self) -> int:
-        """Its status, once it exits (it may go on after closing its output)."""
+        """Its status, once it exits (it closed its output first)."""
         while True:
             code = self._command.wait(BEAT_S / 3)
             if code is not None:
                 return code
-            with contextlib.suppress(BlockingIOError, TimeoutError):
-                self._sock.setblocking(False)
-                try:
+            if select.select([self._sock.fileno()], [], [], 0)[0]:
+                with contextlib.suppress(BlockingIOError, TimeoutError):
                     self._receive()
-                finally:
-                    self._sock.settimeout(SEND_TIMEOUT_S)
             self._beat()
 
     def _receive(self) -> None:
@@ -230,8 +276,7 @@ class _Relay:
             if sig is not None:
                 self._command.signal(sig)
         elif "in" in doc and isinstance(doc["in"], str):
-            with contextlib.suppress(OSError):  # it closed its terminal: its end says so
-                self._command.write(base64.b64decode(doc["in"], validate=True))
+            self._command.write(base64.b64decode(doc["in"], validate=True))
         elif "resize" in doc:
             window = parse_window(doc["resize"])
             if isinstance(window, tuple):

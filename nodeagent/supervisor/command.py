@@ -15,6 +15,7 @@ import termios
 import time
 
 POLL_S = 0.05
+MAX_PENDING = 1 << 20  # typed at its terminal and not yet taken
 
 
 class Command:
@@ -25,6 +26,7 @@ class Command:
         output is a pipe, its stdin closed)."""
         self._popen = popen
         self.terminal = terminal >= 0
+        self._pending = b""  # typed, not yet taken by its terminal
         if terminal >= 0:
             self.output = terminal  # what it writes, and where what it reads is written
         else:
@@ -32,11 +34,27 @@ class Command:
             self.output = popen.stdout.fileno()  # stdout and stderr together
 
     def write(self, data: bytes) -> None:
-        """Type `data` at its terminal (nothing without one). Raises OSError: it is gone."""
+        """Type `data` at its terminal (nothing without one): held until its terminal takes it
+        (`flush_input` when it may), at most MAX_PENDING bytes (what is typed beyond, while it
+        reads nothing, is dropped, as a full terminal's input queue drops it)."""
         if self.terminal:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.output, view) :]
+            self._pending += data[: max(0, MAX_PENDING - len(self._pending))]
+            self.flush_input()
+
+    @property
+    def pending_input(self) -> bool:
+        return bool(self._pending)
+
+    def flush_input(self) -> None:
+        """Write what is held for its terminal, as much as it takes now (its end is
+        non-blocking: the relay's)."""
+        try:
+            while self._pending:
+                self._pending = self._pending[os.write(self.output, self._pending) :]
+        except BlockingIOError:
+            pass
+        except OSError:  # its terminal is gone: its output's end says so
+            self._pending = b""
 
     def resize(self, rows: int, columns: int) -> None:
         """Its terminal's new size (the kernel tells its foreground group: SIGWINCH)."""

@@ -443,12 +443,13 @@ class Spawner:
                     return
 
     def _start_spare(self, spec: WorkerSpec) -> _Spare:
-        space = self._space()
+        with self._making:
+            space, cgroup = self._space(), self._cgroup()
         spec = self._as_user(spec)
         interpreter = split_python(spec.argv)[0]
         env = static_env(spec.env)
         argv = [*interpreter, "-m", SPARE_MODULE, *self._modules]
-        cgroup, cpus = self._cgroup(), self._cpus(spec)
+        cpus = self._cpus(spec)
         popen = _start(argv, env, spec.cwd, subprocess.PIPE, self.user, cgroup, space, cpus)
         return _Spare(popen, interpreter, env, spec.cwd)
 
@@ -464,9 +465,10 @@ class Spawner:
         self._spares.clear()
         if self.containers is not None:
             self.containers.close()
-        if self._devices is not None:
-            self._devices.close()
-        if self.space is not None:
-            self.space.close()
-        if self.cgroup is not None:
-            self.cgroup.close()
+        with self._making:  # not while a command's start makes them (Spawner.command)
+            if self._devices is not None:
+                self._devices.close()
+            if self.space is not None:
+                self.space.close()
+            if self.cgroup is not None:
+                self.cgroup.close()

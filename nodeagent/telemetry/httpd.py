@@ -22,6 +22,7 @@ most `max_handoffs` at once: beyond, 503), so the scrapes go on meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import selectors
@@ -331,12 +332,19 @@ class HttpServer:
         if not self._handoffs.acquire(blocking=False):
             return response(503, b"busy: too many long requests at once; try again\n", TEXT)
         rest = conn.inbox.partition(b"\r\n\r\n")[2]
+        thread = threading.Thread(
+            target=self._serve_handed, args=(conn.sock, head, rest), name="handoff", daemon=True
+        )
         self._conns.pop(conn.sock.fileno(), None)
         self._selector.unregister(conn.sock)
         conn.sock.setblocking(True)
-        threading.Thread(
-            target=self._serve_handed, args=(conn.sock, head, rest), name="handoff", daemon=True
-        ).start()
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had: this request is refused, the server goes on
+            self._handoffs.release()
+            with contextlib.suppress(OSError):
+                conn.sock.sendall(response(503, b"busy: no thread for it; try again\n", TEXT))
+            conn.sock.close()
         return None
 
     def _serve_handed(self, sock: socket.socket, head: bytes, rest: bytes) -> None:

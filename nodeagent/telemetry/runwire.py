@@ -10,7 +10,9 @@ The request, on the agent's metrics port (handed to a thread of its own, telemet
     {"argv": [...], "rank": R, "size": S, "env": {NAME: VALUE}, "window": [ROWS, COLUMNS]}
 
 The credential is MUNGE's, of the job's user alone (not an operator: a command run as someone
-else is not theirs to start), bound to the method, the target and the body (`run_digest`). A
+else is not theirs to start), bound to the method, the target, the node and the body
+(`run_digest`). The stream itself is plain TCP, as the rest of the metrics port: its integrity
+is the network's. A
 pool without pool.auth: munge runs no command: nobody could tell who asks.
 
 The answer, once the command started: `200` and newline-delimited JSON frames until the end,
@@ -31,6 +33,7 @@ import json
 import re
 import signal
 import socket
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,13 +78,14 @@ class RunOrder:
         return json.dumps(doc).encode()
 
 
-def run_digest(job: str, body: bytes) -> str:
-    """What a run request's credential binds: its method, target and body."""
-    return digest_of(f"POST {PREFIX}{job}\n".encode() + body)
+def run_digest(job: str, node: str, body: bytes) -> str:
+    """What a run request's credential binds: its method, target, the node it is for (one
+    replayed at another node of the job is refused there) and its body."""
+    return digest_of(f"POST {PREFIX}{job} {node}\n".encode() + body)
 
 
-def run_payload(job: str, body: bytes) -> str:
-    return bound(run_digest(job, body))
+def run_payload(job: str, node: str, body: bytes) -> str:
+    return bound(run_digest(job, node, body))
 
 
 def parse_target(target: str) -> tuple[str, str] | str:
@@ -171,6 +175,7 @@ class RunStream:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._buffer = b""
+        self._sending = threading.Lock()  # a frame is sent whole, whoever sends it
 
     @classmethod
     def open(
@@ -263,7 +268,7 @@ class RunStream:
         self._tell({"resize": [rows, columns]})
 
     def _tell(self, doc: Mapping[str, object]) -> None:
-        with contextlib.suppress(OSError):
+        with self._sending, contextlib.suppress(OSError):
             self._sock.sendall(frame(doc))
 
     def close(self) -> None:

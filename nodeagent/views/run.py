@@ -174,7 +174,8 @@ def _end(node: str, rank: int, doc: Mapping[str, object]) -> Ended:
 def _open(job: str, place: Place, order: RunOrder, sign: Sign) -> RunStream | Exception:
     where = f"node {place.node} at {place.address}"
     try:
-        return RunStream.open(place.address, job, order, sign(run_payload(job, order.body())))
+        credential = sign(run_payload(job, place.node, order.body()))
+        return RunStream.open(place.address, job, order, credential)
     except RunRefused as exc:
         if exc.code in FORBIDDEN:
             return RefusedError(f"{where}: {exc}", exc.code)

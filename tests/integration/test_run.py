@@ -118,6 +118,15 @@ def test_a_command_runs_on_every_node_as_the_user_labelled_worst_status(
             "--export", "GREETING=hello", "--", "/bin/sh", "-c", 'echo "$GREETING $WORLD_SIZE"',
         )  # fmt: skip
         assert (one.returncode, one.stdout) == (0, "hello 1\n"), one
+        # a task that leaves a process behind, holding its output open: the task's end is
+        # the run's, and what it left is killed
+        behind = 'sleep 600 & echo "left $!"'
+        left = alice.nodeagentctl(
+            *where(pool, munged), "--job", "held", "run", "--", "/bin/sh", "-c", behind
+        )
+        pids = [int(line.split()[-1]) for line in left.stdout.splitlines() if " left " in line]
+        assert left.returncode == 0 and len(pids) == 2, left
+        wait_for(lambda: not any(_alive(pid) for pid in pids), 10, "the sleeps left killed")
         missing = alice.nodeagentctl(
             *where(pool, munged), "--job", "held", "run", "--", "/nonexistent/tool"
         )
