@@ -318,11 +318,10 @@ class JobRun:
     def here(self) -> JobHere:
         """Its user and its live ranks on this node, for a request to its agent (the metrics
         server's thread asks: `workers()` reads a whole list)."""
-        uid = self.uid
-        live = [w for w in self.supervisor.workers() if w.pid and w.exit_code is None]
-        ranks = tuple(RankHere(w.rank, w.pid) for w in live if w.pid)
+        workers = self.supervisor.workers()
+        ranks = tuple(RankHere(w.rank, w.pid) for w in workers if w.pid and w.exit_code is None)
         tracer = self.supervisor.tracer
-        return JobHere(uid, ranks, lambda pid, native: py_spy_dump(pid, native, tracer))
+        return JobHere(self.uid, ranks, lambda pid, native: py_spy_dump(pid, native, tracer))
 
     @property
     def outcome(self) -> int | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from nodeagent.coord.client import Redis
 from nodeagent.coord.keys import JobKeys, PoolKeys
 from nodeagent.coord.pool import PoolStore
-from nodeagent.coord.replies import NodeLease
+from nodeagent.coord.replies import NodeLease, Snapshot
 from nodeagent.coord.store import JobStore
 from nodeagent.errors import NotFoundError, RefusedError, UsageError
 from nodeagent.model.job import JobRecord
@@ -99,18 +99,9 @@ class RankLogs:
         """The job's record, and the place of `rank` or why it has none.
 
         Raises: NotFoundError: no such job."""
-        snapshot = self._store.snapshot()
-        record = snapshot.stored_record or snapshot.record
-        if record is None:
-            status = self._pool.read().jobs.get(self.job)
-            if status is None:
-                raise NotFoundError(
-                    f"no such job {self.job!r} ({self._where}): check the id and --redis"
-                )
-            return (
-                None,
-                f"job {self.job} has no ranks: it is {status.state.value} ({status.reason})",
-            )
+        snapshot, record = self._record()
+        if isinstance(record, str):
+            return None, record
         ranks = len(record.members) * record.nproc_per_node
         if not 0 <= rank < ranks:
             if not ranks:
@@ -127,13 +118,30 @@ class RankLogs:
         """The job's record, and where each of its members' agents listens or why it cannot
         be asked.
 
-        Raises: NotFoundError: no such job; UsageError: it has no ranks now."""
-        record, place = self.locate(0)
-        if record is None:
-            raise UsageError(str(place))
-        snapshot = self._store.snapshot()
+        Raises: NotFoundError: no such job; UsageError: it has no record (not started)."""
+        snapshot, record = self._record()
+        if isinstance(record, str):
+            raise UsageError(record)
         places = [self._place(n, record.generation, snapshot.leases) for n in record.members]
         return record, places
+
+    def _record(self) -> tuple[Snapshot, JobRecord | str]:
+        """One read of the job's keys, and its record or why it has none.
+
+        Raises: NotFoundError: no such job."""
+        snapshot = self._store.snapshot()
+        record = snapshot.stored_record or snapshot.record
+        if record is not None:
+            return snapshot, record
+        status = self._pool.read().jobs.get(self.job)
+        if status is None:
+            raise NotFoundError(
+                f"no such job {self.job!r} ({self._where}): check the id and --redis"
+            )
+        return (
+            snapshot,
+            f"job {self.job} has no ranks: it is {status.state.value} ({status.reason})",
+        )
 
     def _place(self, node: str, generation: int, leases: Sequence[NodeLease]) -> Place | str:
         """Where the node's agent listens (its job report's address, else its pool report's),
