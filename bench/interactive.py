@@ -1,5 +1,5 @@
 """How long interactive work takes on an idle pool: `alloc` to its shell, `run -- hostname`
-across 8 nodes, `stacks` of an 8-rank job.
+across 8 nodes, `stacks` of an 8-rank job, the PAM check of an ssh login.
 
     sudo .venv/bin/python bench/interactive.py [--nodes 8] [--repeat 5] [--out FILE]
 
@@ -10,7 +10,9 @@ and a Unix user the bench creates, who runs every command as a user would (its o
 - alloc: `nodeagentctl alloc --nodes 1 -- sh -c 'date +%s.%N'`, from the command's start to its
   shell's first word (the allocation admitted, its holder started, the nodes' reports read);
 - run: `nodeagentctl run -- hostname` in an allocation of every node, start to exit;
-- stacks: `nodeagentctl stacks JOB` of a job of one Python rank on each node, start to exit.
+- stacks: `nodeagentctl stacks JOB` of a job of one Python rank on each node, start to exit;
+- ssh login check: sshd's PAM check (`nodeagent-pam`, as pam_exec runs it) of a user holding
+  the allocation, the login's process taken into its cgroup, start to exit.
 
 Each is run --repeat times; the median and the spread are printed and written to
 bench/results/interactive.json (with the machine's load at the start: the agents share its
@@ -65,6 +67,26 @@ def summary(samples: list[float]) -> dict[str, float]:
     }
 
 
+def login_checks(pool: PoolCluster, user: User, repeat: int) -> list[float]:
+    """What sshd's PAM check adds to a login of `user`, who holds a job here: a shell runs
+    `nodeagent-pam` as pam_exec does (its child, as root), the agent takes the shell into the
+    job's cgroup."""
+    socket = pool.directory / "state" / "login.sock"
+    check = [sys.executable, "-m", "nodeagent.cli.pamadopt", "--socket", str(socket)]
+    env = {**os.environ, "PAM_USER": user.name, "PAM_TYPE": "account"}
+    argv = ["/bin/sh", "-c", '"$@"; echo "check $?"', "login", *check]
+
+    def login() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+
+    samples = []
+    for _ in range(repeat):
+        took, out = timed(login)
+        assert out == "check 0\n", out
+        samples.append(took)
+    return samples
+
+
 def bench(pool: PoolCluster, munged: MungeDaemon, user: User, nodes: int, repeat: int) -> Any:
     where = ["--redis", pool.redis_url, "--pool", pool.pool, "--munge-socket", munged.socket]
     results: dict[str, Any] = {}
@@ -95,6 +117,7 @@ def bench(pool: PoolCluster, munged: MungeDaemon, user: User, nodes: int, repeat
             assert len(out.splitlines()) == nodes, out
             runs.append(took)
         results[f"run_hostname_{nodes}_nodes"] = summary(runs)
+        results["ssh_login_check"] = summary(login_checks(pool, user, repeat))
     finally:
         held.terminate()
         held.wait(60)
@@ -143,6 +166,8 @@ def main() -> int:
                 ) as pool,
             ):
                 names = [f"n{i}" for i in range(args.nodes)]
+                for name in names:  # what the role's nodeagent_ssh_adopt adds to the unit
+                    pool.caps[name] = ["CAP_SYS_NICE"]
                 pool.start(*names)
                 pool.wait_nodes(args.nodes, timeout=120)
                 results = bench(pool, munged, users["alice"], args.nodes, args.repeat)

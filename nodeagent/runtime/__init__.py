@@ -8,7 +8,8 @@ agent and what only it uses), nodeloop.py (a pool node's loop: its membership an
 pulls.py (a job's image pulled before its workers start), isolation.py (what keeps the jobs
 on a node apart, checked at start: its job cgroups and private /dev/shm), joblimits.py (each
 job's limits, cgroup, device program, /dev/shm and CPUs, made for its agent), remote.py
-(nodeagentctl run's commands: started for the job's user, relayed to them),
+(nodeagentctl run's commands: started for the job's user, relayed to them), logins.py (`ssh node`:
+a login of a user who holds a job here taken into its cgroup, for sshd's PAM check),
 preflight.py and access.py (what only this node can tell about a config), signalwatch.py and
 wakeup.py (signals and wake-ups for the loop).
 """

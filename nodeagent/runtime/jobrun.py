@@ -315,6 +315,11 @@ class JobRun:
             order.argv, order.rank, order.size, usable, order.env, order.window
         )
 
+    def adopt(self, pid: int) -> None:
+        """Take a login of its user into its cgroup here (runtime/logins.py), from the
+        login socket's thread. Raises OSError: it cannot be."""
+        self.supervisor.adopt(pid)
+
     def here(self) -> JobHere:
         """Its user and its live ranks on this node, for a request to its agent (the metrics
         server's thread asks: `workers()` reads a whole list)."""

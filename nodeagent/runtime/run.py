@@ -46,6 +46,7 @@ from nodeagent.runtime.jobrun import (
     NodeParts,
 )
 from nodeagent.runtime.locks import clean_leftovers, clean_legacy, hold, worker_record
+from nodeagent.runtime.logins import LoginServer
 from nodeagent.runtime.nodeloop import NodeLoop
 from nodeagent.runtime.preflight import NodeCheck
 from nodeagent.runtime.remote import RunHandoff
@@ -54,6 +55,7 @@ from nodeagent.runtime.wakeup import Waker
 from nodeagent.supervisor.fence import Keeper
 from nodeagent.supervisor.jobcgroup import Layout
 from nodeagent.telemetry.httpd import Handoffs, SlowRoutes
+from nodeagent.telemetry.loginwire import LOGIN_SOCKET
 from nodeagent.telemetry.logs import LogContext
 from nodeagent.telemetry.logserve import LogRoute
 from nodeagent.telemetry.metrics import MetricsServer, node_metrics
@@ -76,18 +78,19 @@ def run_agent(
         hold(record)
     clean_legacy(config, node)
     single = config.redis.url == EMBEDDED if until_done is None else until_done
+    logins = _login_socket(node.state_dir, single)
     account = config.pool.accounting.database
     database = (
         None if single else default_database(account, node.state_dir, "pool.accounting.database")
     )
     if config.redis.url != EMBEDDED or config.job is None:
-        return _run(config, context, record, single, database)
+        return _run(config, context, record, single, database, logins)
     embedded = EmbeddedRedis(config.job.id, base=_runtime_directory())
     embedded.start()
     logging.getLogger(__name__).info("embedded redis-server at %s", embedded.url)
     try:
         embedded_config = replace(config, redis=replace(config.redis, url=embedded.url))
-        return _run(embedded_config, context, record, single, database)
+        return _run(embedded_config, context, record, single, database, logins)
     finally:
         embedded.stop()
 
@@ -98,12 +101,23 @@ def _runtime_directory() -> Path | None:
     return Path(value) if value else None
 
 
+def _login_socket(state_dir: Path | None, until_done: bool) -> Path | None:
+    """Where sshd's PAM check asks this agent (runtime/logins.py): in the service's runtime
+    directory, else its state directory; None where no login is taken into a job (`nodeagent
+    launch`, an agent that is not root)."""
+    if until_done or os.geteuid() != 0:
+        return None
+    directory = _runtime_directory() or state_dir
+    return directory / LOGIN_SOCKET if directory is not None else None
+
+
 def _run(
     config: NodeSettings,
     context: LogContext,
     record: Path | None,
     until_done: bool,
     database: Database | None,
+    logins: Path | None,
 ) -> int | None:
     clean_leftovers(record)
     cgroups = isolation.node_cgroups(config)  # after the leftovers: their cgroups can go
@@ -111,7 +125,7 @@ def _run(
     keeper = Keeper(record)
     keeper.start()
     try:
-        return _run_agent(config, context, keeper, until_done, database, cgroups)
+        return _run_agent(config, context, keeper, until_done, database, cgroups, logins)
     finally:
         keeper.close()
 
@@ -123,6 +137,7 @@ def _run_agent(
     until_done: bool,
     database: Database | None,
     cgroups: Layout | None,
+    logins: Path | None,
 ) -> int | None:
     tuning.tune()
     timeout = settings.timing.redis_timeout
@@ -200,6 +215,8 @@ def _run_agent(
         address.append(server.address)
         logging.getLogger(__name__).info("metrics on http://%s/metrics", server.address)
 
+    login_server = _login_server(logins, settings.node.name, loop)
+
     def on_signal(signum: int, frame: FrameType | None) -> None:
         loop.request_stop()  # sets flags only; the wakeup fd ends the loop's wait
 
@@ -209,12 +226,31 @@ def _run_agent(
     try:
         return loop.run()
     finally:
+        if login_server is not None:
+            login_server.stop()
         for runner in loop.runners.values():
             runner.close()
         monitor.stop()
         if server is not None:
             server.stop()
         signal.set_wakeup_fd(-1)
+
+
+def _login_server(path: Path | None, node: str, loop: NodeLoop) -> LoginServer | None:
+    """The login socket at `path`, started (None: none, or it cannot listen: said)."""
+    if path is None:
+        return None
+
+    def jobs() -> list[JobRun]:  # in the order they started: the newest last
+        return [r for r in list(loop.runners.values()) if isinstance(r, JobRun)]
+
+    server = LoginServer(path, node, jobs)
+    try:
+        server.start()
+    except OSError as exc:
+        logging.getLogger(__name__).warning("no ssh login is let in: %s: %s", path, exc)
+        return None
+    return server
 
 
 def _node_loop(

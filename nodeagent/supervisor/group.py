@@ -430,6 +430,14 @@ class Supervisor:
         popen, terminal = self._spawner.command(argv, {**given, **env}, base.cwd, window)
         return Command(popen, terminal)
 
+    def adopt(self, pid: int) -> None:
+        """Take process `pid` into the job's cgroup (Spawner.adopt).
+
+        Raises:
+            OSError: it cannot be.
+        """
+        self._spawner.adopt(pid)
+
     @property
     def tracer(self) -> WorkerUser | None:
         """Whom a py-spy dump of a worker runs as: its user (a containerised one's processes

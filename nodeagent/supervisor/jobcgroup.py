@@ -234,6 +234,21 @@ class JobCgroup:
         """Its `cgroup.procs` in each hierarchy, open for writing (make first)."""
         return tuple(self._procs)
 
+    def enter(self, pid: int) -> None:
+        """Move process `pid` into it in each hierarchy (make first): a login of the job's user
+        (Spawner.adopt); the kernel judges it by the agent's credentials of when it opened them.
+
+        Raises:
+            JobCgroupError: the kernel refused (naming the hierarchy).
+        """
+        for path, fd in zip(self._paths.values(), self._procs, strict=True):
+            try:
+                os.write(fd, str(pid).encode())
+            except OSError as exc:
+                raise JobCgroupError(
+                    exc.errno, f"cannot move process {pid} into {path}: {exc.strerror}"
+                ) from None
+
     def unified_fd(self) -> int:
         """Its v2 directory, open (a device program is attached to it).
 

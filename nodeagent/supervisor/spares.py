@@ -16,6 +16,7 @@ not beside it, so their imports do not slow the group's own start-up.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -270,6 +271,7 @@ class Spawner:
         self._spares: dict[int, _Spare] = {}
         self._planned: tuple[float, Sequence[WorkerSpec]] | None = None
         self._making = threading.Lock()  # the job's cgroup and namespaces, made once
+        self._closed = False  # then nothing makes them again (a late command, a late login)
 
     def spawn(self, spec: WorkerSpec) -> tuple[subprocess.Popen[bytes], bool]:
         """The worker for `spec`, stdout and stderr on one pipe, and whether it runs in a
@@ -343,13 +345,32 @@ class Spawner:
             os.close(theirs)
         return popen, ours
 
+    def adopt(self, pid: int) -> None:
+        """Take process `pid` into the job's cgroup in each hierarchy (a login of the job's
+        user: runtime/logins.py): what it starts afterwards is born there, bounded and ended
+        with the job. Not into its namespaces: a process cannot be moved into those.
+
+        Raises:
+            OSError: the job has no cgroup here (its workers run in containers, or the node
+                keeps none), it has left, or the kernel refused.
+        """
+        if self.cgroup is None:
+            why = "its workers run in containers" if self.containers else "it has no cgroup here"
+            raise OSError(errno.ENOTSUP, why)
+        with self._making:
+            self._cgroup()
+            self.cgroup.enter(pid)
+
     def _cgroup(self) -> tuple[int, ...]:
         """The job's cgroup's `cgroup.procs` in each hierarchy, made and, with a device
-        program, confined to the GPUs the job holds now (none: no cgroup).
+        program, confined to the GPUs the job holds now (none: no cgroup). Under `_making`.
 
         Raises:
             JobCgroupError, DeviceCgroupError: it cannot be set up.
+            OSError: the job has left the node (ESRCH).
         """
+        if self._closed:
+            raise OSError(errno.ESRCH, "the job has left this node")
         if self.cgroup is None:
             return ()
         self.cgroup.make()
@@ -361,11 +382,15 @@ class Spawner:
         return self._cpus_of(spec.gpus) if self._cpus_of is not None and spec.gpus else ()
 
     def _space(self) -> int:
-        """The pid of the holder of the job's namespaces, started if need be (0: none).
+        """The pid of the holder of the job's namespaces, started if need be (0: none). Under
+        `_making`.
 
         Raises:
             JobSpaceError: it cannot be made.
+            OSError: the job has left the node (ESRCH).
         """
+        if self._closed:
+            raise OSError(errno.ESRCH, "the job has left this node")
         return self.space.make() if self.space is not None else 0
 
     def oom_kills(self) -> int:
@@ -466,6 +491,7 @@ class Spawner:
         if self.containers is not None:
             self.containers.close()
         with self._making:  # not while a command's start makes them (Spawner.command)
+            self._closed = True
             if self._devices is not None:
                 self._devices.close()
             if self.space is not None:

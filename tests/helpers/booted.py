@@ -363,10 +363,15 @@ class BootedPool:
         script = f"nodeagentctl --redis {self.url(who)} {quoted}"
         return self.node(node).sh(script, user=user, check=check, timeout=300).stdout
 
-    def playbook(self, *playbooks: str, extra: dict[str, str] | None = None) -> str:
-        """`ansible-playbook` of `playbooks` against the nodes, from this machine (the
-        controller) over SSH; its output. Fails the test on a failed play."""
+    def playbook(
+        self, *playbooks: str, extra: dict[str, str] | None = None, limit: str | None = None
+    ) -> str:
+        """`ansible-playbook` of `playbooks` against the nodes (`limit`: those its --limit
+        names), from this machine (the controller) over SSH; its output. Fails the test on a
+        failed play."""
         args = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(self.inventory)]
+        if limit is not None:
+            args += ["--limit", limit]
         for name, value in (extra or {}).items():
             args += ["-e", f"{name}={value}"]
         done = subprocess.run(

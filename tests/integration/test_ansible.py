@@ -648,3 +648,51 @@ def test_a_node_that_runs_images_and_confines_devices_gets_its_sections_and_drop
     assert list(drop_ins.iterdir()) == [] and "containers" not in rendered(tmp_path)[0]
     assert not rendered(tmp_path)[1].containers.allowed
     assert not rendered(tmp_path)[1].health.constrain_devices
+
+
+def test_ssh_adopt_puts_the_check_in_sshds_account_stack_and_takes_it_out(
+    tmp_path: Path, job_id: str
+) -> None:
+    """nodeagent_ssh_adopt: nodeagent-pam after Debian's common-account in sshd's stack, its
+    sessions through common-session-noninteractive (no pam_systemd), and the unit's drop-in;
+    again: nothing changes; false: the stack as it was, no drop-in. A node without sshd's stack
+    is refused, saying so."""
+    pam = tmp_path / "root/etc/pam.d/sshd"
+    pam.parent.mkdir(parents=True)
+    debian = Path("/etc/pam.d/sshd").read_text() if Path("/etc/pam.d/sshd").exists() else DEBIAN
+    pam.write_text(debian)
+    for _ in range(2):
+        result = configure(tmp_path, job_id, ("logins",), nodeagent_ssh_adopt=True)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+        lines = [line.split() for line in pam.read_text().splitlines()]
+        check = ["account", "required", "pam_exec.so", "stdout", "quiet"]
+        check.append(f"{BIN.parent}/bin/nodeagent-pam")
+        assert lines[lines.index(["@include", "common-account"]) + 1] == check, pam.read_text()
+        assert ["@include", "common-session"] not in lines
+        assert ["@include", "common-session-noninteractive"] in lines
+    assert "changed=0" in result.stdout, result.stdout[-2000:]
+    assert (BIN.parent / "bin/nodeagent-pam").exists()
+    drop_in = tmp_path / "root/etc/systemd/system/nodeagent.service.d/ssh-adopt.conf"
+    assert drop_in.read_text() == (ROOT / "systemd/nodeagent.service.d/ssh-adopt.conf").read_text()
+
+    result = configure(tmp_path, job_id, ("logins",), nodeagent_ssh_adopt=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert pam.read_text() == debian and not drop_in.exists()
+
+    pam.unlink()
+    result = configure(tmp_path, job_id, ("logins",), nodeagent_ssh_adopt=True)
+    assert result.returncode != 0 and "install openssh-server" in result.stdout, result.stdout
+
+
+# Debian 12's /etc/pam.d/sshd, less its comments, where this machine has none.
+DEBIAN = """@include common-auth
+account    required     pam_nologin.so
+@include common-account
+session [success=ok ignore=ignore module_unknown=ignore default=bad]        pam_selinux.so close
+session    required     pam_loginuid.so
+session    optional     pam_keyinit.so force revoke
+@include common-session
+session    optional     pam_motd.so  motd=/run/motd.dynamic
+session    required     pam_limits.so
+@include common-password
+"""

@@ -19,10 +19,11 @@ from collections.abc import Iterator
 import pytest
 
 from nodeagent.telemetry.runwire import RunOrder, parse_order, parse_target
+from tests.helpers.allocations import holding, users_pool, where
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.munge import MungeDaemon
-from tests.helpers.pool import PoolCluster, munge_pool
-from tests.helpers.users import User, reachable_dir, unix_users
+from tests.helpers.pool import PoolCluster
+from tests.helpers.users import User, unix_users
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -61,36 +62,8 @@ def pool(
     redis_server: RedisServer, job_id: str, munged: MungeDaemon, users: dict[str, User]
 ) -> Iterator[PoolCluster]:
     """Two nodes' agents under pool.auth: munge, in a directory alice and bob reach."""
-    names = [users["alice"].name, users["bob"].name]
-    with (
-        reachable_dir("na-run-") as shared,
-        munge_pool(redis_server.url, shared, job_id, munged.socket, names) as cluster,
-    ):
+    with users_pool(redis_server.url, job_id, munged, users) as cluster:
         yield cluster
-
-
-def where(pool: PoolCluster, munged: MungeDaemon) -> list[str]:
-    return ["--redis", pool.redis_url, "--pool", pool.pool, "--munge-socket", munged.socket]
-
-
-def holding(
-    pool: PoolCluster, munged: MungeDaemon, user: User, name: str, nodes: int
-) -> subprocess.Popen[str]:
-    """An allocation `user` holds from a terminal (its shell: a long sleep) until killed."""
-    held = user.start_nodeagentctl(
-        *where(pool, munged), "alloc", "--name", name, "--nodes", str(nodes),
-        "--", "sleep", "600",
-    )  # fmt: skip
-
-    def running() -> bool:
-        if held.poll() is not None:
-            said = held.stdout.read() if held.stdout is not None else ""
-            raise AssertionError(f"alloc ended with {held.returncode}: {said}")
-        row = pool.jobs().get(name)
-        return row is not None and row["state"] == "running" and row["world_size"] == nodes
-
-    wait_for(running, 60, f"allocation {name} held")
-    return held
 
 
 def test_a_command_runs_on_every_node_as_the_user_labelled_worst_status(

@@ -212,9 +212,11 @@ def test_the_ansible_role_installs_these_drop_ins() -> None:
     role = ROOT / "ansible/roles/nodeagent/files"
     assert (role / "containers.conf").read_text() == DROP_IN.read_text()
     assert (role / "constrain-devices.conf").read_text() == DEVICES_DROP_IN.read_text()
+    assert (role / "ssh-adopt.conf").read_text() == LOGINS_DROP_IN.read_text()
 
 
 DEVICES_DROP_IN = ROOT / "systemd" / "nodeagent.service.d" / "constrain-devices.conf"
+LOGINS_DROP_IN = ROOT / "systemd" / "nodeagent.service.d" / "ssh-adopt.conf"
 
 
 def test_the_device_drop_in_verifies_adds_what_it_says_and_costs_what_it_says(
