@@ -11,8 +11,9 @@ and a Unix user the bench creates, who runs every command as a user would (its o
   shell's first word (the allocation admitted, its holder started, the nodes' reports read);
 - run: `nodeagentctl run -- hostname` in an allocation of every node, start to exit;
 - stacks: `nodeagentctl stacks JOB` of a job of one Python rank on each node, start to exit;
-- ssh login check: sshd's PAM check (`nodeagent-pam`, as pam_exec runs it) of a user holding
-  the allocation, the login's process taken into its cgroup, start to exit.
+- ssh login check: sshd's PAM check as pam_exec runs it, twice (the account stack, then the
+  session's opening), of a user holding the allocation, the login's process taken into its
+  cgroup, start to exit.
 
 Each is run --repeat times; the median and the spread are printed and written to
 bench/results/interactive.json (with the machine's load at the start: the agents share its
@@ -68,13 +69,14 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 
 def login_checks(pool: PoolCluster, user: User, repeat: int) -> list[float]:
-    """What sshd's PAM check adds to a login of `user`, who holds a job here: a shell runs
-    `nodeagent-pam` as pam_exec does (its child, as root), the agent takes the shell into the
-    job's cgroup."""
+    """What sshd's PAM check adds to a login of `user`, who holds a job here: a shell runs it
+    as pam_exec does (its child, as root) in the account stack, then at the session's opening,
+    where the agent takes the shell into the job's cgroup."""
     socket = pool.directory / "state" / "login.sock"
-    check = [sys.executable, "-m", "nodeagent.cli.pamadopt", "--socket", str(socket)]
-    env = {**os.environ, "PAM_USER": user.name, "PAM_TYPE": "account"}
-    argv = ["/bin/sh", "-c", '"$@"; echo "check $?"', "login", *check]
+    check = [sys.executable, "-I", "-m", "nodeagent.cli.pamadopt", "--socket", str(socket)]
+    env = {**os.environ, "PAM_USER": user.name}
+    script = 'PAM_TYPE=account "$@" && PAM_TYPE=open_session "$@"; echo "check $?"'
+    argv = ["/bin/sh", "-c", script, "login", *check]
 
     def login() -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)

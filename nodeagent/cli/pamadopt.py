@@ -1,15 +1,21 @@
-"""`nodeagent-pam`: the PAM account check of `ssh node` (docs/interactive.md, "ssh to your
-node"), as Slurm's pam_slurm_adopt: run by pam_exec, as root, in sshd's account stack,
+"""The PAM check of `ssh node` (docs/interactive.md, "ssh to your node"), as Slurm's
+pam_slurm_adopt: run by pam_exec, as root, in sshd's account and session stacks (PYTHON: the
+venv's, /opt/nodeagent/venv/bin/python),
 
-    account required pam_exec.so stdout quiet /opt/nodeagent/venv/bin/nodeagent-pam
+    account required pam_exec.so stdout quiet PYTHON -I -m nodeagent.cli.pamadopt
+    session required pam_exec.so quiet PYTHON -I -m nodeagent.cli.pamadopt
 
-it asks the node's agent (telemetry/loginwire.py, runtime/logins.py) and lets the login in only
-when the agent took it into a job of the user's on this node. Root is let in without asking (an
-operator on a node whose agent is down). A refusal prints why: pam_exec's `stdout` hands it to
-sshd, which shows it to the user before it closes the connection. An agent that does not answer
-refuses the login: a session outside any job would escape every job's bound and end.
+it asks the node's agent (telemetry/loginwire.py, runtime/logins.py): in the account stack
+whether the user holds a job here, at the session's opening to take the login's sshd process
+into that job (the account stack may run in a helper process of sshd's, the session's opening
+runs in the process the session is forked from). Root is let in without asking (an operator on
+a node whose agent is down). A refusal prints why: pam_exec's `stdout` hands it to sshd, which
+shows it to the user before it closes the connection. An agent that does not answer refuses the
+login: a session outside any job would escape every job's bound and end.
 
-It imports nothing of the agent's: a login waits for it.
+`-I`: the environment pam_exec gives it is PAM's, which a later module may fill from the user's
+own files (pam_env's user_readenv): no PYTHON* variable of it reaches this root interpreter. It
+imports nothing of the agent's: a login waits for it.
 """
 
 from __future__ import annotations
@@ -22,22 +28,22 @@ from collections.abc import Mapping, Sequence
 
 from nodeagent.telemetry.loginwire import DEFAULT_SOCKET, ask
 
-CHECKED = ("account", "open_session")  # PAM_TYPE: a session's close has nothing to check
+ADOPTS = {"account": False, "open_session": True}  # PAM_TYPE; a session's close: nothing
 
 
 def check(user: str, stage: str, path: str) -> str | None:
     """Why `user` may not log in (None: it may)."""
-    if stage not in CHECKED:
+    if stage not in ADOPTS:
         return None
     if not user:
-        return "no PAM_USER: nodeagent-pam is run by pam_exec (docs/interactive.md)"
+        return "no PAM_USER: the check is run by pam_exec (docs/interactive.md)"
     try:
         if pwd.getpwnam(user).pw_uid == 0:
             return None
     except KeyError:
         pass  # the agent says so
     try:
-        answer = ask(path, user)
+        answer = ask(path, user, ADOPTS[stage])
     except OSError as exc:
         return (
             f"the node's agent does not answer at {path} ({exc.strerror or exc}): a login is let "
@@ -50,7 +56,7 @@ def check(user: str, stage: str, path: str) -> str | None:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
     parser = argparse.ArgumentParser(
-        prog="nodeagent-pam",
+        prog="python -I -m nodeagent.cli.pamadopt",
         description="PAM account check (pam_exec): let a user in only into a job of theirs "
         "on this node, taking the login into the job's cgroup",
     )

@@ -3,12 +3,13 @@ telemetry/loginwire.py, cli/pamadopt.py; docs/interactive.md, "ssh to your node"
 
 sshd's account stack runs the check as root; it asks this node's agent on a Unix socket whether
 the user may log in. The agent answers root alone (SO_PEERCRED). A user with a job or an
-allocation running here is let in, and the sshd process that runs the login (the check's
-parent) is taken into the job's cgroup in every hierarchy, so that the session, forked from it
+allocation running here is let in; anyone else is refused, with why. At the session's opening
+the check runs again, asking that the sshd process that runs the login (the check's parent,
+root's) be taken into the job's cgroup in every hierarchy, so that the session, forked from it
 afterwards, is bounded by the job's memory, processes, CPUs and GPUs (the device program), is
 counted with it, and is killed with everything else of the job when the job leaves the node.
-A user with several jobs here goes into the newest (pam_slurm_adopt's default); anyone else
-is refused, with why. Root is never asked about: the check lets it in without asking.
+A user with several jobs here goes into the newest (pam_slurm_adopt's default). Root is never
+asked about: the check lets it in without asking.
 
 One connection is answered at a time, each within ANSWER_WITHIN_S: only root can connect.
 """
@@ -74,11 +75,23 @@ def uid_of(user: str) -> int | None:
 
 
 def parent_of(pid: int) -> int:
-    """Raises OSError: the process is gone or cannot be read."""
+    """The process that runs `pid`'s PAM stack: its parent, root's, started before it (a pid
+    the parent's death freed and another process took would be younger).
+
+    Raises:
+        OSError: either is gone, or the parent is init (the caller's parent died: the caller
+            was reparented), not root's, or younger than the caller.
+    """
     try:
-        return psutil.Process(pid).ppid()
+        caller = psutil.Process(pid)
+        parent = psutil.Process(caller.ppid()) if caller.ppid() > 1 else None
+        good = parent is not None and parent.uids().effective == 0
+        good = good and parent is not None and parent.create_time() <= caller.create_time()
     except psutil.Error as exc:
-        raise OSError(f"cannot read process {pid}: {exc}") from None
+        raise OSError(f"cannot read process {pid} or its parent: {exc}") from None
+    if parent is None or not good:
+        raise OSError(f"process {pid}'s parent is not the login's sshd (root's, older)")
+    return parent.pid
 
 
 class LoginServer:
@@ -159,7 +172,7 @@ class LoginServer:
             conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size)
         )
         try:
-            user = parse_ask(_line(conn))  # read first: an answer before it would be lost
+            user, adopt = parse_ask(_line(conn))  # read first: an answer before it is lost
         except ValueError as exc:
             conn.sendall(answer_line(LoginAnswer("", str(exc))))
             return
@@ -167,12 +180,13 @@ class LoginServer:
             said = f"only root asks this socket, not uid {uid}: it is sshd's PAM check's"
             conn.sendall(answer_line(LoginAnswer("", said)))
             return
-        answer = self.admit(user, pid)
+        answer = self.admit(user, pid, adopt)
         log.info("login of %s: %s", user, answer.said)
         conn.sendall(answer_line(answer))
 
-    def admit(self, user: str, caller: int) -> LoginAnswer:
-        """Let `user` in, taking `caller`'s parent into its job, or say why not."""
+    def admit(self, user: str, caller: int, adopt: bool = True) -> LoginAnswer:
+        """Let `user` in (with `adopt`, taking `caller`'s parent into its job), or say why
+        not."""
         uid = self._users(user)
         if uid is None:
             return LoginAnswer("", f"{user} is not a user of node {self._node}")
@@ -183,6 +197,8 @@ class LoginServer:
                 f"{user} holds no job on node {self._node}: ssh reaches only a node where one "
                 "of your jobs or allocations runs (nodeagentctl alloc)",
             )
+        if not adopt:
+            return LoginAnswer(job.job_id, f"may log in, into job {job.job_id}")
         try:
             session = self._parents(caller)
             job.adopt(session)

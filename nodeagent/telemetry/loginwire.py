@@ -1,19 +1,22 @@
 """A login on this node for a user who holds a job here (`ssh node`, as Slurm's pam_slurm_adopt):
-the wire between the PAM check (cli/pamadopt.py, run by pam_exec in sshd's account stack) and
-the node's agent (runtime/logins.py), pure but for `ask`'s socket (docs/interactive.md, "ssh to
-your node").
+the wire between the PAM check (cli/pamadopt.py, run by pam_exec in sshd's account and session
+stacks) and the node's agent (runtime/logins.py), pure but for `ask`'s socket
+(docs/interactive.md, "ssh to your node").
 
 The agent listens on a Unix socket, LOGIN_SOCKET in its runtime directory (/run/nodeagent,
 root's alone), and answers root alone: the kernel names the caller (SO_PEERCRED), so the
 request carries no credential. One line each way:
 
-    {"user": "alice"}                        the user PAM is letting in
-    {"job": "j1", "said": "..."}             taken into job j1's cgroup
+    {"user": "alice", "adopt": false}        may alice log in? (the account stack)
+    {"user": "alice", "adopt": true}         take her login into her job (the session stack)
+    {"job": "j1", "said": "..."}             yes: job j1 (taken into its cgroup, if asked)
     {"said": "alice holds no job on n3"}     refused, and why (shown to the user)
 
 The process taken into the job is not named by the request: it is the caller's parent (pam_exec
-is a child of the sshd process that runs the PAM stack; everything of the session is forked from
-that process afterwards).
+is a child of the process that runs the PAM stack). At the session's opening that is the sshd
+process every process of the session is forked from afterwards; at the account check it may be
+a short-lived helper of sshd's (keyboard-interactive logins run the account stack in one), so
+the account check moves nothing.
 """
 
 from __future__ import annotations
@@ -44,21 +47,23 @@ class LoginAnswer:
         return bool(self.job)
 
 
-def ask_line(user: str) -> bytes:
-    return json.dumps({"user": user}).encode() + b"\n"
+def ask_line(user: str, adopt: bool) -> bytes:
+    return json.dumps({"user": user, "adopt": adopt}).encode() + b"\n"
 
 
-def parse_ask(line: bytes) -> str:
-    """The user a request names.
+def parse_ask(line: bytes) -> tuple[str, bool]:
+    """The user a request names, and whether the login is to be taken into its job.
 
     Raises:
         ValueError: it is not one request line naming a user (says what is wrong).
     """
     doc = _object(line, "a login request")
-    user = doc.get("user")
+    user, adopt = doc.get("user"), doc.get("adopt", False)
     if not isinstance(user, str) or not _USER.fullmatch(user):
         raise ValueError(f"a login request names a user ('user': a user name), not {user!r}")
-    return user
+    if not isinstance(adopt, bool):
+        raise ValueError(f"a login request's 'adopt' is true or false, not {adopt!r}")
+    return user, adopt
 
 
 def answer_line(answer: LoginAnswer) -> bytes:
@@ -79,8 +84,8 @@ def parse_answer(line: bytes) -> LoginAnswer:
     return LoginAnswer(job, said)
 
 
-def ask(path: str, user: str, timeout: float = ANSWER_WITHIN_S) -> LoginAnswer:
-    """The answer of the agent at `path` about a login of `user`.
+def ask(path: str, user: str, adopt: bool, timeout: float = ANSWER_WITHIN_S) -> LoginAnswer:
+    """The answer of the agent at `path` about a login of `user` (`adopt`: taken into its job).
 
     Raises:
         OSError: no agent answers there (none runs, or it is not root's socket to ask).
@@ -89,7 +94,7 @@ def ask(path: str, user: str, timeout: float = ANSWER_WITHIN_S) -> LoginAnswer:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(path)
-        sock.sendall(ask_line(user))
+        sock.sendall(ask_line(user, adopt))
         data = b""
         while not data.endswith(b"\n") and len(data) <= MAX_LINE:
             chunk = sock.recv(MAX_LINE + 1 - len(data))

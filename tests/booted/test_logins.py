@@ -1,8 +1,9 @@
 """Issue 82: `ssh node` only into a job of the user's there, with Debian's sshd and PAM under a
 real systemd (tests/booted/conftest.py): n3 set up by the role with `nodeagent_ssh_adopt: true`
-(nodeagent-pam in sshd's account stack, the unit's drop-in), alice's and bob's keys authorized
-there. A login with no job is refused with the reason; alice's, while her job runs on n3, is
-taken into the job's cgroup and ends with it; root always gets in.
+(nodeagent's PAM check in sshd's account and session stacks, the unit's drop-in), alice's and
+bob's keys authorized there. A login with no job is refused with the reason; alice's, while her
+job runs on n3, on a pseudo-terminal, is taken into the job's cgroup and ends with it; root
+always gets in.
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ def n3(pool: BootedPool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
         node.sh(f"rm -rf {KEYS} {SSHD_KEYS} && systemctl reload ssh")
 
 
-def ssh(node: Node, key: Path, user: str, command: str) -> list[str]:
+def ssh(node: Node, key: Path, user: str, command: str, *options: str) -> list[str]:
     return [
-        *("ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"),
+        *("ssh", *options, "-i", str(key), "-o", "BatchMode=yes"),
+        *("-o", "StrictHostKeyChecking=no"),
         *("-o", "UserKnownHostsFile=/dev/null"),  # LogLevel INFO, the default: banners shown
         f"{user}@{node.address}",
         command,
@@ -64,7 +66,7 @@ def test_ssh_reaches_a_node_only_into_a_job_there_and_ends_with_it(
 ) -> None:
     node, key = n3
     pam = node.sh("cat /etc/pam.d/sshd").stdout
-    assert "/opt/nodeagent/venv/bin/nodeagent-pam" in pam, pam
+    assert pam.count("/opt/nodeagent/venv/bin/python -I -m nodeagent.cli.pamadopt") == 2, pam
     caps = node.systemctl("show", "-p", "CapabilityBoundingSet", "nodeagent").stdout
     assert "cap_sys_nice" in caps, caps
 
@@ -79,8 +81,8 @@ def test_ssh_reaches_a_node_only_into_a_job_there_and_ends_with_it(
     job = "login-alice"
     pool.ctl("submit", f"--name={job}", "--nodes=3", "--", "/bin/sleep", "900", user="alice")
     wait_for(lambda: status(pool, job)["state"] == "running" or None, 180, f"{job} to run")
-    session = subprocess.Popen(
-        ssh(node, key, "alice", "cat /proc/self/cgroup; echo ready; exec sleep 900"),
+    session = subprocess.Popen(  # on a terminal sshd makes (/dev/ptmx: the unit allows it)
+        ssh(node, key, "alice", "tty; cat /proc/self/cgroup; echo ready; exec sleep 900", "-tt"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -88,8 +90,9 @@ def test_ssh_reaches_a_node_only_into_a_job_there_and_ends_with_it(
     try:
         assert session.stdout is not None
         lines = []
-        while (line := session.stdout.readline()) not in ("ready\n", ""):
-            lines.append(line.strip())
+        while (line := session.stdout.readline().strip()) not in ("ready", ""):
+            lines.append(line)
+        assert any(x.startswith("/dev/pts/") for x in lines), lines  # `tty` said one
         inside = [x for x in lines if x.endswith(f"/system.slice/nodeagent.service/job-n3.{job}")]
         assert any(x.startswith("0::") for x in inside), lines  # the device program's
         assert any("memory" in x.split(":")[1] for x in inside), lines  # the job's limits

@@ -653,8 +653,9 @@ def test_a_node_that_runs_images_and_confines_devices_gets_its_sections_and_drop
 def test_ssh_adopt_puts_the_check_in_sshds_account_stack_and_takes_it_out(
     tmp_path: Path, job_id: str
 ) -> None:
-    """nodeagent_ssh_adopt: nodeagent-pam after Debian's common-account in sshd's stack, its
-    sessions through common-session-noninteractive (no pam_systemd), and the unit's drop-in;
+    """nodeagent_ssh_adopt: the check after Debian's common-account in sshd's stack, its
+    sessions through common-session-noninteractive (no pam_systemd) and the check right after
+    that (before pam_env), and the unit's drop-in;
     again: nothing changes; false: the stack as it was, no drop-in. A node without sshd's stack
     is refused, saying so."""
     pam = tmp_path / "root/etc/pam.d/sshd"
@@ -665,13 +666,15 @@ def test_ssh_adopt_puts_the_check_in_sshds_account_stack_and_takes_it_out(
         result = configure(tmp_path, job_id, ("logins",), nodeagent_ssh_adopt=True)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
         lines = [line.split() for line in pam.read_text().splitlines()]
-        check = ["account", "required", "pam_exec.so", "stdout", "quiet"]
-        check.append(f"{BIN.parent}/bin/nodeagent-pam")
-        assert lines[lines.index(["@include", "common-account"]) + 1] == check, pam.read_text()
+        check = [f"{BIN.parent}/bin/python", "-I", "-m", "nodeagent.cli.pamadopt"]
+        account = ["account", "required", "pam_exec.so", "stdout", "quiet", *check]
+        session = ["session", "required", "pam_exec.so", "quiet", *check]
+        assert lines[lines.index(["@include", "common-account"]) + 1] == account, pam.read_text()
+        included = lines.index(["@include", "common-session-noninteractive"])
+        assert lines[included + 1] == session, pam.read_text()
         assert ["@include", "common-session"] not in lines
-        assert ["@include", "common-session-noninteractive"] in lines
+        assert included < min(i for i, x in enumerate(lines) if "pam_env.so" in x), "pam_env first"
     assert "changed=0" in result.stdout, result.stdout[-2000:]
-    assert (BIN.parent / "bin/nodeagent-pam").exists()
     drop_in = tmp_path / "root/etc/systemd/system/nodeagent.service.d/ssh-adopt.conf"
     assert drop_in.read_text() == (ROOT / "systemd/nodeagent.service.d/ssh-adopt.conf").read_text()
 
@@ -694,5 +697,6 @@ session    optional     pam_keyinit.so force revoke
 @include common-session
 session    optional     pam_motd.so  motd=/run/motd.dynamic
 session    required     pam_limits.so
+session    required     pam_env.so user_readenv=1 envfile=/etc/default/locale
 @include common-password
 """

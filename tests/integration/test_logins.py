@@ -25,27 +25,37 @@ from tests.helpers.unitcaps import unit_setting
 from tests.helpers.users import User, unix_users
 
 pytestmark = pytest.mark.timeout(300)
-CHECK = [sys.executable, "-m", "nodeagent.cli.pamadopt"]
+CHECK = [sys.executable, "-I", "-m", "nodeagent.cli.pamadopt"]  # as the role writes it
 DROP_IN = Path(__file__).resolve().parents[2] / "systemd/nodeagent.service.d/ssh-adopt.conf"
 
 
-def login(socket: Path, user: str) -> subprocess.Popen[str]:
-    """A login's process as sshd's is to the check: the check its child, with PAM's
-    variables; then it says the check's status and stays (a shell)."""
-    script = '"$@"; echo "check $?"; exec sleep 600'
+def login(socket: Path, user: str, stages: str) -> subprocess.Popen[str]:
+    """A login's process as sshd's is to the check: the check its child in each of `stages`
+    (PAM_TYPE, with PAM_USER), as long as it lets the login in; then it says the last status
+    and stays (a shell)."""
+    script = 's=0; for PAM_TYPE in $STAGES; do export PAM_TYPE; "$@" || { s=$?; break; }; done'
+    shell = ["/bin/sh", "-c", f'{script}; echo "check $s"; exec sleep 600', "login"]
     return subprocess.Popen(
-        ["/bin/sh", "-c", script, "login", *CHECK, "--socket", str(socket)],
+        [*shell, *CHECK, "--socket", str(socket)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "PAM_USER": user, "PAM_TYPE": "account"},
+        env={**os.environ, "PAM_USER": user, "STAGES": stages},
     )
 
 
-def checked(socket: Path, user: str, as_user: User | None = None) -> tuple[int, str]:
+def in_job(pid: int, job: str) -> list[str]:
+    """The lines of /proc/PID/cgroup that put it in `job`'s cgroup on node a."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    return [line for line in lines if line.endswith(f"/job-a.{job}")]
+
+
+def checked(
+    socket: Path, user: str, as_user: User | None = None, stage: str = "account"
+) -> tuple[int, str]:
     """The check's exit status and what it printed."""
     argv = [*(as_user.argv_as(reach=True) if as_user else []), *CHECK, "--socket", str(socket)]
-    env = {**os.environ, "PAM_USER": user, "PAM_TYPE": "account"}
+    env = {**os.environ, "PAM_USER": user, "PAM_TYPE": stage}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     return done.returncode, done.stdout + done.stderr
 
@@ -80,18 +90,25 @@ def test_a_login_goes_into_its_users_allocation_and_ends_with_it(
 ) -> None:
     alice, bob = users["alice"], users["bob"]
     held = holding(pool, munged, alice, "login-held", 1)
-    session, shell = None, []
+    session, checked_only, shell = None, None, []
     try:
-        session = login(socket, alice.name)
+        checked_only = login(socket, alice.name, "account")  # let in, moved nowhere
+        assert checked_only.stdout is not None
+        assert checked_only.stdout.readline() == "check 0\n"
+        assert in_job(checked_only.pid, "login-held") == []
+
+        session = login(socket, alice.name, "account open_session")
         assert session.stdout is not None
         assert session.stdout.readline() == "check 0\n"
-        lines = Path(f"/proc/{session.pid}/cgroup").read_text().splitlines()
-        inside = [line for line in lines if line.endswith("/job-a.login-held")]
-        assert inside and any(line.startswith("0::") for line in inside), lines
-        assert any("memory" in line.split(":")[1] for line in inside), lines
+        inside = in_job(session.pid, "login-held")
+        assert any(line.startswith("0::") for line in inside), inside
+        assert any("memory" in line.split(":")[1] for line in inside), inside
 
-        status, said = checked(socket, bob.name)
-        assert status == 1 and f"{bob.name} holds no job on node a" in said, said
+        for stage in ("account", "open_session"):
+            status, said = checked(socket, bob.name, stage=stage)
+            assert status == 1 and f"{bob.name} holds no job on node a" in said, said
+        status, said = checked(socket, alice.name, stage="close_session")
+        assert (status, said) == (0, ""), said  # nothing to check at a session's end
         status, said = checked(socket, "no-such-user-here")
         assert status == 1 and "no-such-user-here is not a user of node a" in said, said
         status, said = checked(socket.with_name("absent.sock"), "root")
@@ -115,7 +132,7 @@ def test_a_login_goes_into_its_users_allocation_and_ends_with_it(
         for process in [psutil.Process(held.pid), *shell]:
             with contextlib.suppress(psutil.Error):
                 process.kill()
-        for popen in (held, session):
+        for popen in (held, session, checked_only):
             if popen is not None:
                 popen.kill()
                 popen.wait(timeout=60)

@@ -19,8 +19,9 @@ from nodeagent.telemetry.loginwire import (
 
 
 @pytest.mark.parametrize("user", ["alice", "a.b-c_d", "svc$", "x@example.org", "_9"])
-def test_a_request_names_a_user(user: str) -> None:
-    assert parse_ask(ask_line(user)) == user
+@pytest.mark.parametrize("adopt", [True, False])
+def test_a_request_names_a_user(user: str, adopt: bool) -> None:
+    assert parse_ask(ask_line(user, adopt)) == (user, adopt)
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,7 @@ def test_a_request_names_a_user(user: str) -> None:
         (b'{"user": "al ice"}\n', "names a user"),
         (b'{"user": "-alice"}\n', "names a user"),
         (b'{"user": 1000}\n', "names a user"),
+        (b'{"user": "alice", "adopt": 1}\n', "'adopt' is true or false"),
     ],
 )
 def test_a_bad_request_says_what_is_wrong(line: bytes, said: str) -> None:
