@@ -312,7 +312,7 @@ class JobRun:
         holds here. Raises OSError: it cannot be started."""
         usable = self._health.usable
         return self.supervisor.command(
-            order.argv, order.rank, order.size, usable, order.env, order.window
+            order.argv, order.rank, order.size, usable, order.env, order.window, order.stdin
         )
 
     def adopt(self, pid: int) -> None:

@@ -1,11 +1,11 @@
-"""The agent's side of `nodeagentctl run` (the wire: telemetry/runwire.py): a POST /run/JOB
-handed off by the metrics server to a thread of its own, checked (pool.auth: munge, the job's
-user alone), started in the job as its user (Supervisor.command: its cgroup, namespaces, GPUs)
-and relayed: its output as it comes, a beat while it is silent, the signals its caller sends,
-then how it ended. A caller that goes away hangs it up (SIGHUP, SIGTERM, SIGKILL after
-HANG_UP_GRACE_S); what it left in its process group is killed at its end. The thread that
-started it waits for it: if the agent dies, the kernel kills it (PR_SET_PDEATHSIG), and the
-job's cgroup is swept by the next agent.
+"""The agent's side of `nodeagentctl run` (the wire: telemetry/runwire.py): a POST /run/JOB handed
+off by the metrics server to a thread of its own, checked (pool.auth: munge, the job's user
+alone), started in the job as its user (Supervisor.command: its cgroup, namespaces, GPUs) and
+relayed: its output as it comes, a beat while it is silent, the signals its caller sends, what
+it feeds its stdin (and how much of that it took), then how it ended. A caller that goes away
+hangs it up (SIGHUP, SIGTERM, SIGKILL after HANG_UP_GRACE_S); what it left in its process group
+is killed at its end. The thread that started it waits for it: if the agent dies, the kernel
+kills it (PR_SET_PDEATHSIG), and the job's cgroup is swept by the next agent.
 """
 
 from __future__ import annotations
@@ -177,6 +177,8 @@ class _Relay:
         self._inbox = b""
         self._said_at = time.monotonic()
         self._beats = 0
+        self._told_taken = 0  # of its stdin, what the caller was told it took
+        self._told_closed = False  # and that it takes no more
 
     def run(self) -> None:
         self._sock.settimeout(SEND_TIMEOUT_S)
@@ -205,13 +207,14 @@ class _Relay:
         while True:
             pending = self._command.pending_input
             readable, writable, _ = select.select(
-                [output, caller], [output] if pending else [], [], BEAT_S / 3
+                [output, caller], [self._command.input] if pending else [], [], BEAT_S / 3
             )
             if caller in readable:
                 with contextlib.suppress(BlockingIOError, TimeoutError):
                     self._receive()
             if writable:
                 self._command.flush_input()
+            self._tell_taken()
             if output in readable and not self._read_output():
                 break  # every writer of its output closed it
             if code is None:
@@ -249,6 +252,8 @@ class _Relay:
             if select.select([self._sock.fileno()], [], [], 0)[0]:
                 with contextlib.suppress(BlockingIOError, TimeoutError):
                     self._receive()
+            self._command.flush_input()  # it may read its stdin still
+            self._tell_taken()
             self._beat()
 
     def _receive(self) -> None:
@@ -270,17 +275,29 @@ class _Relay:
             raise CallerGone()
 
     def _obey(self, doc: dict[str, object]) -> None:
-        """One line of the caller's: a signal, what is typed, a terminal's new size."""
+        """One line of the caller's: a signal, what is typed (or fed to its stdin), its stdin's
+        end, a terminal's new size."""
         if "signal" in doc:
             sig = signal_named(str(doc["signal"]))
             if sig is not None:
                 self._command.signal(sig)
         elif "in" in doc and isinstance(doc["in"], str):
             self._command.write(base64.b64decode(doc["in"], validate=True))
+        elif doc.get("eof") is True:
+            self._command.end_input()
         elif "resize" in doc:
             window = parse_window(doc["resize"])
             if isinstance(window, tuple):
                 self._command.resize(*window)
+
+    def _tell_taken(self) -> None:
+        """How much of its stdin it took, when that moved (the caller feeds it that much more:
+        runwire.STDIN_WINDOW); nothing for a terminal's keys."""
+        taken, closed = self._command.taken, self._command.input_closed
+        if self._command.terminal or (taken, closed) == (self._told_taken, self._told_closed):
+            return
+        self._told_taken, self._told_closed = taken, closed
+        self._send({"took": taken, "closed": True} if closed else {"took": taken})
 
     def _beat(self) -> None:
         if time.monotonic() - self._said_at >= BEAT_S:

@@ -1,7 +1,9 @@
 """A command run for a user in their job on this node (`nodeagentctl run`, as srun), as the
-agent's relay of it sees it: its output's pipe, its signals (to its whole session: a shell's
-children too), its end, and its hang-up when its caller is gone (SIGHUP, SIGTERM, then SIGKILL
-after a grace: as a terminal's hang-up ends a shell). Started by Spawner.command, as a worker."""
+agent's relay of it sees it: its output's pipe, its input (a terminal's keys, or its stdin's
+pipe: held until it takes them, never blocking the relay), its signals (to its whole session:
+a shell's children too), its end, and its hang-up when its caller is gone (SIGHUP, SIGTERM,
+then SIGKILL after a grace: as a terminal's hang-up ends a shell). Started by
+Spawner.command, as a worker."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import termios
 import time
 
 POLL_S = 0.05
-MAX_PENDING = 1 << 20  # typed at its terminal and not yet taken
+MAX_PENDING = 1 << 20  # typed at its terminal, or sent to its stdin, and not yet taken
 
 
 class Command:
@@ -23,38 +25,73 @@ class Command:
 
     def __init__(self, popen: subprocess.Popen[bytes], terminal: int = -1) -> None:
         """`terminal`: the agent's end of its pseudo-terminal, if it runs on one (-1: its
-        output is a pipe, its stdin closed)."""
+        output is a pipe, and its stdin `popen.stdin`, a pipe, or none: closed)."""
         self._popen = popen
         self.terminal = terminal >= 0
-        self._pending = b""  # typed, not yet taken by its terminal
+        self._pending = b""  # typed or sent, not yet taken
+        self.taken = 0  # bytes of its stdin it took (or that were dropped), in all
+        self._ending = False  # its stdin ends once what is pending is taken
         if terminal >= 0:
             self.output = terminal  # what it writes, and where what it reads is written
+            self.input = terminal
         else:
             assert popen.stdout is not None
             self.output = popen.stdout.fileno()  # stdout and stderr together
+            self.input = popen.stdin.fileno() if popen.stdin is not None else -1
+            if self.input >= 0:
+                os.set_blocking(self.input, False)
 
     def write(self, data: bytes) -> None:
-        """Type `data` at its terminal (nothing without one): held until its terminal takes it
-        (`flush_input` when it may), at most MAX_PENDING bytes (what is typed beyond, while it
-        reads nothing, is dropped, as a full terminal's input queue drops it)."""
-        if self.terminal:
-            self._pending += data[: max(0, MAX_PENDING - len(self._pending))]
+        """`data` for its terminal or its stdin (nothing without either): held until it takes
+        it (`flush_input` when it may), at most MAX_PENDING bytes (beyond, while it reads
+        nothing, dropped, as a full terminal's input queue drops it; a client of its stdin
+        keeps within runwire.STDIN_WINDOW)."""
+        if self.input < 0 or self._ending:
+            self.taken += len(data)
+            return
+        kept = data[: max(0, MAX_PENDING - len(self._pending))]
+        self.taken += len(data) - len(kept)
+        self._pending += kept
+        self.flush_input()
+
+    def end_input(self) -> None:
+        """Its stdin ends once what is held is taken (a terminal's has no end: nothing)."""
+        if not self.terminal:
+            self._ending = True
             self.flush_input()
+
+    @property
+    def input_closed(self) -> bool:
+        """Its stdin's pipe is closed: it closed its end, or its end was asked for and came."""
+        return not self.terminal and self.input < 0 and self._popen.stdin is not None
 
     @property
     def pending_input(self) -> bool:
         return bool(self._pending)
 
     def flush_input(self) -> None:
-        """Write what is held for its terminal, as much as it takes now (its end is
-        non-blocking: the relay's)."""
+        """Write what is held, as much as it takes now (its end is non-blocking: the
+        relay's); its stdin closed once it is all taken and its end was asked for."""
         try:
             while self._pending:
-                self._pending = self._pending[os.write(self.output, self._pending) :]
+                wrote = os.write(self.input, self._pending)
+                self._pending = self._pending[wrote:]
+                self.taken += wrote
         except BlockingIOError:
             pass
-        except OSError:  # its terminal is gone: its output's end says so
+        except OSError:  # it closed its stdin, or its terminal is gone: what is held goes
+            self.taken += len(self._pending)
             self._pending = b""
+            self._close_input()
+        if self._ending and not self._pending:
+            self._close_input()
+
+    def _close_input(self) -> None:
+        if not self.terminal and self.input >= 0:
+            assert self._popen.stdin is not None
+            with contextlib.suppress(OSError):
+                self._popen.stdin.close()
+            self.input = -1
 
     def resize(self, rows: int, columns: int) -> None:
         """Its terminal's new size (the kernel tells its foreground group: SIGWINCH)."""
@@ -105,5 +142,7 @@ class Command:
     def close(self) -> None:
         if self.terminal:
             os.close(self.output)
-        elif self._popen.stdout is not None:
+            return
+        self._close_input()
+        if self._popen.stdout is not None:
             self._popen.stdout.close()

@@ -411,11 +411,13 @@ class Supervisor:
         devices: Sequence[tuple[int, str]] | None,
         env: Mapping[str, str],
         window: tuple[int, int] | None = None,
+        stdin: bool = False,
     ) -> Command:
         """A command its user runs in the job (nodeagentctl run; Spawner.command), as task
         `rank` of `size` (spec.task_env): with the environment of a live worker of this node,
         less what is that worker's own, the job's `devices` here (None: not known) and `env`
-        over it, in its working directory; with `window`, on a terminal of that size.
+        over it, in its working directory; with `window`, on a terminal of that size; with `stdin`,
+        its stdin a pipe the agent feeds.
 
         Raises:
             OSError: no worker runs here now, or it cannot be started.
@@ -427,7 +429,7 @@ class Supervisor:
         given.update(task_env(base.env, rank, size))
         if devices:
             given.update(visible_devices_of(devices))
-        popen, terminal = self._spawner.command(argv, {**given, **env}, base.cwd, window)
+        popen, terminal = self._spawner.command(argv, {**given, **env}, base.cwd, window, stdin)
         return Command(popen, terminal)
 
     def adopt(self, pid: int) -> None:

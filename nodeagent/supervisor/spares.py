@@ -310,13 +310,15 @@ class Spawner:
         env: Mapping[str, str],
         cwd: str | None,
         window: tuple[int, int] | None = None,
+        stdin: bool = False,
     ) -> tuple[subprocess.Popen[bytes], int]:
         """A command its user runs in the job (nodeagentctl run), started as a worker is: as
         the workers' user, in the job's cgroup and namespaces, in a session of its own, killed
         by the kernel if the agent's thread that started it ends; its output on one pipe and
-        stdin closed, or, with `window` (rows, columns), on a pseudo-terminal of that size, its
-        controlling terminal, handed to its user. Never a spare; never in a container. The
-        popen, and the terminal's end the agent keeps (-1: none).
+        its stdin a pipe (`stdin`) or closed, or, with `window` (rows, columns), on a
+        pseudo-terminal of that size, its controlling terminal, handed to its user. Never a
+        spare; never in a container. The popen, and the terminal's end the agent keeps (-1:
+        none).
 
         Raises:
             OSError: it cannot be started (a job whose workers run in containers: none is).
@@ -327,8 +329,8 @@ class Spawner:
             space, cgroup = self._space(), self._cgroup()
         env = self._user_env(env)
         if window is None:
-            popen = _start(argv, env, cwd, subprocess.DEVNULL, self.user, cgroup, space)
-            return popen, -1
+            given = subprocess.PIPE if stdin else subprocess.DEVNULL
+            return _start(argv, env, cwd, given, self.user, cgroup, space), -1
         ours, theirs = os.openpty()
         try:
             fcntl.ioctl(ours, termios.TIOCSWINSZ, struct.pack("HHHH", *window, 0, 0))

@@ -7,7 +7,8 @@ The request, on the agent's metrics port (handed to a thread of its own, telemet
     POST /run/<job>?credential=C HTTP/1.1
     Content-Length: N
 
-    {"argv": [...], "rank": R, "size": S, "env": {NAME: VALUE}, "window": [ROWS, COLUMNS]}
+    {"argv": [...], "rank": R, "size": S, "env": {NAME: VALUE}, "window": [ROWS, COLUMNS],
+     "stdin": true}
 
 The credential is MUNGE's, of the job's user alone (not an operator: a command run as someone
 else is not theirs to start), bound to the method, the target, the node and the body
@@ -23,6 +24,13 @@ while it says nothing, then `{"exit": code}` or `{"signal": name}` (it was kille
 With a `window`, the command runs on a terminal of that size (`run --pty`): its output is the
 terminal's, and the client also sends what is typed, `{"in": base64}`, and the terminal's new
 size, `{"resize": [ROWS, COLUMNS]}`.
+
+With `"stdin": true` (and no window) the command's stdin is a pipe the client feeds: `{"in":
+base64}` frames, then `{"eof": true}`. The agent says how much of it the command has taken so
+far, `{"took": n}` (bytes, in all: written to the pipe, or dropped once the command closed its
+end, then with `"closed": true`: feed it no more), and the client keeps at most STDIN_WINDOW
+bytes sent and not taken: a command that reads slowly, or not at all, holds the client back,
+never the agent's relay, which goes on reading the client's signals.
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ MAX_BODY = 256 * 1024
 MAX_ARGS = 4096
 BEAT_S = 3.0  # the agent says it is there this often while the command is silent
 LOST_S = 15.0  # a node that says nothing for this long is lost (five beats missed)
+STDIN_WINDOW = 256 * 1024  # a command's stdin sent and not yet taken, at most
+STDIN_CHUNK = 48 * 1024  # read and sent at a time (64 KiB as base64: within a caller's line)
 # What a client may send a command: those a terminal sends (Ctrl-C, Ctrl-\), a hang-up, a
 # polite and a final end, the user signals a training script handles, and a stop and go.
 SIGNALS = frozenset(
@@ -65,6 +75,7 @@ class RunOrder:
     size: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
     window: tuple[int, int] | None = None
+    stdin: bool = False  # fed by the client (without a window), else closed
 
     def body(self) -> bytes:
         doc: dict[str, object] = {
@@ -75,6 +86,8 @@ class RunOrder:
         }
         if self.window is not None:
             doc["window"] = list(self.window)
+        if self.stdin:
+            doc["stdin"] = True
         return json.dumps(doc).encode()
 
 
@@ -106,8 +119,8 @@ def parse_order(body: bytes) -> RunOrder | str:
         doc = json.loads(body)
     except ValueError:
         return "the body is not JSON"
-    if not isinstance(doc, dict) or set(doc) - {"argv", "rank", "size", "env", "window"}:
-        return "expected {argv, rank, size, env, window}"
+    if not isinstance(doc, dict) or set(doc) - {"argv", "rank", "size", "env", "window", "stdin"}:
+        return "expected {argv, rank, size, env, window, stdin}"
     argv, rank, size, env = doc.get("argv"), doc.get("rank", 0), doc.get("size", 1), doc.get("env")
     if not isinstance(argv, list) or not argv or len(argv) > MAX_ARGS:
         return f"argv: a list of 1 to {MAX_ARGS} strings"
@@ -124,7 +137,10 @@ def parse_order(body: bytes) -> RunOrder | str:
     window = parse_window(doc.get("window"))
     if isinstance(window, str):
         return window
-    return RunOrder(tuple(argv), rank, size, env, window)
+    stdin = doc.get("stdin", False)
+    if not isinstance(stdin, bool) or (stdin and window is not None):
+        return "stdin: true or false, and not with a window (a terminal is its own stdin)"
+    return RunOrder(tuple(argv), rank, size, env, window, stdin)
 
 
 def parse_window(value: object) -> tuple[int, int] | str | None:
@@ -176,6 +192,11 @@ class RunStream:
         self._sock = sock
         self._buffer = b""
         self._sending = threading.Lock()  # a frame is sent whole, whoever sends it
+        self._room = threading.Condition()  # its stdin: what was sent, what it took
+        self._fed = 0
+        self._taken = 0
+        self._over = False  # it ended, or its stdin did: nothing more is fed to it
+        self.broken = ""  # why a frame could not be sent: then no more is
 
     @classmethod
     def open(
@@ -264,14 +285,56 @@ class RunStream:
         """What is typed, for its terminal (run --pty)."""
         self._tell({"in": base64.b64encode(data).decode()})
 
+    def feed(self, data: bytes) -> bool:
+        """Send `data` (at most STDIN_WINDOW bytes) to its stdin once it has taken enough of
+        what came before; False if it ended first (`over`)."""
+        with self._room:
+            while not self._over and self._fed - self._taken + len(data) > STDIN_WINDOW:
+                self._room.wait()
+            if self._over:
+                return False
+            self._fed += len(data)
+        self.type(data)
+        return True
+
+    def end_input(self) -> None:
+        """Its stdin ends (after what was fed)."""
+        self._tell({"eof": True})
+
+    def took(self, taken: int, closed: bool = False) -> None:
+        """Its agent says it has taken `taken` bytes of its stdin in all (`closed`: and takes
+        no more)."""
+        with self._room:
+            self._taken = max(self._taken, taken)
+            self._over = self._over or closed
+            self._room.notify_all()
+
+    def over(self) -> None:
+        """It ended: nothing more is fed to it."""
+        with self._room:
+            self._over = True
+            self._room.notify_all()
+
     def resize(self, rows: int, columns: int) -> None:
         self._tell({"resize": [rows, columns]})
 
     def _tell(self, doc: Mapping[str, object]) -> None:
-        with self._sending, contextlib.suppress(OSError):
-            self._sock.sendall(frame(doc))
+        """Send a frame whole. One that cannot be (a send that failed or stalled for LOST_S
+        would leave a part of it) ends the stream: its reader stops, the node is lost."""
+        with self._sending:
+            if self.broken:
+                return
+            try:
+                self._sock.sendall(frame(doc))
+            except OSError as exc:
+                self.broken = f"lost: cannot send to its agent: {exc or type(exc).__name__}"
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_RDWR)
+        if self.broken:
+            self.over()
 
     def close(self) -> None:
+        self.over()
         self._sock.close()
 
 

@@ -1,15 +1,16 @@
-"""A command run across a job's nodes (`nodeagentctl run`, as srun): one task a node, started
-by each node's agent as the job's user (telemetry/runwire.py), their output line by line with
-the node and task it came from, the signals the caller passes on, each task's end, and the
-worst of them. A node whose agent says nothing for LOST_S (it beats every BEAT_S), or whose
-connection ends before its task's end, is lost: its task counts as 255.
+"""A command run across a job's nodes (`nodeagentctl run`, as srun): one task a node, started by
+each node's agent as the job's user (telemetry/runwire.py), their output line by line with the
+node and task it came from, the caller's stdin fed to every task or one (srun's --input), the
+signals the caller passes on, each task's end, and the worst of them. A node whose agent says
+nothing for LOST_S (it beats every BEAT_S), or whose connection ends before its task's end, is
+lost: its task counts as 255.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from nodeagent.errors import RefusedError, UsageError
 from nodeagent.telemetry.logserve import Sign
 from nodeagent.telemetry.runwire import (
     LOST_S,
+    STDIN_CHUNK,
     RunOrder,
     RunRefused,
     RunStream,
@@ -27,6 +29,20 @@ from nodeagent.views.logs import Place, RankLogs
 
 LOST = 255  # a task whose end nobody saw
 FORBIDDEN = (401, 403)
+INPUTS = ("all", "none")  # srun's --input, or a task's number
+
+
+def fed_tasks(given: str, size: int) -> frozenset[int]:
+    """The tasks of `size` whose stdin is the caller's: --input all, none, or a task's number.
+
+    Raises:
+        UsageError: none of those.
+    """
+    if given in INPUTS:
+        return frozenset(range(size)) if given == "all" else frozenset()
+    if not given.isdigit() or int(given) >= size:
+        raise UsageError(f"--input {given}: all, none, or a task's number below {size}")
+    return frozenset({int(given)})
 
 
 @dataclass(frozen=True)
@@ -61,9 +77,11 @@ class Run:
         env: Mapping[str, str],
         sign: Sign,
         window: tuple[int, int] | None = None,
+        fed: str = "none",
     ) -> None:
         """Starts them all, or none; with `window` (rows, columns), on a terminal of that size
-        each (run --pty: one node).
+        each (run --pty: one node); the tasks `fed` names (`fed_tasks`) read the stdin `feed`
+        gives them, the others' is closed.
 
         Raises:
             NotFoundError: no such job. RefusedError: a node refused the caller.
@@ -77,8 +95,10 @@ class Run:
         if unreachable or not places:
             raise UsageError("; ".join(unreachable) or f"job {logs.job} has no nodes now")
         asked = [p for p in places if isinstance(p, Place)]
+        feeding = fed_tasks(fed, len(asked)) if window is None else frozenset()
         orders = [
-            RunOrder(tuple(argv), i, len(asked), dict(env), window) for i in range(len(asked))
+            RunOrder(tuple(argv), i, len(asked), dict(env), window, i in feeding)
+            for i in range(len(asked))
         ]
         self._raw = window is not None
         with ThreadPoolExecutor(len(asked), thread_name_prefix="run-open") as pool:
@@ -92,6 +112,7 @@ class Run:
             raise refused[0] if refused else failed[0]
         self.tasks = [(p.node, o.rank) for p, o in zip(asked, orders, strict=True)]
         self._streams = [s for s in opened if isinstance(s, RunStream)]
+        self._fed = [s for s, o in zip(self._streams, orders, strict=True) if o.stdin]
         self._events: queue.Queue[Output | Ended] = queue.Queue()
         for (node, rank), stream in zip(self.tasks, self._streams, strict=True):
             reader = threading.Thread(
@@ -122,6 +143,19 @@ class Run:
         for stream in self._streams:
             stream.type(data)
 
+    def feed(self, read: Callable[[int], bytes]) -> None:
+        """The fed tasks' stdin: what `read(n)` gives (at most n bytes; b"" at its end), each
+        chunk sent once every fed task still running has room for it (RunStream.feed), then
+        its end. Blocks: a thread of the caller's."""
+        streams = list(self._fed)
+        while streams:
+            data = read(STDIN_CHUNK)
+            if not data:
+                break
+            streams = [s for s in streams if s.feed(data)]  # one that ended takes no more
+        for stream in streams:
+            stream.end_input()
+
     def resize(self, rows: int, columns: int) -> None:
         for stream in self._streams:
             stream.resize(rows, columns)
@@ -135,7 +169,9 @@ class Run:
         partial = ""
         try:
             for doc in stream.frames():
-                if "out" in doc and self._raw:
+                if "took" in doc and isinstance(doc["took"], int):
+                    stream.took(doc["took"], doc.get("closed") is True)
+                elif "out" in doc and self._raw:
                     self._events.put(Output(node, rank, str(doc["out"])))
                 elif "out" in doc:
                     *lines, partial = (partial + str(doc["out"])).split("\n")
@@ -144,6 +180,7 @@ class Run:
                 elif "exit" in doc or "signal" in doc or "error" in doc:
                     if partial:
                         self._events.put(Output(node, rank, partial))
+                    stream.over()
                     self._events.put(_end(node, rank, doc))
                     return
             why = "its agent closed the connection before the task ended (did it restart?)"
@@ -151,6 +188,8 @@ class Run:
             why = f"lost: its agent said nothing for {LOST_S:g} s"
         except (OSError, ValueError) as exc:
             why = f"lost: {exc}"
+        why = stream.broken or why
+        stream.over()
         if partial:
             self._events.put(Output(node, rank, partial))
         self._events.put(Ended(node, rank, LOST, why, lost=True))
@@ -179,6 +218,11 @@ def _open(job: str, place: Place, order: RunOrder, sign: Sign) -> RunStream | Ex
     except RunRefused as exc:
         if exc.code in FORBIDDEN:
             return RefusedError(f"{where}: {exc}", exc.code)
+        if exc.code == 400 and order.stdin and "stdin" not in str(exc):
+            return UsageError(
+                f"{where}: {exc}: its agent is older and feeds no task's stdin: upgrade it, "
+                "or give --input none"
+            )
         return UsageError(f"{where}: {exc}")
     except OSError as exc:
         return UsageError(f"{where}: unreachable: {exc} (is its metrics.listen reachable?)")

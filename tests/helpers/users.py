@@ -32,8 +32,13 @@ class User:
     gid: int
 
     def run(
-        self, argv: Sequence[str], reach: bool = False, timeout: float = 60
+        self,
+        argv: Sequence[str],
+        reach: bool = False,
+        timeout: float = 60,
+        stdin: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
+        """`argv` as this user; its stdin `stdin`'s text (None: empty, not this process's)."""
         return subprocess.run(
             [*self.argv_as(reach), *argv],
             capture_output=True,
@@ -41,15 +46,22 @@ class User:
             timeout=timeout,
             env=self.environ(),
             cwd="/",
+            input=stdin or "",
         )
 
-    def nodeagentctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return self.run([sys.executable, "-m", "nodeagent.cli.ctl", *args], reach=True)
+    def nodeagentctl(
+        self, *args: str, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.run([sys.executable, "-m", "nodeagent.cli.ctl", *args], True, stdin=stdin)
 
-    def start_nodeagentctl(self, *args: str) -> subprocess.Popen[str]:
-        """nodeagentctl as this user, in the background: its output on one pipe."""
+    def start_nodeagentctl(
+        self, *args: str, stdin: int = subprocess.DEVNULL
+    ) -> subprocess.Popen[str]:
+        """nodeagentctl as this user, in the background: its output on one pipe, its stdin
+        `stdin` (subprocess.PIPE: the caller's to write)."""
         return subprocess.Popen(
             [*self.argv_as(True), sys.executable, "-m", "nodeagent.cli.ctl", *args],
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

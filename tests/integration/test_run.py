@@ -6,7 +6,9 @@ returned, Ctrl-C passed on, another user (or an operator) refused, a lost agent 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import hashlib
 import os
 import select
 import signal
@@ -14,11 +16,16 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
 
 import pytest
 
+from nodeagent.errors import UsageError
 from nodeagent.telemetry.runwire import RunOrder, parse_order, parse_target
+from nodeagent.views.run import fed_tasks
 from tests.helpers.allocations import holding, users_pool, where
 from tests.helpers.cluster import RedisServer, wait_for
 from tests.helpers.munge import MungeDaemon
@@ -157,6 +164,81 @@ def test_ctrl_c_reaches_every_task_and_a_lost_agent_ends_the_run(
         _end(held)
 
 
+def test_stdin_goes_to_every_task_or_one_and_a_task_that_reads_none_still_hears_ctrl_c(
+    pool: PoolCluster, munged: MungeDaemon, users: dict[str, User]
+) -> None:
+    """run's stdin, as srun's: to every task (4 MiB, past the window a client may send before
+    the task takes it: each task's digest is the data's), to task 1 alone (--input 1), and fed
+    to a task that never reads it while Ctrl-C still reaches it (the relay keeps reading the
+    caller's frames while input waits)."""
+    alice = users["alice"]
+    pool.start("a", "b")
+    pool.wait_nodes(2)
+    held = holding(pool, munged, alice, "held-stdin", 2)
+    data = "".join(f"{i:07d} {'x' * 56}\n" for i in range(65536))  # 4 MiB of lines
+    digest = hashlib.sha256(data.encode()).hexdigest()
+    run = [*where(pool, munged), "--job", "held-stdin", "run"]
+    try:
+        done = alice.nodeagentctl(*run, "--", "/bin/sh", "-c", "sha256sum -", stdin=data)
+        assert done.returncode == 0, done
+        assert sorted(done.stdout.splitlines()) == [f"a/0: {digest}  -", f"b/1: {digest}  -"]
+
+        one = alice.nodeagentctl(*run, "--input", "1", "--", "wc", "-l", stdin="a\nb\nc\n")
+        assert sorted(one.stdout.splitlines()) == ["a/0: 0", "b/1: 3"], one
+        bad = alice.nodeagentctl(*run, "--input", "2", "--", "true")
+        assert (
+            bad.returncode == 2 and "--input 2: all, none, or a task's number below 2" in bad.stderr
+        )
+
+        trapping = 'trap "echo got INT; exit 3" INT; echo ready; while :; do sleep 0.1; done'
+        deaf = alice.start_nodeagentctl(
+            *run, "--", "/bin/sh", "-c", trapping, stdin=subprocess.PIPE
+        )
+        assert deaf.stdin is not None
+        feeding = threading.Thread(target=_write, args=(deaf.stdin, data), daemon=True)
+        feeding.start()
+        out = _until(deaf, lambda seen: seen.count("ready") == 2)
+        deaf.send_signal(signal.SIGINT)
+        rest, _ = deaf.communicate(timeout=60)
+        assert deaf.returncode == 3 and rest.count("got INT") == 2, out + rest
+        feeding.join(timeout=60)
+
+        endless = alice.start_nodeagentctl(
+            *run, "--", "/bin/sh", "-c", "exec 0<&-; sleep 3; echo done", stdin=subprocess.PIPE
+        )
+        assert endless.stdin is not None
+        sent = [0]
+        flooding = threading.Thread(target=_flood, args=(endless.stdin, sent), daemon=True)
+        flooding.start()
+        assert endless.stdout is not None
+        rest = endless.stdout.read()  # not communicate(): it would close the flooded stdin
+        assert endless.wait(timeout=60) == 0 and rest.count("done") == 2, rest
+        endless.stdout.close()
+        assert sent[0] < 8 << 20, sent  # fed no more once both closed their stdin
+        flooding.join(timeout=60)
+        with contextlib.suppress(OSError):
+            endless.stdin.close()
+    finally:
+        _end(held)
+
+
+def _flood(pipe: IO[str], sent: list[int]) -> None:
+    """Write into `pipe` until its reader is gone, counting what it took."""
+    chunk = "y\n" * 32768
+    with contextlib.suppress(OSError, ValueError):
+        while True:
+            pipe.write(chunk)
+            pipe.flush()
+            sent[0] += len(chunk)
+
+
+def _write(pipe: IO[str], data: str) -> None:
+    """`data` into `pipe` until its reader is gone."""
+    with contextlib.suppress(OSError, ValueError):
+        pipe.write(data)
+        pipe.close()
+
+
 def _end(held: subprocess.Popen[str]) -> None:
     """alloc's end as a terminal's: SIGTERM (it ends its shell and cancels the allocation)."""
     held.terminate()
@@ -252,8 +334,11 @@ def test_parse_target(target: str, expected: object) -> None:
         (b'{"argv": ["id"], "rank": 2, "size": 2}', f"{BAD_RANK} (got 2, 2)"),
         (b'{"argv": ["id"], "rank": true}', f"{BAD_RANK} (got True, 1)"),
         (b'{"argv": ["id"], "env": {"A B": "x"}}', "env: bad variable 'A B': a name of letters, digits and _"),  # noqa: E501
-        (b'{"argv": ["id"], "pid": 1}', "expected {argv, rank, size, env, window}"),
-        (b"[1]", "expected {argv, rank, size, env, window}"),
+        (b'{"argv": ["id"], "pid": 1}', "expected {argv, rank, size, env, window, stdin}"),
+        (b"[1]", "expected {argv, rank, size, env, window, stdin}"),
+        (b'{"argv": ["wc"], "stdin": true}', RunOrder(("wc",), stdin=True)),
+        (b'{"argv": ["wc"], "stdin": 1}', "stdin: true or false, and not with a window (a terminal is its own stdin)"),  # noqa: E501
+        (b'{"argv": ["sh"], "stdin": true, "window": [24, 80]}', "stdin: true or false, and not with a window (a terminal is its own stdin)"),  # noqa: E501
         (b"\xff", "the body is not JSON"),
         (b'{"argv": ["sh"], "window": [24, 80]}', RunOrder(("sh",), window=(24, 80))),
         (b'{"argv": ["sh"], "window": [0, 80]}', "window: [rows, columns], each 1 to 9999 (got [0, 80])"),  # noqa: E501
@@ -261,6 +346,20 @@ def test_parse_target(target: str, expected: object) -> None:
 )  # fmt: skip
 def test_parse_order(body: bytes, expected: object) -> None:
     assert parse_order(body) == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "size", "fed"),
+    [("all", 3, {0, 1, 2}), ("none", 3, set()), ("0", 3, {0}), ("2", 3, {2}), ("3", 3, None),
+     ("-1", 3, None), ("task0", 3, None), ("", 3, None)],
+)  # fmt: skip
+def test_fed_tasks(given: str, size: int, fed: set[int] | None) -> None:
+    """--input as srun's: all, none, or one task's number below the run's size."""
+    if fed is None:
+        with pytest.raises(UsageError, match=f"--input {given}: all, none, or a task's number"):
+            fed_tasks(given, size)
+    else:
+        assert fed_tasks(given, size) == fed
 
 
 def test_every_task_of_a_command_is_in_its_own_session_killed_with_what_it_left() -> None:
@@ -279,6 +378,52 @@ def test_every_task_of_a_command_is_in_its_own_session_killed_with_what_it_left(
     left = int(popen.stdout.read().split()[0])
     command.close()
     wait_for(lambda: not _alive(left), 10, "what it left killed")
+
+
+def test_a_commands_stdin_is_held_until_taken_counted_and_ended() -> None:
+    """Command's stdin pipe: what it cannot take yet is held (never a blocking write), `taken`
+    counts what it took, its end closes the pipe once all is taken; what a command that closed
+    its stdin is sent is dropped, and counted taken (the client waits on that count)."""
+    from nodeagent.supervisor.command import Command
+
+    reader = _piped("sleep 1; exec wc -c")
+    command = Command(reader)
+    data = b"x" * (1 << 20)  # past the pipe's 64 KiB: held while the reader sleeps
+    command.write(data)
+    assert command.pending_input and command.taken < len(data)
+    command.end_input()
+
+    def taken() -> bool:
+        command.flush_input()  # as the relay does once its stdin is writable
+        return not command.pending_input
+
+    wait_for(taken, 30, "all taken")
+    assert command.taken == len(data) and command.input == -1
+    assert command.wait(30) == 0
+    assert reader.stdout is not None
+    assert reader.stdout.read().split() == [str(len(data)).encode()]
+    command.close()
+
+    deaf = _piped("exec 0<&-; sleep 600")
+    command = Command(deaf)
+    wait_for(lambda: not Path(f"/proc/{deaf.pid}/fd/0").exists(), 10, "its stdin closed")
+    command.write(b"y" * 1000)
+    assert command.taken == 1000 and not command.pending_input and command.input == -1
+    command.write(b"z")  # after its end: dropped, counted
+    assert command.taken == 1001
+    command.signal(signal.SIGKILL)
+    assert command.wait(30) == -signal.SIGKILL
+    command.close()
+
+
+def _piped(script: str) -> subprocess.Popen[bytes]:
+    """`script` in a session of its own, its stdin and stdout pipes, as a fed task's."""
+    return subprocess.Popen(
+        ["/bin/sh", "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def _alive(pid: int) -> bool:

@@ -1,14 +1,16 @@
-"""`nodeagentctl run [--nodes K] [--export NAME[=VALUE]] [--no-label] [--pty] -- CMD...`: a command
-across a job's nodes, as srun inside salloc (views/run.py): one task a node, each started by
-its node's agent as the job's user, in the job's cgroup with its GPUs there and the
+"""`nodeagentctl run [--nodes K] [--export NAME[=VALUE]] [--input MODE] [--no-label] [--pty] --
+CMD...`: a command across a job's nodes, as srun inside salloc (views/run.py): one task a node,
+each started by its node's agent as the job's user, in the job's cgroup with its GPUs there and the
 environment its worker has, plus the task's place (RANK, WORLD_SIZE, torchrun's PET_* options,
 SLURM_PROCID...). The job: --job, else $NODEAGENT_JOB_ID (set in an `alloc` shell).
 
-Each line comes labelled `node/rank: ` (--no-label: as written). Ctrl-C and SIGTERM, SIGHUP,
-SIGUSR1 and SIGUSR2 sent to `run` are passed on to every task; a second Ctrl-C within a second
-kills them (SIGKILL), as srun's. A lost node ends the others (SIGTERM). The exit status is the
-worst of the tasks' (a signal's: 128 + N; a lost node's: 255), as srun's. Needs pool.auth:
-munge: the agents run nothing for a caller they cannot tell.
+Each line comes labelled `node/rank: ` (--no-label: as written). Its stdin goes to every task
+(--input all: srun's default), to one (--input N) or to none (--input none: the default where
+stdin is a terminal, which --pty is for, /dev/null or an empty file); the others' is closed.
+Ctrl-C and SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to `run` are passed on to every task; a
+second Ctrl-C within a second kills them (SIGKILL), as srun's. A lost node ends the others
+(SIGTERM). The exit status is the worst of the tasks' (a signal's: 128 + N; a lost node's: 255),
+as srun's. Needs pool.auth: munge: the agents run nothing for a caller they cannot tell.
 
 `--pty` (srun --pty): one task, on the job's first node, on a terminal the agent makes there
 (this terminal's size, kept as it changes); this terminal is put in raw mode and what is typed
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import signal
+import stat
 import sys
 import termios
 import threading
@@ -39,6 +43,7 @@ HELP = "run a command on a job's nodes (an allocation's), as its user, as srun"
 JOB_ENV = "NODEAGENT_JOB_ID"
 KILL_WITHIN_S = 1.0  # a second Ctrl-C this soon after the first kills the tasks
 PASSED_ON = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+STDIN = 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME[=VALUE]",
         help="set NAME for the command (its value here when no =VALUE); repeatable",
+    )
+    parser.add_argument(
+        "--input",
+        "-i",
+        metavar="MODE",
+        help="whose stdin is this one's: all, none, or a task's number (default: all, none "
+        "when stdin is a terminal)",
     )
     parser.add_argument(
         "--no-label", action="store_true", help="print each line as written, without node/rank"
@@ -83,7 +95,12 @@ def run(target: Target, args: argparse.Namespace) -> int:
         )
     logs = RankLogs(target.client, target.prefix, target.pool, job, sign)
     if not args.pty:
-        return _follow(Run(logs, argv, args.nodes, env, sign), not args.no_label)
+        fed = args.input or _default_input()
+        started = Run(logs, argv, args.nodes, env, sign, fed=fed)
+        threading.Thread(target=started.feed, args=(_stdin,), name="stdin", daemon=True).start()
+        return _follow(started, not args.no_label)
+    if args.input not in (None, "none"):
+        raise UsageError("--pty: what is typed at this terminal is the task's input; no --input")
     if args.nodes not in (None, 1):
         raise UsageError(f"--pty runs one task, on the job's first node: not --nodes {args.nodes}")
     if not os.isatty(sys.stdin.fileno()):
@@ -117,11 +134,37 @@ def _at_terminal(started: Run) -> int:
         signal.signal(signal.SIGWINCH, window)
 
 
-def _read(fd: int) -> bytes:
+def _read(fd: int, size: int = 4096) -> bytes:
     try:
-        return os.read(fd, 4096)
+        return os.read(fd, size)
     except OSError:
         return b""
+
+
+def _stdin(size: int) -> bytes:
+    """Up to `size` bytes of this process's stdin (b"": its end); one it was handed
+    non-blocking is waited on; an error is said, and ends it."""
+    while True:
+        try:
+            return os.read(STDIN, size)
+        except BlockingIOError:
+            select.select([STDIN], [], [])
+        except OSError as exc:
+            _say(f"stdin: {exc.strerror or exc}: the tasks' input ends here")
+            return b""
+
+
+def _default_input() -> str:
+    """srun's default, all, but none where there is nothing to feed (a terminal, whose keys
+    `--pty` is for; /dev/null; an empty file; no stdin)."""
+    try:
+        found = os.fstat(STDIN)
+        if os.isatty(STDIN) or (stat.S_ISREG(found.st_mode) and found.st_size == 0):
+            return "none"
+        null = os.stat(os.devnull)
+        return "none" if (found.st_dev, found.st_ino) == (null.st_dev, null.st_ino) else "all"
+    except OSError:
+        return "none"
 
 
 def _follow(started: Run, label: bool, raw: bool = False) -> int:
