@@ -315,6 +315,12 @@ class JobRun:
             order.argv, order.rank, order.size, usable, order.env, order.window, order.stdin
         )
 
+    @property
+    def adoptable(self) -> bool:
+        """A login of its user can be taken into it here (its cgroup: not in containers, nor on
+        a node that keeps none)."""
+        return self.supervisor.adoptable
+
     def adopt(self, pid: int) -> None:
         """Take a login of its user into its cgroup here (runtime/logins.py), from the
         login socket's thread. Raises OSError: it cannot be."""

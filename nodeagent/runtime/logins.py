@@ -8,8 +8,8 @@ the check runs again, asking that the sshd process that runs the login (the chec
 root's) be taken into the job's cgroup in every hierarchy, so that the session, forked from it
 afterwards, is bounded by the job's memory, processes, CPUs and GPUs (the device program), is
 counted with it, and is killed with everything else of the job when the job leaves the node.
-A user with several jobs here goes into the newest (pam_slurm_adopt's default). Root is never
-asked about: the check lets it in without asking.
+A user with several jobs here goes into the newest that can take it (pam_slurm_adopt's default:
+the newest). Root is never asked about: the check lets it in without asking.
 
 One connection is answered at a time, each within ANSWER_WITHIN_S: only root can connect.
 """
@@ -57,13 +57,18 @@ class Adoptive(Protocol):
     @property
     def left(self) -> bool: ...
 
+    @property
+    def adoptable(self) -> bool: ...
+
     def adopt(self, pid: int) -> None: ...
 
 
 def choose(uid: int, jobs: Sequence[Adoptive]) -> Adoptive | None:
-    """The job a login of `uid` goes into: the newest of its jobs still here (`jobs` in the
-    order they started), None if it has none. Pure."""
-    return next((job for job in reversed(jobs) if job.uid == uid and not job.left), None)
+    """The job a login of `uid` goes into: the newest of its jobs still here that can take a
+    login (one with a cgroup here), else the newest (whose refusal says why); None if it has
+    none (`jobs` in the order they started). Pure."""
+    mine = [job for job in reversed(jobs) if job.uid == uid and not job.left]
+    return next((job for job in mine if job.adoptable), mine[0] if mine else None)
 
 
 def uid_of(user: str) -> int | None:

@@ -432,6 +432,10 @@ class Supervisor:
         popen, terminal = self._spawner.command(argv, {**given, **env}, base.cwd, window, stdin)
         return Command(popen, terminal)
 
+    @property
+    def adoptable(self) -> bool:
+        return self._spawner.cgroup is not None
+
     def adopt(self, pid: int) -> None:
         """Take process `pid` into the job's cgroup (Spawner.adopt).
 

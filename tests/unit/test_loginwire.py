@@ -63,6 +63,7 @@ class Job:
     job_id: str
     uid: int
     left: bool = False
+    adoptable: bool = True
 
     def adopt(self, pid: int) -> None:
         raise AssertionError("choose decides, it does not adopt")
@@ -77,9 +78,11 @@ class Job:
         ([Job("a", 1000), Job("b", 1001), Job("c", 1000)], 1000, "c"),  # the newest
         ([Job("a", 1000), Job("c", 1000, left=True)], 1000, "a"),  # one leaving is not
         ([Job("a", 1000, left=True)], 1000, None),
+        ([Job("a", 1000), Job("c", 1000, adoptable=False)], 1000, "a"),  # c: in containers
+        ([Job("a", 1000, adoptable=False)], 1000, "a"),  # its refusal says why
     ],
 )
-def test_a_login_goes_into_its_users_newest_job_here(
+def test_a_login_goes_into_its_users_newest_job_here_that_can_take_it(
     jobs: list[Job], uid: int, chosen: str | None
 ) -> None:
     found = choose(uid, jobs)
