@@ -34,10 +34,10 @@ import psutil
 
 from nodeagent.telemetry.loginwire import (
     ANSWER_WITHIN_S,
-    MAX_LINE,
     LoginAnswer,
     answer_line,
     parse_ask,
+    read_line,
 )
 
 log = logging.getLogger(__name__)
@@ -89,14 +89,18 @@ def parent_of(pid: int) -> int:
     """
     try:
         caller = psutil.Process(pid)
-        parent = psutil.Process(caller.ppid()) if caller.ppid() > 1 else None
-        good = parent is not None and parent.uids().effective == 0
-        good = good and parent is not None and parent.create_time() <= caller.create_time()
+        ppid = caller.ppid()
+        parent = psutil.Process(ppid) if ppid > 1 else None
+        good = (
+            parent is not None
+            and parent.uids().effective == 0
+            and parent.create_time() <= caller.create_time()
+        )
     except psutil.Error as exc:
         raise OSError(f"cannot read process {pid} or its parent: {exc}") from None
-    if parent is None or not good:
+    if not good:
         raise OSError(f"process {pid}'s parent is not the login's sshd (root's, older)")
-    return parent.pid
+    return ppid
 
 
 class LoginServer:
@@ -177,7 +181,10 @@ class LoginServer:
             conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size)
         )
         try:
-            user, adopt = parse_ask(_line(conn))  # read first: an answer before it is lost
+            user, adopt = parse_ask(read_line(conn))  # read first: an answer before it is lost
+        except OSError as exc:
+            conn.sendall(answer_line(LoginAnswer("", f"a login request did not come: {exc}")))
+            return
         except ValueError as exc:
             conn.sendall(answer_line(LoginAnswer("", str(exc))))
             return
@@ -213,21 +220,3 @@ class LoginServer:
                 "", f"cannot take this login into job {job.job_id} on {self._node}: {exc}{hint}"
             )
         return LoginAnswer(job.job_id, f"process {session} taken into job {job.job_id}")
-
-
-def _line(conn: socket.socket) -> bytes:
-    """One request line (with its newline), within the socket's timeout.
-
-    Raises:
-        ValueError: it is longer than MAX_LINE or ends first.
-    """
-    data = b""
-    while not data.endswith(b"\n"):
-        try:
-            chunk = conn.recv(MAX_LINE + 1 - len(data))
-        except OSError as exc:
-            raise ValueError(f"a login request did not come: {exc}") from None
-        if not chunk or len(data) + len(chunk) > MAX_LINE:
-            raise ValueError(f"a login request is one line of at most {MAX_LINE} bytes")
-        data += chunk
-    return data

@@ -95,13 +95,23 @@ def ask(path: str, user: str, adopt: bool, timeout: float = ANSWER_WITHIN_S) -> 
         sock.settimeout(timeout)
         sock.connect(path)
         sock.sendall(ask_line(user, adopt))
-        data = b""
-        while not data.endswith(b"\n") and len(data) <= MAX_LINE:
-            chunk = sock.recv(MAX_LINE + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    return parse_answer(data)
+        return parse_answer(read_line(sock))
+
+
+def read_line(sock: socket.socket) -> bytes:
+    """One line (with its newline) from `sock`, within its timeout: a request or an answer.
+
+    Raises:
+        OSError: the socket failed or timed out.
+        ValueError: the line is longer than MAX_LINE, or the connection ended first.
+    """
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(MAX_LINE + 1 - len(data))
+        if not chunk or len(data) + len(chunk) > MAX_LINE:
+            raise ValueError(f"a login request or answer is one line of at most {MAX_LINE} bytes")
+        data += chunk
+    return data
 
 
 def _object(line: bytes, what: str) -> dict[str, object]:

@@ -134,9 +134,9 @@ def _at_terminal(started: Run) -> int:
         signal.signal(signal.SIGWINCH, window)
 
 
-def _read(fd: int, size: int = 4096) -> bytes:
+def _read(fd: int) -> bytes:
     try:
-        return os.read(fd, size)
+        return os.read(fd, 4096)
     except OSError:
         return b""
 
