@@ -90,12 +90,6 @@ def pool(tmp_path: Path) -> Iterator[tuple[SentinelSet, PoolCluster]]:
         yield redis_set, cluster
 
 
-def _starts(pool: PoolCluster, job: str) -> int:
-    path = pool.job_records(job) / "records.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return sum(1 for line in lines if '"start"' in line)
-
-
 @pytest.mark.parametrize("fault", ["kill", "freeze"])
 def test_a_failover_at_full_submission_rate_loses_no_acknowledged_job_and_moves_none(
     pool: tuple[SentinelSet, PoolCluster], fault: str
@@ -116,7 +110,7 @@ def test_a_failover_at_full_submission_rate_loses_no_acknowledged_job_and_moves_
         job: cluster.wait_job(job, "running", world=world, timeout=60)["generation"]
         for job, world in (("one", 2), ("two", 1))
     }
-    starts = {job: _starts(cluster, job) for job in ("one", "two")}
+    starts = {job: cluster.wait_started(job, world) for job, world in (("one", 2), ("two", 1))}
     with Burst(redis_set.url) as burst:
         time.sleep(2.0)  # under way
         if fault == "kill":
@@ -159,4 +153,4 @@ def test_a_failover_at_full_submission_rate_loses_no_acknowledged_job_and_moves_
     # No running job moved: the same generation, no new worker started.
     rows = cluster.jobs()
     assert {job: rows[job]["generation"] for job in ("one", "two")} == before
-    assert {job: _starts(cluster, job) for job in ("one", "two")} == starts
+    assert {job: cluster.starts(job) for job in ("one", "two")} == starts

@@ -63,6 +63,19 @@ class PoolCluster:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def starts(self, job: str) -> int:
+        """How many workers of `job` wrote their "start" record (tests/helpers/worker.py)."""
+        path = self.job_records(job) / "records.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return sum(1 for line in lines if '"start"' in line)
+
+    def wait_started(self, job: str, count: int, timeout: float = 60.0) -> int:
+        """Waits until `job`'s workers wrote `count` start records. A job's row says running at
+        its world once its generation is placed, before its workers are up: a count taken then
+        and compared later sees the first starts as a restart (CI, the sentinel chaos test)."""
+        wait_for(lambda: self.starts(job) >= count, timeout, f"{count} workers of {job} started")
+        return self.starts(job)
+
     def config(
         self, name: str, job: dict[str, Any] | None = None, labels: dict[str, str] | None = None
     ) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
 from tests.helpers.cluster import LocalCluster, RedisServer, local_cluster, wait_for
-from tests.helpers.pool import PoolCluster, pool_cluster
+from tests.helpers.pool import pool_cluster
 
 # The agent stops its workers at half the lease and SIGKILLs what is left at 0.9 of it
 # (job/lease.py): 4 s leaves a worker on a loaded machine 1.6 s to say it stopped.
@@ -107,9 +107,14 @@ def test_a_pool_rides_through_redis_frozen_and_no_job_moves(tmp_path: Path) -> N
             pool.wait_nodes(3)
             pool.submit("one", "2")
             pool.submit("two", "1")
-            before = {job: pool.wait_job(job, "running")["generation"] for job in ("one", "two")}
+            worlds = {"one": 2, "two": 1}
+            # At its world, its workers up: a row says running before its generation is in it.
+            before = {
+                job: pool.wait_job(job, "running", world=world)["generation"]
+                for job, world in worlds.items()
+            }
+            starts = {job: pool.wait_started(job, world) for job, world in worlds.items()}
             placements = pool.placements()
-            starts = {job: _starts(pool, job) for job in ("one", "two")}
             assert server.proc is not None
             server.proc.send_signal(signal.SIGSTOP)
             try:
@@ -121,13 +126,7 @@ def test_a_pool_rides_through_redis_frozen_and_no_job_moves(tmp_path: Path) -> N
             assert pool.placements() == placements
             rows = pool.jobs()
             assert {job: rows[job]["generation"] for job in ("one", "two")} == before
-            assert {job: _starts(pool, job) for job in ("one", "two")} == starts
+            assert {job: pool.starts(job) for job in ("one", "two")} == starts
             assert all("riding through" in agent.log() for agent in pool.agents.values())
     finally:
         server.stop()
-
-
-def _starts(pool: PoolCluster, job: str) -> int:
-    path = pool.job_records(job) / "records.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return sum(1 for line in lines if '"start"' in line)
