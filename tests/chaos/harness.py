@@ -190,13 +190,14 @@ class Sentinels:
             conf = self.directory / f"sentinel-{port}.conf"
             hub = self.net.hub_address
             conf.write_text(sentinel_conf(port, hub, self.primary.port, self.directory, "chaos"))
-            self.procs.append(
-                subprocess.Popen(
-                    [*self.net.prefix(self.net.hub), binary, str(conf), "--sentinel"],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+            with (self.directory / f"sentinel-{port}.log").open("wb") as log:  # what it decided
+                self.procs.append(
+                    subprocess.Popen(
+                        [*self.net.prefix(self.net.hub), binary, str(conf), "--sentinel"],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
                 )
-            )
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -33,6 +33,7 @@ from nodeagent.coord.store import JobStore
 from tests.helpers.cluster import free_port, local_cluster, nodeagentctl, wait_for
 from tests.helpers.munge import MungeDaemon
 from tests.helpers.pool import pool_cluster
+from tests.helpers.sentinel import DOWN_AFTER_MS
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "ansible" / "roles" / "redis"
@@ -429,7 +430,7 @@ def test_the_role_s_primary_replica_and_sentinels_fail_over_with_their_users(
     common: dict[str, Any] = {
         **PASSWORDS,
         **SENTINEL_PASSWORDS,
-        "redis_sentinel_down_after_ms": 1000,
+        "redis_sentinel_down_after_ms": DOWN_AFTER_MS,
     }
     dirs = {name: tmp_path / name for name in ("primary", "replica", "s0", "s1", "s2")}
     for directory in dirs.values():
