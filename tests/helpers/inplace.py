@@ -4,6 +4,7 @@ waiting for a re-formed generation whose members all step."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +44,38 @@ def workers(cluster: LocalCluster, *nodes: str) -> dict[str, int]:
     return {node: cluster.worker_pids(node)[0] for node in nodes}
 
 
+@dataclass
+class Formed:
+    generation: int
+    members: list[str]
+
+
 def reformed(cluster: LocalCluster, world: int, after: int) -> int:
     """Wait for a generation after `after` running at `world` with every member's worker
-    stepping in it; its number."""
+    stepping in it; its number. A loaded machine may re-form once more meanwhile (a warm-up
+    joining, a rendezvous timing out): the wait follows the job to its newest generation at
+    `world` rather than wait for one that will never step again (CI, once, at a job's start).
+    What the test asserts of its re-forms (who was lost, who was kept) still holds of it."""
     doc = cluster.wait_running(world, 90, after_generation=after)
-    generation, nodes = int(doc["generation"]), doc["members"]
+    now = Formed(int(doc["generation"]), list(doc["members"]))
     lines = Lines(cluster.records_dir)
-    wait_for(
-        lambda: lines.stepping(list(workers(cluster, *nodes).values()), generation),
-        90,
-        f"every rank stepping in generation {generation}",
-    )
-    return generation
+
+    def stepping() -> bool:
+        doc = cluster.status()
+        newer = doc["generation"] is not None and int(doc["generation"]) > now.generation
+        if newer and doc["state"] == "running" and doc["world_size"] == world:
+            now.generation, now.members = int(doc["generation"]), list(doc["members"])
+        try:
+            pids = list(workers(cluster, *now.members).values())
+        except IndexError:  # a member between two workers
+            return False
+        return lines.stepping(pids, now.generation)
+
+    try:
+        wait_for(stepping, 90, f"every rank stepping at world {world} after generation {after}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: at {now}\n{cluster.diagnostics()}") from None
+    return now.generation
 
 
 def kept_through(cluster: LocalCluster, before: dict[str, int]) -> dict[str, int]:
