@@ -54,7 +54,7 @@ from torchtitan.tools import filesystem
 
 from nodeagent.worker import Checkpointer, beat
 from nodeagent.worker.agree import any_rank
-from nodeagent.worker.ending import training_ended
+from nodeagent.worker.ending import destroy_group_at_exit, training_ended
 from nodeagent.worker.graceful import exit_at_once_when_failing, no_longer_exit_at_once
 
 log = logging.getLogger(__name__)
@@ -211,6 +211,7 @@ class NodeagentCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
         if stop:  # torchtitan's loop has no stop of its own: every rank leaves after this step
             self.checkpointer.close()
             self.stopped = True
+            destroy_group_at_exit()  # before the interpreter's finalization (worker.ending)
             log.info(
                 "stopping at step %d (SIGTERM)%s", curr_step, "" if self.load_only else ": saved"
             )

@@ -3,7 +3,8 @@ integrations (nodeagent.integrations) as `elastic.run` does it for itself.
 
 Two things, both about the process's exit. The agent is told (progress.finished()): a death
 by a signal after it is not the job's failure, and neither charges a restart nor re-forms the
-job (an exit status still is). And the default process group is destroyed at exit (atexit),
+job (an exit status still is). And the default process group is destroyed at exit (atexit;
+`destroy_group_at_exit` alone for a rank that stopped at SIGTERM rather than ended),
 before the interpreter's finalization destroys it in no chosen order: a backend's threads torn
 down there can abort the process ("terminate called without an active exception", SIGABRT),
 as a transformers Trainer rank did after logging its last step (issue 62) and elastic.run's
@@ -27,6 +28,14 @@ def training_ended() -> None:
     """Say this rank's training reached its end, and destroy the process group at exit (once,
     however many times it is called)."""
     progress.finished()
+    destroy_group_at_exit()
+
+
+def destroy_group_at_exit() -> None:
+    """Destroy the process group at exit (once, however many times it is called), and say
+    nothing to the agent: what a rank that stopped at SIGTERM does, its step saved (its exit is
+    its stop, not the end of its training). Without it a stopped transformers rank aborted at
+    exit as issue 62's had (CI, once)."""
     atexit.unregister(destroy_default_group)
     atexit.register(destroy_default_group)
 

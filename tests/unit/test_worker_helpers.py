@@ -195,22 +195,25 @@ import torch.distributed as dist
 from nodeagent.worker import ending
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
 atexit.register(lambda: print("initialized at the end:", dist.is_initialized(), flush=True))
-ending.training_ended()
-ending.training_ended()  # once, however many times
+getattr(ending, sys.argv[2])()
+getattr(ending, sys.argv[2])()  # once, however many times
 """
 
 
-def test_training_ended_tells_the_agent_and_destroys_the_group_at_exit(tmp_path: Path) -> None:
-    """What the integrations call once a rank's training returned (issue 62): the progress
-    file says finished, and the group is gone before the interpreter's finalization (the
-    handler registered before it runs after it)."""
+@pytest.mark.parametrize("called", ["training_ended", "destroy_group_at_exit"])
+def test_a_rank_that_ended_or_stopped_destroys_its_group_at_exit(
+    tmp_path: Path, called: str
+) -> None:
+    """What the integrations call once a rank's training returned (issue 62): the group is gone
+    before the interpreter's finalization (the handler registered before it runs after it),
+    whether it ended or stopped at SIGTERM; the progress file says finished only when it ended."""
     path = tmp_path / "rank-0.progress"
     beats.create(path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     done = subprocess.run(
-        [sys.executable, "-c", ENDED, str(port)],
+        [sys.executable, "-c", ENDED, str(port), called],
         capture_output=True,
         text=True,
         timeout=120,
@@ -219,4 +222,4 @@ def test_training_ended_tells_the_agent_and_destroys_the_group_at_exit(tmp_path:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["initialized at the end: False"]
     read = beats.read(path)
-    assert read is not None and read.finished
+    assert read is not None and read.finished == (called == "training_ended")
