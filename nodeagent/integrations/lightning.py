@@ -53,7 +53,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from nodeagent.worker import Checkpointer, TrainState, beat, compute
 from nodeagent.worker.agree import any_rank
-from nodeagent.worker.ending import destroy_group_at_exit, training_ended
+from nodeagent.worker.ending import training_returned
 from nodeagent.worker.graceful import exit_at_once_when_failing, no_longer_exit_at_once
 
 log = logging.getLogger(__name__)
@@ -262,10 +262,7 @@ class NodeagentCallback(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._close()
         no_longer_exit_at_once(self._stopping)
-        if not self.stopped:  # trained to its end: what follows is the exit (worker.ending)
-            training_ended()
-        else:  # stopped, saved: the exit follows too, the group destroyed before it
-            destroy_group_at_exit()
+        training_returned(self.stopped)  # what follows is the exit (worker.ending)
         if self._set_for_the_stop is not None:  # the trainer as it was, for a validate() after
             min_epochs, min_steps, limit_val_batches = self._set_for_the_stop
             trainer.fit_loop.min_epochs = min_epochs

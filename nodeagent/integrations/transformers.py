@@ -55,7 +55,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from nodeagent.worker import Checkpointer, TrainState, beat
 from nodeagent.worker.agree import any_rank
-from nodeagent.worker.ending import destroy_group_at_exit, training_ended
+from nodeagent.worker.ending import training_returned
 from nodeagent.worker.graceful import exit_at_once_when_failing, no_longer_exit_at_once
 
 log = logging.getLogger(__name__)
@@ -219,10 +219,7 @@ class NodeagentCallback(TrainerCallback):
             signal.signal(signal.SIGTERM, self._previous_handler)
             no_longer_exit_at_once(self._stopping)
             self._previous_handler = None
-        if not self.stopped:  # trained to its end: what follows is the exit (worker.ending)
-            training_ended()
-        else:  # stopped, saved: the exit follows too, the group destroyed before it
-            destroy_group_at_exit()
+        training_returned(self.stopped)  # what follows is the exit (worker.ending)
 
     # -- helpers --------------------------------------------------------------------------------
 

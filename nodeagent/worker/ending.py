@@ -31,6 +31,15 @@ def training_ended() -> None:
     destroy_group_at_exit()
 
 
+def training_returned(stopped: bool) -> None:
+    """What an integration calls once its framework's training returned: `training_ended()`
+    when it ran to its end, `destroy_group_at_exit()` alone when it stopped at SIGTERM."""
+    if stopped:
+        destroy_group_at_exit()
+    else:
+        training_ended()
+
+
 def destroy_group_at_exit() -> None:
     """Destroy the process group at exit (once, however many times it is called), and say
     nothing to the agent: what a rank that stopped at SIGTERM does, its step saved (its exit is

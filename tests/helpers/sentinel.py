@@ -70,10 +70,9 @@ class SentinelSet:
         wait_for(lambda: _role(replica)["master_link_status"] == "up", 20, "the replica to sync")
         binary = shutil.which("redis-sentinel") or shutil.which("redis-server")
         assert binary is not None
+        primary, down_after = self.primary.port, self.down_after_ms
         for port in self.ports:
             conf = self.directory / f"sentinel-{port}.conf"
-            primary = self.primary.port
-            down_after = self.down_after_ms
             conf.write_text(
                 sentinel_conf(port, "127.0.0.1", primary, self.directory, SERVICE, down_after)
             )
